@@ -1,0 +1,248 @@
+//! Tensor dimensions: static integers, symbolic variables (`n`) and small integer expressions
+//! over them (`h - kh + 1`, `(n + 1) // 2`), as TVM's `PrimExpr` shapes print.
+//!
+//! Constructors fold constants and the identities `x + 0`, `x * 1`, `x * 0`, `x // 1`, so the
+//! dims inferred for static shapes stay static.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+
+/// A symbolic dimension variable (`n = T.int64()` in the text format).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Sym(pub Arc<str>);
+
+impl Sym {
+    /// A symbol with this name.
+    pub fn new(name: &str) -> Self {
+        Sym(Arc::from(name))
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Sym {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A binary operator in a dimension expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DimOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a // b` (floor division)
+    FloorDiv,
+    /// `a % b` (floor modulo)
+    FloorMod,
+}
+
+impl DimOp {
+    fn symbol(self) -> &'static str {
+        match self {
+            DimOp::Add => "+",
+            DimOp::Sub => "-",
+            DimOp::Mul => "*",
+            DimOp::FloorDiv => "//",
+            DimOp::FloorMod => "%",
+        }
+    }
+
+    fn precedence(self) -> u8 {
+        match self {
+            DimOp::Add | DimOp::Sub => 1,
+            DimOp::Mul | DimOp::FloorDiv | DimOp::FloorMod => 2,
+        }
+    }
+
+    fn apply(self, a: i64, b: i64) -> Option<i64> {
+        match self {
+            DimOp::Add => a.checked_add(b),
+            DimOp::Sub => a.checked_sub(b),
+            DimOp::Mul => a.checked_mul(b),
+            DimOp::FloorDiv => (b != 0).then(|| a.div_euclid(b)),
+            DimOp::FloorMod => (b != 0).then(|| a.rem_euclid(b)),
+        }
+    }
+}
+
+/// One dimension of a shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dim {
+    /// A known extent.
+    Static(i64),
+    /// A symbolic variable.
+    Sym(Sym),
+    /// An expression over symbols and integers.
+    Expr(Arc<(DimOp, Dim, Dim)>),
+}
+
+impl Dim {
+    /// A symbolic dim named `name`.
+    pub fn sym(name: &str) -> Dim {
+        Dim::Sym(Sym::new(name))
+    }
+
+    /// The static extent, if known.
+    pub fn as_static(&self) -> Option<i64> {
+        match self {
+            Dim::Static(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// Combines two dims with `op`, folding constants and trivial identities.
+    pub fn binary(op: DimOp, a: Dim, b: Dim) -> Dim {
+        if let (Dim::Static(x), Dim::Static(y)) = (&a, &b) {
+            if let Some(v) = op.apply(*x, *y) {
+                return Dim::Static(v);
+            }
+        }
+        match (op, a.as_static(), b.as_static()) {
+            (DimOp::Add, Some(0), _) => return b,
+            (DimOp::Add | DimOp::Sub, _, Some(0)) => return a,
+            (DimOp::Mul, Some(1), _) => return b,
+            (DimOp::Mul | DimOp::FloorDiv, _, Some(1)) => return a,
+            (DimOp::Mul, Some(0), _) | (DimOp::Mul, _, Some(0)) => return Dim::Static(0),
+            (DimOp::Sub, _, _) if a == b => return Dim::Static(0),
+            _ => {}
+        }
+        // `(x + c1) + c2` and `(x - c1) + c2` fold into one constant, as TVM's simplifier does.
+        if let (Dim::Expr(inner), Some(c2)) = (&a, b.as_static()) {
+            if matches!(op, DimOp::Add | DimOp::Sub) {
+                let (iop, x, c1) = &**inner;
+                if let (DimOp::Add | DimOp::Sub, Some(c1)) = (iop, c1.as_static()) {
+                    let c1 = if *iop == DimOp::Add { c1 } else { -c1 };
+                    let c2 = if op == DimOp::Add { c2 } else { -c2 };
+                    if let Some(c) = c1.checked_add(c2) {
+                        return match c {
+                            0 => x.clone(),
+                            c if c > 0 => Dim::Expr(Arc::new((DimOp::Add, x.clone(), Dim::Static(c)))),
+                            c => Dim::Expr(Arc::new((DimOp::Sub, x.clone(), Dim::Static(-c)))),
+                        };
+                    }
+                }
+            }
+        }
+        Dim::Expr(Arc::new((op, a, b)))
+    }
+
+    /// `self + other`.
+    pub fn add(&self, other: &Dim) -> Dim {
+        Dim::binary(DimOp::Add, self.clone(), other.clone())
+    }
+
+    /// `self - other`.
+    pub fn sub(&self, other: &Dim) -> Dim {
+        Dim::binary(DimOp::Sub, self.clone(), other.clone())
+    }
+
+    /// `self * other`.
+    pub fn mul(&self, other: &Dim) -> Dim {
+        Dim::binary(DimOp::Mul, self.clone(), other.clone())
+    }
+
+    /// `self // other`.
+    pub fn floor_div(&self, other: &Dim) -> Dim {
+        Dim::binary(DimOp::FloorDiv, self.clone(), other.clone())
+    }
+
+    /// Adds every symbol in this dim to `out`.
+    pub fn collect_syms(&self, out: &mut BTreeSet<Sym>) {
+        match self {
+            Dim::Static(_) => {}
+            Dim::Sym(s) => {
+                out.insert(s.clone());
+            }
+            Dim::Expr(e) => {
+                e.1.collect_syms(out);
+                e.2.collect_syms(out);
+            }
+        }
+    }
+
+    /// Evaluates the dim with the symbol values given by `lookup`.
+    pub fn eval(&self, lookup: &dyn Fn(&Sym) -> Option<i64>) -> Option<i64> {
+        match self {
+            Dim::Static(v) => Some(*v),
+            Dim::Sym(s) => lookup(s),
+            Dim::Expr(e) => e.0.apply(e.1.eval(lookup)?, e.2.eval(lookup)?),
+        }
+    }
+
+    fn fmt_prec(&self, f: &mut fmt::Formatter<'_>, parent: u8, right: bool) -> fmt::Result {
+        match self {
+            Dim::Static(v) => write!(f, "{v}"),
+            Dim::Sym(s) => write!(f, "{s}"),
+            Dim::Expr(e) => {
+                let p = e.0.precedence();
+                // Left-associative: a right operand of equal precedence needs parentheses.
+                let paren = p < parent || (p == parent && right);
+                if paren {
+                    f.write_str("(")?;
+                }
+                e.1.fmt_prec(f, p, false)?;
+                write!(f, " {} ", e.0.symbol())?;
+                e.2.fmt_prec(f, p, true)?;
+                if paren {
+                    f.write_str(")")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl From<i64> for Dim {
+    fn from(v: i64) -> Self {
+        Dim::Static(v)
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_prec(f, 0, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folds_constants_and_identities() {
+        let n = Dim::sym("n");
+        assert_eq!(Dim::Static(3).add(&Dim::Static(4)), Dim::Static(7));
+        assert_eq!(n.add(&Dim::Static(0)), n);
+        assert_eq!(n.mul(&Dim::Static(1)), n);
+        assert_eq!(n.sub(&n), Dim::Static(0));
+        assert_eq!(n.add(&Dim::Static(2)).sub(&Dim::Static(3)).to_string(), "n - 1");
+    }
+
+    #[test]
+    fn prints_with_minimal_parentheses() {
+        let h = Dim::sym("h");
+        let kh = Dim::sym("kh");
+        let d = h.mul(&Dim::Static(3)).add(&kh).sub(&Dim::Static(3));
+        assert_eq!(d.to_string(), "h * 3 + kh - 3");
+        let e = h.add(&Dim::Static(1)).floor_div(&Dim::Static(2));
+        assert_eq!(e.to_string(), "(h + 1) // 2");
+        let f = h.sub(&kh.sub(&Dim::Static(1)));
+        assert_eq!(f.to_string(), "h - (kh - 1)");
+    }
+
+    #[test]
+    fn evaluates() {
+        let d = Dim::sym("n").mul(&Dim::Static(2)).add(&Dim::Static(1));
+        let v = d.eval(&|s: &Sym| (s.name() == "n").then_some(5));
+        assert_eq!(v, Some(11));
+    }
+}

@@ -1,0 +1,200 @@
+//! Expressions: the arena nodes of a function body.
+
+use super::dim::Dim;
+use super::dtype::DType;
+use super::entity::entity_id;
+use super::function::Function;
+use super::ty::Type;
+use crate::op::Op;
+use std::sync::Arc;
+
+entity_id!(
+    /// An expression in a function's arena.
+    ExprId,
+    "e"
+);
+entity_id!(
+    /// A variable (parameter or bound var) in a function's arena.
+    VarId,
+    "v"
+);
+
+/// A tensor constant with its data: little-endian element bytes in row-major order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Constant {
+    /// Element type.
+    pub dtype: DType,
+    /// Static shape (`[]` for a scalar).
+    pub shape: Vec<i64>,
+    /// `numel * dtype.size_bytes()` bytes, little-endian.
+    pub data: Arc<[u8]>,
+}
+
+impl Constant {
+    /// A constant from raw bytes; errors when the byte count does not match the shape.
+    pub fn from_bytes(dtype: DType, shape: Vec<i64>, data: Vec<u8>) -> Result<Self, String> {
+        let numel = numel(&shape).ok_or_else(|| format!("invalid constant shape {shape:?}"))?;
+        let want = numel
+            .checked_mul(dtype.size_bytes())
+            .ok_or_else(|| format!("constant shape {shape:?} is too large"))?;
+        if data.len() != want {
+            return Err(format!(
+                "constant of shape {shape:?} and dtype {dtype} needs {want} bytes, got {}",
+                data.len()
+            ));
+        }
+        Ok(Constant { dtype, shape, data: data.into() })
+    }
+
+    /// A scalar constant holding `v` converted to `dtype`.
+    pub fn scalar(v: f64, dtype: DType) -> Self {
+        let bytes: Vec<u8> = match dtype {
+            DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+            DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+            DType::F32 => (v as f32).to_le_bytes().to_vec(),
+            DType::F64 => v.to_le_bytes().to_vec(),
+            DType::I8 => (v as i8).to_le_bytes().to_vec(),
+            DType::U8 => (v as u8).to_le_bytes().to_vec(),
+            DType::I32 => (v as i32).to_le_bytes().to_vec(),
+            DType::I64 => (v as i64).to_le_bytes().to_vec(),
+            DType::Bool => vec![u8::from(v != 0.0)],
+        };
+        Constant { dtype, shape: Vec::new(), data: bytes.into() }
+    }
+
+    /// A scalar i64 constant (exact for every i64).
+    pub fn scalar_i64(v: i64, dtype: DType) -> Self {
+        match dtype {
+            DType::I64 => Constant { dtype, shape: Vec::new(), data: v.to_le_bytes().to_vec().into() },
+            _ => Constant::scalar(v as f64, dtype),
+        }
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        numel(&self.shape).unwrap_or(0)
+    }
+
+    /// The type of this constant.
+    pub fn ty(&self) -> Type {
+        Type::tensor(&self.shape, self.dtype)
+    }
+
+    /// Element `i` widened to f64 (ints exactly up to 2^53; bool as 0/1).
+    pub fn get_f64(&self, i: usize) -> Option<f64> {
+        let s = self.dtype.size_bytes();
+        let b = self.data.get(i * s..(i + 1) * s)?;
+        Some(match self.dtype {
+            DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+            DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+            DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DType::F64 => f64::from_le_bytes(b.try_into().ok()?),
+            DType::I8 => f64::from(b[0] as i8),
+            DType::U8 => f64::from(b[0]),
+            DType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DType::I64 => i64::from_le_bytes(b.try_into().ok()?) as f64,
+            DType::Bool => f64::from(u8::from(b[0] != 0)),
+        })
+    }
+
+    /// Element `i` of an integer constant as i64 (exact).
+    pub fn get_i64(&self, i: usize) -> Option<i64> {
+        match self.dtype {
+            DType::I64 => {
+                let b = self.data.get(i * 8..(i + 1) * 8)?;
+                Some(i64::from_le_bytes(b.try_into().ok()?))
+            }
+            _ => self.get_f64(i).map(|v| v as i64),
+        }
+    }
+}
+
+/// The element count of a static shape, `None` on a negative dim or overflow.
+pub fn numel(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        let d = usize::try_from(d).ok()?;
+        acc.checked_mul(d)
+    })
+}
+
+/// A scalar that is not a tensor (`R.prim_value(0)`, `R.str("x")`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PrimValue {
+    /// An int64 value.
+    Int(i64),
+    /// A float value of the given dtype.
+    Float(f64, DType),
+    /// A string (`R.str(...)`).
+    Str(String),
+}
+
+impl Eq for PrimValue {}
+
+impl std::hash::Hash for PrimValue {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            PrimValue::Int(v) => (0u8, v).hash(state),
+            PrimValue::Float(v, d) => (1u8, v.to_bits(), d).hash(state),
+            PrimValue::Str(s) => (2u8, s).hash(state),
+        }
+    }
+}
+
+/// What a call calls.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Callee {
+    /// An op of the op set, with its typed attributes.
+    Op(Op),
+    /// A function of the module (`cls.fused_x(...)`).
+    Global(Arc<str>),
+    /// A local function bound to a var of this function (`local_func(...)`).
+    Local(VarId),
+}
+
+/// One expression.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExprKind {
+    /// A use of a parameter or bound var.
+    Var(VarId),
+    /// A tensor constant (inline `R.const` or `metadata[...]`).
+    Const(Constant),
+    /// A call. Arguments are leaves (vars, constants, shapes, prim values, tuples of leaves).
+    Call {
+        /// The callee.
+        callee: Callee,
+        /// The arguments.
+        args: Vec<ExprId>,
+    },
+    /// A tuple literal.
+    Tuple(Vec<ExprId>),
+    /// `t[i]`.
+    TupleGetItem(ExprId, u32),
+    /// `R.shape([...])`.
+    ShapeLit(Vec<Dim>),
+    /// `R.prim_value(...)`.
+    Prim(PrimValue),
+    /// A nested (local) function definition, bound to a var.
+    Function(Box<Function>),
+}
+
+/// An expression with its type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExprData {
+    /// What it is.
+    pub kind: ExprKind,
+    /// Its (inferred) type.
+    pub ty: Type,
+}
+
+/// A variable: a parameter or the var of a binding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VarData {
+    /// Its name (printing keeps it; structural equality ignores it).
+    pub name: String,
+    /// Its type.
+    pub ty: Type,
+    /// A dataflow var is local to its dataflow block; others are visible after the block.
+    pub dataflow: bool,
+    /// The `ExprKind::Var` expression that refers to it.
+    pub expr: ExprId,
+}

@@ -1,0 +1,130 @@
+//! Type inference for one expression, given the types of its operands. Shared by the parser,
+//! the builder and the verifier, so the three agree.
+
+use super::expr::{Callee, ExprKind, PrimValue};
+use super::function::Function;
+use super::ty::{FuncType, Type};
+use super::{DType, Dim};
+
+/// Looks up the type of a module-level function by name.
+pub trait GlobalTypes {
+    /// The type of the function `name`, if it exists.
+    fn global_type(&self, name: &str) -> Option<FuncType>;
+}
+
+impl GlobalTypes for super::Module {
+    fn global_type(&self, name: &str) -> Option<FuncType> {
+        self.get(name).map(Function::func_type)
+    }
+}
+
+impl GlobalTypes for std::collections::HashMap<String, FuncType> {
+    fn global_type(&self, name: &str) -> Option<FuncType> {
+        self.get(name).cloned()
+    }
+}
+
+/// Infers the type of `kind` inside `func`, whose operand expressions already carry types.
+/// Errors say what was expected.
+pub fn infer_kind(func: &Function, globals: &dyn GlobalTypes, kind: &ExprKind) -> Result<Type, String> {
+    let ty = |e: super::ExprId| -> Result<&Type, String> {
+        func.exprs.get(e).map(|d| &d.ty).ok_or_else(|| format!("expression {e} is out of range"))
+    };
+    match kind {
+        ExprKind::Var(v) => func
+            .vars
+            .get(*v)
+            .map(|d| d.ty.clone())
+            .ok_or_else(|| format!("var {v} is out of range")),
+        ExprKind::Const(c) => Ok(c.ty()),
+        ExprKind::ShapeLit(dims) => Ok(Type::shape(dims.clone())),
+        ExprKind::Prim(p) => Ok(match p {
+            PrimValue::Int(_) => Type::Prim(DType::I64),
+            PrimValue::Float(_, d) => Type::Prim(*d),
+            PrimValue::Str(_) => Type::Object,
+        }),
+        ExprKind::Tuple(fields) => {
+            Ok(Type::Tuple(fields.iter().map(|&f| ty(f).cloned()).collect::<Result<_, _>>()?))
+        }
+        ExprKind::TupleGetItem(t, i) => match ty(*t)? {
+            Type::Tuple(fields) => fields.get(*i as usize).cloned().ok_or_else(|| {
+                format!("tuple index {i} is out of range for a tuple of {} fields", fields.len())
+            }),
+            other => Err(format!("expected a tuple to index, found {}", brief(other))),
+        },
+        ExprKind::Function(f) => Ok(Type::Func(f.func_type())),
+        ExprKind::Call { callee, args } => {
+            let arg_tys: Vec<&Type> = args.iter().map(|&a| ty(a)).collect::<Result<_, _>>()?;
+            let check_fn = |fty: &FuncType, what: &str| -> Result<Type, String> {
+                if fty.params.len() != arg_tys.len() {
+                    return Err(format!(
+                        "{what} takes {} arguments, {} given",
+                        fty.params.len(),
+                        arg_tys.len()
+                    ));
+                }
+                for (i, (p, a)) in fty.params.iter().zip(&arg_tys).enumerate() {
+                    if !p.accepts(a) && !has_syms(p) {
+                        return Err(format!(
+                            "argument {i} of {what}: expected {}, found {}",
+                            brief(p),
+                            brief(a)
+                        ));
+                    }
+                }
+                Ok((*fty.ret).clone())
+            };
+            match callee {
+                Callee::Op(op) => op.infer(&arg_tys),
+                Callee::Global(name) => {
+                    let fty = globals
+                        .global_type(name)
+                        .ok_or_else(|| format!("no function named `{name}` in the module"))?;
+                    check_fn(&fty, &format!("`{name}`"))
+                }
+                Callee::Local(v) => match func.vars.get(*v).map(|d| &d.ty) {
+                    Some(Type::Func(fty)) => {
+                        let name = &func.vars[*v].name;
+                        check_fn(fty, &format!("`{name}`"))
+                    }
+                    _ => Err(format!("{v} is not bound to a function")),
+                },
+            }
+        }
+    }
+}
+
+fn has_syms(t: &Type) -> bool {
+    let mut s = std::collections::BTreeSet::new();
+    t.collect_syms(&mut s);
+    !s.is_empty()
+}
+
+/// A short human-readable rendering of a type for error messages.
+pub fn brief(t: &Type) -> String {
+    match t {
+        Type::Tensor(tt) => {
+            let shape = match (&tt.dims, tt.ndim) {
+                (Some(d), _) => {
+                    let parts: Vec<String> = d.iter().map(Dim::to_string).collect();
+                    format!("({})", parts.join(", "))
+                }
+                (None, Some(n)) => format!("ndim={n}"),
+                (None, None) => "?".to_string(),
+            };
+            format!("Tensor({shape}, {})", tt.dtype.map_or("void", DType::name))
+        }
+        Type::Tuple(ts) => {
+            let parts: Vec<String> = ts.iter().map(brief).collect();
+            format!("Tuple({})", parts.join(", "))
+        }
+        Type::Shape { dims: Some(d), .. } => {
+            let parts: Vec<String> = d.iter().map(Dim::to_string).collect();
+            format!("Shape([{}])", parts.join(", "))
+        }
+        Type::Shape { .. } => "Shape".to_string(),
+        Type::Prim(d) => format!("Prim({d})"),
+        Type::Func(_) => "Callable".to_string(),
+        Type::Object => "Object".to_string(),
+    }
+}

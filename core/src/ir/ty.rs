@@ -1,0 +1,142 @@
+//! Types (TVM's "struct info"): tensors with static or symbolic shapes, tuples, shapes, prim
+//! values, callables and `Object`.
+
+use super::dim::{Dim, Sym};
+use super::dtype::DType;
+use std::collections::BTreeSet;
+
+/// The type of a tensor: shape (known dims, known rank only, or unknown) and dtype (or unknown).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    /// The dims when the shape is known.
+    pub dims: Option<Vec<Dim>>,
+    /// The rank when only the rank is known (`R.Tensor(ndim=2)`); `None` with `dims: None` means
+    /// unknown rank. When `dims` is set this is ignored and [`TensorType::rank`] uses `dims`.
+    pub ndim: Option<usize>,
+    /// The element type, `None` when unknown (`dtype="void"`).
+    pub dtype: Option<DType>,
+}
+
+impl TensorType {
+    /// A tensor type with a known shape and dtype.
+    pub fn new(dims: Vec<Dim>, dtype: DType) -> Self {
+        TensorType { ndim: Some(dims.len()), dims: Some(dims), dtype: Some(dtype) }
+    }
+
+    /// The rank, if known.
+    pub fn rank(&self) -> Option<usize> {
+        match &self.dims {
+            Some(d) => Some(d.len()),
+            None => self.ndim,
+        }
+    }
+
+    /// The static shape, if every dim is static.
+    pub fn static_shape(&self) -> Option<Vec<i64>> {
+        self.dims.as_ref()?.iter().map(Dim::as_static).collect()
+    }
+}
+
+/// A function's type: parameter types and return type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FuncType {
+    /// Parameter types.
+    pub params: Vec<Type>,
+    /// Return type.
+    pub ret: Box<Type>,
+}
+
+/// The type of an expression.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Type {
+    /// `R.Tensor(...)`.
+    Tensor(TensorType),
+    /// `R.Tuple(...)`.
+    Tuple(Vec<Type>),
+    /// `R.Shape([...])` with known values, or `R.Shape(ndim=k)`, or `R.Shape`.
+    Shape {
+        /// The values when known.
+        dims: Option<Vec<Dim>>,
+        /// The rank when only the rank is known.
+        ndim: Option<usize>,
+    },
+    /// `R.Prim("int64")`: a scalar that is not a tensor.
+    Prim(DType),
+    /// A callable (a local function).
+    Func(FuncType),
+    /// `R.Object`: anything.
+    Object,
+}
+
+impl Type {
+    /// A tensor type with a static shape.
+    pub fn tensor(shape: &[i64], dtype: DType) -> Type {
+        Type::Tensor(TensorType::new(shape.iter().map(|&d| Dim::Static(d)).collect(), dtype))
+    }
+
+    /// A tensor type with the given dims.
+    pub fn tensor_dims(dims: Vec<Dim>, dtype: DType) -> Type {
+        Type::Tensor(TensorType::new(dims, dtype))
+    }
+
+    /// A shape type with known values.
+    pub fn shape(dims: Vec<Dim>) -> Type {
+        Type::Shape { ndim: Some(dims.len()), dims: Some(dims) }
+    }
+
+    /// The tensor type, if this is a tensor.
+    pub fn as_tensor(&self) -> Option<&TensorType> {
+        match self {
+            Type::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Whether a value of type `actual` may be annotated with (or passed as) `self`: `self` is
+    /// the same as `actual` or less specific (unknown dims, rank, dtype, or `Object`).
+    pub fn accepts(&self, actual: &Type) -> bool {
+        match (self, actual) {
+            (Type::Object, _) => true,
+            (Type::Tensor(a), Type::Tensor(b)) => {
+                let dtype_ok = a.dtype.is_none() || a.dtype == b.dtype;
+                let rank_ok = a.rank().is_none() || a.rank() == b.rank();
+                let dims_ok = match (&a.dims, &b.dims) {
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                    (Some(x), Some(y)) => x == y,
+                };
+                dtype_ok && rank_ok && dims_ok
+            }
+            (Type::Tuple(a), Type::Tuple(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.accepts(y))
+            }
+            (Type::Shape { dims: da, ndim: na }, Type::Shape { dims: db, ndim: nb }) => {
+                let rb = db.as_ref().map(Vec::len).or(*nb);
+                let ra = da.as_ref().map(Vec::len).or(*na);
+                (ra.is_none() || ra == rb)
+                    && match (da, db) {
+                        (None, _) => true,
+                        (Some(_), None) => false,
+                        (Some(x), Some(y)) => x == y,
+                    }
+            }
+            (Type::Prim(a), Type::Prim(b)) => a == b,
+            (Type::Func(a), Type::Func(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// Adds every symbolic variable in this type to `out`.
+    pub fn collect_syms(&self, out: &mut BTreeSet<Sym>) {
+        match self {
+            Type::Tensor(t) => t.dims.iter().flatten().for_each(|d| d.collect_syms(out)),
+            Type::Shape { dims, .. } => dims.iter().flatten().for_each(|d| d.collect_syms(out)),
+            Type::Tuple(ts) => ts.iter().for_each(|t| t.collect_syms(out)),
+            Type::Func(f) => {
+                f.params.iter().for_each(|t| t.collect_syms(out));
+                f.ret.collect_syms(out);
+            }
+            Type::Prim(_) | Type::Object => {}
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The `fusebox` command line.
+
+fn main() {
+    println!("fusebox");
+}
