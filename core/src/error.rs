@@ -58,7 +58,7 @@ pub enum Error {
     Source(Box<SourceError>),
     /// The verifier found one or more violated invariants.
     #[error("{0}")]
-    Verify(String),
+    Verify(crate::ir::verify::VerifyErrors),
     /// A type (shape/dtype) inference failure outside a source text (builder use).
     #[error("type error in {op}: {message}")]
     Type {

@@ -22,6 +22,9 @@ pub(crate) mod entity;
 pub(crate) mod expr;
 pub(crate) mod function;
 pub mod infer;
+pub mod builder;
+pub mod structural;
+pub mod verify;
 pub(crate) mod module;
 pub(crate) mod ty;
 

@@ -1,0 +1,225 @@
+//! A builder for functions, like TVM's `relax.BlockBuilder`: it infers the type of every value as
+//! you emit it, names fresh vars, and keeps the function in normal form.
+//!
+//! ```
+//! use fusebox_core::ir::{builder::FunctionBuilder, Callee, DType, Module, Type};
+//! use fusebox_core::op::Op;
+//!
+//! let module = Module::new();
+//! let mut b = FunctionBuilder::new(&module);
+//! let x = b.param("x", Type::tensor(&[1, 64], DType::F32));
+//! b.begin_dataflow();
+//! let xe = b.var(x);
+//! let y = b.emit_output("y", Callee::Op(Op::Relu), vec![xe]).unwrap();
+//! b.end_dataflow().unwrap();
+//! let ye = b.var(y);
+//! let f = b.finish(ye).unwrap();
+//! assert_eq!(f.bindings().count(), 1);
+//! ```
+//!
+//! builds
+//!
+//! ```text
+//! @R.function
+//! def main(x: R.Tensor((1, 64), dtype="float32")) -> R.Tensor((1, 64), dtype="float32"):
+//!     with R.dataflow():
+//!         y: R.Tensor((1, 64), dtype="float32") = R.nn.relu(x)
+//!         R.output(y)
+//!     return y
+//! ```
+
+use super::infer::{GlobalTypes, infer_kind};
+use super::{
+    Binding, Block, Callee, Constant, Dim, ExprId, ExprKind, Function, PrimValue, Sym, Type, VarId,
+};
+use crate::error::{Error, Result};
+use std::collections::HashSet;
+
+/// Builds one function. Types are inferred as values are emitted; a type error is returned at
+/// the emit that caused it.
+pub struct FunctionBuilder<'g> {
+    func: Function,
+    globals: &'g dyn GlobalTypes,
+    names: HashSet<String>,
+    block: Option<Block>,
+    fresh: usize,
+}
+
+impl<'g> FunctionBuilder<'g> {
+    /// A builder whose global calls are typed by `globals` (usually the module being built).
+    pub fn new(globals: &'g dyn GlobalTypes) -> Self {
+        FunctionBuilder { func: Function::new(), globals, names: HashSet::new(), block: None, fresh: 0 }
+    }
+
+    /// Declares a symbolic dim used by this function's types and returns it.
+    pub fn sym(&mut self, name: &str) -> Dim {
+        let s = Sym::new(name);
+        if !self.func.sym_vars.contains(&s) {
+            self.func.sym_vars.push(s.clone());
+        }
+        Dim::Sym(s)
+    }
+
+    /// Adds a parameter.
+    pub fn param(&mut self, name: &str, ty: Type) -> VarId {
+        let name = self.unique(name);
+        self.func.add_var(name, ty, false)
+    }
+
+    /// The expression that refers to `v`.
+    pub fn var(&self, v: VarId) -> ExprId {
+        self.func.var_expr(v)
+    }
+
+    /// A constant leaf.
+    pub fn constant(&mut self, c: Constant) -> ExprId {
+        let ty = c.ty();
+        self.func.add_expr(ExprKind::Const(c), ty)
+    }
+
+    /// A shape literal leaf (`R.shape([...])`).
+    pub fn shape(&mut self, dims: Vec<Dim>) -> ExprId {
+        let ty = Type::shape(dims.clone());
+        self.func.add_expr(ExprKind::ShapeLit(dims), ty)
+    }
+
+    /// A prim value leaf (`R.prim_value(...)`).
+    pub fn prim(&mut self, p: PrimValue) -> ExprId {
+        let kind = ExprKind::Prim(p);
+        let ty = infer_kind(&self.func, self.globals, &kind).unwrap_or(Type::Object);
+        self.func.add_expr(kind, ty)
+    }
+
+    /// A tuple of leaves (for example the argument of `concat`).
+    pub fn tuple(&mut self, fields: Vec<ExprId>) -> Result<ExprId> {
+        self.value(ExprKind::Tuple(fields))
+    }
+
+    /// Adds an expression after inferring its type; it is not bound to a var.
+    pub fn value(&mut self, kind: ExprKind) -> Result<ExprId> {
+        let ty = infer_kind(&self.func, self.globals, &kind).map_err(|m| Error::Type {
+            op: describe(&kind),
+            message: m,
+        })?;
+        Ok(self.func.add_expr(kind, ty))
+    }
+
+    /// Starts a dataflow block.
+    pub fn begin_dataflow(&mut self) {
+        self.flush();
+        self.block = Some(Block { dataflow: true, bindings: Vec::new() });
+    }
+
+    /// Ends the current dataflow block.
+    pub fn end_dataflow(&mut self) -> Result<()> {
+        match &self.block {
+            Some(b) if b.dataflow => {
+                self.flush();
+                Ok(())
+            }
+            _ => Err(Error::Invalid("end_dataflow without begin_dataflow".into())),
+        }
+    }
+
+    /// Binds a call to a fresh var. Inside a dataflow block the var is a dataflow var.
+    pub fn emit(&mut self, name: &str, callee: Callee, args: Vec<ExprId>) -> Result<VarId> {
+        self.emit_value(name, ExprKind::Call { callee, args }, false)
+    }
+
+    /// Binds a call to a var that is visible after the dataflow block (`R.output`).
+    pub fn emit_output(&mut self, name: &str, callee: Callee, args: Vec<ExprId>) -> Result<VarId> {
+        self.emit_value(name, ExprKind::Call { callee, args }, true)
+    }
+
+    /// Binds any value to a fresh var; `output` makes it visible after a dataflow block.
+    pub fn emit_value(&mut self, name: &str, kind: ExprKind, output: bool) -> Result<VarId> {
+        let value = self.value(kind)?;
+        self.bind(name, value, output)
+    }
+
+    /// Binds an existing expression to a fresh var.
+    pub fn bind(&mut self, name: &str, value: ExprId, output: bool) -> Result<VarId> {
+        let ty = self
+            .func
+            .exprs
+            .get(value)
+            .map(|e| e.ty.clone())
+            .ok_or_else(|| Error::Invalid(format!("expression {value} is not in this function")))?;
+        let dataflow = matches!(&self.block, Some(b) if b.dataflow) && !output;
+        let name = if name.is_empty() { self.fresh_name() } else { self.unique(name) };
+        let var = self.func.add_var(name, ty, dataflow);
+        let block = self.block.get_or_insert_with(|| Block { dataflow: false, bindings: Vec::new() });
+        block.bindings.push(Binding { var, value });
+        Ok(var)
+    }
+
+    /// Sets an attribute set for the function.
+    pub fn attrs(&mut self) -> &mut super::FuncAttrs {
+        &mut self.func.attrs
+    }
+
+    /// Finishes the function, returning `ret`; the return type is inferred.
+    pub fn finish(mut self, ret: ExprId) -> Result<Function> {
+        if matches!(&self.block, Some(b) if b.dataflow) {
+            return Err(Error::Invalid("finish inside an open dataflow block".into()));
+        }
+        self.flush();
+        let ty = self
+            .func
+            .exprs
+            .get(ret)
+            .map(|e| e.ty.clone())
+            .ok_or_else(|| Error::Invalid(format!("expression {ret} is not in this function")))?;
+        self.func.ret = Some(ret);
+        self.func.ret_ty = ty;
+        Ok(self.func)
+    }
+
+    /// The function built so far.
+    pub fn func(&self) -> &Function {
+        &self.func
+    }
+
+    fn flush(&mut self) {
+        if let Some(b) = self.block.take() {
+            if b.dataflow || !b.bindings.is_empty() {
+                self.func.blocks.push(b);
+            }
+        }
+    }
+
+    fn unique(&mut self, name: &str) -> String {
+        if self.names.insert(name.to_string()) {
+            return name.to_string();
+        }
+        let mut i = 1usize;
+        loop {
+            let cand = format!("{name}{i}");
+            if self.names.insert(cand.clone()) {
+                return cand;
+            }
+            i += 1;
+        }
+    }
+
+    fn fresh_name(&mut self) -> String {
+        loop {
+            let cand = if self.fresh == 0 { "lv".to_string() } else { format!("lv{}", self.fresh) };
+            self.fresh += 1;
+            if self.names.insert(cand.clone()) {
+                return cand;
+            }
+        }
+    }
+}
+
+fn describe(kind: &ExprKind) -> String {
+    match kind {
+        ExprKind::Call { callee: Callee::Op(op), .. } => op.name().to_string(),
+        ExprKind::Call { callee: Callee::Global(g), .. } => format!("call of `{g}`"),
+        ExprKind::Call { callee: Callee::Local(v), .. } => format!("call of local {v}"),
+        ExprKind::Tuple(_) => "tuple".into(),
+        ExprKind::TupleGetItem(..) => "tuple-get-item".into(),
+        _ => "expression".into(),
+    }
+}
