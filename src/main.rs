@@ -1,5 +1,112 @@
-//! The `fusebox` command line.
+//! The `fusebox` command line: argument parsing and printing only; the work is in fusebox-core.
 
-fn main() {
-    println!("fusebox");
+use clap::{Parser, Subcommand};
+use fusebox_core::ir::verify::verify;
+use fusebox_core::text;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Partition tensor programs into fused functions and hand each to the backend that compiles it
+/// best.
+#[derive(Parser)]
+#[command(name = "fusebox", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Parse a module (TVMScript-style Relax text) and print it back in canonical form.
+    Show {
+        /// The module file (`.relax`); constants are read from the `.safetensors` file beside it.
+        file: PathBuf,
+    },
+    /// Parse and verify a module; print a one-line summary, or every violated invariant.
+    Check {
+        /// The module file.
+        file: PathBuf,
+    },
+    /// Time parse + verify + print of a generated module (a benchmark, not a test).
+    Bench {
+        /// Number of bindings in the generated module.
+        #[arg(long, default_value_t = 100_000)]
+        bindings: usize,
+        /// Timed repetitions; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
+    match cmd {
+        Command::Show { file } => {
+            let m = text::read_module(&file)?;
+            print!("{}", text::print_module(&m).text);
+            Ok(())
+        }
+        Command::Check { file } => {
+            let m = text::read_module(&file)?;
+            verify(&m).map_err(fusebox_core::Error::Verify)?;
+            let bindings: usize = m.functions.values().map(|f| f.bindings().count()).sum();
+            println!(
+                "{}: ok ({} function(s), {} binding(s))",
+                file.display(),
+                m.functions.len(),
+                bindings
+            );
+            Ok(())
+        }
+        Command::Bench { bindings, repeat } => bench_text(bindings, repeat.max(1)),
+    }
+}
+
+/// Reports the median parse, verify and print times of a generated chain module, and their
+/// ratio against a baseline measured in the same run: splitting the same text into
+/// whitespace-separated tokens (a lower bound for any parser that reads every byte).
+fn bench_text(bindings: usize, repeat: usize) -> Result<(), fusebox_core::Error> {
+    let module = fusebox_core::ir::generate::chain_module(bindings);
+    let src = text::print_module(&module).text;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut base, mut parse, mut ver, mut print) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..repeat {
+        let t = Instant::now();
+        let tokens = src.split_ascii_whitespace().count();
+        std::hint::black_box(tokens);
+        base.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let m = text::parse_module_str(&src)?;
+        parse.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        verify(&m).map_err(fusebox_core::Error::Verify)?;
+        ver.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let out = text::print_module(&m);
+        print.push(t.elapsed().as_secs_f64());
+        std::hint::black_box(out);
+    }
+    let (b, p, v, pr) = (median(base), median(parse), median(ver), median(print));
+    let total = p + v + pr;
+    println!("bench text: {bindings} bindings, {} bytes, median of {repeat}", src.len());
+    println!("  baseline (whitespace tokenize) {:>9.1} ms", b * 1e3);
+    println!("  parse                          {:>9.1} ms  ({:.1}x baseline)", p * 1e3, p / b);
+    println!("  verify                         {:>9.1} ms  ({:.1}x baseline)", v * 1e3, v / b);
+    println!("  print                          {:>9.1} ms  ({:.1}x baseline)", pr * 1e3, pr / b);
+    println!("  parse + verify + print         {:>9.1} ms  ({:.1}x baseline)", total * 1e3, total / b);
+    Ok(())
 }

@@ -63,7 +63,9 @@ impl<'g> FunctionBuilder<'g> {
     /// Adds a parameter.
     pub fn param(&mut self, name: &str, ty: Type) -> VarId {
         let name = self.unique(name);
-        self.func.add_var(name, ty, false)
+        let v = self.func.add_var(name, ty, false);
+        self.func.params.push(v);
+        v
     }
 
     /// The expression that refers to `v`.

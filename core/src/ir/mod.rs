@@ -25,6 +25,7 @@ pub mod infer;
 pub mod builder;
 pub mod structural;
 pub mod verify;
+pub mod generate;
 pub(crate) mod module;
 pub(crate) mod ty;
 
