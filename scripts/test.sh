@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The one command that runs every check: formatting, lints, and all tests of the workspace.
+# It installs what it needs itself (today: only crates, fetched by cargo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy (deny warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace --locked
+
+echo "== main job smoke test: fusebox show / check on the bundled example"
+cargo run --quiet --locked -- check examples/conv2d_relu.relax
+cargo run --quiet --locked -- show examples/conv2d_relu.relax > /dev/null
