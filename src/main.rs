@@ -102,11 +102,30 @@ fn bench_text(bindings: usize, repeat: usize) -> Result<(), fusebox_core::Error>
     }
     let (b, p, v, pr) = (median(base), median(parse), median(ver), median(print));
     let total = p + v + pr;
-    println!("bench text: {bindings} bindings, {} bytes, median of {repeat}", src.len());
+    println!(
+        "bench text: {bindings} bindings, {} bytes, median of {repeat}",
+        src.len()
+    );
     println!("  baseline (whitespace tokenize) {:>9.1} ms", b * 1e3);
-    println!("  parse                          {:>9.1} ms  ({:.1}x baseline)", p * 1e3, p / b);
-    println!("  verify                         {:>9.1} ms  ({:.1}x baseline)", v * 1e3, v / b);
-    println!("  print                          {:>9.1} ms  ({:.1}x baseline)", pr * 1e3, pr / b);
-    println!("  parse + verify + print         {:>9.1} ms  ({:.1}x baseline)", total * 1e3, total / b);
+    println!(
+        "  parse                          {:>9.1} ms  ({:.1}x baseline)",
+        p * 1e3,
+        p / b
+    );
+    println!(
+        "  verify                         {:>9.1} ms  ({:.1}x baseline)",
+        v * 1e3,
+        v / b
+    );
+    println!(
+        "  print                          {:>9.1} ms  ({:.1}x baseline)",
+        pr * 1e3,
+        pr / b
+    );
+    println!(
+        "  parse + verify + print         {:>9.1} ms  ({:.1}x baseline)",
+        total * 1e3,
+        total / b
+    );
     Ok(())
 }

@@ -48,7 +48,13 @@ pub struct FunctionBuilder<'g> {
 impl<'g> FunctionBuilder<'g> {
     /// A builder whose global calls are typed by `globals` (usually the module being built).
     pub fn new(globals: &'g dyn GlobalTypes) -> Self {
-        FunctionBuilder { func: Function::new(), globals, names: HashSet::new(), block: None, fresh: 0 }
+        FunctionBuilder {
+            func: Function::new(),
+            globals,
+            names: HashSet::new(),
+            block: None,
+            fresh: 0,
+        }
     }
 
     /// Declares a symbolic dim used by this function's types and returns it.
@@ -109,7 +115,10 @@ impl<'g> FunctionBuilder<'g> {
     /// Starts a dataflow block.
     pub fn begin_dataflow(&mut self) {
         self.flush();
-        self.block = Some(Block { dataflow: true, bindings: Vec::new() });
+        self.block = Some(Block {
+            dataflow: true,
+            bindings: Vec::new(),
+        });
     }
 
     /// Ends the current dataflow block.
@@ -148,9 +157,16 @@ impl<'g> FunctionBuilder<'g> {
             .map(|e| e.ty.clone())
             .ok_or_else(|| Error::Invalid(format!("expression {value} is not in this function")))?;
         let dataflow = matches!(&self.block, Some(b) if b.dataflow) && !output;
-        let name = if name.is_empty() { self.fresh_name() } else { self.unique(name) };
+        let name = if name.is_empty() {
+            self.fresh_name()
+        } else {
+            self.unique(name)
+        };
         let var = self.func.add_var(name, ty, dataflow);
-        let block = self.block.get_or_insert_with(|| Block { dataflow: false, bindings: Vec::new() });
+        let block = self.block.get_or_insert_with(|| Block {
+            dataflow: false,
+            bindings: Vec::new(),
+        });
         block.bindings.push(Binding { var, value });
         Ok(var)
     }
@@ -163,7 +179,9 @@ impl<'g> FunctionBuilder<'g> {
     /// Finishes the function, returning `ret`; the return type is inferred.
     pub fn finish(mut self, ret: ExprId) -> Result<Function> {
         if matches!(&self.block, Some(b) if b.dataflow) {
-            return Err(Error::Invalid("finish inside an open dataflow block".into()));
+            return Err(Error::Invalid(
+                "finish inside an open dataflow block".into(),
+            ));
         }
         self.flush();
         let ty = self
@@ -206,7 +224,11 @@ impl<'g> FunctionBuilder<'g> {
 
     fn fresh_name(&mut self) -> String {
         loop {
-            let cand = if self.fresh == 0 { "lv".to_string() } else { format!("lv{}", self.fresh) };
+            let cand = if self.fresh == 0 {
+                "lv".to_string()
+            } else {
+                format!("lv{}", self.fresh)
+            };
             self.fresh += 1;
             if self.names.insert(cand.clone()) {
                 return cand;
@@ -217,9 +239,18 @@ impl<'g> FunctionBuilder<'g> {
 
 fn describe(kind: &ExprKind) -> String {
     match kind {
-        ExprKind::Call { callee: Callee::Op(op), .. } => op.name().to_string(),
-        ExprKind::Call { callee: Callee::Global(g), .. } => format!("call of `{g}`"),
-        ExprKind::Call { callee: Callee::Local(v), .. } => format!("call of local {v}"),
+        ExprKind::Call {
+            callee: Callee::Op(op),
+            ..
+        } => op.name().to_string(),
+        ExprKind::Call {
+            callee: Callee::Global(g),
+            ..
+        } => format!("call of `{g}`"),
+        ExprKind::Call {
+            callee: Callee::Local(v),
+            ..
+        } => format!("call of local {v}"),
         ExprKind::Tuple(_) => "tuple".into(),
         ExprKind::TupleGetItem(..) => "tuple-get-item".into(),
         _ => "expression".into(),

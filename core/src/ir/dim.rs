@@ -125,7 +125,9 @@ impl Dim {
                     if let Some(c) = c1.checked_add(c2) {
                         return match c {
                             0 => x.clone(),
-                            c if c > 0 => Dim::Expr(Arc::new((DimOp::Add, x.clone(), Dim::Static(c)))),
+                            c if c > 0 => {
+                                Dim::Expr(Arc::new((DimOp::Add, x.clone(), Dim::Static(c))))
+                            }
                             c => Dim::Expr(Arc::new((DimOp::Sub, x.clone(), Dim::Static(-c)))),
                         };
                     }
@@ -224,7 +226,10 @@ mod tests {
         assert_eq!(n.add(&Dim::Static(0)), n);
         assert_eq!(n.mul(&Dim::Static(1)), n);
         assert_eq!(n.sub(&n), Dim::Static(0));
-        assert_eq!(n.add(&Dim::Static(2)).sub(&Dim::Static(3)).to_string(), "n - 1");
+        assert_eq!(
+            n.add(&Dim::Static(2)).sub(&Dim::Static(3)).to_string(),
+            "n - 1"
+        );
     }
 
     #[test]

@@ -60,7 +60,10 @@ pub struct Arena<I, T> {
 
 impl<I: EntityId, T> Default for Arena<I, T> {
     fn default() -> Self {
-        Arena { items: Vec::new(), _id: PhantomData }
+        Arena {
+            items: Vec::new(),
+            _id: PhantomData,
+        }
     }
 }
 

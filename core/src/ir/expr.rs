@@ -43,7 +43,11 @@ impl Constant {
                 data.len()
             ));
         }
-        Ok(Constant { dtype, shape, data: data.into() })
+        Ok(Constant {
+            dtype,
+            shape,
+            data: data.into(),
+        })
     }
 
     /// A scalar constant holding `v` converted to `dtype`.
@@ -59,13 +63,21 @@ impl Constant {
             DType::I64 => (v as i64).to_le_bytes().to_vec(),
             DType::Bool => vec![u8::from(v != 0.0)],
         };
-        Constant { dtype, shape: Vec::new(), data: bytes.into() }
+        Constant {
+            dtype,
+            shape: Vec::new(),
+            data: bytes.into(),
+        }
     }
 
     /// A scalar i64 constant (exact for every i64).
     pub fn scalar_i64(v: i64, dtype: DType) -> Self {
         match dtype {
-            DType::I64 => Constant { dtype, shape: Vec::new(), data: v.to_le_bytes().to_vec().into() },
+            DType::I64 => Constant {
+                dtype,
+                shape: Vec::new(),
+                data: v.to_le_bytes().to_vec().into(),
+            },
             _ => Constant::scalar(v as f64, dtype),
         }
     }

@@ -112,7 +112,12 @@ impl Function {
             kind: ExprKind::Var(super::entity::EntityId::new(next)),
             ty: ty.clone(),
         });
-        self.vars.push(VarData { name: name.into(), ty, dataflow, expr })
+        self.vars.push(VarData {
+            name: name.into(),
+            ty,
+            dataflow,
+            expr,
+        })
     }
 
     /// Adds an expression.
@@ -156,7 +161,11 @@ impl Function {
     /// The function's type (params and return).
     pub fn func_type(&self) -> super::ty::FuncType {
         super::ty::FuncType {
-            params: self.params.iter().map(|&p| self.vars[p].ty.clone()).collect(),
+            params: self
+                .params
+                .iter()
+                .map(|&p| self.vars[p].ty.clone())
+                .collect(),
             ret: Box::new(self.ret_ty.clone()),
         }
     }
@@ -166,7 +175,10 @@ impl Function {
         self.exprs
             .iter()
             .map(|(_, e)| match &e.kind {
-                ExprKind::Call { callee: Callee::Op(_), .. } => 1,
+                ExprKind::Call {
+                    callee: Callee::Op(_),
+                    ..
+                } => 1,
                 ExprKind::Function(f) => f.num_op_calls(),
                 _ => 0,
             })

@@ -34,11 +34,18 @@ pub fn chain_module(bindings: usize) -> Module {
         for i in 0..bindings {
             let last = i + 1 == bindings;
             let (callee, args) = match i % 3 {
-                0 => (Callee::Op(Op::Matmul { out_dtype: None }), vec![b.var(cur), b.var(w)]),
+                0 => (
+                    Callee::Op(Op::Matmul { out_dtype: None }),
+                    vec![b.var(cur), b.var(w)],
+                ),
                 1 => (Callee::Op(Op::Add), vec![b.var(cur), b.var(bias)]),
                 _ => (Callee::Op(Op::Relu), vec![b.var(cur)]),
             };
-            let r = if last { b.emit_output("", callee, args) } else { b.emit("", callee, args) };
+            let r = if last {
+                b.emit_output("", callee, args)
+            } else {
+                b.emit("", callee, args)
+            };
             match r {
                 Ok(v) => cur = v,
                 Err(_) => break,
@@ -130,8 +137,15 @@ pub fn random_module(seed: u64, ops: usize) -> Module {
                 let k = Constant::scalar((rng.below(100) as f64) / 8.0, DType::F32);
                 let ce = b.constant(k);
                 let ae = b.var(a);
-                b.emit_value("", ExprKind::Call { callee: Callee::Op(Op::Add), args: vec![ae, ce] }, output)
-                    .ok()
+                b.emit_value(
+                    "",
+                    ExprKind::Call {
+                        callee: Callee::Op(Op::Add),
+                        args: vec![ae, ce],
+                    },
+                    output,
+                )
+                .ok()
             }
             5 => {
                 // A tuple of two values, then one of its fields.
@@ -141,7 +155,8 @@ pub fn random_module(seed: u64, ops: usize) -> Module {
                 tup.and_then(|tv| {
                     let te = b.var(tv);
                     let idx = rng.below(2) as u32;
-                    b.emit_value("", ExprKind::TupleGetItem(te, idx), output).ok()
+                    b.emit_value("", ExprKind::TupleGetItem(te, idx), output)
+                        .ok()
                 })
             }
             _ => {
@@ -179,7 +194,15 @@ pub fn random_module(seed: u64, ops: usize) -> Module {
 
 fn emit(b: &mut FunctionBuilder<'_>, op: Op, args: &[VarId], output: bool) -> Option<VarId> {
     let args: Vec<ExprId> = args.iter().map(|&a| b.var(a)).collect();
-    b.emit_value("", ExprKind::Call { callee: Callee::Op(op), args }, output).ok()
+    b.emit_value(
+        "",
+        ExprKind::Call {
+            callee: Callee::Op(op),
+            args,
+        },
+        output,
+    )
+    .ok()
 }
 
 #[cfg(test)]
@@ -207,7 +230,9 @@ mod tests {
     #[test]
     fn verifier_reports_every_violation() {
         let mut m = chain_module(3);
-        let Some(f) = m.functions.get_mut("main") else { panic!("no main") };
+        let Some(f) = m.functions.get_mut("main") else {
+            panic!("no main")
+        };
         // Use a dataflow var in the return and break a recorded type: two violations.
         let first = f.blocks[0].bindings[0];
         f.ret = Some(f.var_expr(first.var));

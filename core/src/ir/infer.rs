@@ -26,9 +26,16 @@ impl GlobalTypes for std::collections::HashMap<String, FuncType> {
 
 /// Infers the type of `kind` inside `func`, whose operand expressions already carry types.
 /// Errors say what was expected.
-pub fn infer_kind(func: &Function, globals: &dyn GlobalTypes, kind: &ExprKind) -> Result<Type, String> {
+pub fn infer_kind(
+    func: &Function,
+    globals: &dyn GlobalTypes,
+    kind: &ExprKind,
+) -> Result<Type, String> {
     let ty = |e: super::ExprId| -> Result<&Type, String> {
-        func.exprs.get(e).map(|d| &d.ty).ok_or_else(|| format!("expression {e} is out of range"))
+        func.exprs
+            .get(e)
+            .map(|d| &d.ty)
+            .ok_or_else(|| format!("expression {e} is out of range"))
     };
     match kind {
         ExprKind::Var(v) => func
@@ -43,12 +50,18 @@ pub fn infer_kind(func: &Function, globals: &dyn GlobalTypes, kind: &ExprKind) -
             PrimValue::Float(_, d) => Type::Prim(*d),
             PrimValue::Str(_) => Type::Object,
         }),
-        ExprKind::Tuple(fields) => {
-            Ok(Type::Tuple(fields.iter().map(|&f| ty(f).cloned()).collect::<Result<_, _>>()?))
-        }
+        ExprKind::Tuple(fields) => Ok(Type::Tuple(
+            fields
+                .iter()
+                .map(|&f| ty(f).cloned())
+                .collect::<Result<_, _>>()?,
+        )),
         ExprKind::TupleGetItem(t, i) => match ty(*t)? {
             Type::Tuple(fields) => fields.get(*i as usize).cloned().ok_or_else(|| {
-                format!("tuple index {i} is out of range for a tuple of {} fields", fields.len())
+                format!(
+                    "tuple index {i} is out of range for a tuple of {} fields",
+                    fields.len()
+                )
             }),
             other => Err(format!("expected a tuple to index, found {}", brief(other))),
         },

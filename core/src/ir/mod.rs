@@ -16,18 +16,18 @@
 //! [`Binding`]s of a var to an expression. Nested functions (`local_func` in what
 //! `annotate_codegen` prints) are expressions holding a whole [`Function`] with its own arenas.
 
+pub mod builder;
 pub(crate) mod dim;
 pub(crate) mod dtype;
 pub(crate) mod entity;
 pub(crate) mod expr;
 pub(crate) mod function;
-pub mod infer;
-pub mod builder;
-pub mod structural;
-pub mod verify;
 pub mod generate;
+pub mod infer;
 pub(crate) mod module;
+pub mod structural;
 pub(crate) mod ty;
+pub mod verify;
 
 pub use dim::{Dim, DimOp, Sym};
 pub use dtype::DType;

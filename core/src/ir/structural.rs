@@ -18,12 +18,21 @@ use std::hash::{Hash, Hasher};
 /// Whether two modules hold the same function names with structurally equal functions.
 pub fn module_eq(a: &Module, b: &Module) -> bool {
     a.functions.len() == b.functions.len()
-        && a.functions.iter().all(|(name, fa)| b.get(name).is_some_and(|fb| function_eq(fa, fb)))
+        && a.functions
+            .iter()
+            .all(|(name, fa)| b.get(name).is_some_and(|fb| function_eq(fa, fb)))
 }
 
 /// Whether two functions are structurally equal (names of vars and symbolic dims ignored).
 pub fn function_eq(a: &Function, b: &Function) -> bool {
-    Eq2 { a, b, vars: HashMap::new(), syms: HashMap::new(), rsyms: HashMap::new() }.functions()
+    Eq2 {
+        a,
+        b,
+        vars: HashMap::new(),
+        syms: HashMap::new(),
+        rsyms: HashMap::new(),
+    }
+    .functions()
 }
 
 struct Eq2<'f> {
@@ -37,7 +46,10 @@ struct Eq2<'f> {
 impl Eq2<'_> {
     fn functions(&mut self) -> bool {
         let (a, b) = (self.a, self.b);
-        if a.params.len() != b.params.len() || a.blocks.len() != b.blocks.len() || a.attrs != b.attrs {
+        if a.params.len() != b.params.len()
+            || a.blocks.len() != b.blocks.len()
+            || a.attrs != b.attrs
+        {
             return false;
         }
         for (&pa, &pb) in a.params.iter().zip(&b.params) {
@@ -52,7 +64,10 @@ impl Eq2<'_> {
             }
             for (x, y) in ba.bindings.iter().zip(&bb.bindings) {
                 let (va, vb) = (a.var(x.var), b.var(y.var));
-                if va.dataflow != vb.dataflow || !self.ty(&va.ty, &vb.ty) || !self.expr(x.value, y.value) {
+                if va.dataflow != vb.dataflow
+                    || !self.ty(&va.ty, &vb.ty)
+                    || !self.expr(x.value, y.value)
+                {
                     return false;
                 }
                 self.vars.insert(x.var, y.var);
@@ -77,8 +92,19 @@ impl Eq2<'_> {
             (ExprKind::Tuple(x), ExprKind::Tuple(y)) => {
                 x.len() == y.len() && x.iter().zip(y).all(|(&p, &q)| self.expr(p, q))
             }
-            (ExprKind::TupleGetItem(x, i), ExprKind::TupleGetItem(y, j)) => i == j && self.expr(*x, *y),
-            (ExprKind::Call { callee: ca, args: xa }, ExprKind::Call { callee: cb, args: xb }) => {
+            (ExprKind::TupleGetItem(x, i), ExprKind::TupleGetItem(y, j)) => {
+                i == j && self.expr(*x, *y)
+            }
+            (
+                ExprKind::Call {
+                    callee: ca,
+                    args: xa,
+                },
+                ExprKind::Call {
+                    callee: cb,
+                    args: xb,
+                },
+            ) => {
                 let callee_eq = match (ca, cb) {
                     (Callee::Op(p), Callee::Op(q)) => p == q,
                     (Callee::Global(p), Callee::Global(q)) => p == q,
@@ -111,7 +137,9 @@ impl Eq2<'_> {
         match (x, y) {
             (Dim::Static(p), Dim::Static(q)) => p == q,
             (Dim::Sym(p), Dim::Sym(q)) => self.sym(p, q),
-            (Dim::Expr(p), Dim::Expr(q)) => p.0 == q.0 && self.dim(&p.1, &q.1) && self.dim(&p.2, &q.2),
+            (Dim::Expr(p), Dim::Expr(q)) => {
+                p.0 == q.0 && self.dim(&p.1, &q.1) && self.dim(&p.2, &q.2)
+            }
             _ => false,
         }
     }

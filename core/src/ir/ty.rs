@@ -20,7 +20,11 @@ pub struct TensorType {
 impl TensorType {
     /// A tensor type with a known shape and dtype.
     pub fn new(dims: Vec<Dim>, dtype: DType) -> Self {
-        TensorType { ndim: Some(dims.len()), dims: Some(dims), dtype: Some(dtype) }
+        TensorType {
+            ndim: Some(dims.len()),
+            dims: Some(dims),
+            dtype: Some(dtype),
+        }
     }
 
     /// The rank, if known.
@@ -71,7 +75,10 @@ pub enum Type {
 impl Type {
     /// A tensor type with a static shape.
     pub fn tensor(shape: &[i64], dtype: DType) -> Type {
-        Type::Tensor(TensorType::new(shape.iter().map(|&d| Dim::Static(d)).collect(), dtype))
+        Type::Tensor(TensorType::new(
+            shape.iter().map(|&d| Dim::Static(d)).collect(),
+            dtype,
+        ))
     }
 
     /// A tensor type with the given dims.
@@ -81,7 +88,10 @@ impl Type {
 
     /// A shape type with known values.
     pub fn shape(dims: Vec<Dim>) -> Type {
-        Type::Shape { ndim: Some(dims.len()), dims: Some(dims) }
+        Type::Shape {
+            ndim: Some(dims.len()),
+            dims: Some(dims),
+        }
     }
 
     /// The tensor type, if this is a tensor.

@@ -48,7 +48,11 @@ pub struct VerifyError {
 impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.binding {
-            Some(b) => write!(f, "in function `{}`, binding `{b}`: {}", self.function, self.message),
+            Some(b) => write!(
+                f,
+                "in function `{}`, binding `{b}`: {}",
+                self.function, self.message
+            ),
             None => write!(f, "in function `{}`: {}", self.function, self.message),
         }
     }
@@ -89,9 +93,20 @@ pub fn verify(m: &Module) -> Result<(), VerifyErrors> {
                 message: "a function with `Codegen` must be public (have a global_symbol)".into(),
             });
         }
-        Verifier { m, f, fname: name.clone(), errs: &mut errs, outer_syms: &BTreeSet::new() }.run();
+        Verifier {
+            m,
+            f,
+            fname: name.clone(),
+            errs: &mut errs,
+            outer_syms: &BTreeSet::new(),
+        }
+        .run();
     }
-    if errs.is_empty() { Ok(()) } else { Err(VerifyErrors(errs)) }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(VerifyErrors(errs))
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -112,8 +127,14 @@ struct Verifier<'a> {
 
 impl Verifier<'_> {
     fn err(&mut self, binding: Option<VarId>, message: String) {
-        let binding = binding.and_then(|v| self.f.vars.get(v)).map(|d| d.name.clone());
-        self.errs.push(VerifyError { function: self.fname.clone(), binding, message });
+        let binding = binding
+            .and_then(|v| self.f.vars.get(v))
+            .map(|d| d.name.clone());
+        self.errs.push(VerifyError {
+            function: self.fname.clone(),
+            binding,
+            message,
+        });
     }
 
     fn run(&mut self) {
@@ -146,7 +167,10 @@ impl Verifier<'_> {
             }
             for o in ops {
                 if o.index() >= id.index() {
-                    self.err(None, format!("expression {id} uses {o}, which is not defined before it"));
+                    self.err(
+                        None,
+                        format!("expression {id} uses {o}, which is not defined before it"),
+                    );
                 }
             }
         }
@@ -160,7 +184,10 @@ impl Verifier<'_> {
                 continue;
             }
             if def.insert(p, Def::Global).is_some() {
-                self.err(None, format!("parameter `{}` is defined twice", f.var(p).name));
+                self.err(
+                    None,
+                    format!("parameter `{}` is defined twice", f.var(p).name),
+                );
             }
             self.check_syms(None, &f.var(p).ty.clone(), &syms);
         }
@@ -175,11 +202,18 @@ impl Verifier<'_> {
                     continue;
                 };
                 if vd.dataflow && !block.dataflow {
-                    self.err(Some(b.var), "a dataflow var is bound outside a dataflow block".into());
+                    self.err(
+                        Some(b.var),
+                        "a dataflow var is bound outside a dataflow block".into(),
+                    );
                 }
                 // Uses in the value.
                 self.check_uses(Some(b.var), b.value, &def, Some(bi), true);
-                if let ExprKind::Call { callee: Callee::Local(v), .. } = &value.kind {
+                if let ExprKind::Call {
+                    callee: Callee::Local(v),
+                    ..
+                } = &value.kind
+                {
                     self.check_use(Some(b.var), *v, &def, Some(bi));
                 }
                 // (5) normal form of the value.
@@ -194,7 +228,9 @@ impl Verifier<'_> {
                             self.check_leaf(Some(b.var), x, "tuple field");
                         }
                     }
-                    ExprKind::TupleGetItem(x, _) => self.check_leaf(Some(b.var), *x, "tuple-get-item operand"),
+                    ExprKind::TupleGetItem(x, _) => {
+                        self.check_leaf(Some(b.var), *x, "tuple-get-item operand")
+                    }
                     ExprKind::Function(inner) => {
                         let mut sub = Verifier {
                             m: self.m,
@@ -210,14 +246,29 @@ impl Verifier<'_> {
                 // (6), (7) callees and types.
                 self.check_types(b.var, b.value);
                 self.check_syms(Some(b.var), &vd.ty.clone(), &syms);
-                if def.insert(b.var, if vd.dataflow { Def::Dataflow(bi) } else { Def::Global }).is_some() {
-                    self.err(Some(b.var), format!("`{}` is defined more than once", vd.name));
+                if def
+                    .insert(
+                        b.var,
+                        if vd.dataflow {
+                            Def::Dataflow(bi)
+                        } else {
+                            Def::Global
+                        },
+                    )
+                    .is_some()
+                {
+                    self.err(
+                        Some(b.var),
+                        format!("`{}` is defined more than once", vd.name),
+                    );
                 }
             }
         }
         match f.ret {
             None => self.err(None, "the function has no return expression".into()),
-            Some(r) if f.exprs.get(r).is_none() => self.err(None, format!("return {r} is out of range")),
+            Some(r) if f.exprs.get(r).is_none() => {
+                self.err(None, format!("return {r} is out of range"))
+            }
             Some(r) => {
                 self.check_leaf(None, r, "returned expression");
                 self.check_uses(None, r, &def, None, true);
@@ -237,18 +288,36 @@ impl Verifier<'_> {
         }
     }
 
-    fn check_use(&mut self, at: Option<VarId>, v: VarId, def: &HashMap<VarId, Def>, block: Option<usize>) {
-        let name = self.f.vars.get(v).map_or_else(|| v.to_string(), |d| d.name.clone());
+    fn check_use(
+        &mut self,
+        at: Option<VarId>,
+        v: VarId,
+        def: &HashMap<VarId, Def>,
+        block: Option<usize>,
+    ) {
+        let name = self
+            .f
+            .vars
+            .get(v)
+            .map_or_else(|| v.to_string(), |d| d.name.clone());
         match def.get(&v) {
             None => self.err(at, format!("`{name}` is used before it is defined")),
-            Some(Def::Dataflow(b)) if Some(*b) != block => {
-                self.err(at, format!("dataflow var `{name}` is used outside its dataflow block"))
-            }
+            Some(Def::Dataflow(b)) if Some(*b) != block => self.err(
+                at,
+                format!("dataflow var `{name}` is used outside its dataflow block"),
+            ),
             Some(_) => {}
         }
     }
 
-    fn check_uses(&mut self, at: Option<VarId>, e: ExprId, def: &HashMap<VarId, Def>, block: Option<usize>, top: bool) {
+    fn check_uses(
+        &mut self,
+        at: Option<VarId>,
+        e: ExprId,
+        def: &HashMap<VarId, Def>,
+        block: Option<usize>,
+        top: bool,
+    ) {
         let Some(d) = self.f.exprs.get(e) else { return };
         match &d.kind {
             ExprKind::Var(v) => self.check_use(at, *v, def, block),
@@ -286,9 +355,16 @@ impl Verifier<'_> {
     fn check_types(&mut self, var: VarId, value: ExprId) {
         let f = self.f;
         let d = f.expr(value);
-        if let ExprKind::Call { callee: Callee::Global(g), .. } = &d.kind {
+        if let ExprKind::Call {
+            callee: Callee::Global(g),
+            ..
+        } = &d.kind
+        {
             if self.m.get(g).is_none() {
-                self.err(Some(var), format!("calls `{g}`, which is not a function of the module"));
+                self.err(
+                    Some(var),
+                    format!("calls `{g}`, which is not a function of the module"),
+                );
                 return;
             }
         }
@@ -298,14 +374,22 @@ impl Verifier<'_> {
                 if t != d.ty {
                     self.err(
                         Some(var),
-                        format!("recorded type {} differs from the inferred {}", brief(&d.ty), brief(&t)),
+                        format!(
+                            "recorded type {} differs from the inferred {}",
+                            brief(&d.ty),
+                            brief(&t)
+                        ),
                     );
                 }
                 let vt = &f.var(var).ty;
                 if !vt.accepts(&d.ty) {
                     self.err(
                         Some(var),
-                        format!("var type {} does not accept the value's type {}", brief(vt), brief(&d.ty)),
+                        format!(
+                            "var type {} does not accept the value's type {}",
+                            brief(vt),
+                            brief(&d.ty)
+                        ),
                     );
                 }
             }
@@ -316,7 +400,10 @@ impl Verifier<'_> {
         let mut used = BTreeSet::new();
         t.collect_syms(&mut used);
         for s in used.difference(syms) {
-            self.err(at, format!("symbolic dim `{s}` is not declared in the function"));
+            self.err(
+                at,
+                format!("symbolic dim `{s}` is not declared in the function"),
+            );
         }
     }
 }

@@ -106,7 +106,12 @@ pub enum Op {
     Conv2d(Box<Conv2dAttrs>),
 }
 
-const NAMES: &[&str] = &["relax.add", "relax.nn.relu", "relax.matmul", "relax.nn.conv2d"];
+const NAMES: &[&str] = &[
+    "relax.add",
+    "relax.nn.relu",
+    "relax.matmul",
+    "relax.nn.conv2d",
+];
 
 impl Op {
     /// Every op name, in a fixed order.
@@ -127,9 +132,21 @@ impl Op {
     /// The call signature of the op named `name`, or `None` for an unknown op.
     pub fn signature(name: &str) -> Option<OpSig> {
         Some(match name {
-            "relax.add" => OpSig { min_args: 2, max_args: 2, attr_names: &[] },
-            "relax.nn.relu" => OpSig { min_args: 1, max_args: 1, attr_names: &[] },
-            "relax.matmul" => OpSig { min_args: 2, max_args: 2, attr_names: &["out_dtype"] },
+            "relax.add" => OpSig {
+                min_args: 2,
+                max_args: 2,
+                attr_names: &[],
+            },
+            "relax.nn.relu" => OpSig {
+                min_args: 1,
+                max_args: 1,
+                attr_names: &[],
+            },
+            "relax.matmul" => OpSig {
+                min_args: 2,
+                max_args: 2,
+                attr_names: &["out_dtype"],
+            },
             "relax.nn.conv2d" => OpSig {
                 min_args: 2,
                 max_args: 2,
@@ -164,7 +181,9 @@ impl Op {
         Ok(match name {
             "relax.add" => Op::Add,
             "relax.nn.relu" => Op::Relu,
-            "relax.matmul" => Op::Matmul { out_dtype: dtype_attr(get("out_dtype"))? },
+            "relax.matmul" => Op::Matmul {
+                out_dtype: dtype_attr(get("out_dtype"))?,
+            },
             "relax.nn.conv2d" => {
                 let strides = ints_attr(get("strides"), &[1, 1], "strides")?;
                 let padding = ints_attr(get("padding"), &[0, 0], "padding")?;
@@ -264,7 +283,10 @@ impl Op {
                 let mut out = broadcast(&x[..x.len() - 2], &y[..y.len() - 2])?;
                 out.push(m.clone());
                 out.push(n.clone());
-                Ok(Type::tensor_dims(out, out_dtype.or(a.dtype).unwrap_or(DType::F32)))
+                Ok(Type::tensor_dims(
+                    out,
+                    out_dtype.or(a.dtype).unwrap_or(DType::F32),
+                ))
             }
             Op::Conv2d(a) => {
                 let (x, w) = (t(0)?, t(1)?);
@@ -277,11 +299,31 @@ impl Op {
                 let (n, h, wi) = (&xd[0], &xd[2], &xd[3]);
                 let (o, kh, kw) = (&wd[0], &wd[2], &wd[3]);
                 let out = |i: &Dim, k: &Dim, s: i64, p0: i64, p1: i64, d: i64| {
-                    let eff = k.sub(&Dim::Static(1)).mul(&Dim::Static(d)).add(&Dim::Static(1));
-                    i.add(&Dim::Static(p0 + p1)).sub(&eff).floor_div(&Dim::Static(s)).add(&Dim::Static(1))
+                    let eff = k
+                        .sub(&Dim::Static(1))
+                        .mul(&Dim::Static(d))
+                        .add(&Dim::Static(1));
+                    i.add(&Dim::Static(p0 + p1))
+                        .sub(&eff)
+                        .floor_div(&Dim::Static(s))
+                        .add(&Dim::Static(1))
                 };
-                let oh = out(h, kh, a.strides[0], a.padding[0], a.padding[2], a.dilation[0]);
-                let ow = out(wi, kw, a.strides[1], a.padding[1], a.padding[3], a.dilation[1]);
+                let oh = out(
+                    h,
+                    kh,
+                    a.strides[0],
+                    a.padding[0],
+                    a.padding[2],
+                    a.dilation[0],
+                );
+                let ow = out(
+                    wi,
+                    kw,
+                    a.strides[1],
+                    a.padding[1],
+                    a.padding[3],
+                    a.dilation[1],
+                );
                 Ok(Type::tensor_dims(
                     vec![n.clone(), o.clone(), oh, ow],
                     a.out_dtype.or(x.dtype).unwrap_or(DType::F32),
@@ -318,9 +360,9 @@ fn dtype_attr(v: Option<&AttrLit>) -> Result<Option<DType>, String> {
     match v {
         None | Some(AttrLit::None) => Ok(None),
         Some(AttrLit::Str(s)) if s == "void" || s.is_empty() => Ok(None),
-        Some(AttrLit::Str(s)) => {
-            DType::from_name(s).map(Some).ok_or_else(|| format!("unknown dtype \"{s}\""))
-        }
+        Some(AttrLit::Str(s)) => DType::from_name(s)
+            .map(Some)
+            .ok_or_else(|| format!("unknown dtype \"{s}\"")),
         Some(other) => Err(format!("expected a dtype string or None, found {other:?}")),
     }
 }
@@ -348,7 +390,10 @@ fn pair(v: &[i64], name: &str) -> Result<[i64; 2], String> {
     match *v {
         [a] => Ok([a, a]),
         [a, b] => Ok([a, b]),
-        _ => Err(format!("`{name}` expects 1 or 2 integers, found {}", v.len())),
+        _ => Err(format!(
+            "`{name}` expects 1 or 2 integers, found {}",
+            v.len()
+        )),
     }
 }
 
@@ -357,7 +402,10 @@ fn quad(v: &[i64]) -> Result<[i64; 4], String> {
         [a] => Ok([a, a, a, a]),
         [a, b] => Ok([a, b, a, b]),
         [a, b, c, d] => Ok([a, b, c, d]),
-        _ => Err(format!("`padding` expects 1, 2 or 4 integers, found {}", v.len())),
+        _ => Err(format!(
+            "`padding` expects 1, 2 or 4 integers, found {}",
+            v.len()
+        )),
     }
 }
 

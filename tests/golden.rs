@@ -1,0 +1,151 @@
+//! Golden text-IR tests. Each file under `tests/golden/` holds, in this order:
+//!
+//! ```text
+//! # test: print | error | verify
+//! <input module>
+//! # ==== expected ====
+//! #| <expected output, one line per `#|` line>
+//! ```
+//!
+//! - `print`: the expected output is the printed module; the test also checks that the module
+//!   verifies and that printing is a fixed point (print → parse → print).
+//! - `error`: the input must fail to parse; the expected output is the rendered error.
+//! - `verify`: the input parses; the expected output is the verifier's report.
+//!
+//! On a mismatch the test prints a unified diff. `BLESS=1 cargo test --test golden` rewrites the
+//! expectations from the actual output.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failure is a panic"
+)]
+
+use fusebox_core::ir::verify::verify;
+use fusebox_core::text;
+use std::path::{Path, PathBuf};
+
+const MARKER: &str = "# ==== expected ====";
+
+fn golden_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    for p in paths {
+        if p.is_dir() {
+            golden_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "relax") {
+            out.push(p);
+        }
+    }
+}
+
+fn actual_output(mode: &str, name: &str, input: &str) -> Result<String, String> {
+    let consts = text::ConstTable::new();
+    match mode {
+        "print" => {
+            let m = text::parse_module(input, name, &consts)
+                .map_err(|e| format!("parse failed: {e}"))?;
+            verify(&m).map_err(|e| format!("verify failed: {e}"))?;
+            let printed = text::print_module(&m).text;
+            let again = text::parse_module(&printed, name, &consts)
+                .map_err(|e| format!("reparse of the printed module failed: {e}"))?;
+            let printed2 = text::print_module(&again).text;
+            if printed != printed2 {
+                return Err(format!(
+                    "printing is not a fixed point:\n{}",
+                    diff(&printed, &printed2)
+                ));
+            }
+            Ok(printed)
+        }
+        "error" => match text::parse_module(input, name, &consts) {
+            Ok(_) => Err("expected a parse error, but the input parsed".into()),
+            Err(e) => Ok(format!("{e}\n")),
+        },
+        "verify" => {
+            let m = text::parse_module(input, name, &consts)
+                .map_err(|e| format!("parse failed: {e}"))?;
+            match verify(&m) {
+                Ok(()) => Err("expected verifier errors, but the module verified".into()),
+                Err(e) => Ok(format!("{e}\n")),
+            }
+        }
+        other => Err(format!(
+            "unknown test mode `{other}` (expected print, error or verify)"
+        )),
+    }
+}
+
+fn diff(expected: &str, actual: &str) -> String {
+    similar::TextDiff::from_lines(expected, actual)
+        .unified_diff()
+        .header("expected", "actual")
+        .to_string()
+}
+
+#[test]
+fn golden() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut files = Vec::new();
+    golden_files(&root, &mut files);
+    assert!(
+        files.len() >= 20,
+        "expected the golden suite, found {} files",
+        files.len()
+    );
+    let bless = std::env::var_os("BLESS").is_some_and(|v| v == "1");
+    let mut failures = Vec::new();
+    for path in &files {
+        let content = std::fs::read_to_string(path).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (input, expected_part) = match content.find(MARKER) {
+            Some(i) => (&content[..i], &content[i + MARKER.len()..]),
+            None => (content.as_str(), ""),
+        };
+        let mode = input
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# test:"))
+            .map(str::trim)
+            .unwrap_or("");
+        let expected: String = expected_part
+            .lines()
+            .filter_map(|l| l.strip_prefix("#|"))
+            .map(|l| format!("{}\n", l.strip_prefix(' ').unwrap_or(l)))
+            .collect();
+        match actual_output(mode, &name, input) {
+            Err(msg) => failures.push(format!("{}: {msg}", path.display())),
+            Ok(actual) if actual == expected => {}
+            Ok(actual) if bless => {
+                let mut out = input.trim_end().to_string();
+                out.push_str("\n");
+                out.push_str(MARKER);
+                out.push('\n');
+                for line in actual.lines() {
+                    if line.is_empty() {
+                        out.push_str("#|\n");
+                    } else {
+                        out.push_str(&format!("#| {line}\n"));
+                    }
+                }
+                if let Err(e) = std::fs::write(path, out) {
+                    failures.push(format!("{}: cannot bless: {e}", path.display()));
+                }
+            }
+            Ok(actual) => failures.push(format!(
+                "{}: output differs (BLESS=1 to accept)\n{}",
+                path.display(),
+                diff(&expected, &actual)
+            )),
+        }
+    }
+    println!("golden: {} files, {} failed", files.len(), failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
