@@ -1,0 +1,325 @@
+//! Tree matching of a pattern at a root binding, with TVM's semantics.
+//!
+//! - **Look-through.** Before a node is matched, a var bound at or before the root is replaced by
+//!   its bound value, repeatedly (through alias chains). So `relax.nn.relu(relax.add(_, _))`
+//!   matches `a = R.add(x, y); r = R.nn.relu(a)` at `r`, and `var` only matches unbound vars
+//!   (parameters, or values bound after the root).
+//! - **Sharing.** A pattern node reached twice (a shared sub-pattern) and a capture name used
+//!   twice must bind the same value. Failed alternatives roll their bindings back.
+//! - **Arity** is exact unless the call pattern says `...`; **commutativity**: when the in-order
+//!   match of `relax.add` or `relax.multiply` fails, the swapped order is tried.
+//! - **Attributes** are compared only where the pattern constrains them.
+//!
+//! ```text
+//! pattern: relax.nn.relu(relax.nn.conv2d(_, const))
+//! lv = R.nn.conv2d(x, metadata["relax.expr.Constant"][0], ...)   # matched (interior)
+//! y  = R.nn.relu(lv)                                              # root
+//! ```
+
+use super::ast::{EdgeKind, PatId, PatNode, Pattern, ShapeDim};
+use crate::ir::{Callee, ExprId, ExprKind, Function, Type, VarId};
+use std::collections::HashMap;
+
+/// The bindings of one function seen by the matcher: where each var is bound, which var each
+/// value is bound to, and who uses each var.
+pub struct FunctionView<'f> {
+    /// The function.
+    pub func: &'f Function,
+    /// `var → (position, value)` for every bound var; positions count bindings across blocks.
+    pub bound: HashMap<VarId, (usize, ExprId)>,
+    /// `value → var` for every binding.
+    pub value_var: HashMap<ExprId, VarId>,
+    /// `var → the vars of the bindings that use it`, in binding order (a binding using a var
+    /// twice is listed once).
+    pub users: HashMap<VarId, Vec<VarId>>,
+    /// `var → block index` for bound vars.
+    pub block_of: HashMap<VarId, usize>,
+    /// Vars used by the function's return expression.
+    pub returned: Vec<VarId>,
+}
+
+impl<'f> FunctionView<'f> {
+    /// Indexes `func`.
+    pub fn new(func: &'f Function) -> Self {
+        let mut v = FunctionView {
+            func,
+            bound: HashMap::new(),
+            value_var: HashMap::new(),
+            users: HashMap::new(),
+            block_of: HashMap::new(),
+            returned: Vec::new(),
+        };
+        let mut pos = 0;
+        for (bi, block) in func.blocks.iter().enumerate() {
+            for b in &block.bindings {
+                v.bound.insert(b.var, (pos, b.value));
+                v.value_var.insert(b.value, b.var);
+                v.block_of.insert(b.var, bi);
+                let mut used = Vec::new();
+                operand_vars(func, b.value, &mut used);
+                used.dedup();
+                for u in used {
+                    let list = v.users.entry(u).or_default();
+                    if list.last() != Some(&b.var) {
+                        list.push(b.var);
+                    }
+                }
+                pos += 1;
+            }
+        }
+        if let Some(r) = func.ret {
+            operand_vars(func, r, &mut v.returned);
+        }
+        v
+    }
+
+    /// The users of `var`.
+    pub fn users_of(&self, var: VarId) -> &[VarId] {
+        self.users.get(&var).map_or(&[], Vec::as_slice)
+    }
+
+    /// Follows var → bound value (bound at or before `limit`) repeatedly.
+    pub fn unwrap(&self, mut e: ExprId, limit: usize) -> ExprId {
+        for _ in 0..self.bound.len() + 1 {
+            match self.func.exprs.get(e).map(|d| &d.kind) {
+                Some(ExprKind::Var(v)) => match self.bound.get(v) {
+                    Some(&(pos, value)) if pos <= limit => e = value,
+                    _ => return e,
+                },
+                _ => return e,
+            }
+        }
+        e
+    }
+}
+
+/// Adds every var that expression `e` uses (vars in call args, tuple fields, the tuple of a
+/// tuple-get-item, local callees; or `e` itself when it is a var).
+pub fn operand_vars(f: &Function, e: ExprId, out: &mut Vec<VarId>) {
+    let Some(d) = f.exprs.get(e) else { return };
+    match &d.kind {
+        ExprKind::Var(v) => out.push(*v),
+        ExprKind::Call { callee, args } => {
+            if let Callee::Local(v) = callee {
+                out.push(*v);
+            }
+            for &a in args {
+                operand_vars(f, a, out);
+            }
+        }
+        ExprKind::Tuple(xs) => xs.iter().for_each(|&x| operand_vars(f, x, out)),
+        ExprKind::TupleGetItem(x, _) => operand_vars(f, *x, out),
+        _ => {}
+    }
+}
+
+/// A successful match.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Match {
+    /// The root binding's var.
+    pub root: VarId,
+    /// `(pattern node, matched expression)` for every node visited, in visit order; expressions
+    /// are the looked-through values.
+    pub nodes: Vec<(PatId, ExprId)>,
+    /// Named captures, in first-capture order.
+    pub captures: Vec<(String, ExprId)>,
+}
+
+impl Match {
+    /// The captured value for `name`.
+    pub fn capture(&self, name: &str) -> Option<ExprId> {
+        self.captures.iter().find(|(n, _)| n == name).map(|(_, e)| *e)
+    }
+
+    /// The vars of the bindings matched by call and tuple-get-item nodes (the root included), in
+    /// binding order, without duplicates. Wildcards, constants and vars are leaves: what they
+    /// match stays outside.
+    pub fn bindings(&self, p: &Pattern, view: &FunctionView<'_>) -> Vec<VarId> {
+        let mut out: Vec<(usize, VarId)> = Vec::new();
+        for &(pid, e) in &self.nodes {
+            if matches!(p.node(pid), PatNode::Call { .. } | PatNode::TupleGetItem(..)) {
+                if let Some(&v) = view.value_var.get(&e) {
+                    if let Some(&(pos, _)) = view.bound.get(&v) {
+                        if !out.iter().any(|&(_, w)| w == v) {
+                            out.push((pos, v));
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out.into_iter().map(|(_, v)| v).collect()
+    }
+}
+
+struct Matcher<'a, 'f> {
+    p: &'a Pattern,
+    view: &'a FunctionView<'f>,
+    limit: usize,
+    memo: Vec<(PatId, ExprId)>,
+    captures: Vec<(String, ExprId)>,
+    depth: usize,
+}
+
+/// Matches `p` at the binding of `root` (a call binding at position `pos`). Only bindings at or
+/// before `pos` are looked through.
+pub fn match_at(p: &Pattern, view: &FunctionView<'_>, root: VarId) -> Option<Match> {
+    let &(pos, value) = view.bound.get(&root)?;
+    if !matches!(view.func.exprs.get(value)?.kind, ExprKind::Call { .. }) {
+        return None;
+    }
+    let mut m = Matcher { p, view, limit: pos, memo: Vec::new(), captures: Vec::new(), depth: 0 };
+    if !m.visit(p.root(), value) {
+        return None;
+    }
+    let found = Match { root, nodes: m.memo, captures: m.captures };
+    for c in p.constraints() {
+        let (Some(a), Some(b)) = (found.capture(&c.from), found.capture(&c.to)) else {
+            return None;
+        };
+        let (Some(&va), Some(&vb)) = (view.value_var.get(&a), view.value_var.get(&b)) else {
+            return None;
+        };
+        let users = view.users_of(va);
+        let ok = match c.kind {
+            EdgeKind::UsedBy => users.contains(&vb),
+            EdgeKind::OnlyUsedBy => users == [vb] && !view.returned.contains(&va),
+        };
+        if !ok {
+            return None;
+        }
+    }
+    Some(found)
+}
+
+impl Matcher<'_, '_> {
+    fn visit(&mut self, pid: PatId, e0: ExprId) -> bool {
+        if self.depth > 512 {
+            return false;
+        }
+        let e = self.view.unwrap(e0, self.limit);
+        if let Some(&(_, prev)) = self.memo.iter().find(|(p, _)| *p == pid) {
+            return prev == e;
+        }
+        let mark = (self.memo.len(), self.captures.len());
+        self.memo.push((pid, e));
+        self.depth += 1;
+        let ok = self.visit_node(pid, e);
+        self.depth -= 1;
+        if !ok {
+            self.memo.truncate(mark.0);
+            self.captures.truncate(mark.1);
+        }
+        ok
+    }
+
+    fn visit_node(&mut self, pid: PatId, e: ExprId) -> bool {
+        let func = self.view.func;
+        let Some(data) = func.exprs.get(e) else { return false };
+        match self.p.node(pid) {
+            PatNode::Wildcard => true,
+            PatNode::Const => matches!(data.kind, ExprKind::Const(_)),
+            PatNode::Var(name) => match &data.kind {
+                ExprKind::Var(v) => name.as_ref().is_none_or(|n| func.var(*v).name == *n),
+                _ => false,
+            },
+            PatNode::Call { op, args, at_least, attrs } => {
+                let ExprKind::Call { callee: Callee::Op(actual), args: eargs } = &data.kind else {
+                    return false;
+                };
+                if actual.name() != op {
+                    return false;
+                }
+                if !attrs.is_empty() {
+                    let kw = actual.kwargs();
+                    let all = attrs.iter().all(|(k, v)| {
+                        kw.iter().any(|(ak, av)| ak == k && crate::pattern::attr_lit_eq(av, v))
+                    });
+                    if !all {
+                        return false;
+                    }
+                }
+                let arity_ok = if *at_least { eargs.len() >= args.len() } else { eargs.len() == args.len() };
+                if !arity_ok {
+                    return false;
+                }
+                let (args, eargs) = (args.clone(), eargs.clone());
+                if self.visit_seq(&args, &eargs) {
+                    return true;
+                }
+                if (op == "relax.add" || op == "relax.multiply") && args.len() == 2 && eargs.len() == 2 {
+                    return self.visit_seq(&[args[1], args[0]], &eargs);
+                }
+                false
+            }
+            PatNode::Tuple(fields) => match &data.kind {
+                ExprKind::Tuple(xs) if xs.len() == fields.len() => {
+                    let (fields, xs) = (fields.clone(), xs.clone());
+                    self.visit_seq(&fields, &xs)
+                }
+                _ => false,
+            },
+            PatNode::TupleGetItem(t, idx) => match &data.kind {
+                ExprKind::TupleGetItem(x, i) if idx.is_none_or(|want| want == *i) => {
+                    let (t, x) = (*t, *x);
+                    self.visit(t, x)
+                }
+                _ => false,
+            },
+            PatNode::Or(a, b) => {
+                let (a, b) = (*a, *b);
+                self.visit(a, e) || self.visit(b, e)
+            }
+            PatNode::And(a, b) => {
+                let (a, b) = (*a, *b);
+                self.visit(a, e) && self.visit(b, e)
+            }
+            PatNode::Not(a) => {
+                let a = *a;
+                let mark = (self.memo.len(), self.captures.len());
+                let matched = self.visit(a, e);
+                self.memo.truncate(mark.0);
+                self.captures.truncate(mark.1);
+                !matched
+            }
+            PatNode::DType(a, d) => {
+                let a = *a;
+                matches!(&data.ty, Type::Tensor(t) if t.dtype == Some(*d)) && self.visit(a, e)
+            }
+            PatNode::Shape(a, dims) => {
+                let a = *a;
+                let ok = match &data.ty {
+                    Type::Tensor(t) => t.dims.as_ref().is_some_and(|ds| {
+                        ds.len() == dims.len()
+                            && ds.iter().zip(dims).all(|(d, want)| match want {
+                                ShapeDim::Any => true,
+                                ShapeDim::Dim(w) => d == w,
+                            })
+                    }),
+                    _ => false,
+                };
+                ok && self.visit(a, e)
+            }
+            PatNode::Capture(name, a) => {
+                let a = *a;
+                if let Some((_, prev)) = self.captures.iter().find(|(n, _)| n == name) {
+                    return *prev == e && self.visit(a, e);
+                }
+                self.captures.push((name.clone(), e));
+                self.visit(a, e)
+            }
+        }
+    }
+
+    fn visit_seq(&mut self, pats: &[PatId], exprs: &[ExprId]) -> bool {
+        let mark = (self.memo.len(), self.captures.len());
+        for (&p, &x) in pats.iter().zip(exprs) {
+            if !self.visit(p, x) {
+                self.memo.truncate(mark.0);
+                self.captures.truncate(mark.1);
+                return false;
+            }
+        }
+        true
+    }
+}
