@@ -884,7 +884,7 @@ fn infer_reshape(cx: &Cx<'_>) -> Result<Type, String> {
         return Err(cannot());
     }
     let left = remove_all(&isyms, &nsyms).ok_or_else(cannot)?;
-    let hole = Dim::Static(ic / nc).mul(&product(&left));
+    let hole = product(&left).mul(&Dim::Static(ic / nc));
     let out = shape
         .iter()
         .map(|d| {
