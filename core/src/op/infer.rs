@@ -213,15 +213,15 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         op: op.name(),
         args,
     };
-    if let Some(sig) = Op::signature(op.name()) {
-        if args.len() < sig.min_args || args.len() > sig.max_args {
-            let want = if sig.min_args == sig.max_args {
-                sig.min_args.to_string()
-            } else {
-                format!("{} to {}", sig.min_args, sig.max_args)
-            };
-            return Err(cx.err(format!("expected {want} arguments, found {}", args.len())));
-        }
+    if let Some(sig) = Op::signature(op.name())
+        && (args.len() < sig.min_args || args.len() > sig.max_args)
+    {
+        let want = if sig.min_args == sig.max_args {
+            sig.min_args.to_string()
+        } else {
+            format!("{} to {}", sig.min_args, sig.max_args)
+        };
+        return Err(cx.err(format!("expected {want} arguments, found {}", args.len())));
     }
     match op {
         Op::Add
@@ -304,28 +304,29 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             let at = |d: &[Dim], p: usize| d.get(p).cloned().unwrap_or(Dim::Static(0));
             let (n, c, h, wi) = (at(xd, dp[0]), at(xd, dp[1]), at(xd, dp[2]), at(xd, dp[3]));
             let (o, i, kh, kw) = (at(wd, kp[0]), at(wd, kp[1]), at(wd, kp[2]), at(wd, kp[3]));
-            if let (Some(c), Some(i)) = (c.as_static(), i.as_static()) {
-                if i.checked_mul(a.groups) != Some(c) {
-                    return Err(cx.err(format!(
-                        "data has {c} input channels but the weight expects {i} per group x {} groups = {}",
-                        a.groups,
-                        i.saturating_mul(a.groups)
-                    )));
-                }
+            if let (Some(c), Some(i)) = (c.as_static(), i.as_static())
+                && i.checked_mul(a.groups) != Some(c)
+            {
+                return Err(cx.err(format!(
+                    "data has {c} input channels but the weight expects {i} per group x {} groups = {}",
+                    a.groups,
+                    i.saturating_mul(a.groups)
+                )));
             }
-            if let Some(o) = o.as_static() {
-                if a.groups != 0 && o % a.groups != 0 {
-                    return Err(cx.err(format!(
-                        "the weight's {o} output channels are not divisible by groups={}",
-                        a.groups
-                    )));
-                }
+            if let Some(o) = o.as_static()
+                && a.groups != 0
+                && o.checked_rem(a.groups) != Some(0)
+            {
+                return Err(cx.err(format!(
+                    "the weight's {o} output channels are not divisible by groups={}",
+                    a.groups
+                )));
             }
             let oh = window_out(
                 &h,
                 &kh,
                 a.strides[0],
-                a.padding[0] + a.padding[2],
+                a.padding[0].saturating_add(a.padding[2]),
                 a.dilation[0],
                 false,
             );
@@ -333,7 +334,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 &wi,
                 &kw,
                 a.strides[1],
-                a.padding[1] + a.padding[3],
+                a.padding[1].saturating_add(a.padding[3]),
                 a.dilation[1],
                 false,
             );
@@ -356,7 +357,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 &h,
                 &k(a.pool_size[0]),
                 a.strides[0],
-                a.padding[0] + a.padding[2],
+                a.padding[0].saturating_add(a.padding[2]),
                 a.dilation[0],
                 a.ceil_mode,
             );
@@ -364,18 +365,18 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 &w,
                 &k(a.pool_size[1]),
                 a.strides[1],
-                a.padding[1] + a.padding[3],
+                a.padding[1].saturating_add(a.padding[3]),
                 a.dilation[1],
                 a.ceil_mode,
             );
             for d in [&oh, &ow] {
-                if let Some(v) = d.as_static() {
-                    if v <= 0 {
-                        return Err(cx.err(format!(
-                            "the pooling window does not fit: output extent {v} for input {}",
-                            shape_str(xd)
-                        )));
-                    }
+                if let Some(v) = d.as_static()
+                    && v <= 0
+                {
+                    return Err(cx.err(format!(
+                        "the pooling window does not fit: output extent {v} for input {}",
+                        shape_str(xd)
+                    )));
                 }
             }
             Ok(known(permute_out(&op_, [n, c, oh, ow]), x.dtype))
@@ -413,12 +414,12 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 let axis = cx.axis(a.axis, r)?;
                 if let Some(ch) = x.dims.as_ref().and_then(|d| d.get(axis)) {
                     for (p, what) in params.iter().zip(names) {
-                        if let Some(pd) = p.dims.as_ref().and_then(|d| d.first()) {
-                            if differ(pd, ch) {
-                                return Err(cx.err(format!(
-                                    "expected {what} to have {ch} elements (data's axis {axis}), found {pd}"
-                                )));
-                            }
+                        if let Some(pd) = p.dims.as_ref().and_then(|d| d.first())
+                            && differ(pd, ch)
+                        {
+                            return Err(cx.err(format!(
+                                "expected {what} to have {ch} elements (data's axis {axis}), found {pd}"
+                            )));
                         }
                     }
                 }
@@ -636,12 +637,12 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         }
         Op::Take { axis, .. } => {
             let (x, idx) = (cx.tensor(0, "data")?, cx.tensor(1, "indices")?);
-            if let Some(d) = idx.dtype {
-                if !d.is_int() {
-                    return Err(cx.err(format!(
-                        "expected indices to have an integer dtype, found {d}"
-                    )));
-                }
+            if let Some(d) = idx.dtype
+                && !d.is_int()
+            {
+                return Err(cx.err(format!(
+                    "expected indices to have an integer dtype, found {d}"
+                )));
             }
             match axis {
                 None => Ok(match &idx.dims {
@@ -671,14 +672,14 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             let Some(target) = target else {
                 return Ok(unknown(trank, x.dtype));
             };
-            if let Some(r) = x.rank() {
-                if r > target.len() {
-                    return Err(cx.err(format!(
-                        "cannot broadcast a tensor of rank {r} to the shape {} of rank {}",
-                        shape_str(target),
-                        target.len()
-                    )));
-                }
+            if let Some(r) = x.rank()
+                && r > target.len()
+            {
+                return Err(cx.err(format!(
+                    "cannot broadcast a tensor of rank {r} to the shape {} of rank {}",
+                    shape_str(target),
+                    target.len()
+                )));
             }
             if let Some(xd) = &x.dims {
                 let off = target.len() - xd.len();
@@ -802,18 +803,18 @@ fn norm(
         cx.rank(p, ax.len(), what)?;
         if let (Some(xd), Some(pd)) = (&x.dims, &p.dims) {
             for (&a, pdim) in ax.iter().zip(pd) {
-                if let Some(xdim) = xd.get(a) {
-                    if differ(xdim, pdim) {
-                        return Err(cx.err(format!(
-                            "expected {what} to have shape {} (data's normalised axes), found {}",
-                            shape_str(
-                                &ax.iter()
-                                    .filter_map(|&i| xd.get(i).cloned())
-                                    .collect::<Vec<_>>()
-                            ),
-                            shape_str(pd)
-                        )));
-                    }
+                if let Some(xdim) = xd.get(a)
+                    && differ(xdim, pdim)
+                {
+                    return Err(cx.err(format!(
+                        "expected {what} to have shape {} (data's normalised axes), found {}",
+                        shape_str(
+                            &ax.iter()
+                                .filter_map(|&i| xd.get(i).cloned())
+                                .collect::<Vec<_>>()
+                        ),
+                        shape_str(pd)
+                    )));
                 }
             }
         }
@@ -880,7 +881,7 @@ fn infer_reshape(cx: &Cx<'_>) -> Result<Type, String> {
             product(&rest)
         ))
     };
-    if nc == 0 || ic % nc != 0 {
+    if nc == 0 || ic.checked_rem(nc) != Some(0) {
         return Err(cannot());
     }
     let left = remove_all(&isyms, &nsyms).ok_or_else(cannot)?;
@@ -940,13 +941,13 @@ fn infer_concat(cx: &Cx<'_>, axis: Option<i64>) -> Result<Type, String> {
         });
     };
     let rank = ts.iter().find_map(|t| t.rank());
-    if let Some(r) = rank {
-        if let Some(t) = ts.iter().find(|t| t.rank().is_some_and(|q| q != r)) {
-            return Err(cx.err(format!(
-                "expected every tensor to have rank {r}, found {}",
-                brief(&Type::Tensor((*t).clone()))
-            )));
-        }
+    if let Some(r) = rank
+        && let Some(t) = ts.iter().find(|t| t.rank().is_some_and(|q| q != r))
+    {
+        return Err(cx.err(format!(
+            "expected every tensor to have rank {r}, found {}",
+            brief(&Type::Tensor((*t).clone()))
+        )));
     }
     let Some(r) = rank else {
         return Ok(unknown(None, dtype));
@@ -989,7 +990,9 @@ fn split_pieces(cx: &Cx<'_>, len: &Dim, spec: &SplitSpec) -> Result<Vec<Dim>, St
                     // As TVM: sections of ceil(l / n), the last ones smaller (or empty).
                     let part = l.saturating_add(n - 1).div_euclid(n);
                     Ok((0..n)
-                        .map(|i| Dim::Static((l - part.saturating_mul(i)).clamp(0, part)))
+                        .map(|i| {
+                            Dim::Static(l.saturating_sub(part.saturating_mul(i)).clamp(0, part))
+                        })
                         .collect())
                 }
                 None => {
@@ -1038,11 +1041,19 @@ fn slice_len(cx: &Cx<'_>, n: &Dim, b: i64, e: i64, s: i64) -> Result<Dim, String
             };
             let len = if s > 0 {
                 let (b, e) = (norm(b, 0, n), norm(e, 0, n));
-                if e > b { (e - b + s - 1) / s } else { 0 }
+                if e > b {
+                    (e - b).saturating_add(s - 1) / s
+                } else {
+                    0
+                }
             } else {
                 let (b, e) = (norm(b, -1, n - 1), norm(e, -1, n - 1));
                 let step = s.saturating_neg();
-                if b > e { (b - e + step - 1) / step } else { 0 }
+                if b > e {
+                    (b - e).saturating_add(step - 1) / step
+                } else {
+                    0
+                }
             };
             Ok(Dim::Static(len))
         }

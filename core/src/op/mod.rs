@@ -811,23 +811,23 @@ impl Op {
                     ("end", Some(&end)),
                     ("strides", strides.as_ref()),
                 ] {
-                    if let Some(v) = v {
-                        if v.len() != axes.len() {
-                            return Err(kw.invalid(
-                                k,
-                                &format!(
-                                    "expected {} values (one per axis in `axes`), found {}",
-                                    axes.len(),
-                                    v.len()
-                                ),
-                            ));
-                        }
+                    if let Some(v) = v
+                        && v.len() != axes.len()
+                    {
+                        return Err(kw.invalid(
+                            k,
+                            &format!(
+                                "expected {} values (one per axis in `axes`), found {}",
+                                axes.len(),
+                                v.len()
+                            ),
+                        ));
                     }
                 }
-                if let Some(s) = &strides {
-                    if s.contains(&0) {
-                        return Err(kw.invalid("strides", "a stride of 0 is not allowed"));
-                    }
+                if let Some(s) = &strides
+                    && s.contains(&0)
+                {
+                    return Err(kw.invalid("strides", "a stride of 0 is not allowed"));
                 }
                 Op::StridedSlice(Box::new(StridedSliceAttrs {
                     axes,

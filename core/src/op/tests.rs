@@ -872,3 +872,81 @@ fn strided_slice_and_take() {
     let e = err(&tk1, &[&emb, &t(&[3])]);
     assert!(e.contains("integer dtype") && e.contains("float32"), "{e}");
 }
+
+#[test]
+fn unknown_shapes_and_extreme_attrs_do_not_panic() {
+    let unk = Type::Tensor(TensorType {
+        dims: None,
+        ndim: None,
+        dtype: None,
+    });
+    let r4 = Type::Tensor(TensorType {
+        dims: None,
+        ndim: Some(4),
+        dtype: None,
+    });
+    let sh = Type::Shape {
+        dims: None,
+        ndim: None,
+    };
+    let p = Type::Prim(DType::F32);
+    let tup = Type::Tuple(vec![unk.clone(), r4.clone()]);
+    for o in samples() {
+        for args in [
+            vec![&unk, &unk, &unk, &unk, &unk],
+            vec![&r4, &r4, &r4, &r4, &r4],
+            vec![&r4, &sh],
+            vec![&unk, &p, &p],
+            vec![&tup],
+            vec![],
+        ] {
+            let sig = Op::signature(o.name()).map_or(0, |s| s.max_args);
+            let args: Vec<&Type> = args.into_iter().take(sig).collect();
+            let _ = o.infer(&args);
+        }
+    }
+    let big = i64::MAX;
+    let conv = op(
+        "relax.nn.conv2d",
+        &[
+            ("padding", ints(&[big, big])),
+            ("strides", ints(&[big, big])),
+        ],
+    );
+    let _ = conv.infer(&[&t(&[1, 3, 8, 8]), &t(&[4, 3, 3, 3])]);
+    let pool = op(
+        "relax.nn.avg_pool2d",
+        &[
+            ("padding", ints(&[big])),
+            ("ceil_mode", AttrLit::Bool(true)),
+            ("strides", ints(&[big])),
+        ],
+    );
+    let _ = pool.infer(&[&t(&[1, 3, 8, 8])]);
+    let sl = op(
+        "relax.strided_slice",
+        &[
+            ("axes", ints(&[0])),
+            ("begin", ints(&[i64::MIN])),
+            ("end", ints(&[big])),
+            ("strides", ints(&[big])),
+        ],
+    );
+    assert_eq!(ok(&sl, &[&t(&[10])]), t(&[1]));
+    let sl = op(
+        "relax.strided_slice",
+        &[
+            ("axes", ints(&[0])),
+            ("begin", ints(&[big])),
+            ("end", ints(&[i64::MIN])),
+            ("strides", ints(&[i64::MIN])),
+        ],
+    );
+    assert_eq!(ok(&sl, &[&t(&[10])]), t(&[1]));
+    let sp = op("relax.split", &[("indices_or_sections", AttrLit::Int(big))]);
+    let e = err(&sp, &[&t(&[10])]);
+    assert!(e.contains("at most"), "{e}");
+    let r = Op::Reshape;
+    let _ = r.infer(&[&t(&[big, big]), &shape(&[d(-1)])]);
+    let _ = r.infer(&[&t(&[i64::MIN]), &shape(&[d(-1), d(0)])]);
+}
