@@ -1,8 +1,43 @@
 //! The op set: TVM Relax's ops with typed attributes, type inference and a fusion kind.
 //!
-//! (Minimal bootstrap version: add, relu, matmul, conv2d. The full op set replaces this file.)
+//! Contract:
+//!
+//! - [`Op`] is a closed enum, one variant per op, carrying typed attributes (big attribute
+//!   structs are boxed so an `Op` stays within 32 bytes).
+//! - [`Op::from_call`] builds an op from the keyword literals written in the text format;
+//!   attributes left out take TVM's defaults, unknown attributes and literals of the wrong
+//!   kind are errors that say what was expected. [`Op::kwargs`] gives back every attribute in
+//!   the order TVM 0.27 prints them, so `Op::from_call(op.name(), &op.kwargs()) == op`.
+//! - [`Op::signature`] says how many expression arguments a call takes and which attributes
+//!   positional literals fill (Python API order).
+//! - [`Op::infer`] computes the result type from the argument types, following TVM's
+//!   struct-info inference: shapes may be symbolic ([`Dim`] arithmetic, constants folded),
+//!   negative axes are normalised, unknown shapes or dtypes give a less specific type, and
+//!   errors (never panics) say what was expected and what was found.
+//! - [`Op::fusion_kind`] is TVM's `OpPatternKind` for the op.
+//!
+//! ```text
+//! lv: R.Tensor((n, 16, 32, 32), dtype="float32") = R.nn.conv2d(x, w, strides=[1, 1],
+//!     padding=[1, 1, 1, 1], dilation=[1, 1], groups=1, data_layout="NCHW",
+//!     kernel_layout="OIHW", out_layout="NCHW", out_dtype=None)
+//! lv1: R.Tensor((n, 16, 32, 32), dtype="float32") = R.nn.relu(lv)
+//! lv2: R.Tensor((n, 16384), dtype="float32") = R.reshape(lv1, R.shape([n, 16384]))
+//! ```
+//!
+//! Where this op set departs from TVM 0.27: `relax.strided_slice` takes `axes`, `begin`, `end`
+//! and `strides` as attributes (TVM passes them as expression arguments), and with symbolic
+//! dims it does not clamp (as with `assume_inbound=True`).
 
-use crate::ir::{DType, Dim, Type};
+mod attrs;
+mod infer;
+#[cfg(test)]
+mod tests;
+
+use crate::ir::{DType, Type};
+use attrs::{
+    Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
+    str_lit,
+};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -80,14 +115,164 @@ pub struct Conv2dAttrs {
     pub dilation: [i64; 2],
     /// Groups.
     pub groups: i64,
-    /// Data layout (`NCHW` or `NHWC`).
+    /// Data layout: a permutation of `NCHW`.
     pub data_layout: String,
-    /// Kernel layout (`OIHW` or `OHWI`).
+    /// Kernel layout: a permutation of `OIHW`.
     pub kernel_layout: String,
-    /// Output layout.
+    /// Output layout: a permutation of `NCHW`.
     pub out_layout: String,
     /// Output dtype (`None`: same as the input).
     pub out_dtype: Option<DType>,
+}
+
+/// Attributes of `relax.nn.batch_norm`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BatchNormAttrs {
+    /// The channel axis.
+    pub axis: i64,
+    /// Added to the variance.
+    pub epsilon: F64,
+    /// Whether `beta` is added.
+    pub center: bool,
+    /// Whether `gamma` multiplies.
+    pub scale: bool,
+    /// Moving-average momentum.
+    pub momentum: F64,
+    /// Training mode (statistics from the batch).
+    pub training: bool,
+}
+
+/// Attributes of `relax.nn.layer_norm`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LayerNormAttrs {
+    /// The normalised axes.
+    pub axes: Vec<i64>,
+    /// Added to the variance.
+    pub epsilon: F64,
+    /// Whether `beta` is added.
+    pub center: bool,
+    /// Whether `gamma` multiplies.
+    pub scale: bool,
+}
+
+/// Attributes of `relax.nn.rms_norm`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RmsNormAttrs {
+    /// The normalised axes.
+    pub axes: Vec<i64>,
+    /// Added to the mean square.
+    pub epsilon: F64,
+}
+
+/// Attributes of the reductions `relax.sum`, `relax.mean` and `relax.max`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ReduceAttrs {
+    /// The reduced axes (`None`: all).
+    pub axis: Option<Vec<i64>>,
+    /// Whether reduced axes stay as extent-1 dims.
+    pub keepdims: bool,
+}
+
+/// Attributes of `relax.nn.max_pool2d` and `relax.nn.avg_pool2d`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pool2dAttrs {
+    /// Window size (h, w).
+    pub pool_size: [i64; 2],
+    /// Strides (h, w).
+    pub strides: [i64; 2],
+    /// Dilation (h, w).
+    pub dilation: [i64; 2],
+    /// Padding (top, left, bottom, right).
+    pub padding: [i64; 4],
+    /// Round the output extent up instead of down.
+    pub ceil_mode: bool,
+    /// Whether padding counts in the average.
+    pub count_include_pad: bool,
+    /// Data layout: a permutation of `NCHW`.
+    pub layout: String,
+    /// Output layout: a permutation of `NCHW`.
+    pub out_layout: String,
+}
+
+/// Attributes of `relax.nn.adaptive_avg_pool2d`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AdaptivePool2dAttrs {
+    /// Output (h, w) (`None`: same as the input).
+    pub output_size: Option<[i64; 2]>,
+    /// Data layout: a permutation of `NCHW`.
+    pub layout: String,
+    /// Output layout: a permutation of `NCHW`.
+    pub out_layout: String,
+}
+
+/// How `relax.split` splits.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SplitSpec {
+    /// Into this many (nearly) equal parts.
+    Sections(i64),
+    /// At these indices.
+    Indices(Vec<i64>),
+}
+
+/// Attributes of `relax.split`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SplitAttrs {
+    /// Sections or split indices.
+    pub indices_or_sections: SplitSpec,
+    /// The split axis.
+    pub axis: i64,
+}
+
+/// Attributes of `relax.strided_slice`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StridedSliceAttrs {
+    /// The sliced axes.
+    pub axes: Vec<i64>,
+    /// Start per axis.
+    pub begin: Vec<i64>,
+    /// End (exclusive) per axis.
+    pub end: Vec<i64>,
+    /// Step per axis (`None`: all 1).
+    pub strides: Option<Vec<i64>>,
+    /// Whether indices are known to be in bounds.
+    pub assume_inbound: bool,
+}
+
+/// How `relax.take` treats out-of-range indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TakeMode {
+    /// No checks (`"fast"`).
+    Fast,
+    /// Clamp into range (`"clip"`).
+    Clip,
+    /// Wrap around (`"wrap"`).
+    Wrap,
+}
+
+impl TakeMode {
+    /// TVM's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            TakeMode::Fast => "fast",
+            TakeMode::Clip => "clip",
+            TakeMode::Wrap => "wrap",
+        }
+    }
+}
+
+/// Attributes of `relax.nn.lrn`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LrnAttrs {
+    /// Window size along `axis`.
+    pub size: i64,
+    /// The channel axis.
+    pub axis: i64,
+    /// Scale.
+    pub alpha: F64,
+    /// Exponent.
+    pub beta: F64,
+    /// Offset.
+    pub bias: F64,
 }
 
 /// An op with its typed attributes.
@@ -95,8 +280,51 @@ pub struct Conv2dAttrs {
 pub enum Op {
     /// `relax.add`
     Add,
+    /// `relax.subtract`
+    Subtract,
+    /// `relax.multiply`
+    Multiply,
+    /// `relax.divide`
+    Divide,
+    /// `relax.power`
+    Power,
+    /// `relax.maximum`
+    Maximum,
+    /// `relax.minimum`
+    Minimum,
+    /// `relax.exp`
+    Exp,
+    /// `relax.log`
+    Log,
+    /// `relax.sqrt`
+    Sqrt,
+    /// `relax.rsqrt`
+    Rsqrt,
+    /// `relax.tanh`
+    Tanh,
+    /// `relax.sigmoid`
+    Sigmoid,
+    /// `relax.erf`
+    Erf,
+    /// `relax.negative`
+    Negative,
+    /// `relax.abs`
+    Abs,
+    /// `relax.clip(x, min, max)` with prim-value bounds.
+    Clip,
+    /// `relax.astype`
+    Astype {
+        /// The target dtype.
+        dtype: DType,
+    },
     /// `relax.nn.relu`
     Relu,
+    /// `relax.nn.gelu`
+    Gelu,
+    /// `relax.nn.gelu_tanh`
+    GeluTanh,
+    /// `relax.nn.silu`
+    Silu,
     /// `relax.matmul`
     Matmul {
         /// Output dtype (`None`: same as the inputs).
@@ -104,14 +332,212 @@ pub enum Op {
     },
     /// `relax.nn.conv2d`
     Conv2d(Box<Conv2dAttrs>),
+    /// `relax.nn.batch_norm`
+    BatchNorm(Box<BatchNormAttrs>),
+    /// `relax.nn.layer_norm`
+    LayerNorm(Box<LayerNormAttrs>),
+    /// `relax.nn.rms_norm`
+    RmsNorm(Box<RmsNormAttrs>),
+    /// `relax.nn.softmax`
+    Softmax {
+        /// The normalised axis.
+        axis: i64,
+    },
+    /// `relax.nn.log_softmax`
+    LogSoftmax {
+        /// The normalised axis.
+        axis: i64,
+    },
+    /// `relax.nn.dropout`
+    Dropout {
+        /// Probability of dropping an element.
+        rate: F64,
+    },
+    /// `relax.sum`
+    Sum(Box<ReduceAttrs>),
+    /// `relax.mean`
+    Mean(Box<ReduceAttrs>),
+    /// `relax.max`
+    Max(Box<ReduceAttrs>),
+    /// `relax.nn.max_pool2d`
+    MaxPool2d(Box<Pool2dAttrs>),
+    /// `relax.nn.avg_pool2d`
+    AvgPool2d(Box<Pool2dAttrs>),
+    /// `relax.nn.adaptive_avg_pool2d`
+    AdaptiveAvgPool2d(Box<AdaptivePool2dAttrs>),
+    /// `relax.reshape(x, shape)`
+    Reshape,
+    /// `relax.permute_dims`
+    PermuteDims {
+        /// The permutation (`None`: reverse).
+        axes: Option<Vec<i64>>,
+    },
+    /// `relax.concat` of a tuple of tensors.
+    Concat {
+        /// The axis (`None`: flatten every input first).
+        axis: Option<i64>,
+    },
+    /// `relax.split`
+    Split(Box<SplitAttrs>),
+    /// `relax.flatten`
+    Flatten,
+    /// `relax.squeeze`
+    Squeeze {
+        /// The removed axes (`None`: every extent-1 axis).
+        axis: Option<Vec<i64>>,
+    },
+    /// `relax.expand_dims`
+    ExpandDims {
+        /// Where the new extent-1 axes go, in the output's numbering.
+        axis: Vec<i64>,
+    },
+    /// `relax.strided_slice`
+    StridedSlice(Box<StridedSliceAttrs>),
+    /// `relax.take(x, indices)`
+    Take {
+        /// The axis (`None`: index the flattened tensor).
+        axis: Option<i64>,
+        /// Out-of-range handling.
+        mode: TakeMode,
+    },
+    /// `relax.broadcast_to(x, shape)`
+    BroadcastTo,
+    /// `relax.nn.lrn`
+    Lrn(Box<LrnAttrs>),
 }
 
 const NAMES: &[&str] = &[
     "relax.add",
+    "relax.subtract",
+    "relax.multiply",
+    "relax.divide",
+    "relax.power",
+    "relax.maximum",
+    "relax.minimum",
+    "relax.exp",
+    "relax.log",
+    "relax.sqrt",
+    "relax.rsqrt",
+    "relax.tanh",
+    "relax.sigmoid",
+    "relax.erf",
+    "relax.negative",
+    "relax.abs",
+    "relax.clip",
+    "relax.astype",
     "relax.nn.relu",
+    "relax.nn.gelu",
+    "relax.nn.gelu_tanh",
+    "relax.nn.silu",
     "relax.matmul",
     "relax.nn.conv2d",
+    "relax.nn.batch_norm",
+    "relax.nn.layer_norm",
+    "relax.nn.rms_norm",
+    "relax.nn.softmax",
+    "relax.nn.log_softmax",
+    "relax.nn.dropout",
+    "relax.sum",
+    "relax.mean",
+    "relax.max",
+    "relax.nn.max_pool2d",
+    "relax.nn.avg_pool2d",
+    "relax.nn.adaptive_avg_pool2d",
+    "relax.reshape",
+    "relax.permute_dims",
+    "relax.concat",
+    "relax.split",
+    "relax.flatten",
+    "relax.squeeze",
+    "relax.expand_dims",
+    "relax.strided_slice",
+    "relax.take",
+    "relax.broadcast_to",
+    "relax.nn.lrn",
 ];
+
+const CONV2D_ATTRS: &[&str] = &[
+    "strides",
+    "padding",
+    "dilation",
+    "groups",
+    "data_layout",
+    "kernel_layout",
+    "out_layout",
+    "out_dtype",
+];
+const BATCH_NORM_ATTRS: &[&str] = &["axis", "epsilon", "center", "scale", "momentum", "training"];
+/// Python-API (positional) order; TVM prints `dilation` before `padding`.
+const POOL2D_ATTRS: &[&str] = &[
+    "pool_size",
+    "strides",
+    "padding",
+    "dilation",
+    "ceil_mode",
+    "count_include_pad",
+    "layout",
+    "out_layout",
+];
+
+fn sig(min_args: usize, max_args: usize, attr_names: &'static [&'static str]) -> OpSig {
+    OpSig {
+        min_args,
+        max_args,
+        attr_names,
+    }
+}
+
+fn pool2d_attrs(kw: &Kwargs<'_>) -> Result<Box<Pool2dAttrs>, String> {
+    let pool_size = pair(kw, "pool_size", &kw.ints("pool_size", Some(&[1, 1]))?)?;
+    let strides = pair(kw, "strides", &kw.ints("strides", Some(&[1, 1]))?)?;
+    let dilation = pair(kw, "dilation", &kw.ints("dilation", Some(&[1, 1]))?)?;
+    let padding = quad(kw, "padding", &kw.ints("padding", Some(&[0, 0]))?)?;
+    at_least(kw, "pool_size", &pool_size, 1)?;
+    at_least(kw, "strides", &strides, 1)?;
+    at_least(kw, "dilation", &dilation, 1)?;
+    at_least(kw, "padding", &padding, 0)?;
+    let layout = kw.string("layout", Some("NCHW"))?;
+    check_layout(kw, "layout", &layout, "NCHW")?;
+    let out_layout = kw.string("out_layout", Some(&layout))?;
+    check_layout(kw, "out_layout", &out_layout, "NCHW")?;
+    Ok(Box::new(Pool2dAttrs {
+        pool_size,
+        strides,
+        dilation,
+        padding,
+        ceil_mode: kw.bool("ceil_mode", false)?,
+        count_include_pad: kw.bool("count_include_pad", false)?,
+        layout,
+        out_layout,
+    }))
+}
+
+fn reduce_attrs(kw: &Kwargs<'_>) -> Result<Box<ReduceAttrs>, String> {
+    Ok(Box::new(ReduceAttrs {
+        axis: kw.opt_ints("axis")?,
+        keepdims: kw.bool("keepdims", false)?,
+    }))
+}
+
+fn pool2d_kwargs(a: &Pool2dAttrs) -> Vec<(&'static str, AttrLit)> {
+    vec![
+        ("pool_size", ints_lit(&a.pool_size)),
+        ("strides", ints_lit(&a.strides)),
+        ("dilation", ints_lit(&a.dilation)),
+        ("padding", ints_lit(&a.padding)),
+        ("ceil_mode", AttrLit::Bool(a.ceil_mode)),
+        ("count_include_pad", AttrLit::Bool(a.count_include_pad)),
+        ("layout", str_lit(&a.layout)),
+        ("out_layout", str_lit(&a.out_layout)),
+    ]
+}
+
+fn reduce_kwargs(a: &ReduceAttrs) -> Vec<(&'static str, AttrLit)> {
+    vec![
+        ("axis", opt_ints_lit(a.axis.as_deref())),
+        ("keepdims", AttrLit::Bool(a.keepdims)),
+    ]
+}
 
 impl Op {
     /// Every op name, in a fixed order.
@@ -123,308 +549,493 @@ impl Op {
     pub fn name(&self) -> &'static str {
         match self {
             Op::Add => "relax.add",
+            Op::Subtract => "relax.subtract",
+            Op::Multiply => "relax.multiply",
+            Op::Divide => "relax.divide",
+            Op::Power => "relax.power",
+            Op::Maximum => "relax.maximum",
+            Op::Minimum => "relax.minimum",
+            Op::Exp => "relax.exp",
+            Op::Log => "relax.log",
+            Op::Sqrt => "relax.sqrt",
+            Op::Rsqrt => "relax.rsqrt",
+            Op::Tanh => "relax.tanh",
+            Op::Sigmoid => "relax.sigmoid",
+            Op::Erf => "relax.erf",
+            Op::Negative => "relax.negative",
+            Op::Abs => "relax.abs",
+            Op::Clip => "relax.clip",
+            Op::Astype { .. } => "relax.astype",
             Op::Relu => "relax.nn.relu",
+            Op::Gelu => "relax.nn.gelu",
+            Op::GeluTanh => "relax.nn.gelu_tanh",
+            Op::Silu => "relax.nn.silu",
             Op::Matmul { .. } => "relax.matmul",
             Op::Conv2d(_) => "relax.nn.conv2d",
+            Op::BatchNorm(_) => "relax.nn.batch_norm",
+            Op::LayerNorm(_) => "relax.nn.layer_norm",
+            Op::RmsNorm(_) => "relax.nn.rms_norm",
+            Op::Softmax { .. } => "relax.nn.softmax",
+            Op::LogSoftmax { .. } => "relax.nn.log_softmax",
+            Op::Dropout { .. } => "relax.nn.dropout",
+            Op::Sum(_) => "relax.sum",
+            Op::Mean(_) => "relax.mean",
+            Op::Max(_) => "relax.max",
+            Op::MaxPool2d(_) => "relax.nn.max_pool2d",
+            Op::AvgPool2d(_) => "relax.nn.avg_pool2d",
+            Op::AdaptiveAvgPool2d(_) => "relax.nn.adaptive_avg_pool2d",
+            Op::Reshape => "relax.reshape",
+            Op::PermuteDims { .. } => "relax.permute_dims",
+            Op::Concat { .. } => "relax.concat",
+            Op::Split(_) => "relax.split",
+            Op::Flatten => "relax.flatten",
+            Op::Squeeze { .. } => "relax.squeeze",
+            Op::ExpandDims { .. } => "relax.expand_dims",
+            Op::StridedSlice(_) => "relax.strided_slice",
+            Op::Take { .. } => "relax.take",
+            Op::BroadcastTo => "relax.broadcast_to",
+            Op::Lrn(_) => "relax.nn.lrn",
         }
     }
 
-    /// The call signature of the op named `name`, or `None` for an unknown op.
+    /// The call signature of the op named `name`, or `None` for an unknown op. Attribute names
+    /// are in the order positional literals fill them (TVM's Python API order).
     pub fn signature(name: &str) -> Option<OpSig> {
         Some(match name {
-            "relax.add" => OpSig {
-                min_args: 2,
-                max_args: 2,
-                attr_names: &[],
-            },
-            "relax.nn.relu" => OpSig {
-                min_args: 1,
-                max_args: 1,
-                attr_names: &[],
-            },
-            "relax.matmul" => OpSig {
-                min_args: 2,
-                max_args: 2,
-                attr_names: &["out_dtype"],
-            },
-            "relax.nn.conv2d" => OpSig {
-                min_args: 2,
-                max_args: 2,
-                attr_names: &[
-                    "strides",
-                    "padding",
-                    "dilation",
-                    "groups",
-                    "data_layout",
-                    "kernel_layout",
-                    "out_layout",
-                    "out_dtype",
-                ],
-            },
+            "relax.add" | "relax.subtract" | "relax.multiply" | "relax.divide" | "relax.power"
+            | "relax.maximum" | "relax.minimum" | "relax.reshape" | "relax.broadcast_to" => {
+                sig(2, 2, &[])
+            }
+            "relax.exp" | "relax.log" | "relax.sqrt" | "relax.rsqrt" | "relax.tanh"
+            | "relax.sigmoid" | "relax.erf" | "relax.negative" | "relax.abs" | "relax.nn.relu"
+            | "relax.nn.gelu" | "relax.nn.gelu_tanh" | "relax.nn.silu" | "relax.flatten" => {
+                sig(1, 1, &[])
+            }
+            "relax.clip" => sig(3, 3, &[]),
+            "relax.astype" => sig(1, 1, &["dtype"]),
+            "relax.matmul" => sig(2, 2, &["out_dtype"]),
+            "relax.nn.conv2d" => sig(2, 2, CONV2D_ATTRS),
+            "relax.nn.batch_norm" => sig(5, 5, BATCH_NORM_ATTRS),
+            "relax.nn.layer_norm" => sig(3, 3, &["axes", "epsilon", "center", "scale"]),
+            "relax.nn.rms_norm" => sig(2, 2, &["axes", "epsilon"]),
+            "relax.nn.softmax" | "relax.nn.log_softmax" => sig(1, 1, &["axis"]),
+            "relax.nn.dropout" => sig(1, 1, &["rate"]),
+            "relax.sum" | "relax.mean" | "relax.max" => sig(1, 1, &["axis", "keepdims"]),
+            "relax.nn.max_pool2d" | "relax.nn.avg_pool2d" => sig(1, 1, POOL2D_ATTRS),
+            "relax.nn.adaptive_avg_pool2d" => sig(1, 1, &["output_size", "layout", "out_layout"]),
+            "relax.permute_dims" => sig(1, 1, &["axes"]),
+            "relax.concat" => sig(1, 1, &["axis"]),
+            "relax.split" => sig(1, 1, &["indices_or_sections", "axis"]),
+            "relax.squeeze" | "relax.expand_dims" => sig(1, 1, &["axis"]),
+            "relax.strided_slice" => {
+                sig(1, 1, &["axes", "begin", "end", "strides", "assume_inbound"])
+            }
+            "relax.take" => sig(2, 2, &["axis", "mode"]),
+            "relax.nn.lrn" => sig(1, 1, &["size", "axis", "alpha", "beta", "bias"]),
             _ => return None,
         })
     }
 
     /// Builds the op named `name` from keyword attributes; missing ones take TVM's defaults.
-    /// Errors name the attribute and what was expected.
+    /// Errors name the attribute and what was expected (an unknown attribute lists the valid
+    /// ones).
     pub fn from_call(name: &str, kwargs: &[(String, AttrLit)]) -> Result<Op, String> {
         let sig = Op::signature(name).ok_or_else(|| format!("unknown op `{name}`"))?;
-        for (k, _) in kwargs {
-            if !sig.attr_names.contains(&k.as_str()) {
-                return Err(format!(
-                    "`{name}` has no attribute `{k}`; expected one of: {}",
-                    sig.attr_names.join(", ")
-                ));
-            }
-        }
-        let get = |k: &str| kwargs.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+        let kw = Kwargs::new(name, sig.attr_names, kwargs)?;
         Ok(match name {
             "relax.add" => Op::Add,
+            "relax.subtract" => Op::Subtract,
+            "relax.multiply" => Op::Multiply,
+            "relax.divide" => Op::Divide,
+            "relax.power" => Op::Power,
+            "relax.maximum" => Op::Maximum,
+            "relax.minimum" => Op::Minimum,
+            "relax.exp" => Op::Exp,
+            "relax.log" => Op::Log,
+            "relax.sqrt" => Op::Sqrt,
+            "relax.rsqrt" => Op::Rsqrt,
+            "relax.tanh" => Op::Tanh,
+            "relax.sigmoid" => Op::Sigmoid,
+            "relax.erf" => Op::Erf,
+            "relax.negative" => Op::Negative,
+            "relax.abs" => Op::Abs,
+            "relax.clip" => Op::Clip,
+            "relax.astype" => Op::Astype {
+                dtype: kw.dtype("dtype")?,
+            },
             "relax.nn.relu" => Op::Relu,
+            "relax.nn.gelu" => Op::Gelu,
+            "relax.nn.gelu_tanh" => Op::GeluTanh,
+            "relax.nn.silu" => Op::Silu,
             "relax.matmul" => Op::Matmul {
-                out_dtype: dtype_attr(get("out_dtype"))?,
+                out_dtype: kw.opt_dtype("out_dtype")?,
             },
             "relax.nn.conv2d" => {
-                let strides = ints_attr(get("strides"), &[1, 1], "strides")?;
-                let padding = ints_attr(get("padding"), &[0, 0], "padding")?;
-                let dilation = ints_attr(get("dilation"), &[1, 1], "dilation")?;
+                let strides = pair(&kw, "strides", &kw.ints("strides", Some(&[1, 1]))?)?;
+                let padding = quad(&kw, "padding", &kw.ints("padding", Some(&[0, 0]))?)?;
+                let dilation = pair(&kw, "dilation", &kw.ints("dilation", Some(&[1, 1]))?)?;
+                let groups = kw.int("groups", Some(1))?;
+                at_least(&kw, "strides", &strides, 1)?;
+                at_least(&kw, "padding", &padding, 0)?;
+                at_least(&kw, "dilation", &dilation, 1)?;
+                at_least(&kw, "groups", &[groups], 1)?;
+                let data_layout = kw.string("data_layout", Some("NCHW"))?;
+                check_layout(&kw, "data_layout", &data_layout, "NCHW")?;
+                let kernel_layout = kw.string("kernel_layout", Some("OIHW"))?;
+                check_layout(&kw, "kernel_layout", &kernel_layout, "OIHW")?;
+                let out_layout = kw.string("out_layout", Some(&data_layout))?;
+                check_layout(&kw, "out_layout", &out_layout, "NCHW")?;
                 Op::Conv2d(Box::new(Conv2dAttrs {
-                    strides: pair(&strides, "strides")?,
-                    padding: quad(&padding)?,
-                    dilation: pair(&dilation, "dilation")?,
-                    groups: int_attr(get("groups"), 1, "groups")?,
-                    data_layout: str_attr(get("data_layout"), "NCHW", "data_layout")?,
-                    kernel_layout: str_attr(get("kernel_layout"), "OIHW", "kernel_layout")?,
-                    out_layout: match get("out_layout") {
-                        Some(_) => str_attr(get("out_layout"), "NCHW", "out_layout")?,
-                        None => str_attr(get("data_layout"), "NCHW", "data_layout")?,
-                    },
-                    out_dtype: dtype_attr(get("out_dtype"))?,
+                    strides,
+                    padding,
+                    dilation,
+                    groups,
+                    data_layout,
+                    kernel_layout,
+                    out_layout,
+                    out_dtype: kw.opt_dtype("out_dtype")?,
+                }))
+            }
+            "relax.nn.batch_norm" => Op::BatchNorm(Box::new(BatchNormAttrs {
+                axis: kw.int("axis", Some(1))?,
+                epsilon: kw.float("epsilon", 1e-5)?,
+                center: kw.bool("center", true)?,
+                scale: kw.bool("scale", true)?,
+                momentum: kw.float("momentum", 0.1)?,
+                training: kw.bool("training", true)?,
+            })),
+            "relax.nn.layer_norm" => Op::LayerNorm(Box::new(LayerNormAttrs {
+                axes: kw.ints("axes", Some(&[-1]))?,
+                epsilon: kw.float("epsilon", 1e-5)?,
+                center: kw.bool("center", true)?,
+                scale: kw.bool("scale", true)?,
+            })),
+            "relax.nn.rms_norm" => Op::RmsNorm(Box::new(RmsNormAttrs {
+                axes: kw.ints("axes", Some(&[-1]))?,
+                epsilon: kw.float("epsilon", 1e-5)?,
+            })),
+            "relax.nn.softmax" => Op::Softmax {
+                axis: kw.int("axis", Some(-1))?,
+            },
+            "relax.nn.log_softmax" => Op::LogSoftmax {
+                axis: kw.int("axis", Some(-1))?,
+            },
+            "relax.nn.dropout" => Op::Dropout {
+                rate: kw.float("rate", 0.5)?,
+            },
+            "relax.sum" => Op::Sum(reduce_attrs(&kw)?),
+            "relax.mean" => Op::Mean(reduce_attrs(&kw)?),
+            "relax.max" => Op::Max(reduce_attrs(&kw)?),
+            "relax.nn.max_pool2d" => Op::MaxPool2d(pool2d_attrs(&kw)?),
+            "relax.nn.avg_pool2d" => Op::AvgPool2d(pool2d_attrs(&kw)?),
+            "relax.nn.adaptive_avg_pool2d" => {
+                let output_size = match kw.opt_ints("output_size")? {
+                    None => None,
+                    Some(v) => {
+                        let p = pair(&kw, "output_size", &v)?;
+                        at_least(&kw, "output_size", &p, 1)?;
+                        Some(p)
+                    }
+                };
+                let layout = kw.string("layout", Some("NCHW"))?;
+                check_layout(&kw, "layout", &layout, "NCHW")?;
+                let out_layout = kw.string("out_layout", Some(&layout))?;
+                check_layout(&kw, "out_layout", &out_layout, "NCHW")?;
+                Op::AdaptiveAvgPool2d(Box::new(AdaptivePool2dAttrs {
+                    output_size,
+                    layout,
+                    out_layout,
+                }))
+            }
+            "relax.reshape" => Op::Reshape,
+            "relax.permute_dims" => Op::PermuteDims {
+                axes: kw.opt_ints("axes")?,
+            },
+            "relax.concat" => Op::Concat {
+                axis: kw.opt_int("axis", Some(0))?,
+            },
+            "relax.split" => {
+                let spec = match kw.raw("indices_or_sections") {
+                    None => {
+                        return Err(format!(
+                            "`{name}`: missing required attribute `indices_or_sections`"
+                        ));
+                    }
+                    Some(AttrLit::Int(n)) if *n >= 1 => SplitSpec::Sections(*n),
+                    Some(AttrLit::Int(n)) => {
+                        return Err(kw.invalid(
+                            "indices_or_sections",
+                            &format!("the number of sections must be at least 1, found {n}"),
+                        ));
+                    }
+                    Some(v @ AttrLit::List(items)) => SplitSpec::Indices(
+                        items
+                            .iter()
+                            .map(|x| match x {
+                                AttrLit::Int(i) => Ok(*i),
+                                _ => Err(kw.error(
+                                    "indices_or_sections",
+                                    "an integer or a list of integers",
+                                    v,
+                                )),
+                            })
+                            .collect::<Result<_, _>>()?,
+                    ),
+                    Some(v) => {
+                        return Err(kw.error(
+                            "indices_or_sections",
+                            "an integer or a list of integers",
+                            v,
+                        ));
+                    }
+                };
+                Op::Split(Box::new(SplitAttrs {
+                    indices_or_sections: spec,
+                    axis: kw.int("axis", Some(0))?,
+                }))
+            }
+            "relax.flatten" => Op::Flatten,
+            "relax.squeeze" => Op::Squeeze {
+                axis: kw.opt_ints("axis")?,
+            },
+            "relax.expand_dims" => Op::ExpandDims {
+                axis: kw.ints("axis", None)?,
+            },
+            "relax.strided_slice" => {
+                let axes = kw.ints("axes", None)?;
+                let begin = kw.ints("begin", None)?;
+                let end = kw.ints("end", None)?;
+                let strides = kw.opt_ints("strides")?;
+                for (k, v) in [
+                    ("begin", Some(&begin)),
+                    ("end", Some(&end)),
+                    ("strides", strides.as_ref()),
+                ] {
+                    if let Some(v) = v
+                        && v.len() != axes.len()
+                    {
+                        return Err(kw.invalid(
+                            k,
+                            &format!(
+                                "expected {} values (one per axis in `axes`), found {}",
+                                axes.len(),
+                                v.len()
+                            ),
+                        ));
+                    }
+                }
+                if let Some(s) = &strides
+                    && s.contains(&0)
+                {
+                    return Err(kw.invalid("strides", "a stride of 0 is not allowed"));
+                }
+                Op::StridedSlice(Box::new(StridedSliceAttrs {
+                    axes,
+                    begin,
+                    end,
+                    strides,
+                    assume_inbound: kw.bool("assume_inbound", false)?,
+                }))
+            }
+            "relax.take" => {
+                let mode = match kw.string("mode", Some("fast"))?.as_str() {
+                    "fast" => TakeMode::Fast,
+                    "clip" => TakeMode::Clip,
+                    "wrap" => TakeMode::Wrap,
+                    other => {
+                        return Err(kw.invalid(
+                            "mode",
+                            &format!("expected \"fast\", \"clip\" or \"wrap\", found \"{other}\""),
+                        ));
+                    }
+                };
+                Op::Take {
+                    axis: kw.opt_int("axis", None)?,
+                    mode,
+                }
+            }
+            "relax.broadcast_to" => Op::BroadcastTo,
+            "relax.nn.lrn" => {
+                let size = kw.int("size", Some(5))?;
+                at_least(&kw, "size", &[size], 1)?;
+                Op::Lrn(Box::new(LrnAttrs {
+                    size,
+                    axis: kw.int("axis", Some(1))?,
+                    alpha: kw.float("alpha", 0.0001)?,
+                    beta: kw.float("beta", 0.75)?,
+                    bias: kw.float("bias", 1.0)?,
                 }))
             }
             _ => return Err(format!("unknown op `{name}`")),
         })
     }
 
-    /// The attributes in printing order, with their values (TVM prints all of them).
+    /// The attributes in TVM 0.27's printing order, with their values (TVM prints all of
+    /// them, unset optional ones as `None`).
     pub fn kwargs(&self) -> Vec<(&'static str, AttrLit)> {
         match self {
-            Op::Add | Op::Relu => vec![],
+            Op::Add
+            | Op::Subtract
+            | Op::Multiply
+            | Op::Divide
+            | Op::Power
+            | Op::Maximum
+            | Op::Minimum
+            | Op::Exp
+            | Op::Log
+            | Op::Sqrt
+            | Op::Rsqrt
+            | Op::Tanh
+            | Op::Sigmoid
+            | Op::Erf
+            | Op::Negative
+            | Op::Abs
+            | Op::Clip
+            | Op::Relu
+            | Op::Gelu
+            | Op::GeluTanh
+            | Op::Silu
+            | Op::Reshape
+            | Op::Flatten
+            | Op::BroadcastTo => vec![],
+            Op::Astype { dtype } => vec![("dtype", dtype_lit(Some(*dtype)))],
             Op::Matmul { out_dtype } => vec![("out_dtype", dtype_lit(*out_dtype))],
             Op::Conv2d(a) => vec![
                 ("strides", ints_lit(&a.strides)),
                 ("padding", ints_lit(&a.padding)),
                 ("dilation", ints_lit(&a.dilation)),
                 ("groups", AttrLit::Int(a.groups)),
-                ("data_layout", AttrLit::Str(a.data_layout.clone())),
-                ("kernel_layout", AttrLit::Str(a.kernel_layout.clone())),
-                ("out_layout", AttrLit::Str(a.out_layout.clone())),
+                ("data_layout", str_lit(&a.data_layout)),
+                ("kernel_layout", str_lit(&a.kernel_layout)),
+                ("out_layout", str_lit(&a.out_layout)),
                 ("out_dtype", dtype_lit(a.out_dtype)),
+            ],
+            Op::BatchNorm(a) => vec![
+                ("axis", AttrLit::Int(a.axis)),
+                ("epsilon", AttrLit::Float(a.epsilon.0)),
+                ("center", AttrLit::Bool(a.center)),
+                ("scale", AttrLit::Bool(a.scale)),
+                ("momentum", AttrLit::Float(a.momentum.0)),
+                ("training", AttrLit::Bool(a.training)),
+            ],
+            Op::LayerNorm(a) => vec![
+                ("axes", ints_lit(&a.axes)),
+                ("epsilon", AttrLit::Float(a.epsilon.0)),
+                ("center", AttrLit::Bool(a.center)),
+                ("scale", AttrLit::Bool(a.scale)),
+            ],
+            Op::RmsNorm(a) => {
+                vec![
+                    ("axes", ints_lit(&a.axes)),
+                    ("epsilon", AttrLit::Float(a.epsilon.0)),
+                ]
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => vec![("axis", AttrLit::Int(*axis))],
+            Op::Dropout { rate } => vec![("rate", AttrLit::Float(rate.0))],
+            Op::Sum(a) | Op::Mean(a) | Op::Max(a) => reduce_kwargs(a),
+            Op::MaxPool2d(a) | Op::AvgPool2d(a) => pool2d_kwargs(a),
+            Op::AdaptiveAvgPool2d(a) => vec![
+                (
+                    "output_size",
+                    opt_ints_lit(a.output_size.as_ref().map(|p| p.as_slice())),
+                ),
+                ("layout", str_lit(&a.layout)),
+                ("out_layout", str_lit(&a.out_layout)),
+            ],
+            Op::PermuteDims { axes } => vec![("axes", opt_ints_lit(axes.as_deref()))],
+            Op::Concat { axis } => vec![("axis", opt_int_lit(*axis))],
+            Op::Split(a) => vec![
+                (
+                    "indices_or_sections",
+                    match &a.indices_or_sections {
+                        SplitSpec::Sections(n) => AttrLit::Int(*n),
+                        SplitSpec::Indices(v) => ints_lit(v),
+                    },
+                ),
+                ("axis", AttrLit::Int(a.axis)),
+            ],
+            Op::Squeeze { axis } => vec![("axis", opt_ints_lit(axis.as_deref()))],
+            Op::ExpandDims { axis } => vec![("axis", ints_lit(axis))],
+            Op::StridedSlice(a) => vec![
+                ("axes", ints_lit(&a.axes)),
+                ("begin", ints_lit(&a.begin)),
+                ("end", ints_lit(&a.end)),
+                ("strides", opt_ints_lit(a.strides.as_deref())),
+                ("assume_inbound", AttrLit::Bool(a.assume_inbound)),
+            ],
+            Op::Take { axis, mode } => {
+                vec![("axis", opt_int_lit(*axis)), ("mode", str_lit(mode.name()))]
+            }
+            Op::Lrn(a) => vec![
+                ("size", AttrLit::Int(a.size)),
+                ("axis", AttrLit::Int(a.axis)),
+                ("alpha", AttrLit::Float(a.alpha.0)),
+                ("beta", AttrLit::Float(a.beta.0)),
+                ("bias", AttrLit::Float(a.bias.0)),
             ],
         }
     }
 
-    /// The fusion kind.
+    /// The fusion kind (TVM's `OpPatternKind`).
+    ///
+    /// Judgement calls: `batch_norm` is `Opaque` (it returns a tuple of three and legalizes to
+    /// a mix of reductions and injective stages, which TVM's pattern analysis does not fuse
+    /// as one); `dropout` is `Opaque` (it returns a tuple and has no fusable lowering);
+    /// `lrn` is `Opaque` (a windowed reduction across channels, as in Relay);
+    /// `adaptive_avg_pool2d` is `OutEWiseFusable` like the other pools (Relay's pattern);
+    /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds).
     pub fn fusion_kind(&self) -> FusionKind {
         match self {
-            Op::Add => FusionKind::Broadcast,
-            Op::Relu => FusionKind::ElemWise,
-            Op::Matmul { .. } | Op::Conv2d(_) => FusionKind::OutEWiseFusable,
+            Op::Add
+            | Op::Subtract
+            | Op::Multiply
+            | Op::Divide
+            | Op::Power
+            | Op::Maximum
+            | Op::Minimum
+            | Op::BroadcastTo => FusionKind::Broadcast,
+            Op::Exp
+            | Op::Log
+            | Op::Sqrt
+            | Op::Rsqrt
+            | Op::Tanh
+            | Op::Sigmoid
+            | Op::Erf
+            | Op::Negative
+            | Op::Abs
+            | Op::Clip
+            | Op::Astype { .. }
+            | Op::Relu
+            | Op::Gelu
+            | Op::GeluTanh
+            | Op::Silu => FusionKind::ElemWise,
+            Op::Matmul { .. }
+            | Op::Conv2d(_)
+            | Op::MaxPool2d(_)
+            | Op::AvgPool2d(_)
+            | Op::AdaptiveAvgPool2d(_) => FusionKind::OutEWiseFusable,
+            Op::LayerNorm(_)
+            | Op::RmsNorm(_)
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. }
+            | Op::Sum(_)
+            | Op::Mean(_)
+            | Op::Max(_) => FusionKind::CommReduce,
+            Op::Reshape
+            | Op::PermuteDims { .. }
+            | Op::Concat { .. }
+            | Op::Split(_)
+            | Op::Flatten
+            | Op::Squeeze { .. }
+            | Op::ExpandDims { .. }
+            | Op::StridedSlice(_)
+            | Op::Take { .. } => FusionKind::Injective,
+            Op::BatchNorm(_) | Op::Dropout { .. } | Op::Lrn(_) => FusionKind::Opaque,
         }
     }
 
-    /// Infers the result type from the argument types.
+    /// Infers the result type from the argument types (see the module docs).
     pub fn infer(&self, args: &[&Type]) -> Result<Type, String> {
-        let t = |i: usize| -> Result<&crate::ir::TensorType, String> {
-            args.get(i)
-                .and_then(|t| t.as_tensor())
-                .ok_or_else(|| format!("argument {i} must be a tensor"))
-        };
-        match self {
-            Op::Relu => Ok(Type::Tensor(t(0)?.clone())),
-            Op::Add => {
-                let (a, b) = (t(0)?, t(1)?);
-                if a.dtype != b.dtype {
-                    return Err(format!(
-                        "dtypes differ: {} and {}",
-                        dt(a.dtype),
-                        dt(b.dtype)
-                    ));
-                }
-                match (&a.dims, &b.dims) {
-                    (Some(x), Some(y)) => Ok(Type::tensor_dims(
-                        broadcast(x, y)?,
-                        a.dtype.unwrap_or(DType::F32),
-                    )),
-                    _ => Ok(Type::Tensor(crate::ir::TensorType {
-                        dims: None,
-                        ndim: None,
-                        dtype: a.dtype,
-                    })),
-                }
-            }
-            Op::Matmul { out_dtype } => {
-                let (a, b) = (t(0)?, t(1)?);
-                let (Some(x), Some(y)) = (&a.dims, &b.dims) else {
-                    return Ok(Type::Tensor(crate::ir::TensorType {
-                        dims: None,
-                        ndim: None,
-                        dtype: out_dtype.or(a.dtype),
-                    }));
-                };
-                if x.len() < 2 || y.len() < 2 {
-                    return Err("matmul of vectors is not supported here".into());
-                }
-                let (m, k1) = (&x[x.len() - 2], &x[x.len() - 1]);
-                let (k2, n) = (&y[y.len() - 2], &y[y.len() - 1]);
-                if k1 != k2 && k1.as_static().is_some() && k2.as_static().is_some() {
-                    return Err(format!("reduction dims differ: {k1} and {k2}"));
-                }
-                let mut out = broadcast(&x[..x.len() - 2], &y[..y.len() - 2])?;
-                out.push(m.clone());
-                out.push(n.clone());
-                Ok(Type::tensor_dims(
-                    out,
-                    out_dtype.or(a.dtype).unwrap_or(DType::F32),
-                ))
-            }
-            Op::Conv2d(a) => {
-                let (x, w) = (t(0)?, t(1)?);
-                let (Some(xd), Some(wd)) = (&x.dims, &w.dims) else {
-                    return Err("conv2d needs known ranks".into());
-                };
-                if xd.len() != 4 || wd.len() != 4 {
-                    return Err("conv2d needs 4-D data and weight".into());
-                }
-                let (n, h, wi) = (&xd[0], &xd[2], &xd[3]);
-                let (o, kh, kw) = (&wd[0], &wd[2], &wd[3]);
-                let out = |i: &Dim, k: &Dim, s: i64, p0: i64, p1: i64, d: i64| {
-                    let eff = k
-                        .sub(&Dim::Static(1))
-                        .mul(&Dim::Static(d))
-                        .add(&Dim::Static(1));
-                    i.add(&Dim::Static(p0 + p1))
-                        .sub(&eff)
-                        .floor_div(&Dim::Static(s))
-                        .add(&Dim::Static(1))
-                };
-                let oh = out(
-                    h,
-                    kh,
-                    a.strides[0],
-                    a.padding[0],
-                    a.padding[2],
-                    a.dilation[0],
-                );
-                let ow = out(
-                    wi,
-                    kw,
-                    a.strides[1],
-                    a.padding[1],
-                    a.padding[3],
-                    a.dilation[1],
-                );
-                Ok(Type::tensor_dims(
-                    vec![n.clone(), o.clone(), oh, ow],
-                    a.out_dtype.or(x.dtype).unwrap_or(DType::F32),
-                ))
-            }
-        }
+        infer::infer(self, args)
     }
-}
-
-fn dt(d: Option<DType>) -> &'static str {
-    d.map_or("void", DType::name)
-}
-
-fn broadcast(x: &[Dim], y: &[Dim]) -> Result<Vec<Dim>, String> {
-    let n = x.len().max(y.len());
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let a = (i + x.len()).checked_sub(n).map(|j| &x[j]);
-        let b = (i + y.len()).checked_sub(n).map(|j| &y[j]);
-        out.push(match (a, b) {
-            (Some(a), None) => a.clone(),
-            (None, Some(b)) => b.clone(),
-            (Some(a), Some(b)) if a == b => a.clone(),
-            (Some(Dim::Static(1)), Some(b)) => b.clone(),
-            (Some(a), Some(Dim::Static(1))) => a.clone(),
-            (Some(a), Some(b)) => return Err(format!("cannot broadcast dims {a} and {b}")),
-            (None, None) => return Err("broadcast rank".into()),
-        });
-    }
-    Ok(out)
-}
-
-fn dtype_attr(v: Option<&AttrLit>) -> Result<Option<DType>, String> {
-    match v {
-        None | Some(AttrLit::None) => Ok(None),
-        Some(AttrLit::Str(s)) if s == "void" || s.is_empty() => Ok(None),
-        Some(AttrLit::Str(s)) => DType::from_name(s)
-            .map(Some)
-            .ok_or_else(|| format!("unknown dtype \"{s}\"")),
-        Some(other) => Err(format!("expected a dtype string or None, found {other:?}")),
-    }
-}
-
-fn dtype_lit(d: Option<DType>) -> AttrLit {
-    d.map_or(AttrLit::None, |d| AttrLit::Str(d.name().to_string()))
-}
-
-fn ints_attr(v: Option<&AttrLit>, default: &[i64], name: &str) -> Result<Vec<i64>, String> {
-    match v {
-        None => Ok(default.to_vec()),
-        Some(AttrLit::Int(i)) => Ok(vec![*i]),
-        Some(AttrLit::List(items)) => items
-            .iter()
-            .map(|x| match x {
-                AttrLit::Int(i) => Ok(*i),
-                _ => Err(format!("`{name}` expects integers")),
-            })
-            .collect(),
-        Some(_) => Err(format!("`{name}` expects a list of integers")),
-    }
-}
-
-fn pair(v: &[i64], name: &str) -> Result<[i64; 2], String> {
-    match *v {
-        [a] => Ok([a, a]),
-        [a, b] => Ok([a, b]),
-        _ => Err(format!(
-            "`{name}` expects 1 or 2 integers, found {}",
-            v.len()
-        )),
-    }
-}
-
-fn quad(v: &[i64]) -> Result<[i64; 4], String> {
-    match *v {
-        [a] => Ok([a, a, a, a]),
-        [a, b] => Ok([a, b, a, b]),
-        [a, b, c, d] => Ok([a, b, c, d]),
-        _ => Err(format!(
-            "`padding` expects 1, 2 or 4 integers, found {}",
-            v.len()
-        )),
-    }
-}
-
-fn int_attr(v: Option<&AttrLit>, default: i64, name: &str) -> Result<i64, String> {
-    match v {
-        None => Ok(default),
-        Some(AttrLit::Int(i)) => Ok(*i),
-        Some(_) => Err(format!("`{name}` expects an integer")),
-    }
-}
-
-fn str_attr(v: Option<&AttrLit>, default: &str, name: &str) -> Result<String, String> {
-    match v {
-        None => Ok(default.to_string()),
-        Some(AttrLit::Str(s)) => Ok(s.clone()),
-        Some(_) => Err(format!("`{name}` expects a string")),
-    }
-}
-
-fn ints_lit(v: &[i64]) -> AttrLit {
-    AttrLit::List(v.iter().map(|&i| AttrLit::Int(i)).collect())
 }

@@ -1,0 +1,952 @@
+//! Unit tests of the op set: round trips, signatures, fusion kinds and inference.
+
+use super::*;
+use crate::ir::{Dim, TensorType};
+
+fn op(name: &str, kw: &[(&str, AttrLit)]) -> Op {
+    let kw: Vec<(String, AttrLit)> = kw.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    match Op::from_call(name, &kw) {
+        Ok(o) => o,
+        Err(e) => unreachable!("from_call({name}) failed: {e}"),
+    }
+}
+
+fn op_err(name: &str, kw: &[(&str, AttrLit)]) -> String {
+    let kw: Vec<(String, AttrLit)> = kw.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    match Op::from_call(name, &kw) {
+        Ok(o) => unreachable!("from_call({name}) should fail, gave {o:?}"),
+        Err(e) => e,
+    }
+}
+
+fn ints(v: &[i64]) -> AttrLit {
+    AttrLit::List(v.iter().map(|&i| AttrLit::Int(i)).collect())
+}
+
+fn s(v: &str) -> AttrLit {
+    AttrLit::Str(v.to_string())
+}
+
+fn t(shape: &[i64]) -> Type {
+    Type::tensor(shape, DType::F32)
+}
+
+fn td(dims: &[Dim], dtype: DType) -> Type {
+    Type::tensor_dims(dims.to_vec(), dtype)
+}
+
+fn n() -> Dim {
+    Dim::sym("n")
+}
+
+fn d(v: i64) -> Dim {
+    Dim::Static(v)
+}
+
+fn ok(o: &Op, args: &[&Type]) -> Type {
+    match o.infer(args) {
+        Ok(t) => t,
+        Err(e) => unreachable!("{} failed: {e}", o.name()),
+    }
+}
+
+fn err(o: &Op, args: &[&Type]) -> String {
+    match o.infer(args) {
+        Ok(t) => unreachable!("{} should fail, gave {t:?}", o.name()),
+        Err(e) => e,
+    }
+}
+
+fn shape(dims: &[Dim]) -> Type {
+    Type::shape(dims.to_vec())
+}
+
+/// One instance per op name, some with non-default attributes.
+fn samples() -> Vec<Op> {
+    let mut out: Vec<Op> = Op::names().iter().map(|n| default_instance(n)).collect();
+    out.extend([
+        op("relax.matmul", &[("out_dtype", s("float16"))]),
+        op(
+            "relax.nn.conv2d",
+            &[
+                ("strides", ints(&[2, 2])),
+                ("padding", AttrLit::Int(1)),
+                ("groups", AttrLit::Int(2)),
+                ("data_layout", s("NHWC")),
+                ("kernel_layout", s("OHWI")),
+                ("out_dtype", s("float32")),
+            ],
+        ),
+        op(
+            "relax.sum",
+            &[("axis", ints(&[1])), ("keepdims", AttrLit::Bool(true))],
+        ),
+        op(
+            "relax.nn.max_pool2d",
+            &[("pool_size", ints(&[3, 3])), ("padding", ints(&[1, 1]))],
+        ),
+        op(
+            "relax.nn.adaptive_avg_pool2d",
+            &[("output_size", ints(&[1, 1]))],
+        ),
+        op("relax.permute_dims", &[("axes", ints(&[1, 0]))]),
+        op("relax.concat", &[("axis", AttrLit::None)]),
+        op(
+            "relax.split",
+            &[
+                ("indices_or_sections", ints(&[2, 5])),
+                ("axis", AttrLit::Int(1)),
+            ],
+        ),
+        op("relax.squeeze", &[("axis", ints(&[0]))]),
+        op(
+            "relax.strided_slice",
+            &[
+                ("axes", ints(&[0])),
+                ("begin", ints(&[1])),
+                ("end", ints(&[3])),
+                ("strides", ints(&[2])),
+            ],
+        ),
+        op(
+            "relax.take",
+            &[("axis", AttrLit::Int(0)), ("mode", s("clip"))],
+        ),
+        op(
+            "relax.nn.batch_norm",
+            &[
+                ("epsilon", AttrLit::Float(1e-3)),
+                ("training", AttrLit::Bool(false)),
+            ],
+        ),
+    ]);
+    out
+}
+
+fn default_instance(name: &str) -> Op {
+    match name {
+        "relax.astype" => op(name, &[("dtype", s("float16"))]),
+        "relax.split" => op(name, &[("indices_or_sections", AttrLit::Int(2))]),
+        "relax.expand_dims" => op(name, &[("axis", ints(&[0]))]),
+        "relax.strided_slice" => op(
+            name,
+            &[
+                ("axes", ints(&[0])),
+                ("begin", ints(&[0])),
+                ("end", ints(&[2])),
+            ],
+        ),
+        _ => op(name, &[]),
+    }
+}
+
+#[test]
+fn every_name_has_a_signature_and_round_trips() {
+    let names = Op::names();
+    assert_eq!(names.len(), 47);
+    for name in names {
+        let sig = Op::signature(name);
+        assert!(sig.is_some(), "{name} has no signature");
+        let o = default_instance(name);
+        assert_eq!(o.name(), *name);
+        if let Some(sig) = sig {
+            // Every printed attribute is one the signature knows, and vice versa.
+            let printed: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
+            let mut a = printed.clone();
+            let mut b = sig.attr_names.to_vec();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "{name}");
+            assert!(sig.min_args <= sig.max_args);
+        }
+    }
+    for o in samples() {
+        let kw: Vec<(String, AttrLit)> = o
+            .kwargs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(
+            Op::from_call(o.name(), &kw),
+            Ok(o.clone()),
+            "round trip of {o:?}"
+        );
+    }
+    assert!(Op::signature("relax.nope").is_none());
+}
+
+#[test]
+fn op_is_small() {
+    assert!(
+        std::mem::size_of::<Op>() <= 32,
+        "size_of::<Op>() = {}",
+        std::mem::size_of::<Op>()
+    );
+}
+
+#[test]
+fn kwargs_print_in_tvm_order() {
+    let names = |o: &Op| o.kwargs().iter().map(|(k, _)| *k).collect::<Vec<_>>();
+    let conv = op("relax.nn.conv2d", &[("padding", ints(&[1, 1]))]);
+    assert_eq!(
+        conv.kwargs(),
+        vec![
+            ("strides", ints(&[1, 1])),
+            ("padding", ints(&[1, 1, 1, 1])),
+            ("dilation", ints(&[1, 1])),
+            ("groups", AttrLit::Int(1)),
+            ("data_layout", s("NCHW")),
+            ("kernel_layout", s("OIHW")),
+            ("out_layout", s("NCHW")),
+            ("out_dtype", AttrLit::None),
+        ]
+    );
+    assert_eq!(
+        op("relax.matmul", &[]).kwargs(),
+        vec![("out_dtype", AttrLit::None)]
+    );
+    assert_eq!(
+        op("relax.nn.batch_norm", &[]).kwargs(),
+        vec![
+            ("axis", AttrLit::Int(1)),
+            ("epsilon", AttrLit::Float(1e-5)),
+            ("center", AttrLit::Bool(true)),
+            ("scale", AttrLit::Bool(true)),
+            ("momentum", AttrLit::Float(0.1)),
+            ("training", AttrLit::Bool(true)),
+        ]
+    );
+    assert_eq!(
+        names(&op("relax.nn.max_pool2d", &[])),
+        [
+            "pool_size",
+            "strides",
+            "dilation",
+            "padding",
+            "ceil_mode",
+            "count_include_pad",
+            "layout",
+            "out_layout"
+        ]
+    );
+    assert_eq!(
+        op(
+            "relax.split",
+            &[
+                ("indices_or_sections", AttrLit::Int(2)),
+                ("axis", AttrLit::Int(1))
+            ]
+        )
+        .kwargs(),
+        vec![
+            ("indices_or_sections", AttrLit::Int(2)),
+            ("axis", AttrLit::Int(1))
+        ]
+    );
+    assert_eq!(
+        op("relax.sum", &[("axis", ints(&[1]))]).kwargs(),
+        vec![("axis", ints(&[1])), ("keepdims", AttrLit::Bool(false))]
+    );
+    assert_eq!(
+        op("relax.nn.softmax", &[]).kwargs(),
+        vec![("axis", AttrLit::Int(-1))]
+    );
+    assert_eq!(
+        op("relax.permute_dims", &[]).kwargs(),
+        vec![("axes", AttrLit::None)]
+    );
+    assert_eq!(
+        op("relax.take", &[]).kwargs(),
+        vec![("axis", AttrLit::None), ("mode", s("fast"))]
+    );
+}
+
+#[test]
+fn from_call_accepts_tvm_spellings() {
+    // out_dtype="void" is None; a bare int or a 2-list for padding; out_layout follows data_layout.
+    assert_eq!(
+        op("relax.matmul", &[("out_dtype", s("void"))]),
+        Op::Matmul { out_dtype: None }
+    );
+    let Op::Conv2d(a) = op(
+        "relax.nn.conv2d",
+        &[("padding", AttrLit::Int(1)), ("data_layout", s("NHWC"))],
+    ) else {
+        unreachable!()
+    };
+    assert_eq!(a.padding, [1, 1, 1, 1]);
+    assert_eq!(a.out_layout, "NHWC");
+    let Op::Conv2d(a) = op(
+        "relax.nn.conv2d",
+        &[("padding", ints(&[1, 2])), ("strides", AttrLit::Int(2))],
+    ) else {
+        unreachable!()
+    };
+    assert_eq!(a.padding, [1, 2, 1, 2]);
+    assert_eq!(a.strides, [2, 2]);
+    assert_eq!(
+        op(
+            "relax.nn.layer_norm",
+            &[("axes", AttrLit::Int(-1)), ("epsilon", AttrLit::Int(1))]
+        ),
+        Op::LayerNorm(Box::new(LayerNormAttrs {
+            axes: vec![-1],
+            epsilon: F64(1.0),
+            center: true,
+            scale: true
+        }))
+    );
+}
+
+#[test]
+fn from_call_errors() {
+    let e = op_err("relax.nn.conv2d", &[("stride", ints(&[1, 1]))]);
+    assert!(
+        e.contains("no attribute `stride`") && e.contains("strides, padding"),
+        "{e}"
+    );
+    let e = op_err("relax.nn.softmax", &[("axis", s("x"))]);
+    assert!(
+        e.contains("expected an integer") && e.contains("\"x\""),
+        "{e}"
+    );
+    let e = op_err("relax.nn.conv2d", &[("padding", ints(&[1, 2, 3]))]);
+    assert!(e.contains("1, 2 or 4 integers"), "{e}");
+    let e = op_err("relax.nn.conv2d", &[("data_layout", s("NCHX"))]);
+    assert!(e.contains("permutation of \"NCHW\""), "{e}");
+    let e = op_err("relax.nn.conv2d", &[("strides", ints(&[0, 1]))]);
+    assert!(e.contains("at least 1"), "{e}");
+    let e = op_err("relax.astype", &[]);
+    assert!(e.contains("missing required attribute `dtype`"), "{e}");
+    let e = op_err("relax.astype", &[("dtype", s("float7"))]);
+    assert!(e.contains("a dtype"), "{e}");
+    let e = op_err("relax.add", &[("axis", AttrLit::Int(0))]);
+    assert!(e.contains("takes no attributes"), "{e}");
+    let e = op_err("relax.take", &[("mode", s("raise"))]);
+    assert!(e.contains("\"fast\""), "{e}");
+    let e = op_err(
+        "relax.split",
+        &[("indices_or_sections", AttrLit::Float(2.0))],
+    );
+    assert!(e.contains("an integer or a list"), "{e}");
+    let e = op_err("relax.sum", &[("keepdims", AttrLit::Int(1))]);
+    assert!(e.contains("True or False"), "{e}");
+    let e = op_err(
+        "relax.sum",
+        &[("axis", AttrLit::None), ("axis", AttrLit::None)],
+    );
+    assert!(e.contains("twice"), "{e}");
+    let e = op_err(
+        "relax.strided_slice",
+        &[
+            ("axes", ints(&[0, 1])),
+            ("begin", ints(&[0])),
+            ("end", ints(&[1, 1])),
+        ],
+    );
+    assert!(
+        e.contains("`begin`") && e.contains("expected 2 values"),
+        "{e}"
+    );
+    let e = op_err("relax.nope", &[]);
+    assert!(e.contains("unknown op"), "{e}");
+}
+
+#[test]
+fn fusion_kinds() {
+    let kind = |n: &str| default_instance(n).fusion_kind();
+    assert_eq!(kind("relax.add"), FusionKind::Broadcast);
+    assert_eq!(kind("relax.minimum"), FusionKind::Broadcast);
+    assert_eq!(kind("relax.exp"), FusionKind::ElemWise);
+    assert_eq!(kind("relax.nn.relu"), FusionKind::ElemWise);
+    assert_eq!(kind("relax.clip"), FusionKind::ElemWise);
+    assert_eq!(kind("relax.astype"), FusionKind::ElemWise);
+    assert_eq!(kind("relax.matmul"), FusionKind::OutEWiseFusable);
+    assert_eq!(kind("relax.nn.conv2d"), FusionKind::OutEWiseFusable);
+    assert_eq!(kind("relax.nn.max_pool2d"), FusionKind::OutEWiseFusable);
+    assert_eq!(
+        kind("relax.nn.adaptive_avg_pool2d"),
+        FusionKind::OutEWiseFusable
+    );
+    assert_eq!(kind("relax.nn.softmax"), FusionKind::CommReduce);
+    assert_eq!(kind("relax.nn.layer_norm"), FusionKind::CommReduce);
+    assert_eq!(kind("relax.sum"), FusionKind::CommReduce);
+    assert_eq!(kind("relax.reshape"), FusionKind::Injective);
+    assert_eq!(kind("relax.take"), FusionKind::Injective);
+    assert_eq!(kind("relax.strided_slice"), FusionKind::Injective);
+    assert_eq!(kind("relax.broadcast_to"), FusionKind::Broadcast);
+    assert_eq!(kind("relax.nn.batch_norm"), FusionKind::Opaque);
+    assert_eq!(kind("relax.nn.dropout"), FusionKind::Opaque);
+    assert_eq!(kind("relax.nn.lrn"), FusionKind::Opaque);
+}
+
+#[test]
+fn binary_broadcasts_with_symbols() {
+    for name in [
+        "relax.add",
+        "relax.subtract",
+        "relax.multiply",
+        "relax.divide",
+        "relax.power",
+        "relax.maximum",
+        "relax.minimum",
+    ] {
+        let o = default_instance(name);
+        assert_eq!(ok(&o, &[&t(&[2, 1, 4]), &t(&[3, 1])]), t(&[2, 3, 4]));
+        let a = td(&[n(), d(1)], DType::F32);
+        let b = td(&[d(1), d(8)], DType::F32);
+        assert_eq!(ok(&o, &[&a, &b]), td(&[n(), d(8)], DType::F32));
+        let e = err(&o, &[&t(&[2, 3]), &t(&[4])]);
+        assert!(e.contains("cannot broadcast dims 3 and 4"), "{e}");
+        let e = err(&o, &[&t(&[2]), &Type::tensor(&[2], DType::F16)]);
+        assert!(e.contains("same dtype") && e.contains("float16"), "{e}");
+    }
+    // Unprovable symbolic pair: rank only, as TVM.
+    let a = td(&[n()], DType::F32);
+    let b = td(&[Dim::sym("m")], DType::F32);
+    let r = ok(&Op::Add, &[&a, &b]);
+    assert_eq!(
+        r,
+        Type::Tensor(TensorType {
+            dims: None,
+            ndim: Some(1),
+            dtype: Some(DType::F32)
+        })
+    );
+    // Unknown rank and dtype do not panic.
+    let u = Type::Tensor(TensorType {
+        dims: None,
+        ndim: None,
+        dtype: None,
+    });
+    assert_eq!(
+        ok(&Op::Add, &[&u, &t(&[2])]),
+        Type::Tensor(TensorType {
+            dims: None,
+            ndim: None,
+            dtype: Some(DType::F32)
+        })
+    );
+    let e = err(&Op::Add, &[&t(&[2])]);
+    assert!(e.contains("expected 2 arguments, found 1"), "{e}");
+    let e = err(&Op::Add, &[&t(&[2]), &Type::Object]);
+    assert!(
+        e.contains("rhs to be a tensor") && e.contains("Object"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unary_ops() {
+    let x = td(&[n(), d(4)], DType::F32);
+    for name in [
+        "relax.exp",
+        "relax.log",
+        "relax.sqrt",
+        "relax.rsqrt",
+        "relax.tanh",
+        "relax.sigmoid",
+        "relax.erf",
+        "relax.negative",
+        "relax.abs",
+        "relax.nn.relu",
+        "relax.nn.gelu",
+        "relax.nn.gelu_tanh",
+        "relax.nn.silu",
+    ] {
+        assert_eq!(ok(&default_instance(name), &[&x]), x, "{name}");
+    }
+    let i = Type::tensor(&[4], DType::I32);
+    let e = err(&Op::Exp, &[&i]);
+    assert!(e.contains("float dtype") && e.contains("int32"), "{e}");
+    assert_eq!(ok(&Op::Abs, &[&i]), i);
+    let p = Type::Prim(DType::F32);
+    assert_eq!(ok(&Op::Clip, &[&x, &p, &p]), x);
+    let e = err(&Op::Clip, &[&x, &x, &p]);
+    assert!(e.contains("min to be a prim value"), "{e}");
+    let o = op("relax.astype", &[("dtype", s("float16"))]);
+    assert_eq!(ok(&o, &[&x]), td(&[n(), d(4)], DType::F16));
+}
+
+#[test]
+fn matmul_numpy_semantics() {
+    let m = Op::Matmul { out_dtype: None };
+    assert_eq!(ok(&m, &[&t(&[2, 3]), &t(&[3, 4])]), t(&[2, 4]));
+    assert_eq!(
+        ok(&m, &[&t(&[5, 1, 2, 3]), &t(&[7, 3, 4])]),
+        t(&[5, 7, 2, 4])
+    );
+    assert_eq!(ok(&m, &[&t(&[3]), &t(&[3, 4])]), t(&[4]));
+    assert_eq!(ok(&m, &[&t(&[2, 3]), &t(&[3])]), t(&[2]));
+    assert_eq!(ok(&m, &[&t(&[3]), &t(&[3])]), t(&[]));
+    let a = td(&[n(), d(64)], DType::F16);
+    let b = td(&[d(64), d(128)], DType::F16);
+    assert_eq!(ok(&m, &[&a, &b]), td(&[n(), d(128)], DType::F16));
+    let m32 = Op::Matmul {
+        out_dtype: Some(DType::F32),
+    };
+    assert_eq!(ok(&m32, &[&a, &b]), td(&[n(), d(128)], DType::F32));
+    let e = err(&m, &[&t(&[2, 3]), &t(&[4, 5])]);
+    assert!(
+        e.contains("reduction dims differ") && e.contains("(2, 3)"),
+        "{e}"
+    );
+    let e = err(&m, &[&t(&[]), &t(&[3])]);
+    assert!(e.contains("rank at least 1"), "{e}");
+    let r2 = Type::Tensor(TensorType {
+        dims: None,
+        ndim: Some(2),
+        dtype: Some(DType::F32),
+    });
+    assert_eq!(
+        ok(&m, &[&r2, &t(&[3])]),
+        Type::Tensor(TensorType {
+            dims: None,
+            ndim: Some(1),
+            dtype: Some(DType::F32)
+        })
+    );
+}
+
+#[test]
+fn conv2d_layouts_groups_symbols() {
+    let c = op("relax.nn.conv2d", &[("padding", ints(&[1, 1]))]);
+    assert_eq!(
+        ok(&c, &[&t(&[1, 3, 32, 32]), &t(&[16, 3, 3, 3])]),
+        t(&[1, 16, 32, 32])
+    );
+    let c2 = op(
+        "relax.nn.conv2d",
+        &[("strides", ints(&[2, 2])), ("dilation", ints(&[2, 2]))],
+    );
+    // (32 - ((3 - 1) * 2 + 1)) // 2 + 1 = 14
+    assert_eq!(
+        ok(&c2, &[&t(&[1, 3, 32, 32]), &t(&[16, 3, 3, 3])]),
+        t(&[1, 16, 14, 14])
+    );
+    let nhwc = op(
+        "relax.nn.conv2d",
+        &[
+            ("data_layout", s("NHWC")),
+            ("kernel_layout", s("OHWI")),
+            ("padding", AttrLit::Int(1)),
+        ],
+    );
+    assert_eq!(
+        ok(&nhwc, &[&t(&[1, 32, 32, 3]), &t(&[16, 3, 3, 3])]),
+        t(&[1, 32, 32, 16])
+    );
+    let mixed = op(
+        "relax.nn.conv2d",
+        &[("data_layout", s("NHWC")), ("out_layout", s("NCHW"))],
+    );
+    assert_eq!(
+        ok(&mixed, &[&t(&[1, 8, 8, 3]), &t(&[4, 3, 3, 3])]),
+        t(&[1, 4, 6, 6])
+    );
+    let g = op("relax.nn.conv2d", &[("groups", AttrLit::Int(4))]);
+    assert_eq!(
+        ok(&g, &[&t(&[1, 8, 5, 5]), &t(&[8, 2, 1, 1])]),
+        t(&[1, 8, 5, 5])
+    );
+    let e = err(&g, &[&t(&[1, 8, 5, 5]), &t(&[8, 3, 1, 1])]);
+    assert!(
+        e.contains("8 input channels") && e.contains("groups"),
+        "{e}"
+    );
+    // Symbolic batch and height.
+    let h = Dim::sym("h");
+    let x = td(&[n(), d(3), h.clone(), d(32)], DType::F32);
+    let r = ok(&c2, &[&x, &t(&[16, 3, 3, 3])]);
+    let Type::Tensor(tt) = &r else { unreachable!() };
+    let dims = tt.dims.clone().unwrap_or_default();
+    assert_eq!(dims.first(), Some(&n()));
+    assert_eq!(dims.get(1), Some(&d(16)));
+    assert_eq!(
+        dims.get(2).map(Dim::to_string).as_deref(),
+        Some("(h - 5) // 2 + 1")
+    );
+    assert_eq!(dims.get(3), Some(&d(14)));
+    let e = err(&c, &[&t(&[1, 3, 32]), &t(&[16, 3, 3, 3])]);
+    assert!(e.contains("data to be a 4-D tensor"), "{e}");
+    let e = err(
+        &c,
+        &[&t(&[1, 3, 8, 8]), &Type::tensor(&[16, 3, 3, 3], DType::F16)],
+    );
+    assert!(e.contains("same dtype"), "{e}");
+    let u = Type::Tensor(TensorType {
+        dims: None,
+        ndim: None,
+        dtype: Some(DType::F32),
+    });
+    assert_eq!(
+        ok(&c, &[&u, &t(&[16, 3, 3, 3])]),
+        Type::Tensor(TensorType {
+            dims: None,
+            ndim: Some(4),
+            dtype: Some(DType::F32)
+        })
+    );
+}
+
+#[test]
+fn norms_and_softmax() {
+    let x = td(&[n(), d(16), d(8), d(8)], DType::F32);
+    let c = t(&[16]);
+    let bn = op("relax.nn.batch_norm", &[]);
+    assert_eq!(
+        ok(&bn, &[&x, &c, &c, &c, &c]),
+        Type::Tuple(vec![x.clone(), c.clone(), c.clone()])
+    );
+    let e = err(&bn, &[&x, &t(&[8]), &c, &c, &c]);
+    assert!(e.contains("gamma to have 16 elements"), "{e}");
+    let e = err(&bn, &[&x, &c, &c, &c]);
+    assert!(e.contains("expected 5 arguments, found 4"), "{e}");
+    let bad_axis = op("relax.nn.batch_norm", &[("axis", AttrLit::Int(4))]);
+    let e = err(&bad_axis, &[&x, &c, &c, &c, &c]);
+    assert!(e.contains("axis 4 is out of range"), "{e}");
+
+    let y = td(&[n(), d(128)], DType::F32);
+    let ln = op("relax.nn.layer_norm", &[]);
+    let g = t(&[128]);
+    assert_eq!(ok(&ln, &[&y, &g, &g]), y);
+    let e = err(&ln, &[&y, &t(&[64]), &g]);
+    assert!(e.contains("gamma to have shape (128)"), "{e}");
+    let rms = op("relax.nn.rms_norm", &[]);
+    assert_eq!(ok(&rms, &[&y, &g]), y);
+    let e = err(&rms, &[&y, &t(&[2, 128])]);
+    assert!(e.contains("weight to be a 1-D tensor"), "{e}");
+
+    for name in ["relax.nn.softmax", "relax.nn.log_softmax"] {
+        assert_eq!(ok(&default_instance(name), &[&y]), y);
+        let o = op(name, &[("axis", AttrLit::Int(2))]);
+        let e = err(&o, &[&y]);
+        assert!(
+            e.contains("axis 2 is out of range for a tensor of rank 2"),
+            "{e}"
+        );
+    }
+    let dr = op("relax.nn.dropout", &[("rate", AttrLit::Float(0.1))]);
+    assert_eq!(ok(&dr, &[&y]), Type::Tuple(vec![y.clone(), y.clone()]));
+    let lrn = op("relax.nn.lrn", &[]);
+    assert_eq!(ok(&lrn, &[&x]), x);
+}
+
+#[test]
+fn reductions() {
+    let x = td(&[n(), d(3), d(4)], DType::F32);
+    for name in ["relax.sum", "relax.mean", "relax.max"] {
+        let o = op(name, &[("axis", ints(&[1]))]);
+        assert_eq!(ok(&o, &[&x]), td(&[n(), d(4)], DType::F32));
+        let o = op(
+            name,
+            &[("axis", ints(&[-1, 0])), ("keepdims", AttrLit::Bool(true))],
+        );
+        assert_eq!(ok(&o, &[&x]), td(&[d(1), d(3), d(1)], DType::F32));
+        assert_eq!(ok(&default_instance(name), &[&x]), td(&[], DType::F32));
+        let o = op(name, &[("axis", ints(&[1, -2]))]);
+        let e = err(&o, &[&x]);
+        assert!(e.contains("repeated"), "{e}");
+        let o = op(name, &[("axis", AttrLit::Int(3))]);
+        let e = err(&o, &[&x]);
+        assert!(e.contains("axis 3 is out of range"), "{e}");
+    }
+}
+
+#[test]
+fn pools() {
+    let mp = op(
+        "relax.nn.max_pool2d",
+        &[
+            ("pool_size", ints(&[3, 3])),
+            ("strides", ints(&[2, 2])),
+            ("padding", ints(&[1, 1])),
+        ],
+    );
+    assert_eq!(ok(&mp, &[&t(&[1, 64, 112, 112])]), t(&[1, 64, 56, 56]));
+    let ceil = op(
+        "relax.nn.avg_pool2d",
+        &[
+            ("pool_size", ints(&[2, 2])),
+            ("strides", ints(&[2, 2])),
+            ("ceil_mode", AttrLit::Bool(true)),
+        ],
+    );
+    assert_eq!(ok(&ceil, &[&t(&[1, 3, 5, 5])]), t(&[1, 3, 3, 3]));
+    let nhwc = op(
+        "relax.nn.max_pool2d",
+        &[
+            ("pool_size", ints(&[2, 2])),
+            ("strides", ints(&[2, 2])),
+            ("layout", s("NHWC")),
+        ],
+    );
+    let x = td(&[n(), d(8), d(8), d(3)], DType::F32);
+    assert_eq!(ok(&nhwc, &[&x]), td(&[n(), d(4), d(4), d(3)], DType::F32));
+    let big = op("relax.nn.max_pool2d", &[("pool_size", ints(&[9, 9]))]);
+    let e = err(&big, &[&t(&[1, 3, 4, 4])]);
+    assert!(e.contains("does not fit"), "{e}");
+    let ad = op(
+        "relax.nn.adaptive_avg_pool2d",
+        &[("output_size", ints(&[1, 1]))],
+    );
+    assert_eq!(
+        ok(&ad, &[&x.clone()]),
+        td(&[n(), d(8), d(1), d(1)], DType::F32)
+    );
+    let ad = op("relax.nn.adaptive_avg_pool2d", &[("layout", s("NHWC"))]);
+    assert_eq!(ok(&ad, &[&x]), x);
+}
+
+#[test]
+fn reshape_and_friends() {
+    let r = Op::Reshape;
+    assert_eq!(ok(&r, &[&t(&[2, 8]), &shape(&[d(4), d(-1)])]), t(&[4, 4]));
+    assert_eq!(
+        ok(&r, &[&t(&[1, 16]), &shape(&[d(1), d(16), d(1), d(1)])]),
+        t(&[1, 16, 1, 1])
+    );
+    let x = td(&[n(), d(16), d(4)], DType::F32);
+    assert_eq!(
+        ok(&r, &[&x, &shape(&[n(), d(-1)])]),
+        td(&[n(), d(64)], DType::F32)
+    );
+    assert_eq!(
+        ok(&r, &[&x, &shape(&[d(-1), d(4)])]),
+        td(&[n().mul(&d(16)), d(4)], DType::F32)
+    );
+    assert_eq!(
+        ok(&r, &[&x, &shape(&[d(8), n(), d(8)])]),
+        td(&[d(8), n(), d(8)], DType::F32)
+    );
+    let e = err(&r, &[&x, &shape(&[Dim::sym("m"), d(-1)])]);
+    assert!(e.contains("cannot infer the -1"), "{e}");
+    let e = err(&r, &[&t(&[2, 8]), &shape(&[d(3), d(-1)])]);
+    assert!(
+        e.contains("cannot infer the -1") && e.contains("16 elements"),
+        "{e}"
+    );
+    let e = err(&r, &[&t(&[2, 8]), &shape(&[d(3), d(5)])]);
+    assert!(e.contains("cannot reshape (2, 8)"), "{e}");
+    let e = err(&r, &[&t(&[2, 8]), &shape(&[d(-1), d(-1)])]);
+    assert!(e.contains("at most one -1"), "{e}");
+    let e = err(&r, &[&t(&[2, 8]), &t(&[2])]);
+    assert!(e.contains("expected a shape"), "{e}");
+
+    let p = op("relax.permute_dims", &[("axes", ints(&[1, 0]))]);
+    assert_eq!(
+        ok(&p, &[&td(&[n(), d(3)], DType::F32)]),
+        td(&[d(3), n()], DType::F32)
+    );
+    assert_eq!(
+        ok(&default_instance("relax.permute_dims"), &[&t(&[1, 2, 3])]),
+        t(&[3, 2, 1])
+    );
+    let e = err(&p, &[&t(&[1, 2, 3])]);
+    assert!(e.contains("expected 3 axes"), "{e}");
+
+    let f = Op::Flatten;
+    assert_eq!(
+        ok(&f, &[&td(&[n(), d(4)], DType::F32)]),
+        td(&[n().mul(&d(4))], DType::F32)
+    );
+    assert_eq!(ok(&f, &[&t(&[])]), t(&[1]));
+
+    let sq = op("relax.squeeze", &[("axis", ints(&[-1]))]);
+    assert_eq!(ok(&sq, &[&t(&[3, 1])]), t(&[3]));
+    let e = err(&sq, &[&t(&[3, 2])]);
+    assert!(e.contains("cannot squeeze axis 1 of extent 2"), "{e}");
+    assert_eq!(
+        ok(&default_instance("relax.squeeze"), &[&t(&[1, 3, 1])]),
+        t(&[3])
+    );
+
+    let ex = op("relax.expand_dims", &[("axis", ints(&[0, -1]))]);
+    assert_eq!(
+        ok(&ex, &[&td(&[n(), d(3)], DType::F32)]),
+        td(&[d(1), n(), d(3), d(1)], DType::F32)
+    );
+    let ex = op("relax.expand_dims", &[("axis", AttrLit::Int(5))]);
+    let e = err(&ex, &[&t(&[2])]);
+    assert!(e.contains("out of range"), "{e}");
+
+    let bt = Op::BroadcastTo;
+    assert_eq!(
+        ok(&bt, &[&t(&[3, 1]), &shape(&[n(), d(3), d(4)])]),
+        td(&[n(), d(3), d(4)], DType::F32)
+    );
+    let e = err(&bt, &[&t(&[3, 2]), &shape(&[d(3), d(4)])]);
+    assert!(e.contains("cannot broadcast (3, 2) to (3, 4)"), "{e}");
+}
+
+#[test]
+fn concat_split() {
+    let c = default_instance("relax.concat");
+    let tup = Type::Tuple(vec![
+        td(&[n(), d(3)], DType::F32),
+        td(&[d(2), d(3)], DType::F32),
+    ]);
+    assert_eq!(ok(&c, &[&tup]), td(&[n().add(&d(2)), d(3)], DType::F32));
+    let c1 = op("relax.concat", &[("axis", AttrLit::Int(-1))]);
+    let tup = Type::Tuple(vec![t(&[2, 3]), t(&[2, 5])]);
+    assert_eq!(ok(&c1, &[&tup]), t(&[2, 8]));
+    let e = err(&c, &[&tup]);
+    assert!(e.contains("match on the dims other than axis 0"), "{e}");
+    let flat = op("relax.concat", &[("axis", AttrLit::None)]);
+    assert_eq!(ok(&flat, &[&tup]), t(&[16]));
+    let e = err(&c, &[&t(&[2])]);
+    assert!(e.contains("expected a tuple of tensors"), "{e}");
+    let e = err(&c, &[&Type::Tuple(vec![])]);
+    assert!(e.contains("non-empty"), "{e}");
+
+    let sp = op(
+        "relax.split",
+        &[
+            ("indices_or_sections", AttrLit::Int(2)),
+            ("axis", AttrLit::Int(1)),
+        ],
+    );
+    assert_eq!(
+        ok(&sp, &[&t(&[1, 8])]),
+        Type::Tuple(vec![t(&[1, 4]), t(&[1, 4])])
+    );
+    assert_eq!(
+        ok(&sp, &[&t(&[1, 5])]),
+        Type::Tuple(vec![t(&[1, 3]), t(&[1, 2])])
+    );
+    let sym = ok(&sp, &[&td(&[d(1), n()], DType::F32)]);
+    let part = n().add(&d(1)).floor_div(&d(2));
+    assert_eq!(
+        sym,
+        Type::Tuple(vec![
+            td(&[d(1), part.clone()], DType::F32),
+            td(&[d(1), part], DType::F32)
+        ])
+    );
+    let idx = op("relax.split", &[("indices_or_sections", ints(&[2, 5]))]);
+    assert_eq!(
+        ok(&idx, &[&t(&[8])]),
+        Type::Tuple(vec![t(&[2]), t(&[3]), t(&[3])])
+    );
+    assert_eq!(
+        ok(&idx, &[&td(&[n()], DType::F32)]),
+        Type::Tuple(vec![t(&[2]), t(&[3]), td(&[n().sub(&d(5))], DType::F32)])
+    );
+    let e = err(&sp, &[&t(&[8])]);
+    assert!(e.contains("axis 1 is out of range"), "{e}");
+}
+
+#[test]
+fn strided_slice_and_take() {
+    let ss = |axes: &[i64], b: &[i64], e: &[i64], st: Option<&[i64]>| {
+        let mut kw = vec![("axes", ints(axes)), ("begin", ints(b)), ("end", ints(e))];
+        if let Some(st) = st {
+            kw.push(("strides", ints(st)));
+        }
+        op("relax.strided_slice", &kw)
+    };
+    let x = t(&[10, 4]);
+    assert_eq!(ok(&ss(&[0], &[2], &[5], None), &[&x]), t(&[3, 4]));
+    assert_eq!(ok(&ss(&[0], &[-3], &[100], None), &[&x]), t(&[3, 4]));
+    assert_eq!(
+        ok(&ss(&[0, 1], &[0, 1], &[10, 4], Some(&[3, 2])), &[&x]),
+        t(&[4, 2])
+    );
+    assert_eq!(ok(&ss(&[0], &[9], &[-11], Some(&[-1])), &[&x]), t(&[10, 4]));
+    assert_eq!(ok(&ss(&[0], &[5], &[2], None), &[&x]), t(&[0, 4]));
+    let y = td(&[n(), d(4)], DType::F32);
+    assert_eq!(
+        ok(&ss(&[0], &[1], &[i64::MAX], None), &[&y]),
+        td(&[n().sub(&d(1)), d(4)], DType::F32)
+    );
+    let e = err(&ss(&[2], &[0], &[1], None), &[&x]);
+    assert!(e.contains("axis 2 is out of range"), "{e}");
+
+    let tk = default_instance("relax.take");
+    let idx = Type::tensor(&[5], DType::I64);
+    assert_eq!(ok(&tk, &[&x, &idx]), t(&[5]));
+    let tk1 = op("relax.take", &[("axis", AttrLit::Int(0))]);
+    let emb = td(&[d(1000), d(64)], DType::F32);
+    let ids = td(&[n(), d(7)], DType::I32);
+    assert_eq!(ok(&tk1, &[&emb, &ids]), td(&[n(), d(7), d(64)], DType::F32));
+    let e = err(&tk1, &[&emb, &t(&[3])]);
+    assert!(e.contains("integer dtype") && e.contains("float32"), "{e}");
+}
+
+#[test]
+fn unknown_shapes_and_extreme_attrs_do_not_panic() {
+    let unk = Type::Tensor(TensorType {
+        dims: None,
+        ndim: None,
+        dtype: None,
+    });
+    let r4 = Type::Tensor(TensorType {
+        dims: None,
+        ndim: Some(4),
+        dtype: None,
+    });
+    let sh = Type::Shape {
+        dims: None,
+        ndim: None,
+    };
+    let p = Type::Prim(DType::F32);
+    let tup = Type::Tuple(vec![unk.clone(), r4.clone()]);
+    for o in samples() {
+        for args in [
+            vec![&unk, &unk, &unk, &unk, &unk],
+            vec![&r4, &r4, &r4, &r4, &r4],
+            vec![&r4, &sh],
+            vec![&unk, &p, &p],
+            vec![&tup],
+            vec![],
+        ] {
+            let sig = Op::signature(o.name()).map_or(0, |s| s.max_args);
+            let args: Vec<&Type> = args.into_iter().take(sig).collect();
+            let _ = o.infer(&args);
+        }
+    }
+    let big = i64::MAX;
+    let conv = op(
+        "relax.nn.conv2d",
+        &[
+            ("padding", ints(&[big, big])),
+            ("strides", ints(&[big, big])),
+        ],
+    );
+    let _ = conv.infer(&[&t(&[1, 3, 8, 8]), &t(&[4, 3, 3, 3])]);
+    let pool = op(
+        "relax.nn.avg_pool2d",
+        &[
+            ("padding", ints(&[big])),
+            ("ceil_mode", AttrLit::Bool(true)),
+            ("strides", ints(&[big])),
+        ],
+    );
+    let _ = pool.infer(&[&t(&[1, 3, 8, 8])]);
+    let sl = op(
+        "relax.strided_slice",
+        &[
+            ("axes", ints(&[0])),
+            ("begin", ints(&[i64::MIN])),
+            ("end", ints(&[big])),
+            ("strides", ints(&[big])),
+        ],
+    );
+    assert_eq!(ok(&sl, &[&t(&[10])]), t(&[1]));
+    let sl = op(
+        "relax.strided_slice",
+        &[
+            ("axes", ints(&[0])),
+            ("begin", ints(&[big])),
+            ("end", ints(&[i64::MIN])),
+            ("strides", ints(&[i64::MIN])),
+        ],
+    );
+    assert_eq!(ok(&sl, &[&t(&[10])]), t(&[1]));
+    let sp = op("relax.split", &[("indices_or_sections", AttrLit::Int(big))]);
+    let e = err(&sp, &[&t(&[10])]);
+    assert!(e.contains("at most"), "{e}");
+    let r = Op::Reshape;
+    let _ = r.infer(&[&t(&[big, big]), &shape(&[d(-1)])]);
+    let _ = r.infer(&[&t(&[i64::MIN]), &shape(&[d(-1), d(0)])]);
+}
