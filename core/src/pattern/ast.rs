@@ -109,7 +109,11 @@ impl Pattern {
 
     /// Adds a graph-level constraint.
     pub fn with_constraint(mut self, from: &str, kind: EdgeKind, to: &str) -> Self {
-        self.constraints.push(GraphConstraint { from: from.into(), to: to.into(), kind });
+        self.constraints.push(GraphConstraint {
+            from: from.into(),
+            to: to.into(),
+            kind,
+        });
         self
     }
 
@@ -139,7 +143,9 @@ impl Pattern {
                 self.collect_root_ops(*p, out)
             }
             // Non-call roots never match (roots are call bindings): an empty list says so.
-            PatNode::Const | PatNode::Var(_) | PatNode::Tuple(_) | PatNode::TupleGetItem(..) => true,
+            PatNode::Const | PatNode::Var(_) | PatNode::Tuple(_) | PatNode::TupleGetItem(..) => {
+                true
+            }
             PatNode::Wildcard | PatNode::Not(_) => false,
         }
     }
@@ -189,17 +195,37 @@ impl PatternBuilder {
 
     /// `op(args)` with exactly these arguments; `op` may omit the `relax.` prefix.
     pub fn call(&mut self, op: &str, args: Vec<PatId>) -> PatId {
-        self.add(PatNode::Call { op: canonical_op(op), args, at_least: false, attrs: Vec::new() })
+        self.add(PatNode::Call {
+            op: canonical_op(op),
+            args,
+            at_least: false,
+            attrs: Vec::new(),
+        })
     }
 
     /// `op(args, ...)`: at least these arguments.
     pub fn call_at_least(&mut self, op: &str, args: Vec<PatId>) -> PatId {
-        self.add(PatNode::Call { op: canonical_op(op), args, at_least: true, attrs: Vec::new() })
+        self.add(PatNode::Call {
+            op: canonical_op(op),
+            args,
+            at_least: true,
+            attrs: Vec::new(),
+        })
     }
 
     /// `op{attrs}(args)`.
-    pub fn call_with_attrs(&mut self, op: &str, attrs: Vec<(String, AttrLit)>, args: Vec<PatId>) -> PatId {
-        self.add(PatNode::Call { op: canonical_op(op), args, at_least: false, attrs })
+    pub fn call_with_attrs(
+        &mut self,
+        op: &str,
+        attrs: Vec<(String, AttrLit)>,
+        args: Vec<PatId>,
+    ) -> PatId {
+        self.add(PatNode::Call {
+            op: canonical_op(op),
+            args,
+            at_least: false,
+            attrs,
+        })
     }
 
     /// `(fields)`
@@ -244,13 +270,21 @@ impl PatternBuilder {
 
     /// The pattern rooted at `root`.
     pub fn finish(self, root: PatId) -> Pattern {
-        Pattern { nodes: self.nodes, root, constraints: Vec::new() }
+        Pattern {
+            nodes: self.nodes,
+            root,
+            constraints: Vec::new(),
+        }
     }
 }
 
 /// `nn.relu` → `relax.nn.relu`; names already starting with `relax.` are kept.
 pub fn canonical_op(op: &str) -> String {
-    if op.starts_with("relax.") { op.to_string() } else { format!("relax.{op}") }
+    if op.starts_with("relax.") {
+        op.to_string()
+    } else {
+        format!("relax.{op}")
+    }
 }
 
 /// Precedence levels for printing: `|` < `&` < `@` < `:` < postfix/atoms.
@@ -277,7 +311,12 @@ impl Pattern {
             PatNode::Const => f.write_str("const")?,
             PatNode::Var(None) => f.write_str("var")?,
             PatNode::Var(Some(n)) => write!(f, "var({n:?})")?,
-            PatNode::Call { op, args, at_least, attrs } => {
+            PatNode::Call {
+                op,
+                args,
+                at_least,
+                attrs,
+            } => {
                 f.write_str(op)?;
                 if !attrs.is_empty() {
                     f.write_str("{")?;

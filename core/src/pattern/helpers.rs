@@ -136,9 +136,19 @@ fn copy_rec(
     }
     let mut c = |x: PatId, b: &mut PatternBuilder| copy_rec(b, src, x, map);
     let node = match src.node(id).clone() {
-        N::Call { op, args, at_least, attrs } => {
+        N::Call {
+            op,
+            args,
+            at_least,
+            attrs,
+        } => {
             let args = args.into_iter().map(|a| c(a, b)).collect();
-            N::Call { op, args, at_least, attrs }
+            N::Call {
+                op,
+                args,
+                at_least,
+                attrs,
+            }
         }
         N::Tuple(fs) => N::Tuple(fs.into_iter().map(|a| c(a, b)).collect()),
         N::TupleGetItem(t, i) => N::TupleGetItem(c(t, b), i),

@@ -128,7 +128,10 @@ pub struct Match {
 impl Match {
     /// The captured value for `name`.
     pub fn capture(&self, name: &str) -> Option<ExprId> {
-        self.captures.iter().find(|(n, _)| n == name).map(|(_, e)| *e)
+        self.captures
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, e)| *e)
     }
 
     /// The vars of the bindings matched by call and tuple-get-item nodes (the root included), in
@@ -137,7 +140,10 @@ impl Match {
     pub fn bindings(&self, p: &Pattern, view: &FunctionView<'_>) -> Vec<VarId> {
         let mut out: Vec<(usize, VarId)> = Vec::new();
         for &(pid, e) in &self.nodes {
-            if matches!(p.node(pid), PatNode::Call { .. } | PatNode::TupleGetItem(..)) {
+            if matches!(
+                p.node(pid),
+                PatNode::Call { .. } | PatNode::TupleGetItem(..)
+            ) {
                 if let Some(&v) = view.value_var.get(&e) {
                     if let Some(&(pos, _)) = view.bound.get(&v) {
                         if !out.iter().any(|&(_, w)| w == v) {
@@ -168,11 +174,22 @@ pub fn match_at(p: &Pattern, view: &FunctionView<'_>, root: VarId) -> Option<Mat
     if !matches!(view.func.exprs.get(value)?.kind, ExprKind::Call { .. }) {
         return None;
     }
-    let mut m = Matcher { p, view, limit: pos, memo: Vec::new(), captures: Vec::new(), depth: 0 };
+    let mut m = Matcher {
+        p,
+        view,
+        limit: pos,
+        memo: Vec::new(),
+        captures: Vec::new(),
+        depth: 0,
+    };
     if !m.visit(p.root(), value) {
         return None;
     }
-    let found = Match { root, nodes: m.memo, captures: m.captures };
+    let found = Match {
+        root,
+        nodes: m.memo,
+        captures: m.captures,
+    };
     for c in p.constraints() {
         let (Some(a), Some(b)) = (found.capture(&c.from), found.capture(&c.to)) else {
             return None;
@@ -215,7 +232,9 @@ impl Matcher<'_, '_> {
 
     fn visit_node(&mut self, pid: PatId, e: ExprId) -> bool {
         let func = self.view.func;
-        let Some(data) = func.exprs.get(e) else { return false };
+        let Some(data) = func.exprs.get(e) else {
+            return false;
+        };
         match self.p.node(pid) {
             PatNode::Wildcard => true,
             PatNode::Const => matches!(data.kind, ExprKind::Const(_)),
@@ -223,8 +242,17 @@ impl Matcher<'_, '_> {
                 ExprKind::Var(v) => name.as_ref().is_none_or(|n| func.var(*v).name == *n),
                 _ => false,
             },
-            PatNode::Call { op, args, at_least, attrs } => {
-                let ExprKind::Call { callee: Callee::Op(actual), args: eargs } = &data.kind else {
+            PatNode::Call {
+                op,
+                args,
+                at_least,
+                attrs,
+            } => {
+                let ExprKind::Call {
+                    callee: Callee::Op(actual),
+                    args: eargs,
+                } = &data.kind
+                else {
                     return false;
                 };
                 if actual.name() != op {
@@ -233,13 +261,18 @@ impl Matcher<'_, '_> {
                 if !attrs.is_empty() {
                     let kw = actual.kwargs();
                     let all = attrs.iter().all(|(k, v)| {
-                        kw.iter().any(|(ak, av)| ak == k && crate::pattern::attr_lit_eq(av, v))
+                        kw.iter()
+                            .any(|(ak, av)| ak == k && crate::pattern::attr_lit_eq(av, v))
                     });
                     if !all {
                         return false;
                     }
                 }
-                let arity_ok = if *at_least { eargs.len() >= args.len() } else { eargs.len() == args.len() };
+                let arity_ok = if *at_least {
+                    eargs.len() >= args.len()
+                } else {
+                    eargs.len() == args.len()
+                };
                 if !arity_ok {
                     return false;
                 }
@@ -247,7 +280,10 @@ impl Matcher<'_, '_> {
                 if self.visit_seq(&args, &eargs) {
                     return true;
                 }
-                if (op == "relax.add" || op == "relax.multiply") && args.len() == 2 && eargs.len() == 2 {
+                if (op == "relax.add" || op == "relax.multiply")
+                    && args.len() == 2
+                    && eargs.len() == 2
+                {
                     return self.visit_seq(&[args[1], args[0]], &eargs);
                 }
                 false

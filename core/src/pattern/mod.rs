@@ -28,7 +28,9 @@ pub fn attr_lit_eq(actual: &AttrLit, want: &AttrLit) -> bool {
         (AttrLit::List(a), AttrLit::List(b)) => {
             a.len() == b.len() && a.iter().zip(b).all(|(x, y)| attr_lit_eq(x, y))
         }
-        (AttrLit::Int(a), AttrLit::Float(b)) | (AttrLit::Float(b), AttrLit::Int(a)) => (*a as f64) == *b,
+        (AttrLit::Int(a), AttrLit::Float(b)) | (AttrLit::Float(b), AttrLit::Int(a)) => {
+            (*a as f64) == *b
+        }
         _ => actual == want,
     }
 }

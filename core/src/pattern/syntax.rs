@@ -30,14 +30,23 @@ pub fn parse_pattern(src: &str) -> Result<Pattern> {
 
 /// Parses a pattern; errors name `file`.
 pub fn parse_pattern_in(src: &str, file: &str) -> Result<Pattern> {
-    let mut p = Parser { src, file, chars: src.char_indices().collect(), i: 0, b: PatternBuilder::new(), depth: 0 };
+    let mut p = Parser {
+        src,
+        file,
+        chars: src.char_indices().collect(),
+        i: 0,
+        b: PatternBuilder::new(),
+        depth: 0,
+    };
     let root = p.alt()?;
     let mut constraints = Vec::new();
     p.ws();
     if p.keyword("where") {
         loop {
             p.ws();
-            let from = p.ident().ok_or_else(|| p.err("expected a capture name after `where`"))?;
+            let from = p
+                .ident()
+                .ok_or_else(|| p.err("expected a capture name after `where`"))?;
             p.ws();
             let kind = if p.eat(">>") {
                 EdgeKind::OnlyUsedBy
@@ -62,7 +71,11 @@ pub fn parse_pattern_in(src: &str, file: &str) -> Result<Pattern> {
     let mut pat = p.b.finish(root);
     for c in &constraints {
         for name in [&c.from, &c.to] {
-            if !pat.nodes.iter().any(|(_, n)| matches!(n, PatNode::Capture(x, _) if x == name)) {
+            if !pat
+                .nodes
+                .iter()
+                .any(|(_, n)| matches!(n, PatNode::Capture(x, _) if x == name))
+            {
                 return Err(Error::source(
                     file,
                     src,
@@ -103,7 +116,12 @@ impl Parser<'_> {
     }
 
     fn err(&self, expected: &str) -> Error {
-        Error::source(self.file, self.src, self.pos(), format!("{expected}, found {}", self.found()))
+        Error::source(
+            self.file,
+            self.src,
+            self.pos(),
+            format!("{expected}, found {}", self.found()),
+        )
     }
 
     fn peek(&self) -> Option<char> {
@@ -118,7 +136,10 @@ impl Parser<'_> {
 
     fn eat(&mut self, s: &str) -> bool {
         let n = s.chars().count();
-        let ok = self.chars.get(self.i..self.i + n).is_some_and(|w| w.iter().map(|c| c.1).eq(s.chars()));
+        let ok = self
+            .chars
+            .get(self.i..self.i + n)
+            .is_some_and(|w| w.iter().map(|c| c.1).eq(s.chars()));
         if ok {
             self.i += n;
         }
@@ -238,7 +259,9 @@ impl Parser<'_> {
                 p = self.b.shape(p, dims);
             } else {
                 let at = self.i;
-                let name = self.ident().ok_or_else(|| self.err("expected a dtype or a shape `[...]`"))?;
+                let name = self
+                    .ident()
+                    .ok_or_else(|| self.err("expected a dtype or a shape `[...]`"))?;
                 let d = DType::from_name(&name).ok_or_else(|| {
                     self.i = at;
                     let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
@@ -269,7 +292,9 @@ impl Parser<'_> {
             let idx = if self.eat("?") {
                 None
             } else {
-                let v = self.int()?.ok_or_else(|| self.err("expected an index or `?`"))?;
+                let v = self
+                    .int()?
+                    .ok_or_else(|| self.err("expected an index or `?`"))?;
                 Some(u32::try_from(v).map_err(|_| self.err("expected a non-negative index"))?)
             };
             self.ws();
@@ -356,14 +381,18 @@ impl Parser<'_> {
                 }
                 while self.peek() == Some('.') {
                     self.i += 1;
-                    let part = self.ident().ok_or_else(|| self.err("expected a name after `.`"))?;
+                    let part = self
+                        .ident()
+                        .ok_or_else(|| self.err("expected a name after `.`"))?;
                     name.push('.');
                     name.push_str(&part);
                 }
                 let op = super::canonical_op(&name);
                 if Op::signature(&op).is_none() {
                     self.i = at;
-                    return Err(self.err(&format!("unknown op `{op}`; expected an op of the op set, `_`, `const` or `var`")));
+                    return Err(self.err(&format!(
+                        "unknown op `{op}`; expected an op of the op set, `_`, `const` or `var`"
+                    )));
                 }
                 self.ws();
                 let mut attrs = Vec::new();
@@ -379,7 +408,9 @@ impl Parser<'_> {
                             }
                             self.ws();
                         }
-                        let key = self.ident().ok_or_else(|| self.err("expected an attribute name"))?;
+                        let key = self
+                            .ident()
+                            .ok_or_else(|| self.err("expected an attribute name"))?;
                         self.ws();
                         if !self.eat("=") {
                             return Err(self.err("expected `=` after the attribute name"));
@@ -421,7 +452,12 @@ impl Parser<'_> {
                     }
                     args.push(self.alt()?);
                 }
-                Ok(self.b.add(PatNode::Call { op, args, at_least, attrs }))
+                Ok(self.b.add(PatNode::Call {
+                    op,
+                    args,
+                    at_least,
+                    attrs,
+                }))
             }
             _ => Err(self.err("expected a pattern (`_`, `const`, `var`, an op call, `(`, or `!`)")),
         }
@@ -493,7 +529,10 @@ impl Parser<'_> {
                     return Ok(AttrLit::None);
                 }
                 let start = self.i;
-                while self.peek().is_some_and(|c| c.is_ascii_digit() || "+-.eE".contains(c)) {
+                while self
+                    .peek()
+                    .is_some_and(|c| c.is_ascii_digit() || "+-.eE".contains(c))
+                {
                     self.i += 1;
                 }
                 let text: String = self.chars[start..self.i].iter().map(|c| c.1).collect();
@@ -521,7 +560,11 @@ mod tests {
             Ok(p) => {
                 let printed = p.to_string();
                 let again = parse_pattern(&printed).map(|q| q.to_string());
-                assert_eq!(again.as_deref().ok(), Some(printed.as_str()), "print → parse of {src}");
+                assert_eq!(
+                    again.as_deref().ok(),
+                    Some(printed.as_str()),
+                    "print → parse of {src}"
+                );
                 printed
             }
             Err(e) => panic!("{src}: {e}"),
@@ -530,9 +573,18 @@ mod tests {
 
     #[test]
     fn parses_and_prints_every_form() {
-        assert_eq!(roundtrip("relax.nn.relu(relax.add(relax.nn.conv2d(_, const), _))"), "relax.nn.relu(relax.add(relax.nn.conv2d(_, const), _))");
-        assert_eq!(roundtrip("nn.relu(nn.conv2d(_, _))"), "relax.nn.relu(relax.nn.conv2d(_, _))");
-        assert_eq!(roundtrip("relax.nn.relu(_) | relax.nn.gelu(_)"), "relax.nn.relu(_) | relax.nn.gelu(_)");
+        assert_eq!(
+            roundtrip("relax.nn.relu(relax.add(relax.nn.conv2d(_, const), _))"),
+            "relax.nn.relu(relax.add(relax.nn.conv2d(_, const), _))"
+        );
+        assert_eq!(
+            roundtrip("nn.relu(nn.conv2d(_, _))"),
+            "relax.nn.relu(relax.nn.conv2d(_, _))"
+        );
+        assert_eq!(
+            roundtrip("relax.nn.relu(_) | relax.nn.gelu(_)"),
+            "relax.nn.relu(_) | relax.nn.gelu(_)"
+        );
         assert_eq!(roundtrip("relax.split(_)[0]"), "relax.split(_)[0]");
         assert_eq!(roundtrip("relax.split(_)[?]"), "relax.split(_)[?]");
         assert_eq!(roundtrip("(_, const)"), "(_, const)");
@@ -542,11 +594,17 @@ mod tests {
         );
         assert_eq!(roundtrip("_ : float16"), "_ : float16");
         assert_eq!(roundtrip("x @ _ : [?, 64]"), "x @ _ : [?, 64]");
-        assert_eq!(roundtrip("relax.add(w @ _, w @ _)"), "relax.add(w @ _, w @ _)");
+        assert_eq!(
+            roundtrip("relax.add(w @ _, w @ _)"),
+            "relax.add(w @ _, w @ _)"
+        );
         assert_eq!(roundtrip("!const & _"), "!const & _");
         assert_eq!(roundtrip("relax.concat(_, ...)"), "relax.concat(_, ...)");
         assert_eq!(roundtrip("var(\"x\") | var"), "var(\"x\") | var");
-        assert_eq!(roundtrip("(a @ relax.nn.relu(_) | relax.nn.gelu(_)) & _"), "(a @ relax.nn.relu(_) | relax.nn.gelu(_)) & _");
+        assert_eq!(
+            roundtrip("(a @ relax.nn.relu(_) | relax.nn.gelu(_)) & _"),
+            "(a @ relax.nn.relu(_) | relax.nn.gelu(_)) & _"
+        );
         assert_eq!(
             roundtrip("r @ relax.nn.relu(c @ relax.nn.conv2d(_, _)) where c >> r"),
             "r @ relax.nn.relu(c @ relax.nn.conv2d(_, _)) where c >> r"
@@ -566,12 +624,32 @@ mod tests {
     #[test]
     fn errors_name_the_position_and_what_was_expected() {
         assert_eq!(err("relax.nn.relux(_)"), (1, "unknown op `relax.nn.relux`; expected an op of the op set, `_`, `const` or `var`, found `r`".into()));
-        assert_eq!(err("relax.nn.relu(_"), (16, "expected `,` or `)`, found the end of the pattern".into()));
+        assert_eq!(
+            err("relax.nn.relu(_"),
+            (
+                16,
+                "expected `,` or `)`, found the end of the pattern".into()
+            )
+        );
         assert_eq!(err("_ : float33"), (5, "expected a dtype (float16, bfloat16, float32, float64, int8, uint8, int32, int64, bool), found `f`".into()));
-        assert_eq!(err("relax.add(_, _) _"), (17, "expected the end of the pattern, `|`, `&` or `where`, found `_`".into()));
-        assert!(err("relax.nn.conv2d{grops=1}(_, _)").1.contains("no attribute `grops`"));
+        assert_eq!(
+            err("relax.add(_, _) _"),
+            (
+                17,
+                "expected the end of the pattern, `|`, `&` or `where`, found `_`".into()
+            )
+        );
+        assert!(
+            err("relax.nn.conv2d{grops=1}(_, _)")
+                .1
+                .contains("no attribute `grops`")
+        );
         assert_eq!(err("_[x]").0, 3);
-        assert!(err("relax.nn.relu(_) where a >> b").1.contains("not a capture"));
+        assert!(
+            err("relax.nn.relu(_) where a >> b")
+                .1
+                .contains("not a capture")
+        );
         assert!(err("").1.contains("expected a pattern"));
     }
 
