@@ -101,11 +101,10 @@ impl Dim {
 
     /// Combines two dims with `op`, folding constants and trivial identities.
     pub fn binary(op: DimOp, a: Dim, b: Dim) -> Dim {
-        if let (Dim::Static(x), Dim::Static(y)) = (&a, &b) {
-            if let Some(v) = op.apply(*x, *y) {
+        if let (Dim::Static(x), Dim::Static(y)) = (&a, &b)
+            && let Some(v) = op.apply(*x, *y) {
                 return Dim::Static(v);
             }
-        }
         match (op, a.as_static(), b.as_static()) {
             (DimOp::Add, Some(0), _) => return b,
             (DimOp::Add | DimOp::Sub, _, Some(0)) => return a,
@@ -116,8 +115,8 @@ impl Dim {
             _ => {}
         }
         // `(x + c1) + c2` and `(x - c1) + c2` fold into one constant, as TVM's simplifier does.
-        if let (Dim::Expr(inner), Some(c2)) = (&a, b.as_static()) {
-            if matches!(op, DimOp::Add | DimOp::Sub) {
+        if let (Dim::Expr(inner), Some(c2)) = (&a, b.as_static())
+            && matches!(op, DimOp::Add | DimOp::Sub) {
                 let (iop, x, c1) = &**inner;
                 if let (DimOp::Add | DimOp::Sub, Some(c1)) = (iop, c1.as_static()) {
                     let c1 = if *iop == DimOp::Add { c1 } else { -c1 };
@@ -133,7 +132,6 @@ impl Dim {
                     }
                 }
             }
-        }
         Dim::Expr(Arc::new((op, a, b)))
     }
 

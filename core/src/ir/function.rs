@@ -93,11 +93,6 @@ pub struct Function {
     pub exprs: Arena<ExprId, ExprData>,
 }
 
-impl Default for Type {
-    fn default() -> Self {
-        Type::Object
-    }
-}
 
 impl Function {
     /// An empty function.

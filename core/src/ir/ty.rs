@@ -51,7 +51,7 @@ pub struct FuncType {
 }
 
 /// The type of an expression.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Type {
     /// `R.Tensor(...)`.
     Tensor(TensorType),
@@ -69,6 +69,7 @@ pub enum Type {
     /// A callable (a local function).
     Func(FuncType),
     /// `R.Object`: anything.
+    #[default]
     Object,
 }
 

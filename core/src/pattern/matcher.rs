@@ -143,15 +143,12 @@ impl Match {
             if matches!(
                 p.node(pid),
                 PatNode::Call { .. } | PatNode::TupleGetItem(..)
-            ) {
-                if let Some(&v) = view.value_var.get(&e) {
-                    if let Some(&(pos, _)) = view.bound.get(&v) {
-                        if !out.iter().any(|&(_, w)| w == v) {
+            )
+                && let Some(&v) = view.value_var.get(&e)
+                    && let Some(&(pos, _)) = view.bound.get(&v)
+                        && !out.iter().any(|&(_, w)| w == v) {
                             out.push((pos, v));
                         }
-                    }
-                }
-            }
         }
         out.sort_unstable();
         out.into_iter().map(|(_, v)| v).collect()

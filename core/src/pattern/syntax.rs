@@ -539,11 +539,10 @@ impl Parser<'_> {
                 if let Ok(v) = text.parse::<i64>() {
                     return Ok(AttrLit::Int(v));
                 }
-                if let Ok(v) = text.parse::<f64>() {
-                    if !text.is_empty() {
+                if let Ok(v) = text.parse::<f64>()
+                    && !text.is_empty() {
                         return Ok(AttrLit::Float(v));
                     }
-                }
                 self.i = start;
                 Err(self.err("expected a literal (number, string, True, False, None or a list)"))
             }
