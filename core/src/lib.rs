@@ -5,5 +5,6 @@ pub mod error;
 pub mod ir;
 pub mod op;
 pub mod pattern;
+pub mod transform;
 
 pub use error::{Error, Pos, Result, SourceError};

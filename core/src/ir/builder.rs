@@ -202,9 +202,10 @@ impl<'g> FunctionBuilder<'g> {
 
     fn flush(&mut self) {
         if let Some(b) = self.block.take()
-            && (b.dataflow || !b.bindings.is_empty()) {
-                self.func.blocks.push(b);
-            }
+            && (b.dataflow || !b.bindings.is_empty())
+        {
+            self.func.blocks.push(b);
+        }
     }
 
     fn unique(&mut self, name: &str) -> String {

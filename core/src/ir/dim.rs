@@ -102,9 +102,10 @@ impl Dim {
     /// Combines two dims with `op`, folding constants and trivial identities.
     pub fn binary(op: DimOp, a: Dim, b: Dim) -> Dim {
         if let (Dim::Static(x), Dim::Static(y)) = (&a, &b)
-            && let Some(v) = op.apply(*x, *y) {
-                return Dim::Static(v);
-            }
+            && let Some(v) = op.apply(*x, *y)
+        {
+            return Dim::Static(v);
+        }
         match (op, a.as_static(), b.as_static()) {
             (DimOp::Add, Some(0), _) => return b,
             (DimOp::Add | DimOp::Sub, _, Some(0)) => return a,
@@ -116,22 +117,21 @@ impl Dim {
         }
         // `(x + c1) + c2` and `(x - c1) + c2` fold into one constant, as TVM's simplifier does.
         if let (Dim::Expr(inner), Some(c2)) = (&a, b.as_static())
-            && matches!(op, DimOp::Add | DimOp::Sub) {
-                let (iop, x, c1) = &**inner;
-                if let (DimOp::Add | DimOp::Sub, Some(c1)) = (iop, c1.as_static()) {
-                    let c1 = if *iop == DimOp::Add { c1 } else { -c1 };
-                    let c2 = if op == DimOp::Add { c2 } else { -c2 };
-                    if let Some(c) = c1.checked_add(c2) {
-                        return match c {
-                            0 => x.clone(),
-                            c if c > 0 => {
-                                Dim::Expr(Arc::new((DimOp::Add, x.clone(), Dim::Static(c))))
-                            }
-                            c => Dim::Expr(Arc::new((DimOp::Sub, x.clone(), Dim::Static(-c)))),
-                        };
-                    }
+            && matches!(op, DimOp::Add | DimOp::Sub)
+        {
+            let (iop, x, c1) = &**inner;
+            if let (DimOp::Add | DimOp::Sub, Some(c1)) = (iop, c1.as_static()) {
+                let c1 = if *iop == DimOp::Add { c1 } else { -c1 };
+                let c2 = if op == DimOp::Add { c2 } else { -c2 };
+                if let Some(c) = c1.checked_add(c2) {
+                    return match c {
+                        0 => x.clone(),
+                        c if c > 0 => Dim::Expr(Arc::new((DimOp::Add, x.clone(), Dim::Static(c)))),
+                        c => Dim::Expr(Arc::new((DimOp::Sub, x.clone(), Dim::Static(-c)))),
+                    };
                 }
             }
+        }
         Dim::Expr(Arc::new((op, a, b)))
     }
 

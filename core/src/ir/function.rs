@@ -93,7 +93,6 @@ pub struct Function {
     pub exprs: Arena<ExprId, ExprData>,
 }
 
-
 impl Function {
     /// An empty function.
     pub fn new() -> Self {

@@ -78,13 +78,14 @@ pub fn verify(m: &Module) -> Result<(), VerifyErrors> {
     let mut symbols: HashMap<&str, &str> = HashMap::new();
     for (name, f) in &m.functions {
         if let Some(gs) = &f.attrs.global_symbol
-            && let Some(other) = symbols.insert(gs, name) {
-                errs.push(VerifyError {
-                    function: name.clone(),
-                    binding: None,
-                    message: format!("global_symbol `{gs}` is also used by function `{other}`"),
-                });
-            }
+            && let Some(other) = symbols.insert(gs, name)
+        {
+            errs.push(VerifyError {
+                function: name.clone(),
+                binding: None,
+                message: format!("global_symbol `{gs}` is also used by function `{other}`"),
+            });
+        }
         if f.attrs.codegen.is_some() && f.attrs.global_symbol.is_none() {
             errs.push(VerifyError {
                 function: name.clone(),
@@ -147,16 +148,16 @@ impl Verifier<'_> {
         for (id, d) in f.exprs.iter() {
             let mut ops: Vec<ExprId> = Vec::new();
             match &d.kind {
-                ExprKind::Var(v)
-                    if f.vars.get(*v).is_none_or(|vd| vd.expr != id) => {
-                        self.err(None, format!("expression {id} refers to var {v}, which is out of range or owned by another expression"));
-                    }
+                ExprKind::Var(v) if f.vars.get(*v).is_none_or(|vd| vd.expr != id) => {
+                    self.err(None, format!("expression {id} refers to var {v}, which is out of range or owned by another expression"));
+                }
                 ExprKind::Call { callee, args } => {
                     ops.extend(args);
                     if let Callee::Local(v) = callee
-                        && f.vars.get(*v).is_none() {
-                            self.err(None, format!("local callee {v} is out of range"));
-                        }
+                        && f.vars.get(*v).is_none()
+                    {
+                        self.err(None, format!("local callee {v} is out of range"));
+                    }
                 }
                 ExprKind::Tuple(xs) => ops.extend(xs),
                 ExprKind::TupleGetItem(x, _) => ops.push(*x),
@@ -356,13 +357,14 @@ impl Verifier<'_> {
             callee: Callee::Global(g),
             ..
         } = &d.kind
-            && self.m.get(g).is_none() {
-                self.err(
-                    Some(var),
-                    format!("calls `{g}`, which is not a function of the module"),
-                );
-                return;
-            }
+            && self.m.get(g).is_none()
+        {
+            self.err(
+                Some(var),
+                format!("calls `{g}`, which is not a function of the module"),
+            );
+            return;
+        }
         match infer_kind(f, self.m, &d.kind) {
             Err(msg) => self.err(Some(var), format!("type error: {msg}")),
             Ok(t) => {

@@ -17,23 +17,23 @@
 //! ```
 
 use super::ast::{EdgeKind, PatId, PatNode, Pattern, ShapeDim};
-use crate::ir::{Callee, ExprId, ExprKind, Function, Type, VarId};
-use std::collections::HashMap;
+use crate::ir::{Callee, EntityId, ExprId, ExprKind, Function, Type, VarId};
 
 /// The bindings of one function seen by the matcher: where each var is bound, which var each
-/// value is bound to, and who uses each var.
+/// value is bound to, and who uses each var. Side tables are dense vectors indexed by id, so
+/// building a view is linear and cheap.
 pub struct FunctionView<'f> {
     /// The function.
     pub func: &'f Function,
-    /// `var → (position, value)` for every bound var; positions count bindings across blocks.
-    pub bound: HashMap<VarId, (usize, ExprId)>,
-    /// `value → var` for every binding.
-    pub value_var: HashMap<ExprId, VarId>,
-    /// `var → the vars of the bindings that use it`, in binding order (a binding using a var
-    /// twice is listed once).
-    pub users: HashMap<VarId, Vec<VarId>>,
-    /// `var → block index` for bound vars.
-    pub block_of: HashMap<VarId, usize>,
+    /// Per var: `(position, value)` when bound; positions count bindings across blocks.
+    bound: Vec<Option<(u32, ExprId)>>,
+    /// Per expression: the var it is bound to, when it is a binding's value.
+    value_var: Vec<Option<VarId>>,
+    /// Per var: the block index of its binding (`u32::MAX` for params).
+    block_of: Vec<u32>,
+    /// Users of each var (CSR): `users[user_start[v]..user_start[v + 1]]`.
+    user_start: Vec<u32>,
+    users: Vec<VarId>,
     /// Vars used by the function's return expression.
     pub returned: Vec<VarId>,
 }
@@ -41,49 +41,103 @@ pub struct FunctionView<'f> {
 impl<'f> FunctionView<'f> {
     /// Indexes `func`.
     pub fn new(func: &'f Function) -> Self {
-        let mut v = FunctionView {
-            func,
-            bound: HashMap::new(),
-            value_var: HashMap::new(),
-            users: HashMap::new(),
-            block_of: HashMap::new(),
-            returned: Vec::new(),
-        };
-        let mut pos = 0;
+        let nv = func.vars.len();
+        let mut bound = vec![None; nv];
+        let mut value_var = vec![None; func.exprs.len()];
+        let mut block_of = vec![u32::MAX; nv];
+        let mut edges: Vec<(VarId, VarId)> = Vec::new();
+        let mut pos = 0u32;
+        let mut used = Vec::new();
         for (bi, block) in func.blocks.iter().enumerate() {
             for b in &block.bindings {
-                v.bound.insert(b.var, (pos, b.value));
-                v.value_var.insert(b.value, b.var);
-                v.block_of.insert(b.var, bi);
-                let mut used = Vec::new();
-                operand_vars(func, b.value, &mut used);
-                used.dedup();
-                for u in used {
-                    let list = v.users.entry(u).or_default();
-                    if list.last() != Some(&b.var) {
-                        list.push(b.var);
-                    }
+                if let Some(slot) = bound.get_mut(b.var.index()) {
+                    *slot = Some((pos, b.value));
                 }
+                if let Some(slot) = value_var.get_mut(b.value.index()) {
+                    *slot = Some(b.var);
+                }
+                if let Some(slot) = block_of.get_mut(b.var.index()) {
+                    *slot = bi as u32;
+                }
+                used.clear();
+                operand_vars(func, b.value, &mut used);
+                used.sort_unstable();
+                used.dedup();
+                edges.extend(used.iter().map(|&u| (u, b.var)));
                 pos += 1;
             }
         }
-        if let Some(r) = func.ret {
-            operand_vars(func, r, &mut v.returned);
+        // Counting sort of the (used, user) edges by `used`, keeping binding order per var.
+        let mut user_start = vec![0u32; nv + 1];
+        for &(u, _) in &edges {
+            if u.index() < nv {
+                user_start[u.index() + 1] += 1;
+            }
         }
-        v
+        for i in 0..nv {
+            user_start[i + 1] += user_start[i];
+        }
+        let mut fill = user_start.clone();
+        let mut users = vec![VarId::new(0); edges.len()];
+        for &(u, user) in &edges {
+            if u.index() < nv {
+                let slot = &mut fill[u.index()];
+                users[*slot as usize] = user;
+                *slot += 1;
+            }
+        }
+        let mut returned = Vec::new();
+        if let Some(r) = func.ret {
+            operand_vars(func, r, &mut returned);
+        }
+        FunctionView {
+            func,
+            bound,
+            value_var,
+            block_of,
+            user_start,
+            users,
+            returned,
+        }
     }
 
-    /// The users of `var`.
+    /// `(position, value)` of the binding of `var`, if it is bound.
+    pub fn bound(&self, var: VarId) -> Option<(usize, ExprId)> {
+        self.bound
+            .get(var.index())
+            .copied()
+            .flatten()
+            .map(|(p, e)| (p as usize, e))
+    }
+
+    /// The var bound to `value`, if `value` is a binding's value.
+    pub fn value_var(&self, value: ExprId) -> Option<VarId> {
+        self.value_var.get(value.index()).copied().flatten()
+    }
+
+    /// The index of the block that binds `var` (`None` for params).
+    pub fn block_of(&self, var: VarId) -> Option<usize> {
+        self.block_of
+            .get(var.index())
+            .filter(|&&b| b != u32::MAX)
+            .map(|&b| b as usize)
+    }
+
+    /// The vars of the bindings that use `var`, in binding order.
     pub fn users_of(&self, var: VarId) -> &[VarId] {
-        self.users.get(&var).map_or(&[], Vec::as_slice)
+        let i = var.index();
+        match (self.user_start.get(i), self.user_start.get(i + 1)) {
+            (Some(&a), Some(&b)) => self.users.get(a as usize..b as usize).unwrap_or(&[]),
+            _ => &[],
+        }
     }
 
     /// Follows var → bound value (bound at or before `limit`) repeatedly.
     pub fn unwrap(&self, mut e: ExprId, limit: usize) -> ExprId {
         for _ in 0..self.bound.len() + 1 {
             match self.func.exprs.get(e).map(|d| &d.kind) {
-                Some(ExprKind::Var(v)) => match self.bound.get(v) {
-                    Some(&(pos, value)) if pos <= limit => e = value,
+                Some(ExprKind::Var(v)) => match self.bound(*v) {
+                    Some((pos, value)) if pos <= limit => e = value,
                     _ => return e,
                 },
                 _ => return e,
@@ -143,12 +197,12 @@ impl Match {
             if matches!(
                 p.node(pid),
                 PatNode::Call { .. } | PatNode::TupleGetItem(..)
-            )
-                && let Some(&v) = view.value_var.get(&e)
-                    && let Some(&(pos, _)) = view.bound.get(&v)
-                        && !out.iter().any(|&(_, w)| w == v) {
-                            out.push((pos, v));
-                        }
+            ) && let Some(v) = view.value_var(e)
+                && let Some((pos, _)) = view.bound(v)
+                && !out.iter().any(|&(_, w)| w == v)
+            {
+                out.push((pos, v));
+            }
         }
         out.sort_unstable();
         out.into_iter().map(|(_, v)| v).collect()
@@ -167,7 +221,7 @@ struct Matcher<'a, 'f> {
 /// Matches `p` at the binding of `root` (a call binding at position `pos`). Only bindings at or
 /// before `pos` are looked through.
 pub fn match_at(p: &Pattern, view: &FunctionView<'_>, root: VarId) -> Option<Match> {
-    let &(pos, value) = view.bound.get(&root)?;
+    let (pos, value) = view.bound(root)?;
     if !matches!(view.func.exprs.get(value)?.kind, ExprKind::Call { .. }) {
         return None;
     }
@@ -191,7 +245,7 @@ pub fn match_at(p: &Pattern, view: &FunctionView<'_>, root: VarId) -> Option<Mat
         let (Some(a), Some(b)) = (found.capture(&c.from), found.capture(&c.to)) else {
             return None;
         };
-        let (Some(&va), Some(&vb)) = (view.value_var.get(&a), view.value_var.get(&b)) else {
+        let (Some(va), Some(vb)) = (view.value_var(a), view.value_var(b)) else {
             return None;
         };
         let users = view.users_of(va);

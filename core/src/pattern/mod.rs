@@ -9,6 +9,7 @@
 //! ```
 
 mod ast;
+pub mod check;
 pub mod helpers;
 pub mod matcher;
 mod syntax;

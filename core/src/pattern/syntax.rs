@@ -540,9 +540,10 @@ impl Parser<'_> {
                     return Ok(AttrLit::Int(v));
                 }
                 if let Ok(v) = text.parse::<f64>()
-                    && !text.is_empty() {
-                        return Ok(AttrLit::Float(v));
-                    }
+                    && !text.is_empty()
+                {
+                    return Ok(AttrLit::Float(v));
+                }
                 self.i = start;
                 Err(self.err("expected a literal (number, string, True, False, None or a list)"))
             }

@@ -1,0 +1,1092 @@
+//! FuseOpsByPattern: outline every match of each pattern into a private `Composite` function.
+//!
+//! Contract (TVM 0.27's observable semantics, with its cycle and partial-composite bugs fixed):
+//!
+//! - Patterns are applied **in the given order** (sort with [`sort_by_priority`] first), each over
+//!   the whole module on the output of the previous one, so an earlier pattern wins everywhere.
+//! - Every function without `Primitive`, `Composite` or `Codegen` is partitioned. Roots are the
+//!   op-call bindings of dataflow blocks, visited in program order; the matcher looks back only.
+//! - Within one pattern, a later match that contains **all** of an earlier group replaces it
+//!   (maximal match); a later match that overlaps an earlier group only partly is dropped (TVM
+//!   steals the overlapped node and leaves a partial composite; fusebox never does).
+//! - A match whose grouping would create a cycle (a path that leaves the group and comes back,
+//!   through any number of outside bindings or other groups) is dropped with a reason (TVM checks
+//!   one hop only and can emit ill-formed IR). A match that reaches into another block is dropped.
+//! - A check may reject a match; every rejection is recorded with its reason.
+//! - A group becomes a private function with `Composite = <pattern name>` and `Primitive = True`,
+//!   named `fused_<op>_<op>…` (dots become underscores; numeric suffixes `1`, `2`, … keep names
+//!   unique). Parameters are the outside values the group reads, in first-use order, each once;
+//!   constants stay inside with `bind_constants`, else they become parameters `param_<k>`; shape
+//!   and prim literals stay inside. Outputs are the group's non-dataflow vars, then the vars used
+//!   by other bindings of the block in order of first use; several outputs return a tuple that
+//!   the caller unpacks in binding order. A group with no used output keeps its root as output
+//!   (TVM deletes it; fusebox never drops an op). Structurally equal functions are shared.
+//! - The caller is re-emitted with groups in order of first appearance, each after the bindings
+//!   it depends on; fused calls bind fresh vars `lv…` (dataflow) or `gv…` (visible after the block).
+//! - `annotate_codegen` then wraps each composite in a public function `<name>_<codegen>` with
+//!   `Codegen` and `global_symbol`, whose body binds the composite as `local_func` (without
+//!   `Primitive`) and calls it.
+//!
+//! ```text
+//! ; before, pattern dnnl.conv2d_relu = relax.nn.relu(relax.nn.conv2d(_, _))
+//! lv: R.Tensor(...) = R.nn.conv2d(data, weight1, ...)
+//! conv1: R.Tensor(...) = R.nn.relu(lv)
+//! ; after
+//! @R.function(private=True)
+//! def fused_relax_nn_conv2d_relax_nn_relu(data: ..., weight1: ...) -> ...:
+//!     R.func_attr({"Composite": "dnnl.conv2d_relu", "Primitive": True})
+//!     ...
+//! gv: R.Tensor(...) = cls.fused_relax_nn_conv2d_relax_nn_relu(data, weight1)
+//! ```
+
+use crate::error::{Error, Result};
+use crate::ir::structural::{function_eq, function_hash};
+use crate::ir::{
+    AttrValue, Binding, Block, Callee, ExprId, ExprKind, Function, Module, Sym, Type, VarId,
+};
+use crate::pattern::Pattern;
+use crate::pattern::check::{Check, CheckContext, Verdict};
+use crate::pattern::matcher::{FunctionView, match_at, operand_vars};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+/// One entry of a pattern table.
+#[derive(Clone)]
+pub struct FusionPattern {
+    /// `<codegen>.<name>`, e.g. `dnnl.conv2d_relu`; becomes the `Composite` attribute.
+    pub name: String,
+    /// The pattern.
+    pub pattern: Pattern,
+    /// An optional check.
+    pub check: Option<Arc<dyn Check>>,
+    /// Higher wins; equal priorities keep list order.
+    pub priority: i32,
+}
+
+impl FusionPattern {
+    /// An entry with priority 0 and no check.
+    pub fn new(name: &str, pattern: Pattern) -> Self {
+        FusionPattern {
+            name: name.to_string(),
+            pattern,
+            check: None,
+            priority: 0,
+        }
+    }
+
+    /// With a check.
+    pub fn with_check(mut self, check: Arc<dyn Check>) -> Self {
+        self.check = Some(check);
+        self
+    }
+
+    /// With a priority.
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The codegen: the text before the first `.` of the name.
+    pub fn codegen(&self) -> Option<&str> {
+        codegen_of(&self.name)
+    }
+}
+
+impl std::fmt::Debug for FusionPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FusionPattern")
+            .field("name", &self.name)
+            .field("pattern", &self.pattern.to_string())
+            .field("check", &self.check.as_ref().map(|c| c.name().to_string()))
+            .field("priority", &self.priority)
+            .finish()
+    }
+}
+
+/// The codegen part of a composite name (`dnnl` of `dnnl.conv2d_relu`).
+pub fn codegen_of(name: &str) -> Option<&str> {
+    name.split_once('.')
+        .map(|(c, _)| c)
+        .filter(|c| !c.is_empty())
+}
+
+/// Stable sort by priority, highest first; equal priorities keep list order.
+pub fn sort_by_priority(patterns: &mut [FusionPattern]) {
+    patterns.sort_by_key(|p| std::cmp::Reverse(p.priority));
+}
+
+/// Options of the pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionOptions {
+    /// Keep constants inside composites (else they become parameters).
+    pub bind_constants: bool,
+    /// Wrap each composite in a public `Codegen` function.
+    pub annotate_codegen: bool,
+}
+
+impl Default for PartitionOptions {
+    fn default() -> Self {
+        PartitionOptions {
+            bind_constants: true,
+            annotate_codegen: false,
+        }
+    }
+}
+
+/// A match that was found and not used, with the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The pattern's name.
+    pub pattern: String,
+    /// Where: `<function>/<root var>`.
+    pub at: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The partitioned module and what was rejected on the way.
+#[derive(Clone, Debug)]
+pub struct Partitioned {
+    /// The module.
+    pub module: Module,
+    /// Every rejected match, in pattern order then program order.
+    pub rejections: Vec<Rejection>,
+}
+
+/// Runs FuseOpsByPattern (see the module doc).
+pub fn fuse_ops_by_pattern(
+    module: &Module,
+    patterns: &[FusionPattern],
+    opts: PartitionOptions,
+) -> Result<Partitioned> {
+    let mut m = module.clone();
+    let mut rejections = Vec::new();
+    if opts.annotate_codegen
+        && let Some(p) = patterns.iter().find(|p| p.codegen().is_none())
+    {
+        return Err(Error::Invalid(format!(
+            "pattern `{}` has no codegen prefix: annotate_codegen needs names like `dnnl.{}`",
+            p.name, p.name
+        )));
+    }
+    for fp in patterns {
+        apply_pattern(&mut m, fp, opts, &mut rejections)?;
+    }
+    if opts.annotate_codegen {
+        m = annotate_codegen(&m)?;
+    }
+    Ok(Partitioned {
+        module: m,
+        rejections,
+    })
+}
+
+fn is_entry(f: &Function) -> bool {
+    !f.attrs.is_primitive() && f.attrs.composite.is_none() && f.attrs.codegen.is_none()
+}
+
+fn apply_pattern(
+    m: &mut Module,
+    fp: &FusionPattern,
+    opts: PartitionOptions,
+    rejections: &mut Vec<Rejection>,
+) -> Result<()> {
+    let root_ops = fp.pattern.root_ops();
+    let entries: Vec<String> = m
+        .functions
+        .iter()
+        .filter(|(_, f)| is_entry(f))
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut dedup = DedupIndex::default();
+    for fname in entries {
+        let Some(f) = m.functions.get(&fname) else {
+            continue;
+        };
+        // Cheap prefilter: no binding calls a root op of the pattern.
+        if let Some(ops) = &root_ops {
+            let any = f.bindings().any(|b| {
+                matches!(&f.expr(b.value).kind,
+                    ExprKind::Call { callee: Callee::Op(op), .. } if ops.contains(&op.name()))
+            });
+            if !any {
+                continue;
+            }
+        }
+        let view = FunctionView::new(f);
+        let groups = find_groups(&fname, &view, fp, root_ops.as_deref(), rejections);
+        if groups.is_empty() {
+            continue;
+        }
+        dedup.ensure(m);
+        let (new_f, new_funcs) = rewrite(f, &view, &groups, fp, opts, m, &mut dedup)?;
+        for (name, func) in new_funcs {
+            m.insert(name, func);
+        }
+        m.insert(fname, new_f);
+    }
+    Ok(())
+}
+
+/// Composite functions of the module by structural hash, for sharing equal functions.
+#[derive(Default)]
+struct DedupIndex {
+    built: bool,
+    by_hash: HashMap<u64, Vec<String>>,
+}
+
+impl DedupIndex {
+    fn ensure(&mut self, m: &Module) {
+        if self.built {
+            return;
+        }
+        self.built = true;
+        for (name, f) in &m.functions {
+            if !is_entry(f) {
+                self.by_hash
+                    .entry(function_hash(f))
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
+    }
+
+    fn find(
+        &self,
+        m: &Module,
+        pending: &[(String, Function)],
+        f: &Function,
+        h: u64,
+    ) -> Option<String> {
+        let names = self.by_hash.get(&h)?;
+        let mut equal: Vec<&String> = names
+            .iter()
+            .filter(|n| {
+                m.get(n)
+                    .or_else(|| pending.iter().find(|(p, _)| p == *n).map(|(_, f)| f))
+                    .is_some_and(|g| function_eq(f, g))
+            })
+            .collect();
+        equal.sort();
+        equal.first().map(|s| (*s).clone())
+    }
+}
+
+struct Group {
+    members: Vec<VarId>,
+    alive: bool,
+}
+
+fn find_groups(
+    fname: &str,
+    view: &FunctionView<'_>,
+    fp: &FusionPattern,
+    root_ops: Option<&[&str]>,
+    rejections: &mut Vec<Rejection>,
+) -> Vec<Vec<VarId>> {
+    let f = view.func;
+    let mut group_of: HashMap<VarId, usize> = HashMap::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for (bi, block) in f.blocks.iter().enumerate() {
+        if !block.dataflow {
+            continue;
+        }
+        for b in &block.bindings {
+            let ExprKind::Call { callee, .. } = &f.expr(b.value).kind else {
+                continue;
+            };
+            if let (Some(ops), Callee::Op(op)) = (root_ops, callee)
+                && !ops.contains(&op.name())
+            {
+                continue;
+            }
+            let Some(m) = match_at(&fp.pattern, view, b.var) else {
+                continue;
+            };
+            let matched = m.bindings(&fp.pattern, view);
+            let mut reject = |reason: String| {
+                rejections.push(Rejection {
+                    pattern: fp.name.clone(),
+                    at: format!("{fname}/{}", f.var(b.var).name),
+                    reason,
+                });
+            };
+            if let Some(v) = matched.iter().find(|v| view.block_of(**v) != Some(bi)) {
+                reject(format!(
+                    "the match reaches `{}`, which is bound outside this dataflow block",
+                    f.var(*v).name
+                ));
+                continue;
+            }
+            if let Some(check) = &fp.check {
+                let cx = CheckContext {
+                    pattern: &fp.pattern,
+                    m: &m,
+                    view,
+                    matched: &matched,
+                };
+                if let Verdict::Reject { reason } = check.check(&cx) {
+                    reject(format!("check `{}` rejected it: {reason}", check.name()));
+                    continue;
+                }
+            }
+            // Overlap with earlier groups of this pattern: take them whole or not at all.
+            let mut merge: Vec<usize> = Vec::new();
+            let mut partial = None;
+            for v in &matched {
+                if let Some(&g) = group_of.get(v) {
+                    if groups[g].members.iter().all(|x| matched.contains(x)) {
+                        if !merge.contains(&g) {
+                            merge.push(g);
+                        }
+                    } else {
+                        partial = Some(g);
+                        break;
+                    }
+                }
+            }
+            if let Some(g) = partial {
+                let last = groups[g].members.last().copied().unwrap_or(b.var);
+                reject(format!(
+                    "it overlaps the match at `{}` without containing all of it",
+                    f.var(last).name
+                ));
+                continue;
+            }
+            if let Some(x) = cycle_through(view, &matched, &group_of, &groups, &merge) {
+                reject(format!(
+                    "fusing it would create a cycle through `{}`, which uses a value of the match and feeds it",
+                    f.var(x).name
+                ));
+                continue;
+            }
+            for &g in &merge {
+                groups[g].alive = false;
+            }
+            let id = groups.len();
+            for &v in &matched {
+                group_of.insert(v, id);
+            }
+            groups.push(Group {
+                members: matched,
+                alive: true,
+            });
+        }
+    }
+    groups
+        .into_iter()
+        .filter(|g| g.alive)
+        .map(|g| g.members)
+        .collect()
+}
+
+/// Returns an outside var through which the candidate group would depend on itself, treating
+/// existing groups (other than those being merged) as single nodes.
+fn cycle_through(
+    view: &FunctionView<'_>,
+    members: &[VarId],
+    group_of: &HashMap<VarId, usize>,
+    groups: &[Group],
+    merging: &[usize],
+) -> Option<VarId> {
+    let pos = |v: VarId| view.bound(v).map_or(0, |(p, _)| p);
+    let maxpos = members.iter().map(|&v| pos(v)).max()?;
+    let inside: HashSet<VarId> = members.iter().copied().collect();
+    let mut stack: Vec<VarId> = Vec::new();
+    for &m in members {
+        stack.extend(
+            view.users_of(m)
+                .iter()
+                .filter(|u| !inside.contains(u) && pos(**u) <= maxpos),
+        );
+    }
+    let mut tainted: HashSet<VarId> = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if !tainted.insert(x) {
+            continue;
+        }
+        if let Some(&h) = group_of.get(&x)
+            && groups[h].alive
+            && !merging.contains(&h)
+        {
+            for &y in &groups[h].members {
+                if !inside.contains(&y) && pos(y) <= maxpos && !tainted.contains(&y) {
+                    stack.push(y);
+                }
+            }
+        }
+        for &u in view.users_of(x) {
+            if !inside.contains(&u) && pos(u) <= maxpos && !tainted.contains(&u) {
+                stack.push(u);
+            }
+        }
+    }
+    if tainted.is_empty() {
+        return None;
+    }
+    let mut ops = Vec::new();
+    for &m in members {
+        let Some((_, value)) = view.bound(m) else {
+            continue;
+        };
+        ops.clear();
+        operand_vars(view.func, value, &mut ops);
+        if let Some(&x) = ops.iter().find(|o| tainted.contains(o)) {
+            return Some(x);
+        }
+    }
+    None
+}
+
+/// Fresh names `lv`, `lv1`, … and `gv`, `gv1`, … that avoid a reserved set.
+struct Names {
+    taken: HashSet<String>,
+    next: HashMap<&'static str, usize>,
+}
+
+impl Names {
+    fn fresh(&mut self, base: &'static str) -> String {
+        let n = self.next.entry(base).or_insert(0);
+        loop {
+            let cand = if *n == 0 {
+                base.to_string()
+            } else {
+                format!("{base}{n}")
+            };
+            *n += 1;
+            if self.taken.insert(cand.clone()) {
+                return cand;
+            }
+        }
+    }
+}
+
+/// Copies expression `e` of `src` into `dst`, mapping vars through `map`.
+fn copy_expr(
+    src: &Function,
+    e: ExprId,
+    dst: &mut Function,
+    map: &HashMap<VarId, ExprId>,
+) -> Result<ExprId> {
+    let d = src.expr(e);
+    let kind = match &d.kind {
+        ExprKind::Var(v) => {
+            return map.get(v).copied().ok_or_else(|| {
+                Error::Invalid(format!(
+                    "internal: `{}` has no mapping while outlining",
+                    src.var(*v).name
+                ))
+            });
+        }
+        ExprKind::Call { callee, args } => {
+            let callee = match callee {
+                Callee::Local(v) => {
+                    let ne = map.get(v).copied().ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "internal: local callee `{}` has no mapping",
+                            src.var(*v).name
+                        ))
+                    })?;
+                    match dst.as_var(ne) {
+                        Some(nv) => Callee::Local(nv),
+                        None => {
+                            return Err(Error::Invalid(
+                                "internal: local callee is not a var".into(),
+                            ));
+                        }
+                    }
+                }
+                other => other.clone(),
+            };
+            let args = args
+                .iter()
+                .map(|&a| copy_expr(src, a, dst, map))
+                .collect::<Result<_>>()?;
+            ExprKind::Call { callee, args }
+        }
+        ExprKind::Tuple(xs) => ExprKind::Tuple(
+            xs.iter()
+                .map(|&x| copy_expr(src, x, dst, map))
+                .collect::<Result<_>>()?,
+        ),
+        ExprKind::TupleGetItem(x, i) => ExprKind::TupleGetItem(copy_expr(src, *x, dst, map)?, *i),
+        other => other.clone(),
+    };
+    Ok(dst.add_expr(kind, d.ty.clone()))
+}
+
+/// The name hint of a group: `fused_` + each call's op name (global callees without `fused_`).
+fn group_name(f: &Function, members: &[VarId], view: &FunctionView<'_>) -> String {
+    let mut name = String::from("fused");
+    for &v in members {
+        let Some((_, value)) = view.bound(v) else {
+            continue;
+        };
+        if let ExprKind::Call { callee, .. } = &f.expr(value).kind {
+            name.push('_');
+            match callee {
+                Callee::Op(op) => name.push_str(&op.name().replace('.', "_")),
+                Callee::Global(g) => name.push_str(g.strip_prefix("fused_").unwrap_or(g)),
+                Callee::Local(l) => name.push_str(&f.var(*l).name),
+            }
+        }
+    }
+    name
+}
+
+/// A unique function name: `base`, else `base1`, `base2`, … (no underscore before the number).
+fn unique_name(base: &str, taken: &dyn Fn(&str) -> bool) -> String {
+    if !taken(base) {
+        return base.to_string();
+    }
+    (1..)
+        .map(|i| format!("{base}{i}"))
+        .find(|n| !taken(n))
+        .unwrap_or_else(|| base.to_string())
+}
+
+struct Outlined {
+    callee: String,
+    args: Vec<ExprId>,   // in the new caller
+    outputs: Vec<VarId>, // old vars, in tuple order
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces of one rewrite, kept explicit"
+)]
+fn outline(
+    f: &Function,
+    view: &FunctionView<'_>,
+    block: &Block,
+    members: &[VarId],
+    fp: &FusionPattern,
+    opts: PartitionOptions,
+    caller: &mut Function,
+    cmap: &HashMap<VarId, ExprId>,
+    m: &Module,
+    dedup: &mut DedupIndex,
+    pending: &mut Vec<(String, Function)>,
+) -> Result<Outlined> {
+    let inside: HashSet<VarId> = members.iter().copied().collect();
+    // Outputs: non-dataflow members, then members used by other bindings in first-use order.
+    let mut outputs: Vec<VarId> = members
+        .iter()
+        .copied()
+        .filter(|v| !f.var(*v).dataflow)
+        .collect();
+    let mut ops = Vec::new();
+    for b in &block.bindings {
+        if inside.contains(&b.var) {
+            continue;
+        }
+        ops.clear();
+        operand_vars(f, b.value, &mut ops);
+        for &o in &ops {
+            if inside.contains(&o) && !outputs.contains(&o) {
+                outputs.push(o);
+            }
+        }
+    }
+    if outputs.is_empty() {
+        // Unused group: keep its last binding as the output so no op is dropped.
+        outputs.extend(members.last());
+    }
+    let mut cf = Function::new();
+    let mut fmap: HashMap<VarId, ExprId> = HashMap::new();
+    let mut args: Vec<ExprId> = Vec::new();
+    let mut lifted = 0usize;
+    // Parameters in first-use order; leaves are rewritten in place.
+    let mut leaf_map: HashMap<ExprId, ExprId> = HashMap::new();
+    for &v in members {
+        let Some((_, value)) = view.bound(v) else {
+            continue;
+        };
+        let mut leaves = Vec::new();
+        collect_leaves(f, value, &mut leaves);
+        for leaf in leaves {
+            match &f.expr(leaf).kind {
+                ExprKind::Var(x) if !inside.contains(x) && !fmap.contains_key(x) => {
+                    // A var bound to a static shape or prim literal is inlined.
+                    if let Some(lit) = static_literal(f, view, *x) {
+                        let d = f.expr(lit);
+                        let ne = cf.add_expr(d.kind.clone(), d.ty.clone());
+                        fmap.insert(*x, ne);
+                        continue;
+                    }
+                    let vd = f.var(*x);
+                    let p = cf.add_var(vd.name.clone(), vd.ty.clone(), false);
+                    cf.params.push(p);
+                    fmap.insert(*x, cf.var_expr(p));
+                    let outer = cmap.get(x).copied().ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "internal: `{}` is not defined before its group",
+                            vd.name
+                        ))
+                    })?;
+                    args.push(outer);
+                }
+                ExprKind::Const(c) if !opts.bind_constants => {
+                    let p = cf.add_var(format!("param_{lifted}"), c.ty(), false);
+                    lifted += 1;
+                    cf.params.push(p);
+                    leaf_map.insert(leaf, cf.var_expr(p));
+                    let outer = caller.add_expr(ExprKind::Const(c.clone()), c.ty());
+                    args.push(outer);
+                }
+                _ => {}
+            }
+        }
+    }
+    // Body: one dataflow block; outputs renamed gv, gv1, …
+    let mut names = Names {
+        taken: members
+            .iter()
+            .map(|&v| f.var(v).name.clone())
+            .chain(cf.vars.iter().map(|(_, d)| d.name.clone()))
+            .collect(),
+        next: HashMap::new(),
+    };
+    let mut body = Block {
+        dataflow: true,
+        bindings: Vec::new(),
+    };
+    for &v in members {
+        let Some((_, value)) = view.bound(v) else {
+            continue;
+        };
+        let ne = copy_with_leaves(f, value, &mut cf, &fmap, &leaf_map)?;
+        let vd = f.var(v);
+        let is_out = outputs.contains(&v);
+        let name = if is_out {
+            names.fresh("gv")
+        } else {
+            vd.name.clone()
+        };
+        let nv = cf.add_var(name, vd.ty.clone(), !is_out);
+        body.bindings.push(Binding { var: nv, value: ne });
+        fmap.insert(v, cf.var_expr(nv));
+    }
+    cf.blocks.push(body);
+    let ret = if outputs.len() == 1 {
+        fmap.get(&outputs[0]).copied()
+    } else {
+        let fields: Option<Vec<ExprId>> = outputs.iter().map(|o| fmap.get(o).copied()).collect();
+        fields.map(|fs| {
+            let ty = Type::Tuple(fs.iter().map(|&e| cf.expr(e).ty.clone()).collect());
+            cf.add_expr(ExprKind::Tuple(fs), ty)
+        })
+    };
+    let ret = ret.ok_or_else(|| Error::Invalid("internal: group output has no value".into()))?;
+    cf.ret_ty = cf.expr(ret).ty.clone();
+    cf.ret = Some(ret);
+    cf.attrs.composite = Some(fp.name.clone());
+    cf.attrs.primitive = Some(AttrValue::Bool(true));
+    let mut used: BTreeSet<Sym> = BTreeSet::new();
+    for (_, vd) in cf.vars.iter() {
+        vd.ty.collect_syms(&mut used);
+    }
+    cf.ret_ty.collect_syms(&mut used);
+    cf.sym_vars = f
+        .sym_vars
+        .iter()
+        .filter(|s| used.contains(*s))
+        .cloned()
+        .collect();
+    // Share a structurally equal function, else add under a unique name.
+    let h = function_hash(&cf);
+    let callee = match dedup.find(m, pending, &cf, h) {
+        Some(existing) => existing,
+        None => {
+            let base = group_name(f, members, view);
+            let name = unique_name(&base, &|n| {
+                m.get(n).is_some() || pending.iter().any(|(p, _)| p == n)
+            });
+            dedup.by_hash.entry(h).or_default().push(name.clone());
+            pending.push((name.clone(), cf));
+            name
+        }
+    };
+    Ok(Outlined {
+        callee,
+        args,
+        outputs,
+    })
+}
+
+/// Leaves of a value in argument order (tuple fields flattened).
+fn collect_leaves(f: &Function, e: ExprId, out: &mut Vec<ExprId>) {
+    match &f.expr(e).kind {
+        ExprKind::Call { args, .. } => args.iter().for_each(|&a| collect_leaves(f, a, out)),
+        ExprKind::Tuple(xs) => xs.iter().for_each(|&x| collect_leaves(f, x, out)),
+        ExprKind::TupleGetItem(x, _) => collect_leaves(f, *x, out),
+        _ => out.push(e),
+    }
+}
+
+/// The literal a var is bound to (through aliases) when it is a shape without symbols or a prim
+/// value.
+fn static_literal(f: &Function, view: &FunctionView<'_>, v: VarId) -> Option<ExprId> {
+    let (_, value) = view.bound(v)?;
+    let e = view.unwrap(value, usize::MAX);
+    match &f.expr(e).kind {
+        ExprKind::ShapeLit(dims) if dims.iter().all(|d| d.as_static().is_some()) => Some(e),
+        ExprKind::Prim(_) => Some(e),
+        _ => None,
+    }
+}
+
+fn copy_with_leaves(
+    src: &Function,
+    e: ExprId,
+    dst: &mut Function,
+    map: &HashMap<VarId, ExprId>,
+    leaf_map: &HashMap<ExprId, ExprId>,
+) -> Result<ExprId> {
+    if let Some(&ne) = leaf_map.get(&e) {
+        return Ok(ne);
+    }
+    let d = src.expr(e);
+    match &d.kind {
+        ExprKind::Call { callee, args } if !matches!(callee, Callee::Local(_)) => {
+            let args = args
+                .iter()
+                .map(|&a| copy_with_leaves(src, a, dst, map, leaf_map))
+                .collect::<Result<_>>()?;
+            Ok(dst.add_expr(
+                ExprKind::Call {
+                    callee: callee.clone(),
+                    args,
+                },
+                d.ty.clone(),
+            ))
+        }
+        ExprKind::Tuple(xs) => {
+            let xs = xs
+                .iter()
+                .map(|&x| copy_with_leaves(src, x, dst, map, leaf_map))
+                .collect::<Result<_>>()?;
+            Ok(dst.add_expr(ExprKind::Tuple(xs), d.ty.clone()))
+        }
+        ExprKind::TupleGetItem(x, i) => {
+            let x = copy_with_leaves(src, *x, dst, map, leaf_map)?;
+            Ok(dst.add_expr(ExprKind::TupleGetItem(x, *i), d.ty.clone()))
+        }
+        _ => copy_expr(src, e, dst, map),
+    }
+}
+
+type NewFunctions = Vec<(String, Function)>;
+
+fn rewrite(
+    f: &Function,
+    view: &FunctionView<'_>,
+    groups: &[Vec<VarId>],
+    fp: &FusionPattern,
+    opts: PartitionOptions,
+    m: &Module,
+    dedup: &mut DedupIndex,
+) -> Result<(Function, NewFunctions)> {
+    let mut group_of: HashMap<VarId, usize> = HashMap::new();
+    for (gi, g) in groups.iter().enumerate() {
+        for &v in g {
+            group_of.insert(v, gi);
+        }
+    }
+    let mut nf = Function::new();
+    nf.attrs = f.attrs.clone();
+    nf.sym_vars = f.sym_vars.clone();
+    nf.ret_ty = f.ret_ty.clone();
+    let mut map: HashMap<VarId, ExprId> = HashMap::new();
+    for &p in &f.params {
+        let vd = f.var(p);
+        let np = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
+        nf.params.push(np);
+        map.insert(p, nf.var_expr(np));
+    }
+    let mut names = Names {
+        taken: f
+            .vars
+            .iter()
+            .filter(|(v, _)| !group_of.contains_key(v))
+            .map(|(_, d)| d.name.clone())
+            .collect(),
+        next: HashMap::new(),
+    };
+    let mut pending: NewFunctions = Vec::new();
+    for block in &f.blocks {
+        let mut out = Block {
+            dataflow: block.dataflow,
+            bindings: Vec::new(),
+        };
+        let has_group = block.bindings.iter().any(|b| group_of.contains_key(&b.var));
+        if !has_group {
+            for b in &block.bindings {
+                emit_copy(f, b, &mut nf, &mut map, &mut out)?;
+            }
+            nf.blocks.push(out);
+            continue;
+        }
+        // Units: a group (by index) or a single binding; emitted in order of first appearance,
+        // each after the units it depends on.
+        #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+        enum Unit {
+            Group(usize),
+            Single(usize),
+        }
+        let index: HashMap<VarId, usize> = block
+            .bindings
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (b.var, i))
+            .collect();
+        let unit_of = |i: usize| -> Unit {
+            match group_of.get(&block.bindings[i].var) {
+                Some(&g) => Unit::Group(g),
+                None => Unit::Single(i),
+            }
+        };
+        let deps = |u: Unit| -> Vec<Unit> {
+            let idxs: Vec<usize> = match u {
+                Unit::Single(i) => vec![i],
+                Unit::Group(g) => groups[g]
+                    .iter()
+                    .filter_map(|v| index.get(v).copied())
+                    .collect(),
+            };
+            let mut out = Vec::new();
+            let mut ops = Vec::new();
+            for i in idxs {
+                ops.clear();
+                operand_vars(f, block.bindings[i].value, &mut ops);
+                for o in &ops {
+                    if let Some(&j) = index.get(o) {
+                        let du = unit_of(j);
+                        if du != u && !out.contains(&du) {
+                            out.push(du);
+                        }
+                    }
+                }
+            }
+            out
+        };
+        let mut done: HashSet<Unit> = HashSet::new();
+        let mut order: Vec<Unit> = Vec::new();
+        for i in 0..block.bindings.len() {
+            let u = unit_of(i);
+            if done.contains(&u) {
+                continue;
+            }
+            // Iterative DFS: emit dependencies first.
+            let mut stack: Vec<(Unit, bool)> = vec![(u, false)];
+            while let Some((x, expanded)) = stack.pop() {
+                if done.contains(&x) {
+                    continue;
+                }
+                if expanded {
+                    done.insert(x);
+                    order.push(x);
+                    continue;
+                }
+                stack.push((x, true));
+                for d in deps(x).into_iter().rev() {
+                    if !done.contains(&d) {
+                        stack.push((d, false));
+                    }
+                }
+            }
+        }
+        for u in order {
+            match u {
+                Unit::Single(i) => emit_copy(f, &block.bindings[i], &mut nf, &mut map, &mut out)?,
+                Unit::Group(g) => {
+                    let o = outline(
+                        f,
+                        view,
+                        block,
+                        &groups[g],
+                        fp,
+                        opts,
+                        &mut nf,
+                        &map,
+                        m,
+                        dedup,
+                        &mut pending,
+                    )?;
+                    let ret_ty = pending
+                        .iter()
+                        .find(|(n, _)| *n == o.callee)
+                        .map(|(_, cf)| cf.ret_ty.clone())
+                        .or_else(|| m.get(&o.callee).map(|cf| cf.ret_ty.clone()))
+                        .unwrap_or_default();
+                    let call = nf.add_expr(
+                        ExprKind::Call {
+                            callee: Callee::Global(o.callee.as_str().into()),
+                            args: o.args,
+                        },
+                        ret_ty,
+                    );
+                    if o.outputs.len() == 1 {
+                        let old = o.outputs[0];
+                        let vd = f.var(old);
+                        let name = names.fresh(if vd.dataflow { "lv" } else { "gv" });
+                        let nv = nf.add_var(name, vd.ty.clone(), vd.dataflow && block.dataflow);
+                        out.bindings.push(Binding {
+                            var: nv,
+                            value: call,
+                        });
+                        map.insert(old, nf.var_expr(nv));
+                    } else {
+                        let tname = names.fresh("lv");
+                        let ty = nf.expr(call).ty.clone();
+                        let tv = nf.add_var(tname, ty, block.dataflow);
+                        out.bindings.push(Binding {
+                            var: tv,
+                            value: call,
+                        });
+                        let mut by_pos: Vec<(usize, u32, VarId)> = o
+                            .outputs
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &v)| (index.get(&v).copied().unwrap_or(0), k as u32, v))
+                            .collect();
+                        by_pos.sort_unstable();
+                        for (_, k, old) in by_pos {
+                            let vd = f.var(old);
+                            let te = nf.var_expr(tv);
+                            let get = nf.add_expr(ExprKind::TupleGetItem(te, k), vd.ty.clone());
+                            let name = names.fresh(if vd.dataflow { "lv" } else { "gv" });
+                            let nv = nf.add_var(name, vd.ty.clone(), vd.dataflow && block.dataflow);
+                            out.bindings.push(Binding {
+                                var: nv,
+                                value: get,
+                            });
+                            map.insert(old, nf.var_expr(nv));
+                        }
+                    }
+                }
+            }
+        }
+        nf.blocks.push(out);
+    }
+    let ret = f
+        .ret
+        .ok_or_else(|| Error::Invalid("function has no return".into()))?;
+    nf.ret = Some(copy_expr(f, ret, &mut nf, &map)?);
+    Ok((nf, pending))
+}
+
+fn emit_copy(
+    f: &Function,
+    b: &Binding,
+    nf: &mut Function,
+    map: &mut HashMap<VarId, ExprId>,
+    out: &mut Block,
+) -> Result<()> {
+    let value = copy_expr(f, b.value, nf, map)?;
+    let vd = f.var(b.var);
+    let nv = nf.add_var(vd.name.clone(), vd.ty.clone(), vd.dataflow);
+    out.bindings.push(Binding { var: nv, value });
+    map.insert(b.var, nf.var_expr(nv));
+    Ok(())
+}
+
+/// Wraps every composite called from an entry function in a public `Codegen` function.
+pub fn annotate_codegen(m: &Module) -> Result<Module> {
+    let mut out = m.clone();
+    let mut wrapper_of: HashMap<String, String> = HashMap::new();
+    let entries: Vec<String> = m
+        .functions
+        .iter()
+        .filter(|(_, f)| is_entry(f))
+        .map(|(n, _)| n.clone())
+        .collect();
+    for fname in entries {
+        let Some(f) = out.functions.get(&fname).cloned() else {
+            continue;
+        };
+        let mut nf = f.clone();
+        for (id, d) in f.exprs.iter() {
+            let ExprKind::Call {
+                callee: Callee::Global(g),
+                args,
+            } = &d.kind
+            else {
+                continue;
+            };
+            let Some(comp) = m.get(g) else { continue };
+            let Some(cname) = comp.attrs.composite.clone() else {
+                continue;
+            };
+            let wrapper = match wrapper_of.get(g.as_ref()) {
+                Some(w) => w.clone(),
+                None => {
+                    let codegen = codegen_of(&cname).ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "composite `{cname}` has no codegen prefix (expected `<codegen>.<name>`)"
+                        ))
+                    })?;
+                    let base = format!("{g}_{codegen}");
+                    let name = unique_name(&base, &|n| out.get(n).is_some());
+                    let w = make_wrapper(comp, codegen, &name)?;
+                    out.insert(name.clone(), w);
+                    wrapper_of.insert(g.to_string(), name.clone());
+                    name
+                }
+            };
+            nf.exprs[id].kind = ExprKind::Call {
+                callee: Callee::Global(wrapper.as_str().into()),
+                args: args.clone(),
+            };
+        }
+        out.insert(fname, nf);
+    }
+    for g in wrapper_of.keys() {
+        out.functions.shift_remove(g);
+    }
+    Ok(out)
+}
+
+fn make_wrapper(comp: &Function, codegen: &str, name: &str) -> Result<Function> {
+    let mut w = Function::new();
+    let mut local = comp.clone();
+    local.attrs.primitive = None;
+    local.attrs.global_symbol = None;
+    let mut args = Vec::new();
+    for &p in &comp.params {
+        let vd = comp.var(p);
+        let np = w.add_var(vd.name.clone(), vd.ty.clone(), false);
+        w.params.push(np);
+        args.push(w.var_expr(np));
+    }
+    w.sym_vars = comp.sym_vars.clone();
+    let fty = Type::Func(local.func_type());
+    let fexpr = w.add_expr(ExprKind::Function(Box::new(local)), fty.clone());
+    let lv = w.add_var("local_func", fty, false);
+    let call = w.add_expr(
+        ExprKind::Call {
+            callee: Callee::Local(lv),
+            args,
+        },
+        comp.ret_ty.clone(),
+    );
+    let ov = w.add_var("output", comp.ret_ty.clone(), false);
+    w.blocks.push(Block {
+        dataflow: false,
+        bindings: vec![
+            Binding {
+                var: lv,
+                value: fexpr,
+            },
+            Binding {
+                var: ov,
+                value: call,
+            },
+        ],
+    });
+    w.ret = Some(w.var_expr(ov));
+    w.ret_ty = comp.ret_ty.clone();
+    w.attrs.codegen = Some(codegen.to_string());
+    w.attrs.global_symbol = Some(name.to_string());
+    Ok(w)
+}

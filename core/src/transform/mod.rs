@@ -1,0 +1,8 @@
+//! Passes over modules, one per file. Each file opens with its contract and an example.
+
+pub mod fuse_ops_by_pattern;
+
+pub use fuse_ops_by_pattern::{
+    FusionPattern, PartitionOptions, Partitioned, Rejection, annotate_codegen, fuse_ops_by_pattern,
+    sort_by_priority,
+};
