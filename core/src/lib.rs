@@ -5,6 +5,7 @@ pub mod error;
 pub mod ir;
 pub mod op;
 pub mod pattern;
+pub mod pattern_table;
 pub mod transform;
 
 pub use error::{Error, Pos, Result, SourceError};
