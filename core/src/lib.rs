@@ -4,5 +4,6 @@
 pub mod error;
 pub mod ir;
 pub mod op;
+pub mod text;
 
 pub use error::{Error, Pos, Result, SourceError};
