@@ -7,5 +7,6 @@ pub mod op;
 pub mod pattern;
 pub mod pattern_table;
 pub mod transform;
+pub mod text;
 
 pub use error::{Error, Pos, Result, SourceError};
