@@ -11,6 +11,10 @@
 //!   verifies and that printing is a fixed point (print → parse → print).
 //! - `error`: the input must fail to parse; the expected output is the rendered error.
 //! - `verify`: the input parses; the expected output is the verifier's report.
+//! - `partition`: header lines `# pattern: NAME = PATTERN` (or `# pattern+leakcheck: …` to add
+//!   the stock `no_leaking_intermediates` check) list the patterns in priority order, and
+//!   `# options: bind_constants=false annotate_codegen=true` sets options; the expected output is
+//!   the partitioned module (which must verify) followed by the rejections.
 //!
 //! On a mismatch the test prints a unified diff. `BLESS=1 cargo test --test golden` rewrites the
 //! expectations from the actual output.
@@ -74,10 +78,59 @@ fn actual_output(mode: &str, name: &str, input: &str) -> Result<String, String> 
                 Err(e) => Ok(format!("{e}\n")),
             }
         }
+        "partition" => partition_output(name, input),
         other => Err(format!(
-            "unknown test mode `{other}` (expected print, error or verify)"
+            "unknown test mode `{other}` (expected print, error, verify or partition)"
         )),
     }
+}
+
+fn partition_output(name: &str, input: &str) -> Result<String, String> {
+    use fusebox_core::pattern::check::NoLeakingIntermediates;
+    use fusebox_core::transform::{FusionPattern, PartitionOptions, fuse_ops_by_pattern};
+    let mut patterns = Vec::new();
+    let mut opts = PartitionOptions::default();
+    for line in input.lines() {
+        if let Some(rest) = line.strip_prefix("# pattern") {
+            let (check, rest) = match rest.strip_prefix("+leakcheck:") {
+                Some(r) => (true, r),
+                None => (false, rest.strip_prefix(':').unwrap_or(rest)),
+            };
+            let (pname, text) = rest
+                .split_once('=')
+                .ok_or(format!("bad pattern line `{line}`"))?;
+            let pat = fusebox_core::pattern::parse_pattern(text.trim())
+                .map_err(|e| format!("bad pattern `{}`: {e}", text.trim()))?;
+            let mut fp = FusionPattern::new(pname.trim(), pat);
+            if check {
+                fp = fp.with_check(std::sync::Arc::new(NoLeakingIntermediates));
+            }
+            patterns.push(fp);
+        } else if let Some(rest) = line.strip_prefix("# options:") {
+            for kv in rest.split_whitespace() {
+                match kv {
+                    "bind_constants=true" => opts.bind_constants = true,
+                    "bind_constants=false" => opts.bind_constants = false,
+                    "annotate_codegen=true" => opts.annotate_codegen = true,
+                    "annotate_codegen=false" => opts.annotate_codegen = false,
+                    other => return Err(format!("unknown option `{other}`")),
+                }
+            }
+        }
+    }
+    let consts = text::ConstTable::new();
+    let m = text::parse_module(input, name, &consts).map_err(|e| format!("parse failed: {e}"))?;
+    let out =
+        fuse_ops_by_pattern(&m, &patterns, opts).map_err(|e| format!("partition failed: {e}"))?;
+    verify(&out.module).map_err(|e| format!("the partitioned module does not verify: {e}"))?;
+    let mut s = text::print_module(&out.module).text;
+    if !out.rejections.is_empty() {
+        s.push_str("\nrejections:\n");
+        for r in &out.rejections {
+            s.push_str(&format!("  {} at {}: {}\n", r.pattern, r.at, r.reason));
+        }
+    }
+    Ok(s)
 }
 
 fn diff(expected: &str, actual: &str) -> String {

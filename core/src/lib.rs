@@ -6,7 +6,7 @@ pub mod ir;
 pub mod op;
 pub mod pattern;
 pub mod pattern_table;
-pub mod transform;
 pub mod text;
+pub mod transform;
 
 pub use error::{Error, Pos, Result, SourceError};

@@ -1409,7 +1409,9 @@ impl<'a> Parser<'a> {
                     r?;
                 }
                 None => {
-                    return Err(self.err_at(nt, format!("no function named `{name}` in the module")));
+                    return Err(
+                        self.err_at(nt, format!("no function named `{name}` in the module"))
+                    );
                 }
             }
         }

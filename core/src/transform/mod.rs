@@ -1,7 +1,9 @@
 //! Passes over modules, one per file. Each file opens with its contract and an example.
 
+pub mod bind_params;
 pub mod fuse_ops_by_pattern;
 
+pub use bind_params::bind_params;
 pub use fuse_ops_by_pattern::{
     FusionPattern, PartitionOptions, Partitioned, Rejection, annotate_codegen, fuse_ops_by_pattern,
     sort_by_priority,
