@@ -28,6 +28,29 @@ enum Command {
         /// The module file.
         file: PathBuf,
     },
+    /// Partition a module with a pattern table and print the result or its report.
+    Partition {
+        /// The module file.
+        file: PathBuf,
+        /// A TOML file of `[[pattern]]` tables (name, pattern, optional priority and check).
+        #[arg(long)]
+        patterns: PathBuf,
+        /// Keep constants inside composites (else they become parameters).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        bind_constants: bool,
+        /// Wrap each composite in a public function with `Codegen`.
+        #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+        annotate_codegen: bool,
+        /// Merge neighbouring composites of one codegen into regions (MergeCompositeFunctions).
+        #[arg(long)]
+        merge: bool,
+        /// What to print.
+        #[arg(long, value_enum, default_value_t = Emit::Text)]
+        emit: Emit,
+        /// Print `time <phase> <ms> ms` lines to stderr.
+        #[arg(long)]
+        timings: bool,
+    },
     /// Time parse + verify + print of a generated module (a benchmark, not a test).
     Bench {
         /// Number of bindings in the generated module.
@@ -37,6 +60,16 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         repeat: usize,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Emit {
+    /// The partitioned module in the text format.
+    Text,
+    /// The partition report as JSON.
+    Json,
+    /// A DOT graph of main with one cluster per fused function.
+    Dot,
 }
 
 fn main() -> ExitCode {
@@ -67,6 +100,58 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
                 m.functions.len(),
                 bindings
             );
+            Ok(())
+        }
+        Command::Partition {
+            file,
+            patterns,
+            bind_constants,
+            annotate_codegen,
+            merge,
+            emit,
+            timings,
+        } => {
+            use fusebox_core::transform::{
+                PartitionOptions, fuse_ops_by_pattern, sort_by_priority,
+            };
+            let t = Instant::now();
+            let m = text::read_module(&file)?;
+            let parse_ms = t.elapsed().as_secs_f64() * 1e3;
+            let table_src =
+                std::fs::read_to_string(&patterns).map_err(|e| fusebox_core::Error::Io {
+                    path: patterns.clone(),
+                    source: e,
+                })?;
+            let mut table = fusebox_core::pattern_table::parse_pattern_table(
+                &table_src,
+                &patterns.display().to_string(),
+            )?;
+            sort_by_priority(&mut table);
+            let t = Instant::now();
+            let opts = PartitionOptions {
+                bind_constants,
+                annotate_codegen,
+            };
+            let mut out = fuse_ops_by_pattern(&m, &table, opts)?;
+            if merge {
+                out.module = fusebox_core::transform::merge_composite_functions(&out.module)?;
+            }
+            let partition_ms = t.elapsed().as_secs_f64() * 1e3;
+            verify(&out.module).map_err(fusebox_core::Error::Verify)?;
+            match emit {
+                Emit::Text => print!("{}", text::print_module(&out.module).text),
+                Emit::Json => {
+                    println!(
+                        "{}",
+                        fusebox_core::report::build(&out.module, &out.rejections).to_json()
+                    )
+                }
+                Emit::Dot => print!("{}", fusebox_core::report::to_dot(&out.module)),
+            }
+            if timings {
+                eprintln!("time parse {parse_ms:.3} ms");
+                eprintln!("time partition {partition_ms:.3} ms");
+            }
             Ok(())
         }
         Command::Bench { bindings, repeat } => bench_text(bindings, repeat.max(1)),

@@ -90,6 +90,7 @@ fn partition_output(name: &str, input: &str) -> Result<String, String> {
     use fusebox_core::transform::{FusionPattern, PartitionOptions, fuse_ops_by_pattern};
     let mut patterns = Vec::new();
     let mut opts = PartitionOptions::default();
+    let mut merge = false;
     for line in input.lines() {
         if let Some(rest) = line.strip_prefix("# pattern") {
             let (check, rest) = match rest.strip_prefix("+leakcheck:") {
@@ -113,6 +114,7 @@ fn partition_output(name: &str, input: &str) -> Result<String, String> {
                     "bind_constants=false" => opts.bind_constants = false,
                     "annotate_codegen=true" => opts.annotate_codegen = true,
                     "annotate_codegen=false" => opts.annotate_codegen = false,
+                    "merge" => merge = true,
                     other => return Err(format!("unknown option `{other}`")),
                 }
             }
@@ -120,8 +122,12 @@ fn partition_output(name: &str, input: &str) -> Result<String, String> {
     }
     let consts = text::ConstTable::new();
     let m = text::parse_module(input, name, &consts).map_err(|e| format!("parse failed: {e}"))?;
-    let out =
+    let mut out =
         fuse_ops_by_pattern(&m, &patterns, opts).map_err(|e| format!("partition failed: {e}"))?;
+    if merge {
+        out.module = fusebox_core::transform::merge_composite_functions(&out.module)
+            .map_err(|e| format!("merge failed: {e}"))?;
+    }
     verify(&out.module).map_err(|e| format!("the partitioned module does not verify: {e}"))?;
     let mut s = text::print_module(&out.module).text;
     if !out.rejections.is_empty() {

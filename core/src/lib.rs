@@ -6,6 +6,7 @@ pub mod ir;
 pub mod op;
 pub mod pattern;
 pub mod pattern_table;
+pub mod report;
 pub mod text;
 pub mod transform;
 

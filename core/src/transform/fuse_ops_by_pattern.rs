@@ -42,7 +42,8 @@
 use crate::error::{Error, Result};
 use crate::ir::structural::{function_eq, function_hash};
 use crate::ir::{
-    AttrValue, Binding, Block, Callee, ExprId, ExprKind, Function, Module, Sym, Type, VarId,
+    AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Sym, Type,
+    VarId,
 };
 use crate::pattern::Pattern;
 use crate::pattern::check::{Check, CheckContext, Verdict};
@@ -181,7 +182,7 @@ pub fn fuse_ops_by_pattern(
     })
 }
 
-fn is_entry(f: &Function) -> bool {
+pub(crate) fn is_entry(f: &Function) -> bool {
     !f.attrs.is_primitive() && f.attrs.composite.is_none() && f.attrs.codegen.is_none()
 }
 
@@ -219,7 +220,14 @@ fn apply_pattern(
             continue;
         }
         dedup.ensure(m);
-        let (new_f, new_funcs) = rewrite(f, &view, &groups, fp, opts, m, &mut dedup)?;
+        let attrs = FuncAttrs {
+            composite: Some(fp.name.clone()),
+            primitive: Some(AttrValue::Bool(true)),
+            ..FuncAttrs::default()
+        };
+        let groups: Vec<(Vec<VarId>, FuncAttrs)> =
+            groups.into_iter().map(|g| (g, attrs.clone())).collect();
+        let (new_f, new_funcs) = rewrite(f, &view, &groups, opts, m, &mut dedup)?;
         for (name, func) in new_funcs {
             m.insert(name, func);
         }
@@ -230,7 +238,7 @@ fn apply_pattern(
 
 /// Composite functions of the module by structural hash, for sharing equal functions.
 #[derive(Default)]
-struct DedupIndex {
+pub(crate) struct DedupIndex {
     built: bool,
     by_hash: HashMap<u64, Vec<String>>,
 }
@@ -535,7 +543,7 @@ fn group_name(f: &Function, members: &[VarId], view: &FunctionView<'_>) -> Strin
 }
 
 /// A unique function name: `base`, else `base1`, `base2`, … (no underscore before the number).
-fn unique_name(base: &str, taken: &dyn Fn(&str) -> bool) -> String {
+pub(crate) fn unique_name(base: &str, taken: &dyn Fn(&str) -> bool) -> String {
     if !taken(base) {
         return base.to_string();
     }
@@ -560,7 +568,7 @@ fn outline(
     view: &FunctionView<'_>,
     block: &Block,
     members: &[VarId],
-    fp: &FusionPattern,
+    attrs: &FuncAttrs,
     opts: PartitionOptions,
     caller: &mut Function,
     cmap: &HashMap<VarId, ExprId>,
@@ -680,8 +688,7 @@ fn outline(
     let ret = ret.ok_or_else(|| Error::Invalid("internal: group output has no value".into()))?;
     cf.ret_ty = cf.expr(ret).ty.clone();
     cf.ret = Some(ret);
-    cf.attrs.composite = Some(fp.name.clone());
-    cf.attrs.primitive = Some(AttrValue::Bool(true));
+    cf.attrs = attrs.clone();
     let mut used: BTreeSet<Sym> = BTreeSet::new();
     for (_, vd) in cf.vars.iter() {
         vd.ty.collect_syms(&mut used);
@@ -776,19 +783,18 @@ fn copy_with_leaves(
     }
 }
 
-type NewFunctions = Vec<(String, Function)>;
+pub(crate) type NewFunctions = Vec<(String, Function)>;
 
-fn rewrite(
+pub(crate) fn rewrite(
     f: &Function,
     view: &FunctionView<'_>,
-    groups: &[Vec<VarId>],
-    fp: &FusionPattern,
+    groups: &[(Vec<VarId>, FuncAttrs)],
     opts: PartitionOptions,
     m: &Module,
     dedup: &mut DedupIndex,
 ) -> Result<(Function, NewFunctions)> {
     let mut group_of: HashMap<VarId, usize> = HashMap::new();
-    for (gi, g) in groups.iter().enumerate() {
+    for (gi, (g, _)) in groups.iter().enumerate() {
         for &v in g {
             group_of.insert(v, gi);
         }
@@ -850,6 +856,7 @@ fn rewrite(
             let idxs: Vec<usize> = match u {
                 Unit::Single(i) => vec![i],
                 Unit::Group(g) => groups[g]
+                    .0
                     .iter()
                     .filter_map(|v| index.get(v).copied())
                     .collect(),
@@ -904,8 +911,8 @@ fn rewrite(
                         f,
                         view,
                         block,
-                        &groups[g],
-                        fp,
+                        &groups[g].0,
+                        &groups[g].1,
                         opts,
                         &mut nf,
                         &map,

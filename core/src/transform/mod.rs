@@ -2,9 +2,11 @@
 
 pub mod bind_params;
 pub mod fuse_ops_by_pattern;
+pub mod merge_composite_functions;
 
 pub use bind_params::bind_params;
 pub use fuse_ops_by_pattern::{
     FusionPattern, PartitionOptions, Partitioned, Rejection, annotate_codegen, fuse_ops_by_pattern,
     sort_by_priority,
 };
+pub use merge_composite_functions::merge_composite_functions;

@@ -1,0 +1,362 @@
+//! MergeCompositeFunctions: merge neighbouring composite calls of one codegen into a region
+//! function that the codegen compiles as a whole.
+//!
+//! Requires the output of FuseOpsByPattern without `annotate_codegen`. Guarantees: every
+//! composite call of an entry function lands in a region function with `Codegen` and
+//! `global_symbol` (named `fused_<composites>_<codegen>`), whose body is a plain block that binds
+//! each composite as a local function (without `Primitive`) and calls it; the regions and the
+//! calls between them form no cycle; composites no longer called are removed.
+//!
+//! Grouping is TVM's: bindings are visited in program order; a composite call joins every
+//! argument's region of the same codegen that no other argument's region depends on
+//! (transitively), else it starts a region; any other binding starts a region of its own with
+//! no codegen, which is never outlined. Tuple-get-items of a region's tuple result are not
+//! absorbed, so a split output ends a region.
+//!
+//! ```text
+//! ; before
+//! lv  = cls.fused_relax_nn_conv2d(x, w)      ; Composite "A.conv2d"
+//! lv1 = cls.fused_relax_nn_relu(lv)          ; Composite "A.relu"
+//! ; after
+//! gv = cls.fused_relax_nn_conv2d_relax_nn_relu_A(x, w)   ; Codegen "A", two local functions
+//! ```
+
+use super::fuse_ops_by_pattern::{
+    DedupIndex, PartitionOptions, codegen_of, is_entry, rewrite, unique_name,
+};
+use crate::error::{Error, Result};
+use crate::ir::{
+    AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Type, VarId,
+};
+use crate::pattern::matcher::{FunctionView, operand_vars};
+use std::collections::{BTreeSet, HashMap};
+
+/// Runs MergeCompositeFunctions (see the module doc).
+pub fn merge_composite_functions(m: &Module) -> Result<Module> {
+    let mut out = m.clone();
+    let entries: Vec<String> = m
+        .functions
+        .iter()
+        .filter(|(_, f)| is_entry(f))
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut regions: Vec<String> = Vec::new();
+    for fname in entries {
+        let Some(f) = out.functions.get(&fname).cloned() else {
+            continue;
+        };
+        let view = FunctionView::new(&f);
+        let groups = group(&out, &f)?;
+        if groups.is_empty() {
+            continue;
+        }
+        let mut dedup = DedupIndex::default();
+        // Regions lift constants to parameters, as TVM's MergeCompositeFunctions does.
+        let opts = PartitionOptions {
+            bind_constants: false,
+            annotate_codegen: false,
+        };
+        let (nf, new_funcs) = rewrite(&f, &view, &groups, opts, &out, &mut dedup)?;
+        let mut renames: HashMap<String, String> = HashMap::new();
+        for (name, region) in new_funcs {
+            let codegen = region.attrs.codegen.clone().unwrap_or_default();
+            let base = format!("{name}_{codegen}");
+            let final_name = unique_name(&base, &|n| {
+                out.get(n).is_some() || renames.values().any(|v| v == n)
+            });
+            let annotated = annotate_region(&out, region, &final_name)?;
+            renames.insert(name, final_name.clone());
+            out.insert(final_name.clone(), annotated);
+            regions.push(final_name);
+        }
+        let mut nf = nf;
+        let ids: Vec<ExprId> = nf.exprs.keys().collect();
+        for id in ids {
+            if let ExprKind::Call {
+                callee: Callee::Global(g),
+                args,
+            } = &nf.exprs[id].kind
+            {
+                if let Some(new) = renames.get(g.as_ref()) {
+                    let args = args.clone();
+                    nf.exprs[id].kind = ExprKind::Call {
+                        callee: Callee::Global(new.as_str().into()),
+                        args,
+                    };
+                }
+            }
+        }
+        out.insert(fname, nf);
+    }
+    // Remove composites that nothing calls any more.
+    let mut called: BTreeSet<String> = BTreeSet::new();
+    for f in out.functions.values() {
+        collect_global_calls(f, &mut called);
+    }
+    let dead: Vec<String> = out
+        .functions
+        .iter()
+        .filter(|(n, f)| f.attrs.composite.is_some() && !called.contains(*n))
+        .map(|(n, _)| n.clone())
+        .collect();
+    for n in dead {
+        out.functions.shift_remove(&n);
+    }
+    Ok(out)
+}
+
+fn collect_global_calls(f: &Function, out: &mut BTreeSet<String>) {
+    for (_, d) in f.exprs.iter() {
+        match &d.kind {
+            ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            } => {
+                out.insert(g.to_string());
+            }
+            ExprKind::Function(inner) => collect_global_calls(inner, out),
+            _ => {}
+        }
+    }
+}
+
+/// Union-find over group ids.
+struct Groups {
+    parent: Vec<usize>,
+    codegen: Vec<Option<String>>,
+    deps: Vec<BTreeSet<usize>>,
+}
+
+impl Groups {
+    fn find(&mut self, mut g: usize) -> usize {
+        while self.parent[g] != g {
+            self.parent[g] = self.parent[self.parent[g]];
+            g = self.parent[g];
+        }
+        g
+    }
+
+    fn new_group(&mut self, codegen: Option<String>, deps: BTreeSet<usize>) -> usize {
+        let id = self.parent.len();
+        self.parent.push(id);
+        self.codegen.push(codegen);
+        self.deps.push(deps);
+        id
+    }
+
+    /// The transitive dependencies of `g`, as roots.
+    fn deps_of(&mut self, g: usize) -> BTreeSet<usize> {
+        let g = self.find(g);
+        let raw: Vec<usize> = self.deps[g].iter().copied().collect();
+        raw.into_iter().map(|d| self.find(d)).collect()
+    }
+}
+
+fn group(m: &Module, f: &Function) -> Result<Vec<(Vec<VarId>, FuncAttrs)>> {
+    let mut gs = Groups {
+        parent: Vec::new(),
+        codegen: Vec::new(),
+        deps: Vec::new(),
+    };
+    let mut group_of: HashMap<VarId, usize> = HashMap::new();
+    let mut block_of: HashMap<usize, usize> = HashMap::new();
+    for (bi, block) in f.blocks.iter().enumerate() {
+        for b in &block.bindings {
+            let mut ops = Vec::new();
+            operand_vars(f, b.value, &mut ops);
+            // Argument groups in argument order, only from this dataflow block.
+            let mut arg_groups: Vec<usize> = Vec::new();
+            for o in &ops {
+                if let Some(&g) = group_of.get(o) {
+                    let r = gs.find(g);
+                    if block_of.get(&r) == Some(&bi) && !arg_groups.contains(&r) {
+                        arg_groups.push(r);
+                    }
+                }
+            }
+            let mut parent_deps: BTreeSet<usize> = BTreeSet::new();
+            for &a in &arg_groups {
+                // Transitive: the deps sets are kept closed under dependency.
+                parent_deps.extend(gs.deps_of(a));
+            }
+            let codegen = match &f.expr(b.value).kind {
+                ExprKind::Call {
+                    callee: Callee::Global(g),
+                    ..
+                } if block.dataflow => m
+                    .get(g)
+                    .and_then(|cf| cf.attrs.composite.as_deref())
+                    .map(|c| {
+                        codegen_of(c).map(str::to_string).ok_or_else(|| {
+                            Error::Invalid(format!("composite `{c}` has no codegen prefix"))
+                        })
+                    })
+                    .transpose()?,
+                _ => None,
+            };
+            let qualifying: Vec<usize> = match &codegen {
+                Some(cg) => arg_groups
+                    .iter()
+                    .copied()
+                    .filter(|&a| {
+                        gs.codegen[a].as_deref() == Some(cg.as_str()) && !parent_deps.contains(&a)
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            let mut all_deps: BTreeSet<usize> = parent_deps.clone();
+            all_deps.extend(arg_groups.iter().copied());
+            let g = if let Some((&first, rest)) = qualifying.split_first() {
+                for &other in rest {
+                    gs.parent[other] = first;
+                    let d = std::mem::take(&mut gs.deps[other]);
+                    gs.deps[first].extend(d);
+                }
+                for q in &qualifying {
+                    all_deps.remove(q);
+                }
+                gs.deps[first].extend(all_deps);
+                first
+            } else {
+                let id = gs.new_group(codegen, all_deps);
+                block_of.insert(id, bi);
+                id
+            };
+            group_of.insert(b.var, g);
+        }
+    }
+    // Collect groups with a codegen, members in binding order.
+    let mut members: HashMap<usize, Vec<VarId>> = HashMap::new();
+    let mut order: Vec<usize> = Vec::new();
+    for b in f.bindings() {
+        if let Some(&g) = group_of.get(&b.var) {
+            let r = gs.find(g);
+            if gs.codegen[r].is_some() {
+                if !members.contains_key(&r) {
+                    order.push(r);
+                }
+                members.entry(r).or_default().push(b.var);
+            }
+        }
+    }
+    Ok(order
+        .into_iter()
+        .filter_map(|r| {
+            let cg = gs.codegen[r].clone()?;
+            let vars = members.remove(&r)?;
+            let attrs = FuncAttrs {
+                codegen: Some(cg),
+                primitive: Some(AttrValue::Bool(true)),
+                ..FuncAttrs::default()
+            };
+            Some((vars, attrs))
+        })
+        .collect())
+}
+
+/// Makes a region public, plain (non-dataflow) and self-contained: each composite it calls
+/// becomes a local function, shared within the region.
+fn annotate_region(m: &Module, region: Function, name: &str) -> Result<Function> {
+    let mut nf = Function::new();
+    nf.attrs = region.attrs.clone();
+    nf.attrs.primitive = None;
+    nf.attrs.global_symbol = Some(name.to_string());
+    nf.sym_vars = region.sym_vars.clone();
+    nf.ret_ty = region.ret_ty.clone();
+    let mut map: HashMap<VarId, ExprId> = HashMap::new();
+    for &p in &region.params {
+        let vd = region.var(p);
+        let np = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
+        nf.params.push(np);
+        map.insert(p, nf.var_expr(np));
+    }
+    let mut locals: HashMap<String, VarId> = HashMap::new();
+    let mut body = Block {
+        dataflow: false,
+        bindings: Vec::new(),
+    };
+    for b in region.bindings() {
+        let d = region.expr(b.value);
+        let value = match &d.kind {
+            ExprKind::Call {
+                callee: Callee::Global(g),
+                args,
+            } if m.get(g).is_some_and(|c| c.attrs.composite.is_some()) => {
+                let lv = match locals.get(g.as_ref()) {
+                    Some(&v) => v,
+                    None => {
+                        let mut local = m
+                            .get(g)
+                            .cloned()
+                            .ok_or_else(|| Error::Invalid(format!("missing `{g}`")))?;
+                        local.attrs.primitive = None;
+                        local.attrs.global_symbol = None;
+                        let fty = Type::Func(local.func_type());
+                        let fe = nf.add_expr(ExprKind::Function(Box::new(local)), fty.clone());
+                        let v = nf.add_var(g.to_string(), fty, false);
+                        body.bindings.push(Binding { var: v, value: fe });
+                        locals.insert(g.to_string(), v);
+                        v
+                    }
+                };
+                let args = args
+                    .iter()
+                    .map(|&a| copy_leaf(&region, a, &mut nf, &map))
+                    .collect::<Result<Vec<_>>>()?;
+                nf.add_expr(
+                    ExprKind::Call {
+                        callee: Callee::Local(lv),
+                        args,
+                    },
+                    d.ty.clone(),
+                )
+            }
+            _ => copy_leaf(&region, b.value, &mut nf, &map)?,
+        };
+        let vd = region.var(b.var);
+        let nv = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
+        body.bindings.push(Binding { var: nv, value });
+        map.insert(b.var, nf.var_expr(nv));
+    }
+    nf.blocks.push(body);
+    let ret = region
+        .ret
+        .ok_or_else(|| Error::Invalid("region without return".into()))?;
+    nf.ret = Some(copy_leaf(&region, ret, &mut nf, &map)?);
+    Ok(nf)
+}
+
+fn copy_leaf(
+    src: &Function,
+    e: ExprId,
+    dst: &mut Function,
+    map: &HashMap<VarId, ExprId>,
+) -> Result<ExprId> {
+    let d = src.expr(e);
+    let kind = match &d.kind {
+        ExprKind::Var(v) => {
+            return map
+                .get(v)
+                .copied()
+                .ok_or_else(|| Error::Invalid("unmapped var in region".into()));
+        }
+        ExprKind::Call { callee, args } => {
+            let args = args
+                .iter()
+                .map(|&a| copy_leaf(src, a, dst, map))
+                .collect::<Result<_>>()?;
+            ExprKind::Call {
+                callee: callee.clone(),
+                args,
+            }
+        }
+        ExprKind::Tuple(xs) => ExprKind::Tuple(
+            xs.iter()
+                .map(|&x| copy_leaf(src, x, dst, map))
+                .collect::<Result<_>>()?,
+        ),
+        ExprKind::TupleGetItem(x, i) => ExprKind::TupleGetItem(copy_leaf(src, *x, dst, map)?, *i),
+        other => other.clone(),
+    };
+    Ok(dst.add_expr(kind, d.ty.clone()))
+}
