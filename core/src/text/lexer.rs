@@ -82,7 +82,7 @@ pub(crate) fn lex(
     }
     let b = src.as_bytes();
     let end = end.min(b.len());
-    let mut toks: Vec<Token> = Vec::with_capacity((end.saturating_sub(start)) / 3 + 8);
+    let mut toks: Vec<Token> = Vec::with_capacity((end.saturating_sub(start)) / 2 + 8);
     let mut indents: Vec<usize> = vec![0];
     let mut depth: usize = usize::from(joined);
     let mut i = start;

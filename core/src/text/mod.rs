@@ -27,6 +27,7 @@
 //!   temporary file in the same directory and renaming it into place.
 
 mod constants;
+mod fxhash;
 mod lexer;
 mod parser;
 mod printer;
@@ -123,15 +124,15 @@ pub fn write_module(path: &Path, m: &Module) -> Result<()> {
             return Err(e);
         }
     };
-    if let Some(t) = &side_tmp {
-        if let Err(e) = std::fs::rename(t, &side) {
-            let _ = std::fs::remove_file(t);
-            let _ = std::fs::remove_file(&text_tmp);
-            return Err(Error::Io {
-                path: side,
-                source: e,
-            });
-        }
+    if let Some(t) = &side_tmp
+        && let Err(e) = std::fs::rename(t, &side)
+    {
+        let _ = std::fs::remove_file(t);
+        let _ = std::fs::remove_file(&text_tmp);
+        return Err(Error::Io {
+            path: side,
+            source: e,
+        });
     }
     if let Err(e) = std::fs::rename(&text_tmp, path) {
         let _ = std::fs::remove_file(&text_tmp);

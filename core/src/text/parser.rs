@@ -22,6 +22,7 @@
 //! [`MAX_DEPTH`] is an error, never a stack overflow. Linear time: name lookups are hash maps.
 
 use super::constants::{ConstTable, side_file_path};
+use super::fxhash::{FxMap, FxSet};
 use super::lexer::{Tk, Token, lex, unescape};
 use crate::error::{Error, Pos, Result};
 use crate::ir::infer::{brief, infer_kind};
@@ -30,6 +31,7 @@ use crate::ir::{
     FuncType, Function, Module, PrimValue, Sym, TensorType, Type, VarId,
 };
 use crate::op::{AttrLit, Op};
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -58,12 +60,12 @@ pub(crate) fn is_reserved(name: &str) -> bool {
 /// Symbolic dims visible while parsing one function.
 #[derive(Clone, Debug, Default)]
 struct SymEnv {
-    visible: HashMap<String, Sym>,
+    visible: FxMap<String, Sym>,
     /// `n = T.int64()` lines of the body, in order.
     lines: Vec<Sym>,
     /// Every symbol the function uses, in first-use order.
     used: Vec<Sym>,
-    used_set: HashSet<Sym>,
+    used_set: FxSet<Sym>,
     /// In a signature: unknown names define new symbols.
     defining: bool,
 }
@@ -115,11 +117,11 @@ struct Global<'a> {
 }
 
 /// Per-function parsing state.
-struct FnCtx {
+struct FnCtx<'a> {
     f: Function,
     /// Name -> (var, visible). Dataflow vars of an ended block stay (to reject redefinition) but
     /// are invisible.
-    scope: HashMap<String, (VarId, bool)>,
+    scope: FxMap<Cow<'a, str>, (VarId, bool)>,
     fresh: u32,
     in_dataflow: bool,
 }
@@ -132,12 +134,12 @@ pub(crate) struct Parser<'a> {
     consts: &'a ConstTable,
     depth: u32,
     class_name: &'a str,
-    module_syms: HashMap<String, Sym>,
+    module_syms: FxMap<String, Sym>,
     syms: SymEnv,
     globals: HashMap<String, FuncType>,
     funcs: Vec<Global<'a>>,
-    by_name: HashMap<&'a str, usize>,
-    lv_taken: HashSet<&'a str>,
+    by_name: FxMap<&'a str, usize>,
+    lv_taken: FxSet<&'a str>,
     dim_ops: u32,
 }
 
@@ -217,14 +219,14 @@ impl<'a> Parser<'a> {
     pub(crate) fn new(src: &'a str, file: &'a str, consts: &'a ConstTable) -> Result<Self> {
         let toks = lex(src, 0, src.len(), false)
             .map_err(|(off, msg)| Error::source(file, src, pos_at(src, off), msg))?;
-        let mut lv_taken = HashSet::new();
+        let mut lv_taken = FxSet::default();
         for t in &toks {
             if t.kind == Tk::Ident {
                 let s = src.get(t.start as usize..t.end as usize).unwrap_or("");
-                if let Some(rest) = s.strip_prefix("lv") {
-                    if rest.bytes().all(|b| b.is_ascii_digit()) {
-                        lv_taken.insert(s);
-                    }
+                if let Some(rest) = s.strip_prefix("lv")
+                    && rest.bytes().all(|b| b.is_ascii_digit())
+                {
+                    lv_taken.insert(s);
                 }
             }
         }
@@ -236,11 +238,11 @@ impl<'a> Parser<'a> {
             consts,
             depth: 0,
             class_name: "Module",
-            module_syms: HashMap::new(),
+            module_syms: FxMap::default(),
             syms: SymEnv::default(),
             globals: HashMap::new(),
             funcs: Vec::new(),
-            by_name: HashMap::new(),
+            by_name: FxMap::default(),
             lv_taken,
             dim_ops: 0,
         })
@@ -784,14 +786,14 @@ impl<'a> Parser<'a> {
         self.syms = h.syms.clone();
         let mut ctx = FnCtx {
             f: Function::new(),
-            scope: HashMap::new(),
+            scope: FxMap::default(),
             fresh: 0,
             in_dataflow: false,
         };
         for (pname, ty) in &h.params {
             let v = ctx.f.add_var(*pname, ty.clone(), false);
             ctx.f.params.push(v);
-            ctx.scope.insert((*pname).to_string(), (v, true));
+            ctx.scope.insert(Cow::Borrowed(*pname), (v, true));
         }
         ctx.f.attrs.global_symbol = (!nested && !h.private).then(|| h.name.to_string());
         loop {
@@ -859,7 +861,7 @@ impl<'a> Parser<'a> {
         Ok(ctx.f)
     }
 
-    fn parse_statement(&mut self, ctx: &mut FnCtx, t: Token) -> Result<()> {
+    fn parse_statement(&mut self, ctx: &mut FnCtx<'a>, t: Token) -> Result<()> {
         match t.kind {
             Tk::At => self.parse_nested_function(ctx),
             Tk::Ident if self.text(t) == "with" => self.parse_dataflow(ctx),
@@ -887,7 +889,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn parse_dataflow(&mut self, ctx: &mut FnCtx) -> Result<()> {
+    fn parse_dataflow(&mut self, ctx: &mut FnCtx<'a>) -> Result<()> {
         let with = self.bump();
         if ctx.in_dataflow {
             return Err(self.err_at(with, "dataflow blocks cannot be nested"));
@@ -946,18 +948,17 @@ impl<'a> Parser<'a> {
         for idx in first_var..ctx.f.vars.len() {
             let v = <VarId as crate::ir::EntityId>::new(idx);
             let data = ctx.f.var(v);
-            if data.dataflow {
-                if let Some(entry) = ctx.scope.get_mut(&data.name) {
-                    if entry.0 == v {
-                        entry.1 = false;
-                    }
-                }
+            if data.dataflow
+                && let Some(entry) = ctx.scope.get_mut(data.name.as_str())
+                && entry.0 == v
+            {
+                entry.1 = false;
             }
         }
         Ok(())
     }
 
-    fn parse_output(&mut self, ctx: &mut FnCtx, first_var: usize) -> Result<()> {
+    fn parse_output(&mut self, ctx: &mut FnCtx<'a>, first_var: usize) -> Result<()> {
         self.i += 3;
         self.expect(Tk::LParen, "after `R.output`")?;
         while self.peek().kind != Tk::RParen {
@@ -1034,7 +1035,7 @@ impl<'a> Parser<'a> {
         self.expect_newline("`R.func_attr(...)`")
     }
 
-    fn parse_nested_function(&mut self, ctx: &mut FnCtx) -> Result<()> {
+    fn parse_nested_function(&mut self, ctx: &mut FnCtx<'a>) -> Result<()> {
         let at = self.peek();
         self.enter(at)?;
         let r = self.parse_nested_function_inner(ctx);
@@ -1042,7 +1043,7 @@ impl<'a> Parser<'a> {
         r
     }
 
-    fn parse_nested_function_inner(&mut self, ctx: &mut FnCtx) -> Result<()> {
+    fn parse_nested_function_inner(&mut self, ctx: &mut FnCtx<'a>) -> Result<()> {
         let private = self.parse_function_decorator()?;
         let outer = std::mem::take(&mut self.syms);
         self.syms = outer.child();
@@ -1076,11 +1077,11 @@ impl<'a> Parser<'a> {
         let ty = ctx.f.expr(e).ty.clone();
         let v = ctx.f.add_var(header.name, ty, ctx.in_dataflow);
         Self::emit(ctx, v, e);
-        ctx.scope.insert(header.name.to_string(), (v, true));
+        ctx.scope.insert(Cow::Borrowed(header.name), (v, true));
         Ok(())
     }
 
-    fn parse_binding(&mut self, ctx: &mut FnCtx) -> Result<()> {
+    fn parse_binding(&mut self, ctx: &mut FnCtx<'a>) -> Result<()> {
         if self.try_sym_def(false)? {
             return Ok(());
         }
@@ -1133,7 +1134,7 @@ impl<'a> Parser<'a> {
         };
         let v = ctx.f.add_var(name, ty, ctx.in_dataflow);
         Self::emit(ctx, v, e);
-        ctx.scope.insert(name.to_string(), (v, true));
+        ctx.scope.insert(Cow::Borrowed(name), (v, true));
         Ok(())
     }
 
@@ -1160,7 +1161,7 @@ impl<'a> Parser<'a> {
         (callee_call(e) || through_var) && has_syms(inferred)
     }
 
-    fn emit(ctx: &mut FnCtx, var: VarId, value: ExprId) {
+    fn emit(ctx: &mut FnCtx<'a>, var: VarId, value: ExprId) {
         let b = Binding { var, value };
         match ctx.f.blocks.last_mut() {
             Some(block) if block.dataflow == ctx.in_dataflow => block.bindings.push(b),
@@ -1171,7 +1172,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn add_expr(&mut self, ctx: &mut FnCtx, kind: ExprKind, at: Token) -> Result<ExprId> {
+    fn add_expr(&mut self, ctx: &mut FnCtx<'a>, kind: ExprKind, at: Token) -> Result<ExprId> {
         let ty = infer_kind(&ctx.f, &self.globals, &kind).map_err(|m| {
             let what = match &kind {
                 ExprKind::Call {
@@ -1190,7 +1191,7 @@ impl<'a> Parser<'a> {
         Ok(ctx.f.add_expr(kind, ty))
     }
 
-    fn fresh_name(&self, ctx: &mut FnCtx) -> String {
+    fn fresh_name(&self, ctx: &mut FnCtx<'a>) -> String {
         loop {
             let name = if ctx.fresh == 0 {
                 "lv".to_string()
@@ -1198,14 +1199,14 @@ impl<'a> Parser<'a> {
                 format!("lv{}", ctx.fresh)
             };
             ctx.fresh = ctx.fresh.wrapping_add(1);
-            if !ctx.scope.contains_key(&name) && !self.lv_taken.contains(name.as_str()) {
+            if !ctx.scope.contains_key(name.as_str()) && !self.lv_taken.contains(name.as_str()) {
                 return name;
             }
         }
     }
 
     /// Binds a non-leaf expression to a fresh var and returns the var's expression.
-    fn leafify(&mut self, ctx: &mut FnCtx, e: ExprId) -> Result<ExprId> {
+    fn leafify(&mut self, ctx: &mut FnCtx<'a>, e: ExprId) -> Result<ExprId> {
         let Some(data) = ctx.f.exprs.get(e) else {
             return Ok(e);
         };
@@ -1216,13 +1217,13 @@ impl<'a> Parser<'a> {
         let name = self.fresh_name(ctx);
         let v = ctx.f.add_var(name.clone(), ty, ctx.in_dataflow);
         Self::emit(ctx, v, e);
-        ctx.scope.insert(name, (v, true));
+        ctx.scope.insert(Cow::Owned(name), (v, true));
         Ok(ctx.f.var_expr(v))
     }
 
     // ----- expressions -----
 
-    fn parse_expr(&mut self, ctx: &mut FnCtx) -> Result<ExprId> {
+    fn parse_expr(&mut self, ctx: &mut FnCtx<'a>) -> Result<ExprId> {
         let t = self.peek();
         self.enter(t)?;
         let r = self.parse_expr_inner(ctx);
@@ -1230,12 +1231,12 @@ impl<'a> Parser<'a> {
         r
     }
 
-    fn parse_arg(&mut self, ctx: &mut FnCtx) -> Result<ExprId> {
+    fn parse_arg(&mut self, ctx: &mut FnCtx<'a>) -> Result<ExprId> {
         let e = self.parse_expr(ctx)?;
         self.leafify(ctx, e)
     }
 
-    fn parse_expr_inner(&mut self, ctx: &mut FnCtx) -> Result<ExprId> {
+    fn parse_expr_inner(&mut self, ctx: &mut FnCtx<'a>) -> Result<ExprId> {
         let mut e = self.parse_primary(ctx)?;
         while self.peek().kind == Tk::LBracket {
             let lb = self.bump();
@@ -1250,7 +1251,7 @@ impl<'a> Parser<'a> {
         Ok(e)
     }
 
-    fn parse_primary(&mut self, ctx: &mut FnCtx) -> Result<ExprId> {
+    fn parse_primary(&mut self, ctx: &mut FnCtx<'a>) -> Result<ExprId> {
         let t = self.peek();
         match t.kind {
             Tk::Ident => {
@@ -1343,7 +1344,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn lookup_var(&self, ctx: &FnCtx, t: Token) -> Result<VarId> {
+    fn lookup_var(&self, ctx: &FnCtx<'a>, t: Token) -> Result<VarId> {
         let name = self.text(t);
         match ctx.scope.get(name) {
             Some(&(v, true)) => Ok(v),
@@ -1355,7 +1356,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn parse_call_args(&mut self, ctx: &mut FnCtx, what: &str) -> Result<Vec<ExprId>> {
+    fn parse_call_args(&mut self, ctx: &mut FnCtx<'a>, what: &str) -> Result<Vec<ExprId>> {
         self.expect(Tk::LParen, what)?;
         let mut args = Vec::new();
         while self.peek().kind != Tk::RParen {
@@ -1374,7 +1375,7 @@ impl<'a> Parser<'a> {
         Ok(args)
     }
 
-    fn parse_local_call(&mut self, ctx: &mut FnCtx, v: VarId, t: Token) -> Result<ExprId> {
+    fn parse_local_call(&mut self, ctx: &mut FnCtx<'a>, v: VarId, t: Token) -> Result<ExprId> {
         if !matches!(ctx.f.var(v).ty, Type::Func(_)) {
             return Err(self.err_at(
                 t,
@@ -1396,7 +1397,7 @@ impl<'a> Parser<'a> {
         )
     }
 
-    fn parse_global_call(&mut self, ctx: &mut FnCtx) -> Result<ExprId> {
+    fn parse_global_call(&mut self, ctx: &mut FnCtx<'a>) -> Result<ExprId> {
         let t = self.bump();
         self.expect(Tk::Dot, "after `cls`")?;
         let (nt, name) = self.expect_ident("a function name after `cls.`")?;
@@ -1432,7 +1433,7 @@ impl<'a> Parser<'a> {
         )
     }
 
-    fn parse_metadata(&mut self, ctx: &mut FnCtx) -> Result<ExprId> {
+    fn parse_metadata(&mut self, ctx: &mut FnCtx<'a>) -> Result<ExprId> {
         let t = self.bump();
         self.expect(Tk::LBracket, "after `metadata`")?;
         let st = self.expect(Tk::Str, "(a metadata namespace) after `metadata[`")?;
@@ -1466,7 +1467,7 @@ impl<'a> Parser<'a> {
     }
 
     /// `R.<path>(...)`: special forms and op calls.
-    fn parse_r_expr(&mut self, ctx: &mut FnCtx) -> Result<ExprId> {
+    fn parse_r_expr(&mut self, ctx: &mut FnCtx<'a>) -> Result<ExprId> {
         let t = self.bump();
         let mut path = String::new();
         while self.peek().kind == Tk::Dot {
@@ -1532,12 +1533,19 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn parse_op_call(&mut self, ctx: &mut FnCtx, t: Token, path: &str) -> Result<ExprId> {
+    fn parse_op_call(&mut self, ctx: &mut FnCtx<'a>, t: Token, path: &str) -> Result<ExprId> {
         let name = format!("relax.{path}");
         let Some(sig) = Op::signature(&name) else {
             return Err(self.err_at(t, format!("unknown op `{name}`")));
         };
-        self.expect(Tk::LParen, &format!("after `R.{path}`"))?;
+        if self.peek().kind != Tk::LParen {
+            let p = self.peek();
+            return Err(self.err_at(
+                p,
+                format!("expected `(` after `R.{path}`, found {}", self.describe(p)),
+            ));
+        }
+        self.bump();
         let mut args: Vec<ExprId> = Vec::new();
         let mut kwargs: Vec<(String, AttrLit)> = Vec::new();
         let mut positional = 0usize;
@@ -1608,7 +1616,7 @@ impl<'a> Parser<'a> {
         )
     }
 
-    fn parse_const(&mut self, ctx: &mut FnCtx, t: Token) -> Result<ExprId> {
+    fn parse_const(&mut self, ctx: &mut FnCtx<'a>, t: Token) -> Result<ExprId> {
         self.expect(Tk::LParen, "after `R.const`")?;
         let vt = self.peek();
         let lit = self.parse_literal()?;
@@ -2026,13 +2034,13 @@ impl<'a> Parser<'a> {
             }
         }
         let close = self.expect(Tk::RParen, "after the R.Tensor arguments")?;
-        if let (Some(d), Some(n)) = (&dims, ndim) {
-            if d.len() != n {
-                return Err(self.err_at(
-                    close,
-                    format!("R.Tensor shape has {} dims but ndim={n}", d.len()),
-                ));
-            }
+        if let (Some(d), Some(n)) = (&dims, ndim)
+            && d.len() != n
+        {
+            return Err(self.err_at(
+                close,
+                format!("R.Tensor shape has {} dims but ndim={n}", d.len()),
+            ));
         }
         let ndim = dims.as_ref().map(Vec::len).or(ndim);
         Ok(Type::Tensor(TensorType { dims, ndim, dtype }))

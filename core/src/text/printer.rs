@@ -24,6 +24,7 @@
 //! to an equal module and printing that again gives the same text.
 
 use super::constants::NS_CONSTANT;
+use super::fxhash::{FxMap, FxSet};
 use super::lexer::quote;
 use super::parser::is_reserved;
 use crate::ir::{
@@ -31,6 +32,7 @@ use crate::ir::{
     Type,
 };
 use crate::op::AttrLit;
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
@@ -67,7 +69,7 @@ pub fn format_float(v: f64) -> String {
             s.to_string()
         }
     };
-    let mut out = if x < -4 || x >= P {
+    let mut out = if !(-4..P).contains(&x) {
         let m = strip(mant);
         let sign = if x < 0 { '-' } else { '+' };
         format!("{m}e{sign}{:02}", x.unsigned_abs())
@@ -81,7 +83,12 @@ pub fn format_float(v: f64) -> String {
     out
 }
 
-fn sanitize(name: &str) -> String {
+fn sanitize(name: &str) -> Cow<'_, str> {
+    let valid = name.starts_with(|c: char| c == '_' || c.is_alphabetic())
+        && name.chars().all(|c| c == '_' || c.is_alphanumeric());
+    if valid {
+        return Cow::Borrowed(name);
+    }
     let mut s: String = name
         .chars()
         .map(|c| {
@@ -95,23 +102,25 @@ fn sanitize(name: &str) -> String {
     if s.is_empty() || s.starts_with(|c: char| !(c == '_' || c.is_alphabetic())) {
         s.insert(0, 'v');
     }
-    s
+    Cow::Owned(s)
 }
 
 /// Variable names in use within one top-level function (nested functions share it).
 #[derive(Default)]
 struct Names {
-    used: HashSet<String>,
-    next: HashMap<String, u32>,
+    used: FxSet<String>,
+    next: FxMap<String, u32>,
 }
 
 impl Names {
     fn fresh(&mut self, want: &str) -> String {
         let base = sanitize(want);
-        if !is_reserved(&base) && self.used.insert(base.clone()) {
-            return base;
+        if !is_reserved(&base) && !self.used.contains(base.as_ref()) {
+            let s = base.into_owned();
+            self.used.insert(s.clone());
+            return s;
         }
-        let n = self.next.entry(base.clone()).or_insert(0);
+        let n = self.next.entry(base.to_string()).or_insert(0);
         loop {
             *n += 1;
             let cand = format!("{base}_{n}");
@@ -129,15 +138,46 @@ struct Printer {
     class_name: &'static str,
 }
 
-fn dtype_str(d: DType) -> String {
-    format!("\"{}\"", d.name())
+fn dtype_str(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "\"float16\"",
+        DType::BF16 => "\"bfloat16\"",
+        DType::F32 => "\"float32\"",
+        DType::F64 => "\"float64\"",
+        DType::I8 => "\"int8\"",
+        DType::U8 => "\"uint8\"",
+        DType::I32 => "\"int32\"",
+        DType::I64 => "\"int64\"",
+        DType::Bool => "\"bool\"",
+    }
+}
+
+/// Appends the decimal digits of `v` (faster than `write!` in the printer's hot loop).
+fn push_int(out: &mut String, v: i64) {
+    let mut buf = [0u8; 20];
+    let mut n = v.unsigned_abs();
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        if let Some(b) = buf.get_mut(i) {
+            *b = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push('-');
+    }
+    for &b in buf.get(i..).unwrap_or(&[]) {
+        out.push(char::from(b));
+    }
 }
 
 fn write_dim(out: &mut String, d: &Dim, sig: bool) {
     match d {
-        Dim::Static(v) => {
-            let _ = write!(out, "{v}");
-        }
+        Dim::Static(v) => push_int(out, *v),
         _ if sig => {
             let _ = write!(out, "\"{d}\"");
         }
@@ -169,7 +209,8 @@ fn write_type(out: &mut String, t: &Type, sig: bool) {
                 out.push_str("R.Tensor(");
                 write_dims(out, dims, sig, '(', ')');
                 if let Some(d) = tt.dtype {
-                    let _ = write!(out, ", dtype={}", dtype_str(d));
+                    out.push_str(", dtype=");
+                    out.push_str(dtype_str(d));
                 }
                 out.push(')');
             }
@@ -491,10 +532,10 @@ impl Printer {
         if let Some(p) = &a.primitive {
             entries.push(("Primitive", attr_value(p)));
         }
-        if let Some(gs) = &a.global_symbol {
-            if nested || gs != name {
-                entries.push(("global_symbol", quote(gs)));
-            }
+        if let Some(gs) = &a.global_symbol
+            && (nested || gs != name)
+        {
+            entries.push(("global_symbol", quote(gs)));
         }
         for (k, v) in &a.extra {
             if !matches!(
@@ -533,9 +574,6 @@ impl Printer {
             for b in &block.bindings {
                 let vi = crate::ir::EntityId::index(b.var);
                 let vname = names.fresh(&f.var(b.var).name);
-                if let Some(slot) = var_names.get_mut(vi) {
-                    slot.clone_from(&vname);
-                }
                 match f.exprs.get(b.value).map(|d| &d.kind) {
                     Some(ExprKind::Function(g)) => {
                         indent(out, lvl);
@@ -545,12 +583,16 @@ impl Printer {
                     }
                     _ => {
                         indent(out, lvl);
-                        let _ = write!(out, "{vname}: ");
+                        out.push_str(&vname);
+                        out.push_str(": ");
                         write_type(out, &f.var(b.var).ty, false);
                         out.push_str(" = ");
                         self.expr(out, f, &var_names, b.value);
                         out.push('\n');
                     }
+                }
+                if let Some(slot) = var_names.get_mut(vi) {
+                    *slot = vname;
                 }
             }
             if block.dataflow {

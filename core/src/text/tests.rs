@@ -747,6 +747,11 @@ fn big_module_round_trips() {
 fn perf_100k_bindings() {
     let src = big_module(100_000);
     let t0 = std::time::Instant::now();
+    let toks = super::lexer::lex(&src, 0, src.len(), false)
+        .map(|t| t.len())
+        .unwrap_or(0);
+    eprintln!("lex {:?} ({toks} tokens)", t0.elapsed());
+    let t0 = std::time::Instant::now();
     let m = parse_ok(&src);
     let t1 = t0.elapsed();
     let text = print_module(&m).text;
