@@ -51,13 +51,36 @@ enum Command {
         #[arg(long)]
         timings: bool,
     },
-    /// Time parse + verify + print of a generated module (a benchmark, not a test).
-    Bench {
+    /// Benchmarks (not tests): each reports a ratio against a baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Parse + verify + print of a generated module with N bindings.
+    Text {
         /// Number of bindings in the generated module.
         #[arg(long, default_value_t = 100_000)]
         bindings: usize,
         /// Timed repetitions; the median is reported.
         #[arg(long, default_value_t = 5)]
+        repeat: usize,
+    },
+    /// FuseOpsByPattern on chains of `matmul → add → relu` layers (3 ops per layer).
+    Partition {
+        /// Op counts to run, comma separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1000,10000,100000,1000000"
+        )]
+        ops: Vec<usize>,
+        /// `one` (matmul_bias_relu only) or `table20` (a 20-entry cuBLAS/CUTLASS-like table).
+        #[arg(long, default_value = "table20")]
+        table: String,
+        /// Timed repetitions; the median is reported.
+        #[arg(long, default_value_t = 3)]
         repeat: usize,
     },
 }
@@ -154,8 +177,107 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             }
             Ok(())
         }
-        Command::Bench { bindings, repeat } => bench_text(bindings, repeat.max(1)),
+        Command::Bench(BenchCmd::Text { bindings, repeat }) => bench_text(bindings, repeat.max(1)),
+        Command::Bench(BenchCmd::Partition { ops, table, repeat }) => {
+            bench_partition(&ops, &table, repeat.max(1))
+        }
     }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The 20-entry table of the partition benchmark: TVM's 10 cuBLAS matmul entries (as shapes:
+/// transposed, bias, relu/gelu) and 10 CUTLASS-like residual/conv entries, most specific first.
+fn table20() -> Vec<&'static str> {
+    vec![
+        "relax.nn.relu(relax.add(relax.add(relax.matmul(_, relax.permute_dims(_)), _), _))",
+        "relax.nn.gelu(relax.add(relax.matmul(_, relax.permute_dims(_)), _))",
+        "relax.nn.relu(relax.add(relax.matmul(_, relax.permute_dims(_)), _))",
+        "relax.add(relax.matmul(_, relax.permute_dims(_)), _)",
+        "relax.matmul(_, relax.permute_dims(_))",
+        "relax.nn.relu(relax.add(relax.add(relax.matmul(_, _), _), _))",
+        "relax.add(relax.add(relax.matmul(_, _), _), _)",
+        "relax.nn.gelu(relax.add(relax.matmul(_, _), _))",
+        "relax.nn.relu(relax.add(relax.matmul(_, _), _))",
+        "relax.add(relax.matmul(_, _), _)",
+        "relax.matmul(_, _)",
+        "relax.nn.relu(relax.add(relax.add(relax.nn.conv2d(_, _), _), _))",
+        "relax.nn.silu(relax.add(relax.nn.conv2d(_, _), _))",
+        "relax.nn.relu(relax.add(relax.nn.conv2d(_, _), _))",
+        "relax.add(relax.nn.conv2d(_, _), _)",
+        "relax.nn.conv2d(_, _)",
+        "relax.nn.layer_norm(_, _, _)",
+        "relax.nn.rms_norm(_, _)",
+        "relax.nn.softmax(_)",
+        "relax.multiply(relax.nn.gelu(_), _)",
+    ]
+}
+
+/// Partition timings on `matmul → add → relu` chains, against a baseline measured in the same
+/// run: building the use/def index of the same function once (the least work any partitioner
+/// that looks at every binding must do).
+fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fusebox_core::Error> {
+    use fusebox_core::pattern::check::NoLeakingIntermediates;
+    use fusebox_core::pattern::{FunctionView, parse_pattern};
+    use fusebox_core::transform::{FusionPattern, PartitionOptions, fuse_ops_by_pattern};
+    let texts = match table {
+        "one" => vec!["relax.nn.relu(relax.add(relax.matmul(_, _), _))"],
+        "table20" => table20(),
+        other => {
+            return Err(fusebox_core::Error::Invalid(format!(
+                "unknown table `{other}`; expected `one` or `table20`"
+            )));
+        }
+    };
+    let mut patterns = Vec::new();
+    for (i, t) in texts.iter().enumerate() {
+        let p = parse_pattern(t)?;
+        patterns.push(
+            FusionPattern::new(&format!("bench.p{i}"), p)
+                .with_check(std::sync::Arc::new(NoLeakingIntermediates)),
+        );
+    }
+    println!(
+        "bench partition: table `{table}` ({} entries), median of {repeat}",
+        patterns.len()
+    );
+    println!(
+        "  {:>9} {:>12} {:>12} {:>10} {:>12}",
+        "ops", "baseline ms", "partition ms", "ratio", "ns/op"
+    );
+    for &n in ops {
+        let module = fusebox_core::ir::generate::mlp_chain((n / 3).max(1));
+        let main = module
+            .get("main")
+            .ok_or_else(|| fusebox_core::Error::Invalid("no main".into()))?;
+        let (mut base, mut part) = (Vec::new(), Vec::new());
+        let mut fused = 0;
+        for _ in 0..repeat {
+            let t = Instant::now();
+            let view = FunctionView::new(main);
+            std::hint::black_box(&view);
+            base.push(t.elapsed().as_secs_f64());
+            drop(view);
+            let t = Instant::now();
+            let out = fuse_ops_by_pattern(&module, &patterns, PartitionOptions::default())?;
+            part.push(t.elapsed().as_secs_f64());
+            fused = out.module.functions.len() - 1;
+        }
+        let (b, p) = (median(base), median(part));
+        println!(
+            "  {:>9} {:>12.2} {:>12.2} {:>9.1}x {:>12.1}   ({} fused function(s))",
+            n,
+            b * 1e3,
+            p * 1e3,
+            p / b,
+            p * 1e9 / n as f64,
+            fused
+        );
+    }
+    Ok(())
 }
 
 /// Reports the median parse, verify and print times of a generated chain module, and their
@@ -164,10 +286,6 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
 fn bench_text(bindings: usize, repeat: usize) -> Result<(), fusebox_core::Error> {
     let module = fusebox_core::ir::generate::chain_module(bindings);
     let src = text::print_module(&module).text;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let (mut base, mut parse, mut ver, mut print) = (vec![], vec![], vec![], vec![]);
     for _ in 0..repeat {
         let t = Instant::now();

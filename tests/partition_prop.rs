@@ -8,8 +8,8 @@
 use fusebox_core::ir::generate::random_module;
 use fusebox_core::ir::verify::verify;
 use fusebox_core::ir::{Callee, ExprKind, Function, Module};
-use fusebox_core::pattern::parse_pattern;
 use fusebox_core::pattern::check::NoLeakingIntermediates;
+use fusebox_core::pattern::parse_pattern;
 use fusebox_core::text;
 use fusebox_core::transform::{
     FusionPattern, PartitionOptions, fuse_ops_by_pattern, merge_composite_functions,
@@ -40,10 +40,16 @@ fn count_ops(m: &Module, f: &Function, out: &mut BTreeMap<String, usize>, depth:
     assert!(depth < 64, "call graph too deep: a function calls itself");
     for b in f.bindings() {
         match &f.expr(b.value).kind {
-            ExprKind::Call { callee: Callee::Op(op), .. } => {
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                ..
+            } => {
                 *out.entry(op.name().to_string()).or_default() += 1;
             }
-            ExprKind::Call { callee: Callee::Global(g), .. } => {
+            ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            } => {
                 let callee = m.get(g).unwrap_or_else(|| panic!("missing function {g}"));
                 count_ops(m, callee, out, depth + 1);
             }
@@ -51,8 +57,14 @@ fn count_ops(m: &Module, f: &Function, out: &mut BTreeMap<String, usize>, depth:
                 // Counted where it is called.
                 let _ = inner;
             }
-            ExprKind::Call { callee: Callee::Local(v), .. } => {
-                let local = f.bindings().find(|x| x.var == *v).map(|x| &f.expr(x.value).kind);
+            ExprKind::Call {
+                callee: Callee::Local(v),
+                ..
+            } => {
+                let local = f
+                    .bindings()
+                    .find(|x| x.var == *v)
+                    .map(|x| &f.expr(x.value).kind);
                 if let Some(ExprKind::Function(inner)) = local {
                     count_ops(m, inner, out, depth + 1);
                 }
@@ -69,7 +81,10 @@ fn no_self_calls(m: &Module) {
             assert!(depth < 64, "{name} reaches itself through calls");
             for (_, d) in g.exprs.iter() {
                 match &d.kind {
-                    ExprKind::Call { callee: Callee::Global(c), .. } => {
+                    ExprKind::Call {
+                        callee: Callee::Global(c),
+                        ..
+                    } => {
                         assert_ne!(c.as_ref(), name.as_str(), "{name} calls itself");
                         if let Some(cf) = m.get(c) {
                             stack.push((cf, depth + 1));

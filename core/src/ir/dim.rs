@@ -169,6 +169,18 @@ impl Dim {
         }
     }
 
+    /// Calls `f` for every symbol in this dim (no allocation).
+    pub fn for_each_sym(&self, f: &mut dyn FnMut(&Sym)) {
+        match self {
+            Dim::Static(_) => {}
+            Dim::Sym(s) => f(s),
+            Dim::Expr(e) => {
+                e.1.for_each_sym(f);
+                e.2.for_each_sym(f);
+            }
+        }
+    }
+
     /// Evaluates the dim with the symbol values given by `lookup`.
     pub fn eval(&self, lookup: &dyn Fn(&Sym) -> Option<i64>) -> Option<i64> {
         match self {

@@ -137,6 +137,20 @@ impl Type {
         }
     }
 
+    /// Calls `f` for every symbolic variable in this type (no allocation).
+    pub fn for_each_sym(&self, f: &mut dyn FnMut(&Sym)) {
+        match self {
+            Type::Tensor(t) => t.dims.iter().flatten().for_each(|d| d.for_each_sym(f)),
+            Type::Shape { dims, .. } => dims.iter().flatten().for_each(|d| d.for_each_sym(f)),
+            Type::Tuple(ts) => ts.iter().for_each(|t| t.for_each_sym(f)),
+            Type::Func(ft) => {
+                ft.params.iter().for_each(|t| t.for_each_sym(f));
+                ft.ret.for_each_sym(f);
+            }
+            Type::Prim(_) | Type::Object => {}
+        }
+    }
+
     /// Adds every symbolic variable in this type to `out`.
     pub fn collect_syms(&self, out: &mut BTreeSet<Sym>) {
         match self {

@@ -109,6 +109,20 @@ pub fn verify(m: &Module) -> Result<(), VerifyErrors> {
     }
 }
 
+/// Where each var is defined, indexed by var.
+struct DefTable(Vec<Option<Def>>);
+
+impl DefTable {
+    fn get(&self, v: &VarId) -> Option<&Def> {
+        self.0.get(v.index()).and_then(Option::as_ref)
+    }
+
+    /// Records a definition; returns the previous one (a double definition) if any.
+    fn insert(&mut self, v: VarId, d: Def) -> Option<Def> {
+        self.0.get_mut(v.index()).and_then(|slot| slot.replace(d))
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Def {
     /// Defined as a param or a non-dataflow binding.
@@ -146,24 +160,26 @@ impl Verifier<'_> {
         }
         // (1), (2): arena shape.
         for (id, d) in f.exprs.iter() {
-            let mut ops: Vec<ExprId> = Vec::new();
-            match &d.kind {
-                ExprKind::Var(v) if f.vars.get(*v).is_none_or(|vd| vd.expr != id) => {
-                    self.err(None, format!("expression {id} refers to var {v}, which is out of range or owned by another expression"));
+            let ops: &[ExprId] = match &d.kind {
+                ExprKind::Var(v) => {
+                    if f.vars.get(*v).is_none_or(|vd| vd.expr != id) {
+                        self.err(None, format!("expression {id} refers to var {v}, which is out of range or owned by another expression"));
+                    }
+                    &[]
                 }
                 ExprKind::Call { callee, args } => {
-                    ops.extend(args);
                     if let Callee::Local(v) = callee
                         && f.vars.get(*v).is_none()
                     {
                         self.err(None, format!("local callee {v} is out of range"));
                     }
+                    args
                 }
-                ExprKind::Tuple(xs) => ops.extend(xs),
-                ExprKind::TupleGetItem(x, _) => ops.push(*x),
-                _ => {}
-            }
-            for o in ops {
+                ExprKind::Tuple(xs) => xs,
+                ExprKind::TupleGetItem(x, _) => std::slice::from_ref(x),
+                _ => &[],
+            };
+            for &o in ops {
                 if o.index() >= id.index() {
                     self.err(
                         None,
@@ -175,7 +191,7 @@ impl Verifier<'_> {
         let mut syms: BTreeSet<Sym> = self.outer_syms.clone();
         syms.extend(f.sym_vars.iter().cloned());
         // (3), (4): definitions and scope.
-        let mut def: HashMap<VarId, Def> = HashMap::new();
+        let mut def = DefTable(vec![None; f.vars.len()]);
         for &p in &f.params {
             if f.vars.get(p).is_none() {
                 self.err(None, format!("parameter {p} is out of range"));
@@ -286,13 +302,7 @@ impl Verifier<'_> {
         }
     }
 
-    fn check_use(
-        &mut self,
-        at: Option<VarId>,
-        v: VarId,
-        def: &HashMap<VarId, Def>,
-        block: Option<usize>,
-    ) {
+    fn check_use(&mut self, at: Option<VarId>, v: VarId, def: &DefTable, block: Option<usize>) {
         let name = self
             .f
             .vars
@@ -312,7 +322,7 @@ impl Verifier<'_> {
         &mut self,
         at: Option<VarId>,
         e: ExprId,
-        def: &HashMap<VarId, Def>,
+        def: &DefTable,
         block: Option<usize>,
         top: bool,
     ) {

@@ -566,7 +566,6 @@ struct Outlined {
 fn outline(
     f: &Function,
     view: &FunctionView<'_>,
-    block: &Block,
     members: &[VarId],
     attrs: &FuncAttrs,
     opts: PartitionOptions,
@@ -583,19 +582,30 @@ fn outline(
         .copied()
         .filter(|v| !f.var(*v).dataflow)
         .collect();
+    // First outside use of each member (position of the using binding, then operand order in
+    // it): the order in which a scan of the block would first see the uses. Found through the
+    // use index, so the cost is the group's uses, not the block's size.
+    let mut firsts: Vec<(usize, usize, VarId)> = Vec::new();
     let mut ops = Vec::new();
-    for b in &block.bindings {
-        if inside.contains(&b.var) {
+    for &mv in members {
+        if outputs.contains(&mv) {
             continue;
         }
-        ops.clear();
-        operand_vars(f, b.value, &mut ops);
-        for &o in &ops {
-            if inside.contains(&o) && !outputs.contains(&o) {
-                outputs.push(o);
-            }
+        let first = view
+            .users_of(mv)
+            .iter()
+            .filter(|u| !inside.contains(u) && view.block_of(**u) == view.block_of(mv))
+            .filter_map(|&u| view.bound(u).map(|(p, e)| (p, e)))
+            .min_by_key(|&(p, _)| p);
+        if let Some((p, e)) = first {
+            ops.clear();
+            operand_vars(f, e, &mut ops);
+            let k = ops.iter().position(|&o| o == mv).unwrap_or(0);
+            firsts.push((p, k, mv));
         }
     }
+    firsts.sort_unstable();
+    outputs.extend(firsts.into_iter().map(|(_, _, v)| v));
     if outputs.is_empty() {
         // Unused group: keep its last binding as the output so no op is dropped.
         outputs.extend(members.last());
@@ -910,7 +920,6 @@ pub(crate) fn rewrite(
                     let o = outline(
                         f,
                         view,
-                        block,
                         &groups[g].0,
                         &groups[g].1,
                         opts,
