@@ -7,6 +7,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+/// mimalloc: the IR allocates many small vectors; glibc's malloc spends much of a large
+/// partition in consolidation and page faults, mimalloc does not.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Partition tensor programs into fused functions and hand each to the backend that compiles it
 /// best.
 #[derive(Parser)]

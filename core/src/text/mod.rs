@@ -27,7 +27,6 @@
 //!   temporary file in the same directory and renaming it into place.
 
 mod constants;
-mod fxhash;
 mod lexer;
 mod parser;
 mod printer;

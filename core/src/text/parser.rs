@@ -22,7 +22,6 @@
 //! [`MAX_DEPTH`] is an error, never a stack overflow. Linear time: name lookups are hash maps.
 
 use super::constants::{ConstTable, side_file_path};
-use super::fxhash::{FxMap, FxSet};
 use super::lexer::{Tk, Token, lex, unescape};
 use crate::error::{Error, Pos, Result};
 use crate::ir::infer::{brief, infer_kind};
@@ -31,6 +30,7 @@ use crate::ir::{
     FuncType, Function, Module, PrimValue, Sym, TensorType, Type, VarId,
 };
 use crate::op::{AttrLit, Op};
+use rustc_hash::{FxHashMap as FxMap, FxHashSet as FxSet};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

@@ -24,7 +24,6 @@
 //! to an equal module and printing that again gives the same text.
 
 use super::constants::NS_CONSTANT;
-use super::fxhash::{FxMap, FxSet};
 use super::lexer::quote;
 use super::parser::is_reserved;
 use crate::ir::{
@@ -32,6 +31,7 @@ use crate::ir::{
     Type,
 };
 use crate::op::AttrLit;
+use rustc_hash::{FxHashMap as FxMap, FxHashSet as FxSet};
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;

@@ -48,7 +48,8 @@ use crate::ir::{
 use crate::pattern::Pattern;
 use crate::pattern::check::{Check, CheckContext, Verdict};
 use crate::pattern::matcher::{FunctionView, match_at, operand_vars};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// One entry of a pattern table.
@@ -293,7 +294,7 @@ fn find_groups(
     rejections: &mut Vec<Rejection>,
 ) -> Vec<Vec<VarId>> {
     let f = view.func;
-    let mut group_of: HashMap<VarId, usize> = HashMap::new();
+    let mut group_of: HashMap<VarId, usize> = HashMap::default();
     let mut groups: Vec<Group> = Vec::new();
     for (bi, block) in f.blocks.iter().enumerate() {
         if !block.dataflow {
@@ -408,7 +409,7 @@ fn cycle_through(
                 .filter(|u| !inside.contains(u) && pos(**u) <= maxpos),
         );
     }
-    let mut tainted: HashSet<VarId> = HashSet::new();
+    let mut tainted: HashSet<VarId> = HashSet::default();
     while let Some(x) = stack.pop() {
         if !tainted.insert(x) {
             continue;
@@ -611,11 +612,11 @@ fn outline(
         outputs.extend(members.last());
     }
     let mut cf = Function::new();
-    let mut fmap: HashMap<VarId, ExprId> = HashMap::new();
+    let mut fmap: HashMap<VarId, ExprId> = HashMap::default();
     let mut args: Vec<ExprId> = Vec::new();
     let mut lifted = 0usize;
     // Parameters in first-use order; leaves are rewritten in place.
-    let mut leaf_map: HashMap<ExprId, ExprId> = HashMap::new();
+    let mut leaf_map: HashMap<ExprId, ExprId> = HashMap::default();
     for &v in members {
         let Some((_, value)) = view.bound(v) else {
             continue;
@@ -663,7 +664,7 @@ fn outline(
             .map(|&v| f.var(v).name.clone())
             .chain(cf.vars.iter().map(|(_, d)| d.name.clone()))
             .collect(),
-        next: HashMap::new(),
+        next: HashMap::default(),
     };
     let mut body = Block {
         dataflow: true,
@@ -803,7 +804,7 @@ pub(crate) fn rewrite(
     m: &Module,
     dedup: &mut DedupIndex,
 ) -> Result<(Function, NewFunctions)> {
-    let mut group_of: HashMap<VarId, usize> = HashMap::new();
+    let mut group_of: HashMap<VarId, usize> = HashMap::default();
     for (gi, (g, _)) in groups.iter().enumerate() {
         for &v in g {
             group_of.insert(v, gi);
@@ -813,7 +814,7 @@ pub(crate) fn rewrite(
     nf.attrs = f.attrs.clone();
     nf.sym_vars = f.sym_vars.clone();
     nf.ret_ty = f.ret_ty.clone();
-    let mut map: HashMap<VarId, ExprId> = HashMap::new();
+    let mut map: HashMap<VarId, ExprId> = HashMap::default();
     for &p in &f.params {
         let vd = f.var(p);
         let np = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
@@ -827,7 +828,7 @@ pub(crate) fn rewrite(
             .filter(|(v, _)| !group_of.contains_key(v))
             .map(|(_, d)| d.name.clone())
             .collect(),
-        next: HashMap::new(),
+        next: HashMap::default(),
     };
     let mut pending: NewFunctions = Vec::new();
     for block in &f.blocks {
@@ -887,7 +888,7 @@ pub(crate) fn rewrite(
             }
             out
         };
-        let mut done: HashSet<Unit> = HashSet::new();
+        let mut done: HashSet<Unit> = HashSet::default();
         let mut order: Vec<Unit> = Vec::new();
         for i in 0..block.bindings.len() {
             let u = unit_of(i);
@@ -1010,7 +1011,7 @@ fn emit_copy(
 /// Wraps every composite called from an entry function in a public `Codegen` function.
 pub fn annotate_codegen(m: &Module) -> Result<Module> {
     let mut out = m.clone();
-    let mut wrapper_of: HashMap<String, String> = HashMap::new();
+    let mut wrapper_of: HashMap<String, String> = HashMap::default();
     let entries: Vec<String> = m
         .functions
         .iter()
