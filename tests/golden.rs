@@ -184,7 +184,7 @@ fn golden() {
             Ok(actual) if actual == expected => {}
             Ok(actual) if bless => {
                 let mut out = input.trim_end().to_string();
-                out.push_str("\n");
+                out.push('\n');
                 out.push_str(MARKER);
                 out.push('\n');
                 for line in actual.lines() {

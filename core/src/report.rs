@@ -148,10 +148,9 @@ pub fn build(m: &Module, rejections: &[Rejection]) -> Report {
                 callee: Callee::Global(g),
                 ..
             } = &f.expr(b.value).kind
+                && !order.iter().any(|o| o == g.as_ref())
             {
-                if !order.iter().any(|o| o == g.as_ref()) {
-                    order.push(g.to_string());
-                }
+                order.push(g.to_string());
             }
         }
     };

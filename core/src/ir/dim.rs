@@ -121,14 +121,33 @@ impl Dim {
         {
             let (iop, x, c1) = &**inner;
             if let (DimOp::Add | DimOp::Sub, Some(c1)) = (iop, c1.as_static()) {
-                let c1 = if *iop == DimOp::Add { c1 } else { -c1 };
-                let c2 = if op == DimOp::Add { c2 } else { -c2 };
-                if let Some(c) = c1.checked_add(c2) {
-                    return match c {
-                        0 => x.clone(),
-                        c if c > 0 => Dim::Expr(Arc::new((DimOp::Add, x.clone(), Dim::Static(c)))),
-                        c => Dim::Expr(Arc::new((DimOp::Sub, x.clone(), Dim::Static(-c)))),
-                    };
+                let c1 = if *iop == DimOp::Add {
+                    Some(c1)
+                } else {
+                    c1.checked_neg()
+                };
+                let c2 = if op == DimOp::Add {
+                    Some(c2)
+                } else {
+                    c2.checked_neg()
+                };
+                // Overflow anywhere: leave the expression unfolded.
+                if let Some(c) = c1.zip(c2).and_then(|(c1, c2)| c1.checked_add(c2)) {
+                    match c {
+                        0 => return x.clone(),
+                        c if c > 0 => {
+                            return Dim::Expr(Arc::new((DimOp::Add, x.clone(), Dim::Static(c))));
+                        }
+                        c => {
+                            if let Some(n) = c.checked_neg() {
+                                return Dim::Expr(Arc::new((
+                                    DimOp::Sub,
+                                    x.clone(),
+                                    Dim::Static(n),
+                                )));
+                            }
+                        }
+                    }
                 }
             }
         }

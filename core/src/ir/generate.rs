@@ -205,6 +205,40 @@ fn emit(b: &mut FunctionBuilder<'_>, op: Op, args: &[VarId], output: bool) -> Op
     .ok()
 }
 
+/// The benchmark graph of the partition issue: `layers` repetitions of
+/// `matmul(16×64, 64×64, f16) → add(bias) → relu` (3 ops per layer), each layer with its own
+/// weight and bias parameters.
+pub fn mlp_chain(layers: usize) -> Module {
+    let m = Module::new();
+    let mut b = FunctionBuilder::new(&m);
+    let x = b.param("x", Type::tensor(&[16, 64], DType::F16));
+    let mut weights = Vec::with_capacity(layers);
+    for i in 0..layers {
+        let w = b.param(&format!("w{i}"), Type::tensor(&[64, 64], DType::F16));
+        let bias = b.param(&format!("b{i}"), Type::tensor(&[64], DType::F16));
+        weights.push((w, bias));
+    }
+    b.begin_dataflow();
+    let mut cur = x;
+    for (i, &(w, bias)) in weights.iter().enumerate() {
+        let last = i + 1 == layers;
+        let mm = emit(&mut b, Op::Matmul { out_dtype: None }, &[cur, w], false);
+        let add = mm.and_then(|mm| emit(&mut b, Op::Add, &[mm, bias], false));
+        match add.and_then(|a| emit(&mut b, Op::Relu, &[a], last)) {
+            Some(v) => cur = v,
+            None => break,
+        }
+    }
+    let _ = b.end_dataflow();
+    let ret = b.var(cur);
+    let mut out = Module::new();
+    if let Ok(mut f) = b.finish(ret) {
+        f.attrs.global_symbol = Some("main".into());
+        out.insert("main", f);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,38 +279,4 @@ mod tests {
         assert!(text.contains("used outside its dataflow block"), "{text}");
         assert!(text.contains("differs from the inferred"), "{text}");
     }
-}
-
-/// The benchmark graph of the partition issue: `layers` repetitions of
-/// `matmul(16×64, 64×64, f16) → add(bias) → relu` (3 ops per layer), each layer with its own
-/// weight and bias parameters.
-pub fn mlp_chain(layers: usize) -> Module {
-    let m = Module::new();
-    let mut b = FunctionBuilder::new(&m);
-    let x = b.param("x", Type::tensor(&[16, 64], DType::F16));
-    let mut weights = Vec::with_capacity(layers);
-    for i in 0..layers {
-        let w = b.param(&format!("w{i}"), Type::tensor(&[64, 64], DType::F16));
-        let bias = b.param(&format!("b{i}"), Type::tensor(&[64], DType::F16));
-        weights.push((w, bias));
-    }
-    b.begin_dataflow();
-    let mut cur = x;
-    for (i, &(w, bias)) in weights.iter().enumerate() {
-        let last = i + 1 == layers;
-        let mm = emit(&mut b, Op::Matmul { out_dtype: None }, &[cur, w], false);
-        let add = mm.and_then(|mm| emit(&mut b, Op::Add, &[mm, bias], false));
-        match add.and_then(|a| emit(&mut b, Op::Relu, &[a], last)) {
-            Some(v) => cur = v,
-            None => break,
-        }
-    }
-    let _ = b.end_dataflow();
-    let ret = b.var(cur);
-    let mut out = Module::new();
-    if let Ok(mut f) = b.finish(ret) {
-        f.attrs.global_symbol = Some("main".into());
-        out.insert("main", f);
-    }
-    out
 }

@@ -1174,6 +1174,16 @@ impl<'a> Parser<'a> {
 
     fn add_expr(&mut self, ctx: &mut FnCtx<'a>, kind: ExprKind, at: Token) -> Result<ExprId> {
         let ty = infer_kind(&ctx.f, &self.globals, &kind).map_err(|m| {
+            // The op set's messages may already start with the op name.
+            let mut m = m;
+            if let ExprKind::Call {
+                callee: Callee::Op(op),
+                ..
+            } = &kind
+                && let Some(rest) = m.strip_prefix(&format!("{}: ", op.name()))
+            {
+                m = rest.to_string();
+            }
             let what = match &kind {
                 ExprKind::Call {
                     callee: Callee::Op(op),

@@ -418,7 +418,7 @@ fn malformed_inputs_report_positions() {
                 "        y = R.nn.conv2d(x, x, strides=\"a\")\n        return y\n",
             ),
             "8:13",
-            "`strides` expects a list of integers",
+            "attribute `strides`: expected a list of integers",
         ),
         // 11. too many positional arguments
         (
@@ -457,7 +457,7 @@ fn malformed_inputs_report_positions() {
                 "        y = R.add(x, R.const(1, \"int64\"))\n        return y\n",
             ),
             "8:13",
-            "type error in `relax.add`: dtypes differ",
+            "type error in `relax.add`: expected operands of the same dtype, found float32 and int64",
         ),
         // 16. unknown function
         (

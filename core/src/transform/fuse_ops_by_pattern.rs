@@ -596,7 +596,7 @@ fn outline(
             .users_of(mv)
             .iter()
             .filter(|u| !inside.contains(u) && view.block_of(**u) == view.block_of(mv))
-            .filter_map(|&u| view.bound(u).map(|(p, e)| (p, e)))
+            .filter_map(|&u| view.bound(u))
             .min_by_key(|&(p, _)| p);
         if let Some((p, e)) = first {
             ops.clear();

@@ -76,14 +76,13 @@ pub fn merge_composite_functions(m: &Module) -> Result<Module> {
                 callee: Callee::Global(g),
                 args,
             } = &nf.exprs[id].kind
+                && let Some(new) = renames.get(g.as_ref())
             {
-                if let Some(new) = renames.get(g.as_ref()) {
-                    let args = args.clone();
-                    nf.exprs[id].kind = ExprKind::Call {
-                        callee: Callee::Global(new.as_str().into()),
-                        args,
-                    };
-                }
+                let args = args.clone();
+                nf.exprs[id].kind = ExprKind::Call {
+                    callee: Callee::Global(new.as_str().into()),
+                    args,
+                };
             }
         }
         out.insert(fname, nf);
