@@ -1906,7 +1906,7 @@ impl<'a> Parser<'a> {
                     let ndim = self.parse_ndim()?;
                     Type::Shape { dims: None, ndim }
                 } else if matches!(at.kind, Tk::LBracket | Tk::LParen) {
-                    Type::shape(self.parse_dim_list()?)
+                    Type::shape(self.parse_type_dims()?)
                 } else if at.kind == Tk::RParen {
                     Type::Shape {
                         dims: None,
@@ -2011,7 +2011,7 @@ impl<'a> Parser<'a> {
                         if self.is_ident(self.peek(), "None") {
                             self.bump();
                         } else {
-                            dims = Some(self.parse_dim_list()?);
+                            dims = Some(self.parse_type_dims()?);
                         }
                     }
                     _ => {
@@ -2023,7 +2023,7 @@ impl<'a> Parser<'a> {
                 }
             } else {
                 match (positional, t.kind) {
-                    (0, Tk::LParen | Tk::LBracket) => dims = Some(self.parse_dim_list()?),
+                    (0, Tk::LParen | Tk::LBracket) => dims = Some(self.parse_type_dims()?),
                     (0, Tk::Ident) if self.text(t) == "None" => {
                         self.bump();
                     }
@@ -2088,6 +2088,17 @@ impl<'a> Parser<'a> {
         let r = self.expect(close, "after the shape dims");
         self.leave();
         r?;
+        Ok(dims)
+    }
+
+    /// A dim list of a type: like [`Self::parse_dim_list`], but a static dim must not be
+    /// negative.
+    fn parse_type_dims(&mut self) -> Result<Vec<Dim>> {
+        let at = self.peek();
+        let dims = self.parse_dim_list()?;
+        if let Some(v) = dims.iter().find_map(|d| d.as_static().filter(|v| *v < 0)) {
+            return Err(self.err_at(at, format!("expected non-negative dims in a type, found {v}")));
+        }
         Ok(dims)
     }
 
