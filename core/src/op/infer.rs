@@ -986,7 +986,9 @@ fn split_pieces(cx: &Cx<'_>, len: &Dim, spec: &SplitSpec) -> Result<Vec<Dim>, St
                 return Err(cx.err(format!("expected at least 1 section, found {n}")));
             }
             match len.as_static() {
-                Some(l) if l < 0 => Err(cx.err(format!("expected a non-negative extent, found {l}"))),
+                Some(l) if l < 0 => {
+                    Err(cx.err(format!("expected a non-negative extent, found {l}")))
+                }
                 Some(l) => {
                     // As TVM: sections of ceil(l / n), the last ones smaller (or empty).
                     let part = l.saturating_add(n - 1).div_euclid(n);

@@ -1036,6 +1036,30 @@ impl Op {
 
     /// Infers the result type from the argument types (see the module docs).
     pub fn infer(&self, args: &[&Type]) -> Result<Type, String> {
-        infer::infer(self, args)
+        let t = infer::infer(self, args)?;
+        if let Some(d) = first_negative_dim(&t) {
+            return Err(format!(
+                "{}: the result would have a negative extent ({d}); check the shapes and attributes",
+                self.name()
+            ));
+        }
+        Ok(t)
+    }
+}
+
+/// The first static dim below zero in a (possibly tuple) type.
+fn first_negative_dim(t: &Type) -> Option<i64> {
+    match t {
+        Type::Tensor(tt) => tt
+            .dims
+            .iter()
+            .flatten()
+            .find_map(|d| d.as_static().filter(|v| *v < 0)),
+        Type::Shape { dims, .. } => dims
+            .iter()
+            .flatten()
+            .find_map(|d| d.as_static().filter(|v| *v < 0)),
+        Type::Tuple(ts) => ts.iter().find_map(first_negative_dim),
+        _ => None,
     }
 }

@@ -2097,7 +2097,10 @@ impl<'a> Parser<'a> {
         let at = self.peek();
         let dims = self.parse_dim_list()?;
         if let Some(v) = dims.iter().find_map(|d| d.as_static().filter(|v| *v < 0)) {
-            return Err(self.err_at(at, format!("expected non-negative dims in a type, found {v}")));
+            return Err(self.err_at(
+                at,
+                format!("expected non-negative dims in a type, found {v}"),
+            ));
         }
         Ok(dims)
     }

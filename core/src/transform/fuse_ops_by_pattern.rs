@@ -40,6 +40,7 @@
 //! ```
 
 use crate::error::{Error, Result};
+use crate::ir::EntityId;
 use crate::ir::structural::{function_eq, function_hash};
 use crate::ir::{
     AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Sym, Type,
@@ -447,6 +448,71 @@ fn cycle_through(
     None
 }
 
+/// Fresh names for the caller: `lv…`/`gv…` avoiding the names of the bindings that stay.
+struct CallerNames<'f> {
+    reserved: HashSet<&'f str>,
+    taken: HashSet<String>,
+    next: HashMap<&'static str, usize>,
+}
+
+impl CallerNames<'_> {
+    fn fresh(&mut self, base: &'static str) -> String {
+        let n = self.next.entry(base).or_insert(0);
+        loop {
+            let cand = if *n == 0 {
+                base.to_string()
+            } else {
+                format!("{base}{n}")
+            };
+            *n += 1;
+            if !self.reserved.contains(cand.as_str()) && self.taken.insert(cand.clone()) {
+                return cand;
+            }
+        }
+    }
+}
+
+/// A dense map from the vars of one function (indexed by id) to values.
+pub(crate) struct VarMap<T>(Vec<Option<T>>);
+
+impl<T: Copy> VarMap<T> {
+    pub(crate) fn new(len: usize) -> Self {
+        VarMap(vec![None; len])
+    }
+
+    pub(crate) fn get(&self, v: &VarId) -> Option<&T> {
+        self.0.get(v.index()).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn insert(&mut self, v: VarId, t: T) {
+        if let Some(slot) = self.0.get_mut(v.index()) {
+            *slot = Some(t);
+        }
+    }
+
+    pub(crate) fn contains_key(&self, v: &VarId) -> bool {
+        self.get(v).is_some()
+    }
+}
+
+/// Where a copied expression's vars go.
+pub(crate) trait VarLookup {
+    /// The expression that replaces var `v`.
+    fn lookup(&self, v: VarId) -> Option<ExprId>;
+}
+
+impl VarLookup for VarMap<ExprId> {
+    fn lookup(&self, v: VarId) -> Option<ExprId> {
+        self.get(&v).copied()
+    }
+}
+
+impl VarLookup for HashMap<VarId, ExprId> {
+    fn lookup(&self, v: VarId) -> Option<ExprId> {
+        self.get(&v).copied()
+    }
+}
+
 /// Fresh names `lv`, `lv1`, … and `gv`, `gv1`, … that avoid a reserved set.
 struct Names {
     taken: HashSet<String>,
@@ -475,12 +541,12 @@ fn copy_expr(
     src: &Function,
     e: ExprId,
     dst: &mut Function,
-    map: &HashMap<VarId, ExprId>,
+    map: &impl VarLookup,
 ) -> Result<ExprId> {
     let d = src.expr(e);
     let kind = match &d.kind {
         ExprKind::Var(v) => {
-            return map.get(v).copied().ok_or_else(|| {
+            return map.lookup(*v).ok_or_else(|| {
                 Error::Invalid(format!(
                     "internal: `{}` has no mapping while outlining",
                     src.var(*v).name
@@ -490,7 +556,7 @@ fn copy_expr(
         ExprKind::Call { callee, args } => {
             let callee = match callee {
                 Callee::Local(v) => {
-                    let ne = map.get(v).copied().ok_or_else(|| {
+                    let ne = map.lookup(*v).ok_or_else(|| {
                         Error::Invalid(format!(
                             "internal: local callee `{}` has no mapping",
                             src.var(*v).name
@@ -571,7 +637,7 @@ fn outline(
     attrs: &FuncAttrs,
     opts: PartitionOptions,
     caller: &mut Function,
-    cmap: &HashMap<VarId, ExprId>,
+    cmap: &VarMap<ExprId>,
     m: &Module,
     dedup: &mut DedupIndex,
     pending: &mut Vec<(String, Function)>,
@@ -758,7 +824,7 @@ fn copy_with_leaves(
     src: &Function,
     e: ExprId,
     dst: &mut Function,
-    map: &HashMap<VarId, ExprId>,
+    map: &impl VarLookup,
     leaf_map: &HashMap<ExprId, ExprId>,
 ) -> Result<ExprId> {
     if let Some(&ne) = leaf_map.get(&e) {
@@ -804,7 +870,7 @@ pub(crate) fn rewrite(
     m: &Module,
     dedup: &mut DedupIndex,
 ) -> Result<(Function, NewFunctions)> {
-    let mut group_of: HashMap<VarId, usize> = HashMap::default();
+    let mut group_of: VarMap<usize> = VarMap::new(f.vars.len());
     for (gi, (g, _)) in groups.iter().enumerate() {
         for &v in g {
             group_of.insert(v, gi);
@@ -814,20 +880,21 @@ pub(crate) fn rewrite(
     nf.attrs = f.attrs.clone();
     nf.sym_vars = f.sym_vars.clone();
     nf.ret_ty = f.ret_ty.clone();
-    let mut map: HashMap<VarId, ExprId> = HashMap::default();
+    let mut map: VarMap<ExprId> = VarMap::new(f.vars.len());
     for &p in &f.params {
         let vd = f.var(p);
         let np = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
         nf.params.push(np);
         map.insert(p, nf.var_expr(np));
     }
-    let mut names = Names {
-        taken: f
+    let mut names = CallerNames {
+        reserved: f
             .vars
             .iter()
             .filter(|(v, _)| !group_of.contains_key(v))
-            .map(|(_, d)| d.name.clone())
+            .map(|(_, d)| d.name.as_str())
             .collect(),
+        taken: HashSet::default(),
         next: HashMap::default(),
     };
     let mut pending: NewFunctions = Vec::new();
@@ -851,12 +918,10 @@ pub(crate) fn rewrite(
             Group(usize),
             Single(usize),
         }
-        let index: HashMap<VarId, usize> = block
-            .bindings
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (b.var, i))
-            .collect();
+        let mut index: VarMap<usize> = VarMap::new(f.vars.len());
+        for (i, b) in block.bindings.iter().enumerate() {
+            index.insert(b.var, i);
+        }
         let unit_of = |i: usize| -> Unit {
             match group_of.get(&block.bindings[i].var) {
                 Some(&g) => Unit::Group(g),
@@ -997,7 +1062,7 @@ fn emit_copy(
     f: &Function,
     b: &Binding,
     nf: &mut Function,
-    map: &mut HashMap<VarId, ExprId>,
+    map: &mut VarMap<ExprId>,
     out: &mut Block,
 ) -> Result<()> {
     let value = copy_expr(f, b.value, nf, map)?;
