@@ -50,6 +50,7 @@ use crate::pattern::Pattern;
 use crate::pattern::check::{Check, CheckContext, Verdict};
 use crate::pattern::matcher::{FunctionView, match_at, operand_vars};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -162,7 +163,9 @@ pub fn fuse_ops_by_pattern(
     patterns: &[FusionPattern],
     opts: PartitionOptions,
 ) -> Result<Partitioned> {
-    let mut m = module.clone();
+    // The module is cloned only when a pattern first changes it, and then without the function
+    // being replaced.
+    let mut m: Cow<'_, Module> = Cow::Borrowed(module);
     let mut rejections = Vec::new();
     if opts.annotate_codegen
         && let Some(p) = patterns.iter().find(|p| p.codegen().is_none())
@@ -175,6 +178,7 @@ pub fn fuse_ops_by_pattern(
     for fp in patterns {
         apply_pattern(&mut m, fp, opts, &mut rejections)?;
     }
+    let mut m = m.into_owned();
     if opts.annotate_codegen {
         m = annotate_codegen(&m)?;
     }
@@ -188,8 +192,29 @@ pub(crate) fn is_entry(f: &Function) -> bool {
     !f.attrs.is_primitive() && f.attrs.composite.is_none() && f.attrs.codegen.is_none()
 }
 
+/// Replaces function `name` and adds `new_funcs`, cloning a borrowed module (all but `name`)
+/// the first time.
+fn commit(m: &mut Cow<'_, Module>, name: String, f: Function, new_funcs: NewFunctions) {
+    if let Cow::Borrowed(orig) = m {
+        let mut out = Module::new();
+        for (n, g) in &orig.functions {
+            if *n == name {
+                out.insert(n.clone(), Function::new());
+            } else {
+                out.insert(n.clone(), g.clone());
+            }
+        }
+        *m = Cow::Owned(out);
+    }
+    let owned = m.to_mut();
+    for (n, func) in new_funcs {
+        owned.insert(n, func);
+    }
+    owned.insert(name, f);
+}
+
 fn apply_pattern(
-    m: &mut Module,
+    m: &mut Cow<'_, Module>,
     fp: &FusionPattern,
     opts: PartitionOptions,
     rejections: &mut Vec<Rejection>,
@@ -229,11 +254,9 @@ fn apply_pattern(
         };
         let groups: Vec<(Vec<VarId>, FuncAttrs)> =
             groups.into_iter().map(|g| (g, attrs.clone())).collect();
-        let (new_f, new_funcs) = rewrite(f, &view, &groups, opts, m, &mut dedup)?;
-        for (name, func) in new_funcs {
-            m.insert(name, func);
-        }
-        m.insert(fname, new_f);
+        let (new_f, new_funcs) = rewrite(f, &view, &groups, opts, Naming::Full, m, &mut dedup)?;
+        drop(view);
+        commit(m, fname, new_f, new_funcs);
     }
     Ok(())
 }
@@ -590,8 +613,18 @@ fn copy_expr(
     Ok(dst.add_expr(kind, d.ty.clone()))
 }
 
+/// How outlined functions are named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Naming {
+    /// `fused_relax_nn_conv2d_relax_nn_relu` (FuseOpsByPattern, as TVM).
+    Full,
+    /// `fused_conv2d_relu` (FuseOps: the op's last name segment, as TVM's PrimFunc names).
+    #[allow(dead_code, reason = "the FuseOps pass (next) names its groups this way")]
+    Short,
+}
+
 /// The name hint of a group: `fused_` + each call's op name (global callees without `fused_`).
-fn group_name(f: &Function, members: &[VarId], view: &FunctionView<'_>) -> String {
+fn group_name(f: &Function, members: &[VarId], view: &FunctionView<'_>, naming: Naming) -> String {
     let mut name = String::from("fused");
     for &v in members {
         let Some((_, value)) = view.bound(v) else {
@@ -600,7 +633,10 @@ fn group_name(f: &Function, members: &[VarId], view: &FunctionView<'_>) -> Strin
         if let ExprKind::Call { callee, .. } = &f.expr(value).kind {
             name.push('_');
             match callee {
-                Callee::Op(op) => name.push_str(&op.name().replace('.', "_")),
+                Callee::Op(op) => match naming {
+                    Naming::Full => name.push_str(&op.name().replace('.', "_")),
+                    Naming::Short => name.push_str(op.name().rsplit('.').next().unwrap_or("op")),
+                },
                 Callee::Global(g) => name.push_str(g.strip_prefix("fused_").unwrap_or(g)),
                 Callee::Local(l) => name.push_str(&f.var(*l).name),
             }
@@ -626,21 +662,137 @@ struct Outlined {
     outputs: Vec<VarId>, // old vars, in tuple order
 }
 
+/// One token of a group's shape: enough to decide, without building the outlined function,
+/// that two groups of one function outline to structurally equal functions.
+#[derive(PartialEq)]
+enum Tok<'f> {
+    Call(&'f Callee, usize, &'f Type),
+    Tuple(usize),
+    Tgi(u32),
+    Member(usize),
+    Param(usize),
+    Lit(&'f ExprKind),
+    Const(&'f crate::ir::Constant),
+    Bind(&'f Type, bool),
+    ParamTy(&'f Type),
+    Out(usize),
+}
+
+impl Tok<'_> {
+    /// A cheap hash of the token's kind and indices (equality is checked in full).
+    fn hash_into(&self, h: &mut u64) {
+        let mix = |h: &mut u64, x: u64| {
+            *h = (h.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
+        };
+        match self {
+            Tok::Call(c, n, _) => {
+                mix(h, 1);
+                mix(h, *n as u64);
+                if let Callee::Op(op) = c {
+                    op.name().bytes().for_each(|b| mix(h, u64::from(b)));
+                }
+            }
+            Tok::Tuple(n) => mix(h, 2 + ((*n as u64) << 8)),
+            Tok::Tgi(i) => mix(h, 3 + (u64::from(*i) << 8)),
+            Tok::Member(i) => mix(h, 4 + ((*i as u64) << 8)),
+            Tok::Param(i) => mix(h, 5 + ((*i as u64) << 8)),
+            Tok::Lit(_) => mix(h, 6),
+            Tok::Const(c) => mix(h, 7 + ((c.data.len() as u64) << 8)),
+            Tok::Bind(_, df) => mix(h, 8 + u64::from(*df)),
+            Tok::ParamTy(_) => mix(h, 9),
+            Tok::Out(i) => mix(h, 10 + ((*i as u64) << 8)),
+        }
+    }
+}
+
+/// Where a parameter of an outlined group comes from.
+#[derive(Clone, Copy)]
+enum ParamSrc {
+    Var(VarId),
+    Const(ExprId),
+}
+
+/// Groups already outlined in this rewrite, by shape: equal shapes share a callee.
+#[derive(Default)]
+pub(crate) struct ShapeCache<'f> {
+    by_hash: HashMap<u64, Vec<(Vec<Tok<'f>>, String)>>,
+}
+
+/// Encodes value `e` of a group member (see [`Tok`]), assigning parameters in first-use order.
+fn encode<'f>(
+    f: &'f Function,
+    view: &FunctionView<'f>,
+    e: ExprId,
+    members: &[VarId],
+    bind_constants: bool,
+    out: &mut (Vec<ParamSrc>, Vec<Tok<'f>>),
+) {
+    let d = f.expr(e);
+    match &d.kind {
+        ExprKind::Call { callee, args } => {
+            out.1.push(Tok::Call(callee, args.len(), &d.ty));
+            for &a in args {
+                encode(f, view, a, members, bind_constants, out);
+            }
+        }
+        ExprKind::Tuple(xs) => {
+            out.1.push(Tok::Tuple(xs.len()));
+            for &x in xs {
+                encode(f, view, x, members, bind_constants, out);
+            }
+        }
+        ExprKind::TupleGetItem(x, i) => {
+            out.1.push(Tok::Tgi(*i));
+            encode(f, view, *x, members, bind_constants, out);
+        }
+        ExprKind::Var(x) => {
+            if let Some(k) = members.iter().position(|m| m == x) {
+                out.1.push(Tok::Member(k));
+            } else if let Some(lit) = static_literal(f, view, *x) {
+                out.1.push(Tok::Lit(&f.expr(lit).kind));
+            } else {
+                let known = out
+                    .0
+                    .iter()
+                    .position(|p| matches!(p, ParamSrc::Var(v) if v == x));
+                let k = match known {
+                    Some(k) => k,
+                    None => {
+                        out.0.push(ParamSrc::Var(*x));
+                        out.1.push(Tok::ParamTy(&f.var(*x).ty));
+                        out.0.len() - 1
+                    }
+                };
+                out.1.push(Tok::Param(k));
+            }
+        }
+        ExprKind::Const(c) if !bind_constants => {
+            out.0.push(ParamSrc::Const(e));
+            out.1.push(Tok::Const(c));
+            out.1.push(Tok::Param(out.0.len() - 1));
+        }
+        ExprKind::Const(c) => out.1.push(Tok::Const(c)),
+        other => out.1.push(Tok::Lit(other)),
+    }
+}
+
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces of one rewrite, kept explicit"
 )]
-fn outline(
-    f: &Function,
-    view: &FunctionView<'_>,
+fn outline<'f>(
+    f: &'f Function,
+    view: &FunctionView<'f>,
     members: &[VarId],
     attrs: &FuncAttrs,
     opts: PartitionOptions,
+    naming: Naming,
     caller: &mut Function,
     cmap: &VarMap<ExprId>,
     m: &Module,
     dedup: &mut DedupIndex,
     pending: &mut Vec<(String, Function)>,
+    cache: &mut ShapeCache<'f>,
 ) -> Result<Outlined> {
     let inside: HashSet<VarId> = members.iter().copied().collect();
     // Outputs: non-dataflow members, then members used by other bindings in first-use order.
@@ -676,6 +828,49 @@ fn outline(
     if outputs.is_empty() {
         // Unused group: keep its last binding as the output so no op is dropped.
         outputs.extend(members.last());
+    }
+    // Fast path: a group of the same shape was outlined before; share its callee.
+    let mut enc: (Vec<ParamSrc>, Vec<Tok<'f>>) = (Vec::new(), Vec::new());
+    for &v in members {
+        if let Some((_, value)) = view.bound(v) {
+            enc.1.push(Tok::Bind(&f.var(v).ty, f.var(v).dataflow));
+            encode(f, view, value, members, opts.bind_constants, &mut enc);
+        }
+    }
+    let (psrc, mut toks) = enc;
+    for o in &outputs {
+        if let Some(k) = members.iter().position(|m| m == o) {
+            toks.push(Tok::Out(k));
+        }
+    }
+    let mut key = 0u64;
+    toks.iter().for_each(|t| t.hash_into(&mut key));
+    let hit = cache.by_hash.get(&key).and_then(|list| {
+        list.iter()
+            .find(|(t, _)| *t == toks)
+            .map(|(_, name)| name.clone())
+    });
+    if let Some(callee) = hit {
+        let mut args = Vec::with_capacity(psrc.len());
+        for p in psrc {
+            args.push(match p {
+                ParamSrc::Var(x) => cmap.get(&x).copied().ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "internal: `{}` is not defined before its group",
+                        f.var(x).name
+                    ))
+                })?,
+                ParamSrc::Const(leaf) => {
+                    let d = f.expr(leaf);
+                    caller.add_expr(d.kind.clone(), d.ty.clone())
+                }
+            });
+        }
+        return Ok(Outlined {
+            callee,
+            args,
+            outputs,
+        });
     }
     let mut cf = Function::new();
     let mut fmap: HashMap<VarId, ExprId> = HashMap::default();
@@ -782,7 +977,7 @@ fn outline(
     let callee = match dedup.find(m, pending, &cf, h) {
         Some(existing) => existing,
         None => {
-            let base = group_name(f, members, view);
+            let base = group_name(f, members, view, naming);
             let name = unique_name(&base, &|n| {
                 m.get(n).is_some() || pending.iter().any(|(p, _)| p == n)
             });
@@ -791,6 +986,11 @@ fn outline(
             name
         }
     };
+    cache
+        .by_hash
+        .entry(key)
+        .or_default()
+        .push((toks, callee.clone()));
     Ok(Outlined {
         callee,
         args,
@@ -867,6 +1067,7 @@ pub(crate) fn rewrite(
     view: &FunctionView<'_>,
     groups: &[(Vec<VarId>, FuncAttrs)],
     opts: PartitionOptions,
+    naming: Naming,
     m: &Module,
     dedup: &mut DedupIndex,
 ) -> Result<(Function, NewFunctions)> {
@@ -898,6 +1099,7 @@ pub(crate) fn rewrite(
         next: HashMap::default(),
     };
     let mut pending: NewFunctions = Vec::new();
+    let mut cache = ShapeCache::default();
     for block in &f.blocks {
         let mut out = Block {
             dataflow: block.dataflow,
@@ -989,11 +1191,13 @@ pub(crate) fn rewrite(
                         &groups[g].0,
                         &groups[g].1,
                         opts,
+                        naming,
                         &mut nf,
                         &map,
                         m,
                         dedup,
                         &mut pending,
+                        &mut cache,
                     )?;
                     let ret_ty = pending
                         .iter()

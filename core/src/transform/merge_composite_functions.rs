@@ -22,7 +22,7 @@
 //! ```
 
 use super::fuse_ops_by_pattern::{
-    DedupIndex, PartitionOptions, codegen_of, is_entry, rewrite, unique_name,
+    DedupIndex, Naming, PartitionOptions, codegen_of, is_entry, rewrite, unique_name,
 };
 use crate::error::{Error, Result};
 use crate::ir::{
@@ -56,7 +56,7 @@ pub fn merge_composite_functions(m: &Module) -> Result<Module> {
             bind_constants: false,
             annotate_codegen: false,
         };
-        let (nf, new_funcs) = rewrite(&f, &view, &groups, opts, &out, &mut dedup)?;
+        let (nf, new_funcs) = rewrite(&f, &view, &groups, opts, Naming::Full, &out, &mut dedup)?;
         let mut renames: HashMap<String, String> = HashMap::new();
         for (name, region) in new_funcs {
             let codegen = region.attrs.codegen.clone().unwrap_or_default();
