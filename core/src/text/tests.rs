@@ -741,22 +741,3 @@ fn big_module_round_trips() {
     let m = parse_ok(&src);
     assert_eq!(print_module(&m).text, src);
 }
-
-#[test]
-#[ignore = "timing; run with --release -- --ignored"]
-fn perf_100k_bindings() {
-    let src = big_module(100_000);
-    let t0 = std::time::Instant::now();
-    let toks = super::lexer::lex(&src, 0, src.len(), false)
-        .map(|t| t.len())
-        .unwrap_or(0);
-    eprintln!("lex {:?} ({toks} tokens)", t0.elapsed());
-    let t0 = std::time::Instant::now();
-    let m = parse_ok(&src);
-    let t1 = t0.elapsed();
-    let text = print_module(&m).text;
-    let t2 = t0.elapsed();
-    eprintln!("parse {t1:?}, parse+print {t2:?} ({} bytes)", src.len());
-    assert_eq!(text.len(), src.len());
-    assert!(t2 < std::time::Duration::from_millis(500));
-}
