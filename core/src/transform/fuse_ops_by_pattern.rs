@@ -318,7 +318,7 @@ fn find_groups(
     rejections: &mut Vec<Rejection>,
 ) -> Vec<Vec<VarId>> {
     let f = view.func;
-    let mut group_of: HashMap<VarId, usize> = HashMap::default();
+    let mut group_of: VarMap<usize> = VarMap::new(f.vars.len());
     let mut groups: Vec<Group> = Vec::new();
     for (bi, block) in f.blocks.iter().enumerate() {
         if !block.dataflow {
@@ -418,7 +418,7 @@ fn find_groups(
 fn cycle_through(
     view: &FunctionView<'_>,
     members: &[VarId],
-    group_of: &HashMap<VarId, usize>,
+    group_of: &VarMap<usize>,
     groups: &[Group],
     merging: &[usize],
 ) -> Option<VarId> {
@@ -619,7 +619,10 @@ pub(crate) enum Naming {
     /// `fused_relax_nn_conv2d_relax_nn_relu` (FuseOpsByPattern, as TVM).
     Full,
     /// `fused_conv2d_relu` (FuseOps: the op's last name segment, as TVM's PrimFunc names).
-    #[allow(dead_code, reason = "the FuseOps pass (next) names its groups this way")]
+    #[allow(
+        dead_code,
+        reason = "the FuseOps pass (next) names its groups this way"
+    )]
     Short,
 }
 
@@ -1115,7 +1118,7 @@ pub(crate) fn rewrite(
         }
         // Units: a group (by index) or a single binding; emitted in order of first appearance,
         // each after the units it depends on.
-        #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+        #[derive(Clone, Copy, PartialEq, Eq)]
         enum Unit {
             Group(usize),
             Single(usize),
@@ -1155,27 +1158,34 @@ pub(crate) fn rewrite(
             }
             out
         };
-        let mut done: HashSet<Unit> = HashSet::default();
-        let mut order: Vec<Unit> = Vec::new();
+        let ngroups = groups.len();
+        let uid = |u: Unit| match u {
+            Unit::Group(g) => g,
+            Unit::Single(i) => ngroups + i,
+        };
+        let mut done = vec![false; ngroups + block.bindings.len()];
+        let mut order: Vec<Unit> = Vec::with_capacity(block.bindings.len());
+        let mut stack: Vec<(Unit, bool)> = Vec::new();
         for i in 0..block.bindings.len() {
             let u = unit_of(i);
-            if done.contains(&u) {
+            if done[uid(u)] {
                 continue;
             }
             // Iterative DFS: emit dependencies first.
-            let mut stack: Vec<(Unit, bool)> = vec![(u, false)];
+            stack.clear();
+            stack.push((u, false));
             while let Some((x, expanded)) = stack.pop() {
-                if done.contains(&x) {
+                if done[uid(x)] {
                     continue;
                 }
                 if expanded {
-                    done.insert(x);
+                    done[uid(x)] = true;
                     order.push(x);
                     continue;
                 }
                 stack.push((x, true));
                 for d in deps(x).into_iter().rev() {
-                    if !done.contains(&d) {
+                    if !done[uid(d)] {
                         stack.push((d, false));
                     }
                 }
