@@ -400,29 +400,23 @@ impl BlockGraph {
                 continue;
             }
             match own {
-                OutEWiseFusable => {
-                    if phase == 0 && edge == ElemWise {
-                        self.try_fuse(nid, dom, max_depth, |k, _| k <= Broadcast);
-                    }
+                OutEWiseFusable if phase == 0 && edge == ElemWise => {
+                    self.try_fuse(nid, dom, max_depth, |k, _| k <= Broadcast);
                 }
-                k if k <= Broadcast => {
-                    if edge <= Injective || edge == CommReduce {
-                        self.try_fuse(nid, dom, max_depth, |k, sink| {
-                            if sink {
-                                k <= Broadcast
-                                    || k == CommReduce
-                                    || k == Injective
-                                    || k == OutEWiseFusable
-                            } else {
-                                k <= Injective
-                            }
-                        });
-                    }
+                k if k <= Broadcast && (edge <= Injective || edge == CommReduce) => {
+                    self.try_fuse(nid, dom, max_depth, |k, sink| {
+                        if sink {
+                            k <= Broadcast
+                                || k == CommReduce
+                                || k == Injective
+                                || k == OutEWiseFusable
+                        } else {
+                            k <= Injective
+                        }
+                    });
                 }
-                Injective | Tuple => {
-                    if phase == 1 {
-                        self.try_fuse(nid, dom, max_depth, |k, _| k <= Injective);
-                    }
+                Injective | Tuple if phase == 1 => {
+                    self.try_fuse(nid, dom, max_depth, |k, _| k <= Injective);
                 }
                 _ => {}
             }
@@ -678,6 +672,23 @@ class Module:
         assert!(!before.contains("fused_"), "{before}");
         let s = fused(CHAIN, 2, 1);
         assert!(!s.contains("fused_"), "{s}");
+    }
+
+    #[test]
+    fn report_carries_kind_and_anchor() {
+        let m = match parse_module_str(CHAIN) {
+            Ok(m) => m,
+            Err(e) => panic!("{e}"),
+        };
+        let out = match fuse_ops(&m, 2, 256) {
+            Ok(o) => o,
+            Err(e) => panic!("{e}"),
+        };
+        let r = crate::report::build(&out, &[]);
+        assert_eq!(r.functions.len(), 1);
+        assert_eq!(r.functions[0].fusion_kind.as_deref(), Some("reduction"));
+        assert_eq!(r.functions[0].anchor.as_deref(), Some("relax.sum"));
+        assert_eq!(r.main, vec!["primitive:fused_exp_relu_sum".to_string()]);
     }
 
     #[test]
