@@ -17,3 +17,5 @@ echo "== main job smoke test: fusebox show / check on the bundled example"
 cargo run --quiet --locked -- check examples/conv2d_relu.relax
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --annotate-codegen true --emit json > /dev/null
 cargo run --quiet --locked -- show examples/conv2d_relu.relax > /dev/null
+cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --fuse-ops --emit json > /dev/null
+cargo run --quiet --locked -- partition examples/conv2d_relu.relax --fuse-ops --fuse-opt-level 1 --max-depth 8 > /dev/null

@@ -37,9 +37,10 @@ enum Command {
     Partition {
         /// The module file.
         file: PathBuf,
-        /// A TOML file of `[[pattern]]` tables (name, pattern, optional priority and check).
+        /// A TOML file of `[[pattern]]` tables (name, pattern, optional priority and check);
+        /// without it no pattern is applied (use `--fuse-ops` to run FuseOps alone).
         #[arg(long)]
-        patterns: PathBuf,
+        patterns: Option<PathBuf>,
         /// Keep constants inside composites (else they become parameters).
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         bind_constants: bool,
@@ -49,6 +50,15 @@ enum Command {
         /// Merge neighbouring composites of one codegen into regions (MergeCompositeFunctions).
         #[arg(long)]
         merge: bool,
+        /// Run FuseOps (automatic fusion) after the pattern partition (and after `--merge`).
+        #[arg(long)]
+        fuse_ops: bool,
+        /// FuseOps level: 0 nothing, 1 elementwise/broadcast chains, 2 everything.
+        #[arg(long, default_value_t = 2)]
+        fuse_opt_level: u32,
+        /// FuseOps: the most bindings in one fused group.
+        #[arg(long, default_value_t = 256)]
+        max_depth: usize,
         /// What to print.
         #[arg(long, value_enum, default_value_t = Emit::Text)]
         emit: Emit,
@@ -84,6 +94,19 @@ enum BenchCmd {
         /// `one` (matmul_bias_relu only) or `table20` (a 20-entry cuBLAS/CUTLASS-like table).
         #[arg(long, default_value = "table20")]
         table: String,
+        /// Timed repetitions; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+    },
+    /// FuseOps (opt level 2) on chains of `matmul → add → relu` layers (3 ops per layer).
+    FuseOps {
+        /// Op counts to run, comma separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1000,10000,100000,1000000"
+        )]
+        ops: Vec<usize>,
         /// Timed repetitions; the median is reported.
         #[arg(long, default_value_t = 3)]
         repeat: usize,
@@ -136,6 +159,9 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             bind_constants,
             annotate_codegen,
             merge,
+            fuse_ops,
+            fuse_opt_level,
+            max_depth,
             emit,
             timings,
         } => {
@@ -145,15 +171,20 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             let t = Instant::now();
             let m = text::read_module(&file)?;
             let parse_ms = t.elapsed().as_secs_f64() * 1e3;
-            let table_src =
-                std::fs::read_to_string(&patterns).map_err(|e| fusebox_core::Error::Io {
-                    path: patterns.clone(),
-                    source: e,
-                })?;
-            let mut table = fusebox_core::pattern_table::parse_pattern_table(
-                &table_src,
-                &patterns.display().to_string(),
-            )?;
+            let mut table = match &patterns {
+                Some(patterns) => {
+                    let table_src =
+                        std::fs::read_to_string(patterns).map_err(|e| fusebox_core::Error::Io {
+                            path: patterns.clone(),
+                            source: e,
+                        })?;
+                    fusebox_core::pattern_table::parse_pattern_table(
+                        &table_src,
+                        &patterns.display().to_string(),
+                    )?
+                }
+                None => Vec::new(),
+            };
             sort_by_priority(&mut table);
             let t = Instant::now();
             let opts = PartitionOptions {
@@ -165,6 +196,17 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
                 out.module = fusebox_core::transform::merge_composite_functions(&out.module)?;
             }
             let partition_ms = t.elapsed().as_secs_f64() * 1e3;
+            let mut pass_times = Vec::new();
+            if fuse_ops {
+                use fusebox_core::transform::{Pipeline, pass::FuseOps};
+                let pipeline = Pipeline::new().then(FuseOps {
+                    opt_level: fuse_opt_level,
+                    max_depth,
+                });
+                let (module, times) = pipeline.run(&out.module)?;
+                out.module = module;
+                pass_times = times;
+            }
             verify(&out.module).map_err(fusebox_core::Error::Verify)?;
             match emit {
                 Emit::Text => print!("{}", text::print_module(&out.module).text),
@@ -179,6 +221,9 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             if timings {
                 eprintln!("time parse {parse_ms:.3} ms");
                 eprintln!("time partition {partition_ms:.3} ms");
+                for pt in &pass_times {
+                    eprintln!("time {} {:.3} ms", pt.name, pt.ms);
+                }
             }
             Ok(())
         }
@@ -186,6 +231,7 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
         Command::Bench(BenchCmd::Partition { ops, table, repeat }) => {
             bench_partition(&ops, &table, repeat.max(1))
         }
+        Command::Bench(BenchCmd::FuseOps { ops, repeat }) => bench_fuse_ops(&ops, repeat.max(1)),
     }
 }
 
@@ -274,6 +320,49 @@ fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fuse
         let (b, p) = (median(base), median(part));
         println!(
             "  {:>9} {:>12.2} {:>12.2} {:>9.1}x {:>12.1}   ({} fused function(s))",
+            n,
+            b * 1e3,
+            p * 1e3,
+            p / b,
+            p * 1e9 / n as f64,
+            fused
+        );
+    }
+    Ok(())
+}
+
+/// FuseOps timings on `matmul → add → relu` chains (each layer becomes one
+/// `fused_matmul_add_relu` group), against the same baseline as `bench partition`: building
+/// the use/def index of the function once.
+fn bench_fuse_ops(ops: &[usize], repeat: usize) -> Result<(), fusebox_core::Error> {
+    use fusebox_core::pattern::FunctionView;
+    use fusebox_core::transform::fuse_ops;
+    println!("bench fuse-ops: opt_level 2, max_depth 256, median of {repeat}");
+    println!(
+        "  {:>9} {:>12} {:>12} {:>10} {:>12}",
+        "ops", "baseline ms", "fuse_ops ms", "ratio", "ns/op"
+    );
+    for &n in ops {
+        let module = fusebox_core::ir::generate::mlp_chain((n / 3).max(1));
+        let main = module
+            .get("main")
+            .ok_or_else(|| fusebox_core::Error::Invalid("no main".into()))?;
+        let (mut base, mut fuse) = (Vec::new(), Vec::new());
+        let mut fused = 0;
+        for _ in 0..repeat {
+            let t = Instant::now();
+            let view = FunctionView::new(main);
+            std::hint::black_box(&view);
+            base.push(t.elapsed().as_secs_f64());
+            drop(view);
+            let t = Instant::now();
+            let out = fuse_ops(&module, 2, 256)?;
+            fuse.push(t.elapsed().as_secs_f64());
+            fused = out.get("main").map_or(0, |f| f.bindings().count());
+        }
+        let (b, p) = (median(base), median(fuse));
+        println!(
+            "  {:>9} {:>12.2} {:>12.2} {:>9.1}x {:>12.1}   ({} fused call(s) in main)",
             n,
             b * 1e3,
             p * 1e3,

@@ -14,7 +14,9 @@
 //! - `partition`: header lines `# pattern: NAME = PATTERN` (or `# pattern+leakcheck: …` to add
 //!   the stock `no_leaking_intermediates` check) list the patterns in priority order, and
 //!   `# options: bind_constants=false annotate_codegen=true` sets options; the expected output is
-//!   the partitioned module (which must verify) followed by the rejections.
+//!   the partitioned module (which must verify) followed by the rejections. The option
+//!   `fuse_ops` (with optional `opt_level=N max_depth=N`) runs FuseOps afterwards (after `merge`
+//!   when given); with no `# pattern:` line FuseOps runs alone.
 //!
 //! On a mismatch the test prints a unified diff. `BLESS=1 cargo test --test golden` rewrites the
 //! expectations from the actual output.
@@ -91,6 +93,7 @@ fn partition_output(name: &str, input: &str) -> Result<String, String> {
     let mut patterns = Vec::new();
     let mut opts = PartitionOptions::default();
     let mut merge = false;
+    let mut fuse: Option<(u32, usize)> = None;
     for line in input.lines() {
         if let Some(rest) = line.strip_prefix("# pattern") {
             let (check, rest) = match rest.strip_prefix("+leakcheck:") {
@@ -115,6 +118,19 @@ fn partition_output(name: &str, input: &str) -> Result<String, String> {
                     "annotate_codegen=true" => opts.annotate_codegen = true,
                     "annotate_codegen=false" => opts.annotate_codegen = false,
                     "merge" => merge = true,
+                    "fuse_ops" => {
+                        fuse.get_or_insert((2, 256));
+                    }
+                    other if other.starts_with("opt_level=") || other.starts_with("max_depth=") => {
+                        let (k, v) = other.split_once('=').unwrap_or_default();
+                        let f = fuse.get_or_insert((2, 256));
+                        let n: usize = v.parse().map_err(|_| format!("bad option `{other}`"))?;
+                        if k == "opt_level" {
+                            f.0 = n as u32;
+                        } else {
+                            f.1 = n;
+                        }
+                    }
                     other => return Err(format!("unknown option `{other}`")),
                 }
             }
@@ -127,6 +143,10 @@ fn partition_output(name: &str, input: &str) -> Result<String, String> {
     if merge {
         out.module = fusebox_core::transform::merge_composite_functions(&out.module)
             .map_err(|e| format!("merge failed: {e}"))?;
+    }
+    if let Some((opt_level, max_depth)) = fuse {
+        out.module = fusebox_core::transform::fuse_ops(&out.module, opt_level, max_depth)
+            .map_err(|e| format!("fuse_ops failed: {e}"))?;
     }
     verify(&out.module).map_err(|e| format!("the partitioned module does not verify: {e}"))?;
     let mut s = text::print_module(&out.module).text;

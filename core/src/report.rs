@@ -4,7 +4,8 @@
 //! {"functions": [{"name": "fused_relax_nn_conv2d_relax_nn_relu_dnnl", "codegen": "dnnl",
 //!                 "composite": null, "inner_composites": ["dnnl.conv2d_relu"],
 //!                 "ops": ["relax.nn.conv2d", "relax.nn.relu"], "params": 2, "outputs": 1,
-//!                 "bound_constants": 0, "calls": 1, "backend": null}],
+//!                 "bound_constants": 0, "calls": 1, "backend": null,
+//!                 "fusion_kind": null, "anchor": null}],
 //!  "main": ["composite:dnnl.conv2d_relu"],
 //!  "rejections": []}
 //! ```
@@ -13,7 +14,8 @@
 //! calls follow in module order); `ops` are the op names inside in binding order, with
 //! `tuple_get_item[i]` and `tuple` entries; `main` lists main's bindings as
 //! `composite:<name>`, `region:<codegen>[<c1>+<c2>…]`, `primitive:<name>`, `call:<name>`,
-//! `op:<op name>`, `tuple_get_item[i]`, `tuple` or `var`.
+//! `op:<op name>`, `tuple_get_item[i]`, `tuple` or `var`. `fusion_kind` and `anchor` are set for
+//! the primitive functions FuseOps makes (from their `fusion_kind` / `anchor` attributes).
 
 use crate::ir::{Callee, ExprKind, Function, Module, Type};
 use crate::transform::Rejection;
@@ -42,6 +44,11 @@ pub struct FunctionReport {
     pub calls: usize,
     /// The backend that claimed it (filled by the backend flow).
     pub backend: Option<String>,
+    /// For a primitive function made by FuseOps: the group's fusion kind (`elemwise`,
+    /// `broadcast`, `injective`, `reduction`, `out_elemwise_fusable`, `tuple`, `opaque`).
+    pub fusion_kind: Option<String>,
+    /// For a primitive function made by FuseOps: the op name of the group's anchor (master).
+    pub anchor: Option<String>,
 }
 
 /// The whole report.
@@ -91,6 +98,17 @@ fn collect_ops(f: &Function, ops: &mut Vec<String>, inner: &mut Vec<String>) {
             }
             _ => {}
         }
+    }
+}
+
+/// A string attribute that FuseOps sets on the primitive functions it makes.
+fn fuse_attr(f: &Function, key: &str) -> Option<String> {
+    if !f.attrs.is_primitive() || f.attrs.composite.is_some() {
+        return None;
+    }
+    match f.attrs.extra.get(key) {
+        Some(crate::ir::AttrValue::Str(s)) => Some(s.clone()),
+        _ => None,
     }
 }
 
@@ -211,6 +229,8 @@ pub fn build(m: &Module, rejections: &[Rejection]) -> Report {
                 bound_constants: count_constants(f),
                 calls: calls.get(name.as_str()).copied().unwrap_or(0),
                 backend: None,
+                fusion_kind: fuse_attr(f, "fusion_kind"),
+                anchor: fuse_attr(f, "anchor"),
             }
         })
         .collect();

@@ -93,15 +93,28 @@ impl Rng {
 /// a DAG of relu, add (with broadcasting bias and scalar constants), matmul, tuples and
 /// tuple-get-items, split over dataflow and plain blocks, returning one value or a tuple.
 pub fn random_module(seed: u64, ops: usize) -> Module {
+    random_impl(seed, ops, false)
+}
+
+/// Like [`random_module`], with more op kinds for the fusion passes: exp and multiply
+/// (elementwise), a sum with `keepdims` added back (a reduction then a broadcast), a reshape
+/// (injective), a split whose fields are concatenated again (tuple result, tuple-get-items and a
+/// tuple argument) and a layer_norm (reduction).
+pub fn random_fusion_module(seed: u64, ops: usize) -> Module {
+    random_impl(seed, ops, true)
+}
+
+fn random_impl(seed: u64, ops: usize, extended: bool) -> Module {
     let mut rng = Rng::new(seed);
     let m = Module::new();
     let mut b = FunctionBuilder::new(&m);
     let n = b.sym("n");
-    let t = Type::tensor_dims(vec![n, 16.into()], DType::F32);
+    let t = Type::tensor_dims(vec![n.clone(), 16.into()], DType::F32);
     let x = b.param("x", t.clone());
     let y = b.param("y", t);
     let w = b.param("w", Type::tensor(&[16, 16], DType::F32));
     let bias = b.param("bias", Type::tensor(&[16], DType::F32));
+    let gamma = extended.then(|| b.param("gamma", Type::tensor(&[16], DType::F32)));
     // Values of type (n, 16) visible at the current point; dataflow vars leave scope at the end
     // of their block.
     let mut live: Vec<VarId> = vec![x, y];
@@ -125,7 +138,7 @@ pub fn random_module(seed: u64, ops: usize) -> Module {
         let pick = |rng: &mut Rng, live: &[VarId]| live[rng.below(live.len())];
         let a = pick(&mut rng, &live);
         let output = !in_dataflow || rng.below(5) == 0;
-        let res: Option<VarId> = match rng.below(7) {
+        let res: Option<VarId> = match rng.below(if extended { 13 } else { 7 }) {
             0 => emit(&mut b, Op::Relu, &[a], output),
             1 => {
                 let c = pick(&mut rng, &live);
@@ -159,10 +172,83 @@ pub fn random_module(seed: u64, ops: usize) -> Module {
                         .ok()
                 })
             }
-            _ => {
+            6 => {
                 // An alias binding (`y = x`).
                 let ae = b.var(a);
                 b.bind("", ae, output).ok()
+            }
+            7 => emit(&mut b, Op::Exp, &[a], output),
+            8 => {
+                let c = pick(&mut rng, &live);
+                emit(&mut b, Op::Multiply, &[a, c], output)
+            }
+            9 => {
+                let attrs = crate::op::ReduceAttrs {
+                    axis: Some(vec![1]),
+                    keepdims: true,
+                };
+                let inner = !output && rng.below(2) == 0;
+                emit(&mut b, Op::Sum(Box::new(attrs)), &[a], !inner)
+                    .and_then(|s| emit(&mut b, Op::Add, &[a, s], output))
+            }
+            10 => {
+                let shape = b.shape(vec![n.clone(), 16.into()]);
+                let ae = b.var(a);
+                b.emit_value(
+                    "",
+                    ExprKind::Call {
+                        callee: Callee::Op(Op::Reshape),
+                        args: vec![ae, shape],
+                    },
+                    output,
+                )
+                .ok()
+            }
+            11 => {
+                let attrs = crate::op::SplitAttrs {
+                    indices_or_sections: crate::op::SplitSpec::Sections(2),
+                    axis: 1,
+                };
+                let inner = !output;
+                let parts = emit(&mut b, Op::Split(Box::new(attrs)), &[a], !inner).and_then(|t| {
+                    let te = b.var(t);
+                    let g0 = b
+                        .emit_value("", ExprKind::TupleGetItem(te, 0), !inner)
+                        .ok()?;
+                    let te = b.var(t);
+                    let g1 = b
+                        .emit_value("", ExprKind::TupleGetItem(te, 1), !inner)
+                        .ok()?;
+                    Some((g1, g0))
+                });
+                parts.and_then(|(x0, x1)| {
+                    let fields = vec![b.var(x0), b.var(x1)];
+                    let tup = b.tuple(fields).ok()?;
+                    b.emit_value(
+                        "",
+                        ExprKind::Call {
+                            callee: Callee::Op(Op::Concat { axis: Some(1) }),
+                            args: vec![tup],
+                        },
+                        output,
+                    )
+                    .ok()
+                })
+            }
+            _ => {
+                let attrs = crate::op::LayerNormAttrs {
+                    axes: vec![-1],
+                    epsilon: crate::op::F64(1e-5),
+                    center: true,
+                    scale: true,
+                };
+                let g = gamma.unwrap_or(bias);
+                emit(
+                    &mut b,
+                    Op::LayerNorm(Box::new(attrs)),
+                    &[a, g, bias],
+                    output,
+                )
             }
         };
         made += 1;
@@ -252,6 +338,10 @@ mod tests {
             panic!("chain: {e}");
         }
         for seed in 0..50 {
+            let m = random_fusion_module(seed, 120);
+            if let Err(e) = verify(&m) {
+                panic!("fusion seed {seed}: {e}");
+            }
             let m = random_module(seed, 120);
             let f = m.get("main");
             assert!(f.is_some(), "seed {seed} made no main");

@@ -194,7 +194,7 @@ pub(crate) fn is_entry(f: &Function) -> bool {
 
 /// Replaces function `name` and adds `new_funcs`, cloning a borrowed module (all but `name`)
 /// the first time.
-fn commit(m: &mut Cow<'_, Module>, name: String, f: Function, new_funcs: NewFunctions) {
+pub(crate) fn commit(m: &mut Cow<'_, Module>, name: String, f: Function, new_funcs: NewFunctions) {
     if let Cow::Borrowed(orig) = m {
         let mut out = Module::new();
         for (n, g) in &orig.functions {
@@ -619,10 +619,6 @@ pub(crate) enum Naming {
     /// `fused_relax_nn_conv2d_relax_nn_relu` (FuseOpsByPattern, as TVM).
     Full,
     /// `fused_conv2d_relu` (FuseOps: the op's last name segment, as TVM's PrimFunc names).
-    #[allow(
-        dead_code,
-        reason = "the FuseOps pass (next) names its groups this way"
-    )]
     Short,
 }
 

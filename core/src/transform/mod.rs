@@ -1,12 +1,18 @@
 //! Passes over modules, one per file. Each file opens with its contract and an example.
 
 pub mod bind_params;
+pub mod dead_code_elimination;
+pub mod fuse_ops;
 pub mod fuse_ops_by_pattern;
 pub mod merge_composite_functions;
+pub mod pass;
 
 pub use bind_params::bind_params;
+pub use dead_code_elimination::dead_code_elimination;
+pub use fuse_ops::fuse_ops;
 pub use fuse_ops_by_pattern::{
     FusionPattern, PartitionOptions, Partitioned, Rejection, annotate_codegen, fuse_ops_by_pattern,
     sort_by_priority,
 };
 pub use merge_composite_functions::merge_composite_functions;
+pub use pass::{Pass, Pipeline};

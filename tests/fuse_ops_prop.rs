@@ -1,0 +1,182 @@
+//! Property test: for random DAGs (elementwise, broadcast, reduction, injective, tuple and
+//! anchor ops over several blocks), FuseOps at opt levels 0..=2 with max_depth 1..=8 — alone, or
+//! after FuseOpsByPattern — gives a module that verifies, keeps every original op exactly once
+//! (counting through calls), has no call cycle, never outlines a group larger than max_depth,
+//! leaves composites untouched, and prints to text that parses back.
+
+#![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+use fusebox_core::ir::generate::{random_fusion_module, random_module};
+use fusebox_core::ir::verify::verify;
+use fusebox_core::ir::{Callee, ExprKind, Function, Module};
+use fusebox_core::pattern::parse_pattern;
+use fusebox_core::text;
+use fusebox_core::transform::{FusionPattern, PartitionOptions, fuse_ops, fuse_ops_by_pattern};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+/// Op multiset of `f` with calls of module functions expanded.
+fn count_ops(m: &Module, f: &Function, out: &mut BTreeMap<String, usize>, depth: usize) {
+    assert!(depth < 64, "call graph too deep: a function calls itself");
+    for b in f.bindings() {
+        match &f.expr(b.value).kind {
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                ..
+            } => *out.entry(op.name().to_string()).or_default() += 1,
+            ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            } => {
+                let callee = m.get(g).unwrap_or_else(|| panic!("missing function {g}"));
+                count_ops(m, callee, out, depth + 1);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// No function reaches itself through calls (depth-first with an on-stack set).
+fn no_call_cycles(m: &Module) {
+    fn visit<'m>(m: &'m Module, name: &'m str, stack: &mut Vec<&'m str>, done: &mut Vec<&'m str>) {
+        if done.contains(&name) {
+            return;
+        }
+        assert!(
+            !stack.contains(&name),
+            "call cycle through {name}: {stack:?}"
+        );
+        stack.push(name);
+        if let Some(f) = m.get(name) {
+            for (_, d) in f.exprs.iter() {
+                if let ExprKind::Call {
+                    callee: Callee::Global(g),
+                    ..
+                } = &d.kind
+                    && let Some((k, _)) = m.functions.get_key_value(g.as_ref())
+                {
+                    visit(m, k, stack, done);
+                }
+            }
+        }
+        stack.pop();
+        done.push(name);
+    }
+    let mut done = Vec::new();
+    for name in m.functions.keys() {
+        visit(m, name, &mut Vec::new(), &mut done);
+    }
+}
+
+fn check(m: &Module, out: &Module, opt_level: u32, max_depth: usize) -> Result<(), TestCaseError> {
+    if let Err(e) = verify(out) {
+        panic!(
+            "output does not verify: {e}\n{}",
+            text::print_module(out).text
+        );
+    }
+    no_call_cycles(out);
+    let (mut before, mut after) = (BTreeMap::new(), BTreeMap::new());
+    count_ops(
+        m,
+        m.get("main").unwrap_or_else(|| panic!("no main")),
+        &mut before,
+        0,
+    );
+    count_ops(
+        out,
+        out.get("main").unwrap_or_else(|| panic!("no main after")),
+        &mut after,
+        0,
+    );
+    prop_assert_eq!(before, after);
+    for (name, f) in &out.functions {
+        // Functions that were already there (composites) are unchanged.
+        if let Some(orig) = m.get(name) {
+            if orig.attrs.composite.is_some() {
+                prop_assert_eq!(orig, f);
+            }
+            continue;
+        }
+        if f.attrs.composite.is_some() {
+            continue;
+        }
+        prop_assert!(opt_level > 0, "opt_level 0 made {}", name);
+        prop_assert!(f.attrs.is_primitive());
+        let n = f.bindings().count();
+        prop_assert!(
+            n >= 2 && n <= max_depth,
+            "{} has {} bindings (max {})",
+            name,
+            n,
+            max_depth
+        );
+    }
+    let printed = text::print_module(out).text;
+    prop_assert!(text::parse_module_str(&printed).is_ok(), "{}", printed);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn fuse_ops_keeps_every_op_once_and_verifies(
+        seed in any::<u64>(),
+        ops in 1usize..250,
+        opt_level in 0u32..=2,
+        max_depth in 1usize..=8,
+        extended in any::<bool>(),
+    ) {
+        let m = if extended { random_fusion_module(seed, ops) } else { random_module(seed, ops) };
+        let out = fuse_ops(&m, opt_level, max_depth)
+            .unwrap_or_else(|e| panic!("fuse_ops failed: {e}"));
+        check(&m, &out, opt_level, max_depth)?;
+        // Running it again changes nothing more (primitive calls are opaque; groups are final).
+        let again = fuse_ops(&out, opt_level, max_depth)
+            .unwrap_or_else(|e| panic!("second fuse_ops failed: {e}"));
+        prop_assert_eq!(again.functions.len(), out.functions.len());
+    }
+
+    #[test]
+    fn fuse_ops_after_partition_leaves_composites(
+        seed in any::<u64>(),
+        ops in 1usize..200,
+        opt_level in 0u32..=2,
+        max_depth in 1usize..=8,
+    ) {
+        let m = random_fusion_module(seed, ops);
+        let pat = parse_pattern("relax.nn.relu(relax.add(_, _))").unwrap_or_else(|e| panic!("{e}"));
+        let parted = fuse_ops_by_pattern(&m, &[FusionPattern::new("a.add_relu", pat)], PartitionOptions::default())
+            .unwrap_or_else(|e| panic!("partition failed: {e}"))
+            .module;
+        let out = fuse_ops(&parted, opt_level, max_depth)
+            .unwrap_or_else(|e| panic!("fuse_ops failed: {e}"));
+        check(&parted, &out, opt_level, max_depth)?;
+        let (mut before, mut after) = (BTreeMap::new(), BTreeMap::new());
+        count_ops(&m, m.get("main").unwrap_or_else(|| panic!("no main")), &mut before, 0);
+        count_ops(&out, out.get("main").unwrap_or_else(|| panic!("no main")), &mut after, 0);
+        prop_assert_eq!(before, after);
+    }
+}
+
+/// The property above is not vacuous: the generated DAGs do fuse, with groups of every kind.
+#[test]
+fn generated_modules_fuse_with_every_kind() {
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    let mut outlined = 0;
+    for seed in 0..40 {
+        let m = random_fusion_module(seed, 200);
+        let out = fuse_ops(&m, 2, 8).unwrap_or_else(|e| panic!("fuse_ops failed: {e}"));
+        for f in out.functions.values() {
+            if let Some(fusebox_core::ir::AttrValue::Str(k)) = f.attrs.extra.get("fusion_kind") {
+                *kinds.entry(k.clone()).or_default() += 1;
+                outlined += 1;
+            }
+        }
+    }
+    assert!(outlined > 100, "only {outlined} fused functions");
+    for k in ["elemwise", "injective", "reduction", "out_elemwise_fusable"] {
+        assert!(kinds.contains_key(k), "no {k} group in {kinds:?}");
+    }
+}
