@@ -52,10 +52,10 @@
 //! call, refined as TVM's `AnnotateTIROpPattern` would see the legalized op: a broadcast op with
 //! an argument of exactly the output's shape is elementwise (`C[i, j] = A[i, j] + B[j]`, TVM's
 //! "an elemwise load among broadcast loads is elemwise" rule, which is what lets a conv2d absorb
-//! its bias add). A tuple-get-item is injective, a tuple literal is `Tuple` (the brief's and
-//! Relay's treatment; TVM Relax's graph creator marks tuple bindings opaque, which makes phase 2
-//! inert); everything else (aliases, constants, calls of functions, local functions) is
-//! opaque. An edge from a producer to a consumer carries the consumer's kind. Non-dataflow vars
+//! its bias add). A tuple-get-item is injective; a tuple-literal binding is opaque, as TVM Relax's
+//! graph creator marks it (tuple *arguments* of calls such as `concat` are plain edges), so the
+//! `Tuple` rules of phase 2 never fire here; everything else (aliases, constants, calls of
+//! functions, local functions) is opaque. An edge from a producer to a consumer carries the consumer's kind. Non-dataflow vars
 //! are `extern_ref`: they have no post-dominator, so they only ever end a group.
 //!
 //! **Post-dominator tree.** Built in reverse binding order: a node's immediate post-dominator is
@@ -171,7 +171,7 @@ fn node_kind(f: &Function, value: ExprId) -> FusionKind {
             }
         }
         ExprKind::TupleGetItem(..) => FusionKind::Injective,
-        ExprKind::Tuple(_) => FusionKind::Tuple,
+        // As TVM Relax: a tuple-valued binding is Opaque (tuple *arguments* of calls are edges).
         _ => FusionKind::Opaque,
     }
 }
