@@ -619,7 +619,10 @@ pub(crate) enum Naming {
     /// `fused_relax_nn_conv2d_relax_nn_relu` (FuseOpsByPattern, as TVM).
     Full,
     /// `fused_conv2d_relu` (FuseOps: the op's last name segment, as TVM's PrimFunc names).
-    #[allow(dead_code, reason = "the FuseOps pass (next) names its groups this way")]
+    #[allow(
+        dead_code,
+        reason = "the FuseOps pass (next) names its groups this way"
+    )]
     Short,
 }
 
