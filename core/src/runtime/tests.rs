@@ -38,7 +38,10 @@ fn casts() {
         t.cast(DType::Bool).storage(),
         &Storage::Bool(vec![true, true, false])
     );
-    assert_eq!(t.cast(DType::F16).to_f32_vec(), vec![1.5, -2.699_218_8, 0.0]);
+    assert_eq!(
+        t.cast(DType::F16).to_f32_vec(),
+        vec![1.5, -2.699_218_8, 0.0]
+    );
     let big = Tensor::from_i64(vec![1], vec![(1 << 60) + 1]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(big.cast(DType::I64).to_i64_vec(), vec![(1 << 60) + 1]);
 }
