@@ -76,8 +76,8 @@ fn uses(f: &Function, e: ExprId, out: &mut Vec<VarId>) {
 }
 
 /// For each binding index, the vars to drop after it (their last use, or the binding's own
-/// var when nothing reads it).
-fn drop_plan(f: &Function) -> Vec<Vec<VarId>> {
+/// var when nothing reads it); and the parameters nothing reads (never stored).
+fn drop_plan(f: &Function) -> (Vec<Vec<VarId>>, Vec<bool>) {
     let bindings: Vec<_> = f.bindings().copied().collect();
     let mut last: Vec<Option<usize>> = vec![None; f.vars.len()];
     let mut buf = Vec::new();
@@ -118,7 +118,12 @@ fn drop_plan(f: &Function) -> Vec<Vec<VarId>> {
             slot.push(fusebox_core::ir::EntityId::new(v));
         }
     }
-    plan
+    let unused = f
+        .params
+        .iter()
+        .map(|p| last.get(p.as_u32() as usize).copied().flatten().is_none())
+        .collect();
+    (plan, unused)
 }
 
 fn at(ctx: &str, e: Error) -> Error {
@@ -155,10 +160,12 @@ impl<'m> Interp<'m> {
                     .map_err(|m| Error::Exec(format!("`{name}`: argument `{}`: {m}", var.name)))?;
             }
         }
-        for (&p, a) in f.params.iter().zip(args) {
-            fr.values[p.as_u32() as usize] = Some(a);
+        let (plan, unused) = drop_plan(f);
+        for ((&p, a), unused) in f.params.iter().zip(args).zip(unused) {
+            if !unused {
+                fr.values[p.as_u32() as usize] = Some(a);
+            }
         }
-        let plan = drop_plan(f);
         for (i, b) in f.bindings().enumerate() {
             let var = f.var(b.var);
             let ctx = || format!("{name}/{}", var.name);
@@ -399,5 +406,30 @@ fn type_kind(t: &Type) -> &'static str {
         Type::Prim(_) => "prim",
         Type::Func(_) => "function",
         Type::Object => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::*;
+    use fusebox_core::text::parse_module_str;
+
+    #[test]
+    fn values_are_dropped_after_their_last_use() {
+        let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((2,), dtype=\"float32\"), unused: R.Tensor((2,), dtype=\"float32\")) -> R.Tensor((2,), dtype=\"float32\"):\n        a: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(x)\n        dead: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(a)\n        b: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(a)\n        c: R.Tensor((2,), dtype=\"float32\") = R.add(a, b)\n        return c\n";
+        let m = parse_module_str(src).unwrap_or_else(|e| panic!("{e}"));
+        let Some(f) = m.get("main") else {
+            panic!("no main")
+        };
+        let (plan, unused) = drop_plan(f);
+        assert_eq!(unused, vec![false, true]);
+        let names: Vec<Vec<&str>> = plan
+            .iter()
+            .map(|vs| vs.iter().map(|&v| f.var(v).name.as_str()).collect())
+            .collect();
+        // x after `a`; `dead` right away (nothing reads it); a and b after `c`; c never.
+        assert_eq!(names, vec![vec!["x"], vec!["dead"], vec![], vec!["a", "b"]]);
     }
 }
