@@ -86,6 +86,10 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A run-time value is ill-formed (a tensor whose data does not match its shape, a value
+    /// of the wrong kind).
+    #[error("runtime: {0}")]
+    Runtime(String),
 }
 
 /// The result type of fusebox-core.

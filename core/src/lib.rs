@@ -7,6 +7,7 @@ pub mod op;
 pub mod pattern;
 pub mod pattern_table;
 pub mod report;
+pub mod runtime;
 pub mod text;
 pub mod transform;
 

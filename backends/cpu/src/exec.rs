@@ -1,0 +1,435 @@
+//! The reference executor: interprets a function of a module binding by binding.
+//!
+//! Contract:
+//!
+//! - [`run`] binds the arguments to the parameters, checking each against the parameter's
+//!   type (dtype, rank, static dims) and binding symbolic dims (`n`) from the actual shapes;
+//!   a symbolic dim used twice must agree.
+//! - Bindings run in order: op calls go to [`crate::eval_op`]; calls of module functions
+//!   (composites, `Primitive` functions, `Codegen` wrappers, any other) and of local functions
+//!   (`local_func(...)` in what `annotate_codegen` prints) are interpreted recursively;
+//!   tuples, tuple-get-items, constants, `R.shape([...])` (symbolic dims evaluated) and
+//!   `R.prim_value(...)` make the values they spell. Every bound value is checked against its
+//!   var's type, so a kernel that returns a wrong shape is caught where it happens.
+//! - Each var's value is dropped right after the binding that uses it last (last uses are
+//!   computed before running). Tensor data is shared, so passing values around copies no
+//!   elements.
+//! - The result is deterministic: the same module and arguments give bit-identical output.
+//! - Errors (never panics) name the function and var where they happened, innermost last.
+//!
+//! ```text
+//! @R.function
+//! def main(x: R.Tensor(("n", 16), dtype="float32"), b: R.Tensor((16,), dtype="float32")):
+//!     n = T.int64()
+//!     with R.dataflow():
+//!         lv: R.Tensor((n, 16), dtype="float32") = R.add(x, b)
+//!         gv: R.Tensor((n, 16), dtype="float32") = R.nn.relu(lv)
+//!         R.output(gv)
+//!     return gv
+//! ```
+//!
+//! `run(&m, "main", vec![x, b])` with `x` of shape `(3, 16)` binds `n = 3`, runs both
+//! bindings (dropping `lv` after `gv`) and returns `gv`.
+
+use crate::kernels::eval_op;
+use crate::{Error, Result};
+use fusebox_core::ir::{
+    Callee, Dim, ExprId, ExprKind, Function, Module, PrimValue, Sym, Type, VarId,
+};
+use fusebox_core::runtime::{Prim, Tensor, Value};
+use std::collections::BTreeMap;
+
+/// How deep calls may nest before the executor gives up (a call cycle).
+const MAX_DEPTH: usize = 256;
+
+/// Runs function `func` of `module` on `args` and returns its result.
+pub fn run(module: &Module, func: &str, args: Vec<Value>) -> Result<Value> {
+    let f = module
+        .get(func)
+        .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+    Interp { module }.call(func, f, args, 0)
+}
+
+struct Interp<'m> {
+    module: &'m Module,
+}
+
+/// The state of one call.
+struct Frame<'f> {
+    values: Vec<Option<Value>>,
+    locals: Vec<Option<&'f Function>>,
+    syms: BTreeMap<Sym, i64>,
+}
+
+/// Adds the vars `e` reads to `out`.
+fn uses(f: &Function, e: ExprId, out: &mut Vec<VarId>) {
+    let Some(d) = f.exprs.get(e) else {
+        return;
+    };
+    match &d.kind {
+        ExprKind::Var(v) => out.push(*v),
+        ExprKind::Tuple(fields) => fields.iter().for_each(|&x| uses(f, x, out)),
+        ExprKind::TupleGetItem(t, _) => uses(f, *t, out),
+        ExprKind::Call { args, .. } => args.iter().for_each(|&x| uses(f, x, out)),
+        ExprKind::Const(_) | ExprKind::ShapeLit(_) | ExprKind::Prim(_) | ExprKind::Function(_) => {}
+    }
+}
+
+/// For each binding index, the vars to drop after it (their last use, or the binding's own
+/// var when nothing reads it); and the parameters nothing reads (never stored).
+fn drop_plan(f: &Function) -> (Vec<Vec<VarId>>, Vec<bool>) {
+    let bindings: Vec<_> = f.bindings().copied().collect();
+    let mut last: Vec<Option<usize>> = vec![None; f.vars.len()];
+    let mut buf = Vec::new();
+    for (i, b) in bindings.iter().enumerate() {
+        buf.clear();
+        uses(f, b.value, &mut buf);
+        for v in &buf {
+            if let Some(slot) = last.get_mut(v.as_u32() as usize) {
+                *slot = Some(i);
+            }
+        }
+    }
+    // The returned expression keeps what it reads alive to the end.
+    if let Some(r) = f.ret {
+        buf.clear();
+        uses(f, r, &mut buf);
+        for v in &buf {
+            if let Some(slot) = last.get_mut(v.as_u32() as usize) {
+                *slot = Some(usize::MAX);
+            }
+        }
+    }
+    let mut plan = vec![Vec::new(); bindings.len()];
+    for (i, b) in bindings.iter().enumerate() {
+        if last
+            .get(b.var.as_u32() as usize)
+            .copied()
+            .flatten()
+            .is_none()
+        {
+            plan[i].push(b.var);
+        }
+    }
+    for (v, l) in last.iter().enumerate() {
+        if let Some(i) = *l
+            && let Some(slot) = plan.get_mut(i)
+        {
+            slot.push(fusebox_core::ir::EntityId::new(v));
+        }
+    }
+    let unused = f
+        .params
+        .iter()
+        .map(|p| last.get(p.as_u32() as usize).copied().flatten().is_none())
+        .collect();
+    (plan, unused)
+}
+
+fn at(ctx: &str, e: Error) -> Error {
+    Error::At {
+        at: ctx.to_string(),
+        source: Box::new(e),
+    }
+}
+
+impl<'m> Interp<'m> {
+    fn call(&self, name: &str, f: &Function, args: Vec<Value>, depth: usize) -> Result<Value> {
+        if depth > MAX_DEPTH {
+            return Err(Error::Exec(format!(
+                "calls nest deeper than {MAX_DEPTH} at `{name}`: is there a call cycle?"
+            )));
+        }
+        if args.len() != f.params.len() {
+            return Err(Error::Exec(format!(
+                "`{name}` takes {} arguments, found {}",
+                f.params.len(),
+                args.len()
+            )));
+        }
+        let mut fr = Frame {
+            values: vec![None; f.vars.len()],
+            locals: vec![None; f.vars.len()],
+            syms: BTreeMap::new(),
+        };
+        // Bind plain symbolic dims first, then check every dim (expressions included).
+        for bind in [true, false] {
+            for (&p, a) in f.params.iter().zip(&args) {
+                let var = f.var(p);
+                match_type(&var.ty, a, &mut fr.syms, bind)
+                    .map_err(|m| Error::Exec(format!("`{name}`: argument `{}`: {m}", var.name)))?;
+            }
+        }
+        let (plan, unused) = drop_plan(f);
+        for ((&p, a), unused) in f.params.iter().zip(args).zip(unused) {
+            if !unused {
+                fr.values[p.as_u32() as usize] = Some(a);
+            }
+        }
+        for (i, b) in f.bindings().enumerate() {
+            let var = f.var(b.var);
+            let ctx = || format!("{name}/{}", var.name);
+            match &f.expr(b.value).kind {
+                ExprKind::Function(inner) => {
+                    fr.locals[b.var.as_u32() as usize] = Some(inner);
+                }
+                _ => {
+                    let v = self
+                        .eval(name, f, &mut fr, b.value, depth)
+                        .map_err(|e| at(&ctx(), e))?;
+                    for bind in [true, false] {
+                        match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
+                            at(
+                                &ctx(),
+                                Error::Exec(format!("the value does not match the type: {m}")),
+                            )
+                        })?;
+                    }
+                    fr.values[b.var.as_u32() as usize] = Some(v);
+                }
+            }
+            for d in plan.get(i).into_iter().flatten() {
+                fr.values[d.as_u32() as usize] = None;
+            }
+        }
+        let ret = f
+            .ret
+            .ok_or_else(|| Error::Exec(format!("`{name}` has no return value")))?;
+        let out = self
+            .eval(name, f, &mut fr, ret, depth)
+            .map_err(|e| at(&format!("{name}/return"), e))?;
+        match_type(&f.ret_ty, &out, &mut fr.syms, false).map_err(|m| {
+            Error::Exec(format!(
+                "`{name}`: the result does not match the return type: {m}"
+            ))
+        })?;
+        Ok(out)
+    }
+
+    fn eval<'f>(
+        &self,
+        name: &str,
+        f: &'f Function,
+        fr: &mut Frame<'f>,
+        e: ExprId,
+        depth: usize,
+    ) -> Result<Value> {
+        let d = f
+            .exprs
+            .get(e)
+            .ok_or_else(|| Error::Exec(format!("`{name}`: dangling expression {e}")))?;
+        Ok(match &d.kind {
+            ExprKind::Var(v) => fr
+                .values
+                .get(v.as_u32() as usize)
+                .cloned()
+                .flatten()
+                .ok_or_else(|| {
+                    Error::Exec(format!(
+                        "`{name}`: var `{}` has no value here",
+                        f.vars.get(*v).map_or("?", |x| x.name.as_str())
+                    ))
+                })?,
+            ExprKind::Const(c) => Value::Tensor(Tensor::from_constant(c)?),
+            ExprKind::Tuple(fields) => Value::Tuple(
+                fields
+                    .iter()
+                    .map(|&x| self.eval(name, f, fr, x, depth))
+                    .collect::<Result<_>>()?,
+            ),
+            ExprKind::TupleGetItem(t, i) => match self.eval(name, f, fr, *t, depth)? {
+                Value::Tuple(mut items) => {
+                    let i = *i as usize;
+                    if i >= items.len() {
+                        return Err(Error::Exec(format!(
+                            "tuple index {i} is out of range for a tuple of {}",
+                            items.len()
+                        )));
+                    }
+                    items.swap_remove(i)
+                }
+                v => {
+                    return Err(Error::Exec(format!(
+                        "expected a tuple to index, found {}",
+                        v.kind()
+                    )));
+                }
+            },
+            ExprKind::ShapeLit(dims) => Value::Shape(
+                dims.iter()
+                    .map(|d| eval_dim(d, &fr.syms))
+                    .collect::<Result<_>>()?,
+            ),
+            ExprKind::Prim(p) => match p {
+                PrimValue::Int(i) => Value::Prim(Prim::Int(*i)),
+                PrimValue::Float(x, _) => Value::Prim(Prim::Float(*x)),
+                PrimValue::Str(s) => {
+                    return Err(Error::Exec(format!(
+                        "string values (R.str({s:?})) have no run-time form"
+                    )));
+                }
+            },
+            ExprKind::Call { callee, args } => {
+                let vals: Vec<Value> = args
+                    .iter()
+                    .map(|&x| self.eval(name, f, fr, x, depth))
+                    .collect::<Result<_>>()?;
+                match callee {
+                    Callee::Op(op) => eval_op(op, &vals)?,
+                    Callee::Global(g) => {
+                        let gf = self.module.get(g).ok_or_else(|| {
+                            Error::Exec(format!("the module has no function `{g}`"))
+                        })?;
+                        self.call(g, gf, vals, depth + 1)?
+                    }
+                    Callee::Local(v) => {
+                        let lf = fr.locals.get(v.as_u32() as usize).copied().flatten();
+                        let vname = f.vars.get(*v).map_or("?", |x| x.name.as_str());
+                        let lf = lf.ok_or_else(|| {
+                            Error::Exec(format!("`{vname}` is not a local function here"))
+                        })?;
+                        self.call(vname, lf, vals, depth + 1)?
+                    }
+                }
+            }
+            ExprKind::Function(_) => {
+                return Err(Error::Exec(
+                    "a function is used as a value; only calls of it can run".to_string(),
+                ));
+            }
+        })
+    }
+}
+
+/// Evaluates a dim with the bound symbols.
+fn eval_dim(d: &Dim, syms: &BTreeMap<Sym, i64>) -> Result<i64> {
+    d.eval(&|s: &Sym| syms.get(s).copied())
+        .ok_or_else(|| Error::Exec(format!("the symbolic dim `{d}` is not bound at run time")))
+}
+
+/// Matches actual extents against declared dims. With `bind`, unbound plain symbols are bound
+/// and expressions skipped; without, every dim that can be evaluated is checked.
+fn match_dims(
+    dims: &[Dim],
+    actual: &[i64],
+    syms: &mut BTreeMap<Sym, i64>,
+    bind: bool,
+) -> std::result::Result<(), String> {
+    if dims.len() != actual.len() {
+        return Err(format!(
+            "expected rank {}, found shape {actual:?}",
+            dims.len()
+        ));
+    }
+    for (d, &a) in dims.iter().zip(actual) {
+        match d {
+            Dim::Sym(s) if bind => {
+                let v = *syms.entry(s.clone()).or_insert(a);
+                if v != a {
+                    return Err(format!(
+                        "dim `{s}` is {v} elsewhere, found {a} in {actual:?}"
+                    ));
+                }
+            }
+            _ if bind => {}
+            _ => {
+                if let Some(v) = d.eval(&|s: &Sym| syms.get(s).copied())
+                    && v != a
+                {
+                    return Err(format!(
+                        "expected dim `{d}` = {v}, found {a} (shape {actual:?})"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn match_type(
+    ty: &Type,
+    v: &Value,
+    syms: &mut BTreeMap<Sym, i64>,
+    bind: bool,
+) -> std::result::Result<(), String> {
+    match (ty, v) {
+        (Type::Object | Type::Func(_), _) => Ok(()),
+        (Type::Tensor(tt), Value::Tensor(t)) => {
+            if let Some(dt) = tt.dtype
+                && dt != t.dtype()
+            {
+                return Err(format!("expected dtype {dt}, found {}", t.dtype()));
+            }
+            let actual: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+            match (&tt.dims, tt.ndim) {
+                (Some(dims), _) => match_dims(dims, &actual, syms, bind),
+                (None, Some(r)) if r != actual.len() => {
+                    Err(format!("expected rank {r}, found shape {actual:?}"))
+                }
+                _ => Ok(()),
+            }
+        }
+        (Type::Tuple(ts), Value::Tuple(vs)) => {
+            if ts.len() != vs.len() {
+                return Err(format!(
+                    "expected a tuple of {}, found a tuple of {}",
+                    ts.len(),
+                    vs.len()
+                ));
+            }
+            for (t, v) in ts.iter().zip(vs) {
+                match_type(t, v, syms, bind)?;
+            }
+            Ok(())
+        }
+        (Type::Shape { dims, ndim }, Value::Shape(s)) => match (dims, ndim) {
+            (Some(dims), _) => match_dims(dims, s, syms, bind),
+            (None, Some(r)) if *r != s.len() => {
+                Err(format!("expected a shape of rank {r}, found {s:?}"))
+            }
+            _ => Ok(()),
+        },
+        (Type::Prim(_), Value::Prim(_)) => Ok(()),
+        (ty, v) => Err(format!(
+            "expected a value of type {}, found {}",
+            type_kind(ty),
+            v.kind()
+        )),
+    }
+}
+
+fn type_kind(t: &Type) -> &'static str {
+    match t {
+        Type::Tensor(_) => "tensor",
+        Type::Tuple(_) => "tuple",
+        Type::Shape { .. } => "shape",
+        Type::Prim(_) => "prim",
+        Type::Func(_) => "function",
+        Type::Object => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::*;
+    use fusebox_core::text::parse_module_str;
+
+    #[test]
+    fn values_are_dropped_after_their_last_use() {
+        let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((2,), dtype=\"float32\"), unused: R.Tensor((2,), dtype=\"float32\")) -> R.Tensor((2,), dtype=\"float32\"):\n        a: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(x)\n        dead: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(a)\n        b: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(a)\n        c: R.Tensor((2,), dtype=\"float32\") = R.add(a, b)\n        return c\n";
+        let m = parse_module_str(src).unwrap_or_else(|e| panic!("{e}"));
+        let Some(f) = m.get("main") else {
+            panic!("no main")
+        };
+        let (plan, unused) = drop_plan(f);
+        assert_eq!(unused, vec![false, true]);
+        let names: Vec<Vec<&str>> = plan
+            .iter()
+            .map(|vs| vs.iter().map(|&v| f.var(v).name.as_str()).collect())
+            .collect();
+        // x after `a`; `dead` right away (nothing reads it); a and b after `c`; c never.
+        assert_eq!(names, vec![vec!["x"], vec!["dead"], vec![], vec!["a", "b"]]);
+    }
+}

@@ -1,0 +1,229 @@
+//! The kernel dispatcher: one match arm per [`Op`] variant, so the compiler checks that every
+//! op of the op set has a kernel.
+//!
+//! Arguments arrive as run-time [`Value`]s in the order the text format writes them (tensors,
+//! a tuple for `concat`, a shape for `reshape`/`broadcast_to`, prim values for `clip`).
+//! Shapes are the actual ones: symbolic dims were resolved when the values were made.
+//!
+//! ```text
+//! lv: R.Tensor((n, 16), dtype="float32") = R.add(x, bias)   -> eval_op(&Op::Add, &[x, bias])
+//! ```
+
+use crate::elementwise::{self, BinOp, SignOp};
+use crate::{Error, Result, conv, layout, matmul, nn, reduce};
+use fusebox_core::op::Op;
+use fusebox_core::runtime::{Prim, Tensor, Value};
+
+/// Argument `i` as a tensor.
+fn tensor(args: &[Value], i: usize) -> std::result::Result<&Tensor, String> {
+    match args.get(i) {
+        Some(Value::Tensor(t)) => Ok(t),
+        Some(v) => Err(format!(
+            "expected argument {i} to be a tensor, found {}",
+            v.kind()
+        )),
+        None => Err(format!("missing argument {i}")),
+    }
+}
+
+/// Argument `i` as a shape value.
+fn shape(args: &[Value], i: usize) -> std::result::Result<&[i64], String> {
+    match args.get(i) {
+        Some(Value::Shape(s)) => Ok(s),
+        Some(v) => Err(format!(
+            "expected argument {i} to be a shape, found {}",
+            v.kind()
+        )),
+        None => Err(format!("missing argument {i}")),
+    }
+}
+
+/// Argument `i` as a prim value (a scalar tensor is accepted too).
+fn prim(args: &[Value], i: usize) -> std::result::Result<Prim, String> {
+    match args.get(i) {
+        Some(Value::Prim(p)) => Ok(*p),
+        Some(Value::Tensor(t)) if t.numel() == 1 && t.rank() == 0 => {
+            Ok(Prim::Float(t.to_f64_vec().first().copied().unwrap_or(0.0)))
+        }
+        Some(v) => Err(format!(
+            "expected argument {i} to be a prim value, found {}",
+            v.kind()
+        )),
+        None => Err(format!("missing argument {i}")),
+    }
+}
+
+/// Runs the kernel of `op` on `args`.
+pub fn eval_op(op: &Op, args: &[Value]) -> Result<Value> {
+    eval(op, args).map_err(|message| Error::Kernel {
+        op: op.name(),
+        message,
+    })
+}
+
+fn bin(op: BinOp, args: &[Value]) -> std::result::Result<Value, String> {
+    Ok(Value::Tensor(elementwise::binary(
+        op,
+        tensor(args, 0)?,
+        tensor(args, 1)?,
+    )?))
+}
+
+fn float_fn(name: &str, args: &[Value]) -> std::result::Result<Value, String> {
+    let f = elementwise::float_fn(name).ok_or_else(|| format!("no float function {name}"))?;
+    Ok(Value::Tensor(elementwise::unary_float(
+        tensor(args, 0)?,
+        &f,
+    )?))
+}
+
+fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
+    if let Some(sig) = Op::signature(op.name())
+        && (args.len() < sig.min_args || args.len() > sig.max_args)
+    {
+        return Err(format!(
+            "expected {} arguments, found {}",
+            sig.min_args,
+            args.len()
+        ));
+    }
+    let t = |v: std::result::Result<Tensor, String>| v.map(Value::Tensor);
+    match op {
+        Op::Add => bin(BinOp::Add, args),
+        Op::Subtract => bin(BinOp::Sub, args),
+        Op::Multiply => bin(BinOp::Mul, args),
+        Op::Divide => bin(BinOp::Div, args),
+        Op::Power => bin(BinOp::Pow, args),
+        Op::Maximum => bin(BinOp::Max, args),
+        Op::Minimum => bin(BinOp::Min, args),
+        Op::Exp => float_fn("exp", args),
+        Op::Log => float_fn("log", args),
+        Op::Sqrt => float_fn("sqrt", args),
+        Op::Rsqrt => float_fn("rsqrt", args),
+        Op::Tanh => float_fn("tanh", args),
+        Op::Sigmoid => float_fn("sigmoid", args),
+        Op::Erf => float_fn("erf", args),
+        Op::Gelu => float_fn("gelu", args),
+        Op::GeluTanh => float_fn("gelu_tanh", args),
+        Op::Silu => float_fn("silu", args),
+        Op::Negative => t(elementwise::sign_op(tensor(args, 0)?, SignOp::Neg)),
+        Op::Abs => t(elementwise::sign_op(tensor(args, 0)?, SignOp::Abs)),
+        Op::Relu => t(elementwise::sign_op(tensor(args, 0)?, SignOp::Relu)),
+        Op::Clip => t(elementwise::clip(
+            tensor(args, 0)?,
+            prim(args, 1)?,
+            prim(args, 2)?,
+        )),
+        Op::Astype { dtype } => Ok(Value::Tensor(elementwise::astype(tensor(args, 0)?, *dtype))),
+        Op::Dropout { .. } => {
+            let (y, mask) = elementwise::dropout(tensor(args, 0)?)?;
+            Ok(Value::Tuple(vec![Value::Tensor(y), Value::Tensor(mask)]))
+        }
+        Op::Matmul { out_dtype } => t(matmul::matmul(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            *out_dtype,
+        )),
+        Op::Conv2d(a) => t(conv::conv2d(tensor(args, 0)?, tensor(args, 1)?, a)),
+        Op::BatchNorm(a) => {
+            let (y, m, v) = nn::batch_norm(
+                tensor(args, 0)?,
+                tensor(args, 1)?,
+                tensor(args, 2)?,
+                tensor(args, 3)?,
+                tensor(args, 4)?,
+                a,
+            )?;
+            Ok(Value::Tuple(vec![
+                Value::Tensor(y),
+                Value::Tensor(m),
+                Value::Tensor(v),
+            ]))
+        }
+        Op::LayerNorm(a) => {
+            let (g, b) = (tensor(args, 1)?, tensor(args, 2)?);
+            t(nn::norm(
+                tensor(args, 0)?,
+                &a.axes,
+                a.epsilon.0,
+                a.scale.then_some(g),
+                a.center.then_some(b),
+                false,
+            ))
+        }
+        Op::RmsNorm(a) => t(nn::norm(
+            tensor(args, 0)?,
+            &a.axes,
+            a.epsilon.0,
+            Some(tensor(args, 1)?),
+            None,
+            true,
+        )),
+        Op::Softmax { axis } => t(reduce::softmax(tensor(args, 0)?, *axis, false)),
+        Op::LogSoftmax { axis } => t(reduce::softmax(tensor(args, 0)?, *axis, true)),
+        Op::Sum(a) => t(reduce::reduce(
+            tensor(args, 0)?,
+            reduce::ReduceOp::Sum,
+            a.axis.as_deref(),
+            a.keepdims,
+        )),
+        Op::Mean(a) => t(reduce::reduce(
+            tensor(args, 0)?,
+            reduce::ReduceOp::Mean,
+            a.axis.as_deref(),
+            a.keepdims,
+        )),
+        Op::Max(a) => t(reduce::reduce(
+            tensor(args, 0)?,
+            reduce::ReduceOp::Max,
+            a.axis.as_deref(),
+            a.keepdims,
+        )),
+        Op::MaxPool2d(a) => t(nn::pool2d(tensor(args, 0)?, a, true)),
+        Op::AvgPool2d(a) => t(nn::pool2d(tensor(args, 0)?, a, false)),
+        Op::AdaptiveAvgPool2d(a) => t(nn::adaptive_avg_pool2d(tensor(args, 0)?, a)),
+        Op::Lrn(a) => t(nn::lrn(
+            tensor(args, 0)?,
+            a.size,
+            a.axis,
+            a.alpha.0,
+            a.beta.0,
+            a.bias.0,
+        )),
+        Op::Reshape => t(layout::reshape(tensor(args, 0)?, shape(args, 1)?)),
+        Op::PermuteDims { axes } => t(layout::permute_dims(tensor(args, 0)?, axes.as_deref())),
+        Op::Concat { axis } => {
+            let parts: Vec<&Tensor> = match args.first() {
+                Some(Value::Tuple(fields)) => fields
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| match f {
+                        Value::Tensor(t) => Ok(t),
+                        v => Err(format!(
+                            "expected field {i} of the tuple to be a tensor, found {}",
+                            v.kind()
+                        )),
+                    })
+                    .collect::<std::result::Result<_, _>>()?,
+                Some(v) => return Err(format!("expected a tuple of tensors, found {}", v.kind())),
+                None => return Err("missing argument 0".to_string()),
+            };
+            t(layout::concat(&parts, *axis))
+        }
+        Op::Split(a) => {
+            let parts = layout::split(tensor(args, 0)?, &a.indices_or_sections, a.axis)?;
+            Ok(Value::Tuple(parts.into_iter().map(Value::Tensor).collect()))
+        }
+        Op::Flatten => t(layout::flatten(tensor(args, 0)?)),
+        Op::Squeeze { axis } => t(layout::squeeze(tensor(args, 0)?, axis.as_deref())),
+        Op::ExpandDims { axis } => t(layout::expand_dims(tensor(args, 0)?, axis)),
+        Op::StridedSlice(a) => t(layout::strided_slice(tensor(args, 0)?, a)),
+        Op::Take { axis, mode } => t(layout::take(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            *axis,
+            *mode,
+        )),
+        Op::BroadcastTo => t(layout::broadcast_to(tensor(args, 0)?, shape(args, 1)?)),
+    }
+}

@@ -1,0 +1,364 @@
+//! Data-movement kernels: `reshape`, `permute_dims`, `concat`, `split`, `flatten`, `squeeze`,
+//! `expand_dims`, `strided_slice`, `take` and `broadcast_to`. They work on every dtype and
+//! copy elements bit for bit.
+//!
+//! `strided_slice` clamps like numpy; `take` in `fast` mode rejects out-of-range indices
+//! (there is no undefined behaviour to mimic), `clip` clamps them and `wrap` wraps them.
+//!
+//! ```text
+//! r: R.Tensor((2, 6), dtype="float32") = R.reshape(x, R.shape([2, -1]))   # x: (3, 4)
+//! s: R.Tuple(R.Tensor((3, 2)), R.Tensor((3, 2))) = R.split(x, indices_or_sections=2, axis=1)
+//! ```
+
+use crate::util::{
+    KResult, broadcast_strides, gather, map_same, norm_axes, norm_axis, numel, permute, strides,
+    tensor,
+};
+use fusebox_core::op::{SplitSpec, StridedSliceAttrs, TakeMode};
+use fusebox_core::runtime::{Storage, Tensor};
+
+/// `reshape` to `shape` (at most one `-1`, inferred).
+pub(crate) fn reshape(x: &Tensor, shape: &[i64]) -> KResult<Tensor> {
+    let mut holes = 0;
+    let mut known = 1usize;
+    for &d in shape {
+        match d {
+            -1 => holes += 1,
+            d if d < 0 => return Err(format!("invalid dim {d} in the new shape {shape:?}")),
+            d => {
+                known = known
+                    .checked_mul(d as usize)
+                    .ok_or_else(|| format!("the new shape {shape:?} overflows"))?;
+            }
+        }
+    }
+    if holes > 1 {
+        return Err(format!("at most one -1 is allowed in {shape:?}"));
+    }
+    let n = x.numel();
+    let out: Vec<usize> = if holes == 1 {
+        if known == 0 || !n.is_multiple_of(known) {
+            return Err(format!(
+                "cannot reshape {:?} to {shape:?}: {n} elements are not a multiple of {known}",
+                x.shape()
+            ));
+        }
+        shape
+            .iter()
+            .map(|&d| if d == -1 { n / known } else { d as usize })
+            .collect()
+    } else {
+        shape.iter().map(|&d| d as usize).collect()
+    };
+    x.reshaped(out).map_err(|e| e.to_string())
+}
+
+/// `permute_dims` (`None`: reverse the axes).
+pub(crate) fn permute_dims(x: &Tensor, axes: Option<&[i64]>) -> KResult<Tensor> {
+    let r = x.rank();
+    let perm = match axes {
+        Some(a) => {
+            if a.len() != r {
+                return Err(format!("expected {r} axes, found {a:?}"));
+            }
+            norm_axes(a, r)?
+        }
+        None => (0..r).rev().collect(),
+    };
+    Ok(permute(x, &perm))
+}
+
+/// `concat` along `axis` (`None`: flatten every input first).
+pub(crate) fn concat(xs: &[&Tensor], axis: Option<i64>) -> KResult<Tensor> {
+    let first = xs.first().ok_or("expected a non-empty tuple of tensors")?;
+    let dtype = first.dtype();
+    if let Some(t) = xs.iter().find(|t| t.dtype() != dtype) {
+        return Err(format!(
+            "expected every tensor to have dtype {dtype}, found {}",
+            t.dtype()
+        ));
+    }
+    let flat: Vec<Tensor>;
+    let (xs, axis): (Vec<&Tensor>, usize) = match axis {
+        None => {
+            flat = xs
+                .iter()
+                .map(|t| t.reshaped(vec![t.numel()]))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            (flat.iter().collect(), 0)
+        }
+        Some(a) => (xs.to_vec(), norm_axis(a, first.rank())?),
+    };
+    let base = xs[0].shape();
+    let mut out_shape = base.to_vec();
+    out_shape[axis] = 0;
+    for t in &xs {
+        let s = t.shape();
+        if s.len() != base.len()
+            || s.iter()
+                .zip(base)
+                .enumerate()
+                .any(|(i, (a, b))| i != axis && a != b)
+        {
+            return Err(format!(
+                "expected every tensor to match {base:?} on the axes other than {axis}, found {s:?}"
+            ));
+        }
+        out_shape[axis] += s[axis];
+    }
+    let outer: usize = base[..axis].iter().product();
+    let inner: usize = base[axis + 1..].iter().product();
+    let total = numel(&out_shape)?;
+    macro_rules! cat {
+        ($var:ident) => {{
+            let parts: Vec<&[_]> = xs
+                .iter()
+                .map(|t| match t.storage() {
+                    Storage::$var(v) => v.as_slice(),
+                    _ => &[],
+                })
+                .collect();
+            let mut out = Vec::with_capacity(total);
+            for o in 0..outer {
+                for (p, t) in parts.iter().zip(&xs) {
+                    let chunk = t.shape()[axis] * inner;
+                    out.extend_from_slice(&p[o * chunk..(o + 1) * chunk]);
+                }
+            }
+            Storage::$var(out)
+        }};
+    }
+    let data = match first.storage() {
+        Storage::F16(_) => cat!(F16),
+        Storage::BF16(_) => cat!(BF16),
+        Storage::F32(_) => cat!(F32),
+        Storage::F64(_) => cat!(F64),
+        Storage::I8(_) => cat!(I8),
+        Storage::U8(_) => cat!(U8),
+        Storage::I32(_) => cat!(I32),
+        Storage::I64(_) => cat!(I64),
+        Storage::Bool(_) => cat!(Bool),
+    };
+    tensor(out_shape, data)
+}
+
+/// The `[start, end)` ranges of a split of an extent `len` (as TVM: sections of
+/// `ceil(len / n)`, the last ones smaller or empty; indices clamped into `[0, len]`).
+pub(crate) fn split_ranges(len: usize, spec: &SplitSpec) -> KResult<Vec<(usize, usize)>> {
+    match spec {
+        SplitSpec::Sections(n) => {
+            let n = usize::try_from(*n)
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| format!("expected at least 1 section, found {n}"))?;
+            let part = len.div_ceil(n);
+            Ok((0..n)
+                .map(|i| {
+                    let s = (part * i).min(len);
+                    (s, (s + part).min(len))
+                })
+                .collect())
+        }
+        SplitSpec::Indices(idx) => {
+            let mut out = Vec::with_capacity(idx.len() + 1);
+            let mut prev = 0usize;
+            for &i in idx {
+                let cur = i.clamp(0, len as i64) as usize;
+                out.push((prev, cur.max(prev)));
+                prev = prev.max(cur);
+            }
+            out.push((prev, len));
+            Ok(out)
+        }
+    }
+}
+
+/// Copies `[start, end)` of `axis`.
+fn slice_axis(x: &Tensor, axis: usize, start: usize, end: usize) -> KResult<Tensor> {
+    let mut shape = x.shape().to_vec();
+    shape[axis] = end - start;
+    let st: Vec<isize> = strides(x.shape()).iter().map(|&s| s as isize).collect();
+    let off = start as isize * st[axis];
+    let data = map_same!(x.storage(), v => gather(v, off, &st, &shape));
+    tensor(shape, data)
+}
+
+/// `split` into a tuple of tensors.
+pub(crate) fn split(x: &Tensor, spec: &SplitSpec, axis: i64) -> KResult<Vec<Tensor>> {
+    let axis = norm_axis(axis, x.rank())?;
+    split_ranges(x.shape()[axis], spec)?
+        .into_iter()
+        .map(|(s, e)| slice_axis(x, axis, s, e))
+        .collect()
+}
+
+/// `flatten` to 1-D (a scalar becomes `(1,)`).
+pub(crate) fn flatten(x: &Tensor) -> KResult<Tensor> {
+    x.reshaped(vec![x.numel()]).map_err(|e| e.to_string())
+}
+
+/// `squeeze` the given extent-1 axes (`None`: all of them).
+pub(crate) fn squeeze(x: &Tensor, axis: Option<&[i64]>) -> KResult<Tensor> {
+    let s = x.shape();
+    let out: Vec<usize> = match axis {
+        None => s.iter().copied().filter(|&d| d != 1).collect(),
+        Some(a) => {
+            let axes = norm_axes(a, s.len())?;
+            if let Some(&bad) = axes.iter().find(|&&i| s[i] != 1) {
+                return Err(format!(
+                    "cannot squeeze axis {bad} of extent {} (shape {s:?})",
+                    s[bad]
+                ));
+            }
+            (0..s.len())
+                .filter(|i| !axes.contains(i))
+                .map(|i| s[i])
+                .collect()
+        }
+    };
+    x.reshaped(out).map_err(|e| e.to_string())
+}
+
+/// `expand_dims`: extent-1 axes at `axis` (output numbering).
+pub(crate) fn expand_dims(x: &Tensor, axis: &[i64]) -> KResult<Tensor> {
+    let nr = x.rank() + axis.len();
+    let axes = norm_axes(axis, nr)?;
+    let mut rest = x.shape().iter();
+    let out: Vec<usize> = (0..nr)
+        .map(|i| {
+            if axes.contains(&i) {
+                1
+            } else {
+                rest.next().copied().unwrap_or(1)
+            }
+        })
+        .collect();
+    x.reshaped(out).map_err(|e| e.to_string())
+}
+
+/// `strided_slice` with numpy clamping.
+pub(crate) fn strided_slice(x: &Tensor, a: &StridedSliceAttrs) -> KResult<Tensor> {
+    let axes = norm_axes(&a.axes, x.rank())?;
+    if a.begin.len() != axes.len() || a.end.len() != axes.len() {
+        return Err("expected begin and end to have one value per axis".to_string());
+    }
+    let steps: Vec<i64> = match &a.strides {
+        Some(s) if s.len() == axes.len() => s.clone(),
+        Some(_) => return Err("expected strides to have one value per axis".to_string()),
+        None => vec![1; axes.len()],
+    };
+    let mut shape = x.shape().to_vec();
+    let mut st: Vec<isize> = strides(x.shape()).iter().map(|&s| s as isize).collect();
+    let mut off = 0isize;
+    for (i, &ax) in axes.iter().enumerate() {
+        let n = x.shape()[ax] as i64;
+        let (b, e, s) = (a.begin[i], a.end[i], steps[i]);
+        if s == 0 {
+            return Err("a stride of 0 is not allowed".to_string());
+        }
+        let norm = |v: i64, lo: i64, hi: i64| {
+            let v = if v < 0 { v.saturating_add(n) } else { v };
+            v.clamp(lo, hi)
+        };
+        let (start, len) = if s > 0 {
+            let (b, e) = (norm(b, 0, n), norm(e, 0, n));
+            (b, if e > b { (e - b + s - 1) / s } else { 0 })
+        } else {
+            let (b, e) = (norm(b, -1, n - 1), norm(e, -1, n - 1));
+            (b, if b > e { (b - e - s - 1) / -s } else { 0 })
+        };
+        shape[ax] = len as usize;
+        if len > 0 {
+            off += start as isize * st[ax];
+        }
+        st[ax] *= s as isize;
+    }
+    let data = map_same!(x.storage(), v => gather(v, off, &st, &shape));
+    tensor(shape, data)
+}
+
+/// `take` along `axis` (`None`: of the flattened tensor).
+pub(crate) fn take(
+    x: &Tensor,
+    indices: &Tensor,
+    axis: Option<i64>,
+    mode: TakeMode,
+) -> KResult<Tensor> {
+    if !indices.dtype().is_int() {
+        return Err(format!(
+            "expected indices to have an integer dtype, found {}",
+            indices.dtype()
+        ));
+    }
+    let flat;
+    let (x, axis) = match axis {
+        None => {
+            flat = flatten(x)?;
+            (&flat, 0)
+        }
+        Some(a) => (x, norm_axis(a, x.rank())?),
+    };
+    let n = x.shape()[axis];
+    let idx: Vec<usize> = indices
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| {
+            let ni = n as i64;
+            match mode {
+                TakeMode::Fast => usize::try_from(i)
+                    .ok()
+                    .filter(|&u| u < n)
+                    .ok_or_else(|| format!("index {i} is out of range for extent {n}")),
+                TakeMode::Clip => Ok(i.clamp(0, (ni - 1).max(0)) as usize),
+                TakeMode::Wrap => {
+                    if n == 0 {
+                        Err(format!("cannot wrap index {i} into an empty axis"))
+                    } else {
+                        Ok(i.rem_euclid(ni) as usize)
+                    }
+                }
+            }
+        })
+        .collect::<KResult<_>>()?;
+    if n == 0 && !idx.is_empty() {
+        return Err("cannot take from an empty axis".to_string());
+    }
+    let outer: usize = x.shape()[..axis].iter().product();
+    let inner: usize = x.shape()[axis + 1..].iter().product();
+    let mut shape: Vec<usize> = x.shape()[..axis].to_vec();
+    shape.extend_from_slice(indices.shape());
+    shape.extend_from_slice(&x.shape()[axis + 1..]);
+    let data = map_same!(x.storage(), v => {
+        let mut out = Vec::with_capacity(outer * idx.len() * inner);
+        for o in 0..outer {
+            for &i in &idx {
+                let b = (o * n + i) * inner;
+                out.extend_from_slice(&v[b..b + inner]);
+            }
+        }
+        out
+    });
+    tensor(shape, data)
+}
+
+/// `broadcast_to` a shape (numpy rules).
+pub(crate) fn broadcast_to(x: &Tensor, shape: &[i64]) -> KResult<Tensor> {
+    let target: Vec<usize> = shape
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("invalid dim {d} in {shape:?}")))
+        .collect::<KResult<_>>()?;
+    let s = x.shape();
+    if s.len() > target.len() {
+        return Err(format!("cannot broadcast {s:?} to {target:?}"));
+    }
+    let off = target.len() - s.len();
+    for (i, &d) in s.iter().enumerate() {
+        if d != 1 && d != target[off + i] {
+            return Err(format!("cannot broadcast {s:?} to {target:?}"));
+        }
+    }
+    let st = broadcast_strides(s, &target);
+    let data = map_same!(x.storage(), v => gather(v, 0, &st, &target));
+    tensor(target, data)
+}

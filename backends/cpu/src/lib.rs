@@ -1,0 +1,82 @@
+//! fusebox-cpu: the CPU reference backend. It has a kernel for every op of fusebox's op set
+//! and an interpreter that runs a module's function on concrete tensors, so a partitioned
+//! module can be checked against the module it came from, number for number.
+//!
+//! Contract:
+//!
+//! - [`eval_op`] runs one op on run-time [`Value`]s ([`fusebox_core::runtime`]). Every
+//!   [`Op`](fusebox_core::op::Op) variant has a kernel. Float kernels take `float32` and
+//!   `float64`, and `float16`/`bfloat16` through `f32`; integer and `bool` tensors work where
+//!   the op is defined on them (arithmetic, `relu`/`abs`/`negative`, `clip`, reductions,
+//!   pooling, matmul, every data-movement op, `astype`). Broadcasting follows numpy.
+//! - [`run`] interprets a function (see [`exec`]): symbolic dims are bound from the actual
+//!   argument shapes, composite / primitive / codegen functions and local functions are
+//!   interpreted like any other, and values are dropped after their last use.
+//! - Kernels are deterministic (no threads, fixed summation order); errors are values of
+//!   [`Error`], never panics.
+//!
+//! ```text
+//! @R.function
+//! def main(x: R.Tensor((2, 3), dtype="float32"), w: R.Tensor((3, 4), dtype="float32")):
+//!     with R.dataflow():
+//!         lv: R.Tensor((2, 4), dtype="float32") = R.matmul(x, w, out_dtype=None)
+//!         gv: R.Tensor((2, 4), dtype="float32") = R.nn.relu(lv)
+//!         R.output(gv)
+//!     return gv
+//! ```
+//!
+//! ```
+//! use fusebox_core::runtime::{Tensor, Value};
+//! let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((2,), dtype=\"float32\")) -> R.Tensor((2,), dtype=\"float32\"):\n        y: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(x)\n        return y\n";
+//! let m = fusebox_core::text::parse_module_str(src).unwrap();
+//! let x = Tensor::from_f32(vec![2], vec![-1.0, 2.0]).unwrap();
+//! let out = fusebox_cpu::run(&m, "main", vec![Value::Tensor(x)]).unwrap();
+//! let Value::Tensor(y) = out else { unreachable!() };
+//! assert_eq!(y.as_f32(), Some(&[0.0f32, 2.0][..]));
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod conv;
+mod elementwise;
+pub mod exec;
+mod kernels;
+mod layout;
+mod matmul;
+mod nn;
+mod reduce;
+mod util;
+
+pub use exec::run;
+pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
+pub use kernels::eval_op;
+
+/// Every error of the CPU backend.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A kernel rejected its arguments (shapes, dtypes, attribute values, index ranges).
+    #[error("{op}: {message}")]
+    Kernel {
+        /// The op's name (`relax.nn.conv2d`).
+        op: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// The interpreter could not run the function (arity, types, unbound vars or dims).
+    #[error("{0}")]
+    Exec(String),
+    /// An error inside a binding, with where it happened (`function/var`).
+    #[error("{at}: {source}")]
+    At {
+        /// `function/var` of the binding.
+        at: String,
+        /// The underlying error.
+        source: Box<Error>,
+    },
+    /// An error from fusebox-core (constant conversion, ill-formed tensors).
+    #[error(transparent)]
+    Core(#[from] fusebox_core::Error),
+}
+
+/// The result type of fusebox-cpu.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,351 @@
+//! Neural-network kernels other than conv2d and matmul: `batch_norm`, `layer_norm`,
+//! `rms_norm`, `lrn`, and 2-D pooling (`max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`) in
+//! any permutation of `NCHW`.
+//!
+//! Everything computes in `f64` and rounds once to the input dtype. Pooling windows skip
+//! padded positions (max) or count them only when `count_include_pad` (avg), as TVM's topi
+//! does; with `ceil_mode` the extra tail positions are never counted.
+//!
+//! ```text
+//! (y, m, v) = R.nn.batch_norm(x, gamma, beta, mean, var, axis=1, epsilon=1e-5, training=False)
+//! p: R.Tensor((1, 3, 2, 2), dtype="float32") = R.nn.max_pool2d(x, pool_size=[2, 2], strides=[2, 2])
+//! ```
+
+use crate::reduce::{Reduction, around, walk2};
+use crate::util::{KResult, floats, from_canonical, from_f64, norm_axes, norm_axis, to_canonical};
+use fusebox_core::op::{AdaptivePool2dAttrs, BatchNormAttrs, Pool2dAttrs};
+use fusebox_core::runtime::Tensor;
+
+/// Checks that a 1-D parameter has `n` elements.
+fn param(t: &Tensor, n: usize, what: &str) -> KResult<Vec<f64>> {
+    let v = floats(t, what)?;
+    if v.len() != n {
+        return Err(format!(
+            "expected {what} to have {n} elements, found shape {:?}",
+            t.shape()
+        ));
+    }
+    Ok(v)
+}
+
+/// `batch_norm` → `(out, moving_mean, moving_var)`. Inference mode normalises with the moving
+/// statistics and returns them unchanged; training mode normalises with the batch statistics
+/// (biased variance) and returns the updated moving statistics
+/// `(1 - momentum) * moving + momentum * batch`.
+pub(crate) fn batch_norm(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    mean: &Tensor,
+    var: &Tensor,
+    a: &BatchNormAttrs,
+) -> KResult<(Tensor, Tensor, Tensor)> {
+    let axis = norm_axis(a.axis, x.rank())?;
+    let xs = floats(x, "data")?;
+    let (outer, c, inner) = around(x.shape(), axis);
+    let g = param(gamma, c, "gamma")?;
+    let b = param(beta, c, "beta")?;
+    let mm = param(mean, c, "moving_mean")?;
+    let mv = param(var, c, "moving_var")?;
+    let (use_mean, use_var, new_mean, new_var) = if a.training {
+        let count = (outer * inner) as f64;
+        let mut bm = vec![0.0; c];
+        let mut bv = vec![0.0; c];
+        for o in 0..outer {
+            for (ch, m) in bm.iter_mut().enumerate() {
+                let base = (o * c + ch) * inner;
+                *m += xs[base..base + inner].iter().sum::<f64>();
+            }
+        }
+        bm.iter_mut().for_each(|m| *m /= count);
+        for o in 0..outer {
+            for ch in 0..c {
+                let base = (o * c + ch) * inner;
+                bv[ch] += xs[base..base + inner]
+                    .iter()
+                    .map(|v| (v - bm[ch]) * (v - bm[ch]))
+                    .sum::<f64>();
+            }
+        }
+        bv.iter_mut().for_each(|v| *v /= count);
+        let m = a.momentum.0;
+        let nm: Vec<f64> = mm
+            .iter()
+            .zip(&bm)
+            .map(|(o, b)| (1.0 - m) * o + m * b)
+            .collect();
+        let nv: Vec<f64> = mv
+            .iter()
+            .zip(&bv)
+            .map(|(o, b)| (1.0 - m) * o + m * b)
+            .collect();
+        (bm, bv, nm, nv)
+    } else {
+        (mm.clone(), mv.clone(), mm, mv)
+    };
+    let eps = a.epsilon.0;
+    let mut out = vec![0.0; xs.len()];
+    for o in 0..outer {
+        for ch in 0..c {
+            let scale = if a.scale { g[ch] } else { 1.0 };
+            let shift = if a.center { b[ch] } else { 0.0 };
+            let inv = 1.0 / (use_var[ch] + eps).sqrt();
+            let base = (o * c + ch) * inner;
+            for i in base..base + inner {
+                out[i] = (xs[i] - use_mean[ch]) * inv * scale + shift;
+            }
+        }
+    }
+    let dt = x.dtype();
+    Ok((
+        from_f64(x.shape().to_vec(), dt, out)?,
+        from_f64(mean.shape().to_vec(), mean.dtype(), new_mean)?,
+        from_f64(var.shape().to_vec(), var.dtype(), new_var)?,
+    ))
+}
+
+/// Checks that a norm parameter has the shape of the normalised axes (in `axes` order).
+fn norm_param(t: &Tensor, want: &[usize], what: &str) -> KResult<Vec<f64>> {
+    if t.shape() != want {
+        return Err(format!(
+            "expected {what} to have shape {want:?} (the normalised axes), found {:?}",
+            t.shape()
+        ));
+    }
+    floats(t, what)
+}
+
+/// `layer_norm` (when `params` holds gamma and beta) or `rms_norm` (weight only) over `axes`.
+pub(crate) fn norm(
+    x: &Tensor,
+    axes: &[i64],
+    eps: f64,
+    gamma: Option<&Tensor>,
+    beta: Option<&Tensor>,
+    rms: bool,
+) -> KResult<Tensor> {
+    let axes = norm_axes(axes, x.rank())?;
+    let xs = floats(x, "data")?;
+    let red = Reduction::new(x.shape(), &axes);
+    let want: Vec<usize> = axes.iter().map(|&a| x.shape()[a]).collect();
+    let g = gamma.map(|t| norm_param(t, &want, "gamma")).transpose()?;
+    let b = beta.map(|t| norm_param(t, &want, "beta")).transpose()?;
+    let n_out: usize = red.kept.iter().product();
+    let count = red.count as f64;
+    let mut mean = vec![0.0; n_out];
+    let mut var = vec![0.0; n_out];
+    let (ks, rs) = (&red.kept_strides, &red.red_strides);
+    if rms {
+        walk2(x.shape(), ks, rs, |i, o, _| var[o] += xs[i] * xs[i]);
+    } else {
+        walk2(x.shape(), ks, rs, |i, o, _| mean[o] += xs[i]);
+        mean.iter_mut().for_each(|m| *m /= count);
+        walk2(x.shape(), ks, rs, |i, o, _| {
+            let d = xs[i] - mean[o];
+            var[o] += d * d;
+        });
+    }
+    let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v / count + eps).sqrt()).collect();
+    let mut out = vec![0.0; xs.len()];
+    walk2(x.shape(), ks, rs, |i, o, r| {
+        let mut y = (xs[i] - mean[o]) * inv[o];
+        if let Some(g) = &g {
+            y *= g[r];
+        }
+        if let Some(b) = &b {
+            y += b[r];
+        }
+        out[i] = y;
+    });
+    from_f64(x.shape().to_vec(), x.dtype(), out)
+}
+
+/// `lrn`: `x / (bias + alpha / size * Σ_window x²)^beta`, the window
+/// `[c - size/2, c - size/2 + size)` along `axis` (clipped to the tensor).
+pub(crate) fn lrn(
+    x: &Tensor,
+    size: i64,
+    axis: i64,
+    alpha: f64,
+    beta: f64,
+    bias: f64,
+) -> KResult<Tensor> {
+    let axis = norm_axis(axis, x.rank())?;
+    let size = usize::try_from(size).map_err(|_| format!("invalid size {size}"))?;
+    let xs = floats(x, "the input")?;
+    let (outer, c, inner) = around(x.shape(), axis);
+    let radius = size / 2;
+    let mut out = vec![0.0; xs.len()];
+    for o in 0..outer {
+        for ch in 0..c {
+            let lo = ch.saturating_sub(radius);
+            let hi = (ch + size - radius).min(c);
+            for i in 0..inner {
+                let at = |k: usize| (o * c + k) * inner + i;
+                let s: f64 = (lo..hi).map(|k| xs[at(k)] * xs[at(k)]).sum();
+                out[at(ch)] = xs[at(ch)] / (bias + alpha / size as f64 * s).powf(beta);
+            }
+        }
+    }
+    from_f64(x.shape().to_vec(), x.dtype(), out)
+}
+
+/// Where each letter of `NCHW` sits in `layout`.
+pub(crate) fn layout4(layout: &str, letters: &str) -> KResult<[usize; 4]> {
+    let l = layout.as_bytes();
+    let mut out = [0usize; 4];
+    if l.len() != 4 {
+        return Err(format!("invalid layout \"{layout}\""));
+    }
+    for (slot, c) in out.iter_mut().zip(letters.as_bytes()) {
+        *slot = l
+            .iter()
+            .position(|x| x == c)
+            .ok_or_else(|| format!("invalid layout \"{layout}\""))?;
+    }
+    Ok(out)
+}
+
+/// One pooled axis: input extent, window, stride, dilation, padding before/after, ceil mode.
+struct Axis {
+    len: usize,
+    k: usize,
+    s: usize,
+    d: usize,
+    pad0: usize,
+    pad1: usize,
+}
+
+impl Axis {
+    fn out_len(&self, ceil: bool) -> KResult<usize> {
+        let eff = (self.k - 1) * self.d + 1;
+        let padded = self.len + self.pad0 + self.pad1;
+        if padded < eff {
+            return Err(format!(
+                "the window ({eff}) is larger than the padded input ({padded})"
+            ));
+        }
+        let num = padded - eff + if ceil { self.s - 1 } else { 0 };
+        Ok(num / self.s + 1)
+    }
+
+    /// The window positions of output `o` inside the input, and how many positions count
+    /// for an average with padding included.
+    fn window(&self, o: usize) -> (Vec<usize>, usize) {
+        let start = (o * self.s) as isize - self.pad0 as isize;
+        let limit = (self.len + self.pad1) as isize;
+        let mut real = Vec::with_capacity(self.k);
+        let mut with_pad = 0;
+        for j in 0..self.k {
+            let p = start + (j * self.d) as isize;
+            if p < limit {
+                with_pad += 1;
+            }
+            if p >= 0 && p < self.len as isize {
+                real.push(p as usize);
+            }
+        }
+        (real, with_pad)
+    }
+}
+
+fn usize_of(v: i64, what: &str) -> KResult<usize> {
+    usize::try_from(v).map_err(|_| format!("invalid {what} {v}"))
+}
+
+/// `max_pool2d` (`max`) or `avg_pool2d`.
+pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> {
+    if x.rank() != 4 {
+        return Err(format!("expected a 4-D input, found shape {:?}", x.shape()));
+    }
+    let lp = layout4(&a.layout, "NCHW")?;
+    let op = layout4(&a.out_layout, "NCHW")?;
+    let xc = to_canonical(x, lp);
+    let (n, c, h, w) = (xc.shape()[0], xc.shape()[1], xc.shape()[2], xc.shape()[3]);
+    let ax = |i: usize, len: usize| -> KResult<Axis> {
+        Ok(Axis {
+            len,
+            k: usize_of(a.pool_size[i], "pool_size")?,
+            s: usize_of(a.strides[i], "stride")?,
+            d: usize_of(a.dilation[i], "dilation")?,
+            pad0: usize_of(a.padding[i], "padding")?,
+            pad1: usize_of(a.padding[i + 2], "padding")?,
+        })
+    };
+    let (ah, aw) = (ax(0, h)?, ax(1, w)?);
+    if ah.k == 0 || aw.k == 0 || ah.s == 0 || aw.s == 0 || ah.d == 0 || aw.d == 0 {
+        return Err("pool_size, strides and dilation must be at least 1".to_string());
+    }
+    let (oh, ow) = (ah.out_len(a.ceil_mode)?, aw.out_len(a.ceil_mode)?);
+    let xs = xc.to_f64_vec();
+    let wins_h: Vec<_> = (0..oh).map(|o| ah.window(o)).collect();
+    let wins_w: Vec<_> = (0..ow).map(|o| aw.window(o)).collect();
+    let mut out = Vec::with_capacity(n * c * oh * ow);
+    for plane in 0..n * c {
+        let base = plane * h * w;
+        for (rows, ph) in &wins_h {
+            for (cols, pw) in &wins_w {
+                let mut acc = if max { f64::NEG_INFINITY } else { 0.0 };
+                for &y in rows {
+                    for &xx in cols {
+                        let v = xs[base + y * w + xx];
+                        if max {
+                            if v > acc || v.is_nan() {
+                                acc = v;
+                            }
+                        } else {
+                            acc += v;
+                        }
+                    }
+                }
+                if !max {
+                    let cnt = if a.count_include_pad {
+                        ph * pw
+                    } else {
+                        rows.len() * cols.len()
+                    };
+                    acc = if cnt == 0 { 0.0 } else { acc / cnt as f64 };
+                }
+                out.push(acc);
+            }
+        }
+    }
+    let t = from_f64(vec![n, c, oh, ow], x.dtype(), out)?;
+    Ok(from_canonical(&t, op))
+}
+
+/// `adaptive_avg_pool2d`: output cell `i` averages input rows
+/// `[floor(i * H / OH), ceil((i + 1) * H / OH))` (and likewise for columns).
+pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> KResult<Tensor> {
+    if x.rank() != 4 {
+        return Err(format!("expected a 4-D input, found shape {:?}", x.shape()));
+    }
+    let lp = layout4(&a.layout, "NCHW")?;
+    let op = layout4(&a.out_layout, "NCHW")?;
+    let xc = to_canonical(x, lp);
+    let (n, c, h, w) = (xc.shape()[0], xc.shape()[1], xc.shape()[2], xc.shape()[3]);
+    let (oh, ow) = match a.output_size {
+        Some([p, q]) => (usize_of(p, "output size")?, usize_of(q, "output size")?),
+        None => (h, w),
+    };
+    let xs = xc.to_f64_vec();
+    let range = |i: usize, len: usize, o: usize| (i * len / o, ((i + 1) * len).div_ceil(o));
+    let mut out = Vec::with_capacity(n * c * oh * ow);
+    for plane in 0..n * c {
+        let base = plane * h * w;
+        for i in 0..oh {
+            let (y0, y1) = range(i, h, oh);
+            for j in 0..ow {
+                let (x0, x1) = range(j, w, ow);
+                let mut s = 0.0;
+                for y in y0..y1 {
+                    s += xs[base + y * w + x0..base + y * w + x1].iter().sum::<f64>();
+                }
+                let cnt = (y1 - y0) * (x1 - x0);
+                out.push(if cnt == 0 { 0.0 } else { s / cnt as f64 });
+            }
+        }
+    }
+    let t = from_f64(vec![n, c, oh, ow], x.dtype(), out)?;
+    Ok(from_canonical(&t, op))
+}

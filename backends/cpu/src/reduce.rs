@@ -1,0 +1,222 @@
+//! Reductions (`sum`, `mean`, `max`) over any set of axes, and `softmax` / `log_softmax`
+//! along one axis.
+//!
+//! Float reductions accumulate in `f64` and round once to the input dtype; integer `sum`
+//! wraps in `i64`, integer `mean` truncates toward zero. A `max` over an empty extent is an
+//! error.
+//!
+//! ```text
+//! s: R.Tensor((3, 1), dtype="float32") = R.sum(x, axis=[1], keepdims=True)   # x: (3, 17)
+//! p: R.Tensor((3, 17), dtype="float32") = R.nn.softmax(x, axis=-1)            # rows sum to 1
+//! ```
+
+use crate::util::{KResult, floats, from_f64, norm_axes, norm_axis, strides, tensor};
+use fusebox_core::runtime::{Storage, Tensor};
+
+/// Calls `f(i, o1, o2)` for every input index `i` in row-major order, where `o1`/`o2` are
+/// `Σ idx_k * s1[k]` / `Σ idx_k * s2[k]`.
+pub(crate) fn walk2(
+    shape: &[usize],
+    s1: &[usize],
+    s2: &[usize],
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let total: usize = shape.iter().product();
+    if total == 0 {
+        return;
+    }
+    let r = shape.len();
+    if r == 0 {
+        f(0, 0, 0);
+        return;
+    }
+    let inner = shape[r - 1];
+    let (i1, i2) = (s1[r - 1], s2[r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let (mut b1, mut b2) = (0usize, 0usize);
+    let mut i = 0usize;
+    loop {
+        let (mut p1, mut p2) = (b1, b2);
+        for _ in 0..inner {
+            f(i, p1, p2);
+            i += 1;
+            p1 += i1;
+            p2 += i2;
+        }
+        let mut k = r - 1;
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            idx[k] += 1;
+            b1 += s1[k];
+            b2 += s2[k];
+            if idx[k] < shape[k] {
+                break;
+            }
+            b1 -= s1[k] * shape[k];
+            b2 -= s2[k] * shape[k];
+            idx[k] = 0;
+        }
+    }
+}
+
+/// How the axes of a reduction split a shape.
+pub(crate) struct Reduction {
+    /// Extents of the kept axes, in order.
+    pub kept: Vec<usize>,
+    /// Per input axis: the stride of the kept index (0 on reduced axes).
+    pub kept_strides: Vec<usize>,
+    /// Per input axis: the stride of the reduced index in the order `axes` lists them
+    /// (0 on kept axes).
+    pub red_strides: Vec<usize>,
+    /// Elements reduced into each output.
+    pub count: usize,
+}
+
+impl Reduction {
+    /// Splits `shape` by the (normalised, distinct) `axes`.
+    pub(crate) fn new(shape: &[usize], axes: &[usize]) -> Reduction {
+        let kept: Vec<usize> = (0..shape.len())
+            .filter(|i| !axes.contains(i))
+            .map(|i| shape[i])
+            .collect();
+        let ks = strides(&kept);
+        let mut kept_strides = vec![0usize; shape.len()];
+        let mut j = 0;
+        for (i, slot) in kept_strides.iter_mut().enumerate() {
+            if !axes.contains(&i) {
+                *slot = ks[j];
+                j += 1;
+            }
+        }
+        let red: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
+        let rs = strides(&red);
+        let mut red_strides = vec![0usize; shape.len()];
+        for (&a, &s) in axes.iter().zip(&rs) {
+            red_strides[a] = s;
+        }
+        Reduction {
+            kept,
+            kept_strides,
+            red_strides,
+            count: red.iter().product(),
+        }
+    }
+}
+
+/// Which reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+}
+
+/// `sum`/`mean`/`max` over `axis` (`None`: all), keeping reduced axes as 1s when `keepdims`.
+pub(crate) fn reduce(
+    t: &Tensor,
+    op: ReduceOp,
+    axis: Option<&[i64]>,
+    keepdims: bool,
+) -> KResult<Tensor> {
+    let r = t.rank();
+    let axes = match axis {
+        Some(a) => norm_axes(a, r)?,
+        None => (0..r).collect(),
+    };
+    let red = Reduction::new(t.shape(), &axes);
+    let out_shape: Vec<usize> = if keepdims {
+        (0..r)
+            .map(|i| if axes.contains(&i) { 1 } else { t.shape()[i] })
+            .collect()
+    } else {
+        red.kept.clone()
+    };
+    let n_out: usize = red.kept.iter().product();
+    if op == ReduceOp::Max && red.count == 0 && n_out > 0 {
+        return Err("max over an empty extent".to_string());
+    }
+    let zeros = vec![0usize; r];
+    let data = if t.dtype().is_float() {
+        let x = t.to_f64_vec();
+        let init = if op == ReduceOp::Max {
+            f64::NEG_INFINITY
+        } else {
+            0.0
+        };
+        let mut acc = vec![init; n_out];
+        match op {
+            ReduceOp::Max => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
+                // NaN propagates.
+                if x[i] > acc[o] || x[i].is_nan() {
+                    acc[o] = x[i];
+                }
+            }),
+            _ => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
+                acc[o] += x[i]
+            }),
+        }
+        if op == ReduceOp::Mean {
+            let c = red.count as f64;
+            acc.iter_mut().for_each(|a| *a /= c);
+        }
+        Storage::from_f64(t.dtype(), acc)
+    } else {
+        let x = t.to_i64_vec();
+        let init = if op == ReduceOp::Max { i64::MIN } else { 0 };
+        let mut acc = vec![init; n_out];
+        match op {
+            ReduceOp::Max => {
+                walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
+                    acc[o] = acc[o].max(x[i]);
+                });
+            }
+            _ => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
+                acc[o] = acc[o].wrapping_add(x[i]);
+            }),
+        }
+        if op == ReduceOp::Mean {
+            let c = i64::try_from(red.count).map_err(|_| "too many elements".to_string())?;
+            if c == 0 {
+                return Err("integer mean over an empty extent".to_string());
+            }
+            acc.iter_mut().for_each(|a| *a /= c);
+        }
+        Storage::from_i64(t.dtype(), acc)
+    };
+    tensor(out_shape, data)
+}
+
+/// `(outer, len, inner)` of a shape around `axis`.
+pub(crate) fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    let outer = shape[..axis].iter().product();
+    let inner = shape[axis + 1..].iter().product();
+    (outer, shape[axis], inner)
+}
+
+/// `softmax` (or `log_softmax` when `log`) along `axis`, computed in `f64` with the max
+/// subtracted.
+pub(crate) fn softmax(t: &Tensor, axis: i64, log: bool) -> KResult<Tensor> {
+    let axis = norm_axis(axis, t.rank())?;
+    let x = floats(t, "the input")?;
+    let (outer, len, inner) = around(t.shape(), axis);
+    let mut out = vec![0.0f64; x.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let base = o * len * inner + i;
+            let at = |j: usize| base + j * inner;
+            let m = (0..len).map(|j| x[at(j)]).fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = (0..len).map(|j| (x[at(j)] - m).exp()).sum();
+            for j in 0..len {
+                out[at(j)] = if log {
+                    x[at(j)] - m - sum.ln()
+                } else {
+                    (x[at(j)] - m).exp() / sum
+                };
+            }
+        }
+    }
+    from_f64(t.shape().to_vec(), t.dtype(), out)
+}

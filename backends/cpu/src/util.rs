@@ -1,0 +1,288 @@
+//! Shape helpers shared by the kernels: strides, axis normalisation, numpy broadcasting and a
+//! strided gather (an odometer over the output whose innermost dim is a tight loop).
+//!
+//! ```text
+//! broadcast_shapes([3, 1], [1, 4])  = [3, 4]
+//! gather(src, offset 0, strides [1, 3], out [3, 2])  = the transpose of a (2, 3) matrix
+//! ```
+
+use fusebox_core::ir::DType;
+use fusebox_core::runtime::{Storage, Tensor};
+
+/// The kernels' internal result: a message that the dispatcher prefixes with the op name.
+pub(crate) type KResult<T> = std::result::Result<T, String>;
+
+/// Row-major strides (in elements) of `shape`.
+pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Normalises a possibly negative `axis` for rank `rank`.
+pub(crate) fn norm_axis(axis: i64, rank: usize) -> KResult<usize> {
+    let r = i64::try_from(rank).map_err(|_| "rank too large".to_string())?;
+    let a = if axis < 0 { axis + r } else { axis };
+    if (0..r).contains(&a) {
+        Ok(a as usize)
+    } else {
+        Err(format!("axis {axis} is out of range for rank {rank}"))
+    }
+}
+
+/// Normalises distinct axes.
+pub(crate) fn norm_axes(axes: &[i64], rank: usize) -> KResult<Vec<usize>> {
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let n = norm_axis(a, rank)?;
+        if out.contains(&n) {
+            return Err(format!("axis {a} is repeated in {axes:?}"));
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
+/// The element count of a shape, as an error on overflow.
+pub(crate) fn numel(shape: &[usize]) -> KResult<usize> {
+    fusebox_core::runtime::shape_numel(shape)
+        .ok_or_else(|| format!("the element count of {shape:?} overflows"))
+}
+
+/// Numpy broadcasting of two shapes.
+pub(crate) fn broadcast_shapes(a: &[usize], b: &[usize]) -> KResult<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let x = (i + a.len()).checked_sub(n).map_or(1, |j| a[j]);
+        let y = (i + b.len()).checked_sub(n).map_or(1, |j| b[j]);
+        out.push(match (x, y) {
+            _ if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(format!("cannot broadcast shapes {a:?} and {b:?}")),
+        });
+    }
+    Ok(out)
+}
+
+/// Strides of a tensor of shape `src` read as shape `out` under broadcasting (right-aligned;
+/// 0 where a dim is broadcast or missing). `src` must broadcast to `out`.
+pub(crate) fn broadcast_strides(src: &[usize], out: &[usize]) -> Vec<isize> {
+    let s = strides(src);
+    let off = out.len() - src.len().min(out.len());
+    (0..out.len())
+        .map(|i| match i.checked_sub(off) {
+            Some(j) if src[j] != 1 || out[i] == 1 => s[j] as isize,
+            _ => 0,
+        })
+        .collect()
+}
+
+/// `out[i] = src[offset + Σ i_k * strides[k]]` for every index `i` of `out_shape`, row-major.
+/// The offsets must be in bounds for every index (callers derive them from valid shapes).
+pub(crate) fn gather<T: Copy>(
+    src: &[T],
+    offset: isize,
+    strides: &[isize],
+    out_shape: &[usize],
+) -> Vec<T> {
+    let total: usize = out_shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    if total == 0 {
+        return out;
+    }
+    let r = out_shape.len();
+    if r == 0 {
+        out.push(src[offset as usize]);
+        return out;
+    }
+    let inner = out_shape[r - 1];
+    let istride = strides[r - 1];
+    let mut idx = vec![0usize; r - 1];
+    let mut base = offset;
+    loop {
+        if istride == 1 {
+            let b = base as usize;
+            out.extend_from_slice(&src[b..b + inner]);
+        } else {
+            let mut p = base;
+            for _ in 0..inner {
+                out.push(src[p as usize]);
+                p += istride;
+            }
+        }
+        // Advance the odometer over the outer dims.
+        let mut k = r - 1;
+        loop {
+            if k == 0 {
+                return out;
+            }
+            k -= 1;
+            idx[k] += 1;
+            base += strides[k];
+            if idx[k] < out_shape[k] {
+                break;
+            }
+            base -= strides[k] * out_shape[k] as isize;
+            idx[k] = 0;
+        }
+    }
+}
+
+/// `f(a[i'], b[i''])` over the broadcast shape `out_shape` of `a_shape` and `b_shape`.
+pub(crate) fn zip_broadcast<A: Copy, B: Copy, O>(
+    a: &[A],
+    a_shape: &[usize],
+    b: &[B],
+    b_shape: &[usize],
+    out_shape: &[usize],
+    mut f: impl FnMut(A, B) -> O,
+) -> Vec<O> {
+    if a_shape == b_shape {
+        return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
+    }
+    let total: usize = out_shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    if total == 0 {
+        return out;
+    }
+    if b.len() == 1 {
+        let y = b[0];
+        if a.len() == total {
+            return a.iter().map(|&x| f(x, y)).collect();
+        }
+    }
+    if a.len() == 1 && b.len() == total {
+        let x = a[0];
+        return b.iter().map(|&y| f(x, y)).collect();
+    }
+    let sa = broadcast_strides(a_shape, out_shape);
+    let sb = broadcast_strides(b_shape, out_shape);
+    let r = out_shape.len();
+    let inner = out_shape[r - 1];
+    let (ia, ib) = (sa[r - 1], sb[r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let (mut pa, mut pb) = (0isize, 0isize);
+    loop {
+        let (mut qa, mut qb) = (pa, pb);
+        for _ in 0..inner {
+            out.push(f(a[qa as usize], b[qb as usize]));
+            qa += ia;
+            qb += ib;
+        }
+        let mut k = r - 1;
+        loop {
+            if k == 0 {
+                return out;
+            }
+            k -= 1;
+            idx[k] += 1;
+            pa += sa[k];
+            pb += sb[k];
+            if idx[k] < out_shape[k] {
+                break;
+            }
+            pa -= sa[k] * out_shape[k] as isize;
+            pb -= sb[k] * out_shape[k] as isize;
+            idx[k] = 0;
+        }
+    }
+}
+
+/// Applies a dtype-generic expression to a storage, giving a storage of the same dtype.
+macro_rules! map_same {
+    ($s:expr, $v:ident => $body:expr) => {
+        match $s {
+            fusebox_core::runtime::Storage::F16($v) => fusebox_core::runtime::Storage::F16($body),
+            fusebox_core::runtime::Storage::BF16($v) => fusebox_core::runtime::Storage::BF16($body),
+            fusebox_core::runtime::Storage::F32($v) => fusebox_core::runtime::Storage::F32($body),
+            fusebox_core::runtime::Storage::F64($v) => fusebox_core::runtime::Storage::F64($body),
+            fusebox_core::runtime::Storage::I8($v) => fusebox_core::runtime::Storage::I8($body),
+            fusebox_core::runtime::Storage::U8($v) => fusebox_core::runtime::Storage::U8($body),
+            fusebox_core::runtime::Storage::I32($v) => fusebox_core::runtime::Storage::I32($body),
+            fusebox_core::runtime::Storage::I64($v) => fusebox_core::runtime::Storage::I64($body),
+            fusebox_core::runtime::Storage::Bool($v) => fusebox_core::runtime::Storage::Bool($body),
+        }
+    };
+}
+pub(crate) use map_same;
+
+/// A tensor of `shape` over `data`, as a kernel error when they disagree.
+pub(crate) fn tensor(shape: Vec<usize>, data: Storage) -> KResult<Tensor> {
+    Tensor::new(shape, data).map_err(|e| e.to_string())
+}
+
+/// The elements of a float tensor widened to `f64`; an error for other dtypes.
+pub(crate) fn floats(t: &Tensor, what: &str) -> KResult<Vec<f64>> {
+    if !t.dtype().is_float() {
+        return Err(format!(
+            "expected {what} to have a float dtype, found {}",
+            t.dtype()
+        ));
+    }
+    Ok(t.to_f64_vec())
+}
+
+/// A tensor of `dtype` from `f64` values (rounded to nearest).
+pub(crate) fn from_f64(shape: Vec<usize>, dtype: DType, v: Vec<f64>) -> KResult<Tensor> {
+    tensor(shape, Storage::from_f64(dtype, v))
+}
+
+/// Converts a tensor to a layout given by the positions of `NCHW`-style letters:
+/// `pos[k]` is where canonical dim `k` sits in the tensor. Returns the canonical tensor.
+pub(crate) fn to_canonical(t: &Tensor, pos: [usize; 4]) -> Tensor {
+    if pos == [0, 1, 2, 3] {
+        return t.clone();
+    }
+    permute(t, &pos)
+}
+
+/// Converts a canonical (`NCHW`-ordered) tensor to the layout whose letter positions are `pos`.
+pub(crate) fn from_canonical(t: &Tensor, pos: [usize; 4]) -> Tensor {
+    if pos == [0, 1, 2, 3] {
+        return t.clone();
+    }
+    // Output dim p holds canonical dim k where pos[k] = p.
+    let mut perm = [0usize; 4];
+    for (k, &p) in pos.iter().enumerate() {
+        perm[p] = k;
+    }
+    permute(t, &perm)
+}
+
+/// `permute_dims`: output dim `i` is input dim `perm[i]` (a valid permutation).
+pub(crate) fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
+    let s = strides(t.shape());
+    let out_shape: Vec<usize> = perm.iter().map(|&p| t.shape()[p]).collect();
+    let st: Vec<isize> = perm.iter().map(|&p| s[p] as isize).collect();
+    let data = map_same!(t.storage(), v => gather(v, 0, &st, &out_shape));
+    // The element count is unchanged, so this cannot fail.
+    Tensor::new(out_shape, data).unwrap_or_else(|_| t.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gather_transposes() {
+        let src: Vec<i32> = (0..6).collect();
+        assert_eq!(gather(&src, 0, &[1, 3], &[3, 2]), vec![0, 3, 1, 4, 2, 5]);
+        // Reverse along the last axis.
+        assert_eq!(gather(&src, 2, &[3, -1], &[2, 3]), vec![2, 1, 0, 5, 4, 3]);
+    }
+
+    #[test]
+    fn broadcast() {
+        assert_eq!(broadcast_shapes(&[3, 1], &[1, 4]), Ok(vec![3, 4]));
+        assert_eq!(broadcast_shapes(&[17], &[3, 1]), Ok(vec![3, 17]));
+        assert!(broadcast_shapes(&[3], &[4]).is_err());
+        let a = [1, 2, 3];
+        let b = [10, 20];
+        let out = zip_broadcast(&a, &[3, 1], &b, &[2], &[3, 2], |x, y| x + y);
+        assert_eq!(out, vec![11, 21, 12, 22, 13, 23]);
+    }
+}

@@ -1,0 +1,528 @@
+//! Run-time values: dense tensors and the values a function passes around.
+//!
+//! Contract:
+//!
+//! - A [`Tensor`] is a row-major, contiguous array with a static shape (`Vec<usize>`) and typed
+//!   storage ([`Storage`], one `Vec` per dtype; `float16`/`bfloat16` are stored as such and
+//!   kernels compute them through `f32`). Clones are cheap: the storage is shared and copied on
+//!   write.
+//! - [`Tensor::from_constant`] / [`Tensor::to_constant`] convert from and to the IR's
+//!   little-endian [`Constant`]s exactly (bit for bit).
+//! - A [`Value`] is what a var holds while a function runs: a tensor, a tuple, a shape
+//!   (`R.shape([...])`) or a prim value (`R.prim_value(...)`).
+//! - Nothing here panics on user input: a shape that does not match the data, or an overflowing
+//!   element count, is an [`Error::Runtime`].
+//!
+//! ```text
+//! x: R.Tensor((2, 3), dtype="float32")     -> Value::Tensor (shape [2, 3], 6 f32s)
+//! t: R.Tuple(R.Tensor((2,)), R.Tensor((1,))) -> Value::Tuple([Tensor, Tensor])
+//! s: R.Shape([2, 3]) = R.shape([2, 3])    -> Value::Shape([2, 3])
+//! p: R.Prim("int64") = R.prim_value(0)     -> Value::Prim(Prim::Int(0))
+//! ```
+
+use crate::error::{Error, Result};
+use crate::ir::{Constant, DType};
+use half::{bf16, f16};
+use std::fmt;
+use std::sync::Arc;
+
+#[cfg(test)]
+mod tests;
+
+/// The typed elements of a tensor, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Storage {
+    /// `float16`.
+    F16(Vec<f16>),
+    /// `bfloat16`.
+    BF16(Vec<bf16>),
+    /// `float32`.
+    F32(Vec<f32>),
+    /// `float64`.
+    F64(Vec<f64>),
+    /// `int8`.
+    I8(Vec<i8>),
+    /// `uint8`.
+    U8(Vec<u8>),
+    /// `int32`.
+    I32(Vec<i32>),
+    /// `int64`.
+    I64(Vec<i64>),
+    /// `bool`.
+    Bool(Vec<bool>),
+}
+
+/// Applies `$body` to the typed vector of a storage, binding it as `$v`.
+#[macro_export]
+macro_rules! with_storage {
+    ($s:expr, $v:ident => $body:expr) => {
+        match $s {
+            $crate::runtime::Storage::F16($v) => $body,
+            $crate::runtime::Storage::BF16($v) => $body,
+            $crate::runtime::Storage::F32($v) => $body,
+            $crate::runtime::Storage::F64($v) => $body,
+            $crate::runtime::Storage::I8($v) => $body,
+            $crate::runtime::Storage::U8($v) => $body,
+            $crate::runtime::Storage::I32($v) => $body,
+            $crate::runtime::Storage::I64($v) => $body,
+            $crate::runtime::Storage::Bool($v) => $body,
+        }
+    };
+}
+
+impl Storage {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Storage::F16(_) => DType::F16,
+            Storage::BF16(_) => DType::BF16,
+            Storage::F32(_) => DType::F32,
+            Storage::F64(_) => DType::F64,
+            Storage::I8(_) => DType::I8,
+            Storage::U8(_) => DType::U8,
+            Storage::I32(_) => DType::I32,
+            Storage::I64(_) => DType::I64,
+            Storage::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        with_storage!(self, v => v.len())
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `n` zeros (`false` for bool) of `dtype`.
+    pub fn zeros(dtype: DType, n: usize) -> Storage {
+        match dtype {
+            DType::F16 => Storage::F16(vec![f16::ZERO; n]),
+            DType::BF16 => Storage::BF16(vec![bf16::ZERO; n]),
+            DType::F32 => Storage::F32(vec![0.0; n]),
+            DType::F64 => Storage::F64(vec![0.0; n]),
+            DType::I8 => Storage::I8(vec![0; n]),
+            DType::U8 => Storage::U8(vec![0; n]),
+            DType::I32 => Storage::I32(vec![0; n]),
+            DType::I64 => Storage::I64(vec![0; n]),
+            DType::Bool => Storage::Bool(vec![false; n]),
+        }
+    }
+
+    /// `f32` values converted to `dtype` (floats round to nearest, ints truncate toward zero and
+    /// saturate, bool is `!= 0`).
+    pub fn from_f32(dtype: DType, v: Vec<f32>) -> Storage {
+        match dtype {
+            DType::F32 => Storage::F32(v),
+            DType::F16 => Storage::F16(v.into_iter().map(f16::from_f32).collect()),
+            DType::BF16 => Storage::BF16(v.into_iter().map(bf16::from_f32).collect()),
+            DType::F64 => Storage::F64(v.into_iter().map(f64::from).collect()),
+            DType::I8 => Storage::I8(v.into_iter().map(|x| x as i8).collect()),
+            DType::U8 => Storage::U8(v.into_iter().map(|x| x as u8).collect()),
+            DType::I32 => Storage::I32(v.into_iter().map(|x| x as i32).collect()),
+            DType::I64 => Storage::I64(v.into_iter().map(|x| x as i64).collect()),
+            DType::Bool => Storage::Bool(v.into_iter().map(|x| x != 0.0).collect()),
+        }
+    }
+
+    /// `f64` values converted to `dtype` (as [`Storage::from_f32`]).
+    pub fn from_f64(dtype: DType, v: Vec<f64>) -> Storage {
+        match dtype {
+            DType::F64 => Storage::F64(v),
+            DType::F32 => Storage::F32(v.into_iter().map(|x| x as f32).collect()),
+            DType::F16 => Storage::F16(v.into_iter().map(f16::from_f64).collect()),
+            DType::BF16 => Storage::BF16(v.into_iter().map(bf16::from_f64).collect()),
+            DType::I8 => Storage::I8(v.into_iter().map(|x| x as i8).collect()),
+            DType::U8 => Storage::U8(v.into_iter().map(|x| x as u8).collect()),
+            DType::I32 => Storage::I32(v.into_iter().map(|x| x as i32).collect()),
+            DType::I64 => Storage::I64(v.into_iter().map(|x| x as i64).collect()),
+            DType::Bool => Storage::Bool(v.into_iter().map(|x| x != 0.0).collect()),
+        }
+    }
+
+    /// `i64` values converted to `dtype` (ints wrap, as a C cast does).
+    pub fn from_i64(dtype: DType, v: Vec<i64>) -> Storage {
+        match dtype {
+            DType::I64 => Storage::I64(v),
+            DType::I32 => Storage::I32(v.into_iter().map(|x| x as i32).collect()),
+            DType::I8 => Storage::I8(v.into_iter().map(|x| x as i8).collect()),
+            DType::U8 => Storage::U8(v.into_iter().map(|x| x as u8).collect()),
+            DType::Bool => Storage::Bool(v.into_iter().map(|x| x != 0).collect()),
+            DType::F64 => Storage::F64(v.into_iter().map(|x| x as f64).collect()),
+            DType::F32 => Storage::F32(v.into_iter().map(|x| x as f32).collect()),
+            DType::F16 => Storage::F16(v.into_iter().map(|x| f16::from_f64(x as f64)).collect()),
+            DType::BF16 => Storage::BF16(v.into_iter().map(|x| bf16::from_f64(x as f64)).collect()),
+        }
+    }
+
+    /// Every element widened to `f32` (`f64` and wide ints round).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self {
+            Storage::F32(v) => v.clone(),
+            Storage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            Storage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            Storage::F64(v) => v.iter().map(|&x| x as f32).collect(),
+            Storage::I8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+            Storage::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+            Storage::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            Storage::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            Storage::Bool(v) => v.iter().map(|&x| f32::from(u8::from(x))).collect(),
+        }
+    }
+
+    /// Every element widened to `f64` (exact except for ints beyond 2^53).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match self {
+            Storage::F64(v) => v.clone(),
+            Storage::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            Storage::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Storage::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Storage::I8(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            Storage::U8(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            Storage::I32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            Storage::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Storage::Bool(v) => v.iter().map(|&x| f64::from(u8::from(x))).collect(),
+        }
+    }
+
+    /// Every element as `i64` (floats truncate toward zero and saturate).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        match self {
+            Storage::I64(v) => v.clone(),
+            Storage::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Storage::I8(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Storage::U8(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Storage::Bool(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Storage::F64(v) => v.iter().map(|&x| x as i64).collect(),
+            Storage::F32(v) => v.iter().map(|&x| x as i64).collect(),
+            Storage::F16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            Storage::BF16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+        }
+    }
+
+    /// Converts to `dtype` (identity when it already is; see [`Storage::from_f64`] for the
+    /// rounding rules; int to int wraps, int64 is exact).
+    pub fn cast(&self, dtype: DType) -> Storage {
+        if self.dtype() == dtype {
+            return self.clone();
+        }
+        match (self, dtype) {
+            (Storage::F16(_) | Storage::BF16(_) | Storage::F32(_), d) if d != DType::F64 => {
+                Storage::from_f32(d, self.to_f32_vec())
+            }
+            (
+                Storage::I8(_)
+                | Storage::U8(_)
+                | Storage::I32(_)
+                | Storage::I64(_)
+                | Storage::Bool(_),
+                d,
+            ) if d.is_int() || d == DType::Bool => Storage::from_i64(d, self.to_i64_vec()),
+            (_, d) => Storage::from_f64(d, self.to_f64_vec()),
+        }
+    }
+}
+
+/// A dense tensor: dtype, shape and row-major contiguous data (shared, copied on write).
+#[derive(Clone, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: Arc<Storage>,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}, {:?}, ", self.dtype(), self.shape)?;
+        const SHOWN: usize = 16;
+        with_storage!(&*self.data, v => {
+            if v.len() > SHOWN {
+                write!(f, "{:?} …)", &v[..SHOWN])
+            } else {
+                write!(f, "{v:?})")
+            }
+        })
+    }
+}
+
+/// The element count of a shape, `None` on overflow.
+pub fn shape_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+impl Tensor {
+    /// A tensor of `shape` over `data`; errors when the element count differs.
+    pub fn new(shape: Vec<usize>, data: Storage) -> Result<Tensor> {
+        let n = shape_numel(&shape)
+            .ok_or_else(|| Error::Runtime(format!("the element count of {shape:?} overflows")))?;
+        if n != data.len() {
+            return Err(Error::Runtime(format!(
+                "a tensor of shape {shape:?} needs {n} elements, got {}",
+                data.len()
+            )));
+        }
+        Ok(Tensor {
+            shape,
+            data: Arc::new(data),
+        })
+    }
+
+    /// An `f32` tensor.
+    pub fn from_f32(shape: Vec<usize>, data: Vec<f32>) -> Result<Tensor> {
+        Tensor::new(shape, Storage::F32(data))
+    }
+
+    /// An `i64` tensor.
+    pub fn from_i64(shape: Vec<usize>, data: Vec<i64>) -> Result<Tensor> {
+        Tensor::new(shape, Storage::I64(data))
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
+        let n = shape_numel(&shape)
+            .ok_or_else(|| Error::Runtime(format!("the element count of {shape:?} overflows")))?;
+        Tensor::new(shape, Storage::zeros(dtype, n))
+    }
+
+    /// A tensor of `dtype` filled with `value` (converted as [`Storage::from_f64`]).
+    pub fn full(shape: Vec<usize>, dtype: DType, value: f64) -> Result<Tensor> {
+        let n = shape_numel(&shape)
+            .ok_or_else(|| Error::Runtime(format!("the element count of {shape:?} overflows")))?;
+        Tensor::new(shape, Storage::from_f64(dtype, vec![value; n]))
+    }
+
+    /// A scalar (rank-0) `f32` tensor.
+    pub fn scalar_f32(v: f32) -> Tensor {
+        Tensor {
+            shape: Vec::new(),
+            data: Arc::new(Storage::F32(vec![v])),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The storage.
+    pub fn storage(&self) -> &Storage {
+        &self.data
+    }
+
+    /// The storage, mutably (copied first when shared).
+    pub fn storage_mut(&mut self) -> &mut Storage {
+        Arc::make_mut(&mut self.data)
+    }
+
+    /// The storage, taken out (copied when shared).
+    pub fn into_storage(self) -> Storage {
+        Arc::unwrap_or_clone(self.data)
+    }
+
+    /// The same data under another shape with the same element count.
+    pub fn reshaped(&self, shape: Vec<usize>) -> Result<Tensor> {
+        let n = shape_numel(&shape)
+            .ok_or_else(|| Error::Runtime(format!("the element count of {shape:?} overflows")))?;
+        if n != self.numel() {
+            return Err(Error::Runtime(format!(
+                "cannot view {:?} ({} elements) as {shape:?} ({n} elements)",
+                self.shape,
+                self.numel()
+            )));
+        }
+        Ok(Tensor {
+            shape,
+            data: Arc::clone(&self.data),
+        })
+    }
+
+    /// The `f32` elements, when the dtype is `float32`.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &*self.data {
+            Storage::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The `i64` elements, when the dtype is `int64`.
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        match &*self.data {
+            Storage::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Every element widened to `f32`.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        self.data.to_f32_vec()
+    }
+
+    /// Every element widened to `f64`.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        self.data.to_f64_vec()
+    }
+
+    /// Every element as `i64`.
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        self.data.to_i64_vec()
+    }
+
+    /// The tensor converted to `dtype` (shares the data when it already is).
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        if self.dtype() == dtype {
+            return self.clone();
+        }
+        Tensor {
+            shape: self.shape.clone(),
+            data: Arc::new(self.data.cast(dtype)),
+        }
+    }
+
+    /// The tensor of an IR constant (bit-exact).
+    pub fn from_constant(c: &Constant) -> Result<Tensor> {
+        let shape: Vec<usize> = c
+            .shape
+            .iter()
+            .map(|&d| {
+                usize::try_from(d).map_err(|_| {
+                    Error::Runtime(format!("negative dim in constant shape {:?}", c.shape))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let n = shape_numel(&shape)
+            .ok_or_else(|| Error::Runtime(format!("the element count of {shape:?} overflows")))?;
+        let sz = c.dtype.size_bytes();
+        if c.data.len() != n.saturating_mul(sz) {
+            return Err(Error::Runtime(format!(
+                "constant of shape {:?} and dtype {} needs {} bytes, got {}",
+                c.shape,
+                c.dtype,
+                n.saturating_mul(sz),
+                c.data.len()
+            )));
+        }
+        let b = &c.data[..];
+        fn chunks<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+            b.chunks_exact(N)
+                .map(|ch| {
+                    let mut a = [0u8; N];
+                    a.copy_from_slice(ch);
+                    f(a)
+                })
+                .collect()
+        }
+        let data = match c.dtype {
+            DType::F16 => Storage::F16(chunks(b, f16::from_le_bytes)),
+            DType::BF16 => Storage::BF16(chunks(b, bf16::from_le_bytes)),
+            DType::F32 => Storage::F32(chunks(b, f32::from_le_bytes)),
+            DType::F64 => Storage::F64(chunks(b, f64::from_le_bytes)),
+            DType::I8 => Storage::I8(chunks(b, i8::from_le_bytes)),
+            DType::U8 => Storage::U8(b.to_vec()),
+            DType::I32 => Storage::I32(chunks(b, i32::from_le_bytes)),
+            DType::I64 => Storage::I64(chunks(b, i64::from_le_bytes)),
+            DType::Bool => Storage::Bool(b.iter().map(|&x| x != 0).collect()),
+        };
+        Tensor::new(shape, data)
+    }
+
+    /// The IR constant holding this tensor (bit-exact).
+    pub fn to_constant(&self) -> Result<Constant> {
+        let shape: Vec<i64> = self
+            .shape
+            .iter()
+            .map(|&d| {
+                i64::try_from(d)
+                    .map_err(|_| Error::Runtime(format!("dim {d} does not fit in an int64")))
+            })
+            .collect::<Result<_>>()?;
+        let bytes: Vec<u8> = match &*self.data {
+            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::I8(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::U8(v) => v.clone(),
+            Storage::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::Bool(v) => v.iter().map(|&x| u8::from(x)).collect(),
+        };
+        Constant::from_bytes(self.dtype(), shape, bytes).map_err(Error::Runtime)
+    }
+}
+
+/// A scalar that is not a tensor (`R.prim_value(...)`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Prim {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+}
+
+impl Prim {
+    /// The value as `f64`.
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Prim::Int(i) => i as f64,
+            Prim::Float(f) => f,
+        }
+    }
+}
+
+/// What a var holds at run time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// A tensor.
+    Tensor(Tensor),
+    /// A tuple of values.
+    Tuple(Vec<Value>),
+    /// A shape value (`R.shape([...])`).
+    Shape(Vec<i64>),
+    /// A prim value.
+    Prim(Prim),
+}
+
+impl Value {
+    /// The tensor, or an error naming `what` and what was found instead.
+    pub fn as_tensor(&self, what: &str) -> Result<&Tensor> {
+        match self {
+            Value::Tensor(t) => Ok(t),
+            other => Err(Error::Runtime(format!(
+                "expected {what} to be a tensor, found {}",
+                other.kind()
+            ))),
+        }
+    }
+
+    /// A short description of the value's kind (`tensor`, `tuple of 2`, `shape`, `prim`).
+    pub fn kind(&self) -> String {
+        match self {
+            Value::Tensor(t) => format!("a tensor {:?} of {}", t.shape(), t.dtype()),
+            Value::Tuple(v) => format!("a tuple of {}", v.len()),
+            Value::Shape(_) => "a shape".to_string(),
+            Value::Prim(_) => "a prim value".to_string(),
+        }
+    }
+}
+
+impl From<Tensor> for Value {
+    fn from(t: Tensor) -> Self {
+        Value::Tensor(t)
+    }
+}
