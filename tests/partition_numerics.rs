@@ -15,13 +15,13 @@
     reason = "test code: a failure is a panic"
 )]
 
-use fusebox_core::ir::generate::{Rng, random_module};
+use fusebox_core::ir::generate::{Rng, random_fusion_module, random_module};
 use fusebox_core::ir::{Constant, DType, Dim, Module, Type};
 use fusebox_core::pattern::check::NoLeakingIntermediates;
 use fusebox_core::pattern::parse_pattern;
 use fusebox_core::text::{self, ConstTable};
 use fusebox_core::transform::{
-    FusionPattern, PartitionOptions, fuse_ops_by_pattern, merge_composite_functions,
+    FusionPattern, PartitionOptions, fuse_ops, fuse_ops_by_pattern, merge_composite_functions,
 };
 use fusebox_cpu::{Storage, Tensor, Value, run};
 use proptest::prelude::*;
@@ -154,6 +154,33 @@ proptest! {
         if mode == 2 {
             out = merge_composite_functions(&out).unwrap_or_else(|e| panic!("merge failed: {e}"));
         }
+        let got = run(&out, "main", args).unwrap_or_else(|e| {
+            panic!("after: {e}\n{}", text::print_module(&out).text)
+        });
+        if let Err(e) = compare(&want, &got, "result") {
+            panic!("results differ: {e}\n{}", text::print_module(&out).text);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// FuseOps (alone, at every opt level and small max depths) never changes the result.
+    #[test]
+    fn fuse_ops_preserves_numerics(
+        seed in any::<u64>(),
+        ops in 1usize..150,
+        n in 1i64..5,
+        opt_level in 0u32..3,
+        max_depth in 1usize..9,
+    ) {
+        let m = random_fusion_module(seed, ops);
+        let syms = BTreeMap::from([("n".to_string(), n)]);
+        let mut rng = Rng::new(seed ^ 0xf05e);
+        let args = main_args(&m, &syms, &mut rng);
+        let want = run(&m, "main", args.clone()).unwrap_or_else(|e| panic!("before: {e}"));
+        let out = fuse_ops(&m, opt_level, max_depth).unwrap_or_else(|e| panic!("fuse_ops: {e}"));
         let got = run(&out, "main", args).unwrap_or_else(|e| {
             panic!("after: {e}\n{}", text::print_module(&out).text)
         });

@@ -107,7 +107,7 @@ impl Check for NoLeakingIntermediates {
                     reason: format!("intermediate `{name}` is visible after the dataflow block"),
                 };
             }
-            if cx.view.returned.contains(&v) {
+            if cx.view.returned().contains(&v) {
                 return Verdict::Reject {
                     reason: format!("intermediate `{name}` is returned"),
                 };

@@ -25,6 +25,12 @@ use crate::ir::{Callee, EntityId, ExprId, ExprKind, Function, Type, VarId};
 pub struct FunctionView<'f> {
     /// The function.
     pub func: &'f Function,
+    t: std::sync::Arc<ViewTables>,
+}
+
+/// The side tables of a [`FunctionView`], shareable between views of the same (unchanged)
+/// function, so a pass that tries many patterns indexes a function once.
+pub struct ViewTables {
     /// Per var: `(position, value)` when bound; positions count bindings across blocks.
     bound: Vec<Option<(u32, ExprId)>>,
     /// Per expression: the var it is bound to, when it is a binding's value.
@@ -35,7 +41,7 @@ pub struct FunctionView<'f> {
     user_start: Vec<u32>,
     users: Vec<VarId>,
     /// Vars used by the function's return expression.
-    pub returned: Vec<VarId>,
+    returned: Vec<VarId>,
 }
 
 impl<'f> FunctionView<'f> {
@@ -90,20 +96,36 @@ impl<'f> FunctionView<'f> {
         if let Some(r) = func.ret {
             operand_vars(func, r, &mut returned);
         }
-        FunctionView {
-            func,
+        let t = std::sync::Arc::new(ViewTables {
             bound,
             value_var,
             block_of,
             user_start,
             users,
             returned,
-        }
+        });
+        FunctionView { func, t }
+    }
+
+    /// A view of `func` over tables built earlier for the same, unchanged function.
+    pub fn with_tables(func: &'f Function, t: std::sync::Arc<ViewTables>) -> Self {
+        FunctionView { func, t }
+    }
+
+    /// The side tables, to reuse for another view of the same function.
+    pub fn tables(&self) -> std::sync::Arc<ViewTables> {
+        self.t.clone()
+    }
+
+    /// Vars used by the function's return expression.
+    pub fn returned(&self) -> &[VarId] {
+        &self.t.returned
     }
 
     /// `(position, value)` of the binding of `var`, if it is bound.
     pub fn bound(&self, var: VarId) -> Option<(usize, ExprId)> {
-        self.bound
+        self.t
+            .bound
             .get(var.index())
             .copied()
             .flatten()
@@ -112,12 +134,13 @@ impl<'f> FunctionView<'f> {
 
     /// The var bound to `value`, if `value` is a binding's value.
     pub fn value_var(&self, value: ExprId) -> Option<VarId> {
-        self.value_var.get(value.index()).copied().flatten()
+        self.t.value_var.get(value.index()).copied().flatten()
     }
 
     /// The index of the block that binds `var` (`None` for params).
     pub fn block_of(&self, var: VarId) -> Option<usize> {
-        self.block_of
+        self.t
+            .block_of
             .get(var.index())
             .filter(|&&b| b != u32::MAX)
             .map(|&b| b as usize)
@@ -126,15 +149,15 @@ impl<'f> FunctionView<'f> {
     /// The vars of the bindings that use `var`, in binding order.
     pub fn users_of(&self, var: VarId) -> &[VarId] {
         let i = var.index();
-        match (self.user_start.get(i), self.user_start.get(i + 1)) {
-            (Some(&a), Some(&b)) => self.users.get(a as usize..b as usize).unwrap_or(&[]),
+        match (self.t.user_start.get(i), self.t.user_start.get(i + 1)) {
+            (Some(&a), Some(&b)) => self.t.users.get(a as usize..b as usize).unwrap_or(&[]),
             _ => &[],
         }
     }
 
     /// Follows var → bound value (bound at or before `limit`) repeatedly.
     pub fn unwrap(&self, mut e: ExprId, limit: usize) -> ExprId {
-        for _ in 0..self.bound.len() + 1 {
+        for _ in 0..self.t.bound.len() + 1 {
             match self.func.exprs.get(e).map(|d| &d.kind) {
                 Some(ExprKind::Var(v)) => match self.bound(*v) {
                     Some((pos, value)) if pos <= limit => e = value,
@@ -251,7 +274,7 @@ pub fn match_at(p: &Pattern, view: &FunctionView<'_>, root: VarId) -> Option<Mat
         let users = view.users_of(va);
         let ok = match c.kind {
             EdgeKind::UsedBy => users.contains(&vb),
-            EdgeKind::OnlyUsedBy => users == [vb] && !view.returned.contains(&va),
+            EdgeKind::OnlyUsedBy => users == [vb] && !view.returned().contains(&va),
         };
         if !ok {
             return None;

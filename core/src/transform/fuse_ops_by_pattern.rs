@@ -48,7 +48,7 @@ use crate::ir::{
 };
 use crate::pattern::Pattern;
 use crate::pattern::check::{Check, CheckContext, Verdict};
-use crate::pattern::matcher::{FunctionView, match_at, operand_vars};
+use crate::pattern::matcher::{FunctionView, ViewTables, match_at, operand_vars};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -175,8 +175,10 @@ pub fn fuse_ops_by_pattern(
             p.name, p.name
         )));
     }
+    // Use/def indexes of functions that no pattern has changed yet, shared across patterns.
+    let mut views: HashMap<String, std::sync::Arc<ViewTables>> = HashMap::default();
     for fp in patterns {
-        apply_pattern(&mut m, fp, opts, &mut rejections)?;
+        apply_pattern(&mut m, fp, opts, &mut rejections, &mut views)?;
     }
     let mut m = m.into_owned();
     if opts.annotate_codegen {
@@ -218,6 +220,7 @@ fn apply_pattern(
     fp: &FusionPattern,
     opts: PartitionOptions,
     rejections: &mut Vec<Rejection>,
+    views: &mut HashMap<String, std::sync::Arc<ViewTables>>,
 ) -> Result<()> {
     let root_ops = fp.pattern.root_ops();
     let entries: Vec<String> = m
@@ -241,11 +244,19 @@ fn apply_pattern(
                 continue;
             }
         }
-        let view = FunctionView::new(f);
+        let view = match views.get(&fname) {
+            Some(t) => FunctionView::with_tables(f, t.clone()),
+            None => {
+                let v = FunctionView::new(f);
+                views.insert(fname.clone(), v.tables());
+                v
+            }
+        };
         let groups = find_groups(&fname, &view, fp, root_ops.as_deref(), rejections);
         if groups.is_empty() {
             continue;
         }
+        views.remove(&fname);
         dedup.ensure(m);
         let attrs = FuncAttrs {
             composite: Some(fp.name.clone()),
