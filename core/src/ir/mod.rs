@@ -17,6 +17,7 @@
 //! `annotate_codegen` prints) are expressions holding a whole [`Function`] with its own arenas.
 
 pub mod builder;
+pub mod copy;
 pub(crate) mod dim;
 pub(crate) mod dtype;
 pub(crate) mod entity;

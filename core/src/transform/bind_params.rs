@@ -11,8 +11,9 @@
 //! ```
 
 use crate::error::{Error, Result};
+use crate::ir::copy::copy_expr;
 use crate::ir::infer::brief;
-use crate::ir::{Binding, Block, Callee, Constant, ExprId, ExprKind, Function, Module, VarId};
+use crate::ir::{Binding, Block, Constant, ExprId, ExprKind, Function, Module, VarId};
 use std::collections::HashMap;
 
 /// Binds `params` (by name) of function `func` to constants.
@@ -62,7 +63,7 @@ pub fn bind_params(m: &Module, func: &str, params: &[(String, Constant)]) -> Res
             bindings: Vec::new(),
         };
         for b in &block.bindings {
-            let value = copy(f, b.value, &mut nf, &map)?;
+            let value = copy_expr(f, b.value, &mut nf, &map)?;
             let vd = f.var(b.var);
             let nv = nf.add_var(vd.name.clone(), vd.ty.clone(), vd.dataflow);
             out.bindings.push(Binding { var: nv, value });
@@ -73,55 +74,8 @@ pub fn bind_params(m: &Module, func: &str, params: &[(String, Constant)]) -> Res
     let ret = f
         .ret
         .ok_or_else(|| Error::Invalid(format!("`{func}` has no return")))?;
-    nf.ret = Some(copy(f, ret, &mut nf, &map)?);
+    nf.ret = Some(copy_expr(f, ret, &mut nf, &map)?);
     let mut out = m.clone();
     out.insert(func, nf);
     Ok(out)
-}
-
-fn copy(
-    src: &Function,
-    e: ExprId,
-    dst: &mut Function,
-    map: &HashMap<VarId, ExprId>,
-) -> Result<ExprId> {
-    let d = src.expr(e);
-    let kind = match &d.kind {
-        ExprKind::Var(v) => {
-            return map.get(v).copied().ok_or_else(|| {
-                Error::Invalid(format!(
-                    "`{}` is used before it is defined",
-                    src.var(*v).name
-                ))
-            });
-        }
-        ExprKind::Call { callee, args } => {
-            let callee =
-                match callee {
-                    Callee::Local(v) => {
-                        let ne = map
-                            .get(v)
-                            .copied()
-                            .ok_or_else(|| Error::Invalid("unbound local callee".into()))?;
-                        Callee::Local(dst.as_var(ne).ok_or_else(|| {
-                            Error::Invalid("local callee bound to a constant".into())
-                        })?)
-                    }
-                    c => c.clone(),
-                };
-            let args = args
-                .iter()
-                .map(|&a| copy(src, a, dst, map))
-                .collect::<Result<_>>()?;
-            ExprKind::Call { callee, args }
-        }
-        ExprKind::Tuple(xs) => ExprKind::Tuple(
-            xs.iter()
-                .map(|&x| copy(src, x, dst, map))
-                .collect::<Result<_>>()?,
-        ),
-        ExprKind::TupleGetItem(x, i) => ExprKind::TupleGetItem(copy(src, *x, dst, map)?, *i),
-        other => other.clone(),
-    };
-    Ok(dst.add_expr(kind, d.ty.clone()))
 }

@@ -40,7 +40,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::ir::EntityId;
+use crate::ir::copy::{VarLookup, VarMap, copy_expr};
 use crate::ir::structural::{function_eq, function_hash};
 use crate::ir::{
     AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Sym, Type,
@@ -506,47 +506,6 @@ impl CallerNames<'_> {
     }
 }
 
-/// A dense map from the vars of one function (indexed by id) to values.
-pub(crate) struct VarMap<T>(Vec<Option<T>>);
-
-impl<T: Copy> VarMap<T> {
-    pub(crate) fn new(len: usize) -> Self {
-        VarMap(vec![None; len])
-    }
-
-    pub(crate) fn get(&self, v: &VarId) -> Option<&T> {
-        self.0.get(v.index()).and_then(Option::as_ref)
-    }
-
-    pub(crate) fn insert(&mut self, v: VarId, t: T) {
-        if let Some(slot) = self.0.get_mut(v.index()) {
-            *slot = Some(t);
-        }
-    }
-
-    pub(crate) fn contains_key(&self, v: &VarId) -> bool {
-        self.get(v).is_some()
-    }
-}
-
-/// Where a copied expression's vars go.
-pub(crate) trait VarLookup {
-    /// The expression that replaces var `v`.
-    fn lookup(&self, v: VarId) -> Option<ExprId>;
-}
-
-impl VarLookup for VarMap<ExprId> {
-    fn lookup(&self, v: VarId) -> Option<ExprId> {
-        self.get(&v).copied()
-    }
-}
-
-impl VarLookup for HashMap<VarId, ExprId> {
-    fn lookup(&self, v: VarId) -> Option<ExprId> {
-        self.get(&v).copied()
-    }
-}
-
 /// Fresh names `lv`, `lv1`, … and `gv`, `gv1`, … that avoid a reserved set.
 struct Names {
     taken: HashSet<String>,
@@ -568,60 +527,6 @@ impl Names {
             }
         }
     }
-}
-
-/// Copies expression `e` of `src` into `dst`, mapping vars through `map`.
-fn copy_expr(
-    src: &Function,
-    e: ExprId,
-    dst: &mut Function,
-    map: &impl VarLookup,
-) -> Result<ExprId> {
-    let d = src.expr(e);
-    let kind = match &d.kind {
-        ExprKind::Var(v) => {
-            return map.lookup(*v).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "internal: `{}` has no mapping while outlining",
-                    src.var(*v).name
-                ))
-            });
-        }
-        ExprKind::Call { callee, args } => {
-            let callee = match callee {
-                Callee::Local(v) => {
-                    let ne = map.lookup(*v).ok_or_else(|| {
-                        Error::Invalid(format!(
-                            "internal: local callee `{}` has no mapping",
-                            src.var(*v).name
-                        ))
-                    })?;
-                    match dst.as_var(ne) {
-                        Some(nv) => Callee::Local(nv),
-                        None => {
-                            return Err(Error::Invalid(
-                                "internal: local callee is not a var".into(),
-                            ));
-                        }
-                    }
-                }
-                other => other.clone(),
-            };
-            let args = args
-                .iter()
-                .map(|&a| copy_expr(src, a, dst, map))
-                .collect::<Result<_>>()?;
-            ExprKind::Call { callee, args }
-        }
-        ExprKind::Tuple(xs) => ExprKind::Tuple(
-            xs.iter()
-                .map(|&x| copy_expr(src, x, dst, map))
-                .collect::<Result<_>>()?,
-        ),
-        ExprKind::TupleGetItem(x, i) => ExprKind::TupleGetItem(copy_expr(src, *x, dst, map)?, *i),
-        other => other.clone(),
-    };
-    Ok(dst.add_expr(kind, d.ty.clone()))
 }
 
 /// How outlined functions are named.

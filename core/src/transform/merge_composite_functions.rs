@@ -25,6 +25,7 @@ use super::fuse_ops_by_pattern::{
     DedupIndex, Naming, PartitionOptions, codegen_of, is_entry, rewrite, unique_name,
 };
 use crate::error::{Error, Result};
+use crate::ir::copy::copy_expr;
 use crate::ir::{
     AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Type, VarId,
 };
@@ -300,7 +301,7 @@ fn annotate_region(m: &Module, region: Function, name: &str) -> Result<Function>
                 };
                 let args = args
                     .iter()
-                    .map(|&a| copy_leaf(&region, a, &mut nf, &map))
+                    .map(|&a| copy_expr(&region, a, &mut nf, &map))
                     .collect::<Result<Vec<_>>>()?;
                 nf.add_expr(
                     ExprKind::Call {
@@ -310,7 +311,7 @@ fn annotate_region(m: &Module, region: Function, name: &str) -> Result<Function>
                     d.ty.clone(),
                 )
             }
-            _ => copy_leaf(&region, b.value, &mut nf, &map)?,
+            _ => copy_expr(&region, b.value, &mut nf, &map)?,
         };
         let vd = region.var(b.var);
         let nv = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
@@ -321,41 +322,6 @@ fn annotate_region(m: &Module, region: Function, name: &str) -> Result<Function>
     let ret = region
         .ret
         .ok_or_else(|| Error::Invalid("region without return".into()))?;
-    nf.ret = Some(copy_leaf(&region, ret, &mut nf, &map)?);
+    nf.ret = Some(copy_expr(&region, ret, &mut nf, &map)?);
     Ok(nf)
-}
-
-fn copy_leaf(
-    src: &Function,
-    e: ExprId,
-    dst: &mut Function,
-    map: &HashMap<VarId, ExprId>,
-) -> Result<ExprId> {
-    let d = src.expr(e);
-    let kind = match &d.kind {
-        ExprKind::Var(v) => {
-            return map
-                .get(v)
-                .copied()
-                .ok_or_else(|| Error::Invalid("unmapped var in region".into()));
-        }
-        ExprKind::Call { callee, args } => {
-            let args = args
-                .iter()
-                .map(|&a| copy_leaf(src, a, dst, map))
-                .collect::<Result<_>>()?;
-            ExprKind::Call {
-                callee: callee.clone(),
-                args,
-            }
-        }
-        ExprKind::Tuple(xs) => ExprKind::Tuple(
-            xs.iter()
-                .map(|&x| copy_leaf(src, x, dst, map))
-                .collect::<Result<_>>()?,
-        ),
-        ExprKind::TupleGetItem(x, i) => ExprKind::TupleGetItem(copy_leaf(src, *x, dst, map)?, *i),
-        other => other.clone(),
-    };
-    Ok(dst.add_expr(kind, d.ty.clone()))
 }

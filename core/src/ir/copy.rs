@@ -1,0 +1,116 @@
+//! Copying expressions between functions: every pass that rebuilds a function maps the old vars
+//! to new expressions and copies values through that map.
+//!
+//! ```text
+//! ; copy `R.add(x, y)` from f into g with x -> a, y -> b
+//! R.add(a, b)
+//! ```
+
+use super::{Callee, EntityId, ExprId, ExprKind, Function, VarId};
+use crate::error::{Error, Result};
+use rustc_hash::FxHashMap;
+
+/// A dense map from the vars of one function (indexed by id) to values.
+pub struct VarMap<T>(Vec<Option<T>>);
+
+impl<T: Copy> VarMap<T> {
+    /// An empty map for a function with `len` vars.
+    pub fn new(len: usize) -> Self {
+        VarMap(vec![None; len])
+    }
+
+    /// The value for `v`.
+    pub fn get(&self, v: &VarId) -> Option<&T> {
+        self.0.get(v.index()).and_then(Option::as_ref)
+    }
+
+    /// Sets the value for `v` (ignored when `v` is out of range).
+    pub fn insert(&mut self, v: VarId, t: T) {
+        if let Some(slot) = self.0.get_mut(v.index()) {
+            *slot = Some(t);
+        }
+    }
+
+    /// Whether `v` has a value.
+    pub fn contains_key(&self, v: &VarId) -> bool {
+        self.get(v).is_some()
+    }
+}
+
+/// Where a copied expression's vars go.
+pub trait VarLookup {
+    /// The expression that replaces var `v`.
+    fn lookup(&self, v: VarId) -> Option<ExprId>;
+}
+
+impl VarLookup for VarMap<ExprId> {
+    fn lookup(&self, v: VarId) -> Option<ExprId> {
+        self.get(&v).copied()
+    }
+}
+
+impl VarLookup for FxHashMap<VarId, ExprId> {
+    fn lookup(&self, v: VarId) -> Option<ExprId> {
+        self.get(&v).copied()
+    }
+}
+
+impl VarLookup for std::collections::HashMap<VarId, ExprId> {
+    fn lookup(&self, v: VarId) -> Option<ExprId> {
+        self.get(&v).copied()
+    }
+}
+
+/// Copies expression `e` of `src` into `dst`, mapping vars through `map`.
+pub fn copy_expr(
+    src: &Function,
+    e: ExprId,
+    dst: &mut Function,
+    map: &impl VarLookup,
+) -> Result<ExprId> {
+    let d = src.expr(e);
+    let kind = match &d.kind {
+        ExprKind::Var(v) => {
+            return map.lookup(*v).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "internal: `{}` has no mapping while outlining",
+                    src.var(*v).name
+                ))
+            });
+        }
+        ExprKind::Call { callee, args } => {
+            let callee = match callee {
+                Callee::Local(v) => {
+                    let ne = map.lookup(*v).ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "internal: local callee `{}` has no mapping",
+                            src.var(*v).name
+                        ))
+                    })?;
+                    match dst.as_var(ne) {
+                        Some(nv) => Callee::Local(nv),
+                        None => {
+                            return Err(Error::Invalid(
+                                "internal: local callee is not a var".into(),
+                            ));
+                        }
+                    }
+                }
+                other => other.clone(),
+            };
+            let args = args
+                .iter()
+                .map(|&a| copy_expr(src, a, dst, map))
+                .collect::<Result<_>>()?;
+            ExprKind::Call { callee, args }
+        }
+        ExprKind::Tuple(xs) => ExprKind::Tuple(
+            xs.iter()
+                .map(|&x| copy_expr(src, x, dst, map))
+                .collect::<Result<_>>()?,
+        ),
+        ExprKind::TupleGetItem(x, i) => ExprKind::TupleGetItem(copy_expr(src, *x, dst, map)?, *i),
+        other => other.clone(),
+    };
+    Ok(dst.add_expr(kind, d.ty.clone()))
+}
