@@ -6,67 +6,16 @@
 
 #![allow(clippy::panic, reason = "test code: a failure is a panic")]
 
+mod common;
+
+use fusebox_core::ir::Module;
 use fusebox_core::ir::generate::{random_fusion_module, random_module};
 use fusebox_core::ir::verify::verify;
-use fusebox_core::ir::{Callee, ExprKind, Function, Module};
 use fusebox_core::pattern::parse_pattern;
 use fusebox_core::text;
 use fusebox_core::transform::{FusionPattern, PartitionOptions, fuse_ops, fuse_ops_by_pattern};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-
-/// Op multiset of `f` with calls of module functions expanded.
-fn count_ops(m: &Module, f: &Function, out: &mut BTreeMap<String, usize>, depth: usize) {
-    assert!(depth < 64, "call graph too deep: a function calls itself");
-    for b in f.bindings() {
-        match &f.expr(b.value).kind {
-            ExprKind::Call {
-                callee: Callee::Op(op),
-                ..
-            } => *out.entry(op.name().to_string()).or_default() += 1,
-            ExprKind::Call {
-                callee: Callee::Global(g),
-                ..
-            } => {
-                let callee = m.get(g).unwrap_or_else(|| panic!("missing function {g}"));
-                count_ops(m, callee, out, depth + 1);
-            }
-            _ => {}
-        }
-    }
-}
-
-/// No function reaches itself through calls (depth-first with an on-stack set).
-fn no_call_cycles(m: &Module) {
-    fn visit<'m>(m: &'m Module, name: &'m str, stack: &mut Vec<&'m str>, done: &mut Vec<&'m str>) {
-        if done.contains(&name) {
-            return;
-        }
-        assert!(
-            !stack.contains(&name),
-            "call cycle through {name}: {stack:?}"
-        );
-        stack.push(name);
-        if let Some(f) = m.get(name) {
-            for (_, d) in f.exprs.iter() {
-                if let ExprKind::Call {
-                    callee: Callee::Global(g),
-                    ..
-                } = &d.kind
-                    && let Some((k, _)) = m.functions.get_key_value(g.as_ref())
-                {
-                    visit(m, k, stack, done);
-                }
-            }
-        }
-        stack.pop();
-        done.push(name);
-    }
-    let mut done = Vec::new();
-    for name in m.functions.keys() {
-        visit(m, name, &mut Vec::new(), &mut done);
-    }
-}
 
 fn check(m: &Module, out: &Module, opt_level: u32, max_depth: usize) -> Result<(), TestCaseError> {
     if let Err(e) = verify(out) {
@@ -75,15 +24,15 @@ fn check(m: &Module, out: &Module, opt_level: u32, max_depth: usize) -> Result<(
             text::print_module(out).text
         );
     }
-    no_call_cycles(out);
+    common::no_call_cycles(out);
     let (mut before, mut after) = (BTreeMap::new(), BTreeMap::new());
-    count_ops(
+    common::count_ops(
         m,
         m.get("main").unwrap_or_else(|| panic!("no main")),
         &mut before,
         0,
     );
-    count_ops(
+    common::count_ops(
         out,
         out.get("main").unwrap_or_else(|| panic!("no main after")),
         &mut after,
@@ -154,8 +103,8 @@ proptest! {
             .unwrap_or_else(|e| panic!("fuse_ops failed: {e}"));
         check(&parted, &out, opt_level, max_depth)?;
         let (mut before, mut after) = (BTreeMap::new(), BTreeMap::new());
-        count_ops(&m, m.get("main").unwrap_or_else(|| panic!("no main")), &mut before, 0);
-        count_ops(&out, out.get("main").unwrap_or_else(|| panic!("no main")), &mut after, 0);
+        common::count_ops(&m, m.get("main").unwrap_or_else(|| panic!("no main")), &mut before, 0);
+        common::count_ops(&out, out.get("main").unwrap_or_else(|| panic!("no main")), &mut after, 0);
         prop_assert_eq!(before, after);
     }
 }

@@ -15,9 +15,10 @@
     reason = "test code: a failure is a panic"
 )]
 
+mod common;
+
 use fusebox_core::ir::generate::{Rng, random_fusion_module, random_module};
 use fusebox_core::ir::{Constant, DType, Dim, Module, Type};
-use fusebox_core::pattern::check::NoLeakingIntermediates;
 use fusebox_core::pattern::parse_pattern;
 use fusebox_core::text::{self, ConstTable};
 use fusebox_core::transform::{
@@ -27,24 +28,6 @@ use fusebox_cpu::{Storage, Tensor, Value, run};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
-
-const PATTERNS: &[&str] = &[
-    "relax.nn.relu(_)",
-    "relax.add(_, _)",
-    "relax.matmul(_, _)",
-    "relax.nn.relu(relax.add(_, _))",
-    "relax.add(relax.matmul(_, _), _)",
-    "relax.nn.relu(relax.add(relax.matmul(_, _), _))",
-    "relax.nn.relu(relax.matmul(_, _)) | relax.add(relax.matmul(_, _), _)",
-    "relax.add(relax.nn.relu(_), _)",
-    "relax.add(w @ _, w @ _)",
-    "relax.add(_, const)",
-    "relax.nn.relu(relax.nn.relu(_))",
-    "relax.add(_[?], _)",
-    "relax.add(relax.add(_, _), relax.add(_, _))",
-    "relax.matmul(relax.nn.relu(_), _) | relax.nn.relu(relax.matmul(relax.add(_, _), _))",
-];
 
 /// Random data in [-scale, scale] for a tensor type, symbolic dims taken from `syms`.
 fn random_tensor(ty: &Type, syms: &BTreeMap<String, i64>, rng: &mut Rng, scale: f32) -> Tensor {
@@ -128,7 +111,7 @@ proptest! {
         seed in any::<u64>(),
         ops in 1usize..200,
         n in 1i64..6,
-        table in proptest::collection::vec((0usize..PATTERNS.len(), any::<bool>()), 1..6),
+        table in proptest::collection::vec((0usize..common::PATTERNS.len(), any::<bool>()), 1..6),
         bind_constants in any::<bool>(),
         mode in 0u8..3,
     ) {
@@ -137,23 +120,7 @@ proptest! {
         let mut rng = Rng::new(seed ^ 0x5eed);
         let args = main_args(&m, &syms, &mut rng);
         let want = run(&m, "main", args.clone()).unwrap_or_else(|e| panic!("before: {e}"));
-        let patterns: Vec<FusionPattern> = table
-            .iter()
-            .enumerate()
-            .map(|(i, &(p, check))| {
-                let pat = parse_pattern(PATTERNS[p]).unwrap_or_else(|e| panic!("{e}"));
-                let codegen = ["a", "b"][i % 2];
-                let fp = FusionPattern::new(&format!("{codegen}.p{i}"), pat);
-                if check { fp.with_check(Arc::new(NoLeakingIntermediates)) } else { fp }
-            })
-            .collect();
-        let opts = PartitionOptions { bind_constants, annotate_codegen: mode == 1 };
-        let mut out = fuse_ops_by_pattern(&m, &patterns, opts)
-            .unwrap_or_else(|e| panic!("partition failed: {e}"))
-            .module;
-        if mode == 2 {
-            out = merge_composite_functions(&out).unwrap_or_else(|e| panic!("merge failed: {e}"));
-        }
+        let out = common::partition(&m, &table, bind_constants, mode);
         let got = run(&out, "main", args).unwrap_or_else(|e| {
             panic!("after: {e}\n{}", text::print_module(&out).text)
         });

@@ -1,0 +1,139 @@
+//! Helpers shared by the integration tests: the random pattern tables of the property tests,
+//! partitioning with them, and counting ops through calls.
+
+#![allow(
+    dead_code,
+    clippy::panic,
+    reason = "each test file uses a subset; test code panics on failure"
+)]
+
+use fusebox_core::ir::{Callee, ExprKind, Function, Module};
+use fusebox_core::pattern::check::NoLeakingIntermediates;
+use fusebox_core::pattern::parse_pattern;
+use fusebox_core::transform::{
+    FusionPattern, PartitionOptions, fuse_ops_by_pattern, merge_composite_functions,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Patterns over the ops of `ir::generate::random_module`.
+pub const PATTERNS: &[&str] = &[
+    "relax.nn.relu(_)",
+    "relax.add(_, _)",
+    "relax.matmul(_, _)",
+    "relax.nn.relu(relax.add(_, _))",
+    "relax.add(relax.matmul(_, _), _)",
+    "relax.nn.relu(relax.add(relax.matmul(_, _), _))",
+    "relax.nn.relu(relax.matmul(_, _)) | relax.add(relax.matmul(_, _), _)",
+    "relax.add(relax.nn.relu(_), _)",
+    "relax.add(w @ _, w @ _)",
+    "relax.add(_, const)",
+    "relax.nn.relu(relax.nn.relu(_))",
+    "relax.add(_[?], _)",
+    "relax.add(relax.add(_, _), relax.add(_, _))",
+    "relax.matmul(relax.nn.relu(_), _) | relax.nn.relu(relax.matmul(relax.add(_, _), _))",
+];
+
+/// A table from `(index into PATTERNS, with leak check)` pairs; codegens alternate `a`, `b`.
+pub fn table(entries: &[(usize, bool)]) -> Vec<FusionPattern> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, &(p, check))| {
+            let pat = parse_pattern(PATTERNS[p]).unwrap_or_else(|e| panic!("{e}"));
+            let codegen = ["a", "b"][i % 2];
+            let fp = FusionPattern::new(&format!("{codegen}.p{i}"), pat);
+            if check {
+                fp.with_check(Arc::new(NoLeakingIntermediates))
+            } else {
+                fp
+            }
+        })
+        .collect()
+}
+
+/// Partitions with `table`: mode 0 plain, 1 with annotate_codegen, 2 then merged.
+pub fn partition(m: &Module, entries: &[(usize, bool)], bind_constants: bool, mode: u8) -> Module {
+    let opts = PartitionOptions {
+        bind_constants,
+        annotate_codegen: mode == 1,
+    };
+    let mut out = fuse_ops_by_pattern(m, &table(entries), opts)
+        .unwrap_or_else(|e| panic!("partition failed: {e}"))
+        .module;
+    if mode == 2 {
+        out = merge_composite_functions(&out).unwrap_or_else(|e| panic!("merge failed: {e}"));
+    }
+    out
+}
+
+/// Op multiset of `f` with calls of module functions expanded (local functions included).
+pub fn count_ops(m: &Module, f: &Function, out: &mut BTreeMap<String, usize>, depth: usize) {
+    assert!(depth < 64, "call graph too deep: a function calls itself");
+    for b in f.bindings() {
+        match &f.expr(b.value).kind {
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                ..
+            } => {
+                *out.entry(op.name().to_string()).or_default() += 1;
+            }
+            ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            } => {
+                let callee = m.get(g).unwrap_or_else(|| panic!("missing function {g}"));
+                count_ops(m, callee, out, depth + 1);
+            }
+            ExprKind::Function(inner) => {
+                // Counted where it is called.
+                let _ = inner;
+            }
+            ExprKind::Call {
+                callee: Callee::Local(v),
+                ..
+            } => {
+                let local = f
+                    .bindings()
+                    .find(|x| x.var == *v)
+                    .map(|x| &f.expr(x.value).kind);
+                if let Some(ExprKind::Function(inner)) = local {
+                    count_ops(m, inner, out, depth + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// No function reaches itself through calls (depth-first with an on-stack set).
+pub fn no_call_cycles(m: &Module) {
+    fn visit<'m>(m: &'m Module, name: &'m str, stack: &mut Vec<&'m str>, done: &mut Vec<&'m str>) {
+        if done.contains(&name) {
+            return;
+        }
+        assert!(
+            !stack.contains(&name),
+            "call cycle through {name}: {stack:?}"
+        );
+        stack.push(name);
+        if let Some(f) = m.get(name) {
+            for (_, d) in f.exprs.iter() {
+                if let ExprKind::Call {
+                    callee: Callee::Global(g),
+                    ..
+                } = &d.kind
+                    && let Some((k, _)) = m.functions.get_key_value(g.as_ref())
+                {
+                    visit(m, k, stack, done);
+                }
+            }
+        }
+        stack.pop();
+        done.push(name);
+    }
+    let mut done = Vec::new();
+    for name in m.functions.keys() {
+        visit(m, name, &mut Vec::new(), &mut done);
+    }
+}
