@@ -123,7 +123,20 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "PRelu" => {
             // relu(x) - slope * relu(-x)
             let x = im.expr(req(node, 0)?)?;
-            let slope = im.expr(req(node, 1)?)?;
+            let mut slope = im.expr(req(node, 1)?)?;
+            let (xd, _) = im.dims(x)?;
+            let (sd, _) = im.dims(slope)?;
+            // A per-channel slope `[C]` (old exporters) applies along axis 1.
+            if let [c] = sd.as_slice()
+                && xd.len() > 2
+                && xd.get(1) == Some(c)
+                && xd.last() != Some(c)
+            {
+                let mut shape = vec![c.clone()];
+                shape.resize(xd.len() - 1, Dim::Static(1));
+                let s = im.b.shape(shape);
+                slope = im.emit(Op::Reshape, vec![slope, s])?;
+            }
             let pos = im.emit(Op::Relu, vec![x])?;
             let nx = im.emit(Op::Negative, vec![x])?;
             let rn = im.emit(Op::Relu, vec![nx])?;
@@ -632,10 +645,12 @@ fn spatial(
     a: &Attrs<'_>,
     x_dims: &[Dim],
     kernel: [i64; 2],
+    one_d: bool,
 ) -> Result<([i64; 2], [i64; 2], [i64; 4])> {
     let two = |name: &str| -> Result<[i64; 2]> {
         match a.ints(name) {
             None => Ok([1, 1]),
+            Some(v) if one_d && v.len() == 1 => Ok([v[0], 1]),
             Some(v) if v.len() == 2 => Ok([v[0], v[1]]),
             Some(v) => Err(invalid(format!("`{name}` must have 2 values, found {v:?}"))),
         }
@@ -646,6 +661,7 @@ fn spatial(
     let pads = match auto_pad.as_str() {
         "NOTSET" | "" => match a.ints("pads") {
             None => [0; 4],
+            Some(v) if one_d && v.len() == 2 => [v[0], 0, v[1], 0],
             Some(v) if v.len() == 4 => [v[0], v[1], v[2], v[3]],
             Some(v) => return Err(invalid(format!("`pads` must have 4 values, found {v:?}"))),
         },
@@ -675,26 +691,52 @@ fn spatial(
     Ok((strides, dil, pads))
 }
 
+/// The rank-3 (1-D) case runs as 2-D with a trailing extent-1 axis, squeezed afterwards.
+fn lift(im: &mut Importer<'_>, e: ExprId) -> Result<ExprId> {
+    im.emit(Op::ExpandDims { axis: vec![3] }, vec![e])
+}
+
+fn finish(im: &mut Importer<'_>, op: Op, args: Vec<ExprId>, one_d: bool) -> Result<Vec<Out>> {
+    if !one_d {
+        return Ok(call(op, args));
+    }
+    let y = im.emit(op, args)?;
+    Ok(call(Op::Squeeze { axis: Some(vec![3]) }, vec![y]))
+}
+
+fn kernel_attr(a: &Attrs<'_>, one_d: bool) -> Option<[i64; 2]> {
+    match a.ints("kernel_shape") {
+        Some(k) if one_d && k.len() == 1 => Some([k[0], 1]),
+        Some(k) if k.len() == 2 => Some([k[0], k[1]]),
+        _ => None,
+    }
+}
+
 fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
-    let x = im.expr(req(node, 0)?)?;
-    let w = im.expr(req(node, 1)?)?;
+    let mut x = im.expr(req(node, 0)?)?;
+    let mut w = im.expr(req(node, 1)?)?;
     let (xd, _) = im.dims(x)?;
     let (wd, _) = im.dims(w)?;
-    if xd.len() != 4 || wd.len() != 4 {
+    let one_d = xd.len() == 3 && wd.len() == 3;
+    if !(one_d || (xd.len() == 4 && wd.len() == 4)) {
         return Err(invalid(format!(
-            "only 2-D convolutions (rank-4 input and weight) are supported, found ranks {} and {}",
+            "unsupported ONNX node: only 1-D and 2-D convolutions are supported, found input \
+             rank {} and weight rank {}",
             xd.len(),
             wd.len()
         )));
     }
-    let kernel = match a.ints("kernel_shape") {
-        Some(k) if k.len() == 2 => [k[0], k[1]],
-        _ => [
-            wd[2].as_static().unwrap_or(1),
-            wd[3].as_static().unwrap_or(1),
-        ],
-    };
-    let (strides, dilation, padding) = spatial(a, &xd, kernel)?;
+    if one_d {
+        x = lift(im, x)?;
+        w = lift(im, w)?;
+    }
+    let (xd, _) = im.dims(x)?;
+    let (wd, _) = im.dims(w)?;
+    let kernel = kernel_attr(a, one_d).unwrap_or([
+        wd[2].as_static().unwrap_or(1),
+        wd[3].as_static().unwrap_or(1),
+    ]);
+    let (strides, dilation, padding) = spatial(a, &xd, kernel, one_d)?;
     let op = Op::Conv2d(Box::new(Conv2dAttrs {
         strides,
         padding,
@@ -706,7 +748,7 @@ fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result
         out_dtype: None,
     }));
     let Some(bname) = input(node, 2) else {
-        return Ok(call(op, vec![x, w]));
+        return finish(im, op, vec![x, w], one_d);
     };
     let y = im.emit(op, vec![x, w])?;
     let out_c = wd[0].clone();
@@ -717,28 +759,31 @@ fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result
         }
         _ => {
             let be = im.expr(bname)?;
-            let s =
-                im.b.shape(vec![Dim::Static(1), out_c, Dim::Static(1), Dim::Static(1)]);
+            let s = im
+                .b
+                .shape(vec![Dim::Static(1), out_c, Dim::Static(1), Dim::Static(1)]);
             im.emit(Op::Reshape, vec![be, s])?
         }
     };
-    Ok(call(Op::Add, vec![y, b]))
+    finish(im, Op::Add, vec![y, b], one_d)
 }
 
 fn pool(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
-    let x = im.expr(req(node, 0)?)?;
+    let mut x = im.expr(req(node, 0)?)?;
     let (xd, _) = im.dims(x)?;
-    if xd.len() != 4 {
+    let one_d = xd.len() == 3;
+    if !(one_d || xd.len() == 4) {
         return Err(invalid(format!(
-            "only 2-D pooling (rank-4 input) is supported, found rank {}",
+            "unsupported ONNX node: only 1-D and 2-D pooling is supported, found input rank {}",
             xd.len()
         )));
     }
-    let kernel = match a.ints("kernel_shape") {
-        Some(k) if k.len() == 2 => [k[0], k[1]],
-        _ => return Err(invalid("`kernel_shape` must have 2 values")),
-    };
-    let (strides, dilation, padding) = spatial(a, &xd, kernel)?;
+    if one_d {
+        x = lift(im, x)?;
+    }
+    let (xd, _) = im.dims(x)?;
+    let kernel = kernel_attr(a, one_d).ok_or_else(|| invalid("bad `kernel_shape`"))?;
+    let (strides, dilation, padding) = spatial(a, &xd, kernel, one_d)?;
     let attrs = Box::new(Pool2dAttrs {
         pool_size: kernel,
         strides,
@@ -754,5 +799,5 @@ fn pool(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result
     } else {
         Op::AvgPool2d(attrs)
     };
-    Ok(call(op, vec![x]))
+    finish(im, op, vec![x], one_d)
 }
