@@ -75,10 +75,18 @@ fn flatten(v: Value, out: &mut Vec<Tensor>) {
 /// `None` when equal within tolerance, else why not.
 fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Option<String> {
     if got.shape() != want.shape() {
-        return Some(format!("shape {:?} vs expected {:?}", got.shape(), want.shape()));
+        return Some(format!(
+            "shape {:?} vs expected {:?}",
+            got.shape(),
+            want.shape()
+        ));
     }
     if got.dtype() != want.dtype() {
-        return Some(format!("dtype {} vs expected {}", got.dtype(), want.dtype()));
+        return Some(format!(
+            "dtype {} vs expected {}",
+            got.dtype(),
+            want.dtype()
+        ));
     }
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
@@ -154,7 +162,10 @@ fn pytorch_backend_cases() {
         let mut dirs: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
         dirs.sort();
         for d in dirs {
-            let name = format!("{sub}/{}", d.file_name().unwrap_or_default().to_string_lossy());
+            let name = format!(
+                "{sub}/{}",
+                d.file_name().unwrap_or_default().to_string_lossy()
+            );
             match run_case(&d) {
                 Case::Skipped(why) => {
                     skipped += 1;
@@ -171,7 +182,9 @@ fn pytorch_backend_cases() {
             }
         }
     }
-    println!("onnx conformance: {passed}/{attempted} attempted cases pass ({skipped} skipped: unsupported ops)");
+    println!(
+        "onnx conformance: {passed}/{attempted} attempted cases pass ({skipped} skipped: unsupported ops)"
+    );
     for f in &failures {
         println!("FAIL {f}");
     }
@@ -223,7 +236,11 @@ fn light_model_zoo_fuses_and_runs() {
     files.sort();
     let mut ran = 0;
     for p in files {
-        let stem = p.file_stem().unwrap_or_default().to_string_lossy().to_string();
+        let stem = p
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
         let bytes = std::fs::read(&p).expect("read");
         let m = match import_onnx(&bytes, &stem) {
             Ok(m) => m,

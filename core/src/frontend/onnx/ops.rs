@@ -701,7 +701,12 @@ fn finish(im: &mut Importer<'_>, op: Op, args: Vec<ExprId>, one_d: bool) -> Resu
         return Ok(call(op, args));
     }
     let y = im.emit(op, args)?;
-    Ok(call(Op::Squeeze { axis: Some(vec![3]) }, vec![y]))
+    Ok(call(
+        Op::Squeeze {
+            axis: Some(vec![3]),
+        },
+        vec![y],
+    ))
 }
 
 fn kernel_attr(a: &Attrs<'_>, one_d: bool) -> Option<[i64; 2]> {
@@ -759,9 +764,8 @@ fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result
         }
         _ => {
             let be = im.expr(bname)?;
-            let s = im
-                .b
-                .shape(vec![Dim::Static(1), out_c, Dim::Static(1), Dim::Static(1)]);
+            let s =
+                im.b.shape(vec![Dim::Static(1), out_c, Dim::Static(1), Dim::Static(1)]);
             im.emit(Op::Reshape, vec![be, s])?
         }
     };
