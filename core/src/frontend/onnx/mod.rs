@@ -307,8 +307,9 @@ pub fn onnx_code(d: DType) -> i32 {
     }
 }
 
-/// The most elements a folded or decoded constant may have (a guard against absurd shapes).
-const MAX_CONST_ELEMS: usize = 1 << 28;
+/// The most elements a constant made at import time (`ConstantOfShape`) may have: a guard
+/// against absurd shapes in a small file.
+const MAX_CONST_ELEMS: usize = 1 << 26;
 
 /// A `TensorProto` as a constant (raw data or the typed data fields).
 pub fn tensor_to_constant(t: &TensorProto) -> Result<Constant, String> {
@@ -320,8 +321,8 @@ pub fn tensor_to_constant(t: &TensorProto) -> Result<Constant, String> {
     if let Some(d) = t.dims.iter().find(|d| **d < 0) {
         return Err(format!("negative dim {d} in {:?}", t.dims));
     }
+    // No size cap here: the data is already in memory, and `from_bytes` checks its length.
     let n = crate::ir::numel(&t.dims)
-        .filter(|n| *n <= MAX_CONST_ELEMS)
         .ok_or_else(|| format!("tensor shape {:?} is too large", t.dims))?;
     let bytes: Vec<u8> = if !t.raw_data.is_empty() || n == 0 {
         t.raw_data.clone()

@@ -452,6 +452,11 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                 }
                 _ => {
                     let n = a.int("num_outputs", n_out as i64);
+                    if n != n_out as i64 {
+                        return Err(invalid(format!(
+                            "num_outputs is {n} but the node has {n_out} outputs"
+                        )));
+                    }
                     if let Some(len) = dims[axis].as_static()
                         && n > 0
                         && len % n != 0
