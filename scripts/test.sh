@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # The one command that runs every check: formatting, lints, and all tests of the workspace.
-# It installs what it needs itself (today: only crates, fetched by cargo).
+# It installs what it needs itself: crates (fetched by cargo), and a local, git-ignored Python
+# venv `.venv` with the `onnx` package, whose backend test data the ONNX conformance test reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== ONNX test data (.venv with onnx from PyPI)"
+if ! .venv/bin/python -c "import onnx" 2>/dev/null; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet "onnx==1.*" numpy
+fi
+ONNX_DATA_DIR="$(.venv/bin/python -c 'import os, onnx; print(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data"))')"
+export ONNX_DATA_DIR
+echo "ONNX_DATA_DIR=$ONNX_DATA_DIR"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -19,3 +29,7 @@ cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns
 cargo run --quiet --locked -- show examples/conv2d_relu.relax > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --fuse-ops --emit json > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu.relax --fuse-ops --fuse-opt-level 1 --max-depth 8 > /dev/null
+smoke_out="$(mktemp -d)"
+cargo run --quiet --locked -- run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --check --timings --output-dir "$smoke_out" > /dev/null
+cargo run --quiet --locked -- run examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --check --profile --output-dir "$smoke_out" > /dev/null
+rm -rf "$smoke_out"

@@ -1,5 +1,7 @@
 //! The `fusebox` command line: argument parsing and printing only; the work is in fusebox-core.
 
+mod run_cmd;
+
 use clap::{Parser, Subcommand};
 use fusebox_core::ir::verify::verify;
 use fusebox_core::text;
@@ -65,6 +67,36 @@ enum Command {
         /// Print `time <phase> <ms> ms` lines to stderr.
         #[arg(long)]
         timings: bool,
+    },
+    /// Run a model (`.onnx` or `.relax`) on the CPU reference executor after partitioning it
+    /// (optional pattern table, then FuseOps), writing each output as `.npy`.
+    Run {
+        /// The model: `.onnx` (imported) or `.relax` (text).
+        file: PathBuf,
+        /// A TOML pattern table applied before FuseOps (as `partition --patterns`).
+        #[arg(long)]
+        patterns: Option<PathBuf>,
+        /// `NAME=PATH.npy` for a parameter of `main`; the others get random values.
+        #[arg(long = "input")]
+        inputs: Vec<String>,
+        /// Seed of the random inputs (floats uniform in [-1, 1]).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where the outputs go, as `<output name>.npy`.
+        #[arg(long, default_value = "out")]
+        output_dir: PathBuf,
+        /// Also run the unpartitioned module and compare (exit 1 on a difference).
+        #[arg(long)]
+        check: bool,
+        /// Print per-function times (calls and total ms) to stderr.
+        #[arg(long)]
+        profile: bool,
+        /// Print `time import|partition|compile|run <ms> ms` lines to stderr.
+        #[arg(long)]
+        timings: bool,
+        /// Timed runs after one warm-up; the median is reported.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
     },
     /// Benchmarks (not tests): each reports a ratio against a baseline measured in the same run.
     #[command(subcommand)]
@@ -227,6 +259,27 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             }
             Ok(())
         }
+        Command::Run {
+            file,
+            patterns,
+            inputs,
+            seed,
+            output_dir,
+            check,
+            profile,
+            timings,
+            repeat,
+        } => run_cmd::run(run_cmd::RunArgs {
+            file,
+            patterns,
+            inputs,
+            seed,
+            output_dir,
+            check,
+            profile,
+            timings,
+            repeat,
+        }),
         Command::Bench(BenchCmd::Text { bindings, repeat }) => bench_text(bindings, repeat.max(1)),
         Command::Bench(BenchCmd::Partition { ops, table, repeat }) => {
             bench_partition(&ops, &table, repeat.max(1))

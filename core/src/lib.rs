@@ -2,6 +2,7 @@
 //! partition a tensor program into fused functions.
 
 pub mod error;
+pub mod frontend;
 pub mod ir;
 pub mod op;
 pub mod pattern;

@@ -37,6 +37,7 @@ use fusebox_core::ir::{
     Callee, Dim, ExprId, ExprKind, Function, Module, PrimValue, Sym, Type, VarId,
 };
 use fusebox_core::runtime::{Prim, Tensor, Value};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 /// How deep calls may nest before the executor gives up (a call cycle).
@@ -47,11 +48,58 @@ pub fn run(module: &Module, func: &str, args: Vec<Value>) -> Result<Value> {
     let f = module
         .get(func)
         .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
-    Interp { module }.call(func, f, args, 0)
+    Interp {
+        module,
+        profile: None,
+    }
+    .call(func, f, args, 0)
+}
+
+/// The time spent in calls of one module function during [`run_profiled`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallProfile {
+    /// The callee's name.
+    pub name: String,
+    /// How many times it was called.
+    pub calls: usize,
+    /// Total wall time in its calls, in seconds (inclusive of what it calls).
+    pub seconds: f64,
+}
+
+/// [`run`], also timing every call of a module function (composites, fused functions,
+/// codegen wrappers) made while running. Profiles are sorted by total time, largest first.
+pub fn run_profiled(
+    module: &Module,
+    func: &str,
+    args: Vec<Value>,
+) -> Result<(Value, Vec<CallProfile>)> {
+    let f = module
+        .get(func)
+        .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+    let interp = Interp {
+        module,
+        profile: Some(RefCell::new(BTreeMap::new())),
+    };
+    let out = interp.call(func, f, args, 0)?;
+    let mut prof: Vec<CallProfile> = interp
+        .profile
+        .map(RefCell::into_inner)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, (seconds, calls))| CallProfile {
+            name,
+            calls,
+            seconds,
+        })
+        .collect();
+    prof.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(a.name.cmp(&b.name)));
+    Ok((out, prof))
 }
 
 struct Interp<'m> {
     module: &'m Module,
+    /// Per-callee (seconds, calls) when profiling.
+    profile: Option<RefCell<BTreeMap<String, (f64, usize)>>>,
 }
 
 /// The state of one call.
@@ -280,7 +328,19 @@ impl<'m> Interp<'m> {
                         let gf = self.module.get(g).ok_or_else(|| {
                             Error::Exec(format!("the module has no function `{g}`"))
                         })?;
-                        self.call(g, gf, vals, depth + 1)?
+                        match &self.profile {
+                            None => self.call(g, gf, vals, depth + 1)?,
+                            Some(p) => {
+                                let t = std::time::Instant::now();
+                                let v = self.call(g, gf, vals, depth + 1)?;
+                                let dt = t.elapsed().as_secs_f64();
+                                let mut p = p.borrow_mut();
+                                let e = p.entry(g.to_string()).or_insert((0.0, 0));
+                                e.0 += dt;
+                                e.1 += 1;
+                                v
+                            }
+                        }
                     }
                     Callee::Local(v) => {
                         let lf = fr.locals.get(v.as_u32() as usize).copied().flatten();

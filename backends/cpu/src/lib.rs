@@ -47,7 +47,7 @@ mod nn;
 mod reduce;
 mod util;
 
-pub use exec::run;
+pub use exec::{CallProfile, run, run_profiled};
 pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
 pub use kernels::eval_op;
 

@@ -1,0 +1,446 @@
+//! Import-time folding: `Constant`, `ConstantOfShape`, `Identity`, and the integer shape
+//! arithmetic that feeds `Reshape` / `Expand` (`Shape → Gather → Unsqueeze → Concat`).
+//!
+//! Contract: [`try_fold`] returns `Some(outputs)` when every input of the node is known at
+//! import time (or the node is `Shape` of a tensor of known rank, or an `Identity`), `None` to
+//! let the node become IR. Integer values are [`Ints`]: small integer tensors whose elements are
+//! [`Dim`]s, so a shape with symbolic dims (`[n, 4]`) folds too; values that are all static
+//! become ordinary constants. Folding never allocates more than a bounded number of elements.
+//!
+//! ```text
+//! s = Shape(x)            # x: float32[n, 3, 4]  → Ints [n, 3, 4]
+//! a = Gather(s, 0)        #                      → Ints n (rank 0)
+//! b = Unsqueeze(a, [0])   #                      → Ints [n]
+//! t = Concat(b, [-1])     #                      → Ints [n, -1]
+//! y = Reshape(x, t)       # becomes R.reshape(x, R.shape([n, 12]))
+//! ```
+
+use super::{
+    Attrs, Importer, MAX_CONST_ELEMS, Out, Val, input, normalize_axis, req, tensor_to_constant,
+};
+use crate::error::{Error, Result};
+use crate::ir::{Constant, DType, Dim};
+
+/// Folded integer tensors larger than this are left to the IR.
+const MAX_FOLD_ELEMS: usize = 1 << 16;
+
+/// A small integer tensor whose elements may be symbolic dims.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Ints {
+    /// The element type (an integer type or bool).
+    pub(crate) dtype: DType,
+    /// The shape.
+    pub(crate) shape: Vec<usize>,
+    /// The elements, row-major.
+    pub(crate) vals: Vec<Dim>,
+}
+
+impl Ints {
+    /// The integer elements of a small integer (or bool) constant.
+    pub(crate) fn from_constant(c: &Constant) -> Option<Ints> {
+        if !(c.dtype.is_int() || c.dtype == DType::Bool) || c.numel() > MAX_FOLD_ELEMS {
+            return None;
+        }
+        let vals = (0..c.numel())
+            .map(|i| c.get_i64(i).map(Dim::Static))
+            .collect::<Option<Vec<_>>>()?;
+        let shape = c
+            .shape
+            .iter()
+            .map(|&d| usize::try_from(d).ok())
+            .collect::<Option<Vec<_>>>()?;
+        Some(Ints {
+            dtype: c.dtype,
+            shape,
+            vals,
+        })
+    }
+
+    /// The constant, when every element is static.
+    pub(crate) fn to_constant(&self) -> Option<Constant> {
+        let mut bytes = Vec::with_capacity(self.vals.len() * self.dtype.size_bytes());
+        for d in &self.vals {
+            let v = d.as_static()?;
+            match self.dtype {
+                DType::I64 => bytes.extend(v.to_le_bytes()),
+                DType::I32 => bytes.extend((v as i32).to_le_bytes()),
+                DType::I8 | DType::U8 => bytes.push(v as u8),
+                DType::Bool => bytes.push(u8::from(v != 0)),
+                _ => return None,
+            }
+        }
+        let shape = self.shape.iter().map(|&d| d as i64).collect();
+        Constant::from_bytes(self.dtype, shape, bytes).ok()
+    }
+
+    /// `[n, 4]`-style text for messages.
+    pub(crate) fn describe(&self) -> String {
+        let v: Vec<String> = self.vals.iter().map(ToString::to_string).collect();
+        format!("[{}]", v.join(", "))
+    }
+
+    fn into_val(self) -> Val {
+        match self.to_constant() {
+            Some(c) => Val::Const(c),
+            None => Val::Ints(self),
+        }
+    }
+}
+
+/// The input `name` as folded integers, if it is known at import time.
+fn ints(im: &Importer<'_>, name: &str) -> Option<Ints> {
+    match im.val(name).ok()? {
+        Val::Ints(i) => Some(i),
+        Val::Const(c) => Ints::from_constant(&c),
+        Val::Expr(_) => None,
+    }
+}
+
+fn one(v: Val) -> Option<Vec<Out>> {
+    Some(vec![Out::Val(v)])
+}
+
+fn err(m: impl Into<String>) -> Error {
+    Error::Invalid(m.into())
+}
+
+/// Folds `node` when its inputs are known (see the module docs).
+pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<Option<Vec<Out>>> {
+    let a = Attrs(node);
+    match node.op_type.as_str() {
+        "Constant" => Ok(one(Val::Const(constant_attr(&a)?))),
+        "Identity" => Ok(one(im.val(req(node, 0)?)?)),
+        "ConstantOfShape" => {
+            let shape = im.const_i64s(req(node, 0)?)?;
+            let value = match a.tensor("value") {
+                Some(t) => tensor_to_constant(t).map_err(err)?,
+                None => Constant::scalar(0.0, DType::F32),
+            };
+            if value.numel() != 1 {
+                return Err(err("`value` must hold exactly one element"));
+            }
+            if let Some(d) = shape.iter().find(|d| **d < 0) {
+                return Err(err(format!("negative dim {d} in the shape {shape:?}")));
+            }
+            let n = crate::ir::numel(&shape)
+                .filter(|n| *n <= MAX_CONST_ELEMS)
+                .ok_or_else(|| err(format!("the shape {shape:?} is too large")))?;
+            let data = value.data.repeat(n);
+            Ok(one(Val::Const(
+                Constant::from_bytes(value.dtype, shape, data).map_err(err)?,
+            )))
+        }
+        "Shape" => {
+            let x = req(node, 0)?;
+            let dims: Vec<Dim> = match im.val(x)? {
+                Val::Const(c) => c.shape.iter().map(|&d| Dim::Static(d)).collect(),
+                Val::Ints(i) => i.shape.iter().map(|&d| Dim::Static(d as i64)).collect(),
+                Val::Expr(e) => match im.dims(e) {
+                    Ok((d, _)) => d,
+                    Err(_) => return Ok(None),
+                },
+            };
+            let r = dims.len() as i64;
+            let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+            let start = clampi(a.int("start", 0));
+            let end = clampi(a.int("end", r));
+            let vals: Vec<Dim> = dims.get(start..end.max(start)).unwrap_or(&[]).to_vec();
+            Ok(one(Ints {
+                dtype: DType::I64,
+                shape: vec![vals.len()],
+                vals,
+            }
+            .into_val()))
+        }
+        "Gather" | "Unsqueeze" | "Squeeze" | "Concat" | "Slice" | "Cast" | "Reshape" | "Add"
+        | "Sub" | "Mul" | "Div" => {
+            let mut args = Vec::new();
+            for name in node.input.iter() {
+                if name.is_empty() {
+                    continue;
+                }
+                match ints(im, name) {
+                    Some(i) => args.push(i),
+                    None => return Ok(None),
+                }
+            }
+            Ok(fold_ints(im, node, &a, args)?.map(|i| vec![Out::Val(i)]))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn constant_attr(a: &Attrs<'_>) -> Result<Constant> {
+    if let Some(t) = a.tensor("value") {
+        return tensor_to_constant(t).map_err(err);
+    }
+    if a.has("value_float") {
+        return Ok(Constant::scalar(a.float("value_float", 0.0), DType::F32));
+    }
+    if a.has("value_int") {
+        return Ok(Constant::scalar_i64(a.int("value_int", 0), DType::I64));
+    }
+    if let Some(v) = a.ints("value_ints") {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        return Constant::from_bytes(DType::I64, vec![v.len() as i64], bytes).map_err(err);
+    }
+    if let Some(v) = a.floats("value_floats") {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        return Constant::from_bytes(DType::F32, vec![v.len() as i64], bytes).map_err(err);
+    }
+    Err(err(
+        "Constant needs `value`, `value_float(s)` or `value_int(s)` (sparse and string \
+         constants are not supported)",
+    ))
+}
+
+/// Folds an integer op; `None` when the case is outside the small evaluator.
+fn fold_ints(
+    im: &Importer<'_>,
+    node: &super::NodeProto,
+    a: &Attrs<'_>,
+    args: Vec<Ints>,
+) -> Result<Option<Val>> {
+    let Some(x) = args.first().cloned() else {
+        return Ok(None);
+    };
+    let axes_of = |i: usize| -> Result<Option<Vec<i64>>> {
+        match input(node, i) {
+            Some(n) => im.const_i64s(n).map(Some),
+            None => Ok(a.ints("axes")),
+        }
+    };
+    Ok(match node.op_type.as_str() {
+        "Gather" => {
+            let (Some(idx), [n]) = (args.get(1), x.shape.as_slice()) else {
+                return Ok(None);
+            };
+            if a.int("axis", 0) != 0 && a.int("axis", 0) != -1 {
+                return Ok(None);
+            }
+            let mut vals = Vec::new();
+            for d in &idx.vals {
+                let i = d.as_static().ok_or_else(|| err("symbolic gather index"))?;
+                let j = if i < 0 { i + *n as i64 } else { i };
+                let v = usize::try_from(j)
+                    .ok()
+                    .and_then(|j| x.vals.get(j))
+                    .ok_or_else(|| err(format!("index {i} is out of range for {n} elements")))?;
+                vals.push(v.clone());
+            }
+            Some(
+                Ints {
+                    dtype: x.dtype,
+                    shape: idx.shape.clone(),
+                    vals,
+                }
+                .into_val(),
+            )
+        }
+        "Unsqueeze" => {
+            let Some(axes) = axes_of(1)? else {
+                return Err(err("Unsqueeze needs `axes`"));
+            };
+            let r = x.shape.len() + axes.len();
+            let mut axes: Vec<usize> = axes
+                .iter()
+                .map(|&ax| normalize_axis(ax, r))
+                .collect::<Result<_>>()?;
+            axes.sort_unstable();
+            let mut shape = x.shape.clone();
+            for ax in axes {
+                if ax > shape.len() {
+                    return Err(err("Unsqueeze axis out of range"));
+                }
+                shape.insert(ax, 1);
+            }
+            Some(Ints { shape, ..x }.into_val())
+        }
+        "Squeeze" => {
+            let r = x.shape.len();
+            let axes: Vec<usize> = match axes_of(1)? {
+                Some(ax) => ax
+                    .iter()
+                    .map(|&v| normalize_axis(v, r))
+                    .collect::<Result<_>>()?,
+                None => (0..r).filter(|&i| x.shape[i] == 1).collect(),
+            };
+            let shape = x
+                .shape
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !axes.contains(i))
+                .map(|(_, d)| *d)
+                .collect();
+            Some(Ints { shape, ..x }.into_val())
+        }
+        "Reshape" => {
+            let Some(target) = args.get(1) else {
+                return Ok(None);
+            };
+            let Some(t) = target
+                .vals
+                .iter()
+                .map(Dim::as_static)
+                .collect::<Option<Vec<i64>>>()
+            else {
+                return Ok(None);
+            };
+            let mut shape = Vec::new();
+            let mut hole = None;
+            for (i, &d) in t.iter().enumerate() {
+                match d {
+                    0 => shape.push(*x.shape.get(i).ok_or_else(|| err("0 dim out of range"))?),
+                    -1 => {
+                        hole = Some(i);
+                        shape.push(1);
+                    }
+                    d if d > 0 => shape.push(d as usize),
+                    d => return Err(err(format!("invalid dim {d} in Reshape"))),
+                }
+            }
+            let known: usize = shape.iter().product();
+            if let Some(h) = hole {
+                if known == 0 || x.vals.len() % known != 0 {
+                    return Err(err("Reshape: the element count does not divide"));
+                }
+                shape[h] = x.vals.len() / known;
+            }
+            if shape.iter().product::<usize>() != x.vals.len() {
+                return Err(err("Reshape: the element count changes"));
+            }
+            Some(Ints { shape, ..x }.into_val())
+        }
+        "Concat" => {
+            if args.iter().any(|i| i.shape.len() != 1) {
+                return Ok(None);
+            }
+            let vals: Vec<Dim> = args.iter().flat_map(|i| i.vals.iter().cloned()).collect();
+            Some(
+                Ints {
+                    dtype: x.dtype,
+                    shape: vec![vals.len()],
+                    vals,
+                }
+                .into_val(),
+            )
+        }
+        "Slice" => {
+            let [n] = x.shape.as_slice() else {
+                return Ok(None);
+            };
+            let n = *n as i64;
+            let (starts, ends, steps) = if im.opset >= 10 {
+                let st = im.const_i64s(req(node, 1)?)?;
+                let en = im.const_i64s(req(node, 2)?)?;
+                let sp = match input(node, 4) {
+                    Some(s) => im.const_i64s(s)?,
+                    None => vec![1],
+                };
+                (st, en, sp)
+            } else {
+                (
+                    a.ints("starts").unwrap_or_default(),
+                    a.ints("ends").unwrap_or_default(),
+                    vec![1],
+                )
+            };
+            let (Some(&b), Some(&e), Some(&s)) = (starts.first(), ends.first(), steps.first())
+            else {
+                return Ok(None);
+            };
+            if s == 0 {
+                return Err(err("Slice step 0"));
+            }
+            let norm = |v: i64, lo: i64, hi: i64| {
+                let v = if v < 0 { v.saturating_add(n) } else { v };
+                v.clamp(lo, hi)
+            };
+            let mut vals = Vec::new();
+            if s > 0 {
+                let (mut i, e) = (norm(b, 0, n), norm(e, 0, n));
+                while i < e {
+                    vals.push(x.vals[i as usize].clone());
+                    i += s;
+                }
+            } else {
+                let (mut i, e) = (norm(b, -1, n - 1), norm(e, -1, n - 1));
+                while i > e {
+                    vals.push(x.vals[i as usize].clone());
+                    i += s;
+                }
+            }
+            Some(
+                Ints {
+                    dtype: x.dtype,
+                    shape: vec![vals.len()],
+                    vals,
+                }
+                .into_val(),
+            )
+        }
+        "Cast" => {
+            let to = super::dtype_of(a.int("to", 0) as i32)
+                .ok_or_else(|| err("Cast: unsupported target type"))?;
+            if to.is_int() || to == DType::Bool {
+                Some(Ints { dtype: to, ..x }.into_val())
+            } else {
+                let Some(vs) = x
+                    .vals
+                    .iter()
+                    .map(Dim::as_static)
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    return Ok(None);
+                };
+                let mut bytes = Vec::new();
+                for v in vs {
+                    bytes.extend(Constant::scalar(v as f64, to).data.iter());
+                }
+                let shape = x.shape.iter().map(|&d| d as i64).collect();
+                Some(Val::Const(
+                    Constant::from_bytes(to, shape, bytes).map_err(err)?,
+                ))
+            }
+        }
+        "Add" | "Sub" | "Mul" | "Div" => {
+            let Some(y) = args.get(1) else {
+                return Ok(None);
+            };
+            let (shape, n) = if x.vals.len() >= y.vals.len() {
+                (x.shape.clone(), x.vals.len())
+            } else {
+                (y.shape.clone(), y.vals.len())
+            };
+            if !(x.vals.len() == n || x.vals.len() == 1)
+                || !(y.vals.len() == n || y.vals.len() == 1)
+            {
+                return Ok(None);
+            }
+            let pick = |v: &Ints, i: usize| v.vals[if v.vals.len() == 1 { 0 } else { i }].clone();
+            let mut vals = Vec::with_capacity(n);
+            for i in 0..n {
+                let (p, q) = (pick(&x, i), pick(y, i));
+                vals.push(match node.op_type.as_str() {
+                    "Add" => p.add(&q),
+                    "Sub" => p.sub(&q),
+                    "Mul" => p.mul(&q),
+                    _ => match (p.as_static(), q.as_static()) {
+                        (_, Some(0)) => return Err(err("integer division by zero")),
+                        (Some(u), Some(v)) => Dim::Static(u.wrapping_div(v)),
+                        _ => p.floor_div(&q),
+                    },
+                });
+            }
+            Some(
+                Ints {
+                    dtype: x.dtype,
+                    shape,
+                    vals,
+                }
+                .into_val(),
+            )
+        }
+        _ => None,
+    })
+}

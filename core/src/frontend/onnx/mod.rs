@@ -1,0 +1,587 @@
+//! ONNX import: an ONNX model (protobuf bytes) becomes a module with one function, `main`.
+//!
+//! Contract:
+//!
+//! - [`import_onnx`] decodes the model with hand-written `prost` messages ([`proto`]) and builds
+//!   `main` with the [`FunctionBuilder`] in one dataflow block, so every value is typed as it is
+//!   emitted (a shape error is reported at the node that caused it).
+//! - Graph inputs that are not initializers become parameters, in graph order; `dim_param`
+//!   dims become symbolic dims (names sanitized to identifiers), unnamed dynamic dims get a
+//!   fresh name. Initializers become constants.
+//! - `Constant`, `ConstantOfShape`, `Identity`, and integer `Shape → Gather/Slice → Unsqueeze →
+//!   Concat → Cast → Add/Sub/Mul/Div` chains are folded in the importer (a small evaluator on
+//!   `int64` values that may be symbolic dims), so `Reshape`/`Expand` targets computed from
+//!   shapes become shape literals. Anything else runs in the IR.
+//! - Ops map to the op set with ONNX semantics for opsets 9 to 21 (attributes vs inputs per
+//!   opset); see [`SUPPORTED_OPS`]. A model using ops outside that list fails with ONE error
+//!   that names every unsupported node and its op type.
+//! - Graph outputs are bound to output vars named after the (sanitized) ONNX output names; `main`
+//!   returns the single output, or a tuple of them in graph order ([`output_names`] reads the
+//!   names back).
+//! - Malformed protobuf, undefined inputs, unsupported dtypes and shape errors are errors
+//!   ([`Error::Invalid`] prefixed with the file name and the node); nothing panics on input.
+//!
+//! ```text
+//! graph(x: float32[n, 4], w = initializer float32[4, 8]):  y = Relu(MatMul(x, w))
+//!
+//! @R.function
+//! def main(x: R.Tensor(("n", 4), dtype="float32")) -> R.Tensor(("n", 8), dtype="float32"):
+//!     n = T.int64()
+//!     with R.dataflow():
+//!         h: R.Tensor((n, 8), dtype="float32") = R.matmul(x, metadata["relax.expr.Constant"][0], out_dtype=None)
+//!         y: R.Tensor((n, 8), dtype="float32") = R.nn.relu(h)
+//!         R.output(y)
+//!     return y
+//! ```
+
+mod fold;
+mod ops;
+pub mod proto;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use crate::ir::builder::FunctionBuilder;
+use crate::ir::{Callee, Constant, DType, Dim, ExprId, ExprKind, Function, Module, Type};
+use crate::op::Op;
+use fold::Ints;
+use prost::Message;
+use proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
+use std::collections::{HashMap, HashSet};
+
+/// The ONNX op types the importer converts (domain `""` / `ai.onnx`).
+pub const SUPPORTED_OPS: &[&str] = &[
+    "Abs",
+    "Add",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "Clip",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Conv",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "Identity",
+    "LRN",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Min",
+    "Mul",
+    "Neg",
+    "PRelu",
+    "Pow",
+    "Reciprocal",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Selu",
+    "Shape",
+    "Sigmoid",
+    "Slice",
+    "Softmax",
+    "Softplus",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+];
+
+/// Imports an ONNX model. `file` names the model in error messages.
+pub fn import_onnx(bytes: &[u8], file: &str) -> Result<Module> {
+    let model = ModelProto::decode(bytes)
+        .map_err(|e| Error::Invalid(format!("{file}: not a valid ONNX model: {e}")))?;
+    import_model(&model, file)
+}
+
+/// Imports an already decoded model (see [`import_onnx`]).
+pub fn import_model(model: &ModelProto, file: &str) -> Result<Module> {
+    let graph = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| Error::Invalid(format!("{file}: the model has no graph")))?;
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(9, |o| o.version);
+    // One error listing every unsupported node.
+    let unsupported: Vec<String> = graph
+        .node
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| {
+            !(n.domain.is_empty() || n.domain == "ai.onnx")
+                || !SUPPORTED_OPS.contains(&n.op_type.as_str())
+        })
+        .map(|(i, n)| {
+            let op = if n.domain.is_empty() {
+                n.op_type.clone()
+            } else {
+                format!("{}:{}", n.domain, n.op_type)
+            };
+            format!("`{}` ({op})", node_name(n, i))
+        })
+        .collect();
+    if !unsupported.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{file}: {} unsupported ONNX node(s): {}",
+            unsupported.len(),
+            unsupported.join(", ")
+        )));
+    }
+    let module = Module::new();
+    let mut im = Importer {
+        b: FunctionBuilder::new(&module),
+        vals: HashMap::new(),
+        cache: HashMap::new(),
+        missing: HashMap::new(),
+        opset,
+        file: file.to_string(),
+    };
+    let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    for vi in &graph.input {
+        if inits.contains(vi.name.as_str()) {
+            continue;
+        }
+        let ty = im.input_type(vi)?;
+        let p = im.b.param(&sanitize(&vi.name), ty);
+        let e = im.b.var(p);
+        im.vals.insert(vi.name.clone(), Val::Expr(e));
+    }
+    for t in &graph.initializer {
+        let c = tensor_to_constant(t)
+            .map_err(|m| Error::Invalid(format!("{file}: initializer `{}`: {m}", t.name)))?;
+        im.vals.insert(t.name.clone(), Val::Const(c));
+    }
+    let outputs: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
+    im.b.begin_dataflow();
+    for (i, node) in graph.node.iter().enumerate() {
+        let at = || format!("{file}: node `{}` ({})", node_name(node, i), node.op_type);
+        let outs = im.convert(node).map_err(|e| match e {
+            Error::Invalid(m) => Error::Invalid(format!("{}: {m}", at())),
+            e => Error::Invalid(format!("{}: {e}", at())),
+        })?;
+        for (k, name) in node.output.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            let Some(out) = outs.get(k) else {
+                im.missing.insert(
+                    name.clone(),
+                    format!(
+                        "output {k} of node `{}` ({}) is not supported",
+                        node_name(node, i),
+                        node.op_type
+                    ),
+                );
+                continue;
+            };
+            let val = match out.clone() {
+                Out::Val(v) => v,
+                Out::Kind(kind) => {
+                    let is_out = outputs.contains(name.as_str());
+                    let v =
+                        im.b.emit_value(&sanitize(name), kind, is_out)
+                            .map_err(|e| Error::Invalid(format!("{}: {e}", at())))?;
+                    Val::Expr(im.b.var(v))
+                }
+            };
+            im.vals.insert(name.clone(), val);
+        }
+    }
+    let mut rets = Vec::new();
+    for o in &graph.output {
+        let e = im
+            .expr(&o.name)
+            .map_err(|e| Error::Invalid(format!("{file}: graph output `{}`: {e}", o.name)))?;
+        let is_output_var = matches!(
+            &im.b.func().exprs.get(e).map(|d| &d.kind),
+            Some(ExprKind::Var(v)) if !im.b.func().var(*v).dataflow
+        );
+        if is_output_var && !rets.contains(&e) {
+            rets.push(e);
+        } else {
+            let v = im.b.bind(&sanitize(&o.name), e, true)?;
+            rets.push(im.b.var(v));
+        }
+    }
+    im.b.end_dataflow()?;
+    let ret = match rets.as_slice() {
+        [] => return Err(Error::Invalid(format!("{file}: the graph has no outputs"))),
+        [one] => *one,
+        _ => im.b.tuple(rets)?,
+    };
+    let mut f = im.b.finish(ret)?;
+    f.attrs.global_symbol = Some("main".to_string());
+    let mut m = Module::new();
+    m.insert("main", f);
+    Ok(m)
+}
+
+/// The names of what `f` returns: the var name of the returned value, or of each field of a
+/// returned tuple (`output` for anything else). For an imported model these are the sanitized
+/// ONNX output names.
+pub fn output_names(f: &Function) -> Vec<String> {
+    let name_of = |e: ExprId| match f.exprs.get(e).map(|d| &d.kind) {
+        Some(ExprKind::Var(v)) => f.var(*v).name.clone(),
+        _ => "output".to_string(),
+    };
+    match f.ret.and_then(|r| f.exprs.get(r).map(|d| (r, &d.kind))) {
+        Some((_, ExprKind::Tuple(fields))) => fields.iter().map(|&e| name_of(e)).collect(),
+        Some((r, _)) => vec![name_of(r)],
+        None => Vec::new(),
+    }
+}
+
+/// `name` as an identifier: characters other than ASCII letters, digits and `_` become `_`, and
+/// a leading digit (or an empty name) gets a `v` in front.
+pub fn sanitize(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, 'v');
+    }
+    s
+}
+
+fn node_name(n: &NodeProto, i: usize) -> String {
+    if n.name.is_empty() {
+        format!("#{i}")
+    } else {
+        n.name.clone()
+    }
+}
+
+/// The dtype of an ONNX `TensorProto.DataType` code.
+pub fn dtype_of(code: i32) -> Option<DType> {
+    Some(match code {
+        1 => DType::F32,
+        2 => DType::U8,
+        3 => DType::I8,
+        6 => DType::I32,
+        7 => DType::I64,
+        9 => DType::Bool,
+        10 => DType::F16,
+        11 => DType::F64,
+        16 => DType::BF16,
+        _ => return None,
+    })
+}
+
+/// The ONNX `TensorProto.DataType` code of a dtype.
+pub fn onnx_code(d: DType) -> i32 {
+    match d {
+        DType::F32 => 1,
+        DType::U8 => 2,
+        DType::I8 => 3,
+        DType::I32 => 6,
+        DType::I64 => 7,
+        DType::Bool => 9,
+        DType::F16 => 10,
+        DType::F64 => 11,
+        DType::BF16 => 16,
+    }
+}
+
+/// The most elements a constant made at import time (`ConstantOfShape`) may have: a guard
+/// against absurd shapes in a small file.
+const MAX_CONST_ELEMS: usize = 1 << 26;
+
+/// A `TensorProto` as a constant (raw data or the typed data fields).
+pub fn tensor_to_constant(t: &TensorProto) -> Result<Constant, String> {
+    let dtype = dtype_of(t.data_type)
+        .ok_or_else(|| format!("unsupported tensor data type {}", t.data_type))?;
+    if t.data_location == 1 {
+        return Err("tensors with external data are not supported".into());
+    }
+    if let Some(d) = t.dims.iter().find(|d| **d < 0) {
+        return Err(format!("negative dim {d} in {:?}", t.dims));
+    }
+    // No size cap here: the data is already in memory, and `from_bytes` checks its length.
+    let n = crate::ir::numel(&t.dims)
+        .ok_or_else(|| format!("tensor shape {:?} is too large", t.dims))?;
+    let bytes: Vec<u8> = if !t.raw_data.is_empty() || n == 0 {
+        t.raw_data.clone()
+    } else {
+        match dtype {
+            DType::F32 => t.float_data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::F64 => t.double_data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::I64 => t.int64_data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::I32 => t.int32_data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::I8 | DType::U8 => t.int32_data.iter().map(|&v| v as u8).collect(),
+            DType::Bool => t.int32_data.iter().map(|&v| u8::from(v != 0)).collect(),
+            DType::F16 | DType::BF16 => t
+                .int32_data
+                .iter()
+                .flat_map(|&v| (v as u16).to_le_bytes())
+                .collect(),
+        }
+    };
+    Constant::from_bytes(dtype, t.dims.clone(), bytes)
+}
+
+/// A value of the graph while importing.
+#[derive(Clone, Debug)]
+pub(crate) enum Val {
+    /// A value of the function (a param, a bound var, or a leaf).
+    Expr(ExprId),
+    /// A folded constant, materialized on first use as a tensor.
+    Const(Constant),
+    /// A folded integer tensor with symbolic values (a shape of a dynamic tensor).
+    Ints(Ints),
+}
+
+/// What a converter produces for one output.
+#[derive(Clone, Debug)]
+pub(crate) enum Out {
+    /// An existing value (identity, folded constant).
+    Val(Val),
+    /// A value to bind to a var named after the output.
+    Kind(ExprKind),
+}
+
+pub(crate) struct Importer<'m> {
+    pub(crate) b: FunctionBuilder<'m>,
+    vals: HashMap<String, Val>,
+    cache: HashMap<String, ExprId>,
+    missing: HashMap<String, String>,
+    pub(crate) opset: i64,
+    file: String,
+}
+
+fn invalid(m: impl Into<String>) -> Error {
+    Error::Invalid(m.into())
+}
+
+impl Importer<'_> {
+    fn input_type(&mut self, vi: &proto::ValueInfoProto) -> Result<Type> {
+        let tt = vi
+            .r#type
+            .as_ref()
+            .and_then(|t| t.tensor_type.as_ref())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{}: input `{}` is not a tensor (or has no type)",
+                    self.file, vi.name
+                ))
+            })?;
+        let dtype = dtype_of(tt.elem_type).ok_or_else(|| {
+            invalid(format!(
+                "{}: input `{}` has an unsupported element type {}",
+                self.file, vi.name, tt.elem_type
+            ))
+        })?;
+        let Some(shape) = &tt.shape else {
+            return Ok(Type::Tensor(crate::ir::TensorType {
+                dims: None,
+                ndim: None,
+                dtype: Some(dtype),
+            }));
+        };
+        let mut dims = Vec::new();
+        for (i, d) in shape.dim.iter().enumerate() {
+            dims.push(match (&d.dim_param, d.dim_value) {
+                (Some(p), _) if !p.is_empty() => self.b.sym(&sanitize(p)),
+                (_, Some(v)) if v >= 0 => Dim::Static(v),
+                (_, Some(v)) => {
+                    return Err(invalid(format!(
+                        "{}: input `{}` has a negative dim {v}",
+                        self.file, vi.name
+                    )));
+                }
+                _ => self.b.sym(&format!("{}_d{i}", sanitize(&vi.name))),
+            });
+        }
+        Ok(Type::tensor_dims(dims, dtype))
+    }
+
+    /// The value named `name`.
+    pub(crate) fn val(&self, name: &str) -> Result<Val> {
+        if let Some(v) = self.vals.get(name) {
+            return Ok(v.clone());
+        }
+        Err(invalid(match self.missing.get(name) {
+            Some(why) => format!("input `{name}`: {why}"),
+            None => format!("input `{name}` is not defined"),
+        }))
+    }
+
+    /// The value named `name` as an expression (constants are materialized once).
+    pub(crate) fn expr(&mut self, name: &str) -> Result<ExprId> {
+        if let Some(e) = self.cache.get(name) {
+            return Ok(*e);
+        }
+        let e = match self.val(name)? {
+            Val::Expr(e) => return Ok(e),
+            Val::Const(c) => self.b.constant(c),
+            Val::Ints(i) => match i.to_constant() {
+                Some(c) => self.b.constant(c),
+                None => {
+                    return Err(invalid(format!(
+                        "`{name}` holds symbolic dims ({}) and is used as a tensor; only shape \
+                         arguments (Reshape, Expand, ConstantOfShape) may be computed from \
+                         dynamic shapes",
+                        i.describe()
+                    )));
+                }
+            },
+        };
+        self.cache.insert(name.to_string(), e);
+        Ok(e)
+    }
+
+    /// The type of an expression.
+    pub(crate) fn ty(&self, e: ExprId) -> Type {
+        self.b
+            .func()
+            .exprs
+            .get(e)
+            .map(|d| d.ty.clone())
+            .unwrap_or_default()
+    }
+
+    /// The dims and dtype of a tensor expression with a known shape.
+    pub(crate) fn dims(&self, e: ExprId) -> Result<(Vec<Dim>, DType)> {
+        match self.ty(e) {
+            Type::Tensor(t) => match (t.dims, t.dtype) {
+                (Some(d), Some(dt)) => Ok((d, dt)),
+                _ => Err(invalid("expected a tensor of known shape and dtype")),
+            },
+            t => Err(invalid(format!("expected a tensor, found {t:?}"))),
+        }
+    }
+
+    /// Emits an op call bound to a fresh dataflow var; returns the var's expression.
+    pub(crate) fn emit(&mut self, op: Op, args: Vec<ExprId>) -> Result<ExprId> {
+        let v = self.b.emit("", Callee::Op(op), args)?;
+        Ok(self.b.var(v))
+    }
+
+    /// A scalar constant.
+    pub(crate) fn scalar(&mut self, v: f64, dtype: DType) -> ExprId {
+        self.b.constant(Constant::scalar(v, dtype))
+    }
+
+    /// The integer values of a folded input (a constant or a symbolic shape).
+    pub(crate) fn const_dims(&self, name: &str) -> Result<Vec<Dim>> {
+        match self.val(name)? {
+            Val::Ints(i) => Ok(i.vals),
+            Val::Const(c) => Ints::from_constant(&c)
+                .map(|i| i.vals)
+                .ok_or_else(|| invalid(format!("`{name}` must be an integer tensor"))),
+            Val::Expr(_) => Err(invalid(format!(
+                "`{name}` must be a constant (computed at import time); it is computed at run time"
+            ))),
+        }
+    }
+
+    /// The static integer values of a constant input.
+    pub(crate) fn const_i64s(&self, name: &str) -> Result<Vec<i64>> {
+        self.const_dims(name)?
+            .iter()
+            .map(|d| {
+                d.as_static().ok_or_else(|| {
+                    invalid(format!("`{name}` must be static, found symbolic dim `{d}`"))
+                })
+            })
+            .collect()
+    }
+
+    /// The values of a constant input widened to f64.
+    pub(crate) fn const_f64s(&self, name: &str) -> Result<Vec<f64>> {
+        match self.val(name)? {
+            Val::Const(c) => Ok((0..c.numel()).filter_map(|i| c.get_f64(i)).collect()),
+            Val::Ints(_) => Ok(self.const_i64s(name)?.iter().map(|&v| v as f64).collect()),
+            Val::Expr(_) => Err(invalid(format!("`{name}` must be a constant"))),
+        }
+    }
+
+    fn convert(&mut self, node: &NodeProto) -> Result<Vec<Out>> {
+        if let Some(outs) = fold::try_fold(self, node)? {
+            return Ok(outs);
+        }
+        ops::convert(self, node)
+    }
+}
+
+/// Attribute look-ups on a node.
+pub(crate) struct Attrs<'n>(pub(crate) &'n NodeProto);
+
+impl<'n> Attrs<'n> {
+    fn get(&self, name: &str) -> Option<&'n AttributeProto> {
+        self.0.attribute.iter().find(|a| a.name == name)
+    }
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+    pub(crate) fn int(&self, name: &str, default: i64) -> i64 {
+        self.get(name).map_or(default, |a| a.i)
+    }
+    pub(crate) fn float(&self, name: &str, default: f64) -> f64 {
+        self.get(name).map_or(default, |a| f64::from(a.f))
+    }
+    pub(crate) fn ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.get(name).map(|a| a.ints.clone())
+    }
+    pub(crate) fn string(&self, name: &str, default: &str) -> String {
+        self.get(name).map_or(default.to_string(), |a| {
+            String::from_utf8_lossy(&a.s).into()
+        })
+    }
+    pub(crate) fn tensor(&self, name: &str) -> Option<&'n TensorProto> {
+        self.get(name).and_then(|a| a.t.as_ref())
+    }
+    pub(crate) fn floats(&self, name: &str) -> Option<Vec<f32>> {
+        self.get(name).map(|a| a.floats.clone())
+    }
+}
+
+/// Input `i` of a node when present and non-empty.
+pub(crate) fn input(node: &NodeProto, i: usize) -> Option<&str> {
+    node.input
+        .get(i)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+/// Input `i` of a node, required.
+pub(crate) fn req(node: &NodeProto, i: usize) -> Result<&str> {
+    input(node, i).ok_or_else(|| invalid(format!("missing required input {i}")))
+}
+
+/// `ax` (negative counts from the end) as an index into `rank` axes.
+pub(crate) fn normalize_axis(ax: i64, rank: usize) -> Result<usize> {
+    let r = rank as i64;
+    let a = if ax < 0 { ax + r } else { ax };
+    if (0..r).contains(&a) {
+        Ok(a as usize)
+    } else {
+        Err(invalid(format!(
+            "axis {ax} is out of range for rank {rank}"
+        )))
+    }
+}

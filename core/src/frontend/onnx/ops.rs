@@ -1,0 +1,812 @@
+//! ONNX op → op-set conversions, one arm per op type, with ONNX semantics per opset.
+//!
+//! Contract: [`convert`] emits the intermediate calls of a node with fresh names and returns one
+//! [`Out`] per supported output; the importer binds each to a var named after the ONNX output.
+//! Attribute-vs-input differences between opsets are handled here (`axes` of Unsqueeze/Squeeze/
+//! Reduce*, `split` of Split, `min`/`max` of Clip, `starts`… of Slice).
+//!
+//! ```text
+//! Gemm(A, B, C; transB=1, alpha=0.5)  →  lv = R.permute_dims(B)
+//!                                        lv1 = R.matmul(A, lv)
+//!                                        lv2 = R.multiply(lv1, R.const(0.5))
+//!                                        y = R.add(lv2, C)
+//! ```
+
+use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
+use crate::error::Result;
+use crate::ir::{Callee, Constant, DType, Dim, ExprId, ExprKind, PrimValue};
+use crate::op::{
+    AdaptivePool2dAttrs, BatchNormAttrs, Conv2dAttrs, F64, LayerNormAttrs, LrnAttrs, Op,
+    Pool2dAttrs, ReduceAttrs, SplitAttrs, SplitSpec, StridedSliceAttrs, TakeMode,
+};
+
+fn call(op: Op, args: Vec<ExprId>) -> Vec<Out> {
+    vec![Out::Kind(ExprKind::Call {
+        callee: Callee::Op(op),
+        args,
+    })]
+}
+
+fn prod(d: &[Dim]) -> Dim {
+    d.iter().fold(Dim::Static(1), |acc, x| acc.mul(x))
+}
+
+/// Converts one node (see the module docs).
+pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<Vec<Out>> {
+    let a = Attrs(node);
+    let op = node.op_type.as_str();
+    let unary = |op: Op| -> Option<Op> { Some(op) };
+    let simple = match op {
+        "Relu" => unary(Op::Relu),
+        "Sqrt" => unary(Op::Sqrt),
+        "Erf" => unary(Op::Erf),
+        "Tanh" => unary(Op::Tanh),
+        "Sigmoid" => unary(Op::Sigmoid),
+        "Exp" => unary(Op::Exp),
+        "Log" => unary(Op::Log),
+        "Neg" => unary(Op::Negative),
+        "Abs" => unary(Op::Abs),
+        _ => None,
+    };
+    if let Some(o) = simple {
+        let x = im.expr(req(node, 0)?)?;
+        return Ok(call(o, vec![x]));
+    }
+    match op {
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" => {
+            let x = im.expr(req(node, 0)?)?;
+            let mut y = im.expr(req(node, 1)?)?;
+            let o = match op {
+                "Add" => Op::Add,
+                "Sub" => Op::Subtract,
+                "Mul" => Op::Multiply,
+                "Div" => Op::Divide,
+                _ => Op::Power,
+            };
+            if op == "Pow" {
+                let (_, dx) = im.dims(x)?;
+                let (_, dy) = im.dims(y)?;
+                if dx != dy {
+                    y = im.emit(Op::Astype { dtype: dx }, vec![y])?;
+                }
+            }
+            Ok(call(o, vec![x, y]))
+        }
+        "Sum" | "Max" | "Min" => {
+            let o = match op {
+                "Sum" => Op::Add,
+                "Max" => Op::Maximum,
+                _ => Op::Minimum,
+            };
+            let names: Vec<&str> = node
+                .input
+                .iter()
+                .map(String::as_str)
+                .filter(|s| !s.is_empty())
+                .collect();
+            let Some((first, rest)) = names.split_first() else {
+                return Err(invalid("needs at least one input"));
+            };
+            let mut acc = im.expr(first)?;
+            if rest.is_empty() {
+                return Ok(vec![Out::Val(Val::Expr(acc))]);
+            }
+            for (i, n) in rest.iter().enumerate() {
+                let y = im.expr(n)?;
+                if i + 1 == rest.len() {
+                    return Ok(call(o, vec![acc, y]));
+                }
+                acc = im.emit(o.clone(), vec![acc, y])?;
+            }
+            Ok(vec![Out::Val(Val::Expr(acc))])
+        }
+        "Reciprocal" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (_, dt) = im.dims(x)?;
+            let one = im.scalar(1.0, dt);
+            Ok(call(Op::Divide, vec![one, x]))
+        }
+        "LeakyRelu" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (_, dt) = im.dims(x)?;
+            let alpha = a.float("alpha", 0.01);
+            let al = im.scalar(alpha, dt);
+            let ax = im.emit(Op::Multiply, vec![x, al])?;
+            // max(x, αx) is leaky relu for α ≤ 1; min(x, αx) for α > 1.
+            let o = if alpha <= 1.0 {
+                Op::Maximum
+            } else {
+                Op::Minimum
+            };
+            Ok(call(o, vec![x, ax]))
+        }
+        "PRelu" => {
+            // relu(x) - slope * relu(-x)
+            let x = im.expr(req(node, 0)?)?;
+            let mut slope = im.expr(req(node, 1)?)?;
+            let (xd, _) = im.dims(x)?;
+            let (sd, _) = im.dims(slope)?;
+            // A per-channel slope `[C]` (old exporters) applies along axis 1.
+            if let [c] = sd.as_slice()
+                && xd.len() > 2
+                && xd.get(1) == Some(c)
+                && xd.last() != Some(c)
+            {
+                let mut shape = vec![c.clone()];
+                shape.resize(xd.len() - 1, Dim::Static(1));
+                let s = im.b.shape(shape);
+                slope = im.emit(Op::Reshape, vec![slope, s])?;
+            }
+            let pos = im.emit(Op::Relu, vec![x])?;
+            let nx = im.emit(Op::Negative, vec![x])?;
+            let rn = im.emit(Op::Relu, vec![nx])?;
+            let sn = im.emit(Op::Multiply, vec![slope, rn])?;
+            Ok(call(Op::Subtract, vec![pos, sn]))
+        }
+        "Elu" | "Selu" => {
+            // relu(x) + α (exp(min(x, 0)) - 1), times γ for Selu.
+            let x = im.expr(req(node, 0)?)?;
+            let (_, dt) = im.dims(x)?;
+            let (alpha, gamma) = if op == "Elu" {
+                (a.float("alpha", 1.0), None)
+            } else {
+                (
+                    a.float("alpha", 1.673_263_192_176_818_8),
+                    Some(a.float("gamma", 1.050_701_022_148_132_3)),
+                )
+            };
+            let zero = im.scalar(0.0, dt);
+            let one = im.scalar(1.0, dt);
+            let al = im.scalar(alpha, dt);
+            let pos = im.emit(Op::Relu, vec![x])?;
+            let mn = im.emit(Op::Minimum, vec![x, zero])?;
+            let ex = im.emit(Op::Exp, vec![mn])?;
+            let em1 = im.emit(Op::Subtract, vec![ex, one])?;
+            let neg = im.emit(Op::Multiply, vec![em1, al])?;
+            match gamma {
+                None => Ok(call(Op::Add, vec![pos, neg])),
+                Some(g) => {
+                    let s = im.emit(Op::Add, vec![pos, neg])?;
+                    let ge = im.scalar(g, dt);
+                    Ok(call(Op::Multiply, vec![s, ge]))
+                }
+            }
+        }
+        "Softplus" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (_, dt) = im.dims(x)?;
+            let one = im.scalar(1.0, dt);
+            let ex = im.emit(Op::Exp, vec![x])?;
+            let s = im.emit(Op::Add, vec![ex, one])?;
+            Ok(call(Op::Log, vec![s]))
+        }
+        "Gelu" => {
+            let x = im.expr(req(node, 0)?)?;
+            match a.string("approximate", "none").as_str() {
+                "tanh" => Ok(call(Op::GeluTanh, vec![x])),
+                _ => Ok(call(Op::Gelu, vec![x])),
+            }
+        }
+        "MatMul" => {
+            let x = im.expr(req(node, 0)?)?;
+            let y = im.expr(req(node, 1)?)?;
+            Ok(call(Op::Matmul { out_dtype: None }, vec![x, y]))
+        }
+        "Gemm" => {
+            let mut x = im.expr(req(node, 0)?)?;
+            let mut w = im.expr(req(node, 1)?)?;
+            let (_, dt) = im.dims(x)?;
+            if a.int("transA", 0) != 0 {
+                x = im.emit(Op::PermuteDims { axes: None }, vec![x])?;
+            }
+            if a.int("transB", 0) != 0 {
+                w = im.emit(Op::PermuteDims { axes: None }, vec![w])?;
+            }
+            let alpha = a.float("alpha", 1.0);
+            let beta = a.float("beta", 1.0);
+            let c = input(node, 2);
+            let mm = Op::Matmul { out_dtype: None };
+            if c.is_none() && alpha == 1.0 {
+                return Ok(call(mm, vec![x, w]));
+            }
+            let mut y = im.emit(mm, vec![x, w])?;
+            if alpha != 1.0 {
+                let al = im.scalar(alpha, dt);
+                if c.is_none() {
+                    return Ok(call(Op::Multiply, vec![y, al]));
+                }
+                y = im.emit(Op::Multiply, vec![y, al])?;
+            }
+            let Some(c) = c else {
+                return Ok(vec![Out::Val(Val::Expr(y))]);
+            };
+            let mut ce = im.expr(c)?;
+            if beta != 1.0 {
+                let be = im.scalar(beta, dt);
+                ce = im.emit(Op::Multiply, vec![ce, be])?;
+            }
+            Ok(call(Op::Add, vec![y, ce]))
+        }
+        "Softmax" | "LogSoftmax" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let r = dims.len();
+            let mk = |axis: i64| {
+                if op == "Softmax" {
+                    Op::Softmax { axis }
+                } else {
+                    Op::LogSoftmax { axis }
+                }
+            };
+            if im.opset >= 13 {
+                return Ok(call(mk(a.int("axis", -1)), vec![x]));
+            }
+            let axis = normalize_axis(a.int("axis", 1), r.max(1))?;
+            if axis + 1 >= r {
+                return Ok(call(mk(-1), vec![x]));
+            }
+            // Opsets before 13 flatten to 2-D at `axis`.
+            let flat = vec![prod(&dims[..axis]), prod(&dims[axis..])];
+            let s = im.b.shape(flat);
+            let x2 = im.emit(Op::Reshape, vec![x, s])?;
+            let y2 = im.emit(mk(-1), vec![x2])?;
+            let back = im.b.shape(dims);
+            Ok(call(Op::Reshape, vec![y2, back]))
+        }
+        "LayerNormalization" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, dt) = im.dims(x)?;
+            let r = dims.len();
+            let axis = normalize_axis(a.int("axis", -1), r)?;
+            let scale_name = req(node, 1)?;
+            let gamma = im.expr(scale_name)?;
+            let beta = match input(node, 2) {
+                Some(b) => im.expr(b)?,
+                None => {
+                    let shape: Option<Vec<i64>> = dims[axis..].iter().map(Dim::as_static).collect();
+                    let shape = shape.ok_or_else(|| {
+                        invalid("LayerNormalization without B needs static normalized dims")
+                    })?;
+                    let n = crate::ir::numel(&shape).unwrap_or(0);
+                    let c = Constant::from_bytes(dt, shape, vec![0u8; n * dt.size_bytes()])
+                        .map_err(invalid)?;
+                    im.b.constant(c)
+                }
+            };
+            let axes = (axis as i64..r as i64).collect();
+            Ok(call(
+                Op::LayerNorm(Box::new(LayerNormAttrs {
+                    axes,
+                    epsilon: F64(a.float("epsilon", 1e-5)),
+                    center: true,
+                    scale: true,
+                })),
+                vec![x, gamma, beta],
+            ))
+        }
+        "BatchNormalization" => {
+            if a.int("training_mode", 0) != 0 {
+                return Err(invalid("training_mode=1 is not supported"));
+            }
+            let mut args = Vec::new();
+            for i in 0..5 {
+                args.push(im.expr(req(node, i)?)?);
+            }
+            let bn = im.emit(
+                Op::BatchNorm(Box::new(BatchNormAttrs {
+                    axis: 1,
+                    epsilon: F64(a.float("epsilon", 1e-5)),
+                    center: true,
+                    scale: true,
+                    momentum: F64(a.float("momentum", 0.9)),
+                    training: false,
+                })),
+                args,
+            )?;
+            Ok(vec![Out::Kind(ExprKind::TupleGetItem(bn, 0))])
+        }
+        "Dropout" => Ok(vec![Out::Val(im.val(req(node, 0)?)?)]),
+        "Cast" => {
+            let x = im.expr(req(node, 0)?)?;
+            let code = a.int("to", 0);
+            let dtype = super::dtype_of(code as i32)
+                .ok_or_else(|| invalid(format!("unsupported target type {code}")))?;
+            Ok(call(Op::Astype { dtype }, vec![x]))
+        }
+        "Clip" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (_, dt) = im.dims(x)?;
+            let big = if dt == DType::F64 {
+                f64::MAX
+            } else {
+                f64::from(f32::MAX)
+            };
+            let (lo, hi) = if im.opset >= 11 {
+                let bound = |im: &Importer<'_>, i: usize, d: f64| -> Result<f64> {
+                    match input(node, i) {
+                        Some(n) => im
+                            .const_f64s(n)?
+                            .first()
+                            .copied()
+                            .ok_or_else(|| invalid("empty Clip bound")),
+                        None => Ok(d),
+                    }
+                };
+                (bound(im, 1, -big)?, bound(im, 2, big)?)
+            } else {
+                (a.float("min", -big), a.float("max", big))
+            };
+            let lo = im.b.prim(PrimValue::Float(lo, dt));
+            let hi = im.b.prim(PrimValue::Float(hi, dt));
+            Ok(call(Op::Clip, vec![x, lo, hi]))
+        }
+        "LRN" => {
+            let x = im.expr(req(node, 0)?)?;
+            let size = a.int("size", 0);
+            if size < 1 {
+                return Err(invalid("LRN needs `size` ≥ 1"));
+            }
+            Ok(call(
+                Op::Lrn(Box::new(LrnAttrs {
+                    size,
+                    axis: 1,
+                    alpha: F64(a.float("alpha", 1e-4)),
+                    beta: F64(a.float("beta", 0.75)),
+                    bias: F64(a.float("bias", 1.0)),
+                })),
+                vec![x],
+            ))
+        }
+        "Transpose" => {
+            let x = im.expr(req(node, 0)?)?;
+            Ok(call(
+                Op::PermuteDims {
+                    axes: a.ints("perm"),
+                },
+                vec![x],
+            ))
+        }
+        "Reshape" | "Expand" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let target = im.const_dims(req(node, 1)?)?;
+            if op == "Expand" {
+                let shape = broadcast_shapes(&dims, &target)?;
+                let s = im.b.shape(shape);
+                return Ok(call(Op::BroadcastTo, vec![x, s]));
+            }
+            let allowzero = a.int("allowzero", 0) != 0;
+            let mut out = Vec::new();
+            for (i, d) in target.iter().enumerate() {
+                out.push(match d.as_static() {
+                    Some(0) if !allowzero => dims
+                        .get(i)
+                        .cloned()
+                        .ok_or_else(|| invalid("a 0 in the new shape is past the input's rank"))?,
+                    _ => d.clone(),
+                });
+            }
+            // Resolve a -1 when everything is static.
+            if let Some(h) = out.iter().position(|d| *d == Dim::Static(-1)) {
+                let rest: Vec<Dim> = out
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != h)
+                    .map(|(_, d)| d.clone())
+                    .collect();
+                if let (Some(total), Some(known)) =
+                    (prod(&dims).as_static(), prod(&rest).as_static())
+                    && known > 0
+                    && total % known == 0
+                {
+                    out[h] = Dim::Static(total / known);
+                }
+            }
+            let s = im.b.shape(out);
+            Ok(call(Op::Reshape, vec![x, s]))
+        }
+        "Flatten" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let r = dims.len();
+            let ax = a.int("axis", 1);
+            let axis = if ax == r as i64 {
+                r
+            } else {
+                normalize_axis(ax, r)?
+            };
+            let s = im.b.shape(vec![prod(&dims[..axis]), prod(&dims[axis..])]);
+            Ok(call(Op::Reshape, vec![x, s]))
+        }
+        "Concat" => {
+            let mut fields = Vec::new();
+            for n in node.input.iter().filter(|s| !s.is_empty()) {
+                fields.push(im.expr(n)?);
+            }
+            let t = im.b.tuple(fields)?;
+            Ok(call(
+                Op::Concat {
+                    axis: Some(a.int("axis", 0)),
+                },
+                vec![t],
+            ))
+        }
+        "Split" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let axis = normalize_axis(a.int("axis", 0), dims.len())?;
+            let n_out = node.output.len();
+            let sizes = match input(node, 1) {
+                Some(s) if im.opset >= 13 => Some(im.const_i64s(s)?),
+                _ => a.ints("split"),
+            };
+            let spec = match sizes {
+                Some(sz) if !sz.is_empty() => {
+                    let mut idx = Vec::new();
+                    let mut acc = 0i64;
+                    for s in &sz[..sz.len() - 1] {
+                        acc = acc.saturating_add(*s);
+                        idx.push(acc);
+                    }
+                    SplitSpec::Indices(idx)
+                }
+                _ => {
+                    let n = a.int("num_outputs", n_out as i64);
+                    if n != n_out as i64 {
+                        return Err(invalid(format!(
+                            "num_outputs is {n} but the node has {n_out} outputs"
+                        )));
+                    }
+                    if let Some(len) = dims[axis].as_static()
+                        && n > 0
+                        && len % n != 0
+                    {
+                        // Opset 18: the last chunk is smaller (ceil-sized chunks).
+                        let chunk = (len + n - 1) / n;
+                        SplitSpec::Indices((1..n).map(|i| (i * chunk).min(len)).collect())
+                    } else {
+                        SplitSpec::Sections(n.max(1))
+                    }
+                }
+            };
+            let t = im.emit(
+                Op::Split(Box::new(SplitAttrs {
+                    indices_or_sections: spec,
+                    axis: axis as i64,
+                })),
+                vec![x],
+            )?;
+            Ok((0..n_out)
+                .map(|i| Out::Kind(ExprKind::TupleGetItem(t, i as u32)))
+                .collect())
+        }
+        "Slice" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let (starts, ends, axes, steps) = if im.opset >= 10 {
+                let st = im.const_i64s(req(node, 1)?)?;
+                let en = im.const_i64s(req(node, 2)?)?;
+                let ax = match input(node, 3) {
+                    Some(n) => Some(im.const_i64s(n)?),
+                    None => None,
+                };
+                let sp = match input(node, 4) {
+                    Some(n) => Some(im.const_i64s(n)?),
+                    None => None,
+                };
+                (st, en, ax, sp)
+            } else {
+                (
+                    a.ints("starts").unwrap_or_default(),
+                    a.ints("ends").unwrap_or_default(),
+                    a.ints("axes"),
+                    None,
+                )
+            };
+            let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+            let axes: Vec<i64> = axes
+                .iter()
+                .map(|&ax| normalize_axis(ax, dims.len()).map(|v| v as i64))
+                .collect::<Result<_>>()?;
+            if ends.len() != axes.len() || starts.len() != axes.len() {
+                return Err(invalid("starts, ends and axes differ in length"));
+            }
+            Ok(call(
+                Op::StridedSlice(Box::new(StridedSliceAttrs {
+                    axes,
+                    begin: starts,
+                    end: ends,
+                    strides: steps,
+                    assume_inbound: false,
+                })),
+                vec![x],
+            ))
+        }
+        "Gather" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let axis = normalize_axis(a.int("axis", 0), dims.len())?;
+            let iname = req(node, 1)?;
+            // Constant negative indices count from the end: normalise them here.
+            let idx = match (im.val(iname)?, dims[axis].as_static()) {
+                (Val::Const(c), Some(n)) if c.dtype.is_int() => {
+                    let vals: Vec<i64> = (0..c.numel())
+                        .filter_map(|i| c.get_i64(i))
+                        .map(|v| if v < 0 { v + n } else { v })
+                        .collect();
+                    let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let c = Constant::from_bytes(DType::I64, c.shape.clone(), bytes)
+                        .map_err(invalid)?;
+                    im.b.constant(c)
+                }
+                _ => im.expr(iname)?,
+            };
+            Ok(call(
+                Op::Take {
+                    axis: Some(axis as i64),
+                    mode: TakeMode::Fast,
+                },
+                vec![x, idx],
+            ))
+        }
+        "Unsqueeze" | "Squeeze" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let axes = match input(node, 1) {
+                Some(n) => Some(im.const_i64s(n)?),
+                None => a.ints("axes"),
+            };
+            if op == "Unsqueeze" {
+                let axes = axes.ok_or_else(|| invalid("Unsqueeze needs `axes`"))?;
+                let r = dims.len() + axes.len();
+                let axis = axes
+                    .iter()
+                    .map(|&v| normalize_axis(v, r).map(|v| v as i64))
+                    .collect::<Result<_>>()?;
+                Ok(call(Op::ExpandDims { axis }, vec![x]))
+            } else {
+                let axis = match axes {
+                    Some(ax) => Some(
+                        ax.iter()
+                            .map(|&v| normalize_axis(v, dims.len()).map(|v| v as i64))
+                            .collect::<Result<_>>()?,
+                    ),
+                    None => None,
+                };
+                Ok(call(Op::Squeeze { axis }, vec![x]))
+            }
+        }
+        "ReduceMean" | "ReduceSum" | "ReduceMax" => {
+            let x = im.expr(req(node, 0)?)?;
+            let axes_from_input = (op == "ReduceSum" && im.opset >= 13) || im.opset >= 18;
+            let axes = if axes_from_input {
+                match input(node, 1) {
+                    Some(n) => Some(im.const_i64s(n)?),
+                    None => None,
+                }
+            } else {
+                a.ints("axes")
+            };
+            let axes = axes.filter(|v| !v.is_empty());
+            if axes.is_none() && a.int("noop_with_empty_axes", 0) != 0 {
+                return Ok(vec![Out::Val(Val::Expr(x))]);
+            }
+            let attrs = Box::new(ReduceAttrs {
+                axis: axes,
+                keepdims: a.int("keepdims", 1) != 0,
+            });
+            let o = match op {
+                "ReduceMean" => Op::Mean(attrs),
+                "ReduceSum" => Op::Sum(attrs),
+                _ => Op::Max(attrs),
+            };
+            Ok(call(o, vec![x]))
+        }
+        "Conv" => conv(im, node, &a),
+        "MaxPool" | "AveragePool" => pool(im, node, &a),
+        "GlobalAveragePool" => {
+            let x = im.expr(req(node, 0)?)?;
+            Ok(call(
+                Op::AdaptiveAvgPool2d(Box::new(AdaptivePool2dAttrs {
+                    output_size: Some([1, 1]),
+                    layout: "NCHW".into(),
+                    out_layout: "NCHW".into(),
+                })),
+                vec![x],
+            ))
+        }
+        "Shape" => Err(invalid("Shape of a tensor of unknown rank")),
+        "ConstantOfShape" | "Constant" | "Identity" => {
+            Err(invalid("internal: should have been folded"))
+        }
+        other => Err(invalid(format!("unsupported op `{other}`"))),
+    }
+}
+
+/// Numpy broadcasting of two shapes (ONNX `Expand`).
+fn broadcast_shapes(a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>> {
+    let n = a.len().max(b.len());
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let x = (i + a.len()).checked_sub(n).map(|j| &a[j]);
+        let y = (i + b.len()).checked_sub(n).map(|j| &b[j]);
+        out.push(match (x, y) {
+            (Some(x), None) => x.clone(),
+            (None, Some(y)) => y.clone(),
+            (Some(x), Some(y)) if x == y => x.clone(),
+            (Some(x), Some(y)) if *x == Dim::Static(1) => y.clone(),
+            (Some(x), Some(y)) if *y == Dim::Static(1) => x.clone(),
+            (Some(x), Some(y)) => {
+                return Err(invalid(format!("cannot broadcast dims {x} and {y}")));
+            }
+            (None, None) => Dim::Static(1),
+        });
+    }
+    Ok(out)
+}
+
+/// Spatial attributes shared by Conv and the pools: (kernel, strides, dilations, pads t,l,b,r).
+fn spatial(
+    a: &Attrs<'_>,
+    x_dims: &[Dim],
+    kernel: [i64; 2],
+    one_d: bool,
+) -> Result<([i64; 2], [i64; 2], [i64; 4])> {
+    let two = |name: &str| -> Result<[i64; 2]> {
+        match a.ints(name) {
+            None => Ok([1, 1]),
+            Some(v) if one_d && v.len() == 1 => Ok([v[0], 1]),
+            Some(v) if v.len() == 2 => Ok([v[0], v[1]]),
+            Some(v) => Err(invalid(format!("`{name}` must have 2 values, found {v:?}"))),
+        }
+    };
+    let strides = two("strides")?;
+    let dil = two("dilations")?;
+    let auto_pad = a.string("auto_pad", "NOTSET");
+    let pads = match auto_pad.as_str() {
+        "NOTSET" | "" => match a.ints("pads") {
+            None => [0; 4],
+            Some(v) if one_d && v.len() == 2 => [v[0], 0, v[1], 0],
+            Some(v) if v.len() == 4 => [v[0], v[1], v[2], v[3]],
+            Some(v) => return Err(invalid(format!("`pads` must have 4 values, found {v:?}"))),
+        },
+        "VALID" => [0; 4],
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let mut p = [0; 4];
+            for i in 0..2 {
+                let n = x_dims
+                    .get(2 + i)
+                    .and_then(Dim::as_static)
+                    .ok_or_else(|| invalid(format!("auto_pad {auto_pad} needs static dims")))?;
+                let s = strides[i].max(1);
+                let out = (n + s - 1) / s;
+                let total = ((out - 1) * s + (kernel[i] - 1) * dil[i] + 1 - n).max(0);
+                let (lo, hi) = if auto_pad == "SAME_UPPER" {
+                    (total / 2, total - total / 2)
+                } else {
+                    (total - total / 2, total / 2)
+                };
+                p[i] = lo;
+                p[i + 2] = hi;
+            }
+            p
+        }
+        other => return Err(invalid(format!("unknown auto_pad `{other}`"))),
+    };
+    Ok((strides, dil, pads))
+}
+
+/// The rank-3 (1-D) case runs as 2-D with a trailing extent-1 axis, squeezed afterwards.
+fn lift(im: &mut Importer<'_>, e: ExprId) -> Result<ExprId> {
+    im.emit(Op::ExpandDims { axis: vec![3] }, vec![e])
+}
+
+fn finish(im: &mut Importer<'_>, op: Op, args: Vec<ExprId>, one_d: bool) -> Result<Vec<Out>> {
+    if !one_d {
+        return Ok(call(op, args));
+    }
+    let y = im.emit(op, args)?;
+    Ok(call(
+        Op::Squeeze {
+            axis: Some(vec![3]),
+        },
+        vec![y],
+    ))
+}
+
+fn kernel_attr(a: &Attrs<'_>, one_d: bool) -> Option<[i64; 2]> {
+    match a.ints("kernel_shape") {
+        Some(k) if one_d && k.len() == 1 => Some([k[0], 1]),
+        Some(k) if k.len() == 2 => Some([k[0], k[1]]),
+        _ => None,
+    }
+}
+
+fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let mut x = im.expr(req(node, 0)?)?;
+    let mut w = im.expr(req(node, 1)?)?;
+    let (xd, _) = im.dims(x)?;
+    let (wd, _) = im.dims(w)?;
+    let one_d = xd.len() == 3 && wd.len() == 3;
+    if !(one_d || (xd.len() == 4 && wd.len() == 4)) {
+        return Err(invalid(format!(
+            "unsupported ONNX node: only 1-D and 2-D convolutions are supported, found input \
+             rank {} and weight rank {}",
+            xd.len(),
+            wd.len()
+        )));
+    }
+    if one_d {
+        x = lift(im, x)?;
+        w = lift(im, w)?;
+    }
+    let (xd, _) = im.dims(x)?;
+    let (wd, _) = im.dims(w)?;
+    let kernel = kernel_attr(a, one_d).unwrap_or([
+        wd[2].as_static().unwrap_or(1),
+        wd[3].as_static().unwrap_or(1),
+    ]);
+    let (strides, dilation, padding) = spatial(a, &xd, kernel, one_d)?;
+    let op = Op::Conv2d(Box::new(Conv2dAttrs {
+        strides,
+        padding,
+        dilation,
+        groups: a.int("group", 1),
+        data_layout: "NCHW".into(),
+        kernel_layout: "OIHW".into(),
+        out_layout: "NCHW".into(),
+        out_dtype: None,
+    }));
+    let Some(bname) = input(node, 2) else {
+        return finish(im, op, vec![x, w], one_d);
+    };
+    let y = im.emit(op, vec![x, w])?;
+    let out_c = wd[0].clone();
+    let b = match im.val(bname)? {
+        Val::Const(c) if c.shape.len() == 1 => {
+            let shape = vec![1, c.shape[0], 1, 1];
+            im.b.constant(Constant { shape, ..c })
+        }
+        _ => {
+            let be = im.expr(bname)?;
+            let s =
+                im.b.shape(vec![Dim::Static(1), out_c, Dim::Static(1), Dim::Static(1)]);
+            im.emit(Op::Reshape, vec![be, s])?
+        }
+    };
+    finish(im, Op::Add, vec![y, b], one_d)
+}
+
+fn pool(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let mut x = im.expr(req(node, 0)?)?;
+    let (xd, _) = im.dims(x)?;
+    let one_d = xd.len() == 3;
+    if !(one_d || xd.len() == 4) {
+        return Err(invalid(format!(
+            "unsupported ONNX node: only 1-D and 2-D pooling is supported, found input rank {}",
+            xd.len()
+        )));
+    }
+    if one_d {
+        x = lift(im, x)?;
+    }
+    let (xd, _) = im.dims(x)?;
+    let kernel = kernel_attr(a, one_d).ok_or_else(|| invalid("bad `kernel_shape`"))?;
+    let (strides, dilation, padding) = spatial(a, &xd, kernel, one_d)?;
+    let attrs = Box::new(Pool2dAttrs {
+        pool_size: kernel,
+        strides,
+        dilation,
+        padding,
+        ceil_mode: a.int("ceil_mode", 0) != 0,
+        count_include_pad: a.int("count_include_pad", 0) != 0,
+        layout: "NCHW".into(),
+        out_layout: "NCHW".into(),
+    });
+    let op = if node.op_type == "MaxPool" {
+        Op::MaxPool2d(attrs)
+    } else {
+        Op::AvgPool2d(attrs)
+    };
+    finish(im, op, vec![x], one_d)
+}

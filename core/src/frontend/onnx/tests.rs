@@ -1,0 +1,499 @@
+//! Importer tests on small ONNX models built in Rust and encoded with prost.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failure is a panic"
+)]
+
+use super::proto::*;
+use super::*;
+use crate::text::print_module;
+
+fn vi(name: &str, elem: i32, dims: &[&str]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            tensor_type: Some(TypeProtoTensor {
+                elem_type: elem,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| match d.parse::<i64>() {
+                            Ok(v) => Dimension {
+                                dim_value: Some(v),
+                                dim_param: None,
+                            },
+                            Err(_) => Dimension {
+                                dim_value: None,
+                                dim_param: Some(d.to_string()),
+                            },
+                        })
+                        .collect(),
+                }),
+            }),
+        }),
+    }
+}
+
+fn out(name: &str) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: None,
+    }
+}
+
+fn node(
+    op: &str,
+    name: &str,
+    ins: &[&str],
+    outs: &[&str],
+    attrs: Vec<AttributeProto>,
+) -> NodeProto {
+    NodeProto {
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: outs.iter().map(|s| s.to_string()).collect(),
+        name: name.into(),
+        op_type: op.into(),
+        attribute: attrs,
+        domain: String::new(),
+    }
+}
+
+fn ai(name: &str, i: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        i,
+        r#type: 2,
+        ..Default::default()
+    }
+}
+
+fn af(name: &str, f: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        f,
+        r#type: 1,
+        ..Default::default()
+    }
+}
+
+fn ais(name: &str, ints: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        ints: ints.to_vec(),
+        r#type: 7,
+        ..Default::default()
+    }
+}
+
+fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        float_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn i64_init(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ..Default::default()
+    }
+}
+
+fn model(
+    opset: i64,
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    inits: Vec<TensorProto>,
+    outputs: &[&str],
+) -> Vec<u8> {
+    ModelProto {
+        ir_version: 8,
+        producer_name: "test".into(),
+        graph: Some(GraphProto {
+            node: nodes,
+            name: "g".into(),
+            initializer: inits,
+            input: inputs,
+            output: outputs.iter().map(|o| out(o)).collect(),
+            value_info: vec![],
+        }),
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+    }
+    .encode_to_vec()
+}
+
+fn import(bytes: &[u8]) -> Module {
+    import_onnx(bytes, "t.onnx").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn text(m: &Module) -> String {
+    print_module(m).text
+}
+
+fn ret_type(m: &Module) -> Type {
+    m.get("main").unwrap().ret_ty.clone()
+}
+
+#[test]
+fn matmul_relu_with_symbolic_batch() {
+    let b = model(
+        13,
+        vec![
+            node("MatMul", "mm", &["x", "w"], &["h"], vec![]),
+            node("Relu", "r", &["h"], &["y.out"], vec![]),
+        ],
+        vec![vi("x", 1, &["batch size", "4"])],
+        vec![f32_init("w", &[4, 8], &[0.5; 32])],
+        &["y.out"],
+    );
+    let m = import(&b);
+    let t = text(&m);
+    assert!(t.contains("batch_size = T.int64()"), "{t}");
+    assert!(t.contains("y_out: R.Tensor((batch_size, 8)"), "{t}");
+    assert_eq!(output_names(m.get("main").unwrap()), vec!["y_out"]);
+}
+
+#[test]
+fn gemm_transposes_and_scales() {
+    let b = model(
+        11,
+        vec![node(
+            "Gemm",
+            "g",
+            &["a", "b", "c"],
+            &["y"],
+            vec![ai("transB", 1), af("alpha", 0.5), af("beta", 2.0)],
+        )],
+        vec![vi("a", 1, &["2", "3"])],
+        vec![
+            f32_init("b", &[4, 3], &[1.0; 12]),
+            f32_init("c", &[4], &[1.0; 4]),
+        ],
+        &["y"],
+    );
+    let t = text(&import(&b));
+    for op in ["R.permute_dims", "R.matmul", "R.multiply", "R.add"] {
+        assert!(t.contains(op), "{op} missing in {t}");
+    }
+}
+
+#[test]
+fn reshape_from_folded_shape_chain_keeps_symbolic_dims() {
+    // y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1]))
+    let b = model(
+        13,
+        vec![
+            node("Shape", "s", &["x"], &["s"], vec![]),
+            node(
+                "Constant",
+                "c0",
+                &[],
+                &["zero"],
+                vec![AttributeProto {
+                    name: "value".into(),
+                    t: Some(TensorProto {
+                        dims: vec![],
+                        data_type: 7,
+                        int64_data: vec![0],
+                        ..Default::default()
+                    }),
+                    r#type: 4,
+                    ..Default::default()
+                }],
+            ),
+            node("Gather", "g", &["s", "zero"], &["n"], vec![]),
+            node("Unsqueeze", "u", &["n", "ax"], &["n1"], vec![]),
+            node(
+                "Concat",
+                "c",
+                &["n1", "minus1"],
+                &["shape"],
+                vec![ai("axis", 0)],
+            ),
+            node("Reshape", "r", &["x", "shape"], &["y"], vec![]),
+        ],
+        vec![vi("x", 1, &["n", "3", "4"])],
+        vec![i64_init("ax", &[0]), i64_init("minus1", &[-1])],
+        &["y"],
+    );
+    let m = import(&b);
+    assert_eq!(
+        ret_type(&m),
+        Type::tensor_dims(vec![Dim::sym("n"), Dim::Static(12)], DType::F32)
+    );
+    // Only the reshape is left: the shape arithmetic was folded away.
+    assert_eq!(m.get("main").unwrap().bindings().count(), 1, "{}", text(&m));
+}
+
+#[test]
+fn constant_of_shape_folds() {
+    let b = model(
+        9,
+        vec![
+            node(
+                "ConstantOfShape",
+                "k",
+                &["shp"],
+                &["w"],
+                vec![AttributeProto {
+                    name: "value".into(),
+                    t: Some(f32_init("", &[1], &[0.25])),
+                    r#type: 4,
+                    ..Default::default()
+                }],
+            ),
+            node("Add", "a", &["x", "w"], &["y"], vec![]),
+        ],
+        vec![vi("x", 1, &["2", "3"])],
+        vec![i64_init("shp", &[2, 3])],
+        &["y"],
+    );
+    let m = import(&b);
+    let f = m.get("main").unwrap();
+    assert_eq!(f.params.len(), 1);
+    assert_eq!(f.bindings().count(), 1);
+}
+
+#[test]
+fn conv_pool_batchnorm_family() {
+    let b = model(
+        13,
+        vec![
+            node(
+                "Conv",
+                "conv",
+                &["x", "w", "bias"],
+                &["c"],
+                vec![ais("pads", &[1, 1, 1, 1]), ais("strides", &[1, 1])],
+            ),
+            node(
+                "BatchNormalization",
+                "bn",
+                &["c", "s", "bb", "m", "v"],
+                &["b"],
+                vec![],
+            ),
+            node(
+                "MaxPool",
+                "mp",
+                &["b"],
+                &["p"],
+                vec![ais("kernel_shape", &[2, 2]), ais("strides", &[2, 2])],
+            ),
+            node(
+                "AveragePool",
+                "ap",
+                &["p"],
+                &["q"],
+                vec![
+                    ais("kernel_shape", &[3, 3]),
+                    ai("count_include_pad", 1),
+                    ais("pads", &[1, 1, 1, 1]),
+                ],
+            ),
+            node("GlobalAveragePool", "gap", &["q"], &["g"], vec![]),
+            node("Flatten", "fl", &["g"], &["y"], vec![]),
+        ],
+        vec![vi("x", 1, &["1", "3", "8", "8"])],
+        vec![
+            f32_init("w", &[4, 3, 3, 3], &[0.1; 108]),
+            f32_init("bias", &[4], &[0.0; 4]),
+            f32_init("s", &[4], &[1.0; 4]),
+            f32_init("bb", &[4], &[0.0; 4]),
+            f32_init("m", &[4], &[0.0; 4]),
+            f32_init("v", &[4], &[1.0; 4]),
+        ],
+        &["y"],
+    );
+    let m = import(&b);
+    assert_eq!(ret_type(&m), Type::tensor(&[1, 4], DType::F32));
+    let t = text(&m);
+    for op in [
+        "conv2d",
+        "batch_norm",
+        "max_pool2d",
+        "avg_pool2d",
+        "adaptive_avg_pool2d",
+    ] {
+        assert!(t.contains(op), "{op} missing in {t}");
+    }
+}
+
+#[test]
+fn conv_same_upper_pads() {
+    let b = model(
+        11,
+        vec![node(
+            "Conv",
+            "conv",
+            &["x", "w"],
+            &["y"],
+            vec![
+                AttributeProto {
+                    name: "auto_pad".into(),
+                    s: b"SAME_UPPER".to_vec(),
+                    r#type: 3,
+                    ..Default::default()
+                },
+                ais("strides", &[2, 2]),
+            ],
+        )],
+        vec![vi("x", 1, &["1", "1", "5", "5"])],
+        vec![f32_init("w", &[1, 1, 3, 3], &[1.0; 9])],
+        &["y"],
+    );
+    assert_eq!(
+        ret_type(&import(&b)),
+        Type::tensor(&[1, 1, 3, 3], DType::F32)
+    );
+}
+
+#[test]
+fn softmax_before_13_flattens_and_split_slice_squeeze() {
+    let b = model(
+        11,
+        vec![
+            node("Softmax", "sm", &["x"], &["s"], vec![ai("axis", 1)]),
+            node(
+                "Split",
+                "sp",
+                &["s"],
+                &["a", "b"],
+                vec![ai("axis", 1), ais("split", &[1, 2])],
+            ),
+            node("Slice", "sl", &["b", "st", "en", "axs"], &["c"], vec![]),
+            node("Squeeze", "sq", &["a"], &["d"], vec![ais("axes", &[1])]),
+            node("Unsqueeze", "us", &["d"], &["e"], vec![ais("axes", &[-1])]),
+            node(
+                "ReduceMean",
+                "rm",
+                &["c"],
+                &["f"],
+                vec![ais("axes", &[2]), ai("keepdims", 0)],
+            ),
+        ],
+        vec![vi("x", 1, &["2", "3", "4"])],
+        vec![
+            i64_init("st", &[1]),
+            i64_init("en", &[i64::MAX]),
+            i64_init("axs", &[2]),
+        ],
+        &["e", "f"],
+    );
+    let m = import(&b);
+    assert_eq!(
+        ret_type(&m),
+        Type::Tuple(vec![
+            Type::tensor(&[2, 4, 1], DType::F32),
+            Type::tensor(&[2, 2], DType::F32),
+        ])
+    );
+    assert_eq!(output_names(m.get("main").unwrap()), vec!["e", "f"]);
+}
+
+#[test]
+fn elementwise_family_and_layer_norm() {
+    let b = model(
+        17,
+        vec![
+            node("LeakyRelu", "lr", &["x"], &["a"], vec![af("alpha", 0.1)]),
+            node("Clip", "cl", &["a", "lo", ""], &["b"], vec![]),
+            node("Pow", "pw", &["b", "two"], &["c"], vec![]),
+            node("Sqrt", "sq", &["c"], &["d"], vec![]),
+            node("Erf", "er", &["d"], &["e"], vec![]),
+            node("Sum", "su", &["e", "x", "d"], &["f"], vec![]),
+            node(
+                "LayerNormalization",
+                "ln",
+                &["f", "g"],
+                &["y"],
+                vec![ai("axis", -1)],
+            ),
+            node("Transpose", "t", &["y"], &["z"], vec![ais("perm", &[1, 0])]),
+        ],
+        vec![vi("x", 1, &["2", "3"])],
+        vec![
+            f32_init("lo", &[], &[-0.5]),
+            f32_init("two", &[], &[2.0]),
+            f32_init("g", &[3], &[1.0; 3]),
+        ],
+        &["z"],
+    );
+    let m = import(&b);
+    assert_eq!(ret_type(&m), Type::tensor(&[3, 2], DType::F32));
+    assert!(text(&m).contains("R.nn.layer_norm"));
+}
+
+#[test]
+fn unsupported_ops_are_listed_in_one_error() {
+    let b = model(
+        13,
+        vec![
+            node("Relu", "ok", &["x"], &["a"], vec![]),
+            node("Foo", "first_bad", &["a"], &["b"], vec![]),
+            node("NonMaxSuppression", "second_bad", &["b"], &["y"], vec![]),
+        ],
+        vec![vi("x", 1, &["2"])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(e.contains("2 unsupported ONNX node(s)"), "{e}");
+    assert!(e.contains("`first_bad` (Foo)"), "{e}");
+    assert!(e.contains("`second_bad` (NonMaxSuppression)"), "{e}");
+}
+
+#[test]
+fn errors_not_panics() {
+    // Garbage bytes.
+    assert!(import_onnx(&[0xff, 0xff, 0xff, 0x01], "x.onnx").is_err());
+    // An undefined input.
+    let b = model(
+        13,
+        vec![node("Relu", "r", &["nope"], &["y"], vec![])],
+        vec![vi("x", 1, &["2"])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(e.contains("`nope` is not defined"), "{e}");
+    // A shape error.
+    let b = model(
+        13,
+        vec![node("MatMul", "mm", &["x", "x"], &["y"], vec![])],
+        vec![vi("x", 1, &["2", "3"])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(e.contains("node `mm` (MatMul)"), "{e}");
+    // A data/shape mismatch in an initializer.
+    let b = model(
+        13,
+        vec![node("Add", "a", &["x", "w"], &["y"], vec![])],
+        vec![vi("x", 1, &["2"])],
+        vec![f32_init("w", &[3], &[1.0])],
+        &["y"],
+    );
+    assert!(import_onnx(&b, "t.onnx").is_err());
+}
+
+#[test]
+fn sanitize_makes_identifiers() {
+    assert_eq!(sanitize("input.1"), "input_1");
+    assert_eq!(sanitize("0"), "v0");
+    assert_eq!(sanitize("gpu_0/data_0"), "gpu_0_data_0");
+    assert_eq!(sanitize(""), "v");
+}

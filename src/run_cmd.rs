@@ -1,0 +1,381 @@
+//! `fusebox run`: load a model (`.onnx` or `.relax`), partition it, run it on the CPU reference
+//! executor, and write each output as `.npy`.
+//!
+//! Contract:
+//!
+//! - Pipeline: import (ONNX) or parse (text) → optional pattern table (FuseOpsByPattern, as
+//!   `partition --patterns`) → FuseOps (opt level 2) → `fusebox_cpu::run` on `main`.
+//! - Inputs: `--input NAME=PATH.npy` (NAME is the parameter's name, or the ONNX input name before
+//!   sanitizing); parameters not given get uniform random values in [-1, 1] from `--seed`
+//!   (integers: 0 or 1; symbolic dims not fixed by a given input are 1). `.npy` dtypes: f16,
+//!   f32, f64, i8, u8, i32, i64, bool (little-endian, C order).
+//! - Outputs: `<output name>.npy` in `--output-dir` (default `out/`), each written to a
+//!   temporary file and renamed into place; one summary line per output on stdout.
+//! - `--check` runs the unpartitioned module on the same inputs and compares every output
+//!   (f32: 1e-4, f16/bf16: 1e-2, f64: 1e-8, relative to max(|expected|, 1); integers and bool
+//!   exactly); the first differing output is named in the error and the exit code is 1.
+//! - `--timings`: `time import|partition|compile|run <ms> ms` on stderr (run = median of
+//!   `--repeat N` runs after one warm-up; compile is 0: there is no compile step yet).
+//! - `--profile`: per-function totals (calls, ms) of the last timed run on stderr.
+//!
+//! ```text
+//! $ fusebox run model.onnx --check --timings
+//! prob_1: shape [1, 1000] float32 min 0.001 max 0.001 mean 0.001 -> out/prob_1.npy
+//! check: 1 output(s) match the unpartitioned module
+//! time import 12.1 ms
+//! ```
+
+use fusebox_core::Error;
+use fusebox_core::frontend::onnx::{import_onnx, output_names, sanitize};
+use fusebox_core::ir::generate::Rng;
+use fusebox_core::ir::{DType, Module, Sym};
+use fusebox_cpu::{Storage, Tensor, Value};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The options of `fusebox run`.
+pub struct RunArgs {
+    pub file: PathBuf,
+    pub patterns: Option<PathBuf>,
+    pub inputs: Vec<String>,
+    pub seed: u64,
+    pub output_dir: PathBuf,
+    pub check: bool,
+    pub profile: bool,
+    pub timings: bool,
+    pub repeat: usize,
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+fn rt(e: fusebox_cpu::Error) -> Error {
+    Error::Runtime(e.to_string())
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Runs the command.
+pub fn run(a: RunArgs) -> Result<(), Error> {
+    let t = Instant::now();
+    let is_onnx = a.file.extension().is_some_and(|e| e == "onnx");
+    let module = if is_onnx {
+        let bytes = std::fs::read(&a.file).map_err(|e| io_err(&a.file, e))?;
+        import_onnx(&bytes, &a.file.display().to_string())?
+    } else {
+        fusebox_core::text::read_module(&a.file)?
+    };
+    let import_ms = ms(t);
+    let main = module
+        .get("main")
+        .ok_or_else(|| Error::Invalid(format!("{}: no function `main`", a.file.display())))?;
+    let names = output_names(main);
+
+    let t = Instant::now();
+    let mut part = module.clone();
+    if let Some(p) = &a.patterns {
+        use fusebox_core::transform::{PartitionOptions, fuse_ops_by_pattern, sort_by_priority};
+        let src = std::fs::read_to_string(p).map_err(|e| io_err(p, e))?;
+        let mut table =
+            fusebox_core::pattern_table::parse_pattern_table(&src, &p.display().to_string())?;
+        sort_by_priority(&mut table);
+        part = fuse_ops_by_pattern(&part, &table, PartitionOptions::default())?.module;
+    }
+    part = fusebox_core::transform::fuse_ops(&part, 2, 256)?;
+    let partition_ms = ms(t);
+
+    let args = make_args(&module, &a.inputs, a.seed)?;
+    // One warm-up, then `repeat` timed runs.
+    let mut out = fusebox_cpu::run(&part, "main", args.clone()).map_err(rt)?;
+    let mut times = Vec::new();
+    let mut profile = Vec::new();
+    for _ in 0..a.repeat.max(1) {
+        let t = Instant::now();
+        if a.profile {
+            let (v, p) = fusebox_cpu::run_profiled(&part, "main", args.clone()).map_err(rt)?;
+            out = v;
+            profile = p;
+        } else {
+            out = fusebox_cpu::run(&part, "main", args.clone()).map_err(rt)?;
+        }
+        times.push(ms(t));
+    }
+    times.sort_by(f64::total_cmp);
+    let run_ms = times[times.len() / 2];
+
+    let outs = flatten(out);
+    std::fs::create_dir_all(&a.output_dir).map_err(|e| io_err(&a.output_dir, e))?;
+    let mut used = BTreeMap::new();
+    for (i, t) in outs.iter().enumerate() {
+        let base = names
+            .get(i)
+            .map(|n| sanitize(n))
+            .unwrap_or_else(|| format!("output_{i}"));
+        let k = used.entry(base.clone()).or_insert(0usize);
+        let file = if *k == 0 {
+            base.clone()
+        } else {
+            format!("{base}_{k}")
+        };
+        *k += 1;
+        let path = a.output_dir.join(format!("{file}.npy"));
+        write_npy(&path, t)?;
+        println!("{file}: {} -> {}", summary(t), path.display());
+    }
+
+    if a.check {
+        let want = flatten(fusebox_cpu::run(&module, "main", args).map_err(rt)?);
+        if want.len() != outs.len() {
+            return Err(Error::Invalid(format!(
+                "check failed: {} outputs, the unpartitioned module gives {}",
+                outs.len(),
+                want.len()
+            )));
+        }
+        for (i, (g, w)) in outs.iter().zip(&want).enumerate() {
+            if let Some(why) = differs(g, w) {
+                let name = names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
+                return Err(Error::Invalid(format!(
+                    "check failed: output `{name}` differs from the unpartitioned module: {why}"
+                )));
+            }
+        }
+        println!(
+            "check: {} output(s) match the unpartitioned module",
+            outs.len()
+        );
+    }
+    if a.timings {
+        eprintln!("time import {import_ms:.3} ms");
+        eprintln!("time partition {partition_ms:.3} ms");
+        eprintln!("time compile 0.000 ms");
+        eprintln!("time run {run_ms:.3} ms");
+    }
+    if a.profile {
+        for p in &profile {
+            eprintln!(
+                "profile {} calls {} {:.3} ms",
+                p.name,
+                p.calls,
+                p.seconds * 1e3
+            );
+        }
+    }
+    Ok(())
+}
+
+fn flatten(v: Value) -> Vec<Tensor> {
+    let mut out = Vec::new();
+    fn go(v: Value, out: &mut Vec<Tensor>) {
+        match v {
+            Value::Tensor(t) => out.push(t),
+            Value::Tuple(items) => items.into_iter().for_each(|i| go(i, out)),
+            _ => {}
+        }
+    }
+    go(v, &mut out);
+    out
+}
+
+fn summary(t: &Tensor) -> String {
+    let v = t.to_f64_vec();
+    let (mut lo, mut hi, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
+    for &x in &v {
+        lo = lo.min(x);
+        hi = hi.max(x);
+        sum += x;
+    }
+    let mean = if v.is_empty() {
+        0.0
+    } else {
+        sum / v.len() as f64
+    };
+    format!(
+        "shape {:?} {} min {lo:.6} max {hi:.6} mean {mean:.6}",
+        t.shape(),
+        t.dtype()
+    )
+}
+
+fn differs(g: &Tensor, w: &Tensor) -> Option<String> {
+    if g.shape() != w.shape() || g.dtype() != w.dtype() {
+        return Some(format!(
+            "{:?} {} vs {:?} {}",
+            g.shape(),
+            g.dtype(),
+            w.shape(),
+            w.dtype()
+        ));
+    }
+    let tol = match g.dtype() {
+        DType::F32 => 1e-4,
+        DType::F16 | DType::BF16 => 1e-2,
+        DType::F64 => 1e-8,
+        _ => 0.0,
+    };
+    for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+        let same = a == &b || (a.is_nan() && b.is_nan());
+        if !same && (a - b).abs() > tol * b.abs().max(1.0) {
+            return Some(format!("element {i}: {a} vs {b}"));
+        }
+    }
+    None
+}
+
+/// Arguments for `main`: given `.npy` inputs, random values for the rest.
+fn make_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Error> {
+    let f = m
+        .get("main")
+        .ok_or_else(|| Error::Invalid("no function `main`".into()))?;
+    let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
+    for spec in inputs {
+        let (name, path) = spec
+            .split_once('=')
+            .ok_or_else(|| Error::Invalid(format!("--input `{spec}`: expected NAME=PATH.npy")))?;
+        let key = sanitize(name);
+        let known = f.params.iter().any(|&p| f.var(p).name == key);
+        if !known {
+            let params: Vec<&str> = f.params.iter().map(|&p| f.var(p).name.as_str()).collect();
+            return Err(Error::Invalid(format!(
+                "--input `{name}`: `main` has no parameter of that name (parameters: {})",
+                params.join(", ")
+            )));
+        }
+        given.insert(key, read_npy(Path::new(path))?);
+    }
+    // Bind symbolic dims from the given inputs; the others default to 1.
+    let mut syms: BTreeMap<Sym, i64> = BTreeMap::new();
+    for &p in &f.params {
+        let v = f.var(p);
+        if let (Some(t), Some(tt)) = (given.get(&v.name), v.ty.as_tensor())
+            && let Some(dims) = &tt.dims
+        {
+            for (d, &n) in dims.iter().zip(t.shape()) {
+                if let fusebox_core::ir::Dim::Sym(s) = d {
+                    syms.entry(s.clone()).or_insert(n as i64);
+                }
+            }
+        }
+    }
+    let mut rng = Rng::new(seed);
+    let mut args = Vec::new();
+    for &p in &f.params {
+        let v = f.var(p);
+        if let Some(t) = given.remove(&v.name) {
+            args.push(Value::Tensor(t));
+            continue;
+        }
+        let tt = v.ty.as_tensor().ok_or_else(|| {
+            Error::Invalid(format!("parameter `{}` is not a tensor: give it", v.name))
+        })?;
+        let dims = tt.dims.as_ref().ok_or_else(|| {
+            Error::Invalid(format!(
+                "parameter `{}` has an unknown shape: give it with --input",
+                v.name
+            ))
+        })?;
+        let shape = dims
+            .iter()
+            .map(|d| {
+                d.eval(&|s: &Sym| Some(syms.get(s).copied().unwrap_or(1)))
+                    .and_then(|x| usize::try_from(x).ok())
+                    .ok_or_else(|| {
+                        Error::Invalid(format!("parameter `{}`: cannot size dim {d}", v.name))
+                    })
+            })
+            .collect::<Result<Vec<usize>, Error>>()?;
+        let n: usize = shape.iter().product();
+        let dtype = tt.dtype.unwrap_or(DType::F32);
+        let data: Vec<f32> = (0..n)
+            .map(|_| {
+                if dtype.is_float() {
+                    (rng.next_u64() % 2_000_001) as f32 / 1_000_000.0 - 1.0
+                } else {
+                    (rng.next_u64() % 2) as f32
+                }
+            })
+            .collect();
+        args.push(Value::Tensor(Tensor::new(
+            shape,
+            Storage::from_f32(dtype, data),
+        )?));
+    }
+    Ok(args)
+}
+
+fn read_npy(path: &Path) -> Result<Tensor, Error> {
+    let bad = |m: String| Error::Invalid(format!("{}: {m}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let npy = npyz::NpyFile::new(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
+    if npy.order() != npyz::Order::C {
+        return Err(bad("Fortran-order arrays are not supported".into()));
+    }
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let descr = npy.dtype().descr();
+    let e = |e: std::io::Error| bad(e.to_string());
+    let storage = match descr.trim_start_matches(['<', '|', '=']) {
+        "f4" => Storage::F32(npy.into_vec().map_err(e)?),
+        "f8" => Storage::F64(npy.into_vec().map_err(e)?),
+        "f2" => Storage::F16(npy.into_vec().map_err(e)?),
+        "i1" => Storage::I8(npy.into_vec().map_err(e)?),
+        "u1" => Storage::U8(npy.into_vec().map_err(e)?),
+        "i4" => Storage::I32(npy.into_vec().map_err(e)?),
+        "i8" => Storage::I64(npy.into_vec().map_err(e)?),
+        "b1" => Storage::Bool(npy.into_vec().map_err(e)?),
+        other => return Err(bad(format!("unsupported .npy dtype `{other}`"))),
+    };
+    Tensor::new(shape, storage)
+}
+
+/// Writes `t` as `.npy` to a temporary file beside `path`, then renames it into place.
+fn write_npy(path: &Path, t: &Tensor) -> Result<(), Error> {
+    let tmp = path.with_extension("npy.tmp");
+    let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+    let res = (|| -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        write_npy_to(&mut buf, &shape, t.storage())?;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&buf)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    res.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_err(path, e)
+    })
+}
+
+fn write_npy_to(buf: &mut Vec<u8>, shape: &[u64], s: &Storage) -> std::io::Result<()> {
+    use npyz::WriterBuilder;
+    macro_rules! w {
+        ($t:ty, $v:expr) => {{
+            let mut w = npyz::WriteOptions::<$t>::new()
+                .default_dtype()
+                .shape(shape)
+                .writer(&mut *buf)
+                .begin_nd()?;
+            w.extend($v)?;
+            w.finish()
+        }};
+    }
+    match s {
+        Storage::F32(v) => w!(f32, v.iter().copied()),
+        Storage::F64(v) => w!(f64, v.iter().copied()),
+        Storage::F16(v) => w!(half::f16, v.iter().copied()),
+        // numpy has no bfloat16: written widened to float32.
+        Storage::BF16(v) => w!(f32, v.iter().map(|x| x.to_f32())),
+        Storage::I8(v) => w!(i8, v.iter().copied()),
+        Storage::U8(v) => w!(u8, v.iter().copied()),
+        Storage::I32(v) => w!(i32, v.iter().copied()),
+        Storage::I64(v) => w!(i64, v.iter().copied()),
+        Storage::Bool(v) => w!(bool, v.iter().copied()),
+    }
+}
