@@ -90,6 +90,35 @@ pub enum Error {
     /// of the wrong kind).
     #[error("runtime: {0}")]
     Runtime(String),
+    /// A backend failed (claim, compile or run), named.
+    #[error("backend `{backend}`: {message}")]
+    Backend {
+        /// The backend's name.
+        backend: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A name that is not one of the known ones (a backend, a config key), with the valid ones.
+    #[error("unknown {what} `{name}`; expected one of: {valid}")]
+    Unknown {
+        /// What kind of name (`backend`, `option of backend cpu`).
+        what: String,
+        /// The name given.
+        name: String,
+        /// The valid names, comma separated (or `(none)`).
+        valid: String,
+    },
+    /// A plugin library could not be loaded or misbehaved, naming the library.
+    #[error("plugin {library}: {message}")]
+    Plugin {
+        /// The library's path.
+        library: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// `strict = true` and some work was claimed by no backend.
+    #[error("strict mode: no backend claimed {0}")]
+    Unclaimed(String),
 }
 
 /// The result type of fusebox-core.

@@ -44,14 +44,30 @@ const MAX_DEPTH: usize = 256;
 
 /// Runs function `func` of `module` on `args` and returns its result.
 pub fn run(module: &Module, func: &str, args: Vec<Value>) -> Result<Value> {
+    run_with(module, func, args, None)
+}
+
+/// Runs a call of a module function instead of the interpreter: returns `None` to let the
+/// interpreter run it (the executor's hook for compiled artifacts).
+pub type CallHook<'h> = &'h dyn Fn(&str, &[Value]) -> Option<fusebox_core::Result<Value>>;
+
+/// [`run`], with calls of module functions offered to `hook` first (used to run a partitioned
+/// module with each function's compiled artifact).
+pub fn run_with(
+    module: &Module,
+    func: &str,
+    args: Vec<Value>,
+    hook: Option<CallHook<'_>>,
+) -> Result<Value> {
     let f = module
         .get(func)
         .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
-    Interp { module }.call(func, f, args, 0)
+    Interp { module, hook }.call(func, f, args, 0)
 }
 
 struct Interp<'m> {
     module: &'m Module,
+    hook: Option<CallHook<'m>>,
 }
 
 /// The state of one call.
@@ -276,12 +292,15 @@ impl<'m> Interp<'m> {
                     .collect::<Result<_>>()?;
                 match callee {
                     Callee::Op(op) => eval_op(op, &vals)?,
-                    Callee::Global(g) => {
-                        let gf = self.module.get(g).ok_or_else(|| {
-                            Error::Exec(format!("the module has no function `{g}`"))
-                        })?;
-                        self.call(g, gf, vals, depth + 1)?
-                    }
+                    Callee::Global(g) => match self.hook.and_then(|h| h(g, &vals)) {
+                        Some(r) => r?,
+                        None => {
+                            let gf = self.module.get(g).ok_or_else(|| {
+                                Error::Exec(format!("the module has no function `{g}`"))
+                            })?;
+                            self.call(g, gf, vals, depth + 1)?
+                        }
+                    },
                     Callee::Local(v) => {
                         let lf = fr.locals.get(v.as_u32() as usize).copied().flatten();
                         let vname = f.vars.get(*v).map_or("?", |x| x.name.as_str());
