@@ -56,7 +56,12 @@ pub fn pipeline(config: Config) -> Result<BackendPipeline> {
 /// artifacts, everything else to the CPU reference.
 pub fn execute(plan: &Plan, func: &str, args: Vec<Value>) -> Result<Value> {
     let hook = |name: &str, vals: &[Value]| plan.artifacts.get(name).map(|a| a.run(vals));
-    Ok(fusebox_cpu::run_with(&plan.module, func, args, Some(&hook))?)
+    Ok(fusebox_cpu::run_with(
+        &plan.module,
+        func,
+        args,
+        Some(&hook),
+    )?)
 }
 
 #[cfg(test)]

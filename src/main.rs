@@ -3,8 +3,8 @@
 use clap::{Parser, Subcommand};
 use fusebox_core::config::Config;
 use fusebox_core::ir::verify::verify;
-use fusebox_core::transform::FusionPattern;
 use fusebox_core::text;
+use fusebox_core::transform::FusionPattern;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -341,11 +341,18 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                     );
                 }
             }
-            let rest: Vec<_> = pipeline.table.iter().filter(|e| e.backend.is_none()).collect();
+            let rest: Vec<_> = pipeline
+                .table
+                .iter()
+                .filter(|e| e.backend.is_none())
+                .collect();
             if !rest.is_empty() {
                 println!("user patterns of no enabled backend:");
                 for e in rest {
-                    println!("  {} priority {}: {}", e.pattern.name, e.pattern.priority, e.pattern.pattern);
+                    println!(
+                        "  {} priority {}: {}",
+                        e.pattern.name, e.pattern.priority, e.pattern.pattern
+                    );
                 }
             }
             let findings = fusebox_core::pattern_table::lint(&pipeline.patterns());

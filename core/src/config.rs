@@ -248,7 +248,12 @@ impl Config {
 
     /// An error positioned at byte range `span` of the config.
     pub fn error_at(&self, span: Range<usize>, message: impl Into<String>) -> Error {
-        Error::source(&self.file, &self.src, pos_of(&self.src, span.start), message)
+        Error::source(
+            &self.file,
+            &self.src,
+            pos_of(&self.src, span.start),
+            message,
+        )
     }
 
     /// The entry of backend `name`, if listed.
@@ -290,7 +295,10 @@ mod tests {
         assert!(e.starts_with("c.toml:2:1: unknown field `flavour`"), "{e}");
         assert!(e.contains("`partition`") && e.contains("`plugin`"), "{e}");
         let e = err("[partition]\nfuse_opps = true\n");
-        assert!(e.starts_with("c.toml:2:1: unknown field `fuse_opps`"), "{e}");
+        assert!(
+            e.starts_with("c.toml:2:1: unknown field `fuse_opps`"),
+            "{e}"
+        );
         assert!(e.contains("`fuse_ops`"), "{e}");
         let e = err("target = \"tpu\"\n");
         assert!(e.starts_with("c.toml:1:10: unknown variant `tpu`"), "{e}");
@@ -298,7 +306,10 @@ mod tests {
         let e = err("[[pattern]]\nname = \"a.b\"\npattern = \"relax.nn.relu(\"\n");
         assert!(e.starts_with("c.toml:3:"), "{e}");
         let e = err("[[backend]]\nname = \"cpu\"\n[[backend]]\nname = \"cpu\"\n");
-        assert!(e.starts_with("c.toml:4:8: backend `cpu` is listed twice"), "{e}");
+        assert!(
+            e.starts_with("c.toml:4:8: backend `cpu` is listed twice"),
+            "{e}"
+        );
         let e = err("[partition]\nfuse_opt_level = 7\n");
         assert!(e.starts_with("c.toml:2:1: fuse_opt_level must be"), "{e}");
     }

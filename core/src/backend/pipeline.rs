@@ -104,10 +104,9 @@ impl BackendPipeline {
         let mut plugins: Vec<Box<dyn PluginFactory>> = Vec::new();
         for p in &config.plugins {
             let Some(load) = loader else {
-                return Err(config.error_at(
-                    p.span.clone(),
-                    "this build of fusebox cannot load plugins",
-                ));
+                return Err(
+                    config.error_at(p.span.clone(), "this build of fusebox cannot load plugins")
+                );
             };
             let f = load(&p.path)?;
             if registry::is_registered(f.name()) {
@@ -232,7 +231,22 @@ impl BackendPipeline {
             }
             if report.backend.is_none() {
                 if pc.strict {
-                    unclaimed.push(format!("`{name}` ({})", report.ops.join(", ")));
+                    let why: Vec<String> = report
+                        .declines
+                        .iter()
+                        .map(|(b, r)| format!("declined by `{b}`: {r}"))
+                        .chain(
+                            report
+                                .compile_failures
+                                .iter()
+                                .map(|(b, e)| format!("compile failed in `{b}`: {e}")),
+                        )
+                        .collect();
+                    unclaimed.push(format!(
+                        "`{name}` ({}) [{}]",
+                        report.ops.join(", "),
+                        why.join("; ")
+                    ));
                 } else {
                     let cpu = make_backend("cpu", &toml::Table::new())?;
                     artifacts.insert(name.clone(), cpu.compile(&c)?);
@@ -312,16 +326,39 @@ impl BackendPipeline {
                 format!("matched here, rejected: {}", r.reason)
             } else if match_at(&e.pattern.pattern, &view, b.var).is_some() {
                 "matched here".to_string()
+            } else if let Some(root) = main.bindings().find(|r| {
+                match_at(&e.pattern.pattern, &view, r.var)
+                    .is_some_and(|mm| mm.nodes.iter().any(|(_, x)| *x == b.value))
+            }) {
+                format!(
+                    "matched as part of the match rooted at `{}`",
+                    main.var(root.var).name
+                )
             } else {
-                "does not match with this binding as its root".to_string()
+                "does not match here, nor in a match that includes it".to_string()
             };
             let _ = writeln!(s, "  {} [{who}]: {verdict}", e.pattern.name);
         }
-        let ended = plan.claims.iter().find(|c| {
-            plan.module
-                .get(&c.function)
-                .is_some_and(|f| binds_name(f, binding))
+        // Where it went: a binding of the same name in the new main tells directly; else the
+        // unit whose body binds that name.
+        let new_main = plan.module.get("main");
+        let in_main = new_main.and_then(|nm| {
+            nm.bindings()
+                .find(|x| nm.var(x.var).name == binding)
+                .map(|x| &nm.expr(x.value).kind)
         });
+        let ended = match in_main {
+            Some(ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            }) => plan.claims.iter().find(|c| c.function == g.as_ref()),
+            Some(_) => None,
+            None => plan.claims.iter().find(|c| {
+                plan.module
+                    .get(&c.function)
+                    .is_some_and(|f| binds_name(f, binding))
+            }),
+        };
         match ended {
             Some(c) => {
                 let _ = writeln!(

@@ -94,7 +94,9 @@ fusebox_plugin_abi::export_plugin!(Conv2dPlugin);
 fn composite(f: &Function) -> Result<(&Function, Vec<usize>), String> {
     if let Some(c) = &f.attrs.composite {
         if !c.starts_with("example.") {
-            return Err(format!("composite `{c}` is not one of the example patterns"));
+            return Err(format!(
+                "composite `{c}` is not one of the example patterns"
+            ));
         }
         return Ok((f, (0..f.params.len()).collect()));
     }
@@ -165,8 +167,7 @@ pub fn analyse(module_text: &str, func: &str) -> Result<FusedConv, String> {
                 if a.groups != 1 {
                     return Err(format!("conv2d with groups = {} (only 1)", a.groups));
                 }
-                if a.data_layout != "NCHW" || a.kernel_layout != "OIHW" || a.out_layout != "NCHW"
-                {
+                if a.data_layout != "NCHW" || a.kernel_layout != "OIHW" || a.out_layout != "NCHW" {
                     return Err(format!(
                         "conv2d layouts {}/{}/{} (only NCHW/OIHW/NCHW)",
                         a.data_layout, a.kernel_layout, a.out_layout
@@ -176,7 +177,9 @@ pub fn analyse(module_text: &str, func: &str) -> Result<FusedConv, String> {
                     args.first().and_then(|&x| param_of(x)),
                     args.get(1).and_then(|&x| param_of(x)),
                 ) else {
-                    return Err("conv2d data or weight is not a parameter (a bound constant?)".into());
+                    return Err(
+                        "conv2d data or weight is not a parameter (a bound constant?)".into(),
+                    );
                 };
                 for &x in args.iter().take(2) {
                     let dt = g.expr(x).ty.as_tensor().and_then(|t| t.dtype);

@@ -196,11 +196,10 @@ pub fn load_plugin(path: &Path) -> Result<PluginHandle> {
     let lib: &'static libloading::Library = Box::leak(Box::new(lib));
     type Entry = extern "C" fn() -> *const PluginVTable;
     // SAFETY: the symbol, if present, is the ABI's entry point with signature `Entry`.
-    let entry = unsafe { lib.get::<Entry>(ENTRY_POINT.as_bytes()) }.map_err(|_| {
-        Error::NoEntryPoint {
+    let entry =
+        unsafe { lib.get::<Entry>(ENTRY_POINT.as_bytes()) }.map_err(|_| Error::NoEntryPoint {
             library: library.clone(),
-        }
-    })?;
+        })?;
     let ptr = entry();
     if ptr.is_null() {
         return Err(Error::Malformed {
@@ -351,7 +350,10 @@ impl Backend for PluginBackend {
         &self.loaded.name
     }
     fn origin(&self) -> String {
-        format!("plugin {} (version {})", self.loaded.library, self.loaded.version)
+        format!(
+            "plugin {} (version {})",
+            self.loaded.library, self.loaded.version
+        )
     }
     fn patterns(&self) -> Vec<FusionPattern> {
         self.loaded.patterns.clone()

@@ -1,7 +1,9 @@
 //! A test plugin whose entry point reports ABI major version 999: the host must refuse it
 //! before touching anything but the table's header.
 
-use fusebox_plugin_abi::sdk::{OwnedTensor, Plugin, PluginArtifact, StaticVTable, TensorView, Verdict};
+use fusebox_plugin_abi::sdk::{
+    OwnedTensor, Plugin, PluginArtifact, StaticVTable, TensorView, Verdict,
+};
 use std::ffi::CStr;
 
 /// The plugin.

@@ -39,11 +39,7 @@ impl Plugin for Misbehave {
     type Artifact = Relu;
     fn create(options_toml: &str) -> Result<Self, String> {
         // The options are `mode = "..."` (or empty): no TOML parser needed for this test.
-        let mode = options_toml
-            .split('"')
-            .nth(1)
-            .unwrap_or("ok")
-            .to_string();
+        let mode = options_toml.split('"').nth(1).unwrap_or("ok").to_string();
         if mode == "create_error" {
             return Err("create failed on purpose".into());
         }
