@@ -10,6 +10,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy (deny warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== build the plugin cdylibs the integration tests load"
+cargo build --locked -p fusebox-plugin-conv2d -p fusebox-plugin-test-bad-abi -p fusebox-plugin-test-misbehave
+
 echo "== cargo test"
 cargo test --workspace --locked
 
@@ -19,3 +22,7 @@ cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns
 cargo run --quiet --locked -- show examples/conv2d_relu.relax > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --fuse-ops --emit json > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu.relax --fuse-ops --fuse-opt-level 1 --max-depth 8 > /dev/null
+cargo run --quiet --locked -- backends
+cargo run --quiet --locked -- backends --config configs/plugin-example.toml > /dev/null
+cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --emit json > /dev/null
+cargo run --quiet --locked -- explain examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --binding conv1 > /dev/null

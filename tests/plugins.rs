@@ -2,6 +2,8 @@
 //! path, claims its composites, and runs them with results equal to the CPU reference; and
 //! every kind of bad input exits non-zero with a message that names the problem, never a panic.
 
+#![allow(clippy::panic, reason = "test helpers fail the test by panicking")]
+
 use fusebox::core::config::Config;
 use fusebox::core::runtime::{Tensor, Value};
 use std::path::{Path, PathBuf};
