@@ -143,12 +143,8 @@ impl BackendPipeline {
                     valid.sort_unstable();
                     return Err(config.error_at(
                         e.span.clone(),
-                        Error::Unknown {
-                            what: "backend".into(),
-                            name: e.name.clone(),
-                            valid: registry::valid_list(valid),
-                        }
-                        .to_string(),
+                        Error::unknown("backend", e.name.clone(), registry::valid_list(valid))
+                            .to_string(),
                     ));
                 }
             };
@@ -294,11 +290,11 @@ impl BackendPipeline {
                 .bindings()
                 .map(|b| main.var(b.var).name.as_str())
                 .collect();
-            return Err(Error::Unknown {
-                what: "binding of main".into(),
-                name: binding.to_string(),
-                valid: registry::valid_list(names),
-            });
+            return Err(Error::unknown(
+                "binding of main",
+                binding.to_string(),
+                registry::valid_list(names),
+            ));
         };
         let op = match &main.expr(b.value).kind {
             ExprKind::Call {
@@ -438,11 +434,11 @@ fn build_table(config: &Config, backends: &[Box<dyn Backend>]) -> Result<Vec<Tab
                 None => {
                     return Err(config.error_at(
                         span.clone(),
-                        Error::Unknown {
-                            what: "backend (not enabled in [[backend]])".into(),
-                            name: b.clone(),
-                            valid: registry::valid_list(names.iter().copied()),
-                        }
+                        Error::unknown(
+                            "backend (not enabled in [[backend]])",
+                            b.clone(),
+                            registry::valid_list(names.iter().copied()),
+                        )
                         .to_string(),
                     ));
                 }

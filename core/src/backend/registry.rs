@@ -75,11 +75,11 @@ pub fn make_backend(name: &str, options: &toml::Table) -> Result<Box<dyn Backend
     let map = frozen().as_ref().map_err(|e| Error::Invalid(e.clone()))?;
     match map.get(name) {
         Some(r) => (r.make)(options),
-        None => Err(Error::Unknown {
-            what: "backend".into(),
-            name: name.to_string(),
-            valid: valid_list(map.keys().copied()),
-        }),
+        None => Err(Error::unknown(
+            "backend",
+            name.to_string(),
+            valid_list(map.keys().copied()),
+        )),
     }
 }
 
@@ -97,11 +97,11 @@ pub fn valid_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 pub fn check_options(backend: &str, options: &toml::Table, valid: &[&str]) -> Result<()> {
     for k in options.keys() {
         if !valid.contains(&k.as_str()) {
-            return Err(Error::Unknown {
-                what: format!("option of backend `{backend}`"),
-                name: k.clone(),
-                valid: valid_list(valid.iter().copied()),
-            });
+            return Err(Error::unknown(
+                format!("option of backend `{backend}`"),
+                k.clone(),
+                valid_list(valid.iter().copied()),
+            ));
         }
     }
     Ok(())
