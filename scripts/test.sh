@@ -20,6 +20,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy (deny warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== build the plugin cdylibs the integration tests load"
+cargo build --locked -p fusebox-plugin-conv2d -p fusebox-plugin-test-bad-abi -p fusebox-plugin-test-misbehave
+
 echo "== cargo test"
 cargo test --workspace --locked
 
@@ -33,3 +36,7 @@ smoke_out="$(mktemp -d)"
 cargo run --quiet --locked -- run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --check --timings --output-dir "$smoke_out" > /dev/null
 cargo run --quiet --locked -- run examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --check --profile --output-dir "$smoke_out" > /dev/null
 rm -rf "$smoke_out"
+cargo run --quiet --locked -- backends
+cargo run --quiet --locked -- backends --config configs/plugin-example.toml > /dev/null
+cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --emit json > /dev/null
+cargo run --quiet --locked -- explain examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --binding conv1 > /dev/null

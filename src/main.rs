@@ -3,8 +3,10 @@
 mod run_cmd;
 
 use clap::{Parser, Subcommand};
+use fusebox_core::config::Config;
 use fusebox_core::ir::verify::verify;
 use fusebox_core::text;
+use fusebox_core::transform::FusionPattern;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -67,6 +69,30 @@ enum Command {
         /// Print `time <phase> <ms> ms` lines to stderr.
         #[arg(long)]
         timings: bool,
+        /// A config (backends, their patterns, plugins, partition options): partition, then
+        /// claim and compile each function; `--patterns` adds user patterns to it and the
+        /// partition flags above are ignored in favour of its `[partition]` table.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// List every backend of a config (built-in and plugins), its patterns in priority order,
+    /// and the lint findings on the combined table.
+    Backends {
+        /// The config.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
+    /// Why was a binding of main not offloaded? Patterns tried at it and why they were
+    /// rejected, the function it ended in, and which backends declined that and why.
+    Explain {
+        /// The module file.
+        file: PathBuf,
+        /// The config.
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// The name of the binding of main (its var).
+        #[arg(long)]
+        binding: String,
     },
     /// Run a model (`.onnx` or `.relax`) on the CPU reference executor after partitioning it
     /// (optional pattern table, then FuseOps), writing each output as `.npy`.
@@ -155,6 +181,28 @@ enum Emit {
     Dot,
 }
 
+/// The default config, and its text for when the file is not there (run outside the repo).
+const DEFAULT_CONFIG: &str = "configs/cpu.toml";
+const DEFAULT_CONFIG_TEXT: &str = include_str!("../configs/cpu.toml");
+
+fn load_config(path: &std::path::Path) -> Result<Config, fusebox::Error> {
+    if path == std::path::Path::new(DEFAULT_CONFIG) && !path.exists() {
+        return Ok(Config::parse(DEFAULT_CONFIG_TEXT, DEFAULT_CONFIG)?);
+    }
+    Ok(Config::load(path)?)
+}
+
+fn read_table(patterns: &std::path::Path) -> Result<Vec<FusionPattern>, fusebox::Error> {
+    let table_src = std::fs::read_to_string(patterns).map_err(|e| fusebox_core::Error::Io {
+        path: patterns.to_path_buf(),
+        source: e,
+    })?;
+    Ok(fusebox_core::pattern_table::parse_pattern_table(
+        &table_src,
+        &patterns.display().to_string(),
+    )?)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli.command) {
@@ -166,7 +214,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
+fn run(cmd: Command) -> Result<(), fusebox::Error> {
     match cmd {
         Command::Show { file } => {
             let m = text::read_module(&file)?;
@@ -196,6 +244,7 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             max_depth,
             emit,
             timings,
+            config,
         } => {
             use fusebox_core::transform::{
                 PartitionOptions, fuse_ops_by_pattern, sort_by_priority,
@@ -203,18 +252,54 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             let t = Instant::now();
             let m = text::read_module(&file)?;
             let parse_ms = t.elapsed().as_secs_f64() * 1e3;
-            let mut table = match &patterns {
-                Some(patterns) => {
-                    let table_src =
-                        std::fs::read_to_string(patterns).map_err(|e| fusebox_core::Error::Io {
-                            path: patterns.clone(),
-                            source: e,
-                        })?;
-                    fusebox_core::pattern_table::parse_pattern_table(
-                        &table_src,
-                        &patterns.display().to_string(),
-                    )?
+            if let Some(config) = config {
+                let mut cfg = load_config(&config)?;
+                if let Some(p) = &patterns {
+                    for pattern in read_table(p)? {
+                        cfg.patterns.push(fusebox_core::config::UserPattern {
+                            pattern,
+                            backend: None,
+                            backend_span: None,
+                        });
+                    }
                 }
+                let pipeline = fusebox::pipeline(cfg)?;
+                let t = Instant::now();
+                let plan = pipeline.run(&m)?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                verify(&plan.module).map_err(fusebox_core::Error::Verify)?;
+                match emit {
+                    Emit::Text => {
+                        print!("{}", text::print_module(&plan.module).text);
+                        for c in &plan.claims {
+                            eprintln!(
+                                "{} -> {}{}",
+                                c.function,
+                                c.backend.as_deref().unwrap_or("(none)"),
+                                if c.fallback { " (fallback)" } else { "" }
+                            );
+                            for (b, r) in &c.declines {
+                                eprintln!("  declined by {b}: {r}");
+                            }
+                            for (b, r) in &c.compile_failures {
+                                eprintln!("  compile failed in {b}: {r}");
+                            }
+                        }
+                        for r in &plan.rejections {
+                            eprintln!("rejected {} at {}: {}", r.pattern, r.at, r.reason);
+                        }
+                    }
+                    Emit::Json => println!("{}", plan.report().to_json()),
+                    Emit::Dot => print!("{}", fusebox_core::report::to_dot(&plan.module)),
+                }
+                if timings {
+                    eprintln!("time parse {parse_ms:.3} ms");
+                    eprintln!("time partition+claim+compile {ms:.3} ms");
+                }
+                return Ok(());
+            }
+            let mut table = match &patterns {
+                Some(patterns) => read_table(patterns)?,
                 None => Vec::new(),
             };
             sort_by_priority(&mut table);
@@ -269,7 +354,7 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             profile,
             timings,
             repeat,
-        } => run_cmd::run(run_cmd::RunArgs {
+        } => Ok(run_cmd::run(run_cmd::RunArgs {
             file,
             patterns,
             inputs,
@@ -279,7 +364,69 @@ fn run(cmd: Command) -> Result<(), fusebox_core::Error> {
             profile,
             timings,
             repeat,
-        }),
+        })?),
+        Command::Backends { config } => {
+            let pipeline = fusebox::pipeline(load_config(&config)?)?;
+            println!("config: {}", config.display());
+            for b in &pipeline.backends {
+                println!("backend {} ({})", b.name(), b.origin());
+                let mut pats: Vec<_> = pipeline
+                    .table
+                    .iter()
+                    .filter(|e| e.backend.as_deref() == Some(b.name()))
+                    .collect();
+                pats.sort_by_key(|e| std::cmp::Reverse(e.pattern.priority));
+                if pats.is_empty() {
+                    println!("  (no patterns)");
+                }
+                for e in pats {
+                    println!(
+                        "  {} priority {}{}{}: {}",
+                        e.pattern.name,
+                        e.pattern.priority,
+                        e.pattern
+                            .check
+                            .as_ref()
+                            .map(|c| format!(" check {}", c.name()))
+                            .unwrap_or_default(),
+                        if e.user { " (from the config)" } else { "" },
+                        e.pattern.pattern
+                    );
+                }
+            }
+            let rest: Vec<_> = pipeline
+                .table
+                .iter()
+                .filter(|e| e.backend.is_none())
+                .collect();
+            if !rest.is_empty() {
+                println!("user patterns of no enabled backend:");
+                for e in rest {
+                    println!(
+                        "  {} priority {}: {}",
+                        e.pattern.name, e.pattern.priority, e.pattern.pattern
+                    );
+                }
+            }
+            let findings = fusebox_core::pattern_table::lint(&pipeline.patterns());
+            if findings.is_empty() {
+                println!("lint: no findings");
+            }
+            for f in findings {
+                println!("lint {}: {}", f.kind, f.message);
+            }
+            Ok(())
+        }
+        Command::Explain {
+            file,
+            config,
+            binding,
+        } => {
+            let m = text::read_module(&file)?;
+            let pipeline = fusebox::pipeline(load_config(&config)?)?;
+            print!("{}", pipeline.explain(&m, &binding)?);
+            Ok(())
+        }
         Command::Bench(BenchCmd::Text { bindings, repeat }) => bench_text(bindings, repeat.max(1)),
         Command::Bench(BenchCmd::Partition { ops, table, repeat }) => {
             bench_partition(&ops, &table, repeat.max(1))
@@ -323,7 +470,7 @@ fn table20() -> Vec<&'static str> {
 /// Partition timings on `matmul → add → relu` chains, against a baseline measured in the same
 /// run: building the use/def index of the same function once (the least work any partitioner
 /// that looks at every binding must do).
-fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fusebox_core::Error> {
+fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fusebox::Error> {
     use fusebox_core::pattern::check::NoLeakingIntermediates;
     use fusebox_core::pattern::{FunctionView, parse_pattern};
     use fusebox_core::transform::{FusionPattern, PartitionOptions, fuse_ops_by_pattern};
@@ -333,7 +480,8 @@ fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fuse
         other => {
             return Err(fusebox_core::Error::Invalid(format!(
                 "unknown table `{other}`; expected `one` or `table20`"
-            )));
+            ))
+            .into());
         }
     };
     let mut patterns = Vec::new();
@@ -387,7 +535,7 @@ fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fuse
 /// FuseOps timings on `matmul → add → relu` chains (each layer becomes one
 /// `fused_matmul_add_relu` group), against the same baseline as `bench partition`: building
 /// the use/def index of the function once.
-fn bench_fuse_ops(ops: &[usize], repeat: usize) -> Result<(), fusebox_core::Error> {
+fn bench_fuse_ops(ops: &[usize], repeat: usize) -> Result<(), fusebox::Error> {
     use fusebox_core::pattern::FunctionView;
     use fusebox_core::transform::fuse_ops;
     println!("bench fuse-ops: opt_level 2, max_depth 256, median of {repeat}");
@@ -430,7 +578,7 @@ fn bench_fuse_ops(ops: &[usize], repeat: usize) -> Result<(), fusebox_core::Erro
 /// Reports the median parse, verify and print times of a generated chain module, and their
 /// ratio against a baseline measured in the same run: splitting the same text into
 /// whitespace-separated tokens (a lower bound for any parser that reads every byte).
-fn bench_text(bindings: usize, repeat: usize) -> Result<(), fusebox_core::Error> {
+fn bench_text(bindings: usize, repeat: usize) -> Result<(), fusebox::Error> {
     let module = fusebox_core::ir::generate::chain_module(bindings);
     let src = text::print_module(&module).text;
     let (mut base, mut parse, mut ver, mut print) = (vec![], vec![], vec![], vec![]);

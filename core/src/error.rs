@@ -90,12 +90,55 @@ pub enum Error {
     /// of the wrong kind).
     #[error("runtime: {0}")]
     Runtime(String),
+    /// A backend failed (claim, compile or run), named.
+    #[error("backend `{backend}`: {message}")]
+    Backend {
+        /// The backend's name.
+        backend: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A name that is not one of the known ones (a backend, a config key), with the valid ones.
+    /// (Boxed to keep `Error` small: parsers recurse with it on the stack.)
+    #[error("unknown {} `{}`; expected one of: {}", .0.what, .0.name, .0.valid)]
+    Unknown(Box<UnknownName>),
+    /// A plugin library could not be loaded or misbehaved, naming the library.
+    #[error("plugin {library}: {message}")]
+    Plugin {
+        /// The library's path.
+        library: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// `strict = true` and some work was claimed by no backend.
+    #[error("strict mode: no backend claimed {0}")]
+    Unclaimed(String),
+}
+
+/// The payload of [`Error::Unknown`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownName {
+    /// What kind of name (`backend`, `option of backend cpu`).
+    pub what: String,
+    /// The name given.
+    pub name: String,
+    /// The valid names, comma separated (or `(none)`).
+    pub valid: String,
 }
 
 /// The result type of fusebox-core.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// An unknown name, with the valid ones.
+    pub fn unknown(what: impl Into<String>, name: impl Into<String>, valid: String) -> Self {
+        Error::Unknown(Box::new(UnknownName {
+            what: what.into(),
+            name: name.into(),
+            valid,
+        }))
+    }
+
     /// A positioned source error.
     pub fn source(file: &str, src: &str, pos: Pos, message: impl Into<String>) -> Self {
         let line_text = src

@@ -1,6 +1,8 @@
 //! fusebox-core: the IR, the op set, the TVMScript-compatible text format, and the passes that
 //! partition a tensor program into fused functions.
 
+pub mod backend;
+pub mod config;
 pub mod error;
 pub mod frontend;
 pub mod ir;

@@ -46,7 +46,7 @@ pub fn pos_of(src: &str, offset: usize) -> Pos {
     Pos { line, col }
 }
 
-fn toml_error(file: &str, src: &str, e: &toml::de::Error) -> Error {
+pub(crate) fn toml_error(file: &str, src: &str, e: &toml::de::Error) -> Error {
     let span = e.span().unwrap_or(0..0);
     Error::source(file, src, pos_of(src, span.start), e.message().to_string())
 }
@@ -57,34 +57,53 @@ pub fn parse_pattern_table(src: &str, file: &str) -> Result<Vec<FusionPattern>> 
     let parsed: File = toml::from_str(src).map_err(|e| toml_error(file, src, &e))?;
     let mut out = Vec::new();
     for e in parsed.pattern {
-        let pattern = parse_in_string(src, file, e.pattern.get_ref(), e.pattern.span())?;
-        let mut fp = FusionPattern::new(e.name.get_ref(), pattern).with_priority(e.priority);
-        if let Some(c) = &e.check {
-            let check = stock_check(c.get_ref()).ok_or_else(|| {
-                Error::source(
-                    file,
-                    src,
-                    pos_of(src, c.span().start),
-                    format!(
-                        "unknown check `{}`; expected one of: {}",
-                        c.get_ref(),
-                        STOCK_CHECKS.join(", ")
-                    ),
-                )
-            })?;
-            fp.check = Some(check);
-        }
-        if e.name.get_ref().is_empty() {
-            return Err(Error::source(
-                file,
-                src,
-                pos_of(src, e.name.span().start),
-                "a pattern name must not be empty",
-            ));
-        }
-        out.push(fp);
+        out.push(entry_to_pattern(
+            src,
+            file,
+            &e.name,
+            &e.pattern,
+            e.priority,
+            e.check.as_ref(),
+        )?);
     }
     Ok(out)
+}
+
+/// Builds one table entry from its spanned TOML fields (shared with [`crate::config`]).
+pub(crate) fn entry_to_pattern(
+    src: &str,
+    file: &str,
+    name: &toml::Spanned<String>,
+    pattern: &toml::Spanned<String>,
+    priority: i32,
+    check: Option<&toml::Spanned<String>>,
+) -> Result<FusionPattern> {
+    if name.get_ref().is_empty() {
+        return Err(Error::source(
+            file,
+            src,
+            pos_of(src, name.span().start),
+            "a pattern name must not be empty",
+        ));
+    }
+    let parsed = parse_in_string(src, file, pattern.get_ref(), pattern.span())?;
+    let mut fp = FusionPattern::new(name.get_ref(), parsed).with_priority(priority);
+    if let Some(c) = check {
+        let check = stock_check(c.get_ref()).ok_or_else(|| {
+            Error::source(
+                file,
+                src,
+                pos_of(src, c.span().start),
+                format!(
+                    "unknown check `{}`; expected one of: {}",
+                    c.get_ref(),
+                    STOCK_CHECKS.join(", ")
+                ),
+            )
+        })?;
+        fp.check = Some(check);
+    }
+    Ok(fp)
 }
 
 /// Parses a pattern written as a TOML string, reporting errors at their place in the file.

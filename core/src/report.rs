@@ -60,6 +60,27 @@ pub struct Report {
     pub main: Vec<String>,
     /// Rejected matches with their reasons.
     pub rejections: Vec<RejectionReport>,
+    /// What each backend said about each unit of work (filled by the backend flow; absent from
+    /// the JSON when empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<ClaimReport>,
+}
+
+/// The claims on one unit of work (a module function main calls).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClaimReport {
+    /// The function.
+    pub function: String,
+    /// The ops inside, in binding order.
+    pub ops: Vec<String>,
+    /// The backend that compiled it.
+    pub backend: Option<String>,
+    /// Whether it fell back to the CPU backend because no backend compiled it.
+    pub fallback: bool,
+    /// `(backend, reason)` for every backend that declined it, in backend order.
+    pub declines: Vec<(String, String)>,
+    /// `(backend, error)` for every backend whose compile failed, in backend order.
+    pub compile_failures: Vec<(String, String)>,
 }
 
 /// A rejected match.
@@ -245,6 +266,7 @@ pub fn build(m: &Module, rejections: &[Rejection]) -> Report {
                 reason: r.reason.clone(),
             })
             .collect(),
+        claims: Vec::new(),
     }
 }
 

@@ -45,11 +45,27 @@ const MAX_DEPTH: usize = 256;
 
 /// Runs function `func` of `module` on `args` and returns its result.
 pub fn run(module: &Module, func: &str, args: Vec<Value>) -> Result<Value> {
+    run_with(module, func, args, None)
+}
+
+/// Runs a call of a module function instead of the interpreter: returns `None` to let the
+/// interpreter run it (the executor's hook for compiled artifacts).
+pub type CallHook<'h> = &'h dyn Fn(&str, &[Value]) -> Option<fusebox_core::Result<Value>>;
+
+/// [`run`], with calls of module functions offered to `hook` first (used to run a partitioned
+/// module with each function's compiled artifact).
+pub fn run_with(
+    module: &Module,
+    func: &str,
+    args: Vec<Value>,
+    hook: Option<CallHook<'_>>,
+) -> Result<Value> {
     let f = module
         .get(func)
         .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
     Interp {
         module,
+        hook,
         profile: None,
     }
     .call(func, f, args, 0)
@@ -78,6 +94,7 @@ pub fn run_profiled(
         .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
     let interp = Interp {
         module,
+        hook: None,
         profile: Some(RefCell::new(BTreeMap::new())),
     };
     let out = interp.call(func, f, args, 0)?;
@@ -98,6 +115,7 @@ pub fn run_profiled(
 
 struct Interp<'m> {
     module: &'m Module,
+    hook: Option<CallHook<'m>>,
     /// Per-callee (seconds, calls) when profiling.
     profile: Option<RefCell<BTreeMap<String, (f64, usize)>>>,
 }
@@ -325,22 +343,24 @@ impl<'m> Interp<'m> {
                 match callee {
                     Callee::Op(op) => eval_op(op, &vals)?,
                     Callee::Global(g) => {
-                        let gf = self.module.get(g).ok_or_else(|| {
-                            Error::Exec(format!("the module has no function `{g}`"))
-                        })?;
-                        match &self.profile {
-                            None => self.call(g, gf, vals, depth + 1)?,
-                            Some(p) => {
-                                let t = std::time::Instant::now();
-                                let v = self.call(g, gf, vals, depth + 1)?;
-                                let dt = t.elapsed().as_secs_f64();
-                                let mut p = p.borrow_mut();
-                                let e = p.entry(g.to_string()).or_insert((0.0, 0));
-                                e.0 += dt;
-                                e.1 += 1;
-                                v
+                        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                        let v = match self.hook.and_then(|h| h(g, &vals)) {
+                            Some(r) => r?,
+                            None => {
+                                let gf = self.module.get(g).ok_or_else(|| {
+                                    Error::Exec(format!("the module has no function `{g}`"))
+                                })?;
+                                self.call(g, gf, vals, depth + 1)?
                             }
+                        };
+                        if let (Some(p), Some(t)) = (&self.profile, t) {
+                            let dt = t.elapsed().as_secs_f64();
+                            let mut p = p.borrow_mut();
+                            let e = p.entry(g.to_string()).or_insert((0.0, 0));
+                            e.0 += dt;
+                            e.1 += 1;
                         }
+                        v
                     }
                     Callee::Local(v) => {
                         let lf = fr.locals.get(v.as_u32() as usize).copied().flatten();

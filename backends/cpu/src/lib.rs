@@ -37,6 +37,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
 mod conv;
 mod elementwise;
 pub mod exec;
@@ -47,9 +48,14 @@ mod nn;
 mod reduce;
 mod util;
 
-pub use exec::{CallProfile, run, run_profiled};
+pub use backend::CpuBackend;
+pub use exec::{CallHook, CallProfile, run, run_profiled, run_with};
 pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
 pub use kernels::eval_op;
+
+/// Call this from the binary so the linker keeps this crate and its `inventory` registration
+/// of the `cpu` backend (see `fusebox_core::backend::registry`).
+pub fn link() {}
 
 /// Every error of the CPU backend.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,66 @@
+//! The `cpu` backend: claims every function and runs it with the reference interpreter.
+//!
+//! Contract: registered as `cpu` with `inventory::submit!`; takes no options (any option is an
+//! error naming it); has no patterns; [`CpuBackend::claim`] accepts everything; `compile` keeps
+//! the function with its callees as a standalone module and runs it with [`crate::run`].
+//!
+//! ```
+//! // Linked through the facade's `fusebox_cpu::link()`:
+//! fusebox_cpu::link();
+//! let b = fusebox_core::backend::make_backend("cpu", &Default::default()).unwrap();
+//! assert_eq!(b.name(), "cpu");
+//! ```
+
+use fusebox_core::backend::registry::check_options;
+use fusebox_core::backend::{Artifact, Backend, BackendRegistration, Candidate, Claim};
+use fusebox_core::ir::Module;
+use fusebox_core::runtime::Value;
+use fusebox_core::transform::FusionPattern;
+
+/// The CPU reference backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+fn make(options: &toml::Table) -> fusebox_core::Result<Box<dyn Backend>> {
+    check_options("cpu", options, &[])?;
+    Ok(Box::new(CpuBackend))
+}
+
+inventory::submit! {
+    BackendRegistration { name: "cpu", make }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn patterns(&self) -> Vec<FusionPattern> {
+        Vec::new()
+    }
+    fn claim(&self, _c: &Candidate<'_>) -> Claim {
+        Claim::Accept
+    }
+    fn compile(&self, c: &Candidate<'_>) -> fusebox_core::Result<Box<dyn Artifact>> {
+        Ok(Box::new(CpuArtifact {
+            module: c.standalone_module(),
+            name: c.name.to_string(),
+        }))
+    }
+}
+
+/// A function run by the interpreter.
+struct CpuArtifact {
+    module: Module,
+    name: String,
+}
+
+impl Artifact for CpuArtifact {
+    fn run(&self, args: &[Value]) -> fusebox_core::Result<Value> {
+        crate::run(&self.module, &self.name, args.to_vec()).map_err(|e| {
+            fusebox_core::Error::Backend {
+                backend: "cpu".into(),
+                message: e.to_string(),
+            }
+        })
+    }
+}

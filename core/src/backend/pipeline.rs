@@ -1,0 +1,467 @@
+//! The backend pipeline built from a [`Config`]: partition, claim, compile.
+//!
+//! Contract:
+//!
+//! 1. Backends are made in `[[backend]]` order (built-ins from the registry, plugins through a
+//!    [`PluginLoader`]); a loaded plugin not listed in `[[backend]]` is appended after the listed
+//!    ones in `[[plugin]]` order. An unknown backend is an error at its `name` in the config,
+//!    listing the valid names; a plugin whose name is already taken is an error.
+//! 2. The pattern table: for each backend in order, its own patterns plus the user patterns that
+//!    join it (`backend = "..."`, else the backend named by the codegen prefix), sorted stably by
+//!    priority (highest first); then the user patterns of no enabled backend. So: backend order,
+//!    then priority, then list order.
+//! 3. FuseOpsByPattern (`bind_constants`, `annotate_codegen`) → MergeCompositeFunctions if
+//!    `merge_composites` → FuseOps if `fuse_ops`.
+//! 4. Every module function `main` calls is a unit of work. Each backend in order is asked to
+//!    claim it; the first that accepts compiles it; if compile fails, the next backend that
+//!    claims it is tried. Declines and failures are recorded with their reasons.
+//! 5. A unit no backend compiled runs on the built-in `cpu` backend (`fallback: true`), unless
+//!    `strict = true`: then it is an error naming every unclaimed function and op (ops left
+//!    bare in `main` count as unclaimed when no `cpu` backend is enabled).
+//!
+//! ```text
+//! [[backend]] name = "example"   ; claims Codegen = "example" functions
+//! [[backend]] name = "cpu"       ; claims everything else
+//! main: gv = cls.fused_relax_nn_conv2d_relax_nn_relu_example(x, w)  -> example
+//!       gv1 = cls.fused_add(gv, b)                                  -> cpu (example declined)
+//! ```
+
+use super::{Artifact, Backend, Candidate, Claim, make_backend, registry};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::ir::{Callee, ExprKind, Function, Module};
+use crate::report::{ClaimReport, Report};
+use crate::transform::{
+    FusionPattern, PartitionOptions, Pipeline, Rejection, fuse_ops_by_pattern,
+    merge_composite_functions, pass::FuseOps,
+};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A loaded plugin library: its backend's name, and a constructor taking the backend options.
+pub trait PluginFactory {
+    /// The backend name the plugin declares.
+    fn name(&self) -> &str;
+    /// The library it came from (for messages).
+    fn library(&self) -> String;
+    /// Builds the backend with its `[backend.options]`.
+    fn make(&self, options: &toml::Table) -> Result<Box<dyn Backend>>;
+}
+
+/// Loads a plugin library (implemented by `fusebox-plugin-host`).
+pub type PluginLoader<'a> = &'a dyn Fn(&Path) -> Result<Box<dyn PluginFactory>>;
+
+/// One entry of the combined pattern table.
+#[derive(Clone, Debug)]
+pub struct TableEntry {
+    /// The pattern.
+    pub pattern: FusionPattern,
+    /// The backend whose group it is in (`None`: a user pattern of no enabled backend).
+    pub backend: Option<String>,
+    /// Whether it came from the config's `[[pattern]]` tables.
+    pub user: bool,
+}
+
+/// The backends and the pattern table of a config.
+pub struct BackendPipeline {
+    /// The config.
+    pub config: Config,
+    /// The enabled backends, in order.
+    pub backends: Vec<Box<dyn Backend>>,
+    /// The combined pattern table in application order.
+    pub table: Vec<TableEntry>,
+}
+
+/// What happened to one unit of work.
+pub struct Plan {
+    /// The partitioned module.
+    pub module: Module,
+    /// Every rejected pattern match.
+    pub rejections: Vec<Rejection>,
+    /// One entry per unit, in first-call order.
+    pub claims: Vec<ClaimReport>,
+    /// Compiled artifacts by function name.
+    pub artifacts: BTreeMap<String, Box<dyn Artifact>>,
+}
+
+impl Plan {
+    /// The JSON report with `backend` filled in and the claims attached.
+    pub fn report(&self) -> Report {
+        let mut r = crate::report::build(&self.module, &self.rejections);
+        for f in &mut r.functions {
+            if let Some(c) = self.claims.iter().find(|c| c.function == f.name) {
+                f.backend = c.backend.clone();
+            }
+        }
+        r.claims = self.claims.clone();
+        r
+    }
+}
+
+impl BackendPipeline {
+    /// Builds the backends and the table (contract points 1 and 2).
+    pub fn new(config: Config, loader: Option<PluginLoader<'_>>) -> Result<Self> {
+        let mut plugins: Vec<Box<dyn PluginFactory>> = Vec::new();
+        for p in &config.plugins {
+            let Some(load) = loader else {
+                return Err(
+                    config.error_at(p.span.clone(), "this build of fusebox cannot load plugins")
+                );
+            };
+            let f = load(&p.path)?;
+            if registry::is_registered(f.name()) {
+                return Err(config.error_at(
+                    p.span.clone(),
+                    format!(
+                        "plugin {} declares backend `{}`, which is already a built-in backend",
+                        f.library(),
+                        f.name()
+                    ),
+                ));
+            }
+            if let Some(prev) = plugins.iter().find(|x| x.name() == f.name()) {
+                return Err(config.error_at(
+                    p.span.clone(),
+                    format!(
+                        "plugin {} declares backend `{}`, which plugin {} already declared",
+                        f.library(),
+                        f.name(),
+                        prev.library()
+                    ),
+                ));
+            }
+            plugins.push(f);
+        }
+        let mut backends: Vec<Box<dyn Backend>> = Vec::new();
+        for e in &config.backends {
+            let made = match plugins.iter().find(|p| p.name() == e.name) {
+                Some(p) => p.make(&e.options),
+                None if registry::is_registered(&e.name) => make_backend(&e.name, &e.options),
+                None => {
+                    let mut valid = registry::registered_names()?;
+                    valid.extend(plugins.iter().map(|p| p.name()));
+                    valid.sort_unstable();
+                    return Err(config.error_at(
+                        e.span.clone(),
+                        Error::unknown("backend", e.name.clone(), registry::valid_list(valid))
+                            .to_string(),
+                    ));
+                }
+            };
+            backends.push(made.map_err(|err| config.error_at(e.span.clone(), err.to_string()))?);
+        }
+        for p in &plugins {
+            if config.backend(p.name()).is_none() {
+                backends.push(p.make(&toml::Table::new())?);
+            }
+        }
+        let table = build_table(&config, &backends)?;
+        Ok(BackendPipeline {
+            config,
+            backends,
+            table,
+        })
+    }
+
+    /// The patterns in application order.
+    pub fn patterns(&self) -> Vec<FusionPattern> {
+        self.table.iter().map(|e| e.pattern.clone()).collect()
+    }
+
+    /// Partitions `module` and claims and compiles every unit (contract points 3 to 5).
+    pub fn run(&self, module: &Module) -> Result<Plan> {
+        let pc = &self.config.partition;
+        let opts = PartitionOptions {
+            bind_constants: pc.bind_constants,
+            annotate_codegen: pc.annotate_codegen,
+        };
+        let out = fuse_ops_by_pattern(module, &self.patterns(), opts)?;
+        let mut m = out.module;
+        if pc.merge_composites {
+            m = merge_composite_functions(&m)?;
+        }
+        if pc.fuse_ops {
+            let p = Pipeline::new().then(FuseOps {
+                opt_level: pc.fuse_opt_level,
+                max_depth: pc.max_depth,
+            });
+            m = p.run(&m)?.0;
+        }
+        let mut claims = Vec::new();
+        let mut artifacts = BTreeMap::new();
+        let mut unclaimed = Vec::new();
+        let main = m
+            .get("main")
+            .ok_or_else(|| Error::Invalid("the module has no `main` function".into()))?;
+        for name in called_from(main) {
+            let Some(func) = m.get(&name) else { continue };
+            let c = Candidate {
+                name: &name,
+                func,
+                module: &m,
+            };
+            let mut report = ClaimReport {
+                function: name.clone(),
+                ops: c.ops(),
+                backend: None,
+                fallback: false,
+                declines: Vec::new(),
+                compile_failures: Vec::new(),
+            };
+            for b in &self.backends {
+                match b.claim(&c) {
+                    Claim::Decline { reason } => {
+                        report.declines.push((b.name().to_string(), reason));
+                    }
+                    Claim::Accept => match b.compile(&c) {
+                        Ok(a) => {
+                            report.backend = Some(b.name().to_string());
+                            artifacts.insert(name.clone(), a);
+                            break;
+                        }
+                        Err(e) => report
+                            .compile_failures
+                            .push((b.name().to_string(), e.to_string())),
+                    },
+                }
+            }
+            if report.backend.is_none() {
+                if pc.strict {
+                    let why: Vec<String> = report
+                        .declines
+                        .iter()
+                        .map(|(b, r)| format!("declined by `{b}`: {r}"))
+                        .chain(
+                            report
+                                .compile_failures
+                                .iter()
+                                .map(|(b, e)| format!("compile failed in `{b}`: {e}")),
+                        )
+                        .collect();
+                    unclaimed.push(format!(
+                        "`{name}` ({}) [{}]",
+                        report.ops.join(", "),
+                        why.join("; ")
+                    ));
+                } else {
+                    let cpu = make_backend("cpu", &toml::Table::new())?;
+                    artifacts.insert(name.clone(), cpu.compile(&c)?);
+                    report.backend = Some("cpu".into());
+                    report.fallback = true;
+                }
+            }
+            claims.push(report);
+        }
+        if pc.strict && !self.backends.iter().any(|b| b.name() == "cpu") {
+            for b in main.bindings() {
+                if let ExprKind::Call {
+                    callee: Callee::Op(op),
+                    ..
+                } = &main.expr(b.value).kind
+                {
+                    unclaimed.push(format!("main/{} ({})", main.var(b.var).name, op.name()));
+                }
+            }
+        }
+        if !unclaimed.is_empty() {
+            return Err(Error::Unclaimed(unclaimed.join("; ")));
+        }
+        Ok(Plan {
+            module: m,
+            rejections: out.rejections,
+            claims,
+            artifacts,
+        })
+    }
+
+    /// Answers "why was binding `binding` of main not offloaded?" for `module` (see `explain`).
+    pub fn explain(&self, module: &Module, binding: &str) -> Result<String> {
+        use crate::pattern::{FunctionView, match_at};
+        use std::fmt::Write;
+        let main = module
+            .get("main")
+            .ok_or_else(|| Error::Invalid("the module has no `main` function".into()))?;
+        let Some(b) = main
+            .bindings()
+            .find(|b| main.var(b.var).name == binding)
+            .copied()
+        else {
+            let names: Vec<&str> = main
+                .bindings()
+                .map(|b| main.var(b.var).name.as_str())
+                .collect();
+            return Err(Error::unknown(
+                "binding of main",
+                binding.to_string(),
+                registry::valid_list(names),
+            ));
+        };
+        let op = match &main.expr(b.value).kind {
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                ..
+            } => op.name().to_string(),
+            _ => "(not an op call)".to_string(),
+        };
+        let plan = self.run(module)?;
+        let at = format!("main/{binding}");
+        let mut s = String::new();
+        let _ = writeln!(s, "binding `{binding}` of main: {op}");
+        let _ = writeln!(s, "patterns tried at it, in application order:");
+        let view = FunctionView::new(main);
+        if self.table.is_empty() {
+            let _ = writeln!(s, "  (the pattern table is empty)");
+        }
+        for e in &self.table {
+            let who = e.backend.as_deref().unwrap_or("user");
+            let verdict = if let Some(r) = plan
+                .rejections
+                .iter()
+                .find(|r| r.pattern == e.pattern.name && r.at == at)
+            {
+                format!("matched here, rejected: {}", r.reason)
+            } else if match_at(&e.pattern.pattern, &view, b.var).is_some() {
+                "matched here".to_string()
+            } else if let Some(root) = main.bindings().find(|r| {
+                match_at(&e.pattern.pattern, &view, r.var)
+                    .is_some_and(|mm| mm.nodes.iter().any(|(_, x)| *x == b.value))
+            }) {
+                format!(
+                    "matched as part of the match rooted at `{}`",
+                    main.var(root.var).name
+                )
+            } else {
+                "does not match here, nor in a match that includes it".to_string()
+            };
+            let _ = writeln!(s, "  {} [{who}]: {verdict}", e.pattern.name);
+        }
+        // Where it went: a binding of the same name in the new main tells directly; else the
+        // unit whose body binds that name.
+        let new_main = plan.module.get("main");
+        let in_main = new_main.and_then(|nm| {
+            nm.bindings()
+                .find(|x| nm.var(x.var).name == binding)
+                .map(|x| &nm.expr(x.value).kind)
+        });
+        let ended = match in_main {
+            Some(ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            }) => plan.claims.iter().find(|c| c.function == g.as_ref()),
+            Some(_) => None,
+            None => plan.claims.iter().find(|c| {
+                plan.module
+                    .get(&c.function)
+                    .is_some_and(|f| binds_name(f, binding))
+            }),
+        };
+        match ended {
+            Some(c) => {
+                let _ = writeln!(
+                    s,
+                    "ended in `{}` ({}), run by backend `{}`{}",
+                    c.function,
+                    c.ops.join(", "),
+                    c.backend.as_deref().unwrap_or("(none)"),
+                    if c.fallback {
+                        " (fallback: no backend compiled it)"
+                    } else {
+                        ""
+                    }
+                );
+                for (b, reason) in &c.declines {
+                    let _ = writeln!(s, "  declined by `{b}`: {reason}");
+                }
+                for (b, err) in &c.compile_failures {
+                    let _ = writeln!(s, "  compile failed in `{b}`: {err}");
+                }
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "ended in no fused function: it stays in main and runs on the CPU reference"
+                );
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// Whether `f` (or a local function inside) binds a var named `name`.
+fn binds_name(f: &Function, name: &str) -> bool {
+    f.bindings().any(|b| {
+        f.var(b.var).name == name
+            || matches!(&f.expr(b.value).kind, ExprKind::Function(inner) if binds_name(inner, name))
+    })
+}
+
+/// The module functions `main` calls, in first-call order.
+fn called_from(main: &Function) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for b in main.bindings() {
+        if let ExprKind::Call {
+            callee: Callee::Global(g),
+            ..
+        } = &main.expr(b.value).kind
+            && !out.iter().any(|o| o == g.as_ref())
+        {
+            out.push(g.to_string());
+        }
+    }
+    out
+}
+
+fn build_table(config: &Config, backends: &[Box<dyn Backend>]) -> Result<Vec<TableEntry>> {
+    let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
+    let mut groups: Vec<Vec<TableEntry>> = backends
+        .iter()
+        .map(|b| {
+            b.patterns()
+                .into_iter()
+                .map(|p| TableEntry {
+                    pattern: p,
+                    backend: Some(b.name().to_string()),
+                    user: false,
+                })
+                .collect()
+        })
+        .collect();
+    let mut rest = Vec::new();
+    for up in &config.patterns {
+        let group = match (&up.backend, &up.backend_span) {
+            (Some(b), Some(span)) => match names.iter().position(|n| n == b) {
+                Some(i) => Some(i),
+                None => {
+                    return Err(config.error_at(
+                        span.clone(),
+                        Error::unknown(
+                            "backend (not enabled in [[backend]])",
+                            b.clone(),
+                            registry::valid_list(names.iter().copied()),
+                        )
+                        .to_string(),
+                    ));
+                }
+            },
+            _ => up
+                .pattern
+                .codegen()
+                .and_then(|cg| names.iter().position(|n| *n == cg)),
+        };
+        let entry = TableEntry {
+            pattern: up.pattern.clone(),
+            backend: group.map(|i| names[i].to_string()),
+            user: true,
+        };
+        match group.and_then(|i| groups.get_mut(i)) {
+            Some(g) => g.push(entry),
+            None => rest.push(entry),
+        }
+    }
+    let mut table = Vec::new();
+    for mut g in groups.into_iter().chain(std::iter::once(rest)) {
+        g.sort_by_key(|e| std::cmp::Reverse(e.pattern.priority));
+        table.extend(g);
+    }
+    Ok(table)
+}

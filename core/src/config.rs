@@ -1,0 +1,316 @@
+//! The fusebox config: which backends, in which order, with which options and patterns.
+//!
+//! Contract: [`Config::parse`] reads TOML into typed tables with `deny_unknown_fields`
+//! everywhere; every error names the file, line and column (TOML spans), and an unknown key or
+//! enum value lists the valid ones. Names of backends are checked later, when the pipeline is
+//! built (plugins add names), with [`Config::error_at`] pointing at the `name` value.
+//!
+//! ```toml
+//! target = "cpu"                   # or "cuda"
+//! [partition]
+//! bind_constants = true            # keep constants inside composites
+//! annotate_codegen = true          # wrap composites in `Codegen` functions
+//! merge_composites = false         # MergeCompositeFunctions
+//! fuse_ops = true                  # FuseOps on what no pattern took
+//! fuse_opt_level = 2
+//! max_depth = 256
+//! strict = false                   # unclaimed work is an error instead of running on the CPU
+//! [[backend]]
+//! name = "cpu"
+//! [backend.options]                # free table handed to that backend
+//! [[pattern]]
+//! name = "cpu.matmul_relu"
+//! pattern = "relax.nn.relu(relax.matmul(_, _))"
+//! priority = 0
+//! backend = "cpu"                  # optional: the backend whose group it joins
+//! [[plugin]]
+//! path = "target/debug/libfusebox_plugin_conv2d.so"
+//! ```
+//!
+//! ```
+//! let c = fusebox_core::config::Config::parse("target = \"cpu\"\n[[backend]]\nname = \"cpu\"\n", "c.toml").unwrap();
+//! assert_eq!(c.backends[0].name, "cpu");
+//! assert!(c.partition.fuse_ops);
+//! ```
+
+use crate::error::{Error, Result};
+use crate::pattern_table::{entry_to_pattern, pos_of, toml_error};
+use crate::transform::FusionPattern;
+use serde::Deserialize;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// The device the module is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// The host CPU.
+    Cpu,
+    /// An NVIDIA GPU.
+    Cuda,
+}
+
+/// `[partition]`: the passes before claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PartitionConfig {
+    /// Keep constants inside composites (else they become parameters).
+    pub bind_constants: bool,
+    /// Wrap each composite in a public function with `Codegen`.
+    pub annotate_codegen: bool,
+    /// Merge neighbouring composites of one codegen (MergeCompositeFunctions).
+    pub merge_composites: bool,
+    /// Run FuseOps on what no pattern took.
+    pub fuse_ops: bool,
+    /// FuseOps level: 0 nothing, 1 elementwise/broadcast chains, 2 everything.
+    pub fuse_opt_level: u32,
+    /// FuseOps: the most bindings in one group.
+    pub max_depth: usize,
+    /// Unclaimed work is an error naming each op instead of falling back to the CPU.
+    pub strict: bool,
+}
+
+impl Default for PartitionConfig {
+    fn default() -> Self {
+        PartitionConfig {
+            bind_constants: true,
+            annotate_codegen: true,
+            merge_composites: false,
+            fuse_ops: true,
+            fuse_opt_level: 2,
+            max_depth: 256,
+            strict: false,
+        }
+    }
+}
+
+/// One `[[backend]]` table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendEntry {
+    /// The backend's name.
+    pub name: String,
+    /// Where the name is in the file (for errors).
+    pub span: Range<usize>,
+    /// `[backend.options]`, empty when absent.
+    pub options: toml::Table,
+}
+
+/// One `[[pattern]]` table: a user pattern.
+#[derive(Clone, Debug)]
+pub struct UserPattern {
+    /// The pattern entry.
+    pub pattern: FusionPattern,
+    /// The backend whose group it joins (else the backend named by the codegen prefix, else
+    /// the end of the table).
+    pub backend: Option<String>,
+    /// Where the `backend` value is (for errors).
+    pub backend_span: Option<Range<usize>>,
+}
+
+/// One `[[plugin]]` table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginEntry {
+    /// The shared library, as written (relative paths are relative to the working directory).
+    pub path: PathBuf,
+    /// Where the path is in the file (for errors).
+    pub span: Range<usize>,
+}
+
+/// A parsed config (see the module doc).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file name, for errors.
+    pub file: String,
+    /// The source text, for errors.
+    pub src: String,
+    /// `target`.
+    pub target: Target,
+    /// `[partition]`.
+    pub partition: PartitionConfig,
+    /// `[[backend]]` tables in file order.
+    pub backends: Vec<BackendEntry>,
+    /// `[[pattern]]` tables in file order.
+    pub patterns: Vec<UserPattern>,
+    /// `[[plugin]]` tables in file order.
+    pub plugins: Vec<PluginEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    target: Option<Target>,
+    #[serde(default)]
+    partition: PartitionConfig,
+    #[serde(default)]
+    backend: Vec<RawBackend>,
+    #[serde(default)]
+    pattern: Vec<RawPattern>,
+    #[serde(default)]
+    plugin: Vec<RawPlugin>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    name: Spanned<String>,
+    #[serde(default)]
+    options: toml::Table,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPattern {
+    name: Spanned<String>,
+    pattern: Spanned<String>,
+    #[serde(default)]
+    priority: i32,
+    #[serde(default)]
+    check: Option<Spanned<String>>,
+    #[serde(default)]
+    backend: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugin {
+    path: Spanned<String>,
+}
+
+impl Config {
+    /// Parses a config text; `file` names it in errors.
+    pub fn parse(src: &str, file: &str) -> Result<Config> {
+        let raw: RawConfig = toml::from_str(src).map_err(|e| toml_error(file, src, &e))?;
+        let mut cfg = Config {
+            file: file.to_string(),
+            src: src.to_string(),
+            target: raw.target.unwrap_or(Target::Cpu),
+            partition: raw.partition,
+            backends: Vec::new(),
+            patterns: Vec::new(),
+            plugins: Vec::new(),
+        };
+        for b in raw.backend {
+            if let Some(prev) = cfg.backends.iter().find(|x| x.name == *b.name.get_ref()) {
+                let _ = prev;
+                return Err(cfg.error_at(
+                    b.name.span(),
+                    format!("backend `{}` is listed twice", b.name.get_ref()),
+                ));
+            }
+            cfg.backends.push(BackendEntry {
+                name: b.name.get_ref().clone(),
+                span: b.name.span(),
+                options: b.options,
+            });
+        }
+        for p in raw.pattern {
+            let pattern =
+                entry_to_pattern(src, file, &p.name, &p.pattern, p.priority, p.check.as_ref())?;
+            cfg.patterns.push(UserPattern {
+                pattern,
+                backend: p.backend.as_ref().map(|b| b.get_ref().clone()),
+                backend_span: p.backend.as_ref().map(|b| b.span()),
+            });
+        }
+        for p in raw.plugin {
+            if p.path.get_ref().is_empty() {
+                return Err(cfg.error_at(p.path.span(), "a plugin path must not be empty"));
+            }
+            cfg.plugins.push(PluginEntry {
+                path: PathBuf::from(p.path.get_ref()),
+                span: p.path.span(),
+            });
+        }
+        if cfg.partition.fuse_opt_level > 2 {
+            return Err(Error::source(
+                file,
+                src,
+                pos_of(src, src.find("fuse_opt_level").unwrap_or(0)),
+                format!(
+                    "fuse_opt_level must be 0, 1 or 2, found {}",
+                    cfg.partition.fuse_opt_level
+                ),
+            ));
+        }
+        Ok(cfg)
+    }
+
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let src = std::fs::read_to_string(path).map_err(|e| Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        Config::parse(&src, &path.display().to_string())
+    }
+
+    /// An error positioned at byte range `span` of the config.
+    pub fn error_at(&self, span: Range<usize>, message: impl Into<String>) -> Error {
+        Error::source(
+            &self.file,
+            &self.src,
+            pos_of(&self.src, span.start),
+            message,
+        )
+    }
+
+    /// The entry of backend `name`, if listed.
+    pub fn backend(&self, name: &str) -> Option<&BackendEntry> {
+        self.backends.iter().find(|b| b.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(src: &str) -> String {
+        Config::parse(src, "c.toml")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn defaults_and_full_config() {
+        let c = match Config::parse(
+            "target = \"cuda\"\n[partition]\nstrict = true\n[[backend]]\nname = \"cpu\"\n[backend.options]\nx = 1\n[[pattern]]\nname = \"cpu.r\"\npattern = \"relax.nn.relu(_)\"\nbackend = \"cpu\"\n[[plugin]]\npath = \"a.so\"\n",
+            "c.toml",
+        ) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.target, Target::Cuda);
+        assert!(c.partition.strict && c.partition.fuse_ops);
+        assert_eq!(c.backends[0].options.len(), 1);
+        assert_eq!(c.patterns[0].backend.as_deref(), Some("cpu"));
+        assert_eq!(c.plugins[0].path, PathBuf::from("a.so"));
+    }
+
+    #[test]
+    fn errors_are_positioned_and_list_valid_names() {
+        let e = err("target = \"cpu\"\nflavour = 1\n");
+        assert!(e.starts_with("c.toml:2:1: unknown field `flavour`"), "{e}");
+        assert!(e.contains("`partition`") && e.contains("`plugin`"), "{e}");
+        let e = err("[partition]\nfuse_opps = true\n");
+        assert!(
+            e.starts_with("c.toml:2:1: unknown field `fuse_opps`"),
+            "{e}"
+        );
+        assert!(e.contains("`fuse_ops`"), "{e}");
+        let e = err("target = \"tpu\"\n");
+        assert!(e.starts_with("c.toml:1:10: unknown variant `tpu`"), "{e}");
+        assert!(e.contains("`cpu`") && e.contains("`cuda`"), "{e}");
+        let e = err("[[pattern]]\nname = \"a.b\"\npattern = \"relax.nn.relu(\"\n");
+        assert!(e.starts_with("c.toml:3:"), "{e}");
+        let e = err("[[backend]]\nname = \"cpu\"\n[[backend]]\nname = \"cpu\"\n");
+        assert!(
+            e.starts_with("c.toml:4:8: backend `cpu` is listed twice"),
+            "{e}"
+        );
+        let e = err("[partition]\nfuse_opt_level = 7\n");
+        assert!(e.starts_with("c.toml:2:1: fuse_opt_level must be"), "{e}");
+    }
+}
