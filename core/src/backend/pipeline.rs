@@ -33,7 +33,8 @@ use crate::ir::{Callee, ExprKind, Function, Module};
 use crate::report::{ClaimReport, Report};
 use crate::transform::{
     FusionPattern, PartitionOptions, Pipeline, Rejection, fuse_ops_by_pattern,
-    merge_composite_functions, pass::FuseOps,
+    merge_composite_functions,
+    pass::{DeadCodeElimination, FuseOps},
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -181,7 +182,8 @@ impl BackendPipeline {
             m = merge_composite_functions(&m)?;
         }
         if pc.fuse_ops {
-            let p = Pipeline::new().then(FuseOps {
+            // The seed's recommendation: DeadCodeElimination → FuseOps.
+            let p = Pipeline::new().then(DeadCodeElimination).then(FuseOps {
                 opt_level: pc.fuse_opt_level,
                 max_depth: pc.max_depth,
             });
