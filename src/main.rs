@@ -99,6 +99,11 @@ enum Command {
     Run {
         /// The model: `.onnx` (imported) or `.relax` (text).
         file: PathBuf,
+        /// A config (backends, patterns, partition options, plugins): the whole backend flow,
+        /// with each claimed function run by its backend's artifact. Without it: `--patterns`
+        /// then FuseOps on the CPU reference.
+        #[arg(long, conflicts_with = "patterns")]
+        config: Option<PathBuf>,
         /// A TOML pattern table applied before FuseOps (as `partition --patterns`).
         #[arg(long)]
         patterns: Option<PathBuf>,
@@ -346,6 +351,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
         }
         Command::Run {
             file,
+            config,
             patterns,
             inputs,
             seed,
@@ -356,6 +362,10 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             repeat,
         } => Ok(run_cmd::run(run_cmd::RunArgs {
             file,
+            config: match config {
+                Some(c) => Some(fusebox::pipeline(load_config(&c)?)?),
+                None => None,
+            },
             patterns,
             inputs,
             seed,
