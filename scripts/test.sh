@@ -26,6 +26,10 @@ cargo build --locked -p fusebox-plugin-conv2d -p fusebox-plugin-test-bad-abi -p 
 echo "== cargo test"
 cargo test --workspace --locked
 
+echo "== ONNX conformance counts (the same test as above, its report shown)"
+cargo test --locked --test onnx_conformance -- --nocapture 2>/dev/null \
+  | grep -E '^(onnx conformance|light |FAIL )' || true
+
 echo "== main job smoke test: fusebox show / check on the bundled example"
 cargo run --quiet --locked -- check examples/conv2d_relu.relax
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --annotate-codegen true --emit json > /dev/null
@@ -33,6 +37,7 @@ cargo run --quiet --locked -- show examples/conv2d_relu.relax > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --fuse-ops --emit json > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu.relax --fuse-ops --fuse-opt-level 1 --max-depth 8 > /dev/null
 smoke_out="$(mktemp -d)"
+cargo run --quiet --locked -- run examples/conv2d_bias_relu_x2.relax --config configs/plugin-example.toml --check --output-dir "$smoke_out" > /dev/null
 cargo run --quiet --locked -- run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --check --timings --output-dir "$smoke_out" > /dev/null
 cargo run --quiet --locked -- run examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --check --profile --output-dir "$smoke_out" > /dev/null
 rm -rf "$smoke_out"

@@ -233,7 +233,8 @@ impl PluginArtifact for FusedConv {
     }
 }
 
-/// The fused kernel: direct NCHW/OIHW convolution, then bias and relu on each output plane.
+/// The fused kernel: NCHW/OIHW convolution as im2col + SGEMM, the output channels split across
+/// the machine's threads, with bias and relu applied to each output plane right after its GEMM.
 pub fn conv2d_fused(
     p: &FusedConv,
     xs: &[usize],
@@ -268,41 +269,84 @@ pub fn conv2d_fused(
             b.len()
         ));
     }
-    let mut out = vec![0f32; n * k * oh * ow];
+    // im2col + one SGEMM per image (ndarray's `general_mat_mul`, i.e. matrixmultiply's packed
+    // kernel), then the epilogue (bias, relu) in one pass over each output plane while it is
+    // still in cache. Separate ops would make one more full pass over the output per op.
+    let kdim = c * kh * kw;
+    let pix = oh * ow;
+    let mut out = vec![0f32; n * k * pix];
+    let mut col = vec![0f32; kdim * pix];
+    let wm = ndarray::ArrayView2::from_shape((k, kdim), w).map_err(|e| e.to_string())?;
     for ni in 0..n {
-        for ki in 0..k {
-            let plane = &mut out[(ni * k + ki) * oh * ow..][..oh * ow];
-            for ci in 0..c {
-                let xin = &x[(ni * c + ci) * h * wd..][..h * wd];
-                for r in 0..kh {
-                    for s in 0..kw {
-                        let wv = w[((ki * c + ci) * kh + r) * kw + s];
-                        for oy in 0..oh {
-                            let iy = (oy * sh + r * dh) as isize - pt as isize;
-                            if iy < 0 || iy >= h as isize {
-                                continue;
-                            }
-                            let row = &xin[iy as usize * wd..][..wd];
-                            let orow = &mut plane[oy * ow..][..ow];
-                            let off = (s * dw) as isize - pl as isize;
-                            for (ox, o) in orow.iter_mut().enumerate() {
-                                let ix = (ox * sw) as isize + off;
-                                if ix >= 0 && (ix as usize) < wd {
-                                    *o += wv * row[ix as usize];
-                                }
-                            }
+        let xin = &x[ni * c * h * wd..][..c * h * wd];
+        for ci in 0..c {
+            for r in 0..kh {
+                for s in 0..kw {
+                    let row0 = ((ci * kh + r) * kw + s) * pix;
+                    let crow = &mut col[row0..][..pix];
+                    let off = (s * dw) as isize - pl as isize;
+                    for oy in 0..oh {
+                        let iy = (oy * sh + r * dh) as isize - pt as isize;
+                        let dst = &mut crow[oy * ow..][..ow];
+                        if iy < 0 || iy >= h as isize {
+                            dst.iter_mut().for_each(|v| *v = 0.0);
+                            continue;
+                        }
+                        let src = &xin[(ci * h + iy as usize) * wd..][..wd];
+                        for (ox, d) in dst.iter_mut().enumerate() {
+                            let ix = (ox * sw) as isize + off;
+                            *d = if ix >= 0 && (ix as usize) < wd {
+                                src[ix as usize]
+                            } else {
+                                0.0
+                            };
                         }
                     }
                 }
             }
-            // The epilogue, on the plane while it is in cache.
-            let b = bias.map_or(0.0, |b| b[ki]);
-            if p.relu {
-                plane.iter_mut().for_each(|v| *v = (*v + b).max(0.0));
-            } else if bias.is_some() {
-                plane.iter_mut().for_each(|v| *v += b);
-            }
         }
+        let cm = ndarray::ArrayView2::from_shape((kdim, pix), &col).map_err(|e| e.to_string())?;
+        let oslice = &mut out[ni * k * pix..][..k * pix];
+        // Output channels are split across the machine's threads; each thread runs the GEMM for
+        // its rows and applies the epilogue to them while they are in its cache.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |t| t.get())
+            .clamp(1, k.max(1));
+        let rows = k.div_ceil(threads);
+        let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = oslice
+                .chunks_mut(rows * pix)
+                .enumerate()
+                .map(|(t, chunk)| {
+                    let (wm, cm) = (&wm, &cm);
+                    scope.spawn(move || -> Result<(), String> {
+                        let k0 = t * rows;
+                        let nk = chunk.len() / pix;
+                        let wpart = wm.slice(ndarray::s![k0..k0 + nk, ..]);
+                        let mut om = ndarray::ArrayViewMut2::from_shape((nk, pix), &mut *chunk)
+                            .map_err(|e| e.to_string())?;
+                        ndarray::linalg::general_mat_mul(1.0, &wpart, cm, 0.0, &mut om);
+                        for (i, plane) in chunk.chunks_mut(pix).enumerate() {
+                            let b = bias.map_or(0.0, |b| b[k0 + i]);
+                            if p.relu {
+                                plane.iter_mut().for_each(|v| *v = (*v + b).max(0.0));
+                            } else if bias.is_some() {
+                                plane.iter_mut().for_each(|v| *v += b);
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a kernel thread panicked".into()))
+                })
+                .collect()
+        });
+        results.into_iter().collect::<Result<(), String>>()?;
     }
     Ok(OwnedTensor {
         shape: vec![n, k, oh, ow],
