@@ -482,7 +482,7 @@ fn table20() -> Vec<&'static str> {
 /// that looks at every binding must do).
 fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fusebox::Error> {
     use fusebox_core::pattern::check::NoLeakingIntermediates;
-    use fusebox_core::pattern::{FunctionView, parse_pattern};
+    use fusebox_core::pattern::parse_pattern;
     use fusebox_core::transform::{FusionPattern, PartitionOptions, fuse_ops_by_pattern};
     let texts = match table {
         "one" => vec!["relax.nn.relu(relax.add(relax.matmul(_, _), _))"],
@@ -506,60 +506,56 @@ fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fuse
         "bench partition: table `{table}` ({} entries), median of {repeat}",
         patterns.len()
     );
-    println!(
-        "  {:>9} {:>12} {:>12} {:>10} {:>12}",
-        "ops", "baseline ms", "partition ms", "ratio", "ns/op"
-    );
-    for &n in ops {
-        let module = fusebox_core::ir::generate::mlp_chain((n / 3).max(1));
-        let main = module
-            .get("main")
-            .ok_or_else(|| fusebox_core::Error::Invalid("no main".into()))?;
-        let (mut base, mut part) = (Vec::new(), Vec::new());
-        let mut fused = 0;
-        for _ in 0..repeat {
-            let t = Instant::now();
-            let view = FunctionView::new(main);
-            std::hint::black_box(&view);
-            base.push(t.elapsed().as_secs_f64());
-            drop(view);
-            let t = Instant::now();
-            let out = fuse_ops_by_pattern(&module, &patterns, PartitionOptions::default())?;
-            part.push(t.elapsed().as_secs_f64());
-            fused = out.module.functions.len() - 1;
-        }
-        let (b, p) = (median(base), median(part));
-        println!(
-            "  {:>9} {:>12.2} {:>12.2} {:>9.1}x {:>12.1}   ({} fused function(s))",
-            n,
-            b * 1e3,
-            p * 1e3,
-            p / b,
-            p * 1e9 / n as f64,
-            fused
-        );
-    }
-    Ok(())
+    bench_chain(ops, repeat, "partition", &|m| {
+        let out = fuse_ops_by_pattern(m, &patterns, PartitionOptions::default())?;
+        Ok((out.module.functions.len() - 1, "fused function(s)"))
+    })
 }
 
 /// FuseOps timings on `matmul → add → relu` chains (each layer becomes one
 /// `fused_matmul_add_relu` group), against the same baseline as `bench partition`: building
 /// the use/def index of the function once.
 fn bench_fuse_ops(ops: &[usize], repeat: usize) -> Result<(), fusebox::Error> {
-    use fusebox_core::pattern::FunctionView;
     use fusebox_core::transform::fuse_ops;
     println!("bench fuse-ops: opt_level 2, max_depth 256, median of {repeat}");
+    bench_chain(ops, repeat, "fuse_ops", &|m| {
+        let out = fuse_ops(m, 2, 256)?;
+        Ok((
+            out.get("main").map_or(0, |f| f.bindings().count()),
+            "fused call(s) in main",
+        ))
+    })
+}
+
+/// A pass under benchmark: returns a count to report and its unit.
+type ChainPass<'a> =
+    dyn Fn(&fusebox_core::ir::Module) -> Result<(usize, &'static str), fusebox::Error> + 'a;
+
+/// Runs `pass` on `matmul → add → relu` chains of each op count, `repeat` times, against the
+/// baseline of building the function's use/def index once, and prints one row per count.
+/// `pass` returns what to report after the timing (a count and its unit).
+fn bench_chain(
+    ops: &[usize],
+    repeat: usize,
+    what: &str,
+    pass: &ChainPass<'_>,
+) -> Result<(), fusebox::Error> {
+    use fusebox_core::pattern::FunctionView;
     println!(
         "  {:>9} {:>12} {:>12} {:>10} {:>12}",
-        "ops", "baseline ms", "fuse_ops ms", "ratio", "ns/op"
+        "ops",
+        "baseline ms",
+        format!("{what} ms"),
+        "ratio",
+        "ns/op"
     );
     for &n in ops {
         let module = fusebox_core::ir::generate::mlp_chain((n / 3).max(1));
         let main = module
             .get("main")
             .ok_or_else(|| fusebox_core::Error::Invalid("no main".into()))?;
-        let (mut base, mut fuse) = (Vec::new(), Vec::new());
-        let mut fused = 0;
+        let (mut base, mut times) = (Vec::new(), Vec::new());
+        let mut report = (0, "");
         for _ in 0..repeat {
             let t = Instant::now();
             let view = FunctionView::new(main);
@@ -567,19 +563,19 @@ fn bench_fuse_ops(ops: &[usize], repeat: usize) -> Result<(), fusebox::Error> {
             base.push(t.elapsed().as_secs_f64());
             drop(view);
             let t = Instant::now();
-            let out = fuse_ops(&module, 2, 256)?;
-            fuse.push(t.elapsed().as_secs_f64());
-            fused = out.get("main").map_or(0, |f| f.bindings().count());
+            report = pass(&module)?;
+            times.push(t.elapsed().as_secs_f64());
         }
-        let (b, p) = (median(base), median(fuse));
+        let (b, p) = (median(base), median(times));
         println!(
-            "  {:>9} {:>12.2} {:>12.2} {:>9.1}x {:>12.1}   ({} fused call(s) in main)",
+            "  {:>9} {:>12.2} {:>12.2} {:>9.1}x {:>12.1}   ({} {})",
             n,
             b * 1e3,
             p * 1e3,
             p / b,
             p * 1e9 / n as f64,
-            fused
+            report.0,
+            report.1
         );
     }
     Ok(())
