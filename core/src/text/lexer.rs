@@ -256,6 +256,26 @@ pub(crate) fn lex(
                 push(&mut toks, kind, s, i.min(end));
                 i = i.min(end);
             }
+            b'a'..=b'z' | b'A'..=b'Z' | b'_' => {
+                i += 1;
+                while let Some(&c) = b.get(i) {
+                    if i >= end {
+                        break;
+                    }
+                    if c.is_ascii_alphanumeric() || c == b'_' {
+                        i += 1;
+                    } else if c >= 0x80 {
+                        // A non-ASCII identifier character: continue on the slow path.
+                        match src.get(i..end).and_then(|r| r.chars().next()) {
+                            Some(ch) if is_ident_continue(ch) => i += ch.len_utf8(),
+                            _ => break,
+                        }
+                    } else {
+                        break;
+                    }
+                }
+                push(&mut toks, Tk::Ident, s, i);
+            }
             _ => {
                 let ch = src
                     .get(i..)

@@ -1154,11 +1154,7 @@ impl<'a> Parser<'a> {
                 })
             )
         };
-        let through_var = match f.as_var(e) {
-            Some(v) => f.bindings().any(|b| b.var == v && callee_call(b.value)),
-            None => false,
-        };
-        (callee_call(e) || through_var) && has_syms(inferred)
+        callee_call(e) && has_syms(inferred)
     }
 
     fn emit(ctx: &mut FnCtx<'a>, var: VarId, value: ExprId) {
