@@ -308,8 +308,8 @@ pub fn onnx_code(d: DType) -> i32 {
 }
 
 /// The most elements a constant made at import time (`ConstantOfShape`) may have: a guard
-/// against absurd shapes in a small file.
-const MAX_CONST_ELEMS: usize = 1 << 26;
+/// against absurd shapes in a small file (2^28 elements: room for VGG-19's 4096×25088 layer).
+const MAX_CONST_ELEMS: usize = 1 << 28;
 
 /// A `TensorProto` as a constant (raw data or the typed data fields).
 pub fn tensor_to_constant(t: &TensorProto) -> Result<Constant, String> {
