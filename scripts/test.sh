@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== ONNX test data (.venv with onnx from PyPI)"
-if ! .venv/bin/python -c "import onnx" 2>/dev/null; then
+if ! .venv/bin/python -c "import onnx, onnxruntime" 2>/dev/null; then
   python3 -m venv .venv
-  .venv/bin/pip install --quiet "onnx==1.*" numpy
+  .venv/bin/pip install --quiet "onnx==1.*" numpy "onnxruntime==1.*"
 fi
 ONNX_DATA_DIR="$(.venv/bin/python -c 'import os, onnx; print(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data"))')"
 export ONNX_DATA_DIR
@@ -29,6 +29,16 @@ cargo test --workspace --locked
 echo "== ONNX conformance counts (the same test as above, its report shown)"
 cargo test --locked --test onnx_conformance -- --nocapture 2>/dev/null \
   | grep -E '^(onnx conformance|light |FAIL )' || true
+
+echo "== ResNet-50 with seeded random weights: fusebox (release) against onnxruntime"
+ort_dir="$(mktemp -d)"
+.venv/bin/python tests/ort/resnet50_random.py --out "$ort_dir" --bench 5
+cargo run --quiet --release --locked -- run "$ort_dir/resnet50_random.onnx" \
+  --input gpu_0/data_0="$ort_dir/input.npy" --output-dir "$ort_dir/out" --timings --repeat 5
+.venv/bin/python tests/ort/compare.py \
+  "$ort_dir/expected.npy" "$ort_dir/out/gpu_0_softmax_1.npy" \
+  "$ort_dir/expected_logits.npy" "$ort_dir/out/$(cat "$ort_dir/logits_name").npy"
+rm -rf "$ort_dir"
 
 echo "== main job smoke test: fusebox show / check on the bundled example"
 cargo run --quiet --locked -- check examples/conv2d_relu.relax

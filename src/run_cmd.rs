@@ -397,7 +397,11 @@ fn read_npy(path: &Path) -> Result<Tensor, Error> {
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let descr = npy.dtype().descr();
     let e = |e: std::io::Error| bad(e.to_string());
-    let storage = match descr.trim_start_matches(['<', '|', '=']) {
+    // npyz gives the numpy repr of the descriptor, quotes included (`'<f4'`).
+    let storage = match descr
+        .trim_matches(['\'', '"'])
+        .trim_start_matches(['<', '|', '='])
+    {
         "f4" => Storage::F32(npy.into_vec().map_err(e)?),
         "f8" => Storage::F64(npy.into_vec().map_err(e)?),
         "f2" => Storage::F16(npy.into_vec().map_err(e)?),
