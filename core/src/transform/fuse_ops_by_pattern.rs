@@ -482,14 +482,15 @@ fn cycle_through(
     None
 }
 
-/// Fresh names for the caller: `lv…`/`gv…` avoiding the names of the bindings that stay.
-struct CallerNames<'f> {
+/// Fresh names `lv`, `lv1`, … / `gv`, `gv1`, … that avoid the borrowed `reserved` names and the
+/// owned `taken` ones (names already handed out, or owned by the function being built).
+struct FreshNames<'f> {
     reserved: HashSet<&'f str>,
     taken: HashSet<String>,
     next: HashMap<&'static str, usize>,
 }
 
-impl CallerNames<'_> {
+impl FreshNames<'_> {
     fn fresh(&mut self, base: &'static str) -> String {
         let n = self.next.entry(base).or_insert(0);
         loop {
@@ -500,29 +501,6 @@ impl CallerNames<'_> {
             };
             *n += 1;
             if !self.reserved.contains(cand.as_str()) && self.taken.insert(cand.clone()) {
-                return cand;
-            }
-        }
-    }
-}
-
-/// Fresh names `lv`, `lv1`, … and `gv`, `gv1`, … that avoid a reserved set.
-struct Names {
-    taken: HashSet<String>,
-    next: HashMap<&'static str, usize>,
-}
-
-impl Names {
-    fn fresh(&mut self, base: &'static str) -> String {
-        let n = self.next.entry(base).or_insert(0);
-        loop {
-            let cand = if *n == 0 {
-                base.to_string()
-            } else {
-                format!("{base}{n}")
-            };
-            *n += 1;
-            if self.taken.insert(cand.clone()) {
                 return cand;
             }
         }
@@ -834,12 +812,9 @@ fn outline<'f>(
         }
     }
     // Body: one dataflow block; outputs renamed gv, gv1, …
-    let mut names = Names {
-        taken: members
-            .iter()
-            .map(|&v| f.var(v).name.clone())
-            .chain(cf.vars.iter().map(|(_, d)| d.name.clone()))
-            .collect(),
+    let mut names = FreshNames {
+        reserved: members.iter().map(|&v| f.var(v).name.as_str()).collect(),
+        taken: cf.vars.iter().map(|(_, d)| d.name.clone()).collect(),
         next: HashMap::default(),
     };
     let mut body = Block {
@@ -1003,7 +978,7 @@ pub(crate) fn rewrite(
         nf.params.push(np);
         map.insert(p, nf.var_expr(np));
     }
-    let mut names = CallerNames {
+    let mut names = FreshNames {
         reserved: f
             .vars
             .iter()
