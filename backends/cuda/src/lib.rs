@@ -13,7 +13,10 @@
 //! - [`device`]: device probe without panics (a typed [`Error::NoDevice`]), buffers, transfers,
 //!   launches, events.
 
+pub mod cache;
+pub mod device;
 pub mod error;
+pub mod nvrtc;
 
 pub use error::{Error, Result};
 
