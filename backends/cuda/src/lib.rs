@@ -16,7 +16,11 @@
 pub mod cache;
 pub mod device;
 pub mod error;
+pub mod eval;
+pub mod kir;
+pub mod lower;
 pub mod nvrtc;
+pub mod schedule;
 
 pub use error::{Error, Result};
 

@@ -1,0 +1,1644 @@
+//! Lowering: a fused function (a FuseOps group or an elementwise / reduction / norm composite)
+//! → kernels of the [`crate::kir`].
+//!
+//! Contract:
+//!
+//! - [`lower`] takes a function whose parameters and result are tensors (or a tuple of tensors)
+//!   with static shapes, and whose bindings are op calls, tuples, tuple-get-items, constants,
+//!   shapes and prim values. Every op of the op set lowers: elementwise and broadcast math,
+//!   every data-movement op (reshape, permute, concat, split, strided slice, take, squeeze,
+//!   expand dims, flatten, broadcast_to), matmul, conv2d, pooling, reductions, softmax,
+//!   layer / RMS / batch norm (inference), LRN and dropout (inference: identity). Anything else
+//!   (symbolic dims, integer arithmetic, nested tuples, calls) is an [`Error::Unsupported`]
+//!   naming the binding and the reason.
+//! - Each op becomes a *template*: a node over its own output coordinates. A consumer uses a
+//!   producer by substituting its index expressions into the template, so producers are
+//!   inlined and every value is read from memory once per use (the DAG is hash-consed, so a
+//!   value used twice is computed once).
+//! - Kernels: a group with a row reduction (softmax, log_softmax, layer_norm, rms_norm, and
+//!   sum/mean/max over trailing axes) becomes one *row kernel* whose statistics are computed
+//!   once per row; every output it can write (same shape as the row space, or one value per
+//!   row) is written there. Other outputs are written by *map kernels*, one per output shape.
+//!   Reductions that are not row statistics (matmul, conv2d, pooling, reductions over leading
+//!   axes) are evaluated per output element.
+//! - The function's tensor parameters are the kernel inputs, in order, followed by one input
+//!   per non-scalar constant ([`Lowered::constants`]).
+//!
+//! ```text
+//! @R.function(private=True)
+//! def fused_add_relu(x: R.Tensor((4, 8), "float16"), b: R.Tensor((8,), "float16")):
+//!     R.func_attr({"Primitive": True})
+//!     with R.dataflow():
+//!         y = R.add(x, b)
+//!         z = R.nn.relu(y)
+//!         R.output(z)
+//!     return z
+//! → one map kernel over [4, 8]: out0[c0,c1] = max(load x[c0,c1] + load b[c1], 0)
+//! ```
+
+use crate::error::{Error, Result};
+use crate::kir::{
+    Bin, Buffer, Graph, Kernel, Node, NodeId, RedOp, Scalar, Schedule, Stat, Store, Un,
+};
+use fusebox_core::ir::{Callee, Constant, DType, ExprId, ExprKind, Function, PrimValue, Type};
+use fusebox_core::op::{Op, SplitSpec, TakeMode};
+use std::collections::HashMap;
+
+/// A lowered function.
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    /// The kernels, in launch order (independent of each other).
+    pub kernels: Vec<Kernel>,
+    /// The function's inputs: tensor parameters, then constants.
+    pub inputs: Vec<Buffer>,
+    /// Constant inputs: (index into `inputs`, data).
+    pub constants: Vec<(usize, Constant)>,
+    /// The function's outputs (a tuple result is flattened).
+    pub outputs: Vec<Buffer>,
+    /// Whether the function returns a tuple.
+    pub tuple: bool,
+}
+
+/// A value during lowering.
+#[derive(Clone, Debug)]
+enum Val {
+    /// A tensor: a template over its own coordinates.
+    T(Tv),
+    Tuple(Vec<Val>),
+    Shape,
+    Prim(f64),
+}
+
+#[derive(Clone, Debug)]
+struct Tv {
+    node: NodeId,
+    shape: Vec<u64>,
+    dtype: DType,
+}
+
+struct Lowerer<'a> {
+    name: &'a str,
+    f: &'a Function,
+    g: Graph,
+    inputs: Vec<Buffer>,
+    constants: Vec<(usize, Constant)>,
+    env: HashMap<ExprId, Val>,
+    at: String,
+}
+
+/// Lowers `f` (named `name`) to kernels; see the module doc.
+pub fn lower(name: &str, f: &Function) -> Result<Lowered> {
+    let mut l = Lowerer {
+        name,
+        f,
+        g: Graph::default(),
+        inputs: Vec::new(),
+        constants: Vec::new(),
+        env: HashMap::new(),
+        at: String::from("parameters"),
+    };
+    for &p in &f.params {
+        let v = f.var(p);
+        let (shape, dtype) = l.static_tensor(&v.ty, &v.name)?;
+        let idx = l.inputs.len();
+        l.inputs.push(Buffer {
+            name: v.name.clone(),
+            dtype,
+            shape: shape.clone(),
+        });
+        l.g.input_scalars.push(Scalar::of(dtype));
+        let coords = l.coords(shape.len());
+        let node = l.g.add(Node::Load {
+            buf: idx as u32,
+            index: coords,
+        });
+        l.env
+            .insert(f.var_expr(p), Val::T(Tv { node, shape, dtype }));
+    }
+    for b in f.bindings() {
+        l.at = format!("binding `{}`", f.var(b.var).name);
+        let v = l.value(b.value)?;
+        l.env.insert(f.var_expr(b.var), v);
+    }
+    l.at = "the result".into();
+    let ret = f
+        .ret
+        .ok_or_else(|| l.unsupported("the function has no result".into()))?;
+    let (outs, tuple) = match l.value(ret)? {
+        Val::T(t) => (vec![t], false),
+        Val::Tuple(fields) => {
+            let mut o = Vec::new();
+            for v in fields {
+                match v {
+                    Val::T(t) => o.push(t),
+                    _ => return Err(l.unsupported("a tuple result must hold tensors".into())),
+                }
+            }
+            (o, true)
+        }
+        _ => return Err(l.unsupported("the result must be a tensor or a tuple".into())),
+    };
+    let outputs: Vec<Buffer> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Buffer {
+            name: format!("out{i}"),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let kernels = l.kernels(&outs, &outputs)?;
+    Ok(Lowered {
+        kernels,
+        inputs: l.inputs,
+        constants: l.constants,
+        outputs,
+        tuple,
+    })
+}
+
+/// Whether `op` computes in floats only (integer data would need integer semantics).
+fn float_only(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Negative
+            | Op::Abs
+            | Op::Relu
+            | Op::Clip
+            | Op::Astype { .. }
+            | Op::Maximum
+            | Op::Minimum
+            | Op::Max(_)
+            | Op::MaxPool2d(_)
+            | Op::Reshape
+            | Op::PermuteDims { .. }
+            | Op::Concat { .. }
+            | Op::Split(_)
+            | Op::Flatten
+            | Op::Squeeze { .. }
+            | Op::ExpandDims { .. }
+            | Op::StridedSlice(_)
+            | Op::Take { .. }
+            | Op::BroadcastTo
+            | Op::Dropout { .. }
+    )
+}
+
+/// Positions of `letters` (e.g. `NCHW`) in `layout`.
+fn layout4(layout: &str, letters: &str) -> Option<[usize; 4]> {
+    let l = layout.as_bytes();
+    if l.len() != 4 {
+        return None;
+    }
+    let mut out = [0usize; 4];
+    for (slot, c) in out.iter_mut().zip(letters.as_bytes()) {
+        *slot = l.iter().position(|x| x == c)?;
+    }
+    Some(out)
+}
+
+fn norm_axis(a: i64, rank: usize) -> Option<usize> {
+    let r = rank as i64;
+    let a = if a < 0 { a + r } else { a };
+    (0..r).contains(&a).then_some(a as usize)
+}
+
+impl Lowerer<'_> {
+    fn unsupported(&self, reason: String) -> Error {
+        Error::Unsupported {
+            function: self.name.to_string(),
+            reason: format!("{}: {reason}", self.at),
+        }
+    }
+
+    fn coords(&mut self, rank: usize) -> Vec<NodeId> {
+        (0..rank as u32)
+            .map(|i| self.g.add(Node::Coord(i)))
+            .collect()
+    }
+
+    fn static_tensor(&self, ty: &Type, what: &str) -> Result<(Vec<u64>, DType)> {
+        let t = ty
+            .as_tensor()
+            .ok_or_else(|| self.unsupported(format!("`{what}` is not a tensor")))?;
+        let dtype = t
+            .dtype
+            .ok_or_else(|| self.unsupported(format!("`{what}` has no dtype")))?;
+        let shape = t
+            .static_shape()
+            .ok_or_else(|| self.unsupported(format!("`{what}` has a symbolic or unknown shape")))?;
+        let shape = shape
+            .iter()
+            .map(|&d| u64::try_from(d))
+            .collect::<std::result::Result<Vec<u64>, _>>()
+            .map_err(|_| self.unsupported(format!("`{what}` has a negative extent")))?;
+        Ok((shape, dtype))
+    }
+
+    /// The template of `t` read at `index` (one node per dim of `t`).
+    fn at(&mut self, t: &Tv, index: &[NodeId]) -> NodeId {
+        let identity = index
+            .iter()
+            .enumerate()
+            .all(|(i, &n)| matches!(self.g.node(n), Node::Coord(c) if *c as usize == i));
+        if identity {
+            t.node
+        } else {
+            self.g.substitute(t.node, index)
+        }
+    }
+
+    /// `t` broadcast to `out` (numpy rules, aligned right) at the coordinates `c`.
+    fn broadcast_at(&mut self, t: &Tv, out: &[u64], c: &[NodeId]) -> NodeId {
+        let off = out.len() - t.shape.len().min(out.len());
+        let zero = self.g.int(0);
+        let idx: Vec<NodeId> = t
+            .shape
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                let oi = off + i;
+                if d == 1 && out.get(oi).copied() != Some(1) {
+                    zero
+                } else {
+                    c.get(oi).copied().unwrap_or(zero)
+                }
+            })
+            .collect();
+        self.at(t, &idx)
+    }
+
+    fn tensor_arg<'v>(&self, vals: &'v [Val], i: usize) -> Result<&'v Tv> {
+        match vals.get(i) {
+            Some(Val::T(t)) => Ok(t),
+            _ => Err(self.unsupported(format!("argument {i} must be a tensor"))),
+        }
+    }
+
+    fn value(&mut self, e: ExprId) -> Result<Val> {
+        if let Some(v) = self.env.get(&e) {
+            return Ok(v.clone());
+        }
+        let data = self.f.expr(e);
+        match &data.kind {
+            ExprKind::Var(v) => {
+                let ve = self.f.var_expr(*v);
+                if ve == e {
+                    return Err(self.unsupported("an unbound variable".into()));
+                }
+                self.value(ve)
+            }
+            ExprKind::Const(c) => self.constant(c),
+            ExprKind::Tuple(fields) => {
+                let mut out = Vec::new();
+                for &x in fields {
+                    out.push(self.value(x)?);
+                }
+                Ok(Val::Tuple(out))
+            }
+            ExprKind::TupleGetItem(t, i) => match self.value(*t)? {
+                Val::Tuple(mut fields) if (*i as usize) < fields.len() => {
+                    Ok(fields.swap_remove(*i as usize))
+                }
+                _ => Err(self.unsupported(format!("tuple index {i} out of range"))),
+            },
+            ExprKind::ShapeLit(dims) => {
+                if dims.iter().any(|d| d.as_static().is_none()) {
+                    return Err(self.unsupported("a symbolic shape".into()));
+                }
+                Ok(Val::Shape)
+            }
+            ExprKind::Prim(PrimValue::Int(i)) => Ok(Val::Prim(*i as f64)),
+            ExprKind::Prim(PrimValue::Float(f, _)) => Ok(Val::Prim(*f)),
+            ExprKind::Prim(PrimValue::Str(_)) => Err(self.unsupported("a string value".into())),
+            ExprKind::Function(_) => Err(self.unsupported("a local function".into())),
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                args,
+            } => {
+                let mut vals = Vec::new();
+                for &a in args {
+                    vals.push(self.value(a)?);
+                }
+                let ty = data.ty.clone();
+                self.op(op, &vals, &ty)
+            }
+            ExprKind::Call { .. } => Err(self.unsupported("a call of a function".into())),
+        }
+    }
+
+    fn constant(&mut self, c: &Constant) -> Result<Val> {
+        let dtype = c.dtype;
+        let shape: Vec<u64> = c.shape.iter().map(|&d| d.max(0) as u64).collect();
+        if c.numel() == 1 {
+            let s = Scalar::of(dtype);
+            let node = match s {
+                Scalar::I64 => self.g.int(c.get_i64(0).unwrap_or(0)),
+                _ => self.g.float(c.get_f64(0).unwrap_or(0.0), s),
+            };
+            return Ok(Val::T(Tv { node, shape, dtype }));
+        }
+        let idx = self.inputs.len();
+        self.inputs.push(Buffer {
+            name: format!("const{}", self.constants.len()),
+            dtype,
+            shape: shape.clone(),
+        });
+        self.g.input_scalars.push(Scalar::of(dtype));
+        self.constants.push((idx, c.clone()));
+        let coords = self.coords(shape.len());
+        let node = self.g.add(Node::Load {
+            buf: idx as u32,
+            index: coords,
+        });
+        Ok(Val::T(Tv { node, shape, dtype }))
+    }
+
+    fn out_type(&self, ty: &Type) -> Result<(Vec<u64>, DType)> {
+        self.static_tensor(ty, "the result")
+    }
+
+    fn fconst(&mut self, v: f64, s: Scalar) -> NodeId {
+        self.g.float(v, s)
+    }
+
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one arm per op of the op set; splitting it would scatter the table"
+    )]
+    fn op(&mut self, op: &Op, args: &[Val], ty: &Type) -> Result<Val> {
+        if float_only(op) {
+            for (i, a) in args.iter().enumerate() {
+                if let Val::T(t) = a
+                    && !t.dtype.is_float()
+                    && !(matches!(op, Op::Take { .. }) && i == 1)
+                {
+                    return Err(self.unsupported(format!(
+                        "{} on {} data: integer arithmetic stays on the CPU",
+                        op.name(),
+                        t.dtype
+                    )));
+                }
+            }
+        }
+        // Multi-output ops first.
+        match op {
+            Op::Split(a) => return self.split(args, a.axis, &a.indices_or_sections, ty),
+            Op::BatchNorm(a) => {
+                if a.training {
+                    return Err(self.unsupported("batch_norm in training mode".into()));
+                }
+                let Type::Tuple(fields) = ty else {
+                    return Err(self.unsupported("batch_norm must return a tuple".into()));
+                };
+                let (shape, dtype) = self.static_tensor(
+                    fields
+                        .first()
+                        .ok_or_else(|| self.unsupported("empty batch_norm result".into()))?,
+                    "batch_norm's result",
+                )?;
+                let x = self.tensor_arg(args, 0)?.clone();
+                let axis = norm_axis(a.axis, shape.len())
+                    .ok_or_else(|| self.unsupported("batch_norm axis out of range".into()))?;
+                let c = self.coords(shape.len());
+                let ch = [c[axis]];
+                let s = Scalar::of(dtype);
+                let xv = self.at(&x, &c);
+                let g = self.tensor_arg(args, 1)?.clone();
+                let b = self.tensor_arg(args, 2)?.clone();
+                let m = self.tensor_arg(args, 3)?.clone();
+                let v = self.tensor_arg(args, 4)?.clone();
+                let (gv, bv, mv, vv) = (
+                    self.at(&g, &ch),
+                    self.at(&b, &ch),
+                    self.at(&m, &ch),
+                    self.at(&v, &ch),
+                );
+                let eps = self.fconst(a.epsilon.0, s);
+                let d = self.g.bin(Bin::Sub, xv, mv);
+                let ve = self.g.bin(Bin::Add, vv, eps);
+                let r = self.g.un(Un::Rsqrt, ve);
+                let mut y = self.g.bin(Bin::Mul, d, r);
+                if a.scale {
+                    y = self.g.bin(Bin::Mul, y, gv);
+                }
+                if a.center {
+                    y = self.g.bin(Bin::Add, y, bv);
+                }
+                return Ok(Val::Tuple(vec![
+                    Val::T(Tv {
+                        node: y,
+                        shape,
+                        dtype,
+                    }),
+                    Val::T(m),
+                    Val::T(v),
+                ]));
+            }
+            Op::Dropout { .. } => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let one = self.fconst(1.0, Scalar::of(x.dtype));
+                return Ok(Val::Tuple(vec![
+                    Val::T(x.clone()),
+                    Val::T(Tv {
+                        node: one,
+                        shape: x.shape.clone(),
+                        dtype: x.dtype,
+                    }),
+                ]));
+            }
+            _ => {}
+        }
+        let (shape, dtype) = self.out_type(ty)?;
+        let c = self.coords(shape.len());
+        let s = Scalar::of(dtype);
+        let node = match op {
+            Op::Add
+            | Op::Subtract
+            | Op::Multiply
+            | Op::Divide
+            | Op::Power
+            | Op::Maximum
+            | Op::Minimum => {
+                let a = self.tensor_arg(args, 0)?.clone();
+                let b = self.tensor_arg(args, 1)?.clone();
+                let x = self.broadcast_at(&a, &shape, &c);
+                let y = self.broadcast_at(&b, &shape, &c);
+                let k = match op {
+                    Op::Add => Bin::Add,
+                    Op::Subtract => Bin::Sub,
+                    Op::Multiply => Bin::Mul,
+                    Op::Divide => Bin::Div,
+                    Op::Power => Bin::Pow,
+                    Op::Maximum => Bin::Max,
+                    _ => Bin::Min,
+                };
+                self.g.bin(k, x, y)
+            }
+            Op::BroadcastTo => {
+                let a = self.tensor_arg(args, 0)?.clone();
+                self.broadcast_at(&a, &shape, &c)
+            }
+            Op::Exp
+            | Op::Log
+            | Op::Sqrt
+            | Op::Rsqrt
+            | Op::Tanh
+            | Op::Sigmoid
+            | Op::Erf
+            | Op::Negative
+            | Op::Abs => {
+                let a = self.tensor_arg(args, 0)?.clone();
+                let x = self.at(&a, &c);
+                let k = match op {
+                    Op::Exp => Un::Exp,
+                    Op::Log => Un::Log,
+                    Op::Sqrt => Un::Sqrt,
+                    Op::Rsqrt => Un::Rsqrt,
+                    Op::Tanh => Un::Tanh,
+                    Op::Sigmoid => Un::Sigmoid,
+                    Op::Erf => Un::Erf,
+                    Op::Negative => Un::Neg,
+                    _ => Un::Abs,
+                };
+                self.g.un(k, x)
+            }
+            Op::Relu => {
+                let a = self.tensor_arg(args, 0)?.clone();
+                let x = self.at(&a, &c);
+                let z = self.fconst(0.0, s);
+                self.g.bin(Bin::Max, x, z)
+            }
+            Op::Silu => {
+                let a = self.tensor_arg(args, 0)?.clone();
+                let x = self.at(&a, &c);
+                let sg = self.g.un(Un::Sigmoid, x);
+                self.g.bin(Bin::Mul, x, sg)
+            }
+            Op::Gelu => {
+                // 0.5 x (1 + erf(x / sqrt 2))
+                let a = self.tensor_arg(args, 0)?.clone();
+                let x = self.at(&a, &c);
+                let k = self.fconst(std::f64::consts::FRAC_1_SQRT_2, s);
+                let xs = self.g.bin(Bin::Mul, x, k);
+                let e = self.g.un(Un::Erf, xs);
+                let one = self.fconst(1.0, s);
+                let half = self.fconst(0.5, s);
+                let t = self.g.bin(Bin::Add, one, e);
+                let hx = self.g.bin(Bin::Mul, half, x);
+                self.g.bin(Bin::Mul, hx, t)
+            }
+            Op::GeluTanh => {
+                // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+                let a = self.tensor_arg(args, 0)?.clone();
+                let x = self.at(&a, &c);
+                let x2 = self.g.bin(Bin::Mul, x, x);
+                let x3 = self.g.bin(Bin::Mul, x2, x);
+                let k = self.fconst(0.044715, s);
+                let kx3 = self.g.bin(Bin::Mul, k, x3);
+                let inner = self.g.bin(Bin::Add, x, kx3);
+                let r = self.fconst((2.0 / std::f64::consts::PI).sqrt(), s);
+                let ri = self.g.bin(Bin::Mul, r, inner);
+                let th = self.g.un(Un::Tanh, ri);
+                let one = self.fconst(1.0, s);
+                let half = self.fconst(0.5, s);
+                let t = self.g.bin(Bin::Add, one, th);
+                let hx = self.g.bin(Bin::Mul, half, x);
+                self.g.bin(Bin::Mul, hx, t)
+            }
+            Op::Clip => {
+                let a = self.tensor_arg(args, 0)?.clone();
+                let x = self.at(&a, &c);
+                let (lo, hi) = (self.prim_arg(args, 1)?, self.prim_arg(args, 2)?);
+                let (lo, hi) = if s == Scalar::I64 {
+                    (lo.ceil(), hi.floor())
+                } else {
+                    (lo, hi)
+                };
+                let l = self.fconst(lo, s);
+                let h = self.fconst(hi, s);
+                let m = self.g.bin(Bin::Max, x, l);
+                self.g.bin(Bin::Min, m, h)
+            }
+            Op::Astype { dtype: to } => {
+                let a = self.tensor_arg(args, 0)?.clone();
+                let x = self.at(&a, &c);
+                self.g.add(Node::Convert(*to, x))
+            }
+            Op::Matmul { out_dtype } => {
+                let a = self.tensor_arg(args, 0)?.clone();
+                let b = self.tensor_arg(args, 1)?.clone();
+                let v = self.matmul(&a, &b, &shape, &c)?;
+                match out_dtype {
+                    Some(d) if *d != a.dtype => self.g.add(Node::Convert(*d, v)),
+                    _ => v,
+                }
+            }
+            Op::Conv2d(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let w = self.tensor_arg(args, 1)?.clone();
+                let v = self.conv2d(&x, &w, a, &shape, &c)?;
+                match a.out_dtype {
+                    Some(d) if d != x.dtype => self.g.add(Node::Convert(d, v)),
+                    _ => v,
+                }
+            }
+            Op::MaxPool2d(a) | Op::AvgPool2d(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                self.pool2d(&x, a, matches!(op, Op::MaxPool2d(_)), &shape, &c)?
+            }
+            Op::AdaptiveAvgPool2d(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                if a.layout != a.out_layout {
+                    return Err(self.unsupported("a layout change in adaptive pooling".into()));
+                }
+                let l = layout4(&a.layout, "NCHW")
+                    .ok_or_else(|| self.unsupported(format!("layout {}", a.layout)))?;
+                self.adaptive_pool(&x, l, &shape, &c)
+            }
+            Op::Sum(a) | Op::Mean(a) | Op::Max(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let rank = x.shape.len();
+                let axes: Vec<usize> = match &a.axis {
+                    None => (0..rank).collect(),
+                    Some(v) => {
+                        let mut o = Vec::new();
+                        for &ax in v {
+                            o.push(
+                                norm_axis(ax, rank)
+                                    .ok_or_else(|| self.unsupported("axis out of range".into()))?,
+                            );
+                        }
+                        o.sort_unstable();
+                        o.dedup();
+                        o
+                    }
+                };
+                let mut vars = Vec::new();
+                let mut idx = Vec::new();
+                let mut oi = 0;
+                for (i, &d) in x.shape.iter().enumerate() {
+                    if axes.contains(&i) {
+                        let r = self.g.fresh_rvar();
+                        vars.push((r, d));
+                        idx.push(self.g.add(Node::RVar(r)));
+                        if a.keepdims {
+                            oi += 1;
+                        }
+                    } else {
+                        idx.push(c[oi]);
+                        oi += 1;
+                    }
+                }
+                let body = self.at(&x, &idx);
+                let (rop, mean) = match op {
+                    Op::Sum(_) => (RedOp::Sum, false),
+                    Op::Mean(_) => (RedOp::Sum, true),
+                    _ => (RedOp::Max, false),
+                };
+                let n: u64 = vars.iter().map(|v| v.1).product();
+                let r = self.g.add(Node::Reduce {
+                    op: rop,
+                    vars,
+                    body,
+                });
+                if mean {
+                    let k = self.fconst(1.0 / n.max(1) as f64, s);
+                    self.g.bin(Bin::Mul, r, k)
+                } else {
+                    r
+                }
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let ax = norm_axis(*axis, shape.len())
+                    .ok_or_else(|| self.unsupported("axis out of range".into()))?;
+                let (rv, ri) = self.row_index(&c, &[ax], &shape);
+                let xr = self.at(&x, &ri);
+                let mx = self.g.add(Node::Reduce {
+                    op: RedOp::Max,
+                    vars: rv.clone(),
+                    body: xr,
+                });
+                let d = self.g.bin(Bin::Sub, xr, mx);
+                let e = self.g.un(Un::Exp, d);
+                let sum = self.g.add(Node::Reduce {
+                    op: RedOp::Sum,
+                    vars: rv,
+                    body: e,
+                });
+                let xc = self.at(&x, &c);
+                let dc = self.g.bin(Bin::Sub, xc, mx);
+                if matches!(op, Op::Softmax { .. }) {
+                    let ec = self.g.un(Un::Exp, dc);
+                    self.g.bin(Bin::Div, ec, sum)
+                } else {
+                    let ls = self.g.un(Un::Log, sum);
+                    self.g.bin(Bin::Sub, dc, ls)
+                }
+            }
+            Op::LayerNorm(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let gm = self.tensor_arg(args, 1)?.clone();
+                let bt = self.tensor_arg(args, 2)?.clone();
+                let axes = self.axes(&a.axes, shape.len())?;
+                let (rv, ri) = self.row_index(&c, &axes, &shape);
+                let n: u64 = rv.iter().map(|v| v.1).product();
+                let inv = self.fconst(1.0 / n.max(1) as f64, s);
+                let xr = self.at(&x, &ri);
+                let sum = self.g.add(Node::Reduce {
+                    op: RedOp::Sum,
+                    vars: rv.clone(),
+                    body: xr,
+                });
+                let mean = self.g.bin(Bin::Mul, sum, inv);
+                let dr = self.g.bin(Bin::Sub, xr, mean);
+                let sq = self.g.bin(Bin::Mul, dr, dr);
+                let ss = self.g.add(Node::Reduce {
+                    op: RedOp::Sum,
+                    vars: rv,
+                    body: sq,
+                });
+                let var = self.g.bin(Bin::Mul, ss, inv);
+                let eps = self.fconst(a.epsilon.0, s);
+                let ve = self.g.bin(Bin::Add, var, eps);
+                let r = self.g.un(Un::Rsqrt, ve);
+                let xc = self.at(&x, &c);
+                let dc = self.g.bin(Bin::Sub, xc, mean);
+                let mut y = self.g.bin(Bin::Mul, dc, r);
+                let pidx: Vec<NodeId> = axes.iter().map(|&i| c[i]).collect();
+                if a.scale {
+                    let gv = self.at(&gm, &pidx);
+                    y = self.g.bin(Bin::Mul, y, gv);
+                }
+                if a.center {
+                    let bv = self.at(&bt, &pidx);
+                    y = self.g.bin(Bin::Add, y, bv);
+                }
+                y
+            }
+            Op::RmsNorm(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let w = self.tensor_arg(args, 1)?.clone();
+                let axes = self.axes(&a.axes, shape.len())?;
+                let (rv, ri) = self.row_index(&c, &axes, &shape);
+                let n: u64 = rv.iter().map(|v| v.1).product();
+                let inv = self.fconst(1.0 / n.max(1) as f64, s);
+                let xr = self.at(&x, &ri);
+                let sq = self.g.bin(Bin::Mul, xr, xr);
+                let ss = self.g.add(Node::Reduce {
+                    op: RedOp::Sum,
+                    vars: rv,
+                    body: sq,
+                });
+                let ms = self.g.bin(Bin::Mul, ss, inv);
+                let eps = self.fconst(a.epsilon.0, s);
+                let me = self.g.bin(Bin::Add, ms, eps);
+                let r = self.g.un(Un::Rsqrt, me);
+                let xc = self.at(&x, &c);
+                let y = self.g.bin(Bin::Mul, xc, r);
+                let pidx: Vec<NodeId> = axes.iter().map(|&i| c[i]).collect();
+                let wv = self.at(&w, &pidx);
+                self.g.bin(Bin::Mul, y, wv)
+            }
+            Op::Lrn(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let axis = norm_axis(a.axis, shape.len())
+                    .ok_or_else(|| self.unsupported("axis out of range".into()))?;
+                let size = u64::try_from(a.size)
+                    .ok()
+                    .filter(|&v| v > 0)
+                    .ok_or_else(|| self.unsupported("LRN size must be positive".into()))?;
+                let radius = (size / 2) as i64;
+                let cext = shape[axis] as i64;
+                let r = self.g.fresh_rvar();
+                let rn = self.g.add(Node::RVar(r));
+                let rad = self.g.int(radius);
+                let base = self.g.bin(Bin::Sub, c[axis], rad);
+                let k = self.g.bin(Bin::Add, base, rn);
+                let (kc, inb) = self.clamp_in(k, cext);
+                let mut idx = c.clone();
+                idx[axis] = kc;
+                let xv = self.at(&x, &idx);
+                let sq = self.g.bin(Bin::Mul, xv, xv);
+                let z = self.fconst(0.0, s);
+                let body = self.g.select(inb, sq, z);
+                let sum = self.g.add(Node::Reduce {
+                    op: RedOp::Sum,
+                    vars: vec![(r, size)],
+                    body,
+                });
+                let bias = self.fconst(a.bias.0, s);
+                let al = self.fconst(a.alpha.0 / size as f64, s);
+                let beta = self.fconst(a.beta.0, s);
+                let t = self.g.bin(Bin::Mul, al, sum);
+                let d = self.g.bin(Bin::Add, bias, t);
+                let p = self.g.bin(Bin::Pow, d, beta);
+                let xc = self.at(&x, &c);
+                self.g.bin(Bin::Div, xc, p)
+            }
+            Op::Reshape | Op::Flatten | Op::Squeeze { .. } | Op::ExpandDims { .. } => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                self.reshape(&x, &shape, &c)
+            }
+            Op::PermuteDims { axes } => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let rank = x.shape.len();
+                let perm: Vec<usize> = match axes {
+                    None => (0..rank).rev().collect(),
+                    Some(v) => {
+                        let mut o = Vec::new();
+                        for &a in v {
+                            o.push(
+                                norm_axis(a, rank)
+                                    .ok_or_else(|| self.unsupported("axis out of range".into()))?,
+                            );
+                        }
+                        o
+                    }
+                };
+                let zero = self.g.int(0);
+                let mut idx = vec![zero; rank];
+                for (i, &p) in perm.iter().enumerate() {
+                    if let (Some(slot), Some(&ci)) = (idx.get_mut(p), c.get(i)) {
+                        *slot = ci;
+                    }
+                }
+                self.at(&x, &idx)
+            }
+            Op::Concat { axis } => {
+                let parts: Vec<Tv> = match args.first() {
+                    Some(Val::Tuple(f)) => f
+                        .iter()
+                        .map(|v| match v {
+                            Val::T(t) => Ok(t.clone()),
+                            _ => Err(self.unsupported("concat of a non-tensor".into())),
+                        })
+                        .collect::<Result<_>>()?,
+                    _ => return Err(self.unsupported("concat takes a tuple".into())),
+                };
+                let ax = match axis {
+                    Some(a) => norm_axis(*a, shape.len())
+                        .ok_or_else(|| self.unsupported("axis out of range".into()))?,
+                    None => 0,
+                };
+                if axis.is_none() && shape.len() != 1 {
+                    return Err(self.unsupported("concat with axis=None".into()));
+                }
+                // Last part first: select(c < end_k, part_k, rest).
+                let mut offsets = Vec::new();
+                let mut off = 0i64;
+                for p in &parts {
+                    let ext = if axis.is_none() {
+                        p.shape.iter().product::<u64>() as i64
+                    } else {
+                        p.shape.get(ax).copied().unwrap_or(0) as i64
+                    };
+                    offsets.push((off, ext));
+                    off += ext;
+                }
+                let mut acc: Option<NodeId> = None;
+                for (p, &(o, ext)) in parts.iter().zip(&offsets).rev() {
+                    if ext == 0 {
+                        continue;
+                    }
+                    let oc = self.g.int(o);
+                    let local = self.g.bin(Bin::Sub, c[ax], oc);
+                    let (lc, _) = self.clamp_in(local, ext);
+                    let v = if axis.is_none() {
+                        let pshape = p.shape.clone();
+                        self.reshape_from_linear(p, &pshape, lc)
+                    } else {
+                        let mut idx = c.clone();
+                        idx[ax] = lc;
+                        self.at(p, &idx)
+                    };
+                    acc = Some(match acc {
+                        None => v,
+                        Some(rest) => {
+                            let end = self.g.int(o + ext);
+                            let cond = self.g.bin(Bin::Lt, c[ax], end);
+                            self.g.select(cond, v, rest)
+                        }
+                    });
+                }
+                acc.unwrap_or_else(|| self.g.float(0.0, s))
+            }
+            Op::StridedSlice(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let rank = x.shape.len();
+                let steps: Vec<i64> = a.strides.clone().unwrap_or_else(|| vec![1; a.axes.len()]);
+                if a.begin.len() != a.axes.len()
+                    || a.end.len() != a.axes.len()
+                    || steps.len() != a.axes.len()
+                {
+                    return Err(self.unsupported("strided_slice attribute lengths differ".into()));
+                }
+                let mut idx = c.clone();
+                for (i, &ax) in a.axes.iter().enumerate() {
+                    let ax = norm_axis(ax, rank)
+                        .ok_or_else(|| self.unsupported("axis out of range".into()))?;
+                    let n = x.shape[ax] as i64;
+                    let (b, st) = (a.begin[i], steps[i]);
+                    if st == 0 {
+                        return Err(self.unsupported("a stride of 0".into()));
+                    }
+                    let norm = |v: i64, lo: i64, hi: i64| {
+                        let v = if v < 0 { v.saturating_add(n) } else { v };
+                        v.clamp(lo, hi)
+                    };
+                    let start = if st > 0 {
+                        norm(b, 0, n)
+                    } else {
+                        norm(b, -1, n - 1)
+                    };
+                    let sn = self.g.int(start);
+                    let stn = self.g.int(st);
+                    let m = self.g.bin(Bin::Mul, c[ax], stn);
+                    let v = self.g.bin(Bin::Add, sn, m);
+                    idx[ax] = self.clamp_in(v, n).0;
+                }
+                self.at(&x, &idx)
+            }
+            Op::Take { axis, mode } => {
+                let x0 = self.tensor_arg(args, 0)?.clone();
+                let ind = self.tensor_arg(args, 1)?.clone();
+                let (x, ax) = match axis {
+                    None => {
+                        let n: u64 = x0.shape.iter().product();
+                        let flat_shape = vec![n];
+                        let cc = self.coords(1);
+                        let node = self.reshape_from_linear(&x0, &x0.shape.clone(), cc[0]);
+                        (
+                            Tv {
+                                node,
+                                shape: flat_shape,
+                                dtype: x0.dtype,
+                            },
+                            0,
+                        )
+                    }
+                    Some(a) => (
+                        x0.clone(),
+                        norm_axis(*a, x0.shape.len())
+                            .ok_or_else(|| self.unsupported("axis out of range".into()))?,
+                    ),
+                };
+                let ir = ind.shape.len();
+                let n = x.shape[ax] as i64;
+                let iv = self.at(&ind, &c[ax..ax + ir]);
+                let iv = match Scalar::of(ind.dtype) {
+                    Scalar::I64 => iv,
+                    _ => self.g.add(Node::Convert(DType::I64, iv)),
+                };
+                let k = match mode {
+                    TakeMode::Wrap => {
+                        let nn = self.g.int(n.max(1));
+                        let r = self.g.bin(Bin::Rem, iv, nn);
+                        let r2 = self.g.bin(Bin::Add, r, nn);
+                        self.g.bin(Bin::Rem, r2, nn)
+                    }
+                    TakeMode::Fast | TakeMode::Clip => {
+                        // Fast mode: negative indices count from the end (as ONNX Gather);
+                        // anything else is clamped so the kernel never reads out of bounds.
+                        let v = if matches!(mode, TakeMode::Fast) {
+                            let z = self.g.int(0);
+                            let neg = self.g.bin(Bin::Lt, iv, z);
+                            let nn = self.g.int(n);
+                            let plus = self.g.bin(Bin::Add, iv, nn);
+                            self.g.select(neg, plus, iv)
+                        } else {
+                            iv
+                        };
+                        self.clamp_in(v, n).0
+                    }
+                };
+                let mut idx: Vec<NodeId> = c[..ax].to_vec();
+                idx.push(k);
+                idx.extend_from_slice(&c[ax + ir..]);
+                self.at(&x, &idx)
+            }
+            Op::Split(_) | Op::BatchNorm(_) | Op::Dropout { .. } => {
+                return Err(self.unsupported("internal: multi-output op".into()));
+            }
+        };
+        Ok(Val::T(Tv { node, shape, dtype }))
+    }
+
+    /// A prim argument, or a rank-0 constant tensor.
+    fn prim_arg(&self, args: &[Val], i: usize) -> Result<f64> {
+        match args.get(i) {
+            Some(Val::Prim(p)) => Ok(*p),
+            Some(Val::T(t)) if t.shape.is_empty() => self
+                .g
+                .float_value(t.node)
+                .ok_or_else(|| self.unsupported(format!("argument {i} must be a constant"))),
+            _ => Err(self.unsupported(format!("argument {i} must be a prim value"))),
+        }
+    }
+
+    fn axes(&self, axes: &[i64], rank: usize) -> Result<Vec<usize>> {
+        let mut o = Vec::new();
+        for &a in axes {
+            o.push(norm_axis(a, rank).ok_or_else(|| self.unsupported("axis out of range".into()))?);
+        }
+        Ok(o)
+    }
+
+    /// Reduction variables for `axes` of `shape`, and the index `c` with those axes replaced.
+    fn row_index(
+        &mut self,
+        c: &[NodeId],
+        axes: &[usize],
+        shape: &[u64],
+    ) -> (Vec<(u32, u64)>, Vec<NodeId>) {
+        let mut vars = Vec::new();
+        let mut idx = c.to_vec();
+        for &a in axes {
+            let r = self.g.fresh_rvar();
+            vars.push((r, shape[a]));
+            idx[a] = self.g.add(Node::RVar(r));
+        }
+        (vars, idx)
+    }
+
+    /// `v` clamped to `[0, n)` and the condition `0 <= v < n`.
+    fn clamp_in(&mut self, v: NodeId, n: i64) -> (NodeId, NodeId) {
+        let zero = self.g.int(0);
+        let hi = self.g.int((n - 1).max(0));
+        let nn = self.g.int(n);
+        let lo_ok = self.g.bin(Bin::Lt, v, zero);
+        let hi_ok = self.g.bin(Bin::Lt, v, nn);
+        // in = !(v < 0) && (v < n)  ==  select(v < 0, 0, v < n)
+        let inb = self.g.select(lo_ok, zero, hi_ok);
+        let a = self.g.bin(Bin::Max, v, zero);
+        let cl = self.g.bin(Bin::Min, a, hi);
+        (cl, inb)
+    }
+
+    fn split(&mut self, args: &[Val], axis: i64, spec: &SplitSpec, ty: &Type) -> Result<Val> {
+        let x = self.tensor_arg(args, 0)?.clone();
+        let Type::Tuple(fields) = ty else {
+            return Err(self.unsupported("split must return a tuple".into()));
+        };
+        let ax = norm_axis(axis, x.shape.len())
+            .ok_or_else(|| self.unsupported("axis out of range".into()))?;
+        let _ = spec;
+        let mut out = Vec::new();
+        let mut off = 0i64;
+        for f in fields {
+            let (shape, dtype) = self.static_tensor(f, "a split part")?;
+            let c = self.coords(shape.len());
+            let o = self.g.int(off);
+            let mut idx = c.clone();
+            idx[ax] = self.g.bin(Bin::Add, c[ax], o);
+            let node = self.at(&x, &idx);
+            off += shape[ax] as i64;
+            out.push(Val::T(Tv { node, shape, dtype }));
+        }
+        Ok(Val::Tuple(out))
+    }
+
+    /// `x` (of shape `xs`) at the row-major linear position `lin`.
+    fn reshape_from_linear(&mut self, x: &Tv, xs: &[u64], lin: NodeId) -> NodeId {
+        let mut idx = vec![lin; xs.len()];
+        let mut stride = 1i64;
+        for i in (0..xs.len()).rev() {
+            let st = self.g.int(stride);
+            let d = self.g.int(xs[i] as i64);
+            let q = self.g.bin(Bin::Div, lin, st);
+            idx[i] = if i == 0 {
+                q
+            } else {
+                self.g.bin(Bin::Rem, q, d)
+            };
+            stride *= xs[i] as i64;
+        }
+        self.at(x, &idx)
+    }
+
+    fn reshape(&mut self, x: &Tv, shape: &[u64], c: &[NodeId]) -> NodeId {
+        // Fast path: the same extents once the 1s are dropped.
+        let ne_in: Vec<usize> = (0..x.shape.len()).filter(|&i| x.shape[i] != 1).collect();
+        let ne_out: Vec<usize> = (0..shape.len()).filter(|&i| shape[i] != 1).collect();
+        if ne_in.len() == ne_out.len()
+            && ne_in
+                .iter()
+                .zip(&ne_out)
+                .all(|(&a, &b)| x.shape[a] == shape[b])
+        {
+            let zero = self.g.int(0);
+            let mut idx = vec![zero; x.shape.len()];
+            for (&a, &b) in ne_in.iter().zip(&ne_out) {
+                idx[a] = c[b];
+            }
+            return self.at(x, &idx);
+        }
+        let mut lin = self.g.int(0);
+        let mut stride = 1i64;
+        for i in (0..shape.len()).rev() {
+            let st = self.g.int(stride);
+            let t = self.g.bin(Bin::Mul, c[i], st);
+            lin = self.g.bin(Bin::Add, lin, t);
+            stride *= shape[i] as i64;
+        }
+        let xs = x.shape.clone();
+        self.reshape_from_linear(x, &xs, lin)
+    }
+
+    fn matmul(&mut self, a: &Tv, b: &Tv, shape: &[u64], c: &[NodeId]) -> Result<NodeId> {
+        let (ra, rb) = (a.shape.len(), b.shape.len());
+        if ra == 0 || rb == 0 {
+            return Err(self.unsupported("matmul of a scalar".into()));
+        }
+        let k = a.shape[ra - 1];
+        let r = self.g.fresh_rvar();
+        let rn = self.g.add(Node::RVar(r));
+        let zero = self.g.int(0);
+        let or = shape.len();
+        // Output layout: batch..., [m if ra > 1], [n if rb > 1].
+        let n_axis = (rb > 1).then(|| or - 1);
+        let m_axis = (ra > 1).then(|| or - 1 - usize::from(rb > 1));
+        let batch_end = m_axis.or(n_axis).unwrap_or(or);
+        let bshape: Vec<u64> = shape[..batch_end].to_vec();
+        let mut ai = Vec::new();
+        if ra > 2 {
+            let at = Tv {
+                shape: a.shape[..ra - 2].to_vec(),
+                ..a.clone()
+            };
+            ai = self.broadcast_index(&at.shape, &bshape, &c[..batch_end], zero);
+        }
+        if let Some(m) = m_axis {
+            ai.push(c[m]);
+        }
+        ai.push(rn);
+        let mut bi = Vec::new();
+        if rb > 2 {
+            bi = self.broadcast_index(&b.shape[..rb - 2], &bshape, &c[..batch_end], zero);
+        }
+        bi.push(rn);
+        if let Some(n) = n_axis {
+            bi.push(c[n]);
+        }
+        let av = self.at(a, &ai);
+        let bv = self.at(b, &bi);
+        let p = self.g.bin(Bin::Mul, av, bv);
+        Ok(self.g.add(Node::Reduce {
+            op: RedOp::Sum,
+            vars: vec![(r, k)],
+            body: p,
+        }))
+    }
+
+    /// Index of a tensor of shape `s` broadcast against `out` at coordinates `c`.
+    fn broadcast_index(
+        &mut self,
+        s: &[u64],
+        out: &[u64],
+        c: &[NodeId],
+        zero: NodeId,
+    ) -> Vec<NodeId> {
+        let off = out.len().saturating_sub(s.len());
+        s.iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                let oi = off + i;
+                if d == 1 && out.get(oi).copied() != Some(1) {
+                    zero
+                } else {
+                    c.get(oi).copied().unwrap_or(zero)
+                }
+            })
+            .collect()
+    }
+
+    fn conv2d(
+        &mut self,
+        x: &Tv,
+        w: &Tv,
+        a: &fusebox_core::op::Conv2dAttrs,
+        shape: &[u64],
+        c: &[NodeId],
+    ) -> Result<NodeId> {
+        let dl = layout4(&a.data_layout, "NCHW")
+            .ok_or_else(|| self.unsupported(format!("data layout {}", a.data_layout)))?;
+        let kl = layout4(&a.kernel_layout, "OIHW")
+            .ok_or_else(|| self.unsupported(format!("kernel layout {}", a.kernel_layout)))?;
+        let ol = layout4(&a.out_layout, "NCHW")
+            .ok_or_else(|| self.unsupported(format!("out layout {}", a.out_layout)))?;
+        if x.shape.len() != 4 || w.shape.len() != 4 || shape.len() != 4 {
+            return Err(self.unsupported("conv2d needs 4-D tensors".into()));
+        }
+        let groups = u64::try_from(a.groups)
+            .ok()
+            .filter(|&g| g > 0)
+            .ok_or_else(|| self.unsupported("groups must be positive".into()))?;
+        let (cin_pg, kh, kw) = (w.shape[kl[1]], w.shape[kl[2]], w.shape[kl[3]]);
+        let cout = shape[ol[1]];
+        let out_pg = (cout / groups).max(1);
+        let (h, wd) = (x.shape[dl[2]] as i64, x.shape[dl[3]] as i64);
+        let (n, oc, oh, ow) = (c[ol[0]], c[ol[1]], c[ol[2]], c[ol[3]]);
+        let (rc, rh, rw) = (
+            self.g.fresh_rvar(),
+            self.g.fresh_rvar(),
+            self.g.fresh_rvar(),
+        );
+        let (rcn, rhn, rwn) = (
+            self.g.add(Node::RVar(rc)),
+            self.g.add(Node::RVar(rh)),
+            self.g.add(Node::RVar(rw)),
+        );
+        let opg = self.g.int(out_pg as i64);
+        let grp = self.g.bin(Bin::Div, oc, opg);
+        let cpg = self.g.int(cin_pg as i64);
+        let cbase = self.g.bin(Bin::Mul, grp, cpg);
+        let ic = self.g.bin(Bin::Add, cbase, rcn);
+        let pos = |l: &mut Self, o: NodeId, r: NodeId, s: i64, d: i64, p: i64| {
+            let sn = l.g.int(s);
+            let dn = l.g.int(d);
+            let pn = l.g.int(p);
+            let a1 = l.g.bin(Bin::Mul, o, sn);
+            let a2 = l.g.bin(Bin::Mul, r, dn);
+            let a3 = l.g.bin(Bin::Add, a1, a2);
+            l.g.bin(Bin::Sub, a3, pn)
+        };
+        let ih = pos(self, oh, rhn, a.strides[0], a.dilation[0], a.padding[0]);
+        let iw = pos(self, ow, rwn, a.strides[1], a.dilation[1], a.padding[1]);
+        let (ihc, inh) = self.clamp_in(ih, h);
+        let (iwc, inw) = self.clamp_in(iw, wd);
+        let zero = self.g.int(0);
+        let inb = self.g.select(inh, inw, zero);
+        let mut xi = vec![zero; 4];
+        xi[dl[0]] = n;
+        xi[dl[1]] = ic;
+        xi[dl[2]] = ihc;
+        xi[dl[3]] = iwc;
+        let mut wi = vec![zero; 4];
+        wi[kl[0]] = oc;
+        wi[kl[1]] = rcn;
+        wi[kl[2]] = rhn;
+        wi[kl[3]] = rwn;
+        let xv = self.at(x, &xi);
+        let wv = self.at(w, &wi);
+        let s = Scalar::of(x.dtype);
+        let z = self.fconst(0.0, s);
+        let xg = self.g.select(inb, xv, z);
+        let p = self.g.bin(Bin::Mul, xg, wv);
+        Ok(self.g.add(Node::Reduce {
+            op: RedOp::Sum,
+            vars: vec![(rc, cin_pg), (rh, kh), (rw, kw)],
+            body: p,
+        }))
+    }
+
+    fn pool2d(
+        &mut self,
+        x: &Tv,
+        a: &fusebox_core::op::Pool2dAttrs,
+        max: bool,
+        shape: &[u64],
+        c: &[NodeId],
+    ) -> Result<NodeId> {
+        let dl = layout4(&a.layout, "NCHW")
+            .ok_or_else(|| self.unsupported(format!("layout {}", a.layout)))?;
+        let ol = layout4(&a.out_layout, "NCHW")
+            .ok_or_else(|| self.unsupported(format!("layout {}", a.out_layout)))?;
+        if x.shape.len() != 4 || shape.len() != 4 {
+            return Err(self.unsupported("pooling needs 4-D tensors".into()));
+        }
+        let s = Scalar::of(x.dtype);
+        let (h, wd) = (x.shape[dl[2]] as i64, x.shape[dl[3]] as i64);
+        let (kh, kw) = (a.pool_size[0].max(1) as u64, a.pool_size[1].max(1) as u64);
+        let (rh, rw) = (self.g.fresh_rvar(), self.g.fresh_rvar());
+        let (rhn, rwn) = (self.g.add(Node::RVar(rh)), self.g.add(Node::RVar(rw)));
+        let (oh, ow) = (c[ol[2]], c[ol[3]]);
+        let mut pos = |o: NodeId, r: NodeId, st: i64, d: i64, p: i64| {
+            let sn = self.g.int(st);
+            let dn = self.g.int(d);
+            let pn = self.g.int(p);
+            let a1 = self.g.bin(Bin::Mul, o, sn);
+            let a2 = self.g.bin(Bin::Mul, r, dn);
+            let a3 = self.g.bin(Bin::Add, a1, a2);
+            self.g.bin(Bin::Sub, a3, pn)
+        };
+        let ih = pos(oh, rhn, a.strides[0], a.dilation[0], a.padding[0]);
+        let iw = pos(ow, rwn, a.strides[1], a.dilation[1], a.padding[1]);
+        let (ihc, inh) = self.clamp_in(ih, h);
+        let (iwc, inw) = self.clamp_in(iw, wd);
+        let zero = self.g.int(0);
+        let inb = self.g.select(inh, inw, zero);
+        let mut xi = vec![zero; 4];
+        xi[dl[0]] = c[ol[0]];
+        xi[dl[1]] = c[ol[1]];
+        xi[dl[2]] = ihc;
+        xi[dl[3]] = iwc;
+        let xv = self.at(x, &xi);
+        let vars = vec![(rh, kh), (rw, kw)];
+        if max {
+            let ninf = self.fconst(f64::NEG_INFINITY, s);
+            let body = self.g.select(inb, xv, ninf);
+            return Ok(self.g.add(Node::Reduce {
+                op: RedOp::Max,
+                vars,
+                body,
+            }));
+        }
+        let z = self.fconst(0.0, s);
+        let body = self.g.select(inb, xv, z);
+        let sum = self.g.add(Node::Reduce {
+            op: RedOp::Sum,
+            vars: vars.clone(),
+            body,
+        });
+        // The divisor: positions inside the input (or inside input + trailing pad).
+        let (lim_h, lim_w) = if a.count_include_pad {
+            (h + a.padding[2], wd + a.padding[3])
+        } else {
+            (h, wd)
+        };
+        let count_axis = |l: &mut Self, o: NodeId, st: i64, d: i64, p: i64, k: u64, lim: i64| {
+            // Count j in 0..k with lo <= o*st + j*d - p < lim, lo = 0 or -p (count_include_pad).
+            let lo = if a.count_include_pad { -p } else { 0 };
+            let mut cnt = l.g.int(0);
+            for j in 0..k as i64 {
+                let jn = l.g.int(j);
+                let pp = pos_of(l, o, jn, st, d, p);
+                let lon = l.g.int(lo);
+                let limn = l.g.int(lim);
+                let below = l.g.bin(Bin::Lt, pp, lon);
+                let inside = l.g.bin(Bin::Lt, pp, limn);
+                let zero = l.g.int(0);
+                let ok = l.g.select(below, zero, inside);
+                cnt = l.g.bin(Bin::Add, cnt, ok);
+            }
+            cnt
+        };
+        fn pos_of(l: &mut Lowerer<'_>, o: NodeId, j: NodeId, st: i64, d: i64, p: i64) -> NodeId {
+            let sn = l.g.int(st);
+            let dn = l.g.int(d);
+            let pn = l.g.int(p);
+            let a1 = l.g.bin(Bin::Mul, o, sn);
+            let a2 = l.g.bin(Bin::Mul, j, dn);
+            let a3 = l.g.bin(Bin::Add, a1, a2);
+            l.g.bin(Bin::Sub, a3, pn)
+        }
+        let ch = count_axis(
+            self,
+            oh,
+            a.strides[0],
+            a.dilation[0],
+            a.padding[0],
+            kh,
+            lim_h,
+        );
+        let cw = count_axis(
+            self,
+            ow,
+            a.strides[1],
+            a.dilation[1],
+            a.padding[1],
+            kw,
+            lim_w,
+        );
+        let cnt = self.g.bin(Bin::Mul, ch, cw);
+        let one = self.g.int(1);
+        let cnt1 = self.g.bin(Bin::Max, cnt, one);
+        let cf = self.g.add(Node::Convert(
+            if s == Scalar::F64 {
+                DType::F64
+            } else {
+                DType::F32
+            },
+            cnt1,
+        ));
+        Ok(self.g.bin(Bin::Div, sum, cf))
+    }
+
+    fn adaptive_pool(&mut self, x: &Tv, l: [usize; 4], shape: &[u64], c: &[NodeId]) -> NodeId {
+        let s = Scalar::of(x.dtype);
+        let (h, w) = (x.shape[l[2]] as i64, x.shape[l[3]] as i64);
+        let (oh, ow) = (shape[l[2]] as i64, shape[l[3]] as i64);
+        let win = |len: i64, o: i64| {
+            (0..o)
+                .map(|i| ((i + 1) * len + o - 1) / o - i * len / o)
+                .max()
+                .unwrap_or(1)
+                .max(1) as u64
+        };
+        let (kh, kw) = (win(h, oh), win(w, ow));
+        let axis = |lw: &mut Self, o: NodeId, len: i64, out: i64, k: u64| {
+            let ln = lw.g.int(len);
+            let on = lw.g.int(out.max(1));
+            let one = lw.g.int(1);
+            let t = lw.g.bin(Bin::Mul, o, ln);
+            let start = lw.g.bin(Bin::Div, t, on);
+            let o1 = lw.g.bin(Bin::Add, o, one);
+            let t1 = lw.g.bin(Bin::Mul, o1, ln);
+            let om1 = lw.g.int(out.max(1) - 1);
+            let t2 = lw.g.bin(Bin::Add, t1, om1);
+            let end = lw.g.bin(Bin::Div, t2, on);
+            let r = lw.g.fresh_rvar();
+            let rn = lw.g.add(Node::RVar(r));
+            let p = lw.g.bin(Bin::Add, start, rn);
+            let ok = lw.g.bin(Bin::Lt, p, end);
+            let (pc, _) = lw.clamp_in(p, len);
+            let cnt = lw.g.bin(Bin::Sub, end, start);
+            (r, k, pc, ok, cnt)
+        };
+        let (rh, kh, ph, okh, ch) = axis(self, c[l[2]], h, oh, kh);
+        let (rw, kw, pw, okw, cw) = axis(self, c[l[3]], w, ow, kw);
+        let zero = self.g.int(0);
+        let ok = self.g.select(okh, okw, zero);
+        let mut xi = vec![zero; 4];
+        xi[l[0]] = c[l[0]];
+        xi[l[1]] = c[l[1]];
+        xi[l[2]] = ph;
+        xi[l[3]] = pw;
+        let xv = self.at(x, &xi);
+        let z = self.fconst(0.0, s);
+        let body = self.g.select(ok, xv, z);
+        let sum = self.g.add(Node::Reduce {
+            op: RedOp::Sum,
+            vars: vec![(rh, kh), (rw, kw)],
+            body,
+        });
+        let cnt = self.g.bin(Bin::Mul, ch, cw);
+        let one = self.g.int(1);
+        let cnt1 = self.g.bin(Bin::Max, cnt, one);
+        let cf = self.g.add(Node::Convert(
+            if s == Scalar::F64 {
+                DType::F64
+            } else {
+                DType::F32
+            },
+            cnt1,
+        ));
+        self.g.bin(Bin::Div, sum, cf)
+    }
+
+    /// Groups the outputs into kernels (see the module doc).
+    fn kernels(&mut self, outs: &[Tv], buffers: &[Buffer]) -> Result<Vec<Kernel>> {
+        let mut done = vec![false; outs.len()];
+        let mut kernels = Vec::new();
+        // A row kernel, if some output has a row reduction.
+        'search: for o in outs {
+            for cand in self.row_candidates(o) {
+                if let Some((k, used)) = self.try_row_kernel(&cand, outs, buffers, &done) {
+                    for u in used {
+                        done[u] = true;
+                    }
+                    kernels.push(k);
+                    break 'search;
+                }
+            }
+        }
+        // Map kernels, one per remaining output shape (first-output order).
+        for i in 0..outs.len() {
+            if done[i] {
+                continue;
+            }
+            let space = outs[i].shape.clone();
+            let mut stores = Vec::new();
+            for j in i..outs.len() {
+                if !done[j] && outs[j].shape == space {
+                    done[j] = true;
+                    stores.push(Store {
+                        output: j as u32,
+                        per_row: false,
+                        value: outs[j].node,
+                    });
+                }
+            }
+            let name = format!("{}_k{}", sanitize(self.name), kernels.len());
+            kernels.push(self.finish(
+                name,
+                space.clone(),
+                space.len(),
+                Vec::new(),
+                stores,
+                buffers,
+            ));
+        }
+        Ok(kernels)
+    }
+
+    fn finish(
+        &self,
+        name: String,
+        space: Vec<u64>,
+        row_axes: usize,
+        stats: Vec<Stat>,
+        stores: Vec<Store>,
+        buffers: &[Buffer],
+    ) -> Kernel {
+        let mut k = Kernel {
+            name,
+            inputs: self.inputs.clone(),
+            outputs: buffers.to_vec(),
+            space,
+            row_axes,
+            stats,
+            stores,
+            graph: self.g.clone(),
+            schedule: Schedule::Map {
+                block: 256,
+                vector: 1,
+            },
+        };
+        k.schedule = crate::schedule::choose(&k);
+        k
+    }
+
+    /// Candidate (space, row_axes, output coords map) for a row kernel around output `o`.
+    fn row_candidates(&self, o: &Tv) -> Vec<(Vec<u64>, usize)> {
+        let mut out = Vec::new();
+        for id in self.g.topo(&[o.node]) {
+            if let Node::Reduce { vars, .. } = self.g.node(id) {
+                let ext: Vec<u64> = vars.iter().map(|v| v.1).collect();
+                let k = ext.len();
+                let n = o.shape.len();
+                if n >= k && o.shape[n - k..] == ext[..] {
+                    out.push((o.shape.clone(), n - k));
+                }
+                if n >= k && o.shape[n - k..].iter().all(|&d| d == 1) {
+                    let mut s = o.shape[..n - k].to_vec();
+                    s.extend_from_slice(&ext);
+                    out.push((s, n - k));
+                }
+                let mut s = o.shape.clone();
+                s.extend_from_slice(&ext);
+                out.push((s, n));
+            }
+        }
+        out.dedup();
+        out
+    }
+
+    /// Builds a row kernel over `cand`, taking every output that fits; `None` when no output
+    /// fits or no row statistic comes out.
+    fn try_row_kernel(
+        &mut self,
+        cand: &(Vec<u64>, usize),
+        outs: &[Tv],
+        buffers: &[Buffer],
+        done: &[bool],
+    ) -> Option<(Kernel, Vec<usize>)> {
+        let (space, ra) = (&cand.0, cand.1);
+        let saved = self.g.clone();
+        let c = self.coords(space.len());
+        let mut stats: Vec<Stat> = Vec::new();
+        let mut stores = Vec::new();
+        let mut used = Vec::new();
+        let mut memo = HashMap::new();
+        for (i, o) in outs.iter().enumerate() {
+            if done[i] {
+                continue;
+            }
+            // Per element: the same shape; per row: the row extents (with trailing 1s or not).
+            let (index, per_row) = if o.shape == *space {
+                (c.clone(), false)
+            } else if o.shape[..] == space[..ra] {
+                (c[..ra].to_vec(), true)
+            } else if o.shape.len() == space.len()
+                && o.shape[..ra] == space[..ra]
+                && o.shape[ra..].iter().all(|&d| d == 1)
+            {
+                let zero = self.g.int(0);
+                let mut idx = c[..ra].to_vec();
+                idx.resize(space.len(), zero);
+                (idx, true)
+            } else {
+                continue;
+            };
+            let v = self.g.substitute(o.node, &index);
+            let v = extract_stats(&mut self.g, v, space, ra, &mut stats, &mut memo);
+            let deps = self.g.deps(&[v]);
+            let d = deps.get(&v).cloned().unwrap_or_default();
+            let col_mask: u64 = (ra..space.len()).fold(0, |m, a| m | (1u64 << a.min(63)));
+            if per_row && d.coords & col_mask != 0 {
+                continue;
+            }
+            stores.push(Store {
+                output: i as u32,
+                per_row,
+                value: v,
+            });
+            used.push(i);
+        }
+        if stats.is_empty() || stores.is_empty() {
+            self.g = saved;
+            return None;
+        }
+        let name = format!("{}_k0", sanitize(self.name));
+        let k = self.finish(name, space.clone(), ra, stats, stores, buffers);
+        Some((k, used))
+    }
+}
+
+/// Replaces, under `root`, every reduce over exactly the columns of the row space that depends
+/// only on row coordinates by a row statistic (inner ones first).
+fn extract_stats(
+    g: &mut Graph,
+    root: NodeId,
+    space: &[u64],
+    ra: usize,
+    stats: &mut Vec<Stat>,
+    found: &mut HashMap<NodeId, NodeId>,
+) -> NodeId {
+    let deps = g.deps(&[root]);
+    let row_mask: u64 = (0..ra).fold(0, |m, a| m | (1u64 << a.min(63)));
+    let cols = &space[ra..];
+    let mut f = |g: &mut Graph, id: NodeId| -> Option<NodeId> {
+        if let Some(&s) = found.get(&id) {
+            return Some(s);
+        }
+        let Node::Reduce { op, vars, body } = g.node(id).clone() else {
+            return None;
+        };
+        let d = deps.get(&id)?;
+        let fits = vars.len() == cols.len()
+            && vars.iter().zip(cols).all(|(v, &e)| v.1 == e)
+            && d.coords & !row_mask == 0
+            && d.rvars.is_empty();
+        if !fits {
+            return None;
+        }
+        // Inner statistics first, then the column variables become coordinates.
+        let b = extract_stats(g, body, space, ra, stats, found);
+        let mut coords: Vec<NodeId> = (0..space.len() as u32)
+            .map(|i| g.add(Node::Coord(i)))
+            .collect();
+        coords.truncate(space.len());
+        let mut rmap = HashMap::new();
+        for (i, (v, _)) in vars.iter().enumerate() {
+            rmap.insert(*v, coords[ra + i]);
+        }
+        let mut m2 = HashMap::new();
+        let mut sub = |g: &mut Graph, n: NodeId| match g.node(n) {
+            Node::RVar(v) => rmap.get(v).copied(),
+            _ => None,
+        };
+        let b = g.rewrite(b, &mut sub, &mut m2);
+        let scalar = g.scalar(b);
+        g.stat_scalars.push(scalar);
+        let idx = stats.len() as u32;
+        stats.push(Stat { op, body: b });
+        let s = g.add(Node::Stat(idx));
+        found.insert(id, s);
+        Some(s)
+    };
+    g.rewrite(root, &mut f, &mut HashMap::new())
+}
+
+/// A C identifier from a function name.
+pub fn sanitize(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, 'k');
+    }
+    s
+}

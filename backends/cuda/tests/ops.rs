@@ -1,0 +1,311 @@
+//! Every op of the op set, lowered to the kernel IR and evaluated on the CPU, against the CPU
+//! reference (all elements compared, per-dtype tolerance).
+
+mod common;
+
+use common::{check_function, random_args};
+use fusebox_core::text::parse_module_str;
+
+/// `main(params) { body }` with a dataflow block whose last binding is the output.
+fn module(params: &str, body: &[&str]) -> String {
+    let mut s = format!(
+        "@I.ir_module\nclass Module:\n    @R.function\n    def main({params}):\n        with R.dataflow():\n"
+    );
+    for b in body {
+        s.push_str(&format!("            {b}\n"));
+    }
+    let last = body
+        .last()
+        .and_then(|b| b.split('=').next())
+        .map(str::trim)
+        .unwrap_or("gv");
+    s.push_str(&format!(
+        "            R.output({last})\n        return {last}\n"
+    ));
+    s
+}
+
+fn f32t(shape: &str) -> String {
+    format!("R.Tensor(({shape}), dtype=\"float32\")")
+}
+
+fn run(name: &str, params: &str, body: &[&str]) -> usize {
+    let src = module(params, body);
+    let m = parse_module_str(&src).unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
+    let mut kernels = 0;
+    for seed in [1u64, 7, 42] {
+        let args = random_args(&m, "main", seed);
+        let (k, _) = check_function(&m, "main", &args, None)
+            .unwrap_or_else(|e| panic!("{name} (seed {seed}): {e}\n{src}"));
+        kernels = k;
+    }
+    kernels
+}
+
+#[test]
+fn elementwise_and_broadcast_ops() {
+    let p = format!("x: {}, y: {}", f32t("4, 8"), f32t("8,"));
+    for op in [
+        "add", "subtract", "multiply", "divide", "maximum", "minimum",
+    ] {
+        run(op, &p, &[&format!("gv = R.{op}(x, y)")]);
+    }
+    run("power", &p, &["a = R.abs(x)", "gv = R.power(a, y)"]);
+    let p1 = format!("x: {}", f32t("3, 5, 7"));
+    for op in [
+        "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "negative", "abs",
+    ] {
+        run(op, &p1, &[&format!("gv = R.{op}(x)")]);
+    }
+    for op in ["relu", "gelu", "gelu_tanh", "silu"] {
+        run(op, &p1, &[&format!("gv = R.nn.{op}(x)")]);
+    }
+    run(
+        "clip",
+        &p1,
+        &["gv = R.clip(x, R.prim_value(-0.5), R.prim_value(0.25))"],
+    );
+    run("astype f16", &p1, &["gv = R.astype(x, dtype=\"float16\")"]);
+    run(
+        "astype i32",
+        &p1,
+        &[
+            "a = R.multiply(x, R.const(10.0, \"float32\"))",
+            "gv = R.astype(a, dtype=\"int32\")",
+        ],
+    );
+    run(
+        "broadcast_to",
+        &format!("x: {}", f32t("1, 5")),
+        &["gv = R.broadcast_to(x, R.shape([3, 5]))"],
+    );
+}
+
+#[test]
+fn half_precision_chains() {
+    for dt in ["float16", "bfloat16"] {
+        let p = format!("x: R.Tensor((4, 16), dtype=\"{dt}\"), b: R.Tensor((16,), dtype=\"{dt}\")");
+        run(
+            dt,
+            &p,
+            &[
+                "a = R.add(x, b)",
+                "c = R.nn.gelu(a)",
+                "gv = R.multiply(c, x)",
+            ],
+        );
+    }
+}
+
+#[test]
+fn matmul_and_conv() {
+    run(
+        "matmul 2d",
+        &format!("a: {}, b: {}", f32t("5, 7"), f32t("7, 3")),
+        &["gv = R.matmul(a, b)"],
+    );
+    run(
+        "matmul batched broadcast",
+        &format!("a: {}, b: {}", f32t("2, 1, 5, 7"), f32t("3, 7, 4")),
+        &["gv = R.matmul(a, b)"],
+    );
+    run(
+        "matmul vec",
+        &format!("a: {}, b: {}", f32t("7,"), f32t("7, 3")),
+        &["gv = R.matmul(a, b)"],
+    );
+    run(
+        "conv2d",
+        &format!("x: {}, w: {}", f32t("1, 4, 9, 9"), f32t("6, 4, 3, 3")),
+        &["gv = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1])"],
+    );
+    run(
+        "conv2d grouped dilated",
+        &format!("x: {}, w: {}", f32t("2, 4, 8, 8"), f32t("4, 2, 3, 3")),
+        &["gv = R.nn.conv2d(x, w, padding=[2, 1, 2, 1], dilation=[2, 1], groups=2)"],
+    );
+    run(
+        "conv2d nhwc",
+        &format!("x: {}, w: {}", f32t("1, 6, 6, 3"), f32t("5, 3, 3, 3")),
+        &[
+            "gv = R.nn.conv2d(x, w, padding=[1, 1, 1, 1], data_layout=\"NHWC\", kernel_layout=\"OHWI\", out_layout=\"NHWC\")",
+        ],
+    );
+}
+
+#[test]
+fn pooling() {
+    let p = format!("x: {}", f32t("1, 3, 9, 9"));
+    run(
+        "max_pool2d",
+        &p,
+        &["gv = R.nn.max_pool2d(x, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])"],
+    );
+    run(
+        "max_pool2d ceil",
+        &p,
+        &["gv = R.nn.max_pool2d(x, pool_size=[2, 2], strides=[2, 2], ceil_mode=True)"],
+    );
+    run(
+        "avg_pool2d",
+        &p,
+        &["gv = R.nn.avg_pool2d(x, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])"],
+    );
+    run(
+        "avg_pool2d include pad",
+        &p,
+        &[
+            "gv = R.nn.avg_pool2d(x, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1], count_include_pad=True, ceil_mode=True)",
+        ],
+    );
+    run(
+        "adaptive_avg_pool2d",
+        &p,
+        &["gv = R.nn.adaptive_avg_pool2d(x, output_size=[4, 2])"],
+    );
+    run(
+        "adaptive_avg_pool2d global",
+        &p,
+        &["gv = R.nn.adaptive_avg_pool2d(x, output_size=[1, 1])"],
+    );
+}
+
+#[test]
+fn reductions_and_norms() {
+    let p = format!("x: {}", f32t("3, 4, 10"));
+    for op in ["sum", "mean", "max"] {
+        run(op, &p, &[&format!("gv = R.{op}(x, axis=[-1])")]);
+        run(
+            op,
+            &p,
+            &[&format!("gv = R.{op}(x, axis=[1], keepdims=True)")],
+        );
+        run(op, &p, &[&format!("gv = R.{op}(x)")]);
+    }
+    run("softmax", &p, &["gv = R.nn.softmax(x, axis=-1)"]);
+    run("softmax axis 1", &p, &["gv = R.nn.softmax(x, axis=1)"]);
+    run("log_softmax", &p, &["gv = R.nn.log_softmax(x, axis=-1)"]);
+    run(
+        "layer_norm",
+        &format!(
+            "x: {}, g: {}, b: {}",
+            f32t("3, 4, 10"),
+            f32t("10,"),
+            f32t("10,")
+        ),
+        &["gv = R.nn.layer_norm(x, g, b, axes=[-1])"],
+    );
+    run(
+        "layer_norm 2 axes",
+        &format!(
+            "x: {}, g: {}, b: {}",
+            f32t("3, 4, 10"),
+            f32t("4, 10"),
+            f32t("4, 10")
+        ),
+        &["gv = R.nn.layer_norm(x, g, b, axes=[1, 2])"],
+    );
+    run(
+        "rms_norm",
+        &format!("x: {}, w: {}", f32t("3, 4, 10"), f32t("10,")),
+        &["gv = R.nn.rms_norm(x, w, axes=[-1])"],
+    );
+    run(
+        "batch_norm",
+        &format!(
+            "x: {}, g: {}, b: {}, m: {}, v: {}",
+            f32t("2, 4, 3, 3"),
+            f32t("4,"),
+            f32t("4,"),
+            f32t("4,"),
+            f32t("4,")
+        ),
+        &[
+            "va = R.abs(v)",
+            "bn = R.nn.batch_norm(x, g, b, m, va, axis=1, training=False)",
+            "gv = bn[0]",
+        ],
+    );
+    run(
+        "lrn",
+        &format!("x: {}", f32t("1, 7, 3, 3")),
+        &["gv = R.nn.lrn(x, size=3, alpha=0.0001, beta=0.75, bias=1.0)"],
+    );
+    run(
+        "dropout",
+        &format!("x: {}", f32t("4, 4")),
+        &["d = R.nn.dropout(x, rate=0.5)", "gv = d[0]"],
+    );
+}
+
+#[test]
+fn data_movement() {
+    let p = format!("x: {}", f32t("2, 3, 4"));
+    run("reshape", &p, &["gv = R.reshape(x, R.shape([4, 6]))"]);
+    run(
+        "reshape 1s",
+        &p,
+        &["gv = R.reshape(x, R.shape([2, 1, 3, 4]))"],
+    );
+    run("flatten", &p, &["gv = R.flatten(x)"]);
+    run("permute", &p, &["gv = R.permute_dims(x, axes=[2, 0, 1])"]);
+    run("permute default", &p, &["gv = R.permute_dims(x)"]);
+    run("expand_dims", &p, &["gv = R.expand_dims(x, axis=[1])"]);
+    run(
+        "squeeze",
+        &format!("x: {}", f32t("2, 1, 4")),
+        &["gv = R.squeeze(x, axis=[1])"],
+    );
+    run(
+        "concat",
+        &format!("x: {}, y: {}", f32t("2, 3"), f32t("2, 5")),
+        &["t = (x, y)", "gv = R.concat(t, axis=1)"],
+    );
+    run(
+        "split",
+        &format!("x: {}", f32t("4, 6")),
+        &[
+            "t = R.split(x, indices_or_sections=[1, 4], axis=1)",
+            "gv = t[1]",
+        ],
+    );
+    run(
+        "strided_slice",
+        &format!("x: {}", f32t("5, 8")),
+        &["gv = R.strided_slice(x, axes=[1], begin=[1], end=[7], strides=[2])"],
+    );
+    run(
+        "strided_slice negative",
+        &format!("x: {}", f32t("5, 8")),
+        &["gv = R.strided_slice(x, axes=[0, 1], begin=[-1, 6], end=[0, -9], strides=[-2, -3])"],
+    );
+    run(
+        "take",
+        &format!("x: {}, i: R.Tensor((2, 2), dtype=\"int64\")", f32t("3, 4")),
+        &["gv = R.take(x, i, axis=1)"],
+    );
+    run(
+        "take flat",
+        &format!("x: {}, i: R.Tensor((5,), dtype=\"int32\")", f32t("3, 4")),
+        &["gv = R.take(x, i)"],
+    );
+}
+
+#[test]
+fn tuple_outputs_and_row_kernels() {
+    // Residual add + layer_norm with the sum also an output: one row kernel writes both.
+    let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(a: R.Tensor((6, 40), dtype=\"float16\"), b: R.Tensor((6, 40), dtype=\"float16\"), g: R.Tensor((40,), dtype=\"float16\"), h: R.Tensor((40,), dtype=\"float16\")):\n        with R.dataflow():\n            s = R.add(a, b)\n            n = R.nn.layer_norm(s, g, h, axes=[-1])\n            r = R.nn.relu(n)\n            m = R.mean(s, axis=[1])\n            R.output(s, r, m)\n        return (s, r, m)\n";
+    let m = parse_module_str(src).unwrap();
+    let f = m.get("main").unwrap();
+    let low = fusebox_cuda::lower::lower("main", f).unwrap();
+    assert_eq!(low.kernels.len(), 1, "{:#?}", low.kernels.len());
+    let k = &low.kernels[0];
+    assert!(k.is_row());
+    assert_eq!(
+        k.stats.len(),
+        3,
+        "layer_norm's sum and squared deviations, and the mean's sum"
+    );
+    let args = random_args(&m, "main", 3);
+    check_function(&m, "main", &args, None).unwrap();
+}
