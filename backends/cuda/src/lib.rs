@@ -15,6 +15,7 @@
 
 pub mod cache;
 pub mod device;
+pub mod emit;
 pub mod error;
 pub mod eval;
 pub mod kir;

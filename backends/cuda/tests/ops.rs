@@ -1,6 +1,14 @@
 //! Every op of the op set, lowered to the kernel IR and evaluated on the CPU, against the CPU
 //! reference (all elements compared, per-dtype tolerance).
 
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "test code: a failure is a panic"
+)]
+
 mod common;
 
 use common::{check_function, random_args};
@@ -30,12 +38,16 @@ fn f32t(shape: &str) -> String {
 }
 
 fn run(name: &str, params: &str, body: &[&str]) -> usize {
-    let src = module(params, body);
+    let src = module(params, body).replace(
+        "def main(",
+        &format!("def {}(", fusebox_cuda::lower::sanitize(name)),
+    );
+    let fname = fusebox_cuda::lower::sanitize(name);
     let m = parse_module_str(&src).unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
     let mut kernels = 0;
     for seed in [1u64, 7, 42] {
-        let args = random_args(&m, "main", seed);
-        let (k, _) = check_function(&m, "main", &args, None)
+        let args = random_args(&m, &fname, seed);
+        let (k, _) = check_function(&m, &fname, &args, None)
             .unwrap_or_else(|e| panic!("{name} (seed {seed}): {e}\n{src}"));
         kernels = k;
     }

@@ -1,6 +1,12 @@
 //! Shared test helpers: random inputs, and checking a lowering against the CPU reference.
 
-#![allow(dead_code, reason = "each test binary uses a different subset")]
+#![allow(
+    dead_code,
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers: a failure is a panic; each test binary uses a subset"
+)]
 
 use fusebox_core::ir::{DType, Function, Module, Type};
 use fusebox_core::runtime::{Storage, Tensor, Value};
@@ -64,6 +70,11 @@ pub fn check_function(
     let f: &Function = m.get(name).ok_or("no such function")?;
     let want = fusebox_cpu::run(m, name, args.to_vec()).map_err(|e| format!("cpu: {e}"))?;
     let low = lower(name, f).map_err(|e| e.to_string())?;
+    if let Ok(dir) = std::env::var("FUSEBOX_DUMP_CU") {
+        for k in &low.kernels {
+            let _ = std::fs::write(format!("{dir}/{}.cu", k.name), fusebox_cuda::emit::emit(k));
+        }
+    }
     let mut inputs: Vec<Tensor> = Vec::new();
     for a in args {
         match a {
