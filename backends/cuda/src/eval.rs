@@ -5,7 +5,8 @@
 //!
 //! - [`evaluate`] computes the kernel's stores for every element (or, with a sample limit, for a
 //!   deterministic sample of elements — whole rows for row kernels — always including the first
-//!   and the last), returning `(linear index, value)` pairs per output.
+//!   and the last; elements that reduce over more than 64 values count for more against the
+//!   limit), returning `(linear index, value)` pairs per output.
 //! - Semantics: `f32` nodes are rounded to `f32` after every operation, `f64` nodes are exact,
 //!   integer nodes truncate like C; loads convert to the compute scalar; stores and
 //!   [`Node::Convert`] round to the storage dtype (nearest even for f16/bf16, saturating for
@@ -90,7 +91,26 @@ pub fn evaluate(k: &Kernel, inputs: &[Tensor], limit: Option<usize>) -> Result<E
     let rows = k.rows() as usize;
     let cols = k.cols() as usize;
     let total = rows.saturating_mul(cols);
-    let limit = limit.unwrap_or(usize::MAX).max(1);
+    // With a limit, elements that each reduce over many values count for more: the budget is
+    // `limit` elements of 64 reduced values each (at least 16 elements).
+    let work: u64 = k
+        .graph
+        .topo(&roots)
+        .iter()
+        .filter_map(|&id| match k.graph.node(id) {
+            Node::Reduce { vars, .. } => Some(vars.iter().map(|v| v.1).product::<u64>()),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let limit = match limit {
+        None => usize::MAX,
+        Some(l) => {
+            let scaled = (l as u64).saturating_mul(64) / work.max(64);
+            (scaled as usize).clamp(16.min(l), l.max(1))
+        }
+    };
     if k.is_row() {
         let want_rows = if total <= limit {
             rows
@@ -263,7 +283,8 @@ impl Ev<'_> {
         if memo_ok && self.memo[i].0 == self.generation {
             return self.memo[i].1;
         }
-        let g = &self.k.graph;
+        let k: &Kernel = self.k;
+        let g = &k.graph;
         let s = g.scalar(id);
         let v = match g.node(id) {
             Node::Coord(a) => self.coords.get(*a as usize).copied().unwrap_or(0) as f64,
@@ -296,12 +317,12 @@ impl Ev<'_> {
                 convert(*d, x)
             }
             Node::Load { buf, index } => {
-                let (buf, index) = (*buf as usize, index.clone());
+                let buf = *buf as usize;
                 let mut off: u64 = 0;
                 let mut ok = true;
                 for (dim, ix) in index.iter().enumerate() {
                     let v = self.eval(*ix) as i64;
-                    let ext = self.k.inputs.get(buf).map_or(0, |b| b.shape[dim]);
+                    let ext = k.inputs.get(buf).map_or(0, |b| b.shape[dim]);
                     if v < 0 || v as u64 >= ext {
                         ok = false;
                         break;
@@ -322,12 +343,12 @@ impl Ev<'_> {
                 }
             }
             Node::Reduce { op, vars, body } => {
-                let (op, vars, body) = (*op, vars.clone(), *body);
+                let (op, body) = (*op, *body);
                 let bs = g.scalar(body);
                 let mut acc = init(op, bs);
                 let total: u64 = vars.iter().map(|v| v.1).product();
                 let base = self.rvars.len();
-                for (v, _) in &vars {
+                for (v, _) in vars {
                     self.rvars.push((*v, 0));
                 }
                 for mut lin in 0..total {

@@ -21,8 +21,9 @@
 //!   row) is written there. Other outputs are written by *map kernels*, one per output shape.
 //!   Reductions that are not row statistics (matmul, conv2d, pooling, reductions over leading
 //!   axes) are evaluated per output element.
-//! - The function's tensor parameters are the kernel inputs, in order, followed by one input
-//!   per non-scalar constant ([`Lowered::constants`]).
+//! - The function's tensor parameters are the kernel inputs, in order (a tuple parameter gives
+//!   one input per field), followed by one input per non-scalar constant
+//!   ([`Lowered::constants`]).
 //!
 //! ```text
 //! @R.function(private=True)
@@ -84,6 +85,9 @@ struct Lowerer<'a> {
     constants: Vec<(usize, Constant)>,
     env: HashMap<ExprId, Val>,
     at: String,
+    /// Reduction variables of row reductions (sum/mean/max, softmax, norms, global pooling):
+    /// only these become row statistics; contractions (matmul, conv, windows) stay per element.
+    row_rvars: std::collections::HashSet<u32>,
 }
 
 /// Lowers `f` (named `name`) to kernels; see the module doc.
@@ -96,24 +100,21 @@ pub fn lower(name: &str, f: &Function) -> Result<Lowered> {
         constants: Vec::new(),
         env: HashMap::new(),
         at: String::from("parameters"),
+        row_rvars: std::collections::HashSet::new(),
     };
     for &p in &f.params {
         let v = f.var(p);
-        let (shape, dtype) = l.static_tensor(&v.ty, &v.name)?;
-        let idx = l.inputs.len();
-        l.inputs.push(Buffer {
-            name: v.name.clone(),
-            dtype,
-            shape: shape.clone(),
-        });
-        l.g.input_scalars.push(Scalar::of(dtype));
-        let coords = l.coords(shape.len());
-        let node = l.g.add(Node::Load {
-            buf: idx as u32,
-            index: coords,
-        });
-        l.env
-            .insert(f.var_expr(p), Val::T(Tv { node, shape, dtype }));
+        let val = match &v.ty {
+            Type::Tuple(fields) => {
+                let mut out = Vec::new();
+                for (i, t) in fields.iter().enumerate() {
+                    out.push(Val::T(l.input(t, &format!("{}.{i}", v.name))?));
+                }
+                Val::Tuple(out)
+            }
+            t => Val::T(l.input(t, &v.name)?),
+        };
+        l.env.insert(f.var_expr(p), val);
     }
     for b in f.bindings() {
         l.at = format!("binding `{}`", f.var(b.var).name);
@@ -209,6 +210,31 @@ impl Lowerer<'_> {
             function: self.name.to_string(),
             reason: format!("{}: {reason}", self.at),
         }
+    }
+
+    /// A new input buffer for a parameter (or a tuple parameter's field) of type `ty`.
+    fn input(&mut self, ty: &Type, name: &str) -> Result<Tv> {
+        let (shape, dtype) = self.static_tensor(ty, name)?;
+        let idx = self.inputs.len();
+        self.inputs.push(Buffer {
+            name: name.to_string(),
+            dtype,
+            shape: shape.clone(),
+        });
+        self.g.input_scalars.push(Scalar::of(dtype));
+        let coords = self.coords(shape.len());
+        let node = self.g.add(Node::Load {
+            buf: idx as u32,
+            index: coords,
+        });
+        Ok(Tv { node, shape, dtype })
+    }
+
+    /// A fresh reduction variable of a row reduction.
+    fn row_rvar(&mut self) -> u32 {
+        let r = self.g.fresh_rvar();
+        self.row_rvars.insert(r);
+        r
     }
 
     fn coords(&mut self, rank: usize) -> Vec<NodeId> {
@@ -619,7 +645,7 @@ impl Lowerer<'_> {
                 let mut oi = 0;
                 for (i, &d) in x.shape.iter().enumerate() {
                     if axes.contains(&i) {
-                        let r = self.g.fresh_rvar();
+                        let r = self.row_rvar();
                         vars.push((r, d));
                         idx.push(self.g.add(Node::RVar(r)));
                         if a.keepdims {
@@ -995,7 +1021,7 @@ impl Lowerer<'_> {
         let mut vars = Vec::new();
         let mut idx = c.to_vec();
         for &a in axes {
-            let r = self.g.fresh_rvar();
+            let r = self.row_rvar();
             vars.push((r, shape[a]));
             idx[a] = self.g.add(Node::RVar(r));
         }
@@ -1388,6 +1414,11 @@ impl Lowerer<'_> {
         };
         let (rh, kh, ph, okh, ch) = axis(self, c[l[2]], h, oh, kh);
         let (rw, kw, pw, okw, cw) = axis(self, c[l[3]], w, ow, kw);
+        if oh == 1 && ow == 1 {
+            // Global pooling: a reduction over whole planes, like `mean(axis=[2, 3])`.
+            self.row_rvars.insert(rh);
+            self.row_rvars.insert(rw);
+        }
         let zero = self.g.int(0);
         let ok = self.g.select(okh, okw, zero);
         let mut xi = vec![zero; 4];
@@ -1495,6 +1526,9 @@ impl Lowerer<'_> {
         let mut out = Vec::new();
         for id in self.g.topo(&[o.node]) {
             if let Node::Reduce { vars, .. } = self.g.node(id) {
+                if !vars.iter().all(|v| self.row_rvars.contains(&v.0)) {
+                    continue;
+                }
                 let ext: Vec<u64> = vars.iter().map(|v| v.1).collect();
                 let k = ext.len();
                 let n = o.shape.len();
@@ -1552,7 +1586,15 @@ impl Lowerer<'_> {
                 continue;
             };
             let v = self.g.substitute(o.node, &index);
-            let v = extract_stats(&mut self.g, v, space, ra, &mut stats, &mut memo);
+            let v = extract_stats(
+                &mut self.g,
+                v,
+                space,
+                ra,
+                &self.row_rvars,
+                &mut stats,
+                &mut memo,
+            );
             let deps = self.g.deps(&[v]);
             let d = deps.get(&v).cloned().unwrap_or_default();
             let col_mask: u64 = (ra..space.len()).fold(0, |m, a| m | (1u64 << a.min(63)));
@@ -1583,6 +1625,7 @@ fn extract_stats(
     root: NodeId,
     space: &[u64],
     ra: usize,
+    row_rvars: &std::collections::HashSet<u32>,
     stats: &mut Vec<Stat>,
     found: &mut HashMap<NodeId, NodeId>,
 ) -> NodeId {
@@ -1598,6 +1641,7 @@ fn extract_stats(
         };
         let d = deps.get(&id)?;
         let fits = vars.len() == cols.len()
+            && vars.iter().all(|v| row_rvars.contains(&v.0))
             && vars.iter().zip(cols).all(|(v, &e)| v.1 == e)
             && d.coords & !row_mask == 0
             && d.rvars.is_empty();
@@ -1605,7 +1649,7 @@ fn extract_stats(
             return None;
         }
         // Inner statistics first, then the column variables become coordinates.
-        let b = extract_stats(g, body, space, ra, stats, found);
+        let b = extract_stats(g, body, space, ra, row_rvars, stats, found);
         let mut coords: Vec<NodeId> = (0..space.len() as u32)
             .map(|i| g.add(Node::Coord(i)))
             .collect();
