@@ -895,6 +895,10 @@ impl Kernel {
     /// against its parameters and the shape against the device (see the module doc).
     pub fn launch(&self, cfg: &LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
         self.check(cfg, args)?;
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(driver("cuCtxSetCurrent"))?;
         if cfg.shared_mem_bytes > self.shared_limit.load(Ordering::Relaxed) {
             self.func
                 .set_attribute(
@@ -911,10 +915,6 @@ impl Kernel {
             .iter_mut()
             .map(|s| s.as_mut_ptr().cast::<std::ffi::c_void>())
             .collect();
-        self.gpu
-            .ctx
-            .bind_to_thread()
-            .map_err(driver("cuCtxSetCurrent"))?;
         let [gx, gy, gz] = cfg.grid;
         let [bx, by, bz] = cfg.block;
         // SAFETY: `ptrs` has one entry per kernel parameter (count checked against the
