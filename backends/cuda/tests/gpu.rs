@@ -118,6 +118,14 @@ fn every_dtype_round_trips_bit_exactly() {
         let g = GpuTensor::upload(&gpu, &t).unwrap();
         assert_eq!(g.download().unwrap().shape(), shape.as_slice());
     }
+    // Typed views for libraries: the element size must match, writes need an unshared buffer.
+    let h = GpuTensor::upload(&gpu, &f32_tensor(vec![1.0; 6]).cast(DType::F16)).unwrap();
+    assert_eq!(h.view::<u16>().map(|v| v.len()).ok(), Some(6));
+    assert!(h.view::<f32>().is_err());
+    let mut fresh = GpuTensor::empty(&gpu, DType::F32, vec![6]).unwrap();
+    assert!(fresh.view_mut::<f32>().is_ok());
+    let _shared = fresh.clone();
+    assert!(fresh.view_mut::<f32>().is_err());
     let z = GpuTensor::zeros(&gpu, DType::Bool, vec![5]).unwrap();
     assert_eq!(
         z.download().unwrap().storage(),
