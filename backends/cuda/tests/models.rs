@@ -15,9 +15,9 @@
     reason = "test code: a failure is a panic"
 )]
 
-mod common;
+mod check;
 
-use common::{check_function, random_args};
+use check::{check_function, random_args};
 use fusebox_core::frontend::onnx::import_onnx;
 use fusebox_core::ir::Module;
 use fusebox_core::transform::fuse_ops;

@@ -9,9 +9,9 @@
     reason = "test code: a failure is a panic"
 )]
 
-mod common;
+mod check;
 
-use common::{check_function, random_args};
+use check::{check_function, random_args};
 use fusebox_core::text::parse_module_str;
 
 /// `main(params) { body }` with a dataflow block whose last binding is the output.

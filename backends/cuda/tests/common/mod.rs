@@ -1,171 +1,70 @@
-//! Shared test helpers: random inputs, and checking a lowering against the CPU reference.
+//! Helpers shared by the NVRTC and GPU tests: decide whether to run, skip with a printed
+//! reason, or fail when the environment promises NVRTC (`FUSEBOX_REQUIRE_NVRTC=1`, set by
+//! scripts/test.sh) or a GPU (`FUSEBOX_REQUIRE_GPU=1`, for sessions on a GPU machine).
 
-#![allow(
-    dead_code,
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "test helpers: a failure is a panic; each test binary uses a subset"
-)]
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+#![allow(clippy::panic, reason = "test code: a failure is a panic")]
 
-use fusebox_core::ir::{DType, Function, Module, Type};
-use fusebox_core::runtime::{Storage, Tensor, Value};
-use fusebox_cuda::eval::evaluate;
-use fusebox_cuda::lower::lower;
+use std::sync::Arc;
 
-/// A small deterministic generator (xorshift).
-pub struct Rng(pub u64);
+fn required(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "1")
+}
 
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn unit(&mut self) -> f32 {
-        (self.next() % 20001) as f32 / 10000.0 - 1.0
+/// Whether NVRTC is usable; panics when it is not and `FUSEBOX_REQUIRE_NVRTC=1`.
+pub fn nvrtc_or_skip(test: &str) -> bool {
+    match fusebox_cuda::nvrtc::nvrtc() {
+        Ok(_) => true,
+        Err(e) if required("FUSEBOX_REQUIRE_NVRTC") => {
+            panic!("{test}: FUSEBOX_REQUIRE_NVRTC=1 but {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping {test}: {e}");
+            false
+        }
     }
 }
 
-/// Random data for a tensor type: floats in [-1, 1], integers in [0, 3).
-pub fn random_tensor(ty: &Type, rng: &mut Rng) -> Tensor {
-    let tt = ty.as_tensor().expect("tensor parameter");
-    let shape: Vec<usize> = tt
-        .static_shape()
-        .expect("static shape")
-        .iter()
-        .map(|&d| d as usize)
-        .collect();
-    let n: usize = shape.iter().product();
-    let dtype = tt.dtype.unwrap_or(DType::F32);
-    let data: Vec<f32> = if dtype.is_float() {
-        (0..n).map(|_| rng.unit()).collect()
-    } else {
-        (0..n).map(|_| (rng.next() % 3) as f32).collect()
-    };
-    Tensor::new(shape, Storage::from_f32(dtype, data)).expect("tensor")
-}
-
-/// Tolerance for comparing a kernel's value with the reference's, per dtype.
-pub fn tolerance(d: DType) -> f64 {
-    match d {
-        DType::F16 => 1e-2,
-        DType::BF16 => 3e-2,
-        DType::F32 => 2e-5,
-        DType::F64 => 1e-10,
-        _ => 0.0,
+/// The GPU; `None` (with a printed reason) when there is none; panics when there is none and
+/// `FUSEBOX_REQUIRE_GPU=1`.
+pub fn gpu_or_skip(test: &str) -> Option<Arc<fusebox_cuda::Gpu>> {
+    match fusebox_cuda::Gpu::get() {
+        Ok(g) => Some(g),
+        Err(e) if required("FUSEBOX_REQUIRE_GPU") => {
+            panic!("{test}: FUSEBOX_REQUIRE_GPU=1 but {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping {test}: {e}");
+            None
+        }
     }
 }
 
-/// Lowers `name` of `m`, evaluates its kernels on `args` (sampling at most `limit` elements per
-/// kernel) and compares with the CPU reference's result. Returns the number of kernels and of
-/// elements compared.
-pub fn check_function(
-    m: &Module,
-    name: &str,
-    args: &[Value],
-    limit: Option<usize>,
-) -> Result<(usize, usize), String> {
-    let f: &Function = m.get(name).ok_or("no such function")?;
-    let want = fusebox_cpu::run(m, name, args.to_vec()).map_err(|e| format!("cpu: {e}"))?;
-    let low = lower(name, f).map_err(|e| e.to_string())?;
-    if let Ok(dir) = std::env::var("FUSEBOX_DUMP_CU") {
-        for k in &low.kernels {
-            let _ = std::fs::write(format!("{dir}/{}.cu", k.name), fusebox_cuda::emit::emit(k));
-        }
-    }
-    let mut inputs: Vec<Tensor> = Vec::new();
-    for a in args {
-        match a {
-            Value::Tensor(t) => inputs.push(t.clone()),
-            Value::Tuple(fields) => {
-                for f in fields {
-                    match f {
-                        Value::Tensor(t) => inputs.push(t.clone()),
-                        v => return Err(format!("a {} in a tuple argument", v.kind())),
-                    }
-                }
-            }
-            v => return Err(format!("a {} argument", v.kind())),
-        }
-    }
-    for (_, c) in &low.constants {
-        inputs.push(Tensor::from_constant(c).map_err(|e| e.to_string())?);
-    }
-    let wants: Vec<Tensor> = match want {
-        Value::Tensor(t) => vec![t],
-        Value::Tuple(vs) => vs
-            .into_iter()
-            .map(|v| match v {
-                Value::Tensor(t) => Ok(t),
-                v => Err(format!("a {} output", v.kind())),
-            })
-            .collect::<Result<_, _>>()?,
-        v => return Err(format!("a {} result", v.kind())),
-    };
-    if wants.len() != low.outputs.len() {
-        return Err(format!(
-            "{} outputs lowered, {} computed",
-            low.outputs.len(),
-            wants.len()
-        ));
-    }
-    let mut got: Vec<Vec<(usize, f64)>> = vec![Vec::new(); low.outputs.len()];
-    for k in &low.kernels {
-        let r = evaluate(k, &inputs, limit).map_err(|e| e.to_string())?;
-        for (o, vals) in r.into_iter().enumerate() {
-            got[o].extend(vals);
-        }
-    }
-    let mut compared = 0;
-    for (o, (w, g)) in wants.iter().zip(&got).enumerate() {
-        if g.is_empty() && w.numel() > 0 {
-            return Err(format!("output {o} is written by no kernel"));
-        }
-        if limit.is_none() && g.len() != w.numel() {
-            return Err(format!(
-                "output {o}: {} of {} elements written",
-                g.len(),
-                w.numel()
-            ));
-        }
-        let wv = w.to_f64_vec();
-        let tol = tolerance(w.dtype());
-        // Relative to the output's range: sums of many products differ in their last bits
-        // with the summation order.
-        let range = wv
-            .iter()
-            .filter(|v| v.is_finite())
-            .fold(1.0f64, |m, v| m.max(v.abs()));
-        for &(i, v) in g {
-            let r = wv[i];
-            let ok = (r.is_nan() && v.is_nan()) || r == v || (r - v).abs() <= tol * range;
-            if !ok {
-                return Err(format!(
-                    "output {o} element {i}: kernel {v}, reference {r} ({})",
-                    w.dtype()
-                ));
-            }
-            compared += 1;
-        }
-    }
-    Ok((low.kernels.len(), compared))
+/// A fresh temporary directory for one test.
+pub fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("fusebox-cuda-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
 }
 
-/// Random arguments for `name`'s parameters.
-pub fn random_args(m: &Module, name: &str, seed: u64) -> Vec<Value> {
-    let f = m.get(name).expect("function");
-    let mut rng = Rng(seed | 1);
-    f.params
-        .iter()
-        .map(|&p| random_value(&f.var(p).ty, &mut rng))
-        .collect()
+/// `out[i] = a * x[i] + y[i]` in f32.
+pub const SAXPY: &str = r#"
+extern "C" __global__ void saxpy(float* out, const float* x, const float* y, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * x[i] + y[i];
 }
+"#;
 
-fn random_value(ty: &Type, rng: &mut Rng) -> Value {
-    match ty {
-        Type::Tuple(fields) => Value::Tuple(fields.iter().map(|t| random_value(t, rng)).collect()),
-        t => Value::Tensor(random_tensor(t, rng)),
-    }
+/// f16 and bf16 through the CUDA headers: `out = x * 2 + 1` with f32 math.
+pub const HALF: &str = r#"
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void scale_f16(__half* out, const __half* x, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2half(__half2float(x[i]) * 2.0f + 1.0f);
 }
+extern "C" __global__ void scale_bf16(__nv_bfloat16* out, const __nv_bfloat16* x, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16(__bfloat162float(x[i]) * 2.0f + 1.0f);
+}
+"#;
