@@ -22,6 +22,7 @@
 
 pub use fusebox_core as core;
 pub use fusebox_cpu as cpu;
+pub use fusebox_cuda as cuda;
 
 use fusebox_core::backend::pipeline::{BackendPipeline, BuildPlan, Manifest, Plan};
 use fusebox_core::config::Config;
@@ -44,10 +45,31 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// References every built-in backend crate so the linker keeps their registrations.
 pub fn link_backends() {
     fusebox_cpu::link();
+    fusebox_cuda::link();
 }
 
 /// The names of the built-in backends this build must register (checked by a test).
-pub const BUILT_IN_BACKENDS: &[&str] = &["cpu"];
+pub const BUILT_IN_BACKENDS: &[&str] = &["cpu", "cuda"];
+
+/// For `target = "cuda"`: probes the device (never panics). Without one, `strict = true` makes
+/// it the typed "no CUDA device" error; with `strict = false` the answer is the line to print
+/// (the CUDA backends then fail to compile and the CPU reference runs everything).
+pub fn check_target(config: &Config) -> Result<Option<String>, fusebox_core::Error> {
+    if config.target != fusebox_core::config::Target::Cuda {
+        return Ok(None);
+    }
+    match fusebox_cuda::Gpu::get() {
+        Ok(_) => Ok(None),
+        Err(e) if config.partition.strict => Err(fusebox_core::Error::Backend {
+            backend: "cuda".into(),
+            message: format!("{e} ({}: target = \"cuda\", strict = true)", config.file),
+        }),
+        Err(e) => Ok(Some(format!(
+            "warning: {e}; {}: target = \"cuda\" with strict = false: falling back to the CPU reference",
+            config.file
+        ))),
+    }
+}
 
 /// Builds the backend pipeline of `config`, loading its plugins.
 pub fn pipeline(config: Config) -> Result<BackendPipeline> {

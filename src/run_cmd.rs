@@ -78,6 +78,9 @@ fn run_with_backends(
     import_ms: f64,
     pipeline: &fusebox_core::backend::pipeline::BackendPipeline,
 ) -> Result<(), Error> {
+    if let Some(warning) = fusebox::check_target(&pipeline.config)? {
+        eprintln!("{warning}");
+    }
     let t = Instant::now();
     let plan = pipeline.run(module)?;
     let compile_ms = ms(t);

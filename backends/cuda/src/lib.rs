@@ -18,6 +18,7 @@
 //!   `DeviceTensor`, so device values flow through the executor), CUBIN modules, checked
 //!   launches, timing events.
 
+pub mod backend;
 pub mod cache;
 pub mod device;
 pub mod emit;
@@ -28,6 +29,7 @@ pub mod lower;
 pub mod nvrtc;
 pub mod schedule;
 
+pub use backend::CudaBackend;
 pub use cache::{Cache, compile_cached};
 pub use device::{
     DeviceElem, Gpu, GpuEvent, GpuModule, GpuTensor, Kernel, KernelArg, LaunchConfig,

@@ -349,8 +349,68 @@ impl Lowerer<'_> {
                 let ty = data.ty.clone();
                 self.op(op, &vals, &ty)
             }
-            ExprKind::Call { .. } => Err(self.unsupported("a call of a function".into())),
+            ExprKind::Call {
+                callee: Callee::Local(v),
+                args,
+            } => {
+                let mut vals = Vec::new();
+                for &a in args {
+                    vals.push(self.value(a)?);
+                }
+                self.call_local(*v, vals)
+            }
+            ExprKind::Call { .. } => Err(self.unsupported("a call of a module function".into())),
         }
+    }
+
+    /// Inlines a call of the local function bound to `v` (a `Codegen` wrapper calling its
+    /// composite).
+    fn call_local(&mut self, v: fusebox_core::ir::VarId, args: Vec<Val>) -> Result<Val> {
+        let f: &Function = self.f;
+        let inner = f
+            .bindings()
+            .find(|b| b.var == v)
+            .and_then(|b| match &f.expr(b.value).kind {
+                ExprKind::Function(inner) => Some(&**inner),
+                _ => None,
+            })
+            .ok_or_else(|| self.unsupported("a call of a local that is not a function".into()))?;
+        if inner.params.len() != args.len() {
+            return Err(self.unsupported(format!(
+                "the local function takes {} arguments, {} given",
+                inner.params.len(),
+                args.len()
+            )));
+        }
+        let saved_env = std::mem::take(&mut self.env);
+        let saved_at = self.at.clone();
+        let outer = std::mem::replace(&mut self.f, inner);
+        for (&p, a) in inner.params.iter().zip(args) {
+            self.env.insert(inner.var_expr(p), a);
+        }
+        let mut result = Ok(Val::Shape);
+        for b in inner.bindings() {
+            self.at = format!("{saved_at} → binding `{}`", inner.var(b.var).name);
+            match self.value(b.value) {
+                Ok(val) => {
+                    self.env.insert(inner.var_expr(b.var), val);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = match inner.ret {
+                Some(r) => self.value(r),
+                None => Err(self.unsupported("the local function has no result".into())),
+            };
+        }
+        self.f = outer;
+        self.env = saved_env;
+        self.at = saved_at;
+        result
     }
 
     fn constant(&mut self, c: &Constant) -> Result<Val> {

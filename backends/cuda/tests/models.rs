@@ -16,12 +16,46 @@
 )]
 
 mod check;
+mod common;
 
 use check::{check_function, random_args};
 use fusebox_core::frontend::onnx::import_onnx;
 use fusebox_core::ir::Module;
 use fusebox_core::transform::fuse_ops;
+use fusebox_cuda::nvrtc::{Arch, CompileJob, CompileOptions, compile_many};
 use std::path::PathBuf;
+
+/// Compiles every kernel of every fused function of `fused` to CUBIN for sm_90 with NVRTC;
+/// returns how many (0 when NVRTC is absent and not required: the test prints why).
+fn compile_module(label: &str, fused: &Module) -> usize {
+    if !common::nvrtc_or_skip(label) {
+        return 0;
+    }
+    let mut jobs = Vec::new();
+    for (name, f) in &fused.functions {
+        if name.as_str() == "main" {
+            continue;
+        }
+        let low = fusebox_cuda::lower::lower(name, f).unwrap_or_else(|e| panic!("{label}: {e}"));
+        for k in &low.kernels {
+            jobs.push(CompileJob {
+                name: format!("{}.cu", k.name),
+                source: fusebox_cuda::emit::emit(k),
+                arch: Arch::Sm90,
+                options: CompileOptions::default(),
+            });
+        }
+    }
+    let cache = fusebox_cuda::Cache::from_env();
+    let mut failures = Vec::new();
+    for (j, r) in jobs.iter().zip(compile_many(&jobs, cache.as_ref())) {
+        if let Err(e) = r {
+            failures.push(format!("{label}/{}: {e}", j.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    jobs.len()
+}
 
 /// Checks every fused function of `fused`; returns (functions, kernels, elements compared).
 fn check_module(label: &str, fused: &Module) -> (usize, usize, usize) {
@@ -51,7 +85,10 @@ fn transformer_block_groups_match_the_reference() {
     let m = fusebox_core::text::parse_module_str(src).unwrap();
     let fused = fuse_ops(&m, 2, 256).unwrap();
     let (f, k, e) = check_module("transformer_block", &fused);
-    println!("transformer block: {f} fused functions, {k} kernels, {e} elements match");
+    let compiled = compile_module("transformer_block", &fused);
+    println!(
+        "transformer block: {f} fused functions, {k} kernels, {e} elements match; {compiled} kernels compile with NVRTC (sm_90)"
+    );
     assert!(
         f >= 6,
         "expected the block to fuse into several groups, found {f}"
@@ -71,7 +108,7 @@ fn light_model_groups_match_the_reference() {
         .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
         .collect();
     files.sort();
-    let (mut tf, mut tk) = (0, 0);
+    let (mut tf, mut tk, mut tc) = (0, 0, 0);
     for p in &files {
         let stem = p
             .file_stem()
@@ -83,15 +120,17 @@ fn light_model_groups_match_the_reference() {
         let fused = fuse_ops(&m, 2, 256).unwrap_or_else(|e| panic!("{stem}: {e}"));
         let t = std::time::Instant::now();
         let (f, k, e) = check_module(&stem, &fused);
+        let c = compile_module(&stem, &fused);
         println!(
-            "cuda kernels {stem}: {f} fused functions, {k} kernels, {e} elements match the CPU reference ({:.1} s)",
+            "cuda kernels {stem}: {f} fused functions, {k} kernels, {e} elements match the CPU reference, {c} compile with NVRTC ({:.1} s)",
             t.elapsed().as_secs_f64()
         );
         tf += f;
         tk += k;
+        tc += c;
     }
     println!(
-        "cuda kernels: {} models, {tf} fused functions, {tk} kernels checked",
+        "cuda kernels: {} models, {tf} fused functions, {tk} kernels checked against the CPU reference, {tc} compiled to sm_90 CUBIN",
         files.len()
     );
     assert_eq!(files.len(), 9, "expected the nine light models");

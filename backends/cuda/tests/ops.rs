@@ -10,9 +10,11 @@
 )]
 
 mod check;
+mod common;
 
 use check::{check_function, random_args};
 use fusebox_core::text::parse_module_str;
+use fusebox_cuda::nvrtc::{Arch, CompileOptions};
 
 /// `main(params) { body }` with a dataflow block whose last binding is the output.
 fn module(params: &str, body: &[&str]) -> String {
@@ -50,6 +52,21 @@ fn run(name: &str, params: &str, body: &[&str]) -> usize {
         let (k, _) = check_function(&m, &fname, &args, None)
             .unwrap_or_else(|e| panic!("{name} (seed {seed}): {e}\n{src}"));
         kernels = k;
+    }
+    if common::nvrtc_or_skip(name) {
+        let low = fusebox_cuda::lower::lower(&fname, m.get(&fname).unwrap()).unwrap();
+        for k in &low.kernels {
+            let src = fusebox_cuda::emit::emit(k);
+            for arch in [Arch::Sm80, Arch::Sm90, Arch::Sm90a] {
+                let opts = CompileOptions {
+                    ptxas_verbose: true,
+                    ..CompileOptions::default()
+                };
+                let c = fusebox_cuda::compile_cached(None, &src, &k.name, arch, &opts)
+                    .unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
+                assert!(!c.has_spills(), "{name} spills on {arch}: {}", c.log);
+            }
+        }
     }
     kernels
 }
