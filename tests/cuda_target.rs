@@ -1,0 +1,151 @@
+//! The `cuda` backend and `target = "cuda"` on this machine: claims and their reasons, the
+//! typed "no CUDA device" error (strict) or the CPU fallback that says so, and `fusebox compile`
+//! writing CUDA sources and CUBINs without a GPU. On a machine with a GPU the no-device checks
+//! are skipped (with a printed reason) and the run must succeed instead.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "test code: a failure is a panic"
+)]
+
+use fusebox::core::backend::{Candidate, Claim, make_backend};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn has_gpu() -> bool {
+    fusebox::cuda::Gpu::is_available()
+}
+
+const BLOCK: &str = "backends/cuda/tests/data/transformer_block.relax";
+
+#[test]
+fn the_cuda_backend_claims_fuse_ops_groups_and_says_why_not_otherwise() {
+    fusebox::link_backends();
+    let b = make_backend("cuda", &toml::Table::new()).unwrap();
+    let src = "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused_add_relu(x: R.Tensor((4, 8), dtype=\"float32\"), y: R.Tensor((8,), dtype=\"float32\")) -> R.Tensor((4, 8), dtype=\"float32\"):\n        R.func_attr({\"Primitive\": True})\n        with R.dataflow():\n            a = R.add(x, y)\n            gv = R.nn.relu(a)\n            R.output(gv)\n        return gv\n\n    @R.function(private=True)\n    def fused_sym(x: R.Tensor((\"n\", 8), dtype=\"float32\")) -> R.Tensor((\"n\", 8), dtype=\"float32\"):\n        R.func_attr({\"Primitive\": True})\n        with R.dataflow():\n            gv = R.nn.relu(x)\n            R.output(gv)\n        return gv\n\n    @R.function\n    def plain(x: R.Tensor((8,), dtype=\"float32\")) -> R.Tensor((8,), dtype=\"float32\"):\n        with R.dataflow():\n            gv = R.nn.relu(x)\n            R.output(gv)\n        return gv\n";
+    let m = fusebox::core::text::parse_module_str(src).unwrap();
+    let cand = |n: &'static str| Candidate {
+        name: n,
+        func: m.get(n).unwrap(),
+        module: &m,
+    };
+    assert_eq!(b.claim(&cand("fused_add_relu")), Claim::Accept);
+    match b.claim(&cand("fused_sym")) {
+        Claim::Decline { reason } => assert!(reason.contains("symbolic"), "{reason}"),
+        Claim::Accept => panic!("a symbolic shape was claimed"),
+    }
+    match b.claim(&cand("plain")) {
+        Claim::Decline { reason } => assert!(reason.contains("not a FuseOps group"), "{reason}"),
+        Claim::Accept => panic!("a plain function was claimed"),
+    }
+    if !has_gpu() {
+        let err = b.compile(&cand("fused_add_relu")).err().expect("no device");
+        assert!(err.to_string().contains("no CUDA device"), "{err}");
+    }
+}
+
+#[test]
+fn unknown_options_and_bad_arches_are_errors() {
+    fusebox::link_backends();
+    let mut t = toml::Table::new();
+    t.insert("arch".into(), toml::Value::String("sm_12".into()));
+    let e = make_backend("cuda", &t).err().expect("bad arch");
+    assert!(e.to_string().contains("arch"), "{e}");
+    let mut t = toml::Table::new();
+    t.insert("threads".into(), toml::Value::Integer(4));
+    let e = make_backend("cuda", &t).err().expect("unknown option");
+    assert!(e.to_string().contains("threads"), "{e}");
+}
+
+#[test]
+fn run_with_the_cuda_config_without_a_gpu_is_the_typed_error_or_a_said_fallback() {
+    if has_gpu() {
+        println!("skipped: this machine has a GPU (the no-device behaviour cannot be observed)");
+        return;
+    }
+    let out = root().join("target").join("cuda-target-test");
+    let run = |config: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_fusebox"))
+            .current_dir(root())
+            .args(["run", BLOCK, "--config"])
+            .arg(config)
+            .arg("--output-dir")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let strict = run(&root().join("configs/cuda.toml"));
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert_eq!(strict.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no CUDA device"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let lax_path = out.with_extension("toml");
+    std::fs::create_dir_all(lax_path.parent().unwrap()).unwrap();
+    let text = std::fs::read_to_string(root().join("configs/cuda.toml")).unwrap();
+    std::fs::write(&lax_path, text.replace("strict = true", "strict = false")).unwrap();
+    let lax = run(&lax_path);
+    let stderr = String::from_utf8_lossy(&lax.stderr);
+    assert!(lax.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("falling back to the CPU reference"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("backend cpu: fused_matmul_add"), "{stderr}");
+}
+
+#[test]
+fn compile_writes_cuda_sources_and_cubins_without_a_gpu() {
+    if fusebox::cuda::nvrtc::nvrtc().is_err() {
+        if std::env::var("FUSEBOX_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+            panic!("FUSEBOX_REQUIRE_NVRTC=1 but NVRTC cannot be loaded");
+        }
+        println!("skipped: NVRTC is not available (scripts/test.sh installs it)");
+        return;
+    }
+    let dir = root().join("target").join("cuda-compile-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .current_dir(root())
+        .args([
+            "compile",
+            BLOCK,
+            "--config",
+            "configs/cuda.toml",
+            "--out-dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let funcs = manifest["functions"].as_array().unwrap();
+    let cuda: Vec<_> = funcs.iter().filter(|f| f["backend"] == "cuda").collect();
+    assert_eq!(
+        cuda.len(),
+        9,
+        "every FuseOps group of the block goes to cuda"
+    );
+    for f in cuda {
+        assert_eq!(f["arch"], "sm_90");
+        for k in f["kernels"].as_array().unwrap() {
+            let name = k["name"].as_str().unwrap();
+            let cu = std::fs::read_to_string(dir.join(format!("{name}.cu"))).unwrap();
+            assert!(cu.contains("void __launch_bounds__") && cu.contains(name));
+            let cubin = std::fs::read(dir.join(format!("{name}.cubin"))).unwrap();
+            assert_eq!(&cubin[..4], b"\x7fELF", "{name}.cubin is an ELF CUBIN");
+        }
+    }
+}
