@@ -2,7 +2,8 @@
 //! their `inventory` registrations are kept by the linker, loads plugins, and runs a
 //! partitioned module with each function's compiled artifact.
 //!
-//! Contract: [`link_backends`] references every backend crate (today: `fusebox-cpu`);
+//! Contract: [`link_backends`] references every backend crate (today: `fusebox-cpu`,
+//! `fusebox-cublas`);
 //! [`pipeline`] builds the config's [`BackendPipeline`] with the plugin loader of
 //! `fusebox-plugin-host`; [`execute`] runs a function of a [`Plan`]'s module, calling the
 //! compiled artifact for every unit of work and the CPU reference for the ops left in `main`.
@@ -18,6 +19,7 @@
 
 pub use fusebox_core as core;
 pub use fusebox_cpu as cpu;
+pub use fusebox_cublas as cublas;
 
 use fusebox_core::backend::pipeline::{BackendPipeline, Plan};
 use fusebox_core::config::Config;
@@ -40,10 +42,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// References every built-in backend crate so the linker keeps their registrations.
 pub fn link_backends() {
     fusebox_cpu::link();
+    fusebox_cublas::link();
 }
 
 /// The names of the built-in backends this build must register (checked by a test).
-pub const BUILT_IN_BACKENDS: &[&str] = &["cpu"];
+pub const BUILT_IN_BACKENDS: &[&str] = &["cpu", "cublas"];
 
 /// Builds the backend pipeline of `config`, loading its plugins.
 pub fn pipeline(config: Config) -> Result<BackendPipeline> {
