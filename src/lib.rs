@@ -23,7 +23,7 @@ pub use fusebox_cublas as cublas;
 
 use fusebox_core::backend::pipeline::{BackendPipeline, Plan};
 use fusebox_core::config::Config;
-use fusebox_core::runtime::Value;
+use fusebox_core::runtime::{Placement, Value, host_args};
 
 /// Every error of the facade.
 #[derive(Debug, thiserror::Error)]
@@ -56,9 +56,17 @@ pub fn pipeline(config: Config) -> Result<BackendPipeline> {
 }
 
 /// Runs `func` of the plan's module on `args`: calls of compiled functions go to their
-/// artifacts, everything else to the CPU reference.
+/// artifacts, everything else to the CPU reference. Data moves only where the placement
+/// changes: a host artifact ([`Placement::Host`]) and the CPU ops get device values
+/// downloaded, a device artifact gets values as they are. The result may hold device
+/// values; [`Value::to_host`] downloads them (as `fusebox run` does for its outputs).
 pub fn execute(plan: &Plan, func: &str, args: Vec<Value>) -> Result<Value> {
-    let hook = |name: &str, vals: &[Value]| plan.artifacts.get(name).map(|a| a.run(vals));
+    let hook = |name: &str, vals: &[Value]| {
+        plan.artifacts.get(name).map(|a| match a.placement() {
+            Placement::Device => a.run(vals),
+            Placement::Host => a.run(&host_args(vals)?),
+        })
+    };
     Ok(fusebox_cpu::run_with(
         &plan.module,
         func,

@@ -18,7 +18,8 @@
 //!   magnitude or 1; integers and bool exactly); the first differing output is named in the
 //!   error and the exit code is 1.
 //! - `--timings`: `time import|partition|compile|run <ms> ms` on stderr (run = median of
-//!   `--repeat N` runs after one warm-up; compile is 0: there is no compile step yet).
+//!   `--repeat N` runs after one warm-up, device outputs downloaded inside it; compile is 0:
+//!   the backends compile during partition).
 //! - `--profile`: per-function totals (calls, ms) of the last timed run on stderr.
 //!
 //! ```text
@@ -81,9 +82,14 @@ fn run_with_backends(
     let plan = pipeline.run(module)?;
     let compile_ms = ms(t);
     let args = make_args(module, &a.inputs, a.seed)?;
+    // The outputs are downloaded inside the timed run: a device result is not done until it
+    // is on the host.
     let exec = |args: Vec<Value>| -> Result<Value, Error> {
-        let hook = |name: &str, vals: &[Value]| plan.artifacts.get(name).map(|art| art.run(vals));
-        fusebox_cpu::run_with(&plan.module, "main", args, Some(&hook)).map_err(rt)
+        match fusebox::execute(&plan, "main", args) {
+            Ok(v) => Ok(v.to_host()?),
+            Err(fusebox::Error::Cpu(e)) => Err(rt(e)),
+            Err(fusebox::Error::Core(e)) => Err(e),
+        }
     };
     let mut out = exec(args.clone())?;
     let mut times = Vec::new();

@@ -14,6 +14,11 @@
 //! - Each var's value is dropped right after the binding that uses it last (last uses are
 //!   computed before running). Tensor data is shared, so passing values around copies no
 //!   elements.
+//! - Device values ([`Value::Device`], made by GPU artifacts through the hook) stay where they
+//!   are until a CPU op needs them: an op's device arguments are downloaded then, once per var
+//!   and call frame (a second CPU use of the same var reuses the host copy). Calls of module
+//!   and local functions, tuples and the hook get values as they are; the result may be on a
+//!   device (the caller downloads what it wants on the host, see [`Value::to_host`]).
 //! - The result is deterministic: the same module and arguments give bit-identical output.
 //! - Errors (never panics) name the function and var where they happened, innermost last.
 //!
@@ -36,7 +41,7 @@ use crate::{Error, Result};
 use fusebox_core::ir::{
     Callee, Dim, ExprId, ExprKind, Function, Module, PrimValue, Sym, Type, VarId,
 };
-use fusebox_core::runtime::{Prim, Tensor, Value};
+use fusebox_core::runtime::{Prim, Tensor, Value, host_args};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
@@ -123,6 +128,8 @@ struct Interp<'m> {
 /// The state of one call.
 struct Frame<'f> {
     values: Vec<Option<Value>>,
+    /// Host copies of device values that CPU ops have read, by var (dropped with the value).
+    host: Vec<Option<Value>>,
     locals: Vec<Option<&'f Function>>,
     syms: BTreeMap<Sym, i64>,
 }
@@ -215,6 +222,7 @@ impl<'m> Interp<'m> {
         }
         let mut fr = Frame {
             values: vec![None; f.vars.len()],
+            host: vec![None; f.vars.len()],
             locals: vec![None; f.vars.len()],
             syms: BTreeMap::new(),
         };
@@ -256,6 +264,7 @@ impl<'m> Interp<'m> {
             }
             for d in plan.get(i).into_iter().flatten() {
                 fr.values[d.as_u32() as usize] = None;
+                fr.host[d.as_u32() as usize] = None;
             }
         }
         let ret = f
@@ -335,13 +344,23 @@ impl<'m> Interp<'m> {
                     )));
                 }
             },
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                args,
+            } => {
+                let vals: Vec<Value> = args
+                    .iter()
+                    .map(|&x| self.eval_host(name, f, fr, x, depth))
+                    .collect::<Result<_>>()?;
+                eval_op(op, &vals)?
+            }
             ExprKind::Call { callee, args } => {
                 let vals: Vec<Value> = args
                     .iter()
                     .map(|&x| self.eval(name, f, fr, x, depth))
                     .collect::<Result<_>>()?;
                 match callee {
-                    Callee::Op(op) => eval_op(op, &vals)?,
+                    Callee::Op(op) => eval_op(op, &host_args(&vals)?)?,
                     Callee::Global(g) => {
                         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
                         let v = match self.hook.and_then(|h| h(g, &vals)) {
@@ -378,6 +397,36 @@ impl<'m> Interp<'m> {
                 ));
             }
         })
+    }
+}
+
+impl Interp<'_> {
+    /// [`Interp::eval`] for a CPU op's argument: the value on the host. A var's device value is
+    /// downloaded once per frame and the host copy kept with it.
+    fn eval_host<'f>(
+        &self,
+        name: &str,
+        f: &'f Function,
+        fr: &mut Frame<'f>,
+        e: ExprId,
+        depth: usize,
+    ) -> Result<Value> {
+        if let Some(ExprKind::Var(v)) = f.exprs.get(e).map(|d| &d.kind) {
+            let i = v.as_u32() as usize;
+            if let Some(h) = fr.host.get(i).cloned().flatten() {
+                return Ok(h);
+            }
+            let val = self.eval(name, f, fr, e, depth)?;
+            if !val.is_on_device() {
+                return Ok(val);
+            }
+            let h = val.to_host()?;
+            if let Some(slot) = fr.host.get_mut(i) {
+                *slot = Some(h.clone());
+            }
+            return Ok(h);
+        }
+        Ok(self.eval(name, f, fr, e, depth)?.to_host()?)
     }
 }
 
@@ -434,13 +483,16 @@ fn match_type(
 ) -> std::result::Result<(), String> {
     match (ty, v) {
         (Type::Object | Type::Func(_), _) => Ok(()),
-        (Type::Tensor(tt), Value::Tensor(t)) => {
+        (Type::Tensor(tt), Value::Tensor(_) | Value::Device(_)) => {
+            let Some((dtype, shape)) = v.tensor_meta() else {
+                return Err(format!("expected a tensor, found {}", v.kind()));
+            };
             if let Some(dt) = tt.dtype
-                && dt != t.dtype()
+                && dt != dtype
             {
-                return Err(format!("expected dtype {dt}, found {}", t.dtype()));
+                return Err(format!("expected dtype {dt}, found {dtype}"));
             }
-            let actual: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+            let actual: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
             match (&tt.dims, tt.ndim) {
                 (Some(dims), _) => match_dims(dims, &actual, syms, bind),
                 (None, Some(r)) if r != actual.len() => {

@@ -31,6 +31,11 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(String),
+    /// A device request that does not fit: a launch whose arguments do not match the kernel's
+    /// parameters or whose shape exceeds the device, a value that is not a tensor, a shape
+    /// whose size overflows.
+    #[error("CUDA device: {0}")]
+    Device(String),
     /// The function cannot be lowered to a kernel; the reason names the op or construct.
     #[error("cannot lower `{function}` to a CUDA kernel: {reason}")]
     Unsupported {

@@ -9,16 +9,24 @@
 //! - [`eval`]: a CPU evaluator of the kernel IR, so every lowering is checked against the CPU
 //!   reference on machines without a GPU.
 //! - [`emit`]: CUDA C++ for a kernel (f32, f16, bf16 with f32 math).
-//! - [`nvrtc`]: run-time compilation to CUBIN for a given arch; [`cache`]: the on-disk cache.
-//! - [`device`]: device probe without panics (a typed [`Error::NoDevice`]), buffers, transfers,
-//!   launches, events.
+//! - [`nvrtc`]: run-time compilation to CUBIN for `sm_80` / `sm_90` / `sm_90a` ([`Arch`]),
+//!   NVRTC located without panics (a typed [`Error::NvrtcUnavailable`]), the ptxas report
+//!   (registers, spills, shared memory) parsed, batches compiled in parallel; [`cache`]: the
+//!   on-disk compile cache keyed by source, arch, NVRTC version and options.
+//! - [`device`]: the CUDA runtime the GPU backends share: device probe without panics (a typed
+//!   [`Error::NoDevice`]), [`GpuTensor`] buffers and bit-exact transfers (a fusebox-core
+//!   `DeviceTensor`, so device values flow through the executor), CUBIN modules, checked
+//!   launches, timing events.
 
 pub mod cache;
 pub mod device;
 pub mod error;
 pub mod nvrtc;
 
+pub use cache::{Cache, compile_cached};
+pub use device::{Gpu, GpuEvent, GpuModule, GpuTensor, Kernel, KernelArg, LaunchConfig};
 pub use error::{Error, Result};
+pub use nvrtc::{Arch, CompileJob, CompileOptions, Compiled, PtxasInfo, compile, compile_many};
 
 /// Call this from the binary so the linker keeps this crate's `inventory` registrations.
 pub fn link() {}

@@ -13,6 +13,12 @@
 //! - Built-in backends register themselves with `inventory::submit!` of a
 //!   [`BackendRegistration`] (see [`registry`]); plugins come through `fusebox-plugin-host`.
 //! - [`pipeline`] builds the partition → claim → compile flow from a [`crate::config::Config`].
+//! - Ahead of time: [`Backend::build`] turns a claimed function into files (source, CUBIN, …)
+//!   and a description of its kernels ([`BuildOutput`]) without needing the device it will run
+//!   on, which is what `fusebox compile` writes out. The default builds nothing (`Ok(None)`):
+//!   the function is listed with its backend and no files.
+//! - An artifact says where it wants its arguments ([`Artifact::placement`]): host artifacts
+//!   (the default) get host tensors, device artifacts get values as they are.
 //!
 //! ```
 //! use fusebox_core::backend::{Artifact, Backend, Candidate, Claim};
@@ -39,7 +45,7 @@ pub use registry::{BackendRegistration, make_backend, registered_names};
 
 use crate::error::Result;
 use crate::ir::{Callee, ExprKind, Function, Module};
-use crate::runtime::Value;
+use crate::runtime::{Placement, Value};
 use crate::transform::FusionPattern;
 
 /// A backend's answer to "will you take this function?".
@@ -143,6 +149,37 @@ fn collect_ops(f: &Function, out: &mut Vec<String>) {
 pub trait Artifact: Send + Sync {
     /// Runs the function on `args` (one value per parameter) and returns its result.
     fn run(&self, args: &[Value]) -> Result<Value>;
+    /// Where it wants its arguments: [`Placement::Host`] (the default) means the executor
+    /// downloads device values before calling [`Artifact::run`]; [`Placement::Device`] means
+    /// they are passed as they are.
+    fn placement(&self) -> Placement {
+        Placement::Host
+    }
+}
+
+/// One kernel of a built function and its launch configuration.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KernelInfo {
+    /// The kernel's symbol (its `extern "C"` name in the built code).
+    pub name: String,
+    /// Grid size in blocks (x, y, z).
+    pub grid: [u32; 3],
+    /// Block size in threads (x, y, z).
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+/// What [`Backend::build`] makes of a function ahead of time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BuildOutput {
+    /// Files to write: (file name, contents), e.g. `("fused_add.cu", source)`,
+    /// `("fused_add.cubin", cubin)`. A file name is a plain name: no directories.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// The kernels, in launch order.
+    pub kernels: Vec<KernelInfo>,
+    /// The target architecture the files are for (`sm_90a`), when there is one.
+    pub arch: Option<String>,
 }
 
 /// A backend (see the module doc).
@@ -159,4 +196,11 @@ pub trait Backend: Send + Sync {
     fn claim(&self, c: &Candidate<'_>) -> Claim;
     /// Compiles a claimed function.
     fn compile(&self, c: &Candidate<'_>) -> Result<Box<dyn Artifact>>;
+    /// Builds a claimed function ahead of time, without the device it will run on: files and
+    /// kernel descriptions for `fusebox compile`. `Ok(None)` (the default) means there is
+    /// nothing to build ahead of time (the CPU reference, plugins).
+    fn build(&self, c: &Candidate<'_>) -> Result<Option<BuildOutput>> {
+        let _ = c;
+        Ok(None)
+    }
 }

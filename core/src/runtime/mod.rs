@@ -9,7 +9,13 @@
 //! - [`Tensor::from_constant`] / [`Tensor::to_constant`] convert from and to the IR's
 //!   little-endian [`Constant`]s exactly (bit for bit).
 //! - A [`Value`] is what a var holds while a function runs: a tensor, a tuple, a shape
-//!   (`R.shape([...])`) or a prim value (`R.prim_value(...)`).
+//!   (`R.shape([...])`), a prim value (`R.prim_value(...)`), or a tensor that lives on a device
+//!   ([`Value::Device`], behind the [`DeviceTensor`] trait that a GPU backend implements).
+//! - Data moves between host and device only where the placement changes: an executor hands
+//!   a [`Placement::Host`] artifact or a CPU op host values ([`Value::to_host`] downloads what
+//!   is on a device, and copies nothing that is already on the host), a
+//!   [`Placement::Device`] artifact gets values as they are (it uploads host values itself and
+//!   returns device values), and a caller that wants host results calls [`Value::to_host`].
 //! - Nothing here panics on user input: a shape that does not match the data, or an overflowing
 //!   element count, is an [`Error::Runtime`].
 //!
@@ -23,6 +29,7 @@
 use crate::error::{Error, Result};
 use crate::ir::{Constant, DType};
 use half::{bf16, f16};
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -485,8 +492,35 @@ impl Prim {
     }
 }
 
+/// A tensor that lives on a device (a GPU backend's buffer). The executor never reads its
+/// memory: it asks for its dtype and shape (type checks) and downloads it with
+/// [`DeviceTensor::to_host`] where a host consumer needs it.
+pub trait DeviceTensor: Send + Sync + fmt::Debug {
+    /// The element type.
+    fn dtype(&self) -> DType;
+    /// The shape (row-major, contiguous).
+    fn shape(&self) -> &[usize];
+    /// The device it lives on, for messages (`cuda:0 (NVIDIA H100 80GB HBM3)`).
+    fn device(&self) -> String;
+    /// Copies it to a host tensor (bit-exact, every dtype).
+    fn to_host(&self) -> Result<Tensor>;
+    /// The value as `Any`, so the backend that made it can get its own type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Where an artifact wants its arguments (see the module doc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Host tensors: the executor downloads device values before the call.
+    #[default]
+    Host,
+    /// Values as they are: the artifact uploads host values itself and may return device
+    /// values.
+    Device,
+}
+
 /// What a var holds at run time.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum Value {
     /// A tensor.
     Tensor(Tensor),
@@ -496,10 +530,28 @@ pub enum Value {
     Shape(Vec<i64>),
     /// A prim value.
     Prim(Prim),
+    /// A tensor on a device (see [`DeviceTensor`]).
+    Device(Arc<dyn DeviceTensor>),
+}
+
+/// Host values compare by content; device values by identity (the same buffer), since
+/// comparing their contents would need a download.
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Value::Tensor(a), Value::Tensor(b)) => a == b,
+            (Value::Tuple(a), Value::Tuple(b)) => a == b,
+            (Value::Shape(a), Value::Shape(b)) => a == b,
+            (Value::Prim(a), Value::Prim(b)) => a == b,
+            (Value::Device(a), Value::Device(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
 }
 
 impl Value {
-    /// The tensor, or an error naming `what` and what was found instead.
+    /// The tensor, or an error naming `what` and what was found instead (a device tensor is
+    /// an error too: download it first with [`Value::to_host`]).
     pub fn as_tensor(&self, what: &str) -> Result<&Tensor> {
         match self {
             Value::Tensor(t) => Ok(t),
@@ -517,8 +569,58 @@ impl Value {
             Value::Tuple(v) => format!("a tuple of {}", v.len()),
             Value::Shape(_) => "a shape".to_string(),
             Value::Prim(_) => "a prim value".to_string(),
+            Value::Device(d) => format!(
+                "a device tensor {:?} of {} on {}",
+                d.shape(),
+                d.dtype(),
+                d.device()
+            ),
         }
     }
+
+    /// Whether any part of the value (tuple fields included) is on a device.
+    pub fn is_on_device(&self) -> bool {
+        match self {
+            Value::Device(_) => true,
+            Value::Tuple(items) => items.iter().any(Value::is_on_device),
+            Value::Tensor(_) | Value::Shape(_) | Value::Prim(_) => false,
+        }
+    }
+
+    /// The dtype and shape of a tensor value, on the host or on a device.
+    pub fn tensor_meta(&self) -> Option<(DType, &[usize])> {
+        match self {
+            Value::Tensor(t) => Some((t.dtype(), t.shape())),
+            Value::Device(d) => Some((d.dtype(), d.shape())),
+            _ => None,
+        }
+    }
+
+    /// The value with every device tensor downloaded (tuples recursively). A value already on
+    /// the host is returned as it is: nothing is copied.
+    pub fn to_host(self) -> Result<Value> {
+        match self {
+            Value::Device(d) => d.to_host().map(Value::Tensor),
+            Value::Tuple(items) if items.iter().any(Value::is_on_device) => items
+                .into_iter()
+                .map(Value::to_host)
+                .collect::<Result<Vec<_>>>()
+                .map(Value::Tuple),
+            v => Ok(v),
+        }
+    }
+}
+
+/// `args` with every device value downloaded (see [`Value::to_host`]); borrowed unchanged when
+/// none is on a device, so the common all-host case copies nothing.
+pub fn host_args(args: &[Value]) -> Result<std::borrow::Cow<'_, [Value]>> {
+    if !args.iter().any(Value::is_on_device) {
+        return Ok(std::borrow::Cow::Borrowed(args));
+    }
+    args.iter()
+        .map(|a| a.clone().to_host())
+        .collect::<Result<Vec<_>>>()
+        .map(std::borrow::Cow::Owned)
 }
 
 impl From<Tensor> for Value {
