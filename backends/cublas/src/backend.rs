@@ -21,7 +21,9 @@ use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::plan::{LtPlan, PlanRequest, build_plan};
 use crate::spec::{MatmulSpec, Operand, analyse};
-use fusebox_core::backend::{Artifact, Backend, BackendRegistration, Candidate, Claim};
+use fusebox_core::backend::{
+    Artifact, Backend, BackendRegistration, BuildOutput, Candidate, Claim,
+};
 use fusebox_core::ir::{Function, Type};
 use fusebox_core::transform::FusionPattern;
 
@@ -88,6 +90,22 @@ impl Backend for CublasBackend {
 
     fn compile(&self, c: &Candidate<'_>) -> fusebox_core::Result<Box<dyn Artifact>> {
         Ok(Box::new(self.compile_function(c.name, c.func)?))
+    }
+
+    /// Nothing is generated ahead of time (cuBLASLt is a library); the build writes the
+    /// function's spec and, for static shapes, its plan as `<name>.cublaslt.txt`.
+    fn build(&self, c: &Candidate<'_>) -> fusebox_core::Result<Option<BuildOutput>> {
+        let (spec, plan) = self.prepare(c.name, c.func)?;
+        let mut text = format!("{}: {spec}\n", c.name);
+        match plan {
+            Some(p) => text.push_str(&format!("plan: {p}\nout shape: {:?}\n", p.out_shape)),
+            None => text.push_str("plan: made per call (symbolic shapes)\n"),
+        }
+        Ok(Some(BuildOutput {
+            files: vec![(format!("{}.cublaslt.txt", c.name), text.into_bytes())],
+            kernels: Vec::new(),
+            arch: None,
+        }))
     }
 }
 

@@ -12,6 +12,12 @@ pub enum Error {
         /// What the probe found.
         reason: String,
     },
+    /// cuBLASLt could not be loaded (the device is there, the library is not).
+    #[error("cuBLASLt unavailable: {reason}")]
+    NoLibrary {
+        /// Where it looked and what failed.
+        reason: String,
+    },
     /// The function is not something this backend runs (the claim's decline reason).
     #[error("cannot run `{function}` with cuBLASLt: {reason}")]
     Unsupported {

@@ -34,13 +34,14 @@
 pub mod artifact;
 pub mod backend;
 pub mod error;
-mod lt;
+pub mod lt;
 pub mod options;
 pub mod patterns;
 pub mod plan;
 pub mod spec;
+pub mod tune;
 
-pub use artifact::CublasArtifact;
+pub use artifact::{CublasArtifact, Runtime};
 pub use backend::CublasBackend;
 pub use error::{Error, Result};
 pub use options::Options;
