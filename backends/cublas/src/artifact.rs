@@ -122,6 +122,27 @@ impl Runtime {
             })
     }
 
+    /// Forgets every prepared plan and chosen algorithm (the next call of each plan prepares
+    /// again, reading the autotune cache from disk): for tests and benchmarks.
+    pub fn clear_cache(&self) -> Result<()> {
+        self.cache.lock().map_err(poisoned)?.clear();
+        Ok(())
+    }
+
+    /// The algorithm chosen for `plan` under `align`, once a call has prepared it: `Some(None)`
+    /// when the plain cuBLAS fallback runs it.
+    pub fn chosen(&self, plan: &LtPlan, align: &Alignments) -> Result<Option<Option<Algo>>> {
+        let cache = self.cache.lock().map_err(poisoned)?;
+        let Some(e) = cache.get(&(plan.clone(), *align)) else {
+            return Ok(None);
+        };
+        let e = e.lock().map_err(poisoned)?;
+        Ok(Some(match e.choice {
+            Choice::Lt(a) => Some(a),
+            Choice::Blas => None,
+        }))
+    }
+
     /// The autotune cache key of a plan under some alignments on this device.
     pub fn tune_key(&self, plan: &LtPlan, align: &Alignments) -> String {
         let (ma, mi) = self.gpu.compute_capability();
