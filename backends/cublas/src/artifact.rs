@@ -122,6 +122,36 @@ impl Runtime {
             })
     }
 
+    /// Whether cuBLASLt (or, for a plain GEMM, cuBLAS) has an algorithm for `plan` with
+    /// 256-byte-aligned operands: asked at compile time for static shapes, so a plan no
+    /// kernel runs fails the compile (and the pipeline tries the next backend) instead of the
+    /// run. The bias pointer shown to the heuristic is the workspace's (real, 256-aligned).
+    pub fn probe(&self, plan: &LtPlan) -> Result<()> {
+        if plan.launches.is_empty() {
+            return Ok(());
+        }
+        bind(&self.gpu)?;
+        let _guard = self.lock.lock().map_err(poisoned)?;
+        let align = Alignments {
+            a: 256,
+            b: 256,
+            d: 256,
+            bias: 256,
+        };
+        let bias = plan
+            .epilogue
+            .has_bias()
+            .then(|| self.workspace.device_ptr());
+        let p = Prepared::new(&self.handle, plan, &align, bias, 1)?;
+        if !p.algos.is_empty() {
+            return Ok(());
+        }
+        if plan.epilogue == Epilogue::Default && !plan.scaled && self.blas().is_ok() {
+            return Ok(());
+        }
+        Err(Error::NoAlgorithm(plan.describe()))
+    }
+
     /// Forgets every prepared plan and chosen algorithm (the next call of each plan prepares
     /// again, reading the autotune cache from disk): for tests and benchmarks.
     pub fn clear_cache(&self) -> Result<()> {
@@ -361,6 +391,9 @@ impl CublasArtifact {
         options: Options,
     ) -> Result<Self> {
         let runtime = Runtime::get()?;
+        if let Some(plan) = &static_plan {
+            runtime.probe(plan)?;
+        }
         Ok(CublasArtifact {
             name: name.to_string(),
             spec,

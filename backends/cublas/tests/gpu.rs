@@ -541,3 +541,30 @@ fn autotune_times_candidates_and_caches_the_choice_on_disk() {
     run_case(&c, "autotune = true", true);
     assert_eq!(count(), after, "the second run hit the cache");
 }
+
+#[test]
+fn benchmark_kernel_compiles_with_nvrtc() {
+    use fusebox_cuda::nvrtc::{Arch, CompileOptions, compile, is_available};
+    if !is_available() {
+        println!(
+            "skipped: {}",
+            fusebox_cuda::nvrtc::nvrtc()
+                .err()
+                .map_or(String::new(), |e| e.to_string())
+        );
+        return;
+    }
+    let src = include_str!("../kernels/bias_relu_f16x8.cu");
+    let opts = CompileOptions {
+        ptxas_verbose: true,
+        ..CompileOptions::default()
+    };
+    for arch in [Arch::Sm80, Arch::Sm90] {
+        let k = compile(src, "bias_relu.cu", arch, &opts).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!k.cubin.is_empty());
+        assert!(!k.has_spills(), "{}", k.log);
+        let info = k.ptxas_info("bias_relu_f16x8").unwrap();
+        println!("{arch}: {} registers", info.registers);
+        assert!(info.entry);
+    }
+}
