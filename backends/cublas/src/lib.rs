@@ -16,10 +16,12 @@
 //! - [`backend`]: the [`Backend`](fusebox_core::backend::Backend) impl, registered as
 //!   `cublas`. `compile` without a CUDA device (or without libcublasLt) fails with
 //!   [`Error::NoDevice`]; the pipeline then tries the next backend and the report says why.
-//! - The GPU side: descriptors, layouts and preferences per plan, a heuristic query that keeps
-//!   several candidates, cached per plan and pointer alignment; with `autotune = true` each
-//!   candidate is timed once with events and the winner cached on disk; launches go on the
-//!   shared runtime's stream. `unsafe` lives only in the FFI module `lt`.
+//! - The GPU side: [`lt`] (the FFI module, the only place with `unsafe`: library probe,
+//!   descriptors, layouts, preferences with the operands' real alignments, a heuristic query
+//!   that keeps several candidates, checked launches, a cuBLAS GEMM fallback); [`artifact`]
+//!   (the process runtime on fusebox-cuda's `Gpu` and stream, per-plan caches, event-timed
+//!   autotune with `autotune = true`, host or device values in, device values out); [`tune`]
+//!   (the on-disk autotune cache in fusebox-cuda's cache directory).
 //!
 //! ```text
 //! @R.function
