@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one command that runs every check: formatting, lints, and all tests of the workspace.
 # It installs what it needs itself: crates (fetched by cargo), and a local, git-ignored Python
-# venv `.venv` with the `onnx` package, whose backend test data the ONNX conformance test reads.
+# venv `.venv` with the `onnx` package, whose backend test data the ONNX conformance test reads,
+# and NVIDIA's NVRTC + CUDA runtime wheels (libnvrtc.so.13 and the CUDA headers), so every
+# generated CUDA kernel is compiled to CUBIN even on a machine without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +15,30 @@ fi
 ONNX_DATA_DIR="$(.venv/bin/python -c 'import os, onnx; print(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data"))')"
 export ONNX_DATA_DIR
 echo "ONNX_DATA_DIR=$ONNX_DATA_DIR"
+
+echo "== NVRTC and the CUDA headers (.venv with nvidia-cuda-nvrtc, nvidia-cuda-runtime 13.0 from PyPI)"
+site_packages="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+# CUDA 13 wheels install into site-packages/nvidia/cu13/{lib,include} (CUDA 12's used
+# nvidia/<component>/); checked below after installing.
+cu13="$site_packages/nvidia/cu13"
+if [ ! -f "$cu13/lib/libnvrtc.so.13" ] || [ ! -f "$cu13/include/cuda_fp16.h" ]; then
+  .venv/bin/pip install --quiet "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-runtime==13.0.*"
+fi
+for f in lib/libnvrtc.so.13 lib/libnvrtc-builtins.so.13.0 include/cuda_fp16.h include/cuda_bf16.h; do
+  if [ ! -f "$cu13/$f" ]; then
+    echo "the NVRTC/CUDA runtime wheels did not install $cu13/$f; found:" >&2
+    find "$site_packages/nvidia" -maxdepth 3 >&2 || true
+    exit 1
+  fi
+done
+export FUSEBOX_NVRTC_LIB="$cu13/lib/libnvrtc.so.13"
+export FUSEBOX_CUDA_INCLUDE="$cu13/include"
+# Tests that compile kernels fail (instead of skipping) when NVRTC cannot be loaded.
+export FUSEBOX_REQUIRE_NVRTC=1
+# The compile cache of this checkout (content-addressed, so it never goes stale).
+export FUSEBOX_CACHE_DIR="$PWD/target/fusebox-cuda-cache"
+echo "FUSEBOX_NVRTC_LIB=$FUSEBOX_NVRTC_LIB"
+echo "FUSEBOX_CUDA_INCLUDE=$FUSEBOX_CUDA_INCLUDE"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -55,3 +81,7 @@ cargo run --quiet --locked -- backends
 cargo run --quiet --locked -- backends --config configs/plugin-example.toml > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --emit json > /dev/null
 cargo run --quiet --locked -- explain examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --binding conv1 > /dev/null
+compile_out="$(mktemp -d)"
+cargo run --quiet --locked -- compile examples/conv2d_relu_x2.relax --config configs/cpu.toml --out-dir "$compile_out" > /dev/null
+test -f "$compile_out/manifest.json"
+rm -rf "$compile_out"

@@ -6,7 +6,11 @@
 //! `fusebox-cublas`);
 //! [`pipeline`] builds the config's [`BackendPipeline`] with the plugin loader of
 //! `fusebox-plugin-host`; [`execute`] runs a function of a [`Plan`]'s module, calling the
-//! compiled artifact for every unit of work and the CPU reference for the ops left in `main`.
+//! compiled artifact for every unit of work and the CPU reference for the ops left in `main`;
+//! [`write_build`] writes what [`BackendPipeline::build`] built ahead of time (`fusebox
+//! compile`): every function's files, then `manifest.json`, each through a temporary file and a
+//! rename, so a failure never leaves a half-written manifest (nor a stale one: the old manifest
+//! is removed first).
 //!
 //! ```no_run
 //! let config = fusebox::core::config::Config::load("configs/cpu.toml".as_ref())?;
@@ -21,7 +25,7 @@ pub use fusebox_core as core;
 pub use fusebox_cpu as cpu;
 pub use fusebox_cublas as cublas;
 
-use fusebox_core::backend::pipeline::{BackendPipeline, Plan};
+use fusebox_core::backend::pipeline::{BackendPipeline, BuildPlan, Manifest, Plan};
 use fusebox_core::config::Config;
 use fusebox_core::runtime::{Placement, Value, host_args};
 
@@ -73,6 +77,91 @@ pub fn execute(plan: &Plan, func: &str, args: Vec<Value>) -> Result<Value> {
         args,
         Some(&hook),
     )?)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let io = |source| {
+        Error::Core(fusebox_core::Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    Ok(())
+}
+
+/// Whether a backend-given file name is a plain name that stays inside the output directory.
+fn plain_file_name(n: &str) -> bool {
+    !n.is_empty()
+        && n != "."
+        && n != ".."
+        && n != "manifest.json"
+        && !n.starts_with('.')
+        && !n.contains(['/', '\\', '\0'])
+}
+
+/// Writes a [`BuildPlan`] to `dir` (created if needed): every function's files, then
+/// `manifest.json` (see the crate doc). A backend's file name that is not a plain name, or that
+/// two functions share, is an error before anything is written.
+pub fn write_build(plan: &BuildPlan, dir: &std::path::Path) -> Result<Manifest> {
+    let manifest = plan.manifest();
+    let mut seen = std::collections::BTreeMap::new();
+    for f in &plan.functions {
+        let backend = f.claim.backend.clone().unwrap_or_else(|| "cpu".into());
+        for (name, _) in f.output.iter().flat_map(|o| &o.files) {
+            let bad = |message: String| {
+                Error::Core(fusebox_core::Error::Backend {
+                    backend: backend.clone(),
+                    message,
+                })
+            };
+            if !plain_file_name(name) {
+                return Err(bad(format!(
+                    "`{}` built a file named {name:?}; a file name must be a plain name \
+                     (no directories, not hidden, not manifest.json)",
+                    f.claim.function
+                )));
+            }
+            if let Some(prev) = seen.insert(name.clone(), f.claim.function.clone()) {
+                return Err(bad(format!(
+                    "`{}` and `{prev}` both built a file named {name:?}",
+                    f.claim.function
+                )));
+            }
+        }
+    }
+    let io = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Core(fusebox_core::Error::Io { path, source })
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let manifest_path = dir.join("manifest.json");
+    match std::fs::remove_file(&manifest_path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(io(&manifest_path)(e));
+        }
+        _ => {}
+    }
+    for f in &plan.functions {
+        for (name, bytes) in f.output.iter().flat_map(|o| &o.files) {
+            write_atomic(&dir.join(name), bytes)?;
+        }
+    }
+    write_atomic(&manifest_path, manifest.to_json().as_bytes())?;
+    Ok(manifest)
 }
 
 #[cfg(test)]

@@ -129,6 +129,21 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         repeat: usize,
     },
+    /// Partition a model with a config, claim every function and build it ahead of time, with no
+    /// device needed: each function's files (`<function>.cu`, `<function>.cubin`, …) and one
+    /// `manifest.json` (function, backend, kernels with their launch configuration, arch,
+    /// files) in `--out-dir`. Functions the CPU reference runs are listed with backend `cpu`
+    /// and no files.
+    Compile {
+        /// The model: `.onnx` (imported) or `.relax` (text).
+        file: PathBuf,
+        /// The config (backends, patterns, partition options, plugins).
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Where the files and `manifest.json` go (created if needed).
+        #[arg(long, default_value = "build")]
+        out_dir: PathBuf,
+    },
     /// Benchmarks (not tests): each reports a ratio against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -437,12 +452,95 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             print!("{}", pipeline.explain(&m, &binding)?);
             Ok(())
         }
+        Command::Compile {
+            file,
+            config,
+            out_dir,
+        } => compile_cmd(&file, &config, &out_dir),
         Command::Bench(BenchCmd::Text { bindings, repeat }) => bench_text(bindings, repeat.max(1)),
         Command::Bench(BenchCmd::Partition { ops, table, repeat }) => {
             bench_partition(&ops, &table, repeat.max(1))
         }
         Command::Bench(BenchCmd::FuseOps { ops, repeat }) => bench_fuse_ops(&ops, repeat.max(1)),
     }
+}
+
+/// Reads a model: `.onnx` is imported, anything else parsed as text.
+fn read_model(file: &std::path::Path) -> Result<fusebox_core::ir::Module, fusebox::Error> {
+    if file.extension().is_some_and(|e| e == "onnx") {
+        let bytes = std::fs::read(file).map_err(|e| fusebox_core::Error::Io {
+            path: file.to_path_buf(),
+            source: e,
+        })?;
+        Ok(fusebox_core::frontend::onnx::import_onnx(
+            &bytes,
+            &file.display().to_string(),
+        )?)
+    } else {
+        Ok(text::read_module(file)?)
+    }
+}
+
+/// Functions to build before `fusebox compile` shows a progress bar (on a terminal only).
+const PROGRESS_MIN_UNITS: usize = 8;
+
+fn compile_cmd(
+    file: &std::path::Path,
+    config: &std::path::Path,
+    out_dir: &std::path::Path,
+) -> Result<(), fusebox::Error> {
+    use std::io::IsTerminal;
+    let module = read_model(file)?;
+    let pipeline = fusebox::pipeline(load_config(config)?)?;
+    let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    let mut progress = |done: usize, total: usize, name: &str| {
+        if !tty || total < PROGRESS_MIN_UNITS {
+            return;
+        }
+        let b = bar.get_or_insert_with(|| {
+            let b = indicatif::ProgressBar::new(total as u64);
+            if let Ok(style) =
+                indicatif::ProgressStyle::with_template("building {pos}/{len} {bar:30} {msg}")
+            {
+                b.set_style(style);
+            }
+            b
+        });
+        b.set_position(done as u64);
+        b.set_message(name.to_string());
+        if done == total {
+            b.finish_and_clear();
+        }
+    };
+    let plan = pipeline.build(&module, &mut progress)?;
+    let manifest = fusebox::write_build(&plan, out_dir)?;
+    for f in &manifest.functions {
+        let arch = f
+            .arch
+            .as_deref()
+            .map(|a| format!(" {a}"))
+            .unwrap_or_default();
+        let files = if f.files.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", f.files.join(", "))
+        };
+        println!(
+            "{}: {}{arch}, {} kernel(s){}{files}",
+            f.function,
+            f.backend,
+            f.kernels.len(),
+            if f.fallback { " (fallback)" } else { "" },
+        );
+    }
+    println!(
+        "wrote {} ({} function(s), {} kernel(s))",
+        out_dir.join("manifest.json").display(),
+        manifest.functions.len(),
+        plan.kernel_count()
+    );
+    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -54,8 +54,8 @@ use crate::error::{Error, Result};
 use crate::nvrtc::Arch;
 use cudarc::driver::sys as cu;
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    DriverError,
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut,
+    DevicePtr, DeviceRepr, DriverError,
 };
 use fusebox_core::ir::DType;
 use fusebox_core::runtime::{DeviceTensor, Storage, Tensor, Value, shape_numel};
@@ -609,6 +609,41 @@ impl GpuTensor {
         &self.buf
     }
 
+    /// The data as a typed cudarc view of [`GpuTensor::numel`] elements, for libraries with
+    /// typed APIs. `T`'s size must be the dtype's (`u16` for f16/bf16); an error otherwise.
+    pub fn view<T: DeviceElem>(&self) -> Result<CudaView<'_, T>> {
+        self.check_elem::<T>()?;
+        // SAFETY: the buffer holds at least `numel * size_of::<T>()` bytes (checked by
+        // `transmute`), and `DeviceElem` types accept every bit pattern.
+        unsafe { self.buf.transmute::<T>(self.numel) }
+            .ok_or_else(|| Error::Device("the device buffer is smaller than the tensor".into()))
+    }
+
+    /// [`GpuTensor::view`], writable; an error when the buffer is shared with a clone (a
+    /// freshly made output is not).
+    pub fn view_mut<T: DeviceElem>(&mut self) -> Result<CudaViewMut<'_, T>> {
+        self.check_elem::<T>()?;
+        let numel = self.numel;
+        let buf = Arc::get_mut(&mut self.buf).ok_or_else(|| {
+            Error::Device("cannot write through a buffer shared with another tensor".into())
+        })?;
+        // SAFETY: as in `view`; the buffer is not shared (checked above).
+        unsafe { buf.transmute_mut::<T>(numel) }
+            .ok_or_else(|| Error::Device("the device buffer is smaller than the tensor".into()))
+    }
+
+    fn check_elem<T>(&self) -> Result<()> {
+        if std::mem::size_of::<T>() != self.dtype.size_bytes() {
+            return Err(Error::Device(format!(
+                "a {} tensor cannot be viewed as {} ({} bytes per element)",
+                self.dtype,
+                std::any::type_name::<T>(),
+                std::mem::size_of::<T>()
+            )));
+        }
+        Ok(())
+    }
+
     /// The GPU it lives on.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
@@ -637,6 +672,22 @@ impl DeviceTensor for GpuTensor {
         self
     }
 }
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Element types a [`GpuTensor`] may be viewed as: plain numbers, valid for every bit pattern
+/// (so no view can make an invalid `bool` on the host).
+pub trait DeviceElem: DeviceRepr + sealed::Sealed {}
+
+macro_rules! device_elem {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl DeviceElem for $t {}
+    )*};
+}
+device_elem!(f32, f64, i8, u8, i16, u16, i32, u32, i64, u64);
 
 /// Grid, block and dynamic shared memory of a launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -895,6 +946,10 @@ impl Kernel {
     /// against its parameters and the shape against the device (see the module doc).
     pub fn launch(&self, cfg: &LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
         self.check(cfg, args)?;
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(driver("cuCtxSetCurrent"))?;
         if cfg.shared_mem_bytes > self.shared_limit.load(Ordering::Relaxed) {
             self.func
                 .set_attribute(
@@ -911,10 +966,6 @@ impl Kernel {
             .iter_mut()
             .map(|s| s.as_mut_ptr().cast::<std::ffi::c_void>())
             .collect();
-        self.gpu
-            .ctx
-            .bind_to_thread()
-            .map_err(driver("cuCtxSetCurrent"))?;
         let [gx, gy, gz] = cfg.grid;
         let [bx, by, bz] = cfg.block;
         // SAFETY: `ptrs` has one entry per kernel parameter (count checked against the

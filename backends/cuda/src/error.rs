@@ -28,6 +28,9 @@ pub enum Error {
         /// NVRTC's log.
         log: String,
     },
+    /// An arch name fusebox does not build for.
+    #[error("unknown CUDA arch `{0}` (valid: sm_80, sm_90, sm_90a)")]
+    UnknownArch(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(String),

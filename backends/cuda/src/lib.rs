@@ -24,7 +24,9 @@ pub mod error;
 pub mod nvrtc;
 
 pub use cache::{Cache, compile_cached};
-pub use device::{Gpu, GpuEvent, GpuModule, GpuTensor, Kernel, KernelArg, LaunchConfig};
+pub use device::{
+    DeviceElem, Gpu, GpuEvent, GpuModule, GpuTensor, Kernel, KernelArg, LaunchConfig,
+};
 pub use error::{Error, Result};
 pub use nvrtc::{Arch, CompileJob, CompileOptions, Compiled, PtxasInfo, compile, compile_many};
 

@@ -122,19 +122,13 @@ impl fmt::Display for Arch {
 impl FromStr for Arch {
     type Err = Error;
 
-    /// Parses `sm_80`, `sm_90`, `sm_90a` (also `compute_90a`-style spellings are refused: they
-    /// would produce PTX, not CUBIN).
+    /// Parses `sm_80`, `sm_90`, `sm_90a`; anything else (including `compute_90`, which would
+    /// give PTX, not CUBIN) is [`Error::UnknownArch`].
     fn from_str(s: &str) -> Result<Arch> {
         Arch::ALL
             .into_iter()
             .find(|a| a.as_str() == s.trim())
-            .ok_or_else(|| Error::Unsupported {
-                function: s.to_string(),
-                reason: format!(
-                    "unknown CUDA arch `{s}` (valid: {})",
-                    Arch::ALL.map(Arch::as_str).join(", ")
-                ),
-            })
+            .ok_or_else(|| Error::UnknownArch(s.to_string()))
     }
 }
 

@@ -18,6 +18,9 @@
 //! 5. A unit no backend compiled runs on the built-in `cpu` backend (`fallback: true`), unless
 //!    `strict = true`: then it is an error naming every unclaimed function and op (ops left
 //!    bare in `main` count as unclaimed when no `cpu` backend is enabled).
+//! 6. Ahead of time ([`BackendPipeline::build`]): the same partition and claims, with
+//!    [`Backend::build`] in place of compile (no device needed); the [`BuildPlan`] gives the
+//!    [`Manifest`] that `fusebox compile` writes beside the built files.
 //!
 //! ```text
 //! [[backend]] name = "example"   ; claims Codegen = "example" functions
@@ -26,7 +29,7 @@
 //!       gv1 = cls.fused_add(gv, b)                                  -> cpu (example declined)
 //! ```
 
-use super::{Artifact, Backend, Candidate, Claim, make_backend, registry};
+use super::{Artifact, Backend, BuildOutput, Candidate, Claim, KernelInfo, make_backend, registry};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ir::{Callee, ExprKind, Function, Module};
@@ -96,6 +99,102 @@ impl Plan {
         }
         r.claims = self.claims.clone();
         r
+    }
+}
+
+/// One unit of work built ahead of time.
+#[derive(Clone, Debug)]
+pub struct BuiltFunction {
+    /// Who claimed it (and who declined or failed first).
+    pub claim: ClaimReport,
+    /// What its backend built (`None`: nothing to build ahead of time, e.g. the CPU reference).
+    pub output: Option<BuildOutput>,
+}
+
+/// The result of [`BackendPipeline::build`].
+#[derive(Clone, Debug)]
+pub struct BuildPlan {
+    /// The partitioned module.
+    pub module: Module,
+    /// Every rejected pattern match.
+    pub rejections: Vec<Rejection>,
+    /// One entry per unit, in first-call order.
+    pub functions: Vec<BuiltFunction>,
+}
+
+/// The `manifest.json` of `fusebox compile`: what was built for every unit of work.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    /// The manifest format version (1).
+    pub format: u32,
+    /// The fusebox version that wrote it.
+    pub fusebox_version: String,
+    /// One entry per unit, in first-call order.
+    pub functions: Vec<ManifestEntry>,
+}
+
+/// One function of a [`Manifest`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ManifestEntry {
+    /// The function's name in the partitioned module.
+    pub function: String,
+    /// The backend that runs it (`cpu` for the CPU reference).
+    pub backend: String,
+    /// Whether it fell back to the CPU reference because no backend took it.
+    pub fallback: bool,
+    /// The ops inside, in binding order.
+    pub ops: Vec<String>,
+    /// The target architecture of its files, if any.
+    pub arch: Option<String>,
+    /// Its kernels and their launch configurations, in launch order.
+    pub kernels: Vec<KernelInfo>,
+    /// Its files in the output directory, in the order the backend gave them.
+    pub files: Vec<String>,
+}
+
+impl BuildPlan {
+    /// The manifest (deterministic: no times, no absolute paths).
+    pub fn manifest(&self) -> Manifest {
+        Manifest {
+            format: 1,
+            fusebox_version: env!("CARGO_PKG_VERSION").to_string(),
+            functions: self
+                .functions
+                .iter()
+                .map(|f| {
+                    let out = f.output.as_ref();
+                    ManifestEntry {
+                        function: f.claim.function.clone(),
+                        backend: f.claim.backend.clone().unwrap_or_else(|| "cpu".into()),
+                        fallback: f.claim.fallback,
+                        ops: f.claim.ops.clone(),
+                        arch: out.and_then(|o| o.arch.clone()),
+                        kernels: out.map(|o| o.kernels.clone()).unwrap_or_default(),
+                        files: out
+                            .map(|o| o.files.iter().map(|(n, _)| n.clone()).collect())
+                            .unwrap_or_default(),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// The number of kernels built.
+    pub fn kernel_count(&self) -> usize {
+        self.functions
+            .iter()
+            .filter_map(|f| f.output.as_ref())
+            .map(|o| o.kernels.len())
+            .sum()
+    }
+}
+
+impl Manifest {
+    /// Pretty JSON, ending in a newline.
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
+        s.push('\n');
+        s
     }
 }
 
@@ -169,8 +268,9 @@ impl BackendPipeline {
         self.table.iter().map(|e| e.pattern.clone()).collect()
     }
 
-    /// Partitions `module` and claims and compiles every unit (contract points 3 to 5).
-    pub fn run(&self, module: &Module) -> Result<Plan> {
+    /// FuseOpsByPattern → MergeCompositeFunctions → FuseOps as the config says (contract
+    /// point 3): the partitioned module and the rejected matches.
+    pub fn partition(&self, module: &Module) -> Result<(Module, Vec<Rejection>)> {
         let pc = &self.config.partition;
         let opts = PartitionOptions {
             bind_constants: pc.bind_constants,
@@ -189,18 +289,34 @@ impl BackendPipeline {
             });
             m = p.run(&m)?.0;
         }
-        let mut claims = Vec::new();
-        let mut artifacts = BTreeMap::new();
+        Ok((m, out.rejections))
+    }
+
+    /// Offers every unit of `m` to the backends in order (contract points 4 and 5): `make`
+    /// compiles or builds a claimed unit, `fallback` makes the CPU reference's result for a
+    /// unit no backend made anything of; `progress(done, total, function)` is called before
+    /// each unit.
+    fn claim_each<T>(
+        &self,
+        m: &Module,
+        make: &dyn Fn(&dyn Backend, &Candidate<'_>) -> Result<T>,
+        fallback: &dyn Fn(&Candidate<'_>) -> Result<T>,
+        progress: &mut dyn FnMut(usize, usize, &str),
+    ) -> Result<Vec<(ClaimReport, T)>> {
+        let pc = &self.config.partition;
+        let mut done = Vec::new();
         let mut unclaimed = Vec::new();
         let main = m
             .get("main")
             .ok_or_else(|| Error::Invalid("the module has no `main` function".into()))?;
-        for name in called_from(main) {
-            let Some(func) = m.get(&name) else { continue };
+        let units = called_from(main);
+        for (i, name) in units.iter().enumerate() {
+            progress(i, units.len(), name);
+            let Some(func) = m.get(name) else { continue };
             let c = Candidate {
-                name: &name,
+                name,
                 func,
-                module: &m,
+                module: m,
             };
             let mut report = ClaimReport {
                 function: name.clone(),
@@ -210,15 +326,16 @@ impl BackendPipeline {
                 declines: Vec::new(),
                 compile_failures: Vec::new(),
             };
+            let mut made = None;
             for b in &self.backends {
                 match b.claim(&c) {
                     Claim::Decline { reason } => {
                         report.declines.push((b.name().to_string(), reason));
                     }
-                    Claim::Accept => match b.compile(&c) {
+                    Claim::Accept => match make(b.as_ref(), &c) {
                         Ok(a) => {
                             report.backend = Some(b.name().to_string());
-                            artifacts.insert(name.clone(), a);
+                            made = Some(a);
                             break;
                         }
                         Err(e) => report
@@ -227,8 +344,9 @@ impl BackendPipeline {
                     },
                 }
             }
-            if report.backend.is_none() {
-                if pc.strict {
+            let made = match made {
+                Some(a) => a,
+                None if pc.strict => {
                     let why: Vec<String> = report
                         .declines
                         .iter()
@@ -245,15 +363,17 @@ impl BackendPipeline {
                         report.ops.join(", "),
                         why.join("; ")
                     ));
-                } else {
-                    let cpu = make_backend("cpu", &toml::Table::new())?;
-                    artifacts.insert(name.clone(), cpu.compile(&c)?);
+                    continue;
+                }
+                None => {
                     report.backend = Some("cpu".into());
                     report.fallback = true;
+                    fallback(&c)?
                 }
-            }
-            claims.push(report);
+            };
+            done.push((report, made));
         }
+        progress(units.len(), units.len(), "");
         if pc.strict && !self.backends.iter().any(|b| b.name() == "cpu") {
             for b in main.bindings() {
                 if let ExprKind::Call {
@@ -268,11 +388,61 @@ impl BackendPipeline {
         if !unclaimed.is_empty() {
             return Err(Error::Unclaimed(unclaimed.join("; ")));
         }
+        Ok(done)
+    }
+
+    /// Partitions `module` and claims and compiles every unit (contract points 3 to 5).
+    pub fn run(&self, module: &Module) -> Result<Plan> {
+        let (m, rejections) = self.partition(module)?;
+        let cpu = std::cell::OnceCell::new();
+        let done = self.claim_each(
+            &m,
+            &|b, c| b.compile(c),
+            &|c| {
+                if cpu.get().is_none() {
+                    let _ = cpu.set(make_backend("cpu", &toml::Table::new())?);
+                }
+                match cpu.get() {
+                    Some(b) => b.compile(c),
+                    None => Err(Error::Invalid("the cpu backend could not be made".into())),
+                }
+            },
+            &mut |_, _, _| {},
+        )?;
+        let mut claims = Vec::new();
+        let mut artifacts = BTreeMap::new();
+        for (report, a) in done {
+            artifacts.insert(report.function.clone(), a);
+            claims.push(report);
+        }
         Ok(Plan {
             module: m,
-            rejections: out.rejections,
+            rejections,
             claims,
             artifacts,
+        })
+    }
+
+    /// Partitions `module`, claims every unit and builds it ahead of time with
+    /// [`Backend::build`] instead of compiling it for a device (what `fusebox compile` writes;
+    /// a CUDA backend builds kernels without a GPU). A failed build falls through to the next
+    /// backend that claims the unit, as a failed compile does; a unit no backend built runs on
+    /// the CPU reference (or is an error with `strict = true`). `progress(done, total,
+    /// function)` is called before each unit and once at the end.
+    pub fn build(
+        &self,
+        module: &Module,
+        progress: &mut dyn FnMut(usize, usize, &str),
+    ) -> Result<BuildPlan> {
+        let (m, rejections) = self.partition(module)?;
+        let done = self.claim_each(&m, &|b, c| b.build(c), &|_| Ok(None), progress)?;
+        Ok(BuildPlan {
+            module: m,
+            rejections,
+            functions: done
+                .into_iter()
+                .map(|(claim, output)| BuiltFunction { claim, output })
+                .collect(),
         })
     }
 
