@@ -85,3 +85,14 @@ compile_out="$(mktemp -d)"
 cargo run --quiet --locked -- compile examples/conv2d_relu_x2.relax --config configs/cpu.toml --out-dir "$compile_out" > /dev/null
 test -f "$compile_out/manifest.json"
 rm -rf "$compile_out"
+# The cuBLAS backend: partition with TVM's cuBLAS table, explain a rejection, run (on a machine
+# without a GPU the cublas compile fails with "no CUDA device" and cpu runs each function), and
+# build (the plan of each claimed function, no device needed).
+cargo run --quiet --locked -- backends --config configs/examples/cublas.toml > /dev/null
+cargo run --quiet --locked -- partition tests/golden/cublas/matmul_bias_relu_gelu.relax --config configs/examples/cublas.toml --emit json > /dev/null
+cargo run --quiet --locked -- explain tests/golden/cublas/bias_2d_rejected.relax --config configs/examples/cublas.toml --binding y > /dev/null
+cublas_out="$(mktemp -d)"
+cargo run --quiet --locked -- run tests/golden/cublas/matmul_bias_relu_gelu.relax --config configs/examples/cublas.toml --check --output-dir "$cublas_out" > /dev/null
+cargo run --quiet --locked -- compile tests/golden/cublas/transposed.relax --config configs/examples/cublas.toml --out-dir "$cublas_out/build" > /dev/null
+test -f "$cublas_out/build/manifest.json"
+rm -rf "$cublas_out"

@@ -2,7 +2,8 @@
 //! their `inventory` registrations are kept by the linker, loads plugins, and runs a
 //! partitioned module with each function's compiled artifact.
 //!
-//! Contract: [`link_backends`] references every backend crate (today: `fusebox-cpu`);
+//! Contract: [`link_backends`] references every backend crate (today: `fusebox-cpu`,
+//! `fusebox-cublas`);
 //! [`pipeline`] builds the config's [`BackendPipeline`] with the plugin loader of
 //! `fusebox-plugin-host`; [`execute`] runs a function of a [`Plan`]'s module, calling the
 //! compiled artifact for every unit of work and the CPU reference for the ops left in `main`;
@@ -22,6 +23,7 @@
 
 pub use fusebox_core as core;
 pub use fusebox_cpu as cpu;
+pub use fusebox_cublas as cublas;
 pub use fusebox_cuda as cuda;
 
 use fusebox_core::backend::pipeline::{BackendPipeline, BuildPlan, Manifest, Plan};
@@ -45,11 +47,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// References every built-in backend crate so the linker keeps their registrations.
 pub fn link_backends() {
     fusebox_cpu::link();
+    fusebox_cublas::link();
     fusebox_cuda::link();
 }
 
 /// The names of the built-in backends this build must register (checked by a test).
-pub const BUILT_IN_BACKENDS: &[&str] = &["cpu", "cuda"];
+pub const BUILT_IN_BACKENDS: &[&str] = &["cpu", "cublas", "cuda"];
 
 /// For `target = "cuda"`: probes the device (never panics). Without one, `strict = true` makes
 /// it the typed "no CUDA device" error; with `strict = false` the answer is the line to print

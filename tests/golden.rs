@@ -13,7 +13,9 @@
 //! - `verify`: the input parses; the expected output is the verifier's report.
 //! - `partition`: header lines `# pattern: NAME = PATTERN` (or `# pattern+leakcheck: …` to add
 //!   the stock `no_leaking_intermediates` check) list the patterns in priority order, and
-//!   `# options: bind_constants=false annotate_codegen=true` sets options; the expected output is
+//!   `# options: bind_constants=false annotate_codegen=true` sets options; `# backend: NAME`
+//!   appends the pattern table of the built-in backend NAME (in its priority order, checks
+//!   included) at that point of the list; the expected output is
 //!   the partitioned module (which must verify) followed by the rejections. The option
 //!   `fuse_ops` (with optional `opt_level=N max_depth=N`) runs FuseOps afterwards (after `merge`
 //!   when given); with no `# pattern:` line FuseOps runs alone.
@@ -95,7 +97,14 @@ fn partition_output(name: &str, input: &str) -> Result<String, String> {
     let mut merge = false;
     let mut fuse: Option<(u32, usize)> = None;
     for line in input.lines() {
-        if let Some(rest) = line.strip_prefix("# pattern") {
+        if let Some(name) = line.strip_prefix("# backend:") {
+            fusebox::link_backends();
+            let b = fusebox_core::backend::make_backend(name.trim(), &Default::default())
+                .map_err(|e| format!("bad backend line `{line}`: {e}"))?;
+            let mut table = b.patterns();
+            fusebox_core::transform::sort_by_priority(&mut table);
+            patterns.extend(table);
+        } else if let Some(rest) = line.strip_prefix("# pattern") {
             let (check, rest) = match rest.strip_prefix("+leakcheck:") {
                 Some(r) => (true, r),
                 None => (false, rest.strip_prefix(':').unwrap_or(rest)),

@@ -35,7 +35,7 @@ use fusebox_core::backend::{
     Artifact, Backend, BackendRegistration, BuildOutput, Candidate, Claim, KernelInfo,
 };
 use fusebox_core::ir::Function;
-use fusebox_core::runtime::{Tensor, Value};
+use fusebox_core::runtime::{Placement, Tensor, Value};
 use fusebox_core::transform::FusionPattern;
 use std::sync::Arc;
 
@@ -314,5 +314,10 @@ impl CudaArtifact {
 impl Artifact for CudaArtifact {
     fn run(&self, args: &[Value]) -> fusebox_core::Result<Value> {
         self.run_device(args).map_err(core_err)
+    }
+
+    /// Device values come in as they are (no download between two GPU functions).
+    fn placement(&self) -> Placement {
+        Placement::Device
     }
 }
