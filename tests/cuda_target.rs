@@ -98,7 +98,10 @@ fn run_with_the_cuda_config_without_a_gpu_is_the_typed_error_or_a_said_fallback(
         stderr.contains("falling back to the CPU reference"),
         "{stderr}"
     );
-    assert!(stderr.contains("backend cpu: fused_matmul_add"), "{stderr}");
+    assert!(
+        stderr.contains("backend cpu: fused_reshape_permute_dims"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -132,12 +135,12 @@ fn compile_writes_cuda_sources_and_cubins_without_a_gpu() {
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
     let funcs = manifest["functions"].as_array().unwrap();
+    // cuBLAS takes the matmul + bias layers (config order), the generic codegen every other
+    // FuseOps group.
     let cuda: Vec<_> = funcs.iter().filter(|f| f["backend"] == "cuda").collect();
-    assert_eq!(
-        cuda.len(),
-        9,
-        "every FuseOps group of the block goes to cuda"
-    );
+    let cublas = funcs.iter().filter(|f| f["backend"] == "cublas").count();
+    assert_eq!(cuda.len() + cublas, funcs.len(), "{manifest}");
+    assert!(cublas >= 3 && cuda.len() >= 5, "{manifest}");
     for f in cuda {
         assert_eq!(f["arch"], "sm_90");
         for k in f["kernels"].as_array().unwrap() {
