@@ -339,6 +339,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 let pipeline = Pipeline::new().then(FuseOps {
                     opt_level: fuse_opt_level,
                     max_depth,
+                    lift_single_ops: false,
                 });
                 let (module, times) = pipeline.run(&out.module)?;
                 out.module = module;

@@ -1,4 +1,5 @@
-//! The groups FuseOps makes on real models, lowered to the kernel IR and evaluated on the CPU
+//! The groups FuseOps makes on real models (lone ops lifted into their own functions, as for
+//! `target = "cuda"`), lowered to the kernel IR and evaluated on the CPU
 //! against the CPU reference: the nine light ONNX models of the `onnx` package (from
 //! `ONNX_DATA_DIR`, set by `scripts/test.sh`; skipped with a printed reason without it) and a
 //! transformer block (matmul, bias, gelu, residual add, layer_norm, softmax).
@@ -21,7 +22,7 @@ mod common;
 use check::{check_function, random_args};
 use fusebox_core::frontend::onnx::import_onnx;
 use fusebox_core::ir::Module;
-use fusebox_core::transform::fuse_ops;
+use fusebox_core::transform::fuse_ops::fuse_ops_lifting;
 use fusebox_cuda::nvrtc::{Arch, CompileJob, CompileOptions, compile_many};
 use std::path::PathBuf;
 
@@ -83,7 +84,7 @@ fn check_module(label: &str, fused: &Module) -> (usize, usize, usize) {
 fn transformer_block_groups_match_the_reference() {
     let src = include_str!("data/transformer_block.relax");
     let m = fusebox_core::text::parse_module_str(src).unwrap();
-    let fused = fuse_ops(&m, 2, 256).unwrap();
+    let fused = fuse_ops_lifting(&m, 2, 256, true).unwrap();
     let (f, k, e) = check_module("transformer_block", &fused);
     let compiled = compile_module("transformer_block", &fused);
     println!(
@@ -117,7 +118,7 @@ fn light_model_groups_match_the_reference() {
             .to_string();
         let bytes = std::fs::read(p).expect("read");
         let m = import_onnx(&bytes, &stem).unwrap_or_else(|e| panic!("{stem}: {e}"));
-        let fused = fuse_ops(&m, 2, 256).unwrap_or_else(|e| panic!("{stem}: {e}"));
+        let fused = fuse_ops_lifting(&m, 2, 256, true).unwrap_or_else(|e| panic!("{stem}: {e}"));
         let t = std::time::Instant::now();
         let (f, k, e) = check_module(&stem, &fused);
         let c = compile_module(&stem, &fused);

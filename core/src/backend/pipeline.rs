@@ -286,6 +286,7 @@ impl BackendPipeline {
             let p = Pipeline::new().then(DeadCodeElimination).then(FuseOps {
                 opt_level: pc.fuse_opt_level,
                 max_depth: pc.max_depth,
+                lift_single_ops: self.config.target == crate::config::Target::Cuda,
             });
             m = p.run(&m)?.0;
         }

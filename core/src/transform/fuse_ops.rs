@@ -21,6 +21,9 @@
 //! - **Single-binding groups are not outlined.** TVM's reference (§4 of the fuse-ops notes:
 //!   "groups of size 1 produce nothing, so the pass is a no-op" at opt level 0) leaves a lone
 //!   call unfused, so fusebox does the same at every opt level: a lone op stays a plain call.
+//!   [`fuse_ops_lifting`] with `lift_single_ops = true` (the pipeline's choice for
+//!   `target = "cuda"`, where TVM would run a lone op as its own TIR kernel) also outlines each
+//!   lone op call into a one-binding primitive function, so a device backend can claim it.
 //!
 //! Options: `opt_level` 0 fuses nothing; 1 fuses only elementwise/broadcast chains (a node of
 //! kind ≤ broadcast into a post-dominator reached through ≤ broadcast edges and groups; no
@@ -120,6 +123,17 @@ pub fn kind_name(k: FusionKind) -> &'static str {
 
 /// Runs FuseOps (see the module doc).
 pub fn fuse_ops(module: &Module, opt_level: u32, max_depth: usize) -> Result<Module> {
+    fuse_ops_lifting(module, opt_level, max_depth, false)
+}
+
+/// [`fuse_ops`], also outlining every lone op call of a fused block into its own primitive
+/// function when `lift_single_ops` (see the module doc).
+pub fn fuse_ops_lifting(
+    module: &Module,
+    opt_level: u32,
+    max_depth: usize,
+    lift_single_ops: bool,
+) -> Result<Module> {
     if opt_level == 0 {
         return Ok(module.clone());
     }
@@ -138,7 +152,7 @@ pub fn fuse_ops(module: &Module, opt_level: u32, max_depth: usize) -> Result<Mod
             continue;
         }
         let view = FunctionView::new(f);
-        let groups = partition_function(&view, opt_level, max_depth)?;
+        let groups = partition_function(&view, opt_level, max_depth, lift_single_ops)?;
         if groups.is_empty() {
             continue;
         }
@@ -430,12 +444,13 @@ fn partition_function(
     view: &FunctionView<'_>,
     opt_level: u32,
     max_depth: usize,
+    lift: bool,
 ) -> Result<Vec<(Vec<VarId>, FuncAttrs)>> {
     let f = view.func;
     let mut local: Vec<u32> = vec![NONE; f.vars.len()];
     let mut groups = Vec::new();
     for (bi, block) in f.blocks.iter().enumerate() {
-        if !block.dataflow || block.bindings.len() < 2 {
+        if !block.dataflow || block.bindings.len() < if lift { 1 } else { 2 } {
             continue;
         }
         let n = block.bindings.len();
@@ -501,7 +516,15 @@ fn partition_function(
         let mut members: Vec<Vec<u32>> = Vec::new();
         for i in 0..n as u32 {
             let r = g.find(i);
-            if g.gsize[r as usize] < 2 {
+            let lone_op = lift
+                && matches!(
+                    f.expr(block.bindings[i as usize].value).kind,
+                    ExprKind::Call {
+                        callee: Callee::Op(_),
+                        ..
+                    }
+                );
+            if g.gsize[r as usize] < 2 && !lone_op {
                 continue;
             }
             let s = &mut slot_of_root[r as usize];

@@ -112,6 +112,8 @@ pub struct FuseOps {
     pub opt_level: u32,
     /// The most bindings in one group.
     pub max_depth: usize,
+    /// Also outline lone op calls into one-binding primitive functions (for device targets).
+    pub lift_single_ops: bool,
 }
 
 impl Default for FuseOps {
@@ -119,6 +121,7 @@ impl Default for FuseOps {
         FuseOps {
             opt_level: DEFAULT_OPT_LEVEL,
             max_depth: DEFAULT_MAX_DEPTH,
+            lift_single_ops: false,
         }
     }
 }
@@ -128,7 +131,7 @@ impl Pass for FuseOps {
         "fuse_ops"
     }
     fn run(&self, m: &Module) -> Result<Module> {
-        super::fuse_ops(m, self.opt_level, self.max_depth)
+        super::fuse_ops::fuse_ops_lifting(m, self.opt_level, self.max_depth, self.lift_single_ops)
     }
 }
 
