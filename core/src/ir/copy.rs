@@ -31,6 +31,13 @@ impl<T: Copy> VarMap<T> {
         }
     }
 
+    /// Removes the value for `v`, if any.
+    pub fn remove(&mut self, v: VarId) {
+        if let Some(slot) = self.0.get_mut(v.index()) {
+            *slot = None;
+        }
+    }
+
     /// Whether `v` has a value.
     pub fn contains_key(&self, v: &VarId) -> bool {
         self.get(v).is_some()

@@ -94,6 +94,11 @@ impl<I: EntityId, T> Arena<I, T> {
         id
     }
 
+    /// Reserves room for at least `additional` more entries.
+    pub fn reserve(&mut self, additional: usize) {
+        self.items.reserve(additional);
+    }
+
     /// The number of entries.
     pub fn len(&self) -> usize {
         self.items.len()

@@ -148,7 +148,7 @@ impl Eq2<'_> {
         x.len() == y.len() && x.iter().zip(y).all(|(p, q)| self.dim(p, q))
     }
 
-    fn opt_dims(&mut self, x: &Option<Vec<Dim>>, y: &Option<Vec<Dim>>) -> bool {
+    fn opt_dims(&mut self, x: Option<&[Dim]>, y: Option<&[Dim]>) -> bool {
         match (x, y) {
             (Some(p), Some(q)) => self.dims(p, q),
             (None, None) => true,
@@ -159,13 +159,15 @@ impl Eq2<'_> {
     fn ty(&mut self, x: &Type, y: &Type) -> bool {
         match (x, y) {
             (Type::Tensor(p), Type::Tensor(q)) => {
-                p.dtype == q.dtype && p.rank() == q.rank() && self.opt_dims(&p.dims, &q.dims)
+                p.dtype == q.dtype
+                    && p.rank() == q.rank()
+                    && self.opt_dims(p.dims.as_deref(), q.dims.as_deref())
             }
             (Type::Tuple(p), Type::Tuple(q)) => {
                 p.len() == q.len() && p.iter().zip(q).all(|(s, t)| self.ty(s, t))
             }
             (Type::Shape { dims: p, ndim: n }, Type::Shape { dims: q, ndim: m }) => {
-                (p.is_some() || n == m) && self.opt_dims(p, q)
+                (p.is_some() || n == m) && self.opt_dims(p.as_deref(), q.as_deref())
             }
             (Type::Prim(p), Type::Prim(q)) => p == q,
             (Type::Object, Type::Object) => true,

@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 /// The type of a tensor: shape (known dims, known rank only, or unknown) and dtype (or unknown).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
-    /// The dims when the shape is known.
-    pub dims: Option<Vec<Dim>>,
+    /// The dims when the shape is known, shared: cloning a type (one per expression and var)
+    /// copies a pointer, and equal shapes made from one another compare by pointer first.
+    pub dims: Option<std::sync::Arc<[Dim]>>,
     /// The rank when only the rank is known (`R.Tensor(ndim=2)`); `None` with `dims: None` means
     /// unknown rank. When `dims` is set this is ignored and [`TensorType::rank`] uses `dims`.
     pub ndim: Option<usize>,
@@ -22,7 +23,7 @@ impl TensorType {
     pub fn new(dims: Vec<Dim>, dtype: DType) -> Self {
         TensorType {
             ndim: Some(dims.len()),
-            dims: Some(dims),
+            dims: Some(dims.into()),
             dtype: Some(dtype),
         }
     }
@@ -140,7 +141,11 @@ impl Type {
     /// Calls `f` for every symbolic variable in this type (no allocation).
     pub fn for_each_sym(&self, f: &mut dyn FnMut(&Sym)) {
         match self {
-            Type::Tensor(t) => t.dims.iter().flatten().for_each(|d| d.for_each_sym(f)),
+            Type::Tensor(t) => t
+                .dims
+                .iter()
+                .flat_map(|d| d.iter())
+                .for_each(|d| d.for_each_sym(f)),
             Type::Shape { dims, .. } => dims.iter().flatten().for_each(|d| d.for_each_sym(f)),
             Type::Tuple(ts) => ts.iter().for_each(|t| t.for_each_sym(f)),
             Type::Func(ft) => {
@@ -154,7 +159,11 @@ impl Type {
     /// Adds every symbolic variable in this type to `out`.
     pub fn collect_syms(&self, out: &mut BTreeSet<Sym>) {
         match self {
-            Type::Tensor(t) => t.dims.iter().flatten().for_each(|d| d.collect_syms(out)),
+            Type::Tensor(t) => t
+                .dims
+                .iter()
+                .flat_map(|d| d.iter())
+                .for_each(|d| d.collect_syms(out)),
             Type::Shape { dims, .. } => dims.iter().flatten().for_each(|d| d.collect_syms(out)),
             Type::Tuple(ts) => ts.iter().for_each(|t| t.collect_syms(out)),
             Type::Func(f) => {

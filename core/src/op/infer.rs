@@ -9,6 +9,7 @@ use super::attrs::layout_pos;
 use super::{Op, SplitSpec};
 use crate::ir::infer::brief;
 use crate::ir::{DType, Dim, TensorType, Type};
+use std::sync::Arc;
 
 /// The arguments of one call, for error messages.
 struct Cx<'a> {
@@ -105,7 +106,8 @@ impl<'a> Cx<'a> {
     }
 }
 
-fn known(dims: Vec<Dim>, dtype: Option<DType>) -> Type {
+fn known(dims: impl Into<Arc<[Dim]>>, dtype: Option<DType>) -> Type {
+    let dims: Arc<[Dim]> = dims.into();
     Type::Tensor(TensorType {
         ndim: Some(dims.len()),
         dims: Some(dims),
@@ -235,6 +237,9 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             let dtype = common_dtype(&cx, a.dtype, b.dtype)?;
             match (&a.dims, &b.dims) {
                 (Some(x), Some(y)) => Ok(match broadcast(&cx, x, y)? {
+                    // Share an operand's dims when the result has the same (no new allocation).
+                    Some(d) if d[..] == x[..] => known(x.clone(), dtype),
+                    Some(d) if d[..] == y[..] => known(y.clone(), dtype),
                     Some(d) => known(d, dtype),
                     None => unknown(Some(x.len().max(y.len())), dtype),
                 }),
@@ -530,7 +535,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 pieces
                     .into_iter()
                     .map(|p| {
-                        let mut d = xd.clone();
+                        let mut d = xd.to_vec();
                         if let Some(slot) = d.get_mut(axis) {
                             *slot = p;
                         }
@@ -626,7 +631,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             let Some(xd) = &x.dims else {
                 return Ok(unknown(Some(r), x.dtype));
             };
-            let mut out = xd.clone();
+            let mut out = xd.to_vec();
             for (((&ax, &b), &e), &s) in axes.iter().zip(&a.begin).zip(&a.end).zip(&strides) {
                 let Some(slot) = out.get_mut(ax) else {
                     continue;
@@ -750,14 +755,14 @@ fn infer_matmul(cx: &Cx<'_>, out_dtype: Option<DType>) -> Result<Type, String> {
     // Numpy: a 1-D lhs gets a leading 1, a 1-D rhs a trailing 1, both removed afterwards.
     let (x1, y1) = (x.len() == 1, y.len() == 1);
     let xs: Vec<Dim> = if x1 {
-        [&[Dim::Static(1)], x.as_slice()].concat()
+        [&[Dim::Static(1)], &x[..]].concat()
     } else {
-        x.clone()
+        x.to_vec()
     };
     let ys: Vec<Dim> = if y1 {
-        [y.as_slice(), &[Dim::Static(1)]].concat()
+        [&y[..], &[Dim::Static(1)]].concat()
     } else {
-        y.clone()
+        y.to_vec()
     };
     let (Some((k1, xr)), Some((n, yr))) = (xs.split_last(), ys.split_last()) else {
         return Err(cx.err("expected operands of rank at least 1"));
@@ -802,7 +807,7 @@ fn norm(
     for (p, what) in params {
         cx.rank(p, ax.len(), what)?;
         if let (Some(xd), Some(pd)) = (&x.dims, &p.dims) {
-            for (&a, pdim) in ax.iter().zip(pd) {
+            for (&a, pdim) in ax.iter().zip(pd.iter()) {
                 if let Some(xdim) = xd.get(a)
                     && differ(xdim, pdim)
                 {
@@ -886,7 +891,7 @@ fn infer_reshape(cx: &Cx<'_>) -> Result<Type, String> {
     }
     let left = remove_all(&isyms, &nsyms).ok_or_else(cannot)?;
     let hole = product(&left).mul(&Dim::Static(ic / nc));
-    let out = shape
+    let out: Vec<Dim> = shape
         .iter()
         .map(|d| {
             if *d == Dim::Static(-1) {
@@ -953,7 +958,7 @@ fn infer_concat(cx: &Cx<'_>, axis: Option<i64>) -> Result<Type, String> {
         return Ok(unknown(None, dtype));
     };
     let ax = cx.axis(axis, r)?;
-    let all: Option<Vec<&Vec<Dim>>> = ts.iter().map(|t| t.dims.as_ref()).collect();
+    let all: Option<Vec<&[Dim]>> = ts.iter().map(|t| t.dims.as_deref()).collect();
     let Some(all) = all else {
         return Ok(unknown(Some(r), dtype));
     };

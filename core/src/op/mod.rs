@@ -1053,7 +1053,7 @@ fn first_negative_dim(t: &Type) -> Option<i64> {
         Type::Tensor(tt) => tt
             .dims
             .iter()
-            .flatten()
+            .flat_map(|d| d.iter())
             .find_map(|d| d.as_static().filter(|v| *v < 0)),
         Type::Shape { dims, .. } => dims
             .iter()

@@ -202,6 +202,17 @@ pub struct Match {
     pub captures: Vec<(String, ExprId)>,
 }
 
+impl Default for Match {
+    /// An empty match (root `v0`), to reuse with [`match_into`].
+    fn default() -> Self {
+        Match {
+            root: VarId::new(0),
+            nodes: Vec::new(),
+            captures: Vec::new(),
+        }
+    }
+}
+
 impl Match {
     /// The captured value for `name`.
     pub fn capture(&self, name: &str) -> Option<ExprId> {
@@ -215,61 +226,89 @@ impl Match {
     /// binding order, without duplicates. Wildcards, constants and vars are leaves: what they
     /// match stays outside.
     pub fn bindings(&self, p: &Pattern, view: &FunctionView<'_>) -> Vec<VarId> {
-        let mut out: Vec<(usize, VarId)> = Vec::new();
+        let mut out = Vec::new();
+        self.bindings_into(p, view, &mut Vec::new(), &mut out);
+        out
+    }
+
+    /// [`Match::bindings`] into `out` (cleared first), with `scratch` as working space.
+    pub fn bindings_into(
+        &self,
+        p: &Pattern,
+        view: &FunctionView<'_>,
+        scratch: &mut Vec<(usize, VarId)>,
+        out: &mut Vec<VarId>,
+    ) {
+        scratch.clear();
+        out.clear();
         for &(pid, e) in &self.nodes {
             if matches!(
                 p.node(pid),
                 PatNode::Call { .. } | PatNode::TupleGetItem(..)
             ) && let Some(v) = view.value_var(e)
                 && let Some((pos, _)) = view.bound(v)
-                && !out.iter().any(|&(_, w)| w == v)
+                && !scratch.iter().any(|&(_, w)| w == v)
             {
-                out.push((pos, v));
+                scratch.push((pos, v));
             }
         }
-        out.sort_unstable();
-        out.into_iter().map(|(_, v)| v).collect()
+        scratch.sort_unstable();
+        out.extend(scratch.iter().map(|&(_, v)| v));
     }
 }
 
-struct Matcher<'a, 'f> {
+struct Matcher<'a, 'f, 'm> {
     p: &'a Pattern,
     view: &'a FunctionView<'f>,
     limit: usize,
-    memo: Vec<(PatId, ExprId)>,
-    captures: Vec<(String, ExprId)>,
+    memo: &'m mut Vec<(PatId, ExprId)>,
+    captures: &'m mut Vec<(String, ExprId)>,
     depth: usize,
 }
 
 /// Matches `p` at the binding of `root` (a call binding at position `pos`). Only bindings at or
 /// before `pos` are looked through.
 pub fn match_at(p: &Pattern, view: &FunctionView<'_>, root: VarId) -> Option<Match> {
-    let (pos, value) = view.bound(root)?;
-    if !matches!(view.func.exprs.get(value)?.kind, ExprKind::Call { .. }) {
-        return None;
+    let mut m = Match {
+        root,
+        nodes: Vec::new(),
+        captures: Vec::new(),
+    };
+    match_into(p, view, root, &mut m).then_some(m)
+}
+
+/// [`match_at`] into `out`, reusing its buffers (a pass that tries many roots allocates once).
+/// Returns whether the pattern matched; `out` holds the match only then.
+pub fn match_into(p: &Pattern, view: &FunctionView<'_>, root: VarId, out: &mut Match) -> bool {
+    out.root = root;
+    out.nodes.clear();
+    out.captures.clear();
+    let Some((pos, value)) = view.bound(root) else {
+        return false;
+    };
+    if !matches!(
+        view.func.exprs.get(value).map(|d| &d.kind),
+        Some(ExprKind::Call { .. })
+    ) {
+        return false;
     }
     let mut m = Matcher {
         p,
         view,
         limit: pos,
-        memo: Vec::new(),
-        captures: Vec::new(),
+        memo: &mut out.nodes,
+        captures: &mut out.captures,
         depth: 0,
     };
     if !m.visit(p.root(), value) {
-        return None;
+        return false;
     }
-    let found = Match {
-        root,
-        nodes: m.memo,
-        captures: m.captures,
-    };
     for c in p.constraints() {
-        let (Some(a), Some(b)) = (found.capture(&c.from), found.capture(&c.to)) else {
-            return None;
+        let (Some(a), Some(b)) = (out.capture(&c.from), out.capture(&c.to)) else {
+            return false;
         };
         let (Some(va), Some(vb)) = (view.value_var(a), view.value_var(b)) else {
-            return None;
+            return false;
         };
         let users = view.users_of(va);
         let ok = match c.kind {
@@ -277,13 +316,13 @@ pub fn match_at(p: &Pattern, view: &FunctionView<'_>, root: VarId) -> Option<Mat
             EdgeKind::OnlyUsedBy => users == [vb] && !view.returned().contains(&va),
         };
         if !ok {
-            return None;
+            return false;
         }
     }
-    Some(found)
+    true
 }
 
-impl Matcher<'_, '_> {
+impl<'a, 'f> Matcher<'a, 'f, '_> {
     fn visit(&mut self, pid: PatId, e0: ExprId) -> bool {
         if self.depth > 512 {
             return false;
@@ -305,11 +344,14 @@ impl Matcher<'_, '_> {
     }
 
     fn visit_node(&mut self, pid: PatId, e: ExprId) -> bool {
-        let func = self.view.func;
+        // Borrowed for the pattern's and the function's lifetimes, not `self`'s, so the
+        // recursive visits below need no copies of argument lists.
+        let (p, view): (&'a Pattern, &'a FunctionView<'f>) = (self.p, self.view);
+        let func: &'f Function = view.func;
         let Some(data) = func.exprs.get(e) else {
             return false;
         };
-        match self.p.node(pid) {
+        match p.node(pid) {
             PatNode::Wildcard => true,
             PatNode::Const => matches!(data.kind, ExprKind::Const(_)),
             PatNode::Var(name) => match &data.kind {
@@ -350,23 +392,19 @@ impl Matcher<'_, '_> {
                 if !arity_ok {
                     return false;
                 }
-                let (args, eargs) = (args.clone(), eargs.clone());
-                if self.visit_seq(&args, &eargs) {
+                if self.visit_seq(args, eargs) {
                     return true;
                 }
                 if (op == "relax.add" || op == "relax.multiply")
                     && args.len() == 2
                     && eargs.len() == 2
                 {
-                    return self.visit_seq(&[args[1], args[0]], &eargs);
+                    return self.visit_seq(&[args[1], args[0]], eargs);
                 }
                 false
             }
             PatNode::Tuple(fields) => match &data.kind {
-                ExprKind::Tuple(xs) if xs.len() == fields.len() => {
-                    let (fields, xs) = (fields.clone(), xs.clone());
-                    self.visit_seq(&fields, &xs)
-                }
+                ExprKind::Tuple(xs) if xs.len() == fields.len() => self.visit_seq(fields, xs),
                 _ => false,
             },
             PatNode::TupleGetItem(t, idx) => match &data.kind {

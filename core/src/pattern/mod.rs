@@ -9,6 +9,7 @@
 //! ```
 
 mod ast;
+pub mod census;
 pub mod check;
 pub mod helpers;
 pub mod matcher;

@@ -2049,7 +2049,11 @@ impl<'a> Parser<'a> {
             ));
         }
         let ndim = dims.as_ref().map(Vec::len).or(ndim);
-        Ok(Type::Tensor(TensorType { dims, ndim, dtype }))
+        Ok(Type::Tensor(TensorType {
+            dims: dims.map(Into::into),
+            ndim,
+            dtype,
+        }))
     }
 
     // ----- dims -----

@@ -26,7 +26,7 @@
 
 use super::fuse_ops_by_pattern::{DedupIndex, Naming, PartitionOptions, is_entry, rewrite};
 use crate::error::Result;
-use crate::ir::{Callee, EntityId, ExprKind, Function, Module};
+use crate::ir::{Callee, EntityId, ExprKind, FuncAttrs, Function, Module, VarId};
 use crate::pattern::matcher::{FunctionView, operand_vars};
 use std::collections::BTreeSet;
 
@@ -138,7 +138,7 @@ fn remove_unused(f: &Function, m: &Module) -> Result<Option<Function>> {
     let (nf, _) = rewrite(
         &filtered,
         &view,
-        &[],
+        &[] as &[(Vec<VarId>, FuncAttrs)],
         PartitionOptions::default(),
         Naming::Short,
         m,

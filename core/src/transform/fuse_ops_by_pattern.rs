@@ -47,8 +47,9 @@ use crate::ir::{
     VarId,
 };
 use crate::pattern::Pattern;
+use crate::pattern::census::Census;
 use crate::pattern::check::{Check, CheckContext, Verdict};
-use crate::pattern::matcher::{FunctionView, ViewTables, match_at, operand_vars};
+use crate::pattern::matcher::{FunctionView, Match, ViewTables, match_into, operand_vars};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -163,6 +164,18 @@ pub fn fuse_ops_by_pattern(
     patterns: &[FusionPattern],
     opts: PartitionOptions,
 ) -> Result<Partitioned> {
+    // With one pattern a census could only skip the one pass it costs as much as.
+    run_patterns(module, patterns, opts, patterns.len() > 1)
+}
+
+/// [`fuse_ops_by_pattern`], skipping patterns by census (see `pattern::census`) or not; the
+/// output is the same either way.
+fn run_patterns(
+    module: &Module,
+    patterns: &[FusionPattern],
+    opts: PartitionOptions,
+    census: bool,
+) -> Result<Partitioned> {
     // The module is cloned only when a pattern first changes it, and then without the function
     // being replaced.
     let mut m: Cow<'_, Module> = Cow::Borrowed(module);
@@ -175,10 +188,15 @@ pub fn fuse_ops_by_pattern(
             p.name, p.name
         )));
     }
-    // Use/def indexes of functions that no pattern has changed yet, shared across patterns.
-    let mut views: HashMap<String, std::sync::Arc<ViewTables>> = HashMap::default();
+    // Use/def indexes and censuses of functions that no pattern has changed yet, shared across
+    // patterns.
+    let mut cache = PassCache {
+        views: HashMap::default(),
+        census,
+        scratch: FindScratch::default(),
+    };
     for fp in patterns {
-        apply_pattern(&mut m, fp, opts, &mut rejections, &mut views)?;
+        apply_pattern(&mut m, fp, opts, &mut rejections, &mut cache)?;
     }
     let mut m = m.into_owned();
     if opts.annotate_codegen {
@@ -215,14 +233,31 @@ pub(crate) fn commit(m: &mut Cow<'_, Module>, name: String, f: Function, new_fun
     owned.insert(name, f);
 }
 
+/// What [`apply_pattern`] keeps across patterns.
+struct PassCache {
+    /// Per function not changed since: its use/def index and census, when built.
+    views: HashMap<String, FnCache>,
+    /// Whether to build censuses (several patterns).
+    census: bool,
+    /// Buffers reused by every root of every pass.
+    scratch: FindScratch,
+}
+
+#[derive(Default)]
+struct FnCache {
+    tables: Option<std::sync::Arc<ViewTables>>,
+    census: Option<Census>,
+}
+
 fn apply_pattern(
     m: &mut Cow<'_, Module>,
     fp: &FusionPattern,
     opts: PartitionOptions,
     rejections: &mut Vec<Rejection>,
-    views: &mut HashMap<String, std::sync::Arc<ViewTables>>,
+    cache: &mut PassCache,
 ) -> Result<()> {
     let root_ops = fp.pattern.root_ops();
+    let needs = cache.census.then(|| fp.pattern.needs());
     let entries: Vec<String> = m
         .functions
         .iter()
@@ -234,8 +269,14 @@ fn apply_pattern(
         let Some(f) = m.functions.get(&fname) else {
             continue;
         };
-        // Cheap prefilter: no binding calls a root op of the pattern.
-        if let Some(ops) = &root_ops {
+        let entry = cache.views.entry(fname.clone()).or_default();
+        // Cheap prefilters: a needed op is not called (census), or no binding calls a root op.
+        if let Some(needs) = &needs {
+            let census = entry.census.get_or_insert_with(|| Census::new(f));
+            if !census.has_ops(needs) {
+                continue;
+            }
+        } else if let Some(ops) = &root_ops {
             let any = f.bindings().any(|b| {
                 matches!(&f.expr(b.value).kind,
                     ExprKind::Call { callee: Callee::Op(op), .. } if ops.contains(&op.name()))
@@ -244,27 +285,42 @@ fn apply_pattern(
                 continue;
             }
         }
-        let view = match views.get(&fname) {
+        let view = match &entry.tables {
             Some(t) => FunctionView::with_tables(f, t.clone()),
             None => {
                 let v = FunctionView::new(f);
-                views.insert(fname.clone(), v.tables());
+                entry.tables = Some(v.tables());
                 v
             }
         };
-        let groups = find_groups(&fname, &view, fp, root_ops.as_deref(), rejections);
+        if let (Some(needs), Some(census)) = (&needs, &mut entry.census) {
+            if !needs.edges.is_empty() && !census.has_edge_index() {
+                census.build_edges(&view);
+            }
+            if !census.may_match(needs) {
+                continue;
+            }
+        }
+        let groups = find_groups(
+            &fname,
+            &view,
+            fp,
+            root_ops.as_deref(),
+            rejections,
+            &mut cache.scratch,
+        );
         if groups.is_empty() {
             continue;
         }
-        views.remove(&fname);
+        cache.views.remove(&fname);
         dedup.ensure(m);
         let attrs = FuncAttrs {
             composite: Some(fp.name.clone()),
             primitive: Some(AttrValue::Bool(true)),
             ..FuncAttrs::default()
         };
-        let groups: Vec<(Vec<VarId>, FuncAttrs)> =
-            groups.into_iter().map(|g| (g, attrs.clone())).collect();
+        let groups: Vec<(Vec<VarId>, &FuncAttrs)> =
+            groups.into_iter().map(|g| (g, &attrs)).collect();
         let (new_f, new_funcs) = rewrite(f, &view, &groups, opts, Naming::Full, m, &mut dedup)?;
         drop(view);
         commit(m, fname, new_f, new_funcs);
@@ -321,16 +377,56 @@ struct Group {
     alive: bool,
 }
 
+/// Buffers of [`find_groups`], reused across roots, patterns and functions.
+#[derive(Default)]
+struct FindScratch {
+    m: Match,
+    order: Vec<(usize, VarId)>,
+    matched: Vec<VarId>,
+    merge: Vec<usize>,
+    inside: VarSet,
+    stack: Vec<VarId>,
+}
+
+/// A set of vars for membership tests: a sorted vector (groups are small; no hashing).
+#[derive(Default)]
+pub(crate) struct VarSet(Vec<VarId>);
+
+impl VarSet {
+    /// Sets the contents to `vars`.
+    pub(crate) fn fill(&mut self, vars: &[VarId]) {
+        self.0.clear();
+        self.0.extend_from_slice(vars);
+        self.0.sort_unstable();
+    }
+
+    pub(crate) fn contains(&self, v: &VarId) -> bool {
+        match self.0.len() {
+            0..=8 => self.0.contains(v),
+            _ => self.0.binary_search(v).is_ok(),
+        }
+    }
+}
+
 fn find_groups(
     fname: &str,
     view: &FunctionView<'_>,
     fp: &FusionPattern,
     root_ops: Option<&[&str]>,
     rejections: &mut Vec<Rejection>,
+    scratch: &mut FindScratch,
 ) -> Vec<Vec<VarId>> {
     let f = view.func;
     let mut group_of: VarMap<usize> = VarMap::new(f.vars.len());
     let mut groups: Vec<Group> = Vec::new();
+    let FindScratch {
+        m,
+        order,
+        matched,
+        merge,
+        inside,
+        stack,
+    } = scratch;
     for (bi, block) in f.blocks.iter().enumerate() {
         if !block.dataflow {
             continue;
@@ -344,10 +440,11 @@ fn find_groups(
             {
                 continue;
             }
-            let Some(m) = match_at(&fp.pattern, view, b.var) else {
+            if !match_into(&fp.pattern, view, b.var, m) {
                 continue;
-            };
-            let matched = m.bindings(&fp.pattern, view);
+            }
+            m.bindings_into(&fp.pattern, view, order, matched);
+            let matched: &[VarId] = matched;
             let mut reject = |reason: String| {
                 rejections.push(Rejection {
                     pattern: fp.name.clone(),
@@ -365,9 +462,9 @@ fn find_groups(
             if let Some(check) = &fp.check {
                 let cx = CheckContext {
                     pattern: &fp.pattern,
-                    m: &m,
+                    m,
                     view,
-                    matched: &matched,
+                    matched,
                 };
                 if let Verdict::Reject { reason } = check.check(&cx) {
                     reject(format!("check `{}` rejected it: {reason}", check.name()));
@@ -375,9 +472,9 @@ fn find_groups(
                 }
             }
             // Overlap with earlier groups of this pattern: take them whole or not at all.
-            let mut merge: Vec<usize> = Vec::new();
+            merge.clear();
             let mut partial = None;
-            for v in &matched {
+            for v in matched {
                 if let Some(&g) = group_of.get(v) {
                     if groups[g].members.iter().all(|x| matched.contains(x)) {
                         if !merge.contains(&g) {
@@ -397,22 +494,24 @@ fn find_groups(
                 ));
                 continue;
             }
-            if let Some(x) = cycle_through(view, &matched, &group_of, &groups, &merge) {
+            inside.fill(matched);
+            if let Some(x) = cycle_through(view, matched, inside, stack, &group_of, &groups, merge)
+            {
                 reject(format!(
                     "fusing it would create a cycle through `{}`, which uses a value of the match and feeds it",
                     f.var(x).name
                 ));
                 continue;
             }
-            for &g in &merge {
+            for &g in merge.iter() {
                 groups[g].alive = false;
             }
             let id = groups.len();
-            for &v in &matched {
+            for &v in matched {
                 group_of.insert(v, id);
             }
             groups.push(Group {
-                members: matched,
+                members: matched.to_vec(),
                 alive: true,
             });
         }
@@ -425,24 +524,28 @@ fn find_groups(
 }
 
 /// Returns an outside var through which the candidate group would depend on itself, treating
-/// existing groups (other than those being merged) as single nodes.
+/// existing groups (other than those being merged) as single nodes. `inside` holds `members`.
 fn cycle_through(
     view: &FunctionView<'_>,
     members: &[VarId],
+    inside: &VarSet,
+    stack: &mut Vec<VarId>,
     group_of: &VarMap<usize>,
     groups: &[Group],
     merging: &[usize],
 ) -> Option<VarId> {
     let pos = |v: VarId| view.bound(v).map_or(0, |(p, _)| p);
     let maxpos = members.iter().map(|&v| pos(v)).max()?;
-    let inside: HashSet<VarId> = members.iter().copied().collect();
-    let mut stack: Vec<VarId> = Vec::new();
+    stack.clear();
     for &m in members {
         stack.extend(
             view.users_of(m)
                 .iter()
                 .filter(|u| !inside.contains(u) && pos(**u) <= maxpos),
         );
+    }
+    if stack.is_empty() {
+        return None;
     }
     let mut tainted: HashSet<VarId> = HashSet::default();
     while let Some(x) = stack.pop() {
@@ -482,29 +585,83 @@ fn cycle_through(
     None
 }
 
-/// Fresh names `lv`, `lv1`, … / `gv`, `gv1`, … that avoid the borrowed `reserved` names and the
-/// owned `taken` ones (names already handed out, or owned by the function being built).
-struct FreshNames<'f> {
-    reserved: HashSet<&'f str>,
-    taken: HashSet<String>,
-    next: HashMap<&'static str, usize>,
+/// The bases of fresh names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Base {
+    /// `lv`, `lv1`, … (dataflow vars).
+    Lv,
+    /// `gv`, `gv1`, … (vars visible after their block, outputs).
+    Gv,
 }
 
-impl FreshNames<'_> {
-    fn fresh(&mut self, base: &'static str) -> String {
-        let n = self.next.entry(base).or_insert(0);
-        loop {
-            let cand = if *n == 0 {
-                base.to_string()
-            } else {
-                format!("{base}{n}")
-            };
-            *n += 1;
-            if !self.reserved.contains(cand.as_str()) && self.taken.insert(cand.clone()) {
-                return cand;
+impl Base {
+    fn text(self) -> &'static str {
+        match self {
+            Base::Lv => "lv",
+            Base::Gv => "gv",
+        }
+    }
+}
+
+/// Fresh names `lv`, `lv1`, … / `gv`, `gv1`, …: per base, the next suffix (counting up from
+/// none) whose name is not reserved. Only reserved names of the form `<base>` or `<base><n>`
+/// (`n` without leading zeros) can collide, so they are kept as suffix numbers, and names
+/// handed out never repeat because the counters only go up.
+#[derive(Default)]
+struct FreshNames {
+    /// Per base (`Lv`, `Gv`): the next suffix to try, and the reserved suffixes (0: the bare
+    /// base).
+    next: [u64; 2],
+    reserved: [HashSet<u64>; 2],
+}
+
+impl FreshNames {
+    /// Reserves `name` (a name fresh names must avoid).
+    fn reserve(&mut self, name: &str) {
+        for (i, base) in [Base::Lv, Base::Gv].into_iter().enumerate() {
+            if let Some(rest) = name.strip_prefix(base.text()) {
+                let n = if rest.is_empty() {
+                    Some(0)
+                } else if rest.starts_with('0') || !rest.bytes().all(|c| c.is_ascii_digit()) {
+                    None
+                } else {
+                    rest.parse::<u64>().ok()
+                };
+                if let Some(n) = n {
+                    self.reserved[i].insert(n);
+                }
             }
         }
     }
+
+    fn fresh(&mut self, base: Base) -> String {
+        let i = base as usize;
+        loop {
+            let n = self.next[i];
+            self.next[i] += 1;
+            if !self.reserved[i].contains(&n) {
+                return numbered(base.text(), n);
+            }
+        }
+    }
+}
+
+/// `base` followed by `n` in decimal, or `base` alone when `n` is 0.
+fn numbered(base: &str, n: u64) -> String {
+    let mut digits = [0u8; 20];
+    let mut k = digits.len();
+    let mut x = n;
+    while x > 0 {
+        k -= 1;
+        digits[k] = b'0' + (x % 10) as u8;
+        x /= 10;
+    }
+    let mut out = String::with_capacity(base.len() + digits.len() - k);
+    out.push_str(base);
+    for &d in &digits[k..] {
+        out.push(char::from(d));
+    }
+    out
 }
 
 /// How outlined functions are named.
@@ -549,15 +706,16 @@ pub(crate) fn unique_name(base: &str, taken: &dyn Fn(&str) -> bool) -> String {
         .unwrap_or_else(|| base.to_string())
 }
 
+/// An outlined group; its outputs (old vars, in tuple order) are in `ShapeCache::outputs`.
 struct Outlined {
-    callee: String,
-    args: Vec<ExprId>,   // in the new caller
-    outputs: Vec<VarId>, // old vars, in tuple order
+    callee: Arc<str>,
+    args: Vec<ExprId>, // in the new caller
+    ret_ty: Type,
 }
 
 /// One token of a group's shape: enough to decide, without building the outlined function,
 /// that two groups of one function outline to structurally equal functions.
-#[derive(PartialEq)]
+#[derive(Clone, Copy, PartialEq)]
 enum Tok<'f> {
     Call(&'f Callee, usize, &'f Type),
     Tuple(usize),
@@ -605,10 +763,20 @@ enum ParamSrc {
     Const(ExprId),
 }
 
-/// Groups already outlined in this rewrite, by shape: equal shapes share a callee.
+/// A group shape already outlined: its tokens, callee and the callee's return type.
+type Shaped<'f> = (Vec<Tok<'f>>, Arc<str>, Type);
+
+/// Groups already outlined in this rewrite, by shape: equal shapes share a callee (kept with
+/// its return type). Also the buffers of [`outline`], reused across groups.
 #[derive(Default)]
 pub(crate) struct ShapeCache<'f> {
-    by_hash: HashMap<u64, Vec<(Vec<Tok<'f>>, String)>>,
+    by_hash: HashMap<u64, Vec<Shaped<'f>>>,
+    inside: VarSet,
+    outputs: Vec<VarId>,
+    firsts: Vec<(usize, usize, VarId)>,
+    ops: Vec<VarId>,
+    psrc: Vec<ParamSrc>,
+    toks: Vec<Tok<'f>>,
 }
 
 /// Encodes value `e` of a group member (see [`Tok`]), assigning parameters in first-use order.
@@ -687,18 +855,23 @@ fn outline<'f>(
     pending: &mut Vec<(String, Function)>,
     cache: &mut ShapeCache<'f>,
 ) -> Result<Outlined> {
-    let inside: HashSet<VarId> = members.iter().copied().collect();
+    let ShapeCache {
+        inside,
+        outputs,
+        firsts,
+        ops,
+        psrc,
+        toks,
+        ..
+    } = cache;
+    inside.fill(members);
     // Outputs: non-dataflow members, then members used by other bindings in first-use order.
-    let mut outputs: Vec<VarId> = members
-        .iter()
-        .copied()
-        .filter(|v| !f.var(*v).dataflow)
-        .collect();
+    outputs.clear();
+    outputs.extend(members.iter().copied().filter(|v| !f.var(*v).dataflow));
     // First outside use of each member (position of the using binding, then operand order in
     // it): the order in which a scan of the block would first see the uses. Found through the
     // use index, so the cost is the group's uses, not the block's size.
-    let mut firsts: Vec<(usize, usize, VarId)> = Vec::new();
-    let mut ops = Vec::new();
+    firsts.clear();
     for &mv in members {
         if outputs.contains(&mv) {
             continue;
@@ -711,41 +884,43 @@ fn outline<'f>(
             .min_by_key(|&(p, _)| p);
         if let Some((p, e)) = first {
             ops.clear();
-            operand_vars(f, e, &mut ops);
+            operand_vars(f, e, ops);
             let k = ops.iter().position(|&o| o == mv).unwrap_or(0);
             firsts.push((p, k, mv));
         }
     }
     firsts.sort_unstable();
-    outputs.extend(firsts.into_iter().map(|(_, _, v)| v));
+    outputs.extend(firsts.iter().map(|&(_, _, v)| v));
     if outputs.is_empty() {
         // Unused group: keep its last binding as the output so no op is dropped.
         outputs.extend(members.last());
     }
     // Fast path: a group of the same shape was outlined before; share its callee.
-    let mut enc: (Vec<ParamSrc>, Vec<Tok<'f>>) = (Vec::new(), Vec::new());
+    let mut enc = (std::mem::take(psrc), std::mem::take(toks));
+    enc.0.clear();
+    enc.1.clear();
     for &v in members {
         if let Some((_, value)) = view.bound(v) {
             enc.1.push(Tok::Bind(&f.var(v).ty, f.var(v).dataflow));
             encode(f, view, value, members, opts.bind_constants, &mut enc);
         }
     }
-    let (psrc, mut toks) = enc;
-    for o in &outputs {
+    for o in outputs.iter() {
         if let Some(k) = members.iter().position(|m| m == o) {
-            toks.push(Tok::Out(k));
+            enc.1.push(Tok::Out(k));
         }
     }
+    (*psrc, *toks) = enc;
     let mut key = 0u64;
     toks.iter().for_each(|t| t.hash_into(&mut key));
     let hit = cache.by_hash.get(&key).and_then(|list| {
         list.iter()
-            .find(|(t, _)| *t == toks)
-            .map(|(_, name)| name.clone())
+            .find(|(t, _, _)| *t == cache.toks)
+            .map(|(_, name, ty)| (name.clone(), ty.clone()))
     });
-    if let Some(callee) = hit {
-        let mut args = Vec::with_capacity(psrc.len());
-        for p in psrc {
+    if let Some((callee, ret_ty)) = hit {
+        let mut args = Vec::with_capacity(cache.psrc.len());
+        for &p in &cache.psrc {
             args.push(match p {
                 ParamSrc::Var(x) => cmap.get(&x).copied().ok_or_else(|| {
                     Error::Invalid(format!(
@@ -762,9 +937,11 @@ fn outline<'f>(
         return Ok(Outlined {
             callee,
             args,
-            outputs,
+            ret_ty,
         });
     }
+    let outputs = &cache.outputs;
+    let inside = &cache.inside;
     let mut cf = Function::new();
     let mut fmap: HashMap<VarId, ExprId> = HashMap::default();
     let mut args: Vec<ExprId> = Vec::new();
@@ -811,12 +988,15 @@ fn outline<'f>(
             }
         }
     }
-    // Body: one dataflow block; outputs renamed gv, gv1, …
-    let mut names = FreshNames {
-        reserved: members.iter().map(|&v| f.var(v).name.as_str()).collect(),
-        taken: cf.vars.iter().map(|(_, d)| d.name.clone()).collect(),
-        next: HashMap::default(),
-    };
+    // Body: one dataflow block; outputs renamed gv, gv1, … (avoiding members' and params'
+    // names).
+    let mut names = FreshNames::default();
+    for &v in members {
+        names.reserve(&f.var(v).name);
+    }
+    for (_, d) in cf.vars.iter() {
+        names.reserve(&d.name);
+    }
     let mut body = Block {
         dataflow: true,
         bindings: Vec::new(),
@@ -829,7 +1009,7 @@ fn outline<'f>(
         let vd = f.var(v);
         let is_out = outputs.contains(&v);
         let name = if is_out {
-            names.fresh("gv")
+            names.fresh(Base::Gv)
         } else {
             vd.name.clone()
         };
@@ -864,8 +1044,20 @@ fn outline<'f>(
         .collect();
     // Share a structurally equal function, else add under a unique name.
     let h = function_hash(&cf);
+    let mut ret_ty = cf.ret_ty.clone();
     let callee = match dedup.find(m, pending, &cf, h) {
-        Some(existing) => existing,
+        Some(existing) => {
+            // Calls take the return type of the function they call.
+            if let Some(g) = pending
+                .iter()
+                .find(|(n, _)| *n == existing)
+                .map(|(_, g)| g)
+                .or_else(|| m.get(&existing))
+            {
+                ret_ty = g.ret_ty.clone();
+            }
+            existing
+        }
         None => {
             let base = group_name(f, members, view, naming);
             let name = unique_name(&base, &|n| {
@@ -876,15 +1068,17 @@ fn outline<'f>(
             name
         }
     };
+    let callee: Arc<str> = callee.into();
+    let toks = cache.toks.clone();
     cache
         .by_hash
         .entry(key)
         .or_default()
-        .push((toks, callee.clone()));
+        .push((toks, callee.clone(), ret_ty.clone()));
     Ok(Outlined {
         callee,
         args,
-        outputs,
+        ret_ty,
     })
 }
 
@@ -952,44 +1146,88 @@ fn copy_with_leaves(
 
 pub(crate) type NewFunctions = Vec<(String, Function)>;
 
-pub(crate) fn rewrite(
+/// A group to outline: its members (bound vars, in binding order) and its function's attributes.
+pub(crate) trait GroupSpec {
+    /// The members.
+    fn members(&self) -> &[VarId];
+    /// The attributes of the outlined function.
+    fn attrs(&self) -> &FuncAttrs;
+}
+
+impl GroupSpec for (Vec<VarId>, FuncAttrs) {
+    fn members(&self) -> &[VarId] {
+        &self.0
+    }
+    fn attrs(&self) -> &FuncAttrs {
+        &self.1
+    }
+}
+
+impl GroupSpec for (Vec<VarId>, &FuncAttrs) {
+    fn members(&self) -> &[VarId] {
+        &self.0
+    }
+    fn attrs(&self) -> &FuncAttrs {
+        self.1
+    }
+}
+
+pub(crate) fn rewrite<G: GroupSpec>(
     f: &Function,
     view: &FunctionView<'_>,
-    groups: &[(Vec<VarId>, FuncAttrs)],
+    groups: &[G],
     opts: PartitionOptions,
     naming: Naming,
     m: &Module,
     dedup: &mut DedupIndex,
 ) -> Result<(Function, NewFunctions)> {
     let mut group_of: VarMap<usize> = VarMap::new(f.vars.len());
-    for (gi, (g, _)) in groups.iter().enumerate() {
-        for &v in g {
+    for (gi, g) in groups.iter().enumerate() {
+        for &v in g.members() {
             group_of.insert(v, gi);
         }
     }
     let mut nf = Function::new();
+    // The new function is at most about as large as the old one: size its arenas once.
+    nf.vars.reserve(f.vars.len());
+    nf.exprs.reserve(f.exprs.len());
     nf.attrs = f.attrs.clone();
     nf.sym_vars = f.sym_vars.clone();
     nf.ret_ty = f.ret_ty.clone();
     let mut map: VarMap<ExprId> = VarMap::new(f.vars.len());
+    let mut names = FreshNames::default();
+    nf.params.reserve(f.params.len());
+    // Fresh names avoid every name that stays: the params and the vars outside groups.
     for &p in &f.params {
         let vd = f.var(p);
+        names.reserve(&vd.name);
         let np = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
         nf.params.push(np);
         map.insert(p, nf.var_expr(np));
     }
-    let mut names = FreshNames {
-        reserved: f
-            .vars
-            .iter()
-            .filter(|(v, _)| !group_of.contains_key(v))
-            .map(|(_, d)| d.name.as_str())
-            .collect(),
-        taken: HashSet::default(),
-        next: HashMap::default(),
-    };
+    for (v, d) in f.vars.iter() {
+        // `map` holds exactly the params here; their names are reserved above.
+        if !group_of.contains_key(&v) && !map.contains_key(&v) {
+            names.reserve(&d.name);
+        }
+    }
     let mut pending: NewFunctions = Vec::new();
     let mut cache = ShapeCache::default();
+    // Units: a group (by index) or a single binding; emitted in order of first appearance,
+    // each after the units it depends on.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Unit {
+        Group(usize),
+        Single(usize),
+    }
+    let ngroups = groups.len();
+    // Per var of the current block: its binding's index (cleared after the block).
+    let mut index: VarMap<usize> = VarMap::new(f.vars.len());
+    let mut done: Vec<bool> = Vec::new();
+    let mut order: Vec<Unit> = Vec::new();
+    let mut stack: Vec<(Unit, bool)> = Vec::new();
+    let mut deps: Vec<Unit> = Vec::new();
+    let mut ops: Vec<VarId> = Vec::new();
     for block in &f.blocks {
         let mut out = Block {
             dataflow: block.dataflow,
@@ -997,20 +1235,13 @@ pub(crate) fn rewrite(
         };
         let has_group = block.bindings.iter().any(|b| group_of.contains_key(&b.var));
         if !has_group {
+            out.bindings.reserve(block.bindings.len());
             for b in &block.bindings {
                 emit_copy(f, b, &mut nf, &mut map, &mut out)?;
             }
             nf.blocks.push(out);
             continue;
         }
-        // Units: a group (by index) or a single binding; emitted in order of first appearance,
-        // each after the units it depends on.
-        #[derive(Clone, Copy, PartialEq, Eq)]
-        enum Unit {
-            Group(usize),
-            Single(usize),
-        }
-        let mut index: VarMap<usize> = VarMap::new(f.vars.len());
         for (i, b) in block.bindings.iter().enumerate() {
             index.insert(b.var, i);
         }
@@ -1020,39 +1251,40 @@ pub(crate) fn rewrite(
                 None => Unit::Single(i),
             }
         };
-        let deps = |u: Unit| -> Vec<Unit> {
-            let idxs: Vec<usize> = match u {
-                Unit::Single(i) => vec![i],
-                Unit::Group(g) => groups[g]
-                    .0
-                    .iter()
-                    .filter_map(|v| index.get(v).copied())
-                    .collect(),
-            };
-            let mut out = Vec::new();
-            let mut ops = Vec::new();
-            for i in idxs {
+        // The units `u` depends on, in order of first use, into `deps`.
+        let deps_of = |u: Unit, deps: &mut Vec<Unit>, ops: &mut Vec<VarId>| {
+            deps.clear();
+            let mut add = |i: usize, deps: &mut Vec<Unit>| {
                 ops.clear();
-                operand_vars(f, block.bindings[i].value, &mut ops);
-                for o in &ops {
+                operand_vars(f, block.bindings[i].value, ops);
+                for o in ops.iter() {
                     if let Some(&j) = index.get(o) {
                         let du = unit_of(j);
-                        if du != u && !out.contains(&du) {
-                            out.push(du);
+                        if du != u && !deps.contains(&du) {
+                            deps.push(du);
+                        }
+                    }
+                }
+            };
+            match u {
+                Unit::Single(i) => add(i, deps),
+                Unit::Group(g) => {
+                    for v in groups[g].members() {
+                        if let Some(&i) = index.get(v) {
+                            add(i, deps);
                         }
                     }
                 }
             }
-            out
         };
-        let ngroups = groups.len();
         let uid = |u: Unit| match u {
             Unit::Group(g) => g,
             Unit::Single(i) => ngroups + i,
         };
-        let mut done = vec![false; ngroups + block.bindings.len()];
-        let mut order: Vec<Unit> = Vec::with_capacity(block.bindings.len());
-        let mut stack: Vec<(Unit, bool)> = Vec::new();
+        done.clear();
+        done.resize(ngroups + block.bindings.len(), false);
+        order.clear();
+        order.reserve(block.bindings.len());
         for i in 0..block.bindings.len() {
             let u = unit_of(i);
             if done[uid(u)] {
@@ -1071,22 +1303,24 @@ pub(crate) fn rewrite(
                     continue;
                 }
                 stack.push((x, true));
-                for d in deps(x).into_iter().rev() {
+                deps_of(x, &mut deps, &mut ops);
+                for &d in deps.iter().rev() {
                     if !done[uid(d)] {
                         stack.push((d, false));
                     }
                 }
             }
         }
-        for u in order {
+        out.bindings.reserve(order.len());
+        for &u in &order {
             match u {
                 Unit::Single(i) => emit_copy(f, &block.bindings[i], &mut nf, &mut map, &mut out)?,
                 Unit::Group(g) => {
                     let o = outline(
                         f,
                         view,
-                        &groups[g].0,
-                        &groups[g].1,
+                        groups[g].members(),
+                        groups[g].attrs(),
                         opts,
                         naming,
                         &mut nf,
@@ -1096,23 +1330,18 @@ pub(crate) fn rewrite(
                         &mut pending,
                         &mut cache,
                     )?;
-                    let ret_ty = pending
-                        .iter()
-                        .find(|(n, _)| *n == o.callee)
-                        .map(|(_, cf)| cf.ret_ty.clone())
-                        .or_else(|| m.get(&o.callee).map(|cf| cf.ret_ty.clone()))
-                        .unwrap_or_default();
                     let call = nf.add_expr(
                         ExprKind::Call {
-                            callee: Callee::Global(o.callee.as_str().into()),
+                            callee: Callee::Global(o.callee),
                             args: o.args,
                         },
-                        ret_ty,
+                        o.ret_ty,
                     );
-                    if o.outputs.len() == 1 {
-                        let old = o.outputs[0];
+                    let outputs = &cache.outputs;
+                    let base = |dataflow: bool| if dataflow { Base::Lv } else { Base::Gv };
+                    if let [old] = outputs[..] {
                         let vd = f.var(old);
-                        let name = names.fresh(if vd.dataflow { "lv" } else { "gv" });
+                        let name = names.fresh(base(vd.dataflow));
                         let nv = nf.add_var(name, vd.ty.clone(), vd.dataflow && block.dataflow);
                         out.bindings.push(Binding {
                             var: nv,
@@ -1120,15 +1349,14 @@ pub(crate) fn rewrite(
                         });
                         map.insert(old, nf.var_expr(nv));
                     } else {
-                        let tname = names.fresh("lv");
+                        let tname = names.fresh(Base::Lv);
                         let ty = nf.expr(call).ty.clone();
                         let tv = nf.add_var(tname, ty, block.dataflow);
                         out.bindings.push(Binding {
                             var: tv,
                             value: call,
                         });
-                        let mut by_pos: Vec<(usize, u32, VarId)> = o
-                            .outputs
+                        let mut by_pos: Vec<(usize, u32, VarId)> = outputs
                             .iter()
                             .enumerate()
                             .map(|(k, &v)| (index.get(&v).copied().unwrap_or(0), k as u32, v))
@@ -1138,7 +1366,7 @@ pub(crate) fn rewrite(
                             let vd = f.var(old);
                             let te = nf.var_expr(tv);
                             let get = nf.add_expr(ExprKind::TupleGetItem(te, k), vd.ty.clone());
-                            let name = names.fresh(if vd.dataflow { "lv" } else { "gv" });
+                            let name = names.fresh(base(vd.dataflow));
                             let nv = nf.add_var(name, vd.ty.clone(), vd.dataflow && block.dataflow);
                             out.bindings.push(Binding {
                                 var: nv,
@@ -1151,6 +1379,9 @@ pub(crate) fn rewrite(
             }
         }
         nf.blocks.push(out);
+        for b in &block.bindings {
+            index.remove(b.var);
+        }
     }
     let ret = f
         .ret
@@ -1272,4 +1503,67 @@ fn make_wrapper(comp: &Function, codegen: &str, name: &str) -> Result<Function> 
     w.attrs.codegen = Some(codegen.to_string());
     w.attrs.global_symbol = Some(name.to_string());
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::generate::{mlp_chain, random_fusion_module, random_module};
+    use crate::pattern::check::NoLeakingIntermediates;
+    use crate::pattern::parse_pattern;
+    use crate::text::print_module;
+
+    const PATTERNS: &[&str] = &[
+        "relax.nn.relu(_)",
+        "relax.add(relax.matmul(_, _), _)",
+        "relax.nn.relu(relax.add(relax.matmul(_, _), _))",
+        "relax.nn.relu(relax.matmul(_, _)) | relax.add(relax.matmul(_, _), _)",
+        "relax.add(relax.add(_, _), relax.add(_, _))",
+        "relax.nn.relu(relax.add(relax.add(relax.matmul(_, relax.permute_dims(_)), _), _))",
+        "relax.add(relax.add(relax.matmul(_, _), _), _)",
+        "relax.multiply(relax.exp(_), _)",
+        "relax.add(!relax.nn.relu(_), _)",
+        "(relax.nn.relu(_) | relax.exp(_)) & relax.nn.relu(relax.add(_, _))",
+        "relax.reshape(relax.add(_, _), _)",
+        "relax.nn.gelu(_)",
+        "relax.add(_[?], _)",
+    ];
+
+    /// Skipping patterns by census never changes the output or the rejections.
+    #[test]
+    fn census_does_not_change_the_output() {
+        let mut state = 7u64;
+        let mut next = |n: usize| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 33) as usize) % n
+        };
+        for seed in 0..60u64 {
+            let m = match seed % 3 {
+                0 => random_module(seed, 20 + next(150)),
+                1 => random_fusion_module(seed, 20 + next(150)),
+                _ => mlp_chain(1 + next(20)),
+            };
+            let table: Vec<FusionPattern> = (0..2 + next(6))
+                .map(|i| {
+                    let text = PATTERNS[next(PATTERNS.len())];
+                    let p = parse_pattern(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+                    let fp = FusionPattern::new(&format!("a.p{i}"), p);
+                    if next(2) == 0 {
+                        fp.with_check(Arc::new(NoLeakingIntermediates))
+                    } else {
+                        fp
+                    }
+                })
+                .collect();
+            let opts = PartitionOptions::default();
+            let run = |census| {
+                let out = run_patterns(&m, &table, opts, census)
+                    .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                (print_module(&out.module).text, out.rejections)
+            };
+            assert_eq!(run(true), run(false), "seed {seed}");
+        }
+    }
 }

@@ -468,7 +468,7 @@ impl Importer<'_> {
     pub(crate) fn dims(&self, e: ExprId) -> Result<(Vec<Dim>, DType)> {
         match self.ty(e) {
             Type::Tensor(t) => match (t.dims, t.dtype) {
-                (Some(d), Some(dt)) => Ok((d, dt)),
+                (Some(d), Some(dt)) => Ok((d.to_vec(), dt)),
                 _ => Err(invalid("expected a tensor of known shape and dtype")),
             },
             t => Err(invalid(format!("expected a tensor, found {t:?}"))),
