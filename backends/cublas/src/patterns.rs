@@ -383,7 +383,7 @@ mod tests {
         );
         assert!(e.is_err_and(|e| e.contains("lhs float16, rhs float32")));
         let untyped = Type::Tensor(fusebox_core::ir::TensorType {
-            dims: Some(s(&[8, 4])),
+            dims: Some(s(&[8, 4]).into()),
             ndim: Some(2),
             dtype: None,
         });
