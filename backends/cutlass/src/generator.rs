@@ -769,3 +769,162 @@ mod tests {
         );
     }
 }
+
+/// A CPU model of one warp's k-step on the tensor-core path: the lane → shared-memory address
+/// formulas the generator emits for `ldmatrix.x4` (A, and B N-major or `.trans` K-major), the
+/// register contents PTX defines for `ldmatrix` and the m16n8k16 fragments, and the epilogue's
+/// lane → (row, col) mapping. The test checks that the model's result is the 16·MI × 8·NI
+/// product, and that the emitted source contains exactly these formulas.
+#[cfg(test)]
+#[allow(
+    clippy::needless_range_loop,
+    reason = "the model indexes lanes and fragments as the PTX tables do"
+)]
+mod fragment_model {
+    /// `ldmatrix.x4` (`trans = false`): lane `t` gets, for matrix `j`, the pair
+    /// `M_j[t / 4][2 (t % 4) .. + 1]`, where matrix `j`'s row `r` starts at the address lane
+    /// `8 j + r` supplies. With `.trans`: `M_j[2 (t % 4) .. + 1][t / 4]`.
+    fn ldmatrix_x4(
+        addr: impl Fn(usize) -> (usize, usize),
+        smem: impl Fn(usize, usize) -> f64,
+        trans: bool,
+    ) -> Vec<[[f64; 2]; 4]> {
+        (0..32)
+            .map(|t| {
+                let mut regs = [[0.0; 2]; 4];
+                for (j, reg) in regs.iter_mut().enumerate() {
+                    for (e, x) in reg.iter_mut().enumerate() {
+                        let (r, c) = if trans {
+                            (2 * (t % 4) + e, t / 4)
+                        } else {
+                            (t / 4, 2 * (t % 4) + e)
+                        };
+                        let (row, col) = addr(8 * j + r);
+                        *x = smem(row, col + c);
+                    }
+                }
+                regs
+            })
+            .collect()
+    }
+
+    #[test]
+    fn warp_fragments_compute_the_product() {
+        const MI: usize = 2;
+        const NI: usize = 4;
+        let (wm, wn, kk0) = (16 * MI, 8 * NI, 0usize);
+        // A: wm × 16 (row-major), B as B[k][n].
+        let a = |m: usize, k: usize| ((m * 7 + k * 3) % 11) as f64 - 5.0;
+        let b = |k: usize, n: usize| ((k * 5 + n * 2) % 13) as f64 - 6.0;
+        for kmajor in [false, true] {
+            let mut acc = vec![[[0.0f64; 4]; NI * MI]; 32];
+            let mut afrag = vec![vec![[[0.0; 2]; 4]; 32]; MI];
+            for (i, fr) in afrag.iter_mut().enumerate() {
+                // Emitted: (wr * WM + i * 16 + (lane % 16)) * A_LD + kk * 16 + (lane / 16) * 8
+                *fr = ldmatrix_x4(|l| (i * 16 + l % 16, kk0 * 16 + (l / 16) * 8), a, false);
+            }
+            let mut bfrag = vec![vec![[[0.0; 2]; 2]; 32]; NI];
+            for nj in 0..NI / 2 {
+                let regs = if kmajor {
+                    // Emitted: k = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                    //          n = wc * WN + nj * 16 + (lane / 16) * 8; smem [k][n], .trans
+                    ldmatrix_x4(
+                        |l| (kk0 * 16 + l % 8 + ((l / 8) % 2) * 8, nj * 16 + (l / 16) * 8),
+                        b,
+                        true,
+                    )
+                } else {
+                    // Emitted: n = wc * WN + nj * 16 + (lane / 16) * 8 + (lane % 8);
+                    //          k = kk * 16 + ((lane / 8) % 2) * 8; smem [n][k]
+                    ldmatrix_x4(
+                        |l| (nj * 16 + (l / 16) * 8 + l % 8, kk0 * 16 + ((l / 8) % 2) * 8),
+                        |n, k| b(k, n),
+                        false,
+                    )
+                };
+                for t in 0..32 {
+                    bfrag[2 * nj][t] = [regs[t][0], regs[t][1]];
+                    bfrag[2 * nj + 1][t] = [regs[t][2], regs[t][3]];
+                }
+            }
+            // mma.m16n8k16 per PTX: A a0 (g, 2c..), a1 (g+8, 2c..), a2 (g, 2c+8..),
+            // a3 (g+8, 2c+8..); B b0 (k 2c.., n g), b1 (k 2c+8.., n g); C c0,c1 (g, 2c..),
+            // c2,c3 (g+8, 2c..). Gather the warp's fragments back into matrices.
+            for i in 0..MI {
+                for j in 0..NI {
+                    let mut am = [[0.0; 16]; 16];
+                    let mut bm = [[0.0; 8]; 16];
+                    for t in 0..32 {
+                        let (g, c) = (t / 4, t % 4);
+                        let f = afrag[i][t];
+                        for e in 0..2 {
+                            am[g][2 * c + e] = f[0][e];
+                            am[g + 8][2 * c + e] = f[1][e];
+                            am[g][2 * c + 8 + e] = f[2][e];
+                            am[g + 8][2 * c + 8 + e] = f[3][e];
+                            bm[2 * c + e][g] = bfrag[j][t][0][e];
+                            bm[2 * c + 8 + e][g] = bfrag[j][t][1][e];
+                        }
+                    }
+                    for t in 0..32 {
+                        let (g, c) = (t / 4, t % 4);
+                        for e in 0..4 {
+                            let (r, col) = (g + (e / 2) * 8, 2 * c + e % 2);
+                            acc[t][i * NI + j][e] +=
+                                (0..16).map(|k| am[r][k] * bm[k][col]).sum::<f64>();
+                        }
+                    }
+                }
+            }
+            // Emitted epilogue: row = wr * WM + i * 16 + lane / 4 + (e / 2) * 8;
+            //                   col = wc * WN + j * 8 + (lane % 4) * 2 + (e % 2)
+            let mut seen = vec![false; wm * wn];
+            for (t, lane_acc) in acc.iter().enumerate() {
+                for i in 0..MI {
+                    for j in 0..NI {
+                        for e in 0..4 {
+                            let row = i * 16 + t / 4 + (e / 2) * 8;
+                            let col = j * 8 + (t % 4) * 2 + e % 2;
+                            let want: f64 = (0..16)
+                                .map(|k| a(row, kk0 * 16 + k) * b(kk0 * 16 + k, col))
+                                .sum();
+                            assert_eq!(
+                                lane_acc[i * NI + j][e],
+                                want,
+                                "kmajor {kmajor} ({row}, {col})"
+                            );
+                            seen[row * wn + col] = true;
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s), "every output written once");
+        }
+        // The formulas above are the emitted ones.
+        let src = |kmajor| {
+            super::emit(&super::Instance {
+                elem: super::Elem::F16,
+                kind: super::Kind::Gemm { b_kmajor: kmajor },
+                tile: super::TENSOR_OP_TILES[0],
+                align: 8,
+                epilogue: vec![],
+            })
+        };
+        for needle in [
+            "(wr * WM + i * 16 + (lane % 16)) * A_LD + kk * 16 + (lane / 16) * 8",
+            "const int n = wc * WN + nj * 16 + (lane / 16) * 8 + (lane % 8);",
+            "const int k = kk * 16 + ((lane / 8) % 2) * 8;",
+            "const int row = m0 + wr * WM + i * 16 + lane / 4 + (e / 2) * 8;",
+            "const int col = n0 + wc * WN + j * 8 + (lane % 4) * 2 + (e % 2);",
+        ] {
+            assert!(src(false).contains(needle), "{needle}");
+        }
+        for needle in [
+            "const int k = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;",
+            "const int n = wc * WN + nj * 16 + (lane / 16) * 8;",
+            "ldmatrix_x4_trans(r, Bsm + k * B_LD + n);",
+        ] {
+            assert!(src(true).contains(needle), "{needle}");
+        }
+    }
+}
