@@ -229,8 +229,15 @@ pub fn plan(spec: &KernelSpec, shapes: &[Vec<usize>]) -> Result<Plan> {
             )));
         }
     }
-    if u32::try_from(out_numel).is_err() && matches!(shape, Shape::Conv(_)) {
-        return Err(args("conv2d output too large for 32-bit indexing".into()));
+    // The kernels index rows, columns and K with 32-bit ints (offsets are 64-bit).
+    let (m, n, k) = match shape {
+        Shape::Gemm(g) => (g.m, g.n, g.k),
+        Shape::Conv(c) => c.mnk(),
+    };
+    if [m, n, k].iter().any(|&v| i32::try_from(v).is_err()) {
+        return Err(args(format!(
+            "problem {m}x{n}x{k} exceeds the kernels' 32-bit row/column indexing"
+        )));
     }
     Ok(Plan {
         shape,
