@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! call fused_relax_matmul_relax_add_cutlass(x: (512, 256) f16, w: (256, 1024) f16, b: (1024,))
-//!   -> cutlass_f16_gemm_nn_128x64x32_64x32x32_s4_a8_bias  grid (16, 4, 1) block 128, smem 55296
+//!   -> cutlass_f16_gemm_nn_64x64x32_32x32x32_s4_a8_bias  grid (16, 8, 1) block 128, smem 38912
 //! ```
 
 use crate::error::{Error, Result};

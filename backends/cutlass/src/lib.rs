@@ -22,8 +22,8 @@
 //! lv = R.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI")  # x: (1,56,56,64) f16
 //! lv1 = R.add(lv, b)                                                 # b: (1,1,1,64)
 //! y = R.nn.relu(lv1)           # -> cutlass.conv2d_bias_relu
-//! # runs as: cutlass_f16_conv2d_fprop_128x64x32_64x32x32_s4_a8_bias_relu
-//! #          grid (1, 25, 1), block 128, 59392 B shared memory
+//! # runs as: cutlass_f16_conv2d_fprop_64x64x32_32x32x32_s4_a8_bias_relu
+//! #          grid (1, 49, 1), block 128, 40960 B shared memory (M = 3136, N = 64, K = 576)
 //! ```
 
 pub mod artifact;

@@ -269,6 +269,23 @@ mod tests {
     }
 
     #[test]
+    fn artifact_doc_example() {
+        let s = gemm_spec(
+            false,
+            vec![EpOp::Binary(BinOp::Add, Bcast::Vector)],
+            vec![2],
+        );
+        let p = plan(&s, &[vec![512, 256], vec![256, 1024], vec![1024]]).unwrap();
+        let i = p.choose(&s, 132).unwrap();
+        assert_eq!(
+            i.kernel_name(),
+            "cutlass_f16_gemm_nn_64x64x32_32x32x32_s4_a8_bias"
+        );
+        let l = i.launch(512, 1024, 1).unwrap();
+        assert_eq!((l.grid, l.smem), ([16, 8, 1], 38912));
+    }
+
+    #[test]
     fn gemm_plans() {
         let s = gemm_spec(false, vec![], vec![]);
         let p = plan(&s, &[vec![2, 100, 77], vec![77, 300]]).ok();
@@ -328,5 +345,28 @@ mod tests {
         assert_eq!(p.as_ref().map(Plan::mnb), Some((784, 128, 1)));
         assert_eq!(p.map(|p| p.align), Some(8));
         assert!(plan(&spec, &[vec![1, 56, 56, 64], vec![128, 3, 3, 32]]).is_err());
+        // The crate doc's example: ResNet-50's first 3x3 conv with bias + relu.
+        let mut s2 = spec.clone();
+        if let Problem::Conv2d { attrs, .. } = &mut s2.problem {
+            attrs.strides = [1, 1];
+        }
+        s2.epilogue = vec![
+            EpOp::Binary(BinOp::Add, Bcast::Vector),
+            EpOp::Act(crate::generator::Act::Relu),
+        ];
+        s2.extras = vec![2];
+        s2.num_params = 3;
+        let p = plan(
+            &s2,
+            &[vec![1, 56, 56, 64], vec![64, 3, 3, 64], vec![1, 1, 1, 64]],
+        )
+        .unwrap();
+        let i = p.choose(&s2, 132).unwrap();
+        assert_eq!(
+            i.kernel_name(),
+            "cutlass_f16_conv2d_fprop_64x64x32_32x32x32_s4_a8_bias_relu"
+        );
+        let l = i.launch(3136, 64, 1).unwrap();
+        assert_eq!((l.grid, l.block[0], l.smem), ([1, 49, 1], 128, 40960));
     }
 }
