@@ -3,7 +3,7 @@
 //! partitioned module with each function's compiled artifact.
 //!
 //! Contract: [`link_backends`] references every backend crate (today: `fusebox-cpu`,
-//! `fusebox-cublas`);
+//! `fusebox-cublas`, `fusebox-cuda`, `fusebox-cutlass`);
 //! [`pipeline`] builds the config's [`BackendPipeline`] with the plugin loader of
 //! `fusebox-plugin-host`; [`execute`] runs a function of a [`Plan`]'s module, calling the
 //! compiled artifact for every unit of work and the CPU reference for the ops left in `main`;
@@ -25,6 +25,7 @@ pub use fusebox_core as core;
 pub use fusebox_cpu as cpu;
 pub use fusebox_cublas as cublas;
 pub use fusebox_cuda as cuda;
+pub use fusebox_cutlass as cutlass;
 
 use fusebox_core::backend::pipeline::{BackendPipeline, BuildPlan, Manifest, Plan};
 use fusebox_core::config::Config;
@@ -49,10 +50,11 @@ pub fn link_backends() {
     fusebox_cpu::link();
     fusebox_cublas::link();
     fusebox_cuda::link();
+    fusebox_cutlass::link();
 }
 
 /// The names of the built-in backends this build must register (checked by a test).
-pub const BUILT_IN_BACKENDS: &[&str] = &["cpu", "cublas", "cuda"];
+pub const BUILT_IN_BACKENDS: &[&str] = &["cpu", "cublas", "cuda", "cutlass"];
 
 /// For `target = "cuda"`: probes the device (never panics). Without one, `strict = true` makes
 /// it the typed "no CUDA device" error; with `strict = false` the answer is the line to print

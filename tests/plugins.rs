@@ -336,8 +336,8 @@ fn bad_configs_are_positioned_errors() {
     );
     fails_with(
         "unknown.toml",
-        "[[backend]]\nname = \"cutlass\"\n",
-        "unknown.toml:2:8: unknown backend `cutlass`; expected one of: cpu, cublas",
+        "[[backend]]\nname = \"tensorrt\"\n",
+        "unknown.toml:2:8: unknown backend `tensorrt`; expected one of: cpu, cublas",
     );
     fails_with(
         "pattern.toml",

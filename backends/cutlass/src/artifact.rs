@@ -1,0 +1,314 @@
+//! The device artifact: plans each call from its argument shapes, picks an instance (the
+//! heuristic, or with `profile = true` the fastest candidate, timed once per problem and cached
+//! on disk), compiles it with NVRTC for the device's arch (through fusebox-cuda's compile
+//! cache), loads it once, and launches it on the runtime's stream with device values in and a
+//! device value out ([`Placement::Device`]).
+//!
+//! Contract: [`CutlassArtifact::new`] needs a device: without one it is the typed no-device
+//! error ([`crate::Error::is_no_device`]). A call's kernel arguments are, in order, A, B, D,
+//! the epilogue operands, then `M, N, K, sA, sB, sD` (GEMM) or the conv2d geometry (see
+//! [`crate::generator`]). The profile cache is `cutlass-profile.json` in fusebox-cuda's cache
+//! directory: `{ "<device>|<problem key>": "<kernel name>" }`.
+//!
+//! ```text
+//! call fused_relax_matmul_relax_add_cutlass(x: (512, 256) f16, w: (256, 1024) f16, b: (1024,))
+//!   -> cutlass_f16_gemm_nn_64x64x32_32x32x32_s4_a8_bias  grid (16, 8, 1) block 128, smem 38912
+//! ```
+
+use crate::error::{Error, Result};
+use crate::generator::{Instance, emit};
+use crate::options::Options;
+use crate::plan::{Plan, Shape, plan};
+use crate::spec::KernelSpec;
+use fusebox_core::backend::Artifact;
+use fusebox_core::runtime::{Placement, Value};
+use fusebox_cuda::{
+    Arch, Cache, CompileOptions, Gpu, GpuModule, GpuTensor, KernelArg, LaunchConfig, compile_cached,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// A compiled cutlass function on the device.
+pub struct CutlassArtifact {
+    name: String,
+    spec: KernelSpec,
+    options: Options,
+    gpu: Arc<Gpu>,
+    arch: Arch,
+    modules: Mutex<HashMap<String, Arc<GpuModule>>>,
+    chosen: Mutex<HashMap<Plan, Instance>>,
+}
+
+impl std::fmt::Debug for CutlassArtifact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CutlassArtifact")
+            .field("name", &self.name)
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl CutlassArtifact {
+    /// Prepares `spec` on the device; with `static_shapes`, compiles the chosen kernel now.
+    pub fn new(
+        name: &str,
+        spec: KernelSpec,
+        static_shapes: Option<Vec<Vec<usize>>>,
+        options: Options,
+    ) -> Result<CutlassArtifact> {
+        let gpu = Gpu::get()?;
+        let arch = gpu.arch().ok_or_else(|| {
+            Error::Cuda(fusebox_cuda::Error::NoDevice {
+                reason: format!(
+                    "{} (compute capability {:?}) is not an sm_80+ device the generated kernels target",
+                    gpu.name(),
+                    gpu.compute_capability()
+                ),
+            })
+        })?;
+        let a = CutlassArtifact {
+            name: name.to_string(),
+            spec,
+            options,
+            gpu,
+            arch,
+            modules: Mutex::new(HashMap::new()),
+            chosen: Mutex::new(HashMap::new()),
+        };
+        if let Some(shapes) = static_shapes {
+            let p = plan(&a.spec, &shapes)?;
+            if !a.options.profile {
+                let inst = a.choose(&p)?;
+                a.module(&inst)?;
+            }
+        }
+        Ok(a)
+    }
+
+    /// The kernel spec.
+    pub fn spec(&self) -> &KernelSpec {
+        &self.spec
+    }
+
+    fn module(&self, inst: &Instance) -> Result<Arc<GpuModule>> {
+        let name = inst.kernel_name();
+        if let Some(m) = lock(&self.modules).get(&name) {
+            return Ok(m.clone());
+        }
+        let cache = Cache::from_env();
+        let c = compile_cached(
+            cache.as_ref(),
+            &emit(inst),
+            &format!("{name}.cu"),
+            self.arch,
+            &CompileOptions::default(),
+        )?;
+        let m = Arc::new(self.gpu.load_module(&c.cubin)?);
+        lock(&self.modules).insert(name, m.clone());
+        Ok(m)
+    }
+
+    fn choose(&self, p: &Plan) -> Result<Instance> {
+        if let Some(i) = lock(&self.chosen).get(p) {
+            return Ok(i.clone());
+        }
+        let inst = p
+            .choose(&self.spec, self.gpu.sm_count() as usize)
+            .ok_or_else(|| Error::Args("no instance for this problem".into()))?;
+        lock(&self.chosen).insert(p.clone(), inst.clone());
+        Ok(inst)
+    }
+
+    fn launch(&self, inst: &Instance, p: &Plan, ins: &[GpuTensor], out: &GpuTensor) -> Result<()> {
+        let (m, n, b) = p.mnb();
+        let l = inst
+            .launch(m, n, b)
+            .ok_or_else(|| Error::Args(format!("problem {m}x{n}x{b} exceeds the grid limits")))?;
+        let module = self.module(inst)?;
+        let kernel = module.kernel(&inst.kernel_name())?;
+        let i32_ = |v: usize| -> Result<i32> {
+            i32::try_from(v).map_err(|_| Error::Args(format!("{v} exceeds 32-bit indexing")))
+        };
+        let i64_ = |v: usize| -> Result<i64> {
+            i64::try_from(v).map_err(|_| Error::Args(format!("{v} exceeds 64-bit indexing")))
+        };
+        let (a, bt) = match &self.spec.problem {
+            crate::spec::Problem::Gemm { lhs, rhs, .. } => (*lhs, *rhs),
+            crate::spec::Problem::Conv2d { data, weight, .. } => (*data, *weight),
+        };
+        let arg = |i: usize| -> Result<&GpuTensor> {
+            ins.get(i)
+                .ok_or_else(|| Error::Args(format!("argument {i} is missing")))
+        };
+        let mut args: Vec<KernelArg<'_>> = vec![
+            KernelArg::Buffer(arg(a)?),
+            KernelArg::Buffer(arg(bt)?),
+            KernelArg::Buffer(out),
+        ];
+        for &e in &self.spec.extras {
+            args.push(KernelArg::Buffer(arg(e)?));
+        }
+        match p.shape {
+            Shape::Gemm(g) => {
+                args.push(KernelArg::I32(i32_(g.m)?));
+                args.push(KernelArg::I32(i32_(g.n)?));
+                args.push(KernelArg::I32(i32_(g.k)?));
+                let sa = if g.a_batched { g.m * g.k } else { 0 };
+                let sb = if g.b_batched { g.k * g.n } else { 0 };
+                args.push(KernelArg::I64(i64_(sa)?));
+                args.push(KernelArg::I64(i64_(sb)?));
+                args.push(KernelArg::I64(i64_(g.m * g.n)?));
+            }
+            Shape::Conv(c) => {
+                let v = [
+                    c.nhwc[0],
+                    c.nhwc[1],
+                    c.nhwc[2],
+                    c.nhwc[3],
+                    c.ors[0],
+                    c.pq[0],
+                    c.pq[1],
+                    c.ors[1],
+                    c.ors[2],
+                    c.stride[0],
+                    c.stride[1],
+                    c.pad[0],
+                    c.pad[1],
+                    c.dilation[0],
+                    c.dilation[1],
+                ];
+                for x in v {
+                    args.push(KernelArg::I32(i32_(x)?));
+                }
+            }
+        }
+        let cfg = LaunchConfig {
+            grid: l.grid,
+            block: l.block,
+            shared_mem_bytes: l.smem,
+        };
+        kernel.launch(&cfg, &args)?;
+        Ok(())
+    }
+
+    /// Times every candidate of `p` (one warm-up, then the mean of 5 launches) and returns the
+    /// fastest; the winner is kept in the profile cache on disk.
+    fn profile(&self, p: &Plan, ins: &[GpuTensor], out: &GpuTensor) -> Result<Instance> {
+        if let Some(i) = lock(&self.chosen).get(p) {
+            return Ok(i.clone());
+        }
+        let key = format!("{}|{}", self.gpu.name(), p.key(&self.spec));
+        let cands = p.candidates(&self.spec);
+        let mut disk = read_profile_cache();
+        let hit = disk
+            .get(&key)
+            .and_then(|name| cands.iter().find(|c| c.kernel_name() == *name));
+        let best = match hit {
+            Some(i) => i.clone(),
+            None => {
+                let mut best: Option<(f32, &Instance)> = None;
+                for c in &cands {
+                    self.launch(c, p, ins, out)?;
+                    let ((), ms) = self.gpu.time(|| {
+                        for _ in 0..5 {
+                            self.launch(c, p, ins, out)
+                                .map_err(|e| fusebox_cuda::Error::Device(e.to_string()))?;
+                        }
+                        Ok(())
+                    })?;
+                    if best.is_none_or(|(t, _)| ms < t) {
+                        best = Some((ms, c));
+                    }
+                }
+                let Some((_, b)) = best else {
+                    return Err(Error::Args("no instance for this problem".into()));
+                };
+                disk.insert(key, b.kernel_name());
+                // A read-only cache directory must not fail the run.
+                let _ = write_profile_cache(&disk);
+                b.clone()
+            }
+        };
+        lock(&self.chosen).insert(p.clone(), best.clone());
+        Ok(best)
+    }
+
+    /// Runs the function on device (or host) values; the result stays on the device.
+    pub fn run_device(&self, vals: &[Value]) -> Result<Value> {
+        let ins: Vec<GpuTensor> = vals
+            .iter()
+            .map(|v| GpuTensor::from_value(&self.gpu, v))
+            .collect::<std::result::Result<_, _>>()?;
+        let want = self.spec.elem;
+        for t in &ins {
+            if crate::spec::elem_of(t.dtype()) != Some(want) {
+                return Err(Error::Args(format!(
+                    "argument of dtype {}; `{}` takes {}",
+                    t.dtype(),
+                    self.name,
+                    want.tag()
+                )));
+            }
+        }
+        let shapes: Vec<Vec<usize>> = ins.iter().map(|t| t.shape().to_vec()).collect();
+        let p = plan(&self.spec, &shapes)?;
+        let dtype = ins
+            .first()
+            .map(GpuTensor::dtype)
+            .ok_or_else(|| Error::Args("no arguments".into()))?;
+        let out = GpuTensor::empty(&self.gpu, dtype, p.out_shape.clone())?;
+        if out.numel() == 0 {
+            return Ok(out.into_value());
+        }
+        let inst = if self.options.profile {
+            self.profile(&p, &ins, &out)?
+        } else {
+            self.choose(&p)?
+        };
+        self.launch(&inst, &p, &ins, &out)?;
+        Ok(out.into_value())
+    }
+}
+
+impl Artifact for CutlassArtifact {
+    fn run(&self, args: &[Value]) -> fusebox_core::Result<Value> {
+        Ok(self.run_device(args)?)
+    }
+
+    fn placement(&self) -> Placement {
+        Placement::Device
+    }
+}
+
+fn profile_cache_path() -> Option<PathBuf> {
+    Cache::default_dir().map(|d| d.join("cutlass-profile.json"))
+}
+
+fn read_profile_cache() -> BTreeMap<String, String> {
+    profile_cache_path()
+        .and_then(|p| std::fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_profile_cache(m: &BTreeMap<String, String>) -> Result<()> {
+    let Some(path) = profile_cache_path() else {
+        return Ok(());
+    };
+    let err = |message: String| Error::Cache {
+        path: path.clone(),
+        message,
+    };
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| err(e.to_string()))?;
+    }
+    let text = serde_json::to_string_pretty(m).map_err(|e| err(e.to_string()))?;
+    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, text).map_err(|e| err(e.to_string()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| err(e.to_string()))
+}

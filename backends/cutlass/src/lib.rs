@@ -1,0 +1,46 @@
+//! fusebox-cutlass: the `cutlass` backend. A Rust generator emits self-contained CUDA C++ with
+//! CUTLASS's structure (threadblock tile, warp tile, m16n8k16 instruction, multistage
+//! `cp.async` pipeline, fused epilogue) for GEMM and implicit-GEMM conv2d; NVRTC compiles it to
+//! CUBIN through fusebox-cuda, which loads and launches it.
+//!
+//! Contract:
+//!
+//! - [`generator`]: [`generator::Instance`] → CUDA C++ ([`generator::emit`]); [`generator::all_instances`] is every
+//!   instance the generator emits (the compile test builds each for sm_80 and sm_90).
+//! - [`select`]: the instance table, alignment from divisibility, the heuristic, and a CPU model
+//!   of the tile loop's predication (property-tested).
+//! - [`patterns`]: TVM's CUTLASS table for matmul and conv2d (residual blocks first, names and
+//!   order as TVM's `get_patterns_with_prefix("cutlass")`), with `_check_matmul` /
+//!   `_check_conv2d` / `_check_residual` rules and reasons.
+//! - [`spec`]: a claimed function → [`spec::KernelSpec`] (GEMM or conv2d, operands, epilogue).
+//! - [`backend`]: the `cutlass` backend (claim, build: `.cu` + `.cubin` + launch, compile: a
+//!   device artifact; without a device the typed no-device error, so the pipeline moves on).
+//! - [`artifact`]: launches on fusebox-cuda's stream with device values in and out, and the
+//!   `profile = true` option (times candidates once, caches the winner on disk).
+//!
+//! ```text
+//! lv = R.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI")  # x: (1,56,56,64) f16
+//! lv1 = R.add(lv, b)                                                 # b: (1,1,1,64)
+//! y = R.nn.relu(lv1)           # -> cutlass.conv2d_bias_relu
+//! # runs as: cutlass_f16_conv2d_fprop_64x64x32_32x32x32_s4_a8_bias_relu
+//! #          grid (1, 49, 1), block 128, 40960 B shared memory (M = 3136, N = 64, K = 576)
+//! ```
+
+pub mod artifact;
+pub mod backend;
+pub mod error;
+pub mod generator;
+pub mod options;
+pub mod patterns;
+pub mod plan;
+pub mod select;
+pub mod spec;
+
+pub use artifact::CutlassArtifact;
+pub use backend::CutlassBackend;
+pub use error::{Error, Result};
+pub use options::Options;
+
+/// Call this from the binary so the linker keeps this crate and its `inventory` registration
+/// of the `cutlass` backend.
+pub fn link() {}
