@@ -4,7 +4,9 @@
 //! Contract:
 //!
 //! - Pipeline: import (ONNX) or parse (text) → optional pattern table (FuseOpsByPattern, as
-//!   `partition --patterns`) → FuseOps (opt level 2) → `fusebox_cpu::run` on `main`; or, with
+//!   `partition --patterns`) → FuseOps (opt level 2) → a `fusebox_cpu::Executor` on `main`
+//!   (constants decoded in the warm-up run and reused; kernels on `FUSEBOX_THREADS` threads,
+//!   an invalid value being an error); or, with
 //!   `--config`, the config's backend pipeline (patterns of every backend, claims, compile),
 //!   each claimed function run by its backend's artifact and the rest by the CPU reference.
 //! - Inputs: `--input NAME=PATH.npy` (NAME is the parameter's name, or the ONNX input name before
@@ -81,9 +83,10 @@ fn run_with_backends(
     let plan = pipeline.run(module)?;
     let compile_ms = ms(t);
     let args = make_args(module, &a.inputs, a.seed)?;
+    let ex = fusebox_cpu::Executor::new();
     let exec = |args: Vec<Value>| -> Result<Value, Error> {
         let hook = |name: &str, vals: &[Value]| plan.artifacts.get(name).map(|art| art.run(vals));
-        fusebox_cpu::run_with(&plan.module, "main", args, Some(&hook)).map_err(rt)
+        ex.run(&plan.module, "main", args, Some(&hook)).map_err(rt)
     };
     let mut out = exec(args.clone())?;
     let mut times = Vec::new();
@@ -102,7 +105,7 @@ fn run_with_backends(
         }
     }
     if a.check {
-        let want = flatten(fusebox_cpu::run(module, "main", args).map_err(rt)?);
+        let want = flatten(ex.run(module, "main", args, None).map_err(rt)?);
         compare_outputs(&want, &outs, names)?;
         println!(
             "check: {} output(s) match the unpartitioned module",
@@ -120,6 +123,7 @@ fn run_with_backends(
 
 /// Runs the command.
 pub fn run(a: RunArgs) -> Result<(), Error> {
+    fusebox_cpu::par::env_threads().map_err(Error::Invalid)?;
     let t = Instant::now();
     let is_onnx = a.file.extension().is_some_and(|e| e == "onnx");
     let module = if is_onnx {
@@ -151,18 +155,21 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
     let partition_ms = ms(t);
 
     let args = make_args(&module, &a.inputs, a.seed)?;
-    // One warm-up, then `repeat` timed runs.
-    let mut out = fusebox_cpu::run(&part, "main", args.clone()).map_err(rt)?;
+    // One warm-up (which also decodes the constants), then `repeat` timed runs.
+    let ex = fusebox_cpu::Executor::new();
+    let mut out = ex.run(&part, "main", args.clone(), None).map_err(rt)?;
     let mut times = Vec::new();
     let mut profile = Vec::new();
     for _ in 0..a.repeat.max(1) {
         let t = Instant::now();
         if a.profile {
-            let (v, p) = fusebox_cpu::run_profiled(&part, "main", args.clone()).map_err(rt)?;
+            let (v, p) = ex
+                .run_profiled(&part, "main", args.clone(), None)
+                .map_err(rt)?;
             out = v;
             profile = p;
         } else {
-            out = fusebox_cpu::run(&part, "main", args.clone()).map_err(rt)?;
+            out = ex.run(&part, "main", args.clone(), None).map_err(rt)?;
         }
         times.push(ms(t));
     }
@@ -172,7 +179,7 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
     let outs = flatten(out);
     write_outputs(&a.output_dir, &names, &outs)?;
     if a.check {
-        let want = flatten(fusebox_cpu::run(&module, "main", args).map_err(rt)?);
+        let want = flatten(ex.run(&module, "main", args, None).map_err(rt)?);
         compare_outputs(&want, &outs, &names)?;
         println!(
             "check: {} output(s) match the unpartitioned module",

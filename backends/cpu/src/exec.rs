@@ -14,6 +14,13 @@
 //! - Each var's value is dropped right after the binding that uses it last (last uses are
 //!   computed before running). Tensor data is shared, so passing values around copies no
 //!   elements.
+//! - Constants are decoded once per [`Executor`] (keyed by their shared data buffer, dtype and
+//!   shape) and shared by every later use and run, and so is the result of an op call whose
+//!   arguments are all constants (ops are pure); [`run`] and friends use a fresh executor.
+//! - A `conv2d` followed by an inference `batch_norm`, a per-channel `add` (+ `relu`) or a
+//!   `relu`, each reading only the previous result, runs as one fused kernel when the values
+//!   allow it (see [`crate::fuse`]); the result is bit-identical to running the bindings one
+//!   by one, which is what happens otherwise.
 //! - The result is deterministic: the same module and arguments give bit-identical output.
 //! - Errors (never panics) name the function and var where they happened, innermost last.
 //!
@@ -31,14 +38,18 @@
 //! `run(&m, "main", vec![x, b])` with `x` of shape `(3, 16)` binds `n = 3`, runs both
 //! bindings (dropping `lv` after `gv`) and returns `gv`.
 
+use crate::fuse;
 use crate::kernels::eval_op;
 use crate::{Error, Result};
+use fusebox_core::ir::DType;
 use fusebox_core::ir::{
     Callee, Dim, ExprId, ExprKind, Function, Module, PrimValue, Sym, Type, VarId,
 };
+use fusebox_core::op::Op;
 use fusebox_core::runtime::{Prim, Tensor, Value};
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// How deep calls may nest before the executor gives up (a call cycle).
 const MAX_DEPTH: usize = 256;
@@ -46,6 +57,114 @@ const MAX_DEPTH: usize = 256;
 /// Runs function `func` of `module` on `args` and returns its result.
 pub fn run(module: &Module, func: &str, args: Vec<Value>) -> Result<Value> {
     run_with(module, func, args, None)
+}
+
+/// The key of a decoded constant: its data buffer's address and length, dtype and shape.
+type ConstKey = (usize, usize, DType, Vec<i64>);
+
+/// Decoded constants by key, each with the buffer that keeps its address unique.
+type ConstMap = HashMap<ConstKey, (Arc<[u8]>, Tensor)>;
+
+fn const_key(c: &fusebox_core::ir::Constant) -> ConstKey {
+    (
+        c.data.as_ptr() as usize,
+        c.data.len(),
+        c.dtype,
+        c.shape.clone(),
+    )
+}
+
+/// Runs functions of modules, keeping what it decoded (the constants) for later runs: create
+/// one per model and reuse it, as `fusebox run --repeat` and the `cpu` backend's artifacts do.
+#[derive(Default)]
+pub struct Executor {
+    /// Decoded constants; each entry holds its buffer, so the address stays unique.
+    consts: Mutex<ConstMap>,
+    /// Results of op calls whose arguments are all constants (ops are pure).
+    folded: Mutex<HashMap<(Op, Vec<ConstKey>), Value>>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.consts.lock().map_or(0, |c| c.len());
+        write!(f, "Executor {{ {n} constants }}")
+    }
+}
+
+impl Executor {
+    /// An executor with nothing decoded yet.
+    pub fn new() -> Executor {
+        Executor::default()
+    }
+
+    /// [`run_with`], keeping decoded constants in this executor.
+    pub fn run(
+        &self,
+        module: &Module,
+        func: &str,
+        args: Vec<Value>,
+        hook: Option<CallHook<'_>>,
+    ) -> Result<Value> {
+        let f = module
+            .get(func)
+            .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+        Interp {
+            module,
+            hook,
+            profile: None,
+            exec: self,
+        }
+        .call(func, f, args, 0)
+    }
+
+    /// [`run_profiled`], keeping decoded constants in this executor (calls offered to `hook`
+    /// first, as in [`Executor::run`]).
+    pub fn run_profiled(
+        &self,
+        module: &Module,
+        func: &str,
+        args: Vec<Value>,
+        hook: Option<CallHook<'_>>,
+    ) -> Result<(Value, Vec<CallProfile>)> {
+        let f = module
+            .get(func)
+            .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+        let interp = Interp {
+            module,
+            hook,
+            profile: Some(RefCell::new(BTreeMap::new())),
+            exec: self,
+        };
+        let out = interp.call(func, f, args, 0)?;
+        let mut prof: Vec<CallProfile> = interp
+            .profile
+            .map(RefCell::into_inner)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, (seconds, calls))| CallProfile {
+                name,
+                calls,
+                seconds,
+            })
+            .collect();
+        prof.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(a.name.cmp(&b.name)));
+        Ok((out, prof))
+    }
+
+    /// The tensor of constant `c`, decoded once.
+    fn constant(&self, c: &fusebox_core::ir::Constant) -> Result<Tensor> {
+        let key = const_key(c);
+        if let Ok(map) = self.consts.lock()
+            && let Some((_, t)) = map.get(&key)
+        {
+            return Ok(t.clone());
+        }
+        let t = Tensor::from_constant(c)?;
+        if let Ok(mut map) = self.consts.lock() {
+            map.insert(key, (Arc::clone(&c.data), t.clone()));
+        }
+        Ok(t)
+    }
 }
 
 /// Runs a call of a module function instead of the interpreter: returns `None` to let the
@@ -60,15 +179,7 @@ pub fn run_with(
     args: Vec<Value>,
     hook: Option<CallHook<'_>>,
 ) -> Result<Value> {
-    let f = module
-        .get(func)
-        .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
-    Interp {
-        module,
-        hook,
-        profile: None,
-    }
-    .call(func, f, args, 0)
+    Executor::new().run(module, func, args, hook)
 }
 
 /// The time spent in calls of one module function during [`run_profiled`].
@@ -89,28 +200,7 @@ pub fn run_profiled(
     func: &str,
     args: Vec<Value>,
 ) -> Result<(Value, Vec<CallProfile>)> {
-    let f = module
-        .get(func)
-        .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
-    let interp = Interp {
-        module,
-        hook: None,
-        profile: Some(RefCell::new(BTreeMap::new())),
-    };
-    let out = interp.call(func, f, args, 0)?;
-    let mut prof: Vec<CallProfile> = interp
-        .profile
-        .map(RefCell::into_inner)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, (seconds, calls))| CallProfile {
-            name,
-            calls,
-            seconds,
-        })
-        .collect();
-    prof.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(a.name.cmp(&b.name)));
-    Ok((out, prof))
+    Executor::new().run_profiled(module, func, args, None)
 }
 
 struct Interp<'m> {
@@ -118,6 +208,8 @@ struct Interp<'m> {
     hook: Option<CallHook<'m>>,
     /// Per-callee (seconds, calls) when profiling.
     profile: Option<RefCell<BTreeMap<String, (f64, usize)>>>,
+    /// Where decoded constants live.
+    exec: &'m Executor,
 }
 
 /// The state of one call.
@@ -232,7 +324,41 @@ impl<'m> Interp<'m> {
                 fr.values[p.as_u32() as usize] = Some(a);
             }
         }
-        for (i, b) in f.bindings().enumerate() {
+        let chains = fuse::plan(f);
+        let bindings: Vec<_> = f.bindings().copied().collect();
+        let mut skip = 0;
+        for (i, b) in bindings.iter().enumerate() {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            if let Some(Some(chain)) = chains.get(i) {
+                let ctx = format!("{name}/{}", f.var(b.var).name);
+                let fused = self
+                    .run_chain(name, f, &mut fr, chain, depth)
+                    .map_err(|e| at(&ctx, e))?;
+                if let Some(v) = fused {
+                    let n = chain.links.len();
+                    let last = bindings[i + n].var;
+                    let var = f.var(last);
+                    for bind in [true, false] {
+                        match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
+                            at(
+                                &format!("{name}/{}", var.name),
+                                Error::Exec(format!("the value does not match the type: {m}")),
+                            )
+                        })?;
+                    }
+                    fr.values[last.as_u32() as usize] = Some(v);
+                    for j in i..=i + n {
+                        for d in plan.get(j).into_iter().flatten() {
+                            fr.values[d.as_u32() as usize] = None;
+                        }
+                    }
+                    skip = n;
+                    continue;
+                }
+            }
             let var = f.var(b.var);
             let ctx = || format!("{name}/{}", var.name);
             match &f.expr(b.value).kind {
@@ -272,6 +398,42 @@ impl<'m> Interp<'m> {
         Ok(out)
     }
 
+    /// Runs a fusable chain as one kernel: `None` when its values do not allow it (the
+    /// bindings then run one by one).
+    fn run_chain<'f>(
+        &self,
+        name: &str,
+        f: &'f Function,
+        fr: &mut Frame<'f>,
+        chain: &fuse::Chain,
+        depth: usize,
+    ) -> Result<Option<Value>> {
+        let tensor = |v: Value| match v {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        };
+        let Some(x) = tensor(self.eval(name, f, fr, chain.data, depth)?) else {
+            return Ok(None);
+        };
+        let Some(w) = tensor(self.eval(name, f, fr, chain.weight, depth)?) else {
+            return Ok(None);
+        };
+        let operands = fuse::operand_exprs(chain)
+            .into_iter()
+            .map(|e| self.eval(name, f, fr, e, depth))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(steps) = fuse::steps(chain, &x, &w, &operands) else {
+            return Ok(None);
+        };
+        let y = crate::conv::conv2d_fused(&x, &w, &chain.attrs, &steps).map_err(|message| {
+            Error::Kernel {
+                op: "relax.nn.conv2d",
+                message,
+            }
+        })?;
+        Ok(fuse::result(chain, y, &operands))
+    }
+
     fn eval<'f>(
         &self,
         name: &str,
@@ -296,7 +458,7 @@ impl<'m> Interp<'m> {
                         f.vars.get(*v).map_or("?", |x| x.name.as_str())
                     ))
                 })?,
-            ExprKind::Const(c) => Value::Tensor(Tensor::from_constant(c)?),
+            ExprKind::Const(c) => Value::Tensor(self.exec.constant(c)?),
             ExprKind::Tuple(fields) => Value::Tuple(
                 fields
                     .iter()
@@ -341,7 +503,38 @@ impl<'m> Interp<'m> {
                     .map(|&x| self.eval(name, f, fr, x, depth))
                     .collect::<Result<_>>()?;
                 match callee {
-                    Callee::Op(op) => eval_op(op, &vals)?,
+                    Callee::Op(op) => {
+                        // An op of constants only (a transposed weight, say) runs once.
+                        let consts: Option<Vec<ConstKey>> = args
+                            .iter()
+                            .map(|&x| match f.exprs.get(x).map(|d| &d.kind) {
+                                Some(ExprKind::Const(c)) => Some(const_key(c)),
+                                _ => None,
+                            })
+                            .collect();
+                        match consts {
+                            Some(keys) if !keys.is_empty() => {
+                                let key = (op.clone(), keys);
+                                let hit = self
+                                    .exec
+                                    .folded
+                                    .lock()
+                                    .ok()
+                                    .and_then(|m| m.get(&key).cloned());
+                                match hit {
+                                    Some(v) => v,
+                                    None => {
+                                        let v = eval_op(op, &vals)?;
+                                        if let Ok(mut m) = self.exec.folded.lock() {
+                                            m.insert(key, v.clone());
+                                        }
+                                        v
+                                    }
+                                }
+                            }
+                            _ => eval_op(op, &vals)?,
+                        }
+                    }
                     Callee::Global(g) => {
                         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
                         let v = match self.hook.and_then(|h| h(g, &vals)) {

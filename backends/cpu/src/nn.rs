@@ -28,10 +28,70 @@ fn param(t: &Tensor, n: usize, what: &str) -> KResult<Vec<f64>> {
     Ok(v)
 }
 
+/// The per-channel affine map of inference `batch_norm`: `(mean, inv, scale, shift)` with
+/// `inv = 1 / sqrt(var + eps)`, `scale = gamma` (1 without `scale`) and `shift = beta` (0
+/// without `center`); each element becomes `(x - mean) * inv * scale + shift` in `f64`.
+#[allow(clippy::type_complexity, reason = "four parallel per-channel vectors")]
+pub(crate) fn bn_affine(
+    gamma: &Tensor,
+    beta: &Tensor,
+    mean: &Tensor,
+    var: &Tensor,
+    c: usize,
+    a: &BatchNormAttrs,
+) -> KResult<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let g = param(gamma, c, "gamma")?;
+    let b = param(beta, c, "beta")?;
+    let m = param(mean, c, "moving_mean")?;
+    let v = param(var, c, "moving_var")?;
+    Ok(affine(&g, &b, m, &v, a))
+}
+
+#[allow(clippy::type_complexity, reason = "four parallel per-channel vectors")]
+fn affine(
+    g: &[f64],
+    b: &[f64],
+    use_mean: Vec<f64>,
+    use_var: &[f64],
+    a: &BatchNormAttrs,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let eps = a.epsilon.0;
+    let inv = use_var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+    let scale = g.iter().map(|&g| if a.scale { g } else { 1.0 }).collect();
+    let shift = b.iter().map(|&b| if a.center { b } else { 0.0 }).collect();
+    (use_mean, inv, scale, shift)
+}
+
+/// The statistics inference `batch_norm` returns: the moving mean and variance, each rounded
+/// through `f64` to its own dtype.
+pub(crate) fn bn_passthrough(mean: &Tensor, var: &Tensor) -> KResult<(Tensor, Tensor)> {
+    Ok((
+        from_f64(
+            mean.shape().to_vec(),
+            mean.dtype(),
+            floats(mean, "moving_mean")?,
+        )?,
+        from_f64(
+            var.shape().to_vec(),
+            var.dtype(),
+            floats(var, "moving_var")?,
+        )?,
+    ))
+}
+
+/// `(x - mean) * inv * scale + shift` in `f64`, rounded to `f32`: one channel of inference
+/// `batch_norm` on `float32` data (also the fused convolution's epilogue).
+pub(crate) fn affine_f32(src: &[f32], dst: &mut [f32], m: f64, inv: f64, sc: f64, sh: f64) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = ((f64::from(x) - m) * inv * sc + sh) as f32;
+    }
+}
+
 /// `batch_norm` → `(out, moving_mean, moving_var)`. Inference mode normalises with the moving
 /// statistics and returns them unchanged; training mode normalises with the batch statistics
 /// (biased variance) and returns the updated moving statistics
-/// `(1 - momentum) * moving + momentum * batch`.
+/// `(1 - momentum) * moving + momentum * batch`. Inference on `float32` data runs per channel
+/// on [`crate::par::threads`] threads (the same arithmetic).
 pub(crate) fn batch_norm(
     x: &Tensor,
     gamma: &Tensor,
@@ -41,8 +101,30 @@ pub(crate) fn batch_norm(
     a: &BatchNormAttrs,
 ) -> KResult<(Tensor, Tensor, Tensor)> {
     let axis = norm_axis(a.axis, x.rank())?;
-    let xs = floats(x, "data")?;
     let (outer, c, inner) = around(x.shape(), axis);
+    if !a.training
+        && let Some(xs) = x.as_f32()
+    {
+        let (m, inv, sc, sh) = bn_affine(gamma, beta, mean, var, c, a)?;
+        let mut out = vec![0.0f32; xs.len()];
+        let t = crate::par::threads_for(xs.len(), 1 << 16);
+        let rows = (1usize << 14).div_ceil(inner.max(1)) * inner.max(1);
+        crate::par::for_each_chunk_mut(&mut out, rows, t, |off, chunk| {
+            for (k, dst) in chunk.chunks_mut(inner.max(1)).enumerate() {
+                let row = off / inner.max(1) + k;
+                let ch = row % c.max(1);
+                let src = &xs[row * inner..row * inner + dst.len()];
+                affine_f32(src, dst, m[ch], inv[ch], sc[ch], sh[ch]);
+            }
+        });
+        let (nm, nv) = bn_passthrough(mean, var)?;
+        return Ok((
+            crate::util::tensor(x.shape().to_vec(), fusebox_core::runtime::Storage::F32(out))?,
+            nm,
+            nv,
+        ));
+    }
+    let xs = floats(x, "data")?;
     let g = param(gamma, c, "gamma")?;
     let b = param(beta, c, "beta")?;
     let mm = param(mean, c, "moving_mean")?;
@@ -83,16 +165,13 @@ pub(crate) fn batch_norm(
     } else {
         (mm.clone(), mv.clone(), mm, mv)
     };
-    let eps = a.epsilon.0;
+    let (use_mean, inv, scale, shift) = affine(&g, &b, use_mean, &use_var, a);
     let mut out = vec![0.0; xs.len()];
     for o in 0..outer {
         for ch in 0..c {
-            let scale = if a.scale { g[ch] } else { 1.0 };
-            let shift = if a.center { b[ch] } else { 0.0 };
-            let inv = 1.0 / (use_var[ch] + eps).sqrt();
             let base = (o * c + ch) * inner;
             for i in base..base + inner {
-                out[i] = (xs[i] - use_mean[ch]) * inv * scale + shift;
+                out[i] = (xs[i] - use_mean[ch]) * inv[ch] * scale[ch] + shift[ch];
             }
         }
     }
