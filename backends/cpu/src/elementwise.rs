@@ -196,6 +196,25 @@ fn par_binary_f32(op: BinOp, x: &[f32], y: &[f32]) -> Vec<f32> {
     }
 }
 
+/// `relu(add(a, b))` for same-shape `float32` tensors in one pass (the sum rounds to `f32`
+/// first, as the two ops do); `None` for other operands.
+pub(crate) fn add_relu_f32(a: &Tensor, b: &Tensor) -> Option<Tensor> {
+    let (x, y) = (a.as_f32()?, b.as_f32()?);
+    if a.shape() != b.shape() {
+        return None;
+    }
+    let mut out = vec![0.0f32; x.len()];
+    let t = crate::par::threads_for(x.len(), CHUNK * 2);
+    crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
+        let (xs, ys) = (&x[off..off + c.len()], &y[off..off + c.len()]);
+        for ((d, &p), &q) in c.iter_mut().zip(xs).zip(ys) {
+            let v = p + q;
+            *d = if v > 0.0 || v.is_nan() { v } else { 0.0 };
+        }
+    });
+    Tensor::new(a.shape().to_vec(), Storage::F32(out)).ok()
+}
+
 /// `relu` of `float32` data, in chunks on the kernel threads.
 fn par_relu_f32(x: &[f32]) -> Vec<f32> {
     let mut out = vec![0.0f32; x.len()];

@@ -182,10 +182,11 @@ pub fn run_with(
     Executor::new().run(module, func, args, hook)
 }
 
-/// The time spent in calls of one module function during [`run_profiled`].
+/// The time spent in calls of one module function, or of one op, during [`run_profiled`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct CallProfile {
-    /// The callee's name.
+    /// The callee's name: a function (`fused_add_relu`), an op (`relax.nn.conv2d`), or a fused
+    /// convolution chain (`relax.nn.conv2d+relax.nn.batch_norm`).
     pub name: String,
     /// How many times it was called.
     pub calls: usize,
@@ -194,7 +195,8 @@ pub struct CallProfile {
 }
 
 /// [`run`], also timing every call of a module function (composites, fused functions,
-/// codegen wrappers) made while running. Profiles are sorted by total time, largest first.
+/// codegen wrappers) and every op call (wherever it is: an op inside a fused function counts
+/// for both) made while running. Profiles are sorted by total time, largest first.
 pub fn run_profiled(
     module: &Module,
     func: &str,
@@ -324,7 +326,7 @@ impl<'m> Interp<'m> {
                 fr.values[p.as_u32() as usize] = Some(a);
             }
         }
-        let chains = fuse::plan(f);
+        let chains = fuse::plan(self.module, f, self.hook.is_none());
         let bindings: Vec<_> = f.bindings().copied().collect();
         let mut skip = 0;
         for (i, b) in bindings.iter().enumerate() {
@@ -412,12 +414,22 @@ impl<'m> Interp<'m> {
             Value::Tensor(t) => Some(t),
             _ => None,
         };
-        let Some(x) = tensor(self.eval(name, f, fr, chain.data, depth)?) else {
+        let (a, b) = match &chain.head {
+            fuse::Head::Conv { data, weight, .. } => (*data, *weight),
+            fuse::Head::Add { lhs, rhs } => (*lhs, *rhs),
+        };
+        let Some(x) = tensor(self.eval(name, f, fr, a, depth)?) else {
             return Ok(None);
         };
-        let Some(w) = tensor(self.eval(name, f, fr, chain.weight, depth)?) else {
+        let Some(w) = tensor(self.eval(name, f, fr, b, depth)?) else {
             return Ok(None);
         };
+        if let fuse::Head::Add { .. } = chain.head {
+            let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+            let out = crate::elementwise::add_relu_f32(&x, &w).map(Value::Tensor);
+            self.record(&fuse::name(chain), t);
+            return Ok(out);
+        }
         let operands = fuse::operand_exprs(chain)
             .into_iter()
             .map(|e| self.eval(name, f, fr, e, depth))
@@ -425,13 +437,65 @@ impl<'m> Interp<'m> {
         let Some(steps) = fuse::steps(chain, &x, &w, &operands) else {
             return Ok(None);
         };
-        let y = crate::conv::conv2d_fused(&x, &w, &chain.attrs, &steps).map_err(|message| {
-            Error::Kernel {
+        let fuse::Head::Conv { attrs, .. } = &chain.head else {
+            return Ok(None);
+        };
+        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let y =
+            crate::conv::conv2d_fused(&x, &w, attrs, &steps).map_err(|message| Error::Kernel {
                 op: "relax.nn.conv2d",
                 message,
-            }
-        })?;
-        Ok(fuse::result(chain, y, &operands))
+            })?;
+        let out = fuse::result(chain, y, &operands);
+        self.record(&fuse::name(chain), t);
+        Ok(out)
+    }
+
+    /// Adds the time since `t` to `name`'s profile entry (when profiling).
+    fn record(&self, name: &str, t: Option<std::time::Instant>) {
+        if let (Some(p), Some(t)) = (&self.profile, t) {
+            let dt = t.elapsed().as_secs_f64();
+            let mut p = p.borrow_mut();
+            let e = p.entry(name.to_string()).or_insert((0.0, 0));
+            e.0 += dt;
+            e.1 += 1;
+        }
+    }
+
+    /// An op call on its evaluated arguments; an op of constants only (a transposed weight,
+    /// say) runs once per executor.
+    fn eval_op_call(
+        &self,
+        f: &Function,
+        op: &Op,
+        args: &[ExprId],
+        vals: &[Value],
+    ) -> Result<Value> {
+        let consts: Option<Vec<ConstKey>> = args
+            .iter()
+            .map(|&x| match f.exprs.get(x).map(|d| &d.kind) {
+                Some(ExprKind::Const(c)) => Some(const_key(c)),
+                _ => None,
+            })
+            .collect();
+        let Some(keys) = consts.filter(|k| !k.is_empty()) else {
+            return eval_op(op, vals);
+        };
+        let key = (op.clone(), keys);
+        if let Some(v) = self
+            .exec
+            .folded
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(v);
+        }
+        let v = eval_op(op, vals)?;
+        if let Ok(mut m) = self.exec.folded.lock() {
+            m.insert(key, v.clone());
+        }
+        Ok(v)
     }
 
     fn eval<'f>(
@@ -504,36 +568,10 @@ impl<'m> Interp<'m> {
                     .collect::<Result<_>>()?;
                 match callee {
                     Callee::Op(op) => {
-                        // An op of constants only (a transposed weight, say) runs once.
-                        let consts: Option<Vec<ConstKey>> = args
-                            .iter()
-                            .map(|&x| match f.exprs.get(x).map(|d| &d.kind) {
-                                Some(ExprKind::Const(c)) => Some(const_key(c)),
-                                _ => None,
-                            })
-                            .collect();
-                        match consts {
-                            Some(keys) if !keys.is_empty() => {
-                                let key = (op.clone(), keys);
-                                let hit = self
-                                    .exec
-                                    .folded
-                                    .lock()
-                                    .ok()
-                                    .and_then(|m| m.get(&key).cloned());
-                                match hit {
-                                    Some(v) => v,
-                                    None => {
-                                        let v = eval_op(op, &vals)?;
-                                        if let Ok(mut m) = self.exec.folded.lock() {
-                                            m.insert(key, v.clone());
-                                        }
-                                        v
-                                    }
-                                }
-                            }
-                            _ => eval_op(op, &vals)?,
-                        }
+                        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                        let v = self.eval_op_call(f, op, args, &vals)?;
+                        self.record(op.name(), t);
+                        v
                     }
                     Callee::Global(g) => {
                         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
@@ -546,13 +584,7 @@ impl<'m> Interp<'m> {
                                 self.call(g, gf, vals, depth + 1)?
                             }
                         };
-                        if let (Some(p), Some(t)) = (&self.profile, t) {
-                            let dt = t.elapsed().as_secs_f64();
-                            let mut p = p.borrow_mut();
-                            let e = p.entry(g.to_string()).or_insert((0.0, 0));
-                            e.0 += dt;
-                            e.1 += 1;
-                        }
+                        self.record(g, t);
                         v
                     }
                     Callee::Local(v) => {

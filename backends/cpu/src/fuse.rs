@@ -1,16 +1,20 @@
-//! The executor's fast path for convolution chains: finds, in a function's bindings, a
-//! `conv2d` whose result is read only by the next binding, which is an inference
-//! `batch_norm` of it, or an `add` of it and another value (then optionally a `relu` of the
-//! sum, read only there), or a `relu` of it; and runs such a chain as one
-//! [`crate::conv::conv2d_fused`] call with the other ops as its epilogue.
+//! The executor's fast path for op chains: finds, in a function's bindings, a `conv2d` whose
+//! result is read only by the next binding, which is an inference `batch_norm` of it (then
+//! optionally a call of a function that is just `relu` of the first field of its one tuple
+//! parameter, as FuseOps makes of ONNX's Conv → BatchNormalization → Relu), or an `add` of it
+//! and another value (then optionally a `relu` of the sum, read only there), or a `relu` of
+//! it; and runs such a chain as one [`crate::conv::conv2d_fused`] call with the other ops as
+//! its epilogue. Likewise an `add` read only by a `relu` runs as one pass.
 //!
 //! Contract:
 //!
-//! - [`plan`] looks at the IR only (ops, attributes, which vars read what); [`steps`] looks
-//!   at the run-time values and returns `None` whenever the chain cannot be fused (a dtype
-//!   other than `float32`, a non-`NCHW` output, a bias that is not one value per output
-//!   channel, a `batch_norm` over another axis); the executor then runs the bindings one by
-//!   one, so the general path stays the reference and the fast path only ever replaces it.
+//! - [`plan`] looks at the IR only (ops, attributes, which vars read what, the body of a
+//!   called function); [`steps`] looks at the run-time values and returns `None` whenever the
+//!   chain cannot be fused (a dtype other than `float32`, a non-`NCHW` output, a bias that is
+//!   not one value per output channel, a `batch_norm` over another axis, `add` operands of
+//!   different shapes); the executor then runs the bindings one by one, so the general path
+//!   stays the reference and the fast path only ever replaces it. The executor fuses a
+//!   function call only when it has no call hook (an artifact might claim the function).
 //! - A fused chain gives the last binding the value the bindings would have given it, bit for
 //!   bit (each [`Step`] repeats its op's arithmetic), and leaves the intermediate vars
 //!   unbound (nothing else reads them).
@@ -24,13 +28,15 @@
 use crate::conv::Step;
 use crate::nn;
 use crate::util::broadcast_shapes;
-use fusebox_core::ir::{Callee, ExprId, ExprKind, Function, VarId};
+use fusebox_core::ir::{Callee, ExprId, ExprKind, Function, Module, VarId};
 use fusebox_core::op::{BatchNormAttrs, Conv2dAttrs, Op};
 use fusebox_core::runtime::{Tensor, Value};
 
-/// An op of a chain after its `conv2d`.
+/// An op of a chain after its first binding.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Link {
+    /// `f(prev)` where module function `f` is `relu(param[0])`: follows a `batch_norm`.
+    CallRelu,
     /// `batch_norm(prev, gamma, beta, mean, var)` in inference mode; the others are args 1..=4.
     BatchNorm {
         attrs: BatchNormAttrs,
@@ -42,14 +48,23 @@ pub(crate) enum Link {
     Relu,
 }
 
-/// A chain starting at a `conv2d` binding: its args and attributes, then the following
-/// bindings (one per link).
+/// The first binding of a chain.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Head {
+    /// `conv2d(data, weight)`.
+    Conv {
+        data: ExprId,
+        weight: ExprId,
+        attrs: Conv2dAttrs,
+    },
+    /// `add(lhs, rhs)` (its only link is a `relu`).
+    Add { lhs: ExprId, rhs: ExprId },
+}
+
+/// A chain: its first binding, then the following bindings (one per link).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Chain {
-    /// `conv2d`'s data and weight.
-    pub data: ExprId,
-    pub weight: ExprId,
-    pub attrs: Conv2dAttrs,
+    pub head: Head,
     /// The ops of the next `links.len()` bindings.
     pub links: Vec<Link>,
 }
@@ -91,8 +106,27 @@ fn op_call(f: &Function, e: ExprId) -> Option<(&Op, &[ExprId])> {
     }
 }
 
-/// For each binding of `f` (in [`Function::bindings`] order), the chain that starts there.
-pub(crate) fn plan(f: &Function) -> Vec<Option<Chain>> {
+/// Whether module function `name` is exactly `relu(p[0])` of its one tuple parameter `p`.
+fn is_relu_of_first(module: &Module, name: &str) -> bool {
+    let Some(g) = module.get(name) else {
+        return false;
+    };
+    let bindings: Vec<_> = g.bindings().collect();
+    let ([p], [b0, b1]) = (g.params.as_slice(), bindings.as_slice()) else {
+        return false;
+    };
+    let first = matches!(
+        g.exprs.get(b0.value).map(|d| &d.kind),
+        Some(ExprKind::TupleGetItem(t, 0)) if var_of(g, *t) == Some(*p)
+    );
+    let relu =
+        matches!(op_call(g, b1.value), Some((Op::Relu, [x])) if var_of(g, *x) == Some(b0.var));
+    first && relu && g.ret.and_then(|r| var_of(g, r)) == Some(b1.var)
+}
+
+/// For each binding of `f` (in [`Function::bindings`] order), the chain that starts there
+/// (`module` holds the functions `f` calls; `calls`: whether a chain may take in a call).
+pub(crate) fn plan(module: &Module, f: &Function, calls: bool) -> Vec<Option<Chain>> {
     let bindings: Vec<_> = f.bindings().copied().collect();
     let mut uses = vec![0u32; f.vars.len()];
     for b in &bindings {
@@ -104,51 +138,76 @@ pub(crate) fn plan(f: &Function) -> Vec<Option<Chain>> {
     let once = |v: VarId| uses.get(v.as_u32() as usize) == Some(&1);
     let mut out = vec![None; bindings.len()];
     for (i, b) in bindings.iter().enumerate() {
-        let Some((Op::Conv2d(attrs), [data, weight])) = op_call(f, b.value) else {
-            continue;
+        let head = match op_call(f, b.value) {
+            Some((Op::Conv2d(attrs), [data, weight])) => Head::Conv {
+                data: *data,
+                weight: *weight,
+                attrs: (**attrs).clone(),
+            },
+            Some((Op::Add, [lhs, rhs])) => Head::Add {
+                lhs: *lhs,
+                rhs: *rhs,
+            },
+            _ => continue,
         };
+        let conv = matches!(head, Head::Conv { .. });
         let mut links = Vec::new();
         let mut prev = b.var;
         for next in &bindings[i + 1..] {
             if !once(prev) {
                 break;
             }
-            let Some((op, args)) = op_call(f, next.value) else {
-                break;
-            };
             let is_prev = |e: &ExprId| var_of(f, *e) == Some(prev);
-            let link = match (op, args) {
-                (Op::BatchNorm(a), [x, g, be, m, v]) if !a.training && is_prev(x) => {
-                    Link::BatchNorm {
-                        attrs: (**a).clone(),
-                        params: [*g, *be, *m, *v],
-                    }
-                }
-                (Op::Add, [p, q]) if links.is_empty() && is_prev(p) != is_prev(q) => Link::Add {
-                    other: if is_prev(p) { *q } else { *p },
-                    prev_first: is_prev(p),
-                },
-                (Op::Relu, [x])
-                    if is_prev(x) && matches!(links.last(), None | Some(Link::Add { .. })) =>
+            let after_bn = matches!(links.last(), Some(Link::BatchNorm { .. }));
+            let link = match f.exprs.get(next.value).map(|d| &d.kind) {
+                Some(ExprKind::Call {
+                    callee: Callee::Global(g),
+                    args,
+                }) if calls
+                    && after_bn
+                    && matches!(args.as_slice(), [x] if is_prev(x))
+                    && is_relu_of_first(module, g) =>
                 {
-                    Link::Relu
+                    Link::CallRelu
                 }
-                _ => break,
+                _ => match op_call(f, next.value) {
+                    Some((Op::BatchNorm(a), [x, g, be, m, v]))
+                        if conv && links.is_empty() && !a.training && is_prev(x) =>
+                    {
+                        Link::BatchNorm {
+                            attrs: (**a).clone(),
+                            params: [*g, *be, *m, *v],
+                        }
+                    }
+                    Some((Op::Add, [p, q]))
+                        if conv && links.is_empty() && is_prev(p) != is_prev(q) =>
+                    {
+                        Link::Add {
+                            other: if is_prev(p) { *q } else { *p },
+                            prev_first: is_prev(p),
+                        }
+                    }
+                    Some((Op::Relu, [x]))
+                        if is_prev(x) && matches!(links.last(), None | Some(Link::Add { .. })) =>
+                    {
+                        Link::Relu
+                    }
+                    _ => break,
+                },
             };
-            let last = !matches!(link, Link::Add { .. });
+            let more = matches!(link, Link::Add { .. } | Link::BatchNorm { .. });
             links.push(link);
             prev = next.var;
-            if last {
+            if !more {
                 break;
             }
         }
-        if !links.is_empty() {
-            out[i] = Some(Chain {
-                data: *data,
-                weight: *weight,
-                attrs: (**attrs).clone(),
-                links,
-            });
+        let useful = match head {
+            Head::Conv { .. } => !links.is_empty(),
+            Head::Add { .. } => links == [Link::Relu],
+        };
+        if useful {
+            out[i] = Some(Chain { head, links });
         }
     }
     out
@@ -186,10 +245,13 @@ pub(crate) fn steps(
     w: &Tensor,
     operands: &[Value],
 ) -> Option<Vec<Step>> {
-    if !crate::conv::fusable(x, w, &chain.attrs) {
+    let Head::Conv { attrs, .. } = &chain.head else {
+        return None;
+    };
+    if !crate::conv::fusable(x, w, attrs) {
         return None;
     }
-    let shape = crate::conv::out_shape(x, w, &chain.attrs).ok()?;
+    let shape = crate::conv::out_shape(x, w, attrs).ok()?;
     let mut rest = operands;
     let mut out = Vec::with_capacity(chain.links.len());
     for link in &chain.links {
@@ -226,7 +288,7 @@ pub(crate) fn steps(
                     bias_first: !prev_first,
                 }
             }
-            Link::Relu => Step::Relu,
+            Link::Relu | Link::CallRelu => Step::Relu,
         });
     }
     Some(out)
@@ -260,8 +322,24 @@ pub(crate) fn operand_exprs(chain: &Chain) -> Vec<ExprId> {
         match l {
             Link::BatchNorm { params, .. } => out.extend_from_slice(params),
             Link::Add { other, .. } => out.push(*other),
-            Link::Relu => {}
+            Link::Relu | Link::CallRelu => {}
         }
     }
     out
+}
+
+/// The chain's name in profiles: its ops joined by `+` (`relax.nn.conv2d+relax.nn.relu`).
+pub(crate) fn name(chain: &Chain) -> String {
+    let mut s = String::from(match chain.head {
+        Head::Conv { .. } => "relax.nn.conv2d",
+        Head::Add { .. } => "relax.add",
+    });
+    for l in &chain.links {
+        s.push_str(match l {
+            Link::BatchNorm { .. } => "+relax.nn.batch_norm",
+            Link::Add { .. } => "+relax.add",
+            Link::Relu | Link::CallRelu => "+relax.nn.relu",
+        });
+    }
+    s
 }

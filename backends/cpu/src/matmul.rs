@@ -9,11 +9,11 @@
 //! C/BLAS dependencies. `ndarray` is the safe front end: `matrixmultiply`'s own API takes raw
 //! pointers, which this crate (`#![forbid(unsafe_code)]`) cannot call.
 //!
-//! [`gemm_f32_tiled`] cuts `C` into column tiles of at most [`TILE_COLS`] (so the packed
-//! panel of `B` stays in L2) and, when there are fewer column tiles than threads, into row
-//! tiles; the tiles run on [`crate::par`]'s threads, each followed by an epilogue on its rows
-//! while they are in cache. A tile is a plain `sgemm` on sub-views: every element of `C` is
-//! computed by the same sequence of multiply-adds whatever the tiling, so the result does not
+//! [`gemm_f32_tiled`] cuts `C` into a few row or column tiles per thread (along the axis
+//! whose cut re-packs the smaller operand); the tiles run on [`crate::par`]'s threads, each
+//! followed by an epilogue on its rows while they are in cache. A tile is a plain `sgemm` on
+//! sub-views: every element of `C` is computed by the same sequence of multiply-adds whatever
+//! the tiling (matrixmultiply's blocking of the reduction is fixed), so the result does not
 //! depend on the thread count.
 //!
 //! `float16`/`bfloat16` compute through `f32` (and round once); `float64` natively; integer
@@ -29,31 +29,32 @@ use fusebox_core::runtime::{Storage, Tensor};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, Axis, Slice};
 
-/// The widest column tile of [`gemm_f32_tiled`]: matrixmultiply packs `256 (k) × cols` of
-/// `B` at a time, and 256 columns keep that panel (256 KiB) in a 512 KiB L2.
-pub(crate) const TILE_COLS: usize = 256;
-
 /// Multiply-adds per thread below which a GEMM stays on one thread (spawning costs tens of
 /// microseconds).
 const MACS_PER_THREAD: usize = 1 << 20;
+
+/// Tiles per thread of a threaded GEMM: a few, so a thread the OS delays costs little.
+const TILES_PER_THREAD: usize = 2;
 
 /// An epilogue: `f(row, first column, row slice of a tile)`, run on each row of each tile of
 /// `C` right after the tile is computed.
 pub(crate) type Epilogue<'e> = &'e (dyn Fn(usize, usize, &mut [f32]) + Sync);
 
-/// The tiling of an `m × n` output for `threads` threads: (row tile, column tile).
+/// The tiling of an `m × n × k` product for `threads` threads: (row tile, column tile). One
+/// thread: one tile (matrixmultiply blocks it itself). Else the output is cut along one axis
+/// into `TILES_PER_THREAD` tiles per thread: along the rows when `A` is the larger operand
+/// (each tile then re-packs only `B`), else along the columns (each re-packs only `A`).
 fn tiles(m: usize, n: usize, threads: usize) -> (usize, usize) {
-    let t = threads.max(1);
-    let mut tn = n.div_ceil(TILE_COLS).max(1);
-    if t > 1 && tn < 8 * t {
-        // Few tiles: make their count a multiple of the threads, so the shares are even.
-        tn = tn.div_ceil(t) * t;
+    if threads <= 1 {
+        return (m.max(1), n.max(1));
     }
-    let nb = n.div_ceil(tn).next_multiple_of(8).clamp(1, n.max(1));
-    let tn = n.div_ceil(nb).max(1);
-    let tm = if tn >= t { 1 } else { t.div_ceil(tn) };
-    let mb = m.div_ceil(tm).next_multiple_of(8).clamp(1, m.max(1));
-    (mb, nb)
+    let parts = threads * TILES_PER_THREAD;
+    let cut = |len: usize| len.div_ceil(parts).next_multiple_of(8).clamp(1, len.max(1));
+    if m >= n {
+        (cut(m), n.max(1))
+    } else {
+        (m.max(1), cut(n))
+    }
 }
 
 /// `c = a @ b` (`a`: `m × k`, `b`: `k × n`, `c`: `m × n`, any strides), tiled and spread over

@@ -2,7 +2,10 @@
 //! `rms_norm`, `lrn`, and 2-D pooling (`max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`) in
 //! any permutation of `NCHW`.
 //!
-//! Everything computes in `f64` and rounds once to the input dtype. Pooling windows skip
+//! Everything computes in `f64` and rounds once to the input dtype (`max_pool2d` of `float32`
+//! and inference `batch_norm` of `float32` skip the widened copy: the same values).
+//! `max_pool2d`/`avg_pool2d` and inference `batch_norm` spread whole planes / channels over
+//! [`crate::par::threads`] threads. Pooling windows skip
 //! padded positions (max) or count them only when `count_include_pad` (avg), as TVM's topi
 //! does; with `ceil_mode` the extra tail positions are never counted.
 //!
@@ -356,12 +359,58 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         return Err("pool_size, strides and dilation must be at least 1".to_string());
     }
     let (oh, ow) = (ah.out_len(a.ceil_mode)?, aw.out_len(a.ceil_mode)?);
-    let xs = xc.to_f64_vec();
     let wins_h: Vec<_> = (0..oh).map(|o| ah.window(o)).collect();
     let wins_w: Vec<_> = (0..ow).map(|o| aw.window(o)).collect();
-    let mut out = Vec::with_capacity(n * c * oh * ow);
-    for plane in 0..n * c {
-        let base = plane * h * w;
+    let plane_out = oh * ow;
+    let t = crate::par::threads_for(n * c * plane_out * ah.k * aw.k, 1 << 18);
+    if max && let Some(xs) = xc.as_f32() {
+        // Max is exact in f32: the same result as through f64, without the conversions. Per
+        // output row, the window positions are visited in the same (row, column) order, each
+        // as a run over the output columns whose input column is in range.
+        let cols: Vec<(usize, usize, isize)> = (0..aw.k)
+            .map(|kx| {
+                let x0 = (kx * aw.d) as isize - aw.pad0 as isize;
+                let s = aw.s as isize;
+                let lo = if x0 >= 0 {
+                    0
+                } else {
+                    ((-x0 + s - 1) / s) as usize
+                };
+                let hi = if (w as isize) - 1 - x0 < 0 {
+                    0
+                } else {
+                    ((((w as isize) - 1 - x0) / s) as usize + 1).min(ow)
+                };
+                (lo.min(hi), hi, x0)
+            })
+            .collect();
+        let mut out = vec![0.0f32; n * c * plane_out];
+        crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
+            let base = off / plane_out.max(1) * h * w;
+            let src = &xs[base..base + h * w];
+            for ((rows, _), acc) in wins_h.iter().zip(dst.chunks_mut(ow.max(1))) {
+                acc.fill(f32::NEG_INFINITY);
+                for &y in rows {
+                    let line = &src[y * w..(y + 1) * w];
+                    for &(lo, hi, x0) in &cols {
+                        for (ox, a) in acc.iter_mut().enumerate().take(hi).skip(lo) {
+                            let v = line[(ox as isize * aw.s as isize + x0) as usize];
+                            if v > *a || v.is_nan() {
+                                *a = v;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        let t = crate::util::tensor(vec![n, c, oh, ow], fusebox_core::runtime::Storage::F32(out))?;
+        return Ok(from_canonical(&t, op));
+    }
+    let xs = xc.to_f64_vec();
+    let mut out = vec![0.0f64; n * c * plane_out];
+    crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
+        let base = off / plane_out.max(1) * h * w;
+        let mut it = dst.iter_mut();
         for (rows, ph) in &wins_h {
             for (cols, pw) in &wins_w {
                 let mut acc = if max { f64::NEG_INFINITY } else { 0.0 };
@@ -385,10 +434,12 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
                     };
                     acc = if cnt == 0 { 0.0 } else { acc / cnt as f64 };
                 }
-                out.push(acc);
+                if let Some(d) = it.next() {
+                    *d = acc;
+                }
             }
         }
-    }
+    });
     let t = from_f64(vec![n, c, oh, ow], x.dtype(), out)?;
     Ok(from_canonical(&t, op))
 }

@@ -12,9 +12,9 @@
 //!   element ranges), never across a reduction, and every output is computed by the same
 //!   arithmetic whichever thread computes it: results are bit-identical for every thread
 //!   count (asserted by `backends/cpu/tests/threads.rs`).
-//! - [`run_tasks`] runs a list of tasks on up to `n` scoped threads (`std::thread::scope`;
-//!   the calling thread takes the first share, contiguous shares in task order) and returns
-//!   the first error in task order. With one thread or one task it spawns nothing.
+//! - [`run_tasks`] runs a list of tasks on a kept pool of `n` worker threads (rayon; one pool
+//!   per thread count, made on first use) and returns the error of the first failing task in
+//!   task order. With one thread or one task it runs them in order on the calling thread.
 //!
 //! ```
 //! // The thread count of this thread's kernels, for the duration of the closure:
@@ -23,8 +23,9 @@
 //! ```
 
 use std::cell::Cell;
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The most threads a setting may ask for.
 pub const MAX_THREADS: usize = 256;
@@ -110,44 +111,42 @@ pub fn with_threads<R>(n: usize, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Runs `f` on every task, on up to `n` threads: task `i` of `t` tasks goes to share
-/// `i * n / t`, shares are contiguous and the calling thread runs the first. Returns the first
-/// error in task order.
+/// The worker pool of `n` threads (made on first use and kept: a kernel's parallel region
+/// then costs a wake-up, not a thread spawn).
+fn pool(n: usize) -> Option<Arc<rayon::ThreadPool>> {
+    static POOLS: Mutex<BTreeMap<usize, Arc<rayon::ThreadPool>>> = Mutex::new(BTreeMap::new());
+    let mut pools = POOLS.lock().ok()?;
+    if let Some(p) = pools.get(&n) {
+        return Some(Arc::clone(p));
+    }
+    let p = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("fusebox-cpu-{i}"))
+        .build()
+        .ok()?;
+    let p = Arc::new(p);
+    pools.insert(n, Arc::clone(&p));
+    Some(p)
+}
+
+/// Runs `f` on every task, on up to `n` threads of a kept worker pool (rayon's work stealing
+/// spreads them; which thread runs a task never changes what it computes). Returns the error
+/// of the first failing task in task order. With one thread or one task, or when no pool can
+/// be made, the tasks run in order on the calling thread.
 pub(crate) fn run_tasks<T, E, F>(tasks: Vec<T>, n: usize, f: F) -> Result<(), E>
 where
     T: Send,
     E: Send,
     F: Fn(T) -> Result<(), E> + Sync,
 {
+    use rayon::prelude::*;
     let n = n.clamp(1, tasks.len().max(1));
-    if n == 1 {
+    let Some(pool) = (n > 1).then(|| pool(n)).flatten() else {
         return tasks.into_iter().try_for_each(f);
-    }
-    let total = tasks.len();
-    let mut shares: Vec<Vec<T>> = (0..n).map(|_| Vec::new()).collect();
-    for (i, t) in tasks.into_iter().enumerate() {
-        shares[i * n / total].push(t);
-    }
-    let f = &f;
-    let mut shares = shares.into_iter();
-    let first = shares.next().unwrap_or_default();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = shares
-            .map(|share| s.spawn(move || share.into_iter().try_for_each(f)))
-            .collect();
-        let mut result = first.into_iter().try_for_each(f);
-        for h in handles {
-            let r = match h.join() {
-                Ok(r) => r,
-                // A worker panicked (a kernel bug): re-raise it on this thread.
-                Err(p) => std::panic::resume_unwind(p),
-            };
-            if result.is_ok() {
-                result = r;
-            }
-        }
-        result
-    })
+    };
+    let results: Vec<Result<(), E>> =
+        pool.install(|| tasks.into_par_iter().with_max_len(1).map(&f).collect());
+    results.into_iter().collect()
 }
 
 /// Splits `out` into chunks of `chunk` elements (the last may be shorter) and runs
@@ -181,22 +180,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tasks_run_in_contiguous_shares_and_report_the_first_error() {
-        let out = std::sync::Mutex::new(Vec::new());
-        let r: Result<(), usize> = run_tasks((0..10).collect(), 3, |i: usize| {
-            if let Ok(mut v) = out.lock() {
-                v.push((i, std::thread::current().id()));
+    fn every_task_runs_once_and_the_first_error_wins() {
+        let seen = std::sync::Mutex::new(Vec::new());
+        let r: Result<(), usize> = run_tasks((0..100).collect(), 3, |i: usize| {
+            if let Ok(mut v) = seen.lock() {
+                v.push(i);
             }
-            if i == 7 || i == 4 { Err(i) } else { Ok(()) }
+            Ok(())
         });
+        assert_eq!(r, Ok(()));
+        let mut v = seen.into_inner().unwrap_or_default();
+        v.sort_unstable();
+        assert_eq!(v, (0..100).collect::<Vec<_>>());
+        // One thread runs in order and stops at the first error.
+        let r: Result<(), usize> =
+            run_tasks(
+                (0..10).collect(),
+                1,
+                |i| if i >= 4 { Err(i) } else { Ok(()) },
+            );
         assert_eq!(r, Err(4));
-        let v = out.into_inner().unwrap_or_default();
-        // Shares {0..=3}, {4..=6}, {7..=9}: the last two stop at their first error.
-        assert_eq!(v.len(), 4 + 1 + 1);
-        assert!(
-            v.iter()
-                .any(|&(i, id)| i == 0 && id == std::thread::current().id())
-        );
+        let r: Result<(), usize> =
+            run_tasks(
+                (0..10).collect(),
+                4,
+                |i| if i == 7 { Err(i) } else { Ok(()) },
+            );
+        assert_eq!(r, Err(7));
     }
 
     #[test]

@@ -15,13 +15,24 @@ use fusebox_cpu::par::with_threads;
 use fusebox_cpu::{Executor, Tensor, Value, run};
 
 /// A module exercising every threaded kernel: conv2d (3×3 padded, 1×1 direct, grouped and
-/// strided) with the fusable chains after it (bias-first add + relu, batch_norm, relu), a
-/// batch_norm, an add and a relu on large tensors, and a large matmul. `{EXTRA}` is replaced
+/// strided) with the fusable chains after it (bias-first add + relu, batch_norm, relu,
+/// batch_norm + a call of a `relu(t[0])` function), a batch_norm, an add + relu on large
+/// tensors, a large matmul, max and average pooling. `{EXTRA}` is replaced
 /// by extra outputs: returning a chain's intermediates keeps it from fusing.
 const SRC: &str = r#"@I.ir_module
 class Module:
+    @R.function(private=True)
+    def fused_relu(t: R.Tuple(R.Tensor((1, 64, 48, 48), dtype="float32"), R.Tensor((64,), dtype="float32"), R.Tensor((64,), dtype="float32"))) -> R.Tensor((1, 64, 48, 48), dtype="float32"):
+        R.func_attr({"Primitive": True})
+        with R.dataflow():
+            y = t[0]
+            gv = R.nn.relu(y)
+            R.output(gv)
+        return gv
+
     @R.function
     def main(x: R.Tensor((1, 16, 48, 48), dtype="float32"), w1: R.Tensor((32, 16, 3, 3), dtype="float32"), b1: R.Tensor((1, 32, 1, 1), dtype="float32"), w2: R.Tensor((64, 32, 1, 1), dtype="float32"), g: R.Tensor((64,), dtype="float32"), be: R.Tensor((64,), dtype="float32"), mu: R.Tensor((64,), dtype="float32"), var: R.Tensor((64,), dtype="float32"), w3: R.Tensor((64, 16, 3, 3), dtype="float32"), a: R.Tensor((128, 256), dtype="float32"), b: R.Tensor((256, 128), dtype="float32")):
+        cls = Module
         with R.dataflow():
             c1 = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])
             a1 = R.add(b1, c1)
@@ -35,9 +46,14 @@ class Module:
             y4 = bn2[0]
             s = R.add(y4, y2)
             r5 = R.nn.relu(s)
+            c4 = R.nn.conv2d(r1, w2)
+            bn3 = R.nn.batch_norm(c4, g, be, mu, var, axis=1, training=False)
+            r6 = cls.fused_relu(bn3)
             m = R.matmul(a, b)
-            R.output(r1, y2, r3, r5, m{EXTRA})
-        return (r1, y2, r3, r5, m{EXTRA})
+            p1 = R.nn.max_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
+            p2 = R.nn.avg_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
+            R.output(r1, y2, r3, r5, r6, m, p1, p2{EXTRA})
+        return (r1, y2, r3, r5, r6, m, p1, p2{EXTRA})
 "#;
 
 /// Deterministic values in [-1, 1) that make every sum round (so order matters).
@@ -82,18 +98,18 @@ fn args() -> Vec<Value> {
         .collect()
 }
 
-/// The outputs as raw bits.
+/// The output tensors (tuples flattened) as raw bits.
 fn bits(v: Value) -> Vec<Vec<u32>> {
-    let Value::Tuple(parts) = v else {
-        panic!("expected a tuple")
-    };
-    parts
-        .into_iter()
-        .map(|p| match p {
-            Value::Tensor(t) => t.to_f32_vec().iter().map(|x| x.to_bits()).collect(),
+    fn go(v: Value, out: &mut Vec<Vec<u32>>) {
+        match v {
+            Value::Tensor(t) => out.push(t.to_f32_vec().iter().map(|x| x.to_bits()).collect()),
+            Value::Tuple(parts) => parts.into_iter().for_each(|p| go(p, out)),
             v => panic!("expected a tensor, found {v:?}"),
-        })
-        .collect()
+        }
+    }
+    let mut out = Vec::new();
+    go(v, &mut out);
+    out
 }
 
 #[test]
@@ -115,12 +131,12 @@ fn results_are_bit_identical_for_every_thread_count() {
 fn fused_chains_match_the_ops_run_one_by_one() {
     let fused = parse_module_str(&SRC.replace("{EXTRA}", "")).unwrap_or_else(|e| panic!("{e}"));
     // Returning the intermediates keeps every chain from fusing.
-    let plain = parse_module_str(&SRC.replace("{EXTRA}", ", c1, a1, c2, c3"))
+    let plain = parse_module_str(&SRC.replace("{EXTRA}", ", c1, a1, c2, c3, s, c4, bn3"))
         .unwrap_or_else(|e| panic!("{e}"));
     for n in [1, 2] {
         let f = bits(with_threads(n, || run(&fused, "main", args())).unwrap());
         let p = bits(with_threads(n, || run(&plain, "main", args())).unwrap());
-        assert_eq!(p.len(), f.len() + 4);
+        assert_eq!(p.len(), f.len() + 9);
         for (i, (a, b)) in f.iter().zip(&p).enumerate() {
             assert!(
                 a == b,
