@@ -8,7 +8,10 @@
 //!   (constants decoded in the warm-up run and reused; kernels on `FUSEBOX_THREADS` threads,
 //!   an invalid value being an error); or, with
 //!   `--config`, the config's backend pipeline (patterns of every backend, claims, compile),
-//!   each claimed function run by its backend's artifact and the rest by the CPU reference.
+//!   each claimed function run by its backend's artifact and the rest by the CPU reference;
+//!   then the partition report goes to stdout first: `partition: N function(s), M op(s) left
+//!   in main ...`, one line per function (name, backend, ops) and one for the ops left in
+//!   `main` (backend `reference`).
 //! - Inputs: `--input NAME=PATH.npy` (NAME is the parameter's name, or the ONNX input name before
 //!   sanitizing); parameters not given get uniform random values in [-1, 1] from `--seed`
 //!   (integers: 0 or 1; symbolic dims not fixed by a given input are 1). `.npy` dtypes: f16,
@@ -82,6 +85,7 @@ fn run_with_backends(
     let t = Instant::now();
     let plan = pipeline.run(module)?;
     let compile_ms = ms(t);
+    print_partition(&plan);
     let args = make_args(module, &a.inputs, a.seed)?;
     let ex = fusebox_cpu::Executor::new();
     let exec = |args: Vec<Value>| -> Result<Value, Error> {
@@ -99,11 +103,6 @@ fn run_with_backends(
     let run_ms = times[times.len() / 2];
     let outs = flatten(out);
     write_outputs(&a.output_dir, names, &outs)?;
-    for c in &plan.claims {
-        if let Some(b) = &c.backend {
-            eprintln!("backend {b}: {}", c.function);
-        }
-    }
     if a.check {
         let want = flatten(ex.run(module, "main", args, None).map_err(rt)?);
         compare_outputs(&want, &outs, names)?;
@@ -119,6 +118,36 @@ fn run_with_backends(
         eprintln!("time run {run_ms:.3} ms");
     }
     Ok(())
+}
+
+/// The partition report of `--config` on stdout: each function with the backend that runs it
+/// and its ops, then the ops left in `main` (run by the CPU reference executor).
+fn print_partition(plan: &fusebox_core::backend::pipeline::Plan) {
+    let report = plan.report();
+    let main_ops: Vec<&str> = report
+        .main
+        .iter()
+        .filter_map(|e| e.strip_prefix("op:"))
+        .collect();
+    println!(
+        "partition: {} function(s), {} op(s) left in main (run by the CPU reference executor)",
+        report.functions.len(),
+        main_ops.len()
+    );
+    let rows: Vec<(&str, &str, String)> = report
+        .functions
+        .iter()
+        .map(|f| {
+            let backend = f.backend.as_deref().unwrap_or("reference");
+            (f.name.as_str(), backend, f.ops.join(", "))
+        })
+        .chain((!main_ops.is_empty()).then(|| ("main", "reference", main_ops.join(", "))))
+        .collect();
+    let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    for (name, backend, ops) in rows {
+        println!("  {name:w0$}  {backend:w1$}  {ops}");
+    }
 }
 
 /// Runs the command.
