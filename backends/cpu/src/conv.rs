@@ -62,9 +62,18 @@ impl Step {
     }
 }
 
-/// Applies `steps` to `row`, whose elements all belong to output channel `ch`.
+/// `relu` as a select (NaN stays NaN; negatives and `-0.0` become `+0.0`), which vectorises.
+#[inline]
+fn relu(v: f32) -> f32 {
+    if v > 0.0 || v.is_nan() { v } else { 0.0 }
+}
+
+/// Applies `steps` to `row`, whose elements all belong to output channel `ch`. An affine map
+/// followed by a `relu` runs as one loop (the same operations per element).
 fn apply_steps(steps: &[Step], ch: usize, row: &mut [f32]) {
-    for s in steps {
+    let mut i = 0;
+    while let Some(s) = steps.get(i) {
+        let then_relu = steps.get(i + 1) == Some(&Step::Relu);
         match s {
             Step::Affine {
                 mean,
@@ -72,27 +81,33 @@ fn apply_steps(steps: &[Step], ch: usize, row: &mut [f32]) {
                 scale,
                 shift,
             } => {
-                let (m, i, sc, sh) = (mean[ch], inv[ch], scale[ch], shift[ch]);
-                for v in row.iter_mut() {
-                    *v = ((f64::from(*v) - m) * i * sc + sh) as f32;
+                let (m, k, sc, sh) = (mean[ch], inv[ch], scale[ch], shift[ch]);
+                let f = |v: f32| ((f64::from(v) - m) * k * sc + sh) as f32;
+                if then_relu {
+                    row.iter_mut().for_each(|v| *v = relu(f(*v)));
+                    i += 1;
+                } else {
+                    row.iter_mut().for_each(|v| *v = f(*v));
                 }
             }
             Step::Bias { b, bias_first } => {
                 let b = b[ch];
-                if *bias_first {
-                    // The operand order of `add(b, x)`: the same NaN payload, too.
-                    #[allow(clippy::assign_op_pattern, reason = "keeps add's operand order")]
-                    row.iter_mut().for_each(|v| *v = b + *v);
+                // `add(b, x)` keeps its operand order (the same NaN payload, too).
+                #[allow(
+                    clippy::if_same_then_else,
+                    reason = "the operand order matters for NaN"
+                )]
+                let f = |v: f32| if *bias_first { b + v } else { v + b };
+                if then_relu {
+                    row.iter_mut().for_each(|v| *v = relu(f(*v)));
+                    i += 1;
                 } else {
-                    row.iter_mut().for_each(|v| *v += b);
+                    row.iter_mut().for_each(|v| *v = f(*v));
                 }
             }
-            Step::Relu => row.iter_mut().for_each(|v| {
-                if !(*v > 0.0 || v.is_nan()) {
-                    *v = 0.0;
-                }
-            }),
+            Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
         }
+        i += 1;
     }
 }
 

@@ -393,11 +393,14 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
                 for &y in rows {
                     let line = &src[y * w..(y + 1) * w];
                     for &(lo, hi, x0) in &cols {
-                        for (ox, a) in acc.iter_mut().enumerate().take(hi).skip(lo) {
-                            let v = line[(ox as isize * aw.s as isize + x0) as usize];
-                            if v > *a || v.is_nan() {
-                                *a = v;
-                            }
+                        if hi <= lo {
+                            continue;
+                        }
+                        let start = (lo as isize * aw.s as isize + x0) as usize;
+                        let src = line[start..].iter().step_by(aw.s);
+                        for (a, &v) in acc[lo..hi].iter_mut().zip(src) {
+                            // A select, not a branch: it pipelines (and vectorises at stride 1).
+                            *a = if v > *a || v.is_nan() { v } else { *a };
                         }
                     }
                 }
@@ -478,4 +481,53 @@ pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> KResul
     }
     let t = from_f64(vec![n, c, oh, ow], x.dtype(), out)?;
     Ok(from_canonical(&t, op))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::*;
+    use fusebox_core::ir::DType;
+
+    #[test]
+    fn f32_max_pool_matches_the_f64_path() {
+        // NaN and both zeros included: the first maximum and the last NaN in window order win.
+        let mut v: Vec<f32> = (0..2 * 3 * 9 * 11)
+            .map(|i| ((i * 37) % 23) as f32 - 11.0)
+            .collect();
+        v[5] = f32::NAN;
+        v[40] = -0.0;
+        v[41] = 0.0;
+        let x = Tensor::from_f32(vec![2, 3, 9, 11], v).unwrap_or_else(|e| panic!("{e}"));
+        let x64 = x.cast(DType::F64);
+        for (k, s, d, p, ceil) in [
+            (3, 2, 1, 1, false),
+            (2, 2, 1, 0, true),
+            (3, 1, 2, 2, false),
+            (4, 3, 1, 1, true),
+            (1, 1, 1, 0, false),
+        ] {
+            let a = Pool2dAttrs {
+                pool_size: [k, k],
+                strides: [s, s + 1],
+                dilation: [d, d],
+                padding: [p, p, p, 0],
+                ceil_mode: ceil,
+                count_include_pad: false,
+                layout: "NCHW".into(),
+                out_layout: "NCHW".into(),
+            };
+            let got = pool2d(&x, &a, true).unwrap_or_else(|e| panic!("{e}"));
+            let want = pool2d(&x64, &a, true).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got.shape(), want.shape());
+            let bits =
+                |t: &Tensor| -> Vec<u32> { t.to_f32_vec().iter().map(|x| x.to_bits()).collect() };
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "k {k} s {s} d {d} p {p} ceil {ceil}"
+            );
+        }
+    }
 }
