@@ -325,11 +325,11 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
     let ws = f32s(wc);
     let (kdim, npix) = (g.kdim(), g.npix());
     let og = g.o / g.g;
-    let mut out = vec![0.0f32; g.n * g.o * npix];
+    let threads = crate::par::threads();
+    let mut out = crate::par::zeros_f32(g.n * g.o * npix, threads);
     if out.is_empty() {
         return Ok(out);
     }
-    let threads = crate::par::threads();
     let image = g.c * g.h * g.w;
     if g.g == 1 {
         let wv = ArrayView2::from_shape((g.o, kdim), &ws[..]).map_err(|e| e.to_string())?;

@@ -19,7 +19,7 @@
 //!   arguments are all constants (ops are pure); [`run`] and friends use a fresh executor.
 //! - A `conv2d` followed by an inference `batch_norm`, a per-channel `add` (+ `relu`) or a
 //!   `relu`, each reading only the previous result, runs as one fused kernel when the values
-//!   allow it (see [`crate::fuse`]); the result is bit-identical to running the bindings one
+//!   allow it (see `fuse.rs`); the result is bit-identical to running the bindings one
 //!   by one, which is what happens otherwise.
 //! - The result is deterministic: the same module and arguments give bit-identical output.
 //! - Errors (never panics) name the function and var where they happened, innermost last.

@@ -109,8 +109,8 @@ pub(crate) fn batch_norm(
         && let Some(xs) = x.as_f32()
     {
         let (m, inv, sc, sh) = bn_affine(gamma, beta, mean, var, c, a)?;
-        let mut out = vec![0.0f32; xs.len()];
         let t = crate::par::threads_for(xs.len(), 1 << 16);
+        let mut out = crate::par::zeros_f32(xs.len(), t);
         let rows = (1usize << 14).div_ceil(inner.max(1)) * inner.max(1);
         crate::par::for_each_chunk_mut(&mut out, rows, t, |off, chunk| {
             for (k, dst) in chunk.chunks_mut(inner.max(1)).enumerate() {
@@ -384,7 +384,7 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
                 (lo.min(hi), hi, x0)
             })
             .collect();
-        let mut out = vec![0.0f32; n * c * plane_out];
+        let mut out = crate::par::zeros_f32(n * c * plane_out, t);
         crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
             let base = off / plane_out.max(1) * h * w;
             let src = &xs[base..base + h * w];

@@ -12,7 +12,7 @@
 //!   element ranges), never across a reduction, and every output is computed by the same
 //!   arithmetic whichever thread computes it: results are bit-identical for every thread
 //!   count (asserted by `backends/cpu/tests/threads.rs`).
-//! - [`run_tasks`] runs a list of tasks on a kept pool of `n` worker threads (rayon; one pool
+//! - `run_tasks` runs a list of tasks on a kept pool of `n` worker threads (rayon; one pool
 //!   per thread count, made on first use) and returns the error of the first failing task in
 //!   task order. With one thread or one task it runs them in order on the calling thread.
 //!
@@ -147,6 +147,21 @@ where
     let results: Vec<Result<(), E>> =
         pool.install(|| tasks.into_par_iter().with_max_len(1).map(&f).collect());
     results.into_iter().collect()
+}
+
+/// `n` zeros, written by up to `threads` threads when `n` is large (an output buffer the
+/// kernel then overwrites: zeroing it alone would be a serial pass over memory).
+pub(crate) fn zeros_f32(n: usize, threads: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let t = threads.min(n / (1 << 18)).max(1);
+    match (t > 1).then(|| pool(t)).flatten() {
+        Some(p) => p.install(|| {
+            let mut v = Vec::with_capacity(n);
+            v.par_extend(rayon::iter::repeat_n(0.0f32, n));
+            v
+        }),
+        None => vec![0.0; n],
+    }
 }
 
 /// Splits `out` into chunks of `chunk` elements (the last may be shorter) and runs
