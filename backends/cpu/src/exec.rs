@@ -196,7 +196,8 @@ pub struct CallProfile {
 
 /// [`run`], also timing every call of a module function (composites, fused functions,
 /// codegen wrappers) and every op call (wherever it is: an op inside a fused function counts
-/// for both) made while running. Profiles are sorted by total time, largest first.
+/// for both) made while running; a fused chain counts under its joined name, the function
+/// call it takes in included. Profiles are sorted by total time, largest first.
 pub fn run_profiled(
     module: &Module,
     func: &str,
