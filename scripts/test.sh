@@ -73,6 +73,8 @@ cargo run --quiet --locked -- show examples/conv2d_relu.relax > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --fuse-ops --emit json > /dev/null
 cargo run --quiet --locked -- partition examples/conv2d_relu.relax --fuse-ops --fuse-opt-level 1 --max-depth 8 > /dev/null
 smoke_out="$(mktemp -d)"
+# The README's main-job command (the bundled small CNN, default config, partition report, check).
+cargo run --quiet --release --locked -- run examples/small_cnn.relax --config configs/cpu.toml --check --output-dir "$smoke_out"
 cargo run --quiet --locked -- run examples/conv2d_bias_relu_x2.relax --config configs/plugin-example.toml --check --output-dir "$smoke_out" > /dev/null
 cargo run --quiet --locked -- run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --check --timings --output-dir "$smoke_out" > /dev/null
 cargo run --quiet --locked -- run examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --check --profile --output-dir "$smoke_out" > /dev/null

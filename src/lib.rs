@@ -89,18 +89,24 @@ pub fn pipeline(config: Config) -> Result<BackendPipeline> {
 /// downloaded, a device artifact gets values as they are. The result may hold device
 /// values; [`Value::to_host`] downloads them (as `fusebox run` does for its outputs).
 pub fn execute(plan: &Plan, func: &str, args: Vec<Value>) -> Result<Value> {
+    execute_with(&fusebox_cpu::Executor::new(), plan, func, args)
+}
+
+/// [`execute`] on a kept CPU [`fusebox_cpu::Executor`], so constants are decoded once across
+/// repeated runs.
+pub fn execute_with(
+    ex: &fusebox_cpu::Executor,
+    plan: &Plan,
+    func: &str,
+    args: Vec<Value>,
+) -> Result<Value> {
     let hook = |name: &str, vals: &[Value]| {
         plan.artifacts.get(name).map(|a| match a.placement() {
             Placement::Device => a.run(vals),
             Placement::Host => a.run(&host_args(vals)?),
         })
     };
-    Ok(fusebox_cpu::run_with(
-        &plan.module,
-        func,
-        args,
-        Some(&hook),
-    )?)
+    Ok(ex.run(&plan.module, func, args, Some(&hook))?)
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename.

@@ -4,9 +4,14 @@
 //! Contract:
 //!
 //! - Pipeline: import (ONNX) or parse (text) → optional pattern table (FuseOpsByPattern, as
-//!   `partition --patterns`) → FuseOps (opt level 2) → `fusebox_cpu::run` on `main`; or, with
+//!   `partition --patterns`) → FuseOps (opt level 2) → a `fusebox_cpu::Executor` on `main`
+//!   (constants decoded in the warm-up run and reused; kernels on `FUSEBOX_THREADS` threads,
+//!   an invalid value being an error); or, with
 //!   `--config`, the config's backend pipeline (patterns of every backend, claims, compile),
-//!   each claimed function run by its backend's artifact and the rest by the CPU reference.
+//!   each claimed function run by its backend's artifact and the rest by the CPU reference;
+//!   then the partition report goes to stdout first: `partition: N function(s), M op(s) left
+//!   in main ...`, one line per function (name, backend, ops) and one for the ops left in
+//!   `main` (backend `reference`).
 //! - Inputs: `--input NAME=PATH.npy` (NAME is the parameter's name, or the ONNX input name before
 //!   sanitizing); parameters not given get uniform random values in [-1, 1] from `--seed`
 //!   (integers: 0 or 1; symbolic dims not fixed by a given input are 1). `.npy` dtypes: f16,
@@ -84,11 +89,13 @@ fn run_with_backends(
     let t = Instant::now();
     let plan = pipeline.run(module)?;
     let compile_ms = ms(t);
+    print_partition(&plan);
     let args = make_args(module, &a.inputs, a.seed)?;
     // The outputs are downloaded inside the timed run: a device result is not done until it
-    // is on the host.
+    // is on the host. One executor for all runs: constants are decoded once.
+    let ex = fusebox_cpu::Executor::new();
     let exec = |args: Vec<Value>| -> Result<Value, Error> {
-        match fusebox::execute(&plan, "main", args) {
+        match fusebox::execute_with(&ex, &plan, "main", args) {
             Ok(v) => Ok(v.to_host()?),
             Err(fusebox::Error::Cpu(e)) => Err(rt(e)),
             Err(fusebox::Error::Core(e)) => Err(e),
@@ -105,13 +112,8 @@ fn run_with_backends(
     let run_ms = times[times.len() / 2];
     let outs = flatten(out);
     write_outputs(&a.output_dir, names, &outs)?;
-    for c in &plan.claims {
-        if let Some(b) = &c.backend {
-            eprintln!("backend {b}: {}", c.function);
-        }
-    }
     if a.check {
-        let want = flatten(fusebox_cpu::run(module, "main", args).map_err(rt)?);
+        let want = flatten(ex.run(module, "main", args, None).map_err(rt)?);
         compare_outputs(&want, &outs, names)?;
         println!(
             "check: {} output(s) match the unpartitioned module",
@@ -127,8 +129,39 @@ fn run_with_backends(
     Ok(())
 }
 
+/// The partition report of `--config` on stdout: each function with the backend that runs it
+/// and its ops, then the ops left in `main` (run by the CPU reference executor).
+fn print_partition(plan: &fusebox_core::backend::pipeline::Plan) {
+    let report = plan.report();
+    let main_ops: Vec<&str> = report
+        .main
+        .iter()
+        .filter_map(|e| e.strip_prefix("op:"))
+        .collect();
+    println!(
+        "partition: {} function(s), {} op(s) left in main (run by the CPU reference executor)",
+        report.functions.len(),
+        main_ops.len()
+    );
+    let rows: Vec<(&str, &str, String)> = report
+        .functions
+        .iter()
+        .map(|f| {
+            let backend = f.backend.as_deref().unwrap_or("reference");
+            (f.name.as_str(), backend, f.ops.join(", "))
+        })
+        .chain((!main_ops.is_empty()).then(|| ("main", "reference", main_ops.join(", "))))
+        .collect();
+    let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    for (name, backend, ops) in rows {
+        println!("  {name:w0$}  {backend:w1$}  {ops}");
+    }
+}
+
 /// Runs the command.
 pub fn run(a: RunArgs) -> Result<(), Error> {
+    fusebox_cpu::par::env_threads().map_err(Error::Invalid)?;
     let t = Instant::now();
     let is_onnx = a.file.extension().is_some_and(|e| e == "onnx");
     let module = if is_onnx {
@@ -160,18 +193,21 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
     let partition_ms = ms(t);
 
     let args = make_args(&module, &a.inputs, a.seed)?;
-    // One warm-up, then `repeat` timed runs.
-    let mut out = fusebox_cpu::run(&part, "main", args.clone()).map_err(rt)?;
+    // One warm-up (which also decodes the constants), then `repeat` timed runs.
+    let ex = fusebox_cpu::Executor::new();
+    let mut out = ex.run(&part, "main", args.clone(), None).map_err(rt)?;
     let mut times = Vec::new();
     let mut profile = Vec::new();
     for _ in 0..a.repeat.max(1) {
         let t = Instant::now();
         if a.profile {
-            let (v, p) = fusebox_cpu::run_profiled(&part, "main", args.clone()).map_err(rt)?;
+            let (v, p) = ex
+                .run_profiled(&part, "main", args.clone(), None)
+                .map_err(rt)?;
             out = v;
             profile = p;
         } else {
-            out = fusebox_cpu::run(&part, "main", args.clone()).map_err(rt)?;
+            out = ex.run(&part, "main", args.clone(), None).map_err(rt)?;
         }
         times.push(ms(t));
     }
@@ -181,7 +217,7 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
     let outs = flatten(out);
     write_outputs(&a.output_dir, &names, &outs)?;
     if a.check {
-        let want = flatten(fusebox_cpu::run(&module, "main", args).map_err(rt)?);
+        let want = flatten(ex.run(&module, "main", args, None).map_err(rt)?);
         compare_outputs(&want, &outs, &names)?;
         println!(
             "check: {} output(s) match the unpartitioned module",

@@ -346,7 +346,12 @@ fn bad_configs_are_positioned_errors() {
     );
     fails_with(
         "option.toml",
-        "[[backend]]\nname = \"cpu\"\n[backend.options]\nthreads = 4\n",
-        "unknown option of backend `cpu` `threads`",
+        "[[backend]]\nname = \"cpu\"\n[backend.options]\ntile = 4\n",
+        "unknown option of backend `cpu` `tile`",
+    );
+    fails_with(
+        "threads.toml",
+        "[[backend]]\nname = \"cpu\"\n[backend.options]\nthreads = 0\n",
+        "option `threads`: expected an integer from 1 to 256, found 0",
     );
 }

@@ -1,8 +1,11 @@
 //! The `cpu` backend: claims every function and runs it with the reference interpreter.
 //!
-//! Contract: registered as `cpu` with `inventory::submit!`; takes no options (any option is an
-//! error naming it); has no patterns; [`CpuBackend::claim`] accepts everything; `compile` keeps
-//! the function with its callees as a standalone module and runs it with [`crate::run`].
+//! Contract: registered as `cpu` with `inventory::submit!`; takes one option, `threads` (an
+//! integer from 1 to [`crate::par::MAX_THREADS`]: the thread count of the CPU kernels in this
+//! process, as `FUSEBOX_THREADS` but winning over it; any other option or value is an error
+//! naming it); has no patterns; [`CpuBackend::claim`] accepts everything; `compile` keeps the
+//! function with its callees as a standalone module and runs it with a [`crate::Executor`]
+//! of its own (constants decoded once, on the first run).
 //!
 //! ```
 //! // Linked through the facade's `fusebox_cpu::link()`:
@@ -22,7 +25,21 @@ use fusebox_core::transform::FusionPattern;
 pub struct CpuBackend;
 
 fn make(options: &toml::Table) -> fusebox_core::Result<Box<dyn Backend>> {
-    check_options("cpu", options, &[])?;
+    check_options("cpu", options, &["threads"])?;
+    if let Some(v) = options.get("threads") {
+        let n = v
+            .as_integer()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| (1..=crate::par::MAX_THREADS).contains(n))
+            .ok_or_else(|| fusebox_core::Error::Backend {
+                backend: "cpu".into(),
+                message: format!(
+                    "option `threads`: expected an integer from 1 to {}, found {v}",
+                    crate::par::MAX_THREADS
+                ),
+            })?;
+        crate::par::set_threads(Some(n));
+    }
     Ok(Box::new(CpuBackend))
 }
 
@@ -44,6 +61,7 @@ impl Backend for CpuBackend {
         Ok(Box::new(CpuArtifact {
             module: c.standalone_module(),
             name: c.name.to_string(),
+            exec: crate::Executor::new(),
         }))
     }
 }
@@ -52,15 +70,16 @@ impl Backend for CpuBackend {
 struct CpuArtifact {
     module: Module,
     name: String,
+    exec: crate::Executor,
 }
 
 impl Artifact for CpuArtifact {
     fn run(&self, args: &[Value]) -> fusebox_core::Result<Value> {
-        crate::run(&self.module, &self.name, args.to_vec()).map_err(|e| {
-            fusebox_core::Error::Backend {
+        self.exec
+            .run(&self.module, &self.name, args.to_vec(), None)
+            .map_err(|e| fusebox_core::Error::Backend {
                 backend: "cpu".into(),
                 message: e.to_string(),
-            }
-        })
+            })
     }
 }

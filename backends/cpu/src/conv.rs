@@ -1,11 +1,23 @@
 //! `conv2d` in any permutation of `NCHW` (data, output) and `OIHW` (kernel), with strides,
-//! padding (top, left, bottom, right), dilation and groups.
+//! padding (top, left, bottom, right), dilation and groups; and [`conv2d_fused`], the same
+//! convolution with a per-output-channel epilogue ([`Step`]s: inference `batch_norm`, a
+//! per-channel bias `add`, `relu`) applied while each output tile is in cache.
 //!
-//! The data and kernel are brought to `NCHW`/`OIHW`, each (image, group) is lowered with
-//! im2col to a `(C/g · KH · KW) × (OH · OW)` matrix and multiplied by the group's
-//! `(O/g) × (C/g · KH · KW)` weights with matrixmultiply's sgemm (see `matmul.rs`), and the
-//! result is brought to `out_layout`. Float dtypes compute in `f32` (`float64` too) and round
-//! once to `out_dtype` (default: the data's dtype); integer inputs are an error.
+//! Contract:
+//!
+//! - The data and kernel are brought to `NCHW`/`OIHW`. Per (image, group) the convolution is
+//!   a GEMM `(O/g) × (C/g · KH · KW)` weights by a `(C/g · KH · KW) × (OH · OW)` matrix: the
+//!   data itself for a 1×1 kernel with stride 1 and no padding, else its im2col lowering
+//!   (built into a reused per-thread buffer, its rows spread over the threads). The GEMM is
+//!   [`crate::matmul::gemm_f32_tiled`] (matrixmultiply's sgemm on tiles of the output, spread
+//!   over [`crate::par::threads`]); a grouped convolution spreads its groups instead. The
+//!   result is bit-identical for every thread count.
+//! - Float dtypes compute in `f32` (`float64` too) and round once to `out_dtype` (default: the
+//!   data's dtype); integer inputs are an error.
+//! - Each [`Step`] repeats the arithmetic of the op it replaces element by element (`f64` for
+//!   `batch_norm`, `f32` for `add` in its operand order, `relu` keeping NaN), so a fused
+//!   result is bit-identical to running the ops one by one. [`conv2d_fused`] needs a
+//!   `float32` result in `NCHW`; the executor checks that before fusing.
 //!
 //! ```text
 //! y: R.Tensor((1, 8, 16, 16), dtype="float32") = R.nn.conv2d(x, w, strides=[1, 1],
@@ -13,52 +25,146 @@
 //!     kernel_layout="OIHW", out_layout="NCHW", out_dtype=None)
 //! ```
 
-use crate::matmul::gemm_f32;
+use crate::matmul::gemm_f32_tiled;
 use crate::nn::layout4;
 use crate::util::{KResult, from_canonical, tensor, to_canonical};
+use fusebox_core::ir::DType;
 use fusebox_core::op::Conv2dAttrs;
 use fusebox_core::runtime::{Storage, Tensor};
+use ndarray::{ArrayView2, ArrayViewMut2};
+use std::borrow::Cow;
+use std::cell::RefCell;
+
+/// One per-output-channel operation of a fused convolution's epilogue.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Step {
+    /// Inference `batch_norm`: `((x as f64 - mean) * inv * scale + shift) as f32`, per channel.
+    Affine {
+        mean: Vec<f64>,
+        inv: Vec<f64>,
+        scale: Vec<f64>,
+        shift: Vec<f64>,
+    },
+    /// `add` of a per-channel value, `x + b` (`b + x` when `bias_first`).
+    Bias { b: Vec<f32>, bias_first: bool },
+    /// `relu` (NaN stays NaN; negatives and `-0.0` become `+0.0`).
+    Relu,
+}
+
+impl Step {
+    /// The number of channels the step has values for (`None`: any).
+    pub(crate) fn channels(&self) -> Option<usize> {
+        match self {
+            Step::Affine { mean, .. } => Some(mean.len()),
+            Step::Bias { b, .. } => Some(b.len()),
+            Step::Relu => None,
+        }
+    }
+}
+
+/// `relu` as a select (NaN stays NaN; negatives and `-0.0` become `+0.0`), which vectorises.
+#[inline]
+fn relu(v: f32) -> f32 {
+    if v > 0.0 || v.is_nan() { v } else { 0.0 }
+}
+
+/// Applies `steps` to `row`, whose elements all belong to output channel `ch`. An affine map
+/// followed by a `relu` runs as one loop (the same operations per element).
+fn apply_steps(steps: &[Step], ch: usize, row: &mut [f32]) {
+    let mut i = 0;
+    while let Some(s) = steps.get(i) {
+        let then_relu = steps.get(i + 1) == Some(&Step::Relu);
+        match s {
+            Step::Affine {
+                mean,
+                inv,
+                scale,
+                shift,
+            } => {
+                let (m, k, sc, sh) = (mean[ch], inv[ch], scale[ch], shift[ch]);
+                let f = |v: f32| ((f64::from(v) - m) * k * sc + sh) as f32;
+                if then_relu {
+                    row.iter_mut().for_each(|v| *v = relu(f(*v)));
+                    i += 1;
+                } else {
+                    row.iter_mut().for_each(|v| *v = f(*v));
+                }
+            }
+            Step::Bias { b, bias_first } => {
+                let b = b[ch];
+                // `add(b, x)` keeps its operand order (the same NaN payload, too).
+                #[allow(
+                    clippy::if_same_then_else,
+                    reason = "the operand order matters for NaN"
+                )]
+                let f = |v: f32| if *bias_first { b + v } else { v + b };
+                if then_relu {
+                    row.iter_mut().for_each(|v| *v = relu(f(*v)));
+                    i += 1;
+                } else {
+                    row.iter_mut().for_each(|v| *v = f(*v));
+                }
+            }
+            Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
+        }
+        i += 1;
+    }
+}
 
 fn pos(v: i64, what: &str) -> KResult<usize> {
     usize::try_from(v).map_err(|_| format!("invalid {what} {v}"))
 }
 
-/// `conv2d(x, w)`.
-pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor> {
-    if x.rank() != 4 || w.rank() != 4 {
-        return Err(format!(
-            "expected 4-D data and weight, found {:?} and {:?}",
-            x.shape(),
-            w.shape()
-        ));
+/// The sizes of one convolution (canonical layouts).
+#[derive(Clone, Copy, Debug)]
+struct Geom {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    ci: usize,
+    kh: usize,
+    kw: usize,
+    g: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    pt: usize,
+    pl: usize,
+    oh: usize,
+    ow: usize,
+}
+
+impl Geom {
+    fn kdim(&self) -> usize {
+        self.ci * self.kh * self.kw
     }
-    for (t, what) in [(x, "data"), (w, "weight")] {
-        if !t.dtype().is_float() {
-            return Err(format!(
-                "expected {what} to have a float dtype, found {}",
-                t.dtype()
-            ));
-        }
+    fn npix(&self) -> usize {
+        self.oh * self.ow
     }
-    if a.out_dtype.is_none() && x.dtype() != w.dtype() {
-        return Err(format!(
-            "expected data and weight of the same dtype, found {} and {}",
-            x.dtype(),
-            w.dtype()
-        ));
+    /// A 1×1 kernel, stride 1, no padding: the data is the GEMM's right operand as it is.
+    fn direct(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.sh == 1
+            && self.sw == 1
+            && self.pt == 0
+            && self.pl == 0
+            && self.oh == self.h
+            && self.ow == self.w
     }
-    let out_dtype = a.out_dtype.unwrap_or(x.dtype());
-    let xc = to_canonical(x, layout4(&a.data_layout, "NCHW")?);
-    let wc = to_canonical(w, layout4(&a.kernel_layout, "OIHW")?);
-    let op = layout4(&a.out_layout, "NCHW")?;
-    let (n, c, h, wd) = (xc.shape()[0], xc.shape()[1], xc.shape()[2], xc.shape()[3]);
-    let (o, ci, kh, kw) = (wc.shape()[0], wc.shape()[1], wc.shape()[2], wc.shape()[3]);
+}
+
+fn geometry(x: &[usize], wt: &[usize], a: &Conv2dAttrs) -> KResult<Geom> {
+    let (n, c, h, wd) = (x[0], x[1], x[2], x[3]);
+    let (o, ci, kh, kw) = (wt[0], wt[1], wt[2], wt[3]);
     let g = pos(a.groups, "groups")?;
     if g == 0 || ci * g != c || o % g != 0 {
         return Err(format!(
-            "data has {c} channels and the weight {:?} with groups={g}: expected C = I * groups \
-             and O divisible by groups",
-            wc.shape()
+            "data has {c} channels and the weight {wt:?} with groups={g}: expected C = I * \
+             groups and O divisible by groups"
         ));
     }
     let [sh, sw] = [pos(a.strides[0], "stride")?, pos(a.strides[1], "stride")?];
@@ -85,46 +191,329 @@ pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor>
         ));
     }
     let (oh, ow) = ((ph - ekh) / sh + 1, (pw - ekw) / sw + 1);
-    let xs = xc.to_f32_vec();
-    let ws = wc.to_f32_vec();
-    let og = o / g;
-    let kdim = ci * kh * kw;
-    let npix = oh * ow;
-    let mut out = vec![0.0f32; n * o * npix];
-    let mut col = vec![0.0f32; kdim * npix];
-    for img in 0..n {
-        for grp in 0..g {
-            // im2col: row (ch, ky, kx), column (oy, ox).
-            for ch in 0..ci {
-                let plane = &xs[((img * c) + grp * ci + ch) * h * wd..][..h * wd];
-                for ky in 0..kh {
-                    for kx in 0..kw {
-                        let row = &mut col[((ch * kh + ky) * kw + kx) * npix..][..npix];
-                        for oy in 0..oh {
-                            let y = (oy * sh + ky * dh) as isize - pt as isize;
-                            let dst = &mut row[oy * ow..(oy + 1) * ow];
-                            if y < 0 || y >= h as isize {
-                                dst.iter_mut().for_each(|v| *v = 0.0);
-                                continue;
-                            }
-                            let src = &plane[y as usize * wd..][..wd];
-                            for (ox, d) in dst.iter_mut().enumerate() {
-                                let xx = (ox * sw + kx * dw) as isize - pl as isize;
-                                *d = if xx < 0 || xx >= wd as isize {
-                                    0.0
-                                } else {
-                                    src[xx as usize]
-                                };
+    Ok(Geom {
+        n,
+        c,
+        h,
+        w: wd,
+        o,
+        ci,
+        kh,
+        kw,
+        g,
+        sh,
+        sw,
+        dh,
+        dw,
+        pt,
+        pl,
+        oh,
+        ow,
+    })
+}
+
+/// Checks the operands and returns the canonical data, weight, output layout and dtype.
+fn prepare(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Conv2dAttrs,
+) -> KResult<(Tensor, Tensor, [usize; 4], DType, Geom)> {
+    if x.rank() != 4 || w.rank() != 4 {
+        return Err(format!(
+            "expected 4-D data and weight, found {:?} and {:?}",
+            x.shape(),
+            w.shape()
+        ));
+    }
+    for (t, what) in [(x, "data"), (w, "weight")] {
+        if !t.dtype().is_float() {
+            return Err(format!(
+                "expected {what} to have a float dtype, found {}",
+                t.dtype()
+            ));
+        }
+    }
+    if a.out_dtype.is_none() && x.dtype() != w.dtype() {
+        return Err(format!(
+            "expected data and weight of the same dtype, found {} and {}",
+            x.dtype(),
+            w.dtype()
+        ));
+    }
+    let out_dtype = a.out_dtype.unwrap_or(x.dtype());
+    let xc = to_canonical(x, layout4(&a.data_layout, "NCHW")?);
+    let wc = to_canonical(w, layout4(&a.kernel_layout, "OIHW")?);
+    let op = layout4(&a.out_layout, "NCHW")?;
+    let geom = geometry(xc.shape(), wc.shape(), a)?;
+    Ok((xc, wc, op, out_dtype, geom))
+}
+
+/// `conv2d(x, w)`.
+pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor> {
+    let (xc, wc, op, out_dtype, geom) = prepare(x, w, a)?;
+    let out = compute(&xc, &wc, &geom, &[])?;
+    let t = tensor(
+        vec![geom.n, geom.o, geom.oh, geom.ow],
+        Storage::from_f32(out_dtype, out),
+    )?;
+    Ok(from_canonical(&t, op))
+}
+
+/// Whether [`conv2d_fused`] can run this convolution: a `float32` result in `NCHW`.
+pub(crate) fn fusable(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> bool {
+    a.out_dtype.unwrap_or(x.dtype()) == DType::F32
+        && (a.out_dtype.is_some() || x.dtype() == w.dtype())
+        && layout4(&a.out_layout, "NCHW").is_ok_and(|p| p == [0, 1, 2, 3])
+}
+
+/// The `NCHW` output shape of `conv2d(x, w)`.
+pub(crate) fn out_shape(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<[usize; 4]> {
+    if x.rank() != 4 || w.rank() != 4 {
+        return Err("expected 4-D data and weight".to_string());
+    }
+    let (xp, wp) = (
+        layout4(&a.data_layout, "NCHW")?,
+        layout4(&a.kernel_layout, "OIHW")?,
+    );
+    let xs: Vec<usize> = xp.iter().map(|&p| x.shape()[p]).collect();
+    let ws: Vec<usize> = wp.iter().map(|&p| w.shape()[p]).collect();
+    let g = geometry(&xs, &ws, a)?;
+    Ok([g.n, g.o, g.oh, g.ow])
+}
+
+/// `conv2d(x, w)` followed by `steps` on every output element (see the module doc).
+pub(crate) fn conv2d_fused(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Conv2dAttrs,
+    steps: &[Step],
+) -> KResult<Tensor> {
+    if !fusable(x, w, a) {
+        return Err("a fused conv2d needs a float32 result in NCHW".to_string());
+    }
+    let (xc, wc, _, _, geom) = prepare(x, w, a)?;
+    if let Some(s) = steps
+        .iter()
+        .find(|s| s.channels().is_some_and(|c| c != geom.o))
+    {
+        return Err(format!(
+            "the epilogue has values for {:?} channels, the convolution has {}",
+            s.channels(),
+            geom.o
+        ));
+    }
+    let out = compute(&xc, &wc, &geom, steps)?;
+    tensor(vec![geom.n, geom.o, geom.oh, geom.ow], Storage::F32(out))
+}
+
+/// The elements of a float tensor as `f32`, borrowed when they already are.
+fn f32s(t: &Tensor) -> Cow<'_, [f32]> {
+    match t.as_f32() {
+        Some(v) => Cow::Borrowed(v),
+        None => Cow::Owned(t.to_f32_vec()),
+    }
+}
+
+thread_local! {
+    /// The im2col buffer of the calling thread, kept between calls.
+    static COLUMNS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The convolution in canonical layouts, with the epilogue, as `f32` `N × O × OH × OW`.
+fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f32>> {
+    let xs = f32s(xc);
+    let ws = f32s(wc);
+    let (kdim, npix) = (g.kdim(), g.npix());
+    let og = g.o / g.g;
+    let threads = crate::par::threads();
+    let mut out = crate::par::zeros_f32(g.n * g.o * npix, threads);
+    if out.is_empty() {
+        return Ok(out);
+    }
+    let image = g.c * g.h * g.w;
+    if g.g == 1 {
+        let wv = ArrayView2::from_shape((g.o, kdim), &ws[..]).map_err(|e| e.to_string())?;
+        let ep = |row: usize, _col: usize, r: &mut [f32]| apply_steps(steps, row, r);
+        let ep: crate::matmul::Epilogue<'_> = &ep;
+        let epilogue = (!steps.is_empty()).then_some(ep);
+        for (img, dst) in out.chunks_mut(g.o * npix).enumerate() {
+            let x_img = &xs[img * image..(img + 1) * image];
+            let cv = ArrayViewMut2::from_shape((g.o, npix), dst).map_err(|e| e.to_string())?;
+            if g.direct() {
+                let bv = ArrayView2::from_shape((kdim, npix), x_img).map_err(|e| e.to_string())?;
+                gemm_f32_tiled(wv, bv, cv, threads, epilogue)?;
+            } else {
+                let mut col = COLUMNS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+                col.resize(kdim * npix, 0.0);
+                let rows_per_task = (64 * 1024 / npix.max(1)).max(1);
+                let t = crate::par::threads_for(kdim * npix, 64 * 1024).min(threads);
+                crate::par::for_each_chunk_mut(&mut col, rows_per_task * npix, t, |off, chunk| {
+                    im2col_rows(x_img, g, off / npix, chunk);
+                });
+                let bv = ArrayView2::from_shape((kdim, npix), &col[..]).map_err(|e| e.to_string());
+                let r = bv.and_then(|bv| gemm_f32_tiled(wv, bv, cv, threads, epilogue));
+                COLUMNS.with(|c| *c.borrow_mut() = col);
+                r?;
+            }
+        }
+        return Ok(out);
+    }
+    // Grouped: the (image, group) pairs are the tasks, each a serial GEMM into its own rows.
+    let tasks: Vec<(usize, &mut [f32])> = out.chunks_mut(og * npix).enumerate().collect();
+    let work = g.n * g.o * kdim * npix;
+    let t = crate::par::threads_for(work, 1 << 20).min(threads);
+    crate::par::run_tasks(tasks, t, |(k, dst)| {
+        let (img, grp) = (k / g.g, k % g.g);
+        let x_grp = &xs[img * image + grp * g.ci * g.h * g.w..][..g.ci * g.h * g.w];
+        let wg = &ws[grp * og * kdim..(grp + 1) * og * kdim];
+        let wv = ArrayView2::from_shape((og, kdim), wg).map_err(|e| e.to_string())?;
+        let cv = ArrayViewMut2::from_shape((og, npix), dst).map_err(|e| e.to_string())?;
+        let ep = |row: usize, _col: usize, r: &mut [f32]| apply_steps(steps, grp * og + row, r);
+        let ep: crate::matmul::Epilogue<'_> = &ep;
+        let epilogue = (!steps.is_empty()).then_some(ep);
+        if g.direct() {
+            let bv = ArrayView2::from_shape((kdim, npix), x_grp).map_err(|e| e.to_string())?;
+            gemm_f32_tiled(wv, bv, cv, 1, epilogue)
+        } else {
+            let mut col = vec![0.0f32; kdim * npix];
+            im2col_rows(x_grp, g, 0, &mut col);
+            let bv = ArrayView2::from_shape((kdim, npix), &col[..]).map_err(|e| e.to_string())?;
+            gemm_f32_tiled(wv, bv, cv, 1, epilogue)
+        }
+    })?;
+    Ok(out)
+}
+
+/// Fills `rows` (whole rows of the im2col matrix, starting at row `first`) from the channels
+/// of one (image, group) `x` (`ci × h × w`): row `(ch, ky, kx)`, column `(oy, ox)`, zero where
+/// the window is in the padding.
+fn im2col_rows(x: &[f32], g: &Geom, first: usize, rows: &mut [f32]) {
+    let npix = g.npix();
+    let (h, w, ow) = (g.h as isize, g.w as isize, g.ow);
+    for (i, row) in rows.chunks_mut(npix).enumerate() {
+        let r = first + i;
+        let (ch, ky, kx) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
+        let plane = &x[ch * g.h * g.w..(ch + 1) * g.h * g.w];
+        // Columns ox whose input column ix = ox * sw + kx * dw - pl lies in 0..w.
+        let x0 = (kx * g.dw) as isize - g.pl as isize;
+        let sw = g.sw as isize;
+        let lo = if x0 >= 0 {
+            0
+        } else {
+            ((-x0 + sw - 1) / sw) as usize
+        };
+        let hi = if w - 1 - x0 < 0 {
+            0
+        } else {
+            (((w - 1 - x0) / sw) as usize + 1).min(ow)
+        };
+        let lo = lo.min(hi);
+        for (oy, dst) in row.chunks_mut(ow).enumerate() {
+            let y = (oy * g.sh + ky * g.dh) as isize - g.pt as isize;
+            if y < 0 || y >= h {
+                dst.fill(0.0);
+                continue;
+            }
+            let src = &plane[y as usize * g.w..(y as usize + 1) * g.w];
+            dst[..lo].fill(0.0);
+            dst[hi..].fill(0.0);
+            let start = (lo as isize * sw + x0) as usize;
+            if g.sw == 1 {
+                dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
+            } else {
+                for (d, s) in dst[lo..hi]
+                    .iter_mut()
+                    .zip(src[start..].iter().step_by(g.sw))
+                {
+                    *d = *s;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::*;
+
+    /// The direct definition, for comparison.
+    fn naive(x: &[f32], wt: &[f32], g: &Geom) -> Vec<f32> {
+        let og = g.o / g.g;
+        let mut out = vec![0.0f32; g.n * g.o * g.npix()];
+        for img in 0..g.n {
+            for oc in 0..g.o {
+                let grp = oc / og;
+                for oy in 0..g.oh {
+                    for ox in 0..g.ow {
+                        let mut acc = 0.0f64;
+                        for ch in 0..g.ci {
+                            for ky in 0..g.kh {
+                                for kx in 0..g.kw {
+                                    let y = (oy * g.sh + ky * g.dh) as isize - g.pt as isize;
+                                    let xx = (ox * g.sw + kx * g.dw) as isize - g.pl as isize;
+                                    if y < 0 || xx < 0 || y >= g.h as isize || xx >= g.w as isize {
+                                        continue;
+                                    }
+                                    let xi = ((img * g.c + grp * g.ci + ch) * g.h + y as usize)
+                                        * g.w
+                                        + xx as usize;
+                                    let wi = ((oc * g.ci + ch) * g.kh + ky) * g.kw + kx;
+                                    acc += f64::from(x[xi]) * f64::from(wt[wi]);
+                                }
                             }
                         }
+                        out[((img * g.o + oc) * g.oh + oy) * g.ow + ox] = acc as f32;
                     }
                 }
             }
-            let wg = &ws[grp * og * kdim..(grp + 1) * og * kdim];
-            let dst = &mut out[(img * o + grp * og) * npix..][..og * npix];
-            gemm_f32(og, kdim, npix, wg, &col, dst)?;
+        }
+        out
+    }
+
+    #[test]
+    fn matches_the_definition_for_strides_padding_dilation_groups() {
+        type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
+        let cases: [Case; 6] = [
+            // n, c, h, w, o, k, stride, pad, dilation, groups
+            (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
+            (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
+            (1, 4, 7, 9, 4, 3, 1, 2, 2, 4),
+            (1, 8, 5, 5, 16, 1, 1, 0, 1, 1),
+            (1, 8, 6, 6, 16, 1, 2, 0, 1, 1),
+            (1, 3, 11, 13, 5, 5, 3, 2, 1, 1),
+        ];
+        for (n, c, h, w, o, k, s, p, d, gr) in cases {
+            let xs: Vec<f32> = (0..n * c * h * w)
+                .map(|i| ((i * 37) % 17) as f32 - 8.0)
+                .collect();
+            let ci = c / gr as usize;
+            let ws: Vec<f32> = (0..o * ci * k * k)
+                .map(|i| ((i * 11) % 7) as f32 - 3.0)
+                .collect();
+            let x =
+                Tensor::from_f32(vec![n, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let wt =
+                Tensor::from_f32(vec![o, ci, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let a = Conv2dAttrs {
+                strides: [s, s],
+                padding: [p, p, p, p],
+                dilation: [d, d],
+                groups: gr,
+                data_layout: "NCHW".into(),
+                kernel_layout: "OIHW".into(),
+                out_layout: "NCHW".into(),
+                out_dtype: None,
+            };
+            let got = conv2d(&x, &wt, &a).unwrap_or_else(|e| panic!("{e}"));
+            let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
+            // Small integers: every sum is exact, whatever the order.
+            assert_eq!(
+                got.as_f32(),
+                Some(&naive(&xs, &ws, &g)[..]),
+                "case {n} {c} {h} {w} {o} {k} {s} {p} {d} {gr}"
+            );
         }
     }
-    let t = tensor(vec![n, o, oh, ow], Storage::from_f32(out_dtype, out))?;
-    Ok(from_canonical(&t, op))
 }

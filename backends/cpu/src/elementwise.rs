@@ -1,7 +1,9 @@
 //! Elementwise kernels: broadcasting binary arithmetic, unary math and activations, `clip`,
 //! `astype` and inference-mode `dropout`.
 //!
-//! `float32` and `float64` compute natively; `float16`/`bfloat16` compute through `f32` and
+//! `float32` and `float64` compute natively (same-shape `float32` binary ops and `relu` on
+//! large tensors in chunks on [`crate::par::threads`] threads: the same arithmetic per
+//! element); `float16`/`bfloat16` compute through `f32` and
 //! round once per op; integer dtypes compute through `i64` and wrap to their width (integer
 //! `divide` truncates toward zero, and a division by zero is an error); `bool` supports
 //! `add`/`maximum` (or) and `multiply`/`minimum` (and).
@@ -122,6 +124,9 @@ pub(crate) fn binary(op: BinOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
         };
     }
     let data = match (a.storage(), b.storage()) {
+        (Storage::F32(x), Storage::F32(y)) if sa == sb && x.len() >= PAR_MIN => {
+            Storage::F32(par_binary_f32(op, x, y))
+        }
         (Storage::F32(x), Storage::F32(y)) => {
             Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op)))
         }
@@ -158,6 +163,69 @@ pub(crate) fn binary(op: BinOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
         return Err("integer division by zero".to_string());
     }
     tensor(shape, data)
+}
+
+/// Elements from which a same-shape `float32` op runs in chunks on the kernel threads.
+const PAR_MIN: usize = 1 << 15;
+
+/// Elements per chunk (and per thread at least) of the chunked `float32` paths.
+const CHUNK: usize = 1 << 14;
+
+/// `op(x[i], y[i])` for same-shape `float32` operands, in chunks on the kernel threads (each
+/// op's loop compiled on its own, so it vectorises).
+fn par_binary_f32(op: BinOp, x: &[f32], y: &[f32]) -> Vec<f32> {
+    fn run(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+        let t = crate::par::threads_for(x.len(), CHUNK * 2);
+        let mut out = crate::par::zeros_f32(x.len(), t);
+        crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
+            let (xs, ys) = (&x[off..off + c.len()], &y[off..off + c.len()]);
+            for ((d, &p), &q) in c.iter_mut().zip(xs).zip(ys) {
+                *d = f(p, q);
+            }
+        });
+        out
+    }
+    match op {
+        BinOp::Add => run(x, y, |a, b| a + b),
+        BinOp::Sub => run(x, y, |a, b| a - b),
+        BinOp::Mul => run(x, y, |a, b| a * b),
+        BinOp::Div => run(x, y, |a, b| a / b),
+        BinOp::Pow => run(x, y, f32::powf),
+        BinOp::Max => run(x, y, f32::max),
+        BinOp::Min => run(x, y, f32::min),
+    }
+}
+
+/// `relu(add(a, b))` for same-shape `float32` tensors in one pass (the sum rounds to `f32`
+/// first, as the two ops do); `None` for other operands.
+pub(crate) fn add_relu_f32(a: &Tensor, b: &Tensor) -> Option<Tensor> {
+    let (x, y) = (a.as_f32()?, b.as_f32()?);
+    if a.shape() != b.shape() {
+        return None;
+    }
+    let t = crate::par::threads_for(x.len(), CHUNK * 2);
+    let mut out = crate::par::zeros_f32(x.len(), t);
+    crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
+        let (xs, ys) = (&x[off..off + c.len()], &y[off..off + c.len()]);
+        for ((d, &p), &q) in c.iter_mut().zip(xs).zip(ys) {
+            let v = p + q;
+            *d = if v > 0.0 || v.is_nan() { v } else { 0.0 };
+        }
+    });
+    Tensor::new(a.shape().to_vec(), Storage::F32(out)).ok()
+}
+
+/// `relu` of `float32` data, in chunks on the kernel threads.
+fn par_relu_f32(x: &[f32]) -> Vec<f32> {
+    let t = crate::par::threads_for(x.len(), CHUNK * 2);
+    let mut out = crate::par::zeros_f32(x.len(), t);
+    crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
+        let xs = &x[off..off + c.len()];
+        for (d, &v) in c.iter_mut().zip(xs) {
+            *d = if v > 0.0 || v.is_nan() { v } else { 0.0 };
+        }
+    });
+    out
 }
 
 /// A unary float function, given in `f32` and `f64` forms.
@@ -342,6 +410,9 @@ pub(crate) fn sign_op(t: &Tensor, op: SignOp) -> KResult<Tensor> {
     let id32 = |x: f32| x;
     let id64 = |x: f64| x;
     let data = match t.storage() {
+        Storage::F32(v) if op == SignOp::Relu && v.len() >= PAR_MIN => {
+            Storage::F32(par_relu_f32(v))
+        }
         Storage::F32(v) => Storage::F32(float!(v, id32, id32)),
         Storage::F64(v) => Storage::F64(float!(v, id64, id64)),
         Storage::F16(v) => Storage::F16(float!(v, f16::to_f32, f16::from_f32)),

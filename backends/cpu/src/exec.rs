@@ -19,6 +19,13 @@
 //!   and call frame (a second CPU use of the same var reuses the host copy). Calls of module
 //!   and local functions, tuples and the hook get values as they are; the result may be on a
 //!   device (the caller downloads what it wants on the host, see [`Value::to_host`]).
+//! - Constants are decoded once per [`Executor`] (keyed by their shared data buffer, dtype and
+//!   shape) and shared by every later use and run, and so is the result of an op call whose
+//!   arguments are all constants (ops are pure); [`run`] and friends use a fresh executor.
+//! - A `conv2d` followed by an inference `batch_norm`, a per-channel `add` (+ `relu`) or a
+//!   `relu`, each reading only the previous result, runs as one fused kernel when the values
+//!   allow it (see `fuse.rs`); the result is bit-identical to running the bindings one
+//!   by one, which is what happens otherwise.
 //! - The result is deterministic: the same module and arguments give bit-identical output.
 //! - Errors (never panics) name the function and var where they happened, innermost last.
 //!
@@ -36,14 +43,18 @@
 //! `run(&m, "main", vec![x, b])` with `x` of shape `(3, 16)` binds `n = 3`, runs both
 //! bindings (dropping `lv` after `gv`) and returns `gv`.
 
+use crate::fuse;
 use crate::kernels::eval_op;
 use crate::{Error, Result};
+use fusebox_core::ir::DType;
 use fusebox_core::ir::{
     Callee, Dim, ExprId, ExprKind, Function, Module, PrimValue, Sym, Type, VarId,
 };
+use fusebox_core::op::Op;
 use fusebox_core::runtime::{Prim, Tensor, Value, host_args};
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// How deep calls may nest before the executor gives up (a call cycle).
 const MAX_DEPTH: usize = 256;
@@ -51,6 +62,114 @@ const MAX_DEPTH: usize = 256;
 /// Runs function `func` of `module` on `args` and returns its result.
 pub fn run(module: &Module, func: &str, args: Vec<Value>) -> Result<Value> {
     run_with(module, func, args, None)
+}
+
+/// The key of a decoded constant: its data buffer's address and length, dtype and shape.
+type ConstKey = (usize, usize, DType, Vec<i64>);
+
+/// Decoded constants by key, each with the buffer that keeps its address unique.
+type ConstMap = HashMap<ConstKey, (Arc<[u8]>, Tensor)>;
+
+fn const_key(c: &fusebox_core::ir::Constant) -> ConstKey {
+    (
+        c.data.as_ptr() as usize,
+        c.data.len(),
+        c.dtype,
+        c.shape.clone(),
+    )
+}
+
+/// Runs functions of modules, keeping what it decoded (the constants) for later runs: create
+/// one per model and reuse it, as `fusebox run --repeat` and the `cpu` backend's artifacts do.
+#[derive(Default)]
+pub struct Executor {
+    /// Decoded constants; each entry holds its buffer, so the address stays unique.
+    consts: Mutex<ConstMap>,
+    /// Results of op calls whose arguments are all constants (ops are pure).
+    folded: Mutex<HashMap<(Op, Vec<ConstKey>), Value>>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.consts.lock().map_or(0, |c| c.len());
+        write!(f, "Executor {{ {n} constants }}")
+    }
+}
+
+impl Executor {
+    /// An executor with nothing decoded yet.
+    pub fn new() -> Executor {
+        Executor::default()
+    }
+
+    /// [`run_with`], keeping decoded constants in this executor.
+    pub fn run(
+        &self,
+        module: &Module,
+        func: &str,
+        args: Vec<Value>,
+        hook: Option<CallHook<'_>>,
+    ) -> Result<Value> {
+        let f = module
+            .get(func)
+            .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+        Interp {
+            module,
+            hook,
+            profile: None,
+            exec: self,
+        }
+        .call(func, f, args, 0)
+    }
+
+    /// [`run_profiled`], keeping decoded constants in this executor (calls offered to `hook`
+    /// first, as in [`Executor::run`]).
+    pub fn run_profiled(
+        &self,
+        module: &Module,
+        func: &str,
+        args: Vec<Value>,
+        hook: Option<CallHook<'_>>,
+    ) -> Result<(Value, Vec<CallProfile>)> {
+        let f = module
+            .get(func)
+            .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+        let interp = Interp {
+            module,
+            hook,
+            profile: Some(RefCell::new(BTreeMap::new())),
+            exec: self,
+        };
+        let out = interp.call(func, f, args, 0)?;
+        let mut prof: Vec<CallProfile> = interp
+            .profile
+            .map(RefCell::into_inner)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, (seconds, calls))| CallProfile {
+                name,
+                calls,
+                seconds,
+            })
+            .collect();
+        prof.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(a.name.cmp(&b.name)));
+        Ok((out, prof))
+    }
+
+    /// The tensor of constant `c`, decoded once.
+    fn constant(&self, c: &fusebox_core::ir::Constant) -> Result<Tensor> {
+        let key = const_key(c);
+        if let Ok(map) = self.consts.lock()
+            && let Some((_, t)) = map.get(&key)
+        {
+            return Ok(t.clone());
+        }
+        let t = Tensor::from_constant(c)?;
+        if let Ok(mut map) = self.consts.lock() {
+            map.insert(key, (Arc::clone(&c.data), t.clone()));
+        }
+        Ok(t)
+    }
 }
 
 /// Runs a call of a module function instead of the interpreter: returns `None` to let the
@@ -65,21 +184,14 @@ pub fn run_with(
     args: Vec<Value>,
     hook: Option<CallHook<'_>>,
 ) -> Result<Value> {
-    let f = module
-        .get(func)
-        .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
-    Interp {
-        module,
-        hook,
-        profile: None,
-    }
-    .call(func, f, args, 0)
+    Executor::new().run(module, func, args, hook)
 }
 
-/// The time spent in calls of one module function during [`run_profiled`].
+/// The time spent in calls of one module function, or of one op, during [`run_profiled`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct CallProfile {
-    /// The callee's name.
+    /// The callee's name: a function (`fused_add_relu`), an op (`relax.nn.conv2d`), or a fused
+    /// convolution chain (`relax.nn.conv2d+relax.nn.batch_norm`).
     pub name: String,
     /// How many times it was called.
     pub calls: usize,
@@ -88,34 +200,15 @@ pub struct CallProfile {
 }
 
 /// [`run`], also timing every call of a module function (composites, fused functions,
-/// codegen wrappers) made while running. Profiles are sorted by total time, largest first.
+/// codegen wrappers) and every op call (wherever it is: an op inside a fused function counts
+/// for both) made while running; a fused chain counts under its joined name, the function
+/// call it takes in included. Profiles are sorted by total time, largest first.
 pub fn run_profiled(
     module: &Module,
     func: &str,
     args: Vec<Value>,
 ) -> Result<(Value, Vec<CallProfile>)> {
-    let f = module
-        .get(func)
-        .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
-    let interp = Interp {
-        module,
-        hook: None,
-        profile: Some(RefCell::new(BTreeMap::new())),
-    };
-    let out = interp.call(func, f, args, 0)?;
-    let mut prof: Vec<CallProfile> = interp
-        .profile
-        .map(RefCell::into_inner)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, (seconds, calls))| CallProfile {
-            name,
-            calls,
-            seconds,
-        })
-        .collect();
-    prof.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(a.name.cmp(&b.name)));
-    Ok((out, prof))
+    Executor::new().run_profiled(module, func, args, None)
 }
 
 struct Interp<'m> {
@@ -123,6 +216,8 @@ struct Interp<'m> {
     hook: Option<CallHook<'m>>,
     /// Per-callee (seconds, calls) when profiling.
     profile: Option<RefCell<BTreeMap<String, (f64, usize)>>>,
+    /// Where decoded constants live.
+    exec: &'m Executor,
 }
 
 /// The state of one call.
@@ -240,7 +335,41 @@ impl<'m> Interp<'m> {
                 fr.values[p.as_u32() as usize] = Some(a);
             }
         }
-        for (i, b) in f.bindings().enumerate() {
+        let chains = fuse::plan(self.module, f, self.hook.is_none());
+        let bindings: Vec<_> = f.bindings().copied().collect();
+        let mut skip = 0;
+        for (i, b) in bindings.iter().enumerate() {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            if let Some(Some(chain)) = chains.get(i) {
+                let ctx = format!("{name}/{}", f.var(b.var).name);
+                let fused = self
+                    .run_chain(name, f, &mut fr, chain, depth)
+                    .map_err(|e| at(&ctx, e))?;
+                if let Some(v) = fused {
+                    let n = chain.links.len();
+                    let last = bindings[i + n].var;
+                    let var = f.var(last);
+                    for bind in [true, false] {
+                        match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
+                            at(
+                                &format!("{name}/{}", var.name),
+                                Error::Exec(format!("the value does not match the type: {m}")),
+                            )
+                        })?;
+                    }
+                    fr.values[last.as_u32() as usize] = Some(v);
+                    for j in i..=i + n {
+                        for d in plan.get(j).into_iter().flatten() {
+                            fr.values[d.as_u32() as usize] = None;
+                        }
+                    }
+                    skip = n;
+                    continue;
+                }
+            }
             let var = f.var(b.var);
             let ctx = || format!("{name}/{}", var.name);
             match &f.expr(b.value).kind {
@@ -281,6 +410,104 @@ impl<'m> Interp<'m> {
         Ok(out)
     }
 
+    /// Runs a fusable chain as one kernel: `None` when its values do not allow it (the
+    /// bindings then run one by one).
+    fn run_chain<'f>(
+        &self,
+        name: &str,
+        f: &'f Function,
+        fr: &mut Frame<'f>,
+        chain: &fuse::Chain,
+        depth: usize,
+    ) -> Result<Option<Value>> {
+        let tensor = |v: Value| match v {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        };
+        let (a, b) = match &chain.head {
+            fuse::Head::Conv { data, weight, .. } => (*data, *weight),
+            fuse::Head::Add { lhs, rhs } => (*lhs, *rhs),
+        };
+        let Some(x) = tensor(self.eval(name, f, fr, a, depth)?) else {
+            return Ok(None);
+        };
+        let Some(w) = tensor(self.eval(name, f, fr, b, depth)?) else {
+            return Ok(None);
+        };
+        if let fuse::Head::Add { .. } = chain.head {
+            let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+            let out = crate::elementwise::add_relu_f32(&x, &w).map(Value::Tensor);
+            self.record(&fuse::name(chain), t);
+            return Ok(out);
+        }
+        let operands = fuse::operand_exprs(chain)
+            .into_iter()
+            .map(|e| self.eval(name, f, fr, e, depth))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(steps) = fuse::steps(chain, &x, &w, &operands) else {
+            return Ok(None);
+        };
+        let fuse::Head::Conv { attrs, .. } = &chain.head else {
+            return Ok(None);
+        };
+        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let y =
+            crate::conv::conv2d_fused(&x, &w, attrs, &steps).map_err(|message| Error::Kernel {
+                op: "relax.nn.conv2d",
+                message,
+            })?;
+        let out = fuse::result(chain, y, &operands);
+        self.record(&fuse::name(chain), t);
+        Ok(out)
+    }
+
+    /// Adds the time since `t` to `name`'s profile entry (when profiling).
+    fn record(&self, name: &str, t: Option<std::time::Instant>) {
+        if let (Some(p), Some(t)) = (&self.profile, t) {
+            let dt = t.elapsed().as_secs_f64();
+            let mut p = p.borrow_mut();
+            let e = p.entry(name.to_string()).or_insert((0.0, 0));
+            e.0 += dt;
+            e.1 += 1;
+        }
+    }
+
+    /// An op call on its evaluated arguments; an op of constants only (a transposed weight,
+    /// say) runs once per executor.
+    fn eval_op_call(
+        &self,
+        f: &Function,
+        op: &Op,
+        args: &[ExprId],
+        vals: &[Value],
+    ) -> Result<Value> {
+        let consts: Option<Vec<ConstKey>> = args
+            .iter()
+            .map(|&x| match f.exprs.get(x).map(|d| &d.kind) {
+                Some(ExprKind::Const(c)) => Some(const_key(c)),
+                _ => None,
+            })
+            .collect();
+        let Some(keys) = consts.filter(|k| !k.is_empty()) else {
+            return eval_op(op, vals);
+        };
+        let key = (op.clone(), keys);
+        if let Some(v) = self
+            .exec
+            .folded
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(v);
+        }
+        let v = eval_op(op, vals)?;
+        if let Ok(mut m) = self.exec.folded.lock() {
+            m.insert(key, v.clone());
+        }
+        Ok(v)
+    }
+
     fn eval<'f>(
         &self,
         name: &str,
@@ -305,7 +532,7 @@ impl<'m> Interp<'m> {
                         f.vars.get(*v).map_or("?", |x| x.name.as_str())
                     ))
                 })?,
-            ExprKind::Const(c) => Value::Tensor(Tensor::from_constant(c)?),
+            ExprKind::Const(c) => Value::Tensor(self.exec.constant(c)?),
             ExprKind::Tuple(fields) => Value::Tuple(
                 fields
                     .iter()
@@ -360,7 +587,12 @@ impl<'m> Interp<'m> {
                     .map(|&x| self.eval(name, f, fr, x, depth))
                     .collect::<Result<_>>()?;
                 match callee {
-                    Callee::Op(op) => eval_op(op, &host_args(&vals)?)?,
+                    Callee::Op(op) => {
+                        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                        let v = self.eval_op_call(f, op, args, &host_args(&vals)?)?;
+                        self.record(op.name(), t);
+                        v
+                    }
                     Callee::Global(g) => {
                         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
                         let v = match self.hook.and_then(|h| h(g, &vals)) {
@@ -372,13 +604,7 @@ impl<'m> Interp<'m> {
                                 self.call(g, gf, vals, depth + 1)?
                             }
                         };
-                        if let (Some(p), Some(t)) = (&self.profile, t) {
-                            let dt = t.elapsed().as_secs_f64();
-                            let mut p = p.borrow_mut();
-                            let e = p.entry(g.to_string()).or_insert((0.0, 0));
-                            e.0 += dt;
-                            e.1 += 1;
-                        }
+                        self.record(g, t);
                         v
                     }
                     Callee::Local(v) => {

@@ -11,8 +11,14 @@
 //!   pooling, matmul, every data-movement op, `astype`). Broadcasting follows numpy.
 //! - [`run`] interprets a function (see [`exec`]): symbolic dims are bound from the actual
 //!   argument shapes, composite / primitive / codegen functions and local functions are
-//!   interpreted like any other, and values are dropped after their last use.
-//! - Kernels are deterministic (no threads, fixed summation order); errors are values of
+//!   interpreted like any other, and values are dropped after their last use. An
+//!   [`Executor`] does the same and keeps decoded constants between runs; `conv2d` chains
+//!   (+ `batch_norm` / `add` / `relu`) and `add` + `relu` run as fused kernels with
+//!   bit-identical results.
+//! - Kernels are deterministic: a fixed summation order, and the big ones (conv2d, matmul,
+//!   batch_norm, pooling, elementwise ops on large tensors) split only independent outputs
+//!   over [`par::threads`] threads, so results are bit-identical for every thread count
+//!   (`FUSEBOX_THREADS`, the `cpu` backend's `threads` option). Errors are values of
 //!   [`Error`], never panics.
 //!
 //! ```text
@@ -41,15 +47,17 @@ pub mod backend;
 mod conv;
 mod elementwise;
 pub mod exec;
+mod fuse;
 mod kernels;
 mod layout;
 mod matmul;
 mod nn;
+pub mod par;
 mod reduce;
 mod util;
 
 pub use backend::CpuBackend;
-pub use exec::{CallHook, CallProfile, run, run_profiled, run_with};
+pub use exec::{CallHook, CallProfile, Executor, run, run_profiled, run_with};
 pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
 pub use kernels::eval_op;
 

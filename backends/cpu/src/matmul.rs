@@ -1,12 +1,20 @@
 //! `matmul` with numpy semantics: 1-D operands get a leading/trailing 1 that is removed
 //! afterwards, and the batch dims broadcast.
 //!
-//! The GEMM itself is `matrixmultiply`'s (through `ndarray::linalg::general_mat_mul`, which
-//! calls `matrixmultiply::{sgemm, dgemm}` for `f32`/`f64`). Why: it is a small, well-kept,
-//! pure-Rust crate with cache-blocked, vectorised kernels, so the reference backend stays
-//! portable and free of C/BLAS dependencies while being fast enough for the seed models.
-//! `ndarray` is the safe front end: `matrixmultiply`'s own API takes raw pointers, which
-//! this crate (`#![forbid(unsafe_code)]`) cannot call.
+//! The GEMM micro-kernel is `matrixmultiply`'s (through `ndarray::linalg::general_mat_mul`,
+//! which calls `matrixmultiply::{sgemm, dgemm}` for `f32`/`f64`). Why: it is a small,
+//! well-kept, pure-Rust crate with cache-blocked, register-tiled kernels that it picks at run
+//! time (AVX2 + FMA where the CPU has them), which safe, auto-vectorised code compiled for the
+//! baseline `x86-64` target cannot use; so the reference backend stays portable and free of
+//! C/BLAS dependencies. `ndarray` is the safe front end: `matrixmultiply`'s own API takes raw
+//! pointers, which this crate (`#![forbid(unsafe_code)]`) cannot call.
+//!
+//! [`gemm_f32_tiled`] cuts `C` into a few row or column tiles per thread (along the axis
+//! whose cut re-packs the smaller operand); the tiles run on [`crate::par`]'s threads, each
+//! followed by an epilogue on its rows while they are in cache. A tile is a plain `sgemm` on
+//! sub-views: every element of `C` is computed by the same sequence of multiply-adds whatever
+//! the tiling (matrixmultiply's blocking of the reduction is fixed), so the result does not
+//! depend on the thread count.
 //!
 //! `float16`/`bfloat16` compute through `f32` (and round once); `float64` natively; integer
 //! dtypes through `i64` (wrapping). With `out_dtype` the inputs are converted first.
@@ -19,9 +27,102 @@ use crate::util::{KResult, broadcast_shapes, broadcast_strides, tensor};
 use fusebox_core::ir::DType;
 use fusebox_core::runtime::{Storage, Tensor};
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2};
+use ndarray::{ArrayView2, ArrayViewMut2, Axis, Slice};
 
-/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices (`f32`, via matrixmultiply).
+/// Multiply-adds per thread below which a GEMM stays on one thread (spawning costs tens of
+/// microseconds).
+const MACS_PER_THREAD: usize = 1 << 20;
+
+/// Tiles per thread of a threaded GEMM: a few, so a thread the OS delays costs little.
+const TILES_PER_THREAD: usize = 2;
+
+/// An epilogue: `f(row, first column, row slice of a tile)`, run on each row of each tile of
+/// `C` right after the tile is computed.
+pub(crate) type Epilogue<'e> = &'e (dyn Fn(usize, usize, &mut [f32]) + Sync);
+
+/// The tiling of an `m × n × k` product for `threads` threads: (row tile, column tile). One
+/// thread: one tile (matrixmultiply blocks it itself). Else the output is cut along one axis
+/// into `TILES_PER_THREAD` tiles per thread: along the rows when `A` is the larger operand
+/// (each tile then re-packs only `B`), else along the columns (each re-packs only `A`).
+fn tiles(m: usize, n: usize, threads: usize) -> (usize, usize) {
+    if threads <= 1 {
+        return (m.max(1), n.max(1));
+    }
+    let parts = threads * TILES_PER_THREAD;
+    let cut = |len: usize| len.div_ceil(parts).next_multiple_of(8).clamp(1, len.max(1));
+    if m >= n {
+        (cut(m), n.max(1))
+    } else {
+        (m.max(1), cut(n))
+    }
+}
+
+/// `c = a @ b` (`a`: `m × k`, `b`: `k × n`, `c`: `m × n`, any strides), tiled and spread over
+/// up to `threads` threads (fewer for small products), with `epilogue` run on every row of
+/// every tile. Bit-identical for every thread count (see the module doc).
+pub(crate) fn gemm_f32_tiled(
+    a: ArrayView2<'_, f32>,
+    b: ArrayView2<'_, f32>,
+    c: ArrayViewMut2<'_, f32>,
+    threads: usize,
+    epilogue: Option<Epilogue<'_>>,
+) -> KResult<()> {
+    let ((m, k), (k2, n)) = (a.dim(), b.dim());
+    if k != k2 || c.dim() != (m, n) {
+        return Err(format!(
+            "gemm: operand shapes {:?} @ {:?} -> {:?} do not agree",
+            a.dim(),
+            b.dim(),
+            c.dim()
+        ));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let threads = threads.min((m * n * k.max(1)) / MACS_PER_THREAD).max(1);
+    let (mb, nb) = tiles(m, n, threads);
+    // Cut C into disjoint tiles (row blocks, then column blocks), in row-major tile order.
+    let mut tasks: Vec<(usize, usize, ArrayViewMut2<'_, f32>)> = Vec::new();
+    let mut rest = c;
+    let mut r0 = 0;
+    while r0 < m {
+        let rows = mb.min(m - r0);
+        let (band, tail) = rest.split_at(Axis(0), rows);
+        rest = tail;
+        let mut band = band;
+        let mut c0 = 0;
+        while c0 < n {
+            let cols = nb.min(n - c0);
+            let (tile, right) = band.split_at(Axis(1), cols);
+            band = right;
+            tasks.push((r0, c0, tile));
+            c0 += cols;
+        }
+        r0 += rows;
+    }
+    crate::par::run_tasks(tasks, threads, |(r0, c0, mut tile)| {
+        let (rows, cols) = tile.dim();
+        let at = a.slice_axis(Axis(0), Slice::from(r0..r0 + rows));
+        let bt = b.slice_axis(Axis(1), Slice::from(c0..c0 + cols));
+        general_mat_mul(1.0, &at, &bt, 0.0, &mut tile);
+        if let Some(ep) = epilogue {
+            for (i, mut row) in tile.rows_mut().into_iter().enumerate() {
+                match row.as_slice_mut() {
+                    Some(r) => ep(r0 + i, c0, r),
+                    None => {
+                        let mut tmp = row.to_vec();
+                        ep(r0 + i, c0, &mut tmp);
+                        row.iter_mut().zip(tmp).for_each(|(d, v)| *d = v);
+                    }
+                }
+            }
+        }
+        Ok::<(), String>(())
+    })
+}
+
+/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices (`f32`, via matrixmultiply), on up to
+/// `threads` threads.
 pub(crate) fn gemm_f32(
     m: usize,
     k: usize,
@@ -29,12 +130,12 @@ pub(crate) fn gemm_f32(
     a: &[f32],
     b: &[f32],
     c: &mut [f32],
+    threads: usize,
 ) -> KResult<()> {
     let av = ArrayView2::from_shape((m, k), a).map_err(|e| e.to_string())?;
     let bv = ArrayView2::from_shape((k, n), b).map_err(|e| e.to_string())?;
-    let mut cv = ArrayViewMut2::from_shape((m, n), c).map_err(|e| e.to_string())?;
-    general_mat_mul(1.0, &av, &bv, 0.0, &mut cv);
-    Ok(())
+    let cv = ArrayViewMut2::from_shape((m, n), c).map_err(|e| e.to_string())?;
+    gemm_f32_tiled(av, bv, cv, threads, None)
 }
 
 fn gemm_f64(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], c: &mut [f64]) -> KResult<()> {
@@ -177,6 +278,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResul
                 }
             };
             let mut c = vec![0.0f32; nb * mc];
+            let threads = crate::par::threads();
             for i in 0..nb {
                 let (pa, pb) = (oa[i] * ma, ob[i] * mb);
                 gemm_f32(
@@ -186,6 +288,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResul
                     &x[pa..pa + ma],
                     &y[pb..pb + mb],
                     &mut c[i * mc..(i + 1) * mc],
+                    threads,
                 )?;
             }
             Storage::F32(c)

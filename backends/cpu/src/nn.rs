@@ -2,7 +2,10 @@
 //! `rms_norm`, `lrn`, and 2-D pooling (`max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`) in
 //! any permutation of `NCHW`.
 //!
-//! Everything computes in `f64` and rounds once to the input dtype. Pooling windows skip
+//! Everything computes in `f64` and rounds once to the input dtype (`max_pool2d` of `float32`
+//! and inference `batch_norm` of `float32` skip the widened copy: the same values).
+//! `max_pool2d`/`avg_pool2d` and inference `batch_norm` spread whole planes / channels over
+//! [`crate::par::threads`] threads. Pooling windows skip
 //! padded positions (max) or count them only when `count_include_pad` (avg), as TVM's topi
 //! does; with `ceil_mode` the extra tail positions are never counted.
 //!
@@ -28,10 +31,70 @@ fn param(t: &Tensor, n: usize, what: &str) -> KResult<Vec<f64>> {
     Ok(v)
 }
 
+/// The per-channel affine map of inference `batch_norm`: `(mean, inv, scale, shift)` with
+/// `inv = 1 / sqrt(var + eps)`, `scale = gamma` (1 without `scale`) and `shift = beta` (0
+/// without `center`); each element becomes `(x - mean) * inv * scale + shift` in `f64`.
+#[allow(clippy::type_complexity, reason = "four parallel per-channel vectors")]
+pub(crate) fn bn_affine(
+    gamma: &Tensor,
+    beta: &Tensor,
+    mean: &Tensor,
+    var: &Tensor,
+    c: usize,
+    a: &BatchNormAttrs,
+) -> KResult<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let g = param(gamma, c, "gamma")?;
+    let b = param(beta, c, "beta")?;
+    let m = param(mean, c, "moving_mean")?;
+    let v = param(var, c, "moving_var")?;
+    Ok(affine(&g, &b, m, &v, a))
+}
+
+#[allow(clippy::type_complexity, reason = "four parallel per-channel vectors")]
+fn affine(
+    g: &[f64],
+    b: &[f64],
+    use_mean: Vec<f64>,
+    use_var: &[f64],
+    a: &BatchNormAttrs,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let eps = a.epsilon.0;
+    let inv = use_var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+    let scale = g.iter().map(|&g| if a.scale { g } else { 1.0 }).collect();
+    let shift = b.iter().map(|&b| if a.center { b } else { 0.0 }).collect();
+    (use_mean, inv, scale, shift)
+}
+
+/// The statistics inference `batch_norm` returns: the moving mean and variance, each rounded
+/// through `f64` to its own dtype.
+pub(crate) fn bn_passthrough(mean: &Tensor, var: &Tensor) -> KResult<(Tensor, Tensor)> {
+    Ok((
+        from_f64(
+            mean.shape().to_vec(),
+            mean.dtype(),
+            floats(mean, "moving_mean")?,
+        )?,
+        from_f64(
+            var.shape().to_vec(),
+            var.dtype(),
+            floats(var, "moving_var")?,
+        )?,
+    ))
+}
+
+/// `(x - mean) * inv * scale + shift` in `f64`, rounded to `f32`: one channel of inference
+/// `batch_norm` on `float32` data (also the fused convolution's epilogue).
+pub(crate) fn affine_f32(src: &[f32], dst: &mut [f32], m: f64, inv: f64, sc: f64, sh: f64) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = ((f64::from(x) - m) * inv * sc + sh) as f32;
+    }
+}
+
 /// `batch_norm` → `(out, moving_mean, moving_var)`. Inference mode normalises with the moving
 /// statistics and returns them unchanged; training mode normalises with the batch statistics
 /// (biased variance) and returns the updated moving statistics
-/// `(1 - momentum) * moving + momentum * batch`.
+/// `(1 - momentum) * moving + momentum * batch`. Inference on `float32` data runs per channel
+/// on [`crate::par::threads`] threads (the same arithmetic).
 pub(crate) fn batch_norm(
     x: &Tensor,
     gamma: &Tensor,
@@ -41,8 +104,30 @@ pub(crate) fn batch_norm(
     a: &BatchNormAttrs,
 ) -> KResult<(Tensor, Tensor, Tensor)> {
     let axis = norm_axis(a.axis, x.rank())?;
-    let xs = floats(x, "data")?;
     let (outer, c, inner) = around(x.shape(), axis);
+    if !a.training
+        && let Some(xs) = x.as_f32()
+    {
+        let (m, inv, sc, sh) = bn_affine(gamma, beta, mean, var, c, a)?;
+        let t = crate::par::threads_for(xs.len(), 1 << 16);
+        let mut out = crate::par::zeros_f32(xs.len(), t);
+        let rows = (1usize << 14).div_ceil(inner.max(1)) * inner.max(1);
+        crate::par::for_each_chunk_mut(&mut out, rows, t, |off, chunk| {
+            for (k, dst) in chunk.chunks_mut(inner.max(1)).enumerate() {
+                let row = off / inner.max(1) + k;
+                let ch = row % c.max(1);
+                let src = &xs[row * inner..row * inner + dst.len()];
+                affine_f32(src, dst, m[ch], inv[ch], sc[ch], sh[ch]);
+            }
+        });
+        let (nm, nv) = bn_passthrough(mean, var)?;
+        return Ok((
+            crate::util::tensor(x.shape().to_vec(), fusebox_core::runtime::Storage::F32(out))?,
+            nm,
+            nv,
+        ));
+    }
+    let xs = floats(x, "data")?;
     let g = param(gamma, c, "gamma")?;
     let b = param(beta, c, "beta")?;
     let mm = param(mean, c, "moving_mean")?;
@@ -83,16 +168,13 @@ pub(crate) fn batch_norm(
     } else {
         (mm.clone(), mv.clone(), mm, mv)
     };
-    let eps = a.epsilon.0;
+    let (use_mean, inv, scale, shift) = affine(&g, &b, use_mean, &use_var, a);
     let mut out = vec![0.0; xs.len()];
     for o in 0..outer {
         for ch in 0..c {
-            let scale = if a.scale { g[ch] } else { 1.0 };
-            let shift = if a.center { b[ch] } else { 0.0 };
-            let inv = 1.0 / (use_var[ch] + eps).sqrt();
             let base = (o * c + ch) * inner;
             for i in base..base + inner {
-                out[i] = (xs[i] - use_mean[ch]) * inv * scale + shift;
+                out[i] = (xs[i] - use_mean[ch]) * inv[ch] * scale[ch] + shift[ch];
             }
         }
     }
@@ -277,12 +359,61 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         return Err("pool_size, strides and dilation must be at least 1".to_string());
     }
     let (oh, ow) = (ah.out_len(a.ceil_mode)?, aw.out_len(a.ceil_mode)?);
-    let xs = xc.to_f64_vec();
     let wins_h: Vec<_> = (0..oh).map(|o| ah.window(o)).collect();
     let wins_w: Vec<_> = (0..ow).map(|o| aw.window(o)).collect();
-    let mut out = Vec::with_capacity(n * c * oh * ow);
-    for plane in 0..n * c {
-        let base = plane * h * w;
+    let plane_out = oh * ow;
+    let t = crate::par::threads_for(n * c * plane_out * ah.k * aw.k, 1 << 18);
+    if max && let Some(xs) = xc.as_f32() {
+        // Max is exact in f32: the same result as through f64, without the conversions. Per
+        // output row, the window positions are visited in the same (row, column) order, each
+        // as a run over the output columns whose input column is in range.
+        let cols: Vec<(usize, usize, isize)> = (0..aw.k)
+            .map(|kx| {
+                let x0 = (kx * aw.d) as isize - aw.pad0 as isize;
+                let s = aw.s as isize;
+                let lo = if x0 >= 0 {
+                    0
+                } else {
+                    ((-x0 + s - 1) / s) as usize
+                };
+                let hi = if (w as isize) - 1 - x0 < 0 {
+                    0
+                } else {
+                    ((((w as isize) - 1 - x0) / s) as usize + 1).min(ow)
+                };
+                (lo.min(hi), hi, x0)
+            })
+            .collect();
+        let mut out = crate::par::zeros_f32(n * c * plane_out, t);
+        crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
+            let base = off / plane_out.max(1) * h * w;
+            let src = &xs[base..base + h * w];
+            for ((rows, _), acc) in wins_h.iter().zip(dst.chunks_mut(ow.max(1))) {
+                acc.fill(f32::NEG_INFINITY);
+                for &y in rows {
+                    let line = &src[y * w..(y + 1) * w];
+                    for &(lo, hi, x0) in &cols {
+                        if hi <= lo {
+                            continue;
+                        }
+                        let start = (lo as isize * aw.s as isize + x0) as usize;
+                        let src = line[start..].iter().step_by(aw.s);
+                        for (a, &v) in acc[lo..hi].iter_mut().zip(src) {
+                            // A select, not a branch: it pipelines (and vectorises at stride 1).
+                            *a = if v > *a || v.is_nan() { v } else { *a };
+                        }
+                    }
+                }
+            }
+        });
+        let t = crate::util::tensor(vec![n, c, oh, ow], fusebox_core::runtime::Storage::F32(out))?;
+        return Ok(from_canonical(&t, op));
+    }
+    let xs = xc.to_f64_vec();
+    let mut out = vec![0.0f64; n * c * plane_out];
+    crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
+        let base = off / plane_out.max(1) * h * w;
+        let mut it = dst.iter_mut();
         for (rows, ph) in &wins_h {
             for (cols, pw) in &wins_w {
                 let mut acc = if max { f64::NEG_INFINITY } else { 0.0 };
@@ -306,10 +437,12 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
                     };
                     acc = if cnt == 0 { 0.0 } else { acc / cnt as f64 };
                 }
-                out.push(acc);
+                if let Some(d) = it.next() {
+                    *d = acc;
+                }
             }
         }
-    }
+    });
     let t = from_f64(vec![n, c, oh, ow], x.dtype(), out)?;
     Ok(from_canonical(&t, op))
 }
@@ -348,4 +481,53 @@ pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> KResul
     }
     let t = from_f64(vec![n, c, oh, ow], x.dtype(), out)?;
     Ok(from_canonical(&t, op))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::*;
+    use fusebox_core::ir::DType;
+
+    #[test]
+    fn f32_max_pool_matches_the_f64_path() {
+        // NaN and both zeros included: the first maximum and the last NaN in window order win.
+        let mut v: Vec<f32> = (0..2 * 3 * 9 * 11)
+            .map(|i| ((i * 37) % 23) as f32 - 11.0)
+            .collect();
+        v[5] = f32::NAN;
+        v[40] = -0.0;
+        v[41] = 0.0;
+        let x = Tensor::from_f32(vec![2, 3, 9, 11], v).unwrap_or_else(|e| panic!("{e}"));
+        let x64 = x.cast(DType::F64);
+        for (k, s, d, p, ceil) in [
+            (3, 2, 1, 1, false),
+            (2, 2, 1, 0, true),
+            (3, 1, 2, 2, false),
+            (4, 3, 1, 1, true),
+            (1, 1, 1, 0, false),
+        ] {
+            let a = Pool2dAttrs {
+                pool_size: [k, k],
+                strides: [s, s + 1],
+                dilation: [d, d],
+                padding: [p, p, p, 0],
+                ceil_mode: ceil,
+                count_include_pad: false,
+                layout: "NCHW".into(),
+                out_layout: "NCHW".into(),
+            };
+            let got = pool2d(&x, &a, true).unwrap_or_else(|e| panic!("{e}"));
+            let want = pool2d(&x64, &a, true).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got.shape(), want.shape());
+            let bits =
+                |t: &Tensor| -> Vec<u32> { t.to_f32_vec().iter().map(|x| x.to_bits()).collect() };
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "k {k} s {s} d {d} p {p} ceil {ceil}"
+            );
+        }
+    }
 }

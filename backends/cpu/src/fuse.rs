@@ -1,0 +1,345 @@
+//! The executor's fast path for op chains: finds, in a function's bindings, a `conv2d` whose
+//! result is read only by the next binding, which is an inference `batch_norm` of it (then
+//! optionally a call of a function that is just `relu` of the first field of its one tuple
+//! parameter, as FuseOps makes of ONNX's Conv → BatchNormalization → Relu), or an `add` of it
+//! and another value (then optionally a `relu` of the sum, read only there), or a `relu` of
+//! it; and runs such a chain as one [`crate::conv::conv2d_fused`] call with the other ops as
+//! its epilogue. Likewise an `add` read only by a `relu` runs as one pass.
+//!
+//! Contract:
+//!
+//! - [`plan`] looks at the IR only (ops, attributes, which vars read what, the body of a
+//!   called function); [`steps`] looks at the run-time values and returns `None` whenever the
+//!   chain cannot be fused (a dtype other than `float32`, a non-`NCHW` output, a bias that is
+//!   not one value per output channel, a `batch_norm` over another axis, `add` operands of
+//!   different shapes); the executor then runs the bindings one by one, so the general path
+//!   stays the reference and the fast path only ever replaces it. The executor fuses a
+//!   function call only when it has no call hook (an artifact might claim the function).
+//! - A fused chain gives the last binding the value the bindings would have given it, bit for
+//!   bit (each [`Step`] repeats its op's arithmetic), and leaves the intermediate vars
+//!   unbound (nothing else reads them).
+//!
+//! ```text
+//! lv  = R.nn.conv2d(x, w, ...)           # read only by lv1
+//! lv1 = R.add(lv, b)                     # b: (1, O, 1, 1); lv1 read only by gv
+//! gv  = R.nn.relu(lv1)                   # -> conv2d_fused(x, w, [Bias(b), Relu])
+//! ```
+
+use crate::conv::Step;
+use crate::nn;
+use crate::util::broadcast_shapes;
+use fusebox_core::ir::{Callee, ExprId, ExprKind, Function, Module, VarId};
+use fusebox_core::op::{BatchNormAttrs, Conv2dAttrs, Op};
+use fusebox_core::runtime::{Tensor, Value};
+
+/// An op of a chain after its first binding.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Link {
+    /// `f(prev)` where module function `f` is `relu(param[0])`: follows a `batch_norm`.
+    CallRelu,
+    /// `batch_norm(prev, gamma, beta, mean, var)` in inference mode; the others are args 1..=4.
+    BatchNorm {
+        attrs: BatchNormAttrs,
+        params: [ExprId; 4],
+    },
+    /// `add(prev, other)` (`prev_first`) or `add(other, prev)`.
+    Add { other: ExprId, prev_first: bool },
+    /// `relu(prev)`.
+    Relu,
+}
+
+/// The first binding of a chain.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Head {
+    /// `conv2d(data, weight)`.
+    Conv {
+        data: ExprId,
+        weight: ExprId,
+        attrs: Conv2dAttrs,
+    },
+    /// `add(lhs, rhs)` (its only link is a `relu`).
+    Add { lhs: ExprId, rhs: ExprId },
+}
+
+/// A chain: its first binding, then the following bindings (one per link).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Chain {
+    pub head: Head,
+    /// The ops of the next `links.len()` bindings.
+    pub links: Vec<Link>,
+}
+
+/// Counts how often each var is read in `e`.
+fn count_uses(f: &Function, e: ExprId, counts: &mut [u32]) {
+    let Some(d) = f.exprs.get(e) else {
+        return;
+    };
+    match &d.kind {
+        ExprKind::Var(v) => {
+            if let Some(c) = counts.get_mut(v.as_u32() as usize) {
+                *c += 1;
+            }
+        }
+        ExprKind::Tuple(fields) => fields.iter().for_each(|&x| count_uses(f, x, counts)),
+        ExprKind::TupleGetItem(t, _) => count_uses(f, *t, counts),
+        ExprKind::Call { args, .. } => args.iter().for_each(|&x| count_uses(f, x, counts)),
+        ExprKind::Const(_) | ExprKind::ShapeLit(_) | ExprKind::Prim(_) | ExprKind::Function(_) => {}
+    }
+}
+
+/// The var an expression names, if it is a plain var.
+fn var_of(f: &Function, e: ExprId) -> Option<VarId> {
+    match f.exprs.get(e).map(|d| &d.kind) {
+        Some(ExprKind::Var(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+/// The op call of binding value `e`: (op, args).
+fn op_call(f: &Function, e: ExprId) -> Option<(&Op, &[ExprId])> {
+    match f.exprs.get(e).map(|d| &d.kind) {
+        Some(ExprKind::Call {
+            callee: Callee::Op(op),
+            args,
+        }) => Some((op, args)),
+        _ => None,
+    }
+}
+
+/// Whether module function `name` is exactly `relu(p[0])` of its one tuple parameter `p`.
+fn is_relu_of_first(module: &Module, name: &str) -> bool {
+    let Some(g) = module.get(name) else {
+        return false;
+    };
+    let bindings: Vec<_> = g.bindings().collect();
+    let ([p], [b0, b1]) = (g.params.as_slice(), bindings.as_slice()) else {
+        return false;
+    };
+    let first = matches!(
+        g.exprs.get(b0.value).map(|d| &d.kind),
+        Some(ExprKind::TupleGetItem(t, 0)) if var_of(g, *t) == Some(*p)
+    );
+    let relu =
+        matches!(op_call(g, b1.value), Some((Op::Relu, [x])) if var_of(g, *x) == Some(b0.var));
+    first && relu && g.ret.and_then(|r| var_of(g, r)) == Some(b1.var)
+}
+
+/// For each binding of `f` (in [`Function::bindings`] order), the chain that starts there
+/// (`module` holds the functions `f` calls; `calls`: whether a chain may take in a call).
+pub(crate) fn plan(module: &Module, f: &Function, calls: bool) -> Vec<Option<Chain>> {
+    let bindings: Vec<_> = f.bindings().copied().collect();
+    let mut uses = vec![0u32; f.vars.len()];
+    for b in &bindings {
+        count_uses(f, b.value, &mut uses);
+    }
+    if let Some(r) = f.ret {
+        count_uses(f, r, &mut uses);
+    }
+    let once = |v: VarId| uses.get(v.as_u32() as usize) == Some(&1);
+    let mut out = vec![None; bindings.len()];
+    for (i, b) in bindings.iter().enumerate() {
+        let head = match op_call(f, b.value) {
+            Some((Op::Conv2d(attrs), [data, weight])) => Head::Conv {
+                data: *data,
+                weight: *weight,
+                attrs: (**attrs).clone(),
+            },
+            Some((Op::Add, [lhs, rhs])) => Head::Add {
+                lhs: *lhs,
+                rhs: *rhs,
+            },
+            _ => continue,
+        };
+        let conv = matches!(head, Head::Conv { .. });
+        let mut links = Vec::new();
+        let mut prev = b.var;
+        for next in &bindings[i + 1..] {
+            if !once(prev) {
+                break;
+            }
+            let is_prev = |e: &ExprId| var_of(f, *e) == Some(prev);
+            let after_bn = matches!(links.last(), Some(Link::BatchNorm { .. }));
+            let link = match f.exprs.get(next.value).map(|d| &d.kind) {
+                Some(ExprKind::Call {
+                    callee: Callee::Global(g),
+                    args,
+                }) if calls
+                    && after_bn
+                    && matches!(args.as_slice(), [x] if is_prev(x))
+                    && is_relu_of_first(module, g) =>
+                {
+                    Link::CallRelu
+                }
+                _ => match op_call(f, next.value) {
+                    Some((Op::BatchNorm(a), [x, g, be, m, v]))
+                        if conv && links.is_empty() && !a.training && is_prev(x) =>
+                    {
+                        Link::BatchNorm {
+                            attrs: (**a).clone(),
+                            params: [*g, *be, *m, *v],
+                        }
+                    }
+                    Some((Op::Add, [p, q]))
+                        if conv && links.is_empty() && is_prev(p) != is_prev(q) =>
+                    {
+                        Link::Add {
+                            other: if is_prev(p) { *q } else { *p },
+                            prev_first: is_prev(p),
+                        }
+                    }
+                    Some((Op::Relu, [x]))
+                        if is_prev(x) && matches!(links.last(), None | Some(Link::Add { .. })) =>
+                    {
+                        Link::Relu
+                    }
+                    _ => break,
+                },
+            };
+            let more = matches!(link, Link::Add { .. } | Link::BatchNorm { .. });
+            links.push(link);
+            prev = next.var;
+            if !more {
+                break;
+            }
+        }
+        let useful = match head {
+            Head::Conv { .. } => !links.is_empty(),
+            Head::Add { .. } => links == [Link::Relu],
+        };
+        if useful {
+            out[i] = Some(Chain { head, links });
+        }
+    }
+    out
+}
+
+/// A per-channel bias for an output of `shape` (`N × O × H × W`): `b` must broadcast to
+/// `shape` without changing it and vary only along the channel axis.
+fn channel_bias(b: &Tensor, shape: &[usize; 4]) -> Option<Vec<f32>> {
+    let data = b.as_f32()?;
+    if b.rank() > 4 || broadcast_shapes(shape, b.shape()).ok()?.as_slice() != shape {
+        return None;
+    }
+    let off = 4 - b.rank();
+    let per_channel = b
+        .shape()
+        .iter()
+        .enumerate()
+        .all(|(j, &d)| d == 1 || j + off == 1);
+    if !per_channel {
+        return None;
+    }
+    match data.len() {
+        1 => Some(vec![data[0]; shape[1]]),
+        n if n == shape[1] => Some(data.to_vec()),
+        _ => None,
+    }
+}
+
+/// The epilogue of a chain, given the run-time values of the links' other operands (in link
+/// order: four tensors for a `batch_norm`, one for an `add`, none for a `relu`); `None` when
+/// the chain cannot be fused (see the module doc).
+pub(crate) fn steps(
+    chain: &Chain,
+    x: &Tensor,
+    w: &Tensor,
+    operands: &[Value],
+) -> Option<Vec<Step>> {
+    let Head::Conv { attrs, .. } = &chain.head else {
+        return None;
+    };
+    if !crate::conv::fusable(x, w, attrs) {
+        return None;
+    }
+    let shape = crate::conv::out_shape(x, w, attrs).ok()?;
+    let mut rest = operands;
+    let mut out = Vec::with_capacity(chain.links.len());
+    for link in &chain.links {
+        out.push(match link {
+            Link::BatchNorm { attrs, .. } => {
+                let [g, b, m, v] = rest.get(..4)? else {
+                    return None;
+                };
+                rest = &rest[4..];
+                let t = |v: &Value| match v {
+                    Value::Tensor(t) => Some(t.clone()),
+                    _ => None,
+                };
+                let (g, b, m, v) = (t(g)?, t(b)?, t(m)?, t(v)?);
+                if crate::util::norm_axis(attrs.axis, 4).ok()? != 1 {
+                    return None;
+                }
+                let (mean, inv, scale, shift) =
+                    nn::bn_affine(&g, &b, &m, &v, shape[1], attrs).ok()?;
+                Step::Affine {
+                    mean,
+                    inv,
+                    scale,
+                    shift,
+                }
+            }
+            Link::Add { prev_first, .. } => {
+                let (Value::Tensor(b), tail) = rest.split_first()? else {
+                    return None;
+                };
+                rest = tail;
+                Step::Bias {
+                    b: channel_bias(b, &shape)?,
+                    bias_first: !prev_first,
+                }
+            }
+            Link::Relu | Link::CallRelu => Step::Relu,
+        });
+    }
+    Some(out)
+}
+
+/// The value of the chain's last binding, given the fused convolution's output `y`: `y`
+/// itself, or for a `batch_norm` the tuple `(y, mean, var)` it returns in inference mode.
+pub(crate) fn result(chain: &Chain, y: Tensor, operands: &[Value]) -> Option<Value> {
+    match chain.links.last()? {
+        Link::BatchNorm { .. } => {
+            let n = operands.len().checked_sub(2)?;
+            let (Value::Tensor(m), Value::Tensor(v)) = (operands.get(n)?, operands.get(n + 1)?)
+            else {
+                return None;
+            };
+            let (m, v) = nn::bn_passthrough(m, v).ok()?;
+            Some(Value::Tuple(vec![
+                Value::Tensor(y),
+                Value::Tensor(m),
+                Value::Tensor(v),
+            ]))
+        }
+        _ => Some(Value::Tensor(y)),
+    }
+}
+
+/// The expressions a chain's links read besides the previous result, in link order.
+pub(crate) fn operand_exprs(chain: &Chain) -> Vec<ExprId> {
+    let mut out = Vec::new();
+    for l in &chain.links {
+        match l {
+            Link::BatchNorm { params, .. } => out.extend_from_slice(params),
+            Link::Add { other, .. } => out.push(*other),
+            Link::Relu | Link::CallRelu => {}
+        }
+    }
+    out
+}
+
+/// The chain's name in profiles: its ops joined by `+` (`relax.nn.conv2d+relax.nn.relu`).
+pub(crate) fn name(chain: &Chain) -> String {
+    let mut s = String::from(match chain.head {
+        Head::Conv { .. } => "relax.nn.conv2d",
+        Head::Add { .. } => "relax.add",
+    });
+    for l in &chain.links {
+        s.push_str(match l {
+            Link::BatchNorm { .. } => "+relax.nn.batch_norm",
+            Link::Add { .. } => "+relax.add",
+            Link::Relu | Link::CallRelu => "+relax.nn.relu",
+        });
+    }
+    s
+}

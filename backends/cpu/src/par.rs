@@ -1,0 +1,249 @@
+//! How many threads the CPU kernels use, and the scoped-thread helper that spreads a kernel's
+//! independent pieces of work over them.
+//!
+//! Contract:
+//!
+//! - [`threads`] is the thread count a kernel may use: a scoped override ([`with_threads`],
+//!   this thread only), else the process-wide setting ([`set_threads`]; the `cpu` backend's
+//!   `threads` option sets it), else `FUSEBOX_THREADS` (read once; a value that is not an
+//!   integer in `1..=`[`MAX_THREADS`] is ignored here and reported by [`env_threads`]), else
+//!   `std::thread::available_parallelism()` capped at [`DEFAULT_MAX_THREADS`].
+//! - Kernels split work only across independent outputs (output rows, columns, channels,
+//!   element ranges), never across a reduction, and every output is computed by the same
+//!   arithmetic whichever thread computes it: results are bit-identical for every thread
+//!   count (asserted by `backends/cpu/tests/threads.rs`).
+//! - `run_tasks` runs a list of tasks on a kept pool of `n` worker threads (rayon; one pool
+//!   per thread count, made on first use) and returns the error of the first failing task in
+//!   task order. With one thread or one task it runs them in order on the calling thread.
+//!
+//! ```
+//! // The thread count of this thread's kernels, for the duration of the closure:
+//! let n = fusebox_cpu::par::with_threads(3, fusebox_cpu::par::threads);
+//! assert_eq!(n, 3);
+//! ```
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The most threads a setting may ask for.
+pub const MAX_THREADS: usize = 256;
+
+/// The cap on the default thread count (`available_parallelism`): memory-bound kernels stop
+/// scaling well before this, and each kernel call spawns its threads afresh.
+pub const DEFAULT_MAX_THREADS: usize = 8;
+
+/// The environment variable that sets the default thread count.
+pub const ENV_VAR: &str = "FUSEBOX_THREADS";
+
+/// The process-wide setting (0: none).
+static GLOBAL: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's override (0: none).
+    static LOCAL: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Parses a thread count: an integer in `1..=MAX_THREADS`.
+pub fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected a thread count from 1 to {MAX_THREADS}, found `{s}`"
+        )),
+    }
+}
+
+/// `FUSEBOX_THREADS`: `Ok(None)` when unset, an error naming the variable when it is not a
+/// valid thread count.
+pub fn env_threads() -> Result<Option<usize>, String> {
+    match std::env::var(ENV_VAR) {
+        Ok(s) => parse_threads(&s)
+            .map(Some)
+            .map_err(|e| format!("{ENV_VAR}: {e}")),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!(
+            "{ENV_VAR}: expected a thread count, found non-UTF-8 text"
+        )),
+    }
+}
+
+/// The default: `FUSEBOX_THREADS`, else the available parallelism capped at
+/// [`DEFAULT_MAX_THREADS`].
+fn default_threads() -> usize {
+    static DEFAULT: OnceLock<usize> = OnceLock::new();
+    *DEFAULT.get_or_init(|| match env_threads() {
+        Ok(Some(n)) => n,
+        _ => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(DEFAULT_MAX_THREADS),
+    })
+}
+
+/// The thread count the kernels called from this thread use (see the module doc).
+pub fn threads() -> usize {
+    let local = LOCAL.with(Cell::get);
+    if local > 0 {
+        return local;
+    }
+    match GLOBAL.load(Ordering::Relaxed) {
+        0 => default_threads(),
+        n => n,
+    }
+}
+
+/// Sets (or with `None` clears) the process-wide thread count; clamped to `1..=MAX_THREADS`.
+pub fn set_threads(n: Option<usize>) {
+    GLOBAL.store(n.map_or(0, |n| n.clamp(1, MAX_THREADS)), Ordering::Relaxed);
+}
+
+/// Runs `f` with this thread's kernels using `n` threads (clamped to `1..=MAX_THREADS`), then
+/// restores the previous override.
+pub fn with_threads<R>(n: usize, f: impl FnOnce() -> R) -> R {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LOCAL.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(LOCAL.with(|c| c.replace(n.clamp(1, MAX_THREADS))));
+    f()
+}
+
+/// The worker pool of `n` threads (made on first use and kept: a kernel's parallel region
+/// then costs a wake-up, not a thread spawn).
+fn pool(n: usize) -> Option<Arc<rayon::ThreadPool>> {
+    static POOLS: Mutex<BTreeMap<usize, Arc<rayon::ThreadPool>>> = Mutex::new(BTreeMap::new());
+    let mut pools = POOLS.lock().ok()?;
+    if let Some(p) = pools.get(&n) {
+        return Some(Arc::clone(p));
+    }
+    let p = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("fusebox-cpu-{i}"))
+        .build()
+        .ok()?;
+    let p = Arc::new(p);
+    pools.insert(n, Arc::clone(&p));
+    Some(p)
+}
+
+/// Runs `f` on every task, on up to `n` threads of a kept worker pool (rayon's work stealing
+/// spreads them; which thread runs a task never changes what it computes). Returns the error
+/// of the first failing task in task order. With one thread or one task, or when no pool can
+/// be made, the tasks run in order on the calling thread.
+pub(crate) fn run_tasks<T, E, F>(tasks: Vec<T>, n: usize, f: F) -> Result<(), E>
+where
+    T: Send,
+    E: Send,
+    F: Fn(T) -> Result<(), E> + Sync,
+{
+    use rayon::prelude::*;
+    let n = n.clamp(1, tasks.len().max(1));
+    let Some(pool) = (n > 1).then(|| pool(n)).flatten() else {
+        return tasks.into_iter().try_for_each(f);
+    };
+    let results: Vec<Result<(), E>> =
+        pool.install(|| tasks.into_par_iter().with_max_len(1).map(&f).collect());
+    results.into_iter().collect()
+}
+
+/// `n` zeros, written by up to `threads` threads when `n` is large (an output buffer the
+/// kernel then overwrites: zeroing it alone would be a serial pass over memory).
+pub(crate) fn zeros_f32(n: usize, threads: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let t = threads.min(n / (1 << 18)).max(1);
+    match (t > 1).then(|| pool(t)).flatten() {
+        Some(p) => p.install(|| {
+            let mut v = Vec::with_capacity(n);
+            v.par_extend(rayon::iter::repeat_n(0.0f32, n));
+            v
+        }),
+        None => vec![0.0; n],
+    }
+}
+
+/// Splits `out` into chunks of `chunk` elements (the last may be shorter) and runs
+/// `f(offset, chunk)` on each, on up to `n` threads.
+pub(crate) fn for_each_chunk_mut<T, F>(out: &mut [T], chunk: usize, n: usize, f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let chunk = chunk.max(1);
+    let tasks: Vec<(usize, &mut [T])> = out
+        .chunks_mut(chunk)
+        .enumerate()
+        .map(|(i, c)| (i * chunk, c))
+        .collect();
+    let r: Result<(), ()> = run_tasks(tasks, n, |(off, c)| {
+        f(off, c);
+        Ok(())
+    });
+    debug_assert!(r.is_ok());
+}
+
+/// The number of threads worth using for `work` units of cheap work (elements, MACs / 16):
+/// one per `grain` units, at most [`threads`].
+pub(crate) fn threads_for(work: usize, grain: usize) -> usize {
+    threads().min(work / grain.max(1)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once_and_the_first_error_wins() {
+        let seen = std::sync::Mutex::new(Vec::new());
+        let r: Result<(), usize> = run_tasks((0..100).collect(), 3, |i: usize| {
+            if let Ok(mut v) = seen.lock() {
+                v.push(i);
+            }
+            Ok(())
+        });
+        assert_eq!(r, Ok(()));
+        let mut v = seen.into_inner().unwrap_or_default();
+        v.sort_unstable();
+        assert_eq!(v, (0..100).collect::<Vec<_>>());
+        // One thread runs in order and stops at the first error.
+        let r: Result<(), usize> =
+            run_tasks(
+                (0..10).collect(),
+                1,
+                |i| if i >= 4 { Err(i) } else { Ok(()) },
+            );
+        assert_eq!(r, Err(4));
+        let r: Result<(), usize> =
+            run_tasks(
+                (0..10).collect(),
+                4,
+                |i| if i == 7 { Err(i) } else { Ok(()) },
+            );
+        assert_eq!(r, Err(7));
+    }
+
+    #[test]
+    fn chunks_cover_the_output() {
+        let mut v = vec![0usize; 1000];
+        for_each_chunk_mut(&mut v, 64, 4, |off, c| {
+            for (i, x) in c.iter_mut().enumerate() {
+                *x = off + i;
+            }
+        });
+        assert!(v.iter().enumerate().all(|(i, &x)| i == x));
+    }
+
+    #[test]
+    fn overrides_nest_and_restore() {
+        assert_eq!(parse_threads("4"), Ok(4));
+        assert!(parse_threads("0").is_err());
+        assert!(parse_threads("many").is_err());
+        with_threads(2, || {
+            assert_eq!(threads(), 2);
+            with_threads(5, || assert_eq!(threads(), 5));
+            assert_eq!(threads(), 2);
+        });
+    }
+}

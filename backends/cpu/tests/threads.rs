@@ -1,0 +1,191 @@
+//! The threaded kernels and the fused convolution chains give bit-identical results: for
+//! every thread count, and fused or run op by op.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "test code: a failure is a panic"
+)]
+
+use fusebox_core::ir::{Constant, DType};
+use fusebox_core::text::{ConstTable, NS_CONSTANT, parse_module, parse_module_str};
+use fusebox_cpu::par::with_threads;
+use fusebox_cpu::{Executor, Tensor, Value, run};
+
+/// A module exercising every threaded kernel: conv2d (3×3 padded, 1×1 direct, grouped and
+/// strided) with the fusable chains after it (bias-first add + relu, batch_norm, relu,
+/// batch_norm + a call of a `relu(t[0])` function), a batch_norm, an add + relu on large
+/// tensors, a large matmul, max and average pooling. `{EXTRA}` is replaced
+/// by extra outputs: returning a chain's intermediates keeps it from fusing.
+const SRC: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def fused_relu(t: R.Tuple(R.Tensor((1, 64, 48, 48), dtype="float32"), R.Tensor((64,), dtype="float32"), R.Tensor((64,), dtype="float32"))) -> R.Tensor((1, 64, 48, 48), dtype="float32"):
+        R.func_attr({"Primitive": True})
+        with R.dataflow():
+            y = t[0]
+            gv = R.nn.relu(y)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((1, 16, 48, 48), dtype="float32"), w1: R.Tensor((32, 16, 3, 3), dtype="float32"), b1: R.Tensor((1, 32, 1, 1), dtype="float32"), w2: R.Tensor((64, 32, 1, 1), dtype="float32"), g: R.Tensor((64,), dtype="float32"), be: R.Tensor((64,), dtype="float32"), mu: R.Tensor((64,), dtype="float32"), var: R.Tensor((64,), dtype="float32"), w3: R.Tensor((64, 16, 3, 3), dtype="float32"), a: R.Tensor((128, 256), dtype="float32"), b: R.Tensor((256, 128), dtype="float32")):
+        cls = Module
+        with R.dataflow():
+            c1 = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])
+            a1 = R.add(b1, c1)
+            r1 = R.nn.relu(a1)
+            c2 = R.nn.conv2d(r1, w2)
+            bn = R.nn.batch_norm(c2, g, be, mu, var, axis=1, training=False)
+            y2 = bn[0]
+            c3 = R.nn.conv2d(y2, w3, strides=[2, 2], padding=[1, 1, 1, 1], groups=4)
+            r3 = R.nn.relu(c3)
+            bn2 = R.nn.batch_norm(y2, g, be, mu, var, axis=1, training=False)
+            y4 = bn2[0]
+            s = R.add(y4, y2)
+            r5 = R.nn.relu(s)
+            c4 = R.nn.conv2d(r1, w2)
+            bn3 = R.nn.batch_norm(c4, g, be, mu, var, axis=1, training=False)
+            r6 = cls.fused_relu(bn3)
+            m = R.matmul(a, b)
+            p1 = R.nn.max_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
+            p2 = R.nn.avg_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
+            R.output(r1, y2, r3, r5, r6, m, p1, p2{EXTRA})
+        return (r1, y2, r3, r5, r6, m, p1, p2{EXTRA})
+"#;
+
+/// Deterministic values in [-1, 1) that make every sum round (so order matters).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn args() -> Vec<Value> {
+    let shapes: [&[usize]; 11] = [
+        &[1, 16, 48, 48],
+        &[32, 16, 3, 3],
+        &[1, 32, 1, 1],
+        &[64, 32, 1, 1],
+        &[64],
+        &[64],
+        &[64],
+        &[64],
+        &[64, 16, 3, 3],
+        &[128, 256],
+        &[256, 128],
+    ];
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let n = s.iter().product();
+            let mut v = values(n, i as u64 + 1);
+            if i == 7 {
+                // A variance: positive.
+                v.iter_mut().for_each(|x| *x = x.abs() + 0.5);
+            }
+            Value::Tensor(Tensor::from_f32(s.to_vec(), v).unwrap())
+        })
+        .collect()
+}
+
+/// The output tensors (tuples flattened) as raw bits.
+fn bits(v: Value) -> Vec<Vec<u32>> {
+    fn go(v: Value, out: &mut Vec<Vec<u32>>) {
+        match v {
+            Value::Tensor(t) => out.push(t.to_f32_vec().iter().map(|x| x.to_bits()).collect()),
+            Value::Tuple(parts) => parts.into_iter().for_each(|p| go(p, out)),
+            v => panic!("expected a tensor, found {v:?}"),
+        }
+    }
+    let mut out = Vec::new();
+    go(v, &mut out);
+    out
+}
+
+#[test]
+fn results_are_bit_identical_for_every_thread_count() {
+    let m = parse_module_str(&SRC.replace("{EXTRA}", "")).unwrap_or_else(|e| panic!("{e}"));
+    let one = with_threads(1, || run(&m, "main", args())).unwrap_or_else(|e| panic!("{e}"));
+    let want = bits(one);
+    assert!(
+        want[0].iter().any(|&b| b != 0),
+        "the relu output is all zeros"
+    );
+    for n in [2, 3, 4, 7] {
+        let got = with_threads(n, || run(&m, "main", args())).unwrap_or_else(|e| panic!("{e}"));
+        assert!(bits(got) == want, "{n} threads differ from one");
+    }
+}
+
+#[test]
+fn fused_chains_match_the_ops_run_one_by_one() {
+    let fused = parse_module_str(&SRC.replace("{EXTRA}", "")).unwrap_or_else(|e| panic!("{e}"));
+    // Returning the intermediates keeps every chain from fusing.
+    let plain = parse_module_str(&SRC.replace("{EXTRA}", ", c1, a1, c2, c3, s, c4, bn3"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for n in [1, 2] {
+        let f = bits(with_threads(n, || run(&fused, "main", args())).unwrap());
+        let p = bits(with_threads(n, || run(&plain, "main", args())).unwrap());
+        assert_eq!(p.len(), f.len() + 9);
+        for (i, (a, b)) in f.iter().zip(&p).enumerate() {
+            assert!(
+                a == b,
+                "output {i} differs between the fused and the plain run"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_executor_reuses_its_constants_and_folds_constant_ops() {
+    // A transposed constant weight (as ONNX Gemm imports) and a constant bias.
+    let src = r#"@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((2, 3), dtype="float32")) -> R.Tensor((2, 2), dtype="float32"):
+        with R.dataflow():
+            wt = R.permute_dims(metadata["relax.expr.Constant"][0])
+            y = R.matmul(x, wt)
+            z = R.add(y, metadata["relax.expr.Constant"][1])
+            R.output(z)
+        return z
+"#;
+    let c = |shape: Vec<i64>, v: &[f32]| {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Constant::from_bytes(DType::F32, shape, bytes).unwrap()
+    };
+    let mut consts = ConstTable::new();
+    consts.insert(
+        NS_CONSTANT,
+        0,
+        c(vec![2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+    );
+    consts.insert(NS_CONSTANT, 1, c(vec![2], &[0.5, -0.5]));
+    let m = parse_module(src, "t.relax", &consts).unwrap_or_else(|e| panic!("{e}"));
+    let x = || {
+        vec![Value::Tensor(
+            Tensor::from_f32(vec![2, 3], vec![1.0, 0.0, 0.0, 0.0, 1.0, 1.0]).unwrap(),
+        )]
+    };
+    let ex = Executor::new();
+    for _ in 0..3 {
+        let Value::Tensor(z) = ex
+            .run(&m, "main", x(), None)
+            .unwrap_or_else(|e| panic!("{e}"))
+        else {
+            panic!("expected a tensor")
+        };
+        assert_eq!(z.as_f32(), Some(&[1.5, 3.5, 5.5, 10.5][..]));
+    }
+    assert!(format!("{ex:?}").contains("2 constants"), "{ex:?}");
+}

@@ -1,0 +1,119 @@
+//! The README's main-job command runs the bundled small CNN end to end with the default
+//! config, prints the partition report and passes its numerics check; the thread settings
+//! are validated.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "test code: a failure is a panic"
+)]
+
+use std::process::Command;
+
+/// Runs the fusebox binary from the repository root: (success, stdout, stderr).
+fn fusebox(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run fusebox: {e}"));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "fusebox panicked: {err}");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        err,
+    )
+}
+
+fn out_dir(name: &str) -> String {
+    std::env::temp_dir()
+        .join(format!("fusebox-main-job-{}-{name}", std::process::id()))
+        .display()
+        .to_string()
+}
+
+#[test]
+fn the_main_job_partitions_runs_and_checks_the_small_cnn() {
+    let dir = out_dir("cnn");
+    let (ok, out, err) = fusebox(
+        &[
+            "run",
+            "examples/small_cnn.relax",
+            "--config",
+            "configs/cpu.toml",
+            "--check",
+            "--output-dir",
+            &dir,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some("partition: 5 function(s), 4 op(s) left in main (run by the CPU reference executor)"),
+        "{out}"
+    );
+    let row = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(
+        row("fused_conv2d_add_add_relu").as_deref(),
+        Some("cpu relax.nn.conv2d, relax.add, relax.add, relax.nn.relu")
+    );
+    assert_eq!(
+        row("fused_matmul_add").as_deref(),
+        Some("cpu relax.matmul, relax.add")
+    );
+    assert_eq!(
+        row("main").as_deref(),
+        Some(
+            "reference relax.nn.max_pool2d, relax.nn.adaptive_avg_pool2d, relax.reshape, \
+             relax.nn.softmax"
+        )
+    );
+    assert!(
+        out.contains("check: 2 output(s) match the unpartitioned module"),
+        "{out}"
+    );
+    assert!(std::path::Path::new(&dir).join("logits.npy").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn thread_settings_are_validated_and_do_not_change_results() {
+    let dir = out_dir("threads");
+    let run = |threads: &str| {
+        fusebox(
+            &[
+                "run",
+                "examples/small_cnn.relax",
+                "--output-dir",
+                &dir,
+                "--seed",
+                "3",
+            ],
+            &[("FUSEBOX_THREADS", threads)],
+        )
+    };
+    let (ok, _, err) = run("many");
+    assert!(!ok);
+    assert!(
+        err.contains("FUSEBOX_THREADS: expected a thread count from 1 to 256, found `many`"),
+        "{err}"
+    );
+    let (ok, one, err) = run("1");
+    assert!(ok, "{err}");
+    let (ok, three, err) = run("3");
+    assert!(ok, "{err}");
+    // The summary lines print min/max/mean to 6 decimals: equal outputs, equal lines.
+    assert_eq!(one, three);
+    let _ = std::fs::remove_dir_all(&dir);
+}
