@@ -148,7 +148,23 @@ fn print_partition(plan: &fusebox_core::backend::pipeline::Plan) {
         .iter()
         .map(|f| {
             let backend = f.backend.as_deref().unwrap_or("reference");
-            (f.name.as_str(), backend, f.ops.join(", "))
+            // Say when an earlier backend claimed it but could not compile it, or when it is
+            // the CPU fallback.
+            let why = plan
+                .claims
+                .iter()
+                .find(|c| c.function == f.name)
+                .map(|c| match (c.compile_failures.first(), c.fallback) {
+                    (Some((b, _)), _) => format!("  (fallback: `{b}` could not compile it)"),
+                    (None, true) => "  (fallback: no backend claimed it)".to_string(),
+                    (None, false) => String::new(),
+                })
+                .unwrap_or_default();
+            (
+                f.name.as_str(),
+                backend,
+                format!("{}{why}", f.ops.join(", ")),
+            )
         })
         .chain((!main_ops.is_empty()).then(|| ("main", "reference", main_ops.join(", "))))
         .collect();
