@@ -6,7 +6,7 @@ use super::dtype::DType;
 use std::collections::BTreeSet;
 
 /// The type of a tensor: shape (known dims, known rank only, or unknown) and dtype (or unknown).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Eq, Hash)]
 pub struct TensorType {
     /// The dims when the shape is known, shared: cloning a type (one per expression and var)
     /// copies a pointer, and equal shapes made from one another compare by pointer first.
@@ -16,6 +16,39 @@ pub struct TensorType {
     pub ndim: Option<usize>,
     /// The element type, `None` when unknown (`dtype="void"`).
     pub dtype: Option<DType>,
+}
+
+// Field-wise equality as `derive(PartialEq)` gives, with the cheap fields first and shared dims
+// compared by pointer.
+impl PartialEq for TensorType {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.dtype == other.dtype
+            && self.ndim == other.ndim
+            && match (&self.dims, &other.dims) {
+                (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b) || dims_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+
+/// Dims equality with static dims compared inline.
+#[inline]
+fn dims_eq(a: &[Dim], b: &[Dim]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    for (x, y) in a.iter().zip(b) {
+        let same = match (x, y) {
+            (Dim::Static(p), Dim::Static(q)) => p == q,
+            _ => x == y,
+        };
+        if !same {
+            return false;
+        }
+    }
+    true
 }
 
 impl TensorType {
@@ -52,7 +85,7 @@ pub struct FuncType {
 }
 
 /// The type of an expression.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, Eq, Hash)]
 pub enum Type {
     /// `R.Tensor(...)`.
     Tensor(TensorType),
@@ -72,6 +105,24 @@ pub enum Type {
     /// `R.Object`: anything.
     #[default]
     Object,
+}
+
+// What `derive(PartialEq)` gives, with tensors (most types) first and inlined.
+impl PartialEq for Type {
+    #[inline]
+    fn eq(&self, other: &Type) -> bool {
+        match (self, other) {
+            (Type::Tensor(a), Type::Tensor(b)) => a == b,
+            (Type::Tuple(a), Type::Tuple(b)) => a == b,
+            (Type::Shape { dims: a, ndim: m }, Type::Shape { dims: b, ndim: n }) => {
+                a == b && m == n
+            }
+            (Type::Prim(a), Type::Prim(b)) => a == b,
+            (Type::Func(a), Type::Func(b)) => a == b,
+            (Type::Object, Type::Object) => true,
+            _ => false,
+        }
+    }
 }
 
 impl Type {

@@ -40,7 +40,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::ir::copy::{VarLookup, VarMap, copy_expr};
+use crate::ir::copy::{ExprMap, VarIndex, VarLookup, copy_expr};
 use crate::ir::structural::{function_eq, function_hash};
 use crate::ir::{
     AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Sym, Type,
@@ -417,7 +417,7 @@ fn find_groups(
     scratch: &mut FindScratch,
 ) -> Vec<Vec<VarId>> {
     let f = view.func;
-    let mut group_of: VarMap<usize> = VarMap::new(f.vars.len());
+    let mut group_of = VarIndex::new(f.vars.len());
     let mut groups: Vec<Group> = Vec::new();
     let FindScratch {
         m,
@@ -475,7 +475,7 @@ fn find_groups(
             merge.clear();
             let mut partial = None;
             for v in matched {
-                if let Some(&g) = group_of.get(v) {
+                if let Some(g) = group_of.get(*v).map(|g| g as usize) {
                     if groups[g].members.iter().all(|x| matched.contains(x)) {
                         if !merge.contains(&g) {
                             merge.push(g);
@@ -508,7 +508,7 @@ fn find_groups(
             }
             let id = groups.len();
             for &v in matched {
-                group_of.insert(v, id);
+                group_of.insert(v, id as u32);
             }
             groups.push(Group {
                 members: matched.to_vec(),
@@ -530,7 +530,7 @@ fn cycle_through(
     members: &[VarId],
     inside: &VarSet,
     stack: &mut Vec<VarId>,
-    group_of: &VarMap<usize>,
+    group_of: &VarIndex,
     groups: &[Group],
     merging: &[usize],
 ) -> Option<VarId> {
@@ -552,7 +552,7 @@ fn cycle_through(
         if !tainted.insert(x) {
             continue;
         }
-        if let Some(&h) = group_of.get(&x)
+        if let Some(h) = group_of.get(x).map(|h| h as usize)
             && groups[h].alive
             && !merging.contains(&h)
         {
@@ -773,7 +773,7 @@ pub(crate) struct ShapeCache<'f> {
     by_hash: HashMap<u64, Vec<Shaped<'f>>>,
     inside: VarSet,
     outputs: Vec<VarId>,
-    firsts: Vec<(usize, usize, VarId)>,
+    firsts: Vec<(usize, usize, VarId, ExprId)>,
     ops: Vec<VarId>,
     psrc: Vec<ParamSrc>,
     toks: Vec<Tok<'f>>,
@@ -849,7 +849,7 @@ fn outline<'f>(
     opts: PartitionOptions,
     naming: Naming,
     caller: &mut Function,
-    cmap: &VarMap<ExprId>,
+    cmap: &ExprMap,
     m: &Module,
     dedup: &mut DedupIndex,
     pending: &mut Vec<(String, Function)>,
@@ -883,14 +883,20 @@ fn outline<'f>(
             .filter_map(|&u| view.bound(u))
             .min_by_key(|&(p, _)| p);
         if let Some((p, e)) = first {
+            firsts.push((p, 0, mv, e));
+        }
+    }
+    // Members first used by the same binding are ordered by operand position there (the
+    // position is only looked up when there are several).
+    if firsts.len() > 1 {
+        for (_, k, mv, e) in firsts.iter_mut() {
             ops.clear();
-            operand_vars(f, e, ops);
-            let k = ops.iter().position(|&o| o == mv).unwrap_or(0);
-            firsts.push((p, k, mv));
+            operand_vars(f, *e, ops);
+            *k = ops.iter().position(|o| o == mv).unwrap_or(0);
         }
     }
     firsts.sort_unstable();
-    outputs.extend(firsts.iter().map(|&(_, _, v)| v));
+    outputs.extend(firsts.iter().map(|&(_, _, v, _)| v));
     if outputs.is_empty() {
         // Unused group: keep its last binding as the output so no op is dropped.
         outputs.extend(members.last());
@@ -922,7 +928,7 @@ fn outline<'f>(
         let mut args = Vec::with_capacity(cache.psrc.len());
         for &p in &cache.psrc {
             args.push(match p {
-                ParamSrc::Var(x) => cmap.get(&x).copied().ok_or_else(|| {
+                ParamSrc::Var(x) => cmap.get(x).ok_or_else(|| {
                     Error::Invalid(format!(
                         "internal: `{}` is not defined before its group",
                         f.var(x).name
@@ -968,7 +974,7 @@ fn outline<'f>(
                     let p = cf.add_var(vd.name.clone(), vd.ty.clone(), false);
                     cf.params.push(p);
                     fmap.insert(*x, cf.var_expr(p));
-                    let outer = cmap.get(x).copied().ok_or_else(|| {
+                    let outer = cmap.get(*x).ok_or_else(|| {
                         Error::Invalid(format!(
                             "internal: `{}` is not defined before its group",
                             vd.name
@@ -1181,10 +1187,10 @@ pub(crate) fn rewrite<G: GroupSpec>(
     m: &Module,
     dedup: &mut DedupIndex,
 ) -> Result<(Function, NewFunctions)> {
-    let mut group_of: VarMap<usize> = VarMap::new(f.vars.len());
+    let mut group_of = VarIndex::new(f.vars.len());
     for (gi, g) in groups.iter().enumerate() {
         for &v in g.members() {
-            group_of.insert(v, gi);
+            group_of.insert(v, gi as u32);
         }
     }
     let mut nf = Function::new();
@@ -1194,7 +1200,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
     nf.attrs = f.attrs.clone();
     nf.sym_vars = f.sym_vars.clone();
     nf.ret_ty = f.ret_ty.clone();
-    let mut map: VarMap<ExprId> = VarMap::new(f.vars.len());
+    let mut map = ExprMap::new(f.vars.len());
     let mut names = FreshNames::default();
     nf.params.reserve(f.params.len());
     // Fresh names avoid every name that stays: the params and the vars outside groups.
@@ -1207,7 +1213,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
     }
     for (v, d) in f.vars.iter() {
         // `map` holds exactly the params here; their names are reserved above.
-        if !group_of.contains_key(&v) && !map.contains_key(&v) {
+        if !group_of.contains_key(v) && !map.contains_key(v) {
             names.reserve(&d.name);
         }
     }
@@ -1222,7 +1228,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
     }
     let ngroups = groups.len();
     // Per var of the current block: its binding's index (cleared after the block).
-    let mut index: VarMap<usize> = VarMap::new(f.vars.len());
+    let mut index = VarIndex::new(f.vars.len());
     let mut done: Vec<bool> = Vec::new();
     let mut order: Vec<Unit> = Vec::new();
     let mut stack: Vec<(Unit, bool)> = Vec::new();
@@ -1233,7 +1239,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
             dataflow: block.dataflow,
             bindings: Vec::new(),
         };
-        let has_group = block.bindings.iter().any(|b| group_of.contains_key(&b.var));
+        let has_group = block.bindings.iter().any(|b| group_of.contains_key(b.var));
         if !has_group {
             out.bindings.reserve(block.bindings.len());
             for b in &block.bindings {
@@ -1243,11 +1249,11 @@ pub(crate) fn rewrite<G: GroupSpec>(
             continue;
         }
         for (i, b) in block.bindings.iter().enumerate() {
-            index.insert(b.var, i);
+            index.insert(b.var, i as u32);
         }
         let unit_of = |i: usize| -> Unit {
-            match group_of.get(&block.bindings[i].var) {
-                Some(&g) => Unit::Group(g),
+            match group_of.get(block.bindings[i].var) {
+                Some(g) => Unit::Group(g as usize),
                 None => Unit::Single(i),
             }
         };
@@ -1258,7 +1264,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
                 ops.clear();
                 operand_vars(f, block.bindings[i].value, ops);
                 for o in ops.iter() {
-                    if let Some(&j) = index.get(o) {
+                    if let Some(j) = index.get(*o).map(|j| j as usize) {
                         let du = unit_of(j);
                         if du != u && !deps.contains(&du) {
                             deps.push(du);
@@ -1270,7 +1276,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
                 Unit::Single(i) => add(i, deps),
                 Unit::Group(g) => {
                     for v in groups[g].members() {
-                        if let Some(&i) = index.get(v) {
+                        if let Some(i) = index.get(*v).map(|i| i as usize) {
                             add(i, deps);
                         }
                     }
@@ -1359,7 +1365,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
                         let mut by_pos: Vec<(usize, u32, VarId)> = outputs
                             .iter()
                             .enumerate()
-                            .map(|(k, &v)| (index.get(&v).copied().unwrap_or(0), k as u32, v))
+                            .map(|(k, &v)| (index.get(v).map_or(0, |i| i as usize), k as u32, v))
                             .collect();
                         by_pos.sort_unstable();
                         for (_, k, old) in by_pos {
@@ -1394,7 +1400,7 @@ fn emit_copy(
     f: &Function,
     b: &Binding,
     nf: &mut Function,
-    map: &mut VarMap<ExprId>,
+    map: &mut ExprMap,
     out: &mut Block,
 ) -> Result<()> {
     let value = copy_expr(f, b.value, nf, map)?;
