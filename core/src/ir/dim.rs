@@ -75,7 +75,7 @@ impl DimOp {
 }
 
 /// One dimension of a shape.
-#[derive(Clone, Debug, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dim {
     /// A known extent.
     Static(i64),
@@ -83,19 +83,6 @@ pub enum Dim {
     Sym(Sym),
     /// An expression over symbols and integers.
     Expr(Arc<(DimOp, Dim, Dim)>),
-}
-
-// What `derive(PartialEq)` gives, inlined: shapes are compared often, and mostly static.
-impl PartialEq for Dim {
-    #[inline]
-    fn eq(&self, other: &Dim) -> bool {
-        match (self, other) {
-            (Dim::Static(a), Dim::Static(b)) => a == b,
-            (Dim::Sym(a), Dim::Sym(b)) => a == b,
-            (Dim::Expr(a), Dim::Expr(b)) => a == b,
-            _ => false,
-        }
-    }
 }
 
 impl Dim {

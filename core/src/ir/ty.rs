@@ -6,6 +6,10 @@ use super::dtype::DType;
 use std::collections::BTreeSet;
 
 /// The type of a tensor: shape (known dims, known rank only, or unknown) and dtype (or unknown).
+#[allow(
+    clippy::derived_hash_with_manual_eq,
+    reason = "the manual equality is the field-wise one that derive would give, so it agrees with the derived hash"
+)]
 #[derive(Clone, Debug, Eq, Hash)]
 pub struct TensorType {
     /// The dims when the shape is known, shared: cloning a type (one per expression and var)
@@ -85,7 +89,7 @@ pub struct FuncType {
 }
 
 /// The type of an expression.
-#[derive(Clone, Debug, Default, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Type {
     /// `R.Tensor(...)`.
     Tensor(TensorType),
@@ -105,24 +109,6 @@ pub enum Type {
     /// `R.Object`: anything.
     #[default]
     Object,
-}
-
-// What `derive(PartialEq)` gives, with tensors (most types) first and inlined.
-impl PartialEq for Type {
-    #[inline]
-    fn eq(&self, other: &Type) -> bool {
-        match (self, other) {
-            (Type::Tensor(a), Type::Tensor(b)) => a == b,
-            (Type::Tuple(a), Type::Tuple(b)) => a == b,
-            (Type::Shape { dims: a, ndim: m }, Type::Shape { dims: b, ndim: n }) => {
-                a == b && m == n
-            }
-            (Type::Prim(a), Type::Prim(b)) => a == b,
-            (Type::Func(a), Type::Func(b)) => a == b,
-            (Type::Object, Type::Object) => true,
-            _ => false,
-        }
-    }
 }
 
 impl Type {
