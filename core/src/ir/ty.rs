@@ -211,3 +211,44 @@ impl Type {
         }
     }
 }
+
+/// Shares equal shapes: the types passed through one interner point at one copy of each
+/// distinct dims list, so the many types of a function that have the same shape clone and
+/// compare by pointer (builders and the parser intern every type they attach).
+#[derive(Debug, Default)]
+pub struct ShapeInterner {
+    shapes: rustc_hash::FxHashSet<std::sync::Arc<[Dim]>>,
+}
+
+impl ShapeInterner {
+    /// An empty interner.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `ty` with its dims (and those of nested types) replaced by the interned equal ones.
+    pub fn intern(&mut self, ty: Type) -> Type {
+        match ty {
+            Type::Tensor(mut t) => {
+                if let Some(d) = t.dims.take() {
+                    t.dims = Some(self.dims(d));
+                }
+                Type::Tensor(t)
+            }
+            Type::Tuple(ts) => Type::Tuple(ts.into_iter().map(|t| self.intern(t)).collect()),
+            Type::Func(f) => Type::Func(FuncType {
+                params: f.params.into_iter().map(|t| self.intern(t)).collect(),
+                ret: Box::new(self.intern(*f.ret)),
+            }),
+            other => other,
+        }
+    }
+
+    fn dims(&mut self, d: std::sync::Arc<[Dim]>) -> std::sync::Arc<[Dim]> {
+        if let Some(x) = self.shapes.get(&d[..]) {
+            return x.clone();
+        }
+        self.shapes.insert(d.clone());
+        d
+    }
+}
