@@ -51,7 +51,8 @@ impl<'f> FunctionView<'f> {
         let mut bound = vec![None; nv];
         let mut value_var = vec![None; func.exprs.len()];
         let mut block_of = vec![u32::MAX; nv];
-        let mut edges: Vec<(VarId, VarId)> = Vec::new();
+        let nbind: usize = func.blocks.iter().map(|b| b.bindings.len()).sum();
+        let mut edges: Vec<(VarId, VarId)> = Vec::with_capacity(nbind * 2);
         let mut pos = 0u32;
         let mut used = Vec::new();
         for (bi, block) in func.blocks.iter().enumerate() {
@@ -67,8 +68,20 @@ impl<'f> FunctionView<'f> {
                 }
                 used.clear();
                 operand_vars(func, b.value, &mut used);
-                used.sort_unstable();
-                used.dedup();
+                match used.len() {
+                    0 | 1 => {}
+                    2 => {
+                        if used[0] == used[1] {
+                            used.pop();
+                        } else if used[0] > used[1] {
+                            used.swap(0, 1);
+                        }
+                    }
+                    _ => {
+                        used.sort_unstable();
+                        used.dedup();
+                    }
+                }
                 edges.extend(used.iter().map(|&u| (u, b.var)));
                 pos += 1;
             }
@@ -181,7 +194,11 @@ pub fn operand_vars(f: &Function, e: ExprId, out: &mut Vec<VarId>) {
                 out.push(*v);
             }
             for &a in args {
-                operand_vars(f, a, out);
+                // Arguments are mostly vars: take those without a call.
+                match f.exprs.get(a).map(|d| &d.kind) {
+                    Some(ExprKind::Var(v)) => out.push(*v),
+                    _ => operand_vars(f, a, out),
+                }
             }
         }
         ExprKind::Tuple(xs) => xs.iter().for_each(|&x| operand_vars(f, x, out)),
