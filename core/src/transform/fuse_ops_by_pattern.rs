@@ -4,6 +4,9 @@
 //!
 //! - Patterns are applied **in the given order** (sort with [`sort_by_priority`] first), each over
 //!   the whole module on the output of the previous one, so an earlier pattern wins everywhere.
+//!   With several patterns, a function whose census lacks an op or op-to-op edge that every
+//!   match of a pattern needs is skipped for it without visiting a root (`pattern::census`; the
+//!   output is the same).
 //! - Every function without `Primitive`, `Composite` or `Codegen` is partitioned. Roots are the
 //!   op-call bindings of dataflow blocks, visited in program order; the matcher looks back only.
 //! - Within one pattern, a later match that contains **all** of an earlier group replaces it
