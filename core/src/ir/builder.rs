@@ -1,5 +1,6 @@
 //! A builder for functions, like TVM's `relax.BlockBuilder`: it infers the type of every value as
-//! you emit it, names fresh vars, and keeps the function in normal form.
+//! you emit it (equal shapes share one dims list, see [`ShapeInterner`]), names fresh vars, and
+//! keeps the function in normal form.
 //!
 //! ```
 //! use fusebox_core::ir::{builder::FunctionBuilder, Callee, DType, Module, Type};
@@ -30,7 +31,8 @@
 
 use super::infer::{GlobalTypes, infer_kind};
 use super::{
-    Binding, Block, Callee, Constant, Dim, ExprId, ExprKind, Function, PrimValue, Sym, Type, VarId,
+    Binding, Block, Callee, Constant, Dim, ExprId, ExprKind, Function, PrimValue, ShapeInterner,
+    Sym, Type, VarId,
 };
 use crate::error::{Error, Result};
 use std::collections::HashSet;
@@ -43,6 +45,7 @@ pub struct FunctionBuilder<'g> {
     names: HashSet<String>,
     block: Option<Block>,
     fresh: usize,
+    shapes: ShapeInterner,
 }
 
 impl<'g> FunctionBuilder<'g> {
@@ -54,6 +57,7 @@ impl<'g> FunctionBuilder<'g> {
             names: HashSet::new(),
             block: None,
             fresh: 0,
+            shapes: ShapeInterner::new(),
         }
     }
 
@@ -69,6 +73,7 @@ impl<'g> FunctionBuilder<'g> {
     /// Adds a parameter.
     pub fn param(&mut self, name: &str, ty: Type) -> VarId {
         let name = self.unique(name);
+        let ty = self.shapes.intern(ty);
         let v = self.func.add_var(name, ty, false);
         self.func.params.push(v);
         v
@@ -81,7 +86,7 @@ impl<'g> FunctionBuilder<'g> {
 
     /// A constant leaf.
     pub fn constant(&mut self, c: Constant) -> ExprId {
-        let ty = c.ty();
+        let ty = self.shapes.intern(c.ty());
         self.func.add_expr(ExprKind::Const(c), ty)
     }
 
@@ -109,6 +114,7 @@ impl<'g> FunctionBuilder<'g> {
             op: describe(&kind),
             message: m,
         })?;
+        let ty = self.shapes.intern(ty);
         Ok(self.func.add_expr(kind, ty))
     }
 

@@ -44,10 +44,88 @@ impl<T: Copy> VarMap<T> {
     }
 }
 
+/// A dense map from the vars of one function to `u32` values: 4 bytes per var, zeroed when
+/// made (0 means absent; values are stored plus one), so a map over a large function costs only
+/// the pages that are written.
+#[derive(Clone, Debug)]
+pub struct VarIndex(Vec<u32>);
+
+impl VarIndex {
+    /// An empty map for a function with `len` vars.
+    pub fn new(len: usize) -> Self {
+        VarIndex(vec![0; len])
+    }
+
+    /// The value for `v`.
+    #[inline]
+    pub fn get(&self, v: VarId) -> Option<u32> {
+        match self.0.get(v.index()) {
+            Some(&x) if x != 0 => Some(x - 1),
+            _ => None,
+        }
+    }
+
+    /// Sets the value for `v` (ignored when `v` is out of range or `x` is `u32::MAX`, which
+    /// no arena index reaches).
+    #[inline]
+    pub fn insert(&mut self, v: VarId, x: u32) {
+        if let (Some(slot), Some(x1)) = (self.0.get_mut(v.index()), x.checked_add(1)) {
+            *slot = x1;
+        }
+    }
+
+    /// Removes the value for `v`, if any.
+    pub fn remove(&mut self, v: VarId) {
+        if let Some(slot) = self.0.get_mut(v.index()) {
+            *slot = 0;
+        }
+    }
+
+    /// Whether `v` has a value.
+    #[inline]
+    pub fn contains_key(&self, v: VarId) -> bool {
+        self.get(v).is_some()
+    }
+}
+
+/// A dense map from the vars of one function to expressions (of another), over a [`VarIndex`].
+#[derive(Clone, Debug)]
+pub struct ExprMap(VarIndex);
+
+impl ExprMap {
+    /// An empty map for a function with `len` vars.
+    pub fn new(len: usize) -> Self {
+        ExprMap(VarIndex::new(len))
+    }
+
+    /// The expression for `v`.
+    #[inline]
+    pub fn get(&self, v: VarId) -> Option<ExprId> {
+        self.0.get(v).map(|x| ExprId::new(x as usize))
+    }
+
+    /// Sets the expression for `v`.
+    #[inline]
+    pub fn insert(&mut self, v: VarId, e: ExprId) {
+        self.0.insert(v, e.as_u32());
+    }
+
+    /// Whether `v` has an expression.
+    pub fn contains_key(&self, v: VarId) -> bool {
+        self.0.contains_key(v)
+    }
+}
+
 /// Where a copied expression's vars go.
 pub trait VarLookup {
     /// The expression that replaces var `v`.
     fn lookup(&self, v: VarId) -> Option<ExprId>;
+}
+
+impl VarLookup for ExprMap {
+    fn lookup(&self, v: VarId) -> Option<ExprId> {
+        self.get(v)
+    }
 }
 
 impl VarLookup for VarMap<ExprId> {

@@ -36,4 +36,4 @@ pub use entity::{Arena, EntityId};
 pub use expr::{Callee, Constant, ExprData, ExprId, ExprKind, PrimValue, VarData, VarId, numel};
 pub use function::{AttrValue, Binding, Block, FuncAttrs, Function};
 pub use module::Module;
-pub use ty::{FuncType, TensorType, Type};
+pub use ty::{FuncType, ShapeInterner, TensorType, Type};

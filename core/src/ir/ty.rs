@@ -6,7 +6,11 @@ use super::dtype::DType;
 use std::collections::BTreeSet;
 
 /// The type of a tensor: shape (known dims, known rank only, or unknown) and dtype (or unknown).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[allow(
+    clippy::derived_hash_with_manual_eq,
+    reason = "the manual equality is the field-wise one that derive would give, so it agrees with the derived hash"
+)]
+#[derive(Clone, Debug, Eq, Hash)]
 pub struct TensorType {
     /// The dims when the shape is known, shared: cloning a type (one per expression and var)
     /// copies a pointer, and equal shapes made from one another compare by pointer first.
@@ -16,6 +20,39 @@ pub struct TensorType {
     pub ndim: Option<usize>,
     /// The element type, `None` when unknown (`dtype="void"`).
     pub dtype: Option<DType>,
+}
+
+// Field-wise equality as `derive(PartialEq)` gives, with the cheap fields first and shared dims
+// compared by pointer.
+impl PartialEq for TensorType {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.dtype == other.dtype
+            && self.ndim == other.ndim
+            && match (&self.dims, &other.dims) {
+                (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b) || dims_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+
+/// Dims equality with static dims compared inline.
+#[inline]
+fn dims_eq(a: &[Dim], b: &[Dim]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    for (x, y) in a.iter().zip(b) {
+        let same = match (x, y) {
+            (Dim::Static(p), Dim::Static(q)) => p == q,
+            _ => x == y,
+        };
+        if !same {
+            return false;
+        }
+    }
+    true
 }
 
 impl TensorType {
@@ -172,5 +209,46 @@ impl Type {
             }
             Type::Prim(_) | Type::Object => {}
         }
+    }
+}
+
+/// Shares equal shapes: the types passed through one interner point at one copy of each
+/// distinct dims list, so the many types of a function that have the same shape clone and
+/// compare by pointer (builders and the parser intern every type they attach).
+#[derive(Debug, Default)]
+pub struct ShapeInterner {
+    shapes: rustc_hash::FxHashSet<std::sync::Arc<[Dim]>>,
+}
+
+impl ShapeInterner {
+    /// An empty interner.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `ty` with its dims (and those of nested types) replaced by the interned equal ones.
+    pub fn intern(&mut self, ty: Type) -> Type {
+        match ty {
+            Type::Tensor(mut t) => {
+                if let Some(d) = t.dims.take() {
+                    t.dims = Some(self.dims(d));
+                }
+                Type::Tensor(t)
+            }
+            Type::Tuple(ts) => Type::Tuple(ts.into_iter().map(|t| self.intern(t)).collect()),
+            Type::Func(f) => Type::Func(FuncType {
+                params: f.params.into_iter().map(|t| self.intern(t)).collect(),
+                ret: Box::new(self.intern(*f.ret)),
+            }),
+            other => other,
+        }
+    }
+
+    fn dims(&mut self, d: std::sync::Arc<[Dim]>) -> std::sync::Arc<[Dim]> {
+        if let Some(x) = self.shapes.get(&d[..]) {
+            return x.clone();
+        }
+        self.shapes.insert(d.clone());
+        d
     }
 }

@@ -205,6 +205,9 @@ impl Census {
     pub fn build_edges(&mut self, view: &FunctionView<'_>) {
         let f = view.func;
         let mut edges: FxHashSet<u32> = FxHashSet::default();
+        // Edges repeat (layers): a small direct-mapped memo of edges already added skips most
+        // set insertions. `u32::MAX` is no edge (op indices stay below `u16::MAX`).
+        let mut seen = [u32::MAX; 64];
         let mut stack: Vec<ExprId> = Vec::new();
         // Too many distinct ops to pack: no edge index (every edge need then holds).
         if self.ops.len() > u16::MAX as usize {
@@ -226,7 +229,12 @@ impl Census {
                                 }) = f.exprs.get(x).map(|d| &d.kind)
                                 {
                                     let child = self.index_of(child.name());
-                                    edges.insert(((parent as u32) << 16) | child as u32);
+                                    let key = ((parent as u32) << 16) | child as u32;
+                                    let slot = &mut seen[(key ^ (key >> 13)) as usize % 64];
+                                    if *slot != key {
+                                        *slot = key;
+                                        edges.insert(key);
+                                    }
                                 }
                             }
                         }

@@ -29,13 +29,16 @@ pub struct FunctionView<'f> {
 }
 
 /// The side tables of a [`FunctionView`], shareable between views of the same (unchanged)
-/// function, so a pass that tries many patterns indexes a function once.
+/// function, so a pass that tries many patterns indexes a function once. The per-id tables are
+/// zeroed when made and 0 means "none" (values are stored plus one), so the entries of params
+/// and of expressions that are not bound cost no writes.
 pub struct ViewTables {
-    /// Per var: `(position, value)` when bound; positions count bindings across blocks.
-    bound: Vec<Option<(u32, ExprId)>>,
-    /// Per expression: the var it is bound to, when it is a binding's value.
-    value_var: Vec<Option<VarId>>,
-    /// Per var: the block index of its binding (`u32::MAX` for params).
+    /// Per var: `(position + 1) << 32 | value` when bound; positions count bindings across
+    /// blocks.
+    bound: Vec<u64>,
+    /// Per expression: the var it is bound to plus one, when it is a binding's value.
+    value_var: Vec<u32>,
+    /// Per var: the block index of its binding plus one (0 for params).
     block_of: Vec<u32>,
     /// Users of each var (CSR): `users[user_start[v]..user_start[v + 1]]`.
     user_start: Vec<u32>,
@@ -48,27 +51,45 @@ impl<'f> FunctionView<'f> {
     /// Indexes `func`.
     pub fn new(func: &'f Function) -> Self {
         let nv = func.vars.len();
-        let mut bound = vec![None; nv];
-        let mut value_var = vec![None; func.exprs.len()];
-        let mut block_of = vec![u32::MAX; nv];
-        let mut edges: Vec<(VarId, VarId)> = Vec::new();
+        let mut bound: Vec<u64> = vec![0; nv];
+        let mut value_var: Vec<u32> = vec![0; func.exprs.len()];
+        let mut block_of: Vec<u32> = vec![0; nv];
+        let nbind: usize = func.blocks.iter().map(|b| b.bindings.len()).sum();
+        let mut edges: Vec<(VarId, VarId)> = Vec::with_capacity(nbind * 2);
         let mut pos = 0u32;
         let mut used = Vec::new();
         for (bi, block) in func.blocks.iter().enumerate() {
             for b in &block.bindings {
                 if let Some(slot) = bound.get_mut(b.var.index()) {
-                    *slot = Some((pos, b.value));
+                    *slot = ((u64::from(pos) + 1) << 32) | u64::from(b.value.as_u32());
                 }
-                if let Some(slot) = value_var.get_mut(b.value.index()) {
-                    *slot = Some(b.var);
+                if let (Some(slot), Some(v1)) = (
+                    value_var.get_mut(b.value.index()),
+                    b.var.as_u32().checked_add(1),
+                ) {
+                    *slot = v1;
                 }
-                if let Some(slot) = block_of.get_mut(b.var.index()) {
-                    *slot = bi as u32;
+                if let (Some(slot), Ok(b1)) =
+                    (block_of.get_mut(b.var.index()), u32::try_from(bi + 1))
+                {
+                    *slot = b1;
                 }
                 used.clear();
                 operand_vars(func, b.value, &mut used);
-                used.sort_unstable();
-                used.dedup();
+                match used.len() {
+                    0 | 1 => {}
+                    2 => {
+                        if used[0] == used[1] {
+                            used.pop();
+                        } else if used[0] > used[1] {
+                            used.swap(0, 1);
+                        }
+                    }
+                    _ => {
+                        used.sort_unstable();
+                        used.dedup();
+                    }
+                }
                 edges.extend(used.iter().map(|&u| (u, b.var)));
                 pos += 1;
             }
@@ -123,27 +144,33 @@ impl<'f> FunctionView<'f> {
     }
 
     /// `(position, value)` of the binding of `var`, if it is bound.
+    #[inline]
     pub fn bound(&self, var: VarId) -> Option<(usize, ExprId)> {
-        self.t
-            .bound
-            .get(var.index())
-            .copied()
-            .flatten()
-            .map(|(p, e)| (p as usize, e))
+        match self.t.bound.get(var.index()) {
+            Some(&x) if x != 0 => Some((
+                ((x >> 32) - 1) as usize,
+                ExprId::new((x & u64::from(u32::MAX)) as usize),
+            )),
+            _ => None,
+        }
     }
 
     /// The var bound to `value`, if `value` is a binding's value.
+    #[inline]
     pub fn value_var(&self, value: ExprId) -> Option<VarId> {
-        self.t.value_var.get(value.index()).copied().flatten()
+        match self.t.value_var.get(value.index()) {
+            Some(&v) if v != 0 => Some(VarId::new((v - 1) as usize)),
+            _ => None,
+        }
     }
 
     /// The index of the block that binds `var` (`None` for params).
+    #[inline]
     pub fn block_of(&self, var: VarId) -> Option<usize> {
-        self.t
-            .block_of
-            .get(var.index())
-            .filter(|&&b| b != u32::MAX)
-            .map(|&b| b as usize)
+        match self.t.block_of.get(var.index()) {
+            Some(&b) if b != 0 => Some((b - 1) as usize),
+            _ => None,
+        }
     }
 
     /// The vars of the bindings that use `var`, in binding order.
@@ -181,7 +208,11 @@ pub fn operand_vars(f: &Function, e: ExprId, out: &mut Vec<VarId>) {
                 out.push(*v);
             }
             for &a in args {
-                operand_vars(f, a, out);
+                // Arguments are mostly vars: take those without a call.
+                match f.exprs.get(a).map(|d| &d.kind) {
+                    Some(ExprKind::Var(v)) => out.push(*v),
+                    _ => operand_vars(f, a, out),
+                }
             }
         }
         ExprKind::Tuple(xs) => xs.iter().for_each(|&x| operand_vars(f, x, out)),

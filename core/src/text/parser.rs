@@ -24,6 +24,7 @@
 use super::constants::{ConstTable, side_file_path};
 use super::lexer::{Tk, Token, lex, unescape};
 use crate::error::{Error, Pos, Result};
+use crate::ir::ShapeInterner;
 use crate::ir::infer::{brief, infer_kind};
 use crate::ir::{
     AttrValue, Binding, Block, Callee, Constant, DType, Dim, DimOp, ExprId, ExprKind, FuncAttrs,
@@ -124,6 +125,8 @@ struct FnCtx<'a> {
     scope: FxMap<Cow<'a, str>, (VarId, bool)>,
     fresh: u32,
     in_dataflow: bool,
+    /// Equal shapes of this function's types share one dims list.
+    shapes: ShapeInterner,
 }
 
 pub(crate) struct Parser<'a> {
@@ -789,9 +792,11 @@ impl<'a> Parser<'a> {
             scope: FxMap::default(),
             fresh: 0,
             in_dataflow: false,
+            shapes: ShapeInterner::new(),
         };
         for (pname, ty) in &h.params {
-            let v = ctx.f.add_var(*pname, ty.clone(), false);
+            let ty = ctx.shapes.intern(ty.clone());
+            let v = ctx.f.add_var(*pname, ty, false);
             ctx.f.params.push(v);
             ctx.scope.insert(Cow::Borrowed(*pname), (v, true));
         }
@@ -1132,6 +1137,7 @@ impl<'a> Parser<'a> {
             }
             None => inferred,
         };
+        let ty = ctx.shapes.intern(ty);
         let v = ctx.f.add_var(name, ty, ctx.in_dataflow);
         Self::emit(ctx, v, e);
         ctx.scope.insert(Cow::Borrowed(name), (v, true));
@@ -1194,6 +1200,7 @@ impl<'a> Parser<'a> {
             };
             self.err_at(at, format!("{what}{m}"))
         })?;
+        let ty = ctx.shapes.intern(ty);
         Ok(ctx.f.add_expr(kind, ty))
     }
 

@@ -4,6 +4,9 @@
 //!
 //! - Patterns are applied **in the given order** (sort with [`sort_by_priority`] first), each over
 //!   the whole module on the output of the previous one, so an earlier pattern wins everywhere.
+//!   With several patterns, a function whose census lacks an op or op-to-op edge that every
+//!   match of a pattern needs is skipped for it without visiting a root (`pattern::census`; the
+//!   output is the same).
 //! - Every function without `Primitive`, `Composite` or `Codegen` is partitioned. Roots are the
 //!   op-call bindings of dataflow blocks, visited in program order; the matcher looks back only.
 //! - Within one pattern, a later match that contains **all** of an earlier group replaces it
@@ -40,7 +43,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::ir::copy::{VarLookup, VarMap, copy_expr};
+use crate::ir::copy::{ExprMap, VarIndex, VarLookup, copy_expr};
 use crate::ir::structural::{function_eq, function_hash};
 use crate::ir::{
     AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Sym, Type,
@@ -309,7 +312,7 @@ fn apply_pattern(
             rejections,
             &mut cache.scratch,
         );
-        if groups.is_empty() {
+        if groups.groups.is_empty() {
             continue;
         }
         cache.views.remove(&fname);
@@ -319,8 +322,11 @@ fn apply_pattern(
             primitive: Some(AttrValue::Bool(true)),
             ..FuncAttrs::default()
         };
-        let groups: Vec<(Vec<VarId>, &FuncAttrs)> =
-            groups.into_iter().map(|g| (g, &attrs)).collect();
+        let groups: Vec<(&[VarId], &FuncAttrs)> = groups
+            .groups
+            .iter()
+            .map(|&g| (groups.members(g), &attrs))
+            .collect();
         let (new_f, new_funcs) = rewrite(f, &view, &groups, opts, Naming::Full, m, &mut dedup)?;
         drop(view);
         commit(m, fname, new_f, new_funcs);
@@ -372,9 +378,27 @@ impl DedupIndex {
     }
 }
 
+/// A group of [`find_groups`]: its members are `buf[start..end]` of the pass's member buffer.
 struct Group {
-    members: Vec<VarId>,
+    start: u32,
+    end: u32,
     alive: bool,
+}
+
+/// The groups found for one pattern in one function: members of all groups in one buffer.
+struct Found {
+    buf: Vec<VarId>,
+    groups: Vec<(u32, u32)>,
+}
+
+impl Found {
+    fn members(&self, (start, end): (u32, u32)) -> &[VarId] {
+        self.buf.get(start as usize..end as usize).unwrap_or(&[])
+    }
+}
+
+fn members_of<'b>(buf: &'b [VarId], g: &Group) -> &'b [VarId] {
+    buf.get(g.start as usize..g.end as usize).unwrap_or(&[])
 }
 
 /// Buffers of [`find_groups`], reused across roots, patterns and functions.
@@ -397,7 +421,9 @@ impl VarSet {
     pub(crate) fn fill(&mut self, vars: &[VarId]) {
         self.0.clear();
         self.0.extend_from_slice(vars);
-        self.0.sort_unstable();
+        if self.0.len() > 8 {
+            self.0.sort_unstable();
+        }
     }
 
     pub(crate) fn contains(&self, v: &VarId) -> bool {
@@ -415,9 +441,10 @@ fn find_groups(
     root_ops: Option<&[&str]>,
     rejections: &mut Vec<Rejection>,
     scratch: &mut FindScratch,
-) -> Vec<Vec<VarId>> {
+) -> Found {
     let f = view.func;
-    let mut group_of: VarMap<usize> = VarMap::new(f.vars.len());
+    let mut buf: Vec<VarId> = Vec::new();
+    let mut group_of = VarIndex::new(f.vars.len());
     let mut groups: Vec<Group> = Vec::new();
     let FindScratch {
         m,
@@ -475,8 +502,11 @@ fn find_groups(
             merge.clear();
             let mut partial = None;
             for v in matched {
-                if let Some(&g) = group_of.get(v) {
-                    if groups[g].members.iter().all(|x| matched.contains(x)) {
+                if let Some(g) = group_of.get(*v).map(|g| g as usize) {
+                    if members_of(&buf, &groups[g])
+                        .iter()
+                        .all(|x| matched.contains(x))
+                    {
                         if !merge.contains(&g) {
                             merge.push(g);
                         }
@@ -487,7 +517,10 @@ fn find_groups(
                 }
             }
             if let Some(g) = partial {
-                let last = groups[g].members.last().copied().unwrap_or(b.var);
+                let last = members_of(&buf, &groups[g])
+                    .last()
+                    .copied()
+                    .unwrap_or(b.var);
                 reject(format!(
                     "it overlaps the match at `{}` without containing all of it",
                     f.var(last).name
@@ -495,8 +528,15 @@ fn find_groups(
                 continue;
             }
             inside.fill(matched);
-            if let Some(x) = cycle_through(view, matched, inside, stack, &group_of, &groups, merge)
-            {
+            if let Some(x) = cycle_through(
+                view,
+                matched,
+                inside,
+                stack,
+                &group_of,
+                (&groups, &buf),
+                merge,
+            ) {
                 reject(format!(
                     "fusing it would create a cycle through `{}`, which uses a value of the match and feeds it",
                     f.var(x).name
@@ -508,19 +548,23 @@ fn find_groups(
             }
             let id = groups.len();
             for &v in matched {
-                group_of.insert(v, id);
+                group_of.insert(v, id as u32);
             }
+            let start = buf.len() as u32;
+            buf.extend_from_slice(matched);
             groups.push(Group {
-                members: matched.to_vec(),
+                start,
+                end: buf.len() as u32,
                 alive: true,
             });
         }
     }
-    groups
+    let groups = groups
         .into_iter()
         .filter(|g| g.alive)
-        .map(|g| g.members)
-        .collect()
+        .map(|g| (g.start, g.end))
+        .collect();
+    Found { buf, groups }
 }
 
 /// Returns an outside var through which the candidate group would depend on itself, treating
@@ -530,8 +574,8 @@ fn cycle_through(
     members: &[VarId],
     inside: &VarSet,
     stack: &mut Vec<VarId>,
-    group_of: &VarMap<usize>,
-    groups: &[Group],
+    group_of: &VarIndex,
+    (groups, buf): (&[Group], &[VarId]),
     merging: &[usize],
 ) -> Option<VarId> {
     let pos = |v: VarId| view.bound(v).map_or(0, |(p, _)| p);
@@ -552,11 +596,11 @@ fn cycle_through(
         if !tainted.insert(x) {
             continue;
         }
-        if let Some(&h) = group_of.get(&x)
+        if let Some(h) = group_of.get(x).map(|h| h as usize)
             && groups[h].alive
             && !merging.contains(&h)
         {
-            for &y in &groups[h].members {
+            for &y in members_of(buf, &groups[h]) {
                 if !inside.contains(&y) && pos(y) <= maxpos && !tainted.contains(&y) {
                     stack.push(y);
                 }
@@ -715,7 +759,7 @@ struct Outlined {
 
 /// One token of a group's shape: enough to decide, without building the outlined function,
 /// that two groups of one function outline to structurally equal functions.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Tok<'f> {
     Call(&'f Callee, usize, &'f Type),
     Tuple(usize),
@@ -727,6 +771,35 @@ enum Tok<'f> {
     Bind(&'f Type, bool),
     ParamTy(&'f Type),
     Out(usize),
+}
+
+/// Type equality with the common case (tensors with shared dims) inline.
+#[inline]
+fn ty_eq(a: &Type, b: &Type) -> bool {
+    match (a, b) {
+        (Type::Tensor(x), Type::Tensor(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+// Field-wise equality (what `derive` would give), with types compared through `ty_eq`.
+impl PartialEq for Tok<'_> {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Tok::Call(c, n, t), Tok::Call(d, m, u)) => n == m && c == d && ty_eq(t, u),
+            (Tok::Tuple(a), Tok::Tuple(b)) => a == b,
+            (Tok::Tgi(a), Tok::Tgi(b)) => a == b,
+            (Tok::Member(a), Tok::Member(b)) => a == b,
+            (Tok::Param(a), Tok::Param(b)) => a == b,
+            (Tok::Lit(a), Tok::Lit(b)) => a == b,
+            (Tok::Const(a), Tok::Const(b)) => a == b,
+            (Tok::Bind(t, df), Tok::Bind(u, dg)) => df == dg && ty_eq(t, u),
+            (Tok::ParamTy(t), Tok::ParamTy(u)) => ty_eq(t, u),
+            (Tok::Out(a), Tok::Out(b)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 impl Tok<'_> {
@@ -767,26 +840,86 @@ enum ParamSrc {
 type Shaped<'f> = (Vec<Tok<'f>>, Arc<str>, Type);
 
 /// Groups already outlined in this rewrite, by shape: equal shapes share a callee (kept with
-/// its return type). Also the buffers of [`outline`], reused across groups.
+/// its return type). The shape hit last is tried first, checking the group's tokens as they are
+/// produced (a repeated layer costs no hashing and no token buffer). Also the buffers of
+/// [`outline`], reused across groups.
 #[derive(Default)]
 pub(crate) struct ShapeCache<'f> {
-    by_hash: HashMap<u64, Vec<Shaped<'f>>>,
+    shapes: Vec<Shaped<'f>>,
+    by_hash: HashMap<u64, Vec<usize>>,
+    last: Option<usize>,
     inside: VarSet,
     outputs: Vec<VarId>,
-    firsts: Vec<(usize, usize, VarId)>,
+    firsts: Vec<(usize, usize, VarId, ExprId)>,
     ops: Vec<VarId>,
     psrc: Vec<ParamSrc>,
     toks: Vec<Tok<'f>>,
 }
 
+/// Where [`encode`] puts tokens: a buffer, or a check against a known shape's tokens.
+trait TokSink<'f> {
+    fn push(&mut self, t: Tok<'f>);
+}
+
+impl<'f> TokSink<'f> for Vec<Tok<'f>> {
+    fn push(&mut self, t: Tok<'f>) {
+        Vec::push(self, t);
+    }
+}
+
+/// Checks tokens, as they come, against `want`.
+struct Verify<'a, 'f> {
+    want: &'a [Tok<'f>],
+    next: usize,
+    same: bool,
+}
+
+impl<'f> TokSink<'f> for Verify<'_, 'f> {
+    fn push(&mut self, t: Tok<'f>) {
+        if self.same {
+            self.same = self.want.get(self.next) == Some(&t);
+            self.next += 1;
+        }
+    }
+}
+
+impl Verify<'_, '_> {
+    /// Whether every token matched and none is missing.
+    fn matched(&self) -> bool {
+        self.same && self.next == self.want.len()
+    }
+}
+
+/// Encodes a group (see [`Tok`]) into `out`, assigning parameters in first-use order.
+fn encode_group<'f, S: TokSink<'f>>(
+    f: &'f Function,
+    view: &FunctionView<'f>,
+    members: &[VarId],
+    outputs: &[VarId],
+    bind_constants: bool,
+    out: &mut (Vec<ParamSrc>, S),
+) {
+    for &v in members {
+        if let Some((_, value)) = view.bound(v) {
+            out.1.push(Tok::Bind(&f.var(v).ty, f.var(v).dataflow));
+            encode(f, view, value, members, bind_constants, out);
+        }
+    }
+    for o in outputs {
+        if let Some(k) = members.iter().position(|m| m == o) {
+            out.1.push(Tok::Out(k));
+        }
+    }
+}
+
 /// Encodes value `e` of a group member (see [`Tok`]), assigning parameters in first-use order.
-fn encode<'f>(
+fn encode<'f, S: TokSink<'f>>(
     f: &'f Function,
     view: &FunctionView<'f>,
     e: ExprId,
     members: &[VarId],
     bind_constants: bool,
-    out: &mut (Vec<ParamSrc>, Vec<Tok<'f>>),
+    out: &mut (Vec<ParamSrc>, S),
 ) {
     let d = f.expr(e);
     match &d.kind {
@@ -849,7 +982,7 @@ fn outline<'f>(
     opts: PartitionOptions,
     naming: Naming,
     caller: &mut Function,
-    cmap: &VarMap<ExprId>,
+    cmap: &ExprMap,
     m: &Module,
     dedup: &mut DedupIndex,
     pending: &mut Vec<(String, Function)>,
@@ -883,46 +1016,64 @@ fn outline<'f>(
             .filter_map(|&u| view.bound(u))
             .min_by_key(|&(p, _)| p);
         if let Some((p, e)) = first {
+            firsts.push((p, 0, mv, e));
+        }
+    }
+    // Members first used by the same binding are ordered by operand position there (the
+    // position is only looked up when there are several).
+    if firsts.len() > 1 {
+        for (_, k, mv, e) in firsts.iter_mut() {
             ops.clear();
-            operand_vars(f, e, ops);
-            let k = ops.iter().position(|&o| o == mv).unwrap_or(0);
-            firsts.push((p, k, mv));
+            operand_vars(f, *e, ops);
+            *k = ops.iter().position(|o| o == mv).unwrap_or(0);
         }
     }
     firsts.sort_unstable();
-    outputs.extend(firsts.iter().map(|&(_, _, v)| v));
+    outputs.extend(firsts.iter().map(|&(_, _, v, _)| v));
     if outputs.is_empty() {
         // Unused group: keep its last binding as the output so no op is dropped.
         outputs.extend(members.last());
     }
-    // Fast path: a group of the same shape was outlined before; share its callee.
-    let mut enc = (std::mem::take(psrc), std::mem::take(toks));
-    enc.0.clear();
-    enc.1.clear();
-    for &v in members {
-        if let Some((_, value)) = view.bound(v) {
-            enc.1.push(Tok::Bind(&f.var(v).ty, f.var(v).dataflow));
-            encode(f, view, value, members, opts.bind_constants, &mut enc);
-        }
-    }
-    for o in outputs.iter() {
-        if let Some(k) = members.iter().position(|m| m == o) {
-            enc.1.push(Tok::Out(k));
-        }
-    }
-    (*psrc, *toks) = enc;
+    // Fast path: a group of the same shape was outlined before; share its callee. The shape hit
+    // last is checked first, token by token; else the group's tokens are hashed and looked up.
+    let mut hit = None;
     let mut key = 0u64;
-    toks.iter().for_each(|t| t.hash_into(&mut key));
-    let hit = cache.by_hash.get(&key).and_then(|list| {
-        list.iter()
-            .find(|(t, _, _)| *t == cache.toks)
-            .map(|(_, name, ty)| (name.clone(), ty.clone()))
-    });
+    if let Some((want, name, ty)) = cache.last.and_then(|i| cache.shapes.get(i)) {
+        let verify = Verify {
+            want,
+            next: 0,
+            same: true,
+        };
+        let mut enc = (std::mem::take(psrc), verify);
+        enc.0.clear();
+        encode_group(f, view, members, outputs, opts.bind_constants, &mut enc);
+        *psrc = enc.0;
+        if enc.1.matched() {
+            hit = Some((name.clone(), ty.clone()));
+        }
+    }
+    if hit.is_none() {
+        let mut enc = (std::mem::take(psrc), std::mem::take(toks));
+        enc.0.clear();
+        enc.1.clear();
+        encode_group(f, view, members, outputs, opts.bind_constants, &mut enc);
+        (*psrc, *toks) = enc;
+        toks.iter().for_each(|t| t.hash_into(&mut key));
+        let found = cache.by_hash.get(&key).and_then(|list| {
+            list.iter()
+                .copied()
+                .find(|&i| cache.shapes.get(i).is_some_and(|s| s.0 == cache.toks))
+        });
+        if let Some((i, (_, name, ty))) = found.and_then(|i| Some((i, cache.shapes.get(i)?))) {
+            cache.last = Some(i);
+            hit = Some((name.clone(), ty.clone()));
+        }
+    }
     if let Some((callee, ret_ty)) = hit {
         let mut args = Vec::with_capacity(cache.psrc.len());
         for &p in &cache.psrc {
             args.push(match p {
-                ParamSrc::Var(x) => cmap.get(&x).copied().ok_or_else(|| {
+                ParamSrc::Var(x) => cmap.get(x).ok_or_else(|| {
                     Error::Invalid(format!(
                         "internal: `{}` is not defined before its group",
                         f.var(x).name
@@ -968,7 +1119,7 @@ fn outline<'f>(
                     let p = cf.add_var(vd.name.clone(), vd.ty.clone(), false);
                     cf.params.push(p);
                     fmap.insert(*x, cf.var_expr(p));
-                    let outer = cmap.get(x).copied().ok_or_else(|| {
+                    let outer = cmap.get(*x).ok_or_else(|| {
                         Error::Invalid(format!(
                             "internal: `{}` is not defined before its group",
                             vd.name
@@ -1070,11 +1221,10 @@ fn outline<'f>(
     };
     let callee: Arc<str> = callee.into();
     let toks = cache.toks.clone();
-    cache
-        .by_hash
-        .entry(key)
-        .or_default()
-        .push((toks, callee.clone(), ret_ty.clone()));
+    let i = cache.shapes.len();
+    cache.shapes.push((toks, callee.clone(), ret_ty.clone()));
+    cache.by_hash.entry(key).or_default().push(i);
+    cache.last = Some(i);
     Ok(Outlined {
         callee,
         args,
@@ -1163,9 +1313,9 @@ impl GroupSpec for (Vec<VarId>, FuncAttrs) {
     }
 }
 
-impl GroupSpec for (Vec<VarId>, &FuncAttrs) {
+impl GroupSpec for (&[VarId], &FuncAttrs) {
     fn members(&self) -> &[VarId] {
-        &self.0
+        self.0
     }
     fn attrs(&self) -> &FuncAttrs {
         self.1
@@ -1181,10 +1331,10 @@ pub(crate) fn rewrite<G: GroupSpec>(
     m: &Module,
     dedup: &mut DedupIndex,
 ) -> Result<(Function, NewFunctions)> {
-    let mut group_of: VarMap<usize> = VarMap::new(f.vars.len());
+    let mut group_of = VarIndex::new(f.vars.len());
     for (gi, g) in groups.iter().enumerate() {
         for &v in g.members() {
-            group_of.insert(v, gi);
+            group_of.insert(v, gi as u32);
         }
     }
     let mut nf = Function::new();
@@ -1194,7 +1344,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
     nf.attrs = f.attrs.clone();
     nf.sym_vars = f.sym_vars.clone();
     nf.ret_ty = f.ret_ty.clone();
-    let mut map: VarMap<ExprId> = VarMap::new(f.vars.len());
+    let mut map = ExprMap::new(f.vars.len());
     let mut names = FreshNames::default();
     nf.params.reserve(f.params.len());
     // Fresh names avoid every name that stays: the params and the vars outside groups.
@@ -1207,7 +1357,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
     }
     for (v, d) in f.vars.iter() {
         // `map` holds exactly the params here; their names are reserved above.
-        if !group_of.contains_key(&v) && !map.contains_key(&v) {
+        if !group_of.contains_key(v) && !map.contains_key(v) {
             names.reserve(&d.name);
         }
     }
@@ -1222,7 +1372,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
     }
     let ngroups = groups.len();
     // Per var of the current block: its binding's index (cleared after the block).
-    let mut index: VarMap<usize> = VarMap::new(f.vars.len());
+    let mut index = VarIndex::new(f.vars.len());
     let mut done: Vec<bool> = Vec::new();
     let mut order: Vec<Unit> = Vec::new();
     let mut stack: Vec<(Unit, bool)> = Vec::new();
@@ -1233,7 +1383,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
             dataflow: block.dataflow,
             bindings: Vec::new(),
         };
-        let has_group = block.bindings.iter().any(|b| group_of.contains_key(&b.var));
+        let has_group = block.bindings.iter().any(|b| group_of.contains_key(b.var));
         if !has_group {
             out.bindings.reserve(block.bindings.len());
             for b in &block.bindings {
@@ -1243,11 +1393,11 @@ pub(crate) fn rewrite<G: GroupSpec>(
             continue;
         }
         for (i, b) in block.bindings.iter().enumerate() {
-            index.insert(b.var, i);
+            index.insert(b.var, i as u32);
         }
         let unit_of = |i: usize| -> Unit {
-            match group_of.get(&block.bindings[i].var) {
-                Some(&g) => Unit::Group(g),
+            match group_of.get(block.bindings[i].var) {
+                Some(g) => Unit::Group(g as usize),
                 None => Unit::Single(i),
             }
         };
@@ -1258,7 +1408,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
                 ops.clear();
                 operand_vars(f, block.bindings[i].value, ops);
                 for o in ops.iter() {
-                    if let Some(&j) = index.get(o) {
+                    if let Some(j) = index.get(*o).map(|j| j as usize) {
                         let du = unit_of(j);
                         if du != u && !deps.contains(&du) {
                             deps.push(du);
@@ -1270,7 +1420,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
                 Unit::Single(i) => add(i, deps),
                 Unit::Group(g) => {
                     for v in groups[g].members() {
-                        if let Some(&i) = index.get(v) {
+                        if let Some(i) = index.get(*v).map(|i| i as usize) {
                             add(i, deps);
                         }
                     }
@@ -1359,7 +1509,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
                         let mut by_pos: Vec<(usize, u32, VarId)> = outputs
                             .iter()
                             .enumerate()
-                            .map(|(k, &v)| (index.get(&v).copied().unwrap_or(0), k as u32, v))
+                            .map(|(k, &v)| (index.get(v).map_or(0, |i| i as usize), k as u32, v))
                             .collect();
                         by_pos.sort_unstable();
                         for (_, k, old) in by_pos {
@@ -1394,7 +1544,7 @@ fn emit_copy(
     f: &Function,
     b: &Binding,
     nf: &mut Function,
-    map: &mut VarMap<ExprId>,
+    map: &mut ExprMap,
     out: &mut Block,
 ) -> Result<()> {
     let value = copy_expr(f, b.value, nf, map)?;
