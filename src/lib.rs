@@ -29,7 +29,7 @@ pub use fusebox_cutlass as cutlass;
 
 use fusebox_core::backend::pipeline::{BackendPipeline, BuildPlan, Manifest, Plan};
 use fusebox_core::config::Config;
-use fusebox_core::runtime::{Placement, Value, host_args};
+use fusebox_core::runtime::Value;
 
 /// Every error of the facade.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +85,7 @@ pub fn pipeline(config: Config) -> Result<BackendPipeline> {
 
 /// Runs `func` of the plan's module on `args`: calls of compiled functions go to their
 /// artifacts, everything else to the CPU reference. Data moves only where the placement
-/// changes: a host artifact ([`Placement::Host`]) and the CPU ops get device values
+/// changes: a host artifact ([`fusebox_core::runtime::Placement::Host`]) and the CPU ops get device values
 /// downloaded, a device artifact gets values as they are. The result may hold device
 /// values; [`Value::to_host`] downloads them (as `fusebox run` does for its outputs).
 pub fn execute(plan: &Plan, func: &str, args: Vec<Value>) -> Result<Value> {
@@ -100,12 +100,7 @@ pub fn execute_with(
     func: &str,
     args: Vec<Value>,
 ) -> Result<Value> {
-    let hook = |name: &str, vals: &[Value]| {
-        plan.artifacts.get(name).map(|a| match a.placement() {
-            Placement::Device => a.run(vals),
-            Placement::Host => a.run(&host_args(vals)?),
-        })
-    };
+    let hook = |name: &str, vals: &[Value]| plan.call(name, vals);
     Ok(ex.run(&plan.module, func, args, Some(&hook))?)
 }
 

@@ -111,11 +111,7 @@ fn run_with_the_cuda_config_without_a_gpu_is_the_typed_error_or_a_said_fallback(
 
 #[test]
 fn compile_writes_cuda_sources_and_cubins_without_a_gpu() {
-    if fusebox::cuda::nvrtc::nvrtc().is_err() {
-        if std::env::var("FUSEBOX_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-            panic!("FUSEBOX_REQUIRE_NVRTC=1 but NVRTC cannot be loaded");
-        }
-        println!("skipped: NVRTC is not available (scripts/test.sh installs it)");
+    if !fusebox::cuda::testing::nvrtc_or_skip("compile_writes_cuda_sources_and_cubins") {
         return;
     }
     let dir = root().join("target").join("cuda-compile-test");

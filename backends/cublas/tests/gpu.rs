@@ -21,7 +21,7 @@
 use fusebox_core::backend::pipeline::{BackendPipeline, Plan};
 use fusebox_core::config::Config;
 use fusebox_core::ir::DType;
-use fusebox_core::runtime::{Placement, Storage, Tensor, Value, host_args};
+use fusebox_core::runtime::{Storage, Tensor, Value};
 use fusebox_cublas::Runtime;
 use std::sync::Arc;
 
@@ -68,12 +68,7 @@ fn input(dtype: DType, shape: &[usize], seed: u64) -> Tensor {
 }
 
 fn execute(plan: &Plan, args: Vec<Value>) -> Value {
-    let hook = |name: &str, vals: &[Value]| {
-        plan.artifacts.get(name).map(|a| match a.placement() {
-            Placement::Device => a.run(vals),
-            Placement::Host => a.run(&host_args(vals)?),
-        })
-    };
+    let hook = |name: &str, vals: &[Value]| plan.call(name, vals);
     fusebox_cpu::run_with(&plan.module, "main", args, Some(&hook))
         .unwrap()
         .to_host()
@@ -543,16 +538,8 @@ fn autotune_times_candidates_and_caches_the_choice_on_disk() {
 
 #[test]
 fn benchmark_kernel_compiles_with_nvrtc() {
-    use fusebox_cuda::nvrtc::{Arch, CompileOptions, compile, is_available};
-    if !is_available() {
-        let why = fusebox_cuda::nvrtc::nvrtc()
-            .err()
-            .map_or(String::new(), |e| e.to_string());
-        // scripts/test.sh installs the NVRTC wheels and promises them with this variable.
-        if std::env::var("FUSEBOX_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-            panic!("FUSEBOX_REQUIRE_NVRTC=1 but {why}");
-        }
-        println!("skipped: {why}");
+    use fusebox_cuda::nvrtc::{Arch, CompileOptions, compile};
+    if !fusebox_cuda::testing::nvrtc_or_skip("benchmark_kernel_compiles_with_nvrtc") {
         return;
     }
     let src = include_str!("../kernels/bias_relu_f16x8.cu");

@@ -28,6 +28,7 @@ pub mod kir;
 pub mod lower;
 pub mod nvrtc;
 pub mod schedule;
+pub mod testing;
 
 pub use backend::CudaBackend;
 pub use cache::{Cache, compile_cached};

@@ -14,10 +14,11 @@
 
 mod common;
 
-use common::{HALF, SAXPY, gpu_or_skip, nvrtc_or_skip};
+use common::{HALF, SAXPY};
 use fusebox_core::ir::DType;
 use fusebox_core::runtime::{Storage, Tensor, Value};
 use fusebox_cuda::nvrtc::{Arch, CompileOptions, compile};
+use fusebox_cuda::testing::{gpu_or_skip, nvrtc_or_skip};
 use fusebox_cuda::{Error, Gpu, GpuTensor, KernelArg, LaunchConfig};
 use half::{bf16, f16};
 use std::sync::Arc;

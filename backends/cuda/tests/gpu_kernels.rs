@@ -11,7 +11,7 @@
 )]
 
 mod check;
-mod common;
+use fusebox_cuda::testing as common;
 
 use check::{random_args, tolerance};
 use fusebox_core::backend::{Backend, Candidate};

@@ -17,7 +17,7 @@
 )]
 
 mod check;
-mod common;
+use fusebox_cuda::testing as common;
 
 use check::{check_function, random_args};
 use fusebox_core::frontend::onnx::import_onnx;

@@ -13,8 +13,9 @@
 
 mod common;
 
-use common::{HALF, SAXPY, nvrtc_or_skip, temp_dir};
+use common::{HALF, SAXPY};
 use fusebox_cuda::nvrtc::{Arch, CompileJob, CompileOptions, compile, compile_many};
+use fusebox_cuda::testing::{nvrtc_or_skip, temp_dir};
 use fusebox_cuda::{Cache, Error, compile_cached};
 
 fn verbose() -> CompileOptions {

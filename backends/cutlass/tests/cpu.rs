@@ -9,7 +9,7 @@
     reason = "test code: a failure is a panic"
 )]
 
-mod common;
+use fusebox_cuda::testing as common;
 
 use fusebox_core::backend::pipeline::BackendPipeline;
 use fusebox_core::backend::{Backend, Candidate, Claim, make_backend};

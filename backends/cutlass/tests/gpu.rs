@@ -13,12 +13,12 @@
     reason = "test code: a failure is a panic"
 )]
 
-mod common;
+use fusebox_cuda::testing as common;
 
 use fusebox_core::backend::pipeline::{BackendPipeline, Plan};
 use fusebox_core::config::Config;
 use fusebox_core::ir::DType;
-use fusebox_core::runtime::{Placement, Storage, Tensor, Value, host_args};
+use fusebox_core::runtime::{Storage, Tensor, Value};
 
 fn pipeline(options: &str) -> BackendPipeline {
     fusebox_cpu::link();
@@ -48,12 +48,7 @@ fn input(dtype: DType, shape: &[usize], seed: u64) -> Tensor {
 }
 
 fn execute(plan: &Plan, args: Vec<Value>) -> Value {
-    let hook = |name: &str, vals: &[Value]| {
-        plan.artifacts.get(name).map(|a| match a.placement() {
-            Placement::Device => a.run(vals),
-            Placement::Host => a.run(&host_args(vals)?),
-        })
-    };
+    let hook = |name: &str, vals: &[Value]| plan.call(name, vals);
     fusebox_cpu::run_with(&plan.module, "main", args, Some(&hook))
         .unwrap()
         .to_host()

@@ -1,7 +1,7 @@
 //! Every instance the generator emits compiles with NVRTC for sm_80 and sm_90, and ptxas
 //! reports no register spills for any of them (the counts are printed).
 
-mod common;
+use fusebox_cuda::testing as common;
 
 use fusebox_cuda::{Arch, CompileJob, CompileOptions, compile_many};
 use fusebox_cutlass::generator::{Act, Bcast, BinOp, EpOp, all_instances, emit};

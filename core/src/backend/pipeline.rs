@@ -89,6 +89,21 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Runs the compiled artifact of `function` on `args` (`None` when it has none), honouring
+    /// its placement: a host artifact gets device arguments downloaded first, a device
+    /// artifact gets them as they are. This is the executor's call hook.
+    pub fn call(
+        &self,
+        function: &str,
+        args: &[crate::runtime::Value],
+    ) -> Option<Result<crate::runtime::Value>> {
+        use super::Placement;
+        self.artifacts.get(function).map(|a| match a.placement() {
+            Placement::Device => a.run(args),
+            Placement::Host => a.run(&crate::runtime::host_args(args)?),
+        })
+    }
+
     /// The JSON report with `backend` filled in and the claims attached.
     pub fn report(&self) -> Report {
         let mut r = crate::report::build(&self.module, &self.rejections);
