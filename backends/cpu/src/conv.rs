@@ -9,7 +9,7 @@
 //!   a GEMM `(O/g) × (C/g · KH · KW)` weights by a `(C/g · KH · KW) × (OH · OW)` matrix: the
 //!   data itself for a 1×1 kernel with stride 1 and no padding, else its im2col lowering
 //!   (built into a reused per-thread buffer, its rows spread over the threads). The GEMM is
-//!   [`crate::matmul::gemm_f32_tiled`] (matrixmultiply's sgemm on tiles of the output, spread
+//!   [`crate::matmul::gemm_f32_tiled`] (`faer`'s GEMM on tiles of the output, spread
 //!   over [`crate::par::threads`]); a grouped convolution spreads its groups instead. The
 //!   result is bit-identical for every thread count.
 //! - Float dtypes compute in `f32` (`float64` too) and round once to `out_dtype` (default: the
@@ -31,7 +31,6 @@ use crate::util::{KResult, from_canonical, tensor, to_canonical};
 use fusebox_core::ir::DType;
 use fusebox_core::op::Conv2dAttrs;
 use fusebox_core::runtime::{Storage, Tensor};
-use ndarray::{ArrayView2, ArrayViewMut2};
 use std::borrow::Cow;
 use std::cell::RefCell;
 
@@ -71,6 +70,19 @@ fn relu(v: f32) -> f32 {
 /// Applies `steps` to `row`, whose elements all belong to output channel `ch`. An affine map
 /// followed by a `relu` runs as one loop (the same operations per element).
 fn apply_steps(steps: &[Step], ch: usize, row: &mut [f32]) {
+    struct Op<'a>(&'a [Step], usize, &'a mut [f32]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            apply_steps_inline(self.0, self.1, self.2);
+        }
+    }
+    crate::simd::dispatch(Op(steps, ch, row));
+}
+
+#[inline(always)]
+fn apply_steps_inline(steps: &[Step], ch: usize, row: &mut [f32]) {
     let mut i = 0;
     while let Some(s) = steps.get(i) {
         let then_relu = steps.get(i + 1) == Some(&Step::Relu);
@@ -332,16 +344,13 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
     }
     let image = g.c * g.h * g.w;
     if g.g == 1 {
-        let wv = ArrayView2::from_shape((g.o, kdim), &ws[..]).map_err(|e| e.to_string())?;
         let ep = |row: usize, _col: usize, r: &mut [f32]| apply_steps(steps, row, r);
         let ep: crate::matmul::Epilogue<'_> = &ep;
         let epilogue = (!steps.is_empty()).then_some(ep);
         for (img, dst) in out.chunks_mut(g.o * npix).enumerate() {
             let x_img = &xs[img * image..(img + 1) * image];
-            let cv = ArrayViewMut2::from_shape((g.o, npix), dst).map_err(|e| e.to_string())?;
             if g.direct() {
-                let bv = ArrayView2::from_shape((kdim, npix), x_img).map_err(|e| e.to_string())?;
-                gemm_f32_tiled(wv, bv, cv, threads, epilogue)?;
+                gemm_f32_tiled(g.o, kdim, npix, &ws, x_img, dst, threads, epilogue)?;
             } else {
                 let mut col = COLUMNS.with(|c| std::mem::take(&mut *c.borrow_mut()));
                 col.resize(kdim * npix, 0.0);
@@ -350,8 +359,7 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
                 crate::par::for_each_chunk_mut(&mut col, rows_per_task * npix, t, |off, chunk| {
                     im2col_rows(x_img, g, off / npix, chunk);
                 });
-                let bv = ArrayView2::from_shape((kdim, npix), &col[..]).map_err(|e| e.to_string());
-                let r = bv.and_then(|bv| gemm_f32_tiled(wv, bv, cv, threads, epilogue));
+                let r = gemm_f32_tiled(g.o, kdim, npix, &ws, &col, dst, threads, epilogue);
                 COLUMNS.with(|c| *c.borrow_mut() = col);
                 r?;
             }
@@ -366,19 +374,15 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
         let (img, grp) = (k / g.g, k % g.g);
         let x_grp = &xs[img * image + grp * g.ci * g.h * g.w..][..g.ci * g.h * g.w];
         let wg = &ws[grp * og * kdim..(grp + 1) * og * kdim];
-        let wv = ArrayView2::from_shape((og, kdim), wg).map_err(|e| e.to_string())?;
-        let cv = ArrayViewMut2::from_shape((og, npix), dst).map_err(|e| e.to_string())?;
         let ep = |row: usize, _col: usize, r: &mut [f32]| apply_steps(steps, grp * og + row, r);
         let ep: crate::matmul::Epilogue<'_> = &ep;
         let epilogue = (!steps.is_empty()).then_some(ep);
         if g.direct() {
-            let bv = ArrayView2::from_shape((kdim, npix), x_grp).map_err(|e| e.to_string())?;
-            gemm_f32_tiled(wv, bv, cv, 1, epilogue)
+            gemm_f32_tiled(og, kdim, npix, wg, x_grp, dst, 1, epilogue)
         } else {
             let mut col = vec![0.0f32; kdim * npix];
             im2col_rows(x_grp, g, 0, &mut col);
-            let bv = ArrayView2::from_shape((kdim, npix), &col[..]).map_err(|e| e.to_string())?;
-            gemm_f32_tiled(wv, bv, cv, 1, epilogue)
+            gemm_f32_tiled(og, kdim, npix, wg, &col, dst, 1, epilogue)
         }
     })?;
     Ok(out)
@@ -388,6 +392,19 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
 /// of one (image, group) `x` (`ci × h × w`): row `(ch, ky, kx)`, column `(oy, ox)`, zero where
 /// the window is in the padding.
 fn im2col_rows(x: &[f32], g: &Geom, first: usize, rows: &mut [f32]) {
+    struct Op<'a>(&'a [f32], &'a Geom, usize, &'a mut [f32]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            im2col_rows_inline(self.0, self.1, self.2, self.3);
+        }
+    }
+    crate::simd::dispatch(Op(x, g, first, rows));
+}
+
+#[inline(always)]
+fn im2col_rows_inline(x: &[f32], g: &Geom, first: usize, rows: &mut [f32]) {
     let npix = g.npix();
     let (h, w, ow) = (g.h as isize, g.w as isize, g.ow);
     for (i, row) in rows.chunks_mut(npix).enumerate() {

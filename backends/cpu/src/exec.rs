@@ -51,7 +51,7 @@ use fusebox_core::ir::{
     Callee, Dim, ExprId, ExprKind, Function, Module, PrimValue, Sym, Type, VarId,
 };
 use fusebox_core::op::Op;
-use fusebox_core::runtime::{Prim, Tensor, Value, host_args};
+use fusebox_core::runtime::{Prim, Tensor, Value};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -113,6 +113,19 @@ impl Executor {
         let f = module
             .get(func)
             .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+        if hook.is_none() {
+            // On a worker of the kernel pool: the kernels' parallel regions then start on a
+            // thread of their own pool (no hand-over from an outside thread per region).
+            return crate::par::on_pool(|| {
+                Interp {
+                    module,
+                    hook: None,
+                    profile: None,
+                    exec: self,
+                }
+                .call(func, f, args, 0)
+            });
+        }
         Interp {
             module,
             hook,
@@ -579,43 +592,46 @@ impl<'m> Interp<'m> {
                     .iter()
                     .map(|&x| self.eval_host(name, f, fr, x, depth))
                     .collect::<Result<_>>()?;
-                eval_op(op, &vals)?
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let v = self.eval_op_call(f, op, args, &vals)?;
+                self.record(op.name(), t);
+                v
             }
-            ExprKind::Call { callee, args } => {
+            ExprKind::Call {
+                callee: Callee::Global(g),
+                args,
+            } => {
                 let vals: Vec<Value> = args
                     .iter()
                     .map(|&x| self.eval(name, f, fr, x, depth))
                     .collect::<Result<_>>()?;
-                match callee {
-                    Callee::Op(op) => {
-                        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-                        let v = self.eval_op_call(f, op, args, &host_args(&vals)?)?;
-                        self.record(op.name(), t);
-                        v
-                    }
-                    Callee::Global(g) => {
-                        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-                        let v = match self.hook.and_then(|h| h(g, &vals)) {
-                            Some(r) => r?,
-                            None => {
-                                let gf = self.module.get(g).ok_or_else(|| {
-                                    Error::Exec(format!("the module has no function `{g}`"))
-                                })?;
-                                self.call(g, gf, vals, depth + 1)?
-                            }
-                        };
-                        self.record(g, t);
-                        v
-                    }
-                    Callee::Local(v) => {
-                        let lf = fr.locals.get(v.as_u32() as usize).copied().flatten();
-                        let vname = f.vars.get(*v).map_or("?", |x| x.name.as_str());
-                        let lf = lf.ok_or_else(|| {
-                            Error::Exec(format!("`{vname}` is not a local function here"))
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let v = match self.hook.and_then(|h| h(g, &vals)) {
+                    Some(r) => r?,
+                    None => {
+                        let gf = self.module.get(g).ok_or_else(|| {
+                            Error::Exec(format!("the module has no function `{g}`"))
                         })?;
-                        self.call(vname, lf, vals, depth + 1)?
+                        self.call(g, gf, vals, depth + 1)?
                     }
-                }
+                };
+                self.record(g, t);
+                v
+            }
+            ExprKind::Call {
+                callee: Callee::Local(v),
+                args,
+            } => {
+                let vals: Vec<Value> = args
+                    .iter()
+                    .map(|&x| self.eval(name, f, fr, x, depth))
+                    .collect::<Result<_>>()?;
+                let lf = fr.locals.get(v.as_u32() as usize).copied().flatten();
+                let vname = f.vars.get(*v).map_or("?", |x| x.name.as_str());
+                let lf = lf.ok_or_else(|| {
+                    Error::Exec(format!("`{vname}` is not a local function here"))
+                })?;
+                self.call(vname, lf, vals, depth + 1)?
             }
             ExprKind::Function(_) => {
                 return Err(Error::Exec(

@@ -54,6 +54,7 @@ mod matmul;
 mod nn;
 pub mod par;
 mod reduce;
+mod simd;
 mod util;
 
 pub use backend::CpuBackend;

@@ -1,20 +1,22 @@
 //! `matmul` with numpy semantics: 1-D operands get a leading/trailing 1 that is removed
 //! afterwards, and the batch dims broadcast.
 //!
-//! The GEMM micro-kernel is `matrixmultiply`'s (through `ndarray::linalg::general_mat_mul`,
-//! which calls `matrixmultiply::{sgemm, dgemm}` for `f32`/`f64`). Why: it is a small,
-//! well-kept, pure-Rust crate with cache-blocked, register-tiled kernels that it picks at run
-//! time (AVX2 + FMA where the CPU has them), which safe, auto-vectorised code compiled for the
-//! baseline `x86-64` target cannot use; so the reference backend stays portable and free of
-//! C/BLAS dependencies. `ndarray` is the safe front end: `matrixmultiply`'s own API takes raw
-//! pointers, which this crate (`#![forbid(unsafe_code)]`) cannot call.
+//! The `f32` GEMM is `faer`'s (`faer::linalg::matmul::matmul`, one thread per call). Why:
+//! it is a well-kept, pure-Rust linear-algebra crate whose matmul picks its micro-kernels at
+//! run time, AVX-512 where the CPU has it, else AVX2 + FMA (`private-gemm-x86`), which safe,
+//! auto-vectorised code compiled for the baseline `x86-64` target cannot use; its API is safe
+//! over slices (`MatRef::from_row_major_slice`), so this crate stays free of `unsafe` and of
+//! C/BLAS dependencies. On the development VM (AVX-512), ResNet-50 takes 91 ms of CPU time
+//! per inference on one thread with it, 140 ms with `matrixmultiply` (AVX2), which this crate
+//! used before (bench/RESULTS.md). `f64` stays on `matrixmultiply` through
+//! `ndarray::linalg::general_mat_mul`.
 //!
-//! [`gemm_f32_tiled`] cuts `C` into a few row or column tiles per thread (along the axis
-//! whose cut re-packs the smaller operand); the tiles run on [`crate::par`]'s threads, each
-//! followed by an epilogue on its rows while they are in cache. A tile is a plain `sgemm` on
-//! sub-views: every element of `C` is computed by the same sequence of multiply-adds whatever
-//! the tiling (matrixmultiply's blocking of the reduction is fixed), so the result does not
-//! depend on the thread count.
+//! [`gemm_f32_tiled`] cuts `C` into tiles of about 64 Ki elements (256 KiB, so a tile stays in
+//! a core's L2 while its epilogue runs), their count a multiple of 4; the tiles run on
+//! [`crate::par`]'s threads, each followed by an epilogue on its rows. The tiling depends on
+//! the shape only, never on the thread count, and each tile is one sequential `faer` call: so
+//! every element of `C` is computed by the same multiply-adds in the same order whatever the
+//! number of threads, and the result is bit-identical for every thread count.
 //!
 //! `float16`/`bfloat16` compute through `f32` (and round once); `float64` natively; integer
 //! dtypes through `i64` (wrapping). With `out_dtype` the inputs are converted first.
@@ -24,76 +26,100 @@
 //! ```
 
 use crate::util::{KResult, broadcast_shapes, broadcast_strides, tensor};
+use faer::reborrow::ReborrowMut;
+use faer::{Accum, MatMut, MatRef, Par};
 use fusebox_core::ir::DType;
 use fusebox_core::runtime::{Storage, Tensor};
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2, Axis, Slice};
+use ndarray::{ArrayView2, ArrayViewMut2};
 
 /// Multiply-adds per thread below which a GEMM stays on one thread (spawning costs tens of
 /// microseconds).
 const MACS_PER_THREAD: usize = 1 << 20;
 
-/// Tiles per thread of a threaded GEMM: a few, so a thread the OS delays costs little.
-const TILES_PER_THREAD: usize = 2;
+/// Multiply-adds below which a GEMM is one tile (a call costs a few microseconds).
+const MACS_PER_TILE: usize = 1 << 21;
+
+/// The output elements of a tile: 64 Ki `f32` (256 KiB), so a tile and the panels it is
+/// computed from stay in a core's L2 while its epilogue runs.
+const TILE_ELEMS: usize = 1 << 16;
 
 /// An epilogue: `f(row, first column, row slice of a tile)`, run on each row of each tile of
 /// `C` right after the tile is computed.
 pub(crate) type Epilogue<'e> = &'e (dyn Fn(usize, usize, &mut [f32]) + Sync);
 
-/// The tiling of an `m × n × k` product for `threads` threads: (row tile, column tile). One
-/// thread: one tile (matrixmultiply blocks it itself). Else the output is cut along one axis
-/// into `TILES_PER_THREAD` tiles per thread: along the rows when `A` is the larger operand
-/// (each tile then re-packs only `B`), else along the columns (each re-packs only `A`).
-fn tiles(m: usize, n: usize, threads: usize) -> (usize, usize) {
-    if threads <= 1 {
-        return (m.max(1), n.max(1));
+/// The tiling of an `m × n × k` product: (row tile, column tile). It depends on the shape
+/// only, never on the thread count, so every element of `C` is computed by the same calls
+/// whatever the number of threads. A small product is one tile. Else about one tile per
+/// [`TILE_ELEMS`] output elements, their count rounded up to a multiple of 4 (so 2 or 4
+/// threads share them evenly), of about equal size: at most 256 rows (the weights' panel
+/// each tile packs), cut along the columns (in multiples of 16) when there are at least 256
+/// of them, else along the rows (in multiples of 8).
+fn tiles(m: usize, n: usize, k: usize) -> (usize, usize) {
+    let (m, n) = (m.max(1), n.max(1));
+    if m.saturating_mul(n).saturating_mul(k.max(1)) < MACS_PER_TILE {
+        return (m, n);
     }
-    let parts = threads * TILES_PER_THREAD;
-    let cut = |len: usize| len.div_ceil(parts).next_multiple_of(8).clamp(1, len.max(1));
-    if m >= n {
-        (cut(m), n.max(1))
+    let want = (m * n).div_ceil(TILE_ELEMS).next_multiple_of(4);
+    let rows = m.div_ceil(256);
+    if n >= 256 {
+        let cols = want.div_ceil(rows).max(1);
+        (
+            m.div_ceil(rows),
+            n.div_ceil(cols).next_multiple_of(16).min(n),
+        )
     } else {
-        (m.max(1), cut(n))
+        let rows = rows.max(want).min(m.div_ceil(8));
+        (m.div_ceil(rows).next_multiple_of(8).min(m), n)
     }
 }
 
-/// `c = a @ b` (`a`: `m × k`, `b`: `k × n`, `c`: `m × n`, any strides), tiled and spread over
-/// up to `threads` threads (fewer for small products), with `epilogue` run on every row of
-/// every tile. Bit-identical for every thread count (see the module doc).
+/// `c = a @ b` for row-major slices (`a`: `m × k`, `b`: `k × n`, `c`: `m × n`), in the tiles
+/// of [`tiles`] spread over up to `threads` threads (fewer for small products), with
+/// `epilogue` run on every row of every tile. Bit-identical for every thread count (see the
+/// module doc).
+#[allow(clippy::too_many_arguments, reason = "a GEMM's operands and sizes")]
 pub(crate) fn gemm_f32_tiled(
-    a: ArrayView2<'_, f32>,
-    b: ArrayView2<'_, f32>,
-    c: ArrayViewMut2<'_, f32>,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
 ) -> KResult<()> {
-    let ((m, k), (k2, n)) = (a.dim(), b.dim());
-    if k != k2 || c.dim() != (m, n) {
+    if a.len() != m * k || b.len() != k * n || c.len() != m * n {
         return Err(format!(
-            "gemm: operand shapes {:?} @ {:?} -> {:?} do not agree",
-            a.dim(),
-            b.dim(),
-            c.dim()
+            "gemm: {m}x{k} @ {k}x{n} needs {}, {} and {} elements, found {}, {} and {}",
+            m * k,
+            k * n,
+            m * n,
+            a.len(),
+            b.len(),
+            c.len()
         ));
     }
     if m == 0 || n == 0 {
         return Ok(());
     }
     let threads = threads.min((m * n * k.max(1)) / MACS_PER_THREAD).max(1);
-    let (mb, nb) = tiles(m, n, threads);
+    let (mb, nb) = tiles(m, n, k);
+    let a = MatRef::from_row_major_slice(a, m, k);
+    let b = MatRef::from_row_major_slice(b, k, n);
     // Cut C into disjoint tiles (row blocks, then column blocks), in row-major tile order.
-    let mut tasks: Vec<(usize, usize, ArrayViewMut2<'_, f32>)> = Vec::new();
-    let mut rest = c;
+    let mut tasks: Vec<(usize, usize, MatMut<'_, f32>)> = Vec::new();
+    let mut rest = MatMut::from_row_major_slice_mut(c, m, n);
     let mut r0 = 0;
     while r0 < m {
         let rows = mb.min(m - r0);
-        let (band, tail) = rest.split_at(Axis(0), rows);
+        let (band, tail) = rest.split_at_row_mut(rows);
         rest = tail;
         let mut band = band;
         let mut c0 = 0;
         while c0 < n {
             let cols = nb.min(n - c0);
-            let (tile, right) = band.split_at(Axis(1), cols);
+            let (tile, right) = band.split_at_col_mut(cols);
             band = right;
             tasks.push((r0, c0, tile));
             c0 += cols;
@@ -101,28 +127,23 @@ pub(crate) fn gemm_f32_tiled(
         r0 += rows;
     }
     crate::par::run_tasks(tasks, threads, |(r0, c0, mut tile)| {
-        let (rows, cols) = tile.dim();
-        let at = a.slice_axis(Axis(0), Slice::from(r0..r0 + rows));
-        let bt = b.slice_axis(Axis(1), Slice::from(c0..c0 + cols));
-        general_mat_mul(1.0, &at, &bt, 0.0, &mut tile);
+        let (rows, cols) = (tile.nrows(), tile.ncols());
+        let at = a.submatrix(r0, 0, rows, k);
+        let bt = b.submatrix(0, c0, k, cols);
+        faer::linalg::matmul::matmul(tile.rb_mut(), Accum::Replace, at, bt, 1.0f32, Par::Seq);
         if let Some(ep) = epilogue {
-            for (i, mut row) in tile.rows_mut().into_iter().enumerate() {
-                match row.as_slice_mut() {
-                    Some(r) => ep(r0 + i, c0, r),
-                    None => {
-                        let mut tmp = row.to_vec();
-                        ep(r0 + i, c0, &mut tmp);
-                        row.iter_mut().zip(tmp).for_each(|(d, v)| *d = v);
-                    }
-                }
+            let Some(mut tile) = tile.try_as_row_major_mut() else {
+                return Err("gemm: an output tile is not row-major".to_string());
+            };
+            for i in 0..rows {
+                ep(r0 + i, c0, tile.rb_mut().row_mut(i).as_slice_mut());
             }
         }
         Ok::<(), String>(())
     })
 }
 
-/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices (`f32`, via matrixmultiply), on up to
-/// `threads` threads.
+/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices, on up to `threads` threads.
 pub(crate) fn gemm_f32(
     m: usize,
     k: usize,
@@ -132,10 +153,7 @@ pub(crate) fn gemm_f32(
     c: &mut [f32],
     threads: usize,
 ) -> KResult<()> {
-    let av = ArrayView2::from_shape((m, k), a).map_err(|e| e.to_string())?;
-    let bv = ArrayView2::from_shape((k, n), b).map_err(|e| e.to_string())?;
-    let cv = ArrayViewMut2::from_shape((m, n), c).map_err(|e| e.to_string())?;
-    gemm_f32_tiled(av, bv, cv, threads, None)
+    gemm_f32_tiled(m, k, n, a, b, c, threads, None)
 }
 
 fn gemm_f64(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], c: &mut [f64]) -> KResult<()> {

@@ -129,6 +129,18 @@ fn pool(n: usize) -> Option<Arc<rayon::ThreadPool>> {
     Some(p)
 }
 
+/// Runs `f` on a worker of the kept pool of [`threads`] threads (with this thread's count
+/// carried over), so that the parallel regions `f` opens are forked from inside the pool
+/// rather than handed over from an outside thread each time. With one thread, or when no
+/// pool can be made, `f` runs here.
+pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let n = threads();
+    match (n > 1).then(|| pool(n)).flatten() {
+        Some(p) => p.install(|| with_threads(n, f)),
+        None => f(),
+    }
+}
+
 /// Runs `f` on every task, on up to `n` threads of a kept worker pool (rayon's work stealing
 /// spreads them; which thread runs a task never changes what it computes). Returns the error
 /// of the first failing task in task order. With one thread or one task, or when no pool can

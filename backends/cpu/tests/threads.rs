@@ -17,7 +17,8 @@ use fusebox_cpu::{Executor, Tensor, Value, run};
 /// A module exercising every threaded kernel: conv2d (3×3 padded, 1×1 direct, grouped and
 /// strided) with the fusable chains after it (bias-first add + relu, batch_norm, relu,
 /// batch_norm + a call of a `relu(t[0])` function), a batch_norm, an add + relu on large
-/// tensors, a large matmul, max and average pooling. `{EXTRA}` is replaced
+/// tensors, a large matmul, max and average pooling, and a 3×3 conv2d + relu whose reduction
+/// (576) is longer than the GEMM's depth block (512) and whose output is cut into tiles. `{EXTRA}` is replaced
 /// by extra outputs: returning a chain's intermediates keeps it from fusing.
 const SRC: &str = r#"@I.ir_module
 class Module:
@@ -31,7 +32,7 @@ class Module:
         return gv
 
     @R.function
-    def main(x: R.Tensor((1, 16, 48, 48), dtype="float32"), w1: R.Tensor((32, 16, 3, 3), dtype="float32"), b1: R.Tensor((1, 32, 1, 1), dtype="float32"), w2: R.Tensor((64, 32, 1, 1), dtype="float32"), g: R.Tensor((64,), dtype="float32"), be: R.Tensor((64,), dtype="float32"), mu: R.Tensor((64,), dtype="float32"), var: R.Tensor((64,), dtype="float32"), w3: R.Tensor((64, 16, 3, 3), dtype="float32"), a: R.Tensor((128, 256), dtype="float32"), b: R.Tensor((256, 128), dtype="float32")):
+    def main(x: R.Tensor((1, 16, 48, 48), dtype="float32"), w1: R.Tensor((32, 16, 3, 3), dtype="float32"), b1: R.Tensor((1, 32, 1, 1), dtype="float32"), w2: R.Tensor((64, 32, 1, 1), dtype="float32"), g: R.Tensor((64,), dtype="float32"), be: R.Tensor((64,), dtype="float32"), mu: R.Tensor((64,), dtype="float32"), var: R.Tensor((64,), dtype="float32"), w3: R.Tensor((64, 16, 3, 3), dtype="float32"), a: R.Tensor((128, 256), dtype="float32"), b: R.Tensor((256, 128), dtype="float32"), w4: R.Tensor((64, 64, 3, 3), dtype="float32")):
         cls = Module
         with R.dataflow():
             c1 = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])
@@ -52,8 +53,10 @@ class Module:
             m = R.matmul(a, b)
             p1 = R.nn.max_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
             p2 = R.nn.avg_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
-            R.output(r1, y2, r3, r5, r6, m, p1, p2{EXTRA})
-        return (r1, y2, r3, r5, r6, m, p1, p2{EXTRA})
+            c5 = R.nn.conv2d(y2, w4, padding=[1, 1, 1, 1])
+            r7 = R.nn.relu(c5)
+            R.output(r1, y2, r3, r5, r6, m, p1, p2, r7{EXTRA})
+        return (r1, y2, r3, r5, r6, m, p1, p2, r7{EXTRA})
 "#;
 
 /// Deterministic values in [-1, 1) that make every sum round (so order matters).
@@ -70,7 +73,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn args() -> Vec<Value> {
-    let shapes: [&[usize]; 11] = [
+    let shapes: [&[usize]; 12] = [
         &[1, 16, 48, 48],
         &[32, 16, 3, 3],
         &[1, 32, 1, 1],
@@ -82,6 +85,7 @@ fn args() -> Vec<Value> {
         &[64, 16, 3, 3],
         &[128, 256],
         &[256, 128],
+        &[64, 64, 3, 3],
     ];
     shapes
         .iter()
@@ -131,12 +135,12 @@ fn results_are_bit_identical_for_every_thread_count() {
 fn fused_chains_match_the_ops_run_one_by_one() {
     let fused = parse_module_str(&SRC.replace("{EXTRA}", "")).unwrap_or_else(|e| panic!("{e}"));
     // Returning the intermediates keeps every chain from fusing.
-    let plain = parse_module_str(&SRC.replace("{EXTRA}", ", c1, a1, c2, c3, s, c4, bn3"))
+    let plain = parse_module_str(&SRC.replace("{EXTRA}", ", c1, a1, c2, c3, s, c4, bn3, c5"))
         .unwrap_or_else(|e| panic!("{e}"));
     for n in [1, 2] {
         let f = bits(with_threads(n, || run(&fused, "main", args())).unwrap());
         let p = bits(with_threads(n, || run(&plain, "main", args())).unwrap());
-        assert_eq!(p.len(), f.len() + 9);
+        assert_eq!(p.len(), f.len() + 10);
         for (i, (a, b)) in f.iter().zip(&p).enumerate() {
             assert!(
                 a == b,

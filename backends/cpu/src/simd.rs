@@ -1,0 +1,31 @@
+//! Runtime CPU-feature dispatch for the kernels' own loops.
+//!
+//! The crate is compiled for the baseline target (`x86-64`: SSE2), so the compiler vectorises
+//! plain loops two `f64` or four `f32` lanes wide. [`vectorized`] runs a closure inside a
+//! function compiled with the widest instruction set the running CPU has (through `pulp`:
+//! AVX2 + FMA on x86-64 where present), so the loops inlined into it are vectorised for that
+//! set; elsewhere it just calls the closure.
+//!
+//! Contract: the result is the same bit for bit whatever the instruction set. Rust never
+//! fuses a multiply and an add into an FMA unless the code asks for one (`mul_add`), and
+//! lane-wise `+ - * /`, conversions and selects round exactly as their scalar forms; so
+//! only the speed depends on the CPU. Loops whose order of evaluation matters (a reduction)
+//! stay in source order: the compiler does not reassociate floating-point sums.
+//!
+//! ```text
+//! y = R.nn.relu(R.add(x, b))   # the CPU kernel's loop runs 8 f32 lanes wide on AVX2
+//! ```
+
+use std::sync::LazyLock;
+
+/// The instruction set detected once per process.
+static ARCH: LazyLock<pulp::Arch> = LazyLock::new(pulp::Arch::new);
+
+/// Runs `op` compiled for the widest instruction set of this CPU (see the module doc). The
+/// loop must be reached through `#[inline(always)]` functions only (a closure's body is not
+/// inlined, and would keep the baseline instruction set): `op`'s `with_simd` is
+/// `#[inline(always)]` and calls an `#[inline(always)]` kernel body.
+#[inline(always)]
+pub(crate) fn dispatch<Op: pulp::WithSimd>(op: Op) -> Op::Output {
+    ARCH.dispatch(op)
+}
