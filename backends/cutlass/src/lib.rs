@@ -35,6 +35,7 @@ pub mod patterns;
 pub mod plan;
 pub mod select;
 pub mod spec;
+pub mod wgmma;
 
 pub use artifact::CutlassArtifact;
 pub use backend::CutlassBackend;

@@ -13,8 +13,11 @@
 
 use crate::error::{Error, Result};
 use crate::generator::{Bcast, EpOp, Instance, Kind};
-use crate::select::{ConvShape, GemmShape, candidates, heuristic, problem_alignment};
+use crate::select::{
+    ConvShape, GemmShape, candidates_for, choose, problem_alignment, wgmma_fallback,
+};
 use crate::spec::{KernelSpec, Problem};
+use fusebox_cuda::Arch;
 
 /// The concrete problem of a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,16 +53,27 @@ impl Plan {
         }
     }
 
-    /// The candidate instances for this plan and epilogue.
-    pub fn candidates(&self, spec: &KernelSpec) -> Vec<Instance> {
-        candidates(spec.elem, self.kind, self.align, &spec.epilogue)
+    /// The candidate instances for this plan and epilogue on `arch` (wgmma tiles first where
+    /// they apply).
+    pub fn candidates(&self, spec: &KernelSpec, arch: Arch) -> Vec<Instance> {
+        candidates_for(arch, spec.elem, self.kind, self.align, &spec.epilogue)
     }
 
-    /// The heuristic's instance for `sm_count` SMs.
-    pub fn choose(&self, spec: &KernelSpec, sm_count: usize) -> Option<Instance> {
-        let c = self.candidates(spec);
+    /// The heuristic's instance for `sm_count` SMs on `arch`.
+    pub fn choose(&self, spec: &KernelSpec, sm_count: usize, arch: Arch) -> Option<Instance> {
+        let c = self.candidates(spec, arch);
         let (m, n, b) = self.mnb();
-        heuristic(&c, m, n, b, sm_count).cloned()
+        choose(&c, m, n, b, sm_count).cloned()
+    }
+
+    /// `wgmma` when the plan takes the sm_90a path on `arch`, else `mma.sync` / `simt` and why
+    /// not wgmma (for the build report).
+    pub fn path(&self, spec: &KernelSpec, arch: Arch) -> String {
+        match wgmma_fallback(arch, spec.elem, self.kind, self.align) {
+            None => "wgmma + TMA (sm_90a)".into(),
+            Some(why) if spec.elem == crate::generator::Elem::F32 => format!("simt ({why})"),
+            Some(why) => format!("mma.sync ({why})"),
+        }
     }
 
     /// A key naming the problem (for the profile cache).
@@ -276,7 +290,7 @@ mod tests {
             vec![2],
         );
         let p = plan(&s, &[vec![512, 256], vec![256, 1024], vec![1024]]).unwrap();
-        let i = p.choose(&s, 132).unwrap();
+        let i = p.choose(&s, 132, Arch::Sm90).unwrap();
         assert_eq!(
             i.kernel_name(),
             "cutlass_f16_gemm_nn_64x64x32_32x32x32_s4_a8_bias"
@@ -361,7 +375,7 @@ mod tests {
             &[vec![1, 56, 56, 64], vec![64, 3, 3, 64], vec![1, 1, 1, 64]],
         )
         .unwrap();
-        let i = p.choose(&s2, 132).unwrap();
+        let i = p.choose(&s2, 132, Arch::Sm90a).unwrap();
         assert_eq!(
             i.kernel_name(),
             "cutlass_f16_conv2d_fprop_64x64x32_32x32x32_s4_a8_bias_relu"
