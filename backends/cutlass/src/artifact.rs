@@ -239,6 +239,16 @@ impl CutlassArtifact {
         Ok(())
     }
 
+    /// Whether the GEMM operands A and B start on 16-byte boundaries (TMA's requirement).
+    fn tma_aligned(&self, ins: &[GpuTensor]) -> bool {
+        let crate::spec::Problem::Gemm { lhs, rhs, .. } = self.spec.problem else {
+            return false;
+        };
+        [lhs, rhs]
+            .iter()
+            .all(|&i| ins.get(i).is_some_and(|t| t.device_ptr() % 16 == 0))
+    }
+
     /// Times every candidate of `p` (one warm-up, then the mean of 5 launches) and returns the
     /// fastest; the winner is kept in the profile cache on disk.
     fn profile(&self, p: &Plan, ins: &[GpuTensor], out: &GpuTensor) -> Result<Instance> {
@@ -246,7 +256,12 @@ impl CutlassArtifact {
             return Ok(i.clone());
         }
         let key = format!("{}|{}", self.gpu.name(), p.key(&self.spec));
-        let cands = p.candidates(&self.spec, self.arch);
+        let aligned = self.tma_aligned(ins);
+        let cands: Vec<Instance> = p
+            .candidates(&self.spec, self.arch)
+            .into_iter()
+            .filter(|c| c.tile.math != Math::Wgmma || aligned)
+            .collect();
         let mut disk = read_profile_cache();
         let hit = disk
             .get(&key)
@@ -308,11 +323,18 @@ impl CutlassArtifact {
         if out.numel() == 0 {
             return Ok(out.into_value());
         }
-        let inst = if self.options.profile {
+        let mut inst = if self.options.profile {
             self.profile(&p, &ins, &out)?
         } else {
             self.choose(&p)?
         };
+        // TMA needs 16-byte aligned operand addresses (buffers are; a view might not be):
+        // otherwise the mma.sync instance the plain sm_90 heuristic picks.
+        if inst.tile.math == Math::Wgmma && !self.tma_aligned(&ins) {
+            inst = p
+                .choose(&self.spec, self.gpu.sm_count() as usize, Arch::Sm90)
+                .ok_or_else(|| Error::Args("no instance for this problem".into()))?;
+        }
         self.launch(&inst, &p, &ins, &out)?;
         Ok(out.into_value())
     }

@@ -12,7 +12,9 @@
 //! - the warp-level MMA: `ldmatrix.x4` (`.trans` for a K-major B) feeding
 //!   `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` with fp32 accumulators (sm_80+), or a
 //!   SIMT thread tile for float32;
-//! - an epilogue generated from the composite's ops, in fp32, with a bounds check per element.
+//! - an epilogue generated from the composite's ops, in fp32, with a bounds check per element
+//!   ([`Math::Wgmma`] instances are emitted by [`crate::wgmma`], which reuses this epilogue on
+//!   the wgmma accumulator fragments).
 //!
 //! Contract: [`emit`] is deterministic (the same instance gives the same bytes);
 //! [`Instance::kernel_name`] is unique per instance and is the `extern "C"` symbol;

@@ -300,6 +300,37 @@ mod tests {
     }
 
     #[test]
+    fn crate_doc_wgmma_example() {
+        let s = gemm_spec(
+            false,
+            vec![
+                EpOp::Binary(BinOp::Add, Bcast::Vector),
+                EpOp::Act(crate::generator::Act::Gelu),
+            ],
+            vec![2],
+        );
+        let p = plan(&s, &[vec![4096, 4096], vec![4096, 4096], vec![4096]]).unwrap();
+        let i = p.choose(&s, 132, Arch::Sm90a).unwrap();
+        assert_eq!(
+            i.kernel_name(),
+            "cutlass_f16_gemm_nn_128x256x64_wgmma_s4_a8_bias_gelu"
+        );
+        let l = i.launch(4096, 4096, 1).unwrap();
+        assert_eq!((l.grid, l.block[0], l.smem), ([16, 32, 1], 384, 197696));
+        let (a, b) = crate::wgmma::operands(&i);
+        assert_eq!((a.box_inner, a.box_outer, a.boxes), (64, 128, 1));
+        assert_eq!((b.box_inner, b.box_outer, b.boxes), (64, 64, 4));
+        assert_eq!(p.path(&s, Arch::Sm90a), "wgmma + TMA (sm_90a)");
+        // Plain sm_90 keeps mma.sync.
+        let j = p.choose(&s, 132, Arch::Sm90).unwrap();
+        assert!(j.kernel_name().contains("_64x64x32_s3_a8"));
+        assert!(
+            p.path(&s, Arch::Sm90)
+                .starts_with("mma.sync (wgmma needs sm_90a")
+        );
+    }
+
+    #[test]
     fn gemm_plans() {
         let s = gemm_spec(false, vec![], vec![]);
         let p = plan(&s, &[vec![2, 100, 77], vec![77, 300]]).ok();

@@ -6,6 +6,7 @@ use fusebox_cuda::testing as common;
 
 use fusebox_cuda::{Arch, CompileJob, CompileOptions, compile_many};
 use fusebox_cutlass::generator::{Act, Bcast, BinOp, EpOp, Instance, Math, emit, instances_for};
+use fusebox_cutlass::wgmma::{CONSUMER_REGS, PRODUCER_REGS};
 
 /// Every epilogue op, in one chain.
 fn every_op() -> Vec<EpOp> {
@@ -83,6 +84,18 @@ fn every_instance_compiles_without_spills() {
                 .unwrap_or_else(|| panic!("no ptxas report for {}", i.kernel_name()));
             if i.tile.math == Math::Wgmma {
                 max_regs_wgmma = max_regs_wgmma.max(info.registers);
+                // setmaxnreg moves registers within the block's pool (its launch allocation):
+                // the consumers' increase must be covered by the producer's decrease, or
+                // `setmaxnreg.inc` waits forever.
+                let pool = i.tile.threads() * info.registers;
+                let need = 128 * PRODUCER_REGS + (i.tile.threads() - 128) * CONSUMER_REGS;
+                assert!(
+                    pool >= need,
+                    "{}: {} registers x {} threads < {need} for setmaxnreg",
+                    i.kernel_name(),
+                    info.registers,
+                    i.tile.threads()
+                );
             } else {
                 max_regs = max_regs.max(info.registers);
             }
