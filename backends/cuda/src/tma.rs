@@ -117,7 +117,7 @@ impl TiledSpec {
                 rank - 1
             ));
         }
-        if ptr % 16 != 0 {
+        if !ptr.is_multiple_of(16) {
             return bad(format!("base address {ptr:#x} is not 16-byte aligned"));
         }
         if let Some(&d) = self.dims.iter().find(|&&d| d == 0 || d > (1 << 32)) {
@@ -126,7 +126,7 @@ impl TiledSpec {
         if let Some(&s) = self
             .strides
             .iter()
-            .find(|&&s| s % 16 != 0 || s >= (1 << 40))
+            .find(|&&s| !s.is_multiple_of(16) || s >= (1 << 40))
         {
             return bad(format!(
                 "stride {s} bytes (a multiple of 16 below 2^40 is required)"
@@ -136,7 +136,7 @@ impl TiledSpec {
             return bad(format!("box extent {b} (1 to 256 supported)"));
         }
         let inner = u64::from(self.boxdim[0]) * self.dtype.bytes();
-        if inner % 16 != 0 {
+        if !inner.is_multiple_of(16) {
             return bad(format!(
                 "inner box of {inner} bytes is not a multiple of 16"
             ));

@@ -244,9 +244,10 @@ impl CutlassArtifact {
         let crate::spec::Problem::Gemm { lhs, rhs, .. } = self.spec.problem else {
             return false;
         };
-        [lhs, rhs]
-            .iter()
-            .all(|&i| ins.get(i).is_some_and(|t| t.device_ptr() % 16 == 0))
+        [lhs, rhs].iter().all(|&i| {
+            ins.get(i)
+                .is_some_and(|t| t.device_ptr().is_multiple_of(16))
+        })
     }
 
     /// Times every candidate of `p` (one warm-up, then the mean of 5 launches) and returns the
