@@ -278,7 +278,7 @@ pub fn smem_bytes(inst: &Instance) -> u32 {
 pub fn unsupported(inst: &Instance) -> Option<String> {
     let [bm, bn, bk] = inst.tile.tb;
     if !matches!(inst.kind, Kind::Gemm { .. }) {
-        return Some("the wgmma path is GEMM only (conv2d uses mma.sync)".into());
+        return Some("the wgmma path is GEMM only".into());
     }
     if !matches!(inst.elem, Elem::F16 | Elem::Bf16) {
         return Some(format!(
