@@ -747,27 +747,38 @@ pub enum KernelArg<'a> {
     F32(f32),
     /// `double`.
     F64(f64),
+    /// A TMA descriptor passed by value (`const __grid_constant__ CUtensorMap`, 128 bytes).
+    TensorMap(&'a crate::tma::TensorMap),
 }
 
+/// One argument's bytes, as the driver reads them (128-byte aligned, like `CUtensorMap`).
+#[repr(C, align(128))]
+struct Slot([u8; 128]);
+
 impl KernelArg<'_> {
-    /// The argument's bytes, zero-padded to 8, and its size.
-    fn bytes(&self) -> ([u8; 8], usize) {
-        let mut b = [0u8; 8];
+    /// The argument's bytes, zero-padded to 128, and its size.
+    fn bytes(&self) -> (Slot, usize) {
+        let mut s = Slot([0u8; 128]);
+        let b = &mut s.0;
         let n = match *self {
+            KernelArg::TensorMap(m) => {
+                b.copy_from_slice(&m.bytes());
+                128
+            }
             KernelArg::Buffer(t) => {
-                b.copy_from_slice(&t.ptr.to_ne_bytes());
+                b[..8].copy_from_slice(&t.ptr.to_ne_bytes());
                 8
             }
             KernelArg::Ptr(p) | KernelArg::U64(p) => {
-                b.copy_from_slice(&p.to_ne_bytes());
+                b[..8].copy_from_slice(&p.to_ne_bytes());
                 8
             }
             KernelArg::I64(x) => {
-                b.copy_from_slice(&x.to_ne_bytes());
+                b[..8].copy_from_slice(&x.to_ne_bytes());
                 8
             }
             KernelArg::F64(x) => {
-                b.copy_from_slice(&x.to_ne_bytes());
+                b[..8].copy_from_slice(&x.to_ne_bytes());
                 8
             }
             KernelArg::I32(x) => {
@@ -783,7 +794,7 @@ impl KernelArg<'_> {
                 4
             }
         };
-        (b, n)
+        (s, n)
     }
 
     fn describe(&self) -> &'static str {
@@ -796,6 +807,7 @@ impl KernelArg<'_> {
             KernelArg::U64(_) => "u64 (8 bytes)",
             KernelArg::F32(_) => "f32 (4 bytes)",
             KernelArg::F64(_) => "f64 (8 bytes)",
+            KernelArg::TensorMap(_) => "TMA descriptor (128 bytes)",
         }
     }
 }
@@ -960,16 +972,16 @@ impl Kernel {
             self.shared_limit
                 .fetch_max(cfg.shared_mem_bytes, Ordering::Relaxed);
         }
-        // One 8-byte slot per argument; the driver reads `size` bytes from each slot's start.
-        let mut slots: Vec<[u8; 8]> = args.iter().map(|a| a.bytes().0).collect();
+        // One 128-byte slot per argument; the driver reads `size` bytes from each slot's start.
+        let mut slots: Vec<Slot> = args.iter().map(|a| a.bytes().0).collect();
         let mut ptrs: Vec<*mut std::ffi::c_void> = slots
             .iter_mut()
-            .map(|s| s.as_mut_ptr().cast::<std::ffi::c_void>())
+            .map(|s| s.0.as_mut_ptr().cast::<std::ffi::c_void>())
             .collect();
         let [gx, gy, gz] = cfg.grid;
         let [bx, by, bz] = cfg.block;
         // SAFETY: `ptrs` has one entry per kernel parameter (count checked against the
-        // driver's parameter info above), each pointing at a live 8-byte slot holding a value
+        // driver's parameter info above), each pointing at a live 128-byte slot holding a value
         // of exactly the parameter's size; buffers are device pointers of live allocations on
         // this GPU (kept alive by the caller's `&GpuTensor` for the duration of this call; the
         // stream orders any later free after the kernel). Device-side out-of-bounds accesses
@@ -1006,12 +1018,13 @@ mod tests {
 
     #[test]
     fn kernel_args_have_their_c_sizes() {
-        assert_eq!(
-            KernelArg::I32(-1).bytes(),
-            ([255, 255, 255, 255, 0, 0, 0, 0], 4)
-        );
-        assert_eq!(KernelArg::F32(1.0).bytes().0[..4], 1.0f32.to_ne_bytes());
-        assert_eq!(KernelArg::I64(-2).bytes(), ((-2i64).to_ne_bytes(), 8));
+        let (s, n) = KernelArg::I32(-1).bytes();
+        assert_eq!((&s.0[..8], n), (&[255, 255, 255, 255, 0, 0, 0, 0][..], 4));
+        assert_eq!(KernelArg::F32(1.0).bytes().0.0[..4], 1.0f32.to_ne_bytes());
+        let (s, n) = KernelArg::I64(-2).bytes();
+        assert_eq!((&s.0[..8], n), (&(-2i64).to_ne_bytes()[..], 8));
+        assert!(s.0[8..].iter().all(|&b| b == 0));
+        assert_eq!(std::mem::align_of::<Slot>(), 128);
         assert_eq!(KernelArg::Ptr(0xdead_beef).bytes().1, 8);
         assert_eq!(KernelArg::F64(0.5).bytes().1, 8);
     }

@@ -17,6 +17,8 @@
 //!   [`Error::NoDevice`]), [`GpuTensor`] buffers and bit-exact transfers (a fusebox-core
 //!   `DeviceTensor`, so device values flow through the executor), CUBIN modules, checked
 //!   launches, timing events.
+//! - [`tma`]: Hopper TMA descriptors (`cuTensorMapEncodeTiled`), checked on the host and
+//!   passed by value as [`KernelArg::TensorMap`].
 
 pub mod backend;
 pub mod cache;
@@ -29,6 +31,7 @@ pub mod lower;
 pub mod nvrtc;
 pub mod schedule;
 pub mod testing;
+pub mod tma;
 
 pub use backend::CudaBackend;
 pub use cache::{Cache, compile_cached};
@@ -37,6 +40,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use nvrtc::{Arch, CompileJob, CompileOptions, Compiled, PtxasInfo, compile, compile_many};
+pub use tma::{TensorMap, TiledSpec, TmaDtype, TmaSwizzle};
 
 /// Call this from the binary so the linker keeps this crate's `inventory` registrations.
 pub fn link() {}

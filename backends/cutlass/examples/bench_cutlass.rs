@@ -1,6 +1,7 @@
 //! Benchmarks of the generated kernels (needs a GPU; prints why and exits 0 without one):
 //!
-//! 1. float16 GEMM 4096³: cutlass vs cuBLAS (fusebox-cublas), TFLOP/s;
+//! 1. float16 GEMM 4096³: cutlass (mma.sync, and on a compute capability 9.0 device the sm_90a
+//!    wgmma + TMA path, `arch = "sm_90a"`) vs cuBLAS (fusebox-cublas), TFLOP/s and % of cuBLAS;
 //! 2. conv2d + bias + relu on ResNet-50's 3×3 shapes (NHWC, batch 8), TFLOP/s;
 //! 3. GEMM + bias + gelu with K ≤ 512: cutlass's fused epilogue vs cuBLAS GEMM(+bias) and a
 //!    separate generated gelu kernel (fusebox-cuda), time per call.
@@ -107,19 +108,39 @@ fn main() {
     let m = fusebox_core::text::parse_module_str(&src).unwrap();
     let args = vec![input(&gpu, &[n, n], 1), input(&gpu, &[n, n], 2)];
     let flops = 2.0 * (n as f64).powi(3);
-    for (label, b, opts) in [
+    let mut runs = vec![
+        ("cublas", vec!["cublas", "cpu"], ""),
         ("cutlass (heuristic)", vec!["cutlass", "cpu"], ""),
         (
             "cutlass (profile)",
             vec!["cutlass", "cpu"],
             "profile = true",
         ),
-        ("cublas", vec!["cublas", "cpu"], ""),
-    ] {
+    ];
+    if gpu.compute_capability() == (9, 0) {
+        runs.push((
+            "cutlass wgmma sm_90a",
+            vec!["cutlass", "cpu"],
+            "arch = \"sm_90a\"",
+        ));
+    } else {
+        println!(
+            "wgmma skipped: compute capability {:?} (sm_90a CUBIN runs only on 9.0)",
+            gpu.compute_capability()
+        );
+    }
+    let mut cublas_ms = None;
+    for (label, b, opts) in runs {
         let plan = pipeline(&b, opts, false).run(&m).unwrap();
         let ms = time(&gpu, &plan, &args, 20);
+        let rel = cublas_ms.map_or(String::new(), |c: f64| {
+            format!(", {:.0}% of cuBLAS", 100.0 * c / ms)
+        });
+        if label == "cublas" {
+            cublas_ms = Some(ms);
+        }
         println!(
-            "gemm f16 {n}^3 {label:22} [{}]: {ms:.3} ms, {:.1} TFLOP/s",
+            "gemm f16 {n}^3 {label:22} [{}]: {ms:.3} ms, {:.1} TFLOP/s{rel}",
             backends_of(&plan),
             flops / ms / 1e9
         );

@@ -7,7 +7,10 @@
 //! Contract: [`CutlassArtifact::new`] needs a device: without one it is the typed no-device
 //! error ([`crate::Error::is_no_device`]). A call's kernel arguments are, in order, A, B, D,
 //! the epilogue operands, then `M, N, K, sA, sB, sD` (GEMM) or the conv2d geometry (see
-//! [`crate::generator`]). The profile cache is `cutlass-profile.json` in fusebox-cuda's cache
+//! [`crate::generator`]); a wgmma instance (chosen when the `arch` option is sm_90a and the
+//! device has compute capability 9.0) takes two TMA descriptors built here with
+//! `cuTensorMapEncodeTiled` ([`crate::wgmma::tma_specs`]) instead of A and B, then `D`, the
+//! epilogue operands and `M, N, K, zA, zB, sD`. The profile cache is `cutlass-profile.json` in fusebox-cuda's cache
 //! directory: `{ "<device>|<problem key>": "<kernel name>" }`.
 //!
 //! ```text
@@ -16,14 +19,15 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::generator::{Instance, emit};
+use crate::generator::{Instance, Math, emit};
 use crate::options::Options;
 use crate::plan::{Plan, Shape, plan};
 use crate::spec::KernelSpec;
 use fusebox_core::backend::Artifact;
 use fusebox_core::runtime::{Placement, Value};
 use fusebox_cuda::{
-    Arch, Cache, CompileOptions, Gpu, GpuModule, GpuTensor, KernelArg, LaunchConfig, compile_cached,
+    Arch, Cache, CompileOptions, Gpu, GpuModule, GpuTensor, KernelArg, LaunchConfig, TensorMap,
+    compile_cached,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -62,7 +66,7 @@ impl CutlassArtifact {
         options: Options,
     ) -> Result<CutlassArtifact> {
         let gpu = Gpu::get()?;
-        let arch = gpu.arch().ok_or_else(|| {
+        let device_arch = gpu.arch().ok_or_else(|| {
             Error::Cuda(fusebox_cuda::Error::NoDevice {
                 reason: format!(
                     "{} (compute capability {:?}) is not an sm_80+ device the generated kernels target",
@@ -71,6 +75,12 @@ impl CutlassArtifact {
                 ),
             })
         })?;
+        // sm_90a (wgmma + TMA) when asked for and the device runs it (compute capability 9.0).
+        let arch = if options.arch == Arch::Sm90a && gpu.supports(Arch::Sm90a) {
+            Arch::Sm90a
+        } else {
+            device_arch
+        };
         let a = CutlassArtifact {
             name: name.to_string(),
             spec,
@@ -101,6 +111,7 @@ impl CutlassArtifact {
             return Ok(m.clone());
         }
         let cache = Cache::from_env();
+        // wgmma instances are only chosen when `self.arch` is sm_90a.
         let c = compile_cached(
             cache.as_ref(),
             &emit(inst),
@@ -118,7 +129,7 @@ impl CutlassArtifact {
             return Ok(i.clone());
         }
         let inst = p
-            .choose(&self.spec, self.gpu.sm_count() as usize)
+            .choose(&self.spec, self.gpu.sm_count() as usize, self.arch)
             .ok_or_else(|| Error::Args("no instance for this problem".into()))?;
         lock(&self.chosen).insert(p.clone(), inst.clone());
         Ok(inst)
@@ -145,6 +156,38 @@ impl CutlassArtifact {
             ins.get(i)
                 .ok_or_else(|| Error::Args(format!("argument {i} is missing")))
         };
+        if inst.tile.math == Math::Wgmma {
+            let Shape::Gemm(g) = p.shape else {
+                return Err(Error::Args(format!(
+                    "{} is a GEMM kernel; the call is a conv2d",
+                    inst.kernel_name()
+                )));
+            };
+            let (spec_a, spec_b) = crate::wgmma::tma_specs(inst, &g);
+            let tm_a = TensorMap::encode(&self.gpu, arg(a)?.device_ptr(), &spec_a)?;
+            let tm_b = TensorMap::encode(&self.gpu, arg(bt)?.device_ptr(), &spec_b)?;
+            let mut args: Vec<KernelArg<'_>> = vec![
+                KernelArg::TensorMap(&tm_a),
+                KernelArg::TensorMap(&tm_b),
+                KernelArg::Buffer(out),
+            ];
+            for &e in &self.spec.extras {
+                args.push(KernelArg::Buffer(arg(e)?));
+            }
+            args.push(KernelArg::I32(i32_(g.m)?));
+            args.push(KernelArg::I32(i32_(g.n)?));
+            args.push(KernelArg::I32(i32_(g.k)?));
+            args.push(KernelArg::I32(i32::from(g.a_batched)));
+            args.push(KernelArg::I32(i32::from(g.b_batched)));
+            args.push(KernelArg::I64(i64_(g.m * g.n)?));
+            let cfg = LaunchConfig {
+                grid: l.grid,
+                block: l.block,
+                shared_mem_bytes: l.smem,
+            };
+            kernel.launch(&cfg, &args)?;
+            return Ok(());
+        }
         let mut args: Vec<KernelArg<'_>> = vec![
             KernelArg::Buffer(arg(a)?),
             KernelArg::Buffer(arg(bt)?),
@@ -196,6 +239,17 @@ impl CutlassArtifact {
         Ok(())
     }
 
+    /// Whether the GEMM operands A and B start on 16-byte boundaries (TMA's requirement).
+    fn tma_aligned(&self, ins: &[GpuTensor]) -> bool {
+        let crate::spec::Problem::Gemm { lhs, rhs, .. } = self.spec.problem else {
+            return false;
+        };
+        [lhs, rhs].iter().all(|&i| {
+            ins.get(i)
+                .is_some_and(|t| t.device_ptr().is_multiple_of(16))
+        })
+    }
+
     /// Times every candidate of `p` (one warm-up, then the mean of 5 launches) and returns the
     /// fastest; the winner is kept in the profile cache on disk.
     fn profile(&self, p: &Plan, ins: &[GpuTensor], out: &GpuTensor) -> Result<Instance> {
@@ -203,7 +257,12 @@ impl CutlassArtifact {
             return Ok(i.clone());
         }
         let key = format!("{}|{}", self.gpu.name(), p.key(&self.spec));
-        let cands = p.candidates(&self.spec);
+        let aligned = self.tma_aligned(ins);
+        let cands: Vec<Instance> = p
+            .candidates(&self.spec, self.arch)
+            .into_iter()
+            .filter(|c| c.tile.math != Math::Wgmma || aligned)
+            .collect();
         let mut disk = read_profile_cache();
         let hit = disk
             .get(&key)
@@ -265,11 +324,18 @@ impl CutlassArtifact {
         if out.numel() == 0 {
             return Ok(out.into_value());
         }
-        let inst = if self.options.profile {
+        let mut inst = if self.options.profile {
             self.profile(&p, &ins, &out)?
         } else {
             self.choose(&p)?
         };
+        // TMA needs 16-byte aligned operand addresses (buffers are; a view might not be):
+        // otherwise the mma.sync instance the plain sm_90 heuristic picks.
+        if inst.tile.math == Math::Wgmma && !self.tma_aligned(&ins) {
+            inst = p
+                .choose(&self.spec, self.gpu.sm_count() as usize, Arch::Sm90)
+                .ok_or_else(|| Error::Args("no instance for this problem".into()))?;
+        }
         self.launch(&inst, &p, &ins, &out)?;
         Ok(out.into_value())
     }

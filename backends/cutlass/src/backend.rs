@@ -9,7 +9,8 @@
 //! accepts, grouped convs, constants …), so the pipeline hands it to the next backend.
 //! [`CutlassBackend::compile`] without a device fails with the typed no-device error.
 //! `build` writes, per function, `<kernel>.cu`, `<kernel>.cubin` (for the `arch` option,
-//! default sm_90) and `<function>.cutlass.txt` (spec, plan, instance, launch); with symbolic
+//! default sm_90; `arch = "sm_90a"` selects the wgmma + TMA path for f16/bf16 GEMMs with
+//! 16-byte row strides) and `<function>.cutlass.txt` (spec, plan, path, instance, launch); with symbolic
 //! shapes it builds the instance for the alignment the static dims allow and the launch is
 //! made per call.
 //!
@@ -82,7 +83,7 @@ impl CutlassBackend {
     /// The instance `build` emits: the heuristic's for a static plan, else the largest tile at
     /// the alignment the static dims allow.
     pub fn build_instance(&self, spec: &KernelSpec, p: Option<&Plan>) -> Instance {
-        match p.and_then(|p| p.choose(spec, self.options.sm_count as usize)) {
+        match p.and_then(|p| p.choose(spec, self.options.sm_count as usize, self.options.arch)) {
             Some(i) => i,
             None => {
                 let kind = match spec.problem {
@@ -145,6 +146,9 @@ impl Backend for CutlassBackend {
         )
         .map_err(Error::from)?;
         let mut text = format!("{}: {spec}\ninstance: {kname}\n", c.name);
+        if let Some(p) = p.as_ref() {
+            text.push_str(&format!("path: {}\n", p.path(&spec, arch)));
+        }
         let mut kernels = Vec::new();
         match p.as_ref().and_then(|p| {
             let (m, n, b) = p.mnb();

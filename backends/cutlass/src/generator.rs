@@ -12,7 +12,9 @@
 //! - the warp-level MMA: `ldmatrix.x4` (`.trans` for a K-major B) feeding
 //!   `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` with fp32 accumulators (sm_80+), or a
 //!   SIMT thread tile for float32;
-//! - an epilogue generated from the composite's ops, in fp32, with a bounds check per element.
+//! - an epilogue generated from the composite's ops, in fp32, with a bounds check per element
+//!   ([`Math::Wgmma`] instances are emitted by [`crate::wgmma`], which reuses this epilogue on
+//!   the wgmma accumulator fragments).
 //!
 //! Contract: [`emit`] is deterministic (the same instance gives the same bytes);
 //! [`Instance::kernel_name`] is unique per instance and is the `extern "C"` symbol;
@@ -97,6 +99,11 @@ pub enum Math {
         /// The thread tile (M, N).
         thread: [u32; 2],
     },
+    /// Hopper warpgroup MMA (sm_90a only; see [`crate::wgmma`]): one producer warpgroup
+    /// issues TMA copies into a `stages`-deep ring of 128-byte-swizzled shared memory, and
+    /// `BM / 64` consumer warpgroups each compute 64 × BN with
+    /// `wgmma.mma_async.m64nBNk16`.
+    Wgmma,
 }
 
 /// A tile configuration: threadblock tile, math and stages.
@@ -129,6 +136,20 @@ pub const TENSOR_OP_TILES: [TileConfig; 3] = [
     },
 ];
 
+/// The wgmma tiles (sm_90a), largest first: two consumer warpgroups of 64 rows each.
+pub const WGMMA_TILES: [TileConfig; 2] = [
+    TileConfig {
+        tb: [128, 256, 64],
+        math: Math::Wgmma,
+        stages: 4,
+    },
+    TileConfig {
+        tb: [128, 128, 64],
+        math: Math::Wgmma,
+        stages: 4,
+    },
+];
+
 /// The SIMT tiles, largest first (the candidates for f32).
 pub const SIMT_TILES: [TileConfig; 2] = [
     TileConfig {
@@ -149,6 +170,7 @@ impl TileConfig {
         match self.math {
             Math::TensorOp { warp } => (self.tb[0] / warp[0]) * (self.tb[1] / warp[1]) * 32,
             Math::Simt { thread } => (self.tb[0] / thread[0]) * (self.tb[1] / thread[1]),
+            Math::Wgmma => (self.tb[0] / 64 + 1) * 128,
         }
     }
     /// `128x128x32_64x64x32_s3`.
@@ -159,6 +181,7 @@ impl TileConfig {
                 format!("{m}x{n}x{k}_{a}x{b}x{c}_s{}", self.stages)
             }
             Math::Simt { thread: [a, b] } => format!("{m}x{n}x{k}_t{a}x{b}_s{}", self.stages),
+            Math::Wgmma => format!("{m}x{n}x{k}_wgmma_s{}", self.stages),
         }
     }
     /// Shared-memory padding per row, in elements.
@@ -166,6 +189,7 @@ impl TileConfig {
         match self.math {
             Math::TensorOp { .. } => 8,
             Math::Simt { .. } => 4,
+            Math::Wgmma => 0,
         }
     }
 }
@@ -289,13 +313,16 @@ impl Instance {
         s
     }
 
-    /// Whether B is stored K×N in shared memory.
-    fn b_kmajor(&self) -> bool {
+    /// Whether B is stored K×N (row-major rhs).
+    pub(crate) fn b_kmajor(&self) -> bool {
         matches!(self.kind, Kind::Gemm { b_kmajor: true })
     }
 
     /// Dynamic shared memory bytes.
     pub fn smem_bytes(&self) -> u32 {
+        if self.tile.math == Math::Wgmma {
+            return crate::wgmma::smem_bytes(self);
+        }
         let [bm, bn, bk] = self.tile.tb;
         let pad = self.tile.pad();
         let a = bm * (bk + pad);
@@ -332,8 +359,42 @@ impl Instance {
     }
 }
 
-/// Every instance the generator emits without an epilogue: every element type × kind × tile
-/// × alignment (the compile test builds all of them for every arch).
+/// Every instance the generator emits without an epilogue for `arch`: [`all_instances`], and
+/// on sm_90a also [`wgmma_instances`].
+pub fn instances_for(arch: fusebox_cuda::Arch) -> Vec<Instance> {
+    let mut out = all_instances();
+    if arch == fusebox_cuda::Arch::Sm90a {
+        out.extend(wgmma_instances());
+    }
+    out
+}
+
+/// The sm_90a wgmma instances: f16 and bf16 × GEMM with B N×K or K×N × [`WGMMA_TILES`], at
+/// alignment 8 (TMA needs 16-byte row strides).
+pub fn wgmma_instances() -> Vec<Instance> {
+    let mut out = Vec::new();
+    for elem in [Elem::F16, Elem::Bf16] {
+        for kind in [
+            Kind::Gemm { b_kmajor: false },
+            Kind::Gemm { b_kmajor: true },
+        ] {
+            for tile in WGMMA_TILES {
+                out.push(Instance {
+                    elem,
+                    kind,
+                    tile,
+                    align: 8,
+                    epilogue: Vec::new(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Every mma.sync / SIMT instance the generator emits without an epilogue: every element type
+/// × kind × tile × alignment (the compile test builds all of them for every arch; the wgmma
+/// instances, sm_90a only, are [`wgmma_instances`]).
 pub fn all_instances() -> Vec<Instance> {
     let mut out = Vec::new();
     for elem in [Elem::F16, Elem::Bf16, Elem::F32] {
@@ -417,16 +478,58 @@ fn float_lit(x: f64) -> String {
     }
 }
 
-/// The CUDA C++ source of `inst` (one kernel; see the module doc).
-pub fn emit(inst: &Instance) -> String {
+/// The epilogue of `inst`, shared by every math path: the per-batch offsets of full-shaped
+/// extra operands (`E{i} += blockIdx.z * sD`), and the guarded store of one accumulator
+/// element `val` at (`row`, `col`) of an `M × N` output `D`, with the composite's ops applied
+/// in fp32 in order.
+pub(crate) fn epilogue(inst: &Instance) -> (String, String) {
+    let mut ep = String::new();
+    let mut e = 0usize;
+    for op in &inst.epilogue {
+        let line = match op {
+            EpOp::Binary(b, bc) => {
+                let idx = match bc {
+                    Bcast::Vector => "col".to_string(),
+                    Bcast::Full => "(long long)row * N + col".to_string(),
+                };
+                let o = match b {
+                    BinOp::Add => "+",
+                    BinOp::Mul => "*",
+                };
+                let l = format!("      v = v {o} to_f(E{e}[{idx}]);\n");
+                e += 1;
+                l
+            }
+            EpOp::Act(Act::Relu) => "      v = fmaxf(v, 0.f);\n".into(),
+            EpOp::Act(Act::Gelu) => "      v = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));\n".into(),
+            EpOp::Act(Act::GeluTanh) => "      v = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));\n".into(),
+            EpOp::Act(Act::Sigmoid) => "      v = 1.f / (1.f + expf(-v));\n".into(),
+            EpOp::Act(Act::Silu) => "      v = v / (1.f + expf(-v));\n".into(),
+            EpOp::Clip(lo, hi) => format!(
+                "      v = fminf(fmaxf(v, {}), {});\n",
+                float_lit(*lo),
+                float_lit(*hi)
+            ),
+        };
+        ep.push_str(&line);
+    }
+    let full_offsets: String = inst
+        .epilogue
+        .iter()
+        .filter(|o| matches!(o, EpOp::Binary(..)))
+        .enumerate()
+        .filter(|(_, o)| matches!(o, EpOp::Binary(_, Bcast::Full)))
+        .map(|(i, _)| format!("  E{i} += (long long)blockIdx.z * sD;\n"))
+        .collect();
+    let store = format!(
+        "    if (row < M && col < N) {{\n      float v = val;\n{ep}      D[(long long)row * N + col] = from_f(v);\n    }}\n"
+    );
+    (full_offsets, store)
+}
+
+/// The source's head: the name, the fp16/bf16 header, `T` and its fp32 conversions.
+pub(crate) fn prelude(name: &str, elem: Elem) -> String {
     let mut s = String::new();
-    let elem = inst.elem;
-    let name = inst.kernel_name();
-    let [bm, bn, bk] = inst.tile.tb;
-    let pad = inst.tile.pad();
-    let stages = inst.tile.stages;
-    let threads = inst.tile.threads();
-    let al = inst.align;
     let _ = writeln!(s, "// Generated by fusebox-cutlass: {name}");
     match elem {
         Elem::F16 => s.push_str("#include <cuda_fp16.h>\n"),
@@ -448,6 +551,23 @@ pub fn emit(inst: &Instance) -> String {
              __device__ __forceinline__ T from_f(float x) { return x; }\n",
         ),
     }
+    s
+}
+
+/// The CUDA C++ source of `inst` (one kernel; see the module doc).
+pub fn emit(inst: &Instance) -> String {
+    if inst.tile.math == Math::Wgmma {
+        return crate::wgmma::emit(inst);
+    }
+    let mut s = String::new();
+    let elem = inst.elem;
+    let name = inst.kernel_name();
+    let [bm, bn, bk] = inst.tile.tb;
+    let pad = inst.tile.pad();
+    let stages = inst.tile.stages;
+    let threads = inst.tile.threads();
+    let al = inst.align;
+    s.push_str(&prelude(&name, elem));
     s.push_str(HELPERS);
     let tensor_op = matches!(inst.tile.math, Math::TensorOp { .. });
     if tensor_op {
@@ -635,6 +755,8 @@ pub fn emit(inst: &Instance) -> String {
                  \x20   }}\n  }};\n"
             );
         }
+        // Emitted by crate::wgmma (emit returns early).
+        Math::Wgmma => {}
     }
 
     // The multistage mainloop.
@@ -648,49 +770,9 @@ pub fn emit(inst: &Instance) -> String {
     );
 
     // The epilogue.
-    let mut ep = String::new();
-    let mut e = 0usize;
-    for op in &inst.epilogue {
-        let line = match op {
-            EpOp::Binary(b, bc) => {
-                let idx = match bc {
-                    Bcast::Vector => "col".to_string(),
-                    Bcast::Full => "(long long)row * N + col".to_string(),
-                };
-                let o = match b {
-                    BinOp::Add => "+",
-                    BinOp::Mul => "*",
-                };
-                let l = format!("      v = v {o} to_f(E{e}[{idx}]);\n");
-                e += 1;
-                l
-            }
-            EpOp::Act(Act::Relu) => "      v = fmaxf(v, 0.f);\n".into(),
-            EpOp::Act(Act::Gelu) => "      v = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));\n".into(),
-            EpOp::Act(Act::GeluTanh) => "      v = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));\n".into(),
-            EpOp::Act(Act::Sigmoid) => "      v = 1.f / (1.f + expf(-v));\n".into(),
-            EpOp::Act(Act::Silu) => "      v = v / (1.f + expf(-v));\n".into(),
-            EpOp::Clip(lo, hi) => format!(
-                "      v = fminf(fmaxf(v, {}), {});\n",
-                float_lit(*lo),
-                float_lit(*hi)
-            ),
-        };
-        ep.push_str(&line);
-    }
-    let full_offsets: String = inst
-        .epilogue
-        .iter()
-        .filter(|o| matches!(o, EpOp::Binary(..)))
-        .enumerate()
-        .filter(|(_, o)| matches!(o, EpOp::Binary(_, Bcast::Full)))
-        .map(|(i, _)| format!("  E{i} += (long long)blockIdx.z * sD;\n"))
-        .collect();
+    let (full_offsets, store) = epilogue(inst);
     s.push_str(&full_offsets);
     s.push_str("  (void)sD;\n");
-    let store = format!(
-        "    if (row < M && col < N) {{\n      float v = val;\n{ep}      D[(long long)row * N + col] = from_f(v);\n    }}\n"
-    );
     match inst.tile.math {
         Math::TensorOp { .. } => {
             let _ = write!(
@@ -709,6 +791,7 @@ pub fn emit(inst: &Instance) -> String {
                  \x20   const float val = acc[i][j];\n{store}  }}\n}}\n"
             );
         }
+        Math::Wgmma => {}
     }
     s
 }

@@ -13,8 +13,11 @@
 
 use crate::error::{Error, Result};
 use crate::generator::{Bcast, EpOp, Instance, Kind};
-use crate::select::{ConvShape, GemmShape, candidates, heuristic, problem_alignment};
+use crate::select::{
+    ConvShape, GemmShape, candidates_for, choose, problem_alignment, wgmma_fallback,
+};
 use crate::spec::{KernelSpec, Problem};
+use fusebox_cuda::Arch;
 
 /// The concrete problem of a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,16 +53,27 @@ impl Plan {
         }
     }
 
-    /// The candidate instances for this plan and epilogue.
-    pub fn candidates(&self, spec: &KernelSpec) -> Vec<Instance> {
-        candidates(spec.elem, self.kind, self.align, &spec.epilogue)
+    /// The candidate instances for this plan and epilogue on `arch` (wgmma tiles first where
+    /// they apply).
+    pub fn candidates(&self, spec: &KernelSpec, arch: Arch) -> Vec<Instance> {
+        candidates_for(arch, spec.elem, self.kind, self.align, &spec.epilogue)
     }
 
-    /// The heuristic's instance for `sm_count` SMs.
-    pub fn choose(&self, spec: &KernelSpec, sm_count: usize) -> Option<Instance> {
-        let c = self.candidates(spec);
+    /// The heuristic's instance for `sm_count` SMs on `arch`.
+    pub fn choose(&self, spec: &KernelSpec, sm_count: usize, arch: Arch) -> Option<Instance> {
+        let c = self.candidates(spec, arch);
         let (m, n, b) = self.mnb();
-        heuristic(&c, m, n, b, sm_count).cloned()
+        choose(&c, m, n, b, sm_count).cloned()
+    }
+
+    /// `wgmma` when the plan takes the sm_90a path on `arch`, else `mma.sync` / `simt` and why
+    /// not wgmma (for the build report).
+    pub fn path(&self, spec: &KernelSpec, arch: Arch) -> String {
+        match wgmma_fallback(arch, spec.elem, self.kind, self.align) {
+            None => "wgmma + TMA (sm_90a)".into(),
+            Some(why) if spec.elem == crate::generator::Elem::F32 => format!("simt ({why})"),
+            Some(why) => format!("mma.sync ({why})"),
+        }
     }
 
     /// A key naming the problem (for the profile cache).
@@ -276,13 +290,44 @@ mod tests {
             vec![2],
         );
         let p = plan(&s, &[vec![512, 256], vec![256, 1024], vec![1024]]).unwrap();
-        let i = p.choose(&s, 132).unwrap();
+        let i = p.choose(&s, 132, Arch::Sm90).unwrap();
         assert_eq!(
             i.kernel_name(),
             "cutlass_f16_gemm_nn_64x64x32_32x32x32_s4_a8_bias"
         );
         let l = i.launch(512, 1024, 1).unwrap();
         assert_eq!((l.grid, l.smem), ([16, 8, 1], 38912));
+    }
+
+    #[test]
+    fn crate_doc_wgmma_example() {
+        let s = gemm_spec(
+            false,
+            vec![
+                EpOp::Binary(BinOp::Add, Bcast::Vector),
+                EpOp::Act(crate::generator::Act::Gelu),
+            ],
+            vec![2],
+        );
+        let p = plan(&s, &[vec![4096, 4096], vec![4096, 4096], vec![4096]]).unwrap();
+        let i = p.choose(&s, 132, Arch::Sm90a).unwrap();
+        assert_eq!(
+            i.kernel_name(),
+            "cutlass_f16_gemm_nn_128x256x64_wgmma_s4_a8_bias_gelu"
+        );
+        let l = i.launch(4096, 4096, 1).unwrap();
+        assert_eq!((l.grid, l.block[0], l.smem), ([16, 32, 1], 384, 197696));
+        let (a, b) = crate::wgmma::operands(&i);
+        assert_eq!((a.box_inner, a.box_outer, a.boxes), (64, 128, 1));
+        assert_eq!((b.box_inner, b.box_outer, b.boxes), (64, 64, 4));
+        assert_eq!(p.path(&s, Arch::Sm90a), "wgmma + TMA (sm_90a)");
+        // Plain sm_90 keeps mma.sync.
+        let j = p.choose(&s, 132, Arch::Sm90).unwrap();
+        assert!(j.kernel_name().contains("_64x64x32_s3_a8"));
+        assert!(
+            p.path(&s, Arch::Sm90)
+                .starts_with("mma.sync (wgmma needs sm_90a")
+        );
     }
 
     #[test]
@@ -361,7 +406,7 @@ mod tests {
             &[vec![1, 56, 56, 64], vec![64, 3, 3, 64], vec![1, 1, 1, 64]],
         )
         .unwrap();
-        let i = p.choose(&s2, 132).unwrap();
+        let i = p.choose(&s2, 132, Arch::Sm90a).unwrap();
         assert_eq!(
             i.kernel_name(),
             "cutlass_f16_conv2d_fprop_64x64x32_32x32x32_s4_a8_bias_relu"

@@ -6,16 +6,25 @@
 //! divides every contiguous extent the loaders step over (K and, for a K-major B, N; C for
 //! conv2d), so a vector is either wholly in bounds or wholly out. [`candidates`] lists the
 //! instances for a problem (every tile of its math, at that alignment); [`heuristic`] takes the
-//! largest tile that still gives at least one block per SM, else the smallest tile.
+//! largest tile that still gives at least one block per SM, else the smallest tile. For the
+//! target arch, [`candidates_for`] puts the wgmma tiles first when the target is sm_90a and
+//! the problem qualifies ([`wgmma_fallback`] says why not: f32, conv2d, a row stride that is not
+//! a multiple of 16 bytes, or an arch without wgmma, plain sm_90 included), and [`choose`] runs
+//! the heuristic over the wgmma tiles alone in that case.
 //! [`model_gemm`] / [`model_conv2d`] evaluate exactly the loaders' index arithmetic and
 //! predicates in f64, tile by tile.
 //!
 //! ```text
 //! f16 gemm M=1000 N=300 K=77 (B N×K): align 1 (77 is odd); 128x128 gives 24 blocks < 132 SMs,
 //! so 64x64x32 (80 blocks) is the heuristic's pick
+//! f16 gemm M=N=K=4096 on sm_90a: wgmma qualifies (K, N multiples of 8); 128x256x64 gives 512
+//! blocks, so cutlass_f16_gemm_tn_128x256x64_wgmma_s4_a8; on sm_90: the mma.sync 128x128x32
 //! ```
 
-use crate::generator::{Elem, EpOp, Instance, Kind, Math, SIMT_TILES, TENSOR_OP_TILES, TileConfig};
+use crate::generator::{
+    Elem, EpOp, Instance, Kind, Math, SIMT_TILES, TENSOR_OP_TILES, TileConfig, WGMMA_TILES,
+};
+use fusebox_cuda::Arch;
 
 /// A concrete GEMM problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,6 +107,63 @@ pub fn candidates(elem: Elem, kind: Kind, align: u32, epilogue: &[EpOp]) -> Vec<
             epilogue: epilogue.to_vec(),
         })
         .collect()
+}
+
+/// Why a problem does not take the wgmma path on `arch` (`None`: it does).
+pub fn wgmma_fallback(arch: Arch, elem: Elem, kind: Kind, align: u32) -> Option<String> {
+    if arch != Arch::Sm90a {
+        return Some(format!("wgmma needs sm_90a, the target is {arch}"));
+    }
+    crate::wgmma::unsupported(&Instance {
+        elem,
+        kind,
+        tile: WGMMA_TILES[0],
+        align,
+        epilogue: Vec::new(),
+    })
+}
+
+/// Every candidate instance of a problem on `arch`: the wgmma tiles (largest first) when the
+/// problem qualifies on that arch, then [`candidates`].
+pub fn candidates_for(
+    arch: Arch,
+    elem: Elem,
+    kind: Kind,
+    align: u32,
+    epilogue: &[EpOp],
+) -> Vec<Instance> {
+    let mut out = Vec::new();
+    if wgmma_fallback(arch, elem, kind, align).is_none() {
+        out.extend(WGMMA_TILES.iter().map(|t| Instance {
+            elem,
+            kind,
+            tile: *t,
+            align,
+            epilogue: epilogue.to_vec(),
+        }));
+    }
+    out.extend(candidates(elem, kind, align, epilogue));
+    out
+}
+
+/// The heuristic over the wgmma candidates when there are any (the target is sm_90a and the
+/// problem qualifies), else over all of them.
+pub fn choose(
+    cands: &[Instance],
+    m: usize,
+    n: usize,
+    batch: usize,
+    sm_count: usize,
+) -> Option<&Instance> {
+    let wg = cands
+        .iter()
+        .take_while(|i| i.tile.math == Math::Wgmma)
+        .count();
+    if wg > 0 {
+        heuristic(&cands[..wg], m, n, batch, sm_count)
+    } else {
+        heuristic(cands, m, n, batch, sm_count)
+    }
 }
 
 /// The heuristic: the largest candidate with at least `sm_count` blocks, else the smallest.
@@ -294,6 +360,51 @@ mod tests {
             8
         );
         assert_eq!(problem_alignment(Elem::F16, Kind::Conv2d, 27, 64, 3), 1);
+    }
+
+    #[test]
+    fn sm90a_picks_wgmma_when_the_problem_qualifies() {
+        let pick = |arch, elem, kind, k: usize, n: usize| {
+            let al = problem_alignment(elem, kind, k, n, 0);
+            let c = candidates_for(arch, elem, kind, al, &[]);
+            choose(&c, 4096, n, 1, 132).map(Instance::kernel_name)
+        };
+        let tn = Kind::Gemm { b_kmajor: false };
+        let nn = Kind::Gemm { b_kmajor: true };
+        assert_eq!(
+            pick(Arch::Sm90a, Elem::F16, tn, 4096, 4096).as_deref(),
+            Some("cutlass_f16_gemm_tn_128x256x64_wgmma_s4_a8")
+        );
+        assert_eq!(
+            pick(Arch::Sm90a, Elem::Bf16, nn, 4096, 4096).as_deref(),
+            Some("cutlass_bf16_gemm_nn_128x256x64_wgmma_s4_a8")
+        );
+        // Few blocks: the smaller wgmma tile, not an mma.sync one.
+        let al = problem_alignment(Elem::F16, tn, 64, 256, 0);
+        let c = candidates_for(Arch::Sm90a, Elem::F16, tn, al, &[]);
+        assert_eq!(
+            choose(&c, 256, 256, 1, 132).map(|i| i.tile.tb),
+            Some([128, 128, 64])
+        );
+        // Plain sm_90 keeps mma.sync.
+        assert_eq!(
+            pick(Arch::Sm90, Elem::F16, tn, 4096, 4096).as_deref(),
+            Some("cutlass_f16_gemm_tn_128x128x32_64x64x32_s3_a8")
+        );
+        // K * 2 bytes not a multiple of 16: mma.sync, with the reason.
+        assert!(
+            pick(Arch::Sm90a, Elem::F16, tn, 4092, 4096)
+                .is_some_and(|n| n.contains("64x64x32_s3_a4"))
+        );
+        assert!(
+            wgmma_fallback(Arch::Sm90a, Elem::F16, tn, 4)
+                .is_some_and(|r| r.contains("16-byte row strides"))
+        );
+        // N * 2 bytes for a row-major rhs.
+        assert!(wgmma_fallback(Arch::Sm90a, Elem::F16, nn, 4).is_some());
+        assert!(wgmma_fallback(Arch::Sm90, Elem::F16, tn, 8).is_some_and(|r| r.contains("sm_90a")));
+        assert!(wgmma_fallback(Arch::Sm90a, Elem::F32, tn, 4).is_some());
+        assert!(wgmma_fallback(Arch::Sm90a, Elem::F16, Kind::Conv2d, 8).is_some());
     }
 
     #[test]

@@ -192,6 +192,59 @@ fn build_writes_source_cubin_and_launch() {
 }
 
 #[test]
+fn build_for_sm90a_takes_the_wgmma_path_where_it_applies() {
+    if !common::nvrtc_or_skip("build_for_sm90a_takes_the_wgmma_path_where_it_applies") {
+        return;
+    }
+    let m = module(MIXED);
+    let out = partition(&m);
+    let mut seen = Vec::new();
+    for arch in ["sm_90a", "sm_90"] {
+        let opts = toml::from_str(&format!("arch = \"{arch}\"")).unwrap();
+        let b = make_backend("cutlass", &opts).unwrap();
+        for (name, f) in out.functions.iter().filter(|(n, _)| n.as_str() != "main") {
+            let c = Candidate {
+                name,
+                func: f,
+                module: &out,
+            };
+            if !matches!(b.claim(&c), Claim::Accept) {
+                continue;
+            }
+            let built = b.build(&c).unwrap().unwrap();
+            assert_eq!(built.arch.as_deref(), Some(arch));
+            assert!(!built.files[1].1.is_empty());
+            let text = String::from_utf8(built.files[2].1.clone()).unwrap();
+            let k = &built.kernels[0];
+            println!("{arch}: {text}");
+            if name.contains("conv2d") {
+                // float32 conv2d: SIMT on every arch, with the reason.
+                assert!(text.contains("path: simt ("), "{text}");
+                assert!(!k.name.contains("wgmma"), "{}", k.name);
+            } else if arch == "sm_90a" {
+                // f16 matmuls with K (and N) multiples of 8: wgmma, 384 threads.
+                assert!(k.name.contains("_wgmma_s4_a8"), "{}", k.name);
+                assert_eq!(k.block, [384, 1, 1]);
+                assert!(text.contains("path: wgmma + TMA (sm_90a)"), "{text}");
+                let src = String::from_utf8(built.files[0].1.clone()).unwrap();
+                assert!(src.contains("wgmma.mma_async.sync.aligned.m64n"));
+                assert!(src.contains("cp.async.bulk.tensor.3d"));
+                seen.push(k.name.clone());
+            } else {
+                assert!(!k.name.contains("wgmma"), "{}", k.name);
+                assert!(
+                    text.contains("path: mma.sync (wgmma needs sm_90a"),
+                    "{text}"
+                );
+            }
+        }
+    }
+    // The bias + residual + relu matmul (row-major rhs) and the batched transposed one.
+    assert!(seen.iter().any(|k| k.contains("gemm_nn")), "{seen:?}");
+    assert!(seen.iter().any(|k| k.contains("gemm_tn")), "{seen:?}");
+}
+
+#[test]
 fn options_are_validated_through_the_registry() {
     fusebox_cutlass::link();
     let bad = make_backend("cutlass", &toml::from_str("profile = 3").unwrap());

@@ -5,6 +5,12 @@
 //! tile; odd K and C for the 1-element alignment path). Without a device the cases are still
 //! partitioned and claimed (checked) and the numerics are skipped with a printed reason;
 //! `FUSEBOX_REQUIRE_GPU=1` turns the skip into a failure.
+//!
+//! The sm_90a wgmma + TMA path (`arch = "sm_90a"`) is checked the same way on a device of
+//! compute capability 9.0 (H100 / H200): the same GEMM cases plus shapes that are multiples of
+//! 8 but not of any tile (K tails, M and N edges, batched A with a shared B), every epilogue;
+//! the heuristic's kernel for each case is printed and at least the qualifying cases must be
+//! wgmma kernels. On another device it is skipped with the reason.
 
 #![allow(
     clippy::panic,
@@ -203,6 +209,128 @@ fn gemm_cases(d: DType) -> Vec<Case> {
     out
 }
 
+/// GEMMs for the wgmma path: K (and N for a row-major rhs) multiples of 8 (16-byte TMA row
+/// strides), none of M, N, K a multiple of the 128 × 128/256 × 64 tiles.
+fn wgmma_gemm_cases(d: DType) -> Vec<Case> {
+    let mut out = gemm_cases(d);
+    // (m, n, k, transposed, batch)
+    let shapes = [
+        (300, 264, 200, false, 0),
+        (1000, 520, 1096, true, 0),
+        (136, 72, 8, false, 0),
+        (200, 136, 72, true, 2),
+        (129, 257, 64, false, 2),
+    ];
+    for (m, n, k, tr, batch) in shapes {
+        for (tname, lines, extra) in tails() {
+            let lead: Vec<usize> = if batch > 0 { vec![batch] } else { vec![] };
+            let x: Vec<usize> = lead.iter().copied().chain([m, k]).collect();
+            let w: Vec<usize> = if tr {
+                vec![n, k]
+            } else {
+                lead.iter().copied().chain([k, n]).collect()
+            };
+            let o: Vec<usize> = lead.iter().copied().chain([m, n]).collect();
+            let mut params = vec![("x", d, x), ("w", d, w)];
+            let mut body = Vec::new();
+            if tr {
+                body.push("wt = R.permute_dims(w)".to_string());
+                body.push("lv = R.matmul(x, wt)".to_string());
+            } else {
+                body.push("lv = R.matmul(x, w)".to_string());
+            }
+            for e in &extra {
+                params.push(match *e {
+                    "b" => ("b", d, vec![n]),
+                    _ => ("r", d, o.clone()),
+                });
+            }
+            if lines.is_empty() {
+                body.push("y = R.nn.relu(lv)".to_string());
+            }
+            body.extend(lines.iter().map(ToString::to_string));
+            let inputs = params.iter().map(|(_, d, s)| (*d, s.clone())).collect();
+            out.push(Case {
+                name: format!(
+                    "{} wgmma gemm {m}x{n}x{k} tr={tr} batch={batch} {tname}",
+                    d.name()
+                ),
+                src: module(&params, &body, "y"),
+                inputs,
+            });
+        }
+    }
+    out
+}
+
+/// The kernel the heuristic picks for each case's cutlass function on sm_90a, with `sm_count`
+/// SMs (what the artifact launches on a 9.0 device with `arch = "sm_90a"`).
+fn sm90a_kernels(cases: &[Case], options: &str, sm_count: usize) -> Vec<String> {
+    let p = pipeline(options);
+    let opts = fusebox_cutlass::Options::from_table(&toml::from_str(options).unwrap()).unwrap();
+    let backend = fusebox_cutlass::CutlassBackend { options: opts };
+    cases
+        .iter()
+        .map(|c| {
+            let m = fusebox_core::text::parse_module_str(&c.src).unwrap();
+            let plan = p.run(&m).unwrap();
+            let (name, f) = plan
+                .module
+                .functions
+                .iter()
+                .find(|(n, _)| n.ends_with("_cutlass"))
+                .unwrap_or_else(|| panic!("{}: no cutlass function", c.name));
+            let (spec, pl) = backend.prepare(name, f).unwrap();
+            let pl = pl.unwrap_or_else(|| panic!("{}: shapes are static", c.name));
+            let k = pl
+                .choose(&spec, sm_count, fusebox_cuda::Arch::Sm90a)
+                .unwrap()
+                .kernel_name();
+            println!(
+                "{}: {k} ({})",
+                c.name,
+                pl.path(&spec, fusebox_cuda::Arch::Sm90a)
+            );
+            k
+        })
+        .collect()
+}
+
+fn run_wgmma(cases: &[Case], options: &str, rtol: f64) {
+    let gpu = common::gpu_or_skip("cutlass wgmma numerics");
+    let sm = gpu.as_ref().map_or(132, |g| g.sm_count() as usize);
+    let kernels = sm90a_kernels(cases, options, sm);
+    let wgmma = kernels.iter().filter(|k| k.contains("_wgmma_")).count();
+    // The first gemm_cases shapes (64x64x64, 100x72x40, ...) and every wgmma-specific shape
+    // qualify; 130x200x77 and 33x18x9 (odd K) fall back to mma.sync.
+    assert!(
+        wgmma * 10 >= kernels.len() * 7,
+        "{wgmma} of {}",
+        kernels.len()
+    );
+    assert!(
+        kernels
+            .iter()
+            .any(|k| k.contains("_gemm_nn_") && k.contains("_wgmma_"))
+    );
+    assert!(
+        kernels
+            .iter()
+            .any(|k| k.contains("_gemm_tn_") && k.contains("_wgmma_"))
+    );
+    if let Some(g) = &gpu
+        && g.compute_capability() != (9, 0)
+    {
+        println!(
+            "wgmma numerics skipped: {} has compute capability {:?}; sm_90a CUBIN runs only on 9.0",
+            g.describe(),
+            g.compute_capability()
+        );
+        return;
+    }
+    run(cases, options, rtol);
+}
+
 fn conv_cases(d: DType) -> Vec<Case> {
     let mut out = Vec::new();
     // (n, h, w, c, o, r, stride, pad, dilation)
@@ -311,6 +439,20 @@ fn float32_gemm_and_conv2d() {
     let mut cases = gemm_cases(DType::F32);
     cases.extend(conv_cases(DType::F32));
     run(&cases, "", 1e-4);
+}
+
+#[test]
+fn float16_wgmma_sm90a() {
+    run_wgmma(&wgmma_gemm_cases(DType::F16), "arch = \"sm_90a\"", 1e-2);
+}
+
+#[test]
+fn bfloat16_wgmma_sm90a() {
+    run_wgmma(
+        &wgmma_gemm_cases(DType::BF16),
+        "bf16 = true\narch = \"sm_90a\"",
+        3e-2,
+    );
 }
 
 #[test]
