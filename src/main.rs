@@ -27,19 +27,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Parse a module (TVMScript-style Relax text) and print it back in canonical form.
+    /// Parse a module (TVMScript-style Relax text) and print it back in canonical form; an
+    /// `.onnx` model is imported and printed (its constants as `metadata[...]` references).
     Show {
-        /// The module file (`.relax`); constants are read from the `.safetensors` file beside it.
+        /// The module file (`.relax`; constants are read from the `.safetensors` file beside
+        /// it) or an ONNX model (`.onnx`).
         file: PathBuf,
     },
-    /// Parse and verify a module; print a one-line summary, or every violated invariant.
+    /// Parse (or import) and verify a module; print a one-line summary, or every violated
+    /// invariant.
     Check {
-        /// The module file.
+        /// The module file (`.relax` or `.onnx`).
         file: PathBuf,
     },
     /// Partition a module with a pattern table and print the result or its report.
     Partition {
-        /// The module file.
+        /// The module file (`.relax` or `.onnx`).
         file: PathBuf,
         /// A TOML file of `[[pattern]]` tables (name, pattern, optional priority and check);
         /// without it no pattern is applied (use `--fuse-ops` to run FuseOps alone).
@@ -237,12 +240,12 @@ fn main() -> ExitCode {
 fn run(cmd: Command) -> Result<(), fusebox::Error> {
     match cmd {
         Command::Show { file } => {
-            let m = text::read_module(&file)?;
+            let m = read_model(&file)?;
             print!("{}", text::print_module(&m).text);
             Ok(())
         }
         Command::Check { file } => {
-            let m = text::read_module(&file)?;
+            let m = read_model(&file)?;
             verify(&m).map_err(fusebox_core::Error::Verify)?;
             let bindings: usize = m.functions.values().map(|f| f.bindings().count()).sum();
             println!(
@@ -270,7 +273,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 PartitionOptions, fuse_ops_by_pattern, sort_by_priority,
             };
             let t = Instant::now();
-            let m = text::read_module(&file)?;
+            let m = read_model(&file)?;
             let parse_ms = t.elapsed().as_secs_f64() * 1e3;
             if let Some(config) = config {
                 let mut cfg = load_config(&config)?;
@@ -448,7 +451,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             config,
             binding,
         } => {
-            let m = text::read_module(&file)?;
+            let m = read_model(&file)?;
             let pipeline = fusebox::pipeline(load_config(&config)?)?;
             print!("{}", pipeline.explain(&m, &binding)?);
             Ok(())

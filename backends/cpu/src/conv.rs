@@ -1,7 +1,8 @@
 //! `conv2d` in any permutation of `NCHW` (data, output) and `OIHW` (kernel), with strides,
 //! padding (top, left, bottom, right), dilation and groups; and [`conv2d_fused`], the same
-//! convolution with a per-output-channel epilogue ([`Step`]s: inference `batch_norm`, a
-//! per-channel bias `add`, `relu`) applied while each output tile is in cache.
+//! convolution with an epilogue ([`Step`]s: inference `batch_norm`, a per-channel bias `add`,
+//! a residual `add` of a tensor of the output's shape, `relu`) applied while each output tile
+//! is in cache.
 //!
 //! Contract:
 //!
@@ -15,7 +16,8 @@
 //! - Float dtypes compute in `f32` (`float64` too) and round once to `out_dtype` (default: the
 //!   data's dtype); integer inputs are an error.
 //! - Each [`Step`] repeats the arithmetic of the op it replaces element by element (`f64` for
-//!   `batch_norm`, `f32` for `add` in its operand order, `relu` keeping NaN), so a fused
+//!   `batch_norm`, `f32` for `add` (a per-channel bias or a residual of the output's shape)
+//!   in its operand order, `relu` keeping NaN), so a fused
 //!   result is bit-identical to running the ops one by one. [`conv2d_fused`] needs a
 //!   `float32` result in `NCHW`; the executor checks that before fusing.
 //!
@@ -46,6 +48,9 @@ pub(crate) enum Step {
     },
     /// `add` of a per-channel value, `x + b` (`b + x` when `bias_first`).
     Bias { b: Vec<f32>, bias_first: bool },
+    /// `add` of a tensor of the output's shape (a residual), element by element: `x + r`
+    /// (`r + x` unless `prev_first`).
+    Residual { r: Tensor, prev_first: bool },
     /// `relu` (NaN stays NaN; negatives and `-0.0` become `+0.0`).
     Relu,
 }
@@ -56,7 +61,7 @@ impl Step {
         match self {
             Step::Affine { mean, .. } => Some(mean.len()),
             Step::Bias { b, .. } => Some(b.len()),
-            Step::Relu => None,
+            Step::Residual { .. } | Step::Relu => None,
         }
     }
 }
@@ -67,22 +72,23 @@ fn relu(v: f32) -> f32 {
     if v > 0.0 || v.is_nan() { v } else { 0.0 }
 }
 
-/// Applies `steps` to `row`, whose elements all belong to output channel `ch`. An affine map
-/// followed by a `relu` runs as one loop (the same operations per element).
-fn apply_steps(steps: &[Step], ch: usize, row: &mut [f32]) {
-    struct Op<'a>(&'a [Step], usize, &'a mut [f32]);
+/// Applies `steps` to `row`, whose elements all belong to output channel `ch` and start at
+/// element `at` of the (`N × O × OH × OW`) output. A step followed by a `relu` runs as one
+/// loop (the same operations per element).
+fn apply_steps(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
+    struct Op<'a>(&'a [Step], usize, usize, &'a mut [f32]);
     impl pulp::WithSimd for Op<'_> {
         type Output = ();
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, _: S) {
-            apply_steps_inline(self.0, self.1, self.2);
+            apply_steps_inline(self.0, self.1, self.2, self.3);
         }
     }
-    crate::simd::dispatch(Op(steps, ch, row));
+    crate::simd::dispatch(Op(steps, ch, at, row));
 }
 
 #[inline(always)]
-fn apply_steps_inline(steps: &[Step], ch: usize, row: &mut [f32]) {
+fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     let mut i = 0;
     while let Some(s) = steps.get(i) {
         let then_relu = steps.get(i + 1) == Some(&Step::Relu);
@@ -115,6 +121,23 @@ fn apply_steps_inline(steps: &[Step], ch: usize, row: &mut [f32]) {
                     i += 1;
                 } else {
                     row.iter_mut().for_each(|v| *v = f(*v));
+                }
+            }
+            Step::Residual { r, prev_first } => {
+                // `conv2d_fused` checked the shape, so the slice is there.
+                let Some(src) = r.as_f32().and_then(|d| d.get(at..at + row.len())) else {
+                    i += 1;
+                    continue;
+                };
+                // `add(x, r)` or `add(r, x)`: the operand order of the op it replaces.
+                let f = |v: f32, q: f32| if *prev_first { v + q } else { q + v };
+                if then_relu {
+                    row.iter_mut()
+                        .zip(src)
+                        .for_each(|(v, &q)| *v = relu(f(*v, q)));
+                    i += 1;
+                } else {
+                    row.iter_mut().zip(src).for_each(|(v, &q)| *v = f(*v, q));
                 }
             }
             Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
@@ -314,8 +337,21 @@ pub(crate) fn conv2d_fused(
             geom.o
         ));
     }
+    let out_shape = [geom.n, geom.o, geom.oh, geom.ow];
+    for s in steps {
+        if let Step::Residual { r, .. } = s
+            && (r.shape() != out_shape || r.as_f32().is_none())
+        {
+            return Err(format!(
+                "the epilogue adds a {} tensor of shape {:?}, the convolution gives float32 {:?}",
+                r.dtype(),
+                r.shape(),
+                out_shape
+            ));
+        }
+    }
     let out = compute(&xc, &wc, &geom, steps)?;
-    tensor(vec![geom.n, geom.o, geom.oh, geom.ow], Storage::F32(out))
+    tensor(out_shape.to_vec(), Storage::F32(out))
 }
 
 /// The elements of a float tensor as `f32`, borrowed when they already are.
@@ -344,10 +380,13 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
     }
     let image = g.c * g.h * g.w;
     if g.g == 1 {
-        let ep = |row: usize, _col: usize, r: &mut [f32]| apply_steps(steps, row, r);
-        let ep: crate::matmul::Epilogue<'_> = &ep;
-        let epilogue = (!steps.is_empty()).then_some(ep);
         for (img, dst) in out.chunks_mut(g.o * npix).enumerate() {
+            let base = img * g.o * npix;
+            let ep = |row: usize, col: usize, r: &mut [f32]| {
+                apply_steps(steps, row, base + row * npix + col, r);
+            };
+            let ep: crate::matmul::Epilogue<'_> = &ep;
+            let epilogue = (!steps.is_empty()).then_some(ep);
             let x_img = &xs[img * image..(img + 1) * image];
             if g.direct() {
                 gemm_f32_tiled(g.o, kdim, npix, &ws, x_img, dst, threads, epilogue)?;
@@ -374,7 +413,10 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
         let (img, grp) = (k / g.g, k % g.g);
         let x_grp = &xs[img * image + grp * g.ci * g.h * g.w..][..g.ci * g.h * g.w];
         let wg = &ws[grp * og * kdim..(grp + 1) * og * kdim];
-        let ep = |row: usize, _col: usize, r: &mut [f32]| apply_steps(steps, grp * og + row, r);
+        let ep = |row: usize, col: usize, r: &mut [f32]| {
+            let ch = grp * og + row;
+            apply_steps(steps, ch, (img * g.o + ch) * npix + col, r);
+        };
         let ep: crate::matmul::Epilogue<'_> = &ep;
         let epilogue = (!steps.is_empty()).then_some(ep);
         if g.direct() {

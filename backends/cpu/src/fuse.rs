@@ -3,7 +3,9 @@
 //! optionally a call of a function that is just `relu` of the first field of its one tuple
 //! parameter, as FuseOps makes of ONNX's Conv → BatchNormalization → Relu), or an `add` of it
 //! and another value (then optionally a `relu` of the sum, read only there), or a `relu` of
-//! it; and runs such a chain as one [`crate::conv::conv2d_fused`] call with the other ops as
+//! it; after a `batch_norm`, also a call of a function that is `relu(add(..))` of the
+//! `batch_norm`'s first field and a residual of the same shape (a ResNet block's tail as
+//! FuseOps outlines it); and runs such a chain as one [`crate::conv::conv2d_fused`] call with the other ops as
 //! its epilogue. Likewise an `add` read only by a `relu` runs as one pass.
 //!
 //! Contract:
@@ -37,6 +39,15 @@ use fusebox_core::runtime::{Tensor, Value};
 pub(crate) enum Link {
     /// `f(prev)` where module function `f` is `relu(param[0])`: follows a `batch_norm`.
     CallRelu,
+    /// `f(prev, other)` or `f(other, prev)` where module function `f` is `relu(add(a, b))`,
+    /// one operand of the add being field 0 of `prev`'s parameter and the other the other
+    /// parameter (`other_field0`: its field 0) — a residual block's `add` + `relu` as FuseOps
+    /// outlines it after a `batch_norm`: follows a `batch_norm`.
+    CallAddRelu {
+        other: ExprId,
+        other_field0: bool,
+        prev_first: bool,
+    },
     /// `batch_norm(prev, gamma, beta, mean, var)` in inference mode; the others are args 1..=4.
     BatchNorm {
         attrs: BatchNormAttrs,
@@ -124,6 +135,56 @@ fn is_relu_of_first(module: &Module, name: &str) -> bool {
     first && relu && g.ret.and_then(|r| var_of(g, r)) == Some(b1.var)
 }
 
+/// Whether module function `name` is `relu(add(a, b))` of its two parameters (see
+/// [`Link::CallAddRelu`]), where parameter `prev` is a tuple whose field 0 is one operand:
+/// `Some((prev_first, other_field0))` (whether that field is the add's first operand, and
+/// whether the other operand is the other parameter's field 0 rather than the parameter).
+fn add_relu_of(module: &Module, name: &str, prev: usize) -> Option<(bool, bool)> {
+    let g = module.get(name)?;
+    let bindings: Vec<_> = g.bindings().collect();
+    let [p0, p1] = g.params.as_slice() else {
+        return None;
+    };
+    let params = [*p0, *p1];
+    let other = 1 - prev.min(1);
+    // Field-0 bindings first, then the add, then the relu the function returns.
+    let (fields, [add, relu]) = bindings.split_at(bindings.len().checked_sub(2)?) else {
+        return None;
+    };
+    let mut field_of: Vec<(VarId, usize)> = Vec::new();
+    for b in fields {
+        let Some(ExprKind::TupleGetItem(t, 0)) = g.exprs.get(b.value).map(|d| &d.kind) else {
+            return None;
+        };
+        let k = params.iter().position(|&p| var_of(g, *t) == Some(p))?;
+        field_of.push((b.var, k));
+    }
+    // An add operand: (parameter index, through its field 0).
+    let source = |e: &ExprId| -> Option<(usize, bool)> {
+        let v = var_of(g, *e)?;
+        if let Some(k) = params.iter().position(|&p| p == v) {
+            return Some((k, false));
+        }
+        field_of
+            .iter()
+            .find(|(fv, _)| *fv == v)
+            .map(|&(_, k)| (k, true))
+    };
+    let Some((Op::Add, [a, b])) = op_call(g, add.value) else {
+        return None;
+    };
+    let (sa, sb) = (source(a)?, source(b)?);
+    let prev_first = match (sa, sb) {
+        (x, (k, f)) if x == (prev, true) && k == other => (true, f),
+        ((k, f), y) if y == (prev, true) && k == other => (false, f),
+        _ => return None,
+    };
+    let relu_ok =
+        matches!(op_call(g, relu.value), Some((Op::Relu, [x])) if var_of(g, *x) == Some(add.var));
+    (relu_ok && fields.len() <= 2 && g.ret.and_then(|r| var_of(g, r)) == Some(relu.var))
+        .then_some(prev_first)
+}
+
 /// For each binding of `f` (in [`Function::bindings`] order), the chain that starts there
 /// (`module` holds the functions `f` calls; `calls`: whether a chain may take in a call).
 pub(crate) fn plan(module: &Module, f: &Function, calls: bool) -> Vec<Option<Chain>> {
@@ -169,6 +230,24 @@ pub(crate) fn plan(module: &Module, f: &Function, calls: bool) -> Vec<Option<Cha
                     && is_relu_of_first(module, g) =>
                 {
                     Link::CallRelu
+                }
+                Some(ExprKind::Call {
+                    callee: Callee::Global(g),
+                    args,
+                }) if calls
+                    && after_bn
+                    && args.len() == 2
+                    && is_prev(&args[0]) != is_prev(&args[1]) =>
+                {
+                    let pos = usize::from(is_prev(&args[1]));
+                    let Some((prev_first, other_field0)) = add_relu_of(module, g, pos) else {
+                        break;
+                    };
+                    Link::CallAddRelu {
+                        other: args[1 - pos],
+                        other_field0,
+                        prev_first,
+                    }
                 }
                 _ => match op_call(f, next.value) {
                     Some((Op::BatchNorm(a), [x, g, be, m, v]))
@@ -253,8 +332,34 @@ pub(crate) fn steps(
     }
     let shape = crate::conv::out_shape(x, w, attrs).ok()?;
     let mut rest = operands;
-    let mut out = Vec::with_capacity(chain.links.len());
+    let mut out = Vec::with_capacity(chain.links.len() + 1);
     for link in &chain.links {
+        if let Link::CallAddRelu {
+            other_field0,
+            prev_first,
+            ..
+        } = link
+        {
+            let (v, tail) = rest.split_first()?;
+            rest = tail;
+            let r = match (v, other_field0) {
+                (Value::Tensor(t), false) => t.clone(),
+                (Value::Tuple(items), true) => match items.first()? {
+                    Value::Tensor(t) => t.clone(),
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            if r.shape() != shape || r.as_f32().is_none() {
+                return None;
+            }
+            out.push(Step::Residual {
+                r,
+                prev_first: *prev_first,
+            });
+            out.push(Step::Relu);
+            continue;
+        }
         out.push(match link {
             Link::BatchNorm { attrs, .. } => {
                 let [g, b, m, v] = rest.get(..4)? else {
@@ -288,7 +393,7 @@ pub(crate) fn steps(
                     bias_first: !prev_first,
                 }
             }
-            Link::Relu | Link::CallRelu => Step::Relu,
+            Link::Relu | Link::CallRelu | Link::CallAddRelu { .. } => Step::Relu,
         });
     }
     Some(out)
@@ -321,7 +426,7 @@ pub(crate) fn operand_exprs(chain: &Chain) -> Vec<ExprId> {
     for l in &chain.links {
         match l {
             Link::BatchNorm { params, .. } => out.extend_from_slice(params),
-            Link::Add { other, .. } => out.push(*other),
+            Link::Add { other, .. } | Link::CallAddRelu { other, .. } => out.push(*other),
             Link::Relu | Link::CallRelu => {}
         }
     }
@@ -339,6 +444,7 @@ pub(crate) fn name(chain: &Chain) -> String {
             Link::BatchNorm { .. } => "+relax.nn.batch_norm",
             Link::Add { .. } => "+relax.add",
             Link::Relu | Link::CallRelu => "+relax.nn.relu",
+            Link::CallAddRelu { .. } => "+relax.add+relax.nn.relu",
         });
     }
     s

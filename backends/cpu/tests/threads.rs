@@ -12,13 +12,15 @@
 use fusebox_core::ir::{Constant, DType};
 use fusebox_core::text::{ConstTable, NS_CONSTANT, parse_module, parse_module_str};
 use fusebox_cpu::par::with_threads;
-use fusebox_cpu::{Executor, Tensor, Value, run};
+use fusebox_cpu::{Executor, Tensor, Value, run, run_profiled};
 
 /// A module exercising every threaded kernel: conv2d (3×3 padded, 1×1 direct, grouped and
 /// strided) with the fusable chains after it (bias-first add + relu, batch_norm, relu,
 /// batch_norm + a call of a `relu(t[0])` function), a batch_norm, an add + relu on large
 /// tensors, a large matmul, max and average pooling, and a 3×3 conv2d + relu whose reduction
-/// (576) is longer than the GEMM's depth block (512) and whose output is cut into tiles. `{EXTRA}` is replaced
+/// (576) is longer than the GEMM's depth block (512) and whose output is cut into tiles, and
+/// two residual tails (conv2d + batch_norm, then a call of an `add` + `relu` function of the
+/// batch_norm's first field and another batch_norm's, or a tensor). `{EXTRA}` is replaced
 /// by extra outputs: returning a chain's intermediates keeps it from fusing.
 const SRC: &str = r#"@I.ir_module
 class Module:
@@ -28,6 +30,27 @@ class Module:
         with R.dataflow():
             y = t[0]
             gv = R.nn.relu(y)
+            R.output(gv)
+        return gv
+
+    @R.function(private=True)
+    def fused_add_relu(t: R.Tuple(R.Tensor((1, 64, 48, 48), dtype="float32"), R.Tensor((64,), dtype="float32"), R.Tensor((64,), dtype="float32")), u: R.Tuple(R.Tensor((1, 64, 48, 48), dtype="float32"), R.Tensor((64,), dtype="float32"), R.Tensor((64,), dtype="float32"))) -> R.Tensor((1, 64, 48, 48), dtype="float32"):
+        R.func_attr({"Primitive": True})
+        with R.dataflow():
+            a = t[0]
+            b = u[0]
+            c = R.add(b, a)
+            gv = R.nn.relu(c)
+            R.output(gv)
+        return gv
+
+    @R.function(private=True)
+    def fused_add_relu1(t: R.Tuple(R.Tensor((1, 64, 48, 48), dtype="float32"), R.Tensor((64,), dtype="float32"), R.Tensor((64,), dtype="float32")), r: R.Tensor((1, 64, 48, 48), dtype="float32")) -> R.Tensor((1, 64, 48, 48), dtype="float32"):
+        R.func_attr({"Primitive": True})
+        with R.dataflow():
+            a = t[0]
+            c = R.add(a, r)
+            gv = R.nn.relu(c)
             R.output(gv)
         return gv
 
@@ -55,8 +78,16 @@ class Module:
             p2 = R.nn.avg_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
             c5 = R.nn.conv2d(y2, w4, padding=[1, 1, 1, 1])
             r7 = R.nn.relu(c5)
-            R.output(r1, y2, r3, r5, r6, m, p1, p2, r7{EXTRA})
-        return (r1, y2, r3, r5, r6, m, p1, p2, r7{EXTRA})
+            c6 = R.nn.conv2d(r1, w2)
+            bn4 = R.nn.batch_norm(c6, g, be, mu, var, axis=1, training=False)
+            c7 = R.nn.conv2d(r1, w2)
+            bn5 = R.nn.batch_norm(c7, be, g, mu, var, axis=1, training=False)
+            r8 = cls.fused_add_relu(bn4, bn5)
+            c8 = R.nn.conv2d(r1, w2)
+            bn6 = R.nn.batch_norm(c8, g, be, mu, var, axis=1, training=False)
+            r9 = cls.fused_add_relu1(bn6, y2)
+            R.output(r1, y2, r3, r5, r6, m, p1, p2, r7, r8, r9{EXTRA})
+        return (r1, y2, r3, r5, r6, m, p1, p2, r7, r8, r9{EXTRA})
 "#;
 
 /// Deterministic values in [-1, 1) that make every sum round (so order matters).
@@ -135,12 +166,15 @@ fn results_are_bit_identical_for_every_thread_count() {
 fn fused_chains_match_the_ops_run_one_by_one() {
     let fused = parse_module_str(&SRC.replace("{EXTRA}", "")).unwrap_or_else(|e| panic!("{e}"));
     // Returning the intermediates keeps every chain from fusing.
-    let plain = parse_module_str(&SRC.replace("{EXTRA}", ", c1, a1, c2, c3, s, c4, bn3, c5"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let plain = parse_module_str(&SRC.replace(
+        "{EXTRA}",
+        ", c1, a1, c2, c3, s, c4, bn3, c5, c7, bn5, c8, bn6",
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
     for n in [1, 2] {
         let f = bits(with_threads(n, || run(&fused, "main", args())).unwrap());
         let p = bits(with_threads(n, || run(&plain, "main", args())).unwrap());
-        assert_eq!(p.len(), f.len() + 10);
+        assert_eq!(p.len(), f.len() + 18);
         for (i, (a, b)) in f.iter().zip(&p).enumerate() {
             assert!(
                 a == b,
@@ -148,6 +182,18 @@ fn fused_chains_match_the_ops_run_one_by_one() {
             );
         }
     }
+    // The chains did run fused: each kind once per call site, and none in the plain module.
+    let calls = |m: &fusebox_core::ir::Module| {
+        let (_, prof) = run_profiled(m, "main", args()).unwrap_or_else(|e| panic!("{e}"));
+        let get = |n: &str| prof.iter().find(|p| p.name == n).map_or(0, |p| p.calls);
+        (
+            get("relax.nn.conv2d+relax.nn.batch_norm+relax.add+relax.nn.relu"),
+            get("relax.nn.conv2d+relax.nn.batch_norm+relax.nn.relu"),
+            get("relax.nn.conv2d+relax.add+relax.nn.relu"),
+        )
+    };
+    assert_eq!(calls(&fused), (2, 1, 1));
+    assert_eq!(calls(&plain), (0, 0, 0));
 }
 
 #[test]
