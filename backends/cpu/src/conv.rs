@@ -130,6 +130,10 @@ fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
                     continue;
                 };
                 // `add(x, r)` or `add(r, x)`: the operand order of the op it replaces.
+                #[allow(
+                    clippy::if_same_then_else,
+                    reason = "the operand order matters for NaN"
+                )]
                 let f = |v: f32, q: f32| if *prev_first { v + q } else { q + v };
                 if then_relu {
                     row.iter_mut()
