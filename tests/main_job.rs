@@ -117,3 +117,38 @@ fn thread_settings_are_validated_and_do_not_change_results() {
     assert_eq!(one, three);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn show_and_check_import_an_onnx_model() {
+    let Some(data) = std::env::var_os("ONNX_DATA_DIR") else {
+        println!("skipped: ONNX_DATA_DIR is not set (scripts/test.sh sets it)");
+        return;
+    };
+    let model = std::path::Path::new(&data)
+        .join("pytorch-operator/test_operator_add_broadcast/model.onnx")
+        .display()
+        .to_string();
+    let (ok, out, err) = fusebox(&["show", &model], &[]);
+    assert!(ok, "{err}");
+    // The imported module, printed as text that parses back to the same module.
+    assert!(
+        out.contains("def main(v0: R.Tensor((2, 3), dtype=\"float64\"), v1: R.Tensor((3,), dtype=\"float64\"))")
+            && out.contains("= R.add(v0, v1)"),
+        "{out}"
+    );
+    let m = fusebox_core::text::parse_module_str(&out).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(fusebox_core::text::print_module(&m).text, out);
+    let (ok, out, err) = fusebox(&["check", &model], &[]);
+    assert!(ok, "{err}");
+    assert!(
+        out.ends_with(": ok (1 function(s), 1 binding(s))\n"),
+        "{out}"
+    );
+    // A malformed `.onnx` file is an error that names it, not a panic.
+    let bad = std::env::temp_dir().join(format!("fusebox-bad-{}.onnx", std::process::id()));
+    std::fs::write(&bad, b"\x0a\xff\xff\xff not protobuf").unwrap();
+    let bad = bad.display().to_string();
+    let (ok, _, err) = fusebox(&["show", &bad], &[]);
+    assert!(!ok && err.contains(&bad), "{err}");
+    let _ = std::fs::remove_file(&bad);
+}
