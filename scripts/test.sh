@@ -66,6 +66,16 @@ cargo run --quiet --release --locked -- run "$ort_dir/resnet50_random.onnx" \
   "$ort_dir/expected_logits.npy" "$ort_dir/out/$(cat "$ort_dir/logits_name").npy"
 rm -rf "$ort_dir"
 
+echo "== the nine light ONNX models: import, partition with configs/cpu.toml, run, --check (release)"
+light_out="$(mktemp -d)"
+for model in "$ONNX_DATA_DIR"/light/light_*.onnx; do
+  printf '%s: ' "$(basename "$model")"
+  cargo run --quiet --release --locked -- run "$model" --config configs/cpu.toml --check \
+    --output-dir "$light_out" | grep -E '^check: '
+done
+test "$(ls "$ONNX_DATA_DIR"/light/light_*.onnx | wc -l)" -eq 9
+rm -rf "$light_out"
+
 echo "== main job smoke test: fusebox show / check on the bundled example"
 cargo run --quiet --locked -- check examples/conv2d_relu.relax
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --annotate-codegen true --emit json > /dev/null
