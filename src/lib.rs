@@ -93,15 +93,61 @@ pub fn execute(plan: &Plan, func: &str, args: Vec<Value>) -> Result<Value> {
 }
 
 /// [`execute`] on a kept CPU [`fusebox_cpu::Executor`], so constants are decoded once across
-/// repeated runs.
+/// repeated runs. Functions whose artifact is the reference interpreter's own evaluation (the
+/// `cpu` backend's, [`fusebox_core::backend::Artifact::is_reference`]) run inline, so the
+/// executor's fused chains span their calls as they do without a config; the result is the
+/// same bit for bit.
 pub fn execute_with(
     ex: &fusebox_cpu::Executor,
     plan: &Plan,
     func: &str,
     args: Vec<Value>,
 ) -> Result<Value> {
-    let hook = |name: &str, vals: &[Value]| plan.call(name, vals);
-    Ok(ex.run(&plan.module, func, args, Some(&hook))?)
+    Ok(execute_inner(ex, plan, func, args, false)?.0)
+}
+
+/// [`execute_with`], also returning the time spent in each function and fused op chain
+/// (as [`fusebox_cpu::run_profiled`]; artifacts count as one call of their function).
+pub fn execute_profiled(
+    ex: &fusebox_cpu::Executor,
+    plan: &Plan,
+    func: &str,
+    args: Vec<Value>,
+) -> Result<(Value, Vec<fusebox_cpu::CallProfile>)> {
+    execute_inner(ex, plan, func, args, true)
+}
+
+fn execute_inner(
+    ex: &fusebox_cpu::Executor,
+    plan: &Plan,
+    func: &str,
+    args: Vec<Value>,
+    profile: bool,
+) -> Result<(Value, Vec<fusebox_cpu::CallProfile>)> {
+    let m = &plan.module;
+    if plan.artifacts.keys().all(|f| !plan.takes(f)) {
+        return Ok(if profile {
+            ex.run_profiled(m, func, args, None)?
+        } else {
+            (ex.run(m, func, args, None)?, Vec::new())
+        });
+    }
+    let takes = |name: &str| plan.takes(name);
+    let hook = |name: &str, vals: &[Value]| {
+        if plan.takes(name) {
+            plan.call(name, vals)
+        } else {
+            None
+        }
+    };
+    Ok(if profile {
+        ex.run_partitioned_profiled(m, func, args, &hook, &takes)?
+    } else {
+        (
+            ex.run_partitioned(m, func, args, &hook, &takes)?,
+            Vec::new(),
+        )
+    })
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename.

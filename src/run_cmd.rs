@@ -38,7 +38,7 @@ use fusebox_core::Error;
 use fusebox_core::frontend::onnx::{import_onnx, output_names, sanitize};
 use fusebox_core::ir::generate::Rng;
 use fusebox_core::ir::{DType, Module, Sym};
-use fusebox_cpu::{Storage, Tensor, Value};
+use fusebox_cpu::{CallProfile, Storage, Tensor, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -94,18 +94,24 @@ fn run_with_backends(
     // The outputs are downloaded inside the timed run: a device result is not done until it
     // is on the host. One executor for all runs: constants are decoded once.
     let ex = fusebox_cpu::Executor::new();
-    let exec = |args: Vec<Value>| -> Result<Value, Error> {
-        match fusebox::execute_with(&ex, &plan, "main", args) {
-            Ok(v) => Ok(v.to_host()?),
+    let exec = |args: Vec<Value>, profile: bool| -> Result<(Value, Vec<CallProfile>), Error> {
+        let r = if profile {
+            fusebox::execute_profiled(&ex, &plan, "main", args)
+        } else {
+            fusebox::execute_with(&ex, &plan, "main", args).map(|v| (v, Vec::new()))
+        };
+        match r {
+            Ok((v, p)) => Ok((v.to_host()?, p)),
             Err(fusebox::Error::Cpu(e)) => Err(rt(e)),
             Err(fusebox::Error::Core(e)) => Err(e),
         }
     };
-    let mut out = exec(args.clone())?;
+    let (mut out, _) = exec(args.clone(), false)?;
     let mut times = Vec::new();
+    let mut profile = Vec::new();
     for _ in 0..a.repeat.max(1) {
         let t = Instant::now();
-        out = exec(args.clone())?;
+        (out, profile) = exec(args.clone(), a.profile)?;
         times.push(ms(t));
     }
     times.sort_by(f64::total_cmp);
@@ -126,7 +132,20 @@ fn run_with_backends(
         eprintln!("time compile 0.000 ms");
         eprintln!("time run {run_ms:.3} ms");
     }
+    print_profile(&profile);
     Ok(())
+}
+
+/// The `--profile` lines on stderr (nothing when not profiling: the list is empty).
+fn print_profile(profile: &[CallProfile]) {
+    for p in profile {
+        eprintln!(
+            "profile {} calls {} {:.3} ms",
+            p.name,
+            p.calls,
+            p.seconds * 1e3
+        );
+    }
 }
 
 /// The partition report of `--config` on stdout: each function with the backend that runs it
@@ -246,16 +265,7 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
         eprintln!("time compile 0.000 ms");
         eprintln!("time run {run_ms:.3} ms");
     }
-    if a.profile {
-        for p in &profile {
-            eprintln!(
-                "profile {} calls {} {:.3} ms",
-                p.name,
-                p.calls,
-                p.seconds * 1e3
-            );
-        }
-    }
+    print_profile(&profile);
     Ok(())
 }
 

@@ -88,6 +88,39 @@ fn the_main_job_partitions_runs_and_checks_the_small_cnn() {
 }
 
 #[test]
+fn profile_works_with_a_config() {
+    let dir = out_dir("profile");
+    let (ok, _, err) = fusebox(
+        &[
+            "run",
+            "examples/small_cnn.relax",
+            "--config",
+            "configs/cpu.toml",
+            "--profile",
+            "--output-dir",
+            &dir,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let calls = |name: &str| {
+        err.lines()
+            .filter_map(|l| l.strip_prefix("profile "))
+            .find_map(|l| l.strip_prefix(&format!("{name} calls ")))
+            .and_then(|l| l.split_whitespace().next())
+            .map(|n| n.to_string())
+    };
+    // The cpu-claimed functions run inline, so the executor's fused chains apply in them.
+    assert_eq!(calls("fused_matmul_add").as_deref(), Some("1"), "{err}");
+    assert_eq!(
+        calls("relax.nn.conv2d+relax.add+relax.nn.relu").as_deref(),
+        Some("3"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn thread_settings_are_validated_and_do_not_change_results() {
     let dir = out_dir("threads");
     let run = |threads: &str| {

@@ -5,7 +5,9 @@
 //! process, as `FUSEBOX_THREADS` but winning over it; any other option or value is an error
 //! naming it); has no patterns; [`CpuBackend::claim`] accepts everything; `compile` keeps the
 //! function with its callees as a standalone module and runs it with a [`crate::Executor`]
-//! of its own (constants decoded once, on the first run).
+//! of its own (constants decoded once, on the first run). Its artifacts say
+//! [`Artifact::is_reference`], so the facade's `execute_with` runs those functions inline in
+//! the main executor instead (the same evaluation, with fused chains across the calls).
 //!
 //! ```
 //! // Linked through the facade's `fusebox_cpu::link()`:
@@ -81,5 +83,8 @@ impl Artifact for CpuArtifact {
                 backend: "cpu".into(),
                 message: e.to_string(),
             })
+    }
+    fn is_reference(&self) -> bool {
+        true
     }
 }

@@ -120,6 +120,7 @@ impl Executor {
                 Interp {
                     module,
                     hook: None,
+                    takes: None,
                     profile: None,
                     exec: self,
                 }
@@ -129,6 +130,31 @@ impl Executor {
         Interp {
             module,
             hook,
+            takes: None,
+            profile: None,
+            exec: self,
+        }
+        .call(func, f, args, 0)
+    }
+
+    /// [`Executor::run`] of a partitioned module whose call hook runs only the functions
+    /// `takes` names (it returns `None` for the others, which the interpreter runs): the
+    /// executor's fused chains may then take in calls of the others, as without a hook.
+    pub fn run_partitioned(
+        &self,
+        module: &Module,
+        func: &str,
+        args: Vec<Value>,
+        hook: CallHook<'_>,
+        takes: Takes<'_>,
+    ) -> Result<Value> {
+        let f = module
+            .get(func)
+            .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+        Interp {
+            module,
+            hook: Some(hook),
+            takes: Some(takes),
             profile: None,
             exec: self,
         }
@@ -144,12 +170,36 @@ impl Executor {
         args: Vec<Value>,
         hook: Option<CallHook<'_>>,
     ) -> Result<(Value, Vec<CallProfile>)> {
+        self.profiled(module, func, args, hook, None)
+    }
+
+    /// [`Executor::run_partitioned`] with the profile of [`run_profiled`].
+    pub fn run_partitioned_profiled(
+        &self,
+        module: &Module,
+        func: &str,
+        args: Vec<Value>,
+        hook: CallHook<'_>,
+        takes: Takes<'_>,
+    ) -> Result<(Value, Vec<CallProfile>)> {
+        self.profiled(module, func, args, Some(hook), Some(takes))
+    }
+
+    fn profiled(
+        &self,
+        module: &Module,
+        func: &str,
+        args: Vec<Value>,
+        hook: Option<CallHook<'_>>,
+        takes: Option<Takes<'_>>,
+    ) -> Result<(Value, Vec<CallProfile>)> {
         let f = module
             .get(func)
             .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
         let interp = Interp {
             module,
             hook,
+            takes,
             profile: Some(RefCell::new(BTreeMap::new())),
             exec: self,
         };
@@ -224,9 +274,14 @@ pub fn run_profiled(
     Executor::new().run_profiled(module, func, args, None)
 }
 
+/// Whether the call hook takes calls of a function (see [`Executor::run_partitioned`]).
+pub type Takes<'t> = &'t dyn Fn(&str) -> bool;
+
 struct Interp<'m> {
     module: &'m Module,
     hook: Option<CallHook<'m>>,
+    /// Which functions `hook` takes; `None` with a hook: any of them.
+    takes: Option<Takes<'m>>,
     /// Per-callee (seconds, calls) when profiling.
     profile: Option<RefCell<BTreeMap<String, (f64, usize)>>>,
     /// Where decoded constants live.
@@ -348,7 +403,9 @@ impl<'m> Interp<'m> {
                 fr.values[p.as_u32() as usize] = Some(a);
             }
         }
-        let chains = fuse::plan(self.module, f, self.hook.is_none());
+        // A chain may take in a call only of a function the hook leaves to the interpreter.
+        let hooked = |g: &str| self.hook.is_some() && self.takes.is_none_or(|t| t(g));
+        let chains = fuse::plan(self.module, f, &|g: &str| !hooked(g));
         let bindings: Vec<_> = f.bindings().copied().collect();
         let mut skip = 0;
         for (i, b) in bindings.iter().enumerate() {

@@ -16,7 +16,9 @@
 //!   not one value per output channel, a `batch_norm` over another axis, `add` operands of
 //!   different shapes); the executor then runs the bindings one by one, so the general path
 //!   stays the reference and the fast path only ever replaces it. The executor fuses a
-//!   function call only when it has no call hook (an artifact might claim the function).
+//!   function call only when its call hook does not take that function (no hook, or
+//!   [`crate::Executor::run_partitioned`] saying the interpreter runs it): an artifact might
+//!   run it otherwise.
 //! - A fused chain gives the last binding the value the bindings would have given it, bit for
 //!   bit (each [`Step`] repeats its op's arithmetic), and leaves the intermediate vars
 //!   unbound (nothing else reads them).
@@ -186,8 +188,13 @@ fn add_relu_of(module: &Module, name: &str, prev: usize) -> Option<(bool, bool)>
 }
 
 /// For each binding of `f` (in [`Function::bindings`] order), the chain that starts there
-/// (`module` holds the functions `f` calls; `calls`: whether a chain may take in a call).
-pub(crate) fn plan(module: &Module, f: &Function, calls: bool) -> Vec<Option<Chain>> {
+/// (`module` holds the functions `f` calls; `calls(g)`: whether a chain may take in a call of
+/// module function `g`).
+pub(crate) fn plan(
+    module: &Module,
+    f: &Function,
+    calls: &dyn Fn(&str) -> bool,
+) -> Vec<Option<Chain>> {
     let bindings: Vec<_> = f.bindings().copied().collect();
     let mut uses = vec![0u32; f.vars.len()];
     for b in &bindings {
@@ -224,7 +231,7 @@ pub(crate) fn plan(module: &Module, f: &Function, calls: bool) -> Vec<Option<Cha
                 Some(ExprKind::Call {
                     callee: Callee::Global(g),
                     args,
-                }) if calls
+                }) if calls(g)
                     && after_bn
                     && matches!(args.as_slice(), [x] if is_prev(x))
                     && is_relu_of_first(module, g) =>
@@ -234,7 +241,7 @@ pub(crate) fn plan(module: &Module, f: &Function, calls: bool) -> Vec<Option<Cha
                 Some(ExprKind::Call {
                     callee: Callee::Global(g),
                     args,
-                }) if calls
+                }) if calls(g)
                     && after_bn
                     && args.len() == 2
                     && is_prev(&args[0]) != is_prev(&args[1]) =>

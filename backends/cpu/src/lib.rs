@@ -58,7 +58,7 @@ mod simd;
 mod util;
 
 pub use backend::CpuBackend;
-pub use exec::{CallHook, CallProfile, Executor, run, run_profiled, run_with};
+pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};
 pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
 pub use kernels::eval_op;
 

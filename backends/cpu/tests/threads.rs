@@ -239,3 +239,33 @@ class Module:
     }
     assert!(format!("{ex:?}").contains("2 constants"), "{ex:?}");
 }
+
+#[test]
+fn a_partitioned_run_fuses_across_calls_the_hook_leaves_to_the_interpreter() {
+    let m = parse_module_str(&SRC.replace("{EXTRA}", "")).unwrap_or_else(|e| panic!("{e}"));
+    let want = bits(run(&m, "main", args()).unwrap_or_else(|e| panic!("{e}")));
+    // The hook is offered every call it might take and declines (the interpreter runs it).
+    let offered = std::sync::Mutex::new(Vec::new());
+    let hook = |name: &str, _: &[Value]| {
+        offered.lock().unwrap().push(name.to_string());
+        None
+    };
+    let takes = |name: &str| name == "fused_relu";
+    let got = Executor::new()
+        .run_partitioned(&m, "main", args(), &hook, &takes)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(bits(got) == want, "the partitioned run differs");
+    // `fused_relu` (which the hook takes) is called; the add + relu functions (which it
+    // leaves to the interpreter) ran inside fused conv2d chains, never as calls.
+    assert_eq!(*offered.lock().unwrap(), ["fused_relu"]);
+    // With a plain hook every call is the hook's: nothing is fused across a call.
+    offered.lock().unwrap().clear();
+    let got = Executor::new()
+        .run(&m, "main", args(), Some(&hook))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(bits(got) == want, "the hooked run differs");
+    assert_eq!(
+        *offered.lock().unwrap(),
+        ["fused_relu", "fused_add_relu", "fused_add_relu1"]
+    );
+}

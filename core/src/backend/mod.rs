@@ -155,6 +155,12 @@ pub trait Artifact: Send + Sync {
     fn placement(&self) -> Placement {
         Placement::Host
     }
+    /// Whether running it is exactly the CPU reference interpreter's evaluation of the
+    /// function (the `cpu` backend's artifacts): the executor may then run the function
+    /// inline, and fuse its ops with the caller's (the result is the same bit for bit).
+    fn is_reference(&self) -> bool {
+        false
+    }
 }
 
 /// One kernel of a built function and its launch configuration.

@@ -104,6 +104,15 @@ impl Plan {
         })
     }
 
+    /// Whether [`Plan::call`] runs calls of `function` with an artifact that is not the CPU
+    /// reference interpreter's own evaluation ([`Artifact::is_reference`]); the executor
+    /// interprets the others itself.
+    pub fn takes(&self, function: &str) -> bool {
+        self.artifacts
+            .get(function)
+            .is_some_and(|a| !a.is_reference())
+    }
+
     /// The JSON report with `backend` filled in and the claims attached.
     pub fn report(&self) -> Report {
         let mut r = crate::report::build(&self.module, &self.rejections);
