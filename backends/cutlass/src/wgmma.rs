@@ -666,6 +666,35 @@ mod tests {
         }
     }
 
+    /// The descriptor fields pinned to the PTX ISA / CUTLASS statement of the 128-byte swizzle
+    /// canonical layouts, independently of [`wgmma_offset`] (which the previous test checks
+    /// against TMA, and which would not notice LBO and SBO swapped in both places): K-major
+    /// `((8,m),(T,2)):((8T,SBO),(1,T))`, LBO unused (encoded 1); MN-major
+    /// `((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))`, LBO the step between 64-element MN blocks and
+    /// SBO the step between 8-row K groups. Bit fields: start 0-13, LBO 16-29, SBO 32-45,
+    /// swizzle 62-63 (128B = 1), each offset `(x & 0x3FFFF) >> 4`.
+    #[test]
+    fn descriptor_fields_follow_the_canonical_layouts() {
+        let eb = 2; // f16 / bf16
+        let k = operand(eb, false, 128, 64);
+        assert_eq!((k.lbo, k.sbo, k.k_step), (16, 8 * 128, 16 * eb));
+        for bn in [64u32, 128, 256] {
+            let mn = operand(eb, true, bn, 64);
+            // The next 64 columns start one TMA box (64 K-rows of 128 bytes) later.
+            assert_eq!(mn.lbo, 64 * 128);
+            assert_eq!(mn.lbo, mn.box_bytes());
+            assert_eq!((mn.sbo, mn.k_step), (8 * 128, 16 * 128));
+        }
+        for needle in [
+            "(unsigned long long)((addr & 0x3FFFF) >> 4)",
+            "((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16)",
+            "((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32)",
+            "(1ull << 62)",
+        ] {
+            assert!(HELPERS.contains(needle), "{needle}");
+        }
+    }
+
     /// The synchronisation the PTX ISA asks for, in the emitted order: barriers initialised by
     /// one thread, made visible to the async proxy (TMA's complete_tx) and fenced, then a block
     /// barrier before any thread uses them; `setmaxnreg` by whole warpgroups (before the
