@@ -462,6 +462,9 @@ pub fn emit(inst: &Instance) -> String {
          \x20   #pragma unroll 1\n    for (int st = 0; st < STAGES; ++st) {\n\
          \x20     mbar_init(smem_u32(&full[st]), 1);\n\
          \x20     mbar_init(smem_u32(&empty[st]), CONSUMERS * 128);\n    }\n\
+         \x20   // The barriers are written by the generic proxy and updated by TMA (the async\n\
+         \x20   // proxy, complete_tx): make the initialised barriers visible to it.\n\
+         \x20   asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n\
          \x20   asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n  }\n\
          \x20 __syncthreads();\n",
     );
@@ -661,6 +664,89 @@ mod tests {
                 assert!(src.contains(&needle), "{}: {needle}", inst.kernel_name());
             }
         }
+    }
+
+    /// The descriptor fields pinned to the PTX ISA / CUTLASS statement of the 128-byte swizzle
+    /// canonical layouts, independently of [`wgmma_offset`] (which the previous test checks
+    /// against TMA, and which would not notice LBO and SBO swapped in both places): K-major
+    /// `((8,m),(T,2)):((8T,SBO),(1,T))`, LBO unused (encoded 1); MN-major
+    /// `((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))`, LBO the step between 64-element MN blocks and
+    /// SBO the step between 8-row K groups. Bit fields: start 0-13, LBO 16-29, SBO 32-45,
+    /// swizzle 62-63 (128B = 1), each offset `(x & 0x3FFFF) >> 4`.
+    #[test]
+    fn descriptor_fields_follow_the_canonical_layouts() {
+        let eb = 2; // f16 / bf16
+        let k = operand(eb, false, 128, 64);
+        assert_eq!((k.lbo, k.sbo, k.k_step), (16, 8 * 128, 16 * eb));
+        for bn in [64u32, 128, 256] {
+            let mn = operand(eb, true, bn, 64);
+            // The next 64 columns start one TMA box (64 K-rows of 128 bytes) later.
+            assert_eq!(mn.lbo, 64 * 128);
+            assert_eq!(mn.lbo, mn.box_bytes());
+            assert_eq!((mn.sbo, mn.k_step), (8 * 128, 16 * 128));
+        }
+        for needle in [
+            "(unsigned long long)((addr & 0x3FFFF) >> 4)",
+            "((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16)",
+            "((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32)",
+            "(1ull << 62)",
+        ] {
+            assert!(HELPERS.contains(needle), "{needle}");
+        }
+    }
+
+    /// The synchronisation the PTX ISA asks for, in the emitted order: barriers initialised by
+    /// one thread, made visible to the async proxy (TMA's complete_tx) and fenced, then a block
+    /// barrier before any thread uses them; `setmaxnreg` by whole warpgroups (before the
+    /// producer's `tid == 0` branch); `wgmma.fence` before the MMAs of a stage, and
+    /// `wgmma.wait_group 0` before the stage is released to the producer and before the
+    /// accumulators are read by the epilogue.
+    #[test]
+    fn pipeline_synchronisation_is_in_order() {
+        for inst in wgmma_instances() {
+            let src = emit(&inst);
+            let name = inst.kernel_name();
+            let body = &src[src.find("extern \"C\"").unwrap_or(0)..];
+            let mut at = 0;
+            for needle in [
+                "mbar_init(smem_u32(&full[st]), 1);" as &str,
+                "mbar_init(smem_u32(&empty[st]), CONSUMERS * 128);",
+                "fence.proxy.async.shared::cta;",
+                "fence.mbarrier_init.release.cluster;",
+                "__syncthreads();",
+                "if (wg == 0) {",
+                &format!("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};"),
+                "if (tid == 0) {",
+                "mbar_wait(smem_u32(&empty[st]), phase ^ 1u);",
+                "mbar_expect_tx(fb, STAGE_TX);",
+                "tma_load_3d(As",
+                "return;",
+                &format!("setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGS};"),
+                "mbar_wait(smem_u32(&full[st]), (unsigned)(kt / STAGES) & 1u);",
+                "wgmma_fence();",
+                "wgmma_m64n",
+                "wgmma_commit();",
+                "wgmma_wait0();",
+                "mbar_arrive(smem_u32(&empty[st]));",
+                "const float val = acc[i];",
+            ] {
+                let pos = body[at..].find(needle).map(|p| p + at);
+                assert!(pos.is_some(), "{name}: `{needle}` missing or out of order");
+                at = pos.unwrap_or(at) + needle.len();
+            }
+            // Only the initialising thread touches the barriers before the block barrier.
+            assert_eq!(body.matches("mbar_init(").count(), 2, "{name}");
+            assert_eq!(body.matches("__syncthreads();").count(), 1, "{name}");
+        }
+        // setmaxnreg's operand rules (PTX ISA: 24 to 256, a multiple of 8) and the direction of
+        // each change from the 168 registers __launch_bounds__(384, 1) leaves a thread.
+        for r in [PRODUCER_REGS, CONSUMER_REGS] {
+            assert!((24..=256).contains(&r) && r % 8 == 0, "{r}");
+        }
+        let launch = (65536 / 384) / 8 * 8;
+        assert_eq!(launch, 168);
+        assert!((PRODUCER_REGS..=CONSUMER_REGS).contains(&launch));
+        assert!(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * launch);
     }
 
     #[test]

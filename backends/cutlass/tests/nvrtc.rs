@@ -84,6 +84,19 @@ fn every_instance_compiles_without_spills() {
                 .unwrap_or_else(|| panic!("no ptxas report for {}", i.kernel_name()));
             if i.tile.math == Math::Wgmma {
                 max_regs_wgmma = max_regs_wgmma.max(info.registers);
+                // ptxas says when it ignores `setmaxnreg` ("unable to determine register count
+                // at entry") or serializes the wgmma pipeline (C7508-C7510 "Potential
+                // Performance Loss"); neither may happen here.
+                let warnings: Vec<&str> = c
+                    .log
+                    .lines()
+                    .filter(|l| l.contains("ptxas warning"))
+                    .collect();
+                assert!(
+                    warnings.is_empty(),
+                    "{}: ptxas warnings {warnings:?}",
+                    i.kernel_name()
+                );
                 // setmaxnreg moves registers within the block's pool (its launch allocation):
                 // the consumers' increase must be covered by the producer's decrease, or
                 // `setmaxnreg.inc` waits forever.
