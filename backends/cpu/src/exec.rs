@@ -641,54 +641,46 @@ impl<'m> Interp<'m> {
                     )));
                 }
             },
-            ExprKind::Call {
-                callee: Callee::Op(op),
-                args,
-            } => {
+            ExprKind::Call { callee, args } => {
+                // An op reads host values (device values are downloaded once per var); a
+                // function call passes values as they are (the hook decides).
                 let vals: Vec<Value> = args
                     .iter()
-                    .map(|&x| self.eval_host(name, f, fr, x, depth))
+                    .map(|&x| match callee {
+                        Callee::Op(_) => self.eval_host(name, f, fr, x, depth),
+                        _ => self.eval(name, f, fr, x, depth),
+                    })
                     .collect::<Result<_>>()?;
-                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-                let v = self.eval_op_call(f, op, args, &vals)?;
-                self.record(op.name(), t);
-                v
-            }
-            ExprKind::Call {
-                callee: Callee::Global(g),
-                args,
-            } => {
-                let vals: Vec<Value> = args
-                    .iter()
-                    .map(|&x| self.eval(name, f, fr, x, depth))
-                    .collect::<Result<_>>()?;
-                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-                let v = match self.hook.and_then(|h| h(g, &vals)) {
-                    Some(r) => r?,
-                    None => {
-                        let gf = self.module.get(g).ok_or_else(|| {
-                            Error::Exec(format!("the module has no function `{g}`"))
-                        })?;
-                        self.call(g, gf, vals, depth + 1)?
+                match callee {
+                    Callee::Op(op) => {
+                        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                        let v = self.eval_op_call(f, op, args, &vals)?;
+                        self.record(op.name(), t);
+                        v
                     }
-                };
-                self.record(g, t);
-                v
-            }
-            ExprKind::Call {
-                callee: Callee::Local(v),
-                args,
-            } => {
-                let vals: Vec<Value> = args
-                    .iter()
-                    .map(|&x| self.eval(name, f, fr, x, depth))
-                    .collect::<Result<_>>()?;
-                let lf = fr.locals.get(v.as_u32() as usize).copied().flatten();
-                let vname = f.vars.get(*v).map_or("?", |x| x.name.as_str());
-                let lf = lf.ok_or_else(|| {
-                    Error::Exec(format!("`{vname}` is not a local function here"))
-                })?;
-                self.call(vname, lf, vals, depth + 1)?
+                    Callee::Global(g) => {
+                        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                        let v = match self.hook.and_then(|h| h(g, &vals)) {
+                            Some(r) => r?,
+                            None => {
+                                let gf = self.module.get(g).ok_or_else(|| {
+                                    Error::Exec(format!("the module has no function `{g}`"))
+                                })?;
+                                self.call(g, gf, vals, depth + 1)?
+                            }
+                        };
+                        self.record(g, t);
+                        v
+                    }
+                    Callee::Local(v) => {
+                        let lf = fr.locals.get(v.as_u32() as usize).copied().flatten();
+                        let vname = f.vars.get(*v).map_or("?", |x| x.name.as_str());
+                        let lf = lf.ok_or_else(|| {
+                            Error::Exec(format!("`{vname}` is not a local function here"))
+                        })?;
+                        self.call(vname, lf, vals, depth + 1)?
+                    }
+                }
             }
             ExprKind::Function(_) => {
                 return Err(Error::Exec(
