@@ -110,31 +110,17 @@ impl Executor {
         args: Vec<Value>,
         hook: Option<CallHook<'_>>,
     ) -> Result<Value> {
-        let f = module
-            .get(func)
-            .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+        let f = lookup(module, func)?;
         if hook.is_none() {
             // On a worker of the kernel pool: the kernels' parallel regions then start on a
             // thread of their own pool (no hand-over from an outside thread per region).
             return crate::par::on_pool(|| {
-                Interp {
-                    module,
-                    hook: None,
-                    takes: None,
-                    profile: None,
-                    exec: self,
-                }
-                .call(func, f, args, 0)
+                self.interp(module, None, None, false)
+                    .call(func, f, args, 0)
             });
         }
-        Interp {
-            module,
-            hook,
-            takes: None,
-            profile: None,
-            exec: self,
-        }
-        .call(func, f, args, 0)
+        self.interp(module, hook, None, false)
+            .call(func, f, args, 0)
     }
 
     /// [`Executor::run`] of a partitioned module whose call hook runs only the functions
@@ -148,17 +134,26 @@ impl Executor {
         hook: CallHook<'_>,
         takes: Takes<'_>,
     ) -> Result<Value> {
-        let f = module
-            .get(func)
-            .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
+        let f = lookup(module, func)?;
+        self.interp(module, Some(hook), Some(takes), false)
+            .call(func, f, args, 0)
+    }
+
+    /// An interpreter of `module` on this executor's decoded constants.
+    fn interp<'m>(
+        &'m self,
+        module: &'m Module,
+        hook: Option<CallHook<'m>>,
+        takes: Option<Takes<'m>>,
+        profiled: bool,
+    ) -> Interp<'m> {
         Interp {
             module,
-            hook: Some(hook),
-            takes: Some(takes),
-            profile: None,
+            hook,
+            takes,
+            profile: profiled.then(|| RefCell::new(BTreeMap::new())),
             exec: self,
         }
-        .call(func, f, args, 0)
     }
 
     /// [`run_profiled`], keeping decoded constants in this executor (calls offered to `hook`
@@ -193,16 +188,8 @@ impl Executor {
         hook: Option<CallHook<'_>>,
         takes: Option<Takes<'_>>,
     ) -> Result<(Value, Vec<CallProfile>)> {
-        let f = module
-            .get(func)
-            .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))?;
-        let interp = Interp {
-            module,
-            hook,
-            takes,
-            profile: Some(RefCell::new(BTreeMap::new())),
-            exec: self,
-        };
+        let f = lookup(module, func)?;
+        let interp = self.interp(module, hook, takes, true);
         let out = interp.call(func, f, args, 0)?;
         let mut prof: Vec<CallProfile> = interp
             .profile
@@ -233,6 +220,13 @@ impl Executor {
         }
         Ok(t)
     }
+}
+
+/// `func` of `module`, or the error naming it.
+fn lookup<'m>(module: &'m Module, func: &str) -> Result<&'m Function> {
+    module
+        .get(func)
+        .ok_or_else(|| Error::Exec(format!("the module has no function `{func}`")))
 }
 
 /// Runs a call of a module function instead of the interpreter: returns `None` to let the

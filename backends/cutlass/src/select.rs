@@ -159,11 +159,8 @@ pub fn choose(
         .iter()
         .take_while(|i| i.tile.math == Math::Wgmma)
         .count();
-    if wg > 0 {
-        heuristic(&cands[..wg], m, n, batch, sm_count)
-    } else {
-        heuristic(cands, m, n, batch, sm_count)
-    }
+    let pool = if wg > 0 { &cands[..wg] } else { cands };
+    heuristic(pool, m, n, batch, sm_count)
 }
 
 /// The heuristic: the largest candidate with at least `sm_count` blocks, else the smallest.

@@ -317,22 +317,14 @@ pub fn tma_specs(inst: &Instance, g: &GemmShape) -> (TiledSpec, TiledSpec) {
         boxdim: vec![a.box_inner, a.box_outer, 1],
         swizzle: TmaSwizzle::B128,
     };
-    let spec_b = if b.mn_major {
-        TiledSpec {
-            dtype,
-            dims: vec![n, k, nb(g.b_batched)],
-            strides: vec![n * eb, k * n * eb],
-            boxdim: vec![b.box_inner, b.box_outer, 1],
-            swizzle: TmaSwizzle::B128,
-        }
-    } else {
-        TiledSpec {
-            dtype,
-            dims: vec![k, n, nb(g.b_batched)],
-            strides: vec![k * eb, n * k * eb],
-            boxdim: vec![b.box_inner, b.box_outer, 1],
-            swizzle: TmaSwizzle::B128,
-        }
+    // B's contiguous extent first: N when it is stored K×N (MN-major), else K.
+    let (inner, outer) = if b.mn_major { (n, k) } else { (k, n) };
+    let spec_b = TiledSpec {
+        dtype,
+        dims: vec![inner, outer, nb(g.b_batched)],
+        strides: vec![inner * eb, outer * inner * eb],
+        boxdim: vec![b.box_inner, b.box_outer, 1],
+        swizzle: TmaSwizzle::B128,
     };
     (spec_a, spec_b)
 }
