@@ -6,19 +6,25 @@
 //!
 //! Contract:
 //!
-//! - The data and kernel are brought to `NCHW`/`OIHW`. Per (image, group) the convolution is
-//!   a GEMM `(O/g) × (C/g · KH · KW)` weights by a `(C/g · KH · KW) × (OH · OW)` matrix: the
-//!   data itself for a 1×1 kernel with stride 1 and no padding, else its im2col lowering
-//!   (built into a reused per-thread buffer, its rows spread over the threads). The GEMM is
-//!   [`crate::matmul::gemm_f32_tiled`] (`faer`'s GEMM on tiles of the output, spread
-//!   over [`crate::par::threads`]); a grouped convolution spreads its groups instead. The
-//!   result is bit-identical for every thread count.
+//! - The data and kernel are brought to `NCHW`/`OIHW`. A 3×3 kernel with stride 1, dilation
+//!   1 and one group, on enough channels and pixels, runs as Winograd F(2×2, 3×3)
+//!   ([`crate::winograd`]: 16 GEMMs on transformed tiles, 2.25× fewer multiply-adds); the
+//!   executor transforms a constant weight once ([`winograd_weights`]).
+//! - Otherwise, per (image, group) the convolution is a GEMM `(O/g) × (C/g · KH · KW)` weights
+//!   by a `(C/g · KH · KW) × (OH · OW)` matrix: the data itself for a 1×1 kernel with stride
+//!   1 and no padding, else its im2col lowering, made per column tile by the thread that
+//!   multiplies it (so it stays in that core's cache), or whole with its rows spread over the
+//!   threads when the output is one column tile. The GEMM is
+//!   [`crate::matmul::gemm_f32_tiled`] (`faer`'s GEMM on tiles of the output, spread over
+//!   [`crate::par::threads`]); a grouped convolution spreads its groups instead. The result
+//!   is bit-identical for every thread count, and the same whether the weight's Winograd
+//!   transform was cached or not.
 //! - Float dtypes compute in `f32` (`float64` too) and round once to `out_dtype` (default: the
 //!   data's dtype); integer inputs are an error.
-//! - Each [`Step`] repeats the arithmetic of the op it replaces element by element (`f64` for
-//!   `batch_norm`, `f32` for `add` (a per-channel bias or a residual of the output's shape)
-//!   in its operand order, `relu` keeping NaN), so a fused
-//!   result is bit-identical to running the ops one by one. [`conv2d_fused`] needs a
+//! - Each [`Step`] repeats the arithmetic of the op it replaces element by element (one `f32`
+//!   fused multiply-add per element for `batch_norm`, as its `float32` kernel does; `f32` for
+//!   `add` (a per-channel bias or a residual of the output's shape) in its operand order,
+//!   `relu` keeping NaN), so a fused result is bit-identical to running the ops one by one. [`conv2d_fused`] needs a
 //!   `float32` result in `NCHW`; the executor checks that before fusing.
 //!
 //! ```text
@@ -27,9 +33,10 @@
 //!     kernel_layout="OIHW", out_layout="NCHW", out_dtype=None)
 //! ```
 
-use crate::matmul::gemm_f32_tiled;
+use crate::matmul::{Rhs, gemm_f32_tiled};
 use crate::nn::layout4;
 use crate::util::{KResult, from_canonical, tensor, to_canonical};
+use crate::winograd;
 use fusebox_core::ir::DType;
 use fusebox_core::op::Conv2dAttrs;
 use fusebox_core::runtime::{Storage, Tensor};
@@ -39,13 +46,9 @@ use std::cell::RefCell;
 /// One per-output-channel operation of a fused convolution's epilogue.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Step {
-    /// Inference `batch_norm`: `((x as f64 - mean) * inv * scale + shift) as f32`, per channel.
-    Affine {
-        mean: Vec<f64>,
-        inv: Vec<f64>,
-        scale: Vec<f64>,
-        shift: Vec<f64>,
-    },
+    /// Inference `batch_norm`: `x.mul_add(mul, add)`, per channel (see
+    /// [`crate::nn::bn_coeffs_f32`]).
+    Affine { mul: Vec<f32>, add: Vec<f32> },
     /// `add` of a per-channel value, `x + b` (`b + x` when `bias_first`).
     Bias { b: Vec<f32>, bias_first: bool },
     /// `add` of a tensor of the output's shape (a residual), element by element: `x + r`
@@ -59,7 +62,7 @@ impl Step {
     /// The number of channels the step has values for (`None`: any).
     pub(crate) fn channels(&self) -> Option<usize> {
         match self {
-            Step::Affine { mean, .. } => Some(mean.len()),
+            Step::Affine { mul, .. } => Some(mul.len()),
             Step::Bias { b, .. } => Some(b.len()),
             Step::Residual { .. } | Step::Relu => None,
         }
@@ -93,14 +96,9 @@ fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     while let Some(s) = steps.get(i) {
         let then_relu = steps.get(i + 1) == Some(&Step::Relu);
         match s {
-            Step::Affine {
-                mean,
-                inv,
-                scale,
-                shift,
-            } => {
-                let (m, k, sc, sh) = (mean[ch], inv[ch], scale[ch], shift[ch]);
-                let f = |v: f32| ((f64::from(v) - m) * k * sc + sh) as f32;
+            Step::Affine { mul, add } => {
+                let (k, b) = (mul[ch], add[ch]);
+                let f = |v: f32| v.mul_add(k, b);
                 if then_relu {
                     row.iter_mut().for_each(|v| *v = relu(f(*v)));
                     i += 1;
@@ -182,6 +180,13 @@ impl Geom {
     }
     fn npix(&self) -> usize {
         self.oh * self.ow
+    }
+    /// A 3×3 kernel, stride 1, dilation 1, one group, of a size where Winograd F(2×2, 3×3)
+    /// pays ([`winograd::pays`]).
+    fn winograd(&self) -> bool {
+        self.g == 1
+            && (self.kh, self.kw, self.sh, self.sw, self.dh, self.dw) == (3, 3, 1, 1, 1, 1)
+            && winograd::pays(self.c, self.o, self.oh, self.ow)
     }
     /// A 1×1 kernel, stride 1, no padding: the data is the GEMM's right operand as it is.
     fn direct(&self) -> bool {
@@ -290,7 +295,7 @@ fn prepare(
 /// `conv2d(x, w)`.
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor> {
     let (xc, wc, op, out_dtype, geom) = prepare(x, w, a)?;
-    let out = compute(&xc, &wc, &geom, &[])?;
+    let out = compute(&xc, &wc, &geom, &[], None)?;
     let t = tensor(
         vec![geom.n, geom.o, geom.oh, geom.ow],
         Storage::from_f32(out_dtype, out),
@@ -326,6 +331,7 @@ pub(crate) fn conv2d_fused(
     w: &Tensor,
     a: &Conv2dAttrs,
     steps: &[Step],
+    wino: Option<&winograd::Weights>,
 ) -> KResult<Tensor> {
     if !fusable(x, w, a) {
         return Err("a fused conv2d needs a float32 result in NCHW".to_string());
@@ -354,8 +360,23 @@ pub(crate) fn conv2d_fused(
             ));
         }
     }
-    let out = compute(&xc, &wc, &geom, steps)?;
+    let out = compute(&xc, &wc, &geom, steps, wino)?;
     tensor(out_shape.to_vec(), Storage::F32(out))
+}
+
+/// The Winograd transform of conv2d weight `w` for [`conv2d_fused`], when the convolution
+/// has a Winograd path whatever the data's size (3×3, stride 1, dilation 1, one group); `None`
+/// otherwise.
+pub(crate) fn winograd_weights(w: &Tensor, a: &Conv2dAttrs) -> Option<winograd::Weights> {
+    let wc = to_canonical(w, layout4(&a.kernel_layout, "OIHW").ok()?);
+    let &[o, ci, kh, kw] = wc.shape() else {
+        return None;
+    };
+    let plain = a.groups == 1 && a.strides == [1, 1] && a.dilation == [1, 1];
+    if !plain || (kh, kw) != (3, 3) || !wc.dtype().is_float() {
+        return None;
+    }
+    winograd::Weights::new(&f32s(&wc), o, ci).ok()
 }
 
 /// The elements of a float tensor as `f32`, borrowed when they already are.
@@ -372,7 +393,13 @@ thread_local! {
 }
 
 /// The convolution in canonical layouts, with the epilogue, as `f32` `N × O × OH × OW`.
-fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f32>> {
+fn compute(
+    xc: &Tensor,
+    wc: &Tensor,
+    g: &Geom,
+    steps: &[Step],
+    wino: Option<&winograd::Weights>,
+) -> KResult<Vec<f32>> {
     let xs = f32s(xc);
     let ws = f32s(wc);
     let (kdim, npix) = (g.kdim(), g.npix());
@@ -392,17 +419,51 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
             let ep: crate::matmul::Epilogue<'_> = &ep;
             let epilogue = (!steps.is_empty()).then_some(ep);
             let x_img = &xs[img * image..(img + 1) * image];
-            if g.direct() {
+            if g.winograd() {
+                let computed;
+                let wt = match wino.filter(|w| w.dims() == (g.o, g.c)) {
+                    Some(w) => w,
+                    None => {
+                        computed = winograd::Weights::new(&ws, g.o, g.c)?;
+                        &computed
+                    }
+                };
+                let ep = |ch: usize, r0: usize, r: &mut [f32]| {
+                    apply_steps(steps, ch, base + ch * npix + r0 * g.ow, r);
+                };
+                let ep: winograd::Epilogue<'_> = &ep;
+                let image = winograd::Image {
+                    x: x_img,
+                    c: g.c,
+                    h: g.h,
+                    w: g.w,
+                    pt: g.pt,
+                    pl: g.pl,
+                    oh: g.oh,
+                    ow: g.ow,
+                };
+                winograd::conv(image, wt, dst, threads, (!steps.is_empty()).then_some(ep))?;
+            } else if g.direct() {
+                let x_img = Rhs::Matrix(x_img);
                 gemm_f32_tiled(g.o, kdim, npix, &ws, x_img, dst, threads, epilogue)?;
+            } else if crate::matmul::column_tiles(g.o, npix, kdim) > 1 {
+                // Each column tile's block of the im2col matrix is made where it is used.
+                let fill = |c0: usize, block: &mut [f32]| {
+                    im2col(x_img, g, 0, c0, block.len() / kdim.max(1), block);
+                };
+                let fill = Rhs::Columns(&fill);
+                gemm_f32_tiled(g.o, kdim, npix, &ws, fill, dst, threads, epilogue)?;
             } else {
+                // One column tile: the whole im2col matrix, its rows spread over the threads.
                 let mut col = COLUMNS.with(|c| std::mem::take(&mut *c.borrow_mut()));
                 col.resize(kdim * npix, 0.0);
                 let rows_per_task = (64 * 1024 / npix.max(1)).max(1);
                 let t = crate::par::threads_for(kdim * npix, 64 * 1024).min(threads);
                 crate::par::for_each_chunk_mut(&mut col, rows_per_task * npix, t, |off, chunk| {
-                    im2col_rows(x_img, g, off / npix, chunk);
+                    im2col(x_img, g, off / npix, 0, npix, chunk);
                 });
-                let r = gemm_f32_tiled(g.o, kdim, npix, &ws, &col, dst, threads, epilogue);
+                let b = Rhs::Matrix(&col);
+                let r = gemm_f32_tiled(g.o, kdim, npix, &ws, b, dst, threads, epilogue);
                 COLUMNS.with(|c| *c.borrow_mut() = col);
                 r?;
             }
@@ -424,36 +485,40 @@ fn compute(xc: &Tensor, wc: &Tensor, g: &Geom, steps: &[Step]) -> KResult<Vec<f3
         let ep: crate::matmul::Epilogue<'_> = &ep;
         let epilogue = (!steps.is_empty()).then_some(ep);
         if g.direct() {
-            gemm_f32_tiled(og, kdim, npix, wg, x_grp, dst, 1, epilogue)
+            gemm_f32_tiled(og, kdim, npix, wg, Rhs::Matrix(x_grp), dst, 1, epilogue)
         } else {
-            let mut col = vec![0.0f32; kdim * npix];
-            im2col_rows(x_grp, g, 0, &mut col);
-            gemm_f32_tiled(og, kdim, npix, wg, &col, dst, 1, epilogue)
+            let fill = |c0: usize, block: &mut [f32]| {
+                im2col(x_grp, g, 0, c0, block.len() / kdim.max(1), block);
+            };
+            gemm_f32_tiled(og, kdim, npix, wg, Rhs::Columns(&fill), dst, 1, epilogue)
         }
     })?;
     Ok(out)
 }
 
-/// Fills `rows` (whole rows of the im2col matrix, starting at row `first`) from the channels
-/// of one (image, group) `x` (`ci × h × w`): row `(ch, ky, kx)`, column `(oy, ox)`, zero where
-/// the window is in the padding.
-fn im2col_rows(x: &[f32], g: &Geom, first: usize, rows: &mut [f32]) {
-    struct Op<'a>(&'a [f32], &'a Geom, usize, &'a mut [f32]);
+/// Fills `block` (whole `cols`-long rows, row-major) with rows `first..` and columns
+/// `c0..c0 + cols` of the im2col matrix of one (image, group) `x` (`ci × h × w`): row
+/// `(ch, ky, kx)`, column `(oy, ox)`, zero where the window is in the padding.
+fn im2col(x: &[f32], g: &Geom, first: usize, c0: usize, cols: usize, block: &mut [f32]) {
+    struct Op<'a>(&'a [f32], &'a Geom, [usize; 3], &'a mut [f32]);
     impl pulp::WithSimd for Op<'_> {
         type Output = ();
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, _: S) {
-            im2col_rows_inline(self.0, self.1, self.2, self.3);
+            let [first, c0, cols] = self.2;
+            im2col_inline(self.0, self.1, first, c0, cols, self.3);
         }
     }
-    crate::simd::dispatch(Op(x, g, first, rows));
+    crate::simd::dispatch(Op(x, g, [first, c0, cols], block));
 }
 
 #[inline(always)]
-fn im2col_rows_inline(x: &[f32], g: &Geom, first: usize, rows: &mut [f32]) {
-    let npix = g.npix();
+fn im2col_inline(x: &[f32], g: &Geom, first: usize, c0: usize, cols: usize, block: &mut [f32]) {
     let (h, w, ow) = (g.h as isize, g.w as isize, g.ow);
-    for (i, row) in rows.chunks_mut(npix).enumerate() {
+    if cols == 0 || ow == 0 {
+        return;
+    }
+    for (i, row) in block.chunks_mut(cols).enumerate() {
         let r = first + i;
         let (ch, ky, kx) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
         let plane = &x[ch * g.h * g.w..(ch + 1) * g.h * g.w];
@@ -471,23 +536,46 @@ fn im2col_rows_inline(x: &[f32], g: &Geom, first: usize, rows: &mut [f32]) {
             (((w - 1 - x0) / sw) as usize + 1).min(ow)
         };
         let lo = lo.min(hi);
-        for (oy, dst) in row.chunks_mut(ow).enumerate() {
+        // The output rows the block's columns cover, each clipped to the block.
+        let mut p = c0;
+        let mut filled = 0;
+        while filled < row.len() {
+            let (oy, ox_a) = (p / ow, p % ow);
+            let ox_b = (ox_a + (row.len() - filled)).min(ow);
+            let dst = &mut row[filled..filled + (ox_b - ox_a)];
+            filled += ox_b - ox_a;
+            p += ox_b - ox_a;
             let y = (oy * g.sh + ky * g.dh) as isize - g.pt as isize;
             if y < 0 || y >= h {
                 dst.fill(0.0);
                 continue;
             }
             let src = &plane[y as usize * g.w..(y as usize + 1) * g.w];
-            dst[..lo].fill(0.0);
-            dst[hi..].fill(0.0);
-            let start = (lo as isize * sw + x0) as usize;
+            // Output columns ox_a..ox_b of this row: zeros, then the copied run, then zeros.
+            let (a, b) = (lo.clamp(ox_a, ox_b), hi.clamp(ox_a, ox_b));
+            dst[..a - ox_a].fill(0.0);
+            dst[b - ox_a..].fill(0.0);
+            if a >= b {
+                continue;
+            }
+            let dst = &mut dst[a - ox_a..b - ox_a];
+            let start = (a as isize * sw + x0) as usize;
             if g.sw == 1 {
-                dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
+                dst.copy_from_slice(&src[start..start + dst.len()]);
+            } else if g.sw == 2 {
+                // Even elements of pairs (the compiler vectorises the de-interleave), then the
+                // odd tail.
+                let pairs = src[start..].chunks_exact(2);
+                let full = pairs.len().min(dst.len());
+                for (d, p) in dst[..full].iter_mut().zip(pairs) {
+                    *d = p[0];
+                }
+                let rest = src[start + 2 * full..].iter().step_by(2);
+                for (d, s) in dst[full..].iter_mut().zip(rest) {
+                    *d = *s;
+                }
             } else {
-                for (d, s) in dst[lo..hi]
-                    .iter_mut()
-                    .zip(src[start..].iter().step_by(g.sw))
-                {
+                for (d, s) in dst.iter_mut().zip(src[start..].iter().step_by(g.sw)) {
                     *d = *s;
                 }
             }

@@ -53,7 +53,7 @@ use fusebox_core::ir::{
 use fusebox_core::op::Op;
 use fusebox_core::runtime::{Prim, Tensor, Value};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// How deep calls may nest before the executor gives up (a call cycle).
@@ -87,6 +87,16 @@ pub struct Executor {
     consts: Mutex<ConstMap>,
     /// Results of op calls whose arguments are all constants (ops are pure).
     folded: Mutex<HashMap<(Op, Vec<ConstKey>), Value>>,
+    /// The storage addresses of the tensors in `consts` and `folded` (kept as long as the
+    /// executor, so an address names one tensor).
+    kept: Mutex<HashSet<usize>>,
+    /// Winograd-transformed conv2d weights, by the storage address of a kept weight tensor.
+    winograd: Mutex<HashMap<usize, Arc<crate::winograd::Weights>>>,
+}
+
+/// The address of a tensor's storage: its identity while the tensor is alive.
+fn storage_addr(t: &Tensor) -> usize {
+    std::ptr::from_ref(t.storage()) as usize
 }
 
 impl std::fmt::Debug for Executor {
@@ -217,8 +227,36 @@ impl Executor {
         let t = Tensor::from_constant(c)?;
         if let Ok(mut map) = self.consts.lock() {
             map.insert(key, (Arc::clone(&c.data), t.clone()));
+            self.keep(&t);
         }
         Ok(t)
+    }
+
+    /// Notes that this executor keeps `t` alive (see `kept`).
+    fn keep(&self, t: &Tensor) {
+        if let Ok(mut k) = self.kept.lock() {
+            k.insert(storage_addr(t));
+        }
+    }
+
+    /// The Winograd transform of conv2d weight `w`, computed once per kept weight tensor;
+    /// `None` when the convolution has no Winograd path or `w` is not kept (a weight
+    /// computed at run time is transformed by each call instead).
+    fn winograd_weights(
+        &self,
+        w: &Tensor,
+        attrs: &fusebox_core::op::Conv2dAttrs,
+    ) -> Option<Arc<crate::winograd::Weights>> {
+        let addr = storage_addr(w);
+        if !self.kept.lock().ok()?.contains(&addr) {
+            return None;
+        }
+        if let Some(u) = self.winograd.lock().ok()?.get(&addr) {
+            return Some(Arc::clone(u));
+        }
+        let u = Arc::new(crate::conv::winograd_weights(w, attrs)?);
+        self.winograd.lock().ok()?.insert(addr, Arc::clone(&u));
+        Some(u)
     }
 }
 
@@ -515,11 +553,13 @@ impl<'m> Interp<'m> {
             return Ok(None);
         };
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-        let y =
-            crate::conv::conv2d_fused(&x, &w, attrs, &steps).map_err(|message| Error::Kernel {
+        let wino = self.exec.winograd_weights(&w, attrs);
+        let y = crate::conv::conv2d_fused(&x, &w, attrs, &steps, wino.as_deref()).map_err(
+            |message| Error::Kernel {
                 op: "relax.nn.conv2d",
                 message,
-            })?;
+            },
+        )?;
         let out = fuse::result(chain, y, &operands);
         self.record(&fuse::name(chain), t);
         Ok(out)
@@ -568,6 +608,9 @@ impl<'m> Interp<'m> {
         let v = eval_op(op, vals)?;
         if let Ok(mut m) = self.exec.folded.lock() {
             m.insert(key, v.clone());
+            if let Value::Tensor(t) = &v {
+                self.exec.keep(t);
+            }
         }
         Ok(v)
     }

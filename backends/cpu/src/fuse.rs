@@ -381,14 +381,8 @@ pub(crate) fn steps(
                 if crate::util::norm_axis(attrs.axis, 4).ok()? != 1 {
                     return None;
                 }
-                let (mean, inv, scale, shift) =
-                    nn::bn_affine(&g, &b, &m, &v, shape[1], attrs).ok()?;
-                Step::Affine {
-                    mean,
-                    inv,
-                    scale,
-                    shift,
-                }
+                let (mul, add) = nn::bn_coeffs_f32(&g, &b, &m, &v, shape[1], attrs).ok()?;
+                Step::Affine { mul, add }
             }
             Link::Add { prev_first, .. } => {
                 let (Value::Tensor(b), tail) = rest.split_first()? else {

@@ -56,6 +56,7 @@ pub mod par;
 mod reduce;
 mod simd;
 mod util;
+mod winograd;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};

@@ -74,29 +74,60 @@ fn tiles(m: usize, n: usize, k: usize) -> (usize, usize) {
     }
 }
 
+/// The right operand `B` (`k × n`) of [`gemm_f32_tiled`].
+#[derive(Clone, Copy)]
+pub(crate) enum Rhs<'b> {
+    /// The matrix, row-major.
+    Matrix(&'b [f32]),
+    /// A function writing columns `c0..c0 + cols` of `B` into a `k × cols` row-major block:
+    /// `fill(c0, block)`. Each column tile's block is made by the thread that multiplies it,
+    /// right before, so it is read from that core's cache (an im2col lowering never goes
+    /// whole through memory).
+    Columns(&'b (dyn Fn(usize, &mut [f32]) + Sync)),
+}
+
+thread_local! {
+    /// The column block of `B` the calling thread multiplies ([`Rhs::Columns`]).
+    static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The tiles of one column strip of `C`, top to bottom, each with its first row.
+type Strip<'c> = Vec<(usize, MatMut<'c, f32>)>;
+
+/// The number of column tiles [`tiles`] cuts an `m × n × k` product into.
+pub(crate) fn column_tiles(m: usize, n: usize, k: usize) -> usize {
+    n.div_ceil(tiles(m, n, k).1.max(1))
+}
+
 /// `c = a @ b` for row-major slices (`a`: `m × k`, `b`: `k × n`, `c`: `m × n`), in the tiles
 /// of [`tiles`] spread over up to `threads` threads (fewer for small products), with
 /// `epilogue` run on every row of every tile. Bit-identical for every thread count (see the
-/// module doc).
+/// module doc). With [`Rhs::Columns`] the tasks are the column tiles, each making its block
+/// of `B` and then computing its tiles top to bottom (the same tiles and calls as with
+/// [`Rhs::Matrix`], so the same result).
 #[allow(clippy::too_many_arguments, reason = "a GEMM's operands and sizes")]
 pub(crate) fn gemm_f32_tiled(
     m: usize,
     k: usize,
     n: usize,
     a: &[f32],
-    b: &[f32],
+    b: Rhs<'_>,
     c: &mut [f32],
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
 ) -> KResult<()> {
-    if a.len() != m * k || b.len() != k * n || c.len() != m * n {
+    let b_len = match b {
+        Rhs::Matrix(b) => b.len(),
+        Rhs::Columns(_) => k * n,
+    };
+    if a.len() != m * k || b_len != k * n || c.len() != m * n {
         return Err(format!(
             "gemm: {m}x{k} @ {k}x{n} needs {}, {} and {} elements, found {}, {} and {}",
             m * k,
             k * n,
             m * n,
             a.len(),
-            b.len(),
+            b_len,
             c.len()
         ));
     }
@@ -106,30 +137,30 @@ pub(crate) fn gemm_f32_tiled(
     let threads = threads.min((m * n * k.max(1)) / MACS_PER_THREAD).max(1);
     let (mb, nb) = tiles(m, n, k);
     let a = MatRef::from_row_major_slice(a, m, k);
-    let b = MatRef::from_row_major_slice(b, k, n);
-    // Cut C into disjoint tiles (row blocks, then column blocks), in row-major tile order.
-    let mut tasks: Vec<(usize, usize, MatMut<'_, f32>)> = Vec::new();
+    // Cut C into column strips, then each strip into its tiles (top to bottom).
+    let mut strips: Vec<(usize, Strip<'_>)> = Vec::new();
     let mut rest = MatMut::from_row_major_slice_mut(c, m, n);
-    let mut r0 = 0;
-    while r0 < m {
-        let rows = mb.min(m - r0);
-        let (band, tail) = rest.split_at_row_mut(rows);
-        rest = tail;
-        let mut band = band;
-        let mut c0 = 0;
-        while c0 < n {
-            let cols = nb.min(n - c0);
-            let (tile, right) = band.split_at_col_mut(cols);
-            band = right;
-            tasks.push((r0, c0, tile));
-            c0 += cols;
+    let mut c0 = 0;
+    while c0 < n {
+        let cols = nb.min(n - c0);
+        let (strip, right) = rest.split_at_col_mut(cols);
+        rest = right;
+        let mut tiles = Vec::new();
+        let mut strip = strip;
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = mb.min(m - r0);
+            let (tile, below) = strip.split_at_row_mut(rows);
+            strip = below;
+            tiles.push((r0, tile));
+            r0 += rows;
         }
-        r0 += rows;
+        strips.push((c0, tiles));
+        c0 += cols;
     }
-    crate::par::run_tasks(tasks, threads, |(r0, c0, mut tile)| {
-        let (rows, cols) = (tile.nrows(), tile.ncols());
+    let run = |r0: usize, c0: usize, mut tile: MatMut<'_, f32>, bt: MatRef<'_, f32>| {
+        let rows = tile.nrows();
         let at = a.submatrix(r0, 0, rows, k);
-        let bt = b.submatrix(0, c0, k, cols);
         faer::linalg::matmul::matmul(tile.rb_mut(), Accum::Replace, at, bt, 1.0f32, Par::Seq);
         if let Some(ep) = epilogue {
             let Some(mut tile) = tile.try_as_row_major_mut() else {
@@ -139,8 +170,35 @@ pub(crate) fn gemm_f32_tiled(
                 ep(r0 + i, c0, tile.rb_mut().row_mut(i).as_slice_mut());
             }
         }
-        Ok::<(), String>(())
-    })
+        Ok(())
+    };
+    match b {
+        Rhs::Matrix(b) => {
+            let b = MatRef::from_row_major_slice(b, k, n);
+            let mut tasks: Vec<(usize, usize, MatMut<'_, f32>)> = strips
+                .into_iter()
+                .flat_map(|(c0, tiles)| tiles.into_iter().map(move |(r0, t)| (r0, c0, t)))
+                .collect();
+            // Row-major tile order: neighbouring tasks share their rows of `a`.
+            tasks.sort_by_key(|&(r0, c0, _)| (r0, c0));
+            crate::par::run_tasks(tasks, threads, |(r0, c0, tile)| {
+                let cols = tile.ncols();
+                run(r0, c0, tile, b.submatrix(0, c0, k, cols))
+            })
+        }
+        Rhs::Columns(fill) => crate::par::run_tasks(strips, threads, |(c0, tiles)| {
+            let cols = tiles.first().map_or(0, |(_, t)| t.ncols());
+            let mut panel = PANEL.with(|p| std::mem::take(&mut *p.borrow_mut()));
+            panel.resize(k * cols, 0.0);
+            fill(c0, &mut panel);
+            let bt = MatRef::from_row_major_slice(&panel, k, cols);
+            let r = tiles
+                .into_iter()
+                .try_for_each(|(r0, tile)| run(r0, c0, tile, bt));
+            PANEL.with(|p| *p.borrow_mut() = panel);
+            r
+        }),
+    }
 }
 
 /// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices, on up to `threads` threads.
@@ -153,7 +211,7 @@ pub(crate) fn gemm_f32(
     c: &mut [f32],
     threads: usize,
 ) -> KResult<()> {
-    gemm_f32_tiled(m, k, n, a, b, c, threads, None)
+    gemm_f32_tiled(m, k, n, a, Rhs::Matrix(b), c, threads, None)
 }
 
 fn gemm_f64(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], c: &mut [f64]) -> KResult<()> {

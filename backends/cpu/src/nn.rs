@@ -82,12 +82,45 @@ pub(crate) fn bn_passthrough(mean: &Tensor, var: &Tensor) -> KResult<(Tensor, Te
     ))
 }
 
-/// `(x - mean) * inv * scale + shift` in `f64`, rounded to `f32`: one channel of inference
-/// `batch_norm` on `float32` data (also the fused convolution's epilogue).
-pub(crate) fn affine_f32(src: &[f32], dst: &mut [f32], m: f64, inv: f64, sc: f64, sh: f64) {
-    for (d, &x) in dst.iter_mut().zip(src) {
-        *d = ((f64::from(x) - m) * inv * sc + sh) as f32;
+/// The `float32` form of inference `batch_norm`'s affine map, per channel: `(mul, add)` with
+/// `mul = inv * scale` and `add = shift - mean * mul`, each computed in `f64` and rounded
+/// once; an element becomes `x.mul_add(mul, add)` (one rounding). The fused convolution's
+/// epilogue and the unfused `float32` kernel both use it, so their results are identical.
+pub(crate) fn bn_coeffs_f32(
+    gamma: &Tensor,
+    beta: &Tensor,
+    mean: &Tensor,
+    var: &Tensor,
+    c: usize,
+    a: &BatchNormAttrs,
+) -> KResult<(Vec<f32>, Vec<f32>)> {
+    let (m, inv, sc, sh) = bn_affine(gamma, beta, mean, var, c, a)?;
+    let mul: Vec<f64> = inv.iter().zip(&sc).map(|(i, s)| i * s).collect();
+    let add = sh
+        .iter()
+        .zip(&m)
+        .zip(&mul)
+        .map(|((sh, m), k)| (sh - m * k) as f32)
+        .collect();
+    Ok((mul.into_iter().map(|k| k as f32).collect(), add))
+}
+
+/// `x.mul_add(mul, add)` for each element: one channel of inference `batch_norm` on `float32`
+/// data (see [`bn_coeffs_f32`]), through [`crate::simd::dispatch`] (an FMA instruction where
+/// the CPU has one; the same result either way).
+fn affine_f32(src: &[f32], dst: &mut [f32], mul: f32, add: f32) {
+    struct Op<'a>(&'a [f32], &'a mut [f32], f32, f32);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let (mul, add) = (self.2, self.3);
+            for (d, &x) in self.1.iter_mut().zip(self.0) {
+                *d = x.mul_add(mul, add);
+            }
+        }
     }
+    crate::simd::dispatch(Op(src, dst, mul, add));
 }
 
 /// `batch_norm` → `(out, moving_mean, moving_var)`. Inference mode normalises with the moving
@@ -108,7 +141,7 @@ pub(crate) fn batch_norm(
     if !a.training
         && let Some(xs) = x.as_f32()
     {
-        let (m, inv, sc, sh) = bn_affine(gamma, beta, mean, var, c, a)?;
+        let (mul, add) = bn_coeffs_f32(gamma, beta, mean, var, c, a)?;
         let t = crate::par::threads_for(xs.len(), 1 << 16);
         let mut out = crate::par::zeros_f32(xs.len(), t);
         let rows = (1usize << 14).div_ceil(inner.max(1)) * inner.max(1);
@@ -117,7 +150,7 @@ pub(crate) fn batch_norm(
                 let row = off / inner.max(1) + k;
                 let ch = row % c.max(1);
                 let src = &xs[row * inner..row * inner + dst.len()];
-                affine_f32(src, dst, m[ch], inv[ch], sc[ch], sh[ch]);
+                affine_f32(src, dst, mul[ch], add[ch]);
             }
         });
         let (nm, nv) = bn_passthrough(mean, var)?;
@@ -335,6 +368,82 @@ fn usize_of(v: i64, what: &str) -> KResult<usize> {
     usize::try_from(v).map_err(|_| format!("invalid {what} {v}"))
 }
 
+/// One plane of an `f32` max pool (see [`pool2d`]), through [`crate::simd::dispatch`].
+#[allow(clippy::type_complexity, reason = "the precomputed windows")]
+fn max_plane(
+    src: &[f32],
+    dst: &mut [f32],
+    wins_h: &[(Vec<usize>, usize)],
+    cols: &[(usize, usize, isize)],
+    w: usize,
+    ow: usize,
+    s: usize,
+) {
+    struct Op<'a>(
+        &'a [f32],
+        &'a mut [f32],
+        &'a [(Vec<usize>, usize)],
+        &'a [(usize, usize, isize)],
+        [usize; 3],
+    );
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let [w, ow, s] = self.4;
+            max_plane_inline(self.0, self.1, self.2, self.3, w, ow, s);
+        }
+    }
+    crate::simd::dispatch(Op(src, dst, wins_h, cols, [w, ow, s]));
+}
+
+#[inline(always)]
+fn max_plane_inline(
+    src: &[f32],
+    dst: &mut [f32],
+    wins_h: &[(Vec<usize>, usize)],
+    cols: &[(usize, usize, isize)],
+    w: usize,
+    ow: usize,
+    s: usize,
+) {
+    // A select, not a branch: it pipelines and vectorises (NaN wins, as in the f64 path).
+    #[inline(always)]
+    fn pick(a: &mut f32, v: f32) {
+        *a = if v > *a || v.is_nan() { v } else { *a };
+    }
+    for ((rows, _), acc) in wins_h.iter().zip(dst.chunks_mut(ow.max(1))) {
+        acc.fill(f32::NEG_INFINITY);
+        for &y in rows {
+            let line = &src[y * w..(y + 1) * w];
+            for &(lo, hi, x0) in cols {
+                if hi <= lo {
+                    continue;
+                }
+                let start = (lo as isize * s as isize + x0) as usize;
+                let acc = &mut acc[lo..hi];
+                if s == 2 {
+                    // Even elements of pairs (the compiler vectorises the de-interleave), then
+                    // the odd tail.
+                    let pairs = line[start..].chunks_exact(2);
+                    let full = pairs.len().min(acc.len());
+                    for (a, p) in acc[..full].iter_mut().zip(pairs) {
+                        pick(a, p[0]);
+                    }
+                    let rest = line[start + 2 * full..].iter().step_by(2);
+                    for (a, &v) in acc[full..].iter_mut().zip(rest) {
+                        pick(a, v);
+                    }
+                } else {
+                    for (a, &v) in acc.iter_mut().zip(line[start..].iter().step_by(s)) {
+                        pick(a, v);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `max_pool2d` (`max`) or `avg_pool2d`.
 pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> {
     if x.rank() != 4 {
@@ -388,23 +497,7 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
             let base = off / plane_out.max(1) * h * w;
             let src = &xs[base..base + h * w];
-            for ((rows, _), acc) in wins_h.iter().zip(dst.chunks_mut(ow.max(1))) {
-                acc.fill(f32::NEG_INFINITY);
-                for &y in rows {
-                    let line = &src[y * w..(y + 1) * w];
-                    for &(lo, hi, x0) in &cols {
-                        if hi <= lo {
-                            continue;
-                        }
-                        let start = (lo as isize * aw.s as isize + x0) as usize;
-                        let src = line[start..].iter().step_by(aw.s);
-                        for (a, &v) in acc[lo..hi].iter_mut().zip(src) {
-                            // A select, not a branch: it pipelines (and vectorises at stride 1).
-                            *a = if v > *a || v.is_nan() { v } else { *a };
-                        }
-                    }
-                }
-            }
+            max_plane(src, dst, &wins_h, &cols, w, ow, aw.s);
         });
         let t = crate::util::tensor(vec![n, c, oh, ow], fusebox_core::runtime::Storage::F32(out))?;
         return Ok(from_canonical(&t, op));

@@ -1,10 +1,10 @@
 //! Runtime CPU-feature dispatch for the kernels' own loops.
 //!
 //! The crate is compiled for the baseline target (`x86-64`: SSE2), so the compiler vectorises
-//! plain loops two `f64` or four `f32` lanes wide. [`vectorized`] runs a closure inside a
-//! function compiled with the widest instruction set the running CPU has (through `pulp`:
-//! AVX2 + FMA on x86-64 where present), so the loops inlined into it are vectorised for that
-//! set; elsewhere it just calls the closure.
+//! plain loops two `f64` or four `f32` lanes wide. [`dispatch`] runs an op (a
+//! `pulp::WithSimd`) inside a function compiled with the widest instruction set the running
+//! CPU has (through `pulp`: AVX2 + FMA on x86-64 where present), so the loops inlined into it
+//! are vectorised for that set; elsewhere it just runs the op.
 //!
 //! Contract: the result is the same bit for bit whatever the instruction set. Rust never
 //! fuses a multiply and an add into an FMA unless the code asks for one (`mul_add`), and
