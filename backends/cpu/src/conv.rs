@@ -405,7 +405,12 @@ fn compute(
     let (kdim, npix) = (g.kdim(), g.npix());
     let og = g.o / g.g;
     let threads = crate::par::threads();
-    let mut out = crate::par::zeros_f32(g.n * g.o * npix, threads);
+    if kdim == 0 {
+        return Ok(vec![0.0; g.n * g.o * npix]);
+    }
+    // Every element is written below (GEMMs replace, the Winograd output transform covers
+    // each row): a kept buffer's old contents never show.
+    let mut out = crate::par::scratch_f32(g.n * g.o * npix, threads);
     if out.is_empty() {
         return Ok(out);
     }

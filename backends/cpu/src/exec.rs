@@ -13,7 +13,8 @@
 //!   var's type, so a kernel that returns a wrong shape is caught where it happens.
 //! - Each var's value is dropped right after the binding that uses it last (last uses are
 //!   computed before running). Tensor data is shared, so passing values around copies no
-//!   elements.
+//!   elements. The `f32` buffer of a dropped tensor nobody else holds is kept for the next
+//!   convolution output on this thread, which overwrites it whole (no zeroing of fresh memory).
 //! - Device values ([`Value::Device`], made by GPU artifacts through the hook) stay where they
 //!   are until a CPU op needs them: an op's device arguments are downloaded then, once per var
 //!   and call frame (a second CPU use of the same var reuses the host copy). Calls of module
@@ -92,6 +93,16 @@ pub struct Executor {
     kept: Mutex<HashSet<usize>>,
     /// Winograd-transformed conv2d weights, by the storage address of a kept weight tensor.
     winograd: Mutex<HashMap<usize, Arc<crate::winograd::Weights>>>,
+}
+
+/// Drops a value after its last use, handing the buffers of tensors nobody else holds to
+/// [`crate::par::recycle`].
+fn release(v: Option<Value>) {
+    match v {
+        Some(Value::Tensor(t)) => crate::par::recycle(t),
+        Some(Value::Tuple(parts)) => parts.into_iter().for_each(|p| release(Some(p))),
+        _ => {}
+    }
 }
 
 /// The address of a tensor's storage: its identity while the tensor is alive.
@@ -465,7 +476,7 @@ impl<'m> Interp<'m> {
                     fr.values[last.as_u32() as usize] = Some(v);
                     for j in i..=i + n {
                         for d in plan.get(j).into_iter().flatten() {
-                            fr.values[d.as_u32() as usize] = None;
+                            release(fr.values[d.as_u32() as usize].take());
                         }
                     }
                     skip = n;
@@ -494,7 +505,7 @@ impl<'m> Interp<'m> {
                 }
             }
             for d in plan.get(i).into_iter().flatten() {
-                fr.values[d.as_u32() as usize] = None;
+                release(fr.values[d.as_u32() as usize].take());
                 fr.host[d.as_u32() as usize] = None;
             }
         }

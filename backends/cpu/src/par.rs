@@ -212,6 +212,58 @@ pub(crate) fn zeros_f32(n: usize, threads: usize) -> Vec<f32> {
     }
 }
 
+/// The most buffers [`recycle`] keeps per thread, and their most elements in all.
+const KEPT_BUFFERS: usize = 16;
+const KEPT_ELEMS: usize = 1 << 26;
+
+thread_local! {
+    /// `f32` buffers of dropped tensors, for [`scratch_f32`] (per thread: the executor's).
+    static KEPT: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keeps the `f32` buffer of a tensor nobody else holds for a later [`scratch_f32`] on this
+/// thread (the executor drops each value after its last use); other tensors are just
+/// dropped. At most [`KEPT_BUFFERS`] buffers and [`KEPT_ELEMS`] elements are kept.
+pub(crate) fn recycle(t: fusebox_core::runtime::Tensor) {
+    let Ok(fusebox_core::runtime::Storage::F32(v)) = t.try_into_storage() else {
+        return;
+    };
+    if v.capacity() < 1 << 14 {
+        return;
+    }
+    KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        let total: usize = k.iter().map(Vec::capacity).sum();
+        if k.len() < KEPT_BUFFERS && total + v.capacity() <= KEPT_ELEMS {
+            k.push(v);
+        }
+    });
+}
+
+/// A buffer of `n` `f32`s with unspecified (initialised) contents, for an output the caller
+/// overwrites whole: a kept buffer of a dropped tensor when one is large enough (the smallest
+/// such), which saves zeroing a fresh one; else zeros, written by up to `threads` threads.
+pub(crate) fn scratch_f32(n: usize, threads: usize) -> Vec<f32> {
+    let kept = KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        let best = k
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= n)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i)?;
+        Some(k.swap_remove(best))
+    });
+    match kept {
+        Some(mut v) => {
+            v.truncate(n);
+            v.resize(n, 0.0);
+            v
+        }
+        None => zeros_f32(n, threads),
+    }
+}
+
 /// Splits `out` into chunks of `chunk` elements (the last may be shorter) and runs
 /// `f(offset, chunk)` on each, on up to `n` threads.
 pub(crate) fn for_each_chunk_mut<T, F>(out: &mut [T], chunk: usize, n: usize, f: F)
@@ -270,6 +322,26 @@ mod tests {
                 |i| if i == 7 { Err(i) } else { Ok(()) },
             );
         assert_eq!(r, Err(7));
+    }
+
+    #[test]
+    fn scratch_reuses_the_buffers_of_dropped_unshared_tensors() {
+        use fusebox_core::runtime::Tensor;
+        let n = 1 << 15;
+        let t = Tensor::from_f32(vec![n], vec![7.0; n]).unwrap_or_else(|e| panic!("{e}"));
+        let shared = t.clone();
+        // Shared: not kept (the clone still reads it).
+        recycle(t);
+        let fresh = scratch_f32(n, 1);
+        assert!(fresh.iter().all(|&v| v == 0.0));
+        assert_eq!(shared.as_f32().map(|v| v[0]), Some(7.0));
+        // Unshared: kept, and handed out again (its old contents included) for a smaller size.
+        recycle(shared);
+        let again = scratch_f32(n - 5, 1);
+        assert_eq!(again.len(), n - 5);
+        assert!(again.iter().all(|&v| v == 7.0));
+        // Nothing kept any more: zeros again.
+        assert!(scratch_f32(n, 1).iter().all(|&v| v == 0.0));
     }
 
     #[test]

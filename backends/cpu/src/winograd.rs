@@ -270,44 +270,59 @@ fn input_transform_inline(
     let tw = img.ow.div_ceil(2);
     let tb = (ty1 - ty0) * tw;
     let span = 2 * tw + 2;
-    // Four zero-padded input rows, and their row transforms: q[r][k][tx].
-    let mut padded = vec![0.0f32; 4 * span];
-    let mut q = vec![0.0f32; 16 * tw];
+    // The block's input rows (tile rows overlap by two), each zero-padded, de-interleaved
+    // into even and odd columns, and transformed once: q[row][k][tx].
+    let nrows = 2 * (ty1 - ty0) + 2;
+    let mut padded = vec![0.0f32; span];
+    let (mut even, mut odd) = (vec![0.0f32; tw + 1], vec![0.0f32; tw + 1]);
+    let mut q = vec![0.0f32; nrows * 4 * tw];
     for (i, vrow) in chunk.chunks_mut(XI * tb).enumerate() {
         let ch = ch0 + i;
         let Some(plane) = img.x.get(ch * img.h * img.w..(ch + 1) * img.h * img.w) else {
             return;
         };
+        for (r, qr) in q.chunks_exact_mut(4 * tw).enumerate() {
+            let y = (2 * ty0 + r) as isize - img.pt as isize;
+            if y < 0 || y >= img.h as isize || img.pl >= span {
+                qr.fill(0.0);
+                continue;
+            }
+            padded.fill(0.0);
+            let src = &plane[y as usize * img.w..(y as usize + 1) * img.w];
+            let n = img.w.min(span - img.pl);
+            padded[img.pl..img.pl + n].copy_from_slice(&src[..n]);
+            for ((e, o), p) in even
+                .iter_mut()
+                .zip(odd.iter_mut())
+                .zip(padded.chunks_exact(2))
+            {
+                *e = p[0];
+                *o = p[1];
+            }
+            // d Bᵀ per tile, of its columns a, b, c, d (= e[t], o[t], e[t + 1], o[t + 1]):
+            // a - c, b + c, c - b, b - d.
+            let (q0, rest) = qr.split_at_mut(tw);
+            let (q1, rest) = rest.split_at_mut(tw);
+            let (q2, q3) = rest.split_at_mut(tw);
+            let (e0, e1, o0, o1) = (&even[..tw], &even[1..], &odd[..tw], &odd[1..]);
+            q0.iter_mut()
+                .zip(e0.iter().zip(e1))
+                .for_each(|(d, (a, c))| *d = a - c);
+            q1.iter_mut()
+                .zip(o0.iter().zip(e1))
+                .for_each(|(d, (b, c))| *d = b + c);
+            q2.iter_mut()
+                .zip(e1.iter().zip(o0))
+                .for_each(|(d, (c, b))| *d = c - b);
+            q3.iter_mut()
+                .zip(o0.iter().zip(o1))
+                .for_each(|(d, (b, dd))| *d = b - dd);
+        }
         for ty in ty0..ty1 {
-            for (r, pr) in padded.chunks_exact_mut(span).enumerate() {
-                pr.fill(0.0);
-                let y = (2 * ty + r) as isize - img.pt as isize;
-                if y < 0 || y >= img.h as isize || img.pl >= span {
-                    continue;
-                }
-                let src = &plane[y as usize * img.w..(y as usize + 1) * img.w];
-                let n = img.w.min(span - img.pl);
-                pr[img.pl..img.pl + n].copy_from_slice(&src[..n]);
-            }
-            for (pr, qr) in padded.chunks_exact(span).zip(q.chunks_exact_mut(4 * tw)) {
-                let (q0, rest) = qr.split_at_mut(tw);
-                let (q1, rest) = rest.split_at_mut(tw);
-                let (q2, q3) = rest.split_at_mut(tw);
-                // d Bᵀ per tile: a - c, b + c, c - b, b - d of its columns a, b, c, d.
-                let pairs = pr.chunks_exact(2).zip(pr[2..].chunks_exact(2));
-                for ((((ab, cd), o0), (o1, o2)), o3) in
-                    pairs.zip(q0).zip(q1.iter_mut().zip(q2)).zip(q3)
-                {
-                    let (a, b, c, d) = (ab[0], ab[1], cd[0], cd[1]);
-                    *o0 = a - c;
-                    *o1 = b + c;
-                    *o2 = c - b;
-                    *o3 = b - d;
-                }
-            }
             let t0 = (ty - ty0) * tw;
+            let r0 = 2 * (ty - ty0);
             for k in 0..4 {
-                let row = |r: usize| &q[(4 * r + k) * tw..(4 * r + k + 1) * tw];
+                let row = |r: usize| &q[((r0 + r) * 4 + k) * tw..((r0 + r) * 4 + k + 1) * tw];
                 let (d0, d1, d2, d3) = (row(0), row(1), row(2), row(3));
                 let at = |i: usize| (4 * i + k) * tb + t0;
                 // Bᵀ (·): rows d0 - d2, d1 + d2, d2 - d1, d1 - d3.
@@ -372,11 +387,17 @@ fn output_transform_inline(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows: 
             y11[tx] = p11 - p12 - p13;
         }
         let (top, bottom) = out2.split_at_mut(ow.min(out2.len()));
-        for (x, v) in top.iter_mut().enumerate() {
-            *v = if x % 2 == 0 { y00[x / 2] } else { y01[x / 2] };
-        }
-        for (x, v) in bottom.iter_mut().enumerate() {
-            *v = if x % 2 == 0 { y10[x / 2] } else { y11[x / 2] };
+        for (row, (ya, yb)) in [(top, (&*y00, &*y01)), (bottom, (&*y10, &*y11))] {
+            // Interleaved: ya[t] at column 2t, yb[t] at 2t + 1 (the last maybe cut off).
+            let pairs = row.chunks_exact_mut(2);
+            let full = pairs.len();
+            for (p, (a, b)) in pairs.zip(ya.iter().zip(yb)) {
+                p[0] = *a;
+                p[1] = *b;
+            }
+            if let (Some(last), Some(a)) = (row.get_mut(2 * full), ya.get(full)) {
+                *last = *a;
+            }
         }
     }
 }

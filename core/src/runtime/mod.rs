@@ -342,6 +342,14 @@ impl Tensor {
         Arc::unwrap_or_clone(self.data)
     }
 
+    /// The storage, taken out when this tensor is its only owner; else the tensor back.
+    pub fn try_into_storage(self) -> std::result::Result<Storage, Tensor> {
+        Arc::try_unwrap(self.data).map_err(|data| Tensor {
+            shape: self.shape,
+            data,
+        })
+    }
+
     /// The same data under another shape with the same element count.
     pub fn reshaped(&self, shape: Vec<usize>) -> Result<Tensor> {
         let n = shape_numel(&shape)
