@@ -11,7 +11,7 @@
 //! used before (bench/RESULTS.md). `f64` stays on `matrixmultiply` through
 //! `ndarray::linalg::general_mat_mul`.
 //!
-//! [`gemm_f32_tiled`] cuts `C` into tiles of about 64 Ki elements (256 KiB, so a tile stays in
+//! [`gemm_f32_tiled`] cuts `C` into tiles of about 128 Ki elements (512 KiB, so a tile stays in
 //! a core's L2 while its epilogue runs), their count a multiple of 4; the tiles run on
 //! [`crate::par`]'s threads, each followed by an epilogue on its rows. The tiling depends on
 //! the shape only, never on the thread count, and each tile is one sequential `faer` call: so
@@ -40,9 +40,9 @@ const MACS_PER_THREAD: usize = 1 << 20;
 /// Multiply-adds below which a GEMM is one tile (a call costs a few microseconds).
 const MACS_PER_TILE: usize = 1 << 21;
 
-/// The output elements of a tile: 64 Ki `f32` (256 KiB), so a tile and the panels it is
+/// The output elements of a tile: 128 Ki `f32` (512 KiB), so a tile and the panels it is
 /// computed from stay in a core's L2 while its epilogue runs.
-const TILE_ELEMS: usize = 1 << 16;
+const TILE_ELEMS: usize = 1 << 17;
 
 /// An epilogue: `f(row, first column, row slice of a tile)`, run on each row of each tile of
 /// `C` right after the tile is computed.

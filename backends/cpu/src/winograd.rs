@@ -576,6 +576,26 @@ mod tests {
         assert_eq!(out[4 * 9 + 4], -72.0);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Any sizes, paddings, blocks and thread counts: small integers give the exact
+        /// correlation.
+        #[test]
+        fn any_shape_gives_the_exact_correlation(
+            c in 1usize..6, o in 1usize..6, h in 1usize..10, w in 1usize..10,
+            pt in 0usize..3, pl in 0usize..3, pb in 0usize..3, pr in 0usize..3,
+            block in 1usize..3000, threads in 1usize..4, seed in 0usize..1000,
+        ) {
+            proptest::prop_assume!(h + pt + pb >= 3 && w + pl + pr >= 3);
+            let x: Vec<f32> = (0..c * h * w).map(|i| ((i * 37 + seed) % 17) as f32 - 8.0).collect();
+            let k: Vec<f32> = (0..o * c * 9).map(|i| ((i * 11 + seed) % 7) as f32 - 3.0).collect();
+            let img = image(&x, (c, h, w, pt, pl, pb, pr));
+            let want: Vec<f32> = naive(&img, &k, o).into_iter().map(|v| v as f32).collect();
+            proptest::prop_assert_eq!(run(img, &k, o, threads, block), want);
+        }
+    }
+
     #[test]
     fn mismatched_operands_are_errors() {
         assert!(Weights::new(&[0.0; 10], 1, 1).is_err());
