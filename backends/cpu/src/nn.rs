@@ -2,8 +2,11 @@
 //! `rms_norm`, `lrn`, and 2-D pooling (`max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`) in
 //! any permutation of `NCHW`.
 //!
-//! Everything computes in `f64` and rounds once to the input dtype (`max_pool2d` of `float32`
-//! and inference `batch_norm` of `float32` skip the widened copy: the same values).
+//! Everything computes in `f64` and rounds once to the input dtype, with two `float32`
+//! exceptions that skip the widened copy: `max_pool2d` (the same values) and inference
+//! `batch_norm`, one fused multiply-add per element with per-channel coefficients computed
+//! in `f64` ([`bn_coeffs_f32`]; within an ulp or so of the `f64` formula, and what the fused
+//! convolution's epilogue computes too).
 //! `max_pool2d`/`avg_pool2d` and inference `batch_norm` spread whole planes / channels over
 //! [`crate::par::threads`] threads. Pooling windows skip
 //! padded positions (max) or count them only when `count_include_pad` (avg), as TVM's topi
@@ -33,7 +36,8 @@ fn param(t: &Tensor, n: usize, what: &str) -> KResult<Vec<f64>> {
 
 /// The per-channel affine map of inference `batch_norm`: `(mean, inv, scale, shift)` with
 /// `inv = 1 / sqrt(var + eps)`, `scale = gamma` (1 without `scale`) and `shift = beta` (0
-/// without `center`); each element becomes `(x - mean) * inv * scale + shift` in `f64`.
+/// without `center`); each element becomes `(x - mean) * inv * scale + shift` (in `f64` for
+/// other dtypes than `float32`, see [`bn_coeffs_f32`]).
 #[allow(clippy::type_complexity, reason = "four parallel per-channel vectors")]
 pub(crate) fn bn_affine(
     gamma: &Tensor,
