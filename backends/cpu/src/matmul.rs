@@ -201,7 +201,8 @@ pub(crate) fn gemm_f32_tiled(
     }
 }
 
-/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices, on up to `threads` threads.
+/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices, on up to `threads` threads (a row
+/// vector `a` through [`gemv_f32`]).
 pub(crate) fn gemm_f32(
     m: usize,
     k: usize,
@@ -211,7 +212,60 @@ pub(crate) fn gemm_f32(
     c: &mut [f32],
     threads: usize,
 ) -> KResult<()> {
+    if m == 1 && k > 0 && a.len() == k && b.len() == k * n && c.len() == n {
+        gemv_f32(k, n, a, b, c, threads);
+        return Ok(());
+    }
     gemm_f32_tiled(m, k, n, a, Rhs::Matrix(b), c, threads, None)
+}
+
+/// Rows of `B` per partial sum of a vector-matrix product ([`gemv_f32`]).
+const GEMV_ROWS: usize = 256;
+
+/// `c = a @ b` for a row vector `a` (`k`) and a row-major `k × n` matrix `b` (a classifier
+/// head, or any linear layer at batch 1): `b` is read once, as a stream, which bounds the
+/// time, so the work is cut along `k`, in chunks of [`GEMV_ROWS`] rows spread over up to
+/// `threads` threads. Each chunk accumulates its partial row `Σ a[r]·b[r, :]` with one FMA
+/// per element in row order; the partial rows are then added in chunk order. The chunks
+/// depend on `k` only, so the result is bit-identical for every thread count.
+fn gemv_f32(k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
+    /// `acc[j] = Σ_r a[r]·rows[r][j]` over the rows in order, through
+    /// [`crate::simd::dispatch`] (FMA instructions where the CPU has them).
+    struct Op<'a>(&'a [f32], &'a [f32], &'a mut [f32]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(a, rows, acc) = self;
+            acc.fill(0.0);
+            for (&x, row) in a.iter().zip(rows.chunks_exact(acc.len().max(1))) {
+                for (o, &v) in acc.iter_mut().zip(row) {
+                    *o = v.mul_add(x, *o);
+                }
+            }
+        }
+    }
+    let chunks = k.div_ceil(GEMV_ROWS);
+    if chunks <= 1 || n == 0 {
+        crate::simd::dispatch(Op(a, b, c));
+        return;
+    }
+    let mut partial = vec![0.0f32; chunks * n];
+    let t = crate::par::threads_for(k * n, 1 << 18).min(threads).max(1);
+    crate::par::for_each_chunk_mut(&mut partial, n, t, |off, acc| {
+        let r0 = off / n * GEMV_ROWS;
+        let r1 = (r0 + GEMV_ROWS).min(k);
+        crate::simd::dispatch(Op(&a[r0..r1], &b[r0 * n..r1 * n], acc));
+    });
+    let mut rows = partial.chunks_exact(n);
+    if let Some(first) = rows.next() {
+        c.copy_from_slice(first);
+    }
+    for row in rows {
+        for (o, &v) in c.iter_mut().zip(row) {
+            *o += v;
+        }
+    }
 }
 
 fn gemm_f64(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], c: &mut [f64]) -> KResult<()> {
@@ -371,4 +425,61 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResul
         }
     };
     tensor(shape, data.cast(dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `a @ b` in f64, row by row.
+    fn reference(k: usize, n: usize, a: &[f32], b: &[f32]) -> Vec<f64> {
+        let mut c = vec![0.0f64; n];
+        for (x, row) in a.iter().zip(b.chunks_exact(n)) {
+            for (o, v) in c.iter_mut().zip(row) {
+                *o += f64::from(*x) * f64::from(*v);
+            }
+        }
+        debug_assert_eq!(a.len(), k);
+        c
+    }
+
+    #[test]
+    fn a_vector_matrix_product_matches_f64_in_one_chunk_and_in_several() {
+        // 100: one chunk; 700: two full chunks and a part; odd widths leave vector tails.
+        for (k, n) in [(100usize, 37usize), (700, 131), (256, 8), (513, 1)] {
+            let a: Vec<f32> = (0..k).map(|i| ((i * 7) % 13) as f32 * 0.25 - 1.5).collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 11) % 17) as f32 * 0.125 - 1.0)
+                .collect();
+            let want = reference(k, n, &a, &b);
+            let mut got = vec![f32::NAN; n];
+            gemm_f32(1, k, n, &a, &b, &mut got, 3).unwrap_or_else(|e| panic!("{e}"));
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                let tol = 1e-5 * (1.0 + w.abs());
+                assert!(
+                    (f64::from(*g) - w).abs() <= tol,
+                    "k {k} n {n} column {j}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_vector_matrix_product_is_the_same_for_every_thread_count() {
+        let (k, n) = (1100usize, 300usize);
+        let a: Vec<f32> = (0..k).map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6).collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 11) % 17) as f32 * 0.1 - 0.8)
+            .collect();
+        let run = |t: usize| {
+            let mut c = vec![0.0f32; n];
+            crate::par::with_threads(t, || gemm_f32(1, k, n, &a, &b, &mut c, t))
+                .unwrap_or_else(|e| panic!("{e}"));
+            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let one = run(1);
+        for t in [2, 3, 5] {
+            assert!(run(t) == one, "{t} threads differ from one");
+        }
+    }
 }

@@ -506,42 +506,91 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         let t = crate::util::tensor(vec![n, c, oh, ow], fusebox_core::runtime::Storage::F32(out))?;
         return Ok(from_canonical(&t, op));
     }
-    let xs = xc.to_f64_vec();
-    let mut out = vec![0.0f64; n * c * plane_out];
-    crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
-        let base = off / plane_out.max(1) * h * w;
-        let mut it = dst.iter_mut();
-        for (rows, ph) in &wins_h {
-            for (cols, pw) in &wins_w {
-                let mut acc = if max { f64::NEG_INFINITY } else { 0.0 };
-                for &y in rows {
-                    for &xx in cols {
-                        let v = xs[base + y * w + xx];
-                        if max {
-                            if v > acc || v.is_nan() {
-                                acc = v;
+    let win = Windows {
+        plane_in: h * w,
+        plane_out,
+        w,
+        rows: &wins_h,
+        cols: &wins_w,
+        max,
+        include_pad: a.count_include_pad,
+        threads: t,
+    };
+    // Averages (and the max of other dtypes) accumulate in f64; an f32 input is read and
+    // written as it is (each element widened exactly, each result rounded once).
+    let t = match xc.as_f32() {
+        Some(xs) => {
+            let mut out = vec![0.0f32; n * c * plane_out];
+            win.pool(xs, &mut out, |v| v as f32);
+            crate::util::tensor(vec![n, c, oh, ow], fusebox_core::runtime::Storage::F32(out))?
+        }
+        None => {
+            let mut out = vec![0.0f64; n * c * plane_out];
+            win.pool(&xc.to_f64_vec(), &mut out, |v| v);
+            from_f64(vec![n, c, oh, ow], x.dtype(), out)?
+        }
+    };
+    Ok(from_canonical(&t, op))
+}
+
+/// The windows of a 2-D pool (see [`pool2d`]) over whole `NCHW` planes.
+struct Windows<'a> {
+    plane_in: usize,
+    plane_out: usize,
+    /// The input row length.
+    w: usize,
+    /// Per output row / column: the input positions in range, and the count with padding.
+    rows: &'a [(Vec<usize>, usize)],
+    cols: &'a [(Vec<usize>, usize)],
+    max: bool,
+    include_pad: bool,
+    threads: usize,
+}
+
+impl Windows<'_> {
+    /// Pools `xs` into `out` (planes spread over the threads), each result computed in f64
+    /// and stored through `store`.
+    fn pool<T, O>(&self, xs: &[T], out: &mut [O], store: impl Fn(f64) -> O + Sync)
+    where
+        T: Copy + Into<f64> + Sync,
+        O: Send,
+    {
+        let po = self.plane_out.max(1);
+        crate::par::for_each_chunk_mut(out, po, self.threads, |off, dst| {
+            let base = off / po * self.plane_in;
+            let src = &xs[base..base + self.plane_in];
+            let mut it = dst.iter_mut();
+            for (rows, ph) in self.rows {
+                for (cols, pw) in self.cols {
+                    let mut acc = if self.max { f64::NEG_INFINITY } else { 0.0 };
+                    for &y in rows {
+                        let line = &src[y * self.w..(y + 1) * self.w];
+                        for &xx in cols {
+                            let v: f64 = line[xx].into();
+                            if self.max {
+                                if v > acc || v.is_nan() {
+                                    acc = v;
+                                }
+                            } else {
+                                acc += v;
                             }
-                        } else {
-                            acc += v;
                         }
                     }
-                }
-                if !max {
-                    let cnt = if a.count_include_pad {
-                        ph * pw
-                    } else {
-                        rows.len() * cols.len()
-                    };
-                    acc = if cnt == 0 { 0.0 } else { acc / cnt as f64 };
-                }
-                if let Some(d) = it.next() {
-                    *d = acc;
+                    if !self.max {
+                        let cnt = if self.include_pad {
+                            ph * pw
+                        } else {
+                            rows.len() * cols.len()
+                        };
+                        acc = if cnt == 0 { 0.0 } else { acc / cnt as f64 };
+                    }
+                    if let Some(d) = it.next() {
+                        *d = store(acc);
+                    }
                 }
             }
-        }
-    });
-    let t = from_f64(vec![n, c, oh, ow], x.dtype(), out)?;
-    Ok(from_canonical(&t, op))
+        });
+    }
 }
 
 /// `adaptive_avg_pool2d`: output cell `i` averages input rows

@@ -17,7 +17,8 @@ use fusebox_cpu::{Executor, Tensor, Value, run, run_profiled};
 /// A module exercising every threaded kernel: conv2d (3×3 padded, 1×1 direct, grouped and
 /// strided) with the fusable chains after it (bias-first add + relu, batch_norm, relu,
 /// batch_norm + a call of a `relu(t[0])` function), a batch_norm, an add + relu on large
-/// tensors, a large matmul, max and average pooling, a 3×3 conv2d + relu on the Winograd
+/// tensors, a large matmul, a vector-matrix product (its reduction cut into partial sums
+/// that run on several threads), max and average pooling, a 3×3 conv2d + relu on the Winograd
 /// path in two blocks of tile rows, a strided 3×3 conv2d + relu whose im2col reduction (576)
 /// is longer than the GEMM's depth block (512) and whose output is cut into column tiles
 /// (each making its own im2col block), another on fewer pixels (one column tile of row
@@ -58,7 +59,7 @@ class Module:
         return gv
 
     @R.function
-    def main(x: R.Tensor((1, 16, 48, 48), dtype="float32"), w1: R.Tensor((32, 16, 3, 3), dtype="float32"), b1: R.Tensor((1, 32, 1, 1), dtype="float32"), w2: R.Tensor((64, 32, 1, 1), dtype="float32"), g: R.Tensor((64,), dtype="float32"), be: R.Tensor((64,), dtype="float32"), mu: R.Tensor((64,), dtype="float32"), var: R.Tensor((64,), dtype="float32"), w3: R.Tensor((64, 16, 3, 3), dtype="float32"), a: R.Tensor((128, 256), dtype="float32"), b: R.Tensor((256, 128), dtype="float32"), w4: R.Tensor((64, 64, 3, 3), dtype="float32")):
+    def main(x: R.Tensor((1, 16, 48, 48), dtype="float32"), w1: R.Tensor((32, 16, 3, 3), dtype="float32"), b1: R.Tensor((1, 32, 1, 1), dtype="float32"), w2: R.Tensor((64, 32, 1, 1), dtype="float32"), g: R.Tensor((64,), dtype="float32"), be: R.Tensor((64,), dtype="float32"), mu: R.Tensor((64,), dtype="float32"), var: R.Tensor((64,), dtype="float32"), w3: R.Tensor((64, 16, 3, 3), dtype="float32"), a: R.Tensor((128, 256), dtype="float32"), b: R.Tensor((256, 128), dtype="float32"), w4: R.Tensor((64, 64, 3, 3), dtype="float32"), v: R.Tensor((1, 1200), dtype="float32"), wv: R.Tensor((1200, 700), dtype="float32")):
         cls = Module
         with R.dataflow():
             c1 = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])
@@ -77,6 +78,7 @@ class Module:
             bn3 = R.nn.batch_norm(c4, g, be, mu, var, axis=1, training=False)
             r6 = cls.fused_relu(bn3)
             m = R.matmul(a, b)
+            mv = R.matmul(v, wv)
             p1 = R.nn.max_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
             p2 = R.nn.avg_pool2d(y2, pool_size=[3, 3], strides=[1, 1], padding=[1, 1, 1, 1])
             c5 = R.nn.conv2d(y2, w4, padding=[1, 1, 1, 1])
@@ -93,8 +95,8 @@ class Module:
             r10 = R.nn.relu(c9)
             c10 = R.nn.conv2d(y2, w4, strides=[4, 4], padding=[1, 1, 1, 1])
             r11 = R.nn.relu(c10)
-            R.output(r1, y2, r3, r5, r6, m, p1, p2, r7, r8, r9, r10, r11{EXTRA})
-        return (r1, y2, r3, r5, r6, m, p1, p2, r7, r8, r9, r10, r11{EXTRA})
+            R.output(r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11{EXTRA})
+        return (r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11{EXTRA})
 "#;
 
 /// Deterministic values in [-1, 1) that make every sum round (so order matters).
@@ -111,7 +113,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn args() -> Vec<Value> {
-    let shapes: [&[usize]; 12] = [
+    let shapes: [&[usize]; 14] = [
         &[1, 16, 48, 48],
         &[32, 16, 3, 3],
         &[1, 32, 1, 1],
@@ -124,6 +126,8 @@ fn args() -> Vec<Value> {
         &[128, 256],
         &[256, 128],
         &[64, 64, 3, 3],
+        &[1, 1200],
+        &[1200, 700],
     ];
     shapes
         .iter()
