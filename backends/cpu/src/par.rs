@@ -8,10 +8,11 @@
 //!   `threads` option sets it), else `FUSEBOX_THREADS` (read once; a value that is not an
 //!   integer in `1..=`[`MAX_THREADS`] is ignored here and reported by [`env_threads`]), else
 //!   `std::thread::available_parallelism()` capped at [`DEFAULT_MAX_THREADS`].
-//! - Kernels split work only across independent outputs (output rows, columns, channels,
-//!   element ranges), never across a reduction, and every output is computed by the same
-//!   arithmetic whichever thread computes it: results are bit-identical for every thread
-//!   count (asserted by `backends/cpu/tests/threads.rs`).
+//! - Kernels split work across independent outputs (output rows, columns, channels,
+//!   element ranges), or across a reduction only in chunks fixed by the shape whose partial
+//!   results are added in chunk order (the vector-matrix product), and every output is
+//!   computed by the same arithmetic whichever thread computes it: results are bit-identical
+//!   for every thread count (asserted by `backends/cpu/tests/threads.rs`).
 //! - `run_tasks` runs a list of tasks on a kept pool of `n` worker threads (rayon; one pool
 //!   per thread count, made on first use) and returns the error of the first failing task in
 //!   task order. With one thread or one task it runs them in order on the calling thread.
