@@ -631,7 +631,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_groups() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
-        let cases: [Case; 6] = [
+        let cases: [Case; 9] = [
             // n, c, h, w, o, k, stride, pad, dilation, groups
             (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
             (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
@@ -639,6 +639,10 @@ mod tests {
             (1, 8, 5, 5, 16, 1, 1, 0, 1, 1),
             (1, 8, 6, 6, 16, 1, 2, 0, 1, 1),
             (1, 3, 11, 13, 5, 5, 3, 2, 1, 1),
+            // Stride 2 on odd widths: a 7×7 stem, dilation 2, a 2-wide kernel.
+            (1, 3, 15, 13, 4, 7, 2, 3, 1, 1),
+            (1, 4, 9, 11, 4, 3, 2, 1, 2, 1),
+            (1, 2, 6, 5, 3, 2, 2, 0, 1, 1),
         ];
         for (n, c, h, w, o, k, s, p, d, gr) in cases {
             let xs: Vec<f32> = (0..n * c * h * w)
@@ -670,6 +674,63 @@ mod tests {
                 Some(&naive(&xs, &ws, &g)[..]),
                 "case {n} {c} {h} {w} {o} {k} {s} {p} {d} {gr}"
             );
+        }
+    }
+
+    #[test]
+    fn im2col_blocks_match_the_definition() {
+        // Blocks of rows that start and end inside a (ch, ky) group of kx rows, and column
+        // blocks that start and end inside an output row (as the GEMM's column strips and
+        // the threads' row ranges cut them), for strides 2 and 1, dilation and odd widths.
+        for (c, h, w, k, s, p, d) in [
+            (3usize, 15usize, 13usize, 7usize, 2i64, 3i64, 1i64),
+            (4, 9, 11, 3, 2, 1, 2),
+            (2, 8, 10, 3, 2, 1, 1),
+            (2, 7, 9, 3, 1, 1, 1),
+        ] {
+            let xs: Vec<f32> = (0..c * h * w).map(|i| i as f32 + 1.0).collect();
+            let a = Conv2dAttrs {
+                strides: [s, s],
+                padding: [p, p, p, p],
+                dilation: [d, d],
+                groups: 1,
+                data_layout: "NCHW".into(),
+                kernel_layout: "OIHW".into(),
+                out_layout: "NCHW".into(),
+                out_dtype: None,
+            };
+            let g = geometry(&[1, c, h, w], &[1, c, k, k], &a).unwrap_or_else(|e| panic!("{e}"));
+            let (kdim, npix) = (g.kdim(), g.npix());
+            let want = |r: usize, col: usize| -> f32 {
+                let (ch, ky, kx) = (r / (k * k), (r / k) % k, r % k);
+                let (oy, ox) = (col / g.ow, col % g.ow);
+                let y = (oy * g.sh + ky * g.dh) as isize - g.pt as isize;
+                let xx = (ox * g.sw + kx * g.dw) as isize - g.pl as isize;
+                if y < 0 || xx < 0 || y >= h as isize || xx >= w as isize {
+                    0.0
+                } else {
+                    xs[(ch * h + y as usize) * w + xx as usize]
+                }
+            };
+            for (first, rows, c0, cols) in [
+                (0, kdim, 0, npix),
+                (1, kdim - 2, 3, npix - 5),
+                (k + 2, 2 * k - 1, g.ow - 1, g.ow + 2),
+            ] {
+                let mut block = vec![f32::NAN; rows * cols];
+                im2col(&xs, &g, first, c0, cols, &mut block);
+                for (i, row) in block.chunks(cols).enumerate() {
+                    for (j, v) in row.iter().enumerate() {
+                        assert_eq!(
+                            *v,
+                            want(first + i, c0 + j),
+                            "k {k} s {s} d {d}: row {} column {}",
+                            first + i,
+                            c0 + j
+                        );
+                    }
+                }
+            }
         }
     }
 }
