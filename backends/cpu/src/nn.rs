@@ -394,22 +394,22 @@ fn max_plane(
         type Output = ();
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, _: S) {
-            let [w, ow, s] = self.4;
-            max_plane_inline(self.0, self.1, self.2, self.3, w, ow, s);
+            let Op(src, dst, wins_h, cols, [w, ow, s]) = self;
+            max_plane_inline(src, dst, wins_h, cols, [w, ow, s]);
         }
     }
     crate::simd::dispatch(Op(src, dst, wins_h, cols, [w, ow, s]));
 }
 
+/// [`max_plane`]'s loops (`[w, ow, s]`: the input width, the output width, the stride).
 #[inline(always)]
+#[allow(clippy::type_complexity, reason = "the precomputed windows")]
 fn max_plane_inline(
     src: &[f32],
     dst: &mut [f32],
     wins_h: &[(Vec<usize>, usize)],
     cols: &[(usize, usize, isize)],
-    w: usize,
-    ow: usize,
-    s: usize,
+    [w, ow, s]: [usize; 3],
 ) {
     // A select, not a branch: it pipelines and vectorises (NaN wins, as in the f64 path).
     #[inline(always)]
