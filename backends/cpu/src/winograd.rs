@@ -32,9 +32,9 @@ use std::cell::RefCell;
 /// The 16 positions of a transformed 4×4 tile.
 const XI: usize = 16;
 
-/// The elements of the transformed data and of the GEMMs' results per block, about (4 MiB):
-/// on ResNet-50, fewer and longer GEMMs paid more than blocks that stay in a core's L2
-/// (2 MiB here), which cut a 56×56 layer into seven 112-tile GEMMs per position.
+/// The elements of the transformed data and of the GEMMs' results per block: 1 Mi (4 MiB). On
+/// ResNet-50, fewer and longer GEMMs paid more than blocks that stay in a core's L2 (2 MiB
+/// here), which cut a 56×56 layer into seven 112-tile GEMMs per position.
 const BLOCK_ELEMS: usize = 1 << 20;
 
 /// The transformed weights of an `O × C × 3 × 3` kernel: `u[ξ][o][c] = (G g Gᵀ)[ξ]`.
