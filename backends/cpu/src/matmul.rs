@@ -101,7 +101,8 @@ pub(crate) fn column_tiles(m: usize, n: usize, k: usize) -> usize {
 
 /// `c = a @ b` for row-major slices (`a`: `m × k`, `b`: `k × n`, `c`: `m × n`), in the tiles
 /// of [`tiles`] spread over up to `threads` threads (fewer for small products), with
-/// `epilogue` run on every row of every tile. Bit-identical for every thread count (see the
+/// `epilogue` run on every row of every tile (a row vector `a` times a matrix, with no
+/// epilogue, through [`gemv_f32`]). Bit-identical for every thread count (see the
 /// module doc). With [`Rhs::Columns`] the tasks are the column tiles, each making its block
 /// of `B` and then computing its tiles top to bottom (the same tiles and calls as with
 /// [`Rhs::Matrix`], so the same result).
@@ -132,6 +133,12 @@ pub(crate) fn gemm_f32_tiled(
         ));
     }
     if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if let (1, Rhs::Matrix(b), None) = (m, b, epilogue)
+        && k > 0
+    {
+        gemv_f32(k, n, a, b, c, threads);
         return Ok(());
     }
     let threads = threads.min((m * n * k.max(1)) / MACS_PER_THREAD).max(1);
@@ -201,8 +208,7 @@ pub(crate) fn gemm_f32_tiled(
     }
 }
 
-/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices, on up to `threads` threads (a row
-/// vector `a` through [`gemv_f32`]).
+/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices, on up to `threads` threads.
 pub(crate) fn gemm_f32(
     m: usize,
     k: usize,
@@ -212,10 +218,6 @@ pub(crate) fn gemm_f32(
     c: &mut [f32],
     threads: usize,
 ) -> KResult<()> {
-    if m == 1 && k > 0 && a.len() == k && b.len() == k * n && c.len() == n {
-        gemv_f32(k, n, a, b, c, threads);
-        return Ok(());
-    }
     gemm_f32_tiled(m, k, n, a, Rhs::Matrix(b), c, threads, None)
 }
 
