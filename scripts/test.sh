@@ -16,6 +16,11 @@ ONNX_DATA_DIR="$(.venv/bin/python -c 'import os, onnx; print(os.path.join(os.pat
 export ONNX_DATA_DIR
 echo "ONNX_DATA_DIR=$ONNX_DATA_DIR"
 
+echo "== ONNX node conformance cases (written by the onnx wheel's generators, with onnxruntime's verdicts)"
+rm -rf target/onnx-node
+.venv/bin/python tests/onnx/gen_node_cases.py --out target/onnx-node --ort
+export ONNX_NODE_DIR="$PWD/target/onnx-node"
+
 echo "== NVRTC and the CUDA headers (.venv with nvidia-cuda-nvrtc, nvidia-cuda-runtime 13.0 from PyPI)"
 site_packages="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 # CUDA 13 wheels install into site-packages/nvidia/cu13/{lib,include} (CUDA 12's used
@@ -55,6 +60,8 @@ cargo test --workspace --locked
 echo "== ONNX conformance counts (the same test as above, its report shown)"
 cargo test --locked --test onnx_conformance -- --nocapture 2>/dev/null \
   | grep -E '^(onnx conformance|light |FAIL )' || true
+cargo test --locked --test onnx_node -- --nocapture 2>/dev/null \
+  | grep -E '^(node conformance|FAIL |  )' || true
 
 echo "== ResNet-50 with seeded random weights: fusebox (release) against onnxruntime"
 ort_dir="$(mktemp -d)"

@@ -24,13 +24,15 @@
     reason = "test code: a failure is a panic"
 )]
 
-use fusebox_core::frontend::onnx::{import_onnx, proto::TensorProto, tensor_to_constant};
+mod onnx_case;
+
+use fusebox_core::frontend::onnx::import_onnx;
 use fusebox_core::ir::generate::Rng;
 use fusebox_core::ir::{DType, Module};
 use fusebox_core::transform::fuse_ops;
 use fusebox_cpu::{Storage, Tensor, Value, run};
-use prost::Message;
-use std::path::{Path, PathBuf};
+use onnx_case::{Bind, Case, compare, flatten, run_case};
+use std::path::PathBuf;
 
 fn data_dir() -> Option<PathBuf> {
     match std::env::var_os("ONNX_DATA_DIR") {
@@ -43,109 +45,6 @@ fn data_dir() -> Option<PathBuf> {
             None
         }
     }
-}
-
-fn read_tensor(p: &Path) -> Result<Tensor, String> {
-    let bytes = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
-    let t = TensorProto::decode(bytes.as_slice()).map_err(|e| format!("{}: {e}", p.display()))?;
-    let c = tensor_to_constant(&t).map_err(|e| format!("{}: {e}", p.display()))?;
-    Tensor::from_constant(&c).map_err(|e| e.to_string())
-}
-
-fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    for i in 0.. {
-        let p = dir.join(format!("{prefix}_{i}.pb"));
-        if !p.exists() {
-            break;
-        }
-        v.push(p);
-    }
-    v
-}
-
-fn flatten(v: Value, out: &mut Vec<Tensor>) {
-    match v {
-        Value::Tensor(t) => out.push(t),
-        Value::Tuple(items) => items.into_iter().for_each(|i| flatten(i, out)),
-        _ => {}
-    }
-}
-
-/// `None` when equal within tolerance, else why not.
-fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Option<String> {
-    if got.shape() != want.shape() {
-        return Some(format!(
-            "shape {:?} vs expected {:?}",
-            got.shape(),
-            want.shape()
-        ));
-    }
-    if got.dtype() != want.dtype() {
-        return Some(format!(
-            "dtype {} vs expected {}",
-            got.dtype(),
-            want.dtype()
-        ));
-    }
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs();
-        if !ok {
-            return Some(format!("element {i}: {a} vs expected {b}"));
-        }
-    }
-    None
-}
-
-enum Case {
-    Skipped(String),
-    Pass,
-    Fail(String),
-}
-
-fn run_case(dir: &Path) -> Case {
-    let model = dir.join("model.onnx");
-    let Ok(bytes) = std::fs::read(&model) else {
-        return Case::Skipped("no model.onnx".into());
-    };
-    let m = match import_onnx(&bytes, &model.display().to_string()) {
-        Ok(m) => m,
-        Err(e) if e.to_string().contains("unsupported ONNX node") => {
-            return Case::Skipped(e.to_string());
-        }
-        Err(e) => return Case::Fail(format!("import: {e}")),
-    };
-    let set = dir.join("test_data_set_0");
-    let mut args = Vec::new();
-    for p in numbered(&set, "input") {
-        match read_tensor(&p) {
-            Ok(t) => args.push(Value::Tensor(t)),
-            Err(e) => return Case::Fail(e),
-        }
-    }
-    let n_params = m.get("main").map_or(0, |f| f.params.len());
-    args.truncate(n_params);
-    let out = match run(&m, "main", args) {
-        Ok(v) => v,
-        Err(e) => return Case::Fail(format!("run: {e}")),
-    };
-    let mut got = Vec::new();
-    flatten(out, &mut got);
-    let want = numbered(&set, "output");
-    if got.len() != want.len() {
-        return Case::Fail(format!("{} outputs, expected {}", got.len(), want.len()));
-    }
-    for (i, (g, p)) in got.iter().zip(&want).enumerate() {
-        let w = match read_tensor(p) {
-            Ok(w) => w,
-            Err(e) => return Case::Fail(e),
-        };
-        if let Some(why) = compare(g, &w, 1e-3, 1e-4) {
-            return Case::Fail(format!("output {i}: {why}"));
-        }
-    }
-    Case::Pass
 }
 
 #[test]
@@ -166,7 +65,7 @@ fn pytorch_backend_cases() {
                 "{sub}/{}",
                 d.file_name().unwrap_or_default().to_string_lossy()
             );
-            match run_case(&d) {
+            match run_case(&d, 1e-3, 1e-4, Bind::Nothing) {
                 Case::Skipped(why) => {
                     skipped += 1;
                     println!("skip {name}: {why}");

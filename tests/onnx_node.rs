@@ -1,0 +1,142 @@
+//! ONNX backend node conformance: every tensor case of the `onnx` wheel's node test generators
+//! (written out by `tests/onnx/gen_node_cases.py`, which `scripts/test.sh` runs), imported,
+//! run on the CPU reference and compared with the expected outputs under each case's own
+//! tolerances.
+//!
+//! Prints `node conformance: P/N passed` (with onnxruntime's count on the same cases), then
+//! every failing case grouped by op type with its reason. It fails when a case panics, or when
+//! fewer cases pass than [`FLOOR`] (the count this commit reached: raise it as ops land).
+//!
+//! Integer inputs of rank 0 or 1 and scalar inputs (shapes, axes, pads, `k`, …) are bound as
+//! constants before import ([`Bind::ShapeLike`]): exporters write them as constants, and
+//! fusebox needs them at import time to type the graph statically.
+//!
+//! ```text
+//! .venv/bin/python tests/onnx/gen_node_cases.py --out target/onnx-node --ort
+//! ONNX_NODE_DIR=target/onnx-node cargo test --test onnx_node -- --nocapture
+//! ```
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "test code: a failure is a panic"
+)]
+
+mod onnx_case;
+
+use onnx_case::{Bind, Case, run_case};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// The fewest cases that must pass.
+const FLOOR: usize = 275;
+
+struct Entry {
+    name: String,
+    ops: Vec<String>,
+    rtol: f64,
+    atol: f64,
+    ort: Option<String>,
+}
+
+fn entry(v: &serde_json::Value) -> Option<Entry> {
+    Some(Entry {
+        name: v.get("name")?.as_str()?.to_string(),
+        ops: v
+            .get("ops")?
+            .as_array()?
+            .iter()
+            .filter_map(|o| o.as_str().map(str::to_string))
+            .collect(),
+        rtol: v.get("rtol")?.as_f64()?,
+        atol: v.get("atol")?.as_f64()?,
+        ort: v.get("ort").and_then(|o| o.as_str()).map(str::to_string),
+    })
+}
+
+#[test]
+fn node_conformance() {
+    let dir = match std::env::var_os("ONNX_NODE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("ONNX_NODE_DIR is not set: scripts/test.sh generates the node cases")
+        }
+        None => {
+            println!("skipped: ONNX_NODE_DIR is not set (scripts/test.sh generates the cases)");
+            return;
+        }
+    };
+    let manifest = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+    let json: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+    let entries: Vec<Entry> = json
+        .as_array()
+        .unwrap_or_else(|| panic!("{}: not a list", manifest.display()))
+        .iter()
+        .map(|v| entry(v).unwrap_or_else(|| panic!("{}: bad entry {v}", manifest.display())))
+        .collect();
+    assert!(
+        entries.len() > 1000,
+        "only {} cases in the manifest",
+        entries.len()
+    );
+    // Reasons are grouped by op type: `op -> [(case, reason)]`, in op order.
+    let mut failures: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let mut panics = Vec::new();
+    let (mut passed, mut ort_passed, mut both) = (0, 0, 0);
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    for e in &entries {
+        let ort_ok = e.ort.as_deref() == Some("pass");
+        ort_passed += usize::from(ort_ok);
+        let case_dir = dir.join(&e.name);
+        let r = std::panic::catch_unwind(|| run_case(&case_dir, e.rtol, e.atol, Bind::ShapeLike));
+        let why = match r {
+            Ok(Case::Pass) => {
+                passed += 1;
+                both += usize::from(ort_ok);
+                continue;
+            }
+            Ok(Case::Skipped(why)) => format!("unsupported: {why}"),
+            Ok(Case::Fail(why)) => why,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                    .unwrap_or_default();
+                panics.push(format!("{}: {msg}", e.name));
+                format!("PANIC: {msg}")
+            }
+        };
+        // Shorten the reason: the model path adds nothing.
+        let why = why.replace(&format!("{}/", case_dir.display()), "");
+        failures
+            .entry(e.ops.join("+"))
+            .or_default()
+            .push((e.name.clone(), why));
+    }
+    std::panic::set_hook(hook);
+    println!(
+        "node conformance: {passed}/{} passed (onnxruntime passes {ort_passed}; {both} pass on both)",
+        entries.len()
+    );
+    let mut groups: Vec<(&String, &Vec<(String, String)>)> = failures.iter().collect();
+    groups.sort_by_key(|(op, v)| (std::cmp::Reverse(v.len()), (*op).clone()));
+    for (op, cases) in groups {
+        println!("FAIL {op} ({} cases)", cases.len());
+        for (name, why) in cases {
+            let one_line: String = why.lines().next().unwrap_or("").chars().take(240).collect();
+            println!("  {name}: {one_line}");
+        }
+    }
+    assert!(panics.is_empty(), "cases panicked:\n{}", panics.join("\n"));
+    assert!(
+        passed >= FLOOR,
+        "only {passed} cases pass; the floor is {FLOOR}"
+    );
+}
