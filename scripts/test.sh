@@ -83,6 +83,14 @@ done
 test "$(ls "$ONNX_DATA_DIR"/light/light_*.onnx | wc -l)" -eq 9
 rm -rf "$light_out"
 
+echo "== ONNX external data: squeezenet re-saved by the onnx package with its weights in a side file, run from its folder"
+ext_dir="$(mktemp -d)"
+.venv/bin/python tests/onnx/to_external_data.py "$ONNX_DATA_DIR/light/light_squeezenet.onnx" "$ext_dir/model"
+cargo run --quiet --release --locked -- run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --output-dir "$ext_dir/inline" > /dev/null
+cargo run --quiet --release --locked -- run "$ext_dir/model" --check --output-dir "$ext_dir/external" | grep -E '^check: '
+for f in "$ext_dir"/inline/*.npy; do cmp "$f" "$ext_dir/external/$(basename "$f")"; done
+rm -rf "$ext_dir"
+
 echo "== main job smoke test: fusebox show / check on the bundled example"
 cargo run --quiet --locked -- check examples/conv2d_relu.relax
 cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --annotate-codegen true --emit json > /dev/null

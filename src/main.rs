@@ -469,17 +469,10 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
     }
 }
 
-/// Reads a model: `.onnx` is imported, anything else parsed as text.
+/// Reads a model: `.onnx` (or a folder holding one) is imported, anything else parsed as text.
 fn read_model(file: &std::path::Path) -> Result<fusebox_core::ir::Module, fusebox::Error> {
-    if file.extension().is_some_and(|e| e == "onnx") {
-        let bytes = std::fs::read(file).map_err(|e| fusebox_core::Error::Io {
-            path: file.to_path_buf(),
-            source: e,
-        })?;
-        Ok(fusebox_core::frontend::onnx::import_onnx(
-            &bytes,
-            &file.display().to_string(),
-        )?)
+    if fusebox_core::frontend::onnx::is_onnx_path(file) {
+        Ok(fusebox_core::frontend::onnx::import_onnx_file(file)?)
     } else {
         Ok(text::read_module(file)?)
     }

@@ -35,7 +35,7 @@
 //! ```
 
 use fusebox_core::Error;
-use fusebox_core::frontend::onnx::{import_onnx, output_names, sanitize};
+use fusebox_core::frontend::onnx::{import_onnx_file, is_onnx_path, output_names, sanitize};
 use fusebox_core::ir::generate::Rng;
 use fusebox_core::ir::{DType, Module, Sym};
 use fusebox_cpu::{CallProfile, Storage, Tensor, Value};
@@ -198,10 +198,9 @@ fn print_partition(plan: &fusebox_core::backend::pipeline::Plan) {
 pub fn run(a: RunArgs) -> Result<(), Error> {
     fusebox_cpu::par::env_threads().map_err(Error::Invalid)?;
     let t = Instant::now();
-    let is_onnx = a.file.extension().is_some_and(|e| e == "onnx");
+    let is_onnx = is_onnx_path(&a.file);
     let module = if is_onnx {
-        let bytes = std::fs::read(&a.file).map_err(|e| io_err(&a.file, e))?;
-        import_onnx(&bytes, &a.file.display().to_string())?
+        import_onnx_file(&a.file)?
     } else {
         fusebox_core::text::read_module(&a.file)?
     };

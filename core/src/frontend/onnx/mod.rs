@@ -15,6 +15,9 @@
 //! - Ops map to the op set with ONNX semantics for opsets 9 to 21 (attributes vs inputs per
 //!   opset); see [`SUPPORTED_OPS`]. A model using ops outside that list fails with ONE error
 //!   that names every unsupported node and its op type.
+//! - Initializers may keep their bytes in side files (ONNX external data, as the dynamo
+//!   exporter writes and every model over 2 GB needs): [`import_onnx_file`] reads them from the
+//!   model's folder, never outside it ([`external`]).
 //! - Graph outputs are bound to output vars named after the (sanitized) ONNX output names; `main`
 //!   returns the single output, or a tuple of them in graph order ([`output_names`] reads the
 //!   names back).
@@ -34,6 +37,7 @@
 //!     return y
 //! ```
 
+pub mod external;
 mod fold;
 mod ops;
 pub mod proto;
@@ -48,6 +52,7 @@ use fold::Ints;
 use prost::Message;
 use proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 
 /// The ONNX op types the importer converts (domain `""` / `ai.onnx`).
 pub const SUPPORTED_OPS: &[&str] = &[
@@ -108,15 +113,91 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Unsqueeze",
 ];
 
-/// Imports an ONNX model. `file` names the model in error messages.
+/// Imports an ONNX model held in memory. `file` names the model in error messages. A model
+/// with external data needs its folder: use [`import_onnx_file`].
 pub fn import_onnx(bytes: &[u8], file: &str) -> Result<Module> {
     let model = ModelProto::decode(bytes)
         .map_err(|e| Error::Invalid(format!("{file}: not a valid ONNX model: {e}")))?;
     import_model(&model, file)
 }
 
+/// Imports the ONNX model at `path` (a `.onnx` file, or a folder: see [`find_model`]); tensors with external data are read from side files in
+/// the model's folder (see [`external`]).
+pub fn import_onnx_file(path: &Path) -> Result<Module> {
+    let found = find_model(path)?;
+    let path = found.as_path();
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(Error::Invalid(format!(
+            "{}: not a regular file",
+            path.display()
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
+    let file = path.display().to_string();
+    let model = ModelProto::decode(bytes.as_slice())
+        .map_err(|e| Error::Invalid(format!("{file}: not a valid ONNX model: {e}")))?;
+    drop(bytes);
+    let base = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    import_model_in(&model, &file, Some(base))
+}
+
+/// The ONNX model a path names: the path itself, or for a folder (an exported model with its
+/// external data side files) its `model.onnx`, else its only `*.onnx` file.
+pub fn find_model(path: &Path) -> Result<std::path::PathBuf> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let default = path.join("model.onnx");
+    if default.is_file() {
+        return Ok(default);
+    }
+    let rd = std::fs::read_dir(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut found: Vec<std::path::PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    found.sort();
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(Error::Invalid(format!(
+            "{}: a folder without model.onnx or any other .onnx file",
+            path.display()
+        ))),
+        many => Err(Error::Invalid(format!(
+            "{}: several .onnx files and no model.onnx; name one: {}",
+            path.display(),
+            many.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// Whether `path` names an ONNX model: a `.onnx` file, or a folder holding one.
+pub fn is_onnx_path(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "onnx") || path.is_dir()
+}
+
 /// Imports an already decoded model (see [`import_onnx`]).
 pub fn import_model(model: &ModelProto, file: &str) -> Result<Module> {
+    import_model_in(model, file, None)
+}
+
+/// Imports an already decoded model whose external data (if any) is in the folder `base`.
+pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> Result<Module> {
+    let mut ext = external::ExternalData::new(base);
     let graph = model
         .graph
         .as_ref()
@@ -171,7 +252,8 @@ pub fn import_model(model: &ModelProto, file: &str) -> Result<Module> {
         im.vals.insert(vi.name.clone(), Val::Expr(e));
     }
     for t in &graph.initializer {
-        let c = tensor_to_constant(t)
+        let c = ext
+            .constant(t)
             .map_err(|m| Error::Invalid(format!("{file}: initializer `{}`: {m}", t.name)))?;
         im.vals.insert(t.name.clone(), Val::Const(c));
     }
@@ -315,8 +397,12 @@ const MAX_CONST_ELEMS: usize = 1 << 28;
 pub fn tensor_to_constant(t: &TensorProto) -> Result<Constant, String> {
     let dtype = dtype_of(t.data_type)
         .ok_or_else(|| format!("unsupported tensor data type {}", t.data_type))?;
-    if t.data_location == 1 {
-        return Err("tensors with external data are not supported".into());
+    if t.data_location == external::EXTERNAL {
+        return Err(
+            "the tensor's data is in a side file; only initializers of a model imported by \
+             path may have external data"
+                .into(),
+        );
     }
     if let Some(d) = t.dims.iter().find(|d| **d < 0) {
         return Err(format!("negative dim {d} in {:?}", t.dims));

@@ -122,9 +122,21 @@ pub struct TensorProto {
     pub double_data: Vec<f64>,
     #[prost(uint64, repeated, tag = "11")]
     pub uint64_data: Vec<u64>,
-    /// 0 DEFAULT, 1 EXTERNAL (not supported).
+    /// Where the bytes of an external tensor are: `location`, `offset`, `length`, `checksum`.
+    #[prost(message, repeated, tag = "13")]
+    pub external_data: Vec<StringStringEntryProto>,
+    /// 0 DEFAULT, 1 EXTERNAL (bytes in a side file, see `external_data`).
     #[prost(int32, tag = "14")]
     pub data_location: i32,
+}
+
+/// `StringStringEntryProto`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StringStringEntryProto {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(string, tag = "2")]
+    pub value: String,
 }
 
 /// `ValueInfoProto`.
