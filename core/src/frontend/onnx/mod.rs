@@ -58,6 +58,11 @@ use std::path::Path;
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs",
     "Add",
+    "BlackmanWindow",
+    "EyeLike",
+    "HammingWindow",
+    "HannWindow",
+    "Swish",
     "AveragePool",
     "BatchNormalization",
     "Cast",
@@ -112,6 +117,10 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Transpose",
     "Unsqueeze",
 ];
+
+/// ONNX ops whose output shape depends on the input values (not only on the input shapes):
+/// named as such in the unsupported-node error.
+pub const DATA_DEPENDENT: &[&str] = &["NonZero", "Unique", "Compress", "NonMaxSuppression"];
 
 /// Imports an ONNX model held in memory. `file` names the model in error messages. A model
 /// with external data needs its folder: use [`import_onnx_file`].
@@ -222,7 +231,13 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
             } else {
                 format!("{}:{}", n.domain, n.op_type)
             };
-            format!("`{}` ({op})", node_name(n, i))
+            let why = if DATA_DEPENDENT.contains(&n.op_type.as_str()) {
+                ": its output shape depends on the input values, and fusebox types every \
+                 tensor before running"
+            } else {
+                ""
+            };
+            format!("`{}` ({op}{why})", node_name(n, i))
         })
         .collect();
     if !unsupported.is_empty() {

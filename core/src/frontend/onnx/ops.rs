@@ -12,6 +12,8 @@
 //!                                        y = R.add(lv2, C)
 //! ```
 
+mod generate;
+
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
 use crate::ir::{Callee, Constant, DType, Dim, ExprId, ExprKind, PrimValue};
@@ -53,6 +55,22 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         return Ok(call(o, vec![x]));
     }
     match op {
+        "HannWindow" | "HammingWindow" | "BlackmanWindow" => generate::window(im, node),
+        "EyeLike" => generate::eye_like(im, node),
+        "Swish" => {
+            // x * sigmoid(alpha * x) (opset 24).
+            let x = im.expr(req(node, 0)?)?;
+            let (_, dt) = im.dims(x)?;
+            let alpha = a.float("alpha", 1.0);
+            let ax = if alpha == 1.0 {
+                x
+            } else {
+                let al = im.scalar(alpha, dt);
+                im.emit(Op::Multiply, vec![x, al])?
+            };
+            let s = im.emit(Op::Sigmoid, vec![ax])?;
+            Ok(call(Op::Multiply, vec![x, s]))
+        }
         "Add" | "Sub" | "Mul" | "Div" | "Pow" => {
             let x = im.expr(req(node, 0)?)?;
             let mut y = im.expr(req(node, 1)?)?;

@@ -452,7 +452,7 @@ fn unsupported_ops_are_listed_in_one_error() {
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
     assert!(e.contains("2 unsupported ONNX node(s)"), "{e}");
     assert!(e.contains("`first_bad` (Foo)"), "{e}");
-    assert!(e.contains("`second_bad` (NonMaxSuppression)"), "{e}");
+    assert!(e.contains("`second_bad` (NonMaxSuppression: its output shape depends"), "{e}");
 }
 
 #[test]
@@ -667,4 +667,36 @@ mod external_data {
         let e = import_onnx_file(&d).unwrap_err().to_string();
         assert!(e.contains("several .onnx files"), "{e}");
     }
+}
+
+#[test]
+fn data_dependent_ops_are_named_as_such() {
+    let b = model(
+        13,
+        vec![node("NonZero", "nz", &["x"], &["y"], vec![])],
+        vec![vi("x", 1, &["4"])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(
+        e.contains("`nz` (NonZero: its output shape depends on the input values"),
+        "{e}"
+    );
+}
+
+#[test]
+fn eye_like_needs_a_static_2d_shape() {
+    let b = model(
+        13,
+        vec![node("EyeLike", "eye", &["x"], &["y"], vec![ai("k", -1)])],
+        vec![vi("x", 1, &["n", "3"])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(
+        e.contains("node `eye` (EyeLike): EyeLike needs a static input shape"),
+        "{e}"
+    );
 }
