@@ -62,6 +62,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "EyeLike",
     "HammingWindow",
     "HannWindow",
+    "GRU",
+    "LSTM",
+    "RNN",
     "Swish",
     "AveragePool",
     "BatchNormalization",
@@ -655,6 +658,14 @@ impl<'n> Attrs<'n> {
     }
     pub(crate) fn tensor(&self, name: &str) -> Option<&'n TensorProto> {
         self.get(name).and_then(|a| a.t.as_ref())
+    }
+    pub(crate) fn strings(&self, name: &str) -> Option<Vec<String>> {
+        self.get(name).map(|a| {
+            a.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
     }
     pub(crate) fn floats(&self, name: &str) -> Option<Vec<f32>> {
         self.get(name).map(|a| a.floats.clone())

@@ -13,6 +13,7 @@
 //! ```
 
 mod generate;
+mod rnn;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
@@ -57,6 +58,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
     match op {
         "HannWindow" | "HammingWindow" | "BlackmanWindow" => generate::window(im, node),
         "EyeLike" => generate::eye_like(im, node),
+        "RNN" | "GRU" | "LSTM" => rnn::recurrent(im, node),
         "Swish" => {
             // x * sigmoid(alpha * x) (opset 24).
             let x = im.expr(req(node, 0)?)?;

@@ -452,7 +452,10 @@ fn unsupported_ops_are_listed_in_one_error() {
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
     assert!(e.contains("2 unsupported ONNX node(s)"), "{e}");
     assert!(e.contains("`first_bad` (Foo)"), "{e}");
-    assert!(e.contains("`second_bad` (NonMaxSuppression: its output shape depends"), "{e}");
+    assert!(
+        e.contains("`second_bad` (NonMaxSuppression: its output shape depends"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -699,4 +702,39 @@ fn eye_like_needs_a_static_2d_shape() {
         e.contains("node `eye` (EyeLike): EyeLike needs a static input shape"),
         "{e}"
     );
+}
+
+#[test]
+fn recurrent_layers_need_a_static_unpadded_sequence() {
+    let w = f32_init("w", &[1, 4, 3], &[0.1; 12]);
+    let r = f32_init("r", &[1, 4, 4], &[0.1; 16]);
+    let lens = TensorProto {
+        name: "lens".into(),
+        dims: vec![2],
+        data_type: 6,
+        int32_data: vec![3, 2],
+        ..Default::default()
+    };
+    let rnn = |ins: &[&str]| node("RNN", "rnn", ins, &["y", "yh"], vec![ai("hidden_size", 4)]);
+    let b = model(
+        14,
+        vec![rnn(&["x", "w", "r", "", "lens"])],
+        vec![vi("x", 1, &["3", "2", "3"])],
+        vec![w.clone(), r.clone(), lens],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(
+        e.contains("node `rnn` (RNN): `sequence_lens` [3, 2] differ"),
+        "{e}"
+    );
+    let b = model(
+        14,
+        vec![rnn(&["x", "w", "r"])],
+        vec![vi("x", 1, &["s", "2", "3"])],
+        vec![w, r],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(e.contains("the sequence length must be static"), "{e}");
 }
