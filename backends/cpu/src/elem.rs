@@ -9,8 +9,9 @@
 //!   results are exact or correctly rounded from the `f64` value); integer data computes in
 //!   `i64` and wraps to its width; `bool` is 0/1.
 //! - Comparisons, logical ops and `isnan`/`isinf`/`isfinite` give `bool`. Logical ops take
-//!   `bool`; bitwise ops integers or `bool`; shifts integers (a negative shift amount is an
-//!   error; amounts of 64 or more shift everything out). `floor_mod`/`mod` by an integer zero is
+//!   `bool`; bitwise ops integers or `bool`; shifts integers (the amount reads as unsigned, as
+//!   ONNX's `BitShift` does: a negative amount or one past the width shifts everything out,
+//!   leaving 0, or the sign for an arithmetic right shift). `floor_mod`/`mod` by an integer zero is
 //!   an error; `floor_mod`'s remainder has the divisor's sign, `mod`'s the dividend's (C `%`,
 //!   `fmod`). `round` is half to even; `floor`/`ceil`/`round` leave integers unchanged, `sign`
 //!   gives -1/0/1 (NaN stays NaN).
@@ -130,7 +131,6 @@ fn bitwise(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
     let shift = matches!(op, ElemOp::LeftShift | ElemOp::RightShift);
     int_like(d, "the operands", !shift)?;
     let shape = broadcast_shapes(a.shape(), b.shape())?;
-    let mut negative = false;
     let out = zip_broadcast(
         &a.to_i64_vec(),
         a.shape(),
@@ -141,22 +141,15 @@ fn bitwise(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
             ElemOp::BitwiseAnd => x & y,
             ElemOp::BitwiseOr => x | y,
             ElemOp::BitwiseXor => x ^ y,
-            _ if y < 0 => {
-                negative = true;
-                0
-            }
-            ElemOp::LeftShift => u32::try_from(y)
-                .ok()
-                .and_then(|s| x.checked_shl(s))
-                .filter(|_| y < 64)
-                .unwrap_or(0),
+            // A negative amount reads as unsigned: at least the width (ONNX BitShift).
+            ElemOp::LeftShift => match u32::try_from(y) {
+                Ok(s) if s < 64 => x.wrapping_shl(s),
+                _ => 0,
+            },
             // Arithmetic: amounts past the width leave the sign.
-            _ => x >> y.min(63),
+            _ => x >> u32::try_from(y).map_or(63, |s| s.min(63)),
         },
     );
-    if negative {
-        return Err("a shift amount is negative".to_string());
-    }
     tensor(shape, Storage::from_i64(d, out))
 }
 
@@ -435,7 +428,8 @@ mod tests {
         assert_eq!(r(ElemOp::LeftShift, &s, &big), [0, 0]);
         assert_eq!(r(ElemOp::RightShift, &s, &big), [-1, 0]);
         let neg = typed(&[], DType::I32, &[-1]);
-        assert!(eval(ElemOp::LeftShift, &[&s, &neg]).unwrap_err().contains("negative"));
+        assert_eq!(r(ElemOp::LeftShift, &s, &neg), [0, 0]);
+        assert_eq!(r(ElemOp::RightShift, &s, &neg), [-1, 0]);
         // Bool bitwise ops.
         let t = boolt(&[2], &[true, false]);
         assert_eq!(

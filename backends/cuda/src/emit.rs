@@ -904,7 +904,7 @@ fn binary(op: Bin, s: Scalar, x: &str, y: &str) -> String {
             "(({y}) < 0 || ({y}) >= 64 ? (I)0 : (I)((unsigned long long)({x}) << ({y})))"
         ),
         (Bin::Shr, _) => format!(
-            "(I)((long long)({x}) >> (({y}) < 0 ? 0 : (({y}) > 63 ? 63 : ({y}))))"
+            "(I)((long long)({x}) >> (({y}) < 0 || ({y}) > 63 ? 63 : ({y})))"
         ),
         (Bin::TruncMod, Scalar::I64) => format!("({y} == 0 ? (I)0 : {x} % {y})"),
         (Bin::TruncMod, _) => format!("{}({x}, {y})", if f { "fmodf" } else { "fmod" }),

@@ -452,7 +452,11 @@ fn binary(op: Bin, x: f64, y: f64, s: Scalar) -> f64 {
                 0.0
             }
         }
-        Bin::Shr => ((x as i64) >> (y as i64).clamp(0, 63)) as f64,
+        Bin::Shr => {
+            let n = y as i64;
+            let n = if (0..64).contains(&n) { n } else { 63 };
+            ((x as i64) >> n) as f64
+        }
         Bin::TruncMod | Bin::FloorMod if int => {
             let (a, b) = (x as i64, y as i64);
             if b == 0 {

@@ -151,7 +151,7 @@ pub enum Bin {
     BitXor,
     /// `a << b` (integers; 0 when `b` is outside `0..64`), wrapping in 64 bits.
     Shl,
-    /// `a >> b` (integers, arithmetic; `b` clamped to `0..=63`).
+    /// `a >> b` (integers, arithmetic; `b` outside `0..64` shifts by 63).
     Shr,
     /// The remainder with the dividend's sign (C `%`, `fmod`; 0 for an integer division by 0).
     TruncMod,

@@ -194,6 +194,17 @@ fn bitwise_ops_and_shifts_wrap_like_the_cpu() {
             "gv = R.right_shift(b, R.const(2, \"int8\"))",
         ],
     );
+    // A negative amount shifts everything out (ONNX BitShift): 0, or the sign.
+    for op in ["left_shift", "right_shift"] {
+        run(
+            &format!("{op} by -3"),
+            &p,
+            &[
+                "a = R.negative(x)",
+                &format!("gv = R.{op}(a, R.const(-3, \"int8\"))"),
+            ],
+        );
+    }
     let pb = format!("x: {}, y: {}", t("8,", "bool"), t("8,", "bool"));
     run("bitwise_xor bool", &pb, &["gv = R.bitwise_xor(x, y)"]);
     run("bitwise_not bool", &pb, &["gv = R.bitwise_not(x)"]);

@@ -7,7 +7,8 @@
 //! default: the divisor's sign) or `mod` (1: the dividend's sign); `IsInf`'s
 //! `detect_positive`/`detect_negative` become a `logical_and` with a sign test; `BitShift`'s
 //! `direction` picks the shift; the activations follow their ONNX function bodies (scalar
-//! constants in the input's dtype).
+//! constants in the input's dtype; `float16`/`bfloat16` inputs compute in `float32` and round
+//! once at the end).
 //!
 //! ```text
 //! HardSigmoid(x; alpha=0.2, beta=0.5)  →  lv = R.multiply(x, R.const(0.2, "float32"))
@@ -34,6 +35,28 @@ fn dtype(im: &Importer<'_>, x: ExprId) -> Result<DType> {
             .dtype
             .ok_or_else(|| invalid("expected a tensor of known dtype")),
         t => Err(invalid(format!("expected a tensor, found {t:?}"))),
+    }
+}
+
+/// `x` as `float32` when its dtype is a half type (the activations compute in `float32` and
+/// round once at the end, as onnxruntime's kernels do); the dtype to cast back to, if any.
+fn widen(im: &mut Importer<'_>, x: ExprId, dt: DType) -> Result<(ExprId, DType, Option<DType>)> {
+    if matches!(dt, DType::F16 | DType::BF16) {
+        let w = im.emit(Op::Astype { dtype: DType::F32 }, vec![x])?;
+        Ok((w, DType::F32, Some(dt)))
+    } else {
+        Ok((x, dt, None))
+    }
+}
+
+/// The last call of a decomposition, cast back to `back` when the body was widened.
+fn finish(im: &mut Importer<'_>, op: Op, args: Vec<ExprId>, back: Option<DType>) -> Result<Vec<Out>> {
+    match back {
+        None => Ok(call(op, args)),
+        Some(d) => {
+            let y = im.emit(op, args)?;
+            Ok(call(Op::Astype { dtype: d }, vec![y]))
+        }
     }
 }
 
@@ -133,6 +156,7 @@ pub(crate) fn convert(
         "HardSigmoid" | "HardSwish" => {
             let x = im.expr(req(node, 0)?)?;
             let dt = dtype(im, x)?;
+            let (x, dt, back) = widen(im, x, dt)?;
             let (alpha, beta) = if op == "HardSigmoid" {
                 (a.float("alpha", 0.2), a.float("beta", 0.5))
             } else {
@@ -145,35 +169,38 @@ pub(crate) fn convert(
             let lo = im.b.prim(PrimValue::Float(0.0, dt));
             let hi = im.b.prim(PrimValue::Float(1.0, dt));
             if op == "HardSigmoid" {
-                call(Op::Clip, vec![s, lo, hi])
+                finish(im, Op::Clip, vec![s, lo, hi], back)?
             } else {
                 let hs = im.emit(Op::Clip, vec![s, lo, hi])?;
-                call(Op::Multiply, vec![x, hs])
+                finish(im, Op::Multiply, vec![x, hs], back)?
             }
         }
         "Mish" => {
             // x * tanh(softplus(x)), softplus(x) = log(1 + exp(x)).
             let x = im.expr(req(node, 0)?)?;
             let dt = dtype(im, x)?;
+            let (x, dt, back) = widen(im, x, dt)?;
             let one = im.scalar(1.0, dt);
             let ex = im.emit(Op::Exp, vec![x])?;
             let s = im.emit(Op::Add, vec![ex, one])?;
             let sp = im.emit(Op::Log, vec![s])?;
             let th = im.emit(Op::Tanh, vec![sp])?;
-            call(Op::Multiply, vec![x, th])
+            finish(im, Op::Multiply, vec![x, th], back)?
         }
         "Softsign" => {
             let x = im.expr(req(node, 0)?)?;
             let dt = dtype(im, x)?;
+            let (x, dt, back) = widen(im, x, dt)?;
             let one = im.scalar(1.0, dt);
             let ab = im.emit(Op::Abs, vec![x])?;
             let d = im.emit(Op::Add, vec![ab, one])?;
-            call(Op::Divide, vec![x, d])
+            finish(im, Op::Divide, vec![x, d], back)?
         }
         "Celu" => {
             // max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
             let x = im.expr(req(node, 0)?)?;
             let dt = dtype(im, x)?;
+            let (x, dt, back) = widen(im, x, dt)?;
             let alpha = a.float("alpha", 1.0);
             if alpha == 0.0 {
                 return Err(invalid("Celu: alpha must not be 0"));
@@ -187,7 +214,7 @@ pub(crate) fn convert(
             let neg = im.emit(Op::Multiply, vec![al, em1])?;
             let neg = im.emit(Op::Minimum, vec![zero, neg])?;
             let pos = im.emit(Op::Maximum, vec![zero, x])?;
-            call(Op::Add, vec![pos, neg])
+            finish(im, Op::Add, vec![pos, neg], back)?
         }
         "ThresholdedRelu" => {
             let x = im.expr(req(node, 0)?)?;
