@@ -225,5 +225,12 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             *mode,
         )),
         Op::BroadcastTo => t(layout::broadcast_to(tensor(args, 0)?, shape(args, 1)?)),
+        // -- elem ops (issue 17) --
+        Op::Elem(e) => {
+            let ts = (0..e.arity())
+                .map(|i| tensor(args, i))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            t(crate::elem::eval(*e, &ts))
+        }
     }
 }

@@ -45,6 +45,8 @@
 
 pub mod backend;
 mod conv;
+// -- elem ops (issue 17) --
+mod elem;
 mod elementwise;
 pub mod exec;
 mod fuse;

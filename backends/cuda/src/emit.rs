@@ -805,6 +805,58 @@ fn unary(op: Un, s: Scalar, x: &str) -> String {
         (Un::Erf, _) => format!("{}({x})", if f { "erff" } else { "erf" }),
         (Un::Sigmoid, Scalar::F32) => format!("(1.0f / (1.0f + expf(-{x})))"),
         (Un::Sigmoid, _) => format!("(1.0 / (1.0 + exp(-{x})))"),
+        // -- elem ops (issue 17) --
+        (Un::Floor | Un::Ceil | Un::Round, Scalar::I64) => x.to_string(),
+        (Un::Sign, Scalar::I64) => format!("((I)({x} > 0) - (I)({x} < 0))"),
+        (Un::Sign, sc) => format!(
+            "({x} > {z} ? {} : ({x} < {z} ? {} : {x}))",
+            float_lit(1.0, sc),
+            float_lit(-1.0, sc),
+            z = float_lit(0.0, sc)
+        ),
+        (Un::IsNan | Un::IsInf, Scalar::I64) => "(I)0".to_string(),
+        (Un::IsNan | Un::IsInf, sc) => format!(
+            "({}({x}) ? {} : {})",
+            if op == Un::IsNan { "isnan" } else { "isinf" },
+            float_lit(1.0, sc),
+            float_lit(0.0, sc)
+        ),
+        (Un::BitNot, _) => format!("(~{x})"),
+        (
+            Un::Floor
+            | Un::Ceil
+            | Un::Round
+            | Un::Sin
+            | Un::Cos
+            | Un::Tan
+            | Un::Asin
+            | Un::Acos
+            | Un::Atan
+            | Un::Sinh
+            | Un::Cosh
+            | Un::Asinh
+            | Un::Acosh
+            | Un::Atanh,
+            _,
+        ) => {
+            let name = match op {
+                Un::Floor => "floor",
+                Un::Ceil => "ceil",
+                Un::Round => "rint",
+                Un::Sin => "sin",
+                Un::Cos => "cos",
+                Un::Tan => "tan",
+                Un::Asin => "asin",
+                Un::Acos => "acos",
+                Un::Atan => "atan",
+                Un::Sinh => "sinh",
+                Un::Cosh => "cosh",
+                Un::Asinh => "asinh",
+                Un::Acosh => "acosh",
+                _ => "atanh",
+            };
+            format!("{name}{}({x})", if f { "f" } else { "" })
+        }
     }
 }
 
@@ -828,6 +880,42 @@ fn binary(op: Bin, s: Scalar, x: &str, y: &str) -> String {
             float_lit(1.0, sc),
             float_lit(0.0, sc)
         ),
+        // -- elem ops (issue 17) --
+        (Bin::Eq | Bin::Ne | Bin::Le, sc) => {
+            let c = match op {
+                Bin::Eq => "==",
+                Bin::Ne => "!=",
+                _ => "<=",
+            };
+            if sc == Scalar::I64 {
+                format!("(I)({x} {c} {y})")
+            } else {
+                format!(
+                    "(({x} {c} {y}) ? {} : {})",
+                    float_lit(1.0, sc),
+                    float_lit(0.0, sc)
+                )
+            }
+        }
+        (Bin::BitAnd, _) => format!("({x} & {y})"),
+        (Bin::BitOr, _) => format!("({x} | {y})"),
+        (Bin::BitXor, _) => format!("({x} ^ {y})"),
+        (Bin::Shl, _) => format!(
+            "(({y}) < 0 || ({y}) >= 64 ? (I)0 : (I)((unsigned long long)({x}) << ({y})))"
+        ),
+        (Bin::Shr, _) => format!(
+            "(I)((long long)({x}) >> (({y}) < 0 || ({y}) > 63 ? 63 : ({y})))"
+        ),
+        (Bin::TruncMod, Scalar::I64) => format!("({y} == 0 ? (I)0 : {x} % {y})"),
+        (Bin::TruncMod, _) => format!("{}({x}, {y})", if f { "fmodf" } else { "fmod" }),
+        (Bin::FloorMod, Scalar::I64) => format!(
+            "({y} == 0 ? (I)0 : (({x} % {y} != 0 && (({x} % {y} < 0) != ({y} < 0))) ? {x} % {y} + {y} : {x} % {y}))"
+        ),
+        (Bin::FloorMod, sc) => {
+            let r = format!("{}({x}, {y})", if f { "fmodf" } else { "fmod" });
+            let z = float_lit(0.0, sc);
+            format!("(({r} != {z} && (({r} < {z}) != ({y} < {z}))) ? {r} + {y} : {r})")
+        }
     }
 }
 

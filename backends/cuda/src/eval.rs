@@ -382,6 +382,33 @@ fn unary(op: Un, x: f64) -> f64 {
         Un::Tanh => x.tanh(),
         Un::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Un::Erf => erf(x),
+        // -- elem ops (issue 17) --
+        Un::Floor => x.floor(),
+        Un::Ceil => x.ceil(),
+        Un::Round => x.round_ties_even(),
+        Un::Sign => {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                x
+            }
+        }
+        Un::Sin => x.sin(),
+        Un::Cos => x.cos(),
+        Un::Tan => x.tan(),
+        Un::Asin => x.asin(),
+        Un::Acos => x.acos(),
+        Un::Atan => x.atan(),
+        Un::Sinh => x.sinh(),
+        Un::Cosh => x.cosh(),
+        Un::Asinh => x.asinh(),
+        Un::Acosh => x.acosh(),
+        Un::Atanh => x.atanh(),
+        Un::IsNan => f64::from(u8::from(x.is_nan())),
+        Un::IsInf => f64::from(u8::from(x.is_infinite())),
+        Un::BitNot => !(x as i64) as f64,
     }
 }
 
@@ -408,6 +435,47 @@ fn binary(op: Bin, x: f64, y: f64, s: Scalar) -> f64 {
                 0.0
             } else {
                 ((x as i64) % (y as i64)) as f64
+            }
+        }
+        // -- elem ops (issue 17) --
+        Bin::Eq => f64::from(u8::from(x == y)),
+        Bin::Ne => f64::from(u8::from(x != y)),
+        Bin::Le => f64::from(u8::from(x <= y)),
+        Bin::BitAnd => ((x as i64) & (y as i64)) as f64,
+        Bin::BitOr => ((x as i64) | (y as i64)) as f64,
+        Bin::BitXor => ((x as i64) ^ (y as i64)) as f64,
+        Bin::Shl => {
+            let n = y as i64;
+            if (0..64).contains(&n) {
+                (x as i64).wrapping_shl(n as u32) as f64
+            } else {
+                0.0
+            }
+        }
+        Bin::Shr => {
+            let n = y as i64;
+            let n = if (0..64).contains(&n) { n } else { 63 };
+            ((x as i64) >> n) as f64
+        }
+        Bin::TruncMod | Bin::FloorMod if int => {
+            let (a, b) = (x as i64, y as i64);
+            if b == 0 {
+                return 0.0;
+            }
+            let r = a.wrapping_rem(b);
+            if op == Bin::FloorMod && r != 0 && (r < 0) != (b < 0) {
+                r.wrapping_add(b) as f64
+            } else {
+                r as f64
+            }
+        }
+        Bin::TruncMod => x % y,
+        Bin::FloorMod => {
+            let r = x % y;
+            if r != 0.0 && (r < 0.0) != (y < 0.0) {
+                r + y
+            } else {
+                r
             }
         }
     }

@@ -76,6 +76,43 @@ pub enum Un {
     Sigmoid,
     /// the error function.
     Erf,
+    // -- elem ops (issue 17) --
+    /// round down.
+    Floor,
+    /// round up.
+    Ceil,
+    /// round to nearest, ties to even.
+    Round,
+    /// `-1`, `0` or `1` (NaN stays NaN).
+    Sign,
+    /// sine.
+    Sin,
+    /// cosine.
+    Cos,
+    /// tangent.
+    Tan,
+    /// arc sine.
+    Asin,
+    /// arc cosine.
+    Acos,
+    /// arc tangent.
+    Atan,
+    /// hyperbolic sine.
+    Sinh,
+    /// hyperbolic cosine.
+    Cosh,
+    /// inverse hyperbolic sine.
+    Asinh,
+    /// inverse hyperbolic cosine.
+    Acosh,
+    /// inverse hyperbolic tangent.
+    Atanh,
+    /// `1` if NaN else `0`, in the operand's scalar (`0` for integers).
+    IsNan,
+    /// `1` if infinite else `0`, in the operand's scalar (`0` for integers).
+    IsInf,
+    /// `~x` (integers).
+    BitNot,
 }
 
 /// Binary operations. Comparisons give `1` or `0` in the operands' scalar type.
@@ -99,6 +136,27 @@ pub enum Bin {
     Lt,
     /// `a mod b` on non-negative integers.
     Rem,
+    // -- elem ops (issue 17) --
+    /// `a == b`.
+    Eq,
+    /// `a != b`.
+    Ne,
+    /// `a <= b`.
+    Le,
+    /// `a & b` (integers).
+    BitAnd,
+    /// `a | b` (integers).
+    BitOr,
+    /// `a ^ b` (integers).
+    BitXor,
+    /// `a << b` (integers; 0 when `b` is outside `0..64`), wrapping in 64 bits.
+    Shl,
+    /// `a >> b` (integers, arithmetic; `b` outside `0..64` shifts by 63).
+    Shr,
+    /// The remainder with the dividend's sign (C `%`, `fmod`; 0 for an integer division by 0).
+    TruncMod,
+    /// The remainder with the divisor's sign (0 for an integer division by 0).
+    FloorMod,
 }
 
 /// A reduction's combining operation.

@@ -37,6 +37,9 @@
 //! → one map kernel over [4, 8]: out0[c0,c1] = max(load x[c0,c1] + load b[c1], 0)
 //! ```
 
+// -- elem ops (issue 17) --
+mod elem;
+
 use crate::error::{Error, Result};
 use crate::kir::{
     Bin, Buffer, Graph, Kernel, Node, NodeId, RedOp, Scalar, Schedule, Stat, Store, Un,
@@ -182,6 +185,8 @@ fn float_only(op: &Op) -> bool {
             | Op::Take { .. }
             | Op::BroadcastTo
             | Op::Dropout { .. }
+            // -- elem ops (issue 17) --
+            | Op::Elem(_)
     )
 }
 
@@ -1047,6 +1052,8 @@ impl Lowerer<'_> {
             Op::Split(_) | Op::BatchNorm(_) | Op::Dropout { .. } => {
                 return Err(self.unsupported("internal: multi-output op".into()));
             }
+            // -- elem ops (issue 17) --
+            Op::Elem(e) => self.elem(*e, args, &shape, dtype, &c)?,
         };
         Ok(Val::T(Tv { node, shape, dtype }))
     }

@@ -5,6 +5,9 @@
 //! result instead of an error. Errors start with the op name and say what was expected and
 //! what was found.
 
+// -- elem ops (issue 17) --
+mod elem;
+
 use super::attrs::layout_pos;
 use super::{Op, SplitSpec};
 use crate::ir::infer::brief;
@@ -703,6 +706,8 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             }
             Ok(known(target.to_vec(), x.dtype))
         }
+        // -- elem ops (issue 17) --
+        Op::Elem(e) => elem::infer(&cx, *e),
     }
 }
 

@@ -29,11 +29,14 @@
 //! dims it does not clamp (as with `assume_inbound=True`).
 
 mod attrs;
+mod elem;
 mod infer;
 #[cfg(test)]
 mod tests;
 
 use crate::ir::{DType, Type};
+// -- elem ops (issue 17) --
+pub use elem::{ElemClass, ElemOp};
 use attrs::{
     Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
     str_lit,
@@ -404,6 +407,10 @@ pub enum Op {
     BroadcastTo,
     /// `relax.nn.lrn`
     Lrn(Box<LrnAttrs>),
+    // -- elem ops (issue 17) --
+    /// The elementwise comparison / logic / bitwise / `where` / math family (`relax.equal`,
+    /// `relax.where`, `relax.sin`, …): one [`ElemOp`] per TVM op, none with attributes.
+    Elem(ElemOp),
 }
 
 const NAMES: &[&str] = &[
@@ -454,6 +461,44 @@ const NAMES: &[&str] = &[
     "relax.take",
     "relax.broadcast_to",
     "relax.nn.lrn",
+    // -- elem ops (issue 17) --
+    "relax.equal",
+    "relax.not_equal",
+    "relax.less",
+    "relax.less_equal",
+    "relax.greater",
+    "relax.greater_equal",
+    "relax.logical_and",
+    "relax.logical_or",
+    "relax.logical_xor",
+    "relax.logical_not",
+    "relax.bitwise_and",
+    "relax.bitwise_or",
+    "relax.bitwise_xor",
+    "relax.bitwise_not",
+    "relax.left_shift",
+    "relax.right_shift",
+    "relax.where",
+    "relax.isnan",
+    "relax.isinf",
+    "relax.isfinite",
+    "relax.floor_mod",
+    "relax.mod",
+    "relax.floor",
+    "relax.ceil",
+    "relax.round",
+    "relax.sign",
+    "relax.sin",
+    "relax.cos",
+    "relax.tan",
+    "relax.asin",
+    "relax.acos",
+    "relax.atan",
+    "relax.sinh",
+    "relax.cosh",
+    "relax.asinh",
+    "relax.acosh",
+    "relax.atanh",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -595,6 +640,8 @@ impl Op {
             Op::Take { .. } => "relax.take",
             Op::BroadcastTo => "relax.broadcast_to",
             Op::Lrn(_) => "relax.nn.lrn",
+            // -- elem ops (issue 17) --
+            Op::Elem(e) => e.name(),
         }
     }
 
@@ -632,6 +679,11 @@ impl Op {
             }
             "relax.take" => sig(2, 2, &["axis", "mode"]),
             "relax.nn.lrn" => sig(1, 1, &["size", "axis", "alpha", "beta", "bias"]),
+            // -- elem ops (issue 17) --
+            n if ElemOp::from_name(n).is_some() => {
+                let k = ElemOp::from_name(n).map_or(1, ElemOp::arity);
+                sig(k, k, &[])
+            }
             _ => return None,
         })
     }
@@ -866,6 +918,11 @@ impl Op {
                     bias: kw.float("bias", 1.0)?,
                 }))
             }
+            // -- elem ops (issue 17) --
+            n if ElemOp::from_name(n).is_some() => match ElemOp::from_name(n) {
+                Some(e) => Op::Elem(e),
+                None => return Err(format!("unknown op `{name}`")),
+            },
             _ => return Err(format!("unknown op `{name}`")),
         })
     }
@@ -973,6 +1030,8 @@ impl Op {
                 ("beta", AttrLit::Float(a.beta.0)),
                 ("bias", AttrLit::Float(a.bias.0)),
             ],
+            // -- elem ops (issue 17) --
+            Op::Elem(_) => vec![],
         }
     }
 
@@ -1031,6 +1090,8 @@ impl Op {
             | Op::StridedSlice(_)
             | Op::Take { .. } => FusionKind::Injective,
             Op::BatchNorm(_) | Op::Dropout { .. } | Op::Lrn(_) => FusionKind::Opaque,
+            // -- elem ops (issue 17) --
+            Op::Elem(e) => e.fusion_kind(),
         }
     }
 

@@ -14,6 +14,8 @@
 
 mod generate;
 mod rnn;
+// -- elem ops (issue 17) --
+mod elem;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
@@ -36,6 +38,10 @@ fn prod(d: &[Dim]) -> Dim {
 
 /// Converts one node (see the module docs).
 pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<Vec<Out>> {
+    // -- elem ops (issue 17) --
+    if let Some(outs) = elem::convert(im, node)? {
+        return Ok(outs);
+    }
     let a = Attrs(node);
     let op = node.op_type.as_str();
     let unary = |op: Op| -> Option<Op> { Some(op) };
