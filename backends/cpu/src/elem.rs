@@ -91,7 +91,10 @@ fn compare(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
 fn bools<'t>(t: &'t Tensor, what: &str) -> KResult<&'t [bool]> {
     match t.storage() {
         Storage::Bool(v) => Ok(v),
-        s => Err(format!("expected {what} to have dtype bool, found {}", s.dtype())),
+        s => Err(format!(
+            "expected {what} to have dtype bool, found {}",
+            s.dtype()
+        )),
     }
 }
 
@@ -109,7 +112,10 @@ fn logical(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
 
 fn logical_not(a: &Tensor) -> KResult<Tensor> {
     let x = bools(a, "the input")?;
-    tensor(a.shape().to_vec(), Storage::Bool(x.iter().map(|p| !p).collect()))
+    tensor(
+        a.shape().to_vec(),
+        Storage::Bool(x.iter().map(|p| !p).collect()),
+    )
 }
 
 fn int_like(d: DType, what: &str, bool_ok: bool) -> KResult<()> {
@@ -401,7 +407,11 @@ mod tests {
         let r = eval(ElemOp::LogicalAnd, &[&a, &t]).unwrap();
         assert_eq!(bools_of(&r), [false, false, true, true]);
         let f = f32t(&[4], &[0.0; 4]);
-        assert!(eval(ElemOp::LogicalOr, &[&f, &f]).unwrap_err().contains("bool"));
+        assert!(
+            eval(ElemOp::LogicalOr, &[&f, &f])
+                .unwrap_err()
+                .contains("bool")
+        );
     }
 
     #[test]
@@ -421,7 +431,10 @@ mod tests {
         // Signed: not is -x-1, right shift is arithmetic.
         let s = typed(&[2], DType::I32, &[-8, 5]);
         let one = typed(&[], DType::I32, &[1]);
-        assert_eq!(eval(ElemOp::BitwiseNot, &[&s]).unwrap().to_i64_vec(), [7, -6]);
+        assert_eq!(
+            eval(ElemOp::BitwiseNot, &[&s]).unwrap().to_i64_vec(),
+            [7, -6]
+        );
         assert_eq!(r(ElemOp::RightShift, &s, &one), [-4, 2]);
         assert_eq!(r(ElemOp::LeftShift, &s, &one), [-16, 10]);
         let big = typed(&[], DType::I32, &[70]);
@@ -486,9 +499,15 @@ mod tests {
             [true, false, false, false]
         );
         let h = Tensor::new(vec![2], Storage::F16(vec![f16::NAN, f16::ONE])).unwrap();
-        assert_eq!(bools_of(&eval(ElemOp::IsNan, &[&h]).unwrap()), [true, false]);
+        assert_eq!(
+            bools_of(&eval(ElemOp::IsNan, &[&h]).unwrap()),
+            [true, false]
+        );
         let i = i64t(&[2], &[1, 2]);
-        assert_eq!(bools_of(&eval(ElemOp::IsInf, &[&i]).unwrap()), [false, false]);
+        assert_eq!(
+            bools_of(&eval(ElemOp::IsInf, &[&i]).unwrap()),
+            [false, false]
+        );
     }
 
     #[test]
@@ -518,7 +537,10 @@ mod tests {
         assert!(eval(ElemOp::Mod, &[&a, &z]).unwrap_err().contains("zero"));
         let u = typed(&[2], DType::U8, &[200, 7]);
         let v = typed(&[2], DType::U8, &[7, 200]);
-        assert_eq!(eval(ElemOp::FloorMod, &[&u, &v]).unwrap().to_i64_vec(), [4, 7]);
+        assert_eq!(
+            eval(ElemOp::FloorMod, &[&u, &v]).unwrap().to_i64_vec(),
+            [4, 7]
+        );
     }
 
     #[test]
@@ -544,7 +566,9 @@ mod tests {
             (ElemOp::Sinh, |t| (t.exp() - (-t).exp()) / 2.0),
             (ElemOp::Cosh, |t| (t.exp() + (-t).exp()) / 2.0),
             (ElemOp::Asinh, |t| (t + (t * t + 1.0).sqrt()).ln()),
-            (ElemOp::Acosh, |t| (t.abs() + 1.0 + ((t.abs() + 1.0).powi(2) - 1.0).sqrt()).ln()),
+            (ElemOp::Acosh, |t| {
+                (t.abs() + 1.0 + ((t.abs() + 1.0).powi(2) - 1.0).sqrt()).ln()
+            }),
             (ElemOp::Atanh, |t| 0.5 * ((1.0 + t) / (1.0 - t)).ln()),
         ];
         for (op, f) in trig {

@@ -36,11 +36,11 @@ mod tests;
 
 use crate::ir::{DType, Type};
 // -- elem ops (issue 17) --
-pub use elem::{ElemClass, ElemOp};
 use attrs::{
     Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
     str_lit,
 };
+pub use elem::{ElemClass, ElemOp};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]

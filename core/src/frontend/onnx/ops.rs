@@ -13,6 +13,7 @@
 //! ```
 
 mod generate;
+mod loss;
 mod rnn;
 // -- elem ops (issue 17) --
 mod elem;
@@ -65,6 +66,8 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "HannWindow" | "HammingWindow" | "BlackmanWindow" => generate::window(im, node),
         "EyeLike" => generate::eye_like(im, node),
         "RNN" | "GRU" | "LSTM" => rnn::recurrent(im, node),
+        "NegativeLogLikelihoodLoss" => loss::negative_log_likelihood(im, node),
+        "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy(im, node),
         "Swish" => {
             // x * sigmoid(alpha * x) (opset 24).
             let x = im.expr(req(node, 0)?)?;
