@@ -14,6 +14,7 @@
 
 mod generate;
 mod loss;
+mod quant;
 mod rnn;
 // -- elem ops (issue 17) --
 mod elem;
@@ -68,6 +69,11 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "RNN" | "GRU" | "LSTM" => rnn::recurrent(im, node),
         "NegativeLogLikelihoodLoss" => loss::negative_log_likelihood(im, node),
         "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy(im, node),
+        "QuantizeLinear" => quant::quantize_linear(im, node),
+        "DequantizeLinear" => quant::dequantize_linear(im, node),
+        "DynamicQuantizeLinear" => quant::dynamic_quantize_linear(im, node),
+        "MatMulInteger" => quant::matmul_integer(im, node),
+        "QLinearMatMul" => quant::qlinear_matmul(im, node),
         "Swish" => {
             // x * sigmoid(alpha * x) (opset 24).
             let x = im.expr(req(node, 0)?)?;

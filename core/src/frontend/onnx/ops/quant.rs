@@ -1,0 +1,274 @@
+//! ONNX's linear quantization ops, composed from the op set at import time:
+//! `QuantizeLinear`, `DequantizeLinear`, `DynamicQuantizeLinear`, `MatMulInteger` and
+//! `QLinearMatMul`.
+//!
+//! Contract: quantized tensors are `uint8` or `int8` (the only 8-bit types fusebox stores;
+//! `MatMulInteger`'s result is `int32`). Scales and zero points are scalars (per tensor) or 1-D
+//! along `axis` (per axis); blocked quantization (`block_size > 0`) is an error. Rounding is
+//! half to even and results saturate to the type's range, as ONNX defines. Integer products
+//! are computed in `float64`, which is exact for 8-bit operands up to 2^37 terms per dot
+//! product, then converted.
+//!
+//! ```text
+//! y = QuantizeLinear(x: f32[4], s: f32[], z: u8[])
+//!   → y = R.astype(R.clip(R.add(R.round(R.divide(x, s)), R.astype(z, "float32")), 0, 255), "uint8")
+//! ```
+
+use super::super::{
+    Attrs, Importer, NodeProto, Out, Val, dtype_of, input, invalid, normalize_axis, req,
+};
+use crate::error::Result;
+use crate::ir::{DType, Dim, ExprId};
+use crate::op::{ElemOp, Op, ReduceAttrs};
+
+fn range_of(dt: DType) -> Result<(f64, f64)> {
+    match dt {
+        DType::U8 => Ok((0.0, 255.0)),
+        DType::I8 => Ok((-128.0, 127.0)),
+        other => Err(invalid(format!(
+            "quantized type {other} is not supported (uint8 and int8 are)"
+        ))),
+    }
+}
+
+fn cast(im: &mut Importer<'_>, x: ExprId, dtype: DType) -> Result<ExprId> {
+    if im.dims(x)?.1 == dtype {
+        return Ok(x);
+    }
+    im.emit(Op::Astype { dtype }, vec![x])
+}
+
+/// `x` (a scale or zero point) reshaped to broadcast along `axis` of a rank-`rank` tensor when
+/// it is 1-D with more than one element.
+fn along(im: &mut Importer<'_>, x: ExprId, axis: Option<usize>, rank: usize) -> Result<ExprId> {
+    let (d, _) = im.dims(x)?;
+    match d.as_slice() {
+        [] => Ok(x),
+        [one] if *one == Dim::Static(1) => {
+            let s = im.b.shape(vec![]);
+            im.emit(Op::Reshape, vec![x, s])
+        }
+        [n] if rank > 0 => {
+            let axis = axis.ok_or_else(|| {
+                invalid(format!("`axis` is out of range for a rank-{rank} input"))
+            })?;
+            let mut shape = vec![Dim::Static(1); rank];
+            shape[axis] = n.clone();
+            let s = im.b.shape(shape);
+            im.emit(Op::Reshape, vec![x, s])
+        }
+        _ => Err(invalid(format!(
+            "scales and zero points must be scalars or 1-D (blocked quantization is not \
+             supported), found shape {d:?}"
+        ))),
+    }
+}
+
+/// round(x / scale) + zp, saturated and cast to `to` (x, scale in float `ft`).
+fn quantize(
+    im: &mut Importer<'_>,
+    x: ExprId,
+    scale: ExprId,
+    zp: Option<ExprId>,
+    to: DType,
+    ft: DType,
+) -> Result<ExprId> {
+    let (lo, hi) = range_of(to)?;
+    let q = im.emit(Op::Divide, vec![x, scale])?;
+    let q = im.emit(Op::Elem(ElemOp::Round), vec![q])?;
+    let q = match zp {
+        Some(z) => {
+            let zf = cast(im, z, ft)?;
+            im.emit(Op::Add, vec![q, zf])?
+        }
+        None => q,
+    };
+    let lo = im.scalar(lo, ft);
+    let hi = im.scalar(hi, ft);
+    let q = im.emit(Op::Maximum, vec![q, lo])?;
+    let q = im.emit(Op::Minimum, vec![q, hi])?;
+    cast(im, q, to)
+}
+
+fn no_blocks(a: &Attrs<'_>) -> Result<()> {
+    if a.int("block_size", 0) != 0 {
+        return Err(invalid(
+            "blocked quantization (block_size > 0) is not supported",
+        ));
+    }
+    Ok(())
+}
+
+/// `QuantizeLinear(x, y_scale[, y_zero_point])`.
+pub(crate) fn quantize_linear(im: &mut Importer<'_>, node: &NodeProto) -> Result<Vec<Out>> {
+    let a = Attrs(node);
+    no_blocks(&a)?;
+    let x = im.expr(req(node, 0)?)?;
+    let (xd, xt) = im.dims(x)?;
+    let axis = normalize_axis(a.int("axis", 1), xd.len()).ok();
+    let s = im.expr(req(node, 1)?)?;
+    let (_, st) = im.dims(s)?;
+    let zp = input(node, 2).map(|n| im.expr(n)).transpose()?;
+    let to = match (zp, a.has("output_dtype")) {
+        (Some(z), _) => im.dims(z)?.1,
+        (None, true) => {
+            let code = a.int("output_dtype", 2);
+            dtype_of(i32::try_from(code).unwrap_or(-1))
+                .ok_or_else(|| invalid(format!("output_dtype {code} is not supported")))?
+        }
+        (None, false) => DType::U8,
+    };
+    // Compute in the wider of x's and the scale's float types.
+    let ft = if xt == DType::F64 || st == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let xf = cast(im, x, ft)?;
+    let sf = cast(im, s, ft)?;
+    let sf = along(im, sf, axis, xd.len())?;
+    let zp = zp.map(|z| along(im, z, axis, xd.len())).transpose()?;
+    let y = quantize(im, xf, sf, zp, to, ft)?;
+    Ok(vec![Out::Val(Val::Expr(y))])
+}
+
+/// `DequantizeLinear(x, x_scale[, x_zero_point])`: `(x - zp) · scale` in the scale's type.
+pub(crate) fn dequantize_linear(im: &mut Importer<'_>, node: &NodeProto) -> Result<Vec<Out>> {
+    let a = Attrs(node);
+    no_blocks(&a)?;
+    let x = im.expr(req(node, 0)?)?;
+    let (xd, _) = im.dims(x)?;
+    let axis = normalize_axis(a.int("axis", 1), xd.len()).ok();
+    let s = im.expr(req(node, 1)?)?;
+    let (_, st) = im.dims(s)?;
+    if !st.is_float() {
+        return Err(invalid(format!(
+            "x_scale must be a float tensor, found {st}"
+        )));
+    }
+    // Exact in f32 for 8-bit and in f64 for 32-bit integers.
+    let wide = if st == DType::F64 || im.dims(x)?.1 == DType::I32 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let mut v = cast(im, x, wide)?;
+    if let Some(z) = input(node, 2) {
+        let z = im.expr(z)?;
+        let z = cast(im, z, wide)?;
+        let z = along(im, z, axis, xd.len())?;
+        v = im.emit(Op::Subtract, vec![v, z])?;
+    }
+    let sw = cast(im, s, wide)?;
+    let sw = along(im, sw, axis, xd.len())?;
+    let y = im.emit(Op::Multiply, vec![v, sw])?;
+    let y = cast(im, y, st)?;
+    Ok(vec![Out::Val(Val::Expr(y))])
+}
+
+fn reduce(im: &mut Importer<'_>, op: fn(Box<ReduceAttrs>) -> Op, x: ExprId) -> Result<ExprId> {
+    im.emit(
+        op(Box::new(ReduceAttrs {
+            axis: None,
+            keepdims: false,
+        })),
+        vec![x],
+    )
+}
+
+/// `DynamicQuantizeLinear(x)` → `y: uint8, y_scale: f32, y_zero_point: uint8`.
+pub(crate) fn dynamic_quantize_linear(im: &mut Importer<'_>, node: &NodeProto) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (_, xt) = im.dims(x)?;
+    if xt != DType::F32 {
+        return Err(invalid(format!("x must be float32, found {xt}")));
+    }
+    let zero = im.scalar(0.0, xt);
+    // min(0, min(x)) = -max(0, max(-x)); max(0, max(x)).
+    let neg = im.emit(Op::Negative, vec![x])?;
+    let nmax = reduce(im, Op::Max, neg)?;
+    let nmax = im.emit(Op::Maximum, vec![nmax, zero])?;
+    let xmin = im.emit(Op::Negative, vec![nmax])?;
+    let xmax = reduce(im, Op::Max, x)?;
+    let xmax = im.emit(Op::Maximum, vec![xmax, zero])?;
+    let span = im.emit(Op::Subtract, vec![xmax, xmin])?;
+    let k = im.scalar(255.0, xt);
+    let scale = im.emit(Op::Divide, vec![span, k])?;
+    // zp = saturate(round(-x_min / scale)) as uint8.
+    let zpf = im.emit(Op::Divide, vec![nmax, scale])?;
+    let zp = quantize_plain(im, zpf, xt)?;
+    let y = quantize(im, x, scale, Some(zp), DType::U8, xt)?;
+    Ok(vec![
+        Out::Val(Val::Expr(y)),
+        Out::Val(Val::Expr(scale)),
+        Out::Val(Val::Expr(zp)),
+    ])
+}
+
+/// saturate(round(v)) as uint8.
+fn quantize_plain(im: &mut Importer<'_>, v: ExprId, ft: DType) -> Result<ExprId> {
+    let one = im.scalar(1.0, ft);
+    quantize(im, v, one, None, DType::U8, ft)
+}
+
+/// `A - zp` in f64, with `zp` along `axis` (the rows of A or the columns of B).
+fn centered(
+    im: &mut Importer<'_>,
+    x: ExprId,
+    zp: Option<&str>,
+    axis_from_end: usize,
+) -> Result<ExprId> {
+    let (xd, xt) = im.dims(x)?;
+    range_of(xt)?;
+    let xf = cast(im, x, DType::F64)?;
+    let Some(z) = zp else { return Ok(xf) };
+    let z = im.expr(z)?;
+    let z = cast(im, z, DType::F64)?;
+    let axis = xd.len().checked_sub(axis_from_end).ok_or_else(|| {
+        invalid(format!(
+            "expected a matrix operand, found rank {}",
+            xd.len()
+        ))
+    })?;
+    let z = along(im, z, Some(axis), xd.len())?;
+    im.emit(Op::Subtract, vec![xf, z])
+}
+
+/// `MatMulInteger(A, B[, a_zero_point, b_zero_point])` → int32.
+pub(crate) fn matmul_integer(im: &mut Importer<'_>, node: &NodeProto) -> Result<Vec<Out>> {
+    let a = im.expr(req(node, 0)?)?;
+    let b = im.expr(req(node, 1)?)?;
+    let a = centered(im, a, input(node, 2), 2)?;
+    let b = centered(im, b, input(node, 3), 1)?;
+    let p = im.emit(Op::Matmul { out_dtype: None }, vec![a, b])?;
+    let y = cast(im, p, DType::I32)?;
+    Ok(vec![Out::Val(Val::Expr(y))])
+}
+
+/// `QLinearMatMul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)`.
+pub(crate) fn qlinear_matmul(im: &mut Importer<'_>, node: &NodeProto) -> Result<Vec<Out>> {
+    let a = im.expr(req(node, 0)?)?;
+    let b = im.expr(req(node, 3)?)?;
+    let a = centered(im, a, input(node, 2), 2)?;
+    let b = centered(im, b, input(node, 5), 1)?;
+    let acc = im.emit(Op::Matmul { out_dtype: None }, vec![a, b])?;
+    let scale = |im: &mut Importer<'_>, i: usize, axis_from_end: usize| -> Result<ExprId> {
+        let s = im.expr(req(node, i)?)?;
+        let (ad, _) = im.dims(acc)?;
+        let s = cast(im, s, DType::F64)?;
+        along(im, s, ad.len().checked_sub(axis_from_end), ad.len())
+    };
+    let sa = scale(im, 1, 2)?;
+    let sb = scale(im, 4, 1)?;
+    let sy = scale(im, 6, 1)?;
+    let yz = im.expr(req(node, 7)?)?;
+    let (_, to) = im.dims(yz)?;
+    let m = im.emit(Op::Multiply, vec![sa, sb])?;
+    let m = im.emit(Op::Divide, vec![m, sy])?;
+    let v = im.emit(Op::Multiply, vec![acc, m])?;
+    let one = im.scalar(1.0, DType::F64);
+    let (ad, _) = im.dims(acc)?;
+    let yz = along(im, yz, ad.len().checked_sub(1), ad.len())?;
+    let y = quantize(im, v, one, Some(yz), to, DType::F64)?;
+    Ok(vec![Out::Val(Val::Expr(y))])
+}
