@@ -45,6 +45,9 @@ use fusebox_core::ir::{Callee, Constant, DType, ExprId, ExprKind, Function, Prim
 use fusebox_core::op::{Op, SplitSpec, TakeMode};
 use std::collections::HashMap;
 
+// -- index ops (issue 17) --
+mod index;
+
 /// A lowered function.
 #[derive(Clone, Debug)]
 pub struct Lowered {
@@ -182,6 +185,17 @@ fn float_only(op: &Op) -> bool {
             | Op::Take { .. }
             | Op::BroadcastTo
             | Op::Dropout { .. }
+            // -- index ops (issue 17) --
+            | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::ScatterElements { .. }
+            | Op::ScatterNd { .. }
+            | Op::OneHot { .. }
+            | Op::Arange(_)
+            | Op::Tile { .. }
+            | Op::Tril { .. }
+            | Op::Triu { .. }
+            | Op::Pad(_)
     )
 }
 
@@ -1047,6 +1061,19 @@ impl Lowerer<'_> {
             Op::Split(_) | Op::BatchNorm(_) | Op::Dropout { .. } => {
                 return Err(self.unsupported("internal: multi-output op".into()));
             }
+            // -- index ops (issue 17) --
+            Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::ScatterElements { .. }
+            | Op::ScatterNd { .. }
+            | Op::OneHot { .. }
+            | Op::Arange(_)
+            | Op::Tile { .. }
+            | Op::Tril { .. }
+            | Op::Triu { .. }
+            | Op::Cumsum(_)
+            | Op::Cumprod(_)
+            | Op::Pad(_) => self.index_op(op, args, &shape, dtype, &c)?,
         };
         Ok(Val::T(Tv { node, shape, dtype }))
     }

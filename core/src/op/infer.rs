@@ -11,6 +11,9 @@ use crate::ir::infer::brief;
 use crate::ir::{DType, Dim, TensorType, Type};
 use std::sync::Arc;
 
+// -- index ops (issue 17) --
+mod index;
+
 /// The arguments of one call, for error messages.
 struct Cx<'a> {
     op: &'static str,
@@ -703,6 +706,19 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             }
             Ok(known(target.to_vec(), x.dtype))
         }
+        // -- index ops (issue 17) --
+        Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::ScatterElements { .. }
+        | Op::ScatterNd { .. }
+        | Op::OneHot { .. }
+        | Op::Arange(_)
+        | Op::Tile { .. }
+        | Op::Tril { .. }
+        | Op::Triu { .. }
+        | Op::Cumsum(_)
+        | Op::Cumprod(_)
+        | Op::Pad(_) => index::infer(&cx, op),
     }
 }
 

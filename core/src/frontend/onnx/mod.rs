@@ -106,6 +106,22 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Tanh",
     "Transpose",
     "Unsqueeze",
+    // -- index ops (issue 17) --
+    "CumProd",
+    "CumSum",
+    "DepthToSpace",
+    "GatherElements",
+    "GatherND",
+    "OneHot",
+    "Pad",
+    "Range",
+    "Scatter",
+    "ScatterElements",
+    "ScatterND",
+    "Size",
+    "SpaceToDepth",
+    "Tile",
+    "Trilu",
 ];
 
 /// Imports an ONNX model. `file` names the model in error messages.
