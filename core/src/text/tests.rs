@@ -776,7 +776,7 @@ fn index_ops_round_trip() {
         "h: R.Tensor((n, 3, 4), dtype=\"float32\") = R.tril(x, k=1)",
         "k: R.Tensor((n, 3, 4), dtype=\"float32\") = R.triu(x, k=-1)",
         "l: R.Tensor((n, 3, 4), dtype=\"float64\") = R.cumsum(x, axis=1, dtype=\"float64\", exclusive=False)",
-        "m: R.Tensor((n * 12,), dtype=\"float32\") = R.cumprod(x, axis=None, dtype=None, exclusive=False)",
+        "m: R.Tensor((n * 3 * 4,), dtype=\"float32\") = R.cumprod(x, axis=None, dtype=None, exclusive=False)",
         "p: R.Tensor((n, 6, 5), dtype=\"float32\") = R.nn.pad(x, pad_width=[0, 0, 1, 2, 0, 1], pad_value=0.0, pad_mode=\"reflect\")",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
