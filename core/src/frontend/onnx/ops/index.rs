@@ -22,7 +22,11 @@ use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId};
 use crate::op::{
     ArangeAttrs, F64, Op, PadAttrs, PadMode, ScanAttrs, ScatterReduction, StridedSliceAttrs,
+    TakeMode,
 };
+
+/// Integer `Range`s up to this many elements fold to constants at import time.
+const MAX_FOLDED_RANGE: i64 = 1 << 16;
 
 fn reduction(a: &Attrs<'_>) -> Result<ScatterReduction> {
     let s = a.string("reduction", "none");
@@ -133,31 +137,57 @@ pub(super) fn convert(
                     "depth must not be negative, found {depth}"
                 )));
             }
-            let values = match im.val(req(node, 2)?)? {
-                Val::Const(c) => c,
-                _ => return Err(invalid("`values` must be a constant [off_value, on_value]")),
+            let vname = req(node, 2)?;
+            let values = match im.val(vname)? {
+                Val::Const(c) => Some(c),
+                Val::Ints(i) => i.to_constant(),
+                Val::Expr(_) => None,
             };
-            if values.numel() != 2 {
-                return Err(invalid(format!(
-                    "`values` must hold 2 elements [off_value, on_value], found shape {:?}",
-                    values.shape
-                )));
-            }
-            let sz = values.dtype.size_bytes();
-            let scalar = |k: usize| {
-                Constant::from_bytes(
-                    values.dtype,
-                    vec![],
-                    values
-                        .data
-                        .get(k * sz..(k + 1) * sz)
-                        .unwrap_or(&[])
-                        .to_vec(),
-                )
-                .map_err(invalid)
+            let (off, on) = match values {
+                Some(values) => {
+                    if values.numel() != 2 {
+                        return Err(invalid(format!(
+                            "`values` must hold 2 elements [off_value, on_value], found shape {:?}",
+                            values.shape
+                        )));
+                    }
+                    let sz = values.dtype.size_bytes();
+                    let scalar = |k: usize| {
+                        Constant::from_bytes(
+                            values.dtype,
+                            vec![],
+                            values
+                                .data
+                                .get(k * sz..(k + 1) * sz)
+                                .unwrap_or(&[])
+                                .to_vec(),
+                        )
+                        .map_err(invalid)
+                    };
+                    (im.b.constant(scalar(0)?), im.b.constant(scalar(1)?))
+                }
+                None => {
+                    // Computed at run time: elements 0 and 1 as rank-0 tensors.
+                    let v = im.expr(vname)?;
+                    let (vd, _) = im.dims(v)?;
+                    if vd != [Dim::Static(2)] {
+                        return Err(invalid(format!(
+                            "`values` must have shape [2] ([off_value, on_value]), found {vd:?}"
+                        )));
+                    }
+                    let mut pick = |k: i64| -> Result<ExprId> {
+                        let i = im.b.constant(Constant::scalar_i64(k, DType::I64));
+                        im.emit(
+                            Op::Take {
+                                axis: Some(0),
+                                mode: TakeMode::Fast,
+                            },
+                            vec![v, i],
+                        )
+                    };
+                    (pick(0)?, pick(1)?)
+                }
             };
-            let off = im.b.constant(scalar(0)?);
-            let on = im.b.constant(scalar(1)?);
             call(
                 Op::OneHot {
                     depth,
@@ -198,7 +228,20 @@ pub(super) fn convert(
                 step: F64(v[2]),
                 dtype,
             };
-            attrs.numel().map_err(invalid)?;
+            let n = attrs.numel().map_err(invalid)?;
+            if dtype.is_int() && n <= MAX_FOLDED_RANGE {
+                // A small integer range (reduce axes, say) folds to a constant, as the
+                // importer folds other integer shape arithmetic.
+                let (s, st) = (v[0] as i64, v[2] as i64);
+                let vals: Vec<i64> = (0..n).map(|i| s.wrapping_add(i.wrapping_mul(st))).collect();
+                let c = crate::runtime::Tensor::new(
+                    vec![vals.len()],
+                    crate::runtime::Storage::from_i64(dtype, vals),
+                )
+                .and_then(|t| t.to_constant())
+                .map_err(|e| invalid(e.to_string()))?;
+                return Ok(Some(vec![Out::Val(Val::Const(c))]));
+            }
             call(Op::Arange(Box::new(attrs)), vec![])
         }
         "Tile" => {
@@ -405,6 +448,12 @@ fn depth_space(
             }
             None => w.floor_div(&b),
         };
+        // DCR (the default) puts the block offsets before the channel, CRD after it.
+        let perm = if a.string("mode", "DCR") == "CRD" {
+            vec![0, 1, 3, 5, 2, 4]
+        } else {
+            vec![0, 3, 5, 1, 2, 4]
+        };
         (
             vec![
                 n.clone(),
@@ -414,7 +463,7 @@ fn depth_space(
                 ww.clone(),
                 b.clone(),
             ],
-            vec![0, 3, 5, 1, 2, 4],
+            perm,
             vec![n.clone(), c.mul(&Dim::Static(bs * bs)), hh, ww],
         )
     };
