@@ -11,6 +11,8 @@
 
 use crate::elementwise::{self, BinOp, SignOp};
 use crate::{Error, Result, conv, layout, matmul, nn, reduce};
+// -- index ops (issue 17) --
+use crate::index;
 use fusebox_core::op::Op;
 use fusebox_core::runtime::{Prim, Tensor, Value};
 
@@ -232,5 +234,43 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             t(crate::elem::eval(*e, &ts))
         }
+        // -- index ops (issue 17) --
+        Op::GatherElements { axis } => t(index::gather_elements(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            *axis,
+        )),
+        Op::GatherNd { batch_dims } => t(index::gather_nd(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            *batch_dims,
+        )),
+        Op::ScatterElements { axis, reduction } => t(index::scatter_elements(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            tensor(args, 2)?,
+            *axis,
+            *reduction,
+        )),
+        Op::ScatterNd { reduction } => t(index::scatter_nd(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            tensor(args, 2)?,
+            *reduction,
+        )),
+        Op::OneHot { depth, axis } => {
+            let (on, off) = match (args.get(1), args.get(2)) {
+                (Some(on), Some(off)) => (on, off),
+                _ => return Err("missing on_value / off_value".to_string()),
+            };
+            t(index::one_hot(tensor(args, 0)?, on, off, *depth, *axis))
+        }
+        Op::Arange(a) => t(index::arange(a)),
+        Op::Tile { repeats } => t(index::tile(tensor(args, 0)?, repeats)),
+        Op::Tril { k } => t(index::trilu(tensor(args, 0)?, *k, false)),
+        Op::Triu { k } => t(index::trilu(tensor(args, 0)?, *k, true)),
+        Op::Cumsum(a) => t(index::scan(tensor(args, 0)?, a, false)),
+        Op::Cumprod(a) => t(index::scan(tensor(args, 0)?, a, true)),
+        Op::Pad(a) => t(index::pad(tensor(args, 0)?, a)),
     }
 }

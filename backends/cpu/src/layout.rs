@@ -2,8 +2,9 @@
 //! `expand_dims`, `strided_slice`, `take` and `broadcast_to`. They work on every dtype and
 //! copy elements bit for bit.
 //!
-//! `strided_slice` clamps like numpy; `take` in `fast` mode rejects out-of-range indices
-//! (there is no undefined behaviour to mimic), `clip` clamps them and `wrap` wraps them.
+//! `strided_slice` clamps like numpy; `take` in `fast` mode counts negative indices from the
+//! end (as ONNX Gather) and rejects out-of-range ones (there is no undefined behaviour to
+//! mimic), `clip` clamps them and `wrap` wraps them.
 //!
 //! ```text
 //! r: R.Tensor((2, 6), dtype="float32") = R.reshape(x, R.shape([2, -1]))   # x: (3, 4)
@@ -306,10 +307,17 @@ pub(crate) fn take(
         .map(|i| {
             let ni = n as i64;
             match mode {
-                TakeMode::Fast => usize::try_from(i)
+                // Negative indices count from the end (ONNX Gather, and the CUDA lowering).
+                TakeMode::Fast => usize::try_from(if i < 0 { i.saturating_add(ni) } else { i })
                     .ok()
                     .filter(|&u| u < n)
-                    .ok_or_else(|| format!("index {i} is out of range for extent {n}")),
+                    .ok_or_else(|| {
+                        format!(
+                            "index {i} is out of range for extent {n} (expected {} to {})",
+                            -ni,
+                            ni - 1
+                        )
+                    }),
                 TakeMode::Clip => Ok(i.clamp(0, (ni - 1).max(0)) as usize),
                 TakeMode::Wrap => {
                     if n == 0 {

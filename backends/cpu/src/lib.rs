@@ -59,6 +59,8 @@ mod reduce;
 mod simd;
 mod util;
 mod winograd;
+// -- index ops (issue 17) --
+mod index;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};

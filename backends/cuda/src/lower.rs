@@ -48,6 +48,9 @@ use fusebox_core::ir::{Callee, Constant, DType, ExprId, ExprKind, Function, Prim
 use fusebox_core::op::{Op, SplitSpec, TakeMode};
 use std::collections::HashMap;
 
+// -- index ops (issue 17) --
+mod index;
+
 /// A lowered function.
 #[derive(Clone, Debug)]
 pub struct Lowered {
@@ -187,6 +190,17 @@ fn float_only(op: &Op) -> bool {
             | Op::Dropout { .. }
             // -- elem ops (issue 17) --
             | Op::Elem(_)
+            // -- index ops (issue 17) --
+            | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::ScatterElements { .. }
+            | Op::ScatterNd { .. }
+            | Op::OneHot { .. }
+            | Op::Arange(_)
+            | Op::Tile { .. }
+            | Op::Tril { .. }
+            | Op::Triu { .. }
+            | Op::Pad(_)
     )
 }
 
@@ -1054,6 +1068,19 @@ impl Lowerer<'_> {
             }
             // -- elem ops (issue 17) --
             Op::Elem(e) => self.elem(*e, args, &shape, dtype, &c)?,
+            // -- index ops (issue 17) --
+            Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::ScatterElements { .. }
+            | Op::ScatterNd { .. }
+            | Op::OneHot { .. }
+            | Op::Arange(_)
+            | Op::Tile { .. }
+            | Op::Tril { .. }
+            | Op::Triu { .. }
+            | Op::Cumsum(_)
+            | Op::Cumprod(_)
+            | Op::Pad(_) => self.index_op(op, args, &shape, dtype, &c)?,
         };
         Ok(Val::T(Tv { node, shape, dtype }))
     }

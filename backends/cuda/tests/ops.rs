@@ -338,3 +338,112 @@ fn tuple_outputs_and_row_kernels() {
     let args = random_args(&m, "main", 3);
     check_function(&m, "main", &args, None).unwrap();
 }
+
+// -- index ops (issue 17) --
+
+#[test]
+fn index_ops() {
+    let i64t = |shape: &str| format!("R.Tensor(({shape}), dtype=\"int64\")");
+    let i32t = |shape: &str| format!("R.Tensor(({shape}), dtype=\"int32\")");
+    // Random index tensors hold 0..=2, so every indexed extent here is at least 3.
+    run(
+        "gather_elements",
+        &format!("x: {}, i: {}", f32t("3, 4"), i64t("3, 2")),
+        &["gv = R.gather_elements(x, i, axis=1)"],
+    );
+    run(
+        "gather_elements axis 0",
+        &format!("x: {}, i: {}", f32t("3, 4"), i32t("2, 4")),
+        &["gv = R.gather_elements(x, i, axis=0)"],
+    );
+    run(
+        "gather_nd",
+        &format!("x: {}, i: {}", f32t("3, 4, 5"), i64t("6, 2")),
+        &["gv = R.gather_nd(x, i)"],
+    );
+    run(
+        "gather_nd batch",
+        &format!("x: {}, i: {}", f32t("2, 3, 4"), i32t("2, 5, 1")),
+        &["gv = R.gather_nd(x, i, batch_dims=1)"],
+    );
+    run(
+        "one_hot",
+        &format!("i: {}", i64t("4, 3")),
+        &[
+            "gv = R.one_hot(i, R.prim_value(T.float32(2.5)), R.prim_value(T.float32(-1.0)), depth=5, axis=1)",
+        ],
+    );
+    run(
+        "one_hot int",
+        &format!("i: {}", i32t("7,")),
+        &["gv = R.one_hot(i, R.prim_value(1), R.prim_value(0), depth=3)"],
+    );
+    run(
+        "arange in a chain",
+        &format!("x: {}", f32t("4, 6")),
+        &[
+            "r = R.arange(start=0.5, end=3.5, step=0.5, dtype=\"float32\")",
+            "gv = R.add(x, r)",
+        ],
+    );
+    run(
+        "arange int",
+        &format!("x: {}", f32t("5,")),
+        &[
+            "r = R.arange(start=10, end=0, step=-2)",
+            "c = R.astype(r, dtype=\"float32\")",
+            "gv = R.multiply(x, c)",
+        ],
+    );
+    run(
+        "tile",
+        &format!("x: {}", f32t("2, 3")),
+        &["gv = R.tile(x, repeats=[2, 1, 3])"],
+    );
+    for (name, k) in [("tril", -1), ("tril", 0), ("triu", 1), ("triu", -2)] {
+        run(
+            &format!("{name} k={k}"),
+            &format!("x: {}", f32t("2, 4, 5")),
+            &[format!("gv = R.{name}(x, k={k})").as_str()],
+        );
+    }
+    run(
+        "tril int",
+        &format!("x: {}", i64t("4, 4")),
+        &["gv = R.tril(x)"],
+    );
+    for mode in ["constant", "reflect", "replicate", "circular"] {
+        run(
+            &format!("pad {mode}"),
+            &format!("x: {}", f32t("2, 3, 4")),
+            &[format!(
+                "gv = R.nn.pad(x, pad_width=[0, 0, 2, 3, -1, 5], pad_value=1.5, pad_mode=\"{mode}\")"
+            )
+            .as_str()],
+        );
+    }
+    run(
+        "pad then relu",
+        "x: R.Tensor((3, 3), dtype=\"float16\")",
+        &[
+            "p = R.nn.pad(x, pad_width=[1, 1, 1, 1], pad_value=-2.0)",
+            "gv = R.nn.relu(p)",
+        ],
+    );
+}
+
+#[test]
+fn opaque_index_ops_stay_on_the_cpu() {
+    for body in [
+        "gv = R.cumsum(x, axis=1)",
+        "gv = R.cumprod(x, axis=0)",
+        "gv = R.scatter_elements(x, i, x, axis=0)",
+    ] {
+        let src = format!(
+            "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((3, 3), dtype=\"float32\"), i: R.Tensor((3, 3), dtype=\"int64\")):\n        with R.dataflow():\n            {body}\n            R.output(gv)\n        return gv\n"
+        );
+        let m = parse_module_str(&src).unwrap();
+        let e = fusebox_cuda::lower::lower("main", m.get("main").unwrap()).unwrap_err();
+        assert!(e.to_string().contains("opaque op"), "{body}: {e}");
+    }
+}

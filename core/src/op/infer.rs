@@ -14,6 +14,9 @@ use crate::ir::infer::brief;
 use crate::ir::{DType, Dim, TensorType, Type};
 use std::sync::Arc;
 
+// -- index ops (issue 17) --
+mod index;
+
 /// The arguments of one call, for error messages.
 struct Cx<'a> {
     op: &'static str,
@@ -708,6 +711,19 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         }
         // -- elem ops (issue 17) --
         Op::Elem(e) => elem::infer(&cx, *e),
+        // -- index ops (issue 17) --
+        Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::ScatterElements { .. }
+        | Op::ScatterNd { .. }
+        | Op::OneHot { .. }
+        | Op::Arange(_)
+        | Op::Tile { .. }
+        | Op::Tril { .. }
+        | Op::Triu { .. }
+        | Op::Cumsum(_)
+        | Op::Cumprod(_)
+        | Op::Pad(_) => index::infer(&cx, op),
     }
 }
 

@@ -26,21 +26,26 @@
 //!
 //! Where this op set departs from TVM 0.27: `relax.strided_slice` takes `axes`, `begin`, `end`
 //! and `strides` as attributes (TVM passes them as expression arguments), and with symbolic
-//! dims it does not clamp (as with `assume_inbound=True`).
+//! dims it does not clamp (as with `assume_inbound=True`). `relax.arange` takes `start`, `end`
+//! and `step`, and `relax.tril` / `relax.triu` take `k`, as attributes (TVM passes prim values),
+//! so their types follow from the attributes.
 
 mod attrs;
 mod elem;
+mod index;
 mod infer;
 #[cfg(test)]
 mod tests;
 
 use crate::ir::{DType, Type};
 // -- elem ops (issue 17) --
+// -- index ops (issue 17) --
 use attrs::{
     Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
     str_lit,
 };
 pub use elem::{ElemClass, ElemOp};
+pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -411,6 +416,59 @@ pub enum Op {
     /// The elementwise comparison / logic / bitwise / `where` / math family (`relax.equal`,
     /// `relax.where`, `relax.sin`, …): one [`ElemOp`] per TVM op, none with attributes.
     Elem(ElemOp),
+    // -- index ops (issue 17) --
+    /// `relax.gather_elements(data, indices)`
+    GatherElements {
+        /// The gathered axis.
+        axis: i64,
+    },
+    /// `relax.gather_nd(data, indices)`
+    GatherNd {
+        /// The number of leading batch dims shared by `data` and `indices`.
+        batch_dims: i64,
+    },
+    /// `relax.scatter_elements(data, indices, updates)`
+    ScatterElements {
+        /// The scattered axis.
+        axis: i64,
+        /// How an update combines with the value there.
+        reduction: ScatterReduction,
+    },
+    /// `relax.scatter_nd(data, indices, updates)`
+    ScatterNd {
+        /// How an update combines with the value there.
+        reduction: ScatterReduction,
+    },
+    /// `relax.one_hot(indices, on_value, off_value)` with prim-value fills.
+    OneHot {
+        /// The extent of the new axis.
+        depth: i64,
+        /// Where the new axis goes (`-1`: last).
+        axis: i64,
+    },
+    /// `relax.arange` (bounds as attributes, see the module docs).
+    Arange(Box<ArangeAttrs>),
+    /// `relax.tile`
+    Tile {
+        /// Repetitions per axis (aligned right with the input's axes).
+        repeats: Vec<i64>,
+    },
+    /// `relax.tril` (`k` as an attribute, see the module docs).
+    Tril {
+        /// The diagonal: elements with `col - row > k` become 0.
+        k: i64,
+    },
+    /// `relax.triu` (`k` as an attribute, see the module docs).
+    Triu {
+        /// The diagonal: elements with `col - row < k` become 0.
+        k: i64,
+    },
+    /// `relax.cumsum`
+    Cumsum(Box<ScanAttrs>),
+    /// `relax.cumprod`
+    Cumprod(Box<ScanAttrs>),
+    /// `relax.nn.pad`
+    Pad(Box<PadAttrs>),
 }
 
 const NAMES: &[&str] = &[
@@ -499,6 +557,19 @@ const NAMES: &[&str] = &[
     "relax.asinh",
     "relax.acosh",
     "relax.atanh",
+    // -- index ops (issue 17) --
+    "relax.gather_elements",
+    "relax.gather_nd",
+    "relax.scatter_elements",
+    "relax.scatter_nd",
+    "relax.one_hot",
+    "relax.arange",
+    "relax.tile",
+    "relax.tril",
+    "relax.triu",
+    "relax.cumsum",
+    "relax.cumprod",
+    "relax.nn.pad",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -642,6 +713,19 @@ impl Op {
             Op::Lrn(_) => "relax.nn.lrn",
             // -- elem ops (issue 17) --
             Op::Elem(e) => e.name(),
+            // -- index ops (issue 17) --
+            Op::GatherElements { .. } => "relax.gather_elements",
+            Op::GatherNd { .. } => "relax.gather_nd",
+            Op::ScatterElements { .. } => "relax.scatter_elements",
+            Op::ScatterNd { .. } => "relax.scatter_nd",
+            Op::OneHot { .. } => "relax.one_hot",
+            Op::Arange(_) => "relax.arange",
+            Op::Tile { .. } => "relax.tile",
+            Op::Tril { .. } => "relax.tril",
+            Op::Triu { .. } => "relax.triu",
+            Op::Cumsum(_) => "relax.cumsum",
+            Op::Cumprod(_) => "relax.cumprod",
+            Op::Pad(_) => "relax.nn.pad",
         }
     }
 
@@ -684,6 +768,17 @@ impl Op {
                 let k = ElemOp::from_name(n).map_or(1, ElemOp::arity);
                 sig(k, k, &[])
             }
+            // -- index ops (issue 17) --
+            "relax.gather_elements" => sig(2, 2, &["axis"]),
+            "relax.gather_nd" => sig(2, 2, &["batch_dims"]),
+            "relax.scatter_elements" => sig(3, 3, &["axis", "reduction"]),
+            "relax.scatter_nd" => sig(3, 3, &["reduction"]),
+            "relax.one_hot" => sig(3, 3, &["depth", "axis"]),
+            "relax.arange" => sig(0, 0, &["start", "end", "step", "dtype"]),
+            "relax.tile" => sig(1, 1, &["repeats"]),
+            "relax.tril" | "relax.triu" => sig(1, 1, &["k"]),
+            "relax.cumsum" | "relax.cumprod" => sig(1, 1, &["axis", "dtype", "exclusive"]),
+            "relax.nn.pad" => sig(1, 1, &["pad_width", "pad_mode", "pad_value"]),
             _ => return None,
         })
     }
@@ -924,6 +1019,11 @@ impl Op {
                 None => return Err(format!("unknown op `{name}`")),
             },
             _ => return Err(format!("unknown op `{name}`")),
+            // -- index ops (issue 17) --
+            _ => match index::from_call(name, &kw)? {
+                Some(op) => op,
+                None => return Err(format!("unknown op `{name}`")),
+            },
         })
     }
 
@@ -1032,6 +1132,19 @@ impl Op {
             ],
             // -- elem ops (issue 17) --
             Op::Elem(_) => vec![],
+            // -- index ops (issue 17) --
+            Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::ScatterElements { .. }
+            | Op::ScatterNd { .. }
+            | Op::OneHot { .. }
+            | Op::Arange(_)
+            | Op::Tile { .. }
+            | Op::Tril { .. }
+            | Op::Triu { .. }
+            | Op::Cumsum(_)
+            | Op::Cumprod(_)
+            | Op::Pad(_) => index::kwargs(self).unwrap_or_default(),
         }
     }
 
@@ -1043,6 +1156,10 @@ impl Op {
     /// `lrn` is `Opaque` (a windowed reduction across channels, as in Relay);
     /// `adaptive_avg_pool2d` is `OutEWiseFusable` like the other pools (Relay's pattern);
     /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds).
+    /// Index ops (issue 17): `tril`/`triu` are `ElemWise` and gathers, `one_hot`, `arange`,
+    /// `tile` and `pad` are `Injective` (what TVM's TIR analysis finds for their `te.compute`
+    /// legalizations); scatters and scans are `Opaque` (topi builds them with the IR builder,
+    /// as Relay registers them).
     pub fn fusion_kind(&self) -> FusionKind {
         match self {
             Op::Add
@@ -1092,6 +1209,17 @@ impl Op {
             Op::BatchNorm(_) | Op::Dropout { .. } | Op::Lrn(_) => FusionKind::Opaque,
             // -- elem ops (issue 17) --
             Op::Elem(e) => e.fusion_kind(),
+            // -- index ops (issue 17) --
+            Op::Tril { .. } | Op::Triu { .. } => FusionKind::ElemWise,
+            Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::OneHot { .. }
+            | Op::Arange(_)
+            | Op::Tile { .. }
+            | Op::Pad(_) => FusionKind::Injective,
+            Op::ScatterElements { .. } | Op::ScatterNd { .. } | Op::Cumsum(_) | Op::Cumprod(_) => {
+                FusionKind::Opaque
+            }
         }
     }
 

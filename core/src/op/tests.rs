@@ -120,7 +120,62 @@ fn samples() -> Vec<Op> {
             ],
         ),
     ]);
+    // -- index ops (issue 17) --
+    out.extend(index_samples());
     out
+}
+
+fn index_samples() -> Vec<Op> {
+    vec![
+        op("relax.gather_elements", &[("axis", AttrLit::Int(-1))]),
+        op("relax.gather_nd", &[("batch_dims", AttrLit::Int(1))]),
+        op(
+            "relax.scatter_elements",
+            &[("axis", AttrLit::Int(1)), ("reduction", s("max"))],
+        ),
+        op("relax.scatter_nd", &[("reduction", s("mul"))]),
+        op(
+            "relax.one_hot",
+            &[("depth", AttrLit::Int(10)), ("axis", AttrLit::Int(0))],
+        ),
+        op(
+            "relax.arange",
+            &[
+                ("start", AttrLit::Float(0.5)),
+                ("end", AttrLit::Float(3.0)),
+                ("step", AttrLit::Float(0.25)),
+                ("dtype", s("float64")),
+            ],
+        ),
+        op(
+            "relax.arange",
+            &[
+                ("start", AttrLit::Int(10)),
+                ("end", AttrLit::Int(-2)),
+                ("step", AttrLit::Int(-3)),
+            ],
+        ),
+        op("relax.tile", &[("repeats", ints(&[2, 1, 3]))]),
+        op("relax.tril", &[("k", AttrLit::Int(-2))]),
+        op("relax.triu", &[("k", AttrLit::Int(3))]),
+        op(
+            "relax.cumsum",
+            &[
+                ("axis", AttrLit::Int(1)),
+                ("dtype", s("float64")),
+                ("exclusive", AttrLit::Bool(true)),
+            ],
+        ),
+        op("relax.cumprod", &[("axis", AttrLit::Int(-1))]),
+        op(
+            "relax.nn.pad",
+            &[
+                ("pad_width", ints(&[0, 0, 2, 1])),
+                ("pad_mode", s("reflect")),
+                ("pad_value", AttrLit::Float(1.5)),
+            ],
+        ),
+    ]
 }
 
 fn default_instance(name: &str) -> Op {
@@ -136,6 +191,10 @@ fn default_instance(name: &str) -> Op {
                 ("end", ints(&[2])),
             ],
         ),
+        // -- index ops (issue 17) --
+        "relax.one_hot" => op(name, &[("depth", AttrLit::Int(4))]),
+        "relax.tile" => op(name, &[("repeats", ints(&[2]))]),
+        "relax.nn.pad" => op(name, &[("pad_width", ints(&[1, 1]))]),
         _ => op(name, &[]),
     }
 }
@@ -144,6 +203,7 @@ fn default_instance(name: &str) -> Op {
 fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
     assert_eq!(names.len(), 47 + crate::op::ElemOp::ALL.len());
+    assert_eq!(names.len(), 47 + 12);
     for name in names {
         let sig = Op::signature(name);
         assert!(sig.is_some(), "{name} has no signature");
@@ -949,4 +1009,241 @@ fn unknown_shapes_and_extreme_attrs_do_not_panic() {
     let r = Op::Reshape;
     let _ = r.infer(&[&t(&[big, big]), &shape(&[d(-1)])]);
     let _ = r.infer(&[&t(&[i64::MIN]), &shape(&[d(-1), d(0)])]);
+}
+
+// -- index ops (issue 17) --
+
+#[test]
+fn index_ops_attrs() {
+    let names = |o: &Op| o.kwargs().iter().map(|(k, _)| *k).collect::<Vec<_>>();
+    let pad = op("relax.nn.pad", &[("pad_width", ints(&[1, 1]))]);
+    assert_eq!(names(&pad), ["pad_width", "pad_value", "pad_mode"]);
+    assert_eq!(
+        names(&op("relax.cumsum", &[])),
+        ["axis", "dtype", "exclusive"]
+    );
+    assert_eq!(
+        names(&op("relax.scatter_elements", &[])),
+        ["axis", "reduction"]
+    );
+    assert_eq!(
+        op("relax.scatter_nd", &[]).kwargs(),
+        vec![("reduction", s("update"))]
+    );
+    // Python-API positional order, and TVM's spellings of the pad modes and reductions.
+    assert_eq!(
+        Op::signature("relax.nn.pad").map(|s| s.attr_names),
+        Some(&["pad_width", "pad_mode", "pad_value"][..])
+    );
+    let edge = op(
+        "relax.nn.pad",
+        &[("pad_width", ints(&[1, 1])), ("pad_mode", s("edge"))],
+    );
+    assert_eq!(edge.kwargs()[2], ("pad_mode", s("replicate")));
+    // arange(n) is arange(0, n); integer literals give int64, floats float32.
+    let a = op("relax.arange", &[("start", AttrLit::Int(5))]);
+    assert_eq!(ok(&a, &[]), Type::tensor(&[5], DType::I64));
+    let a = op(
+        "relax.arange",
+        &[("start", AttrLit::Float(1.0)), ("end", AttrLit::Int(2))],
+    );
+    assert_eq!(ok(&a, &[]), Type::tensor(&[1], DType::F32));
+    assert_eq!(
+        exclusive_zero(),
+        Op::Cumsum(Box::new(ScanAttrs {
+            axis: Some(1),
+            dtype: None,
+            exclusive: false
+        }))
+    );
+    for (name, kw, want) in [
+        (
+            "relax.one_hot",
+            vec![],
+            "missing required attribute `depth`",
+        ),
+        (
+            "relax.one_hot",
+            vec![("depth", AttrLit::Int(-1))],
+            "must not be negative",
+        ),
+        (
+            "relax.tile",
+            vec![("repeats", ints(&[2, -1]))],
+            "must not be negative",
+        ),
+        (
+            "relax.nn.pad",
+            vec![("pad_width", ints(&[1]))],
+            "even number",
+        ),
+        (
+            "relax.nn.pad",
+            vec![("pad_width", ints(&[1, 1])), ("pad_mode", s("mirror"))],
+            "\"mirror\"",
+        ),
+        (
+            "relax.scatter_nd",
+            vec![("reduction", s("mean"))],
+            "\"mean\"",
+        ),
+        (
+            "relax.gather_nd",
+            vec![("batch_dims", AttrLit::Int(-1))],
+            "must not be negative",
+        ),
+        (
+            "relax.arange",
+            vec![
+                ("start", AttrLit::Int(0)),
+                ("end", AttrLit::Int(4)),
+                ("step", AttrLit::Int(0)),
+            ],
+            "not 0",
+        ),
+        (
+            "relax.arange",
+            vec![
+                ("start", AttrLit::Float(0.5)),
+                ("end", AttrLit::Int(4)),
+                ("dtype", s("int32")),
+            ],
+            "must be integers",
+        ),
+    ] {
+        let e = op_err(name, &kw);
+        assert!(e.contains(want), "{name}: {e}");
+    }
+    assert_eq!(op("relax.tril", &[]).fusion_kind(), FusionKind::ElemWise);
+    assert_eq!(
+        op("relax.gather_nd", &[]).fusion_kind(),
+        FusionKind::Injective
+    );
+    assert_eq!(op("relax.cumsum", &[]).fusion_kind(), FusionKind::Opaque);
+}
+
+fn exclusive_zero() -> Op {
+    op(
+        "relax.cumsum",
+        &[("axis", AttrLit::Int(1)), ("exclusive", AttrLit::Int(0))],
+    )
+}
+
+#[test]
+fn index_ops_infer() {
+    let i64t = |dims: &[Dim]| td(dims, DType::I64);
+    let x = td(&[n(), d(3), d(4)], DType::F32);
+    // gather_elements: the indices' shape, the data's dtype.
+    let ge = op("relax.gather_elements", &[("axis", AttrLit::Int(1))]);
+    assert_eq!(
+        ok(&ge, &[&x, &i64t(&[n(), d(5), d(4)])]),
+        td(&[n(), d(5), d(4)], DType::F32)
+    );
+    let e = err(&ge, &[&x, &i64t(&[n(), d(5)])]);
+    assert!(e.contains("rank 3") && e.contains("rank 2"), "{e}");
+    let e = err(&ge, &[&x, &td(&[n(), d(5), d(4)], DType::F32)]);
+    assert!(e.contains("integer dtype"), "{e}");
+    // gather_nd: indices' leading dims, then the data's dims after the indexed ones.
+    let gn = op("relax.gather_nd", &[]);
+    assert_eq!(
+        ok(&gn, &[&x, &i64t(&[d(7), d(2)])]),
+        td(&[d(7), d(4)], DType::F32)
+    );
+    let gn1 = op("relax.gather_nd", &[("batch_dims", AttrLit::Int(1))]);
+    assert_eq!(
+        ok(&gn1, &[&x, &i64t(&[n(), d(2), d(1)])]),
+        td(&[n(), d(2), d(4)], DType::F32)
+    );
+    let e = err(&gn, &[&x, &i64t(&[d(7), d(4)])]);
+    assert!(e.contains("last dim of indices"), "{e}");
+    // scatters keep the data's type and check the updates.
+    let se = op("relax.scatter_elements", &[]);
+    let idx = i64t(&[d(2), d(3), d(4)]);
+    let upd = td(&[d(2), d(3), d(4)], DType::F32);
+    assert_eq!(ok(&se, &[&x, &idx, &upd]), x);
+    let e = err(&se, &[&x, &idx, &td(&[d(2), d(3), d(5)], DType::F32)]);
+    assert!(e.contains("shape of indices"), "{e}");
+    let sn = op("relax.scatter_nd", &[]);
+    let t2 = t(&[4, 5, 6]);
+    assert_eq!(ok(&sn, &[&t2, &i64t(&[d(3), d(2)]), &t(&[3, 6])]), t2);
+    let e = err(&sn, &[&t2, &i64t(&[d(3), d(2)]), &t(&[3, 5])]);
+    assert!(e.contains("expected updates of shape (3, 6)"), "{e}");
+    let e = err(
+        &sn,
+        &[&t2, &i64t(&[d(3), d(2)]), &td(&[d(3), d(6)], DType::F16)],
+    );
+    assert!(e.contains("dtype"), "{e}");
+    // one_hot: a new axis; the dtype of the fill values.
+    let oh = op("relax.one_hot", &[("depth", AttrLit::Int(10))]);
+    let ids = i64t(&[n(), d(3)]);
+    let pf = Type::Prim(DType::F32);
+    assert_eq!(
+        ok(&oh, &[&ids, &pf, &pf]),
+        td(&[n(), d(3), d(10)], DType::F32)
+    );
+    let oh0 = op(
+        "relax.one_hot",
+        &[("depth", AttrLit::Int(10)), ("axis", AttrLit::Int(0))],
+    );
+    let pi = Type::Prim(DType::I64);
+    assert_eq!(
+        ok(&oh0, &[&ids, &pi, &pi]),
+        td(&[d(10), n(), d(3)], DType::I64)
+    );
+    let h = Type::tensor(&[], DType::F16);
+    assert_eq!(
+        ok(&oh, &[&ids, &h, &h]),
+        td(&[n(), d(3), d(10)], DType::F16)
+    );
+    let e = err(
+        &oh,
+        &[&ids, &Type::Prim(DType::F64), &Type::Prim(DType::F64)],
+    );
+    assert!(e.contains("float64 prim value is not supported"), "{e}");
+    let e = err(&oh, &[&ids, &h, &pf]);
+    assert!(e.contains("one dtype"), "{e}");
+    // arange: ceil((end - start) / step) elements, never negative.
+    let ar = |s: f64, e: f64, st: f64| {
+        op(
+            "relax.arange",
+            &[
+                ("start", AttrLit::Float(s)),
+                ("end", AttrLit::Float(e)),
+                ("step", AttrLit::Float(st)),
+            ],
+        )
+    };
+    assert_eq!(ok(&ar(0.0, 10.0, 3.0), &[]), t(&[4]));
+    assert_eq!(ok(&ar(10.0, 4.0, -2.0), &[]), t(&[3]));
+    assert_eq!(ok(&ar(5.0, 1.0, 1.0), &[]), t(&[0]));
+    let e = err(&ar(0.0, 1e300, 1e-300), &[]);
+    assert!(e.contains("too many elements"), "{e}");
+    // tile aligns repeats and dims on the right.
+    let ti = op("relax.tile", &[("repeats", ints(&[2, 1, 3]))]);
+    assert_eq!(
+        ok(&ti, &[&td(&[n(), d(4)], DType::F32)]),
+        td(&[d(2), n(), d(12)], DType::F32)
+    );
+    let ti = op("relax.tile", &[("repeats", ints(&[2]))]);
+    assert_eq!(ok(&ti, &[&t(&[3, 4])]), t(&[3, 8]));
+    // tril / triu need a matrix.
+    let tr = op("relax.tril", &[("k", AttrLit::Int(1))]);
+    assert_eq!(ok(&tr, &[&x]), x);
+    assert!(err(&tr, &[&t(&[4])]).contains("rank at least 2"));
+    // scans: same shape (or flattened with axis=None), dtype override.
+    let cs = op(
+        "relax.cumsum",
+        &[("axis", AttrLit::Int(-1)), ("dtype", s("float64"))],
+    );
+    assert_eq!(ok(&cs, &[&x]), td(&[n(), d(3), d(4)], DType::F64));
+    let cf = op("relax.cumprod", &[]);
+    assert_eq!(ok(&cf, &[&t(&[3, 4])]), t(&[12]));
+    assert!(err(&op("relax.cumsum", &[("axis", AttrLit::Int(3))]), &[&x]).contains("out of range"));
+    // pad: before + after per axis; cropping below zero is an error.
+    let pd = op("relax.nn.pad", &[("pad_width", ints(&[0, 0, 1, 2, -1, 0]))]);
+    assert_eq!(ok(&pd, &[&x]), td(&[n(), d(6), d(3)], DType::F32));
+    let e = err(&pd, &[&t(&[3, 4])]);
+    assert!(e.contains("expected pad_width to have 4 values"), "{e}");
+    let crop = op("relax.nn.pad", &[("pad_width", ints(&[-2, -2]))]);
+    assert!(err(&crop, &[&t(&[3])]).contains("below zero"));
 }

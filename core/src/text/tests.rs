@@ -741,3 +741,47 @@ fn big_module_round_trips() {
     let m = parse_ok(&src);
     assert_eq!(print_module(&m).text, src);
 }
+
+// -- index ops (issue 17) --
+
+#[test]
+fn index_ops_round_trip() {
+    let src = module_with(
+        "x: R.Tensor((\"n\", 3, 4), dtype=\"float32\"), i: R.Tensor((\"n\", 3, 2), dtype=\"int64\"), j: R.Tensor((5, 2), dtype=\"int32\"), u: R.Tensor((5, 4), dtype=\"float32\"))",
+        "        a = R.gather_elements(x, i, axis=2)
+        b = R.gather_nd(x, j, 0)
+        c = R.scatter_elements(x, i, a, axis=-1, reduction=\"add\")
+        d = R.scatter_nd(x, j, u, reduction=\"max\")
+        e = R.one_hot(j, R.prim_value(1), R.prim_value(0), depth=6, axis=1)
+        f = R.arange(0, 10, 3)
+        g = R.tile(x, [2, 1])
+        h = R.tril(x, 1)
+        k = R.triu(x, k=-1)
+        l = R.cumsum(x, axis=1, dtype=\"float64\", exclusive=0)
+        m = R.cumprod(x)
+        p = R.nn.pad(x, [0, 0, 1, 2, 0, 1], \"reflect\")
+        return (a, b, c, d, e, f, g, h, k, l, m, p)
+",
+    );
+    let m = parse_ok(&src);
+    let text = print_module(&m).text;
+    for want in [
+        "a: R.Tensor((n, 3, 2), dtype=\"float32\") = R.gather_elements(x, i, axis=2)",
+        "b: R.Tensor((5, 4), dtype=\"float32\") = R.gather_nd(x, j, batch_dims=0)",
+        "c: R.Tensor((n, 3, 4), dtype=\"float32\") = R.scatter_elements(x, i, a, axis=-1, reduction=\"add\")",
+        "d: R.Tensor((n, 3, 4), dtype=\"float32\") = R.scatter_nd(x, j, u, reduction=\"max\")",
+        "e: R.Tensor((5, 6, 2), dtype=\"int64\") = R.one_hot(j, R.prim_value(1), R.prim_value(0), depth=6, axis=1)",
+        "f: R.Tensor((4,), dtype=\"int64\") = R.arange(start=0, end=10, step=3, dtype=\"int64\")",
+        "g: R.Tensor((n, 6, 4), dtype=\"float32\") = R.tile(x, repeats=[2, 1])",
+        "h: R.Tensor((n, 3, 4), dtype=\"float32\") = R.tril(x, k=1)",
+        "k: R.Tensor((n, 3, 4), dtype=\"float32\") = R.triu(x, k=-1)",
+        "l: R.Tensor((n, 3, 4), dtype=\"float64\") = R.cumsum(x, axis=1, dtype=\"float64\", exclusive=False)",
+        "m: R.Tensor((n * 3 * 4,), dtype=\"float32\") = R.cumprod(x, axis=None, dtype=None, exclusive=False)",
+        "p: R.Tensor((n, 6, 5), dtype=\"float32\") = R.nn.pad(x, pad_width=[0, 0, 1, 2, 0, 1], pad_value=0.0, pad_mode=\"reflect\")",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    let m2 = parse_ok(&text);
+    assert_eq!(print_module(&m2).text, text);
+    assert_eq!(m2, m);
+}

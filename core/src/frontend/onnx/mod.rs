@@ -169,6 +169,22 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ThresholdedRelu",
     "Where",
     "Xor",
+    // -- index ops (issue 17) --
+    "CumProd",
+    "CumSum",
+    "DepthToSpace",
+    "GatherElements",
+    "GatherND",
+    "OneHot",
+    "Pad",
+    "Range",
+    "Scatter",
+    "ScatterElements",
+    "ScatterND",
+    "Size",
+    "SpaceToDepth",
+    "Tile",
+    "Trilu",
 ];
 
 /// ONNX ops whose output shape depends on the input values (not only on the input shapes):

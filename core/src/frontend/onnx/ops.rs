@@ -27,6 +27,9 @@ use crate::op::{
     Pool2dAttrs, ReduceAttrs, SplitAttrs, SplitSpec, StridedSliceAttrs, TakeMode,
 };
 
+// -- index ops (issue 17) --
+mod index;
+
 fn call(op: Op, args: Vec<ExprId>) -> Vec<Out> {
     vec![Out::Kind(ExprKind::Call {
         callee: Callee::Op(op),
@@ -654,6 +657,11 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "ConstantOfShape" | "Constant" | "Identity" => {
             Err(invalid("internal: should have been folded"))
         }
+        // -- index ops (issue 17) --
+        "GatherElements" | "GatherND" | "ScatterND" | "ScatterElements" | "Scatter" | "OneHot"
+        | "Range" | "Tile" | "Trilu" | "CumSum" | "CumProd" | "Pad" | "Size" | "DepthToSpace"
+        | "SpaceToDepth" => index::convert(im, node)?
+            .ok_or_else(|| invalid(format!("internal: no converter for `{op}`"))),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }

@@ -1,0 +1,629 @@
+//! Indexing, shape and layout kernels of issue 17: `gather_elements`, `gather_nd`,
+//! `scatter_elements`, `scatter_nd`, `one_hot`, `arange`, `tile`, `tril`/`triu`,
+//! `cumsum`/`cumprod` and `nn.pad`, on every stored dtype.
+//!
+//! Contract: indices may be any integer dtype and negative (counting from the end, as ONNX);
+//! an index out of range, a shape that does not fit, or an output larger than
+//! [`MAX_ELEMS`] is an `Err` naming the problem, never a panic. Data moves bit for bit
+//! (through `f64` for floats and `i64` for integers and bool, both exact); scatter reductions
+//! and scans compute in `f64` (floats) or wrapping `i64` (integers) and round once per element.
+//!
+//! ```text
+//! R.gather_elements(x: [[1, 2], [3, 4]], idx: [[0, 0], [1, 0]], axis=1) = [[1, 1], [4, 3]]
+//! R.tril(x: (3, 3) ones, k=0)                                          = lower triangle of ones
+//! R.nn.pad(x: [1, 2, 3], pad_width=[2, 1], pad_mode="reflect")         = [3, 2, 1, 2, 3, 2]
+//! ```
+
+use crate::util::{KResult, norm_axis, numel, strides, tensor};
+use fusebox_core::ir::DType;
+use fusebox_core::op::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
+use fusebox_core::runtime::{Prim, Storage, Tensor};
+
+/// The most elements a kernel of this family allocates for one output (2^31).
+pub(crate) const MAX_ELEMS: usize = 1 << 31;
+
+/// Element values widened without loss: floats to `f64`, integers and bool to `i64`.
+enum Num {
+    F(Vec<f64>),
+    I(Vec<i64>),
+}
+
+impl Num {
+    fn of(t: &Tensor) -> Num {
+        if t.dtype().is_float() {
+            Num::F(t.to_f64_vec())
+        } else {
+            Num::I(t.to_i64_vec())
+        }
+    }
+
+    fn into_tensor(self, shape: Vec<usize>, dtype: DType) -> KResult<Tensor> {
+        let data = match self {
+            Num::F(v) => Storage::from_f64(dtype, v),
+            Num::I(v) => Storage::from_i64(dtype, v),
+        };
+        tensor(shape, data)
+    }
+}
+
+/// The element count of an output shape, checked against [`MAX_ELEMS`].
+fn out_numel(shape: &[usize]) -> KResult<usize> {
+    let n = numel(shape)?;
+    if n > MAX_ELEMS {
+        return Err(format!(
+            "the output {shape:?} would have {n} elements (at most {MAX_ELEMS})"
+        ));
+    }
+    Ok(n)
+}
+
+/// Calls `f` with every multi-index of `shape`, row-major.
+fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize]) -> KResult<()>) -> KResult<()> {
+    if shape.contains(&0) {
+        return Ok(());
+    }
+    let mut idx = vec![0usize; shape.len()];
+    loop {
+        f(&idx)?;
+        let mut k = shape.len();
+        loop {
+            if k == 0 {
+                return Ok(());
+            }
+            k -= 1;
+            idx[k] += 1;
+            if idx[k] < shape[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+}
+
+/// `x` read at the source positions `src` (row-major over `shape`); `None` gives `fill`.
+fn gather_fill(x: &Tensor, shape: Vec<usize>, src: &[Option<usize>], fill: f64) -> KResult<Tensor> {
+    let out = match Num::of(x) {
+        Num::F(v) => Num::F(
+            src.iter()
+                .map(|s| s.and_then(|i| v.get(i).copied()).unwrap_or(fill))
+                .collect(),
+        ),
+        Num::I(v) => {
+            let fi = fill as i64;
+            Num::I(
+                src.iter()
+                    .map(|s| s.and_then(|i| v.get(i).copied()).unwrap_or(fi))
+                    .collect(),
+            )
+        }
+    };
+    out.into_tensor(shape, x.dtype())
+}
+
+/// The integer values of an index tensor.
+fn index_values(t: &Tensor, what: &str) -> KResult<Vec<i64>> {
+    if !t.dtype().is_int() {
+        return Err(format!(
+            "expected {what} to have an integer dtype, found {}",
+            t.dtype()
+        ));
+    }
+    Ok(t.to_i64_vec())
+}
+
+/// `i` (negative counts from the end) as an index into an axis of extent `n`.
+fn norm_index(i: i64, n: usize, what: &str) -> KResult<usize> {
+    let ni = i64::try_from(n).map_err(|_| "extent too large".to_string())?;
+    let j = if i < 0 { i.saturating_add(ni) } else { i };
+    if (0..ni).contains(&j) {
+        Ok(j as usize)
+    } else {
+        Err(format!(
+            "{what} {i} is out of range for an axis of extent {n} (expected {} to {})",
+            -ni,
+            ni - 1
+        ))
+    }
+}
+
+/// `gather_elements`: `out[p] = x[p with p[axis] = idx[p]]`.
+pub(crate) fn gather_elements(x: &Tensor, idx: &Tensor, axis: i64) -> KResult<Tensor> {
+    let r = x.rank();
+    if idx.rank() != r {
+        return Err(format!(
+            "expected indices of the data's rank {r}, found shape {:?}",
+            idx.shape()
+        ));
+    }
+    let ax = norm_axis(axis, r)?;
+    for (d, (&i, &n)) in idx.shape().iter().zip(x.shape()).enumerate() {
+        if d != ax && i > n {
+            return Err(format!(
+                "indices {:?} are larger than the data {:?} on axis {d}",
+                idx.shape(),
+                x.shape()
+            ));
+        }
+    }
+    let iv = index_values(idx, "indices")?;
+    let xs = strides(x.shape());
+    let n = x.shape()[ax];
+    let mut src = Vec::with_capacity(iv.len());
+    let mut k = 0usize;
+    for_each_index(idx.shape(), |p| {
+        let j = norm_index(iv[k], n, "index")?;
+        k += 1;
+        let off: usize = p
+            .iter()
+            .zip(&xs)
+            .enumerate()
+            .map(|(d, (&c, &s))| if d == ax { j * s } else { c * s })
+            .sum();
+        src.push(Some(off));
+        Ok(())
+    })?;
+    gather_fill(x, idx.shape().to_vec(), &src, 0.0)
+}
+
+/// Checks the shapes of `gather_nd` / `scatter_nd` and returns (batch, number of index
+/// tuples per batch, tuple length `m`).
+fn nd_shapes(x: &[usize], id: &[usize], b: usize) -> KResult<(usize, usize, usize)> {
+    let q = id.len();
+    if q < 1 || b >= q || b > x.len() {
+        return Err(format!(
+            "batch_dims {b} must be less than the ranks of data {x:?} and indices {id:?}"
+        ));
+    }
+    if x[..b] != id[..b] {
+        return Err(format!(
+            "the {b} batch dims of data {x:?} and indices {id:?} differ"
+        ));
+    }
+    let m = id[q - 1];
+    if m < 1 || b + m > x.len() {
+        return Err(format!(
+            "the last dim of indices {id:?} must be between 1 and {} (the data's rank minus batch_dims)",
+            x.len() - b
+        ));
+    }
+    let batch: usize = x[..b].iter().product();
+    let per: usize = id[b..q - 1].iter().product();
+    Ok((batch, per, m))
+}
+
+/// `gather_nd` with `batch_dims` leading batch dims.
+pub(crate) fn gather_nd(x: &Tensor, idx: &Tensor, batch_dims: i64) -> KResult<Tensor> {
+    let b = usize::try_from(batch_dims).map_err(|_| "batch_dims must not be negative")?;
+    let (xs, is) = (x.shape(), idx.shape());
+    let (batch, per, m) = nd_shapes(xs, is, b)?;
+    let iv = index_values(idx, "indices")?;
+    let st = strides(xs);
+    let inner: usize = xs[b + m..].iter().product();
+    let bstride: usize = xs[b..].iter().product();
+    let mut shape: Vec<usize> = is[..is.len() - 1].to_vec();
+    shape.extend_from_slice(&xs[b + m..]);
+    out_numel(&shape)?;
+    let mut src = Vec::with_capacity(batch * per * inner);
+    for bi in 0..batch {
+        for t in 0..per {
+            let base = (bi * per + t) * m;
+            let mut off = bi * bstride;
+            for k in 0..m {
+                let j = norm_index(iv[base + k], xs[b + k], "index")?;
+                off += j * st[b + k];
+            }
+            src.extend((off..off + inner).map(Some));
+        }
+    }
+    gather_fill(x, shape, &src, 0.0)
+}
+
+fn combine_f(r: ScatterReduction, old: f64, new: f64) -> f64 {
+    match r {
+        ScatterReduction::Update => new,
+        ScatterReduction::Add => old + new,
+        ScatterReduction::Mul => old * new,
+        ScatterReduction::Max => old.max(new),
+        ScatterReduction::Min => old.min(new),
+    }
+}
+
+fn combine_i(r: ScatterReduction, old: i64, new: i64) -> i64 {
+    match r {
+        ScatterReduction::Update => new,
+        ScatterReduction::Add => old.wrapping_add(new),
+        ScatterReduction::Mul => old.wrapping_mul(new),
+        ScatterReduction::Max => old.max(new),
+        ScatterReduction::Min => old.min(new),
+    }
+}
+
+/// Applies `(target offset, update position)` pairs in order.
+fn scatter_apply(
+    x: &Tensor,
+    upd: &Tensor,
+    pairs: &[(usize, usize)],
+    r: ScatterReduction,
+) -> KResult<Tensor> {
+    if upd.dtype() != x.dtype() {
+        return Err(format!(
+            "expected updates of the data's dtype {}, found {}",
+            x.dtype(),
+            upd.dtype()
+        ));
+    }
+    let out = match (Num::of(x), Num::of(upd)) {
+        (Num::F(mut v), Num::F(u)) => {
+            for &(t, p) in pairs {
+                v[t] = combine_f(r, v[t], u[p]);
+            }
+            Num::F(v)
+        }
+        (Num::I(mut v), Num::I(u)) => {
+            for &(t, p) in pairs {
+                v[t] = combine_i(r, v[t], u[p]);
+            }
+            Num::I(v)
+        }
+        _ => return Err("internal: mixed dtypes".to_string()),
+    };
+    out.into_tensor(x.shape().to_vec(), x.dtype())
+}
+
+/// `scatter_elements`: `out[p with p[axis] = idx[p]] (op)= upd[p]`, in row-major order of `p`.
+pub(crate) fn scatter_elements(
+    x: &Tensor,
+    idx: &Tensor,
+    upd: &Tensor,
+    axis: i64,
+    r: ScatterReduction,
+) -> KResult<Tensor> {
+    let rank = x.rank();
+    if idx.rank() != rank || upd.shape() != idx.shape() {
+        return Err(format!(
+            "expected indices and updates of one shape and the data's rank {rank}, found {:?} and {:?}",
+            idx.shape(),
+            upd.shape()
+        ));
+    }
+    let ax = norm_axis(axis, rank)?;
+    for (d, (&i, &n)) in idx.shape().iter().zip(x.shape()).enumerate() {
+        if d != ax && i > n {
+            return Err(format!(
+                "indices {:?} are larger than the data {:?} on axis {d}",
+                idx.shape(),
+                x.shape()
+            ));
+        }
+    }
+    let iv = index_values(idx, "indices")?;
+    let xs = strides(x.shape());
+    let n = x.shape()[ax];
+    let mut pairs = Vec::with_capacity(iv.len());
+    let mut k = 0usize;
+    for_each_index(idx.shape(), |p| {
+        let j = norm_index(iv[k], n, "index")?;
+        let off: usize = p
+            .iter()
+            .zip(&xs)
+            .enumerate()
+            .map(|(d, (&c, &s))| if d == ax { j * s } else { c * s })
+            .sum();
+        pairs.push((off, k));
+        k += 1;
+        Ok(())
+    })?;
+    scatter_apply(x, upd, &pairs, r)
+}
+
+/// `scatter_nd`: each index tuple of `idx` names a slice of `x` that the matching slice of
+/// `upd` updates, in order.
+pub(crate) fn scatter_nd(
+    x: &Tensor,
+    idx: &Tensor,
+    upd: &Tensor,
+    r: ScatterReduction,
+) -> KResult<Tensor> {
+    let (xs, is) = (x.shape(), idx.shape());
+    let Some((&m, lead)) = is.split_last() else {
+        return Err("expected indices of rank at least 1, found a scalar".to_string());
+    };
+    if m > xs.len() {
+        return Err(format!(
+            "the last dim of indices {is:?} is larger than the data's rank {}",
+            xs.len()
+        ));
+    }
+    let mut want: Vec<usize> = lead.to_vec();
+    want.extend_from_slice(&xs[m..]);
+    if upd.shape() != want.as_slice() {
+        return Err(format!(
+            "expected updates of shape {want:?} for data {xs:?} and indices {is:?}, found {:?}",
+            upd.shape()
+        ));
+    }
+    let iv = index_values(idx, "indices")?;
+    let st = strides(xs);
+    let inner: usize = xs[m..].iter().product();
+    let tuples: usize = lead.iter().product();
+    let mut pairs = Vec::with_capacity(tuples * inner);
+    for t in 0..tuples {
+        let mut off = 0usize;
+        for k in 0..m {
+            let j = norm_index(iv[t * m + k], xs[k], "index")?;
+            off += j * st[k];
+        }
+        pairs.extend((0..inner).map(|e| (off + e, t * inner + e)));
+    }
+    scatter_apply(x, upd, &pairs, r)
+}
+
+/// A fill value of `one_hot`: a prim value (int64 for an integer, float32 for a float) or a
+/// rank-0 tensor (its dtype).
+fn fill_value(v: &fusebox_core::runtime::Value, what: &str) -> KResult<(f64, i64, DType)> {
+    use fusebox_core::runtime::Value;
+    match v {
+        Value::Prim(Prim::Int(i)) => Ok((*i as f64, *i, DType::I64)),
+        Value::Prim(Prim::Float(f)) => Ok((*f, *f as i64, DType::F32)),
+        Value::Tensor(t) if t.numel() == 1 && t.rank() == 0 => {
+            let f = t.to_f64_vec().first().copied().unwrap_or(0.0);
+            let i = t.to_i64_vec().first().copied().unwrap_or(0);
+            Ok((f, i, t.dtype()))
+        }
+        v => Err(format!(
+            "expected {what} to be a prim value or a rank-0 tensor, found {}",
+            v.kind()
+        )),
+    }
+}
+
+/// `one_hot`: a new axis of extent `depth` at `axis`, `on` where it equals the index
+/// (negative indices count from the end; others out of range give a row of `off`, as ONNX).
+pub(crate) fn one_hot(
+    idx: &Tensor,
+    on: &fusebox_core::runtime::Value,
+    off: &fusebox_core::runtime::Value,
+    depth: i64,
+    axis: i64,
+) -> KResult<Tensor> {
+    let (onf, oni, dtype) = fill_value(on, "on_value")?;
+    let (offf, offi, dtype2) = fill_value(off, "off_value")?;
+    if dtype != dtype2 {
+        return Err(format!(
+            "expected on_value and off_value of one dtype, found {dtype} and {dtype2}"
+        ));
+    }
+    let iv = index_values(idx, "indices")?;
+    let d = usize::try_from(depth).map_err(|_| format!("depth must not be negative: {depth}"))?;
+    let r = idx.rank();
+    let ax = norm_axis(axis, r + 1)?;
+    let mut shape = idx.shape().to_vec();
+    shape.insert(ax, d);
+    let total = out_numel(&shape)?;
+    let outer: usize = idx.shape()[..ax].iter().product();
+    let inner: usize = idx.shape()[ax..].iter().product();
+    let mut hot = vec![false; total];
+    for o in 0..outer {
+        for i in 0..inner {
+            let v = iv[o * inner + i];
+            let j = if v < 0 { v.saturating_add(depth) } else { v };
+            if (0..depth).contains(&j) {
+                hot[(o * d + j as usize) * inner + i] = true;
+            }
+        }
+    }
+    let data = if dtype.is_float() {
+        Storage::from_f64(
+            dtype,
+            hot.iter().map(|&h| if h { onf } else { offf }).collect(),
+        )
+    } else {
+        Storage::from_i64(
+            dtype,
+            hot.iter().map(|&h| if h { oni } else { offi }).collect(),
+        )
+    };
+    tensor(shape, data)
+}
+
+/// `arange`: `start + i * step` for `i` in `0..numel`.
+pub(crate) fn arange(a: &ArangeAttrs) -> KResult<Tensor> {
+    let n = usize::try_from(a.numel()?).map_err(|_| "negative length".to_string())?;
+    out_numel(&[n])?;
+    let data = if a.dtype.is_float() {
+        Storage::from_f64(
+            a.dtype,
+            (0..n).map(|i| a.start.0 + i as f64 * a.step.0).collect(),
+        )
+    } else {
+        let (s, st) = (a.start.0 as i64, a.step.0 as i64);
+        Storage::from_i64(
+            a.dtype,
+            (0..n as i64)
+                .map(|i| s.wrapping_add(i.wrapping_mul(st)))
+                .collect(),
+        )
+    };
+    tensor(vec![n], data)
+}
+
+/// `tile`: `out[p] = x[p mod shape]`, with `x` and `repeats` aligned right.
+pub(crate) fn tile(x: &Tensor, repeats: &[i64]) -> KResult<Tensor> {
+    let n = x.rank().max(repeats.len());
+    let mut xs = vec![1usize; n - x.rank()];
+    xs.extend_from_slice(x.shape());
+    let mut reps = vec![1usize; n - repeats.len()];
+    for &r in repeats {
+        reps.push(usize::try_from(r).map_err(|_| format!("repeats must not be negative: {r}"))?);
+    }
+    let mut shape = Vec::with_capacity(n);
+    for (&d, &r) in xs.iter().zip(&reps) {
+        shape.push(
+            d.checked_mul(r)
+                .ok_or_else(|| format!("tiling {:?} by {repeats:?} overflows", x.shape()))?,
+        );
+    }
+    let total = out_numel(&shape)?;
+    let st = strides(&xs);
+    let mut src = Vec::with_capacity(total);
+    for_each_index(&shape, |p| {
+        src.push(Some(
+            p.iter()
+                .zip(&xs)
+                .zip(&st)
+                .map(|((&c, &d), &s)| (c % d) * s)
+                .sum(),
+        ));
+        Ok(())
+    })?;
+    gather_fill(x, shape, &src, 0.0)
+}
+
+/// `tril` (`upper == false`: keep `col - row <= k`) or `triu` (keep `col - row >= k`) over the
+/// last two axes; the rest becomes 0.
+pub(crate) fn trilu(x: &Tensor, k: i64, upper: bool) -> KResult<Tensor> {
+    let r = x.rank();
+    if r < 2 {
+        return Err(format!(
+            "expected a tensor of rank at least 2, found {:?}",
+            x.shape()
+        ));
+    }
+    let (rows, cols) = (x.shape()[r - 2], x.shape()[r - 1]);
+    let mut src = Vec::with_capacity(x.numel());
+    for i in 0..x.numel() {
+        let c = (i % cols) as i64;
+        let row = ((i / cols) % rows.max(1)) as i64;
+        let d = c - row;
+        let keep = if upper { d >= k } else { d <= k };
+        src.push(keep.then_some(i));
+    }
+    gather_fill(x, x.shape().to_vec(), &src, 0.0)
+}
+
+/// `cumsum` / `cumprod` along `axis` (`None`: of the flattened tensor), in `dtype` when given.
+pub(crate) fn scan(x: &Tensor, a: &ScanAttrs, product: bool) -> KResult<Tensor> {
+    let dtype = a.dtype.unwrap_or(x.dtype());
+    let x = x.cast(dtype);
+    let (shape, ax) = match a.axis {
+        None => (vec![x.numel()], 0),
+        Some(ax) => (x.shape().to_vec(), norm_axis(ax, x.rank())?),
+    };
+    let n = shape[ax];
+    let inner: usize = shape[ax + 1..].iter().product();
+    let outer: usize = shape[..ax].iter().product();
+    let out = match Num::of(&x) {
+        Num::F(v) => {
+            let mut out = vec![0.0; v.len()];
+            for o in 0..outer {
+                for i in 0..inner {
+                    let mut acc = if product { 1.0 } else { 0.0 };
+                    for j in 0..n {
+                        let p = (o * n + j) * inner + i;
+                        if a.exclusive {
+                            out[p] = acc;
+                        }
+                        acc = if product { acc * v[p] } else { acc + v[p] };
+                        if !a.exclusive {
+                            out[p] = acc;
+                        }
+                    }
+                }
+            }
+            Num::F(out)
+        }
+        Num::I(v) => {
+            let mut out = vec![0i64; v.len()];
+            for o in 0..outer {
+                for i in 0..inner {
+                    let mut acc: i64 = i64::from(product);
+                    for j in 0..n {
+                        let p = (o * n + j) * inner + i;
+                        if a.exclusive {
+                            out[p] = acc;
+                        }
+                        acc = if product {
+                            acc.wrapping_mul(v[p])
+                        } else {
+                            acc.wrapping_add(v[p])
+                        };
+                        if !a.exclusive {
+                            out[p] = acc;
+                        }
+                    }
+                }
+            }
+            Num::I(out)
+        }
+    };
+    out.into_tensor(shape, dtype)
+}
+
+/// The source coordinate of output coordinate `o` on an axis of extent `n` padded by
+/// `before`, or `None` for the constant fill.
+fn pad_source(o: i64, before: i64, n: i64, mode: PadMode) -> KResult<Option<usize>> {
+    let i = o - before;
+    if (0..n).contains(&i) {
+        return Ok(Some(i as usize));
+    }
+    let j = match mode {
+        PadMode::Constant => return Ok(None),
+        _ if n == 0 => return Err("cannot pad an empty axis except with a constant".into()),
+        PadMode::Replicate => i.clamp(0, n - 1),
+        PadMode::Circular => i.rem_euclid(n),
+        PadMode::Reflect => {
+            if n == 1 {
+                0
+            } else {
+                let period = 2 * (n - 1);
+                let m = i.rem_euclid(period);
+                if m < n { m } else { period - m }
+            }
+        }
+    };
+    Ok(Some(j as usize))
+}
+
+/// `nn.pad` (negative widths crop).
+pub(crate) fn pad(x: &Tensor, a: &PadAttrs) -> KResult<Tensor> {
+    let r = x.rank();
+    if a.pad_width.len() != 2 * r {
+        return Err(format!(
+            "expected pad_width to have {} values for a tensor of rank {r}, found {}",
+            2 * r,
+            a.pad_width.len()
+        ));
+    }
+    let mut shape = Vec::with_capacity(r);
+    for (d, &n) in x.shape().iter().enumerate() {
+        let (b, e) = (a.pad_width[2 * d], a.pad_width[2 * d + 1]);
+        let o = i64::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_add(b)?.checked_add(e))
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or_else(|| {
+                format!(
+                    "padding axis {d} of {:?} by ({b}, {e}) gives an invalid extent",
+                    x.shape()
+                )
+            })?;
+        shape.push(o);
+    }
+    let total = out_numel(&shape)?;
+    let st = strides(x.shape());
+    let dims: Vec<i64> = x.shape().iter().map(|&n| n as i64).collect();
+    let mut src = Vec::with_capacity(total);
+    for_each_index(&shape, |p| {
+        let mut off = Some(0usize);
+        for (d, &c) in p.iter().enumerate() {
+            let s = pad_source(c as i64, a.pad_width[2 * d], dims[d], a.pad_mode)?;
+            off = match (off, s) {
+                (Some(o), Some(s)) => Some(o + s * st[d]),
+                _ => None,
+            };
+        }
+        src.push(off);
+        Ok(())
+    })?;
+    gather_fill(x, shape, &src, a.pad_value.0)
+}

@@ -1,0 +1,475 @@
+//! ONNX → op-set conversions of the indexing, shape and layout ops of issue 17.
+//!
+//! Contract: [`convert`] handles GatherElements, GatherND, ScatterND, ScatterElements (and the
+//! deprecated Scatter), OneHot, Range, Tile, Trilu, CumSum, CumProd, Pad, Size, DepthToSpace
+//! and SpaceToDepth with ONNX semantics per opset (attributes in old opsets, inputs in new
+//! ones); it returns `Ok(None)` for other op types. Inputs that shape the result (`depth`,
+//! `repeats`, `pads`, `k`, Range's bounds, the scan axis) must be constants computed at import
+//! time; a value computed at run time is an error naming the input. Data-dependent shapes
+//! (NonZero, Unique, Compress) stay unsupported: the importer names those nodes.
+//!
+//! ```text
+//! Trilu(x, k=1; upper=0)        →  y = R.tril(x, k=1)
+//! CumSum(x, 1; reverse=1)       →  lv = R.strided_slice(x, axes=[1], begin=[-1], end=[-5], strides=[-1])
+//!                                  lv1 = R.cumsum(lv, axis=1, dtype=None, exclusive=False)
+//!                                  y = R.strided_slice(lv1, axes=[1], begin=[-1], end=[-5], strides=[-1])
+//! Pad(x, [0, 1, 0, 1]; mode=edge) →  y = R.nn.pad(x, pad_width=[0, 0, 1, 1], pad_value=0.0, pad_mode="replicate")
+//! ```
+
+use super::super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
+use super::call;
+use crate::error::Result;
+use crate::ir::{Constant, DType, Dim, ExprId};
+use crate::op::{
+    ArangeAttrs, F64, Op, PadAttrs, PadMode, ScanAttrs, ScatterReduction, StridedSliceAttrs,
+    TakeMode,
+};
+
+/// Integer `Range`s up to this many elements fold to constants at import time.
+const MAX_FOLDED_RANGE: i64 = 1 << 16;
+
+fn reduction(a: &Attrs<'_>) -> Result<ScatterReduction> {
+    let s = a.string("reduction", "none");
+    ScatterReduction::from_name(&s).ok_or_else(|| {
+        invalid(format!(
+            "unknown reduction `{s}` (expected none, add, mul, max or min)"
+        ))
+    })
+}
+
+/// A scalar constant input as an integer.
+fn const_int(im: &Importer<'_>, name: &str, what: &str) -> Result<i64> {
+    let v = im.const_f64s(name)?;
+    match v.as_slice() {
+        [x] if x.fract() == 0.0 => Ok(*x as i64),
+        _ => Err(invalid(format!(
+            "`{what}` must be one integer, found {v:?}"
+        ))),
+    }
+}
+
+/// `x` reversed along `axis` (a strided slice with step -1).
+fn flip(im: &mut Importer<'_>, x: ExprId, axis: usize) -> Result<ExprId> {
+    let (dims, _) = im.dims(x)?;
+    let n = dims
+        .get(axis)
+        .and_then(Dim::as_static)
+        .ok_or_else(|| invalid("reverse=1 needs a static extent on the scanned axis"))?;
+    im.emit(
+        Op::StridedSlice(Box::new(StridedSliceAttrs {
+            axes: vec![axis as i64],
+            begin: vec![-1],
+            end: vec![-n - 1],
+            strides: Some(vec![-1]),
+            assume_inbound: false,
+        })),
+        vec![x],
+    )
+}
+
+/// An integer index tensor: float indices (OneHot allows them) become int64.
+fn int_index(im: &mut Importer<'_>, e: ExprId) -> Result<ExprId> {
+    let (_, dt) = im.dims(e)?;
+    if dt.is_int() {
+        Ok(e)
+    } else {
+        im.emit(Op::Astype { dtype: DType::I64 }, vec![e])
+    }
+}
+
+/// Converts a node of this family; `Ok(None)` for other op types.
+pub(super) fn convert(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+) -> Result<Option<Vec<Out>>> {
+    let a = Attrs(node);
+    let op = node.op_type.as_str();
+    Ok(Some(match op {
+        "GatherElements" => {
+            let x = im.expr(req(node, 0)?)?;
+            let i = im.expr(req(node, 1)?)?;
+            call(
+                Op::GatherElements {
+                    axis: a.int("axis", 0),
+                },
+                vec![x, i],
+            )
+        }
+        "GatherND" => {
+            let x = im.expr(req(node, 0)?)?;
+            let i = im.expr(req(node, 1)?)?;
+            call(
+                Op::GatherNd {
+                    batch_dims: a.int("batch_dims", 0),
+                },
+                vec![x, i],
+            )
+        }
+        "ScatterND" => {
+            let x = im.expr(req(node, 0)?)?;
+            let i = im.expr(req(node, 1)?)?;
+            let u = im.expr(req(node, 2)?)?;
+            call(
+                Op::ScatterNd {
+                    reduction: reduction(&a)?,
+                },
+                vec![x, i, u],
+            )
+        }
+        "ScatterElements" | "Scatter" => {
+            let x = im.expr(req(node, 0)?)?;
+            let i = im.expr(req(node, 1)?)?;
+            let u = im.expr(req(node, 2)?)?;
+            call(
+                Op::ScatterElements {
+                    axis: a.int("axis", 0),
+                    reduction: reduction(&a)?,
+                },
+                vec![x, i, u],
+            )
+        }
+        "OneHot" => {
+            let i = im.expr(req(node, 0)?)?;
+            let i = int_index(im, i)?;
+            let depth = const_int(im, req(node, 1)?, "depth")?;
+            if depth < 0 {
+                return Err(invalid(format!(
+                    "depth must not be negative, found {depth}"
+                )));
+            }
+            let vname = req(node, 2)?;
+            let values = match im.val(vname)? {
+                Val::Const(c) => Some(c),
+                Val::Ints(i) => i.to_constant(),
+                Val::Expr(_) => None,
+            };
+            let (off, on) = match values {
+                Some(values) => {
+                    if values.numel() != 2 {
+                        return Err(invalid(format!(
+                            "`values` must hold 2 elements [off_value, on_value], found shape {:?}",
+                            values.shape
+                        )));
+                    }
+                    let sz = values.dtype.size_bytes();
+                    let scalar = |k: usize| {
+                        Constant::from_bytes(
+                            values.dtype,
+                            vec![],
+                            values
+                                .data
+                                .get(k * sz..(k + 1) * sz)
+                                .unwrap_or(&[])
+                                .to_vec(),
+                        )
+                        .map_err(invalid)
+                    };
+                    (im.b.constant(scalar(0)?), im.b.constant(scalar(1)?))
+                }
+                None => {
+                    // Computed at run time: elements 0 and 1 as rank-0 tensors.
+                    let v = im.expr(vname)?;
+                    let (vd, _) = im.dims(v)?;
+                    if vd != [Dim::Static(2)] {
+                        return Err(invalid(format!(
+                            "`values` must have shape [2] ([off_value, on_value]), found {vd:?}"
+                        )));
+                    }
+                    let mut pick = |k: i64| -> Result<ExprId> {
+                        let i = im.b.constant(Constant::scalar_i64(k, DType::I64));
+                        im.emit(
+                            Op::Take {
+                                axis: Some(0),
+                                mode: TakeMode::Fast,
+                            },
+                            vec![v, i],
+                        )
+                    };
+                    (pick(0)?, pick(1)?)
+                }
+            };
+            call(
+                Op::OneHot {
+                    depth,
+                    axis: a.int("axis", -1),
+                },
+                vec![i, on, off],
+            )
+        }
+        "Range" => {
+            let name = |i| req(node, i);
+            let dtype = match im.val(name(0)?)? {
+                Val::Const(c) => c.dtype,
+                Val::Ints(i) => i.dtype,
+                Val::Expr(_) => {
+                    return Err(invalid(
+                        "Range with bounds computed at run time is not supported (its shape \
+                         would depend on data)",
+                    ));
+                }
+            };
+            let mut v = [0.0; 3];
+            for (k, slot) in v.iter_mut().enumerate() {
+                let what = ["start", "limit", "delta"][k];
+                let vals = im.const_f64s(name(k)?).map_err(|_| {
+                    invalid(format!(
+                        "Range's `{what}` must be known at import time (a dynamic bound gives a \
+                         data-dependent shape)"
+                    ))
+                })?;
+                *slot = match vals.as_slice() {
+                    [x] => *x,
+                    _ => return Err(invalid(format!("`{what}` must be a scalar"))),
+                };
+            }
+            let attrs = ArangeAttrs {
+                start: F64(v[0]),
+                end: F64(v[1]),
+                step: F64(v[2]),
+                dtype,
+            };
+            let n = attrs.numel().map_err(invalid)?;
+            if dtype.is_int() && n <= MAX_FOLDED_RANGE {
+                // A small integer range (reduce axes, say) folds to a constant, as the
+                // importer folds other integer shape arithmetic.
+                let (s, st) = (v[0] as i64, v[2] as i64);
+                let vals: Vec<i64> = (0..n).map(|i| s.wrapping_add(i.wrapping_mul(st))).collect();
+                let c = crate::runtime::Tensor::new(
+                    vec![vals.len()],
+                    crate::runtime::Storage::from_i64(dtype, vals),
+                )
+                .and_then(|t| t.to_constant())
+                .map_err(|e| invalid(e.to_string()))?;
+                return Ok(Some(vec![Out::Val(Val::Const(c))]));
+            }
+            call(Op::Arange(Box::new(attrs)), vec![])
+        }
+        "Tile" => {
+            let x = im.expr(req(node, 0)?)?;
+            let repeats = im.const_i64s(req(node, 1)?)?;
+            call(Op::Tile { repeats }, vec![x])
+        }
+        "Trilu" => {
+            let x = im.expr(req(node, 0)?)?;
+            let k = match input(node, 1) {
+                Some(n) => const_int(im, n, "k")?,
+                None => 0,
+            };
+            let o = if a.int("upper", 1) != 0 {
+                Op::Triu { k }
+            } else {
+                Op::Tril { k }
+            };
+            call(o, vec![x])
+        }
+        "CumSum" | "CumProd" => {
+            let mut x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let ax = normalize_axis(const_int(im, req(node, 1)?, "axis")?, dims.len())?;
+            let reverse = a.int("reverse", 0) != 0;
+            let attrs = Box::new(ScanAttrs {
+                axis: Some(ax as i64),
+                dtype: None,
+                exclusive: a.int("exclusive", 0) != 0,
+            });
+            let o = if op == "CumSum" {
+                Op::Cumsum(attrs)
+            } else {
+                Op::Cumprod(attrs)
+            };
+            if !reverse {
+                return Ok(Some(call(o, vec![x])));
+            }
+            x = flip(im, x, ax)?;
+            let y = im.emit(o, vec![x])?;
+            let (dims, _) = im.dims(y)?;
+            let n = dims.get(ax).and_then(Dim::as_static).unwrap_or(0);
+            call(
+                Op::StridedSlice(Box::new(StridedSliceAttrs {
+                    axes: vec![ax as i64],
+                    begin: vec![-1],
+                    end: vec![-n - 1],
+                    strides: Some(vec![-1]),
+                    assume_inbound: false,
+                })),
+                vec![y],
+            )
+        }
+        "Pad" => pad(im, node, &a)?,
+        "Size" => {
+            let x = req(node, 0)?;
+            let dims: Vec<Dim> = match im.val(x)? {
+                Val::Const(c) => c.shape.iter().map(|&d| Dim::Static(d)).collect(),
+                Val::Ints(i) => i.shape.iter().map(|&d| Dim::Static(d as i64)).collect(),
+                Val::Expr(e) => im.dims(e)?.0,
+            };
+            let n = dims.iter().fold(Dim::Static(1), |acc, d| acc.mul(d));
+            let Some(n) = n.as_static() else {
+                return Err(invalid(format!(
+                    "Size of a tensor with symbolic dims ({n}) is not supported as a tensor"
+                )));
+            };
+            vec![Out::Val(Val::Const(Constant::scalar_i64(n, DType::I64)))]
+        }
+        "DepthToSpace" | "SpaceToDepth" => depth_space(im, node, &a)?,
+        _ => return Ok(None),
+    }))
+}
+
+fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, _) = im.dims(x)?;
+    let r = dims.len();
+    let (pads, value, axes) = if im.opset >= 11 {
+        let pads = im.const_i64s(req(node, 1)?)?;
+        let value = match input(node, 2) {
+            Some(n) => match im.const_f64s(n)?.as_slice() {
+                [] => 0.0,
+                [v] => *v,
+                v => {
+                    return Err(invalid(format!(
+                        "`constant_value` must be a scalar, found {} values",
+                        v.len()
+                    )));
+                }
+            },
+            None => 0.0,
+        };
+        let axes = match input(node, 3) {
+            Some(n) => Some(im.const_i64s(n)?),
+            None => None,
+        };
+        (pads, value, axes)
+    } else {
+        (
+            a.ints("pads").unwrap_or_default(),
+            a.float("value", 0.0),
+            None,
+        )
+    };
+    let axes: Vec<usize> = match axes {
+        Some(ax) => ax
+            .iter()
+            .map(|&v| normalize_axis(v, r))
+            .collect::<Result<_>>()?,
+        None => (0..r).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(invalid(format!(
+            "expected {} pads (begin and end for {} axes), found {}",
+            2 * axes.len(),
+            axes.len(),
+            pads.len()
+        )));
+    }
+    let mut width = vec![0i64; 2 * r];
+    for (k, &ax) in axes.iter().enumerate() {
+        width[2 * ax] = pads[k];
+        width[2 * ax + 1] = pads[k + axes.len()];
+    }
+    let mode = a.string("mode", "constant");
+    let pad_mode = match mode.as_str() {
+        "constant" => PadMode::Constant,
+        "reflect" => PadMode::Reflect,
+        "edge" => PadMode::Replicate,
+        "wrap" => PadMode::Circular,
+        other => return Err(invalid(format!("unknown Pad mode `{other}`"))),
+    };
+    Ok(call(
+        Op::Pad(Box::new(PadAttrs {
+            pad_width: width,
+            pad_value: F64(value),
+            pad_mode,
+        })),
+        vec![x],
+    ))
+}
+
+/// DepthToSpace (DCR or CRD) and SpaceToDepth as reshape → permute → reshape.
+fn depth_space(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, _) = im.dims(x)?;
+    let [n, c, h, w] = dims.as_slice() else {
+        return Err(invalid(format!(
+            "expected a 4-D NCHW input, found rank {}",
+            dims.len()
+        )));
+    };
+    let bs = a.int("blocksize", 0);
+    if bs < 1 {
+        return Err(invalid(format!("blocksize must be at least 1, found {bs}")));
+    }
+    let b = Dim::Static(bs);
+    let (mid, perm, out) = if node.op_type == "DepthToSpace" {
+        let cc = match c.as_static() {
+            Some(cv) if cv % (bs * bs) == 0 => Dim::Static(cv / (bs * bs)),
+            Some(cv) => {
+                return Err(invalid(format!(
+                    "channels {cv} are not a multiple of blocksize² = {}",
+                    bs * bs
+                )));
+            }
+            None => c.floor_div(&Dim::Static(bs * bs)),
+        };
+        let out = vec![n.clone(), cc.clone(), h.mul(&b), w.mul(&b)];
+        if a.string("mode", "DCR") == "CRD" {
+            (
+                vec![n.clone(), cc, b.clone(), b, h.clone(), w.clone()],
+                vec![0, 1, 4, 2, 5, 3],
+                out,
+            )
+        } else {
+            (
+                vec![n.clone(), b.clone(), b, cc, h.clone(), w.clone()],
+                vec![0, 3, 4, 1, 5, 2],
+                out,
+            )
+        }
+    } else {
+        let hh = match h.as_static() {
+            Some(v) if v % bs == 0 => Dim::Static(v / bs),
+            Some(v) => {
+                return Err(invalid(format!(
+                    "height {v} is not a multiple of blocksize {bs}"
+                )));
+            }
+            None => h.floor_div(&b),
+        };
+        let ww = match w.as_static() {
+            Some(v) if v % bs == 0 => Dim::Static(v / bs),
+            Some(v) => {
+                return Err(invalid(format!(
+                    "width {v} is not a multiple of blocksize {bs}"
+                )));
+            }
+            None => w.floor_div(&b),
+        };
+        // DCR (the default) puts the block offsets before the channel, CRD after it.
+        let perm = if a.string("mode", "DCR") == "CRD" {
+            vec![0, 1, 3, 5, 2, 4]
+        } else {
+            vec![0, 3, 5, 1, 2, 4]
+        };
+        (
+            vec![
+                n.clone(),
+                c.clone(),
+                hh.clone(),
+                b.clone(),
+                ww.clone(),
+                b.clone(),
+            ],
+            perm,
+            vec![n.clone(), c.mul(&Dim::Static(bs * bs)), hh, ww],
+        )
+    };
+    let s = im.b.shape(mid);
+    let r = im.emit(Op::Reshape, vec![x, s])?;
+    let p = im.emit(Op::PermuteDims { axes: Some(perm) }, vec![r])?;
+    let s2 = im.b.shape(out);
+    Ok(call(Op::Reshape, vec![p, s2]))
+}
