@@ -45,6 +45,9 @@ use fusebox_core::ir::{Callee, Constant, DType, ExprId, ExprKind, Function, Prim
 use fusebox_core::op::{Op, SplitSpec, TakeMode};
 use std::collections::HashMap;
 
+// -- reduce ops (issue 17) --
+mod reduce;
+
 /// A lowered function.
 #[derive(Clone, Debug)]
 pub struct Lowered {
@@ -532,6 +535,10 @@ impl Lowerer<'_> {
                         dtype: x.dtype,
                     }),
                 ]));
+            }
+            // -- reduce ops (issue 17) --
+            Op::Topk(_) => {
+                return Err(self.unsupported("topk is a sort: it runs on the CPU".into()));
             }
             _ => {}
         }
@@ -1047,6 +1054,13 @@ impl Lowerer<'_> {
             Op::Split(_) | Op::BatchNorm(_) | Op::Dropout { .. } => {
                 return Err(self.unsupported("internal: multi-output op".into()));
             }
+            // -- reduce ops (issue 17) --
+            Op::Min(_)
+            | Op::Prod(_)
+            | Op::Argmax { .. }
+            | Op::Argmin { .. }
+            | Op::Topk(_)
+            | Op::Einsum { .. } => self.reduce17(op, args, &shape, &c)?,
         };
         Ok(Val::T(Tv { node, shape, dtype }))
     }

@@ -5,6 +5,9 @@
 //! result instead of an error. Errors start with the op name and say what was expected and
 //! what was found.
 
+// -- reduce ops (issue 17) --
+mod reduce;
+
 use super::attrs::layout_pos;
 use super::{Op, SplitSpec};
 use crate::ir::infer::brief;
@@ -703,6 +706,13 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             }
             Ok(known(target.to_vec(), x.dtype))
         }
+        // -- reduce ops (issue 17) --
+        Op::Min(a) | Op::Prod(a) => reduce::reduce(&cx, a),
+        Op::Argmax { axis, keepdims } | Op::Argmin { axis, keepdims } => {
+            reduce::arg_reduce(&cx, *axis, *keepdims)
+        }
+        Op::Topk(a) => reduce::topk(&cx, a),
+        Op::Einsum { subscripts } => reduce::einsum(&cx, subscripts),
     }
 }
 

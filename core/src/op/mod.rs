@@ -29,6 +29,7 @@
 //! dims it does not clamp (as with `assume_inbound=True`).
 
 mod attrs;
+pub mod einsum;
 mod infer;
 #[cfg(test)]
 mod tests;
@@ -275,6 +276,23 @@ pub struct LrnAttrs {
     pub bias: F64,
 }
 
+// -- reduce ops (issue 17) --
+/// Attributes of `relax.topk`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TopkAttrs {
+    /// How many elements to select (at least 0).
+    pub k: i64,
+    /// The axis along which to select.
+    pub axis: i64,
+    /// What the op returns: `"both"` (a tuple of values and indices), `"values"` or
+    /// `"indices"`.
+    pub ret_type: String,
+    /// Select the largest elements (`false`: the smallest).
+    pub largest: bool,
+    /// The dtype of the indices (`None`: `int32`, TVM's default).
+    pub dtype: Option<DType>,
+}
+
 /// An op with its typed attributes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -404,6 +422,32 @@ pub enum Op {
     BroadcastTo,
     /// `relax.nn.lrn`
     Lrn(Box<LrnAttrs>),
+    // -- reduce ops (issue 17) --
+    /// `relax.min`
+    Min(Box<ReduceAttrs>),
+    /// `relax.prod`
+    Prod(Box<ReduceAttrs>),
+    /// `relax.argmax`: the index (int64) of the first largest element along `axis`.
+    Argmax {
+        /// The axis (`None`: the flattened tensor).
+        axis: Option<i64>,
+        /// Whether the reduced axis stays as an extent-1 dim.
+        keepdims: bool,
+    },
+    /// `relax.argmin`: the index (int64) of the first smallest element along `axis`.
+    Argmin {
+        /// The axis (`None`: the flattened tensor).
+        axis: Option<i64>,
+        /// Whether the reduced axis stays as an extent-1 dim.
+        keepdims: bool,
+    },
+    /// `relax.topk`
+    Topk(Box<TopkAttrs>),
+    /// `relax.einsum` of a tuple of tensors.
+    Einsum {
+        /// The equation (`"bij,bjk->bik"`).
+        subscripts: Box<str>,
+    },
 }
 
 const NAMES: &[&str] = &[
@@ -454,6 +498,13 @@ const NAMES: &[&str] = &[
     "relax.take",
     "relax.broadcast_to",
     "relax.nn.lrn",
+    // -- reduce ops (issue 17) --
+    "relax.min",
+    "relax.prod",
+    "relax.argmax",
+    "relax.argmin",
+    "relax.topk",
+    "relax.einsum",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -595,6 +646,13 @@ impl Op {
             Op::Take { .. } => "relax.take",
             Op::BroadcastTo => "relax.broadcast_to",
             Op::Lrn(_) => "relax.nn.lrn",
+            // -- reduce ops (issue 17) --
+            Op::Min(_) => "relax.min",
+            Op::Prod(_) => "relax.prod",
+            Op::Argmax { .. } => "relax.argmax",
+            Op::Argmin { .. } => "relax.argmin",
+            Op::Topk(_) => "relax.topk",
+            Op::Einsum { .. } => "relax.einsum",
         }
     }
 
@@ -632,6 +690,12 @@ impl Op {
             }
             "relax.take" => sig(2, 2, &["axis", "mode"]),
             "relax.nn.lrn" => sig(1, 1, &["size", "axis", "alpha", "beta", "bias"]),
+            // -- reduce ops (issue 17) --
+            "relax.min" | "relax.prod" | "relax.argmax" | "relax.argmin" => {
+                sig(1, 1, &["axis", "keepdims"])
+            }
+            "relax.topk" => sig(1, 1, &["k", "axis", "ret_type", "largest", "dtype"]),
+            "relax.einsum" => sig(1, 1, &["subscripts"]),
             _ => return None,
         })
     }
@@ -866,6 +930,49 @@ impl Op {
                     bias: kw.float("bias", 1.0)?,
                 }))
             }
+            // -- reduce ops (issue 17) --
+            "relax.min" => Op::Min(reduce_attrs(&kw)?),
+            "relax.prod" => Op::Prod(reduce_attrs(&kw)?),
+            "relax.argmax" => Op::Argmax {
+                axis: kw.opt_int("axis", None)?,
+                keepdims: kw.bool("keepdims", false)?,
+            },
+            "relax.argmin" => Op::Argmin {
+                axis: kw.opt_int("axis", None)?,
+                keepdims: kw.bool("keepdims", false)?,
+            },
+            "relax.topk" => {
+                let k = kw.int("k", Some(1))?;
+                at_least(&kw, "k", &[k], 0)?;
+                let ret_type = kw.string("ret_type", Some("both"))?;
+                if !matches!(ret_type.as_str(), "both" | "values" | "indices") {
+                    return Err(kw.invalid(
+                        "ret_type",
+                        &format!(
+                            "expected \"both\", \"values\" or \"indices\", found \"{ret_type}\""
+                        ),
+                    ));
+                }
+                let dtype = kw.opt_dtype("dtype")?;
+                if let Some(d) = dtype
+                    && !d.is_int()
+                {
+                    return Err(kw.invalid(
+                        "dtype",
+                        &format!("expected an integer dtype for the indices, found {d}"),
+                    ));
+                }
+                Op::Topk(Box::new(TopkAttrs {
+                    k,
+                    axis: kw.int("axis", Some(-1))?,
+                    ret_type,
+                    largest: kw.bool("largest", true)?,
+                    dtype,
+                }))
+            }
+            "relax.einsum" => Op::Einsum {
+                subscripts: kw.string("subscripts", None)?.into_boxed_str(),
+            },
             _ => return Err(format!("unknown op `{name}`")),
         })
     }
@@ -973,6 +1080,20 @@ impl Op {
                 ("beta", AttrLit::Float(a.beta.0)),
                 ("bias", AttrLit::Float(a.bias.0)),
             ],
+            // -- reduce ops (issue 17) --
+            Op::Min(a) | Op::Prod(a) => reduce_kwargs(a),
+            Op::Argmax { axis, keepdims } | Op::Argmin { axis, keepdims } => vec![
+                ("axis", opt_int_lit(*axis)),
+                ("keepdims", AttrLit::Bool(*keepdims)),
+            ],
+            Op::Topk(a) => vec![
+                ("k", AttrLit::Int(a.k)),
+                ("axis", AttrLit::Int(a.axis)),
+                ("ret_type", str_lit(&a.ret_type)),
+                ("largest", AttrLit::Bool(a.largest)),
+                ("dtype", dtype_lit(a.dtype)),
+            ],
+            Op::Einsum { subscripts } => vec![("subscripts", str_lit(subscripts))],
         }
     }
 
@@ -982,6 +1103,7 @@ impl Op {
     /// a mix of reductions and injective stages, which TVM's pattern analysis does not fuse
     /// as one); `dropout` is `Opaque` (it returns a tuple and has no fusable lowering);
     /// `lrn` is `Opaque` (a windowed reduction across channels, as in Relay);
+    /// `einsum` is `OutEWiseFusable` (a contraction, like matmul); `topk` is `Opaque` (a sort);
     /// `adaptive_avg_pool2d` is `OutEWiseFusable` like the other pools (Relay's pattern);
     /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds).
     pub fn fusion_kind(&self) -> FusionKind {
@@ -1031,6 +1153,12 @@ impl Op {
             | Op::StridedSlice(_)
             | Op::Take { .. } => FusionKind::Injective,
             Op::BatchNorm(_) | Op::Dropout { .. } | Op::Lrn(_) => FusionKind::Opaque,
+            // -- reduce ops (issue 17) --
+            Op::Min(_) | Op::Prod(_) | Op::Argmax { .. } | Op::Argmin { .. } => {
+                FusionKind::CommReduce
+            }
+            Op::Einsum { .. } => FusionKind::OutEWiseFusable,
+            Op::Topk(_) => FusionKind::Opaque,
         }
     }
 

@@ -136,6 +136,8 @@ fn default_instance(name: &str) -> Op {
                 ("end", ints(&[2])),
             ],
         ),
+        // -- reduce ops (issue 17) --
+        "relax.einsum" => op(name, &[("subscripts", s("ij,jk->ik"))]),
         _ => op(name, &[]),
     }
 }
@@ -143,7 +145,7 @@ fn default_instance(name: &str) -> Op {
 #[test]
 fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
-    assert_eq!(names.len(), 47);
+    assert_eq!(names.len(), 53);
     for name in names {
         let sig = Op::signature(name);
         assert!(sig.is_some(), "{name} has no signature");

@@ -106,6 +106,19 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Tanh",
     "Transpose",
     "Unsqueeze",
+    // -- reduce ops (issue 17) --
+    "ArgMax",
+    "ArgMin",
+    "Einsum",
+    "LpNormalization",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSumSquare",
+    "TopK",
 ];
 
 /// Imports an ONNX model. `file` names the model in error messages.

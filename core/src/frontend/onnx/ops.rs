@@ -12,6 +12,9 @@
 //!                                        y = R.add(lv2, C)
 //! ```
 
+// -- reduce ops (issue 17) --
+mod reduce;
+
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
 use crate::ir::{Callee, Constant, DType, Dim, ExprId, ExprKind, PrimValue};
@@ -619,6 +622,13 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "ConstantOfShape" | "Constant" | "Identity" => {
             Err(invalid("internal: should have been folded"))
         }
+        // -- reduce ops (issue 17) --
+        "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceLogSum"
+        | "ReduceLogSumExp" | "ReduceSumSquare" => reduce::reduce(im, node, &a),
+        "ArgMax" | "ArgMin" => reduce::arg(im, node, &a),
+        "TopK" => reduce::topk(im, node, &a),
+        "Einsum" => reduce::einsum(im, node, &a),
+        "LpNormalization" => reduce::lp_normalization(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }
