@@ -108,8 +108,10 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Unsqueeze",
     // -- reduce ops (issue 17) --
     "ArgMax",
+    "Attention",
     "ArgMin",
     "Einsum",
+    "Hardmax",
     "LpNormalization",
     "ReduceL1",
     "ReduceL2",

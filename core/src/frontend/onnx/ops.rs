@@ -13,6 +13,7 @@
 //! ```
 
 // -- reduce ops (issue 17) --
+mod attention;
 mod reduce;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
@@ -629,6 +630,8 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "TopK" => reduce::topk(im, node, &a),
         "Einsum" => reduce::einsum(im, node, &a),
         "LpNormalization" => reduce::lp_normalization(im, node, &a),
+        "Hardmax" => reduce::hardmax(im, node, &a),
+        "Attention" => attention::attention(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }

@@ -261,3 +261,88 @@ pub(crate) fn lp_normalization(
     let floor = im.emit(Op::Maximum, vec![norm, t])?;
     Ok(call(Op::Divide, vec![x, floor]))
 }
+
+/// A constant of `dtype` and `shape` holding `values` (converted as [`Constant::scalar`]).
+pub(crate) fn const_of(dtype: DType, shape: Vec<i64>, values: &[f64]) -> Result<Constant> {
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|&v| Constant::scalar(v, dtype).data.to_vec())
+        .collect();
+    Constant::from_bytes(dtype, shape, bytes).map_err(invalid)
+}
+
+/// The most elements of the identity matrix `Hardmax` builds (`n × n` for an axis of `n`).
+const MAX_EYE: i64 = 1 << 24;
+
+/// `Hardmax`: one-hot of the first largest element along `axis`, built as
+/// `take(eye(n), argmax(x, axis), axis=0)` moved back into place. Before opset 13 the input
+/// is coerced to 2-D at `axis` (default 1).
+pub(crate) fn hardmax(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, dt) = im.dims(x)?;
+    let r = dims.len();
+    if im.opset >= 13 {
+        let axis = normalize_axis(a.int("axis", -1), r)?;
+        return Ok(vec![Out::Val(Val::Expr(hardmax_along(im, x, &dims, dt, axis)?))]);
+    }
+    let axis = normalize_axis(a.int("axis", 1), r.max(1))?;
+    let flat = vec![super::prod(&dims[..axis]), super::prod(&dims[axis..])];
+    let s = im.b.shape(flat.clone());
+    let x2 = im.emit(Op::Reshape, vec![x, s])?;
+    let h = hardmax_along(im, x2, &flat, dt, 1)?;
+    let back = im.b.shape(dims);
+    Ok(call(Op::Reshape, vec![h, back]))
+}
+
+fn hardmax_along(
+    im: &mut Importer<'_>,
+    x: ExprId,
+    dims: &[crate::ir::Dim],
+    dt: DType,
+    axis: usize,
+) -> Result<ExprId> {
+    let r = dims.len();
+    let n = dims
+        .get(axis)
+        .and_then(|d| d.as_static())
+        .ok_or_else(|| invalid("Hardmax needs a static extent on its axis"))?;
+    if n.checked_mul(n).is_none_or(|e| e > MAX_EYE) {
+        return Err(invalid(format!(
+            "Hardmax over an axis of {n} elements is too large (at most {} elements of an \
+             identity matrix)",
+            MAX_EYE
+        )));
+    }
+    let idx = im.emit(
+        Op::Argmax {
+            axis: Some(axis as i64),
+            keepdims: false,
+        },
+        vec![x],
+    )?;
+    let nu = usize::try_from(n).map_err(|_| invalid("negative extent"))?;
+    let eye: Vec<f64> = (0..nu * nu)
+        .map(|i| if i / nu == i % nu { 1.0 } else { 0.0 })
+        .collect();
+    let eye = const_of(dt, vec![n, n], &eye)?;
+    let e = im.b.constant(eye);
+    let oh = im.emit(
+        Op::Take {
+            axis: Some(0),
+            mode: crate::op::TakeMode::Fast,
+        },
+        vec![e, idx],
+    )?;
+    if axis + 1 == r {
+        return Ok(oh);
+    }
+    // `oh` is (dims without `axis`..., n): move the last axis to `axis`.
+    let mut perm: Vec<i64> = (0..axis as i64).collect();
+    perm.push(r as i64 - 1);
+    perm.extend(axis as i64..r as i64 - 1);
+    im.emit(Op::PermuteDims { axes: Some(perm) }, vec![oh])
+}
