@@ -120,6 +120,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceMin",
     "ReduceProd",
     "ReduceSumSquare",
+    "RotaryEmbedding",
     "TopK",
 ];
 

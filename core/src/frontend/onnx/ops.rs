@@ -632,6 +632,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "LpNormalization" => reduce::lp_normalization(im, node, &a),
         "Hardmax" => reduce::hardmax(im, node, &a),
         "Attention" => attention::attention(im, node, &a),
+        "RotaryEmbedding" => attention::rotary_embedding(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }

@@ -437,3 +437,151 @@ pub(crate) fn attention(
         Out::Val(Val::Expr(qk)),
     ])
 }
+
+/// `x[..., begin:end:step]` on the last axis (`axis` 3 of a 4-D tensor).
+fn slice_last(im: &mut Importer<'_>, x: ExprId, begin: i64, end: i64, step: i64) -> Result<ExprId> {
+    im.emit(
+        Op::StridedSlice(Box::new(crate::op::StridedSliceAttrs {
+            axes: vec![3],
+            begin: vec![begin],
+            end: vec![end],
+            strides: Some(vec![step]),
+            assume_inbound: false,
+        })),
+        vec![x],
+    )
+}
+
+/// ONNX `RotaryEmbedding` (opset 23) as a composition: the rotated part of each head is
+/// split in halves (or in even / odd elements when `interleaved`), rotated by the cos / sin
+/// caches (gathered by `position_ids` when given) and put back; the rest of the head passes
+/// through. 3-D inputs `(batch, seq, heads * size)` need `num_heads`; 4-D inputs are
+/// `(batch, heads, seq, size)`.
+///
+/// ```text
+/// RotaryEmbedding(x, cos, sin, pos)  →  c = R.expand_dims(R.take(cos, pos, axis=0), axis=[2])
+///                                       x1, x2 = the two halves of x[..., :rotary_dim]
+///                                       y = concat(c * x1 - s * x2, s * x1 + c * x2, rest)
+/// ```
+pub(crate) fn rotary_embedding(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x0 = im.expr(req(node, 0)?)?;
+    let (xd, _) = im.dims(x0)?;
+    let x = match xd.len() {
+        4 => im.emit(
+            Op::PermuteDims {
+                axes: Some(vec![0, 2, 1, 3]),
+            },
+            vec![x0],
+        )?,
+        3 => {
+            let heads = a.int("num_heads", 0);
+            let hidden = stat(&xd[2], "hidden size")?;
+            if heads <= 0 || hidden % heads != 0 {
+                return Err(invalid(format!(
+                    "RotaryEmbedding with a 3-D input needs num_heads dividing the hidden size \
+                     {hidden}, found {heads}"
+                )));
+            }
+            let s = im.b.shape(vec![
+                xd[0].clone(),
+                xd[1].clone(),
+                Dim::Static(heads),
+                Dim::Static(hidden / heads),
+            ]);
+            im.emit(Op::Reshape, vec![x0, s])?
+        }
+        r => {
+            return Err(invalid(format!(
+                "RotaryEmbedding: the input must be 3-D or 4-D, found rank {r}"
+            )));
+        }
+    };
+    let (d4, _) = im.dims(x)?;
+    let head = stat(&d4[3], "head size")?;
+    let rd = match a.int("rotary_embedding_dim", 0) {
+        0 => head,
+        r if r > 0 && r <= head && r % 2 == 0 => r,
+        r => {
+            return Err(invalid(format!(
+                "RotaryEmbedding: rotary_embedding_dim {r} must be even and at most the head \
+                 size {head}"
+            )));
+        }
+    };
+    let half = rd / 2;
+    let mut cs = Vec::new();
+    for i in [1, 2] {
+        let mut c = im.expr(req(node, i)?)?;
+        if let Some(p) = input(node, 3) {
+            let p = im.expr(p)?;
+            c = im.emit(
+                Op::Take {
+                    axis: Some(0),
+                    mode: crate::op::TakeMode::Fast,
+                },
+                vec![c, p],
+            )?;
+        }
+        let (cd, _) = im.dims(c)?;
+        if cd.last().and_then(Dim::as_static) != Some(half) {
+            return Err(invalid(format!(
+                "RotaryEmbedding: the cos / sin caches must end in rotary_dim / 2 = {half}"
+            )));
+        }
+        cs.push(im.emit(Op::ExpandDims { axis: vec![2] }, vec![c])?);
+    }
+    let (cos, sin) = (cs[0], cs[1]);
+    let interleaved = a.int("interleaved", 0) != 0;
+    let (x1, x2) = if interleaved {
+        (
+            slice_last(im, x, 0, rd, 2)?,
+            slice_last(im, x, 1, rd, 2)?,
+        )
+    } else {
+        (
+            slice_last(im, x, 0, half, 1)?,
+            slice_last(im, x, half, rd, 1)?,
+        )
+    };
+    let c1 = im.emit(Op::Multiply, vec![cos, x1])?;
+    let s2 = im.emit(Op::Multiply, vec![sin, x2])?;
+    let real = im.emit(Op::Subtract, vec![c1, s2])?;
+    let s1 = im.emit(Op::Multiply, vec![sin, x1])?;
+    let c2 = im.emit(Op::Multiply, vec![cos, x2])?;
+    let imag = im.emit(Op::Add, vec![s1, c2])?;
+    let mut rot = if interleaved {
+        let r = im.emit(Op::ExpandDims { axis: vec![-1] }, vec![real])?;
+        let i = im.emit(Op::ExpandDims { axis: vec![-1] }, vec![imag])?;
+        let t = im.b.tuple(vec![r, i])?;
+        let pairs = im.emit(Op::Concat { axis: Some(-1) }, vec![t])?;
+        let s = im.b.shape(vec![
+            d4[0].clone(),
+            d4[1].clone(),
+            d4[2].clone(),
+            Dim::Static(rd),
+        ]);
+        im.emit(Op::Reshape, vec![pairs, s])?
+    } else {
+        let t = im.b.tuple(vec![real, imag])?;
+        im.emit(Op::Concat { axis: Some(3) }, vec![t])?
+    };
+    if rd < head {
+        let rest = slice_last(im, x, rd, head, 1)?;
+        let t = im.b.tuple(vec![rot, rest])?;
+        rot = im.emit(Op::Concat { axis: Some(3) }, vec![t])?;
+    }
+    if xd.len() == 4 {
+        return Ok(super::call(
+            Op::PermuteDims {
+                axes: Some(vec![0, 2, 1, 3]),
+            },
+            vec![rot],
+        ));
+    }
+    let s = im.b.shape(xd);
+    Ok(super::call(Op::Reshape, vec![rot, s]))
+}
