@@ -45,7 +45,10 @@ pub(crate) fn einsum(ops: &[&Tensor], subscripts: &str) -> KResult<Tensor> {
     // Loop order: the output labels, then the summed ones.
     let mut order: Vec<usize> = spec.output.clone();
     order.extend((0..spec.n_labels).filter(|l| !spec.output.contains(l)));
-    let extents: Vec<usize> = order.iter().map(|&l| ext.get(l).copied().unwrap_or(1)).collect();
+    let extents: Vec<usize> = order
+        .iter()
+        .map(|&l| ext.get(l).copied().unwrap_or(1))
+        .collect();
     let out_shape: Vec<usize> = extents.iter().take(spec.output.len()).copied().collect();
     let n_out = out_shape
         .iter()
@@ -76,7 +79,12 @@ pub(crate) fn einsum(ops: &[&Tensor], subscripts: &str) -> KResult<Tensor> {
             }
             stride = stride.saturating_mul(d);
         }
-        steps.push(order.iter().map(|&l| per_label.get(l).copied().unwrap_or(0)).collect());
+        steps.push(
+            order
+                .iter()
+                .map(|&l| per_label.get(l).copied().unwrap_or(0))
+                .collect(),
+        );
     }
     let float = dtype.is_float();
     let fvals: Vec<Vec<f64>> = if float {

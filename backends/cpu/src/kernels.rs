@@ -260,12 +260,9 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             a.axis.as_deref(),
             a.keepdims,
         )),
-        Op::Argmax { axis, keepdims } => t(search::arg_reduce(
-            tensor(args, 0)?,
-            *axis,
-            *keepdims,
-            true,
-        )),
+        Op::Argmax { axis, keepdims } => {
+            t(search::arg_reduce(tensor(args, 0)?, *axis, *keepdims, true))
+        }
         Op::Argmin { axis, keepdims } => t(search::arg_reduce(
             tensor(args, 0)?,
             *axis,

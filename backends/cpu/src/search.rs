@@ -166,11 +166,15 @@ pub(crate) fn topk(
     let values = match &keys {
         Keys::F(v) => Storage::from_f64(
             t.dtype(),
-            src.iter().map(|&s| v.get(s).copied().unwrap_or(0.0)).collect(),
+            src.iter()
+                .map(|&s| v.get(s).copied().unwrap_or(0.0))
+                .collect(),
         ),
         Keys::I(v) => Storage::from_i64(
             t.dtype(),
-            src.iter().map(|&s| v.get(s).copied().unwrap_or(0)).collect(),
+            src.iter()
+                .map(|&s| v.get(s).copied().unwrap_or(0))
+                .collect(),
         ),
     };
     Ok((

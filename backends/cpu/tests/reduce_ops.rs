@@ -174,7 +174,15 @@ fn argmax_argmin_match_naive_loops() {
     let mut rng = Rng::new(5);
     let sh = [3usize, 4, 5];
     let x = random(&mut rng, 60);
-    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::U8, DType::I64] {
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I64,
+    ] {
         let xs: Vec<f64> = if dtype == DType::U8 {
             x.iter().map(|v| v + 4.0).collect()
         } else {
@@ -205,7 +213,10 @@ fn argmax_argmin_match_naive_loops() {
     }
     // Over the flattened tensor, and bool.
     let v = tf(DType::F32, &[2, 2], &[1.0, 7.0, 7.0, -3.0]);
-    assert_eq!(run(&op("relax.argmax", &[]), &[v.clone()]).to_i64_vec(), vec![1]);
+    assert_eq!(
+        run(&op("relax.argmax", &[]), &[v.clone()]).to_i64_vec(),
+        vec![1]
+    );
     assert_eq!(run(&op("relax.argmin", &[]), &[v]).to_i64_vec(), vec![3]);
     let b = tf(DType::Bool, &[3], &[0.0, 1.0, 1.0]);
     assert_eq!(run(&op("relax.argmax", &[]), &[b]).to_i64_vec(), vec![1]);
@@ -252,9 +263,15 @@ fn topk_orders_values_and_breaks_ties_by_index() {
     assert_eq!(i.to_i64_vec(), vec![1, 1, 1, 1, 0]);
     // Integers; k = 0; k too large.
     let xi = tf(DType::I32, &[4], &[7.0, -2.0, 9.0, 7.0]);
-    let o = op("relax.topk", &[("k", AttrLit::Int(2)), ("ret_type", s("values"))]);
+    let o = op(
+        "relax.topk",
+        &[("k", AttrLit::Int(2)), ("ret_type", s("values"))],
+    );
     assert_eq!(run(&o, &[xi.clone()]).to_i64_vec(), vec![9, 7]);
-    let o = op("relax.topk", &[("k", AttrLit::Int(0)), ("ret_type", s("values"))]);
+    let o = op(
+        "relax.topk",
+        &[("k", AttrLit::Int(0)), ("ret_type", s("values"))],
+    );
     assert_eq!(run(&o, &[xi.clone()]).shape(), &[0]);
     let o = op("relax.topk", &[("k", AttrLit::Int(5))]);
     assert!(eval_op(&o, &[xi]).is_err());
@@ -344,7 +361,22 @@ fn einsum_matches_naive_loops() {
     );
     // Errors, not panics.
     let bad = op("relax.einsum", &[("subscripts", s("ij,jk->ik"))]);
-    assert!(eval_op(&bad, &[Value::Tuple(vec![m.clone(), tf(DType::F32, &[3], &u)])]).is_err());
-    assert!(eval_op(&bad, &[Value::Tuple(vec![m.clone(), tf(DType::F64, &[2, 2], &[0.0; 4])])]).is_err());
+    assert!(
+        eval_op(
+            &bad,
+            &[Value::Tuple(vec![m.clone(), tf(DType::F32, &[3], &u)])]
+        )
+        .is_err()
+    );
+    assert!(
+        eval_op(
+            &bad,
+            &[Value::Tuple(vec![
+                m.clone(),
+                tf(DType::F64, &[2, 2], &[0.0; 4])
+            ])]
+        )
+        .is_err()
+    );
     assert!(eval_op(&bad, &[m]).is_err());
 }

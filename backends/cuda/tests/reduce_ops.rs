@@ -76,19 +76,28 @@ fn run(name: &str, params: &str, body: &[&str]) -> usize {
 fn min_and_prod() {
     let p = format!("x: {}", f32t("4, 6, 5"));
     for op in ["min", "prod"] {
-        run(op, &p, &[&format!("gv = R.{op}(x, axis=[2], keepdims=False)")]);
-        run(op, &p, &[&format!("gv = R.{op}(x, axis=[0], keepdims=True)")]);
-        run(op, &p, &[&format!("gv = R.{op}(x, axis=[1, 2], keepdims=False)")]);
+        run(
+            op,
+            &p,
+            &[&format!("gv = R.{op}(x, axis=[2], keepdims=False)")],
+        );
+        run(
+            op,
+            &p,
+            &[&format!("gv = R.{op}(x, axis=[0], keepdims=True)")],
+        );
+        run(
+            op,
+            &p,
+            &[&format!("gv = R.{op}(x, axis=[1, 2], keepdims=False)")],
+        );
         run(op, &p, &[&format!("gv = R.{op}(x)")]);
     }
     // A row reduction feeding an elementwise epilogue (one row kernel).
     run(
         "prod then add",
         &p,
-        &[
-            "a = R.prod(x, axis=[2], keepdims=True)",
-            "gv = R.add(x, a)",
-        ],
+        &["a = R.prod(x, axis=[2], keepdims=True)", "gv = R.add(x, a)"],
     );
 }
 
@@ -96,9 +105,17 @@ fn min_and_prod() {
 fn argmax_and_argmin() {
     let p = format!("x: {}", f32t("4, 6, 5"));
     for op in ["argmax", "argmin"] {
-        run(op, &p, &[&format!("gv = R.{op}(x, axis=-1, keepdims=False)")]);
+        run(
+            op,
+            &p,
+            &[&format!("gv = R.{op}(x, axis=-1, keepdims=False)")],
+        );
         run(op, &p, &[&format!("gv = R.{op}(x, axis=1, keepdims=True)")]);
-        run(op, &p, &[&format!("gv = R.{op}(x, axis=0, keepdims=False)")]);
+        run(
+            op,
+            &p,
+            &[&format!("gv = R.{op}(x, axis=0, keepdims=False)")],
+        );
         run(op, &p, &[&format!("gv = R.{op}(x)")]);
     }
     // Ties resolve to the first index, as on the CPU.
@@ -129,7 +146,11 @@ fn einsum_equations() {
     }
     let p = format!("x: {}", f32t("3, 3"));
     for eq in ["ii->i", "ij->ji", "ij->", "ii"] {
-        run(eq, &p, &[&format!("gv = R.einsum((x,), subscripts=\"{eq}\")")]);
+        run(
+            eq,
+            &p,
+            &[&format!("gv = R.einsum((x,), subscripts=\"{eq}\")")],
+        );
     }
 }
 

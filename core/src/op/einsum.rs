@@ -176,7 +176,9 @@ impl EinsumSpec {
                     .map(|(id, (&c, _))| (c, n_ellipsis + id))
                     .collect();
                 once.sort_unstable();
-                (0..n_ellipsis).chain(once.into_iter().map(|x| x.1)).collect()
+                (0..n_ellipsis)
+                    .chain(once.into_iter().map(|x| x.1))
+                    .collect()
             }
         };
         Ok(EinsumSpec {

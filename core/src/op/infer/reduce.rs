@@ -215,7 +215,10 @@ mod tests {
             ]
         );
         assert_eq!(op("relax.min", &[]).fusion_kind(), FusionKind::CommReduce);
-        assert_eq!(op("relax.argmax", &[]).fusion_kind(), FusionKind::CommReduce);
+        assert_eq!(
+            op("relax.argmax", &[]).fusion_kind(),
+            FusionKind::CommReduce
+        );
         assert_eq!(topk.fusion_kind(), FusionKind::Opaque);
     }
 
@@ -245,12 +248,12 @@ mod tests {
         assert!(min.infer(&[&t(&[d(3)], DType::F32)]).is_err());
         let am = op(
             "relax.argmax",
-            &[("axis", AttrLit::Int(-1)), ("keepdims", AttrLit::Bool(true))],
+            &[
+                ("axis", AttrLit::Int(-1)),
+                ("keepdims", AttrLit::Bool(true)),
+            ],
         );
-        assert_eq!(
-            am.infer(&[&x]),
-            Ok(t(&[d(3), n.clone(), d(1)], DType::I64))
-        );
+        assert_eq!(am.infer(&[&x]), Ok(t(&[d(3), n.clone(), d(1)], DType::I64)));
         let all = op("relax.argmin", &[]);
         assert_eq!(all.infer(&[&x]), Ok(t(&[], DType::I64)));
         let bad = op("relax.argmax", &[("axis", AttrLit::Int(3))]);
@@ -266,7 +269,10 @@ mod tests {
                 t(&[d(2), n.clone(), d(4)], DType::I32),
             ]))
         );
-        let big = op("relax.topk", &[("k", AttrLit::Int(5)), ("axis", AttrLit::Int(0))]);
+        let big = op(
+            "relax.topk",
+            &[("k", AttrLit::Int(5)), ("axis", AttrLit::Int(0))],
+        );
         assert!(big.infer(&[&x]).unwrap_err().contains("larger than"));
         let es = |eq: &str| op("relax.einsum", &[("subscripts", AttrLit::Str(eq.into()))]);
         let q = t(&[d(2), d(4), n.clone(), d(16)], DType::F32);

@@ -94,7 +94,11 @@ pub(crate) fn attention(
     let rank3 = match qd.len() {
         3 => true,
         4 => false,
-        r => return Err(invalid(format!("Attention: Q must be 3-D or 4-D, found rank {r}"))),
+        r => {
+            return Err(invalid(format!(
+                "Attention: Q must be 3-D or 4-D, found rank {r}"
+            )));
+        }
     };
     for (e, what) in [(k, "K"), (v, "V")] {
         if im.dims(e)?.0.len() != qd.len() {
@@ -388,9 +392,8 @@ pub(crate) fn attention(
         _ => with_bias,
     };
     let precision = if a.has("softmax_precision") {
-        super::super::dtype_of(a.int("softmax_precision", 1) as i32).ok_or_else(|| {
-            invalid("Attention: softmax_precision names an unsupported type")
-        })?
+        super::super::dtype_of(a.int("softmax_precision", 1) as i32)
+            .ok_or_else(|| invalid("Attention: softmax_precision names an unsupported type"))?
     } else {
         dt
     };
@@ -537,10 +540,7 @@ pub(crate) fn rotary_embedding(
     let (cos, sin) = (cs[0], cs[1]);
     let interleaved = a.int("interleaved", 0) != 0;
     let (x1, x2) = if interleaved {
-        (
-            slice_last(im, x, 0, rd, 2)?,
-            slice_last(im, x, 1, rd, 2)?,
-        )
+        (slice_last(im, x, 0, rd, 2)?, slice_last(im, x, 1, rd, 2)?)
     } else {
         (
             slice_last(im, x, 0, half, 1)?,

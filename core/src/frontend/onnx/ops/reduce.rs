@@ -141,9 +141,10 @@ pub(crate) fn arg(
     if a.int("select_last_index", 0) == 0 {
         return Ok(call(mk(axis as i64), vec![x]));
     }
-    let n = dims.get(axis).and_then(|d| d.as_static()).ok_or_else(|| {
-        invalid("select_last_index needs a static extent on the reduced axis")
-    })?;
+    let n = dims
+        .get(axis)
+        .and_then(|d| d.as_static())
+        .ok_or_else(|| invalid("select_last_index needs a static extent on the reduced axis"))?;
     let rev = im.emit(
         Op::StridedSlice(Box::new(StridedSliceAttrs {
             axes: vec![axis as i64],
@@ -255,7 +256,11 @@ pub(crate) fn lp_normalization(
             let s = im.emit(Op::Sum(keep), vec![sq])?;
             im.emit(Op::Sqrt, vec![s])?
         }
-        p => return Err(invalid(format!("LpNormalization: p must be 1 or 2, found {p}"))),
+        p => {
+            return Err(invalid(format!(
+                "LpNormalization: p must be 1 or 2, found {p}"
+            )));
+        }
     };
     let t = im.scalar(tiny, dt);
     let floor = im.emit(Op::Maximum, vec![norm, t])?;
@@ -287,7 +292,9 @@ pub(crate) fn hardmax(
     let r = dims.len();
     if im.opset >= 13 {
         let axis = normalize_axis(a.int("axis", -1), r)?;
-        return Ok(vec![Out::Val(Val::Expr(hardmax_along(im, x, &dims, dt, axis)?))]);
+        return Ok(vec![Out::Val(Val::Expr(hardmax_along(
+            im, x, &dims, dt, axis,
+        )?))]);
     }
     let axis = normalize_axis(a.int("axis", 1), r.max(1))?;
     let flat = vec![super::prod(&dims[..axis]), super::prod(&dims[axis..])];
