@@ -13,6 +13,8 @@ use crate::elementwise::{self, BinOp, SignOp};
 use crate::{Error, Result, conv, layout, matmul, nn, reduce};
 // -- index ops (issue 17) --
 use crate::index;
+// -- reduce ops (issue 17) --
+use crate::{einsum, search};
 use fusebox_core::op::Op;
 use fusebox_core::runtime::{Prim, Tensor, Value};
 
@@ -52,6 +54,26 @@ fn prim(args: &[Value], i: usize) -> std::result::Result<Prim, String> {
             v.kind()
         )),
         None => Err(format!("missing argument {i}")),
+    }
+}
+
+// -- reduce ops (issue 17) --
+/// Argument 0 as a tuple of tensors.
+fn tuple_tensors(args: &[Value]) -> std::result::Result<Vec<&Tensor>, String> {
+    match args.first() {
+        Some(Value::Tuple(fields)) => fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match f {
+                Value::Tensor(t) => Ok(t),
+                v => Err(format!(
+                    "expected field {i} of the tuple to be a tensor, found {}",
+                    v.kind()
+                )),
+            })
+            .collect(),
+        Some(v) => Err(format!("expected a tuple of tensors, found {}", v.kind())),
+        None => Err("missing argument 0".to_string()),
     }
 }
 
@@ -272,5 +294,45 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
         Op::Cumsum(a) => t(index::scan(tensor(args, 0)?, a, false)),
         Op::Cumprod(a) => t(index::scan(tensor(args, 0)?, a, true)),
         Op::Pad(a) => t(index::pad(tensor(args, 0)?, a)),
+        // -- reduce ops (issue 17) --
+        Op::Min(a) => t(reduce::reduce(
+            tensor(args, 0)?,
+            reduce::ReduceOp::Min,
+            a.axis.as_deref(),
+            a.keepdims,
+        )),
+        Op::Prod(a) => t(reduce::reduce(
+            tensor(args, 0)?,
+            reduce::ReduceOp::Prod,
+            a.axis.as_deref(),
+            a.keepdims,
+        )),
+        Op::Argmax { axis, keepdims } => {
+            t(search::arg_reduce(tensor(args, 0)?, *axis, *keepdims, true))
+        }
+        Op::Argmin { axis, keepdims } => t(search::arg_reduce(
+            tensor(args, 0)?,
+            *axis,
+            *keepdims,
+            false,
+        )),
+        Op::Topk(a) => {
+            let (v, i) = search::topk(
+                tensor(args, 0)?,
+                a.k,
+                a.axis,
+                a.largest,
+                a.dtype.unwrap_or(fusebox_core::ir::DType::I32),
+            )?;
+            Ok(match a.ret_type.as_str() {
+                "values" => Value::Tensor(v),
+                "indices" => Value::Tensor(i),
+                _ => Value::Tuple(vec![Value::Tensor(v), Value::Tensor(i)]),
+            })
+        }
+        Op::Einsum { subscripts } => {
+            let parts = tuple_tensors(args)?;
+            t(einsum::einsum(&parts, subscripts))
+        }
     }
 }

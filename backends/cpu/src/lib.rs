@@ -61,6 +61,9 @@ mod util;
 mod winograd;
 // -- index ops (issue 17) --
 mod index;
+// -- reduce ops (issue 17) --
+mod einsum;
+mod search;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};

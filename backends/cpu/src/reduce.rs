@@ -1,9 +1,11 @@
-//! Reductions (`sum`, `mean`, `max`) over any set of axes, and `softmax` / `log_softmax`
-//! along one axis.
+//! Reductions (`sum`, `mean`, `max`, `min`, `prod`) over any set of axes, and `softmax` /
+//! `log_softmax` along one axis.
 //!
-//! Float reductions accumulate in `f64` and round once to the input dtype; integer `sum`
-//! wraps in `i64`, integer `mean` truncates toward zero. A `max` over an empty extent is an
-//! error.
+//! Float reductions accumulate in `f64` and round once to the input dtype; integer `sum` and
+//! `prod` wrap in `i64`, integer `mean` truncates toward zero. A reduction over an empty
+//! extent gives its identity (ONNX's definition): 0 for `sum`, 1 for `prod`, -inf / +inf for
+//! `max` / `min` of floats and the dtype's smallest / largest value for integers and `bool`;
+//! an integer `mean` over an empty extent is an error.
 //!
 //! ```text
 //! s: R.Tensor((3, 1), dtype="float32") = R.sum(x, axis=[1], keepdims=True)   # x: (3, 17)
@@ -112,9 +114,24 @@ pub(crate) enum ReduceOp {
     Sum,
     Mean,
     Max,
+    // -- reduce ops (issue 17) --
+    Min,
+    Prod,
 }
 
-/// `sum`/`mean`/`max` over `axis` (`None`: all), keeping reduced axes as 1s when `keepdims`.
+/// The smallest and largest value of an integer (or `bool`) dtype, as `i64`.
+fn int_bounds(d: fusebox_core::ir::DType) -> (i64, i64) {
+    use fusebox_core::ir::DType;
+    match d {
+        DType::I8 => (i64::from(i8::MIN), i64::from(i8::MAX)),
+        DType::U8 => (0, i64::from(u8::MAX)),
+        DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
+        DType::Bool => (0, 1),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
+/// `sum`/`mean`/`max`/`min`/`prod` over `axis` (`None`: all), keeping reduced axes as 1s when `keepdims`.
 pub(crate) fn reduce(
     t: &Tensor,
     op: ReduceOp,
@@ -135,16 +152,14 @@ pub(crate) fn reduce(
         red.kept.clone()
     };
     let n_out: usize = red.kept.iter().product();
-    if op == ReduceOp::Max && red.count == 0 && n_out > 0 {
-        return Err("max over an empty extent".to_string());
-    }
     let zeros = vec![0usize; r];
     let data = if t.dtype().is_float() {
         let x = t.to_f64_vec();
-        let init = if op == ReduceOp::Max {
-            f64::NEG_INFINITY
-        } else {
-            0.0
+        let init = match op {
+            ReduceOp::Max => f64::NEG_INFINITY,
+            ReduceOp::Min => f64::INFINITY,
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Sum | ReduceOp::Mean => 0.0,
         };
         let mut acc = vec![init; n_out];
         match op {
@@ -153,6 +168,14 @@ pub(crate) fn reduce(
                 if x[i] > acc[o] || x[i].is_nan() {
                     acc[o] = x[i];
                 }
+            }),
+            ReduceOp::Min => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
+                if x[i] < acc[o] || x[i].is_nan() {
+                    acc[o] = x[i];
+                }
+            }),
+            ReduceOp::Prod => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
+                acc[o] *= x[i]
             }),
             _ => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
                 acc[o] += x[i]
@@ -165,12 +188,28 @@ pub(crate) fn reduce(
         Storage::from_f64(t.dtype(), acc)
     } else {
         let x = t.to_i64_vec();
-        let init = if op == ReduceOp::Max { i64::MIN } else { 0 };
+        let (lo, hi) = int_bounds(t.dtype());
+        let init = match op {
+            ReduceOp::Max => lo,
+            ReduceOp::Min => hi,
+            ReduceOp::Prod => 1,
+            ReduceOp::Sum | ReduceOp::Mean => 0,
+        };
         let mut acc = vec![init; n_out];
         match op {
             ReduceOp::Max => {
                 walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
                     acc[o] = acc[o].max(x[i]);
+                });
+            }
+            ReduceOp::Min => {
+                walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
+                    acc[o] = acc[o].min(x[i]);
+                });
+            }
+            ReduceOp::Prod => {
+                walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
+                    acc[o] = acc[o].wrapping_mul(x[i]);
                 });
             }
             _ => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {

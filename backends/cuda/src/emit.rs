@@ -728,6 +728,8 @@ fn red_name(op: RedOp) -> &'static str {
         RedOp::Sum => "sum",
         RedOp::Max => "max",
         RedOp::Min => "min",
+        // -- reduce ops (issue 17) --
+        RedOp::Prod => "prod",
     }
 }
 
@@ -740,6 +742,9 @@ fn red_init(op: RedOp, s: Scalar) -> String {
         (RedOp::Min, Scalar::I64) => "(I)0x7fffffff".into(),
         (RedOp::Max, sc) => float_lit(f64::NEG_INFINITY, sc),
         (RedOp::Min, sc) => float_lit(f64::INFINITY, sc),
+        // -- reduce ops (issue 17) --
+        (RedOp::Prod, Scalar::I64) => "1".into(),
+        (RedOp::Prod, sc) => float_lit(1.0, sc),
     }
 }
 
@@ -748,6 +753,8 @@ fn combine(op: RedOp, s: Scalar, acc: &str, v: &str) -> String {
         RedOp::Sum => format!("{acc} + {v}"),
         RedOp::Max => binary(Bin::Max, s, acc, v),
         RedOp::Min => binary(Bin::Min, s, acc, v),
+        // -- reduce ops (issue 17) --
+        RedOp::Prod => format!("{acc} * {v}"),
     }
 }
 
@@ -995,4 +1002,11 @@ template <typename T> __device__ __forceinline__ T warp_min(T v) {
 FUSEBOX_BLOCK_REDUCE(block_sum, warp_sum)
 FUSEBOX_BLOCK_REDUCE(block_max, warp_max)
 FUSEBOX_BLOCK_REDUCE(block_min, warp_min)
+// -- reduce ops (issue 17) --
+template <typename T> __device__ __forceinline__ T warp_prod(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+FUSEBOX_BLOCK_REDUCE(block_prod, warp_prod)
 "#;

@@ -184,6 +184,8 @@ fn init(op: RedOp, s: Scalar) -> f64 {
         (RedOp::Min, Scalar::I64) => i64::MAX as f64,
         (RedOp::Max, _) => f64::NEG_INFINITY,
         (RedOp::Min, _) => f64::INFINITY,
+        // -- reduce ops (issue 17) --
+        (RedOp::Prod, _) => 1.0,
     }
 }
 
@@ -192,6 +194,8 @@ fn combine(op: RedOp, acc: f64, v: f64, s: Scalar) -> f64 {
         RedOp::Sum => acc + v,
         RedOp::Max => acc.max(v),
         RedOp::Min => acc.min(v),
+        // -- reduce ops (issue 17) --
+        RedOp::Prod => acc * v,
     };
     round(s, r)
 }

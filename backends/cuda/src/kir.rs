@@ -168,6 +168,9 @@ pub enum RedOp {
     Max,
     /// Minimum, starting at +inf (or the largest integer).
     Min,
+    // -- reduce ops (issue 17) --
+    /// Product, starting at 1.
+    Prod,
 }
 
 /// One node of the DAG. Every node has a [`Scalar`] type (see [`Graph::scalar`]).

@@ -50,6 +50,8 @@ use std::collections::HashMap;
 
 // -- index ops (issue 17) --
 mod index;
+// -- reduce ops (issue 17) --
+mod reduce;
 
 /// A lowered function.
 #[derive(Clone, Debug)]
@@ -551,6 +553,10 @@ impl Lowerer<'_> {
                         dtype: x.dtype,
                     }),
                 ]));
+            }
+            // -- reduce ops (issue 17) --
+            Op::Topk(_) => {
+                return Err(self.unsupported("topk is a sort: it runs on the CPU".into()));
             }
             _ => {}
         }
@@ -1081,6 +1087,13 @@ impl Lowerer<'_> {
             | Op::Cumsum(_)
             | Op::Cumprod(_)
             | Op::Pad(_) => self.index_op(op, args, &shape, dtype, &c)?,
+            // -- reduce ops (issue 17) --
+            Op::Min(_)
+            | Op::Prod(_)
+            | Op::Argmax { .. }
+            | Op::Argmin { .. }
+            | Op::Topk(_)
+            | Op::Einsum { .. } => self.reduce17(op, args, &shape, &c)?,
         };
         Ok(Val::T(Tv { node, shape, dtype }))
     }

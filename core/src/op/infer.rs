@@ -7,6 +7,8 @@
 
 // -- elem ops (issue 17) --
 mod elem;
+// -- reduce ops (issue 17) --
+mod reduce;
 
 use super::attrs::layout_pos;
 use super::{Op, SplitSpec};
@@ -724,6 +726,13 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         | Op::Cumsum(_)
         | Op::Cumprod(_)
         | Op::Pad(_) => index::infer(&cx, op),
+        // -- reduce ops (issue 17) --
+        Op::Min(a) | Op::Prod(a) => reduce::reduce(&cx, a),
+        Op::Argmax { axis, keepdims } | Op::Argmin { axis, keepdims } => {
+            reduce::arg_reduce(&cx, *axis, *keepdims)
+        }
+        Op::Topk(a) => reduce::topk(&cx, a),
+        Op::Einsum { subscripts } => reduce::einsum(&cx, subscripts),
     }
 }
 

@@ -33,6 +33,7 @@
 mod attrs;
 mod elem;
 mod index;
+pub mod einsum;
 mod infer;
 #[cfg(test)]
 mod tests;
@@ -283,6 +284,23 @@ pub struct LrnAttrs {
     pub bias: F64,
 }
 
+// -- reduce ops (issue 17) --
+/// Attributes of `relax.topk`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TopkAttrs {
+    /// How many elements to select (at least 0).
+    pub k: i64,
+    /// The axis along which to select.
+    pub axis: i64,
+    /// What the op returns: `"both"` (a tuple of values and indices), `"values"` or
+    /// `"indices"`.
+    pub ret_type: String,
+    /// Select the largest elements (`false`: the smallest).
+    pub largest: bool,
+    /// The dtype of the indices (`None`: `int32`, TVM's default).
+    pub dtype: Option<DType>,
+}
+
 /// An op with its typed attributes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -469,6 +487,32 @@ pub enum Op {
     Cumprod(Box<ScanAttrs>),
     /// `relax.nn.pad`
     Pad(Box<PadAttrs>),
+    // -- reduce ops (issue 17) --
+    /// `relax.min`
+    Min(Box<ReduceAttrs>),
+    /// `relax.prod`
+    Prod(Box<ReduceAttrs>),
+    /// `relax.argmax`: the index (int64) of the first largest element along `axis`.
+    Argmax {
+        /// The axis (`None`: the flattened tensor).
+        axis: Option<i64>,
+        /// Whether the reduced axis stays as an extent-1 dim.
+        keepdims: bool,
+    },
+    /// `relax.argmin`: the index (int64) of the first smallest element along `axis`.
+    Argmin {
+        /// The axis (`None`: the flattened tensor).
+        axis: Option<i64>,
+        /// Whether the reduced axis stays as an extent-1 dim.
+        keepdims: bool,
+    },
+    /// `relax.topk`
+    Topk(Box<TopkAttrs>),
+    /// `relax.einsum` of a tuple of tensors.
+    Einsum {
+        /// The equation (`"bij,bjk->bik"`).
+        subscripts: Box<str>,
+    },
 }
 
 const NAMES: &[&str] = &[
@@ -570,6 +614,13 @@ const NAMES: &[&str] = &[
     "relax.cumsum",
     "relax.cumprod",
     "relax.nn.pad",
+    // -- reduce ops (issue 17) --
+    "relax.min",
+    "relax.prod",
+    "relax.argmax",
+    "relax.argmin",
+    "relax.topk",
+    "relax.einsum",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -726,6 +777,13 @@ impl Op {
             Op::Cumsum(_) => "relax.cumsum",
             Op::Cumprod(_) => "relax.cumprod",
             Op::Pad(_) => "relax.nn.pad",
+            // -- reduce ops (issue 17) --
+            Op::Min(_) => "relax.min",
+            Op::Prod(_) => "relax.prod",
+            Op::Argmax { .. } => "relax.argmax",
+            Op::Argmin { .. } => "relax.argmin",
+            Op::Topk(_) => "relax.topk",
+            Op::Einsum { .. } => "relax.einsum",
         }
     }
 
@@ -779,6 +837,12 @@ impl Op {
             "relax.tril" | "relax.triu" => sig(1, 1, &["k"]),
             "relax.cumsum" | "relax.cumprod" => sig(1, 1, &["axis", "dtype", "exclusive"]),
             "relax.nn.pad" => sig(1, 1, &["pad_width", "pad_mode", "pad_value"]),
+            // -- reduce ops (issue 17) --
+            "relax.min" | "relax.prod" | "relax.argmax" | "relax.argmin" => {
+                sig(1, 1, &["axis", "keepdims"])
+            }
+            "relax.topk" => sig(1, 1, &["k", "axis", "ret_type", "largest", "dtype"]),
+            "relax.einsum" => sig(1, 1, &["subscripts"]),
             _ => return None,
         })
     }
@@ -1017,6 +1081,48 @@ impl Op {
             n if ElemOp::from_name(n).is_some() => match ElemOp::from_name(n) {
                 Some(e) => Op::Elem(e),
                 None => return Err(format!("unknown op `{name}`")),
+            // -- reduce ops (issue 17) --
+            "relax.min" => Op::Min(reduce_attrs(&kw)?),
+            "relax.prod" => Op::Prod(reduce_attrs(&kw)?),
+            "relax.argmax" => Op::Argmax {
+                axis: kw.opt_int("axis", None)?,
+                keepdims: kw.bool("keepdims", false)?,
+            },
+            "relax.argmin" => Op::Argmin {
+                axis: kw.opt_int("axis", None)?,
+                keepdims: kw.bool("keepdims", false)?,
+            },
+            "relax.topk" => {
+                let k = kw.int("k", Some(1))?;
+                at_least(&kw, "k", &[k], 0)?;
+                let ret_type = kw.string("ret_type", Some("both"))?;
+                if !matches!(ret_type.as_str(), "both" | "values" | "indices") {
+                    return Err(kw.invalid(
+                        "ret_type",
+                        &format!(
+                            "expected \"both\", \"values\" or \"indices\", found \"{ret_type}\""
+                        ),
+                    ));
+                }
+                let dtype = kw.opt_dtype("dtype")?;
+                if let Some(d) = dtype
+                    && !d.is_int()
+                {
+                    return Err(kw.invalid(
+                        "dtype",
+                        &format!("expected an integer dtype for the indices, found {d}"),
+                    ));
+                }
+                Op::Topk(Box::new(TopkAttrs {
+                    k,
+                    axis: kw.int("axis", Some(-1))?,
+                    ret_type,
+                    largest: kw.bool("largest", true)?,
+                    dtype,
+                }))
+            }
+            "relax.einsum" => Op::Einsum {
+                subscripts: kw.string("subscripts", None)?.into_boxed_str(),
             },
             _ => return Err(format!("unknown op `{name}`")),
             // -- index ops (issue 17) --
@@ -1145,6 +1251,20 @@ impl Op {
             | Op::Cumsum(_)
             | Op::Cumprod(_)
             | Op::Pad(_) => index::kwargs(self).unwrap_or_default(),
+            // -- reduce ops (issue 17) --
+            Op::Min(a) | Op::Prod(a) => reduce_kwargs(a),
+            Op::Argmax { axis, keepdims } | Op::Argmin { axis, keepdims } => vec![
+                ("axis", opt_int_lit(*axis)),
+                ("keepdims", AttrLit::Bool(*keepdims)),
+            ],
+            Op::Topk(a) => vec![
+                ("k", AttrLit::Int(a.k)),
+                ("axis", AttrLit::Int(a.axis)),
+                ("ret_type", str_lit(&a.ret_type)),
+                ("largest", AttrLit::Bool(a.largest)),
+                ("dtype", dtype_lit(a.dtype)),
+            ],
+            Op::Einsum { subscripts } => vec![("subscripts", str_lit(subscripts))],
         }
     }
 
@@ -1154,6 +1274,7 @@ impl Op {
     /// a mix of reductions and injective stages, which TVM's pattern analysis does not fuse
     /// as one); `dropout` is `Opaque` (it returns a tuple and has no fusable lowering);
     /// `lrn` is `Opaque` (a windowed reduction across channels, as in Relay);
+    /// `einsum` is `OutEWiseFusable` (a contraction, like matmul); `topk` is `Opaque` (a sort);
     /// `adaptive_avg_pool2d` is `OutEWiseFusable` like the other pools (Relay's pattern);
     /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds).
     /// Index ops (issue 17): `tril`/`triu` are `ElemWise` and gathers, `one_hot`, `arange`,
@@ -1220,6 +1341,12 @@ impl Op {
             Op::ScatterElements { .. } | Op::ScatterNd { .. } | Op::Cumsum(_) | Op::Cumprod(_) => {
                 FusionKind::Opaque
             }
+            // -- reduce ops (issue 17) --
+            Op::Min(_) | Op::Prod(_) | Op::Argmax { .. } | Op::Argmin { .. } => {
+                FusionKind::CommReduce
+            }
+            Op::Einsum { .. } => FusionKind::OutEWiseFusable,
+            Op::Topk(_) => FusionKind::Opaque,
         }
     }
 

@@ -195,6 +195,8 @@ fn default_instance(name: &str) -> Op {
         "relax.one_hot" => op(name, &[("depth", AttrLit::Int(4))]),
         "relax.tile" => op(name, &[("repeats", ints(&[2]))]),
         "relax.nn.pad" => op(name, &[("pad_width", ints(&[1, 1]))]),
+        // -- reduce ops (issue 17) --
+        "relax.einsum" => op(name, &[("subscripts", s("ij,jk->ik"))]),
         _ => op(name, &[]),
     }
 }
@@ -204,6 +206,7 @@ fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
     assert_eq!(names.len(), 47 + crate::op::ElemOp::ALL.len());
     assert_eq!(names.len(), 47 + 12);
+    assert_eq!(names.len(), 53);
     for name in names {
         let sig = Op::signature(name);
         assert!(sig.is_some(), "{name} has no signature");

@@ -185,6 +185,22 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "SpaceToDepth",
     "Tile",
     "Trilu",
+    // -- reduce ops (issue 17) --
+    "ArgMax",
+    "Attention",
+    "ArgMin",
+    "Einsum",
+    "Hardmax",
+    "LpNormalization",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSumSquare",
+    "RotaryEmbedding",
+    "TopK",
 ];
 
 /// ONNX ops whose output shape depends on the input values (not only on the input shapes):

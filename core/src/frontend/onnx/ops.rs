@@ -18,6 +18,9 @@ mod quant;
 mod rnn;
 // -- elem ops (issue 17) --
 mod elem;
+// -- reduce ops (issue 17) --
+mod attention;
+mod reduce;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
@@ -662,6 +665,16 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         | "Range" | "Tile" | "Trilu" | "CumSum" | "CumProd" | "Pad" | "Size" | "DepthToSpace"
         | "SpaceToDepth" => index::convert(im, node)?
             .ok_or_else(|| invalid(format!("internal: no converter for `{op}`"))),
+        // -- reduce ops (issue 17) --
+        "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceLogSum"
+        | "ReduceLogSumExp" | "ReduceSumSquare" => reduce::reduce(im, node, &a),
+        "ArgMax" | "ArgMin" => reduce::arg(im, node, &a),
+        "TopK" => reduce::topk(im, node, &a),
+        "Einsum" => reduce::einsum(im, node, &a),
+        "LpNormalization" => reduce::lp_normalization(im, node, &a),
+        "Hardmax" => reduce::hardmax(im, node, &a),
+        "Attention" => attention::attention(im, node, &a),
+        "RotaryEmbedding" => attention::rotary_embedding(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }

@@ -1,0 +1,183 @@
+//! `einsum` (issue 17): a general Einstein summation over any number of operands.
+//!
+//! Contract: the equation is parsed by [`EinsumSpec`] (numpy semantics: `...` broadcast dims,
+//! repeated labels take diagonals, labels missing from the output are summed). Every output
+//! element is the sum, over the summed labels, of the product of the operands' elements, in a
+//! fixed order (deterministic). Floats accumulate in `f64` and round once; integers wrap in
+//! `i64`. Operands must share one numeric dtype; `bool` is refused.
+//!
+//! ```text
+//! y: R.Tensor((2, 3, 5), dtype="float32") = R.einsum((a, b), subscripts="bij,bjk->bik")
+//!     # a: (2, 3, 4), b: (2, 4, 5): a batched matmul
+//! ```
+
+use crate::util::{KResult, tensor};
+use fusebox_core::ir::DType;
+use fusebox_core::op::einsum::EinsumSpec;
+use fusebox_core::runtime::{Storage, Tensor};
+
+/// The most multiply-adds one `einsum` may take (guards against absurd label extents).
+const MAX_WORK: usize = 1 << 40;
+
+/// `einsum(operands, subscripts)`.
+pub(crate) fn einsum(ops: &[&Tensor], subscripts: &str) -> KResult<Tensor> {
+    let Some(first) = ops.first() else {
+        return Err("einsum needs at least one operand".to_string());
+    };
+    let dtype = first.dtype();
+    if let Some(t) = ops.iter().find(|t| t.dtype() != dtype) {
+        return Err(format!(
+            "einsum operands must share one dtype, found {dtype} and {}",
+            t.dtype()
+        ));
+    }
+    if dtype == DType::Bool {
+        return Err("einsum is not defined on bool tensors".to_string());
+    }
+    let ranks: Vec<usize> = ops.iter().map(|t| t.rank()).collect();
+    let spec = EinsumSpec::parse(subscripts, &ranks)?;
+    let shapes: Vec<&[usize]> = ops.iter().map(|t| t.shape()).collect();
+    let ext: Vec<usize> = spec
+        .label_extents(&shapes, |d| *d == 1, ToString::to_string)?
+        .into_iter()
+        .map(|e| e.unwrap_or(1))
+        .collect();
+    // Loop order: the output labels, then the summed ones.
+    let mut order: Vec<usize> = spec.output.clone();
+    order.extend((0..spec.n_labels).filter(|l| !spec.output.contains(l)));
+    let extents: Vec<usize> = order
+        .iter()
+        .map(|&l| ext.get(l).copied().unwrap_or(1))
+        .collect();
+    let out_shape: Vec<usize> = extents.iter().take(spec.output.len()).copied().collect();
+    let n_out = out_shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or("the output is too large")?;
+    let n_sum = extents
+        .iter()
+        .skip(spec.output.len())
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or("the summed extent is too large")?;
+    if n_out.checked_mul(n_sum).is_none_or(|w| w > MAX_WORK) {
+        return Err(format!(
+            "einsum `{subscripts}` would take more than {MAX_WORK} multiply-adds"
+        ));
+    }
+    // Per operand, the stride of each loop label (0 where a dim of extent 1 broadcasts; the
+    // strides of a repeated label add up: its diagonal).
+    let mut steps: Vec<Vec<usize>> = Vec::with_capacity(ops.len());
+    for (t, labels) in ops.iter().zip(&spec.inputs) {
+        let mut per_label = vec![0usize; spec.n_labels];
+        let mut stride = 1usize;
+        for (k, &l) in labels.iter().enumerate().rev() {
+            let d = t.shape().get(k).copied().unwrap_or(1);
+            if d != 1
+                && let Some(s) = per_label.get_mut(l)
+            {
+                *s += stride;
+            }
+            stride = stride.saturating_mul(d);
+        }
+        steps.push(
+            order
+                .iter()
+                .map(|&l| per_label.get(l).copied().unwrap_or(0))
+                .collect(),
+        );
+    }
+    let float = dtype.is_float();
+    let fvals: Vec<Vec<f64>> = if float {
+        ops.iter().map(|t| t.to_f64_vec()).collect()
+    } else {
+        Vec::new()
+    };
+    let ivals: Vec<Vec<i64>> = if float {
+        Vec::new()
+    } else {
+        ops.iter().map(|t| t.to_i64_vec()).collect()
+    };
+    let mut fout = vec![0.0f64; if float { n_out } else { 0 }];
+    let mut iout = vec![0i64; if float { 0 } else { n_out }];
+    if n_out > 0 {
+        let nl = order.len();
+        let mut idx = vec![0usize; nl];
+        let mut offs = vec![0usize; ops.len()];
+        let no = spec.output.len();
+        let mut o = 0usize;
+        loop {
+            // One output element: sum over the summed labels.
+            let mut facc = 0.0f64;
+            let mut iacc = 0i64;
+            if n_sum > 0 {
+                loop {
+                    if float {
+                        let mut p = 1.0f64;
+                        for (v, &off) in fvals.iter().zip(&offs) {
+                            p *= v.get(off).copied().unwrap_or(0.0);
+                        }
+                        facc += p;
+                    } else {
+                        let mut p = 1i64;
+                        for (v, &off) in ivals.iter().zip(&offs) {
+                            p = p.wrapping_mul(v.get(off).copied().unwrap_or(0));
+                        }
+                        iacc = iacc.wrapping_add(p);
+                    }
+                    if !advance(&mut idx, &extents, &steps, &mut offs, no, nl) {
+                        break;
+                    }
+                }
+            }
+            if let Some(slot) = fout.get_mut(o) {
+                *slot = facc;
+            }
+            if let Some(slot) = iout.get_mut(o) {
+                *slot = iacc;
+            }
+            o += 1;
+            if !advance(&mut idx, &extents, &steps, &mut offs, 0, no) {
+                break;
+            }
+        }
+    }
+    let data = if float {
+        Storage::from_f64(dtype, fout)
+    } else {
+        Storage::from_i64(dtype, iout)
+    };
+    tensor(out_shape, data)
+}
+
+/// Steps the odometer over loop labels `lo..hi` (the last fastest), keeping the operand
+/// offsets in step; returns `false` (with those labels back at 0) when it wraps around.
+fn advance(
+    idx: &mut [usize],
+    extents: &[usize],
+    steps: &[Vec<usize>],
+    offs: &mut [usize],
+    lo: usize,
+    hi: usize,
+) -> bool {
+    let mut k = hi;
+    while k > lo {
+        k -= 1;
+        let e = extents.get(k).copied().unwrap_or(1);
+        let Some(i) = idx.get_mut(k) else {
+            return false;
+        };
+        *i += 1;
+        for (off, st) in offs.iter_mut().zip(steps) {
+            *off += st.get(k).copied().unwrap_or(0);
+        }
+        if *i < e {
+            return true;
+        }
+        let back = *i;
+        *i = 0;
+        for (off, st) in offs.iter_mut().zip(steps) {
+            *off -= st.get(k).copied().unwrap_or(0) * back;
+        }
+    }
+    false
+}

@@ -1,0 +1,587 @@
+//! ONNX `Attention` (opsets 23 to 25) as a composition of existing ops (issue 17): matmul,
+//! softmax, tanh (softcap), concat (the KV cache), broadcast_to + reshape (grouped-query
+//! heads), and additive masks.
+//!
+//! Contract (ONNX's reference semantics):
+//!
+//! - Q/K/V are 4-D `(batch, heads, seq, head_size)`, or 3-D `(batch, seq, heads * head_size)`
+//!   with `q_num_heads` / `kv_num_heads`; a 3-D output is 3-D again. `past_key`/`past_value`
+//!   are concatenated on the sequence axis and returned as `present_key`/`present_value`.
+//! - Q and K are each scaled by `sqrt(scale)` (default `scale = 1/sqrt(head_size)`); KV heads
+//!   are repeated for grouped-query attention (`q_num_heads` a multiple of `kv_num_heads`).
+//! - `softcap > 0` maps the scores through `softcap * tanh(s / softcap)` before the masks.
+//! - The additive bias is the mask (a bool mask is 0 where true and -inf where false; a short
+//!   mask is padded with false / -inf) plus the causal mask (`is_causal`, bottom-right aligned
+//!   after the past), the sliding window (`left_window_size`/`right_window_size`, opset 25)
+//!   and the padding mask of `nonpad_kv_seqlen` (opset 24). The causal, window and padding
+//!   parts need static sequence lengths and a constant `nonpad_kv_seqlen`; they become
+//!   constants.
+//! - A query row whose every key is masked gets zero weights (ONNX's rule), when the masking
+//!   is known at import (causal / window / padding) or comes from a bool mask. A row that a
+//!   run-time *float* mask sets to -inf everywhere gives NaN, as a plain softmax does.
+//! - `qk_matmul_output_mode` 0 and 1 return the (softcapped) scores, 2 the scores plus the
+//!   bias, 3 the softmax weights; `softmax_precision` runs the softmax in that float type.
+//!
+//! ```text
+//! Attention(Q, K, V; is_causal=1)   # Q: (2, 3, 4, 8), K, V: (2, 3, 6, 8)
+//!   → qs = R.multiply(Q, sqrt(1/sqrt(8)));  ks = R.multiply(K, sqrt(1/sqrt(8)))
+//!     s  = R.matmul(qs, R.permute_dims(ks, axes=[0, 1, 3, 2]))
+//!     p  = R.nn.softmax(R.add(s, metadata[...] /* (4, 6): 0 or -inf */), axis=-1)
+//!     Y  = R.matmul(p, V)
+//! ```
+
+use super::super::{Attrs, Importer, Out, Val, input, invalid, req};
+use super::reduce::const_of;
+use crate::error::Result;
+use crate::ir::{DType, Dim, ExprId};
+use crate::op::{Op, ReduceAttrs};
+
+/// The most elements of the constant masks built at import time.
+const MAX_MASK: i64 = 1 << 26;
+
+fn stat(d: &Dim, what: &str) -> Result<i64> {
+    d.as_static()
+        .ok_or_else(|| invalid(format!("Attention needs a static {what}, found `{d}`")))
+}
+
+/// The largest finite value of a float dtype.
+fn finite_max(dt: DType) -> Option<f64> {
+    Some(match dt {
+        DType::F64 => f64::MAX,
+        DType::F32 => f64::from(f32::MAX),
+        DType::F16 => 65504.0,
+        DType::BF16 => 3.389_531_389_251_535_5e38,
+        _ => return None,
+    })
+}
+
+/// A 3-D `(batch, seq, heads * size)` tensor as `(batch, heads, seq, size)`.
+fn split_heads(im: &mut Importer<'_>, x: ExprId, heads: i64, what: &str) -> Result<ExprId> {
+    let (d, _) = im.dims(x)?;
+    let hidden = stat(&d[2], what)?;
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(invalid(format!(
+            "Attention: the hidden size {hidden} of {what} is not a multiple of {heads} heads"
+        )));
+    }
+    let s = im.b.shape(vec![
+        d[0].clone(),
+        d[1].clone(),
+        Dim::Static(heads),
+        Dim::Static(hidden / heads),
+    ]);
+    let r = im.emit(Op::Reshape, vec![x, s])?;
+    im.emit(
+        Op::PermuteDims {
+            axes: Some(vec![0, 2, 1, 3]),
+        },
+        vec![r],
+    )
+}
+
+/// Converts one `Attention` node (see the module docs).
+pub(crate) fn attention(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let mut q = im.expr(req(node, 0)?)?;
+    let mut k = im.expr(req(node, 1)?)?;
+    let mut v = im.expr(req(node, 2)?)?;
+    let (qd, dt) = im.dims(q)?;
+    let max = finite_max(dt)
+        .ok_or_else(|| invalid(format!("Attention needs float inputs, found {dt}")))?;
+    let rank3 = match qd.len() {
+        3 => true,
+        4 => false,
+        r => {
+            return Err(invalid(format!(
+                "Attention: Q must be 3-D or 4-D, found rank {r}"
+            )));
+        }
+    };
+    for (e, what) in [(k, "K"), (v, "V")] {
+        if im.dims(e)?.0.len() != qd.len() {
+            return Err(invalid(format!("Attention: {what} must have Q's rank")));
+        }
+    }
+    if rank3 {
+        let (qh, kvh) = (a.int("q_num_heads", 0), a.int("kv_num_heads", 0));
+        if qh <= 0 || kvh <= 0 {
+            return Err(invalid(
+                "Attention with 3-D inputs needs q_num_heads and kv_num_heads",
+            ));
+        }
+        q = split_heads(im, q, qh, "Q")?;
+        k = split_heads(im, k, kvh, "K")?;
+        v = split_heads(im, v, kvh, "V")?;
+    }
+    let (qd, _) = im.dims(q)?;
+    // The KV cache.
+    let past = match (input(node, 4), input(node, 5)) {
+        (Some(pk), Some(pv)) => Some((pk, pv)),
+        (None, None) => None,
+        _ => return Err(invalid("Attention: past_key and past_value go together")),
+    };
+    let mut past_len = 0i64;
+    if let Some((pk, pv)) = past {
+        let pk = im.expr(pk)?;
+        let pv = im.expr(pv)?;
+        past_len = stat(&im.dims(pk)?.0[2], "past length")?;
+        let tk = im.b.tuple(vec![pk, k])?;
+        k = im.emit(Op::Concat { axis: Some(2) }, vec![tk])?;
+        let tv = im.b.tuple(vec![pv, v])?;
+        v = im.emit(Op::Concat { axis: Some(2) }, vec![tv])?;
+    }
+    let (present_k, present_v) = (k, v);
+    let (kd, _) = im.dims(k)?;
+    let (vd, _) = im.dims(v)?;
+    let batch = qd[0].clone();
+    let q_heads = stat(&qd[1], "number of Q heads")?;
+    let kv_heads = stat(&kd[1], "number of KV heads")?;
+    let sq = stat(&qd[2], "query length")?;
+    let skv = stat(&kd[2], "key length")?;
+    let head = stat(&qd[3], "head size")?;
+    // Scale Q and K by sqrt(scale) each, in the input dtype (as ONNX's reference).
+    let scale = if a.has("scale") {
+        a.float("scale", 1.0)
+    } else {
+        1.0 / (head as f64).sqrt()
+    };
+    let root = im.scalar(scale.sqrt(), dt);
+    let qs = im.emit(Op::Multiply, vec![q, root])?;
+    let ks = im.emit(Op::Multiply, vec![k, root])?;
+    // Grouped-query attention: repeat each KV head (h0, h0, h1, h1, ...).
+    let (ks, v) = if q_heads != kv_heads {
+        if kv_heads <= 0 || q_heads % kv_heads != 0 {
+            return Err(invalid(format!(
+                "Attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads"
+            )));
+        }
+        let rep = q_heads / kv_heads;
+        let mut out = Vec::new();
+        for (e, d) in [(ks, &kd), (v, &vd)] {
+            let x = im.emit(Op::ExpandDims { axis: vec![2] }, vec![e])?;
+            let wide = im.b.shape(vec![
+                d[0].clone(),
+                Dim::Static(kv_heads),
+                Dim::Static(rep),
+                d[2].clone(),
+                d[3].clone(),
+            ]);
+            let b = im.emit(Op::BroadcastTo, vec![x, wide])?;
+            let s = im.b.shape(vec![
+                d[0].clone(),
+                Dim::Static(q_heads),
+                d[2].clone(),
+                d[3].clone(),
+            ]);
+            out.push(im.emit(Op::Reshape, vec![b, s])?);
+        }
+        (out[0], out[1])
+    } else {
+        (ks, v)
+    };
+    let kt = im.emit(
+        Op::PermuteDims {
+            axes: Some(vec![0, 1, 3, 2]),
+        },
+        vec![ks],
+    )?;
+    let mut scores = im.emit(Op::Matmul { out_dtype: None }, vec![qs, kt])?;
+    let softcap = a.float("softcap", 0.0);
+    if softcap > 0.0 {
+        let c = im.scalar(softcap, dt);
+        let d = im.emit(Op::Divide, vec![scores, c])?;
+        let t = im.emit(Op::Tanh, vec![d])?;
+        scores = im.emit(Op::Multiply, vec![t, c])?;
+    }
+    // The masks known at import: causal, sliding window, padding of nonpad_kv_seqlen.
+    let nonpad = match input(node, 6) {
+        Some(n) => {
+            if past.is_some() {
+                return Err(invalid(
+                    "Attention: nonpad_kv_seqlen cannot be combined with a past cache",
+                ));
+            }
+            Some(im.const_i64s(n)?)
+        }
+        None => None,
+    };
+    let causal = a.int("is_causal", 0) != 0;
+    let (left, right) = (
+        a.int("left_window_size", -1),
+        a.int("right_window_size", -1),
+    );
+    let window = left >= 0 || right >= 0;
+    let allowed: Option<(Vec<i64>, Vec<bool>)> = if causal || window || nonpad.is_some() {
+        let offsets: Vec<i64> = match &nonpad {
+            Some(n) => n.iter().map(|&l| l - sq).collect(),
+            None => vec![past_len],
+        };
+        let nb = offsets.len() as i64;
+        let total = nb
+            .checked_mul(sq)
+            .and_then(|x| x.checked_mul(skv))
+            .filter(|&t| t <= MAX_MASK)
+            .ok_or_else(|| invalid("Attention: the mask would be too large"))?;
+        let mut m = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+        for (b, &off) in offsets.iter().enumerate() {
+            for i in 0..sq {
+                for j in 0..skv {
+                    let diff = i + off - j;
+                    let mut ok = true;
+                    if causal {
+                        ok &= diff >= 0;
+                    }
+                    if left >= 0 {
+                        ok &= diff <= left;
+                    }
+                    if right >= 0 {
+                        ok &= -diff <= right;
+                    }
+                    if let Some(n) = &nonpad {
+                        ok &= j < n.get(b).copied().unwrap_or(0);
+                    }
+                    m.push(ok);
+                }
+            }
+        }
+        let shape = if nonpad.is_some() {
+            vec![nb, 1, sq, skv]
+        } else {
+            vec![sq, skv]
+        };
+        Some((shape, m))
+    } else {
+        None
+    };
+    // The user's mask, padded to the key length.
+    let mask = match input(node, 3) {
+        None => None,
+        Some(n) => {
+            let m = im.expr(n)?;
+            let (md, mdt) = im.dims(m)?;
+            let last = md
+                .last()
+                .ok_or_else(|| invalid("Attention: attn_mask must have at least one dim"))?;
+            let ml = stat(last, "mask length")?;
+            let m = if ml < skv {
+                let mut pd: Vec<i64> = Vec::with_capacity(md.len());
+                for d in &md[..md.len() - 1] {
+                    pd.push(stat(d, "mask shape")?);
+                }
+                pd.push(skv - ml);
+                let count: i64 = pd.iter().product();
+                if count > MAX_MASK {
+                    return Err(invalid("Attention: the mask padding would be too large"));
+                }
+                let fill = if mdt == DType::Bool {
+                    0.0
+                } else {
+                    f64::NEG_INFINITY
+                };
+                let c = const_of(mdt, pd, &vec![fill; usize::try_from(count).unwrap_or(0)])?;
+                let ce = im.b.constant(c);
+                let t = im.b.tuple(vec![m, ce])?;
+                im.emit(
+                    Op::Concat {
+                        axis: Some(md.len() as i64 - 1),
+                    },
+                    vec![t],
+                )?
+            } else if ml > skv {
+                return Err(invalid(format!(
+                    "Attention: attn_mask has {ml} keys, more than the {skv} keys"
+                )));
+            } else {
+                m
+            };
+            Some((m, mdt == DType::Bool))
+        }
+    };
+    let static01 = |im: &mut Importer<'_>, (shape, m): &(Vec<i64>, Vec<bool>)| -> Result<ExprId> {
+        let vals: Vec<f64> = m.iter().map(|&b| if b { 1.0 } else { 0.0 }).collect();
+        let c = const_of(dt, shape.clone(), &vals)?;
+        Ok(im.b.constant(c))
+    };
+    // The static part as a bias: 0 where allowed, else -inf (or the finite floor `-max`).
+    let static_bias = |im: &mut Importer<'_>,
+                       (shape, m): &(Vec<i64>, Vec<bool>),
+                       floor: bool|
+     -> Result<ExprId> {
+        let off = if floor { -max } else { f64::NEG_INFINITY };
+        let vals: Vec<f64> = m.iter().map(|&b| if b { 0.0 } else { off }).collect();
+        let c = const_of(dt, shape.clone(), &vals)?;
+        Ok(im.b.constant(c))
+    };
+    // Rows with no allowed key in the static part (they are zeroed whatever the mask says).
+    let static_empty_row = allowed.as_ref().is_some_and(|(_, m)| {
+        let row = usize::try_from(skv).unwrap_or(1).max(1);
+        m.chunks(row).any(|r| !r.iter().any(|&b| b))
+    });
+    let keep = |axis: i64| {
+        Op::Max(Box::new(ReduceAttrs {
+            axis: Some(vec![axis]),
+            keepdims: true,
+        }))
+    };
+    // bias: the additive bias (mode 2's output); soft: the bias the softmax sees, where a
+    // guarded row has the finite floor `-max` instead of -inf so it does not become NaN before
+    // the guard zeroes it (exp of the floor is 0 in the other rows too); guard: per-row 1/0
+    // (None: no row can be fully masked, or only by a run-time float mask).
+    let static_guard = |im: &mut Importer<'_>, al: &(Vec<i64>, Vec<bool>)| -> Result<ExprId> {
+        let s = static01(im, al)?;
+        im.emit(keep(-1), vec![s])
+    };
+    let (bias, soft, guard): (Option<ExprId>, Option<ExprId>, Option<ExprId>) =
+        match (&mask, &allowed) {
+            (None, None) => (None, None, None),
+            (None, Some(al)) => {
+                let b = static_bias(im, al, false)?;
+                if static_empty_row {
+                    let f = static_bias(im, al, true)?;
+                    let g = static_guard(im, al)?;
+                    (Some(b), Some(f), Some(g))
+                } else {
+                    (Some(b), Some(b), None)
+                }
+            }
+            (Some((m, true)), al) => {
+                let mut a01 = im.emit(Op::Astype { dtype: dt }, vec![*m])?;
+                if let Some(al) = al {
+                    let s = static01(im, al)?;
+                    a01 = im.emit(Op::Multiply, vec![a01, s])?;
+                }
+                let b = im.emit(Op::Log, vec![a01])?;
+                let lo = im.scalar(-max, dt);
+                let f = im.emit(Op::Maximum, vec![b, lo])?;
+                let g = im.emit(keep(-1), vec![a01])?;
+                (Some(b), Some(f), Some(g))
+            }
+            (Some((m, false)), al) => {
+                let mut m = *m;
+                let (_, mdt) = im.dims(m)?;
+                if mdt != dt {
+                    m = im.emit(Op::Astype { dtype: dt }, vec![m])?;
+                }
+                match al {
+                    None => (Some(m), Some(m), None),
+                    Some(al) => {
+                        let sb = static_bias(im, al, false)?;
+                        let b = im.emit(Op::Add, vec![m, sb])?;
+                        if static_empty_row {
+                            let sf = static_bias(im, al, true)?;
+                            let f = im.emit(Op::Add, vec![m, sf])?;
+                            let g = static_guard(im, al)?;
+                            (Some(b), Some(f), Some(g))
+                        } else {
+                            (Some(b), Some(b), None)
+                        }
+                    }
+                }
+            }
+        };
+    let qk_out = scores;
+    let with_bias = match bias {
+        Some(b) => im.emit(Op::Add, vec![scores, b])?,
+        None => scores,
+    };
+    let mut logits = match soft {
+        Some(f) if Some(f) != bias => im.emit(Op::Add, vec![scores, f])?,
+        _ => with_bias,
+    };
+    let precision = if a.has("softmax_precision") {
+        super::super::dtype_of(a.int("softmax_precision", 1) as i32)
+            .ok_or_else(|| invalid("Attention: softmax_precision names an unsupported type"))?
+    } else {
+        dt
+    };
+    if precision != dt {
+        logits = im.emit(Op::Astype { dtype: precision }, vec![logits])?;
+    }
+    let mut probs = im.emit(Op::Softmax { axis: -1 }, vec![logits])?;
+    if precision != dt {
+        probs = im.emit(Op::Astype { dtype: dt }, vec![probs])?;
+    }
+    if let Some(g) = guard {
+        probs = im.emit(Op::Multiply, vec![probs, g])?;
+    }
+    let mut y = im.emit(Op::Matmul { out_dtype: None }, vec![probs, v])?;
+    if rank3 {
+        let t = im.emit(
+            Op::PermuteDims {
+                axes: Some(vec![0, 2, 1, 3]),
+            },
+            vec![y],
+        )?;
+        let dv = stat(&vd[3], "value head size")?;
+        let s = im.b.shape(vec![
+            batch,
+            Dim::Static(sq),
+            Dim::Static(q_heads.saturating_mul(dv)),
+        ]);
+        y = im.emit(Op::Reshape, vec![t, s])?;
+    }
+    let qk = match a.int("qk_matmul_output_mode", 0) {
+        0 | 1 => qk_out,
+        2 => with_bias,
+        3 => probs,
+        m => {
+            return Err(invalid(format!(
+                "Attention: qk_matmul_output_mode {m} is not one of 0 to 3"
+            )));
+        }
+    };
+    Ok(vec![
+        Out::Val(Val::Expr(y)),
+        Out::Val(Val::Expr(present_k)),
+        Out::Val(Val::Expr(present_v)),
+        Out::Val(Val::Expr(qk)),
+    ])
+}
+
+/// `x[..., begin:end:step]` on the last axis (`axis` 3 of a 4-D tensor).
+fn slice_last(im: &mut Importer<'_>, x: ExprId, begin: i64, end: i64, step: i64) -> Result<ExprId> {
+    im.emit(
+        Op::StridedSlice(Box::new(crate::op::StridedSliceAttrs {
+            axes: vec![3],
+            begin: vec![begin],
+            end: vec![end],
+            strides: Some(vec![step]),
+            assume_inbound: false,
+        })),
+        vec![x],
+    )
+}
+
+/// ONNX `RotaryEmbedding` (opset 23) as a composition: the rotated part of each head is
+/// split in halves (or in even / odd elements when `interleaved`), rotated by the cos / sin
+/// caches (gathered by `position_ids` when given) and put back; the rest of the head passes
+/// through. 3-D inputs `(batch, seq, heads * size)` need `num_heads`; 4-D inputs are
+/// `(batch, heads, seq, size)`.
+///
+/// ```text
+/// RotaryEmbedding(x, cos, sin, pos)  →  c = R.expand_dims(R.take(cos, pos, axis=0), axis=[2])
+///                                       x1, x2 = the two halves of x[..., :rotary_dim]
+///                                       y = concat(c * x1 - s * x2, s * x1 + c * x2, rest)
+/// ```
+pub(crate) fn rotary_embedding(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x0 = im.expr(req(node, 0)?)?;
+    let (xd, _) = im.dims(x0)?;
+    let x = match xd.len() {
+        4 => im.emit(
+            Op::PermuteDims {
+                axes: Some(vec![0, 2, 1, 3]),
+            },
+            vec![x0],
+        )?,
+        3 => {
+            let heads = a.int("num_heads", 0);
+            let hidden = stat(&xd[2], "hidden size")?;
+            if heads <= 0 || hidden % heads != 0 {
+                return Err(invalid(format!(
+                    "RotaryEmbedding with a 3-D input needs num_heads dividing the hidden size \
+                     {hidden}, found {heads}"
+                )));
+            }
+            let s = im.b.shape(vec![
+                xd[0].clone(),
+                xd[1].clone(),
+                Dim::Static(heads),
+                Dim::Static(hidden / heads),
+            ]);
+            im.emit(Op::Reshape, vec![x0, s])?
+        }
+        r => {
+            return Err(invalid(format!(
+                "RotaryEmbedding: the input must be 3-D or 4-D, found rank {r}"
+            )));
+        }
+    };
+    let (d4, _) = im.dims(x)?;
+    let head = stat(&d4[3], "head size")?;
+    let rd = match a.int("rotary_embedding_dim", 0) {
+        0 => head,
+        r if r > 0 && r <= head && r % 2 == 0 => r,
+        r => {
+            return Err(invalid(format!(
+                "RotaryEmbedding: rotary_embedding_dim {r} must be even and at most the head \
+                 size {head}"
+            )));
+        }
+    };
+    let half = rd / 2;
+    let mut cs = Vec::new();
+    for i in [1, 2] {
+        let mut c = im.expr(req(node, i)?)?;
+        if let Some(p) = input(node, 3) {
+            let p = im.expr(p)?;
+            c = im.emit(
+                Op::Take {
+                    axis: Some(0),
+                    mode: crate::op::TakeMode::Fast,
+                },
+                vec![c, p],
+            )?;
+        }
+        let (cd, _) = im.dims(c)?;
+        if cd.last().and_then(Dim::as_static) != Some(half) {
+            return Err(invalid(format!(
+                "RotaryEmbedding: the cos / sin caches must end in rotary_dim / 2 = {half}"
+            )));
+        }
+        cs.push(im.emit(Op::ExpandDims { axis: vec![2] }, vec![c])?);
+    }
+    let (cos, sin) = (cs[0], cs[1]);
+    let interleaved = a.int("interleaved", 0) != 0;
+    let (x1, x2) = if interleaved {
+        (slice_last(im, x, 0, rd, 2)?, slice_last(im, x, 1, rd, 2)?)
+    } else {
+        (
+            slice_last(im, x, 0, half, 1)?,
+            slice_last(im, x, half, rd, 1)?,
+        )
+    };
+    let c1 = im.emit(Op::Multiply, vec![cos, x1])?;
+    let s2 = im.emit(Op::Multiply, vec![sin, x2])?;
+    let real = im.emit(Op::Subtract, vec![c1, s2])?;
+    let s1 = im.emit(Op::Multiply, vec![sin, x1])?;
+    let c2 = im.emit(Op::Multiply, vec![cos, x2])?;
+    let imag = im.emit(Op::Add, vec![s1, c2])?;
+    let mut rot = if interleaved {
+        let r = im.emit(Op::ExpandDims { axis: vec![-1] }, vec![real])?;
+        let i = im.emit(Op::ExpandDims { axis: vec![-1] }, vec![imag])?;
+        let t = im.b.tuple(vec![r, i])?;
+        let pairs = im.emit(Op::Concat { axis: Some(-1) }, vec![t])?;
+        let s = im.b.shape(vec![
+            d4[0].clone(),
+            d4[1].clone(),
+            d4[2].clone(),
+            Dim::Static(rd),
+        ]);
+        im.emit(Op::Reshape, vec![pairs, s])?
+    } else {
+        let t = im.b.tuple(vec![real, imag])?;
+        im.emit(Op::Concat { axis: Some(3) }, vec![t])?
+    };
+    if rd < head {
+        let rest = slice_last(im, x, rd, head, 1)?;
+        let t = im.b.tuple(vec![rot, rest])?;
+        rot = im.emit(Op::Concat { axis: Some(3) }, vec![t])?;
+    }
+    if xd.len() == 4 {
+        return Ok(super::call(
+            Op::PermuteDims {
+                axes: Some(vec![0, 2, 1, 3]),
+            },
+            vec![rot],
+        ));
+    }
+    let s = im.b.shape(xd);
+    Ok(super::call(Op::Reshape, vec![rot, s]))
+}
