@@ -57,6 +57,9 @@ mod reduce;
 mod simd;
 mod util;
 mod winograd;
+// -- nn ops (issue 17) --
+mod conv_transpose;
+mod image;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};

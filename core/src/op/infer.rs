@@ -11,6 +11,9 @@ use crate::ir::infer::brief;
 use crate::ir::{DType, Dim, TensorType, Type};
 use std::sync::Arc;
 
+// -- nn ops (issue 17) --
+mod nn;
+
 /// The arguments of one call, for error messages.
 struct Cx<'a> {
     op: &'static str,
@@ -703,6 +706,9 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             }
             Ok(known(target.to_vec(), x.dtype))
         }
+        // -- nn ops (issue 17) --
+        Op::Conv2dTranspose(a) => nn::conv2d_transpose(&cx, a),
+        Op::Resize2d(a) => nn::resize2d(&cx, a),
     }
 }
 

@@ -30,6 +30,8 @@
 
 mod attrs;
 mod infer;
+// -- nn ops (issue 17) --
+mod nn;
 #[cfg(test)]
 mod tests;
 
@@ -38,6 +40,8 @@ use attrs::{
     Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
     str_lit,
 };
+// -- nn ops (issue 17) --
+pub use nn::{Conv2dTransposeAttrs, Resize2dAttrs, Taps};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -404,6 +408,11 @@ pub enum Op {
     BroadcastTo,
     /// `relax.nn.lrn`
     Lrn(Box<LrnAttrs>),
+    // -- nn ops (issue 17) --
+    /// `relax.nn.conv2d_transpose(x, w)`
+    Conv2dTranspose(Box<Conv2dTransposeAttrs>),
+    /// `relax.image.resize2d(x, size)`
+    Resize2d(Box<Resize2dAttrs>),
 }
 
 const NAMES: &[&str] = &[
@@ -454,6 +463,9 @@ const NAMES: &[&str] = &[
     "relax.take",
     "relax.broadcast_to",
     "relax.nn.lrn",
+    // -- nn ops (issue 17) --
+    "relax.nn.conv2d_transpose",
+    "relax.image.resize2d",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -595,6 +607,9 @@ impl Op {
             Op::Take { .. } => "relax.take",
             Op::BroadcastTo => "relax.broadcast_to",
             Op::Lrn(_) => "relax.nn.lrn",
+            // -- nn ops (issue 17) --
+            Op::Conv2dTranspose(_) => "relax.nn.conv2d_transpose",
+            Op::Resize2d(_) => "relax.image.resize2d",
         }
     }
 
@@ -632,6 +647,9 @@ impl Op {
             }
             "relax.take" => sig(2, 2, &["axis", "mode"]),
             "relax.nn.lrn" => sig(1, 1, &["size", "axis", "alpha", "beta", "bias"]),
+            // -- nn ops (issue 17) --
+            "relax.nn.conv2d_transpose" => sig(2, 2, nn::CONV2D_TRANSPOSE_ATTRS),
+            "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
             _ => return None,
         })
     }
@@ -866,6 +884,9 @@ impl Op {
                     bias: kw.float("bias", 1.0)?,
                 }))
             }
+            // -- nn ops (issue 17) --
+            "relax.nn.conv2d_transpose" => Op::Conv2dTranspose(nn::conv2d_transpose_attrs(&kw)?),
+            "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
             _ => return Err(format!("unknown op `{name}`")),
         })
     }
@@ -973,6 +994,9 @@ impl Op {
                 ("beta", AttrLit::Float(a.beta.0)),
                 ("bias", AttrLit::Float(a.bias.0)),
             ],
+            // -- nn ops (issue 17) --
+            Op::Conv2dTranspose(a) => nn::conv2d_transpose_kwargs(a),
+            Op::Resize2d(a) => nn::resize2d_kwargs(a),
         }
     }
 
@@ -983,7 +1007,8 @@ impl Op {
     /// as one); `dropout` is `Opaque` (it returns a tuple and has no fusable lowering);
     /// `lrn` is `Opaque` (a windowed reduction across channels, as in Relay);
     /// `adaptive_avg_pool2d` is `OutEWiseFusable` like the other pools (Relay's pattern);
-    /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds).
+    /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds);
+    /// `conv2d_transpose` is `OutEWiseFusable` and `resize2d` is `Injective` (Relay's patterns).
     pub fn fusion_kind(&self) -> FusionKind {
         match self {
             Op::Add
@@ -1031,6 +1056,9 @@ impl Op {
             | Op::StridedSlice(_)
             | Op::Take { .. } => FusionKind::Injective,
             Op::BatchNorm(_) | Op::Dropout { .. } | Op::Lrn(_) => FusionKind::Opaque,
+            // -- nn ops (issue 17) --
+            Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
+            Op::Resize2d(_) => FusionKind::Injective,
         }
     }
 

@@ -106,6 +106,16 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Tanh",
     "Transpose",
     "Unsqueeze",
+    // -- nn ops (issue 17) --
+    "ConvTranspose",
+    "GlobalLpPool",
+    "GlobalMaxPool",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "LpPool",
+    "MeanVarianceNormalization",
+    "RMSNormalization",
+    "Resize",
 ];
 
 /// Imports an ONNX model. `file` names the model in error messages.
