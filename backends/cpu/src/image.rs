@@ -99,3 +99,142 @@ pub(crate) fn resize2d(x: &Tensor, size: &[i64], a: &Resize2dAttrs) -> KResult<T
     };
     Ok(from_canonical(&y, pos))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusebox_core::ir::DType;
+    use fusebox_core::op::F64;
+    use fusebox_core::runtime::Storage;
+
+    fn attrs(method: &str, mode: &str, rounding: &str) -> Resize2dAttrs {
+        Resize2dAttrs {
+            roi: [F64(0.0); 4],
+            layout: "NCHW".into(),
+            method: method.into(),
+            coordinate_transformation_mode: mode.into(),
+            rounding_method: rounding.into(),
+            cubic_alpha: F64(-0.75),
+            cubic_exclude: 0,
+            extrapolation_value: F64(0.0),
+            out_dtype: None,
+        }
+    }
+
+    fn t64(shape: &[usize], v: Vec<f64>) -> Tensor {
+        Tensor::new(shape.to_vec(), Storage::F64(v)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn img() -> Tensor {
+        t64(&[1, 1, 2, 2], vec![1.0, 2.0, 3.0, 4.0])
+    }
+
+    #[test]
+    fn nearest_asymmetric_floor_doubles_each_pixel() {
+        let y = resize2d(&img(), &[4, 4], &attrs("nearest_neighbor", "asymmetric", "floor"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            y.to_f64_vec(),
+            vec![
+                1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 3.0, 3.0, 4.0, 4.0
+            ]
+        );
+    }
+
+    #[test]
+    fn bilinear_half_pixel_matches_hand_values() {
+        // Per axis 2 → 4 with half_pixel: x_in = -0.25, 0.25, 0.75, 1.25, clamped to [0, 1]:
+        // weights of the second pixel 0, 0.25, 0.75, 1.
+        let y = resize2d(&img(), &[4, 4], &attrs("linear", "half_pixel", "round"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let f = [0.0, 0.25, 0.75, 1.0];
+        let mut want = Vec::new();
+        for fy in f {
+            for fx in f {
+                let top = 1.0 + fx;
+                let bottom = 3.0 + fx;
+                want.push(top + (bottom - top) * fy);
+            }
+        }
+        assert_eq!(y.to_f64_vec(), want);
+    }
+
+    #[test]
+    fn align_corners_keeps_the_corners_and_cubic_reproduces_a_linear_ramp() {
+        let x = t64(&[1, 1, 3, 3], (0..9).map(f64::from).collect());
+        let y = resize2d(&x, &[5, 5], &attrs("linear", "align_corners", "round"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v = y.to_f64_vec();
+        assert_eq!((v[0], v[4], v[20], v[24]), (0.0, 2.0, 6.0, 8.0));
+        assert!((v[12] - 4.0).abs() < 1e-12);
+        // A linear ramp in the interior is reproduced exactly by the cubic kernel (its
+        // weights sum to 1 and have first moment 0).
+        let x = t64(&[1, 1, 1, 8], (0..8).map(f64::from).collect());
+        let y = resize2d(&x, &[1, 15], &attrs("cubic", "align_corners", "round"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v = y.to_f64_vec();
+        for (o, got) in v.iter().enumerate().skip(2).take(10) {
+            assert!((got - o as f64 * 0.5).abs() < 1e-9, "{o}: {got}");
+        }
+    }
+
+    #[test]
+    fn nearest_is_exact_for_every_dtype_and_linear_rounds_integers() {
+        for dt in [
+            DType::F16,
+            DType::BF16,
+            DType::F32,
+            DType::F64,
+            DType::I8,
+            DType::U8,
+            DType::I32,
+            DType::I64,
+            DType::Bool,
+        ] {
+            let x = img().cast(dt);
+            let y = resize2d(&x, &[1, 1], &attrs("nearest_neighbor", "asymmetric", "floor"))
+                .unwrap_or_else(|e| panic!("{dt}: {e}"));
+            assert_eq!(y.dtype(), dt);
+            assert_eq!(y.shape(), &[1, 1, 1, 1]);
+            assert_eq!(y.to_f64_vec(), vec![1.0], "{dt}");
+        }
+        let big = Tensor::new(vec![1, 1, 1, 2], Storage::I64(vec![i64::MAX, 7]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let y = resize2d(&big, &[1, 4], &attrs("nearest_neighbor", "asymmetric", "floor"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(y.storage(), Storage::I64(v) if v == &vec![i64::MAX, i64::MAX, 7, 7]));
+        let x = img().cast(DType::U8);
+        let y = resize2d(&x, &[1, 3], &attrs("linear", "align_corners", "round"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        // 1, 1.5, 2 → rounded to nearest.
+        assert_eq!(y.to_f64_vec(), vec![1.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    fn crop_and_resize_extrapolates_and_layouts_permute() {
+        let mut a = attrs("linear", "tf_crop_and_resize", "round");
+        a.roi = [F64(0.0), F64(0.0), F64(2.0), F64(1.0)];
+        a.extrapolation_value = F64(-9.0);
+        let y = resize2d(&img(), &[3, 2], &a).unwrap_or_else(|e| panic!("{e}"));
+        // Rows at x_in = 0, 1, 2 (the last is outside the 2-row input).
+        assert_eq!(y.to_f64_vec(), vec![1.0, 2.0, 3.0, 4.0, -9.0, -9.0]);
+        let mut n = attrs("nearest_neighbor", "asymmetric", "floor");
+        n.layout = "NHWC".into();
+        let x = t64(&[1, 2, 2, 1], vec![1.0, 2.0, 3.0, 4.0]);
+        let y = resize2d(&x, &[4, 4], &n).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(y.shape(), &[1, 4, 4, 1]);
+        assert_eq!(y.to_f64_vec()[..4], [1.0, 1.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let a = attrs("linear", "half_pixel", "round");
+        assert!(resize2d(&img(), &[0, 2], &a).is_err_and(|e| e.contains("height")));
+        assert!(resize2d(&img(), &[2], &a).is_err_and(|e| e.contains("2 values")));
+        assert!(resize2d(&img(), &[2, -1], &a).is_err_and(|e| e.contains("width")));
+        let x3 = t64(&[1, 2, 2], vec![1.0; 4]);
+        assert!(resize2d(&x3, &[2, 2], &a).is_err_and(|e| e.contains("4-D")));
+        let empty = t64(&[1, 1, 0, 2], vec![]);
+        assert!(resize2d(&empty, &[2, 2], &a).is_err_and(|e| e.contains("empty")));
+    }
+}

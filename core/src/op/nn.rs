@@ -351,3 +351,243 @@ impl Resize2dAttrs {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Dim, Type};
+    use crate::op::Op;
+    use crate::text::{parse_module_str, print_module};
+
+    fn op(name: &str, kw: &[(&str, AttrLit)]) -> Result<Op, String> {
+        let kw: Vec<(String, AttrLit)> =
+            kw.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        Op::from_call(name, &kw)
+    }
+
+    fn ints(v: &[i64]) -> AttrLit {
+        ints_lit(v)
+    }
+
+    fn round_trip(o: &Op) {
+        let kw: Vec<(String, AttrLit)> = o
+            .kwargs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(Op::from_call(o.name(), &kw).as_ref(), Ok(o));
+    }
+
+    #[test]
+    fn conv2d_transpose_defaults_kwargs_and_round_trip() {
+        let o = op("relax.nn.conv2d_transpose", &[]).unwrap_or_else(|e| unreachable!("{e}"));
+        let Op::Conv2dTranspose(a) = &o else {
+            unreachable!("{o:?}")
+        };
+        assert_eq!(a.strides, [1, 1]);
+        assert_eq!(a.padding, [0, 0, 0, 0]);
+        assert_eq!(a.kernel_layout, "IOHW");
+        let names: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, CONV2D_TRANSPOSE_ATTRS);
+        round_trip(&o);
+        let o2 = op(
+            "relax.nn.conv2d_transpose",
+            &[
+                ("strides", ints(&[2])),
+                ("padding", ints(&[1, 2])),
+                ("output_padding", ints(&[1, 0])),
+                ("groups", AttrLit::Int(2)),
+            ],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let Op::Conv2dTranspose(a) = &o2 else {
+            unreachable!("{o2:?}")
+        };
+        assert_eq!(a.strides, [2, 2]);
+        assert_eq!(a.padding, [1, 2, 1, 2]);
+        assert_eq!(a.output_padding, [1, 0]);
+        round_trip(&o2);
+        assert_eq!(o2.fusion_kind(), crate::op::FusionKind::OutEWiseFusable);
+        let e = op("relax.nn.conv2d_transpose", &[("output_padding", ints(&[-1]))]);
+        assert!(e.is_err_and(|e| e.contains("output_padding")));
+        let e = op(
+            "relax.nn.conv2d_transpose",
+            &[("kernel_layout", AttrLit::Str("OIHX".into()))],
+        );
+        assert!(e.is_err_and(|e| e.contains("IOHW")));
+    }
+
+    #[test]
+    fn resize2d_defaults_kwargs_checks_and_round_trip() {
+        let o = op("relax.image.resize2d", &[]).unwrap_or_else(|e| unreachable!("{e}"));
+        let Op::Resize2d(a) = &o else {
+            unreachable!("{o:?}")
+        };
+        assert_eq!(a.method, "linear");
+        assert_eq!(a.coordinate_transformation_mode, "half_pixel");
+        assert_eq!(a.cubic_alpha, F64(-0.75));
+        let names: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, RESIZE2D_ATTRS);
+        round_trip(&o);
+        assert_eq!(o.fusion_kind(), crate::op::FusionKind::Injective);
+        let o2 = op(
+            "relax.image.resize2d",
+            &[
+                ("roi", AttrLit::List(vec![AttrLit::Float(0.1), AttrLit::Int(0), AttrLit::Float(0.9), AttrLit::Float(1.0)])),
+                ("method", AttrLit::Str("nearest_neighbor".into())),
+                ("rounding_method", AttrLit::Str("floor".into())),
+                ("out_dtype", AttrLit::Str("float16".into())),
+            ],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        round_trip(&o2);
+        let bad = op("relax.image.resize2d", &[("method", AttrLit::Str("bilinear".into()))]);
+        assert!(bad.is_err_and(|e| e.contains("nearest_neighbor") && e.contains("bilinear")));
+        let bad = op("relax.image.resize2d", &[("roi", ints(&[1, 2]))]);
+        assert!(bad.is_err_and(|e| e.contains("4 floats")));
+        let bad = op(
+            "relax.image.resize2d",
+            &[("coordinate_transformation_mode", AttrLit::Str("x".into()))],
+        );
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn inference_of_conv2d_transpose_and_resize2d() {
+        let n = Dim::sym("n");
+        let x = Type::tensor_dims(
+            vec![n.clone(), Dim::Static(4), Dim::Static(5), Dim::Static(5)],
+            DType::F32,
+        );
+        let w = Type::tensor(&[4, 2, 3, 3], DType::F32);
+        let o = op(
+            "relax.nn.conv2d_transpose",
+            &[("strides", ints(&[2, 2])), ("output_padding", ints(&[1, 0]))],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        // (5 - 1) * 2 + 3 + output_padding
+        let want = Type::tensor_dims(
+            vec![n.clone(), Dim::Static(2), Dim::Static(12), Dim::Static(11)],
+            DType::F32,
+        );
+        assert_eq!(o.infer(&[&x, &w]), Ok(want));
+        let g2 = op("relax.nn.conv2d_transpose", &[("groups", AttrLit::Int(2))])
+            .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = g2.infer(&[&x, &w]).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(
+            t,
+            Type::tensor_dims(
+                vec![n.clone(), Dim::Static(4), Dim::Static(7), Dim::Static(7)],
+                DType::F32
+            )
+        );
+        let w3 = Type::tensor(&[3, 2, 3, 3], DType::F32);
+        assert!(
+            o.infer(&[&x, &w3])
+                .is_err_and(|e| e.contains("4 input channels") && e.contains("3"))
+        );
+        let big_pad = op("relax.nn.conv2d_transpose", &[("padding", ints(&[9, 9]))])
+            .unwrap_or_else(|e| unreachable!("{e}"));
+        let w1 = Type::tensor(&[4, 2, 3, 3], DType::F32);
+        assert!(big_pad.infer(&[&x, &w1]).is_err_and(|e| e.contains("negative")));
+
+        let r = op("relax.image.resize2d", &[]).unwrap_or_else(|e| unreachable!("{e}"));
+        let size = Type::Shape {
+            dims: Some(vec![Dim::Static(8), Dim::sym("m")]),
+            ndim: Some(2),
+        };
+        assert_eq!(
+            r.infer(&[&x, &size]),
+            Ok(Type::tensor_dims(
+                vec![n, Dim::Static(4), Dim::Static(8), Dim::sym("m")],
+                DType::F32
+            ))
+        );
+        let size3 = Type::Shape {
+            dims: Some(vec![Dim::Static(8); 3]),
+            ndim: Some(3),
+        };
+        assert!(r.infer(&[&x, &size3]).is_err_and(|e| e.contains("2 values")));
+        assert!(r.infer(&[&w, &x]).is_err_and(|e| e.contains("shape")));
+    }
+
+    #[test]
+    fn text_round_trip_of_both_ops() {
+        let src = r#"# from tvm.script import ir as I
+# from tvm.script import relax as R
+
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((1, 4, 5, 5), dtype="float32"), w: R.Tensor((4, 2, 3, 3), dtype="float32")) -> R.Tensor((1, 2, 8, 9), dtype="float32"):
+        with R.dataflow():
+            y: R.Tensor((1, 2, 11, 11), dtype="float32") = R.nn.conv2d_transpose(x, w, strides=[2, 2], padding=[0, 0, 0, 0], output_padding=[0, 0], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="IOHW", out_layout="NCHW", out_dtype=None)
+            gv: R.Tensor((1, 2, 8, 9), dtype="float32") = R.image.resize2d(y, R.shape([8, 9]), roi=[0.0, 0.0, 0.0, 0.0], layout="NCHW", method="cubic", coordinate_transformation_mode="align_corners", rounding_method="round", cubic_alpha=-0.5, cubic_exclude=1, extrapolation_value=0.0, out_dtype=None)
+            R.output(gv)
+        return gv
+"#;
+        let m = parse_module_str(src).unwrap_or_else(|e| unreachable!("{e}"));
+        let printed = print_module(&m).text;
+        assert_eq!(printed, src);
+        let m2 = parse_module_str(&printed).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(print_module(&m2).text, printed);
+        // TVM's spelling of the roi (`T.float32(...)`) and of an unset dtype parse too.
+        let tvm = src
+            .replace(
+                "roi=[0.0, 0.0, 0.0, 0.0]",
+                "roi=[T.float32(0.0), T.float32(0.0), T.float32(0.0), T.float32(0.0)]",
+            )
+            .replace("method=\"cubic\", coordinate", "method=\"cubic\", coordinate");
+        if let Ok(m3) = parse_module_str(&tvm) {
+            assert_eq!(print_module(&m3).text, src);
+        }
+    }
+
+    #[test]
+    fn taps_follow_the_coordinate_rules() {
+        let a = |method: &str, mode: &str, rounding: &str| Resize2dAttrs {
+            roi: [F64(0.0); 4],
+            layout: "NCHW".into(),
+            method: method.into(),
+            coordinate_transformation_mode: mode.into(),
+            rounding_method: rounding.into(),
+            cubic_alpha: F64(-0.75),
+            cubic_exclude: 0,
+            extrapolation_value: F64(0.0),
+            out_dtype: None,
+        };
+        // 2 → 4, half_pixel linear: x_in = (o + 0.5) / 2 - 0.5 = -0.25, 0.25, 0.75, 1.25.
+        let t = a("linear", "half_pixel", "round").taps(2, 4, (0.0, 0.0));
+        let want = [
+            vec![(0, 0.25), (0, 0.75)],
+            vec![(0, 0.75), (1, 0.25)],
+            vec![(0, 0.25), (1, 0.75)],
+            vec![(1, 0.75), (1, 0.25)],
+        ];
+        for (got, w) in t.iter().zip(&want) {
+            let got = got.as_ref().unwrap_or_else(|| unreachable!());
+            for ((gi, gw), (wi, ww)) in got.iter().zip(w) {
+                assert_eq!(gi, wi);
+                assert!((gw - ww).abs() < 1e-12, "{got:?} vs {w:?}");
+            }
+        }
+        // Nearest, asymmetric, 4 → 2 (x_in = 2 o): indices 0 and 2.
+        let t = a("nearest_neighbor", "asymmetric", "floor").taps(4, 2, (0.0, 0.0));
+        assert_eq!(t, vec![Some(vec![(0, 1.0)]), Some(vec![(2, 1.0)])]);
+        // round_prefer_ceil at exactly .5 goes up, round_prefer_floor goes down.
+        let up = a("nearest_neighbor", "asymmetric", "round_prefer_ceil").taps(3, 2, (0.0, 0.0));
+        assert_eq!(up[1], Some(vec![(2, 1.0)]));
+        let down =
+            a("nearest_neighbor", "asymmetric", "round_prefer_floor").taps(3, 2, (0.0, 0.0));
+        assert_eq!(down[1], Some(vec![(1, 1.0)]));
+        // Cubic weights sum to 1.
+        for tp in a("cubic", "half_pixel", "round").taps(5, 7, (0.0, 0.0)) {
+            let s: f64 = tp.unwrap_or_default().iter().map(|t| t.1).sum();
+            assert!((s - 1.0).abs() < 1e-12);
+        }
+        // tf_crop_and_resize: a roi past the end of the input gives no taps (extrapolated).
+        let t = a("linear", "tf_crop_and_resize", "round").taps(4, 3, (0.5, 1.5));
+        assert!(t[0].is_some());
+        assert!(t[2].is_none());
+    }
+}

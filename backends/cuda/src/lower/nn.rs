@@ -140,7 +140,10 @@ impl Lowerer<'_> {
             Constant::from_bytes(DType::I64, vec![n, t as i64], bytes_i(&idx)),
         )?;
         let wt = mk(self, Constant::from_bytes(wdt, vec![n, t as i64], wbytes))?;
-        let vt = mk(self, Constant::from_bytes(DType::I64, vec![n], bytes_i(&valid)))?;
+        let vt = mk(
+            self,
+            Constant::from_bytes(DType::I64, vec![n], bytes_i(&valid)),
+        )?;
         Ok((it, wt, vt))
     }
 

@@ -373,7 +373,8 @@ fn pool_setup(
     let one_d = xd.len() == 3;
     if !(one_d || xd.len() == 4) {
         return Err(invalid(format!(
-            "unsupported ONNX node: only 1-D and 2-D pooling is supported, found input rank {}",
+            "unsupported ONNX node: only 1-D, 2-D and 3-D pooling is supported, found input \
+             rank {}",
             xd.len()
         )));
     }
@@ -457,9 +458,137 @@ fn chain(im: &mut Importer<'_>, x: ExprId, mut ops: Vec<Op>) -> Result<Vec<Out>>
     Ok(call(last, vec![y]))
 }
 
-/// `MaxPool` / `AveragePool` (1-D and 2-D) with ONNX's ceil-mode rule.
+/// What a 3-D pool computes per window.
+#[derive(Clone, Copy, PartialEq)]
+enum Pool3 {
+    Max,
+    Avg,
+    /// The window sum (LpPool).
+    Sum,
+}
+
+/// Per-axis (kernel, stride, dilation, pad begin, pad end) of a 3-D pool node.
+fn pool3_axes(a: &Attrs<'_>, xd: &[Dim]) -> Result<[[i64; 5]; 3]> {
+    let three = |name: &str, default: i64| -> Result<[i64; 3]> {
+        match a.ints(name) {
+            None => Ok([default; 3]),
+            Some(v) if v.len() == 3 => Ok([v[0], v[1], v[2]]),
+            Some(v) => Err(invalid(format!("`{name}` must have 3 values, found {v:?}"))),
+        }
+    };
+    let k = three("kernel_shape", 0)?;
+    if k.iter().any(|&v| v < 1) {
+        return Err(invalid("bad `kernel_shape`"));
+    }
+    let s = three("strides", 1)?;
+    let d = three("dilations", 1)?;
+    let auto_pad = a.string("auto_pad", "NOTSET");
+    let mut p = [0i64; 6];
+    match auto_pad.as_str() {
+        "NOTSET" | "" => {
+            if let Some(v) = a.ints("pads") {
+                p = v
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| invalid(format!("`pads` must have 6 values, found {v:?}")))?;
+            }
+        }
+        "VALID" => {}
+        "SAME_UPPER" | "SAME_LOWER" => {
+            for i in 0..3 {
+                let n = xd
+                    .get(2 + i)
+                    .and_then(Dim::as_static)
+                    .ok_or_else(|| invalid(format!("auto_pad {auto_pad} needs static dims")))?;
+                let st = s[i].max(1);
+                let out = (n + st - 1) / st;
+                let total = ((out - 1) * st + (k[i] - 1) * d[i] + 1 - n).max(0);
+                let (lo, hi) = if auto_pad == "SAME_UPPER" {
+                    (total / 2, total - total / 2)
+                } else {
+                    (total - total / 2, total / 2)
+                };
+                p[i] = lo;
+                p[i + 3] = hi;
+            }
+        }
+        other => return Err(invalid(format!("unknown auto_pad `{other}`"))),
+    }
+    Ok([0, 1, 2].map(|i| [k[i], s[i], d[i], p[i], p[i + 3]]))
+}
+
+/// One 2-D pooling stage with the ceil-mode rule applied.
+fn pool_stage(
+    im: &mut Importer<'_>,
+    x: ExprId,
+    ax: [[i64; 5]; 2],
+    kind: Pool3,
+    a: &Attrs<'_>,
+) -> Result<ExprId> {
+    let attrs = Box::new(Pool2dAttrs {
+        pool_size: [ax[0][0], ax[1][0]],
+        strides: [ax[0][1], ax[1][1]],
+        dilation: [ax[0][2], ax[1][2]],
+        padding: [ax[0][3], ax[1][3], ax[0][4], ax[1][4]],
+        ceil_mode: a.int("ceil_mode", 0) != 0,
+        count_include_pad: kind == Pool3::Sum || a.int("count_include_pad", 0) != 0,
+        layout: "NCHW".into(),
+        out_layout: "NCHW".into(),
+    });
+    let cut = ceil_overhang(im, x, &attrs)?;
+    let op = if kind == Pool3::Max {
+        Op::MaxPool2d(attrs)
+    } else {
+        Op::AvgPool2d(attrs)
+    };
+    let y = im.emit(op, vec![x])?;
+    match cut_op(&cut) {
+        Some(o) => im.emit(o, vec![y]),
+        None => Ok(y),
+    }
+}
+
+/// A 3-D pool as two separable 2-D pools: (H, W) over `[N, C·D, H, W]`, then D over
+/// `[N·C, 1, D, H'·W']`. Max and window sums are separable; so is the average, whose divisor
+/// (with or without padding counted) is a product of per-axis counts.
+fn pool3d(im: &mut Importer<'_>, x: ExprId, a: &Attrs<'_>, kind: Pool3) -> Result<ExprId> {
+    let (xd, _) = im.dims(x)?;
+    let ax = pool3_axes(a, &xd)?;
+    if kind == Pool3::Sum && a.int("ceil_mode", 0) != 0 {
+        return Err(invalid("LpPool with ceil_mode=1 is not supported"));
+    }
+    let (n, c, d) = (xd[0].clone(), xd[1].clone(), xd[2].clone());
+    let s = im.b.shape(vec![n.clone(), c.mul(&d), xd[3].clone(), xd[4].clone()]);
+    let x1 = im.emit(Op::Reshape, vec![x, s])?;
+    let y1 = pool_stage(im, x1, [ax[1], ax[2]], kind, a)?;
+    let (y1d, _) = im.dims(y1)?;
+    let (h2, w2) = (y1d[2].clone(), y1d[3].clone());
+    let s = im.b.shape(vec![n.mul(&c), Dim::Static(1), d, h2.mul(&w2)]);
+    let x2 = im.emit(Op::Reshape, vec![y1, s])?;
+    let y2 = pool_stage(im, x2, [ax[0], [1, 1, 1, 0, 0]], kind, a)?;
+    let (y2d, dt) = im.dims(y2)?;
+    let s = im.b.shape(vec![n, c, y2d[2].clone(), h2, w2]);
+    let y = im.emit(Op::Reshape, vec![y2, s])?;
+    if kind != Pool3::Sum {
+        return Ok(y);
+    }
+    let k = ax[0][0] * ax[1][0] * ax[2][0];
+    let kc = im.scalar(k as f64, dt);
+    im.emit(Op::Multiply, vec![y, kc])
+}
+
+/// `MaxPool` / `AveragePool` (1-D, 2-D and 3-D) with ONNX's ceil-mode rule.
 pub(super) fn pool(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
     let x = im.expr(req(node, 0)?)?;
+    if im.dims(x)?.0.len() == 5 {
+        let kind = if node.op_type == "MaxPool" {
+            Pool3::Max
+        } else {
+            Pool3::Avg
+        };
+        let y = pool3d(im, x, a, kind)?;
+        return Ok(vec![Out::Val(Val::Expr(y))]);
+    }
     let (x, attrs, one_d) = pool_setup(im, a, x)?;
     let cut = ceil_overhang(im, x, &attrs)?;
     let op = if node.op_type == "MaxPool" {
@@ -480,6 +609,10 @@ pub(super) fn lp_pool(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resu
     let x0 = im.expr(req(node, 0)?)?;
     let (_, dt) = im.dims(x0)?;
     let xp = abs_pow(im, x0, p, dt)?;
+    if im.dims(xp)?.0.len() == 5 {
+        let y = pool3d(im, xp, a, Pool3::Sum)?;
+        return Ok(root(im, y, p, dt));
+    }
     let (x, mut attrs, one_d) = pool_setup(im, a, xp)?;
     if attrs.ceil_mode {
         // A partial last window would be averaged over fewer positions than the window.
@@ -631,8 +764,11 @@ pub(super) fn conv_transpose(
         out_dtype: None,
     }));
     let Some(bname) = input(node, 2) else {
-        let ops = std::iter::once(op).chain(unlift_op(one_d)).collect();
-        return chain(im, x, ops);
+        if !one_d {
+            return Ok(call(op, vec![x, w]));
+        }
+        let y = im.emit(op, vec![x, w])?;
+        return chain(im, y, unlift_op(one_d).into_iter().collect());
     };
     let y = im.emit(op, vec![x, w])?;
     let b = im.expr(bname)?;
