@@ -334,5 +334,12 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             let parts = tuple_tensors(args)?;
             t(einsum::einsum(&parts, subscripts))
         }
+        // -- nn ops (issue 17) --
+        Op::Conv2dTranspose(a) => t(crate::conv_transpose::conv2d_transpose(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            a,
+        )),
+        Op::Resize2d(a) => t(crate::image::resize2d(tensor(args, 0)?, shape(args, 1)?, a)),
     }
 }

@@ -64,6 +64,9 @@ mod index;
 // -- reduce ops (issue 17) --
 mod einsum;
 mod search;
+// -- nn ops (issue 17) --
+mod conv_transpose;
+mod image;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};

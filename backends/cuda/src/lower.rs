@@ -52,6 +52,8 @@ use std::collections::HashMap;
 mod index;
 // -- reduce ops (issue 17) --
 mod reduce;
+// -- nn ops (issue 17) --
+mod nn;
 
 /// A lowered function.
 #[derive(Clone, Debug)]
@@ -203,6 +205,8 @@ fn float_only(op: &Op) -> bool {
             | Op::Tril { .. }
             | Op::Triu { .. }
             | Op::Pad(_)
+            // -- nn ops (issue 17) --
+            | Op::Resize2d(_)
     )
 }
 
@@ -1068,6 +1072,20 @@ impl Lowerer<'_> {
                 idx.push(k);
                 idx.extend_from_slice(&c[ax + ir..]);
                 self.at(&x, &idx)
+            }
+            // -- nn ops (issue 17) --
+            Op::Conv2dTranspose(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                let w = self.tensor_arg(args, 1)?.clone();
+                let v = self.conv2d_transpose(&x, &w, a, &shape, &c)?;
+                match a.out_dtype {
+                    Some(d) if d != x.dtype => self.g.add(Node::Convert(d, v)),
+                    _ => v,
+                }
+            }
+            Op::Resize2d(a) => {
+                let x = self.tensor_arg(args, 0)?.clone();
+                self.resize2d(&x, a, &shape, dtype, &c)?
             }
             Op::Split(_) | Op::BatchNorm(_) | Op::Dropout { .. } => {
                 return Err(self.unsupported("internal: multi-output op".into()));

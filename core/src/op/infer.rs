@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 // -- index ops (issue 17) --
 mod index;
+// -- nn ops (issue 17) --
+mod nn;
 
 /// The arguments of one call, for error messages.
 struct Cx<'a> {
@@ -733,6 +735,9 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         }
         Op::Topk(a) => reduce::topk(&cx, a),
         Op::Einsum { subscripts } => reduce::einsum(&cx, subscripts),
+        // -- nn ops (issue 17) --
+        Op::Conv2dTranspose(a) => nn::conv2d_transpose(&cx, a),
+        Op::Resize2d(a) => nn::resize2d(&cx, a),
     }
 }
 

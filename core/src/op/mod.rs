@@ -35,6 +35,8 @@ mod elem;
 mod index;
 pub mod einsum;
 mod infer;
+// -- nn ops (issue 17) --
+mod nn;
 #[cfg(test)]
 mod tests;
 
@@ -47,6 +49,8 @@ use attrs::{
 };
 pub use elem::{ElemClass, ElemOp};
 pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
+// -- nn ops (issue 17) --
+pub use nn::{Conv2dTransposeAttrs, Resize2dAttrs, Taps};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -513,6 +517,11 @@ pub enum Op {
         /// The equation (`"bij,bjk->bik"`).
         subscripts: Box<str>,
     },
+    // -- nn ops (issue 17) --
+    /// `relax.nn.conv2d_transpose(x, w)`
+    Conv2dTranspose(Box<Conv2dTransposeAttrs>),
+    /// `relax.image.resize2d(x, size)`
+    Resize2d(Box<Resize2dAttrs>),
 }
 
 const NAMES: &[&str] = &[
@@ -621,6 +630,9 @@ const NAMES: &[&str] = &[
     "relax.argmin",
     "relax.topk",
     "relax.einsum",
+    // -- nn ops (issue 17) --
+    "relax.nn.conv2d_transpose",
+    "relax.image.resize2d",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -784,6 +796,9 @@ impl Op {
             Op::Argmin { .. } => "relax.argmin",
             Op::Topk(_) => "relax.topk",
             Op::Einsum { .. } => "relax.einsum",
+            // -- nn ops (issue 17) --
+            Op::Conv2dTranspose(_) => "relax.nn.conv2d_transpose",
+            Op::Resize2d(_) => "relax.image.resize2d",
         }
     }
 
@@ -843,6 +858,9 @@ impl Op {
             }
             "relax.topk" => sig(1, 1, &["k", "axis", "ret_type", "largest", "dtype"]),
             "relax.einsum" => sig(1, 1, &["subscripts"]),
+            // -- nn ops (issue 17) --
+            "relax.nn.conv2d_transpose" => sig(2, 2, nn::CONV2D_TRANSPOSE_ATTRS),
+            "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
             _ => return None,
         })
     }
@@ -1124,6 +1142,9 @@ impl Op {
             "relax.einsum" => Op::Einsum {
                 subscripts: kw.string("subscripts", None)?.into_boxed_str(),
             },
+            // -- nn ops (issue 17) --
+            "relax.nn.conv2d_transpose" => Op::Conv2dTranspose(nn::conv2d_transpose_attrs(&kw)?),
+            "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
             _ => return Err(format!("unknown op `{name}`")),
             // -- index ops (issue 17) --
             _ => match index::from_call(name, &kw)? {
@@ -1265,6 +1286,9 @@ impl Op {
                 ("dtype", dtype_lit(a.dtype)),
             ],
             Op::Einsum { subscripts } => vec![("subscripts", str_lit(subscripts))],
+            // -- nn ops (issue 17) --
+            Op::Conv2dTranspose(a) => nn::conv2d_transpose_kwargs(a),
+            Op::Resize2d(a) => nn::resize2d_kwargs(a),
         }
     }
 
@@ -1281,6 +1305,8 @@ impl Op {
     /// `tile` and `pad` are `Injective` (what TVM's TIR analysis finds for their `te.compute`
     /// legalizations); scatters and scans are `Opaque` (topi builds them with the IR builder,
     /// as Relay registers them).
+    /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds);
+    /// `conv2d_transpose` is `OutEWiseFusable` and `resize2d` is `Injective` (Relay's patterns).
     pub fn fusion_kind(&self) -> FusionKind {
         match self {
             Op::Add
@@ -1347,6 +1373,9 @@ impl Op {
             }
             Op::Einsum { .. } => FusionKind::OutEWiseFusable,
             Op::Topk(_) => FusionKind::Opaque,
+            // -- nn ops (issue 17) --
+            Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
+            Op::Resize2d(_) => FusionKind::Injective,
         }
     }
 

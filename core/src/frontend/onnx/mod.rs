@@ -201,6 +201,16 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceSumSquare",
     "RotaryEmbedding",
     "TopK",
+    // -- nn ops (issue 17) --
+    "ConvTranspose",
+    "GlobalLpPool",
+    "GlobalMaxPool",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "LpPool",
+    "MeanVarianceNormalization",
+    "RMSNormalization",
+    "Resize",
 ];
 
 /// ONNX ops whose output shape depends on the input values (not only on the input shapes):

@@ -21,13 +21,14 @@ mod elem;
 // -- reduce ops (issue 17) --
 mod attention;
 mod reduce;
+mod nn;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
 use crate::ir::{Callee, Constant, DType, Dim, ExprId, ExprKind, PrimValue};
 use crate::op::{
-    AdaptivePool2dAttrs, BatchNormAttrs, Conv2dAttrs, F64, LayerNormAttrs, LrnAttrs, Op,
-    Pool2dAttrs, ReduceAttrs, SplitAttrs, SplitSpec, StridedSliceAttrs, TakeMode,
+    AdaptivePool2dAttrs, BatchNormAttrs, Conv2dAttrs, F64, LrnAttrs, Op, ReduceAttrs, SplitAttrs,
+    SplitSpec, StridedSliceAttrs, TakeMode,
 };
 
 // -- index ops (issue 17) --
@@ -294,37 +295,6 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             let back = im.b.shape(dims);
             Ok(call(Op::Reshape, vec![y2, back]))
         }
-        "LayerNormalization" => {
-            let x = im.expr(req(node, 0)?)?;
-            let (dims, dt) = im.dims(x)?;
-            let r = dims.len();
-            let axis = normalize_axis(a.int("axis", -1), r)?;
-            let scale_name = req(node, 1)?;
-            let gamma = im.expr(scale_name)?;
-            let beta = match input(node, 2) {
-                Some(b) => im.expr(b)?,
-                None => {
-                    let shape: Option<Vec<i64>> = dims[axis..].iter().map(Dim::as_static).collect();
-                    let shape = shape.ok_or_else(|| {
-                        invalid("LayerNormalization without B needs static normalized dims")
-                    })?;
-                    let n = crate::ir::numel(&shape).unwrap_or(0);
-                    let c = Constant::from_bytes(dt, shape, vec![0u8; n * dt.size_bytes()])
-                        .map_err(invalid)?;
-                    im.b.constant(c)
-                }
-            };
-            let axes = (axis as i64..r as i64).collect();
-            Ok(call(
-                Op::LayerNorm(Box::new(LayerNormAttrs {
-                    axes,
-                    epsilon: F64(a.float("epsilon", 1e-5)),
-                    center: true,
-                    scale: true,
-                })),
-                vec![x, gamma, beta],
-            ))
-        }
         "BatchNormalization" => {
             if a.int("training_mode", 0) != 0 {
                 return Err(invalid("training_mode=1 is not supported"));
@@ -346,7 +316,6 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             )?;
             Ok(vec![Out::Kind(ExprKind::TupleGetItem(bn, 0))])
         }
-        "Dropout" => Ok(vec![Out::Val(im.val(req(node, 0)?)?)]),
         "Cast" => {
             let x = im.expr(req(node, 0)?)?;
             let code = a.int("to", 0);
@@ -644,7 +613,6 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             Ok(call(o, vec![x]))
         }
         "Conv" => conv(im, node, &a),
-        "MaxPool" | "AveragePool" => pool(im, node, &a),
         "GlobalAveragePool" => {
             let x = im.expr(req(node, 0)?)?;
             Ok(call(
@@ -675,6 +643,19 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Hardmax" => reduce::hardmax(im, node, &a),
         "Attention" => attention::attention(im, node, &a),
         "RotaryEmbedding" => attention::rotary_embedding(im, node, &a),
+        // -- nn ops (issue 17) --
+        "LayerNormalization" => nn::layer_norm(im, node, &a),
+        "RMSNormalization" => nn::rms_norm(im, node, &a),
+        "InstanceNormalization" => nn::instance_norm(im, node, &a),
+        "GroupNormalization" => nn::group_norm(im, node, &a),
+        "MeanVarianceNormalization" => nn::mvn(im, node, &a),
+        "Dropout" => nn::dropout(im, node, &a),
+        "MaxPool" | "AveragePool" => nn::pool(im, node, &a),
+        "LpPool" => nn::lp_pool(im, node, &a),
+        "GlobalMaxPool" => nn::global_max_pool(im, node),
+        "GlobalLpPool" => nn::global_lp_pool(im, node, &a),
+        "ConvTranspose" => nn::conv_transpose(im, node, &a),
+        "Resize" => nn::resize(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }
@@ -831,38 +812,4 @@ fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result
         }
     };
     finish(im, Op::Add, vec![y, b], one_d)
-}
-
-fn pool(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
-    let mut x = im.expr(req(node, 0)?)?;
-    let (xd, _) = im.dims(x)?;
-    let one_d = xd.len() == 3;
-    if !(one_d || xd.len() == 4) {
-        return Err(invalid(format!(
-            "unsupported ONNX node: only 1-D and 2-D pooling is supported, found input rank {}",
-            xd.len()
-        )));
-    }
-    if one_d {
-        x = lift(im, x)?;
-    }
-    let (xd, _) = im.dims(x)?;
-    let kernel = kernel_attr(a, one_d).ok_or_else(|| invalid("bad `kernel_shape`"))?;
-    let (strides, dilation, padding) = spatial(a, &xd, kernel, one_d)?;
-    let attrs = Box::new(Pool2dAttrs {
-        pool_size: kernel,
-        strides,
-        dilation,
-        padding,
-        ceil_mode: a.int("ceil_mode", 0) != 0,
-        count_include_pad: a.int("count_include_pad", 0) != 0,
-        layout: "NCHW".into(),
-        out_layout: "NCHW".into(),
-    });
-    let op = if node.op_type == "MaxPool" {
-        Op::MaxPool2d(attrs)
-    } else {
-        Op::AvgPool2d(attrs)
-    };
-    finish(im, op, vec![x], one_d)
 }

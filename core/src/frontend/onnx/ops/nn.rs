@@ -1,0 +1,963 @@
+//! ONNX normalization, pooling and dropout nodes → the op set (issue 17, `nn` family).
+//!
+//! Contract: each converter takes one node and returns one [`Out`] per output it supports, like
+//! the arms of [`super::convert`]. Where the op set has the op (`relax.nn.layer_norm`,
+//! `relax.nn.rms_norm`, the 2-D pools) the node maps onto it; the rest are decomposed into
+//! existing ops the way TVM's ONNX frontend decomposes them (mean/variance chains, pooling of
+//! `|x|^p`). Optional outputs that need run-time randomness (training-mode Dropout with a
+//! non-zero ratio) are errors, never silently wrong values.
+//!
+//! ```text
+//! LayerNormalization(X, S, B; axis=-1) -> Y, Mean, InvStdDev
+//!   y   = R.nn.layer_norm(X, S, B, axes=[-1], epsilon=1e-05, center=True, scale=True)
+//!   lv  = R.mean(X, axis=[1], keepdims=True)            # Mean
+//!   lv1 = R.subtract(X, lv); lv2 = R.multiply(lv1, lv1)
+//!   lv3 = R.mean(lv2, axis=[1], keepdims=True)
+//!   lv4 = R.add(lv3, R.const(1e-05)); inv = R.rsqrt(lv4)  # InvStdDev
+//! GlobalMaxPool(X)  ->  R.max(X, axis=[2, 3], keepdims=True)
+//! ```
+
+use super::{
+    Attrs, Importer, Out, Val, call, input, invalid, kernel_attr, lift, normalize_axis, prod, req,
+    spatial,
+};
+use crate::error::Result;
+use crate::ir::{Constant, DType, Dim, ExprId, ExprKind};
+use crate::op::{
+    Conv2dTransposeAttrs, F64, LayerNormAttrs, Op, Pool2dAttrs, ReduceAttrs, Resize2dAttrs,
+    RmsNormAttrs, StridedSliceAttrs,
+};
+
+type Node = super::super::NodeProto;
+
+fn mean_keep(im: &mut Importer<'_>, x: ExprId, axes: &[i64]) -> Result<ExprId> {
+    im.emit(
+        Op::Mean(Box::new(ReduceAttrs {
+            axis: Some(axes.to_vec()),
+            keepdims: true,
+        })),
+        vec![x],
+    )
+}
+
+/// The mean and the centred input over `axes` (kept as extent-1 dims), and the variance.
+fn moments(im: &mut Importer<'_>, x: ExprId, axes: &[i64]) -> Result<(ExprId, ExprId, ExprId)> {
+    let m = mean_keep(im, x, axes)?;
+    let d = im.emit(Op::Subtract, vec![x, m])?;
+    let d2 = im.emit(Op::Multiply, vec![d, d])?;
+    let v = mean_keep(im, d2, axes)?;
+    Ok((m, d, v))
+}
+
+/// `1 / sqrt(v + eps)`.
+fn inv_std(im: &mut Importer<'_>, v: ExprId, eps: f64, dt: DType) -> Result<ExprId> {
+    let e = im.scalar(eps, dt);
+    let ve = im.emit(Op::Add, vec![v, e])?;
+    im.emit(Op::Rsqrt, vec![ve])
+}
+
+/// Whether output `k` of the node is wanted.
+fn wants(node: &Node, k: usize) -> bool {
+    node.output.get(k).is_some_and(|s| !s.is_empty())
+}
+
+/// A norm parameter as a tensor of exactly `want` (broadcast when it is smaller).
+fn param_to(im: &mut Importer<'_>, name: &str, want: &[Dim]) -> Result<ExprId> {
+    let p = im.expr(name)?;
+    let (pd, _) = im.dims(p)?;
+    if pd == want {
+        return Ok(p);
+    }
+    if pd.len() > want.len() {
+        return Err(invalid(format!(
+            "a norm parameter of rank {} is wider than the normalised shape (rank {})",
+            pd.len(),
+            want.len()
+        )));
+    }
+    let s = im.b.shape(want.to_vec());
+    im.emit(Op::BroadcastTo, vec![p, s])
+}
+
+/// `LayerNormalization` (opset 17+): `relax.nn.layer_norm` over `axis..`, and the optional
+/// `Mean` / `InvStdDev` outputs (in the stash type, float32 by default).
+pub(super) fn layer_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, dt) = im.dims(x)?;
+    let r = dims.len();
+    let axis = normalize_axis(a.int("axis", -1), r)?;
+    let eps = a.float("epsilon", 1e-5);
+    let axes: Vec<i64> = (axis as i64..r as i64).collect();
+    let gamma = param_to(im, req(node, 1)?, &dims[axis..])?;
+    let (beta, center) = match input(node, 2) {
+        Some(b) => (param_to(im, b, &dims[axis..])?, true),
+        // `center=False` ignores beta: pass gamma again (same shape and dtype).
+        None => (gamma, false),
+    };
+    let op = Op::LayerNorm(Box::new(LayerNormAttrs {
+        axes: axes.clone(),
+        epsilon: F64(eps),
+        center,
+        scale: true,
+    }));
+    if !wants(node, 1) && !wants(node, 2) {
+        return Ok(call(op, vec![x, gamma, beta]));
+    }
+    let stash = match a.int("stash_type", 1) {
+        1 => DType::F32,
+        11 => DType::F64,
+        10 => DType::F16,
+        16 => DType::BF16,
+        other => return Err(invalid(format!("unsupported stash_type {other}"))),
+    };
+    let xs = if stash == dt {
+        x
+    } else {
+        im.emit(Op::Astype { dtype: stash }, vec![x])?
+    };
+    let (m, _, v) = moments(im, xs, &axes)?;
+    let inv = inv_std(im, v, eps, stash)?;
+    let mut outs = call(op, vec![x, gamma, beta]);
+    outs.push(Out::Val(Val::Expr(m)));
+    outs.push(Out::Val(Val::Expr(inv)));
+    Ok(outs)
+}
+
+/// `RMSNormalization` (opset 23): `relax.nn.rms_norm` over `axis..`.
+pub(super) fn rms_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, _) = im.dims(x)?;
+    let r = dims.len();
+    let axis = normalize_axis(a.int("axis", -1), r)?;
+    let scale = param_to(im, req(node, 1)?, &dims[axis..])?;
+    Ok(call(
+        Op::RmsNorm(Box::new(RmsNormAttrs {
+            axes: (axis as i64..r as i64).collect(),
+            epsilon: F64(a.float("epsilon", 1e-5)),
+        })),
+        vec![x, scale],
+    ))
+}
+
+/// A per-channel vector `[C]` reshaped to `[1, C, 1, …]` for a rank-`r` tensor.
+fn per_channel(im: &mut Importer<'_>, name: &str, r: usize) -> Result<ExprId> {
+    let p = im.expr(name)?;
+    let (pd, _) = im.dims(p)?;
+    let [c] = pd.as_slice() else {
+        return Err(invalid(format!(
+            "expected a per-channel parameter of rank 1, found rank {}",
+            pd.len()
+        )));
+    };
+    let mut shape = vec![Dim::Static(1), c.clone()];
+    shape.resize(r.max(2), Dim::Static(1));
+    let s = im.b.shape(shape);
+    im.emit(Op::Reshape, vec![p, s])
+}
+
+/// `InstanceNormalization`: normalise each (n, c) plane, then `scale[c] * y + bias[c]`.
+pub(super) fn instance_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, dt) = im.dims(x)?;
+    let r = dims.len();
+    if r < 3 {
+        return Err(invalid(format!(
+            "InstanceNormalization needs an input of rank ≥ 3 (N, C, spatial…), found rank {r}"
+        )));
+    }
+    let axes: Vec<i64> = (2..r as i64).collect();
+    let (_, d, v) = moments(im, x, &axes)?;
+    let inv = inv_std(im, v, a.float("epsilon", 1e-5), dt)?;
+    let y = im.emit(Op::Multiply, vec![d, inv])?;
+    let s = per_channel(im, req(node, 1)?, r)?;
+    let b = per_channel(im, req(node, 2)?, r)?;
+    let ys = im.emit(Op::Multiply, vec![y, s])?;
+    Ok(call(Op::Add, vec![ys, b]))
+}
+
+/// `GroupNormalization` (opset 18: scale/bias per group; opset 21: per channel).
+pub(super) fn group_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, dt) = im.dims(x)?;
+    let r = dims.len();
+    if r < 3 {
+        return Err(invalid(format!(
+            "GroupNormalization needs an input of rank ≥ 3 (N, C, spatial…), found rank {r}"
+        )));
+    }
+    let g = a.int("num_groups", 0);
+    let c = dims[1]
+        .as_static()
+        .ok_or_else(|| invalid("GroupNormalization needs a static channel count"))?;
+    if g < 1 || c % g != 0 {
+        return Err(invalid(format!(
+            "num_groups ({g}) must be ≥ 1 and divide the channel count ({c})"
+        )));
+    }
+    let rest = prod(&dims[2..]).mul(&Dim::Static(c / g));
+    let s = im.b.shape(vec![dims[0].clone(), Dim::Static(g), rest]);
+    let xg = im.emit(Op::Reshape, vec![x, s])?;
+    let (_, d, v) = moments(im, xg, &[2])?;
+    let inv = inv_std(im, v, a.float("epsilon", 1e-5), dt)?;
+    let mut y = im.emit(Op::Multiply, vec![d, inv])?;
+    let (sn, bn) = (req(node, 1)?, req(node, 2)?);
+    let per_group = im.opset < 21;
+    if per_group {
+        let sc = per_channel(im, sn, 3)?;
+        let bi = per_channel(im, bn, 3)?;
+        y = im.emit(Op::Multiply, vec![y, sc])?;
+        y = im.emit(Op::Add, vec![y, bi])?;
+    }
+    let back = im.b.shape(dims.clone());
+    if per_group {
+        return Ok(call(Op::Reshape, vec![y, back]));
+    }
+    let y = im.emit(Op::Reshape, vec![y, back])?;
+    let sc = per_channel(im, sn, r)?;
+    let bi = per_channel(im, bn, r)?;
+    let ys = im.emit(Op::Multiply, vec![y, sc])?;
+    Ok(call(Op::Add, vec![ys, bi]))
+}
+
+/// `MeanVarianceNormalization`: `(x - E[x]) / (sqrt(E[x²] - E[x]²) + 1e-9)` over `axes`.
+pub(super) fn mvn(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, dt) = im.dims(x)?;
+    let r = dims.len();
+    let axes = a.ints("axes").unwrap_or_else(|| vec![0, 2, 3]);
+    let axes: Vec<i64> = axes
+        .iter()
+        .map(|&v| normalize_axis(v, r).map(|v| v as i64))
+        .collect::<Result<_>>()?;
+    let m = mean_keep(im, x, &axes)?;
+    let x2 = im.emit(Op::Multiply, vec![x, x])?;
+    let ex2 = mean_keep(im, x2, &axes)?;
+    let m2 = im.emit(Op::Multiply, vec![m, m])?;
+    let var = im.emit(Op::Subtract, vec![ex2, m2])?;
+    let std = im.emit(Op::Sqrt, vec![var])?;
+    let e = im.scalar(1e-9, dt);
+    let den = im.emit(Op::Add, vec![std, e])?;
+    let d = im.emit(Op::Subtract, vec![x, m])?;
+    Ok(call(Op::Divide, vec![d, den]))
+}
+
+/// `Dropout` at inference: the output is the input and the mask is all true. Training mode
+/// with a non-zero ratio draws random numbers, which fusebox does not reproduce: an error.
+pub(super) fn dropout(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let xv = im.val(req(node, 0)?)?;
+    let training = if im.opset >= 12 {
+        match input(node, 2) {
+            Some(t) => im.const_f64s(t)?.first().is_some_and(|v| *v != 0.0),
+            None => false,
+        }
+    } else {
+        // Opsets before 7 had `is_test`; 7–11 are always inference.
+        im.opset < 7 && a.int("is_test", 0) == 0
+    };
+    let ratio = if im.opset >= 12 {
+        match input(node, 1) {
+            Some(r) => im.const_f64s(r)?.first().copied().unwrap_or(0.5),
+            None => 0.5,
+        }
+    } else {
+        a.float("ratio", 0.5)
+    };
+    if training && ratio != 0.0 {
+        return Err(invalid(format!(
+            "training-mode Dropout with ratio {ratio} draws random numbers; only inference \
+             (or ratio 0) is supported"
+        )));
+    }
+    if !wants(node, 1) {
+        return Ok(vec![Out::Val(xv)]);
+    }
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, _) = im.dims(x)?;
+    let t = im.b.constant(Constant::scalar(1.0, DType::Bool));
+    let s = im.b.shape(dims);
+    Ok(vec![
+        Out::Val(xv),
+        Out::Kind(ExprKind::Call {
+            callee: crate::ir::Callee::Op(Op::BroadcastTo),
+            args: vec![t, s],
+        }),
+    ])
+}
+
+/// `GlobalMaxPool`: `relax.max` over the spatial axes, kept.
+pub(super) fn global_max_pool(im: &mut Importer<'_>, node: &Node) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, _) = im.dims(x)?;
+    if dims.len() < 3 {
+        return Err(invalid(format!(
+            "GlobalMaxPool needs an input of rank ≥ 3, found rank {}",
+            dims.len()
+        )));
+    }
+    Ok(call(
+        Op::Max(Box::new(ReduceAttrs {
+            axis: Some((2..dims.len() as i64).collect()),
+            keepdims: true,
+        })),
+        vec![x],
+    ))
+}
+
+/// `|x|^p` (`x²` for p = 2).
+fn abs_pow(im: &mut Importer<'_>, x: ExprId, p: f64, dt: DType) -> Result<ExprId> {
+    if p == 2.0 {
+        return im.emit(Op::Multiply, vec![x, x]);
+    }
+    let ax = im.emit(Op::Abs, vec![x])?;
+    if p == 1.0 {
+        return Ok(ax);
+    }
+    let pe = im.scalar(p, dt);
+    im.emit(Op::Power, vec![ax, pe])
+}
+
+/// `s^(1/p)` as the final call.
+fn root(im: &mut Importer<'_>, s: ExprId, p: f64, dt: DType) -> Vec<Out> {
+    if p == 1.0 {
+        return vec![Out::Val(Val::Expr(s))];
+    }
+    if p == 2.0 {
+        return call(Op::Sqrt, vec![s]);
+    }
+    let q = im.scalar(1.0 / p, dt);
+    call(Op::Power, vec![s, q])
+}
+
+fn lp_p(a: &Attrs<'_>) -> Result<f64> {
+    let p = a.int("p", 2);
+    if p < 1 {
+        return Err(invalid(format!("`p` must be ≥ 1, found {p}")));
+    }
+    Ok(p as f64)
+}
+
+/// `GlobalLpPool`: `(Σ_spatial |x|^p)^(1/p)`, spatial axes kept.
+pub(super) fn global_lp_pool(
+    im: &mut Importer<'_>,
+    node: &Node,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (dims, dt) = im.dims(x)?;
+    if dims.len() < 3 {
+        return Err(invalid(format!(
+            "GlobalLpPool needs an input of rank ≥ 3, found rank {}",
+            dims.len()
+        )));
+    }
+    let p = lp_p(a)?;
+    let xp = abs_pow(im, x, p, dt)?;
+    let s = im.emit(
+        Op::Sum(Box::new(ReduceAttrs {
+            axis: Some((2..dims.len() as i64).collect()),
+            keepdims: true,
+        })),
+        vec![xp],
+    )?;
+    Ok(root(im, s, p, dt))
+}
+
+/// The pool attributes of a 1-D or 2-D `MaxPool` / `AveragePool` / `LpPool` node, the lifted
+/// input, and whether it was lifted from 1-D.
+fn pool_setup(
+    im: &mut Importer<'_>,
+    a: &Attrs<'_>,
+    x: ExprId,
+) -> Result<(ExprId, Box<Pool2dAttrs>, bool)> {
+    let (xd, _) = im.dims(x)?;
+    let one_d = xd.len() == 3;
+    if !(one_d || xd.len() == 4) {
+        return Err(invalid(format!(
+            "unsupported ONNX node: only 1-D, 2-D and 3-D pooling is supported, found input \
+             rank {}",
+            xd.len()
+        )));
+    }
+    let x = if one_d { lift(im, x)? } else { x };
+    let (xd, _) = im.dims(x)?;
+    let kernel = kernel_attr(a, one_d).ok_or_else(|| invalid("bad `kernel_shape`"))?;
+    let (strides, dilation, padding) = spatial(a, &xd, kernel, one_d)?;
+    Ok((
+        x,
+        Box::new(Pool2dAttrs {
+            pool_size: kernel,
+            strides,
+            dilation,
+            padding,
+            ceil_mode: a.int("ceil_mode", 0) != 0,
+            count_include_pad: a.int("count_include_pad", 0) != 0,
+            layout: "NCHW".into(),
+            out_layout: "NCHW".into(),
+        }),
+        one_d,
+    ))
+}
+
+/// Per spatial axis, the output extent ONNX wants where `relax`'s ceil mode gives one more:
+/// ONNX (like PyTorch) drops a last window that would start in the end padding.
+fn ceil_overhang(im: &Importer<'_>, x: ExprId, p: &Pool2dAttrs) -> Result<Vec<(i64, i64)>> {
+    if !p.ceil_mode {
+        return Ok(vec![]);
+    }
+    let (xd, _) = im.dims(x)?;
+    let mut cut = Vec::new();
+    for i in 0..2 {
+        let Some(len) = xd.get(2 + i).and_then(Dim::as_static) else {
+            continue;
+        };
+        let (k, s, d) = (p.pool_size[i], p.strides[i], p.dilation[i]);
+        let (p0, p1) = (p.padding[i], p.padding[i + 2]);
+        let eff = (k - 1) * d + 1;
+        let num = len + p0 + p1 - eff;
+        if num < 0 || s < 1 {
+            continue;
+        }
+        let out = (num + s - 1) / s + 1;
+        if out > 1 && (out - 1) * s >= len + p0 {
+            cut.push((2 + i as i64, out - 1));
+        }
+    }
+    Ok(cut)
+}
+
+/// The slice that drops the extra last windows found by [`ceil_overhang`].
+fn cut_op(cut: &[(i64, i64)]) -> Option<Op> {
+    if cut.is_empty() {
+        return None;
+    }
+    Some(Op::StridedSlice(Box::new(StridedSliceAttrs {
+        axes: cut.iter().map(|c| c.0).collect(),
+        begin: vec![0; cut.len()],
+        end: cut.iter().map(|c| c.1).collect(),
+        strides: None,
+        assume_inbound: false,
+    })))
+}
+
+/// The squeeze that drops the lifted axis of a 1-D pool.
+fn unlift_op(one_d: bool) -> Option<Op> {
+    one_d.then(|| Op::Squeeze {
+        axis: Some(vec![3]),
+    })
+}
+
+/// Applies unary `ops` in turn to `x`; the last is the node's output.
+fn chain(im: &mut Importer<'_>, x: ExprId, mut ops: Vec<Op>) -> Result<Vec<Out>> {
+    let Some(last) = ops.pop() else {
+        return Ok(vec![Out::Val(Val::Expr(x))]);
+    };
+    let mut y = x;
+    for o in ops {
+        y = im.emit(o, vec![y])?;
+    }
+    Ok(call(last, vec![y]))
+}
+
+/// What a 3-D pool computes per window.
+#[derive(Clone, Copy, PartialEq)]
+enum Pool3 {
+    Max,
+    Avg,
+    /// The window sum (LpPool).
+    Sum,
+}
+
+/// Per-axis (kernel, stride, dilation, pad begin, pad end) of a 3-D pool node.
+fn pool3_axes(a: &Attrs<'_>, xd: &[Dim]) -> Result<[[i64; 5]; 3]> {
+    let three = |name: &str, default: i64| -> Result<[i64; 3]> {
+        match a.ints(name) {
+            None => Ok([default; 3]),
+            Some(v) if v.len() == 3 => Ok([v[0], v[1], v[2]]),
+            Some(v) => Err(invalid(format!("`{name}` must have 3 values, found {v:?}"))),
+        }
+    };
+    let k = three("kernel_shape", 0)?;
+    if k.iter().any(|&v| v < 1) {
+        return Err(invalid("bad `kernel_shape`"));
+    }
+    let s = three("strides", 1)?;
+    let d = three("dilations", 1)?;
+    let auto_pad = a.string("auto_pad", "NOTSET");
+    let mut p = [0i64; 6];
+    match auto_pad.as_str() {
+        "NOTSET" | "" => {
+            if let Some(v) = a.ints("pads") {
+                p = v
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| invalid(format!("`pads` must have 6 values, found {v:?}")))?;
+            }
+        }
+        "VALID" => {}
+        "SAME_UPPER" | "SAME_LOWER" => {
+            for i in 0..3 {
+                let n = xd
+                    .get(2 + i)
+                    .and_then(Dim::as_static)
+                    .ok_or_else(|| invalid(format!("auto_pad {auto_pad} needs static dims")))?;
+                let st = s[i].max(1);
+                let out = (n + st - 1) / st;
+                let total = ((out - 1) * st + (k[i] - 1) * d[i] + 1 - n).max(0);
+                let (lo, hi) = if auto_pad == "SAME_UPPER" {
+                    (total / 2, total - total / 2)
+                } else {
+                    (total - total / 2, total / 2)
+                };
+                p[i] = lo;
+                p[i + 3] = hi;
+            }
+        }
+        other => return Err(invalid(format!("unknown auto_pad `{other}`"))),
+    }
+    Ok([0, 1, 2].map(|i| [k[i], s[i], d[i], p[i], p[i + 3]]))
+}
+
+/// One 2-D pooling stage with the ceil-mode rule applied.
+fn pool_stage(
+    im: &mut Importer<'_>,
+    x: ExprId,
+    ax: [[i64; 5]; 2],
+    kind: Pool3,
+    a: &Attrs<'_>,
+) -> Result<ExprId> {
+    let attrs = Box::new(Pool2dAttrs {
+        pool_size: [ax[0][0], ax[1][0]],
+        strides: [ax[0][1], ax[1][1]],
+        dilation: [ax[0][2], ax[1][2]],
+        padding: [ax[0][3], ax[1][3], ax[0][4], ax[1][4]],
+        ceil_mode: a.int("ceil_mode", 0) != 0,
+        count_include_pad: kind == Pool3::Sum || a.int("count_include_pad", 0) != 0,
+        layout: "NCHW".into(),
+        out_layout: "NCHW".into(),
+    });
+    let cut = ceil_overhang(im, x, &attrs)?;
+    let op = if kind == Pool3::Max {
+        Op::MaxPool2d(attrs)
+    } else {
+        Op::AvgPool2d(attrs)
+    };
+    let y = im.emit(op, vec![x])?;
+    match cut_op(&cut) {
+        Some(o) => im.emit(o, vec![y]),
+        None => Ok(y),
+    }
+}
+
+/// A 3-D pool as two separable 2-D pools: (H, W) over `[N, C·D, H, W]`, then D over
+/// `[N·C, 1, D, H'·W']`. Max and window sums are separable; so is the average, whose divisor
+/// (with or without padding counted) is a product of per-axis counts.
+fn pool3d(im: &mut Importer<'_>, x: ExprId, a: &Attrs<'_>, kind: Pool3) -> Result<ExprId> {
+    let (xd, _) = im.dims(x)?;
+    let ax = pool3_axes(a, &xd)?;
+    if kind == Pool3::Sum && a.int("ceil_mode", 0) != 0 {
+        return Err(invalid("LpPool with ceil_mode=1 is not supported"));
+    }
+    let (n, c, d) = (xd[0].clone(), xd[1].clone(), xd[2].clone());
+    let s = im.b.shape(vec![n.clone(), c.mul(&d), xd[3].clone(), xd[4].clone()]);
+    let x1 = im.emit(Op::Reshape, vec![x, s])?;
+    let y1 = pool_stage(im, x1, [ax[1], ax[2]], kind, a)?;
+    let (y1d, _) = im.dims(y1)?;
+    let (h2, w2) = (y1d[2].clone(), y1d[3].clone());
+    let s = im.b.shape(vec![n.mul(&c), Dim::Static(1), d, h2.mul(&w2)]);
+    let x2 = im.emit(Op::Reshape, vec![y1, s])?;
+    let y2 = pool_stage(im, x2, [ax[0], [1, 1, 1, 0, 0]], kind, a)?;
+    let (y2d, dt) = im.dims(y2)?;
+    let s = im.b.shape(vec![n, c, y2d[2].clone(), h2, w2]);
+    let y = im.emit(Op::Reshape, vec![y2, s])?;
+    if kind != Pool3::Sum {
+        return Ok(y);
+    }
+    let k = ax[0][0] * ax[1][0] * ax[2][0];
+    let kc = im.scalar(k as f64, dt);
+    im.emit(Op::Multiply, vec![y, kc])
+}
+
+/// `MaxPool` / `AveragePool` (1-D, 2-D and 3-D) with ONNX's ceil-mode rule.
+pub(super) fn pool(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    if im.dims(x)?.0.len() == 5 {
+        let kind = if node.op_type == "MaxPool" {
+            Pool3::Max
+        } else {
+            Pool3::Avg
+        };
+        let y = pool3d(im, x, a, kind)?;
+        return Ok(vec![Out::Val(Val::Expr(y))]);
+    }
+    let (x, attrs, one_d) = pool_setup(im, a, x)?;
+    let cut = ceil_overhang(im, x, &attrs)?;
+    let op = if node.op_type == "MaxPool" {
+        Op::MaxPool2d(attrs)
+    } else {
+        Op::AvgPool2d(attrs)
+    };
+    let mut ops = vec![op];
+    ops.extend(cut_op(&cut));
+    ops.extend(unlift_op(one_d));
+    chain(im, x, ops)
+}
+
+/// `LpPool` (1-D and 2-D): `(Σ_window |x|^p)^(1/p)`, the window sum being an average pool
+/// with padding counted, times the window size.
+pub(super) fn lp_pool(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let p = lp_p(a)?;
+    let x0 = im.expr(req(node, 0)?)?;
+    let (_, dt) = im.dims(x0)?;
+    let xp = abs_pow(im, x0, p, dt)?;
+    if im.dims(xp)?.0.len() == 5 {
+        let y = pool3d(im, xp, a, Pool3::Sum)?;
+        return Ok(root(im, y, p, dt));
+    }
+    let (x, mut attrs, one_d) = pool_setup(im, a, xp)?;
+    if attrs.ceil_mode {
+        // A partial last window would be averaged over fewer positions than the window.
+        return Err(invalid("LpPool with ceil_mode=1 is not supported"));
+    }
+    attrs.count_include_pad = true;
+    let k = attrs.pool_size[0] * attrs.pool_size[1];
+    let avg = im.emit(Op::AvgPool2d(attrs), vec![x])?;
+    let kc = im.scalar(k as f64, dt);
+    let s = im.emit(Op::Multiply, vec![avg, kc])?;
+    let s = match unlift_op(one_d) {
+        Some(o) => im.emit(o, vec![s])?,
+        None => s,
+    };
+    Ok(root(im, s, p, dt))
+}
+
+/// Python's floor division (ONNX's reference computes ConvTranspose pads with it).
+fn floor_div2(v: i64) -> i64 {
+    v.div_euclid(2)
+}
+
+/// `ConvTranspose` (1-D and 2-D) → `relax.nn.conv2d_transpose` (+ bias): explicit `pads`,
+/// `auto_pad` and `output_shape` become padding and output padding.
+pub(super) fn conv_transpose(
+    im: &mut Importer<'_>,
+    node: &Node,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let mut x = im.expr(req(node, 0)?)?;
+    let mut w = im.expr(req(node, 1)?)?;
+    let (xd, _) = im.dims(x)?;
+    let (wd, _) = im.dims(w)?;
+    let one_d = xd.len() == 3 && wd.len() == 3;
+    if !(one_d || (xd.len() == 4 && wd.len() == 4)) {
+        return Err(invalid(format!(
+            "unsupported ONNX node: only 1-D and 2-D transposed convolutions are supported, \
+             found input rank {} and weight rank {}",
+            xd.len(),
+            wd.len()
+        )));
+    }
+    let nsp = if one_d { 1 } else { 2 };
+    let per_axis = |name: &str, default: i64| -> Result<[i64; 2]> {
+        match a.ints(name) {
+            None => Ok([default; 2]),
+            Some(v) if v.len() == nsp => Ok([v[0], v.get(1).copied().unwrap_or(default)]),
+            Some(v) => Err(invalid(format!(
+                "`{name}` must have {nsp} values, found {v:?}"
+            ))),
+        }
+    };
+    let strides = per_axis("strides", 1)?;
+    let dil = per_axis("dilations", 1)?;
+    let mut out_pad = per_axis("output_padding", 0)?;
+    let kernel = match a.ints("kernel_shape") {
+        Some(k) if k.len() == nsp => [k[0], k.get(1).copied().unwrap_or(1)],
+        Some(k) => {
+            return Err(invalid(format!(
+                "`kernel_shape` must have {nsp} values, found {k:?}"
+            )));
+        }
+        None => {
+            let k = |i: usize| wd.get(2 + i).and_then(Dim::as_static).unwrap_or(1);
+            [k(0), if one_d { 1 } else { k(1) }]
+        }
+    };
+    let auto_pad = a.string("auto_pad", "NOTSET");
+    let output_shape = a.ints("output_shape").map(|v| {
+        let skip = v.len().saturating_sub(nsp);
+        v[skip..].to_vec()
+    });
+    let in_ext = |i: usize| -> Result<i64> {
+        xd.get(2 + i).and_then(Dim::as_static).ok_or_else(|| {
+            invalid("ConvTranspose with output_shape or auto_pad needs static spatial dims")
+        })
+    };
+    // pads as [begin_h, begin_w, end_h, end_w].
+    let mut pads = [0i64; 4];
+    let same = matches!(auto_pad.as_str(), "SAME_UPPER" | "SAME_LOWER");
+    if output_shape.is_some() || same {
+        for i in 0..nsp {
+            let n = in_ext(i)?;
+            let want = match &output_shape {
+                Some(o) => *o
+                    .get(i)
+                    .ok_or_else(|| invalid("`output_shape` has too few values"))?,
+                None => n.saturating_mul(strides[i]),
+            };
+            let full = strides[i]
+                .saturating_mul(n - 1)
+                .saturating_add(out_pad[i])
+                .saturating_add((kernel[i] - 1).saturating_mul(dil[i]) + 1);
+            let total = full - want;
+            let (b, e) = if auto_pad == "SAME_UPPER" {
+                (floor_div2(total), total - floor_div2(total))
+            } else {
+                (total - floor_div2(total), floor_div2(total))
+            };
+            if b < 0 {
+                return Err(invalid(format!(
+                    "output_shape {want} needs more output than the transposed convolution \
+                     gives at the start of axis {i}"
+                )));
+            }
+            pads[i] = b;
+            if e < 0 {
+                out_pad[i] = out_pad[i].saturating_sub(e);
+            } else {
+                pads[i + 2] = e;
+            }
+        }
+    } else if matches!(auto_pad.as_str(), "NOTSET" | "" | "VALID") {
+        if auto_pad != "VALID"
+            && let Some(p) = a.ints("pads")
+        {
+            match (one_d, p.as_slice()) {
+                (true, [b, e]) => pads = [*b, 0, *e, 0],
+                (false, [b0, b1, e0, e1]) => pads = [*b0, *b1, *e0, *e1],
+                _ => {
+                    return Err(invalid(format!(
+                        "`pads` must have {} values, found {p:?}",
+                        2 * nsp
+                    )));
+                }
+            }
+        }
+    } else {
+        return Err(invalid(format!("unknown auto_pad `{auto_pad}`")));
+    }
+    if pads.iter().any(|&p| p < 0) || out_pad.iter().any(|&p| p < 0) {
+        return Err(invalid(format!(
+            "negative pads {pads:?} / output_padding {out_pad:?} are not supported"
+        )));
+    }
+    if one_d {
+        x = lift(im, x)?;
+        w = lift(im, w)?;
+    }
+    let op = Op::Conv2dTranspose(Box::new(Conv2dTransposeAttrs {
+        strides,
+        padding: pads,
+        output_padding: out_pad,
+        dilation: dil,
+        groups: a.int("group", 1),
+        data_layout: "NCHW".into(),
+        kernel_layout: "IOHW".into(),
+        out_layout: "NCHW".into(),
+        out_dtype: None,
+    }));
+    let Some(bname) = input(node, 2) else {
+        if !one_d {
+            return Ok(call(op, vec![x, w]));
+        }
+        let y = im.emit(op, vec![x, w])?;
+        return chain(im, y, unlift_op(one_d).into_iter().collect());
+    };
+    let y = im.emit(op, vec![x, w])?;
+    let b = im.expr(bname)?;
+    let (bd, _) = im.dims(b)?;
+    let [m] = bd.as_slice() else {
+        return Err(invalid("ConvTranspose's bias must be 1-D"));
+    };
+    let s = im.b.shape(vec![
+        Dim::Static(1),
+        m.clone(),
+        Dim::Static(1),
+        Dim::Static(1),
+    ]);
+    let br = im.emit(Op::Reshape, vec![b, s])?;
+    if !one_d {
+        return Ok(call(Op::Add, vec![y, br]));
+    }
+    let y = im.emit(Op::Add, vec![y, br])?;
+    chain(im, y, unlift_op(one_d).into_iter().collect())
+}
+
+/// `Resize` (opsets 10–19) of a 4-D tensor's two spatial axes → `relax.image.resize2d`. The
+/// scales / sizes / roi inputs must be constants; N and C must keep their extents.
+pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (xd, _) = im.dims(x)?;
+    if xd.len() != 4 {
+        return Err(invalid(format!(
+            "unsupported ONNX node: Resize of a rank-{} tensor (only 4-D, NCHW)",
+            xd.len()
+        )));
+    }
+    let (ih, iw) = match (xd[2].as_static(), xd[3].as_static()) {
+        (Some(h), Some(w)) => (h, w),
+        _ => return Err(invalid("Resize needs static spatial dims")),
+    };
+    let axes = match a.ints("axes") {
+        None => vec![0, 1, 2, 3],
+        Some(v) => v
+            .iter()
+            .map(|&ax| normalize_axis(ax, 4))
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let (scales_in, sizes_in, roi_in) = if im.opset < 11 {
+        (input(node, 1), None, None)
+    } else {
+        (input(node, 2), input(node, 3), input(node, 1))
+    };
+    let mut mode = a.string("mode", "nearest");
+    let (coord, rounding) = if im.opset < 11 {
+        ("asymmetric".to_string(), "floor".to_string())
+    } else {
+        (
+            a.string("coordinate_transformation_mode", "half_pixel"),
+            a.string("nearest_mode", "round_prefer_floor"),
+        )
+    };
+    if coord == "half_pixel_symmetric" {
+        return Err(invalid(
+            "Resize's coordinate_transformation_mode half_pixel_symmetric is not supported",
+        ));
+    }
+    // Per-axis scale (when given) and output extent, for all 4 axes.
+    let in_ext = [xd[0].as_static(), xd[1].as_static(), Some(ih), Some(iw)];
+    let mut out = [0i64; 4];
+    let mut scale = [1.0f64; 4];
+    let sizes = match sizes_in {
+        Some(n) => Some(im.const_i64s(n)?),
+        None => None,
+    };
+    let scales = match (scales_in, &sizes) {
+        (Some(n), None) => {
+            let v = im.const_f64s(n)?;
+            (!v.is_empty()).then_some(v)
+        }
+        _ => None,
+    };
+    for (k, ax) in axes.iter().enumerate() {
+        match (&sizes, &scales) {
+            (Some(s), _) => {
+                let v = *s
+                    .get(k)
+                    .ok_or_else(|| invalid("`sizes` has fewer values than `axes`"))?;
+                out[*ax] = v;
+                if let Some(i) = in_ext[*ax] {
+                    scale[*ax] = v as f64 / i as f64;
+                }
+            }
+            (None, Some(s)) => {
+                scale[*ax] = *s
+                    .get(k)
+                    .ok_or_else(|| invalid("`scales` has fewer values than `axes`"))?;
+            }
+            (None, None) => return Err(invalid("Resize needs `scales` or `sizes`")),
+        }
+    }
+    if let Some(s) = &sizes {
+        let policy = a.string("keep_aspect_ratio_policy", "stretch");
+        if policy != "stretch" {
+            let sp: Vec<f64> = axes
+                .iter()
+                .filter(|&&ax| ax >= 2)
+                .map(|&ax| scale[ax])
+                .collect();
+            let pick = match policy.as_str() {
+                "not_larger" => sp.iter().copied().fold(f64::INFINITY, f64::min),
+                "not_smaller" => sp.iter().copied().fold(0.0, f64::max),
+                other => {
+                    return Err(invalid(format!(
+                        "unknown keep_aspect_ratio_policy `{other}`"
+                    )));
+                }
+            };
+            for &ax in axes.iter().filter(|&&ax| ax >= 2) {
+                scale[ax] = pick;
+                out[ax] = (pick * in_ext[ax].unwrap_or(1) as f64).round() as i64;
+            }
+        }
+        let _ = s;
+    }
+    for ax in 0..4 {
+        if !axes.contains(&ax) {
+            scale[ax] = 1.0;
+            out[ax] = in_ext[ax].unwrap_or(0);
+        } else if sizes.is_none() {
+            let i = in_ext[ax].ok_or_else(|| invalid("Resize with scales needs static dims"))?;
+            out[ax] = (i as f64 * scale[ax]).floor() as i64;
+        }
+    }
+    for ax in 0..2 {
+        let same = match in_ext[ax] {
+            Some(i) => out[ax] == i,
+            None => scale[ax] == 1.0,
+        };
+        if !same {
+            return Err(invalid(
+                "Resize of the batch or channel axis is not supported (only H and W)",
+            ));
+        }
+    }
+    if out[2] < 1 || out[3] < 1 {
+        return Err(invalid(format!(
+            "Resize gives an empty output ({} x {})",
+            out[2], out[3]
+        )));
+    }
+    if a.int("antialias", 0) != 0 && (scale[2] < 1.0 || scale[3] < 1.0) {
+        return Err(invalid(
+            "Resize with antialias=1 when downsampling is not supported",
+        ));
+    }
+    let mut roi = [F64(0.0); 4];
+    if coord == "tf_crop_and_resize" {
+        let r = match roi_in {
+            Some(n) => im.const_f64s(n)?,
+            None => vec![],
+        };
+        let k = axes.len();
+        if r.len() == 2 * k {
+            for (j, &ax) in axes.iter().enumerate() {
+                if ax >= 2 {
+                    roi[ax - 2] = F64(r[j]);
+                    roi[ax] = F64(r[k + j]);
+                }
+            }
+        } else if !r.is_empty() {
+            return Err(invalid(format!(
+                "`roi` must have {} values, found {}",
+                2 * k,
+                r.len()
+            )));
+        }
+    }
+    if mode == "nearest" {
+        mode = "nearest_neighbor".to_string();
+    }
+    let size = im.b.shape(vec![Dim::Static(out[2]), Dim::Static(out[3])]);
+    Ok(call(
+        Op::Resize2d(Box::new(Resize2dAttrs {
+            roi,
+            layout: "NCHW".into(),
+            method: mode,
+            coordinate_transformation_mode: coord,
+            rounding_method: rounding,
+            cubic_alpha: F64(a.float("cubic_coeff_a", -0.75)),
+            cubic_exclude: a.int("exclude_outside", 0),
+            extrapolation_value: F64(a.float("extrapolation_value", 0.0)),
+            out_dtype: None,
+        })),
+        vec![x, size],
+    ))
+}

@@ -1,0 +1,116 @@
+//! Type inference of the `nn` family ops added for issue 17 (`relax.nn.conv2d_transpose`,
+//! `relax.image.resize2d`).
+//!
+//! Contract: as [`super::infer`]: symbolic dims flow through, unknown shapes give a less specific
+//! type, and errors say what was expected and what was found.
+//!
+//! ```text
+//! x: (n, 4, 5, 5), w: (4, 2, 3, 3)   R.nn.conv2d_transpose(x, w, strides=[2, 2])  -> (n, 2, 11, 11)
+//! x: (1, 3, h, w)                    R.image.resize2d(x, R.shape([8, 8]))           -> (1, 3, 8, 8)
+//! ```
+
+use super::super::attrs::layout_pos;
+use super::super::{Conv2dTransposeAttrs, Resize2dAttrs};
+use super::{Cx, common_dtype, known, permute_out, unknown};
+use crate::ir::{Dim, Type};
+
+/// Output extent of a transposed convolution:
+/// `(i - 1) * s - pad + (k - 1) * d + output_padding + 1`.
+fn transpose_out(i: &Dim, k: &Dim, s: i64, pad: i64, d: i64, out_pad: i64) -> Dim {
+    let eff = k
+        .sub(&Dim::Static(1))
+        .mul(&Dim::Static(d))
+        .add(&Dim::Static(1));
+    i.sub(&Dim::Static(1))
+        .mul(&Dim::Static(s))
+        .sub(&Dim::Static(pad))
+        .add(&eff)
+        .add(&Dim::Static(out_pad))
+}
+
+/// `relax.nn.conv2d_transpose(data, weight)`: weight in `IOHW` (input channels, output
+/// channels per group, kernel h, kernel w).
+pub(super) fn conv2d_transpose(cx: &Cx<'_>, a: &Conv2dTransposeAttrs) -> Result<Type, String> {
+    let (x, w) = (cx.tensor(0, "data")?, cx.tensor(1, "weight")?);
+    cx.rank(x, 4, "data")?;
+    cx.rank(w, 4, "weight")?;
+    let dtype = match a.out_dtype {
+        Some(d) => Some(d),
+        None => common_dtype(cx, x.dtype, w.dtype)?,
+    };
+    let bad = |k: &str, l: &str| cx.err(format!("invalid {k} \"{l}\""));
+    let dp = layout_pos::<4>(&a.data_layout, "NCHW")
+        .ok_or_else(|| bad("data_layout", &a.data_layout))?;
+    let kp = layout_pos::<4>(&a.kernel_layout, "IOHW")
+        .ok_or_else(|| bad("kernel_layout", &a.kernel_layout))?;
+    let op_ =
+        layout_pos::<4>(&a.out_layout, "NCHW").ok_or_else(|| bad("out_layout", &a.out_layout))?;
+    let (Some(xd), Some(wd)) = (&x.dims, &w.dims) else {
+        return Ok(unknown(Some(4), dtype));
+    };
+    let at = |d: &[Dim], p: usize| d.get(p).cloned().unwrap_or(Dim::Static(0));
+    let (n, c, h, wi) = (at(xd, dp[0]), at(xd, dp[1]), at(xd, dp[2]), at(xd, dp[3]));
+    let (i, o, kh, kw) = (at(wd, kp[0]), at(wd, kp[1]), at(wd, kp[2]), at(wd, kp[3]));
+    if let (Some(c), Some(i)) = (c.as_static(), i.as_static())
+        && c != i
+    {
+        return Err(cx.err(format!(
+            "data has {c} input channels but the weight (IOHW) has {i}"
+        )));
+    }
+    if let Some(c) = c.as_static()
+        && c.checked_rem(a.groups) != Some(0)
+    {
+        return Err(cx.err(format!(
+            "the {c} input channels are not divisible by groups={}",
+            a.groups
+        )));
+    }
+    let oc = o.mul(&Dim::Static(a.groups));
+    let oh = transpose_out(
+        &h,
+        &kh,
+        a.strides[0],
+        a.padding[0].saturating_add(a.padding[2]),
+        a.dilation[0],
+        a.output_padding[0],
+    );
+    let ow = transpose_out(
+        &wi,
+        &kw,
+        a.strides[1],
+        a.padding[1].saturating_add(a.padding[3]),
+        a.dilation[1],
+        a.output_padding[1],
+    );
+    Ok(known(permute_out(&op_, [n, oc, oh, ow]), dtype))
+}
+
+/// `relax.image.resize2d(data, size)`: the spatial dims become `size`.
+pub(super) fn resize2d(cx: &Cx<'_>, a: &Resize2dAttrs) -> Result<Type, String> {
+    let x = cx.tensor(0, "data")?;
+    cx.rank(x, 4, "data")?;
+    let dtype = a.out_dtype.or(x.dtype);
+    let lp = layout_pos::<4>(&a.layout, "NCHW")
+        .ok_or_else(|| cx.err(format!("invalid layout \"{}\"", a.layout)))?;
+    let (size, rank) = cx.shape(1)?;
+    if let Some(r) = rank
+        && r != 2
+    {
+        return Err(cx.err(format!(
+            "expected the size to have 2 values (height, width), found {r}"
+        )));
+    }
+    let (Some(xd), Some(size)) = (&x.dims, size) else {
+        return Ok(unknown(Some(4), dtype));
+    };
+    if let Some(d) = size.iter().find(|d| d.as_static().is_some_and(|v| v < 1)) {
+        return Err(cx.err(format!("expected output sizes ≥ 1, found {d}")));
+    }
+    let at = |p: usize| xd.get(p).cloned().unwrap_or(Dim::Static(0));
+    let (oh, ow) = (size[0].clone(), size[1].clone());
+    Ok(known(
+        permute_out(&lp, [at(lp[0]), at(lp[1]), oh, ow]),
+        dtype,
+    ))
+}

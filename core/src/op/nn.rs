@@ -1,0 +1,593 @@
+//! Attributes of the `nn` family ops added for issue 17: `relax.nn.conv2d_transpose` and
+//! `relax.image.resize2d`, read from and written back to keyword literals.
+//!
+//! Contract: names, defaults and printing order are TVM 0.27's (`Conv2DTransposeAttrs`,
+//! `Resize2DAttrs`); string attributes with a closed set of values are checked when read, so a
+//! kernel never meets an unknown mode.
+//!
+//! ```text
+//! y = R.nn.conv2d_transpose(x, w, strides=[2, 2], padding=[0, 0, 0, 0], output_padding=[1, 1],
+//!     dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="IOHW", out_layout="NCHW",
+//!     out_dtype=None)
+//! z = R.image.resize2d(x, R.shape([8, 8]), roi=[0.0, 0.0, 0.0, 0.0], layout="NCHW",
+//!     method="linear", coordinate_transformation_mode="half_pixel", rounding_method="round",
+//!     cubic_alpha=-0.75, cubic_exclude=0, extrapolation_value=0.0, out_dtype=None)
+//! ```
+
+use super::attrs::{Kwargs, at_least, check_layout, dtype_lit, ints_lit, pair, quad, str_lit};
+use super::{AttrLit, F64};
+use crate::ir::DType;
+
+/// Attributes of `relax.nn.conv2d_transpose`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dTransposeAttrs {
+    /// Strides (h, w).
+    pub strides: [i64; 2],
+    /// Padding removed from the full output (top, left, bottom, right).
+    pub padding: [i64; 4],
+    /// Extra rows/columns added at the bottom/right of the output (h, w).
+    pub output_padding: [i64; 2],
+    /// Dilation (h, w).
+    pub dilation: [i64; 2],
+    /// Groups.
+    pub groups: i64,
+    /// Data layout: a permutation of `NCHW`.
+    pub data_layout: String,
+    /// Kernel layout: a permutation of `IOHW` (input channels first).
+    pub kernel_layout: String,
+    /// Output layout: a permutation of `NCHW`.
+    pub out_layout: String,
+    /// Output dtype (`None`: same as the input).
+    pub out_dtype: Option<DType>,
+}
+
+/// Attribute names of `relax.nn.conv2d_transpose` in Python-API order.
+pub(super) const CONV2D_TRANSPOSE_ATTRS: &[&str] = &[
+    "strides",
+    "padding",
+    "output_padding",
+    "dilation",
+    "groups",
+    "data_layout",
+    "kernel_layout",
+    "out_layout",
+    "out_dtype",
+];
+
+/// Reads `relax.nn.conv2d_transpose`'s attributes.
+pub(super) fn conv2d_transpose_attrs(kw: &Kwargs<'_>) -> Result<Box<Conv2dTransposeAttrs>, String> {
+    let strides = pair(kw, "strides", &kw.ints("strides", Some(&[1, 1]))?)?;
+    let padding = quad(kw, "padding", &kw.ints("padding", Some(&[0, 0]))?)?;
+    let output_padding = pair(
+        kw,
+        "output_padding",
+        &kw.ints("output_padding", Some(&[0, 0]))?,
+    )?;
+    let dilation = pair(kw, "dilation", &kw.ints("dilation", Some(&[1, 1]))?)?;
+    let groups = kw.int("groups", Some(1))?;
+    at_least(kw, "strides", &strides, 1)?;
+    at_least(kw, "padding", &padding, 0)?;
+    at_least(kw, "output_padding", &output_padding, 0)?;
+    at_least(kw, "dilation", &dilation, 1)?;
+    at_least(kw, "groups", &[groups], 1)?;
+    let data_layout = kw.string("data_layout", Some("NCHW"))?;
+    check_layout(kw, "data_layout", &data_layout, "NCHW")?;
+    let kernel_layout = kw.string("kernel_layout", Some("IOHW"))?;
+    check_layout(kw, "kernel_layout", &kernel_layout, "IOHW")?;
+    let out_layout = kw.string("out_layout", Some(&data_layout))?;
+    check_layout(kw, "out_layout", &out_layout, "NCHW")?;
+    Ok(Box::new(Conv2dTransposeAttrs {
+        strides,
+        padding,
+        output_padding,
+        dilation,
+        groups,
+        data_layout,
+        kernel_layout,
+        out_layout,
+        out_dtype: kw.opt_dtype("out_dtype")?,
+    }))
+}
+
+/// `relax.nn.conv2d_transpose`'s attributes in TVM's printing order.
+pub(super) fn conv2d_transpose_kwargs(a: &Conv2dTransposeAttrs) -> Vec<(&'static str, AttrLit)> {
+    vec![
+        ("strides", ints_lit(&a.strides)),
+        ("padding", ints_lit(&a.padding)),
+        ("output_padding", ints_lit(&a.output_padding)),
+        ("dilation", ints_lit(&a.dilation)),
+        ("groups", AttrLit::Int(a.groups)),
+        ("data_layout", str_lit(&a.data_layout)),
+        ("kernel_layout", str_lit(&a.kernel_layout)),
+        ("out_layout", str_lit(&a.out_layout)),
+        ("out_dtype", dtype_lit(a.out_dtype)),
+    ]
+}
+
+/// Attributes of `relax.image.resize2d` (the output size is the second argument, a shape).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Resize2dAttrs {
+    /// Region of interest `[start_h, start_w, end_h, end_w]` in normalised input coordinates
+    /// (used by `tf_crop_and_resize` only).
+    pub roi: [F64; 4],
+    /// Data layout: a permutation of `NCHW`.
+    pub layout: String,
+    /// `"nearest_neighbor"`, `"linear"` or `"cubic"`.
+    pub method: String,
+    /// `"half_pixel"`, `"align_corners"`, `"asymmetric"`, `"pytorch_half_pixel"`,
+    /// `"tf_half_pixel_for_nn"` or `"tf_crop_and_resize"`.
+    pub coordinate_transformation_mode: String,
+    /// Nearest rounding: `"round"`, `"round_prefer_floor"`, `"round_prefer_ceil"`, `"floor"`,
+    /// `"ceil"` (empty: `"round"`).
+    pub rounding_method: String,
+    /// The cubic spline coefficient.
+    pub cubic_alpha: F64,
+    /// 1: cubic weights outside the input are dropped and the rest renormalised.
+    pub cubic_exclude: i64,
+    /// The value of output points outside the input (`tf_crop_and_resize`).
+    pub extrapolation_value: F64,
+    /// Output dtype (`None`: same as the input).
+    pub out_dtype: Option<DType>,
+}
+
+/// Attribute names of `relax.image.resize2d` in Python-API order.
+pub(super) const RESIZE2D_ATTRS: &[&str] = &[
+    "roi",
+    "layout",
+    "method",
+    "coordinate_transformation_mode",
+    "rounding_method",
+    "cubic_alpha",
+    "cubic_exclude",
+    "extrapolation_value",
+    "out_dtype",
+];
+
+const METHODS: &[&str] = &["nearest_neighbor", "linear", "cubic"];
+const COORD_MODES: &[&str] = &[
+    "half_pixel",
+    "align_corners",
+    "asymmetric",
+    "pytorch_half_pixel",
+    "tf_half_pixel_for_nn",
+    "tf_crop_and_resize",
+];
+const ROUNDING: &[&str] = &[
+    "",
+    "round",
+    "round_prefer_floor",
+    "round_prefer_ceil",
+    "floor",
+    "ceil",
+];
+
+fn one_of(kw: &Kwargs<'_>, k: &str, default: &str, set: &[&str]) -> Result<String, String> {
+    let v = kw.string(k, Some(default))?;
+    if set.contains(&v.as_str()) {
+        Ok(v)
+    } else {
+        Err(kw.invalid(k, &format!("expected one of {set:?}, found \"{v}\"")))
+    }
+}
+
+/// Reads `relax.image.resize2d`'s attributes.
+pub(super) fn resize2d_attrs(kw: &Kwargs<'_>) -> Result<Box<Resize2dAttrs>, String> {
+    let roi = match kw.raw("roi") {
+        None | Some(AttrLit::None) => [F64(0.0); 4],
+        Some(v) => {
+            let nums: Option<Vec<f64>> = match v {
+                AttrLit::Float(f) => Some(vec![*f; 4]),
+                AttrLit::Int(i) => Some(vec![*i as f64; 4]),
+                AttrLit::List(items) => items
+                    .iter()
+                    .map(|x| match x {
+                        AttrLit::Float(f) => Some(*f),
+                        AttrLit::Int(i) => Some(*i as f64),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => None,
+            };
+            match nums.as_deref() {
+                Some(&[a, b, c, d]) => [F64(a), F64(b), F64(c), F64(d)],
+                _ => return Err(kw.error("roi", "a list of 4 floats", v)),
+            }
+        }
+    };
+    let layout = kw.string("layout", Some("NCHW"))?;
+    check_layout(kw, "layout", &layout, "NCHW")?;
+    let cubic_exclude = kw.int("cubic_exclude", Some(0))?;
+    if !(0..=1).contains(&cubic_exclude) {
+        return Err(kw.invalid("cubic_exclude", "expected 0 or 1"));
+    }
+    Ok(Box::new(Resize2dAttrs {
+        roi,
+        layout,
+        method: one_of(kw, "method", "linear", METHODS)?,
+        coordinate_transformation_mode: one_of(
+            kw,
+            "coordinate_transformation_mode",
+            "half_pixel",
+            COORD_MODES,
+        )?,
+        rounding_method: one_of(kw, "rounding_method", "round", ROUNDING)?,
+        cubic_alpha: kw.float("cubic_alpha", -0.75)?,
+        cubic_exclude,
+        extrapolation_value: kw.float("extrapolation_value", 0.0)?,
+        out_dtype: kw.opt_dtype("out_dtype")?,
+    }))
+}
+
+/// `relax.image.resize2d`'s attributes in TVM's printing order.
+pub(super) fn resize2d_kwargs(a: &Resize2dAttrs) -> Vec<(&'static str, AttrLit)> {
+    vec![
+        (
+            "roi",
+            AttrLit::List(a.roi.iter().map(|f| AttrLit::Float(f.0)).collect()),
+        ),
+        ("layout", str_lit(&a.layout)),
+        ("method", str_lit(&a.method)),
+        (
+            "coordinate_transformation_mode",
+            str_lit(&a.coordinate_transformation_mode),
+        ),
+        ("rounding_method", str_lit(&a.rounding_method)),
+        ("cubic_alpha", AttrLit::Float(a.cubic_alpha.0)),
+        ("cubic_exclude", AttrLit::Int(a.cubic_exclude)),
+        (
+            "extrapolation_value",
+            AttrLit::Float(a.extrapolation_value.0),
+        ),
+        ("out_dtype", dtype_lit(a.out_dtype)),
+    ]
+}
+
+/// The taps of one output position along one axis; `None` when the position lies outside the
+/// input (`tf_crop_and_resize`).
+pub type Taps = Option<Vec<(usize, f64)>>;
+
+/// The input coordinate of output index `o` (TVM topi's `get_inx`).
+fn source_coord(mode: &str, o: usize, n_in: usize, n_out: usize, roi: (f64, f64)) -> f64 {
+    let (o, i, out) = (o as f64, n_in as f64, n_out as f64);
+    let scale = i / out;
+    match mode {
+        "align_corners" if n_out > 1 => o * (i - 1.0) / (out - 1.0),
+        "align_corners" => 0.0,
+        "asymmetric" => o * scale,
+        "pytorch_half_pixel" if n_out > 1 => (o + 0.5) * scale - 0.5,
+        "pytorch_half_pixel" => 0.0,
+        "tf_half_pixel_for_nn" => (o + 0.5) * scale,
+        "tf_crop_and_resize" if n_out > 1 => {
+            roi.0 * (i - 1.0) + o * (roi.1 - roi.0) * (i - 1.0) / (out - 1.0)
+        }
+        "tf_crop_and_resize" => 0.5 * (roi.0 + roi.1) * (i - 1.0),
+        // half_pixel
+        _ => (o + 0.5) * scale - 0.5,
+    }
+}
+
+/// TVM topi's `get_closest_index`.
+fn nearest(x: f64, rounding: &str) -> f64 {
+    match rounding {
+        "round_prefer_floor" => (x - 0.5).ceil(),
+        "round_prefer_ceil" => (x + 0.5).floor(),
+        "floor" => (x + 1e-5).floor(),
+        "ceil" => (x - 1e-5).ceil(),
+        // "round" and "": half to even.
+        _ => x.round_ties_even(),
+    }
+}
+
+/// The cubic convolution weights of the four taps `floor(x) - 1 ..= floor(x) + 2` at
+/// fraction `t`.
+fn cubic_weights(t: f64, a: f64) -> [f64; 4] {
+    let (t2, t3) = (t * t, t * t * t);
+    [
+        a * (t3 - 2.0 * t2 + t),
+        (a + 2.0) * t3 - (3.0 + a) * t2 + 1.0,
+        -(a + 2.0) * t3 + (3.0 + 2.0 * a) * t2 - a * t,
+        -a * t3 + a * t2,
+    ]
+}
+
+fn clamp_index(i: i64, n: usize) -> usize {
+    i.clamp(0, n as i64 - 1) as usize
+}
+
+impl Resize2dAttrs {
+    /// The (input index, weight) taps of every output index along one axis of `n_in` input
+    /// and `n_out` output positions (`n_in` ≥ 1), TVM topi's rules; `roi` is the axis's
+    /// (start, end) for `tf_crop_and_resize`.
+    pub fn taps(&self, n_in: usize, n_out: usize, roi: (f64, f64)) -> Vec<Taps> {
+        let a = self;
+        let mode = a.coordinate_transformation_mode.as_str();
+        let crop = mode == "tf_crop_and_resize";
+        (0..n_out)
+            .map(|o| {
+                let x = source_coord(mode, o, n_in, n_out, roi);
+                if crop && (x < 0.0 || x > n_in as f64 - 1.0) {
+                    return None;
+                }
+                Some(match a.method.as_str() {
+                    "nearest_neighbor" => {
+                        vec![(
+                            clamp_index(nearest(x, &a.rounding_method) as i64, n_in),
+                            1.0,
+                        )]
+                    }
+                    "cubic" => {
+                        let base = x.floor();
+                        let w = cubic_weights(x - base, a.cubic_alpha.0);
+                        let base = base as i64;
+                        let mut taps: Vec<(usize, f64)> = Vec::with_capacity(4);
+                        for (k, wk) in w.iter().enumerate() {
+                            let i = base - 1 + k as i64;
+                            let inside = (0..n_in as i64).contains(&i);
+                            if a.cubic_exclude == 1 && !inside {
+                                continue;
+                            }
+                            taps.push((clamp_index(i, n_in), *wk));
+                        }
+                        if a.cubic_exclude == 1 {
+                            let s: f64 = taps.iter().map(|t| t.1).sum();
+                            if s != 0.0 {
+                                taps.iter_mut().for_each(|t| t.1 /= s);
+                            }
+                        }
+                        taps
+                    }
+                    // linear
+                    _ => {
+                        let base = x.floor();
+                        let f = x - base;
+                        let b = base as i64;
+                        vec![
+                            (clamp_index(b, n_in), 1.0 - f),
+                            (clamp_index(b + 1, n_in), f),
+                        ]
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Dim, Type};
+    use crate::op::Op;
+    use crate::text::{parse_module_str, print_module};
+
+    fn op(name: &str, kw: &[(&str, AttrLit)]) -> Result<Op, String> {
+        let kw: Vec<(String, AttrLit)> =
+            kw.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        Op::from_call(name, &kw)
+    }
+
+    fn ints(v: &[i64]) -> AttrLit {
+        ints_lit(v)
+    }
+
+    fn round_trip(o: &Op) {
+        let kw: Vec<(String, AttrLit)> = o
+            .kwargs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(Op::from_call(o.name(), &kw).as_ref(), Ok(o));
+    }
+
+    #[test]
+    fn conv2d_transpose_defaults_kwargs_and_round_trip() {
+        let o = op("relax.nn.conv2d_transpose", &[]).unwrap_or_else(|e| unreachable!("{e}"));
+        let Op::Conv2dTranspose(a) = &o else {
+            unreachable!("{o:?}")
+        };
+        assert_eq!(a.strides, [1, 1]);
+        assert_eq!(a.padding, [0, 0, 0, 0]);
+        assert_eq!(a.kernel_layout, "IOHW");
+        let names: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, CONV2D_TRANSPOSE_ATTRS);
+        round_trip(&o);
+        let o2 = op(
+            "relax.nn.conv2d_transpose",
+            &[
+                ("strides", ints(&[2])),
+                ("padding", ints(&[1, 2])),
+                ("output_padding", ints(&[1, 0])),
+                ("groups", AttrLit::Int(2)),
+            ],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let Op::Conv2dTranspose(a) = &o2 else {
+            unreachable!("{o2:?}")
+        };
+        assert_eq!(a.strides, [2, 2]);
+        assert_eq!(a.padding, [1, 2, 1, 2]);
+        assert_eq!(a.output_padding, [1, 0]);
+        round_trip(&o2);
+        assert_eq!(o2.fusion_kind(), crate::op::FusionKind::OutEWiseFusable);
+        let e = op("relax.nn.conv2d_transpose", &[("output_padding", ints(&[-1]))]);
+        assert!(e.is_err_and(|e| e.contains("output_padding")));
+        let e = op(
+            "relax.nn.conv2d_transpose",
+            &[("kernel_layout", AttrLit::Str("OIHX".into()))],
+        );
+        assert!(e.is_err_and(|e| e.contains("IOHW")));
+    }
+
+    #[test]
+    fn resize2d_defaults_kwargs_checks_and_round_trip() {
+        let o = op("relax.image.resize2d", &[]).unwrap_or_else(|e| unreachable!("{e}"));
+        let Op::Resize2d(a) = &o else {
+            unreachable!("{o:?}")
+        };
+        assert_eq!(a.method, "linear");
+        assert_eq!(a.coordinate_transformation_mode, "half_pixel");
+        assert_eq!(a.cubic_alpha, F64(-0.75));
+        let names: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, RESIZE2D_ATTRS);
+        round_trip(&o);
+        assert_eq!(o.fusion_kind(), crate::op::FusionKind::Injective);
+        let o2 = op(
+            "relax.image.resize2d",
+            &[
+                ("roi", AttrLit::List(vec![AttrLit::Float(0.1), AttrLit::Int(0), AttrLit::Float(0.9), AttrLit::Float(1.0)])),
+                ("method", AttrLit::Str("nearest_neighbor".into())),
+                ("rounding_method", AttrLit::Str("floor".into())),
+                ("out_dtype", AttrLit::Str("float16".into())),
+            ],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        round_trip(&o2);
+        let bad = op("relax.image.resize2d", &[("method", AttrLit::Str("bilinear".into()))]);
+        assert!(bad.is_err_and(|e| e.contains("nearest_neighbor") && e.contains("bilinear")));
+        let bad = op("relax.image.resize2d", &[("roi", ints(&[1, 2]))]);
+        assert!(bad.is_err_and(|e| e.contains("4 floats")));
+        let bad = op(
+            "relax.image.resize2d",
+            &[("coordinate_transformation_mode", AttrLit::Str("x".into()))],
+        );
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn inference_of_conv2d_transpose_and_resize2d() {
+        let n = Dim::sym("n");
+        let x = Type::tensor_dims(
+            vec![n.clone(), Dim::Static(4), Dim::Static(5), Dim::Static(5)],
+            DType::F32,
+        );
+        let w = Type::tensor(&[4, 2, 3, 3], DType::F32);
+        let o = op(
+            "relax.nn.conv2d_transpose",
+            &[("strides", ints(&[2, 2])), ("output_padding", ints(&[1, 0]))],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        // (5 - 1) * 2 + 3 + output_padding
+        let want = Type::tensor_dims(
+            vec![n.clone(), Dim::Static(2), Dim::Static(12), Dim::Static(11)],
+            DType::F32,
+        );
+        assert_eq!(o.infer(&[&x, &w]), Ok(want));
+        let g2 = op("relax.nn.conv2d_transpose", &[("groups", AttrLit::Int(2))])
+            .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = g2.infer(&[&x, &w]).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(
+            t,
+            Type::tensor_dims(
+                vec![n.clone(), Dim::Static(4), Dim::Static(7), Dim::Static(7)],
+                DType::F32
+            )
+        );
+        let w3 = Type::tensor(&[3, 2, 3, 3], DType::F32);
+        assert!(
+            o.infer(&[&x, &w3])
+                .is_err_and(|e| e.contains("4 input channels") && e.contains("3"))
+        );
+        let big_pad = op("relax.nn.conv2d_transpose", &[("padding", ints(&[9, 9]))])
+            .unwrap_or_else(|e| unreachable!("{e}"));
+        let w1 = Type::tensor(&[4, 2, 3, 3], DType::F32);
+        assert!(big_pad.infer(&[&x, &w1]).is_err_and(|e| e.contains("negative")));
+
+        let r = op("relax.image.resize2d", &[]).unwrap_or_else(|e| unreachable!("{e}"));
+        let size = Type::Shape {
+            dims: Some(vec![Dim::Static(8), Dim::sym("m")]),
+            ndim: Some(2),
+        };
+        assert_eq!(
+            r.infer(&[&x, &size]),
+            Ok(Type::tensor_dims(
+                vec![n, Dim::Static(4), Dim::Static(8), Dim::sym("m")],
+                DType::F32
+            ))
+        );
+        let size3 = Type::Shape {
+            dims: Some(vec![Dim::Static(8); 3]),
+            ndim: Some(3),
+        };
+        assert!(r.infer(&[&x, &size3]).is_err_and(|e| e.contains("2 values")));
+        assert!(r.infer(&[&w, &x]).is_err_and(|e| e.contains("shape")));
+    }
+
+    #[test]
+    fn text_round_trip_of_both_ops() {
+        let src = r#"# from tvm.script import ir as I
+# from tvm.script import relax as R
+
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((1, 4, 5, 5), dtype="float32"), w: R.Tensor((4, 2, 3, 3), dtype="float32")) -> R.Tensor((1, 2, 8, 9), dtype="float32"):
+        with R.dataflow():
+            y: R.Tensor((1, 2, 11, 11), dtype="float32") = R.nn.conv2d_transpose(x, w, strides=[2, 2], padding=[0, 0, 0, 0], output_padding=[0, 0], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="IOHW", out_layout="NCHW", out_dtype=None)
+            gv: R.Tensor((1, 2, 8, 9), dtype="float32") = R.image.resize2d(y, R.shape([8, 9]), roi=[0.0, 0.0, 0.0, 0.0], layout="NCHW", method="cubic", coordinate_transformation_mode="align_corners", rounding_method="round", cubic_alpha=-0.5, cubic_exclude=1, extrapolation_value=0.0, out_dtype=None)
+            R.output(gv)
+        return gv
+"#;
+        let m = parse_module_str(src).unwrap_or_else(|e| unreachable!("{e}"));
+        let printed = print_module(&m).text;
+        assert_eq!(printed, src);
+        let m2 = parse_module_str(&printed).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(print_module(&m2).text, printed);
+        // TVM's spelling of the roi (`T.float32(...)`) and of an unset dtype parse too.
+        let tvm = src
+            .replace(
+                "roi=[0.0, 0.0, 0.0, 0.0]",
+                "roi=[T.float32(0.0), T.float32(0.0), T.float32(0.0), T.float32(0.0)]",
+            )
+            .replace("method=\"cubic\", coordinate", "method=\"cubic\", coordinate");
+        if let Ok(m3) = parse_module_str(&tvm) {
+            assert_eq!(print_module(&m3).text, src);
+        }
+    }
+
+    #[test]
+    fn taps_follow_the_coordinate_rules() {
+        let a = |method: &str, mode: &str, rounding: &str| Resize2dAttrs {
+            roi: [F64(0.0); 4],
+            layout: "NCHW".into(),
+            method: method.into(),
+            coordinate_transformation_mode: mode.into(),
+            rounding_method: rounding.into(),
+            cubic_alpha: F64(-0.75),
+            cubic_exclude: 0,
+            extrapolation_value: F64(0.0),
+            out_dtype: None,
+        };
+        // 2 → 4, half_pixel linear: x_in = (o + 0.5) / 2 - 0.5 = -0.25, 0.25, 0.75, 1.25.
+        let t = a("linear", "half_pixel", "round").taps(2, 4, (0.0, 0.0));
+        let want = [
+            vec![(0, 0.25), (0, 0.75)],
+            vec![(0, 0.75), (1, 0.25)],
+            vec![(0, 0.25), (1, 0.75)],
+            vec![(1, 0.75), (1, 0.25)],
+        ];
+        for (got, w) in t.iter().zip(&want) {
+            let got = got.as_ref().unwrap_or_else(|| unreachable!());
+            for ((gi, gw), (wi, ww)) in got.iter().zip(w) {
+                assert_eq!(gi, wi);
+                assert!((gw - ww).abs() < 1e-12, "{got:?} vs {w:?}");
+            }
+        }
+        // Nearest, asymmetric, 4 → 2 (x_in = 2 o): indices 0 and 2.
+        let t = a("nearest_neighbor", "asymmetric", "floor").taps(4, 2, (0.0, 0.0));
+        assert_eq!(t, vec![Some(vec![(0, 1.0)]), Some(vec![(2, 1.0)])]);
+        // round_prefer_ceil at exactly .5 goes up, round_prefer_floor goes down.
+        let up = a("nearest_neighbor", "asymmetric", "round_prefer_ceil").taps(3, 2, (0.0, 0.0));
+        assert_eq!(up[1], Some(vec![(2, 1.0)]));
+        let down =
+            a("nearest_neighbor", "asymmetric", "round_prefer_floor").taps(3, 2, (0.0, 0.0));
+        assert_eq!(down[1], Some(vec![(1, 1.0)]));
+        // Cubic weights sum to 1.
+        for tp in a("cubic", "half_pixel", "round").taps(5, 7, (0.0, 0.0)) {
+            let s: f64 = tp.unwrap_or_default().iter().map(|t| t.1).sum();
+            assert!((s - 1.0).abs() < 1e-12);
+        }
+        // tf_crop_and_resize: a roi past the end of the input gives no taps (extrapolated).
+        let t = a("linear", "tf_crop_and_resize", "round").taps(4, 3, (0.5, 1.5));
+        assert!(t[0].is_some());
+        assert!(t[2].is_none());
+    }
+}
