@@ -1099,6 +1099,7 @@ impl Op {
             n if ElemOp::from_name(n).is_some() => match ElemOp::from_name(n) {
                 Some(e) => Op::Elem(e),
                 None => return Err(format!("unknown op `{name}`")),
+            },
             // -- reduce ops (issue 17) --
             "relax.min" => Op::Min(reduce_attrs(&kw)?),
             "relax.prod" => Op::Prod(reduce_attrs(&kw)?),
@@ -1145,7 +1146,6 @@ impl Op {
             // -- nn ops (issue 17) --
             "relax.nn.conv2d_transpose" => Op::Conv2dTranspose(nn::conv2d_transpose_attrs(&kw)?),
             "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
-            _ => return Err(format!("unknown op `{name}`")),
             // -- index ops (issue 17) --
             _ => match index::from_call(name, &kw)? {
                 Some(op) => op,
