@@ -476,13 +476,13 @@ FAMILIES = [
 def build(f: Family) -> Wrapper:
     """The model of family `f`, its weights drawn from the family's seed."""
     torch.manual_seed(0)
-    model = f.build().eval()
-    calibrate_batch_norm(model, f)
     wrapper = {"text": TextWrapper, "image": ImageWrapper, "audio": AudioWrapper}[f.kind]
-    return wrapper(model, f.output).eval()
+    model = wrapper(f.build(), f.output).eval()
+    calibrate_batch_norm(model, f)
+    return model
 
 
-def calibrate_batch_norm(model: torch.nn.Module, f: Family) -> None:
+def calibrate_batch_norm(model: Wrapper, f: Family) -> None:
     """Sets the running statistics of every BatchNorm to those of one seeded batch.
 
     With freshly initialised statistics (mean 0, variance 1) the activations of a deep random
@@ -503,10 +503,9 @@ def calibrate_batch_norm(model: torch.nn.Module, f: Family) -> None:
         m.reset_running_stats()
         m.momentum = None
         m.train()
-    x = make_inputs(f, 8, 0, seed=2)[input_names(f)[0]]
+    batch = make_inputs(f, 8, TRACE_SEQ, seed=2)
     with torch.no_grad():
-        wrapper = ImageWrapper(model, f.output)
-        wrapper(torch.from_numpy(x))
+        model(*(torch.from_numpy(batch[n]) for n in input_names(f)))
     model.eval()
 
 
@@ -673,9 +672,16 @@ def main() -> None:
     for f in FAMILIES:
         if wanted and f.name not in wanted:
             continue
-        model = build(f)
+        try:
+            model = build(f)
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            model, error = None, describe(e)
         for exporter in ("ts", "dynamo"):
-            line = write_fixture(f, exporter, model)
+            if model is None:
+                shutil.rmtree(OUT / f"{f.name}-{exporter}", ignore_errors=True)
+                line = f"{f.name}-{exporter}: FAILED building the model: {error}"
+            else:
+                line = write_fixture(f, exporter, model)
             print(line, flush=True)
             lines[f"{f.name}-{exporter}"] = line
     order = [f"{f.name}-{e}" for f in FAMILIES for e in ("ts", "dynamo")]
