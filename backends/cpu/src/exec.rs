@@ -137,11 +137,11 @@ impl Executor {
             // thread of their own pool (no hand-over from an outside thread per region).
             return crate::par::on_pool(|| {
                 self.interp(module, None, None, false)
-                    .call(func, f, args, 0)
+                    .call(func, f, args, 0, &BTreeMap::new())
             });
         }
         self.interp(module, hook, None, false)
-            .call(func, f, args, 0)
+            .call(func, f, args, 0, &BTreeMap::new())
     }
 
     /// [`Executor::run`] of a partitioned module whose call hook runs only the functions
@@ -157,7 +157,7 @@ impl Executor {
     ) -> Result<Value> {
         let f = lookup(module, func)?;
         self.interp(module, Some(hook), Some(takes), false)
-            .call(func, f, args, 0)
+            .call(func, f, args, 0, &BTreeMap::new())
     }
 
     /// An interpreter of `module` on this executor's decoded constants.
@@ -211,7 +211,7 @@ impl Executor {
     ) -> Result<(Value, Vec<CallProfile>)> {
         let f = lookup(module, func)?;
         let interp = self.interp(module, hook, takes, true);
-        let out = interp.call(func, f, args, 0)?;
+        let out = interp.call(func, f, args, 0, &BTreeMap::new())?;
         let mut prof: Vec<CallProfile> = interp
             .profile
             .map(RefCell::into_inner)
@@ -413,7 +413,17 @@ fn at(ctx: &str, e: Error) -> Error {
 }
 
 impl<'m> Interp<'m> {
-    fn call(&self, name: &str, f: &Function, args: Vec<Value>, depth: usize) -> Result<Value> {
+    /// Runs `f` on `args`. Symbolic dims are bound from the parameters; a symbol the parameters
+    /// leave unbound (a shape literal inside an outlined group, e.g. `R.shape([batch, 4])` in a
+    /// FuseOps function whose params do not mention `batch`) takes the caller's value (`outer`).
+    fn call(
+        &self,
+        name: &str,
+        f: &Function,
+        args: Vec<Value>,
+        depth: usize,
+        outer: &BTreeMap<Sym, i64>,
+    ) -> Result<Value> {
         if depth > MAX_DEPTH {
             return Err(Error::Exec(format!(
                 "calls nest deeper than {MAX_DEPTH} at `{name}`: is there a call cycle?"
@@ -439,6 +449,9 @@ impl<'m> Interp<'m> {
                 match_type(&var.ty, a, &mut fr.syms, bind)
                     .map_err(|m| Error::Exec(format!("`{name}`: argument `{}`: {m}", var.name)))?;
             }
+        }
+        for (s, &v) in outer {
+            fr.syms.entry(s.clone()).or_insert(v);
         }
         let (plan, unused) = drop_plan(f);
         for ((&p, a), unused) in f.params.iter().zip(args).zip(unused) {
@@ -714,7 +727,7 @@ impl<'m> Interp<'m> {
                                 let gf = self.module.get(g).ok_or_else(|| {
                                     Error::Exec(format!("the module has no function `{g}`"))
                                 })?;
-                                self.call(g, gf, vals, depth + 1)?
+                                self.call(g, gf, vals, depth + 1, &fr.syms)?
                             }
                         };
                         self.record(g, t);
@@ -726,7 +739,7 @@ impl<'m> Interp<'m> {
                         let lf = lf.ok_or_else(|| {
                             Error::Exec(format!("`{vname}` is not a local function here"))
                         })?;
-                        self.call(vname, lf, vals, depth + 1)?
+                        self.call(vname, lf, vals, depth + 1, &fr.syms)?
                     }
                 }
             }

@@ -31,9 +31,9 @@
 //! so their types follow from the attributes.
 
 mod attrs;
+pub mod einsum;
 mod elem;
 mod index;
-pub mod einsum;
 mod infer;
 // -- nn ops (issue 17) --
 mod nn;

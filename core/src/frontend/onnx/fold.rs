@@ -153,7 +153,7 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             .into_val()))
         }
         "Gather" | "Unsqueeze" | "Squeeze" | "Concat" | "Slice" | "Cast" | "Reshape" | "Add"
-        | "Sub" | "Mul" | "Div" => {
+        | "Sub" | "Mul" | "Div" | "Equal" | "Where" => {
             let mut args = Vec::new();
             for name in node.input.iter() {
                 if name.is_empty() {
@@ -195,6 +195,21 @@ fn constant_attr(a: &Attrs<'_>) -> Result<Constant> {
 }
 
 /// Folds an integer op; `None` when the case is outside the small evaluator.
+/// The element pairs of `x` and `y` when they have the same number of elements or one is a
+/// single element (the broadcasts shape arithmetic uses), with the result shape.
+fn broadcast_pairs(x: &Ints, y: &Ints) -> Option<(Vec<usize>, Vec<(Dim, Dim)>)> {
+    let (shape, n) = if x.vals.len() >= y.vals.len() {
+        (x.shape.clone(), x.vals.len())
+    } else {
+        (y.shape.clone(), y.vals.len())
+    };
+    if !(x.vals.len() == n || x.vals.len() == 1) || !(y.vals.len() == n || y.vals.len() == 1) {
+        return None;
+    }
+    let pick = |v: &Ints, i: usize| v.vals[if v.vals.len() == 1 { 0 } else { i }].clone();
+    Some((shape, (0..n).map(|i| (pick(x, i), pick(y, i))).collect()))
+}
+
 fn fold_ints(
     im: &Importer<'_>,
     node: &super::NodeProto,
@@ -402,6 +417,68 @@ fn fold_ints(
                     Constant::from_bytes(to, shape, bytes).map_err(err)?,
                 ))
             }
+        }
+        "Equal" => {
+            // Shape checks (`Equal(shape, -1)` before an `Expand`, say): decided when both sides
+            // are static, structurally equal, or a dim against a negative number (dims are never
+            // negative); anything else is left to the IR.
+            let Some(y) = args.get(1) else {
+                return Ok(None);
+            };
+            let Some((shape, pairs)) = broadcast_pairs(&x, y) else {
+                return Ok(None);
+            };
+            let mut vals = Vec::with_capacity(pairs.len());
+            for (p, q) in pairs {
+                let eq = match (p.as_static(), q.as_static()) {
+                    (Some(u), Some(v)) => u == v,
+                    _ if p == q => true,
+                    (Some(u), None) if u < 0 && matches!(q, Dim::Sym(_)) => false,
+                    (None, Some(v)) if v < 0 && matches!(p, Dim::Sym(_)) => false,
+                    _ => return Ok(None),
+                };
+                vals.push(Dim::Static(i64::from(eq)));
+            }
+            Some(
+                Ints {
+                    dtype: DType::Bool,
+                    shape,
+                    vals,
+                }
+                .into_val(),
+            )
+        }
+        "Where" => {
+            let (Some(t), Some(f)) = (args.get(1), args.get(2)) else {
+                return Ok(None);
+            };
+            if x.dtype != DType::Bool || t.dtype != f.dtype {
+                return Ok(None);
+            }
+            let Some((shape, pairs)) = broadcast_pairs(t, f) else {
+                return Ok(None);
+            };
+            let n = pairs.len();
+            if !(x.vals.len() == n || x.vals.len() == 1) || shape.len() < x.shape.len() {
+                return Ok(None);
+            }
+            let mut vals = Vec::with_capacity(n);
+            for (i, (p, q)) in pairs.into_iter().enumerate() {
+                let c = &x.vals[if x.vals.len() == 1 { 0 } else { i }];
+                vals.push(match c.as_static() {
+                    Some(0) => q,
+                    Some(_) => p,
+                    None => return Ok(None),
+                });
+            }
+            Some(
+                Ints {
+                    dtype: t.dtype,
+                    shape,
+                    vals,
+                }
+                .into_val(),
+            )
         }
         "Add" | "Sub" | "Mul" | "Div" => {
             let Some(y) = args.get(1) else {

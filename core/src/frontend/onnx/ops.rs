@@ -12,6 +12,7 @@
 //!                                        y = R.add(lv2, C)
 //! ```
 
+mod dynamic;
 mod generate;
 mod loss;
 mod quant;
@@ -20,8 +21,8 @@ mod rnn;
 mod elem;
 // -- reduce ops (issue 17) --
 mod attention;
-mod reduce;
 mod nn;
+mod reduce;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
@@ -74,6 +75,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "HannWindow" | "HammingWindow" | "BlackmanWindow" => generate::window(im, node),
         "EyeLike" => generate::eye_like(im, node),
         "RNN" | "GRU" | "LSTM" => rnn::recurrent(im, node),
+        "Range" if dynamic::is_symbolic_range(im, node) => dynamic::range(im, node),
         "NegativeLogLikelihoodLoss" => loss::negative_log_likelihood(im, node),
         "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy(im, node),
         "QuantizeLinear" => quant::quantize_linear(im, node),
@@ -491,6 +493,9 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                 .collect())
         }
         "Slice" => {
+            if let Some(out) = dynamic::slice(im, node)? {
+                return Ok(out);
+            }
             let x = im.expr(req(node, 0)?)?;
             let (dims, _) = im.dims(x)?;
             let (starts, ends, axes, steps) = if im.opset >= 10 {
