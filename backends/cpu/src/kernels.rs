@@ -249,6 +249,14 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             *mode,
         )),
         Op::BroadcastTo => t(layout::broadcast_to(tensor(args, 0)?, shape(args, 1)?)),
+        Op::ShapeToTensor => {
+            let s = shape(args, 0)?;
+            t(Tensor::new(
+                vec![s.len()],
+                fusebox_core::runtime::Storage::I64(s.to_vec()),
+            )
+            .map_err(|e| e.to_string()))
+        }
         // -- elem ops (issue 17) --
         Op::Elem(e) => {
             let ts = (0..e.arity())

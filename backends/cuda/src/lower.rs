@@ -562,6 +562,11 @@ impl Lowerer<'_> {
             Op::Topk(_) => {
                 return Err(self.unsupported("topk is a sort: it runs on the CPU".into()));
             }
+            Op::ShapeToTensor => {
+                return Err(self.unsupported(
+                    "shape_to_tensor reads a run-time shape: it runs on the CPU".into(),
+                ));
+            }
             _ => {}
         }
         let (shape, dtype) = self.out_type(ty)?;
@@ -1112,6 +1117,9 @@ impl Lowerer<'_> {
             | Op::Argmin { .. }
             | Op::Topk(_)
             | Op::Einsum { .. } => self.reduce17(op, args, &shape, &c)?,
+            Op::ShapeToTensor => {
+                return Err(self.unsupported("shape_to_tensor runs on the CPU".into()));
+            }
         };
         Ok(Val::T(Tv { node, shape, dtype }))
     }

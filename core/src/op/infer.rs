@@ -681,6 +681,13 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 }
             }
         }
+        Op::ShapeToTensor => {
+            let (_, rank) = cx.shape(0)?;
+            Ok(match rank {
+                Some(r) => known(vec![Dim::Static(r as i64)], Some(DType::I64)),
+                None => unknown(Some(1), Some(DType::I64)),
+            })
+        }
         Op::BroadcastTo => {
             let x = cx.tensor(0, "the input")?;
             let (target, trank) = cx.shape(1)?;

@@ -432,6 +432,8 @@ pub enum Op {
     },
     /// `relax.broadcast_to(x, shape)`
     BroadcastTo,
+    /// `relax.shape_to_tensor(shape)`: a shape value as a 1-D `int64` tensor.
+    ShapeToTensor,
     /// `relax.nn.lrn`
     Lrn(Box<LrnAttrs>),
     // -- elem ops (issue 17) --
@@ -571,6 +573,7 @@ const NAMES: &[&str] = &[
     "relax.strided_slice",
     "relax.take",
     "relax.broadcast_to",
+    "relax.shape_to_tensor",
     "relax.nn.lrn",
     // -- elem ops (issue 17) --
     "relax.equal",
@@ -773,6 +776,7 @@ impl Op {
             Op::StridedSlice(_) => "relax.strided_slice",
             Op::Take { .. } => "relax.take",
             Op::BroadcastTo => "relax.broadcast_to",
+            Op::ShapeToTensor => "relax.shape_to_tensor",
             Op::Lrn(_) => "relax.nn.lrn",
             // -- elem ops (issue 17) --
             Op::Elem(e) => e.name(),
@@ -810,11 +814,21 @@ impl Op {
             | "relax.maximum" | "relax.minimum" | "relax.reshape" | "relax.broadcast_to" => {
                 sig(2, 2, &[])
             }
-            "relax.exp" | "relax.log" | "relax.sqrt" | "relax.rsqrt" | "relax.tanh"
-            | "relax.sigmoid" | "relax.erf" | "relax.negative" | "relax.abs" | "relax.nn.relu"
-            | "relax.nn.gelu" | "relax.nn.gelu_tanh" | "relax.nn.silu" | "relax.flatten" => {
-                sig(1, 1, &[])
-            }
+            "relax.exp"
+            | "relax.log"
+            | "relax.sqrt"
+            | "relax.rsqrt"
+            | "relax.tanh"
+            | "relax.sigmoid"
+            | "relax.erf"
+            | "relax.negative"
+            | "relax.abs"
+            | "relax.nn.relu"
+            | "relax.nn.gelu"
+            | "relax.nn.gelu_tanh"
+            | "relax.nn.silu"
+            | "relax.flatten"
+            | "relax.shape_to_tensor" => sig(1, 1, &[]),
             "relax.clip" => sig(3, 3, &[]),
             "relax.astype" => sig(1, 1, &["dtype"]),
             "relax.matmul" => sig(2, 2, &["out_dtype"]),
@@ -1084,6 +1098,7 @@ impl Op {
                 }
             }
             "relax.broadcast_to" => Op::BroadcastTo,
+            "relax.shape_to_tensor" => Op::ShapeToTensor,
             "relax.nn.lrn" => {
                 let size = kw.int("size", Some(5))?;
                 at_least(&kw, "size", &[size], 1)?;
@@ -1181,7 +1196,8 @@ impl Op {
             | Op::Silu
             | Op::Reshape
             | Op::Flatten
-            | Op::BroadcastTo => vec![],
+            | Op::BroadcastTo
+            | Op::ShapeToTensor => vec![],
             Op::Astype { dtype } => vec![("dtype", dtype_lit(Some(*dtype)))],
             Op::Matmul { out_dtype } => vec![("out_dtype", dtype_lit(*out_dtype))],
             Op::Conv2d(a) => vec![
@@ -1353,7 +1369,9 @@ impl Op {
             | Op::ExpandDims { .. }
             | Op::StridedSlice(_)
             | Op::Take { .. } => FusionKind::Injective,
-            Op::BatchNorm(_) | Op::Dropout { .. } | Op::Lrn(_) => FusionKind::Opaque,
+            Op::BatchNorm(_) | Op::Dropout { .. } | Op::Lrn(_) | Op::ShapeToTensor => {
+                FusionKind::Opaque
+            }
             // -- elem ops (issue 17) --
             Op::Elem(e) => e.fusion_kind(),
             // -- index ops (issue 17) --

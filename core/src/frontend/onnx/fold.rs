@@ -73,12 +73,6 @@ impl Ints {
         Constant::from_bytes(self.dtype, shape, bytes).ok()
     }
 
-    /// `[n, 4]`-style text for messages.
-    pub(crate) fn describe(&self) -> String {
-        let v: Vec<String> = self.vals.iter().map(ToString::to_string).collect();
-        format!("[{}]", v.join(", "))
-    }
-
     fn into_val(self) -> Val {
         match self.to_constant() {
             Some(c) => Val::Const(c),
@@ -111,7 +105,7 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
         "Constant" => Ok(one(Val::Const(constant_attr(&a)?))),
         "Identity" => Ok(one(im.val(req(node, 0)?)?)),
         "ConstantOfShape" => {
-            let shape = im.const_i64s(req(node, 0)?)?;
+            let dims = im.const_dims(req(node, 0)?)?;
             let value = match a.tensor("value") {
                 Some(t) => tensor_to_constant(t).map_err(err)?,
                 None => Constant::scalar(0.0, DType::F32),
@@ -119,6 +113,16 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             if value.numel() != 1 {
                 return Err(err("`value` must hold exactly one element"));
             }
+            if dims.iter().any(|d| d.as_static().is_none()) {
+                // A symbolic shape: the value broadcast to it at run time.
+                let scalar =
+                    Constant::from_bytes(value.dtype, vec![], value.data.to_vec()).map_err(err)?;
+                let c = im.b.constant(scalar);
+                let shape = im.b.shape(dims);
+                let v = im.emit(crate::op::Op::BroadcastTo, vec![c, shape])?;
+                return Ok(one(Val::Expr(v)));
+            }
+            let shape = im.const_i64s(req(node, 0)?)?;
             if let Some(d) = shape.iter().find(|d| **d < 0) {
                 return Err(err(format!("negative dim {d} in the shape {shape:?}")));
             }
@@ -153,7 +157,7 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             .into_val()))
         }
         "Gather" | "Unsqueeze" | "Squeeze" | "Concat" | "Slice" | "Cast" | "Reshape" | "Add"
-        | "Sub" | "Mul" | "Div" | "Equal" | "Where" => {
+        | "Sub" | "Mul" | "Div" | "Equal" | "Where" | "Transpose" => {
             let mut args = Vec::new();
             for name in node.input.iter() {
                 if name.is_empty() {
@@ -341,54 +345,88 @@ fn fold_ints(
             )
         }
         "Slice" => {
-            let [n] = x.shape.as_slice() else {
+            let r = x.shape.len();
+            if r == 0 {
                 return Ok(None);
-            };
-            let n = *n as i64;
-            let (starts, ends, steps) = if im.opset >= 10 {
-                let st = im.const_i64s(req(node, 1)?)?;
-                let en = im.const_i64s(req(node, 2)?)?;
+            }
+            let (starts, ends, axes, steps) = if im.opset >= 10 {
+                // Symbolic bounds are sliced in the IR (see `ops/dynamic.rs`).
+                let (Ok(st), Ok(en)) = (im.const_i64s(req(node, 1)?), im.const_i64s(req(node, 2)?))
+                else {
+                    return Ok(None);
+                };
+                let ax = match input(node, 3) {
+                    Some(n) => im.const_i64s(n)?,
+                    None => (0..st.len() as i64).collect(),
+                };
                 let sp = match input(node, 4) {
                     Some(s) => im.const_i64s(s)?,
-                    None => vec![1],
+                    None => vec![1; st.len()],
                 };
-                (st, en, sp)
+                (st, en, ax, sp)
             } else {
-                (
-                    a.ints("starts").unwrap_or_default(),
-                    a.ints("ends").unwrap_or_default(),
-                    vec![1],
-                )
+                let st = a.ints("starts").unwrap_or_default();
+                let ax = a
+                    .ints("axes")
+                    .unwrap_or_else(|| (0..st.len() as i64).collect());
+                let n = st.len();
+                (st, a.ints("ends").unwrap_or_default(), ax, vec![1; n])
             };
-            let (Some(&b), Some(&e), Some(&s)) = (starts.first(), ends.first(), steps.first())
-            else {
-                return Ok(None);
-            };
-            if s == 0 {
-                return Err(err("Slice step 0"));
+            if starts.len() != axes.len() || ends.len() != axes.len() || steps.len() != axes.len() {
+                return Err(err("Slice: starts, ends, axes and steps differ in length"));
             }
-            let norm = |v: i64, lo: i64, hi: i64| {
-                let v = if v < 0 { v.saturating_add(n) } else { v };
-                v.clamp(lo, hi)
-            };
-            let mut vals = Vec::new();
-            if s > 0 {
-                let (mut i, e) = (norm(b, 0, n), norm(e, 0, n));
-                while i < e {
-                    vals.push(x.vals[i as usize].clone());
-                    i += s;
+            // The kept indices of every axis (all of them where not sliced).
+            let mut keep: Vec<Vec<usize>> = x.shape.iter().map(|&n| (0..n).collect()).collect();
+            for (k, &ax) in axes.iter().enumerate() {
+                let ax = normalize_axis(ax, r)?;
+                let n = x.shape[ax] as i64;
+                let (b, e, st) = (starts[k], ends[k], steps[k]);
+                if st == 0 {
+                    return Err(err("Slice step 0"));
                 }
-            } else {
-                let (mut i, e) = (norm(b, -1, n - 1), norm(e, -1, n - 1));
-                while i > e {
-                    vals.push(x.vals[i as usize].clone());
-                    i += s;
+                let norm = |v: i64, lo: i64, hi: i64| {
+                    let v = if v < 0 { v.saturating_add(n) } else { v };
+                    v.clamp(lo, hi)
+                };
+                let mut idx = Vec::new();
+                if st > 0 {
+                    let (mut i, e) = (norm(b, 0, n), norm(e, 0, n));
+                    while i < e {
+                        idx.push(i as usize);
+                        i += st;
+                    }
+                } else {
+                    let (mut i, e) = (norm(b, -1, n - 1), norm(e, -1, n - 1));
+                    while i > e {
+                        idx.push(i as usize);
+                        i += st;
+                    }
+                }
+                keep[ax] = idx;
+            }
+            let shape: Vec<usize> = keep.iter().map(Vec::len).collect();
+            let mut strides = vec![1usize; r];
+            for k in (0..r - 1).rev() {
+                strides[k] = strides[k + 1] * x.shape[k + 1];
+            }
+            let total: usize = shape.iter().product();
+            let mut vals = Vec::with_capacity(total);
+            let mut pos = vec![0usize; r];
+            for _ in 0..total {
+                let src: usize = (0..r).map(|k| keep[k][pos[k]] * strides[k]).sum();
+                vals.push(x.vals[src].clone());
+                for k in (0..r).rev() {
+                    pos[k] += 1;
+                    if pos[k] < shape[k] {
+                        break;
+                    }
+                    pos[k] = 0;
                 }
             }
             Some(
                 Ints {
                     dtype: x.dtype,
-                    shape: vec![vals.len()],
+                    shape,
                     vals,
                 }
                 .into_val(),
@@ -417,6 +455,50 @@ fn fold_ints(
                     Constant::from_bytes(to, shape, bytes).map_err(err)?,
                 ))
             }
+        }
+        "Transpose" => {
+            let r = x.shape.len();
+            let perm: Vec<usize> = match a.ints("perm") {
+                Some(p) => p
+                    .iter()
+                    .map(|&v| normalize_axis(v, r))
+                    .collect::<Result<_>>()?,
+                None => (0..r).rev().collect(),
+            };
+            let mut sorted = perm.clone();
+            sorted.sort_unstable();
+            if sorted != (0..r).collect::<Vec<_>>() {
+                return Err(err(format!(
+                    "`perm` {perm:?} is not a permutation of 0..{r}"
+                )));
+            }
+            let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+            // Row-major strides of the input, read in output order.
+            let mut strides = vec![1usize; r];
+            for k in (0..r.saturating_sub(1)).rev() {
+                strides[k] = strides[k + 1] * x.shape[k + 1];
+            }
+            let mut vals = Vec::with_capacity(x.vals.len());
+            let mut idx = vec![0usize; r];
+            for _ in 0..x.vals.len() {
+                let src: usize = idx.iter().zip(&perm).map(|(&i, &p)| i * strides[p]).sum();
+                vals.push(x.vals[src].clone());
+                for k in (0..r).rev() {
+                    idx[k] += 1;
+                    if idx[k] < shape[k] {
+                        break;
+                    }
+                    idx[k] = 0;
+                }
+            }
+            Some(
+                Ints {
+                    dtype: x.dtype,
+                    shape,
+                    vals,
+                }
+                .into_val(),
+            )
         }
         "Equal" => {
             // Shape checks (`Equal(shape, -1)` before an `Expand`, say): decided when both sides

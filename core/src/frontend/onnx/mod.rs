@@ -636,18 +636,29 @@ impl Importer<'_> {
             Val::Const(c) => self.b.constant(c),
             Val::Ints(i) => match i.to_constant() {
                 Some(c) => self.b.constant(c),
-                None => {
-                    return Err(invalid(format!(
-                        "`{name}` holds symbolic dims ({}) and is used as a tensor; only shape \
-                         arguments (Reshape, Expand, ConstantOfShape) may be computed from \
-                         dynamic shapes",
-                        i.describe()
-                    )));
-                }
+                // Symbolic values used as data (`seq * arange(seq)`, say): the dims read back
+                // at run time, `R.shape_to_tensor(R.shape([...]))`, in the value's shape and type.
+                None => self.ints_tensor(&i)?,
             },
         };
         self.cache.insert(name.to_string(), e);
         Ok(e)
+    }
+
+    /// A folded integer value with symbolic elements as a tensor computed at run time.
+    fn ints_tensor(&mut self, i: &Ints) -> Result<ExprId> {
+        let shape = self.b.shape(i.vals.clone());
+        let mut t = self.emit(Op::ShapeToTensor, vec![shape])?;
+        if i.shape.len() != 1 {
+            let to = self
+                .b
+                .shape(i.shape.iter().map(|&d| Dim::Static(d as i64)).collect());
+            t = self.emit(Op::Reshape, vec![t, to])?;
+        }
+        if i.dtype != DType::I64 {
+            t = self.emit(Op::Astype { dtype: i.dtype }, vec![t])?;
+        }
+        Ok(t)
     }
 
     /// The type of an expression.
