@@ -339,13 +339,16 @@ impl Axis {
     fn out_len(&self, ceil: bool) -> KResult<usize> {
         let eff = (self.k - 1) * self.d + 1;
         let padded = self.len + self.pad0 + self.pad1;
-        if padded < eff {
+        // In ceil mode a window wider than the padded input still gives one output when the
+        // stride covers the difference (PyTorch's and onnxruntime's rule: HF EfficientNet
+        // pools a 1×1 map with a 320 window); the window is clipped to the input.
+        let num = padded + if ceil { self.s - 1 } else { 0 };
+        if num < eff {
             return Err(format!(
                 "the window ({eff}) is larger than the padded input ({padded})"
             ));
         }
-        let num = padded - eff + if ceil { self.s - 1 } else { 0 };
-        Ok(num / self.s + 1)
+        Ok((num - eff) / self.s + 1)
     }
 
     /// The window positions of output `o` inside the input, and how many positions count

@@ -1281,3 +1281,32 @@ fn take_fast_counts_negative_indices_from_the_end() {
     let e = err_of(&tk, &[data, ti(&[1], &[-4])]);
     assert!(e.contains("index -4 is out of range"), "{e}");
 }
+
+#[test]
+fn ceil_mode_pool_wider_than_its_input() {
+    // PyTorch/onnxruntime: one output whose window is clipped to the input (HF EfficientNet's
+    // 320-wide pool on a 1×1 map); without ceil mode it is an error.
+    let x = t(&[1, 2, 1, 1], &[3.0, -5.0]);
+    for (name, want) in [
+        ("relax.nn.avg_pool2d", [3.0, -5.0]),
+        ("relax.nn.max_pool2d", [3.0, -5.0]),
+    ] {
+        let o = op(
+            name,
+            &[
+                ("pool_size", ints(&[4, 4])),
+                ("strides", ints(&[4, 4])),
+                ("ceil_mode", AttrLit::Bool(true)),
+            ],
+        );
+        let y = run(&o, &[x.clone()]);
+        assert_eq!(tensor(&y).shape(), &[1, 2, 1, 1]);
+        assert_eq!(f32s(&y), want);
+        let floor = op(
+            name,
+            &[("pool_size", ints(&[4, 4])), ("strides", ints(&[4, 4]))],
+        );
+        let e = eval_op(&floor, &[x.clone()]).unwrap_err().to_string();
+        assert!(e.contains("larger than the padded input"), "{e}");
+    }
+}

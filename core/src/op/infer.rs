@@ -187,13 +187,23 @@ fn shape_str(d: &[Dim]) -> String {
 
 /// Product of dims as (static coefficient, symbolic factors); `None` on overflow.
 fn factor(dims: &[Dim]) -> Option<(i64, Vec<Dim>)> {
+    /// Splits `d` into its static factor and its symbolic factors (products are flattened,
+    /// so `(batch * 16) * 4` gives 64 and `[batch]`).
+    fn split(d: &Dim, c: &mut i64, syms: &mut Vec<Dim>) -> Option<()> {
+        match d {
+            Dim::Static(v) => *c = c.checked_mul(*v)?,
+            Dim::Expr(e) if e.0 == crate::ir::DimOp::Mul => {
+                split(&e.1, c, syms)?;
+                split(&e.2, c, syms)?;
+            }
+            other => syms.push(other.clone()),
+        }
+        Some(())
+    }
     let mut c: i64 = 1;
     let mut syms = Vec::new();
     for d in dims {
-        match d {
-            Dim::Static(v) => c = c.checked_mul(*v)?,
-            other => syms.push(other.clone()),
-        }
+        split(d, &mut c, &mut syms)?;
     }
     Some((c, syms))
 }

@@ -157,7 +157,7 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             .into_val()))
         }
         "Gather" | "Unsqueeze" | "Squeeze" | "Concat" | "Slice" | "Cast" | "Reshape" | "Add"
-        | "Sub" | "Mul" | "Div" | "Equal" | "Where" | "Transpose" => {
+        | "Sub" | "Mul" | "Div" | "Mod" | "Equal" | "Where" | "Transpose" => {
             let mut args = Vec::new();
             for name in node.input.iter() {
                 if name.is_empty() {
@@ -199,9 +199,28 @@ fn constant_attr(a: &Attrs<'_>) -> Result<Constant> {
 }
 
 /// Folds an integer op; `None` when the case is outside the small evaluator.
+/// A broadcast result shape and its element pairs.
+type Pairs = (Vec<usize>, Vec<(Dim, Dim)>);
+
+/// Whether a dim is never negative: static ones ≥ 0, symbols (every symbol here is a dim of
+/// a tensor) and sums, products and floor quotients (by a positive divisor) of such dims.
+fn nonneg(d: &Dim) -> bool {
+    match d {
+        Dim::Static(v) => *v >= 0,
+        Dim::Sym(_) => true,
+        Dim::Expr(e) => match e.0 {
+            crate::ir::DimOp::Add | crate::ir::DimOp::Mul => nonneg(&e.1) && nonneg(&e.2),
+            crate::ir::DimOp::FloorDiv | crate::ir::DimOp::FloorMod => {
+                nonneg(&e.1) && e.2.as_static().is_some_and(|v| v > 0)
+            }
+            crate::ir::DimOp::Sub => false,
+        },
+    }
+}
+
 /// The element pairs of `x` and `y` when they have the same number of elements or one is a
 /// single element (the broadcasts shape arithmetic uses), with the result shape.
-fn broadcast_pairs(x: &Ints, y: &Ints) -> Option<(Vec<usize>, Vec<(Dim, Dim)>)> {
+fn broadcast_pairs(x: &Ints, y: &Ints) -> Option<Pairs> {
     let (shape, n) = if x.vals.len() >= y.vals.len() {
         (x.shape.clone(), x.vals.len())
     } else {
@@ -515,8 +534,8 @@ fn fold_ints(
                 let eq = match (p.as_static(), q.as_static()) {
                     (Some(u), Some(v)) => u == v,
                     _ if p == q => true,
-                    (Some(u), None) if u < 0 && matches!(q, Dim::Sym(_)) => false,
-                    (None, Some(v)) if v < 0 && matches!(p, Dim::Sym(_)) => false,
+                    (Some(u), None) if u < 0 && nonneg(&q) => false,
+                    (None, Some(v)) if v < 0 && nonneg(&p) => false,
                     _ => return Ok(None),
                 };
                 vals.push(Dim::Static(i64::from(eq)));
@@ -562,7 +581,7 @@ fn fold_ints(
                 .into_val(),
             )
         }
-        "Add" | "Sub" | "Mul" | "Div" => {
+        "Add" | "Sub" | "Mul" | "Div" | "Mod" => {
             let Some(y) = args.get(1) else {
                 return Ok(None);
             };
@@ -584,6 +603,20 @@ fn fold_ints(
                     "Add" => p.add(&q),
                     "Sub" => p.sub(&q),
                     "Mul" => p.mul(&q),
+                    "Mod" => match (p.as_static(), q.as_static()) {
+                        (_, Some(0)) => return Err(err("integer modulo by zero")),
+                        (Some(u), Some(v)) => {
+                            let r = u.wrapping_rem(v);
+                            // fmod = 0 (the default): the sign of the divisor, as Python's %.
+                            let floor = a.int("fmod", 0) == 0;
+                            Dim::Static(if floor && r != 0 && ((r < 0) != (v < 0)) {
+                                r + v
+                            } else {
+                                r
+                            })
+                        }
+                        _ => return Ok(None),
+                    },
                     _ => match (p.as_static(), q.as_static()) {
                         (_, Some(0)) => return Err(err("integer division by zero")),
                         (Some(u), Some(v)) => Dim::Static(u.wrapping_div(v)),
