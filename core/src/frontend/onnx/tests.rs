@@ -497,3 +497,6 @@ fn sanitize_makes_identifiers() {
     assert_eq!(sanitize("gpu_0/data_0"), "gpu_0_data_0");
     assert_eq!(sanitize(""), "v");
 }
+
+// -- reduce ops (issue 17) --
+mod reduce;
