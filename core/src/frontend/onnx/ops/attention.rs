@@ -127,7 +127,14 @@ pub(crate) fn attention(
     if let Some((pk, pv)) = past {
         let pk = im.expr(pk)?;
         let pv = im.expr(pv)?;
-        past_len = stat(&im.dims(pk)?.0[2], "past length")?;
+        let (pd, _) = im.dims(pk)?;
+        let Some(pl) = pd.get(2).filter(|_| pd.len() == 4) else {
+            return Err(invalid(format!(
+                "Attention: past_key must be 4-D (batch, heads, past, size), found rank {}",
+                pd.len()
+            )));
+        };
+        past_len = stat(pl, "past length")?;
         let tk = im.b.tuple(vec![pk, k])?;
         k = im.emit(Op::Concat { axis: Some(2) }, vec![tk])?;
         let tv = im.b.tuple(vec![pv, v])?;

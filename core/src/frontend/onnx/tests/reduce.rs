@@ -68,7 +68,10 @@ fn composite_reductions() {
     );
     let m = import(&b);
     let t = text(&m);
-    assert!(t.contains("R.multiply(x, x)") && t.contains("R.sqrt"), "{t}");
+    assert!(
+        t.contains("R.multiply(x, x)") && t.contains("R.sqrt"),
+        "{t}"
+    );
     assert_eq!(ret_type(&m), ty("R.Tensor((2, 3, 1), dtype=\"float32\")"));
     // No axes and noop_with_empty_axes: the input passes through.
     let b = model(
@@ -106,7 +109,11 @@ fn arg_reductions_and_topk() {
             "a",
             &["x"],
             &["y"],
-            vec![ai("axis", -1), ai("keepdims", 0), ai("select_last_index", 1)],
+            vec![
+                ai("axis", -1),
+                ai("keepdims", 0),
+                ai("select_last_index", 1),
+            ],
         )],
         vec![vi("x", 1, &["2", "5"])],
         vec![],
@@ -203,7 +210,13 @@ fn einsum_hardmax_lp_normalization() {
     assert_eq!(ret_type(&m), ty("R.Tensor((2, 3, 4), dtype=\"float32\")"));
     let b = model(
         13,
-        vec![node("LpNormalization", "l", &["x"], &["y"], vec![ai("p", 3)])],
+        vec![node(
+            "LpNormalization",
+            "l",
+            &["x"],
+            &["y"],
+            vec![ai("p", 3)],
+        )],
         vec![vi("x", 1, &["2", "3"])],
         vec![],
         &["y"],
@@ -242,7 +255,13 @@ fn attention_and_rotary_embedding() {
     );
     let m = import(&b);
     let t = text(&m);
-    for op in ["R.concat", "R.broadcast_to", "R.tanh", "R.log", "R.nn.softmax"] {
+    for op in [
+        "R.concat",
+        "R.broadcast_to",
+        "R.tanh",
+        "R.log",
+        "R.nn.softmax",
+    ] {
         assert!(t.contains(op), "{op} missing in {t}");
     }
     assert_eq!(
@@ -257,13 +276,7 @@ fn attention_and_rotary_embedding() {
     // Heads that do not group evenly.
     let b = model(
         23,
-        vec![node(
-            "Attention",
-            "a",
-            &["q", "k", "v"],
-            &["y"],
-            vec![],
-        )],
+        vec![node("Attention", "a", &["q", "k", "v"], &["y"], vec![])],
         vec![
             vi("q", 1, &["1", "3", "2", "8"]),
             vi("k", 1, &["1", "2", "2", "8"]),
@@ -294,5 +307,8 @@ fn attention_and_rotary_embedding() {
     let m = import(&b);
     let t = text(&m);
     assert!(t.contains("R.take(") && t.contains("strides=[2]"), "{t}");
-    assert_eq!(ret_type(&m), ty("R.Tensor((1, 2, 3, 8), dtype=\"float32\")"));
+    assert_eq!(
+        ret_type(&m),
+        ty("R.Tensor((1, 2, 3, 8), dtype=\"float32\")")
+    );
 }
