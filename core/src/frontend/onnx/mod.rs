@@ -108,8 +108,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Unsqueeze",
     // -- reduce ops (issue 17) --
     "ArgMax",
-    "Attention",
     "ArgMin",
+    "Attention",
     "Einsum",
     "Hardmax",
     "LpNormalization",
