@@ -223,7 +223,7 @@ pub(crate) fn attention(
     let window = left >= 0 || right >= 0;
     let allowed: Option<(Vec<i64>, Vec<bool>)> = if causal || window || nonpad.is_some() {
         let offsets: Vec<i64> = match &nonpad {
-            Some(n) => n.iter().map(|&l| l - sq).collect(),
+            Some(n) => n.iter().map(|&l| l.saturating_sub(sq)).collect(),
             None => vec![past_len],
         };
         let nb = offsets.len() as i64;
@@ -236,7 +236,7 @@ pub(crate) fn attention(
         for (b, &off) in offsets.iter().enumerate() {
             for i in 0..sq {
                 for j in 0..skv {
-                    let diff = i + off - j;
+                    let diff = i.saturating_add(off).saturating_sub(j);
                     let mut ok = true;
                     if causal {
                         ok &= diff >= 0;
@@ -245,7 +245,7 @@ pub(crate) fn attention(
                         ok &= diff <= left;
                     }
                     if right >= 0 {
-                        ok &= -diff <= right;
+                        ok &= diff.saturating_neg() <= right;
                     }
                     if let Some(n) = &nonpad {
                         ok &= j < n.get(b).copied().unwrap_or(0);
@@ -279,10 +279,11 @@ pub(crate) fn attention(
                     pd.push(stat(d, "mask shape")?);
                 }
                 pd.push(skv - ml);
-                let count: i64 = pd.iter().product();
-                if count > MAX_MASK {
-                    return Err(invalid("Attention: the mask padding would be too large"));
-                }
+                let count = pd
+                    .iter()
+                    .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+                    .filter(|&c| c <= MAX_MASK)
+                    .ok_or_else(|| invalid("Attention: the mask padding would be too large"))?;
                 let fill = if mdt == DType::Bool {
                     0.0
                 } else {
