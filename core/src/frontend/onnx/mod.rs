@@ -112,6 +112,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Attention",
     "Einsum",
     "Hardmax",
+    "LinearAttention",
     "LpNormalization",
     "ReduceL1",
     "ReduceL2",

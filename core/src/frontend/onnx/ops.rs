@@ -633,6 +633,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Hardmax" => reduce::hardmax(im, node, &a),
         "Attention" => attention::attention(im, node, &a),
         "RotaryEmbedding" => attention::rotary_embedding(im, node, &a),
+        "LinearAttention" => attention::linear_attention(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }

@@ -312,3 +312,57 @@ fn attention_and_rotary_embedding() {
         ty("R.Tensor((1, 2, 3, 8), dtype=\"float32\")")
     );
 }
+
+#[test]
+fn linear_attention_unrolls_its_steps() {
+    let b = model(
+        27,
+        vec![node(
+            "LinearAttention",
+            "la",
+            &["q", "k", "v", "", "g", "b"],
+            &["y", "s"],
+            vec![ai("q_num_heads", 4), ai("kv_num_heads", 2)],
+        )],
+        vec![
+            vi("q", 1, &["1", "3", "16"]),
+            vi("k", 1, &["1", "3", "8"]),
+            vi("v", 1, &["1", "3", "6"]),
+            vi("g", 1, &["1", "3", "2"]),
+            vi("b", 1, &["1", "3", "1"]),
+        ],
+        vec![],
+        &["y", "s"],
+    );
+    let m = import(&b);
+    let t = text(&m);
+    // Three steps; the zero initial state needs no decay, so steps 2 and 3 decay it.
+    assert_eq!(t.matches("R.exp(").count(), 2, "{t}");
+    assert_eq!(t.matches("R.concat(").count(), 1, "{t}");
+    assert_eq!(
+        ret_type(&m),
+        Type::Tuple(vec![
+            ty("R.Tensor((1, 3, 12), dtype=\"float32\")"),
+            ty("R.Tensor((1, 2, 4, 3), dtype=\"float32\")"),
+        ])
+    );
+    // The update rule decides which of decay / beta must be given.
+    let b = model(
+        27,
+        vec![node(
+            "LinearAttention",
+            "la",
+            &["q", "k", "v"],
+            &["y"],
+            vec![ai("q_num_heads", 2), ai("kv_num_heads", 2)],
+        )],
+        vec![
+            vi("q", 1, &["1", "3", "8"]),
+            vi("k", 1, &["1", "3", "8"]),
+            vi("v", 1, &["1", "3", "8"]),
+        ],
+        vec![],
+        &["y"],
+    );
+    assert!(import_err(&b).contains("needs decay"));
+}
