@@ -744,9 +744,11 @@ pub(crate) fn linear_attention(
         }
         None => (None, out_dt),
     };
-    let scale = match a.float("scale", 0.0) {
-        s if s == 0.0 => 1.0 / (dk as f64).sqrt(),
-        s => s,
+    let given = a.float("scale", 0.0);
+    let scale = if given == 0.0 {
+        1.0 / (dk as f64).sqrt()
+    } else {
+        given
     };
     let sc = im.scalar(scale, DType::F32);
     let t_last = |im: &mut Importer<'_>, x: ExprId| {
