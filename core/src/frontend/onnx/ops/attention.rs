@@ -1,8 +1,9 @@
-//! ONNX `Attention` (opsets 23 to 25) as a composition of existing ops (issue 17): matmul,
-//! softmax, tanh (softcap), concat (the KV cache), broadcast_to + reshape (grouped-query
-//! heads), and additive masks.
+//! The transformer ops of issue 17 as compositions of existing ops: ONNX `Attention` (opsets
+//! 23 to 25: matmul, softmax, tanh for the softcap, concat for the KV cache, broadcast_to +
+//! reshape for grouped-query heads, additive masks), `RotaryEmbedding` and `LinearAttention`
+//! (see their functions).
 //!
-//! Contract (ONNX's reference semantics):
+//! Contract of `Attention` (ONNX's reference semantics):
 //!
 //! - Q/K/V are 4-D `(batch, heads, seq, head_size)`, or 3-D `(batch, seq, heads * head_size)`
 //!   with `q_num_heads` / `kv_num_heads`; a 3-D output is 3-D again. `past_key`/`past_value`
