@@ -6,12 +6,18 @@
 //! fixed order (deterministic). Floats accumulate in `f64` and round once; integers wrap in
 //! `i64`. Operands must share one numeric dtype; `bool` is refused.
 //!
+//! Two float operands without diagonals or broadcasting (every contraction that BERT, T5 or
+//! LLaMA exports write: `bhid,bhjd->bhij`, `bij,bjk->bik`, `i,j->ij`, …) run as one batched
+//! matmul between permutes, with the matmul kernel's accumulation (`f32` for `f32` and half
+//! types, `f64` for `f64`).
+//!
 //! ```text
 //! y: R.Tensor((2, 3, 5), dtype="float32") = R.einsum((a, b), subscripts="bij,bjk->bik")
 //!     # a: (2, 3, 4), b: (2, 4, 5): a batched matmul
 //! ```
 
 use crate::util::{KResult, tensor};
+use crate::{layout, matmul};
 use fusebox_core::ir::DType;
 use fusebox_core::op::einsum::EinsumSpec;
 use fusebox_core::runtime::{Storage, Tensor};
@@ -42,6 +48,12 @@ pub(crate) fn einsum(ops: &[&Tensor], subscripts: &str) -> KResult<Tensor> {
         .into_iter()
         .map(|e| e.unwrap_or(1))
         .collect();
+    if let [a, b] = ops
+        && dtype.is_float()
+        && let Some(t) = as_matmul(a, b, &spec, &ext)?
+    {
+        return Ok(t);
+    }
     // Loop order: the output labels, then the summed ones.
     let mut order: Vec<usize> = spec.output.clone();
     order.extend((0..spec.n_labels).filter(|l| !spec.output.contains(l)));
@@ -75,7 +87,7 @@ pub(crate) fn einsum(ops: &[&Tensor], subscripts: &str) -> KResult<Tensor> {
             if d != 1
                 && let Some(s) = per_label.get_mut(l)
             {
-                *s += stride;
+                *s = s.saturating_add(stride);
             }
             stride = stride.saturating_mul(d);
         }
@@ -180,4 +192,83 @@ fn advance(
         }
     }
     false
+}
+
+/// `einsum` of two operands as permutes around one batched matmul, when every label is a
+/// batch (both operands and the output), row (first operand and output), column (second
+/// operand and output) or contracted (both operands, not the output) label, no operand
+/// repeats a label and no dim broadcasts; `None` otherwise.
+fn as_matmul(a: &Tensor, b: &Tensor, spec: &EinsumSpec, ext: &[usize]) -> KResult<Option<Tensor>> {
+    let (Some(la), Some(lb)) = (spec.inputs.first(), spec.inputs.get(1)) else {
+        return Ok(None);
+    };
+    let out = &spec.output;
+    let distinct = |ls: &[usize]| ls.iter().enumerate().all(|(i, l)| !ls[..i].contains(l));
+    if !distinct(la) || !distinct(lb) {
+        return Ok(None);
+    }
+    for (labels, t) in [(la, a), (lb, b)] {
+        for (k, &l) in labels.iter().enumerate() {
+            if t.shape().get(k) != ext.get(l) {
+                return Ok(None);
+            }
+        }
+    }
+    let pick = |f: &dyn Fn(usize) -> bool, from: &[usize]| -> Vec<usize> {
+        from.iter().copied().filter(|&l| f(l)).collect()
+    };
+    let batch = pick(&|l| la.contains(&l) && lb.contains(&l), out);
+    let rows = pick(&|l| la.contains(&l) && !lb.contains(&l), out);
+    let cols = pick(&|l| !la.contains(&l) && lb.contains(&l), out);
+    let inner = pick(&|l| lb.contains(&l) && !out.contains(&l), la);
+    if la.len() != batch.len() + rows.len() + inner.len()
+        || lb.len() != batch.len() + cols.len() + inner.len()
+    {
+        return Ok(None);
+    }
+    let pos = |ls: &[usize], l: usize| -> KResult<i64> {
+        ls.iter()
+            .position(|&x| x == l)
+            .and_then(|p| i64::try_from(p).ok())
+            .ok_or_else(|| "internal: einsum label missing".to_string())
+    };
+    let extent = |ls: &[usize]| -> KResult<i64> {
+        ls.iter()
+            .try_fold(1i64, |acc, &l| {
+                acc.checked_mul(i64::try_from(ext.get(l).copied().unwrap_or(1)).ok()?)
+            })
+            .ok_or_else(|| "the einsum operands are too large".to_string())
+    };
+    let perm_a: Vec<i64> = batch
+        .iter()
+        .chain(&rows)
+        .chain(&inner)
+        .map(|&l| pos(la, l))
+        .collect::<KResult<_>>()?;
+    let perm_b: Vec<i64> = batch
+        .iter()
+        .chain(&inner)
+        .chain(&cols)
+        .map(|&l| pos(lb, l))
+        .collect::<KResult<_>>()?;
+    let (nb, nm, nk, nn) = (
+        extent(&batch)?,
+        extent(&rows)?,
+        extent(&inner)?,
+        extent(&cols)?,
+    );
+    let a3 = layout::reshape(&layout::permute_dims(a, Some(&perm_a))?, &[nb, nm, nk])?;
+    let b3 = layout::reshape(&layout::permute_dims(b, Some(&perm_b))?, &[nb, nk, nn])?;
+    let c = matmul::matmul(&a3, &b3, None)?;
+    let order: Vec<usize> = batch.iter().chain(&rows).chain(&cols).copied().collect();
+    let mid: Vec<i64> = order
+        .iter()
+        .map(|&l| extent(&[l]))
+        .collect::<KResult<_>>()?;
+    let c = layout::reshape(&c, &mid)?;
+    let perm_o: Vec<i64> = out
+        .iter()
+        .map(|&l| pos(&order, l))
+        .collect::<KResult<_>>()?;
+    layout::permute_dims(&c, Some(&perm_o)).map(Some)
 }

@@ -6,6 +6,7 @@
     clippy::panic,
     clippy::unwrap_used,
     clippy::expect_used,
+    clippy::cloned_ref_to_slice_refs,
     missing_docs,
     reason = "test code: a failure is a panic"
 )]

@@ -8,7 +8,8 @@
 //!   shapes and prim values. Every op of the op set lowers: elementwise and broadcast math,
 //!   every data-movement op (reshape, permute, concat, split, strided slice, take, squeeze,
 //!   expand dims, flatten, broadcast_to), matmul, conv2d, pooling, reductions, softmax,
-//!   layer / RMS / batch norm (inference), LRN and dropout (inference: identity). Anything else
+//!   layer / RMS / batch norm (inference), LRN and dropout (inference: identity); the reduction
+//!   family of issue 17 is in `lower/reduce.rs` (`topk`, a sort, is refused). Anything else
 //!   (symbolic dims, integer arithmetic, nested tuples, calls) is an [`Error::Unsupported`]
 //!   naming the binding and the reason.
 //! - Each op becomes a *template*: a node over its own output coordinates. A consumer uses a

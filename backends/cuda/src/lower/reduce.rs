@@ -5,7 +5,8 @@
 //!
 //! The reduction variables of `min`, `prod`, `argmax` and `argmin` are row variables, so a
 //! reduction over trailing axes becomes row statistics of a row kernel (the extreme of
-//! `argmax` is computed once per row).
+//! `argmax` is computed once per row). One difference from the CPU reference: the device's
+//! max / min skip NaN (`fmaxf`), so a NaN is never the extreme of `min` or `argmax` here.
 //!
 //! ```text
 //! i = R.argmax(x, axis=1, keepdims=False)          # x: (4, 10) float32

@@ -187,10 +187,11 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Trilu",
     // -- reduce ops (issue 17) --
     "ArgMax",
-    "Attention",
     "ArgMin",
+    "Attention",
     "Einsum",
     "Hardmax",
+    "LinearAttention",
     "LpNormalization",
     "ReduceL1",
     "ReduceL2",

@@ -738,3 +738,5 @@ fn recurrent_layers_need_a_static_unpadded_sequence() {
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
     assert!(e.contains("the sequence length must be static"), "{e}");
 }
+// -- reduce ops (issue 17) --
+mod reduce;

@@ -1,8 +1,9 @@
-//! ONNX `Attention` (opsets 23 to 25) as a composition of existing ops (issue 17): matmul,
-//! softmax, tanh (softcap), concat (the KV cache), broadcast_to + reshape (grouped-query
-//! heads), and additive masks.
+//! The transformer ops of issue 17 as compositions of existing ops: ONNX `Attention` (opsets
+//! 23 to 25: matmul, softmax, tanh for the softcap, concat for the KV cache, broadcast_to +
+//! reshape for grouped-query heads, additive masks), `RotaryEmbedding` and `LinearAttention`
+//! (see their functions).
 //!
-//! Contract (ONNX's reference semantics):
+//! Contract of `Attention` (ONNX's reference semantics):
 //!
 //! - Q/K/V are 4-D `(batch, heads, seq, head_size)`, or 3-D `(batch, seq, heads * head_size)`
 //!   with `q_num_heads` / `kv_num_heads`; a 3-D output is 3-D again. `past_key`/`past_value`
@@ -127,7 +128,14 @@ pub(crate) fn attention(
     if let Some((pk, pv)) = past {
         let pk = im.expr(pk)?;
         let pv = im.expr(pv)?;
-        past_len = stat(&im.dims(pk)?.0[2], "past length")?;
+        let (pd, _) = im.dims(pk)?;
+        let Some(pl) = pd.get(2).filter(|_| pd.len() == 4) else {
+            return Err(invalid(format!(
+                "Attention: past_key must be 4-D (batch, heads, past, size), found rank {}",
+                pd.len()
+            )));
+        };
+        past_len = stat(pl, "past length")?;
         let tk = im.b.tuple(vec![pk, k])?;
         k = im.emit(Op::Concat { axis: Some(2) }, vec![tk])?;
         let tv = im.b.tuple(vec![pv, v])?;
@@ -216,7 +224,7 @@ pub(crate) fn attention(
     let window = left >= 0 || right >= 0;
     let allowed: Option<(Vec<i64>, Vec<bool>)> = if causal || window || nonpad.is_some() {
         let offsets: Vec<i64> = match &nonpad {
-            Some(n) => n.iter().map(|&l| l - sq).collect(),
+            Some(n) => n.iter().map(|&l| l.saturating_sub(sq)).collect(),
             None => vec![past_len],
         };
         let nb = offsets.len() as i64;
@@ -229,7 +237,7 @@ pub(crate) fn attention(
         for (b, &off) in offsets.iter().enumerate() {
             for i in 0..sq {
                 for j in 0..skv {
-                    let diff = i + off - j;
+                    let diff = i.saturating_add(off).saturating_sub(j);
                     let mut ok = true;
                     if causal {
                         ok &= diff >= 0;
@@ -238,7 +246,7 @@ pub(crate) fn attention(
                         ok &= diff <= left;
                     }
                     if right >= 0 {
-                        ok &= -diff <= right;
+                        ok &= diff.saturating_neg() <= right;
                     }
                     if let Some(n) = &nonpad {
                         ok &= j < n.get(b).copied().unwrap_or(0);
@@ -272,10 +280,11 @@ pub(crate) fn attention(
                     pd.push(stat(d, "mask shape")?);
                 }
                 pd.push(skv - ml);
-                let count: i64 = pd.iter().product();
-                if count > MAX_MASK {
-                    return Err(invalid("Attention: the mask padding would be too large"));
-                }
+                let count = pd
+                    .iter()
+                    .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+                    .filter(|&c| c <= MAX_MASK)
+                    .ok_or_else(|| invalid("Attention: the mask padding would be too large"))?;
                 let fill = if mdt == DType::Bool {
                     0.0
                 } else {
@@ -584,4 +593,254 @@ pub(crate) fn rotary_embedding(
     }
     let s = im.b.shape(xd);
     Ok(super::call(Op::Reshape, vec![rot, s]))
+}
+
+/// The most time steps `LinearAttention` unrolls.
+const MAX_STEPS: i64 = 1024;
+
+/// `x[:, :, i:i + 1, :]` of a 4-D tensor.
+fn step(im: &mut Importer<'_>, x: ExprId, i: i64) -> Result<ExprId> {
+    im.emit(
+        Op::StridedSlice(Box::new(crate::op::StridedSliceAttrs {
+            axes: vec![2],
+            begin: vec![i],
+            end: vec![i + 1],
+            strides: None,
+            assume_inbound: false,
+        })),
+        vec![x],
+    )
+}
+
+/// `x` as float32 (a no-op for float32).
+fn as_f32(im: &mut Importer<'_>, x: ExprId) -> Result<ExprId> {
+    let (_, dt) = im.dims(x)?;
+    if dt == DType::F32 {
+        Ok(x)
+    } else {
+        im.emit(Op::Astype { dtype: DType::F32 }, vec![x])
+    }
+}
+
+/// ONNX `LinearAttention` (opset 27) unrolled over its (static) time steps, in float32 as
+/// ONNX's reference: per step the state `(batch, kv_heads, d_k, d_v)` decays by `exp(decay)`
+/// (`gated`, `gated_delta`), the value is corrected by `beta * (v - k @ state)` (`delta`,
+/// `gated_delta`), the state adds `kᵀ v`, and the output reads `scale * q @ state` with the
+/// KV heads repeated for the query heads. Returns the output `(batch, T, q_heads * d_v)` and
+/// the final state (in `past_state`'s dtype, else the query's).
+///
+/// ```text
+/// per step t:  S = S * exp(g_t)ᵀ;  v_t = β_t (v_t - k_t @ S);  S = S + k_tᵀ * v_t;
+///              o_t = scale * (q_t @ repeat(S))
+/// ```
+pub(crate) fn linear_attention(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let rule = a.string("update_rule", "gated_delta");
+    let (gating, delta) = match rule.as_str() {
+        "linear" => (false, false),
+        "gated" => (true, false),
+        "delta" => (false, true),
+        "gated_delta" => (true, true),
+        other => {
+            return Err(invalid(format!(
+                "LinearAttention: unknown update_rule `{other}` (expected linear, gated, delta \
+                 or gated_delta)"
+            )));
+        }
+    };
+    let (qh, kvh) = (a.int("q_num_heads", 0), a.int("kv_num_heads", 0));
+    if qh <= 0 || kvh <= 0 || qh % kvh != 0 {
+        return Err(invalid(format!(
+            "LinearAttention: q_num_heads ({qh}) must be a positive multiple of kv_num_heads \
+             ({kvh})"
+        )));
+    }
+    let decay_in = input(node, 4);
+    let beta_in = input(node, 5);
+    if gating != decay_in.is_some() || delta != beta_in.is_some() {
+        return Err(invalid(format!(
+            "LinearAttention: update_rule `{rule}` {} decay and {} beta",
+            if gating { "needs" } else { "forbids" },
+            if delta { "needs" } else { "forbids" }
+        )));
+    }
+    let q0 = im.expr(req(node, 0)?)?;
+    let (qd, out_dt) = im.dims(q0)?;
+    for i in 0..3 {
+        let e = im.expr(req(node, i)?)?;
+        if im.dims(e)?.0.len() != 3 {
+            return Err(invalid("LinearAttention: query, key and value must be 3-D"));
+        }
+    }
+    let t = stat(&qd[1], "sequence length")?;
+    if t > MAX_STEPS {
+        return Err(invalid(format!(
+            "LinearAttention: {t} time steps are more than the {MAX_STEPS} this import unrolls"
+        )));
+    }
+    let mut heads = Vec::new();
+    for (i, h, what) in [(0, qh, "query"), (1, kvh, "key"), (2, kvh, "value")] {
+        let e = im.expr(req(node, i)?)?;
+        let e = split_heads(im, e, h, what)?;
+        heads.push(as_f32(im, e)?);
+    }
+    let (q, k, v) = (heads[0], heads[1], heads[2]);
+    let (kd, _) = im.dims(k)?;
+    let (vd, _) = im.dims(v)?;
+    let batch = kd[0].clone();
+    let dk = stat(&kd[3], "key head size")?;
+    let dv = stat(&vd[3], "value head size")?;
+    let decay = match decay_in {
+        Some(n) => {
+            let e = im.expr(n)?;
+            let (dd, _) = im.dims(e)?;
+            let last = dd.last().map(|d| stat(d, "decay size")).transpose()?;
+            if dd.len() != 3 || (last != Some(kvh) && last != Some(kvh.saturating_mul(dk))) {
+                return Err(invalid(
+                    "LinearAttention: decay must be (batch, T, kv_heads) or (batch, T, \
+                     kv_heads * d_k)",
+                ));
+            }
+            let e = split_heads(im, e, kvh, "decay")?;
+            Some(as_f32(im, e)?)
+        }
+        None => None,
+    };
+    let beta = match beta_in {
+        Some(n) => {
+            let e = im.expr(n)?;
+            let (bd, _) = im.dims(e)?;
+            let last = bd.last().map(|d| stat(d, "beta size")).transpose()?;
+            let Some(hb) = last.filter(|&l| bd.len() == 3 && (l == kvh || l == 1)) else {
+                return Err(invalid(
+                    "LinearAttention: beta must be (batch, T, kv_heads) or (batch, T, 1)",
+                ));
+            };
+            let e = split_heads(im, e, hb, "beta")?;
+            Some(as_f32(im, e)?)
+        }
+        None => None,
+    };
+    let (mut state, state_dt) = match input(node, 3) {
+        Some(n) => {
+            let e = im.expr(n)?;
+            let (sd, sdt) = im.dims(e)?;
+            let want = [
+                batch.clone(),
+                Dim::Static(kvh),
+                Dim::Static(dk),
+                Dim::Static(dv),
+            ];
+            if sd.as_slice() != want.as_slice() {
+                return Err(invalid(format!(
+                    "LinearAttention: past_state must be (batch, kv_heads, d_k, d_v) = \
+                     ({}, {kvh}, {dk}, {dv})",
+                    batch
+                )));
+            }
+            (Some(as_f32(im, e)?), sdt)
+        }
+        None => (None, out_dt),
+    };
+    let given = a.float("scale", 0.0);
+    let scale = if given == 0.0 {
+        1.0 / (dk as f64).sqrt()
+    } else {
+        given
+    };
+    let sc = im.scalar(scale, DType::F32);
+    let t_last = |im: &mut Importer<'_>, x: ExprId| {
+        im.emit(
+            Op::PermuteDims {
+                axes: Some(vec![0, 1, 3, 2]),
+            },
+            vec![x],
+        )
+    };
+    let group = qh / kvh;
+    let mut outs = Vec::new();
+    for i in 0..t {
+        let q_t = step(im, q, i)?;
+        let k_t = step(im, k, i)?;
+        let mut v_t = step(im, v, i)?;
+        if let (Some(g), Some(s)) = (decay, state) {
+            let g_t = step(im, g, i)?;
+            let e = im.emit(Op::Exp, vec![g_t])?;
+            let et = t_last(im, e)?;
+            state = Some(im.emit(Op::Multiply, vec![s, et])?);
+        }
+        if let Some(b) = beta {
+            let b_t = step(im, b, i)?;
+            let d = match state {
+                Some(s) => {
+                    let r = im.emit(Op::Matmul { out_dtype: None }, vec![k_t, s])?;
+                    im.emit(Op::Subtract, vec![v_t, r])?
+                }
+                None => v_t,
+            };
+            v_t = im.emit(Op::Multiply, vec![b_t, d])?;
+        }
+        let kt = t_last(im, k_t)?;
+        let outer = im.emit(Op::Multiply, vec![kt, v_t])?;
+        let s = match state {
+            Some(s) => im.emit(Op::Add, vec![s, outer])?,
+            None => outer,
+        };
+        state = Some(s);
+        let read = if group == 1 {
+            s
+        } else {
+            let x = im.emit(Op::ExpandDims { axis: vec![2] }, vec![s])?;
+            let wide = im.b.shape(vec![
+                batch.clone(),
+                Dim::Static(kvh),
+                Dim::Static(group),
+                Dim::Static(dk),
+                Dim::Static(dv),
+            ]);
+            let b = im.emit(Op::BroadcastTo, vec![x, wide])?;
+            let sh = im.b.shape(vec![
+                batch.clone(),
+                Dim::Static(qh),
+                Dim::Static(dk),
+                Dim::Static(dv),
+            ]);
+            im.emit(Op::Reshape, vec![b, sh])?
+        };
+        let o = im.emit(Op::Matmul { out_dtype: None }, vec![q_t, read])?;
+        outs.push(im.emit(Op::Multiply, vec![o, sc])?);
+    }
+    let Some(state) = state else {
+        return Err(invalid("LinearAttention needs at least one time step"));
+    };
+    let all = if outs.len() == 1 {
+        outs[0]
+    } else {
+        let tup = im.b.tuple(outs)?;
+        im.emit(Op::Concat { axis: Some(2) }, vec![tup])?
+    };
+    let tr = im.emit(
+        Op::PermuteDims {
+            axes: Some(vec![0, 2, 1, 3]),
+        },
+        vec![all],
+    )?;
+    let sh = im.b.shape(vec![
+        batch,
+        Dim::Static(t),
+        Dim::Static(qh.saturating_mul(dv)),
+    ]);
+    let mut y = im.emit(Op::Reshape, vec![tr, sh])?;
+    if out_dt != DType::F32 {
+        y = im.emit(Op::Astype { dtype: out_dt }, vec![y])?;
+    }
+    let present = if state_dt != DType::F32 {
+        im.emit(Op::Astype { dtype: state_dt }, vec![state])?
+    } else {
+        state
+    };
+    Ok(vec![Out::Val(Val::Expr(y)), Out::Val(Val::Expr(present))])
 }

@@ -1,6 +1,6 @@
 //! ONNX conversions of the reduction family (issue 17): `ReduceMin`, `ReduceProd`, `ReduceL1`,
 //! `ReduceL2`, `ReduceLogSum`, `ReduceLogSumExp`, `ReduceSumSquare`, `ArgMax`, `ArgMin`,
-//! `TopK`, `Einsum` and `LpNormalization`.
+//! `TopK`, `Einsum`, `LpNormalization` and `Hardmax`.
 //!
 //! Contract: `axes` is an attribute before opset 18 and a constant input from 18 on;
 //! `noop_with_empty_axes` with no axes passes the input through; the composite reductions are
@@ -8,7 +8,9 @@
 //! with the maximum subtracted first). `select_last_index` reverses the axis and maps the index
 //! back (`n - 1 - argmax(reverse(x))`). `TopK`'s `k` must be a constant; its indices are int64.
 //! `LpNormalization` (p = 1 or 2) divides by the norm along `axis`, floored at the dtype's
-//! smallest subnormal so an all-zero slice gives 0 as ONNX defines.
+//! smallest subnormal so an all-zero slice gives 0 as ONNX defines (a nonzero slice whose
+//! norm underflows to 0 in its dtype is divided by that floor instead). `Hardmax` is
+//! `take(eye(n), argmax(x))` moved back into place (`n × n` at most 2^24 elements).
 //!
 //! ```text
 //! ReduceLogSumExp(x; axes=[1], keepdims=0)  →  m = R.max(x, axis=[1], keepdims=True)
