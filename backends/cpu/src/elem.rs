@@ -91,7 +91,10 @@ fn compare(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
 fn bools<'t>(t: &'t Tensor, what: &str) -> KResult<&'t [bool]> {
     match t.storage() {
         Storage::Bool(v) => Ok(v),
-        s => Err(format!("expected {what} to have dtype bool, found {}", s.dtype())),
+        s => Err(format!(
+            "expected {what} to have dtype bool, found {}",
+            s.dtype()
+        )),
     }
 }
 
@@ -109,7 +112,10 @@ fn logical(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
 
 fn logical_not(a: &Tensor) -> KResult<Tensor> {
     let x = bools(a, "the input")?;
-    tensor(a.shape().to_vec(), Storage::Bool(x.iter().map(|p| !p).collect()))
+    tensor(
+        a.shape().to_vec(),
+        Storage::Bool(x.iter().map(|p| !p).collect()),
+    )
 }
 
 fn int_like(d: DType, what: &str, bool_ok: bool) -> KResult<()> {
@@ -327,6 +333,9 @@ mod tests {
     use super::*;
     use half::f16;
 
+    type Cmp = fn(f32, f32) -> bool;
+    type Math = fn(f64) -> f64;
+
     fn f32t(shape: &[usize], v: &[f32]) -> Tensor {
         Tensor::from_f32(shape.to_vec(), v.to_vec()).unwrap()
     }
@@ -352,7 +361,7 @@ mod tests {
         let y = f32t(&[3], &[0.0, 1.0, 2.0]);
         let xs = [1.0f32, f32::NAN];
         let ys = [0.0f32, 1.0, 2.0];
-        let cases: [(ElemOp, fn(f32, f32) -> bool); 6] = [
+        let cases: [(ElemOp, Cmp); 6] = [
             (ElemOp::Equal, |a, b| a == b),
             (ElemOp::NotEqual, |a, b| a != b),
             (ElemOp::Less, |a, b| a < b),
@@ -401,7 +410,11 @@ mod tests {
         let r = eval(ElemOp::LogicalAnd, &[&a, &t]).unwrap();
         assert_eq!(bools_of(&r), [false, false, true, true]);
         let f = f32t(&[4], &[0.0; 4]);
-        assert!(eval(ElemOp::LogicalOr, &[&f, &f]).unwrap_err().contains("bool"));
+        assert!(
+            eval(ElemOp::LogicalOr, &[&f, &f])
+                .unwrap_err()
+                .contains("bool")
+        );
     }
 
     #[test]
@@ -421,7 +434,10 @@ mod tests {
         // Signed: not is -x-1, right shift is arithmetic.
         let s = typed(&[2], DType::I32, &[-8, 5]);
         let one = typed(&[], DType::I32, &[1]);
-        assert_eq!(eval(ElemOp::BitwiseNot, &[&s]).unwrap().to_i64_vec(), [7, -6]);
+        assert_eq!(
+            eval(ElemOp::BitwiseNot, &[&s]).unwrap().to_i64_vec(),
+            [7, -6]
+        );
         assert_eq!(r(ElemOp::RightShift, &s, &one), [-4, 2]);
         assert_eq!(r(ElemOp::LeftShift, &s, &one), [-16, 10]);
         let big = typed(&[], DType::I32, &[70]);
@@ -486,9 +502,15 @@ mod tests {
             [true, false, false, false]
         );
         let h = Tensor::new(vec![2], Storage::F16(vec![f16::NAN, f16::ONE])).unwrap();
-        assert_eq!(bools_of(&eval(ElemOp::IsNan, &[&h]).unwrap()), [true, false]);
+        assert_eq!(
+            bools_of(&eval(ElemOp::IsNan, &[&h]).unwrap()),
+            [true, false]
+        );
         let i = i64t(&[2], &[1, 2]);
-        assert_eq!(bools_of(&eval(ElemOp::IsInf, &[&i]).unwrap()), [false, false]);
+        assert_eq!(
+            bools_of(&eval(ElemOp::IsInf, &[&i]).unwrap()),
+            [false, false]
+        );
     }
 
     #[test]
@@ -518,7 +540,10 @@ mod tests {
         assert!(eval(ElemOp::Mod, &[&a, &z]).unwrap_err().contains("zero"));
         let u = typed(&[2], DType::U8, &[200, 7]);
         let v = typed(&[2], DType::U8, &[7, 200]);
-        assert_eq!(eval(ElemOp::FloorMod, &[&u, &v]).unwrap().to_i64_vec(), [4, 7]);
+        assert_eq!(
+            eval(ElemOp::FloorMod, &[&u, &v]).unwrap().to_i64_vec(),
+            [4, 7]
+        );
     }
 
     #[test]
@@ -534,7 +559,7 @@ mod tests {
         assert_eq!(eval(ElemOp::Round, &[&i]).unwrap().to_i64_vec(), [-5, 0, 9]);
         assert!(eval(ElemOp::Sin, &[&i]).unwrap_err().contains("float"));
         let v = f32t(&[2], &[0.25, -0.5]);
-        let trig: [(ElemOp, fn(f64) -> f64); 11] = [
+        let trig: [(ElemOp, Math); 11] = [
             (ElemOp::Sin, |t| t.sin()),
             (ElemOp::Cos, |t| t.cos()),
             (ElemOp::Tan, |t| t.sin() / t.cos()),
@@ -544,7 +569,9 @@ mod tests {
             (ElemOp::Sinh, |t| (t.exp() - (-t).exp()) / 2.0),
             (ElemOp::Cosh, |t| (t.exp() + (-t).exp()) / 2.0),
             (ElemOp::Asinh, |t| (t + (t * t + 1.0).sqrt()).ln()),
-            (ElemOp::Acosh, |t| (t.abs() + 1.0 + ((t.abs() + 1.0).powi(2) - 1.0).sqrt()).ln()),
+            (ElemOp::Acosh, |t| {
+                (t.abs() + 1.0 + ((t.abs() + 1.0).powi(2) - 1.0).sqrt()).ln()
+            }),
             (ElemOp::Atanh, |t| 0.5 * ((1.0 + t) / (1.0 - t)).ln()),
         ];
         for (op, f) in trig {

@@ -900,12 +900,10 @@ fn binary(op: Bin, s: Scalar, x: &str, y: &str) -> String {
         (Bin::BitAnd, _) => format!("({x} & {y})"),
         (Bin::BitOr, _) => format!("({x} | {y})"),
         (Bin::BitXor, _) => format!("({x} ^ {y})"),
-        (Bin::Shl, _) => format!(
-            "(({y}) < 0 || ({y}) >= 64 ? (I)0 : (I)((unsigned long long)({x}) << ({y})))"
-        ),
-        (Bin::Shr, _) => format!(
-            "(I)((long long)({x}) >> (({y}) < 0 || ({y}) > 63 ? 63 : ({y})))"
-        ),
+        (Bin::Shl, _) => {
+            format!("(({y}) < 0 || ({y}) >= 64 ? (I)0 : (I)((unsigned long long)({x}) << ({y})))")
+        }
+        (Bin::Shr, _) => format!("(I)((long long)({x}) >> (({y}) < 0 || ({y}) > 63 ? 63 : ({y})))"),
         (Bin::TruncMod, Scalar::I64) => format!("({y} == 0 ? (I)0 : {x} % {y})"),
         (Bin::TruncMod, _) => format!("{}({x}, {y})", if f { "fmodf" } else { "fmod" }),
         (Bin::FloorMod, Scalar::I64) => format!(

@@ -177,11 +177,7 @@ fn bitwise_ops_and_shifts_wrap_like_the_cpu() {
         ] {
             run(&format!("{op} {dt}"), &p, &[&format!("gv = R.{op}(x, y)")]);
         }
-        run(
-            &format!("bitwise_not {dt}"),
-            &p,
-            &["gv = R.bitwise_not(x)"],
-        );
+        run(&format!("bitwise_not {dt}"), &p, &["gv = R.bitwise_not(x)"]);
     }
     // Wide shifts: bits past the width fall off, negatives shift arithmetically.
     let p = format!("x: {}", t("8,", "int8"));

@@ -3,7 +3,9 @@
 //! Contract:
 //!
 //! - [`Op`] is a closed enum, one variant per op, carrying typed attributes (big attribute
-//!   structs are boxed so an `Op` stays within 32 bytes).
+//!   structs are boxed so an `Op` stays within 32 bytes). The attribute-free elementwise
+//!   comparison / logic / bitwise / `where` / math family is one variant, [`Op::Elem`], with one
+//!   [`ElemOp`] per TVM op.
 //! - [`Op::from_call`] builds an op from the keyword literals written in the text format;
 //!   attributes left out take TVM's defaults, unknown attributes and literals of the wrong
 //!   kind are errors that say what was expected. [`Op::kwargs`] gives back every attribute in
@@ -35,12 +37,12 @@ mod infer;
 mod tests;
 
 use crate::ir::{DType, Type};
-// -- elem ops (issue 17) --
-pub use elem::{ElemClass, ElemOp};
 use attrs::{
     Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
     str_lit,
 };
+// -- elem ops (issue 17) --
+pub use elem::{ElemClass, ElemOp};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]

@@ -55,7 +55,7 @@ pub(super) fn infer(cx: &Cx<'_>, e: ElemOp) -> Result<Type, String> {
         ElemClass::Compare | ElemClass::Logical | ElemClass::Classify => Some(DType::Bool),
         _ => dtype,
     };
-    Ok(broadcast_all(cx, &ts, out_dtype)?)
+    broadcast_all(cx, &ts, out_dtype)
 }
 
 /// Checks the operands' common dtype against what the op accepts.
@@ -136,7 +136,10 @@ mod tests {
             assert_eq!(op, Op::Elem(*e));
             assert_eq!(op.name(), name);
             assert!(op.kwargs().is_empty());
-            assert!(Op::names().contains(&name), "{name} missing from Op::names()");
+            assert!(
+                Op::names().contains(&name),
+                "{name} missing from Op::names()"
+            );
             let sig = Op::signature(name).unwrap_or_else(|| panic!("{name}: no signature"));
             assert_eq!((sig.min_args, sig.max_args), (e.arity(), e.arity()));
         }
@@ -149,7 +152,10 @@ mod tests {
     fn fusion_kinds_follow_tvm() {
         assert_eq!(Op::Elem(ElemOp::Less).fusion_kind(), FusionKind::Broadcast);
         assert_eq!(Op::Elem(ElemOp::Where).fusion_kind(), FusionKind::Broadcast);
-        assert_eq!(Op::Elem(ElemOp::LogicalNot).fusion_kind(), FusionKind::ElemWise);
+        assert_eq!(
+            Op::Elem(ElemOp::LogicalNot).fusion_kind(),
+            FusionKind::ElemWise
+        );
         assert_eq!(Op::Elem(ElemOp::Sin).fusion_kind(), FusionKind::ElemWise);
         assert_eq!(Op::Elem(ElemOp::IsNan).fusion_kind(), FusionKind::ElemWise);
     }
@@ -163,11 +169,17 @@ mod tests {
         assert_eq!(r, Ok(t(&[n.clone(), s(4)], DType::Bool)));
         // Different dtypes are an error that names both.
         let yi = t(&[s(4)], DType::I64);
-        let e = Op::Elem(ElemOp::Equal).infer(&[&x, &yi]).err().unwrap_or_default();
+        let e = Op::Elem(ElemOp::Equal)
+            .infer(&[&x, &yi])
+            .err()
+            .unwrap_or_default();
         assert!(e.contains("float32") && e.contains("int64"), "{e}");
         // Static mismatch.
         let z = t(&[s(3)], DType::F32);
-        let e = Op::Elem(ElemOp::Greater).infer(&[&y, &z]).err().unwrap_or_default();
+        let e = Op::Elem(ElemOp::Greater)
+            .infer(&[&y, &z])
+            .err()
+            .unwrap_or_default();
         assert!(e.contains("cannot broadcast"), "{e}");
         // Two different symbols keep the rank only.
         let m = t(&[Dim::sym("m")], DType::F32);
@@ -189,7 +201,10 @@ mod tests {
         let x = t(&[s(3), s(1)], DType::F16);
         let y = t(&[s(4)], DType::F16);
         let w = Op::Elem(ElemOp::Where);
-        assert_eq!(w.infer(&[&c, &x, &y]), Ok(t(&[s(2), s(3), s(4)], DType::F16)));
+        assert_eq!(
+            w.infer(&[&c, &x, &y]),
+            Ok(t(&[s(2), s(3), s(4)], DType::F16))
+        );
         let ci = t(&[s(4)], DType::I64);
         let e = w.infer(&[&ci, &x, &y]).err().unwrap_or_default();
         assert!(e.contains("condition") && e.contains("bool"), "{e}");
@@ -259,7 +274,10 @@ mod tests {
         let text = print_module(&m).text;
         for e in ElemOp::ALL {
             let short = e.name().trim_start_matches("relax.");
-            assert!(text.contains(&format!("R.{short}(")), "{short} missing:\n{text}");
+            assert!(
+                text.contains(&format!("R.{short}(")),
+                "{short} missing:\n{text}"
+            );
         }
         assert!(
             text.contains("R.Tensor((2, 3), dtype=\"bool\") = R.less(x, y)"),

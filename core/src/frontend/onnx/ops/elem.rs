@@ -50,7 +50,12 @@ fn widen(im: &mut Importer<'_>, x: ExprId, dt: DType) -> Result<(ExprId, DType, 
 }
 
 /// The last call of a decomposition, cast back to `back` when the body was widened.
-fn finish(im: &mut Importer<'_>, op: Op, args: Vec<ExprId>, back: Option<DType>) -> Result<Vec<Out>> {
+fn finish(
+    im: &mut Importer<'_>,
+    op: Op,
+    args: Vec<ExprId>,
+    back: Option<DType>,
+) -> Result<Vec<Out>> {
     match back {
         None => Ok(call(op, args)),
         Some(d) => {
