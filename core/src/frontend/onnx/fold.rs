@@ -15,6 +15,9 @@
 //! y = Reshape(x, t)       # becomes R.reshape(x, R.shape([n, 12]))
 //! ```
 
+// -- elem ops (issue 17) --
+mod elem;
+
 use super::{
     Attrs, Importer, MAX_CONST_ELEMS, Out, Val, input, normalize_axis, req, tensor_to_constant,
 };
@@ -165,6 +168,18 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
                 }
             }
             Ok(fold_ints(im, node, &a, args)?.map(|i| vec![Out::Val(i)]))
+        }
+        // -- elem ops (issue 17) --
+        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "Not" | "And" | "Or"
+        | "Xor" | "Mod" | "Where" => {
+            let mut args = Vec::new();
+            for name in node.input.iter().filter(|n| !n.is_empty()) {
+                match ints(im, name) {
+                    Some(i) => args.push(i),
+                    None => return Ok(None),
+                }
+            }
+            Ok(elem::fold(&node.op_type, &a, &args)?.map(|v| vec![Out::Val(v)]))
         }
         _ => Ok(None),
     }
