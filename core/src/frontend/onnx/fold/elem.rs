@@ -169,18 +169,28 @@ mod tests {
             shape: vec![2],
             vals: vec![Dim::sym("n"), Dim::Static(-1)],
         };
-        let m = fold("Equal", &a, &[sym.clone(), ints(&[], &[-1])]).ok().flatten();
+        let m = fold("Equal", &a, &[sym.clone(), ints(&[], &[-1])])
+            .ok()
+            .flatten();
         // n == -1 cannot be decided: nothing folds.
         assert!(m.is_none());
         let c = ints(&[2], &[4, -1]);
-        let eq = vals(fold("Equal", &a, &[c.clone(), ints(&[], &[-1])]).ok().flatten());
+        let eq = vals(
+            fold("Equal", &a, &[c.clone(), ints(&[], &[-1])])
+                .ok()
+                .flatten(),
+        );
         assert_eq!(eq, [Dim::Static(0), Dim::Static(1)]);
         let cond = Ints {
             dtype: DType::Bool,
             shape: vec![2],
             vals: eq,
         };
-        let w = vals(fold("Where", &a, &[cond, ints(&[], &[1]), sym]).ok().flatten());
+        let w = vals(
+            fold("Where", &a, &[cond, ints(&[], &[1]), sym])
+                .ok()
+                .flatten(),
+        );
         assert_eq!(w, [Dim::sym("n"), Dim::Static(1)]);
         // The same symbol equals itself.
         let s = Ints {
@@ -214,7 +224,11 @@ mod tests {
             vals(fold("Not", &a, &[t]).ok().flatten()),
             [Dim::Static(0), Dim::Static(1)]
         );
-        let m = vals(fold("Mod", &a, &[ints(&[2], &[-7, 7]), ints(&[], &[3])]).ok().flatten());
+        let m = vals(
+            fold("Mod", &a, &[ints(&[2], &[-7, 7]), ints(&[], &[3])])
+                .ok()
+                .flatten(),
+        );
         assert_eq!(m, [Dim::Static(2), Dim::Static(1)]);
         assert!(fold("Mod", &a, &[ints(&[], &[1]), ints(&[], &[0])]).is_err());
         // Shapes that do not broadcast are left to the IR.
