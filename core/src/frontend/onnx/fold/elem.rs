@@ -46,8 +46,8 @@ fn at<'a>(x: &'a Ints, out: &[usize], lin: usize) -> Option<&'a Dim> {
     let mut stride = 1usize;
     for k in (0..out.len()).rev() {
         let o = out[k];
-        let c = if o == 0 { 0 } else { rest % o };
-        rest = if o == 0 { 0 } else { rest / o };
+        let c = rest.checked_rem(o).unwrap_or(0);
+        rest = rest.checked_div(o).unwrap_or(0);
         if k >= off {
             let d = x.shape[k - off];
             if d != 1 {
