@@ -8,9 +8,11 @@
 //!   shapes and prim values. Every op of the op set lowers: elementwise and broadcast math,
 //!   every data-movement op (reshape, permute, concat, split, strided slice, take, squeeze,
 //!   expand dims, flatten, broadcast_to), matmul, conv2d, pooling, reductions, softmax,
-//!   layer / RMS / batch norm (inference), LRN and dropout (inference: identity). Anything else
-//!   (symbolic dims, integer arithmetic, nested tuples, calls) is an [`Error::Unsupported`]
-//!   naming the binding and the reason.
+//!   layer / RMS / batch norm (inference), LRN and dropout (inference: identity), and the
+//!   comparison / logic / bitwise / `where` / math family (`lower/elem.rs`; integer
+//!   add / subtract / multiply wrap to their dtype there). Anything else (symbolic dims,
+//!   integer division, power and float math, nested tuples, calls) is an
+//!   [`Error::Unsupported`] naming the binding and the reason.
 //! - Each op becomes a *template*: a node over its own output coordinates. A consumer uses a
 //!   producer by substituting its index expressions into the template, so producers are
 //!   inlined and every value is read from memory once per use (the DAG is hash-consed, so a
@@ -187,6 +189,9 @@ fn float_only(op: &Op) -> bool {
             | Op::Dropout { .. }
             // -- elem ops (issue 17) --
             | Op::Elem(_)
+            | Op::Add
+            | Op::Subtract
+            | Op::Multiply
     )
 }
 
@@ -1055,6 +1060,8 @@ impl Lowerer<'_> {
             // -- elem ops (issue 17) --
             Op::Elem(e) => self.elem(*e, args, &shape, dtype, &c)?,
         };
+        // -- elem ops (issue 17) --
+        let node = self.wrap_int(op, node, dtype);
         Ok(Val::T(Tv { node, shape, dtype }))
     }
 

@@ -330,3 +330,40 @@ class Module:
     ];
     assert_eq!(groups, want);
 }
+
+/// Integer and bool data through the existing wrapping arithmetic (`add`, `subtract`,
+/// `multiply`, `maximum`, `minimum`): computed in the integer scalar, stored with the dtype's
+/// wrap-around, as the CPU reference does (`int8`: 2 * 100 = -56).
+#[test]
+fn integer_arithmetic_wraps_like_the_cpu() {
+    for dt in ["int8", "uint8", "int32", "int64"] {
+        let p = format!("x: {}, y: {}", t("4, 8", dt), t("8,", dt));
+        for op in ["add", "subtract", "multiply", "maximum", "minimum"] {
+            run(&format!("{op} {dt}"), &p, &[&format!("gv = R.{op}(x, y)")]);
+        }
+        run(
+            &format!("wrap {dt}"),
+            &p,
+            &[
+                &format!("a = R.multiply(x, R.const(100, \"{dt}\"))"),
+                "b = R.subtract(a, y)",
+                &format!("gv = R.multiply(b, R.const(3, \"{dt}\"))"),
+            ],
+        );
+        // Wrapped intermediates feed an order-sensitive op and a comparison.
+        run(
+            &format!("wrap then max {dt}"),
+            &p,
+            &[
+                &format!("a = R.multiply(x, R.const(100, \"{dt}\"))"),
+                "b = R.maximum(a, y)",
+                "c = R.less(b, y)",
+                "gv = R.where(c, x, b)",
+            ],
+        );
+    }
+    let pb = format!("x: {}, y: {}", t("4, 8", "bool"), t("8,", "bool"));
+    for op in ["add", "multiply", "maximum", "minimum"] {
+        run(&format!("{op} bool"), &pb, &[&format!("gv = R.{op}(x, y)")]);
+    }
+}
