@@ -21,7 +21,9 @@
 //! z: R.Tensor((2, 3), dtype="float32") = R.where(m, x, y)   # x where m else y
 //! ```
 
-use crate::util::{KResult, broadcast_shapes, broadcast_strides, gather, tensor, zip_broadcast};
+use crate::util::{
+    KResult, broadcast_shapes, broadcast_strides, gather, numel, tensor, zip_broadcast,
+};
 use fusebox_core::ir::DType;
 use fusebox_core::op::{ElemClass, ElemOp};
 use fusebox_core::runtime::{Storage, Tensor};
@@ -46,6 +48,13 @@ pub(crate) fn eval(op: ElemOp, args: &[&Tensor]) -> KResult<Tensor> {
     }
 }
 
+/// The broadcast shape of `a` and `b`, with a checked element count.
+fn bshape(a: &[usize], b: &[usize]) -> KResult<Vec<usize>> {
+    let shape = broadcast_shapes(a, b)?;
+    numel(&shape)?;
+    Ok(shape)
+}
+
 fn same_dtype(a: &Tensor, b: &Tensor) -> KResult<DType> {
     if a.dtype() == b.dtype() {
         Ok(a.dtype())
@@ -62,7 +71,7 @@ fn same_dtype(a: &Tensor, b: &Tensor) -> KResult<DType> {
 /// integers and bool as `i64`.
 fn compare(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
     let d = same_dtype(a, b)?;
-    let shape = broadcast_shapes(a.shape(), b.shape())?;
+    let shape = bshape(a.shape(), b.shape())?;
     let (sa, sb) = (a.shape(), b.shape());
     let out = if d.is_float() {
         let f: fn(f64, f64) -> bool = match op {
@@ -100,7 +109,7 @@ fn bools<'t>(t: &'t Tensor, what: &str) -> KResult<&'t [bool]> {
 
 fn logical(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
     let (x, y) = (bools(a, "lhs")?, bools(b, "rhs")?);
-    let shape = broadcast_shapes(a.shape(), b.shape())?;
+    let shape = bshape(a.shape(), b.shape())?;
     let f: fn(bool, bool) -> bool = match op {
         ElemOp::LogicalAnd => |p, q| p & q,
         ElemOp::LogicalOr => |p, q| p | q,
@@ -136,7 +145,7 @@ fn bitwise(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
     let d = same_dtype(a, b)?;
     let shift = matches!(op, ElemOp::LeftShift | ElemOp::RightShift);
     int_like(d, "the operands", !shift)?;
-    let shape = broadcast_shapes(a.shape(), b.shape())?;
+    let shape = bshape(a.shape(), b.shape())?;
     let out = zip_broadcast(
         &a.to_i64_vec(),
         a.shape(),
@@ -172,16 +181,14 @@ fn bitwise_not(a: &Tensor) -> KResult<Tensor> {
 /// `where(cond, x, y)` with three-way broadcasting; a non-bool condition counts as `!= 0`.
 fn select(c: &Tensor, x: &Tensor, y: &Tensor) -> KResult<Tensor> {
     let d = same_dtype(x, y)?;
-    let shape = broadcast_shapes(&broadcast_shapes(c.shape(), x.shape())?, y.shape())?;
-    let spread = |t: &Tensor| (broadcast_strides(t.shape(), &shape), t.shape().is_empty());
+    let shape = bshape(&bshape(c.shape(), x.shape())?, y.shape())?;
     let cond: Vec<bool> = match c.storage() {
         Storage::Bool(v) => v.clone(),
         s => s.to_f64_vec().iter().map(|v| *v != 0.0).collect(),
     };
-    let (cs, _) = spread(c);
-    let cond = gather(&cond, 0, &cs, &shape);
-    let (xs, _) = spread(x);
-    let (ys, _) = spread(y);
+    let cond = gather(&cond, 0, &broadcast_strides(c.shape(), &shape), &shape);
+    let xs = broadcast_strides(x.shape(), &shape);
+    let ys = broadcast_strides(y.shape(), &shape);
     macro_rules! pick {
         ($p:expr, $q:expr, $var:ident) => {{
             let p = gather($p, 0, &xs, &shape);
@@ -226,7 +233,7 @@ fn classify(op: ElemOp, a: &Tensor) -> KResult<Tensor> {
 
 fn modulo(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
     let d = same_dtype(a, b)?;
-    let shape = broadcast_shapes(a.shape(), b.shape())?;
+    let shape = bshape(a.shape(), b.shape())?;
     let floor = op == ElemOp::FloorMod;
     if d.is_float() {
         let out = zip_broadcast(
@@ -333,6 +340,9 @@ mod tests {
     use super::*;
     use half::f16;
 
+    type Cmp = fn(f32, f32) -> bool;
+    type Math = fn(f64) -> f64;
+
     fn f32t(shape: &[usize], v: &[f32]) -> Tensor {
         Tensor::from_f32(shape.to_vec(), v.to_vec()).unwrap()
     }
@@ -358,7 +368,7 @@ mod tests {
         let y = f32t(&[3], &[0.0, 1.0, 2.0]);
         let xs = [1.0f32, f32::NAN];
         let ys = [0.0f32, 1.0, 2.0];
-        let cases: [(ElemOp, fn(f32, f32) -> bool); 6] = [
+        let cases: [(ElemOp, Cmp); 6] = [
             (ElemOp::Equal, |a, b| a == b),
             (ElemOp::NotEqual, |a, b| a != b),
             (ElemOp::Less, |a, b| a < b),
@@ -556,7 +566,7 @@ mod tests {
         assert_eq!(eval(ElemOp::Round, &[&i]).unwrap().to_i64_vec(), [-5, 0, 9]);
         assert!(eval(ElemOp::Sin, &[&i]).unwrap_err().contains("float"));
         let v = f32t(&[2], &[0.25, -0.5]);
-        let trig: [(ElemOp, fn(f64) -> f64); 11] = [
+        let trig: [(ElemOp, Math); 11] = [
             (ElemOp::Sin, |t| t.sin()),
             (ElemOp::Cos, |t| t.cos()),
             (ElemOp::Tan, |t| t.sin() / t.cos()),

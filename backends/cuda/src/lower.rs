@@ -8,9 +8,11 @@
 //!   shapes and prim values. Every op of the op set lowers: elementwise and broadcast math,
 //!   every data-movement op (reshape, permute, concat, split, strided slice, take, squeeze,
 //!   expand dims, flatten, broadcast_to), matmul, conv2d, pooling, reductions, softmax,
-//!   layer / RMS / batch norm (inference), LRN and dropout (inference: identity); the reduction
-//!   family of issue 17 is in `lower/reduce.rs` (`topk`, a sort, is refused). Anything else
-//!   (symbolic dims, integer arithmetic, nested tuples, calls) is an [`Error::Unsupported`]
+//!   layer / RMS / batch norm (inference), LRN and dropout (inference: identity), the
+//!   comparison / logic / bitwise / `where` / math family (`lower/elem.rs`; integer
+//!   add / subtract / multiply wrap to their dtype there) and the reduction family of issue 17
+//!   (`lower/reduce.rs`; `topk`, a sort, is refused). Anything else (symbolic dims, integer
+//!   division, power and float math, nested tuples, calls) is an [`Error::Unsupported`]
 //!   naming the binding and the reason.
 //! - Each op becomes a *template*: a node over its own output coordinates. A consumer uses a
 //!   producer by substituting its index expressions into the template, so producers are
@@ -208,6 +210,9 @@ fn float_only(op: &Op) -> bool {
             | Op::Pad(_)
             // -- nn ops (issue 17) --
             | Op::Resize2d(_)
+            | Op::Add
+            | Op::Subtract
+            | Op::Multiply
     )
 }
 
@@ -1122,6 +1127,8 @@ impl Lowerer<'_> {
                 return Err(self.unsupported("shape_to_tensor runs on the CPU".into()));
             }
         };
+        // -- elem ops (issue 17) --
+        let node = self.wrap_int(op, node, dtype);
         Ok(Val::T(Tv { node, shape, dtype }))
     }
 

@@ -266,3 +266,104 @@ fn rounding_sign_and_trig() {
     run("sign int", &pi, &["a = R.negative(x)", "gv = R.sign(a)"]);
     run("floor int", &pi, &["gv = R.floor(x)"]);
 }
+
+/// A GPT-2-style masked softmax: the causal mask (`less`) and the masked fill (`where`) fuse
+/// into the matmul's epilogue, the NaN guard (`isnan` + `where`) into one elementwise group
+/// (TVM's FuseOps grouping); every group lowers, matches the CPU reference and compiles.
+#[test]
+fn masked_softmax_fuses_and_lowers() {
+    let src = "@I.ir_module
+class Module:
+    @R.function
+    def main(q: R.Tensor((4, 8), dtype=\"float32\"), k: R.Tensor((8, 4), dtype=\"float32\"), i: R.Tensor((4, 1), dtype=\"int64\"), j: R.Tensor((4,), dtype=\"int64\")):
+        with R.dataflow():
+            s = R.matmul(q, k)
+            m = R.less(i, j)
+            f = R.where(m, R.const(-1000000000.0, \"float32\"), s)
+            p = R.nn.softmax(f, axis=-1)
+            n = R.isnan(p)
+            gv = R.where(n, R.const(0.0, \"float32\"), p)
+            R.output(gv)
+        return gv
+";
+    let m = parse_module_str(src).unwrap();
+    let fused = fusebox_core::transform::fuse_ops::fuse_ops_lifting(&m, 2, 256, true).unwrap();
+    let mut groups: Vec<Vec<&str>> = Vec::new();
+    for (name, f) in &fused.functions {
+        if name.as_str() == "main" {
+            continue;
+        }
+        groups.push(
+            f.bindings()
+                .filter_map(|b| match &f.expr(b.value).kind {
+                    fusebox_core::ir::ExprKind::Call {
+                        callee: fusebox_core::ir::Callee::Op(o),
+                        ..
+                    } => Some(o.name()),
+                    _ => None,
+                })
+                .collect(),
+        );
+        let args = random_args(&fused, name, 5);
+        let (kernels, _) =
+            check_function(&fused, name, &args, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(kernels, 1, "{name}");
+        if common::nvrtc_or_skip(name) {
+            for k in &fusebox_cuda::lower::lower(name, f).unwrap().kernels {
+                let src = fusebox_cuda::emit::emit(k);
+                fusebox_cuda::compile_cached(
+                    None,
+                    &src,
+                    &k.name,
+                    Arch::Sm90,
+                    &CompileOptions::default(),
+                )
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
+            }
+        }
+    }
+    groups.sort();
+    let want: Vec<Vec<&str>> = vec![
+        vec!["relax.isnan", "relax.where"],
+        vec!["relax.matmul", "relax.less", "relax.where"],
+        vec!["relax.nn.softmax"],
+    ];
+    assert_eq!(groups, want);
+}
+
+/// Integer and bool data through the existing wrapping arithmetic (`add`, `subtract`,
+/// `multiply`, `maximum`, `minimum`): computed in the integer scalar, stored with the dtype's
+/// wrap-around, as the CPU reference does (`int8`: 2 * 100 = -56).
+#[test]
+fn integer_arithmetic_wraps_like_the_cpu() {
+    for dt in ["int8", "uint8", "int32", "int64"] {
+        let p = format!("x: {}, y: {}", t("4, 8", dt), t("8,", dt));
+        for op in ["add", "subtract", "multiply", "maximum", "minimum"] {
+            run(&format!("{op} {dt}"), &p, &[&format!("gv = R.{op}(x, y)")]);
+        }
+        run(
+            &format!("wrap {dt}"),
+            &p,
+            &[
+                &format!("a = R.multiply(x, R.const(100, \"{dt}\"))"),
+                "b = R.subtract(a, y)",
+                &format!("gv = R.multiply(b, R.const(3, \"{dt}\"))"),
+            ],
+        );
+        // Wrapped intermediates feed an order-sensitive op and a comparison.
+        run(
+            &format!("wrap then max {dt}"),
+            &p,
+            &[
+                &format!("a = R.multiply(x, R.const(100, \"{dt}\"))"),
+                "b = R.maximum(a, y)",
+                "c = R.less(b, y)",
+                "gv = R.where(c, x, b)",
+            ],
+        );
+    }
+    let pb = format!("x: {}, y: {}", t("4, 8", "bool"), t("8,", "bool"));
+    for op in ["add", "multiply", "maximum", "minimum"] {
+        run(&format!("{op} bool"), &pb, &[&format!("gv = R.{op}(x, y)")]);
+    }
+}

@@ -3,7 +3,9 @@
 //! Contract:
 //!
 //! - [`Op`] is a closed enum, one variant per op, carrying typed attributes (big attribute
-//!   structs are boxed so an `Op` stays within 32 bytes).
+//!   structs are boxed so an `Op` stays within 32 bytes). The attribute-free elementwise
+//!   comparison / logic / bitwise / `where` / math family is one variant, [`Op::Elem`], with one
+//!   [`ElemOp`] per TVM op.
 //! - [`Op::from_call`] builds an op from the keyword literals written in the text format;
 //!   attributes left out take TVM's defaults, unknown attributes and literals of the wrong
 //!   kind are errors that say what was expected. [`Op::kwargs`] gives back every attribute in

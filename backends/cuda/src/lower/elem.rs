@@ -7,7 +7,8 @@
 //! `max`, `xor` = `!=`, `not` = `== 0`); `where` is a [`Node::Select`]; bitwise ops and shifts
 //! compute in the integer scalar and convert back to the dtype's width (so `uint8` and `int32`
 //! wrap as the CPU reference does); `isnan`/`isinf`/`isfinite` of integer data are constants;
-//! `floor`/`ceil`/`round` of integer data are the data.
+//! `floor`/`ceil`/`round` of integer data are the data. Integer `add`/`subtract`/`multiply`
+//! (lowered by the parent module) are wrapped to their dtype's width by [`Lowerer::wrap_int`].
 //!
 //! ```text
 //! y = R.where(R.less(a, b), a, R.const(0, "float32"))     # a: [4, 8], b: [8]
@@ -18,9 +19,21 @@ use super::{Lowerer, Tv, Val};
 use crate::error::Result;
 use crate::kir::{Bin, Node, NodeId, Scalar, Un};
 use fusebox_core::ir::DType;
-use fusebox_core::op::{ElemClass, ElemOp};
+use fusebox_core::op::{ElemClass, ElemOp, Op};
 
 impl Lowerer<'_> {
+    /// Integer `add`/`subtract`/`multiply` results wrapped to the dtype's width (and `bool`
+    /// results to 0/1), so every intermediate holds what the CPU reference stores: the integer
+    /// scalar is wider than `int8`/`uint8`/`int32`.
+    pub(super) fn wrap_int(&mut self, op: &Op, node: NodeId, dtype: DType) -> NodeId {
+        let narrow = (dtype.is_int() && dtype != DType::I64) || dtype == DType::Bool;
+        if narrow && matches!(op, Op::Add | Op::Subtract | Op::Multiply) {
+            self.g.add(Node::Convert(dtype, node))
+        } else {
+            node
+        }
+    }
+
     /// The template of `e` over output coordinates `c` of `shape` (result dtype `dtype`).
     pub(super) fn elem(
         &mut self,

@@ -15,6 +15,9 @@
 //! y = Reshape(x, t)       # becomes R.reshape(x, R.shape([n, 12]))
 //! ```
 
+// -- elem ops (issue 17) --
+mod elem;
+
 use super::{
     Attrs, Importer, MAX_CONST_ELEMS, Out, Val, input, normalize_axis, req, tensor_to_constant,
 };
@@ -157,7 +160,7 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             .into_val()))
         }
         "Gather" | "Unsqueeze" | "Squeeze" | "Concat" | "Slice" | "Cast" | "Reshape" | "Add"
-        | "Sub" | "Mul" | "Div" | "Mod" | "Equal" | "Where" | "Transpose" => {
+        | "Sub" | "Mul" | "Div" | "Transpose" => {
             let mut args = Vec::new();
             for name in node.input.iter() {
                 if name.is_empty() {
@@ -169,6 +172,18 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
                 }
             }
             Ok(fold_ints(im, node, &a, args)?.map(|i| vec![Out::Val(i)]))
+        }
+        // -- elem ops (issue 17) --
+        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "Not" | "And" | "Or"
+        | "Xor" | "Mod" | "Where" => {
+            let mut args = Vec::new();
+            for name in node.input.iter().filter(|n| !n.is_empty()) {
+                match ints(im, name) {
+                    Some(i) => args.push(i),
+                    None => return Ok(None),
+                }
+            }
+            Ok(elem::fold(&node.op_type, &a, &args)?.map(|v| vec![Out::Val(v)]))
         }
         _ => Ok(None),
     }
@@ -199,12 +214,9 @@ fn constant_attr(a: &Attrs<'_>) -> Result<Constant> {
 }
 
 /// Folds an integer op; `None` when the case is outside the small evaluator.
-/// A broadcast result shape and its element pairs.
-type Pairs = (Vec<usize>, Vec<(Dim, Dim)>);
-
 /// Whether a dim is never negative: static ones ≥ 0, symbols (every symbol here is a dim of
 /// a tensor) and sums, products and floor quotients (by a positive divisor) of such dims.
-fn nonneg(d: &Dim) -> bool {
+pub(super) fn nonneg(d: &Dim) -> bool {
     match d {
         Dim::Static(v) => *v >= 0,
         Dim::Sym(_) => true,
@@ -216,21 +228,6 @@ fn nonneg(d: &Dim) -> bool {
             crate::ir::DimOp::Sub => false,
         },
     }
-}
-
-/// The element pairs of `x` and `y` when they have the same number of elements or one is a
-/// single element (the broadcasts shape arithmetic uses), with the result shape.
-fn broadcast_pairs(x: &Ints, y: &Ints) -> Option<Pairs> {
-    let (shape, n) = if x.vals.len() >= y.vals.len() {
-        (x.shape.clone(), x.vals.len())
-    } else {
-        (y.shape.clone(), y.vals.len())
-    };
-    if !(x.vals.len() == n || x.vals.len() == 1) || !(y.vals.len() == n || y.vals.len() == 1) {
-        return None;
-    }
-    let pick = |v: &Ints, i: usize| v.vals[if v.vals.len() == 1 { 0 } else { i }].clone();
-    Some((shape, (0..n).map(|i| (pick(x, i), pick(y, i))).collect()))
 }
 
 fn fold_ints(
@@ -519,69 +516,7 @@ fn fold_ints(
                 .into_val(),
             )
         }
-        "Equal" => {
-            // Shape checks (`Equal(shape, -1)` before an `Expand`, say): decided when both sides
-            // are static, structurally equal, or a dim against a negative number (dims are never
-            // negative); anything else is left to the IR.
-            let Some(y) = args.get(1) else {
-                return Ok(None);
-            };
-            let Some((shape, pairs)) = broadcast_pairs(&x, y) else {
-                return Ok(None);
-            };
-            let mut vals = Vec::with_capacity(pairs.len());
-            for (p, q) in pairs {
-                let eq = match (p.as_static(), q.as_static()) {
-                    (Some(u), Some(v)) => u == v,
-                    _ if p == q => true,
-                    (Some(u), None) if u < 0 && nonneg(&q) => false,
-                    (None, Some(v)) if v < 0 && nonneg(&p) => false,
-                    _ => return Ok(None),
-                };
-                vals.push(Dim::Static(i64::from(eq)));
-            }
-            Some(
-                Ints {
-                    dtype: DType::Bool,
-                    shape,
-                    vals,
-                }
-                .into_val(),
-            )
-        }
-        "Where" => {
-            let (Some(t), Some(f)) = (args.get(1), args.get(2)) else {
-                return Ok(None);
-            };
-            if x.dtype != DType::Bool || t.dtype != f.dtype {
-                return Ok(None);
-            }
-            let Some((shape, pairs)) = broadcast_pairs(t, f) else {
-                return Ok(None);
-            };
-            let n = pairs.len();
-            if !(x.vals.len() == n || x.vals.len() == 1) || shape.len() < x.shape.len() {
-                return Ok(None);
-            }
-            let mut vals = Vec::with_capacity(n);
-            for (i, (p, q)) in pairs.into_iter().enumerate() {
-                let c = &x.vals[if x.vals.len() == 1 { 0 } else { i }];
-                vals.push(match c.as_static() {
-                    Some(0) => q,
-                    Some(_) => p,
-                    None => return Ok(None),
-                });
-            }
-            Some(
-                Ints {
-                    dtype: t.dtype,
-                    shape,
-                    vals,
-                }
-                .into_val(),
-            )
-        }
-        "Add" | "Sub" | "Mul" | "Div" | "Mod" => {
+        "Add" | "Sub" | "Mul" | "Div" => {
             let Some(y) = args.get(1) else {
                 return Ok(None);
             };
@@ -603,20 +538,6 @@ fn fold_ints(
                     "Add" => p.add(&q),
                     "Sub" => p.sub(&q),
                     "Mul" => p.mul(&q),
-                    "Mod" => match (p.as_static(), q.as_static()) {
-                        (_, Some(0)) => return Err(err("integer modulo by zero")),
-                        (Some(u), Some(v)) => {
-                            let r = u.wrapping_rem(v);
-                            // fmod = 0 (the default): the sign of the divisor, as Python's %.
-                            let floor = a.int("fmod", 0) == 0;
-                            Dim::Static(if floor && r != 0 && ((r < 0) != (v < 0)) {
-                                r + v
-                            } else {
-                                r
-                            })
-                        }
-                        _ => return Ok(None),
-                    },
                     _ => match (p.as_static(), q.as_static()) {
                         (_, Some(0)) => return Err(err("integer division by zero")),
                         (Some(u), Some(v)) => Dim::Static(u.wrapping_div(v)),

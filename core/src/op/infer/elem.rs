@@ -55,7 +55,7 @@ pub(super) fn infer(cx: &Cx<'_>, e: ElemOp) -> Result<Type, String> {
         ElemClass::Compare | ElemClass::Logical | ElemClass::Classify => Some(DType::Bool),
         _ => dtype,
     };
-    Ok(broadcast_all(cx, &ts, out_dtype)?)
+    broadcast_all(cx, &ts, out_dtype)
 }
 
 /// Checks the operands' common dtype against what the op accepts.

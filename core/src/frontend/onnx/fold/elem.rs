@@ -1,0 +1,245 @@
+//! Import-time folding of the comparison / logic / `Mod` / `Where` family over known integer
+//! values (issue 17): the shape arithmetic exporters emit around `Expand` and `Reshape`
+//! (`Where(Equal(shape, -1), ones, shape)`, the grouped-query-attention head checks of
+//! `Attention`'s function body).
+//!
+//! Contract: [`fold`] gets every input as [`Ints`] (numpy broadcasting between them) and
+//! returns `Ok(None)` whenever a result depends on a symbolic value it cannot decide, so the
+//! node becomes IR instead. `Equal` of two structurally equal dims is true; other comparisons,
+//! `Mod` and the logical ops need static values; `Where` needs a static condition and may pick
+//! symbolic dims. Integer `Mod` by zero is an error.
+//!
+//! ```text
+//! s = Shape(x)                       # x: float32[n, 1, 4]   → Ints [n, 1, 4]
+//! m = Equal(s, [n, 1, 4])            #                      → bool [1, 1, 1]
+//! t = Where(Equal(c, -1), ones, c)   # c = [-1, 4]          → Ints [1, 4]
+//! ```
+
+use super::{Ints, err};
+use crate::error::Result;
+use crate::frontend::onnx::{Attrs, Val};
+use crate::ir::{DType, Dim};
+
+/// The broadcast shape of `shapes` (numpy rules), `None` when they do not broadcast.
+fn broadcast(shapes: &[&[usize]]) -> Option<Vec<usize>> {
+    let r = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1usize; r];
+    for s in shapes {
+        let off = r - s.len();
+        for (i, &d) in s.iter().enumerate() {
+            let o = &mut out[off + i];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The element of `x` read at the output's linear index `lin` under broadcasting to `out`.
+fn at<'a>(x: &'a Ints, out: &[usize], lin: usize) -> Option<&'a Dim> {
+    let off = out.len() - x.shape.len();
+    let mut rest = lin;
+    let mut idx = 0usize;
+    let mut stride = 1usize;
+    for k in (0..out.len()).rev() {
+        let o = out[k];
+        let c = rest.checked_rem(o).unwrap_or(0);
+        rest = rest.checked_div(o).unwrap_or(0);
+        if k >= off {
+            let d = x.shape[k - off];
+            if d != 1 {
+                idx += c * stride;
+            }
+            stride *= d;
+        }
+    }
+    x.vals.get(idx)
+}
+
+/// Folds `op` over `args` (see the module docs).
+pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>> {
+    let want = if matches!(op, "Not") {
+        1
+    } else if op == "Where" {
+        3
+    } else {
+        2
+    };
+    if args.len() != want {
+        return Ok(None);
+    }
+    let shapes: Vec<&[usize]> = args.iter().map(|i| i.shape.as_slice()).collect();
+    let Some(shape) = broadcast(&shapes) else {
+        return Ok(None);
+    };
+    let n: usize = shape.iter().product();
+    let mut vals = Vec::with_capacity(n);
+    for lin in 0..n {
+        let mut ds = Vec::with_capacity(want);
+        for x in args {
+            match at(x, &shape, lin) {
+                Some(d) => ds.push(d),
+                None => return Ok(None),
+            }
+        }
+        let st: Vec<Option<i64>> = ds.iter().map(|d| d.as_static()).collect();
+        let v = match (op, ds.as_slice(), st.as_slice()) {
+            ("Where", [_, x, y], [Some(c), ..]) => {
+                if *c != 0 {
+                    (*x).clone()
+                } else {
+                    (*y).clone()
+                }
+            }
+            ("Equal", [p, q], _) if p == q => Dim::Static(1),
+            // Dims are never negative: `Equal(shape, -1)` is false for a symbolic dim.
+            ("Equal", [_, q], [Some(u), None]) if *u < 0 && super::nonneg(q) => Dim::Static(0),
+            ("Equal", [p, _], [None, Some(v)]) if *v < 0 && super::nonneg(p) => Dim::Static(0),
+            ("Not", _, [Some(p)]) => Dim::Static(i64::from(*p == 0)),
+            (_, _, [Some(p), Some(q)]) => Dim::Static(match op {
+                "Equal" => i64::from(p == q),
+                "Less" => i64::from(p < q),
+                "LessOrEqual" => i64::from(p <= q),
+                "Greater" => i64::from(p > q),
+                "GreaterOrEqual" => i64::from(p >= q),
+                "And" => i64::from(*p != 0 && *q != 0),
+                "Or" => i64::from(*p != 0 || *q != 0),
+                "Xor" => i64::from((*p != 0) != (*q != 0)),
+                "Mod" => {
+                    if *q == 0 {
+                        return Err(err("Mod: integer modulo by zero"));
+                    }
+                    let r = p.wrapping_rem(*q);
+                    if a.int("fmod", 0) == 0 && r != 0 && (r < 0) != (*q < 0) {
+                        r.wrapping_add(*q)
+                    } else {
+                        r
+                    }
+                }
+                _ => return Ok(None),
+            }),
+            _ => return Ok(None),
+        };
+        vals.push(v);
+    }
+    let dtype = match op {
+        "Where" => args.get(1).map_or(DType::I64, |x| x.dtype),
+        "Mod" => args.first().map_or(DType::I64, |x| x.dtype),
+        _ => DType::Bool,
+    };
+    if op == "Where" && args.get(1).map(|x| x.dtype) != args.get(2).map(|y| y.dtype) {
+        return Ok(None);
+    }
+    Ok(Some(Ints { dtype, shape, vals }.into_val()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(shape: &[usize], v: &[i64]) -> Ints {
+        Ints {
+            dtype: DType::I64,
+            shape: shape.to_vec(),
+            vals: v.iter().map(|&x| Dim::Static(x)).collect(),
+        }
+    }
+
+    fn node(op: &str) -> crate::frontend::onnx::proto::NodeProto {
+        crate::frontend::onnx::proto::NodeProto {
+            op_type: op.to_string(),
+            ..Default::default()
+        }
+    }
+
+    fn vals(v: Option<Val>) -> Vec<Dim> {
+        match v {
+            Some(Val::Const(c)) => Ints::from_constant(&c).map(|i| i.vals).unwrap_or_default(),
+            Some(Val::Ints(i)) => i.vals,
+            _ => panic!("not folded"),
+        }
+    }
+
+    #[test]
+    fn where_equal_picks_symbolic_dims() {
+        let n = node("Equal");
+        let a = Attrs(&n);
+        let sym = Ints {
+            dtype: DType::I64,
+            shape: vec![2],
+            vals: vec![Dim::sym("n"), Dim::Static(-1)],
+        };
+        let m = fold("Equal", &a, &[sym.clone(), ints(&[], &[-1])])
+            .ok()
+            .flatten();
+        // n == -1 cannot be decided: nothing folds.
+        assert!(m.is_none());
+        let c = ints(&[2], &[4, -1]);
+        let eq = vals(
+            fold("Equal", &a, &[c.clone(), ints(&[], &[-1])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(eq, [Dim::Static(0), Dim::Static(1)]);
+        let cond = Ints {
+            dtype: DType::Bool,
+            shape: vec![2],
+            vals: eq,
+        };
+        let w = vals(
+            fold("Where", &a, &[cond, ints(&[], &[1]), sym])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(w, [Dim::sym("n"), Dim::Static(1)]);
+        // The same symbol equals itself.
+        let s = Ints {
+            dtype: DType::I64,
+            shape: vec![],
+            vals: vec![Dim::sym("n")],
+        };
+        let e = vals(fold("Equal", &a, &[s.clone(), s]).ok().flatten());
+        assert_eq!(e, [Dim::Static(1)]);
+    }
+
+    #[test]
+    fn comparisons_logic_and_mod_broadcast() {
+        let n = node("Less");
+        let a = Attrs(&n);
+        let x = ints(&[2, 1], &[1, 5]);
+        let y = ints(&[3], &[0, 1, 6]);
+        let l = vals(fold("Less", &a, &[x.clone(), y.clone()]).ok().flatten());
+        let want: Vec<Dim> = [0, 0, 1, 0, 0, 1].iter().map(|&v| Dim::Static(v)).collect();
+        assert_eq!(l, want);
+        let g = vals(fold("GreaterOrEqual", &a, &[x, y]).ok().flatten());
+        let want: Vec<Dim> = [1, 1, 0, 1, 1, 0].iter().map(|&v| Dim::Static(v)).collect();
+        assert_eq!(g, want);
+        let t = ints(&[2], &[1, 0]);
+        let f = ints(&[2], &[1, 1]);
+        assert_eq!(
+            vals(fold("Xor", &a, &[t.clone(), f]).ok().flatten()),
+            [Dim::Static(0), Dim::Static(1)]
+        );
+        assert_eq!(
+            vals(fold("Not", &a, &[t]).ok().flatten()),
+            [Dim::Static(0), Dim::Static(1)]
+        );
+        let m = vals(
+            fold("Mod", &a, &[ints(&[2], &[-7, 7]), ints(&[], &[3])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(m, [Dim::Static(2), Dim::Static(1)]);
+        assert!(fold("Mod", &a, &[ints(&[], &[1]), ints(&[], &[0])]).is_err());
+        // Shapes that do not broadcast are left to the IR.
+        assert!(
+            fold("Less", &a, &[ints(&[2], &[1, 2]), ints(&[3], &[1, 2, 3])])
+                .ok()
+                .flatten()
+                .is_none()
+        );
+    }
+}
