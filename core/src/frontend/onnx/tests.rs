@@ -709,3 +709,46 @@ fn index_family_imports() {
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
     assert!(e.contains("not a multiple of blocksize"), "{e}");
 }
+
+#[test]
+fn range_over_a_symbolic_length() {
+    // Position ids of a dynamic sequence: Range(0, Shape(x)[1], 1), and a strided variant.
+    let b = model(
+        14,
+        vec![
+            node("Shape", "s", &["x"], &["shp"], vec![]),
+            node(
+                "Gather",
+                "g",
+                &["shp", "one"],
+                &["len"],
+                vec![ai("axis", 0)],
+            ),
+            node("Range", "r", &["zero", "len", "onei"], &["pos"], vec![]),
+            node("Range", "r2", &["three", "len", "two"], &["odd"], vec![]),
+        ],
+        vec![vi("x", 1, &["b", "seq"])],
+        vec![
+            scalar_init("one", 7, 1i64.to_le_bytes().to_vec()),
+            scalar_init("zero", 7, 0i64.to_le_bytes().to_vec()),
+            scalar_init("onei", 7, 1i64.to_le_bytes().to_vec()),
+            scalar_init("three", 7, 3i64.to_le_bytes().to_vec()),
+            scalar_init("two", 7, 2i64.to_le_bytes().to_vec()),
+        ],
+        &["pos", "odd"],
+    );
+    let t = text(&import(&b));
+    assert!(
+        t.contains("R.broadcast_to(R.const(1, \"int64\"), R.shape([seq]))"),
+        "{t}"
+    );
+    assert!(
+        t.contains("pos: R.Tensor((seq,), dtype=\"int64\") = R.cumsum(lv, axis=0, dtype=None, exclusive=True)"),
+        "{t}"
+    );
+    assert!(
+        t.contains("lv3: R.Tensor(((seq - 2) // 2,), dtype=\"int64\") = R.multiply(lv2, R.const(2, \"int64\"))")
+            && t.contains("odd: R.Tensor(((seq - 2) // 2,), dtype=\"int64\") = R.add(lv3, R.const(3, \"int64\"))"),
+        "{t}"
+    );
+}

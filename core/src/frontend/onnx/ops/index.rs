@@ -208,6 +208,9 @@ pub(super) fn convert(
                     ));
                 }
             };
+            if let Some(outs) = symbolic_range(im, node, dtype)? {
+                return Ok(Some(outs));
+            }
             let mut v = [0.0; 3];
             for (k, slot) in v.iter_mut().enumerate() {
                 let what = ["start", "limit", "delta"][k];
@@ -314,6 +317,68 @@ pub(super) fn convert(
         "DepthToSpace" | "SpaceToDepth" => depth_space(im, node, &a)?,
         _ => return Ok(None),
     }))
+}
+
+/// `Range(start, limit, delta)` over integers whose `limit` is a symbolic dim (position ids of
+/// a dynamic sequence length): `start + delta * cumsum(broadcast_to(1, [n]), exclusive)` with
+/// `n = ceil((limit - start) / delta)` as a dim expression. `None` when every bound is static.
+fn symbolic_range(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    dtype: DType,
+) -> Result<Option<Vec<Out>>> {
+    let mut b = Vec::with_capacity(3);
+    for k in 0..3 {
+        match im.const_dims(req(node, k)?) {
+            Ok(d) if d.len() == 1 => b.push(d[0].clone()),
+            _ => return Ok(None),
+        }
+    }
+    let [start, limit, delta] = [&b[0], &b[1], &b[2]];
+    if limit.as_static().is_some() && start.as_static().is_some() {
+        return Ok(None);
+    }
+    let (Some(s), Some(d), true) = (start.as_static(), delta.as_static(), dtype.is_int()) else {
+        return Err(invalid(format!(
+            "Range({start}, {limit}, {delta}): only the limit may be symbolic, with a static \
+             integer start and delta"
+        )));
+    };
+    if d == 0 {
+        return Err(invalid("Range's delta must not be 0"));
+    }
+    let n = if d > 0 {
+        limit
+            .sub(&Dim::Static(s))
+            .add(&Dim::Static(d - 1))
+            .floor_div(&Dim::Static(d))
+    } else {
+        Dim::Static(s)
+            .sub(limit)
+            .add(&Dim::Static(-d - 1))
+            .floor_div(&Dim::Static(-d))
+    };
+    let one = im.b.constant(Constant::scalar_i64(1, dtype));
+    let shape = im.b.shape(vec![n]);
+    let ones = im.emit(Op::BroadcastTo, vec![one, shape])?;
+    let scan = Op::Cumsum(Box::new(ScanAttrs {
+        axis: Some(0),
+        dtype: None,
+        exclusive: true,
+    }));
+    if d == 1 && s == 0 {
+        return Ok(Some(call(scan, vec![ones])));
+    }
+    let mut y = im.emit(scan, vec![ones])?;
+    if d != 1 {
+        let dc = im.b.constant(Constant::scalar_i64(d, dtype));
+        if s == 0 {
+            return Ok(Some(call(Op::Multiply, vec![y, dc])));
+        }
+        y = im.emit(Op::Multiply, vec![y, dc])?;
+    }
+    let sc = im.b.constant(Constant::scalar_i64(s, dtype));
+    Ok(Some(call(Op::Add, vec![y, sc])))
 }
 
 fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
