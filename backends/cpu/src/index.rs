@@ -562,7 +562,7 @@ pub(crate) fn scan(x: &Tensor, a: &ScanAttrs, product: bool) -> KResult<Tensor> 
 /// The source coordinate of output coordinate `o` on an axis of extent `n` padded by
 /// `before`, or `None` for the constant fill.
 fn pad_source(o: i64, before: i64, n: i64, mode: PadMode) -> KResult<Option<usize>> {
-    let i = o - before;
+    let i = o.saturating_sub(before);
     if (0..n).contains(&i) {
         return Ok(Some(i as usize));
     }
