@@ -80,24 +80,32 @@ fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize]) -> KResult<()>) -
     }
 }
 
-/// `x` read at the source positions `src` (row-major over `shape`); `None` gives `fill`.
+/// `x` read at the source positions `src` (row-major over `shape`); `None` gives `fill`
+/// (converted to the dtype once). Elements are copied in their own type.
 fn gather_fill(x: &Tensor, shape: Vec<usize>, src: &[Option<usize>], fill: f64) -> KResult<Tensor> {
-    let out = match Num::of(x) {
-        Num::F(v) => Num::F(
-            src.iter()
-                .map(|s| s.and_then(|i| v.get(i).copied()).unwrap_or(fill))
-                .collect(),
-        ),
-        Num::I(v) => {
-            let fi = fill as i64;
-            Num::I(
-                src.iter()
-                    .map(|s| s.and_then(|i| v.get(i).copied()).unwrap_or(fi))
-                    .collect(),
-            )
-        }
+    let dtype = x.dtype();
+    let fill_s = if dtype.is_float() {
+        Storage::from_f64(dtype, vec![fill])
+    } else {
+        Storage::from_i64(dtype, vec![fill as i64])
     };
-    out.into_tensor(shape, x.dtype())
+    macro_rules! pick {
+        ($($var:ident),*) => {
+            match (x.storage(), &fill_s) {
+                $((Storage::$var(v), Storage::$var(f)) => {
+                    let f = f.first().copied().unwrap_or_default();
+                    Storage::$var(
+                        src.iter()
+                            .map(|s| s.and_then(|i| v.get(i).copied()).unwrap_or(f))
+                            .collect(),
+                    )
+                })*
+                _ => return Err("internal: fill dtype differs".to_string()),
+            }
+        };
+    }
+    let data = pick!(F16, BF16, F32, F64, I8, U8, I32, I64, Bool);
+    tensor(shape, data)
 }
 
 /// The integer values of an index tensor.
