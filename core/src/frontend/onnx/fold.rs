@@ -166,6 +166,13 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             }
             Ok(fold_ints(im, node, &a, args)?.map(|i| vec![Out::Val(i)]))
         }
+        // -- index ops (issue 17) --
+        // `Neg` of a folded integer (LayerNormalization's expansion feeds ConstantOfShape
+        // with `-axis`).
+        "Neg" => match ints(im, req(node, 0)?) {
+            Some(x) => Ok(fold_ints(im, node, &a, vec![x])?.map(|i| vec![Out::Val(i)])),
+            None => Ok(None),
+        },
         _ => Ok(None),
     }
 }
@@ -441,6 +448,14 @@ fn fold_ints(
                 .into_val(),
             )
         }
+        // -- index ops (issue 17) --
+        "Neg" => Some(
+            Ints {
+                vals: x.vals.iter().map(|d| Dim::Static(0).sub(d)).collect(),
+                ..x
+            }
+            .into_val(),
+        ),
         _ => None,
     })
 }

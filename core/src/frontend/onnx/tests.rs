@@ -752,3 +752,31 @@ fn range_over_a_symbolic_length() {
         "{t}"
     );
 }
+
+#[test]
+fn neg_of_a_folded_integer_feeds_constant_of_shape() {
+    // LayerNormalization's expansion: ConstantOfShape(Neg(axis)) gives the reduced shape's ones.
+    let b = model(
+        17,
+        vec![
+            node("Neg", "n", &["ax"], &["k"], vec![]),
+            node("ConstantOfShape", "c", &["k"], &["zeros"], vec![]),
+        ],
+        vec![],
+        vec![i64_init("ax", &[-3, 0])],
+        &["zeros"],
+    );
+    assert_eq!(ret_type(&import(&b)), Type::tensor(&[3, 0], DType::F32));
+    let b = model(
+        17,
+        vec![
+            node("Neg", "n", &["ax"], &["k"], vec![]),
+            node("ConstantOfShape", "c", &["k"], &["zeros"], vec![]),
+        ],
+        vec![],
+        vec![i64_init("ax", &[3])],
+        &["zeros"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(e.contains("negative dim -3"), "{e}");
+}
