@@ -107,6 +107,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Transpose",
     "Unsqueeze",
     // -- index ops (issue 17) --
+    "CenterCropPad",
     "CumProd",
     "CumSum",
     "DepthToSpace",

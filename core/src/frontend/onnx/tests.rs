@@ -780,3 +780,20 @@ fn neg_of_a_folded_integer_feeds_constant_of_shape() {
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
     assert!(e.contains("negative dim -3"), "{e}");
 }
+
+#[test]
+fn center_crop_pad_is_one_pad() {
+    // Axis 0 grows 3 → 6 (1 before, 2 after), axis 1 shrinks 5 → 2 (crop 1 before, 2 after).
+    let b = model(
+        18,
+        vec![node("CenterCropPad", "c", &["x", "s"], &["y"], vec![])],
+        vec![vi("x", 1, &["3", "5"])],
+        vec![i64_init("s", &[6, 2])],
+        &["y"],
+    );
+    let t = text(&import(&b));
+    assert!(
+        t.contains("y: R.Tensor((6, 2), dtype=\"float32\") = R.nn.pad(x, pad_width=[1, 2, -1, -2], pad_value=0.0, pad_mode=\"constant\")"),
+        "{t}"
+    );
+}

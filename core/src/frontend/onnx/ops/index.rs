@@ -1,8 +1,8 @@
 //! ONNX → op-set conversions of the indexing, shape and layout ops of issue 17.
 //!
 //! Contract: [`convert`] handles GatherElements, GatherND, ScatterND, ScatterElements (and the
-//! deprecated Scatter), OneHot, Range, Tile, Trilu, CumSum, CumProd, Pad, Size, DepthToSpace
-//! and SpaceToDepth with ONNX semantics per opset (attributes in old opsets, inputs in new
+//! deprecated Scatter), OneHot, Range, Tile, Trilu, CumSum, CumProd, Pad, CenterCropPad, Size,
+//! DepthToSpace and SpaceToDepth with ONNX semantics per opset (attributes in old opsets, inputs in new
 //! ones); it returns `Ok(None)` for other op types. Inputs that shape the result (`depth`,
 //! `repeats`, `pads`, `k`, Range's bounds, the scan axis) must be constants computed at import
 //! time; a value computed at run time is an error naming the input. Data-dependent shapes
@@ -315,6 +315,53 @@ pub(super) fn convert(
             vec![Out::Val(Val::Const(Constant::scalar_i64(n, DType::I64)))]
         }
         "DepthToSpace" | "SpaceToDepth" => depth_space(im, node, &a)?,
+        "CenterCropPad" => {
+            // One pad whose negative widths crop: centered, the odd element after.
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let r = dims.len();
+            let shape = im.const_i64s(req(node, 1)?)?;
+            let axes: Vec<usize> = match a.ints("axes") {
+                Some(ax) => ax
+                    .iter()
+                    .map(|&v| normalize_axis(v, r))
+                    .collect::<Result<_>>()?,
+                None => (0..r).collect(),
+            };
+            if shape.len() != axes.len() {
+                return Err(invalid(format!(
+                    "`shape` has {} values for {} axes",
+                    shape.len(),
+                    axes.len()
+                )));
+            }
+            let mut width = vec![0i64; 2 * r];
+            for (&ax, &t) in axes.iter().zip(&shape) {
+                let n = dims[ax].as_static().ok_or_else(|| {
+                    invalid(format!("CenterCropPad needs a static extent on axis {ax}"))
+                })?;
+                if t < 0 {
+                    return Err(invalid(format!("negative target extent {t}")));
+                }
+                let diff = t - n;
+                let (before, after) = if diff >= 0 {
+                    (diff / 2, diff - diff / 2)
+                } else {
+                    let d = -diff;
+                    (-(d / 2), -(d - d / 2))
+                };
+                width[2 * ax] = before;
+                width[2 * ax + 1] = after;
+            }
+            call(
+                Op::Pad(Box::new(PadAttrs {
+                    pad_width: width,
+                    pad_value: F64(0.0),
+                    pad_mode: PadMode::Constant,
+                })),
+                vec![x],
+            )
+        }
         _ => return Ok(None),
     }))
 }
