@@ -7,7 +7,10 @@
 //! `relax.cumprod`, `relax.nn.pad`), with two departures, both because an op's type is inferred
 //! from its argument *types* alone here: `relax.arange` takes `start`, `end` and `step` as
 //! attributes (TVM passes prim values), and `relax.tril` / `relax.triu` take `k` as an attribute
-//! (TVM passes a prim value). Malformed attributes are errors that name the attribute.
+//! (TVM passes a prim value). `relax.one_hot`'s fill values are prim values as in TVM (an
+//! integer one gives int64, a float one float32: a prim value's dtype is not kept at run time)
+//! or rank-0 tensors of any dtype (what the ONNX importer passes). Malformed attributes are
+//! errors that name the attribute.
 //!
 //! ```text
 //! lv: R.Tensor((2, 3), dtype="float32") = R.gather_elements(x, idx, axis=1)
