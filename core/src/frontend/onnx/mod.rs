@@ -121,6 +121,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ScatterND",
     "Size",
     "SpaceToDepth",
+    "TensorScatter",
     "Tile",
     "Trilu",
 ];

@@ -625,7 +625,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         // -- index ops (issue 17) --
         "GatherElements" | "GatherND" | "ScatterND" | "ScatterElements" | "Scatter" | "OneHot"
         | "Range" | "Tile" | "Trilu" | "CumSum" | "CumProd" | "Pad" | "Size" | "DepthToSpace"
-        | "SpaceToDepth" | "CenterCropPad" => index::convert(im, node)?
+        | "SpaceToDepth" | "CenterCropPad" | "TensorScatter" => index::convert(im, node)?
             .ok_or_else(|| invalid(format!("internal: no converter for `{op}`"))),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }

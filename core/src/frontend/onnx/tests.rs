@@ -797,3 +797,49 @@ fn center_crop_pad_is_one_pad() {
         "{t}"
     );
 }
+
+#[test]
+fn tensor_scatter_is_one_scatter_elements() {
+    let b = model(
+        24,
+        vec![node(
+            "TensorScatter",
+            "kv",
+            &["past", "upd", "w"],
+            &["y"],
+            vec![astr("mode", "circular")],
+        )],
+        vec![
+            vi("past", 1, &["b", "2", "8", "4"]),
+            vi("upd", 1, &["b", "2", "3", "4"]),
+            vi("w", 7, &["b"]),
+        ],
+        vec![],
+        &["y"],
+    );
+    let t = text(&import(&b));
+    for want in [
+        "R.arange(start=0, end=3, step=1, dtype=\"int64\")",
+        "lv2: R.Tensor((b, 3), dtype=\"int64\") = R.add(lv1, lv)",
+        "lv4: R.Tensor((b, 3), dtype=\"int64\") = R.take(lv3, lv2, axis=0, mode=\"wrap\")",
+        "R.broadcast_to(lv5, R.shape([b, 2, 3, 4]))",
+        "y: R.Tensor((b, 2, 8, 4), dtype=\"float32\") = R.scatter_elements(past, lv6, upd, axis=2, reduction=\"update\")",
+    ] {
+        assert!(t.contains(want), "missing {want:?} in\n{t}");
+    }
+    let b = model(
+        24,
+        vec![node(
+            "TensorScatter",
+            "kv",
+            &["past", "upd"],
+            &["y"],
+            vec![ai("axis", 0)],
+        )],
+        vec![vi("past", 1, &["2", "8"]), vi("upd", 1, &["2", "3"])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(e.contains("batch axis"), "{e}");
+}

@@ -1,8 +1,8 @@
 //! ONNX → op-set conversions of the indexing, shape and layout ops of issue 17.
 //!
 //! Contract: [`convert`] handles GatherElements, GatherND, ScatterND, ScatterElements (and the
-//! deprecated Scatter), OneHot, Range, Tile, Trilu, CumSum, CumProd, Pad, CenterCropPad, Size,
-//! DepthToSpace and SpaceToDepth with ONNX semantics per opset (attributes in old opsets, inputs in new
+//! deprecated Scatter), TensorScatter, OneHot, Range, Tile, Trilu, CumSum, CumProd, Pad,
+//! CenterCropPad, Size, DepthToSpace and SpaceToDepth with ONNX semantics per opset (attributes in old opsets, inputs in new
 //! ones); it returns `Ok(None)` for other op types. Inputs that shape the result (`depth`,
 //! `repeats`, `pads`, `k`, Range's bounds, the scan axis) must be constants computed at import
 //! time; a value computed at run time is an error naming the input. Data-dependent shapes
@@ -315,6 +315,7 @@ pub(super) fn convert(
             vec![Out::Val(Val::Const(Constant::scalar_i64(n, DType::I64)))]
         }
         "DepthToSpace" | "SpaceToDepth" => depth_space(im, node, &a)?,
+        "TensorScatter" => tensor_scatter(im, node, &a)?,
         "CenterCropPad" => {
             // One pad whose negative widths crop: centered, the odd element after.
             let x = im.expr(req(node, 0)?)?;
@@ -426,6 +427,94 @@ fn symbolic_range(
     }
     let sc = im.b.constant(Constant::scalar_i64(s, dtype));
     Ok(Some(call(Op::Add, vec![y, sc])))
+}
+
+/// `TensorScatter` (a KV-cache write, opset 24): `update` goes into `past_cache` along `axis`
+/// at `write_indices[b] + i` for batch `b` (modulo the cache length in `circular` mode), as
+/// one `scatter_elements` over indices built with `arange`, `add` and `broadcast_to` (and a
+/// wrapping `take` for `circular`).
+fn tensor_scatter(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let past = im.expr(req(node, 0)?)?;
+    let upd = im.expr(req(node, 1)?)?;
+    let (pd, _) = im.dims(past)?;
+    let (ud, _) = im.dims(upd)?;
+    let r = pd.len();
+    if ud.len() != r || r < 2 {
+        return Err(invalid(format!(
+            "expected past_cache and update of one rank (at least 2), found {} and {}",
+            r,
+            ud.len()
+        )));
+    }
+    let axis = normalize_axis(a.int("axis", -2), r)?;
+    if axis == 0 {
+        return Err(invalid("axis must not be the batch axis 0"));
+    }
+    let circular = match a.string("mode", "linear").as_str() {
+        "linear" => false,
+        "circular" => true,
+        other => return Err(invalid(format!("unknown mode `{other}`"))),
+    };
+    let s = ud[axis]
+        .as_static()
+        .ok_or_else(|| invalid("TensorScatter needs a static update length"))?;
+    let ar = |n: i64| {
+        Op::Arange(Box::new(ArangeAttrs {
+            start: F64(0.0),
+            end: F64(n as f64),
+            step: F64(1.0),
+            dtype: DType::I64,
+        }))
+    };
+    let steps = im.emit(ar(s), vec![])?;
+    // pos: [batch, s] (or [1, s] without write_indices).
+    let pos = match input(node, 2) {
+        Some(w) => {
+            let w = im.expr(w)?;
+            let w = int_index(im, w)?;
+            let sh = im.b.shape(vec![ud[0].clone(), Dim::Static(1)]);
+            let w2 = im.emit(Op::Reshape, vec![w, sh])?;
+            im.emit(Op::Add, vec![w2, steps])?
+        }
+        None => {
+            let sh = im.b.shape(vec![Dim::Static(1), Dim::Static(s)]);
+            im.emit(Op::Reshape, vec![steps, sh])?
+        }
+    };
+    let pos = if circular {
+        let n = pd[axis]
+            .as_static()
+            .ok_or_else(|| invalid("circular mode needs a static cache length"))?;
+        let all = im.emit(ar(n), vec![])?;
+        im.emit(
+            Op::Take {
+                axis: Some(0),
+                mode: TakeMode::Wrap,
+            },
+            vec![all, pos],
+        )?
+    } else {
+        pos
+    };
+    let (posd, _) = im.dims(pos)?;
+    let mut shape = vec![Dim::Static(1); r];
+    shape[0] = posd[0].clone();
+    shape[axis] = Dim::Static(s);
+    let sh = im.b.shape(shape);
+    let pos = im.emit(Op::Reshape, vec![pos, sh])?;
+    let full = im.b.shape(ud);
+    let idx = im.emit(Op::BroadcastTo, vec![pos, full])?;
+    Ok(call(
+        Op::ScatterElements {
+            axis: axis as i64,
+            reduction: ScatterReduction::Update,
+        },
+        vec![past, idx, upd],
+    ))
 }
 
 fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
