@@ -233,6 +233,7 @@ fn combine_f(r: ScatterReduction, old: f64, new: f64) -> f64 {
         ScatterReduction::Mul => old * new,
         ScatterReduction::Max => old.max(new),
         ScatterReduction::Min => old.min(new),
+        ScatterReduction::Mean => (old + new) / 2.0,
     }
 }
 
@@ -243,6 +244,7 @@ fn combine_i(r: ScatterReduction, old: i64, new: i64) -> i64 {
         ScatterReduction::Mul => old.wrapping_mul(new),
         ScatterReduction::Max => old.max(new),
         ScatterReduction::Min => old.min(new),
+        ScatterReduction::Mean => old.wrapping_add(new) / 2,
     }
 }
 

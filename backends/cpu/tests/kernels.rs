@@ -972,6 +972,7 @@ fn scatters() {
         ("mul", |a, b| a * b),
         ("max", f64::max),
         ("min", f64::min),
+        ("mean", |a, b| (a + b) / 2.0),
     ] {
         let o = op(
             "relax.scatter_elements",

@@ -30,11 +30,13 @@ const MAX_FOLDED_RANGE: i64 = 1 << 16;
 
 fn reduction(a: &Attrs<'_>) -> Result<ScatterReduction> {
     let s = a.string("reduction", "none");
-    ScatterReduction::from_name(&s).ok_or_else(|| {
-        invalid(format!(
-            "unknown reduction `{s}` (expected none, add, mul, max or min)"
-        ))
-    })
+    ScatterReduction::from_name(&s)
+        .filter(|r| *r != ScatterReduction::Mean)
+        .ok_or_else(|| {
+            invalid(format!(
+                "unknown reduction `{s}` (expected none, add, mul, max or min)"
+            ))
+        })
 }
 
 /// A scalar constant input as an integer.
