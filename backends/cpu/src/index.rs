@@ -80,24 +80,32 @@ fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize]) -> KResult<()>) -
     }
 }
 
-/// `x` read at the source positions `src` (row-major over `shape`); `None` gives `fill`.
+/// `x` read at the source positions `src` (row-major over `shape`); `None` gives `fill`
+/// (converted to the dtype once). Elements are copied in their own type.
 fn gather_fill(x: &Tensor, shape: Vec<usize>, src: &[Option<usize>], fill: f64) -> KResult<Tensor> {
-    let out = match Num::of(x) {
-        Num::F(v) => Num::F(
-            src.iter()
-                .map(|s| s.and_then(|i| v.get(i).copied()).unwrap_or(fill))
-                .collect(),
-        ),
-        Num::I(v) => {
-            let fi = fill as i64;
-            Num::I(
-                src.iter()
-                    .map(|s| s.and_then(|i| v.get(i).copied()).unwrap_or(fi))
-                    .collect(),
-            )
-        }
+    let dtype = x.dtype();
+    let fill_s = if dtype.is_float() {
+        Storage::from_f64(dtype, vec![fill])
+    } else {
+        Storage::from_i64(dtype, vec![fill as i64])
     };
-    out.into_tensor(shape, x.dtype())
+    macro_rules! pick {
+        ($($var:ident),*) => {
+            match (x.storage(), &fill_s) {
+                $((Storage::$var(v), Storage::$var(f)) => {
+                    let f = f.first().copied().unwrap_or_default();
+                    Storage::$var(
+                        src.iter()
+                            .map(|s| s.and_then(|i| v.get(i).copied()).unwrap_or(f))
+                            .collect(),
+                    )
+                })*
+                _ => return Err("internal: fill dtype differs".to_string()),
+            }
+        };
+    }
+    let data = pick!(F16, BF16, F32, F64, I8, U8, I32, I64, Bool);
+    tensor(shape, data)
 }
 
 /// The integer values of an index tensor.
@@ -225,6 +233,7 @@ fn combine_f(r: ScatterReduction, old: f64, new: f64) -> f64 {
         ScatterReduction::Mul => old * new,
         ScatterReduction::Max => old.max(new),
         ScatterReduction::Min => old.min(new),
+        ScatterReduction::Mean => (old + new) / 2.0,
     }
 }
 
@@ -235,6 +244,7 @@ fn combine_i(r: ScatterReduction, old: i64, new: i64) -> i64 {
         ScatterReduction::Mul => old.wrapping_mul(new),
         ScatterReduction::Max => old.max(new),
         ScatterReduction::Min => old.min(new),
+        ScatterReduction::Mean => old.wrapping_add(new) / 2,
     }
 }
 
@@ -562,7 +572,7 @@ pub(crate) fn scan(x: &Tensor, a: &ScanAttrs, product: bool) -> KResult<Tensor> 
 /// The source coordinate of output coordinate `o` on an axis of extent `n` padded by
 /// `before`, or `None` for the constant fill.
 fn pad_source(o: i64, before: i64, n: i64, mode: PadMode) -> KResult<Option<usize>> {
-    let i = o - before;
+    let i = o.saturating_sub(before);
     if (0..n).contains(&i) {
         return Ok(Some(i as usize));
     }

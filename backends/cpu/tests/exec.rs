@@ -84,3 +84,53 @@ fn wrong_arguments_are_errors() {
     let e = run(&m, "main", vec![Value::Tensor(i), Value::Tensor(b)]);
     assert!(e.unwrap_err().to_string().contains("dtype"));
 }
+
+// -- index ops (issue 17) --
+
+/// What the ONNX importer makes of `Range(3, Shape(x)[1], 2)` for a dynamic sequence length,
+/// run for two lengths; plus a causal mask (`tril`) and a gather of the positions.
+#[test]
+fn symbolic_range_runs() {
+    let src = r#"# from tvm.script import ir as I
+# from tvm.script import tir as T
+# from tvm.script import relax as R
+
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor(("b", "seq"), dtype="float32"), m: R.Tensor(("seq", "seq"), dtype="float32")):
+        b = T.int64()
+        seq = T.int64()
+        with R.dataflow():
+            lv = R.broadcast_to(R.const(1, "int64"), R.shape([(seq - 2) // 2]))
+            lv1 = R.cumsum(lv, axis=0, dtype=None, exclusive=True)
+            lv2 = R.multiply(lv1, R.const(2, "int64"))
+            pos = R.add(lv2, R.const(3, "int64"))
+            g = R.take(x, pos, axis=1, mode="fast")
+            c = R.tril(m, k=0)
+            R.output(pos, g, c)
+        return (pos, g, c)
+"#;
+    let m = parse_module_str(src).unwrap_or_else(|e| panic!("{e}"));
+    for seq in [4usize, 7, 8] {
+        let x =
+            Tensor::from_f32(vec![1, seq], (0..seq).map(|i| i as f32 * 10.0).collect()).unwrap();
+        let mm = Tensor::from_f32(vec![seq, seq], vec![1.0; seq * seq]).unwrap();
+        let out = run(&m, "main", vec![Value::Tensor(x), Value::Tensor(mm)])
+            .unwrap_or_else(|e| panic!("seq {seq}: {e}"));
+        let Value::Tuple(parts) = out else {
+            panic!("expected a tuple")
+        };
+        // numpy: np.arange(3, seq, 2)
+        let want: Vec<i64> = (3..seq as i64).step_by(2).collect();
+        assert_eq!(tensor(&parts[0]).to_i64_vec(), want, "seq {seq}");
+        let g: Vec<f32> = want.iter().map(|&i| i as f32 * 10.0).collect();
+        assert_eq!(tensor(&parts[1]).to_f32_vec(), g, "seq {seq}");
+        let c = tensor(&parts[2]).to_f32_vec();
+        for r in 0..seq {
+            for k in 0..seq {
+                assert_eq!(c[r * seq + k], if k <= r { 1.0 } else { 0.0 });
+            }
+        }
+    }
+}

@@ -972,6 +972,7 @@ fn scatters() {
         ("mul", |a, b| a * b),
         ("max", f64::max),
         ("min", f64::min),
+        ("mean", |a, b| (a + b) / 2.0),
     ] {
         let o = op(
             "relax.scatter_elements",
@@ -992,6 +993,32 @@ fn scatters() {
             assert_eq!(f64s(&y), want, "{red} {dt}");
         }
     }
+    // Every dtype, replacing (the last of duplicate indices wins).
+    let upd_small: Vec<f64> = vec![1., 0., 1., 1., 0., 1.];
+    for dt in ALL_DTYPES {
+        let o = op("relax.scatter_elements", &[("axis", AttrLit::Int(1))]);
+        let d = sample(dt, 8);
+        let y = run(
+            &o,
+            &[
+                typed(&[2, 4], dt, &d),
+                ti(&[2, 3], &idx),
+                typed(&[2, 3], dt, &upd_small),
+            ],
+        );
+        let want = naive_scatter2(&d, 4, &idx, &upd_small, 3, |_, b| b);
+        assert_eq!(f64s(&y), want, "{dt}");
+    }
+    // Extreme pad widths are errors or crops, never overflows.
+    let o = op(
+        "relax.nn.pad",
+        &[
+            ("pad_width", ints(&[i64::MIN, i64::MAX])),
+            ("pad_mode", s("reflect")),
+        ],
+    );
+    let y = run(&o, &[t(&[3], &[1., 2., 3.])]);
+    assert_eq!(shape(&y), vec![2]);
     // ONNX ScatterND examples.
     let sn = op("relax.scatter_nd", &[]);
     let y = run(

@@ -396,6 +396,14 @@ fn index_ops() {
         ],
     );
     run(
+        "arange alone",
+        "",
+        &[
+            "r = R.arange(start=2.0, end=-1.0, step=-0.5, dtype=\"float16\")",
+            "gv = R.nn.relu(r)",
+        ],
+    );
+    run(
         "tile",
         &format!("x: {}", f32t("2, 3")),
         &["gv = R.tile(x, repeats=[2, 1, 3])"],

@@ -7,7 +7,10 @@
 //! `relax.cumprod`, `relax.nn.pad`), with two departures, both because an op's type is inferred
 //! from its argument *types* alone here: `relax.arange` takes `start`, `end` and `step` as
 //! attributes (TVM passes prim values), and `relax.tril` / `relax.triu` take `k` as an attribute
-//! (TVM passes a prim value). Malformed attributes are errors that name the attribute.
+//! (TVM passes a prim value). `relax.one_hot`'s fill values are prim values as in TVM (an
+//! integer one gives int64, a float one float32: a prim value's dtype is not kept at run time)
+//! or rank-0 tensors of any dtype (what the ONNX importer passes). Malformed attributes are
+//! errors that name the attribute.
 //!
 //! ```text
 //! lv: R.Tensor((2, 3), dtype="float32") = R.gather_elements(x, idx, axis=1)
@@ -55,6 +58,8 @@ pub enum ScatterReduction {
     Max,
     /// Keep the smaller.
     Min,
+    /// `(old + update) / 2`, one update at a time (TVM's `scatter_elements` only).
+    Mean,
 }
 
 impl ScatterReduction {
@@ -66,6 +71,7 @@ impl ScatterReduction {
             ScatterReduction::Mul => "mul",
             ScatterReduction::Max => "max",
             ScatterReduction::Min => "min",
+            ScatterReduction::Mean => "mean",
         }
     }
 
@@ -77,6 +83,7 @@ impl ScatterReduction {
             "mul" => ScatterReduction::Mul,
             "max" => ScatterReduction::Max,
             "min" => ScatterReduction::Min,
+            "mean" => ScatterReduction::Mean,
             _ => return None,
         })
     }
@@ -142,12 +149,19 @@ pub struct ArangeAttrs {
     pub dtype: DType,
 }
 
-fn reduction(kw: &Kwargs<'_>) -> Result<ScatterReduction, String> {
+fn reduction(kw: &Kwargs<'_>, mean: bool) -> Result<ScatterReduction, String> {
     let s = kw.string("reduction", Some("update"))?;
-    ScatterReduction::from_name(&s).ok_or_else(|| {
+    match ScatterReduction::from_name(&s) {
+        Some(ScatterReduction::Mean) if !mean => None,
+        r => r,
+    }
+    .ok_or_else(|| {
+        let also = if mean { ", \"mean\"" } else { "" };
         kw.invalid(
             "reduction",
-            &format!("expected \"update\", \"add\", \"mul\", \"max\" or \"min\", found \"{s}\""),
+            &format!(
+                "expected \"update\", \"add\", \"mul\", \"max\"{also} or \"min\", found \"{s}\""
+            ),
         )
     })
 }
@@ -183,10 +197,10 @@ pub(super) fn from_call(name: &str, kw: &Kwargs<'_>) -> Result<Option<Op>, Strin
         }
         "relax.scatter_elements" => Op::ScatterElements {
             axis: kw.int("axis", Some(0))?,
-            reduction: reduction(kw)?,
+            reduction: reduction(kw, true)?,
         },
         "relax.scatter_nd" => Op::ScatterNd {
-            reduction: reduction(kw)?,
+            reduction: reduction(kw, false)?,
         },
         "relax.one_hot" => {
             let depth = kw.int("depth", None)?;

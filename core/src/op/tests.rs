@@ -134,6 +134,7 @@ fn index_samples() -> Vec<Op> {
             &[("axis", AttrLit::Int(1)), ("reduction", s("max"))],
         ),
         op("relax.scatter_nd", &[("reduction", s("mul"))]),
+        op("relax.scatter_elements", &[("reduction", s("mean"))]),
         op(
             "relax.one_hot",
             &[("depth", AttrLit::Int(10)), ("axis", AttrLit::Int(0))],
@@ -1176,6 +1177,11 @@ fn index_ops_infer() {
         &[&t2, &i64t(&[d(3), d(2)]), &td(&[d(3), d(6)], DType::F16)],
     );
     assert!(e.contains("dtype"), "{e}");
+    let mean_nd = Op::ScatterNd {
+        reduction: ScatterReduction::Mean,
+    };
+    let e = err(&mean_nd, &[&t2, &i64t(&[d(3), d(2)]), &t(&[3, 6])]);
+    assert!(e.contains("only defined for scatter_elements"), "{e}");
     // one_hot: a new axis; the dtype of the fill values.
     let oh = op("relax.one_hot", &[("depth", AttrLit::Int(10))]);
     let ids = i64t(&[n(), d(3)]);

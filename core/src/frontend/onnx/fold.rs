@@ -185,6 +185,13 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             }
             Ok(elem::fold(&node.op_type, &a, &args)?.map(|v| vec![Out::Val(v)]))
         }
+        // -- index ops (issue 17) --
+        // `Neg` of a folded integer (LayerNormalization's expansion feeds ConstantOfShape
+        // with `-axis`).
+        "Neg" => match ints(im, req(node, 0)?) {
+            Some(x) => Ok(fold_ints(im, node, &a, vec![x])?.map(|i| vec![Out::Val(i)])),
+            None => Ok(None),
+        },
         _ => Ok(None),
     }
 }
@@ -554,6 +561,14 @@ fn fold_ints(
                 .into_val(),
             )
         }
+        // -- index ops (issue 17) --
+        "Neg" => Some(
+            Ints {
+                vals: x.vals.iter().map(|d| Dim::Static(0).sub(d)).collect(),
+                ..x
+            }
+            .into_val(),
+        ),
         _ => None,
     })
 }

@@ -170,6 +170,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Where",
     "Xor",
     // -- index ops (issue 17) --
+    "CenterCropPad",
     "CumProd",
     "CumSum",
     "DepthToSpace",
@@ -183,6 +184,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ScatterND",
     "Size",
     "SpaceToDepth",
+    "TensorScatter",
     "Tile",
     "Trilu",
     // -- reduce ops (issue 17) --

@@ -75,7 +75,6 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "HannWindow" | "HammingWindow" | "BlackmanWindow" => generate::window(im, node),
         "EyeLike" => generate::eye_like(im, node),
         "RNN" | "GRU" | "LSTM" => rnn::recurrent(im, node),
-        "Range" if dynamic::is_symbolic_range(im, node) => dynamic::range(im, node),
         "NegativeLogLikelihoodLoss" => loss::negative_log_likelihood(im, node),
         "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy(im, node),
         "QuantizeLinear" => quant::quantize_linear(im, node),
@@ -636,7 +635,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         // -- index ops (issue 17) --
         "GatherElements" | "GatherND" | "ScatterND" | "ScatterElements" | "Scatter" | "OneHot"
         | "Range" | "Tile" | "Trilu" | "CumSum" | "CumProd" | "Pad" | "Size" | "DepthToSpace"
-        | "SpaceToDepth" => index::convert(im, node)?
+        | "SpaceToDepth" | "CenterCropPad" | "TensorScatter" => index::convert(im, node)?
             .ok_or_else(|| invalid(format!("internal: no converter for `{op}`"))),
         // -- reduce ops (issue 17) --
         "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceLogSum"

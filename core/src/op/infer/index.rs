@@ -13,7 +13,7 @@
 
 use super::{Cx, differ, known, product, shape_str, unknown};
 use crate::ir::{DType, Dim, TensorType, Type};
-use crate::op::{ArangeAttrs, Op, PadAttrs, ScanAttrs};
+use crate::op::{ArangeAttrs, Op, PadAttrs, ScanAttrs, ScatterReduction};
 
 fn int_indices(cx: &Cx<'_>, t: &TensorType, what: &str) -> Result<(), String> {
     match t.dtype {
@@ -48,6 +48,9 @@ pub(super) fn infer(cx: &Cx<'_>, op: &Op) -> Result<Type, String> {
         Op::GatherElements { axis } => gather_elements(cx, *axis),
         Op::GatherNd { batch_dims } => gather_nd(cx, *batch_dims),
         Op::ScatterElements { axis, .. } => scatter_elements(cx, *axis),
+        Op::ScatterNd {
+            reduction: ScatterReduction::Mean,
+        } => Err(cx.err("reduction \"mean\" is only defined for scatter_elements")),
         Op::ScatterNd { .. } => scatter_nd(cx),
         Op::OneHot { depth, axis } => one_hot(cx, *depth, *axis),
         Op::Arange(a) => arange(cx, a),

@@ -1,25 +1,23 @@
-//! `Range` and `Slice` whose bounds are symbolic dims (computed from input shapes), so models
-//! exported with dynamic sequence axes keep symbolic shapes instead of failing at import.
+//! `Slice` whose bounds are symbolic dims (computed from input shapes: BERT's
+//! `position_ids[:, :seq]`), so models exported with dynamic sequence axes keep symbolic shapes
+//! instead of failing at import. (`Range` with a symbolic limit is in `index.rs`, built the same
+//! way.)
 //!
 //! Contract:
 //!
-//! - `Range(start, limit, delta)` with static integral `start` and `delta` and a symbolic
-//!   `limit` (GPT-2's and LLaMA's position ids, `arange(seq)`) has `n = ceil((limit − start) /
-//!   delta)` elements, a symbolic dim. It is built as `start + delta · cumsum(ones(n),
-//!   exclusive)`: `ones(n)` is a `broadcast_to` of a shape literal, so the length comes from the
-//!   bound dims at run time.
 //! - `Slice` with a symbolic `start` or `end` on some axis: when the slice is that axis whole
 //!   (`0 .. dim`, step 1) it is dropped; otherwise the axis is gathered with `take` at
 //!   `start + step · iota(n)`. Symbolic bounds are assumed inside the axis (as TVM's
 //!   `assume_inbound`); an index that is not is an error when the model runs, never a silent
 //!   wrong value. Axes with static bounds are sliced as usual.
-//! - Anything else symbolic (a symbolic step, a non-integral float range) is an error naming
-//!   what must be static.
+//! - A symbolic start on a sliced axis, or a symbolic step, is an error naming what must be
+//!   static.
 //!
 //! ```text
-//! p = Range(0, Gather(Shape(ids), 1), 1)      # ids: int64[batch, seq]
+//! p = Slice(pos: int64[1, 512], [0], Gather(Shape(ids), 1), [1])    # ids: int64[batch, seq]
 //!   → lv = R.broadcast_to(R.const(1, "int64"), R.shape([seq]))
-//!     p = R.cumsum(lv, axis=0, dtype=None, exclusive=True)     # R.Tensor((seq,), "int64")
+//!     lv1 = R.cumsum(lv, axis=0, dtype=None, exclusive=True)
+//!     p = R.take(pos, lv1, axis=1, mode="fast")                    # R.Tensor((1, seq), "int64")
 //! ```
 
 use super::super::{Importer, NodeProto, Out, Val, input, invalid, normalize_axis, req};
@@ -76,54 +74,9 @@ fn count(start: &Dim, end: &Dim, step: i64) -> Dim {
     }
 }
 
-/// One scalar of a folded input, as a dim.
-fn scalar_dim(im: &Importer<'_>, name: &str, what: &str) -> Result<Dim> {
-    match im.const_dims(name)?.as_slice() {
-        [d] => Ok(d.clone()),
-        v => Err(invalid(format!(
-            "`{what}` must be a scalar, found {} values",
-            v.len()
-        ))),
-    }
-}
-
 /// Whether `name` is a folded integer value holding a symbolic dim.
 fn symbolic(im: &Importer<'_>, name: &str) -> bool {
     matches!(im.val(name), Ok(Val::Ints(i)) if i.vals.iter().any(|d| d.as_static().is_none()))
-}
-
-/// Whether a `Range` node has a symbolic bound (and so is converted here).
-pub(crate) fn is_symbolic_range(im: &Importer<'_>, node: &NodeProto) -> bool {
-    (0..3).any(|i| input(node, i).is_some_and(|n| symbolic(im, n)))
-}
-
-/// `Range` with a symbolic `limit` (see the module docs).
-pub(crate) fn range(im: &mut Importer<'_>, node: &NodeProto) -> Result<Vec<Out>> {
-    let dtype = match im.val(req(node, 0)?)? {
-        Val::Ints(i) => i.dtype,
-        Val::Const(c) => c.dtype,
-        Val::Expr(_) => return Err(invalid("Range's `start` must be known at import time")),
-    };
-    if !dtype.is_int() {
-        return Err(invalid(format!(
-            "a Range with a symbolic bound must be of an integer type, found {dtype}"
-        )));
-    }
-    let start = scalar_dim(im, req(node, 0)?, "start")?;
-    let limit = scalar_dim(im, req(node, 1)?, "limit")?;
-    let delta = scalar_dim(im, req(node, 2)?, "delta")?;
-    let (Some(s), Some(d)) = (start.as_static(), delta.as_static()) else {
-        return Err(invalid(
-            "Range with a symbolic `start` or `delta` is not supported (only `limit` may be \
-             symbolic)",
-        ));
-    };
-    if d == 0 {
-        return Err(invalid("Range's `delta` must not be 0"));
-    }
-    let n = count(&start, &limit, d);
-    let v = affine_iota(im, s, d, n, dtype)?;
-    Ok(vec![Out::Val(Val::Expr(v))])
 }
 
 /// `Slice` (opset ≥ 10) with a symbolic `start` or `end`: `None` when every bound is static.

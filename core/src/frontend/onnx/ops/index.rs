@@ -1,8 +1,8 @@
 //! ONNX → op-set conversions of the indexing, shape and layout ops of issue 17.
 //!
 //! Contract: [`convert`] handles GatherElements, GatherND, ScatterND, ScatterElements (and the
-//! deprecated Scatter), OneHot, Range, Tile, Trilu, CumSum, CumProd, Pad, Size, DepthToSpace
-//! and SpaceToDepth with ONNX semantics per opset (attributes in old opsets, inputs in new
+//! deprecated Scatter), TensorScatter, OneHot, Range, Tile, Trilu, CumSum, CumProd, Pad,
+//! CenterCropPad, Size, DepthToSpace and SpaceToDepth with ONNX semantics per opset (attributes in old opsets, inputs in new
 //! ones); it returns `Ok(None)` for other op types. Inputs that shape the result (`depth`,
 //! `repeats`, `pads`, `k`, Range's bounds, the scan axis) must be constants computed at import
 //! time; a value computed at run time is an error naming the input. Data-dependent shapes
@@ -30,11 +30,13 @@ const MAX_FOLDED_RANGE: i64 = 1 << 16;
 
 fn reduction(a: &Attrs<'_>) -> Result<ScatterReduction> {
     let s = a.string("reduction", "none");
-    ScatterReduction::from_name(&s).ok_or_else(|| {
-        invalid(format!(
-            "unknown reduction `{s}` (expected none, add, mul, max or min)"
-        ))
-    })
+    ScatterReduction::from_name(&s)
+        .filter(|r| *r != ScatterReduction::Mean)
+        .ok_or_else(|| {
+            invalid(format!(
+                "unknown reduction `{s}` (expected none, add, mul, max or min)"
+            ))
+        })
 }
 
 /// A scalar constant input as an integer.
@@ -208,6 +210,9 @@ pub(super) fn convert(
                     ));
                 }
             };
+            if let Some(outs) = symbolic_range(im, node, dtype)? {
+                return Ok(Some(outs));
+            }
             let mut v = [0.0; 3];
             for (k, slot) in v.iter_mut().enumerate() {
                 let what = ["start", "limit", "delta"][k];
@@ -304,16 +309,218 @@ pub(super) fn convert(
                 Val::Expr(e) => im.dims(e)?.0,
             };
             let n = dims.iter().fold(Dim::Static(1), |acc, d| acc.mul(d));
-            let Some(n) = n.as_static() else {
-                return Err(invalid(format!(
-                    "Size of a tensor with symbolic dims ({n}) is not supported as a tensor"
-                )));
-            };
-            vec![Out::Val(Val::Const(Constant::scalar_i64(n, DType::I64)))]
+            match n.as_static() {
+                Some(n) => vec![Out::Val(Val::Const(Constant::scalar_i64(n, DType::I64)))],
+                // A symbolic count stays a folded shape value (a tensor only where data
+                // needs it: `R.shape_to_tensor`).
+                None => vec![Out::Val(Val::Ints(super::super::fold::Ints {
+                    dtype: DType::I64,
+                    shape: vec![],
+                    vals: vec![n],
+                }))],
+            }
         }
         "DepthToSpace" | "SpaceToDepth" => depth_space(im, node, &a)?,
+        "TensorScatter" => tensor_scatter(im, node, &a)?,
+        "CenterCropPad" => {
+            // One pad whose negative widths crop: centered, the odd element after.
+            let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            let r = dims.len();
+            let shape = im.const_i64s(req(node, 1)?)?;
+            let axes: Vec<usize> = match a.ints("axes") {
+                Some(ax) => ax
+                    .iter()
+                    .map(|&v| normalize_axis(v, r))
+                    .collect::<Result<_>>()?,
+                None => (0..r).collect(),
+            };
+            if shape.len() != axes.len() {
+                return Err(invalid(format!(
+                    "`shape` has {} values for {} axes",
+                    shape.len(),
+                    axes.len()
+                )));
+            }
+            let mut width = vec![0i64; 2 * r];
+            for (&ax, &t) in axes.iter().zip(&shape) {
+                let n = dims[ax].as_static().ok_or_else(|| {
+                    invalid(format!("CenterCropPad needs a static extent on axis {ax}"))
+                })?;
+                if t < 0 {
+                    return Err(invalid(format!("negative target extent {t}")));
+                }
+                let diff = t - n;
+                let (before, after) = if diff >= 0 {
+                    (diff / 2, diff - diff / 2)
+                } else {
+                    let d = -diff;
+                    (-(d / 2), -(d - d / 2))
+                };
+                width[2 * ax] = before;
+                width[2 * ax + 1] = after;
+            }
+            call(
+                Op::Pad(Box::new(PadAttrs {
+                    pad_width: width,
+                    pad_value: F64(0.0),
+                    pad_mode: PadMode::Constant,
+                })),
+                vec![x],
+            )
+        }
         _ => return Ok(None),
     }))
+}
+
+/// `Range(start, limit, delta)` over integers whose `limit` is a symbolic dim (position ids of
+/// a dynamic sequence length): `start + delta * cumsum(broadcast_to(1, [n]), exclusive)` with
+/// `n = ceil((limit - start) / delta)` as a dim expression. `None` when every bound is static.
+fn symbolic_range(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    dtype: DType,
+) -> Result<Option<Vec<Out>>> {
+    let mut b = Vec::with_capacity(3);
+    for k in 0..3 {
+        match im.const_dims(req(node, k)?) {
+            Ok(d) if d.len() == 1 => b.push(d[0].clone()),
+            _ => return Ok(None),
+        }
+    }
+    let [start, limit, delta] = [&b[0], &b[1], &b[2]];
+    if limit.as_static().is_some() && start.as_static().is_some() {
+        return Ok(None);
+    }
+    let (Some(s), Some(d), true) = (start.as_static(), delta.as_static(), dtype.is_int()) else {
+        return Err(invalid(format!(
+            "Range({start}, {limit}, {delta}): only the limit may be symbolic, with a static \
+             integer start and delta"
+        )));
+    };
+    if d == 0 {
+        return Err(invalid("Range's delta must not be 0"));
+    }
+    let n = if d > 0 {
+        limit
+            .sub(&Dim::Static(s))
+            .add(&Dim::Static(d - 1))
+            .floor_div(&Dim::Static(d))
+    } else {
+        Dim::Static(s)
+            .sub(limit)
+            .add(&Dim::Static(-d - 1))
+            .floor_div(&Dim::Static(-d))
+    };
+    let one = im.b.constant(Constant::scalar_i64(1, dtype));
+    let shape = im.b.shape(vec![n]);
+    let ones = im.emit(Op::BroadcastTo, vec![one, shape])?;
+    let scan = Op::Cumsum(Box::new(ScanAttrs {
+        axis: Some(0),
+        dtype: None,
+        exclusive: true,
+    }));
+    if d == 1 && s == 0 {
+        return Ok(Some(call(scan, vec![ones])));
+    }
+    let mut y = im.emit(scan, vec![ones])?;
+    if d != 1 {
+        let dc = im.b.constant(Constant::scalar_i64(d, dtype));
+        if s == 0 {
+            return Ok(Some(call(Op::Multiply, vec![y, dc])));
+        }
+        y = im.emit(Op::Multiply, vec![y, dc])?;
+    }
+    let sc = im.b.constant(Constant::scalar_i64(s, dtype));
+    Ok(Some(call(Op::Add, vec![y, sc])))
+}
+
+/// `TensorScatter` (a KV-cache write, opset 24): `update` goes into `past_cache` along `axis`
+/// at `write_indices[b] + i` for batch `b` (modulo the cache length in `circular` mode), as
+/// one `scatter_elements` over indices built with `arange`, `add` and `broadcast_to` (and a
+/// wrapping `take` for `circular`).
+fn tensor_scatter(
+    im: &mut Importer<'_>,
+    node: &super::super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let past = im.expr(req(node, 0)?)?;
+    let upd = im.expr(req(node, 1)?)?;
+    let (pd, _) = im.dims(past)?;
+    let (ud, _) = im.dims(upd)?;
+    let r = pd.len();
+    if ud.len() != r || r < 2 {
+        return Err(invalid(format!(
+            "expected past_cache and update of one rank (at least 2), found {} and {}",
+            r,
+            ud.len()
+        )));
+    }
+    let axis = normalize_axis(a.int("axis", -2), r)?;
+    if axis == 0 {
+        return Err(invalid("axis must not be the batch axis 0"));
+    }
+    let circular = match a.string("mode", "linear").as_str() {
+        "linear" => false,
+        "circular" => true,
+        other => return Err(invalid(format!("unknown mode `{other}`"))),
+    };
+    let s = ud[axis]
+        .as_static()
+        .ok_or_else(|| invalid("TensorScatter needs a static update length"))?;
+    let ar = |n: i64| {
+        Op::Arange(Box::new(ArangeAttrs {
+            start: F64(0.0),
+            end: F64(n as f64),
+            step: F64(1.0),
+            dtype: DType::I64,
+        }))
+    };
+    let steps = im.emit(ar(s), vec![])?;
+    // pos: [batch, s] (or [1, s] without write_indices).
+    let pos = match input(node, 2) {
+        Some(w) => {
+            let w = im.expr(w)?;
+            let w = int_index(im, w)?;
+            let sh = im.b.shape(vec![ud[0].clone(), Dim::Static(1)]);
+            let w2 = im.emit(Op::Reshape, vec![w, sh])?;
+            im.emit(Op::Add, vec![w2, steps])?
+        }
+        None => {
+            let sh = im.b.shape(vec![Dim::Static(1), Dim::Static(s)]);
+            im.emit(Op::Reshape, vec![steps, sh])?
+        }
+    };
+    let pos = if circular {
+        let n = pd[axis]
+            .as_static()
+            .ok_or_else(|| invalid("circular mode needs a static cache length"))?;
+        let all = im.emit(ar(n), vec![])?;
+        im.emit(
+            Op::Take {
+                axis: Some(0),
+                mode: TakeMode::Wrap,
+            },
+            vec![all, pos],
+        )?
+    } else {
+        pos
+    };
+    let (posd, _) = im.dims(pos)?;
+    let mut shape = vec![Dim::Static(1); r];
+    shape[0] = posd[0].clone();
+    shape[axis] = Dim::Static(s);
+    let sh = im.b.shape(shape);
+    let pos = im.emit(Op::Reshape, vec![pos, sh])?;
+    let full = im.b.shape(ud);
+    let idx = im.emit(Op::BroadcastTo, vec![pos, full])?;
+    Ok(call(
+        Op::ScatterElements {
+            axis: axis as i64,
+            reduction: ScatterReduction::Update,
+        },
+        vec![past, idx, upd],
+    ))
 }
 
 fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
