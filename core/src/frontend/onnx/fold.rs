@@ -527,20 +527,25 @@ fn fold_ints(
             let Some(y) = args.get(1) else {
                 return Ok(None);
             };
-            let (shape, n) = if x.vals.len() >= y.vals.len() {
-                (x.shape.clone(), x.vals.len())
-            } else {
-                (y.shape.clone(), y.vals.len())
+            // numpy broadcasting (`[1, h, 1, 1] * 3 + [1, 1, w, 1]` in Swin's mask).
+            let Some(shape) = elem::broadcast(&[x.shape.as_slice(), y.shape.as_slice()]) else {
+                return Err(err(format!(
+                    "shapes {:?} and {:?} do not broadcast",
+                    x.shape, y.shape
+                )));
             };
-            if !(x.vals.len() == n || x.vals.len() == 1)
-                || !(y.vals.len() == n || y.vals.len() == 1)
-            {
+            let n: usize = shape.iter().product();
+            if n > MAX_FOLD_ELEMS {
                 return Ok(None);
             }
-            let pick = |v: &Ints, i: usize| v.vals[if v.vals.len() == 1 { 0 } else { i }].clone();
             let mut vals = Vec::with_capacity(n);
             for i in 0..n {
-                let (p, q) = (pick(&x, i), pick(y, i));
+                let (Some(p), Some(q)) = (
+                    elem::at(&x, &shape, i).cloned(),
+                    elem::at(y, &shape, i).cloned(),
+                ) else {
+                    return Ok(None);
+                };
                 vals.push(match node.op_type.as_str() {
                     "Add" => p.add(&q),
                     "Sub" => p.sub(&q),

@@ -669,6 +669,78 @@ mod external_data {
         std::fs::write(d.join("b.onnx"), b"").unwrap();
         let e = import_onnx_file(&d).unwrap_err().to_string();
         assert!(e.contains("several .onnx files"), "{e}");
+    }
+}
+
+#[test]
+fn data_dependent_ops_are_named_as_such() {
+    let b = model(
+        13,
+        vec![node("NonZero", "nz", &["x"], &["y"], vec![])],
+        vec![vi("x", 1, &["4"])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(
+        e.contains("`nz` (NonZero: its output shape depends on the input values"),
+        "{e}"
+    );
+}
+
+#[test]
+fn eye_like_needs_a_static_2d_shape() {
+    let b = model(
+        13,
+        vec![node("EyeLike", "eye", &["x"], &["y"], vec![ai("k", -1)])],
+        vec![vi("x", 1, &["n", "3"])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(
+        e.contains("node `eye` (EyeLike): EyeLike needs a static input shape"),
+        "{e}"
+    );
+}
+
+#[test]
+fn recurrent_layers_need_a_static_unpadded_sequence() {
+    let w = f32_init("w", &[1, 4, 3], &[0.1; 12]);
+    let r = f32_init("r", &[1, 4, 4], &[0.1; 16]);
+    let lens = TensorProto {
+        name: "lens".into(),
+        dims: vec![2],
+        data_type: 6,
+        int32_data: vec![3, 2],
+        ..Default::default()
+    };
+    let rnn = |ins: &[&str]| node("RNN", "rnn", ins, &["y", "yh"], vec![ai("hidden_size", 4)]);
+    let b = model(
+        14,
+        vec![rnn(&["x", "w", "r", "", "lens"])],
+        vec![vi("x", 1, &["3", "2", "3"])],
+        vec![w.clone(), r.clone(), lens],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(
+        e.contains("node `rnn` (RNN): `sequence_lens` [3, 2] differ"),
+        "{e}"
+    );
+    let b = model(
+        14,
+        vec![rnn(&["x", "w", "r"])],
+        vec![vi("x", 1, &["s", "2", "3"])],
+        vec![w, r],
+        &["y"],
+    );
+    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
+    assert!(e.contains("the sequence length must be static"), "{e}");
+}
+// -- reduce ops (issue 17) --
+mod reduce;
+
 // -- index ops (issue 17) --
 
 fn astr(name: &str, s: &str) -> AttributeProto {
@@ -691,9 +763,6 @@ fn scalar_init(name: &str, data_type: i32, bytes: Vec<u8>) -> TensorProto {
 }
 
 #[test]
-fn data_dependent_ops_are_named_as_such() {
-    let b = model(
-        13,
 fn index_family_imports() {
     // Pad before opset 11 (attributes) and from 18 (axes input, negative), edge → replicate.
     let b = model(
@@ -845,19 +914,7 @@ fn index_family_imports() {
         &["y"],
     );
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
-    assert!(
-        e.contains("`nz` (NonZero: its output shape depends on the input values"),
-        "{e}"
-    );
-}
-
-#[test]
-fn eye_like_needs_a_static_2d_shape() {
-    let b = model(
-        13,
-        vec![node("EyeLike", "eye", &["x"], &["y"], vec![ai("k", -1)])],
-        vec![vi("x", 1, &["n", "3"])],
-    assert!(e.contains("`nz` (NonZero)"), "{e}");
+    assert!(e.contains("`nz` (NonZero: its output shape depends"), "{e}");
     // DepthToSpace (DCR): reshape, permute, reshape.
     let b = model(
         13,
@@ -893,9 +950,6 @@ fn eye_like_needs_a_static_2d_shape() {
         &["y"],
     );
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
-    assert!(
-        e.contains("node `eye` (EyeLike): EyeLike needs a static input shape"),
-        "{e}"
     assert!(e.contains("not a multiple of blocksize"), "{e}");
 }
 
@@ -943,41 +997,6 @@ fn range_over_a_symbolic_length() {
 }
 
 #[test]
-fn recurrent_layers_need_a_static_unpadded_sequence() {
-    let w = f32_init("w", &[1, 4, 3], &[0.1; 12]);
-    let r = f32_init("r", &[1, 4, 4], &[0.1; 16]);
-    let lens = TensorProto {
-        name: "lens".into(),
-        dims: vec![2],
-        data_type: 6,
-        int32_data: vec![3, 2],
-        ..Default::default()
-    };
-    let rnn = |ins: &[&str]| node("RNN", "rnn", ins, &["y", "yh"], vec![ai("hidden_size", 4)]);
-    let b = model(
-        14,
-        vec![rnn(&["x", "w", "r", "", "lens"])],
-        vec![vi("x", 1, &["3", "2", "3"])],
-        vec![w.clone(), r.clone(), lens],
-        &["y"],
-    );
-    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
-    assert!(
-        e.contains("node `rnn` (RNN): `sequence_lens` [3, 2] differ"),
-        "{e}"
-    );
-    let b = model(
-        14,
-        vec![rnn(&["x", "w", "r"])],
-        vec![vi("x", 1, &["s", "2", "3"])],
-        vec![w, r],
-        &["y"],
-    );
-    let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
-    assert!(e.contains("the sequence length must be static"), "{e}");
-}
-// -- reduce ops (issue 17) --
-mod reduce;
 fn neg_of_a_folded_integer_feeds_constant_of_shape() {
     // LayerNormalization's expansion: ConstantOfShape(Neg(axis)) gives the reduced shape's ones.
     let b = model(
@@ -1066,4 +1085,40 @@ fn tensor_scatter_is_one_scatter_elements() {
     );
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
     assert!(e.contains("batch axis"), "{e}");
+}
+
+#[test]
+fn folded_shape_arithmetic_broadcasts_like_numpy() {
+    // [1, 2, 1] + [1, 1, 2]: the same element count, different shapes (Swin's window mask);
+    // the fold must broadcast to [1, 2, 2], not pair elements.
+    let t = |name: &str, dims: &[i64], v: &[i64]| TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 7,
+        raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ..Default::default()
+    };
+    let b = model(
+        17,
+        vec![
+            node("Add", "add", &["a", "b"], &["c"], vec![]),
+            node("Cast", "cast", &["c"], &["y"], vec![ai("to", 1)]),
+        ],
+        vec![],
+        vec![t("a", &[1, 2, 1], &[1, 2]), t("b", &[1, 1, 2], &[10, 20])],
+        &["y"],
+    );
+    let m = import(&b);
+    let f = m.get("main").unwrap();
+    let c = f
+        .exprs
+        .iter()
+        .find_map(|(_, d)| match &d.kind {
+            ExprKind::Const(c) if c.dtype == DType::F32 => Some(c.clone()),
+            _ => None,
+        })
+        .expect("the folded constant");
+    assert_eq!(c.shape, vec![1, 2, 2]);
+    let v: Vec<f64> = (0..4).map(|i| c.get_f64(i).unwrap()).collect();
+    assert_eq!(v, vec![11.0, 21.0, 12.0, 22.0]);
 }

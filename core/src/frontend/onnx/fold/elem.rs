@@ -21,7 +21,7 @@ use crate::frontend::onnx::{Attrs, Val};
 use crate::ir::{DType, Dim};
 
 /// The broadcast shape of `shapes` (numpy rules), `None` when they do not broadcast.
-fn broadcast(shapes: &[&[usize]]) -> Option<Vec<usize>> {
+pub(super) fn broadcast(shapes: &[&[usize]]) -> Option<Vec<usize>> {
     let r = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
     let mut out = vec![1usize; r];
     for s in shapes {
@@ -39,7 +39,7 @@ fn broadcast(shapes: &[&[usize]]) -> Option<Vec<usize>> {
 }
 
 /// The element of `x` read at the output's linear index `lin` under broadcasting to `out`.
-fn at<'a>(x: &'a Ints, out: &[usize], lin: usize) -> Option<&'a Dim> {
+pub(super) fn at<'a>(x: &'a Ints, out: &[usize], lin: usize) -> Option<&'a Dim> {
     let off = out.len() - x.shape.len();
     let mut rest = lin;
     let mut idx = 0usize;
@@ -172,10 +172,17 @@ mod tests {
             shape: vec![2],
             vals: vec![Dim::sym("n"), Dim::Static(-1)],
         };
-        let m = fold("Equal", &a, &[sym.clone(), ints(&[], &[-1])])
+        // A dim is never negative: n == -1 is false.
+        let m = vals(
+            fold("Equal", &a, &[sym.clone(), ints(&[], &[-1])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(m, vec![Dim::Static(0), Dim::Static(1)]);
+        // n == 4 cannot be decided: nothing folds.
+        let m = fold("Equal", &a, &[sym.clone(), ints(&[], &[4])])
             .ok()
             .flatten();
-        // n == -1 cannot be decided: nothing folds.
         assert!(m.is_none());
         let c = ints(&[2], &[4, -1]);
         let eq = vals(
