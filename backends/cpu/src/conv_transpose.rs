@@ -175,10 +175,17 @@ mod tests {
                                 for kx in 0..kw {
                                     let ty = oy as i64 + a.padding[0] - (ky as i64) * a.dilation[0];
                                     let tx = ox as i64 + a.padding[1] - (kx as i64) * a.dilation[1];
-                                    if ty < 0 || tx < 0 || ty % a.strides[0] != 0 || tx % a.strides[1] != 0 {
+                                    if ty < 0
+                                        || tx < 0
+                                        || ty % a.strides[0] != 0
+                                        || tx % a.strides[1] != 0
+                                    {
                                         continue;
                                     }
-                                    let (iy, ix) = ((ty / a.strides[0]) as usize, (tx / a.strides[1]) as usize);
+                                    let (iy, ix) = (
+                                        (ty / a.strides[0]) as usize,
+                                        (tx / a.strides[1]) as usize,
+                                    );
                                     if iy >= ih || ix >= iw {
                                         continue;
                                     }

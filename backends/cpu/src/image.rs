@@ -2,18 +2,19 @@
 //! permutation of `NCHW`, with TVM topi's coordinate transformations and rounding rules.
 //!
 //! Contract: each output axis gets a table of (input index, weight) taps computed once
-//! ([`Resize2dAttrs::taps`], shared with the CUDA lowering); an output point is the separable sum over the two tables. Nearest copies
-//! elements exactly for every dtype; linear and cubic compute in `f64` and round once to the
-//! output dtype. Points that `tf_crop_and_resize` maps outside the input take
-//! `extrapolation_value`. Sizes are checked, never trusted.
+//! ([`Resize2dAttrs::taps`], shared with the CUDA lowering); an output point is the separable
+//! sum over the two tables. Nearest copies elements exactly for every dtype; linear and cubic
+//! compute in `f64` and round once to the output dtype (to nearest for integer data). Points
+//! that `tf_crop_and_resize` maps outside the input take `extrapolation_value`. Sizes are
+//! checked, never trusted.
 //!
 //! ```text
 //! y: R.Tensor((1, 1, 4, 4), dtype="float32") = R.image.resize2d(x, R.shape([4, 4]),
 //!     method="linear", coordinate_transformation_mode="half_pixel")
 //! ```
 
-use crate::util::{KResult, from_canonical, from_f64, map_same, numel, tensor, to_canonical};
 use crate::nn::layout4;
+use crate::util::{KResult, from_canonical, from_f64, map_same, numel, tensor, to_canonical};
 use fusebox_core::op::Resize2dAttrs;
 use fusebox_core::runtime::Tensor;
 
@@ -27,10 +28,7 @@ fn size_of(v: i64, what: &str) -> KResult<usize> {
 /// `resize2d(x, size)`.
 pub(crate) fn resize2d(x: &Tensor, size: &[i64], a: &Resize2dAttrs) -> KResult<Tensor> {
     if x.rank() != 4 {
-        return Err(format!(
-            "expected a 4-D input, found shape {:?}",
-            x.shape()
-        ));
+        return Err(format!("expected a 4-D input, found shape {:?}", x.shape()));
     }
     let [oh, ow] = match size {
         [h, w] => [size_of(*h, "height")?, size_of(*w, "width")?],
@@ -55,7 +53,10 @@ pub(crate) fn resize2d(x: &Tensor, size: &[i64], a: &Resize2dAttrs) -> KResult<T
     let tw = a.taps(iw, ow, (r[1].0, r[3].0));
     let out_dtype = a.out_dtype.unwrap_or(x.dtype());
     let plane_in = ih * iw;
-    let all_single = th.iter().chain(tw.iter()).all(|t| matches!(t, Some(v) if v.len() == 1));
+    let all_single = th
+        .iter()
+        .chain(tw.iter())
+        .all(|t| matches!(t, Some(v) if v.len() == 1));
     let y = if a.method == "nearest_neighbor" && all_single {
         // An exact gather, for every dtype.
         let mut idx = Vec::with_capacity(total);
@@ -89,6 +90,10 @@ pub(crate) fn resize2d(x: &Tensor, size: &[i64], a: &Resize2dAttrs) -> KResult<T
                     out.push(acc);
                 }
             }
+        }
+        if !x.dtype().is_float() {
+            // Integer data: round to nearest (half away from zero), not truncate.
+            out.iter_mut().for_each(|v| *v = v.round());
         }
         from_f64(out_shape, x.dtype(), out)?
     };
@@ -131,8 +136,12 @@ mod tests {
 
     #[test]
     fn nearest_asymmetric_floor_doubles_each_pixel() {
-        let y = resize2d(&img(), &[4, 4], &attrs("nearest_neighbor", "asymmetric", "floor"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let y = resize2d(
+            &img(),
+            &[4, 4],
+            &attrs("nearest_neighbor", "asymmetric", "floor"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             y.to_f64_vec(),
             vec![
@@ -192,16 +201,24 @@ mod tests {
             DType::Bool,
         ] {
             let x = img().cast(dt);
-            let y = resize2d(&x, &[1, 1], &attrs("nearest_neighbor", "asymmetric", "floor"))
-                .unwrap_or_else(|e| panic!("{dt}: {e}"));
+            let y = resize2d(
+                &x,
+                &[1, 1],
+                &attrs("nearest_neighbor", "asymmetric", "floor"),
+            )
+            .unwrap_or_else(|e| panic!("{dt}: {e}"));
             assert_eq!(y.dtype(), dt);
             assert_eq!(y.shape(), &[1, 1, 1, 1]);
             assert_eq!(y.to_f64_vec(), vec![1.0], "{dt}");
         }
         let big = Tensor::new(vec![1, 1, 1, 2], Storage::I64(vec![i64::MAX, 7]))
             .unwrap_or_else(|e| panic!("{e}"));
-        let y = resize2d(&big, &[1, 4], &attrs("nearest_neighbor", "asymmetric", "floor"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let y = resize2d(
+            &big,
+            &[1, 4],
+            &attrs("nearest_neighbor", "asymmetric", "floor"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(y.storage(), Storage::I64(v) if v == &vec![i64::MAX, i64::MAX, 7, 7]));
         let x = img().cast(DType::U8);
         let y = resize2d(&x, &[1, 3], &attrs("linear", "align_corners", "round"))

@@ -558,7 +558,8 @@ fn pool3d(im: &mut Importer<'_>, x: ExprId, a: &Attrs<'_>, kind: Pool3) -> Resul
         return Err(invalid("LpPool with ceil_mode=1 is not supported"));
     }
     let (n, c, d) = (xd[0].clone(), xd[1].clone(), xd[2].clone());
-    let s = im.b.shape(vec![n.clone(), c.mul(&d), xd[3].clone(), xd[4].clone()]);
+    let s =
+        im.b.shape(vec![n.clone(), c.mul(&d), xd[3].clone(), xd[4].clone()]);
     let x1 = im.emit(Op::Reshape, vec![x, s])?;
     let y1 = pool_stage(im, x1, [ax[1], ax[2]], kind, a)?;
     let (y1d, _) = im.dims(y1)?;
