@@ -43,7 +43,7 @@ impl Lowerer<'_> {
         }
         let groups = u64::try_from(a.groups)
             .ok()
-            .filter(|&g| g > 0 && x.shape[1] % g == 0)
+            .filter(|&g| g > 0 && x.shape[1].is_multiple_of(g))
             .ok_or_else(|| self.unsupported("groups must divide the input channels".into()))?;
         let cin_pg = x.shape[1] / groups;
         let out_pg = w.shape[1].max(1);
