@@ -107,11 +107,13 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Transpose",
     "Unsqueeze",
     // -- nn ops (issue 17) --
+    "CausalConvWithState",
     "ConvTranspose",
     "GlobalLpPool",
     "GlobalMaxPool",
     "GroupNormalization",
     "InstanceNormalization",
+    "LpNormalization",
     "LpPool",
     "MeanVarianceNormalization",
     "RMSNormalization",

@@ -601,6 +601,8 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "GlobalLpPool" => nn::global_lp_pool(im, node, &a),
         "ConvTranspose" => nn::conv_transpose(im, node, &a),
         "Resize" => nn::resize(im, node, &a),
+        "CausalConvWithState" => nn::causal_conv_with_state(im, node, &a),
+        "LpNormalization" => nn::lp_normalization(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }

@@ -24,8 +24,8 @@ use super::{
 use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId, ExprKind};
 use crate::op::{
-    Conv2dTransposeAttrs, F64, LayerNormAttrs, Op, Pool2dAttrs, ReduceAttrs, Resize2dAttrs,
-    RmsNormAttrs, StridedSliceAttrs,
+    Conv2dAttrs, Conv2dTransposeAttrs, F64, LayerNormAttrs, Op, Pool2dAttrs, ReduceAttrs,
+    Resize2dAttrs, RmsNormAttrs, StridedSliceAttrs,
 };
 
 type Node = super::super::NodeProto;
@@ -961,4 +961,150 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
         })),
         vec![x, size],
     ))
+}
+
+/// `CausalConvWithState` (opset 27): a depthwise causal Conv1d whose left context is the
+/// `past_state` input (zeros when absent), with an optional fused SiLU; the second output is the
+/// last `k - 1` positions of the padded input (the next call's state).
+///
+/// ```text
+/// padded = R.concat((past_state, x), axis=2)                   # (B, C, L + k - 1)
+/// y = R.squeeze(R.nn.conv2d(R.expand_dims(padded, [3]), R.expand_dims(w, [3]), groups=C), [3])
+/// present_state = R.strided_slice(padded, axes=[2], begin=[L], end=[L + k - 1])
+/// ```
+pub(super) fn causal_conv_with_state(
+    im: &mut Importer<'_>,
+    node: &Node,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let w = im.expr(req(node, 1)?)?;
+    let (xd, dt) = im.dims(x)?;
+    let (wd, _) = im.dims(w)?;
+    let ([b, c, l], [wc, w1, k]) = (xd.as_slice(), wd.as_slice()) else {
+        return Err(invalid(format!(
+            "CausalConvWithState needs a rank-3 input and weight, found ranks {} and {}",
+            xd.len(),
+            wd.len()
+        )));
+    };
+    let k = k
+        .as_static()
+        .filter(|&k| k >= 1)
+        .ok_or_else(|| invalid("CausalConvWithState needs a static kernel size ≥ 1"))?;
+    if *w1 != Dim::Static(1) || wc != c {
+        return Err(invalid(format!(
+            "CausalConvWithState's weight must be (channels, 1, k) = ({c}, 1, k), found ({wc}, {w1}, {k})"
+        )));
+    }
+    let groups = c
+        .as_static()
+        .ok_or_else(|| invalid("CausalConvWithState needs a static channel count"))?;
+    let activation = a.string("activation", "none");
+    if !matches!(activation.as_str(), "none" | "silu" | "swish") {
+        return Err(invalid(format!(
+            "unknown activation `{activation}` (expected none, silu or swish)"
+        )));
+    }
+    let state_len = Dim::Static(k - 1);
+    let padded = if k == 1 {
+        x
+    } else {
+        let past = match input(node, 3) {
+            Some(p) => im.expr(p)?,
+            None => {
+                let z = im.scalar(0.0, dt);
+                let s = im.b.shape(vec![b.clone(), c.clone(), state_len.clone()]);
+                im.emit(Op::BroadcastTo, vec![z, s])?
+            }
+        };
+        let t = im.b.tuple(vec![past, x])?;
+        im.emit(Op::Concat { axis: Some(2) }, vec![t])?
+    };
+    let total = l.add(&state_len);
+    let present = match (l.as_static(), total.as_static()) {
+        (Some(lv), Some(tv)) => im.emit(
+            Op::StridedSlice(Box::new(StridedSliceAttrs {
+                axes: vec![2],
+                begin: vec![lv],
+                end: vec![tv],
+                strides: None,
+                assume_inbound: false,
+            })),
+            vec![padded],
+        )?,
+        _ => return Err(invalid("CausalConvWithState needs a static input length")),
+    };
+    let p4 = lift(im, padded)?;
+    let w4 = lift(im, w)?;
+    let conv = Op::Conv2d(Box::new(Conv2dAttrs {
+        strides: [1, 1],
+        padding: [0; 4],
+        dilation: [1, 1],
+        groups,
+        data_layout: "NCHW".into(),
+        kernel_layout: "OIHW".into(),
+        out_layout: "NCHW".into(),
+        out_dtype: None,
+    }));
+    let mut y = im.emit(conv, vec![p4, w4])?;
+    if let Some(bn) = input(node, 2) {
+        let bias = im.expr(bn)?;
+        let s = im.b.shape(vec![
+            Dim::Static(1),
+            c.clone(),
+            Dim::Static(1),
+            Dim::Static(1),
+        ]);
+        let br = im.emit(Op::Reshape, vec![bias, s])?;
+        y = im.emit(Op::Add, vec![y, br])?;
+    }
+    let mut ops: Vec<Op> = unlift_op(true).into_iter().collect();
+    if activation != "none" {
+        ops.push(Op::Silu);
+    }
+    let mut outs = chain(im, y, ops)?;
+    outs.push(Out::Val(Val::Expr(present)));
+    Ok(outs)
+}
+
+/// `LpNormalization`: `x / (Σ_axis |x|^p)^(1/p)` (p = 1 or 2), the sum kept for broadcasting;
+/// an all-zero slice stays zero.
+pub(super) fn lp_normalization(
+    im: &mut Importer<'_>,
+    node: &Node,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let (xd, dt) = im.dims(x)?;
+    let axis = normalize_axis(a.int("axis", -1), xd.len())?;
+    let p = a.int("p", 2);
+    if !(p == 1 || p == 2) {
+        return Err(invalid(format!(
+            "LpNormalization's `p` must be 1 or 2, found {p}"
+        )));
+    }
+    let xp = abs_pow(im, x, p as f64, dt)?;
+    let s = im.emit(
+        Op::Sum(Box::new(ReduceAttrs {
+            axis: Some(vec![axis as i64]),
+            keepdims: true,
+        })),
+        vec![xp],
+    )?;
+    let norm = if p == 2 {
+        im.emit(Op::Sqrt, vec![s])?
+    } else {
+        s
+    };
+    // A zero norm (an all-zero slice) gives 0, as ONNX's reference: divide by at least the
+    // smallest normal number of the dtype instead.
+    let tiny = match dt {
+        DType::F16 => 6.103_515_625e-5,
+        DType::F64 => f64::MIN_POSITIVE,
+        _ => f64::from(f32::MIN_POSITIVE),
+    };
+    let t = im.scalar(tiny, dt);
+    let norm = im.emit(Op::Maximum, vec![norm, t])?;
+    Ok(call(Op::Divide, vec![x, norm]))
 }
