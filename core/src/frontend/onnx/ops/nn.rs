@@ -896,7 +896,23 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
             out[ax] = in_ext[ax].unwrap_or(0);
         } else if sizes.is_none() {
             let i = in_ext[ax].ok_or_else(|| invalid("Resize with scales needs static dims"))?;
-            out[ax] = (i as f64 * scale[ax]).floor() as i64;
+            // Scales are float32: a product within float32 rounding of an integer is that
+            // integer.
+            let exact = i as f64 * scale[ax];
+            out[ax] = if (exact - exact.round()).abs() <= 1e-5 * exact.abs().max(1.0) {
+                exact.round() as i64
+            } else {
+                exact.floor() as i64
+            };
+            // ONNX maps coordinates with the given scale, relax.image.resize2d with the size
+            // ratio: the two agree only when the output extent is exact.
+            if ax >= 2 && (exact - exact.round()).abs() > 1e-5 * exact.abs().max(1.0) {
+                return Err(invalid(format!(
+                    "Resize with scale {} on an extent of {i} gives a fractional output size \
+                     {exact}; only scales with an integral output size are supported",
+                    scale[ax]
+                )));
+            }
         }
     }
     for ax in 0..2 {
@@ -1107,4 +1123,262 @@ pub(super) fn lp_normalization(
     let t = im.scalar(tiny, dt);
     let norm = im.emit(Op::Maximum, vec![norm, t])?;
     Ok(call(Op::Divide, vec![x, norm]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::proto::*;
+    use super::super::super::{import_onnx, output_names};
+    use crate::ir::{Module, Type};
+    use crate::text::print_module;
+    use prost::Message;
+
+    fn vi(name: &str, dims: &[&str]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|d| match d.parse::<i64>() {
+                Ok(v) => Dimension {
+                    dim_value: Some(v),
+                    dim_param: None,
+                },
+                Err(_) => Dimension {
+                    dim_value: None,
+                    dim_param: Some(d.to_string()),
+                },
+            })
+            .collect();
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                tensor_type: Some(TypeProtoTensor {
+                    elem_type: 1,
+                    shape: Some(TensorShapeProto { dim }),
+                }),
+            }),
+        }
+    }
+
+    fn ints(name: &str, v: &[i64]) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            ints: v.to_vec(),
+            r#type: 7,
+            ..Default::default()
+        }
+    }
+
+    fn int(name: &str, i: i64) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            i,
+            r#type: 2,
+            ..Default::default()
+        }
+    }
+
+    fn text_attr(name: &str, s: &str) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            s: s.as_bytes().to_vec(),
+            r#type: 3,
+            ..Default::default()
+        }
+    }
+
+    fn f32s(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: 1,
+            float_data: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn one_node(
+        opset: i64,
+        op: &str,
+        ins: &[&str],
+        outs: &[&str],
+        attrs: Vec<AttributeProto>,
+        inputs: Vec<ValueInfoProto>,
+        inits: Vec<TensorProto>,
+    ) -> Result<Module, String> {
+        let m = ModelProto {
+            ir_version: 8,
+            producer_name: "test".into(),
+            graph: Some(GraphProto {
+                node: vec![NodeProto {
+                    input: ins.iter().map(|s| s.to_string()).collect(),
+                    output: outs.iter().map(|s| s.to_string()).collect(),
+                    name: "n".into(),
+                    op_type: op.into(),
+                    attribute: attrs,
+                    domain: String::new(),
+                }],
+                name: "g".into(),
+                initializer: inits,
+                input: inputs,
+                output: outs
+                    .iter()
+                    .map(|o| ValueInfoProto {
+                        name: o.to_string(),
+                        r#type: None,
+                    })
+                    .collect(),
+                value_info: vec![],
+            }),
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
+        };
+        import_onnx(&m.encode_to_vec(), "t.onnx").map_err(|e| e.to_string())
+    }
+
+    fn ret(m: &Module) -> Type {
+        m.get("main").map(|f| f.ret_ty.clone()).unwrap_or_default()
+    }
+
+    #[test]
+    fn resize_with_constant_scales_and_a_fractional_scale() {
+        let m = one_node(
+            13,
+            "Resize",
+            &["x", "", "s"],
+            &["y"],
+            vec![text_attr("mode", "linear")],
+            vec![vi("x", &["1", "3", "4", "5"])],
+            vec![f32s("s", &[4], &[1.0, 1.0, 2.0, 0.6])],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("R.image.resize2d(x, R.shape([8, 3])"), "{t}");
+        assert!(t.contains("method=\"linear\""), "{t}");
+        assert_eq!(ret(&m), Type::tensor(&[1, 3, 8, 3], crate::ir::DType::F32));
+        let e = one_node(
+            13,
+            "Resize",
+            &["x", "", "s"],
+            &["y"],
+            vec![],
+            vec![vi("x", &["1", "3", "3", "5"])],
+            vec![f32s("s", &[4], &[1.0, 1.0, 1.5, 1.0])],
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("fractional"), "{e}");
+        let e = one_node(
+            13,
+            "Resize",
+            &["x", "", "s"],
+            &["y"],
+            vec![],
+            vec![vi("x", &["1", "3", "4", "4"])],
+            vec![f32s("s", &[4], &[1.0, 2.0, 1.0, 1.0])],
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("channel"), "{e}");
+    }
+
+    #[test]
+    fn conv_transpose_output_shape_becomes_padding_and_output_padding() {
+        // 3 × 3 input, stride 3, 3 × 3 kernel: the full output is 9 × 9; output_shape 10 × 8
+        // needs one extra row at the end (output padding) and drops one column at the start.
+        let m = one_node(
+            13,
+            "ConvTranspose",
+            &["x", "w"],
+            &["y"],
+            vec![ints("strides", &[3, 3]), ints("output_shape", &[10, 8])],
+            vec![vi("x", &["1", "1", "3", "3"])],
+            vec![f32s("w", &[1, 2, 3, 3], &[1.0; 18])],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("padding=[0, 1, 0, 0]"), "{t}");
+        assert!(t.contains("output_padding=[1, 0]"), "{t}");
+        assert_eq!(ret(&m), Type::tensor(&[1, 2, 10, 8], crate::ir::DType::F32));
+        let e = one_node(
+            13,
+            "ConvTranspose",
+            &["x", "w"],
+            &["y"],
+            vec![],
+            vec![vi("x", &["1", "1", "3", "3", "3"])],
+            vec![f32s("w", &[1, 2, 3, 3, 3], &[1.0; 54])],
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("1-D and 2-D"), "{e}");
+    }
+
+    #[test]
+    fn layer_norm_statistics_outputs_keep_symbolic_dims() {
+        let m = one_node(
+            17,
+            "LayerNormalization",
+            &["x", "g"],
+            &["y", "mean", "inv"],
+            vec![int("axis", 1)],
+            vec![vi("x", &["n", "2", "3"])],
+            vec![f32s("g", &[2, 3], &[1.0; 6])],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("center=False"), "{t}");
+        let f = m.get("main").unwrap_or_else(|| unreachable!());
+        assert_eq!(output_names(f), vec!["y", "mean", "inv"]);
+        let Type::Tuple(fields) = ret(&m) else {
+            unreachable!("{t}")
+        };
+        let n = crate::ir::Dim::sym("n");
+        let st = |d: Vec<crate::ir::Dim>| Type::tensor_dims(d, crate::ir::DType::F32);
+        use crate::ir::Dim::Static as S;
+        assert_eq!(fields[1], st(vec![n.clone(), S(1), S(1)]));
+        assert_eq!(fields[2], st(vec![n, S(1), S(1)]));
+    }
+
+    #[test]
+    fn ceil_mode_drops_a_last_window_that_starts_in_the_padding() {
+        // 4 wide, kernel 2, stride 3, pad 1 at the end, ceil: windows start at 0 and 3 (ceil
+        // gives a third at 6, inside the end padding only) → 2 outputs.
+        let m = one_node(
+            13,
+            "MaxPool",
+            &["x"],
+            &["y"],
+            vec![
+                ints("kernel_shape", &[2, 2]),
+                ints("strides", &[3, 3]),
+                ints("pads", &[0, 0, 1, 1]),
+                int("ceil_mode", 1),
+            ],
+            vec![vi("x", &["1", "1", "4", "5"])],
+            vec![],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("R.strided_slice"), "{t}");
+        assert_eq!(ret(&m), Type::tensor(&[1, 1, 2, 2], crate::ir::DType::F32));
+        // 3-D: separable 2-D stages, the right output shape.
+        let m = one_node(
+            13,
+            "AveragePool",
+            &["x"],
+            &["y"],
+            vec![
+                ints("kernel_shape", &[2, 3, 2]),
+                ints("pads", &[1, 0, 0, 0, 1, 1]),
+            ],
+            vec![vi("x", &["2", "3", "4", "5", "6"])],
+            vec![],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(
+            ret(&m),
+            Type::tensor(&[2, 3, 4, 4, 6], crate::ir::DType::F32)
+        );
+    }
 }
