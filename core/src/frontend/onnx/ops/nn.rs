@@ -382,20 +382,34 @@ fn pool_setup(
     let (xd, _) = im.dims(x)?;
     let kernel = kernel_attr(a, one_d).ok_or_else(|| invalid("bad `kernel_shape`"))?;
     let (strides, dilation, padding) = spatial(a, &xd, kernel, one_d)?;
-    Ok((
-        x,
-        Box::new(Pool2dAttrs {
-            pool_size: kernel,
-            strides,
-            dilation,
-            padding,
-            ceil_mode: a.int("ceil_mode", 0) != 0,
-            count_include_pad: a.int("count_include_pad", 0) != 0,
-            layout: "NCHW".into(),
-            out_layout: "NCHW".into(),
-        }),
-        one_d,
-    ))
+    let attrs = Box::new(Pool2dAttrs {
+        pool_size: kernel,
+        strides,
+        dilation,
+        padding,
+        ceil_mode: a.int("ceil_mode", 0) != 0,
+        count_include_pad: a.int("count_include_pad", 0) != 0,
+        layout: "NCHW".into(),
+        out_layout: "NCHW".into(),
+    });
+    check_pool(&attrs)?;
+    Ok((x, attrs, one_d))
+}
+
+/// Checks the window attributes the importer builds directly (not through `from_call`).
+fn check_pool(p: &Pool2dAttrs) -> Result<()> {
+    let bad = p.pool_size.iter().any(|&v| v < 1)
+        || p.strides.iter().any(|&v| v < 1)
+        || p.dilation.iter().any(|&v| v < 1)
+        || p.padding.iter().any(|&v| v < 0);
+    if bad {
+        return Err(invalid(format!(
+            "pooling needs kernel, strides and dilations ≥ 1 and pads ≥ 0, found kernel {:?}, \
+             strides {:?}, dilations {:?}, pads {:?}",
+            p.pool_size, p.strides, p.dilation, p.padding
+        )));
+    }
+    Ok(())
 }
 
 /// Per spatial axis, the output extent ONNX wants where `relax`'s ceil mode gives one more:
@@ -412,13 +426,18 @@ fn ceil_overhang(im: &Importer<'_>, x: ExprId, p: &Pool2dAttrs) -> Result<Vec<(i
         };
         let (k, s, d) = (p.pool_size[i], p.strides[i], p.dilation[i]);
         let (p0, p1) = (p.padding[i], p.padding[i + 2]);
-        let eff = (k - 1) * d + 1;
-        let num = len + p0 + p1 - eff;
+        // Saturating: attributes come from the model; absurd values only skip the rule here
+        // (the pool's own inference reports them).
+        let eff = k.saturating_sub(1).saturating_mul(d).saturating_add(1);
+        let num = len
+            .saturating_add(p0)
+            .saturating_add(p1)
+            .saturating_sub(eff);
         if num < 0 || s < 1 {
             continue;
         }
-        let out = (num + s - 1) / s + 1;
-        if out > 1 && (out - 1) * s >= len + p0 {
+        let out = (num.saturating_add(s - 1) / s).saturating_add(1);
+        if out > 1 && (out - 1).saturating_mul(s) >= len.saturating_add(p0) {
             cut.push((2 + i as i64, out - 1));
         }
     }
@@ -501,8 +520,13 @@ fn pool3_axes(a: &Attrs<'_>, xd: &[Dim]) -> Result<[[i64; 5]; 3]> {
                     .and_then(Dim::as_static)
                     .ok_or_else(|| invalid(format!("auto_pad {auto_pad} needs static dims")))?;
                 let st = s[i].max(1);
-                let out = (n + st - 1) / st;
-                let total = ((out - 1) * st + (k[i] - 1) * d[i] + 1 - n).max(0);
+                let out = n.saturating_add(st - 1) / st;
+                let total = (out - 1)
+                    .saturating_mul(st)
+                    .saturating_add(k[i].saturating_sub(1).saturating_mul(d[i]))
+                    .saturating_add(1)
+                    .saturating_sub(n)
+                    .max(0);
                 let (lo, hi) = if auto_pad == "SAME_UPPER" {
                     (total / 2, total - total / 2)
                 } else {
@@ -535,6 +559,7 @@ fn pool_stage(
         layout: "NCHW".into(),
         out_layout: "NCHW".into(),
     });
+    check_pool(&attrs)?;
     let cut = ceil_overhang(im, x, &attrs)?;
     let op = if kind == Pool3::Max {
         Op::MaxPool2d(attrs)
@@ -573,7 +598,7 @@ fn pool3d(im: &mut Importer<'_>, x: ExprId, a: &Attrs<'_>, kind: Pool3) -> Resul
     if kind != Pool3::Sum {
         return Ok(y);
     }
-    let k = ax[0][0] * ax[1][0] * ax[2][0];
+    let k = ax[0][0].saturating_mul(ax[1][0]).saturating_mul(ax[2][0]);
     let kc = im.scalar(k as f64, dt);
     im.emit(Op::Multiply, vec![y, kc])
 }
@@ -620,7 +645,7 @@ pub(super) fn lp_pool(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resu
         return Err(invalid("LpPool with ceil_mode=1 is not supported"));
     }
     attrs.count_include_pad = true;
-    let k = attrs.pool_size[0] * attrs.pool_size[1];
+    let k = attrs.pool_size[0].saturating_mul(attrs.pool_size[1]);
     let avg = im.emit(Op::AvgPool2d(attrs), vec![x])?;
     let kc = im.scalar(k as f64, dt);
     let s = im.emit(Op::Multiply, vec![avg, kc])?;
@@ -681,6 +706,13 @@ pub(super) fn conv_transpose(
             [k(0), if one_d { 1 } else { k(1) }]
         }
     };
+    if strides.iter().chain(&dil).chain(&kernel).any(|&v| v < 1) || a.int("group", 1) < 1 {
+        return Err(invalid(format!(
+            "ConvTranspose needs strides, dilations, kernel_shape and group ≥ 1, found strides \
+             {strides:?}, dilations {dil:?}, kernel {kernel:?}, group {}",
+            a.int("group", 1)
+        )));
+    }
     let auto_pad = a.string("auto_pad", "NOTSET");
     let output_shape = a.ints("output_shape").map(|v| {
         let skip = v.len().saturating_sub(nsp);
@@ -706,12 +738,13 @@ pub(super) fn conv_transpose(
             let full = strides[i]
                 .saturating_mul(n - 1)
                 .saturating_add(out_pad[i])
-                .saturating_add((kernel[i] - 1).saturating_mul(dil[i]) + 1);
-            let total = full - want;
+                .saturating_add(kernel[i].saturating_sub(1).saturating_mul(dil[i]))
+                .saturating_add(1);
+            let total = full.saturating_sub(want);
             let (b, e) = if auto_pad == "SAME_UPPER" {
-                (floor_div2(total), total - floor_div2(total))
+                (floor_div2(total), total.saturating_sub(floor_div2(total)))
             } else {
-                (total - floor_div2(total), floor_div2(total))
+                (total.saturating_sub(floor_div2(total)), floor_div2(total))
             };
             if b < 0 {
                 return Err(invalid(format!(
