@@ -59,6 +59,7 @@ mod util;
 mod winograd;
 // -- nn ops (issue 17) --
 mod conv_transpose;
+mod group_norm;
 mod image;
 
 pub use backend::CpuBackend;

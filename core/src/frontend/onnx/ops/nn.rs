@@ -2,7 +2,8 @@
 //!
 //! Contract: each converter takes one node and returns one [`Out`] per output it supports, like
 //! the arms of [`super::convert`]. Where the op set has the op (`relax.nn.layer_norm`,
-//! `relax.nn.rms_norm`, the 2-D pools) the node maps onto it; the rest are decomposed into
+//! `relax.nn.rms_norm`, `relax.nn.group_norm`, `relax.nn.instance_norm`, the 2-D pools,
+//! `relax.nn.conv2d_transpose`, `relax.image.resize2d`) the node maps onto it; the rest are decomposed into
 //! existing ops the way TVM's ONNX frontend decomposes them (mean/variance chains, pooling of
 //! `|x|^p`). Optional outputs that need run-time randomness (training-mode Dropout with a
 //! non-zero ratio) are errors, never silently wrong values.
@@ -18,14 +19,14 @@
 //! ```
 
 use super::{
-    Attrs, Importer, Out, Val, call, input, invalid, kernel_attr, lift, normalize_axis, prod, req,
+    Attrs, Importer, Out, Val, call, input, invalid, kernel_attr, lift, normalize_axis, req,
     spatial,
 };
 use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId, ExprKind};
 use crate::op::{
-    Conv2dAttrs, Conv2dTransposeAttrs, F64, LayerNormAttrs, Op, Pool2dAttrs, ReduceAttrs,
-    Resize2dAttrs, RmsNormAttrs, StridedSliceAttrs,
+    Conv2dAttrs, Conv2dTransposeAttrs, F64, GroupNormAttrs, LayerNormAttrs, Op, Pool2dAttrs,
+    ReduceAttrs, Resize2dAttrs, RmsNormAttrs, StridedSliceAttrs,
 };
 
 type Node = super::super::NodeProto;
@@ -139,46 +140,36 @@ pub(super) fn rms_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Res
     ))
 }
 
-/// A per-channel vector `[C]` reshaped to `[1, C, 1, …]` for a rank-`r` tensor.
-fn per_channel(im: &mut Importer<'_>, name: &str, r: usize) -> Result<ExprId> {
-    let p = im.expr(name)?;
-    let (pd, _) = im.dims(p)?;
-    let [c] = pd.as_slice() else {
-        return Err(invalid(format!(
-            "expected a per-channel parameter of rank 1, found rank {}",
-            pd.len()
-        )));
-    };
-    let mut shape = vec![Dim::Static(1), c.clone()];
-    shape.resize(r.max(2), Dim::Static(1));
-    let s = im.b.shape(shape);
-    im.emit(Op::Reshape, vec![p, s])
-}
-
-/// `InstanceNormalization`: normalise each (n, c) plane, then `scale[c] * y + bias[c]`.
+/// `InstanceNormalization` → `relax.nn.instance_norm` over the spatial axes.
 pub(super) fn instance_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
     let x = im.expr(req(node, 0)?)?;
-    let (dims, dt) = im.dims(x)?;
+    let (dims, _) = im.dims(x)?;
     let r = dims.len();
     if r < 3 {
         return Err(invalid(format!(
             "InstanceNormalization needs an input of rank ≥ 3 (N, C, spatial…), found rank {r}"
         )));
     }
-    let axes: Vec<i64> = (2..r as i64).collect();
-    let (_, d, v) = moments(im, x, &axes)?;
-    let inv = inv_std(im, v, a.float("epsilon", 1e-5), dt)?;
-    let y = im.emit(Op::Multiply, vec![d, inv])?;
-    let s = per_channel(im, req(node, 1)?, r)?;
-    let b = per_channel(im, req(node, 2)?, r)?;
-    let ys = im.emit(Op::Multiply, vec![y, s])?;
-    Ok(call(Op::Add, vec![ys, b]))
+    let s = im.expr(req(node, 1)?)?;
+    let b = im.expr(req(node, 2)?)?;
+    Ok(call(
+        Op::InstanceNorm(Box::new(GroupNormAttrs {
+            num_groups: 0,
+            channel_axis: 1,
+            axes: (2..r as i64).collect(),
+            epsilon: F64(a.float("epsilon", 1e-5)),
+            center: true,
+            scale: true,
+        })),
+        vec![x, s, b],
+    ))
 }
 
-/// `GroupNormalization` (opset 18: scale/bias per group; opset 21: per channel).
+/// `GroupNormalization` → `relax.nn.group_norm`. Opset 21 takes scale/bias per channel; opset
+/// 18's per-group scale/bias are spread to the channels with `relax.take`.
 pub(super) fn group_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
     let x = im.expr(req(node, 0)?)?;
-    let (dims, dt) = im.dims(x)?;
+    let (dims, _) = im.dims(x)?;
     let r = dims.len();
     if r < 3 {
         return Err(invalid(format!(
@@ -194,29 +185,37 @@ pub(super) fn group_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> R
             "num_groups ({g}) must be ≥ 1 and divide the channel count ({c})"
         )));
     }
-    let rest = prod(&dims[2..]).mul(&Dim::Static(c / g));
-    let s = im.b.shape(vec![dims[0].clone(), Dim::Static(g), rest]);
-    let xg = im.emit(Op::Reshape, vec![x, s])?;
-    let (_, d, v) = moments(im, xg, &[2])?;
-    let inv = inv_std(im, v, a.float("epsilon", 1e-5), dt)?;
-    let mut y = im.emit(Op::Multiply, vec![d, inv])?;
-    let (sn, bn) = (req(node, 1)?, req(node, 2)?);
-    let per_group = im.opset < 21;
-    if per_group {
-        let sc = per_channel(im, sn, 3)?;
-        let bi = per_channel(im, bn, 3)?;
-        y = im.emit(Op::Multiply, vec![y, sc])?;
-        y = im.emit(Op::Add, vec![y, bi])?;
+    let mut params = Vec::new();
+    for i in [1, 2] {
+        let p = im.expr(req(node, i)?)?;
+        if im.opset >= 21 {
+            params.push(p);
+            continue;
+        }
+        // Channel k belongs to group k / (C / G).
+        let cpg = c / g;
+        let idx: Vec<u8> = (0..c).flat_map(|k| (k / cpg).to_le_bytes()).collect();
+        let ic = Constant::from_bytes(DType::I64, vec![c], idx).map_err(invalid)?;
+        let ie = im.b.constant(ic);
+        params.push(im.emit(
+            Op::Take {
+                axis: Some(0),
+                mode: crate::op::TakeMode::Fast,
+            },
+            vec![p, ie],
+        )?);
     }
-    let back = im.b.shape(dims.clone());
-    if per_group {
-        return Ok(call(Op::Reshape, vec![y, back]));
-    }
-    let y = im.emit(Op::Reshape, vec![y, back])?;
-    let sc = per_channel(im, sn, r)?;
-    let bi = per_channel(im, bn, r)?;
-    let ys = im.emit(Op::Multiply, vec![y, sc])?;
-    Ok(call(Op::Add, vec![ys, bi]))
+    Ok(call(
+        Op::GroupNorm(Box::new(GroupNormAttrs {
+            num_groups: g,
+            channel_axis: 1,
+            axes: (2..r as i64).collect(),
+            epsilon: F64(a.float("epsilon", 1e-5)),
+            center: true,
+            scale: true,
+        })),
+        vec![x, params[0], params[1]],
+    ))
 }
 
 /// `MeanVarianceNormalization`: `(x - E[x]) / (sqrt(E[x²] - E[x]²) + 1e-9)` over `axes`.
