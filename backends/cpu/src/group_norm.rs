@@ -51,7 +51,7 @@ pub(crate) fn group_norm(
             .filter(|&g| g >= 1)
             .ok_or_else(|| format!("invalid num_groups {}", a.num_groups))?
     };
-    if c % groups != 0 {
+    if !c.is_multiple_of(groups) {
         return Err(format!(
             "the {c} channels are not divisible by num_groups={groups}"
         ));
