@@ -136,6 +136,19 @@ fn default_instance(name: &str) -> Op {
                 ("end", ints(&[2])),
             ],
         ),
+        // -- nn ops (issue 17) --
+        "relax.nn.group_norm" => op(
+            name,
+            &[
+                ("num_groups", AttrLit::Int(2)),
+                ("channel_axis", AttrLit::Int(1)),
+                ("axes", ints(&[2, 3])),
+            ],
+        ),
+        "relax.nn.instance_norm" => op(
+            name,
+            &[("channel_axis", AttrLit::Int(1)), ("axes", ints(&[2, 3]))],
+        ),
         _ => op(name, &[]),
     }
 }
@@ -143,7 +156,8 @@ fn default_instance(name: &str) -> Op {
 #[test]
 fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
-    assert_eq!(names.len(), 47);
+    // 47 + 4 nn ops (issue 17).
+    assert_eq!(names.len(), 51);
     for name in names {
         let sig = Op::signature(name);
         assert!(sig.is_some(), "{name} has no signature");
