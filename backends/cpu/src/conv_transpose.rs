@@ -238,7 +238,7 @@ mod tests {
                 2,
                 ocg * g as usize,
                 ((3 - 1) * s - p[0] - p[2] + (3 - 1) * d + op[0] + 1) as usize,
-                ((4 - 1) * s - p[1] - p[3] + (2 - 1) * d + op[1] + 1) as usize,
+                ((4 - 1) * s - p[1] - p[3] + d + op[1] + 1) as usize, // kernel width 2
             ];
             assert_eq!(y.shape(), &out);
             let want = reference(&xv, xs, &wv, ws, &a, out);

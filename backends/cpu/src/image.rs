@@ -2,10 +2,11 @@
 //! permutation of `NCHW`, with TVM topi's coordinate transformations and rounding rules.
 //!
 //! Contract: each output axis gets a table of (input index, weight) taps computed once
-//! ([`Resize2dAttrs::taps`], shared with the CUDA lowering); an output point is the separable sum over the two tables. Nearest copies
-//! elements exactly for every dtype; linear and cubic compute in `f64` and round once to the
-//! output dtype. Points that `tf_crop_and_resize` maps outside the input take
-//! `extrapolation_value`. Sizes are checked, never trusted.
+//! ([`Resize2dAttrs::taps`], shared with the CUDA lowering); an output point is the separable
+//! sum over the two tables. Nearest copies elements exactly for every dtype; linear and cubic
+//! compute in `f64` and round once to the output dtype (to nearest for integer data). Points
+//! that `tf_crop_and_resize` maps outside the input take `extrapolation_value`. Sizes are
+//! checked, never trusted.
 //!
 //! ```text
 //! y: R.Tensor((1, 1, 4, 4), dtype="float32") = R.image.resize2d(x, R.shape([4, 4]),
@@ -89,6 +90,10 @@ pub(crate) fn resize2d(x: &Tensor, size: &[i64], a: &Resize2dAttrs) -> KResult<T
                     out.push(acc);
                 }
             }
+        }
+        if !x.dtype().is_float() {
+            // Integer data: round to nearest (half away from zero), not truncate.
+            out.iter_mut().for_each(|v| *v = v.round());
         }
         from_f64(out_shape, x.dtype(), out)?
     };

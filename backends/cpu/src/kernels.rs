@@ -349,5 +349,11 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             a,
         )),
         Op::Resize2d(a) => t(crate::image::resize2d(tensor(args, 0)?, shape(args, 1)?, a)),
+        Op::GroupNorm(a) | Op::InstanceNorm(a) => t(crate::group_norm::group_norm(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            tensor(args, 2)?,
+            a,
+        )),
     }
 }

@@ -66,6 +66,7 @@ mod einsum;
 mod search;
 // -- nn ops (issue 17) --
 mod conv_transpose;
+mod group_norm;
 mod image;
 
 pub use backend::CpuBackend;

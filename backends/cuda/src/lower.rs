@@ -1098,6 +1098,9 @@ impl Lowerer<'_> {
                 let x = self.tensor_arg(args, 0)?.clone();
                 self.resize2d(&x, a, &shape, dtype, &c)?
             }
+            Op::GroupNorm(a) | Op::InstanceNorm(a) => {
+                self.group_norm(args, a, &shape, dtype, &c)?
+            }
             Op::Split(_) | Op::BatchNorm(_) | Op::Dropout { .. } => {
                 return Err(self.unsupported("internal: multi-output op".into()));
             }

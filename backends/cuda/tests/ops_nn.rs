@@ -211,3 +211,38 @@ fn resize2d_lowers_and_matches_the_reference() {
         .unwrap_or_default();
     assert!(err.contains("integer"), "{err}");
 }
+
+#[test]
+fn group_and_instance_norm_lower_and_match_the_reference() {
+    for dt in ["float32", "float16", "float64"] {
+        let p = format!(
+            "x: {}, g: {}, b: {}",
+            t("2, 6, 3, 4", dt),
+            t("6,", dt),
+            t("6,", dt)
+        );
+        let k = run(
+            &format!("group_norm {dt}"),
+            &p,
+            &["gv = R.nn.group_norm(x, g, b, num_groups=3, channel_axis=1, axes=[2, 3])"],
+        );
+        assert_eq!(k, 1);
+        run(
+            &format!("instance_norm {dt}"),
+            &p,
+            &["gv = R.nn.instance_norm(x, g, b, channel_axis=1, axes=[2, 3], center=False)"],
+        );
+    }
+    // Channel last, groups over the last axis, normalised over the middle one.
+    let p = format!(
+        "x: {}, g: {}, b: {}",
+        t("2, 5, 4", "float32"),
+        t("4,", "float32"),
+        t("4,", "float32")
+    );
+    run(
+        "group_norm channel last",
+        &p,
+        &["gv = R.nn.group_norm(x, g, b, num_groups=2, channel_axis=-1, axes=[1], scale=False)"],
+    );
+}

@@ -755,6 +755,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         // -- nn ops (issue 17) --
         Op::Conv2dTranspose(a) => nn::conv2d_transpose(&cx, a),
         Op::Resize2d(a) => nn::resize2d(&cx, a),
+        Op::GroupNorm(a) | Op::InstanceNorm(a) => nn::group_norm(&cx, a),
     }
 }
 

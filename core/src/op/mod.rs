@@ -52,7 +52,7 @@ use attrs::{
 pub use elem::{ElemClass, ElemOp};
 pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
 // -- nn ops (issue 17) --
-pub use nn::{Conv2dTransposeAttrs, Resize2dAttrs, Taps};
+pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -526,6 +526,10 @@ pub enum Op {
     Conv2dTranspose(Box<Conv2dTransposeAttrs>),
     /// `relax.image.resize2d(x, size)`
     Resize2d(Box<Resize2dAttrs>),
+    /// `relax.nn.group_norm(x, gamma, beta)`
+    GroupNorm(Box<GroupNormAttrs>),
+    /// `relax.nn.instance_norm(x, gamma, beta)`
+    InstanceNorm(Box<GroupNormAttrs>),
 }
 
 const NAMES: &[&str] = &[
@@ -638,6 +642,8 @@ const NAMES: &[&str] = &[
     // -- nn ops (issue 17) --
     "relax.nn.conv2d_transpose",
     "relax.image.resize2d",
+    "relax.nn.group_norm",
+    "relax.nn.instance_norm",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -805,6 +811,8 @@ impl Op {
             // -- nn ops (issue 17) --
             Op::Conv2dTranspose(_) => "relax.nn.conv2d_transpose",
             Op::Resize2d(_) => "relax.image.resize2d",
+            Op::GroupNorm(_) => "relax.nn.group_norm",
+            Op::InstanceNorm(_) => "relax.nn.instance_norm",
         }
     }
 
@@ -877,6 +885,8 @@ impl Op {
             // -- nn ops (issue 17) --
             "relax.nn.conv2d_transpose" => sig(2, 2, nn::CONV2D_TRANSPOSE_ATTRS),
             "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
+            "relax.nn.group_norm" => sig(3, 3, nn::GROUP_NORM_ATTRS),
+            "relax.nn.instance_norm" => sig(3, 3, nn::INSTANCE_NORM_ATTRS),
             _ => return None,
         })
     }
@@ -1163,6 +1173,8 @@ impl Op {
             // -- nn ops (issue 17) --
             "relax.nn.conv2d_transpose" => Op::Conv2dTranspose(nn::conv2d_transpose_attrs(&kw)?),
             "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
+            "relax.nn.group_norm" => Op::GroupNorm(nn::group_norm_attrs(&kw, false)?),
+            "relax.nn.instance_norm" => Op::InstanceNorm(nn::group_norm_attrs(&kw, true)?),
             // -- index ops (issue 17) --
             _ => match index::from_call(name, &kw)? {
                 Some(op) => op,
@@ -1307,6 +1319,8 @@ impl Op {
             // -- nn ops (issue 17) --
             Op::Conv2dTranspose(a) => nn::conv2d_transpose_kwargs(a),
             Op::Resize2d(a) => nn::resize2d_kwargs(a),
+            Op::GroupNorm(a) => nn::group_norm_kwargs(a, false),
+            Op::InstanceNorm(a) => nn::group_norm_kwargs(a, true),
         }
     }
 
@@ -1324,7 +1338,8 @@ impl Op {
     /// legalizations); scatters and scans are `Opaque` (topi builds them with the IR builder,
     /// as Relay registers them).
     /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds);
-    /// `conv2d_transpose` is `OutEWiseFusable` and `resize2d` is `Injective` (Relay's patterns).
+    /// `conv2d_transpose` is `OutEWiseFusable` and `resize2d` is `Injective` (Relay's patterns);
+    /// `group_norm` and `instance_norm` are `CommReduce` like `layer_norm`.
     pub fn fusion_kind(&self) -> FusionKind {
         match self {
             Op::Add
@@ -1396,6 +1411,7 @@ impl Op {
             // -- nn ops (issue 17) --
             Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
             Op::Resize2d(_) => FusionKind::Injective,
+            Op::GroupNorm(_) | Op::InstanceNorm(_) => FusionKind::CommReduce,
         }
     }
 

@@ -352,6 +352,79 @@ impl Resize2dAttrs {
     }
 }
 
+/// Attributes of `relax.nn.group_norm` and `relax.nn.instance_norm` (instance norm is group
+/// norm with one group per channel; TVM prints it without `num_groups`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GroupNormAttrs {
+    /// Number of channel groups (`relax.nn.instance_norm`: 0, meaning one per channel).
+    pub num_groups: i64,
+    /// The channel axis.
+    pub channel_axis: i64,
+    /// The other normalised axes (besides the channels of a group).
+    pub axes: Vec<i64>,
+    /// Added to the variance.
+    pub epsilon: F64,
+    /// Whether `beta` is added.
+    pub center: bool,
+    /// Whether `gamma` multiplies.
+    pub scale: bool,
+}
+
+/// Attribute names of `relax.nn.group_norm` in Python-API order.
+pub(super) const GROUP_NORM_ATTRS: &[&str] = &[
+    "num_groups",
+    "channel_axis",
+    "axes",
+    "epsilon",
+    "center",
+    "scale",
+];
+
+/// Attribute names of `relax.nn.instance_norm` in Python-API order.
+pub(super) const INSTANCE_NORM_ATTRS: &[&str] =
+    &["channel_axis", "axes", "epsilon", "center", "scale"];
+
+/// Reads `relax.nn.group_norm`'s (`instance = false`) or `relax.nn.instance_norm`'s attributes.
+pub(super) fn group_norm_attrs(
+    kw: &Kwargs<'_>,
+    instance: bool,
+) -> Result<Box<GroupNormAttrs>, String> {
+    let num_groups = if instance {
+        0
+    } else {
+        let g = kw.int("num_groups", None)?;
+        at_least(kw, "num_groups", &[g], 1)?;
+        g
+    };
+    Ok(Box::new(GroupNormAttrs {
+        num_groups,
+        channel_axis: kw.int("channel_axis", None)?,
+        axes: kw.ints("axes", None)?,
+        epsilon: kw.float("epsilon", 1e-5)?,
+        center: kw.bool("center", true)?,
+        scale: kw.bool("scale", true)?,
+    }))
+}
+
+/// `relax.nn.group_norm`'s / `relax.nn.instance_norm`'s attributes in TVM's printing order.
+pub(super) fn group_norm_kwargs(
+    a: &GroupNormAttrs,
+    instance: bool,
+) -> Vec<(&'static str, AttrLit)> {
+    let mut v = Vec::with_capacity(6);
+    if !instance {
+        v.push(("num_groups", AttrLit::Int(a.num_groups)));
+    }
+    v.extend([
+        ("channel_axis", AttrLit::Int(a.channel_axis)),
+        ("axes", ints_lit(&a.axes)),
+        ("epsilon", AttrLit::Float(a.epsilon.0)),
+        ("center", AttrLit::Bool(a.center)),
+        ("scale", AttrLit::Bool(a.scale)),
+    ]);
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,17 +609,18 @@ mod tests {
     }
 
     #[test]
-    fn text_round_trip_of_both_ops() {
+    fn text_round_trip_of_the_new_ops() {
         let src = r#"# from tvm.script import ir as I
 # from tvm.script import relax as R
 
 @I.ir_module
 class Module:
     @R.function
-    def main(x: R.Tensor((1, 4, 5, 5), dtype="float32"), w: R.Tensor((4, 2, 3, 3), dtype="float32")) -> R.Tensor((1, 2, 8, 9), dtype="float32"):
+    def main(x: R.Tensor((1, 4, 5, 5), dtype="float32"), w: R.Tensor((4, 2, 3, 3), dtype="float32"), g: R.Tensor((2,), dtype="float32")) -> R.Tensor((1, 2, 8, 9), dtype="float32"):
         with R.dataflow():
             y: R.Tensor((1, 2, 11, 11), dtype="float32") = R.nn.conv2d_transpose(x, w, strides=[2, 2], padding=[0, 0, 0, 0], output_padding=[0, 0], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="IOHW", out_layout="NCHW", out_dtype=None)
-            gv: R.Tensor((1, 2, 8, 9), dtype="float32") = R.image.resize2d(y, R.shape([8, 9]), roi=[0.0, 0.0, 0.0, 0.0], layout="NCHW", method="cubic", coordinate_transformation_mode="align_corners", rounding_method="round", cubic_alpha=-0.5, cubic_exclude=1, extrapolation_value=0.0, out_dtype=None)
+            z: R.Tensor((1, 2, 11, 11), dtype="float32") = R.nn.instance_norm(y, g, g, channel_axis=1, axes=[2, 3], epsilon=1.0000000000000001e-05, center=True, scale=True)
+            gv: R.Tensor((1, 2, 8, 9), dtype="float32") = R.image.resize2d(z, R.shape([8, 9]), roi=[0.0, 0.0, 0.0, 0.0], layout="NCHW", method="cubic", coordinate_transformation_mode="align_corners", rounding_method="round", cubic_alpha=-0.5, cubic_exclude=1, extrapolation_value=0.0, out_dtype=None)
             R.output(gv)
         return gv
 "#;
@@ -555,19 +629,77 @@ class Module:
         assert_eq!(printed, src);
         let m2 = parse_module_str(&printed).unwrap_or_else(|e| unreachable!("{e}"));
         assert_eq!(print_module(&m2).text, printed);
-        // TVM's spelling of the roi (`T.float32(...)`) and of an unset dtype parse too.
-        let tvm = src
-            .replace(
-                "roi=[0.0, 0.0, 0.0, 0.0]",
-                "roi=[T.float32(0.0), T.float32(0.0), T.float32(0.0), T.float32(0.0)]",
-            )
-            .replace(
-                "method=\"cubic\", coordinate",
-                "method=\"cubic\", coordinate",
-            );
-        if let Ok(m3) = parse_module_str(&tvm) {
-            assert_eq!(print_module(&m3).text, src);
-        }
+        // TVM's spelling of the roi (`T.float32(...)`) parses too and prints back as ours.
+        let tvm = src.replace(
+            "roi=[0.0, 0.0, 0.0, 0.0]",
+            "roi=[T.float32(0.0), T.float32(0.0), T.float32(0.0), T.float32(0.0)]",
+        );
+        let m3 = parse_module_str(&tvm).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(print_module(&m3).text, src);
+    }
+
+    #[test]
+    fn group_and_instance_norm_attrs_inference_and_round_trip() {
+        let g = op(
+            "relax.nn.group_norm",
+            &[
+                ("num_groups", AttrLit::Int(2)),
+                ("channel_axis", AttrLit::Int(1)),
+                ("axes", ints(&[2, 3])),
+            ],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let names: Vec<&str> = g.kwargs().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, GROUP_NORM_ATTRS);
+        round_trip(&g);
+        assert_eq!(g.fusion_kind(), crate::op::FusionKind::CommReduce);
+        let i = op(
+            "relax.nn.instance_norm",
+            &[("channel_axis", AttrLit::Int(1)), ("axes", ints(&[2]))],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let names: Vec<&str> = i.kwargs().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, INSTANCE_NORM_ATTRS);
+        round_trip(&i);
+        assert!(
+            op("relax.nn.group_norm", &[("channel_axis", AttrLit::Int(1))])
+                .is_err_and(|e| e.contains("num_groups"))
+        );
+        assert!(op("relax.nn.instance_norm", &[("num_groups", AttrLit::Int(1))]).is_err());
+        let n = Dim::sym("n");
+        let x = Type::tensor_dims(
+            vec![n, Dim::Static(6), Dim::Static(4), Dim::Static(4)],
+            DType::F32,
+        );
+        let p6 = Type::tensor(&[6], DType::F32);
+        assert_eq!(g.infer(&[&x, &p6, &p6]), Ok(x.clone()));
+        let p5 = Type::tensor(&[5], DType::F32);
+        assert!(g.infer(&[&x, &p5, &p6]).is_err_and(|e| e.contains("gamma")));
+        let g4 = op(
+            "relax.nn.group_norm",
+            &[
+                ("num_groups", AttrLit::Int(4)),
+                ("channel_axis", AttrLit::Int(1)),
+                ("axes", ints(&[2, 3])),
+            ],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        assert!(
+            g4.infer(&[&x, &p6, &p6])
+                .is_err_and(|e| e.contains("divisible"))
+        );
+        let bad_axes = op(
+            "relax.nn.instance_norm",
+            &[("channel_axis", AttrLit::Int(1)), ("axes", ints(&[1, 2]))],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        assert!(
+            bad_axes
+                .infer(&[&x, &p6, &p6])
+                .is_err_and(|e| e.contains("channel axis"))
+        );
+        let xi = Type::tensor(&[1, 6, 2, 2], DType::I32);
+        assert!(i.infer(&[&xi, &p6, &p6]).is_err());
     }
 
     #[test]

@@ -198,6 +198,19 @@ fn default_instance(name: &str) -> Op {
         "relax.nn.pad" => op(name, &[("pad_width", ints(&[1, 1]))]),
         // -- reduce ops (issue 17) --
         "relax.einsum" => op(name, &[("subscripts", s("ij,jk->ik"))]),
+        // -- nn ops (issue 17) --
+        "relax.nn.group_norm" => op(
+            name,
+            &[
+                ("num_groups", AttrLit::Int(2)),
+                ("channel_axis", AttrLit::Int(1)),
+                ("axes", ints(&[2, 3])),
+            ],
+        ),
+        "relax.nn.instance_norm" => op(
+            name,
+            &[("channel_axis", AttrLit::Int(1)), ("axes", ints(&[2, 3]))],
+        ),
         _ => op(name, &[]),
     }
 }
@@ -206,8 +219,8 @@ fn default_instance(name: &str) -> Op {
 fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
     // The ops before issue 17 and shape_to_tensor, then the families of issue 17:
-    // elementwise, index (12), reduce (6) and nn (2).
-    assert_eq!(names.len(), 48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 2);
+    // elementwise, index (12), reduce (6) and nn (4).
+    assert_eq!(names.len(), 48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4);
     for name in names {
         let sig = Op::signature(name);
         assert!(sig.is_some(), "{name} has no signature");

@@ -1,5 +1,6 @@
 //! Lowering of the `nn` family ops added for issue 17: `relax.nn.conv2d_transpose` (a
-//! per-element reduction over the input channels of the group and the kernel window) and
+//! per-element reduction over the input channels of the group and the kernel window),
+//! `relax.nn.group_norm` / `relax.nn.instance_norm` (per-element group statistics) and
 //! `relax.image.resize2d` (a separable sum of at most 4 × 4 taps whose indices and weights are
 //! tables computed at lowering time, shared with the CPU reference through
 //! [`fusebox_core::op::Resize2dAttrs::taps`]).
@@ -15,11 +16,11 @@
 //!   → out[n,c,h,w] = Σ_{i,j<2} wh[h,i] · ww[w,j] · x[n,c,ih[h,i],iw[w,j]]
 //! ```
 
-use super::{Lowerer, Tv, Val, layout4};
+use super::{Lowerer, Tv, Val, layout4, norm_axis};
 use crate::error::Result;
-use crate::kir::{Bin, Node, NodeId, RedOp, Scalar};
+use crate::kir::{Bin, Node, NodeId, RedOp, Scalar, Un};
 use fusebox_core::ir::{Constant, DType};
-use fusebox_core::op::{Conv2dTransposeAttrs, Resize2dAttrs, Taps};
+use fusebox_core::op::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 
 impl Lowerer<'_> {
     /// `conv2d_transpose` at output coordinates `c` of `shape`.
@@ -43,7 +44,7 @@ impl Lowerer<'_> {
         }
         let groups = u64::try_from(a.groups)
             .ok()
-            .filter(|&g| g > 0 && x.shape[1] % g == 0)
+            .filter(|&g| g > 0 && x.shape[1].is_multiple_of(g))
             .ok_or_else(|| self.unsupported("groups must divide the input channels".into()))?;
         let cin_pg = x.shape[1] / groups;
         let out_pg = w.shape[1].max(1);
@@ -228,5 +229,84 @@ impl Lowerer<'_> {
         let vw = self.at(&wv, &[c[3]]);
         let inner = self.g.select(vw, sum, ext);
         Ok(self.g.select(vh, inner, ext))
+    }
+}
+
+impl Lowerer<'_> {
+    /// `group_norm` / `instance_norm` at output coordinates `c` of `shape`: the group's mean
+    /// and variance are reductions over the group's channels and `axes`, evaluated per element
+    /// (they are not whole trailing axes, so not row statistics).
+    pub(super) fn group_norm(
+        &mut self,
+        args: &[Val],
+        a: &GroupNormAttrs,
+        shape: &[u64],
+        dtype: DType,
+        c: &[NodeId],
+    ) -> Result<NodeId> {
+        let x = self.tensor_arg(args, 0)?.clone();
+        let gm = self.tensor_arg(args, 1)?.clone();
+        let bt = self.tensor_arg(args, 2)?.clone();
+        let r = shape.len();
+        let ch = norm_axis(a.channel_axis, r)
+            .ok_or_else(|| self.unsupported("channel axis out of range".into()))?;
+        let axes = self.axes(&a.axes, r)?;
+        let cext = shape[ch];
+        let groups = if a.num_groups == 0 {
+            cext.max(1)
+        } else {
+            u64::try_from(a.num_groups)
+                .ok()
+                .filter(|&g| g > 0 && cext.is_multiple_of(g))
+                .ok_or_else(|| self.unsupported("num_groups must divide the channels".into()))?
+        };
+        let cpg = (cext / groups).max(1);
+        let s = Scalar::of(dtype);
+        let mut vars = Vec::new();
+        let mut ri = c.to_vec();
+        let rc = self.g.fresh_rvar();
+        vars.push((rc, cpg));
+        let rcn = self.g.add(Node::RVar(rc));
+        let cpgn = self.g.int(cpg as i64);
+        let grp = self.g.bin(Bin::Div, c[ch], cpgn);
+        let base = self.g.bin(Bin::Mul, grp, cpgn);
+        ri[ch] = self.g.bin(Bin::Add, base, rcn);
+        for &ax in &axes {
+            let rv = self.g.fresh_rvar();
+            vars.push((rv, shape[ax]));
+            ri[ax] = self.g.add(Node::RVar(rv));
+        }
+        let n: u64 = vars.iter().map(|v| v.1).product();
+        let inv = self.fconst(1.0 / n.max(1) as f64, s);
+        let xr = self.at(&x, &ri);
+        let sum = self.g.add(Node::Reduce {
+            op: RedOp::Sum,
+            vars: vars.clone(),
+            body: xr,
+        });
+        let mean = self.g.bin(Bin::Mul, sum, inv);
+        let dr = self.g.bin(Bin::Sub, xr, mean);
+        let sq = self.g.bin(Bin::Mul, dr, dr);
+        let ss = self.g.add(Node::Reduce {
+            op: RedOp::Sum,
+            vars,
+            body: sq,
+        });
+        let var = self.g.bin(Bin::Mul, ss, inv);
+        let eps = self.fconst(a.epsilon.0, s);
+        let ve = self.g.bin(Bin::Add, var, eps);
+        let rs = self.g.un(Un::Rsqrt, ve);
+        let xc = self.at(&x, c);
+        let dc = self.g.bin(Bin::Sub, xc, mean);
+        let mut y = self.g.bin(Bin::Mul, dc, rs);
+        if a.scale {
+            let gv = self.at(&gm, &[c[ch]]);
+            y = self.g.bin(Bin::Mul, y, gv);
+        }
+        if a.center {
+            let bv = self.at(&bt, &[c[ch]]);
+            y = self.g.bin(Bin::Add, y, bv);
+        }
+        Ok(y)
     }
 }

@@ -205,11 +205,13 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "RotaryEmbedding",
     "TopK",
     // -- nn ops (issue 17) --
+    "CausalConvWithState",
     "ConvTranspose",
     "GlobalLpPool",
     "GlobalMaxPool",
     "GroupNormalization",
     "InstanceNormalization",
+    "LpNormalization",
     "LpPool",
     "MeanVarianceNormalization",
     "RMSNormalization",

@@ -661,6 +661,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "ConvTranspose" => nn::conv_transpose(im, node, &a),
         "Resize" => nn::resize(im, node, &a),
         "LinearAttention" => attention::linear_attention(im, node, &a),
+        "CausalConvWithState" => nn::causal_conv_with_state(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),
     }
 }

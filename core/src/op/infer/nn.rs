@@ -10,8 +10,8 @@
 //! ```
 
 use super::super::attrs::layout_pos;
-use super::super::{Conv2dTransposeAttrs, Resize2dAttrs};
-use super::{Cx, common_dtype, known, permute_out, unknown};
+use super::super::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs};
+use super::{Cx, common_dtype, differ, known, permute_out, same, unknown};
 use crate::ir::{Dim, Type};
 
 /// Output extent of a transposed convolution:
@@ -113,4 +113,47 @@ pub(super) fn resize2d(cx: &Cx<'_>, a: &Resize2dAttrs) -> Result<Type, String> {
         permute_out(&lp, [at(lp[0]), at(lp[1]), oh, ow]),
         dtype,
     ))
+}
+
+/// `relax.nn.group_norm` / `relax.nn.instance_norm(data, gamma, beta)`: the data's type;
+/// gamma and beta are per channel, the channel count divisible by `num_groups`.
+pub(super) fn group_norm(cx: &Cx<'_>, a: &GroupNormAttrs) -> Result<Type, String> {
+    let x = cx.tensor(0, "data")?;
+    let g = cx.tensor(1, "gamma")?;
+    let b = cx.tensor(2, "beta")?;
+    common_dtype(cx, x.dtype, g.dtype)?;
+    common_dtype(cx, x.dtype, b.dtype)?;
+    cx.float(x, "data")?;
+    let Some(r) = x.rank() else {
+        return Ok(same(x));
+    };
+    let ch = cx.axis(a.channel_axis, r)?;
+    let axes = cx.axes(&a.axes, r)?;
+    if axes.contains(&ch) {
+        return Err(cx.err(format!(
+            "the channel axis {} is also in axes {:?}",
+            a.channel_axis, a.axes
+        )));
+    }
+    let c = x.dims.as_ref().and_then(|d| d.get(ch).cloned());
+    for (p, what) in [(g, "gamma"), (b, "beta")] {
+        cx.rank(p, 1, what)?;
+        if let (Some(c), Some(pd)) = (&c, p.dims.as_ref().and_then(|d| d.first()))
+            && differ(c, pd)
+        {
+            return Err(cx.err(format!(
+                "expected {what} to have one value per channel ({c}), found {pd}"
+            )));
+        }
+    }
+    if a.num_groups > 0
+        && let Some(cv) = c.as_ref().and_then(Dim::as_static)
+        && cv % a.num_groups != 0
+    {
+        return Err(cx.err(format!(
+            "the {cv} channels are not divisible by num_groups={}",
+            a.num_groups
+        )));
+    }
+    Ok(same(x))
 }

@@ -2,7 +2,8 @@
 //!
 //! Contract: each converter takes one node and returns one [`Out`] per output it supports, like
 //! the arms of [`super::convert`]. Where the op set has the op (`relax.nn.layer_norm`,
-//! `relax.nn.rms_norm`, the 2-D pools) the node maps onto it; the rest are decomposed into
+//! `relax.nn.rms_norm`, `relax.nn.group_norm`, `relax.nn.instance_norm`, the 2-D pools,
+//! `relax.nn.conv2d_transpose`, `relax.image.resize2d`) the node maps onto it; the rest are decomposed into
 //! existing ops the way TVM's ONNX frontend decomposes them (mean/variance chains, pooling of
 //! `|x|^p`). Optional outputs that need run-time randomness (training-mode Dropout with a
 //! non-zero ratio) are errors, never silently wrong values.
@@ -18,14 +19,14 @@
 //! ```
 
 use super::{
-    Attrs, Importer, Out, Val, call, input, invalid, kernel_attr, lift, normalize_axis, prod, req,
+    Attrs, Importer, Out, Val, call, input, invalid, kernel_attr, lift, normalize_axis, req,
     spatial,
 };
 use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId, ExprKind};
 use crate::op::{
-    Conv2dTransposeAttrs, F64, LayerNormAttrs, Op, Pool2dAttrs, ReduceAttrs, Resize2dAttrs,
-    RmsNormAttrs, StridedSliceAttrs,
+    Conv2dAttrs, Conv2dTransposeAttrs, F64, GroupNormAttrs, LayerNormAttrs, Op, Pool2dAttrs,
+    ReduceAttrs, Resize2dAttrs, RmsNormAttrs, StridedSliceAttrs,
 };
 
 type Node = super::super::NodeProto;
@@ -139,46 +140,36 @@ pub(super) fn rms_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Res
     ))
 }
 
-/// A per-channel vector `[C]` reshaped to `[1, C, 1, …]` for a rank-`r` tensor.
-fn per_channel(im: &mut Importer<'_>, name: &str, r: usize) -> Result<ExprId> {
-    let p = im.expr(name)?;
-    let (pd, _) = im.dims(p)?;
-    let [c] = pd.as_slice() else {
-        return Err(invalid(format!(
-            "expected a per-channel parameter of rank 1, found rank {}",
-            pd.len()
-        )));
-    };
-    let mut shape = vec![Dim::Static(1), c.clone()];
-    shape.resize(r.max(2), Dim::Static(1));
-    let s = im.b.shape(shape);
-    im.emit(Op::Reshape, vec![p, s])
-}
-
-/// `InstanceNormalization`: normalise each (n, c) plane, then `scale[c] * y + bias[c]`.
+/// `InstanceNormalization` → `relax.nn.instance_norm` over the spatial axes.
 pub(super) fn instance_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
     let x = im.expr(req(node, 0)?)?;
-    let (dims, dt) = im.dims(x)?;
+    let (dims, _) = im.dims(x)?;
     let r = dims.len();
     if r < 3 {
         return Err(invalid(format!(
             "InstanceNormalization needs an input of rank ≥ 3 (N, C, spatial…), found rank {r}"
         )));
     }
-    let axes: Vec<i64> = (2..r as i64).collect();
-    let (_, d, v) = moments(im, x, &axes)?;
-    let inv = inv_std(im, v, a.float("epsilon", 1e-5), dt)?;
-    let y = im.emit(Op::Multiply, vec![d, inv])?;
-    let s = per_channel(im, req(node, 1)?, r)?;
-    let b = per_channel(im, req(node, 2)?, r)?;
-    let ys = im.emit(Op::Multiply, vec![y, s])?;
-    Ok(call(Op::Add, vec![ys, b]))
+    let s = im.expr(req(node, 1)?)?;
+    let b = im.expr(req(node, 2)?)?;
+    Ok(call(
+        Op::InstanceNorm(Box::new(GroupNormAttrs {
+            num_groups: 0,
+            channel_axis: 1,
+            axes: (2..r as i64).collect(),
+            epsilon: F64(a.float("epsilon", 1e-5)),
+            center: true,
+            scale: true,
+        })),
+        vec![x, s, b],
+    ))
 }
 
-/// `GroupNormalization` (opset 18: scale/bias per group; opset 21: per channel).
+/// `GroupNormalization` → `relax.nn.group_norm`. Opset 21 takes scale/bias per channel; opset
+/// 18's per-group scale/bias are spread to the channels with `relax.take`.
 pub(super) fn group_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
     let x = im.expr(req(node, 0)?)?;
-    let (dims, dt) = im.dims(x)?;
+    let (dims, _) = im.dims(x)?;
     let r = dims.len();
     if r < 3 {
         return Err(invalid(format!(
@@ -194,29 +185,37 @@ pub(super) fn group_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> R
             "num_groups ({g}) must be ≥ 1 and divide the channel count ({c})"
         )));
     }
-    let rest = prod(&dims[2..]).mul(&Dim::Static(c / g));
-    let s = im.b.shape(vec![dims[0].clone(), Dim::Static(g), rest]);
-    let xg = im.emit(Op::Reshape, vec![x, s])?;
-    let (_, d, v) = moments(im, xg, &[2])?;
-    let inv = inv_std(im, v, a.float("epsilon", 1e-5), dt)?;
-    let mut y = im.emit(Op::Multiply, vec![d, inv])?;
-    let (sn, bn) = (req(node, 1)?, req(node, 2)?);
-    let per_group = im.opset < 21;
-    if per_group {
-        let sc = per_channel(im, sn, 3)?;
-        let bi = per_channel(im, bn, 3)?;
-        y = im.emit(Op::Multiply, vec![y, sc])?;
-        y = im.emit(Op::Add, vec![y, bi])?;
+    let mut params = Vec::new();
+    for i in [1, 2] {
+        let p = im.expr(req(node, i)?)?;
+        if im.opset >= 21 {
+            params.push(p);
+            continue;
+        }
+        // Channel k belongs to group k / (C / G).
+        let cpg = c / g;
+        let idx: Vec<u8> = (0..c).flat_map(|k| (k / cpg).to_le_bytes()).collect();
+        let ic = Constant::from_bytes(DType::I64, vec![c], idx).map_err(invalid)?;
+        let ie = im.b.constant(ic);
+        params.push(im.emit(
+            Op::Take {
+                axis: Some(0),
+                mode: crate::op::TakeMode::Fast,
+            },
+            vec![p, ie],
+        )?);
     }
-    let back = im.b.shape(dims.clone());
-    if per_group {
-        return Ok(call(Op::Reshape, vec![y, back]));
-    }
-    let y = im.emit(Op::Reshape, vec![y, back])?;
-    let sc = per_channel(im, sn, r)?;
-    let bi = per_channel(im, bn, r)?;
-    let ys = im.emit(Op::Multiply, vec![y, sc])?;
-    Ok(call(Op::Add, vec![ys, bi]))
+    Ok(call(
+        Op::GroupNorm(Box::new(GroupNormAttrs {
+            num_groups: g,
+            channel_axis: 1,
+            axes: (2..r as i64).collect(),
+            epsilon: F64(a.float("epsilon", 1e-5)),
+            center: true,
+            scale: true,
+        })),
+        vec![x, params[0], params[1]],
+    ))
 }
 
 /// `MeanVarianceNormalization`: `(x - E[x]) / (sqrt(E[x²] - E[x]²) + 1e-9)` over `axes`.
@@ -382,20 +381,34 @@ fn pool_setup(
     let (xd, _) = im.dims(x)?;
     let kernel = kernel_attr(a, one_d).ok_or_else(|| invalid("bad `kernel_shape`"))?;
     let (strides, dilation, padding) = spatial(a, &xd, kernel, one_d)?;
-    Ok((
-        x,
-        Box::new(Pool2dAttrs {
-            pool_size: kernel,
-            strides,
-            dilation,
-            padding,
-            ceil_mode: a.int("ceil_mode", 0) != 0,
-            count_include_pad: a.int("count_include_pad", 0) != 0,
-            layout: "NCHW".into(),
-            out_layout: "NCHW".into(),
-        }),
-        one_d,
-    ))
+    let attrs = Box::new(Pool2dAttrs {
+        pool_size: kernel,
+        strides,
+        dilation,
+        padding,
+        ceil_mode: a.int("ceil_mode", 0) != 0,
+        count_include_pad: a.int("count_include_pad", 0) != 0,
+        layout: "NCHW".into(),
+        out_layout: "NCHW".into(),
+    });
+    check_pool(&attrs)?;
+    Ok((x, attrs, one_d))
+}
+
+/// Checks the window attributes the importer builds directly (not through `from_call`).
+fn check_pool(p: &Pool2dAttrs) -> Result<()> {
+    let bad = p.pool_size.iter().any(|&v| v < 1)
+        || p.strides.iter().any(|&v| v < 1)
+        || p.dilation.iter().any(|&v| v < 1)
+        || p.padding.iter().any(|&v| v < 0);
+    if bad {
+        return Err(invalid(format!(
+            "pooling needs kernel, strides and dilations ≥ 1 and pads ≥ 0, found kernel {:?}, \
+             strides {:?}, dilations {:?}, pads {:?}",
+            p.pool_size, p.strides, p.dilation, p.padding
+        )));
+    }
+    Ok(())
 }
 
 /// Per spatial axis, the output extent ONNX wants where `relax`'s ceil mode gives one more:
@@ -412,13 +425,18 @@ fn ceil_overhang(im: &Importer<'_>, x: ExprId, p: &Pool2dAttrs) -> Result<Vec<(i
         };
         let (k, s, d) = (p.pool_size[i], p.strides[i], p.dilation[i]);
         let (p0, p1) = (p.padding[i], p.padding[i + 2]);
-        let eff = (k - 1) * d + 1;
-        let num = len + p0 + p1 - eff;
+        // Saturating: attributes come from the model; absurd values only skip the rule here
+        // (the pool's own inference reports them).
+        let eff = k.saturating_sub(1).saturating_mul(d).saturating_add(1);
+        let num = len
+            .saturating_add(p0)
+            .saturating_add(p1)
+            .saturating_sub(eff);
         if num < 0 || s < 1 {
             continue;
         }
-        let out = (num + s - 1) / s + 1;
-        if out > 1 && (out - 1) * s >= len + p0 {
+        let out = (num.saturating_add(s - 1) / s).saturating_add(1);
+        if out > 1 && (out - 1).saturating_mul(s) >= len.saturating_add(p0) {
             cut.push((2 + i as i64, out - 1));
         }
     }
@@ -501,8 +519,13 @@ fn pool3_axes(a: &Attrs<'_>, xd: &[Dim]) -> Result<[[i64; 5]; 3]> {
                     .and_then(Dim::as_static)
                     .ok_or_else(|| invalid(format!("auto_pad {auto_pad} needs static dims")))?;
                 let st = s[i].max(1);
-                let out = (n + st - 1) / st;
-                let total = ((out - 1) * st + (k[i] - 1) * d[i] + 1 - n).max(0);
+                let out = n.saturating_add(st - 1) / st;
+                let total = (out - 1)
+                    .saturating_mul(st)
+                    .saturating_add(k[i].saturating_sub(1).saturating_mul(d[i]))
+                    .saturating_add(1)
+                    .saturating_sub(n)
+                    .max(0);
                 let (lo, hi) = if auto_pad == "SAME_UPPER" {
                     (total / 2, total - total / 2)
                 } else {
@@ -535,6 +558,7 @@ fn pool_stage(
         layout: "NCHW".into(),
         out_layout: "NCHW".into(),
     });
+    check_pool(&attrs)?;
     let cut = ceil_overhang(im, x, &attrs)?;
     let op = if kind == Pool3::Max {
         Op::MaxPool2d(attrs)
@@ -573,7 +597,7 @@ fn pool3d(im: &mut Importer<'_>, x: ExprId, a: &Attrs<'_>, kind: Pool3) -> Resul
     if kind != Pool3::Sum {
         return Ok(y);
     }
-    let k = ax[0][0] * ax[1][0] * ax[2][0];
+    let k = ax[0][0].saturating_mul(ax[1][0]).saturating_mul(ax[2][0]);
     let kc = im.scalar(k as f64, dt);
     im.emit(Op::Multiply, vec![y, kc])
 }
@@ -620,7 +644,7 @@ pub(super) fn lp_pool(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resu
         return Err(invalid("LpPool with ceil_mode=1 is not supported"));
     }
     attrs.count_include_pad = true;
-    let k = attrs.pool_size[0] * attrs.pool_size[1];
+    let k = attrs.pool_size[0].saturating_mul(attrs.pool_size[1]);
     let avg = im.emit(Op::AvgPool2d(attrs), vec![x])?;
     let kc = im.scalar(k as f64, dt);
     let s = im.emit(Op::Multiply, vec![avg, kc])?;
@@ -681,6 +705,13 @@ pub(super) fn conv_transpose(
             [k(0), if one_d { 1 } else { k(1) }]
         }
     };
+    if strides.iter().chain(&dil).chain(&kernel).any(|&v| v < 1) || a.int("group", 1) < 1 {
+        return Err(invalid(format!(
+            "ConvTranspose needs strides, dilations, kernel_shape and group ≥ 1, found strides \
+             {strides:?}, dilations {dil:?}, kernel {kernel:?}, group {}",
+            a.int("group", 1)
+        )));
+    }
     let auto_pad = a.string("auto_pad", "NOTSET");
     let output_shape = a.ints("output_shape").map(|v| {
         let skip = v.len().saturating_sub(nsp);
@@ -706,12 +737,13 @@ pub(super) fn conv_transpose(
             let full = strides[i]
                 .saturating_mul(n - 1)
                 .saturating_add(out_pad[i])
-                .saturating_add((kernel[i] - 1).saturating_mul(dil[i]) + 1);
-            let total = full - want;
+                .saturating_add(kernel[i].saturating_sub(1).saturating_mul(dil[i]))
+                .saturating_add(1);
+            let total = full.saturating_sub(want);
             let (b, e) = if auto_pad == "SAME_UPPER" {
-                (floor_div2(total), total - floor_div2(total))
+                (floor_div2(total), total.saturating_sub(floor_div2(total)))
             } else {
-                (total - floor_div2(total), floor_div2(total))
+                (total.saturating_sub(floor_div2(total)), floor_div2(total))
             };
             if b < 0 {
                 return Err(invalid(format!(
@@ -896,7 +928,23 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
             out[ax] = in_ext[ax].unwrap_or(0);
         } else if sizes.is_none() {
             let i = in_ext[ax].ok_or_else(|| invalid("Resize with scales needs static dims"))?;
-            out[ax] = (i as f64 * scale[ax]).floor() as i64;
+            // Scales are float32: a product within float32 rounding of an integer is that
+            // integer.
+            let exact = i as f64 * scale[ax];
+            out[ax] = if (exact - exact.round()).abs() <= 1e-5 * exact.abs().max(1.0) {
+                exact.round() as i64
+            } else {
+                exact.floor() as i64
+            };
+            // ONNX maps coordinates with the given scale, relax.image.resize2d with the size
+            // ratio: the two agree only when the output extent is exact.
+            if ax >= 2 && (exact - exact.round()).abs() > 1e-5 * exact.abs().max(1.0) {
+                return Err(invalid(format!(
+                    "Resize with scale {} on an extent of {i} gives a fractional output size \
+                     {exact}; only scales with an integral output size are supported",
+                    scale[ax]
+                )));
+            }
         }
     }
     for ax in 0..2 {
@@ -961,4 +1009,367 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
         })),
         vec![x, size],
     ))
+}
+
+/// `CausalConvWithState` (opset 27): a depthwise causal Conv1d whose left context is the
+/// `past_state` input (zeros when absent), with an optional fused SiLU; the second output is the
+/// last `k - 1` positions of the padded input (the next call's state).
+///
+/// ```text
+/// padded = R.concat((past_state, x), axis=2)                   # (B, C, L + k - 1)
+/// y = R.squeeze(R.nn.conv2d(R.expand_dims(padded, [3]), R.expand_dims(w, [3]), groups=C), [3])
+/// present_state = R.strided_slice(padded, axes=[2], begin=[L], end=[L + k - 1])
+/// ```
+pub(super) fn causal_conv_with_state(
+    im: &mut Importer<'_>,
+    node: &Node,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let w = im.expr(req(node, 1)?)?;
+    let (xd, dt) = im.dims(x)?;
+    let (wd, _) = im.dims(w)?;
+    let ([b, c, l], [wc, w1, k]) = (xd.as_slice(), wd.as_slice()) else {
+        return Err(invalid(format!(
+            "CausalConvWithState needs a rank-3 input and weight, found ranks {} and {}",
+            xd.len(),
+            wd.len()
+        )));
+    };
+    let k = k
+        .as_static()
+        .filter(|&k| k >= 1)
+        .ok_or_else(|| invalid("CausalConvWithState needs a static kernel size ≥ 1"))?;
+    if *w1 != Dim::Static(1) || wc != c {
+        return Err(invalid(format!(
+            "CausalConvWithState's weight must be (channels, 1, k) = ({c}, 1, k), found ({wc}, {w1}, {k})"
+        )));
+    }
+    let groups = c
+        .as_static()
+        .ok_or_else(|| invalid("CausalConvWithState needs a static channel count"))?;
+    let activation = a.string("activation", "none");
+    if !matches!(activation.as_str(), "none" | "silu" | "swish") {
+        return Err(invalid(format!(
+            "unknown activation `{activation}` (expected none, silu or swish)"
+        )));
+    }
+    let state_len = Dim::Static(k - 1);
+    let padded = if k == 1 {
+        x
+    } else {
+        let past = match input(node, 3) {
+            Some(p) => im.expr(p)?,
+            None => {
+                let z = im.scalar(0.0, dt);
+                let s = im.b.shape(vec![b.clone(), c.clone(), state_len.clone()]);
+                im.emit(Op::BroadcastTo, vec![z, s])?
+            }
+        };
+        let t = im.b.tuple(vec![past, x])?;
+        im.emit(Op::Concat { axis: Some(2) }, vec![t])?
+    };
+    let total = l.add(&state_len);
+    let present = match (l.as_static(), total.as_static()) {
+        (Some(lv), Some(tv)) => im.emit(
+            Op::StridedSlice(Box::new(StridedSliceAttrs {
+                axes: vec![2],
+                begin: vec![lv],
+                end: vec![tv],
+                strides: None,
+                assume_inbound: false,
+            })),
+            vec![padded],
+        )?,
+        _ => return Err(invalid("CausalConvWithState needs a static input length")),
+    };
+    let p4 = lift(im, padded)?;
+    let w4 = lift(im, w)?;
+    let conv = Op::Conv2d(Box::new(Conv2dAttrs {
+        strides: [1, 1],
+        padding: [0; 4],
+        dilation: [1, 1],
+        groups,
+        data_layout: "NCHW".into(),
+        kernel_layout: "OIHW".into(),
+        out_layout: "NCHW".into(),
+        out_dtype: None,
+    }));
+    let mut y = im.emit(conv, vec![p4, w4])?;
+    if let Some(bn) = input(node, 2) {
+        let bias = im.expr(bn)?;
+        let s = im.b.shape(vec![
+            Dim::Static(1),
+            c.clone(),
+            Dim::Static(1),
+            Dim::Static(1),
+        ]);
+        let br = im.emit(Op::Reshape, vec![bias, s])?;
+        y = im.emit(Op::Add, vec![y, br])?;
+    }
+    let mut ops: Vec<Op> = unlift_op(true).into_iter().collect();
+    if activation != "none" {
+        ops.push(Op::Silu);
+    }
+    let mut outs = chain(im, y, ops)?;
+    outs.push(Out::Val(Val::Expr(present)));
+    Ok(outs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::proto::*;
+    use super::super::super::{import_onnx, output_names};
+    use crate::ir::{Module, Type};
+    use crate::text::print_module;
+    use prost::Message;
+
+    fn vi(name: &str, dims: &[&str]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|d| match d.parse::<i64>() {
+                Ok(v) => Dimension {
+                    dim_value: Some(v),
+                    dim_param: None,
+                },
+                Err(_) => Dimension {
+                    dim_value: None,
+                    dim_param: Some(d.to_string()),
+                },
+            })
+            .collect();
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                tensor_type: Some(TypeProtoTensor {
+                    elem_type: 1,
+                    shape: Some(TensorShapeProto { dim }),
+                }),
+            }),
+        }
+    }
+
+    fn ints(name: &str, v: &[i64]) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            ints: v.to_vec(),
+            r#type: 7,
+            ..Default::default()
+        }
+    }
+
+    fn int(name: &str, i: i64) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            i,
+            r#type: 2,
+            ..Default::default()
+        }
+    }
+
+    fn text_attr(name: &str, s: &str) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            s: s.as_bytes().to_vec(),
+            r#type: 3,
+            ..Default::default()
+        }
+    }
+
+    fn f32s(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: 1,
+            float_data: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn one_node(
+        opset: i64,
+        op: &str,
+        ins: &[&str],
+        outs: &[&str],
+        attrs: Vec<AttributeProto>,
+        inputs: Vec<ValueInfoProto>,
+        inits: Vec<TensorProto>,
+    ) -> Result<Module, String> {
+        let m = ModelProto {
+            ir_version: 8,
+            producer_name: "test".into(),
+            graph: Some(GraphProto {
+                node: vec![NodeProto {
+                    input: ins.iter().map(|s| s.to_string()).collect(),
+                    output: outs.iter().map(|s| s.to_string()).collect(),
+                    name: "n".into(),
+                    op_type: op.into(),
+                    attribute: attrs,
+                    domain: String::new(),
+                }],
+                name: "g".into(),
+                initializer: inits,
+                input: inputs,
+                output: outs
+                    .iter()
+                    .map(|o| ValueInfoProto {
+                        name: o.to_string(),
+                        r#type: None,
+                    })
+                    .collect(),
+                value_info: vec![],
+            }),
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
+        };
+        import_onnx(&m.encode_to_vec(), "t.onnx").map_err(|e| e.to_string())
+    }
+
+    fn ret(m: &Module) -> Type {
+        m.get("main").map(|f| f.ret_ty.clone()).unwrap_or_default()
+    }
+
+    #[test]
+    fn resize_with_constant_scales_and_a_fractional_scale() {
+        let m = one_node(
+            13,
+            "Resize",
+            &["x", "", "s"],
+            &["y"],
+            vec![text_attr("mode", "linear")],
+            vec![vi("x", &["1", "3", "4", "5"])],
+            vec![f32s("s", &[4], &[1.0, 1.0, 2.0, 0.6])],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("R.image.resize2d(x, R.shape([8, 3])"), "{t}");
+        assert!(t.contains("method=\"linear\""), "{t}");
+        assert_eq!(ret(&m), Type::tensor(&[1, 3, 8, 3], crate::ir::DType::F32));
+        let e = one_node(
+            13,
+            "Resize",
+            &["x", "", "s"],
+            &["y"],
+            vec![],
+            vec![vi("x", &["1", "3", "3", "5"])],
+            vec![f32s("s", &[4], &[1.0, 1.0, 1.5, 1.0])],
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("fractional"), "{e}");
+        let e = one_node(
+            13,
+            "Resize",
+            &["x", "", "s"],
+            &["y"],
+            vec![],
+            vec![vi("x", &["1", "3", "4", "4"])],
+            vec![f32s("s", &[4], &[1.0, 2.0, 1.0, 1.0])],
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("channel"), "{e}");
+    }
+
+    #[test]
+    fn conv_transpose_output_shape_becomes_padding_and_output_padding() {
+        // 3 × 3 input, stride 3, 3 × 3 kernel: the full output is 9 × 9; output_shape 10 × 8
+        // needs one extra row at the end (output padding) and drops one column at the start.
+        let m = one_node(
+            13,
+            "ConvTranspose",
+            &["x", "w"],
+            &["y"],
+            vec![ints("strides", &[3, 3]), ints("output_shape", &[10, 8])],
+            vec![vi("x", &["1", "1", "3", "3"])],
+            vec![f32s("w", &[1, 2, 3, 3], &[1.0; 18])],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("padding=[0, 1, 0, 0]"), "{t}");
+        assert!(t.contains("output_padding=[1, 0]"), "{t}");
+        assert_eq!(ret(&m), Type::tensor(&[1, 2, 10, 8], crate::ir::DType::F32));
+        let e = one_node(
+            13,
+            "ConvTranspose",
+            &["x", "w"],
+            &["y"],
+            vec![],
+            vec![vi("x", &["1", "1", "3", "3", "3"])],
+            vec![f32s("w", &[1, 2, 3, 3, 3], &[1.0; 54])],
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("1-D and 2-D"), "{e}");
+    }
+
+    #[test]
+    fn layer_norm_statistics_outputs_keep_symbolic_dims() {
+        let m = one_node(
+            17,
+            "LayerNormalization",
+            &["x", "g"],
+            &["y", "mean", "inv"],
+            vec![int("axis", 1)],
+            vec![vi("x", &["n", "2", "3"])],
+            vec![f32s("g", &[2, 3], &[1.0; 6])],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("center=False"), "{t}");
+        let f = m.get("main").unwrap_or_else(|| unreachable!());
+        assert_eq!(output_names(f), vec!["y", "mean", "inv"]);
+        let Type::Tuple(fields) = ret(&m) else {
+            unreachable!("{t}")
+        };
+        let n = crate::ir::Dim::sym("n");
+        let st = |d: Vec<crate::ir::Dim>| Type::tensor_dims(d, crate::ir::DType::F32);
+        use crate::ir::Dim::Static as S;
+        assert_eq!(fields[1], st(vec![n.clone(), S(1), S(1)]));
+        assert_eq!(fields[2], st(vec![n, S(1), S(1)]));
+    }
+
+    #[test]
+    fn ceil_mode_drops_a_last_window_that_starts_in_the_padding() {
+        // 4 wide, kernel 2, stride 3, pad 1 at the end, ceil: windows start at 0 and 3 (ceil
+        // gives a third at 6, inside the end padding only) → 2 outputs.
+        let m = one_node(
+            13,
+            "MaxPool",
+            &["x"],
+            &["y"],
+            vec![
+                ints("kernel_shape", &[2, 2]),
+                ints("strides", &[3, 3]),
+                ints("pads", &[0, 0, 1, 1]),
+                int("ceil_mode", 1),
+            ],
+            vec![vi("x", &["1", "1", "4", "5"])],
+            vec![],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("R.strided_slice"), "{t}");
+        assert_eq!(ret(&m), Type::tensor(&[1, 1, 2, 2], crate::ir::DType::F32));
+        // 3-D: separable 2-D stages, the right output shape.
+        let m = one_node(
+            13,
+            "AveragePool",
+            &["x"],
+            &["y"],
+            vec![
+                ints("kernel_shape", &[2, 3, 2]),
+                ints("pads", &[1, 0, 0, 0, 1, 1]),
+            ],
+            vec![vi("x", &["2", "3", "4", "5", "6"])],
+            vec![],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(
+            ret(&m),
+            Type::tensor(&[2, 3, 4, 4, 6], crate::ir::DType::F32)
+        );
+    }
 }
