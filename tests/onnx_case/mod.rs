@@ -95,10 +95,17 @@ pub enum Bind {
     /// `Range` bounds): the inputs an exporter writes as constants and fusebox needs at import
     /// time. The ONNX node cases feed them as graph inputs.
     ShapeLike,
+    /// As [`Bind::ShapeLike`], and float inputs of rank 1 too (`Resize`'s `scales` and `roi`):
+    /// for a case whose import needs them as constants.
+    Rank1,
 }
 
-fn shape_like(t: &TensorProto) -> bool {
-    t.dims.is_empty() || (t.dims.len() == 1 && matches!(t.data_type, 6 | 7))
+fn bound(t: &TensorProto, bind: Bind) -> bool {
+    match bind {
+        Bind::Nothing => false,
+        Bind::ShapeLike => t.dims.is_empty() || (t.dims.len() == 1 && matches!(t.data_type, 6 | 7)),
+        Bind::Rank1 => t.dims.len() <= 1,
+    }
 }
 
 /// Imports `dir/model.onnx`, runs it on `test_data_set_0`'s inputs with the CPU reference and
@@ -127,7 +134,7 @@ pub fn run_case(dir: &Path, rtol: f64, atol: f64, bind: Bind) -> Case {
     if let Some(g) = proto.graph.as_mut() {
         let names: Vec<String> = g.input.iter().map(|i| i.name.clone()).collect();
         for (t, name) in inputs.into_iter().zip(names) {
-            if bind == Bind::ShapeLike && shape_like(&t) {
+            if bound(&t, bind) {
                 g.initializer.push(TensorProto { name, ..t });
                 continue;
             }
