@@ -221,6 +221,39 @@ fn constant_attr(a: &Attrs<'_>) -> Result<Constant> {
 }
 
 /// Folds an integer op; `None` when the case is outside the small evaluator.
+/// Row-major strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut st = vec![1usize; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        st[k] = st[k + 1] * shape[k + 1];
+    }
+    st
+}
+
+/// The value of shape `shape` whose element at each position (row-major order) is the element
+/// of `x` at flat index `src(position)`: the gather behind folded `Slice` and `Transpose`.
+fn pick(x: &Ints, shape: Vec<usize>, src: impl Fn(&[usize]) -> usize) -> Val {
+    let total: usize = shape.iter().product();
+    let mut vals = Vec::with_capacity(total);
+    let mut pos = vec![0usize; shape.len()];
+    for _ in 0..total {
+        vals.push(x.vals[src(&pos)].clone());
+        for k in (0..shape.len()).rev() {
+            pos[k] += 1;
+            if pos[k] < shape[k] {
+                break;
+            }
+            pos[k] = 0;
+        }
+    }
+    Ints {
+        dtype: x.dtype,
+        shape,
+        vals,
+    }
+    .into_val()
+}
+
 /// Whether a dim is never negative: static ones ≥ 0, symbols (every symbol here is a dim of
 /// a tensor) and sums, products and floor quotients (by a positive divisor) of such dims.
 pub(super) fn nonneg(d: &Dim) -> bool {
@@ -428,32 +461,10 @@ fn fold_ints(
                 keep[ax] = idx;
             }
             let shape: Vec<usize> = keep.iter().map(Vec::len).collect();
-            let mut strides = vec![1usize; r];
-            for k in (0..r - 1).rev() {
-                strides[k] = strides[k + 1] * x.shape[k + 1];
-            }
-            let total: usize = shape.iter().product();
-            let mut vals = Vec::with_capacity(total);
-            let mut pos = vec![0usize; r];
-            for _ in 0..total {
-                let src: usize = (0..r).map(|k| keep[k][pos[k]] * strides[k]).sum();
-                vals.push(x.vals[src].clone());
-                for k in (0..r).rev() {
-                    pos[k] += 1;
-                    if pos[k] < shape[k] {
-                        break;
-                    }
-                    pos[k] = 0;
-                }
-            }
-            Some(
-                Ints {
-                    dtype: x.dtype,
-                    shape,
-                    vals,
-                }
-                .into_val(),
-            )
+            let st = strides(&x.shape);
+            Some(pick(&x, shape, |pos| {
+                (0..r).map(|k| keep[k][pos[k]] * st[k]).sum()
+            }))
         }
         "Cast" => {
             let to = super::dtype_of(a.int("to", 0) as i32)
@@ -497,31 +508,10 @@ fn fold_ints(
             }
             let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
             // Row-major strides of the input, read in output order.
-            let mut strides = vec![1usize; r];
-            for k in (0..r.saturating_sub(1)).rev() {
-                strides[k] = strides[k + 1] * x.shape[k + 1];
-            }
-            let mut vals = Vec::with_capacity(x.vals.len());
-            let mut idx = vec![0usize; r];
-            for _ in 0..x.vals.len() {
-                let src: usize = idx.iter().zip(&perm).map(|(&i, &p)| i * strides[p]).sum();
-                vals.push(x.vals[src].clone());
-                for k in (0..r).rev() {
-                    idx[k] += 1;
-                    if idx[k] < shape[k] {
-                        break;
-                    }
-                    idx[k] = 0;
-                }
-            }
-            Some(
-                Ints {
-                    dtype: x.dtype,
-                    shape,
-                    vals,
-                }
-                .into_val(),
-            )
+            let st = strides(&x.shape);
+            Some(pick(&x, shape, |pos| {
+                pos.iter().zip(&perm).map(|(&i, &p)| i * st[p]).sum()
+            }))
         }
         "Add" | "Sub" | "Mul" | "Div" => {
             let Some(y) = args.get(1) else {
