@@ -532,7 +532,8 @@ pub enum Op {
     InstanceNorm(Box<GroupNormAttrs>),
 }
 
-const NAMES: &[&str] = &[
+/// The names of the ops outside the [`ElemOp`] family (those are [`ElemOp::NAMES`]).
+const OTHER_NAMES: &[&str] = &[
     "relax.add",
     "relax.subtract",
     "relax.multiply",
@@ -581,44 +582,6 @@ const NAMES: &[&str] = &[
     "relax.broadcast_to",
     "relax.shape_to_tensor",
     "relax.nn.lrn",
-    // -- elem ops (issue 17) --
-    "relax.equal",
-    "relax.not_equal",
-    "relax.less",
-    "relax.less_equal",
-    "relax.greater",
-    "relax.greater_equal",
-    "relax.logical_and",
-    "relax.logical_or",
-    "relax.logical_xor",
-    "relax.logical_not",
-    "relax.bitwise_and",
-    "relax.bitwise_or",
-    "relax.bitwise_xor",
-    "relax.bitwise_not",
-    "relax.left_shift",
-    "relax.right_shift",
-    "relax.where",
-    "relax.isnan",
-    "relax.isinf",
-    "relax.isfinite",
-    "relax.floor_mod",
-    "relax.mod",
-    "relax.floor",
-    "relax.ceil",
-    "relax.round",
-    "relax.sign",
-    "relax.sin",
-    "relax.cos",
-    "relax.tan",
-    "relax.asin",
-    "relax.acos",
-    "relax.atan",
-    "relax.sinh",
-    "relax.cosh",
-    "relax.asinh",
-    "relax.acosh",
-    "relax.atanh",
     // -- index ops (issue 17) --
     "relax.gather_elements",
     "relax.gather_nd",
@@ -732,7 +695,14 @@ fn reduce_kwargs(a: &ReduceAttrs) -> Vec<(&'static str, AttrLit)> {
 impl Op {
     /// Every op name, in a fixed order.
     pub fn names() -> &'static [&'static str] {
-        NAMES
+        static NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+            OTHER_NAMES
+                .iter()
+                .chain(ElemOp::NAMES.iter())
+                .copied()
+                .collect()
+        });
+        NAMES.as_slice()
     }
 
     /// The op's name (`"relax.nn.conv2d"`).
