@@ -59,6 +59,7 @@ const EXPECTED_PASS: &[&str] = &[
     "roberta-dynamo",
     "roberta-ts",
     "swin-dynamo",
+    "swin-ts",
     "t5-encoder-dynamo",
     "t5-encoder-ts",
     "vit-dynamo",

@@ -115,6 +115,23 @@ impl Dim {
             (DimOp::Sub, _, _) if a == b => return Dim::Static(0),
             _ => {}
         }
+        // `(x * k) // c` with `c` dividing `k` is `x * (k / c)` (Swin's `batch * 16 // 16`).
+        if let (DimOp::FloorDiv, Dim::Expr(inner), Some(c)) = (op, &a, b.as_static())
+            && c > 0
+            && inner.0 == DimOp::Mul
+        {
+            let (_, p, q) = &**inner;
+            let split = match (p.as_static(), q.as_static()) {
+                (_, Some(k)) => Some((p, k)),
+                (Some(k), _) => Some((q, k)),
+                _ => None,
+            };
+            if let Some((x, k)) = split
+                && k % c == 0
+            {
+                return x.mul(&Dim::Static(k / c));
+            }
+        }
         // `(x + c1) + c2` and `(x - c1) + c2` fold into one constant, as TVM's simplifier does.
         if let (Dim::Expr(inner), Some(c2)) = (&a, b.as_static())
             && matches!(op, DimOp::Add | DimOp::Sub)
@@ -271,6 +288,32 @@ mod tests {
         assert_eq!(e.to_string(), "(h + 1) // 2");
         let f = h.sub(&kh.sub(&Dim::Static(1)));
         assert_eq!(f.to_string(), "h - (kh - 1)");
+    }
+
+    #[test]
+    fn exact_quotients_of_products_simplify() {
+        let b = Dim::sym("batch");
+        assert_eq!(b.mul(&Dim::Static(16)).floor_div(&Dim::Static(16)), b);
+        assert_eq!(
+            Dim::Static(32)
+                .mul(&b)
+                .floor_div(&Dim::Static(16))
+                .to_string(),
+            "batch * 2"
+        );
+        // Not exact: left as written.
+        assert_eq!(
+            b.mul(&Dim::Static(6))
+                .floor_div(&Dim::Static(4))
+                .to_string(),
+            "batch * 6 // 4"
+        );
+        assert_eq!(
+            b.add(&Dim::Static(16))
+                .floor_div(&Dim::Static(16))
+                .to_string(),
+            "(batch + 16) // 16"
+        );
     }
 
     #[test]

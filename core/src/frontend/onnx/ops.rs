@@ -272,8 +272,6 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         }
         "Softmax" | "LogSoftmax" => {
             let x = im.expr(req(node, 0)?)?;
-            let (dims, _) = im.dims(x)?;
-            let r = dims.len();
             let mk = |axis: i64| {
                 if op == "Softmax" {
                     Op::Softmax { axis }
@@ -282,8 +280,11 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                 }
             };
             if im.opset >= 13 {
+                // One axis: the rank is all it needs (the dims may be unknown).
                 return Ok(call(mk(a.int("axis", -1)), vec![x]));
             }
+            let (dims, _) = im.dims(x)?;
+            let r = dims.len();
             let axis = normalize_axis(a.int("axis", 1), r.max(1))?;
             if axis + 1 >= r {
                 return Ok(call(mk(-1), vec![x]));
@@ -619,6 +620,23 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Conv" => conv(im, node, &a),
         "GlobalAveragePool" => {
             let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
+            if dims.len() != 4 {
+                // 1-D and 3-D (and rank ≥ 3 generally): the mean over the spatial axes.
+                if dims.len() < 3 {
+                    return Err(invalid(format!(
+                        "GlobalAveragePool needs [N, C, spatial…], found rank {}",
+                        dims.len()
+                    )));
+                }
+                return Ok(call(
+                    Op::Mean(Box::new(ReduceAttrs {
+                        axis: Some((2..dims.len() as i64).collect()),
+                        keepdims: true,
+                    })),
+                    vec![x],
+                ));
+            }
             Ok(call(
                 Op::AdaptiveAvgPool2d(Box::new(AdaptivePool2dAttrs {
                     output_size: Some([1, 1]),
