@@ -1337,3 +1337,16 @@ fn ceil_mode_pool_wider_than_its_input() {
         assert!(e.contains("larger than the padded input"), "{e}");
     }
 }
+
+#[test]
+fn shape_to_tensor_reads_the_shape_value() {
+    let o = op("relax.shape_to_tensor", &[]);
+    let y = run(&o, &[Value::Shape(vec![2, 3, 5])]);
+    assert_eq!(tensor(&y).shape(), &[3]);
+    assert_eq!(tensor(&y).dtype(), DType::I64);
+    assert_eq!(tensor(&y).to_f64_vec(), vec![2.0, 3.0, 5.0]);
+    let y = run(&o, &[Value::Shape(vec![])]);
+    assert_eq!(tensor(&y).shape(), &[0]);
+    let e = eval_op(&o, &[ti(&[1], &[4])]).unwrap_err().to_string();
+    assert!(e.contains("to be a shape"), "{e}");
+}

@@ -1122,3 +1122,51 @@ fn folded_shape_arithmetic_broadcasts_like_numpy() {
     let v: Vec<f64> = (0..4).map(|i| c.get_f64(i).unwrap()).collect();
     assert_eq!(v, vec![11.0, 21.0, 12.0, 22.0]);
 }
+
+#[test]
+fn slices_with_symbolic_bounds_stay_symbolic() {
+    // pos[:, :seq] (BERT's position ids) and seq used as data (`Mul` by a tensor).
+    let buf = TensorProto {
+        name: "pos".into(),
+        dims: vec![1, 8],
+        data_type: 7,
+        raw_data: (0..8i64).flat_map(|x| x.to_le_bytes()).collect(),
+        ..Default::default()
+    };
+    let b = model(
+        17,
+        vec![
+            node("Shape", "shape", &["ids"], &["s"], vec![]),
+            node("Gather", "g", &["s", "one"], &["seq"], vec![ai("axis", 0)]),
+            node("Unsqueeze", "u", &["seq", "zero"], &["end"], vec![]),
+            node(
+                "Slice",
+                "slice",
+                &["pos", "zero", "end", "one"],
+                &["p"],
+                vec![],
+            ),
+            node("Mul", "mul", &["p", "seq"], &["y"], vec![]),
+        ],
+        vec![vi("ids", 7, &["batch", "seq"])],
+        vec![
+            buf,
+            i64_init("zero", &[0]),
+            TensorProto {
+                name: "one".into(),
+                dims: vec![],
+                data_type: 7,
+                raw_data: 1i64.to_le_bytes().to_vec(),
+                ..Default::default()
+            },
+        ],
+        &["y"],
+    );
+    let text = print_module(&import(&b)).text;
+    assert!(text.contains("R.take(metadata"), "{text}");
+    assert!(text.contains("R.shape_to_tensor(R.shape([seq]))"), "{text}");
+    assert!(
+        text.contains("y: R.Tensor((1, seq), dtype=\"int64\")"),
+        "{text}"
+    );
+}
