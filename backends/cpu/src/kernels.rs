@@ -10,10 +10,8 @@
 //! ```
 
 use crate::elementwise::{self, BinOp, SignOp};
-use crate::{Error, Result, conv, layout, matmul, nn, reduce};
-// -- index ops (issue 17) --
 use crate::index;
-// -- reduce ops (issue 17) --
+use crate::{Error, Result, conv, layout, matmul, nn, reduce};
 use crate::{einsum, search};
 use fusebox_core::op::Op;
 use fusebox_core::runtime::{Prim, Tensor, Value};
@@ -57,7 +55,6 @@ fn prim(args: &[Value], i: usize) -> std::result::Result<Prim, String> {
     }
 }
 
-// -- reduce ops (issue 17) --
 /// Argument 0 as a tuple of tensors.
 fn tuple_tensors(args: &[Value]) -> std::result::Result<Vec<&Tensor>, String> {
     match args.first() {
@@ -257,14 +254,12 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             )
             .map_err(|e| e.to_string()))
         }
-        // -- elem ops (issue 17) --
         Op::Elem(e) => {
             let ts = (0..e.arity())
                 .map(|i| tensor(args, i))
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             t(crate::elem::eval(*e, &ts))
         }
-        // -- index ops (issue 17) --
         Op::GatherElements { axis } => t(index::gather_elements(
             tensor(args, 0)?,
             tensor(args, 1)?,
@@ -302,7 +297,6 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
         Op::Cumsum(a) => t(index::scan(tensor(args, 0)?, a, false)),
         Op::Cumprod(a) => t(index::scan(tensor(args, 0)?, a, true)),
         Op::Pad(a) => t(index::pad(tensor(args, 0)?, a)),
-        // -- reduce ops (issue 17) --
         Op::Min(a) => t(reduce::reduce(
             tensor(args, 0)?,
             reduce::ReduceOp::Min,
@@ -342,7 +336,6 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             let parts = tuple_tensors(args)?;
             t(einsum::einsum(&parts, subscripts))
         }
-        // -- nn ops (issue 17) --
         Op::Conv2dTranspose(a) => t(crate::conv_transpose::conv2d_transpose(
             tensor(args, 0)?,
             tensor(args, 1)?,

@@ -45,29 +45,25 @@
 
 pub mod backend;
 mod conv;
-// -- elem ops (issue 17) --
+mod conv_transpose;
+mod einsum;
 mod elem;
 mod elementwise;
 pub mod exec;
 mod fuse;
+mod group_norm;
+mod image;
+mod index;
 mod kernels;
 mod layout;
 mod matmul;
 mod nn;
 pub mod par;
 mod reduce;
+mod search;
 mod simd;
 mod util;
 mod winograd;
-// -- index ops (issue 17) --
-mod index;
-// -- reduce ops (issue 17) --
-mod einsum;
-mod search;
-// -- nn ops (issue 17) --
-mod conv_transpose;
-mod group_norm;
-mod image;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};

@@ -114,7 +114,6 @@ pub(crate) enum ReduceOp {
     Sum,
     Mean,
     Max,
-    // -- reduce ops (issue 17) --
     Min,
     Prod,
 }

@@ -85,8 +85,6 @@ fn wrong_arguments_are_errors() {
     assert!(e.unwrap_err().to_string().contains("dtype"));
 }
 
-// -- index ops (issue 17) --
-
 /// What the ONNX importer makes of `Range(3, Shape(x)[1], 2)` for a dynamic sequence length,
 /// run for two lengths; plus a causal mask (`tril`) and a gather of the positions.
 #[test]

@@ -851,7 +851,7 @@ fn reshape_permute_and_friends() {
     assert!(eval_op(&tk(Some(0), "fast"), &[data, ti(&[1], &[3])]).is_err());
 }
 
-// ---- index ops (issue 17) ------------------------------------------------------------------
+// ---- index ops -------------------------------------------------------------------------------
 
 fn typed(shape: &[usize], dtype: DType, data: &[f64]) -> Value {
     Value::Tensor(Tensor::new(shape.to_vec(), Storage::from_f64(dtype, data.to_vec())).unwrap())

@@ -728,7 +728,6 @@ fn red_name(op: RedOp) -> &'static str {
         RedOp::Sum => "sum",
         RedOp::Max => "max",
         RedOp::Min => "min",
-        // -- reduce ops (issue 17) --
         RedOp::Prod => "prod",
     }
 }
@@ -742,7 +741,6 @@ fn red_init(op: RedOp, s: Scalar) -> String {
         (RedOp::Min, Scalar::I64) => "(I)0x7fffffff".into(),
         (RedOp::Max, sc) => float_lit(f64::NEG_INFINITY, sc),
         (RedOp::Min, sc) => float_lit(f64::INFINITY, sc),
-        // -- reduce ops (issue 17) --
         (RedOp::Prod, Scalar::I64) => "1".into(),
         (RedOp::Prod, sc) => float_lit(1.0, sc),
     }
@@ -753,7 +751,6 @@ fn combine(op: RedOp, s: Scalar, acc: &str, v: &str) -> String {
         RedOp::Sum => format!("{acc} + {v}"),
         RedOp::Max => binary(Bin::Max, s, acc, v),
         RedOp::Min => binary(Bin::Min, s, acc, v),
-        // -- reduce ops (issue 17) --
         RedOp::Prod => format!("{acc} * {v}"),
     }
 }
@@ -812,7 +809,6 @@ fn unary(op: Un, s: Scalar, x: &str) -> String {
         (Un::Erf, _) => format!("{}({x})", if f { "erff" } else { "erf" }),
         (Un::Sigmoid, Scalar::F32) => format!("(1.0f / (1.0f + expf(-{x})))"),
         (Un::Sigmoid, _) => format!("(1.0 / (1.0 + exp(-{x})))"),
-        // -- elem ops (issue 17) --
         (Un::Floor | Un::Ceil | Un::Round, Scalar::I64) => x.to_string(),
         (Un::Sign, Scalar::I64) => format!("((I)({x} > 0) - (I)({x} < 0))"),
         (Un::Sign, sc) => format!(
@@ -887,7 +883,6 @@ fn binary(op: Bin, s: Scalar, x: &str, y: &str) -> String {
             float_lit(1.0, sc),
             float_lit(0.0, sc)
         ),
-        // -- elem ops (issue 17) --
         (Bin::Eq | Bin::Ne | Bin::Le, sc) => {
             let c = match op {
                 Bin::Eq => "==",
@@ -1002,7 +997,6 @@ template <typename T> __device__ __forceinline__ T warp_min(T v) {
 FUSEBOX_BLOCK_REDUCE(block_sum, warp_sum)
 FUSEBOX_BLOCK_REDUCE(block_max, warp_max)
 FUSEBOX_BLOCK_REDUCE(block_min, warp_min)
-// -- reduce ops (issue 17) --
 template <typename T> __device__ __forceinline__ T warp_prod(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(0xffffffffu, v, o);

@@ -184,7 +184,6 @@ fn init(op: RedOp, s: Scalar) -> f64 {
         (RedOp::Min, Scalar::I64) => i64::MAX as f64,
         (RedOp::Max, _) => f64::NEG_INFINITY,
         (RedOp::Min, _) => f64::INFINITY,
-        // -- reduce ops (issue 17) --
         (RedOp::Prod, _) => 1.0,
     }
 }
@@ -194,7 +193,6 @@ fn combine(op: RedOp, acc: f64, v: f64, s: Scalar) -> f64 {
         RedOp::Sum => acc + v,
         RedOp::Max => acc.max(v),
         RedOp::Min => acc.min(v),
-        // -- reduce ops (issue 17) --
         RedOp::Prod => acc * v,
     };
     round(s, r)
@@ -386,7 +384,6 @@ fn unary(op: Un, x: f64) -> f64 {
         Un::Tanh => x.tanh(),
         Un::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Un::Erf => erf(x),
-        // -- elem ops (issue 17) --
         Un::Floor => x.floor(),
         Un::Ceil => x.ceil(),
         Un::Round => x.round_ties_even(),
@@ -441,7 +438,6 @@ fn binary(op: Bin, x: f64, y: f64, s: Scalar) -> f64 {
                 ((x as i64) % (y as i64)) as f64
             }
         }
-        // -- elem ops (issue 17) --
         Bin::Eq => f64::from(u8::from(x == y)),
         Bin::Ne => f64::from(u8::from(x != y)),
         Bin::Le => f64::from(u8::from(x <= y)),

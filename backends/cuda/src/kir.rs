@@ -76,7 +76,6 @@ pub enum Un {
     Sigmoid,
     /// the error function.
     Erf,
-    // -- elem ops (issue 17) --
     /// round down.
     Floor,
     /// round up.
@@ -136,7 +135,6 @@ pub enum Bin {
     Lt,
     /// `a mod b` on non-negative integers.
     Rem,
-    // -- elem ops (issue 17) --
     /// `a == b`.
     Eq,
     /// `a != b`.
@@ -168,7 +166,6 @@ pub enum RedOp {
     Max,
     /// Minimum, starting at +inf (or the largest integer).
     Min,
-    // -- reduce ops (issue 17) --
     /// Product, starting at 1.
     Prod,
 }

@@ -193,9 +193,7 @@ fn float_only(op: &Op) -> bool {
             | Op::Take { .. }
             | Op::BroadcastTo
             | Op::Dropout { .. }
-            // -- elem ops (issue 17) --
             | Op::Elem(_)
-            // -- index ops (issue 17) --
             | Op::GatherElements { .. }
             | Op::GatherNd { .. }
             | Op::ScatterElements { .. }
@@ -206,7 +204,6 @@ fn float_only(op: &Op) -> bool {
             | Op::Tril { .. }
             | Op::Triu { .. }
             | Op::Pad(_)
-            // -- nn ops (issue 17) --
             | Op::Resize2d(_)
             | Op::Add
             | Op::Subtract
@@ -562,7 +559,6 @@ impl Lowerer<'_> {
                     }),
                 ]));
             }
-            // -- reduce ops (issue 17) --
             Op::Topk(_) => {
                 return Err(self.unsupported("topk is a sort: it runs on the CPU".into()));
             }
@@ -1082,7 +1078,6 @@ impl Lowerer<'_> {
                 idx.extend_from_slice(&c[ax + ir..]);
                 self.at(&x, &idx)
             }
-            // -- nn ops (issue 17) --
             Op::Conv2dTranspose(a) => {
                 let x = self.tensor_arg(args, 0)?.clone();
                 let w = self.tensor_arg(args, 1)?.clone();
@@ -1102,9 +1097,7 @@ impl Lowerer<'_> {
             Op::Split(_) | Op::BatchNorm(_) | Op::Dropout { .. } => {
                 return Err(self.unsupported("internal: multi-output op".into()));
             }
-            // -- elem ops (issue 17) --
             Op::Elem(e) => self.elem(*e, args, &shape, dtype, &c)?,
-            // -- index ops (issue 17) --
             Op::GatherElements { .. }
             | Op::GatherNd { .. }
             | Op::ScatterElements { .. }
@@ -1117,7 +1110,6 @@ impl Lowerer<'_> {
             | Op::Cumsum(_)
             | Op::Cumprod(_)
             | Op::Pad(_) => self.index_op(op, args, &shape, dtype, &c)?,
-            // -- reduce ops (issue 17) --
             Op::Min(_)
             | Op::Prod(_)
             | Op::Argmax { .. }
@@ -1128,7 +1120,6 @@ impl Lowerer<'_> {
                 return Err(self.unsupported("shape_to_tensor runs on the CPU".into()));
             }
         };
-        // -- elem ops (issue 17) --
         let node = self.wrap_int(op, node, dtype);
         Ok(Val::T(Tv { node, shape, dtype }))
     }

@@ -339,8 +339,6 @@ fn tuple_outputs_and_row_kernels() {
     check_function(&m, "main", &args, None).unwrap();
 }
 
-// -- index ops (issue 17) --
-
 #[test]
 fn index_ops() {
     let i64t = |shape: &str| format!("R.Tensor(({shape}), dtype=\"int64\")");

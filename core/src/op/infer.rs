@@ -5,9 +5,7 @@
 //! result instead of an error. Errors start with the op name and say what was expected and
 //! what was found.
 
-// -- elem ops (issue 17) --
 mod elem;
-// -- reduce ops (issue 17) --
 mod reduce;
 
 use super::attrs::layout_pos;
@@ -16,9 +14,7 @@ use crate::ir::infer::brief;
 use crate::ir::{DType, Dim, TensorType, Type};
 use std::sync::Arc;
 
-// -- index ops (issue 17) --
 mod index;
-// -- nn ops (issue 17) --
 mod nn;
 
 /// The arguments of one call, for error messages.
@@ -730,9 +726,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             }
             Ok(known(target.to_vec(), x.dtype))
         }
-        // -- elem ops (issue 17) --
         Op::Elem(e) => elem::infer(&cx, *e),
-        // -- index ops (issue 17) --
         Op::GatherElements { .. }
         | Op::GatherNd { .. }
         | Op::ScatterElements { .. }
@@ -745,14 +739,12 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         | Op::Cumsum(_)
         | Op::Cumprod(_)
         | Op::Pad(_) => index::infer(&cx, op),
-        // -- reduce ops (issue 17) --
         Op::Min(a) | Op::Prod(a) => reduce::reduce(&cx, a),
         Op::Argmax { axis, keepdims } | Op::Argmin { axis, keepdims } => {
             reduce::arg_reduce(&cx, *axis, *keepdims)
         }
         Op::Topk(a) => reduce::topk(&cx, a),
         Op::Einsum { subscripts } => reduce::einsum(&cx, subscripts),
-        // -- nn ops (issue 17) --
         Op::Conv2dTranspose(a) => nn::conv2d_transpose(&cx, a),
         Op::Resize2d(a) => nn::resize2d(&cx, a),
         Op::GroupNorm(a) | Op::InstanceNorm(a) => nn::group_norm(&cx, a),

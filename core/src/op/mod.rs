@@ -37,21 +37,17 @@ pub mod einsum;
 mod elem;
 mod index;
 mod infer;
-// -- nn ops (issue 17) --
 mod nn;
 #[cfg(test)]
 mod tests;
 
 use crate::ir::{DType, Type};
-// -- elem ops (issue 17) --
-// -- index ops (issue 17) --
 use attrs::{
     Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
     str_lit,
 };
 pub use elem::{ElemClass, ElemOp};
 pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
-// -- nn ops (issue 17) --
 pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
@@ -290,7 +286,6 @@ pub struct LrnAttrs {
     pub bias: F64,
 }
 
-// -- reduce ops (issue 17) --
 /// Attributes of `relax.topk`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TopkAttrs {
@@ -438,11 +433,9 @@ pub enum Op {
     ShapeToTensor,
     /// `relax.nn.lrn`
     Lrn(Box<LrnAttrs>),
-    // -- elem ops (issue 17) --
     /// The elementwise comparison / logic / bitwise / `where` / math family (`relax.equal`,
     /// `relax.where`, `relax.sin`, …): one [`ElemOp`] per TVM op, none with attributes.
     Elem(ElemOp),
-    // -- index ops (issue 17) --
     /// `relax.gather_elements(data, indices)`
     GatherElements {
         /// The gathered axis.
@@ -495,7 +488,6 @@ pub enum Op {
     Cumprod(Box<ScanAttrs>),
     /// `relax.nn.pad`
     Pad(Box<PadAttrs>),
-    // -- reduce ops (issue 17) --
     /// `relax.min`
     Min(Box<ReduceAttrs>),
     /// `relax.prod`
@@ -521,7 +513,6 @@ pub enum Op {
         /// The equation (`"bij,bjk->bik"`).
         subscripts: Box<str>,
     },
-    // -- nn ops (issue 17) --
     /// `relax.nn.conv2d_transpose(x, w)`
     Conv2dTranspose(Box<Conv2dTransposeAttrs>),
     /// `relax.image.resize2d(x, size)`
@@ -582,7 +573,6 @@ const OTHER_NAMES: &[&str] = &[
     "relax.broadcast_to",
     "relax.shape_to_tensor",
     "relax.nn.lrn",
-    // -- index ops (issue 17) --
     "relax.gather_elements",
     "relax.gather_nd",
     "relax.scatter_elements",
@@ -595,14 +585,12 @@ const OTHER_NAMES: &[&str] = &[
     "relax.cumsum",
     "relax.cumprod",
     "relax.nn.pad",
-    // -- reduce ops (issue 17) --
     "relax.min",
     "relax.prod",
     "relax.argmax",
     "relax.argmin",
     "relax.topk",
     "relax.einsum",
-    // -- nn ops (issue 17) --
     "relax.nn.conv2d_transpose",
     "relax.image.resize2d",
     "relax.nn.group_norm",
@@ -756,9 +744,7 @@ impl Op {
             Op::BroadcastTo => "relax.broadcast_to",
             Op::ShapeToTensor => "relax.shape_to_tensor",
             Op::Lrn(_) => "relax.nn.lrn",
-            // -- elem ops (issue 17) --
             Op::Elem(e) => e.name(),
-            // -- index ops (issue 17) --
             Op::GatherElements { .. } => "relax.gather_elements",
             Op::GatherNd { .. } => "relax.gather_nd",
             Op::ScatterElements { .. } => "relax.scatter_elements",
@@ -771,14 +757,12 @@ impl Op {
             Op::Cumsum(_) => "relax.cumsum",
             Op::Cumprod(_) => "relax.cumprod",
             Op::Pad(_) => "relax.nn.pad",
-            // -- reduce ops (issue 17) --
             Op::Min(_) => "relax.min",
             Op::Prod(_) => "relax.prod",
             Op::Argmax { .. } => "relax.argmax",
             Op::Argmin { .. } => "relax.argmin",
             Op::Topk(_) => "relax.topk",
             Op::Einsum { .. } => "relax.einsum",
-            // -- nn ops (issue 17) --
             Op::Conv2dTranspose(_) => "relax.nn.conv2d_transpose",
             Op::Resize2d(_) => "relax.image.resize2d",
             Op::GroupNorm(_) => "relax.nn.group_norm",
@@ -830,12 +814,10 @@ impl Op {
             }
             "relax.take" => sig(2, 2, &["axis", "mode"]),
             "relax.nn.lrn" => sig(1, 1, &["size", "axis", "alpha", "beta", "bias"]),
-            // -- elem ops (issue 17) --
             n if ElemOp::from_name(n).is_some() => {
                 let k = ElemOp::from_name(n).map_or(1, ElemOp::arity);
                 sig(k, k, &[])
             }
-            // -- index ops (issue 17) --
             "relax.gather_elements" => sig(2, 2, &["axis"]),
             "relax.gather_nd" => sig(2, 2, &["batch_dims"]),
             "relax.scatter_elements" => sig(3, 3, &["axis", "reduction"]),
@@ -846,13 +828,11 @@ impl Op {
             "relax.tril" | "relax.triu" => sig(1, 1, &["k"]),
             "relax.cumsum" | "relax.cumprod" => sig(1, 1, &["axis", "dtype", "exclusive"]),
             "relax.nn.pad" => sig(1, 1, &["pad_width", "pad_mode", "pad_value"]),
-            // -- reduce ops (issue 17) --
             "relax.min" | "relax.prod" | "relax.argmax" | "relax.argmin" => {
                 sig(1, 1, &["axis", "keepdims"])
             }
             "relax.topk" => sig(1, 1, &["k", "axis", "ret_type", "largest", "dtype"]),
             "relax.einsum" => sig(1, 1, &["subscripts"]),
-            // -- nn ops (issue 17) --
             "relax.nn.conv2d_transpose" => sig(2, 2, nn::CONV2D_TRANSPOSE_ATTRS),
             "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
             "relax.nn.group_norm" => sig(3, 3, nn::GROUP_NORM_ATTRS),
@@ -1092,12 +1072,10 @@ impl Op {
                     bias: kw.float("bias", 1.0)?,
                 }))
             }
-            // -- elem ops (issue 17) --
             n if ElemOp::from_name(n).is_some() => match ElemOp::from_name(n) {
                 Some(e) => Op::Elem(e),
                 None => return Err(format!("unknown op `{name}`")),
             },
-            // -- reduce ops (issue 17) --
             "relax.min" => Op::Min(reduce_attrs(&kw)?),
             "relax.prod" => Op::Prod(reduce_attrs(&kw)?),
             "relax.argmax" => Op::Argmax {
@@ -1140,12 +1118,10 @@ impl Op {
             "relax.einsum" => Op::Einsum {
                 subscripts: kw.string("subscripts", None)?.into_boxed_str(),
             },
-            // -- nn ops (issue 17) --
             "relax.nn.conv2d_transpose" => Op::Conv2dTranspose(nn::conv2d_transpose_attrs(&kw)?),
             "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
             "relax.nn.group_norm" => Op::GroupNorm(nn::group_norm_attrs(&kw, false)?),
             "relax.nn.instance_norm" => Op::InstanceNorm(nn::group_norm_attrs(&kw, true)?),
-            // -- index ops (issue 17) --
             _ => match index::from_call(name, &kw)? {
                 Some(op) => op,
                 None => return Err(format!("unknown op `{name}`")),
@@ -1257,9 +1233,7 @@ impl Op {
                 ("beta", AttrLit::Float(a.beta.0)),
                 ("bias", AttrLit::Float(a.bias.0)),
             ],
-            // -- elem ops (issue 17) --
             Op::Elem(_) => vec![],
-            // -- index ops (issue 17) --
             Op::GatherElements { .. }
             | Op::GatherNd { .. }
             | Op::ScatterElements { .. }
@@ -1272,7 +1246,6 @@ impl Op {
             | Op::Cumsum(_)
             | Op::Cumprod(_)
             | Op::Pad(_) => index::kwargs(self).unwrap_or_default(),
-            // -- reduce ops (issue 17) --
             Op::Min(a) | Op::Prod(a) => reduce_kwargs(a),
             Op::Argmax { axis, keepdims } | Op::Argmin { axis, keepdims } => vec![
                 ("axis", opt_int_lit(*axis)),
@@ -1286,7 +1259,6 @@ impl Op {
                 ("dtype", dtype_lit(a.dtype)),
             ],
             Op::Einsum { subscripts } => vec![("subscripts", str_lit(subscripts))],
-            // -- nn ops (issue 17) --
             Op::Conv2dTranspose(a) => nn::conv2d_transpose_kwargs(a),
             Op::Resize2d(a) => nn::resize2d_kwargs(a),
             Op::GroupNorm(a) => nn::group_norm_kwargs(a, false),
@@ -1359,9 +1331,7 @@ impl Op {
             Op::BatchNorm(_) | Op::Dropout { .. } | Op::Lrn(_) | Op::ShapeToTensor => {
                 FusionKind::Opaque
             }
-            // -- elem ops (issue 17) --
             Op::Elem(e) => e.fusion_kind(),
-            // -- index ops (issue 17) --
             Op::Tril { .. } | Op::Triu { .. } => FusionKind::ElemWise,
             Op::GatherElements { .. }
             | Op::GatherNd { .. }
@@ -1372,13 +1342,11 @@ impl Op {
             Op::ScatterElements { .. } | Op::ScatterNd { .. } | Op::Cumsum(_) | Op::Cumprod(_) => {
                 FusionKind::Opaque
             }
-            // -- reduce ops (issue 17) --
             Op::Min(_) | Op::Prod(_) | Op::Argmax { .. } | Op::Argmin { .. } => {
                 FusionKind::CommReduce
             }
             Op::Einsum { .. } => FusionKind::OutEWiseFusable,
             Op::Topk(_) => FusionKind::Opaque,
-            // -- nn ops (issue 17) --
             Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
             Op::Resize2d(_) => FusionKind::Injective,
             Op::GroupNorm(_) | Op::InstanceNorm(_) => FusionKind::CommReduce,

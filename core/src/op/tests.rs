@@ -120,7 +120,6 @@ fn samples() -> Vec<Op> {
             ],
         ),
     ]);
-    // -- index ops (issue 17) --
     out.extend(index_samples());
     out
 }
@@ -192,13 +191,10 @@ fn default_instance(name: &str) -> Op {
                 ("end", ints(&[2])),
             ],
         ),
-        // -- index ops (issue 17) --
         "relax.one_hot" => op(name, &[("depth", AttrLit::Int(4))]),
         "relax.tile" => op(name, &[("repeats", ints(&[2]))]),
         "relax.nn.pad" => op(name, &[("pad_width", ints(&[1, 1]))]),
-        // -- reduce ops (issue 17) --
         "relax.einsum" => op(name, &[("subscripts", s("ij,jk->ik"))]),
-        // -- nn ops (issue 17) --
         "relax.nn.group_norm" => op(
             name,
             &[
@@ -1027,8 +1023,6 @@ fn unknown_shapes_and_extreme_attrs_do_not_panic() {
     let _ = r.infer(&[&t(&[big, big]), &shape(&[d(-1)])]);
     let _ = r.infer(&[&t(&[i64::MIN]), &shape(&[d(-1), d(0)])]);
 }
-
-// -- index ops (issue 17) --
 
 #[test]
 fn index_ops_attrs() {

@@ -742,8 +742,6 @@ fn big_module_round_trips() {
     assert_eq!(print_module(&m).text, src);
 }
 
-// -- index ops (issue 17) --
-
 #[test]
 fn index_ops_round_trip() {
     let src = module_with(

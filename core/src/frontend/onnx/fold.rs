@@ -15,7 +15,6 @@
 //! y = Reshape(x, t)       # becomes R.reshape(x, R.shape([n, 12]))
 //! ```
 
-// -- elem ops (issue 17) --
 mod elem;
 
 use super::{
@@ -173,7 +172,6 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             }
             Ok(fold_ints(im, node, &a, args)?.map(|i| vec![Out::Val(i)]))
         }
-        // -- elem ops (issue 17) --
         "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "Not" | "And" | "Or"
         | "Xor" | "Mod" | "Where" => {
             let mut args = Vec::new();
@@ -185,7 +183,6 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             }
             Ok(elem::fold(&node.op_type, &a, &args)?.map(|v| vec![Out::Val(v)]))
         }
-        // -- index ops (issue 17) --
         // `Neg` of a folded integer (LayerNormalization's expansion feeds ConstantOfShape
         // with `-axis`).
         "Neg" => match ints(im, req(node, 0)?) {
@@ -556,7 +553,6 @@ fn fold_ints(
                 .into_val(),
             )
         }
-        // -- index ops (issue 17) --
         "Neg" => Some(
             Ints {
                 vals: x.vals.iter().map(|d| Dim::Static(0).sub(d)).collect(),

@@ -126,7 +126,6 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Tanh",
     "Transpose",
     "Unsqueeze",
-    // -- elem ops (issue 17) --
     "Acos",
     "Acosh",
     "And",
@@ -169,7 +168,6 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ThresholdedRelu",
     "Where",
     "Xor",
-    // -- index ops (issue 17) --
     "CenterCropPad",
     "CumProd",
     "CumSum",
@@ -187,7 +185,6 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "TensorScatter",
     "Tile",
     "Trilu",
-    // -- reduce ops (issue 17) --
     "ArgMax",
     "ArgMin",
     "Attention",
@@ -204,7 +201,6 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceSumSquare",
     "RotaryEmbedding",
     "TopK",
-    // -- nn ops (issue 17) --
     "CausalConvWithState",
     "ConvTranspose",
     "GlobalLpPool",

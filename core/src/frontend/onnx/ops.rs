@@ -12,17 +12,15 @@
 //!                                        y = R.add(lv2, C)
 //! ```
 
+mod attention;
 mod dynamic;
+mod elem;
 mod generate;
 mod loss;
-mod quant;
-mod rnn;
-// -- elem ops (issue 17) --
-mod elem;
-// -- reduce ops (issue 17) --
-mod attention;
 mod nn;
+mod quant;
 mod reduce;
+mod rnn;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
@@ -32,7 +30,6 @@ use crate::op::{
     SplitSpec, StridedSliceAttrs, TakeMode,
 };
 
-// -- index ops (issue 17) --
 mod index;
 
 fn call(op: Op, args: Vec<ExprId>) -> Vec<Out> {
@@ -48,7 +45,6 @@ fn prod(d: &[Dim]) -> Dim {
 
 /// Converts one node (see the module docs).
 pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<Vec<Out>> {
-    // -- elem ops (issue 17) --
     if let Some(outs) = elem::convert(im, node)? {
         return Ok(outs);
     }
@@ -650,12 +646,10 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "ConstantOfShape" | "Constant" | "Identity" => {
             Err(invalid("internal: should have been folded"))
         }
-        // -- index ops (issue 17) --
         "GatherElements" | "GatherND" | "ScatterND" | "ScatterElements" | "Scatter" | "OneHot"
         | "Range" | "Tile" | "Trilu" | "CumSum" | "CumProd" | "Pad" | "Size" | "DepthToSpace"
         | "SpaceToDepth" | "CenterCropPad" | "TensorScatter" => index::convert(im, node)?
             .ok_or_else(|| invalid(format!("internal: no converter for `{op}`"))),
-        // -- reduce ops (issue 17) --
         "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceLogSum"
         | "ReduceLogSumExp" | "ReduceSumSquare" => reduce::reduce(im, node, &a),
         "ArgMax" | "ArgMin" => reduce::arg(im, node, &a),
@@ -665,7 +659,6 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Hardmax" => reduce::hardmax(im, node, &a),
         "Attention" => attention::attention(im, node, &a),
         "RotaryEmbedding" => attention::rotary_embedding(im, node, &a),
-        // -- nn ops (issue 17) --
         "LayerNormalization" => nn::layer_norm(im, node, &a),
         "RMSNormalization" => nn::rms_norm(im, node, &a),
         "InstanceNormalization" => nn::instance_norm(im, node, &a),
