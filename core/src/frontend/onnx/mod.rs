@@ -207,7 +207,6 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GlobalMaxPool",
     "GroupNormalization",
     "InstanceNormalization",
-    "LpNormalization",
     "LpPool",
     "MeanVarianceNormalization",
     "RMSNormalization",

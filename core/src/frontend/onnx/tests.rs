@@ -1167,3 +1167,12 @@ fn slices_with_symbolic_bounds_stay_symbolic() {
         "{text}"
     );
 }
+
+#[test]
+fn supported_ops_are_listed_once() {
+    let mut seen = std::collections::BTreeSet::new();
+    for op in SUPPORTED_OPS {
+        assert!(seen.insert(*op), "{op} is listed twice in SUPPORTED_OPS");
+    }
+    assert!(SUPPORTED_OPS.len() > 150, "{}", SUPPORTED_OPS.len());
+}
