@@ -11,68 +11,34 @@
 )]
 
 mod check;
-use fusebox_cuda::testing as common;
 
-use check::{check_function, random_args};
+use check::{check_function, lower_check_compile as run, random_args, tensor_ty};
 use fusebox_core::text::parse_module_str;
 use fusebox_cuda::nvrtc::{Arch, CompileOptions};
-
-/// `main(params) { body }` with a dataflow block whose last binding is the output.
-fn module(name: &str, params: &str, body: &[&str]) -> String {
-    let mut s = format!(
-        "@I.ir_module\nclass Module:\n    @R.function\n    def {name}({params}):\n        with R.dataflow():\n"
-    );
-    for b in body {
-        s.push_str(&format!("            {b}\n"));
-    }
-    s.push_str("            R.output(gv)\n        return gv\n");
-    s
-}
-
-fn t(shape: &str, dtype: &str) -> String {
-    format!("R.Tensor(({shape}), dtype=\"{dtype}\")")
-}
-
-/// Checks the lowering of `body` against the CPU on three random inputs and compiles its
-/// kernels; returns the number of kernels.
-fn run(name: &str, params: &str, body: &[&str]) -> usize {
-    let fname = fusebox_cuda::lower::sanitize(name);
-    let src = module(&fname, params, body);
-    let m = parse_module_str(&src).unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
-    let mut kernels = 0;
-    for seed in [1u64, 7, 42] {
-        let args = random_args(&m, &fname, seed);
-        let (k, n) = check_function(&m, &fname, &args, None)
-            .unwrap_or_else(|e| panic!("{name} (seed {seed}): {e}\n{src}"));
-        assert!(n > 0, "{name}: nothing compared");
-        kernels = k;
-    }
-    if common::nvrtc_or_skip(name) {
-        let low = fusebox_cuda::lower::lower(&fname, m.get(&fname).unwrap()).unwrap();
-        for k in &low.kernels {
-            let src = fusebox_cuda::emit::emit(k);
-            for arch in [Arch::Sm80, Arch::Sm90] {
-                let c = fusebox_cuda::compile_cached(
-                    None,
-                    &src,
-                    &k.name,
-                    arch,
-                    &CompileOptions::default(),
-                )
-                .unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
-                assert!(!c.has_spills(), "{name} spills on {arch}: {}", c.log);
-            }
-        }
-    }
-    kernels
-}
+use fusebox_cuda::testing as common;
 
 #[test]
 fn comparisons_on_floats_and_ints() {
-    let pf = format!("x: {}, y: {}", t("4, 8", "float32"), t("8,", "float32"));
-    let pi = format!("x: {}, y: {}", t("4, 8", "int32"), t("8,", "int32"));
-    let pu = format!("x: {}, y: {}", t("3, 1", "uint8"), t("5,", "uint8"));
-    let ph = format!("x: {}, y: {}", t("2, 6", "float16"), t("6,", "float16"));
+    let pf = format!(
+        "x: {}, y: {}",
+        tensor_ty("4, 8", "float32"),
+        tensor_ty("8,", "float32")
+    );
+    let pi = format!(
+        "x: {}, y: {}",
+        tensor_ty("4, 8", "int32"),
+        tensor_ty("8,", "int32")
+    );
+    let pu = format!(
+        "x: {}, y: {}",
+        tensor_ty("3, 1", "uint8"),
+        tensor_ty("5,", "uint8")
+    );
+    let ph = format!(
+        "x: {}, y: {}",
+        tensor_ty("2, 6", "float16"),
+        tensor_ty("6,", "float16")
+    );
     for op in [
         "equal",
         "not_equal",
@@ -89,13 +55,21 @@ fn comparisons_on_floats_and_ints() {
 
 #[test]
 fn logical_ops_on_bool_masks() {
-    let p = format!("a: {}, b: {}", t("4, 8", "bool"), t("1, 8", "bool"));
+    let p = format!(
+        "a: {}, b: {}",
+        tensor_ty("4, 8", "bool"),
+        tensor_ty("1, 8", "bool")
+    );
     for op in ["logical_and", "logical_or", "logical_xor"] {
         run(op, &p, &[&format!("gv = R.{op}(a, b)")]);
     }
     run("logical_not", &p, &["gv = R.logical_not(a)"]);
     // A comparison feeding a logical op: one fused kernel.
-    let pf = format!("x: {}, y: {}", t("4, 8", "float32"), t("8,", "float32"));
+    let pf = format!(
+        "x: {}, y: {}",
+        tensor_ty("4, 8", "float32"),
+        tensor_ty("8,", "float32")
+    );
     run(
         "range mask",
         &pf,
@@ -111,13 +85,17 @@ fn logical_ops_on_bool_masks() {
 fn where_and_masked_fill() {
     let p = format!(
         "c: {}, x: {}, y: {}",
-        t("4, 1", "bool"),
-        t("4, 8", "float32"),
-        t("8,", "float32")
+        tensor_ty("4, 1", "bool"),
+        tensor_ty("4, 8", "float32"),
+        tensor_ty("8,", "float32")
     );
     run("where", &p, &["gv = R.where(c, x, y)"]);
     // The causal-mask pattern exporters emit: where(i < j, -1e9, scores).
-    let pm = format!("x: {}, y: {}", t("8, 8", "float32"), t("8,", "float32"));
+    let pm = format!(
+        "x: {}, y: {}",
+        tensor_ty("8, 8", "float32"),
+        tensor_ty("8,", "float32")
+    );
     run(
         "causal mask",
         &pm,
@@ -127,7 +105,7 @@ fn where_and_masked_fill() {
         ],
     );
     // Where(IsNaN(x), 0, x) over log's NaNs.
-    let pn = format!("x: {}", t("4, 8", "float32"));
+    let pn = format!("x: {}", tensor_ty("4, 8", "float32"));
     run(
         "nan to zero",
         &pn,
@@ -139,16 +117,16 @@ fn where_and_masked_fill() {
     );
     let pi = format!(
         "c: {}, x: {}, y: {}",
-        t("6,", "bool"),
-        t("6,", "int64"),
-        t("1,", "int64")
+        tensor_ty("6,", "bool"),
+        tensor_ty("6,", "int64"),
+        tensor_ty("1,", "int64")
     );
     run("where int64", &pi, &["gv = R.where(c, x, y)"]);
 }
 
 #[test]
 fn isnan_isinf_isfinite() {
-    let p = format!("x: {}", t("4, 8", "float32"));
+    let p = format!("x: {}", tensor_ty("4, 8", "float32"));
     for op in ["isnan", "isinf", "isfinite"] {
         run(
             op,
@@ -160,14 +138,14 @@ fn isnan_isinf_isfinite() {
             ],
         );
     }
-    let pi = format!("x: {}", t("5,", "int32"));
+    let pi = format!("x: {}", tensor_ty("5,", "int32"));
     run("isfinite int", &pi, &["gv = R.isfinite(x)"]);
 }
 
 #[test]
 fn bitwise_ops_and_shifts_wrap_like_the_cpu() {
     for dt in ["int32", "uint8", "int64", "int8"] {
-        let p = format!("x: {}, y: {}", t("4, 8", dt), t("8,", dt));
+        let p = format!("x: {}, y: {}", tensor_ty("4, 8", dt), tensor_ty("8,", dt));
         for op in [
             "bitwise_and",
             "bitwise_or",
@@ -180,7 +158,7 @@ fn bitwise_ops_and_shifts_wrap_like_the_cpu() {
         run(&format!("bitwise_not {dt}"), &p, &["gv = R.bitwise_not(x)"]);
     }
     // Wide shifts: bits past the width fall off, negatives shift arithmetically.
-    let p = format!("x: {}", t("8,", "int8"));
+    let p = format!("x: {}", tensor_ty("8,", "int8"));
     run(
         "shift int8 by 7",
         &p,
@@ -201,15 +179,23 @@ fn bitwise_ops_and_shifts_wrap_like_the_cpu() {
             ],
         );
     }
-    let pb = format!("x: {}, y: {}", t("8,", "bool"), t("8,", "bool"));
+    let pb = format!(
+        "x: {}, y: {}",
+        tensor_ty("8,", "bool"),
+        tensor_ty("8,", "bool")
+    );
     run("bitwise_xor bool", &pb, &["gv = R.bitwise_xor(x, y)"]);
     run("bitwise_not bool", &pb, &["gv = R.bitwise_not(x)"]);
 }
 
 #[test]
 fn floor_mod_and_mod() {
-    let pf = format!("x: {}, y: {}", t("4, 8", "float32"), t("8,", "float32"));
-    let pi = format!("x: {}", t("4, 8", "int32"));
+    let pf = format!(
+        "x: {}, y: {}",
+        tensor_ty("4, 8", "float32"),
+        tensor_ty("8,", "float32")
+    );
+    let pi = format!("x: {}", tensor_ty("4, 8", "int32"));
     for op in ["floor_mod", "mod"] {
         run(op, &pf, &[&format!("gv = R.{op}(x, y)")]);
         for k in ["3", "-3"] {
@@ -232,7 +218,7 @@ fn floor_mod_and_mod() {
 
 #[test]
 fn rounding_sign_and_trig() {
-    let p = format!("x: {}", t("3, 5, 7", "float32"));
+    let p = format!("x: {}", tensor_ty("3, 5, 7", "float32"));
     for op in ["floor", "ceil", "round", "sign"] {
         // Scaled by 3.5 so rounding sees halves and whole numbers.
         run(
@@ -258,11 +244,11 @@ fn rounding_sign_and_trig() {
             "gv = R.acosh(b)",
         ],
     );
-    let pd = format!("x: {}", t("9,", "float64"));
+    let pd = format!("x: {}", tensor_ty("9,", "float64"));
     run("sin f64", &pd, &["gv = R.sin(x)"]);
-    let ph = format!("x: {}", t("9,", "float16"));
+    let ph = format!("x: {}", tensor_ty("9,", "float16"));
     run("round f16", &ph, &["gv = R.round(x)"]);
-    let pi = format!("x: {}", t("9,", "int32"));
+    let pi = format!("x: {}", tensor_ty("9,", "int32"));
     run("sign int", &pi, &["a = R.negative(x)", "gv = R.sign(a)"]);
     run("floor int", &pi, &["gv = R.floor(x)"]);
 }
@@ -337,7 +323,7 @@ class Module:
 #[test]
 fn integer_arithmetic_wraps_like_the_cpu() {
     for dt in ["int8", "uint8", "int32", "int64"] {
-        let p = format!("x: {}, y: {}", t("4, 8", dt), t("8,", dt));
+        let p = format!("x: {}, y: {}", tensor_ty("4, 8", dt), tensor_ty("8,", dt));
         for op in ["add", "subtract", "multiply", "maximum", "minimum"] {
             run(&format!("{op} {dt}"), &p, &[&format!("gv = R.{op}(x, y)")]);
         }
@@ -362,7 +348,11 @@ fn integer_arithmetic_wraps_like_the_cpu() {
             ],
         );
     }
-    let pb = format!("x: {}, y: {}", t("4, 8", "bool"), t("8,", "bool"));
+    let pb = format!(
+        "x: {}, y: {}",
+        tensor_ty("4, 8", "bool"),
+        tensor_ty("8,", "bool")
+    );
     for op in ["add", "multiply", "maximum", "minimum"] {
         run(&format!("{op} bool"), &pb, &[&format!("gv = R.{op}(x, y)")]);
     }

@@ -10,77 +10,24 @@
 )]
 
 mod check;
-use fusebox_cuda::testing as common;
 
-use check::{check_function, random_args};
+use check::{check_function, lower_check_compile as run, random_args, tensor_ty};
 use fusebox_core::text::parse_module_str;
-use fusebox_cuda::nvrtc::{Arch, CompileOptions};
-
-/// `main(params) { body }` with a dataflow block whose last binding is the output.
-fn module(params: &str, body: &[&str]) -> String {
-    let mut s = format!(
-        "@I.ir_module\nclass Module:\n    @R.function\n    def main({params}):\n        with R.dataflow():\n"
-    );
-    for b in body {
-        s.push_str(&format!("            {b}\n"));
-    }
-    let last = body
-        .last()
-        .and_then(|b| b.split('=').next())
-        .map(str::trim)
-        .unwrap_or("gv");
-    s.push_str(&format!(
-        "            R.output({last})\n        return {last}\n"
-    ));
-    s
-}
-
-fn f32t(shape: &str) -> String {
-    format!("R.Tensor(({shape}), dtype=\"float32\")")
-}
-
-fn run(name: &str, params: &str, body: &[&str]) -> usize {
-    let src = module(params, body).replace(
-        "def main(",
-        &format!("def {}(", fusebox_cuda::lower::sanitize(name)),
-    );
-    let fname = fusebox_cuda::lower::sanitize(name);
-    let m = parse_module_str(&src).unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
-    let mut kernels = 0;
-    for seed in [1u64, 7, 42] {
-        let args = random_args(&m, &fname, seed);
-        let (k, _) = check_function(&m, &fname, &args, None)
-            .unwrap_or_else(|e| panic!("{name} (seed {seed}): {e}\n{src}"));
-        kernels = k;
-    }
-    if common::nvrtc_or_skip(name) {
-        let low = fusebox_cuda::lower::lower(&fname, m.get(&fname).unwrap()).unwrap();
-        for k in &low.kernels {
-            let src = fusebox_cuda::emit::emit(k);
-            for arch in [Arch::Sm80, Arch::Sm90, Arch::Sm90a] {
-                let opts = CompileOptions {
-                    ptxas_verbose: true,
-                    ..CompileOptions::default()
-                };
-                let c = fusebox_cuda::compile_cached(None, &src, &k.name, arch, &opts)
-                    .unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
-                assert!(!c.has_spills(), "{name} spills on {arch}: {}", c.log);
-            }
-        }
-    }
-    kernels
-}
 
 #[test]
 fn elementwise_and_broadcast_ops() {
-    let p = format!("x: {}, y: {}", f32t("4, 8"), f32t("8,"));
+    let p = format!(
+        "x: {}, y: {}",
+        tensor_ty("4, 8", "float32"),
+        tensor_ty("8,", "float32")
+    );
     for op in [
         "add", "subtract", "multiply", "divide", "maximum", "minimum",
     ] {
         run(op, &p, &[&format!("gv = R.{op}(x, y)")]);
     }
     run("power", &p, &["a = R.abs(x)", "gv = R.power(a, y)"]);
-    let p1 = format!("x: {}", f32t("3, 5, 7"));
+    let p1 = format!("x: {}", tensor_ty("3, 5, 7", "float32"));
     for op in [
         "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "negative", "abs",
     ] {
@@ -105,7 +52,7 @@ fn elementwise_and_broadcast_ops() {
     );
     run(
         "broadcast_to",
-        &format!("x: {}", f32t("1, 5")),
+        &format!("x: {}", tensor_ty("1, 5", "float32")),
         &["gv = R.broadcast_to(x, R.shape([3, 5]))"],
     );
 }
@@ -130,32 +77,56 @@ fn half_precision_chains() {
 fn matmul_and_conv() {
     run(
         "matmul 2d",
-        &format!("a: {}, b: {}", f32t("5, 7"), f32t("7, 3")),
+        &format!(
+            "a: {}, b: {}",
+            tensor_ty("5, 7", "float32"),
+            tensor_ty("7, 3", "float32")
+        ),
         &["gv = R.matmul(a, b)"],
     );
     run(
         "matmul batched broadcast",
-        &format!("a: {}, b: {}", f32t("2, 1, 5, 7"), f32t("3, 7, 4")),
+        &format!(
+            "a: {}, b: {}",
+            tensor_ty("2, 1, 5, 7", "float32"),
+            tensor_ty("3, 7, 4", "float32")
+        ),
         &["gv = R.matmul(a, b)"],
     );
     run(
         "matmul vec",
-        &format!("a: {}, b: {}", f32t("7,"), f32t("7, 3")),
+        &format!(
+            "a: {}, b: {}",
+            tensor_ty("7,", "float32"),
+            tensor_ty("7, 3", "float32")
+        ),
         &["gv = R.matmul(a, b)"],
     );
     run(
         "conv2d",
-        &format!("x: {}, w: {}", f32t("1, 4, 9, 9"), f32t("6, 4, 3, 3")),
+        &format!(
+            "x: {}, w: {}",
+            tensor_ty("1, 4, 9, 9", "float32"),
+            tensor_ty("6, 4, 3, 3", "float32")
+        ),
         &["gv = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1])"],
     );
     run(
         "conv2d grouped dilated",
-        &format!("x: {}, w: {}", f32t("2, 4, 8, 8"), f32t("4, 2, 3, 3")),
+        &format!(
+            "x: {}, w: {}",
+            tensor_ty("2, 4, 8, 8", "float32"),
+            tensor_ty("4, 2, 3, 3", "float32")
+        ),
         &["gv = R.nn.conv2d(x, w, padding=[2, 1, 2, 1], dilation=[2, 1], groups=2)"],
     );
     run(
         "conv2d nhwc",
-        &format!("x: {}, w: {}", f32t("1, 6, 6, 3"), f32t("5, 3, 3, 3")),
+        &format!(
+            "x: {}, w: {}",
+            tensor_ty("1, 6, 6, 3", "float32"),
+            tensor_ty("5, 3, 3, 3", "float32")
+        ),
         &[
             "gv = R.nn.conv2d(x, w, padding=[1, 1, 1, 1], data_layout=\"NHWC\", kernel_layout=\"OHWI\", out_layout=\"NHWC\")",
         ],
@@ -164,7 +135,7 @@ fn matmul_and_conv() {
 
 #[test]
 fn pooling() {
-    let p = format!("x: {}", f32t("1, 3, 9, 9"));
+    let p = format!("x: {}", tensor_ty("1, 3, 9, 9", "float32"));
     run(
         "max_pool2d",
         &p,
@@ -201,7 +172,7 @@ fn pooling() {
 
 #[test]
 fn reductions_and_norms() {
-    let p = format!("x: {}", f32t("3, 4, 10"));
+    let p = format!("x: {}", tensor_ty("3, 4, 10", "float32"));
     for op in ["sum", "mean", "max"] {
         run(op, &p, &[&format!("gv = R.{op}(x, axis=[-1])")]);
         run(
@@ -218,9 +189,9 @@ fn reductions_and_norms() {
         "layer_norm",
         &format!(
             "x: {}, g: {}, b: {}",
-            f32t("3, 4, 10"),
-            f32t("10,"),
-            f32t("10,")
+            tensor_ty("3, 4, 10", "float32"),
+            tensor_ty("10,", "float32"),
+            tensor_ty("10,", "float32")
         ),
         &["gv = R.nn.layer_norm(x, g, b, axes=[-1])"],
     );
@@ -228,26 +199,30 @@ fn reductions_and_norms() {
         "layer_norm 2 axes",
         &format!(
             "x: {}, g: {}, b: {}",
-            f32t("3, 4, 10"),
-            f32t("4, 10"),
-            f32t("4, 10")
+            tensor_ty("3, 4, 10", "float32"),
+            tensor_ty("4, 10", "float32"),
+            tensor_ty("4, 10", "float32")
         ),
         &["gv = R.nn.layer_norm(x, g, b, axes=[1, 2])"],
     );
     run(
         "rms_norm",
-        &format!("x: {}, w: {}", f32t("3, 4, 10"), f32t("10,")),
+        &format!(
+            "x: {}, w: {}",
+            tensor_ty("3, 4, 10", "float32"),
+            tensor_ty("10,", "float32")
+        ),
         &["gv = R.nn.rms_norm(x, w, axes=[-1])"],
     );
     run(
         "batch_norm",
         &format!(
             "x: {}, g: {}, b: {}, m: {}, v: {}",
-            f32t("2, 4, 3, 3"),
-            f32t("4,"),
-            f32t("4,"),
-            f32t("4,"),
-            f32t("4,")
+            tensor_ty("2, 4, 3, 3", "float32"),
+            tensor_ty("4,", "float32"),
+            tensor_ty("4,", "float32"),
+            tensor_ty("4,", "float32"),
+            tensor_ty("4,", "float32")
         ),
         &[
             "va = R.abs(v)",
@@ -257,19 +232,19 @@ fn reductions_and_norms() {
     );
     run(
         "lrn",
-        &format!("x: {}", f32t("1, 7, 3, 3")),
+        &format!("x: {}", tensor_ty("1, 7, 3, 3", "float32")),
         &["gv = R.nn.lrn(x, size=3, alpha=0.0001, beta=0.75, bias=1.0)"],
     );
     run(
         "dropout",
-        &format!("x: {}", f32t("4, 4")),
+        &format!("x: {}", tensor_ty("4, 4", "float32")),
         &["d = R.nn.dropout(x, rate=0.5)", "gv = d[0]"],
     );
 }
 
 #[test]
 fn data_movement() {
-    let p = format!("x: {}", f32t("2, 3, 4"));
+    let p = format!("x: {}", tensor_ty("2, 3, 4", "float32"));
     run("reshape", &p, &["gv = R.reshape(x, R.shape([4, 6]))"]);
     run(
         "reshape 1s",
@@ -282,17 +257,21 @@ fn data_movement() {
     run("expand_dims", &p, &["gv = R.expand_dims(x, axis=[1])"]);
     run(
         "squeeze",
-        &format!("x: {}", f32t("2, 1, 4")),
+        &format!("x: {}", tensor_ty("2, 1, 4", "float32")),
         &["gv = R.squeeze(x, axis=[1])"],
     );
     run(
         "concat",
-        &format!("x: {}, y: {}", f32t("2, 3"), f32t("2, 5")),
+        &format!(
+            "x: {}, y: {}",
+            tensor_ty("2, 3", "float32"),
+            tensor_ty("2, 5", "float32")
+        ),
         &["t = (x, y)", "gv = R.concat(t, axis=1)"],
     );
     run(
         "split",
-        &format!("x: {}", f32t("4, 6")),
+        &format!("x: {}", tensor_ty("4, 6", "float32")),
         &[
             "t = R.split(x, indices_or_sections=[1, 4], axis=1)",
             "gv = t[1]",
@@ -300,22 +279,28 @@ fn data_movement() {
     );
     run(
         "strided_slice",
-        &format!("x: {}", f32t("5, 8")),
+        &format!("x: {}", tensor_ty("5, 8", "float32")),
         &["gv = R.strided_slice(x, axes=[1], begin=[1], end=[7], strides=[2])"],
     );
     run(
         "strided_slice negative",
-        &format!("x: {}", f32t("5, 8")),
+        &format!("x: {}", tensor_ty("5, 8", "float32")),
         &["gv = R.strided_slice(x, axes=[0, 1], begin=[-1, 6], end=[0, -9], strides=[-2, -3])"],
     );
     run(
         "take",
-        &format!("x: {}, i: R.Tensor((2, 2), dtype=\"int64\")", f32t("3, 4")),
+        &format!(
+            "x: {}, i: R.Tensor((2, 2), dtype=\"int64\")",
+            tensor_ty("3, 4", "float32")
+        ),
         &["gv = R.take(x, i, axis=1)"],
     );
     run(
         "take flat",
-        &format!("x: {}, i: R.Tensor((5,), dtype=\"int32\")", f32t("3, 4")),
+        &format!(
+            "x: {}, i: R.Tensor((5,), dtype=\"int32\")",
+            tensor_ty("3, 4", "float32")
+        ),
         &["gv = R.take(x, i)"],
     );
 }
@@ -346,22 +331,30 @@ fn index_ops() {
     // Random index tensors hold 0..=2, so every indexed extent here is at least 3.
     run(
         "gather_elements",
-        &format!("x: {}, i: {}", f32t("3, 4"), i64t("3, 2")),
+        &format!("x: {}, i: {}", tensor_ty("3, 4", "float32"), i64t("3, 2")),
         &["gv = R.gather_elements(x, i, axis=1)"],
     );
     run(
         "gather_elements axis 0",
-        &format!("x: {}, i: {}", f32t("3, 4"), i32t("2, 4")),
+        &format!("x: {}, i: {}", tensor_ty("3, 4", "float32"), i32t("2, 4")),
         &["gv = R.gather_elements(x, i, axis=0)"],
     );
     run(
         "gather_nd",
-        &format!("x: {}, i: {}", f32t("3, 4, 5"), i64t("6, 2")),
+        &format!(
+            "x: {}, i: {}",
+            tensor_ty("3, 4, 5", "float32"),
+            i64t("6, 2")
+        ),
         &["gv = R.gather_nd(x, i)"],
     );
     run(
         "gather_nd batch",
-        &format!("x: {}, i: {}", f32t("2, 3, 4"), i32t("2, 5, 1")),
+        &format!(
+            "x: {}, i: {}",
+            tensor_ty("2, 3, 4", "float32"),
+            i32t("2, 5, 1")
+        ),
         &["gv = R.gather_nd(x, i, batch_dims=1)"],
     );
     run(
@@ -378,7 +371,7 @@ fn index_ops() {
     );
     run(
         "arange in a chain",
-        &format!("x: {}", f32t("4, 6")),
+        &format!("x: {}", tensor_ty("4, 6", "float32")),
         &[
             "r = R.arange(start=0.5, end=3.5, step=0.5, dtype=\"float32\")",
             "gv = R.add(x, r)",
@@ -386,7 +379,7 @@ fn index_ops() {
     );
     run(
         "arange int",
-        &format!("x: {}", f32t("5,")),
+        &format!("x: {}", tensor_ty("5,", "float32")),
         &[
             "r = R.arange(start=10, end=0, step=-2)",
             "c = R.astype(r, dtype=\"float32\")",
@@ -403,13 +396,13 @@ fn index_ops() {
     );
     run(
         "tile",
-        &format!("x: {}", f32t("2, 3")),
+        &format!("x: {}", tensor_ty("2, 3", "float32")),
         &["gv = R.tile(x, repeats=[2, 1, 3])"],
     );
     for (name, k) in [("tril", -1), ("tril", 0), ("triu", 1), ("triu", -2)] {
         run(
             &format!("{name} k={k}"),
-            &format!("x: {}", f32t("2, 4, 5")),
+            &format!("x: {}", tensor_ty("2, 4, 5", "float32")),
             &[format!("gv = R.{name}(x, k={k})").as_str()],
         );
     }
@@ -421,7 +414,7 @@ fn index_ops() {
     for mode in ["constant", "reflect", "replicate", "circular"] {
         run(
             &format!("pad {mode}"),
-            &format!("x: {}", f32t("2, 3, 4")),
+            &format!("x: {}", tensor_ty("2, 3, 4", "float32")),
             &[format!(
                 "gv = R.nn.pad(x, pad_width=[0, 0, 2, 3, -1, 5], pad_value=1.5, pad_mode=\"{mode}\")"
             )

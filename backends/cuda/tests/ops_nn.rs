@@ -11,61 +11,9 @@
 )]
 
 mod check;
-use fusebox_cuda::testing as common;
 
-use check::{check_function, random_args};
+use check::{lower_check_compile as run, module, tensor_ty};
 use fusebox_core::text::parse_module_str;
-use fusebox_cuda::nvrtc::{Arch, CompileOptions};
-
-/// `main(params) { body }` with a dataflow block whose last binding is the output.
-fn module(name: &str, params: &str, body: &[&str]) -> String {
-    let mut s = format!(
-        "@I.ir_module\nclass Module:\n    @R.function\n    def {name}({params}):\n        with R.dataflow():\n"
-    );
-    for b in body {
-        s.push_str(&format!("            {b}\n"));
-    }
-    let last = body
-        .last()
-        .and_then(|b| b.split('=').next())
-        .map(str::trim)
-        .unwrap_or("gv");
-    s.push_str(&format!(
-        "            R.output({last})\n        return {last}\n"
-    ));
-    s
-}
-
-fn t(shape: &str, dt: &str) -> String {
-    format!("R.Tensor(({shape}), dtype=\"{dt}\")")
-}
-
-/// Checks the lowering of `body` against the CPU reference on three random inputs and
-/// compiles its kernels; returns the kernel count.
-fn run(name: &str, params: &str, body: &[&str]) -> usize {
-    let fname = fusebox_cuda::lower::sanitize(name);
-    let src = module(&fname, params, body);
-    let m = parse_module_str(&src).unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
-    let mut kernels = 0;
-    for seed in [1u64, 7, 42] {
-        let args = random_args(&m, &fname, seed);
-        let (k, _) = check_function(&m, &fname, &args, None)
-            .unwrap_or_else(|e| panic!("{name} (seed {seed}): {e}\n{src}"));
-        kernels = k;
-    }
-    if common::nvrtc_or_skip(name) {
-        let low = fusebox_cuda::lower::lower(&fname, m.get(&fname).unwrap()).unwrap();
-        for k in &low.kernels {
-            let src = fusebox_cuda::emit::emit(k);
-            for arch in [Arch::Sm80, Arch::Sm90] {
-                let opts = CompileOptions::default();
-                fusebox_cuda::compile_cached(None, &src, &k.name, arch, &opts)
-                    .unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
-            }
-        }
-    }
-    kernels
-}
 
 fn conv_t(attrs: &str) -> String {
     format!(
@@ -107,7 +55,7 @@ fn conv2d_transpose_lowers_and_matches_the_reference() {
             "strides=[1, 2], padding=[0, 1, 0, 0], output_padding=[0, 0], dilation=[1, 1], groups=3",
         ),
     ] {
-        let p = format!("x: {}, w: {}", t(x, dt), t(w, dt));
+        let p = format!("x: {}, w: {}", tensor_ty(x, dt), tensor_ty(w, dt));
         let k = run(
             &format!("conv2d_transpose {dt} {attrs}"),
             &p,
@@ -118,9 +66,9 @@ fn conv2d_transpose_lowers_and_matches_the_reference() {
     // Fused with a bias add and a relu: one kernel.
     let p = format!(
         "x: {}, w: {}, b: {}",
-        t("1, 2, 3, 3", "float32"),
-        t("2, 3, 2, 2", "float32"),
-        t("1, 3, 1, 1", "float32")
+        tensor_ty("1, 2, 3, 3", "float32"),
+        tensor_ty("2, 3, 2, 2", "float32"),
+        tensor_ty("1, 3, 1, 1", "float32")
     );
     let body = [
         "y = R.nn.conv2d_transpose(x, w, strides=[2, 2])",
@@ -180,7 +128,7 @@ fn resize2d_lowers_and_matches_the_reference() {
         ),
     ] {
         for dt in ["float32", "float16"] {
-            let p = format!("x: {}", t(x, dt));
+            let p = format!("x: {}", tensor_ty(x, dt));
             let k = run(
                 &format!("resize2d {dt} {size} {attrs}"),
                 &p,
@@ -191,7 +139,7 @@ fn resize2d_lowers_and_matches_the_reference() {
     }
     // Nearest on integers is an exact gather.
     for dt in ["int32", "int64", "uint8"] {
-        let p = format!("x: {}", t(x, dt));
+        let p = format!("x: {}", tensor_ty(x, dt));
         let body = [resize(
             "7, 11",
             "method=\"nearest_neighbor\", coordinate_transformation_mode=\"asymmetric\", rounding_method=\"floor\"",
@@ -201,7 +149,7 @@ fn resize2d_lowers_and_matches_the_reference() {
     // Linear on integers stays on the CPU.
     let src = module(
         "resize_int_linear",
-        &format!("x: {}", t(x, "int32")),
+        &format!("x: {}", tensor_ty(x, "int32")),
         &[&resize("8, 8", "method=\"linear\"")],
     );
     let m = parse_module_str(&src).unwrap();
@@ -217,9 +165,9 @@ fn group_and_instance_norm_lower_and_match_the_reference() {
     for dt in ["float32", "float16", "float64"] {
         let p = format!(
             "x: {}, g: {}, b: {}",
-            t("2, 6, 3, 4", dt),
-            t("6,", dt),
-            t("6,", dt)
+            tensor_ty("2, 6, 3, 4", dt),
+            tensor_ty("6,", dt),
+            tensor_ty("6,", dt)
         );
         let k = run(
             &format!("group_norm {dt}"),
@@ -236,9 +184,9 @@ fn group_and_instance_norm_lower_and_match_the_reference() {
     // Channel last, groups over the last axis, normalised over the middle one.
     let p = format!(
         "x: {}, g: {}, b: {}",
-        t("2, 5, 4", "float32"),
-        t("4,", "float32"),
-        t("4,", "float32")
+        tensor_ty("2, 5, 4", "float32"),
+        tensor_ty("4,", "float32"),
+        tensor_ty("4,", "float32")
     );
     run(
         "group_norm channel last",

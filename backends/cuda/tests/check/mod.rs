@@ -170,3 +170,62 @@ fn random_value(ty: &Type, rng: &mut Rng) -> Value {
         t => Value::Tensor(random_tensor(t, rng)),
     }
 }
+
+/// `def name(params)` with one dataflow block of `body`, whose last binding is the output.
+pub fn module(name: &str, params: &str, body: &[&str]) -> String {
+    let mut s = format!(
+        "@I.ir_module\nclass Module:\n    @R.function\n    def {name}({params}):\n        with R.dataflow():\n"
+    );
+    for b in body {
+        s.push_str(&format!("            {b}\n"));
+    }
+    let last = body
+        .last()
+        .and_then(|b| b.split('=').next())
+        .map(str::trim)
+        .unwrap_or("gv");
+    s.push_str(&format!(
+        "            R.output({last})\n        return {last}\n"
+    ));
+    s
+}
+
+/// `R.Tensor((shape), dtype="dtype")`.
+pub fn tensor_ty(shape: &str, dtype: &str) -> String {
+    format!("R.Tensor(({shape}), dtype=\"{dtype}\")")
+}
+
+/// Lowers `body` (a function named after `name`), checks it against the CPU reference on three
+/// random inputs (every element compared), and, where NVRTC is available, compiles each kernel
+/// for sm_80, sm_90 and sm_90a and asserts it does not spill. Returns the kernel count.
+pub fn lower_check_compile(name: &str, params: &str, body: &[&str]) -> usize {
+    use fusebox_core::text::parse_module_str;
+    use fusebox_cuda::nvrtc::{Arch, CompileOptions};
+    let fname = fusebox_cuda::lower::sanitize(name);
+    let src = module(&fname, params, body);
+    let m = parse_module_str(&src).unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
+    let mut kernels = 0;
+    for seed in [1u64, 7, 42] {
+        let args = random_args(&m, &fname, seed);
+        let (k, n) = check_function(&m, &fname, &args, None)
+            .unwrap_or_else(|e| panic!("{name} (seed {seed}): {e}\n{src}"));
+        assert!(n > 0, "{name}: nothing compared");
+        kernels = k;
+    }
+    if fusebox_cuda::testing::nvrtc_or_skip(name) {
+        let low = lower(&fname, m.get(&fname).unwrap()).unwrap();
+        for k in &low.kernels {
+            let src = fusebox_cuda::emit::emit(k);
+            for arch in [Arch::Sm80, Arch::Sm90, Arch::Sm90a] {
+                let opts = CompileOptions {
+                    ptxas_verbose: true,
+                    ..CompileOptions::default()
+                };
+                let c = fusebox_cuda::compile_cached(None, &src, &k.name, arch, &opts)
+                    .unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
+                assert!(!c.has_spills(), "{name} spills on {arch}: {}", c.log);
+            }
+        }
+    }
+    kernels
+}
