@@ -235,6 +235,41 @@ pub fn write_build(plan: &BuildPlan, dir: &std::path::Path) -> Result<Manifest> 
     Ok(manifest)
 }
 
+/// A `.npy` file as a tensor: C order, the dtypes fusebox stores (`f2`/`f4`/`f8`, `i1`/`u1`/
+/// `i4`/`i8`, `b1`); anything else is an error naming the file.
+pub fn read_npy(path: &std::path::Path) -> Result<fusebox_cpu::Tensor, fusebox_core::Error> {
+    use fusebox_core::Error;
+    use fusebox_cpu::{Storage, Tensor};
+    let bad = |m: String| Error::Invalid(format!("{}: {m}", path.display()));
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let npy = npyz::NpyFile::new(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
+    if npy.order() != npyz::Order::C {
+        return Err(bad("Fortran-order arrays are not supported".into()));
+    }
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let descr = npy.dtype().descr();
+    let e = |e: std::io::Error| bad(e.to_string());
+    // npyz gives the numpy repr of the descriptor, quotes included (`'<f4'`).
+    let storage = match descr
+        .trim_matches(['\'', '"'])
+        .trim_start_matches(['<', '|', '='])
+    {
+        "f4" => Storage::F32(npy.into_vec().map_err(e)?),
+        "f8" => Storage::F64(npy.into_vec().map_err(e)?),
+        "f2" => Storage::F16(npy.into_vec().map_err(e)?),
+        "i1" => Storage::I8(npy.into_vec().map_err(e)?),
+        "u1" => Storage::U8(npy.into_vec().map_err(e)?),
+        "i4" => Storage::I32(npy.into_vec().map_err(e)?),
+        "i8" => Storage::I64(npy.into_vec().map_err(e)?),
+        "b1" => Storage::Bool(npy.into_vec().map_err(e)?),
+        other => return Err(bad(format!("unsupported .npy dtype `{other}`"))),
+    };
+    Tensor::new(shape, storage)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

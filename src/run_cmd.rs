@@ -395,7 +395,7 @@ fn make_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Err
                 params.join(", ")
             )));
         }
-        given.insert(key, read_npy(Path::new(path))?);
+        given.insert(key, fusebox::read_npy(Path::new(path))?);
     }
     // Bind symbolic dims from the given inputs; the others default to 1.
     let mut syms: BTreeMap<Sym, i64> = BTreeMap::new();
@@ -455,34 +455,6 @@ fn make_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Err
         )?));
     }
     Ok(args)
-}
-
-fn read_npy(path: &Path) -> Result<Tensor, Error> {
-    let bad = |m: String| Error::Invalid(format!("{}: {m}", path.display()));
-    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
-    let npy = npyz::NpyFile::new(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
-    if npy.order() != npyz::Order::C {
-        return Err(bad("Fortran-order arrays are not supported".into()));
-    }
-    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    let descr = npy.dtype().descr();
-    let e = |e: std::io::Error| bad(e.to_string());
-    // npyz gives the numpy repr of the descriptor, quotes included (`'<f4'`).
-    let storage = match descr
-        .trim_matches(['\'', '"'])
-        .trim_start_matches(['<', '|', '='])
-    {
-        "f4" => Storage::F32(npy.into_vec().map_err(e)?),
-        "f8" => Storage::F64(npy.into_vec().map_err(e)?),
-        "f2" => Storage::F16(npy.into_vec().map_err(e)?),
-        "i1" => Storage::I8(npy.into_vec().map_err(e)?),
-        "u1" => Storage::U8(npy.into_vec().map_err(e)?),
-        "i4" => Storage::I32(npy.into_vec().map_err(e)?),
-        "i8" => Storage::I64(npy.into_vec().map_err(e)?),
-        "b1" => Storage::Bool(npy.into_vec().map_err(e)?),
-        other => return Err(bad(format!("unsupported .npy dtype `{other}`"))),
-    };
-    Tensor::new(shape, storage)
 }
 
 /// Writes `t` as `.npy` to a temporary file beside `path`, then renames it into place.

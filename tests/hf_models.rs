@@ -23,7 +23,7 @@
 
 use fusebox_core::frontend::onnx::{import_onnx_file, output_names, sanitize};
 use fusebox_core::ir::Module;
-use fusebox_cpu::{Storage, Tensor, Value};
+use fusebox_cpu::{Tensor, Value};
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -132,32 +132,9 @@ fn npy_files(dir: &Path) -> Result<BTreeMap<String, PathBuf>, Failure> {
         .collect())
 }
 
-/// A `.npy` file as a tensor (little-endian, C order; the dtypes the exporters write).
+/// A `.npy` file as a tensor (the CLI's reader).
 fn read_npy(path: &Path) -> Result<Tensor, String> {
-    let bad = |m: String| format!("{}: {m}", path.display());
-    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let npy = npyz::NpyFile::new(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
-    if npy.order() != npyz::Order::C {
-        return Err(bad("Fortran-order arrays are not supported".into()));
-    }
-    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    let descr = npy.dtype().descr();
-    let e = |e: std::io::Error| bad(e.to_string());
-    let storage = match descr
-        .trim_matches(['\'', '"'])
-        .trim_start_matches(['<', '|', '='])
-    {
-        "f4" => Storage::F32(npy.into_vec().map_err(e)?),
-        "f8" => Storage::F64(npy.into_vec().map_err(e)?),
-        "f2" => Storage::F16(npy.into_vec().map_err(e)?),
-        "i1" => Storage::I8(npy.into_vec().map_err(e)?),
-        "u1" => Storage::U8(npy.into_vec().map_err(e)?),
-        "i4" => Storage::I32(npy.into_vec().map_err(e)?),
-        "i8" => Storage::I64(npy.into_vec().map_err(e)?),
-        "b1" => Storage::Bool(npy.into_vec().map_err(e)?),
-        other => return Err(bad(format!("unsupported .npy dtype `{other}`"))),
-    };
-    Tensor::new(shape, storage).map_err(|e| bad(e.to_string()))
+    fusebox::read_npy(path).map_err(|e| e.to_string())
 }
 
 fn flatten(v: Value, out: &mut Vec<Tensor>) {
