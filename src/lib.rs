@@ -21,6 +21,8 @@
 //! # Ok::<(), fusebox::Error>(())
 //! ```
 
+pub mod compare;
+
 pub use fusebox_core as core;
 pub use fusebox_cpu as cpu;
 pub use fusebox_cublas as cublas;

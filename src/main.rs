@@ -530,6 +530,9 @@ fn compile_cmd(
             f.kernels.len(),
             if f.fallback { " (fallback)" } else { "" },
         );
+        for b in &f.build_failures {
+            println!("  `{}` could not build it: {}", b.backend, b.error);
+        }
     }
     println!(
         "wrote {} ({} function(s), {} kernel(s))",

@@ -154,3 +154,70 @@ fn compile_writes_cuda_sources_and_cubins_without_a_gpu() {
         }
     }
 }
+
+/// Issue 18: `fusebox compile` with the strict CUDA config on a machine without NVRTC exited 0,
+/// listing every function as `cpu, 0 kernel(s)` with no reason and no manifest field for it.
+#[test]
+fn compile_without_nvrtc_says_why_and_strict_fails() {
+    let dir = root().join("target").join("cuda-compile-no-nvrtc");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let compile = |config: &std::path::Path, out: &str| {
+        Command::new(env!("CARGO_BIN_EXE_fusebox"))
+            .current_dir(root())
+            .env("FUSEBOX_NVRTC_LIB", "/nonexistent/libnvrtc.so.13")
+            .args(["compile", "examples/small_cnn.relax", "--config"])
+            .arg(config)
+            .arg("--out-dir")
+            .arg(dir.join(out))
+            .output()
+            .unwrap()
+    };
+    let strict = compile(&root().join("configs/cuda.toml"), "strict");
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert_eq!(strict.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("strict mode: the backends that claimed it could not compile")
+            && stderr.contains("`fused_softmax` (relax.nn.softmax) [`cuda`: ")
+            && stderr.contains("NVRTC unavailable"),
+        "{stderr}"
+    );
+    assert!(!dir.join("strict").join("manifest.json").exists());
+
+    let lax_path = dir.join("lax.toml");
+    let text = std::fs::read_to_string(root().join("configs/cuda.toml")).unwrap();
+    std::fs::write(&lax_path, text.replace("strict = true", "strict = false")).unwrap();
+    let lax = compile(&lax_path, "lax");
+    let stdout = String::from_utf8_lossy(&lax.stdout);
+    assert!(lax.status.success(), "{}", String::from_utf8_lossy(&lax.stderr));
+    let softmax = stdout
+        .lines()
+        .position(|l| l.starts_with("fused_softmax: cpu, 0 kernel(s)"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        stdout.lines().nth(softmax + 1).is_some_and(|l| l
+            .trim_start()
+            .starts_with("`cuda` could not build it: backend `cuda`: NVRTC unavailable")),
+        "{stdout}"
+    );
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("lax").join("manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["format"], 2);
+    let f = manifest["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "fused_softmax")
+        .unwrap();
+    assert_eq!(f["backend"], "cpu");
+    assert_eq!(f["build_failures"][0]["backend"], "cuda");
+    assert!(
+        f["build_failures"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("NVRTC unavailable"),
+        "{f}"
+    );
+}

@@ -73,7 +73,7 @@ fn compare(a: &Value, b: &Value, path: &str) -> Result<usize, String> {
                     continue;
                 }
                 inexact += 1;
-                if (u - v).abs() > 1e-6 * u.abs().max(1.0) {
+                if !fusebox::compare::close(*u, *v, 1e-6 * u.abs().max(1.0)) {
                     return Err(format!("{path}[{i}]: {u} vs {v}"));
                 }
             }

@@ -113,6 +113,10 @@ pub enum Error {
     /// `strict = true` and some work was claimed by no backend.
     #[error("strict mode: no backend claimed {0}")]
     Unclaimed(String),
+    /// `strict = true` and some work ends on the CPU reference because the backends that
+    /// claimed it could not compile it.
+    #[error("strict mode: the backends that claimed it could not compile {0}")]
+    CompileFailed(String),
 }
 
 /// The payload of [`Error::Unknown`].

@@ -17,7 +17,10 @@
 //!    claims it is tried. Declines and failures are recorded with their reasons.
 //! 5. A unit no backend compiled runs on the built-in `cpu` backend (`fallback: true`), unless
 //!    `strict = true`: then it is an error naming every unclaimed function and op (ops left
-//!    bare in `main` count as unclaimed when no `cpu` backend is enabled).
+//!    bare in `main` count as unclaimed when no `cpu` backend is enabled). With `strict = true`
+//!    a unit that ends on `cpu` because the backends before it claimed it but failed to
+//!    compile (or build) it is an error as well, naming each failure: strict means the CPU
+//!    never silently stands in for a backend that broke.
 //! 6. Ahead of time ([`BackendPipeline::build`]): the same partition and claims, with
 //!    [`Backend::build`] in place of compile (no device needed); the [`BuildPlan`] gives the
 //!    [`Manifest`] that `fusebox compile` writes beside the built files.
@@ -149,7 +152,7 @@ pub struct BuildPlan {
 /// The `manifest.json` of `fusebox compile`: what was built for every unit of work.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {
-    /// The manifest format version (1).
+    /// The manifest format version (2: `build_failures` added to each function).
     pub format: u32,
     /// The fusebox version that wrote it.
     pub fusebox_version: String,
@@ -174,13 +177,25 @@ pub struct ManifestEntry {
     pub kernels: Vec<KernelInfo>,
     /// Its files in the output directory, in the order the backend gave them.
     pub files: Vec<String>,
+    /// Every backend that claimed it but could not build it, with the error, in backend
+    /// order (why a function meant for a GPU backend ended on `cpu`).
+    pub build_failures: Vec<BuildFailure>,
+}
+
+/// A backend that claimed a function and could not build it (a [`ManifestEntry`] field).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BuildFailure {
+    /// The backend.
+    pub backend: String,
+    /// Its error.
+    pub error: String,
 }
 
 impl BuildPlan {
     /// The manifest (deterministic: no times, no absolute paths).
     pub fn manifest(&self) -> Manifest {
         Manifest {
-            format: 1,
+            format: 2,
             fusebox_version: env!("CARGO_PKG_VERSION").to_string(),
             functions: self
                 .functions
@@ -197,6 +212,15 @@ impl BuildPlan {
                         files: out
                             .map(|o| o.files.iter().map(|(n, _)| n.clone()).collect())
                             .unwrap_or_default(),
+                        build_failures: f
+                            .claim
+                            .compile_failures
+                            .iter()
+                            .map(|(backend, error)| BuildFailure {
+                                backend: backend.clone(),
+                                error: error.clone(),
+                            })
+                            .collect(),
                     }
                 })
                 .collect(),
@@ -331,6 +355,7 @@ impl BackendPipeline {
         let pc = &self.config.partition;
         let mut done = Vec::new();
         let mut unclaimed = Vec::new();
+        let mut broken = Vec::new();
         let main = m
             .get("main")
             .ok_or_else(|| Error::Invalid("the module has no `main` function".into()))?;
@@ -396,6 +421,21 @@ impl BackendPipeline {
                     fallback(&c)?
                 }
             };
+            if pc.strict
+                && report.backend.as_deref() == Some("cpu")
+                && !report.compile_failures.is_empty()
+            {
+                let why: Vec<String> = report
+                    .compile_failures
+                    .iter()
+                    .map(|(b, e)| format!("`{b}`: {e}"))
+                    .collect();
+                broken.push(format!(
+                    "`{name}` ({}) [{}]",
+                    report.ops.join(", "),
+                    why.join("; ")
+                ));
+            }
             done.push((report, made));
         }
         progress(units.len(), units.len(), "");
@@ -412,6 +452,9 @@ impl BackendPipeline {
         }
         if !unclaimed.is_empty() {
             return Err(Error::Unclaimed(unclaimed.join("; ")));
+        }
+        if !broken.is_empty() {
+            return Err(Error::CompileFailed(broken.join("; ")));
         }
         Ok(done)
     }
