@@ -8,9 +8,10 @@
 //! `fusebox-plugin-host`; [`execute`] runs a function of a [`Plan`]'s module, calling the
 //! compiled artifact for every unit of work and the CPU reference for the ops left in `main`;
 //! [`write_build`] writes what [`BackendPipeline::build`] built ahead of time (`fusebox
-//! compile`): every function's files, then `manifest.json`, each through a temporary file and a
-//! rename, so a failure never leaves a half-written manifest (nor a stale one: the old manifest
-//! is removed first).
+//! compile`): every function's files and `manifest.json`, staged in a fresh directory
+//! ([`staging`]) and moved into place only when all are written, the manifest last, so a
+//! failure never leaves a half-written manifest (nor a stale one: the old manifest is removed
+//! first).
 //!
 //! ```no_run
 //! let config = fusebox::core::config::Config::load("configs/cpu.toml".as_ref())?;
@@ -22,6 +23,7 @@
 //! ```
 
 pub mod compare;
+pub mod staging;
 
 pub use fusebox_core as core;
 pub use fusebox_cpu as cpu;
@@ -152,30 +154,6 @@ fn execute_inner(
     })
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let io = |source| {
-        Error::Core(fusebox_core::Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io(e));
-    }
-    Ok(())
-}
-
 /// Whether a backend-given file name is a plain name that stays inside the output directory.
 fn plain_file_name(n: &str) -> bool {
     !n.is_empty()
@@ -216,24 +194,27 @@ pub fn write_build(plan: &BuildPlan, dir: &std::path::Path) -> Result<Manifest> 
             }
         }
     }
-    let io = |path: &std::path::Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Core(fusebox_core::Error::Io { path, source })
-    };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    // Everything is staged first: a failed write leaves the directory as it was.
+    let mut staging = staging::Staging::new(dir)?;
+    for f in &plan.functions {
+        for (name, bytes) in f.output.iter().flat_map(|o| &o.files) {
+            staging.write(name, bytes)?;
+        }
+    }
+    staging.write("manifest.json", manifest.to_json().as_bytes())?;
+    // The old manifest goes first and the new one comes last (it was staged last), so a
+    // manifest in the directory always describes the files beside it.
     let manifest_path = dir.join("manifest.json");
     match std::fs::remove_file(&manifest_path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(io(&manifest_path)(e));
+            return Err(Error::Core(fusebox_core::Error::Io {
+                path: manifest_path,
+                source: e,
+            }));
         }
         _ => {}
     }
-    for f in &plan.functions {
-        for (name, bytes) in f.output.iter().flat_map(|o| &o.files) {
-            write_atomic(&dir.join(name), bytes)?;
-        }
-    }
-    write_atomic(&manifest_path, manifest.to_json().as_bytes())?;
+    staging.commit()?;
     Ok(manifest)
 }
 

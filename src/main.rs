@@ -1,5 +1,7 @@
 //! The `fusebox` command line: argument parsing and printing only; the work is in fusebox-core.
 
+#[macro_use]
+mod out;
 mod run_cmd;
 
 use clap::{Parser, Subcommand};
@@ -228,12 +230,21 @@ fn read_table(patterns: &std::path::Path) -> Result<Vec<FusionPattern>, fusebox:
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli.command) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
+    let result = run(cli.command);
+    // Every output file is complete by now; only then is a failed stdout reported.
+    let stdout = out::finish();
+    match (result, stdout) {
+        (Err(e), _) => {
+            errln!("error: {e}");
             ExitCode::FAILURE
         }
+        // The reader closed the pipe (`| head`): it has what it wanted.
+        (Ok(()), Some(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        (Ok(()), Some(e)) => {
+            errln!("error: writing to standard output: {e}");
+            ExitCode::FAILURE
+        }
+        (Ok(()), None) => ExitCode::SUCCESS,
     }
 }
 
@@ -241,14 +252,14 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
     match cmd {
         Command::Show { file } => {
             let m = read_model(&file)?;
-            print!("{}", text::print_module(&m).text);
+            out!("{}", text::print_module(&m).text);
             Ok(())
         }
         Command::Check { file } => {
             let m = read_model(&file)?;
             verify(&m).map_err(fusebox_core::Error::Verify)?;
             let bindings: usize = m.functions.values().map(|f| f.bindings().count()).sum();
-            println!(
+            outln!(
                 "{}: ok ({} function(s), {} binding(s))",
                 file.display(),
                 m.functions.len(),
@@ -293,31 +304,31 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 verify(&plan.module).map_err(fusebox_core::Error::Verify)?;
                 match emit {
                     Emit::Text => {
-                        print!("{}", text::print_module(&plan.module).text);
+                        out!("{}", text::print_module(&plan.module).text);
                         for c in &plan.claims {
-                            eprintln!(
+                            errln!(
                                 "{} -> {}{}",
                                 c.function,
                                 c.backend.as_deref().unwrap_or("(none)"),
                                 if c.fallback { " (fallback)" } else { "" }
                             );
                             for (b, r) in &c.declines {
-                                eprintln!("  declined by {b}: {r}");
+                                errln!("  declined by {b}: {r}");
                             }
                             for (b, r) in &c.compile_failures {
-                                eprintln!("  compile failed in {b}: {r}");
+                                errln!("  compile failed in {b}: {r}");
                             }
                         }
                         for r in &plan.rejections {
-                            eprintln!("rejected {} at {}: {}", r.pattern, r.at, r.reason);
+                            errln!("rejected {} at {}: {}", r.pattern, r.at, r.reason);
                         }
                     }
-                    Emit::Json => println!("{}", plan.report().to_json()),
-                    Emit::Dot => print!("{}", fusebox_core::report::to_dot(&plan.module)),
+                    Emit::Json => outln!("{}", plan.report().to_json()),
+                    Emit::Dot => out!("{}", fusebox_core::report::to_dot(&plan.module)),
                 }
                 if timings {
-                    eprintln!("time parse {parse_ms:.3} ms");
-                    eprintln!("time partition+claim+compile {ms:.3} ms");
+                    errln!("time parse {parse_ms:.3} ms");
+                    errln!("time partition+claim+compile {ms:.3} ms");
                 }
                 return Ok(());
             }
@@ -350,20 +361,20 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             }
             verify(&out.module).map_err(fusebox_core::Error::Verify)?;
             match emit {
-                Emit::Text => print!("{}", text::print_module(&out.module).text),
+                Emit::Text => out!("{}", text::print_module(&out.module).text),
                 Emit::Json => {
-                    println!(
+                    outln!(
                         "{}",
                         fusebox_core::report::build(&out.module, &out.rejections).to_json()
                     )
                 }
-                Emit::Dot => print!("{}", fusebox_core::report::to_dot(&out.module)),
+                Emit::Dot => out!("{}", fusebox_core::report::to_dot(&out.module)),
             }
             if timings {
-                eprintln!("time parse {parse_ms:.3} ms");
-                eprintln!("time partition {partition_ms:.3} ms");
+                errln!("time parse {parse_ms:.3} ms");
+                errln!("time partition {partition_ms:.3} ms");
                 for pt in &pass_times {
-                    eprintln!("time {} {:.3} ms", pt.name, pt.ms);
+                    errln!("time {} {:.3} ms", pt.name, pt.ms);
                 }
             }
             Ok(())
@@ -396,9 +407,9 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
         })?),
         Command::Backends { config } => {
             let pipeline = fusebox::pipeline(load_config(&config)?)?;
-            println!("config: {}", config.display());
+            outln!("config: {}", config.display());
             for b in &pipeline.backends {
-                println!("backend {} ({})", b.name(), b.origin());
+                outln!("backend {} ({})", b.name(), b.origin());
                 let mut pats: Vec<_> = pipeline
                     .table
                     .iter()
@@ -406,10 +417,10 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                     .collect();
                 pats.sort_by_key(|e| std::cmp::Reverse(e.pattern.priority));
                 if pats.is_empty() {
-                    println!("  (no patterns)");
+                    outln!("  (no patterns)");
                 }
                 for e in pats {
-                    println!(
+                    outln!(
                         "  {} priority {}{}{}: {}",
                         e.pattern.name,
                         e.pattern.priority,
@@ -429,9 +440,9 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 .filter(|e| e.backend.is_none())
                 .collect();
             if !rest.is_empty() {
-                println!("user patterns of no enabled backend:");
+                outln!("user patterns of no enabled backend:");
                 for e in rest {
-                    println!(
+                    outln!(
                         "  {} priority {}: {}",
                         e.pattern.name, e.pattern.priority, e.pattern.pattern
                     );
@@ -439,10 +450,10 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             }
             let findings = fusebox_core::pattern_table::lint(&pipeline.patterns());
             if findings.is_empty() {
-                println!("lint: no findings");
+                outln!("lint: no findings");
             }
             for f in findings {
-                println!("lint {}: {}", f.kind, f.message);
+                outln!("lint {}: {}", f.kind, f.message);
             }
             Ok(())
         }
@@ -453,7 +464,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
         } => {
             let m = read_model(&file)?;
             let pipeline = fusebox::pipeline(load_config(&config)?)?;
-            print!("{}", pipeline.explain(&m, &binding)?);
+            out!("{}", pipeline.explain(&m, &binding)?);
             Ok(())
         }
         Command::Compile {
@@ -523,7 +534,7 @@ fn compile_cmd(
         } else {
             format!(": {}", f.files.join(", "))
         };
-        println!(
+        outln!(
             "{}: {}{arch}, {} kernel(s){}{files}",
             f.function,
             f.backend,
@@ -531,10 +542,10 @@ fn compile_cmd(
             if f.fallback { " (fallback)" } else { "" },
         );
         for b in &f.build_failures {
-            println!("  `{}` could not build it: {}", b.backend, b.error);
+            outln!("  `{}` could not build it: {}", b.backend, b.error);
         }
     }
-    println!(
+    outln!(
         "wrote {} ({} function(s), {} kernel(s))",
         out_dir.join("manifest.json").display(),
         manifest.functions.len(),
@@ -600,7 +611,7 @@ fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fuse
                 .with_check(std::sync::Arc::new(NoLeakingIntermediates)),
         );
     }
-    println!(
+    outln!(
         "bench partition: table `{table}` ({} entries), median of {repeat}",
         patterns.len()
     );
@@ -615,7 +626,7 @@ fn bench_partition(ops: &[usize], table: &str, repeat: usize) -> Result<(), fuse
 /// the use/def index of the function once.
 fn bench_fuse_ops(ops: &[usize], repeat: usize) -> Result<(), fusebox::Error> {
     use fusebox_core::transform::fuse_ops;
-    println!("bench fuse-ops: opt_level 2, max_depth 256, median of {repeat}");
+    outln!("bench fuse-ops: opt_level 2, max_depth 256, median of {repeat}");
     bench_chain(ops, repeat, "fuse_ops", &|m| {
         let out = fuse_ops(m, 2, 256)?;
         Ok((
@@ -639,7 +650,7 @@ fn bench_chain(
     pass: &ChainPass<'_>,
 ) -> Result<(), fusebox::Error> {
     use fusebox_core::pattern::FunctionView;
-    println!(
+    outln!(
         "  {:>9} {:>12} {:>12} {:>10} {:>12}",
         "ops",
         "baseline ms",
@@ -665,7 +676,7 @@ fn bench_chain(
             times.push(t.elapsed().as_secs_f64());
         }
         let (b, p) = (median(base), median(times));
-        println!(
+        outln!(
             "  {:>9} {:>12.2} {:>12.2} {:>9.1}x {:>12.1}   ({} {})",
             n,
             b * 1e3,
@@ -704,27 +715,27 @@ fn bench_text(bindings: usize, repeat: usize) -> Result<(), fusebox::Error> {
     }
     let (b, p, v, pr) = (median(base), median(parse), median(ver), median(print));
     let total = p + v + pr;
-    println!(
+    outln!(
         "bench text: {bindings} bindings, {} bytes, median of {repeat}",
         src.len()
     );
-    println!("  baseline (whitespace tokenize) {:>9.1} ms", b * 1e3);
-    println!(
+    outln!("  baseline (whitespace tokenize) {:>9.1} ms", b * 1e3);
+    outln!(
         "  parse                          {:>9.1} ms  ({:.1}x baseline)",
         p * 1e3,
         p / b
     );
-    println!(
+    outln!(
         "  verify                         {:>9.1} ms  ({:.1}x baseline)",
         v * 1e3,
         v / b
     );
-    println!(
+    outln!(
         "  print                          {:>9.1} ms  ({:.1}x baseline)",
         pr * 1e3,
         pr / b
     );
-    println!(
+    outln!(
         "  parse + verify + print         {:>9.1} ms  ({:.1}x baseline)",
         total * 1e3,
         total / b

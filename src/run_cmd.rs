@@ -16,8 +16,10 @@
 //!   sanitizing); parameters not given get uniform random values in [-1, 1] from `--seed`
 //!   (integers: 0 or 1; symbolic dims not fixed by a given input are 1). `.npy` dtypes: f16,
 //!   f32, f64, i8, u8, i32, i64, bool (little-endian, C order).
-//! - Outputs: `<output name>.npy` in `--output-dir` (default `out/`), each written to a
-//!   temporary file and renamed into place; one summary line per output on stdout.
+//! - Outputs: `<output name>.npy` in `--output-dir` (default `out/`), all or nothing: every
+//!   output is written into a fresh staging directory inside it and moved into place only when
+//!   every write (and `--check`, if asked) succeeded ([`fusebox::staging`]); then one summary
+//!   line per output on stdout.
 //! - `--check` runs the unpartitioned module on the same inputs and compares every output
 //!   (f32: 1e-4, f16/bf16: 1e-2, f64: 1e-8, relative to the output's range, i.e. its largest
 //!   magnitude or 1; integers and bool exactly); the first differing output is named in the
@@ -40,7 +42,6 @@ use fusebox_core::ir::generate::Rng;
 use fusebox_core::ir::{DType, Module, Sym};
 use fusebox_cpu::{CallProfile, Storage, Tensor, Value};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -84,7 +85,7 @@ fn run_with_backends(
     pipeline: &fusebox_core::backend::pipeline::BackendPipeline,
 ) -> Result<(), Error> {
     if let Some(warning) = fusebox::check_target(&pipeline.config)? {
-        eprintln!("{warning}");
+        errln!("{warning}");
     }
     let t = Instant::now();
     let plan = pipeline.run(module)?;
@@ -117,20 +118,17 @@ fn run_with_backends(
     times.sort_by(f64::total_cmp);
     let run_ms = times[times.len() / 2];
     let outs = flatten(out);
-    write_outputs(&a.output_dir, names, &outs)?;
+    let staged = stage_outputs(&a.output_dir, names, &outs)?;
     if a.check {
         let want = flatten(ex.run(module, "main", args, None).map_err(rt)?);
         compare_outputs(&want, &outs, names)?;
-        println!(
-            "check: {} output(s) match the unpartitioned module",
-            outs.len()
-        );
     }
+    commit_outputs(staged, a.check)?;
     if a.timings {
-        eprintln!("time import {import_ms:.3} ms");
-        eprintln!("time partition {compile_ms:.3} ms");
-        eprintln!("time compile 0.000 ms");
-        eprintln!("time run {run_ms:.3} ms");
+        errln!("time import {import_ms:.3} ms");
+        errln!("time partition {compile_ms:.3} ms");
+        errln!("time compile 0.000 ms");
+        errln!("time run {run_ms:.3} ms");
     }
     print_profile(&profile);
     Ok(())
@@ -139,7 +137,7 @@ fn run_with_backends(
 /// The `--profile` lines on stderr (nothing when not profiling: the list is empty).
 fn print_profile(profile: &[CallProfile]) {
     for p in profile {
-        eprintln!(
+        errln!(
             "profile {} calls {} {:.3} ms",
             p.name,
             p.calls,
@@ -157,7 +155,7 @@ fn print_partition(plan: &fusebox_core::backend::pipeline::Plan) {
         .iter()
         .filter_map(|e| e.strip_prefix("op:"))
         .collect();
-    println!(
+    outln!(
         "partition: {} function(s), {} op(s) left in main (run by the CPU reference executor)",
         report.functions.len(),
         main_ops.len()
@@ -190,7 +188,7 @@ fn print_partition(plan: &fusebox_core::backend::pipeline::Plan) {
     let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
     for (name, backend, ops) in rows {
-        println!("  {name:w0$}  {backend:w1$}  {ops}");
+        outln!("  {name:w0$}  {backend:w1$}  {ops}");
     }
 }
 
@@ -249,29 +247,35 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
     let run_ms = times[times.len() / 2];
 
     let outs = flatten(out);
-    write_outputs(&a.output_dir, &names, &outs)?;
+    let staged = stage_outputs(&a.output_dir, &names, &outs)?;
     if a.check {
         let want = flatten(ex.run(&module, "main", args, None).map_err(rt)?);
         compare_outputs(&want, &outs, &names)?;
-        println!(
-            "check: {} output(s) match the unpartitioned module",
-            outs.len()
-        );
     }
+    commit_outputs(staged, a.check)?;
     if a.timings {
-        eprintln!("time import {import_ms:.3} ms");
-        eprintln!("time partition {partition_ms:.3} ms");
-        eprintln!("time compile 0.000 ms");
-        eprintln!("time run {run_ms:.3} ms");
+        errln!("time import {import_ms:.3} ms");
+        errln!("time partition {partition_ms:.3} ms");
+        errln!("time compile 0.000 ms");
+        errln!("time run {run_ms:.3} ms");
     }
     print_profile(&profile);
     Ok(())
 }
 
-/// Writes each output as `<sanitized name>.npy` in `dir` and prints a summary line.
-fn write_outputs(dir: &Path, names: &[String], outs: &[Tensor]) -> Result<(), Error> {
-    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+/// Outputs staged in their directory (see [`fusebox::staging`]) with their summary lines.
+struct Staged {
+    staging: fusebox::staging::Staging,
+    /// `(file stem, summary)` per output, in output order.
+    lines: Vec<(String, String)>,
+}
+
+/// Writes each output as `<sanitized name>.npy` into a fresh staging directory inside `dir`;
+/// nothing in `dir` changes until [`commit_outputs`].
+fn stage_outputs(dir: &Path, names: &[String], outs: &[Tensor]) -> Result<Staged, Error> {
+    let mut staging = fusebox::staging::Staging::new(dir)?;
     let mut used = BTreeMap::new();
+    let mut lines = Vec::new();
     for (i, t) in outs.iter().enumerate() {
         let base = names
             .get(i)
@@ -284,9 +288,29 @@ fn write_outputs(dir: &Path, names: &[String], outs: &[Tensor]) -> Result<(), Er
             format!("{base}_{k}")
         };
         *k += 1;
-        let path = dir.join(format!("{file}.npy"));
-        write_npy(&path, t)?;
-        println!("{file}: {} -> {}", summary(t), path.display());
+        let name = format!("{file}.npy");
+        let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+        let mut buf = Vec::new();
+        write_npy_to(&mut buf, &shape, t.storage())
+            .map_err(|e| io_err(&staging.final_path(&name), e))?;
+        staging.write(&name, &buf)?;
+        lines.push((file, summary(t)));
+    }
+    Ok(Staged { staging, lines })
+}
+
+/// Moves the staged outputs into place, then prints one summary line per output (and the
+/// `--check` line when `checked`).
+fn commit_outputs(staged: Staged, checked: bool) -> Result<(), Error> {
+    let paths = staged.staging.commit()?;
+    for ((file, summary), path) in staged.lines.iter().zip(&paths) {
+        outln!("{file}: {summary} -> {}", path.display());
+    }
+    if checked {
+        outln!(
+            "check: {} output(s) match the unpartitioned module",
+            paths.len()
+        );
     }
     Ok(())
 }
@@ -426,24 +450,6 @@ fn make_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Err
         )?));
     }
     Ok(args)
-}
-
-/// Writes `t` as `.npy` to a temporary file beside `path`, then renames it into place.
-fn write_npy(path: &Path, t: &Tensor) -> Result<(), Error> {
-    let tmp = path.with_extension("npy.tmp");
-    let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
-    let res = (|| -> std::io::Result<()> {
-        let mut buf = Vec::new();
-        write_npy_to(&mut buf, &shape, t.storage())?;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&buf)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    res.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io_err(path, e)
-    })
 }
 
 fn write_npy_to(buf: &mut Vec<u8>, shape: &[u64], s: &Storage) -> std::io::Result<()> {

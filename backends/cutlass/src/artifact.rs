@@ -263,7 +263,7 @@ impl CutlassArtifact {
             .into_iter()
             .filter(|c| c.tile.math != Math::Wgmma || aligned)
             .collect();
-        let mut disk = read_profile_cache();
+        let disk = read_profile_cache();
         let hit = disk
             .get(&key)
             .and_then(|name| cands.iter().find(|c| c.kernel_name() == *name));
@@ -287,9 +287,8 @@ impl CutlassArtifact {
                 let Some((_, b)) = best else {
                     return Err(Error::Args("no instance for this problem".into()));
                 };
-                disk.insert(key, b.kernel_name());
                 // A read-only cache directory must not fail the run.
-                let _ = write_profile_cache(&disk);
+                let _ = update_profile_cache(&key, &b.kernel_name());
                 b.clone()
             }
         };
@@ -357,15 +356,33 @@ fn profile_cache_path() -> Option<PathBuf> {
 
 fn read_profile_cache() -> BTreeMap<String, String> {
     profile_cache_path()
-        .and_then(|p| std::fs::read(p).ok())
+        .map(|p| read_profile_cache_at(&p))
+        .unwrap_or_default()
+}
+
+/// The profile cache at `path`; missing or unreadable is empty.
+fn read_profile_cache_at(path: &std::path::Path) -> BTreeMap<String, String> {
+    std::fs::read(path)
+        .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default()
 }
 
-fn write_profile_cache(m: &BTreeMap<String, String>) -> Result<()> {
-    let Some(path) = profile_cache_path() else {
-        return Ok(());
-    };
+/// Records `key → kernel` in the profile cache. Processes profiling at once must not lose
+/// each other's entries: the read-modify-write holds an exclusive lock on
+/// `cutlass-profile.json.lock` (an advisory `flock`), re-reads the cache under it, and
+/// replaces the file through a fresh temporary file (`create_new`: a planted file or symlink
+/// is never written through) and a rename.
+fn update_profile_cache(key: &str, kernel: &str) -> Result<()> {
+    match profile_cache_path() {
+        Some(path) => update_profile_cache_at(&path, key, kernel),
+        None => Ok(()),
+    }
+}
+
+/// [`update_profile_cache`] on the cache file `path`.
+fn update_profile_cache_at(path: &std::path::Path, key: &str, kernel: &str) -> Result<()> {
+    let path = path.to_path_buf();
     let err = |message: String| Error::Cache {
         path: path.clone(),
         message,
@@ -373,8 +390,63 @@ fn write_profile_cache(m: &BTreeMap<String, String>) -> Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d).map_err(|e| err(e.to_string()))?;
     }
-    let text = serde_json::to_string_pretty(m).map_err(|e| err(e.to_string()))?;
-    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text).map_err(|e| err(e.to_string()))?;
-    std::fs::rename(&tmp, &path).map_err(|e| err(e.to_string()))
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path.with_extension("json.lock"))
+        .map_err(|e| err(e.to_string()))?;
+    lock.lock().map_err(|e| err(format!("locking: {e}")))?;
+    let mut m = read_profile_cache_at(&path);
+    m.insert(key.to_string(), kernel.to_string());
+    let text = serde_json::to_string_pretty(&m).map_err(|e| err(e.to_string()))?;
+    // Unique per process and thread; the lock makes writers take turns.
+    let tmp = path.with_extension(format!(
+        "json.{}.{:?}.tmp",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    // The lock is released when `lock` is dropped.
+    written.map_err(|e| err(e.to_string()))
+}
+
+#[cfg(test)]
+mod profile_cache_tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    #[test]
+    fn concurrent_updates_keep_every_entry() {
+        let dir = std::env::temp_dir().join(format!("fusebox-cutlass-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("cutlass-profile.json");
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let path = &path;
+                s.spawn(move || {
+                    for i in 0..10 {
+                        super::update_profile_cache_at(path, &format!("k{t}_{i}"), "kernel")
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let m = super::read_profile_cache_at(&path);
+        assert_eq!(m.len(), 80, "{m:?}");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(left.iter().all(|n| !n.ends_with(".tmp")), "{left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
