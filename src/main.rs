@@ -62,8 +62,9 @@ enum Command {
         /// Run FuseOps (automatic fusion) after the pattern partition (and after `--merge`).
         #[arg(long)]
         fuse_ops: bool,
-        /// FuseOps level: 0 nothing, 1 elementwise/broadcast chains, 2 everything.
-        #[arg(long, default_value_t = 2)]
+        /// FuseOps level: 0 nothing, 1 elementwise/broadcast chains, 2 everything (the
+        /// config's `fuse_opt_level` takes the same three values).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=2))]
         fuse_opt_level: u32,
         /// FuseOps: the most bindings in one fused group.
         #[arg(long, default_value_t = 256)]
@@ -235,7 +236,11 @@ fn main() -> ExitCode {
     let stdout = out::finish();
     match (result, stdout) {
         (Err(e), _) => {
-            errln!("error: {e}");
+            // A 5 MB value the user gave is not echoed back whole.
+            errln!(
+                "error: {}",
+                fusebox_core::error::cap_long_values(&e.to_string())
+            );
             ExitCode::FAILURE
         }
         // The reader closed the pipe (`| head`): it has what it wanted.

@@ -141,3 +141,22 @@ fn an_empty_output_prints_no_infinite_min_max() {
     assert!(!stdout.contains("inf"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_huge_value_in_an_error_is_not_echoed_whole() {
+    let dir = fresh("huge");
+    let src = dir.join("huge.relax");
+    let dtype = "f".repeat(5_000_000);
+    std::fs::write(
+        &src,
+        format!("@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((4,), dtype=\"{dtype}\")):\n        return x\n"),
+    )
+    .unwrap();
+    let out = fusebox().arg("show").arg(&src).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(err.len() < 1000, "{} bytes of error", err.len());
+    assert!(err.contains("unknown dtype \"ffff"), "{err}");
+    assert!(err.contains("(5000000 characters)"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

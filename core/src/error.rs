@@ -31,22 +31,100 @@ pub struct SourceError {
     pub line_text: String,
 }
 
+/// The most characters of the offending line a [`SourceError`] shows (a window around the
+/// column, with `…` where it was cut).
+const LINE_WINDOW: usize = 120;
+
 impl fmt::Display for SourceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{}:{}: {}", self.file, self.pos, self.message)?;
+        writeln!(f, "{}:{}: {}", self.file, self.pos, cap_long_values(&self.message))?;
         let num = self.pos.line.to_string();
         let pad = " ".repeat(num.len());
         writeln!(f, "{pad} |")?;
-        writeln!(f, "{num} | {}", self.line_text)?;
+        // A window of the line around the column: a 5 MB line is not echoed whole.
+        let chars: Vec<char> = self.line_text.chars().collect();
+        let col = (self.pos.col as usize).saturating_sub(1).min(chars.len());
+        let start = col.saturating_sub(LINE_WINDOW / 2);
+        let end = (start + LINE_WINDOW).min(chars.len());
+        let start = end.saturating_sub(LINE_WINDOW).min(start);
+        let lead = if start > 0 { "…" } else { "" };
+        let tail = if end < chars.len() { "…" } else { "" };
+        let shown: String = chars[start..end].iter().collect();
+        writeln!(f, "{num} | {lead}{shown}{tail}")?;
         // The caret sits under the column; tabs are kept so the caret lines up in a terminal.
-        let mut caret = String::new();
-        for (i, ch) in self.line_text.chars().enumerate() {
-            if i + 1 >= self.pos.col as usize {
-                break;
-            }
+        let mut caret = String::from(if start > 0 { " " } else { "" });
+        for &ch in &chars[start..col] {
             caret.push(if ch == '\t' { '\t' } else { ' ' });
         }
         write!(f, "{pad} | {caret}^")
+    }
+}
+
+/// The longest value an error message quotes whole; longer ones are cut (see
+/// [`cap_long_values`]).
+const MAX_QUOTED: usize = 200;
+
+/// `msg` with every overlong value cut to its first characters, `…` and its length: a run
+/// between backticks or double quotes, or a run without whitespace, longer than 200 characters.
+/// Error messages quote what the user gave; a 5 MB value is not echoed back.
+///
+/// ```
+/// let long = "9".repeat(5_000_000);
+/// let msg = format!("dimension `{long}` is too large");
+/// let capped = fusebox_core::error::cap_long_values(&msg);
+/// assert_eq!(capped, format!("dimension `{}…` (5000000 characters) is too large", "9".repeat(100)));
+/// assert_eq!(fusebox_core::error::cap_long_values("short `x`"), "short `x`");
+/// ```
+pub fn cap_long_values(msg: &str) -> String {
+    if msg.len() <= MAX_QUOTED {
+        return msg.to_string();
+    }
+    let chars: Vec<char> = msg.chars().collect();
+    let mut out = String::with_capacity(msg.len().min(4096));
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        // A quoted run: up to the matching quote on the same line.
+        if matches!(c, '`' | '"')
+            && let Some(len) = chars[i + 1..].iter().position(|&x| x == c || x == '\n')
+            && chars[i + 1 + len] == c
+        {
+            let inner = &chars[i + 1..i + 1 + len];
+            out.push(c);
+            push_capped(&mut out, inner);
+            out.push(c);
+            if inner.len() > MAX_QUOTED {
+                out.push_str(&format!(" ({} characters)", inner.len()));
+            }
+            i += len + 2;
+            continue;
+        }
+        if c.is_whitespace() {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        let len = chars[i..]
+            .iter()
+            .position(|x| x.is_whitespace() || matches!(x, '`' | '"'))
+            .unwrap_or(chars.len() - i)
+            .max(1);
+        let word = &chars[i..i + len];
+        push_capped(&mut out, word);
+        if word.len() > MAX_QUOTED {
+            out.push_str(&format!(" ({} characters)", word.len()));
+        }
+        i += len;
+    }
+    out
+}
+
+fn push_capped(out: &mut String, s: &[char]) {
+    if s.len() > MAX_QUOTED {
+        out.extend(&s[..MAX_QUOTED / 2]);
+        out.push('…');
+    } else {
+        out.extend(s);
     }
 }
 
@@ -164,5 +242,40 @@ impl Error {
             Error::Source(s) => Some(s),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_line_is_shown_as_a_window_with_the_caret_on_the_column() {
+        let long = format!("x = {}bad{}", "a".repeat(1000), "b".repeat(1000));
+        let col = 4 + 1000 + 1;
+        let e = Error::source("f.relax", &long, Pos { line: 1, col }, "unexpected `bad`");
+        let text = e.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "f.relax:1:1005: unexpected `bad`");
+        assert!(lines[2].starts_with("1 | …") && lines[2].ends_with('…'), "{}", lines[2]);
+        assert!(lines[2].chars().count() < LINE_WINDOW + 10);
+        // The caret is under the `b` of `bad`.
+        let caret = lines[3].chars().position(|c| c == '^').unwrap_or(0);
+        assert_eq!(lines[2].chars().nth(caret), Some('b'));
+        assert_eq!(lines[2].chars().skip(caret).take(3).collect::<String>(), "bad");
+        // A short line is shown whole, as before.
+        let e = Error::source("f.relax", "y = oops", Pos { line: 1, col: 5 }, "m");
+        assert_eq!(e.to_string(), "f.relax:1:5: m\n  |\n1 | y = oops\n  |     ^");
+    }
+
+    #[test]
+    fn long_values_are_cut_once_and_short_text_is_untouched() {
+        let msg = format!("expected `)`, found \"{}\" in {}", "q".repeat(10_000), "/a/b.relax");
+        let capped = cap_long_values(&msg);
+        assert!(capped.len() < 300, "{capped}");
+        assert!(capped.ends_with("\" (10000 characters) in /a/b.relax"), "{capped}");
+        assert_eq!(cap_long_values(&capped), capped);
+        let normal = "the file doesn't exist: it's a directory, and a path like /work/main/x.onnx stays";
+        assert_eq!(cap_long_values(normal), normal);
     }
 }

@@ -135,7 +135,7 @@ fn parse_in_string(src: &str, file: &str, text: &str, span: Range<usize>) -> Res
 /// A pattern-table finding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LintFinding {
-    /// `duplicate` or `shadowed`.
+    /// `duplicate`, `shadowed` or `never-matches`.
     pub kind: &'static str,
     /// The entry that is affected.
     pub entry: String,
@@ -145,11 +145,23 @@ pub struct LintFinding {
     pub message: String,
 }
 
-/// Lints a table in application order: duplicate names, and entries that can never fire
-/// because an earlier entry matches everything they match (and so takes those ops first).
+/// Lints a table in application order: duplicate names, entries that can never fire
+/// because an earlier entry matches everything they match (and so takes those ops first), and
+/// parts of a pattern that can never match any IR: a call of a known op with a number of
+/// arguments the op never takes (`relax.nn.relu()`, `relax.nn.conv2d(_, _, _, _, _, _, _)`),
+/// or a shape constraint with a negative dim. (Under a `!`, such a part makes the negation
+/// always true instead; it is reported all the same, as it is surely not what was meant.)
 pub fn lint(table: &[FusionPattern]) -> Vec<LintFinding> {
     let mut out = Vec::new();
     for (i, e) in table.iter().enumerate() {
+        for why in never_matches(&e.pattern) {
+            out.push(LintFinding {
+                kind: "never-matches",
+                entry: e.name.clone(),
+                other: e.name.clone(),
+                message: format!("`{}` can never match: {why}", e.name),
+            });
+        }
         if let Some(prev) = table[..i].iter().find(|p| p.name == e.name) {
             out.push(LintFinding {
                 kind: "duplicate",
@@ -171,6 +183,49 @@ pub fn lint(table: &[FusionPattern]) -> Vec<LintFinding> {
                     e.name, prev.name
                 ),
             });
+        }
+    }
+    out
+}
+
+/// Why parts of `p` can never match (see [`lint`]), one reason per part, in node order.
+fn never_matches(p: &Pattern) -> Vec<String> {
+    use crate::ir::Dim;
+    use crate::pattern::ShapeDim;
+    let mut out = Vec::new();
+    for (_, node) in p.nodes.iter() {
+        match node {
+            PatNode::Call {
+                op, args, at_least, ..
+            } => {
+                let Some(sig) = crate::op::Op::signature(op) else {
+                    continue;
+                };
+                let n = args.len();
+                let plural = |k: usize| if k == 1 { "" } else { "s" };
+                let takes = if sig.min_args == sig.max_args {
+                    format!("{} argument{}", sig.min_args, plural(sig.min_args))
+                } else {
+                    format!("{} to {} arguments", sig.min_args, sig.max_args)
+                };
+                if n > sig.max_args {
+                    out.push(format!(
+                        "`{op}` takes {takes}, the pattern gives {n}{}",
+                        if *at_least { " or more" } else { "" }
+                    ));
+                } else if n < sig.min_args && !at_least {
+                    out.push(format!("`{op}` takes {takes}, the pattern gives {n}"));
+                }
+            }
+            PatNode::Shape(_, dims) => {
+                if let Some(d) = dims.iter().find_map(|d| match d {
+                    ShapeDim::Dim(Dim::Static(v)) if *v < 0 => Some(*v),
+                    _ => None,
+                }) {
+                    out.push(format!("the shape constraint has the negative dim {d}"));
+                }
+            }
+            _ => {}
         }
     }
     out
@@ -278,6 +333,50 @@ mod tests {
         assert!(
             e.contains("unknown check `nope`; expected one of: no_leaking_intermediates"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn lint_flags_patterns_that_can_never_match() {
+        let src = r#"
+[[pattern]]
+name = "a.relu0"
+pattern = "relax.nn.relu()"
+[[pattern]]
+name = "a.conv7"
+pattern = "relax.nn.conv2d(_, _, _, _, _, _, _)"
+[[pattern]]
+name = "a.neg"
+pattern = "relax.add(_, _) : [2, -1]"
+[[pattern]]
+name = "a.fine"
+pattern = "relax.nn.relu(relax.nn.conv2d(_, _, ...)) : [?, 4]"
+"#;
+        let t = parse_pattern_table(src, "t.toml").unwrap_or_default();
+        assert_eq!(t.len(), 4);
+        let f: Vec<(&str, String)> = lint(&t)
+            .into_iter()
+            .map(|x| (x.kind, x.message))
+            .collect();
+        assert_eq!(
+            f,
+            vec![
+                (
+                    "never-matches",
+                    "`a.relu0` can never match: `relax.nn.relu` takes 1 argument, the pattern gives 0"
+                        .to_string()
+                ),
+                (
+                    "never-matches",
+                    "`a.conv7` can never match: `relax.nn.conv2d` takes 2 arguments, the pattern gives 7"
+                        .to_string()
+                ),
+                (
+                    "never-matches",
+                    "`a.neg` can never match: the shape constraint has the negative dim -1"
+                        .to_string()
+                ),
+            ]
         );
     }
 
