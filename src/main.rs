@@ -155,6 +155,21 @@ enum Command {
     Bench(BenchCmd),
 }
 
+impl Command {
+    /// The model file the command reads, if any.
+    fn model_file(&self) -> Option<&std::path::Path> {
+        match self {
+            Command::Show { file }
+            | Command::Check { file }
+            | Command::Partition { file, .. }
+            | Command::Explain { file, .. }
+            | Command::Run { file, .. }
+            | Command::Compile { file, .. } => Some(file),
+            Command::Backends { .. } | Command::Bench(_) => None,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Parse + verify + print of a generated module with N bindings.
@@ -231,16 +246,21 @@ fn read_table(patterns: &std::path::Path) -> Result<Vec<FusionPattern>, fusebox:
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let model = cli.command.model_file().map(std::path::Path::to_path_buf);
     let result = run(cli.command);
     // Every output file is complete by now; only then is a failed stdout reported.
     let stdout = out::finish();
     match (result, stdout) {
         (Err(e), _) => {
+            // Every error names the model it is about (parse and import errors already do).
+            let mut msg = e.to_string();
+            if let Some(m) = model.map(|m| m.display().to_string())
+                && !msg.contains(&m)
+            {
+                msg = format!("{m}: {msg}");
+            }
             // A 5 MB value the user gave is not echoed back whole.
-            errln!(
-                "error: {}",
-                fusebox_core::error::cap_long_values(&e.to_string())
-            );
+            errln!("error: {}", fusebox_core::error::cap_long_values(&msg));
             ExitCode::FAILURE
         }
         // The reader closed the pipe (`| head`): it has what it wanted.
@@ -304,7 +324,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 }
                 let pipeline = fusebox::pipeline(cfg)?;
                 let t = Instant::now();
-                let plan = pipeline.run(&m)?;
+                let plan = pipeline.run_for_report(&m)?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 verify(&plan.module).map_err(fusebox_core::Error::Verify)?;
                 match emit {

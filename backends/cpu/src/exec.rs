@@ -405,6 +405,16 @@ fn drop_plan(f: &Function) -> (Vec<Vec<VarId>>, Vec<bool>) {
     (plan, unused)
 }
 
+/// `function/var` of a binding, and where it came from when that is another name (the user's
+/// binding a pass renamed, or the ONNX node it was lowered from).
+fn binding_ctx(func: &str, var: &fusebox_core::ir::VarData) -> String {
+    let here = format!("{func}/{}", var.name);
+    match var.origin.as_deref() {
+        Some(o) if o != here => format!("{here} (from {o})"),
+        _ => here,
+    }
+}
+
 fn at(ctx: &str, e: Error) -> Error {
     Error::At {
         at: ctx.to_string(),
@@ -470,7 +480,7 @@ impl<'m> Interp<'m> {
                 continue;
             }
             if let Some(Some(chain)) = chains.get(i) {
-                let ctx = format!("{name}/{}", f.var(b.var).name);
+                let ctx = binding_ctx(name, f.var(b.var));
                 let fused = self
                     .run_chain(name, f, &mut fr, chain, depth)
                     .map_err(|e| at(&ctx, e))?;
@@ -481,7 +491,7 @@ impl<'m> Interp<'m> {
                     for bind in [true, false] {
                         match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
                             at(
-                                &format!("{name}/{}", var.name),
+                                &binding_ctx(name, var),
                                 Error::Exec(format!("the value does not match the type: {m}")),
                             )
                         })?;
@@ -497,7 +507,7 @@ impl<'m> Interp<'m> {
                 }
             }
             let var = f.var(b.var);
-            let ctx = || format!("{name}/{}", var.name);
+            let ctx = || binding_ctx(name, var);
             match &f.expr(b.value).kind {
                 ExprKind::Function(inner) => {
                     fr.locals[b.var.as_u32() as usize] = Some(inner);

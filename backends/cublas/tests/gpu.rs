@@ -28,6 +28,9 @@ use std::sync::Arc;
 fn runtime() -> Option<Arc<Runtime>> {
     match Runtime::get() {
         Ok(rt) => Some(rt),
+        Err(e) if fusebox_cuda::testing::required("FUSEBOX_REQUIRE_GPU") => {
+            panic!("FUSEBOX_REQUIRE_GPU=1 but {e}")
+        }
         Err(e) => {
             println!("skipped: {e}");
             None

@@ -20,7 +20,8 @@
 use crate::Gpu;
 use std::sync::Arc;
 
-fn required(var: &str) -> bool {
+/// Whether the environment promises what `var` names (`FUSEBOX_REQUIRE_GPU=1`, …).
+pub fn required(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v == "1")
 }
 

@@ -38,6 +38,7 @@
 //! }
 //! ```
 
+mod explain;
 pub mod pipeline;
 pub mod registry;
 

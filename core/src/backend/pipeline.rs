@@ -344,10 +344,12 @@ impl BackendPipeline {
     /// Offers every unit of `m` to the backends in order (contract points 4 and 5): `make`
     /// compiles or builds a claimed unit, `fallback` makes the CPU reference's result for a
     /// unit no backend made anything of; `progress(done, total, function)` is called before
-    /// each unit.
+    /// each unit. `strict_compile` applies `strict = true` to compile failures as well
+    /// (contract point 5); reports (`partition --config`, `explain`) leave it off.
     fn claim_each<T>(
         &self,
         m: &Module,
+        strict_compile: bool,
         make: &dyn Fn(&dyn Backend, &Candidate<'_>) -> Result<T>,
         fallback: &dyn Fn(&Candidate<'_>) -> Result<T>,
         progress: &mut dyn FnMut(usize, usize, &str),
@@ -355,7 +357,8 @@ impl BackendPipeline {
         let pc = &self.config.partition;
         let mut done = Vec::new();
         let mut unclaimed = Vec::new();
-        let mut broken = Vec::new();
+        // (backend, error, functions): one entry per distinct failure, in first-seen order.
+        let mut broken: Vec<(String, String, Vec<String>)> = Vec::new();
         let main = m
             .get("main")
             .ok_or_else(|| Error::Invalid("the module has no `main` function".into()))?;
@@ -421,20 +424,17 @@ impl BackendPipeline {
                     fallback(&c)?
                 }
             };
-            if pc.strict
+            if strict_compile
+                && pc.strict
                 && report.backend.as_deref() == Some("cpu")
                 && !report.compile_failures.is_empty()
             {
-                let why: Vec<String> = report
-                    .compile_failures
-                    .iter()
-                    .map(|(b, e)| format!("`{b}`: {e}"))
-                    .collect();
-                broken.push(format!(
-                    "`{name}` ({}) [{}]",
-                    report.ops.join(", "),
-                    why.join("; ")
-                ));
+                for (b, e) in &report.compile_failures {
+                    match broken.iter_mut().find(|(bb, ee, _)| bb == b && ee == e) {
+                        Some((_, _, fs)) => fs.push(name.clone()),
+                        None => broken.push((b.clone(), e.clone(), vec![name.clone()])),
+                    }
+                }
             }
             done.push((report, made));
         }
@@ -454,17 +454,37 @@ impl BackendPipeline {
             return Err(Error::Unclaimed(unclaimed.join("; ")));
         }
         if !broken.is_empty() {
-            return Err(Error::CompileFailed(broken.join("; ")));
+            let why: Vec<String> = broken
+                .iter()
+                .map(|(b, e, fs)| {
+                    let fs: Vec<String> = fs.iter().map(|f| format!("`{f}`")).collect();
+                    format!("{} ({b}: {e})", fs.join(", "))
+                })
+                .collect();
+            return Err(Error::CompileFailed(why.join("; ")));
         }
         Ok(done)
     }
 
     /// Partitions `module` and claims and compiles every unit (contract points 3 to 5).
     pub fn run(&self, module: &Module) -> Result<Plan> {
+        self.run_inner(module, true)
+    }
+
+    /// [`BackendPipeline::run`] for a report (`partition --config`, `explain`): with
+    /// `strict = true`, a unit the CPU runs because its backend could not compile it is
+    /// reported (in its claim's `compile_failures`) instead of being an error, so the
+    /// partition of a GPU config can be looked at on a machine without a GPU.
+    pub fn run_for_report(&self, module: &Module) -> Result<Plan> {
+        self.run_inner(module, false)
+    }
+
+    fn run_inner(&self, module: &Module, strict_compile: bool) -> Result<Plan> {
         let (m, rejections) = self.partition(module)?;
         let cpu = std::cell::OnceCell::new();
         let done = self.claim_each(
             &m,
+            strict_compile,
             &|b, c| b.compile(c),
             &|c| {
                 if cpu.get().is_none() {
@@ -503,7 +523,7 @@ impl BackendPipeline {
         progress: &mut dyn FnMut(usize, usize, &str),
     ) -> Result<BuildPlan> {
         let (m, rejections) = self.partition(module)?;
-        let done = self.claim_each(&m, &|b, c| b.build(c), &|_| Ok(None), progress)?;
+        let done = self.claim_each(&m, true, &|b, c| b.build(c), &|_| Ok(None), progress)?;
         Ok(BuildPlan {
             module: m,
             rejections,
@@ -513,126 +533,6 @@ impl BackendPipeline {
                 .collect(),
         })
     }
-
-    /// Answers "why was binding `binding` of main not offloaded?" for `module` (see `explain`).
-    pub fn explain(&self, module: &Module, binding: &str) -> Result<String> {
-        use crate::pattern::{FunctionView, match_at};
-        use std::fmt::Write;
-        let main = module
-            .get("main")
-            .ok_or_else(|| Error::Invalid("the module has no `main` function".into()))?;
-        let Some(b) = main
-            .bindings()
-            .find(|b| main.var(b.var).name == binding)
-            .copied()
-        else {
-            let names: Vec<&str> = main
-                .bindings()
-                .map(|b| main.var(b.var).name.as_str())
-                .collect();
-            return Err(Error::unknown(
-                "binding of main",
-                binding.to_string(),
-                registry::valid_list(names),
-            ));
-        };
-        let op = match &main.expr(b.value).kind {
-            ExprKind::Call {
-                callee: Callee::Op(op),
-                ..
-            } => op.name().to_string(),
-            _ => "(not an op call)".to_string(),
-        };
-        let plan = self.run(module)?;
-        let at = format!("main/{binding}");
-        let mut s = String::new();
-        let _ = writeln!(s, "binding `{binding}` of main: {op}");
-        let _ = writeln!(s, "patterns tried at it, in application order:");
-        let view = FunctionView::new(main);
-        if self.table.is_empty() {
-            let _ = writeln!(s, "  (the pattern table is empty)");
-        }
-        for e in &self.table {
-            let who = e.backend.as_deref().unwrap_or("user");
-            let verdict = if let Some(r) = plan
-                .rejections
-                .iter()
-                .find(|r| r.pattern == e.pattern.name && r.at == at)
-            {
-                format!("matched here, rejected: {}", r.reason)
-            } else if match_at(&e.pattern.pattern, &view, b.var).is_some() {
-                "matched here".to_string()
-            } else if let Some(root) = main.bindings().find(|r| {
-                match_at(&e.pattern.pattern, &view, r.var)
-                    .is_some_and(|mm| mm.nodes.iter().any(|(_, x)| *x == b.value))
-            }) {
-                format!(
-                    "matched as part of the match rooted at `{}`",
-                    main.var(root.var).name
-                )
-            } else {
-                "does not match here, nor in a match that includes it".to_string()
-            };
-            let _ = writeln!(s, "  {} [{who}]: {verdict}", e.pattern.name);
-        }
-        // Where it went: a binding of the same name in the new main tells directly; else the
-        // unit whose body binds that name.
-        let new_main = plan.module.get("main");
-        let in_main = new_main.and_then(|nm| {
-            nm.bindings()
-                .find(|x| nm.var(x.var).name == binding)
-                .map(|x| &nm.expr(x.value).kind)
-        });
-        let ended = match in_main {
-            Some(ExprKind::Call {
-                callee: Callee::Global(g),
-                ..
-            }) => plan.claims.iter().find(|c| c.function == g.as_ref()),
-            Some(_) => None,
-            None => plan.claims.iter().find(|c| {
-                plan.module
-                    .get(&c.function)
-                    .is_some_and(|f| binds_name(f, binding))
-            }),
-        };
-        match ended {
-            Some(c) => {
-                let _ = writeln!(
-                    s,
-                    "ended in `{}` ({}), run by backend `{}`{}",
-                    c.function,
-                    c.ops.join(", "),
-                    c.backend.as_deref().unwrap_or("(none)"),
-                    if c.fallback {
-                        " (fallback: no backend compiled it)"
-                    } else {
-                        ""
-                    }
-                );
-                for (b, reason) in &c.declines {
-                    let _ = writeln!(s, "  declined by `{b}`: {reason}");
-                }
-                for (b, err) in &c.compile_failures {
-                    let _ = writeln!(s, "  compile failed in `{b}`: {err}");
-                }
-            }
-            None => {
-                let _ = writeln!(
-                    s,
-                    "ended in no fused function: it stays in main and runs on the CPU reference"
-                );
-            }
-        }
-        Ok(s)
-    }
-}
-
-/// Whether `f` (or a local function inside) binds a var named `name`.
-fn binds_name(f: &Function, name: &str) -> bool {
-    f.bindings().any(|b| {
-        f.var(b.var).name == name
-            || matches!(&f.expr(b.value).kind, ExprKind::Function(inner) if binds_name(inner, name))
-    })
 }
 
 /// The module functions `main` calls, in first-call order.

@@ -46,6 +46,7 @@ pub struct FunctionBuilder<'g> {
     block: Option<Block>,
     fresh: usize,
     shapes: ShapeInterner,
+    origin: Option<std::sync::Arc<str>>,
 }
 
 impl<'g> FunctionBuilder<'g> {
@@ -58,7 +59,14 @@ impl<'g> FunctionBuilder<'g> {
             block: None,
             fresh: 0,
             shapes: ShapeInterner::new(),
+            origin: None,
         }
+    }
+
+    /// The origin given to the vars bound from now on (see [`super::VarData::origin`]): an
+    /// importer sets it to the source node before lowering the node, and back to `None`.
+    pub fn set_origin(&mut self, origin: Option<&str>) {
+        self.origin = origin.map(std::sync::Arc::from);
     }
 
     /// Declares a symbolic dim used by this function's types and returns it.
@@ -168,7 +176,7 @@ impl<'g> FunctionBuilder<'g> {
         } else {
             self.unique(name)
         };
-        let var = self.func.add_var(name, ty, dataflow);
+        let var = self.func.add_var_from(name, ty, dataflow, self.origin.clone());
         let block = self.block.get_or_insert_with(|| Block {
             dataflow: false,
             bindings: Vec::new(),

@@ -119,6 +119,14 @@ impl<I: EntityId, T> Arena<I, T> {
         self.items.iter().enumerate().map(|(i, v)| (I::new(i), v))
     }
 
+    /// Iterates `(id, value)` in id order, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (I, &mut T)> {
+        self.items
+            .iter_mut()
+            .enumerate()
+            .map(|(i, v)| (I::new(i), v))
+    }
+
     /// Iterates the ids in order.
     pub fn keys(&self) -> impl Iterator<Item = I> + use<I, T> {
         (0..self.items.len()).map(I::new)

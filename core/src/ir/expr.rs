@@ -209,4 +209,11 @@ pub struct VarData {
     pub dataflow: bool,
     /// The `ExprKind::Var` expression that refers to it.
     pub expr: ExprId,
+    /// Where the value comes from in what the user gave (its provenance): `main/logits` for a
+    /// binding of a parsed module, `node `conv1` (Conv)` for one an ONNX node lowered to.
+    /// Passes that move or outline a binding give the new var the old one's origin, so
+    /// `explain` and runtime errors name the user's binding, not a renamed `lv17`. `None` for
+    /// what a pass made up (a lifted constant's param, a wrapper's `local_func`). Not printed;
+    /// structural equality ignores it.
+    pub origin: Option<Arc<str>>,
 }

@@ -99,8 +99,20 @@ impl Function {
         Self::default()
     }
 
-    /// Adds a var (and the expression that refers to it).
+    /// Adds a var (and the expression that refers to it), with no origin.
     pub fn add_var(&mut self, name: impl Into<String>, ty: Type, dataflow: bool) -> VarId {
+        self.add_var_from(name, ty, dataflow, None)
+    }
+
+    /// Adds a var with the given origin (see [`VarData::origin`]): a pass that moves a
+    /// binding passes the old var's `origin.clone()`.
+    pub fn add_var_from(
+        &mut self,
+        name: impl Into<String>,
+        ty: Type,
+        dataflow: bool,
+        origin: Option<std::sync::Arc<str>>,
+    ) -> VarId {
         let next = self.vars.len();
         let expr = self.exprs.push(ExprData {
             kind: ExprKind::Var(super::entity::EntityId::new(next)),
@@ -111,7 +123,23 @@ impl Function {
             ty,
             dataflow,
             expr,
+            origin,
         })
+    }
+
+    /// Gives every var of this function (and of the local functions inside) without an origin
+    /// the origin `<prefix>/<name>`: what a parser does for the module as the user wrote it.
+    pub fn set_origins(&mut self, prefix: &str) {
+        for (_, v) in self.vars.iter_mut() {
+            if v.origin.is_none() {
+                v.origin = Some(format!("{prefix}/{}", v.name).into());
+            }
+        }
+        for (_, e) in self.exprs.iter_mut() {
+            if let ExprKind::Function(inner) = &mut e.kind {
+                inner.set_origins(prefix);
+            }
+        }
     }
 
     /// Adds an expression.

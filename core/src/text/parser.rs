@@ -770,7 +770,9 @@ impl<'a> Parser<'a> {
         self.leave();
         self.i = saved_i;
         self.syms = saved_syms;
-        let f = r?;
+        let mut f = r?;
+        // Provenance: every binding is the user's own `<function>/<var>`.
+        f.set_origins(name);
         if header.ret.is_none() {
             self.globals.insert(name.to_string(), f.func_type());
         }

@@ -51,7 +51,7 @@ pub fn bind_params(m: &Module, func: &str, params: &[(String, Constant)]) -> Res
                 map.insert(p, e);
             }
             None => {
-                let np = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
+                let np = nf.add_var_from(vd.name.clone(), vd.ty.clone(), false, vd.origin.clone());
                 nf.params.push(np);
                 map.insert(p, nf.var_expr(np));
             }
@@ -65,7 +65,7 @@ pub fn bind_params(m: &Module, func: &str, params: &[(String, Constant)]) -> Res
         for b in &block.bindings {
             let value = copy_expr(f, b.value, &mut nf, &map)?;
             let vd = f.var(b.var);
-            let nv = nf.add_var(vd.name.clone(), vd.ty.clone(), vd.dataflow);
+            let nv = nf.add_var_from(vd.name.clone(), vd.ty.clone(), vd.dataflow, vd.origin.clone());
             out.bindings.push(Binding { var: nv, value });
             map.insert(b.var, nf.var_expr(nv));
         }

@@ -1116,7 +1116,7 @@ fn outline<'f>(
                         continue;
                     }
                     let vd = f.var(*x);
-                    let p = cf.add_var(vd.name.clone(), vd.ty.clone(), false);
+                    let p = cf.add_var_from(vd.name.clone(), vd.ty.clone(), false, vd.origin.clone());
                     cf.params.push(p);
                     fmap.insert(*x, cf.var_expr(p));
                     let outer = cmap.get(*x).ok_or_else(|| {
@@ -1164,7 +1164,7 @@ fn outline<'f>(
         } else {
             vd.name.clone()
         };
-        let nv = cf.add_var(name, vd.ty.clone(), !is_out);
+        let nv = cf.add_var_from(name, vd.ty.clone(), !is_out, vd.origin.clone());
         body.bindings.push(Binding { var: nv, value: ne });
         fmap.insert(v, cf.var_expr(nv));
     }
@@ -1351,7 +1351,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
     for &p in &f.params {
         let vd = f.var(p);
         names.reserve(&vd.name);
-        let np = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
+        let np = nf.add_var_from(vd.name.clone(), vd.ty.clone(), false, vd.origin.clone());
         nf.params.push(np);
         map.insert(p, nf.var_expr(np));
     }
@@ -1492,7 +1492,12 @@ pub(crate) fn rewrite<G: GroupSpec>(
                     if let [old] = outputs[..] {
                         let vd = f.var(old);
                         let name = names.fresh(base(vd.dataflow));
-                        let nv = nf.add_var(name, vd.ty.clone(), vd.dataflow && block.dataflow);
+                        let nv = nf.add_var_from(
+                            name,
+                            vd.ty.clone(),
+                            vd.dataflow && block.dataflow,
+                            vd.origin.clone(),
+                        );
                         out.bindings.push(Binding {
                             var: nv,
                             value: call,
@@ -1517,7 +1522,12 @@ pub(crate) fn rewrite<G: GroupSpec>(
                             let te = nf.var_expr(tv);
                             let get = nf.add_expr(ExprKind::TupleGetItem(te, k), vd.ty.clone());
                             let name = names.fresh(base(vd.dataflow));
-                            let nv = nf.add_var(name, vd.ty.clone(), vd.dataflow && block.dataflow);
+                            let nv = nf.add_var_from(
+                            name,
+                            vd.ty.clone(),
+                            vd.dataflow && block.dataflow,
+                            vd.origin.clone(),
+                        );
                             out.bindings.push(Binding {
                                 var: nv,
                                 value: get,
@@ -1549,7 +1559,7 @@ fn emit_copy(
 ) -> Result<()> {
     let value = copy_expr(f, b.value, nf, map)?;
     let vd = f.var(b.var);
-    let nv = nf.add_var(vd.name.clone(), vd.ty.clone(), vd.dataflow);
+    let nv = nf.add_var_from(vd.name.clone(), vd.ty.clone(), vd.dataflow, vd.origin.clone());
     out.bindings.push(Binding { var: nv, value });
     map.insert(b.var, nf.var_expr(nv));
     Ok(())
@@ -1619,7 +1629,7 @@ fn make_wrapper(comp: &Function, codegen: &str, name: &str) -> Result<Function> 
     let mut args = Vec::new();
     for &p in &comp.params {
         let vd = comp.var(p);
-        let np = w.add_var(vd.name.clone(), vd.ty.clone(), false);
+        let np = w.add_var_from(vd.name.clone(), vd.ty.clone(), false, vd.origin.clone());
         w.params.push(np);
         args.push(w.var_expr(np));
     }

@@ -266,7 +266,7 @@ fn annotate_region(m: &Module, region: Function, name: &str) -> Result<Function>
     let mut map: HashMap<VarId, ExprId> = HashMap::new();
     for &p in &region.params {
         let vd = region.var(p);
-        let np = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
+        let np = nf.add_var_from(vd.name.clone(), vd.ty.clone(), false, vd.origin.clone());
         nf.params.push(np);
         map.insert(p, nf.var_expr(np));
     }
@@ -314,7 +314,7 @@ fn annotate_region(m: &Module, region: Function, name: &str) -> Result<Function>
             _ => copy_expr(&region, b.value, &mut nf, &map)?,
         };
         let vd = region.var(b.var);
-        let nv = nf.add_var(vd.name.clone(), vd.ty.clone(), false);
+        let nv = nf.add_var_from(vd.name.clone(), vd.ty.clone(), false, vd.origin.clone());
         body.bindings.push(Binding { var: nv, value });
         map.insert(b.var, nf.var_expr(nv));
     }

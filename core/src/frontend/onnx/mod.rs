@@ -371,6 +371,12 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
     im.b.begin_dataflow();
     for (i, node) in graph.node.iter().enumerate() {
         let at = || format!("{file}: node `{}` ({})", node_name(node, i), node.op_type);
+        // Provenance: every binding this node lowers to names the node.
+        im.b.set_origin(Some(&format!(
+            "onnx node `{}` ({})",
+            node_name(node, i),
+            node.op_type
+        )));
         let outs = im.convert(node).map_err(|e| match e {
             Error::Invalid(m) => Error::Invalid(format!("{}: {m}", at())),
             e => Error::Invalid(format!("{}: {e}", at())),
@@ -403,6 +409,7 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
             im.vals.insert(name.clone(), val);
         }
     }
+    im.b.set_origin(None);
     let mut rets = Vec::new();
     for o in &graph.output {
         let e = im
