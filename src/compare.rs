@@ -94,7 +94,10 @@ mod tests {
         let got = Tensor::from_f32(vec![3], vec![1.0, 0.0, 2.0]).unwrap();
         let why = first_mismatch(&got, &want).expect("NaN against 0 must differ");
         assert_eq!(why, "element 1: 0 vs NaN");
-        assert_eq!(first_mismatch(&want, &got).as_deref(), Some("element 1: NaN vs 0"));
+        assert_eq!(
+            first_mismatch(&want, &got).as_deref(),
+            Some("element 1: NaN vs 0")
+        );
         assert_eq!(first_mismatch(&want, &want.clone()), None);
         let inf = Tensor::from_f32(vec![1], vec![f32::INFINITY]).unwrap();
         let big = Tensor::from_f32(vec![1], vec![f32::MAX]).unwrap();

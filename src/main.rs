@@ -469,7 +469,9 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 for e in rest {
                     outln!(
                         "  {} priority {}: {}",
-                        e.pattern.name, e.pattern.priority, e.pattern.pattern
+                        e.pattern.name,
+                        e.pattern.priority,
+                        e.pattern.pattern
                     );
                 }
             }

@@ -154,7 +154,10 @@ mod tests {
             assert_eq!(std::fs::read(d.join("a.npy")).unwrap(), b"old");
             assert!(!d.join("b.npy").exists());
         }
-        let left: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(left, vec![std::ffi::OsString::from("a.npy")]);
         let mut s = Staging::new(&d).unwrap();
         s.write("a.npy", b"new").unwrap();
@@ -179,7 +182,11 @@ mod tests {
         s.commit().unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         assert_eq!(std::fs::read(d.join("out.npy")).unwrap(), b"data");
-        assert!(!std::fs::symlink_metadata(d.join("out.npy")).unwrap().is_symlink());
+        assert!(
+            !std::fs::symlink_metadata(d.join("out.npy"))
+                .unwrap()
+                .is_symlink()
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 

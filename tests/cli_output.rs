@@ -46,7 +46,10 @@ fn a_closed_stdout_is_a_quiet_exit() {
 #[test]
 fn a_full_stdout_is_an_error_after_every_output_file_is_complete() {
     let dir = fresh("full");
-    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
     let out = fusebox()
         .args(["run", "examples/small_cnn.relax", "--check", "--output-dir"])
         .arg(&dir)
@@ -112,7 +115,11 @@ fn planted_symlinks_are_not_written_through() {
         .arg(&out_dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     let meta = std::fs::symlink_metadata(out_dir.join("logits.npy")).unwrap();
     assert!(meta.is_file(), "logits.npy was written through the link");
@@ -136,8 +143,15 @@ fn an_empty_output_prints_no_infinite_min_max() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("gv: shape [0, 4] float32 (empty) -> "), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("gv: shape [0, 4] float32 (empty) -> "),
+        "{stdout}"
+    );
     assert!(!stdout.contains("inf"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }

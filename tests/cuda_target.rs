@@ -189,7 +189,11 @@ fn compile_without_nvrtc_says_why_and_strict_fails() {
     std::fs::write(&lax_path, text.replace("strict = true", "strict = false")).unwrap();
     let lax = compile(&lax_path, "lax");
     let stdout = String::from_utf8_lossy(&lax.stdout);
-    assert!(lax.status.success(), "{}", String::from_utf8_lossy(&lax.stderr));
+    assert!(
+        lax.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lax.stderr)
+    );
     let softmax = stdout
         .lines()
         .position(|l| l.starts_with("fused_softmax: cpu, 0 kernel(s)"))

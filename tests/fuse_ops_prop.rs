@@ -2,7 +2,8 @@
 //! anchor ops over several blocks), FuseOps at opt levels 0..=2 with max_depth 1..=8 — alone, or
 //! after FuseOpsByPattern — gives a module that verifies, keeps every original op exactly once
 //! (counting through calls), has no call cycle, never outlines a group larger than max_depth,
-//! leaves composites untouched, and prints to text that parses back.
+//! leaves composites untouched, prints to text that parses back, and keeps the provenance of
+//! every binding of `main`.
 
 #![allow(clippy::panic, reason = "test code: a failure is a panic")]
 
@@ -63,6 +64,39 @@ fn check(m: &Module, out: &Module, opt_level: u32, max_depth: usize) -> Result<(
     }
     let printed = text::print_module(out).text;
     prop_assert!(text::parse_module_str(&printed).is_ok(), "{}", printed);
+    origins_kept(m, out)
+}
+
+/// `m` with every var of every function given its `<function>/<name>` origin, as the parser
+/// gives them.
+fn with_origins(mut m: Module) -> Module {
+    for (name, f) in m.functions.iter_mut() {
+        f.set_origins(name);
+    }
+    m
+}
+
+/// Provenance (issue 18): every binding of the input's `main` is still accounted for in the
+/// output's `main`, by a var whose origins include it (its own copy, or the call of the group
+/// it was outlined into), so `explain` can follow it.
+fn origins_kept(m: &Module, out: &Module) -> Result<(), TestCaseError> {
+    let (Some(before), Some(after)) = (m.get("main"), out.get("main")) else {
+        return Ok(());
+    };
+    for b in before.bindings() {
+        let v = before.var(b.var);
+        let Some(o) = v.origin.first() else {
+            continue;
+        };
+        prop_assert!(
+            after
+                .bindings()
+                .any(|a| after.var(a.var).origin.contains(o)),
+            "the origin {} of `{}` is lost",
+            o,
+            v.name
+        );
+    }
     Ok(())
 }
 
@@ -77,7 +111,7 @@ proptest! {
         max_depth in 1usize..=8,
         extended in any::<bool>(),
     ) {
-        let m = if extended { random_fusion_module(seed, ops) } else { random_module(seed, ops) };
+        let m = with_origins(if extended { random_fusion_module(seed, ops) } else { random_module(seed, ops) });
         let out = fuse_ops(&m, opt_level, max_depth)
             .unwrap_or_else(|e| panic!("fuse_ops failed: {e}"));
         check(&m, &out, opt_level, max_depth)?;
@@ -94,7 +128,7 @@ proptest! {
         opt_level in 0u32..=2,
         max_depth in 1usize..=8,
     ) {
-        let m = random_fusion_module(seed, ops);
+        let m = with_origins(random_fusion_module(seed, ops));
         let pat = parse_pattern("relax.nn.relu(relax.add(_, _))").unwrap_or_else(|e| panic!("{e}"));
         let parted = fuse_ops_by_pattern(&m, &[FusionPattern::new("a.add_relu", pat)], PartitionOptions::default())
             .unwrap_or_else(|e| panic!("partition failed: {e}"))

@@ -82,7 +82,10 @@ fn explain_names_the_function_that_holds_each_binding() {
         "fused_conv2d_add_relu2(",
         "fused_matmul_add(",
     ] {
-        assert!(text.contains(&format!("= cls.{f}")), "{f} not called: {text}");
+        assert!(
+            text.contains(&format!("= cls.{f}")),
+            "{f} not called: {text}"
+        );
     }
 }
 
@@ -134,7 +137,10 @@ fn a_runtime_error_names_the_file_and_the_onnx_node() {
         err.starts_with("error: tests/hardening/gather_oob.onnx: runtime: "),
         "{err}"
     );
-    assert!(err.contains("(from onnx node `pick_row` (Gather))"), "{err}");
+    assert!(
+        err.contains("(from onnx node `pick_row` (Gather))"),
+        "{err}"
+    );
     assert!(
         err.contains("relax.take: index 7 is out of range for extent 4"),
         "{err}"

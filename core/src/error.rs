@@ -37,7 +37,13 @@ const LINE_WINDOW: usize = 120;
 
 impl fmt::Display for SourceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{}:{}: {}", self.file, self.pos, cap_long_values(&self.message))?;
+        writeln!(
+            f,
+            "{}:{}: {}",
+            self.file,
+            self.pos,
+            cap_long_values(&self.message)
+        )?;
         let num = self.pos.line.to_string();
         let pad = " ".repeat(num.len());
         writeln!(f, "{pad} |")?;
@@ -257,25 +263,43 @@ mod tests {
         let text = e.to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "f.relax:1:1005: unexpected `bad`");
-        assert!(lines[2].starts_with("1 | …") && lines[2].ends_with('…'), "{}", lines[2]);
+        assert!(
+            lines[2].starts_with("1 | …") && lines[2].ends_with('…'),
+            "{}",
+            lines[2]
+        );
         assert!(lines[2].chars().count() < LINE_WINDOW + 10);
         // The caret is under the `b` of `bad`.
         let caret = lines[3].chars().position(|c| c == '^').unwrap_or(0);
         assert_eq!(lines[2].chars().nth(caret), Some('b'));
-        assert_eq!(lines[2].chars().skip(caret).take(3).collect::<String>(), "bad");
+        assert_eq!(
+            lines[2].chars().skip(caret).take(3).collect::<String>(),
+            "bad"
+        );
         // A short line is shown whole, as before.
         let e = Error::source("f.relax", "y = oops", Pos { line: 1, col: 5 }, "m");
-        assert_eq!(e.to_string(), "f.relax:1:5: m\n  |\n1 | y = oops\n  |     ^");
+        assert_eq!(
+            e.to_string(),
+            "f.relax:1:5: m\n  |\n1 | y = oops\n  |     ^"
+        );
     }
 
     #[test]
     fn long_values_are_cut_once_and_short_text_is_untouched() {
-        let msg = format!("expected `)`, found \"{}\" in {}", "q".repeat(10_000), "/a/b.relax");
+        let msg = format!(
+            "expected `)`, found \"{}\" in {}",
+            "q".repeat(10_000),
+            "/a/b.relax"
+        );
         let capped = cap_long_values(&msg);
         assert!(capped.len() < 300, "{capped}");
-        assert!(capped.ends_with("\" (10000 characters) in /a/b.relax"), "{capped}");
+        assert!(
+            capped.ends_with("\" (10000 characters) in /a/b.relax"),
+            "{capped}"
+        );
         assert_eq!(cap_long_values(&capped), capped);
-        let normal = "the file doesn't exist: it's a directory, and a path like /work/main/x.onnx stays";
+        let normal =
+            "the file doesn't exist: it's a directory, and a path like /work/main/x.onnx stays";
         assert_eq!(cap_long_values(normal), normal);
     }
 }

@@ -354,10 +354,7 @@ pattern = "relax.nn.relu(relax.nn.conv2d(_, _, ...)) : [?, 4]"
 "#;
         let t = parse_pattern_table(src, "t.toml").unwrap_or_default();
         assert_eq!(t.len(), 4);
-        let f: Vec<(&str, String)> = lint(&t)
-            .into_iter()
-            .map(|x| (x.kind, x.message))
-            .collect();
+        let f: Vec<(&str, String)> = lint(&t).into_iter().map(|x| (x.kind, x.message)).collect();
         assert_eq!(
             f,
             vec![

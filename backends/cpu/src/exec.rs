@@ -409,7 +409,7 @@ fn drop_plan(f: &Function) -> (Vec<Vec<VarId>>, Vec<bool>) {
 /// binding a pass renamed, or the ONNX node it was lowered from).
 fn binding_ctx(func: &str, var: &fusebox_core::ir::VarData) -> String {
     let here = format!("{func}/{}", var.name);
-    match var.origin.as_deref() {
+    match var.origin.first() {
         Some(o) if o != here => format!("{here} (from {o})"),
         _ => here,
     }

@@ -426,7 +426,8 @@ mod profile_cache_tests {
 
     #[test]
     fn concurrent_updates_keep_every_entry() {
-        let dir = std::env::temp_dir().join(format!("fusebox-cutlass-cache-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("fusebox-cutlass-cache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("cutlass-profile.json");
         std::thread::scope(|s| {

@@ -62,9 +62,10 @@ fn find(
     let composite = f.attrs.composite.as_deref().or(composite);
     for b in f.bindings() {
         let v = f.var(b.var);
-        let hit = match &v.origin {
-            Some(o) => o.as_ref() == origin,
-            None => top == "main" && v.name == name,
+        let hit = if v.origin.is_empty() {
+            top == "main" && v.name == name
+        } else {
+            v.origin.contains(origin)
         };
         match &f.expr(b.value).kind {
             ExprKind::Function(inner) => find(inner, top, composite, origin, name, out),
@@ -83,6 +84,17 @@ fn find(
             _ => {}
         }
     }
+}
+
+/// The `Composite` of `f`, or of the first local function inside it that has one (the
+/// composite a `Codegen` wrapper holds).
+fn composite_of(f: &Function) -> Option<String> {
+    f.attrs.composite.clone().or_else(|| {
+        f.bindings().find_map(|b| match &f.expr(b.value).kind {
+            ExprKind::Function(inner) => composite_of(inner),
+            _ => None,
+        })
+    })
 }
 
 /// The function of `m` that calls `name` (`Global` callee), other than `main`.
@@ -130,7 +142,7 @@ impl BackendPipeline {
         let origin = main
             .var(b.var)
             .origin
-            .as_deref()
+            .first()
             .map_or_else(|| format!("main/{binding}"), str::to_string);
         let plan = self.run_for_report(module)?;
 
@@ -158,10 +170,7 @@ impl BackendPipeline {
                 if let Some(g) = &p.calls {
                     unit_of(g);
                     if winner.is_none() {
-                        winner = plan
-                            .module
-                            .get(g)
-                            .and_then(|f| f.attrs.composite.clone());
+                        winner = plan.module.get(g).and_then(composite_of);
                     }
                 }
             }

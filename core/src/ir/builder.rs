@@ -46,7 +46,7 @@ pub struct FunctionBuilder<'g> {
     block: Option<Block>,
     fresh: usize,
     shapes: ShapeInterner,
-    origin: Option<std::sync::Arc<str>>,
+    origin: super::Origin,
 }
 
 impl<'g> FunctionBuilder<'g> {
@@ -59,14 +59,14 @@ impl<'g> FunctionBuilder<'g> {
             block: None,
             fresh: 0,
             shapes: ShapeInterner::new(),
-            origin: None,
+            origin: super::Origin::default(),
         }
     }
 
     /// The origin given to the vars bound from now on (see [`super::VarData::origin`]): an
     /// importer sets it to the source node before lowering the node, and back to `None`.
     pub fn set_origin(&mut self, origin: Option<&str>) {
-        self.origin = origin.map(std::sync::Arc::from);
+        self.origin = origin.map(super::Origin::one).unwrap_or_default();
     }
 
     /// Declares a symbolic dim used by this function's types and returns it.
@@ -176,7 +176,9 @@ impl<'g> FunctionBuilder<'g> {
         } else {
             self.unique(name)
         };
-        let var = self.func.add_var_from(name, ty, dataflow, self.origin.clone());
+        let var = self
+            .func
+            .add_var_from(name, ty, dataflow, self.origin.clone());
         let block = self.block.get_or_insert_with(|| Block {
             dataflow: false,
             bindings: Vec::new(),

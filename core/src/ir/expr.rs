@@ -209,11 +209,61 @@ pub struct VarData {
     pub dataflow: bool,
     /// The `ExprKind::Var` expression that refers to it.
     pub expr: ExprId,
-    /// Where the value comes from in what the user gave (its provenance): `main/logits` for a
-    /// binding of a parsed module, `node `conv1` (Conv)` for one an ONNX node lowered to.
-    /// Passes that move or outline a binding give the new var the old one's origin, so
-    /// `explain` and runtime errors name the user's binding, not a renamed `lv17`. `None` for
-    /// what a pass made up (a lifted constant's param, a wrapper's `local_func`). Not printed;
-    /// structural equality ignores it.
-    pub origin: Option<Arc<str>>,
+    /// Where the value comes from in what the user gave (its provenance, see [`Origin`]).
+    /// Not printed; structural equality ignores it.
+    pub origin: Origin,
+}
+
+/// The provenance of a var: the user's bindings whose value it is or computes, first its own.
+/// `main/logits` for a binding of a parsed module, ``onnx node `conv1` (Conv)`` for one an ONNX
+/// node lowered to. A pass that moves a binding gives the new var the old one's origin; the
+/// call an outliner leaves in `main` carries the origins of every binding of its group (two
+/// groups that share one deduplicated function stay distinguishable there). Empty for what a
+/// pass made up (a lifted constant's param, a wrapper's `local_func`). Cloning is a reference
+/// count.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin(Option<Arc<[Arc<str>]>>);
+
+impl Origin {
+    /// One origin.
+    pub fn one(name: &str) -> Origin {
+        Origin(Some(Arc::from(vec![Arc::<str>::from(name)])))
+    }
+
+    /// The origins, in order (its own first).
+    pub fn names(&self) -> &[Arc<str>] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+
+    /// Its own origin, if any.
+    pub fn first(&self) -> Option<&str> {
+        self.names().first().map(|s| &**s)
+    }
+
+    /// Whether it has no origin.
+    pub fn is_empty(&self) -> bool {
+        self.names().is_empty()
+    }
+
+    /// Whether `name` is among the origins.
+    pub fn contains(&self, name: &str) -> bool {
+        self.names().iter().any(|n| &**n == name)
+    }
+
+    /// The origins of `parts`, in order, each once.
+    pub fn merge<'a>(parts: impl IntoIterator<Item = &'a Origin>) -> Origin {
+        let mut out: Vec<Arc<str>> = Vec::new();
+        for p in parts {
+            for n in p.names() {
+                if !out.contains(n) {
+                    out.push(n.clone());
+                }
+            }
+        }
+        if out.is_empty() {
+            Origin(None)
+        } else {
+            Origin(Some(out.into()))
+        }
+    }
 }

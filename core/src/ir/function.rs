@@ -101,7 +101,7 @@ impl Function {
 
     /// Adds a var (and the expression that refers to it), with no origin.
     pub fn add_var(&mut self, name: impl Into<String>, ty: Type, dataflow: bool) -> VarId {
-        self.add_var_from(name, ty, dataflow, None)
+        self.add_var_from(name, ty, dataflow, super::expr::Origin::default())
     }
 
     /// Adds a var with the given origin (see [`VarData::origin`]): a pass that moves a
@@ -111,7 +111,7 @@ impl Function {
         name: impl Into<String>,
         ty: Type,
         dataflow: bool,
-        origin: Option<std::sync::Arc<str>>,
+        origin: super::expr::Origin,
     ) -> VarId {
         let next = self.vars.len();
         let expr = self.exprs.push(ExprData {
@@ -131,8 +131,8 @@ impl Function {
     /// the origin `<prefix>/<name>`: what a parser does for the module as the user wrote it.
     pub fn set_origins(&mut self, prefix: &str) {
         for (_, v) in self.vars.iter_mut() {
-            if v.origin.is_none() {
-                v.origin = Some(format!("{prefix}/{}", v.name).into());
+            if v.origin.is_empty() {
+                v.origin = super::expr::Origin::one(&format!("{prefix}/{}", v.name));
             }
         }
         for (_, e) in self.exprs.iter_mut() {

@@ -33,7 +33,9 @@ pub mod verify;
 pub use dim::{Dim, DimOp, Sym};
 pub use dtype::DType;
 pub use entity::{Arena, EntityId};
-pub use expr::{Callee, Constant, ExprData, ExprId, ExprKind, PrimValue, VarData, VarId, numel};
+pub use expr::{
+    Callee, Constant, ExprData, ExprId, ExprKind, Origin, PrimValue, VarData, VarId, numel,
+};
 pub use function::{AttrValue, Binding, Block, FuncAttrs, Function};
 pub use module::Module;
 pub use ty::{FuncType, ShapeInterner, TensorType, Type};

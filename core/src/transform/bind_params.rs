@@ -65,7 +65,12 @@ pub fn bind_params(m: &Module, func: &str, params: &[(String, Constant)]) -> Res
         for b in &block.bindings {
             let value = copy_expr(f, b.value, &mut nf, &map)?;
             let vd = f.var(b.var);
-            let nv = nf.add_var_from(vd.name.clone(), vd.ty.clone(), vd.dataflow, vd.origin.clone());
+            let nv = nf.add_var_from(
+                vd.name.clone(),
+                vd.ty.clone(),
+                vd.dataflow,
+                vd.origin.clone(),
+            );
             out.bindings.push(Binding { var: nv, value });
             map.insert(b.var, nf.var_expr(nv));
         }

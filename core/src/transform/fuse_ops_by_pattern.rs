@@ -46,8 +46,8 @@ use crate::error::{Error, Result};
 use crate::ir::copy::{ExprMap, VarIndex, VarLookup, copy_expr};
 use crate::ir::structural::{function_eq, function_hash};
 use crate::ir::{
-    AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Sym, Type,
-    VarId,
+    AttrValue, Binding, Block, Callee, ExprId, ExprKind, FuncAttrs, Function, Module, Origin, Sym,
+    Type, VarId,
 };
 use crate::pattern::Pattern;
 use crate::pattern::census::Census;
@@ -1116,7 +1116,8 @@ fn outline<'f>(
                         continue;
                     }
                     let vd = f.var(*x);
-                    let p = cf.add_var_from(vd.name.clone(), vd.ty.clone(), false, vd.origin.clone());
+                    let p =
+                        cf.add_var_from(vd.name.clone(), vd.ty.clone(), false, vd.origin.clone());
                     cf.params.push(p);
                     fmap.insert(*x, cf.var_expr(p));
                     let outer = cmap.get(*x).ok_or_else(|| {
@@ -1489,6 +1490,17 @@ pub(crate) fn rewrite<G: GroupSpec>(
                     );
                     let outputs = &cache.outputs;
                     let base = |dataflow: bool| if dataflow { Base::Lv } else { Base::Gv };
+                    // The call in the caller stands for every binding of the group: its
+                    // var carries all their origins (the output's first), which the shared
+                    // function of a deduplicated group cannot.
+                    let group_origin = || {
+                        Origin::merge(
+                            outputs
+                                .iter()
+                                .chain(groups[g].members())
+                                .map(|&v| &f.var(v).origin),
+                        )
+                    };
                     if let [old] = outputs[..] {
                         let vd = f.var(old);
                         let name = names.fresh(base(vd.dataflow));
@@ -1496,7 +1508,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
                             name,
                             vd.ty.clone(),
                             vd.dataflow && block.dataflow,
-                            vd.origin.clone(),
+                            group_origin(),
                         );
                         out.bindings.push(Binding {
                             var: nv,
@@ -1506,7 +1518,7 @@ pub(crate) fn rewrite<G: GroupSpec>(
                     } else {
                         let tname = names.fresh(Base::Lv);
                         let ty = nf.expr(call).ty.clone();
-                        let tv = nf.add_var(tname, ty, block.dataflow);
+                        let tv = nf.add_var_from(tname, ty, block.dataflow, group_origin());
                         out.bindings.push(Binding {
                             var: tv,
                             value: call,
@@ -1523,11 +1535,11 @@ pub(crate) fn rewrite<G: GroupSpec>(
                             let get = nf.add_expr(ExprKind::TupleGetItem(te, k), vd.ty.clone());
                             let name = names.fresh(base(vd.dataflow));
                             let nv = nf.add_var_from(
-                            name,
-                            vd.ty.clone(),
-                            vd.dataflow && block.dataflow,
-                            vd.origin.clone(),
-                        );
+                                name,
+                                vd.ty.clone(),
+                                vd.dataflow && block.dataflow,
+                                vd.origin.clone(),
+                            );
                             out.bindings.push(Binding {
                                 var: nv,
                                 value: get,
@@ -1559,7 +1571,12 @@ fn emit_copy(
 ) -> Result<()> {
     let value = copy_expr(f, b.value, nf, map)?;
     let vd = f.var(b.var);
-    let nv = nf.add_var_from(vd.name.clone(), vd.ty.clone(), vd.dataflow, vd.origin.clone());
+    let nv = nf.add_var_from(
+        vd.name.clone(),
+        vd.ty.clone(),
+        vd.dataflow,
+        vd.origin.clone(),
+    );
     out.bindings.push(Binding { var: nv, value });
     map.insert(b.var, nf.var_expr(nv));
     Ok(())
