@@ -142,7 +142,7 @@ fn the_manifest_lists_every_function_with_its_kernels_and_files() {
     let text = std::fs::read_to_string(dir.join("manifest.json")).expect("manifest");
     let parsed: Manifest = serde_json::from_str(&text).expect("manifest JSON");
     assert_eq!(parsed, m);
-    assert_eq!(parsed.format, 1);
+    assert_eq!(parsed.format, 2);
     let summary: Vec<(&str, &str, usize, usize)> = parsed
         .functions
         .iter()
