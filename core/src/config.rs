@@ -312,6 +312,29 @@ mod tests {
     }
 
     #[test]
+    fn runtime_memory_limit_takes_bytes_or_sizes() {
+        let limit = |src: &str| Config::parse(src, "c.toml").map(|c| c.runtime.memory_limit);
+        assert_eq!(limit("").ok(), Some(None));
+        assert_eq!(
+            limit("[runtime]\nmemory_limit = \"8GiB\"\n").ok(),
+            Some(Some(8 << 30))
+        );
+        assert_eq!(
+            limit("[runtime]\nmemory_limit = 4096\n").ok(),
+            Some(Some(4096))
+        );
+        let e = err("[runtime]\nmemory_limit = \"lots\"\n");
+        assert!(
+            e.starts_with("c.toml:2:16: runtime.memory_limit: invalid size `lots`"),
+            "{e}"
+        );
+        let e = err("[runtime]\nmemory_limit = -5\n");
+        assert!(e.contains("the limit must be above 0, found -5"), "{e}");
+        let e = err("[runtime]\nmemory_limt = 5\n");
+        assert!(e.contains("memory_limt"), "{e}");
+    }
+
+    #[test]
     fn defaults_and_full_config() {
         let c = match Config::parse(
             "target = \"cuda\"\n[partition]\nstrict = true\n[[backend]]\nname = \"cpu\"\n[backend.options]\nx = 1\n[[pattern]]\nname = \"cpu.r\"\npattern = \"relax.nn.relu(_)\"\nbackend = \"cpu\"\n[[plugin]]\npath = \"a.so\"\n",

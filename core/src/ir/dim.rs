@@ -360,6 +360,23 @@ mod tests {
     }
 
     #[test]
+    fn dims_without_a_text_form_are_out_of_range() {
+        assert_eq!(Dim::Static(MAX_DIM).out_of_range(), None);
+        assert!(Dim::Static(MAX_DIM + 1).out_of_range().is_some());
+        // Folding that overflows leaves an expression over constants only.
+        let wrapped = Dim::Static(2).mul(&Dim::Static(1 << 62));
+        assert!(matches!(wrapped, Dim::Expr(_)));
+        let why = wrapped.out_of_range().unwrap_or_default();
+        assert!(why.contains("overflows 64 bits"), "{why}");
+        let n = Dim::sym("n");
+        assert_eq!(n.add(&Dim::Static(3)).out_of_range(), None);
+        assert!(n.mul(&Dim::Static(MAX_DIM + 1)).out_of_range().is_some());
+        let long = (0..=MAX_DIM_OPS).fold(n.clone(), |d, _| d.mul(&n));
+        let why = long.out_of_range().unwrap_or_default();
+        assert!(why.contains("operators"), "{why}");
+    }
+
+    #[test]
     fn evaluates() {
         let d = Dim::sym("n").mul(&Dim::Static(2)).add(&Dim::Static(1));
         let v = d.eval(&|s: &Sym| (s.name() == "n").then_some(5));

@@ -172,8 +172,12 @@ pub fn check_alloc(what: &str, dtype: DType, shape: &[usize]) -> Result<()> {
 
 /// [`check_alloc`] for extents given as `u64` (a shape read from a file or a type).
 pub fn check_alloc_u64(what: &str, dtype: DType, shape: &[u64]) -> Result<()> {
+    check_within(what, dtype, shape, memory_limit())
+}
+
+/// [`check_alloc_u64`] against an explicit `limit` (the process-wide one aside).
+pub fn check_within(what: &str, dtype: DType, shape: &[u64], limit: u64) -> Result<()> {
     let bytes = tensor_bytes(dtype, shape);
-    let limit = memory_limit();
     match bytes {
         Some(b) if b <= limit && usize::try_from(b).is_ok() => Ok(()),
         _ => Err(Error::Memory(Box::new(MemoryError {
