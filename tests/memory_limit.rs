@@ -184,7 +184,10 @@ fn a_conv2d_with_a_dilation_of_2_pow_62_is_a_type_error_not_a_wrapped_shape() {
     assert_fails(
         "conv_dilation_2p62.relax",
         &[],
-        &["relax.nn.conv2d", "overflows 64 bits"],
+        &[
+            "relax.nn.conv2d",
+            "the result would have a negative extent (-9223372036854775804)",
+        ],
     );
 }
 
@@ -218,7 +221,7 @@ fn an_npy_header_claiming_more_than_the_file_holds_is_refused_unread() {
     // A valid header for a (2^20, 2^20) float32 array, and 16 bytes of data.
     let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1048576, 1048576), }";
     let mut h = header.to_string();
-    while (10 + h.len() + 1) % 64 != 0 {
+    while !(10 + h.len() + 1).is_multiple_of(64) {
         h.push(' ');
     }
     h.push('\n');
@@ -234,4 +237,27 @@ fn an_npy_header_claiming_more_than_the_file_holds_is_refused_unread() {
         err.contains("the header's shape [1048576, 1048576] (float32) needs 4398046511104 bytes"),
         "{err}"
     );
+}
+
+#[test]
+fn the_config_sets_the_limit_and_the_flag_overrides_it() {
+    let cfg = std::env::temp_dir().join(format!("fusebox-memory-{}.toml", std::process::id()));
+    std::fs::write(
+        &cfg,
+        "[runtime]\nmemory_limit = \"32B\"\n[[backend]]\nname = \"cpu\"\n",
+    )
+    .unwrap();
+    let cfg_s = cfg.to_string_lossy().into_owned();
+    assert_fails(
+        "adaptive_pool_2p40.relax",
+        &["--config", &cfg_s],
+        &["memory limit exceeded: input `x` needs 64 B", "limit 32 B"],
+    );
+    // The flag wins: 1 KiB admits the input, not the 4 TiB result.
+    assert_fails(
+        "adaptive_pool_2p40.relax",
+        &["--config", &cfg_s, "--memory-limit", "1KiB"],
+        &["relax.nn.adaptive_avg_pool2d needs 4 TiB", "limit 1 KiB"],
+    );
+    let _ = std::fs::remove_file(&cfg);
 }
