@@ -232,14 +232,41 @@ pub fn read_npy(path: &std::path::Path) -> Result<fusebox_cpu::Tensor, fusebox_c
     if npy.order() != npyz::Order::C {
         return Err(bad("Fortran-order arrays are not supported".into()));
     }
-    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let descr = npy.dtype().descr();
     let e = |e: std::io::Error| bad(e.to_string());
     // npyz gives the numpy repr of the descriptor, quotes included (`'<f4'`).
-    let storage = match descr
+    let code = descr
         .trim_matches(['\'', '"'])
-        .trim_start_matches(['<', '|', '='])
-    {
+        .trim_start_matches(['<', '|', '=']);
+    let dtype = match code {
+        "f4" => fusebox_core::ir::DType::F32,
+        "f8" => fusebox_core::ir::DType::F64,
+        "f2" => fusebox_core::ir::DType::F16,
+        "i1" => fusebox_core::ir::DType::I8,
+        "u1" => fusebox_core::ir::DType::U8,
+        "i4" => fusebox_core::ir::DType::I32,
+        "i8" => fusebox_core::ir::DType::I64,
+        "b1" => fusebox_core::ir::DType::Bool,
+        other => return Err(bad(format!("unsupported .npy dtype `{other}`"))),
+    };
+    // The header's shape is checked against the file's length and the memory limit before
+    // anything is allocated (a 20-byte header may claim 2^40 elements).
+    let dims = npy.shape().to_vec();
+    let need = fusebox_core::runtime::memory::tensor_bytes(dtype, &dims);
+    if need.is_none_or(|n| n > bytes.len() as u64) {
+        return Err(bad(format!(
+            "the header's shape {dims:?} ({dtype}) needs {} bytes of data, the file has {}",
+            need.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string()),
+            bytes.len()
+        )));
+    }
+    let what = format!("input {}", path.display());
+    fusebox_core::runtime::memory::check_alloc_u64(&what, dtype, &dims)?;
+    let shape: Vec<usize> = dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| bad(format!("dim {d} is too large"))))
+        .collect::<Result<_, _>>()?;
+    let storage = match code {
         "f4" => Storage::F32(npy.into_vec().map_err(e)?),
         "f8" => Storage::F64(npy.into_vec().map_err(e)?),
         "f2" => Storage::F16(npy.into_vec().map_err(e)?),

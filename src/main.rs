@@ -134,6 +134,10 @@ enum Command {
         /// Timed runs after one warm-up; the median is reported.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// The largest tensor the run may allocate: bytes or a size such as `8GiB` (default:
+        /// `[runtime] memory_limit` of `--config`, else 75% of the available memory).
+        #[arg(long, value_parser = fusebox_core::runtime::memory::parse_size)]
+        memory_limit: Option<u64>,
     },
     /// Partition a model with a config, claim every function and build it ahead of time, with no
     /// device needed: each function's files (`<function>.cu`, `<function>.cubin`, …) and one
@@ -415,6 +419,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             profile,
             timings,
             repeat,
+            memory_limit,
         } => Ok(run_cmd::run(run_cmd::RunArgs {
             file,
             config: match config {
@@ -429,6 +434,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             profile,
             timings,
             repeat,
+            memory_limit,
         })?),
         Command::Backends { config } => {
             let pipeline = fusebox::pipeline(load_config(&config)?)?;

@@ -16,6 +16,10 @@
 //!   sanitizing); parameters not given get uniform random values in [-1, 1] from `--seed`
 //!   (integers: 0 or 1; symbolic dims not fixed by a given input are 1). `.npy` dtypes: f16,
 //!   f32, f64, i8, u8, i32, i64, bool (little-endian, C order).
+//! - Memory: `--memory-limit SIZE`, else the config's `[runtime] memory_limit`, else 75% of
+//!   the available memory bounds every tensor of the run (inputs read or generated, constants,
+//!   op results); a tensor beyond it is a typed error naming the input or op, dtype and shape
+//!   (see `fusebox_core::runtime::memory`), raised before anything is allocated.
 //! - Outputs: `<output name>.npy` in `--output-dir` (default `out/`), all or nothing: every
 //!   output is written into a fresh staging directory inside it and moved into place only when
 //!   every write (and `--check`, if asked) succeeded ([`fusebox::staging`]); then one summary
@@ -58,6 +62,8 @@ pub struct RunArgs {
     pub profile: bool,
     pub timings: bool,
     pub repeat: usize,
+    /// `--memory-limit` in bytes.
+    pub memory_limit: Option<u64>,
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> Error {
@@ -195,6 +201,11 @@ fn print_partition(plan: &fusebox_core::backend::pipeline::Plan) {
 /// Runs the command.
 pub fn run(a: RunArgs) -> Result<(), Error> {
     fusebox_cpu::par::env_threads().map_err(Error::Invalid)?;
+    let from_config = a
+        .config
+        .as_ref()
+        .and_then(|p| p.config.runtime.memory_limit);
+    fusebox_core::runtime::set_memory_limit(a.memory_limit.or(from_config));
     let t = Instant::now();
     let is_onnx = is_onnx_path(&a.file);
     let module = if is_onnx {
@@ -433,17 +444,20 @@ fn make_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Err
                     })
             })
             .collect::<Result<Vec<usize>, Error>>()?;
-        let n: usize = shape.iter().product();
         let dtype = tt.dtype.unwrap_or(DType::F32);
-        let data: Vec<f32> = (0..n)
-            .map(|_| {
-                if dtype.is_float() {
-                    (rng.next_u64() % 2_000_001) as f32 / 1_000_000.0 - 1.0
-                } else {
-                    (rng.next_u64() % 2) as f32
-                }
-            })
-            .collect();
+        // The input and its f32 staging buffer both go through the memory limit.
+        let what = format!("input `{}`", v.name);
+        fusebox_core::runtime::check_alloc(&what, dtype, &shape)?;
+        let n = fusebox_core::runtime::shape_numel(&shape).unwrap_or(usize::MAX);
+        let mut data: Vec<f32> =
+            fusebox_core::runtime::memory::try_vec(&what, DType::F32, &shape, n)?;
+        data.extend((0..n).map(|_| {
+            if dtype.is_float() {
+                (rng.next_u64() % 2_000_001) as f32 / 1_000_000.0 - 1.0
+            } else {
+                (rng.next_u64() % 2) as f32
+            }
+        }));
         args.push(Value::Tensor(Tensor::new(
             shape,
             Storage::from_f32(dtype, data),

@@ -25,6 +25,9 @@
 //! backend = "cpu"                  # optional: the backend whose group it joins
 //! [[plugin]]
 //! path = "target/debug/libfusebox_plugin_conv2d.so"
+//! [runtime]
+//! memory_limit = "8GiB"            # largest tensor a run may allocate (bytes, or with a unit);
+//!                                  # default 75% of the memory available (runtime::memory)
 //! ```
 //!
 //! ```
@@ -85,6 +88,14 @@ impl Default for PartitionConfig {
     }
 }
 
+/// `[runtime]`: how models run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// `memory_limit`: the largest tensor a run may allocate, in bytes (`None`: the default of
+    /// [`crate::runtime::memory`]).
+    pub memory_limit: Option<u64>,
+}
+
 /// One `[[backend]]` table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BackendEntry {
@@ -134,6 +145,8 @@ pub struct Config {
     pub patterns: Vec<UserPattern>,
     /// `[[plugin]]` tables in file order.
     pub plugins: Vec<PluginEntry>,
+    /// `[runtime]`.
+    pub runtime: RuntimeConfig,
 }
 
 #[derive(Deserialize)]
@@ -149,6 +162,16 @@ struct RawConfig {
     pattern: Vec<RawPattern>,
     #[serde(default)]
     plugin: Vec<RawPlugin>,
+    #[serde(default)]
+    runtime: RawRuntime,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRuntime {
+    /// Bytes (an integer) or a size with a unit (a string).
+    #[serde(default)]
+    memory_limit: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -190,7 +213,22 @@ impl Config {
             backends: Vec::new(),
             patterns: Vec::new(),
             plugins: Vec::new(),
+            runtime: RuntimeConfig::default(),
         };
+        if let Some(m) = &raw.runtime.memory_limit {
+            let parsed = match m.get_ref() {
+                toml::Value::Integer(i) if *i > 0 => Ok(i.unsigned_abs()),
+                toml::Value::Integer(i) => Err(format!("the limit must be above 0, found {i}")),
+                toml::Value::String(t) => crate::runtime::memory::parse_size(t),
+                v => Err(format!(
+                    "expected a byte count or a size string such as \"8GiB\", found a {}",
+                    v.type_str()
+                )),
+            };
+            cfg.runtime.memory_limit = Some(
+                parsed.map_err(|e| cfg.error_at(m.span(), format!("runtime.memory_limit: {e}")))?,
+            );
+        }
         for b in raw.backend {
             if let Some(prev) = cfg.backends.iter().find(|x| x.name == *b.name.get_ref()) {
                 let _ = prev;
@@ -271,6 +309,29 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn runtime_memory_limit_takes_bytes_or_sizes() {
+        let limit = |src: &str| Config::parse(src, "c.toml").map(|c| c.runtime.memory_limit);
+        assert_eq!(limit("").ok(), Some(None));
+        assert_eq!(
+            limit("[runtime]\nmemory_limit = \"8GiB\"\n").ok(),
+            Some(Some(8 << 30))
+        );
+        assert_eq!(
+            limit("[runtime]\nmemory_limit = 4096\n").ok(),
+            Some(Some(4096))
+        );
+        let e = err("[runtime]\nmemory_limit = \"lots\"\n");
+        assert!(
+            e.starts_with("c.toml:2:16: runtime.memory_limit: invalid size `lots`"),
+            "{e}"
+        );
+        let e = err("[runtime]\nmemory_limit = -5\n");
+        assert!(e.contains("the limit must be above 0, found -5"), "{e}");
+        let e = err("[runtime]\nmemory_limt = 5\n");
+        assert!(e.contains("memory_limt"), "{e}");
     }
 
     #[test]

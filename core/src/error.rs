@@ -174,6 +174,10 @@ pub enum Error {
     /// of the wrong kind).
     #[error("runtime: {0}")]
     Runtime(String),
+    /// A tensor would exceed the memory limit, or the allocator refused it (see
+    /// [`crate::runtime::memory`]). (Boxed to keep `Error` small.)
+    #[error("{0}")]
+    Memory(Box<crate::runtime::memory::MemoryError>),
     /// A backend failed (claim, compile or run), named.
     #[error("backend `{backend}`: {message}")]
     Backend {

@@ -460,6 +460,13 @@ fn compute(
                 gemm_f32_tiled(g.o, kdim, npix, &ws, fill, dst, threads, epilogue)?;
             } else {
                 // One column tile: the whole im2col matrix, its rows spread over the threads.
+                // The im2col matrix may be larger than the output: it goes through the limit.
+                fusebox_core::runtime::check_alloc(
+                    "the im2col matrix of relax.nn.conv2d",
+                    fusebox_core::ir::DType::F32,
+                    &[kdim, npix],
+                )
+                .map_err(|e| e.to_string())?;
                 let mut col = COLUMNS.with(|c| std::mem::take(&mut *c.borrow_mut()));
                 col.resize(kdim * npix, 0.0);
                 let rows_per_task = (64 * 1024 / npix.max(1)).max(1);

@@ -28,6 +28,9 @@
 //!   allow it (see `fuse.rs`); the result is bit-identical to running the bindings one
 //!   by one, which is what happens otherwise.
 //! - The result is deterministic: the same module and arguments give bit-identical output.
+//! - Before a kernel runs, its result's size (inferred from the arguments' actual shapes) is
+//!   checked against the memory limit (`fusebox_core::runtime::memory`): a result too large is
+//!   a typed error naming the op, dtype and shape, never an allocation attempt.
 //! - Errors (never panics) name the function and var where they happened, innermost last.
 //!
 //! ```text
@@ -571,6 +574,10 @@ impl<'m> Interp<'m> {
             return Ok(None);
         };
         if let fuse::Head::Add { .. } = chain.head {
+            fusebox_core::runtime::memory::check_op_result(
+                &Op::Add,
+                &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+            )?;
             let t = self.profile.as_ref().map(|_| std::time::Instant::now());
             let out = crate::elementwise::add_relu_f32(&x, &w).map(Value::Tensor);
             self.record(&fuse::name(chain), t);
@@ -586,6 +593,10 @@ impl<'m> Interp<'m> {
         let fuse::Head::Conv { attrs, .. } = &chain.head else {
             return Ok(None);
         };
+        fusebox_core::runtime::memory::check_op_result(
+            &Op::Conv2d(Box::new(attrs.clone())),
+            &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+        )?;
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
         let wino = self.exec.winograd_weights(&w, attrs);
         let y = crate::conv::conv2d_fused(&x, &w, attrs, &steps, wino.as_deref()).map_err(

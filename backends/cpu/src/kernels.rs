@@ -74,8 +74,10 @@ fn tuple_tensors(args: &[Value]) -> std::result::Result<Vec<&Tensor>, String> {
     }
 }
 
-/// Runs the kernel of `op` on `args`.
+/// Runs the kernel of `op` on `args`, after checking that its result fits the memory limit
+/// (see `fusebox_core::runtime::memory`).
 pub fn eval_op(op: &Op, args: &[Value]) -> Result<Value> {
+    fusebox_core::runtime::memory::check_op_result(op, args)?;
     eval(op, args).map_err(|message| Error::Kernel {
         op: op.name(),
         message,

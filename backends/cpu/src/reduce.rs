@@ -151,42 +151,27 @@ pub(crate) fn reduce(
         red.kept.clone()
     };
     let n_out: usize = red.kept.iter().product();
-    let zeros = vec![0usize; r];
+    let walk = Walk {
+        shape: t.shape(),
+        kept_strides: &red.kept_strides,
+        zeros: &vec![0usize; r],
+    };
+    // The elements are read where they are (converted one at a time): the only buffer besides
+    // the input is the output's accumulator.
     let data = if t.dtype().is_float() {
-        let x = t.to_f64_vec();
-        let init = match op {
-            ReduceOp::Max => f64::NEG_INFINITY,
-            ReduceOp::Min => f64::INFINITY,
-            ReduceOp::Prod => 1.0,
-            ReduceOp::Sum | ReduceOp::Mean => 0.0,
+        let mut acc = match t.storage() {
+            Storage::F32(x) => float_acc(x, f64::from, op, n_out, walk),
+            Storage::F64(x) => float_acc(x, |v| v, op, n_out, walk),
+            Storage::F16(x) => float_acc(x, |v| v.to_f64(), op, n_out, walk),
+            Storage::BF16(x) => float_acc(x, |v| v.to_f64(), op, n_out, walk),
+            s => return Err(format!("unexpected storage of {}", s.dtype())),
         };
-        let mut acc = vec![init; n_out];
-        match op {
-            ReduceOp::Max => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
-                // NaN propagates.
-                if x[i] > acc[o] || x[i].is_nan() {
-                    acc[o] = x[i];
-                }
-            }),
-            ReduceOp::Min => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
-                if x[i] < acc[o] || x[i].is_nan() {
-                    acc[o] = x[i];
-                }
-            }),
-            ReduceOp::Prod => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
-                acc[o] *= x[i]
-            }),
-            _ => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
-                acc[o] += x[i]
-            }),
-        }
         if op == ReduceOp::Mean {
             let c = red.count as f64;
             acc.iter_mut().for_each(|a| *a /= c);
         }
         Storage::from_f64(t.dtype(), acc)
     } else {
-        let x = t.to_i64_vec();
         let (lo, hi) = int_bounds(t.dtype());
         let init = match op {
             ReduceOp::Max => lo,
@@ -194,27 +179,14 @@ pub(crate) fn reduce(
             ReduceOp::Prod => 1,
             ReduceOp::Sum | ReduceOp::Mean => 0,
         };
-        let mut acc = vec![init; n_out];
-        match op {
-            ReduceOp::Max => {
-                walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
-                    acc[o] = acc[o].max(x[i]);
-                });
-            }
-            ReduceOp::Min => {
-                walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
-                    acc[o] = acc[o].min(x[i]);
-                });
-            }
-            ReduceOp::Prod => {
-                walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
-                    acc[o] = acc[o].wrapping_mul(x[i]);
-                });
-            }
-            _ => walk2(t.shape(), &red.kept_strides, &zeros, |i, o, _| {
-                acc[o] = acc[o].wrapping_add(x[i]);
-            }),
-        }
+        let mut acc = match t.storage() {
+            Storage::I8(x) => int_acc(x, i64::from, op, init, n_out, walk),
+            Storage::U8(x) => int_acc(x, i64::from, op, init, n_out, walk),
+            Storage::I32(x) => int_acc(x, i64::from, op, init, n_out, walk),
+            Storage::I64(x) => int_acc(x, |v| v, op, init, n_out, walk),
+            Storage::Bool(x) => int_acc(x, i64::from, op, init, n_out, walk),
+            s => return Err(format!("unexpected storage of {}", s.dtype())),
+        };
         if op == ReduceOp::Mean {
             let c = i64::try_from(red.count).map_err(|_| "too many elements".to_string())?;
             if c == 0 {
@@ -225,6 +197,75 @@ pub(crate) fn reduce(
         Storage::from_i64(t.dtype(), acc)
     };
     tensor(out_shape, data)
+}
+
+/// The walk of a reduction: every input index with the index of its output.
+#[derive(Clone, Copy)]
+struct Walk<'a> {
+    shape: &'a [usize],
+    kept_strides: &'a [usize],
+    zeros: &'a [usize],
+}
+
+impl Walk<'_> {
+    fn run(self, mut f: impl FnMut(usize, usize)) {
+        walk2(self.shape, self.kept_strides, self.zeros, |i, o, _| f(i, o));
+    }
+}
+
+/// A float reduction's `f64` accumulators: `walk` visits (input index, output index) for every
+/// input element; `get` widens one element.
+fn float_acc<T: Copy>(
+    x: &[T],
+    get: impl Fn(T) -> f64,
+    op: ReduceOp,
+    n_out: usize,
+    walk: Walk<'_>,
+) -> Vec<f64> {
+    let init = match op {
+        ReduceOp::Max => f64::NEG_INFINITY,
+        ReduceOp::Min => f64::INFINITY,
+        ReduceOp::Prod => 1.0,
+        ReduceOp::Sum | ReduceOp::Mean => 0.0,
+    };
+    let mut acc = vec![init; n_out];
+    match op {
+        ReduceOp::Max => walk.run(|i, o| {
+            let v = get(x[i]);
+            // NaN propagates.
+            if v > acc[o] || v.is_nan() {
+                acc[o] = v;
+            }
+        }),
+        ReduceOp::Min => walk.run(|i, o| {
+            let v = get(x[i]);
+            if v < acc[o] || v.is_nan() {
+                acc[o] = v;
+            }
+        }),
+        ReduceOp::Prod => walk.run(|i, o| acc[o] *= get(x[i])),
+        ReduceOp::Sum | ReduceOp::Mean => walk.run(|i, o| acc[o] += get(x[i])),
+    }
+    acc
+}
+
+/// An integer reduction's `i64` accumulators (wrapping), as [`float_acc`].
+fn int_acc<T: Copy>(
+    x: &[T],
+    get: impl Fn(T) -> i64,
+    op: ReduceOp,
+    init: i64,
+    n_out: usize,
+    walk: Walk<'_>,
+) -> Vec<i64> {
+    let mut acc = vec![init; n_out];
+    match op {
+        ReduceOp::Max => walk.run(|i, o| acc[o] = acc[o].max(get(x[i]))),
+        ReduceOp::Min => walk.run(|i, o| acc[o] = acc[o].min(get(x[i]))),
+        ReduceOp::Prod => walk.run(|i, o| acc[o] = acc[o].wrapping_mul(get(x[i]))),
+        ReduceOp::Sum | ReduceOp::Mean => walk.run(|i, o| acc[o] = acc[o].wrapping_add(get(x[i]))),
+    }
+    acc
 }
 
 /// `(outer, len, inner)` of a shape around `axis`.

@@ -8,6 +8,14 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
+/// The largest extent (and largest constant inside a dim expression) the text format accepts:
+/// type inference rejects a result beyond it, so every inferred shape prints back as text the
+/// parser reads (2^40: ample for real tensors, far from `i64` overflow in shape arithmetic).
+pub const MAX_DIM: i64 = 1 << 40;
+
+/// The most binary operators one dim expression may hold (the text parser's limit too).
+pub const MAX_DIM_OPS: usize = 256;
+
 /// A symbolic dimension variable (`n = T.int64()` in the text format).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Sym(pub Arc<str>);
@@ -191,6 +199,41 @@ impl Dim {
         Dim::binary(DimOp::FloorDiv, self.clone(), other.clone())
     }
 
+    /// Why this dim has no text form the parser reads back, if it has none: a static extent
+    /// or a constant beyond [`MAX_DIM`] in magnitude, an expression over constants only (the
+    /// folding overflowed `i64`), or more than [`MAX_DIM_OPS`] operators.
+    pub fn out_of_range(&self) -> Option<String> {
+        fn walk(d: &Dim, ops: &mut usize) -> Option<String> {
+            match d {
+                Dim::Static(v) if v.unsigned_abs() > MAX_DIM.unsigned_abs() => {
+                    Some(format!("{v} is beyond the largest extent {MAX_DIM} (2^40)"))
+                }
+                Dim::Static(_) | Dim::Sym(_) => None,
+                Dim::Expr(e) => {
+                    *ops += 1;
+                    walk(&e.1, ops).or_else(|| walk(&e.2, ops))
+                }
+            }
+        }
+        if let Dim::Expr(_) = self {
+            let mut syms = false;
+            self.for_each_sym(&mut |_| syms = true);
+            if !syms {
+                return Some("its arithmetic overflows 64 bits (or divides by zero)".to_string());
+            }
+        }
+        let mut ops = 0;
+        if let Some(m) = walk(self, &mut ops) {
+            return Some(m);
+        }
+        if ops > MAX_DIM_OPS {
+            return Some(format!(
+                "the dim expression has {ops} operators, more than {MAX_DIM_OPS}"
+            ));
+        }
+        None
+    }
+
     /// Adds every symbol in this dim to `out`.
     pub fn collect_syms(&self, out: &mut BTreeSet<Sym>) {
         match self {
@@ -314,6 +357,23 @@ mod tests {
                 .to_string(),
             "(batch + 16) // 16"
         );
+    }
+
+    #[test]
+    fn dims_without_a_text_form_are_out_of_range() {
+        assert_eq!(Dim::Static(MAX_DIM).out_of_range(), None);
+        assert!(Dim::Static(MAX_DIM + 1).out_of_range().is_some());
+        // Folding that overflows leaves an expression over constants only.
+        let wrapped = Dim::Static(2).mul(&Dim::Static(1 << 62));
+        assert!(matches!(wrapped, Dim::Expr(_)));
+        let why = wrapped.out_of_range().unwrap_or_default();
+        assert!(why.contains("overflows 64 bits"), "{why}");
+        let n = Dim::sym("n");
+        assert_eq!(n.add(&Dim::Static(3)).out_of_range(), None);
+        assert!(n.mul(&Dim::Static(MAX_DIM + 1)).out_of_range().is_some());
+        let long = (0..=MAX_DIM_OPS).fold(n.clone(), |d, _| d.mul(&n));
+        let why = long.out_of_range().unwrap_or_default();
+        assert!(why.contains("operators"), "{why}");
     }
 
     #[test]

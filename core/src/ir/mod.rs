@@ -30,7 +30,7 @@ pub mod structural;
 pub(crate) mod ty;
 pub mod verify;
 
-pub use dim::{Dim, DimOp, Sym};
+pub use dim::{Dim, DimOp, MAX_DIM, MAX_DIM_OPS, Sym};
 pub use dtype::DType;
 pub use entity::{Arena, EntityId};
 pub use expr::{

@@ -347,18 +347,20 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 &h,
                 &kh,
                 a.strides[0],
-                a.padding[0].saturating_add(a.padding[2]),
+                (a.padding[0], a.padding[2]),
                 a.dilation[0],
                 false,
-            );
+            )
+            .map_err(|e| cx.err(e))?;
             let ow = window_out(
                 &wi,
                 &kw,
                 a.strides[1],
-                a.padding[1].saturating_add(a.padding[3]),
+                (a.padding[1], a.padding[3]),
                 a.dilation[1],
                 false,
-            );
+            )
+            .map_err(|e| cx.err(e))?;
             Ok(known(permute_out(&op_, [n, o, oh, ow]), dtype))
         }
         Op::MaxPool2d(a) | Op::AvgPool2d(a) => {
@@ -378,18 +380,20 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 &h,
                 &k(a.pool_size[0]),
                 a.strides[0],
-                a.padding[0].saturating_add(a.padding[2]),
+                (a.padding[0], a.padding[2]),
                 a.dilation[0],
                 a.ceil_mode,
-            );
+            )
+            .map_err(|e| cx.err(e))?;
             let ow = window_out(
                 &w,
                 &k(a.pool_size[1]),
                 a.strides[1],
-                a.padding[1].saturating_add(a.padding[3]),
+                (a.padding[1], a.padding[3]),
                 a.dilation[1],
                 a.ceil_mode,
-            );
+            )
+            .map_err(|e| cx.err(e))?;
             for d in [&oh, &ow] {
                 if let Some(v) = d.as_static()
                     && v <= 0
@@ -751,17 +755,47 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
     }
 }
 
-/// Output extent of a sliding window: `(i + pad - ((k - 1) * d + 1) [+ s - 1]) // s + 1`.
-fn window_out(i: &Dim, k: &Dim, s: i64, pad: i64, d: i64, ceil: bool) -> Dim {
+/// Output extent of a sliding window: `(i + p0 + p1 - ((k - 1) * d + 1) [+ s - 1]) // s + 1`.
+/// Static extents are computed exactly (in `i128`); a result beyond `i64`, or constants that
+/// overflow it for a symbolic extent, are an error naming the attributes (never a wrapped or
+/// saturated extent).
+fn window_out(
+    i: &Dim,
+    k: &Dim,
+    s: i64,
+    pad: (i64, i64),
+    d: i64,
+    ceil: bool,
+) -> Result<Dim, String> {
+    let overflow = || {
+        format!(
+            "the output extent of a window overflows (input {i}, kernel {k}, stride {s}, \
+             padding {} + {}, dilation {d})",
+            pad.0, pad.1
+        )
+    };
+    if s == 0 {
+        return Err("a stride of 0 is not allowed".to_string());
+    }
+    if let (Some(iv), Some(kv)) = (i.as_static(), k.as_static()) {
+        let w = |v: i64| i128::from(v);
+        let mut num = w(iv) + w(pad.0) + w(pad.1) - ((w(kv) - 1) * w(d) + 1);
+        if ceil {
+            num += w(s) - 1;
+        }
+        let out = num.div_euclid(w(s)) + 1;
+        return i64::try_from(out).map(Dim::Static).map_err(|_| overflow());
+    }
+    let pad = pad.0.checked_add(pad.1).ok_or_else(overflow)?;
     let eff = k
         .sub(&Dim::Static(1))
         .mul(&Dim::Static(d))
         .add(&Dim::Static(1));
     let mut num = i.add(&Dim::Static(pad)).sub(&eff);
     if ceil {
-        num = num.add(&Dim::Static(s - 1));
+        num = num.add(&Dim::Static(s.checked_sub(1).ok_or_else(overflow)?));
     }
-    num.floor_div(&Dim::Static(s)).add(&Dim::Static(1))
+    Ok(num.floor_div(&Dim::Static(s)).add(&Dim::Static(1)))
 }
 
 /// Places dims given in `NCHW` order into a layout whose letter positions are `pos`.

@@ -41,7 +41,7 @@ mod nn;
 #[cfg(test)]
 mod tests;
 
-use crate::ir::{DType, Type};
+use crate::ir::{DType, Dim, Type};
 use attrs::{
     Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
     str_lit,
@@ -1353,12 +1353,20 @@ impl Op {
         }
     }
 
-    /// Infers the result type from the argument types (see the module docs).
+    /// Infers the result type from the argument types (see the module docs). Every static
+    /// extent of the result is in `0..=MAX_DIM` and every dim prints as text the parser reads
+    /// back; shape arithmetic that overflows is an error naming the op, never a wrapped dim.
     pub fn infer(&self, args: &[&Type]) -> Result<Type, String> {
         let t = infer::infer(self, args)?;
         if let Some(d) = first_negative_dim(&t) {
             return Err(format!(
                 "{}: the result would have a negative extent ({d}); check the shapes and attributes",
+                self.name()
+            ));
+        }
+        if let Some((d, why)) = first_out_of_range_dim(&t) {
+            return Err(format!(
+                "{}: the result dim `{d}` is out of range: {why}; check the shapes and attributes",
                 self.name()
             ));
         }
@@ -1379,6 +1387,21 @@ fn first_negative_dim(t: &Type) -> Option<i64> {
             .flatten()
             .find_map(|d| d.as_static().filter(|v| *v < 0)),
         Type::Tuple(ts) => ts.iter().find_map(first_negative_dim),
+        _ => None,
+    }
+}
+
+/// The first dim of a (possibly tuple) type without a text form, with why.
+fn first_out_of_range_dim(t: &Type) -> Option<(&Dim, String)> {
+    let check = |d: &'_ Dim| d.out_of_range();
+    match t {
+        Type::Tensor(tt) => tt
+            .dims
+            .iter()
+            .flat_map(|d| d.iter())
+            .find_map(|d| check(d).map(|w| (d, w))),
+        Type::Shape { dims, .. } => dims.iter().flatten().find_map(|d| check(d).map(|w| (d, w))),
+        Type::Tuple(ts) => ts.iter().find_map(first_out_of_range_dim),
         _ => None,
     }
 }

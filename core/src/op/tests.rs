@@ -1263,3 +1263,39 @@ fn index_ops_infer() {
     let crop = op("relax.nn.pad", &[("pad_width", ints(&[-2, -2]))]);
     assert!(err(&crop, &[&t(&[3])]).contains("below zero"));
 }
+
+#[test]
+fn window_extents_are_exact_or_an_error_never_wrapped() {
+    let x = t(&[1, 1, 4, 4]);
+    let w = t(&[1, 1, 3, 3]);
+    // dilation 2^62: (k - 1) * d overflows i64; it used to leave an unprintable dim.
+    let c = op("relax.nn.conv2d", &[("dilation", ints(&[1 << 62, 1]))]);
+    let e = err(&c, &[&x, &w]);
+    assert!(e.starts_with("relax.nn.conv2d: "), "{e}");
+    // pads of 2^40 on both sides: 2^41 + 2 is beyond what the parser reads back.
+    let c = op(
+        "relax.nn.conv2d",
+        &[("padding", ints(&[1 << 40, 0, 1 << 40, 0]))],
+    );
+    let e = err(&c, &[&x, &w]);
+    assert!(
+        e.contains("the result dim `2199023255554` is out of range"),
+        "{e}"
+    );
+    // Huge pads and a huge stride whose exact result is small: computed exactly.
+    let c = op(
+        "relax.nn.conv2d",
+        &[
+            ("padding", ints(&[1 << 62, 0, 1 << 62, 0])),
+            ("strides", ints(&[1 << 62, 1])),
+        ],
+    );
+    assert_eq!(ok(&c, &[&x, &w]), t(&[1, 1, 3, 2]));
+    // adaptive pooling to 2^40 + 1 rows.
+    let p = op(
+        "relax.nn.adaptive_avg_pool2d",
+        &[("output_size", ints(&[(1 << 40) + 1, 1]))],
+    );
+    let e = err(&p, &[&x]);
+    assert!(e.contains("out of range"), "{e}");
+}

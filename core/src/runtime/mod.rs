@@ -33,8 +33,11 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+pub mod memory;
 #[cfg(test)]
 mod tests;
+
+pub use memory::{check_alloc, memory_limit, set_memory_limit};
 
 /// The typed elements of a tensor, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -285,18 +288,16 @@ impl Tensor {
         Tensor::new(shape, Storage::I64(data))
     }
 
-    /// A tensor of zeros.
+    /// A tensor of zeros, allocated through the memory limit ([`memory::alloc_storage`]).
     pub fn zeros(shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
-        let n = shape_numel(&shape)
-            .ok_or_else(|| Error::Runtime(format!("the element count of {shape:?} overflows")))?;
-        Tensor::new(shape, Storage::zeros(dtype, n))
+        Tensor::full(shape, dtype, 0.0)
     }
 
-    /// A tensor of `dtype` filled with `value` (converted as [`Storage::from_f64`]).
+    /// A tensor of `dtype` filled with `value` (converted as [`Storage::from_f64`]), allocated
+    /// through the memory limit ([`memory::alloc_storage`]).
     pub fn full(shape: Vec<usize>, dtype: DType, value: f64) -> Result<Tensor> {
-        let n = shape_numel(&shape)
-            .ok_or_else(|| Error::Runtime(format!("the element count of {shape:?} overflows")))?;
-        Tensor::new(shape, Storage::from_f64(dtype, vec![value; n]))
+        let data = memory::alloc_storage("a tensor", dtype, &shape, value)?;
+        Tensor::new(shape, data)
     }
 
     /// A scalar (rank-0) `f32` tensor.
@@ -432,6 +433,7 @@ impl Tensor {
                 c.data.len()
             )));
         }
+        memory::check_alloc("a constant", c.dtype, &shape)?;
         let b = &c.data[..];
         fn chunks<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
             b.chunks_exact(N)

@@ -45,3 +45,86 @@ fn casts() {
     let big = Tensor::from_i64(vec![1], vec![(1 << 60) + 1]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(big.cast(DType::I64).to_i64_vec(), vec![(1 << 60) + 1]);
 }
+
+#[test]
+fn sizes_parse_with_units_and_reject_nonsense() {
+    use memory::parse_size;
+    assert_eq!(parse_size("8GiB"), Ok(8 << 30));
+    assert_eq!(parse_size("8 G"), Ok(8 << 30));
+    assert_eq!(parse_size("1.5KiB"), Ok(1536));
+    assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+    assert_eq!(parse_size("4096"), Ok(4096));
+    assert_eq!(parse_size("32B"), Ok(32));
+    for bad in [
+        "",
+        "0",
+        "GiB",
+        "8XB",
+        "-1",
+        "1.",
+        "99999999999999999999",
+        "16777216TiB",
+    ] {
+        assert!(parse_size(bad).is_err(), "`{bad}` parsed");
+    }
+}
+
+#[test]
+fn an_allocation_beyond_the_limit_is_a_typed_error_naming_what_and_shape() {
+    let e = memory::check_within("relax.nn.conv2d", DType::F32, &[1 << 20, 1 << 20], 1 << 30)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.starts_with(
+            "memory limit exceeded: relax.nn.conv2d needs 4 TiB (4398046511104 bytes) for \
+             float32 [1048576, 1048576], limit 1 GiB (1073741824 bytes"
+        ),
+        "{e}"
+    );
+    // A byte count beyond u64 is reported as such, not wrapped.
+    let e = memory::check_within("x", DType::I64, &[1 << 40, 1 << 40], 1 << 30)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("needs more than 2^64 bytes"), "{e}");
+    assert!(memory::check_within("x", DType::F32, &[256], 1024).is_ok());
+    assert!(memory::check_within("x", DType::F32, &[257], 1024).is_err());
+}
+
+#[test]
+fn tensors_of_the_process_limit_allocate_through_the_checked_path() {
+    // The default limit (no test in this process sets one) is far below 2^62 bytes.
+    assert!(memory::default_memory_limit() > 0);
+    let e = Tensor::zeros(vec![1 << 31, 1 << 31], DType::F32)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("memory limit exceeded: a tensor needs"), "{e}");
+    let e = Tensor::full(vec![usize::MAX, 2], DType::F32, 1.0)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("more than 2^64 bytes"), "{e}");
+    let t = Tensor::full(vec![2, 3], DType::I32, 7.0).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(t.to_i64_vec(), vec![7; 6]);
+}
+
+#[test]
+fn the_type_of_an_op_result_is_checked_before_its_kernel() {
+    use crate::op::Op;
+    let big = Value::Shape(vec![1_000_000, 1_000_000]);
+    let x =
+        Value::Tensor(Tensor::full(vec![1, 1], DType::F32, 0.0).unwrap_or_else(|e| panic!("{e}")));
+    let e = memory::check_op_result(&Op::BroadcastTo, &[x.clone(), big])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains(
+            "relax.broadcast_to needs 3.6 TiB (4000000000000 bytes) for float32 [1000000, 1000000]"
+        ),
+        "{e}"
+    );
+    assert!(memory::check_op_result(&Op::BroadcastTo, &[x, Value::Shape(vec![4, 4])]).is_ok());
+}

@@ -40,8 +40,8 @@ use std::sync::Arc;
 /// The deepest nesting (brackets, types, literals, nested functions) the parser accepts.
 pub const MAX_DEPTH: u32 = 256;
 
-/// Largest magnitude of a constant inside a dimension expression.
-const MAX_DIM_CONST: i64 = 1 << 40;
+/// Largest magnitude of a constant inside a dimension expression (inference keeps to it too).
+const MAX_DIM_CONST: i64 = crate::ir::MAX_DIM;
 
 /// Most binary operators in one dimension expression.
 const MAX_DIM_OPS: u32 = 256;
