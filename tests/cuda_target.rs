@@ -177,8 +177,8 @@ fn compile_without_nvrtc_says_why_and_strict_fails() {
     let stderr = String::from_utf8_lossy(&strict.stderr);
     assert_eq!(strict.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("strict mode: the backends that claimed it could not compile")
-            && stderr.contains("`fused_softmax` (relax.nn.softmax) [`cuda`: ")
+        stderr.contains("strict mode: backends claimed but could not compile ")
+            && stderr.contains("`fused_reshape`, `fused_softmax` (cuda: backend `cuda`: ")
             && stderr.contains("NVRTC unavailable"),
         "{stderr}"
     );

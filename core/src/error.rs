@@ -203,7 +203,7 @@ pub enum Error {
     Unclaimed(String),
     /// `strict = true` and some work ends on the CPU reference because the backends that
     /// claimed it could not compile it.
-    #[error("strict mode: the backends that claimed it could not compile {0}")]
+    #[error("strict mode: backends claimed but could not compile {0}")]
     CompileFailed(String),
 }
 

@@ -234,7 +234,7 @@ impl BackendPipeline {
                 format!("matched as part of the match rooted at `{root_name}`")
             };
             let verdict = if let Some(r) = rejected_at(&root_name) {
-                format!("{matched}, rejected by its check: {}", r.reason)
+                format!("{matched}, rejected: {}", r.reason)
             } else if winner.as_deref() == Some(e.pattern.name.as_str()) {
                 format!(
                     "{matched}; won: its function holds this binding (the first pattern in \
