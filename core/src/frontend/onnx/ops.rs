@@ -568,6 +568,16 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                         .filter_map(|i| c.get_i64(i))
                         .map(|v| if v < 0 { v + n } else { v })
                         .collect();
+                    // Known indices outside the axis: onnxruntime refuses them, and `take`
+                    // (fast mode) must never read out of bounds.
+                    if let Some(k) = vals.iter().position(|v| !(0..n).contains(v)) {
+                        let i = c.get_i64(k).unwrap_or(vals[k]);
+                        return Err(invalid(format!(
+                            "index {i} (element {k} of `{iname}`) is out of range for axis \
+                             {axis} of extent {n}; expected -{n} to {}",
+                            n - 1
+                        )));
+                    }
                     let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
                     let c = Constant::from_bytes(DType::I64, c.shape.clone(), bytes)
                         .map_err(invalid)?;

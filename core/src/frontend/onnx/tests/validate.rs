@@ -362,3 +362,59 @@ fn int64_folding_overflow_is_named_as_such() {
     // In range still folds.
     import(&shape_math("Mul", 2, 2));
 }
+
+fn one(op: &str, ins: &[&str], attrs: Vec<AttributeProto>, inits: Vec<TensorProto>) -> Vec<u8> {
+    model(
+        13,
+        vec![node(op, "n", ins, &["y"], attrs)],
+        vec![vi("x", 1, &["2", "3"])],
+        inits,
+        &["y"],
+    )
+}
+
+#[test]
+fn constant_gather_indices_must_be_in_range() {
+    for bad in [3, -4, 7] {
+        let b = one(
+            "Gather",
+            &["x", "i"],
+            vec![ai("axis", 1)],
+            vec![i64_init("i", &[0, bad])],
+        );
+        has(
+            &import_err(&b),
+            &[
+                "t.onnx: node `n` (Gather)",
+                &format!("index {bad} (element 1 of `i`) is out of range for axis 1 of extent 3"),
+                "expected -3 to 2",
+            ],
+        );
+    }
+    import(&one(
+        "Gather",
+        &["x", "i"],
+        vec![ai("axis", 1)],
+        vec![i64_init("i", &[-3, 2])],
+    ));
+}
+
+#[test]
+fn tile_needs_one_repeat_per_axis() {
+    let b = one("Tile", &["x", "r"], vec![], vec![i64_init("r", &[2])]);
+    has(
+        &import_err(&b),
+        &[
+            "node `n` (Tile)",
+            "`repeats` [2] has 1 values; expected one per axis of the rank-2",
+        ],
+    );
+    let b = one("Tile", &["x", "r"], vec![], vec![i64_init("r", &[1, -1])]);
+    has(&import_err(&b), &["node `n` (Tile)", "negative repeat -1"]);
+    import(&one(
+        "Tile",
+        &["x", "r"],
+        vec![],
+        vec![i64_init("r", &[1, 2])],
+    ));
+}
