@@ -30,7 +30,6 @@ mod onnx_case;
 
 use onnx_case::{Bind, Case, run_case};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 /// The fewest cases that must pass.
 const FLOOR: usize = 1363;
