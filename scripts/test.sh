@@ -40,6 +40,8 @@ export FUSEBOX_NVRTC_LIB="$cu13/lib/libnvrtc.so.13"
 export FUSEBOX_CUDA_INCLUDE="$cu13/include"
 # Tests that compile kernels fail (instead of skipping) when NVRTC cannot be loaded.
 export FUSEBOX_REQUIRE_NVRTC=1
+# Tests that read ONNX_DATA_DIR / ONNX_NODE_DIR fail (instead of skipping) when it is not set.
+export FUSEBOX_REQUIRE_ONNX_DATA=1
 # The compile cache of this checkout (content-addressed, so it never goes stale).
 export FUSEBOX_CACHE_DIR="$PWD/target/fusebox-cuda-cache"
 echo "FUSEBOX_NVRTC_LIB=$FUSEBOX_NVRTC_LIB"

@@ -10,7 +10,8 @@
 //!
 //! The data folder comes from `ONNX_DATA_DIR` (`scripts/test.sh` sets it to
 //! `onnx/backend/test/data` inside its `.venv`); without it the tests print why they are skipped
-//! and pass.
+//! and pass, unless `FUSEBOX_REQUIRE_ONNX_DATA=1` (also set by `scripts/test.sh`) makes that a
+//! failure. A light model that does not import fails the test.
 //!
 //! ```text
 //! ONNX_DATA_DIR=.venv/lib/python3.11/site-packages/onnx/backend/test/data cargo test --test onnx_conformance -- --nocapture
@@ -35,15 +36,25 @@ use onnx_case::{Bind, Case, compare, flatten, run_case};
 use std::path::PathBuf;
 
 fn data_dir() -> Option<PathBuf> {
-    match std::env::var_os("ONNX_DATA_DIR") {
-        Some(d) => Some(PathBuf::from(d)),
-        None => {
-            println!(
-                "skipped: ONNX_DATA_DIR is not set (scripts/test.sh sets it to the onnx package's \
-                 backend test data)"
-            );
-            None
-        }
+    onnx_case::data_dir_or_skip(
+        "ONNX_DATA_DIR",
+        "scripts/test.sh sets it to the onnx package's backend test data",
+    )
+}
+
+#[test]
+fn a_missing_data_dir_skips_or_fails_as_the_environment_says() {
+    for test in ["pytorch_backend_cases", "light_model_zoo_fuses_and_runs"] {
+        let (ok, text) = onnx_case::rerun_without("ONNX_DATA_DIR", test, false);
+        assert!(
+            ok && text.contains("skipped: ONNX_DATA_DIR is not set"),
+            "{text}"
+        );
+        let (ok, text) = onnx_case::rerun_without("ONNX_DATA_DIR", test, true);
+        assert!(
+            !ok && text.contains("FUSEBOX_REQUIRE_ONNX_DATA=1 but ONNX_DATA_DIR is not set"),
+            "{text}"
+        );
     }
 }
 
@@ -141,13 +152,9 @@ fn light_model_zoo_fuses_and_runs() {
             .to_string_lossy()
             .to_string();
         let bytes = std::fs::read(&p).expect("read");
-        let m = match import_onnx(&bytes, &stem) {
-            Ok(m) => m,
-            Err(e) => {
-                println!("light {stem}: does not import: {e}");
-                continue;
-            }
-        };
+        // Every light model imports (they did when this test was written): a regression fails.
+        let m = import_onnx(&bytes, &stem)
+            .unwrap_or_else(|e| panic!("light {stem}: does not import: {e}"));
         let fused = fuse_ops(&m, 2, 256).unwrap_or_else(|e| panic!("{stem}: fuse_ops: {e}"));
         let groups = fused.functions.len() - 1;
         if !all && !quick.contains(&stem.as_str()) {

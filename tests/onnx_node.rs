@@ -30,7 +30,6 @@ mod onnx_case;
 
 use onnx_case::{Bind, Case, run_case};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 /// The fewest cases that must pass.
 const FLOOR: usize = 1363;
@@ -59,16 +58,28 @@ fn entry(v: &serde_json::Value) -> Option<Entry> {
 }
 
 #[test]
+fn a_missing_node_dir_skips_or_fails_as_the_environment_says() {
+    let (ok, text) = onnx_case::rerun_without("ONNX_NODE_DIR", "node_conformance", false);
+    assert!(
+        ok && text.contains("skipped: ONNX_NODE_DIR is not set"),
+        "{text}"
+    );
+    let (ok, text) = onnx_case::rerun_without("ONNX_NODE_DIR", "node_conformance", true);
+    assert!(
+        !ok && text.contains("FUSEBOX_REQUIRE_ONNX_DATA=1 but ONNX_NODE_DIR is not set"),
+        "{text}"
+    );
+}
+
+#[test]
 fn node_conformance() {
-    let dir = match std::env::var_os("ONNX_NODE_DIR") {
-        Some(d) => PathBuf::from(d),
-        None if std::env::var_os("CI").is_some() => {
-            panic!("ONNX_NODE_DIR is not set: scripts/test.sh generates the node cases")
-        }
-        None => {
-            println!("skipped: ONNX_NODE_DIR is not set (scripts/test.sh generates the cases)");
-            return;
-        }
+    if std::env::var_os("ONNX_NODE_DIR").is_none() && std::env::var_os("CI").is_some() {
+        panic!("ONNX_NODE_DIR is not set: scripts/test.sh generates the node cases")
+    }
+    let Some(dir) =
+        onnx_case::data_dir_or_skip("ONNX_NODE_DIR", "scripts/test.sh generates the cases")
+    else {
+        return;
     };
     let manifest = dir.join("manifest.json");
     let text = std::fs::read_to_string(&manifest)

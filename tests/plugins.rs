@@ -327,6 +327,181 @@ fn misbehaving_plugins_become_errors_naming_the_library() {
     }
 }
 
+const RELU: &str = r#"
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((2, 3), dtype="float32")):
+        with R.dataflow():
+            gv = R.nn.relu(x)
+            R.output(gv)
+        return gv
+"#;
+
+/// `fusebox run` of a lone relu through the misbehaving plugin in `mode`.
+fn misbehave_run(mode: &str) -> (bool, String, String) {
+    let model = temp("relu.relax", RELU);
+    let p = temp(
+        &format!("mis-run-{mode}.toml"),
+        &format!(
+            "[partition]\nstrict = true\nbind_constants = false\n[[plugin]]\npath = \"{}\"\n[[backend]]\nname = \"misbehave\"\n[backend.options]\nmode = \"{mode}\"\n",
+            lib("fusebox_plugin_test_misbehave")
+        ),
+    );
+    let out = temp(&format!("out-{mode}"), "");
+    let _ = std::fs::remove_file(&out);
+    fusebox(&[
+        "run",
+        &model.display().to_string(),
+        "--config",
+        &p.display().to_string(),
+        "--output-dir",
+        &out.display().to_string(),
+    ])
+}
+
+#[test]
+fn plugin_run_failures_and_panics_are_typed_errors() {
+    // The healthy mode runs (so the failures below are the run's, not the setup's).
+    let (ok, _, err) = misbehave_run("ok");
+    assert!(ok, "{err}");
+    for (mode, needle) in [
+        ("run_error", "`run` failed: run failed on purpose"),
+        // The panic is caught at the boundary: the host gets FB_PANIC with the message and the
+        // process exits with an error (no abort, no signal, no host panic: see `fusebox`).
+        (
+            "run_panic",
+            "`run` panicked: panicked: run panicked on purpose",
+        ),
+    ] {
+        let (ok, _, err) = misbehave_run(mode);
+        assert!(!ok, "{mode} succeeded");
+        assert!(err.contains(needle), "{mode}: `{needle}` not in {err}");
+        assert!(
+            err.contains("plugin ") && err.contains("libfusebox_plugin_test_misbehave"),
+            "{mode}: the plugin is not named in {err}"
+        );
+    }
+}
+
+#[test]
+fn plugin_run_panic_is_caught_in_process() {
+    let cfg = format!(
+        "[partition]\nstrict = true\nbind_constants = false\n[[plugin]]\npath = \"{}\"\n[[backend]]\nname = \"misbehave\"\n[backend.options]\nmode = \"run_panic\"\n",
+        lib("fusebox_plugin_test_misbehave")
+    );
+    let cfg = Config::parse(&cfg, "inline.toml").unwrap_or_else(|e| panic!("{e}"));
+    let pipeline = fusebox::pipeline(cfg).unwrap_or_else(|e| panic!("{e}"));
+    let m = fusebox::core::text::parse_module_str(RELU).unwrap_or_else(|e| panic!("{e}"));
+    let plan = pipeline.run(&m).unwrap_or_else(|e| panic!("{e}"));
+    let args = vec![Value::Tensor(random(vec![2, 3], 7))];
+    // Twice: the process (this test) survives the first panic and the plugin still answers.
+    for _ in 0..2 {
+        match fusebox::execute(&plan, "main", args.clone()) {
+            Ok(_) => panic!("run_panic ran"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("`run` panicked: panicked: run panicked on purpose"),
+                    "{e}"
+                );
+                assert!(e.contains("libfusebox_plugin_test_misbehave"), "{e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn null_callbacks_are_refused_at_load_naming_the_fields() {
+    let p = temp(
+        "null-cb.toml",
+        &format!(
+            "[[plugin]]\npath = \"{}\"\n[[backend]]\nname = \"misbehave\"\n",
+            lib("fusebox_plugin_test_misbehave")
+        ),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("FUSEBOX_TEST_MISBEHAVE_TABLE", "null_callbacks")
+        .args(["backends", "--config", &p.display().to_string()])
+        .output();
+    let Ok(out) = out else {
+        panic!("cannot run fusebox")
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    // A segfault has no exit code.
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("libfusebox_plugin_test_misbehave")
+            && err.contains("callback(s) `claim`, `free_string` are NULL"),
+        "{err}"
+    );
+}
+
+/// Runs fusebox with `args`, killing it after `secs`: `None` when it had to be killed.
+fn fusebox_within(args: &[&str], secs: u64) -> Option<(bool, String)> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run fusebox: {e}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                return Some((st.success(), err));
+            }
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_plugin_path_is_refused_without_blocking() {
+    let dir = std::env::temp_dir().join(format!("fusebox-fifo-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let fifo = dir.join("libfifo.so");
+    let _ = std::fs::remove_file(&fifo);
+    let st = Command::new("mkfifo").arg(&fifo).status();
+    assert!(matches!(st, Ok(s) if s.success()), "mkfifo failed");
+    // Through a symlink too: the check follows it.
+    let link = dir.join("liblink.so");
+    let _ = std::fs::remove_file(&link);
+    let linked = std::os::unix::fs::symlink(&fifo, &link).is_ok();
+    for path in [Some(&fifo), linked.then_some(&link)].into_iter().flatten() {
+        let cfg = dir.join("fifo.toml");
+        let _ = std::fs::write(&cfg, format!("[[plugin]]\npath = \"{}\"\n", path.display()));
+        let Some((ok, err)) =
+            fusebox_within(&["backends", "--config", &cfg.display().to_string()], 20)
+        else {
+            panic!("fusebox blocked on the FIFO {}", path.display())
+        };
+        assert!(!ok);
+        assert!(
+            err.contains(&format!(
+                "plugin {}: not a regular file (a FIFO)",
+                path.display()
+            )),
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_configs_are_positioned_errors() {
     fails_with(

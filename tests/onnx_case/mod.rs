@@ -14,6 +14,52 @@ use fusebox_cpu::{Tensor, Value, run};
 use prost::Message;
 use std::path::{Path, PathBuf};
 
+/// Whether the environment promises the ONNX test data (`FUSEBOX_REQUIRE_ONNX_DATA=1`, set by
+/// `scripts/test.sh`): then a missing folder fails the test instead of skipping it.
+pub fn onnx_data_required() -> bool {
+    std::env::var("FUSEBOX_REQUIRE_ONNX_DATA").is_ok_and(|v| v == "1")
+}
+
+/// The folder named by the environment variable `var`; when it is not set, prints `skipped:
+/// <var> is not set (<why>)` and returns `None`, or panics when [`onnx_data_required`].
+pub fn data_dir_or_skip(var: &str, why: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
+        Some(d) => Some(PathBuf::from(d)),
+        None if onnx_data_required() => {
+            panic!("FUSEBOX_REQUIRE_ONNX_DATA=1 but {var} is not set ({why})")
+        }
+        None => {
+            println!("skipped: {var} is not set ({why})");
+            None
+        }
+    }
+}
+
+/// Re-runs the test `name` of this test binary in a child without `var`, with or without
+/// `FUSEBOX_REQUIRE_ONNX_DATA=1`: (success, stdout + stderr).
+pub fn rerun_without(var: &str, name: &str, require: bool) -> (bool, String) {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("the test binary: {e}"));
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["--exact", name, "--nocapture"])
+        .env_remove(var)
+        .env_remove("CI")
+        .env_remove("FUSEBOX_REQUIRE_ONNX_DATA");
+    if require {
+        cmd.env("FUSEBOX_REQUIRE_ONNX_DATA", "1");
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("the child test run: {e}"));
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// A tensor from a serialized `TensorProto`.
 pub fn read_tensor(p: &Path) -> Result<Tensor, String> {
     let bytes = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;

@@ -9,6 +9,13 @@
  * No callback may unwind into the host. Ownership never crosses the boundary except through the
  * free_* callbacks: the host never frees plugin memory itself, and vice versa.
  *
+ * NULL: no field of FbPluginVTable may be NULL in ABI 1.0. name, version and patterns_toml must
+ * point at NUL-terminated UTF-8 (patterns_toml may be the empty string: no patterns), and all
+ * eight callbacks (create, claim, compile, run, free_tensor, free_artifact, free_instance,
+ * free_string) are required. The host checks every one when it loads the plugin and refuses a
+ * table with a NULL entry, naming the library and the field; it never calls through NULL.
+ * Out-parameters: a callback may leave *err and *reason NULL (no message).
+ *
  * Functions cross as text IR: a module (TVMScript-style Relax text printed by fusebox) holding
  * the function named func_name and every function it calls. Tensors cross as FbTensor. */
 #ifndef FUSEBOX_PLUGIN_H
@@ -47,6 +54,7 @@ typedef struct FbPluginVTable {
   const char *name;     /* the backend name, unique among backends */
   const char *version;
   const char *patterns_toml; /* [[pattern]] tables, as in fusebox pattern tables */
+  /* Callbacks: all required (non-NULL). */
   /* Makes a backend instance from its [backend.options] table printed as TOML. */
   int32_t (*create)(const char *options_toml, void **instance, char **err);
   /* *accept = 1 to claim, 0 to decline with *reason set (released with free_string). */

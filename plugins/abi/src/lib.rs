@@ -5,7 +5,8 @@
 //! Contract: a plugin is a shared library exporting one symbol,
 //! `fusebox_plugin_entry_v1() -> *const PluginVTable`. The host checks [`PluginVTable::abi_major`]
 //! against [`ABI_MAJOR`] and [`PluginVTable::struct_size`] against the size it knows before it
-//! touches any other field. Callbacks return [`FB_OK`], [`FB_ERROR`] or [`FB_PANIC`] and never
+//! touches any other field; it then refuses a table whose name, version, pattern table or any
+//! callback is NULL (see [`CALLBACKS`]: none is optional in ABI v1). Callbacks return [`FB_OK`], [`FB_ERROR`] or [`FB_PANIC`] and never
 //! unwind; all memory is released by the side that allocated it, through the `free_*` callbacks.
 //!
 //! ```ignore
@@ -153,6 +154,25 @@ pub type CompileFn = extern "C" fn(
 pub type RunFn =
     extern "C" fn(*mut c_void, *const FbTensor, usize, *mut FbTensor, *mut *mut c_char) -> i32;
 
+/// `free_tensor(tensor)`.
+pub type FreeTensorFn = extern "C" fn(*mut FbTensor);
+/// `free_artifact(artifact)` and `free_instance(instance)`.
+pub type FreeFn = extern "C" fn(*mut c_void);
+/// `free_string(s)`.
+pub type FreeStringFn = extern "C" fn(*mut c_char);
+
+/// The names of the callbacks of [`PluginVTable`], in table order: all are required.
+pub const CALLBACKS: [&str; 8] = [
+    "create",
+    "claim",
+    "compile",
+    "run",
+    "free_tensor",
+    "free_artifact",
+    "free_instance",
+    "free_string",
+];
+
 /// The fields every version has, in front: what the host reads first.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -165,7 +185,9 @@ pub struct VTableHeader {
     pub struct_size: u64,
 }
 
-/// The plugin's table (`FbPluginVTable`).
+/// The plugin's table (`FbPluginVTable`). The callbacks are `Option`s of function pointers
+/// (the same layout as a C function pointer, NULL being `None`), so a table with a NULL entry
+/// can be read and refused instead of called.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PluginVTable {
@@ -181,20 +203,21 @@ pub struct PluginVTable {
     pub version: *const c_char,
     /// `[[pattern]]` tables as TOML text.
     pub patterns_toml: *const c_char,
-    /// Makes an instance from the options.
-    pub create: CreateFn,
+    /// Makes an instance from the options. Required: like every callback below, `None` (a
+    /// NULL pointer in C) makes the host refuse the plugin when it loads it.
+    pub create: Option<CreateFn>,
     /// Claims or declines a function.
-    pub claim: ClaimFn,
+    pub claim: Option<ClaimFn>,
     /// Compiles a function into an artifact.
-    pub compile: CompileFn,
+    pub compile: Option<CompileFn>,
     /// Runs an artifact.
-    pub run: RunFn,
+    pub run: Option<RunFn>,
     /// Releases a tensor filled by `run`.
-    pub free_tensor: extern "C" fn(*mut FbTensor),
+    pub free_tensor: Option<FreeTensorFn>,
     /// Releases an artifact.
-    pub free_artifact: extern "C" fn(*mut c_void),
+    pub free_artifact: Option<FreeFn>,
     /// Releases an instance.
-    pub free_instance: extern "C" fn(*mut c_void),
+    pub free_instance: Option<FreeFn>,
     /// Releases a string the plugin returned.
-    pub free_string: extern "C" fn(*mut c_char),
+    pub free_string: Option<FreeStringFn>,
 }

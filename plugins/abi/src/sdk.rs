@@ -103,15 +103,25 @@ impl StaticVTable {
             name: P::NAME.as_ptr(),
             version: P::VERSION.as_ptr(),
             patterns_toml: P::PATTERNS.as_ptr(),
-            create: create::<P>,
-            claim: claim::<P>,
-            compile: compile::<P>,
-            run: run::<P>,
-            free_tensor,
-            free_artifact: free_artifact::<P>,
-            free_instance: free_instance::<P>,
-            free_string,
+            create: Some(create::<P>),
+            claim: Some(claim::<P>),
+            compile: Some(compile::<P>),
+            run: Some(run::<P>),
+            free_tensor: Some(free_tensor),
+            free_artifact: Some(free_artifact::<P>),
+            free_instance: Some(free_instance::<P>),
+            free_string: Some(free_string),
         })
+    }
+
+    /// A table as given (for tests of the host's checks: a table with NULL callbacks, say).
+    pub const fn from_table(table: PluginVTable) -> Self {
+        StaticVTable(table)
+    }
+
+    /// The table.
+    pub const fn table(&self) -> PluginVTable {
+        self.0
     }
 
     /// The pointer the entry point returns.

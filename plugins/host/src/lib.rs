@@ -6,8 +6,11 @@
 //! - [`load`] opens the library by the given path, looks up `fusebox_plugin_entry_v1`, reads
 //!   the table's header and refuses the plugin unless `abi_major` is
 //!   [`fusebox_plugin_abi::ABI_MAJOR`] and `struct_size` is at least the size this host knows,
-//!   before it reads any other field. Name, version and pattern table (TOML) must be valid UTF-8
-//!   and parse; pattern errors name the library.
+//!   before it reads any other field. The path must name a regular file (symlinks resolved):
+//!   a FIFO or device would block or misbehave in the OS loader. Name, version and pattern
+//!   table (TOML) must be valid UTF-8 and parse; pattern errors name the library. Every
+//!   callback must be non-NULL ([`Error::NullCallback`] lists the NULL ones): the host keeps
+//!   only checked, non-null function pointers and never calls through NULL.
 //! - The library is never unloaded (see [`load`] for why).
 //! - Every callback's failure, and every panic the SDK caught, becomes an [`Error`] naming the
 //!   library and the callback; the panic message is kept. Duplicate names are rejected by the
@@ -34,8 +37,8 @@ use fusebox_core::backend::{Artifact, Backend, Candidate, Claim};
 use fusebox_core::runtime::{Storage, Tensor, Value};
 use fusebox_core::transform::FusionPattern;
 use fusebox_plugin_abi::{
-    ABI_MAJOR, ENTRY_POINT, FB_OK, FB_PANIC, FbDType, FbDevice, FbTensor, PluginVTable,
-    VTableHeader,
+    ABI_MAJOR, CALLBACKS, ClaimFn, CompileFn, CreateFn, ENTRY_POINT, FB_OK, FB_PANIC, FbDType,
+    FbDevice, FbTensor, FreeFn, FreeStringFn, FreeTensorFn, PluginVTable, RunFn, VTableHeader,
 };
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::Path;
@@ -49,6 +52,16 @@ pub enum Error {
     Missing {
         /// The path.
         library: String,
+    },
+    /// The path names something other than a regular file (a FIFO, a device, a folder).
+    #[error(
+        "plugin {library}: not a regular file ({kind}); a plugin must be a shared library file"
+    )]
+    NotAFile {
+        /// The path.
+        library: String,
+        /// What it is instead.
+        kind: &'static str,
     },
     /// The OS loader refused the file.
     #[error("plugin {library}: not a loadable shared library: {message}")]
@@ -79,6 +92,16 @@ pub enum Error {
         size: u64,
         /// What this host needs.
         need: usize,
+    },
+    /// Required callbacks of the table are NULL.
+    #[error(
+        "plugin {library}: the plugin table's callback(s) {fields} are NULL; every callback of ABI v1 is required (see fusebox_plugin.h)"
+    )]
+    NullCallback {
+        /// The path.
+        library: String,
+        /// The NULL fields, as `` `name` `` separated by commas.
+        fields: String,
     },
     /// The table is malformed (null entry, bad UTF-8, bad pattern table).
     #[error("plugin {library}: {message}")]
@@ -117,7 +140,9 @@ impl From<Error> for fusebox_core::Error {
     fn from(e: Error) -> Self {
         let library = match &e {
             Error::Missing { library }
+            | Error::NotAFile { library, .. }
             | Error::NotALibrary { library, .. }
+            | Error::NullCallback { library, .. }
             | Error::NoEntryPoint { library }
             | Error::Abi { library, .. }
             | Error::Malformed { library, .. }
@@ -133,20 +158,83 @@ impl From<Error> for fusebox_core::Error {
     }
 }
 
-/// A loaded plugin: its table and where it came from.
+/// The callbacks of a plugin's table, each checked to be non-NULL.
+struct Callbacks {
+    create: CreateFn,
+    claim: ClaimFn,
+    compile: CompileFn,
+    run: RunFn,
+    free_tensor: FreeTensorFn,
+    free_artifact: FreeFn,
+    free_instance: FreeFn,
+    free_string: FreeStringFn,
+}
+
+impl Callbacks {
+    /// The callbacks of `vt`, or an error naming every NULL one.
+    fn of(library: &str, vt: &PluginVTable) -> Result<Callbacks> {
+        if let (
+            Some(create),
+            Some(claim),
+            Some(compile),
+            Some(run),
+            Some(free_tensor),
+            Some(free_artifact),
+            Some(free_instance),
+            Some(free_string),
+        ) = (
+            vt.create,
+            vt.claim,
+            vt.compile,
+            vt.run,
+            vt.free_tensor,
+            vt.free_artifact,
+            vt.free_instance,
+            vt.free_string,
+        ) {
+            return Ok(Callbacks {
+                create,
+                claim,
+                compile,
+                run,
+                free_tensor,
+                free_artifact,
+                free_instance,
+                free_string,
+            });
+        }
+        let null = [
+            vt.create.is_none(),
+            vt.claim.is_none(),
+            vt.compile.is_none(),
+            vt.run.is_none(),
+            vt.free_tensor.is_none(),
+            vt.free_artifact.is_none(),
+            vt.free_instance.is_none(),
+            vt.free_string.is_none(),
+        ];
+        let fields: Vec<String> = CALLBACKS
+            .iter()
+            .zip(null)
+            .filter(|(_, n)| *n)
+            .map(|(f, _)| format!("`{f}`"))
+            .collect();
+        Err(Error::NullCallback {
+            library: library.to_string(),
+            fields: fields.join(", "),
+        })
+    }
+}
+
+/// A loaded plugin: its checked callbacks and where it came from. (Function pointers only: the
+/// table's strings are copied at load time.)
 struct Loaded {
     library: String,
-    vt: PluginVTable,
+    cb: Callbacks,
     name: String,
     version: String,
     patterns: Vec<FusionPattern>,
 }
-
-// SAFETY: the table holds function pointers and pointers to immutable `'static` strings of a
-// library that is never unloaded; the ABI requires callbacks to be callable from any thread.
-unsafe impl Send for Loaded {}
-// SAFETY: as above; the host never mutates the table.
-unsafe impl Sync for Loaded {}
 
 fn c_str(library: &str, p: *const c_char, what: &str) -> Result<String> {
     if p.is_null() {
@@ -180,6 +268,18 @@ pub fn load_plugin(path: &Path) -> Result<PluginHandle> {
     let library = path.display().to_string();
     if !path.exists() {
         return Err(Error::Missing { library });
+    }
+    // `dlopen` of a FIFO blocks until a writer opens it (forever), and of a device reads it:
+    // only regular files (after following symlinks) go to the loader.
+    let meta = std::fs::metadata(path).map_err(|e| Error::NotALibrary {
+        library: library.clone(),
+        message: e.to_string(),
+    })?;
+    if !meta.is_file() {
+        return Err(Error::NotAFile {
+            library,
+            kind: file_kind(&meta.file_type()),
+        });
     }
     // A path without a separator makes dlopen search the system; anchor relative paths.
     let abs = if path.is_absolute() {
@@ -222,7 +322,9 @@ pub fn load_plugin(path: &Path) -> Result<PluginHandle> {
     }
     // SAFETY: the version and size checks above guarantee a table at least as large as the
     // `PluginVTable` this host knows, laid out as in fusebox_plugin.h v1.
+    // Every callback field is an `Option` of a function pointer, so a NULL one reads as `None`.
     let vt = unsafe { std::ptr::read(ptr) };
+    let cb = Callbacks::of(&library, &vt)?;
     let name = c_str(&library, vt.name, "name")?;
     let version = c_str(&library, vt.version, "version")?;
     let patterns_src = c_str(&library, vt.patterns_toml, "patterns_toml")?;
@@ -242,11 +344,32 @@ pub fn load_plugin(path: &Path) -> Result<PluginHandle> {
     })?;
     Ok(PluginHandle(Arc::new(Loaded {
         library,
-        vt,
+        cb,
         name,
         version,
         patterns,
     })))
+}
+
+/// What a file type is, in words, for [`Error::NotAFile`].
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+    }
+    if t.is_dir() { "a folder" } else { "not a file" }
 }
 
 /// A loaded plugin library: makes backend instances.
@@ -267,7 +390,7 @@ fn take_string(l: &Loaded, s: *mut c_char) -> String {
     }
     // SAFETY: the plugin returned a NUL-terminated string it owns until `free_string`.
     let out = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
-    (l.vt.free_string)(s);
+    (l.cb.free_string)(s);
     out
 }
 
@@ -316,7 +439,7 @@ impl PluginFactory for PluginHandle {
         let text = cstring(l, &text)?;
         let mut inst: *mut c_void = std::ptr::null_mut();
         let mut err: *mut c_char = std::ptr::null_mut();
-        let rc = (l.vt.create)(text.as_ptr(), &mut inst, &mut err);
+        let rc = (l.cb.create)(text.as_ptr(), &mut inst, &mut err);
         status(l, "create", rc, err)?;
         Ok(Box::new(PluginBackend {
             loaded: self.0.clone(),
@@ -341,7 +464,7 @@ struct PluginBackend {
 
 impl Drop for PluginBackend {
     fn drop(&mut self) {
-        (self.loaded.vt.free_instance)(self.instance.0);
+        (self.loaded.cb.free_instance)(self.instance.0);
     }
 }
 
@@ -371,7 +494,7 @@ impl Backend for PluginBackend {
         let (text, func) = self.texts(c)?;
         let mut art: *mut c_void = std::ptr::null_mut();
         let mut err: *mut c_char = std::ptr::null_mut();
-        let rc = (l.vt.compile)(
+        let rc = (l.cb.compile)(
             self.instance.0,
             text.as_ptr(),
             func.as_ptr(),
@@ -408,7 +531,7 @@ impl PluginBackend {
         let mut accept = 0i32;
         let mut reason: *mut c_char = std::ptr::null_mut();
         let mut err: *mut c_char = std::ptr::null_mut();
-        let rc = (l.vt.claim)(
+        let rc = (l.cb.claim)(
             self.instance.0,
             text.as_ptr(),
             func.as_ptr(),
@@ -440,7 +563,7 @@ struct PluginArtifact {
 
 impl Drop for PluginArtifact {
     fn drop(&mut self) {
-        (self.loaded.vt.free_artifact)(self.artifact.0);
+        (self.loaded.cb.free_artifact)(self.artifact.0);
     }
 }
 
@@ -494,10 +617,10 @@ impl Artifact for PluginArtifact {
         let mut err: *mut c_char = std::ptr::null_mut();
         // The plugin only reads the inputs (the ABI passes them as const), and `tensors` and
         // `dims` outlive the call.
-        let rc = (l.vt.run)(self.artifact.0, fb.as_ptr(), fb.len(), &mut out, &mut err);
+        let rc = (l.cb.run)(self.artifact.0, fb.as_ptr(), fb.len(), &mut out, &mut err);
         status(l, "run", rc, err)?;
         let result = read_output(l, &out);
-        (l.vt.free_tensor)(&mut out);
+        (l.cb.free_tensor)(&mut out);
         Ok(Value::Tensor(result?))
     }
 }

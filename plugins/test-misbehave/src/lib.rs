@@ -1,9 +1,16 @@
 //! A test plugin that misbehaves on request: backend `misbehave`, one pattern
 //! `misbehave.relu`, and `mode` in its options selects the fault: `claim_panic`,
-//! `claim_error`, `compile_panic`, `compile_error`, `run_error`, `create_error`, or `ok`
-//! (claims `misbehave.*` composites and runs relu).
+//! `claim_error`, `compile_panic`, `compile_error`, `run_error`, `run_panic`, `create_error`,
+//! or `ok` (claims `misbehave.*` composites and runs relu).
+//!
+//! A fault of the table itself cannot wait for the options (the host checks the table when it
+//! loads the library, before any `create`): with the environment variable
+//! `FUSEBOX_TEST_MISBEHAVE_TABLE=null_callbacks` the entry point returns a table whose `claim`
+//! and `free_string` callbacks are NULL.
 
-use fusebox_plugin_abi::sdk::{OwnedTensor, Plugin, PluginArtifact, TensorView, Verdict};
+use fusebox_plugin_abi::sdk::{
+    OwnedTensor, Plugin, PluginArtifact, StaticVTable, TensorView, Verdict,
+};
 use std::ffi::CStr;
 
 /// The plugin, with its fault.
@@ -13,13 +20,16 @@ pub struct Misbehave {
 
 /// A relu (or a failing run).
 pub struct Relu {
-    fail: bool,
+    mode: String,
 }
 
+#[allow(clippy::panic, reason = "panicking on purpose is this plugin's job")]
 impl PluginArtifact for Relu {
     fn run(&self, args: &[TensorView<'_>]) -> Result<OwnedTensor, String> {
-        if self.fail {
-            return Err("run failed on purpose".into());
+        match self.mode.as_str() {
+            "run_error" => return Err("run failed on purpose".into()),
+            "run_panic" => panic!("run panicked on purpose"),
+            _ => {}
         }
         let t = args.first().ok_or("no argument")?;
         let d = t.as_f32().ok_or("not f32")?;
@@ -58,10 +68,27 @@ impl Plugin for Misbehave {
             "compile_panic" => panic!("compile panicked on purpose"),
             "compile_error" => Err("compile failed on purpose".into()),
             m => Ok(Relu {
-                fail: m == "run_error",
+                mode: m.to_string(),
             }),
         }
     }
 }
 
-fusebox_plugin_abi::export_plugin!(Misbehave);
+/// The table with NULL `claim` and `free_string` (see the crate doc).
+static NULL_CALLBACKS: StaticVTable = StaticVTable::from_table({
+    let mut t = StaticVTable::new::<Misbehave>().table();
+    t.claim = None;
+    t.free_string = None;
+    t
+});
+
+/// The entry point: the plugin's table, or a broken one (see the crate doc).
+#[allow(unsafe_code, reason = "the one exported C symbol of the plugin")]
+#[unsafe(no_mangle)]
+pub extern "C" fn fusebox_plugin_entry_v1() -> *const fusebox_plugin_abi::PluginVTable {
+    static VTABLE: StaticVTable = StaticVTable::new::<Misbehave>();
+    match std::env::var("FUSEBOX_TEST_MISBEHAVE_TABLE").as_deref() {
+        Ok("null_callbacks") => NULL_CALLBACKS.as_ptr(),
+        _ => VTABLE.as_ptr(),
+    }
+}

@@ -267,6 +267,41 @@ pub(super) fn nonneg(d: &Dim) -> bool {
     }
 }
 
+/// `u op v` for `Add`, `Sub` (also `Neg` as `0 - v`), `Mul` and `Div` (truncating, as ONNX
+/// integer division) of two known values of type `dtype`; an error naming the operands when
+/// the result does not fit in `dtype` (instead of a wrapped value, or an unfolded expression
+/// that later reads as a symbolic dim).
+fn static_arith(op: &str, u: i64, v: i64, dtype: DType) -> Result<i64> {
+    let r = match op {
+        "Add" => u.checked_add(v),
+        "Sub" => u.checked_sub(v),
+        "Mul" => u.checked_mul(v),
+        _ if v == 0 => return Err(err("integer division by zero")),
+        _ => u.checked_div(v),
+    };
+    let (lo, hi) = match dtype {
+        DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
+        DType::I8 => (i64::from(i8::MIN), i64::from(i8::MAX)),
+        DType::U8 => (0, i64::from(u8::MAX)),
+        _ => (i64::MIN, i64::MAX),
+    };
+    match r {
+        Some(r) if (lo..=hi).contains(&r) => Ok(r),
+        _ => {
+            let sym = match op {
+                "Add" => "+",
+                "Sub" => "-",
+                "Mul" => "*",
+                _ => "/",
+            };
+            Err(err(format!(
+                "{dtype} overflow: {u} {sym} {v} does not fit in {dtype} (constant folding of \
+                 {op} at import time)"
+            )))
+        }
+    }
+}
+
 fn fold_ints(
     im: &Importer<'_>,
     node: &super::NodeProto,
@@ -533,13 +568,17 @@ fn fold_ints(
                 ) else {
                     return Ok(None);
                 };
-                vals.push(match node.op_type.as_str() {
+                let op = node.op_type.as_str();
+                if let (Some(u), Some(v)) = (p.as_static(), q.as_static()) {
+                    vals.push(Dim::Static(static_arith(op, u, v, x.dtype)?));
+                    continue;
+                }
+                vals.push(match op {
                     "Add" => p.add(&q),
                     "Sub" => p.sub(&q),
                     "Mul" => p.mul(&q),
-                    _ => match (p.as_static(), q.as_static()) {
-                        (_, Some(0)) => return Err(err("integer division by zero")),
-                        (Some(u), Some(v)) => Dim::Static(u.wrapping_div(v)),
+                    _ => match q.as_static() {
+                        Some(0) => return Err(err("integer division by zero")),
                         _ => p.floor_div(&q),
                     },
                 });
@@ -553,13 +592,16 @@ fn fold_ints(
                 .into_val(),
             )
         }
-        "Neg" => Some(
-            Ints {
-                vals: x.vals.iter().map(|d| Dim::Static(0).sub(d)).collect(),
-                ..x
+        "Neg" => {
+            let mut vals = Vec::with_capacity(x.vals.len());
+            for d in &x.vals {
+                vals.push(match d.as_static() {
+                    Some(v) => Dim::Static(static_arith("Sub", 0, v, x.dtype)?),
+                    None => Dim::Static(0).sub(d),
+                });
             }
-            .into_val(),
-        ),
+            Some(Ints { vals, ..x }.into_val())
+        }
         _ => None,
     })
 }

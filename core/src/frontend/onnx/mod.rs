@@ -12,8 +12,8 @@
 //!   Concat → Cast → Add/Sub/Mul/Div` chains are folded in the importer (a small evaluator on
 //!   `int64` values that may be symbolic dims), so `Reshape`/`Expand` targets computed from
 //!   shapes become shape literals. Anything else runs in the IR.
-//! - Ops map to the op set with ONNX semantics for opsets 9 to 21 (attributes vs inputs per
-//!   opset); see [`SUPPORTED_OPS`]. A model using ops outside that list fails with ONE error
+//! - The default-domain opset must be in [`MIN_OPSET`]`..=`[`MAX_OPSET`] (1 to 28); ops map
+//!   to the op set with ONNX semantics per opset (attributes vs inputs); see [`SUPPORTED_OPS`]. A model using ops outside that list fails with ONE error
 //!   that names every unsupported node and its op type.
 //! - Initializers may keep their bytes in side files (ONNX external data, as the dynamo
 //!   exporter writes and every model over 2 GB needs): [`import_onnx_file`] reads them from the
@@ -21,6 +21,10 @@
 //! - Graph outputs are bound to output vars named after the (sanitized) ONNX output names; `main`
 //!   returns the single output, or a tuple of them in graph order ([`output_names`] reads the
 //!   names back).
+//! - Before any node is converted the graph is checked as onnxruntime checks it (`validate.rs`):
+//!   undefined node inputs, values written twice (or shadowing an input or initializer),
+//!   duplicate initializers and attributes whose value disagrees with their declared type are
+//!   errors naming the file and the node.
 //! - Malformed protobuf, undefined inputs, unsupported dtypes and shape errors are errors
 //!   ([`Error::Invalid`] prefixed with the file name and the node); nothing panics on input.
 //!
@@ -43,6 +47,9 @@ mod ops;
 pub mod proto;
 #[cfg(test)]
 mod tests;
+mod validate;
+
+pub use validate::{MAX_OPSET, MIN_OPSET};
 
 use crate::error::{Error, Result};
 use crate::ir::builder::FunctionBuilder;
@@ -306,11 +313,8 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
         .graph
         .as_ref()
         .ok_or_else(|| Error::Invalid(format!("{file}: the model has no graph")))?;
-    let opset = model
-        .opset_import
-        .iter()
-        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map_or(9, |o| o.version);
+    let opset = validate::opset(model, file)?;
+    validate::graph(graph, file)?;
     // One error listing every unsupported node.
     let unsupported: Vec<String> = graph
         .node

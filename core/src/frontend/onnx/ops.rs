@@ -450,6 +450,29 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             };
             let spec = match sizes {
                 Some(sz) if !sz.is_empty() => {
+                    if sz.len() != n_out {
+                        return Err(invalid(format!(
+                            "`split` has {} sizes {sz:?} but the node has {n_out} outputs",
+                            sz.len()
+                        )));
+                    }
+                    if let Some(s) = sz.iter().find(|s| **s < 0) {
+                        return Err(invalid(format!(
+                            "`split` sizes {sz:?} hold the negative size {s}; expected sizes ≥ 0"
+                        )));
+                    }
+                    let total = sz.iter().try_fold(0i64, |a, s| a.checked_add(*s));
+                    match (total, dims[axis].as_static()) {
+                        (Some(t), Some(len)) if t == len => {}
+                        (_, Some(len)) => {
+                            return Err(invalid(format!(
+                                "`split` sizes {sz:?} do not add up to the extent {len} of axis \
+                                 {axis}"
+                            )));
+                        }
+                        // A symbolic extent: the sizes are its value (checked when it is bound).
+                        (_, None) => {}
+                    }
                     let mut idx = Vec::new();
                     let mut acc = 0i64;
                     for s in &sz[..sz.len() - 1] {
@@ -545,6 +568,16 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                         .filter_map(|i| c.get_i64(i))
                         .map(|v| if v < 0 { v + n } else { v })
                         .collect();
+                    // Known indices outside the axis: onnxruntime refuses them, and `take`
+                    // (fast mode) must never read out of bounds.
+                    if let Some(k) = vals.iter().position(|v| !(0..n).contains(v)) {
+                        let i = c.get_i64(k).unwrap_or(vals[k]);
+                        return Err(invalid(format!(
+                            "index {i} (element {k} of `{iname}`) is out of range for axis \
+                             {axis} of extent {n}; expected -{n} to {}",
+                            n - 1
+                        )));
+                    }
                     let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
                     let c = Constant::from_bytes(DType::I64, c.shape.clone(), bytes)
                         .map_err(invalid)?;
@@ -768,6 +801,27 @@ fn finish(im: &mut Importer<'_>, op: Op, args: Vec<ExprId>, one_d: bool) -> Resu
     ))
 }
 
+/// A convolution's `kernel_shape`, when given, must be the weight's spatial extents (`wd` is
+/// the weight's shape, `[out, in, k...]`): onnxruntime refuses anything else.
+pub(super) fn check_kernel_shape(a: &Attrs<'_>, wd: &[Dim]) -> Result<()> {
+    let Some(k) = a.ints("kernel_shape") else {
+        return Ok(());
+    };
+    let spatial = wd.get(2..).unwrap_or(&[]);
+    let agrees = k.len() == spatial.len()
+        && k.iter()
+            .zip(spatial)
+            .all(|(&k, d)| d.as_static().is_none_or(|d| d == k));
+    if agrees {
+        return Ok(());
+    }
+    let w: Vec<String> = spatial.iter().map(ToString::to_string).collect();
+    Err(invalid(format!(
+        "`kernel_shape` {k:?} contradicts the weight: expected its spatial extents [{}]",
+        w.join(", ")
+    )))
+}
+
 fn kernel_attr(a: &Attrs<'_>, one_d: bool) -> Option<[i64; 2]> {
     match a.ints("kernel_shape") {
         Some(k) if one_d && k.len() == 1 => Some([k[0], 1]),
@@ -790,6 +844,7 @@ fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result
             wd.len()
         )));
     }
+    check_kernel_shape(a, &wd)?;
     if one_d {
         x = lift(im, x)?;
         w = lift(im, w)?;

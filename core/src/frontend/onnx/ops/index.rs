@@ -251,7 +251,22 @@ pub(super) fn convert(
         }
         "Tile" => {
             let x = im.expr(req(node, 0)?)?;
+            let (dims, _) = im.dims(x)?;
             let repeats = im.const_i64s(req(node, 1)?)?;
+            // ONNX wants one repeat per axis (relax.tile would pad a short list, numpy-style).
+            if repeats.len() != dims.len() {
+                return Err(invalid(format!(
+                    "`repeats` {repeats:?} has {} values; expected one per axis of the rank-{} \
+                     input",
+                    repeats.len(),
+                    dims.len()
+                )));
+            }
+            if let Some(r) = repeats.iter().find(|r| **r < 0) {
+                return Err(invalid(format!(
+                    "`repeats` {repeats:?} holds the negative repeat {r}; expected repeats ≥ 0"
+                )));
+            }
             call(Op::Tile { repeats }, vec![x])
         }
         "Trilu" => {

@@ -680,6 +680,7 @@ pub(super) fn conv_transpose(
             wd.len()
         )));
     }
+    super::check_kernel_shape(a, &wd)?;
     let nsp = if one_d { 1 } else { 2 };
     let per_axis = |name: &str, default: i64| -> Result<[i64; 2]> {
         match a.ints(name) {
