@@ -174,3 +174,31 @@ fn a_huge_value_in_an_error_is_not_echoed_whole() {
     assert!(err.contains("(5000000 characters)"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn fuse_opt_level_takes_the_values_the_config_takes() {
+    let out = fusebox()
+        .args([
+            "partition",
+            "examples/small_cnn.relax",
+            "--fuse-ops",
+            "--fuse-opt-level",
+            "99",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("99 is not in 0..=2"), "{err}");
+    let ok = fusebox()
+        .args([
+            "partition",
+            "examples/small_cnn.relax",
+            "--fuse-ops",
+            "--fuse-opt-level",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(ok.status.success());
+}

@@ -225,3 +225,31 @@ fn compile_without_nvrtc_says_why_and_strict_fails() {
         "{f}"
     );
 }
+
+/// `scripts/gpu-check.sh` on a machine without a GPU says so and exits non-zero, running
+/// nothing (on a GPU machine it would run every GPU test: skipped here with the reason).
+#[test]
+fn gpu_check_without_a_gpu_says_so_and_fails() {
+    if has_gpu() {
+        println!("skipped: this machine has a GPU (run scripts/gpu-check.sh itself)");
+        return;
+    }
+    let has_nvidia_smi = Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_nvidia_smi {
+        println!("skipped: nvidia-smi lists a GPU that the CUDA driver API cannot open");
+        return;
+    }
+    let out = Command::new("bash")
+        .arg(root().join("scripts/gpu-check.sh"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("gpu-check: no GPU on this machine (nvidia-smi finds none); nothing was run"),
+        "{err}"
+    );
+}

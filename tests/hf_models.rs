@@ -70,9 +70,6 @@ const EXPECTED_PASS: &[&str] = &[
 
 /// Tolerance against onnxruntime, relative to the output's range.
 const ORT_TOL: f64 = 1e-4;
-/// Tolerance of the partitioned against the unpartitioned run (as `fusebox run --check` for
-/// f32), relative to the output's largest magnitude (at least 1).
-const CHECK_TOL: f64 = 1e-4;
 
 /// Why a fixture failed: the stage and the message.
 struct Failure {
@@ -185,51 +182,16 @@ fn compare_ort(got: &Tensor, want: &Tensor) -> Result<f64, String> {
     };
     let mut worst = 0.0f64;
     for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
-        let ok = if a.is_nan() || b.is_nan() {
-            a.is_nan() && b.is_nan()
-        } else if a.is_infinite() || b.is_infinite() {
-            a == b
-        } else {
+        if a.is_finite() && b.is_finite() {
             worst = worst.max((a - b).abs());
-            (a - b).abs() <= tol
-        };
-        if !ok {
+        }
+        if !fusebox::compare::close(a, b, tol) {
             return Err(format!(
                 "element {i}: {a} vs onnxruntime's {b} (tolerance {tol:.3e})"
             ));
         }
     }
     Ok(worst)
-}
-
-/// `None` when the partitioned run's `got` equals the unpartitioned `want` (as `fusebox run
-/// --check`), else where they differ.
-fn differs(got: &Tensor, want: &Tensor) -> Option<String> {
-    if got.shape() != want.shape() || got.dtype() != want.dtype() {
-        return Some(format!(
-            "{:?} {} vs {:?} {}",
-            got.shape(),
-            got.dtype(),
-            want.shape(),
-            want.dtype()
-        ));
-    }
-    let w = want.to_f64_vec();
-    let scale = w
-        .iter()
-        .filter(|x| x.is_finite())
-        .fold(1.0f64, |m, x| m.max(x.abs()));
-    let tol = if got.dtype().is_float() {
-        CHECK_TOL * scale
-    } else {
-        0.0
-    };
-    got.to_f64_vec()
-        .iter()
-        .zip(&w)
-        .enumerate()
-        .find(|&(_, (a, b))| !(a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol))
-        .map(|(i, (a, b))| format!("element {i}: {a} vs {b}"))
 }
 
 /// The arguments of `main` from an input set: each parameter's `.npy` (by sanitized name).
@@ -306,7 +268,7 @@ fn run_fixture(
             let err = compare_ort(g, &want)
                 .map_err(|e| fail("compare", format!("{set_name}: output `{name}`: {e}")))?;
             worst = worst.max(err);
-            if let Some(why) = differs(g, u) {
+            if let Some(why) = fusebox::compare::first_mismatch(g, u) {
                 return Err(fail(
                     "check",
                     format!(
