@@ -375,12 +375,14 @@ impl Pattern {
                 f.write_str("!")?;
                 self.fmt_node(*a, f, 5)?;
             }
+            // Suffixes chain without parentheses (`x : float16 : [?, 4]`), as they parse: a
+            // printed form must not nest deeper than its source (the parser bounds depth).
             PatNode::DType(a, d) => {
-                self.fmt_node(*a, f, 5)?;
+                self.fmt_node(*a, f, 4)?;
                 write!(f, " : {d}")?;
             }
             PatNode::Shape(a, dims) => {
-                self.fmt_node(*a, f, 5)?;
+                self.fmt_node(*a, f, 4)?;
                 f.write_str(" : [")?;
                 for (i, d) in dims.iter().enumerate() {
                     if i > 0 {
@@ -393,9 +395,10 @@ impl Pattern {
                 }
                 f.write_str("]")?;
             }
+            // `a @ b @ p` is `a @ (b @ p)`: a capture inside a capture needs no parentheses.
             PatNode::Capture(name, a) => {
                 write!(f, "{name} @ ")?;
-                self.fmt_node(*a, f, 4)?;
+                self.fmt_node(*a, f, 3)?;
             }
         }
         if p < min {

@@ -660,4 +660,22 @@ mod tests {
         let src = "(".repeat(10_000);
         assert!(err(&src).1.contains("nests too deeply"));
     }
+    #[test]
+    fn deep_capture_and_suffix_chains_print_no_deeper_than_they_parse() {
+        // Found by the parse_pattern fuzz target: the printer put each inner capture in
+        // parentheses, doubling the nesting, so a pattern that parsed printed to one that did
+        // not.
+        for src in [
+            "_ @ ".repeat(150) + "_",
+            "_".to_string() + &" : float16".repeat(150),
+            "relax.nn.relu(_)".to_string() + &" : [?, 4] : float32".repeat(100),
+            "!".repeat(150) + "_",
+        ] {
+            let p = parse_pattern(&src).unwrap_or_else(|e| panic!("{e}"));
+            let printed = p.to_string();
+            let q = parse_pattern(&printed).unwrap_or_else(|e| panic!("{printed}: {e}"));
+            assert_eq!(q.to_string(), printed);
+        }
+    }
+
 }
