@@ -1120,7 +1120,20 @@ impl<'a> Parser<'a> {
         if ctx.scope.contains_key(name) {
             return Err(self.err_at(name_tok, format!("duplicate definition of `{name}`")));
         }
-        let e = self.parse_expr(ctx)?;
+        let first = self.peek();
+        let mut e = self.parse_expr(ctx)?;
+        // A bare tuple, as TVM prints one bound to a var: `gv: R.Tuple(...) = lv4, lv9`.
+        if self.peek().kind == Tk::Comma {
+            let mut fields = vec![e];
+            while self.peek().kind == Tk::Comma {
+                self.bump();
+                if self.peek().kind == Tk::Newline {
+                    break;
+                }
+                fields.push(self.parse_expr(ctx)?);
+            }
+            e = self.add_expr(ctx, ExprKind::Tuple(fields), first)?;
+        }
         self.expect_newline("the bound value")?;
         let inferred = ctx.f.expr(e).ty.clone();
         let ty = match ann {

@@ -783,3 +783,36 @@ fn index_ops_round_trip() {
     assert_eq!(print_module(&m2).text, text);
     assert_eq!(m2, m);
 }
+
+/// TVM prints a tuple bound to a var without parentheses (issue 20): it parses as the tuple.
+#[test]
+fn a_bare_tuple_binding_parses_as_a_tuple() {
+    let t = r#"R.Tensor((16, 16), dtype="float32")"#;
+    let src = module_with(
+        &format!("a: {t}, b: {t}) -> R.Tuple({t}, {t})"),
+        &format!(
+            "        with R.dataflow():\n            lv4: {t} = R.add(a, b)\n            lv9: {t} = R.multiply(a, b)\n            gv: R.Tuple({t}, {t}) = lv4, lv9\n            R.output(gv)\n        return gv\n"
+        ),
+    );
+    let m = parse_ok(&src);
+    let f = m.get("main").unwrap_or_else(|| unreachable!());
+    let gv = f.bindings().last().unwrap_or_else(|| unreachable!());
+    match &f.expr(gv.value).kind {
+        ExprKind::Tuple(fields) => assert_eq!(fields.len(), 2),
+        k => unreachable!("not a tuple: {k:?}"),
+    }
+    // The printed form (parenthesised) parses back to the same module.
+    let printed = print_module(&m).text;
+    assert!(printed.contains("= (lv4, lv9)"), "{printed}");
+    assert_eq!(print_module(&parse_ok(&printed)).text, printed);
+    // A trailing comma is a one-field tuple, as in Python.
+    let one = src.replace("= lv4, lv9", "= lv4,").replace(
+        &format!("R.Tuple({t}, {t}) = lv4,"),
+        &format!("R.Tuple({t}) = lv4,"),
+    );
+    let one = one.replace(&format!(") -> R.Tuple({t}, {t})"), &format!(") -> R.Tuple({t})"));
+    let m = parse_ok(&one);
+    let f = m.get("main").unwrap_or_else(|| unreachable!());
+    let gv = f.bindings().last().unwrap_or_else(|| unreachable!());
+    assert!(matches!(&f.expr(gv.value).kind, ExprKind::Tuple(x) if x.len() == 1));
+}
