@@ -310,7 +310,7 @@ impl Pattern {
             PatNode::Wildcard => f.write_str("_")?,
             PatNode::Const => f.write_str("const")?,
             PatNode::Var(None) => f.write_str("var")?,
-            PatNode::Var(Some(n)) => write!(f, "var({n:?})")?,
+            PatNode::Var(Some(n)) => write!(f, "var({})", quoted(n))?,
             PatNode::Call {
                 op,
                 args,
@@ -408,13 +408,29 @@ impl Pattern {
     }
 }
 
+/// `s` in double quotes with the only escapes the pattern syntax reads, `\"` and `\\`; every
+/// other character as it is (Rust's `{:?}` writes `\0`, `\n`, `\u{..}`, which the syntax
+/// does not read back: found by the parse_pattern fuzz target).
+fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        if matches!(c, '"' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
 fn fmt_lit(v: &AttrLit, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     match v {
         AttrLit::None => f.write_str("None"),
         AttrLit::Bool(b) => f.write_str(if *b { "True" } else { "False" }),
         AttrLit::Int(i) => write!(f, "{i}"),
         AttrLit::Float(x) => write!(f, "{x:?}"),
-        AttrLit::Str(s) => write!(f, "{s:?}"),
+        AttrLit::Str(s) => f.write_str(&quoted(s)),
         AttrLit::List(items) => {
             f.write_str("[")?;
             for (i, it) in items.iter().enumerate() {

@@ -670,6 +670,8 @@ mod tests {
             "_".to_string() + &" : float16".repeat(150),
             "relax.nn.relu(_)".to_string() + &" : [?, 4] : float32".repeat(100),
             "!".repeat(150) + "_",
+            // Names and strings with characters Rust's `{:?}` escapes (`\0`, a newline).
+            "var(\"a\0b\\\\c\\\"d\ne\")".to_string(),
         ] {
             let p = parse_pattern(&src).unwrap_or_else(|e| panic!("{e}"));
             let printed = p.to_string();
