@@ -6,8 +6,9 @@
 #   scripts/gpu-check.sh                  build with cargo and run (a GPU machine with Rust)
 #   scripts/gpu-check.sh --pack [DIR]     here, without a GPU: build the test and benchmark
 #                                         binaries (release), and pack NVRTC and the CUDA headers
-#                                         from .venv, into DIR (default target/gpu-carry) for a
-#                                         GPU machine that has no Rust toolchain or network
+#                                         from .venv, into DIR (default target/gpu-carry, about
+#                                         40 MB compressed) for a GPU machine that has no Rust
+#                                         toolchain or network
 #   scripts/gpu-check.sh --prebuilt [DIR] on the GPU machine: run what --pack put in DIR
 #
 # With the `device` tool: `scripts/gpu-check.sh --pack` here, then
@@ -65,6 +66,9 @@ if [ "$mode" = "pack" ]; then
   cargo build --release --locked
   cp target/release/fusebox "$dir/bin/fusebox"
   strip "$dir"/bin/* 2>/dev/null || true
+  # Compressed: the device tool carries at most 64 MiB with the working tree.
+  tar -C "$dir" -cf - bin | xz -6 -T0 > "$dir/bin.tar.xz"
+  rm -rf "$dir/bin"
   site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   cu13="$site/nvidia/cu13"
   if [ ! -f "$cu13/lib/libnvrtc.so.13" ]; then
@@ -106,6 +110,9 @@ export FUSEBOX_CACHE_DIR
 
 if [ "$mode" = "prebuilt" ]; then
   commit="$(cat "$dir/COMMIT" 2>/dev/null || echo unknown)"
+  if [ ! -d "$dir/bin" ]; then
+    tar -C "$dir" -xJf "$dir/bin.tar.xz"
+  fi
   # The binaries find their data by the absolute paths they were built under.
   built="$(cat "$dir/BUILD_ROOT")"
   if [ "$built" != "$root" ] && [ ! -e "$built" ]; then
