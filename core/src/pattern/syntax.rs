@@ -679,5 +679,4 @@ mod tests {
             assert_eq!(q.to_string(), printed);
         }
     }
-
 }

@@ -810,7 +810,10 @@ fn a_bare_tuple_binding_parses_as_a_tuple() {
         &format!("R.Tuple({t}, {t}) = lv4,"),
         &format!("R.Tuple({t}) = lv4,"),
     );
-    let one = one.replace(&format!(") -> R.Tuple({t}, {t})"), &format!(") -> R.Tuple({t})"));
+    let one = one.replace(
+        &format!(") -> R.Tuple({t}, {t})"),
+        &format!(") -> R.Tuple({t})"),
+    );
     let m = parse_ok(&one);
     let f = m.get("main").unwrap_or_else(|| unreachable!());
     let gv = f.bindings().last().unwrap_or_else(|| unreachable!());
