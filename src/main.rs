@@ -35,6 +35,10 @@ enum Command {
         /// The module file (`.relax`; constants are read from the `.safetensors` file beside
         /// it) or an ONNX model (`.onnx`).
         file: PathBuf,
+        /// Write the module to this file instead of stdout, and its constants to the
+        /// `.safetensors` file beside it (both atomically), so it can be read back.
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
     },
     /// Parse (or import) and verify a module; print a one-line summary, or every violated
     /// invariant.
@@ -75,6 +79,10 @@ enum Command {
         /// Print `time <phase> <ms> ms` lines to stderr.
         #[arg(long)]
         timings: bool,
+        /// Write what `--emit` asks for to this file instead of stdout (text: the module, and
+        /// its constants to the `.safetensors` file beside it); written atomically.
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
         /// A config (backends, their patterns, plugins, partition options): partition, then
         /// claim and compile each function; `--patterns` adds user patterns to it and the
         /// partition flags above are ignored in favour of its `[partition]` table.
@@ -163,7 +171,7 @@ impl Command {
     /// The model file the command reads, if any.
     fn model_file(&self) -> Option<&std::path::Path> {
         match self {
-            Command::Show { file }
+            Command::Show { file, .. }
             | Command::Check { file }
             | Command::Partition { file, .. }
             | Command::Explain { file, .. }
@@ -279,9 +287,12 @@ fn main() -> ExitCode {
 
 fn run(cmd: Command) -> Result<(), fusebox::Error> {
     match cmd {
-        Command::Show { file } => {
+        Command::Show { file, output } => {
             let m = read_model(&file)?;
-            out!("{}", text::print_module(&m).text);
+            match output {
+                Some(o) => text::write_module(&o, &m)?,
+                None => out!("{}", text::print_module(&m).text),
+            }
             Ok(())
         }
         Command::Check { file } => {
@@ -307,6 +318,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             max_depth,
             emit,
             timings,
+            output,
             config,
         } => {
             use fusebox_core::transform::{
@@ -333,7 +345,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 verify(&plan.module).map_err(fusebox_core::Error::Verify)?;
                 match emit {
                     Emit::Text => {
-                        out!("{}", text::print_module(&plan.module).text);
+                        emit_module(&plan.module, output.as_deref())?;
                         for c in &plan.claims {
                             errln!(
                                 "{} -> {}{}",
@@ -352,8 +364,12 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                             errln!("rejected {} at {}: {}", r.pattern, r.at, r.reason);
                         }
                     }
-                    Emit::Json => outln!("{}", plan.report().to_json()),
-                    Emit::Dot => out!("{}", fusebox_core::report::to_dot(&plan.module)),
+                    Emit::Json => {
+                        emit_text(&format!("{}\n", plan.report().to_json()), output.as_deref())?
+                    }
+                    Emit::Dot => {
+                        emit_text(&fusebox_core::report::to_dot(&plan.module), output.as_deref())?
+                    }
                 }
                 if timings {
                     errln!("time parse {parse_ms:.3} ms");
@@ -390,14 +406,17 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             }
             verify(&out.module).map_err(fusebox_core::Error::Verify)?;
             match emit {
-                Emit::Text => out!("{}", text::print_module(&out.module).text),
-                Emit::Json => {
-                    outln!(
-                        "{}",
+                Emit::Text => emit_module(&out.module, output.as_deref())?,
+                Emit::Json => emit_text(
+                    &format!(
+                        "{}\n",
                         fusebox_core::report::build(&out.module, &out.rejections).to_json()
-                    )
+                    ),
+                    output.as_deref(),
+                )?,
+                Emit::Dot => {
+                    emit_text(&fusebox_core::report::to_dot(&out.module), output.as_deref())?
                 }
-                Emit::Dot => out!("{}", fusebox_core::report::to_dot(&out.module)),
             }
             if timings {
                 errln!("time parse {parse_ms:.3} ms");
@@ -510,6 +529,45 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             bench_partition(&ops, &table, repeat.max(1))
         }
         Command::Bench(BenchCmd::FuseOps { ops, repeat }) => bench_fuse_ops(&ops, repeat.max(1)),
+    }
+}
+
+/// The module to `output` (and its constants to the side file beside it, atomically), or to
+/// stdout.
+fn emit_module(
+    m: &fusebox_core::ir::Module,
+    output: Option<&std::path::Path>,
+) -> Result<(), fusebox::Error> {
+    match output {
+        Some(o) => Ok(text::write_module(o, m)?),
+        None => {
+            out!("{}", text::print_module(m).text);
+            Ok(())
+        }
+    }
+}
+
+/// `s` to `output` (staged and renamed into place), or to stdout.
+fn emit_text(s: &str, output: Option<&std::path::Path>) -> Result<(), fusebox::Error> {
+    match output {
+        Some(o) => {
+            let dir = match o.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            let name = o.file_name().map(|n| n.to_string_lossy().into_owned());
+            let name = name.ok_or_else(|| {
+                fusebox_core::Error::Invalid(format!("-o {}: not a file name", o.display()))
+            })?;
+            let mut staging = fusebox::staging::Staging::new(dir)?;
+            staging.write(&name, s.as_bytes())?;
+            staging.commit()?;
+            Ok(())
+        }
+        None => {
+            out!("{s}");
+            Ok(())
+        }
     }
 }
 

@@ -202,3 +202,65 @@ fn fuse_opt_level_takes_the_values_the_config_takes() {
         .unwrap();
     assert!(ok.status.success());
 }
+
+/// `show -o FILE` writes the module and its constants (side file) so that it reads back: the
+/// saved module prints to the same text and runs to the same outputs as the ONNX model.
+#[test]
+fn show_o_saves_a_module_that_reads_back_and_runs_the_same() {
+    let dir = fresh("show-o");
+    let model = "tests/models/bert-dynamo/model.onnx";
+    let saved = dir.join("bert.relax");
+    let again = dir.join("again.relax");
+    for (input, output) in [(std::path::Path::new(model), &saved), (saved.as_path(), &again)] {
+        let out = fusebox()
+            .arg("show")
+            .arg(input)
+            .arg("-o")
+            .arg(output)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stdout.is_empty());
+    }
+    assert_eq!(
+        std::fs::read(&saved).unwrap(),
+        std::fs::read(&again).unwrap()
+    );
+    let side = std::fs::read(dir.join("bert.safetensors")).unwrap();
+    assert!(side.len() > 10_000, "the weights are in the side file");
+    assert_eq!(side, std::fs::read(dir.join("again.safetensors")).unwrap());
+    let run = |m: &std::path::Path, out: &str| {
+        let o = fusebox()
+            .arg("run")
+            .arg(m)
+            .arg("--output-dir")
+            .arg(dir.join(out))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut files: Vec<_> = std::fs::read_dir(dir.join(out))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|f| std::fs::read(f).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let a = run(std::path::Path::new(model), "onnx");
+    let b = run(&saved, "saved");
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+    // --emit json -o: the report to a file, nothing on stdout.
+    let report = dir.join("report.json");
+    let out = fusebox()
+        .args(["partition", "examples/small_cnn.relax", "--fuse-ops", "--emit", "json", "-o"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stdout.is_empty());
+    let text = std::fs::read_to_string(&report).unwrap();
+    assert!(text.starts_with('{') && text.contains("fused_conv2d_add_relu"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -106,7 +106,11 @@ impl TuneCache {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         let text = serde_json::to_string(e).map_err(std::io::Error::other)?;
-        let mut f = std::fs::File::create(&tmp)?;
+        // `create_new`: a planted file or symlink at the temporary name is never written through.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         drop(f);

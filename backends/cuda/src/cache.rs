@@ -196,7 +196,11 @@ impl Cache {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        let written = std::fs::File::create(&tmp)
+        // `create_new`: a planted file or symlink at the temporary name is never written through.
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
             .and_then(|mut f| f.write_all(&body))
             .and_then(|()| std::fs::rename(&tmp, self.path(key)));
         if let Err(e) = written {

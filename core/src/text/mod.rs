@@ -85,7 +85,11 @@ fn write_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf> {
         source: e,
     };
     let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        // `create_new`: never reuse or follow (a symlink planted at) an existing path.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()
     })();
