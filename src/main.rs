@@ -367,9 +367,10 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                     Emit::Json => {
                         emit_text(&format!("{}\n", plan.report().to_json()), output.as_deref())?
                     }
-                    Emit::Dot => {
-                        emit_text(&fusebox_core::report::to_dot(&plan.module), output.as_deref())?
-                    }
+                    Emit::Dot => emit_text(
+                        &fusebox_core::report::to_dot(&plan.module),
+                        output.as_deref(),
+                    )?,
                 }
                 if timings {
                     errln!("time parse {parse_ms:.3} ms");
@@ -414,9 +415,10 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                     ),
                     output.as_deref(),
                 )?,
-                Emit::Dot => {
-                    emit_text(&fusebox_core::report::to_dot(&out.module), output.as_deref())?
-                }
+                Emit::Dot => emit_text(
+                    &fusebox_core::report::to_dot(&out.module),
+                    output.as_deref(),
+                )?,
             }
             if timings {
                 errln!("time parse {parse_ms:.3} ms");

@@ -3,8 +3,8 @@
 //!
 //! Contract:
 //!
-//! - Pipeline: import (ONNX) or parse (text) → optional pattern table (FuseOpsByPattern, as
-//!   `partition --patterns`) → FuseOps (opt level 2) → a `fusebox_cpu::Executor` on `main`
+//! - Pipeline: import (ONNX) or parse (text) → FoldBatchNorm → optional pattern table
+//!   (FuseOpsByPattern, as `partition --patterns`) → FuseOps (opt level 2) → a `fusebox_cpu::Executor` on `main`
 //!   (constants decoded in the warm-up run and reused; kernels on `FUSEBOX_THREADS` threads,
 //!   an invalid value being an error); or, with
 //!   `--config`, the config's backend pipeline (patterns of every backend, claims, compile),
@@ -223,7 +223,8 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
         return run_with_backends(&a, &module, &names, import_ms, pipeline);
     }
     let t = Instant::now();
-    let mut part = module.clone();
+    // Inference simplification (batch_norm folded into its conv), then the partition.
+    let mut part = fusebox_core::transform::fold_batch_norm(&module)?;
     if let Some(p) = &a.patterns {
         use fusebox_core::transform::{PartitionOptions, fuse_ops_by_pattern, sort_by_priority};
         let src = std::fs::read_to_string(p).map_err(|e| io_err(p, e))?;

@@ -211,7 +211,10 @@ fn show_o_saves_a_module_that_reads_back_and_runs_the_same() {
     let model = "tests/models/bert-dynamo/model.onnx";
     let saved = dir.join("bert.relax");
     let again = dir.join("again.relax");
-    for (input, output) in [(std::path::Path::new(model), &saved), (saved.as_path(), &again)] {
+    for (input, output) in [
+        (std::path::Path::new(model), &saved),
+        (saved.as_path(), &again),
+    ] {
         let out = fusebox()
             .arg("show")
             .arg(input)
@@ -219,7 +222,11 @@ fn show_o_saves_a_module_that_reads_back_and_runs_the_same() {
             .arg(output)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(out.stdout.is_empty());
     }
     assert_eq!(
@@ -255,12 +262,22 @@ fn show_o_saves_a_module_that_reads_back_and_runs_the_same() {
     // --emit json -o: the report to a file, nothing on stdout.
     let report = dir.join("report.json");
     let out = fusebox()
-        .args(["partition", "examples/small_cnn.relax", "--fuse-ops", "--emit", "json", "-o"])
+        .args([
+            "partition",
+            "examples/small_cnn.relax",
+            "--fuse-ops",
+            "--emit",
+            "json",
+            "-o",
+        ])
         .arg(&report)
         .output()
         .unwrap();
     assert!(out.status.success() && out.stdout.is_empty());
     let text = std::fs::read_to_string(&report).unwrap();
-    assert!(text.starts_with('{') && text.contains("fused_conv2d_add_relu"), "{text}");
+    assert!(
+        text.starts_with('{') && text.contains("fused_conv2d_add_relu"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,8 +10,9 @@
 //!    join it (`backend = "..."`, else the backend named by the codegen prefix), sorted stably by
 //!    priority (highest first); then the user patterns of no enabled backend. So: backend order,
 //!    then priority, then list order.
-//! 3. FuseOpsByPattern (`bind_constants`, `annotate_codegen`) → MergeCompositeFunctions if
-//!    `merge_composites` → FuseOps if `fuse_ops`.
+//! 3. FoldBatchNorm (inference simplification) → FuseOpsByPattern (`bind_constants`,
+//!    `annotate_codegen`) → MergeCompositeFunctions if `merge_composites` → FuseOps if
+//!    `fuse_ops`.
 //! 4. Every module function `main` calls is a unit of work. Each backend in order is asked to
 //!    claim it; the first that accepts compiles it; if compile fails, the next backend that
 //!    claims it is tried. Declines and failures are recorded with their reasons.
@@ -324,7 +325,10 @@ impl BackendPipeline {
             bind_constants: pc.bind_constants,
             annotate_codegen: pc.annotate_codegen,
         };
-        let out = fuse_ops_by_pattern(module, &self.patterns(), opts)?;
+        // Inference simplification first: batch_norm folded into the conv before it (or made
+        // an affine map), so patterns and FuseOps see conv → add → relu.
+        let simplified = crate::transform::fold_batch_norm(module)?;
+        let out = fuse_ops_by_pattern(&simplified, &self.patterns(), opts)?;
         let mut m = out.module;
         if pc.merge_composites {
             m = merge_composite_functions(&m)?;

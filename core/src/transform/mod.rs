@@ -2,6 +2,7 @@
 
 pub mod bind_params;
 pub mod dead_code_elimination;
+pub mod fold_batch_norm;
 pub mod fuse_ops;
 pub mod fuse_ops_by_pattern;
 pub mod merge_composite_functions;
@@ -9,6 +10,7 @@ pub mod pass;
 
 pub use bind_params::bind_params;
 pub use dead_code_elimination::dead_code_elimination;
+pub use fold_batch_norm::fold_batch_norm;
 pub use fuse_ops::fuse_ops;
 pub use fuse_ops_by_pattern::{
     FusionPattern, PartitionOptions, Partitioned, Rejection, annotate_codegen, fuse_ops_by_pattern,

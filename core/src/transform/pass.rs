@@ -105,6 +105,19 @@ impl Pass for DeadCodeElimination {
     }
 }
 
+/// [`fold_batch_norm`](super::fold_batch_norm) as a pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FoldBatchNorm;
+
+impl Pass for FoldBatchNorm {
+    fn name(&self) -> &str {
+        "fold_batch_norm"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::fold_batch_norm(m)
+    }
+}
+
 /// [`fuse_ops`](super::fuse_ops) as a pass.
 #[derive(Clone, Copy, Debug)]
 pub struct FuseOps {
