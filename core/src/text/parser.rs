@@ -1123,14 +1123,15 @@ impl<'a> Parser<'a> {
         let first = self.peek();
         let mut e = self.parse_expr(ctx)?;
         // A bare tuple, as TVM prints one bound to a var: `gv: R.Tuple(...) = lv4, lv9`.
+        // Its fields are leaves, as in a parenthesised tuple: a nested call gets a binding.
         if self.peek().kind == Tk::Comma {
-            let mut fields = vec![e];
+            let mut fields = vec![self.leafify(ctx, e)?];
             while self.peek().kind == Tk::Comma {
                 self.bump();
                 if self.peek().kind == Tk::Newline {
                     break;
                 }
-                fields.push(self.parse_expr(ctx)?);
+                fields.push(self.parse_arg(ctx)?);
             }
             e = self.add_expr(ctx, ExprKind::Tuple(fields), first)?;
         }

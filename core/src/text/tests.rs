@@ -805,6 +805,13 @@ fn a_bare_tuple_binding_parses_as_a_tuple() {
     let printed = print_module(&m).text;
     assert!(printed.contains("= (lv4, lv9)"), "{printed}");
     assert_eq!(print_module(&parse_ok(&printed)).text, printed);
+    // Fields that are calls become bindings, as in a parenthesised tuple, so printing is a
+    // fixed point (found by the parse_text fuzz target).
+    let nested = src.replace("= lv4, lv9", "= lv4, R.nn.relu(lv9)");
+    let m = parse_ok(&nested);
+    let printed = print_module(&m).text;
+    assert_eq!(print_module(&parse_ok(&printed)).text, printed);
+    assert!(printed.contains("R.nn.relu(lv9)\n"), "{printed}");
     // A trailing comma is a one-field tuple, as in Python.
     let one = src.replace("= lv4, lv9", "= lv4,").replace(
         &format!("R.Tuple({t}, {t}) = lv4,"),

@@ -259,9 +259,8 @@ fn fold_in(f: &mut Function) {
                 // The batch_norm's var now holds the scaled tensor.
                 let bn_var = &mut f.vars[s.bn];
                 bn_var.ty = x_ty.clone();
-                let (bn_expr, bn_dataflow) = (bn_var.expr, bn_var.dataflow);
+                let bn_expr = bn_var.expr;
                 f.exprs[bn_expr].ty = x_ty.clone();
-                let _ = bn_dataflow;
                 set_value(f, s.bn, mul);
                 bn_expr
             }
