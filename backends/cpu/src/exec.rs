@@ -937,4 +937,70 @@ mod tests {
         // x after `a`; `dead` right away (nothing reads it); a and b after `c`; c never.
         assert_eq!(names, vec![vec!["x"], vec!["dead"], vec![], vec!["a", "b"]]);
     }
+
+    /// conv2d → bias add → residual add → relu (a ResNet block's tail once FoldBatchNorm put
+    /// the batch_norm into the weights) runs as one fused chain, bit for bit what the bindings
+    /// give one by one (forced by a second use of the conv's result, which breaks the chain).
+    #[test]
+    fn a_conv_with_bias_and_residual_adds_fuses_bit_for_bit() {
+        let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+        let body = |extra: &str, ret: &str, ret_ty: &str| {
+            format!(
+                "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}, r: {x}) -> {ret_ty}:\n        with R.dataflow():\n            c = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])\n            d = R.add(c, b)\n            e = R.add(d, r)\n            g = R.nn.relu(e)\n{extra}            R.output({ret})\n        return {ret}\n",
+                x = t("1, 4, 6, 6"),
+                w = t("4, 4, 3, 3"),
+                b = t("1, 4, 1, 1"),
+            )
+        };
+        let fused =
+            parse_module_str(&body("", "g", &t("1, 4, 6, 6"))).unwrap_or_else(|e| panic!("{e}"));
+        let plain = parse_module_str(&body(
+            "            h = (g, c)\n",
+            "h",
+            &format!("R.Tuple({}, {})", t("1, 4, 6, 6"), t("1, 4, 6, 6")),
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let f = fused.get("main").unwrap_or_else(|| panic!("no main"));
+        let chains = crate::fuse::plan(&fused, f, &|_| true);
+        let links = chains
+            .first()
+            .and_then(|c| c.as_ref())
+            .map_or(0, |c| c.links.len());
+        assert_eq!(links, 3, "conv2d + add + add + relu is one chain");
+        let fp = plain.get("main").unwrap_or_else(|| panic!("no main"));
+        assert!(crate::fuse::plan(&plain, fp, &|_| true)[0].is_none());
+        let vals = |n: usize, k: u32| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2654435761).wrapping_add(k) % 1000) as f32 / 500.0
+                        - 1.0
+                })
+                .collect()
+        };
+        let tensor = |shape: Vec<usize>, k: u32| {
+            let n = shape.iter().product();
+            Value::Tensor(Tensor::from_f32(shape, vals(n, k)).unwrap_or_else(|e| panic!("{e}")))
+        };
+        let args = vec![
+            tensor(vec![1, 4, 6, 6], 1),
+            tensor(vec![4, 4, 3, 3], 2),
+            tensor(vec![1, 4, 1, 1], 3),
+            tensor(vec![1, 4, 6, 6], 4),
+        ];
+        let got = crate::run(&fused, "main", args.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let want = crate::run(&plain, "main", args).unwrap_or_else(|e| panic!("{e}"));
+        let Value::Tuple(items) = want else {
+            panic!("not a tuple")
+        };
+        let (Value::Tensor(a), Value::Tensor(b)) = (&got, &items[0]) else {
+            panic!("not tensors")
+        };
+        let bits = |t: &Tensor| {
+            t.to_f32_vec()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(a), bits(b));
+    }
 }

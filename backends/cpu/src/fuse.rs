@@ -2,7 +2,8 @@
 //! result is read only by the next binding, which is an inference `batch_norm` of it (then
 //! optionally a call of a function that is just `relu` of the first field of its one tuple
 //! parameter, as FuseOps makes of ONNX's Conv → BatchNormalization → Relu), or an `add` of it
-//! and another value (then optionally a `relu` of the sum, read only there), or a `relu` of
+//! and another value (a per-channel bias or a residual of the output's shape; up to two adds,
+//! then optionally a `relu` of the sum, read only there), or a `relu` of
 //! it; after a `batch_norm`, also a call of a function that is `relu(add(..))` of the
 //! `batch_norm`'s first field and a residual of the same shape (a ResNet block's tail as
 //! FuseOps outlines it); and runs such a chain as one [`crate::conv::conv2d_fused`] call with the other ops as
@@ -265,8 +266,15 @@ pub(crate) fn plan(
                             params: [*g, *be, *m, *v],
                         }
                     }
+                    // Up to two adds after the conv (or its batch_norm): a per-channel bias
+                    // and a residual, as FoldBatchNorm and FuseOps leave a ResNet block's tail.
                     Some((Op::Add, [p, q]))
-                        if conv && links.is_empty() && is_prev(p) != is_prev(q) =>
+                        if conv
+                            && links.len() < 2
+                            && links.iter().all(|l| {
+                                matches!(l, Link::Add { .. } | Link::BatchNorm { .. })
+                            })
+                            && is_prev(p) != is_prev(q) =>
                     {
                         Link::Add {
                             other: if is_prev(p) { *q } else { *p },
@@ -389,9 +397,17 @@ pub(crate) fn steps(
                     return None;
                 };
                 rest = tail;
-                Step::Bias {
-                    b: channel_bias(b, &shape)?,
-                    bias_first: !prev_first,
+                match channel_bias(b, &shape) {
+                    Some(b) => Step::Bias {
+                        b,
+                        bias_first: !prev_first,
+                    },
+                    // A residual: a tensor of the output's own shape.
+                    None if b.shape() == shape && b.as_f32().is_some() => Step::Residual {
+                        r: b.clone(),
+                        prev_first: *prev_first,
+                    },
+                    None => return None,
                 }
             }
             Link::Relu | Link::CallRelu | Link::CallAddRelu { .. } => Step::Relu,
