@@ -123,20 +123,41 @@ fn run_with_backends(
     }
     times.sort_by(f64::total_cmp);
     let run_ms = times[times.len() / 2];
+    finish(
+        a,
+        names,
+        out,
+        || ex.run(module, "main", args, None).map_err(rt),
+        [import_ms, compile_ms, run_ms],
+        &profile,
+    )
+}
+
+/// The end of both paths: the outputs staged, `--check` against the unpartitioned module's
+/// outputs (`unpartitioned`, run only when asked), the outputs moved into place, then the
+/// `--timings` lines (`[import, partition, run]` ms) and the `--profile` lines.
+fn finish(
+    a: &RunArgs,
+    names: &[String],
+    out: Value,
+    unpartitioned: impl FnOnce() -> Result<Value, Error>,
+    [import_ms, partition_ms, run_ms]: [f64; 3],
+    profile: &[CallProfile],
+) -> Result<(), Error> {
     let outs = flatten(out);
     let staged = stage_outputs(&a.output_dir, names, &outs)?;
     if a.check {
-        let want = flatten(ex.run(module, "main", args, None).map_err(rt)?);
+        let want = flatten(unpartitioned()?);
         compare_outputs(&want, &outs, names)?;
     }
     commit_outputs(staged, a.check)?;
     if a.timings {
         errln!("time import {import_ms:.3} ms");
-        errln!("time partition {compile_ms:.3} ms");
+        errln!("time partition {partition_ms:.3} ms");
         errln!("time compile 0.000 ms");
         errln!("time run {run_ms:.3} ms");
     }
-    print_profile(&profile);
+    print_profile(profile);
     Ok(())
 }
 
@@ -257,22 +278,14 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
     }
     times.sort_by(f64::total_cmp);
     let run_ms = times[times.len() / 2];
-
-    let outs = flatten(out);
-    let staged = stage_outputs(&a.output_dir, &names, &outs)?;
-    if a.check {
-        let want = flatten(ex.run(&module, "main", args, None).map_err(rt)?);
-        compare_outputs(&want, &outs, &names)?;
-    }
-    commit_outputs(staged, a.check)?;
-    if a.timings {
-        errln!("time import {import_ms:.3} ms");
-        errln!("time partition {partition_ms:.3} ms");
-        errln!("time compile 0.000 ms");
-        errln!("time run {run_ms:.3} ms");
-    }
-    print_profile(&profile);
-    Ok(())
+    finish(
+        &a,
+        &names,
+        out,
+        || ex.run(&module, "main", args, None).map_err(rt),
+        [import_ms, partition_ms, run_ms],
+        &profile,
+    )
 }
 
 /// Outputs staged in their directory (see [`fusebox::staging`]) with their summary lines.

@@ -108,14 +108,7 @@ pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Option<Stri
     }
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let ok = if a.is_nan() || b.is_nan() {
-            a.is_nan() && b.is_nan()
-        } else if a.is_infinite() || b.is_infinite() {
-            a == b
-        } else {
-            (a - b).abs() <= atol + rtol * b.abs()
-        };
-        if !ok {
+        if !fusebox::compare::close(*a, *b, atol + rtol * b.abs()) {
             return Some(format!("element {i}: {a} vs expected {b}"));
         }
     }

@@ -134,16 +134,11 @@ fn norm_index(i: i64, n: usize, what: &str) -> KResult<usize> {
     }
 }
 
-/// `gather_elements`: `out[p] = x[p with p[axis] = idx[p]]`.
-pub(crate) fn gather_elements(x: &Tensor, idx: &Tensor, axis: i64) -> KResult<Tensor> {
-    let r = x.rank();
-    if idx.rank() != r {
-        return Err(format!(
-            "expected indices of the data's rank {r}, found shape {:?}",
-            idx.shape()
-        ));
-    }
-    let ax = norm_axis(axis, r)?;
+/// For `gather_elements` / `scatter_elements` (indices of the data's rank): the flat offset in
+/// `x` of every position `p` of `idx` with `p[axis]` replaced by `idx[p]`, in row-major order
+/// of `p`; an index out of range, or indices larger than the data off the axis, are errors.
+fn element_offsets(x: &Tensor, idx: &Tensor, axis: i64) -> KResult<Vec<usize>> {
+    let ax = norm_axis(axis, x.rank())?;
     for (d, (&i, &n)) in idx.shape().iter().zip(x.shape()).enumerate() {
         if d != ax && i > n {
             return Err(format!(
@@ -156,20 +151,36 @@ pub(crate) fn gather_elements(x: &Tensor, idx: &Tensor, axis: i64) -> KResult<Te
     let iv = index_values(idx, "indices")?;
     let xs = strides(x.shape());
     let n = x.shape()[ax];
-    let mut src = Vec::with_capacity(iv.len());
+    let mut out = Vec::with_capacity(iv.len());
     let mut k = 0usize;
     for_each_index(idx.shape(), |p| {
         let j = norm_index(iv[k], n, "index")?;
         k += 1;
-        let off: usize = p
-            .iter()
-            .zip(&xs)
-            .enumerate()
-            .map(|(d, (&c, &s))| if d == ax { j * s } else { c * s })
-            .sum();
-        src.push(Some(off));
+        out.push(
+            p.iter()
+                .zip(&xs)
+                .enumerate()
+                .map(|(d, (&c, &s))| if d == ax { j * s } else { c * s })
+                .sum(),
+        );
         Ok(())
     })?;
+    Ok(out)
+}
+
+/// `gather_elements`: `out[p] = x[p with p[axis] = idx[p]]`.
+pub(crate) fn gather_elements(x: &Tensor, idx: &Tensor, axis: i64) -> KResult<Tensor> {
+    let r = x.rank();
+    if idx.rank() != r {
+        return Err(format!(
+            "expected indices of the data's rank {r}, found shape {:?}",
+            idx.shape()
+        ));
+    }
+    let src: Vec<Option<usize>> = element_offsets(x, idx, axis)?
+        .into_iter()
+        .map(Some)
+        .collect();
     gather_fill(x, idx.shape().to_vec(), &src, 0.0)
 }
 
@@ -296,33 +307,11 @@ pub(crate) fn scatter_elements(
             upd.shape()
         ));
     }
-    let ax = norm_axis(axis, rank)?;
-    for (d, (&i, &n)) in idx.shape().iter().zip(x.shape()).enumerate() {
-        if d != ax && i > n {
-            return Err(format!(
-                "indices {:?} are larger than the data {:?} on axis {d}",
-                idx.shape(),
-                x.shape()
-            ));
-        }
-    }
-    let iv = index_values(idx, "indices")?;
-    let xs = strides(x.shape());
-    let n = x.shape()[ax];
-    let mut pairs = Vec::with_capacity(iv.len());
-    let mut k = 0usize;
-    for_each_index(idx.shape(), |p| {
-        let j = norm_index(iv[k], n, "index")?;
-        let off: usize = p
-            .iter()
-            .zip(&xs)
-            .enumerate()
-            .map(|(d, (&c, &s))| if d == ax { j * s } else { c * s })
-            .sum();
-        pairs.push((off, k));
-        k += 1;
-        Ok(())
-    })?;
+    let pairs: Vec<(usize, usize)> = element_offsets(x, idx, axis)?
+        .into_iter()
+        .enumerate()
+        .map(|(k, off)| (off, k))
+        .collect();
     scatter_apply(x, upd, &pairs, r)
 }
 

@@ -184,24 +184,21 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
         )),
         Op::Softmax { axis } => t(reduce::softmax(tensor(args, 0)?, *axis, false)),
         Op::LogSoftmax { axis } => t(reduce::softmax(tensor(args, 0)?, *axis, true)),
-        Op::Sum(a) => t(reduce::reduce(
-            tensor(args, 0)?,
-            reduce::ReduceOp::Sum,
-            a.axis.as_deref(),
-            a.keepdims,
-        )),
-        Op::Mean(a) => t(reduce::reduce(
-            tensor(args, 0)?,
-            reduce::ReduceOp::Mean,
-            a.axis.as_deref(),
-            a.keepdims,
-        )),
-        Op::Max(a) => t(reduce::reduce(
-            tensor(args, 0)?,
-            reduce::ReduceOp::Max,
-            a.axis.as_deref(),
-            a.keepdims,
-        )),
+        Op::Sum(a) | Op::Mean(a) | Op::Max(a) | Op::Min(a) | Op::Prod(a) => {
+            let how = match op {
+                Op::Sum(_) => reduce::ReduceOp::Sum,
+                Op::Mean(_) => reduce::ReduceOp::Mean,
+                Op::Max(_) => reduce::ReduceOp::Max,
+                Op::Min(_) => reduce::ReduceOp::Min,
+                _ => reduce::ReduceOp::Prod,
+            };
+            t(reduce::reduce(
+                tensor(args, 0)?,
+                how,
+                a.axis.as_deref(),
+                a.keepdims,
+            ))
+        }
         Op::MaxPool2d(a) => t(nn::pool2d(tensor(args, 0)?, a, true)),
         Op::AvgPool2d(a) => t(nn::pool2d(tensor(args, 0)?, a, false)),
         Op::AdaptiveAvgPool2d(a) => t(nn::adaptive_avg_pool2d(tensor(args, 0)?, a)),
@@ -299,18 +296,6 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
         Op::Cumsum(a) => t(index::scan(tensor(args, 0)?, a, false)),
         Op::Cumprod(a) => t(index::scan(tensor(args, 0)?, a, true)),
         Op::Pad(a) => t(index::pad(tensor(args, 0)?, a)),
-        Op::Min(a) => t(reduce::reduce(
-            tensor(args, 0)?,
-            reduce::ReduceOp::Min,
-            a.axis.as_deref(),
-            a.keepdims,
-        )),
-        Op::Prod(a) => t(reduce::reduce(
-            tensor(args, 0)?,
-            reduce::ReduceOp::Prod,
-            a.axis.as_deref(),
-            a.keepdims,
-        )),
         Op::Argmax { axis, keepdims } => {
             t(search::arg_reduce(tensor(args, 0)?, *axis, *keepdims, true))
         }

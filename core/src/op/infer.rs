@@ -483,29 +483,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             }
             Ok(same(x))
         }
-        Op::Sum(a) | Op::Mean(a) | Op::Max(a) => {
-            let x = cx.tensor(0, "the input")?;
-            let Some(r) = x.rank() else {
-                return Ok(unknown(None, x.dtype));
-            };
-            let axes = match &a.axis {
-                Some(ax) => cx.axes(ax, r)?,
-                None => (0..r).collect(),
-            };
-            let Some(xd) = &x.dims else {
-                let nr = if a.keepdims { r } else { r - axes.len().min(r) };
-                return Ok(unknown(Some(nr), x.dtype));
-            };
-            let mut out = Vec::with_capacity(r);
-            for (i, d) in xd.iter().enumerate() {
-                if !axes.contains(&i) {
-                    out.push(d.clone());
-                } else if a.keepdims {
-                    out.push(Dim::Static(1));
-                }
-            }
-            Ok(known(out, x.dtype))
-        }
+        Op::Sum(a) | Op::Mean(a) | Op::Max(a) => reduce::reduce(&cx, a),
         Op::Reshape => infer_reshape(&cx),
         Op::PermuteDims { axes } => {
             let x = cx.tensor(0, "the input")?;

@@ -56,8 +56,9 @@ struct Site {
     bn: VarId,
     /// The input expression of the batch_norm.
     x: ExprId,
-    /// The conv2d binding to fold the scale into, with its data and weight.
-    conv: Option<(VarId, ExprId, Constant)>,
+    /// The conv2d binding to fold the scale into: its var, its value (the call), its data and
+    /// its weight.
+    conv: Option<(VarId, ExprId, ExprId, Constant)>,
     /// Per-channel scale and shift.
     scale: Vec<f64>,
     shift: Vec<f64>,
@@ -178,7 +179,7 @@ fn conv_to_fold(
     bn: VarId,
     axis: usize,
     c: usize,
-) -> Option<(VarId, ExprId, Constant)> {
+) -> Option<(VarId, ExprId, ExprId, Constant)> {
     let xv = f.as_var(x)?;
     let (_, value) = view.bound(xv)?;
     let ExprKind::Call {
@@ -202,7 +203,7 @@ fn conv_to_fold(
     if w.shape.len() != 4 || usize::try_from(w.shape[0]).ok()? != c {
         return None;
     }
-    Some((xv, args[0], w.clone()))
+    Some((xv, value, args[0], w.clone()))
 }
 
 fn fold_in(f: &mut Function) {
@@ -217,17 +218,14 @@ fn fold_in(f: &mut Function) {
         let x_ty = f.expr(s.x).ty.clone();
         // What `bn[0]` becomes the shift added to.
         let base = match &s.conv {
-            Some((xv, data, w)) => {
+            Some((xv, value, data, w)) => {
                 let per = w.numel() / c.max(1);
                 let folded =
                     (0..w.numel()).map(|i| w.get_f64(i).unwrap_or(0.0) * s.scale[i / per.max(1)]);
                 let Some(nw) = f32_constant(w.shape.clone(), folded) else {
                     continue;
                 };
-                let Some(binding) = f.bindings().find(|b| b.var == *xv).copied() else {
-                    continue;
-                };
-                let ExprKind::Call { callee, .. } = f.expr(binding.value).kind.clone() else {
+                let ExprKind::Call { callee, .. } = f.expr(*value).kind.clone() else {
                     continue;
                 };
                 let w_ty = nw.ty();

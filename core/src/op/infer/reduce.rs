@@ -17,7 +17,7 @@ use crate::ir::{DType, Dim, Type};
 use crate::op::einsum::EinsumSpec;
 use crate::op::{ReduceAttrs, TopkAttrs};
 
-/// `min` / `prod`: the input's dtype, reduced axes removed (or kept as 1s).
+/// `sum` / `mean` / `max` / `min` / `prod`: the input's dtype, reduced axes removed (or kept as 1s).
 pub(super) fn reduce(cx: &Cx<'_>, a: &ReduceAttrs) -> Result<Type, String> {
     let x = cx.tensor(0, "the input")?;
     let Some(r) = x.rank() else {
