@@ -237,6 +237,16 @@ pub(crate) struct FloatFn {
 /// Applies a float function elementwise (float dtypes only).
 pub(crate) fn unary_float(t: &Tensor, f: &FloatFn) -> KResult<Tensor> {
     let data = match t.storage() {
+        Storage::F32(v) if v.len() >= PAR_MIN => {
+            let mut out = vec![0.0f32; v.len()];
+            let n = crate::par::threads_for(v.len(), PAR_MIN / 2);
+            crate::par::for_each_chunk_mut(&mut out, v.len().div_ceil(n), n, |off, c| {
+                for (o, &x) in c.iter_mut().zip(&v[off..]) {
+                    *o = (f.f32)(x);
+                }
+            });
+            Storage::F32(out)
+        }
         Storage::F32(v) => Storage::F32(v.iter().map(|&x| (f.f32)(x)).collect()),
         Storage::F64(v) => Storage::F64(v.iter().map(|&x| (f.f64)(x)).collect()),
         Storage::F16(v) => Storage::F16(
@@ -267,41 +277,14 @@ fn sigmoid64(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// The error function, to about 1e-15 (a Taylor series below 3, a continued fraction for
-/// `erfc` above; `std`'s `erf` is not stable yet).
+/// The error function: musl's `erf` (through the `libm` crate), accurate to an ulp.
 pub(crate) fn erf64(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    let a = x.abs();
-    let r = if a < 3.0 {
-        // erf(x) = 2/sqrt(pi) * sum_n (-1)^n x^(2n+1) / (n! (2n+1))
-        let x2 = a * a;
-        let mut term = a;
-        let mut sum = a;
-        let mut n = 0.0f64;
-        loop {
-            n += 1.0;
-            term *= -x2 / n;
-            let t = term / (2.0 * n + 1.0);
-            sum += t;
-            if t.abs() < 1e-17 * sum.abs() || n > 200.0 {
-                break;
-            }
-        }
-        sum * std::f64::consts::FRAC_2_SQRT_PI
-    } else if a < 10.0 {
-        // erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))
-        let mut t = a;
-        for k in (1..=60).rev() {
-            t = a + f64::from(k) / 2.0 / t;
-        }
-        let erfc = (-a * a).exp() / (std::f64::consts::PI.sqrt() * t);
-        1.0 - erfc
-    } else {
-        1.0
-    };
-    if x < 0.0 { -r } else { r }
+    libm::erf(x)
+}
+
+/// GELU in `f32` with musl's `erff`, as onnxruntime computes it.
+fn gelu32(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 fn gelu64(x: f64) -> f64 {
@@ -346,11 +329,11 @@ pub(crate) fn float_fn(name: &str) -> Option<FloatFn> {
             f64: sigmoid64,
         },
         "erf" => FloatFn {
-            f32: |x| erf64(f64::from(x)) as f32,
+            f32: libm::erff,
             f64: erf64,
         },
         "gelu" => FloatFn {
-            f32: |x| gelu64(f64::from(x)) as f32,
+            f32: gelu32,
             f64: gelu64,
         },
         "gelu_tanh" => FloatFn {
