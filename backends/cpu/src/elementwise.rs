@@ -127,6 +127,12 @@ pub(crate) fn binary(op: BinOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
         (Storage::F32(x), Storage::F32(y)) if sa == sb && x.len() >= PAR_MIN => {
             Storage::F32(par_binary_f32(op, x, y))
         }
+        (Storage::F32(x), Storage::F32(y)) if repeats(sb, &shape) && sa == shape.as_slice() => {
+            Storage::F32(repeat_binary_f32(op, x, y, false))
+        }
+        (Storage::F32(x), Storage::F32(y)) if repeats(sa, &shape) && sb == shape.as_slice() => {
+            Storage::F32(repeat_binary_f32(op, y, x, true))
+        }
         (Storage::F32(x), Storage::F32(y)) => {
             Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op)))
         }
@@ -193,6 +199,59 @@ fn par_binary_f32(op: BinOp, x: &[f32], y: &[f32]) -> Vec<f32> {
         BinOp::Pow => run(x, y, f32::powf),
         BinOp::Max => run(x, y, f32::max),
         BinOp::Min => run(x, y, f32::min),
+    }
+}
+
+/// Whether an operand of shape `s` broadcast to `shape` is its data repeated whole: `s` is,
+/// after leading 1s, a suffix of `shape` (a bias vector over the last axis, a scalar, a
+/// per-row block), so element `i` of the result reads element `i % len` of it.
+fn repeats(s: &[usize], shape: &[usize]) -> bool {
+    let lead = s.iter().take_while(|&&d| d == 1).count();
+    shape.ends_with(&s[lead..])
+}
+
+/// `op(x[i], y[i % y.len()])` (`op(y[..], x[i])` when `swap`: the repeated operand is the
+/// left one) for `float32` data, in chunks on the kernel threads; the same arithmetic as the
+/// broadcasting path, element by element.
+fn repeat_binary_f32(op: BinOp, x: &[f32], y: &[f32], swap: bool) -> Vec<f32> {
+    fn run(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+        let t = crate::par::threads_for(x.len(), CHUNK * 2);
+        let mut out = crate::par::zeros_f32(x.len(), t);
+        if y.is_empty() {
+            return out;
+        }
+        crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
+            let xs = &x[off..off + c.len()];
+            let (mut i, mut j) = (0, off % y.len());
+            while i < c.len() {
+                let n = (y.len() - j).min(c.len() - i);
+                for ((d, &p), &q) in c[i..i + n].iter_mut().zip(&xs[i..i + n]).zip(&y[j..j + n]) {
+                    *d = f(p, q);
+                }
+                i += n;
+                j = 0;
+            }
+        });
+        out
+    }
+    macro_rules! go {
+        ($f:expr) => {{
+            let f = $f;
+            if swap {
+                run(x, y, |p, q| f(q, p))
+            } else {
+                run(x, y, f)
+            }
+        }};
+    }
+    match op {
+        BinOp::Add => go!(|a: f32, b: f32| a + b),
+        BinOp::Sub => go!(|a: f32, b: f32| a - b),
+        BinOp::Mul => go!(|a: f32, b: f32| a * b),
+        BinOp::Div => go!(|a: f32, b: f32| a / b),
+        BinOp::Pow => go!(f32::powf),
+        BinOp::Max => go!(f32::max),
+        BinOp::Min => go!(f32::min),
     }
 }
 
@@ -485,6 +544,44 @@ pub(crate) fn dropout(t: &Tensor) -> KResult<(Tensor, Tensor)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_operands_give_the_broadcasting_paths_bits() {
+        let ops = [
+            BinOp::Add,
+            BinOp::Sub,
+            BinOp::Mul,
+            BinOp::Div,
+            BinOp::Pow,
+            BinOp::Max,
+            BinOp::Min,
+        ];
+        // (full shape, repeated operand's shape); sizes past CHUNK cross chunk boundaries.
+        let cases: [(&[usize], &[usize]); 5] = [
+            (&[2, 3], &[3]),
+            (&[1, 128, 768], &[768]),
+            (&[4, 5, 7], &[1, 5, 7]),
+            (&[3, 9000], &[]),
+            (&[6], &[1, 1, 6]),
+        ];
+        for (full, rep) in cases {
+            let n: usize = full.iter().product();
+            let m: usize = rep.iter().product();
+            let x: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 17.0 - 2.5).collect();
+            let mut y: Vec<f32> = (0..m).map(|i| ((i * 53) % 89) as f32 / 13.0 - 3.0).collect();
+            y[0] = f32::NAN;
+            let shape = broadcast_shapes(full, rep).unwrap();
+            for op in ops {
+                let want = zip_broadcast(&x, full, &y, rep, &shape, f32_op(op));
+                let got = repeat_binary_f32(op, &x, &y, false);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{op:?} {full:?} by {rep:?}");
+                let want = zip_broadcast(&y, rep, &x, full, &shape, f32_op(op));
+                let got = repeat_binary_f32(op, &x, &y, true);
+                assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
+            }
+        }
+    }
 
     #[test]
     fn erf_matches_reference_values() {
