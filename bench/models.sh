@@ -64,7 +64,7 @@ for m in "${models[@]}"; do
     ratio="$(awk -v f="$fb" -v o="$ort" 'BEGIN {printf "%.3f", f / o}')"
     ratios+=("$ratio")
     echo "$m round $r: onnxruntime $ort ms, fusebox $fb ms, ratio $ratio"
-    if [ ${#prof[@]} -gt 0 ]; then grep '^profile' <<<"$log" | sort -t' ' -k6 -g -r | head -25; fi
+    if [ ${#prof[@]} -gt 0 ]; then grep '^profile' <<<"$log" | head -30; fi
   done
   med="$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END {
     m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
