@@ -380,5 +380,18 @@ mod tests {
         );
         let e = err("[partition]\nfuse_opt_level = 7\n");
         assert!(e.starts_with("c.toml:2:1: fuse_opt_level must be"), "{e}");
+        let e = err("[partition]\nsimplify = \"yes\"\n");
+        assert!(e.starts_with("c.toml:2:12: invalid type"), "{e}");
+        let e = err("[partition]\nsimplfy = false\n");
+        assert!(e.contains("`simplify`"), "{e}");
+    }
+
+    #[test]
+    fn simplify_defaults_to_true_and_can_be_turned_off() {
+        let on = Config::parse("target = \"cpu\"\n", "c.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert!(on.partition.simplify);
+        let off = Config::parse("[partition]\nsimplify = false\n", "c.toml")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!off.partition.simplify);
     }
 }

@@ -172,3 +172,54 @@ fn static_numel(f: &Function, var: crate::ir::VarId) -> Option<usize> {
         acc.checked_mul(usize::try_from(d.as_static()?).ok()?)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::{parse_module_str, print_module};
+    use std::sync::Mutex;
+
+    fn module() -> Module {
+        let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((2,), dtype=\"float32\")):\n        with R.dataflow():\n            a = R.add(R.const(1.0, \"float32\"), R.const(2.0, \"float32\"))\n            big = R.broadcast_to(R.const(1.0, \"float32\"), R.shape([2048]))\n            y = R.add(x, a)\n            R.output(y, big)\n        return (y, big)\n";
+        parse_module_str(src).unwrap_or_else(|e| unreachable!("{e}"))
+    }
+
+    #[test]
+    fn an_evaluator_error_leaves_the_call_and_large_fills_are_never_evaluated() {
+        let m = module();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let failing: Evaluator = Arc::new(move |op, _| {
+            if let Ok(mut l) = log.lock() {
+                l.push(op.name());
+            }
+            Err(crate::Error::Runtime("no kernels here".into()))
+        });
+        let out = fold_constant(&m, &failing).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(print_module(&out).text, print_module(&m).text);
+        // Only the small add was offered: the 2048-element broadcast of a scalar is over the
+        // size rule and is not evaluated at all.
+        let names = seen.lock().map(|l| l.clone()).unwrap_or_default();
+        assert_eq!(names, vec!["relax.add"]);
+    }
+
+    #[test]
+    fn a_folded_scalar_replaces_its_uses() {
+        let m = module();
+        let add: Evaluator = Arc::new(|op, args| match (op, args) {
+            (Op::Add, [Value::Tensor(a), Value::Tensor(b)]) => {
+                let v = a.to_f64_vec()[0] + b.to_f64_vec()[0];
+                Ok(Value::Tensor(Tensor::from_f32(vec![], vec![v as f32])?))
+            }
+            _ => Err(crate::Error::Runtime("unexpected".into())),
+        });
+        let out = fold_constant(&m, &add).unwrap_or_else(|e| unreachable!("{e}"));
+        let text = print_module(&out).text;
+        assert!(
+            text.contains("R.add(x, R.const(3.0, \"float32\"))"),
+            "{text}"
+        );
+        assert!(!text.contains(" a:"), "{text}");
+        assert!(text.contains("R.broadcast_to("), "{text}");
+    }
+}
