@@ -153,7 +153,7 @@ fn remove_in(f: &mut Function) -> bool {
                 let t = subst.resolve(f, *t);
                 f.as_var(t)
                     .and_then(|d| view.bound(d))
-                    .and_then(|(_, v)| Some(v))
+                    .map(|(_, v)| v)
                     .and_then(|v| match &f.expr(v).kind {
                         ExprKind::Call {
                             callee: Callee::Op(Op::Dropout { .. }),
