@@ -13,14 +13,19 @@
 //! config says `[partition] simplify = false`.
 //!
 //! ```text
-//! ; before                                         ; after
-//! w_t = R.permute_dims(W, axes=None)               y = R.matmul(x, W_t)          ; W_t * s
-//! y = R.matmul(x, w_t)                             z = R.add(y, t)
-//! bn = R.nn.batch_norm(y, g, b, m, v, axis=1)      r = R.nn.relu(z)
+//! ; before (W a [N, K] constant; g, b, m, v [N] constants)
+//! wt = R.permute_dims(W, axes=None)
+//! y = R.matmul(x, wt)
+//! bn = R.nn.batch_norm(y, g, b, m, v, axis=1, training=False)
 //! z = bn[0]
 //! d = R.nn.dropout(z, rate=0.1)
 //! e = d[0]
-//! r = R.nn.relu(R.astype(e, "float32"))
+//! c = R.astype(e, dtype="float32")                ; e is float32
+//! r = R.nn.relu(c)
+//! ; after
+//! y = R.matmul(x, metadata["relax.expr.Constant"][0])   ; W^T, column n scaled by s[n]
+//! z = R.add(y, metadata["relax.expr.Constant"][1])      ; t = b - m * s
+//! r = R.nn.relu(z)
 //! ```
 
 use super::fold_constant::Evaluator;
