@@ -3,7 +3,9 @@
 //!
 //! Contract:
 //!
-//! - Pipeline: import (ONNX) or parse (text) → FoldBatchNorm → optional pattern table
+//! - Pipeline: import (ONNX) or parse (text) → inference simplification
+//!   (`fusebox_core::transform::simplify_pipeline` with the CPU reference's constant
+//!   evaluator) → optional pattern table
 //!   (FuseOpsByPattern, as `partition --patterns`) → FuseOps (opt level 2) → a `fusebox_cpu::Executor` on `main`
 //!   (constants decoded in the warm-up run and reused; kernels on `FUSEBOX_THREADS` threads,
 //!   an invalid value being an error); or, with
@@ -297,8 +299,10 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
         return run_with_backends(&a, &module, &names, import_ms, pipeline);
     }
     let t = Instant::now();
-    // Inference simplification (batch_norm folded into its conv), then the partition.
-    let mut part = fusebox_core::transform::fold_batch_norm(&module)?;
+    // Inference simplification (constants folded, batch_norm folded into its conv, identities
+    // and exporter noise removed), then the partition.
+    let mut part =
+        fusebox_core::transform::simplify_for_inference(&module, Some(fusebox::const_evaluator()))?;
     if let Some(p) = &a.patterns {
         use fusebox_core::transform::{PartitionOptions, fuse_ops_by_pattern, sort_by_priority};
         let src = std::fs::read_to_string(p).map_err(|e| io_err(p, e))?;
