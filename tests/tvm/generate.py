@@ -62,8 +62,8 @@ RANDOM_CASES = 200
 
 # ------------------------------------------------------------------------------------------------
 # fusebox pattern text -> TVM DPL. The subset used here: `_`, `const`, `op(args)`, `op(args, ...)`,
-# `p | q`, `p[i]`, `(p, q)`, `name @ p` (the same name twice is the same pattern object, as
-# fusebox's "the same capture must bind the same value").
+# `p | q`, `p[i]`, `(p)`, `(p, q)`, `name @ p` and a later `name @ _` (the same pattern object
+# in TVM, as fusebox's "the same capture name must bind the same value").
 
 
 class PatternText:
@@ -108,9 +108,13 @@ class PatternText:
         save = self.i
         name = self.ident()
         if name is not None and name not in ("_", "const") and self.eat("@"):
-            p = self.postfix()
+            start = self.i
+            p = self.capture()
             if name in self.names:
-                raise ValueError(f"pattern {self.src!r}: capture {name} defined twice")
+                # fusebox: the same name twice binds the same value. TVM: the same object.
+                if self.src[start:self.i].strip() != "_":
+                    raise ValueError(f"pattern {self.src!r}: {name} reused with a non-`_` body")
+                return self.names[name]
             self.names[name] = p
             return p
         self.i = save
@@ -143,9 +147,7 @@ class PatternText:
         if name == "const":
             return is_const()
         if not self.eat("("):
-            if name in self.names:
-                return self.names[name]
-            raise ValueError(f"pattern {self.src!r}: unknown name {name}")
+            raise ValueError(f"pattern {self.src!r}: expected ( after {name}")
         args, varg = [], False
         if not self.eat(")"):
             while True:
@@ -464,7 +466,7 @@ for nm, b, pats in [
     ("split_tgi_add", split_add,
      [("cpu.split_add", "relax.add(relax.split(_)[0], _)")]),
     ("split_both_adds", split_add,
-     [("cpu.split_adds", "relax.add(s @ relax.split(_)[1], relax.add(s[0], _))")]),
+     [("cpu.split_adds", "relax.add((s @ relax.split(_))[1], relax.add((s @ _)[0], _))")]),
     ("split_three_relu", split_three, [("cpu.relu", "relax.nn.relu(_)")]),
     ("split_three_tgi_relu", split_three, [("cpu.tgi_relu", "relax.nn.relu(relax.split(_)[1])")]),
     ("concat_tuple_abs", concat_abs,
@@ -684,7 +686,7 @@ for nm, b, pats, kw in [
     ("dead_match", dead_match, [("cpu.relu", "relax.nn.relu(_)")], {}),
     ("duplicate_arg", duplicate_arg, [("cpu.add_relu", "relax.nn.relu(relax.add(_, _))")], {}),
     ("shared_capture", duplicate_arg,
-     [("cpu.self_add", "relax.nn.relu(relax.add(v @ _, v))")], {}),
+     [("cpu.self_add", "relax.nn.relu(relax.add(v @ _, v @ _))")], {}),
     ("scalar_const_bound", scalar_const,
      [("cpu.add_relu", "relax.nn.relu(relax.add(_, const))")], {}),
     ("scalar_const_lifted", scalar_const,
