@@ -26,6 +26,8 @@
 //!   regenerates the corpus into a temporary directory, checks that it is identical to the
 //!   committed one, and runs the comparison on it; otherwise it prints that the committed corpus
 //!   is used.
+//! - `FUSEBOX_TVM_DIFF_DUMP=DIR` writes fusebox's printed result of every compared case to
+//!   `DIR/<case>.fusebox.relax`, to read beside TVM's.
 
 #![allow(
     clippy::panic,
@@ -90,7 +92,68 @@ impl Reason {
 
 /// The deliberate differences: every case where fusebox's result differs from TVM's, with the
 /// reason. The test checks each entry's evidence and that the case still differs.
-const DELIBERATE: &[(&str, Reason)] = &[];
+const DELIBERATE: &[(&str, Reason, &str)] = &[
+    (
+        "cyclic_one_hop",
+        Reason::CycleTvmRaises,
+        "add(relu(_), _) over relu → gelu → add (TVM's test_cyclic_dependency)",
+    ),
+    (
+        "cyclic_two_hops",
+        Reason::CycleTvmMisses,
+        "relu → gelu → tanh → add: TVM emits gelu(a) before the call defining `a`",
+    ),
+    (
+        "random_148_plain",
+        Reason::CycleTvmRaises,
+        "cpu.grow's matches at v3, v5 and v7 each leave the group and come back (v0 → v1 → v2 → v3); TVM misses the first, raises on v5",
+    ),
+    (
+        "random_197_plain",
+        Reason::CycleTvmRaises,
+        "cpu.grow's match at out4 would enclose a path through v3",
+    ),
+    (
+        "partial_overlap_steal",
+        Reason::PartialOverlapSteal,
+        "relu(matmul) | add(matmul, _): TVM leaves a relu-only cpu.mm_act composite",
+    ),
+    (
+        "random_023_plain",
+        Reason::PartialOverlapSteal,
+        "the stolen matmul feeds back, so TVM then raises a cyclic dependency",
+    ),
+    (
+        "random_044_merged",
+        Reason::PartialOverlapSteal,
+        "TVM leaves an add-only cpu.mm_or composite, which MergeCompositeFunctions then merges",
+    ),
+    (
+        "random_065_merged",
+        Reason::PartialOverlapSteal,
+        "TVM's MergeCompositeFunctions then fails an internal check (memo_.count) on the result",
+    ),
+    (
+        "random_085_plain",
+        Reason::PartialOverlapSteal,
+        "the stolen matmul feeds back, so TVM then raises a cyclic dependency",
+    ),
+    (
+        "random_103_plain",
+        Reason::PartialOverlapSteal,
+        "TVM leaves an add-only cpu.mm_or composite",
+    ),
+    (
+        "random_130_annotated",
+        Reason::PartialOverlapSteal,
+        "two gelus of one add: TVM leaves a gelu-only cpu.add_gelu composite",
+    ),
+    (
+        "dead_match",
+        Reason::DeadMatch,
+        "relu(x) bound to an unused var: TVM deletes it",
+    ),
+];
 
 /// A partitioning flow.
 #[derive(Clone, Debug, PartialEq)]
@@ -324,7 +387,11 @@ fn describe(f: &Function, e: ExprId, index: &BTreeMap<u32, usize>) -> String {
     match &f.expr(e).kind {
         ExprKind::Var(v) => {
             if let Some(p) = f.params.iter().position(|p| p == v) {
-                format!("${}", f.var(f.params[p]).name)
+                if is_entry(f) {
+                    format!("${}", f.var(f.params[p]).name)
+                } else {
+                    format!("${p}")
+                }
             } else if let Some(i) = index.get(&v.as_u32()) {
                 format!("%{i}")
             } else {
@@ -397,9 +464,13 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
         if f.is_private() { " private" } else { "" },
         attrs.join(", ")
     );
-    for p in &f.params {
+    for (i, p) in f.params.iter().enumerate() {
         let v = f.var(*p);
-        let _ = writeln!(out, "{indent}  param {}: {}", v.name, brief(&v.ty));
+        if is_entry(f) {
+            let _ = writeln!(out, "{indent}  param {}: {}", v.name, brief(&v.ty));
+        } else {
+            let _ = writeln!(out, "{indent}  param ${i}: {}", brief(&v.ty));
+        }
     }
     let mut index = BTreeMap::new();
     let mut i = 0;
@@ -437,6 +508,15 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
             brief(&f.ret_ty)
         );
     }
+}
+
+/// Whether `f` is a function the user wrote (not one a pass made): its params keep their
+/// names in the summary. The params of the functions a pass made are named after the caller's
+/// arguments, and TVM's names there are its internal ones (every var a pass emits is `lv`, the
+/// printer numbers them) while fusebox's are the printed ones, so they are compared by
+/// position and type; the caller's arguments say what each one is.
+fn is_entry(f: &Function) -> bool {
+    f.attrs.composite.is_none() && f.attrs.codegen.is_none() && !f.attrs.is_primitive()
 }
 
 /// The normalised structural summary of a module: its functions in name order.
@@ -530,12 +610,30 @@ fn compare(case: &Case) -> Outcome {
         Err(e) => return Outcome::Broken(e),
     };
     let evidence = evidence(case, &input, &mine, &rejections);
+    let mut rejected = String::new();
+    for r in &rejections {
+        let _ = writeln!(
+            rejected,
+            "  fusebox rejected {} at {}: {}",
+            r.pattern, r.at, r.reason
+        );
+    }
     let Some(tvm_text) = &case.tvm else {
         return Outcome::Differ {
             evidence,
-            detail: format!("TVM raised: {}", case.tvm_error.as_deref().unwrap_or("?")),
+            detail: format!(
+                "TVM raised: {}\n{rejected}",
+                case.tvm_error.as_deref().unwrap_or("?")
+            ),
         };
     };
+    if let Some(why) = &case.tvm_ill_formed {
+        // Not read: fusebox rejects ill-formed IR (`corpus_round_trips` checks that it does).
+        return Outcome::Differ {
+            evidence,
+            detail: format!("TVM's output is ill-formed: {why}\n{rejected}"),
+        };
+    }
     let tvm = match parse(tvm_text, &format!("{}: tvm", case.name)) {
         Ok(m) => m,
         Err(e) => return Outcome::Broken(format!("TVM's output {e}")),
@@ -543,6 +641,14 @@ fn compare(case: &Case) -> Outcome {
     // fusebox's result is compared as printed and read back, as TVM's is: the printer's
     // renaming of shadowed names (`x` → `x_1` in a local function) then applies to both.
     let mine_printed = text::print_module(&mine).text;
+    if let Some(dir) = std::env::var_os("FUSEBOX_TVM_DIFF_DUMP") {
+        // For a reader: fusebox's printed result beside TVM's, per case.
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(
+            Path::new(&dir).join(format!("{}.fusebox.relax", case.name)),
+            &mine_printed,
+        );
+    }
     let mine = match parse(&mine_printed, &format!("{}: fusebox", case.name)) {
         Ok(m) => m,
         Err(e) => return Outcome::Broken(format!("fusebox's printed result {e}")),
@@ -556,13 +662,7 @@ fn compare(case: &Case) -> Outcome {
         .unified_diff()
         .header("tvm", "fusebox")
         .to_string();
-    for r in &rejections {
-        let _ = writeln!(
-            detail,
-            "  fusebox rejected {} at {}: {}",
-            r.pattern, r.at, r.reason
-        );
-    }
+    detail.push_str(&rejected);
     Outcome::Differ { evidence, detail }
 }
 
@@ -585,8 +685,8 @@ fn check_corpus(dir: &Path) -> (String, Vec<String>) {
         compared += 1;
         let listed = DELIBERATE
             .iter()
-            .find(|(n, _)| *n == case.name)
-            .map(|(_, r)| *r);
+            .find(|(n, _, _)| *n == case.name)
+            .map(|(_, r, _)| *r);
         match (compare(case), listed) {
             (Outcome::Agree { exact: e }, None) => {
                 agree += 1;
@@ -612,7 +712,7 @@ fn check_corpus(dir: &Path) -> (String, Vec<String>) {
             (Outcome::Broken(e), _) => failures.push(format!("{}: {e}", case.name)),
         }
     }
-    for (name, _) in DELIBERATE {
+    for (name, _, _) in DELIBERATE {
         if !cases.iter().any(|c| c.name == *name) {
             failures.push(format!(
                 "DELIBERATE names `{name}`, which is not in the corpus"
@@ -630,7 +730,11 @@ fn check_corpus(dir: &Path) -> (String, Vec<String>) {
         pending.values().map(Vec::len).sum::<usize>()
     );
     for (name, r) in &deliberate {
-        let _ = writeln!(report, "  deliberate: {name}: {}", r.describe());
+        let note = DELIBERATE
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map_or("", |(_, _, note)| *note);
+        let _ = writeln!(report, "  deliberate: {name}: {} ({note})", r.describe());
     }
     for (gap, names) in &pending {
         let _ = writeln!(
@@ -671,10 +775,22 @@ fn corpus_round_trips() {
     let mut modules = 0;
     let mut pending_now_parse = Vec::new();
     let mut pending_fail = 0;
+    let mut ill_formed_rejected = 0;
     for case in &cases {
         let mut texts = vec![("input", case.input.as_str())];
         if let Some(t) = &case.tvm {
-            texts.push(("tvm", t.as_str()));
+            if case.tvm_ill_formed.is_some() {
+                // TVM's own well_formed rejects it: fusebox must not accept it either.
+                match parse(t, &format!("{} (tvm)", case.name)) {
+                    Ok(_) => failures.push(format!(
+                        "{}: TVM's ill-formed output parses and verifies in fusebox",
+                        case.name
+                    )),
+                    Err(_) => ill_formed_rejected += 1,
+                }
+            } else {
+                texts.push(("tvm", t.as_str()));
+            }
         }
         let mut ok = true;
         for (what, src) in texts {
@@ -697,7 +813,7 @@ fn corpus_round_trips() {
         }
     }
     println!(
-        "tvm_diff round trip: {modules} modules parse, verify and are a fixed point of show -o → show; {pending_fail} pending case(s) still fail"
+        "tvm_diff round trip: {modules} modules parse, verify and are a fixed point of show -o → show; {ill_formed_rejected} ill-formed TVM output(s) rejected; {pending_fail} pending case(s) still fail"
     );
     if !pending_now_parse.is_empty() {
         println!(
