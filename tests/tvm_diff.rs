@@ -27,7 +27,8 @@
 //!   committed one, and runs the comparison on it; otherwise it prints that the committed corpus
 //!   is used.
 //! - `FUSEBOX_TVM_DIFF_DUMP=DIR` writes fusebox's printed result of every compared case to
-//!   `DIR/<case>.fusebox.relax`, to read beside TVM's.
+//!   `DIR/<case>.fusebox.relax` and TVM's output as fusebox prints it to `DIR/<case>.tvm.relax`,
+//!   to diff.
 
 #![allow(
     clippy::panic,
@@ -653,6 +654,12 @@ fn compare(case: &Case) -> Outcome {
         Ok(m) => m,
         Err(e) => return Outcome::Broken(format!("fusebox's printed result {e}")),
     };
+    if let Some(dir) = std::env::var_os("FUSEBOX_TVM_DIFF_DUMP") {
+        let _ = std::fs::write(
+            Path::new(&dir).join(format!("{}.tvm.relax", case.name)),
+            text::print_module(&tvm).text,
+        );
+    }
     let (a, b) = (summary(&tvm), summary(&mine));
     if a == b {
         let exact = text::print_module(&tvm).text == mine_printed;
