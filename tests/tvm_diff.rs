@@ -72,6 +72,10 @@ enum Reason {
     /// A match whose result nobody uses: TVM deletes its bindings ("dead codes"); fusebox
     /// never drops an op.
     DeadMatch,
+    /// MergeCompositeFunctions on a module with several entry functions: TVM groups only
+    /// `main` and then fails an internal check on the other functions' vars; fusebox merges
+    /// the composites of every entry function.
+    MergeOnlyMain,
 }
 
 impl Reason {
@@ -87,6 +91,9 @@ impl Reason {
                 "partial overlap within one pattern: TVM steals an interior node, fusebox drops the later match"
             }
             Reason::DeadMatch => "dead match: TVM deletes the unused group, fusebox keeps every op",
+            Reason::MergeOnlyMain => {
+                "MergeCompositeFunctions with several entry functions: TVM fails outside main, fusebox merges in each"
+            }
         }
     }
 }
@@ -153,6 +160,11 @@ const DELIBERATE: &[(&str, Reason, &str)] = &[
         "dead_match",
         Reason::DeadMatch,
         "relu(x) bound to an unused var: TVM deletes it",
+    ),
+    (
+        "two_functions_merged",
+        Reason::MergeOnlyMain,
+        "main and main2: TVM raises `Variable lv2 could not be found in any group`",
     ),
 ];
 
@@ -591,6 +603,11 @@ fn evidence(case: &Case, input: &Module, mine: &Module, rejections: &[Rejection]
         .any(|x| x.reason.contains("without containing all of it"))
     {
         r.push(Reason::PartialOverlapSteal);
+    }
+    let merge = matches!(case.flow, Flow::Fobp { merge: true, .. });
+    let entries = input.functions.values().filter(|f| is_entry(f)).count();
+    if merge && entries > 1 && case.tvm_error.is_some() {
+        r.push(Reason::MergeOnlyMain);
     }
     if let Some(tvm) = case.tvm.as_deref().and_then(|t| parse(t, "tvm").ok())
         && op_calls(&tvm) < op_calls(input)

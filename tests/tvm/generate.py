@@ -6,7 +6,8 @@ itself, and the module TVM prints afterwards. Each case is written to
 `tests/tvm/cases/<name>.case`:
 
     # case: <name>
-    # group: <seed | mlp | residual | split_tuple | multi_output | tvm_tests | random | pending>
+    # group: <seed | mlp | residual | split_tuple | multi_output | tvm_tests | multi_function |
+    #         random | pending>
     # flow: fuse_ops_by_pattern | cublas | cutlass
     # pattern: NAME = TEXT              (fuse_ops_by_pattern: in priority order; the text is
     # pattern+leakcheck: NAME = TEXT     fusebox's pattern syntax, translated to TVM's DPL here)
@@ -710,6 +711,31 @@ for nm, b in [("var_alias", var_alias), ("shared_transpose", shared_transpose),
               ("matmul_power", matmul_power)]:
     case(f"{nm}_cublas", "tvm_tests", b, "cublas")
     case(f"{nm}_cutlass", "tvm_tests", b, "cutlass")
+
+# --- several entry functions ---------------------------------------------------------------------
+
+
+def two_functions():
+    """main and main2, each conv2d -> relu with the same shapes (TVM's
+    test_multiple_entries_multiple_calls_same_extern): the composites are shared."""
+    bb = relax.BlockBuilder()
+    for fname in ["main", "main2"]:
+        x = relax.Var("x", T((1, 8, 8, 8)))
+        w = relax.Var("w", T((8, 8, 3, 3)))
+        with bb.function(fname, [x, w]):
+            with bb.dataflow():
+                c = bb.emit(conv(x, w), "c")
+                r = bb.emit(R.nn.relu(c), "r")
+                c2 = bb.emit(conv(r, w), "c2")
+                y = bb.emit_output(R.nn.relu(c2), "y")
+            bb.emit_func_output(y)
+    return bb.get()
+
+
+for mode, kw in [("plain", {}), ("annotated", {"annotate_codegen": True}),
+                 ("merged", {"merge": True})]:
+    case(f"two_functions_{mode}", "multi_function", two_functions, "fuse_ops_by_pattern",
+         [("cpu.conv", "relax.nn.conv2d(_, _)"), ("cpu.relu", "relax.nn.relu(_)")], **kw)
 
 # --- pending: fusebox gaps another helper is closing ---------------------------------------------
 
