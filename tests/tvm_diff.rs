@@ -39,7 +39,9 @@
 
 use fusebox_core::ir::infer::brief;
 use fusebox_core::ir::verify::verify;
-use fusebox_core::ir::{Callee, ExprId, ExprKind, Function, Module, PrimValue};
+use fusebox_core::ir::{
+    Callee, Dim, ExprId, ExprKind, Function, Module, PrimValue, Sym, TensorType, Type,
+};
 use fusebox_core::pattern::check::NoLeakingIntermediates;
 use fusebox_core::text::{self, ConstTable};
 use fusebox_core::transform::{
@@ -453,7 +455,50 @@ fn op_attrs(op: &fusebox_core::op::Op) -> String {
     }
 }
 
+/// A type with its symbolic dims renamed `s0`, `s1`, … in order of first appearance in the
+/// function (`names`): symbolic vars are the function's own, and TVM's printer names the fresh
+/// ones of a nested function `n_1` where fusebox keeps `n`.
+fn canon(t: &Type, names: &mut Vec<Sym>) -> String {
+    brief(&rename_type(t, names))
+}
+
+fn rename_dim(d: &Dim, names: &mut Vec<Sym>) -> Dim {
+    match d {
+        Dim::Static(_) => d.clone(),
+        Dim::Sym(s) => {
+            let i = names.iter().position(|n| n == s).unwrap_or_else(|| {
+                names.push(s.clone());
+                names.len() - 1
+            });
+            Dim::sym(&format!("s{i}"))
+        }
+        Dim::Expr(e) => Dim::binary(e.0, rename_dim(&e.1, names), rename_dim(&e.2, names)),
+    }
+}
+
+fn rename_type(t: &Type, names: &mut Vec<Sym>) -> Type {
+    match t {
+        Type::Tensor(tt) => Type::Tensor(TensorType {
+            dims: tt
+                .dims
+                .as_ref()
+                .map(|ds| ds.iter().map(|d| rename_dim(d, names)).collect()),
+            ndim: tt.ndim,
+            dtype: tt.dtype,
+        }),
+        Type::Shape { dims, ndim } => Type::Shape {
+            dims: dims
+                .as_ref()
+                .map(|ds| ds.iter().map(|d| rename_dim(d, names)).collect()),
+            ndim: *ndim,
+        },
+        Type::Tuple(ts) => Type::Tuple(ts.iter().map(|t| rename_type(t, names)).collect()),
+        other => other.clone(),
+    }
+}
+
 fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) {
+    let mut syms: Vec<Sym> = Vec::new();
     let a = &f.attrs;
     let mut attrs = Vec::new();
     if let Some(c) = &a.composite {
@@ -480,9 +525,14 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
     for (i, p) in f.params.iter().enumerate() {
         let v = f.var(*p);
         if is_entry(f) {
-            let _ = writeln!(out, "{indent}  param {}: {}", v.name, brief(&v.ty));
+            let _ = writeln!(
+                out,
+                "{indent}  param {}: {}",
+                v.name,
+                canon(&v.ty, &mut syms)
+            );
         } else {
-            let _ = writeln!(out, "{indent}  param ${i}: {}", brief(&v.ty));
+            let _ = writeln!(out, "{indent}  param ${i}: {}", canon(&v.ty, &mut syms));
         }
     }
     let mut index = BTreeMap::new();
@@ -506,7 +556,7 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
                     "{indent}    %{i}{} = {} : {}",
                     if var.dataflow { "" } else { " (out)" },
                     describe(f, b.value, &index),
-                    brief(&var.ty)
+                    canon(&var.ty, &mut syms)
                 );
             }
             index.insert(b.var.as_u32(), i);
@@ -518,7 +568,7 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
             out,
             "{indent}  return {} : {}",
             describe(f, r, &index),
-            brief(&f.ret_ty)
+            canon(&f.ret_ty, &mut syms)
         );
     }
 }

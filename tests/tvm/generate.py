@@ -6,7 +6,7 @@ itself, and the module TVM prints afterwards. Each case is written to
 `tests/tvm/cases/<name>.case`:
 
     # case: <name>
-    # group: <seed | mlp | residual | split_tuple | multi_output | tvm_tests | multi_function |
+    # group: <seed | mlp | residual | split_tuple | multi_output | tvm_tests | symbolic | multi_function |
     #         random | pending>
     # flow: fuse_ops_by_pattern | cublas | cutlass
     # pattern: NAME = TEXT              (fuse_ops_by_pattern: in priority order; the text is
@@ -711,6 +711,33 @@ for nm, b in [("var_alias", var_alias), ("shared_transpose", shared_transpose),
               ("matmul_power", matmul_power)]:
     case(f"{nm}_cublas", "tvm_tests", b, "cublas")
     case(f"{nm}_cutlass", "tvm_tests", b, "cutlass")
+
+# --- symbolic shapes ----------------------------------------------------------------------------
+
+
+def symbolic_mlp(dtype):
+    """x: (n, 32) with a symbolic n; composites get fresh symbolic vars (TVM's
+    test_matmul_symbolic_var)."""
+    n = tvm.tirx.Var("n", "int64") if hasattr(tvm, "tirx") else tvm.tir.Var("n", "int64")
+
+    def body(bb, x, w1, b1, w2):
+        m = bb.emit(R.matmul(x, w1), "m")
+        a = bb.emit(R.add(m, b1), "a")
+        r = bb.emit(R.nn.relu(a), "r")
+        wt = bb.emit(R.permute_dims(w2), "wt")
+        return bb.emit_output(R.matmul(r, wt), "y")
+    return module([("x", (n, 32)), ("w1", (32, 64)), ("b1", (64,)), ("w2", (16, 64))], body, dtype)
+
+
+for dtype in ["float16", "float32"]:
+    b = (lambda d=dtype: symbolic_mlp(d))
+    case(f"symbolic_mlp_{dtype[5:]}_cublas", "symbolic", b, "cublas")
+    case(f"symbolic_mlp_{dtype[5:]}_cutlass", "symbolic", b, "cutlass")
+case("symbolic_mlp_fobp", "symbolic", lambda: symbolic_mlp("float32"), "fuse_ops_by_pattern",
+     MLP_PATTERNS + [("cpu.mm_t", "relax.matmul(_, relax.permute_dims(_))")])
+case("symbolic_mlp_fobp_merged", "symbolic", lambda: symbolic_mlp("float32"),
+     "fuse_ops_by_pattern", MLP_PATTERNS + [("cpu.mm_t", "relax.matmul(_, relax.permute_dims(_))")],
+     merge=True)
 
 # --- several entry functions ---------------------------------------------------------------------
 
