@@ -45,6 +45,7 @@
 //! ```
 
 pub mod artifact;
+pub mod attention;
 pub mod backend;
 pub mod error;
 pub mod generator;
