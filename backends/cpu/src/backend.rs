@@ -54,7 +54,7 @@ impl Backend for CpuBackend {
         "cpu"
     }
     fn patterns(&self) -> Vec<FusionPattern> {
-        Vec::new()
+        transformer_patterns().to_vec()
     }
     fn claim(&self, _c: &Candidate<'_>) -> Claim {
         Claim::Accept
@@ -66,6 +66,22 @@ impl Backend for CpuBackend {
             exec: crate::Executor::new(),
         }))
     }
+}
+
+/// The transformer pattern table the backend ships, as TOML in the `[[pattern]]` syntax users
+/// write (so it can be copied into a config).
+pub const TRANSFORMER_PATTERNS: &str = include_str!("../patterns/transformer.toml");
+
+/// [`TRANSFORMER_PATTERNS`], parsed once; empty if it failed to parse (a test asserts it parses).
+pub fn transformer_patterns() -> &'static [FusionPattern] {
+    static TABLE: std::sync::OnceLock<Vec<FusionPattern>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        fusebox_core::pattern_table::parse_pattern_table(
+            TRANSFORMER_PATTERNS,
+            "backends/cpu/patterns/transformer.toml",
+        )
+        .unwrap_or_default()
+    })
 }
 
 /// A function run by the interpreter.

@@ -43,7 +43,9 @@
 
 #![forbid(unsafe_code)]
 
+mod attention;
 pub mod backend;
+mod composite;
 mod conv;
 mod conv_transpose;
 mod einsum;
@@ -58,12 +60,15 @@ mod kernels;
 mod layout;
 mod matmul;
 mod nn;
+mod norm;
 pub mod par;
 mod reduce;
 mod search;
 mod simd;
 mod util;
 mod winograd;
+#[cfg(test)]
+mod xformer_tests;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};
