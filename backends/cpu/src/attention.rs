@@ -5,7 +5,7 @@
 //! transposed, as the exporters' graphs have them) and `v: [..., T, Dv]`,
 //!
 //! ```text
-//! p   = softmax(scale_q(q) @ scale_k(kt) + mask, axis=-1)      (mask: broadcast to [..., S, T])
+//! p   = softmax(scale_q(q) @ scale_k(kt) + m1 + m2 …, axis=-1)  (masks: broadcast to [..., S, T])
 //! out = (nan_guard ? where(isnan(p), 0, p) : p) @ v             [..., S, Dv]
 //! ```
 //!
@@ -102,7 +102,7 @@ pub(crate) fn attention(
     q: &fusebox_core::runtime::Tensor,
     kt: &fusebox_core::runtime::Tensor,
     v: &fusebox_core::runtime::Tensor,
-    mask: Option<&fusebox_core::runtime::Tensor>,
+    masks: &[&fusebox_core::runtime::Tensor],
     spec: &AttnSpec,
 ) -> Result<Option<fusebox_core::runtime::Tensor>, String> {
     let (Some(qd), Some(kd), Some(vd)) = (q.as_f32(), kt.as_f32(), v.as_f32()) else {
@@ -139,37 +139,34 @@ pub(crate) fn attention(
     // The mask, broadcast to [batch.., S, T]: per-batch offset and row/column strides.
     let mut score_shape = bq.to_vec();
     score_shape.extend([s, t]);
-    let mask_data = match mask {
-        Some(m) => {
-            let Some(md) = m.as_f32() else {
-                return Ok(None);
-            };
-            if m.rank() > score_shape.len()
-                || broadcast_shapes(m.shape(), &score_shape).ok().as_deref() != Some(&score_shape)
-            {
-                return Ok(None);
-            }
-            let st = broadcast_strides(m.shape(), &score_shape);
-            let rs = st[r - 2];
-            let cs = st[r - 1];
-            // Per batch index: the offset of [b, 0, 0].
-            let mut offs = Vec::with_capacity(nb);
-            let mut idx = vec![0usize; r - 2];
-            for _ in 0..nb {
-                let o: isize = idx.iter().zip(&st).map(|(&i, &x)| i as isize * x).sum();
-                offs.push(o);
-                for k in (0..r - 2).rev() {
-                    idx[k] += 1;
-                    if idx[k] < bq[k] {
-                        break;
-                    }
-                    idx[k] = 0;
-                }
-            }
-            Some((md, offs, rs, cs))
+    let mut mask_data = Vec::with_capacity(masks.len());
+    for m in masks {
+        let Some(md) = m.as_f32() else {
+            return Ok(None);
+        };
+        if m.rank() > score_shape.len()
+            || broadcast_shapes(m.shape(), &score_shape).ok().as_deref() != Some(&score_shape)
+        {
+            return Ok(None);
         }
-        None => None,
-    };
+        let st = broadcast_strides(m.shape(), &score_shape);
+        let (rs, cs) = (st[r - 2], st[r - 1]);
+        // Per batch index: the offset of [b, 0, 0].
+        let mut offs = Vec::with_capacity(nb);
+        let mut idx = vec![0usize; r - 2];
+        for _ in 0..nb {
+            let o: isize = idx.iter().zip(&st).map(|(&i, &x)| i as isize * x).sum();
+            offs.push(o);
+            for k in (0..r - 2).rev() {
+                idx[k] += 1;
+                if idx[k] < bq[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        mask_data.push((md, offs, rs, cs));
+    }
     let n_out = nb
         .checked_mul(s)
         .and_then(|x| x.checked_mul(dv))
@@ -190,8 +187,11 @@ pub(crate) fn attention(
         let qb = &qd[q_off[b] + i0 * d..q_off[b] + (i0 + rows) * d];
         let kb = &kd[k_off[b]..k_off[b] + d * t];
         let vb = &vd[v_off[b]..v_off[b] + t * dv];
-        let mask_rows = mask_data.as_ref().map(|(md, offs, rs, cs)| (*md, offs[b], *rs, *cs));
-        block(qb, kb, vb, mask_rows, spec, (i0, rows, s, t, d, dv), o);
+        let mask_rows: Vec<Mask<'_>> = mask_data
+            .iter()
+            .map(|(md, offs, rs, cs)| (*md, offs[b], *rs, *cs))
+            .collect();
+        block(qb, kb, vb, &mask_rows, spec, (i0, rows, s, t, d, dv), o);
         Ok(())
     });
     debug_assert!(res.is_ok());
@@ -202,13 +202,16 @@ pub(crate) fn attention(
         .map_err(|e| e.to_string())
 }
 
+/// A mask's data, the offset of this batch index's `[0, 0]`, and its row and column strides.
+type Mask<'a> = (&'a [f32], isize, isize, isize);
+
 /// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`.
 #[allow(clippy::too_many_arguments)]
 fn block(
     q: &[f32],
     kt: &[f32],
     v: &[f32],
-    mask: Option<(&[f32], isize, isize, isize)>,
+    masks: &[Mask<'_>],
     spec: &AttnSpec,
     (i0, rows, s, t, d, dv): (usize, usize, usize, usize, usize, usize),
     out: &mut [f32],
@@ -242,7 +245,7 @@ fn block(
                     *x += qv * k;
                 }
             }
-            if let Some((md, off, rs, cs)) = mask {
+            for &(md, off, rs, cs) in masks {
                 let base = off + i as isize * rs + j0 as isize * cs;
                 for (jj, x) in sc.iter_mut().enumerate() {
                     *x += md[(base + jj as isize * cs) as usize];

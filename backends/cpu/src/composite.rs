@@ -45,12 +45,13 @@ pub(crate) enum Leaf {
 /// What a recognised composite computes.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Plan {
-    /// `matmul(softmax(matmul(q·s, kᵀ·s) [+ mask]) [NaN → 0], v)`.
+    /// `matmul(softmax(matmul(q·s, kᵀ·s) [+ mask [+ mask]]) [NaN → 0], v)`.
     Attention {
         q: Leaf,
         kt: Leaf,
         v: Leaf,
-        mask: Option<Leaf>,
+        /// Additive masks, in the order the graph adds them.
+        masks: Vec<Leaf>,
         spec: AttnSpec,
     },
     /// `layer_norm(a + b, gamma, beta)` over the last axis; `outputs` says what the function
@@ -228,15 +229,23 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         return None;
     }
     used += 1;
-    let is_scores = |e: ExprId| body.call(e, "relax.matmul").map(|_| e);
-    let (scores, mask) = match body.call(*x, "relax.add") {
-        Some((_, args)) => {
-            let (s, m) = body.either(args, is_scores)?;
-            used += 1;
-            (s, Some(body.leaf(m)?))
+    // Up to two additive masks: add(add(scores, m1), m2).
+    let mut masks = Vec::new();
+    let mut scores = *x;
+    while let Some((_, args)) = body.call(scores, "relax.add") {
+        if masks.len() == 2 {
+            return None;
         }
-        None => (*x, None),
-    };
+        let is_inner = |e: ExprId| {
+            (body.call(e, "relax.matmul").is_some() || body.call(e, "relax.add").is_some())
+                .then_some(e)
+        };
+        let (inner, m) = body.either(args, is_inner)?;
+        masks.push(body.leaf(m)?);
+        used += 1;
+        scores = inner;
+    }
+    masks.reverse();
     let (Op::Matmul { out_dtype: None }, [qs, ks]) = body.call(scores, "relax.matmul")? else {
         return None;
     };
@@ -256,7 +265,7 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
             q,
             kt,
             v,
-            mask,
+            masks,
             spec,
         },
         used,
@@ -460,20 +469,21 @@ pub(crate) fn run(
             q,
             kt,
             v,
-            mask,
+            masks,
             spec,
         } => {
             let (Some(q), Some(kt), Some(v)) = (get(*q)?, get(*kt)?, get(*v)?) else {
                 return Ok(None);
             };
-            let mask = match mask {
-                Some(m) => match get(*m)? {
-                    Some(t) => Some(t),
+            let mut ms = Vec::new();
+            for m in masks {
+                match get(*m)? {
+                    Some(t) => ms.push(t),
                     None => return Ok(None),
-                },
-                None => None,
-            };
-            crate::attention::attention(&q, &kt, &v, mask.as_ref(), spec)
+                }
+            }
+            let ms: Vec<&Tensor> = ms.iter().collect();
+            crate::attention::attention(&q, &kt, &v, &ms, spec)
                 .map_err(kernel("cpu.attention"))?
                 .map(Value::Tensor)
         }

@@ -75,6 +75,12 @@ pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_wi
 pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
 pub use kernels::eval_op;
 
+/// The fused kernel the executor runs a composite function with (`cpu.attention(fused)`,
+/// …), or `None` when its body is interpreted op by op (see `composite.rs`).
+pub fn fused_kernel(f: &fusebox_core::ir::Function) -> Option<&'static str> {
+    composite::recognise(f).map(|p| p.kernel_name())
+}
+
 /// Call this from the binary so the linker keeps this crate and its `inventory` registration
 /// of the `cpu` backend (see `fusebox_core::backend::registry`).
 pub fn link() {}

@@ -38,7 +38,7 @@ fn naive(
     q: &Tensor,
     kt: &Tensor,
     v: &Tensor,
-    mask: Option<&Tensor>,
+    masks: &[&Tensor],
     sq: f32,
     sk: f32,
     causal: bool,
@@ -61,8 +61,13 @@ fn naive(
                         let kv = kd[((bi * hk + kh) * d + dd) * t + j] * sk;
                         acc += f64::from(qv) * f64::from(kv);
                     }
-                    if let Some(m) = mask {
-                        acc += f64::from(m.as_f32().unwrap()[at(m.shape(), &[bi, h, i, j])]);
+                    // The graph adds the masks one by one in f32.
+                    let mut a32 = acc as f32;
+                    for m in masks {
+                        a32 += m.as_f32().unwrap()[at(m.shape(), &[bi, h, i, j])];
+                    }
+                    if !masks.is_empty() {
+                        acc = f64::from(a32);
                     }
                     if causal && j > i + t - s {
                         acc = f64::NEG_INFINITY;
@@ -133,15 +138,15 @@ fn attention_matches_the_materialised_definition() {
         )
         .unwrap();
         let full = r.tensor(&[b, hq, s, t]);
-        for mask in [None, Some(&pad), Some(&full)] {
+        for mask in [vec![], vec![&pad], vec![&full], vec![&full, &pad]] {
             for causal in [false, true] {
                 if causal && t < s {
                     continue;
                 }
                 let sp = spec(0.5, 0.25, causal, true);
-                let got = attention(&q, &kt, &v, mask, &sp).unwrap().unwrap();
+                let got = attention(&q, &kt, &v, mask.as_slice(), &sp).unwrap().unwrap();
                 assert_eq!(got.shape(), &[b, hq, s, dv]);
-                let want = naive(&q, &kt, &v, mask, 0.5, 0.25, causal, true);
+                let want = naive(&q, &kt, &v, &mask, 0.5, 0.25, causal, true);
                 close(got.as_f32().unwrap(), &want, 1e-5);
             }
         }
@@ -161,14 +166,14 @@ fn attention_nan_guard_zeroes_fully_masked_rows() {
         .map(|i| if i / 5 == 1 { f32::NEG_INFINITY } else { 0.0 })
         .collect();
     let mask = Tensor::from_f32(vec![1, 1, 3, 5], m).unwrap();
-    let guarded = attention(&q, &kt, &v, Some(&mask), &spec(1.0, 1.0, false, true))
+    let guarded = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, false, true))
         .unwrap()
         .unwrap();
     let g = guarded.as_f32().unwrap();
     assert_eq!(&g[2..4], &[0.0, 0.0]);
-    let want = naive(&q, &kt, &v, Some(&mask), 1.0, 1.0, false, true);
+    let want = naive(&q, &kt, &v, &[&mask], 1.0, 1.0, false, true);
     close(g, &want, 1e-5);
-    let raw = attention(&q, &kt, &v, Some(&mask), &spec(1.0, 1.0, false, false))
+    let raw = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, false, false))
         .unwrap()
         .unwrap();
     assert!(raw.as_f32().unwrap()[2].is_nan());
@@ -188,8 +193,8 @@ fn attention_scales_divide_as_the_graph_does() {
         nan_guard: false,
         causal: false,
     };
-    let got = attention(&q, &kt, &v, None, &div).unwrap().unwrap();
-    let want = naive(&q, &kt, &v, None, 1.0 / 8f32.sqrt(), 1.0, false, false);
+    let got = attention(&q, &kt, &v, &[], &div).unwrap().unwrap();
+    let want = naive(&q, &kt, &v, &[], 1.0 / 8f32.sqrt(), 1.0, false, false);
     close(got.as_f32().unwrap(), &want, 1e-5);
 }
 
@@ -203,13 +208,13 @@ fn attention_declines_shapes_it_does_not_handle() {
         r.tensor(&[1, 2, 4, 4]),
     );
     assert!(
-        attention(&q, &kt, &v, None, &spec(1.0, 1.0, false, false))
+        attention(&q, &kt, &v, &[], &spec(1.0, 1.0, false, false))
             .unwrap()
             .is_none()
     );
     // kᵀ's rows must be q's columns.
     let bad = r.tensor(&[1, 3, 5, 4]);
-    assert!(attention(&q, &bad, &q, None, &spec(1.0, 1.0, false, false)).is_err());
+    assert!(attention(&q, &bad, &q, &[], &spec(1.0, 1.0, false, false)).is_err());
 }
 
 #[test]
@@ -224,7 +229,7 @@ fn kernels_give_the_same_bits_for_every_thread_count() {
     let (g, be) = (r.tensor(&[96]), r.tensor(&[96]));
     let x = r.tensor(&[300, 500]);
     let run = || {
-        let o = attention(&q, &kt, &v, None, &spec(0.5, 0.5, true, true))
+        let o = attention(&q, &kt, &v, &[], &spec(0.5, 0.5, true, true))
             .unwrap()
             .unwrap();
         let (s, n) = crate::norm::residual_layer_norm(&a, &b, &g, &be, 1e-5)
@@ -359,7 +364,7 @@ fn the_attention_composite_runs_fused_and_agrees_with_its_body() {
     let m = fusebox_core::text::parse_module_str(ATTN).unwrap();
     let plan = crate::composite::recognise(m.get("attn").unwrap());
     assert!(
-        matches!(plan, Some(crate::composite::Plan::Attention { mask: Some(_), .. })),
+        matches!(&plan, Some(crate::composite::Plan::Attention { masks, .. }) if masks.len() == 1),
         "{plan:?}"
     );
     let mut r = Rng(21);
