@@ -130,6 +130,27 @@ pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult
         .map_err(|e| e.to_string())
 }
 
+/// `erf` in `f32` by the rational approximation Eigen and XLA use (`generic_fast_erf_float`:
+/// odd degree-13 over even degree-8 polynomial on [-4, 4], ±1 beyond; a few ulps), branch-free
+/// so the GELU loop vectorises. The interpreted `erf` goes through `f64` (`erf64`).
+#[inline]
+pub(crate) fn erf32(x: f32) -> f32 {
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = x2 * -2.726_142_3e-10 + 2.770_681_4e-8;
+    p = x2 * p + -2.101_024e-6;
+    p = x2 * p + -5.692_506_4e-5;
+    p = x2 * p + -7.349_906_3e-4;
+    p = x2 * p + -2.954_600_0e-3;
+    p = x2 * p + -1.609_603_3e-2;
+    p *= x;
+    let mut q = x2 * -1.456_607_2e-5 + -2.133_740_6e-4;
+    q = x2 * q + -1.682_827e-3;
+    q = x2 * q + -7.373_329e-3;
+    q = x2 * q + -1.426_474e-2;
+    p / q
+}
+
 /// GELU in one pass: erf form `0.5 x (1 + erf(x / √2))` or tanh form
 /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
 pub(crate) fn gelu(x: &Tensor, tanh: bool) -> KResult<Tensor> {
@@ -147,8 +168,7 @@ pub(crate) fn gelu(x: &Tensor, tanh: bool) -> KResult<Tensor> {
             }
         } else {
             for (y, &v) in o.iter_mut().zip(xs) {
-                let e = crate::elementwise::erf64(f64::from(v / std::f32::consts::SQRT_2)) as f32;
-                *y = v * (0.5 * (e + 1.0));
+                *y = v * (0.5 * (erf32(v / std::f32::consts::SQRT_2) + 1.0));
             }
         }
     });

@@ -445,3 +445,18 @@ fn the_residual_layer_norm_composite_returns_both_outputs_bit_for_bit() {
     let (fused, interp) = fused_and_interpreted(RLN, args);
     assert_eq!(fused, interp);
 }
+
+#[test]
+fn the_f32_erf_is_within_a_few_ulps_of_the_f64_one() {
+    let mut worst = 0.0f64;
+    for i in -60_000..=60_000 {
+        let x = i as f32 * 1e-4;
+        let got = f64::from(crate::norm::erf32(x));
+        let want = crate::elementwise::erf64(f64::from(x));
+        worst = worst.max((got - want).abs());
+    }
+    assert!(worst < 5e-7, "worst |erf32 - erf64| = {worst:e}");
+    // Saturates (within one ulp of ±1) far out.
+    assert!((crate::norm::erf32(10.0) - 1.0).abs() <= f32::EPSILON);
+    assert!((crate::norm::erf32(-1e30) + 1.0).abs() <= f32::EPSILON);
+}
