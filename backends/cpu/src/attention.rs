@@ -125,9 +125,10 @@ pub(crate) fn attention(
     // Batch dims: q's, with k and v broadcasting or grouping into them.
     let heads = (r >= 3).then(|| r - 3);
     let fits = |x: &[usize]| {
-        x.iter().zip(bq).enumerate().all(|(k, (&a, &b))| {
-            a == b || a == 1 || (Some(k) == heads && a != 0 && b % a == 0)
-        })
+        x.iter()
+            .zip(bq)
+            .enumerate()
+            .all(|(k, (&a, &b))| a == b || a == 1 || (Some(k) == heads && a != 0 && b % a == 0))
     };
     if !fits(&ks[..r - 2]) || !fits(&vs[..r - 2]) {
         return Ok(None);
@@ -206,7 +207,7 @@ pub(crate) fn attention(
 type Mask<'a> = (&'a [f32], isize, isize, isize);
 
 /// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the block's inputs and geometry")]
 fn block(
     q: &[f32],
     kt: &[f32],

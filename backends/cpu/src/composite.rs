@@ -150,9 +150,7 @@ impl<'f> Body<'f> {
     /// The value of a scalar `float32` constant.
     fn scalar(&self, e: ExprId) -> Option<f32> {
         match &self.f.exprs.get(e)?.kind {
-            ExprKind::Const(c)
-                if c.dtype == DType::F32 && c.shape.iter().product::<i64>() == 1 =>
-            {
+            ExprKind::Const(c) if c.dtype == DType::F32 && c.shape.iter().product::<i64>() == 1 => {
                 let b: [u8; 4] = c.data.get(..4)?.try_into().ok()?;
                 Some(f32::from_le_bytes(b))
             }
@@ -161,7 +159,11 @@ impl<'f> Body<'f> {
     }
 
     /// The two arguments of a commutative call, the one `first` accepts first.
-    fn either<T>(&self, args: &[ExprId], first: impl Fn(ExprId) -> Option<T>) -> Option<(T, ExprId)> {
+    fn either<T>(
+        &self,
+        args: &[ExprId],
+        first: impl Fn(ExprId) -> Option<T>,
+    ) -> Option<(T, ExprId)> {
         let [a, b] = args else { return None };
         if let Some(t) = first(*a) {
             return Some((t, *b));
@@ -337,7 +339,10 @@ fn rms_norm(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
                 .map(|_| e)
                 .or_else(|| rms_core(body, e).map(|_| e))
         })
-        && matches!(body.f.exprs.get(w).map(|d| &d.kind), Some(ExprKind::Const(_)))
+        && matches!(
+            body.f.exprs.get(w).map(|d| &d.kind),
+            Some(ExprKind::Const(_))
+        )
     {
         weight = Some(body.leaf(w)?);
         used += 1;
@@ -495,7 +500,8 @@ pub(crate) fn run(
             eps,
             outputs,
         } => {
-            let (Some(a), Some(b), Some(g), Some(be)) = (get(*a)?, get(*b)?, get(*gamma)?, get(*beta)?)
+            let (Some(a), Some(b), Some(g), Some(be)) =
+                (get(*a)?, get(*b)?, get(*gamma)?, get(*beta)?)
             else {
                 return Ok(None);
             };

@@ -34,7 +34,8 @@ pub(crate) fn residual_layer_norm(
     beta: &Tensor,
     eps: f64,
 ) -> KResult<Option<(Tensor, Tensor)>> {
-    let (Some(ad), Some(bd), Some(g), Some(be)) = (a.as_f32(), b.as_f32(), gamma.as_f32(), beta.as_f32())
+    let (Some(ad), Some(bd), Some(g), Some(be)) =
+        (a.as_f32(), b.as_f32(), gamma.as_f32(), beta.as_f32())
     else {
         return Ok(None);
     };
@@ -141,7 +142,7 @@ pub(crate) fn erf32(x: f32) -> f32 {
     p = x2 * p + -2.101_024e-6;
     p = x2 * p + -5.692_506_4e-5;
     p = x2 * p + -7.349_906_3e-4;
-    p = x2 * p + -2.954_600_0e-3;
+    p = x2 * p + -2.954_6e-3;
     p = x2 * p + -1.609_603_3e-2;
     p *= x;
     let mut q = x2 * -1.456_607_2e-5 + -2.133_740_6e-4;
