@@ -203,6 +203,29 @@ pub(crate) fn attention(
         .map_err(|e| e.to_string())
 }
 
+/// `e^x` in `f32`, branch-free so loops over it vectorise: Cephes' `expf` (range reduction by
+/// `ln 2` in two parts, a degree-6 polynomial, the exponent put in by its bits; about 1 ulp).
+/// `e^x` underflows to 0 below -87.3 (as `-inf` does), NaN stays NaN, and inputs above 88.3
+/// are taken as 88.3 (the softmax only ever passes `x - max ≤ 0`).
+#[inline]
+pub(crate) fn exp32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // Round to nearest by the 1.5 * 2^23 trick (no libm call).
+    const MAGIC: f32 = 12_582_912.0;
+    let xc = x.clamp(-87.3, 88.3);
+    let n = (xc * LOG2E + MAGIC) - MAGIC;
+    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let mut y = 1.987_569_1e-4_f32;
+    y = y * r + 1.398_2e-3;
+    y = y * r + 8.333_452e-3;
+    y = y * r + 4.166_579_6e-2;
+    y = y * r + 0.166_666_65;
+    y = y * r + 0.5;
+    y = y * r * r + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x < -87.3 { 0.0 } else { y * scale }
+}
+
 /// A mask's data, the offset of this batch index's `[0, 0]`, and its row and column strides.
 type Mask<'a> = (&'a [f32], isize, isize, isize);
 
@@ -248,8 +271,22 @@ fn block(
             }
             for &(md, off, rs, cs) in masks {
                 let base = off + i as isize * rs + j0 as isize * cs;
-                for (jj, x) in sc.iter_mut().enumerate() {
-                    *x += md[(base + jj as isize * cs) as usize];
+                match cs {
+                    1 => {
+                        let row = &md[base as usize..base as usize + w];
+                        for (x, &mv) in sc.iter_mut().zip(row) {
+                            *x += mv;
+                        }
+                    }
+                    0 => {
+                        let mv = md[base as usize];
+                        sc.iter_mut().for_each(|x| *x += mv);
+                    }
+                    _ => {
+                        for (jj, x) in sc.iter_mut().enumerate() {
+                            *x += md[(base + jj as isize * cs) as usize];
+                        }
+                    }
                 }
             }
             if spec.causal {
@@ -266,15 +303,15 @@ fn block(
             if m_new == f32::NEG_INFINITY {
                 continue; // everything so far masked out
             }
-            let corr = (m[r] - m_new).exp();
+            let corr = exp32(m[r] - m_new);
             let orow = &mut out[r * dv..r * dv + dv];
             if corr != 1.0 {
                 l[r] *= corr;
                 orow.iter_mut().for_each(|x| *x *= corr);
             }
+            sc.iter_mut().for_each(|x| *x = exp32(*x - m_new));
             let mut sum = 0.0f32;
-            for (jj, &x) in sc.iter().enumerate() {
-                let p = (x - m_new).exp();
+            for (jj, &p) in sc.iter().enumerate() {
                 sum += p;
                 let vrow = &v[(j0 + jj) * dv..(j0 + jj) * dv + dv];
                 for (o, &vv) in orow.iter_mut().zip(vrow) {

@@ -511,3 +511,20 @@ fn the_f32_erf_is_within_a_few_ulps_of_the_f64_one() {
     assert!((crate::norm::erf32(10.0) - 1.0).abs() <= f32::EPSILON);
     assert!((crate::norm::erf32(-1e30) + 1.0).abs() <= f32::EPSILON);
 }
+
+#[test]
+fn the_f32_exp_is_within_two_ulps_of_std() {
+    let mut worst = 0.0f32;
+    for i in -873_000..=883_000 {
+        let x = i as f32 * 1e-4;
+        let (got, want) = (crate::attention::exp32(x), x.exp());
+        if want >= f32::MIN_POSITIVE {
+            worst = worst.max(((got - want) / want).abs());
+        }
+    }
+    assert!(worst < 2.5 * f32::EPSILON, "worst relative error {worst:e}");
+    assert_eq!(crate::attention::exp32(f32::NEG_INFINITY), 0.0);
+    assert_eq!(crate::attention::exp32(-1e30), 0.0);
+    assert!(crate::attention::exp32(f32::NAN).is_nan());
+    assert_eq!(crate::attention::exp32(0.0), 1.0);
+}
