@@ -18,6 +18,7 @@
 //! result is the same for every thread count.
 
 use crate::util::{broadcast_shapes, broadcast_strides};
+use faer::{Accum, MatMut, MatRef, Par};
 
 /// A scalar applied to `q` or `kt` before the product.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -247,7 +248,7 @@ fn block(
     out.iter_mut().for_each(|x| *x = 0.0);
     let bk = BK.min(t.max(1));
     let mut kblk = vec![0.0f32; d * bk];
-    let mut sc = vec![0.0f32; bk];
+    let mut sc = vec![0.0f32; rows * bk];
     let mut j0 = 0;
     while j0 < t {
         let w = bk.min(t - j0);
@@ -258,17 +259,18 @@ fn block(
                 *dst = spec.k_scale.apply(x);
             }
         }
-        for r in 0..rows {
+        // Scores of the block, [rows, w]: one sequential faer GEMM.
+        let sc = &mut sc[..rows * w];
+        faer::linalg::matmul::matmul(
+            MatMut::from_row_major_slice_mut(sc, rows, w),
+            Accum::Replace,
+            MatRef::from_row_major_slice(&qs, rows, d),
+            MatRef::from_row_major_slice(&kblk[..d * w], d, w),
+            1.0f32,
+            Par::Seq,
+        );
+        for (r, sc) in sc.chunks_mut(w).enumerate() {
             let i = i0 + r;
-            let sc = &mut sc[..w];
-            sc.iter_mut().for_each(|x| *x = 0.0);
-            let qrow = &qs[r * d..r * d + d];
-            for (dd, &qv) in qrow.iter().enumerate() {
-                let krow = &kblk[dd * w..dd * w + w];
-                for (x, &k) in sc.iter_mut().zip(krow) {
-                    *x += qv * k;
-                }
-            }
             for &(md, off, rs, cs) in masks {
                 let base = off + i as isize * rs + j0 as isize * cs;
                 match cs {
@@ -301,26 +303,28 @@ fn block(
             let bmax = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let m_new = m[r].max(bmax);
             if m_new == f32::NEG_INFINITY {
-                continue; // everything so far masked out
+                // Everything so far masked out: these keys weigh nothing.
+                sc.iter_mut().for_each(|x| *x = 0.0);
+                continue;
             }
             let corr = exp32(m[r] - m_new);
-            let orow = &mut out[r * dv..r * dv + dv];
             if corr != 1.0 {
                 l[r] *= corr;
-                orow.iter_mut().for_each(|x| *x *= corr);
+                out[r * dv..r * dv + dv].iter_mut().for_each(|x| *x *= corr);
             }
             sc.iter_mut().for_each(|x| *x = exp32(*x - m_new));
-            let mut sum = 0.0f32;
-            for (jj, &p) in sc.iter().enumerate() {
-                sum += p;
-                let vrow = &v[(j0 + jj) * dv..(j0 + jj) * dv + dv];
-                for (o, &vv) in orow.iter_mut().zip(vrow) {
-                    *o += p * vv;
-                }
-            }
-            l[r] += sum;
+            l[r] += sc.iter().sum::<f32>();
             m[r] = m_new;
         }
+        // out[rows, dv] += p[rows, w] @ v[j0..j0 + w, dv].
+        faer::linalg::matmul::matmul(
+            MatMut::from_row_major_slice_mut(&mut *out, rows, dv),
+            Accum::Add,
+            MatRef::from_row_major_slice(sc, rows, w),
+            MatRef::from_row_major_slice(&v[j0 * dv..(j0 + w) * dv], w, dv),
+            1.0f32,
+            Par::Seq,
+        );
         j0 += w;
     }
     for r in 0..rows {
