@@ -225,3 +225,39 @@ fn fused_models_give_the_same_bits_for_every_thread_count() {
         }
     }
 }
+
+#[test]
+fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
+    let names: Vec<String> = fusebox_cpu::backend::transformer_patterns()
+        .iter()
+        .map(|p| p.name.clone())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cpu.attention",
+            "cpu.residual_layer_norm",
+            "cpu.rms_norm",
+            "cpu.gelu",
+            "cpu.gelu_tanh"
+        ]
+    );
+    for (config, cpu_entries) in [("configs/cpu.toml", 5), ("configs/cuda.toml", 0)] {
+        let c = fusebox_core::config::Config::load(&root().join(config)).unwrap();
+        let pipeline = fusebox::pipeline(c).unwrap();
+        let table = pipeline.patterns();
+        let n = table.iter().filter(|p| p.name.starts_with("cpu.")).count();
+        assert_eq!(n, cpu_entries, "{config}: cpu.* entries in the table");
+        assert_eq!(
+            fusebox_core::pattern_table::lint(&table),
+            [],
+            "{config}: lint findings"
+        );
+    }
+    // The cuda config's table with the cpu patterns added (as a user copying them would):
+    // still no findings.
+    let c = fusebox_core::config::Config::load(&root().join("configs/cuda.toml")).unwrap();
+    let mut table = fusebox::pipeline(c).unwrap().patterns();
+    table.extend(fusebox_cpu::backend::transformer_patterns().iter().cloned());
+    assert_eq!(fusebox_core::pattern_table::lint(&table), []);
+}
