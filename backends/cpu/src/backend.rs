@@ -3,11 +3,14 @@
 //! Contract: registered as `cpu` with `inventory::submit!`; takes one option, `threads` (an
 //! integer from 1 to [`crate::par::MAX_THREADS`]: the thread count of the CPU kernels in this
 //! process, as `FUSEBOX_THREADS` but winning over it; any other option or value is an error
-//! naming it); has no patterns; [`CpuBackend::claim`] accepts everything; `compile` keeps the
+//! naming it); its patterns are the transformer table [`TRANSFORMER_PATTERNS`]
+//! (`patterns/transformer.toml`: attention, residual LayerNorm, RMSNorm, GELU), offered to
+//! configs whose target is the CPU only; [`CpuBackend::claim`] accepts everything; `compile` keeps the
 //! function with its callees as a standalone module and runs it with a [`crate::Executor`]
 //! of its own (constants decoded once, on the first run). Its artifacts say
 //! [`Artifact::is_reference`], so the facade's `execute_with` runs those functions inline in
-//! the main executor instead (the same evaluation, with fused chains across the calls).
+//! the main executor instead (the same evaluation, with fused chains across the calls); the
+//! executor runs the transformer composites with fused kernels (`composite.rs`).
 //!
 //! ```
 //! // Linked through the facade's `fusebox_cpu::link()`:
@@ -18,6 +21,7 @@
 
 use fusebox_core::backend::registry::check_options;
 use fusebox_core::backend::{Artifact, Backend, BackendRegistration, Candidate, Claim};
+use fusebox_core::config::Target;
 use fusebox_core::ir::Module;
 use fusebox_core::runtime::Value;
 use fusebox_core::transform::FusionPattern;
@@ -54,7 +58,14 @@ impl Backend for CpuBackend {
         "cpu"
     }
     fn patterns(&self) -> Vec<FusionPattern> {
-        Vec::new()
+        transformer_patterns().to_vec()
+    }
+    fn patterns_for(&self, target: Target) -> Vec<FusionPattern> {
+        // On a GPU target the CPU is the fallback: its patterns would pull work off the device.
+        match target {
+            Target::Cpu => self.patterns(),
+            _ => Vec::new(),
+        }
     }
     fn claim(&self, _c: &Candidate<'_>) -> Claim {
         Claim::Accept
@@ -66,6 +77,22 @@ impl Backend for CpuBackend {
             exec: crate::Executor::new(),
         }))
     }
+}
+
+/// The transformer pattern table the backend ships, as TOML in the `[[pattern]]` syntax users
+/// write (so it can be copied into a config).
+pub const TRANSFORMER_PATTERNS: &str = include_str!("../patterns/transformer.toml");
+
+/// [`TRANSFORMER_PATTERNS`], parsed once; empty if it failed to parse (a test asserts it parses).
+pub fn transformer_patterns() -> &'static [FusionPattern] {
+    static TABLE: std::sync::OnceLock<Vec<FusionPattern>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        fusebox_core::pattern_table::parse_pattern_table(
+            TRANSFORMER_PATTERNS,
+            "backends/cpu/patterns/transformer.toml",
+        )
+        .unwrap_or_default()
+    })
 }
 
 /// A function run by the interpreter.

@@ -449,6 +449,11 @@ impl<'m> Interp<'m> {
                 args.len()
             )));
         }
+        if f.attrs.composite.is_some()
+            && let Some(v) = self.run_composite(name, f, &args)?
+        {
+            return Ok(v);
+        }
         let mut fr = Frame {
             values: vec![None; f.vars.len()],
             host: vec![None; f.vars.len()],
@@ -547,6 +552,46 @@ impl<'m> Interp<'m> {
             ))
         })?;
         Ok(out)
+    }
+
+    /// Runs a composite whose body `composite.rs` recognises as one fused kernel: `None` when
+    /// the body has another form or the values do not fit (the body is then interpreted).
+    fn run_composite(&self, name: &str, f: &Function, args: &[Value]) -> Result<Option<Value>> {
+        let Some(plan) = crate::composite::recognise(f) else {
+            return Ok(None);
+        };
+        let input = |leaf: crate::composite::Leaf| -> Result<Value> {
+            match leaf {
+                crate::composite::Leaf::Param(i) => args
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| Error::Exec(format!("`{name}`: no argument {i}")))?
+                    .to_host()
+                    .map_err(Error::from),
+                crate::composite::Leaf::Const(e) => match &f.expr(e).kind {
+                    ExprKind::Const(c) => Ok(Value::Tensor(self.exec.constant(c)?)),
+                    _ => Err(Error::Exec(format!("`{name}`: expected a constant"))),
+                },
+            }
+        };
+        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let Some(out) = crate::composite::run(&plan, &input).map_err(|e| at(name, e))? else {
+            return Ok(None);
+        };
+        self.record(plan.kernel_name(), t);
+        let mut syms = BTreeMap::new();
+        for bind in [true, false] {
+            for (&p, a) in f.params.iter().zip(args) {
+                match_type(&f.var(p).ty, a, &mut syms, bind)
+                    .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
+            }
+        }
+        match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
+            Error::Exec(format!(
+                "`{name}`: the fused kernel's result does not match the return type: {m}"
+            ))
+        })?;
+        Ok(Some(out))
     }
 
     /// Runs a fusable chain as one kernel: `None` when its values do not allow it (the

@@ -43,7 +43,9 @@
 
 #![forbid(unsafe_code)]
 
+mod attention;
 pub mod backend;
+mod composite;
 mod conv;
 mod conv_transpose;
 mod einsum;
@@ -58,17 +60,26 @@ mod kernels;
 mod layout;
 mod matmul;
 mod nn;
+mod norm;
 pub mod par;
 mod reduce;
 mod search;
 mod simd;
 mod util;
 mod winograd;
+#[cfg(test)]
+mod xformer_tests;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};
 pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
 pub use kernels::eval_op;
+
+/// The fused kernel the executor runs a composite function with (`cpu.attention(fused)`,
+/// …), or `None` when its body is interpreted op by op (see `composite.rs`).
+pub fn fused_kernel(f: &fusebox_core::ir::Function) -> Option<&'static str> {
+    composite::recognise(f).map(|p| p.kernel_name())
+}
 
 /// Call this from the binary so the linker keeps this crate and its `inventory` registration
 /// of the `cpu` backend (see `fusebox_core::backend::registry`).

@@ -199,6 +199,13 @@ pub trait Backend: Send + Sync {
     }
     /// Its pattern table, in its own order (the pipeline sorts by priority, stably).
     fn patterns(&self) -> Vec<FusionPattern>;
+    /// The patterns it offers a config of `target` (the pipeline's table): by default all of
+    /// [`Backend::patterns`]. The `cpu` backend offers its transformer patterns to CPU configs
+    /// only, so a GPU config's LayerNorms and attention stay on the device.
+    fn patterns_for(&self, target: crate::config::Target) -> Vec<FusionPattern> {
+        let _ = target;
+        self.patterns()
+    }
     /// Whether it takes `c`.
     fn claim(&self, c: &Candidate<'_>) -> Claim;
     /// Compiles a claimed function.

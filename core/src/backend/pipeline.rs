@@ -580,7 +580,7 @@ fn build_table(config: &Config, backends: &[Box<dyn Backend>]) -> Result<Vec<Tab
     let mut groups: Vec<Vec<TableEntry>> = backends
         .iter()
         .map(|b| {
-            b.patterns()
+            b.patterns_for(config.target)
                 .into_iter()
                 .map(|p| TableEntry {
                     pattern: p,

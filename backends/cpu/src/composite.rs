@@ -1,0 +1,543 @@
+//! Fused kernels for the composites of the `cpu` backend's transformer patterns
+//! (`backends/cpu/patterns/transformer.toml`): the body of a `Composite` function is recognised
+//! by its structure (not its name), and then run by one kernel.
+//!
+//! Contract:
+//!
+//! - [`recognise`] reads a function's body and returns a [`Plan`] only when the body is exactly
+//!   one of the forms below: every binding takes part, the scalars (scales, epsilon, exponents)
+//!   are scalar `float32` constants with the expected values where a value is fixed, and the
+//!   result is the root (or, for the residual LayerNorm, a tuple of the add and the norm).
+//!   Inputs are parameters or constants ([`Leaf`]).
+//! - [`run`] runs a plan on the inputs' values: `Ok(None)` when the values do not fit the
+//!   kernel (dtype other than `float32`, shapes it does not handle); the caller then interprets
+//!   the body, op by op. The kernels split only independent outputs over threads, so results
+//!   are bit-identical for every thread count.
+//!
+//! ```text
+//! ; cpu.attention (TorchScript form)
+//! lv:  R.Tensor((b, 2, s, 16), dtype="float32") = R.multiply(q, R.const(0.5, "float32"))
+//! lv1: R.Tensor((b, 2, 16, s), dtype="float32") = R.multiply(kt, R.const(0.5, "float32"))
+//! lv2: R.Tensor((b, 2, s, s), dtype="float32") = R.matmul(lv, lv1, out_dtype=None)
+//! lv3: R.Tensor((b, 2, s, s), dtype="float32") = R.add(lv2, mask)
+//! lv4: R.Tensor((b, 2, s, s), dtype="float32") = R.nn.softmax(lv3, axis=-1)
+//! lv5: R.Tensor((b, 2, s, s), dtype="bool") = R.isnan(lv4)
+//! lv6: R.Tensor((b, 2, s, s), dtype="float32") = R.where(lv5, R.const(0.0, "float32"), lv4)
+//! gv:  R.Tensor((b, 2, s, 16), dtype="float32") = R.matmul(lv6, v, out_dtype=None)
+//! ; → attention::attention(q, kt, v, mask, scales 0.5 / 0.5, NaN guard), no [b, 2, s, s] tensor
+//! ```
+
+use crate::attention::{AttnSpec, Scale};
+use fusebox_core::ir::{Callee, DType, ExprId, ExprKind, Function, VarId};
+use fusebox_core::op::Op;
+use fusebox_core::runtime::{Tensor, Value};
+use std::collections::HashMap;
+
+/// An input of a fused composite: a parameter (by position) or a constant expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leaf {
+    /// The `i`th parameter.
+    Param(usize),
+    /// A constant of the body.
+    Const(ExprId),
+}
+
+/// What a recognised composite computes.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Plan {
+    /// `matmul(softmax(matmul(q·s, kᵀ·s) [+ mask [+ mask]]) [NaN → 0], v)`.
+    Attention {
+        q: Leaf,
+        kt: Leaf,
+        v: Leaf,
+        /// Additive masks, in the order the graph adds them.
+        masks: Vec<Leaf>,
+        spec: AttnSpec,
+    },
+    /// `layer_norm(a + b, gamma, beta)` over the last axis; `outputs` says what the function
+    /// returns: `false` the sum, `true` the norm (one entry: not a tuple).
+    ResidualLayerNorm {
+        a: Leaf,
+        b: Leaf,
+        gamma: Leaf,
+        beta: Leaf,
+        eps: f64,
+        outputs: Vec<bool>,
+    },
+    /// `w * cast(x * (1 / sqrt(mean(x², -1) + eps)))` (the weight and the cast are optional).
+    RmsNorm {
+        x: Leaf,
+        weight: Option<Leaf>,
+        eps: f32,
+    },
+    /// GELU, erf form (`tanh == false`) or tanh form, elementwise in one pass.
+    Gelu { x: Leaf, tanh: bool },
+}
+
+impl Plan {
+    /// The kernel's name in profiles.
+    pub(crate) fn kernel_name(&self) -> &'static str {
+        match self {
+            Plan::Attention { .. } => "cpu.attention(fused)",
+            Plan::ResidualLayerNorm { .. } => "cpu.residual_layer_norm(fused)",
+            Plan::RmsNorm { .. } => "cpu.rms_norm(fused)",
+            Plan::Gelu { .. } => "cpu.gelu(fused)",
+        }
+    }
+}
+
+/// The body of a function, by var: the call each binding makes.
+struct Body<'f> {
+    f: &'f Function,
+    calls: HashMap<VarId, (&'f Op, &'f [ExprId])>,
+    /// Tuple bindings (a composite with several outputs returns one).
+    tuples: HashMap<VarId, &'f [ExprId]>,
+    /// How many bindings the body has (a recognised form must use them all).
+    count: usize,
+}
+
+impl<'f> Body<'f> {
+    fn new(f: &'f Function) -> Option<Body<'f>> {
+        let mut calls = HashMap::new();
+        let mut tuples = HashMap::new();
+        let mut count = 0;
+        for b in f.bindings() {
+            count += 1;
+            match &f.expr(b.value).kind {
+                ExprKind::Call {
+                    callee: Callee::Op(op),
+                    args,
+                } => {
+                    calls.insert(b.var, (op, args.as_slice()));
+                }
+                ExprKind::Tuple(xs) => {
+                    tuples.insert(b.var, xs.as_slice());
+                }
+                _ => return None,
+            }
+        }
+        Some(Body {
+            f,
+            calls,
+            tuples,
+            count,
+        })
+    }
+
+    fn var_of(&self, e: ExprId) -> Option<VarId> {
+        match &self.f.exprs.get(e)?.kind {
+            ExprKind::Var(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The call bound to the var `e` names, if its op is called `name`.
+    fn call(&self, e: ExprId, name: &str) -> Option<(&'f Op, &'f [ExprId])> {
+        let v = self.var_of(e)?;
+        let (op, args) = *self.calls.get(&v)?;
+        (op.name() == name).then_some((op, args))
+    }
+
+    /// `e` as an input: a parameter or a constant.
+    fn leaf(&self, e: ExprId) -> Option<Leaf> {
+        match &self.f.exprs.get(e)?.kind {
+            ExprKind::Const(_) => Some(Leaf::Const(e)),
+            ExprKind::Var(v) => self.f.params.iter().position(|p| p == v).map(Leaf::Param),
+            _ => None,
+        }
+    }
+
+    /// The value of a scalar `float32` constant.
+    fn scalar(&self, e: ExprId) -> Option<f32> {
+        match &self.f.exprs.get(e)?.kind {
+            ExprKind::Const(c) if c.dtype == DType::F32 && c.shape.iter().product::<i64>() == 1 => {
+                let b: [u8; 4] = c.data.get(..4)?.try_into().ok()?;
+                Some(f32::from_le_bytes(b))
+            }
+            _ => None,
+        }
+    }
+
+    /// The two arguments of a commutative call, the one `first` accepts first.
+    fn either<T>(
+        &self,
+        args: &[ExprId],
+        first: impl Fn(ExprId) -> Option<T>,
+    ) -> Option<(T, ExprId)> {
+        let [a, b] = args else { return None };
+        if let Some(t) = first(*a) {
+            return Some((t, *b));
+        }
+        first(*b).map(|t| (t, *a))
+    }
+}
+
+/// Recognises the body of `f` (see the module docs); `None` for any other body.
+pub(crate) fn recognise(f: &Function) -> Option<Plan> {
+    let body = Body::new(f)?;
+    let ret = f.ret?;
+    if let Some((plan, used)) = attention(&body, ret)
+        .or_else(|| rms_norm(&body, ret))
+        .or_else(|| gelu(&body, ret))
+        .or_else(|| residual_layer_norm(&body, ret))
+    {
+        return (used == body.count).then_some(plan);
+    }
+    None
+}
+
+/// A scaled operand `x * c`, `x / c` or `x`, with the bindings it used.
+fn scaled(body: &Body<'_>, e: ExprId) -> Option<(Leaf, Scale, usize)> {
+    if let Some((_, args)) = body.call(e, "relax.multiply") {
+        let (c, x) = body.either(args, |a| body.scalar(a))?;
+        return Some((body.leaf(x)?, Scale::Mul(c), 1));
+    }
+    if let Some((_, args)) = body.call(e, "relax.divide") {
+        let c = body.scalar(args[1])?;
+        return Some((body.leaf(args[0])?, Scale::Div(c), 1));
+    }
+    Some((body.leaf(e)?, Scale::None, 0))
+}
+
+fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    let (Op::Matmul { out_dtype: None }, [p, v]) = body.call(ret, "relax.matmul")? else {
+        return None;
+    };
+    let mut used = 1;
+    let v = body.leaf(*v)?;
+    // The NaN guard: where(isnan(sm), 0, sm).
+    let (sm, nan_guard) = match body.call(*p, "relax.where") {
+        Some((_, [c, zero, sm])) => {
+            let (_, [sm2]) = body.call(*c, "relax.isnan")? else {
+                return None;
+            };
+            if body.var_of(*sm2)? != body.var_of(*sm)? || body.scalar(*zero)? != 0.0 {
+                return None;
+            }
+            used += 2;
+            (*sm, true)
+        }
+        Some(_) => return None,
+        None => (*p, false),
+    };
+    let (Op::Softmax { axis }, [x]) = body.call(sm, "relax.nn.softmax")? else {
+        return None;
+    };
+    let rank = match &body.f.expr(sm).ty {
+        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len())?,
+        _ => return None,
+    };
+    if *axis != -1 && *axis != rank as i64 - 1 {
+        return None;
+    }
+    used += 1;
+    // Up to two additive masks: add(add(scores, m1), m2).
+    let mut masks = Vec::new();
+    let mut scores = *x;
+    while let Some((_, args)) = body.call(scores, "relax.add") {
+        if masks.len() == 2 {
+            return None;
+        }
+        let is_inner = |e: ExprId| {
+            (body.call(e, "relax.matmul").is_some() || body.call(e, "relax.add").is_some())
+                .then_some(e)
+        };
+        let (inner, m) = body.either(args, is_inner)?;
+        masks.push(body.leaf(m)?);
+        used += 1;
+        scores = inner;
+    }
+    masks.reverse();
+    let (Op::Matmul { out_dtype: None }, [qs, ks]) = body.call(scores, "relax.matmul")? else {
+        return None;
+    };
+    used += 1;
+    let (q, q_scale, n) = scaled(body, *qs)?;
+    used += n;
+    let (kt, k_scale, n) = scaled(body, *ks)?;
+    used += n;
+    let spec = AttnSpec {
+        q_scale,
+        k_scale,
+        nan_guard,
+        causal: false,
+    };
+    Some((
+        Plan::Attention {
+            q,
+            kt,
+            v,
+            masks,
+            spec,
+        },
+        used,
+    ))
+}
+
+fn residual_layer_norm(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    // The result: the norm, or a tuple of the norm and the sum.
+    let mut used = 2;
+    let fields: Vec<ExprId> = match &body.f.exprs.get(ret)?.kind {
+        ExprKind::Tuple(xs) => xs.clone(),
+        ExprKind::Var(v) => match body.tuples.get(v) {
+            Some(xs) => {
+                used += 1;
+                xs.to_vec()
+            }
+            None => vec![ret],
+        },
+        _ => return None,
+    };
+    let norm = fields
+        .iter()
+        .copied()
+        .find(|&e| body.call(e, "relax.nn.layer_norm").is_some())?;
+    let (Op::LayerNorm(attrs), [s, gamma, beta]) = body.call(norm, "relax.nn.layer_norm")? else {
+        return None;
+    };
+    let (_, [a, b]) = body.call(*s, "relax.add")? else {
+        return None;
+    };
+    let rank = match &body.f.expr(norm).ty {
+        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len())?,
+        _ => return None,
+    };
+    let last = attrs.axes.len() == 1 && (attrs.axes[0] == -1 || attrs.axes[0] == rank as i64 - 1);
+    if !last || !attrs.center || !attrs.scale {
+        return None;
+    }
+    let (nv, sv) = (body.var_of(norm)?, body.var_of(*s)?);
+    let outputs = fields
+        .iter()
+        .map(|&e| match body.var_of(e)? {
+            v if v == nv => Some(true),
+            v if v == sv => Some(false),
+            _ => None,
+        })
+        .collect::<Option<Vec<bool>>>()?;
+    Some((
+        Plan::ResidualLayerNorm {
+            a: body.leaf(*a)?,
+            b: body.leaf(*b)?,
+            gamma: body.leaf(*gamma)?,
+            beta: body.leaf(*beta)?,
+            eps: attrs.epsilon.0,
+            outputs,
+        },
+        used,
+    ))
+}
+
+fn rms_norm(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    let mut used = 0;
+    let mut weight = None;
+    let mut core = ret;
+    // w * cast(core) | w * core | core
+    if let Some((_, args)) = body.call(ret, "relax.multiply")
+        && let Some((inner, w)) = body.either(args, |e| {
+            body.call(e, "relax.astype")
+                .map(|_| e)
+                .or_else(|| rms_core(body, e).map(|_| e))
+        })
+        && matches!(
+            body.f.exprs.get(w).map(|d| &d.kind),
+            Some(ExprKind::Const(_))
+        )
+    {
+        weight = Some(body.leaf(w)?);
+        used += 1;
+        core = inner;
+        if let Some((Op::Astype { dtype: DType::F32 }, [x])) = body.call(inner, "relax.astype") {
+            used += 1;
+            core = *x;
+        }
+    }
+    let (x, eps, n) = rms_core(body, core)?;
+    Some((Plan::RmsNorm { x, weight, eps }, used + n))
+}
+
+/// `x * (1 / sqrt(mean(x ** 2, axis=-1, keepdims) + eps))`: (x, eps, bindings).
+fn rms_core(body: &Body<'_>, e: ExprId) -> Option<(Leaf, f32, usize)> {
+    let (_, args) = body.call(e, "relax.multiply")?;
+    let (inv, x) = body.either(args, |a| body.call(a, "relax.divide").map(|_| a))?;
+    let (_, [one, sq]) = body.call(inv, "relax.divide")? else {
+        return None;
+    };
+    if body.scalar(*one)? != 1.0 {
+        return None;
+    }
+    let (_, [add]) = body.call(*sq, "relax.sqrt")? else {
+        return None;
+    };
+    let (_, add_args) = body.call(*add, "relax.add")?;
+    let (eps, mean) = body.either(add_args, |a| body.scalar(a))?;
+    let (Op::Mean(attrs), [pow]) = body.call(mean, "relax.mean")? else {
+        return None;
+    };
+    let rank = match &body.f.expr(e).ty {
+        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len())?,
+        _ => return None,
+    };
+    let last = matches!(attrs.axis.as_deref(), Some([a]) if *a == -1 || *a == rank as i64 - 1);
+    if !last || !attrs.keepdims {
+        return None;
+    }
+    let (_, [x2, two]) = body.call(*pow, "relax.power")? else {
+        return None;
+    };
+    if body.scalar(*two)? != 2.0 || body.leaf(*x2)? != body.leaf(x)? {
+        return None;
+    }
+    Some((body.leaf(x)?, eps, 6))
+}
+
+fn gelu(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    // erf form: 0.5 · x · (erf(x / √2) + 1), as (x · (…)) · 0.5 or x · (0.5 · (…)).
+    let erf_part = |e: ExprId| -> Option<Leaf> {
+        let (_, args) = body.call(e, "relax.add")?;
+        let (one, erf) = body.either(args, |a| body.scalar(a))?;
+        let (_, [d]) = body.call(erf, "relax.erf")? else {
+            return None;
+        };
+        let (_, [x, r2]) = body.call(*d, "relax.divide")? else {
+            return None;
+        };
+        let r2 = body.scalar(*r2)?;
+        ((one == 1.0) && (r2 - std::f32::consts::SQRT_2).abs() < 1e-6).then_some(())?;
+        body.leaf(*x)
+    };
+    let (_, args) = body.call(ret, "relax.multiply")?;
+    // (x · (erf + 1)) · 0.5
+    if let Some((half, inner)) = body.either(args, |a| body.scalar(a))
+        && half == 0.5
+        && let Some((_, iargs)) = body.call(inner, "relax.multiply")
+        && let Some((x, part)) = body.either(iargs, |a| body.leaf(a))
+        && erf_part(part) == Some(x)
+    {
+        return Some((Plan::Gelu { x, tanh: false }, 5));
+    }
+    // x · (0.5 · (erf + 1))
+    if let Some((x, inner)) = body.either(args, |a| body.leaf(a))
+        && let Some((_, iargs)) = body.call(inner, "relax.multiply")
+        && let Some((half, part)) = body.either(iargs, |a| body.scalar(a))
+        && half == 0.5
+        && erf_part(part) == Some(x)
+    {
+        return Some((Plan::Gelu { x, tanh: false }, 5));
+    }
+    // tanh form: (x · 0.5) · (tanh((x + x³ · 0.044715) · √(2/π)) + 1)
+    let (half_x, t1) = body.either(args, |a| body.call(a, "relax.multiply").map(|_| a))?;
+    let (_, hargs) = body.call(half_x, "relax.multiply")?;
+    let (half, x) = body.either(hargs, |a| body.scalar(a))?;
+    let x = body.leaf(x)?;
+    let (_, t1args) = body.call(t1, "relax.add")?;
+    let (one, th) = body.either(t1args, |a| body.scalar(a))?;
+    let (_, [m]) = body.call(th, "relax.tanh")? else {
+        return None;
+    };
+    let (_, margs) = body.call(*m, "relax.multiply")?;
+    let (c, inner) = body.either(margs, |a| body.scalar(a))?;
+    let (_, aargs) = body.call(inner, "relax.add")?;
+    let (cube, x2) = body.either(aargs, |a| body.call(a, "relax.multiply").map(|_| a))?;
+    let (_, cargs) = body.call(cube, "relax.multiply")?;
+    let (k, pw) = body.either(cargs, |a| body.scalar(a))?;
+    let (_, [x3, three]) = body.call(pw, "relax.power")? else {
+        return None;
+    };
+    let ok = half == 0.5
+        && one == 1.0
+        && body.scalar(*three)? == 3.0
+        && (k - 0.044715).abs() < 1e-6
+        && (c - (2.0 / std::f32::consts::PI).sqrt()).abs() < 1e-6
+        && body.leaf(x2)? == x
+        && body.leaf(*x3)? == x;
+    ok.then_some((Plan::Gelu { x, tanh: true }, 8))
+}
+
+/// A plan's inputs' values, `f32` tensors on the host only.
+fn f32_tensor(v: &Value) -> Option<&Tensor> {
+    match v {
+        Value::Tensor(t) if t.dtype() == DType::F32 => Some(t),
+        _ => None,
+    }
+}
+
+/// Runs `plan` with `input` giving each leaf's value; `Ok(None)` when the values do not fit.
+pub(crate) fn run(
+    plan: &Plan,
+    input: &dyn Fn(Leaf) -> crate::Result<Value>,
+) -> crate::Result<Option<Value>> {
+    let get = |l: Leaf| -> crate::Result<Option<Tensor>> { Ok(f32_tensor(&input(l)?).cloned()) };
+    let kernel = |op: &'static str| move |message: String| crate::Error::Kernel { op, message };
+    Ok(match plan {
+        Plan::Attention {
+            q,
+            kt,
+            v,
+            masks,
+            spec,
+        } => {
+            let (Some(q), Some(kt), Some(v)) = (get(*q)?, get(*kt)?, get(*v)?) else {
+                return Ok(None);
+            };
+            let mut ms = Vec::new();
+            for m in masks {
+                match get(*m)? {
+                    Some(t) => ms.push(t),
+                    None => return Ok(None),
+                }
+            }
+            let ms: Vec<&Tensor> = ms.iter().collect();
+            crate::attention::attention(&q, &kt, &v, &ms, spec)
+                .map_err(kernel("cpu.attention"))?
+                .map(Value::Tensor)
+        }
+        Plan::ResidualLayerNorm {
+            a,
+            b,
+            gamma,
+            beta,
+            eps,
+            outputs,
+        } => {
+            let (Some(a), Some(b), Some(g), Some(be)) =
+                (get(*a)?, get(*b)?, get(*gamma)?, get(*beta)?)
+            else {
+                return Ok(None);
+            };
+            let Some((sum, norm)) = crate::norm::residual_layer_norm(&a, &b, &g, &be, *eps)
+                .map_err(kernel("cpu.residual_layer_norm"))?
+            else {
+                return Ok(None);
+            };
+            let mut vals: Vec<Value> = outputs
+                .iter()
+                .map(|&n| Value::Tensor(if n { norm.clone() } else { sum.clone() }))
+                .collect();
+            if vals.len() == 1 {
+                vals.pop()
+            } else {
+                Some(Value::Tuple(vals))
+            }
+        }
+        Plan::RmsNorm { x, weight, eps } => {
+            let Some(x) = get(*x)? else { return Ok(None) };
+            let w = match weight {
+                Some(w) => match get(*w)? {
+                    Some(t) => Some(t),
+                    None => return Ok(None),
+                },
+                None => None,
+            };
+            crate::norm::rms_norm(&x, w.as_ref(), *eps)
+                .map_err(kernel("cpu.rms_norm"))?
+                .map(Value::Tensor)
+        }
+        Plan::Gelu { x, tanh } => {
+            let Some(x) = get(*x)? else { return Ok(None) };
+            Some(Value::Tensor(
+                crate::norm::gelu(&x, *tanh).map_err(kernel("cpu.gelu"))?,
+            ))
+        }
+    })
+}

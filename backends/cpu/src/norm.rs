@@ -1,0 +1,177 @@
+//! One-pass row kernels for the transformer composites: residual add + LayerNorm, RMSNorm,
+//! GELU (erf and tanh forms).
+//!
+//! Contract: each works on `float32` tensors, row by row over the last axis, rows split over
+//! threads (each row computed by one sequential loop: the same result for every thread count).
+//! [`residual_layer_norm`] gives the same bits as `add` followed by the reference
+//! `layer_norm` (the sum rounded to `f32`, then mean and variance summed in `f64` in index
+//! order, as `nn::norm` does). `Ok(None)`: shapes the kernel does not handle (the caller runs
+//! the ops one by one).
+//!
+//! ```text
+//! s: R.Tensor((n, 32), dtype="float32") = R.add(a, b)
+//! y: R.Tensor((n, 32), dtype="float32") = R.nn.layer_norm(s, g, be, axes=[-1], epsilon=1e-12, center=True, scale=True)
+//! ; → residual_layer_norm(a, b, g, be, 1e-12): s and y in one pass over each row
+//! ```
+
+use fusebox_core::runtime::Tensor;
+
+type KResult<T> = Result<T, String>;
+
+/// Rows of `width` elements, at least `1 << 14` elements a task.
+fn row_tasks(n: usize, width: usize) -> (usize, usize) {
+    let rows_per = ((1 << 14) / width.max(1)).max(1);
+    let threads = crate::par::threads_for(n, 1 << 15);
+    (rows_per * width.max(1), threads)
+}
+
+/// `s = a + b` and `layer_norm(s, gamma, beta)` over the last axis; `None` when `a` and `b`
+/// differ in shape (a broadcast residual) or the params are not the last dim's size.
+pub(crate) fn residual_layer_norm(
+    a: &Tensor,
+    b: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f64,
+) -> KResult<Option<(Tensor, Tensor)>> {
+    let (Some(ad), Some(bd), Some(g), Some(be)) =
+        (a.as_f32(), b.as_f32(), gamma.as_f32(), beta.as_f32())
+    else {
+        return Ok(None);
+    };
+    let Some(&w) = a.shape().last() else {
+        return Ok(None);
+    };
+    if a.shape() != b.shape() || gamma.shape() != [w] || beta.shape() != [w] || w == 0 {
+        return Ok(None);
+    }
+    let n = ad.len();
+    let (chunk, threads) = row_tasks(n, w);
+    let mut sum = crate::par::scratch_f32(n, threads);
+    let mut out = crate::par::scratch_f32(n, threads);
+    let tasks: Vec<(usize, &mut [f32], &mut [f32])> = sum
+        .chunks_mut(chunk)
+        .zip(out.chunks_mut(chunk))
+        .enumerate()
+        .map(|(i, (s, o))| (i * chunk, s, o))
+        .collect();
+    let count = w as f64;
+    let r: Result<(), ()> = crate::par::run_tasks(tasks, threads, |(off, s, o)| {
+        for ((srow, orow), r0) in s.chunks_mut(w).zip(o.chunks_mut(w)).zip((off..).step_by(w)) {
+            let (ar, br) = (&ad[r0..r0 + w], &bd[r0..r0 + w]);
+            let mut mean = 0.0f64;
+            for ((x, &p), &q) in srow.iter_mut().zip(ar).zip(br) {
+                *x = p + q;
+                mean += f64::from(*x);
+            }
+            mean /= count;
+            let mut var = 0.0f64;
+            for &x in srow.iter() {
+                let d = f64::from(x) - mean;
+                var += d * d;
+            }
+            let inv = 1.0 / (var / count + eps).sqrt();
+            for (((y, &x), &gg), &bb) in orow.iter_mut().zip(srow.iter()).zip(g).zip(be) {
+                *y = ((f64::from(x) - mean) * inv * f64::from(gg) + f64::from(bb)) as f32;
+            }
+        }
+        Ok(())
+    });
+    debug_assert!(r.is_ok());
+    let shape = a.shape().to_vec();
+    let e = |e: fusebox_core::Error| e.to_string();
+    Ok(Some((
+        Tensor::from_f32(shape.clone(), sum).map_err(e)?,
+        Tensor::from_f32(shape, out).map_err(e)?,
+    )))
+}
+
+/// `w * (x * (1 / sqrt(mean(x², -1) + eps)))` over the last axis (`w` optional, of the last
+/// dim's size); the mean square summed in `f64`, the rest in `f32` as the graph's ops.
+pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult<Option<Tensor>> {
+    let Some(xd) = x.as_f32() else {
+        return Ok(None);
+    };
+    let Some(&w) = x.shape().last() else {
+        return Ok(None);
+    };
+    let wd = match weight {
+        Some(t) if t.shape() == [w] => t.as_f32(),
+        Some(_) => return Ok(None),
+        None => None,
+    };
+    if w == 0 || (weight.is_some() && wd.is_none()) {
+        return Ok(None);
+    }
+    let n = xd.len();
+    let (chunk, threads) = row_tasks(n, w);
+    let mut out = crate::par::scratch_f32(n, threads);
+    crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
+        for (orow, r0) in o.chunks_mut(w).zip((off..).step_by(w)) {
+            let xr = &xd[r0..r0 + w];
+            let ss: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+            let ms = (ss / w as f64) as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            match wd {
+                Some(g) => {
+                    for ((y, &v), &gg) in orow.iter_mut().zip(xr).zip(g) {
+                        *y = gg * (v * inv);
+                    }
+                }
+                None => {
+                    for (y, &v) in orow.iter_mut().zip(xr) {
+                        *y = v * inv;
+                    }
+                }
+            }
+        }
+    });
+    Tensor::from_f32(x.shape().to_vec(), out)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// `erf` in `f32` by the rational approximation Eigen and XLA use (`generic_fast_erf_float`:
+/// odd degree-13 over even degree-8 polynomial on [-4, 4], ±1 beyond; a few ulps), branch-free
+/// so the GELU loop vectorises. The interpreted `erf` goes through `f64` (`erf64`).
+#[inline]
+pub(crate) fn erf32(x: f32) -> f32 {
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = x2 * -2.726_142_3e-10 + 2.770_681_4e-8;
+    p = x2 * p + -2.101_024e-6;
+    p = x2 * p + -5.692_506_4e-5;
+    p = x2 * p + -7.349_906_3e-4;
+    p = x2 * p + -2.954_6e-3;
+    p = x2 * p + -1.609_603_3e-2;
+    p *= x;
+    let mut q = x2 * -1.456_607_2e-5 + -2.133_740_6e-4;
+    q = x2 * q + -1.682_827e-3;
+    q = x2 * q + -7.373_329e-3;
+    q = x2 * q + -1.426_474e-2;
+    p / q
+}
+
+/// GELU in one pass: erf form `0.5 x (1 + erf(x / √2))` or tanh form
+/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+pub(crate) fn gelu(x: &Tensor, tanh: bool) -> KResult<Tensor> {
+    let xd = x.as_f32().unwrap_or(&[]);
+    let n = xd.len();
+    let threads = crate::par::threads_for(n, 1 << 14);
+    let mut out = crate::par::scratch_f32(n, threads);
+    let chunk = n.div_ceil(threads).max(1);
+    crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
+        let xs = &xd[off..off + o.len()];
+        if tanh {
+            let c = (2.0f32 / std::f32::consts::PI).sqrt();
+            for (y, &v) in o.iter_mut().zip(xs) {
+                *y = (v * 0.5) * ((c * (v + v * v * v * 0.044715)).tanh() + 1.0);
+            }
+        } else {
+            for (y, &v) in o.iter_mut().zip(xs) {
+                *y = v * (0.5 * (erf32(v / std::f32::consts::SQRT_2) + 1.0));
+            }
+        }
+    });
+    Tensor::from_f32(x.shape().to_vec(), out).map_err(|e| e.to_string())
+}

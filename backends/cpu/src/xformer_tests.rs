@@ -1,0 +1,530 @@
+//! Tests of the transformer kernels (`attention.rs`, `norm.rs`) against naive references
+//! written independently here (materialised scores, softmax in `f64`), and of the composite
+//! path (`composite.rs` through the executor) against the interpreted body.
+
+use crate::attention::{AttnSpec, Scale, attention};
+use fusebox_core::runtime::{Tensor, Value};
+
+/// A deterministic generator of floats in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn tensor(&mut self, shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_f32(shape.to_vec(), (0..n).map(|_| self.next()).collect()).unwrap()
+    }
+}
+
+/// Row-major index of `idx` in `shape`, broadcasting dims of 1 (right-aligned).
+fn at(shape: &[usize], idx: &[usize]) -> usize {
+    let off = idx.len() - shape.len();
+    let mut o = 0;
+    for (k, &n) in shape.iter().enumerate() {
+        let i = if n == 1 { 0 } else { idx[off + k] };
+        o = o * n + i;
+    }
+    o
+}
+
+/// The definition: scores materialised, softmax in f64, GQA by `h * hk / hq`.
+#[allow(clippy::too_many_arguments, reason = "the definition's inputs")]
+fn naive(
+    q: &Tensor,
+    kt: &Tensor,
+    v: &Tensor,
+    masks: &[&Tensor],
+    sq: f32,
+    sk: f32,
+    causal: bool,
+    guard: bool,
+) -> Vec<f32> {
+    let (qs, ks, vs) = (q.shape(), kt.shape(), v.shape());
+    let (b, hq, s, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let (hk, t, dv) = (ks[1], ks[3], vs[3]);
+    let (qd, kd, vd) = (
+        q.as_f32().unwrap(),
+        kt.as_f32().unwrap(),
+        v.as_f32().unwrap(),
+    );
+    let mut out = vec![0.0f32; b * hq * s * dv];
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h * hk / hq;
+            for i in 0..s {
+                let mut sc = vec![0.0f64; t];
+                for (j, x) in sc.iter_mut().enumerate() {
+                    let mut acc = 0.0f64;
+                    for dd in 0..d {
+                        let qv = qd[((bi * hq + h) * s + i) * d + dd] * sq;
+                        let kv = kd[((bi * hk + kh) * d + dd) * t + j] * sk;
+                        acc += f64::from(qv) * f64::from(kv);
+                    }
+                    // The graph adds the masks one by one in f32.
+                    let mut a32 = acc as f32;
+                    for m in masks {
+                        a32 += m.as_f32().unwrap()[at(m.shape(), &[bi, h, i, j])];
+                    }
+                    if !masks.is_empty() {
+                        acc = f64::from(a32);
+                    }
+                    if causal && j > i + t - s {
+                        acc = f64::NEG_INFINITY;
+                    }
+                    *x = acc;
+                }
+                let mx = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = sc.iter().map(|x| (x - mx).exp()).sum();
+                let p: Vec<f64> = sc
+                    .iter()
+                    .map(|x| {
+                        let p = (x - mx).exp() / sum;
+                        if guard && p.is_nan() { 0.0 } else { p }
+                    })
+                    .collect();
+                for e in 0..dv {
+                    let mut acc = 0.0f64;
+                    for (j, &pj) in p.iter().enumerate() {
+                        acc += pj * f64::from(vd[((bi * hk + kh) * t + j) * dv + e]);
+                    }
+                    out[((bi * hq + h) * s + i) * dv + e] = acc as f32;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn close(got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len());
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= tol || (a.is_nan() && b.is_nan()),
+            "element {i}: {a} vs {b}"
+        );
+    }
+}
+
+fn spec(sq: f32, sk: f32, causal: bool, guard: bool) -> AttnSpec {
+    AttnSpec {
+        q_scale: Scale::Mul(sq),
+        k_scale: Scale::Mul(sk),
+        nan_guard: guard,
+        causal,
+    }
+}
+
+#[test]
+fn attention_matches_the_materialised_definition() {
+    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    // (batch, q heads, kv heads, S, T, D, Dv): odd sizes, several key blocks, GQA.
+    for &(b, hq, hk, s, t, d, dv) in &[
+        (2, 2, 2, 16, 16, 16, 16),
+        (1, 3, 3, 7, 130, 5, 9),
+        (2, 4, 2, 33, 65, 8, 8),
+        (1, 6, 1, 1, 3, 4, 3),
+        (1, 2, 2, 70, 70, 12, 12),
+    ] {
+        let q = r.tensor(&[b, hq, s, d]);
+        let kt = r.tensor(&[b, hk, d, t]);
+        let v = r.tensor(&[b, hk, t, dv]);
+        // A padding mask [b, 1, 1, T] and a full one [b, hq, S, T].
+        let pad = Tensor::from_f32(
+            vec![b, 1, 1, t],
+            (0..b * t)
+                .map(|i| if i % t >= t - t / 4 { -3.4e38 } else { 0.0 })
+                .collect(),
+        )
+        .unwrap();
+        let full = r.tensor(&[b, hq, s, t]);
+        for mask in [vec![], vec![&pad], vec![&full], vec![&full, &pad]] {
+            for causal in [false, true] {
+                if causal && t < s {
+                    continue;
+                }
+                let sp = spec(0.5, 0.25, causal, true);
+                let got = attention(&q, &kt, &v, mask.as_slice(), &sp)
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(got.shape(), &[b, hq, s, dv]);
+                let want = naive(&q, &kt, &v, &mask, 0.5, 0.25, causal, true);
+                close(got.as_f32().unwrap(), &want, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_nan_guard_zeroes_fully_masked_rows() {
+    let mut r = Rng(7);
+    let (q, kt, v) = (
+        r.tensor(&[1, 1, 3, 4]),
+        r.tensor(&[1, 1, 4, 5]),
+        r.tensor(&[1, 1, 5, 2]),
+    );
+    // Row 1 sees only -inf.
+    let m: Vec<f32> = (0..15)
+        .map(|i| if i / 5 == 1 { f32::NEG_INFINITY } else { 0.0 })
+        .collect();
+    let mask = Tensor::from_f32(vec![1, 1, 3, 5], m).unwrap();
+    let guarded = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, false, true))
+        .unwrap()
+        .unwrap();
+    let g = guarded.as_f32().unwrap();
+    assert_eq!(&g[2..4], &[0.0, 0.0]);
+    let want = naive(&q, &kt, &v, &[&mask], 1.0, 1.0, false, true);
+    close(g, &want, 1e-5);
+    let raw = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, false, false))
+        .unwrap()
+        .unwrap();
+    assert!(raw.as_f32().unwrap()[2].is_nan());
+}
+
+#[test]
+fn attention_scales_divide_as_the_graph_does() {
+    let mut r = Rng(11);
+    let (q, kt, v) = (
+        r.tensor(&[2, 2, 5, 8]),
+        r.tensor(&[2, 2, 8, 5]),
+        r.tensor(&[2, 2, 5, 8]),
+    );
+    let div = AttnSpec {
+        q_scale: Scale::Div(8f32.sqrt()),
+        k_scale: Scale::None,
+        nan_guard: false,
+        causal: false,
+    };
+    let got = attention(&q, &kt, &v, &[], &div).unwrap().unwrap();
+    let want = naive(&q, &kt, &v, &[], 1.0 / 8f32.sqrt(), 1.0, false, false);
+    close(got.as_f32().unwrap(), &want, 1e-5);
+}
+
+#[test]
+fn attention_declines_shapes_it_does_not_handle() {
+    let mut r = Rng(3);
+    // 3 query heads cannot group 2 key heads.
+    let (q, kt, v) = (
+        r.tensor(&[1, 3, 4, 4]),
+        r.tensor(&[1, 2, 4, 4]),
+        r.tensor(&[1, 2, 4, 4]),
+    );
+    assert!(
+        attention(&q, &kt, &v, &[], &spec(1.0, 1.0, false, false))
+            .unwrap()
+            .is_none()
+    );
+    // kᵀ's rows must be q's columns.
+    let bad = r.tensor(&[1, 3, 5, 4]);
+    assert!(attention(&q, &bad, &q, &[], &spec(1.0, 1.0, false, false)).is_err());
+}
+
+#[test]
+fn kernels_give_the_same_bits_for_every_thread_count() {
+    let mut r = Rng(5);
+    let (q, kt, v) = (
+        r.tensor(&[2, 4, 200, 32]),
+        r.tensor(&[2, 4, 32, 200]),
+        r.tensor(&[2, 4, 200, 32]),
+    );
+    let (a, b) = (r.tensor(&[400, 96]), r.tensor(&[400, 96]));
+    let (g, be) = (r.tensor(&[96]), r.tensor(&[96]));
+    let x = r.tensor(&[300, 500]);
+    let run = || {
+        let o = attention(&q, &kt, &v, &[], &spec(0.5, 0.5, true, true))
+            .unwrap()
+            .unwrap();
+        let (s, n) = crate::norm::residual_layer_norm(&a, &b, &g, &be, 1e-5)
+            .unwrap()
+            .unwrap();
+        let rms = crate::norm::rms_norm(&a, Some(&g), 1e-6).unwrap().unwrap();
+        let ge = crate::norm::gelu(&x, false).unwrap();
+        let gt = crate::norm::gelu(&x, true).unwrap();
+        [o, s, n, rms, ge, gt].map(|t| {
+            t.as_f32()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<u32>>()
+        })
+    };
+    let one = crate::par::with_threads(1, run);
+    for n in [2, 3] {
+        assert!(
+            crate::par::with_threads(n, run) == one,
+            "{n} threads differ from 1"
+        );
+    }
+}
+
+#[test]
+fn residual_layer_norm_equals_add_then_the_reference_layer_norm() {
+    let mut r = Rng(13);
+    for &(rows, w) in &[(1, 1), (3, 7), (50, 96), (7, 513)] {
+        let (a, b) = (r.tensor(&[rows, w]), r.tensor(&[rows, w]));
+        let (g, be) = (r.tensor(&[w]), r.tensor(&[w]));
+        let (s, n) = crate::norm::residual_layer_norm(&a, &b, &g, &be, 1e-12)
+            .unwrap()
+            .unwrap();
+        let sum = crate::eval_op(
+            &fusebox_core::op::Op::Add,
+            &[Value::Tensor(a.clone()), Value::Tensor(b.clone())],
+        )
+        .unwrap();
+        let Value::Tensor(sum) = sum else { panic!() };
+        assert_eq!(s.as_f32(), sum.as_f32());
+        let want = crate::nn::norm(&sum, &[-1], 1e-12, Some(&g), Some(&be), false).unwrap();
+        // Bit-identical to the reference kernel.
+        assert_eq!(n.as_f32(), want.as_f32());
+    }
+    // A broadcast residual is declined.
+    let (a, b) = (r.tensor(&[4, 8]), r.tensor(&[1, 8]));
+    let (g, be) = (r.tensor(&[8]), r.tensor(&[8]));
+    assert!(
+        crate::norm::residual_layer_norm(&a, &b, &g, &be, 1e-5)
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[test]
+fn rms_norm_and_gelu_match_their_definitions() {
+    let mut r = Rng(17);
+    let x = r.tensor(&[9, 33]);
+    let w = r.tensor(&[33]);
+    let got = crate::norm::rms_norm(&x, Some(&w), 1e-6).unwrap().unwrap();
+    let (xd, wd) = (x.as_f32().unwrap(), w.as_f32().unwrap());
+    let mut want = Vec::new();
+    for row in xd.chunks(33) {
+        let ms: f64 = row
+            .iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum::<f64>()
+            / 33.0;
+        let inv = 1.0 / (ms + 1e-6).sqrt();
+        want.extend(
+            row.iter()
+                .zip(wd)
+                .map(|(&v, &g)| (f64::from(v) * inv * f64::from(g)) as f32),
+        );
+    }
+    close(got.as_f32().unwrap(), &want, 1e-5);
+    let x = r.tensor(&[1000]);
+    let xs: Vec<f64> = x
+        .as_f32()
+        .unwrap()
+        .iter()
+        .map(|&v| f64::from(v) * 4.0)
+        .collect();
+    let x = Tensor::from_f32(vec![1000], xs.iter().map(|&v| v as f32).collect()).unwrap();
+    let erf = crate::norm::gelu(&x, false).unwrap();
+    let tanh = crate::norm::gelu(&x, true).unwrap();
+    // erf by its series/continued fraction in elementwise.rs is checked elsewhere; here the
+    // tanh form is defined independently and the erf form against libm-free Abramowitz-Stegun.
+    for (i, &v) in xs.iter().enumerate() {
+        let t = 0.5
+            * v
+            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
+        assert!(
+            (f64::from(tanh.as_f32().unwrap()[i]) - t).abs() < 1e-5,
+            "tanh gelu at {v}"
+        );
+        // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7).
+        let z = v / std::f64::consts::SQRT_2;
+        let s = z.signum();
+        let a = z.abs();
+        let k = 1.0 / (1.0 + 0.327_591_1 * a);
+        let poly = k
+            * (0.254_829_592
+                + k * (-0.284_496_736
+                    + k * (1.421_413_741 + k * (-1.453_152_027 + k * 1.061_405_429))));
+        let e = s * (1.0 - poly * (-a * a).exp());
+        let want = 0.5 * v * (1.0 + e);
+        assert!(
+            (f64::from(erf.as_f32().unwrap()[i]) - want).abs() < 1e-5,
+            "erf gelu at {v}"
+        );
+    }
+}
+
+/// The TorchScript exporter's attention, as a composite; with `Composite` the executor runs
+/// the fused kernel, without it the ops one by one.
+const ATTN: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def attn(q: R.Tensor((2, 2, 10, 8), dtype="float32"), kt: R.Tensor((2, 2, 8, 10), dtype="float32"), mask: R.Tensor((2, 1, 10, 10), dtype="float32"), v: R.Tensor((2, 2, 10, 8), dtype="float32")) -> R.Tensor((2, 2, 10, 8), dtype="float32"):
+        R.func_attr({"Composite": "cpu.attention", "Primitive": True})
+        with R.dataflow():
+            lv: R.Tensor((2, 2, 10, 8), dtype="float32") = R.multiply(q, R.const(0.5, "float32"))
+            lv1: R.Tensor((2, 2, 8, 10), dtype="float32") = R.multiply(kt, R.const(0.5, "float32"))
+            lv2: R.Tensor((2, 2, 10, 10), dtype="float32") = R.matmul(lv, lv1, out_dtype=None)
+            lv3: R.Tensor((2, 2, 10, 10), dtype="float32") = R.add(lv2, mask)
+            lv4: R.Tensor((2, 2, 10, 10), dtype="float32") = R.nn.softmax(lv3, axis=-1)
+            lv5: R.Tensor((2, 2, 10, 10), dtype="bool") = R.isnan(lv4)
+            lv6: R.Tensor((2, 2, 10, 10), dtype="float32") = R.where(lv5, R.const(0.0, "float32"), lv4)
+            gv: R.Tensor((2, 2, 10, 8), dtype="float32") = R.matmul(lv6, v, out_dtype=None)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(q: R.Tensor((2, 2, 10, 8), dtype="float32"), kt: R.Tensor((2, 2, 8, 10), dtype="float32"), mask: R.Tensor((2, 1, 10, 10), dtype="float32"), v: R.Tensor((2, 2, 10, 8), dtype="float32")) -> R.Tensor((2, 2, 10, 8), dtype="float32"):
+        with R.dataflow():
+            gv: R.Tensor((2, 2, 10, 8), dtype="float32") = Module.attn(q, kt, mask, v)
+            R.output(gv)
+        return gv
+"#;
+
+/// Runs `src`'s main as written and with every `Composite` attribute removed (interpreted).
+fn fused_and_interpreted(src: &str, args: Vec<Value>) -> (Vec<f32>, Vec<f32>) {
+    let m = fusebox_core::text::parse_module_str(src).unwrap();
+    let fused = crate::run(&m, "main", args.clone()).unwrap();
+    let plain = fusebox_core::text::parse_module_str(
+        &src.replace("\"Composite\": \"cpu.attention\", ", "")
+            .replace("\"Composite\": \"cpu.residual_layer_norm\", ", ""),
+    )
+    .unwrap();
+    let interp = crate::run(&plain, "main", args).unwrap();
+    let flat = |v: Value| match v {
+        Value::Tensor(t) => t.to_f32_vec(),
+        Value::Tuple(ts) => ts
+            .into_iter()
+            .flat_map(|t| match t {
+                Value::Tensor(t) => t.to_f32_vec(),
+                _ => panic!(),
+            })
+            .collect(),
+        _ => panic!(),
+    };
+    (flat(fused), flat(interp))
+}
+
+#[test]
+fn the_attention_composite_runs_fused_and_agrees_with_its_body() {
+    let m = fusebox_core::text::parse_module_str(ATTN).unwrap();
+    let plan = crate::composite::recognise(m.get("attn").unwrap());
+    assert!(
+        matches!(&plan, Some(crate::composite::Plan::Attention { masks, .. }) if masks.len() == 1),
+        "{plan:?}"
+    );
+    let mut r = Rng(21);
+    let mask: Vec<f32> = (0..200)
+        .map(|i| {
+            if i % 10 >= 8 && i >= 100 {
+                -3.4e38
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let args = vec![
+        Value::Tensor(r.tensor(&[2, 2, 10, 8])),
+        Value::Tensor(r.tensor(&[2, 2, 8, 10])),
+        Value::Tensor(Tensor::from_f32(vec![2, 1, 10, 10], mask).unwrap()),
+        Value::Tensor(r.tensor(&[2, 2, 10, 8])),
+    ];
+    let (fused, interp) = fused_and_interpreted(ATTN, args);
+    close(&fused, &interp, 1e-5);
+    // Not the same bits: the fused path really ran (online softmax in f32).
+    assert_ne!(fused, interp);
+}
+
+#[test]
+fn a_body_of_another_form_is_interpreted() {
+    // The scale is not a scalar: the recogniser declines, the body still runs.
+    let src = ATTN.replace(
+        "R.multiply(q, R.const(0.5, \"float32\"))",
+        "R.multiply(q, q)",
+    );
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    assert!(crate::composite::recognise(m.get("attn").unwrap()).is_none());
+    let mut r = Rng(29);
+    let args = vec![
+        Value::Tensor(r.tensor(&[2, 2, 10, 8])),
+        Value::Tensor(r.tensor(&[2, 2, 8, 10])),
+        Value::Tensor(r.tensor(&[2, 1, 10, 10])),
+        Value::Tensor(r.tensor(&[2, 2, 10, 8])),
+    ];
+    let (fused, interp) = fused_and_interpreted(&src, args);
+    assert_eq!(fused, interp);
+    // An extra binding in the body.
+    let src = ATTN.replace(
+        "            gv: R.Tensor((2, 2, 10, 8), dtype=\"float32\") = R.matmul(lv6, v, out_dtype=None)\n",
+        "            lv7: R.Tensor((2, 2, 10, 10), dtype=\"float32\") = R.nn.relu(lv6)\n            gv: R.Tensor((2, 2, 10, 8), dtype=\"float32\") = R.matmul(lv7, v, out_dtype=None)\n",
+    );
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    assert!(crate::composite::recognise(m.get("attn").unwrap()).is_none());
+}
+
+const RLN: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def rln(a: R.Tensor((6, 16), dtype="float32"), b: R.Tensor((6, 16), dtype="float32"), g: R.Tensor((16,), dtype="float32"), be: R.Tensor((16,), dtype="float32")) -> R.Tuple(R.Tensor((6, 16), dtype="float32"), R.Tensor((6, 16), dtype="float32")):
+        R.func_attr({"Composite": "cpu.residual_layer_norm", "Primitive": True})
+        with R.dataflow():
+            s: R.Tensor((6, 16), dtype="float32") = R.add(a, b)
+            y: R.Tensor((6, 16), dtype="float32") = R.nn.layer_norm(s, g, be, axes=[-1], epsilon=1e-05, center=True, scale=True)
+            gv: R.Tuple(R.Tensor((6, 16), dtype="float32"), R.Tensor((6, 16), dtype="float32")) = (y, s)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(a: R.Tensor((6, 16), dtype="float32"), b: R.Tensor((6, 16), dtype="float32"), g: R.Tensor((16,), dtype="float32"), be: R.Tensor((16,), dtype="float32")) -> R.Tuple(R.Tensor((6, 16), dtype="float32"), R.Tensor((6, 16), dtype="float32")):
+        with R.dataflow():
+            gv: R.Tuple(R.Tensor((6, 16), dtype="float32"), R.Tensor((6, 16), dtype="float32")) = Module.rln(a, b, g, be)
+            R.output(gv)
+        return gv
+"#;
+
+#[test]
+fn the_residual_layer_norm_composite_returns_both_outputs_bit_for_bit() {
+    let m = fusebox_core::text::parse_module_str(RLN).unwrap();
+    let plan = crate::composite::recognise(m.get("rln").unwrap());
+    assert!(
+        matches!(&plan, Some(crate::composite::Plan::ResidualLayerNorm { outputs, .. }) if outputs == &[true, false]),
+        "{plan:?}"
+    );
+    let mut r = Rng(23);
+    let args = ["a", "b", "g", "be"]
+        .iter()
+        .zip([&[6usize, 16][..], &[6, 16], &[16], &[16]])
+        .map(|(_, s)| Value::Tensor(r.tensor(s)))
+        .collect();
+    let (fused, interp) = fused_and_interpreted(RLN, args);
+    assert_eq!(fused, interp);
+}
+
+#[test]
+fn the_f32_erf_is_within_a_few_ulps_of_the_f64_one() {
+    let mut worst = 0.0f64;
+    for i in -60_000..=60_000 {
+        let x = i as f32 * 1e-4;
+        let got = f64::from(crate::norm::erf32(x));
+        let want = crate::elementwise::erf64(f64::from(x));
+        worst = worst.max((got - want).abs());
+    }
+    assert!(worst < 5e-7, "worst |erf32 - erf64| = {worst:e}");
+    // Saturates (within one ulp of ±1) far out.
+    assert!((crate::norm::erf32(10.0) - 1.0).abs() <= f32::EPSILON);
+    assert!((crate::norm::erf32(-1e30) + 1.0).abs() <= f32::EPSILON);
+}
+
+#[test]
+fn the_f32_exp_is_within_two_ulps_of_std() {
+    let mut worst = 0.0f32;
+    for i in -873_000..=883_000 {
+        let x = i as f32 * 1e-4;
+        let (got, want) = (crate::attention::exp32(x), x.exp());
+        if want >= f32::MIN_POSITIVE {
+            worst = worst.max(((got - want) / want).abs());
+        }
+    }
+    assert!(worst < 2.5 * f32::EPSILON, "worst relative error {worst:e}");
+    assert_eq!(crate::attention::exp32(f32::NEG_INFINITY), 0.0);
+    assert_eq!(crate::attention::exp32(-1e30), 0.0);
+    assert!(crate::attention::exp32(f32::NAN).is_nan());
+    assert_eq!(crate::attention::exp32(0.0), 1.0);
+}
