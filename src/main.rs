@@ -114,11 +114,13 @@ enum Command {
         /// The model: `.onnx` (imported) or `.relax` (text).
         file: PathBuf,
         /// A config (backends, patterns, partition options, plugins): the whole backend flow,
-        /// with each claimed function run by its backend's artifact. Without it: `--patterns`
-        /// then FuseOps on the CPU reference.
+        /// with each claimed function run by its backend's artifact. Without it: the
+        /// `--patterns` table (else the CPU backend's transformer patterns), then FuseOps, on
+        /// the CPU reference.
         #[arg(long, conflicts_with = "patterns")]
         config: Option<PathBuf>,
-        /// A TOML pattern table applied before FuseOps (as `partition --patterns`).
+        /// A TOML pattern table applied before FuseOps (as `partition --patterns`), instead of
+        /// the CPU backend's transformer patterns.
         #[arg(long)]
         patterns: Option<PathBuf>,
         /// `NAME=PATH.npy` for a parameter of `main`; the others get random values.

@@ -5,8 +5,9 @@
 //!
 //! - Pipeline: import (ONNX) or parse (text) → inference simplification
 //!   (`fusebox_core::transform::simplify_pipeline` with the CPU reference's constant
-//!   evaluator) → optional pattern table
-//!   (FuseOpsByPattern, as `partition --patterns`) → FuseOps (opt level 2) → a `fusebox_cpu::Executor` on `main`
+//!   evaluator) → FuseOpsByPattern with the `--patterns` table, else the CPU backend's own
+//!   (`fusebox_cpu::backend::transformer_patterns`, as `configs/cpu.toml` gets it) → FuseOps
+//!   (opt level 2) → a `fusebox_cpu::Executor` on `main`
 //!   (constants decoded in the warm-up run and reused; kernels on `FUSEBOX_THREADS` threads,
 //!   an invalid value being an error); or, with
 //!   `--config`, the config's backend pipeline (patterns of every backend, claims, compile),
@@ -303,11 +304,17 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
     // and exporter noise removed), then the partition.
     let mut part =
         fusebox_core::transform::simplify_for_inference(&module, Some(fusebox::const_evaluator()))?;
-    if let Some(p) = &a.patterns {
+    // The pattern table: `--patterns`, else the CPU backend's own (transformer attention,
+    // norms, GELU), whose composites the executor runs with its fused kernels.
+    {
         use fusebox_core::transform::{PartitionOptions, fuse_ops_by_pattern, sort_by_priority};
-        let src = std::fs::read_to_string(p).map_err(|e| io_err(p, e))?;
-        let mut table =
-            fusebox_core::pattern_table::parse_pattern_table(&src, &p.display().to_string())?;
+        let mut table = match &a.patterns {
+            Some(p) => {
+                let src = std::fs::read_to_string(p).map_err(|e| io_err(p, e))?;
+                fusebox_core::pattern_table::parse_pattern_table(&src, &p.display().to_string())?
+            }
+            None => fusebox_cpu::backend::transformer_patterns().to_vec(),
+        };
         sort_by_priority(&mut table);
         part = fuse_ops_by_pattern(&part, &table, PartitionOptions::default())?.module;
     }

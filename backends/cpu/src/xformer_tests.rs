@@ -510,6 +510,8 @@ fn the_f32_erf_is_within_a_few_ulps_of_the_f64_one() {
     // Saturates (within one ulp of ±1) far out.
     assert!((crate::norm::erf32(10.0) - 1.0).abs() <= f32::EPSILON);
     assert!((crate::norm::erf32(-1e30) + 1.0).abs() <= f32::EPSILON);
+    assert!(crate::norm::erf32(f32::NAN).is_nan());
+    assert_eq!(crate::norm::erf32(0.0), 0.0);
 }
 
 #[test]
