@@ -567,6 +567,12 @@ impl Lowerer<'_> {
                     "shape_to_tensor reads a run-time shape: it runs on the CPU".into(),
                 ));
             }
+            Op::Opaque(o) => {
+                return Err(self.unsupported(format!(
+                    "`{}` is outside the op set: there is no kernel for it",
+                    o.name
+                )));
+            }
             _ => {}
         }
         let (shape, dtype) = self.out_type(ty)?;
@@ -1118,6 +1124,9 @@ impl Lowerer<'_> {
             | Op::Einsum { .. } => self.reduce17(op, args, &shape, &c)?,
             Op::ShapeToTensor => {
                 return Err(self.unsupported("shape_to_tensor runs on the CPU".into()));
+            }
+            Op::Opaque(o) => {
+                return Err(self.unsupported(format!("no kernel for `{}`", o.name)));
             }
         };
         let node = self.wrap_int(op, node, dtype);

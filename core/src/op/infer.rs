@@ -19,7 +19,7 @@ mod nn;
 
 /// The arguments of one call, for error messages.
 struct Cx<'a> {
-    op: &'static str,
+    op: &'a str,
     args: &'a [&'a Type],
 }
 
@@ -242,6 +242,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         return Err(cx.err(format!("expected {want} arguments, found {}", args.len())));
     }
     match op {
+        Op::Opaque(o) => Ok(o.ty.clone()),
         Op::Add
         | Op::Subtract
         | Op::Multiply

@@ -302,6 +302,75 @@ pub struct TopkAttrs {
     pub dtype: Option<DType>,
 }
 
+/// A call of an op outside the op set (`R.foo(x, axis=1)` where `relax.foo` is not an op of
+/// [`Op::names`]): its name and keyword attributes are kept verbatim, in the order written, and
+/// its result type is the one the binding's annotation gives. It prints back as written, pattern
+/// names can match it, FuseOps treats it as [`FusionKind::Opaque`], and running it fails with
+/// "no kernel for `relax.foo`".
+#[derive(Clone, Debug)]
+pub struct OpaqueOp {
+    /// The full name (`relax.foo`).
+    pub name: Box<str>,
+    /// The keyword attributes, in the order written.
+    pub attrs: Vec<(Box<str>, AttrLit)>,
+    /// The result type (from the binding's annotation).
+    pub ty: Type,
+}
+
+/// Equality of literals with floats compared bitwise (so `Eq` is reflexive, NaN included).
+fn lit_eq(a: &AttrLit, b: &AttrLit) -> bool {
+    match (a, b) {
+        (AttrLit::Float(x), AttrLit::Float(y)) => x.to_bits() == y.to_bits(),
+        (AttrLit::List(x), AttrLit::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| lit_eq(p, q))
+        }
+        _ => a == b,
+    }
+}
+
+fn lit_hash<H: std::hash::Hasher>(l: &AttrLit, state: &mut H) {
+    use std::hash::Hash;
+    std::mem::discriminant(l).hash(state);
+    match l {
+        AttrLit::None => {}
+        AttrLit::Bool(b) => b.hash(state),
+        AttrLit::Int(i) => i.hash(state),
+        AttrLit::Float(f) => f.to_bits().hash(state),
+        AttrLit::Str(s) => s.hash(state),
+        AttrLit::List(v) => {
+            v.len().hash(state);
+            for x in v {
+                lit_hash(x, state);
+            }
+        }
+    }
+}
+
+impl PartialEq for OpaqueOp {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.ty == other.ty
+            && self.attrs.len() == other.attrs.len()
+            && self
+                .attrs
+                .iter()
+                .zip(&other.attrs)
+                .all(|((k, a), (l, b))| k == l && lit_eq(a, b))
+    }
+}
+impl Eq for OpaqueOp {}
+impl std::hash::Hash for OpaqueOp {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.ty.hash(state);
+        self.attrs.len().hash(state);
+        for (k, v) in &self.attrs {
+            k.hash(state);
+            lit_hash(v, state);
+        }
+    }
+}
+
 /// An op with its typed attributes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -521,6 +590,8 @@ pub enum Op {
     GroupNorm(Box<GroupNormAttrs>),
     /// `relax.nn.instance_norm(x, gamma, beta)`
     InstanceNorm(Box<GroupNormAttrs>),
+    /// An op outside the op set, kept verbatim (see [`OpaqueOp`]).
+    Opaque(Box<OpaqueOp>),
 }
 
 /// The names of the ops outside the [`ElemOp`] family (those are [`ElemOp::NAMES`]).
@@ -694,8 +765,17 @@ impl Op {
     }
 
     /// The op's name (`"relax.nn.conv2d"`).
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
+            Op::Opaque(o) => &o.name,
+            _ => self.static_name().unwrap_or_default(),
+        }
+    }
+
+    /// The name of an op of the op set as a `'static` literal; `None` for [`Op::Opaque`].
+    pub fn static_name(&self) -> Option<&'static str> {
+        Some(match self {
+            Op::Opaque(_) => return None,
             Op::Add => "relax.add",
             Op::Subtract => "relax.subtract",
             Op::Multiply => "relax.multiply",
@@ -767,7 +847,7 @@ impl Op {
             Op::Resize2d(_) => "relax.image.resize2d",
             Op::GroupNorm(_) => "relax.nn.group_norm",
             Op::InstanceNorm(_) => "relax.nn.instance_norm",
-        }
+        })
     }
 
     /// The call signature of the op named `name`, or `None` for an unknown op. Attribute names
@@ -1131,8 +1211,9 @@ impl Op {
 
     /// The attributes in TVM 0.27's printing order, with their values (TVM prints all of
     /// them, unset optional ones as `None`).
-    pub fn kwargs(&self) -> Vec<(&'static str, AttrLit)> {
+    pub fn kwargs(&self) -> Vec<(&str, AttrLit)> {
         match self {
+            Op::Opaque(o) => o.attrs.iter().map(|(k, v)| (&**k, v.clone())).collect(),
             Op::Add
             | Op::Subtract
             | Op::Multiply
@@ -1350,6 +1431,7 @@ impl Op {
             Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
             Op::Resize2d(_) => FusionKind::Injective,
             Op::GroupNorm(_) | Op::InstanceNorm(_) => FusionKind::CommReduce,
+            Op::Opaque(_) => FusionKind::Opaque,
         }
     }
 
@@ -1357,6 +1439,9 @@ impl Op {
     /// extent of the result is in `0..=MAX_DIM` and every dim prints as text the parser reads
     /// back; shape arithmetic that overflows is an error naming the op, never a wrapped dim.
     pub fn infer(&self, args: &[&Type]) -> Result<Type, String> {
+        if let Op::Opaque(o) = self {
+            return Ok(o.ty.clone());
+        }
         let t = infer::infer(self, args)?;
         if let Some(d) = first_negative_dim(&t) {
             return Err(format!(

@@ -259,7 +259,9 @@ fn op_is_small() {
 
 #[test]
 fn kwargs_print_in_tvm_order() {
-    let names = |o: &Op| o.kwargs().iter().map(|(k, _)| *k).collect::<Vec<_>>();
+    fn names(o: &Op) -> Vec<&str> {
+        o.kwargs().into_iter().map(|(k, _)| k).collect()
+    }
     let conv = op("relax.nn.conv2d", &[("padding", ints(&[1, 1]))]);
     assert_eq!(
         conv.kwargs(),
@@ -1026,7 +1028,9 @@ fn unknown_shapes_and_extreme_attrs_do_not_panic() {
 
 #[test]
 fn index_ops_attrs() {
-    let names = |o: &Op| o.kwargs().iter().map(|(k, _)| *k).collect::<Vec<_>>();
+    fn names(o: &Op) -> Vec<&str> {
+        o.kwargs().into_iter().map(|(k, _)| k).collect()
+    }
     let pad = op("relax.nn.pad", &[("pad_width", ints(&[1, 1]))]);
     assert_eq!(names(&pad), ["pad_width", "pad_value", "pad_mode"]);
     assert_eq!(
