@@ -115,6 +115,11 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
     let t = |v: std::result::Result<Tensor, String>| v.map(Value::Tensor);
     match op {
         Op::Opaque(o) => Err(format!("no kernel for `{}`", o.name)),
+        Op::Stack { axis } => t(crate::pool_nd::stack(&tuple_tensors(args)?, *axis)),
+        Op::MaxPool1d(a) | Op::MaxPool3d(a) => t(crate::pool_nd::pool(tensor(args, 0)?, a, true)),
+        Op::AvgPool1d(a) | Op::AvgPool3d(a) => t(crate::pool_nd::pool(tensor(args, 0)?, a, false)),
+        Op::AdaptiveAvgPool1d(a) => t(crate::pool_nd::adaptive(tensor(args, 0)?, a, 1)),
+        Op::AdaptiveAvgPool3d(a) => t(crate::pool_nd::adaptive(tensor(args, 0)?, a, 3)),
         Op::Add => bin(BinOp::Add, args),
         Op::Subtract => bin(BinOp::Sub, args),
         Op::Multiply => bin(BinOp::Mul, args),

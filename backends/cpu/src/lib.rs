@@ -59,6 +59,7 @@ mod layout;
 mod matmul;
 mod nn;
 pub mod par;
+mod pool_nd;
 mod reduce;
 mod search;
 mod simd;

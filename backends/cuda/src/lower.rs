@@ -1128,6 +1128,18 @@ impl Lowerer<'_> {
             Op::Opaque(o) => {
                 return Err(self.unsupported(format!("no kernel for `{}`", o.name)));
             }
+            Op::Stack { .. }
+            | Op::MaxPool1d(_)
+            | Op::AvgPool1d(_)
+            | Op::MaxPool3d(_)
+            | Op::AvgPool3d(_)
+            | Op::AdaptiveAvgPool1d(_)
+            | Op::AdaptiveAvgPool3d(_) => {
+                return Err(self.unsupported(format!(
+                    "{} has no CUDA lowering yet: it runs on the CPU",
+                    op.name()
+                )));
+            }
         };
         let node = self.wrap_int(op, node, dtype);
         Ok(Val::T(Tv { node, shape, dtype }))

@@ -38,6 +38,7 @@ mod elem;
 mod index;
 mod infer;
 mod nn;
+mod pool;
 #[cfg(test)]
 mod tests;
 
@@ -49,6 +50,7 @@ use attrs::{
 pub use elem::{ElemClass, ElemOp};
 pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
 pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
+pub use pool::{AdaptivePoolAttrs, PoolAttrs};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -590,6 +592,23 @@ pub enum Op {
     GroupNorm(Box<GroupNormAttrs>),
     /// `relax.nn.instance_norm(x, gamma, beta)`
     InstanceNorm(Box<GroupNormAttrs>),
+    /// `relax.stack` of a tuple of tensors of one shape, along a new axis.
+    Stack {
+        /// Where the new axis goes, in the output's numbering.
+        axis: i64,
+    },
+    /// `relax.nn.max_pool1d`
+    MaxPool1d(Box<PoolAttrs>),
+    /// `relax.nn.avg_pool1d`
+    AvgPool1d(Box<PoolAttrs>),
+    /// `relax.nn.max_pool3d`
+    MaxPool3d(Box<PoolAttrs>),
+    /// `relax.nn.avg_pool3d`
+    AvgPool3d(Box<PoolAttrs>),
+    /// `relax.nn.adaptive_avg_pool1d`
+    AdaptiveAvgPool1d(Box<AdaptivePoolAttrs>),
+    /// `relax.nn.adaptive_avg_pool3d`
+    AdaptiveAvgPool3d(Box<AdaptivePoolAttrs>),
     /// An op outside the op set, kept verbatim (see [`OpaqueOp`]).
     Opaque(Box<OpaqueOp>),
 }
@@ -666,6 +685,13 @@ const OTHER_NAMES: &[&str] = &[
     "relax.image.resize2d",
     "relax.nn.group_norm",
     "relax.nn.instance_norm",
+    "relax.stack",
+    "relax.nn.max_pool1d",
+    "relax.nn.avg_pool1d",
+    "relax.nn.max_pool3d",
+    "relax.nn.avg_pool3d",
+    "relax.nn.adaptive_avg_pool1d",
+    "relax.nn.adaptive_avg_pool3d",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -847,6 +873,13 @@ impl Op {
             Op::Resize2d(_) => "relax.image.resize2d",
             Op::GroupNorm(_) => "relax.nn.group_norm",
             Op::InstanceNorm(_) => "relax.nn.instance_norm",
+            Op::Stack { .. } => "relax.stack",
+            Op::MaxPool1d(_) => "relax.nn.max_pool1d",
+            Op::AvgPool1d(_) => "relax.nn.avg_pool1d",
+            Op::MaxPool3d(_) => "relax.nn.max_pool3d",
+            Op::AvgPool3d(_) => "relax.nn.avg_pool3d",
+            Op::AdaptiveAvgPool1d(_) => "relax.nn.adaptive_avg_pool1d",
+            Op::AdaptiveAvgPool3d(_) => "relax.nn.adaptive_avg_pool3d",
         })
     }
 
@@ -917,6 +950,14 @@ impl Op {
             "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
             "relax.nn.group_norm" => sig(3, 3, nn::GROUP_NORM_ATTRS),
             "relax.nn.instance_norm" => sig(3, 3, nn::INSTANCE_NORM_ATTRS),
+            "relax.stack" => sig(1, 1, &["axis"]),
+            "relax.nn.max_pool1d"
+            | "relax.nn.avg_pool1d"
+            | "relax.nn.max_pool3d"
+            | "relax.nn.avg_pool3d" => sig(1, 1, pool::POOL_ATTRS),
+            "relax.nn.adaptive_avg_pool1d" | "relax.nn.adaptive_avg_pool3d" => {
+                sig(1, 1, &["output_size", "layout", "out_layout"])
+            }
             _ => return None,
         })
     }
@@ -1202,6 +1243,15 @@ impl Op {
             "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
             "relax.nn.group_norm" => Op::GroupNorm(nn::group_norm_attrs(&kw, false)?),
             "relax.nn.instance_norm" => Op::InstanceNorm(nn::group_norm_attrs(&kw, true)?),
+            "relax.stack" => Op::Stack {
+                axis: kw.int("axis", Some(0))?,
+            },
+            "relax.nn.max_pool1d" => Op::MaxPool1d(pool::pool_attrs(&kw, 1, false)?),
+            "relax.nn.avg_pool1d" => Op::AvgPool1d(pool::pool_attrs(&kw, 1, true)?),
+            "relax.nn.max_pool3d" => Op::MaxPool3d(pool::pool_attrs(&kw, 3, false)?),
+            "relax.nn.avg_pool3d" => Op::AvgPool3d(pool::pool_attrs(&kw, 3, true)?),
+            "relax.nn.adaptive_avg_pool1d" => Op::AdaptiveAvgPool1d(pool::adaptive_attrs(&kw, 1)?),
+            "relax.nn.adaptive_avg_pool3d" => Op::AdaptiveAvgPool3d(pool::adaptive_attrs(&kw, 3)?),
             _ => match index::from_call(name, &kw)? {
                 Some(op) => op,
                 None => return Err(format!("unknown op `{name}`")),
@@ -1344,6 +1394,11 @@ impl Op {
             Op::Resize2d(a) => nn::resize2d_kwargs(a),
             Op::GroupNorm(a) => nn::group_norm_kwargs(a, false),
             Op::InstanceNorm(a) => nn::group_norm_kwargs(a, true),
+            Op::Stack { axis } => vec![("axis", AttrLit::Int(*axis))],
+            Op::MaxPool1d(a) | Op::AvgPool1d(a) | Op::MaxPool3d(a) | Op::AvgPool3d(a) => {
+                pool::pool_kwargs(a)
+            }
+            Op::AdaptiveAvgPool1d(a) | Op::AdaptiveAvgPool3d(a) => pool::adaptive_kwargs(a),
         }
     }
 
@@ -1431,6 +1486,13 @@ impl Op {
             Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
             Op::Resize2d(_) => FusionKind::Injective,
             Op::GroupNorm(_) | Op::InstanceNorm(_) => FusionKind::CommReduce,
+            Op::Stack { .. } => FusionKind::Injective,
+            Op::MaxPool1d(_)
+            | Op::AvgPool1d(_)
+            | Op::MaxPool3d(_)
+            | Op::AvgPool3d(_)
+            | Op::AdaptiveAvgPool1d(_)
+            | Op::AdaptiveAvgPool3d(_) => FusionKind::OutEWiseFusable,
             Op::Opaque(_) => FusionKind::Opaque,
         }
     }

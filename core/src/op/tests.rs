@@ -215,8 +215,11 @@ fn default_instance(name: &str) -> Op {
 fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
     // The ops before issue 17 and shape_to_tensor, then the families of issue 17:
-    // elementwise, index (12), reduce (6) and nn (4).
-    assert_eq!(names.len(), 48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4);
+    // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7).
+    assert_eq!(
+        names.len(),
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7
+    );
     for name in names {
         let sig = Op::signature(name);
         assert!(sig.is_some(), "{name} has no signature");
