@@ -318,3 +318,115 @@ fn adaptive_pools_match_a_naive_reference() {
     assert_eq!(out.shape(), &[2, 3, 1, 1, 1]);
     close(&data(&out), &want, "adaptive_avg_pool3d");
 }
+
+const VALUELESS: &str = r#"@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((1, 3, 8, 8), dtype="float32")) -> R.Tensor((1, 4, 8, 8), dtype="float32"):
+        with R.dataflow():
+            lv: R.Tensor((1, 4, 8, 8), dtype="float32") = R.nn.conv2d(x, metadata["ir.GenericConst"][0], padding=[1, 1])
+            lv1: R.Tensor((1, 4, 8, 8), dtype="float32") = R.add(lv, metadata["ir.GenericConst"][1])
+            gv: R.Tensor((1, 4, 8, 8), dtype="float32") = R.nn.relu(lv1)
+            R.output(gv)
+        return gv
+"#;
+
+#[test]
+fn running_fails_naming_every_constant_without_a_value() {
+    let m = parse(VALUELESS);
+    let x = f32_tensor(&[1, 3, 8, 8], sample);
+    let e = run(&m, "main", vec![Value::Tensor(x)]).expect_err("constants lack values");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(r#"2 constants have no value: metadata["ir.GenericConst"][0], metadata["ir.GenericConst"][1]"#),
+        "{msg}"
+    );
+}
+
+#[test]
+fn valueless_constants_compare_by_identity() {
+    use fusebox_core::ir::structural::module_eq;
+    let a = parse(VALUELESS);
+    assert!(module_eq(&a, &parse(VALUELESS)), "the same constants");
+    let swapped = VALUELESS.replace(r#"["ir.GenericConst"][1]"#, r#"["ir.GenericConst"][2]"#);
+    assert!(
+        !module_eq(&a, &parse(&swapped)),
+        "another constant is not equal"
+    );
+    let other_ns = VALUELESS.replace(
+        r#"metadata["ir.GenericConst"][0]"#,
+        r#"metadata["relax.expr.Constant"][0]"#,
+    );
+    assert!(
+        !module_eq(&a, &parse(&other_ns)),
+        "another namespace is not equal"
+    );
+    // The report says what deduplication could not compare.
+    let r = fusebox_core::report::build(&a, &[]);
+    assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+    assert!(r.notes[0].contains("could not compare"), "{}", r.notes[0]);
+    assert!(
+        fusebox_core::report::build(
+            &parse(&module(
+                r#"x: R.Tensor((2,), dtype="float32")"#,
+                "R.nn.relu(x)"
+            )),
+            &[]
+        )
+        .notes
+        .is_empty()
+    );
+}
+
+#[test]
+fn written_module_with_valued_and_valueless_constants_reads_back_equal() {
+    use fusebox_core::ir::structural::module_eq;
+    use fusebox_core::ir::{Constant, DType};
+    // metadata["relax.expr.Constant"][0] has no value; [1] comes from the table.
+    let src = r#"@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((4,), dtype="float32")) -> R.Tensor((4,), dtype="float32"):
+        with R.dataflow():
+            a: R.Tensor((4,), dtype="float32") = R.add(x, metadata["relax.expr.Constant"][0])
+            b: R.Tensor((4,), dtype="float32") = R.multiply(a, metadata["relax.expr.Constant"][1])
+            R.output(b)
+        return b
+"#;
+    let mut table = ConstTable::new();
+    let bytes: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    table.insert(
+        "relax.expr.Constant",
+        1,
+        Constant::from_bytes(DType::F32, vec![4], bytes).unwrap(),
+    );
+    let m = text::parse_module(src, "<input>", &table).unwrap();
+    assert_eq!(m.valueless_constants().len(), 1);
+    // The valued constant prints past the valueless one's index.
+    let printed = text::print_module(&m);
+    assert_eq!(printed.first_index, 1);
+    assert!(
+        printed
+            .text
+            .contains(r#"R.add(x, metadata["relax.expr.Constant"][0])"#)
+    );
+    assert!(
+        printed
+            .text
+            .contains(r#"R.multiply(a, metadata["relax.expr.Constant"][1])"#)
+    );
+    let dir = std::env::temp_dir().join(format!("fusebox-tvmcompat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.relax");
+    text::write_module(&path, &m).unwrap();
+    let back = text::read_module(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        module_eq(&m, &back),
+        "read back:\n{}",
+        text::print_module(&back).text
+    );
+}

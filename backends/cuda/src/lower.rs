@@ -341,6 +341,7 @@ impl Lowerer<'_> {
                 self.value(ve)
             }
             ExprKind::Const(c) => self.constant(c),
+            ExprKind::ConstRef(c) => Err(self.unsupported(format!("constant {c} has no value"))),
             ExprKind::Tuple(fields) => {
                 let mut out = Vec::new();
                 for &x in fields {

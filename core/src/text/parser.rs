@@ -1164,6 +1164,12 @@ impl<'a> Parser<'a> {
             None => inferred,
         };
         let ty = ctx.shapes.intern(ty);
+        if matches!(
+            ctx.f.exprs.get(e).map(|d| &d.kind),
+            Some(ExprKind::ConstRef(_))
+        ) {
+            ctx.f.exprs[e].ty = ty.clone();
+        }
         let v = ctx.f.add_var(name, ty, ctx.in_dataflow);
         Self::emit(ctx, v, e);
         ctx.scope.insert(Cow::Borrowed(name), (v, true));
@@ -1175,6 +1181,11 @@ impl<'a> Parser<'a> {
     /// inference does not substitute them).
     fn compatible(&self, ann: &Type, inferred: &Type, f: &Function, e: ExprId) -> bool {
         if ann.accepts(inferred) {
+            return true;
+        }
+        // A constant without a value, or a call that reads one, has a less specific type
+        // that the annotation refines.
+        if inferred.accepts(ann) && crate::ir::infer::reads_valueless(f, e) {
             return true;
         }
         let callee_call = |e: ExprId| {

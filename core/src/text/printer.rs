@@ -41,8 +41,11 @@ use std::fmt::Write as _;
 pub struct Printed {
     /// The TVMScript text.
     pub text: String,
-    /// `constants[i]` is `metadata["relax.expr.Constant"][i]` in the text.
+    /// `constants[i]` is `metadata["relax.expr.Constant"][first_index + i]` in the text.
     pub constants: Vec<Constant>,
+    /// The index of the first constant: past every constant without a value the module keeps
+    /// in that namespace (they print with their own indices), 0 when there is none.
+    pub first_index: usize,
 }
 
 /// C's `%.17g` of `v`, with `.0` appended when the result looks like an integer
@@ -134,6 +137,7 @@ impl Names {
 struct Printer {
     consts: Vec<Constant>,
     const_idx: HashMap<Constant, usize>,
+    first_index: usize,
     uses_tir: bool,
     class_name: &'static str,
 }
@@ -374,7 +378,7 @@ impl Printer {
         let idx = match self.const_idx.get(c) {
             Some(&i) => i,
             None => {
-                let i = self.consts.len();
+                let i = self.first_index + self.consts.len();
                 self.consts.push(c.clone());
                 self.const_idx.insert(c.clone(), i);
                 i
@@ -396,6 +400,9 @@ impl Printer {
         match &data.kind {
             ExprKind::Var(v) => out.push_str(name_of(*v)),
             ExprKind::Const(c) => self.constant(out, c),
+            ExprKind::ConstRef(c) => {
+                let _ = write!(out, "{c}");
+            }
             ExprKind::Call { callee, args } => {
                 let kwargs = match callee {
                     Callee::Op(op) => {
@@ -627,9 +634,17 @@ impl Printer {
 
 /// Prints `m` as TVMScript; non-scalar constants are returned beside the text.
 pub fn print_module(m: &Module) -> Printed {
+    let valueless = m.valueless_constants();
+    let first_index = valueless
+        .iter()
+        .filter(|c| &*c.ns == NS_CONSTANT)
+        .map(|c| c.index as usize + 1)
+        .max()
+        .unwrap_or(0);
     let mut p = Printer {
         consts: Vec::new(),
         const_idx: HashMap::new(),
+        first_index,
         uses_tir: false,
         class_name: "Module",
     };
@@ -653,7 +668,7 @@ pub fn print_module(m: &Module) -> Printed {
         text.push_str("    pass\n");
     }
     text.push_str(&body);
-    if !p.consts.is_empty() {
+    if !p.consts.is_empty() || !valueless.is_empty() {
         text.push_str(
             "\n# Metadata omitted. Use show_meta=True in script() method to show this information.\n",
         );
@@ -661,6 +676,7 @@ pub fn print_module(m: &Module) -> Printed {
     Printed {
         text,
         constants: p.consts,
+        first_index,
     }
 }
 

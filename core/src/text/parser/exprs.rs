@@ -239,6 +239,16 @@ impl<'a> Parser<'a> {
         self.expect(Tk::RBracket, "after the constant index")?;
         let idx: Option<usize> = self.text(it).parse().ok();
         let c = idx.and_then(|i| self.consts.get(&ns, i)).cloned();
+        // A constant no side file holds is kept without its value.
+        if c.is_none()
+            && let Some(index) = idx.and_then(|i| u32::try_from(i).ok())
+        {
+            let r = crate::ir::ConstRef {
+                ns: ns.as_str().into(),
+                index,
+            };
+            return self.add_expr(ctx, ExprKind::ConstRef(r), t);
+        }
         let Some(c) = c else {
             let where_ = if self.file == "<input>" {
                 "no constant table was given for this text".to_string()
