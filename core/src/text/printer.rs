@@ -205,6 +205,16 @@ fn write_dims(out: &mut String, dims: &[Dim], sig: bool, open: char, close: char
     out.push(close);
 }
 
+/// Whether a type mentions a prim type (printed with `T.`).
+fn has_prim(t: &Type) -> bool {
+    match t {
+        Type::Prim(_) => true,
+        Type::Tuple(ts) => ts.iter().any(has_prim),
+        Type::Func(ft) => ft.params.iter().any(has_prim) || has_prim(&ft.ret),
+        _ => false,
+    }
+}
+
 /// Writes a type; `sig` quotes symbolic dims (function signatures).
 fn write_type(out: &mut String, t: &Type, sig: bool) {
     match t {
@@ -264,8 +274,9 @@ fn write_type(out: &mut String, t: &Type, sig: bool) {
             dims: None,
             ndim: None,
         } => out.push_str("R.Shape"),
+        // As TVM 0.27 prints a prim value's type (`T.int64`, `T.bool`).
         Type::Prim(d) => {
-            let _ = write!(out, "R.Prim({})", dtype_str(*d));
+            let _ = write!(out, "T.{}", d.name());
         }
         Type::Func(ft) => {
             out.push_str("R.Callable((");
@@ -520,6 +531,9 @@ impl Printer {
         }
         out.push_str(") -> ");
         write_type(out, &f.ret_ty, true);
+        if has_prim(&f.ret_ty) || f.vars.iter().any(|(_, v)| has_prim(&v.ty)) {
+            self.uses_tir = true;
+        }
         out.push_str(":\n");
         let body = level + 1;
         for s in &syms {

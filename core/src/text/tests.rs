@@ -308,8 +308,8 @@ fn literals_constants_and_prim_values() {
         "c: R.Tensor((), dtype=\"float32\") = R.const(1.5, \"float32\")",
         "i: R.Tensor((), dtype=\"int64\") = R.const(3, \"int64\")",
         "b: R.Tensor((), dtype=\"bool\") = R.const(True, \"bool\")",
-        "p: R.Prim(\"int64\") = R.prim_value(0)",
-        "q: R.Prim(\"float32\") = R.prim_value(T.float32(0.5))",
+        "p: T.int64 = R.prim_value(0)",
+        "q: T.float32 = R.prim_value(T.float32(0.5))",
         "s: R.Object = R.str(\"a\\\"b\")",
         "sh: R.Shape([1, 2]) = R.shape([1, 2])",
         "# from tvm.script import tir as T\n",
@@ -322,12 +322,12 @@ fn literals_constants_and_prim_values() {
 #[test]
 fn accepted_type_spellings() {
     let src = module_with(
-        "a: R.Tensor((2, 3), \"float32\"), b: R.Tensor(dtype=\"float32\", ndim=2), c: R.Tensor(ndim=2), d: R.Tensor, e: R.Tuple(R.Tensor((2,), dtype=\"int64\"), R.Object), f: R.Shape([1, 2]), g: R.Shape(ndim=2), h: R.Prim(\"int64\"), i: R.Object, j: R.Shape, k: R.Tuple)",
+        "a: R.Tensor((2, 3), \"float32\"), b: R.Tensor(dtype=\"float32\", ndim=2), c: R.Tensor(ndim=2), d: R.Tensor, e: R.Tuple(R.Tensor((2,), dtype=\"int64\"), R.Object), f: R.Shape([1, 2]), g: R.Shape(ndim=2), h: R.Prim(\"int64\"), i: R.Object, j: R.Shape, k: R.Tuple, l: T.bool, m: R.Tuple(T.int64, T.float32))",
         "        return a\n",
     );
     let m = parse_ok(&src);
     let text = print_module(&m).text;
-    assert!(text.contains("def main(a: R.Tensor((2, 3), dtype=\"float32\"), b: R.Tensor(dtype=\"float32\", ndim=2), c: R.Tensor(ndim=2), d: R.Tensor, e: R.Tuple(R.Tensor((2,), dtype=\"int64\"), R.Object), f: R.Shape([1, 2]), g: R.Shape(ndim=2), h: R.Prim(\"int64\"), i: R.Object, j: R.Shape, k: R.Tuple) -> R.Tensor((2, 3), dtype=\"float32\"):"), "{text}");
+    assert!(text.contains("def main(a: R.Tensor((2, 3), dtype=\"float32\"), b: R.Tensor(dtype=\"float32\", ndim=2), c: R.Tensor(ndim=2), d: R.Tensor, e: R.Tuple(R.Tensor((2,), dtype=\"int64\"), R.Object), f: R.Shape([1, 2]), g: R.Shape(ndim=2), h: T.int64, i: R.Object, j: R.Shape, k: R.Tuple, l: T.bool, m: R.Tuple(T.int64, T.float32)) -> R.Tensor((2, 3), dtype=\"float32\"):"), "{text}");
     assert_eq!(print_module(&parse_ok(&text)).text, text);
 }
 
