@@ -5,7 +5,8 @@
 //! Contract: [`link_backends`] references every backend crate (today: `fusebox-cpu`,
 //! `fusebox-cublas`, `fusebox-cuda`, `fusebox-cutlass`);
 //! [`pipeline`] builds the config's [`BackendPipeline`] with the plugin loader of
-//! `fusebox-plugin-host`; [`execute`] runs a function of a [`Plan`]'s module, calling the
+//! `fusebox-plugin-host` and the CPU reference's [`const_evaluator`] for constant folding;
+//! [`execute`] runs a function of a [`Plan`]'s module, calling the
 //! compiled artifact for every unit of work and the CPU reference for the ops left in `main`;
 //! [`write_build`] writes what [`BackendPipeline::build`] built ahead of time (`fusebox
 //! compile`): every function's files and `manifest.json`, staged in a fresh directory
@@ -80,11 +81,20 @@ pub fn check_target(config: &Config) -> Result<Option<String>, fusebox_core::Err
     }
 }
 
-/// Builds the backend pipeline of `config`, loading its plugins.
+/// Builds the backend pipeline of `config`, loading its plugins, with the CPU reference's
+/// [`const_evaluator`] for constant folding.
 pub fn pipeline(config: Config) -> Result<BackendPipeline> {
     link_backends();
     let loader = |p: &std::path::Path| fusebox_plugin_host::load(p);
-    Ok(BackendPipeline::new(config, Some(&loader))?)
+    Ok(BackendPipeline::new(config, Some(&loader))?.with_evaluator(const_evaluator()))
+}
+
+/// FoldConstant's evaluator: the CPU reference backend's `eval_op`, so a folded constant is
+/// bit for bit what the CPU reference computes at run time.
+pub fn const_evaluator() -> fusebox_core::transform::Evaluator {
+    std::sync::Arc::new(|op, args| {
+        fusebox_cpu::eval_op(op, args).map_err(|e| fusebox_core::Error::Runtime(e.to_string()))
+    })
 }
 
 /// Runs `func` of the plan's module on `args`: calls of compiled functions go to their

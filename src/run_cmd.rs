@@ -3,7 +3,9 @@
 //!
 //! Contract:
 //!
-//! - Pipeline: import (ONNX) or parse (text) → FoldBatchNorm → optional pattern table
+//! - Pipeline: import (ONNX) or parse (text) → inference simplification
+//!   (`fusebox_core::transform::simplify_pipeline` with the CPU reference's constant
+//!   evaluator) → optional pattern table
 //!   (FuseOpsByPattern, as `partition --patterns`) → FuseOps (opt level 2) → a `fusebox_cpu::Executor` on `main`
 //!   (constants decoded in the warm-up run and reused; kernels on `FUSEBOX_THREADS` threads,
 //!   an invalid value being an error); or, with
@@ -31,7 +33,8 @@
 //! - `--timings`: `time import|partition|compile|run <ms> ms` on stderr (run = median of
 //!   `--repeat N` runs after one warm-up, device outputs downloaded inside it; compile is 0:
 //!   the backends compile during partition).
-//! - `--profile`: per-function totals (calls, ms) of the last timed run on stderr.
+//! - `--profile`: per-function and per-op totals (calls, ms, share of the run) of the last
+//!   timed run on stderr, functions first with their backend, pattern and ops.
 //!
 //! ```text
 //! $ fusebox run model.onnx --check --timings
@@ -44,6 +47,7 @@ use fusebox_core::Error;
 use fusebox_core::frontend::onnx::{import_onnx_file, is_onnx_path, output_names, sanitize};
 use fusebox_core::ir::generate::Rng;
 use fusebox_core::ir::{DType, Module, Sym};
+use fusebox_core::report::ClaimReport;
 use fusebox_cpu::{CallProfile, Storage, Tensor, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -129,7 +133,7 @@ fn run_with_backends(
         out,
         || ex.run(module, "main", args, None).map_err(rt),
         [import_ms, compile_ms, run_ms],
-        &profile,
+        (&profile, &plan.module, &plan.claims),
     )
 }
 
@@ -142,7 +146,7 @@ fn finish(
     out: Value,
     unpartitioned: impl FnOnce() -> Result<Value, Error>,
     [import_ms, partition_ms, run_ms]: [f64; 3],
-    profile: &[CallProfile],
+    (profile, module, claims): (&[CallProfile], &Module, &[ClaimReport]),
 ) -> Result<(), Error> {
     let outs = flatten(out);
     let staged = stage_outputs(&a.output_dir, names, &outs)?;
@@ -157,18 +161,69 @@ fn finish(
         errln!("time compile 0.000 ms");
         errln!("time run {run_ms:.3} ms");
     }
-    print_profile(profile);
+    print_profile(profile, module, claims, run_ms);
     Ok(())
 }
 
-/// The `--profile` lines on stderr (nothing when not profiling: the list is empty).
-fn print_profile(profile: &[CallProfile]) {
-    for p in profile {
+/// The `--profile` lines on stderr (nothing when not profiling: the list is empty): the calls
+/// of the last timed run, with shares of the median run time `run_ms`; first the module functions and the executor's fused chains,
+/// then the ops (counted inside functions too), each group by time, largest first. A line is
+/// `profile <name> calls <n> <ms> ms <share>% of run` and then what it is: a function's
+/// backend, pattern (`Composite`) and ops in binding order, `chain` for a fused conv chain
+/// the executor ran as one kernel, `op` for an op. Function times include what they call.
+fn print_profile(profile: &[CallProfile], module: &Module, claims: &[ClaimReport], run_ms: f64) {
+    if profile.is_empty() {
+        return;
+    }
+    let report = fusebox_core::report::build(module, &[]);
+    let describe = |name: &str| -> Option<String> {
+        let f = report.functions.iter().find(|f| f.name == name)?;
+        let backend = claims
+            .iter()
+            .find(|c| c.function == name)
+            .and_then(|c| c.backend.clone())
+            .unwrap_or_else(|| "cpu".to_string());
+        let pattern = f
+            .composite
+            .clone()
+            .or_else(|| f.inner_composites.first().cloned())
+            .map(|c| format!(" pattern {c};"))
+            .unwrap_or_default();
+        let ops: Vec<&str> = f
+            .ops
+            .iter()
+            .map(|o| o.strip_prefix("relax.").unwrap_or(o))
+            .collect();
+        Some(format!("[{backend};{pattern} {}]", ops.join(" ")))
+    };
+    let mut rows: Vec<(u8, &CallProfile, String)> = profile
+        .iter()
+        .map(|p| match describe(&p.name) {
+            Some(d) => (0, p, d),
+            None if p.name.contains('+') => (0, p, "[chain]".to_string()),
+            None => (1, p, "[op]".to_string()),
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then(b.1.seconds.total_cmp(&a.1.seconds))
+            .then(a.1.name.cmp(&b.1.name))
+    });
+    errln!(
+        "profile: the calls of the last timed run, as shares of the median run ({run_ms:.3} ms); \
+         functions include the ops they call"
+    );
+    for (_, p, what) in rows {
+        let ms = p.seconds * 1e3;
+        let share = if run_ms > 0.0 {
+            100.0 * ms / run_ms
+        } else {
+            0.0
+        };
         errln!(
-            "profile {} calls {} {:.3} ms",
+            "profile {} calls {} {ms:.3} ms {share:.1}% of run {what}",
             p.name,
-            p.calls,
-            p.seconds * 1e3
+            p.calls
         );
     }
 }
@@ -244,8 +299,10 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
         return run_with_backends(&a, &module, &names, import_ms, pipeline);
     }
     let t = Instant::now();
-    // Inference simplification (batch_norm folded into its conv), then the partition.
-    let mut part = fusebox_core::transform::fold_batch_norm(&module)?;
+    // Inference simplification (constants folded, batch_norm folded into its conv, identities
+    // and exporter noise removed), then the partition.
+    let mut part =
+        fusebox_core::transform::simplify_for_inference(&module, Some(fusebox::const_evaluator()))?;
     if let Some(p) = &a.patterns {
         use fusebox_core::transform::{PartitionOptions, fuse_ops_by_pattern, sort_by_priority};
         let src = std::fs::read_to_string(p).map_err(|e| io_err(p, e))?;
@@ -284,7 +341,7 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
         out,
         || ex.run(&module, "main", args, None).map_err(rt),
         [import_ms, partition_ms, run_ms],
-        &profile,
+        (&profile, &part, &[]),
     )
 }
 

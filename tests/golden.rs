@@ -20,6 +20,12 @@
 //!   `fuse_ops` (with optional `opt_level=N max_depth=N`) runs FuseOps afterwards (after `merge`
 //!   when given); with no `# pattern:` line FuseOps runs alone.
 //!
+//! - `simplify`: a header line `# passes: NAME NAME …` lists simplification passes
+//!   (`fold_constant` with the CPU reference's evaluator, `remove_identity`,
+//!   `remove_export_noise`, `fold_batch_norm`, or `all` for the whole
+//!   `simplify_for_inference`), run in that order; the expected output is the result (which
+//!   must verify) followed by its metadata constants (dtype, shape, values).
+//!
 //! On a mismatch the test prints a unified diff. `BLESS=1 cargo test --test golden` rewrites the
 //! expectations from the actual output.
 
@@ -83,8 +89,9 @@ fn actual_output(mode: &str, name: &str, input: &str) -> Result<String, String> 
             }
         }
         "partition" => partition_output(name, input),
+        "simplify" => simplify_output(name, input),
         other => Err(format!(
-            "unknown test mode `{other}` (expected print, error, verify or partition)"
+            "unknown test mode `{other}` (expected print, error, verify, partition or simplify)"
         )),
     }
 }
@@ -163,6 +170,48 @@ fn partition_output(name: &str, input: &str) -> Result<String, String> {
         s.push_str("\nrejections:\n");
         for r in &out.rejections {
             s.push_str(&format!("  {} at {}: {}\n", r.pattern, r.at, r.reason));
+        }
+    }
+    Ok(s)
+}
+
+fn simplify_output(name: &str, input: &str) -> Result<String, String> {
+    use fusebox_core::transform;
+    let consts = text::ConstTable::new();
+    let mut m =
+        text::parse_module(input, name, &consts).map_err(|e| format!("parse failed: {e}"))?;
+    let passes = input
+        .lines()
+        .find_map(|l| l.strip_prefix("# passes:"))
+        .ok_or("a simplify test needs a `# passes:` line")?;
+    let eval = fusebox::const_evaluator();
+    for p in passes.split_whitespace() {
+        m = match p {
+            "fold_constant" => transform::fold_constant(&m, &eval),
+            "remove_identity" => transform::remove_identity(&m),
+            "remove_export_noise" => transform::remove_export_noise(&m),
+            "fold_batch_norm" => transform::fold_batch_norm(&m),
+            "all" => transform::simplify_for_inference(&m, Some(eval.clone())),
+            other => return Err(format!("unknown pass `{other}`")),
+        }
+        .map_err(|e| format!("{p} failed: {e}"))?;
+        verify(&m).map_err(|e| format!("the module does not verify after {p}: {e}"))?;
+    }
+    let printed = text::print_module(&m);
+    let mut s = printed.text;
+    if !printed.constants.is_empty() {
+        s.push_str("\nconstants:\n");
+        for (i, c) in printed.constants.iter().enumerate() {
+            let vals: Vec<String> = (0..c.numel().min(16))
+                .map(|j| format!("{}", c.get_f64(j).unwrap_or(f64::NAN)))
+                .collect();
+            let more = if c.numel() > 16 { ", …" } else { "" };
+            s.push_str(&format!(
+                "  [{i}] {} {:?}: [{}{more}]\n",
+                c.dtype,
+                c.shape,
+                vals.join(", ")
+            ));
         }
     }
     Ok(s)

@@ -8,6 +8,8 @@
 //! ```toml
 //! target = "cpu"                   # or "cuda"
 //! [partition]
+//! simplify = true                  # inference simplification first (constant folding,
+//!                                  # batch_norm folding, identities and export noise removed)
 //! bind_constants = true            # keep constants inside composites
 //! annotate_codegen = true          # wrap composites in `Codegen` functions
 //! merge_composites = false         # MergeCompositeFunctions
@@ -58,6 +60,10 @@ pub enum Target {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PartitionConfig {
+    /// Run the inference simplification passes first
+    /// ([`crate::transform::simplify_pipeline`]); `false` partitions the module as given, as
+    /// TVM's FuseOpsByPattern does.
+    pub simplify: bool,
     /// Keep constants inside composites (else they become parameters).
     pub bind_constants: bool,
     /// Wrap each composite in a public function with `Codegen`.
@@ -77,6 +83,7 @@ pub struct PartitionConfig {
 impl Default for PartitionConfig {
     fn default() -> Self {
         PartitionConfig {
+            simplify: true,
             bind_constants: true,
             annotate_codegen: true,
             merge_composites: false,
@@ -373,5 +380,18 @@ mod tests {
         );
         let e = err("[partition]\nfuse_opt_level = 7\n");
         assert!(e.starts_with("c.toml:2:1: fuse_opt_level must be"), "{e}");
+        let e = err("[partition]\nsimplify = \"yes\"\n");
+        assert!(e.starts_with("c.toml:2:12: invalid type"), "{e}");
+        let e = err("[partition]\nsimplfy = false\n");
+        assert!(e.contains("`simplify`"), "{e}");
+    }
+
+    #[test]
+    fn simplify_defaults_to_true_and_can_be_turned_off() {
+        let on = Config::parse("target = \"cpu\"\n", "c.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert!(on.partition.simplify);
+        let off = Config::parse("[partition]\nsimplify = false\n", "c.toml")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!off.partition.simplify);
     }
 }

@@ -482,6 +482,10 @@ fn compute(
         }
         return Ok(out);
     }
+    if og == 1 && g.ci == 1 {
+        depthwise(&xs, &ws, g, steps, &mut out, threads);
+        return Ok(out);
+    }
     // Grouped: the (image, group) pairs are the tasks, each a serial GEMM into its own rows.
     let tasks: Vec<(usize, &mut [f32])> = out.chunks_mut(og * npix).enumerate().collect();
     let work = g.n * g.o * kdim * npix;
@@ -506,6 +510,90 @@ fn compute(
         }
     })?;
     Ok(out)
+}
+
+/// A depthwise convolution (one input and one output channel per group, as MobileNet's 3×3
+/// layers): per output plane, the taps in `(ky, kx)` order, each added to the plane's rows
+/// over the output columns whose window column lies inside the image (a contiguous run, so
+/// the inner loop vectorises for stride 1), then the epilogue. Planes are the tasks, so the
+/// result does not depend on the thread count.
+fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], threads: usize) {
+    let npix = g.npix();
+    let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
+    let planes_per_task = (g.n * g.o).div_ceil(t * 8).max(1);
+    crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| {
+        for (i, dst) in chunk.chunks_mut(npix).enumerate() {
+            let plane = off / npix + i;
+            let ch = plane % g.o;
+            let x = &xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
+            let w = &ws[ch * g.kh * g.kw..(ch + 1) * g.kh * g.kw];
+            depthwise_plane(x, w, g, dst);
+            let img = plane / g.o;
+            for oy in 0..g.oh {
+                let at = (img * g.o + ch) * npix + oy * g.ow;
+                apply_steps(steps, ch, at, &mut dst[oy * g.ow..(oy + 1) * g.ow]);
+            }
+        }
+    });
+}
+
+/// One output plane of [`depthwise`] (`x`: the input plane, `w`: its `kh × kw` taps), in a
+/// function compiled for the CPU's widest instruction set (`mul_add` is one FMA there; the
+/// same bits everywhere).
+fn depthwise_plane(x: &[f32], w: &[f32], g: &Geom, dst: &mut [f32]) {
+    struct Op<'a>(&'a [f32], &'a [f32], &'a Geom, &'a mut [f32]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            depthwise_plane_inline(self.0, self.1, self.2, self.3);
+        }
+    }
+    crate::simd::dispatch(Op(x, w, g, dst));
+}
+
+#[inline(always)]
+fn depthwise_plane_inline(x: &[f32], w: &[f32], g: &Geom, dst: &mut [f32]) {
+    dst.fill(0.0);
+    for ky in 0..g.kh {
+        for kx in 0..g.kw {
+            let wv = w[ky * g.kw + kx];
+            let x0 = (kx * g.dw) as isize - g.pl as isize;
+            let sw = g.sw as isize;
+            // Output columns ox with 0 <= ox * sw + x0 < w.
+            let lo = if x0 >= 0 {
+                0
+            } else {
+                ((-x0 + sw - 1) / sw) as usize
+            };
+            let hi = if g.w as isize - 1 - x0 < 0 {
+                0
+            } else {
+                (((g.w as isize - 1 - x0) / sw) as usize + 1).min(g.ow)
+            };
+            if lo >= hi {
+                continue;
+            }
+            for oy in 0..g.oh {
+                let y = (oy * g.sh + ky * g.dh) as isize - g.pt as isize;
+                if y < 0 || y >= g.h as isize {
+                    continue;
+                }
+                let src = &x[y as usize * g.w..(y as usize + 1) * g.w];
+                let row = &mut dst[oy * g.ow + lo..oy * g.ow + hi];
+                let start = (lo as isize * sw + x0) as usize;
+                if g.sw == 1 {
+                    for (o, &v) in row.iter_mut().zip(&src[start..]) {
+                        *o = v.mul_add(wv, *o);
+                    }
+                } else {
+                    for (o, &v) in row.iter_mut().zip(src[start..].iter().step_by(g.sw)) {
+                        *o = v.mul_add(wv, *o);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Fills `block` (whole `cols`-long rows, row-major) with rows `first..` and columns
@@ -638,7 +726,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_groups() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
-        let cases: [Case; 9] = [
+        let cases: [Case; 11] = [
             // n, c, h, w, o, k, stride, pad, dilation, groups
             (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
             (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
@@ -650,6 +738,9 @@ mod tests {
             (1, 3, 15, 13, 4, 7, 2, 3, 1, 1),
             (1, 4, 9, 11, 4, 3, 2, 1, 2, 1),
             (1, 2, 6, 5, 3, 2, 2, 0, 1, 1),
+            // Depthwise (MobileNet): stride 2 over two images, and a 3x3 on a 4x4 plane.
+            (2, 6, 9, 8, 6, 3, 2, 1, 1, 6),
+            (1, 5, 4, 4, 5, 3, 1, 1, 1, 5),
         ];
         for (n, c, h, w, o, k, s, p, d, gr) in cases {
             let xs: Vec<f32> = (0..n * c * h * w)

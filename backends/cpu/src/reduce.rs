@@ -276,11 +276,17 @@ pub(crate) fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 }
 
 /// `softmax` (or `log_softmax` when `log`) along `axis`, computed in `f64` with the max
-/// subtracted.
+/// subtracted. `float32` input takes [`softmax_f32`], which gives the same bits faster.
 pub(crate) fn softmax(t: &Tensor, axis: i64, log: bool) -> KResult<Tensor> {
     let axis = norm_axis(axis, t.rank())?;
-    let x = floats(t, "the input")?;
     let (outer, len, inner) = around(t.shape(), axis);
+    if let Storage::F32(x) = t.storage() {
+        return tensor(
+            t.shape().to_vec(),
+            Storage::F32(softmax_f32(x, outer, len, inner, log)),
+        );
+    }
+    let x = floats(t, "the input")?;
     let mut out = vec![0.0f64; x.len()];
     for o in 0..outer {
         for i in 0..inner {
@@ -298,4 +304,56 @@ pub(crate) fn softmax(t: &Tensor, axis: i64, log: bool) -> KResult<Tensor> {
         }
     }
     from_f64(t.shape().to_vec(), t.dtype(), out)
+}
+
+/// [`softmax`] of `float32` data laid out as `(outer, len, inner)`: the same arithmetic (the
+/// max in `f32`, which is exact; each `exp(x - max)` and the sum in `f64`; one rounding to
+/// `f32` at the end), so the same bits, with each `exp` computed once into a row buffer and
+/// the outer slices spread over the kernel threads (each slice is computed by one thread, so
+/// the result does not depend on the thread count).
+fn softmax_f32(x: &[f32], outer: usize, len: usize, inner: usize, log: bool) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.len()];
+    let slice = len * inner;
+    if slice == 0 {
+        return out;
+    }
+    let n = crate::par::threads_for(x.len(), 1 << 14);
+    crate::par::for_each_chunk_mut(
+        &mut out,
+        slice * outer.div_ceil(n * 4).max(1),
+        n,
+        |off, chunk| {
+            let mut e = vec![0.0f64; len];
+            for (s, dst) in chunk.chunks_mut(slice).enumerate() {
+                let src = &x[off + s * slice..off + (s + 1) * slice];
+                for i in 0..inner {
+                    let m = (0..len)
+                        .map(|j| src[j * inner + i])
+                        .fold(
+                            f32::NEG_INFINITY,
+                            |a, v| if v > a || v.is_nan() { v } else { a },
+                        );
+                    let m = f64::from(m);
+                    let mut sum = 0.0f64;
+                    for (j, ej) in e.iter_mut().enumerate() {
+                        *ej = f64::from(src[j * inner + i]) - m;
+                        if !log {
+                            *ej = ej.exp();
+                            sum += *ej;
+                        } else {
+                            sum += ej.exp();
+                        }
+                    }
+                    for (j, &ej) in e.iter().enumerate() {
+                        dst[j * inner + i] = if log {
+                            (ej - sum.ln()) as f32
+                        } else {
+                            (ej / sum) as f32
+                        };
+                    }
+                }
+            }
+        },
+    );
+    out
 }

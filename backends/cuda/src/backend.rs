@@ -26,7 +26,7 @@
 //! main: lv = cls.fused_add_relu(x, b)   -> claimed by `cuda`: fused_add_relu_k0.cu / .cubin
 //! ```
 
-use crate::device::{Gpu, GpuModule, GpuTensor, KernelArg, LaunchConfig};
+use crate::device::{Gpu, GpuModule, GpuTensor, Kernel, KernelArg, LaunchConfig};
 use crate::emit::{emit, launch};
 use crate::lower::{Lowered, lower};
 use crate::nvrtc::{Arch, CompileJob, CompileOptions, compile_many};
@@ -193,10 +193,11 @@ impl Backend for CudaBackend {
         let mut kernels = Vec::new();
         for (k, cubin) in built.low.kernels.iter().zip(&built.cubins) {
             let module = gpu.load_module(cubin).map_err(core_err)?;
+            let kernel = module.kernel(&k.name).map_err(core_err)?;
             let l = launch(k, gpu.sm_count());
             kernels.push((
                 module,
-                k.name.clone(),
+                kernel,
                 LaunchConfig {
                     grid: l.grid,
                     block: l.block,
@@ -249,7 +250,9 @@ impl Backend for CudaBackend {
 struct CudaArtifact {
     gpu: Arc<Gpu>,
     low: Lowered,
-    kernels: Vec<(GpuModule, String, LaunchConfig)>,
+    /// Each kernel with its module (kept loaded) and launch shape; looked up once, at
+    /// compile time, so a run only launches.
+    kernels: Vec<(GpuModule, Kernel, LaunchConfig)>,
     constants: Vec<GpuTensor>,
 }
 
@@ -292,8 +295,7 @@ impl CudaArtifact {
             let shape: Vec<usize> = b.shape.iter().map(|&d| d as usize).collect();
             outputs.push(GpuTensor::empty(&self.gpu, b.dtype, shape)?);
         }
-        for (module, name, cfg) in &self.kernels {
-            let kernel = module.kernel(name)?;
+        for (_module, kernel, cfg) in &self.kernels {
             let kargs: Vec<KernelArg<'_>> = inputs
                 .iter()
                 .chain(outputs.iter())

@@ -125,6 +125,37 @@ fn preload_driver() {
     }
 }
 
+/// Makes the device's default memory pool keep freed memory instead of returning it to the
+/// driver at every synchronisation (its release threshold is 0 by default). Buffers come from
+/// `cuMemAllocAsync`; without this, each function call's output allocation maps fresh
+/// physical pages on the host while the stream waits, which cost 0.2-0.3 ms per 256 MiB
+/// output on an H200 (the first GPU check measured kernels at a third of copy bandwidth).
+fn keep_pool_memory(ctx: &Arc<CudaContext>) -> std::result::Result<(), String> {
+    let mut pool: cu::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer and `cu_device` is the context's device handle;
+    // the driver is initialised (`cuInit` ran before the context was made).
+    let rc = unsafe { cu::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    if rc != cu::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuDeviceGetDefaultMemPool failed: {rc:?}"));
+    }
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: `pool` is the device's default pool just returned; the attribute takes a
+    // pointer to a `cuuint64_t`, which `threshold` is, and the driver only reads it.
+    let rc = unsafe {
+        cu::cuMemPoolSetAttribute(
+            pool,
+            cu::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut threshold).cast(),
+        )
+    };
+    if rc != cu::CUresult::CUDA_SUCCESS {
+        return Err(format!(
+            "cuMemPoolSetAttribute(RELEASE_THRESHOLD) failed: {rc:?}"
+        ));
+    }
+    Ok(())
+}
+
 fn attribute(ctx: &CudaContext, a: cu::CUdevice_attribute) -> Result<u32> {
     let v = ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"))?;
     Ok(u32::try_from(v).unwrap_or(0))
@@ -184,6 +215,10 @@ fn probe() -> std::result::Result<Arc<Gpu>, String> {
     let stream = ctx
         .new_stream()
         .map_err(|e| format!("cannot create a stream: {e:?}"))?;
+    if ctx.has_async_alloc() {
+        // A speed setting only: where the driver refuses it, allocations still work.
+        let _ = keep_pool_memory(&ctx);
+    }
     let info = || -> Result<Gpu> {
         let (major, minor) = ctx
             .compute_capability()

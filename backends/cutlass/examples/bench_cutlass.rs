@@ -202,5 +202,16 @@ fn main() {
             backends_of(&plan2),
             b / a
         );
+        if gpu.compute_capability() == (9, 0) {
+            let plan3 = pipeline(&["cutlass", "cuda", "cpu"], "arch = \"sm_90a\"", true)
+                .run(&fused)
+                .unwrap();
+            let c = time(&gpu, &plan3, &args, 20);
+            println!(
+                "gemm+bias+gelu {mm}x{nn}x{k}: cutlass fused, arch sm_90a [{}] {c:.3} ms; speed-up over cublas + separate gelu {:.2}x",
+                backends_of(&plan3),
+                b / c
+            );
+        }
     }
 }

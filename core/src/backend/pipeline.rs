@@ -10,7 +10,9 @@
 //!    join it (`backend = "..."`, else the backend named by the codegen prefix), sorted stably by
 //!    priority (highest first); then the user patterns of no enabled backend. So: backend order,
 //!    then priority, then list order.
-//! 3. FoldBatchNorm (inference simplification) → FuseOpsByPattern (`bind_constants`,
+//! 3. Inference simplification ([`crate::transform::simplify_pipeline`]: FoldConstant with
+//!    the pipeline's [`Evaluator`] when it has one, RemoveIdentity, RemoveExportNoise,
+//!    FoldBatchNorm) unless `simplify = false` → FuseOpsByPattern (`bind_constants`,
 //!    `annotate_codegen`) → MergeCompositeFunctions if `merge_composites` → FuseOps if
 //!    `fuse_ops`.
 //! 4. Every module function `main` calls is a unit of work. Each backend in order is asked to
@@ -39,9 +41,10 @@ use crate::error::{Error, Result};
 use crate::ir::{Callee, ExprKind, Function, Module};
 use crate::report::{ClaimReport, Report};
 use crate::transform::{
-    FusionPattern, PartitionOptions, Pipeline, Rejection, fuse_ops_by_pattern,
+    Evaluator, FusionPattern, PartitionOptions, Pipeline, Rejection, fuse_ops_by_pattern,
     merge_composite_functions,
     pass::{DeadCodeElimination, FuseOps},
+    simplify_for_inference,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -78,6 +81,9 @@ pub struct BackendPipeline {
     pub backends: Vec<Box<dyn Backend>>,
     /// The combined pattern table in application order.
     pub table: Vec<TableEntry>,
+    /// Evaluates ops on constants for FoldConstant (the `fusebox` facade sets the CPU
+    /// reference's); `None` skips constant folding.
+    pub evaluator: Option<Evaluator>,
 }
 
 /// What happened to one unit of work.
@@ -309,7 +315,14 @@ impl BackendPipeline {
             config,
             backends,
             table,
+            evaluator: None,
         })
+    }
+
+    /// The pipeline with `eval` as FoldConstant's evaluator.
+    pub fn with_evaluator(mut self, eval: Evaluator) -> Self {
+        self.evaluator = Some(eval);
+        self
     }
 
     /// The patterns in application order.
@@ -317,7 +330,7 @@ impl BackendPipeline {
         self.table.iter().map(|e| e.pattern.clone()).collect()
     }
 
-    /// FuseOpsByPattern → MergeCompositeFunctions → FuseOps as the config says (contract
+    /// Simplification → FuseOpsByPattern → MergeCompositeFunctions → FuseOps as the config says (contract
     /// point 3): the partitioned module and the rejected matches.
     pub fn partition(&self, module: &Module) -> Result<(Module, Vec<Rejection>)> {
         let pc = &self.config.partition;
@@ -325,10 +338,17 @@ impl BackendPipeline {
             bind_constants: pc.bind_constants,
             annotate_codegen: pc.annotate_codegen,
         };
-        // Inference simplification first: batch_norm folded into the conv before it (or made
-        // an affine map), so patterns and FuseOps see conv → add → relu.
-        let simplified = crate::transform::fold_batch_norm(module)?;
-        let out = fuse_ops_by_pattern(&simplified, &self.patterns(), opts)?;
+        // Inference simplification first: constants folded, batch_norm folded into the conv
+        // or matmul before it (or made an affine map), identities and exporter noise removed,
+        // so patterns and FuseOps see conv → add → relu.
+        let simplified;
+        let input = if pc.simplify {
+            simplified = simplify_for_inference(module, self.evaluator.clone())?;
+            &simplified
+        } else {
+            module
+        };
+        let out = fuse_ops_by_pattern(input, &self.patterns(), opts)?;
         let mut m = out.module;
         if pc.merge_composites {
             m = merge_composite_functions(&m)?;

@@ -91,7 +91,7 @@ pub fn infer_kind(
                         ));
                     }
                 }
-                Ok((*fty.ret).clone())
+                Ok(instantiate(fty, &arg_tys))
             };
             match callee {
                 Callee::Op(op) => op.infer(&arg_tys),
@@ -110,6 +110,89 @@ pub fn infer_kind(
                 },
             }
         }
+    }
+}
+
+/// The return type of a call to a function of type `fty` with arguments of types `args`: the
+/// callee's symbolic dims are its own (a local function printed by TVM declares fresh ones,
+/// `n_1`), so each bare symbolic dim of a parameter is bound to the argument's dim there and
+/// substituted in the return type, as Relax derives a call's type. Symbols the parameters do
+/// not bind stay.
+fn instantiate(fty: &FuncType, args: &[&Type]) -> Type {
+    if !has_syms(&fty.ret) {
+        return (*fty.ret).clone();
+    }
+    let mut map = std::collections::BTreeMap::new();
+    for (p, a) in fty.params.iter().zip(args) {
+        bind_syms(p, a, &mut map);
+    }
+    if map.iter().all(|(s, d)| matches!(d, Dim::Sym(t) if t == s)) {
+        return (*fty.ret).clone();
+    }
+    subst_type(&fty.ret, &map)
+}
+
+type SymMap = std::collections::BTreeMap<super::Sym, Dim>;
+
+fn bind_dims(p: &[Dim], a: &[Dim], map: &mut SymMap) {
+    if p.len() == a.len() {
+        for (x, y) in p.iter().zip(a) {
+            if let Dim::Sym(s) = x {
+                map.entry(s.clone()).or_insert_with(|| y.clone());
+            }
+        }
+    }
+}
+
+fn bind_syms(param: &Type, arg: &Type, map: &mut SymMap) {
+    match (param, arg) {
+        (Type::Tensor(p), Type::Tensor(a)) => {
+            if let (Some(pd), Some(ad)) = (&p.dims, &a.dims) {
+                bind_dims(pd, ad, map);
+            }
+        }
+        (Type::Shape { dims: Some(pd), .. }, Type::Shape { dims: Some(ad), .. }) => {
+            bind_dims(pd, ad, map);
+        }
+        (Type::Tuple(ps), Type::Tuple(xs)) => {
+            for (p, x) in ps.iter().zip(xs) {
+                bind_syms(p, x, map);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn subst_dim(d: &Dim, map: &SymMap) -> Dim {
+    match d {
+        Dim::Static(_) => d.clone(),
+        Dim::Sym(s) => map.get(s).cloned().unwrap_or_else(|| d.clone()),
+        Dim::Expr(e) => Dim::binary(e.0, subst_dim(&e.1, map), subst_dim(&e.2, map)),
+    }
+}
+
+fn subst_type(t: &Type, map: &SymMap) -> Type {
+    match t {
+        Type::Tensor(tt) => Type::Tensor(super::ty::TensorType {
+            dims: tt
+                .dims
+                .as_ref()
+                .map(|ds| ds.iter().map(|d| subst_dim(d, map)).collect()),
+            ndim: tt.ndim,
+            dtype: tt.dtype,
+        }),
+        Type::Shape { dims, ndim } => Type::Shape {
+            dims: dims
+                .as_ref()
+                .map(|ds| ds.iter().map(|d| subst_dim(d, map)).collect()),
+            ndim: *ndim,
+        },
+        Type::Tuple(ts) => Type::Tuple(ts.iter().map(|t| subst_type(t, map)).collect()),
+        Type::Func(f) => Type::Func(FuncType {
+            params: f.params.iter().map(|t| subst_type(t, map)).collect(),
+            ret: Box::new(subst_type(&f.ret, map)),
+        }),
+        Type::Prim(_) | Type::Object => t.clone(),
     }
 }
 

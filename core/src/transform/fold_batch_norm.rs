@@ -1,5 +1,5 @@
 //! FoldBatchNorm: inference-mode `batch_norm` with constant statistics becomes a per-channel
-//! affine map, folded into the preceding `conv2d`'s weights where it can be.
+//! affine map, folded into the preceding `conv2d`'s or `matmul`'s weights where it can be.
 //!
 //! Contract:
 //!
@@ -14,6 +14,10 @@
 //!     `x` but `bn`: the weight becomes `w[o] * s[o]` and `bn[0]` becomes `R.add(x, t)` (`t`
 //!     shaped `[1, C, 1, 1]`), so FuseOps puts the conv, this bias and what follows (ReLU,
 //!     a residual add) in one group;
+//!   - when `x` is `R.matmul(data, w)` with a 2-d float32 constant weight `[K, C]`, no
+//!     `out_dtype` other than float32, the channel axis the last one, and no use of `x` but
+//!     `bn`: the weight becomes `w[:, n] * s[n]` and `bn[0]` becomes `R.add(x, t)` (`t`
+//!     shaped `[1, …, 1, C]`), a dense layer with a bias;
 //!   - otherwise `bn` becomes `R.multiply(x, s)` and `bn[0]` becomes `R.add(that, t)`
 //!     (elementwise ops FuseOps fuses with their neighbours).
 //! - Types, names and the origins of the bindings are kept; the `bn` binding's var is reused
@@ -58,7 +62,7 @@ struct Site {
     x: ExprId,
     /// The conv2d binding to fold the scale into: its var, its value (the call), its data and
     /// its weight.
-    conv: Option<(VarId, ExprId, ExprId, Constant)>,
+    conv: Option<(VarId, ExprId, ExprId, Constant, ChannelAxis)>,
     /// Per-channel scale and shift.
     scale: Vec<f64>,
     shift: Vec<f64>,
@@ -170,8 +174,17 @@ fn find(f: &Function) -> Vec<Site> {
     sites
 }
 
-/// The conv2d whose weights can take the scale: `x` is a var bound to an NCHW/OIHW conv2d
-/// with a float32 constant weight of `c` output channels, used only by `bn`.
+/// Where the scale goes in a folded weight: the output channel is the weight's first axis
+/// (conv2d's `OIHW`) or its last (matmul's `[K, N]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChannelAxis {
+    First,
+    Last,
+}
+
+/// The conv2d or matmul whose weights can take the scale: `x` is a var bound to an NCHW/OIHW
+/// conv2d (channel axis 1) or to a matmul with a 2-d weight `[K, c]` (channel axis last), the
+/// weight a float32 constant of `c` output channels, and `x` used only by `bn`.
 fn conv_to_fold(
     f: &Function,
     view: &FunctionView<'_>,
@@ -179,31 +192,46 @@ fn conv_to_fold(
     bn: VarId,
     axis: usize,
     c: usize,
-) -> Option<(VarId, ExprId, ExprId, Constant)> {
+) -> Option<(VarId, ExprId, ExprId, Constant, ChannelAxis)> {
     let xv = f.as_var(x)?;
     let (_, value) = view.bound(xv)?;
     let ExprKind::Call {
-        callee: Callee::Op(Op::Conv2d(ca)),
+        callee: Callee::Op(op),
         args,
     } = &f.expr(value).kind
     else {
         return None;
     };
-    let plain = ca.data_layout == "NCHW"
-        && ca.kernel_layout == "OIHW"
-        && ca.out_layout == "NCHW"
-        && ca.out_dtype.is_none_or(|d| d == DType::F32);
-    if !plain || axis != 1 || args.len() != 2 || view.returned().contains(&xv) {
+    let rank = f.expr(x).ty.as_tensor()?.rank()?;
+    let (want_axis, w_rank, channel) = match op {
+        Op::Conv2d(ca)
+            if ca.data_layout == "NCHW"
+                && ca.kernel_layout == "OIHW"
+                && ca.out_layout == "NCHW"
+                && ca.out_dtype.is_none_or(|d| d == DType::F32) =>
+        {
+            (1, 4, ChannelAxis::First)
+        }
+        Op::Matmul { out_dtype } if out_dtype.is_none_or(|d| d == DType::F32) && rank >= 1 => {
+            (rank - 1, 2, ChannelAxis::Last)
+        }
+        _ => return None,
+    };
+    if axis != want_axis || args.len() != 2 || view.returned().contains(&xv) {
         return None;
     }
     if view.users_of(xv) != [bn] {
         return None;
     }
     let w = const_of(view, f, args[1])?;
-    if w.shape.len() != 4 || usize::try_from(w.shape[0]).ok()? != c {
+    let out_channels = match channel {
+        ChannelAxis::First => w.shape.first(),
+        ChannelAxis::Last => w.shape.last(),
+    };
+    if w.shape.len() != w_rank || usize::try_from(*out_channels?).ok()? != c {
         return None;
     }
-    Some((xv, value, args[0], w.clone()))
+    Some((xv, value, args[0], w.clone(), channel))
 }
 
 fn fold_in(f: &mut Function) {
@@ -218,10 +246,13 @@ fn fold_in(f: &mut Function) {
         let x_ty = f.expr(s.x).ty.clone();
         // What `bn[0]` becomes the shift added to.
         let base = match &s.conv {
-            Some((xv, value, data, w)) => {
-                let per = w.numel() / c.max(1);
-                let folded =
-                    (0..w.numel()).map(|i| w.get_f64(i).unwrap_or(0.0) * s.scale[i / per.max(1)]);
+            Some((xv, value, data, w, channel)) => {
+                let per = (w.numel() / c.max(1)).max(1);
+                let ch = |i: usize| match channel {
+                    ChannelAxis::First => i / per,
+                    ChannelAxis::Last => i % c.max(1),
+                };
+                let folded = (0..w.numel()).map(|i| w.get_f64(i).unwrap_or(0.0) * s.scale[ch(i)]);
                 let Some(nw) = f32_constant(w.shape.clone(), folded) else {
                     continue;
                 };

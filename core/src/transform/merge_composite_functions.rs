@@ -10,8 +10,12 @@
 //! Grouping is TVM's: bindings are visited in program order; a composite call joins every
 //! argument's region of the same codegen that no other argument's region depends on
 //! (transitively), else it starts a region; any other binding starts a region of its own with
-//! no codegen, which is never outlined. Tuple-get-items of a region's tuple result are not
-//! absorbed, so a split output ends a region.
+//! no codegen, which is never outlined. Projections are absorbed as TVM does since
+//! apache/tvm#19998: a tuple-get-item of a flat tensor tuple joins the tuple's region when
+//! that region has a codegen and the tuple is used only by tuple-get-items (through var
+//! aliases, and not returned), and so does a tuple literal whose fields all lie in one such
+//! region; a composite call on the projection can then join the region too. Otherwise the
+//! projection stays outside and ends the region.
 //!
 //! ```text
 //! ; before
@@ -160,8 +164,17 @@ fn group(m: &Module, f: &Function) -> Result<Vec<(Vec<VarId>, FuncAttrs)>> {
     };
     let mut group_of: HashMap<VarId, usize> = HashMap::new();
     let mut block_of: HashMap<usize, usize> = HashMap::new();
+    let uses = Uses::new(f);
     for (bi, block) in f.blocks.iter().enumerate() {
         for b in &block.bindings {
+            // A projection of a region's tuple joins that region.
+            if let Some(r) = projected_region(f, b, &uses, &group_of, &mut gs)
+                && gs.codegen[r].is_some()
+                && block_of.get(&r) == Some(&bi)
+            {
+                group_of.insert(b.var, r);
+                continue;
+            }
             let mut ops = Vec::new();
             operand_vars(f, b.value, &mut ops);
             // Argument groups in argument order, only from this dataflow block.
@@ -252,6 +265,109 @@ fn group(m: &Module, f: &Function) -> Result<Vec<(Vec<VarId>, FuncAttrs)>> {
             Some((vars, attrs))
         })
         .collect())
+}
+
+/// Who uses each var: the vars of the bindings whose values read it, and whether the function
+/// returns it.
+struct Uses {
+    users: HashMap<VarId, Vec<VarId>>,
+    bound: HashMap<VarId, ExprId>,
+    returned: BTreeSet<VarId>,
+}
+
+impl Uses {
+    fn new(f: &Function) -> Self {
+        let mut users: HashMap<VarId, Vec<VarId>> = HashMap::new();
+        for b in f.bindings() {
+            let mut ops = Vec::new();
+            operand_vars(f, b.value, &mut ops);
+            for o in ops {
+                users.entry(o).or_default().push(b.var);
+            }
+        }
+        let mut ret = Vec::new();
+        if let Some(r) = f.ret {
+            operand_vars(f, r, &mut ret);
+        }
+        Uses {
+            users,
+            bound: f.bindings().map(|b| (b.var, b.value)).collect(),
+            returned: ret.into_iter().collect(),
+        }
+    }
+
+    /// TVM's `HasOnlyTupleGetItemUsers`: `t` (and every var alias of it, either way) is not
+    /// returned, and is used only by tuple-get-items of it and by aliases; at least one
+    /// tuple-get-item.
+    fn only_projected(&self, f: &Function, t: VarId) -> bool {
+        let bound = &self.bound;
+        let mut pending = vec![t];
+        let mut seen: BTreeSet<VarId> = BTreeSet::new();
+        let mut projected = false;
+        while let Some(v) = pending.pop() {
+            if !seen.insert(v) {
+                continue;
+            }
+            if self.returned.contains(&v) {
+                return false;
+            }
+            if let Some(ExprKind::Var(src)) = bound.get(&v).map(|&e| &f.expr(e).kind) {
+                pending.push(*src);
+            }
+            for &u in self.users.get(&v).map(Vec::as_slice).unwrap_or(&[]) {
+                let Some(&value) = bound.get(&u) else {
+                    return false;
+                };
+                match &f.expr(value).kind {
+                    ExprKind::TupleGetItem(x, _) if f.as_var(*x) == Some(v) => projected = true,
+                    ExprKind::Var(x) if *x == v => pending.push(u),
+                    _ => return false,
+                }
+            }
+        }
+        projected
+    }
+}
+
+/// Whether `ty` is a non-empty tuple of tensors (TVM's `IsFlatTensorTuple`).
+fn is_flat_tensor_tuple(ty: &Type) -> bool {
+    matches!(ty, Type::Tuple(fs) if !fs.is_empty() && fs.iter().all(|t| matches!(t, Type::Tensor(_))))
+}
+
+/// The region (a group root) a projection binding may join: for `t[i]`, the region of `t`; for
+/// a tuple literal, the one region all its fields lie in. Only for flat tensor tuples used only
+/// by tuple-get-items.
+fn projected_region(
+    f: &Function,
+    b: &Binding,
+    uses: &Uses,
+    group_of: &HashMap<VarId, usize>,
+    gs: &mut Groups,
+) -> Option<usize> {
+    match &f.expr(b.value).kind {
+        ExprKind::TupleGetItem(t, _) => {
+            let tv = f.as_var(*t)?;
+            if !is_flat_tensor_tuple(&f.var(tv).ty) || !uses.only_projected(f, tv) {
+                return None;
+            }
+            let g = *group_of.get(&tv)?;
+            Some(gs.find(g))
+        }
+        ExprKind::Tuple(fields) => {
+            if !is_flat_tensor_tuple(&f.var(b.var).ty) || !uses.only_projected(f, b.var) {
+                return None;
+            }
+            let mut region = None;
+            for &x in fields {
+                let g = gs.find(*group_of.get(&f.as_var(x)?)?);
+                if *region.get_or_insert(g) != g {
+                    return None;
+                }
+            }
+            region
+        }
+        _ => None,
+    }
 }
 
 /// Makes a region public, plain (non-dataflow) and self-contained: each composite it calls

@@ -3,14 +3,20 @@
 pub mod bind_params;
 pub mod dead_code_elimination;
 pub mod fold_batch_norm;
+pub mod fold_constant;
 pub mod fuse_ops;
 pub mod fuse_ops_by_pattern;
 pub mod merge_composite_functions;
 pub mod pass;
+pub mod remove_export_noise;
+pub mod remove_identity;
+pub mod simplify;
+mod substitute;
 
 pub use bind_params::bind_params;
 pub use dead_code_elimination::dead_code_elimination;
 pub use fold_batch_norm::fold_batch_norm;
+pub use fold_constant::{Evaluator, fold_constant};
 pub use fuse_ops::fuse_ops;
 pub use fuse_ops_by_pattern::{
     FusionPattern, PartitionOptions, Partitioned, Rejection, annotate_codegen, fuse_ops_by_pattern,
@@ -18,3 +24,6 @@ pub use fuse_ops_by_pattern::{
 };
 pub use merge_composite_functions::merge_composite_functions;
 pub use pass::{Pass, Pipeline};
+pub use remove_export_noise::remove_export_noise;
+pub use remove_identity::remove_identity;
+pub use simplify::{simplify_for_inference, simplify_pipeline};

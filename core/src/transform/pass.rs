@@ -118,6 +118,48 @@ impl Pass for FoldBatchNorm {
     }
 }
 
+/// [`fold_constant`](super::fold_constant) as a pass, with its evaluator.
+#[derive(Clone)]
+pub struct FoldConstant {
+    /// Evaluates one op on constants (the CPU reference's `eval_op`).
+    pub eval: super::Evaluator,
+}
+
+impl Pass for FoldConstant {
+    fn name(&self) -> &str {
+        "fold_constant"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::fold_constant(m, &self.eval)
+    }
+}
+
+/// [`remove_identity`](super::remove_identity) as a pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RemoveIdentity;
+
+impl Pass for RemoveIdentity {
+    fn name(&self) -> &str {
+        "remove_identity"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::remove_identity(m)
+    }
+}
+
+/// [`remove_export_noise`](super::remove_export_noise) as a pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RemoveExportNoise;
+
+impl Pass for RemoveExportNoise {
+    fn name(&self) -> &str {
+        "remove_export_noise"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::remove_export_noise(m)
+    }
+}
+
 /// [`fuse_ops`](super::fuse_ops) as a pass.
 #[derive(Clone, Copy, Debug)]
 pub struct FuseOps {

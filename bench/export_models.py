@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Exports the full-size models of `bench/models.sh` (issue 19's speed table) with seeded random
+weights, each with its inputs and onnxruntime's outputs.
+
+Run by hand with the export venv of `scripts/export_hf_models.py` (torch, torchvision,
+transformers, onnxscript, onnxruntime; CI never runs this: the weights are hundreds of MB):
+
+    .venv-export/bin/python bench/export_models.py OUT_DIR [MODEL ...]
+
+MODEL is any of bert-base, gpt2, mobilenet-v2 (default: all). Nothing is downloaded but
+packages: every model is built from its default config (the published checkpoint's shape) with
+random weights after `torch.manual_seed(0)`; token ids and pixels come from seeded numpy
+generators. Per model, OUT_DIR/<model>/ holds:
+
+    model/model.onnx (+ model.onnx.data for GPT-2: ONNX external data)
+    inputs/<graph input>.npy
+    outputs/<graph output>.npy     onnxruntime's outputs (CPU provider)
+    export.txt                     exporter, opset, parameter count, onnxruntime vs torch
+
+| model        | exporter                     | inputs                                       |
+|--------------|------------------------------|----------------------------------------------|
+| bert-base    | TorchScript, opset 17        | input_ids, attention_mask, token_type_ids [1, 128] |
+| gpt2         | dynamo, opset 18, ext. data  | input_ids, attention_mask [1, 128]           |
+| mobilenet-v2 | TorchScript, opset 17        | pixel_values [1, 3, 224, 224] (torchvision)  |
+
+The light ResNet-50 of the table is made by tests/ort/resnet50_random.py (no torch needed).
+"""
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+SEQ = 128
+
+
+class Logits(torch.nn.Module):
+    """Returns the model's first output tensor only (no dict, no cache)."""
+
+    def __init__(self, model, key):
+        super().__init__()
+        self.model = model
+        self.key = key
+
+    def forward(self, *args):
+        out = self.model(*args)
+        if isinstance(out, torch.Tensor):
+            return out
+        return getattr(out, self.key)
+
+
+def save(out, name, inputs, model_path, want, note):
+    os.makedirs(os.path.join(out, "inputs"), exist_ok=True)
+    os.makedirs(os.path.join(out, "outputs"), exist_ok=True)
+    for k, v in inputs.items():
+        np.save(os.path.join(out, "inputs", f"{k}.npy"), v)
+    sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    got = sess.run(names, inputs)
+    for n, g in zip(names, got):
+        np.save(os.path.join(out, "outputs", f"{n}.npy"), g)
+    err = float(np.abs(got[0] - want).max())
+    text = f"{name}: {note}; outputs {names}; onnxruntime vs torch max |diff| {err:.3e}\n"
+    with open(os.path.join(out, "export.txt"), "w") as f:
+        f.write(text)
+    print(text, end="")
+
+
+def bert(out):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig()).eval()
+    n = sum(p.numel() for p in model.parameters())
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 30522, size=(1, SEQ), dtype=np.int64)
+    mask = np.ones((1, SEQ), dtype=np.int64)
+    types = np.zeros((1, SEQ), dtype=np.int64)
+    w = Logits(model, "last_hidden_state")
+    args = tuple(torch.from_numpy(a) for a in (ids, mask, types))
+    path = os.path.join(out, "model", "model.onnx")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    with torch.no_grad():
+        want = w(*args).numpy()
+        torch.onnx.export(
+            w,
+            args,
+            path,
+            dynamo=False,
+            opset_version=17,
+            input_names=names,
+            output_names=["last_hidden_state"],
+            dynamic_axes={k: {0: "batch", 1: "sequence"} for k in names},
+        )
+    save(out, "bert-base", dict(zip(names, (ids, mask, types))), path, want,
+         f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters")
+
+
+def gpt2(out):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              use_cache=False, return_dict=True).logits
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).eval()
+    n = sum(p.numel() for p in model.parameters())
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50257, size=(1, SEQ), dtype=np.int64)
+    mask = np.ones((1, SEQ), dtype=np.int64)
+    w = Wrapper(model)
+    batch = torch.export.Dim("batch", min=1, max=16)
+    seq = torch.export.Dim("sequence", min=2, max=1024)
+    dims = {0: batch, 1: seq}
+    path = os.path.join(out, "model", "model.onnx")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with torch.no_grad():
+        want = w(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        program = torch.onnx.export(
+            w,
+            (torch.from_numpy(ids), torch.from_numpy(mask)),
+            dynamo=True,
+            opset_version=18,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits"],
+            dynamic_shapes={"input_ids": dims, "attention_mask": dims},
+            external_data=True,
+        )
+    program.save(path, external_data=True)
+    m = onnx.load(path, load_external_data=False)
+    ext = sum(1 for t in m.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
+    save(out, "gpt2", {"input_ids": ids, "attention_mask": mask}, path, want,
+         f"dynamo exporter, opset 18, {n / 1e6:.1f} M parameters, {ext} initializers external")
+
+
+def mobilenet(out):
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v2(weights=None)
+    n = sum(p.numel() for p in model.parameters())
+    rng = np.random.default_rng(0)
+    # Random weights with the batch-norm statistics of fresh init (mean 0, var 1) shrink the
+    # activations layer by layer to ~1e-9 logits, which checks nothing: calibrate the running
+    # statistics on a few seeded random batches first (cumulative averages), as a trained
+    # network's would be.
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None
+    model.train()
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.from_numpy(rng.standard_normal((8, 3, 224, 224), dtype=np.float32)))
+    model.eval()
+    x = rng.standard_normal((1, 3, 224, 224), dtype=np.float32)
+    path = os.path.join(out, "model", "model.onnx")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+        torch.onnx.export(
+            model,
+            (torch.from_numpy(x),),
+            path,
+            dynamo=False,
+            opset_version=17,
+            input_names=["pixel_values"],
+            output_names=["logits"],
+            dynamic_axes={"pixel_values": {0: "batch"}},
+        )
+    save(out, "mobilenet-v2", {"pixel_values": x}, path, want,
+         f"TorchScript exporter, opset 17, torchvision mobilenet_v2, {n / 1e6:.1f} M parameters")
+
+
+MODELS = {"bert-base": bert, "gpt2": gpt2, "mobilenet-v2": mobilenet}
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    out = sys.argv[1]
+    names = sys.argv[2:] or list(MODELS)
+    for name in names:
+        if name not in MODELS:
+            print(f"unknown model `{name}`; expected one of {', '.join(MODELS)}", file=sys.stderr)
+            return 2
+        MODELS[name](os.path.join(out, name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

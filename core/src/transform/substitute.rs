@@ -1,0 +1,124 @@
+//! Replacing the uses of bound vars: the shared step of the simplification passes
+//! ([`fold_constant`](super::fold_constant), [`remove_identity`](super::remove_identity)).
+//!
+//! Contract: [`Substitution::apply`] rewrites, in one function, every argument, tuple field and
+//! tuple-get-item operand that refers to a var in the map (and the returned expression's
+//! fields) to the var's replacement. A var the function returns (directly or as a field of the
+//! returned tuple) is never replaced: its name is the output's name (ONNX outputs keep their
+//! names). A replacement chain (`a → b`, `b → c`) resolves to its end. [`Substitution::allowed`]
+//! refuses what would break scoping: a var visible after its dataflow block replaced by a
+//! dataflow var. The bindings of replaced vars stay; dead-code elimination removes them.
+//!
+//! ```text
+//! ; map: y -> x
+//! y = R.astype(x, dtype="float32")         y = R.astype(x, dtype="float32")   ; now dead
+//! z = R.nn.relu(y)                    →    z = R.nn.relu(x)
+//! ```
+
+use crate::ir::copy::VarMap;
+use crate::ir::{ExprId, ExprKind, Function, VarId};
+use crate::pattern::matcher::FunctionView;
+
+/// Replacements of vars by expressions (vars or constants) in one function.
+pub(crate) struct Substitution {
+    map: VarMap<ExprId>,
+    returned: Vec<VarId>,
+    any: bool,
+}
+
+impl Substitution {
+    /// An empty substitution for `f`.
+    pub(crate) fn new(f: &Function) -> Self {
+        let view = FunctionView::new(f);
+        Substitution {
+            map: VarMap::new(f.vars.len()),
+            returned: view.returned().to_vec(),
+            any: false,
+        }
+    }
+
+    /// `e` with replaced vars followed to the end of their chain.
+    pub(crate) fn resolve(&self, f: &Function, mut e: ExprId) -> ExprId {
+        // Each step moves to an expression recorded earlier: the chain is finite, but bound it.
+        for _ in 0..f.vars.len() + 1 {
+            match f.as_var(e).and_then(|v| self.map.get(&v)) {
+                Some(&next) => e = next,
+                None => break,
+            }
+        }
+        e
+    }
+
+    /// Whether `var` may be replaced by `by`: `var` is not returned, and `by` is a constant,
+    /// or a var that is visible wherever `var` is (a non-dataflow var or param, or `var` is a
+    /// dataflow var itself, so its uses are all in its block).
+    pub(crate) fn allowed(&self, f: &Function, var: VarId, by: ExprId) -> bool {
+        if self.returned.contains(&var) {
+            return false;
+        }
+        match &f.expr(by).kind {
+            ExprKind::Const(_) => true,
+            ExprKind::Var(b) => *b != var && (f.var(var).dataflow || !f.var(*b).dataflow),
+            _ => false,
+        }
+    }
+
+    /// Records `var → by` when [`Substitution::allowed`]; says whether it was recorded.
+    pub(crate) fn replace(&mut self, f: &Function, var: VarId, by: ExprId) -> bool {
+        let by = self.resolve(f, by);
+        if !self.allowed(f, var, by) {
+            return false;
+        }
+        self.map.insert(var, by);
+        self.any = true;
+        true
+    }
+
+    /// Whether anything was recorded.
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.any
+    }
+
+    /// Rewrites the uses in `f` (see the module doc).
+    pub(crate) fn apply(&self, f: &mut Function) {
+        if !self.any {
+            return;
+        }
+        let ids: Vec<ExprId> = f.exprs.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            let kind = f.expr(id).kind.clone();
+            let new = match kind {
+                ExprKind::Call { callee, args } => {
+                    let args2: Vec<ExprId> = args.iter().map(|&a| self.resolve(f, a)).collect();
+                    (args2 != args).then_some(ExprKind::Call {
+                        callee,
+                        args: args2,
+                    })
+                }
+                ExprKind::Tuple(fields) => {
+                    let f2: Vec<ExprId> = fields.iter().map(|&a| self.resolve(f, a)).collect();
+                    (f2 != fields).then_some(ExprKind::Tuple(f2))
+                }
+                ExprKind::TupleGetItem(t, i) => {
+                    let t2 = self.resolve(f, t);
+                    (t2 != t).then_some(ExprKind::TupleGetItem(t2, i))
+                }
+                _ => None,
+            };
+            if let Some(k) = new {
+                f.exprs[id].kind = k;
+            }
+        }
+        // A binding whose value is a replaced var itself (`y = x`) reads the replacement.
+        let mut values = Vec::new();
+        for b in f.bindings() {
+            values.push(self.resolve(f, b.value));
+        }
+        let mut it = values.into_iter();
+        for b in f.blocks.iter_mut().flat_map(|b| b.bindings.iter_mut()) {
+            if let Some(v) = it.next() {
+                b.value = v;
+            }
+        }
+    }
+}
