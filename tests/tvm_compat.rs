@@ -430,3 +430,24 @@ class Module:
         text::print_module(&back).text
     );
 }
+
+#[test]
+fn a_valueless_constant_namespace_with_escapes_prints_back() {
+    // Found by the parse_text fuzz target: the namespace is printed as a quoted string.
+    let src = r#"@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((4,), dtype="float32")) -> R.Tensor((4,), dtype="float32"):
+        y: R.Tensor((4,), dtype="float32") = R.add(x, metadata["a\\b\n\"c"][3])
+        return y
+"#;
+    let m = parse(src);
+    let printed = text::print_module(&m).text;
+    assert!(printed.contains(r#"metadata["a\\b\n\"c"][3]"#), "{printed}");
+    let again = text::print_module(&parse(&printed)).text;
+    assert_eq!(again, printed);
+    assert!(fusebox_core::ir::structural::module_eq(
+        &m,
+        &parse(&printed)
+    ));
+}

@@ -166,7 +166,13 @@ pub struct ConstRef {
 
 impl std::fmt::Display for ConstRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "metadata[\"{}\"][{}]", self.ns, self.index)
+        // The namespace quoted as the text format writes strings, so this reads back.
+        write!(
+            f,
+            "metadata[{}][{}]",
+            crate::text::lexer::quote(&self.ns),
+            self.index
+        )
     }
 }
 

@@ -83,7 +83,14 @@ pub fn infer_kind(
                     ));
                 }
                 for (i, (p, a)) in fty.params.iter().zip(&arg_tys).enumerate() {
-                    if !p.accepts(a) && !has_syms(p) {
+                    // A constant without a value takes the type of the parameter it is given to.
+                    let valueless = args.get(i).is_some_and(|&e| {
+                        matches!(
+                            func.exprs.get(e).map(|d| &d.kind),
+                            Some(ExprKind::ConstRef(_))
+                        )
+                    }) && a.accepts(p);
+                    if !p.accepts(a) && !has_syms(p) && !valueless {
                         return Err(format!(
                             "argument {i} of {what}: expected {}, found {}",
                             brief(p),

@@ -27,7 +27,7 @@
 //!   temporary file in the same directory and renaming it into place.
 
 mod constants;
-mod lexer;
+pub(crate) mod lexer;
 mod parser;
 mod printer;
 
