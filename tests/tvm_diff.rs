@@ -418,6 +418,7 @@ fn describe(f: &Function, e: ExprId, index: &BTreeMap<u32, usize>) -> String {
             }
         }
         ExprKind::Const(c) => format!("const({})", brief(&c.ty())),
+        ExprKind::ConstRef(c) => format!("const({c}: {})", brief(&f.expr(e).ty)),
         ExprKind::Call { callee, args } => {
             let callee = match callee {
                 Callee::Op(op) => format!("{}{}", op.name(), op_attrs(op)),

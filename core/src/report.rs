@@ -64,6 +64,10 @@ pub struct Report {
     /// the JSON when empty).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub claims: Vec<ClaimReport>,
+    /// What the report could not establish (absent from the JSON when empty): constants
+    /// without values, which deduplication could compare only by identity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// The claims on one unit of work (a module function main calls).
@@ -138,6 +142,7 @@ fn count_constants(f: &Function) -> usize {
         .iter()
         .map(|(_, d)| match &d.kind {
             ExprKind::Const(c) if !c.shape.is_empty() => 1,
+            ExprKind::ConstRef(_) => 1,
             ExprKind::Function(inner) => count_constants(inner),
             _ => 0,
         })
@@ -267,7 +272,22 @@ pub fn build(m: &Module, rejections: &[Rejection]) -> Report {
             })
             .collect(),
         claims: Vec::new(),
+        notes: valueless_note(m).into_iter().collect(),
     }
+}
+
+/// The note on constants without values, if the module has any.
+fn valueless_note(m: &Module) -> Option<String> {
+    let missing = m.valueless_constants();
+    if missing.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "{} constant(s) have no value ({}): deduplication could not compare them, so functions that read them are shared only when they read the very same constants",
+        missing.len(),
+        names.join(", ")
+    ))
 }
 
 impl Report {

@@ -68,6 +68,22 @@ pub fn run(module: &Module, func: &str, args: Vec<Value>) -> Result<Value> {
     run_with(module, func, args, None)
 }
 
+/// Fails naming every constant of `module` that has no value (text read without its side file).
+pub fn check_values(module: &Module) -> Result<()> {
+    let missing = module.valueless_constants();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    Err(Error::Exec(format!(
+        "cannot run: {} constant{} {} no value: {} (give the side file with their values)",
+        missing.len(),
+        if missing.len() == 1 { "" } else { "s" },
+        if missing.len() == 1 { "has" } else { "have" },
+        names.join(", ")
+    )))
+}
+
 /// The key of a decoded constant: its data buffer's address and length, dtype and shape.
 type ConstKey = (usize, usize, DType, Vec<i64>);
 
@@ -135,6 +151,7 @@ impl Executor {
         hook: Option<CallHook<'_>>,
     ) -> Result<Value> {
         let f = lookup(module, func)?;
+        check_values(module)?;
         if hook.is_none() {
             // On a worker of the kernel pool: the kernels' parallel regions then start on a
             // thread of their own pool (no hand-over from an outside thread per region).
@@ -159,6 +176,7 @@ impl Executor {
         takes: Takes<'_>,
     ) -> Result<Value> {
         let f = lookup(module, func)?;
+        check_values(module)?;
         self.interp(module, Some(hook), Some(takes), false)
             .call(func, f, args, 0, &BTreeMap::new())
     }
@@ -213,6 +231,7 @@ impl Executor {
         takes: Option<Takes<'_>>,
     ) -> Result<(Value, Vec<CallProfile>)> {
         let f = lookup(module, func)?;
+        check_values(module)?;
         let interp = self.interp(module, hook, takes, true);
         let out = interp.call(func, f, args, 0, &BTreeMap::new())?;
         let mut prof: Vec<CallProfile> = interp
@@ -353,7 +372,11 @@ fn uses(f: &Function, e: ExprId, out: &mut Vec<VarId>) {
         ExprKind::Tuple(fields) => fields.iter().for_each(|&x| uses(f, x, out)),
         ExprKind::TupleGetItem(t, _) => uses(f, *t, out),
         ExprKind::Call { args, .. } => args.iter().for_each(|&x| uses(f, x, out)),
-        ExprKind::Const(_) | ExprKind::ShapeLit(_) | ExprKind::Prim(_) | ExprKind::Function(_) => {}
+        ExprKind::Const(_)
+        | ExprKind::ConstRef(_)
+        | ExprKind::ShapeLit(_)
+        | ExprKind::Prim(_)
+        | ExprKind::Function(_) => {}
     }
 }
 
@@ -730,6 +753,11 @@ impl<'m> Interp<'m> {
                     ))
                 })?,
             ExprKind::Const(c) => Value::Tensor(self.exec.constant(c)?),
+            ExprKind::ConstRef(c) => {
+                return Err(Error::Exec(format!(
+                    "`{name}`: constant {c} has no value (the text was read without its side file)"
+                )));
+            }
             ExprKind::Tuple(fields) => Value::Tuple(
                 fields
                     .iter()

@@ -97,7 +97,11 @@ fn count_uses(f: &Function, e: ExprId, counts: &mut [u32]) {
         ExprKind::Tuple(fields) => fields.iter().for_each(|&x| count_uses(f, x, counts)),
         ExprKind::TupleGetItem(t, _) => count_uses(f, *t, counts),
         ExprKind::Call { args, .. } => args.iter().for_each(|&x| count_uses(f, x, counts)),
-        ExprKind::Const(_) | ExprKind::ShapeLit(_) | ExprKind::Prim(_) | ExprKind::Function(_) => {}
+        ExprKind::Const(_)
+        | ExprKind::ConstRef(_)
+        | ExprKind::ShapeLit(_)
+        | ExprKind::Prim(_)
+        | ExprKind::Function(_) => {}
     }
 }
 

@@ -77,11 +77,13 @@ fn tuple_tensors(args: &[Value]) -> std::result::Result<Vec<&Tensor>, String> {
 /// Runs the kernel of `op` on `args`, after checking that its result fits the memory limit
 /// (see `fusebox_core::runtime::memory`).
 pub fn eval_op(op: &Op, args: &[Value]) -> Result<Value> {
+    let Some(name) = op.static_name() else {
+        return Err(Error::NoKernel {
+            op: op.name().to_string(),
+        });
+    };
     fusebox_core::runtime::memory::check_op_result(op, args)?;
-    eval(op, args).map_err(|message| Error::Kernel {
-        op: op.name(),
-        message,
-    })
+    eval(op, args).map_err(|message| Error::Kernel { op: name, message })
 }
 
 fn bin(op: BinOp, args: &[Value]) -> std::result::Result<Value, String> {
@@ -112,6 +114,12 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
     }
     let t = |v: std::result::Result<Tensor, String>| v.map(Value::Tensor);
     match op {
+        Op::Opaque(o) => Err(format!("no kernel for `{}`", o.name)),
+        Op::Stack { axis } => t(crate::pool_nd::stack(&tuple_tensors(args)?, *axis)),
+        Op::MaxPool1d(a) | Op::MaxPool3d(a) => t(crate::pool_nd::pool(tensor(args, 0)?, a, true)),
+        Op::AvgPool1d(a) | Op::AvgPool3d(a) => t(crate::pool_nd::pool(tensor(args, 0)?, a, false)),
+        Op::AdaptiveAvgPool1d(a) => t(crate::pool_nd::adaptive(tensor(args, 0)?, a, 1)),
+        Op::AdaptiveAvgPool3d(a) => t(crate::pool_nd::adaptive(tensor(args, 0)?, a, 3)),
         Op::Add => bin(BinOp::Add, args),
         Op::Subtract => bin(BinOp::Sub, args),
         Op::Multiply => bin(BinOp::Mul, args),

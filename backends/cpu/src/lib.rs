@@ -62,6 +62,7 @@ mod matmul;
 mod nn;
 mod norm;
 pub mod par;
+mod pool_nd;
 mod reduce;
 mod search;
 mod simd;
@@ -95,6 +96,14 @@ pub enum Error {
         op: &'static str,
         /// What was wrong.
         message: String,
+    },
+    /// A call of an op outside the op set (an opaque op the text kept verbatim).
+    #[error(
+        "no kernel for `{op}`: it is outside fusebox's op set, so it can be parsed, printed and partitioned but not run"
+    )]
+    NoKernel {
+        /// The op's name as written (`relax.foo`).
+        op: String,
     },
     /// The interpreter could not run the function (arity, types, unbound vars or dims).
     #[error("{0}")]

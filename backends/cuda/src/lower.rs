@@ -341,6 +341,7 @@ impl Lowerer<'_> {
                 self.value(ve)
             }
             ExprKind::Const(c) => self.constant(c),
+            ExprKind::ConstRef(c) => Err(self.unsupported(format!("constant {c} has no value"))),
             ExprKind::Tuple(fields) => {
                 let mut out = Vec::new();
                 for &x in fields {
@@ -566,6 +567,12 @@ impl Lowerer<'_> {
                 return Err(self.unsupported(
                     "shape_to_tensor reads a run-time shape: it runs on the CPU".into(),
                 ));
+            }
+            Op::Opaque(o) => {
+                return Err(self.unsupported(format!(
+                    "`{}` is outside the op set: there is no kernel for it",
+                    o.name
+                )));
             }
             _ => {}
         }
@@ -1118,6 +1125,21 @@ impl Lowerer<'_> {
             | Op::Einsum { .. } => self.reduce17(op, args, &shape, &c)?,
             Op::ShapeToTensor => {
                 return Err(self.unsupported("shape_to_tensor runs on the CPU".into()));
+            }
+            Op::Opaque(o) => {
+                return Err(self.unsupported(format!("no kernel for `{}`", o.name)));
+            }
+            Op::Stack { .. }
+            | Op::MaxPool1d(_)
+            | Op::AvgPool1d(_)
+            | Op::MaxPool3d(_)
+            | Op::AvgPool3d(_)
+            | Op::AdaptiveAvgPool1d(_)
+            | Op::AdaptiveAvgPool3d(_) => {
+                return Err(self.unsupported(format!(
+                    "{} has no CUDA lowering yet: it runs on the CPU",
+                    op.name()
+                )));
             }
         };
         let node = self.wrap_int(op, node, dtype);

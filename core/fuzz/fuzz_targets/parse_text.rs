@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
             let printed = print_module(&m);
             let mut consts = ConstTable::new();
             for (i, c) in printed.constants.iter().enumerate() {
-                consts.insert(NS_CONSTANT, i, c.clone());
+                consts.insert(NS_CONSTANT, printed.first_index + i, c.clone());
             }
             match parse_module(&printed.text, "<printed>", &consts) {
                 Ok(m2) => assert_eq!(

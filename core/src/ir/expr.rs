@@ -152,6 +152,30 @@ impl std::hash::Hash for PrimValue {
     }
 }
 
+/// A constant whose value was not given: `metadata["ns"][index]` read with no side file
+/// (TVM's `mod.script()` omits metadata). Everything but running works on it: its type is the
+/// binding's annotation (or an unknown tensor), it prints back as written, and structural
+/// equality compares it by identity (namespace and index), never by value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConstRef {
+    /// The metadata namespace (`relax.expr.Constant`, `ir.GenericConst`).
+    pub ns: Arc<str>,
+    /// The index in that namespace.
+    pub index: u32,
+}
+
+impl std::fmt::Display for ConstRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The namespace quoted as the text format writes strings, so this reads back.
+        write!(
+            f,
+            "metadata[{}][{}]",
+            crate::text::lexer::quote(&self.ns),
+            self.index
+        )
+    }
+}
+
 /// What a call calls.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Callee {
@@ -170,6 +194,8 @@ pub enum ExprKind {
     Var(VarId),
     /// A tensor constant (inline `R.const` or `metadata[...]`).
     Const(Constant),
+    /// A constant without its value (see [`ConstRef`]).
+    ConstRef(ConstRef),
     /// A call. Arguments are leaves (vars, constants, shapes, prim values, tuples of leaves).
     Call {
         /// The callee.

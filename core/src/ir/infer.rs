@@ -1,7 +1,7 @@
 //! Type inference for one expression, given the types of its operands. Shared by the parser,
 //! the builder and the verifier, so the three agree.
 
-use super::expr::{Callee, ExprKind, PrimValue};
+use super::expr::{Callee, ExprId, ExprKind, PrimValue};
 use super::function::Function;
 use super::ty::{FuncType, Type};
 use super::{DType, Dim};
@@ -44,6 +44,12 @@ pub fn infer_kind(
             .map(|d| d.ty.clone())
             .ok_or_else(|| format!("var {v} is out of range")),
         ExprKind::Const(c) => Ok(c.ty()),
+        // Refined by the binding's annotation (see the parser).
+        ExprKind::ConstRef(_) => Ok(Type::Tensor(crate::ir::TensorType {
+            dims: None,
+            ndim: None,
+            dtype: None,
+        })),
         ExprKind::ShapeLit(dims) => Ok(Type::shape(dims.clone())),
         ExprKind::Prim(p) => Ok(match p {
             PrimValue::Int(_) => Type::Prim(DType::I64),
@@ -77,7 +83,14 @@ pub fn infer_kind(
                     ));
                 }
                 for (i, (p, a)) in fty.params.iter().zip(&arg_tys).enumerate() {
-                    if !p.accepts(a) && !has_syms(p) {
+                    // A constant without a value takes the type of the parameter it is given to.
+                    let valueless = args.get(i).is_some_and(|&e| {
+                        matches!(
+                            func.exprs.get(e).map(|d| &d.kind),
+                            Some(ExprKind::ConstRef(_))
+                        )
+                    }) && a.accepts(p);
+                    if !p.accepts(a) && !has_syms(p) && !valueless {
                         return Err(format!(
                             "argument {i} of {what}: expected {}, found {}",
                             brief(p),
@@ -222,5 +235,22 @@ pub fn brief(t: &Type) -> String {
         Type::Prim(d) => format!("Prim({d})"),
         Type::Func(_) => "Callable".to_string(),
         Type::Object => "Object".to_string(),
+    }
+}
+
+/// Whether `e` is a constant without a value ([`crate::ir::ConstRef`]), or a call or tuple
+/// with one among its arguments (or among the fields of a tuple argument): its inferred type
+/// is then less specific than the truth, and an annotation may refine it.
+pub fn reads_valueless(f: &Function, e: ExprId) -> bool {
+    let kind = |x: ExprId| f.exprs.get(x).map(|d| &d.kind);
+    let is_ref = |x: ExprId| matches!(kind(x), Some(ExprKind::ConstRef(_)));
+    let direct = |x: ExprId| {
+        is_ref(x) || matches!(kind(x), Some(ExprKind::Tuple(fs)) if fs.iter().any(|&y| is_ref(y)))
+    };
+    match kind(e) {
+        Some(ExprKind::ConstRef(_)) => true,
+        Some(ExprKind::Call { args, .. }) => args.iter().any(|&a| direct(a)),
+        Some(ExprKind::Tuple(fs)) => fs.iter().any(|&a| direct(a)),
+        _ => false,
     }
 }

@@ -1,5 +1,6 @@
 //! Modules: an ordered map from names to functions.
 
+use super::expr::{ConstRef, ExprKind};
 use super::function::Function;
 use indexmap::IndexMap;
 
@@ -31,5 +32,24 @@ impl Module {
         let mut names: Vec<&str> = self.functions.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+
+    /// The constants without values ([`ConstRef`]) the functions hold, each once, in the order
+    /// of the functions and their expressions (nested functions included).
+    pub fn valueless_constants(&self) -> Vec<ConstRef> {
+        fn walk(f: &Function, out: &mut Vec<ConstRef>) {
+            for (_, d) in f.exprs.iter() {
+                match &d.kind {
+                    ExprKind::ConstRef(c) if !out.contains(c) => out.push(c.clone()),
+                    ExprKind::Function(g) => walk(g, out),
+                    _ => {}
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for f in self.functions.values() {
+            walk(f, &mut out);
+        }
+        out
     }
 }

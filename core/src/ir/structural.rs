@@ -87,6 +87,8 @@ impl Eq2<'_> {
         match (&da.kind, &db.kind) {
             (ExprKind::Var(x), ExprKind::Var(y)) => self.vars.get(x) == Some(y),
             (ExprKind::Const(x), ExprKind::Const(y)) => x == y,
+            // No value to compare: equal only when they are the same constant.
+            (ExprKind::ConstRef(x), ExprKind::ConstRef(y)) => x == y && da.ty == db.ty,
             (ExprKind::Prim(x), ExprKind::Prim(y)) => x == y,
             (ExprKind::ShapeLit(x), ExprKind::ShapeLit(y)) => self.dims(x, y),
             (ExprKind::Tuple(x), ExprKind::Tuple(y)) => {
@@ -234,6 +236,7 @@ fn hash_expr(
     match &d.kind {
         ExprKind::Var(v) => pos.get(v).hash(h),
         ExprKind::Const(c) => c.hash(h),
+        ExprKind::ConstRef(c) => c.hash(h),
         ExprKind::Prim(p) => p.hash(h),
         ExprKind::ShapeLit(ds) => ds.iter().for_each(|x| hash_dim(x, h, syms)),
         ExprKind::Tuple(xs) => xs.iter().for_each(|&x| hash_expr(f, x, h, pos, syms)),

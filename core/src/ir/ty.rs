@@ -102,7 +102,7 @@ pub enum Type {
         /// The rank when only the rank is known.
         ndim: Option<usize>,
     },
-    /// `R.Prim("int64")`: a scalar that is not a tensor.
+    /// `T.int64` (also read as `R.Prim("int64")`): a scalar that is not a tensor.
     Prim(DType),
     /// A callable (a local function).
     Func(FuncType),

@@ -350,7 +350,11 @@ impl Verifier<'_> {
             return;
         };
         match &d.kind {
-            ExprKind::Var(_) | ExprKind::Const(_) | ExprKind::ShapeLit(_) | ExprKind::Prim(_) => {}
+            ExprKind::Var(_)
+            | ExprKind::Const(_)
+            | ExprKind::ConstRef(_)
+            | ExprKind::ShapeLit(_)
+            | ExprKind::Prim(_) => {}
             ExprKind::Tuple(xs) => {
                 for &x in xs {
                     self.check_leaf(at, x, what);
@@ -378,7 +382,9 @@ impl Verifier<'_> {
         match infer_kind(f, self.m, &d.kind) {
             Err(msg) => self.err(Some(var), format!("type error: {msg}")),
             Ok(t) => {
-                if t != d.ty {
+                // A constant without a value has the type its binding's annotation gave.
+                let refined = matches!(d.kind, ExprKind::ConstRef(_)) && t.accepts(&d.ty);
+                if t != d.ty && !refined {
                     self.err(
                         Some(var),
                         format!(
@@ -389,7 +395,8 @@ impl Verifier<'_> {
                     );
                 }
                 let vt = &f.var(var).ty;
-                if !vt.accepts(&d.ty) {
+                let refines = d.ty.accepts(vt) && super::infer::reads_valueless(f, value);
+                if !vt.accepts(&d.ty) && !refines {
                     self.err(
                         Some(var),
                         format!(

@@ -16,10 +16,11 @@ use std::sync::Arc;
 
 mod index;
 mod nn;
+mod pool;
 
 /// The arguments of one call, for error messages.
 struct Cx<'a> {
-    op: &'static str,
+    op: &'a str,
     args: &'a [&'a Type],
 }
 
@@ -242,6 +243,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         return Err(cx.err(format!("expected {want} arguments, found {}", args.len())));
     }
     match op {
+        Op::Opaque(o) => Ok(o.ty.clone()),
         Op::Add
         | Op::Subtract
         | Op::Multiply
@@ -730,6 +732,12 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         Op::Conv2dTranspose(a) => nn::conv2d_transpose(&cx, a),
         Op::Resize2d(a) => nn::resize2d(&cx, a),
         Op::GroupNorm(a) | Op::InstanceNorm(a) => nn::group_norm(&cx, a),
+        Op::Stack { axis } => pool::stack(&cx, *axis),
+        Op::MaxPool1d(a) | Op::AvgPool1d(a) | Op::MaxPool3d(a) | Op::AvgPool3d(a) => {
+            pool::pool(&cx, a)
+        }
+        Op::AdaptiveAvgPool1d(a) => pool::adaptive(&cx, a, 1),
+        Op::AdaptiveAvgPool3d(a) => pool::adaptive(&cx, a, 3),
     }
 }
 

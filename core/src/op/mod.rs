@@ -38,6 +38,7 @@ mod elem;
 mod index;
 mod infer;
 mod nn;
+mod pool;
 #[cfg(test)]
 mod tests;
 
@@ -49,6 +50,7 @@ use attrs::{
 pub use elem::{ElemClass, ElemOp};
 pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
 pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
+pub use pool::{AdaptivePoolAttrs, PoolAttrs};
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -302,6 +304,75 @@ pub struct TopkAttrs {
     pub dtype: Option<DType>,
 }
 
+/// A call of an op outside the op set (`R.foo(x, axis=1)` where `relax.foo` is not an op of
+/// [`Op::names`]): its name and keyword attributes are kept verbatim, in the order written, and
+/// its result type is the one the binding's annotation gives. It prints back as written, pattern
+/// names can match it, FuseOps treats it as [`FusionKind::Opaque`], and running it fails with
+/// "no kernel for `relax.foo`".
+#[derive(Clone, Debug)]
+pub struct OpaqueOp {
+    /// The full name (`relax.foo`).
+    pub name: Box<str>,
+    /// The keyword attributes, in the order written.
+    pub attrs: Vec<(Box<str>, AttrLit)>,
+    /// The result type (from the binding's annotation).
+    pub ty: Type,
+}
+
+/// Equality of literals with floats compared bitwise (so `Eq` is reflexive, NaN included).
+fn lit_eq(a: &AttrLit, b: &AttrLit) -> bool {
+    match (a, b) {
+        (AttrLit::Float(x), AttrLit::Float(y)) => x.to_bits() == y.to_bits(),
+        (AttrLit::List(x), AttrLit::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| lit_eq(p, q))
+        }
+        _ => a == b,
+    }
+}
+
+fn lit_hash<H: std::hash::Hasher>(l: &AttrLit, state: &mut H) {
+    use std::hash::Hash;
+    std::mem::discriminant(l).hash(state);
+    match l {
+        AttrLit::None => {}
+        AttrLit::Bool(b) => b.hash(state),
+        AttrLit::Int(i) => i.hash(state),
+        AttrLit::Float(f) => f.to_bits().hash(state),
+        AttrLit::Str(s) => s.hash(state),
+        AttrLit::List(v) => {
+            v.len().hash(state);
+            for x in v {
+                lit_hash(x, state);
+            }
+        }
+    }
+}
+
+impl PartialEq for OpaqueOp {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.ty == other.ty
+            && self.attrs.len() == other.attrs.len()
+            && self
+                .attrs
+                .iter()
+                .zip(&other.attrs)
+                .all(|((k, a), (l, b))| k == l && lit_eq(a, b))
+    }
+}
+impl Eq for OpaqueOp {}
+impl std::hash::Hash for OpaqueOp {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.ty.hash(state);
+        self.attrs.len().hash(state);
+        for (k, v) in &self.attrs {
+            k.hash(state);
+            lit_hash(v, state);
+        }
+    }
+}
+
 /// An op with its typed attributes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -521,6 +592,25 @@ pub enum Op {
     GroupNorm(Box<GroupNormAttrs>),
     /// `relax.nn.instance_norm(x, gamma, beta)`
     InstanceNorm(Box<GroupNormAttrs>),
+    /// `relax.stack` of a tuple of tensors of one shape, along a new axis.
+    Stack {
+        /// Where the new axis goes, in the output's numbering.
+        axis: i64,
+    },
+    /// `relax.nn.max_pool1d`
+    MaxPool1d(Box<PoolAttrs>),
+    /// `relax.nn.avg_pool1d`
+    AvgPool1d(Box<PoolAttrs>),
+    /// `relax.nn.max_pool3d`
+    MaxPool3d(Box<PoolAttrs>),
+    /// `relax.nn.avg_pool3d`
+    AvgPool3d(Box<PoolAttrs>),
+    /// `relax.nn.adaptive_avg_pool1d`
+    AdaptiveAvgPool1d(Box<AdaptivePoolAttrs>),
+    /// `relax.nn.adaptive_avg_pool3d`
+    AdaptiveAvgPool3d(Box<AdaptivePoolAttrs>),
+    /// An op outside the op set, kept verbatim (see [`OpaqueOp`]).
+    Opaque(Box<OpaqueOp>),
 }
 
 /// The names of the ops outside the [`ElemOp`] family (those are [`ElemOp::NAMES`]).
@@ -595,6 +685,13 @@ const OTHER_NAMES: &[&str] = &[
     "relax.image.resize2d",
     "relax.nn.group_norm",
     "relax.nn.instance_norm",
+    "relax.stack",
+    "relax.nn.max_pool1d",
+    "relax.nn.avg_pool1d",
+    "relax.nn.max_pool3d",
+    "relax.nn.avg_pool3d",
+    "relax.nn.adaptive_avg_pool1d",
+    "relax.nn.adaptive_avg_pool3d",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -694,8 +791,17 @@ impl Op {
     }
 
     /// The op's name (`"relax.nn.conv2d"`).
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
+            Op::Opaque(o) => &o.name,
+            _ => self.static_name().unwrap_or_default(),
+        }
+    }
+
+    /// The name of an op of the op set as a `'static` literal; `None` for [`Op::Opaque`].
+    pub fn static_name(&self) -> Option<&'static str> {
+        Some(match self {
+            Op::Opaque(_) => return None,
             Op::Add => "relax.add",
             Op::Subtract => "relax.subtract",
             Op::Multiply => "relax.multiply",
@@ -767,7 +873,14 @@ impl Op {
             Op::Resize2d(_) => "relax.image.resize2d",
             Op::GroupNorm(_) => "relax.nn.group_norm",
             Op::InstanceNorm(_) => "relax.nn.instance_norm",
-        }
+            Op::Stack { .. } => "relax.stack",
+            Op::MaxPool1d(_) => "relax.nn.max_pool1d",
+            Op::AvgPool1d(_) => "relax.nn.avg_pool1d",
+            Op::MaxPool3d(_) => "relax.nn.max_pool3d",
+            Op::AvgPool3d(_) => "relax.nn.avg_pool3d",
+            Op::AdaptiveAvgPool1d(_) => "relax.nn.adaptive_avg_pool1d",
+            Op::AdaptiveAvgPool3d(_) => "relax.nn.adaptive_avg_pool3d",
+        })
     }
 
     /// The call signature of the op named `name`, or `None` for an unknown op. Attribute names
@@ -837,6 +950,14 @@ impl Op {
             "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
             "relax.nn.group_norm" => sig(3, 3, nn::GROUP_NORM_ATTRS),
             "relax.nn.instance_norm" => sig(3, 3, nn::INSTANCE_NORM_ATTRS),
+            "relax.stack" => sig(1, 1, &["axis"]),
+            "relax.nn.max_pool1d"
+            | "relax.nn.avg_pool1d"
+            | "relax.nn.max_pool3d"
+            | "relax.nn.avg_pool3d" => sig(1, 1, pool::POOL_ATTRS),
+            "relax.nn.adaptive_avg_pool1d" | "relax.nn.adaptive_avg_pool3d" => {
+                sig(1, 1, &["output_size", "layout", "out_layout"])
+            }
             _ => return None,
         })
     }
@@ -1122,6 +1243,15 @@ impl Op {
             "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
             "relax.nn.group_norm" => Op::GroupNorm(nn::group_norm_attrs(&kw, false)?),
             "relax.nn.instance_norm" => Op::InstanceNorm(nn::group_norm_attrs(&kw, true)?),
+            "relax.stack" => Op::Stack {
+                axis: kw.int("axis", Some(0))?,
+            },
+            "relax.nn.max_pool1d" => Op::MaxPool1d(pool::pool_attrs(&kw, 1, false)?),
+            "relax.nn.avg_pool1d" => Op::AvgPool1d(pool::pool_attrs(&kw, 1, true)?),
+            "relax.nn.max_pool3d" => Op::MaxPool3d(pool::pool_attrs(&kw, 3, false)?),
+            "relax.nn.avg_pool3d" => Op::AvgPool3d(pool::pool_attrs(&kw, 3, true)?),
+            "relax.nn.adaptive_avg_pool1d" => Op::AdaptiveAvgPool1d(pool::adaptive_attrs(&kw, 1)?),
+            "relax.nn.adaptive_avg_pool3d" => Op::AdaptiveAvgPool3d(pool::adaptive_attrs(&kw, 3)?),
             _ => match index::from_call(name, &kw)? {
                 Some(op) => op,
                 None => return Err(format!("unknown op `{name}`")),
@@ -1131,8 +1261,9 @@ impl Op {
 
     /// The attributes in TVM 0.27's printing order, with their values (TVM prints all of
     /// them, unset optional ones as `None`).
-    pub fn kwargs(&self) -> Vec<(&'static str, AttrLit)> {
+    pub fn kwargs(&self) -> Vec<(&str, AttrLit)> {
         match self {
+            Op::Opaque(o) => o.attrs.iter().map(|(k, v)| (&**k, v.clone())).collect(),
             Op::Add
             | Op::Subtract
             | Op::Multiply
@@ -1263,6 +1394,11 @@ impl Op {
             Op::Resize2d(a) => nn::resize2d_kwargs(a),
             Op::GroupNorm(a) => nn::group_norm_kwargs(a, false),
             Op::InstanceNorm(a) => nn::group_norm_kwargs(a, true),
+            Op::Stack { axis } => vec![("axis", AttrLit::Int(*axis))],
+            Op::MaxPool1d(a) | Op::AvgPool1d(a) | Op::MaxPool3d(a) | Op::AvgPool3d(a) => {
+                pool::pool_kwargs(a)
+            }
+            Op::AdaptiveAvgPool1d(a) | Op::AdaptiveAvgPool3d(a) => pool::adaptive_kwargs(a),
         }
     }
 
@@ -1350,6 +1486,14 @@ impl Op {
             Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
             Op::Resize2d(_) => FusionKind::Injective,
             Op::GroupNorm(_) | Op::InstanceNorm(_) => FusionKind::CommReduce,
+            Op::Stack { .. } => FusionKind::Injective,
+            Op::MaxPool1d(_)
+            | Op::AvgPool1d(_)
+            | Op::MaxPool3d(_)
+            | Op::AvgPool3d(_)
+            | Op::AdaptiveAvgPool1d(_)
+            | Op::AdaptiveAvgPool3d(_) => FusionKind::OutEWiseFusable,
+            Op::Opaque(_) => FusionKind::Opaque,
         }
     }
 
@@ -1357,6 +1501,9 @@ impl Op {
     /// extent of the result is in `0..=MAX_DIM` and every dim prints as text the parser reads
     /// back; shape arithmetic that overflows is an error naming the op, never a wrapped dim.
     pub fn infer(&self, args: &[&Type]) -> Result<Type, String> {
+        if let Op::Opaque(o) = self {
+            return Ok(o.ty.clone());
+        }
         let t = infer::infer(self, args)?;
         if let Some(d) = first_negative_dim(&t) {
             return Err(format!(

@@ -215,8 +215,11 @@ fn default_instance(name: &str) -> Op {
 fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
     // The ops before issue 17 and shape_to_tensor, then the families of issue 17:
-    // elementwise, index (12), reduce (6) and nn (4).
-    assert_eq!(names.len(), 48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4);
+    // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7).
+    assert_eq!(
+        names.len(),
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7
+    );
     for name in names {
         let sig = Op::signature(name);
         assert!(sig.is_some(), "{name} has no signature");
@@ -259,7 +262,9 @@ fn op_is_small() {
 
 #[test]
 fn kwargs_print_in_tvm_order() {
-    let names = |o: &Op| o.kwargs().iter().map(|(k, _)| *k).collect::<Vec<_>>();
+    fn names(o: &Op) -> Vec<&str> {
+        o.kwargs().into_iter().map(|(k, _)| k).collect()
+    }
     let conv = op("relax.nn.conv2d", &[("padding", ints(&[1, 1]))]);
     assert_eq!(
         conv.kwargs(),
@@ -1026,7 +1031,9 @@ fn unknown_shapes_and_extreme_attrs_do_not_panic() {
 
 #[test]
 fn index_ops_attrs() {
-    let names = |o: &Op| o.kwargs().iter().map(|(k, _)| *k).collect::<Vec<_>>();
+    fn names(o: &Op) -> Vec<&str> {
+        o.kwargs().into_iter().map(|(k, _)| k).collect()
+    }
     let pad = op("relax.nn.pad", &[("pad_width", ints(&[1, 1]))]);
     assert_eq!(names(&pad), ["pad_width", "pad_value", "pad_mode"]);
     assert_eq!(

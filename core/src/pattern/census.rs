@@ -140,7 +140,7 @@ impl Pattern {
 #[derive(Debug, Default)]
 pub struct Census {
     /// The distinct op names called, in first-seen order.
-    ops: Vec<&'static str>,
+    ops: Vec<std::borrow::Cow<'static, str>>,
     /// `(parent, child)` indices into `ops`, packed as `parent << 16 | child`, once built.
     edges: Option<FxHashSet<u32>>,
 }
@@ -157,7 +157,7 @@ impl Census {
                 match &d.kind {
                     ExprKind::Call { callee, args } => {
                         if let Callee::Op(op) = callee {
-                            c.index_of(op.name());
+                            c.index_of(op);
                         }
                         stack.extend(args.iter().copied());
                     }
@@ -171,7 +171,16 @@ impl Census {
     }
 
     /// The index of `name` in `ops`, added when new.
-    fn index_of(&mut self, name: &'static str) -> usize {
+    fn index_of(&mut self, op: &crate::op::Op) -> usize {
+        let Some(name) = op.static_name() else {
+            // An opaque op (outside the op set): its name is its own.
+            let name = op.name();
+            if let Some(i) = self.find(name) {
+                return i;
+            }
+            self.ops.push(std::borrow::Cow::Owned(name.to_string()));
+            return self.ops.len() - 1;
+        };
         // Each op's name is one literal, so the pointer test almost always decides.
         if let Some(i) = self
             .ops
@@ -183,7 +192,7 @@ impl Census {
         if let Some(i) = self.ops.iter().position(|s| *s == name) {
             return i;
         }
-        self.ops.push(name);
+        self.ops.push(std::borrow::Cow::Borrowed(name));
         self.ops.len() - 1
     }
 
@@ -220,7 +229,7 @@ impl Census {
                 match &d.kind {
                     ExprKind::Call { callee, args } => {
                         if let Callee::Op(op) = callee {
-                            let parent = self.index_of(op.name());
+                            let parent = self.index_of(op);
                             for &a in args {
                                 let x = view.unwrap(a, usize::MAX);
                                 if let Some(ExprKind::Call {
@@ -228,7 +237,7 @@ impl Census {
                                     ..
                                 }) = f.exprs.get(x).map(|d| &d.kind)
                                 {
-                                    let child = self.index_of(child.name());
+                                    let child = self.index_of(child);
                                     let key = ((parent as u32) << 16) | child as u32;
                                     let slot = &mut seen[(key ^ (key >> 13)) as usize % 64];
                                     if *slot != key {

@@ -384,7 +384,7 @@ impl<'a, 'f> Matcher<'a, 'f, '_> {
         };
         match p.node(pid) {
             PatNode::Wildcard => true,
-            PatNode::Const => matches!(data.kind, ExprKind::Const(_)),
+            PatNode::Const => matches!(data.kind, ExprKind::Const(_) | ExprKind::ConstRef(_)),
             PatNode::Var(name) => match &data.kind {
                 ExprKind::Var(v) => name.as_ref().is_none_or(|n| func.var(*v).name == *n),
                 _ => false,

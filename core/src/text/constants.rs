@@ -132,8 +132,12 @@ fn to_st_dtype(d: DType) -> Dtype {
     }
 }
 
-/// Serializes `constants[i]` as the tensor `relax.expr.Constant.<i>`.
-pub fn constants_to_safetensors(constants: &[Constant], path: &Path) -> Result<Vec<u8>> {
+/// Serializes `constants[i]` as the tensor `relax.expr.Constant.<first_index + i>`.
+pub fn constants_to_safetensors(
+    constants: &[Constant],
+    first_index: usize,
+    path: &Path,
+) -> Result<Vec<u8>> {
     let err = |message: String| Error::Constants {
         path: path.into(),
         message,
@@ -148,7 +152,7 @@ pub fn constants_to_safetensors(constants: &[Constant], path: &Path) -> Result<V
             .map_err(|_| err(format!("constant {i} has a negative dimension")))?;
         let view = TensorView::new(to_st_dtype(c.dtype), shape, &c.data)
             .map_err(|e| err(format!("constant {i}: {e}")))?;
-        views.push((format!("{NS_CONSTANT}.{i}"), view));
+        views.push((format!("{NS_CONSTANT}.{}", first_index + i), view));
     }
     safetensors::serialize(views, None).map_err(|e| err(format!("{e}")))
 }

@@ -27,7 +27,7 @@
 //!   temporary file in the same directory and renaming it into place.
 
 mod constants;
-mod lexer;
+pub(crate) mod lexer;
 mod parser;
 mod printer;
 
@@ -115,7 +115,8 @@ pub fn write_module(path: &Path, m: &Module) -> Result<()> {
     let side_tmp = if printed.constants.is_empty() {
         None
     } else {
-        let bytes = constants::constants_to_safetensors(&printed.constants, &side)?;
+        let bytes =
+            constants::constants_to_safetensors(&printed.constants, printed.first_index, &side)?;
         Some(write_temp(&side, &bytes)?)
     };
     let text_tmp = match write_temp(path, printed.text.as_bytes()) {

@@ -147,6 +147,9 @@ pub(crate) struct Parser<'a> {
     by_name: FxMap<&'a str, usize>,
     lv_taken: FxSet<&'a str>,
     dim_ops: u32,
+    /// The annotation of the binding being read, with the byte offset where its value starts:
+    /// the type of a call of an op outside the op set written there (see [`crate::op::OpaqueOp`]).
+    value_ann: Option<(u32, Type)>,
 }
 
 /// Byte offset to 1-based line:col (col in chars).
@@ -251,6 +254,7 @@ impl<'a> Parser<'a> {
             by_name: FxMap::default(),
             lv_taken,
             dim_ops: 0,
+            value_ann: None,
         })
     }
 
@@ -1124,7 +1128,10 @@ impl<'a> Parser<'a> {
             return Err(self.err_at(name_tok, format!("duplicate definition of `{name}`")));
         }
         let first = self.peek();
-        let mut e = self.parse_expr(ctx)?;
+        self.value_ann = ann.as_ref().map(|(ty, _)| (first.start, ty.clone()));
+        let e = self.parse_expr(ctx);
+        self.value_ann = None;
+        let mut e = e?;
         // A bare tuple, as TVM prints one bound to a var: `gv: R.Tuple(...) = lv4, lv9`.
         // Its fields are leaves, as in a parenthesised tuple: a nested call gets a binding.
         if self.peek().kind == Tk::Comma {
@@ -1157,6 +1164,12 @@ impl<'a> Parser<'a> {
             None => inferred,
         };
         let ty = ctx.shapes.intern(ty);
+        if matches!(
+            ctx.f.exprs.get(e).map(|d| &d.kind),
+            Some(ExprKind::ConstRef(_))
+        ) {
+            ctx.f.exprs[e].ty = ty.clone();
+        }
         let v = ctx.f.add_var(name, ty, ctx.in_dataflow);
         Self::emit(ctx, v, e);
         ctx.scope.insert(Cow::Borrowed(name), (v, true));
@@ -1168,6 +1181,11 @@ impl<'a> Parser<'a> {
     /// inference does not substitute them).
     fn compatible(&self, ann: &Type, inferred: &Type, f: &Function, e: ExprId) -> bool {
         if ann.accepts(inferred) {
+            return true;
+        }
+        // A constant without a value, or a call that reads one, has a less specific type
+        // that the annotation refines.
+        if inferred.accepts(ann) && crate::ir::infer::reads_valueless(f, e) {
             return true;
         }
         let callee_call = |e: ExprId| {

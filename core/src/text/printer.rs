@@ -41,8 +41,11 @@ use std::fmt::Write as _;
 pub struct Printed {
     /// The TVMScript text.
     pub text: String,
-    /// `constants[i]` is `metadata["relax.expr.Constant"][i]` in the text.
+    /// `constants[i]` is `metadata["relax.expr.Constant"][first_index + i]` in the text.
     pub constants: Vec<Constant>,
+    /// The index of the first constant: past every constant without a value the module keeps
+    /// in that namespace (they print with their own indices), 0 when there is none.
+    pub first_index: usize,
 }
 
 /// C's `%.17g` of `v`, with `.0` appended when the result looks like an integer
@@ -134,6 +137,7 @@ impl Names {
 struct Printer {
     consts: Vec<Constant>,
     const_idx: HashMap<Constant, usize>,
+    first_index: usize,
     uses_tir: bool,
     class_name: &'static str,
 }
@@ -201,6 +205,16 @@ fn write_dims(out: &mut String, dims: &[Dim], sig: bool, open: char, close: char
     out.push(close);
 }
 
+/// Whether a type mentions a prim type (printed with `T.`).
+fn has_prim(t: &Type) -> bool {
+    match t {
+        Type::Prim(_) => true,
+        Type::Tuple(ts) => ts.iter().any(has_prim),
+        Type::Func(ft) => ft.params.iter().any(has_prim) || has_prim(&ft.ret),
+        _ => false,
+    }
+}
+
 /// Writes a type; `sig` quotes symbolic dims (function signatures).
 fn write_type(out: &mut String, t: &Type, sig: bool) {
     match t {
@@ -260,8 +274,9 @@ fn write_type(out: &mut String, t: &Type, sig: bool) {
             dims: None,
             ndim: None,
         } => out.push_str("R.Shape"),
+        // As TVM 0.27 prints a prim value's type (`T.int64`, `T.bool`).
         Type::Prim(d) => {
-            let _ = write!(out, "R.Prim({})", dtype_str(*d));
+            let _ = write!(out, "T.{}", d.name());
         }
         Type::Func(ft) => {
             out.push_str("R.Callable((");
@@ -374,7 +389,7 @@ impl Printer {
         let idx = match self.const_idx.get(c) {
             Some(&i) => i,
             None => {
-                let i = self.consts.len();
+                let i = self.first_index + self.consts.len();
                 self.consts.push(c.clone());
                 self.const_idx.insert(c.clone(), i);
                 i
@@ -396,6 +411,9 @@ impl Printer {
         match &data.kind {
             ExprKind::Var(v) => out.push_str(name_of(*v)),
             ExprKind::Const(c) => self.constant(out, c),
+            ExprKind::ConstRef(c) => {
+                let _ = write!(out, "{c}");
+            }
             ExprKind::Call { callee, args } => {
                 let kwargs = match callee {
                     Callee::Op(op) => {
@@ -513,6 +531,9 @@ impl Printer {
         }
         out.push_str(") -> ");
         write_type(out, &f.ret_ty, true);
+        if has_prim(&f.ret_ty) || f.vars.iter().any(|(_, v)| has_prim(&v.ty)) {
+            self.uses_tir = true;
+        }
         out.push_str(":\n");
         let body = level + 1;
         for s in &syms {
@@ -627,9 +648,17 @@ impl Printer {
 
 /// Prints `m` as TVMScript; non-scalar constants are returned beside the text.
 pub fn print_module(m: &Module) -> Printed {
+    let valueless = m.valueless_constants();
+    let first_index = valueless
+        .iter()
+        .filter(|c| &*c.ns == NS_CONSTANT)
+        .map(|c| c.index as usize + 1)
+        .max()
+        .unwrap_or(0);
     let mut p = Printer {
         consts: Vec::new(),
         const_idx: HashMap::new(),
+        first_index,
         uses_tir: false,
         class_name: "Module",
     };
@@ -653,7 +682,7 @@ pub fn print_module(m: &Module) -> Printed {
         text.push_str("    pass\n");
     }
     text.push_str(&body);
-    if !p.consts.is_empty() {
+    if !p.consts.is_empty() || !valueless.is_empty() {
         text.push_str(
             "\n# Metadata omitted. Use show_meta=True in script() method to show this information.\n",
         );
@@ -661,6 +690,7 @@ pub fn print_module(m: &Module) -> Printed {
     Printed {
         text,
         constants: p.consts,
+        first_index,
     }
 }
 

@@ -339,7 +339,7 @@ mod tests {
     use crate::text::{parse_module_str, print_module};
     use crate::transform::bind_params;
 
-    fn ops(f: &Function) -> Vec<&'static str> {
+    fn ops(f: &Function) -> Vec<&str> {
         f.bindings()
             .filter_map(|b| match &f.expr(b.value).kind {
                 ExprKind::Call {

@@ -191,7 +191,7 @@ mod tests {
         let log = seen.clone();
         let failing: Evaluator = Arc::new(move |op, _| {
             if let Ok(mut l) = log.lock() {
-                l.push(op.name());
+                l.push(op.name().to_string());
             }
             Err(crate::Error::Runtime("no kernels here".into()))
         });

@@ -556,7 +556,7 @@ fn group_attrs(
     kind: &[FusionKind],
     ms: &[u32],
 ) -> FuncAttrs {
-    let mut anchor: Option<(FusionKind, &'static str)> = None;
+    let mut anchor: Option<(FusionKind, &str)> = None;
     let mut max_kind = FusionKind::ElemWise;
     for &i in ms {
         let k = kind[i as usize];

@@ -239,6 +239,16 @@ impl<'a> Parser<'a> {
         self.expect(Tk::RBracket, "after the constant index")?;
         let idx: Option<usize> = self.text(it).parse().ok();
         let c = idx.and_then(|i| self.consts.get(&ns, i)).cloned();
+        // A constant no side file holds is kept without its value.
+        if c.is_none()
+            && let Some(index) = idx.and_then(|i| u32::try_from(i).ok())
+        {
+            let r = crate::ir::ConstRef {
+                ns: ns.as_str().into(),
+                index,
+            };
+            return self.add_expr(ctx, ExprKind::ConstRef(r), t);
+        }
         let Some(c) = c else {
             let where_ = if self.file == "<input>" {
                 "no constant table was given for this text".to_string()
@@ -335,7 +345,7 @@ impl<'a> Parser<'a> {
     ) -> Result<ExprId> {
         let name = format!("relax.{path}");
         let Some(sig) = Op::signature(&name) else {
-            return Err(self.err_at(t, format!("unknown op `{name}`")));
+            return self.parse_opaque_call(ctx, t, path, name);
         };
         if self.peek().kind != Tk::LParen {
             let p = self.peek();
@@ -405,6 +415,78 @@ impl<'a> Parser<'a> {
         }
         let op = Op::from_call(&name, &kwargs)
             .map_err(|m| self.err_at(t, format!("invalid call of `{name}`: {m}")))?;
+        self.add_expr(
+            ctx,
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                args,
+            },
+            t,
+        )
+    }
+
+    /// A call of an op outside the op set: every positional argument is an expression, every
+    /// keyword a literal, kept as written; the type is the binding's annotation, so the call
+    /// must be the whole value of an annotated binding.
+    fn parse_opaque_call(
+        &mut self,
+        ctx: &mut FnCtx<'a>,
+        t: Token,
+        path: &str,
+        name: String,
+    ) -> Result<ExprId> {
+        let ty = match self.value_ann.take() {
+            Some((start, ty)) if start == t.start => ty,
+            other => {
+                self.value_ann = other;
+                return Err(self.err_at(
+                    t,
+                    format!(
+                        "unknown op `{name}`: a call of an op outside the op set takes its type from the binding's annotation; write it as the whole value of an annotated binding, `name: <type> = R.{path}(...)`"
+                    ),
+                ));
+            }
+        };
+        if self.peek().kind != Tk::LParen {
+            let p = self.peek();
+            return Err(self.err_at(
+                p,
+                format!("expected `(` after `R.{path}`, found {}", self.describe(p)),
+            ));
+        }
+        self.bump();
+        let mut args: Vec<ExprId> = Vec::new();
+        let mut attrs: Vec<(Box<str>, AttrLit)> = Vec::new();
+        while self.peek().kind != Tk::RParen {
+            let at = self.peek();
+            if at.kind == Tk::Ident && self.peek_at(1).kind == Tk::Eq {
+                let key = self.text(at);
+                self.i += 2;
+                let lit = self.parse_literal()?;
+                if attrs.iter().any(|(k, _)| &**k == key) {
+                    return Err(
+                        self.err_at(at, format!("attribute `{key}` of `{name}` is given twice"))
+                    );
+                }
+                attrs.push((key.into(), lit));
+            } else {
+                if !attrs.is_empty() {
+                    return Err(self.err_at(at, "positional argument after keyword arguments"));
+                }
+                args.push(self.parse_arg(ctx)?);
+            }
+            if self.peek().kind == Tk::Comma {
+                self.bump();
+            } else {
+                break;
+            }
+        }
+        self.expect(Tk::RParen, "after the op arguments")?;
+        let op = Op::Opaque(Box::new(crate::op::OpaqueOp {
+            name: name.into(),
+            attrs,
+            ty,
+        }));
         self.add_expr(
             ctx,
             ExprKind::Call {

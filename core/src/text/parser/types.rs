@@ -182,7 +182,7 @@ impl<'a> Parser<'a> {
         self.err_at(
             t,
             format!(
-                "expected R.Tensor(...) type annotation (or R.Tuple, R.Shape, R.Prim, R.Object, R.Callable), found {}",
+                "expected R.Tensor(...) type annotation (or R.Tuple, R.Shape, R.Prim, T.<dtype>, R.Object, R.Callable), found {}",
                 self.describe(t)
             ),
         )
@@ -190,6 +190,19 @@ impl<'a> Parser<'a> {
 
     pub(super) fn parse_type_inner(&mut self) -> Result<Type> {
         let t = self.peek();
+        // `T.bool`, `T.int64`: a prim value's type as TVM prints a parameter's.
+        if self.is_ident(t, "T")
+            && self.peek_at(1).kind == Tk::Dot
+            && self.peek_at(2).kind == Tk::Ident
+            && self.peek_at(3).kind != Tk::LParen
+        {
+            let dt = self.peek_at(2);
+            let name = self.text(dt);
+            let d = dtype_of(name)
+                .ok_or_else(|| self.err_at(dt, format!("unknown dtype `T.{name}`")))?;
+            self.i += 3;
+            return Ok(Type::Prim(d));
+        }
         if !self.is_ident(t, "R") || self.peek_at(1).kind != Tk::Dot {
             return Err(self.type_error(t));
         }
