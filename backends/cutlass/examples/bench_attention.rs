@@ -108,6 +108,7 @@ fn main() {
             let copts = AttentionOptions {
                 scale: None,
                 causal: Some(CausalMask::TopLeft),
+                ..Default::default()
             };
             let pc = fa.plan(&q, &k, &v, None, &copts).unwrap();
             let causal = time(&gpu, iters, || {

@@ -6,9 +6,12 @@
 //!
 //! - Layout as TVM's `R.nn.attention` takes it: Q `(batch, seq_q, heads_q, head_dim)`, K and V
 //!   `(batch, seq_kv, heads_kv, head_dim)` (BSNH), output `(batch, seq_q, heads_q, head_dim)`
-//!   in Q's dtype (float16 or bfloat16); accumulation and softmax in f32.
+//!   in Q's dtype (float16 or bfloat16); accumulation and softmax in f32. With
+//!   [`Layout::Bhsd`] the same with seq and heads swapped (the operands of the unfused
+//!   `matmul(softmax(matmul(q, permute_dims(k))), v)` graph): the kernel takes (batch, seq,
+//!   head) element strides, so both layouts are the same compiled kernel.
 //! - `head_dim` any multiple of 16 from 32 to 128 (a compile-time constant of the kernel; 16
-//!   is not generated: ptxas spills 4 bytes in its causal variant on sm_90).
+//!   is not generated: ptxas spilled in its causal variant).
 //! - Grouped-query heads: `heads_kv` divides `heads_q`; query head `h` reads key/value head
 //!   `h / (heads_q / heads_kv)` (TVM's op has equal heads; this is the general case).
 //! - `scale` defaults to `1 / sqrt(head_dim)`; an optional additive bias of Q's dtype of any
@@ -24,8 +27,8 @@
 //!
 //! Structure (one block of 4 warps per 64 query rows of one (batch, head); each warp owns 16
 //! rows): Q's tile is staged in shared memory once and stays there (its `ldmatrix` fragments
-//! are re-read per key tile, which keeps head_dim 128 within 255 registers); the key/value tiles (64 rows) stream through shared memory with `cp.async`, K of
-//! tile `j + 1` loading while tile `j`'s softmax and P·V run and V of tile `j + 1` while its
+//! are re-read per key tile, which keeps head_dim 128 within 255 registers); the key/value
+//! tiles (64 rows) stream through shared memory with `cp.async`, K of tile `j + 1` loading while tile `j`'s softmax and P·V run and V of tile `j + 1` while its
 //! S = Q·Kᵀ runs; S and P·V are `mma.sync.aligned.m16n8k16` (inline PTX, fed by `ldmatrix`,
 //! `.trans` for V) with f32 accumulators; the softmax is online (running row max and sum,
 //! the output accumulator rescaled by `exp2(m_old - m_new)`), P goes from the S accumulator
@@ -38,15 +41,27 @@
 //! (row, column) in the accumulator, which `wmma` fragments leave unspecified, and P must be
 //! reused from the S accumulators as the A operand of the second MMA without a trip through
 //! shared memory; the m16n8k16 fragment layouts are documented in the PTX ISA, so both stay
-//! in registers. The kernel is the same for sm_80 and sm_90 (an sm_90a
-//! wgmma/TMA version, FlashAttention-3's structure, is not generated).
+//! in registers. The kernel is the same for sm_80 and sm_90 (an sm_90a wgmma/TMA version,
+//! FlashAttention-3's structure, is not generated).
+//!
+//! `__launch_bounds__(128, 1)`: without the minimum-blocks hint ptxas picks 96 or 168 registers
+//! for some variants (aiming at more resident blocks) and spills; with it none spills (the
+//! NVRTC test checks every variant).
+//!
+//! Not claimed by the partitioner yet: fusebox-core has no `relax.nn.attention` op, so TVM's
+//! `cutlass.attention` / `cutlass.attention_bias` entries (`make_attention_pattern`, no check
+//! function) and the rewrite of the softmax(QKᵀ·scale[+bias])·V subgraph into the op
+//! (`make_attention_rewrite_pattern`) cannot be matched; [`FlashAttention`] is the launch API
+//! such a claim would call ([`Layout::Bhsd`] serves the unfused graph's operands directly).
 //!
 //! ```text
 //! y = R.nn.attention(q, k, v, causal_mask="BottomRight")
 //!     # q: (2, 300, 8, 128) f16, k, v: (2, 300, 2, 128) f16 (grouped-query, 4 q heads per kv head)
 //! # runs as: fusebox_attn_f16_d128_causal  grid (5, 8, 2), block 128, 52224 B shared memory
 //! #          args q, k, v, bias (null), o, seq_q 300, seq_kv 300, heads_q 8, heads_kv 2,
-//! #          scale·log2(e), causal offset 0, bias strides (0, 0, 0, 0)
+//! #          scale·log2(e), causal offset 0, bias strides (0, 0, 0, 0),
+//! #          (batch, seq, head) strides of q (307200, 1024, 128), of k and v (76800, 256, 128)
+//! #          and of o (= q's)
 //! ```
 
 use crate::error::{Error, Result};
@@ -129,6 +144,46 @@ impl CausalMask {
     }
 }
 
+/// The memory layout of Q, K, V and the output (each dense, head_dim innermost).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// `(batch, seq, heads, head_dim)`: TVM's `R.nn.attention`.
+    #[default]
+    Bsnh,
+    /// `(batch, heads, seq, head_dim)`: the operands of the unfused
+    /// `matmul(softmax(matmul(q, permute_dims(k))), v)` graph (PyTorch's SDPA layout).
+    Bhsd,
+}
+
+impl Layout {
+    /// `(batch, seq, heads, head_dim)` of a shape in this layout.
+    fn dims(self, s: &[usize]) -> (usize, usize, usize, usize) {
+        match self {
+            Layout::Bsnh => (s[0], s[1], s[2], s[3]),
+            Layout::Bhsd => (s[0], s[2], s[1], s[3]),
+        }
+    }
+
+    /// The shape of `(batch, seq, heads, head_dim)` in this layout.
+    fn shape(self, batch: usize, seq: usize, heads: usize, d: usize) -> Vec<usize> {
+        match self {
+            Layout::Bsnh => vec![batch, seq, heads, d],
+            Layout::Bhsd => vec![batch, heads, seq, d],
+        }
+    }
+
+    /// Element strides (batch, seq, head) of a dense tensor in this layout.
+    fn strides(self, seq: usize, heads: usize, d: usize) -> Option<[i64; 3]> {
+        let i = |x: usize| i64::try_from(x).ok();
+        let (seq, heads, d) = (i(seq)?, i(heads)?, i(d)?);
+        let batch = seq.checked_mul(heads)?.checked_mul(d)?;
+        Some(match self {
+            Layout::Bsnh => [batch, heads.checked_mul(d)?, d],
+            Layout::Bhsd => [batch, d, seq.checked_mul(d)?],
+        })
+    }
+}
+
 /// The options of one attention call.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttentionOptions {
@@ -136,6 +191,8 @@ pub struct AttentionOptions {
     pub scale: Option<f64>,
     /// The causal mask, if any.
     pub causal: Option<CausalMask>,
+    /// The layout of Q, K, V and the output (default: TVM's BSNH).
+    pub layout: Layout,
 }
 
 /// One compiled kernel: everything that is a compile-time constant of the generated source.
@@ -225,7 +282,7 @@ impl AttnKernel {
         ));
         s.push_str(HELPERS);
         s.push_str(&format!(
-            "extern \"C\" __global__ void __launch_bounds__({THREADS}) {}(\n{}",
+            "extern \"C\" __global__ void __launch_bounds__({THREADS}, 1) {}(\n{}",
             self.name(),
             KERNEL_BODY
         ));
@@ -269,7 +326,9 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long long stride
 const KERNEL_BODY: &str = r#"    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const T* __restrict__ bias, T* __restrict__ o,
     int seq_q, int seq_kv, int heads_q, int heads_kv, float scale_log2, int causal_offset,
-    long long sb_b, long long sb_h, long long sb_q, long long sb_k) {
+    long long sb_b, long long sb_h, long long sb_q, long long sb_k,
+    long long q_sb, long long q_ss, long long q_sh, long long kv_sb, long long kv_ss,
+    long long kv_sh, long long o_sb, long long o_ss, long long o_sh) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* Qs = reinterpret_cast<T*>(smem_raw);
   T* Ks = Qs + BM * LDS;
@@ -282,12 +341,12 @@ const KERNEL_BODY: &str = r#"    const T* __restrict__ q, const T* __restrict__ 
   const int qb = blockIdx.x * BM;
   const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (heads_q / heads_kv);
-  const long long q_pitch = (long long)heads_q * HEAD_DIM;
-  const long long kv_pitch = (long long)heads_kv * HEAD_DIM;
-  const T* qp = q + ((long long)b * seq_q * heads_q + h) * HEAD_DIM;
-  const T* kp = k + ((long long)b * seq_kv * heads_kv + hk) * HEAD_DIM;
-  const T* vp = v + ((long long)b * seq_kv * heads_kv + hk) * HEAD_DIM;
-  T* op = o + ((long long)b * seq_q * heads_q + h) * HEAD_DIM;
+  // Element strides (batch, seq, head) of Q, of K and V (the same), of O; head_dim is dense.
+  const long long q_pitch = q_ss, kv_pitch = kv_ss;
+  const T* qp = q + (long long)b * q_sb + (long long)h * q_sh;
+  const T* kp = k + (long long)b * kv_sb + (long long)hk * kv_sh;
+  const T* vp = v + (long long)b * kv_sb + (long long)hk * kv_sh;
+  T* op = o + (long long)b * o_sb + (long long)h * o_sh;
 
   int n_tiles = (seq_kv + BN - 1) / BN;
 #if CAUSAL
@@ -310,6 +369,10 @@ const KERNEL_BODY: &str = r#"    const T* __restrict__ q, const T* __restrict__ 
   for (int i = 0; i < HEAD_DIM / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
   const int r0 = qb + warp * 16 + lane / 4, r1 = r0 + 8;
+#if CAUSAL
+  // The last key each of this thread's rows sees (the host keeps seq_q + offset in int).
+  const int vis0 = r0 + causal_offset, vis1 = r1 + causal_offset;
+#endif
 
 #if HAS_BIAS
   const T* bias_bh = bias + (long long)b * sb_b + (long long)h * sb_h;
@@ -358,7 +421,7 @@ const KERNEL_BODY: &str = r#"    const T* __restrict__ q, const T* __restrict__ 
 #endif
         bool masked = col >= seq_kv;
 #if CAUSAL
-        masked = masked || (long long)col > (long long)row + causal_offset;
+        masked = masked || col > (e < 2 ? vis0 : vis1);
 #endif
         x = masked ? NEG_INF : x;
         s[nt][e] = x;
@@ -426,8 +489,8 @@ const KERNEL_BODY: &str = r#"    const T* __restrict__ q, const T* __restrict__ 
 #pragma unroll
   for (int dt = 0; dt < HEAD_DIM / 8; ++dt) {
     const int c = dt * 8 + (lane % 4) * 2;
-    if (r0 < seq_q) store2(op + (long long)r0 * q_pitch + c, acc[dt][0] * inv0, acc[dt][1] * inv0);
-    if (r1 < seq_q) store2(op + (long long)r1 * q_pitch + c, acc[dt][2] * inv1, acc[dt][3] * inv1);
+    if (r0 < seq_q) store2(op + (long long)r0 * o_ss + c, acc[dt][0] * inv0, acc[dt][1] * inv0);
+    if (r1 < seq_q) store2(op + (long long)r1 * o_ss + c, acc[dt][2] * inv1, acc[dt][3] * inv1);
   }
 }
 "#;
@@ -475,7 +538,11 @@ pub struct AttnPlan {
     pub causal_offset: usize,
     /// The bias's element strides over (batch, heads_q, seq_q, seq_kv); 0 where broadcast.
     pub bias_strides: [i64; 4],
-    /// The output shape, `(batch, seq_q, heads_q, head_dim)`.
+    /// Q's element strides over (batch, seq, head); the output's are the same.
+    pub q_strides: [i64; 3],
+    /// K's and V's element strides over (batch, seq, head).
+    pub kv_strides: [i64; 3],
+    /// The output shape, Q's shape (in the options' layout).
     pub out_shape: Vec<usize>,
 }
 
@@ -516,7 +583,12 @@ pub fn plan(
     for (name, (s, _)) in [("q", q), ("k", k), ("v", v)] {
         if s.len() != 4 {
             return bad(format!(
-                "{name} has shape {s:?}; expected (batch, seq, heads, head_dim)"
+                "{name} has shape {s:?}; expected 4 dims ({:?}: {})",
+                opts.layout,
+                match opts.layout {
+                    Layout::Bsnh => "batch, seq, heads, head_dim",
+                    Layout::Bhsd => "batch, heads, seq, head_dim",
+                }
             ));
         }
     }
@@ -532,11 +604,12 @@ pub fn plan(
         }
     }
     let (qs, ks, vs) = (q.0, k.0, v.0);
-    let (batch, seq_q, heads_q, head_dim) = (qs[0], qs[1], qs[2], qs[3]);
-    let (seq_kv, heads_kv) = (ks[1], ks[2]);
-    if ks[0] != batch || ks[3] != head_dim {
+    let layout = opts.layout;
+    let (batch, seq_q, heads_q, head_dim) = layout.dims(qs);
+    let (kb, seq_kv, heads_kv, kd) = layout.dims(ks);
+    if kb != batch || kd != head_dim {
         return bad(format!(
-            "k has shape {ks:?}; q {qs:?} needs (batch {batch}, seq_kv, heads_kv, head_dim {head_dim})"
+            "k has shape {ks:?}; q {qs:?} needs batch {batch} and head_dim {head_dim} ({layout:?})"
         ));
     }
     if vs != ks {
@@ -568,9 +641,16 @@ pub fn plan(
         return bad(format!("scale {scale} is not finite"));
     }
     let causal_offset = opts.causal.map_or(0, |c| c.offset(seq_q, seq_kv));
-    if causal_offset > i32_max {
+    if causal_offset.saturating_add(seq_q).saturating_add(BLOCK_M) > i32_max {
         return bad("the causal offset must fit 32-bit indexing".into());
     }
+    let too_big = || Error::Args(format!("attention: {qs:?} / {ks:?} exceed 64-bit indexing"));
+    let q_strides = layout
+        .strides(seq_q, heads_q, head_dim)
+        .ok_or_else(too_big)?;
+    let kv_strides = layout
+        .strides(seq_kv, heads_kv, head_dim)
+        .ok_or_else(too_big)?;
     let mut bias_strides = [0i64; 4];
     if let Some((bs, bd)) = bias {
         if bd != q.1 {
@@ -608,7 +688,9 @@ pub fn plan(
         scale,
         causal_offset,
         bias_strides,
-        out_shape: vec![batch, seq_q, heads_q, head_dim],
+        q_strides,
+        kv_strides,
+        out_shape: layout.shape(batch, seq_q, heads_q, head_dim),
     })
 }
 
@@ -788,8 +870,14 @@ impl FlashAttention {
         args.push(KernelArg::I32(i32_(p.heads_kv)?));
         args.push(KernelArg::F32((p.scale * log2e) as f32));
         args.push(KernelArg::I32(i32_(p.causal_offset)?));
-        for s in p.bias_strides {
-            args.push(KernelArg::I64(s));
+        for s in p
+            .bias_strides
+            .iter()
+            .chain(&p.q_strides)
+            .chain(&p.kv_strides)
+            .chain(&p.q_strides)
+        {
+            args.push(KernelArg::I64(*s));
         }
         kernel.launch(&cfg, &args)?;
         Ok(())
@@ -822,6 +910,7 @@ mod tests {
         let o = AttentionOptions {
             scale: None,
             causal: Some(CausalMask::BottomRight),
+            ..Default::default()
         };
         let pl = p(&[2, 17, 8, 64], &[2, 300, 2, 64], Some(&[8, 1, 300]), o).unwrap();
         assert_eq!((pl.heads_q, pl.heads_kv, pl.causal_offset), (8, 2, 283));
@@ -835,6 +924,7 @@ mod tests {
         let o = AttentionOptions {
             scale: Some(0.5),
             causal: Some(CausalMask::TopLeft),
+            ..Default::default()
         };
         let pl = p(
             &[1, 300, 4, 128],
@@ -846,6 +936,28 @@ mod tests {
         assert_eq!((pl.causal_offset, pl.scale), (0, 0.5));
         assert_eq!(pl.bias_strides, [0, 300 * 17, 17, 1]);
         assert_eq!(pl.launch().unwrap().grid, [5, 4, 1]);
+        assert_eq!(pl.q_strides, [300 * 4 * 128, 4 * 128, 128]);
+        assert_eq!(pl.kv_strides, [17 * 4 * 128, 4 * 128, 128]);
+        // The same problem in (batch, heads, seq, head_dim).
+        let o = AttentionOptions {
+            layout: Layout::Bhsd,
+            ..o
+        };
+        let pb = p(
+            &[1, 4, 300, 128],
+            &[1, 4, 17, 128],
+            Some(&[1, 4, 300, 17]),
+            o,
+        )
+        .unwrap();
+        assert_eq!((pb.seq_q, pb.seq_kv, pb.heads_q), (300, 17, 4));
+        assert_eq!(pb.q_strides, [300 * 4 * 128, 128, 300 * 128]);
+        assert_eq!(pb.kv_strides, [17 * 4 * 128, 128, 17 * 128]);
+        assert_eq!(pb.out_shape, vec![1, 4, 300, 128]);
+        assert_eq!(
+            (pb.kernel, pb.launch().unwrap()),
+            (pl.kernel, pl.launch().unwrap())
+        );
         assert_eq!(CausalMask::BottomRight.offset(300, 17), 283);
         assert_eq!(CausalMask::BottomRight.offset(17, 300), 283);
     }
@@ -920,7 +1032,7 @@ mod tests {
         for k in &v {
             k.check().unwrap();
             let s = k.source();
-            assert!(s.contains(&format!("void __launch_bounds__(128) {}(", k.name())));
+            assert!(s.contains(&format!("void __launch_bounds__(128, 1) {}(", k.name())));
             assert!(s.contains(&format!("#define HEAD_DIM {}\n", k.head_dim)));
             assert!(s.contains(&format!("#define CAUSAL {}\n", u8::from(k.causal))));
         }

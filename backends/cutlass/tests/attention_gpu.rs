@@ -8,8 +8,8 @@
 //! through 300), equal and unequal query/key lengths; head_dim 64 and 128 (and 32, 80 once);
 //! no mask, TopLeft, BottomRight; no bias, a full (batch, heads, seq_q, seq_kv) bias, a
 //! broadcast (1, heads, 1, seq_kv) bias and a (seq_q, seq_kv) bias; equal heads, grouped-query
-//! heads (4 query heads per key/value head) and multi-query (8 to 1); an explicit scale;
-//! float16 and bfloat16.
+//! heads (4 query heads per key/value head) and multi-query (4 to 1); an explicit scale;
+//! float16 and bfloat16; and a few in the (batch, heads, seq, head_dim) layout.
 //!
 //! Tolerance: the inputs are uniform in [-1, 1], so every output lies in [-1, 1]; the kernel
 //! rounds P to the element type before the P·V MMA (relative error ≤ 2⁻¹¹ for float16, 2⁻⁸ for
@@ -31,7 +31,7 @@ use fusebox_core::ir::DType;
 use fusebox_core::runtime::{Storage, Tensor};
 use fusebox_cuda::GpuTensor;
 use fusebox_cuda::testing as common;
-use fusebox_cutlass::attention::{AttentionOptions, CausalMask, FlashAttention};
+use fusebox_cutlass::attention::{AttentionOptions, CausalMask, FlashAttention, Layout};
 
 /// Uniform in [-amp, amp], rounded to `dtype`; returns the tensor and its exact values.
 fn input(dtype: DType, shape: &[usize], seed: u64, amp: f64) -> (Tensor, Vec<f64>) {
@@ -148,6 +148,37 @@ struct Case {
     causal: Option<CausalMask>,
     bias: Bias,
     scale: Option<f64>,
+    layout: Layout,
+}
+
+/// `(b, s, h, d)` values as `(b, h, s, d)`.
+fn to_bhsd(x: &[f64], b: usize, s: usize, h: usize, d: usize) -> Vec<f64> {
+    let mut y = vec![0.0; x.len()];
+    for bi in 0..b {
+        for si in 0..s {
+            for hi in 0..h {
+                let src = ((bi * s + si) * h + hi) * d;
+                let dst = ((bi * h + hi) * s + si) * d;
+                y[dst..dst + d].copy_from_slice(&x[src..src + d]);
+            }
+        }
+    }
+    y
+}
+
+/// `(b, h, s, d)` values as `(b, s, h, d)`.
+fn from_bhsd(y: &[f64], b: usize, s: usize, h: usize, d: usize) -> Vec<f64> {
+    let mut x = vec![0.0; y.len()];
+    for bi in 0..b {
+        for si in 0..s {
+            for hi in 0..h {
+                let dst = ((bi * s + si) * h + hi) * d;
+                let src = ((bi * h + hi) * s + si) * d;
+                x[dst..dst + d].copy_from_slice(&y[src..src + d]);
+            }
+        }
+    }
+    x
 }
 
 fn cases() -> Vec<Case> {
@@ -185,79 +216,26 @@ fn cases() -> Vec<Case> {
                     causal,
                     bias,
                     scale: None,
+                    layout: Layout::Bsnh,
                 });
             }
         }
     }
+    use Layout::{Bhsd, Bsnh};
+    #[rustfmt::skip]
     let extra = [
-        (
-            DType::BF16,
-            300,
-            300,
-            8,
-            2,
-            128,
-            Some(CausalMask::BottomRight),
-            Bias::Full,
-            None,
-        ),
-        (
-            DType::BF16,
-            127,
-            17,
-            4,
-            4,
-            64,
-            None,
-            Bias::HeadsKeys,
-            Some(0.3),
-        ),
-        (
-            DType::BF16,
-            17,
-            300,
-            4,
-            1,
-            64,
-            Some(CausalMask::TopLeft),
-            Bias::None,
-            None,
-        ),
-        (
-            DType::F16,
-            300,
-            127,
-            2,
-            2,
-            32,
-            Some(CausalMask::TopLeft),
-            Bias::QueryKeys,
-            None,
-        ),
-        (
-            DType::F16,
-            127,
-            300,
-            6,
-            3,
-            80,
-            Some(CausalMask::BottomRight),
-            Bias::Full,
-            None,
-        ),
-        (
-            DType::F16,
-            300,
-            300,
-            4,
-            2,
-            128,
-            None,
-            Bias::None,
-            Some(0.05),
-        ),
+        (DType::BF16, 300, 300, 8, 2, 128, Some(CausalMask::BottomRight), Bias::Full, None, Bsnh),
+        (DType::BF16, 127, 17, 4, 4, 64, None, Bias::HeadsKeys, Some(0.3), Bsnh),
+        (DType::BF16, 17, 300, 4, 1, 64, Some(CausalMask::TopLeft), Bias::None, None, Bsnh),
+        (DType::F16, 300, 127, 2, 2, 32, Some(CausalMask::TopLeft), Bias::QueryKeys, None, Bsnh),
+        (DType::F16, 127, 300, 6, 3, 80, Some(CausalMask::BottomRight), Bias::Full, None, Bsnh),
+        (DType::F16, 300, 300, 4, 2, 128, None, Bias::None, Some(0.05), Bsnh),
+        (DType::F16, 300, 127, 8, 2, 128, Some(CausalMask::BottomRight), Bias::Full, None, Bhsd),
+        (DType::BF16, 17, 17, 4, 4, 64, None, Bias::HeadsKeys, None, Bhsd),
+        (DType::F16, 127, 300, 4, 1, 64, Some(CausalMask::TopLeft), Bias::QueryKeys, None, Bhsd),
+        (DType::F16, 1, 300, 2, 2, 128, None, Bias::None, None, Bhsd),
     ];
-    for (dtype, seq_q, seq_kv, heads_q, heads_kv, d, causal, bias, scale) in extra {
+    for (dtype, seq_q, seq_kv, heads_q, heads_kv, d, causal, bias, scale, layout) in extra {
         v.push(Case {
             dtype,
             dims: Dims {
@@ -271,6 +249,7 @@ fn cases() -> Vec<Case> {
             causal,
             bias,
             scale,
+            layout,
         });
     }
     v
@@ -312,15 +291,33 @@ fn fused_attention_matches_the_f64_reference() {
         let opts = AttentionOptions {
             scale: c.scale,
             causal: c.causal,
+            layout: c.layout,
         };
+        // BHSD operands: the same (already rounded, so exactly representable) values moved.
+        let lay = |t: Tensor, vals: &[f64], s: usize, h: usize| -> Tensor {
+            match c.layout {
+                Layout::Bsnh => t,
+                Layout::Bhsd => Tensor::new(
+                    vec![dm.batch, h, s, dm.d],
+                    Storage::from_f64(c.dtype, to_bhsd(vals, dm.batch, s, h, dm.d)),
+                )
+                .unwrap(),
+            }
+        };
+        let qt = lay(qt, &q, dm.seq_q, dm.heads_q);
+        let kt = lay(kt, &k, dm.seq_kv, dm.heads_kv);
+        let vt = lay(vt, &v, dm.seq_kv, dm.heads_kv);
         let up = |t: &Tensor| GpuTensor::upload(&gpu, t).unwrap();
         let (qg, kg, vg) = (up(&qt), up(&kt), up(&vt));
         let bg = bias.as_ref().map(|(t, _)| up(t));
         let out = fa.run(&qg, &kg, &vg, bg.as_ref(), &opts).unwrap();
         let got = out.download().unwrap();
-        assert_eq!(got.shape(), &[dm.batch, dm.seq_q, dm.heads_q, dm.d]);
+        assert_eq!(got.shape(), qt.shape());
         assert_eq!(got.dtype(), c.dtype);
-        let got = got.to_f64_vec();
+        let got = match c.layout {
+            Layout::Bsnh => got.to_f64_vec(),
+            Layout::Bhsd => from_bhsd(&got.to_f64_vec(), dm.batch, dm.seq_q, dm.heads_q, dm.d),
+        };
         let scale = c.scale.unwrap_or(1.0 / (dm.d as f64).sqrt());
         let want = reference(
             dm,
@@ -341,8 +338,8 @@ fn fused_attention_matches_the_f64_reference() {
         let range = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         let tol = if c.dtype == DType::BF16 { 1.2e-2 } else { 2e-3 };
         let line = format!(
-            "{} {dm:?} causal {:?} bias {:?} scale {scale:.4}: max err {err:.2e} (range {range:.3}, tol {tol:.1e}), {nan} non-finite",
-            c.dtype, c.causal, c.bias
+            "{} {:?} {dm:?} causal {:?} bias {:?} scale {scale:.4}: max err {err:.2e} (range {range:.3}, tol {tol:.1e}), {nan} non-finite",
+            c.dtype, c.layout, c.causal, c.bias
         );
         println!("{line}");
         if nan > 0 || err > tol {
@@ -373,6 +370,7 @@ fn causal_rows_see_only_their_keys() {
     let opts = AttentionOptions {
         scale: None,
         causal: Some(CausalMask::TopLeft),
+        ..Default::default()
     };
     let a = fa
         .run(&up(&qt), &up(&kt), &up(&vt), None, &opts)
