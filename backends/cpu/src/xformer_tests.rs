@@ -530,3 +530,16 @@ fn the_f32_exp_is_within_two_ulps_of_std() {
     assert!(crate::attention::exp32(f32::NAN).is_nan());
     assert_eq!(crate::attention::exp32(0.0), 1.0);
 }
+
+#[test]
+fn tanh32_is_within_2e7_of_tanh() {
+    let mut worst = 0.0f64;
+    for i in -200_000..=200_000 {
+        let y = i as f32 / 10_000.0;
+        let err = (f64::from(crate::norm::tanh32(y)) - f64::from(y).tanh()).abs();
+        worst = worst.max(err);
+    }
+    assert!(worst < 2e-7, "worst |tanh32 - tanh| = {worst:e}");
+    assert!(crate::norm::tanh32(f32::NAN).is_nan());
+    assert_eq!(crate::norm::tanh32(f32::INFINITY), 1.0);
+}
