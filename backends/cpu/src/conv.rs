@@ -1,7 +1,7 @@
 //! `conv2d` in any permutation of `NCHW` (data, output) and `OIHW` (kernel), with strides,
 //! padding (top, left, bottom, right), dilation and groups; and [`conv2d_fused`], the same
 //! convolution with an epilogue ([`Step`]s: inference `batch_norm`, a per-channel bias `add`,
-//! a residual `add` of a tensor of the output's shape, `relu`) applied while each output tile
+//! a residual `add` of a tensor of the output's shape, `relu`, `clip`) applied while each output tile
 //! is in cache.
 //!
 //! Contract:
@@ -56,6 +56,9 @@ pub(crate) enum Step {
     Residual { r: Tensor, prev_first: bool },
     /// `relu` (NaN stays NaN; negatives and `-0.0` become `+0.0`).
     Relu,
+    /// `clip(x, lo, hi)` of `float32` data: `x.max(lo).min(hi)`, as the `clip` kernel computes
+    /// it (MobileNet's ReLU6).
+    Clip { lo: f32, hi: f32 },
 }
 
 impl Step {
@@ -64,7 +67,7 @@ impl Step {
         match self {
             Step::Affine { mul, .. } => Some(mul.len()),
             Step::Bias { b, .. } => Some(b.len()),
-            Step::Residual { .. } | Step::Relu => None,
+            Step::Residual { .. } | Step::Relu | Step::Clip { .. } => None,
         }
     }
 }
@@ -143,6 +146,7 @@ fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
                 }
             }
             Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
+            Step::Clip { lo, hi } => row.iter_mut().for_each(|v| *v = v.max(*lo).min(*hi)),
         }
         i += 1;
     }

@@ -1015,6 +1015,70 @@ mod tests {
     /// the batch_norm into the weights) runs as one fused chain, bit for bit what the bindings
     /// give one by one (forced by a second use of the conv's result, which breaks the chain).
     #[test]
+    fn a_conv_with_bias_and_relu6_fuses_bit_for_bit() {
+        // MobileNet's tail: conv2d → bias add → clip(0, 6), depthwise (groups = 4) and plain.
+        let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+        for (groups, wi) in [(1, "4, 4, 3, 3"), (4, "4, 1, 3, 3")] {
+            let body = |extra: &str, ret: &str, ret_ty: &str| {
+                format!(
+                    "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}) -> {ret_ty}:\n        with R.dataflow():\n            c = R.nn.conv2d(x, w, padding=[1, 1, 1, 1], groups={groups})\n            d = R.add(c, b)\n            g = R.clip(d, R.prim_value(0), R.prim_value(T.float32(0.75)))\n{extra}            R.output({ret})\n        return {ret}\n",
+                    x = t("1, 4, 6, 6"),
+                    w = t(wi),
+                    b = t("1, 4, 1, 1"),
+                )
+            };
+            let fused = parse_module_str(&body("", "g", &t("1, 4, 6, 6")))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let plain = parse_module_str(&body(
+                "            h = (g, c)\n",
+                "h",
+                &format!("R.Tuple({}, {})", t("1, 4, 6, 6"), t("1, 4, 6, 6")),
+            ))
+            .unwrap_or_else(|e| panic!("{e}"));
+            let f = fused.get("main").unwrap_or_else(|| panic!("no main"));
+            let chain = crate::fuse::plan(&fused, f, &|_| true)[0].clone();
+            assert_eq!(
+                chain.map(|c| crate::fuse::name(&c)).as_deref(),
+                Some("relax.nn.conv2d+relax.add+relax.clip")
+            );
+            let fp = plain.get("main").unwrap_or_else(|| panic!("no main"));
+            assert!(crate::fuse::plan(&plain, fp, &|_| true)[0].is_none());
+            let tensor = |shape: Vec<usize>, k: u32| {
+                let n: usize = shape.iter().product();
+                let v = (0..n)
+                    .map(|i| {
+                        ((i as u32).wrapping_mul(2654435761).wrapping_add(k) % 1000) as f32 / 500.0
+                            - 1.0
+                    })
+                    .collect();
+                Value::Tensor(Tensor::from_f32(shape, v).unwrap_or_else(|e| panic!("{e}")))
+            };
+            let wshape: Vec<usize> = wi.split(", ").map(|d| d.parse().unwrap_or(0)).collect();
+            let args = vec![
+                tensor(vec![1, 4, 6, 6], 1),
+                tensor(wshape, 2),
+                tensor(vec![1, 4, 1, 1], 3),
+            ];
+            let got = crate::run(&fused, "main", args.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let want = crate::run(&plain, "main", args).unwrap_or_else(|e| panic!("{e}"));
+            let Value::Tuple(items) = want else {
+                panic!("not a tuple")
+            };
+            let (Value::Tensor(a), Value::Tensor(b)) = (&got, &items[0]) else {
+                panic!("not tensors")
+            };
+            let bits = |t: &Tensor| {
+                t.to_f32_vec()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(a), bits(b), "groups={groups}");
+            assert!(a.to_f32_vec().contains(&0.75) && a.to_f32_vec().contains(&0.0));
+        }
+    }
+
+    #[test]
     fn a_conv_with_bias_and_residual_adds_fuses_bit_for_bit() {
         let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
         let body = |extra: &str, ret: &str, ret_ty: &str| {

@@ -3,8 +3,8 @@
 //! optionally a call of a function that is just `relu` of the first field of its one tuple
 //! parameter, as FuseOps makes of ONNX's Conv → BatchNormalization → Relu), or an `add` of it
 //! and another value (a per-channel bias or a residual of the output's shape; up to two adds,
-//! then optionally a `relu` of the sum, read only there), or a `relu` of
-//! it; after a `batch_norm`, also a call of a function that is `relu(add(..))` of the
+//! then optionally a `relu` of the sum, or a `clip` with number bounds (ReLU6), read only
+//! there), or a `relu` or `clip` of it; after a `batch_norm`, also a call of a function that is `relu(add(..))` of the
 //! `batch_norm`'s first field and a residual of the same shape (a ResNet block's tail as
 //! FuseOps outlines it); and runs such a chain as one [`crate::conv::conv2d_fused`] call with the other ops as
 //! its epilogue. Likewise an `add` read only by a `relu` runs as one pass.
@@ -33,7 +33,7 @@
 use crate::conv::Step;
 use crate::nn;
 use crate::util::broadcast_shapes;
-use fusebox_core::ir::{Callee, ExprId, ExprKind, Function, Module, VarId};
+use fusebox_core::ir::{Callee, ExprId, ExprKind, Function, Module, PrimValue, VarId};
 use fusebox_core::op::{BatchNormAttrs, Conv2dAttrs, Op};
 use fusebox_core::runtime::{Tensor, Value};
 
@@ -60,6 +60,8 @@ pub(crate) enum Link {
     Add { other: ExprId, prev_first: bool },
     /// `relu(prev)`.
     Relu,
+    /// `clip(prev, lo, hi)` with number bounds (ReLU6), as the `float32` kernel reads them.
+    Clip { lo: f32, hi: f32 },
 }
 
 /// The first binding of a chain.
@@ -120,6 +122,15 @@ fn op_call(f: &Function, e: ExprId) -> Option<(&Op, &[ExprId])> {
             callee: Callee::Op(op),
             args,
         }) => Some((op, args)),
+        _ => None,
+    }
+}
+
+/// A number prim argument as the `clip` kernel reads it (`f64`, then `f32`).
+fn prim_f32(f: &Function, e: ExprId) -> Option<f32> {
+    match f.exprs.get(e).map(|d| &d.kind) {
+        Some(ExprKind::Prim(PrimValue::Int(i))) => Some(*i as f64 as f32),
+        Some(ExprKind::Prim(PrimValue::Float(v, _))) => Some(*v as f32),
         _ => None,
     }
 }
@@ -290,6 +301,16 @@ pub(crate) fn plan(
                     {
                         Link::Relu
                     }
+                    Some((Op::Clip, [x, lo, hi]))
+                        if conv
+                            && is_prev(x)
+                            && matches!(links.last(), None | Some(Link::Add { .. })) =>
+                    {
+                        match (prim_f32(f, *lo), prim_f32(f, *hi)) {
+                            (Some(lo), Some(hi)) => Link::Clip { lo, hi },
+                            _ => break,
+                        }
+                    }
                     _ => break,
                 },
             };
@@ -415,6 +436,7 @@ pub(crate) fn steps(
                 }
             }
             Link::Relu | Link::CallRelu | Link::CallAddRelu { .. } => Step::Relu,
+            Link::Clip { lo, hi } => Step::Clip { lo: *lo, hi: *hi },
         });
     }
     Some(out)
@@ -448,7 +470,7 @@ pub(crate) fn operand_exprs(chain: &Chain) -> Vec<ExprId> {
         match l {
             Link::BatchNorm { params, .. } => out.extend_from_slice(params),
             Link::Add { other, .. } | Link::CallAddRelu { other, .. } => out.push(*other),
-            Link::Relu | Link::CallRelu => {}
+            Link::Relu | Link::CallRelu | Link::Clip { .. } => {}
         }
     }
     out
@@ -465,6 +487,7 @@ pub(crate) fn name(chain: &Chain) -> String {
             Link::BatchNorm { .. } => "+relax.nn.batch_norm",
             Link::Add { .. } => "+relax.add",
             Link::Relu | Link::CallRelu => "+relax.nn.relu",
+            Link::Clip { .. } => "+relax.clip",
             Link::CallAddRelu { .. } => "+relax.add+relax.nn.relu",
         });
     }
