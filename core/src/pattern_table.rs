@@ -135,7 +135,7 @@ fn parse_in_string(src: &str, file: &str, text: &str, span: Range<usize>) -> Res
 /// A pattern-table finding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LintFinding {
-    /// `duplicate`, `shadowed` or `never-matches`.
+    /// `duplicate`, `shadowed`, `never-matches` or `unknown-op`.
     pub kind: &'static str,
     /// The entry that is affected.
     pub entry: String,
@@ -151,9 +151,31 @@ pub struct LintFinding {
 /// arguments the op never takes (`relax.nn.relu()`, `relax.nn.conv2d(_, _, _, _, _, _, _)`),
 /// or a shape constraint with a negative dim. (Under a `!`, such a part makes the negation
 /// always true instead; it is reported all the same, as it is surely not what was meant.)
+/// A call of an op outside fusebox's op set is reported as `unknown-op`: it matches only an
+/// opaque op of that exact name (what TVM prints for ops fusebox does not know), so it is
+/// most often a misspelling.
 pub fn lint(table: &[FusionPattern]) -> Vec<LintFinding> {
     let mut out = Vec::new();
     for (i, e) in table.iter().enumerate() {
+        let mut named = Vec::new();
+        for (_, node) in e.pattern.nodes.iter() {
+            if let PatNode::Call { op, .. } = node
+                && crate::op::Op::signature(op).is_none()
+                && !named.contains(op)
+            {
+                named.push(op.clone());
+                out.push(LintFinding {
+                    kind: "unknown-op",
+                    entry: e.name.clone(),
+                    other: e.name.clone(),
+                    message: format!(
+                        "`{}` names `{op}`, which is not in fusebox's op set: it matches only an \
+                         opaque op of that name (check the spelling)",
+                        e.name
+                    ),
+                });
+            }
+        }
         for why in never_matches(&e.pattern) {
             out.push(LintFinding {
                 kind: "never-matches",
@@ -351,9 +373,12 @@ pattern = "relax.add(_, _) : [2, -1]"
 [[pattern]]
 name = "a.fine"
 pattern = "relax.nn.relu(relax.nn.conv2d(_, _, ...)) : [?, 4]"
+[[pattern]]
+name = "a.typo"
+pattern = "relax.nn.relux(relax.nn.relux(_))"
 "#;
         let t = parse_pattern_table(src, "t.toml").unwrap_or_default();
-        assert_eq!(t.len(), 4);
+        assert_eq!(t.len(), 5);
         let f: Vec<(&str, String)> = lint(&t).into_iter().map(|x| (x.kind, x.message)).collect();
         assert_eq!(
             f,
@@ -371,6 +396,12 @@ pattern = "relax.nn.relu(relax.nn.conv2d(_, _, ...)) : [?, 4]"
                 (
                     "never-matches",
                     "`a.neg` can never match: the shape constraint has the negative dim -1"
+                        .to_string()
+                ),
+                (
+                    "unknown-op",
+                    "`a.typo` names `relax.nn.relux`, which is not in fusebox's op set: it \
+                     matches only an opaque op of that name (check the spelling)"
                         .to_string()
                 ),
             ]
