@@ -969,7 +969,8 @@ fn infer_reshape(cx: &Cx<'_>) -> Result<Type, String> {
     Ok(known(out, x.dtype))
 }
 
-fn infer_concat(cx: &Cx<'_>, axis: Option<i64>) -> Result<Type, String> {
+/// Argument 0 as a non-empty tuple of tensors, with their common dtype (concat, stack).
+fn tensor_tuple<'a>(cx: &Cx<'a>) -> Result<(Vec<&'a TensorType>, Option<DType>), String> {
     let fields = match cx.arg(0)? {
         Type::Tuple(f) => f,
         t => return Err(cx.err(format!("expected a tuple of tensors, found {}", brief(t)))),
@@ -990,6 +991,11 @@ fn infer_concat(cx: &Cx<'_>, axis: Option<i64>) -> Result<Type, String> {
     for t in &ts {
         dtype = common_dtype(cx, dtype, t.dtype)?;
     }
+    Ok((ts, dtype))
+}
+
+fn infer_concat(cx: &Cx<'_>, axis: Option<i64>) -> Result<Type, String> {
+    let (ts, dtype) = tensor_tuple(cx)?;
     let Some(axis) = axis else {
         // Flatten every input and join them.
         let dims: Option<Vec<Dim>> = ts

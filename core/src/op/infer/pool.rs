@@ -7,32 +7,13 @@
 //! ```
 
 use super::super::pool::{AdaptivePoolAttrs, PoolAttrs, canonical_layout, layout_perm};
-use super::{Cx, common_dtype, differ, known, shape_str, unknown, window_out};
+use super::{Cx, differ, known, shape_str, tensor_tuple, unknown, window_out};
 use crate::ir::infer::brief;
 use crate::ir::{Dim, Type};
 
 /// `relax.stack((x0, x1, …), axis)`: tensors of one shape, joined along a new axis.
 pub(super) fn stack(cx: &Cx<'_>, axis: i64) -> Result<Type, String> {
-    let fields = match cx.arg(0)? {
-        Type::Tuple(f) => f,
-        t => return Err(cx.err(format!("expected a tuple of tensors, found {}", brief(t)))),
-    };
-    let mut ts = Vec::with_capacity(fields.len());
-    for (i, f) in fields.iter().enumerate() {
-        ts.push(f.as_tensor().ok_or_else(|| {
-            cx.err(format!(
-                "expected field {i} of the tuple to be a tensor, found {}",
-                brief(f)
-            ))
-        })?);
-    }
-    let Some(first) = ts.first() else {
-        return Err(cx.err("expected a non-empty tuple of tensors"));
-    };
-    let mut dtype = first.dtype;
-    for t in &ts {
-        dtype = common_dtype(cx, dtype, t.dtype)?;
-    }
+    let (ts, dtype) = tensor_tuple(cx)?;
     let rank = ts.iter().find_map(|t| t.rank());
     if let Some(r) = rank
         && let Some(t) = ts.iter().find(|t| t.rank().is_some_and(|q| q != r))
