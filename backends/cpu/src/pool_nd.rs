@@ -82,12 +82,14 @@ fn next(idx: &mut [usize], ext: &[usize]) -> bool {
 }
 
 /// A `k`-D max (`max`) or average pool.
-#[allow(
-    clippy::needless_range_loop,
-    reason = "the spatial axis indexes several per-axis arrays at once"
-)]
-pub(crate) fn pool(x: &Tensor, a: &PoolAttrs, max: bool) -> KResult<Tensor> {
-    let k = a.pool_size.len();
+/// A `k`-D pool's input checked for rank and brought to `N, C, spatial…` order, with the
+/// output layout's axis positions.
+fn canon_input(
+    x: &Tensor,
+    layout: &str,
+    out_layout: &str,
+    k: usize,
+) -> KResult<(Tensor, Vec<usize>)> {
     if x.rank() != k + 2 {
         return Err(format!(
             "expected a {}-D input, found shape {:?}",
@@ -95,9 +97,18 @@ pub(crate) fn pool(x: &Tensor, a: &PoolAttrs, max: bool) -> KResult<Tensor> {
             x.shape()
         ));
     }
-    let lp = positions(&a.layout, k)?;
-    let op = positions(&a.out_layout, k)?;
-    let xc = to_canon(x, &lp);
+    let lp = positions(layout, k)?;
+    let op = positions(out_layout, k)?;
+    Ok((to_canon(x, &lp), op))
+}
+
+#[allow(
+    clippy::needless_range_loop,
+    reason = "the spatial axis indexes several per-axis arrays at once"
+)]
+pub(crate) fn pool(x: &Tensor, a: &PoolAttrs, max: bool) -> KResult<Tensor> {
+    let k = a.pool_size.len();
+    let (xc, op) = canon_input(x, &a.layout, &a.out_layout, k)?;
     let sh = xc.shape().to_vec();
     let (n, c, sp) = (sh[0], sh[1], &sh[2..]);
     let mut kern = Vec::with_capacity(k);
@@ -206,16 +217,7 @@ pub(crate) fn pool(x: &Tensor, a: &PoolAttrs, max: bool) -> KResult<Tensor> {
 /// A `k`-D adaptive average pool: output cell `i` of an axis of extent `len` averages input
 /// `floor(i * len / out) .. ceil((i + 1) * len / out)`.
 pub(crate) fn adaptive(x: &Tensor, a: &AdaptivePoolAttrs, k: usize) -> KResult<Tensor> {
-    if x.rank() != k + 2 {
-        return Err(format!(
-            "expected a {}-D input, found shape {:?}",
-            k + 2,
-            x.shape()
-        ));
-    }
-    let lp = positions(&a.layout, k)?;
-    let op = positions(&a.out_layout, k)?;
-    let xc = to_canon(x, &lp);
+    let (xc, op) = canon_input(x, &a.layout, &a.out_layout, k)?;
     let sh = xc.shape().to_vec();
     let (n, c, sp) = (sh[0], sh[1], &sh[2..]);
     let out_sp: Vec<usize> = match &a.output_size {
