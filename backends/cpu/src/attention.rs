@@ -55,9 +55,12 @@ pub(crate) struct AttnSpec {
     pub causal: bool,
 }
 
-/// Query rows per task and keys per block.
+/// Query rows per task, and keys per block: all keys in one block up to [`BK_MAX`] (no
+/// rescaling of the running sums; scores of `BQ × BK_MAX` floats, 128 KiB), else blocks of
+/// [`BK`].
 const BQ: usize = 32;
-const BK: usize = 64;
+const BK: usize = 256;
+const BK_MAX: usize = 1024;
 
 /// Where one input's matrix starts for each output batch index (`out`: the batch dims, row
 /// major): a dim equal to the output's is indexed as is, a dim of 1 broadcasts, and the head
@@ -193,7 +196,15 @@ pub(crate) fn attention(
             .iter()
             .map(|(md, offs, rs, cs)| (*md, offs[b], *rs, *cs))
             .collect();
-        block(qb, kb, vb, &mask_rows, spec, (i0, rows, s, t, d, dv), o);
+        crate::simd::dispatch(Block {
+            q: qb,
+            kt: kb,
+            v: vb,
+            masks: &mask_rows,
+            spec,
+            geom: (i0, rows, s, t, d, dv),
+            out: o,
+        });
         Ok(())
     });
     debug_assert!(res.is_ok());
@@ -208,7 +219,7 @@ pub(crate) fn attention(
 /// `ln 2` in two parts, a degree-6 polynomial, the exponent put in by its bits; about 1 ulp).
 /// `e^x` underflows to 0 below -87.3 (as `-inf` does), NaN stays NaN, and inputs above 88.3
 /// are taken as 88.3 (the softmax only ever passes `x - max ≤ 0`).
-#[inline]
+#[inline(always)]
 pub(crate) fn exp32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // Round to nearest by the 1.5 * 2^23 trick (no libm call).
@@ -227,11 +238,76 @@ pub(crate) fn exp32(x: f32) -> f32 {
     if x < -87.3 { 0.0 } else { y * scale }
 }
 
+/// `Σ row` in `f32` as 8 interleaved partial sums added pairwise at the end: a fixed order
+/// (the same bits on every CPU and thread count) that vectorises.
+#[inline(always)]
+fn striped_sum_f32(row: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += x;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// The largest element of `row` (NaN ignored, as `f32::max` does; `-inf` when empty), as 8
+/// interleaved running maxima, which vectorises.
+#[inline(always)]
+fn striped_max_f32(row: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.max(x);
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = a.max(x);
+    }
+    acc.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
 /// A mask's data, the offset of this batch index's `[0, 0]`, and its row and column strides.
 type Mask<'a> = (&'a [f32], isize, isize, isize);
 
-/// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`.
+/// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`,
+/// compiled for the widest instruction set of this CPU ([`crate::simd::dispatch`]; the
+/// result does not depend on it).
+struct Block<'a> {
+    q: &'a [f32],
+    kt: &'a [f32],
+    v: &'a [f32],
+    masks: &'a [Mask<'a>],
+    spec: &'a AttnSpec,
+    /// `(i0, rows, s, t, d, dv)`.
+    geom: (usize, usize, usize, usize, usize, usize),
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for Block<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Block {
+            q,
+            kt,
+            v,
+            masks,
+            spec,
+            geom,
+            out,
+        } = self;
+        block(q, kt, v, masks, spec, geom, out);
+    }
+}
+
 #[allow(clippy::too_many_arguments, reason = "the block's inputs and geometry")]
+#[inline(always)]
 fn block(
     q: &[f32],
     kt: &[f32],
@@ -246,7 +322,7 @@ fn block(
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
     out.iter_mut().for_each(|x| *x = 0.0);
-    let bk = BK.min(t.max(1));
+    let bk = if t <= BK_MAX { t.max(1) } else { BK };
     let mut kblk = vec![0.0f32; d * bk];
     let mut sc = vec![0.0f32; rows * bk];
     let mut j0 = 0;
@@ -300,7 +376,7 @@ fn block(
                     }
                 }
             }
-            let bmax = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let bmax = striped_max_f32(sc);
             let m_new = m[r].max(bmax);
             if m_new == f32::NEG_INFINITY {
                 // Everything so far masked out: these keys weigh nothing.
@@ -313,7 +389,7 @@ fn block(
                 out[r * dv..r * dv + dv].iter_mut().for_each(|x| *x *= corr);
             }
             sc.iter_mut().for_each(|x| *x = exp32(*x - m_new));
-            l[r] += sc.iter().sum::<f32>();
+            l[r] += striped_sum_f32(sc);
             m[r] = m_new;
         }
         // out[rows, dv] += p[rows, w] @ v[j0..j0 + w, dv].

@@ -343,7 +343,7 @@ pub(crate) fn erf64(x: f64) -> f64 {
 }
 
 /// GELU (erf form) in `f32` with [`erf32`]; also the loop of the fused GELU kernel.
-#[inline]
+#[inline(always)]
 pub(crate) fn gelu32(x: f32) -> f32 {
     x * (0.5 * (erf32(x / std::f32::consts::SQRT_2) + 1.0))
 }

@@ -48,6 +48,7 @@ pub mod backend;
 mod composite;
 mod conv;
 mod conv_transpose;
+mod dense;
 mod einsum;
 mod elem;
 mod elementwise;

@@ -12,6 +12,7 @@ pub mod remove_export_noise;
 pub mod remove_identity;
 pub mod simplify;
 mod substitute;
+pub mod unflatten_matmul;
 
 pub use bind_params::bind_params;
 pub use dead_code_elimination::dead_code_elimination;
@@ -27,3 +28,4 @@ pub use pass::{Pass, Pipeline};
 pub use remove_export_noise::remove_export_noise;
 pub use remove_identity::remove_identity;
 pub use simplify::{simplify_for_inference, simplify_pipeline};
+pub use unflatten_matmul::unflatten_matmul;

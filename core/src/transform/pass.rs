@@ -160,6 +160,19 @@ impl Pass for RemoveExportNoise {
     }
 }
 
+/// [`unflatten_matmul`](super::unflatten_matmul) as a pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnflattenMatmul;
+
+impl Pass for UnflattenMatmul {
+    fn name(&self) -> &str {
+        "unflatten_matmul"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::unflatten_matmul(m)
+    }
+}
+
 /// [`fuse_ops`](super::fuse_ops) as a pass.
 #[derive(Clone, Copy, Debug)]
 pub struct FuseOps {
