@@ -55,12 +55,20 @@ pub(crate) struct AttnSpec {
     pub causal: bool,
 }
 
-/// Query rows per task, and keys per block: all keys in one block up to [`BK_MAX`] (no
-/// rescaling of the running sums; scores of `BQ × BK_MAX` floats, 128 KiB), else blocks of
-/// [`BK`].
-const BQ: usize = 32;
+/// Keys per block: all keys in one block up to [`BK_MAX`] (no rescaling of the running sums),
+/// else blocks of [`BK`].
 const BK: usize = 256;
 const BK_MAX: usize = 1024;
+
+/// Query rows per task: as many as keep a task's scores within [`SCORES`] floats (256 KiB,
+/// in a core's L2 with the key block), between 32 and 128, a multiple of 8. It depends on the
+/// shape only (so the result does not depend on the thread count); more rows per task make
+/// the two GEMMs of a task larger, and the key block is scaled once per task.
+fn rows_per_task(t: usize) -> usize {
+    const SCORES: usize = 1 << 16;
+    let bk = if t <= BK_MAX { t.max(1) } else { BK };
+    (SCORES / bk).clamp(32, 128) / 8 * 8
+}
 
 /// Where one input's matrix starts for each output batch index (`out`: the batch dims, row
 /// major): a dim equal to the output's is indexed as is, a dim of 1 broadcasts, and the head
@@ -182,8 +190,9 @@ pub(crate) fn attention(
     let mut tasks = Vec::new();
     if s * dv > 0 {
         for (b, chunk) in out.chunks_mut(s * dv).enumerate() {
-            for (qb, rows) in chunk.chunks_mut(BQ * dv).enumerate() {
-                tasks.push((b, qb * BQ, rows));
+            let bq = rows_per_task(t);
+            for (qb, rows) in chunk.chunks_mut(bq * dv).enumerate() {
+                tasks.push((b, qb * bq, rows));
             }
         }
     }
@@ -317,31 +326,42 @@ fn block(
     (i0, rows, s, t, d, dv): (usize, usize, usize, usize, usize, usize),
     out: &mut [f32],
 ) {
-    // Scaled query rows.
-    let qs: Vec<f32> = q.iter().map(|&x| spec.q_scale.apply(x)).collect();
+    // Scaled query rows (the rows themselves without a scale).
+    let qs: std::borrow::Cow<'_, [f32]> = match spec.q_scale {
+        Scale::None => q.into(),
+        sc => q.iter().map(|&x| sc.apply(x)).collect::<Vec<f32>>().into(),
+    };
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
     out.iter_mut().for_each(|x| *x = 0.0);
     let bk = if t <= BK_MAX { t.max(1) } else { BK };
-    let mut kblk = vec![0.0f32; d * bk];
+    let scaled_k = spec.k_scale != Scale::None;
+    let mut kblk = vec![0.0f32; if scaled_k { d * bk } else { 0 }];
     let mut sc = vec![0.0f32; rows * bk];
     let mut j0 = 0;
     while j0 < t {
         let w = bk.min(t - j0);
-        // The scaled key block, [d, w].
-        for dd in 0..d {
-            let src = &kt[dd * t + j0..dd * t + j0 + w];
-            for (dst, &x) in kblk[dd * w..dd * w + w].iter_mut().zip(src) {
-                *dst = spec.k_scale.apply(x);
+        // The key block, [d, w]: scaled into `kblk`, or columns j0.. of `kt` in place.
+        let kb = if scaled_k {
+            for dd in 0..d {
+                let src = &kt[dd * t + j0..dd * t + j0 + w];
+                for (dst, &x) in kblk[dd * w..dd * w + w].iter_mut().zip(src) {
+                    *dst = spec.k_scale.apply(x);
+                }
             }
-        }
+            MatRef::from_row_major_slice(&kblk[..d * w], d, w)
+        } else if d == 0 {
+            MatRef::from_row_major_slice(&kblk[..0], 0, w)
+        } else {
+            MatRef::from_row_major_slice_with_stride(&kt[j0..(d - 1) * t + j0 + w], d, w, t)
+        };
         // Scores of the block, [rows, w]: one sequential faer GEMM.
         let sc = &mut sc[..rows * w];
         faer::linalg::matmul::matmul(
             MatMut::from_row_major_slice_mut(sc, rows, w),
             Accum::Replace,
             MatRef::from_row_major_slice(&qs, rows, d),
-            MatRef::from_row_major_slice(&kblk[..d * w], d, w),
+            kb,
             1.0f32,
             Par::Seq,
         );

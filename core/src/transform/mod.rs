@@ -2,6 +2,7 @@
 
 pub mod bind_params;
 pub mod dead_code_elimination;
+pub mod eliminate_common_subexpr;
 pub mod fold_batch_norm;
 pub mod fold_constant;
 pub mod fuse_ops;
@@ -16,6 +17,7 @@ pub mod unflatten_matmul;
 
 pub use bind_params::bind_params;
 pub use dead_code_elimination::dead_code_elimination;
+pub use eliminate_common_subexpr::eliminate_common_subexpr;
 pub use fold_batch_norm::fold_batch_norm;
 pub use fold_constant::{Evaluator, fold_constant};
 pub use fuse_ops::fuse_ops;

@@ -4,7 +4,8 @@
 //! Contract: [`simplify_pipeline`] is, in order,
 //! [`FoldConstant`](super::fold_constant) (only with an [`Evaluator`]: core has no kernels) →
 //! [`RemoveIdentity`](super::remove_identity) → [`RemoveExportNoise`](super::remove_export_noise)
-//! → [`UnflattenMatmul`](super::unflatten_matmul) → [`FoldBatchNorm`](super::fold_batch_norm).
+//! → [`EliminateCommonSubexpr`](super::eliminate_common_subexpr) →
+//! [`UnflattenMatmul`](super::unflatten_matmul) → [`FoldBatchNorm`](super::fold_batch_norm).
 //! Constants fold first, so a mask or a weight
 //! computed from constants is a constant when the later rules look for one, and a transposed
 //! matmul weight is a plain constant FoldBatchNorm can fold into. Each pass keeps the module
@@ -31,7 +32,8 @@
 
 use super::fold_constant::Evaluator;
 use super::pass::{
-    FoldBatchNorm, FoldConstant, Pipeline, RemoveExportNoise, RemoveIdentity, UnflattenMatmul,
+    EliminateCommonSubexpr, FoldBatchNorm, FoldConstant, Pipeline, RemoveExportNoise,
+    RemoveIdentity, UnflattenMatmul,
 };
 use crate::error::Result;
 use crate::ir::Module;
@@ -44,6 +46,7 @@ pub fn simplify_pipeline(eval: Option<Evaluator>) -> Pipeline {
     }
     p.then(RemoveIdentity)
         .then(RemoveExportNoise)
+        .then(EliminateCommonSubexpr)
         .then(UnflattenMatmul)
         .then(FoldBatchNorm)
 }
