@@ -111,6 +111,34 @@ fn attention_partitions_into_tvms_composites() {
 }
 
 #[test]
+fn the_spec_maps_operands_to_the_functions_arguments() {
+    use fusebox_cutlass::attention::{CausalMask, Layout};
+    let (name, out, _) = claim_of(&one(
+        "(2, 37, 8, 64)",
+        "(2, 53, 2, 64)",
+        "(2, 53, 2, 64)",
+        Some("(1, 8, 37, 53)"),
+        "float16",
+        ", scale=0.25, causal_mask=\"BottomRight\"",
+    ));
+    let spec = fusebox_cutlass::spec::analyse_attention(&name, &out.functions[&name]).unwrap();
+    assert_eq!(spec.qkv, [0, 1, 2]);
+    assert_eq!(spec.bias, Some(3));
+    assert_eq!(spec.num_params, 4);
+    assert_eq!(spec.head_dim, 64);
+    assert_eq!(spec.options.scale, Some(0.25));
+    assert_eq!(spec.options.causal, Some(CausalMask::BottomRight));
+    assert_eq!(spec.options.layout, Layout::Bsnh);
+    assert_eq!(spec.kernel().name(), "fusebox_attn_f16_d64_causal_bias");
+    // Self-attention on one tensor: one parameter feeds query, key and value.
+    let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((1, 9, 2, 32), dtype=\"float16\")):\n        with R.dataflow():\n            y = R.nn.attention(x, x, x)\n            R.output(y)\n        return y\n";
+    let (name, out, claim) = claim_of(src);
+    assert_eq!(claim, Claim::Accept);
+    let spec = fusebox_cutlass::spec::analyse_attention(&name, &out.functions[&name]).unwrap();
+    assert_eq!((spec.qkv, spec.bias, spec.num_params), ([0, 0, 0], None, 1));
+}
+
+#[test]
 fn the_claim_is_exact_and_declines_with_reasons() {
     let d = |q: &str, k: &str, v: &str, dtype: &str, attrs: &str, want: &str| {
         let (name, _, claim) = claim_of(&one(q, k, v, None, dtype, attrs));
