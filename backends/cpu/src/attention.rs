@@ -9,7 +9,8 @@
 //! out = (nan_guard ? where(isnan(p), 0, p) : p) @ v             [..., S, Dv]
 //! ```
 //!
-//! with `causal` also masking key `j > i + (T - S)` to `-inf`. The leading (batch, head) dims
+//! with `causal` also masking key `j > i + offset` to `-inf` (the exporters' end-aligned mask
+//! is `offset = T - S`). The leading (batch, head) dims
 //! broadcast as `matmul`'s do; where `kt`/`v` have fewer heads than `q` (grouped-query
 //! attention, the head dim just before the matrix dims), query head `h` reads key/value head
 //! `h / (Hq / Hkv)`. Scales are applied in `f32` exactly as the graph's `multiply`/`divide`.
@@ -51,8 +52,15 @@ pub(crate) struct AttnSpec {
     pub k_scale: Scale,
     /// `where(isnan(p), 0, p)` after the softmax: a row whose softmax is NaN gives zeros.
     pub nan_guard: bool,
-    /// Mask keys after the query's position (aligned to the end: `j > i + T - S`).
-    pub causal: bool,
+    /// The causal mask, if any.
+    pub causal: Option<Causal>,
+}
+
+/// Which keys a causal mask hides from query `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Causal {
+    /// Key `j` is hidden when `j > i + offset` (`relax.nn.attention`'s `causal_mask`).
+    Offset(usize),
 }
 
 /// Keys per block: all keys in one block up to [`BK_MAX`] (no rescaling of the running sums),
@@ -323,7 +331,7 @@ fn block(
     v: &[f32],
     masks: &[Mask<'_>],
     spec: &AttnSpec,
-    (i0, rows, s, t, d, dv): (usize, usize, usize, usize, usize, usize),
+    (i0, rows, _, t, d, dv): (usize, usize, usize, usize, usize, usize),
     out: &mut [f32],
 ) {
     // Scaled query rows (the rows themselves without a scale).
@@ -387,9 +395,10 @@ fn block(
                     }
                 }
             }
-            if spec.causal {
-                // Key j is visible to query i when j <= i + (t - s).
-                let limit = (i + t).saturating_sub(s);
+            if let Some(c) = spec.causal {
+                // Key j is visible to query i when j <= i + offset.
+                let Causal::Offset(o) = c;
+                let limit = i.saturating_add(o);
                 for (jj, x) in sc.iter_mut().enumerate() {
                     if j0 + jj > limit {
                         *x = f32::NEG_INFINITY;

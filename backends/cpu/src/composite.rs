@@ -276,7 +276,7 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         q_scale,
         k_scale,
         nan_guard,
-        causal: false,
+        causal: None,
     };
     Some((
         Plan::Attention {

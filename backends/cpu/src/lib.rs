@@ -61,6 +61,7 @@ mod kernels;
 mod layout;
 mod matmul;
 mod nn;
+mod nn_attention;
 mod norm;
 pub mod par;
 mod pool_nd;
