@@ -67,7 +67,7 @@ if [ "$mode" = "pack" ]; then
   cp target/release/fusebox "$dir/bin/fusebox"
   strip "$dir"/bin/* 2>/dev/null || true
   # Compressed: the device tool carries at most 64 MiB with the working tree.
-  tar -C "$dir" -cf - bin | xz -6 -T0 > "$dir/bin.tar.xz"
+  tar -C "$dir" -cf - bin | xz -9e -T0 > "$dir/bin.tar.xz"
   rm -rf "$dir/bin"
   site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   cu13="$site/nvidia/cu13"
@@ -75,7 +75,7 @@ if [ "$mode" = "pack" ]; then
     echo "gpu-check: no NVRTC in .venv ($cu13); run scripts/test.sh once first" >&2
     exit 1
   fi
-  tar -C "$cu13" -cf - lib/libnvrtc.so.13 lib/libnvrtc-builtins.so.13.0 include | xz -6 -T0 > "$dir/nvrtc-cu13.tar.xz"
+  tar -C "$cu13" -cf - lib/libnvrtc.so.13 lib/libnvrtc-builtins.so.13.0 include | xz -9e -T0 > "$dir/nvrtc-cu13.tar.xz"
   echo "$root" > "$dir/BUILD_ROOT"
   git rev-parse HEAD > "$dir/COMMIT" 2>/dev/null || echo unknown > "$dir/COMMIT"
   du -sh "$dir"
