@@ -517,85 +517,134 @@ fn compute(
 }
 
 /// A depthwise convolution (one input and one output channel per group, as MobileNet's 3×3
-/// layers): per output plane, the taps in `(ky, kx)` order, each added to the plane's rows
-/// over the output columns whose window column lies inside the image (a contiguous run, so
-/// the inner loop vectorises for stride 1), then the epilogue. Planes are the tasks, so the
-/// result does not depend on the thread count.
+/// layers): per output plane, the input plane is copied once into a zero-padded buffer whose
+/// columns are dealt into `stride` phases (column `c` to phase `c % sw`, position `c / sw`),
+/// so that for every output row and tap the window's columns are one contiguous run; the taps
+/// are added in `(ky, kx)` order, each with one FMA per output element (vectorised, no bounds
+/// tests), then the epilogue. Planes are the tasks, so the result does not depend on the
+/// thread count. A tap over the padding adds `0 · w`, as the im2col lowering of the reference
+/// does (so a NaN or infinite weight gives NaN there too).
 fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], threads: usize) {
     let npix = g.npix();
     let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
     let planes_per_task = (g.n * g.o).div_ceil(t * 8).max(1);
     crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| {
+        let mut pad = PADDED.with(|p| std::mem::take(&mut *p.borrow_mut()));
         for (i, dst) in chunk.chunks_mut(npix).enumerate() {
             let plane = off / npix + i;
             let ch = plane % g.o;
             let x = &xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
             let w = &ws[ch * g.kh * g.kw..(ch + 1) * g.kh * g.kw];
-            depthwise_plane(x, w, g, dst);
+            depthwise_plane(x, w, g, dst, &mut pad);
             let img = plane / g.o;
             for oy in 0..g.oh {
                 let at = (img * g.o + ch) * npix + oy * g.ow;
                 apply_steps(steps, ch, at, &mut dst[oy * g.ow..(oy + 1) * g.ow]);
             }
         }
+        PADDED.with(|p| *p.borrow_mut() = pad);
     });
+}
+
+thread_local! {
+    /// The padded, phase-dealt input plane of [`depthwise`], kept per thread.
+    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One output plane of [`depthwise`] (`x`: the input plane, `w`: its `kh × kw` taps), in a
 /// function compiled for the CPU's widest instruction set (`mul_add` is one FMA there; the
 /// same bits everywhere).
-fn depthwise_plane(x: &[f32], w: &[f32], g: &Geom, dst: &mut [f32]) {
-    struct Op<'a>(&'a [f32], &'a [f32], &'a Geom, &'a mut [f32]);
+fn depthwise_plane(x: &[f32], w: &[f32], g: &Geom, dst: &mut [f32], pad: &mut Vec<f32>) {
+    struct Op<'a>(
+        &'a [f32],
+        &'a [f32],
+        &'a Geom,
+        &'a mut [f32],
+        &'a mut Vec<f32>,
+    );
     impl pulp::WithSimd for Op<'_> {
         type Output = ();
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, _: S) {
-            depthwise_plane_inline(self.0, self.1, self.2, self.3);
+            depthwise_plane_inline(self.0, self.1, self.2, self.3, self.4);
         }
     }
-    crate::simd::dispatch(Op(x, w, g, dst));
+    crate::simd::dispatch(Op(x, w, g, dst, pad));
 }
 
 #[inline(always)]
-fn depthwise_plane_inline(x: &[f32], w: &[f32], g: &Geom, dst: &mut [f32]) {
-    dst.fill(0.0);
-    for ky in 0..g.kh {
-        for kx in 0..g.kw {
-            let wv = w[ky * g.kw + kx];
-            let x0 = (kx * g.dw) as isize - g.pl as isize;
-            let sw = g.sw as isize;
-            // Output columns ox with 0 <= ox * sw + x0 < w.
-            let lo = if x0 >= 0 {
-                0
-            } else {
-                ((-x0 + sw - 1) / sw) as usize
-            };
-            let hi = if g.w as isize - 1 - x0 < 0 {
-                0
-            } else {
-                (((g.w as isize - 1 - x0) / sw) as usize + 1).min(g.ow)
-            };
-            if lo >= hi {
-                continue;
-            }
-            for oy in 0..g.oh {
-                let y = (oy * g.sh + ky * g.dh) as isize - g.pt as isize;
-                if y < 0 || y >= g.h as isize {
-                    continue;
+fn depthwise_plane_inline(x: &[f32], w: &[f32], g: &Geom, dst: &mut [f32], pad: &mut Vec<f32>) {
+    if g.oh == 0 || g.ow == 0 {
+        return;
+    }
+    if g.ow <= 8 {
+        depthwise_rows::<8>(x, w, g, dst, pad);
+    } else {
+        depthwise_rows::<16>(x, w, g, dst, pad);
+    }
+}
+
+/// The body of [`depthwise_plane_inline`] with output rows computed in blocks of `B` columns.
+#[inline(always)]
+fn depthwise_rows<const B: usize>(
+    x: &[f32],
+    w: &[f32],
+    g: &Geom,
+    dst: &mut [f32],
+    pad: &mut Vec<f32>,
+) {
+    // The padded plane's extent: what the windows reach.
+    let hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+    let wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
+    let s = g.sw.max(1);
+    // Phase `p` holds padded columns p, p + s, p + 2s, … in a row of `pw` slots: room for
+    // the last block of `B` outputs read whole (the slots past the plane stay zero).
+    let reach = (g.kw - 1) * g.dw / s;
+    let pw = wp.div_ceil(s).max(g.ow.next_multiple_of(B) + reach);
+    pad.clear();
+    pad.resize(hp * s * pw, 0.0);
+    for y in 0..g.h.min(hp.saturating_sub(g.pt)) {
+        let py = y + g.pt;
+        let src = &x[y * g.w..(y + 1) * g.w];
+        if s == 1 {
+            let n = g.w.min(wp.saturating_sub(g.pl));
+            pad[py * pw + g.pl..py * pw + g.pl + n].copy_from_slice(&src[..n]);
+            continue;
+        }
+        for p in 0..s {
+            let dst = &mut pad[(py * s + p) * pw..(py * s + p + 1) * pw];
+            // Padded column j * s + p is image column j * s + p - pl.
+            for (j, d) in dst.iter_mut().enumerate() {
+                let c = j * s + p;
+                if c >= g.pl && c - g.pl < g.w && c < wp {
+                    *d = src[c - g.pl];
                 }
-                let src = &x[y as usize * g.w..(y as usize + 1) * g.w];
-                let row = &mut dst[oy * g.ow + lo..oy * g.ow + hi];
-                let start = (lo as isize * sw + x0) as usize;
-                if g.sw == 1 {
-                    for (o, &v) in row.iter_mut().zip(&src[start..]) {
-                        *o = v.mul_add(wv, *o);
-                    }
-                } else {
-                    for (o, &v) in row.iter_mut().zip(src[start..].iter().step_by(g.sw)) {
-                        *o = v.mul_add(wv, *o);
-                    }
+            }
+        }
+    }
+    // Each output row in blocks of `B` columns held in registers over all the taps (one
+    // store per element); the taps in (ky, kx) order, as one `mul_add` each.
+    let taps: Vec<(usize, f32)> = (0..g.kh)
+        .flat_map(|ky| (0..g.kw).map(move |kx| (ky, kx)))
+        .map(|(ky, kx)| {
+            let c = kx * g.dw;
+            ((ky * g.dh * s + c % s) * pw + c / s, w[ky * g.kw + kx])
+        })
+        .collect();
+    for (oy, row) in dst.chunks_exact_mut(g.ow).enumerate() {
+        let r0 = oy * g.sh * s * pw;
+        for (bi, out) in row.chunks_mut(B).enumerate() {
+            let ox = bi * B;
+            let mut acc = [0.0f32; B];
+            for &(off, wv) in &taps {
+                // In range: `pw` leaves room for the last block (see above).
+                let src = &pad[r0 + off + ox..r0 + off + ox + B];
+                for (a, &v) in acc.iter_mut().zip(src) {
+                    *a = v.mul_add(wv, *a);
                 }
             }
+            let n = out.len();
+            out.copy_from_slice(&acc[..n]);
         }
     }
 }
@@ -730,7 +779,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_groups() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
-        let cases: [Case; 11] = [
+        let cases: [Case; 16] = [
             // n, c, h, w, o, k, stride, pad, dilation, groups
             (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
             (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
@@ -745,6 +794,13 @@ mod tests {
             // Depthwise (MobileNet): stride 2 over two images, and a 3x3 on a 4x4 plane.
             (2, 6, 9, 8, 6, 3, 2, 1, 1, 6),
             (1, 5, 4, 4, 5, 3, 1, 1, 1, 5),
+            // Depthwise: stride 2 with dilation 2, stride 3 on an odd plane, a 5x5 with pad 2,
+            // no padding, and a 1-wide output.
+            (1, 3, 11, 12, 3, 3, 2, 2, 2, 3),
+            (1, 2, 13, 10, 2, 3, 3, 1, 1, 2),
+            (1, 4, 7, 9, 4, 5, 1, 2, 1, 4),
+            (1, 3, 6, 7, 3, 3, 1, 0, 1, 3),
+            (1, 2, 3, 3, 2, 3, 2, 0, 1, 2),
         ];
         for (n, c, h, w, o, k, s, p, d, gr) in cases {
             let xs: Vec<f32> = (0..n * c * h * w)
