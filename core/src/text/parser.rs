@@ -120,6 +120,14 @@ struct Global<'a> {
     state: GState,
 }
 
+/// The binding that ends a branch of an `if`: the result's name, where it is written, and its
+/// annotation (when one is written).
+struct BranchResult<'a> {
+    name: &'a str,
+    tok: Token,
+    ann: Option<Type>,
+}
+
 /// Per-function parsing state.
 struct FnCtx<'a> {
     f: Function,
@@ -202,7 +210,10 @@ fn describe_kind(k: Tk) -> &'static str {
 fn is_leaf(kind: &ExprKind) -> bool {
     !matches!(
         kind,
-        ExprKind::Call { .. } | ExprKind::TupleGetItem(..) | ExprKind::Function(_)
+        ExprKind::Call { .. }
+            | ExprKind::TupleGetItem(..)
+            | ExprKind::Function(_)
+            | ExprKind::If(_)
     )
 }
 
@@ -879,6 +890,8 @@ impl<'a> Parser<'a> {
         match t.kind {
             Tk::At => self.parse_nested_function(ctx),
             Tk::Ident if self.text(t) == "with" => self.parse_dataflow(ctx),
+            Tk::Ident if self.text(t) == "if" => self.parse_if(ctx),
+            Tk::Ident if self.text(t) == "else" => Err(self.err_at(t, "`else` without an `if`")),
             Tk::Ident if self.text(t) == "pass" => {
                 self.bump();
                 self.expect_newline("`pass`")
@@ -970,6 +983,250 @@ impl<'a> Parser<'a> {
             }
         }
         Ok(())
+    }
+
+    /// `if cond:` / `else:`, each branch a sequence of blocks ending with a binding of the
+    /// same var, the `if`'s result (as TVM prints a Relax `If`).
+    fn parse_if(&mut self, ctx: &mut FnCtx<'a>) -> Result<()> {
+        let if_tok = self.peek();
+        self.enter(if_tok)?;
+        let r = self.parse_if_inner(ctx);
+        self.leave();
+        r
+    }
+
+    fn parse_if_inner(&mut self, ctx: &mut FnCtx<'a>) -> Result<()> {
+        let if_tok = self.bump();
+        if ctx.in_dataflow {
+            return Err(self.err_at(
+                if_tok,
+                "`if` is not allowed inside a dataflow block (close the block first)",
+            ));
+        }
+        let ct = self.peek();
+        let cond = self.parse_expr(ctx)?;
+        let cond = self.leafify(ctx, cond)?;
+        let cty = &ctx.f.expr(cond).ty;
+        if !crate::ir::infer::is_condition(cty) {
+            return Err(self.err_at(
+                ct,
+                format!(
+                    "the condition of `if` must be a bool scalar (R.Tensor((), dtype=\"bool\") or T.bool), found {}",
+                    brief(cty)
+                ),
+            ));
+        }
+        self.expect(Tk::Colon, "after the condition of `if`")?;
+        self.expect_newline("`if ...:`")?;
+        self.expect(Tk::Indent, "(an indented `if` branch)")?;
+        let (then_branch, then_res) = self.parse_branch(ctx, "if")?;
+        self.skip_newlines();
+        let et = self.peek();
+        if !self.is_ident(et, "else") {
+            return Err(self.err_at(
+                et,
+                format!(
+                    "expected `else:` at the indentation of its `if` (a Relax `if` needs both branches), found {}",
+                    self.describe(et)
+                ),
+            ));
+        }
+        self.bump();
+        self.expect(Tk::Colon, "after `else`")?;
+        self.expect_newline("`else:`")?;
+        self.expect(Tk::Indent, "(an indented `else` branch)")?;
+        let (else_branch, else_res) = self.parse_branch(ctx, "else")?;
+        if else_res.name != then_res.name {
+            return Err(self.err_at(
+                else_res.tok,
+                format!(
+                    "the `else` branch ends by binding `{}` but the `if` branch binds `{}`: both branches must end with a binding of the `if`'s result",
+                    else_res.name, then_res.name
+                ),
+            ));
+        }
+        if let (Some(a), Some(b)) = (&then_res.ann, &else_res.ann)
+            && a != b
+        {
+            return Err(self.err_at(
+                else_res.tok,
+                format!(
+                    "the branches annotate `{}` differently: {} and {}",
+                    then_res.name,
+                    brief(a),
+                    brief(b)
+                ),
+            ));
+        }
+        let name = then_res.name;
+        if ctx.scope.contains_key(name) {
+            return Err(self.err_at(then_res.tok, format!("duplicate definition of `{name}`")));
+        }
+        let kind = ExprKind::If(Box::new(crate::ir::IfExpr {
+            cond,
+            then_branch,
+            else_branch,
+        }));
+        let e = self.add_expr(ctx, kind, if_tok)?;
+        let inferred = ctx.f.expr(e).ty.clone();
+        let ty = match then_res.ann.or(else_res.ann) {
+            Some(ann) => {
+                if !ann.accepts(&inferred) {
+                    return Err(self.err_at(
+                        then_res.tok,
+                        format!(
+                            "type mismatch: `{name}` is annotated {} but the branches yield {}",
+                            brief(&ann),
+                            brief(&inferred)
+                        ),
+                    ));
+                }
+                ann
+            }
+            None => inferred,
+        };
+        let ty = ctx.shapes.intern(ty);
+        let v = ctx.f.add_var(name, ty, false);
+        Self::emit(ctx, v, e);
+        ctx.scope.insert(Cow::Borrowed(name), (v, true));
+        Ok(())
+    }
+
+    /// One branch, after its `Indent` and up to its `Dedent`: its own scope and blocks. The
+    /// last statement must be a binding; its value becomes the branch's body (a value that is
+    /// not a leaf stays bound, to `<name>_then` / `<name>_else`, as TVM names it).
+    fn parse_branch(
+        &mut self,
+        ctx: &mut FnCtx<'a>,
+        kw: &str,
+    ) -> Result<(crate::ir::Seq, BranchResult<'a>)> {
+        let outer_blocks = std::mem::take(&mut ctx.f.blocks);
+        let outer_scope = ctx.scope.clone();
+        let r = self.parse_branch_inner(ctx, kw);
+        let blocks = std::mem::replace(&mut ctx.f.blocks, outer_blocks);
+        ctx.scope = outer_scope;
+        let (last, res) = r?;
+        let mut blocks = blocks;
+        // `last` was the last binding emitted into the branch's last (non-dataflow) block.
+        if let Some(b) = blocks.last_mut() {
+            b.bindings.pop();
+            if b.bindings.is_empty() {
+                blocks.pop();
+            }
+        }
+        let value = last.value;
+        let leaf = ctx.f.exprs.get(value).is_some_and(|d| is_leaf(&d.kind));
+        let body = if leaf {
+            // The var `name` stands for the `if`'s result, made by the caller: drop this one
+            // (the last var and expression of the arenas).
+            if crate::ir::EntityId::index(last.var) + 1 == ctx.f.vars.len()
+                && crate::ir::EntityId::index(ctx.f.var_expr(last.var)) + 1 == ctx.f.exprs.len()
+            {
+                ctx.f.vars.pop();
+                ctx.f.exprs.pop();
+            }
+            value
+        } else {
+            let fresh = format!(
+                "{}_{kw_name}",
+                res.name,
+                kw_name = if kw == "if" { "then" } else { "else" }
+            );
+            let mut name = fresh.clone();
+            let mut n = 0u32;
+            while ctx.scope.contains_key(name.as_str()) || self.lv_taken.contains(name.as_str()) {
+                n = n.wrapping_add(1);
+                name = format!("{fresh}{n}");
+            }
+            ctx.f.vars[last.var].name = name;
+            blocks.push(Block {
+                dataflow: false,
+                bindings: vec![last],
+            });
+            ctx.f.var_expr(last.var)
+        };
+        // Merge a trailing plain block with the re-added binding's block.
+        let mut merged: Vec<Block> = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            match merged.last_mut() {
+                Some(prev) if !prev.dataflow && !b.dataflow => prev.bindings.extend(b.bindings),
+                _ => merged.push(b),
+            }
+        }
+        Ok((
+            crate::ir::Seq {
+                blocks: merged,
+                body,
+            },
+            res,
+        ))
+    }
+
+    fn parse_branch_inner(
+        &mut self,
+        ctx: &mut FnCtx<'a>,
+        kw: &str,
+    ) -> Result<(Binding, BranchResult<'a>)> {
+        let mut last: Option<(Binding, BranchResult<'a>)> = None;
+        loop {
+            let t = self.peek();
+            match t.kind {
+                Tk::Dedent => {
+                    self.bump();
+                    break;
+                }
+                Tk::Eof => break,
+                Tk::Newline => {
+                    self.bump();
+                }
+                Tk::Indent => return Err(self.err_at(t, "unexpected indentation")),
+                Tk::Ident if self.text(t) == "return" => {
+                    return Err(self.err_at(
+                        t,
+                        format!("`return` is not allowed inside an `{kw}` branch"),
+                    ));
+                }
+                _ => {
+                    let is_binding = t.kind == Tk::Ident
+                        && matches!(self.peek_at(1).kind, Tk::Colon | Tk::Eq)
+                        && !matches!(self.text(t), "cls");
+                    let nblocks = ctx.f.blocks.len();
+                    let nb = ctx.f.blocks.last().map_or(0, |b| b.bindings.len());
+                    let nvars = ctx.f.vars.len();
+                    let has_ann = self.peek_at(1).kind == Tk::Colon;
+                    self.parse_statement(ctx, t)?;
+                    last = None;
+                    // A plain binding that added exactly one binding to a plain block.
+                    let grew = match ctx.f.blocks.last() {
+                        Some(b) if !b.dataflow => {
+                            (ctx.f.blocks.len() == nblocks && b.bindings.len() == nb + 1)
+                                || (ctx.f.blocks.len() == nblocks + 1 && b.bindings.len() == 1)
+                        }
+                        _ => false,
+                    };
+                    if is_binding
+                        && grew
+                        && let Some(b) = ctx.f.blocks.last().and_then(|b| b.bindings.last())
+                        && crate::ir::EntityId::index(b.var) >= nvars
+                    {
+                        let name = self.text(t);
+                        if ctx.f.var(b.var).name == name {
+                            let ann = has_ann.then(|| ctx.f.var(b.var).ty.clone());
+                            last = Some((*b, BranchResult { name, tok: t, ann }));
+                        }
+                    }
+                }
+            }
+        }
+        last.ok_or_else(|| {
+            let t = self.peek();
+            self.err_at(
+                t,
+                format!(
+                    "an `{kw}` branch must end with a binding of the `if`'s result (`name: type = value`)"
+                ),
+            )
+        })
     }
 
     fn parse_output(&mut self, ctx: &mut FnCtx<'a>, first_var: usize) -> Result<()> {
