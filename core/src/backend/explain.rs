@@ -60,7 +60,9 @@ fn find(
     out: &mut Vec<Place>,
 ) {
     let composite = f.attrs.composite.as_deref().or(composite);
-    for b in f.bindings() {
+    let mut deep = Vec::new();
+    crate::ir::for_each_binding_deep(f, &f.blocks, &mut |b| deep.push(*b));
+    for b in &deep {
         let v = f.var(b.var);
         let hit = if v.origin.is_empty() {
             top == "main" && v.name == name

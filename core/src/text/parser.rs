@@ -122,8 +122,8 @@ struct Global<'a> {
 
 /// The binding that ends a branch of an `if`: the result's name, where it is written, and its
 /// annotation (when one is written).
-struct BranchResult<'a> {
-    name: &'a str,
+struct BranchResult {
+    name: String,
     tok: Token,
     ann: Option<Type>,
 }
@@ -138,6 +138,10 @@ struct FnCtx<'a> {
     in_dataflow: bool,
     /// Equal shapes of this function's types share one dims list.
     shapes: ShapeInterner,
+    /// The name token of the last binding read, and whether it had an annotation (an `if`
+    /// branch's result is its last binding).
+    last_name_tok: Option<Token>,
+    last_annotated: bool,
 }
 
 pub(crate) struct Parser<'a> {
@@ -813,6 +817,8 @@ impl<'a> Parser<'a> {
             fresh: 0,
             in_dataflow: false,
             shapes: ShapeInterner::new(),
+            last_name_tok: None,
+            last_annotated: false,
         };
         for (pname, ty) in &h.params {
             let ty = ctx.shapes.intern(ty.clone());
@@ -1058,8 +1064,8 @@ impl<'a> Parser<'a> {
                 ),
             ));
         }
-        let name = then_res.name;
-        if ctx.scope.contains_key(name) {
+        let name = then_res.name.clone();
+        if ctx.scope.contains_key(name.as_str()) {
             return Err(self.err_at(then_res.tok, format!("duplicate definition of `{name}`")));
         }
         let kind = ExprKind::If(Box::new(crate::ir::IfExpr {
@@ -1069,6 +1075,7 @@ impl<'a> Parser<'a> {
         }));
         let e = self.add_expr(ctx, kind, if_tok)?;
         let inferred = ctx.f.expr(e).ty.clone();
+        let annotated = then_res.ann.is_some() || else_res.ann.is_some();
         let ty = match then_res.ann.or(else_res.ann) {
             Some(ann) => {
                 if !ann.accepts(&inferred) {
@@ -1086,39 +1093,44 @@ impl<'a> Parser<'a> {
             None => inferred,
         };
         let ty = ctx.shapes.intern(ty);
-        let v = ctx.f.add_var(name, ty, false);
+        let v = ctx.f.add_var(name.clone(), ty, false);
         Self::emit(ctx, v, e);
-        ctx.scope.insert(Cow::Borrowed(name), (v, true));
+        ctx.scope.insert(Cow::Owned(name), (v, true));
+        ctx.last_name_tok = Some(then_res.tok);
+        ctx.last_annotated = annotated;
         Ok(())
     }
 
     /// One branch, after its `Indent` and up to its `Dedent`: its own scope and blocks. The
-    /// last statement must be a binding; its value becomes the branch's body (a value that is
-    /// not a leaf stays bound, to `<name>_then` / `<name>_else`, as TVM names it).
+    /// last binding (of a plain block, or an output of a closing dataflow block) gives the
+    /// branch's body and the `if`'s result name: a leaf value is the body itself; another
+    /// value stays bound, to `<name>_then` / `<name>_else` (as TVM's parser names it).
     fn parse_branch(
         &mut self,
         ctx: &mut FnCtx<'a>,
         kw: &str,
-    ) -> Result<(crate::ir::Seq, BranchResult<'a>)> {
+    ) -> Result<(crate::ir::Seq, BranchResult)> {
         let outer_blocks = std::mem::take(&mut ctx.f.blocks);
         let outer_scope = ctx.scope.clone();
         let r = self.parse_branch_inner(ctx, kw);
-        let blocks = std::mem::replace(&mut ctx.f.blocks, outer_blocks);
+        let mut blocks = std::mem::replace(&mut ctx.f.blocks, outer_blocks);
         ctx.scope = outer_scope;
         let (last, res) = r?;
-        let mut blocks = blocks;
-        // `last` was the last binding emitted into the branch's last (non-dataflow) block.
-        if let Some(b) = blocks.last_mut() {
-            b.bindings.pop();
-            if b.bindings.is_empty() {
-                blocks.pop();
-            }
-        }
         let value = last.value;
-        let leaf = ctx.f.exprs.get(value).is_some_and(|d| is_leaf(&d.kind));
+        let leaf = match ctx.f.exprs.get(value).map(|d| &d.kind) {
+            Some(ExprKind::Var(v)) => !ctx.f.var(*v).dataflow,
+            Some(k) => is_leaf(k),
+            None => false,
+        };
         let body = if leaf {
-            // The var `name` stands for the `if`'s result, made by the caller: drop this one
-            // (the last var and expression of the arenas).
+            // The `if`'s own var (made by the caller) replaces this one: drop it, and it is
+            // the last var and expression of the arenas.
+            if let Some(b) = blocks.last_mut() {
+                b.bindings.pop();
+                if b.bindings.is_empty() {
+                    blocks.pop();
+                }
+            }
             if crate::ir::EntityId::index(last.var) + 1 == ctx.f.vars.len()
                 && crate::ir::EntityId::index(ctx.f.var_expr(last.var)) + 1 == ctx.f.exprs.len()
             {
@@ -1127,47 +1139,26 @@ impl<'a> Parser<'a> {
             }
             value
         } else {
-            let fresh = format!(
-                "{}_{kw_name}",
-                res.name,
-                kw_name = if kw == "if" { "then" } else { "else" }
-            );
-            let mut name = fresh.clone();
+            let side = if kw == "if" { "then" } else { "else" };
+            let base = format!("{}_{side}", res.name);
+            let mut name = base.clone();
             let mut n = 0u32;
             while ctx.scope.contains_key(name.as_str()) || self.lv_taken.contains(name.as_str()) {
                 n = n.wrapping_add(1);
-                name = format!("{fresh}{n}");
+                name = format!("{base}{n}");
             }
             ctx.f.vars[last.var].name = name;
-            blocks.push(Block {
-                dataflow: false,
-                bindings: vec![last],
-            });
             ctx.f.var_expr(last.var)
         };
-        // Merge a trailing plain block with the re-added binding's block.
-        let mut merged: Vec<Block> = Vec::with_capacity(blocks.len());
-        for b in blocks {
-            match merged.last_mut() {
-                Some(prev) if !prev.dataflow && !b.dataflow => prev.bindings.extend(b.bindings),
-                _ => merged.push(b),
-            }
-        }
-        Ok((
-            crate::ir::Seq {
-                blocks: merged,
-                body,
-            },
-            res,
-        ))
+        Ok((crate::ir::Seq { blocks, body }, res))
     }
 
     fn parse_branch_inner(
         &mut self,
         ctx: &mut FnCtx<'a>,
         kw: &str,
-    ) -> Result<(Binding, BranchResult<'a>)> {
-        let mut last: Option<(Binding, BranchResult<'a>)> = None;
+    ) -> Result<(Binding, BranchResult)> {
+        let mut last: Option<(Binding, BranchResult)> = None;
         loop {
             let t = self.peek();
             match t.kind {
@@ -1187,34 +1178,35 @@ impl<'a> Parser<'a> {
                     ));
                 }
                 _ => {
-                    let is_binding = t.kind == Tk::Ident
-                        && matches!(self.peek_at(1).kind, Tk::Colon | Tk::Eq)
-                        && !matches!(self.text(t), "cls");
-                    let nblocks = ctx.f.blocks.len();
-                    let nb = ctx.f.blocks.last().map_or(0, |b| b.bindings.len());
                     let nvars = ctx.f.vars.len();
-                    let has_ann = self.peek_at(1).kind == Tk::Colon;
+                    ctx.last_name_tok = None;
                     self.parse_statement(ctx, t)?;
-                    last = None;
-                    // A plain binding that added exactly one binding to a plain block.
-                    let grew = match ctx.f.blocks.last() {
-                        Some(b) if !b.dataflow => {
-                            (ctx.f.blocks.len() == nblocks && b.bindings.len() == nb + 1)
-                                || (ctx.f.blocks.len() == nblocks + 1 && b.bindings.len() == 1)
-                        }
-                        _ => false,
-                    };
-                    if is_binding
-                        && grew
-                        && let Some(b) = ctx.f.blocks.last().and_then(|b| b.bindings.last())
-                        && crate::ir::EntityId::index(b.var) >= nvars
-                    {
-                        let name = self.text(t);
-                        if ctx.f.var(b.var).name == name {
-                            let ann = has_ann.then(|| ctx.f.var(b.var).ty.clone());
-                            last = Some((*b, BranchResult { name, tok: t, ann }));
-                        }
-                    }
+                    // The statement's last binding, when it made one of a var visible after
+                    // its block (a plain binding, or an output of a dataflow block).
+                    last = ctx
+                        .f
+                        .blocks
+                        .last()
+                        .and_then(|blk| blk.bindings.last())
+                        .copied()
+                        .filter(|b| {
+                            crate::ir::EntityId::index(b.var) >= nvars
+                                && !ctx.f.var(b.var).dataflow
+                                && !matches!(ctx.f.expr(b.value).kind, ExprKind::Function(_))
+                        })
+                        .and_then(|b| {
+                            let vd = ctx.f.var(b.var);
+                            let tok = ctx.last_name_tok?;
+                            let ann = ctx.last_annotated.then(|| vd.ty.clone());
+                            Some((
+                                b,
+                                BranchResult {
+                                    name: vd.name.clone(),
+                                    tok,
+                                    ann,
+                                },
+                            ))
+                        });
                 }
             }
         }
@@ -1223,7 +1215,7 @@ impl<'a> Parser<'a> {
             self.err_at(
                 t,
                 format!(
-                    "an `{kw}` branch must end with a binding of the `if`'s result (`name: type = value`)"
+                    "an `{kw}` branch must end with a binding of the `if`'s result (`name: type = value`, or an output of a dataflow block)"
                 ),
             )
         })
@@ -1380,6 +1372,8 @@ impl<'a> Parser<'a> {
         } else {
             None
         };
+        ctx.last_name_tok = Some(name_tok);
+        ctx.last_annotated = ann.is_some();
         self.expect(Tk::Eq, "after the binding's variable")?;
         if ctx.scope.contains_key(name) {
             return Err(self.err_at(name_tok, format!("duplicate definition of `{name}`")));
