@@ -57,7 +57,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The committed corpus has at least this many cases (the generator writes 419).
+/// The committed corpus has at least this many cases (the generator writes 430).
 const MIN_CASES: usize = 400;
 
 /// The agreement rate below which the test fails.
@@ -82,6 +82,9 @@ enum Reason {
     /// `main` and then fails an internal check on the other functions' vars; fusebox merges
     /// the composites of every entry function.
     MergeOnlyMain,
+    /// MergeCompositeFunctions on a module with an `if`: TVM raises ("Do not have a default
+    /// for relax.expr.If"); fusebox merges inside each branch.
+    MergeIfTvmRaises,
 }
 
 impl Reason {
@@ -99,6 +102,9 @@ impl Reason {
             Reason::DeadMatch => "dead match: TVM deletes the unused group, fusebox keeps every op",
             Reason::MergeOnlyMain => {
                 "MergeCompositeFunctions with several entry functions: TVM fails outside main, fusebox merges in each"
+            }
+            Reason::MergeIfTvmRaises => {
+                "MergeCompositeFunctions on a module with `if`: TVM raises, fusebox merges inside each branch"
             }
         }
     }
@@ -171,6 +177,21 @@ const DELIBERATE: &[(&str, Reason, &str)] = &[
         "two_functions_merged",
         Reason::MergeOnlyMain,
         "main and main2: TVM raises `Variable lv2 could not be found in any group`",
+    ),
+    (
+        "branch_if_merged",
+        Reason::MergeIfTvmRaises,
+        "cpu.mm_relu in the then branch: TVM's MergeCompositeFunctions has no case for `If`",
+    ),
+    (
+        "branch_mlp_merged",
+        Reason::MergeIfTvmRaises,
+        "composites in both branches: TVM's MergeCompositeFunctions has no case for `If`",
+    ),
+    (
+        "branch_nested_merged",
+        Reason::MergeIfTvmRaises,
+        "composites in two nested branches: TVM's MergeCompositeFunctions has no case for `If`",
     ),
 ];
 
@@ -441,8 +462,10 @@ fn describe(f: &Function, e: ExprId, index: &BTreeMap<u32, usize>) -> String {
             PrimValue::Int(v) => format!("prim({v})"),
             PrimValue::Float(v, d) => format!("prim({v}, {d:?})"),
             PrimValue::Str(s) => format!("str({s:?})"),
+            PrimValue::Bool(b) => format!("prim({b})"),
         },
         ExprKind::Function(_) => "<function>".into(),
+        ExprKind::If(_) => "<if>".into(),
     }
 }
 
@@ -542,32 +565,7 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
     }
     let mut index = BTreeMap::new();
     let mut i = 0;
-    for (bi, block) in f.blocks.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "{indent}  block {bi}{}",
-            if block.dataflow { " dataflow" } else { "" }
-        );
-        for b in &block.bindings {
-            let var = f.var(b.var);
-            if let ExprKind::Function(inner) = &f.expr(b.value).kind {
-                // The local function's var name is not compared: TVM 0.27 names the ones
-                // MergeCompositeFunctions inlines `gv`, `gv1`, … (the exact-text count shows it).
-                let _ = writeln!(out, "{indent}    %{i} = local function:");
-                summarize_function(out, &format!("{indent}      "), "local", inner);
-            } else {
-                let _ = writeln!(
-                    out,
-                    "{indent}    %{i}{} = {} : {}",
-                    if var.dataflow { "" } else { " (out)" },
-                    describe(f, b.value, &index),
-                    canon(&var.ty, &mut syms)
-                );
-            }
-            index.insert(b.var.as_u32(), i);
-            i += 1;
-        }
-    }
+    summarize_blocks(out, indent, f, &f.blocks, &mut index, &mut i, &mut syms);
     if let Some(r) = f.ret {
         let _ = writeln!(
             out,
@@ -575,6 +573,62 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
             describe(f, r, &index),
             canon(&f.ret_ty, &mut syms)
         );
+    }
+}
+
+/// The blocks of a function or of a branch of an `if` (bindings numbered across the function,
+/// branches indented under their `if`).
+fn summarize_blocks(
+    out: &mut String,
+    indent: &str,
+    f: &Function,
+    blocks: &[fusebox_core::ir::Block],
+    index: &mut BTreeMap<u32, usize>,
+    i: &mut usize,
+    syms: &mut Vec<Sym>,
+) {
+    for (bi, block) in blocks.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{indent}  block {bi}{}",
+            if block.dataflow { " dataflow" } else { "" }
+        );
+        for b in &block.bindings {
+            let var = f.var(b.var);
+            match &f.expr(b.value).kind {
+                ExprKind::Function(inner) => {
+                    // The local function's var name is not compared: TVM 0.27 names the ones
+                    // MergeCompositeFunctions inlines `gv`, `gv1`, … (the exact-text count shows it).
+                    let _ = writeln!(out, "{indent}    %{i} = local function:");
+                    summarize_function(out, &format!("{indent}      "), "local", inner);
+                }
+                ExprKind::If(e) => {
+                    let _ = writeln!(out, "{indent}    if {}:", describe(f, e.cond, index));
+                    for (side, s) in [("then", &e.then_branch), ("else", &e.else_branch)] {
+                        let _ = writeln!(out, "{indent}    {side}:");
+                        let inner = format!("{indent}    ");
+                        summarize_blocks(out, &inner, f, &s.blocks, index, i, syms);
+                        let _ = writeln!(out, "{inner}  yield {}", describe(f, s.body, index));
+                    }
+                    let _ = writeln!(
+                        out,
+                        "{indent}    %{i} (out) = if : {}",
+                        canon(&var.ty, syms)
+                    );
+                }
+                _ => {
+                    let _ = writeln!(
+                        out,
+                        "{indent}    %{i}{} = {} : {}",
+                        if var.dataflow { "" } else { " (out)" },
+                        describe(f, b.value, index),
+                        canon(&var.ty, syms)
+                    );
+                }
+            }
+            index.insert(b.var.as_u32(), *i);
+            *i += 1;
+        }
     }
 }
 
@@ -601,7 +655,9 @@ fn summary(m: &Module) -> String {
 /// How many op calls a module holds, nested functions included (a deleted op shows here).
 fn op_calls(m: &Module) -> usize {
     fn count(f: &Function) -> usize {
-        f.bindings()
+        let mut all = Vec::new();
+        fusebox_core::ir::for_each_binding_deep(f, &f.blocks, &mut |b| all.push(*b));
+        all.iter()
             .map(|b| match &f.expr(b.value).kind {
                 ExprKind::Call {
                     callee: Callee::Op(_),
@@ -663,6 +719,20 @@ fn evidence(case: &Case, input: &Module, mine: &Module, rejections: &[Rejection]
     let entries = input.functions.values().filter(|f| is_entry(f)).count();
     if merge && entries > 1 && case.tvm_error.is_some() {
         r.push(Reason::MergeOnlyMain);
+    }
+    let has_if = input.functions.values().any(|f| {
+        f.exprs
+            .iter()
+            .any(|(_, d)| matches!(d.kind, ExprKind::If(_)))
+    });
+    if merge
+        && has_if
+        && case
+            .tvm_error
+            .as_deref()
+            .is_some_and(|e| e.contains("relax.expr.If"))
+    {
+        r.push(Reason::MergeIfTvmRaises);
     }
     if let Some(tvm) = case.tvm.as_deref().and_then(|t| parse(t, "tvm").ok())
         && op_calls(&tvm) < op_calls(input)

@@ -20,6 +20,10 @@
 //!   its regions, with the region's params replaced by the placeholder's arguments; the region
 //!   functions are removed. A placeholder the pass removed (an unused `if`) takes its regions
 //!   with it. The functions the pass made (composites) stay.
+//! - The functions the pass made are named as if it had visited the branches in program order
+//!   (TVM's order): among the new functions of one name family (the name without its digits,
+//!   and one `Composite`), the names, in the order the pass made them, go to the functions in
+//!   the order of their first call in program order (branches before what follows the `if`).
 //! - A module without `if` is passed through untouched (no copy).
 //!
 //! ```text
@@ -98,7 +102,8 @@ pub fn with_regions<T>(
     }
     let lifted = lift(m)?;
     let (out, extra) = pass(&lifted)?;
-    Ok((lower(&out)?, extra))
+    let lowered = lower(&out)?;
+    Ok((program_order_names(m, lowered), extra))
 }
 
 /// [`with_regions`] for a pass that returns only a module.
@@ -416,4 +421,122 @@ fn splice(m: &Module, name: &str, args: &[ExprId], g: &mut Function, depth: usiz
         body: ret,
     };
     crate::ir::copy::copy_seq(&r, &all, g, &map)
+}
+
+// ----- names in program order -----
+
+/// The name family of a function the pass made: its name without digits, and its composite
+/// (its own, or the one of the local function a `Codegen` wrapper holds).
+fn family(name: &str, f: &Function) -> (String, Option<String>) {
+    let base: String = name.chars().filter(|c| !c.is_ascii_digit()).collect();
+    let composite = f.attrs.composite.clone().or_else(|| {
+        f.exprs.iter().find_map(|(_, d)| match &d.kind {
+            ExprKind::Function(inner) => inner.attrs.composite.clone(),
+            _ => None,
+        })
+    });
+    (base, composite)
+}
+
+/// `after` with the names of the functions that are not in `before` permuted within each
+/// family so that they follow the order of first call in program order (see the module doc).
+fn program_order_names(before: &Module, after: Module) -> Module {
+    let created: Vec<&String> = after
+        .functions
+        .keys()
+        .filter(|n| before.get(n).is_none())
+        .collect();
+    if created.len() < 2 {
+        return after;
+    }
+    // First call of each created function, walking the other functions in module order and
+    // their bindings in program order (branches included).
+    let mut first: FxHashMap<&str, usize> = FxHashMap::default();
+    let mut pos = 0usize;
+    for (name, f) in &after.functions {
+        if before.get(name).is_none() {
+            continue;
+        }
+        let mut calls: Vec<String> = Vec::new();
+        for_each_binding_deep(f, &f.blocks, &mut |b| {
+            if let Some(ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            }) = f.exprs.get(b.value).map(|d| &d.kind)
+            {
+                calls.push(g.to_string());
+            }
+        });
+        for g in calls {
+            if let Some(k) = created.iter().find(|c| ***c == g) {
+                first.entry(k.as_str()).or_insert(pos);
+                pos += 1;
+            }
+        }
+    }
+    let mut families: Vec<((String, Option<String>), Vec<&str>)> = Vec::new();
+    for n in &created {
+        let Some(f) = after.get(n) else { continue };
+        let key = family(n, f);
+        match families.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(n.as_str()),
+            None => families.push((key, vec![n.as_str()])),
+        }
+    }
+    let mut rename: FxHashMap<String, String> = FxHashMap::default();
+    for (_, slots) in &families {
+        if slots.len() < 2 {
+            continue;
+        }
+        let mut by_use = slots.clone();
+        by_use.sort_by_key(|n| first.get(n).copied().unwrap_or(usize::MAX));
+        for (func, slot) in by_use.iter().zip(slots.iter()) {
+            if func != slot {
+                rename.insert((*func).to_string(), (*slot).to_string());
+            }
+        }
+    }
+    if rename.is_empty() {
+        return after;
+    }
+    let mut out = Module::new();
+    for (name, f) in &after.functions {
+        let mut f = f.clone();
+        rename_calls(&mut f, &rename);
+        match rename.get(name) {
+            Some(new) => {
+                if f.attrs.global_symbol.as_deref() == Some(name.as_str()) {
+                    f.attrs.global_symbol = Some(new.clone());
+                }
+                out.insert(new.clone(), f);
+            }
+            None => out.insert(name.clone(), f),
+        }
+    }
+    // Keep the order in which the pass made them (the slots' order).
+    let mut ordered = Module::new();
+    for name in after.functions.keys() {
+        let key = name.clone();
+        if let Some(f) = out.functions.shift_remove(&key) {
+            ordered.insert(key, f);
+        }
+    }
+    ordered
+}
+
+fn rename_calls(f: &mut Function, rename: &FxHashMap<String, String>) {
+    for (_, d) in f.exprs.iter_mut() {
+        match &mut d.kind {
+            ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            } => {
+                if let Some(new) = rename.get(g.as_ref()) {
+                    *g = new.as_str().into();
+                }
+            }
+            ExprKind::Function(inner) => rename_calls(inner, rename),
+            _ => {}
+        }
+    }
 }
