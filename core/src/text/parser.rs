@@ -1334,7 +1334,17 @@ impl<'a> Parser<'a> {
         let r = self.parse_function_body(&header, true);
         self.syms = outer;
         let f = r?;
-        // Symbols of the nested function are used by the outer one as well.
+        // Symbols of the nested function's signature are used by the outer one as well (the
+        // var bound to it has that type), in order of first use.
+        let mut sig_syms: Vec<Sym> = Vec::new();
+        Type::Func(f.func_type()).for_each_sym(&mut |s| {
+            if !sig_syms.contains(s) {
+                sig_syms.push(s.clone());
+            }
+        });
+        for s in &sig_syms {
+            self.syms.use_sym(s);
+        }
         let kind = ExprKind::Function(Box::new(f));
         let e = self.add_expr(ctx, kind, header.name_tok)?;
         let ty = ctx.f.expr(e).ty.clone();

@@ -425,9 +425,12 @@ fn splice(m: &Module, name: &str, args: &[ExprId], g: &mut Function, depth: usiz
 
 // ----- names in program order -----
 
+/// A name family: a name without its digits, and a composite.
+type Family = (String, Option<String>);
+
 /// The name family of a function the pass made: its name without digits, and its composite
 /// (its own, or the one of the local function a `Codegen` wrapper holds).
-fn family(name: &str, f: &Function) -> (String, Option<String>) {
+fn family(name: &str, f: &Function) -> Family {
     let base: String = name.chars().filter(|c| !c.is_ascii_digit()).collect();
     let composite = f.attrs.composite.clone().or_else(|| {
         f.exprs.iter().find_map(|(_, d)| match &d.kind {
@@ -474,7 +477,7 @@ fn program_order_names(before: &Module, after: Module) -> Module {
             }
         }
     }
-    let mut families: Vec<((String, Option<String>), Vec<&str>)> = Vec::new();
+    let mut families: Vec<(Family, Vec<&str>)> = Vec::new();
     for n in &created {
         let Some(f) = after.get(n) else { continue };
         let key = family(n, f);
