@@ -114,7 +114,7 @@ pub fn map_regions(m: &Module, pass: impl FnOnce(&Module) -> Result<Module>) -> 
 // ----- lifting -----
 
 /// The module with every `if` replaced by a placeholder call and its branches lifted.
-fn lift(m: &Module) -> Result<Module> {
+pub(crate) fn lift(m: &Module) -> Result<Module> {
     let mut out = Module::new();
     let mut regions: Vec<(String, Function)> = Vec::new();
     let taken: FxHashSet<String> = m.functions.keys().cloned().collect();
