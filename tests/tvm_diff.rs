@@ -16,16 +16,18 @@
 //!   `Codegen`, `Primitive`, `global_symbol`), params (by name in user functions, by position in
 //!   the ones a pass made), bindings (callee with op attributes and arguments, in order, local
 //!   functions nested) and return, with types; symbolic dims are renamed per function. `main`'s
-//!   bindings give the call order. Var names are not compared (TVM names every var a pass emits
+//!   bindings give the call order; an `if` is summarised with its condition and each branch's
+//!   blocks and yielded value, nested under it. Var names are not compared (TVM names every var a pass emits
 //!   `lv`/`gv` and its printer numbers them; fusebox's names are unique); the report counts the
 //!   cases that also print identically. Where fusebox differs
 //!   on purpose, [`DELIBERATE`] names the case and the reason, and the test checks the evidence
 //!   for that reason (TVM's error, TVM's ill-formed output, fusebox's rejection, a deleted op).
 //!   It fails below 95% agreement, on any difference not in the table, and on a table entry
 //!   that no longer differs or whose evidence is missing.
-//! - Cases marked `pending: <gap>` use IR fusebox cannot read yet (if/else, opaque ops,
-//!   constants without values). They are counted and printed, not compared; one that now
-//!   parses is reported so it can be switched on.
+//! - Cases marked `pending: <gap>` use IR fusebox cannot handle yet (now: constants without
+//!   values lifted as parameters, `bind_constants=false`, whose types the printed text does
+//!   not give). They are counted and printed, not compared; one that now parses is reported so
+//!   it can be switched on.
 //! - With `FUSEBOX_TVM_PYTHON` pointing at a python with TVM 0.27, `live_tvm_matches_corpus`
 //!   regenerates the corpus into a temporary directory, checks that it is identical to the
 //!   committed one, and runs the comparison on it; otherwise it prints that the committed corpus
