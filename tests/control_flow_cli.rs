@@ -51,7 +51,7 @@ fn npy_bool(path: &std::path::Path, v: bool) {
     let header = "{'descr': '|b1', 'fortran_order': False, 'shape': (), }";
     let mut h = header.to_string();
     // Magic (6) + version (2) + len (2) + header + '\n' padded to a multiple of 64.
-    while (10 + h.len() + 1) % 64 != 0 {
+    while !(10 + h.len() + 1).is_multiple_of(64) {
         h.push(' ');
     }
     h.push('\n');
