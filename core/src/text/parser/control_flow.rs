@@ -128,10 +128,18 @@ impl<'a> Parser<'a> {
         kw: &str,
     ) -> Result<(crate::ir::Seq, BranchResult)> {
         let outer_blocks = std::mem::take(&mut ctx.f.blocks);
-        let outer_scope = ctx.scope.clone();
+        // The branch's names leave scope with it (no name of the branch shadows an outer one:
+        // a redefinition is an error), in time linear in what the branch bound.
+        let first_var = ctx.f.vars.len();
         let r = self.parse_branch_inner(ctx, kw);
         let mut blocks = std::mem::replace(&mut ctx.f.blocks, outer_blocks);
-        ctx.scope = outer_scope;
+        for idx in first_var..ctx.f.vars.len() {
+            let v = <VarId as crate::ir::EntityId>::new(idx);
+            let name = ctx.f.var(v).name.as_str();
+            if ctx.scope.get(name).is_some_and(|e| e.0 == v) {
+                ctx.scope.remove(name);
+            }
+        }
         let (last, res) = r?;
         let value = last.value;
         let leaf = match ctx.f.exprs.get(value).map(|d| &d.kind) {
