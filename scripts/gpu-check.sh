@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 root="$PWD"
 
 # package:test-target and package:example pairs that need a GPU.
-tests=(fusebox-cuda:gpu fusebox-cuda:gpu_kernels fusebox-cublas:gpu fusebox-cutlass:gpu fusebox-cutlass:attention_gpu fusebox:cuda_target)
+tests=(fusebox-cuda:gpu fusebox-cuda:gpu_kernels fusebox-cublas:gpu fusebox-cutlass:gpu fusebox-cutlass:attention_gpu fusebox-cutlass:attention_pipeline_gpu fusebox:cuda_target)
 benches=(fusebox-cuda:bench_kernels fusebox-cublas:bench_epilogue fusebox-cutlass:bench_cutlass fusebox-cutlass:bench_attention)
 
 mode="cargo"

@@ -48,10 +48,18 @@ fn conv_groups(r: &Report) -> (Vec<Vec<String>>, Vec<String>) {
     for entry in &r.main {
         match entry.split_once(':') {
             Some(("op", op)) => bare.push(op.to_string()),
-            Some((_, name)) => {
-                let ops = by_name
-                    .get(name)
-                    .unwrap_or_else(|| panic!("`{name}` is called but not reported"));
+            Some((kind, name)) => {
+                // A composite call names its pattern: its ops are those of the function
+                // that holds that composite.
+                let ops = match kind {
+                    "composite" => r
+                        .functions
+                        .iter()
+                        .find(|f| f.inner_composites.iter().any(|c| c == name))
+                        .map(|f| &f.ops),
+                    _ => by_name.get(name).copied(),
+                }
+                .unwrap_or_else(|| panic!("`{name}` is called but not reported"));
                 if ops.iter().any(|o| o == "relax.nn.conv2d") {
                     groups.push(ops.to_vec());
                 }

@@ -1,6 +1,6 @@
 //! The `cpu` backend's transformer patterns on the exported models of `tests/models` (issue 19):
-//! partitioned as `configs/cpu.toml` does, BERT gets one attention composite per layer and
-//! every LayerNorm fused with its residual add; every `cpu.*` composite of every fixture family
+//! partitioned as `configs/cpu.toml` does, BERT gets one attention composite per layer, every
+//! LayerNorm fused with its residual add and every dense layer with its bias (and GELU); every `cpu.*` composite of every fixture family
 //! is run by a fused kernel (its body has the form the kernel expects, no silent fallback);
 //! and the fused run gives the same bits for 1, 2 and 3 kernel threads.
 
@@ -96,10 +96,21 @@ fn bert_gets_one_attention_per_layer_and_residual_layer_norms() {
             0,
             "{fixture}: a LayerNorm is not fused with its residual add"
         );
+        // Each layer's FFN up-projection is one dense layer with its GELU; Q, K, V, the
+        // attention output and the FFN down-projection are dense layers with their bias.
         assert_eq!(
-            c.get("cpu.gelu").map_or(0, |e| e.0),
+            c.get("cpu.dense_gelu").map_or(0, |e| e.0),
             layers,
             "{fixture}: {c:?}"
+        );
+        assert_eq!(
+            c.get("cpu.dense_bias").map_or(0, |e| e.0),
+            5 * layers,
+            "{fixture}: {c:?}"
+        );
+        assert!(
+            !c.contains_key("cpu.gelu"),
+            "{fixture}: a GELU outside its dense layer: {c:?}"
         );
     }
 }
@@ -107,12 +118,15 @@ fn bert_gets_one_attention_per_layer_and_residual_layer_norms() {
 #[test]
 fn every_transformer_composite_runs_a_fused_kernel() {
     // (fixture, composite, calls in main)
+    // Every composite main calls, per fixture (whisper's two GELUs after its convolutions
+    // are not dense layers).
     let want: &[(&str, &[(&str, usize)])] = &[
         (
             "gpt2-ts",
             &[
                 ("cpu.attention", 2),
-                ("cpu.gelu_tanh", 2),
+                ("cpu.dense_bias", 6),
+                ("cpu.dense_gelu_tanh", 2),
                 ("cpu.residual_layer_norm", 5),
             ],
         ),
@@ -120,7 +134,68 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             "gpt2-dynamo",
             &[
                 ("cpu.attention", 2),
-                ("cpu.gelu_tanh", 2),
+                ("cpu.dense_gelu_tanh", 2),
+                ("cpu.residual_layer_norm", 5),
+            ],
+        ),
+        (
+            "qwen2-ts",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_bias", 6),
+                ("cpu.rms_norm", 5),
+            ],
+        ),
+        (
+            "t5-encoder-ts",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_relu", 2),
+                ("cpu.rms_norm", 5),
+            ],
+        ),
+        (
+            "t5-encoder-dynamo",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_relu", 2),
+                ("cpu.rms_norm", 5),
+            ],
+        ),
+        (
+            "vit-dynamo",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_bias", 10),
+                ("cpu.dense_gelu", 2),
+                ("cpu.residual_layer_norm", 5),
+            ],
+        ),
+        (
+            "whisper-encoder-ts",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_bias", 8),
+                ("cpu.dense_gelu", 2),
+                ("cpu.gelu", 2),
+                ("cpu.residual_layer_norm", 5),
+            ],
+        ),
+        (
+            "bert-ts",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_bias", 10),
+                ("cpu.dense_gelu", 2),
+                ("cpu.residual_layer_norm", 5),
+            ],
+        ),
+        (
+            "bert-dynamo",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_bias", 10),
+                ("cpu.dense_gelu", 2),
                 ("cpu.residual_layer_norm", 5),
             ],
         ),
@@ -130,51 +205,13 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             "mistral-dynamo",
             &[("cpu.attention", 2), ("cpu.rms_norm", 5)],
         ),
-        ("qwen2-ts", &[("cpu.attention", 2), ("cpu.rms_norm", 5)]),
-        (
-            "t5-encoder-ts",
-            &[("cpu.attention", 2), ("cpu.rms_norm", 5)],
-        ),
-        (
-            "t5-encoder-dynamo",
-            &[("cpu.attention", 2), ("cpu.rms_norm", 5)],
-        ),
-        (
-            "vit-dynamo",
-            &[
-                ("cpu.attention", 2),
-                ("cpu.gelu", 2),
-                ("cpu.residual_layer_norm", 5),
-            ],
-        ),
-        (
-            "whisper-encoder-ts",
-            &[
-                ("cpu.attention", 2),
-                ("cpu.gelu", 4),
-                ("cpu.residual_layer_norm", 5),
-            ],
-        ),
-        (
-            "bert-ts",
-            &[
-                ("cpu.attention", 2),
-                ("cpu.gelu", 2),
-                ("cpu.residual_layer_norm", 5),
-            ],
-        ),
-        (
-            "bert-dynamo",
-            &[
-                ("cpu.attention", 2),
-                ("cpu.gelu", 2),
-                ("cpu.residual_layer_norm", 5),
-            ],
-        ),
     ];
     for (fixture, comps) in want {
         let (_, plan) = partition(fixture);
         let c = census(&plan.module);
+        let names: Vec<&str> = c.keys().map(String::as_str).collect();
+        let wanted: Vec<&str> = comps.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, wanted, "{fixture}: the composites main calls");
         for (name, calls) in *comps {
             let (n, kernels) = c
                 .get(*name)
@@ -236,13 +273,17 @@ fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
         names,
         [
             "cpu.attention",
+            "cpu.dense_gelu",
+            "cpu.dense_gelu_tanh",
+            "cpu.dense_relu",
+            "cpu.dense_bias",
             "cpu.residual_layer_norm",
             "cpu.rms_norm",
             "cpu.gelu",
             "cpu.gelu_tanh"
         ]
     );
-    for (config, cpu_entries) in [("configs/cpu.toml", 5), ("configs/cuda.toml", 0)] {
+    for (config, cpu_entries) in [("configs/cpu.toml", 9), ("configs/cuda.toml", 0)] {
         let c = fusebox_core::config::Config::load(&root().join(config)).unwrap();
         let pipeline = fusebox::pipeline(c).unwrap();
         let table = pipeline.patterns();

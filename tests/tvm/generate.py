@@ -7,8 +7,8 @@ itself, and the module TVM prints afterwards. Each case is written to
 
     # case: <name>
     # group: <seed | mlp | residual | split_tuple | multi_output | tvm_tests | symbolic | multi_function |
-    #         random | branches | opaque | constants | pending>
-    # flow: fuse_ops_by_pattern | cublas | cutlass
+    #         random | attention | branches | opaque | constants | pending>
+    # flow: fuse_ops_by_pattern | cublas | cutlass | cutlass_table
     # pattern: NAME = TEXT              (fuse_ops_by_pattern: in priority order; the text is
     # pattern+leakcheck: NAME = TEXT     fusebox's pattern syntax, translated to TVM's DPL here)
     # options: bind_constants=B annotate_codegen=B merge=B
@@ -23,7 +23,11 @@ itself, and the module TVM prints afterwards. Each case is written to
 The flows are exactly TVM's: `FuseOpsByPattern(patterns, bind_constants, annotate_codegen)`
 (patterns with `+leakcheck` carry `has_leaking_intermediate_variables` as their check), then
 `MergeCompositeFunctions()` when `merge=true`; `partition_for_cublas(mod)`;
-`partition_for_cutlass(mod)`.
+`partition_for_cutlass(mod)`; `cutlass_table`: the FuseOpsByPattern step of
+`partition_for_cutlass` alone (`get_patterns_with_prefix("cutlass")`, bind_constants=False,
+annotate_codegen=True), for modules with `R.nn.attention`, where TVM 0.27's
+`partition_for_cutlass` raises in its `annotate_workspace` pass (`KeyError: 'T.float16'`) after
+partitioning.
 
 Not part of the test suite (CI has no TVM). Run by hand with TVM 0.27 in its own venv:
 
@@ -48,6 +52,7 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.cuda.cublas import partition_for_cublas
 from tvm.relax.backend.cuda.cutlass import partition_for_cutlass
+from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl.pattern import (
     is_const,
@@ -712,6 +717,39 @@ for nm, b in [("var_alias", var_alias), ("shared_transpose", shared_transpose),
     case(f"{nm}_cublas", "tvm_tests", b, "cublas")
     case(f"{nm}_cutlass", "tvm_tests", b, "cutlass")
 
+# --- attention (relax.nn.attention in TVM's cutlass table) -----------------------------------------
+
+
+def attention_mix(dtype):
+    """Both attention ops (causal, grouped-query heads, a broadcast bias) next to a matmul + bias
+    the table's GEMM entries take."""
+    def body(bb, q, k, v, b, x, w, wb):
+        a1 = bb.emit(R.nn.attention(q, k, v, causal_mask="BottomRight"), "a1")
+        a2 = bb.emit(R.nn.attention(q, k, v, b, scale=0.125), "a2")
+        s = bb.emit(R.add(a1, a2), "s")
+        r = bb.emit(R.reshape(s, (2 * 37, 8 * 64)), "r")
+        m = bb.emit(R.matmul(r, w), "m")
+        mb = bb.emit_output(R.add(m, wb), "mb")
+        return [mb, x]
+    return module([("q", (2, 37, 8, 64)), ("k", (2, 53, 2, 64)), ("v", (2, 53, 2, 64)),
+                   ("b", (1, 8, 37, 53)), ("x", (4,)), ("w", (512, 32)), ("wb", (32,))],
+                  body, dtype)
+
+
+def attention_symbolic():
+    n = tvm.tirx.Var("n", "int64") if hasattr(tvm, "tirx") else tvm.tir.Var("n", "int64")
+
+    def body(bb, q, k, v):
+        a = bb.emit(R.nn.attention(q, k, v, causal_mask="TopLeft"), "a")
+        return bb.emit_output(R.nn.relu(a), "y")
+    return module([("q", (1, n, 4, 128)), ("k", (1, n, 4, 128)), ("v", (1, n, 4, 128))], body,
+                  "float16")
+
+
+case("attention_mix_f16_cutlass", "attention", lambda: attention_mix("float16"), "cutlass_table")
+case("attention_mix_f32_cutlass", "attention", lambda: attention_mix("float32"), "cutlass_table")
+case("attention_symbolic_cutlass", "attention", attention_symbolic, "cutlass_table")
+
 # --- symbolic shapes ----------------------------------------------------------------------------
 
 
@@ -1030,6 +1068,9 @@ def run_flow(c, mod):
         return partition_for_cublas(mod)
     if c.flow == "cutlass":
         return partition_for_cutlass(mod)
+    if c.flow == "cutlass_table":
+        return relax.transform.FuseOpsByPattern(get_patterns_with_prefix("cutlass"),
+                                                bind_constants=False, annotate_codegen=True)(mod)
     pats = []
     for name, text, leak in c.patterns:
         pat = tvm_pattern(text)

@@ -9,7 +9,8 @@
 //! out = (nan_guard ? where(isnan(p), 0, p) : p) @ v             [..., S, Dv]
 //! ```
 //!
-//! with `causal` also masking key `j > i + (T - S)` to `-inf`. The leading (batch, head) dims
+//! with `causal` also masking key `j > i + offset` to `-inf` (the exporters' end-aligned mask
+//! is `offset = T - S`). The leading (batch, head) dims
 //! broadcast as `matmul`'s do; where `kt`/`v` have fewer heads than `q` (grouped-query
 //! attention, the head dim just before the matrix dims), query head `h` reads key/value head
 //! `h / (Hq / Hkv)`. Scales are applied in `f32` exactly as the graph's `multiply`/`divide`.
@@ -51,13 +52,31 @@ pub(crate) struct AttnSpec {
     pub k_scale: Scale,
     /// `where(isnan(p), 0, p)` after the softmax: a row whose softmax is NaN gives zeros.
     pub nan_guard: bool,
-    /// Mask keys after the query's position (aligned to the end: `j > i + T - S`).
-    pub causal: bool,
+    /// The causal mask, if any.
+    pub causal: Option<Causal>,
 }
 
-/// Query rows per task and keys per block.
-const BQ: usize = 32;
-const BK: usize = 64;
+/// Which keys a causal mask hides from query `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Causal {
+    /// Key `j` is hidden when `j > i + offset` (`relax.nn.attention`'s `causal_mask`).
+    Offset(usize),
+}
+
+/// Keys per block: all keys in one block up to [`BK_MAX`] (no rescaling of the running sums),
+/// else blocks of [`BK`].
+const BK: usize = 256;
+const BK_MAX: usize = 1024;
+
+/// Query rows per task: as many as keep a task's scores within [`SCORES`] floats (256 KiB,
+/// in a core's L2 with the key block), between 32 and 128, a multiple of 8. It depends on the
+/// shape only (so the result does not depend on the thread count); more rows per task make
+/// the two GEMMs of a task larger, and the key block is scaled once per task.
+fn rows_per_task(t: usize) -> usize {
+    const SCORES: usize = 1 << 16;
+    let bk = if t <= BK_MAX { t.max(1) } else { BK };
+    (SCORES / bk).clamp(32, 128) / 8 * 8
+}
 
 /// Where one input's matrix starts for each output batch index (`out`: the batch dims, row
 /// major): a dim equal to the output's is indexed as is, a dim of 1 broadcasts, and the head
@@ -179,8 +198,9 @@ pub(crate) fn attention(
     let mut tasks = Vec::new();
     if s * dv > 0 {
         for (b, chunk) in out.chunks_mut(s * dv).enumerate() {
-            for (qb, rows) in chunk.chunks_mut(BQ * dv).enumerate() {
-                tasks.push((b, qb * BQ, rows));
+            let bq = rows_per_task(t);
+            for (qb, rows) in chunk.chunks_mut(bq * dv).enumerate() {
+                tasks.push((b, qb * bq, rows));
             }
         }
     }
@@ -193,7 +213,15 @@ pub(crate) fn attention(
             .iter()
             .map(|(md, offs, rs, cs)| (*md, offs[b], *rs, *cs))
             .collect();
-        block(qb, kb, vb, &mask_rows, spec, (i0, rows, s, t, d, dv), o);
+        crate::simd::dispatch(Block {
+            q: qb,
+            kt: kb,
+            v: vb,
+            masks: &mask_rows,
+            spec,
+            geom: (i0, rows, s, t, d, dv),
+            out: o,
+        });
         Ok(())
     });
     debug_assert!(res.is_ok());
@@ -208,7 +236,7 @@ pub(crate) fn attention(
 /// `ln 2` in two parts, a degree-6 polynomial, the exponent put in by its bits; about 1 ulp).
 /// `e^x` underflows to 0 below -87.3 (as `-inf` does), NaN stays NaN, and inputs above 88.3
 /// are taken as 88.3 (the softmax only ever passes `x - max ≤ 0`).
-#[inline]
+#[inline(always)]
 pub(crate) fn exp32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // Round to nearest by the 1.5 * 2^23 trick (no libm call).
@@ -227,45 +255,121 @@ pub(crate) fn exp32(x: f32) -> f32 {
     if x < -87.3 { 0.0 } else { y * scale }
 }
 
+/// `Σ row` in `f32` as 8 interleaved partial sums added pairwise at the end: a fixed order
+/// (the same bits on every CPU and thread count) that vectorises.
+#[inline(always)]
+fn striped_sum_f32(row: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += x;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// The largest element of `row` (NaN ignored, as `f32::max` does; `-inf` when empty), as 8
+/// interleaved running maxima, which vectorises.
+#[inline(always)]
+fn striped_max_f32(row: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.max(x);
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = a.max(x);
+    }
+    acc.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
 /// A mask's data, the offset of this batch index's `[0, 0]`, and its row and column strides.
 type Mask<'a> = (&'a [f32], isize, isize, isize);
 
-/// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`.
+/// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`,
+/// compiled for the widest instruction set of this CPU ([`crate::simd::dispatch`]; the
+/// result does not depend on it).
+struct Block<'a> {
+    q: &'a [f32],
+    kt: &'a [f32],
+    v: &'a [f32],
+    masks: &'a [Mask<'a>],
+    spec: &'a AttnSpec,
+    /// `(i0, rows, s, t, d, dv)`.
+    geom: (usize, usize, usize, usize, usize, usize),
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for Block<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Block {
+            q,
+            kt,
+            v,
+            masks,
+            spec,
+            geom,
+            out,
+        } = self;
+        block(q, kt, v, masks, spec, geom, out);
+    }
+}
+
 #[allow(clippy::too_many_arguments, reason = "the block's inputs and geometry")]
+#[inline(always)]
 fn block(
     q: &[f32],
     kt: &[f32],
     v: &[f32],
     masks: &[Mask<'_>],
     spec: &AttnSpec,
-    (i0, rows, s, t, d, dv): (usize, usize, usize, usize, usize, usize),
+    (i0, rows, _, t, d, dv): (usize, usize, usize, usize, usize, usize),
     out: &mut [f32],
 ) {
-    // Scaled query rows.
-    let qs: Vec<f32> = q.iter().map(|&x| spec.q_scale.apply(x)).collect();
+    // Scaled query rows (the rows themselves without a scale).
+    let qs: std::borrow::Cow<'_, [f32]> = match spec.q_scale {
+        Scale::None => q.into(),
+        sc => q.iter().map(|&x| sc.apply(x)).collect::<Vec<f32>>().into(),
+    };
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
     out.iter_mut().for_each(|x| *x = 0.0);
-    let bk = BK.min(t.max(1));
-    let mut kblk = vec![0.0f32; d * bk];
+    let bk = if t <= BK_MAX { t.max(1) } else { BK };
+    let scaled_k = spec.k_scale != Scale::None;
+    let mut kblk = vec![0.0f32; if scaled_k { d * bk } else { 0 }];
     let mut sc = vec![0.0f32; rows * bk];
     let mut j0 = 0;
     while j0 < t {
         let w = bk.min(t - j0);
-        // The scaled key block, [d, w].
-        for dd in 0..d {
-            let src = &kt[dd * t + j0..dd * t + j0 + w];
-            for (dst, &x) in kblk[dd * w..dd * w + w].iter_mut().zip(src) {
-                *dst = spec.k_scale.apply(x);
+        // The key block, [d, w]: scaled into `kblk`, or columns j0.. of `kt` in place.
+        let kb = if scaled_k {
+            for dd in 0..d {
+                let src = &kt[dd * t + j0..dd * t + j0 + w];
+                for (dst, &x) in kblk[dd * w..dd * w + w].iter_mut().zip(src) {
+                    *dst = spec.k_scale.apply(x);
+                }
             }
-        }
+            MatRef::from_row_major_slice(&kblk[..d * w], d, w)
+        } else if d == 0 {
+            MatRef::from_row_major_slice(&kblk[..0], 0, w)
+        } else {
+            MatRef::from_row_major_slice_with_stride(&kt[j0..(d - 1) * t + j0 + w], d, w, t)
+        };
         // Scores of the block, [rows, w]: one sequential faer GEMM.
         let sc = &mut sc[..rows * w];
         faer::linalg::matmul::matmul(
             MatMut::from_row_major_slice_mut(sc, rows, w),
             Accum::Replace,
             MatRef::from_row_major_slice(&qs, rows, d),
-            MatRef::from_row_major_slice(&kblk[..d * w], d, w),
+            kb,
             1.0f32,
             Par::Seq,
         );
@@ -291,16 +395,17 @@ fn block(
                     }
                 }
             }
-            if spec.causal {
-                // Key j is visible to query i when j <= i + (t - s).
-                let limit = (i + t).saturating_sub(s);
+            if let Some(c) = spec.causal {
+                // Key j is visible to query i when j <= i + offset.
+                let Causal::Offset(o) = c;
+                let limit = i.saturating_add(o);
                 for (jj, x) in sc.iter_mut().enumerate() {
                     if j0 + jj > limit {
                         *x = f32::NEG_INFINITY;
                     }
                 }
             }
-            let bmax = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let bmax = striped_max_f32(sc);
             let m_new = m[r].max(bmax);
             if m_new == f32::NEG_INFINITY {
                 // Everything so far masked out: these keys weigh nothing.
@@ -313,7 +418,7 @@ fn block(
                 out[r * dv..r * dv + dv].iter_mut().for_each(|x| *x *= corr);
             }
             sc.iter_mut().for_each(|x| *x = exp32(*x - m_new));
-            l[r] += sc.iter().sum::<f32>();
+            l[r] += striped_sum_f32(sc);
             m[r] = m_new;
         }
         // out[rows, dv] += p[rows, w] @ v[j0..j0 + w, dv].

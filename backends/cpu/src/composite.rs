@@ -25,6 +25,12 @@
 //! lv6: R.Tensor((b, 2, s, s), dtype="float32") = R.where(lv5, R.const(0.0, "float32"), lv4)
 //! gv:  R.Tensor((b, 2, s, 16), dtype="float32") = R.matmul(lv6, v, out_dtype=None)
 //! ; → attention::attention(q, kt, v, mask, scales 0.5 / 0.5, NaN guard), no [b, 2, s, s] tensor
+//!
+//! ; cpu.dense_gelu: a dense layer and its activation (also ReLU, the tanh GELU, or the bias alone)
+//! lv:  R.Tensor((1, 128, 3072), dtype="float32") = R.matmul(x, W, out_dtype="void")   ; W constant
+//! lv1: R.Tensor((1, 128, 3072), dtype="float32") = R.add(lv, b)                       ; b constant
+//! ; ... the five ops of GELU's erf form on lv1
+//! ; → dense::dense(x, W, b, Act::Gelu): one GEMM, bias and GELU on each output tile
 //! ```
 
 use crate::attention::{AttnSpec, Scale};
@@ -72,6 +78,14 @@ pub(crate) enum Plan {
     },
     /// GELU, erf form (`tanh == false`) or tanh form, elementwise in one pass.
     Gelu { x: Leaf, tanh: bool },
+    /// `act(x @ w [+ bias])` with a rank-2 weight: one GEMM with the bias and the activation
+    /// in its epilogue ([`crate::dense`]).
+    Dense {
+        x: Leaf,
+        w: Leaf,
+        bias: Option<Leaf>,
+        act: crate::dense::Act,
+    },
 }
 
 impl Plan {
@@ -82,6 +96,7 @@ impl Plan {
             Plan::ResidualLayerNorm { .. } => "cpu.residual_layer_norm(fused)",
             Plan::RmsNorm { .. } => "cpu.rms_norm(fused)",
             Plan::Gelu { .. } => "cpu.gelu(fused)",
+            Plan::Dense { .. } => "cpu.dense(fused)",
         }
     }
 }
@@ -177,6 +192,7 @@ pub(crate) fn recognise(f: &Function) -> Option<Plan> {
     let body = Body::new(f)?;
     let ret = f.ret?;
     if let Some((plan, used)) = attention(&body, ret)
+        .or_else(|| dense(&body, ret))
         .or_else(|| rms_norm(&body, ret))
         .or_else(|| gelu(&body, ret))
         .or_else(|| residual_layer_norm(&body, ret))
@@ -260,7 +276,7 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         q_scale,
         k_scale,
         nan_guard,
-        causal: false,
+        causal: None,
     };
     Some((
         Plan::Attention {
@@ -392,8 +408,19 @@ fn rms_core(body: &Body<'_>, e: ExprId) -> Option<(Leaf, f32, usize)> {
 }
 
 fn gelu(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    let (x, tanh, used) = gelu_of(body, ret, &|e| body.leaf(e))?;
+    Some((Plan::Gelu { x, tanh }, used))
+}
+
+/// GELU of an operand `x` that `operand` recognises (and names by an `X` equal for equal
+/// operands): `(x, tanh form, bindings used)`.
+fn gelu_of<X: PartialEq + Copy>(
+    body: &Body<'_>,
+    ret: ExprId,
+    operand: &dyn Fn(ExprId) -> Option<X>,
+) -> Option<(X, bool, usize)> {
     // erf form: 0.5 · x · (erf(x / √2) + 1), as (x · (…)) · 0.5 or x · (0.5 · (…)).
-    let erf_part = |e: ExprId| -> Option<Leaf> {
+    let erf_part = |e: ExprId| -> Option<X> {
         let (_, args) = body.call(e, "relax.add")?;
         let (one, erf) = body.either(args, |a| body.scalar(a))?;
         let (_, [d]) = body.call(erf, "relax.erf")? else {
@@ -404,32 +431,32 @@ fn gelu(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         };
         let r2 = body.scalar(*r2)?;
         ((one == 1.0) && (r2 - std::f32::consts::SQRT_2).abs() < 1e-6).then_some(())?;
-        body.leaf(*x)
+        operand(*x)
     };
     let (_, args) = body.call(ret, "relax.multiply")?;
     // (x · (erf + 1)) · 0.5
     if let Some((half, inner)) = body.either(args, |a| body.scalar(a))
         && half == 0.5
         && let Some((_, iargs)) = body.call(inner, "relax.multiply")
-        && let Some((x, part)) = body.either(iargs, |a| body.leaf(a))
+        && let Some((x, part)) = body.either(iargs, operand)
         && erf_part(part) == Some(x)
     {
-        return Some((Plan::Gelu { x, tanh: false }, 5));
+        return Some((x, false, 5));
     }
     // x · (0.5 · (erf + 1))
-    if let Some((x, inner)) = body.either(args, |a| body.leaf(a))
+    if let Some((x, inner)) = body.either(args, operand)
         && let Some((_, iargs)) = body.call(inner, "relax.multiply")
         && let Some((half, part)) = body.either(iargs, |a| body.scalar(a))
         && half == 0.5
         && erf_part(part) == Some(x)
     {
-        return Some((Plan::Gelu { x, tanh: false }, 5));
+        return Some((x, false, 5));
     }
     // tanh form: (x · 0.5) · (tanh((x + x³ · 0.044715) · √(2/π)) + 1)
     let (half_x, t1) = body.either(args, |a| body.call(a, "relax.multiply").map(|_| a))?;
     let (_, hargs) = body.call(half_x, "relax.multiply")?;
     let (half, x) = body.either(hargs, |a| body.scalar(a))?;
-    let x = body.leaf(x)?;
+    let x = operand(x)?;
     let (_, t1args) = body.call(t1, "relax.add")?;
     let (one, th) = body.either(t1args, |a| body.scalar(a))?;
     let (_, [m]) = body.call(th, "relax.tanh")? else {
@@ -449,9 +476,55 @@ fn gelu(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         && body.scalar(*three)? == 3.0
         && (k - 0.044715).abs() < 1e-6
         && (c - (2.0 / std::f32::consts::PI).sqrt()).abs() < 1e-6
-        && body.leaf(x2)? == x
-        && body.leaf(*x3)? == x;
-    ok.then_some((Plan::Gelu { x, tanh: true }, 8))
+        && operand(x2)? == x
+        && operand(*x3)? == x;
+    ok.then_some((x, true, 8))
+}
+
+/// `x @ w [+ bias]` with `w` (and the bias) constants: `(x, w, bias, bindings used)`.
+fn dense_core(body: &Body<'_>, e: ExprId) -> Option<(Leaf, Leaf, Option<Leaf>, usize)> {
+    let is_const = |e: ExprId| {
+        matches!(
+            body.f.exprs.get(e).map(|d| &d.kind),
+            Some(ExprKind::Const(_))
+        )
+        .then(|| body.leaf(e))
+        .flatten()
+    };
+    let product = |e: ExprId| -> Option<(Leaf, Leaf)> {
+        let (Op::Matmul { out_dtype: None }, [x, w]) = body.call(e, "relax.matmul")? else {
+            return None;
+        };
+        Some((body.leaf(*x)?, is_const(*w)?))
+    };
+    if let Some((_, args)) = body.call(e, "relax.add")
+        && let Some(((x, w), b)) = body.either(args, product)
+    {
+        return Some((x, w, Some(is_const(b)?), 2));
+    }
+    let (x, w) = product(e)?;
+    Some((x, w, None, 1))
+}
+
+/// A dense layer: `relu(core)`, GELU of `core` (either form), or `core` with its bias.
+fn dense(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    use crate::dense::Act;
+    let plan = |(x, w, bias, n): (Leaf, Leaf, Option<Leaf>, usize), act: Act, used: usize| {
+        (Plan::Dense { x, w, bias, act }, n + used)
+    };
+    if let Some((_, [c])) = body.call(ret, "relax.nn.relu") {
+        return Some(plan(dense_core(body, *c)?, Act::Relu, 1));
+    }
+    // The GELU's operand is the core's var (each use of it the same var).
+    let core_var = |e: ExprId| dense_core(body, e).and(body.var_of(e));
+    if let Some((v, tanh, used)) = gelu_of(body, ret, &core_var) {
+        let core = body.f.var(v).expr;
+        let act = if tanh { Act::GeluTanh } else { Act::Gelu };
+        return Some(plan(dense_core(body, core)?, act, used));
+    }
+    let core = dense_core(body, ret)?;
+    // A lone product is just the matmul kernel: only a bias makes it a dense layer.
+    core.2.is_some().then(|| plan(core, Act::None, 0))
 }
 
 /// A plan's inputs' values, `f32` tensors on the host only.
@@ -538,6 +611,21 @@ pub(crate) fn run(
             Some(Value::Tensor(
                 crate::norm::gelu(&x, *tanh).map_err(kernel("cpu.gelu"))?,
             ))
+        }
+        Plan::Dense { x, w, bias, act } => {
+            let (Some(x), Some(w)) = (get(*x)?, get(*w)?) else {
+                return Ok(None);
+            };
+            let b = match bias {
+                Some(b) => match get(*b)? {
+                    Some(t) => Some(t),
+                    None => return Ok(None),
+                },
+                None => None,
+            };
+            crate::dense::dense(&x, &w, b.as_ref(), *act)
+                .map_err(kernel("cpu.dense"))?
+                .map(Value::Tensor)
         }
     })
 }

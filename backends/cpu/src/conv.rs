@@ -73,8 +73,8 @@ impl Step {
 }
 
 /// `relu` as a select (NaN stays NaN; negatives and `-0.0` become `+0.0`), which vectorises.
-#[inline]
-fn relu(v: f32) -> f32 {
+#[inline(always)]
+pub(crate) fn relu(v: f32) -> f32 {
     if v > 0.0 || v.is_nan() { v } else { 0.0 }
 }
 

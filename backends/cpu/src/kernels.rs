@@ -115,6 +115,20 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
     let t = |v: std::result::Result<Tensor, String>| v.map(Value::Tensor);
     match op {
         Op::Opaque(o) => Err(format!("no kernel for `{}`", o.name)),
+        Op::Attention(a) => t(crate::nn_attention::attention(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            tensor(args, 2)?,
+            None,
+            a,
+        )),
+        Op::AttentionBias(a) => t(crate::nn_attention::attention(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            tensor(args, 2)?,
+            Some(tensor(args, 3)?),
+            a,
+        )),
         Op::Stack { axis } => t(crate::pool_nd::stack(&tuple_tensors(args)?, *axis)),
         Op::MaxPool1d(a) | Op::MaxPool3d(a) => t(crate::pool_nd::pool(tensor(args, 0)?, a, true)),
         Op::AvgPool1d(a) | Op::AvgPool3d(a) => t(crate::pool_nd::pool(tensor(args, 0)?, a, false)),

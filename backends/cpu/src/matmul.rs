@@ -349,8 +349,6 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResul
         }
         out
     };
-    let (oa, ob) = (offsets(&sa), offsets(&sb));
-    let (ma, mb, mc) = (m * k, k * n, m * n);
     let mut shape = batch.clone();
     if !a1 {
         shape.push(m);
@@ -358,6 +356,17 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResul
     if !b1 {
         shape.push(n);
     }
+    let (mut oa, mut ob) = (offsets(&sa), offsets(&sb));
+    // A rank-2 right operand (a dense layer's weight): the left operand's batch entries are
+    // consecutive row blocks of one matrix, so the product is one GEMM over all their rows
+    // (fewer, larger calls; the same result as flattening the rows first).
+    let (nb, m) = if bbatch.is_empty() && nb > 1 {
+        (oa, ob) = (vec![0], vec![0]);
+        (1, nb * m)
+    } else {
+        (nb, m)
+    };
+    let (ma, mb, mc) = (m * k, k * n, m * n);
     let compute = if dtype.is_float() { dtype } else { DType::I64 };
     let data = match compute {
         DType::F64 => {

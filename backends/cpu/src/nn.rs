@@ -254,8 +254,20 @@ pub(crate) fn norm(
     let mut mean = vec![0.0; n_out];
     let mut var = vec![0.0; n_out];
     let (ks, rs) = (&red.kept_strides, &red.red_strides);
+    let rank = x.rank();
+    let trailing = !axes.is_empty()
+        && axes
+            .iter()
+            .enumerate()
+            .all(|(i, &a)| a == rank - axes.len() + i);
     if rms {
         walk2(x.shape(), ks, rs, |i, o, _| var[o] += xs[i] * xs[i]);
+    } else if trailing && red.count > 0 {
+        // Rows of the last axes: the statistics of each row by `norm::moments`, which the
+        // fused residual LayerNorm shares (the same bits).
+        for ((row, m), v) in xs.chunks_exact(red.count).zip(&mut mean).zip(&mut var) {
+            (*m, *v) = crate::norm::moments(row);
+        }
     } else {
         walk2(x.shape(), ks, rs, |i, o, _| mean[o] += xs[i]);
         mean.iter_mut().for_each(|m| *m /= count);

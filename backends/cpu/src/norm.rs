@@ -4,8 +4,8 @@
 //! Contract: each works on `float32` tensors, row by row over the last axis, rows split over
 //! threads (each row computed by one sequential loop: the same result for every thread count).
 //! [`residual_layer_norm`] gives the same bits as `add` followed by the reference
-//! `layer_norm` (the sum rounded to `f32`, then mean and variance summed in `f64` in index
-//! order, as `nn::norm` does). `Ok(None)`: shapes the kernel does not handle (the caller runs
+//! `layer_norm` (the sum rounded to `f32`, then mean and variance summed in `f64` by
+//! [`moments`], as `nn::norm` does for a norm over the last axes). `Ok(None)`: shapes the kernel does not handle (the caller runs
 //! the ops one by one).
 //!
 //! ```text
@@ -55,25 +55,18 @@ pub(crate) fn residual_layer_norm(
         .enumerate()
         .map(|(i, (s, o))| (i * chunk, s, o))
         .collect();
-    let count = w as f64;
     let r: Result<(), ()> = crate::par::run_tasks(tasks, threads, |(off, s, o)| {
         for ((srow, orow), r0) in s.chunks_mut(w).zip(o.chunks_mut(w)).zip((off..).step_by(w)) {
-            let (ar, br) = (&ad[r0..r0 + w], &bd[r0..r0 + w]);
-            let mut mean = 0.0f64;
-            for ((x, &p), &q) in srow.iter_mut().zip(ar).zip(br) {
-                *x = p + q;
-                mean += f64::from(*x);
-            }
-            mean /= count;
-            let mut var = 0.0f64;
-            for &x in srow.iter() {
-                let d = f64::from(x) - mean;
-                var += d * d;
-            }
-            let inv = 1.0 / (var / count + eps).sqrt();
-            for (((y, &x), &gg), &bb) in orow.iter_mut().zip(srow.iter()).zip(g).zip(be) {
-                *y = ((f64::from(x) - mean) * inv * f64::from(gg) + f64::from(bb)) as f32;
-            }
+            let rows = RlnRow {
+                a: &ad[r0..r0 + w],
+                b: &bd[r0..r0 + w],
+                g,
+                be,
+                eps,
+                sum: srow,
+                out: orow,
+            };
+            crate::simd::dispatch(rows);
         }
         Ok(())
     });
@@ -84,6 +77,88 @@ pub(crate) fn residual_layer_norm(
         Tensor::from_f32(shape.clone(), sum).map_err(e)?,
         Tensor::from_f32(shape, out).map_err(e)?,
     )))
+}
+
+/// One row of [`residual_layer_norm`]: `sum = a + b`, then the norm of `sum` into `out`.
+struct RlnRow<'a> {
+    a: &'a [f32],
+    b: &'a [f32],
+    g: &'a [f32],
+    be: &'a [f32],
+    eps: f64,
+    sum: &'a mut [f32],
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for RlnRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let RlnRow {
+            a,
+            b,
+            g,
+            be,
+            eps,
+            sum,
+            out,
+        } = self;
+        for ((x, &p), &q) in sum.iter_mut().zip(a).zip(b) {
+            *x = p + q;
+        }
+        let (mean, m2) = moments_inline(sum);
+        let inv = 1.0 / (m2 / sum.len() as f64 + eps).sqrt();
+        for (((y, &x), &gg), &bb) in out.iter_mut().zip(sum.iter()).zip(g).zip(be) {
+            *y = ((f64::from(x) - mean) * inv * f64::from(gg) + f64::from(bb)) as f32;
+        }
+    }
+}
+
+/// Lanes of [`striped_sum`].
+const LANES: usize = 8;
+
+/// `Σ f(x)` over `row` in `f64`, as [`LANES`] interleaved partial sums (element `i` into sum
+/// `i % LANES`, each in index order) added pairwise at the end: a fixed order, so the same
+/// bits on every CPU and for every thread count, and a loop that vectorises.
+#[inline(always)]
+pub(crate) fn striped_sum<T: Copy + Into<f64>>(row: &[T], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f(x.into());
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += f(x.into());
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// The mean of `row` and the sum of squared deviations from it, both by [`striped_sum`].
+#[inline(always)]
+fn moments_inline<T: Copy + Into<f64>>(row: &[T]) -> (f64, f64) {
+    let mean = striped_sum(row, |x| x) / row.len().max(1) as f64;
+    let m2 = striped_sum(row, |x| {
+        let d = x - mean;
+        d * d
+    });
+    (mean, m2)
+}
+
+/// [`moments_inline`] compiled for the widest instruction set of this CPU: the statistics
+/// of a LayerNorm row, shared by the `layer_norm` kernel and the fused residual LayerNorm so
+/// both give the same bits.
+pub(crate) fn moments<T: Copy + Into<f64>>(row: &[T]) -> (f64, f64) {
+    struct Op<'a, T>(&'a [T]);
+    impl<T: Copy + Into<f64>> pulp::WithSimd for Op<'_, T> {
+        type Output = (f64, f64);
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) -> (f64, f64) {
+            moments_inline(self.0)
+        }
+    }
+    crate::simd::dispatch(Op(row))
 }
 
 /// `w * (x * (1 / sqrt(mean(x², -1) + eps)))` over the last axis (`w` optional, of the last
@@ -135,7 +210,7 @@ pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult
 /// odd degree-13 over even degree-8 polynomial on [-4, 4], ±1 beyond; within 5e-7 of the
 /// exact value; NaN stays NaN through the clamp), branch-free so the GELU loop vectorises.
 /// The `float32` kernels of `erf` and `gelu` use it too.
-#[inline]
+#[inline(always)]
 pub(crate) fn erf32(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
@@ -156,7 +231,7 @@ pub(crate) fn erf32(x: f32) -> f32 {
 /// `tanh` in `f32` through [`crate::attention::exp32`]: `(e - 1) / (e + 1)` with `e = e^{2y}`,
 /// `y` clamped to ±9 (where `tanh` is ±1 in `f32`), so the loop vectorises instead of calling
 /// libm's `tanhf`; within 2e-7 of `tanh` (absolute; tested), which `1 + tanh` in GELU absorbs.
-#[inline]
+#[inline(always)]
 pub(crate) fn tanh32(y: f32) -> f32 {
     let e = crate::attention::exp32(2.0 * y.clamp(-9.0, 9.0));
     (e - 1.0) / (e + 1.0)
@@ -170,18 +245,14 @@ pub(crate) fn gelu(x: &Tensor, tanh: bool) -> KResult<Tensor> {
     let threads = crate::par::threads_for(n, 1 << 14);
     let mut out = crate::par::scratch_f32(n, threads);
     let chunk = n.div_ceil(threads).max(1);
+    let act = if tanh {
+        crate::dense::Act::GeluTanh
+    } else {
+        crate::dense::Act::Gelu
+    };
     crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
-        let xs = &xd[off..off + o.len()];
-        if tanh {
-            let c = (2.0f32 / std::f32::consts::PI).sqrt();
-            for (y, &v) in o.iter_mut().zip(xs) {
-                *y = (v * 0.5) * (tanh32(c * (v + v * v * v * 0.044715)) + 1.0);
-            }
-        } else {
-            for (y, &v) in o.iter_mut().zip(xs) {
-                *y = crate::elementwise::gelu32(v);
-            }
-        }
+        o.copy_from_slice(&xd[off..off + o.len()]);
+        crate::dense::bias_act(o, None, act);
     });
     Tensor::from_f32(x.shape().to_vec(), out).map_err(|e| e.to_string())
 }

@@ -2,7 +2,7 @@
 //! written independently here (materialised scores, softmax in `f64`), and of the composite
 //! path (`composite.rs` through the executor) against the interpreted body.
 
-use crate::attention::{AttnSpec, Scale, attention};
+use crate::attention::{AttnSpec, Causal, Scale, attention};
 use fusebox_core::runtime::{Tensor, Value};
 
 /// A deterministic generator of floats in [-1, 1).
@@ -110,12 +110,12 @@ fn close(got: &[f32], want: &[f32], tol: f32) {
     }
 }
 
-fn spec(sq: f32, sk: f32, causal: bool, guard: bool) -> AttnSpec {
+fn spec(sq: f32, sk: f32, causal: Option<usize>, guard: bool) -> AttnSpec {
     AttnSpec {
         q_scale: Scale::Mul(sq),
         k_scale: Scale::Mul(sk),
         nan_guard: guard,
-        causal,
+        causal: causal.map(Causal::Offset),
     }
 }
 
@@ -147,7 +147,7 @@ fn attention_matches_the_materialised_definition() {
                 if causal && t < s {
                     continue;
                 }
-                let sp = spec(0.5, 0.25, causal, true);
+                let sp = spec(0.5, 0.25, causal.then(|| t - s), true);
                 let got = attention(&q, &kt, &v, mask.as_slice(), &sp)
                     .unwrap()
                     .unwrap();
@@ -172,14 +172,14 @@ fn attention_nan_guard_zeroes_fully_masked_rows() {
         .map(|i| if i / 5 == 1 { f32::NEG_INFINITY } else { 0.0 })
         .collect();
     let mask = Tensor::from_f32(vec![1, 1, 3, 5], m).unwrap();
-    let guarded = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, false, true))
+    let guarded = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, None, true))
         .unwrap()
         .unwrap();
     let g = guarded.as_f32().unwrap();
     assert_eq!(&g[2..4], &[0.0, 0.0]);
     let want = naive(&q, &kt, &v, &[&mask], 1.0, 1.0, false, true);
     close(g, &want, 1e-5);
-    let raw = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, false, false))
+    let raw = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, None, false))
         .unwrap()
         .unwrap();
     assert!(raw.as_f32().unwrap()[2].is_nan());
@@ -197,7 +197,7 @@ fn attention_scales_divide_as_the_graph_does() {
         q_scale: Scale::Div(8f32.sqrt()),
         k_scale: Scale::None,
         nan_guard: false,
-        causal: false,
+        causal: None,
     };
     let got = attention(&q, &kt, &v, &[], &div).unwrap().unwrap();
     let want = naive(&q, &kt, &v, &[], 1.0 / 8f32.sqrt(), 1.0, false, false);
@@ -214,13 +214,13 @@ fn attention_declines_shapes_it_does_not_handle() {
         r.tensor(&[1, 2, 4, 4]),
     );
     assert!(
-        attention(&q, &kt, &v, &[], &spec(1.0, 1.0, false, false))
+        attention(&q, &kt, &v, &[], &spec(1.0, 1.0, None, false))
             .unwrap()
             .is_none()
     );
     // kᵀ's rows must be q's columns.
     let bad = r.tensor(&[1, 3, 5, 4]);
-    assert!(attention(&q, &bad, &q, &[], &spec(1.0, 1.0, false, false)).is_err());
+    assert!(attention(&q, &bad, &q, &[], &spec(1.0, 1.0, None, false)).is_err());
 }
 
 #[test]
@@ -235,7 +235,7 @@ fn kernels_give_the_same_bits_for_every_thread_count() {
     let (g, be) = (r.tensor(&[96]), r.tensor(&[96]));
     let x = r.tensor(&[300, 500]);
     let run = || {
-        let o = attention(&q, &kt, &v, &[], &spec(0.5, 0.5, true, true))
+        let o = attention(&q, &kt, &v, &[], &spec(0.5, 0.5, Some(0), true))
             .unwrap()
             .unwrap();
         let (s, n) = crate::norm::residual_layer_norm(&a, &b, &g, &be, 1e-5)

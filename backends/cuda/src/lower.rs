@@ -565,6 +565,13 @@ impl Lowerer<'_> {
             Op::Topk(_) => {
                 return Err(self.unsupported("topk is a sort: it runs on the CPU".into()));
             }
+            Op::Attention(_) | Op::AttentionBias(_) => {
+                return Err(self.unsupported(
+                    "attention has no generic CUDA lowering: the cutlass backend's fused \
+                     attention kernel or the CPU runs it"
+                        .into(),
+                ));
+            }
             Op::ShapeToTensor => {
                 return Err(self.unsupported(
                     "shape_to_tensor reads a run-time shape: it runs on the CPU".into(),
@@ -1130,6 +1137,9 @@ impl Lowerer<'_> {
             }
             Op::Opaque(o) => {
                 return Err(self.unsupported(format!("no kernel for `{}`", o.name)));
+            }
+            Op::Attention(_) | Op::AttentionBias(_) => {
+                return Err(self.unsupported("attention runs in the cutlass backend".into()));
             }
             Op::Stack { .. }
             | Op::MaxPool1d(_)

@@ -13,16 +13,22 @@
 //! epilogue operands and `M, N, K, zA, zB, sD`. The profile cache is `cutlass-profile.json` in fusebox-cuda's cache
 //! directory: `{ "<device>|<problem key>": "<kernel name>" }`.
 //!
+//!
+//! [`AttentionArtifact`] runs a `cutlass.attention*` function: it compiles the spec's fused
+//! attention kernel when made and launches it per call with the plan of the call's shapes
+//! ([`crate::attention`]); arguments of other dtypes or shapes are typed errors.
+//!
 //! ```text
 //! call fused_relax_matmul_relax_add_cutlass(x: (512, 256) f16, w: (256, 1024) f16, b: (1024,))
 //!   -> cutlass_f16_gemm_nn_64x64x32_32x32x32_s4_a8_bias  grid (16, 8, 1) block 128, smem 38912
 //! ```
 
+use crate::attention::FlashAttention;
 use crate::error::{Error, Result};
 use crate::generator::{Instance, Math, emit};
 use crate::options::Options;
 use crate::plan::{Plan, Shape, plan};
-use crate::spec::KernelSpec;
+use crate::spec::{AttentionSpec, KernelSpec};
 use fusebox_core::backend::Artifact;
 use fusebox_core::runtime::{Placement, Value};
 use fusebox_cuda::{
@@ -337,6 +343,78 @@ impl CutlassArtifact {
         }
         self.launch(&inst, &p, &ins, &out)?;
         Ok(out.into_value())
+    }
+}
+
+/// A claimed `cutlass.attention*` function on the device: the generated fused attention
+/// kernel ([`FlashAttention`]) launched on Q, K, V (and the bias) as the function receives
+/// them, BSNH, device values in and out.
+pub struct AttentionArtifact {
+    name: String,
+    spec: AttentionSpec,
+    attn: FlashAttention,
+}
+
+impl std::fmt::Debug for AttentionArtifact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttentionArtifact")
+            .field("name", &self.name)
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AttentionArtifact {
+    /// Compiles and loads the spec's kernel on the process's GPU (without one, the typed
+    /// no-device error).
+    pub fn new(name: &str, spec: AttentionSpec) -> Result<AttentionArtifact> {
+        let attn = FlashAttention::new()?;
+        attn.load(&spec.kernel())?;
+        Ok(AttentionArtifact {
+            name: name.to_string(),
+            spec,
+            attn,
+        })
+    }
+
+    /// The spec.
+    pub fn spec(&self) -> &AttentionSpec {
+        &self.spec
+    }
+
+    /// Runs the function on device (or host) values; the result stays on the device.
+    pub fn run_device(&self, vals: &[Value]) -> Result<Value> {
+        if vals.len() != self.spec.num_params {
+            return Err(Error::Args(format!(
+                "`{}` takes {} arguments, found {}",
+                self.name,
+                self.spec.num_params,
+                vals.len()
+            )));
+        }
+        let dev = |i: usize| -> Result<GpuTensor> {
+            let v = vals
+                .get(i)
+                .ok_or_else(|| Error::Args(format!("argument {i} is missing")))?;
+            Ok(GpuTensor::from_value(self.attn.gpu(), v)?)
+        };
+        let [qi, ki, vi] = self.spec.qkv;
+        let (q, k, v) = (dev(qi)?, dev(ki)?, dev(vi)?);
+        let bias = self.spec.bias.map(dev).transpose()?;
+        let out = self
+            .attn
+            .run(&q, &k, &v, bias.as_ref(), &self.spec.options)?;
+        Ok(out.into_value())
+    }
+}
+
+impl Artifact for AttentionArtifact {
+    fn run(&self, args: &[Value]) -> fusebox_core::Result<Value> {
+        Ok(self.run_device(args)?)
+    }
+
+    fn placement(&self) -> Placement {
+        Placement::Device
     }
 }
 

@@ -48,11 +48,12 @@
 //! for some variants (aiming at more resident blocks) and spills; with it none spills (the
 //! NVRTC test checks every variant).
 //!
-//! Not claimed by the partitioner yet: fusebox-core has no `relax.nn.attention` op, so TVM's
-//! `cutlass.attention` / `cutlass.attention_bias` entries (`make_attention_pattern`, no check
-//! function) and the rewrite of the softmax(QKᵀ·scale[+bias])·V subgraph into the op
-//! (`make_attention_rewrite_pattern`) cannot be matched; [`FlashAttention`] is the launch API
-//! such a claim would call ([`Layout::Bhsd`] serves the unfused graph's operands directly).
+//! Claimed through TVM's `cutlass.attention` / `cutlass.attention_bias` entries
+//! ([`crate::patterns`]): [`crate::spec::analyse_attention`] reads the composite and
+//! [`crate::artifact::AttentionArtifact`] launches [`FlashAttention`] for it. The rewrite of
+//! the unfused softmax(QKᵀ·scale[+bias])·V subgraph into the op
+//! (`make_attention_rewrite_pattern`) is not done ([`Layout::Bhsd`] serves that graph's
+//! operands directly).
 //!
 //! ```text
 //! y = R.nn.attention(q, k, v, causal_mask="BottomRight")
@@ -750,6 +751,13 @@ impl FlashAttention {
     /// The arch the kernels are compiled for.
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// Compiles (through the compile cache) and loads `kernel` now rather than at its first
+    /// launch.
+    pub fn load(&self, kernel: &AttnKernel) -> Result<()> {
+        kernel.check()?;
+        self.module(kernel).map(|_| ())
     }
 
     fn module(&self, kernel: &AttnKernel) -> Result<Arc<GpuModule>> {

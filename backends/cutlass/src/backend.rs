@@ -6,7 +6,9 @@
 //! [`CutlassBackend::claim`] accepts a function whose `Codegen` is `cutlass` (or whose
 //! `Composite` is `cutlass.*`) that [`analyse`] understands and, when its shapes are static,
 //! that [`plan`] accepts; it declines anything else with the reason (int8 matmuls TVM's table
-//! accepts, grouped convs, constants …), so the pipeline hands it to the next backend.
+//! accepts, grouped convs, constants …), so the pipeline hands it to the next backend. A
+//! `cutlass.attention*` function is read by [`analyse_attention`] instead (the fused attention
+//! kernel's variants, exactly: declined otherwise) and compiles to an [`AttentionArtifact`].
 //! [`CutlassBackend::compile`] without a device fails with the typed no-device error.
 //! `build` writes, per function, `<kernel>.cu`, `<kernel>.cubin` (for the `arch` option,
 //! default sm_90; `arch = "sm_90a"` selects the wgmma + TMA path for f16/bf16 GEMMs with
@@ -18,15 +20,15 @@
 //! fusebox_cutlass::link();
 //! let b = fusebox_core::backend::make_backend("cutlass", &Default::default()).unwrap();
 //! assert_eq!(b.name(), "cutlass");
-//! assert_eq!(b.patterns().len(), 48);
+//! assert_eq!(b.patterns().len(), 50);
 //! ```
 
-use crate::artifact::CutlassArtifact;
+use crate::artifact::{AttentionArtifact, CutlassArtifact};
 use crate::error::{Error, Result};
 use crate::generator::{Instance, emit};
 use crate::options::Options;
 use crate::plan::{Plan, plan};
-use crate::spec::{KernelSpec, analyse};
+use crate::spec::{KernelSpec, analyse, analyse_attention, is_attention};
 use fusebox_core::backend::{
     Artifact, Backend, BackendRegistration, BuildOutput, Candidate, Claim, KernelInfo,
 };
@@ -100,6 +102,70 @@ impl CutlassBackend {
         }
     }
 
+    /// `build` of a `cutlass.attention*` function: the fused attention kernel's `.cu` and
+    /// `.cubin` (for the `arch` option; sm_90a builds the sm_90 kernel, which uses no sm_90a
+    /// instruction) and `<function>.cutlass.txt` (spec, kernel, launch when the shapes are
+    /// static).
+    pub fn build_attention(&self, name: &str, func: &Function) -> Result<BuildOutput> {
+        let spec = analyse_attention(name, func)?;
+        let kernel = spec.kernel();
+        let kname = kernel.name();
+        let src = kernel.source();
+        let arch = match self.options.arch {
+            fusebox_cuda::Arch::Sm90a => fusebox_cuda::Arch::Sm90,
+            a => a,
+        };
+        let cache = fusebox_cuda::Cache::from_env();
+        let compiled = compile_cached(
+            cache.as_ref(),
+            &src,
+            &format!("{kname}.cu"),
+            arch,
+            &CompileOptions::default(),
+        )?;
+        let mut text = format!("{name}: {spec}\nkernel: {kname}\n");
+        let mut kernels = Vec::new();
+        let shapes = static_shapes(func);
+        let planned = shapes.as_ref().map(|s| {
+            let arg = |i: usize| s.get(i).map_or(&[][..], Vec::as_slice);
+            let dt = spec.elem.dtype();
+            let [q, k, v] = spec.qkv;
+            crate::attention::plan(
+                (arg(q), dt),
+                (arg(k), dt),
+                (arg(v), dt),
+                spec.bias.map(|b| (arg(b), dt)),
+                &spec.options,
+            )
+            .and_then(|p| p.launch())
+        });
+        match planned {
+            Some(l) => {
+                let l = l?;
+                text.push_str(&format!(
+                    "launch: grid {:?} block {:?} smem {}\n",
+                    l.grid, l.block, l.shared_mem_bytes
+                ));
+                kernels.push(KernelInfo {
+                    name: kname.clone(),
+                    grid: l.grid,
+                    block: l.block,
+                    shared_mem_bytes: l.shared_mem_bytes,
+                });
+            }
+            None => text.push_str("launch: made per call (symbolic shapes)\n"),
+        }
+        Ok(BuildOutput {
+            files: vec![
+                (format!("{kname}.cu"), src.into_bytes()),
+                (format!("{kname}.cubin"), compiled.cubin),
+                (format!("{name}.cutlass.txt"), text.into_bytes()),
+            ],
+            kernels,
+            arch: Some(arch.to_string()),
+        })
+    }
+
     /// `compile` with this crate's error type.
     pub fn compile_function(&self, name: &str, func: &Function) -> Result<CutlassArtifact> {
         let (spec, _) = self.prepare(name, func)?;
@@ -117,6 +183,15 @@ impl Backend for CutlassBackend {
     }
 
     fn claim(&self, c: &Candidate<'_>) -> Claim {
+        if is_attention(c.name, c.func) {
+            return match analyse_attention(c.name, c.func) {
+                Ok(_) => Claim::Accept,
+                Err(Error::Unsupported { reason, .. }) => Claim::Decline { reason },
+                Err(e) => Claim::Decline {
+                    reason: e.to_string(),
+                },
+            };
+        }
         match self.prepare(c.name, c.func) {
             Ok(_) => Claim::Accept,
             Err(Error::Unsupported { reason, .. }) => Claim::Decline { reason },
@@ -127,10 +202,17 @@ impl Backend for CutlassBackend {
     }
 
     fn compile(&self, c: &Candidate<'_>) -> fusebox_core::Result<Box<dyn Artifact>> {
+        if is_attention(c.name, c.func) {
+            let spec = analyse_attention(c.name, c.func)?;
+            return Ok(Box::new(AttentionArtifact::new(c.name, spec)?));
+        }
         Ok(Box::new(self.compile_function(c.name, c.func)?))
     }
 
     fn build(&self, c: &Candidate<'_>) -> fusebox_core::Result<Option<BuildOutput>> {
+        if is_attention(c.name, c.func) {
+            return Ok(Some(self.build_attention(c.name, c.func)?));
+        }
         let (spec, p) = self.prepare(c.name, c.func)?;
         let inst = self.build_instance(&spec, p.as_ref());
         let kname = inst.kernel_name();

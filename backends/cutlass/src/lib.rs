@@ -19,14 +19,19 @@
 //!   when the `arch` option is sm_90a and the problem is an f16/bf16 GEMM with 16-byte row
 //!   strides, else mma.sync / SIMT, with the reason), and a CPU model of the tile loop's
 //!   predication (property-tested).
-//! - [`patterns`]: TVM's CUTLASS table for matmul and conv2d (residual blocks first, names and
-//!   order as TVM's `get_patterns_with_prefix("cutlass")`), with `_check_matmul` /
-//!   `_check_conv2d` / `_check_residual` rules and reasons.
-//! - [`spec`]: a claimed function → [`spec::KernelSpec`] (GEMM or conv2d, operands, epilogue).
+//! - [`patterns`]: TVM's CUTLASS table for attention, matmul and conv2d (`cutlass.attention_bias`
+//!   and `cutlass.attention` first, then the residual blocks; names and order as TVM's
+//!   `get_patterns_with_prefix("cutlass")`), with `_check_matmul` / `_check_conv2d` /
+//!   `_check_residual` rules and reasons.
+//! - [`spec`]: a claimed function → [`spec::KernelSpec`] (GEMM or conv2d, operands, epilogue)
+//!   or, for `cutlass.attention*`, [`spec::AttentionSpec`] (Q, K, V, bias, scale, causal mask).
+//! - [`attention`]: the generated FlashAttention-2-style kernel that runs `relax.nn.attention`.
 //! - [`backend`]: the `cutlass` backend (claim, build: `.cu` + `.cubin` + launch, compile: a
 //!   device artifact; without a device the typed no-device error, so the pipeline moves on).
 //! - [`artifact`]: launches on fusebox-cuda's stream with device values in and out, and the
 //!   `profile = true` option (times candidates once, caches the winner on disk).
+//!   [`artifact::AttentionArtifact`] launches the fused attention kernel for a claimed
+//!   `cutlass.attention*` function.
 //!
 //! ```text
 //! lv = R.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI")  # x: (1,56,56,64) f16

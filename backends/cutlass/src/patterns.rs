@@ -1,19 +1,25 @@
-//! The CUTLASS pattern table for matmul and conv2d: TVM's `relax/backend/cuda/cutlass.py`
-//! entries in the order `get_patterns_with_prefix("cutlass")` returns them, with
-//! `_check_matmul`, `_check_conv2d` and `_check_residual` and a reason for every rejection.
+//! The CUTLASS pattern table for attention, matmul and conv2d: TVM's
+//! `relax/backend/cuda/cutlass.py` entries in the order `get_patterns_with_prefix("cutlass")`
+//! returns them, with `_check_matmul`, `_check_conv2d` and `_check_residual` and a reason for
+//! every rejection.
 //!
 //! Contract:
 //!
-//! - [`table`] returns 48 entries, most specific first (decreasing priorities, so the
-//!   pipeline's stable sort keeps TVM's order): the residual blocks, relu-activated first — for
+//! - [`table`] returns 50 entries, most specific first (decreasing priorities, so the
+//!   pipeline's stable sort keeps TVM's order): `cutlass.attention_bias` and
+//!   `cutlass.attention` (`make_attention_pattern`: the op with wildcard `query`, `key`,
+//!   `value` and `bias` captures, no check function, as in TVM — what the fused kernel cannot
+//!   run, the backend's claim declines with the reason); then the residual blocks,
+//!   relu-activated first — for
 //!   each base `matmul_transposed_bias_gelu`, `matmul_transposed_bias_relu`,
 //!   `matmul_transposed_bias`, `matmul_bias_gelu`, `matmul_bias_relu`, `matmul_bias`,
 //!   `conv2d_bias_silu`, `conv2d_bias_relu`, `conv2d_bias` the suffixes
 //!   `_residual_multiply_relu`, `_residual_add_relu`; then the same bases with
 //!   `_residual_multiply`, `_residual_add` — then `matmul_transposed_bias_gelu` …
 //!   `matmul`, then `conv2d_bias_silu`, `conv2d_bias_relu`, `conv2d_bias`, `conv2d`. TVM's
-//!   attention, norm and `decode_matmul` entries are not this backend's (no kernels here, and
-//!   fusebox has no `decode` call_tir producers).
+//!   `stacked_attention` / `attention_var_len`, norm and `decode_matmul` entries are not this
+//!   backend's (no kernels here for them, and fusebox has no `attention_var_len` op or
+//!   `decode` call_tir producers).
 //! - Matmul entries carry [`CutlassCheck`] `cutlass_matmul`, TVM's order: (1) no leaking
 //!   intermediate (the stock check); (2) dtypes float16/float16, float32/float32 or any
 //!   int8/uint8 pair (bfloat16 only with the backend option `bf16 = true`: TVM's table has no
@@ -35,9 +41,9 @@
 
 use fusebox_core::ir::{Callee, DType, Dim, ExprKind, Type, VarId};
 use fusebox_core::op::Op;
-use fusebox_core::pattern::Pattern;
 use fusebox_core::pattern::check::{Check, CheckContext, NoLeakingIntermediates, Verdict};
 use fusebox_core::pattern::helpers::{fused_bias_activation, matmul, residual_block};
+use fusebox_core::pattern::{Pattern, PatternBuilder};
 use fusebox_core::transform::FusionPattern;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -81,6 +87,30 @@ pub enum CheckKind {
     Conv2d,
 }
 
+/// A table entry before its priority: name, pattern, check.
+type Entry = (String, Pattern, Option<Arc<dyn Check>>);
+
+/// `make_attention_pattern(with_bias)`: `relax.nn.attention(query, key, value)` or
+/// `relax.nn.attention_bias(query, key, value, bias)`, each operand a named wildcard.
+pub fn attention_pattern(with_bias: bool) -> Pattern {
+    let mut b = PatternBuilder::new();
+    let mut args = Vec::new();
+    for name in ["query", "key", "value", "bias"]
+        .into_iter()
+        .take(if with_bias { 4 } else { 3 })
+    {
+        let w = b.wildcard();
+        args.push(b.capture(name, w));
+    }
+    let op = if with_bias {
+        "relax.nn.attention_bias"
+    } else {
+        "relax.nn.attention"
+    };
+    let root = b.call(op, args);
+    b.finish(root)
+}
+
 /// The CUTLASS table (see the module doc). `allow_bf16` extends the dtype rule with
 /// bfloat16/bfloat16 (the backend option `bf16`).
 pub fn table(allow_bf16: bool) -> Vec<FusionPattern> {
@@ -103,7 +133,14 @@ pub fn table(allow_bf16: bool) -> Vec<FusionPattern> {
             cv.clone(),
         ));
     }
-    let mut entries: Vec<(String, Pattern, Arc<dyn Check>)> = Vec::new();
+    let mut entries: Vec<Entry> = vec![
+        (
+            "cutlass.attention_bias".into(),
+            attention_pattern(true),
+            None,
+        ),
+        ("cutlass.attention".into(), attention_pattern(false), None),
+    ];
     for act in [Some("relax.nn.relu"), None] {
         let post = if act.is_some() { "_relu" } else { "" };
         for (name, pat, check) in bases.iter().filter(|(n, ..)| n.contains("bias")) {
@@ -111,22 +148,24 @@ pub fn table(allow_bf16: bool) -> Vec<FusionPattern> {
                 entries.push((
                     format!("cutlass.{name}_residual_{tag}{post}"),
                     residual_block(pat, op, act),
-                    check.clone(),
+                    Some(check.clone()),
                 ));
             }
         }
     }
     for (name, pat, check) in bases {
-        entries.push((format!("cutlass.{name}"), pat, check));
+        entries.push((format!("cutlass.{name}"), pat, Some(check)));
     }
     let n = entries.len() as i32;
     entries
         .into_iter()
         .enumerate()
         .map(|(i, (name, p, c))| {
-            FusionPattern::new(&name, p)
-                .with_priority((n - i as i32) * 10)
-                .with_check(c)
+            let e = FusionPattern::new(&name, p).with_priority((n - i as i32) * 10);
+            match c {
+                Some(c) => e.with_check(c),
+                None => e,
+            }
         })
         .collect()
 }
@@ -354,8 +393,12 @@ mod tests {
     #[test]
     fn table_is_tvms_order() {
         let t = table(false);
-        assert_eq!(t.len(), 48);
-        let names: Vec<&str> = t.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(t.len(), 50);
+        // TVM's attention entries come before every matmul / conv2d one, without checks.
+        assert_eq!(t[0].name, "cutlass.attention_bias");
+        assert_eq!(t[1].name, "cutlass.attention");
+        assert!(t[0].check.is_none() && t[1].check.is_none());
+        let names: Vec<&str> = t[2..].iter().map(|p| p.name.as_str()).collect();
         assert_eq!(
             names[0],
             "cutlass.matmul_transposed_bias_gelu_residual_multiply_relu"

@@ -13,11 +13,22 @@
 //! with one element type on every tensor (float16, bfloat16 or float32; matmul/conv2d
 //! `out_dtype` unset or equal), conv2d in NHWC/OHWI with an NHWC output and `groups = 1`.
 //! Anything else is [`crate::Error::Unsupported`] with the reason (the claim's decline).
+//!
+//! A `cutlass.attention` / `cutlass.attention_bias` composite is read by
+//! [`analyse_attention`] instead, into an [`AttentionSpec`]:
+//!
+//! ```text
+//! y = R.nn.attention_bias(q, k, v, b, scale=None, causal_mask="BottomRight", window_size=None)
+//!     # q: (2, 37, 8, 64) f16, k, v: (2, 53, 2, 64) f16, b: (1, 8, 37, 53) f16
+//! # -> AttentionSpec { qkv: [0, 1, 2], bias: Some(3), elem: F16, head_dim: 64,
+//! #                    options: causal BottomRight, BSNH }  kernel fusebox_attn_f16_d64_causal_bias
+//! ```
 
+use crate::attention::{AttentionOptions, AttnElem, AttnKernel, Layout};
 use crate::error::{Error, Result};
 use crate::generator::{Act, Bcast, BinOp, Elem, EpOp};
 use fusebox_core::ir::{Callee, DType, Dim, ExprId, ExprKind, Function, PrimValue, Type, VarId};
-use fusebox_core::op::{Conv2dAttrs, Op};
+use fusebox_core::op::{CausalMask, Conv2dAttrs, Op};
 use std::collections::HashMap;
 
 /// The main computation.
@@ -450,5 +461,241 @@ pub fn analyse(name: &str, func: &Function) -> Result<KernelSpec> {
         epilogue,
         extras,
         elem,
+    })
+}
+
+/// A claimed `cutlass.attention` / `cutlass.attention_bias` function, analysed: which
+/// arguments are Q, K, V and the bias, and the options the fused kernel runs with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionSpec {
+    /// The composite's name.
+    pub composite: String,
+    /// How many arguments the function takes.
+    pub num_params: usize,
+    /// Argument indices of query, key and value.
+    pub qkv: [usize; 3],
+    /// Argument index of the bias, for `attention_bias`.
+    pub bias: Option<usize>,
+    /// The element type (float16 or bfloat16).
+    pub elem: AttnElem,
+    /// The head dim (a static multiple of 16 from 32 to 128).
+    pub head_dim: usize,
+    /// Scale and causal mask (layout BSNH, TVM's).
+    pub options: AttentionOptions,
+}
+
+impl AttentionSpec {
+    /// The compiled kernel this spec runs.
+    pub fn kernel(&self) -> AttnKernel {
+        AttnKernel {
+            elem: self.elem,
+            head_dim: self.head_dim,
+            causal: self.options.causal.is_some(),
+            bias: self.bias.is_some(),
+        }
+    }
+}
+
+impl std::fmt::Display for AttentionSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (fused attention, {:?}, head_dim {}",
+            self.composite, self.elem, self.head_dim
+        )?;
+        if let Some(c) = self.options.causal {
+            write!(f, ", causal {c:?}")?;
+        }
+        if self.bias.is_some() {
+            f.write_str(", bias")?;
+        }
+        if let Some(s) = self.options.scale {
+            write!(f, ", scale {s}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Whether `func` (a `Codegen = "cutlass"` wrapper or a bare composite) holds a
+/// `cutlass.attention*` composite.
+pub fn is_attention(name: &str, func: &Function) -> bool {
+    composite_of(name, func).is_ok_and(|(g, _)| {
+        g.attrs
+            .composite
+            .as_deref()
+            .is_some_and(|c| c.starts_with("cutlass.attention"))
+    })
+}
+
+/// Analyses a `cutlass.attention` / `cutlass.attention_bias` function into an
+/// [`AttentionSpec`]. Its composite holds one call of `relax.nn.attention(q, k, v)` or
+/// `relax.nn.attention_bias(q, k, v, bias)` on its parameters, returned. The fused kernel runs
+/// (else [`Error::Unsupported`] with the reason, so the claim declines and the function goes to
+/// the next backend): float16 or bfloat16 operands of one dtype (the bias too); a static head
+/// dim, a multiple of 16 from 32 to 128, equal for query, key and value; key and value of one
+/// shape (the same heads); no `window_size`. With static shapes the launch is planned here as
+/// well ([`crate::attention::plan`]), so what is claimed runs.
+pub fn analyse_attention(name: &str, func: &Function) -> Result<AttentionSpec> {
+    let (g, map) = composite_of(name, func)?;
+    let composite = g.attrs.composite.clone().unwrap_or_default();
+    let bindings: Vec<_> = g.bindings().collect();
+    let [b] = bindings.as_slice() else {
+        return Err(unsupported(
+            name,
+            format!(
+                "the attention composite has {} bindings; the fused kernel runs one attention call",
+                bindings.len()
+            ),
+        ));
+    };
+    if g.ret.and_then(|e| g.as_var(e)) != Some(b.var) {
+        return Err(unsupported(
+            name,
+            "the composite does not return the attention's result",
+        ));
+    }
+    let ExprKind::Call {
+        callee: Callee::Op(op),
+        args,
+    } = &g.expr(b.value).kind
+    else {
+        return Err(unsupported(
+            name,
+            "the composite's binding is not an op call",
+        ));
+    };
+    let (attrs, with_bias) = match op {
+        Op::Attention(a) => (a, false),
+        Op::AttentionBias(a) => (a, true),
+        other => {
+            return Err(unsupported(
+                name,
+                format!("`{}` is not relax.nn.attention", other.name()),
+            ));
+        }
+    };
+    if let Some(w) = attrs.window_size {
+        return Err(unsupported(
+            name,
+            format!("sliding-window attention (window_size={w}) is not generated"),
+        ));
+    }
+    if args.len() != 3 + usize::from(with_bias) {
+        return Err(unsupported(
+            name,
+            "attention with a wrong number of operands",
+        ));
+    }
+    let mut idx = Vec::with_capacity(args.len());
+    let mut tys = Vec::with_capacity(args.len());
+    for (&a, what) in args.iter().zip(["query", "key", "value", "bias"]) {
+        let p = g
+            .as_var(a)
+            .and_then(|v| g.params.iter().position(|p| *p == v))
+            .ok_or_else(|| {
+                unsupported(
+                    name,
+                    format!(
+                        "the {what} is not a parameter (cutlass takes its operands as arguments)"
+                    ),
+                )
+            })?;
+        idx.push(map.get(p).copied().unwrap_or(p));
+        let t = g
+            .expr(a)
+            .ty
+            .as_tensor()
+            .ok_or_else(|| unsupported(name, format!("the {what} is not a tensor")))?;
+        tys.push((t, what));
+    }
+    let dtype = tys[0].0.dtype;
+    let elem = dtype.and_then(AttnElem::of).ok_or_else(|| {
+        unsupported(
+            name,
+            format!(
+                "a {} query: the fused attention kernel takes float16 or bfloat16",
+                dtype.map_or("void", DType::name)
+            ),
+        )
+    })?;
+    for (t, what) in &tys[1..] {
+        if t.dtype != dtype {
+            return Err(unsupported(
+                name,
+                format!(
+                    "the {what} is {}, the query {}: the kernel takes one dtype",
+                    t.dtype.map_or("void", DType::name),
+                    elem.dtype()
+                ),
+            ));
+        }
+    }
+    let dims = |i: usize| -> Result<&[Dim]> {
+        let (t, what) = &tys[i];
+        t.dims
+            .as_deref()
+            .filter(|d| d.len() == 4)
+            .ok_or_else(|| unsupported(name, format!("the {what} has no known rank-4 shape")))
+    };
+    let (qd, kd, vd) = (dims(0)?, dims(1)?, dims(2)?);
+    let head_dim = qd[3]
+        .as_static()
+        .and_then(|h| usize::try_from(h).ok())
+        .ok_or_else(|| unsupported(name, format!("the head dim {} is not static", qd[3])))?;
+    let kernel = AttnKernel {
+        elem,
+        head_dim,
+        causal: attrs.causal_mask.is_some(),
+        bias: with_bias,
+    };
+    kernel
+        .check()
+        .map_err(|e| unsupported(name, e.to_string()))?;
+    if kd[2] != vd[2] || kd[3] != vd[3] || vd[3] != qd[3] {
+        return Err(unsupported(
+            name,
+            format!(
+                "value {} and key {}: the kernel needs the key's heads and head dim for the value",
+                crate::patterns::shape_str(vd),
+                crate::patterns::shape_str(kd)
+            ),
+        ));
+    }
+    let options = AttentionOptions {
+        scale: attrs.scale.map(|s| s.0),
+        causal: attrs.causal_mask.map(|c| match c {
+            CausalMask::TopLeft => crate::attention::CausalMask::TopLeft,
+            CausalMask::BottomRight => crate::attention::CausalMask::BottomRight,
+        }),
+        layout: Layout::Bsnh,
+    };
+    let statics: Option<Vec<Vec<usize>>> = tys
+        .iter()
+        .map(|(t, _)| {
+            t.static_shape()?
+                .into_iter()
+                .map(|d| usize::try_from(d).ok())
+                .collect()
+        })
+        .collect();
+    if let Some(s) = statics {
+        let dt = elem.dtype();
+        crate::attention::plan(
+            (&s[0], dt),
+            (&s[1], dt),
+            (&s[2], dt),
+            s.get(3).map(|b| (b.as_slice(), dt)),
+            &options,
+        )
+        .map_err(|e| unsupported(name, e.to_string()))?;
+    }
+    Ok(AttentionSpec {
+        composite,
+        num_params: func.params.len(),
+        qkv: [idx[0], idx[1], idx[2]],
+        bias: idx.get(3).copied(),
+        elem,
+        head_dim,
+        options,
     })
 }

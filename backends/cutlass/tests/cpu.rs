@@ -252,5 +252,5 @@ fn options_are_validated_through_the_registry() {
     let unknown = make_backend("cutlass", &toml::from_str("tiles = 3").unwrap());
     assert!(unknown.is_err());
     let bf16 = make_backend("cutlass", &toml::from_str("bf16 = true").unwrap()).unwrap();
-    assert_eq!(bf16.patterns().len(), 48);
+    assert_eq!(bf16.patterns().len(), 50);
 }

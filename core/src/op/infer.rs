@@ -14,6 +14,7 @@ use crate::ir::infer::brief;
 use crate::ir::{DType, Dim, TensorType, Type};
 use std::sync::Arc;
 
+mod attention;
 mod index;
 mod nn;
 mod pool;
@@ -738,6 +739,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         }
         Op::AdaptiveAvgPool1d(a) => pool::adaptive(&cx, a, 1),
         Op::AdaptiveAvgPool3d(a) => pool::adaptive(&cx, a, 3),
+        Op::Attention(a) | Op::AttentionBias(a) => attention::attention(&cx, a),
     }
 }
 

@@ -32,6 +32,7 @@
 //! and `step`, and `relax.tril` / `relax.triu` take `k`, as attributes (TVM passes prim values),
 //! so their types follow from the attributes.
 
+mod attention;
 mod attrs;
 pub mod einsum;
 mod elem;
@@ -43,6 +44,7 @@ mod pool;
 mod tests;
 
 use crate::ir::{DType, Dim, Type};
+pub use attention::{AttentionAttrs, CausalMask};
 use attrs::{
     Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
     str_lit,
@@ -609,6 +611,10 @@ pub enum Op {
     AdaptiveAvgPool1d(Box<AdaptivePoolAttrs>),
     /// `relax.nn.adaptive_avg_pool3d`
     AdaptiveAvgPool3d(Box<AdaptivePoolAttrs>),
+    /// `relax.nn.attention(query, key, value)`
+    Attention(Box<AttentionAttrs>),
+    /// `relax.nn.attention_bias(query, key, value, bias)`
+    AttentionBias(Box<AttentionAttrs>),
     /// An op outside the op set, kept verbatim (see [`OpaqueOp`]).
     Opaque(Box<OpaqueOp>),
 }
@@ -692,6 +698,8 @@ const OTHER_NAMES: &[&str] = &[
     "relax.nn.avg_pool3d",
     "relax.nn.adaptive_avg_pool1d",
     "relax.nn.adaptive_avg_pool3d",
+    "relax.nn.attention",
+    "relax.nn.attention_bias",
 ];
 
 const CONV2D_ATTRS: &[&str] = &[
@@ -880,6 +888,8 @@ impl Op {
             Op::AvgPool3d(_) => "relax.nn.avg_pool3d",
             Op::AdaptiveAvgPool1d(_) => "relax.nn.adaptive_avg_pool1d",
             Op::AdaptiveAvgPool3d(_) => "relax.nn.adaptive_avg_pool3d",
+            Op::Attention(_) => "relax.nn.attention",
+            Op::AttentionBias(_) => "relax.nn.attention_bias",
         })
     }
 
@@ -958,6 +968,8 @@ impl Op {
             "relax.nn.adaptive_avg_pool1d" | "relax.nn.adaptive_avg_pool3d" => {
                 sig(1, 1, &["output_size", "layout", "out_layout"])
             }
+            "relax.nn.attention" => sig(3, 3, attention::ATTENTION_ATTRS),
+            "relax.nn.attention_bias" => sig(4, 4, attention::ATTENTION_ATTRS),
             _ => return None,
         })
     }
@@ -1252,11 +1264,22 @@ impl Op {
             "relax.nn.avg_pool3d" => Op::AvgPool3d(pool::pool_attrs(&kw, 3, true)?),
             "relax.nn.adaptive_avg_pool1d" => Op::AdaptiveAvgPool1d(pool::adaptive_attrs(&kw, 1)?),
             "relax.nn.adaptive_avg_pool3d" => Op::AdaptiveAvgPool3d(pool::adaptive_attrs(&kw, 3)?),
+            "relax.nn.attention" => Op::Attention(attention::attention_attrs(&kw)?),
+            "relax.nn.attention_bias" => Op::AttentionBias(attention::attention_attrs(&kw)?),
             _ => match index::from_call(name, &kw)? {
                 Some(op) => op,
                 None => return Err(format!("unknown op `{name}`")),
             },
         })
+    }
+
+    /// The attributes TVM holds as a `float32` immediate (`FloatImm`), which it prints as
+    /// `T.float32(0.125)` rather than a bare number: `relax.nn.attention*`'s `scale`.
+    pub fn float32_imm_attrs(&self) -> &'static [&'static str] {
+        match self {
+            Op::Attention(_) | Op::AttentionBias(_) => attention::FLOAT32_IMM_ATTRS,
+            _ => &[],
+        }
     }
 
     /// The attributes in TVM 0.27's printing order, with their values (TVM prints all of
@@ -1399,6 +1422,7 @@ impl Op {
                 pool::pool_kwargs(a)
             }
             Op::AdaptiveAvgPool1d(a) | Op::AdaptiveAvgPool3d(a) => pool::adaptive_kwargs(a),
+            Op::Attention(a) | Op::AttentionBias(a) => attention::attention_kwargs(a),
         }
     }
 
@@ -1418,6 +1442,8 @@ impl Op {
     /// `broadcast_to` is `Broadcast` (Relay's pattern, and what TVM's TIR analysis finds);
     /// `conv2d_transpose` is `OutEWiseFusable` and `resize2d` is `Injective` (Relay's patterns);
     /// `group_norm` and `instance_norm` are `CommReduce` like `layer_norm`.
+    /// `attention` / `attention_bias` are `Opaque` (TVM registers no `TOpPattern` for them,
+    /// which FuseOps reads as opaque; they reach a kernel through the `*.attention` patterns).
     pub fn fusion_kind(&self) -> FusionKind {
         match self {
             Op::Add
@@ -1493,6 +1519,7 @@ impl Op {
             | Op::AvgPool3d(_)
             | Op::AdaptiveAvgPool1d(_)
             | Op::AdaptiveAvgPool3d(_) => FusionKind::OutEWiseFusable,
+            Op::Attention(_) | Op::AttentionBias(_) => FusionKind::Opaque,
             Op::Opaque(_) => FusionKind::Opaque,
         }
     }

@@ -90,6 +90,15 @@ fn samples() -> Vec<Op> {
             &[("output_size", ints(&[1, 1]))],
         ),
         op("relax.permute_dims", &[("axes", ints(&[1, 0]))]),
+        op(
+            "relax.nn.attention",
+            &[
+                ("scale", AttrLit::Float(0.125)),
+                ("causal_mask", s("BottomRight")),
+                ("window_size", AttrLit::Int(4)),
+            ],
+        ),
+        op("relax.nn.attention_bias", &[("causal_mask", s("TopLeft"))]),
         op("relax.concat", &[("axis", AttrLit::None)]),
         op(
             "relax.split",
@@ -215,10 +224,11 @@ fn default_instance(name: &str) -> Op {
 fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
     // The ops before issue 17 and shape_to_tensor, then the families of issue 17:
-    // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7).
+    // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7);
+    // issue 19's attention and attention_bias (2).
     assert_eq!(
         names.len(),
-        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2
     );
     for name in names {
         let sig = Op::signature(name);

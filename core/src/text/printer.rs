@@ -415,10 +415,12 @@ impl Printer {
                 let _ = write!(out, "{c}");
             }
             ExprKind::Call { callee, args } => {
+                let mut f32_imm: &[&str] = &[];
                 let kwargs = match callee {
                     Callee::Op(op) => {
                         let n = op.name();
                         let _ = write!(out, "R.{}(", n.strip_prefix("relax.").unwrap_or(n));
+                        f32_imm = op.float32_imm_attrs();
                         op.kwargs()
                     }
                     Callee::Global(g) => {
@@ -444,7 +446,13 @@ impl Printer {
                     }
                     first = false;
                     let _ = write!(out, "{k}=");
-                    write_attr_lit(out, v);
+                    match v {
+                        // As TVM prints a `FloatImm` attribute (`scale=T.float32(0.125)`).
+                        AttrLit::Float(x) if f32_imm.contains(k) => {
+                            let _ = write!(out, "T.float32({})", format_float(*x));
+                        }
+                        _ => write_attr_lit(out, v),
+                    }
                 }
                 out.push(')');
             }

@@ -2,6 +2,7 @@
 
 pub mod bind_params;
 pub mod dead_code_elimination;
+pub mod eliminate_common_subexpr;
 pub mod fold_batch_norm;
 pub mod fold_constant;
 pub mod fuse_ops;
@@ -13,9 +14,11 @@ pub mod remove_export_noise;
 pub mod remove_identity;
 pub mod simplify;
 mod substitute;
+pub mod unflatten_matmul;
 
 pub use bind_params::bind_params;
 pub use dead_code_elimination::dead_code_elimination;
+pub use eliminate_common_subexpr::eliminate_common_subexpr;
 pub use fold_batch_norm::fold_batch_norm;
 pub use fold_constant::{Evaluator, fold_constant};
 pub use fuse_ops::fuse_ops;
@@ -28,3 +31,4 @@ pub use pass::{Pass, Pipeline};
 pub use remove_export_noise::remove_export_noise;
 pub use remove_identity::remove_identity;
 pub use simplify::{simplify_for_inference, simplify_pipeline};
+pub use unflatten_matmul::unflatten_matmul;

@@ -160,6 +160,32 @@ impl Pass for RemoveExportNoise {
     }
 }
 
+/// [`eliminate_common_subexpr`](super::eliminate_common_subexpr) as a pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EliminateCommonSubexpr;
+
+impl Pass for EliminateCommonSubexpr {
+    fn name(&self) -> &str {
+        "eliminate_common_subexpr"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::eliminate_common_subexpr(m)
+    }
+}
+
+/// [`unflatten_matmul`](super::unflatten_matmul) as a pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnflattenMatmul;
+
+impl Pass for UnflattenMatmul {
+    fn name(&self) -> &str {
+        "unflatten_matmul"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::unflatten_matmul(m)
+    }
+}
+
 /// [`fuse_ops`](super::fuse_ops) as a pass.
 #[derive(Clone, Copy, Debug)]
 pub struct FuseOps {

@@ -4,7 +4,9 @@
 //! Contract: [`simplify_pipeline`] is, in order,
 //! [`FoldConstant`](super::fold_constant) (only with an [`Evaluator`]: core has no kernels) →
 //! [`RemoveIdentity`](super::remove_identity) → [`RemoveExportNoise`](super::remove_export_noise)
-//! → [`FoldBatchNorm`](super::fold_batch_norm). Constants fold first, so a mask or a weight
+//! → [`EliminateCommonSubexpr`](super::eliminate_common_subexpr) →
+//! [`UnflattenMatmul`](super::unflatten_matmul) → [`FoldBatchNorm`](super::fold_batch_norm).
+//! Constants fold first, so a mask or a weight
 //! computed from constants is a constant when the later rules look for one, and a transposed
 //! matmul weight is a plain constant FoldBatchNorm can fold into. Each pass keeps the module
 //! verifying and the values the same (bit for bit, except FoldBatchNorm, which changes float
@@ -29,7 +31,10 @@
 //! ```
 
 use super::fold_constant::Evaluator;
-use super::pass::{FoldBatchNorm, FoldConstant, Pipeline, RemoveExportNoise, RemoveIdentity};
+use super::pass::{
+    EliminateCommonSubexpr, FoldBatchNorm, FoldConstant, Pipeline, RemoveExportNoise,
+    RemoveIdentity, UnflattenMatmul,
+};
 use crate::error::Result;
 use crate::ir::Module;
 
@@ -41,6 +46,8 @@ pub fn simplify_pipeline(eval: Option<Evaluator>) -> Pipeline {
     }
     p.then(RemoveIdentity)
         .then(RemoveExportNoise)
+        .then(EliminateCommonSubexpr)
+        .then(UnflattenMatmul)
         .then(FoldBatchNorm)
 }
 
