@@ -499,6 +499,30 @@ fn make_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Err
     let mut args = Vec::new();
     for &p in &f.params {
         let v = f.var(p);
+        if let fusebox_core::ir::Type::Prim(d) = &v.ty {
+            // A prim value (`T.bool`, `T.int64`, a condition of an `if`): a 0-d array given
+            // with --input, else random (a bool 0 or 1, an int 1, a float in [-1, 1]).
+            let x = match given.remove(&v.name) {
+                Some(t) if t.numel() == 1 => t.to_f64_vec().first().copied().unwrap_or(0.0),
+                Some(t) => {
+                    return Err(Error::Invalid(format!(
+                        "--input `{}`: the parameter is a {} scalar, found an array of shape {:?}",
+                        v.name,
+                        d.name(),
+                        t.shape()
+                    )));
+                }
+                None if *d == DType::Bool => (rng.next_u64() % 2) as f64,
+                None if d.is_float() => (rng.next_u64() % 2_000_001) as f64 / 1_000_000.0 - 1.0,
+                None => 1.0,
+            };
+            args.push(Value::Prim(if d.is_float() {
+                fusebox_core::runtime::Prim::Float(x)
+            } else {
+                fusebox_core::runtime::Prim::Int(x as i64)
+            }));
+            continue;
+        }
         if let Some(t) = given.remove(&v.name) {
             args.push(Value::Tensor(t));
             continue;

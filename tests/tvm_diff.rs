@@ -16,16 +16,18 @@
 //!   `Codegen`, `Primitive`, `global_symbol`), params (by name in user functions, by position in
 //!   the ones a pass made), bindings (callee with op attributes and arguments, in order, local
 //!   functions nested) and return, with types; symbolic dims are renamed per function. `main`'s
-//!   bindings give the call order. Var names are not compared (TVM names every var a pass emits
+//!   bindings give the call order; an `if` is summarised with its condition and each branch's
+//!   blocks and yielded value, nested under it. Var names are not compared (TVM names every var a pass emits
 //!   `lv`/`gv` and its printer numbers them; fusebox's names are unique); the report counts the
 //!   cases that also print identically. Where fusebox differs
 //!   on purpose, [`DELIBERATE`] names the case and the reason, and the test checks the evidence
 //!   for that reason (TVM's error, TVM's ill-formed output, fusebox's rejection, a deleted op).
 //!   It fails below 95% agreement, on any difference not in the table, and on a table entry
 //!   that no longer differs or whose evidence is missing.
-//! - Cases marked `pending: <gap>` use IR fusebox cannot read yet (if/else, opaque ops,
-//!   constants without values). They are counted and printed, not compared; one that now
-//!   parses is reported so it can be switched on.
+//! - Cases marked `pending: <gap>` use IR fusebox cannot handle yet (now: constants without
+//!   values lifted as parameters, `bind_constants=false`, whose types the printed text does
+//!   not give). They are counted and printed, not compared; one that now parses is reported so
+//!   it can be switched on.
 //! - With `FUSEBOX_TVM_PYTHON` pointing at a python with TVM 0.27, `live_tvm_matches_corpus`
 //!   regenerates the corpus into a temporary directory, checks that it is identical to the
 //!   committed one, and runs the comparison on it; otherwise it prints that the committed corpus
@@ -57,7 +59,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The committed corpus has at least this many cases (the generator writes 422).
+/// The committed corpus has at least this many cases (the generator writes 433).
 const MIN_CASES: usize = 400;
 
 /// The agreement rate below which the test fails.
@@ -82,6 +84,9 @@ enum Reason {
     /// `main` and then fails an internal check on the other functions' vars; fusebox merges
     /// the composites of every entry function.
     MergeOnlyMain,
+    /// MergeCompositeFunctions on a module with an `if`: TVM raises ("Do not have a default
+    /// for relax.expr.If"); fusebox merges inside each branch.
+    MergeIfTvmRaises,
 }
 
 impl Reason {
@@ -99,6 +104,9 @@ impl Reason {
             Reason::DeadMatch => "dead match: TVM deletes the unused group, fusebox keeps every op",
             Reason::MergeOnlyMain => {
                 "MergeCompositeFunctions with several entry functions: TVM fails outside main, fusebox merges in each"
+            }
+            Reason::MergeIfTvmRaises => {
+                "MergeCompositeFunctions on a module with `if`: TVM raises, fusebox merges inside each branch"
             }
         }
     }
@@ -171,6 +179,21 @@ const DELIBERATE: &[(&str, Reason, &str)] = &[
         "two_functions_merged",
         Reason::MergeOnlyMain,
         "main and main2: TVM raises `Variable lv2 could not be found in any group`",
+    ),
+    (
+        "branch_if_merged",
+        Reason::MergeIfTvmRaises,
+        "cpu.mm_relu in the then branch: TVM's MergeCompositeFunctions has no case for `If`",
+    ),
+    (
+        "branch_mlp_merged",
+        Reason::MergeIfTvmRaises,
+        "composites in both branches: TVM's MergeCompositeFunctions has no case for `If`",
+    ),
+    (
+        "branch_nested_merged",
+        Reason::MergeIfTvmRaises,
+        "composites in two nested branches: TVM's MergeCompositeFunctions has no case for `If`",
     ),
 ];
 
@@ -443,8 +466,10 @@ fn describe(f: &Function, e: ExprId, index: &BTreeMap<u32, usize>) -> String {
             PrimValue::Int(v) => format!("prim({v})"),
             PrimValue::Float(v, d) => format!("prim({v}, {d:?})"),
             PrimValue::Str(s) => format!("str({s:?})"),
+            PrimValue::Bool(b) => format!("prim({b})"),
         },
         ExprKind::Function(_) => "<function>".into(),
+        ExprKind::If(_) => "<if>".into(),
     }
 }
 
@@ -544,32 +569,7 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
     }
     let mut index = BTreeMap::new();
     let mut i = 0;
-    for (bi, block) in f.blocks.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "{indent}  block {bi}{}",
-            if block.dataflow { " dataflow" } else { "" }
-        );
-        for b in &block.bindings {
-            let var = f.var(b.var);
-            if let ExprKind::Function(inner) = &f.expr(b.value).kind {
-                // The local function's var name is not compared: TVM 0.27 names the ones
-                // MergeCompositeFunctions inlines `gv`, `gv1`, … (the exact-text count shows it).
-                let _ = writeln!(out, "{indent}    %{i} = local function:");
-                summarize_function(out, &format!("{indent}      "), "local", inner);
-            } else {
-                let _ = writeln!(
-                    out,
-                    "{indent}    %{i}{} = {} : {}",
-                    if var.dataflow { "" } else { " (out)" },
-                    describe(f, b.value, &index),
-                    canon(&var.ty, &mut syms)
-                );
-            }
-            index.insert(b.var.as_u32(), i);
-            i += 1;
-        }
-    }
+    summarize_blocks(out, indent, f, &f.blocks, &mut index, &mut i, &mut syms);
     if let Some(r) = f.ret {
         let _ = writeln!(
             out,
@@ -577,6 +577,62 @@ fn summarize_function(out: &mut String, indent: &str, name: &str, f: &Function) 
             describe(f, r, &index),
             canon(&f.ret_ty, &mut syms)
         );
+    }
+}
+
+/// The blocks of a function or of a branch of an `if` (bindings numbered across the function,
+/// branches indented under their `if`).
+fn summarize_blocks(
+    out: &mut String,
+    indent: &str,
+    f: &Function,
+    blocks: &[fusebox_core::ir::Block],
+    index: &mut BTreeMap<u32, usize>,
+    i: &mut usize,
+    syms: &mut Vec<Sym>,
+) {
+    for (bi, block) in blocks.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{indent}  block {bi}{}",
+            if block.dataflow { " dataflow" } else { "" }
+        );
+        for b in &block.bindings {
+            let var = f.var(b.var);
+            match &f.expr(b.value).kind {
+                ExprKind::Function(inner) => {
+                    // The local function's var name is not compared: TVM 0.27 names the ones
+                    // MergeCompositeFunctions inlines `gv`, `gv1`, … (the exact-text count shows it).
+                    let _ = writeln!(out, "{indent}    %{i} = local function:");
+                    summarize_function(out, &format!("{indent}      "), "local", inner);
+                }
+                ExprKind::If(e) => {
+                    let _ = writeln!(out, "{indent}    if {}:", describe(f, e.cond, index));
+                    for (side, s) in [("then", &e.then_branch), ("else", &e.else_branch)] {
+                        let _ = writeln!(out, "{indent}    {side}:");
+                        let inner = format!("{indent}    ");
+                        summarize_blocks(out, &inner, f, &s.blocks, index, i, syms);
+                        let _ = writeln!(out, "{inner}  yield {}", describe(f, s.body, index));
+                    }
+                    let _ = writeln!(
+                        out,
+                        "{indent}    %{i} (out) = if : {}",
+                        canon(&var.ty, syms)
+                    );
+                }
+                _ => {
+                    let _ = writeln!(
+                        out,
+                        "{indent}    %{i}{} = {} : {}",
+                        if var.dataflow { "" } else { " (out)" },
+                        describe(f, b.value, index),
+                        canon(&var.ty, syms)
+                    );
+                }
+            }
+            index.insert(b.var.as_u32(), *i);
+            *i += 1;
+        }
     }
 }
 
@@ -603,7 +659,9 @@ fn summary(m: &Module) -> String {
 /// How many op calls a module holds, nested functions included (a deleted op shows here).
 fn op_calls(m: &Module) -> usize {
     fn count(f: &Function) -> usize {
-        f.bindings()
+        let mut all = Vec::new();
+        fusebox_core::ir::for_each_binding_deep(f, &f.blocks, &mut |b| all.push(*b));
+        all.iter()
             .map(|b| match &f.expr(b.value).kind {
                 ExprKind::Call {
                     callee: Callee::Op(_),
@@ -665,6 +723,20 @@ fn evidence(case: &Case, input: &Module, mine: &Module, rejections: &[Rejection]
     let entries = input.functions.values().filter(|f| is_entry(f)).count();
     if merge && entries > 1 && case.tvm_error.is_some() {
         r.push(Reason::MergeOnlyMain);
+    }
+    let has_if = input.functions.values().any(|f| {
+        f.exprs
+            .iter()
+            .any(|(_, d)| matches!(d.kind, ExprKind::If(_)))
+    });
+    if merge
+        && has_if
+        && case
+            .tvm_error
+            .as_deref()
+            .is_some_and(|e| e.contains("relax.expr.If"))
+    {
+        r.push(Reason::MergeIfTvmRaises);
     }
     if let Some(tvm) = case.tvm.as_deref().and_then(|t| parse(t, "tvm").ok())
         && op_calls(&tvm) < op_calls(input)

@@ -99,8 +99,12 @@ pub struct RejectionReport {
 }
 
 fn collect_ops(f: &Function, ops: &mut Vec<String>, inner: &mut Vec<String>) {
-    for b in f.bindings() {
+    // The bindings inside the branches of an `if` come before the `if` itself ("if").
+    let mut all = Vec::new();
+    crate::ir::for_each_binding_deep(f, &f.blocks, &mut |b| all.push(*b));
+    for b in &all {
         match &f.expr(b.value).kind {
+            ExprKind::If(_) => ops.push("if".into()),
             ExprKind::Call {
                 callee: Callee::Op(op),
                 ..
@@ -187,7 +191,9 @@ pub fn build(m: &Module, rejections: &[Rejection]) -> Report {
                 *calls.entry(g.to_string()).or_default() += 1;
             }
         }
-        for b in f.bindings() {
+        let mut deep_a = Vec::new();
+        crate::ir::for_each_binding_deep(f, &f.blocks, &mut |b| deep_a.push(*b));
+        for b in &deep_a {
             if let ExprKind::Call {
                 callee: Callee::Global(g),
                 ..
@@ -200,7 +206,9 @@ pub fn build(m: &Module, rejections: &[Rejection]) -> Report {
     };
     if let Some(main) = m.get("main") {
         visit(main, &mut order);
-        for b in main.bindings() {
+        let mut deep_b = Vec::new();
+        crate::ir::for_each_binding_deep(main, &main.blocks, &mut |b| deep_b.push(*b));
+        for b in &deep_b {
             main_entries.push(match &main.expr(b.value).kind {
                 ExprKind::Call {
                     callee: Callee::Op(op),
@@ -216,6 +224,7 @@ pub fn build(m: &Module, rejections: &[Rejection]) -> Report {
                 } => "call:local".into(),
                 ExprKind::TupleGetItem(_, i) => format!("tuple_get_item[{i}]"),
                 ExprKind::Tuple(_) => "tuple".into(),
+                ExprKind::If(_) => "if".into(),
                 _ => "var".into(),
             });
         }

@@ -70,7 +70,10 @@ pub fn partition(m: &Module, entries: &[(usize, bool)], bind_constants: bool, mo
 /// Op multiset of `f` with calls of module functions expanded (local functions included).
 pub fn count_ops(m: &Module, f: &Function, out: &mut BTreeMap<String, usize>, depth: usize) {
     assert!(depth < 64, "call graph too deep: a function calls itself");
-    for b in f.bindings() {
+    // Inside the branches of an `if` too.
+    let mut all = Vec::new();
+    fusebox_core::ir::for_each_binding_deep(f, &f.blocks, &mut |b| all.push(*b));
+    for b in &all {
         match &f.expr(b.value).kind {
             ExprKind::Call {
                 callee: Callee::Op(op),

@@ -7,7 +7,7 @@ itself, and the module TVM prints afterwards. Each case is written to
 
     # case: <name>
     # group: <seed | mlp | residual | split_tuple | multi_output | tvm_tests | symbolic | multi_function |
-    #         random | pending>
+    #         random | attention | branches | opaque | constants | pending>
     # flow: fuse_ops_by_pattern | cublas | cutlass | cutlass_table
     # pattern: NAME = TEXT              (fuse_ops_by_pattern: in priority order; the text is
     # pattern+leakcheck: NAME = TEXT     fusebox's pattern syntax, translated to TVM's DPL here)
@@ -276,8 +276,8 @@ for seed_name, seed_build in [
                                    (False, True, "merged")]:
             case(f"seed_{seed_name}_{tag}_{suffix}", "seed", seed_build, "fuse_ops_by_pattern",
                  pats, annotate_codegen=ann, merge=merge)
-case("seed_bound_weight_annotated", "pending", seed_bound_weight, "fuse_ops_by_pattern",
-     [CONV2D_RELU], annotate_codegen=True, pending="constants without values")
+case("seed_bound_weight_annotated", "constants", seed_bound_weight, "fuse_ops_by_pattern",
+     [CONV2D_RELU], annotate_codegen=True)
 case("seed_bound_weight_lifted", "pending", seed_bound_weight, "fuse_ops_by_pattern",
      [CONV2D_RELU], bind_constants=False, pending="constants without values")
 
@@ -802,7 +802,18 @@ for mode, kw in [("plain", {}), ("annotated", {"annotate_codegen": True}),
     case(f"two_functions_{mode}", "multi_function", two_functions, "fuse_ops_by_pattern",
          [("cpu.conv", "relax.nn.conv2d(_, _)"), ("cpu.relu", "relax.nn.relu(_)")], **kw)
 
-# --- pending: fusebox gaps another helper is closing ---------------------------------------------
+# --- branches: if/else with dataflow blocks inside (TVM partitions each block on its own) -------
+
+
+def branch_body(params, emit):
+    """A branch as TVM's BlockBuilder makes one: a SeqExpr of one dataflow block whose output
+    is the branch's value. `emit(bb, *params)` emits inside the block and returns the output."""
+    inner = relax.BlockBuilder()
+    with inner.function("tmp", list(params)):
+        with inner.dataflow():
+            out = emit(inner, *params)
+        inner.emit_func_output(out)
+    return inner.get()["tmp"].body
 
 
 def branch_if():
@@ -811,19 +822,109 @@ def branch_if():
     w = relax.Var("w", T((8, 8)))
     cond = relax.Var("cond", relax.TensorType((), "bool"))
     with bb.function("main", [cond, x, w]):
-        tb = relax.BlockBuilder()
-        # Build the branches as SeqExprs with their own dataflow blocks.
         def branch(act):
-            inner = relax.BlockBuilder()
-            with inner.function("tmp", [x, w]):
-                with inner.dataflow():
-                    m = inner.emit(R.matmul(x, w), "m")
-                    r = inner.emit_output(act(m), "r")
-                inner.emit_func_output(r)
-            return inner.get()["tmp"].body
+            def emit(inner, x, w):
+                m = inner.emit(R.matmul(x, w), "m")
+                return inner.emit_output(act(m), "r")
+            return branch_body([x, w], emit)
         y = bb.emit(relax.If(cond, branch(R.nn.relu), branch(R.nn.gelu)), "y")
         bb.emit_func_output(y)
     return bb.get()
+
+
+def dataflow_inside_branch():
+    """TVM's test_dataflow_inside_branch (test_transform_fuse_ops_by_pattern.py), a
+    `R.Prim("bool")` condition."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", T((1024, 1024), "float16"))
+    w = relax.Var("w", T((1024, 1024), "float16"))
+    flag = relax.Var("transpose_weights", tvm.ir.PrimType("bool"))
+    with bb.function("main", [x, w, flag]):
+        def then_(inner, x, w):
+            wt = inner.emit(R.permute_dims(w), "w_t")
+            return inner.emit_output(R.matmul(x, wt), "out")
+
+        def else_(inner, x, w):
+            return inner.emit_output(R.matmul(x, w), "out")
+        out = bb.emit(relax.If(flag, branch_body([x, w], then_), branch_body([x, w], else_)), "out")
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def branch_mlp():
+    """A dataflow block before the `if`, matmul / add / relu chains inside both branches, and
+    an add of the result after it."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", T((16, 32)))
+    w = relax.Var("w", T((32, 32)))
+    b = relax.Var("b", T((32,)))
+    cond = relax.Var("cond", relax.TensorType((), "bool"))
+    with bb.function("main", [cond, x, w, b]):
+        with bb.dataflow():
+            h = bb.emit_output(R.nn.relu(x), "h")
+
+        def then_(inner, h, w, b):
+            m = inner.emit(R.matmul(h, w), "m")
+            a = inner.emit(R.add(m, b), "a")
+            return inner.emit_output(R.nn.relu(a), "r")
+
+        def else_(inner, h, w, b):
+            m = inner.emit(R.matmul(h, w), "m")
+            r = inner.emit(R.nn.relu(m), "r")
+            return inner.emit_output(R.add(r, b), "s")
+        y = bb.emit(relax.If(cond, branch_body([h, w, b], then_), branch_body([h, w, b], else_)),
+                    "y")
+        with bb.dataflow():
+            z = bb.emit_output(R.add(y, x), "z")
+        bb.emit_func_output(z)
+    return bb.get()
+
+
+def branch_nested():
+    """An `if` inside the else branch, each innermost branch a dataflow block."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", T((8, 8)))
+    w = relax.Var("w", T((8, 8)))
+    c1 = relax.Var("c1", relax.TensorType((), "bool"))
+    c2 = relax.Var("c2", tvm.ir.PrimType("bool"))
+
+    def mm(act, name):
+        def emit(inner, x, w):
+            m = inner.emit(R.matmul(x, w), "m")
+            return inner.emit_output(act(m), name)
+        return emit
+
+    with bb.function("main", [c1, c2, x, w]):
+        inner_if = relax.If(c2, branch_body([x, w], mm(R.nn.relu, "p")),
+                            branch_body([x, w], mm(R.nn.gelu, "q")))
+        ib = relax.BlockBuilder()
+        with ib.function("tmp", [c2, x, w]):
+            z = ib.emit(inner_if, "z")
+            ib.emit_func_output(z)
+        else_seq = ib.get()["tmp"].body
+        y = bb.emit(relax.If(c1, branch_body([x, w], mm(R.nn.relu, "r")), else_seq), "y")
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+MM_RELU = [("cpu.mm_relu", "relax.nn.relu(relax.matmul(_, _))")]
+MLP_PATS = [("cpu.mm_bias_relu", "relax.nn.relu(relax.add(relax.matmul(_, _), _))"),
+            ("cpu.mm_relu", "relax.nn.relu(relax.matmul(_, _))"),
+            ("cpu.add", "relax.add(_, _)")]
+for mode, kw in [("fobp", {}), ("fobp_annotated", {"annotate_codegen": True}),
+                 ("merged", {"merge": True})]:
+    case(f"branch_if_{mode}", "branches", branch_if, "fuse_ops_by_pattern", MM_RELU, **kw)
+    case(f"branch_mlp_{mode}", "branches", branch_mlp, "fuse_ops_by_pattern", MLP_PATS, **kw)
+    case(f"branch_nested_{mode}", "branches", branch_nested, "fuse_ops_by_pattern", MM_RELU, **kw)
+case("branch_mlp_lifted", "branches", branch_mlp, "fuse_ops_by_pattern", MLP_PATS,
+     bind_constants=False)
+case("dataflow_inside_branch_cublas", "branches", dataflow_inside_branch, "cublas")
+case("dataflow_inside_branch_fobp", "branches", dataflow_inside_branch, "fuse_ops_by_pattern",
+     [("cublas.matmul_transposed", "relax.matmul(_, relax.permute_dims(_))"),
+      ("cublas.matmul", "relax.matmul(_, _)")], bind_constants=False, annotate_codegen=True)
+case("branch_mlp_cutlass", "branches", branch_mlp, "cutlass")
+
+# --- opaque ops, constants without values; pending: the fusebox gaps left ---------------------------------------------
 
 
 def stack_op():
@@ -844,19 +945,12 @@ def tensor_const():
     return module([("x", (4, 8)), ("w", (8, 8))], body)
 
 
-MM_RELU = [("cpu.mm_relu", "relax.nn.relu(relax.matmul(_, _))")]
-case("branch_if_fobp", "pending", branch_if, "fuse_ops_by_pattern", MM_RELU,
-     pending="if/else control flow")
-case("branch_if_fobp_annotated", "pending", branch_if, "fuse_ops_by_pattern", MM_RELU,
-     annotate_codegen=True, pending="if/else control flow")
-case("opaque_stack_fobp", "pending", stack_op, "fuse_ops_by_pattern",
-     [("cpu.relu_add", "relax.add(relax.nn.relu(_), _)")], pending="opaque unknown op R.stack")
-case("opaque_stack_relu_merged", "pending", stack_op, "fuse_ops_by_pattern",
-     [("cpu.relu", "relax.nn.relu(_)"), ("cpu.add", "relax.add(_, _)")], merge=True,
-     pending="opaque unknown op R.stack")
-case("tensor_const_bound", "pending", tensor_const, "fuse_ops_by_pattern",
-     [("cpu.mm_bias_relu", "relax.nn.relu(relax.add(relax.matmul(_, _), const))")],
-     pending="constants without values")
+case("opaque_stack_fobp", "opaque", stack_op, "fuse_ops_by_pattern",
+     [("cpu.relu_add", "relax.add(relax.nn.relu(_), _)")])
+case("opaque_stack_relu_merged", "opaque", stack_op, "fuse_ops_by_pattern",
+     [("cpu.relu", "relax.nn.relu(_)"), ("cpu.add", "relax.add(_, _)")], merge=True)
+case("tensor_const_bound", "constants", tensor_const, "fuse_ops_by_pattern",
+     [("cpu.mm_bias_relu", "relax.nn.relu(relax.add(relax.matmul(_, _), const))")])
 case("tensor_const_lifted", "pending", tensor_const, "fuse_ops_by_pattern",
      [("cpu.mm_bias_relu", "relax.nn.relu(relax.add(relax.matmul(_, _), const))")],
      bind_constants=False, pending="constants without values")

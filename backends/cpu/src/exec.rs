@@ -362,22 +362,10 @@ struct Frame<'f> {
     syms: BTreeMap<Sym, i64>,
 }
 
-/// Adds the vars `e` reads to `out`.
+/// Adds the vars `e` reads to `out` (for an `if`, everything its branches read, the vars
+/// they bind included: those are dropped with the rest after the `if`).
 fn uses(f: &Function, e: ExprId, out: &mut Vec<VarId>) {
-    let Some(d) = f.exprs.get(e) else {
-        return;
-    };
-    match &d.kind {
-        ExprKind::Var(v) => out.push(*v),
-        ExprKind::Tuple(fields) => fields.iter().for_each(|&x| uses(f, x, out)),
-        ExprKind::TupleGetItem(t, _) => uses(f, *t, out),
-        ExprKind::Call { args, .. } => args.iter().for_each(|&x| uses(f, x, out)),
-        ExprKind::Const(_)
-        | ExprKind::ConstRef(_)
-        | ExprKind::ShapeLit(_)
-        | ExprKind::Prim(_)
-        | ExprKind::Function(_) => {}
-    }
+    fusebox_core::ir::for_each_use(f, e, &mut |v| out.push(v));
 }
 
 /// For each binding index, the vars to drop after it (their last use, or the binding's own
@@ -537,27 +525,7 @@ impl<'m> Interp<'m> {
                     continue;
                 }
             }
-            let var = f.var(b.var);
-            let ctx = || binding_ctx(name, var);
-            match &f.expr(b.value).kind {
-                ExprKind::Function(inner) => {
-                    fr.locals[b.var.as_u32() as usize] = Some(inner);
-                }
-                _ => {
-                    let v = self
-                        .eval(name, f, &mut fr, b.value, depth)
-                        .map_err(|e| at(&ctx(), e))?;
-                    for bind in [true, false] {
-                        match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
-                            at(
-                                &ctx(),
-                                Error::Exec(format!("the value does not match the type: {m}")),
-                            )
-                        })?;
-                    }
-                    fr.values[b.var.as_u32() as usize] = Some(v);
-                }
-            }
+            self.run_binding(name, f, &mut fr, b, depth)?;
             for d in plan.get(i).into_iter().flatten() {
                 release(fr.values[d.as_u32() as usize].take());
                 fr.host[d.as_u32() as usize] = None;
@@ -575,6 +543,75 @@ impl<'m> Interp<'m> {
             ))
         })?;
         Ok(out)
+    }
+
+    /// Runs one binding: its value is stored in the frame (a local function is kept to call).
+    fn run_binding<'f>(
+        &self,
+        name: &str,
+        f: &'f Function,
+        fr: &mut Frame<'f>,
+        b: &fusebox_core::ir::Binding,
+        depth: usize,
+    ) -> Result<()> {
+        let var = f.var(b.var);
+        let ctx = || binding_ctx(name, var);
+        match &f.expr(b.value).kind {
+            ExprKind::Function(inner) => {
+                fr.locals[b.var.as_u32() as usize] = Some(inner);
+            }
+            _ => {
+                let v = self
+                    .eval(name, f, fr, b.value, depth)
+                    .map_err(|e| at(&ctx(), e))?;
+                for bind in [true, false] {
+                    match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
+                        at(
+                            &ctx(),
+                            Error::Exec(format!("the value does not match the type: {m}")),
+                        )
+                    })?;
+                }
+                fr.values[b.var.as_u32() as usize] = Some(v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the branch of an `if` its condition selects (only that one) and returns its body.
+    fn run_if<'f>(
+        &self,
+        name: &str,
+        f: &'f Function,
+        fr: &mut Frame<'f>,
+        i: &'f fusebox_core::ir::IfExpr,
+        depth: usize,
+    ) -> Result<Value> {
+        let taken = match self.eval_host(name, f, fr, i.cond, depth)? {
+            Value::Tensor(t) if t.numel() == 1 => t.to_f64_vec().first().is_some_and(|&x| x != 0.0),
+            Value::Tensor(t) => {
+                return Err(Error::Exec(format!(
+                    "the condition of `if` must be a scalar, found a tensor of shape {:?}",
+                    t.shape()
+                )));
+            }
+            Value::Prim(p) => p.as_f64() != 0.0,
+            v => {
+                return Err(Error::Exec(format!(
+                    "the condition of `if` must be a bool scalar, found {}",
+                    v.kind()
+                )));
+            }
+        };
+        let s = if taken {
+            &i.then_branch
+        } else {
+            &i.else_branch
+        };
+        for b in s.bindings() {
+            self.run_binding(name, f, fr, b, depth)?;
+        }
+        self.eval(name, f, fr, s.body, depth)
     }
 
     /// Runs a composite whose body `composite.rs` recognises as one fused kernel: `None` when
@@ -795,7 +832,9 @@ impl<'m> Interp<'m> {
                         "string values (R.str({s:?})) have no run-time form"
                     )));
                 }
+                PrimValue::Bool(b) => Value::Prim(Prim::Int(i64::from(*b))),
             },
+            ExprKind::If(i) => self.run_if(name, f, fr, i, depth)?,
             ExprKind::Call { callee, args } => {
                 // An op reads host values (device values are downloaded once per var); a
                 // function call passes values as they are (the hook decides).

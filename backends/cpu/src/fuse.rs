@@ -85,26 +85,13 @@ pub(crate) struct Chain {
     pub links: Vec<Link>,
 }
 
-/// Counts how often each var is read in `e`.
+/// Counts how often each var is read in `e` (inside the branches of an `if` too).
 fn count_uses(f: &Function, e: ExprId, counts: &mut [u32]) {
-    let Some(d) = f.exprs.get(e) else {
-        return;
-    };
-    match &d.kind {
-        ExprKind::Var(v) => {
-            if let Some(c) = counts.get_mut(v.as_u32() as usize) {
-                *c += 1;
-            }
+    fusebox_core::ir::for_each_use(f, e, &mut |v| {
+        if let Some(c) = counts.get_mut(v.as_u32() as usize) {
+            *c += 1;
         }
-        ExprKind::Tuple(fields) => fields.iter().for_each(|&x| count_uses(f, x, counts)),
-        ExprKind::TupleGetItem(t, _) => count_uses(f, *t, counts),
-        ExprKind::Call { args, .. } => args.iter().for_each(|&x| count_uses(f, x, counts)),
-        ExprKind::Const(_)
-        | ExprKind::ConstRef(_)
-        | ExprKind::ShapeLit(_)
-        | ExprKind::Prim(_)
-        | ExprKind::Function(_) => {}
-    }
+    });
 }
 
 /// The var an expression names, if it is a plain var.

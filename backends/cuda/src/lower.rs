@@ -364,7 +364,9 @@ impl Lowerer<'_> {
             ExprKind::Prim(PrimValue::Int(i)) => Ok(Val::Prim(*i as f64)),
             ExprKind::Prim(PrimValue::Float(f, _)) => Ok(Val::Prim(*f)),
             ExprKind::Prim(PrimValue::Str(_)) => Err(self.unsupported("a string value".into())),
+            ExprKind::Prim(PrimValue::Bool(b)) => Ok(Val::Prim(f64::from(u8::from(*b)))),
             ExprKind::Function(_) => Err(self.unsupported("a local function".into())),
+            ExprKind::If(_) => Err(self.unsupported("control flow (`if`)".into())),
             ExprKind::Call {
                 callee: Callee::Op(op),
                 args,

@@ -1,6 +1,6 @@
 //! Fuzz target: the text parser on arbitrary UTF-8 input must return `Ok` or a positioned
-//! error, never panic or overflow the stack; whatever parses must print, and the printed text
-//! must parse again (with the printed constants) and print identically.
+//! error, never panic or overflow the stack; whatever parses must verify and print, and the
+//! printed text must parse again (with the printed constants) and print identically.
 
 #![no_main]
 
@@ -13,6 +13,9 @@ fuzz_target!(|data: &[u8]| {
     };
     match parse_module_str(src) {
         Ok(m) => {
+            if let Err(e) = fusebox_core::ir::verify::verify(&m) {
+                panic!("a parsed module does not verify: {e}");
+            }
             let printed = print_module(&m);
             let mut consts = ConstTable::new();
             for (i, c) in printed.constants.iter().enumerate() {

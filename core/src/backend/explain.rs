@@ -60,7 +60,9 @@ fn find(
     out: &mut Vec<Place>,
 ) {
     let composite = f.attrs.composite.as_deref().or(composite);
-    for b in f.bindings() {
+    let mut deep = Vec::new();
+    crate::ir::for_each_binding_deep(f, &f.blocks, &mut |b| deep.push(*b));
+    for b in &deep {
         let v = f.var(b.var);
         let hit = if v.origin.is_empty() {
             top == "main" && v.name == name
@@ -114,18 +116,42 @@ impl BackendPipeline {
     /// module doc).
     pub fn explain(&self, module: &Module, binding: &str) -> Result<String> {
         use crate::pattern::{FunctionView, match_at};
-        let main = module
+        let top = module
             .get("main")
             .ok_or_else(|| Error::Invalid("the module has no `main` function".into()))?;
-        let Some(b) = main
-            .bindings()
-            .find(|b| main.var(b.var).name == binding)
-            .copied()
-        else {
-            let names: Vec<&str> = main
-                .bindings()
-                .map(|b| main.var(b.var).name.as_str())
-                .collect();
+        // A binding inside a branch of an `if` is looked up in the branch as the passes see
+        // it (a region function of its own; the first branch that binds the name).
+        let lifted = if crate::transform::regions::has_if(module) {
+            Some(crate::transform::regions::lift(module)?)
+        } else {
+            None
+        };
+        let candidates: Vec<&Function> = match &lifted {
+            Some(l) => l
+                .functions
+                .iter()
+                .filter(|(n, _)| {
+                    n.as_str() == "main"
+                        || (crate::transform::regions::is_region(n)
+                            && crate::transform::regions::enclosing(n, l) == "main")
+                })
+                .map(|(_, f)| f)
+                .collect(),
+            None => vec![top],
+        };
+        let found = candidates.iter().find_map(|f| {
+            f.bindings()
+                .find(|b| f.var(b.var).name == binding)
+                .map(|b| (*f, *b))
+        });
+        let Some((main, b)) = found else {
+            let mut names: Vec<&str> = Vec::new();
+            crate::ir::for_each_binding_deep(top, &top.blocks, &mut |b| {
+                let n = top.var(b.var).name.as_str();
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+            });
             return Err(Error::unknown(
                 "binding of main",
                 binding.to_string(),
@@ -133,6 +159,10 @@ impl BackendPipeline {
             ));
         };
         let op = match &main.expr(b.value).kind {
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                ..
+            } if op.name() == crate::transform::regions::IF_OP => "(an `if`)".to_string(),
             ExprKind::Call {
                 callee: Callee::Op(op),
                 ..

@@ -134,7 +134,9 @@ fn collect_globals(f: &Function, out: &mut Vec<String>) {
 }
 
 fn collect_ops(f: &Function, out: &mut Vec<String>) {
-    for b in f.bindings() {
+    let mut all = Vec::new();
+    crate::ir::for_each_binding_deep(f, &f.blocks, &mut |b| all.push(*b));
+    for b in &all {
         match &f.expr(b.value).kind {
             ExprKind::Call {
                 callee: Callee::Op(op),

@@ -464,7 +464,9 @@ impl BackendPipeline {
         }
         progress(units.len(), units.len(), "");
         if pc.strict && !self.backends.iter().any(|b| b.name() == "cpu") {
-            for b in main.bindings() {
+            let mut deep_c = Vec::new();
+            crate::ir::for_each_binding_deep(main, &main.blocks, &mut |b| deep_c.push(*b));
+            for b in &deep_c {
                 if let ExprKind::Call {
                     callee: Callee::Op(op),
                     ..
@@ -562,7 +564,10 @@ impl BackendPipeline {
 /// The module functions `main` calls, in first-call order.
 fn called_from(main: &Function) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for b in main.bindings() {
+    // Calls inside the branches of an `if` too.
+    let mut all = Vec::new();
+    crate::ir::for_each_binding_deep(main, &main.blocks, &mut |b| all.push(*b));
+    for b in &all {
         if let ExprKind::Call {
             callee: Callee::Global(g),
             ..

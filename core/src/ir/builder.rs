@@ -187,6 +187,52 @@ impl<'g> FunctionBuilder<'g> {
         Ok(var)
     }
 
+    /// Binds `if cond: <then> else: <else>` to a fresh var (outside any dataflow block): each
+    /// closure emits its branch's bindings (dataflow blocks allowed, nested `if`s too) and
+    /// returns the branch's value, a leaf. The names a branch binds are its own.
+    pub fn emit_if(
+        &mut self,
+        name: &str,
+        cond: ExprId,
+        then_branch: impl FnOnce(&mut Self) -> Result<ExprId>,
+        else_branch: impl FnOnce(&mut Self) -> Result<ExprId>,
+    ) -> Result<VarId> {
+        if matches!(&self.block, Some(b) if b.dataflow) {
+            return Err(Error::Invalid(
+                "emit_if inside a dataflow block (Relax allows `if` only outside)".into(),
+            ));
+        }
+        let t = self.branch(then_branch)?;
+        let e = self.branch(else_branch)?;
+        self.emit_value(
+            name,
+            ExprKind::If(Box::new(super::IfExpr {
+                cond,
+                then_branch: t,
+                else_branch: e,
+            })),
+            false,
+        )
+    }
+
+    fn branch(&mut self, body: impl FnOnce(&mut Self) -> Result<ExprId>) -> Result<super::Seq> {
+        self.flush();
+        let outer = std::mem::take(&mut self.func.blocks);
+        let names = self.names.clone();
+        let r = body(self);
+        let open_dataflow = matches!(&self.block, Some(b) if b.dataflow);
+        self.flush();
+        let blocks = std::mem::replace(&mut self.func.blocks, outer);
+        self.names = names;
+        let body = r?;
+        if open_dataflow {
+            return Err(Error::Invalid(
+                "a branch of emit_if ends inside an open dataflow block".into(),
+            ));
+        }
+        Ok(super::Seq { blocks, body })
+    }
+
     /// Sets an attribute set for the function.
     pub fn attrs(&mut self) -> &mut super::FuncAttrs {
         &mut self.func.attrs

@@ -6,7 +6,7 @@
 //! R.add(a, b)
 //! ```
 
-use super::{Callee, EntityId, ExprId, ExprKind, Function, VarId};
+use super::{Binding, Block, Callee, EntityId, ExprId, ExprKind, Function, IfExpr, Seq, VarId};
 use crate::error::{Error, Result};
 use rustc_hash::FxHashMap;
 
@@ -195,7 +195,64 @@ pub fn copy_expr(
                 .collect::<Result<_>>()?,
         ),
         ExprKind::TupleGetItem(x, i) => ExprKind::TupleGetItem(copy_expr(src, *x, dst, map)?, *i),
-        other => other.clone(),
+        ExprKind::If(i) => {
+            let cond = copy_expr(src, i.cond, dst, map)?;
+            let then_branch = copy_seq(src, &i.then_branch, dst, map)?;
+            let else_branch = copy_seq(src, &i.else_branch, dst, map)?;
+            ExprKind::If(Box::new(IfExpr {
+                cond,
+                then_branch,
+                else_branch,
+            }))
+        }
+        other @ (ExprKind::Const(_)
+        | ExprKind::ConstRef(_)
+        | ExprKind::ShapeLit(_)
+        | ExprKind::Prim(_)
+        | ExprKind::Function(_)) => other.clone(),
     };
     Ok(dst.add_expr(kind, d.ty.clone()))
+}
+
+/// The vars of an outer lookup plus those a branch being copied has bound so far.
+struct Overlay<'a> {
+    base: &'a dyn VarLookup,
+    own: FxHashMap<VarId, ExprId>,
+}
+
+impl VarLookup for Overlay<'_> {
+    fn lookup(&self, v: VarId) -> Option<ExprId> {
+        self.own.get(&v).copied().or_else(|| self.base.lookup(v))
+    }
+}
+
+/// Copies a branch of an `if` into `dst`: each binding gets a new var (same name, type,
+/// dataflow-ness and origin), visible to the rest of the branch only.
+pub fn copy_seq(src: &Function, s: &Seq, dst: &mut Function, map: &impl VarLookup) -> Result<Seq> {
+    let mut local = Overlay {
+        base: map,
+        own: FxHashMap::default(),
+    };
+    let mut blocks = Vec::with_capacity(s.blocks.len());
+    for block in &s.blocks {
+        let mut out = Block {
+            dataflow: block.dataflow,
+            bindings: Vec::with_capacity(block.bindings.len()),
+        };
+        for b in &block.bindings {
+            let value = copy_expr(src, b.value, dst, &local)?;
+            let vd = src.var(b.var);
+            let var = dst.add_var_from(
+                vd.name.clone(),
+                vd.ty.clone(),
+                vd.dataflow,
+                vd.origin.clone(),
+            );
+            local.own.insert(b.var, dst.var_expr(var));
+            out.bindings.push(Binding { var, value });
+        }
+        blocks.push(out);
+    }
+    let body = copy_expr(src, s.body, dst, &local)?;
+    Ok(Seq { blocks, body })
 }

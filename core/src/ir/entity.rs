@@ -94,6 +94,12 @@ impl<I: EntityId, T> Arena<I, T> {
         id
     }
 
+    /// Removes and returns the last value (the parser drops a var it made for a binding that
+    /// turns out to be an `if` branch's result).
+    pub fn pop(&mut self) -> Option<T> {
+        self.items.pop()
+    }
+
     /// Reserves room for at least `additional` more entries.
     pub fn reserve(&mut self, additional: usize) {
         self.items.reserve(additional);

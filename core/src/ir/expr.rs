@@ -3,7 +3,7 @@
 use super::dim::Dim;
 use super::dtype::DType;
 use super::entity::entity_id;
-use super::function::Function;
+use super::function::{Binding, Block, Function};
 use super::ty::Type;
 use crate::op::Op;
 use std::sync::Arc;
@@ -138,6 +138,8 @@ pub enum PrimValue {
     Float(f64, DType),
     /// A string (`R.str(...)`).
     Str(String),
+    /// A bool (`R.prim_value(T.bool(True))`, printed by TVM as `q: T.bool = True`).
+    Bool(bool),
 }
 
 impl Eq for PrimValue {}
@@ -148,6 +150,7 @@ impl std::hash::Hash for PrimValue {
             PrimValue::Int(v) => (0u8, v).hash(state),
             PrimValue::Float(v, d) => (1u8, v.to_bits(), d).hash(state),
             PrimValue::Str(s) => (2u8, s).hash(state),
+            PrimValue::Bool(b) => (3u8, b).hash(state),
         }
     }
 }
@@ -213,6 +216,96 @@ pub enum ExprKind {
     Prim(PrimValue),
     /// A nested (local) function definition, bound to a var.
     Function(Box<Function>),
+    /// `if cond: ... else: ...` (TVM Relax's `If`), bound to a var: its value is the body of
+    /// the branch taken.
+    If(Box<IfExpr>),
+}
+
+/// A sequence of blocks and the value it yields (TVM Relax's `SeqExpr`): a branch of an
+/// [`IfExpr`]. Its bindings' vars live in the enclosing function's arenas and are visible only
+/// inside the sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Seq {
+    /// The blocks, in order (dataflow blocks allowed).
+    pub blocks: Vec<Block>,
+    /// The value: a leaf (var, constant, shape, prim value, or tuple of those).
+    pub body: ExprId,
+}
+
+impl Seq {
+    /// The bindings, in order, across blocks (not those of nested `if`s).
+    pub fn bindings(&self) -> impl Iterator<Item = &Binding> {
+        self.blocks.iter().flat_map(|b| b.bindings.iter())
+    }
+}
+
+/// `if cond: <then_branch> else: <else_branch>`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IfExpr {
+    /// A leaf of type `Tensor((), bool)` or `Prim(bool)`.
+    pub cond: ExprId,
+    /// What runs when `cond` holds.
+    pub then_branch: Seq,
+    /// What runs otherwise.
+    pub else_branch: Seq,
+}
+
+impl IfExpr {
+    /// Both branches, then first.
+    pub fn branches(&self) -> [&Seq; 2] {
+        [&self.then_branch, &self.else_branch]
+    }
+}
+
+/// Calls `cb` for every var that `e` reads: its operands, a local callee, and for an `if`
+/// its condition and everything its branches read (vars bound inside them included). The
+/// body of a local function is not entered (it has its own arenas).
+pub fn for_each_use(f: &Function, e: ExprId, cb: &mut dyn FnMut(VarId)) {
+    let Some(d) = f.exprs.get(e) else { return };
+    match &d.kind {
+        ExprKind::Var(v) => cb(*v),
+        ExprKind::Call { callee, args } => {
+            if let Callee::Local(v) = callee {
+                cb(*v);
+            }
+            for &a in args {
+                for_each_use(f, a, cb);
+            }
+        }
+        ExprKind::Tuple(xs) => {
+            for &x in xs {
+                for_each_use(f, x, cb);
+            }
+        }
+        ExprKind::TupleGetItem(x, _) => for_each_use(f, *x, cb),
+        ExprKind::If(i) => {
+            for_each_use(f, i.cond, cb);
+            for s in i.branches() {
+                for b in s.bindings() {
+                    for_each_use(f, b.value, cb);
+                }
+                for_each_use(f, s.body, cb);
+            }
+        }
+        ExprKind::Const(_)
+        | ExprKind::ConstRef(_)
+        | ExprKind::ShapeLit(_)
+        | ExprKind::Prim(_)
+        | ExprKind::Function(_) => {}
+    }
+}
+
+/// Calls `cb` for every binding of `blocks` and, recursively, of the branches of the `if`s
+/// they bind: an `if`'s branch bindings (then branch first) before the `if` binding itself.
+pub fn for_each_binding_deep(f: &Function, blocks: &[Block], cb: &mut dyn FnMut(&Binding)) {
+    for b in blocks.iter().flat_map(|b| b.bindings.iter()) {
+        if let Some(ExprKind::If(i)) = f.exprs.get(b.value).map(|d| &d.kind) {
+            for s in i.branches() {
+                for_each_binding_deep(f, &s.blocks, cb);
+            }
+        }
+        cb(b);
+    }
 }
 
 /// An expression with its type.

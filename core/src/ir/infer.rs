@@ -55,7 +55,18 @@ pub fn infer_kind(
             PrimValue::Int(_) => Type::Prim(DType::I64),
             PrimValue::Float(_, d) => Type::Prim(*d),
             PrimValue::Str(_) => Type::Object,
+            PrimValue::Bool(_) => Type::Prim(DType::Bool),
         }),
+        ExprKind::If(i) => {
+            let c = ty(i.cond)?;
+            if !is_condition(c) {
+                return Err(format!(
+                    "the condition of `if` must be a bool scalar (R.Tensor((), \"bool\") or T.bool), found {}",
+                    brief(c)
+                ));
+            }
+            Ok(ty(i.then_branch.body)?.join(ty(i.else_branch.body)?))
+        }
         ExprKind::Tuple(fields) => Ok(Type::Tuple(
             fields
                 .iter()
@@ -207,6 +218,16 @@ fn has_syms(t: &Type) -> bool {
     let mut s = std::collections::BTreeSet::new();
     t.collect_syms(&mut s);
     !s.is_empty()
+}
+
+/// Whether a value of type `t` may be the condition of an `if`: a bool scalar tensor (or a
+/// bool tensor of unknown shape, checked when run) or a bool prim value.
+pub fn is_condition(t: &Type) -> bool {
+    match t {
+        Type::Prim(d) => *d == DType::Bool,
+        Type::Tensor(tt) => tt.dtype == Some(DType::Bool) && tt.rank().is_none_or(|r| r == 0),
+        _ => false,
+    }
 }
 
 /// A short human-readable rendering of a type for error messages.

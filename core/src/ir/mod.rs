@@ -34,8 +34,8 @@ pub use dim::{Dim, DimOp, MAX_DIM, MAX_DIM_OPS, Sym};
 pub use dtype::DType;
 pub use entity::{Arena, EntityId};
 pub use expr::{
-    Callee, ConstRef, Constant, ExprData, ExprId, ExprKind, Origin, PrimValue, VarData, VarId,
-    numel,
+    Callee, ConstRef, Constant, ExprData, ExprId, ExprKind, IfExpr, Origin, PrimValue, Seq,
+    VarData, VarId, for_each_binding_deep, for_each_use, numel,
 };
 pub use function::{AttrValue, Binding, Block, FuncAttrs, Function};
 pub use module::Module;

@@ -11,7 +11,7 @@
 //! def g(a: R.Tensor((m,), "float32")): b = R.exp(a); return b     # equal to f
 //! ```
 
-use super::{Callee, Dim, ExprId, ExprKind, Function, Module, Sym, Type, VarId};
+use super::{Block, Callee, Dim, ExprId, ExprKind, Function, Module, Sym, Type, VarId};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
@@ -58,12 +58,29 @@ impl Eq2<'_> {
             }
             self.vars.insert(pa, pb);
         }
-        for (ba, bb) in a.blocks.iter().zip(&b.blocks) {
+        if !self.blocks(&a.blocks, &b.blocks) {
+            return false;
+        }
+        match (a.ret, b.ret) {
+            (Some(ra), Some(rb)) => self.expr(ra, rb) && self.ty(&a.ret_ty, &b.ret_ty),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
+    fn blocks(&mut self, xa: &[Block], xb: &[Block]) -> bool {
+        let (a, b) = (self.a, self.b);
+        if xa.len() != xb.len() {
+            return false;
+        }
+        for (ba, bb) in xa.iter().zip(xb) {
             if ba.dataflow != bb.dataflow || ba.bindings.len() != bb.bindings.len() {
                 return false;
             }
             for (x, y) in ba.bindings.iter().zip(&bb.bindings) {
-                let (va, vb) = (a.var(x.var), b.var(y.var));
+                let (Some(va), Some(vb)) = (a.vars.get(x.var), b.vars.get(y.var)) else {
+                    return false;
+                };
                 if va.dataflow != vb.dataflow
                     || !self.ty(&va.ty, &vb.ty)
                     || !self.expr(x.value, y.value)
@@ -73,11 +90,7 @@ impl Eq2<'_> {
                 self.vars.insert(x.var, y.var);
             }
         }
-        match (a.ret, b.ret) {
-            (Some(ra), Some(rb)) => self.expr(ra, rb) && self.ty(&a.ret_ty, &b.ret_ty),
-            (None, None) => true,
-            _ => false,
-        }
+        true
     }
 
     fn expr(&mut self, ea: ExprId, eb: ExprId) -> bool {
@@ -119,6 +132,13 @@ impl Eq2<'_> {
                     && self.ty(&da.ty, &db.ty)
             }
             (ExprKind::Function(fa), ExprKind::Function(fb)) => function_eq(fa, fb),
+            (ExprKind::If(x), ExprKind::If(y)) => {
+                self.expr(x.cond, y.cond)
+                    && x.branches().into_iter().zip(y.branches()).all(|(p, q)| {
+                        self.blocks(&p.blocks, &q.blocks) && self.expr(p.body, q.body)
+                    })
+                    && self.ty(&da.ty, &db.ty)
+            }
             _ => false,
         }
     }
@@ -200,19 +220,9 @@ fn hash_function(f: &Function, h: &mut impl Hasher, syms: &mut HashMap<Sym, usiz
         pos.insert(p, n);
         hash_ty(&f.var(p).ty, h, syms);
     }
-    for b in &f.blocks {
-        (b.dataflow, b.bindings.len()).hash(h);
-        for bind in &b.bindings {
-            let v = f.var(bind.var);
-            v.dataflow.hash(h);
-            hash_ty(&v.ty, h, syms);
-            hash_expr(f, bind.value, h, &pos, syms);
-            let n = pos.len();
-            pos.insert(bind.var, n);
-        }
-    }
+    hash_blocks(f, &f.blocks, h, &mut pos, syms);
     if let Some(r) = f.ret {
-        hash_expr(f, r, h, &pos, syms);
+        hash_expr(f, r, h, &mut pos, syms);
     }
     hash_ty(&f.ret_ty, h, syms);
     let a = &f.attrs;
@@ -224,11 +234,33 @@ fn hash_function(f: &Function, h: &mut impl Hasher, syms: &mut HashMap<Sym, usiz
     }
 }
 
+fn hash_blocks(
+    f: &Function,
+    blocks: &[Block],
+    h: &mut impl Hasher,
+    pos: &mut HashMap<VarId, usize>,
+    syms: &mut HashMap<Sym, usize>,
+) {
+    blocks.len().hash(h);
+    for b in blocks {
+        (b.dataflow, b.bindings.len()).hash(h);
+        for bind in &b.bindings {
+            if let Some(v) = f.vars.get(bind.var) {
+                v.dataflow.hash(h);
+                hash_ty(&v.ty, h, syms);
+            }
+            hash_expr(f, bind.value, h, pos, syms);
+            let n = pos.len();
+            pos.insert(bind.var, n);
+        }
+    }
+}
+
 fn hash_expr(
     f: &Function,
     e: ExprId,
     h: &mut impl Hasher,
-    pos: &HashMap<VarId, usize>,
+    pos: &mut HashMap<VarId, usize>,
     syms: &mut HashMap<Sym, usize>,
 ) {
     let Some(d) = f.exprs.get(e) else { return };
@@ -253,6 +285,13 @@ fn hash_expr(
             args.iter().for_each(|&x| hash_expr(f, x, h, pos, syms));
         }
         ExprKind::Function(inner) => function_hash(inner).hash(h),
+        ExprKind::If(i) => {
+            hash_expr(f, i.cond, h, pos, syms);
+            for s in i.branches() {
+                hash_blocks(f, &s.blocks, h, pos, syms);
+                hash_expr(f, s.body, h, pos, syms);
+            }
+        }
     }
 }
 

@@ -175,6 +175,45 @@ impl Type {
         }
     }
 
+    /// The most specific type that accepts both `self` and `other` (the type of an `if` whose
+    /// branches yield them, as Relax unifies struct info): equal types give themselves; tensors
+    /// keep the dtype, rank and dims they agree on; tuples of one length join field-wise;
+    /// anything else gives `Object`.
+    pub fn join(&self, other: &Type) -> Type {
+        if self == other {
+            return self.clone();
+        }
+        match (self, other) {
+            (Type::Tensor(a), Type::Tensor(b)) => {
+                let ndim = if a.rank() == b.rank() { a.rank() } else { None };
+                let dims = match (&a.dims, &b.dims) {
+                    (Some(x), Some(y)) if x == y => Some(x.clone()),
+                    _ => None,
+                };
+                Type::Tensor(TensorType {
+                    dims,
+                    ndim,
+                    dtype: if a.dtype == b.dtype { a.dtype } else { None },
+                })
+            }
+            (Type::Tuple(a), Type::Tuple(b)) if a.len() == b.len() => {
+                Type::Tuple(a.iter().zip(b).map(|(x, y)| x.join(y)).collect())
+            }
+            (Type::Shape { .. }, Type::Shape { .. }) => {
+                let rank = |t: &Type| match t {
+                    Type::Shape { dims, ndim } => dims.as_ref().map(Vec::len).or(*ndim),
+                    _ => None,
+                };
+                let (ra, rb) = (rank(self), rank(other));
+                Type::Shape {
+                    dims: None,
+                    ndim: if ra == rb { ra } else { None },
+                }
+            }
+            _ => Type::Object,
+        }
+    }
+
     /// Calls `f` for every symbolic variable in this type (no allocation).
     pub fn for_each_sym(&self, f: &mut dyn FnMut(&Sym)) {
         match self {

@@ -7,14 +7,18 @@
 //!    expressions form no cycle.
 //! 3. **SSA.** Every var is defined exactly once: as a parameter or by one binding.
 //! 4. **Scope.** Every var use is preceded by its definition; a dataflow var is bound only in a
-//!    dataflow block and used only inside that block (never after it, never in `return`).
+//!    dataflow block and used only inside that block (never after it, never in `return`). A var
+//!    bound in a branch of an `if` is visible only in that branch (the `if`'s own var is its
+//!    result); an `if` is bound only in a non-dataflow block (as in Relax).
 //! 5. **Normal form.** Call arguments, tuple fields and the operand of `t[i]` are leaves: vars,
-//!    constants, shape literals, prim values, or tuples of leaves. The returned expression is a
-//!    leaf. Local functions appear only as the value of a binding.
+//!    constants, shape literals, prim values, or tuples of leaves. The returned expression, the
+//!    condition of an `if` and the body of each branch are leaves. Local functions and `if`s
+//!    appear only as the value of a binding.
 //! 6. **Callees.** A global callee names a function of the module; a local callee is a var
 //!    bound to a local function.
 //! 7. **Types.** Every expression's recorded type equals the type inferred from its operands
-//!    (the op set's inference, callee signatures, tuple rules); each binding's var type accepts
+//!    (the op set's inference, callee signatures, tuple rules; an `if`'s condition is a bool
+//!    scalar and its type joins its branches'); each binding's var type accepts
 //!    its value's type; the declared return type accepts the returned expression's type.
 //! 8. **Symbolic dims.** Every symbolic dim in a type is declared in the function's `sym_vars`
 //!    (or in an enclosing function's).
@@ -109,17 +113,34 @@ pub fn verify(m: &Module) -> Result<(), VerifyErrors> {
     }
 }
 
-/// Where each var is defined, indexed by var.
-struct DefTable(Vec<Option<Def>>);
+/// Where each var is defined (while it is in scope), indexed by var; and whether it was ever
+/// defined (a var bound in one branch and again in the other is defined twice).
+struct DefTable(Vec<Option<Def>>, Vec<bool>);
 
 impl DefTable {
+    fn new(n: usize) -> Self {
+        DefTable(vec![None; n], vec![false; n])
+    }
+
     fn get(&self, v: &VarId) -> Option<&Def> {
         self.0.get(v.index()).and_then(Option::as_ref)
     }
 
-    /// Records a definition; returns the previous one (a double definition) if any.
-    fn insert(&mut self, v: VarId, d: Def) -> Option<Def> {
-        self.0.get_mut(v.index()).and_then(|slot| slot.replace(d))
+    /// Records a definition; whether `v` was defined before (a double definition).
+    fn insert(&mut self, v: VarId, d: Def) -> bool {
+        if let Some(slot) = self.0.get_mut(v.index()) {
+            *slot = Some(d);
+        }
+        self.1
+            .get_mut(v.index())
+            .is_some_and(|seen| std::mem::replace(seen, true))
+    }
+
+    /// Ends the scope of `v` (a var bound in a branch, after the `if`).
+    fn hide(&mut self, v: VarId) {
+        if let Some(slot) = self.0.get_mut(v.index()) {
+            *slot = None;
+        }
     }
 }
 
@@ -160,7 +181,16 @@ impl Verifier<'_> {
         }
         // (1), (2): arena shape.
         for (id, d) in f.exprs.iter() {
+            let if_ops: Vec<ExprId>;
             let ops: &[ExprId] = match &d.kind {
+                ExprKind::If(i) => {
+                    if_ops = std::iter::once(i.cond)
+                        .chain(i.branches().into_iter().flat_map(|s| {
+                            s.bindings().map(|b| b.value).chain(std::iter::once(s.body))
+                        }))
+                        .collect();
+                    &if_ops
+                }
                 ExprKind::Var(v) => {
                     if f.vars.get(*v).is_none_or(|vd| vd.expr != id) {
                         self.err(None, format!("expression {id} refers to var {v}, which is out of range or owned by another expression"));
@@ -191,13 +221,13 @@ impl Verifier<'_> {
         let mut syms: BTreeSet<Sym> = self.outer_syms.clone();
         syms.extend(f.sym_vars.iter().cloned());
         // (3), (4): definitions and scope.
-        let mut def = DefTable(vec![None; f.vars.len()]);
+        let mut def = DefTable::new(f.vars.len());
         for &p in &f.params {
             if f.vars.get(p).is_none() {
                 self.err(None, format!("parameter {p} is out of range"));
                 continue;
             }
-            if def.insert(p, Def::Global).is_some() {
+            if def.insert(p, Def::Global) {
                 self.err(
                     None,
                     format!("parameter `{}` is defined twice", f.var(p).name),
@@ -205,7 +235,48 @@ impl Verifier<'_> {
             }
             self.check_syms(None, &f.var(p).ty.clone(), &syms);
         }
-        for (bi, block) in f.blocks.iter().enumerate() {
+        let mut next_block = 0;
+        let mut scoped = Vec::new();
+        self.check_blocks(&f.blocks, &mut def, &syms, &mut next_block, &mut scoped);
+        match f.ret {
+            None => self.err(None, "the function has no return expression".into()),
+            Some(r) if f.exprs.get(r).is_none() => {
+                self.err(None, format!("return {r} is out of range"))
+            }
+            Some(r) => {
+                self.check_leaf(None, r, "returned expression");
+                self.check_uses(None, r, &def, None, true);
+                let actual = f.expr(r).ty.clone();
+                if !f.ret_ty.accepts(&actual) {
+                    self.err(
+                        None,
+                        format!(
+                            "declared return type {} does not accept the returned {}",
+                            brief(&f.ret_ty),
+                            brief(&actual)
+                        ),
+                    );
+                }
+                self.check_syms(None, &f.ret_ty.clone(), &syms);
+            }
+        }
+    }
+
+    /// Checks the bindings of `blocks` (numbered from `next_block` for dataflow scoping),
+    /// recording each bound var in `def` and `scoped`; the branches of an `if` are checked in
+    /// their own scope.
+    fn check_blocks(
+        &mut self,
+        blocks: &[super::Block],
+        def: &mut DefTable,
+        syms: &BTreeSet<Sym>,
+        next_block: &mut usize,
+        scoped: &mut Vec<VarId>,
+    ) {
+        let f = self.f;
+        for block in blocks {
+            let bi = *next_block;
+            *next_block += 1;
             for b in &block.bindings {
                 let Some(vd) = f.vars.get(b.var) else {
                     self.err(None, format!("binding var {} is out of range", b.var));
@@ -222,13 +293,13 @@ impl Verifier<'_> {
                     );
                 }
                 // Uses in the value.
-                self.check_uses(Some(b.var), b.value, &def, Some(bi), true);
+                self.check_uses(Some(b.var), b.value, def, Some(bi), true);
                 if let ExprKind::Call {
                     callee: Callee::Local(v),
                     ..
                 } = &value.kind
                 {
-                    self.check_use(Some(b.var), *v, &def, Some(bi));
+                    self.check_use(Some(b.var), *v, def, Some(bi));
                 }
                 // (5) normal form of the value.
                 match &value.kind {
@@ -251,53 +322,48 @@ impl Verifier<'_> {
                             f: inner,
                             fname: format!("{}/{}", self.fname, vd.name),
                             errs: self.errs,
-                            outer_syms: &syms,
+                            outer_syms: syms,
                         };
                         sub.run();
+                    }
+                    ExprKind::If(i) => {
+                        if block.dataflow {
+                            self.err(
+                                Some(b.var),
+                                "an `if` is bound inside a dataflow block (Relax allows it only outside)".into(),
+                            );
+                        }
+                        self.check_leaf(Some(b.var), i.cond, "condition of `if`");
+                        self.check_uses(Some(b.var), i.cond, def, None, false);
+                        for s in i.branches() {
+                            let mark = scoped.len();
+                            self.check_blocks(&s.blocks, def, syms, next_block, scoped);
+                            self.check_leaf(Some(b.var), s.body, "body of a branch");
+                            self.check_uses(Some(b.var), s.body, def, None, true);
+                            for v in scoped.drain(mark..) {
+                                def.hide(v);
+                            }
+                        }
                     }
                     _ => {}
                 }
                 // (6), (7) callees and types.
                 self.check_types(b.var, b.value);
-                self.check_syms(Some(b.var), &vd.ty.clone(), &syms);
-                if def
-                    .insert(
-                        b.var,
-                        if vd.dataflow {
-                            Def::Dataflow(bi)
-                        } else {
-                            Def::Global
-                        },
-                    )
-                    .is_some()
-                {
+                self.check_syms(Some(b.var), &vd.ty.clone(), syms);
+                scoped.push(b.var);
+                if def.insert(
+                    b.var,
+                    if vd.dataflow {
+                        Def::Dataflow(bi)
+                    } else {
+                        Def::Global
+                    },
+                ) {
                     self.err(
                         Some(b.var),
                         format!("`{}` is defined more than once", vd.name),
                     );
                 }
-            }
-        }
-        match f.ret {
-            None => self.err(None, "the function has no return expression".into()),
-            Some(r) if f.exprs.get(r).is_none() => {
-                self.err(None, format!("return {r} is out of range"))
-            }
-            Some(r) => {
-                self.check_leaf(None, r, "returned expression");
-                self.check_uses(None, r, &def, None, true);
-                let actual = f.expr(r).ty.clone();
-                if !f.ret_ty.accepts(&actual) {
-                    self.err(
-                        None,
-                        format!(
-                            "declared return type {} does not accept the returned {}",
-                            brief(&f.ret_ty),
-                            brief(&actual)
-                        ),
-                    );
-                }
-                self.check_syms(None, &f.ret_ty.clone(), &syms);
             }
         }
     }

@@ -37,6 +37,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+mod control_flow;
 mod exprs;
 mod types;
 
@@ -120,6 +121,14 @@ struct Global<'a> {
     state: GState,
 }
 
+/// The binding that ends a branch of an `if`: the result's name, where it is written, and its
+/// annotation (when one is written).
+struct BranchResult {
+    name: String,
+    tok: Token,
+    ann: Option<Type>,
+}
+
 /// Per-function parsing state.
 struct FnCtx<'a> {
     f: Function,
@@ -130,6 +139,10 @@ struct FnCtx<'a> {
     in_dataflow: bool,
     /// Equal shapes of this function's types share one dims list.
     shapes: ShapeInterner,
+    /// The name token of the last binding read, and whether it had an annotation (an `if`
+    /// branch's result is its last binding).
+    last_name_tok: Option<Token>,
+    last_annotated: bool,
 }
 
 pub(crate) struct Parser<'a> {
@@ -202,7 +215,10 @@ fn describe_kind(k: Tk) -> &'static str {
 fn is_leaf(kind: &ExprKind) -> bool {
     !matches!(
         kind,
-        ExprKind::Call { .. } | ExprKind::TupleGetItem(..) | ExprKind::Function(_)
+        ExprKind::Call { .. }
+            | ExprKind::TupleGetItem(..)
+            | ExprKind::Function(_)
+            | ExprKind::If(_)
     )
 }
 
@@ -802,6 +818,8 @@ impl<'a> Parser<'a> {
             fresh: 0,
             in_dataflow: false,
             shapes: ShapeInterner::new(),
+            last_name_tok: None,
+            last_annotated: false,
         };
         for (pname, ty) in &h.params {
             let ty = ctx.shapes.intern(ty.clone());
@@ -879,6 +897,8 @@ impl<'a> Parser<'a> {
         match t.kind {
             Tk::At => self.parse_nested_function(ctx),
             Tk::Ident if self.text(t) == "with" => self.parse_dataflow(ctx),
+            Tk::Ident if self.text(t) == "if" => self.parse_if(ctx),
+            Tk::Ident if self.text(t) == "else" => Err(self.err_at(t, "`else` without an `if`")),
             Tk::Ident if self.text(t) == "pass" => {
                 self.bump();
                 self.expect_newline("`pass`")
@@ -1085,7 +1105,17 @@ impl<'a> Parser<'a> {
         let r = self.parse_function_body(&header, true);
         self.syms = outer;
         let f = r?;
-        // Symbols of the nested function are used by the outer one as well.
+        // Symbols of the nested function's signature are used by the outer one as well (the
+        // var bound to it has that type), in order of first use.
+        let mut sig_syms: Vec<Sym> = Vec::new();
+        Type::Func(f.func_type()).for_each_sym(&mut |s| {
+            if !sig_syms.contains(s) {
+                sig_syms.push(s.clone());
+            }
+        });
+        for s in &sig_syms {
+            self.syms.use_sym(s);
+        }
         let kind = ExprKind::Function(Box::new(f));
         let e = self.add_expr(ctx, kind, header.name_tok)?;
         let ty = ctx.f.expr(e).ty.clone();
@@ -1123,6 +1153,8 @@ impl<'a> Parser<'a> {
         } else {
             None
         };
+        ctx.last_name_tok = Some(name_tok);
+        ctx.last_annotated = ann.is_some();
         self.expect(Tk::Eq, "after the binding's variable")?;
         if ctx.scope.contains_key(name) {
             return Err(self.err_at(name_tok, format!("duplicate definition of `{name}`")));

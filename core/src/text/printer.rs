@@ -109,7 +109,7 @@ fn sanitize(name: &str) -> Cow<'_, str> {
 }
 
 /// Variable names in use within one top-level function (nested functions share it).
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Names {
     used: FxSet<String>,
     next: FxMap<String, u32>,
@@ -489,8 +489,108 @@ impl Printer {
                 PrimValue::Str(s) => {
                     let _ = write!(out, "R.str({})", quote(s));
                 }
+                PrimValue::Bool(b) => {
+                    self.uses_tir = true;
+                    let _ = write!(
+                        out,
+                        "R.prim_value(T.bool({}))",
+                        if *b { "True" } else { "False" }
+                    );
+                }
             },
-            ExprKind::Function(_) => out.push_str("None"),
+            // Printed as a statement by `blocks`; never an operand in normal form.
+            ExprKind::Function(_) | ExprKind::If(_) => out.push_str("None"),
+        }
+    }
+
+    /// Prints `blocks` at `level` (an `if`'s branches recursively one level deeper).
+    #[allow(clippy::too_many_arguments, reason = "internal recursion helper")]
+    fn blocks(
+        &mut self,
+        out: &mut String,
+        f: &Function,
+        blocks: &[crate::ir::Block],
+        level: usize,
+        names: &mut Names,
+        var_names: &mut Vec<String>,
+        cls_here: bool,
+    ) {
+        for block in blocks {
+            let lvl = if block.dataflow {
+                indent(out, level);
+                out.push_str("with R.dataflow():\n");
+                level + 1
+            } else {
+                level
+            };
+            for b in &block.bindings {
+                let vi = crate::ir::EntityId::index(b.var);
+                let vname = names.fresh(&f.var(b.var).name);
+                match f.exprs.get(b.value).map(|d| &d.kind) {
+                    Some(ExprKind::If(i)) => {
+                        indent(out, lvl);
+                        out.push_str("if ");
+                        self.expr(out, f, var_names, i.cond);
+                        out.push_str(":\n");
+                        // Each branch is its own scope: both may reuse a name, and what they
+                        // bind is not visible after the `if`.
+                        let saved = names.clone();
+                        for (k, s) in i.branches().into_iter().enumerate() {
+                            if k == 1 {
+                                indent(out, lvl);
+                                out.push_str("else:\n");
+                                *names = saved.clone();
+                            }
+                            self.blocks(out, f, &s.blocks, lvl + 1, names, var_names, cls_here);
+                            indent(out, lvl + 1);
+                            out.push_str(&vname);
+                            out.push_str(": ");
+                            write_type(out, &f.var(b.var).ty, false);
+                            out.push_str(" = ");
+                            self.expr(out, f, var_names, s.body);
+                            out.push('\n');
+                        }
+                        *names = saved;
+                    }
+                    Some(ExprKind::Function(g)) => {
+                        indent(out, lvl);
+                        out.push_str("# from tvm.script import relax as R\n\n");
+                        self.function(out, &vname, g, lvl, true, names, cls_here);
+                        out.push('\n');
+                    }
+                    _ => {
+                        indent(out, lvl);
+                        out.push_str(&vname);
+                        out.push_str(": ");
+                        write_type(out, &f.var(b.var).ty, false);
+                        out.push_str(" = ");
+                        self.expr(out, f, var_names, b.value);
+                        out.push('\n');
+                    }
+                }
+                if let Some(slot) = var_names.get_mut(vi) {
+                    *slot = vname;
+                }
+            }
+            if block.dataflow {
+                indent(out, lvl);
+                out.push_str("R.output(");
+                let mut first = true;
+                for b in &block.bindings {
+                    if !f.var(b.var).dataflow {
+                        if !first {
+                            out.push_str(", ");
+                        }
+                        first = false;
+                        out.push_str(
+                            var_names
+                                .get(crate::ir::EntityId::index(b.var))
+                                .map_or("_", String::as_str),
+                        );
+                    }
+                }
+                out.push_str(")\n");
+            }
         }
     }
 
@@ -592,58 +692,7 @@ impl Printer {
             let _ = writeln!(out, "cls = {}", self.class_name);
             cls_here = true;
         }
-        for block in &f.blocks {
-            let lvl = if block.dataflow {
-                indent(out, body);
-                out.push_str("with R.dataflow():\n");
-                body + 1
-            } else {
-                body
-            };
-            for b in &block.bindings {
-                let vi = crate::ir::EntityId::index(b.var);
-                let vname = names.fresh(&f.var(b.var).name);
-                match f.exprs.get(b.value).map(|d| &d.kind) {
-                    Some(ExprKind::Function(g)) => {
-                        indent(out, lvl);
-                        out.push_str("# from tvm.script import relax as R\n\n");
-                        self.function(out, &vname, g, lvl, true, names, cls_here);
-                        out.push('\n');
-                    }
-                    _ => {
-                        indent(out, lvl);
-                        out.push_str(&vname);
-                        out.push_str(": ");
-                        write_type(out, &f.var(b.var).ty, false);
-                        out.push_str(" = ");
-                        self.expr(out, f, &var_names, b.value);
-                        out.push('\n');
-                    }
-                }
-                if let Some(slot) = var_names.get_mut(vi) {
-                    *slot = vname;
-                }
-            }
-            if block.dataflow {
-                indent(out, lvl);
-                out.push_str("R.output(");
-                let mut first = true;
-                for b in &block.bindings {
-                    if !f.var(b.var).dataflow {
-                        if !first {
-                            out.push_str(", ");
-                        }
-                        first = false;
-                        out.push_str(
-                            var_names
-                                .get(crate::ir::EntityId::index(b.var))
-                                .map_or("_", String::as_str),
-                        );
-                    }
-                }
-                out.push_str(")\n");
-            }
-        }
+        self.blocks(out, f, &f.blocks, body, names, &mut var_names, cls_here);
         indent(out, body);
         out.push_str("return ");
         match f.ret {

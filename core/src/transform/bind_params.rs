@@ -17,7 +17,12 @@ use crate::ir::{Binding, Block, Constant, ExprId, ExprKind, Function, Module, Va
 use std::collections::HashMap;
 
 /// Binds `params` (by name) of function `func` to constants.
+/// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn bind_params(m: &Module, func: &str, params: &[(String, Constant)]) -> Result<Module> {
+    super::regions::map_regions(m, |m| bind_params_flat(m, func, params))
+}
+
+fn bind_params_flat(m: &Module, func: &str, params: &[(String, Constant)]) -> Result<Module> {
     let f = m
         .get(func)
         .ok_or_else(|| Error::Invalid(format!("no function named `{func}`")))?;

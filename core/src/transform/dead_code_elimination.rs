@@ -31,7 +31,12 @@ use crate::pattern::matcher::{FunctionView, operand_vars};
 use std::collections::BTreeSet;
 
 /// Runs DeadCodeElimination (see the module doc).
+/// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn dead_code_elimination(m: &Module) -> Result<Module> {
+    super::regions::map_regions(m, dead_code_elimination_flat)
+}
+
+fn dead_code_elimination_flat(m: &Module) -> Result<Module> {
     let mut out = Module::new();
     for (name, f) in &m.functions {
         if is_entry(f)

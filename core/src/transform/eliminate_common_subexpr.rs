@@ -42,8 +42,13 @@ use std::collections::HashMap;
 /// address (hashing every weight of a model would cost more than it could save).
 const BY_VALUE_BYTES: usize = 4096;
 
-/// Runs EliminateCommonSubexpr (see the module doc).
+/// Runs EliminateCommonSubexpr (see the module doc); inside the branches of `if`s too (see
+/// [`super::regions`]).
 pub fn eliminate_common_subexpr(m: &Module) -> Result<Module> {
+    super::regions::map_regions(m, eliminate_common_subexpr_flat)
+}
+
+fn eliminate_common_subexpr_flat(m: &Module) -> Result<Module> {
     let mut out = m.clone();
     let mut changed = false;
     for (_, f) in out.functions.iter_mut() {

@@ -44,7 +44,12 @@ use crate::op::Op;
 use crate::pattern::matcher::FunctionView;
 
 /// Runs FoldBatchNorm (see the module doc).
+/// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn fold_batch_norm(m: &Module) -> Result<Module> {
+    super::regions::map_regions(m, fold_batch_norm_flat)
+}
+
+fn fold_batch_norm_flat(m: &Module) -> Result<Module> {
     let mut out = m.clone();
     for (_, f) in out.functions.iter_mut() {
         if is_entry(f) {

@@ -47,8 +47,13 @@ pub type Evaluator = Arc<dyn Fn(&Op, &[Value]) -> Result<Value> + Send + Sync>;
 /// A folded result of at most this many elements folds whatever its arguments' size.
 pub const SMALL_ELEMS: usize = 1024;
 
-/// Runs FoldConstant with `eval` (see the module doc).
+/// Runs FoldConstant with `eval` (see the module doc); inside the branches of `if`s too (see
+/// [`super::regions`]).
 pub fn fold_constant(m: &Module, eval: &Evaluator) -> Result<Module> {
+    super::regions::map_regions(m, |m| fold_constant_flat(m, eval))
+}
+
+fn fold_constant_flat(m: &Module, eval: &Evaluator) -> Result<Module> {
     let mut out = m.clone();
     let mut changed = false;
     for (_, f) in out.functions.iter_mut() {

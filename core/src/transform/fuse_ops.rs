@@ -127,8 +127,20 @@ pub fn fuse_ops(module: &Module, opt_level: u32, max_depth: usize) -> Result<Mod
 }
 
 /// [`fuse_ops`], also outlining every lone op call of a fused block into its own primitive
-/// function when `lift_single_ops` (see the module doc).
+/// function when `lift_single_ops` (see the module doc); inside the branches of `if`s too
+/// (see [`super::regions`]).
 pub fn fuse_ops_lifting(
+    module: &Module,
+    opt_level: u32,
+    max_depth: usize,
+    lift_single_ops: bool,
+) -> Result<Module> {
+    super::regions::map_regions(module, |m| {
+        fuse_ops_lifting_flat(m, opt_level, max_depth, lift_single_ops)
+    })
+}
+
+fn fuse_ops_lifting_flat(
     module: &Module,
     opt_level: u32,
     max_depth: usize,

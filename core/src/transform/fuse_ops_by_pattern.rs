@@ -161,8 +161,34 @@ pub struct Partitioned {
     pub rejections: Vec<Rejection>,
 }
 
-/// Runs FuseOpsByPattern (see the module doc).
+/// Runs FuseOpsByPattern (see the module doc); inside the branches of `if`s too, each dataflow
+/// block of a branch partitioned on its own as TVM does (see [`super::regions`]). A rejection
+/// inside a branch names the function that holds the `if`.
 pub fn fuse_ops_by_pattern(
+    module: &Module,
+    patterns: &[FusionPattern],
+    opts: PartitionOptions,
+) -> Result<Partitioned> {
+    let (module, rejections) = super::regions::with_regions(module, |m| {
+        let p = fuse_ops_by_pattern_flat(m, patterns, opts)?;
+        let rejections = p
+            .rejections
+            .into_iter()
+            .map(|mut r| {
+                if let Some((func, rest)) = r.at.split_once('/')
+                    && super::regions::is_region(func)
+                {
+                    r.at = format!("{}/{rest}", super::regions::enclosing(func, m));
+                }
+                r
+            })
+            .collect();
+        Ok((p.module, rejections))
+    })?;
+    Ok(Partitioned { module, rejections })
+}
+
+fn fuse_ops_by_pattern_flat(
     module: &Module,
     patterns: &[FusionPattern],
     opts: PartitionOptions,
@@ -1583,7 +1609,12 @@ fn emit_copy(
 }
 
 /// Wraps every composite called from an entry function in a public `Codegen` function.
+/// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn annotate_codegen(m: &Module) -> Result<Module> {
+    super::regions::map_regions(m, annotate_codegen_flat)
+}
+
+fn annotate_codegen_flat(m: &Module) -> Result<Module> {
     let mut out = m.clone();
     let mut wrapper_of: HashMap<String, String> = HashMap::default();
     let entries: Vec<String> = m

@@ -37,7 +37,12 @@ use crate::pattern::matcher::{FunctionView, operand_vars};
 use std::collections::{BTreeSet, HashMap};
 
 /// Runs MergeCompositeFunctions (see the module doc).
+/// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn merge_composite_functions(m: &Module) -> Result<Module> {
+    super::regions::map_regions(m, merge_composite_functions_flat)
+}
+
+fn merge_composite_functions_flat(m: &Module) -> Result<Module> {
     let mut out = m.clone();
     let entries: Vec<String> = m
         .functions

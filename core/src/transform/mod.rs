@@ -9,6 +9,7 @@ pub mod fuse_ops;
 pub mod fuse_ops_by_pattern;
 pub mod merge_composite_functions;
 pub mod pass;
+pub mod regions;
 pub mod remove_export_noise;
 pub mod remove_identity;
 pub mod simplify;

@@ -42,7 +42,12 @@ use crate::op::{ElemOp, Op};
 use crate::pattern::matcher::FunctionView;
 
 /// Runs RemoveExportNoise (see the module doc).
+/// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn remove_export_noise(m: &Module) -> Result<Module> {
+    super::regions::map_regions(m, remove_export_noise_flat)
+}
+
+fn remove_export_noise_flat(m: &Module) -> Result<Module> {
     let mut out = m.clone();
     let mut changed = false;
     for (_, f) in out.functions.iter_mut() {

@@ -41,7 +41,12 @@ use crate::op::Op;
 use crate::pattern::matcher::FunctionView;
 
 /// Runs RemoveIdentity (see the module doc).
+/// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn remove_identity(m: &Module) -> Result<Module> {
+    super::regions::map_regions(m, remove_identity_flat)
+}
+
+fn remove_identity_flat(m: &Module) -> Result<Module> {
     let mut out = m.clone();
     let mut changed = false;
     for (_, f) in out.functions.iter_mut() {

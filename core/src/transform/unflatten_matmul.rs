@@ -50,8 +50,13 @@ use crate::ir::{Binding, Callee, ExprId, ExprKind, Function, Module, Type, VarId
 use crate::op::Op;
 use crate::pattern::matcher::FunctionView;
 
-/// Runs UnflattenMatmul (see the module doc).
+/// Runs UnflattenMatmul (see the module doc); inside the branches of `if`s too (see
+/// [`super::regions`]).
 pub fn unflatten_matmul(m: &Module) -> Result<Module> {
+    super::regions::map_regions(m, unflatten_matmul_flat)
+}
+
+fn unflatten_matmul_flat(m: &Module) -> Result<Module> {
     let mut out = m.clone();
     let mut changed = false;
     for (_, f) in out.functions.iter_mut() {

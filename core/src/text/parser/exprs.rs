@@ -54,7 +54,12 @@ impl<'a> Parser<'a> {
                 if next == Tk::LParen && !ctx.scope.contains_key(name) && name == "T" {
                     return Err(self.err_at(t, "expected an expression, found `T`"));
                 }
-                if matches!(name, "True" | "False" | "None") {
+                if matches!(name, "True" | "False") && !ctx.scope.contains_key(name) {
+                    self.bump();
+                    let b = PrimValue::Bool(name == "True");
+                    return self.add_expr(ctx, ExprKind::Prim(b), t);
+                }
+                if name == "None" {
                     return Err(self.err_at(t, format!("expected an expression, found `{name}`")));
                 }
                 if matches!(name, "inf" | "nan") && !ctx.scope.contains_key(name) {
@@ -69,6 +74,7 @@ impl<'a> Parser<'a> {
                 if name == "T" && next == Tk::Dot {
                     let (lit, dt) = self.parse_t_literal()?;
                     let pv = match lit {
+                        AttrLit::Int(i) if dt == DType::Bool => PrimValue::Bool(i != 0),
                         AttrLit::Int(i) => PrimValue::Int(i),
                         AttrLit::Float(f) => PrimValue::Float(f, dt),
                         _ => {
@@ -296,6 +302,7 @@ impl<'a> Parser<'a> {
                 let pv = if self.is_ident(lt, "T") {
                     let (lit, dt) = self.parse_t_literal()?;
                     match lit {
+                        AttrLit::Int(i) if dt == DType::Bool => PrimValue::Bool(i != 0),
                         AttrLit::Int(i) => PrimValue::Int(i),
                         AttrLit::Float(f) => PrimValue::Float(f, dt),
                         _ => return Err(self.err_at(lt, "expected a number")),
