@@ -18,6 +18,11 @@
 //! every element of `C` is computed by the same multiply-adds in the same order whatever the
 //! number of threads, and the result is bit-identical for every thread count.
 //!
+//! A rank-2 right operand (a dense layer's weight `[K, N]`) with a batched left operand runs as
+//! one GEMM over all the left operand's rows (its batch entries are consecutive row blocks), so
+//! `[B, S, K] @ [K, N]` gives the same bits as the flattened `[B·S, K] @ [K, N]` (what
+//! UnflattenMatmul relies on) and makes fewer, larger calls.
+//!
 //! `float16`/`bfloat16` compute through `f32` (and round once); `float64` natively; integer
 //! dtypes through `i64` (wrapping). With `out_dtype` the inputs are converted first.
 //!
@@ -473,6 +478,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_batched_product_with_a_matrix_weight_is_the_flattened_product_bit_for_bit() {
+        // [3, 70, 40] @ [40, 300] against [210, 40] @ [40, 300]: the rows are the same GEMM.
+        let (b, s, k, n) = (3usize, 70usize, 40usize, 300usize);
+        let a: Vec<f32> = (0..b * s * k)
+            .map(|i| ((i * 7) % 23) as f32 * 0.37 - 4.0)
+            .collect();
+        let w: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 11) % 19) as f32 * 0.21 - 2.0)
+            .collect();
+        let t = |shape: Vec<usize>, v: &[f32]| {
+            Tensor::from_f32(shape, v.to_vec()).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let wt = t(vec![k, n], &w);
+        let batched = matmul(&t(vec![b, s, k], &a), &wt, None).unwrap_or_else(|e| panic!("{e}"));
+        let flat = matmul(&t(vec![b * s, k], &a), &wt, None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(batched.shape(), &[b, s, n]);
+        let bits = |x: &Tensor| {
+            x.as_f32()
+                .unwrap_or(&[])
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert!(bits(&batched) == bits(&flat));
     }
 
     #[test]
