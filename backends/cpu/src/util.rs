@@ -258,14 +258,90 @@ pub(crate) fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
     let s = strides(t.shape());
     let out_shape: Vec<usize> = perm.iter().map(|&p| t.shape()[p]).collect();
     let st: Vec<isize> = perm.iter().map(|&p| s[p] as isize).collect();
-    let data = map_same!(t.storage(), v => gather(v, 0, &st, &out_shape));
+    let r = out_shape.len();
+    // The input's last axis second to last in the output (a head split's `[0, 2, 3, 1]`, a
+    // matrix transpose): tiles of the last two output axes, so reads and writes both stay
+    // within a few cache lines, instead of a strided gather per output row.
+    let tiled = r >= 2 && st[r - 2] == 1 && st[r - 1] != 1 && out_shape[r - 1] > 1;
+    let data = if tiled {
+        map_same!(t.storage(), v => transpose_last_two(v, &st, &out_shape))
+    } else {
+        map_same!(t.storage(), v => gather(v, 0, &st, &out_shape))
+    };
     // The element count is unchanged, so this cannot fail.
     Tensor::new(out_shape, data).unwrap_or_else(|_| t.clone())
+}
+
+/// [`gather`] for source strides whose second-to-last output axis has stride 1 (the source's
+/// last axis): for each index of the leading output axes, the `rows × cols` block
+/// `out[i][j] = src[base + i + j · stride]` is copied in square tiles.
+fn transpose_last_two<T: Copy + Default>(src: &[T], st: &[isize], out_shape: &[usize]) -> Vec<T> {
+    const TILE: usize = 16;
+    let r = out_shape.len();
+    let (rows, cols) = (out_shape[r - 2], out_shape[r - 1]);
+    let cs = st[r - 1] as usize;
+    let total: usize = out_shape.iter().product();
+    let mut out = vec![T::default(); total];
+    if total == 0 {
+        return out;
+    }
+    let lead = &out_shape[..r - 2];
+    let mut idx = vec![0usize; lead.len()];
+    for block in out.chunks_exact_mut(rows * cols) {
+        let base: usize = idx.iter().zip(st).map(|(&i, &s)| i * s as usize).sum();
+        for i0 in (0..rows).step_by(TILE) {
+            for j0 in (0..cols).step_by(TILE) {
+                for i in i0..(i0 + TILE).min(rows) {
+                    let dst = &mut block[i * cols + j0..i * cols + (j0 + TILE).min(cols)];
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = src[base + i + (j0 + k) * cs];
+                    }
+                }
+            }
+        }
+        for k in (0..lead.len()).rev() {
+            idx[k] += 1;
+            if idx[k] < lead[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tiled_transpose_is_the_gather() {
+        // Head splits and plain transposes, sizes around the tile, a broadcast (stride 0)
+        // leading axis excluded (permute's strides are never 0).
+        for (shape, perm) in [
+            (vec![1usize, 37, 5, 19], vec![0usize, 2, 3, 1]),
+            (vec![2, 33, 17], vec![0, 2, 1]),
+            (vec![16, 16], vec![1, 0]),
+            (vec![3, 1, 40], vec![2, 1, 0]),
+            (vec![2, 3, 4, 5], vec![3, 1, 0, 2]),
+        ] {
+            let n: usize = shape.iter().product();
+            let src: Vec<i32> = (0..n as i32).collect();
+            let s = strides(&shape);
+            let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let st: Vec<isize> = perm.iter().map(|&p| s[p] as isize).collect();
+            let r = out_shape.len();
+            let want = gather(&src, 0, &st, &out_shape);
+            if st[r - 2] == 1 && st[r - 1] != 1 {
+                assert_eq!(transpose_last_two(&src, &st, &out_shape), want, "{shape:?} {perm:?}");
+            }
+            let t = Tensor::new(shape.clone(), fusebox_core::runtime::Storage::I32(src))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let got = permute(&t, &perm);
+            assert_eq!(got.shape(), &out_shape[..]);
+            assert_eq!(got.to_i64_vec(), want.iter().map(|&v| i64::from(v)).collect::<Vec<_>>());
+        }
+    }
 
     #[test]
     fn gather_transposes() {
