@@ -333,13 +333,20 @@ mod tests {
             let r = out_shape.len();
             let want = gather(&src, 0, &st, &out_shape);
             if st[r - 2] == 1 && st[r - 1] != 1 {
-                assert_eq!(transpose_last_two(&src, &st, &out_shape), want, "{shape:?} {perm:?}");
+                assert_eq!(
+                    transpose_last_two(&src, &st, &out_shape),
+                    want,
+                    "{shape:?} {perm:?}"
+                );
             }
             let t = Tensor::new(shape.clone(), fusebox_core::runtime::Storage::I32(src))
                 .unwrap_or_else(|e| panic!("{e}"));
             let got = permute(&t, &perm);
             assert_eq!(got.shape(), &out_shape[..]);
-            assert_eq!(got.to_i64_vec(), want.iter().map(|&v| i64::from(v)).collect::<Vec<_>>());
+            assert_eq!(
+                got.to_i64_vec(),
+                want.iter().map(|&v| i64::from(v)).collect::<Vec<_>>()
+            );
         }
     }
 
