@@ -106,13 +106,7 @@ fn batch_offsets(dims: &[usize], out: &[usize], heads: Option<usize>, elems: usi
             o += i * strides[k];
         }
         offs.push(o * elems);
-        for k in (0..out.len()).rev() {
-            idx[k] += 1;
-            if idx[k] < out[k] {
-                break;
-            }
-            idx[k] = 0;
-        }
+        crate::util::next_index(&mut idx, out);
     }
     offs
 }
@@ -178,13 +172,7 @@ pub(crate) fn attention(
         for _ in 0..nb {
             let o: isize = idx.iter().zip(&st).map(|(&i, &x)| i as isize * x).sum();
             offs.push(o);
-            for k in (0..r - 2).rev() {
-                idx[k] += 1;
-                if idx[k] < bq[k] {
-                    break;
-                }
-                idx[k] = 0;
-            }
+            crate::util::next_index(&mut idx, bq);
         }
         mask_data.push((md, offs, rs, cs));
     }
@@ -253,23 +241,6 @@ pub(crate) fn exp32(x: f32) -> f32 {
     y = y * r * r + r + 1.0;
     let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
     if x < -87.3 { 0.0 } else { y * scale }
-}
-
-/// `Σ row` in `f32` as 8 interleaved partial sums added pairwise at the end: a fixed order
-/// (the same bits on every CPU and thread count) that vectorises.
-#[inline(always)]
-fn striped_sum_f32(row: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut chunks = row.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += x;
-        }
-    }
-    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
-        *a += x;
-    }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
 /// The largest element of `row` (NaN ignored, as `f32::max` does; `-inf` when empty), as 8
@@ -418,7 +389,7 @@ fn block(
                 out[r * dv..r * dv + dv].iter_mut().for_each(|x| *x *= corr);
             }
             sc.iter_mut().for_each(|x| *x = exp32(*x - m_new));
-            l[r] += striped_sum_f32(sc);
+            l[r] += crate::simd::striped_sum(sc, |x| x);
             m[r] = m_new;
         }
         // out[rows, dv] += p[rows, w] @ v[j0..j0 + w, dv].

@@ -344,13 +344,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResul
         let mut idx = vec![0usize; batch.len()];
         for _ in 0..nb {
             out.push(idx.iter().zip(s).map(|(&i, &st)| i * st as usize).sum());
-            for d in (0..batch.len()).rev() {
-                idx[d] += 1;
-                if idx[d] < batch[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
+            crate::util::next_index(&mut idx, &batch);
         }
         out
     };

@@ -14,6 +14,7 @@
 //! ; → residual_layer_norm(a, b, g, be, 1e-12): s and y in one pass over each row
 //! ```
 
+use crate::simd::striped_sum;
 use fusebox_core::runtime::Tensor;
 
 type KResult<T> = Result<T, String>;
@@ -114,33 +115,13 @@ impl pulp::WithSimd for RlnRow<'_> {
     }
 }
 
-/// Lanes of [`striped_sum`].
-const LANES: usize = 8;
-
-/// `Σ f(x)` over `row` in `f64`, as [`LANES`] interleaved partial sums (element `i` into sum
-/// `i % LANES`, each in index order) added pairwise at the end: a fixed order, so the same
-/// bits on every CPU and for every thread count, and a loop that vectorises.
-#[inline(always)]
-pub(crate) fn striped_sum<T: Copy + Into<f64>>(row: &[T], f: impl Fn(f64) -> f64) -> f64 {
-    let mut acc = [0.0f64; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += f(x.into());
-        }
-    }
-    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
-        *a += f(x.into());
-    }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
-}
-
-/// The mean of `row` and the sum of squared deviations from it, both by [`striped_sum`].
+/// The mean of `row` and the sum of squared deviations from it, both by
+/// [`crate::simd::striped_sum`] in `f64`.
 #[inline(always)]
 fn moments_inline<T: Copy + Into<f64>>(row: &[T]) -> (f64, f64) {
-    let mean = striped_sum(row, |x| x) / row.len().max(1) as f64;
+    let mean = striped_sum(row, |x| x.into()) / row.len().max(1) as f64;
     let m2 = striped_sum(row, |x| {
-        let d = x - mean;
+        let d = x.into() - mean;
         d * d
     });
     (mean, m2)

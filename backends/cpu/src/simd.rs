@@ -29,3 +29,29 @@ static ARCH: LazyLock<pulp::Arch> = LazyLock::new(pulp::Arch::new);
 pub(crate) fn dispatch<Op: pulp::WithSimd>(op: Op) -> Op::Output {
     ARCH.dispatch(op)
 }
+
+/// Lanes of [`striped_sum`].
+const LANES: usize = 8;
+
+/// `Σ f(x)` over `row`, as [`LANES`] interleaved partial sums (element `i` into sum
+/// `i % LANES`, each in index order) added pairwise at the end: a fixed order, so the same
+/// bits on every CPU and for every thread count, and a loop that vectorises when inlined into
+/// a [`dispatch`]ed op. The accumulator type `A` is `f64` for LayerNorm's statistics, `f32`
+/// for the softmax sums.
+#[inline(always)]
+pub(crate) fn striped_sum<T: Copy, A: Copy + Default + std::ops::Add<Output = A>>(
+    row: &[T],
+    f: impl Fn(T) -> A,
+) -> A {
+    let mut acc = [A::default(); LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = *a + f(x);
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = *a + f(x);
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}

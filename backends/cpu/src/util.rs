@@ -21,6 +21,19 @@ pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
+/// Steps the row-major index `idx` over `dims` (the last fastest) to the next element;
+/// `false` (with `idx` back at all zeros) when it wraps around.
+pub(crate) fn next_index(idx: &mut [usize], dims: &[usize]) -> bool {
+    for (i, &d) in idx.iter_mut().zip(dims).rev() {
+        *i += 1;
+        if *i < d {
+            return true;
+        }
+        *i = 0;
+    }
+    false
+}
+
 /// Normalises a possibly negative `axis` for rank `rank`.
 pub(crate) fn norm_axis(axis: i64, rank: usize) -> KResult<usize> {
     let r = i64::try_from(rank).map_err(|_| "rank too large".to_string())?;
@@ -299,13 +312,7 @@ fn transpose_last_two<T: Copy + Default>(src: &[T], st: &[isize], out_shape: &[u
                 }
             }
         }
-        for k in (0..lead.len()).rev() {
-            idx[k] += 1;
-            if idx[k] < lead[k] {
-                break;
-            }
-            idx[k] = 0;
-        }
+        next_index(&mut idx, lead);
     }
     out
 }

@@ -30,8 +30,6 @@
 //! a1 = R.add(s1, m0)
 //! ```
 
-use super::dead_code_elimination;
-use super::fuse_ops_by_pattern::is_entry;
 use super::substitute::Substitution;
 use crate::error::Result;
 use crate::ir::{Callee, DType, ExprId, ExprKind, Function, Module, VarId};
@@ -45,21 +43,7 @@ const BY_VALUE_BYTES: usize = 4096;
 /// Runs EliminateCommonSubexpr (see the module doc); inside the branches of `if`s too (see
 /// [`super::regions`]).
 pub fn eliminate_common_subexpr(m: &Module) -> Result<Module> {
-    super::regions::map_regions(m, eliminate_common_subexpr_flat)
-}
-
-fn eliminate_common_subexpr_flat(m: &Module) -> Result<Module> {
-    let mut out = m.clone();
-    let mut changed = false;
-    for (_, f) in out.functions.iter_mut() {
-        if is_entry(f) {
-            changed |= eliminate_in(f);
-        }
-    }
-    if changed {
-        out = dead_code_elimination(&out)?;
-    }
-    Ok(out)
+    super::substitute::rewrite_entries(m, eliminate_in)
 }
 
 /// An argument as the key of a call compares it.

@@ -32,8 +32,6 @@
 //! lv9 = R.matmul(x, metadata["relax.expr.Constant"][16], out_dtype=None)  ; [32, 10], transposed
 //! ```
 
-use super::dead_code_elimination;
-use super::fuse_ops_by_pattern::is_entry;
 use super::substitute::Substitution;
 use crate::error::Result;
 use crate::ir::{Callee, Constant, Dim, ExprId, ExprKind, Function, Module, PrimValue};
@@ -50,21 +48,7 @@ pub const SMALL_ELEMS: usize = 1024;
 /// Runs FoldConstant with `eval` (see the module doc); inside the branches of `if`s too (see
 /// [`super::regions`]).
 pub fn fold_constant(m: &Module, eval: &Evaluator) -> Result<Module> {
-    super::regions::map_regions(m, |m| fold_constant_flat(m, eval))
-}
-
-fn fold_constant_flat(m: &Module, eval: &Evaluator) -> Result<Module> {
-    let mut out = m.clone();
-    let mut changed = false;
-    for (_, f) in out.functions.iter_mut() {
-        if is_entry(f) {
-            changed |= fold_in(f, eval);
-        }
-    }
-    if changed {
-        out = dead_code_elimination(&out)?;
-    }
-    Ok(out)
+    super::substitute::rewrite_entries(m, |f| fold_in(f, eval))
 }
 
 /// The run-time value of a compile-time-known argument, and its element count (0 for

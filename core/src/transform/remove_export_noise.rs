@@ -32,8 +32,6 @@
 //! ; (y's uses read x)
 //! ```
 
-use super::dead_code_elimination;
-use super::fuse_ops_by_pattern::is_entry;
 use super::remove_identity::{all_equal_to, constant};
 use super::substitute::Substitution;
 use crate::error::Result;
@@ -44,21 +42,7 @@ use crate::pattern::matcher::FunctionView;
 /// Runs RemoveExportNoise (see the module doc).
 /// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn remove_export_noise(m: &Module) -> Result<Module> {
-    super::regions::map_regions(m, remove_export_noise_flat)
-}
-
-fn remove_export_noise_flat(m: &Module) -> Result<Module> {
-    let mut out = m.clone();
-    let mut changed = false;
-    for (_, f) in out.functions.iter_mut() {
-        if is_entry(f) {
-            changed |= remove_in(f);
-        }
-    }
-    if changed {
-        out = dead_code_elimination(&out)?;
-    }
-    Ok(out)
+    super::substitute::rewrite_entries(m, remove_in)
 }
 
 /// Whether casting any value of `from` to `to` keeps it exactly.

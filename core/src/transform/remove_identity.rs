@@ -32,8 +32,6 @@
 //! c = R.nn.relu(x)
 //! ```
 
-use super::dead_code_elimination;
-use super::fuse_ops_by_pattern::is_entry;
 use super::substitute::Substitution;
 use crate::error::Result;
 use crate::ir::{Callee, Constant, ExprId, ExprKind, Function, Module, VarId};
@@ -43,21 +41,7 @@ use crate::pattern::matcher::FunctionView;
 /// Runs RemoveIdentity (see the module doc).
 /// Inside the branches of `if`s too (see [`super::regions`]).
 pub fn remove_identity(m: &Module) -> Result<Module> {
-    super::regions::map_regions(m, remove_identity_flat)
-}
-
-fn remove_identity_flat(m: &Module) -> Result<Module> {
-    let mut out = m.clone();
-    let mut changed = false;
-    for (_, f) in out.functions.iter_mut() {
-        if is_entry(f) {
-            changed |= remove_in(f);
-        }
-    }
-    if changed {
-        out = dead_code_elimination(&out)?;
-    }
-    Ok(out)
+    super::substitute::rewrite_entries(m, remove_in)
 }
 
 /// Whether every element of `c` equals `v` (bitwise: `-0.0` differs from `0.0`).

@@ -1,5 +1,9 @@
 //! Replacing the uses of bound vars: the shared step of the simplification passes
-//! ([`fold_constant`](super::fold_constant), [`remove_identity`](super::remove_identity)).
+//! ([`fold_constant`](super::fold_constant), [`remove_identity`](super::remove_identity),
+//! [`remove_export_noise`](super::remove_export_noise),
+//! [`eliminate_common_subexpr`](super::eliminate_common_subexpr),
+//! [`unflatten_matmul`](super::unflatten_matmul)), and [`rewrite_entries`], the frame they
+//! share (every entry function, inside `if` branches, then dead-code elimination).
 //!
 //! Contract: [`Substitution::apply`] rewrites, in one function, every argument, tuple field and
 //! tuple-get-item operand that refers to a var in the map (and the returned expression's
@@ -15,6 +19,8 @@
 //! z = R.nn.relu(y)                    →    z = R.nn.relu(x)
 //! ```
 
+use crate::error::Result;
+use crate::ir::Module;
 use crate::ir::copy::VarMap;
 use crate::ir::{ExprId, ExprKind, Function, VarId};
 use crate::pattern::matcher::FunctionView;
@@ -121,4 +127,26 @@ impl Substitution {
             }
         }
     }
+}
+
+/// Runs a per-function rewrite of a simplification pass: `rewrite` on every function without
+/// `Primitive`, `Composite` or `Codegen` (saying whether it changed it), inside the branches of
+/// `if`s too (see [`super::regions`]), then dead-code elimination when anything changed.
+pub(crate) fn rewrite_entries(
+    m: &Module,
+    mut rewrite: impl FnMut(&mut Function) -> bool,
+) -> Result<Module> {
+    super::regions::map_regions(m, |m| {
+        let mut out = m.clone();
+        let mut changed = false;
+        for (_, f) in out.functions.iter_mut() {
+            if super::fuse_ops_by_pattern::is_entry(f) {
+                changed |= rewrite(f);
+            }
+        }
+        if changed {
+            out = super::dead_code_elimination(&out)?;
+        }
+        Ok(out)
+    })
 }

@@ -43,8 +43,6 @@
 //! y = R.add(m_unflat, c)
 //! ```
 
-use super::dead_code_elimination;
-use super::fuse_ops_by_pattern::is_entry;
 use crate::error::Result;
 use crate::ir::{Binding, Callee, ExprId, ExprKind, Function, Module, Type, VarId};
 use crate::op::Op;
@@ -53,21 +51,7 @@ use crate::pattern::matcher::FunctionView;
 /// Runs UnflattenMatmul (see the module doc); inside the branches of `if`s too (see
 /// [`super::regions`]).
 pub fn unflatten_matmul(m: &Module) -> Result<Module> {
-    super::regions::map_regions(m, unflatten_matmul_flat)
-}
-
-fn unflatten_matmul_flat(m: &Module) -> Result<Module> {
-    let mut out = m.clone();
-    let mut changed = false;
-    for (_, f) in out.functions.iter_mut() {
-        if is_entry(f) {
-            changed |= unflatten_in(f);
-        }
-    }
-    if changed {
-        out = dead_code_elimination(&out)?;
-    }
-    Ok(out)
+    super::substitute::rewrite_entries(m, unflatten_in)
 }
 
 /// The op call bound to the var `e` names, through the view.
