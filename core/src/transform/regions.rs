@@ -111,6 +111,28 @@ pub fn map_regions(m: &Module, pass: impl FnOnce(&Module) -> Result<Module>) -> 
     with_regions(m, |m| pass(m).map(|x| (x, ()))).map(|(x, ())| x)
 }
 
+/// A function with `f`'s attributes, symbolic vars, return type and params (copied), no
+/// blocks yet; and the map from `f`'s params to the copies.
+fn signature_copy(f: &Function) -> (Function, FxHashMap<VarId, ExprId>) {
+    let mut g = Function::new();
+    g.attrs = f.attrs.clone();
+    g.sym_vars = f.sym_vars.clone();
+    g.ret_ty = f.ret_ty.clone();
+    let mut map: FxHashMap<VarId, ExprId> = FxHashMap::default();
+    for &p in &f.params {
+        let vd = f.var(p);
+        let v = g.add_var_from(
+            vd.name.clone(),
+            vd.ty.clone(),
+            vd.dataflow,
+            vd.origin.clone(),
+        );
+        g.params.push(v);
+        map.insert(p, g.var_expr(v));
+    }
+    (g, map)
+}
+
 // ----- lifting -----
 
 /// The module with every `if` replaced by a placeholder call and its branches lifted.
@@ -156,22 +178,7 @@ fn lift_function(
     if !has {
         return Ok(f.clone());
     }
-    let mut g = Function::new();
-    g.attrs = f.attrs.clone();
-    g.sym_vars = f.sym_vars.clone();
-    g.ret_ty = f.ret_ty.clone();
-    let mut map: FxHashMap<VarId, ExprId> = FxHashMap::default();
-    for &p in &f.params {
-        let vd = f.var(p);
-        let v = g.add_var_from(
-            vd.name.clone(),
-            vd.ty.clone(),
-            vd.dataflow,
-            vd.origin.clone(),
-        );
-        g.params.push(v);
-        map.insert(p, g.var_expr(v));
-    }
+    let (mut g, mut map) = signature_copy(f);
     for block in &f.blocks {
         let mut out = Block {
             dataflow: block.dataflow,
@@ -318,22 +325,7 @@ fn lower_function(f: &Function, m: &Module, depth: usize) -> Result<Function> {
     if depth > crate::text::MAX_DEPTH as usize {
         return Err(Error::Invalid("`if`s nest too deeply".into()));
     }
-    let mut g = Function::new();
-    g.attrs = f.attrs.clone();
-    g.sym_vars = f.sym_vars.clone();
-    g.ret_ty = f.ret_ty.clone();
-    let mut map: FxHashMap<VarId, ExprId> = FxHashMap::default();
-    for &p in &f.params {
-        let vd = f.var(p);
-        let v = g.add_var_from(
-            vd.name.clone(),
-            vd.ty.clone(),
-            vd.dataflow,
-            vd.origin.clone(),
-        );
-        g.params.push(v);
-        map.insert(p, g.var_expr(v));
-    }
+    let (mut g, mut map) = signature_copy(f);
     for block in &f.blocks {
         let mut out = Block {
             dataflow: block.dataflow,
