@@ -278,8 +278,8 @@ for seed_name, seed_build in [
                  pats, annotate_codegen=ann, merge=merge)
 case("seed_bound_weight_annotated", "constants", seed_bound_weight, "fuse_ops_by_pattern",
      [CONV2D_RELU], annotate_codegen=True)
-case("seed_bound_weight_lifted", "pending", seed_bound_weight, "fuse_ops_by_pattern",
-     [CONV2D_RELU], bind_constants=False, pending="constants without values")
+case("seed_bound_weight_lifted", "constants", seed_bound_weight, "fuse_ops_by_pattern",
+     [CONV2D_RELU], bind_constants=False)
 
 # --- MLPs ------------------------------------------------------------------------------------------
 
@@ -924,7 +924,7 @@ case("dataflow_inside_branch_fobp", "branches", dataflow_inside_branch, "fuse_op
       ("cublas.matmul", "relax.matmul(_, _)")], bind_constants=False, annotate_codegen=True)
 case("branch_mlp_cutlass", "branches", branch_mlp, "cutlass")
 
-# --- opaque ops, constants without values; pending: the fusebox gaps left ---------------------------------------------
+# --- opaque ops, constants without values ------------------------------------------------------
 
 
 def stack_op():
@@ -951,9 +951,9 @@ case("opaque_stack_relu_merged", "opaque", stack_op, "fuse_ops_by_pattern",
      [("cpu.relu", "relax.nn.relu(_)"), ("cpu.add", "relax.add(_, _)")], merge=True)
 case("tensor_const_bound", "constants", tensor_const, "fuse_ops_by_pattern",
      [("cpu.mm_bias_relu", "relax.nn.relu(relax.add(relax.matmul(_, _), const))")])
-case("tensor_const_lifted", "pending", tensor_const, "fuse_ops_by_pattern",
+case("tensor_const_lifted", "constants", tensor_const, "fuse_ops_by_pattern",
      [("cpu.mm_bias_relu", "relax.nn.relu(relax.add(relax.matmul(_, _), const))")],
-     bind_constants=False, pending="constants without values")
+     bind_constants=False)
 
 # --- seeded random DAGs of matmul / add / relu / gelu / conv2d ------------------------------------
 

@@ -1,7 +1,7 @@
 //! Type inference for one expression, given the types of its operands. Shared by the parser,
 //! the builder and the verifier, so the three agree.
 
-use super::expr::{Callee, ExprId, ExprKind, PrimValue};
+use super::expr::{Callee, ExprKind, PrimValue};
 use super::function::Function;
 use super::ty::{FuncType, Type};
 use super::{DType, Dim};
@@ -259,19 +259,100 @@ pub fn brief(t: &Type) -> String {
     }
 }
 
-/// Whether `e` is a constant without a value ([`crate::ir::ConstRef`]), or a call or tuple
-/// with one among its arguments (or among the fields of a tuple argument): its inferred type
-/// is then less specific than the truth, and an annotation may refine it.
-pub fn reads_valueless(f: &Function, e: ExprId) -> bool {
-    let kind = |x: ExprId| f.exprs.get(x).map(|d| &d.kind);
-    let is_ref = |x: ExprId| matches!(kind(x), Some(ExprKind::ConstRef(_)));
-    let direct = |x: ExprId| {
-        is_ref(x) || matches!(kind(x), Some(ExprKind::Tuple(fs)) if fs.iter().any(|&y| is_ref(y)))
+/// The type a constant without a value ([`crate::ir::ConstRef`]) has as argument `i` of `op`,
+/// as far as its use tells, given the arguments' types and the call's (annotated) type `out`:
+/// the other operand's dtype for a binary elementwise op or `matmul` (a broadcast operand's
+/// rank is not told), and for `conv2d`'s weight the data's dtype and, in `NCHW`/`OIHW` layouts
+/// with static shapes, the exact shape where only one kernel size gives `out`. `None` when the
+/// use tells nothing.
+pub fn valueless_from_use(
+    op: &crate::op::Op,
+    args: &[&Type],
+    i: usize,
+    out: &Type,
+) -> Option<super::TensorType> {
+    use crate::op::{FusionKind, Op};
+    let tensor = |t: Option<&&Type>| match t {
+        Some(Type::Tensor(t)) => Some(t.clone()),
+        _ => None,
     };
-    match kind(e) {
-        Some(ExprKind::ConstRef(_)) => true,
-        Some(ExprKind::Call { args, .. }) => args.iter().any(|&a| direct(a)),
-        Some(ExprKind::Tuple(fs)) => fs.iter().any(|&a| direct(a)),
-        _ => false,
+    let binary = args.len() == 2
+        && (matches!(op, Op::Matmul { .. })
+            || matches!(
+                op.fusion_kind(),
+                FusionKind::ElemWise | FusionKind::Broadcast
+            ));
+    if let Op::Conv2d(a) = op
+        && i == 1
+    {
+        let data = tensor(args.first())?;
+        let dtype = data.dtype?;
+        let exact = tensor(Some(&out)).and_then(|o| conv2d_weight(a, &data, &o, dtype));
+        return Some(exact.unwrap_or(super::TensorType {
+            dims: None,
+            ndim: Some(4),
+            dtype: Some(dtype),
+        }));
     }
+    if binary && i < 2 {
+        let dtype = tensor(args.get(1 - i))?.dtype?;
+        return Some(super::TensorType {
+            dims: None,
+            ndim: None,
+            dtype: Some(dtype),
+        });
+    }
+    None
+}
+
+/// `conv2d`'s weight shape from its data and output shapes (see [`valueless_from_use`]).
+fn conv2d_weight(
+    a: &crate::op::Conv2dAttrs,
+    data: &super::TensorType,
+    out: &super::TensorType,
+    dtype: DType,
+) -> Option<super::TensorType> {
+    if a.data_layout != "NCHW" || a.kernel_layout != "OIHW" || a.out_layout != "NCHW" {
+        return None;
+    }
+    let (x, y) = (data.static_shape()?, out.static_shape()?);
+    let [_, c, h, w] = <[i64; 4]>::try_from(x).ok()?;
+    let [_, o, oh, ow] = <[i64; 4]>::try_from(y).ok()?;
+    if a.groups <= 0 || c % a.groups != 0 {
+        return None;
+    }
+    // out = (len - dil * (k - 1) - 1) / stride + 1 (floor): the `k >= 1` that give `out`, if one.
+    let kernel = |len: i64, pad: i64, dil: i64, stride: i64, out: i64| -> Option<i64> {
+        let (len, dil, stride, out) = (
+            i128::from(len) + i128::from(pad),
+            i128::from(dil),
+            i128::from(stride),
+            i128::from(out),
+        );
+        if dil <= 0 || stride <= 0 || out <= 0 {
+            return None;
+        }
+        // dil * (k - 1) in [len - 1 - stride * (out - 1) - (stride - 1), len - 1 - stride * (out - 1)]
+        let hi = len - 1 - stride * (out - 1);
+        let lo = (hi - (stride - 1)).max(0);
+        let first = (lo + dil - 1).div_euclid(dil);
+        let last = hi.div_euclid(dil);
+        (hi >= 0 && first == last).then(|| i64::try_from(first + 1).ok())?
+    };
+    let kh = kernel(
+        h,
+        a.padding[0] + a.padding[2],
+        a.dilation[0],
+        a.strides[0],
+        oh,
+    )?;
+    let kw = kernel(
+        w,
+        a.padding[1] + a.padding[3],
+        a.dilation[1],
+        a.strides[1],
+        ow,
+    )?;
+    let dims = [o, c / a.groups, kh, kw].map(Dim::Static).to_vec();
+    Some(super::TensorType::new(dims, dtype))
 }

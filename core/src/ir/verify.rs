@@ -461,7 +461,8 @@ impl Verifier<'_> {
                     );
                 }
                 let vt = &f.var(var).ty;
-                let refines = d.ty.accepts(vt) && super::infer::reads_valueless(f, value);
+                // An annotation may refine a less specific value type (see the parser).
+                let refines = d.ty.accepts(vt);
                 if !vt.accepts(&d.ty) && !refines {
                     self.err(
                         Some(var),

@@ -158,6 +158,71 @@ fn missing_metadata_is_kept_without_its_value() {
     );
 }
 
+/// The types the parser gives the inline constants without values of `body` (a `main` taking
+/// `x: R.Tensor((1, 8, 16, 16))`), in order.
+fn valueless_types(body: &str) -> Vec<String> {
+    let src = format!(
+        "{HEADER}    @R.function\n    def main(x: R.Tensor((1, 8, 16, 16), dtype=\"float32\")):\n        with R.dataflow():\n{body}        return y\n"
+    );
+    let m =
+        parse_module(&src, "v.relax", &ConstTable::new()).unwrap_or_else(|e| unreachable!("{e}"));
+    crate::ir::verify::verify(&m).unwrap_or_else(|e| unreachable!("{e}"));
+    let f = m.get("main").unwrap_or_else(|| unreachable!());
+    f.exprs
+        .iter()
+        .filter(|(_, d)| matches!(d.kind, ExprKind::ConstRef(_)))
+        .map(|(_, d)| crate::ir::infer::brief(&d.ty))
+        .collect()
+}
+
+#[test]
+fn valueless_constants_are_typed_from_their_use() {
+    // Issue 20: `mod.script()` prints constants without values; their types come from the use.
+    let conv = |stride: i64, pad: i64, out: i64| {
+        format!(
+            "            y: R.Tensor((1, 4, {out}, {out}), dtype=\"float32\") = R.nn.conv2d(x, metadata[\"relax.expr.Constant\"][0], strides=[{stride}, {stride}], padding=[{pad}, {pad}, {pad}, {pad}])\n            R.output(y)\n"
+        )
+    };
+    // Stride 1: one kernel size gives the output (16 + 2 - (k - 1) = 16 → k = 3).
+    assert_eq!(
+        valueless_types(&conv(1, 1, 16)),
+        ["Tensor((4, 8, 3, 3), float32)"]
+    );
+    // Stride 2, pad 1: k = 3 gives (18 - 3) / 2 + 1 = 8 and so does k = 4: only the rank is told.
+    assert_eq!(valueless_types(&conv(2, 1, 8)), ["Tensor(ndim=4, float32)"]);
+    // A broadcast operand: the dtype only.
+    let add = "            y: R.Tensor((1, 8, 16, 16), dtype=\"float32\") = R.add(x, metadata[\"relax.expr.Constant\"][0])\n            R.output(y)\n";
+    assert_eq!(valueless_types(add), ["Tensor(?, float32)"]);
+    // An op whose use tells nothing keeps the unknown type.
+    let cond = "            y: R.Tensor((1, 8, 16, 16), dtype=\"float32\") = R.where(metadata[\"relax.expr.Constant\"][0], x, x)\n            R.output(y)\n";
+    assert_eq!(valueless_types(cond), ["Tensor(?, void)"]);
+}
+
+#[test]
+fn an_annotation_may_refine_a_less_specific_type() {
+    // TVM's parser accepts an annotation more specific than the inferred type (its
+    // StructInfoBaseCheck fails only at level 1) and refuses a contradicting one.
+    let src = |ann: &str| {
+        format!(
+            "{HEADER}    @R.function\n    def main(m: R.Tensor((4, 8), dtype=\"float32\"), x: R.Tensor(dtype=\"float32\")):\n        with R.dataflow():\n            a: {ann} = R.add(m, x)\n            R.output(a)\n        return a\n"
+        )
+    };
+    let ok = parse_module(
+        &src("R.Tensor((4, 8), dtype=\"float32\")"),
+        "r.relax",
+        &ConstTable::new(),
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    crate::ir::verify::verify(&ok).unwrap_or_else(|e| unreachable!("{e}"));
+    let bad = parse_module(
+        &src("R.Tensor((4, 8), dtype=\"float16\")"),
+        "r.relax",
+        &ConstTable::new(),
+    );
+    let err = bad.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("annotation says"), "{err}");
+}
+
 #[test]
 fn symbolic_dims() {
     let src = format!(

@@ -19,7 +19,8 @@
 //! - A group becomes a private function with `Composite = <pattern name>` and `Primitive = True`,
 //!   named `fused_<op>_<op>…` (dots become underscores; numeric suffixes `1`, `2`, … keep names
 //!   unique). Parameters are the outside values the group reads, in first-use order, each once;
-//!   constants stay inside with `bind_constants`, else they become parameters `param_<k>`; shape
+//!   constants (with or without values) stay inside with `bind_constants`, else they become
+//!   parameters `param_<k>` (a valueless one typed as the parser typed it); shape
 //!   and prim literals stay inside. Outputs are the group's non-dataflow vars, then the vars used
 //!   by other bindings of the block in order of first use; several outputs return a tuple that
 //!   the caller unpacks in binding order. A group with no used output keeps its root as output
@@ -992,6 +993,12 @@ fn encode<'f, S: TokSink<'f>>(
             out.1.push(Tok::Param(out.0.len() - 1));
         }
         ExprKind::Const(c) => out.1.push(Tok::Const(c)),
+        // A constant without a value is lifted as a constant is; it compares by identity.
+        kind @ ExprKind::ConstRef(_) if !bind_constants => {
+            out.0.push(ParamSrc::Const(e));
+            out.1.push(Tok::Lit(kind));
+            out.1.push(Tok::Param(out.0.len() - 1));
+        }
         other => out.1.push(Tok::Lit(other)),
     }
 }
@@ -1160,6 +1167,16 @@ fn outline<'f>(
                     cf.params.push(p);
                     leaf_map.insert(leaf, cf.var_expr(p));
                     let outer = caller.add_expr(ExprKind::Const(c.clone()), c.ty());
+                    args.push(outer);
+                }
+                // Typed as the parser typed it: from its binding's annotation or its use.
+                kind @ ExprKind::ConstRef(_) if !opts.bind_constants => {
+                    let ty = f.expr(leaf).ty.clone();
+                    let p = cf.add_var(format!("param_{lifted}"), ty.clone(), false);
+                    lifted += 1;
+                    cf.params.push(p);
+                    leaf_map.insert(leaf, cf.var_expr(p));
+                    let outer = caller.add_expr(kind.clone(), ty);
                     args.push(outer);
                 }
                 _ => {}
