@@ -322,9 +322,9 @@ fn conv2d_weight(
         return None;
     }
     // out = (len - dil * (k - 1) - 1) / stride + 1 (floor): the `k >= 1` that give `out`, if one.
-    let kernel = |len: i64, pad: i64, dil: i64, stride: i64, out: i64| -> Option<i64> {
+    let kernel = |len: i64, pads: [i64; 2], dil: i64, stride: i64, out: i64| -> Option<i64> {
         let (len, dil, stride, out) = (
-            i128::from(len) + i128::from(pad),
+            i128::from(len) + i128::from(pads[0]) + i128::from(pads[1]),
             i128::from(dil),
             i128::from(stride),
             i128::from(out),
