@@ -341,14 +341,14 @@ fn conv2d_weight(
     };
     let kh = kernel(
         h,
-        a.padding[0] + a.padding[2],
+        [a.padding[0], a.padding[2]],
         a.dilation[0],
         a.strides[0],
         oh,
     )?;
     let kw = kernel(
         w,
-        a.padding[1] + a.padding[3],
+        [a.padding[1], a.padding[3]],
         a.dilation[1],
         a.strides[1],
         ow,
