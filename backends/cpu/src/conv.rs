@@ -519,10 +519,12 @@ fn compute(
 /// A depthwise convolution (one input and one output channel per group, as MobileNet's 3×3
 /// layers): per output plane, the input plane is copied once into a zero-padded buffer whose
 /// columns are dealt into `stride` phases (column `c` to phase `c % sw`, position `c / sw`),
-/// so that for every output row and tap the window's columns are one contiguous run; the taps
-/// are added in `(ky, kx)` order, each with one FMA per output element (vectorised, no bounds
-/// tests), then the epilogue. Planes are the tasks, so the result does not depend on the
-/// thread count. A tap over the padding adds `0 · w`, as the im2col lowering of the reference
+/// so that for every output row and tap the window's columns are one contiguous run (the
+/// padding is written once per thread and geometry; later planes only overwrite the interior).
+/// Blocks of output rows × vectors stay in registers over the taps — 8 independent FMA chains,
+/// so the FMA latency is hidden — the taps added in `(ky, kx)` order, one FMA per output
+/// element; then the epilogue over the whole plane. Planes are the tasks, so the result does
+/// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col lowering of the reference
 /// does (so a NaN or infinite weight gives NaN there too).
 fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], threads: usize) {
     let npix = g.npix();
@@ -530,121 +532,244 @@ fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], 
     let planes_per_task = (g.n * g.o).div_ceil(t * 8).max(1);
     crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| {
         let mut pad = PADDED.with(|p| std::mem::take(&mut *p.borrow_mut()));
-        for (i, dst) in chunk.chunks_mut(npix).enumerate() {
-            let plane = off / npix + i;
-            let ch = plane % g.o;
-            let x = &xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
-            let w = &ws[ch * g.kh * g.kw..(ch + 1) * g.kh * g.kw];
-            depthwise_plane(x, w, g, dst, &mut pad);
-            let img = plane / g.o;
-            for oy in 0..g.oh {
-                let at = (img * g.o + ch) * npix + oy * g.ow;
-                apply_steps(steps, ch, at, &mut dst[oy * g.ow..(oy + 1) * g.ow]);
-            }
-        }
+        depthwise_planes(xs, ws, g, steps, off / npix, chunk, &mut pad);
         PADDED.with(|p| *p.borrow_mut() = pad);
     });
 }
 
-thread_local! {
-    /// The padded, phase-dealt input plane of [`depthwise`], kept per thread.
-    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+/// A thread's padded, phase-dealt input plane of [`depthwise`], with the geometry it was laid
+/// out for: planes of the same geometry write the same interior slots, so the padding stays
+/// zero and the buffer is cleared only when the geometry changes.
+#[derive(Default)]
+struct Padded {
+    buf: Vec<f32>,
+    /// `(hp, wp, s, pw, h, w, pt, pl)` of the current layout.
+    key: [usize; 8],
 }
 
-/// One output plane of [`depthwise`] (`x`: the input plane, `w`: its `kh × kw` taps), in a
-/// function compiled for the CPU's widest instruction set (`mul_add` is one FMA there; the
-/// same bits everywhere).
-fn depthwise_plane(x: &[f32], w: &[f32], g: &Geom, dst: &mut [f32], pad: &mut Vec<f32>) {
+thread_local! {
+    static PADDED: std::cell::RefCell<Padded> = std::cell::RefCell::new(Padded::default());
+}
+
+/// The output planes `first..` of [`depthwise`] in `chunk`, in a function compiled for the
+/// CPU's widest instruction set (`mul_add` is one FMA there; the same bits everywhere).
+fn depthwise_planes(
+    xs: &[f32],
+    ws: &[f32],
+    g: &Geom,
+    steps: &[Step],
+    first: usize,
+    chunk: &mut [f32],
+    pad: &mut Padded,
+) {
     struct Op<'a>(
         &'a [f32],
         &'a [f32],
         &'a Geom,
+        &'a [Step],
+        usize,
         &'a mut [f32],
-        &'a mut Vec<f32>,
+        &'a mut Padded,
     );
     impl pulp::WithSimd for Op<'_> {
         type Output = ();
         #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) {
-            depthwise_plane_inline(self.0, self.1, self.2, self.3, self.4);
+        fn with_simd<S: pulp::Simd>(self, simd: S) {
+            let Op(xs, ws, g, steps, first, chunk, pad) = self;
+            let npix = g.npix();
+            if npix == 0 {
+                return;
+            }
+            let taps = g.kh * g.kw;
+            for (i, dst) in chunk.chunks_mut(npix).enumerate() {
+                let plane = first + i;
+                let ch = plane % g.o;
+                let x = &xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
+                let w = &ws[ch * taps..(ch + 1) * taps];
+                let pw = deal_plane(x, g, pad);
+                let p = &pad.buf;
+                match block_shape(g.ow).0 {
+                    1 => depthwise_rows::<S, 1, 8, 16>(simd, p, pw, w, g, dst),
+                    2 => depthwise_rows::<S, 2, 4, 24>(simd, p, pw, w, g, dst),
+                    _ => depthwise_rows::<S, 4, 2, 40>(simd, p, pw, w, g, dst),
+                }
+                // The epilogue over the whole plane while it is in cache (an NCHW plane is
+                // contiguous, so `at` runs on with it).
+                apply_steps_inline(steps, ch, plane * npix, dst);
+            }
         }
     }
-    crate::simd::dispatch(Op(x, w, g, dst, pad));
+    crate::simd::dispatch(Op(xs, ws, g, steps, first, chunk, pad));
 }
 
-#[inline(always)]
-fn depthwise_plane_inline(x: &[f32], w: &[f32], g: &Geom, dst: &mut [f32], pad: &mut Vec<f32>) {
-    if g.oh == 0 || g.ow == 0 {
-        return;
-    }
-    if g.ow <= 8 {
-        depthwise_rows::<8>(x, w, g, dst, pad);
-    } else {
-        depthwise_rows::<16>(x, w, g, dst, pad);
+/// The output block of [`depthwise_rows`] for output rows `ow` wide: `(vectors, rows)` of 8
+/// lanes (AVX2), 8 accumulators in all (8 independent FMA chains) with little waste past the
+/// row's end.
+fn block_shape(ow: usize) -> (usize, usize) {
+    match ow {
+        0..=8 => (1, 8),
+        9..=16 => (2, 4),
+        _ => (4, 2),
     }
 }
 
-/// The body of [`depthwise_plane_inline`] with output rows computed in blocks of `B` columns.
+/// Slots past the end of the padded plane, so that every window row a block reads
+/// ([`depthwise_rows`]' `WL` slots) is in range.
+const SLACK: usize = 16;
+
+/// Lays input plane `x` out in `pad`, zero-padded, its columns dealt into `stride` phases
+/// (padded column `c` to phase `c % sw`, slot `c / sw`), and returns the slots per phase row.
 #[inline(always)]
-fn depthwise_rows<const B: usize>(
-    x: &[f32],
-    w: &[f32],
-    g: &Geom,
-    dst: &mut [f32],
-    pad: &mut Vec<f32>,
-) {
-    // The padded plane's extent: what the windows reach.
+fn deal_plane(x: &[f32], g: &Geom, pad: &mut Padded) -> usize {
+    // The padded plane's extent: what the windows reach. Phase rows have room for the last
+    // block of outputs read whole (the slots past the plane stay zero).
     let hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1;
     let wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
     let s = g.sw.max(1);
-    // Phase `p` holds padded columns p, p + s, p + 2s, … in a row of `pw` slots: room for
-    // the last block of `B` outputs read whole (the slots past the plane stay zero).
+    // Room for whole blocks of output rows and columns (the slots past the plane stay zero).
+    let (v, r) = block_shape(g.ow);
+    let rows = (g.oh.next_multiple_of(r) - 1) * g.sh + (g.kh - 1) * g.dh + 1;
     let reach = (g.kw - 1) * g.dw / s;
-    let pw = wp.div_ceil(s).max(g.ow.next_multiple_of(B) + reach);
-    pad.clear();
-    pad.resize(hp * s * pw, 0.0);
+    let pw = wp.div_ceil(s).max(g.ow.next_multiple_of(8 * v) + reach);
+    let len = rows * s * pw + SLACK;
+    let key = [hp, wp, s, pw, g.h, g.w, g.pt, g.pl];
+    if pad.key != key || pad.buf.len() != len {
+        pad.buf.clear();
+        pad.buf.resize(len, 0.0);
+        pad.key = key;
+    }
+    // Image columns that land inside the padded extent.
+    let cols = g.w.min(wp.saturating_sub(g.pl));
     for y in 0..g.h.min(hp.saturating_sub(g.pt)) {
         let py = y + g.pt;
-        let src = &x[y * g.w..(y + 1) * g.w];
+        let src = &x[y * g.w..y * g.w + cols];
         if s == 1 {
-            let n = g.w.min(wp.saturating_sub(g.pl));
-            pad[py * pw + g.pl..py * pw + g.pl + n].copy_from_slice(&src[..n]);
+            pad.buf[py * pw + g.pl..py * pw + g.pl + cols].copy_from_slice(src);
+            continue;
+        }
+        if s == 2 {
+            // Pairs of columns from the first that lands in phase 0: one to each phase, at
+            // the same slot (a deinterleave the compiler vectorises); the odd one out alone.
+            let c0 = g.pl % 2;
+            let slot0 = (c0 + g.pl) / 2;
+            let (even, odd) = pad.buf[py * 2 * pw..(py * 2 + 2) * pw].split_at_mut(pw);
+            let pairs = src[c0..].chunks_exact(2);
+            let last = pairs.remainder().first().copied();
+            let n = pairs.len();
+            for ((e, o), pair) in even[slot0..slot0 + n]
+                .iter_mut()
+                .zip(&mut odd[slot0..slot0 + n])
+                .zip(pairs)
+            {
+                *e = pair[0];
+                *o = pair[1];
+            }
+            if let Some(v) = last {
+                even[slot0 + n] = v;
+            }
+            if c0 == 1 {
+                // Image column 0 is padded column pl (odd): phase 1, slot pl / 2.
+                odd[g.pl / 2] = src[0];
+            }
             continue;
         }
         for p in 0..s {
-            let dst = &mut pad[(py * s + p) * pw..(py * s + p + 1) * pw];
-            // Padded column j * s + p is image column j * s + p - pl.
-            for (j, d) in dst.iter_mut().enumerate() {
-                let c = j * s + p;
-                if c >= g.pl && c - g.pl < g.w && c < wp {
-                    *d = src[c - g.pl];
-                }
+            // Image column `c` is padded column `c + pl`: phase `(c + pl) % s`, slot
+            // `(c + pl) / s`; the first with phase `p` is `c0`, then every `s`-th.
+            let c0 = (p + s - g.pl % s) % s;
+            let row = &mut pad.buf[(py * s + p) * pw..(py * s + p + 1) * pw];
+            let slot0 = (c0 + g.pl) / s;
+            for (d, &v) in row[slot0..].iter_mut().zip(src.iter().skip(c0).step_by(s)) {
+                *d = v;
             }
         }
     }
-    // Each output row in blocks of `B` columns held in registers over all the taps (one
-    // store per element); the taps in (ky, kx) order, as one `mul_add` each.
-    let taps: Vec<(usize, f32)> = (0..g.kh)
-        .flat_map(|ky| (0..g.kw).map(move |kx| (ky, kx)))
-        .map(|(ky, kx)| {
-            let c = kx * g.dw;
-            ((ky * g.dh * s + c % s) * pw + c / s, w[ky * g.kw + kx])
-        })
-        .collect();
-    for (oy, row) in dst.chunks_exact_mut(g.ow).enumerate() {
-        let r0 = oy * g.sh * s * pw;
-        for (bi, out) in row.chunks_mut(B).enumerate() {
-            let ox = bi * B;
-            let mut acc = [0.0f32; B];
-            for &(off, wv) in &taps {
-                // In range: `pw` leaves room for the last block (see above).
-                let src = &pad[r0 + off + ox..r0 + off + ox + B];
-                for (a, &v) in acc.iter_mut().zip(src) {
-                    *a = v.mul_add(wv, *a);
+    pw
+}
+
+/// One output plane of [`depthwise`] from the dealt plane `pad` (`pw` slots per phase row), in
+/// blocks of `R` output rows × `V` vectors held in registers over all the taps (one store per
+/// element; block rows past the plane's edge read zeros and are not stored), the taps in
+/// `(ky, kx)` order, one FMA each (`mul_add`: the same bits as the scalar form). Each tap's
+/// window row is one `WL`-slot array (`WL` ≥ `V` vectors + 8 lanes: bounds checked once).
+#[inline(always)]
+fn depthwise_rows<S: pulp::Simd, const V: usize, const R: usize, const WL: usize>(
+    simd: S,
+    pad: &[f32],
+    pw: usize,
+    w: &[f32],
+    g: &Geom,
+    dst: &mut [f32],
+) {
+    let s = g.sw.max(1);
+    let tap = |i: usize| {
+        let (ky, kx) = (i / g.kw, i % g.kw);
+        let c = kx * g.dw;
+        ((ky * g.dh * s + c % s) * pw + c / s, w[i])
+    };
+    if g.kh * g.kw == 9 {
+        // A constant tap count, so the tap loop unrolls.
+        let taps: [(usize, f32); 9] = std::array::from_fn(tap);
+        depthwise_blocks::<S, V, R, WL>(simd, pad, pw, &taps, g, dst);
+    } else {
+        let taps: Vec<(usize, f32)> = (0..g.kh * g.kw).map(tap).collect();
+        depthwise_blocks::<S, V, R, WL>(simd, pad, pw, &taps, g, dst);
+    }
+}
+
+/// The blocks of [`depthwise_rows`] with its taps `(slot offset, weight)`.
+#[inline(always)]
+fn depthwise_blocks<S: pulp::Simd, const V: usize, const R: usize, const WL: usize>(
+    simd: S,
+    pad: &[f32],
+    pw: usize,
+    taps: &[(usize, f32)],
+    g: &Geom,
+    dst: &mut [f32],
+) {
+    let lanes = S::F32_LANES;
+    let row_step = g.sh * g.sw.max(1) * pw;
+    let width = V * lanes;
+    let zero = simd.splat_f32s(0.0);
+    for oy0 in (0..g.oh).step_by(R) {
+        for ox in (0..g.ow).step_by(width) {
+            let base = oy0 * row_step + ox;
+            let mut acc = [[zero; V]; R];
+            for &(off, wv) in taps {
+                let wv = simd.splat_f32s(wv);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let at = base + r * row_step + off;
+                    // In range: `deal_plane` leaves room for whole blocks and `SLACK`.
+                    let Some(Ok(src)) = pad.get(at..at + WL).map(<&[f32; WL]>::try_from) else {
+                        continue;
+                    };
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        let Some(x) = src.get(k * lanes..(k + 1) * lanes) else {
+                            continue;
+                        };
+                        let x: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(x));
+                        *a = simd.mul_add_f32s(x, wv, *a);
+                    }
                 }
             }
-            let n = out.len();
-            out.copy_from_slice(&acc[..n]);
+            for (r, acc) in acc.iter().enumerate().take(g.oh - oy0) {
+                let row = &mut dst[(oy0 + r) * g.ow..(oy0 + r + 1) * g.ow];
+                for (k, a) in acc.iter().enumerate() {
+                    let x0 = ox + k * lanes;
+                    if x0 >= g.ow {
+                        break;
+                    }
+                    let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
+                    if let Some(out) = row.get_mut(x0..x0 + lanes) {
+                        // A whole vector: a copy of constant length (one store).
+                        out.copy_from_slice(vals);
+                    } else {
+                        for (o, &v) in row[x0..].iter_mut().zip(vals) {
+                            *o = v;
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -779,7 +904,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_groups() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
-        let cases: [Case; 16] = [
+        let cases: [Case; 21] = [
             // n, c, h, w, o, k, stride, pad, dilation, groups
             (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
             (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
@@ -801,6 +926,14 @@ mod tests {
             (1, 4, 7, 9, 4, 5, 1, 2, 1, 4),
             (1, 3, 6, 7, 3, 3, 1, 0, 1, 3),
             (1, 2, 3, 3, 2, 3, 2, 0, 1, 2),
+            // Depthwise on wider planes (blocks of 4, 2 and 1 vectors, rows left over): a
+            // 41-wide output, stride 2 with the left padding 1, 2 and 0 (the deinterleave
+            // starting in either phase), and 12 wide over 13 rows.
+            (1, 3, 37, 41, 3, 3, 1, 1, 1, 3),
+            (1, 2, 40, 35, 2, 3, 2, 1, 1, 2),
+            (1, 2, 30, 33, 2, 3, 2, 2, 1, 2),
+            (1, 2, 20, 19, 2, 3, 2, 0, 1, 2),
+            (1, 3, 13, 12, 3, 3, 1, 1, 1, 3),
         ];
         for (n, c, h, w, o, k, s, p, d, gr) in cases {
             let xs: Vec<f32> = (0..n * c * h * w)
