@@ -214,7 +214,13 @@ mod tests {
 
     #[test]
     fn the_fused_epilogue_gives_the_bits_of_the_ops_one_by_one() {
-        let (m, k, n) = (130usize, 96usize, 300usize);
+        // Several tiles; and one row (a classifier's: the matrix-vector product).
+        for (m, k, n) in [(130usize, 96usize, 300usize), (1, 1280, 200)] {
+            epilogue_bits(m, k, n);
+        }
+    }
+
+    fn epilogue_bits(m: usize, k: usize, n: usize) {
         let xt =
             Tensor::from_f32(vec![m, k], data(m * k, 4, 2.0)).unwrap_or_else(|e| panic!("{e}"));
         let wt =
@@ -254,7 +260,7 @@ mod tests {
                     .iter()
                     .map(|v| v.to_bits())
                     .collect();
-                assert!(bits == one_by_one, "{act:?} with {threads} threads");
+                assert!(bits == one_by_one, "{m}x{k}x{n} {act:?} with {threads} threads");
             }
         }
     }

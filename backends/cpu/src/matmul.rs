@@ -106,8 +106,9 @@ pub(crate) fn column_tiles(m: usize, n: usize, k: usize) -> usize {
 
 /// `c = a @ b` for row-major slices (`a`: `m × k`, `b`: `k × n`, `c`: `m × n`), in the tiles
 /// of [`tiles`] spread over up to `threads` threads (fewer for small products), with
-/// `epilogue` run on every row of every tile (a row vector `a` times a matrix, with no
-/// epilogue, through [`gemv_f32`]). Bit-identical for every thread count (see the
+/// `epilogue` run on every row of every tile (a row vector `a` times a matrix through
+/// [`gemv_f32`], the epilogue then run on the whole row, so a fused dense layer of one row
+/// gives the bits of its matmul and epilogue ops run one by one). Bit-identical for every thread count (see the
 /// module doc). With [`Rhs::Columns`] the tasks are the column tiles, each making its block
 /// of `B` and then computing its tiles top to bottom (the same tiles and calls as with
 /// [`Rhs::Matrix`], so the same result).
@@ -140,10 +141,13 @@ pub(crate) fn gemm_f32_tiled(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    if let (1, Rhs::Matrix(b), None) = (m, b, epilogue)
+    if let (1, Rhs::Matrix(b)) = (m, b)
         && k > 0
     {
         gemv_f32(k, n, a, b, c, threads);
+        if let Some(ep) = epilogue {
+            ep(0, 0, c);
+        }
         return Ok(());
     }
     let threads = threads.min((m * n * k.max(1)) / MACS_PER_THREAD).max(1);
