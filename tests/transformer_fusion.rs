@@ -144,6 +144,8 @@ fn every_transformer_composite_runs_a_fused_kernel() {
                 ("cpu.attention", 2),
                 ("cpu.dense_bias", 6),
                 ("cpu.rms_norm", 5),
+                ("cpu.rope", 4),
+                ("cpu.silu_gated", 2),
             ],
         ),
         (
@@ -199,11 +201,42 @@ fn every_transformer_composite_runs_a_fused_kernel() {
                 ("cpu.residual_layer_norm", 5),
             ],
         ),
-        ("llama-ts", &[("cpu.attention", 2), ("cpu.rms_norm", 5)]),
-        ("llama-dynamo", &[("cpu.attention", 2), ("cpu.rms_norm", 5)]),
+        (
+            "llama-ts",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.rms_norm", 5),
+                ("cpu.rope", 4),
+                ("cpu.silu_gated", 2),
+            ],
+        ),
+        (
+            "llama-dynamo",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.rms_norm", 5),
+                ("cpu.rope", 4),
+                ("cpu.silu_gated", 2),
+            ],
+        ),
         (
             "mistral-dynamo",
-            &[("cpu.attention", 2), ("cpu.rms_norm", 5)],
+            &[
+                ("cpu.attention", 2),
+                ("cpu.rms_norm", 5),
+                ("cpu.rope", 4),
+                ("cpu.silu_gated", 2),
+            ],
+        ),
+        (
+            "gpt-neox-ts",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_bias", 6),
+                ("cpu.dense_gelu", 2),
+                ("cpu.residual_layer_norm", 2),
+                ("cpu.rope", 4),
+            ],
         ),
     ];
     for (fixture, comps) in want {
@@ -280,10 +313,12 @@ fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
             "cpu.residual_layer_norm",
             "cpu.rms_norm",
             "cpu.gelu",
-            "cpu.gelu_tanh"
+            "cpu.gelu_tanh",
+            "cpu.silu_gated",
+            "cpu.rope"
         ]
     );
-    for (config, cpu_entries) in [("configs/cpu.toml", 9), ("configs/cuda.toml", 0)] {
+    for (config, cpu_entries) in [("configs/cpu.toml", 11), ("configs/cuda.toml", 0)] {
         let c = fusebox_core::config::Config::load(&root().join(config)).unwrap();
         let pipeline = fusebox::pipeline(c).unwrap();
         let table = pipeline.patterns();

@@ -31,6 +31,16 @@
 //! lv1: R.Tensor((1, 128, 3072), dtype="float32") = R.add(lv, b)                       ; b constant
 //! ; ... the five ops of GELU's erf form on lv1
 //! ; → dense::dense(x, W, b, Act::Gelu): one GEMM, bias and GELU on each output tile
+//!
+//! ; cpu.silu_gated: LLaMA's gate and up projections
+//! g:  R.Tensor((1, 128, 11008), dtype="float32") = R.matmul(x, Wg, out_dtype=None)
+//! s:  R.Tensor((1, 128, 11008), dtype="float32") = R.sigmoid(g)
+//! a:  R.Tensor((1, 128, 11008), dtype="float32") = R.multiply(g, s)
+//! u:  R.Tensor((1, 128, 11008), dtype="float32") = R.matmul(x, Wu, out_dtype=None)
+//! gv: R.Tensor((1, 128, 11008), dtype="float32") = R.multiply(a, u)
+//! ; → dense::silu_gated(x, Wg, Wu): the SiLU and the product in the gate GEMM's epilogue
+//!
+//! ; cpu.rope: x · cos + concat(-x[..., h:], x[..., :h]) · sin → rope::rope(x, cos, sin, h)
 //! ```
 
 use crate::attention::{AttnSpec, Scale};
@@ -86,6 +96,26 @@ pub(crate) enum Plan {
         bias: Option<Leaf>,
         act: crate::dense::Act,
     },
+    /// `(g · sigmoid(g)) · (x @ wu)` with `g = x @ wg`, rank-2 constant weights: two GEMMs, the
+    /// SiLU and the product in the gate's epilogue ([`crate::dense::silu_gated`]).
+    SiluGated {
+        x: Leaf,
+        wg: Leaf,
+        wu: Leaf,
+        order: crate::dense::GateOrder,
+    },
+    /// `x · cos + concat(-x[..., h..], x[..., ..h]) · sin` over the last axis (RoPE;
+    /// [`crate::rope::rope`]); `axes` are the slices' and the concat's axes as written (the
+    /// kernel checks both are the last), `end` the second slice's end (at least `2h`).
+    Rope {
+        x: Leaf,
+        cos: Leaf,
+        sin: Leaf,
+        half: i64,
+        end: i64,
+        axes: [i64; 2],
+        order: crate::rope::RopeOrder,
+    },
 }
 
 impl Plan {
@@ -97,6 +127,8 @@ impl Plan {
             Plan::RmsNorm { .. } => "cpu.rms_norm(fused)",
             Plan::Gelu { .. } => "cpu.gelu(fused)",
             Plan::Dense { .. } => "cpu.dense(fused)",
+            Plan::SiluGated { .. } => "cpu.silu_gated(fused)",
+            Plan::Rope { .. } => "cpu.rope(fused)",
         }
     }
 }
@@ -192,6 +224,8 @@ pub(crate) fn recognise(f: &Function) -> Option<Plan> {
     let body = Body::new(f)?;
     let ret = f.ret?;
     if let Some((plan, used)) = attention(&body, ret)
+        .or_else(|| silu_gated(&body, ret))
+        .or_else(|| rope(&body, ret))
         .or_else(|| dense(&body, ret))
         .or_else(|| rms_norm(&body, ret))
         .or_else(|| gelu(&body, ret))
@@ -527,6 +561,138 @@ fn dense(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     core.2.is_some().then(|| plan(core, Act::None, 0))
 }
 
+/// A SiLU-gated MLP's gate and up projections: `multiply(multiply(g, sigmoid(g)), x @ wu)`
+/// with `g = x @ wg`, either operand order in each multiply, both products of the same `x`
+/// by constants and without a bias.
+fn silu_gated(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    let (_, args) = body.call(ret, "relax.multiply")?;
+    // The SiLU: `g · sigmoid(g)`, `g` a product's var; (g's var, gate first, bindings used).
+    let silu = |e: ExprId| -> Option<(VarId, bool, usize)> {
+        let (_, [a, b]) = body.call(e, "relax.multiply")? else {
+            return None;
+        };
+        let sig_of = |s: ExprId| -> Option<VarId> {
+            let (_, [g]) = body.call(s, "relax.sigmoid")? else {
+                return None;
+            };
+            body.var_of(*g)
+        };
+        let (g, first) = match (sig_of(*b), sig_of(*a)) {
+            (Some(g), _) if body.var_of(*a) == Some(g) => (g, true),
+            (_, Some(g)) if body.var_of(*b) == Some(g) => (g, false),
+            _ => return None,
+        };
+        Some((g, first, 2))
+    };
+    let ((g, gate_first, n), up, silu_first) = match (silu(args[0]), silu(args[1])) {
+        (Some(s), _) => (s, args[1], true),
+        (None, Some(s)) => (s, args[0], false),
+        _ => return None,
+    };
+    let (x, wg, None, ng) = dense_core(body, body.f.var(g).expr)? else {
+        return None;
+    };
+    let (xu, wu, None, nu) = dense_core(body, up)? else {
+        return None;
+    };
+    (x == xu).then_some((
+        Plan::SiluGated {
+            x,
+            wg,
+            wu,
+            order: crate::dense::GateOrder {
+                gate_first,
+                silu_first,
+            },
+        },
+        1 + n + ng + nu,
+    ))
+}
+
+/// RoPE: `add(multiply(x, cos), multiply(concat((negative(x[h..end]), x[..h])), sin))`, the
+/// slices of one `x` on one axis with stride 1, either operand order in the multiplies and the
+/// add.
+fn rope(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    let (_, [a, b]) = body.call(ret, "relax.add")? else {
+        return None;
+    };
+    // `multiply(concat(...), sin)`: (x, sin, half, end, axes, rotated first, tuple bound).
+    type Rotated = (Leaf, Leaf, i64, i64, [i64; 2], bool, bool);
+    let rotated = |e: ExprId| -> Option<Rotated> {
+        let (_, [p, q]) = body.call(e, "relax.multiply")? else {
+            return None;
+        };
+        // (x, half, end, [slices' axis, concat's axis], whether the tuple is a binding of its own).
+        let concat = |c: ExprId| -> Option<(Leaf, i64, i64, [i64; 2], bool)> {
+            let (Op::Concat { axis: Some(axis) }, [t]) = body.call(c, "relax.concat")? else {
+                return None;
+            };
+            let (fs, bound) = match &body.f.exprs.get(*t)?.kind {
+                ExprKind::Tuple(fs) => (fs.as_slice(), false),
+                ExprKind::Var(v) => (*body.tuples.get(v)?, true),
+                _ => return None,
+            };
+            let [neg, first] = fs else {
+                return None;
+            };
+            let (_, [second]) = body.call(*neg, "relax.negative")? else {
+                return None;
+            };
+            // A stride-1 slice of a leaf on one axis: (leaf, axis, begin, end).
+            let slice = |e: ExprId| -> Option<(Leaf, i64, i64, i64)> {
+                let (Op::StridedSlice(s), [x]) = body.call(e, "relax.strided_slice")? else {
+                    return None;
+                };
+                let unit = s.strides.as_deref().is_none_or(|v| v == [1]);
+                match (s.axes.as_slice(), s.begin.as_slice(), s.end.as_slice()) {
+                    ([ax], [b], [e]) if unit => Some((body.leaf(*x)?, *ax, *b, *e)),
+                    _ => None,
+                }
+            };
+            let (x1, ax1, b1, e1) = slice(*first)?;
+            let (x2, ax2, b2, e2) = slice(*second)?;
+            let ok = x1 == x2 && ax1 == ax2 && b1 == 0 && b2 == e1 && e1 > 0;
+            ok.then_some((x1, e1, e2, [ax1, *axis], bound))
+        };
+        let ((x, half, end, axis, bound), sin, first) = match (concat(*p), concat(*q)) {
+            (Some(c), _) => (c, *q, true),
+            (None, Some(c)) => (c, *p, false),
+            _ => return None,
+        };
+        Some((x, body.leaf(sin)?, half, end, axis, first, bound))
+    };
+    let ((x, sin, half, end, axes, rotated_first, bound), other, cos_first) =
+        match (rotated(*b), rotated(*a)) {
+            (Some(r), _) => (r, *a, true),
+            (None, Some(r)) => (r, *b, false),
+            _ => return None,
+        };
+    let (_, [p, q]) = body.call(other, "relax.multiply")? else {
+        return None;
+    };
+    let (cos, x_first) = match (body.leaf(*p), body.leaf(*q)) {
+        (Some(l), Some(c)) if l == x => (c, true),
+        (Some(c), Some(l)) if l == x => (c, false),
+        _ => return None,
+    };
+    let order = crate::rope::RopeOrder {
+        x_first,
+        rotated_first,
+        cos_first,
+    };
+    let plan = Plan::Rope {
+        x,
+        cos,
+        sin,
+        half,
+        end,
+        axes,
+        order,
+    };
+    // add, two multiplies, concat, negative, two slices (and the tuple, if bound).
+    Some((plan, 7 + usize::from(bound)))
+}
+
 /// A plan's inputs' values, `f32` tensors on the host only.
 fn f32_tensor(v: &Value) -> Option<&Tensor> {
     match v {
@@ -625,6 +791,40 @@ pub(crate) fn run(
             };
             crate::dense::dense(&x, &w, b.as_ref(), *act)
                 .map_err(kernel("cpu.dense"))?
+                .map(Value::Tensor)
+        }
+        Plan::SiluGated { x, wg, wu, order } => {
+            let (Some(x), Some(wg), Some(wu)) = (get(*x)?, get(*wg)?, get(*wu)?) else {
+                return Ok(None);
+            };
+            crate::dense::silu_gated(&x, &wg, &wu, *order)
+                .map_err(kernel("cpu.silu_gated"))?
+                .map(Value::Tensor)
+        }
+        Plan::Rope {
+            x,
+            cos,
+            sin,
+            half,
+            end,
+            axes,
+            order,
+        } => {
+            let (Some(x), Some(c), Some(s)) = (get(*x)?, get(*cos)?, get(*sin)?) else {
+                return Ok(None);
+            };
+            // The slices must halve the last axis: x[..h] and x[h..] (an end past it clamps).
+            let rank = x.shape().len() as i64;
+            let d = x.shape().last().map_or(0, |&d| d as i64);
+            let last = axes.iter().all(|&a| a == -1 || a == rank - 1);
+            if !last || *half * 2 != d || *end < d {
+                return Ok(None);
+            }
+            let Ok(h) = usize::try_from(*half) else {
+                return Ok(None);
+            };
+            crate::rope::rope(&x, &c, &s, h, *order)
+                .map_err(kernel("cpu.rope"))?
                 .map(Value::Tensor)
         }
     })

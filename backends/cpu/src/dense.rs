@@ -142,6 +142,85 @@ pub(crate) fn dense(
         .map_err(|e| e.to_string())
 }
 
+/// The operand orders of a SiLU-gated MLP's two multiplies (the same value either way; kept so
+/// a NaN's payload is the one the ops give).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GateOrder {
+    /// `multiply(g, sigmoid(g))` (else `multiply(sigmoid(g), g)`).
+    pub(crate) gate_first: bool,
+    /// `multiply(silu, up)` (else `multiply(up, silu)`).
+    pub(crate) silu_first: bool,
+}
+
+/// `(g · sigmoid(g)) · u` with `g = x @ wg` and `u = x @ wu`: a SiLU-gated MLP's gate and up
+/// projections (LLaMA, Mistral, Qwen2) before the down projection. Two GEMMs of the matmul
+/// kernel (the same tiles as the `matmul` op, so the same sums); the gate's epilogue applies
+/// SiLU and the product with `u` to each tile while it is in cache, so neither `g` nor the
+/// SiLU is written out. Each element is what the four ops give one by one: `sigmoid` through
+/// the op kernel's own function, the multiplies in the graph's operand order. `Ok(None)` for
+/// shapes [`dense`] would not take, or weights of different shapes.
+pub(crate) fn silu_gated(
+    x: &Tensor,
+    wg: &Tensor,
+    wu: &Tensor,
+    order: GateOrder,
+) -> KResult<Option<Tensor>> {
+    let (Some(xd), Some(gd), Some(ud)) = (x.as_f32(), wg.as_f32(), wu.as_f32()) else {
+        return Ok(None);
+    };
+    let xs = x.shape();
+    let ([k, n], Some(&kx)) = (wg.shape(), xs.last()) else {
+        return Ok(None);
+    };
+    let (k, n) = (*k, *n);
+    if xs.len() < 2 || kx != k || wu.shape() != wg.shape() {
+        return Ok(None);
+    }
+    let m: usize = xs[..xs.len() - 1].iter().product();
+    let len = m.checked_mul(n).ok_or("the output's size overflows")?;
+    let threads = crate::par::threads();
+    let mut up = crate::par::scratch_f32(len, threads);
+    gemm_f32_tiled(m, k, n, xd, Rhs::Matrix(ud), &mut up, threads, None)?;
+    let mut out = crate::par::scratch_f32(len, threads);
+    let up = &up;
+    let epilogue = |row: usize, c0: usize, r: &mut [f32]| {
+        let at = row * n + c0;
+        if let Some(u) = up.get(at..at + r.len()) {
+            silu_mul(r, u, order);
+        }
+    };
+    let ep: crate::matmul::Epilogue<'_> = &epilogue;
+    gemm_f32_tiled(m, k, n, xd, Rhs::Matrix(gd), &mut out, threads, Some(ep))?;
+    let mut shape = xs[..xs.len() - 1].to_vec();
+    shape.push(n);
+    Tensor::from_f32(shape, out)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// `row[j] = silu(row[j]) · up[j]` in the operand orders of `order` (see [`silu_gated`]).
+fn silu_mul(row: &mut [f32], up: &[f32], order: GateOrder) {
+    struct Op<'a>(&'a mut [f32], &'a [f32], GateOrder);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        #[allow(
+            clippy::if_same_then_else,
+            reason = "the operand order matters for NaN"
+        )]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(row, up, o) = self;
+            for (v, &u) in row.iter_mut().zip(up) {
+                let g = *v;
+                let s = crate::elementwise::sigmoid32(g);
+                let silu = if o.gate_first { g * s } else { s * g };
+                *v = if o.silu_first { silu * u } else { u * silu };
+            }
+        }
+    }
+    crate::simd::dispatch(Op(row, up, order));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,7 +339,10 @@ mod tests {
                     .iter()
                     .map(|v| v.to_bits())
                     .collect();
-                assert!(bits == one_by_one, "{m}x{k}x{n} {act:?} with {threads} threads");
+                assert!(
+                    bits == one_by_one,
+                    "{m}x{k}x{n} {act:?} with {threads} threads"
+                );
             }
         }
     }

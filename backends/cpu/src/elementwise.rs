@@ -350,7 +350,7 @@ pub(crate) fn unary_float(t: &Tensor, f: &FloatFn) -> KResult<Tensor> {
     tensor(t.shape().to_vec(), data)
 }
 
-fn sigmoid32(x: f32) -> f32 {
+pub(crate) fn sigmoid32(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 

@@ -66,6 +66,7 @@ mod norm;
 pub mod par;
 mod pool_nd;
 mod reduce;
+mod rope;
 mod search;
 mod simd;
 mod util;

@@ -543,3 +543,233 @@ fn tanh32_is_within_2e7_of_tanh() {
     assert!(crate::norm::tanh32(f32::NAN).is_nan());
     assert_eq!(crate::norm::tanh32(f32::INFINITY), 1.0);
 }
+
+const SWIGLU: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def mlp(x: R.Tensor((2, 9, 24), dtype="float32")) -> R.Tensor((2, 9, 40), dtype="float32"):
+        R.func_attr({"Composite": "cpu.silu_gated", "Primitive": True})
+        with R.dataflow():
+            g: R.Tensor((2, 9, 40), dtype="float32") = R.matmul(x, metadata["relax.expr.Constant"][0], out_dtype=None)
+            s: R.Tensor((2, 9, 40), dtype="float32") = R.sigmoid(g)
+            a: R.Tensor((2, 9, 40), dtype="float32") = R.multiply(g, s)
+            u: R.Tensor((2, 9, 40), dtype="float32") = R.matmul(x, metadata["relax.expr.Constant"][1], out_dtype=None)
+            gv: R.Tensor((2, 9, 40), dtype="float32") = R.multiply(a, u)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((2, 9, 24), dtype="float32")) -> R.Tensor((2, 9, 40), dtype="float32"):
+        with R.dataflow():
+            gv: R.Tensor((2, 9, 40), dtype="float32") = Module.mlp(x)
+            R.output(gv)
+        return gv
+"#;
+
+/// `t` as a constant of the text format.
+fn constant(t: &Tensor) -> fusebox_core::ir::Constant {
+    let bytes = t
+        .to_f32_vec()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let shape = t.shape().iter().map(|&d| d as i64).collect();
+    fusebox_core::ir::Constant::from_bytes(fusebox_core::ir::DType::F32, shape, bytes).unwrap()
+}
+
+/// A constant table holding `consts` as `metadata["relax.expr.Constant"][i]`.
+fn table(consts: &[Tensor]) -> fusebox_core::text::ConstTable {
+    let mut table = fusebox_core::text::ConstTable::new();
+    for (i, c) in consts.iter().enumerate() {
+        table.insert("relax.expr.Constant", i, constant(c));
+    }
+    table
+}
+
+/// Parses `src` with its constants from `consts` and runs main fused (as written) and
+/// interpreted (the `Composite` attribute removed): the two results' bits.
+fn fused_and_interpreted_with(
+    src: &str,
+    consts: &[Tensor],
+    args: Vec<Value>,
+) -> (Vec<u32>, Vec<u32>) {
+    let table = table(consts);
+    let parse = |s: &str| fusebox_core::text::parse_module(s, "test.relax", &table).unwrap();
+    let m = parse(src);
+    let plain_src = ["cpu.silu_gated", "cpu.rope"]
+        .iter()
+        .fold(src.to_string(), |s, n| {
+            s.replace(&format!("\"Composite\": \"{n}\", "), "")
+        });
+    let plain = parse(&plain_src);
+    let bits = |v: Value| match v {
+        Value::Tensor(t) => t.to_f32_vec().iter().map(|x| x.to_bits()).collect(),
+        _ => panic!("not a tensor"),
+    };
+    let fused = crate::run(&m, "main", args.clone()).unwrap();
+    let interp = crate::run(&plain, "main", args).unwrap();
+    (bits(fused), bits(interp))
+}
+
+#[test]
+fn the_silu_gated_composite_runs_fused_bit_for_bit_with_its_body() {
+    let mut r = Rng(31);
+    let consts = [r.tensor(&[24, 40]), r.tensor(&[24, 40])];
+    let m = fusebox_core::text::parse_module(SWIGLU, "test.relax", &table(&consts)).unwrap();
+    let plan = crate::composite::recognise(m.get("mlp").unwrap());
+    assert!(
+        matches!(plan, Some(crate::composite::Plan::SiluGated { .. })),
+        "{plan:?}"
+    );
+    for threads in [1, 2, 3] {
+        let args = vec![Value::Tensor(r.tensor(&[2, 9, 24]))];
+        let (fused, interp) = crate::par::with_threads(threads, || {
+            fused_and_interpreted_with(SWIGLU, &consts, args.clone())
+        });
+        assert_eq!(fused, interp, "{threads} threads");
+    }
+    // The other operand orders are recognised too.
+    let swapped = SWIGLU
+        .replace("R.multiply(g, s)", "R.multiply(s, g)")
+        .replace("R.multiply(a, u)", "R.multiply(u, a)");
+    let args = vec![Value::Tensor(r.tensor(&[2, 9, 24]))];
+    let (fused, interp) = fused_and_interpreted_with(&swapped, &consts, args);
+    assert_eq!(fused, interp);
+    // Two different inputs to the projections: not this form, interpreted.
+    let two = SWIGLU
+        .replace(
+            "def mlp(x: R.Tensor((2, 9, 24), dtype=\"float32\"))",
+            "def mlp(x: R.Tensor((2, 9, 24), dtype=\"float32\"), y: R.Tensor((2, 9, 24), dtype=\"float32\"))",
+        )
+        .replace(
+            "R.matmul(x, metadata[\"relax.expr.Constant\"][1]",
+            "R.matmul(y, metadata[\"relax.expr.Constant\"][1]",
+        );
+    let m = fusebox_core::text::parse_module(
+        &two.replace("Module.mlp(x)", "Module.mlp(x, x)"),
+        "t.relax",
+        &table(&consts),
+    )
+    .unwrap();
+    assert!(crate::composite::recognise(m.get("mlp").unwrap()).is_none());
+}
+
+#[test]
+fn silu_gated_matches_its_definition() {
+    let mut r = Rng(37);
+    let (m, k, n) = (5usize, 33usize, 70usize);
+    let (x, wg, wu) = (r.tensor(&[m, k]), r.tensor(&[k, n]), r.tensor(&[k, n]));
+    let order = crate::dense::GateOrder {
+        gate_first: true,
+        silu_first: true,
+    };
+    let got = crate::dense::silu_gated(&x, &wg, &wu, order)
+        .unwrap()
+        .unwrap();
+    let (xd, gd, ud) = (x.to_f32_vec(), wg.to_f32_vec(), wu.to_f32_vec());
+    let mut want = Vec::new();
+    for i in 0..m {
+        for j in 0..n {
+            let dot = |w: &[f32]| -> f64 {
+                (0..k)
+                    .map(|p| f64::from(xd[i * k + p]) * f64::from(w[p * n + j]))
+                    .sum()
+            };
+            let (g, u) = (dot(&gd), dot(&ud));
+            want.push((g / (1.0 + (-g).exp()) * u) as f32);
+        }
+    }
+    assert_eq!(got.shape(), &[m, n]);
+    close(&got.to_f32_vec(), &want, 1e-5);
+}
+
+const ROPE: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def rope(x: R.Tensor((2, 3, 7, 16), dtype="float32"), cos: R.Tensor((1, 1, 7, 16), dtype="float32"), sin: R.Tensor((1, 1, 7, 16), dtype="float32")) -> R.Tensor((2, 3, 7, 16), dtype="float32"):
+        R.func_attr({"Composite": "cpu.rope", "Primitive": True})
+        with R.dataflow():
+            a: R.Tensor((2, 3, 7, 16), dtype="float32") = R.multiply(x, cos)
+            s1: R.Tensor((2, 3, 7, 8), dtype="float32") = R.strided_slice(x, axes=[3], begin=[0], end=[8], strides=[1], assume_inbound=False)
+            s2: R.Tensor((2, 3, 7, 8), dtype="float32") = R.strided_slice(x, axes=[3], begin=[8], end=[9223372036854775807], strides=[1], assume_inbound=False)
+            n: R.Tensor((2, 3, 7, 8), dtype="float32") = R.negative(s2)
+            c: R.Tensor((2, 3, 7, 16), dtype="float32") = R.concat((n, s1), axis=-1)
+            b: R.Tensor((2, 3, 7, 16), dtype="float32") = R.multiply(c, sin)
+            gv: R.Tensor((2, 3, 7, 16), dtype="float32") = R.add(a, b)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 7, 16), dtype="float32"), cos: R.Tensor((1, 1, 7, 16), dtype="float32"), sin: R.Tensor((1, 1, 7, 16), dtype="float32")) -> R.Tensor((2, 3, 7, 16), dtype="float32"):
+        with R.dataflow():
+            gv: R.Tensor((2, 3, 7, 16), dtype="float32") = Module.rope(x, cos, sin)
+            R.output(gv)
+        return gv
+"#;
+
+#[test]
+fn the_rope_composite_runs_fused_bit_for_bit_with_its_body() {
+    let mut r = Rng(41);
+    let args = |r: &mut Rng| {
+        vec![
+            Value::Tensor(r.tensor(&[2, 3, 7, 16])),
+            Value::Tensor(r.tensor(&[1, 1, 7, 16])),
+            Value::Tensor(r.tensor(&[1, 1, 7, 16])),
+        ]
+    };
+    let variants = [
+        ROPE.to_string(),
+        // The other operand orders; and the slices' axis written as -1.
+        ROPE.replace("R.multiply(x, cos)", "R.multiply(cos, x)")
+            .replace("R.multiply(c, sin)", "R.multiply(sin, c)")
+            .replace("R.add(a, b)", "R.add(b, a)")
+            .replace("axes=[3]", "axes=[-1]"),
+    ];
+    for src in &variants {
+        let m = fusebox_core::text::parse_module_str(src).unwrap();
+        let plan = crate::composite::recognise(m.get("rope").unwrap());
+        assert!(
+            matches!(plan, Some(crate::composite::Plan::Rope { half: 8, .. })),
+            "{plan:?}"
+        );
+        let (fused, interp) = fused_and_interpreted_with(src, &[], args(&mut r));
+        assert_eq!(fused, interp);
+    }
+    // Slices that do not halve the last axis (a rotary part of 8 of 16): the kernel declines
+    // at run time, and the caller interprets the body.
+    let plan = crate::composite::Plan::Rope {
+        x: crate::composite::Leaf::Param(0),
+        cos: crate::composite::Leaf::Param(1),
+        sin: crate::composite::Leaf::Param(2),
+        half: 4,
+        end: 8,
+        axes: [3, -1],
+        order: crate::rope::RopeOrder {
+            x_first: true,
+            rotated_first: true,
+            cos_first: true,
+        },
+    };
+    let vals = args(&mut r);
+    let input = |l: crate::composite::Leaf| match l {
+        crate::composite::Leaf::Param(i) => Ok(vals[i].clone()),
+        crate::composite::Leaf::Const(_) => panic!("no constants"),
+    };
+    assert!(crate::composite::run(&plan, &input).unwrap().is_none());
+    let crate::composite::Plan::Rope {
+        x, cos, sin, order, ..
+    } = plan
+    else {
+        unreachable!()
+    };
+    let halves = crate::composite::Plan::Rope {
+        x,
+        cos,
+        sin,
+        half: 8,
+        end: i64::MAX,
+        axes: [3, -1],
+        order,
+    };
+    assert!(crate::composite::run(&halves, &input).unwrap().is_some());
+}
