@@ -6,6 +6,7 @@ Run by hand (CI never runs it: torch and transformers are too heavy for CI):
 
     python3 scripts/export_hf_models.py            # every family
     python3 scripts/export_hf_models.py bert llama # only these families
+    python3 scripts/export_hf_models.py bert:ts16  # one family, one exporter
 
 The script makes its own virtual environment, `.venv-export/` at the repository root (separate
 from CI's `.venv/`), installs the pinned packages below into it on first use, and re-runs itself
@@ -25,7 +26,9 @@ Pinned versions (what the committed fixtures were made with):
 
 For every family and each exporter, `ts` (TorchScript: `torch.onnx.export(dynamo=False,
 opset_version=17)`) and `dynamo` (`torch.onnx.export(dynamo=True, opset_version=18)`, weights
-kept inside the model file), it writes
+kept inside the model file), and for the families of `OPSET16` a third, `ts16` (TorchScript at
+opset 16, before ONNX had LayerNormalization: LayerNorm exported decomposed into
+ReduceMean/Sub/Pow/Sqrt/Div), it writes
 
     tests/models/<family>-<ts|dynamo>/model.onnx
     tests/models/<family>-<ts|dynamo>/<set>/inputs/<graph input name>.npy
@@ -547,7 +550,7 @@ def export(f: Family, exporter: str, model: Wrapper, path: Path) -> None:
     args = tuple(torch.from_numpy(example[n]) for n in names)
     out = output_name(f)
     text_model = f.kind == "text"
-    if exporter == "ts":
+    if exporter in ("ts", "ts16"):
         axes = {n: {0: "batch", 1: "sequence"} if text_model else {0: "batch"} for n in names}
         axes[out] = {0: "batch", 1: "sequence"} if text_model else {0: "batch"}
         torch.onnx.export(
@@ -555,7 +558,7 @@ def export(f: Family, exporter: str, model: Wrapper, path: Path) -> None:
             args,
             str(path),
             dynamo=False,
-            opset_version=17,
+            opset_version=16 if exporter == "ts16" else 17,
             input_names=names,
             output_names=[out],
             dynamic_axes=axes,
@@ -657,8 +660,19 @@ def write_fixture(f: Family, exporter: str, model: Wrapper) -> str:
     )
 
 
+# Families also exported at opset 16 (`ts16`), for the decomposed LayerNorm.
+OPSET16 = {"bert"}
+
+
+def exporters(f: Family) -> tuple[str, ...]:
+    return ("ts", "dynamo", "ts16") if f.name in OPSET16 else ("ts", "dynamo")
+
+
 def main() -> None:
-    wanted = set(sys.argv[1:])
+    # `family` or `family:exporter`.
+    picks = [a.split(":", 1) for a in sys.argv[1:]]
+    wanted = {p[0] for p in picks}
+    only = {p[0]: p[1] for p in picks if len(p) == 2}
     known = {f.name for f in FAMILIES}
     if wanted - known:
         sys.exit(f"unknown families: {sorted(wanted - known)}; known: {sorted(known)}")
@@ -676,7 +690,9 @@ def main() -> None:
             model = build(f)
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             model, error = None, describe(e)
-        for exporter in ("ts", "dynamo"):
+        for exporter in exporters(f):
+            if f.name in only and only[f.name] != exporter:
+                continue
             if model is None:
                 shutil.rmtree(OUT / f"{f.name}-{exporter}", ignore_errors=True)
                 line = f"{f.name}-{exporter}: FAILED building the model: {error}"
@@ -684,7 +700,7 @@ def main() -> None:
                 line = write_fixture(f, exporter, model)
             print(line, flush=True)
             lines[f"{f.name}-{exporter}"] = line
-    order = [f"{f.name}-{e}" for f in FAMILIES for e in ("ts", "dynamo")]
+    order = [f"{f.name}-{e}" for f in FAMILIES for e in exporters(f)]
     header = (
         f"# written by scripts/export_hf_models.py (torch {torch.__version__}, transformers "
         f"{tf.__version__}, onnx {onnx.__version__}, onnxruntime {ort.__version__})\n"

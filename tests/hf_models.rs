@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 const EXPECTED_PASS: &[&str] = &[
     "bert-dynamo",
     "bert-ts",
+    "bert-ts16",
     "convnext-dynamo",
     "convnext-ts",
     "deit-dynamo",

@@ -193,6 +193,15 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             ],
         ),
         (
+            "bert-ts16",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.dense_bias", 10),
+                ("cpu.dense_gelu", 2),
+                ("cpu.layer_norm_decomposed", 5),
+            ],
+        ),
+        (
             "bert-dynamo",
             &[
                 ("cpu.attention", 2),
@@ -315,10 +324,11 @@ fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
             "cpu.gelu",
             "cpu.gelu_tanh",
             "cpu.silu_gated",
-            "cpu.rope"
+            "cpu.rope",
+            "cpu.layer_norm_decomposed"
         ]
     );
-    for (config, cpu_entries) in [("configs/cpu.toml", 11), ("configs/cuda.toml", 0)] {
+    for (config, cpu_entries) in [("configs/cpu.toml", 12), ("configs/cuda.toml", 0)] {
         let c = fusebox_core::config::Config::load(&root().join(config)).unwrap();
         let pipeline = fusebox::pipeline(c).unwrap();
         let table = pipeline.patterns();

@@ -96,6 +96,16 @@ pub(crate) enum Plan {
         bias: Option<Leaf>,
         act: crate::dense::Act,
     },
+    /// LayerNorm written out (opset < 17 exports): `(x - mean(x)) / sqrt(mean((x -
+    /// mean(x)) ** exp) + eps)` over the last axis, then `· gamma` and `+ beta` when present
+    /// ([`crate::norm::layer_norm_decomposed`]).
+    LayerNormDecomposed {
+        x: Leaf,
+        exp: f32,
+        eps: f32,
+        gamma: Option<Leaf>,
+        beta: Option<Leaf>,
+    },
     /// `(g · sigmoid(g)) · (x @ wu)` with `g = x @ wg`, rank-2 constant weights: two GEMMs, the
     /// SiLU and the product in the gate's epilogue ([`crate::dense::silu_gated`]).
     SiluGated {
@@ -128,6 +138,7 @@ impl Plan {
             Plan::Gelu { .. } => "cpu.gelu(fused)",
             Plan::Dense { .. } => "cpu.dense(fused)",
             Plan::SiluGated { .. } => "cpu.silu_gated(fused)",
+            Plan::LayerNormDecomposed { .. } => "cpu.layer_norm_decomposed(fused)",
             Plan::Rope { .. } => "cpu.rope(fused)",
         }
     }
@@ -230,6 +241,7 @@ pub(crate) fn recognise(f: &Function) -> Option<Plan> {
         .or_else(|| rms_norm(&body, ret))
         .or_else(|| gelu(&body, ret))
         .or_else(|| residual_layer_norm(&body, ret))
+        .or_else(|| layer_norm_decomposed(&body, ret))
     {
         return (used == body.count).then_some(plan);
     }
@@ -561,6 +573,77 @@ fn dense(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     core.2.is_some().then(|| plan(core, Act::None, 0))
 }
 
+/// `relax.mean(x, axis=[last], keepdims=True)` of `e`'s var: its operand.
+fn mean_last(body: &Body<'_>, e: ExprId) -> Option<ExprId> {
+    let (Op::Mean(attrs), [x]) = body.call(e, "relax.mean")? else {
+        return None;
+    };
+    let rank = match &body.f.expr(*x).ty {
+        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len())?,
+        _ => return None,
+    };
+    let last = matches!(attrs.axis.as_deref(), Some([a]) if *a == -1 || *a == rank as i64 - 1);
+    (last && attrs.keepdims).then_some(*x)
+}
+
+/// LayerNorm as the exporters write it before ONNX's LayerNormalization (opset < 17):
+/// `[+ beta] [· gamma] ((x - mean(x)) / sqrt(mean(d ** e) + eps))`, `d` the subtraction's var,
+/// means over the last axis, `gamma`, `beta`, `e`, `eps` constants.
+fn layer_norm_decomposed(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    let konst = |e: ExprId| {
+        matches!(
+            body.f.exprs.get(e).map(|d| &d.kind),
+            Some(ExprKind::Const(_))
+        )
+        .then(|| body.leaf(e))
+        .flatten()
+    };
+    let (mut e, mut used, mut gamma, mut beta) = (ret, 7, None, None);
+    if let Some((_, args)) = body.call(e, "relax.add")
+        && let Some((b, inner)) = body.either(args, konst)
+    {
+        (beta, e, used) = (Some(b), inner, used + 1);
+    }
+    if let Some((_, args)) = body.call(e, "relax.multiply")
+        && let Some((g, inner)) = body.either(args, konst)
+    {
+        (gamma, e, used) = (Some(g), inner, used + 1);
+    }
+    let (_, [d, s]) = body.call(e, "relax.divide")? else {
+        return None;
+    };
+    let (_, [x, m]) = body.call(*d, "relax.subtract")? else {
+        return None;
+    };
+    let xl = body.leaf(*x)?;
+    if body.leaf(mean_last(body, *m)?)? != xl {
+        return None;
+    }
+    let (_, [a]) = body.call(*s, "relax.sqrt")? else {
+        return None;
+    };
+    let (_, add_args) = body.call(*a, "relax.add")?;
+    let (eps, var) = body.either(add_args, |a| body.scalar(a))?;
+    let p = mean_last(body, var)?;
+    let (_, [d2, ex]) = body.call(p, "relax.power")? else {
+        return None;
+    };
+    if body.var_of(*d2)? != body.var_of(*d)? {
+        return None;
+    }
+    let exp = body.scalar(*ex)?;
+    Some((
+        Plan::LayerNormDecomposed {
+            x: xl,
+            exp,
+            eps,
+            gamma,
+            beta,
+        },
+        used,
+    ))
+}
+
 /// A SiLU-gated MLP's gate and up projections: `multiply(multiply(g, sigmoid(g)), x @ wu)`
 /// with `g = x @ wg`, either operand order in each multiply, both products of the same `x`
 /// by constants and without a bias.
@@ -791,6 +874,28 @@ pub(crate) fn run(
             };
             crate::dense::dense(&x, &w, b.as_ref(), *act)
                 .map_err(kernel("cpu.dense"))?
+                .map(Value::Tensor)
+        }
+        Plan::LayerNormDecomposed {
+            x,
+            exp,
+            eps,
+            gamma,
+            beta,
+        } => {
+            let Some(x) = get(*x)? else { return Ok(None) };
+            let mut params = [None, None];
+            for (slot, leaf) in params.iter_mut().zip([gamma, beta]) {
+                if let Some(l) = leaf {
+                    match get(*l)? {
+                        Some(t) => *slot = Some(t),
+                        None => return Ok(None),
+                    }
+                }
+            }
+            let [g, b] = params;
+            crate::norm::layer_norm_decomposed(&x, *exp, *eps, g.as_ref(), b.as_ref())
+                .map_err(kernel("cpu.layer_norm_decomposed"))?
                 .map(Value::Tensor)
         }
         Plan::SiluGated { x, wg, wu, order } => {

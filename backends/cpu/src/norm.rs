@@ -187,6 +187,68 @@ pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult
         .map_err(|e| e.to_string())
 }
 
+/// A per-column parameter of `w` values (shape `[w]`, or `[1, ..., 1, w]` of rank at most
+/// `rank`): its data.
+fn per_column(t: Option<&Tensor>, w: usize, rank: usize) -> Option<Option<&[f32]>> {
+    let Some(t) = t else { return Some(None) };
+    let sh = t.shape();
+    let ok =
+        sh.last() == Some(&w) && sh[..sh.len() - 1].iter().all(|&d| d == 1) && sh.len() <= rank;
+    if ok { t.as_f32().map(Some) } else { None }
+}
+
+/// LayerNorm as its decomposed ops compute it, row by row over the last axis, bit for bit:
+/// `m = mean(x)` (an `f64` sum in index order, divided, rounded to `f32`, as the `mean` kernel
+/// does), `d = x - m`, `v = mean(d.powf(exp))` likewise, `y = d / sqrt(v + eps)`, then
+/// `y · gamma` and `y + beta` when given (`[w]` or `[1, ..., w]`). `Ok(None)`: other shapes.
+pub(crate) fn layer_norm_decomposed(
+    x: &Tensor,
+    exp: f32,
+    eps: f32,
+    gamma: Option<&Tensor>,
+    beta: Option<&Tensor>,
+) -> KResult<Option<Tensor>> {
+    let Some(xd) = x.as_f32() else {
+        return Ok(None);
+    };
+    let rank = x.shape().len();
+    let Some(&w) = x.shape().last() else {
+        return Ok(None);
+    };
+    let (Some(g), Some(b)) = (per_column(gamma, w, rank), per_column(beta, w, rank)) else {
+        return Ok(None);
+    };
+    if w == 0 {
+        return Ok(None);
+    }
+    let n = xd.len();
+    let (chunk, threads) = row_tasks(n, w);
+    let mut out = crate::par::scratch_f32(n, threads);
+    crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
+        for (y, r0) in o.chunks_mut(w).zip((off..).step_by(w)) {
+            let xr = &xd[r0..r0 + w];
+            let m = (xr.iter().map(|&v| f64::from(v)).sum::<f64>() / w as f64) as f32;
+            for (d, &v) in y.iter_mut().zip(xr) {
+                *d = v - m;
+            }
+            let ss: f64 = y.iter().map(|&d| f64::from(d.powf(exp))).sum();
+            let s = ((ss / w as f64) as f32 + eps).sqrt();
+            for v in y.iter_mut() {
+                *v /= s;
+            }
+            if let Some(g) = g {
+                y.iter_mut().zip(g).for_each(|(v, &k)| *v *= k);
+            }
+            if let Some(b) = b {
+                y.iter_mut().zip(b).for_each(|(v, &k)| *v += k);
+            }
+        }
+    });
+    Tensor::from_f32(x.shape().to_vec(), out)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
 /// `erf` in `f32` by the rational approximation Eigen and XLA use (`generic_fast_erf_float`:
 /// odd degree-13 over even degree-8 polynomial on [-4, 4], ±1 beyond; within 5e-7 of the
 /// exact value; NaN stays NaN through the clamp), branch-free so the GELU loop vectorises.

@@ -596,7 +596,7 @@ fn fused_and_interpreted_with(
     let table = table(consts);
     let parse = |s: &str| fusebox_core::text::parse_module(s, "test.relax", &table).unwrap();
     let m = parse(src);
-    let plain_src = ["cpu.silu_gated", "cpu.rope"]
+    let plain_src = ["cpu.silu_gated", "cpu.rope", "cpu.layer_norm_decomposed"]
         .iter()
         .fold(src.to_string(), |s, n| {
             s.replace(&format!("\"Composite\": \"{n}\", "), "")
@@ -772,4 +772,85 @@ fn the_rope_composite_runs_fused_bit_for_bit_with_its_body() {
         order,
     };
     assert!(crate::composite::run(&halves, &input).unwrap().is_some());
+}
+
+const LN_DECOMPOSED: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def ln(x: R.Tensor((3, 5, 24), dtype="float32")) -> R.Tensor((3, 5, 24), dtype="float32"):
+        R.func_attr({"Composite": "cpu.layer_norm_decomposed", "Primitive": True})
+        with R.dataflow():
+            m: R.Tensor((3, 5, 1), dtype="float32") = R.mean(x, axis=[-1], keepdims=True)
+            d: R.Tensor((3, 5, 24), dtype="float32") = R.subtract(x, m)
+            p: R.Tensor((3, 5, 24), dtype="float32") = R.power(d, R.const(2.0, "float32"))
+            v: R.Tensor((3, 5, 1), dtype="float32") = R.mean(p, axis=[-1], keepdims=True)
+            a: R.Tensor((3, 5, 1), dtype="float32") = R.add(v, R.const(9.9999997e-06, "float32"))
+            s: R.Tensor((3, 5, 1), dtype="float32") = R.sqrt(a)
+            n: R.Tensor((3, 5, 24), dtype="float32") = R.divide(d, s)
+            g: R.Tensor((3, 5, 24), dtype="float32") = R.multiply(n, metadata["relax.expr.Constant"][0])
+            gv: R.Tensor((3, 5, 24), dtype="float32") = R.add(g, metadata["relax.expr.Constant"][1])
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((3, 5, 24), dtype="float32")) -> R.Tensor((3, 5, 24), dtype="float32"):
+        with R.dataflow():
+            gv: R.Tensor((3, 5, 24), dtype="float32") = Module.ln(x)
+            R.output(gv)
+        return gv
+"#;
+
+#[test]
+fn the_decomposed_layer_norm_runs_fused_bit_for_bit_with_its_body() {
+    let mut r = Rng(43);
+    let consts = [r.tensor(&[24]), r.tensor(&[24])];
+    let without_affine = LN_DECOMPOSED
+        .replace(
+            "            g: R.Tensor((3, 5, 24), dtype=\"float32\") = R.multiply(n, metadata[\"relax.expr.Constant\"][0])\n            gv: R.Tensor((3, 5, 24), dtype=\"float32\") = R.add(g, metadata[\"relax.expr.Constant\"][1])\n",
+            "            gv: R.Tensor((3, 5, 24), dtype=\"float32\") = R.divide(d, s)\n",
+        )
+        .replace(
+            "            n: R.Tensor((3, 5, 24), dtype=\"float32\") = R.divide(d, s)\n",
+            "",
+        );
+    for (src, affine) in [(LN_DECOMPOSED.to_string(), true), (without_affine, false)] {
+        let m = fusebox_core::text::parse_module(&src, "t.relax", &table(&consts)).unwrap();
+        let plan = crate::composite::recognise(m.get("ln").unwrap());
+        assert!(
+            matches!(&plan, Some(crate::composite::Plan::LayerNormDecomposed { gamma, beta, exp, .. })
+                if gamma.is_some() == affine && beta.is_some() == affine && *exp == 2.0),
+            "{plan:?}"
+        );
+        // Rows with a large offset (the mean matters) and a NaN row.
+        let mut x = r.tensor(&[3, 5, 24]).to_f32_vec();
+        x.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v += (i / 24) as f32 * 100.0);
+        x[30] = f32::NAN;
+        let x = Tensor::from_f32(vec![3, 5, 24], x).unwrap();
+        for threads in [1, 2] {
+            let (fused, interp) = crate::par::with_threads(threads, || {
+                fused_and_interpreted_with(&src, &consts, vec![Value::Tensor(x.clone())])
+            });
+            assert_eq!(fused, interp, "affine {affine}, {threads} threads");
+        }
+    }
+    // Against the definition (f64): mean, variance, normalise, scale and shift.
+    let x = r.tensor(&[4, 24]);
+    let (g, b) = (&consts[0], &consts[1]);
+    let got = crate::norm::layer_norm_decomposed(&x, 2.0, 1e-5, Some(g), Some(b))
+        .unwrap()
+        .unwrap()
+        .to_f32_vec();
+    let (xd, gd, bd) = (x.to_f32_vec(), g.to_f32_vec(), b.to_f32_vec());
+    let mut want = Vec::new();
+    for row in xd.chunks(24) {
+        let m = row.iter().map(|&v| f64::from(v)).sum::<f64>() / 24.0;
+        let var = row.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>() / 24.0;
+        for (j, &v) in row.iter().enumerate() {
+            let y = (f64::from(v) - m) / (var + 1e-5).sqrt();
+            want.push((y * f64::from(gd[j]) + f64::from(bd[j])) as f32);
+        }
+    }
+    close(&got, &want, 1e-5);
 }
