@@ -13,6 +13,9 @@
 //! - `#function=<name>` opens the panel of that function: its ops, and the reason every
 //!   other backend declined it.
 //!
+//! A third test needs no browser: the page of a cuBLAS partition with a rejected match holds
+//! every function, legend entry and rejection.
+//!
 //! Without Chromium (`/usr/bin/chromium`, `chromium` on the PATH or `$FUSEBOX_CHROMIUM`) the
 //! test prints why it skipped, unless `FUSEBOX_REQUIRE_CHROMIUM=1` (set by `scripts/test.sh`)
 //! makes that a failure. Without `ONNX_DATA_DIR` it fails under `FUSEBOX_REQUIRE_ONNX_DATA=1`
@@ -441,4 +444,57 @@ fn bert_report_renders_in_chromium() {
     let model = root().join("tests/models/bert-ts/model.onnx");
     assert!(model.is_file(), "{}: missing fixture", model.display());
     check_model(&chromium, "bert", &model, "configs/cpu.toml");
+}
+
+/// Without a browser: the page of a cuBLAS partition with a rejected match holds every
+/// function (a row and a box), every rejection with its reason, the JSON report, a legend entry
+/// per backend, and nothing to fetch; `#function=` and ghost boxes aside, this is what the
+/// Chromium tests open.
+#[test]
+fn report_page_holds_every_function_and_rejection() {
+    let dir = fresh("structure");
+    let args = [
+        "partition",
+        "tests/golden/cublas/bias_2d_rejected.relax",
+        "--config",
+        "configs/examples/cublas.toml",
+        "--emit",
+    ];
+    let (json, _) = fusebox(&[&args[..], &["json"]].concat(), &dir, "json");
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let (html, _) = fusebox(&[&args[..], &["html"]].concat(), &dir, "html");
+    assert!(html.starts_with("<!DOCTYPE html>"), "{}", &html[..100]);
+    for bad in ["http://", "https://", " src=", "<link"] {
+        assert!(!html.contains(bad), "the page contains `{bad}`");
+    }
+    assert_eq!(embedded(&html), report);
+    let functions = report["functions"].as_array().unwrap();
+    assert!(functions.len() >= 3);
+    for f in functions {
+        let name = f["name"].as_str().unwrap();
+        let row = format!("<tr data-function=\"{}\">", attr(name));
+        assert_eq!(html.matches(&row).count(), 1, "row of {name}");
+        let backend = f["backend"].as_str().unwrap();
+        let legend = format!("></span>backend {} · ", escape_all(backend));
+        assert!(html.contains(&legend), "no legend entry `{legend}`");
+    }
+    let rejections = report["rejections"].as_array().unwrap();
+    assert!(!rejections.is_empty(), "the fixture has a rejected match");
+    for r in rejections {
+        let reason = r["reason"].as_str().unwrap();
+        let row = format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape_all(r["pattern"].as_str().unwrap()),
+            escape_all(r["at"].as_str().unwrap()),
+            escape_all(reason)
+        );
+        assert!(html.contains(&row), "rejection `{row}` not in the page");
+    }
+    assert!(html.contains(&format!("Rejected pattern matches ({})", rejections.len())));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Text as the generator escapes it (`&`, `<`, `>`, `"`, `'`).
+fn escape_all(s: &str) -> String {
+    dom_text(s).replace('"', "&quot;").replace('\'', "&#39;")
 }

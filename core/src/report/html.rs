@@ -5,7 +5,9 @@
 //!
 //! - `main`'s graph laid out top to bottom ([`super::layout`], the `rust-sugiyama` crate):
 //!   one box per parameter and per binding of `main` (the bindings inside an `if`'s branches
-//!   included), edges from each value to its users, and a `return` box. A call of a fused
+//!   included), edges from each value to its users, and a `return` box; a value read far
+//!   below its definition is shown there by a dashed *ghost* box (`↑ name`, a click goes to
+//!   the definition) instead of an edge down the whole page. A call of a fused
 //!   function is a box coloured by the backend that claimed it (by codegen or pattern prefix
 //!   when no backend flow ran), listing its ops; the SVG pans (drag) and zooms (wheel, buttons);
 //! - a legend of the colours with the number of functions of each;
@@ -15,7 +17,8 @@
 //!   as the box's tooltip);
 //! - the rejected pattern matches and the report's notes.
 //!
-//! `report.html#function=<name>` opens the page with that function selected (a link to it).
+//! `report.html#function=<name>` opens the page with that function selected (a link to it);
+//! `report.html#var=<name>` with the box of that binding of `main` selected.
 //!
 //! Every function appears as an element with `data-function="<name>"` (its table row, and
 //! every box that calls it). The report itself is embedded as JSON in
@@ -432,6 +435,24 @@ fn main_graph(main: &Function, report: &Report) -> (Vec<Node>, Vec<(usize, usize
     (nodes, edges)
 }
 
+/// The label of a ghost of `n` (see [`super::layout`]): where the value comes from.
+fn ghost_label(n: &Node) -> String {
+    let name = match (&n.function, n.var.is_empty()) {
+        (_, true) => "return".to_string(),
+        (Some(f), false) => format!("{} = {f}", n.var),
+        (None, false) => n.var.clone(),
+    };
+    clip(&format!("↑ {name}"), MAX_CHARS)
+}
+
+fn ghost_size(n: &Node) -> (f64, f64) {
+    let chars = ghost_label(n).chars().count() as f64;
+    (
+        (chars * CHAR_W + 2.0 * PAD).round(),
+        (LINE_H + 2.0 * PAD).round(),
+    )
+}
+
 /// A route through `points` as an SVG path: vertical-tangent cubic curves between points.
 fn route_path(points: &[(f64, f64)]) -> String {
     let mut d = String::new();
@@ -448,7 +469,13 @@ fn route_path(points: &[(f64, f64)]) -> String {
 }
 
 /// The SVG of the graph (or a paragraph saying why there is none).
-fn render_graph(out: &mut String, nodes: &[Node], placed: &Placed, legend: &Legend) {
+fn render_graph(
+    out: &mut String,
+    nodes: &[Node],
+    edges: &[(usize, usize)],
+    placed: &Placed,
+    legend: &Legend,
+) {
     let margin = 20.0;
     let (w, h) = (placed.width + 2.0 * margin, placed.height + 2.0 * margin);
     let _ = write!(
@@ -509,6 +536,24 @@ fn render_graph(out: &mut String, nodes: &[Node], placed: &Placed, legend: &Lege
         }
         out.push_str("</text></g>\n");
     }
+    for &(e, (cx, cy)) in &placed.ghosts {
+        let Some(n) = edges.get(e).and_then(|&(u, _)| nodes.get(u)) else {
+            continue;
+        };
+        let (bw, bh) = ghost_size(n);
+        let (x, y) = (cx - bw / 2.0, cy - bh / 2.0);
+        let _ = writeln!(
+            out,
+            "<g class=\"node ghost\" data-ghost-of=\"{}\"><title>{} (defined further up: click to go there)</title>\n\
+             <rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"{bh:.1}\" rx=\"4\" fill=\"#ffffff\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\"><tspan>{}</tspan></text></g>",
+            esc(&n.var),
+            esc(&n.tooltip),
+            x + PAD,
+            y + PAD + 11.0,
+            esc(&ghost_label(n)),
+        );
+    }
     out.push_str("</g></g></g></svg>\n");
 }
 
@@ -558,9 +603,9 @@ fn render_side(out: &mut String, report: &Report, legend: &Legend) {
     }
     out.push_str("</tbody></table></section>\n");
     if !report.rejections.is_empty() {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<section id=\"rejections\"><details><summary>Rejected pattern matches ({})</summary><table><thead><tr><th>pattern</th><th>at</th><th>reason</th></tr></thead><tbody>\n",
+            "<section id=\"rejections\"><details><summary>Rejected pattern matches ({})</summary><table><thead><tr><th>pattern</th><th>at</th><th>reason</th></tr></thead><tbody>",
             report.rejections.len()
         );
         for r in report.rejections.iter().take(MAX_REJECTIONS_SHOWN) {
@@ -614,8 +659,9 @@ pub fn to_html(m: &Module, report: &Report, title: &str) -> Result<String> {
             boxes = nodes.len();
             edge_count = edges.len();
             let sizes: Vec<(f64, f64)> = nodes.iter().map(|n| n.size).collect();
-            match layout(&sizes, &edges) {
-                Ok(placed) => render_graph(&mut graph, &nodes, &placed, &legend),
+            let ghost_sizes: Vec<(f64, f64)> = nodes.iter().map(ghost_size).collect();
+            match layout(&sizes, &ghost_sizes, &edges) {
+                Ok(placed) => render_graph(&mut graph, &nodes, &edges, &placed, &legend),
                 Err(e) => {
                     let _ = write!(
                         graph,
@@ -635,11 +681,12 @@ pub fn to_html(m: &Module, report: &Report, title: &str) -> Result<String> {
             None => backends.push((b, 1)),
         }
     }
-    let summary = backends
-        .iter()
-        .map(|(b, n)| format!("{b}: {n}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let summary = if backends.is_empty() {
+        String::new()
+    } else {
+        let parts: Vec<String> = backends.iter().map(|(b, n)| format!("{b}: {n}")).collect();
+        format!(" ({})", parts.join(", "))
+    };
     let mut out = String::with_capacity(graph.len() + 64 * 1024);
     let _ = write!(
         out,
@@ -648,7 +695,7 @@ pub fn to_html(m: &Module, report: &Report, title: &str) -> Result<String> {
          <script>window.onerror = function (msg, src, line) {{ document.documentElement.setAttribute('data-js-' + 'error', String(msg) + ' at line ' + line); }};</script>\n\
          <style>{CSS}</style>\n</head>\n<body>\n\
          <header><h1>fusebox partition report: <span id=\"model\">{t}</span></h1>\
-         <p id=\"summary\">{nf} function(s) ({s}); main: {nb} binding(s), {boxes} box(es) and {edge_count} edge(s) drawn</p></header>\n\
+         <p id=\"summary\">{nf} function(s){s}; main: {nb} binding(s), {boxes} box(es) and {edge_count} edge(s) drawn</p></header>\n\
          <main>\n<div id=\"graph-pane\"><div id=\"controls\"><button id=\"zoom-in\" title=\"zoom in\">+</button><button id=\"zoom-out\" title=\"zoom out\">−</button><button id=\"fit\" title=\"show the whole graph\">fit</button><button id=\"top\" title=\"fit the width, from the top\">top</button><span class=\"hint\">drag to pan, wheel to zoom</span></div>\n",
         t = esc(title),
         nf = report.functions.len(),
@@ -689,6 +736,9 @@ main { flex: 1; display: flex; min-height: 0; }
 .node.call rect { stroke: #444; stroke-width: 1.5; }
 .node:hover rect { stroke: #000; stroke-width: 2; }
 .node.selected rect { stroke: #d00; stroke-width: 3; }
+.node.ghost { cursor: pointer; }
+.node.ghost rect { stroke: #888; stroke-dasharray: 4 3; }
+.node.ghost text { fill: #555; }
 #side { width: 600px; max-width: 45%; display: flex; flex-direction: column; border-left: 1px solid #ccc; box-sizing: border-box; }
 #side-top { flex: 0 0 auto; max-height: 50%; overflow: auto; padding: 0 10px 6px; border-bottom: 1px solid #ddd; }
 #side-bottom { flex: 1; min-height: 0; overflow: auto; padding: 0 10px 10px; }
@@ -728,6 +778,10 @@ const JS: &str = r#"
   Array.prototype.forEach.call(document.querySelectorAll('[data-function]'), function (el) {
     var n = el.getAttribute('data-function');
     (byName[n] = byName[n] || []).push(el);
+  });
+  var byVar = {};
+  Array.prototype.forEach.call(document.querySelectorAll('g.node[data-var]'), function (el) {
+    byVar[el.getAttribute('data-var')] = el;
   });
   var panel = document.getElementById('panel');
   function el(tag, text, cls) {
@@ -841,6 +895,8 @@ const JS: &str = r#"
       if (moved) { return; }
       var g = e.target.closest ? e.target.closest('g.node') : null;
       if (!g) { return; }
+      var of = g.getAttribute('data-ghost-of');
+      if (of !== null && byVar[of]) { g = byVar[of]; centreOn(g); }
       var name = g.getAttribute('data-function');
       if (name) { select(name, false); } else { clearSelection(); g.classList.add('selected'); selected.push(g); showNode(g); }
     });
@@ -854,6 +910,10 @@ const JS: &str = r#"
   // `report.html#function=<name>` opens with that function selected.
   var m = /^#function=(.+)$/.exec(window.location.hash);
   if (m) { select(decodeURIComponent(m[1]), true); }
+  // `report.html#var=<name>` opens with the box of that binding of main selected.
+  var v = /^#var=(.+)$/.exec(window.location.hash);
+  var vg = v ? byVar[decodeURIComponent(v[1])] : null;
+  if (vg) { centreOn(vg); vg.dispatchEvent(new MouseEvent('click', {bubbles: true})); }
   // The table: click selects, the filter hides rows.
   var rows = Array.prototype.slice.call(document.querySelectorAll('#table tbody tr'));
   rows.forEach(function (tr) {

@@ -14,6 +14,12 @@
 //! total edge length) reproduces these ranks exactly. Weakly connected components come back
 //! separately and are placed side by side, in order of their first vertex.
 //!
+//! An edge longer than [`MAX_SPAN`] ranks (an attention mask read by every layer, a shape
+//! value read across the model) is not drawn down the page: its target gets a *ghost* of the
+//! source instead, a box of the caller's size placed just above it, and the edge starts
+//! there. This keeps the drawing readable and bounds the routing vertices by
+//! `MAX_SPAN` × edges, so the layout stays fast on BERT- and ResNet-sized graphs.
+//!
 //! ```text
 //! before: sizes [(80,20), (80,20), (80,20)], edges [(0,1), (0,2), (1,2)]
 //! after:  0 at (x0, 10), 1 at (x1, 46), 2 at (x2, 82); the edge 0 → 2 routed through one
@@ -26,6 +32,8 @@ use crate::{Error, Result};
 const SPACING: f64 = 18.0;
 /// The size of a routing vertex.
 const ROUTE_SIZE: (f64, f64) = (6.0, 6.0);
+/// The longest edge, in ranks, that is routed; a longer one starts at a ghost of its source.
+pub(crate) const MAX_SPAN: usize = 20;
 /// Horizontal gap between weakly connected components.
 const COMPONENT_GAP: f64 = 40.0;
 /// The most vertices (boxes and routing vertices) laid out; above this the layout is refused
@@ -44,15 +52,29 @@ pub(crate) struct Placed {
     /// For every edge, in input order: the points it passes through, from the bottom of its
     /// source box to the top of its target box.
     pub routes: Vec<Vec<(f64, f64)>>,
+    /// `(edge, centre)` for every edge that starts at a ghost of its source box (a box of the
+    /// source's ghost size, just above the edge's target), in edge order.
+    pub ghosts: Vec<(usize, (f64, f64))>,
     /// The width of the drawing.
     pub width: f64,
     /// The height of the drawing.
     pub height: f64,
 }
 
-/// Lays out boxes of `sizes` joined by `edges` (each `u → v` with `u < v < sizes.len()`).
-pub(crate) fn layout(sizes: &[(f64, f64)], edges: &[(usize, usize)]) -> Result<Placed> {
+/// Lays out boxes of `sizes` joined by `edges` (each `u → v` with `u < v < sizes.len()`);
+/// `ghost_sizes[u]` is the size of a ghost of box `u` (see the module doc).
+pub(crate) fn layout(
+    sizes: &[(f64, f64)],
+    ghost_sizes: &[(f64, f64)],
+    edges: &[(usize, usize)],
+) -> Result<Placed> {
     let n = sizes.len();
+    if ghost_sizes.len() != n {
+        return Err(Error::Invalid(format!(
+            "graph layout: {} ghost sizes for {n} boxes",
+            ghost_sizes.len()
+        )));
+    }
     if let Some(&(u, v)) = edges.iter().find(|&&(u, v)| u >= v || v >= n) {
         return Err(Error::Invalid(format!(
             "graph layout: edge {u} -> {v} is not forward between the {n} boxes"
@@ -83,10 +105,15 @@ pub(crate) fn layout(sizes: &[(f64, f64)], edges: &[(usize, usize)]) -> Result<P
             rank[u] = r.saturating_sub(1);
         }
     }
-    // Routing vertices: edge e crossing ranks rank[u]+1 .. rank[v]-1 gets one per rank.
+    // Routing vertices: edge e crossing ranks rank[u]+1 .. rank[v]-1 gets one per rank, unless
+    // it is longer than MAX_SPAN: then it starts at a ghost.
+    let span = |&(u, v): &(usize, usize)| rank[v].saturating_sub(rank[u]);
     let routing: usize = edges
         .iter()
-        .map(|&(u, v)| rank[v].saturating_sub(rank[u]).saturating_sub(1))
+        .map(|e| match span(e) {
+            s if s > MAX_SPAN => 1,
+            s => s.saturating_sub(1),
+        })
         .sum();
     let total = n.saturating_add(routing);
     if total > MAX_VERTICES {
@@ -100,8 +127,17 @@ pub(crate) fn layout(sizes: &[(f64, f64)], edges: &[(usize, usize)]) -> Result<P
     }
     let mut pieces: Vec<(u32, u32)> = Vec::with_capacity(edges.len() + routing);
     let mut chains: Vec<Vec<usize>> = Vec::with_capacity(edges.len());
-    for &(u, v) in edges {
-        let span = rank[v] - rank[u];
+    let mut ghost_ids: Vec<(usize, usize)> = Vec::new();
+    for (e, &(u, v)) in edges.iter().enumerate() {
+        let span = span(&(u, v));
+        if span > MAX_SPAN {
+            let id = vertices.len();
+            vertices.push((to_u32(id)?, ghost_sizes[u]));
+            pieces.push((to_u32(id)?, to_u32(v)?));
+            ghost_ids.push((e, id));
+            chains.push(Vec::new());
+            continue;
+        }
         let mut chain = Vec::with_capacity(span.saturating_sub(1));
         let mut prev = u;
         for _ in 1..span {
@@ -160,10 +196,24 @@ pub(crate) fn layout(sizes: &[(f64, f64)], edges: &[(usize, usize)]) -> Result<P
             c.ok_or_else(|| Error::Invalid(format!("graph layout: box {i} was not placed")))?,
         );
     }
+    let mut ghosts = Vec::with_capacity(ghost_ids.len());
+    for &(e, id) in &ghost_ids {
+        let c = centre.get(id).copied().flatten().ok_or_else(|| {
+            Error::Invalid(format!(
+                "graph layout: the ghost of edge {e} was not placed"
+            ))
+        })?;
+        ghosts.push((e, c));
+    }
     let mut routes = Vec::with_capacity(edges.len());
-    for (&(u, v), chain) in edges.iter().zip(&chains) {
-        let (cu, cv) = (centres[u], centres[v]);
-        let mut route = vec![(cu.0, cu.1 + sizes[u].1 / 2.0)];
+    let mut next_ghost = ghosts.iter().peekable();
+    for (e, (&(u, v), chain)) in edges.iter().zip(&chains).enumerate() {
+        let (mut cu, mut hu) = (centres[u], sizes[u].1);
+        if let Some(&(_, c)) = next_ghost.next_if(|g| g.0 == e) {
+            (cu, hu) = (c, ghost_sizes[u].1);
+        }
+        let cv = centres[v];
+        let mut route = vec![(cu.0, cu.1 + hu / 2.0)];
         for &r in chain {
             if let Some(Some(p)) = centre.get(r) {
                 route.push(*p);
@@ -175,6 +225,7 @@ pub(crate) fn layout(sizes: &[(f64, f64)], edges: &[(usize, usize)]) -> Result<P
     Ok(Placed {
         centres,
         routes,
+        ghosts,
         width: (cursor - COMPONENT_GAP).max(0.0),
         height,
     })
@@ -192,7 +243,7 @@ mod tests {
     #[test]
     fn ranks_go_down_and_long_edges_are_routed() {
         let sizes = [(80.0, 20.0); 3];
-        let p = layout(&sizes, &[(0, 1), (0, 2), (1, 2)]).unwrap();
+        let p = layout(&sizes, &sizes, &[(0, 1), (0, 2), (1, 2)]).unwrap();
         let y: Vec<f64> = p.centres.iter().map(|c| c.1).collect();
         assert!(y[0] < y[1] && y[1] < y[2], "{y:?}");
         // 0 -> 2 crosses the rank of 1: one routing point between the endpoints.
@@ -215,7 +266,7 @@ mod tests {
     fn a_source_sits_above_its_first_user() {
         // 0 -> 1 -> 2 -> 3, and a source 4... must be forward, so: source 0 used only by 3.
         let sizes = [(40.0, 20.0); 4];
-        let p = layout(&sizes, &[(0, 3), (1, 2), (2, 3)]).unwrap();
+        let p = layout(&sizes, &sizes, &[(0, 3), (1, 2), (2, 3)]).unwrap();
         let y: Vec<f64> = p.centres.iter().map(|c| c.1).collect();
         assert!((y[0] - y[2]).abs() < 1e-9, "{y:?}");
         assert_eq!(p.routes[0].len(), 2, "no routing vertices for it");
@@ -230,7 +281,7 @@ mod tests {
             (70.0, 30.0),
             (30.0, 10.0),
         ];
-        let p = layout(&sizes, &[(0, 1), (2, 3)]).unwrap();
+        let p = layout(&sizes, &sizes, &[(0, 1), (2, 3)]).unwrap();
         for i in 0..sizes.len() {
             for j in i + 1..sizes.len() {
                 let (a, b) = (p.centres[i], p.centres[j]);
@@ -249,16 +300,39 @@ mod tests {
     }
 
     #[test]
+    fn a_long_edge_starts_at_a_ghost_above_its_target() {
+        // 0 -> 1 -> … -> 40 (a chain), and 0 -> 40: far longer than MAX_SPAN.
+        let n = 41;
+        let sizes = vec![(60.0, 20.0); n];
+        let ghosts = vec![(30.0, 12.0); n];
+        let mut edges: Vec<(usize, usize)> = (0..n - 1).map(|i| (i, i + 1)).collect();
+        edges.push((0, n - 1));
+        let p = layout(&sizes, &ghosts, &edges).unwrap();
+        assert_eq!(p.ghosts.len(), 1);
+        let (e, (gx, gy)) = p.ghosts[0];
+        assert_eq!(e, n - 1, "the long edge");
+        let (tx, ty) = p.centres[n - 1];
+        assert!(
+            gy < ty && gy > p.centres[n - 3].1,
+            "ghost {gy} just above {ty}"
+        );
+        // Its route: from the ghost's bottom straight to the target's top.
+        assert_eq!(p.routes[e], vec![(gx, gy + 6.0), (tx, ty - 10.0)]);
+        // The short edges have no ghost.
+        assert!(p.routes[..n - 1].iter().all(|r| r.len() == 2));
+    }
+
+    #[test]
     fn backward_edges_are_an_error() {
-        let e = layout(&[(1.0, 1.0); 2], &[(1, 0)]).unwrap_err();
+        let e = layout(&[(1.0, 1.0); 2], &[(1.0, 1.0); 2], &[(1, 0)]).unwrap_err();
         assert!(e.to_string().contains("1 -> 0"), "{e}");
     }
 
     #[test]
     fn empty_and_isolated() {
-        let p = layout(&[], &[]).unwrap();
+        let p = layout(&[], &[], &[]).unwrap();
         assert!(p.centres.is_empty());
-        let p = layout(&[(10.0, 10.0)], &[]).unwrap();
+        let p = layout(&[(10.0, 10.0)], &[(5.0, 5.0)], &[]).unwrap();
         assert_eq!(p.centres.len(), 1);
     }
 }
