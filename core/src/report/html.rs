@@ -740,7 +740,7 @@ main { flex: 1; display: flex; min-height: 0; }
 .node.ghost rect { stroke: #888; stroke-dasharray: 4 3; }
 .node.ghost text { fill: #555; }
 #side { width: 600px; max-width: 45%; display: flex; flex-direction: column; border-left: 1px solid #ccc; box-sizing: border-box; }
-#side-top { flex: 0 0 auto; max-height: 50%; overflow: auto; padding: 0 10px 6px; border-bottom: 1px solid #ddd; }
+#side-top { flex: 0 0 auto; max-height: 58%; overflow: auto; padding: 0 10px 6px; border-bottom: 1px solid #ddd; }
 #side-bottom { flex: 1; min-height: 0; overflow: auto; padding: 0 10px 10px; }
 #side h2 { font-size: 14px; margin: 10px 0 4px; }
 #legend ul { list-style: none; padding: 0; margin: 0; }
@@ -749,6 +749,8 @@ main { flex: 1; display: flex; min-height: 0; }
 .swatch.round { border-radius: 6px; }
 .count { color: #666; }
 #panel { border: 1px solid #ddd; background: #fffef6; padding: 6px 8px; min-height: 60px; }
+#panel h4 { margin: 6px 0 2px; font-size: 12px; }
+#panel ul { margin: 0; padding-left: 18px; }
 #panel h3 { margin: 0 0 4px; font-size: 13px; font-family: monospace; word-break: break-all; }
 #panel dl { display: grid; grid-template-columns: max-content 1fr; gap: 1px 8px; margin: 0; }
 #panel dt { color: #555; }
@@ -814,10 +816,6 @@ const JS: &str = r#"
     var vars = (byName[name] || []).map(function (e) { return e.getAttribute('data-var'); }).filter(Boolean);
     if (vars.length) { row(dl, 'bound in main to', vars.join(', ')); }
     panel.appendChild(dl);
-    panel.appendChild(el('h4', 'ops (' + f.ops.length + ')'));
-    var ol = el('ol');
-    f.ops.forEach(function (o) { ol.appendChild(el('li', o)); });
-    panel.appendChild(ol);
     if (c) {
       panel.appendChild(el('h4', 'other backends'));
       var ul = el('ul');
@@ -826,6 +824,10 @@ const JS: &str = r#"
       if (!ul.childNodes.length) { ul.appendChild(el('li', 'none declined: the first backend in config order claimed it')); }
       panel.appendChild(ul);
     }
+    panel.appendChild(el('h4', 'ops (' + f.ops.length + ')'));
+    var ol = el('ol');
+    f.ops.forEach(function (o) { ol.appendChild(el('li', o)); });
+    panel.appendChild(ol);
   }
   function showNode(node) {
     panel.textContent = '';
