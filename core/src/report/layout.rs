@@ -322,6 +322,70 @@ mod tests {
         assert!(p.routes[..n - 1].iter().all(|r| r.len() == 2));
     }
 
+    /// A random DAG: box sizes and forward edges (some far, for ghosts).
+    fn dag() -> impl proptest::strategy::Strategy<Value = (Vec<(f64, f64)>, Vec<(usize, usize)>)> {
+        use proptest::prelude::*;
+        (2usize..70).prop_flat_map(|n| {
+            let sizes = proptest::collection::vec((20u32..200, 10u32..80), n);
+            let edges = proptest::collection::vec((0..n, 0..n), 0..n * 2);
+            (sizes, edges).prop_map(|(sizes, edges)| {
+                let sizes = sizes
+                    .into_iter()
+                    .map(|(w, h)| (f64::from(w), f64::from(h)))
+                    .collect();
+                let mut es: Vec<(usize, usize)> = edges
+                    .into_iter()
+                    .filter(|(u, v)| u != v)
+                    .map(|(u, v)| (u.min(v), u.max(v)))
+                    .collect();
+                es.sort_unstable();
+                es.dedup();
+                (sizes, es)
+            })
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// Boxes do not overlap each other or the ghosts; every edge goes down from its
+        /// source (or its ghost) to its target; the drawing holds every box; the same input
+        /// gives the same layout.
+        #[test]
+        fn layouts_are_sound((sizes, edges) in dag()) {
+            let ghosts: Vec<(f64, f64)> = sizes.iter().map(|&(w, _)| (w / 2.0, 12.0)).collect();
+            let p = layout(&sizes, &ghosts, &edges).unwrap();
+            let q = layout(&sizes, &ghosts, &edges).unwrap();
+            proptest::prop_assert_eq!(&p, &q);
+            let mut rects: Vec<((f64, f64), (f64, f64))> =
+                p.centres.iter().copied().zip(sizes.iter().copied()).collect();
+            for &(e, c) in &p.ghosts {
+                rects.push((c, ghosts[edges[e].0]));
+            }
+            for (i, &(a, sa)) in rects.iter().enumerate() {
+                proptest::prop_assert!(a.0 - sa.0 / 2.0 >= -1e-6 && a.0 + sa.0 / 2.0 <= p.width + 1e-6);
+                proptest::prop_assert!(a.1 - sa.1 / 2.0 >= -1e-6 && a.1 + sa.1 / 2.0 <= p.height + 1e-6);
+                for &(b, sb) in &rects[i + 1..] {
+                    let apart = (a.0 - b.0).abs() * 2.0 >= sa.0 + sb.0 - 1e-6
+                        || (a.1 - b.1).abs() * 2.0 >= sa.1 + sb.1 - 1e-6;
+                    proptest::prop_assert!(apart, "{:?} {:?} overlap {:?} {:?}", a, sa, b, sb);
+                }
+            }
+            for (e, (&(u, v), r)) in edges.iter().zip(&p.routes).enumerate() {
+                let ghost = p.ghosts.iter().find(|g| g.0 == e);
+                let start = match ghost {
+                    Some(&(_, c)) => (c.0, c.1 + ghosts[u].1 / 2.0),
+                    None => (p.centres[u].0, p.centres[u].1 + sizes[u].1 / 2.0),
+                };
+                let end = (p.centres[v].0, p.centres[v].1 - sizes[v].1 / 2.0);
+                proptest::prop_assert_eq!(r.first().copied(), Some(start));
+                proptest::prop_assert_eq!(r.last().copied(), Some(end));
+                for w in r.windows(2) {
+                    proptest::prop_assert!(w[1].1 > w[0].1, "edge {} goes up: {:?}", e, r);
+                }
+            }
+        }
+    }
+
     #[test]
     fn backward_edges_are_an_error() {
         let e = layout(&[(1.0, 1.0); 2], &[(1.0, 1.0); 2], &[(1, 0)]).unwrap_err();
