@@ -322,8 +322,11 @@ mod tests {
         assert!(p.routes[..n - 1].iter().all(|r| r.len() == 2));
     }
 
-    /// A random DAG: box sizes and forward edges (some far, for ghosts).
-    fn dag() -> impl proptest::strategy::Strategy<Value = (Vec<(f64, f64)>, Vec<(usize, usize)>)> {
+    /// Box sizes and forward edges.
+    type Dag = (Vec<(f64, f64)>, Vec<(usize, usize)>);
+
+    /// A random DAG: box sizes and forward edges.
+    fn dag() -> impl proptest::strategy::Strategy<Value = Dag> {
         use proptest::prelude::*;
         (2usize..70).prop_flat_map(|n| {
             let sizes = proptest::collection::vec((20u32..200, 10u32..80), n);
