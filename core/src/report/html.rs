@@ -9,7 +9,7 @@
 //!   below its definition is shown there by a dashed *ghost* box (`↑ name`, a click goes to
 //!   the definition) instead of an edge down the whole page. A call of a fused
 //!   function is a box coloured by the backend that claimed it (by codegen or pattern prefix
-//!   when no backend flow ran), listing its ops; the SVG pans (drag) and zooms (wheel, buttons);
+//!   when no backend flow ran; a light shade for FuseOps' groups), listing its ops; the SVG pans (drag) and zooms (wheel, buttons);
 //! - a legend of the colours with the number of functions of each;
 //! - a table of every function of the report (name, backend, pattern, ops, params);
 //! - a panel that shows, on a click on a box or a row, the function's ops, params, pattern,
@@ -26,11 +26,11 @@
 //! output is deterministic: the same module and report give the same bytes.
 //!
 //! ```text
-//! before: main { lv = R.call_tir(fused_conv2d_add_relu, (x, w, b)); return lv }
-//!         report: fused_conv2d_add_relu, backend cpu
-//! after:  <svg …><g class="node call" data-function="fused_conv2d_add_relu">
-//!           <rect … fill="#8dd3c7"/><text>lv = fused_conv2d_add_relu …</text></g>…</svg>
-//!         <tr data-function="fused_conv2d_add_relu"><td>…</td><td>cpu</td>…</tr>
+//! before: main: lv = cls.fused_conv2d_add_relu(x, w, b); return lv
+//!         report: fused_conv2d_add_relu, FuseOps out_elemwise_fusable, backend cpu
+//! after:  <svg id="graph" …><g class="node call" data-var="lv" data-function="fused_conv2d_add_relu">
+//!           <title>…</title><rect … fill="#b2e0d2"/><text>…lv = fused_conv2d_add_relu…</text></g>…</svg>
+//!         <tr data-function="fused_conv2d_add_relu"><td class="name">…</td><td>cpu</td>…</tr>
 //! ```
 
 use super::layout::{Placed, layout};
