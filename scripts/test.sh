@@ -47,6 +47,15 @@ export FUSEBOX_CACHE_DIR="$PWD/target/fusebox-cuda-cache"
 echo "FUSEBOX_NVRTC_LIB=$FUSEBOX_NVRTC_LIB"
 echo "FUSEBOX_CUDA_INCLUDE=$FUSEBOX_CUDA_INCLUDE"
 
+echo "== headless Chromium for the HTML report test (Debian's chromium package)"
+# tests/html_report.rs opens `fusebox partition --emit html` pages in it; installed here when
+# missing (CI runs as root on Debian), and the test fails instead of skipping without it.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+export FUSEBOX_REQUIRE_CHROMIUM=1
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -76,7 +76,8 @@ enum Command {
         /// What to print.
         #[arg(long, value_enum, default_value_t = Emit::Text)]
         emit: Emit,
-        /// Print `time <phase> <ms> ms` lines to stderr.
+        /// Print `time <phase> <ms> ms` lines to stderr (`emit`: building and writing what
+        /// `--emit` asks for).
         #[arg(long)]
         timings: bool,
         /// Write what `--emit` asks for to this file instead of stdout (text: the module, and
@@ -234,6 +235,9 @@ enum Emit {
     Json,
     /// A DOT graph of main with one cluster per fused function.
     Dot,
+    /// The partition report as one self-contained HTML page: main's graph coloured by
+    /// backend (pan and zoom), a legend, the functions' table and a details panel.
+    Html,
 }
 
 /// The default config, and its text for when the file is not there (run outside the repo).
@@ -345,6 +349,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 let plan = pipeline.run_for_report(&m)?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 verify(&plan.module).map_err(fusebox_core::Error::Verify)?;
+                let t = Instant::now();
                 match emit {
                     Emit::Text => {
                         emit_module(&plan.module, output.as_deref())?;
@@ -373,10 +378,20 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                         &fusebox_core::report::to_dot(&plan.module),
                         output.as_deref(),
                     )?,
+                    Emit::Html => emit_text(
+                        &fusebox_core::report::html::to_html(
+                            &plan.module,
+                            &plan.report(),
+                            &file.display().to_string(),
+                        )?,
+                        output.as_deref(),
+                    )?,
                 }
+                let emit_ms = t.elapsed().as_secs_f64() * 1e3;
                 if timings {
                     errln!("time parse {parse_ms:.3} ms");
                     errln!("time partition+claim+compile {ms:.3} ms");
+                    errln!("time emit {emit_ms:.3} ms");
                 }
                 return Ok(());
             }
@@ -408,6 +423,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 pass_times = times;
             }
             verify(&out.module).map_err(fusebox_core::Error::Verify)?;
+            let t = Instant::now();
             match emit {
                 Emit::Text => emit_module(&out.module, output.as_deref())?,
                 Emit::Json => emit_text(
@@ -421,13 +437,23 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                     &fusebox_core::report::to_dot(&out.module),
                     output.as_deref(),
                 )?,
+                Emit::Html => emit_text(
+                    &fusebox_core::report::html::to_html(
+                        &out.module,
+                        &fusebox_core::report::build(&out.module, &out.rejections),
+                        &file.display().to_string(),
+                    )?,
+                    output.as_deref(),
+                )?,
             }
+            let emit_ms = t.elapsed().as_secs_f64() * 1e3;
             if timings {
                 errln!("time parse {parse_ms:.3} ms");
                 errln!("time partition {partition_ms:.3} ms");
                 for pt in &pass_times {
                     errln!("time {} {:.3} ms", pt.name, pt.ms);
                 }
+                errln!("time emit {emit_ms:.3} ms");
             }
             Ok(())
         }

@@ -1,4 +1,5 @@
-//! The partition report: what went where, as JSON (the source of truth), or a DOT graph.
+//! The partition report: what went where, as JSON (the source of truth), a DOT graph, or a
+//! self-contained HTML page ([`html`]).
 //!
 //! ```text
 //! {"functions": [{"name": "fused_relax_nn_conv2d_relax_nn_relu_dnnl", "codegen": "dnnl",
@@ -16,6 +17,9 @@
 //! `composite:<name>`, `region:<codegen>[<c1>+<c2>…]`, `primitive:<name>`, `call:<name>`,
 //! `op:<op name>`, `tuple_get_item[i]`, `tuple` or `var`. `fusion_kind` and `anchor` are set for
 //! the primitive functions FuseOps makes (from their `fusion_kind` / `anchor` attributes).
+
+pub mod html;
+mod layout;
 
 use crate::ir::{Callee, ExprKind, Function, Module, Type};
 use crate::transform::Rejection;

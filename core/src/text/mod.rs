@@ -33,6 +33,7 @@ mod printer;
 
 pub use constants::{ConstTable, NS_CONSTANT, NS_GENERIC, side_file_path};
 pub use parser::MAX_DEPTH;
+pub(crate) use printer::type_text;
 pub use printer::{Printed, format_float, print_module};
 
 use crate::error::{Error, Result};

@@ -215,6 +215,13 @@ fn has_prim(t: &Type) -> bool {
     }
 }
 
+/// A type as the printer writes it in a binding's annotation (`R.Tensor((1, 3), dtype="float32")`).
+pub(crate) fn type_text(t: &Type) -> String {
+    let mut out = String::new();
+    write_type(&mut out, t, false);
+    out
+}
+
 /// Writes a type; `sig` quotes symbolic dims (function signatures).
 fn write_type(out: &mut String, t: &Type, sig: bool) {
     match t {
