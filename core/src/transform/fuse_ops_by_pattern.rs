@@ -20,7 +20,9 @@
 //!   named `fused_<op>_<op>…` (dots become underscores; numeric suffixes `1`, `2`, … keep names
 //!   unique). Parameters are the outside values the group reads, in first-use order, each once;
 //!   constants (with or without values) stay inside with `bind_constants`, else they become
-//!   parameters `param_<k>` (a valueless one typed as the parser typed it); shape
+//!   parameters `param_<k>` (a valueless one typed as the parser typed it); a shape literal
+//!   with symbolic dims is a parameter too (its symbols are then bound by the signature, and a
+//!   function shared by groups equal up to their symbols returns each call its own type); shape
 //!   and prim literals stay inside. Outputs are the group's non-dataflow vars, then the vars used
 //!   by other bindings of the block in order of first use; several outputs return a tuple that
 //!   the caller unpacks in binding order. A group with no used output keeps its root as output
@@ -993,6 +995,14 @@ fn encode<'f, S: TokSink<'f>>(
             out.1.push(Tok::Param(out.0.len() - 1));
         }
         ExprKind::Const(c) => out.1.push(Tok::Const(c)),
+        // A shape literal with symbolic dims is a parameter: its symbols are then bound by the
+        // function's signature, not free in its body (two call sites with different symbols
+        // must not share one function).
+        ExprKind::ShapeLit(dims) if !all_static(dims) => {
+            out.0.push(ParamSrc::Const(e));
+            out.1.push(Tok::ParamTy(&d.ty));
+            out.1.push(Tok::Param(out.0.len() - 1));
+        }
         // A constant without a value is lifted as a constant is; it compares by identity.
         kind @ ExprKind::ConstRef(_) if !bind_constants => {
             out.0.push(ParamSrc::Const(e));
@@ -1169,6 +1179,16 @@ fn outline<'f>(
                     let outer = caller.add_expr(ExprKind::Const(c.clone()), c.ty());
                     args.push(outer);
                 }
+                // A shape literal with symbolic dims: a parameter (see `encode`).
+                kind @ ExprKind::ShapeLit(dims) if !all_static(dims) => {
+                    let ty = f.expr(leaf).ty.clone();
+                    let p = cf.add_var(format!("param_{lifted}"), ty.clone(), false);
+                    lifted += 1;
+                    cf.params.push(p);
+                    leaf_map.insert(leaf, cf.var_expr(p));
+                    let outer = caller.add_expr(kind.clone(), ty);
+                    args.push(outer);
+                }
                 // Typed as the parser typed it: from its binding's annotation or its use.
                 kind @ ExprKind::ConstRef(_) if !opts.bind_constants => {
                     let ty = f.expr(leaf).ty.clone();
@@ -1239,20 +1259,11 @@ fn outline<'f>(
         .collect();
     // Share a structurally equal function, else add under a unique name.
     let h = function_hash(&cf);
-    let mut ret_ty = cf.ret_ty.clone();
+    // The call's type is this group's own (in the caller's symbols): a shared function equal
+    // up to renaming its symbols returns it instantiated with this call's arguments.
+    let ret_ty = cf.ret_ty.clone();
     let callee = match dedup.find(m, pending, &cf, h) {
-        Some(existing) => {
-            // Calls take the return type of the function they call.
-            if let Some(g) = pending
-                .iter()
-                .find(|(n, _)| *n == existing)
-                .map(|(_, g)| g)
-                .or_else(|| m.get(&existing))
-            {
-                ret_ty = g.ret_ty.clone();
-            }
-            existing
-        }
+        Some(existing) => existing,
         None => {
             let base = group_name(f, members, view, naming);
             let name = unique_name(&base, &|n| {
@@ -1284,6 +1295,11 @@ fn collect_leaves(f: &Function, e: ExprId, out: &mut Vec<ExprId>) {
         ExprKind::TupleGetItem(x, _) => collect_leaves(f, *x, out),
         _ => out.push(e),
     }
+}
+
+/// Whether every dim is a known extent.
+fn all_static(dims: &[crate::ir::Dim]) -> bool {
+    dims.iter().all(|d| d.as_static().is_some())
 }
 
 /// The literal a var is bound to (through aliases) when it is a shape without symbols or a prim
