@@ -97,12 +97,16 @@ fn run_prepared(
     let args = main_args(module, &a.inputs, a.seed)?;
     // One executor for all runs: constants are decoded once.
     let ex = fusebox_cpu::Executor::new();
-    let (mut out, _) = prepared.execute(&ex, args.clone(), false)?;
+    let (mut out, _) = prepared
+        .execute(&ex, args.clone(), false)
+        .map_err(runner::into_core)?;
     let mut times = Vec::new();
     let mut profile = Vec::new();
     for _ in 0..a.repeat.max(1) {
         let t = Instant::now();
-        (out, profile) = prepared.execute(&ex, args.clone(), a.profile)?;
+        (out, profile) = prepared
+            .execute(&ex, args.clone(), a.profile)
+            .map_err(runner::into_core)?;
         times.push(ms(t));
     }
     times.sort_by(f64::total_cmp);

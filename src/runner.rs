@@ -116,38 +116,55 @@ impl Prepared {
     }
 
     /// Runs `main` on `args` with `ex`; with `profile`, also the time of each function and
-    /// fused op chain. The result is on the host (a device result is downloaded).
+    /// fused op chain. The result is on the host (a device result is downloaded). The error
+    /// keeps its structure (an artifact's error inside the executor's); [`into_core`] makes it
+    /// what `fusebox run` reports.
     pub fn execute(
         &self,
         ex: &Executor,
         args: Vec<Value>,
         profile: bool,
-    ) -> Result<(Value, Vec<CallProfile>), Error> {
+    ) -> Result<(Value, Vec<CallProfile>), crate::Error> {
         match self {
             Prepared::Plan(plan) => {
-                let r = if profile {
-                    crate::execute_profiled(ex, plan, "main", args)
+                let (v, p) = if profile {
+                    crate::execute_profiled(ex, plan, "main", args)?
                 } else {
-                    crate::execute_with(ex, plan, "main", args).map(|v| (v, Vec::new()))
+                    (crate::execute_with(ex, plan, "main", args)?, Vec::new())
                 };
-                match r {
-                    Ok((v, p)) => Ok((v.to_host()?, p)),
-                    Err(crate::Error::Cpu(e)) => Err(runtime_error(e)),
-                    Err(crate::Error::Core(e)) => Err(e),
-                }
+                Ok((v.to_host()?, p))
             }
-            Prepared::Module(part) => {
-                if profile {
-                    ex.run_profiled(part, "main", args, None)
-                        .map_err(runtime_error)
-                } else {
-                    Ok((
-                        ex.run(part, "main", args, None).map_err(runtime_error)?,
-                        Vec::new(),
-                    ))
-                }
-            }
+            Prepared::Module(part) => Ok(if profile {
+                ex.run_profiled(part, "main", args, None)?
+            } else {
+                (ex.run(part, "main", args, None)?, Vec::new())
+            }),
         }
+    }
+}
+
+/// A facade error as `fusebox run` reports it: the CPU reference's errors (an artifact's
+/// error inside them included) as [`Error::Runtime`].
+pub fn into_core(e: crate::Error) -> Error {
+    match e {
+        crate::Error::Core(e) => e,
+        crate::Error::Cpu(e) => runtime_error(e),
+    }
+}
+
+/// Whether `e` is a plugin's error ([`Error::Plugin`]), directly or inside the executor's.
+pub fn from_plugin(e: &crate::Error) -> bool {
+    fn cpu(e: &fusebox_cpu::Error) -> bool {
+        match e {
+            fusebox_cpu::Error::At { source, .. } => cpu(source),
+            fusebox_cpu::Error::Core(Error::Plugin { .. }) => true,
+            _ => false,
+        }
+    }
+    match e {
+        crate::Error::Core(Error::Plugin { .. }) => true,
+        crate::Error::Cpu(e) => cpu(e),
+        crate::Error::Core(_) => false,
     }
 }
 
