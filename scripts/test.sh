@@ -74,6 +74,20 @@ cargo test --locked --test onnx_conformance -- --nocapture 2>/dev/null \
 cargo test --locked --test onnx_node -- --nocapture 2>/dev/null \
   | grep -E '^(node conformance|FAIL |  )' || true
 
+# ---- The Python package (python/): build the wheel, install it into .venv, run its pytest suite.
+echo "== Python package: maturin wheel into .venv, pytest python/tests"
+py_start=$SECONDS
+if ! .venv/bin/python -c "import maturin, pytest" 2>/dev/null; then
+  .venv/bin/pip install --quiet "maturin>=1.9.4,<2" "pytest>=8,<10"
+fi
+rm -rf target/python-wheel
+.venv/bin/maturin build --quiet --release --locked -m python/Cargo.toml -i .venv/bin/python --out target/python-wheel
+.venv/bin/pip install --quiet --force-reinstall --no-deps target/python-wheel/fusebox-*.whl
+# The tests compare with the CLI that `cargo test` built, and load the plugins built above.
+FUSEBOX_CLI="$PWD/target/debug/fusebox" .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
+echo "python package: $((SECONDS - py_start)) s (wheel build + install + pytest)"
+# ---- end of the Python package section
+
 echo "== ResNet-50 with seeded random weights: fusebox (release) against onnxruntime"
 ort_dir="$(mktemp -d)"
 .venv/bin/python tests/ort/resnet50_random.py --out "$ort_dir" --bench 5

@@ -12,7 +12,9 @@
 //! compile`): every function's files and `manifest.json`, staged in a fresh directory
 //! ([`staging`]) and moved into place only when all are written, the manifest last, so a
 //! failure never leaves a half-written manifest (nor a stale one: the old manifest is removed
-//! first).
+//! first). What the command line does with a user's files is here too, so the Python package
+//! does the same: [`load`] (models, configs, pattern tables, the error text), [`partition`]
+//! (`fusebox partition` and `fusebox backends`) and [`runner`] (`fusebox run`).
 //!
 //! ```no_run
 //! let config = fusebox::core::config::Config::load("configs/cpu.toml".as_ref())?;
@@ -24,7 +26,14 @@
 //! ```
 
 pub mod compare;
+pub mod load;
+pub mod partition;
+pub mod runner;
 pub mod staging;
+
+pub use load::{
+    DEFAULT_CONFIG, default_config, error_message, load_config, load_model, read_pattern_table,
+};
 
 pub use fusebox_core as core;
 pub use fusebox_cpu as cpu;

@@ -5,10 +5,8 @@ mod out;
 mod run_cmd;
 
 use clap::{Parser, Subcommand};
-use fusebox_core::config::Config;
 use fusebox_core::ir::verify::verify;
 use fusebox_core::text;
-use fusebox_core::transform::FusionPattern;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -240,27 +238,12 @@ enum Emit {
     Html,
 }
 
-/// The default config, and its text for when the file is not there (run outside the repo).
-const DEFAULT_CONFIG: &str = "configs/cpu.toml";
-const DEFAULT_CONFIG_TEXT: &str = include_str!("../configs/cpu.toml");
+/// The default config (`--config`'s default).
+const DEFAULT_CONFIG: &str = fusebox::DEFAULT_CONFIG;
 
-fn load_config(path: &std::path::Path) -> Result<Config, fusebox::Error> {
-    if path == std::path::Path::new(DEFAULT_CONFIG) && !path.exists() {
-        return Ok(Config::parse(DEFAULT_CONFIG_TEXT, DEFAULT_CONFIG)?);
-    }
-    Ok(Config::load(path)?)
-}
-
-fn read_table(patterns: &std::path::Path) -> Result<Vec<FusionPattern>, fusebox::Error> {
-    let table_src = std::fs::read_to_string(patterns).map_err(|e| fusebox_core::Error::Io {
-        path: patterns.to_path_buf(),
-        source: e,
-    })?;
-    Ok(fusebox_core::pattern_table::parse_pattern_table(
-        &table_src,
-        &patterns.display().to_string(),
-    )?)
-}
+use fusebox::load_config;
+use fusebox::load_model as read_model;
+use fusebox::read_pattern_table as read_table;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -270,15 +253,9 @@ fn main() -> ExitCode {
     let stdout = out::finish();
     match (result, stdout) {
         (Err(e), _) => {
-            // Every error names the model it is about (parse and import errors already do).
-            let mut msg = e.to_string();
-            if let Some(m) = model.map(|m| m.display().to_string())
-                && !msg.contains(&m)
-            {
-                msg = format!("{m}: {msg}");
-            }
-            // A 5 MB value the user gave is not echoed back whole.
-            errln!("error: {}", fusebox_core::error::cap_long_values(&msg));
+            // Every error names the model it is about (parse and import errors already do),
+            // and a 5 MB value the user gave is not echoed back whole.
+            errln!("error: {}", fusebox::error_message(&e, model.as_deref()));
             ExitCode::FAILURE
         }
         // The reader closed the pipe (`| head`): it has what it wanted.
@@ -327,28 +304,18 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             output,
             config,
         } => {
-            use fusebox_core::transform::{
-                PartitionOptions, fuse_ops_by_pattern, sort_by_priority,
-            };
             let t = Instant::now();
             let m = read_model(&file)?;
             let parse_ms = t.elapsed().as_secs_f64() * 1e3;
             if let Some(config) = config {
                 let mut cfg = load_config(&config)?;
                 if let Some(p) = &patterns {
-                    for pattern in read_table(p)? {
-                        cfg.patterns.push(fusebox_core::config::UserPattern {
-                            pattern,
-                            backend: None,
-                            backend_span: None,
-                        });
-                    }
+                    fusebox::partition::add_user_patterns(&mut cfg, read_table(p)?);
                 }
                 let pipeline = fusebox::pipeline(cfg)?;
                 let t = Instant::now();
-                let plan = pipeline.run_for_report(&m)?;
+                let plan = fusebox::partition::partition_with_config(&pipeline, &m)?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
-                verify(&plan.module).map_err(fusebox_core::Error::Verify)?;
                 let t = Instant::now();
                 match emit {
                     Emit::Text => {
@@ -395,44 +362,27 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 }
                 return Ok(());
             }
-            let mut table = match &patterns {
-                Some(patterns) => read_table(patterns)?,
-                None => Vec::new(),
-            };
-            sort_by_priority(&mut table);
-            let t = Instant::now();
-            let opts = PartitionOptions {
-                bind_constants,
-                annotate_codegen,
-            };
-            let mut out = fuse_ops_by_pattern(&m, &table, opts)?;
-            if merge {
-                out.module = fusebox_core::transform::merge_composite_functions(&out.module)?;
-            }
-            let partition_ms = t.elapsed().as_secs_f64() * 1e3;
-            let mut pass_times = Vec::new();
-            if fuse_ops {
-                use fusebox_core::transform::{Pipeline, pass::FuseOps};
-                let pipeline = Pipeline::new().then(FuseOps {
-                    opt_level: fuse_opt_level,
+            let out = fusebox::partition::partition_with_patterns(
+                &m,
+                &fusebox::partition::PatternPartition {
+                    patterns: match &patterns {
+                        Some(patterns) => read_table(patterns)?,
+                        None => Vec::new(),
+                    },
+                    bind_constants,
+                    annotate_codegen,
+                    merge,
+                    fuse_ops,
+                    fuse_opt_level,
                     max_depth,
-                    lift_single_ops: false,
-                });
-                let (module, times) = pipeline.run(&out.module)?;
-                out.module = module;
-                pass_times = times;
-            }
-            verify(&out.module).map_err(fusebox_core::Error::Verify)?;
+                },
+            )?;
             let t = Instant::now();
             match emit {
                 Emit::Text => emit_module(&out.module, output.as_deref())?,
-                Emit::Json => emit_text(
-                    &format!(
-                        "{}\n",
-                        fusebox_core::report::build(&out.module, &out.rejections).to_json()
-                    ),
-                    output.as_deref(),
-                )?,
+                Emit::Json => {
+                    emit_text(&format!("{}\n", out.report().to_json()), output.as_deref())?
+                }
                 Emit::Dot => emit_text(
                     &fusebox_core::report::to_dot(&out.module),
                     output.as_deref(),
@@ -440,7 +390,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
                 Emit::Html => emit_text(
                     &fusebox_core::report::html::to_html(
                         &out.module,
-                        &fusebox_core::report::build(&out.module, &out.rejections),
+                        &out.report(),
                         &file.display().to_string(),
                     )?,
                     output.as_deref(),
@@ -449,8 +399,8 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             let emit_ms = t.elapsed().as_secs_f64() * 1e3;
             if timings {
                 errln!("time parse {parse_ms:.3} ms");
-                errln!("time partition {partition_ms:.3} ms");
-                for pt in &pass_times {
+                errln!("time partition {:.3} ms", out.partition_ms);
+                for pt in &out.pass_times {
                     errln!("time {} {:.3} ms", pt.name, pt.ms);
                 }
                 errln!("time emit {emit_ms:.3} ms");
@@ -488,53 +438,36 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
         Command::Backends { config } => {
             let pipeline = fusebox::pipeline(load_config(&config)?)?;
             outln!("config: {}", config.display());
-            for b in &pipeline.backends {
-                outln!("backend {} ({})", b.name(), b.origin());
-                let mut pats: Vec<_> = pipeline
-                    .table
-                    .iter()
-                    .filter(|e| e.backend.as_deref() == Some(b.name()))
-                    .collect();
-                pats.sort_by_key(|e| std::cmp::Reverse(e.pattern.priority));
-                if pats.is_empty() {
+            let listing = fusebox::partition::backend_listing(&pipeline);
+            for b in &listing.backends {
+                outln!("backend {} ({})", b.name, b.origin);
+                if b.patterns.is_empty() {
                     outln!("  (no patterns)");
                 }
-                for e in pats {
+                for p in &b.patterns {
                     outln!(
                         "  {} priority {}{}{}: {}",
-                        e.pattern.name,
-                        e.pattern.priority,
-                        e.pattern
-                            .check
+                        p.name,
+                        p.priority,
+                        p.check
                             .as_ref()
-                            .map(|c| format!(" check {}", c.name()))
+                            .map(|c| format!(" check {c}"))
                             .unwrap_or_default(),
-                        if e.user { " (from the config)" } else { "" },
-                        e.pattern.pattern
+                        if p.user { " (from the config)" } else { "" },
+                        p.pattern
                     );
                 }
             }
-            let rest: Vec<_> = pipeline
-                .table
-                .iter()
-                .filter(|e| e.backend.is_none())
-                .collect();
-            if !rest.is_empty() {
+            if !listing.unassigned.is_empty() {
                 outln!("user patterns of no enabled backend:");
-                for e in rest {
-                    outln!(
-                        "  {} priority {}: {}",
-                        e.pattern.name,
-                        e.pattern.priority,
-                        e.pattern.pattern
-                    );
+                for p in &listing.unassigned {
+                    outln!("  {} priority {}: {}", p.name, p.priority, p.pattern);
                 }
             }
-            let findings = fusebox_core::pattern_table::lint(&pipeline.patterns());
-            if findings.is_empty() {
+            if listing.lint.is_empty() {
                 outln!("lint: no findings");
             }
-            for f in findings {
+            for f in listing.lint {
                 outln!("lint {}: {}", f.kind, f.message);
             }
             Ok(())
@@ -598,15 +531,6 @@ fn emit_text(s: &str, output: Option<&std::path::Path>) -> Result<(), fusebox::E
             out!("{s}");
             Ok(())
         }
-    }
-}
-
-/// Reads a model: `.onnx` (or a folder holding one) is imported, anything else parsed as text.
-fn read_model(file: &std::path::Path) -> Result<fusebox_core::ir::Module, fusebox::Error> {
-    if fusebox_core::frontend::onnx::is_onnx_path(file) {
-        Ok(fusebox_core::frontend::onnx::import_onnx_file(file)?)
-    } else {
-        Ok(text::read_module(file)?)
     }
 }
 

@@ -1,5 +1,7 @@
 //! `fusebox run`: load a model (`.onnx` or `.relax`), partition it, run it on the CPU reference
-//! executor, and write each output as `.npy`.
+//! executor, and write each output as `.npy`. The partition, the arguments, the run and the
+//! check are the library's ([`fusebox::runner`], which the Python package calls too); this
+//! module reads the `.npy` inputs, times, prints and writes.
 //!
 //! Contract:
 //!
@@ -44,10 +46,10 @@
 //! time import 12.1 ms
 //! ```
 
+use fusebox::runner::{self, Prepared, RunMode};
 use fusebox_core::Error;
-use fusebox_core::frontend::onnx::{import_onnx_file, is_onnx_path, output_names, sanitize};
-use fusebox_core::ir::generate::Rng;
-use fusebox_core::ir::{DType, Module, Sym};
+use fusebox_core::frontend::onnx::{import_onnx_file, is_onnx_path, output_names};
+use fusebox_core::ir::Module;
 use fusebox_core::report::ClaimReport;
 use fusebox_cpu::{CallProfile, Storage, Tensor, Value};
 use std::collections::BTreeMap;
@@ -78,52 +80,33 @@ fn io_err(path: &Path, e: std::io::Error) -> Error {
     }
 }
 
-fn rt(e: fusebox_cpu::Error) -> Error {
-    Error::Runtime(e.to_string())
-}
-
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// `fusebox run --config`: the backend pipeline partitions, claims and compiles; the executor
-/// runs each compiled function with its artifact and everything else on the CPU reference.
-fn run_with_backends(
+/// Runs the partitioned module `prepared`: one warm-up (which also decodes the constants), then
+/// `--repeat` timed runs, the outputs downloaded inside each (a device result is not done
+/// until it is on the host); then [`finish`].
+fn run_prepared(
     a: &RunArgs,
     module: &Module,
     names: &[String],
-    import_ms: f64,
-    pipeline: &fusebox_core::backend::pipeline::BackendPipeline,
+    prepared: &Prepared,
+    [import_ms, partition_ms]: [f64; 2],
 ) -> Result<(), Error> {
-    if let Some(warning) = fusebox::check_target(&pipeline.config)? {
-        errln!("{warning}");
-    }
-    let t = Instant::now();
-    let plan = pipeline.run(module)?;
-    let compile_ms = ms(t);
-    print_partition(&plan);
-    let args = make_args(module, &a.inputs, a.seed)?;
-    // The outputs are downloaded inside the timed run: a device result is not done until it
-    // is on the host. One executor for all runs: constants are decoded once.
+    let args = main_args(module, &a.inputs, a.seed)?;
+    // One executor for all runs: constants are decoded once.
     let ex = fusebox_cpu::Executor::new();
-    let exec = |args: Vec<Value>, profile: bool| -> Result<(Value, Vec<CallProfile>), Error> {
-        let r = if profile {
-            fusebox::execute_profiled(&ex, &plan, "main", args)
-        } else {
-            fusebox::execute_with(&ex, &plan, "main", args).map(|v| (v, Vec::new()))
-        };
-        match r {
-            Ok((v, p)) => Ok((v.to_host()?, p)),
-            Err(fusebox::Error::Cpu(e)) => Err(rt(e)),
-            Err(fusebox::Error::Core(e)) => Err(e),
-        }
-    };
-    let (mut out, _) = exec(args.clone(), false)?;
+    let (mut out, _) = prepared
+        .execute(&ex, args.clone(), false)
+        .map_err(runner::into_core)?;
     let mut times = Vec::new();
     let mut profile = Vec::new();
     for _ in 0..a.repeat.max(1) {
         let t = Instant::now();
-        (out, profile) = exec(args.clone(), a.profile)?;
+        (out, profile) = prepared
+            .execute(&ex, args.clone(), a.profile)
+            .map_err(runner::into_core)?;
         times.push(ms(t));
     }
     times.sort_by(f64::total_cmp);
@@ -132,9 +115,9 @@ fn run_with_backends(
         a,
         names,
         out,
-        || ex.run(module, "main", args, None).map_err(rt),
-        [import_ms, compile_ms, run_ms],
-        (&profile, &plan.module, &plan.claims),
+        || runner::run_unpartitioned(&ex, module, args),
+        [import_ms, partition_ms, run_ms],
+        (&profile, prepared.module(), prepared.claims()),
     )
 }
 
@@ -149,11 +132,11 @@ fn finish(
     [import_ms, partition_ms, run_ms]: [f64; 3],
     (profile, module, claims): (&[CallProfile], &Module, &[ClaimReport]),
 ) -> Result<(), Error> {
-    let outs = flatten(out);
+    let outs = runner::flatten(out);
     let staged = stage_outputs(&a.output_dir, names, &outs)?;
     if a.check {
-        let want = flatten(unpartitioned()?);
-        compare_outputs(&want, &outs, names)?;
+        let want = runner::flatten(unpartitioned()?);
+        runner::compare_outputs(&want, &outs, names)?;
     }
     commit_outputs(staged, a.check)?;
     if a.timings {
@@ -277,12 +260,7 @@ fn print_partition(plan: &fusebox_core::backend::pipeline::Plan) {
 
 /// Runs the command.
 pub fn run(a: RunArgs) -> Result<(), Error> {
-    fusebox_cpu::par::env_threads().map_err(Error::Invalid)?;
-    let from_config = a
-        .config
-        .as_ref()
-        .and_then(|p| p.config.runtime.memory_limit);
-    fusebox_core::runtime::set_memory_limit(a.memory_limit.or(from_config));
+    runner::prepare_runtime(a.memory_limit, a.config.as_ref().map(|p| &p.config))?;
     let t = Instant::now();
     let is_onnx = is_onnx_path(&a.file);
     let module = if is_onnx {
@@ -296,60 +274,35 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
         .ok_or_else(|| Error::Invalid(format!("{}: no function `main`", a.file.display())))?;
     let names = output_names(main);
 
-    if let Some(pipeline) = &a.config {
-        return run_with_backends(&a, &module, &names, import_ms, pipeline);
-    }
-    let t = Instant::now();
-    // Inference simplification (constants folded, batch_norm folded into its conv, identities
-    // and exporter noise removed), then the partition.
-    let mut part =
-        fusebox_core::transform::simplify_for_inference(&module, Some(fusebox::const_evaluator()))?;
-    // The pattern table: `--patterns`, else the CPU backend's own (transformer attention,
-    // norms, GELU), whose composites the executor runs with its fused kernels.
-    {
-        use fusebox_core::transform::{PartitionOptions, fuse_ops_by_pattern, sort_by_priority};
-        let mut table = match &a.patterns {
-            Some(p) => {
-                let src = std::fs::read_to_string(p).map_err(|e| io_err(p, e))?;
-                fusebox_core::pattern_table::parse_pattern_table(&src, &p.display().to_string())?
+    let prepared = match &a.config {
+        Some(pipeline) => {
+            if let Some(warning) = fusebox::check_target(&pipeline.config)? {
+                errln!("{warning}");
             }
-            None => fusebox_cpu::backend::transformer_patterns().to_vec(),
-        };
-        sort_by_priority(&mut table);
-        part = fuse_ops_by_pattern(&part, &table, PartitionOptions::default())?.module;
-    }
-    part = fusebox_core::transform::fuse_ops(&part, 2, 256)?;
-    let partition_ms = ms(t);
-
-    let args = make_args(&module, &a.inputs, a.seed)?;
-    // One warm-up (which also decodes the constants), then `repeat` timed runs.
-    let ex = fusebox_cpu::Executor::new();
-    let mut out = ex.run(&part, "main", args.clone(), None).map_err(rt)?;
-    let mut times = Vec::new();
-    let mut profile = Vec::new();
-    for _ in 0..a.repeat.max(1) {
-        let t = Instant::now();
-        if a.profile {
-            let (v, p) = ex
-                .run_profiled(&part, "main", args.clone(), None)
-                .map_err(rt)?;
-            out = v;
-            profile = p;
-        } else {
-            out = ex.run(&part, "main", args.clone(), None).map_err(rt)?;
+            let t = Instant::now();
+            let prepared = runner::prepare(&module, RunMode::Config(pipeline))?;
+            let partition_ms = ms(t);
+            if let Prepared::Plan(plan) = &prepared {
+                print_partition(plan);
+            }
+            (prepared, partition_ms)
         }
-        times.push(ms(t));
-    }
-    times.sort_by(f64::total_cmp);
-    let run_ms = times[times.len() / 2];
-    finish(
-        &a,
-        &names,
-        out,
-        || ex.run(&module, "main", args, None).map_err(rt),
-        [import_ms, partition_ms, run_ms],
-        (&profile, &part, &[]),
-    )
+        None => {
+            let t = Instant::now();
+            let table = match &a.patterns {
+                Some(p) => {
+                    let src = std::fs::read_to_string(p).map_err(|e| io_err(p, e))?;
+                    Some(fusebox_core::pattern_table::parse_pattern_table(
+                        &src,
+                        &p.display().to_string(),
+                    )?)
+                }
+                None => None,
+            };
+            (runner::prepare(&module, RunMode::Patterns(table))?, ms(t))
+        }
+    };
+    run_prepared(&a, &module, &names, &prepared.0, [import_ms, prepared.1])
 }
 
 /// Outputs staged in their directory (see [`fusebox::staging`]) with their summary lines.
@@ -363,20 +316,8 @@ struct Staged {
 /// nothing in `dir` changes until [`commit_outputs`].
 fn stage_outputs(dir: &Path, names: &[String], outs: &[Tensor]) -> Result<Staged, Error> {
     let mut staging = fusebox::staging::Staging::new(dir)?;
-    let mut used = BTreeMap::new();
     let mut lines = Vec::new();
-    for (i, t) in outs.iter().enumerate() {
-        let base = names
-            .get(i)
-            .map(|n| sanitize(n))
-            .unwrap_or_else(|| format!("output_{i}"));
-        let k = used.entry(base.clone()).or_insert(0usize);
-        let file = if *k == 0 {
-            base.clone()
-        } else {
-            format!("{base}_{k}")
-        };
-        *k += 1;
+    for (t, file) in outs.iter().zip(runner::output_stems(names, outs.len())) {
         let name = format!("{file}.npy");
         let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
         let mut buf = Vec::new();
@@ -404,39 +345,6 @@ fn commit_outputs(staged: Staged, checked: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// `--check`: the partitioned outputs against the unpartitioned module's, per-dtype tolerance.
-fn compare_outputs(want: &[Tensor], outs: &[Tensor], names: &[String]) -> Result<(), Error> {
-    if want.len() != outs.len() {
-        return Err(Error::Invalid(format!(
-            "check failed: {} outputs, the unpartitioned module gives {}",
-            outs.len(),
-            want.len()
-        )));
-    }
-    for (i, (g, w)) in outs.iter().zip(want).enumerate() {
-        if let Some(why) = fusebox::compare::first_mismatch(g, w) {
-            let name = names.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
-            return Err(Error::Invalid(format!(
-                "check failed: output `{name}` differs from the unpartitioned module: {why}"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn flatten(v: Value) -> Vec<Tensor> {
-    let mut out = Vec::new();
-    fn go(v: Value, out: &mut Vec<Tensor>) {
-        match v {
-            Value::Tensor(t) => out.push(t),
-            Value::Tuple(items) => items.into_iter().for_each(|i| go(i, out)),
-            _ => {}
-        }
-    }
-    go(v, &mut out);
-    out
-}
-
 /// The summary line of an output: shape, dtype, and min/max/mean of its elements (NaN when
 /// any element is NaN; an empty tensor has no statistics and says so).
 fn summary(t: &Tensor) -> String {
@@ -460,112 +368,18 @@ fn summary(t: &Tensor) -> String {
     format!("{head} min {lo:.6} max {hi:.6} mean {mean:.6}")
 }
 
-/// Arguments for `main`: given `.npy` inputs, random values for the rest.
-fn make_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Error> {
-    let f = m
-        .get("main")
-        .ok_or_else(|| Error::Invalid("no function `main`".into()))?;
+/// Arguments for `main`: given `.npy` inputs (`NAME=PATH.npy`), random values from `seed` for
+/// the rest ([`runner::main_args`]).
+fn main_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Error> {
     let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
     for spec in inputs {
         let (name, path) = spec
             .split_once('=')
             .ok_or_else(|| Error::Invalid(format!("--input `{spec}`: expected NAME=PATH.npy")))?;
-        let key = sanitize(name);
-        let known = f.params.iter().any(|&p| f.var(p).name == key);
-        if !known {
-            let params: Vec<&str> = f.params.iter().map(|&p| f.var(p).name.as_str()).collect();
-            return Err(Error::Invalid(format!(
-                "--input `{name}`: `main` has no parameter of that name (parameters: {})",
-                params.join(", ")
-            )));
-        }
+        let key = runner::input_key(m, name, "--input")?;
         given.insert(key, fusebox::read_npy(Path::new(path))?);
     }
-    // Bind symbolic dims from the given inputs; the others default to 1.
-    let mut syms: BTreeMap<Sym, i64> = BTreeMap::new();
-    for &p in &f.params {
-        let v = f.var(p);
-        if let (Some(t), Some(tt)) = (given.get(&v.name), v.ty.as_tensor())
-            && let Some(dims) = &tt.dims
-        {
-            for (d, &n) in dims.iter().zip(t.shape()) {
-                if let fusebox_core::ir::Dim::Sym(s) = d {
-                    syms.entry(s.clone()).or_insert(n as i64);
-                }
-            }
-        }
-    }
-    let mut rng = Rng::new(seed);
-    let mut args = Vec::new();
-    for &p in &f.params {
-        let v = f.var(p);
-        if let fusebox_core::ir::Type::Prim(d) = &v.ty {
-            // A prim value (`T.bool`, `T.int64`, a condition of an `if`): a 0-d array given
-            // with --input, else random (a bool 0 or 1, an int 1, a float in [-1, 1]).
-            let x = match given.remove(&v.name) {
-                Some(t) if t.numel() == 1 => t.to_f64_vec().first().copied().unwrap_or(0.0),
-                Some(t) => {
-                    return Err(Error::Invalid(format!(
-                        "--input `{}`: the parameter is a {} scalar, found an array of shape {:?}",
-                        v.name,
-                        d.name(),
-                        t.shape()
-                    )));
-                }
-                None if *d == DType::Bool => (rng.next_u64() % 2) as f64,
-                None if d.is_float() => (rng.next_u64() % 2_000_001) as f64 / 1_000_000.0 - 1.0,
-                None => 1.0,
-            };
-            args.push(Value::Prim(if d.is_float() {
-                fusebox_core::runtime::Prim::Float(x)
-            } else {
-                fusebox_core::runtime::Prim::Int(x as i64)
-            }));
-            continue;
-        }
-        if let Some(t) = given.remove(&v.name) {
-            args.push(Value::Tensor(t));
-            continue;
-        }
-        let tt = v.ty.as_tensor().ok_or_else(|| {
-            Error::Invalid(format!("parameter `{}` is not a tensor: give it", v.name))
-        })?;
-        let dims = tt.dims.as_ref().ok_or_else(|| {
-            Error::Invalid(format!(
-                "parameter `{}` has an unknown shape: give it with --input",
-                v.name
-            ))
-        })?;
-        let shape = dims
-            .iter()
-            .map(|d| {
-                d.eval(&|s: &Sym| Some(syms.get(s).copied().unwrap_or(1)))
-                    .and_then(|x| usize::try_from(x).ok())
-                    .ok_or_else(|| {
-                        Error::Invalid(format!("parameter `{}`: cannot size dim {d}", v.name))
-                    })
-            })
-            .collect::<Result<Vec<usize>, Error>>()?;
-        let dtype = tt.dtype.unwrap_or(DType::F32);
-        // The input and its f32 staging buffer both go through the memory limit.
-        let what = format!("input `{}`", v.name);
-        fusebox_core::runtime::check_alloc(&what, dtype, &shape)?;
-        let n = fusebox_core::runtime::shape_numel(&shape).unwrap_or(usize::MAX);
-        let mut data: Vec<f32> =
-            fusebox_core::runtime::memory::try_vec(&what, DType::F32, &shape, n)?;
-        data.extend((0..n).map(|_| {
-            if dtype.is_float() {
-                (rng.next_u64() % 2_000_001) as f32 / 1_000_000.0 - 1.0
-            } else {
-                (rng.next_u64() % 2) as f32
-            }
-        }));
-        args.push(Value::Tensor(Tensor::new(
-            shape,
-            Storage::from_f32(dtype, data),
-        )?));
-    }
-    Ok(args)
+    runner::main_args(m, given, Some(seed), "--input")
 }
 
 fn write_npy_to(buf: &mut Vec<u8>, shape: &[u64], s: &Storage) -> std::io::Result<()> {

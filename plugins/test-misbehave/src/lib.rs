@@ -1,7 +1,8 @@
 //! A test plugin that misbehaves on request: backend `misbehave`, one pattern
 //! `misbehave.relu`, and `mode` in its options selects the fault: `claim_panic`,
 //! `claim_error`, `compile_panic`, `compile_error`, `run_error`, `run_panic`, `create_error`,
-//! or `ok` (claims `misbehave.*` composites and runs relu).
+//! `wrong_result` (runs relu(x) + 1: a wrong answer that only `--check` catches), or `ok`
+//! (claims `misbehave.*` composites and runs relu).
 //!
 //! A fault of the table itself cannot wait for the options (the host checks the table when it
 //! loads the library, before any `create`): with the environment variable
@@ -33,9 +34,14 @@ impl PluginArtifact for Relu {
         }
         let t = args.first().ok_or("no argument")?;
         let d = t.as_f32().ok_or("not f32")?;
+        let off = if self.mode == "wrong_result" {
+            1.0
+        } else {
+            0.0
+        };
         Ok(OwnedTensor {
             shape: t.shape.clone(),
-            data: d.iter().map(|v| v.max(0.0)).collect(),
+            data: d.iter().map(|v| v.max(0.0) + off).collect(),
         })
     }
 }
