@@ -588,10 +588,16 @@ fn depthwise_planes(
                 let w = &ws[ch * taps..(ch + 1) * taps];
                 let pw = deal_plane(x, g, pad);
                 let p = &pad.buf;
-                match block_shape(g.ow).0 {
-                    1 => depthwise_rows::<S, 1, 8, 16>(simd, p, pw, w, g, dst),
-                    2 => depthwise_rows::<S, 2, 4, 24>(simd, p, pw, w, g, dst),
-                    _ => depthwise_rows::<S, 4, 2, 40>(simd, p, pw, w, g, dst),
+                // The blocks and the padding are sized for vectors of at most 8 lanes (AVX2);
+                // a wider instruction set would take the one-lane path (the same bits).
+                match (S::F32_LANES <= 8, block_shape(g.ow).0) {
+                    (true, 1) => depthwise_rows::<S, 1, 8, 16>(simd, p, pw, w, g, dst),
+                    (true, 2) => depthwise_rows::<S, 2, 4, 24>(simd, p, pw, w, g, dst),
+                    (true, _) => depthwise_rows::<S, 4, 2, 40>(simd, p, pw, w, g, dst),
+                    (false, _) => {
+                        let one = pulp::Scalar::new();
+                        depthwise_rows::<pulp::Scalar, 4, 2, 40>(one, p, pw, w, g, dst);
+                    }
                 }
                 // The epilogue over the whole plane while it is in cache (an NCHW plane is
                 // contiguous, so `at` runs on with it).
@@ -638,8 +644,11 @@ fn deal_plane(x: &[f32], g: &Geom, pad: &mut Padded) -> usize {
         pad.buf.resize(len, 0.0);
         pad.key = key;
     }
-    // Image columns that land inside the padded extent.
+    // Image columns that land inside the padded extent (none: the plane is all padding).
     let cols = g.w.min(wp.saturating_sub(g.pl));
+    if cols == 0 {
+        return pw;
+    }
     for y in 0..g.h.min(hp.saturating_sub(g.pt)) {
         let py = y + g.pt;
         let src = &x[y * g.w..y * g.w + cols];
@@ -904,7 +913,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_groups() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
-        let cases: [Case; 21] = [
+        let cases: [Case; 23] = [
             // n, c, h, w, o, k, stride, pad, dilation, groups
             (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
             (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
@@ -934,6 +943,9 @@ mod tests {
             (1, 2, 30, 33, 2, 3, 2, 2, 1, 2),
             (1, 2, 20, 19, 2, 3, 2, 0, 1, 2),
             (1, 3, 13, 12, 3, 3, 1, 1, 1, 3),
+            // An empty input plane: every output reads only the padding.
+            (1, 2, 3, 0, 2, 1, 1, 1, 1, 2),
+            (1, 2, 3, 0, 2, 1, 2, 1, 1, 2),
         ];
         for (n, c, h, w, o, k, s, p, d, gr) in cases {
             let xs: Vec<f32> = (0..n * c * h * w)
