@@ -790,6 +790,13 @@ pub(crate) fn run(
     input: &dyn Fn(Leaf) -> crate::Result<Value>,
 ) -> crate::Result<Option<Value>> {
     let get = |l: Leaf| -> crate::Result<Option<Tensor>> { Ok(f32_tensor(&input(l)?).cloned()) };
+    // An optional input: `None` when it is given but does not fit, `Some(None)` when absent.
+    let opt = |l: &Option<Leaf>| -> crate::Result<Option<Option<Tensor>>> {
+        match l {
+            Some(l) => Ok(get(*l)?.map(Some)),
+            None => Ok(Some(None)),
+        }
+    };
     let kernel = |op: &'static str| move |message: String| crate::Error::Kernel { op, message };
     Ok(match plan {
         Plan::Attention {
@@ -844,12 +851,8 @@ pub(crate) fn run(
         }
         Plan::RmsNorm { x, weight, eps } => {
             let Some(x) = get(*x)? else { return Ok(None) };
-            let w = match weight {
-                Some(w) => match get(*w)? {
-                    Some(t) => Some(t),
-                    None => return Ok(None),
-                },
-                None => None,
+            let Some(w) = opt(weight)? else {
+                return Ok(None);
             };
             crate::norm::rms_norm(&x, w.as_ref(), *eps)
                 .map_err(kernel("cpu.rms_norm"))?
@@ -865,12 +868,8 @@ pub(crate) fn run(
             let (Some(x), Some(w)) = (get(*x)?, get(*w)?) else {
                 return Ok(None);
             };
-            let b = match bias {
-                Some(b) => match get(*b)? {
-                    Some(t) => Some(t),
-                    None => return Ok(None),
-                },
-                None => None,
+            let Some(b) = opt(bias)? else {
+                return Ok(None);
             };
             crate::dense::dense(&x, &w, b.as_ref(), *act)
                 .map_err(kernel("cpu.dense"))?
@@ -884,16 +883,9 @@ pub(crate) fn run(
             beta,
         } => {
             let Some(x) = get(*x)? else { return Ok(None) };
-            let mut params = [None, None];
-            for (slot, leaf) in params.iter_mut().zip([gamma, beta]) {
-                if let Some(l) = leaf {
-                    match get(*l)? {
-                        Some(t) => *slot = Some(t),
-                        None => return Ok(None),
-                    }
-                }
-            }
-            let [g, b] = params;
+            let (Some(g), Some(b)) = (opt(gamma)?, opt(beta)?) else {
+                return Ok(None);
+            };
             crate::norm::layer_norm_decomposed(&x, *exp, *eps, g.as_ref(), b.as_ref())
                 .map_err(kernel("cpu.layer_norm_decomposed"))?
                 .map(Value::Tensor)

@@ -113,18 +113,8 @@ pub(crate) fn dense(
     if xs.len() < 2 || kx != k {
         return Ok(None);
     }
-    let bd = match bias {
-        Some(b) => {
-            let sh = b.shape();
-            let per_column = sh.last() == Some(&n)
-                && sh[..sh.len() - 1].iter().all(|&d| d == 1)
-                && sh.len() <= xs.len();
-            match (per_column, b.as_f32()) {
-                (true, Some(d)) => Some(d),
-                _ => return Ok(None),
-            }
-        }
-        None => None,
+    let Some(bd) = crate::norm::per_column(bias, n, xs.len()) else {
+        return Ok(None);
     };
     let m: usize = xs[..xs.len() - 1].iter().product();
     let len = m.checked_mul(n).ok_or("the output's size overflows")?;

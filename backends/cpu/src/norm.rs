@@ -188,8 +188,9 @@ pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult
 }
 
 /// A per-column parameter of `w` values (shape `[w]`, or `[1, ..., 1, w]` of rank at most
-/// `rank`): its data.
-fn per_column(t: Option<&Tensor>, w: usize, rank: usize) -> Option<Option<&[f32]>> {
+/// `rank`, `float32`): `Some(None)` when absent, `Some(Some(data))` when it fits, `None` when
+/// it does not (a LayerNorm's gamma and beta, a dense layer's bias).
+pub(crate) fn per_column(t: Option<&Tensor>, w: usize, rank: usize) -> Option<Option<&[f32]>> {
     let Some(t) = t else { return Some(None) };
     let sh = t.shape();
     let ok =

@@ -989,26 +989,19 @@ fn encode<'f, S: TokSink<'f>>(
                 out.1.push(Tok::Param(k));
             }
         }
-        ExprKind::Const(c) if !bind_constants => {
+        // A lifted leaf (see [`is_lifted`]): a constant compares by value, a constant without a
+        // value by identity, a symbolic shape literal by its type (its symbols are then bound
+        // by the function's signature, so two call sites with different symbols can share it).
+        kind if is_lifted(kind, bind_constants) => {
             out.0.push(ParamSrc::Const(e));
-            out.1.push(Tok::Const(c));
+            out.1.push(match kind {
+                ExprKind::Const(c) => Tok::Const(c),
+                ExprKind::ShapeLit(_) => Tok::ParamTy(&d.ty),
+                k => Tok::Lit(k),
+            });
             out.1.push(Tok::Param(out.0.len() - 1));
         }
         ExprKind::Const(c) => out.1.push(Tok::Const(c)),
-        // A shape literal with symbolic dims is a parameter: its symbols are then bound by the
-        // function's signature, not free in its body (two call sites with different symbols
-        // must not share one function).
-        ExprKind::ShapeLit(dims) if !all_static(dims) => {
-            out.0.push(ParamSrc::Const(e));
-            out.1.push(Tok::ParamTy(&d.ty));
-            out.1.push(Tok::Param(out.0.len() - 1));
-        }
-        // A constant without a value is lifted as a constant is; it compares by identity.
-        kind @ ExprKind::ConstRef(_) if !bind_constants => {
-            out.0.push(ParamSrc::Const(e));
-            out.1.push(Tok::Lit(kind));
-            out.1.push(Tok::Param(out.0.len() - 1));
-        }
         other => out.1.push(Tok::Lit(other)),
     }
 }
@@ -1171,26 +1164,9 @@ fn outline<'f>(
                     })?;
                     args.push(outer);
                 }
-                ExprKind::Const(c) if !opts.bind_constants => {
-                    let p = cf.add_var(format!("param_{lifted}"), c.ty(), false);
-                    lifted += 1;
-                    cf.params.push(p);
-                    leaf_map.insert(leaf, cf.var_expr(p));
-                    let outer = caller.add_expr(ExprKind::Const(c.clone()), c.ty());
-                    args.push(outer);
-                }
-                // A shape literal with symbolic dims: a parameter (see `encode`).
-                kind @ ExprKind::ShapeLit(dims) if !all_static(dims) => {
-                    let ty = f.expr(leaf).ty.clone();
-                    let p = cf.add_var(format!("param_{lifted}"), ty.clone(), false);
-                    lifted += 1;
-                    cf.params.push(p);
-                    leaf_map.insert(leaf, cf.var_expr(p));
-                    let outer = caller.add_expr(kind.clone(), ty);
-                    args.push(outer);
-                }
-                // Typed as the parser typed it: from its binding's annotation or its use.
-                kind @ ExprKind::ConstRef(_) if !opts.bind_constants => {
+                // A lifted leaf (see [`is_lifted`]): a parameter `param_<k>` of the leaf's type
+                // (a valueless constant's as the parser typed it), the leaf itself the argument.
+                kind if is_lifted(kind, opts.bind_constants) => {
                     let ty = f.expr(leaf).ty.clone();
                     let p = cf.add_var(format!("param_{lifted}"), ty.clone(), false);
                     lifted += 1;
@@ -1300,6 +1276,16 @@ fn collect_leaves(f: &Function, e: ExprId, out: &mut Vec<ExprId>) {
 /// Whether every dim is a known extent.
 fn all_static(dims: &[crate::ir::Dim]) -> bool {
     dims.iter().all(|d| d.as_static().is_some())
+}
+
+/// Whether a leaf of a group becomes a parameter of the outlined function: constants (with or
+/// without values) unless `bind_constants`, and shape literals with symbolic dims always.
+fn is_lifted(kind: &ExprKind, bind_constants: bool) -> bool {
+    match kind {
+        ExprKind::Const(_) | ExprKind::ConstRef(_) => !bind_constants,
+        ExprKind::ShapeLit(dims) => !all_static(dims),
+        _ => false,
+    }
 }
 
 /// The literal a var is bound to (through aliases) when it is a shape without symbols or a prim
