@@ -586,17 +586,30 @@ fn depthwise_planes(
                 let ch = plane % g.o;
                 let x = &xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
                 let w = &ws[ch * taps..(ch + 1) * taps];
-                let pw = deal_plane(x, g, pad);
+                // 16-lane vectors (AVX-512) where a row fills more than half of one; else
+                // 8-lane ones (AVX2, also on an AVX-512 CPU: a 7-wide row would waste over
+                // half of each 16-lane vector); one lane where neither is there. Every path
+                // adds the same taps in the same order with one FMA each: the same bits.
+                let want = forced_lanes().unwrap_or(S::F32_LANES);
+                let lanes = match (want, S::F32_LANES) {
+                    (16, 16) if g.ow > 8 => 16,
+                    (w, l) if w >= 8 && l >= 8 => 8,
+                    _ => 1,
+                };
+                let pw = deal_plane(x, g, pad, lanes.max(8));
                 let p = &pad.buf;
-                // The blocks and the padding are sized for vectors of at most 8 lanes (AVX2);
-                // a wider instruction set would take the one-lane path (the same bits).
-                match (S::F32_LANES <= 8, block_shape(g.ow).0) {
-                    (true, 1) => depthwise_rows::<S, 1, 8, 16>(simd, p, pw, w, g, dst),
-                    (true, 2) => depthwise_rows::<S, 2, 4, 24>(simd, p, pw, w, g, dst),
-                    (true, _) => depthwise_rows::<S, 4, 2, 40>(simd, p, pw, w, g, dst),
-                    (false, _) => {
+                let v = block_shape(g.ow, lanes.max(8)).0;
+                match (lanes, S::F32_LANES, v) {
+                    (16, _, 1) => depthwise_rows::<S, 1, 8, 24>(simd, p, pw, w, g, dst),
+                    (16, _, 2) => depthwise_rows::<S, 2, 4, 40>(simd, p, pw, w, g, dst),
+                    (16, _, _) => depthwise_rows::<S, 4, 2, 72>(simd, p, pw, w, g, dst),
+                    (8, 8, 1) => depthwise_rows::<S, 1, 8, 16>(simd, p, pw, w, g, dst),
+                    (8, 8, 2) => depthwise_rows::<S, 2, 4, 24>(simd, p, pw, w, g, dst),
+                    (8, 8, _) => depthwise_rows::<S, 4, 2, 40>(simd, p, pw, w, g, dst),
+                    (8, _, _) if depthwise_avx2(v, p, pw, w, g, dst) => {}
+                    _ => {
                         let one = pulp::Scalar::new();
-                        depthwise_rows::<pulp::Scalar, 4, 2, 40>(one, p, pw, w, g, dst);
+                        depthwise_rows::<pulp::Scalar, 4, 2, 12>(one, p, pw, w, g, dst);
                     }
                 }
                 // The epilogue over the whole plane while it is in cache (an NCHW plane is
@@ -608,13 +621,51 @@ fn depthwise_planes(
     crate::simd::dispatch(Op(xs, ws, g, steps, first, chunk, pad));
 }
 
-/// The output block of [`depthwise_rows`] for output rows `ow` wide: `(vectors, rows)` of 8
-/// lanes (AVX2), 8 accumulators in all (8 independent FMA chains) with little waste past the
-/// row's end.
-fn block_shape(ow: usize) -> (usize, usize) {
-    match ow {
-        0..=8 => (1, 8),
-        9..=16 => (2, 4),
+/// [`depthwise_rows`] with 8-lane vectors (AVX2) from inside a wider instruction set (an
+/// AVX-512 CPU has AVX2): `false` where there is no AVX2.
+#[inline(always)]
+fn depthwise_avx2(v: usize, p: &[f32], pw: usize, w: &[f32], g: &Geom, dst: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v3) = pulp::x86::V3::try_new() {
+        use pulp::x86::V3;
+        match v {
+            1 => depthwise_rows::<V3, 1, 8, 16>(v3, p, pw, w, g, dst),
+            2 => depthwise_rows::<V3, 2, 4, 24>(v3, p, pw, w, g, dst),
+            _ => depthwise_rows::<V3, 4, 2, 40>(v3, p, pw, w, g, dst),
+        }
+        return true;
+    }
+    let _ = (v, p, pw, w, g, dst);
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The lane count the depthwise tests ask for (0: the widest), so that each path runs
+    /// on a CPU that has a wider one (the kernel reads it on the calling thread).
+    static FORCE_LANES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The lane count a test forces on [`depthwise_planes`] (`None`: the CPU's widest).
+#[inline(always)]
+fn forced_lanes() -> Option<usize> {
+    #[cfg(test)]
+    {
+        Some(FORCE_LANES.with(std::cell::Cell::get)).filter(|&l| l > 0)
+    }
+    #[cfg(not(test))]
+    {
+        None
+    }
+}
+
+/// The output block of [`depthwise_rows`] for output rows `ow` wide and vectors of `lanes`
+/// lanes: `(vectors, rows)`, 8 accumulators in all (8 independent FMA chains) with little
+/// waste past the row's end.
+fn block_shape(ow: usize, lanes: usize) -> (usize, usize) {
+    match ow.div_ceil(lanes.max(1)) {
+        0..=1 => (1, 8),
+        2 => (2, 4),
         _ => (4, 2),
     }
 }
@@ -626,17 +677,17 @@ const SLACK: usize = 16;
 /// Lays input plane `x` out in `pad`, zero-padded, its columns dealt into `stride` phases
 /// (padded column `c` to phase `c % sw`, slot `c / sw`), and returns the slots per phase row.
 #[inline(always)]
-fn deal_plane(x: &[f32], g: &Geom, pad: &mut Padded) -> usize {
+fn deal_plane(x: &[f32], g: &Geom, pad: &mut Padded, lanes: usize) -> usize {
     // The padded plane's extent: what the windows reach. Phase rows have room for the last
     // block of outputs read whole (the slots past the plane stay zero).
     let hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1;
     let wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
     let s = g.sw.max(1);
     // Room for whole blocks of output rows and columns (the slots past the plane stay zero).
-    let (v, r) = block_shape(g.ow);
+    let (v, r) = block_shape(g.ow, lanes);
     let rows = (g.oh.next_multiple_of(r) - 1) * g.sh + (g.kh - 1) * g.dh + 1;
     let reach = (g.kw - 1) * g.dw / s;
-    let pw = wp.div_ceil(s).max(g.ow.next_multiple_of(8 * v) + reach);
+    let pw = wp.div_ceil(s).max(g.ow.next_multiple_of(lanes * v) + reach);
     let len = rows * s * pw + SLACK;
     let key = [hp, wp, s, pw, g.h, g.w, g.pt, g.pl];
     if pad.key != key || pad.buf.len() != len {
@@ -969,14 +1020,22 @@ mod tests {
                 out_layout: "NCHW".into(),
                 out_dtype: None,
             };
-            let got = conv2d(&x, &wt, &a).unwrap_or_else(|e| panic!("{e}"));
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
-            // Small integers: every sum is exact, whatever the order.
-            assert_eq!(
-                got.as_f32(),
-                Some(&naive(&xs, &ws, &g)[..]),
-                "case {n} {c} {h} {w} {o} {k} {s} {p} {d} {gr}"
-            );
+            let want = naive(&xs, &ws, &g);
+            // The depthwise kernel's paths: the CPU's widest vectors, then 16, 8 and 1 lanes
+            // where the CPU has them (one thread: the kernel reads the choice on this one).
+            for lanes in [0, 16, 8, 1] {
+                FORCE_LANES.with(|f| f.set(lanes));
+                let got = crate::par::with_threads(1, || conv2d(&x, &wt, &a));
+                FORCE_LANES.with(|f| f.set(0));
+                let got = got.unwrap_or_else(|e| panic!("{e}"));
+                // Small integers: every sum is exact, whatever the order.
+                assert_eq!(
+                    got.as_f32(),
+                    Some(&want[..]),
+                    "case {n} {c} {h} {w} {o} {k} {s} {p} {d} {gr}, {lanes} lanes"
+                );
+            }
         }
     }
 

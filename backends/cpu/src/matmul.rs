@@ -421,8 +421,14 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResul
                     &ys
                 }
             };
-            let mut c = vec![0.0f32; nb * mc];
             let threads = crate::par::threads();
+            // Every element is written by the GEMM (or GEMV) below, so a kept buffer's old
+            // contents never show; with `k == 0` the product is all zeros.
+            let mut c = if k == 0 {
+                vec![0.0f32; nb * mc]
+            } else {
+                crate::par::scratch_f32(nb * mc, threads)
+            };
             for i in 0..nb {
                 let (pa, pb) = (oa[i] * ma, ob[i] * mb);
                 gemm_f32(

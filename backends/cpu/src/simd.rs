@@ -3,7 +3,7 @@
 //! The crate is compiled for the baseline target (`x86-64`: SSE2), so the compiler vectorises
 //! plain loops two `f64` or four `f32` lanes wide. [`dispatch`] runs an op (a
 //! `pulp::WithSimd`) inside a function compiled with the widest instruction set the running
-//! CPU has (through `pulp`: AVX2 + FMA on x86-64 where present), so the loops inlined into it
+//! CPU has (through `pulp`: AVX-512, else AVX2 + FMA, on x86-64 where present), so the loops inlined into it
 //! are vectorised for that set; elsewhere it just runs the op.
 //!
 //! Contract: the result is the same bit for bit whatever the instruction set. Rust never
@@ -13,7 +13,7 @@
 //! stay in source order: the compiler does not reassociate floating-point sums.
 //!
 //! ```text
-//! y = R.nn.relu(R.add(x, b))   # the CPU kernel's loop runs 8 f32 lanes wide on AVX2
+//! y = R.nn.relu(R.add(x, b))   # the CPU kernel's loop runs 16 f32 lanes wide on AVX-512
 //! ```
 
 use std::sync::LazyLock;
