@@ -36,8 +36,9 @@
 //! - `--timings`: `time import|partition|compile|run <ms> ms` on stderr (run = median of
 //!   `--repeat N` runs after one warm-up, device outputs downloaded inside it; compile is 0:
 //!   the backends compile during partition).
-//! - `--profile`: per-function and per-op totals (calls, ms, share of the run) of the last
-//!   timed run on stderr, functions first with their backend, pattern and ops.
+//! - `--profile`: per-function and per-op totals (calls, ms, share of the run) of the median
+//!   timed run (the one `time run` reports) on stderr, functions first with their backend,
+//!   pattern and ops.
 //!
 //! ```text
 //! $ fusebox run model.onnx --check --timings
@@ -100,17 +101,19 @@ fn run_prepared(
     let (mut out, _) = prepared
         .execute(&ex, args.clone(), false)
         .map_err(runner::into_core)?;
-    let mut times = Vec::new();
-    let mut profile = Vec::new();
+    // Each run's time with its profile: the profile shown is the median run's, so one slow
+    // run (the machine busy elsewhere) does not skew it.
+    let mut runs = Vec::new();
     for _ in 0..a.repeat.max(1) {
         let t = Instant::now();
+        let profile;
         (out, profile) = prepared
             .execute(&ex, args.clone(), a.profile)
             .map_err(runner::into_core)?;
-        times.push(ms(t));
+        runs.push((ms(t), profile));
     }
-    times.sort_by(f64::total_cmp);
-    let run_ms = times[times.len() / 2];
+    runs.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let (run_ms, profile) = runs.swap_remove(runs.len() / 2);
     finish(
         a,
         names,
@@ -150,7 +153,7 @@ fn finish(
 }
 
 /// The `--profile` lines on stderr (nothing when not profiling: the list is empty): the calls
-/// of the last timed run, with shares of the median run time `run_ms`; first the module functions and the executor's fused chains,
+/// of the median timed run, with shares of its time `run_ms`; first the module functions and the executor's fused chains,
 /// then the ops (counted inside functions too), each group by time, largest first. A line is
 /// `profile <name> calls <n> <ms> ms <share>% of run` and then what it is: a function's
 /// backend, pattern (`Composite`) and ops in binding order, `chain` for a fused conv chain
@@ -194,7 +197,7 @@ fn print_profile(profile: &[CallProfile], module: &Module, claims: &[ClaimReport
             .then(a.1.name.cmp(&b.1.name))
     });
     errln!(
-        "profile: the calls of the last timed run, as shares of the median run ({run_ms:.3} ms); \
+        "profile: the calls of the median timed run ({run_ms:.3} ms), as shares of it; \
          functions include the ops they call"
     );
     for (_, p, what) in rows {

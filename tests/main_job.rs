@@ -121,6 +121,37 @@ fn profile_works_with_a_config() {
 }
 
 #[test]
+fn the_profile_is_the_median_runs() {
+    let dir = out_dir("profile-median");
+    let (ok, _, err) = fusebox(
+        &[
+            "run",
+            "examples/small_cnn.relax",
+            "--profile",
+            "--timings",
+            "--repeat",
+            "5",
+            "--output-dir",
+            &dir,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let run = err
+        .lines()
+        .find_map(|l| l.strip_prefix("time run "))
+        .and_then(|l| l.strip_suffix(" ms"));
+    let profiled = err
+        .lines()
+        .find_map(|l| l.strip_prefix("profile: the calls of the median timed run ("))
+        .and_then(|l| l.split_once(" ms)"))
+        .map(|(ms, _)| ms);
+    assert!(run.is_some(), "{err}");
+    assert_eq!(profiled, run, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn thread_settings_are_validated_and_do_not_change_results() {
     let dir = out_dir("threads");
     let run = |threads: &str| {
