@@ -24,7 +24,8 @@
 //!     R.output(b)
 //! ```
 
-use super::fuse_ops_by_pattern::{DedupIndex, Naming, PartitionOptions, is_entry, rewrite};
+use super::fuse_ops_by_pattern::{PartitionOptions, is_entry};
+use super::outline::{DedupIndex, Naming, rewrite};
 use crate::error::Result;
 use crate::ir::{Callee, EntityId, ExprKind, FuncAttrs, Function, Module, VarId};
 use crate::pattern::matcher::{FunctionView, operand_vars};

@@ -92,7 +92,8 @@
 //! generation-stamped visited marks (no clearing). Outlining reuses FuseOpsByPattern's rewrite,
 //! which is linear in the function. The benchmark (`fusebox bench fuse-ops`) checks linearity.
 
-use super::fuse_ops_by_pattern::{DedupIndex, Naming, PartitionOptions, commit, is_entry, rewrite};
+use super::fuse_ops_by_pattern::{PartitionOptions, commit, is_entry};
+use super::outline::{DedupIndex, Naming, rewrite};
 use crate::error::{Error, Result};
 use crate::ir::{
     AttrValue, Callee, EntityId, ExprId, ExprKind, FuncAttrs, Function, Module, Type, VarId,

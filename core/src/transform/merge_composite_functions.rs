@@ -25,9 +25,8 @@
 //! gv = cls.fused_relax_nn_conv2d_relax_nn_relu_A(x, w)   ; Codegen "A", two local functions
 //! ```
 
-use super::fuse_ops_by_pattern::{
-    DedupIndex, Naming, PartitionOptions, codegen_of, is_entry, rewrite, unique_name,
-};
+use super::fuse_ops_by_pattern::{PartitionOptions, codegen_of, is_entry};
+use super::outline::{DedupIndex, Naming, rewrite, unique_name};
 use crate::error::{Error, Result};
 use crate::ir::copy::copy_expr;
 use crate::ir::{

@@ -1,5 +1,6 @@
 //! Passes over modules, one per file. Each file opens with its contract and an example.
 
+pub mod annotate_codegen;
 pub mod bind_params;
 pub mod dead_code_elimination;
 pub mod eliminate_common_subexpr;
@@ -8,6 +9,7 @@ pub mod fold_constant;
 pub mod fuse_ops;
 pub mod fuse_ops_by_pattern;
 pub mod merge_composite_functions;
+mod outline;
 pub mod pass;
 pub mod regions;
 pub mod remove_export_noise;
@@ -16,6 +18,7 @@ pub mod simplify;
 mod substitute;
 pub mod unflatten_matmul;
 
+pub use annotate_codegen::annotate_codegen;
 pub use bind_params::bind_params;
 pub use dead_code_elimination::dead_code_elimination;
 pub use eliminate_common_subexpr::eliminate_common_subexpr;
@@ -23,8 +26,7 @@ pub use fold_batch_norm::fold_batch_norm;
 pub use fold_constant::{Evaluator, fold_constant};
 pub use fuse_ops::fuse_ops;
 pub use fuse_ops_by_pattern::{
-    FusionPattern, PartitionOptions, Partitioned, Rejection, annotate_codegen, fuse_ops_by_pattern,
-    sort_by_priority,
+    FusionPattern, PartitionOptions, Partitioned, Rejection, fuse_ops_by_pattern, sort_by_priority,
 };
 pub use merge_composite_functions::merge_composite_functions;
 pub use pass::{Pass, Pipeline};

@@ -193,9 +193,7 @@ fn unflatten_in(f: &mut Function) -> bool {
         };
         // The biased form: `m' = matmul(x, w)` bound just before `y = add(m', b)`.
         let base = format!("{}_unflat", f.var(s.m).name);
-        let name = super::fuse_ops_by_pattern::unique_name(&base, &|n| {
-            f.vars.iter().any(|(_, v)| v.name == n)
-        });
+        let name = super::outline::unique_name(&base, &|n| f.vars.iter().any(|(_, v)| v.name == n));
         let dataflow = f.var(s.y).dataflow;
         let origin = f.var(s.m).origin.clone();
         let mv = f.add_var_from(name, ty.clone(), dataflow, origin);
