@@ -465,6 +465,11 @@ impl<'m> Interp<'m> {
         {
             return Ok(v);
         }
+        if f.attrs.is_primitive()
+            && let Some(v) = self.run_elem_group(name, f, &args)?
+        {
+            return Ok(v);
+        }
         let mut fr = Frame {
             values: vec![None; f.vars.len()],
             host: vec![None; f.vars.len()],
@@ -649,6 +654,132 @@ impl<'m> Interp<'m> {
         match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
             Error::Exec(format!(
                 "`{name}`: the fused kernel's result does not match the return type: {m}"
+            ))
+        })?;
+        Ok(Some(out))
+    }
+
+    /// Runs a FuseOps function whose bindings are covered elementwise ops, or a `conv2d`
+    /// followed by such ops, as one elementwise program (`elem_program.rs`; after a `conv2d`,
+    /// the convolution's epilogue): `None` when the function has another form, when
+    /// `fuse.rs` fuses it whole already, or when the values do not allow it (the bindings are
+    /// then interpreted). The call hook declined this function already (its caller offered it
+    /// first), so nothing else runs it.
+    fn run_elem_group(&self, name: &str, f: &Function, args: &[Value]) -> Result<Option<Value>> {
+        let Some(group) = crate::elem_program::compile(f) else {
+            return Ok(None);
+        };
+        // A conv2d chain of `fuse.rs` that covers the whole function keeps running as it did.
+        let n = f.bindings().count();
+        if let Some(Some(chain)) = fuse::plan(self.module, f, &|_| false).first()
+            && matches!(chain.head, fuse::Head::Conv { .. })
+            && chain.links.len() + 1 == n
+        {
+            return Ok(None);
+        }
+        let leaf = |l: crate::elem_program::Leaf| -> Result<Option<Tensor>> {
+            let v = match l {
+                crate::elem_program::Leaf::Param(i) => args
+                    .get(i)
+                    .ok_or_else(|| Error::Exec(format!("`{name}`: no argument {i}")))?
+                    .clone()
+                    .to_host()?,
+                crate::elem_program::Leaf::Const(e) => match &f.expr(e).kind {
+                    ExprKind::Const(c) => Value::Tensor(self.exec.constant(c)?),
+                    _ => return Ok(None),
+                },
+            };
+            Ok(match v {
+                Value::Tensor(t) => Some(t),
+                _ => None,
+            })
+        };
+        let Some(leaves) = group
+            .prog
+            .leaves
+            .iter()
+            .map(|&l| leaf(l))
+            .collect::<Result<Option<Vec<Tensor>>>>()?
+        else {
+            return Ok(None);
+        };
+        let out = match &group.head {
+            None => {
+                let Some(bound) = crate::elem_program::bind(&group.prog, &leaves, None) else {
+                    return Ok(None);
+                };
+                fusebox_core::runtime::memory::check_alloc(
+                    bound.name(),
+                    DType::F32,
+                    bound.shape(),
+                )?;
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let y = bound.run().map_err(|message| Error::Kernel {
+                    op: "relax.elementwise",
+                    message,
+                })?;
+                self.record(bound.name(), t);
+                y
+            }
+            Some(head) => {
+                let (Some(x), Some(w)) = (leaf(head.data)?, leaf(head.weight)?) else {
+                    return Ok(None);
+                };
+                if !crate::conv::fusable(&x, &w, &head.attrs) {
+                    return Ok(None);
+                }
+                let Ok(shape) = crate::conv::out_shape(&x, &w, &head.attrs) else {
+                    return Ok(None);
+                };
+                let Some(bound) = crate::elem_program::bind(&group.prog, &leaves, Some(&shape))
+                else {
+                    return Ok(None);
+                };
+                fusebox_core::runtime::memory::check_op_result(
+                    &Op::Conv2d(Box::new(head.attrs.clone())),
+                    &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+                )?;
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let wino = self.exec.winograd_weights(&w, &head.attrs);
+                let kernel = |message| Error::Kernel {
+                    op: "relax.nn.conv2d",
+                    message,
+                };
+                // The epilogue runs per output row of one channel: on small planes, a call
+                // per row costs more than one in-place pass over the (cached) output.
+                let y = if shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW {
+                    let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
+                        Arc::new(bound),
+                    ));
+                    crate::conv::conv2d_fused(&x, &w, &head.attrs, &[step], wino.as_deref())
+                        .map_err(kernel)?
+                } else {
+                    let y = crate::conv::conv2d_fused(&x, &w, &head.attrs, &[], wino.as_deref())
+                        .map_err(kernel)?;
+                    let mut data = match y.try_into_storage() {
+                        Ok(fusebox_core::runtime::Storage::F32(v)) => v,
+                        _ => {
+                            return Err(kernel("the convolution's output is shared".to_string()));
+                        }
+                    };
+                    bound.apply_all(&mut data);
+                    Tensor::new(shape.to_vec(), fusebox_core::runtime::Storage::F32(data))?
+                };
+                self.record(&group.prog.name, t);
+                y
+            }
+        };
+        let out = Value::Tensor(out);
+        let mut syms = BTreeMap::new();
+        for bind in [true, false] {
+            for (&p, a) in f.params.iter().zip(args) {
+                match_type(&f.var(p).ty, a, &mut syms, bind)
+                    .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
+            }
+        }
+        match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
+            Error::Exec(format!(
+                "`{name}`: the fused elementwise kernel's result does not match the return type: {m}"
             ))
         })?;
         Ok(Some(out))

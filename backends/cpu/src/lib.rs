@@ -51,6 +51,7 @@ mod conv_transpose;
 mod dense;
 mod einsum;
 mod elem;
+mod elem_program;
 mod elementwise;
 pub mod exec;
 mod fuse;
