@@ -27,7 +27,10 @@
 //!   / `f32::min`, operand order kept for NaN payloads; the `f64` ops of `elem.rs` through the
 //!   same `f64` functions, rounded once), and every element is computed by the same
 //!   instructions whichever block, chunk or thread it falls in. So the result is bit for bit
-//!   what the bindings give one by one, for every thread count.
+//!   what the bindings give one by one, for every thread count; a NaN result is NaN there
+//!   too, but its sign and payload are not pinned: Rust leaves them unspecified (LLVM may
+//!   commute `a * b`, and with two NaN operands x86 returns the first's), and the reference
+//!   kernels themselves differ there between their own vectorised and scalar paths.
 //! - [`bind`] returns `None` (the executor then runs the bindings one by one, the reference
 //!   path) unless every input is a `float32` tensor, every operand's shape broadcasts, every
 //!   intermediate's shape broadcasts to the result's without changing it (so computing each
