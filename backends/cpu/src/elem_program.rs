@@ -460,21 +460,17 @@ fn access(s: &[usize], out: &[usize], data: &[f32]) -> Option<Access> {
     (dims.len() <= MAX_DIMS).then_some(Access::Strided(dims))
 }
 
-/// Binds `group`'s program to run-time inputs (`leaves[i]` for [`Program::leaves`]`[i]`) and,
-/// after a head, the head's output shape; `None` when the values do not allow the one-pass
-/// run (see the module doc).
-pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) -> Option<Bound> {
-    if leaves.len() != prog.leaves.len() || leaves.iter().any(|t| t.as_f32().is_none()) {
-        return None;
-    }
-    // Shapes: of every register-producing instruction in order, by virtual index.
-    let mut shapes: Vec<Vec<usize>> = Vec::with_capacity(prog.insts.len());
+/// The result's shape of `prog` on inputs of `leaves` shapes (and a head's output of shape
+/// `head`), when every operand broadcasts and every value (inputs, intermediates, the head's
+/// output) broadcasts to the result without changing it; `None` otherwise.
+fn result_shape(prog: &Program, leaves: &[&[usize]], head: Option<&[usize]>) -> Option<Vec<usize>> {
     // Physical registers are reused, so track the shape each currently holds.
     let mut regs: Vec<Vec<usize>> = vec![Vec::new(); prog.nregs];
+    let mut shapes: Vec<Vec<usize>> = Vec::with_capacity(prog.insts.len());
     let shape_of = |s: Src, regs: &[Vec<usize>]| -> Option<Vec<usize>> {
         match s {
             Src::Reg(r) => regs.get(r).cloned(),
-            Src::In(i) => leaves.get(i).map(|t| t.shape().to_vec()),
+            Src::In(i) => leaves.get(i).map(|s| s.to_vec()),
             Src::Head => head.map(<[usize]>::to_vec),
         }
     };
@@ -491,12 +487,21 @@ pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) ->
     }
     let out = shapes.last()?.clone();
     let fits = |s: &[usize]| broadcast_shapes(s, &out).is_ok_and(|b| b == out);
-    if !shapes.iter().all(|s| fits(s)) || !leaves.iter().all(|t| fits(t.shape())) {
+    let all =
+        shapes.iter().all(|s| fits(s)) && leaves.iter().all(|s| fits(s)) && head.is_none_or(fits);
+    all.then_some(out)
+}
+
+/// Binds a program to run-time inputs (`leaves[i]` for [`Program::leaves`]`[i]`) and, after a
+/// head, the head's output shape, which the result must have (the epilogue overwrites the
+/// head's output); `None` when the values do not allow the one-pass run (see the module doc).
+pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) -> Option<Bound> {
+    if leaves.len() != prog.leaves.len() || leaves.iter().any(|t| t.as_f32().is_none()) {
         return None;
     }
-    if let Some(h) = head
-        && h != out.as_slice()
-    {
+    let shapes: Vec<&[usize]> = leaves.iter().map(Tensor::shape).collect();
+    let out = result_shape(prog, &shapes, head)?;
+    if head.is_some_and(|h| h != out.as_slice()) {
         return None;
     }
     let inputs = leaves
@@ -508,6 +513,41 @@ pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) ->
         inputs,
         shape: out,
     })
+}
+
+/// Whether a program whose result is larger than its head's output (shape `head`: a
+/// squeeze-and-excite block's `conv2d` on pooled values, then `multiply` by the feature map)
+/// can run after the head on these inputs, the head's output read as one more input
+/// ([`bind_after`]).
+pub(crate) fn fits_after(prog: &Program, leaves: &[Tensor], head: &[usize]) -> bool {
+    let shapes: Vec<&[usize]> = leaves.iter().map(Tensor::shape).collect();
+    leaves.len() == prog.leaves.len()
+        && leaves.iter().all(|t| t.as_f32().is_some())
+        && result_shape(prog, &shapes, Some(head)).is_some()
+}
+
+/// Binds a program to its inputs and its head's output `head` (computed already), read as one
+/// more input broadcast to the result: the program then runs as its own pass ([`Bound::run`]).
+pub(crate) fn bind_after(prog: &Program, leaves: &[Tensor], head: Tensor) -> Option<Bound> {
+    let n = leaves.len();
+    let mut p = prog.clone();
+    let map = |s: &mut Src| {
+        if *s == Src::Head {
+            *s = Src::In(n);
+        }
+    };
+    for inst in &mut p.insts {
+        map(&mut inst.a);
+        if let Some(b) = &mut inst.b {
+            map(b);
+        }
+    }
+    let mut all = leaves.to_vec();
+    all.push(head);
+    // A placeholder: the executor reads `Program::leaves` of the compiled program, not of
+    // this one, which only `bind` sees (it counts them).
+    p.leaves.push(Leaf::Param(usize::MAX));
+    bind(&p, &all, None)
 }
 
 /// A block operand: a slice of the block's length, or one value for all of it.
@@ -583,10 +623,7 @@ fn gather(dims: &[(usize, usize)], data: &[f32], at: usize, buf: &mut [f32]) -> 
         rem /= e;
     }
     let offset = |idx: &[usize; MAX_DIMS]| -> usize {
-        dims.iter()
-            .enumerate()
-            .map(|(j, &(_, s))| idx[j] * s)
-            .sum()
+        dims.iter().enumerate().map(|(j, &(_, s))| idx[j] * s).sum()
     };
     let inner = dims.len() - 1;
     if is == 0 && idx[inner] + buf.len() <= ie {
@@ -815,10 +852,9 @@ impl<'a> Operands<'a> {
             Src::Head => Opnd::S(&self.head[..len]),
             Src::In(i) => match &self.b.inputs[i] {
                 (_, Access::Scalar(v)) => Opnd::C(*v),
-                (t, Access::Full) => Opnd::S(
-                    t.as_f32()
-                        .map_or(&[][..], |d| &d[self.at..self.at + len]),
-                ),
+                (t, Access::Full) => {
+                    Opnd::S(t.as_f32().map_or(&[][..], |d| &d[self.at..self.at + len]))
+                }
                 (_, Access::Strided(_)) => match self.consts[i] {
                     Some(v) => Opnd::C(v),
                     None => Opnd::S(&self.bufs[i][..len]),

@@ -171,9 +171,8 @@ fn profile(src: &str, args: Vec<Value>) -> Vec<String> {
 /// result has the reference's bits and that the fused runs took the program (`kernel` in
 /// the profile, and none of the op-by-op kernels).
 fn check(src: &str, args: &[Value], kernel: &str) {
-    let parse = |s: &str| {
-        fusebox_core::text::parse_module_str(s).unwrap_or_else(|e| panic!("{e}\n{s}"))
-    };
+    let parse =
+        |s: &str| fusebox_core::text::parse_module_str(s).unwrap_or_else(|e| panic!("{e}\n{s}"));
     let (fused, reference) = (parse(src), parse(&plain(src)));
     let want = bits(&crate::run(&reference, "main", args.to_vec()).unwrap());
     for t in [1, 2, 3] {
@@ -228,18 +227,11 @@ fn every_op_gives_its_kernels_bits() {
         ];
         let src = module_src(&[shape.to_vec()], "float32", &body, &shape);
         let args = [Value::Tensor(r.tensor(&shape))];
-        check(
-            &src,
-            &args,
-            &format!("{}+relax.negative", op_name(u)),
-        );
+        check(&src, &args, &format!("{}+relax.negative", op_name(u)));
     }
     for b in BINARY {
         // Both operand orders, a broadcast operand, and the op's result fed back.
-        let body = vec![
-            format!("a = {b}(p0, p1)"),
-            format!("c = {b}(p1, a)"),
-        ];
+        let body = vec![format!("a = {b}(p0, p1)"), format!("c = {b}(p1, a)")];
         let src = module_src(&[shape.to_vec(), vec![1500]], "float32", &body, &shape);
         let args = [
             Value::Tensor(r.tensor(&shape)),
@@ -298,7 +290,10 @@ fn random_group(out: &[usize], picks: &[u64]) -> (Vec<Vec<usize>>, Vec<String>, 
         let name = format!("v{k}");
         let (expr, shape) = if p % 3 == 0 {
             let (a, sa) = operand(p >> 4);
-            (UNARY[(p >> 12) as usize % UNARY.len()].replace("{}", &a), sa)
+            (
+                UNARY[(p >> 12) as usize % UNARY.len()].replace("{}", &a),
+                sa,
+            )
         } else {
             let (a, sa) = operand(p >> 4);
             let (b, sb) = operand(p >> 20);
@@ -421,11 +416,19 @@ fn broadcast_inputs_are_read_by_merged_dims() {
 fn groups_of_other_forms_do_not_compile() {
     let shape = [2, 3];
     // One binding; a reduction; the result not the last binding.
-    let one = module_src(&[shape.to_vec()], "float32", &["a = R.exp(p0)".into()], &shape);
+    let one = module_src(
+        &[shape.to_vec()],
+        "float32",
+        &["a = R.exp(p0)".into()],
+        &shape,
+    );
     let sum = module_src(
         &[shape.to_vec()],
         "float32",
-        &["a = R.exp(p0)".into(), "b = R.sum(a, axis=[1], keepdims=True)".into()],
+        &[
+            "a = R.exp(p0)".into(),
+            "b = R.sum(a, axis=[1], keepdims=True)".into(),
+        ],
         &[2, 1],
     );
     for src in [one, sum] {
@@ -502,7 +505,11 @@ fn values_that_do_not_fit_are_declined() {
 /// add, then `tail` (lines over `lv1`, the last named `gv`), with scalar params `s0`, `s1`.
 fn conv_group(groups: usize, hw: usize, tail: &[&str]) -> String {
     let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
-    let w = if groups == 1 { "8, 8, 3, 3" } else { "8, 1, 3, 3" };
+    let w = if groups == 1 {
+        "8, 8, 3, 3"
+    } else {
+        "8, 1, 3, 3"
+    };
     let mut body = String::new();
     for l in tail {
         body.push_str(&format!("            {l}\n"));
@@ -529,7 +536,10 @@ fn conv_silu_and_hardswish_run_as_one_kernel_bit_for_bit() {
     for (groups, hw) in [(1, 20), (8, 20), (1, 6), (8, 6)] {
         for (tail, ops) in [
             (&silu[..], "relax.sigmoid+relax.multiply"),
-            (&hardswish[..], "relax.multiply+relax.add+relax.clip+relax.multiply"),
+            (
+                &hardswish[..],
+                "relax.multiply+relax.add+relax.clip+relax.multiply",
+            ),
         ] {
             let src = conv_group(groups, hw, tail);
             let mut r = Rng(11 + groups as u64);
@@ -545,13 +555,35 @@ fn conv_silu_and_hardswish_run_as_one_kernel_bit_for_bit() {
                 Value::Tensor(Tensor::from_f32(vec![], vec![1.0 / 6.0]).unwrap()),
                 Value::Tensor(Tensor::from_f32(vec![], vec![0.5]).unwrap()),
             ];
-            check(
-                &src,
-                &args,
-                &format!("relax.nn.conv2d+relax.add+{ops}"),
-            );
+            check(&src, &args, &format!("relax.nn.conv2d+relax.add+{ops}"));
         }
     }
+}
+
+#[test]
+fn a_squeeze_excite_group_runs_the_program_after_its_conv() {
+    // conv2d on pooled values (1 × 1 planes), bias, sigmoid, then a multiply by the feature
+    // map: the result is larger than the convolution's output.
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let src = format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(p: {p}, w: {w}, b: {b}, f: {f}) -> {f}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            lv = R.nn.conv2d(p, w)\n            lv1 = R.add(lv, b)\n            lv2 = R.sigmoid(lv1)\n            gv = R.multiply(f, lv2)\n            R.output(gv)\n        return gv\n\n    @R.function\n    def main(p: {p}, w: {w}, b: {b}, f: {f}) -> {f}:\n        with R.dataflow():\n            gv = Module.fused(p, w, b, f)\n            R.output(gv)\n        return gv\n",
+        p = t("1, 4, 1, 1"),
+        w = t("16, 4, 1, 1"),
+        b = t("1, 16, 1, 1"),
+        f = t("1, 16, 30, 30"),
+    );
+    let mut r = Rng(17);
+    let args = vec![
+        Value::Tensor(r.tensor(&[1, 4, 1, 1])),
+        Value::Tensor(r.tensor(&[16, 4, 1, 1])),
+        Value::Tensor(r.tensor(&[1, 16, 1, 1])),
+        Value::Tensor(r.tensor(&[1, 16, 30, 30])),
+    ];
+    check(
+        &src,
+        &args,
+        "relax.nn.conv2d+relax.add+relax.sigmoid+relax.multiply",
+    );
 }
 
 #[test]
@@ -568,7 +600,9 @@ fn a_conv_chain_fuse_rs_covers_keeps_its_kernel() {
     ];
     let names = profile(&src, args);
     assert!(
-        names.iter().any(|n| n == "relax.nn.conv2d+relax.add+relax.nn.relu"),
+        names
+            .iter()
+            .any(|n| n == "relax.nn.conv2d+relax.add+relax.nn.relu"),
         "{names:?}"
     );
 }

@@ -731,10 +731,11 @@ impl<'m> Interp<'m> {
                 let Ok(shape) = crate::conv::out_shape(&x, &w, &head.attrs) else {
                     return Ok(None);
                 };
-                let Some(bound) = crate::elem_program::bind(&group.prog, &leaves, Some(&shape))
-                else {
+                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
+                if bound.is_none() && !crate::elem_program::fits_after(&group.prog, &leaves, &shape)
+                {
                     return Ok(None);
-                };
+                }
                 fusebox_core::runtime::memory::check_op_result(
                     &Op::Conv2d(Box::new(head.attrs.clone())),
                     &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
@@ -746,24 +747,46 @@ impl<'m> Interp<'m> {
                     message,
                 };
                 // The epilogue runs per output row of one channel: on small planes, a call
-                // per row costs more than one in-place pass over the (cached) output.
-                let y = if shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW {
-                    let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
-                        Arc::new(bound),
-                    ));
-                    crate::conv::conv2d_fused(&x, &w, &head.attrs, &[step], wino.as_deref())
-                        .map_err(kernel)?
-                } else {
-                    let y = crate::conv::conv2d_fused(&x, &w, &head.attrs, &[], wino.as_deref())
-                        .map_err(kernel)?;
-                    let mut data = match y.try_into_storage() {
-                        Ok(fusebox_core::runtime::Storage::F32(v)) => v,
-                        _ => {
-                            return Err(kernel("the convolution's output is shared".to_string()));
-                        }
-                    };
-                    bound.apply_all(&mut data);
-                    Tensor::new(shape.to_vec(), fusebox_core::runtime::Storage::F32(data))?
+                // per row costs more than one in-place pass over the (cached) output. A
+                // result larger than the convolution's output is a pass of its own.
+                let y = match bound {
+                    None => {
+                        let y =
+                            crate::conv::conv2d_fused(&x, &w, &head.attrs, &[], wino.as_deref())
+                                .map_err(kernel)?;
+                        let Some(after) = crate::elem_program::bind_after(&group.prog, &leaves, y)
+                        else {
+                            return Err(kernel("the program does not fit its inputs".to_string()));
+                        };
+                        fusebox_core::runtime::memory::check_alloc(
+                            after.name(),
+                            DType::F32,
+                            after.shape(),
+                        )?;
+                        after.run().map_err(kernel)?
+                    }
+                    Some(bound) if shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW => {
+                        let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
+                            Arc::new(bound),
+                        ));
+                        crate::conv::conv2d_fused(&x, &w, &head.attrs, &[step], wino.as_deref())
+                            .map_err(kernel)?
+                    }
+                    Some(bound) => {
+                        let y =
+                            crate::conv::conv2d_fused(&x, &w, &head.attrs, &[], wino.as_deref())
+                                .map_err(kernel)?;
+                        let mut data = match y.try_into_storage() {
+                            Ok(fusebox_core::runtime::Storage::F32(v)) => v,
+                            _ => {
+                                return Err(kernel(
+                                    "the convolution's output is shared".to_string(),
+                                ));
+                            }
+                        };
+                        bound.apply_all(&mut data);
+                        Tensor::new(shape.to_vec(), fusebox_core::runtime::Storage::F32(data))?
+                    }
                 };
                 self.record(&group.prog.name, t);
                 y
