@@ -62,11 +62,7 @@ fn calls(profile: &[CallProfile], name: &str) -> usize {
 }
 
 /// The calls of the module's `Primitive` functions whose ops are `ops`, in binding order.
-fn group_calls(
-    module: &fusebox_core::ir::Module,
-    profile: &[CallProfile],
-    ops: &[&str],
-) -> usize {
+fn group_calls(module: &fusebox_core::ir::Module, profile: &[CallProfile], ops: &[&str]) -> usize {
     module
         .functions
         .iter()

@@ -90,7 +90,7 @@ impl Rng {
             -6.0,
         ];
         let r = self.next();
-        if r % 4 == 0 {
+        if r.is_multiple_of(4) {
             let s = SPECIAL[(r >> 8) as usize % SPECIAL.len()];
             // NaNs with distinct payloads and signs: operand order shows in the result.
             if s.is_nan() {
