@@ -11,7 +11,12 @@
 //! its loop vectorises, compiled through [`crate::simd::dispatch`]), intermediates live in
 //! per-thread block buffers, and no full-size intermediate tensor is ever made. A group whose
 //! first binding is a `conv2d` runs the convolution with the program as its epilogue
-//! ([`crate::conv::Step::Program`]), applied to each output tile while it is in cache.
+//! ([`crate::conv::Step::Program`]), applied to each output tile while it is in cache (on
+//! planes under [`EPILOGUE_MIN_ROW`] pixels, as one in-place pass over the convolution's
+//! output instead; and as a pass of its own when the result is larger than that output, as
+//! in a squeeze-and-excite block). A group whose first binding is a `matmul` runs the
+//! `matmul` kernel, then the program in one pass over its output (in place when the shapes
+//! allow).
 //!
 //! Contract:
 //!
@@ -19,8 +24,10 @@
 //!   `negative`, `abs`, `relu`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `sigmoid`, `erf`,
 //!   `gelu`, `gelu_tanh`, `silu`, `clip` (number bounds), `astype` to `float32`, and the
 //!   elementwise family's rounding / float-math ops (`floor`, `ceil`, `round`, `sign`, `sin` …
-//!   `atanh`) and float `mod` / `floor_mod`. [`compile`] returns `None` for a function with
-//!   any other binding, fewer than two bindings, or a result that is not its last binding.
+//!   `atanh`) and float `mod` / `floor_mod`; the first binding may instead be a `conv2d` or a
+//!   `matmul` of parameters or constants (the head). [`compile`] returns `None` for a
+//!   function with any other binding, fewer than two bindings, or a result that is not its
+//!   last binding.
 //! - Bit-identity: each instruction computes exactly the scalar arithmetic of its op's
 //!   `float32` kernel (the same functions: [`crate::elementwise::sigmoid32`],
 //!   [`crate::norm::erf32`], [`crate::elementwise::gelu32`], the `relu` select, `f32::max`
@@ -34,8 +41,8 @@
 //! - [`bind`] returns `None` (the executor then runs the bindings one by one, the reference
 //!   path) unless every input is a `float32` tensor, every operand's shape broadcasts, every
 //!   intermediate's shape broadcasts to the result's without changing it (so computing each
-//!   op at the result's shape gives each element its value), and, after a `conv2d` head, the
-//!   result has the convolution's shape (the epilogue writes in place).
+//!   op at the result's shape gives each element its value), and, for an epilogue, the
+//!   result has the head's output shape (it writes in place).
 //!
 //! ```text
 //! @R.function(private=True)
@@ -165,12 +172,18 @@ pub(crate) enum Leaf {
     Const(ExprId),
 }
 
-/// A `conv2d` first binding whose output the program reads.
+/// A first binding whose output the program reads.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct ConvHead {
-    pub data: Leaf,
-    pub weight: Leaf,
-    pub attrs: Conv2dAttrs,
+pub(crate) enum Head {
+    /// `conv2d(data, weight)`: the program runs as the convolution's epilogue.
+    Conv {
+        data: Leaf,
+        weight: Leaf,
+        attrs: Conv2dAttrs,
+    },
+    /// `matmul(lhs, rhs)` (`op`): computed by its kernel, then the program in one pass over
+    /// its output.
+    Matmul { op: Op, lhs: Leaf, rhs: Leaf },
 }
 
 /// A compiled elementwise program.
@@ -185,10 +198,10 @@ pub(crate) struct Program {
     pub name: String,
 }
 
-/// A compiled group: an optional `conv2d` head, then the program.
+/// A compiled group: an optional head (`conv2d`, `matmul`), then the program.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Group {
-    pub head: Option<ConvHead>,
+    pub head: Option<Head>,
     pub prog: Program,
 }
 
@@ -285,14 +298,26 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
     let mut head = None;
     let mut head_var: Option<VarId> = None;
     let mut names: Vec<String> = Vec::new();
-    if let Some((Op::Conv2d(attrs), [data, weight])) = op_call(f, bindings[0].value) {
-        head = Some(ConvHead {
-            data: leaf_of(*data)?,
-            weight: leaf_of(*weight)?,
-            attrs: (**attrs).clone(),
-        });
+    match op_call(f, bindings[0].value) {
+        Some((Op::Conv2d(attrs), [data, weight])) => {
+            head = Some(Head::Conv {
+                data: leaf_of(*data)?,
+                weight: leaf_of(*weight)?,
+                attrs: (**attrs).clone(),
+            });
+        }
+        Some((op @ Op::Matmul { .. }, [lhs, rhs])) => {
+            head = Some(Head::Matmul {
+                op: op.clone(),
+                lhs: leaf_of(*lhs)?,
+                rhs: leaf_of(*rhs)?,
+            });
+        }
+        _ => {}
+    }
+    if let (Some(_), Some((op, _))) = (&head, op_call(f, bindings[0].value)) {
         head_var = Some(bindings[0].var);
-        names.push("relax.nn.conv2d".to_string());
+        names.push(op.name().to_string());
         rest = &bindings[1..];
     }
     // Virtual registers: one per binding of `rest`, in order.

@@ -587,6 +587,42 @@ fn a_squeeze_excite_group_runs_the_program_after_its_conv() {
 }
 
 #[test]
+fn matmul_groups_run_the_program_over_the_matmul_output() {
+    // A classifier's dense + hardswish (in place), and a matmul whose result a broadcast add
+    // enlarges (a pass of its own).
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let module = |out: &str, c: &str, tail: &str| {
+        format!(
+            "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(x: {x}, w: {w}, b: {b}, c: {c}) -> {o}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            lv = R.matmul(x, w, out_dtype=\"void\")\n            lv1 = R.add(lv, b)\n{tail}            R.output(gv)\n        return gv\n\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}, c: {c}) -> {o}:\n        with R.dataflow():\n            gv = Module.fused(x, w, b, c)\n            R.output(gv)\n        return gv\n",
+            x = t("5, 37"),
+            w = t("37, 300"),
+            b = t("300,"),
+            c = t(c),
+            o = t(out),
+        )
+    };
+    let hardswish = "            lv2 = R.multiply(lv1, c)\n            lv3 = R.add(lv2, R.const(0.5, \"float32\"))\n            lv4 = R.clip(lv3, R.prim_value(T.float32(0.0)), R.prim_value(T.float32(1.0)))\n            gv = R.multiply(lv1, lv4)\n";
+    let wider = "            gv = R.add(lv1, c)\n";
+    let mut r = Rng(23);
+    let (x, w, b) = (r.tensor(&[5, 37]), r.tensor(&[37, 300]), r.tensor(&[300]));
+    for (src, c, ops) in [
+        (
+            module("5, 300", "", hardswish),
+            r.tensor(&[]),
+            "relax.matmul+relax.add+relax.multiply+relax.add+relax.clip+relax.multiply",
+        ),
+        (
+            module("2, 5, 300", "2, 1, 1", wider),
+            r.tensor(&[2, 1, 1]),
+            "relax.matmul+relax.add+relax.add",
+        ),
+    ] {
+        let args = [x.clone(), w.clone(), b.clone(), c].map(Value::Tensor);
+        check(&src, &args, ops);
+    }
+}
+
+#[test]
 fn a_conv_chain_fuse_rs_covers_keeps_its_kernel() {
     // conv2d + bias + relu is fuse.rs's chain: it keeps running (and is named) as before.
     let src = conv_group(1, 20, &["gv = R.nn.relu(lv1)"]);

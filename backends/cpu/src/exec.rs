@@ -721,14 +721,62 @@ impl<'m> Interp<'m> {
                 self.record(bound.name(), t);
                 y
             }
-            Some(head) => {
-                let (Some(x), Some(w)) = (leaf(head.data)?, leaf(head.weight)?) else {
+            Some(crate::elem_program::Head::Matmul { op, lhs, rhs }) => {
+                let (Some(a), Some(b)) = (leaf(*lhs)?, leaf(*rhs)?) else {
                     return Ok(None);
                 };
-                if !crate::conv::fusable(&x, &w, &head.attrs) {
+                let f32_out = matches!(
+                    op,
+                    Op::Matmul {
+                        out_dtype: None | Some(DType::F32)
+                    }
+                );
+                if !f32_out || a.as_f32().is_none() || b.as_f32().is_none() {
                     return Ok(None);
                 }
-                let Ok(shape) = crate::conv::out_shape(&x, &w, &head.attrs) else {
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                // The matmul kernel itself (its result checked against the memory limit).
+                let Value::Tensor(y) = eval_op(op, &[Value::Tensor(a), Value::Tensor(b)])? else {
+                    return Ok(None);
+                };
+                let shape = y.shape().to_vec();
+                // In place over the matmul's output when the result has its shape, else (or
+                // when the output is shared) a pass of its own reading it.
+                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
+                let y = match (bound, y.try_into_storage()) {
+                    (Some(bound), Ok(fusebox_core::runtime::Storage::F32(mut data))) => {
+                        bound.apply_all(&mut data);
+                        Tensor::new(shape, fusebox_core::runtime::Storage::F32(data))?
+                    }
+                    (_, Ok(storage)) => {
+                        let y = Tensor::new(shape, storage)?;
+                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
+                            return Ok(None);
+                        };
+                        y
+                    }
+                    (_, Err(y)) => {
+                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
+                            return Ok(None);
+                        };
+                        y
+                    }
+                };
+                self.record(&group.prog.name, t);
+                y
+            }
+            Some(crate::elem_program::Head::Conv {
+                data,
+                weight,
+                attrs,
+            }) => {
+                let (Some(x), Some(w)) = (leaf(*data)?, leaf(*weight)?) else {
+                    return Ok(None);
+                };
+                if !crate::conv::fusable(&x, &w, attrs) {
+                    return Ok(None);
+                }
+                let Ok(shape) = crate::conv::out_shape(&x, &w, attrs) else {
                     return Ok(None);
                 };
                 let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
@@ -737,11 +785,11 @@ impl<'m> Interp<'m> {
                     return Ok(None);
                 }
                 fusebox_core::runtime::memory::check_op_result(
-                    &Op::Conv2d(Box::new(head.attrs.clone())),
+                    &Op::Conv2d(Box::new(attrs.clone())),
                     &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
                 )?;
                 let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-                let wino = self.exec.winograd_weights(&w, &head.attrs);
+                let wino = self.exec.winograd_weights(&w, attrs);
                 let kernel = |message| Error::Kernel {
                     op: "relax.nn.conv2d",
                     message,
@@ -751,31 +799,22 @@ impl<'m> Interp<'m> {
                 // result larger than the convolution's output is a pass of its own.
                 let y = match bound {
                     None => {
-                        let y =
-                            crate::conv::conv2d_fused(&x, &w, &head.attrs, &[], wino.as_deref())
-                                .map_err(kernel)?;
-                        let Some(after) = crate::elem_program::bind_after(&group.prog, &leaves, y)
-                        else {
-                            return Err(kernel("the program does not fit its inputs".to_string()));
-                        };
-                        fusebox_core::runtime::memory::check_alloc(
-                            after.name(),
-                            DType::F32,
-                            after.shape(),
-                        )?;
-                        after.run().map_err(kernel)?
+                        let y = crate::conv::conv2d_fused(&x, &w, attrs, &[], wino.as_deref())
+                            .map_err(kernel)?;
+                        run_after(&group.prog, &leaves, y)?.ok_or_else(|| {
+                            kernel("the program does not fit its inputs".to_string())
+                        })?
                     }
                     Some(bound) if shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW => {
                         let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
                             Arc::new(bound),
                         ));
-                        crate::conv::conv2d_fused(&x, &w, &head.attrs, &[step], wino.as_deref())
+                        crate::conv::conv2d_fused(&x, &w, attrs, &[step], wino.as_deref())
                             .map_err(kernel)?
                     }
                     Some(bound) => {
-                        let y =
-                            crate::conv::conv2d_fused(&x, &w, &head.attrs, &[], wino.as_deref())
-                                .map_err(kernel)?;
+                        let y = crate::conv::conv2d_fused(&x, &w, attrs, &[], wino.as_deref())
+                            .map_err(kernel)?;
                         let mut data = match y.try_into_storage() {
                             Ok(fusebox_core::runtime::Storage::F32(v)) => v,
                             _ => {
@@ -1067,6 +1106,24 @@ impl Interp<'_> {
         }
         Ok(self.eval(name, f, fr, e, depth)?.to_host()?)
     }
+}
+
+/// Runs `prog` after its head, whose output `head` it reads as an input (see
+/// `elem_program::bind_after`): `None` when the values do not fit it.
+fn run_after(
+    prog: &crate::elem_program::Program,
+    leaves: &[Tensor],
+    head: Tensor,
+) -> Result<Option<Tensor>> {
+    let Some(after) = crate::elem_program::bind_after(prog, leaves, head) else {
+        return Ok(None);
+    };
+    fusebox_core::runtime::memory::check_alloc(after.name(), DType::F32, after.shape())?;
+    let y = after.run().map_err(|message| Error::Kernel {
+        op: "relax.elementwise",
+        message,
+    })?;
+    Ok(Some(y))
 }
 
 /// Evaluates a dim with the bound symbols.
