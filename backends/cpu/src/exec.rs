@@ -27,6 +27,13 @@
 //!   `relu`, each reading only the previous result, runs as one fused kernel when the values
 //!   allow it (see `fuse.rs`); the result is bit-identical to running the bindings one
 //!   by one, which is what happens otherwise.
+//! - A call of a FuseOps (`Primitive`) function that the call hook left to the interpreter,
+//!   whose bindings are all `float32` elementwise ops (after an optional `conv2d` or `matmul`
+//!   head), runs as one elementwise program (see `elem_program.rs`: one pass over the output
+//!   in blocks, the `conv2d`'s epilogue): the same bits as the bindings one by one (a NaN is
+//!   NaN there too, its payload aside), which is what runs when the values do not allow it
+//!   (another dtype, shapes that do not broadcast into the result). A `conv2d` chain of
+//!   `fuse.rs` that covers the whole function keeps running as that chain.
 //! - The result is deterministic: the same module and arguments give bit-identical output.
 //! - Before a kernel runs, its result's size (inferred from the arguments' actual shapes) is
 //!   checked against the memory limit (`fusebox_core::runtime::memory`): a result too large is
