@@ -32,8 +32,10 @@
 //!   `float32` kernel (the same functions: [`crate::elementwise::sigmoid32`],
 //!   [`crate::norm::erf32`], [`crate::elementwise::gelu32`], the `relu` select, `f32::max`
 //!   / `f32::min`, operand order kept for NaN payloads; the `f64` ops of `elem.rs` through the
-//!   same `f64` functions, rounded once), and every element is computed by the same
-//!   instructions whichever block, chunk or thread it falls in. So the result is bit for bit
+//!   same `f64` functions, rounded once; the reference's row kernels, `erf32_row` and
+//!   GELU's, run the same scalar functions in dispatched loops), and every element is
+//!   computed by the same instructions whichever block, chunk or thread it falls in (the
+//!   loops compile for any instruction set, the same bits). So the result is bit for bit
 //!   what the bindings give one by one, for every thread count; a NaN result is NaN there
 //!   too, but its sign and payload are not pinned: Rust leaves them unspecified (LLVM may
 //!   commute `a * b`, and with two NaN operands x86 returns the first's), and the reference

@@ -218,7 +218,9 @@ fn op_name(text: &str) -> String {
 #[test]
 fn every_op_gives_its_kernels_bits() {
     let mut r = Rng(7);
-    let shape = [3, 1500];
+    // Large enough (36,000 elements) for the reference kernels' chunked paths (`erf32_row`,
+    // GELU's row kernel, the threaded same-shape binary ops).
+    let shape = [3, 12000];
     for u in UNARY {
         // op, then `negative` (exact: it flips the sign bit) so the group has two bindings.
         let body = vec![
@@ -232,10 +234,10 @@ fn every_op_gives_its_kernels_bits() {
     for b in BINARY {
         // Both operand orders, a broadcast operand, and the op's result fed back.
         let body = vec![format!("a = {b}(p0, p1)"), format!("c = {b}(p1, a)")];
-        let src = module_src(&[shape.to_vec(), vec![1500]], "float32", &body, &shape);
+        let src = module_src(&[shape.to_vec(), vec![12000]], "float32", &body, &shape);
         let args = [
             Value::Tensor(r.tensor(&shape)),
-            Value::Tensor(r.tensor(&[1500])),
+            Value::Tensor(r.tensor(&[12000])),
         ];
         let name = op_name(b);
         check(&src, &args, &format!("{name}+{name}"));
