@@ -1,7 +1,8 @@
 //! `conv2d` in any permutation of `NCHW` (data, output) and `OIHW` (kernel), with strides,
 //! padding (top, left, bottom, right), dilation and groups; and [`conv2d_fused`], the same
 //! convolution with an epilogue ([`Step`]s: inference `batch_norm`, a per-channel bias `add`,
-//! a residual `add` of a tensor of the output's shape, `relu`, `clip`) applied while each output tile
+//! a residual `add` of a tensor of the output's shape, `relu`, `clip`, an elementwise program of
+//! [`crate::elem_program`]) applied while each output tile
 //! is in cache.
 //!
 //! Contract:
@@ -59,6 +60,10 @@ pub(crate) enum Step {
     /// `clip(x, lo, hi)` of `float32` data: `x.max(lo).min(hi)`, as the `clip` kernel computes
     /// it (MobileNet's ReLU6).
     Clip { lo: f32, hi: f32 },
+    /// An elementwise program over the output ([`crate::elem_program`]: SiLU, hardswish, any
+    /// chain of elementwise ops with inputs broadcast to the output), each element as its ops
+    /// compute it one by one.
+    Program(crate::elem_program::ProgramStep),
 }
 
 impl Step {
@@ -67,7 +72,7 @@ impl Step {
         match self {
             Step::Affine { mul, .. } => Some(mul.len()),
             Step::Bias { b, .. } => Some(b.len()),
-            Step::Residual { .. } | Step::Relu | Step::Clip { .. } => None,
+            Step::Residual { .. } | Step::Relu | Step::Clip { .. } | Step::Program(_) => None,
         }
     }
 }
@@ -147,6 +152,7 @@ fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
             }
             Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
             Step::Clip { lo, hi } => row.iter_mut().for_each(|v| *v = v.max(*lo).min(*hi)),
+            Step::Program(p) => p.0.apply(at, row),
         }
         i += 1;
     }
@@ -353,6 +359,15 @@ pub(crate) fn conv2d_fused(
     }
     let out_shape = [geom.n, geom.o, geom.oh, geom.ow];
     for s in steps {
+        if let Step::Program(p) = s
+            && p.0.shape() != out_shape
+        {
+            return Err(format!(
+                "the epilogue's program gives shape {:?}, the convolution {:?}",
+                p.0.shape(),
+                out_shape
+            ));
+        }
         if let Step::Residual { r, .. } = s
             && (r.shape() != out_shape || r.as_f32().is_none())
         {

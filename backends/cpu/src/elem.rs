@@ -242,14 +242,7 @@ fn modulo(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
             &b.to_f64_vec(),
             b.shape(),
             &shape,
-            |x, y| {
-                let r = x % y;
-                if floor && r != 0.0 && (r < 0.0) != (y < 0.0) {
-                    r + y
-                } else {
-                    r
-                }
-            },
+            |x, y| float_mod(x, y, floor),
         );
         return tensor(shape, Storage::from_f64(d, out));
     }
@@ -280,8 +273,20 @@ fn modulo(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
     tensor(shape, Storage::from_i64(d, out))
 }
 
+/// `x mod y` of float data in `f64`: the dividend's sign (`fmod`), or with `floor` the
+/// divisor's (Python's `%`).
+#[inline(always)]
+pub(crate) fn float_mod(x: f64, y: f64, floor: bool) -> f64 {
+    let r = x % y;
+    if floor && r != 0.0 && (r < 0.0) != (y < 0.0) {
+        r + y
+    } else {
+        r
+    }
+}
+
 /// The `f64` function of a rounding or float-math op.
-fn float_fn(op: ElemOp) -> fn(f64) -> f64 {
+pub(crate) fn float_fn(op: ElemOp) -> fn(f64) -> f64 {
     match op {
         ElemOp::Floor => f64::floor,
         ElemOp::Ceil => f64::ceil,

@@ -31,7 +31,7 @@ pub(crate) enum BinOp {
     Min,
 }
 
-fn f32_op(op: BinOp) -> fn(f32, f32) -> f32 {
+pub(crate) fn f32_op(op: BinOp) -> fn(f32, f32) -> f32 {
     match op {
         BinOp::Add => |a, b| a + b,
         BinOp::Sub => |a, b| a - b,
@@ -378,7 +378,7 @@ fn gelu_tanh64(x: f64) -> f64 {
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
 }
 
-fn gelu_tanh32(x: f32) -> f32 {
+pub(crate) fn gelu_tanh32(x: f32) -> f32 {
     let c = (2.0f32 / std::f32::consts::PI).sqrt();
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
 }

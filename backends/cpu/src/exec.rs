@@ -27,6 +27,13 @@
 //!   `relu`, each reading only the previous result, runs as one fused kernel when the values
 //!   allow it (see `fuse.rs`); the result is bit-identical to running the bindings one
 //!   by one, which is what happens otherwise.
+//! - A call of a FuseOps (`Primitive`) function that the call hook left to the interpreter,
+//!   whose bindings are all `float32` elementwise ops (after an optional `conv2d` or `matmul`
+//!   head), runs as one elementwise program (see `elem_program.rs`: one pass over the output
+//!   in blocks, the `conv2d`'s epilogue): the same bits as the bindings one by one (a NaN is
+//!   NaN there too, its payload aside), which is what runs when the values do not allow it
+//!   (another dtype, shapes that do not broadcast into the result). A `conv2d` chain of
+//!   `fuse.rs` that covers the whole function keeps running as that chain.
 //! - The result is deterministic: the same module and arguments give bit-identical output.
 //! - Before a kernel runs, its result's size (inferred from the arguments' actual shapes) is
 //!   checked against the memory limit (`fusebox_core::runtime::memory`): a result too large is
@@ -465,6 +472,11 @@ impl<'m> Interp<'m> {
         {
             return Ok(v);
         }
+        if f.attrs.is_primitive()
+            && let Some(v) = self.run_elem_group(name, f, &args)?
+        {
+            return Ok(v);
+        }
         let mut fr = Frame {
             values: vec![None; f.vars.len()],
             host: vec![None; f.vars.len()],
@@ -649,6 +661,194 @@ impl<'m> Interp<'m> {
         match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
             Error::Exec(format!(
                 "`{name}`: the fused kernel's result does not match the return type: {m}"
+            ))
+        })?;
+        Ok(Some(out))
+    }
+
+    /// Runs a FuseOps function whose bindings are covered elementwise ops, or a `conv2d`
+    /// followed by such ops, as one elementwise program (`elem_program.rs`; after a `conv2d`,
+    /// the convolution's epilogue): `None` when the function has another form, when
+    /// `fuse.rs` fuses it whole already, or when the values do not allow it (the bindings are
+    /// then interpreted). The call hook declined this function already (its caller offered it
+    /// first), so nothing else runs it.
+    fn run_elem_group(&self, name: &str, f: &Function, args: &[Value]) -> Result<Option<Value>> {
+        let Some(group) = crate::elem_program::compile(f) else {
+            return Ok(None);
+        };
+        // A conv2d chain of `fuse.rs` that covers the whole function keeps running as it did.
+        let n = f.bindings().count();
+        if let Some(Some(chain)) = fuse::plan(self.module, f, &|_| false).first()
+            && matches!(chain.head, fuse::Head::Conv { .. })
+            && chain.links.len() + 1 == n
+        {
+            return Ok(None);
+        }
+        let leaf = |l: crate::elem_program::Leaf| -> Result<Option<Tensor>> {
+            let v = match l {
+                crate::elem_program::Leaf::Param(i) => args
+                    .get(i)
+                    .ok_or_else(|| Error::Exec(format!("`{name}`: no argument {i}")))?
+                    .clone()
+                    .to_host()?,
+                crate::elem_program::Leaf::Const(e) => match &f.expr(e).kind {
+                    ExprKind::Const(c) => Value::Tensor(self.exec.constant(c)?),
+                    _ => return Ok(None),
+                },
+            };
+            Ok(match v {
+                Value::Tensor(t) => Some(t),
+                _ => None,
+            })
+        };
+        let Some(leaves) = group
+            .prog
+            .leaves
+            .iter()
+            .map(|&l| leaf(l))
+            .collect::<Result<Option<Vec<Tensor>>>>()?
+        else {
+            return Ok(None);
+        };
+        let out = match &group.head {
+            None => {
+                let Some(bound) = crate::elem_program::bind(&group.prog, &leaves, None) else {
+                    return Ok(None);
+                };
+                fusebox_core::runtime::memory::check_alloc(
+                    bound.name(),
+                    DType::F32,
+                    bound.shape(),
+                )?;
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let y = bound.run().map_err(|message| Error::Kernel {
+                    op: "relax.elementwise",
+                    message,
+                })?;
+                self.record(bound.name(), t);
+                y
+            }
+            Some(crate::elem_program::Head::Matmul { op, lhs, rhs }) => {
+                let (Some(a), Some(b)) = (leaf(*lhs)?, leaf(*rhs)?) else {
+                    return Ok(None);
+                };
+                let f32_out = matches!(
+                    op,
+                    Op::Matmul {
+                        out_dtype: None | Some(DType::F32)
+                    }
+                );
+                if !f32_out || a.as_f32().is_none() || b.as_f32().is_none() {
+                    return Ok(None);
+                }
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                // The matmul kernel itself (its result checked against the memory limit).
+                let Value::Tensor(y) = eval_op(op, &[Value::Tensor(a), Value::Tensor(b)])? else {
+                    return Ok(None);
+                };
+                let shape = y.shape().to_vec();
+                // In place over the matmul's output when the result has its shape, else (or
+                // when the output is shared) a pass of its own reading it.
+                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
+                let y = match (bound, y.try_into_storage()) {
+                    (Some(bound), Ok(fusebox_core::runtime::Storage::F32(mut data))) => {
+                        bound.apply_all(&mut data);
+                        Tensor::new(shape, fusebox_core::runtime::Storage::F32(data))?
+                    }
+                    (_, Ok(storage)) => {
+                        let y = Tensor::new(shape, storage)?;
+                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
+                            return Ok(None);
+                        };
+                        y
+                    }
+                    (_, Err(y)) => {
+                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
+                            return Ok(None);
+                        };
+                        y
+                    }
+                };
+                self.record(&group.prog.name, t);
+                y
+            }
+            Some(crate::elem_program::Head::Conv {
+                data,
+                weight,
+                attrs,
+            }) => {
+                let (Some(x), Some(w)) = (leaf(*data)?, leaf(*weight)?) else {
+                    return Ok(None);
+                };
+                if !crate::conv::fusable(&x, &w, attrs) {
+                    return Ok(None);
+                }
+                let Ok(shape) = crate::conv::out_shape(&x, &w, attrs) else {
+                    return Ok(None);
+                };
+                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
+                if bound.is_none() && !crate::elem_program::fits_after(&group.prog, &leaves, &shape)
+                {
+                    return Ok(None);
+                }
+                fusebox_core::runtime::memory::check_op_result(
+                    &Op::Conv2d(Box::new(attrs.clone())),
+                    &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+                )?;
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let wino = self.exec.winograd_weights(&w, attrs);
+                let kernel = |message| Error::Kernel {
+                    op: "relax.nn.conv2d",
+                    message,
+                };
+                // The epilogue runs per output row of one channel: on small planes, a call
+                // per row costs more than one in-place pass over the (cached) output. A
+                // result larger than the convolution's output is a pass of its own.
+                let y = match bound {
+                    None => {
+                        let y = crate::conv::conv2d_fused(&x, &w, attrs, &[], wino.as_deref())
+                            .map_err(kernel)?;
+                        run_after(&group.prog, &leaves, y)?.ok_or_else(|| {
+                            kernel("the program does not fit its inputs".to_string())
+                        })?
+                    }
+                    Some(bound) if shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW => {
+                        let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
+                            Arc::new(bound),
+                        ));
+                        crate::conv::conv2d_fused(&x, &w, attrs, &[step], wino.as_deref())
+                            .map_err(kernel)?
+                    }
+                    Some(bound) => {
+                        let y = crate::conv::conv2d_fused(&x, &w, attrs, &[], wino.as_deref())
+                            .map_err(kernel)?;
+                        let mut data = match y.try_into_storage() {
+                            Ok(fusebox_core::runtime::Storage::F32(v)) => v,
+                            _ => {
+                                return Err(kernel(
+                                    "the convolution's output is shared".to_string(),
+                                ));
+                            }
+                        };
+                        bound.apply_all(&mut data);
+                        Tensor::new(shape.to_vec(), fusebox_core::runtime::Storage::F32(data))?
+                    }
+                };
+                self.record(&group.prog.name, t);
+                y
+            }
+        };
+        let out = Value::Tensor(out);
+        let mut syms = BTreeMap::new();
+        for bind in [true, false] {
+            for (&p, a) in f.params.iter().zip(args) {
+                match_type(&f.var(p).ty, a, &mut syms, bind)
+                    .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
+            }
+        }
+        match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
+            Error::Exec(format!(
+                "`{name}`: the fused elementwise kernel's result does not match the return type: {m}"
             ))
         })?;
         Ok(Some(out))
@@ -913,6 +1113,24 @@ impl Interp<'_> {
         }
         Ok(self.eval(name, f, fr, e, depth)?.to_host()?)
     }
+}
+
+/// Runs `prog` after its head, whose output `head` it reads as an input (see
+/// `elem_program::bind_after`): `None` when the values do not fit it.
+fn run_after(
+    prog: &crate::elem_program::Program,
+    leaves: &[Tensor],
+    head: Tensor,
+) -> Result<Option<Tensor>> {
+    let Some(after) = crate::elem_program::bind_after(prog, leaves, head) else {
+        return Ok(None);
+    };
+    fusebox_core::runtime::memory::check_alloc(after.name(), DType::F32, after.shape())?;
+    let y = after.run().map_err(|message| Error::Kernel {
+        op: "relax.elementwise",
+        message,
+    })?;
+    Ok(Some(y))
 }
 
 /// Evaluates a dim with the bound symbols.

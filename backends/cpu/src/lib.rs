@@ -13,8 +13,8 @@
 //!   argument shapes, composite / primitive / codegen functions and local functions are
 //!   interpreted like any other, and values are dropped after their last use. An
 //!   [`Executor`] does the same and keeps decoded constants between runs; `conv2d` chains
-//!   (+ `batch_norm` / `add` / `relu`) and `add` + `relu` run as fused kernels with
-//!   bit-identical results.
+//!   (+ `batch_norm` / `add` / `relu`), `add` + `relu`, and FuseOps groups of elementwise ops
+//!   (alone or after a `conv2d` / `matmul`) run as fused kernels with bit-identical results.
 //! - Kernels are deterministic: a fixed summation order, and the big ones (conv2d, matmul,
 //!   batch_norm, pooling, elementwise ops on large tensors) split only independent outputs
 //!   over [`par::threads`] threads, so results are bit-identical for every thread count
@@ -51,6 +51,7 @@ mod conv_transpose;
 mod dense;
 mod einsum;
 mod elem;
+mod elem_program;
 mod elementwise;
 pub mod exec;
 mod fuse;

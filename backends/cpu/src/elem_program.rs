@@ -1,0 +1,907 @@
+//! Elementwise programs: a FuseOps group of `float32` elementwise ops run in one pass over its
+//! output, instead of one full-size tensor and one pass over memory per op.
+//!
+//! A group (a `Primitive` function) compiles ([`compile`]) to a small register program: one
+//! instruction per binding, each reading registers (earlier bindings), inputs (the function's
+//! parameters and constants, broadcast to the output shape with numpy rules: full-shape,
+//! per-channel, scalar, any broadcast) or, after a `conv2d` head, the convolution's output.
+//! [`bind`] checks the run-time values and [`Bound::run`] evaluates the program over the output
+//! in blocks of [`BLOCK`] elements (4 KiB per operand), blocks grouped into chunks spread over
+//! [`crate::par`] threads: each instruction is applied to the whole block before the next (so
+//! its loop vectorises, compiled through [`crate::simd::dispatch`]), intermediates live in
+//! per-thread block buffers, and no full-size intermediate tensor is ever made. A group whose
+//! first binding is a `conv2d` runs the convolution with the program as its epilogue
+//! ([`crate::conv::Step::Program`]), applied to each output tile while it is in cache (on
+//! planes under [`EPILOGUE_MIN_ROW`] pixels, as one in-place pass over the convolution's
+//! output instead; and as a pass of its own when the result is larger than that output, as
+//! in a squeeze-and-excite block). A group whose first binding is a `matmul` runs the
+//! `matmul` kernel, then the program in one pass over its output (in place when the shapes
+//! allow).
+//!
+//! Contract:
+//!
+//! - Covered ops: `add`, `subtract`, `multiply`, `divide`, `power`, `maximum`, `minimum`,
+//!   `negative`, `abs`, `relu`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `sigmoid`, `erf`,
+//!   `gelu`, `gelu_tanh`, `silu`, `clip` (number bounds), `astype` to `float32`, and the
+//!   elementwise family's rounding / float-math ops (`floor`, `ceil`, `round`, `sign`, `sin` …
+//!   `atanh`) and float `mod` / `floor_mod`; the first binding may instead be a `conv2d` or a
+//!   `matmul` of parameters or constants (the head). [`compile`] returns `None` for a
+//!   function with any other binding, fewer than two bindings, or a result that is not its
+//!   last binding.
+//! - Bit-identity: each instruction computes exactly the scalar arithmetic of its op's
+//!   `float32` kernel (the same functions: [`crate::elementwise::sigmoid32`],
+//!   [`crate::norm::erf32`], [`crate::elementwise::gelu32`], the `relu` select, `f32::max`
+//!   / `f32::min`, operand order kept for NaN payloads; the `f64` ops of `elem.rs` through the
+//!   same `f64` functions, rounded once; the reference's row kernels, `erf32_row` and
+//!   GELU's, run the same scalar functions in dispatched loops), and every element is
+//!   computed by the same instructions whichever block, chunk or thread it falls in (the
+//!   loops compile for any instruction set, the same bits). So the result is bit for bit
+//!   what the bindings give one by one, for every thread count; a NaN result is NaN there
+//!   too, but its sign and payload are not pinned: Rust leaves them unspecified (LLVM may
+//!   commute `a * b`, and with two NaN operands x86 returns the first's), and the reference
+//!   kernels themselves differ there between their own vectorised and scalar paths.
+//! - [`bind`] returns `None` (the executor then runs the bindings one by one, the reference
+//!   path) unless every input is a `float32` tensor, every operand's shape broadcasts, every
+//!   intermediate's shape broadcasts to the result's without changing it (so computing each
+//!   op at the result's shape gives each element its value), and, for an epilogue, the
+//!   result has the head's output shape (it writes in place).
+//!
+//! ```text
+//! @R.function(private=True)
+//! def fused_conv2d_add_sigmoid_multiply(x: R.Tensor((1, 8, 16, 16), dtype="float32"),
+//!         w: R.Tensor((48, 8, 1, 1), dtype="float32"), b: R.Tensor((1, 48, 1, 1), dtype="float32")):
+//!     R.func_attr({"Primitive": True})
+//!     with R.dataflow():
+//!         lv = R.nn.conv2d(x, w)
+//!         lv1 = R.add(lv, b)
+//!         lv2 = R.sigmoid(lv1)
+//!         gv = R.multiply(lv1, lv2)
+//!         R.output(gv)
+//!     return gv
+//! ```
+//!
+//! compiles to (`h`: the convolution's output tile; `in0`: `b`, one value per channel here;
+//! `out`: the tile, overwritten in place):
+//!
+//! ```text
+//! r0  = add(h, in0)
+//! r1  = sigmoid(r0)
+//! out = multiply(r0, r1)
+//! ```
+//!
+//! and runs as `conv2d_fused(x, w, [Step::Program(..)])`, profiled as one kernel
+//! `relax.nn.conv2d+relax.add+relax.sigmoid+relax.multiply`.
+
+use crate::elementwise::{BinOp, f32_op, gelu_tanh32, gelu32, sigmoid32};
+use crate::norm::erf32;
+use crate::util::broadcast_shapes;
+use fusebox_core::ir::{Callee, ExprId, ExprKind, Function, PrimValue, VarId};
+use fusebox_core::op::{Conv2dAttrs, ElemClass, ElemOp, Op};
+use fusebox_core::runtime::{Storage, Tensor};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// Elements per block: each operand's block is 4 KiB, so a program's registers stay in L1/L2.
+pub(crate) const BLOCK: usize = 1024;
+
+/// Elements per task of a program run alone (a multiple of [`BLOCK`]).
+const CHUNK: usize = 8 * BLOCK;
+
+/// The fewest output pixels per channel (`OH · OW`) for which a `conv2d` head runs the program
+/// as its epilogue (a call per row of one channel); below, the program makes one in-place
+/// pass over the convolution's output, which is still in cache.
+pub(crate) const EPILOGUE_MIN_ROW: usize = 256;
+
+/// The most dims an input may keep after merging (a broadcast of more runs op by op).
+const MAX_DIMS: usize = 8;
+
+/// A unary instruction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Un {
+    Neg,
+    Abs,
+    Relu,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Erf,
+    Gelu,
+    GeluTanh,
+    Silu,
+    /// `clip` of `float32` data with its bounds as the kernel reads them (`f64`, then `f32`).
+    Clip {
+        lo: f32,
+        hi: f32,
+    },
+    /// `astype(x, "float32")` of `float32` data: the value itself.
+    Copy,
+    /// A rounding or float-math op of `elem.rs`: its `f64` function, rounded to `f32`.
+    Wide(ElemOp),
+}
+
+/// A binary instruction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Bin {
+    /// The broadcasting arithmetic of `elementwise.rs` (its `f32` function).
+    Arith(BinOp),
+    /// Float `mod` (`floor`: `floor_mod`) of `elem.rs`, in `f64` rounded to `f32`.
+    Mod { floor: bool },
+}
+
+/// An instruction's operation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Kind {
+    Un(Un),
+    Bin(Bin),
+}
+
+/// Where an operand comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Src {
+    /// A register (an earlier binding's block).
+    Reg(usize),
+    /// Input `i` (see [`Program::leaves`]).
+    In(usize),
+    /// The head's (`conv2d`'s) output.
+    Head,
+}
+
+/// Where an instruction writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dst {
+    Reg(usize),
+    Out,
+}
+
+/// One instruction: `dst = kind(a[, b])`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Inst {
+    kind: Kind,
+    a: Src,
+    b: Option<Src>,
+    dst: Dst,
+}
+
+/// A value the program reads from outside: a parameter of the function or a constant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leaf {
+    /// Parameter `i`.
+    Param(usize),
+    /// A constant expression of the function.
+    Const(ExprId),
+}
+
+/// A first binding whose output the program reads.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Head {
+    /// `conv2d(data, weight)`: the program runs as the convolution's epilogue.
+    Conv {
+        data: Leaf,
+        weight: Leaf,
+        attrs: Conv2dAttrs,
+    },
+    /// `matmul(lhs, rhs)` (`op`): computed by its kernel, then the program in one pass over
+    /// its output.
+    Matmul { op: Op, lhs: Leaf, rhs: Leaf },
+}
+
+/// A compiled elementwise program.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Program {
+    insts: Vec<Inst>,
+    /// Registers in use at once (after reuse).
+    nregs: usize,
+    /// The inputs, in order of first use.
+    pub leaves: Vec<Leaf>,
+    /// The ops' names joined by `+` (the head's first): the kernel's name in profiles.
+    pub name: String,
+}
+
+/// A compiled group: an optional head (`conv2d`, `matmul`), then the program.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Group {
+    pub head: Option<Head>,
+    pub prog: Program,
+}
+
+/// The op call of binding value `e`: (op, args).
+fn op_call(f: &Function, e: ExprId) -> Option<(&Op, &[ExprId])> {
+    match f.exprs.get(e).map(|d| &d.kind) {
+        Some(ExprKind::Call {
+            callee: Callee::Op(op),
+            args,
+        }) => Some((op, args)),
+        _ => None,
+    }
+}
+
+/// A number prim argument as the `clip` kernel reads it (`f64`, then `f32`).
+fn prim_f32(f: &Function, e: ExprId) -> Option<f32> {
+    match f.exprs.get(e).map(|d| &d.kind) {
+        Some(ExprKind::Prim(PrimValue::Int(i))) => Some(*i as f64 as f32),
+        Some(ExprKind::Prim(PrimValue::Float(v, _))) => Some(*v as f32),
+        _ => None,
+    }
+}
+
+/// The instruction kind of an op call and how many of its arguments are operands.
+fn kind_of(f: &Function, op: &Op, args: &[ExprId]) -> Option<(Kind, usize)> {
+    let un = |u| Some((Kind::Un(u), 1));
+    let bin = |b| Some((Kind::Bin(Bin::Arith(b)), 2));
+    match op {
+        Op::Add => bin(BinOp::Add),
+        Op::Subtract => bin(BinOp::Sub),
+        Op::Multiply => bin(BinOp::Mul),
+        Op::Divide => bin(BinOp::Div),
+        Op::Power => bin(BinOp::Pow),
+        Op::Maximum => bin(BinOp::Max),
+        Op::Minimum => bin(BinOp::Min),
+        Op::Negative => un(Un::Neg),
+        Op::Abs => un(Un::Abs),
+        Op::Relu => un(Un::Relu),
+        Op::Exp => un(Un::Exp),
+        Op::Log => un(Un::Log),
+        Op::Sqrt => un(Un::Sqrt),
+        Op::Rsqrt => un(Un::Rsqrt),
+        Op::Tanh => un(Un::Tanh),
+        Op::Sigmoid => un(Un::Sigmoid),
+        Op::Erf => un(Un::Erf),
+        Op::Gelu => un(Un::Gelu),
+        Op::GeluTanh => un(Un::GeluTanh),
+        Op::Silu => un(Un::Silu),
+        Op::Clip => match args {
+            [_, lo, hi] => un(Un::Clip {
+                lo: prim_f32(f, *lo)?,
+                hi: prim_f32(f, *hi)?,
+            }),
+            _ => None,
+        },
+        Op::Astype {
+            dtype: fusebox_core::ir::DType::F32,
+        } => un(Un::Copy),
+        Op::Elem(e) => match e.class() {
+            ElemClass::Rounding | ElemClass::FloatMath => un(Un::Wide(*e)),
+            ElemClass::Modulo => Some((
+                Kind::Bin(Bin::Mod {
+                    floor: *e == ElemOp::FloorMod,
+                }),
+                2,
+            )),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Compiles `f` when it is an elementwise group (see the module doc): its bindings all
+/// covered elementwise ops, or a `conv2d` of parameters/constants followed by such ops that
+/// read its output; the result the last binding. `None` otherwise.
+pub(crate) fn compile(f: &Function) -> Option<Group> {
+    let bindings: Vec<_> = f.bindings().copied().collect();
+    let last = bindings.last()?;
+    let ret = match f.ret.and_then(|r| f.exprs.get(r)).map(|d| &d.kind) {
+        Some(ExprKind::Var(v)) => *v,
+        _ => return None,
+    };
+    if ret != last.var || bindings.len() < 2 {
+        return None;
+    }
+    let leaf_of = |e: ExprId| -> Option<Leaf> {
+        match f.exprs.get(e).map(|d| &d.kind)? {
+            ExprKind::Var(v) => f.params.iter().position(|p| p == v).map(Leaf::Param),
+            ExprKind::Const(_) => Some(Leaf::Const(e)),
+            _ => None,
+        }
+    };
+    let mut rest = &bindings[..];
+    let mut head = None;
+    let mut head_var: Option<VarId> = None;
+    let mut names: Vec<String> = Vec::new();
+    match op_call(f, bindings[0].value) {
+        Some((Op::Conv2d(attrs), [data, weight])) => {
+            head = Some(Head::Conv {
+                data: leaf_of(*data)?,
+                weight: leaf_of(*weight)?,
+                attrs: (**attrs).clone(),
+            });
+        }
+        Some((op @ Op::Matmul { .. }, [lhs, rhs])) => {
+            head = Some(Head::Matmul {
+                op: op.clone(),
+                lhs: leaf_of(*lhs)?,
+                rhs: leaf_of(*rhs)?,
+            });
+        }
+        _ => {}
+    }
+    if let (Some(_), Some((op, _))) = (&head, op_call(f, bindings[0].value)) {
+        head_var = Some(bindings[0].var);
+        names.push(op.name().to_string());
+        rest = &bindings[1..];
+    }
+    // Virtual registers: one per binding of `rest`, in order.
+    let mut leaves: Vec<Leaf> = Vec::new();
+    let mut code: Vec<(Kind, Src, Option<Src>)> = Vec::new();
+    for b in rest {
+        let (op, args) = op_call(f, b.value)?;
+        let (kind, arity) = kind_of(f, op, args)?;
+        let mut src = |e: ExprId| -> Option<Src> {
+            if let Some(ExprKind::Var(v)) = f.exprs.get(e).map(|d| &d.kind) {
+                if Some(*v) == head_var {
+                    return Some(Src::Head);
+                }
+                if let Some(k) = rest.iter().position(|x| x.var == *v) {
+                    return Some(Src::Reg(k));
+                }
+            }
+            let leaf = leaf_of(e)?;
+            let i = match leaves.iter().position(|l| *l == leaf) {
+                Some(i) => i,
+                None => {
+                    leaves.push(leaf);
+                    leaves.len() - 1
+                }
+            };
+            Some(Src::In(i))
+        };
+        let a = src(*args.first()?)?;
+        let b2 = if arity == 2 {
+            Some(src(*args.get(1)?)?)
+        } else {
+            None
+        };
+        // Operands read earlier bindings only (the IR's order guarantees it; checked anyway).
+        let k = code.len();
+        if [Some(a), b2]
+            .iter()
+            .flatten()
+            .any(|s| matches!(s, Src::Reg(r) if *r >= k))
+        {
+            return None;
+        }
+        code.push((kind, a, b2));
+        names.push(op.name().to_string());
+    }
+    if code.is_empty() {
+        return None;
+    }
+    let (insts, nregs) = allocate(&code);
+    Some(Group {
+        head,
+        prog: Program {
+            insts,
+            nregs,
+            leaves,
+            name: names.join("+"),
+        },
+    })
+}
+
+/// Maps the virtual registers (one per instruction) to reused block buffers: an
+/// instruction's destination is taken before its operands' registers are freed (so it never
+/// aliases one), and the last instruction writes the output.
+fn allocate(code: &[(Kind, Src, Option<Src>)]) -> (Vec<Inst>, usize) {
+    let mut last_use: Vec<Option<usize>> = vec![None; code.len()];
+    for (k, (_, a, b)) in code.iter().enumerate() {
+        for s in [Some(*a), *b].into_iter().flatten() {
+            if let Src::Reg(r) = s {
+                last_use[r] = Some(k);
+            }
+        }
+    }
+    let mut phys: Vec<usize> = vec![0; code.len()];
+    let mut free: Vec<usize> = Vec::new();
+    let mut nregs = 0;
+    let mut insts = Vec::with_capacity(code.len());
+    let map = |s: Src, phys: &[usize]| match s {
+        Src::Reg(r) => Src::Reg(phys[r]),
+        s => s,
+    };
+    for (k, &(kind, a, b)) in code.iter().enumerate() {
+        let (a, b) = (map(a, &phys), b.map(|b| map(b, &phys)));
+        let dst = if k + 1 == code.len() {
+            Dst::Out
+        } else {
+            let r = free.pop().unwrap_or_else(|| {
+                nregs += 1;
+                nregs - 1
+            });
+            phys[k] = r;
+            Dst::Reg(r)
+        };
+        insts.push(Inst { kind, a, b, dst });
+        for s in [Some(code[k].1), code[k].2].into_iter().flatten() {
+            if let Src::Reg(r) = s
+                && last_use[r] == Some(k)
+                && !free.contains(&phys[r])
+            {
+                free.push(phys[r]);
+            }
+        }
+        // A result nothing reads frees its register at once.
+        if let Dst::Reg(r) = insts[k].dst
+            && last_use[k].is_none()
+        {
+            free.push(r);
+        }
+    }
+    (insts, nregs)
+}
+
+/// How an input is read for a range of the output.
+#[derive(Clone, Debug)]
+enum Access {
+    /// One element for all (a scalar, or a tensor of one element).
+    Scalar(f32),
+    /// The output's own shape: element `i` of the output reads element `i`.
+    Full,
+    /// A broadcast: (extent, stride) per merged dim of the output, outermost first.
+    Strided(Vec<(usize, usize)>),
+}
+
+/// A program bound to run-time values: the inputs and the result's shape.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    prog: Program,
+    inputs: Vec<(Tensor, Access)>,
+    shape: Vec<usize>,
+}
+
+/// How an operand of shape `s` broadcast to `out` is read (`s` broadcasts to `out`).
+fn access(s: &[usize], out: &[usize], data: &[f32]) -> Option<Access> {
+    let numel: usize = out.iter().product();
+    if data.len() == 1 {
+        return Some(Access::Scalar(data[0]));
+    }
+    if data.len() == numel {
+        return Some(Access::Full);
+    }
+    // Strides of `s` right-aligned to `out`, 0 where broadcast.
+    let off = out.len().checked_sub(s.len())?;
+    let mut strides = vec![0usize; out.len()];
+    let mut acc = 1usize;
+    for j in (0..s.len()).rev() {
+        if s[j] != 1 {
+            strides[off + j] = acc;
+        }
+        acc = acc.checked_mul(s[j])?;
+    }
+    let mut dims: Vec<(usize, usize)> = Vec::new();
+    for (j, &e) in out.iter().enumerate() {
+        if e == 1 {
+            continue;
+        }
+        let st = strides[j];
+        match dims.last_mut() {
+            // The previous (outer) dim continues this one: merge them.
+            Some((pe, ps)) if *ps == st * e => {
+                *pe *= e;
+                *ps = st;
+            }
+            _ => dims.push((e, st)),
+        }
+    }
+    (dims.len() <= MAX_DIMS).then_some(Access::Strided(dims))
+}
+
+/// The result's shape of `prog` on inputs of `leaves` shapes (and a head's output of shape
+/// `head`), when every operand broadcasts and every value (inputs, intermediates, the head's
+/// output) broadcasts to the result without changing it; `None` otherwise.
+fn result_shape(prog: &Program, leaves: &[&[usize]], head: Option<&[usize]>) -> Option<Vec<usize>> {
+    // Physical registers are reused, so track the shape each currently holds.
+    let mut regs: Vec<Vec<usize>> = vec![Vec::new(); prog.nregs];
+    let mut shapes: Vec<Vec<usize>> = Vec::with_capacity(prog.insts.len());
+    let shape_of = |s: Src, regs: &[Vec<usize>]| -> Option<Vec<usize>> {
+        match s {
+            Src::Reg(r) => regs.get(r).cloned(),
+            Src::In(i) => leaves.get(i).map(|s| s.to_vec()),
+            Src::Head => head.map(<[usize]>::to_vec),
+        }
+    };
+    for inst in &prog.insts {
+        let a = shape_of(inst.a, &regs)?;
+        let s = match inst.b {
+            Some(b) => broadcast_shapes(&a, &shape_of(b, &regs)?).ok()?,
+            None => a,
+        };
+        if let Dst::Reg(r) = inst.dst {
+            *regs.get_mut(r)? = s.clone();
+        }
+        shapes.push(s);
+    }
+    let out = shapes.last()?.clone();
+    let fits = |s: &[usize]| broadcast_shapes(s, &out).is_ok_and(|b| b == out);
+    let all =
+        shapes.iter().all(|s| fits(s)) && leaves.iter().all(|s| fits(s)) && head.is_none_or(fits);
+    all.then_some(out)
+}
+
+/// Binds a program to run-time inputs (`leaves[i]` for [`Program::leaves`]`[i]`) and, after a
+/// head, the head's output shape, which the result must have (the epilogue overwrites the
+/// head's output); `None` when the values do not allow the one-pass run (see the module doc).
+pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) -> Option<Bound> {
+    if leaves.len() != prog.leaves.len() || leaves.iter().any(|t| t.as_f32().is_none()) {
+        return None;
+    }
+    let shapes: Vec<&[usize]> = leaves.iter().map(Tensor::shape).collect();
+    let out = result_shape(prog, &shapes, head)?;
+    if head.is_some_and(|h| h != out.as_slice()) {
+        return None;
+    }
+    let inputs = leaves
+        .iter()
+        .map(|t| Some((t.clone(), access(t.shape(), &out, t.as_f32()?)?)))
+        .collect::<Option<Vec<_>>>()?;
+    Some(Bound {
+        prog: prog.clone(),
+        inputs,
+        shape: out,
+    })
+}
+
+/// Whether a program whose result is larger than its head's output (shape `head`: a
+/// squeeze-and-excite block's `conv2d` on pooled values, then `multiply` by the feature map)
+/// can run after the head on these inputs, the head's output read as one more input
+/// ([`bind_after`]).
+pub(crate) fn fits_after(prog: &Program, leaves: &[Tensor], head: &[usize]) -> bool {
+    let shapes: Vec<&[usize]> = leaves.iter().map(Tensor::shape).collect();
+    leaves.len() == prog.leaves.len()
+        && leaves.iter().all(|t| t.as_f32().is_some())
+        && result_shape(prog, &shapes, Some(head)).is_some()
+}
+
+/// Binds a program to its inputs and its head's output `head` (computed already), read as one
+/// more input broadcast to the result: the program then runs as its own pass ([`Bound::run`]).
+pub(crate) fn bind_after(prog: &Program, leaves: &[Tensor], head: Tensor) -> Option<Bound> {
+    let n = leaves.len();
+    let mut p = prog.clone();
+    let map = |s: &mut Src| {
+        if *s == Src::Head {
+            *s = Src::In(n);
+        }
+    };
+    for inst in &mut p.insts {
+        map(&mut inst.a);
+        if let Some(b) = &mut inst.b {
+            map(b);
+        }
+    }
+    let mut all = leaves.to_vec();
+    all.push(head);
+    // A placeholder: the executor reads `Program::leaves` of the compiled program, not of
+    // this one, which only `bind` sees (it counts them).
+    p.leaves.push(Leaf::Param(usize::MAX));
+    bind(&p, &all, None)
+}
+
+/// A block operand: a slice of the block's length, or one value for all of it.
+#[derive(Clone, Copy)]
+enum Opnd<'a> {
+    S(&'a [f32]),
+    C(f32),
+}
+
+/// A thread's block buffers.
+struct Scratch {
+    regs: Vec<Vec<f32>>,
+    /// Gathered blocks of broadcast inputs, and whether one is constant over the block.
+    bufs: Vec<Vec<f32>>,
+    consts: Vec<Option<f32>>,
+    /// The head's block (the epilogue overwrites the tile it reads).
+    head: Vec<f32>,
+}
+
+impl Scratch {
+    const fn new() -> Scratch {
+        Scratch {
+            regs: Vec::new(),
+            bufs: Vec::new(),
+            consts: Vec::new(),
+            head: Vec::new(),
+        }
+    }
+
+    /// Makes room for `nregs` registers and `ninputs` inputs (buffers are only ever grown).
+    #[inline]
+    fn fit(&mut self, nregs: usize, ninputs: usize) {
+        if self.regs.len() >= nregs && self.bufs.len() >= ninputs && !self.head.is_empty() {
+            return;
+        }
+        let grow = |v: &mut Vec<Vec<f32>>, n: usize| {
+            if v.len() < n {
+                v.resize_with(n, Vec::new);
+            }
+            for b in v.iter_mut().take(n) {
+                if b.len() < BLOCK {
+                    b.resize(BLOCK, 0.0);
+                }
+            }
+        };
+        grow(&mut self.regs, nregs);
+        grow(&mut self.bufs, ninputs);
+        if self.consts.len() < ninputs {
+            self.consts.resize(ninputs, None);
+        }
+        if self.head.len() < BLOCK {
+            self.head.resize(BLOCK, 0.0);
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch::new()) };
+}
+
+/// Gathers `buf.len()` elements of a broadcast input starting at output element `at`;
+/// returns the value instead when they are all the same element (a per-channel value over
+/// a tile of one channel).
+#[inline(always)]
+fn gather(dims: &[(usize, usize)], data: &[f32], at: usize, buf: &mut [f32]) -> Option<f32> {
+    let Some(&(ie, is)) = dims.last() else {
+        return data.first().copied();
+    };
+    let mut idx = [0usize; MAX_DIMS];
+    let mut rem = at;
+    for (j, &(e, _)) in dims.iter().enumerate().rev() {
+        idx[j] = rem % e;
+        rem /= e;
+    }
+    let offset = |idx: &[usize; MAX_DIMS]| -> usize {
+        dims.iter().enumerate().map(|(j, &(_, s))| idx[j] * s).sum()
+    };
+    let inner = dims.len() - 1;
+    if is == 0 && idx[inner] + buf.len() <= ie {
+        return data.get(offset(&idx)).copied();
+    }
+    let mut done = 0;
+    while done < buf.len() {
+        let run = (ie - idx[inner]).min(buf.len() - done);
+        let o = offset(&idx);
+        let dst = &mut buf[done..done + run];
+        match is {
+            0 => dst.fill(data.get(o).copied().unwrap_or(0.0)),
+            1 => dst.copy_from_slice(&data[o..o + run]),
+            s => dst
+                .iter_mut()
+                .enumerate()
+                .for_each(|(k, d)| *d = data[o + k * s]),
+        }
+        done += run;
+        idx[inner] += run;
+        // Carry into the outer dims.
+        let mut j = inner;
+        while idx[j] >= dims[j].0 && j > 0 {
+            idx[j] = 0;
+            j -= 1;
+            idx[j] += 1;
+        }
+    }
+    None
+}
+
+/// `d = f(a)` over a block.
+#[inline(always)]
+fn un_loop(d: &mut [f32], a: Opnd<'_>, f: impl Fn(f32) -> f32) {
+    match a {
+        Opnd::S(x) => d.iter_mut().zip(x).for_each(|(d, &v)| *d = f(v)),
+        Opnd::C(v) => d.fill(f(v)),
+    }
+}
+
+/// `d = f(a, b)` over a block, in the op's operand order.
+#[inline(always)]
+fn bin_loop(d: &mut [f32], a: Opnd<'_>, b: Opnd<'_>, f: impl Fn(f32, f32) -> f32) {
+    match (a, b) {
+        (Opnd::S(x), Opnd::S(y)) => d
+            .iter_mut()
+            .zip(x)
+            .zip(y)
+            .for_each(|((d, &p), &q)| *d = f(p, q)),
+        (Opnd::S(x), Opnd::C(q)) => d.iter_mut().zip(x).for_each(|(d, &p)| *d = f(p, q)),
+        (Opnd::C(p), Opnd::S(y)) => d.iter_mut().zip(y).for_each(|(d, &q)| *d = f(p, q)),
+        (Opnd::C(p), Opnd::C(q)) => d.fill(f(p, q)),
+    }
+}
+
+/// One instruction over a block: the arithmetic of its op's `float32` kernel.
+#[inline(always)]
+fn exec(kind: Kind, d: &mut [f32], a: Opnd<'_>, b: Opnd<'_>) {
+    match kind {
+        Kind::Un(u) => match u {
+            Un::Neg => un_loop(d, a, |x| -x),
+            Un::Abs => un_loop(d, a, f32::abs),
+            Un::Relu => un_loop(d, a, crate::conv::relu),
+            Un::Exp => un_loop(d, a, f32::exp),
+            Un::Log => un_loop(d, a, f32::ln),
+            Un::Sqrt => un_loop(d, a, f32::sqrt),
+            Un::Rsqrt => un_loop(d, a, |x| 1.0 / x.sqrt()),
+            Un::Tanh => un_loop(d, a, f32::tanh),
+            Un::Sigmoid => un_loop(d, a, sigmoid32),
+            Un::Erf => un_loop(d, a, erf32),
+            Un::Gelu => un_loop(d, a, gelu32),
+            Un::GeluTanh => un_loop(d, a, gelu_tanh32),
+            Un::Silu => un_loop(d, a, |x| x * sigmoid32(x)),
+            Un::Clip { lo, hi } => un_loop(d, a, |x| x.max(lo).min(hi)),
+            Un::Copy => un_loop(d, a, |x| x),
+            Un::Wide(op) => {
+                let f = crate::elem::float_fn(op);
+                un_loop(d, a, |x| f(f64::from(x)) as f32);
+            }
+        },
+        Kind::Bin(Bin::Arith(op)) => match op {
+            BinOp::Add => bin_loop(d, a, b, |p, q| p + q),
+            BinOp::Sub => bin_loop(d, a, b, |p, q| p - q),
+            BinOp::Mul => bin_loop(d, a, b, |p, q| p * q),
+            BinOp::Div => bin_loop(d, a, b, |p, q| p / q),
+            BinOp::Max => bin_loop(d, a, b, f32::max),
+            BinOp::Min => bin_loop(d, a, b, f32::min),
+            BinOp::Pow => bin_loop(d, a, b, f32_op(BinOp::Pow)),
+        },
+        Kind::Bin(Bin::Mod { floor }) => bin_loop(d, a, b, |p, q| {
+            crate::elem::float_mod(f64::from(p), f64::from(q), floor) as f32
+        }),
+    }
+}
+
+impl Bound {
+    /// The result's shape.
+    pub(crate) fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The program's name in profiles.
+    pub(crate) fn name(&self) -> &str {
+        &self.prog.name
+    }
+
+    /// Runs the program (no head) over the whole output, in chunks on the kernel threads.
+    pub(crate) fn run(&self) -> Result<Tensor, String> {
+        let n: usize = self.shape.iter().product();
+        let t = crate::par::threads_for(n, 2 * CHUNK);
+        let mut out = crate::par::scratch_f32(n, t);
+        crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| self.eval(off, c, false));
+        Tensor::new(self.shape.clone(), Storage::F32(out)).map_err(|e| e.to_string())
+    }
+
+    /// The epilogue of a head: `row` holds the head's output for output elements
+    /// `at..at + row.len()` and is overwritten with the program's result there.
+    pub(crate) fn apply(&self, at: usize, row: &mut [f32]) {
+        self.eval(at, row, true);
+    }
+
+    /// [`Bound::apply`] to the whole of `out` (the head's output, overwritten with the
+    /// program's result), in chunks on the kernel threads: for a head whose epilogue rows
+    /// would be too short to pay for a call each.
+    pub(crate) fn apply_all(&self, out: &mut [f32]) {
+        let t = crate::par::threads_for(out.len(), 2 * CHUNK);
+        crate::par::for_each_chunk_mut(out, CHUNK, t, |off, c| self.eval(off, c, true));
+    }
+
+    /// Output elements `at..at + out.len()`, block by block, in a function compiled for the
+    /// CPU's widest instruction set; with `head`, `out` holds the head's output on entry.
+    fn eval(&self, at: usize, out: &mut [f32], head: bool) {
+        struct Run<'a>(&'a Bound, usize, &'a mut [f32], bool, &'a mut Scratch);
+        impl pulp::WithSimd for Run<'_> {
+            type Output = ();
+            #[inline(always)]
+            fn with_simd<S: pulp::Simd>(self, _: S) {
+                let Run(b, at, out, head, scratch) = self;
+                for (k, blk) in out.chunks_mut(BLOCK).enumerate() {
+                    b.eval_block(at + k * BLOCK, blk, head, scratch);
+                }
+            }
+        }
+        SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut scratch) => {
+                scratch.fit(self.prog.nregs, self.inputs.len());
+                crate::simd::dispatch(Run(self, at, out, head, &mut scratch));
+            }
+            // Not reached (a program never runs inside another on one thread); kept safe.
+            Err(_) => {
+                let mut scratch = Scratch::new();
+                scratch.fit(self.prog.nregs, self.inputs.len());
+                crate::simd::dispatch(Run(self, at, out, head, &mut scratch));
+            }
+        });
+    }
+
+    /// One block (at most [`BLOCK`] elements) at output element `at`.
+    #[inline(always)]
+    fn eval_block(&self, at: usize, out: &mut [f32], head: bool, scratch: &mut Scratch) {
+        let len = out.len();
+        let Scratch {
+            regs,
+            bufs,
+            consts,
+            head: hbuf,
+        } = scratch;
+        if head {
+            hbuf[..len].copy_from_slice(out);
+        }
+        for (i, (t, acc)) in self.inputs.iter().enumerate() {
+            if let (Access::Strided(dims), Some(data)) = (acc, t.as_f32()) {
+                consts[i] = gather(dims, data, at, &mut bufs[i][..len]);
+            }
+        }
+        for inst in &self.prog.insts {
+            let mut tmp = match inst.dst {
+                Dst::Reg(r) => std::mem::take(&mut regs[r]),
+                Dst::Out => Vec::new(),
+            };
+            {
+                let ctx = Operands {
+                    b: self,
+                    regs,
+                    bufs,
+                    consts,
+                    head: hbuf,
+                    at,
+                    len,
+                };
+                let d: &mut [f32] = match inst.dst {
+                    Dst::Reg(_) => &mut tmp[..len],
+                    Dst::Out => &mut *out,
+                };
+                let a = ctx.get(inst.a);
+                let b = match inst.b {
+                    Some(s) => ctx.get(s),
+                    None => Opnd::C(0.0),
+                };
+                exec(inst.kind, d, a, b);
+            }
+            if let Dst::Reg(r) = inst.dst {
+                regs[r] = tmp;
+            }
+        }
+    }
+}
+
+/// What a block's operands are read from.
+struct Operands<'a> {
+    b: &'a Bound,
+    regs: &'a [Vec<f32>],
+    bufs: &'a [Vec<f32>],
+    consts: &'a [Option<f32>],
+    head: &'a [f32],
+    at: usize,
+    len: usize,
+}
+
+impl<'a> Operands<'a> {
+    #[inline(always)]
+    fn get(&self, s: Src) -> Opnd<'a> {
+        let len = self.len;
+        match s {
+            Src::Reg(r) => Opnd::S(&self.regs[r][..len]),
+            Src::Head => Opnd::S(&self.head[..len]),
+            Src::In(i) => match &self.b.inputs[i] {
+                (_, Access::Scalar(v)) => Opnd::C(*v),
+                (t, Access::Full) => {
+                    Opnd::S(t.as_f32().map_or(&[][..], |d| &d[self.at..self.at + len]))
+                }
+                (_, Access::Strided(_)) => match self.consts[i] {
+                    Some(v) => Opnd::C(v),
+                    None => Opnd::S(&self.bufs[i][..len]),
+                },
+            },
+        }
+    }
+}
+
+/// A bound program as a convolution epilogue step ([`crate::conv::Step::Program`]); steps
+/// compare equal only when they are the same program.
+#[derive(Clone, Debug)]
+pub(crate) struct ProgramStep(pub Arc<Bound>);
+
+impl PartialEq for ProgramStep {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+#[cfg(test)]
+#[path = "elem_program_tests.rs"]
+mod tests;

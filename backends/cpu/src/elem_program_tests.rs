@@ -1,0 +1,646 @@
+//! Elementwise programs against the reference: the same Relax function run through the
+//! executor with `Primitive` set (one program) and cleared (the op-by-op kernels), bit for
+//! bit (NaN for NaN), for every thread count; conv2d + SiLU / hardswish epilogues likewise; and the
+//! fallback of other dtypes.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    reason = "test code: a failure is a panic"
+)]
+
+use super::*;
+use crate::par::with_threads;
+use fusebox_core::runtime::Value;
+use proptest::prelude::*;
+
+/// Unary ops by their text form (`{}`: the operand).
+const UNARY: &[&str] = &[
+    "R.negative({})",
+    "R.abs({})",
+    "R.nn.relu({})",
+    "R.exp({})",
+    "R.log({})",
+    "R.sqrt({})",
+    "R.rsqrt({})",
+    "R.tanh({})",
+    "R.sigmoid({})",
+    "R.erf({})",
+    "R.nn.gelu({})",
+    "R.nn.gelu_tanh({})",
+    "R.nn.silu({})",
+    "R.clip({}, R.prim_value(T.float32(-0.5)), R.prim_value(T.float32(1.5)))",
+    "R.clip({}, R.prim_value(0), R.prim_value(6))",
+    "R.astype({}, dtype=\"float32\")",
+    "R.floor({})",
+    "R.ceil({})",
+    "R.round({})",
+    "R.sign({})",
+    "R.sin({})",
+    "R.cos({})",
+    "R.tan({})",
+    "R.asin({})",
+    "R.acos({})",
+    "R.atan({})",
+    "R.sinh({})",
+    "R.cosh({})",
+    "R.asinh({})",
+    "R.acosh({})",
+    "R.atanh({})",
+];
+
+/// Binary ops by their text name.
+const BINARY: &[&str] = &[
+    "R.add",
+    "R.subtract",
+    "R.multiply",
+    "R.divide",
+    "R.power",
+    "R.maximum",
+    "R.minimum",
+    "R.mod",
+    "R.floor_mod",
+];
+
+/// A deterministic generator of test values, a quarter of them special.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn value(&mut self) -> f32 {
+        const SPECIAL: [f32; 14] = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            3.0e38,
+            -3.0e38,
+            1.0e-40,
+            -1.0e-40,
+            1.0,
+            -1.0,
+            0.5,
+            2.0,
+            -6.0,
+        ];
+        let r = self.next();
+        if r.is_multiple_of(4) {
+            let s = SPECIAL[(r >> 8) as usize % SPECIAL.len()];
+            // NaNs with distinct payloads and signs: operand order shows in the result.
+            if s.is_nan() {
+                return f32::from_bits(0x7fc0_0000 | ((r >> 20) as u32 & 0x803f_ffff));
+            }
+            return s;
+        }
+        ((r >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+    }
+    fn tensor(&mut self, shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_f32(shape.to_vec(), (0..n).map(|_| self.value()).collect()).unwrap()
+    }
+}
+
+fn ty(shape: &[usize], dtype: &str) -> String {
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    let comma = if shape.len() == 1 { "," } else { "" };
+    format!("R.Tensor(({}{comma}), dtype=\"{dtype}\")", dims.join(", "))
+}
+
+/// A module whose `main` calls `fused`, a `Primitive` function of `params` (shapes) with
+/// `body` (lines `name = expr`, the last one returned) of result shape `out`.
+fn module_src(params: &[Vec<usize>], dtype: &str, body: &[String], out: &[usize]) -> String {
+    let ps: Vec<String> = params
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("p{i}: {}", ty(s, dtype)))
+        .collect();
+    let names: Vec<String> = (0..params.len()).map(|i| format!("p{i}")).collect();
+    let ret = ty(out, dtype);
+    let mut s = format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused({}) -> {ret}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n",
+        ps.join(", ")
+    );
+    for line in body {
+        s.push_str(&format!("            {line}\n"));
+    }
+    let last = body
+        .last()
+        .and_then(|l| l.split(" = ").next())
+        .unwrap_or("p0");
+    s.push_str(&format!(
+        "            R.output({last})\n        return {last}\n\n    @R.function\n    def main({}) -> {ret}:\n        with R.dataflow():\n            gv = Module.fused({})\n            R.output(gv)\n        return gv\n",
+        ps.join(", "),
+        names.join(", ")
+    ));
+    s
+}
+
+/// `src` with `Primitive` cleared: the executor interprets `fused` op by op.
+fn plain(src: &str) -> String {
+    src.replace("\"Primitive\": True", "\"Primitive\": False")
+}
+
+/// Whether two results agree: the same bits, or both NaN (a NaN's sign and payload are
+/// not specified by Rust: LLVM may commute `a * b` when both are NaN, and the reference
+/// kernels' own paths differ there, see the module doc of `elem_program.rs`).
+fn same(a: u32, b: u32) -> bool {
+    a == b || (f32::from_bits(a).is_nan() && f32::from_bits(b).is_nan())
+}
+
+fn bits(v: &Value) -> Vec<u32> {
+    match v {
+        Value::Tensor(t) => t.to_f32_vec().iter().map(|x| x.to_bits()).collect(),
+        v => panic!("not a tensor: {}", v.kind()),
+    }
+}
+
+/// The profile entries of a run of `src`.
+fn profile(src: &str, args: Vec<Value>) -> Vec<String> {
+    let m = fusebox_core::text::parse_module_str(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let (_, p) = crate::run_profiled(&m, "main", args).unwrap();
+    p.into_iter().map(|p| p.name).collect()
+}
+
+/// Runs `src` as written on 1, 2 and 3 threads and with `Primitive` cleared; asserts every
+/// result has the reference's bits and that the fused runs took the program (`kernel` in
+/// the profile, and none of the op-by-op kernels).
+fn check(src: &str, args: &[Value], kernel: &str) {
+    let parse =
+        |s: &str| fusebox_core::text::parse_module_str(s).unwrap_or_else(|e| panic!("{e}\n{s}"));
+    let (fused, reference) = (parse(src), parse(&plain(src)));
+    let want = bits(&crate::run(&reference, "main", args.to_vec()).unwrap());
+    for t in [1, 2, 3] {
+        let got = bits(&with_threads(t, || crate::run(&fused, "main", args.to_vec())).unwrap());
+        assert_eq!(got.len(), want.len(), "{t} thread(s)\n{src}");
+        if let Some(i) = (0..got.len()).find(|&i| !same(got[i], want[i])) {
+            let inputs: Vec<String> = args
+                .iter()
+                .map(|a| match a {
+                    Value::Tensor(t) => {
+                        let v = t.to_f32_vec();
+                        format!("{:?}", v.get(i % v.len().max(1)))
+                    }
+                    _ => String::new(),
+                })
+                .collect();
+            panic!(
+                "{t} thread(s): element {i}: {:?} ({:#x}), want {:?} ({:#x}); inputs there (if not broadcast) {inputs:?}\n{src}",
+                f32::from_bits(got[i]),
+                got[i],
+                f32::from_bits(want[i]),
+                want[i]
+            );
+        }
+    }
+    let names = profile(src, args.to_vec());
+    assert!(
+        names.iter().any(|n| n == kernel),
+        "no `{kernel}` in {names:?}\n{src}"
+    );
+    assert!(
+        names.iter().all(|n| n == kernel || n == "fused"),
+        "op-by-op kernels ran: {names:?}\n{src}"
+    );
+}
+
+/// The profile name of a text op (`R.nn.relu(..)` → `relax.nn.relu`).
+fn op_name(text: &str) -> String {
+    let head = text.split('(').next().unwrap_or(text);
+    format!("relax.{}", head.trim_start_matches("R."))
+}
+
+#[test]
+fn every_op_gives_its_kernels_bits() {
+    let mut r = Rng(7);
+    // Large enough (36,000 elements) for the reference kernels' chunked paths (`erf32_row`,
+    // GELU's row kernel, the threaded same-shape binary ops).
+    let shape = [3, 12000];
+    for u in UNARY {
+        // op, then `negative` (exact: it flips the sign bit) so the group has two bindings.
+        let body = vec![
+            format!("a = {}", u.replace("{}", "p0")),
+            "b = R.negative(a)".to_string(),
+        ];
+        let src = module_src(&[shape.to_vec()], "float32", &body, &shape);
+        let args = [Value::Tensor(r.tensor(&shape))];
+        check(&src, &args, &format!("{}+relax.negative", op_name(u)));
+    }
+    for b in BINARY {
+        // Both operand orders, a broadcast operand, and the op's result fed back.
+        let body = vec![format!("a = {b}(p0, p1)"), format!("c = {b}(p1, a)")];
+        let src = module_src(&[shape.to_vec(), vec![12000]], "float32", &body, &shape);
+        let args = [
+            Value::Tensor(r.tensor(&shape)),
+            Value::Tensor(r.tensor(&[12000])),
+        ];
+        let name = op_name(b);
+        check(&src, &args, &format!("{name}+{name}"));
+    }
+}
+
+/// A random broadcast of `out`: the full shape, a scalar, one value per channel (dim 1), the
+/// last dim only, or random dims set to 1 and leading dims dropped.
+fn broadcast_of(out: &[usize], pick: u64) -> Vec<usize> {
+    match pick % 6 {
+        0 | 1 => out.to_vec(),
+        2 => Vec::new(),
+        3 if out.len() >= 2 => out
+            .iter()
+            .enumerate()
+            .map(|(j, &d)| if j == 1 { d } else { 1 })
+            .collect(),
+        4 => out.last().map(|&d| vec![d]).unwrap_or_default(),
+        _ => {
+            let drop = (pick >> 3) as usize % (out.len() + 1);
+            out[drop..]
+                .iter()
+                .enumerate()
+                .map(|(j, &d)| if (pick >> (8 + j)) & 1 == 1 { 1 } else { d })
+                .collect()
+        }
+    }
+}
+
+/// A random group over result shape `out`: `steps` instructions (op choices and operand
+/// picks from `picks`), the first reading a full-shape input; returns the param shapes, the
+/// body and the result shape.
+fn random_group(out: &[usize], picks: &[u64]) -> (Vec<Vec<usize>>, Vec<String>, Vec<usize>) {
+    let mut params: Vec<Vec<usize>> = vec![out.to_vec()];
+    // (name, shape) of the values so far: the params, then each binding.
+    let mut vals: Vec<(String, Vec<usize>)> = vec![("p0".to_string(), out.to_vec())];
+    let mut body = Vec::new();
+    for (k, &p) in picks.iter().enumerate() {
+        let running = vals.last().cloned().unwrap_or_default();
+        // An operand: the running value, an earlier value, or a new input.
+        let mut operand = |q: u64| -> (String, Vec<usize>) {
+            match q % 4 {
+                0 | 1 => running.clone(),
+                2 => vals[(q >> 2) as usize % vals.len()].clone(),
+                _ => {
+                    let s = broadcast_of(out, q >> 2);
+                    params.push(s.clone());
+                    (format!("p{}", params.len() - 1), s)
+                }
+            }
+        };
+        let name = format!("v{k}");
+        let (expr, shape) = if p % 3 == 0 {
+            let (a, sa) = operand(p >> 4);
+            (
+                UNARY[(p >> 12) as usize % UNARY.len()].replace("{}", &a),
+                sa,
+            )
+        } else {
+            let (a, sa) = operand(p >> 4);
+            let (b, sb) = operand(p >> 20);
+            let op = BINARY[(p >> 36) as usize % BINARY.len()];
+            let (a, b, sa, sb) = if (p >> 44) & 1 == 1 {
+                (b, a, sb, sa)
+            } else {
+                (a, b, sa, sb)
+            };
+            let s = broadcast_shapes(&sa, &sb).unwrap();
+            (format!("{op}({a}, {b})"), s)
+        };
+        body.push(format!("{name} = {expr}"));
+        vals.push((name, shape));
+    }
+    // A result smaller than `out` (only broadcast inputs read at the end): add the full input,
+    // so every value broadcasts to the result (else the program declines, rightly).
+    if vals.last().is_some_and(|v| v.1 != out) {
+        let k = body.len();
+        let last = vals.last().map(|v| v.0.clone()).unwrap_or_default();
+        body.push(format!("v{k} = R.add({last}, p0)"));
+    }
+    (params, body, out.to_vec())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_chains_give_the_op_by_op_bits(
+        shape in prop::sample::select(vec![
+            vec![7usize],
+            vec![2, 3, 5],
+            vec![1, 4, 3, 3],
+            vec![3, 1100],
+            vec![2, 4, 80, 80],
+        ]),
+        picks in prop::collection::vec(any::<u64>(), 2..7),
+        seed in 1u64..u64::MAX,
+    ) {
+        let (params, body, out) = random_group(&shape, &picks);
+        let src = module_src(&params, "float32", &body, &out);
+        let mut r = Rng(seed);
+        let args: Vec<Value> = params.iter().map(|s| Value::Tensor(r.tensor(s))).collect();
+        let names: Vec<String> = body
+            .iter()
+            .map(|l| op_name(l.split(" = ").nth(1).unwrap_or("")))
+            .collect();
+        check(&src, &args, &names.join("+"));
+    }
+}
+
+#[test]
+fn registers_are_reused_and_never_alias_an_operand() {
+    // a feeds b and d; b feeds c; the last reads c and a.
+    let src = module_src(
+        &[vec![4, 300]],
+        "float32",
+        &[
+            "a = R.exp(p0)".to_string(),
+            "b = R.sigmoid(a)".to_string(),
+            "c = R.multiply(b, b)".to_string(),
+            "d = R.tanh(c)".to_string(),
+            "e = R.subtract(d, a)".to_string(),
+        ],
+        &[4, 300],
+    );
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let g = compile(m.get("fused").unwrap()).unwrap();
+    // a lives throughout (r0); b takes r1, c a new r2 (never its operand's), d takes r1
+    // back (b's, freed after c); e writes the output: three registers, not four.
+    assert_eq!(g.prog.nregs, 3);
+    let dsts: Vec<Dst> = g.prog.insts.iter().map(|i| i.dst).collect();
+    assert_eq!(
+        dsts,
+        [Dst::Reg(0), Dst::Reg(1), Dst::Reg(2), Dst::Reg(1), Dst::Out]
+    );
+    for i in &g.prog.insts {
+        for s in [Some(i.a), i.b].into_iter().flatten() {
+            if let (Src::Reg(r), Dst::Reg(d)) = (s, i.dst) {
+                assert_ne!(r, d, "{i:?}");
+            }
+        }
+    }
+    let mut r = Rng(3);
+    check(
+        &src,
+        &[Value::Tensor(r.tensor(&[4, 300]))],
+        "relax.exp+relax.sigmoid+relax.multiply+relax.tanh+relax.subtract",
+    );
+}
+
+#[test]
+fn broadcast_inputs_are_read_by_merged_dims() {
+    // (1, C, 1, 1) over (N, C, H, W): N with stride 0, C with 1, H·W merged with stride 0.
+    let a = access(&[1, 3, 1, 1], &[2, 3, 4, 5], &[0.0; 3]);
+    assert!(matches!(a, Some(Access::Strided(d)) if d == vec![(2, 0), (3, 1), (20, 0)]));
+    let a = access(&[5], &[2, 3, 5], &[0.0; 5]);
+    assert!(matches!(a, Some(Access::Strided(d)) if d == vec![(6, 0), (5, 1)]));
+    assert!(matches!(
+        access(&[1, 1], &[2, 3], &[1.5]),
+        Some(Access::Scalar(v)) if v == 1.5
+    ));
+    assert!(matches!(
+        access(&[1, 6], &[6], &[0.0; 6]),
+        Some(Access::Full)
+    ));
+    // A block inside one channel's run reads one value; one across channels gathers.
+    let dims = [(2, 0), (3, 1), (20, 0)];
+    let data = [10.0, 11.0, 12.0];
+    let mut buf = [0.0f32; 8];
+    assert_eq!(gather(&dims, &data, 21, &mut buf), Some(11.0));
+    assert_eq!(gather(&dims, &data, 36, &mut buf), None);
+    assert_eq!(buf, [11.0, 11.0, 11.0, 11.0, 12.0, 12.0, 12.0, 12.0]);
+    assert_eq!(gather(&dims, &data, 56, &mut buf), None);
+    assert_eq!(buf, [12.0, 12.0, 12.0, 12.0, 10.0, 10.0, 10.0, 10.0]);
+}
+
+#[test]
+fn groups_of_other_forms_do_not_compile() {
+    let shape = [2, 3];
+    // One binding; a reduction; the result not the last binding.
+    let one = module_src(
+        &[shape.to_vec()],
+        "float32",
+        &["a = R.exp(p0)".into()],
+        &shape,
+    );
+    let sum = module_src(
+        &[shape.to_vec()],
+        "float32",
+        &[
+            "a = R.exp(p0)".into(),
+            "b = R.sum(a, axis=[1], keepdims=True)".into(),
+        ],
+        &[2, 1],
+    );
+    for src in [one, sum] {
+        let m = fusebox_core::text::parse_module_str(&src).unwrap();
+        assert!(compile(m.get("fused").unwrap()).is_none(), "{src}");
+    }
+}
+
+#[test]
+fn other_dtypes_run_op_by_op_with_the_right_values() {
+    let body = [
+        "a = R.add(p0, p1)".to_string(),
+        "b = R.multiply(a, p1)".to_string(),
+        "c = R.negative(b)".to_string(),
+    ];
+    // int64: (x + y) * y, negated.
+    let src = module_src(&[vec![4], vec![4]], "int64", &body, &[4]);
+    let x = Tensor::from_i64(vec![4], vec![1, -2, 3, i64::MAX]).unwrap();
+    let y = Tensor::from_i64(vec![4], vec![2, 5, -1, 1]).unwrap();
+    let args = vec![Value::Tensor(x), Value::Tensor(y)];
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let Value::Tensor(got) = crate::run(&m, "main", args.clone()).unwrap() else {
+        panic!("not a tensor")
+    };
+    // i64::MAX + 1 wraps to i64::MIN; times 1, negated, wraps back to i64::MIN.
+    assert_eq!(got.to_i64_vec(), vec![-6, -15, 2, i64::MIN]);
+    let names = profile(&src, args);
+    assert!(names.iter().any(|n| n == "relax.add"), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains('+')), "{names:?}");
+
+    // float16: each op rounds to half precision (1000 * 70 = 70000 overflows to inf).
+    let src = module_src(&[vec![3], vec![3]], "float16", &body, &[3]);
+    let h = |v: &[f32]| {
+        Tensor::new(
+            vec![v.len()],
+            Storage::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()),
+        )
+        .unwrap()
+    };
+    let args = vec![
+        Value::Tensor(h(&[1.0, 930.0, -0.5])),
+        Value::Tensor(h(&[2.0, 70.0, 0.25])),
+    ];
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let Value::Tensor(got) = crate::run(&m, "main", args.clone()).unwrap() else {
+        panic!("not a tensor")
+    };
+    assert_eq!(got.dtype(), fusebox_core::ir::DType::F16);
+    assert_eq!(got.to_f32_vec(), vec![-6.0, f32::NEG_INFINITY, 0.0625]);
+    let names = profile(&src, args);
+    assert!(!names.iter().any(|n| n.contains('+')), "{names:?}");
+}
+
+#[test]
+fn values_that_do_not_fit_are_declined() {
+    let src = module_src(
+        &[vec![2, 3], vec![3]],
+        "float32",
+        &["a = R.add(p0, p1)".into(), "b = R.exp(a)".into()],
+        &[2, 3],
+    );
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let g = compile(m.get("fused").unwrap()).unwrap();
+    let mut r = Rng(5);
+    let (x, y) = (r.tensor(&[2, 3]), r.tensor(&[3]));
+    assert!(bind(&g.prog, &[x.clone(), y.clone()], None).is_some());
+    // Shapes that do not broadcast; a result larger than the head's output; float16.
+    assert!(bind(&g.prog, &[x.clone(), r.tensor(&[4])], None).is_none());
+    assert!(bind(&g.prog, &[x.clone(), r.tensor(&[5, 1, 3])], Some(&[2, 3])).is_none());
+    assert!(bind(&g.prog, &[x.cast(fusebox_core::ir::DType::F16), y], None).is_none());
+}
+
+/// A conv2d group as FuseOps makes it: conv2d of a `2 × 8 × hw × hw` image, per-channel bias
+/// add, then `tail` (lines over `lv1`, the last named `gv`), with scalar params `s0`, `s1`.
+fn conv_group(groups: usize, hw: usize, tail: &[&str]) -> String {
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let w = if groups == 1 {
+        "8, 8, 3, 3"
+    } else {
+        "8, 1, 3, 3"
+    };
+    let mut body = String::new();
+    for l in tail {
+        body.push_str(&format!("            {l}\n"));
+    }
+    format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(x: {x}, w: {w}, b: {b}, s0: {s}, s1: {s}) -> {x}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            lv = R.nn.conv2d(x, w, padding=[1, 1, 1, 1], groups={groups})\n            lv1 = R.add(lv, b)\n{body}            R.output(gv)\n        return gv\n\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}, s0: {s}, s1: {s}) -> {x}:\n        with R.dataflow():\n            gv = Module.fused(x, w, b, s0, s1)\n            R.output(gv)\n        return gv\n",
+        x = t(&format!("2, 8, {hw}, {hw}")),
+        w = t(w),
+        b = t("1, 8, 1, 1"),
+        s = t(""),
+    )
+}
+
+#[test]
+fn conv_silu_and_hardswish_run_as_one_kernel_bit_for_bit() {
+    let silu = ["lv2 = R.sigmoid(lv1)", "gv = R.multiply(lv1, lv2)"];
+    let hardswish = [
+        "lv2 = R.multiply(lv1, s0)",
+        "lv3 = R.add(lv2, s1)",
+        "lv4 = R.clip(lv3, R.prim_value(T.float32(0.0)), R.prim_value(T.float32(1.0)))",
+        "gv = R.multiply(lv1, lv4)",
+    ];
+    // 20 × 20 planes run the program as the epilogue; 6 × 6 ones in a pass after the conv.
+    for (groups, hw) in [(1, 20), (8, 20), (1, 6), (8, 6)] {
+        for (tail, ops) in [
+            (&silu[..], "relax.sigmoid+relax.multiply"),
+            (
+                &hardswish[..],
+                "relax.multiply+relax.add+relax.clip+relax.multiply",
+            ),
+        ] {
+            let src = conv_group(groups, hw, tail);
+            let mut r = Rng(11 + groups as u64);
+            let wshape = if groups == 1 {
+                [8, 8, 3, 3]
+            } else {
+                [8, 1, 3, 3]
+            };
+            let args = vec![
+                Value::Tensor(r.tensor(&[2, 8, hw, hw])),
+                Value::Tensor(r.tensor(&wshape)),
+                Value::Tensor(r.tensor(&[1, 8, 1, 1])),
+                Value::Tensor(Tensor::from_f32(vec![], vec![1.0 / 6.0]).unwrap()),
+                Value::Tensor(Tensor::from_f32(vec![], vec![0.5]).unwrap()),
+            ];
+            check(&src, &args, &format!("relax.nn.conv2d+relax.add+{ops}"));
+        }
+    }
+}
+
+#[test]
+fn a_squeeze_excite_group_runs_the_program_after_its_conv() {
+    // conv2d on pooled values (1 × 1 planes), bias, sigmoid, then a multiply by the feature
+    // map: the result is larger than the convolution's output.
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let src = format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(p: {p}, w: {w}, b: {b}, f: {f}) -> {f}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            lv = R.nn.conv2d(p, w)\n            lv1 = R.add(lv, b)\n            lv2 = R.sigmoid(lv1)\n            gv = R.multiply(f, lv2)\n            R.output(gv)\n        return gv\n\n    @R.function\n    def main(p: {p}, w: {w}, b: {b}, f: {f}) -> {f}:\n        with R.dataflow():\n            gv = Module.fused(p, w, b, f)\n            R.output(gv)\n        return gv\n",
+        p = t("1, 4, 1, 1"),
+        w = t("16, 4, 1, 1"),
+        b = t("1, 16, 1, 1"),
+        f = t("1, 16, 30, 30"),
+    );
+    let mut r = Rng(17);
+    let args = vec![
+        Value::Tensor(r.tensor(&[1, 4, 1, 1])),
+        Value::Tensor(r.tensor(&[16, 4, 1, 1])),
+        Value::Tensor(r.tensor(&[1, 16, 1, 1])),
+        Value::Tensor(r.tensor(&[1, 16, 30, 30])),
+    ];
+    check(
+        &src,
+        &args,
+        "relax.nn.conv2d+relax.add+relax.sigmoid+relax.multiply",
+    );
+}
+
+#[test]
+fn matmul_groups_run_the_program_over_the_matmul_output() {
+    // A classifier's dense + hardswish (in place), and a matmul whose result a broadcast add
+    // enlarges (a pass of its own).
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let module = |out: &str, c: &str, tail: &str| {
+        format!(
+            "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(x: {x}, w: {w}, b: {b}, c: {c}) -> {o}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            lv = R.matmul(x, w, out_dtype=\"void\")\n            lv1 = R.add(lv, b)\n{tail}            R.output(gv)\n        return gv\n\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}, c: {c}) -> {o}:\n        with R.dataflow():\n            gv = Module.fused(x, w, b, c)\n            R.output(gv)\n        return gv\n",
+            x = t("5, 37"),
+            w = t("37, 300"),
+            b = t("300,"),
+            c = t(c),
+            o = t(out),
+        )
+    };
+    let hardswish = "            lv2 = R.multiply(lv1, c)\n            lv3 = R.add(lv2, R.const(0.5, \"float32\"))\n            lv4 = R.clip(lv3, R.prim_value(T.float32(0.0)), R.prim_value(T.float32(1.0)))\n            gv = R.multiply(lv1, lv4)\n";
+    let wider = "            gv = R.add(lv1, c)\n";
+    let mut r = Rng(23);
+    let (x, w, b) = (r.tensor(&[5, 37]), r.tensor(&[37, 300]), r.tensor(&[300]));
+    for (src, c, ops) in [
+        (
+            module("5, 300", "", hardswish),
+            r.tensor(&[]),
+            "relax.matmul+relax.add+relax.multiply+relax.add+relax.clip+relax.multiply",
+        ),
+        (
+            module("2, 5, 300", "2, 1, 1", wider),
+            r.tensor(&[2, 1, 1]),
+            "relax.matmul+relax.add+relax.add",
+        ),
+    ] {
+        let args = [x.clone(), w.clone(), b.clone(), c].map(Value::Tensor);
+        check(&src, &args, ops);
+    }
+}
+
+#[test]
+fn a_conv_chain_fuse_rs_covers_keeps_its_kernel() {
+    // conv2d + bias + relu is fuse.rs's chain: it keeps running (and is named) as before.
+    let src = conv_group(1, 20, &["gv = R.nn.relu(lv1)"]);
+    let mut r = Rng(2);
+    let args = vec![
+        Value::Tensor(r.tensor(&[2, 8, 20, 20])),
+        Value::Tensor(r.tensor(&[8, 8, 3, 3])),
+        Value::Tensor(r.tensor(&[1, 8, 1, 1])),
+        Value::Tensor(Tensor::from_f32(vec![], vec![0.0]).unwrap()),
+        Value::Tensor(Tensor::from_f32(vec![], vec![0.0]).unwrap()),
+    ];
+    let names = profile(&src, args);
+    assert!(
+        names
+            .iter()
+            .any(|n| n == "relax.nn.conv2d+relax.add+relax.nn.relu"),
+        "{names:?}"
+    );
+}
