@@ -32,7 +32,8 @@ pub mod runner;
 pub mod staging;
 
 pub use load::{
-    DEFAULT_CONFIG, default_config, error_message, load_config, load_model, read_pattern_table,
+    DEFAULT_CONFIG, bind_dims, default_config, error_message, load_config, load_model, parse_bind,
+    read_pattern_table,
 };
 
 pub use fusebox_core as core;

@@ -40,6 +40,35 @@ pub fn load_model(file: &Path) -> crate::Result<Module> {
     }
 }
 
+/// `--bind NAME=VALUE`: a symbolic dim's name and its value (an integer of 0 or more).
+pub fn parse_bind(s: &str) -> Result<(String, i64), String> {
+    let Some((name, value)) = s.split_once('=') else {
+        return Err(format!("expected NAME=VALUE (e.g. `batch=1`), found `{s}`"));
+    };
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!(
+            "expected a symbolic dim's name before `=`, found `{s}`"
+        ));
+    }
+    match value.trim().parse::<i64>() {
+        Ok(v) if v >= 0 => Ok((name.to_string(), v)),
+        _ => Err(format!(
+            "`{name}`: expected a dim value (an integer of 0 or more), found `{}`",
+            value.trim()
+        )),
+    }
+}
+
+/// The model with the symbolic dims of `binds` given their values
+/// ([`fusebox_core::transform::bind_symbolic_vars`]); the model itself when `binds` is empty.
+pub fn bind_dims(m: Module, binds: &[(String, i64)]) -> crate::Result<Module> {
+    if binds.is_empty() {
+        return Ok(m);
+    }
+    Ok(fusebox_core::transform::bind_symbolic_vars(&m, binds)?)
+}
+
 /// The built-in default config (`configs/cpu.toml` as it was built).
 pub fn default_config() -> crate::Result<Config> {
     Ok(Config::parse(DEFAULT_CONFIG_TEXT, DEFAULT_CONFIG)?)
@@ -104,5 +133,22 @@ mod tests {
         assert_eq!(c.file, DEFAULT_CONFIG);
         assert_eq!(c.backends.len(), 1);
         assert_eq!(c.backends[0].name, "cpu");
+    }
+
+    #[test]
+    fn binds_parse_and_bad_ones_say_what_was_expected() {
+        assert_eq!(parse_bind("batch=1"), Ok(("batch".to_string(), 1)));
+        assert_eq!(parse_bind(" seq = 128 "), Ok(("seq".to_string(), 128)));
+        assert_eq!(parse_bind("n=0"), Ok(("n".to_string(), 0)));
+        for (bad, says) in [
+            ("batch", "NAME=VALUE"),
+            ("=3", "name"),
+            ("batch=-1", "0 or more"),
+            ("batch=x", "0 or more"),
+            ("batch=99999999999999999999", "0 or more"),
+        ] {
+            let e = parse_bind(bad).err().unwrap_or_default();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 }

@@ -48,6 +48,11 @@ enum Command {
     Partition {
         /// The module file (`.relax` or `.onnx`).
         file: PathBuf,
+        /// Give a symbolic dim a fixed value, `NAME=VALUE` (repeatable; e.g. `--bind batch=1
+        /// --bind sequence=128`): the model is specialised to that shape before partitioning
+        /// (TVM's BindSymbolicVars), which the GPU backends need (they compile static shapes).
+        #[arg(long = "bind", value_name = "NAME=VALUE", value_parser = fusebox::parse_bind)]
+        binds: Vec<(String, i64)>,
         /// A TOML file of `[[pattern]]` tables (name, pattern, optional priority and check);
         /// without it no pattern is applied (use `--fuse-ops` to run FuseOps alone).
         #[arg(long)]
@@ -112,6 +117,11 @@ enum Command {
     Run {
         /// The model: `.onnx` (imported) or `.relax` (text).
         file: PathBuf,
+        /// Give a symbolic dim a fixed value, `NAME=VALUE` (repeatable; e.g. `--bind batch=1
+        /// --bind sequence=128`): the model is specialised to that shape before partitioning
+        /// (TVM's BindSymbolicVars), which the GPU backends need (they compile static shapes).
+        #[arg(long = "bind", value_name = "NAME=VALUE", value_parser = fusebox::parse_bind)]
+        binds: Vec<(String, i64)>,
         /// A config (backends, patterns, partition options, plugins): the whole backend flow,
         /// with each claimed function run by its backend's artifact. Without it: the
         /// `--patterns` table (else the CPU backend's transformer patterns), then FuseOps, on
@@ -156,6 +166,11 @@ enum Command {
     Compile {
         /// The model: `.onnx` (imported) or `.relax` (text).
         file: PathBuf,
+        /// Give a symbolic dim a fixed value, `NAME=VALUE` (repeatable; e.g. `--bind batch=1
+        /// --bind sequence=128`): the model is specialised to that shape before partitioning
+        /// (TVM's BindSymbolicVars), which the GPU backends need (they compile static shapes).
+        #[arg(long = "bind", value_name = "NAME=VALUE", value_parser = fusebox::parse_bind)]
+        binds: Vec<(String, i64)>,
         /// The config (backends, patterns, partition options, plugins).
         #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
@@ -292,6 +307,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
         }
         Command::Partition {
             file,
+            binds,
             patterns,
             bind_constants,
             annotate_codegen,
@@ -305,7 +321,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             config,
         } => {
             let t = Instant::now();
-            let m = read_model(&file)?;
+            let m = fusebox::bind_dims(read_model(&file)?, &binds)?;
             let parse_ms = t.elapsed().as_secs_f64() * 1e3;
             if let Some(config) = config {
                 let mut cfg = load_config(&config)?;
@@ -409,6 +425,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
         }
         Command::Run {
             file,
+            binds,
             config,
             patterns,
             inputs,
@@ -421,6 +438,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             memory_limit,
         } => Ok(run_cmd::run(run_cmd::RunArgs {
             file,
+            binds,
             config: match config {
                 Some(c) => Some(fusebox::pipeline(load_config(&c)?)?),
                 None => None,
@@ -484,9 +502,10 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
         }
         Command::Compile {
             file,
+            binds,
             config,
             out_dir,
-        } => compile_cmd(&file, &config, &out_dir),
+        } => compile_cmd(&file, &binds, &config, &out_dir),
         Command::Bench(BenchCmd::Text { bindings, repeat }) => bench_text(bindings, repeat.max(1)),
         Command::Bench(BenchCmd::Partition { ops, table, repeat }) => {
             bench_partition(&ops, &table, repeat.max(1))
@@ -539,11 +558,12 @@ const PROGRESS_MIN_UNITS: usize = 8;
 
 fn compile_cmd(
     file: &std::path::Path,
+    binds: &[(String, i64)],
     config: &std::path::Path,
     out_dir: &std::path::Path,
 ) -> Result<(), fusebox::Error> {
     use std::io::IsTerminal;
-    let module = read_model(file)?;
+    let module = fusebox::bind_dims(read_model(file)?, binds)?;
     let pipeline = fusebox::pipeline(load_config(config)?)?;
     let tty = std::io::stderr().is_terminal();
     let mut bar: Option<indicatif::ProgressBar> = None;

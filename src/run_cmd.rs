@@ -60,6 +60,8 @@ use std::time::Instant;
 /// The options of `fusebox run`.
 pub struct RunArgs {
     pub file: PathBuf,
+    /// `--bind NAME=VALUE`: symbolic dims given fixed values before partitioning.
+    pub binds: Vec<(String, i64)>,
     /// The backend pipeline of `--config`, when given.
     pub config: Option<fusebox_core::backend::pipeline::BackendPipeline>,
     pub patterns: Option<PathBuf>,
@@ -270,6 +272,11 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
         import_onnx_file(&a.file)?
     } else {
         fusebox_core::text::read_module(&a.file)?
+    };
+    let module = if a.binds.is_empty() {
+        module
+    } else {
+        fusebox_core::transform::bind_symbolic_vars(&module, &a.binds)?
     };
     let import_ms = ms(t);
     let main = module

@@ -253,3 +253,88 @@ fn gpu_check_without_a_gpu_says_so_and_fails() {
         "{err}"
     );
 }
+
+/// `--bind`: BERT exported with dynamic `batch` and `sequence` axes. Without binding them the
+/// GPU backends decline its symbolic shapes and the CPU reference keeps most groups; bound to
+/// `batch=1, sequence=16`, every function compiles for the GPU (cuBLAS or the generic codegen,
+/// each CUDA kernel to a CUBIN). A misspelt name is an error that lists the model's symbols.
+#[test]
+fn bound_dynamic_axes_let_the_gpu_backends_take_every_function() {
+    if !fusebox::cuda::testing::nvrtc_or_skip("bound_dynamic_axes") {
+        return;
+    }
+    let compile = |tag: &str, binds: &[&str]| {
+        let dir = root().join("target").join(format!("cuda-bind-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut args = vec!["compile", "tests/models/bert-ts/model.onnx"];
+        for b in binds {
+            args.extend(["--bind", b]);
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+            .current_dir(root())
+            .args(&args)
+            .args(["--config", "configs/cuda.toml", "--out-dir"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        (out, dir)
+    };
+    let backends = |dir: &std::path::Path| -> Vec<String> {
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap())
+                .unwrap();
+        manifest["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["backend"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (out, dir) = compile("dynamic", &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        backends(&dir).iter().any(|b| b == "cpu"),
+        "{:?}",
+        backends(&dir)
+    );
+
+    let (out, dir) = compile("bound", &["batch=1", "sequence=16"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bound = backends(&dir);
+    assert!(
+        bound.iter().all(|b| b == "cuda" || b == "cublas"),
+        "{bound:?}"
+    );
+    assert!(
+        bound.iter().filter(|b| *b == "cuda").count() >= 5,
+        "{bound:?}"
+    );
+    let cubins = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "cubin"))
+        })
+        .count();
+    assert!(cubins >= 5, "{cubins} CUBINs");
+
+    let (out, _) = compile("misspelt", &["batsh=1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("`batsh`") && err.contains("`batch`") && err.contains("`sequence`"),
+        "{err}"
+    );
+    let (out, _) = compile("negative", &["batch=-1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("0 or more"), "{err}");
+}

@@ -152,6 +152,41 @@ fn the_profile_is_the_median_runs() {
 }
 
 #[test]
+fn bound_dynamic_axes_fix_the_shapes_of_a_run() {
+    let dir = out_dir("bind");
+    let (ok, out, err) = fusebox(
+        &[
+            "run",
+            "tests/models/bert-ts/model.onnx",
+            "--bind",
+            "batch=2",
+            "--bind",
+            "sequence=5",
+            "--check",
+            "--output-dir",
+            &dir,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("last_hidden_state: shape [2, 5, 32]"), "{out}");
+    let (ok, _, err) = fusebox(
+        &[
+            "run",
+            "tests/models/bert-ts/model.onnx",
+            "--bind",
+            "batch",
+            "--output-dir",
+            &dir,
+        ],
+        &[],
+    );
+    assert!(!ok);
+    assert!(err.contains("NAME=VALUE"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn thread_settings_are_validated_and_do_not_change_results() {
     let dir = out_dir("threads");
     let run = |threads: &str| {

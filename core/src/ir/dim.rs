@@ -260,6 +260,16 @@ impl Dim {
         }
     }
 
+    /// The dim with each symbol that `value` gives replaced by that value, constants folded
+    /// ([`Dim::binary`]); other symbols stay.
+    pub fn substitute(&self, value: &dyn Fn(&Sym) -> Option<i64>) -> Dim {
+        match self {
+            Dim::Static(_) => self.clone(),
+            Dim::Sym(s) => value(s).map_or_else(|| self.clone(), Dim::Static),
+            Dim::Expr(e) => Dim::binary(e.0, e.1.substitute(value), e.2.substitute(value)),
+        }
+    }
+
     /// Evaluates the dim with the symbol values given by `lookup`.
     pub fn eval(&self, lookup: &dyn Fn(&Sym) -> Option<i64>) -> Option<i64> {
         match self {
