@@ -338,3 +338,58 @@ fn bound_dynamic_axes_let_the_gpu_backends_take_every_function() {
     assert!(!out.status.success());
     assert!(err.contains("0 or more"), "{err}");
 }
+
+/// On a GPU (`scripts/gpu-check.sh`): BERT with its dynamic axes bound runs through the whole
+/// CUDA config (cuBLAS and generated kernels; the test above checks that nothing is left to
+/// the CPU) and gives the CPU reference's output on the same seeded inputs, within 1e-3 of the
+/// output's range.
+#[test]
+fn bound_bert_runs_on_the_gpu_and_matches_the_cpu() {
+    if fusebox::cuda::testing::gpu_or_skip("bound_bert_runs_on_the_gpu").is_none() {
+        return;
+    }
+    let run = |tag: &str, config: Option<&str>| {
+        let dir = root().join("target").join(format!("cuda-bert-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fusebox"));
+        cmd.current_dir(root()).args([
+            "run",
+            "tests/models/bert-ts/model.onnx",
+            "--bind",
+            "batch=1",
+            "--bind",
+            "sequence=16",
+            "--seed",
+            "7",
+            "--output-dir",
+        ]);
+        cmd.arg(&dir);
+        if let Some(c) = config {
+            cmd.args(["--config", c]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{tag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let t = fusebox::read_npy(&dir.join("last_hidden_state.npy")).unwrap();
+        (
+            t.to_f64_vec(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (gpu, report) = run("gpu", Some("configs/cuda.toml"));
+    let (cpu, _) = run("cpu", None);
+    assert_eq!(gpu.len(), cpu.len());
+    let range = cpu.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    let worst = gpu
+        .iter()
+        .zip(&cpu)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f64, f64::max);
+    assert!(
+        worst <= 1e-3 * range,
+        "max |gpu - cpu| {worst:e} (range {range}); {report}"
+    );
+}
