@@ -273,11 +273,7 @@ pub fn run(a: RunArgs) -> Result<(), Error> {
     } else {
         fusebox_core::text::read_module(&a.file)?
     };
-    let module = if a.binds.is_empty() {
-        module
-    } else {
-        fusebox_core::transform::bind_symbolic_vars(&module, &a.binds)?
-    };
+    let module = fusebox::bind_dims(module, &a.binds).map_err(runner::into_core)?;
     let import_ms = ms(t);
     let main = module
         .get("main")

@@ -58,6 +58,17 @@ pub(crate) enum Leaf {
     Const(ExprId),
 }
 
+impl Leaf {
+    /// `e` of `f` as an input: a parameter or a constant; `None` for anything else.
+    pub(crate) fn of(f: &Function, e: ExprId) -> Option<Leaf> {
+        match &f.exprs.get(e)?.kind {
+            ExprKind::Const(_) => Some(Leaf::Const(e)),
+            ExprKind::Var(v) => f.params.iter().position(|p| p == v).map(Leaf::Param),
+            _ => None,
+        }
+    }
+}
+
 /// What a recognised composite computes.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Plan {
@@ -198,11 +209,7 @@ impl<'f> Body<'f> {
 
     /// `e` as an input: a parameter or a constant.
     fn leaf(&self, e: ExprId) -> Option<Leaf> {
-        match &self.f.exprs.get(e)?.kind {
-            ExprKind::Const(_) => Some(Leaf::Const(e)),
-            ExprKind::Var(v) => self.f.params.iter().position(|p| p == v).map(Leaf::Param),
-            _ => None,
-        }
+        Leaf::of(self.f, e)
     }
 
     /// The value of a scalar `float32` constant.

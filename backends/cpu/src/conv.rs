@@ -614,14 +614,11 @@ fn depthwise_planes(
                 let pw = deal_plane(x, g, pad, lanes.max(8));
                 let p = &pad.buf;
                 let v = block_shape(g.ow, lanes.max(8)).0;
-                match (lanes, S::F32_LANES, v) {
-                    (16, _, 1) => depthwise_rows::<S, 1, 8, 24>(simd, p, pw, w, g, dst),
-                    (16, _, 2) => depthwise_rows::<S, 2, 4, 40>(simd, p, pw, w, g, dst),
-                    (16, _, _) => depthwise_rows::<S, 4, 2, 72>(simd, p, pw, w, g, dst),
-                    (8, 8, 1) => depthwise_rows::<S, 1, 8, 16>(simd, p, pw, w, g, dst),
-                    (8, 8, 2) => depthwise_rows::<S, 2, 4, 24>(simd, p, pw, w, g, dst),
-                    (8, 8, _) => depthwise_rows::<S, 4, 2, 40>(simd, p, pw, w, g, dst),
-                    (8, _, _) if depthwise_avx2(v, p, pw, w, g, dst) => {}
+                match (lanes, v) {
+                    (16, 1) => depthwise_rows::<S, 1, 8, 24>(simd, p, pw, w, g, dst),
+                    (16, 2) => depthwise_rows::<S, 2, 4, 40>(simd, p, pw, w, g, dst),
+                    (16, _) => depthwise_rows::<S, 4, 2, 72>(simd, p, pw, w, g, dst),
+                    (8, _) if depthwise_avx2(v, p, pw, w, g, dst) => {}
                     _ => {
                         let one = pulp::Scalar::new();
                         depthwise_rows::<pulp::Scalar, 4, 2, 12>(one, p, pw, w, g, dst);
@@ -636,7 +633,7 @@ fn depthwise_planes(
     crate::simd::dispatch(Op(xs, ws, g, steps, first, chunk, pad));
 }
 
-/// [`depthwise_rows`] with 8-lane vectors (AVX2) from inside a wider instruction set (an
+/// [`depthwise_rows`] with 8-lane vectors (AVX2), also from inside a wider instruction set (an
 /// AVX-512 CPU has AVX2): `false` where there is no AVX2.
 #[inline(always)]
 fn depthwise_avx2(v: usize, p: &[f32], pw: usize, w: &[f32], g: &Geom, dst: &mut [f32]) -> bool {

@@ -75,7 +75,7 @@
 use crate::elementwise::{BinOp, f32_op, gelu_tanh32, gelu32, sigmoid32};
 use crate::norm::erf32;
 use crate::util::broadcast_shapes;
-use fusebox_core::ir::{Callee, ExprId, ExprKind, Function, PrimValue, VarId};
+use fusebox_core::ir::{ExprId, ExprKind, Function, VarId};
 use fusebox_core::op::{Conv2dAttrs, ElemClass, ElemOp, Op};
 use fusebox_core::runtime::{Storage, Tensor};
 use std::cell::RefCell;
@@ -165,14 +165,9 @@ struct Inst {
     dst: Dst,
 }
 
-/// A value the program reads from outside: a parameter of the function or a constant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Leaf {
-    /// Parameter `i`.
-    Param(usize),
-    /// A constant expression of the function.
-    Const(ExprId),
-}
+/// A value the program reads from outside: a parameter of the function or a constant (the
+/// composites' inputs, read the same way).
+pub(crate) use crate::composite::Leaf;
 
 /// A first binding whose output the program reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,25 +202,7 @@ pub(crate) struct Group {
     pub prog: Program,
 }
 
-/// The op call of binding value `e`: (op, args).
-fn op_call(f: &Function, e: ExprId) -> Option<(&Op, &[ExprId])> {
-    match f.exprs.get(e).map(|d| &d.kind) {
-        Some(ExprKind::Call {
-            callee: Callee::Op(op),
-            args,
-        }) => Some((op, args)),
-        _ => None,
-    }
-}
-
-/// A number prim argument as the `clip` kernel reads it (`f64`, then `f32`).
-fn prim_f32(f: &Function, e: ExprId) -> Option<f32> {
-    match f.exprs.get(e).map(|d| &d.kind) {
-        Some(ExprKind::Prim(PrimValue::Int(i))) => Some(*i as f64 as f32),
-        Some(ExprKind::Prim(PrimValue::Float(v, _))) => Some(*v as f32),
-        _ => None,
-    }
-}
+use crate::fuse::{op_call, prim_f32};
 
 /// The instruction kind of an op call and how many of its arguments are operands.
 fn kind_of(f: &Function, op: &Op, args: &[ExprId]) -> Option<(Kind, usize)> {
@@ -289,13 +266,7 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
     if ret != last.var || bindings.len() < 2 {
         return None;
     }
-    let leaf_of = |e: ExprId| -> Option<Leaf> {
-        match f.exprs.get(e).map(|d| &d.kind)? {
-            ExprKind::Var(v) => f.params.iter().position(|p| p == v).map(Leaf::Param),
-            ExprKind::Const(_) => Some(Leaf::Const(e)),
-            _ => None,
-        }
-    };
+    let leaf_of = |e: ExprId| Leaf::of(f, e);
     let mut rest = &bindings[..];
     let mut head = None;
     let mut head_var: Option<VarId> = None;

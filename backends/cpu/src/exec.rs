@@ -632,38 +632,36 @@ impl<'m> Interp<'m> {
         let Some(plan) = crate::composite::recognise(f) else {
             return Ok(None);
         };
-        let input = |leaf: crate::composite::Leaf| -> Result<Value> {
-            match leaf {
-                crate::composite::Leaf::Param(i) => args
-                    .get(i)
-                    .cloned()
-                    .ok_or_else(|| Error::Exec(format!("`{name}`: no argument {i}")))?
-                    .to_host()
-                    .map_err(Error::from),
-                crate::composite::Leaf::Const(e) => match &f.expr(e).kind {
-                    ExprKind::Const(c) => Ok(Value::Tensor(self.exec.constant(c)?)),
-                    _ => Err(Error::Exec(format!("`{name}`: expected a constant"))),
-                },
-            }
-        };
+        let input = |leaf| self.leaf_value(name, f, args, leaf);
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
         let Some(out) = crate::composite::run(&plan, &input).map_err(|e| at(name, e))? else {
             return Ok(None);
         };
         self.record(plan.kernel_name(), t);
-        let mut syms = BTreeMap::new();
-        for bind in [true, false] {
-            for (&p, a) in f.params.iter().zip(args) {
-                match_type(&f.var(p).ty, a, &mut syms, bind)
-                    .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
-            }
-        }
-        match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
-            Error::Exec(format!(
-                "`{name}`: the fused kernel's result does not match the return type: {m}"
-            ))
-        })?;
+        check_fused_result(name, f, args, &out, "fused kernel")?;
         Ok(Some(out))
+    }
+
+    /// The value of a fused kernel's input: argument `i` (on the host), or a constant of `f`.
+    fn leaf_value(
+        &self,
+        name: &str,
+        f: &Function,
+        args: &[Value],
+        leaf: crate::composite::Leaf,
+    ) -> Result<Value> {
+        match leaf {
+            crate::composite::Leaf::Param(i) => args
+                .get(i)
+                .cloned()
+                .ok_or_else(|| Error::Exec(format!("`{name}`: no argument {i}")))?
+                .to_host()
+                .map_err(Error::from),
+            crate::composite::Leaf::Const(e) => match &f.expr(e).kind {
+                ExprKind::Const(c) => Ok(Value::Tensor(self.exec.constant(c)?)),
+                _ => Err(Error::Exec(format!("`{name}`: expected a constant"))),
+            },
+        }
     }
 
     /// Runs a FuseOps function whose bindings are covered elementwise ops, or a `conv2d`
@@ -684,19 +682,8 @@ impl<'m> Interp<'m> {
         {
             return Ok(None);
         }
-        let leaf = |l: crate::elem_program::Leaf| -> Result<Option<Tensor>> {
-            let v = match l {
-                crate::elem_program::Leaf::Param(i) => args
-                    .get(i)
-                    .ok_or_else(|| Error::Exec(format!("`{name}`: no argument {i}")))?
-                    .clone()
-                    .to_host()?,
-                crate::elem_program::Leaf::Const(e) => match &f.expr(e).kind {
-                    ExprKind::Const(c) => Value::Tensor(self.exec.constant(c)?),
-                    _ => return Ok(None),
-                },
-            };
-            Ok(match v {
+        let leaf = |l| -> Result<Option<Tensor>> {
+            Ok(match self.leaf_value(name, f, args, l)? {
                 Value::Tensor(t) => Some(t),
                 _ => None,
             })
@@ -839,18 +826,7 @@ impl<'m> Interp<'m> {
             }
         };
         let out = Value::Tensor(out);
-        let mut syms = BTreeMap::new();
-        for bind in [true, false] {
-            for (&p, a) in f.params.iter().zip(args) {
-                match_type(&f.var(p).ty, a, &mut syms, bind)
-                    .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
-            }
-        }
-        match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
-            Error::Exec(format!(
-                "`{name}`: the fused elementwise kernel's result does not match the return type: {m}"
-            ))
-        })?;
+        check_fused_result(name, f, args, &out, "fused elementwise kernel")?;
         Ok(Some(out))
     }
 
@@ -1113,6 +1089,29 @@ impl Interp<'_> {
         }
         Ok(self.eval(name, f, fr, e, depth)?.to_host()?)
     }
+}
+
+/// Checks the arguments of `f` against its parameters (binding its symbols) and then the
+/// result `out` of a fused `kernel` that replaced its body against its return type.
+fn check_fused_result(
+    name: &str,
+    f: &Function,
+    args: &[Value],
+    out: &Value,
+    kernel: &str,
+) -> Result<()> {
+    let mut syms = BTreeMap::new();
+    for bind in [true, false] {
+        for (&p, a) in f.params.iter().zip(args) {
+            match_type(&f.var(p).ty, a, &mut syms, bind)
+                .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
+        }
+    }
+    match_type(&f.ret_ty, out, &mut syms, false).map_err(|m| {
+        Error::Exec(format!(
+            "`{name}`: the {kernel}'s result does not match the return type: {m}"
+        ))
+    })
 }
 
 /// Runs `prog` after its head, whose output `head` it reads as an input (see

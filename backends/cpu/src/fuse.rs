@@ -103,7 +103,7 @@ fn var_of(f: &Function, e: ExprId) -> Option<VarId> {
 }
 
 /// The op call of binding value `e`: (op, args).
-fn op_call(f: &Function, e: ExprId) -> Option<(&Op, &[ExprId])> {
+pub(crate) fn op_call(f: &Function, e: ExprId) -> Option<(&Op, &[ExprId])> {
     match f.exprs.get(e).map(|d| &d.kind) {
         Some(ExprKind::Call {
             callee: Callee::Op(op),
@@ -114,7 +114,7 @@ fn op_call(f: &Function, e: ExprId) -> Option<(&Op, &[ExprId])> {
 }
 
 /// A number prim argument as the `clip` kernel reads it (`f64`, then `f32`).
-fn prim_f32(f: &Function, e: ExprId) -> Option<f32> {
+pub(crate) fn prim_f32(f: &Function, e: ExprId) -> Option<f32> {
     match f.exprs.get(e).map(|d| &d.kind) {
         Some(ExprKind::Prim(PrimValue::Int(i))) => Some(*i as f64 as f32),
         Some(ExprKind::Prim(PrimValue::Float(v, _))) => Some(*v as f32),
