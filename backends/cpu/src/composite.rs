@@ -791,10 +791,17 @@ fn f32_tensor(v: &Value) -> Option<&Tensor> {
     }
 }
 
+/// The packed copy the executor keeps of a constant weight for a product with an input
+/// (`Packed(x, w)`; `None`: not a kept constant, or too few rows; see
+/// [`crate::gemm_packed`]).
+pub(crate) type Packed<'p> =
+    &'p dyn Fn(&Tensor, &Tensor) -> Option<std::sync::Arc<crate::gemm_packed::PackedB>>;
+
 /// Runs `plan` with `input` giving each leaf's value; `Ok(None)` when the values do not fit.
 pub(crate) fn run(
     plan: &Plan,
     input: &dyn Fn(Leaf) -> crate::Result<Value>,
+    packed: Packed<'_>,
 ) -> crate::Result<Option<Value>> {
     let get = |l: Leaf| -> crate::Result<Option<Tensor>> { Ok(f32_tensor(&input(l)?).cloned()) };
     // An optional input: `None` when it is given but does not fit, `Some(None)` when absent.
@@ -878,7 +885,7 @@ pub(crate) fn run(
             let Some(b) = opt(bias)? else {
                 return Ok(None);
             };
-            crate::dense::dense(&x, &w, b.as_ref(), *act)
+            crate::dense::dense(&x, &w, b.as_ref(), *act, packed(&x, &w).as_deref())
                 .map_err(kernel("cpu.dense"))?
                 .map(Value::Tensor)
         }
@@ -901,7 +908,8 @@ pub(crate) fn run(
             let (Some(x), Some(wg), Some(wu)) = (get(*x)?, get(*wg)?, get(*wu)?) else {
                 return Ok(None);
             };
-            crate::dense::silu_gated(&x, &wg, &wu, *order)
+            let (pg, pu) = (packed(&x, &wg), packed(&x, &wu));
+            crate::dense::silu_gated(&x, &wg, &wu, *order, (pg.as_deref(), pu.as_deref()))
                 .map_err(kernel("cpu.silu_gated"))?
                 .map(Value::Tensor)
         }

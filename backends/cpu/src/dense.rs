@@ -22,7 +22,8 @@
 //! ; → dense(x, W, Some(b), Act::Gelu): one GEMM, bias and GELU on each tile as it is written
 //! ```
 
-use crate::matmul::{Rhs, gemm_f32_tiled};
+use crate::gemm_packed::PackedB;
+use crate::matmul::gemm_f32_weight;
 use fusebox_core::runtime::Tensor;
 
 type KResult<T> = Result<T, String>;
@@ -101,6 +102,7 @@ pub(crate) fn dense(
     w: &Tensor,
     bias: Option<&Tensor>,
     act: Act,
+    packed: Option<&PackedB>,
 ) -> KResult<Option<Tensor>> {
     let (Some(xd), Some(wd)) = (x.as_f32(), w.as_f32()) else {
         return Ok(None);
@@ -124,7 +126,7 @@ pub(crate) fn dense(
         bias_act(r, bd.map(|b| &b[c0..c0 + r.len()]), act);
     };
     let ep: crate::matmul::Epilogue<'_> = &epilogue;
-    gemm_f32_tiled(m, k, n, xd, Rhs::Matrix(wd), &mut out, threads, Some(ep))?;
+    gemm_f32_weight(m, k, n, xd, wd, packed, &mut out, threads, Some(ep))?;
     let mut shape = xs[..xs.len() - 1].to_vec();
     shape.push(n);
     Tensor::from_f32(shape, out)
@@ -154,6 +156,7 @@ pub(crate) fn silu_gated(
     wg: &Tensor,
     wu: &Tensor,
     order: GateOrder,
+    (pg, pu): (Option<&PackedB>, Option<&PackedB>),
 ) -> KResult<Option<Tensor>> {
     let (Some(xd), Some(gd), Some(ud)) = (x.as_f32(), wg.as_f32(), wu.as_f32()) else {
         return Ok(None);
@@ -170,7 +173,7 @@ pub(crate) fn silu_gated(
     let len = m.checked_mul(n).ok_or("the output's size overflows")?;
     let threads = crate::par::threads();
     let mut up = crate::par::scratch_f32(len, threads);
-    gemm_f32_tiled(m, k, n, xd, Rhs::Matrix(ud), &mut up, threads, None)?;
+    gemm_f32_weight(m, k, n, xd, ud, pu, &mut up, threads, None)?;
     let mut out = crate::par::scratch_f32(len, threads);
     let up = &up;
     let epilogue = |row: usize, c0: usize, r: &mut [f32]| {
@@ -180,7 +183,7 @@ pub(crate) fn silu_gated(
         }
     };
     let ep: crate::matmul::Epilogue<'_> = &epilogue;
-    gemm_f32_tiled(m, k, n, xd, Rhs::Matrix(gd), &mut out, threads, Some(ep))?;
+    gemm_f32_weight(m, k, n, xd, gd, pg, &mut out, threads, Some(ep))?;
     let mut shape = xs[..xs.len() - 1].to_vec();
     shape.push(n);
     Tensor::from_f32(shape, out)
@@ -265,7 +268,7 @@ mod tests {
             let bt = Tensor::from_f32(vec![n], b.clone()).unwrap_or_else(|e| panic!("{e}"));
             for act in [Act::None, Act::Relu, Act::Gelu, Act::GeluTanh] {
                 let want = reference(&x, &w, &b, m, k, n, act);
-                let got = dense(&xt, &wt, Some(&bt), act)
+                let got = dense(&xt, &wt, Some(&bt), act, None)
                     .unwrap_or_else(|e| panic!("{e}"))
                     .unwrap_or_else(|| panic!("{m}x{k}x{n}: not handled"));
                 assert_eq!(got.shape(), &[1, m, n]);
@@ -296,7 +299,7 @@ mod tests {
             Tensor::from_f32(vec![k, n], data(k * n, 5, 1.0)).unwrap_or_else(|e| panic!("{e}"));
         let b = data(n, 6, 1.0);
         let bt = Tensor::from_f32(vec![1, n], b.clone()).unwrap_or_else(|e| panic!("{e}"));
-        let plain = crate::matmul::matmul(&xt, &wt, None).unwrap_or_else(|e| panic!("{e}"));
+        let plain = crate::matmul::matmul(&xt, &wt, None, None).unwrap_or_else(|e| panic!("{e}"));
         let p = plain.as_f32().unwrap_or(&[]);
         for act in [Act::None, Act::Relu, Act::Gelu, Act::GeluTanh] {
             let one_by_one: Vec<u32> = p
@@ -320,9 +323,10 @@ mod tests {
                 })
                 .collect();
             for threads in [1, 2, 3] {
-                let got = crate::par::with_threads(threads, || dense(&xt, &wt, Some(&bt), act))
-                    .unwrap_or_else(|e| panic!("{e}"))
-                    .unwrap_or_else(|| panic!("not handled"));
+                let got =
+                    crate::par::with_threads(threads, || dense(&xt, &wt, Some(&bt), act, None))
+                        .unwrap_or_else(|e| panic!("{e}"))
+                        .unwrap_or_else(|| panic!("not handled"));
                 let bits: Vec<u32> = got
                     .as_f32()
                     .unwrap_or(&[])
@@ -345,9 +349,18 @@ mod tests {
         let b2 = Tensor::from_f32(vec![2, 3], vec![0.0; 6]).unwrap_or_else(|e| panic!("{e}"));
         let x1 = Tensor::from_f32(vec![4], vec![0.0; 4]).unwrap_or_else(|e| panic!("{e}"));
         let none = |r: KResult<Option<Tensor>>| r.unwrap_or_else(|e| panic!("{e}")).is_none();
-        assert!(none(dense(&x, &w3, None, Act::None)), "a batched weight");
-        assert!(none(dense(&x, &w, Some(&b2), Act::None)), "a bias per row");
-        assert!(none(dense(&x1, &w, None, Act::None)), "a vector input");
-        assert!(!none(dense(&x, &w, None, Act::Relu)));
+        assert!(
+            none(dense(&x, &w3, None, Act::None, None)),
+            "a batched weight"
+        );
+        assert!(
+            none(dense(&x, &w, Some(&b2), Act::None, None)),
+            "a bias per row"
+        );
+        assert!(
+            none(dense(&x1, &w, None, Act::None, None)),
+            "a vector input"
+        );
+        assert!(!none(dense(&x, &w, None, Act::Relu, None)));
     }
 }

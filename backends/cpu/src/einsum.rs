@@ -259,7 +259,7 @@ fn as_matmul(a: &Tensor, b: &Tensor, spec: &EinsumSpec, ext: &[usize]) -> KResul
     );
     let a3 = layout::reshape(&layout::permute_dims(a, Some(&perm_a))?, &[nb, nm, nk])?;
     let b3 = layout::reshape(&layout::permute_dims(b, Some(&perm_b))?, &[nb, nk, nn])?;
-    let c = matmul::matmul(&a3, &b3, None)?;
+    let c = matmul::matmul(&a3, &b3, None, None)?;
     let order: Vec<usize> = batch.iter().chain(&rows).chain(&cols).copied().collect();
     let mid: Vec<i64> = order
         .iter()

@@ -119,6 +119,9 @@ pub struct Executor {
     kept: Mutex<HashSet<usize>>,
     /// Winograd-transformed conv2d weights, by the storage address of a kept weight tensor.
     winograd: Mutex<HashMap<usize, Arc<crate::winograd::Weights>>>,
+    /// Packed copies of rank-2 `float32` weights ([`crate::gemm_packed`]), by the storage
+    /// address of a kept weight tensor.
+    packed: Mutex<HashMap<usize, Arc<crate::gemm_packed::PackedB>>>,
 }
 
 /// Drops a value after its last use, handing the buffers of tensors nobody else holds to
@@ -139,7 +142,8 @@ fn storage_addr(t: &Tensor) -> usize {
 impl std::fmt::Debug for Executor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = self.consts.lock().map_or(0, |c| c.len());
-        write!(f, "Executor {{ {n} constants }}")
+        let p = self.packed.lock().map_or(0, |c| c.len());
+        write!(f, "Executor {{ {n} constants, {p} packed weights }}")
     }
 }
 
@@ -297,6 +301,35 @@ impl Executor {
         let u = Arc::new(crate::conv::winograd_weights(w, attrs)?);
         self.winograd.lock().ok()?.insert(addr, Arc::clone(&u));
         Some(u)
+    }
+
+    /// The packed copy of a rank-2 `float32` GEMM weight `w` ([`crate::gemm_packed`]) for a
+    /// product with `x`, made once per kept weight tensor; `None` when `x` has fewer rows than
+    /// the packed kernel takes, `w` is not kept, has another rank or dtype, or its copy would
+    /// pass the memory limit (the GEMM then reads `w` itself).
+    fn packed_weight(&self, x: &Tensor, w: &Tensor) -> Option<Arc<crate::gemm_packed::PackedB>> {
+        let (Some(data), &[k, n]) = (w.as_f32(), w.shape()) else {
+            return None;
+        };
+        let rows = match x.shape() {
+            [.., m, _] => x.shape()[..x.rank() - 2].iter().product::<usize>() * m,
+            _ => 1,
+        };
+        if rows < crate::gemm_packed::MIN_ROWS {
+            return None;
+        }
+        let addr = storage_addr(w);
+        if !self.kept.lock().ok()?.contains(&addr) {
+            return None;
+        }
+        if let Some(p) = self.packed.lock().ok()?.get(&addr) {
+            return Some(Arc::clone(p));
+        }
+        let len = crate::gemm_packed::PackedB::len_for(k, n);
+        fusebox_core::runtime::memory::check_alloc("a packed weight", DType::F32, &[len]).ok()?;
+        let p = Arc::new(crate::gemm_packed::PackedB::new(data, k, n).ok()?);
+        self.packed.lock().ok()?.insert(addr, Arc::clone(&p));
+        Some(p)
     }
 }
 
@@ -634,7 +667,9 @@ impl<'m> Interp<'m> {
         };
         let input = |leaf| self.leaf_value(name, f, args, leaf);
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-        let Some(out) = crate::composite::run(&plan, &input).map_err(|e| at(name, e))? else {
+        let packed = |x: &Tensor, w: &Tensor| self.exec.packed_weight(x, w);
+        let Some(out) = crate::composite::run(&plan, &input, &packed).map_err(|e| at(name, e))?
+        else {
             return Ok(None);
         };
         self.record(plan.kernel_name(), t);
@@ -730,7 +765,8 @@ impl<'m> Interp<'m> {
                 }
                 let t = self.profile.as_ref().map(|_| std::time::Instant::now());
                 // The matmul kernel itself (its result checked against the memory limit).
-                let Value::Tensor(y) = eval_op(op, &[Value::Tensor(a), Value::Tensor(b)])? else {
+                let Value::Tensor(y) = self.run_op(op, &[Value::Tensor(a), Value::Tensor(b)])?
+                else {
                     return Ok(None);
                 };
                 let shape = y.shape().to_vec();
@@ -904,6 +940,17 @@ impl<'m> Interp<'m> {
 
     /// An op call on its evaluated arguments; an op of constants only (a transposed weight,
     /// say) runs once per executor.
+    /// An op's kernel on its values: a `matmul` of a kept constant weight through the weight's
+    /// packed copy ([`crate::gemm_packed`]), every other op through [`eval_op`].
+    fn run_op(&self, op: &Op, vals: &[Value]) -> Result<Value> {
+        if let (Op::Matmul { .. }, [Value::Tensor(a), Value::Tensor(b)]) = (op, vals)
+            && let Some(p) = self.exec.packed_weight(a, b)
+        {
+            return crate::kernels::eval_matmul(op, vals, Some(&p));
+        }
+        eval_op(op, vals)
+    }
+
     fn eval_op_call(
         &self,
         f: &Function,
@@ -919,7 +966,7 @@ impl<'m> Interp<'m> {
             })
             .collect();
         let Some(keys) = consts.filter(|k| !k.is_empty()) else {
-            return eval_op(op, vals);
+            return self.run_op(op, vals);
         };
         let key = (op.clone(), keys);
         if let Some(v) = self
@@ -931,7 +978,7 @@ impl<'m> Interp<'m> {
         {
             return Ok(v);
         }
-        let v = eval_op(op, vals)?;
+        let v = self.run_op(op, vals)?;
         if let Ok(mut m) = self.exec.folded.lock() {
             m.insert(key, v.clone());
             if let Value::Tensor(t) = &v {

@@ -86,6 +86,32 @@ pub fn eval_op(op: &Op, args: &[Value]) -> Result<Value> {
     eval(op, args).map_err(|message| Error::Kernel { op: name, message })
 }
 
+/// [`eval_op`] of a `matmul` whose right operand has the packed copy `packed` (made by the
+/// executor for a kept constant weight; see [`crate::gemm_packed`]); other ops as
+/// [`eval_op`].
+pub(crate) fn eval_matmul(
+    op: &Op,
+    args: &[Value],
+    packed: Option<&crate::gemm_packed::PackedB>,
+) -> Result<Value> {
+    let Op::Matmul { out_dtype } = op else {
+        return eval_op(op, args);
+    };
+    fusebox_core::runtime::memory::check_op_result(op, args)?;
+    let product = || -> std::result::Result<Value, String> {
+        Ok(Value::Tensor(matmul::matmul(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            *out_dtype,
+            packed,
+        )?))
+    };
+    product().map_err(|message| Error::Kernel {
+        op: "relax.matmul",
+        message,
+    })
+}
+
 fn bin(op: BinOp, args: &[Value]) -> std::result::Result<Value, String> {
     Ok(Value::Tensor(elementwise::binary(
         op,
@@ -168,6 +194,7 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             tensor(args, 0)?,
             tensor(args, 1)?,
             *out_dtype,
+            None,
         )),
         Op::Conv2d(a) => t(conv::conv2d(tensor(args, 0)?, tensor(args, 1)?, a)),
         Op::BatchNorm(a) => {

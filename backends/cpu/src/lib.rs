@@ -55,6 +55,7 @@ mod elem_program;
 mod elementwise;
 pub mod exec;
 mod fuse;
+mod gemm_packed;
 mod group_norm;
 mod image;
 mod index;

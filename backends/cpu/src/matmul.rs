@@ -30,6 +30,7 @@
 //! y: R.Tensor((2, 3, 5), dtype="float32") = R.matmul(a, b, out_dtype=None)  # (2, 3, 4) @ (4, 5)
 //! ```
 
+use crate::gemm_packed::PackedB;
 use crate::util::{KResult, broadcast_shapes, broadcast_strides, tensor};
 use faer::reborrow::ReborrowMut;
 use faer::{Accum, MatMut, MatRef, Par};
@@ -217,6 +218,31 @@ pub(crate) fn gemm_f32_tiled(
     }
 }
 
+/// `c = a @ b` for a rank-2 right operand `b` (`k × n`, a dense layer's weight) with, where
+/// the executor keeps one, its packed copy: [`crate::gemm_packed::gemm`] when the copy is
+/// given and `a` has at least [`crate::gemm_packed::MIN_ROWS`] rows, else
+/// [`gemm_f32_tiled`]. The choice depends on the shape and on whether `b` is a kept constant
+/// only, so a fused dense layer and its ops run one by one take the same path.
+#[allow(clippy::too_many_arguments, reason = "a GEMM's operands and sizes")]
+pub(crate) fn gemm_f32_weight(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    b: &[f32],
+    packed: Option<&PackedB>,
+    c: &mut [f32],
+    threads: usize,
+    epilogue: Option<Epilogue<'_>>,
+) -> KResult<()> {
+    match packed {
+        Some(p) if m >= crate::gemm_packed::MIN_ROWS && p.dims() == (k, n) => {
+            crate::gemm_packed::gemm(m, a, p, c, threads, epilogue)
+        }
+        _ => gemm_f32_tiled(m, k, n, a, Rhs::Matrix(b), c, threads, epilogue),
+    }
+}
+
 /// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices, on up to `threads` threads.
 pub(crate) fn gemm_f32(
     m: usize,
@@ -299,8 +325,14 @@ fn gemm_i64(m: usize, k: usize, n: usize, a: &[i64], b: &[i64], c: &mut [i64]) {
     }
 }
 
-/// `matmul(a, b)`.
-pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResult<Tensor> {
+/// `matmul(a, b)`; `packed`: the packed copy of a rank-2 `float32` `b` the executor keeps
+/// (see [`gemm_f32_weight`]).
+pub(crate) fn matmul(
+    a: &Tensor,
+    b: &Tensor,
+    out_dtype: Option<DType>,
+    packed: Option<&PackedB>,
+) -> KResult<Tensor> {
     let dtype = match out_dtype {
         Some(d) => d,
         None => {
@@ -429,8 +461,24 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_dtype: Option<DType>) -> KResul
             } else {
                 crate::par::scratch_f32(nb * mc, threads)
             };
+            // The packed copy only stands for a rank-2 `float32` right operand.
+            let packed = packed.filter(|_| bbatch.is_empty() && nb == 1 && b.as_f32().is_some());
             for i in 0..nb {
                 let (pa, pb) = (oa[i] * ma, ob[i] * mb);
+                if packed.is_some() && k > 0 {
+                    gemm_f32_weight(
+                        m,
+                        k,
+                        n,
+                        &x[pa..pa + ma],
+                        &y[pb..pb + mb],
+                        packed,
+                        &mut c[i * mc..(i + 1) * mc],
+                        threads,
+                        None,
+                    )?;
+                    continue;
+                }
                 gemm_f32(
                     m,
                     k,
@@ -498,8 +546,10 @@ mod tests {
             Tensor::from_f32(shape, v.to_vec()).unwrap_or_else(|e| panic!("{e}"))
         };
         let wt = t(vec![k, n], &w);
-        let batched = matmul(&t(vec![b, s, k], &a), &wt, None).unwrap_or_else(|e| panic!("{e}"));
-        let flat = matmul(&t(vec![b * s, k], &a), &wt, None).unwrap_or_else(|e| panic!("{e}"));
+        let batched =
+            matmul(&t(vec![b, s, k], &a), &wt, None, None).unwrap_or_else(|e| panic!("{e}"));
+        let flat =
+            matmul(&t(vec![b * s, k], &a), &wt, None, None).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(batched.shape(), &[b, s, n]);
         let bits = |x: &Tensor| {
             x.as_f32()

@@ -655,7 +655,7 @@ fn silu_gated_matches_its_definition() {
         gate_first: true,
         silu_first: true,
     };
-    let got = crate::dense::silu_gated(&x, &wg, &wu, order)
+    let got = crate::dense::silu_gated(&x, &wg, &wu, order, (None, None))
         .unwrap()
         .unwrap();
     let (xd, gd, ud) = (x.to_f32_vec(), wg.to_f32_vec(), wu.to_f32_vec());
@@ -747,7 +747,11 @@ fn the_rope_composite_runs_fused_bit_for_bit_with_its_body() {
         crate::composite::Leaf::Param(i) => Ok(vals[i].clone()),
         crate::composite::Leaf::Const(_) => panic!("no constants"),
     };
-    assert!(crate::composite::run(&plan, &input).unwrap().is_none());
+    assert!(
+        crate::composite::run(&plan, &input, &|_, _| None)
+            .unwrap()
+            .is_none()
+    );
     let crate::composite::Plan::Rope {
         x, cos, sin, order, ..
     } = plan
@@ -763,7 +767,11 @@ fn the_rope_composite_runs_fused_bit_for_bit_with_its_body() {
         axes: [3, -1],
         order,
     };
-    assert!(crate::composite::run(&halves, &input).unwrap().is_some());
+    assert!(
+        crate::composite::run(&halves, &input, &|_, _| None)
+            .unwrap()
+            .is_some()
+    );
 }
 
 const LN_DECOMPOSED: &str = r#"@I.ir_module

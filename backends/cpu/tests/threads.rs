@@ -252,6 +252,69 @@ class Module:
 }
 
 #[test]
+fn a_constant_weight_is_packed_once_and_each_product_is_the_in_order_fma_chain() {
+    // A dense layer of a constant weight (8+ rows: the packed kernel's) next to the same
+    // product of a parameter, and a 4-row product of the constant (too few rows: `faer`).
+    let src = r#"@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((2, 9, 70), dtype="float32"), w: R.Tensor((70, 130), dtype="float32"), s: R.Tensor((4, 70), dtype="float32")) -> R.Tuple(R.Tensor((2, 9, 130), dtype="float32"), R.Tensor((2, 9, 130), dtype="float32"), R.Tensor((4, 130), dtype="float32")):
+        with R.dataflow():
+            y = R.matmul(x, metadata["relax.expr.Constant"][0])
+            p = R.matmul(x, w)
+            q = R.matmul(s, metadata["relax.expr.Constant"][0])
+            R.output(y, p, q)
+        return (y, p, q)
+"#;
+    let (m_, k, n) = (18, 70, 130);
+    let wv = values(k * n, 21);
+    let xv = values(m_ * k, 22);
+    let bytes = wv.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut consts = ConstTable::new();
+    consts.insert(
+        NS_CONSTANT,
+        0,
+        Constant::from_bytes(DType::F32, vec![k as i64, n as i64], bytes).unwrap(),
+    );
+    let m = parse_module(src, "t.relax", &consts).unwrap_or_else(|e| panic!("{e}"));
+    let args = || {
+        vec![
+            Value::Tensor(Tensor::from_f32(vec![2, 9, k], xv.clone()).unwrap()),
+            Value::Tensor(Tensor::from_f32(vec![k, n], wv.clone()).unwrap()),
+            Value::Tensor(Tensor::from_f32(vec![4, k], xv[..4 * k].to_vec()).unwrap()),
+        ]
+    };
+    // The definition of the packed kernel's contract: one FMA chain over k in order.
+    let mut chain = vec![0.0f32; m_ * n];
+    for i in 0..m_ {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                acc = xv[i * k + p].mul_add(wv[p * n + j], acc);
+            }
+            chain[i * n + j] = acc;
+        }
+    }
+    let want: Vec<u32> = chain.iter().map(|v| v.to_bits()).collect();
+    let ex = Executor::new();
+    for threads in [1, 2, 3] {
+        let got = with_threads(threads, || ex.run(&m, "main", args(), None))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let got = bits(got);
+        assert_eq!(got[0], want, "{threads} threads");
+        // The parameter's product (not packed) agrees to rounding.
+        let close = got[1]
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| (f32::from_bits(*a) - f32::from_bits(*b)).abs() <= 1e-5);
+        assert!(close, "the unpacked product differs beyond rounding");
+        assert_eq!(got[2].len(), 4 * n);
+    }
+    // One packed copy, made once for the three runs (the 4-row product made none).
+    assert!(format!("{ex:?}").contains("1 packed weights"), "{ex:?}");
+}
+
+#[test]
 fn a_partitioned_run_fuses_across_calls_the_hook_leaves_to_the_interpreter() {
     let m = parse_module_str(&SRC.replace("{EXTRA}", "")).unwrap_or_else(|e| panic!("{e}"));
     let want = bits(run(&m, "main", args()).unwrap_or_else(|e| panic!("{e}")));
