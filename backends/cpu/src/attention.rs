@@ -230,7 +230,8 @@ pub(crate) fn exp32(x: f32) -> f32 {
     // Round to nearest by the 1.5 * 2^23 trick (no libm call).
     const MAGIC: f32 = 12_582_912.0;
     let xc = x.clamp(-87.3, 88.3);
-    let n = (xc * LOG2E + MAGIC) - MAGIC;
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
     let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let mut y = 1.987_569_1e-4_f32;
     y = y * r + 1.398_2e-3;
@@ -239,7 +240,15 @@ pub(crate) fn exp32(x: f32) -> f32 {
     y = y * r + 0.166_666_65;
     y = y * r + 0.5;
     y = y * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from `t`'s bits: `n` is `t`'s low mantissa bits less MAGIC's (an integer in
+    // -126..=127 after the clamp), so no float-to-int conversion (which does not vectorise
+    // well) is needed; the same bits as `((n as i32 + 127) as u32) << 23`.
+    let scale = f32::from_bits(
+        t.to_bits()
+            .wrapping_sub(MAGIC.to_bits())
+            .wrapping_add(127)
+            << 23,
+    );
     if x < -87.3 { 0.0 } else { y * scale }
 }
 

@@ -513,6 +513,35 @@ fn the_f32_exp_is_within_two_ulps_of_std() {
 }
 
 #[test]
+fn the_f32_exp_takes_2_to_the_n_from_bits_as_the_integer_conversion_gave_it() {
+    // exp32 reads n out of the rounding sum's bits; before, it converted n to an integer.
+    // The scale is the same, so every result keeps its bits.
+    let by_conversion = |x: f32| {
+        const MAGIC: f32 = 12_582_912.0;
+        let xc = x.clamp(-87.3, 88.3);
+        let n = (xc * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
+        let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
+        let mut y = 1.987_569_1e-4_f32;
+        y = y * r + 1.398_2e-3;
+        y = y * r + 8.333_452e-3;
+        y = y * r + 4.166_579_6e-2;
+        y = y * r + 0.166_666_65;
+        y = y * r + 0.5;
+        y = y * r * r + r + 1.0;
+        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        if x < -87.3 { 0.0 } else { y * scale }
+    };
+    let specials = [f32::MAX, f32::MIN, f32::INFINITY, 88.3, -87.3, 88.29, -87.29, -0.0];
+    for x in (-900_000..=900_000)
+        .map(|i| i as f32 * 1e-4)
+        .chain(specials)
+    {
+        let (got, want) = (crate::attention::exp32(x), by_conversion(x));
+        assert_eq!(got.to_bits(), want.to_bits(), "exp32({x})");
+    }
+}
+
+#[test]
 fn tanh32_is_within_2e7_of_tanh() {
     let mut worst = 0.0f64;
     for i in -200_000..=200_000 {
