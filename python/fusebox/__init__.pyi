@@ -55,6 +55,9 @@ class Module:
         """The module in the text format (TVMScript)."""
     def save(self, path: PathLike) -> None:
         """Writes the text to `path` and the constants to the `.safetensors` file beside it."""
+    def bind(self, dims: Mapping[str, int]) -> "Module":
+        """The module with its symbolic dims given values (`{"batch": 1}`), as the CLI's
+        `--bind NAME=VALUE`; raises `ModelImportError` for an unknown name or a bad value."""
 
 class Report:
     """What a partition did: the JSON report as Python objects, and `explain`."""

@@ -8,7 +8,8 @@
 //!
 //! - `load(path)` → `Module` (`.onnx` or a folder holding one is imported, anything else
 //!   parsed as text with its `.safetensors` side file); `Module.text()`, `.functions`,
-//!   `.params`, `.save(path)` (text and side file, atomically).
+//!   `.params`, `.save(path)` (text and side file, atomically), `.bind({"batch": 1})` (a new
+//!   module with those symbolic dims fixed, as `--bind NAME=VALUE`).
 //! - `partition(module, config=None, patterns=None, bind_constants=None,
 //!   annotate_codegen=None, merge=None, fuse_ops=None, fuse_opt_level=None, max_depth=None)`
 //!   → `(Module, Report)`: without a config, `fusebox partition` with `--patterns` and the
@@ -94,6 +95,43 @@ impl Module {
             .get("main")
             .map(|f| f.params.iter().map(|&p| f.var(p).name.clone()).collect())
             .unwrap_or_default()
+    }
+
+    /// The module with its symbolic dims given values (`{"batch": 1, "sequence": 128}`, in
+    /// the mapping's order), as the CLI's `--bind NAME=VALUE` (TVM's BindSymbolicVars): the GPU
+    /// backends compile static shapes. A name the module does not use, or a value that is not
+    /// an integer of 0 or more, raises `ModelImportError` naming it.
+    fn bind(&self, py: Python<'_>, dims: &Bound<'_, PyDict>) -> PyResult<Module> {
+        let mut binds = Vec::new();
+        for (k, v) in dims.iter() {
+            let name: String = k.extract().map_err(|_| {
+                Failure::msg(
+                    Stage::Import,
+                    format!("bind: expected dim names as strings, found {k}"),
+                )
+                .into_pyerr(py)
+            })?;
+            let value = v.extract::<i64>().ok().filter(|&v| v >= 0).ok_or_else(|| {
+                Failure::msg(
+                    Stage::Import,
+                    format!(
+                        "bind: `{name}`: expected a dim value (an integer of 0 or more), \
+                         found {v}"
+                    ),
+                )
+                .into_pyerr(py)
+            })?;
+            binds.push((name, value));
+        }
+        let (m, source) = (self.inner.clone(), self.source.clone());
+        let bound = guarded(py, move || {
+            fusebox::bind_dims((*m).clone(), &binds)
+                .map_err(|e| Failure::new(Stage::Import, e, source.as_ref()))
+        })?;
+        Ok(Module {
+            inner: Arc::new(bound),
+            source: self.source.clone(),
+        })
     }
 
     /// The file the module was read from, if any.

@@ -105,6 +105,33 @@ def test_int64_inputs_and_onnx_input_names(tmp_path):
     assert np.max(np.abs(got["last_hidden_state"] - want)) <= tol
 
 
+def test_bound_dims_fix_the_shapes_as_the_cli_bind_does(tmp_path):
+    bert = ROOT / "tests" / "models" / "bert-ts"
+    inputs = {p.stem: np.load(p) for p in (bert / "seq8" / "inputs").glob("*.npy")}
+    m = fusebox.load(bert / "model.onnx")
+    assert "batch" in m.text() and "sequence" in m.text()
+    bound = m.bind({"batch": 2, "sequence": 8})
+    text = bound.text()
+    assert "batch" not in text and "sequence" not in text
+    assert "R.Tensor((2, 8), dtype=\"int64\")" in text
+    assert m.text() != text, "bind returns a new module and leaves this one"
+    got = fusebox.run(bound, inputs, check=True)
+    assert_same(got, cli_run(bert / "model.onnx", inputs, tmp_path, "--bind", "batch=2", "--bind", "sequence=8"))
+    want = np.load(bert / "seq8" / "outputs" / "last_hidden_state.npy")
+    assert np.max(np.abs(got["last_hidden_state"] - want)) <= 1e-4 * float(want.max() - want.min())
+    # The bound shape is enforced: another sequence length is an error naming the input.
+    longer = {k: np.concatenate([v, v], axis=1) for k, v in inputs.items()}
+    with pytest.raises(fusebox.RunError):
+        fusebox.run(bound, longer)
+    # Bad binds: an unknown name, a negative or non-integer value.
+    with pytest.raises(fusebox.ModelImportError, match="nope"):
+        m.bind({"nope": 1})
+    with pytest.raises(fusebox.ModelImportError, match="expected a dim value"):
+        m.bind({"batch": -1})
+    with pytest.raises(fusebox.ModelImportError, match="expected a dim value"):
+        m.bind({"batch": 1.5})
+
+
 def test_strided_and_non_array_inputs_read_as_their_values():
     inputs = cnn_inputs()
     m = fusebox.load(SMALL_CNN)

@@ -243,12 +243,7 @@ pub(crate) fn exp32(x: f32) -> f32 {
     // 2^n from `t`'s bits: `n` is `t`'s low mantissa bits less MAGIC's (an integer in
     // -126..=127 after the clamp), so no float-to-int conversion (which does not vectorise
     // well) is needed; the same bits as `((n as i32 + 127) as u32) << 23`.
-    let scale = f32::from_bits(
-        t.to_bits()
-            .wrapping_sub(MAGIC.to_bits())
-            .wrapping_add(127)
-            << 23,
-    );
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127) << 23);
     if x < -87.3 { 0.0 } else { y * scale }
 }
 

@@ -531,7 +531,16 @@ fn the_f32_exp_takes_2_to_the_n_from_bits_as_the_integer_conversion_gave_it() {
         let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
         if x < -87.3 { 0.0 } else { y * scale }
     };
-    let specials = [f32::MAX, f32::MIN, f32::INFINITY, 88.3, -87.3, 88.29, -87.29, -0.0];
+    let specials = [
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        88.3,
+        -87.3,
+        88.29,
+        -87.29,
+        -0.0,
+    ];
     for x in (-900_000..=900_000)
         .map(|i| i as f32 * 1e-4)
         .chain(specials)
