@@ -23,6 +23,9 @@
 //! - Constants are decoded once per [`Executor`] (keyed by their shared data buffer, dtype and
 //!   shape) and shared by every later use and run, and so is the result of an op call whose
 //!   arguments are all constants (ops are pure); [`run`] and friends use a fresh executor.
+//!   A rank-2 `float32` constant that a `matmul` (or a dense composite) multiplies from the
+//!   right, with 8+ rows on the left, is also packed once into the panels of
+//!   `gemm_packed.rs` and kept with the executor (memory for speed, as onnxruntime's prepacking).
 //! - A `conv2d` followed by an inference `batch_norm`, a per-channel `add` (+ `relu`) or a
 //!   `relu`, each reading only the previous result, runs as one fused kernel when the values
 //!   allow it (see `fuse.rs`); the result is bit-identical to running the bindings one
@@ -938,8 +941,6 @@ impl<'m> Interp<'m> {
         }
     }
 
-    /// An op call on its evaluated arguments; an op of constants only (a transposed weight,
-    /// say) runs once per executor.
     /// An op's kernel on its values: a `matmul` of a kept constant weight through the weight's
     /// packed copy ([`crate::gemm_packed`]), every other op through [`eval_op`].
     fn run_op(&self, op: &Op, vals: &[Value]) -> Result<Value> {
@@ -951,6 +952,8 @@ impl<'m> Interp<'m> {
         eval_op(op, vals)
     }
 
+    /// An op call on its evaluated arguments; an op of constants only (a transposed weight,
+    /// say) runs once per executor.
     fn eval_op_call(
         &self,
         f: &Function,
