@@ -21,8 +21,9 @@
 //!   by whole panels, spread over [`crate::par`]'s threads; `epilogue` runs on each row of a
 //!   tile right after the tile is computed (while it is in cache).
 //! - Why not `faer` here: `faer` packs `B` on every call. With the weight packed once, this
-//!   kernel computes the dense layers of GPT-2 and BERT (`128 × 768 × 3072` and the like,
-//!   weights cold in memory) about 10% faster than `faer`'s GEMM on the same tiles.
+//!   kernel computes GPT-2-sized dense layers (`128 × 768 × 3072` and back, weights read from
+//!   memory) in 0.92× `faer`'s time (`cargo run --release -p fusebox-cpu --example
+//!   bench_dense`; bench/RESULTS.md).
 //! - [`gemm`] needs at least [`MIN_ROWS`] rows; fewer go to [`crate::matmul`]'s GEMV/`faer`
 //!   path (the caller decides by the shape alone, so a fused and an unfused dense layer take
 //!   the same path and give the same bits).
