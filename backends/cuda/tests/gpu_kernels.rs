@@ -88,6 +88,34 @@ fn transformer_block_kernels_match_the_cpu_reference_on_the_gpu() {
     println!("transformer block: {n} functions match on the GPU");
 }
 
+/// The row kernels that read and write 16 bytes at a time (see `ops_nn.rs`): a block per row
+/// (f16 softmax over 4,096 and 8,192 columns), a warp per row (f16 LayerNorm over 768, f32
+/// softmax over 1,024, f16 softmax over 1,000 with lanes past the row), and a scalar one
+/// (1,001 columns).
+#[test]
+fn vectorised_row_kernels_match_the_cpu_reference_on_the_gpu() {
+    if common::gpu_or_skip("vectorised row kernels").is_none() {
+        return;
+    }
+    let t = |s: &str, d: &str| format!("R.Tensor(({s}), dtype=\"{d}\")");
+    let src = format!(
+        "@I.ir_module\nclass Module:\n    @R.function\n    def main(a: {}, b: {}, c: {}, d: {}, e: {}, g: {}, h: {}, f: {}):\n        with R.dataflow():\n            ya = R.nn.softmax(a, axis=-1)\n            yb = R.nn.softmax(b, axis=-1)\n            yc = R.nn.softmax(c, axis=-1)\n            yd = R.nn.softmax(d, axis=-1)\n            ye = R.nn.layer_norm(e, g, h, axes=[-1])\n            yf = R.nn.softmax(f, axis=-1)\n            R.output(ya, yb, yc, yd, ye, yf)\n        return (ya, yb, yc, yd, ye, yf)\n",
+        t("64, 4096", "float16"),
+        t("16, 8192", "float16"),
+        t("128, 1000", "float16"),
+        t("64, 1024", "float32"),
+        t("256, 768", "float16"),
+        t("768,", "float16"),
+        t("768,", "float16"),
+        t("32, 1001", "float16"),
+    );
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let fused = fuse_ops_lifting(&m, 2, 256, true).unwrap();
+    let n = run_module("row_kernels", &fused);
+    assert_eq!(n, 6, "one function per row op");
+    println!("vectorised row kernels: {n} functions match on the GPU");
+}
+
 #[test]
 fn resnet50_kernels_match_the_cpu_reference_on_the_gpu() {
     if common::gpu_or_skip("resnet50 kernels").is_none() {
