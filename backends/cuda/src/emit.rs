@@ -604,7 +604,7 @@ impl<'a> Emitter<'a> {
             }
             vec = v;
         }
-        if vec > 1 && cols % u64::from(vec) == 0 && pt % vec == 0 {
+        if vec > 1 && cols.is_multiple_of(u64::from(vec)) && pt.is_multiple_of(vec) {
             vec
         } else {
             1
