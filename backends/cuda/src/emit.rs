@@ -18,7 +18,8 @@
 //!   whole vectors and every cached load walks the row contiguously, a thread holds runs of
 //!   `16 / sizeof(T)` consecutive columns, loaded with one `uint4` each, and writes each output
 //!   of that element size a run at a time (`row_vector`): f16 rows move 16 bytes per access
-//!   instead of 2.
+//!   instead of 2. A statistic's per-column value that the outputs use again (softmax's
+//!   `exp(x - max)`) is kept in registers by its pass instead of being computed twice.
 //! - Index arithmetic is `int` when every extent fits in 31 bits and no buffer holds 64-bit
 //!   integers, else `long long`.
 //! - [`launch`] gives the grid and block for a device with `sm_count` SMs.
@@ -126,6 +127,9 @@ struct Emitter<'a> {
     deps: HashMap<NodeId, crate::kir::Deps>,
     /// Loads cached in registers (row kernels) or vector-loaded (map kernels): node → array.
     arrays: HashMap<NodeId, String>,
+    /// Values a row kernel's statistic pass kept per column for the output pass (softmax's
+    /// `exp(x - max)`): node → array of the node's compute scalar.
+    kept: HashMap<NodeId, String>,
     /// The array subscript in the current pass (`i` or `j`).
     subscript: &'static str,
     /// Reduce node → the rvar ids it binds.
@@ -190,6 +194,7 @@ impl<'a> Emitter<'a> {
             }],
             deps,
             arrays: HashMap::new(),
+            kept: HashMap::new(),
             subscript: "i",
             reduce_vars,
             strides,
@@ -332,6 +337,10 @@ impl<'a> Emitter<'a> {
             Node::RVar(v) => return format!("r{v}"),
             Node::Stat(i) => return format!("s{i}"),
             _ => {}
+        }
+        if let Some(arr) = self.kept.get(&id).cloned() {
+            let v = format!("{arr}[{}]", self.subscript);
+            return self.bind(id, s, v);
         }
         if let Some(arr) = self.arrays.get(&id).cloned() {
             let v = format!("{arr}[{}]", self.subscript);
@@ -734,6 +743,12 @@ impl<'a> Emitter<'a> {
             }
         }
         self.subscript = "i";
+        // A statistic's per-column value that the outputs use again (softmax's `exp(x - max)`,
+        // summed, then divided by the sum) is kept in registers by its pass rather than
+        // computed twice; a cached load needs no second copy.
+        let store_nodes = k
+            .graph
+            .topo(&k.stores.iter().map(|s| s.value).collect::<Vec<_>>());
         for (si, st) in k.stats.iter().enumerate() {
             let sc = k.graph.scalar(st.body);
             let acc = format!("sacc{si}");
@@ -742,12 +757,25 @@ impl<'a> Emitter<'a> {
                 scalar_type(sc),
                 red_init(st.op, sc)
             ));
+            let keep = (pt > 0
+                && store_nodes.contains(&st.body)
+                && !matches!(k.graph.node(st.body), Node::Load { .. }))
+            .then(|| format!("kept{si}"));
+            if let Some(arr) = &keep {
+                self.line(&format!("{} {arr}[{pt}];", scalar_type(sc)));
+            }
             self.push(Binds::Coords(col_mask));
             col_prologue(self);
             let b = self.val(st.body);
+            if let Some(arr) = &keep {
+                self.line(&format!("{arr}[i] = {b};"));
+            }
             self.line(&format!("{acc} = {};", combine(st.op, sc, &acc, &b)));
             col_epilogue(self);
             self.pop(&head(pt));
+            if let Some(arr) = keep {
+                self.kept.insert(st.body, arr);
+            }
             let op = red_name(st.op);
             if warp_rows.is_some() {
                 self.line(&format!("{acc} = warp_{op}({acc});"));
