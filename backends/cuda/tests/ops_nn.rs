@@ -274,7 +274,7 @@ fn row_kernels_move_16_bytes_at_a_time_where_the_row_allows() {
         let stores = src.contains("*reinterpret_cast<uint4*>(out0 + row");
         assert_eq!((loads, stores), (vector, vector), "{name}:\n{src}");
         // The exponentials the sum pass computed are kept for the output pass.
-        if name.starts_with("sm") {
+        if vector && name.starts_with("sm") {
             assert_eq!(src.matches("expf(").count(), 1, "{name}:\n{src}");
         }
     }
