@@ -273,9 +273,12 @@ fn row_kernels_move_16_bytes_at_a_time_where_the_row_allows() {
         let loads = src.contains("*reinterpret_cast<uint4*>(cache");
         let stores = src.contains("*reinterpret_cast<uint4*>(out0 + row");
         assert_eq!((loads, stores), (vector, vector), "{name}:\n{src}");
-        // The exponentials the sum pass computed are kept for the output pass.
+        // The exponentials the sum pass computed are kept for the output pass (up to 32 per
+        // lane of a warp per row, 16 per thread of a block per row: 8,192 columns over 256
+        // threads compute them again).
         if vector && name.starts_with("sm") {
-            assert_eq!(src.matches("expf(").count(), 1, "{name}:\n{src}");
+            let want = if name.contains("8192") { 2 } else { 1 };
+            assert_eq!(src.matches("expf(").count(), want, "{name}:\n{src}");
         }
     }
 }
