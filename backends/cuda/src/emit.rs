@@ -511,16 +511,8 @@ impl<'a> Emitter<'a> {
                     continue;
                 };
                 let b = &k.inputs[*buf as usize];
-                let contiguous = index.last().is_some_and(
-                    |&ix| matches!(k.graph.node(ix), Node::Coord(a) if *a as usize == last),
-                ) && b.shape.last() == k.space.last()
-                    && index[..index.len() - 1].iter().all(|ix| {
-                        self.deps
-                            .get(ix)
-                            .is_some_and(|d| d.coords & last_bit == 0 && d.rvars.is_empty())
-                    })
-                    && self.deps.get(&id).is_some_and(|d| d.rvars.is_empty())
-                    && v * u64::from(dtype_bytes(b.dtype)) == 16;
+                let contiguous =
+                    self.walks_last_axis(id) && v * u64::from(dtype_bytes(b.dtype)) == 16;
                 if !contiguous {
                     continue;
                 }
@@ -581,6 +573,31 @@ impl<'a> Emitter<'a> {
         self.line("}");
     }
 
+    /// Whether load `id` walks the space's last axis contiguously: its last index is that
+    /// coordinate, its buffer's last extent is the space's, its other indices do not depend on
+    /// that coordinate, and no index depends on a reduction variable (so consecutive elements
+    /// of the last axis are consecutive in memory, and a run of them is one vector access).
+    fn walks_last_axis(&self, id: NodeId) -> bool {
+        let k = self.k;
+        let Node::Load { buf, index } = k.graph.node(id) else {
+            return false;
+        };
+        let Some(last) = k.space.len().checked_sub(1) else {
+            return false;
+        };
+        let last_bit = 1u64 << last.min(63);
+        index
+            .last()
+            .is_some_and(|&ix| matches!(k.graph.node(ix), Node::Coord(a) if *a as usize == last))
+            && k.inputs[*buf as usize].shape.last() == k.space.last()
+            && index[..index.len() - 1].iter().all(|ix| {
+                self.deps
+                    .get(ix)
+                    .is_some_and(|d| d.coords & last_bit == 0 && d.rvars.is_empty())
+            })
+            && self.deps.get(&id).is_some_and(|d| d.rvars.is_empty())
+    }
+
     /// The columns per vector of a row kernel's register cache (1: none): 16 bytes of every
     /// cached load's dtype, when the row is one axis (the last), a whole number of vectors
     /// long, each thread caches whole vectors, and every cached load walks that axis
@@ -591,25 +608,14 @@ impl<'a> Emitter<'a> {
         if cached.is_empty() || pt == 0 || k.row_axes + 1 != rank {
             return 1;
         }
-        let last = rank - 1;
-        let last_bit = 1u64 << last.min(63);
         let cols = k.cols();
         let mut vec = 0u32;
         for &id in cached {
-            let Node::Load { buf, index } = k.graph.node(id) else {
+            let Node::Load { buf, .. } = k.graph.node(id) else {
                 return 1;
             };
-            let b = &k.inputs[*buf as usize];
-            let v = 16 / dtype_bytes(b.dtype).max(1);
-            let contiguous = index.last().is_some_and(
-                |&ix| matches!(k.graph.node(ix), Node::Coord(a) if *a as usize == last),
-            ) && b.shape.last() == k.space.last()
-                && index[..index.len() - 1].iter().all(|ix| {
-                    self.deps
-                        .get(ix)
-                        .is_some_and(|d| d.coords & last_bit == 0 && d.rvars.is_empty())
-                });
-            if !contiguous || (vec != 0 && vec != v) {
+            let v = 16 / dtype_bytes(k.inputs[*buf as usize].dtype).max(1);
+            if !self.walks_last_axis(id) || (vec != 0 && vec != v) {
                 return 1;
             }
             vec = v;
