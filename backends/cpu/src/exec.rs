@@ -314,10 +314,11 @@ impl Executor {
         let (Some(data), &[k, n]) = (w.as_f32(), w.shape()) else {
             return None;
         };
-        let rows = match x.shape() {
-            [.., m, _] => x.shape()[..x.rank() - 2].iter().product::<usize>() * m,
-            _ => 1,
-        };
+        // The rows of `x`: every dim but the last (a vector is one row).
+        let rows: usize = x
+            .shape()
+            .split_last()
+            .map_or(1, |(_, lead)| lead.iter().product());
         if rows < crate::gemm_packed::MIN_ROWS {
             return None;
         }
@@ -947,7 +948,7 @@ impl<'m> Interp<'m> {
         if let (Op::Matmul { .. }, [Value::Tensor(a), Value::Tensor(b)]) = (op, vals)
             && let Some(p) = self.exec.packed_weight(a, b)
         {
-            return crate::kernels::eval_matmul(op, vals, Some(&p));
+            return crate::kernels::eval_op_packed(op, vals, Some(&p));
         }
         eval_op(op, vals)
     }

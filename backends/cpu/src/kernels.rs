@@ -77,39 +77,23 @@ fn tuple_tensors(args: &[Value]) -> std::result::Result<Vec<&Tensor>, String> {
 /// Runs the kernel of `op` on `args`, after checking that its result fits the memory limit
 /// (see `fusebox_core::runtime::memory`).
 pub fn eval_op(op: &Op, args: &[Value]) -> Result<Value> {
+    eval_op_packed(op, args, None)
+}
+
+/// [`eval_op`], a `matmul`'s right operand having the packed copy `packed` (made by the
+/// executor for a kept constant weight; see [`crate::gemm_packed`]; other ops ignore it).
+pub(crate) fn eval_op_packed(
+    op: &Op,
+    args: &[Value],
+    packed: Option<&crate::gemm_packed::PackedB>,
+) -> Result<Value> {
     let Some(name) = op.static_name() else {
         return Err(Error::NoKernel {
             op: op.name().to_string(),
         });
     };
     fusebox_core::runtime::memory::check_op_result(op, args)?;
-    eval(op, args).map_err(|message| Error::Kernel { op: name, message })
-}
-
-/// [`eval_op`] of a `matmul` whose right operand has the packed copy `packed` (made by the
-/// executor for a kept constant weight; see [`crate::gemm_packed`]); other ops as
-/// [`eval_op`].
-pub(crate) fn eval_matmul(
-    op: &Op,
-    args: &[Value],
-    packed: Option<&crate::gemm_packed::PackedB>,
-) -> Result<Value> {
-    let Op::Matmul { out_dtype } = op else {
-        return eval_op(op, args);
-    };
-    fusebox_core::runtime::memory::check_op_result(op, args)?;
-    let product = || -> std::result::Result<Value, String> {
-        Ok(Value::Tensor(matmul::matmul(
-            tensor(args, 0)?,
-            tensor(args, 1)?,
-            *out_dtype,
-            packed,
-        )?))
-    };
-    product().map_err(|message| Error::Kernel {
-        op: "relax.matmul",
-        message,
-    })
+    eval(op, args, packed).map_err(|message| Error::Kernel { op: name, message })
 }
 
 fn bin(op: BinOp, args: &[Value]) -> std::result::Result<Value, String> {
@@ -128,7 +112,11 @@ fn float_fn(name: &str, args: &[Value]) -> std::result::Result<Value, String> {
     )?))
 }
 
-fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
+fn eval(
+    op: &Op,
+    args: &[Value],
+    packed: Option<&crate::gemm_packed::PackedB>,
+) -> std::result::Result<Value, String> {
     if let Some(sig) = Op::signature(op.name())
         && (args.len() < sig.min_args || args.len() > sig.max_args)
     {
@@ -194,7 +182,7 @@ fn eval(op: &Op, args: &[Value]) -> std::result::Result<Value, String> {
             tensor(args, 0)?,
             tensor(args, 1)?,
             *out_dtype,
-            None,
+            packed,
         )),
         Op::Conv2d(a) => t(conv::conv2d(tensor(args, 0)?, tensor(args, 1)?, a)),
         Op::BatchNorm(a) => {

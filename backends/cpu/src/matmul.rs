@@ -243,19 +243,6 @@ pub(crate) fn gemm_f32_weight(
     }
 }
 
-/// `c[m×n] = a[m×k] @ b[k×n]` for row-major slices, on up to `threads` threads.
-pub(crate) fn gemm_f32(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[f32],
-    b: &[f32],
-    c: &mut [f32],
-    threads: usize,
-) -> KResult<()> {
-    gemm_f32_tiled(m, k, n, a, Rhs::Matrix(b), c, threads, None)
-}
-
 /// Rows of `B` per partial sum of a vector-matrix product ([`gemv_f32`]).
 const GEMV_ROWS: usize = 256;
 
@@ -465,28 +452,16 @@ pub(crate) fn matmul(
             let packed = packed.filter(|_| bbatch.is_empty() && nb == 1 && b.as_f32().is_some());
             for i in 0..nb {
                 let (pa, pb) = (oa[i] * ma, ob[i] * mb);
-                if packed.is_some() && k > 0 {
-                    gemm_f32_weight(
-                        m,
-                        k,
-                        n,
-                        &x[pa..pa + ma],
-                        &y[pb..pb + mb],
-                        packed,
-                        &mut c[i * mc..(i + 1) * mc],
-                        threads,
-                        None,
-                    )?;
-                    continue;
-                }
-                gemm_f32(
+                gemm_f32_weight(
                     m,
                     k,
                     n,
                     &x[pa..pa + ma],
                     &y[pb..pb + mb],
+                    packed,
                     &mut c[i * mc..(i + 1) * mc],
                     threads,
+                    None,
                 )?;
             }
             Storage::F32(c)
@@ -521,7 +496,8 @@ mod tests {
                 .collect();
             let want = reference(k, n, &a, &b);
             let mut got = vec![f32::NAN; n];
-            gemm_f32(1, k, n, &a, &b, &mut got, 3).unwrap_or_else(|e| panic!("{e}"));
+            gemm_f32_tiled(1, k, n, &a, Rhs::Matrix(&b), &mut got, 3, None)
+                .unwrap_or_else(|e| panic!("{e}"));
             for (j, (g, w)) in got.iter().zip(&want).enumerate() {
                 let tol = 1e-5 * (1.0 + w.abs());
                 assert!(
@@ -570,8 +546,10 @@ mod tests {
             .collect();
         let run = |t: usize| {
             let mut c = vec![0.0f32; n];
-            crate::par::with_threads(t, || gemm_f32(1, k, n, &a, &b, &mut c, t))
-                .unwrap_or_else(|e| panic!("{e}"));
+            crate::par::with_threads(t, || {
+                gemm_f32_tiled(1, k, n, &a, Rhs::Matrix(&b), &mut c, t, None)
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
             c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         };
         let one = run(1);
