@@ -3,8 +3,9 @@
 //!
 //! - NVRTC compile time per elementwise kernel (no cache; runs without a GPU too);
 //! - on a GPU, against the device-to-device copy bandwidth (`cuMemcpyDtoD`, 1 GiB): a fused
-//!   elementwise chain, softmax and layer_norm (rows of 1k–8k), and residual-add + layer_norm
-//!   fused against the add and the layer_norm as two kernels.
+//!   elementwise chain, softmax and layer_norm (rows of 1k–8k; for 4k and 8k also with 256,
+//!   512 and 1,024 threads per row, the schedule's choice first), and residual-add +
+//!   layer_norm fused against the add and the layer_norm as two kernels.
 //!
 //! `cargo run --release -p fusebox-cuda --example bench_kernels [-- --reps N]`
 //! Times are medians of `reps` (default 20) event-timed runs after a warm-up.
@@ -206,6 +207,80 @@ fn main() {
             "layer_norm [{rows}x{cols}] f16: {ms:.3} ms, {bw:.0} GB/s = {:.0}% of copy (target >= 85%)",
             100.0 * bw / bw_copy
         );
+    }
+
+    // 3b. The block-per-row schedule's threads per row, swept (the default first): which
+    //     block size keeps a row in registers at the least cost in occupancy.
+    for cols in [4096usize, 8192] {
+        let rows = (1usize << 27) / cols;
+        let x = device_input(&gpu, &[rows, cols], F16);
+        let g = device_input(&gpu, &[cols], F16);
+        let h = device_input(&gpu, &[cols], F16);
+        let moved = 2.0 * (rows * cols * 2) as f64;
+        for (what, body, args) in [
+            ("softmax", "gv = R.nn.softmax(x, axis=-1)", vec![x.clone()]),
+            (
+                "layer_norm",
+                "gv = R.nn.layer_norm(x, g, h, axes=[-1])",
+                vec![x.clone(), g.clone(), h.clone()],
+            ),
+        ] {
+            let params = if what == "softmax" {
+                format!("x: R.Tensor(({rows}, {cols}), dtype=\"float16\")")
+            } else {
+                format!(
+                    "x: R.Tensor(({rows}, {cols}), dtype=\"float16\"), g: R.Tensor(({cols},), dtype=\"float16\"), h: R.Tensor(({cols},), dtype=\"float16\")"
+                )
+            };
+            let m = module(&params, &[body]);
+            let low = fusebox_cuda::lower::lower("f", m.get("f").unwrap()).unwrap();
+            let mut line = format!("{what} [{rows}x{cols}] f16 by threads per row:");
+            for block in [256u32, 512, 1024] {
+                let mut k = low.kernels[0].clone();
+                let per = (cols as u32).div_ceil(block);
+                k.schedule = fusebox_cuda::kir::Schedule::BlockPerRow {
+                    block,
+                    per_thread: if per <= 32 { per } else { 0 },
+                };
+                let src = fusebox_cuda::emit::emit(&k);
+                let bin = fusebox_cuda::compile_cached(
+                    None,
+                    &src,
+                    "f.cu",
+                    gpu.arch().unwrap(),
+                    &CompileOptions::default(),
+                )
+                .unwrap();
+                let module = gpu.load_module(&bin.cubin).unwrap();
+                let kernel = module.kernel(&k.name).unwrap();
+                let l = fusebox_cuda::emit::launch(&k, gpu.sm_count());
+                let cfg = fusebox_cuda::LaunchConfig {
+                    grid: l.grid,
+                    block: l.block,
+                    shared_mem_bytes: l.shared_mem_bytes,
+                };
+                let out = GpuTensor::empty(&gpu, F16, vec![rows, cols]).unwrap();
+                let tensors: Vec<GpuTensor> = args
+                    .iter()
+                    .map(|v| GpuTensor::from_value(&gpu, v).unwrap())
+                    .collect();
+                let ms = time(&gpu, reps, &|| {
+                    let kargs: Vec<fusebox_cuda::KernelArg<'_>> = tensors
+                        .iter()
+                        .chain(std::iter::once(&out))
+                        .map(fusebox_cuda::KernelArg::Buffer)
+                        .collect();
+                    kernel.launch(&cfg, &kargs).unwrap();
+                });
+                let bw = moved / (ms * 1e-3) / 1e9;
+                line.push_str(&format!(
+                    " {block}: {:.0}% ({} regs)",
+                    100.0 * bw / bw_copy,
+                    kernel.num_registers().unwrap_or(0)
+                ));
+            }
+            println!("{line}");
+        }
     }
 
     // 4. residual add + layer_norm: fused vs two kernels.

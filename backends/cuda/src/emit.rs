@@ -21,6 +21,12 @@
 //!   instead of 2. A statistic's per-column value that the outputs use again (softmax's
 //!   `exp(x - max)`) is kept in registers by its pass instead of being computed twice (up to
 //!   32 columns per lane of a warp per row, 16 per thread of a block per row).
+//! - A kernel whose every output is f16 or bf16 computes `exp` (and `sigmoid`) with `__expf`
+//!   (a few f32 ulps: 2 + 1.16·|x|, far below an f16 ulp of 2^-11 relative) and divides by a
+//!   row statistic (softmax's sum) through `__frcp_rn`, once per row: the accurate `expf` and
+//!   an IEEE division per element cost f16 softmax over 8,192 columns 15 points of copy
+//!   bandwidth on an H100 (66% against 81%; bench/RESULTS.md, session i). f32 and f64 outputs
+//!   keep the accurate forms.
 //! - Index arithmetic is `int` when every extent fits in 31 bits and no buffer holds 64-bit
 //!   integers, else `long long`.
 //! - [`launch`] gives the grid and block for a device with `sm_count` SMs.
@@ -139,6 +145,9 @@ struct Emitter<'a> {
     wide: bool,
     fp16: bool,
     bf16: bool,
+    /// Every output is f16 or bf16: `exp` through `__expf`, and a division by a row
+    /// statistic through its reciprocal (see the module doc).
+    fast: bool,
     shared: Vec<Scalar>,
 }
 
@@ -202,6 +211,10 @@ impl<'a> Emitter<'a> {
             wide,
             fp16,
             bf16,
+            fast: !k.outputs.is_empty()
+                && k.outputs
+                    .iter()
+                    .all(|b| matches!(b.dtype, DType::F16 | DType::BF16)),
             shared: Vec::new(),
         }
     }
@@ -370,10 +383,21 @@ impl<'a> Emitter<'a> {
         match node {
             Node::Un(op, a) => {
                 let x = self.val(*a);
-                unary(*op, s, &x)
+                match (op, s) {
+                    (Un::Exp, Scalar::F32) if self.fast => format!("__expf({x})"),
+                    (Un::Sigmoid, Scalar::F32) if self.fast => {
+                        format!("__frcp_rn(1.0f + __expf(-{x}))")
+                    }
+                    _ => unary(*op, s, &x),
+                }
             }
             Node::Bin(op, a, b) => {
                 let (x, y) = (self.val(*a), self.val(*b));
+                let by_stat = matches!(self.k.graph.node(*b), Node::Stat(_));
+                if *op == Bin::Div && s == Scalar::F32 && self.fast && by_stat {
+                    // One reciprocal per row (hoisted: the statistic is row-uniform).
+                    return format!("({x} * __frcp_rn({y}))");
+                }
                 binary(*op, s, &x, &y)
             }
             Node::Select(c, a, b) => {
