@@ -22,11 +22,11 @@
 //!   `exp(x - max)`) is kept in registers by its pass instead of being computed twice (up to
 //!   32 columns per lane of a warp per row, 16 per thread of a block per row).
 //! - A kernel whose every output is f16 or bf16 computes `exp` (and `sigmoid`) with `__expf`
-//!   (a few f32 ulps: 2 + 1.16·|x|, far below an f16 ulp of 2^-11 relative) and divides by a
-//!   row statistic (softmax's sum) through `__frcp_rn`, once per row: the accurate `expf` and
-//!   an IEEE division per element cost f16 softmax over 8,192 columns 15 points of copy
-//!   bandwidth on an H100 (66% against 81%; bench/RESULTS.md, session i). f32 and f64 outputs
-//!   keep the accurate forms.
+//!   (an error of 2 + 1.16·|x| f32 ulps, far below an f16 ulp of 2^-10 relative) and divides by
+//!   a row statistic (softmax's sum) as a multiplication by its `__frcp_rn`, one value for the
+//!   whole row: the accurate `expf` and an IEEE division per element cost f16 softmax over
+//!   8,192 columns 15 points of copy bandwidth on an H100 (66% against 81%; bench/RESULTS.md,
+//!   session i). f32 and f64 outputs keep the accurate forms.
 //! - Index arithmetic is `int` when every extent fits in 31 bits and no buffer holds 64-bit
 //!   integers, else `long long`.
 //! - [`launch`] gives the grid and block for a device with `sm_count` SMs.
@@ -395,7 +395,8 @@ impl<'a> Emitter<'a> {
                 let (x, y) = (self.val(*a), self.val(*b));
                 let by_stat = matches!(self.k.graph.node(*b), Node::Stat(_));
                 if *op == Bin::Div && s == Scalar::F32 && self.fast && by_stat {
-                    // One reciprocal per row (hoisted: the statistic is row-uniform).
+                    // The statistic is row-uniform: the unrolled row loop computes its
+                    // reciprocal once (common subexpression), then multiplies.
                     return format!("({x} * __frcp_rn({y}))");
                 }
                 binary(*op, s, &x, &y)
