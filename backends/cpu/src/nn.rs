@@ -622,26 +622,59 @@ pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> KResul
         Some([p, q]) => (usize_of(p, "output size")?, usize_of(q, "output size")?),
         None => (h, w),
     };
-    let xs = xc.to_f64_vec();
-    let range = |i: usize, len: usize, o: usize| (i * len / o, ((i + 1) * len).div_ceil(o));
-    let mut out = Vec::with_capacity(n * c * oh * ow);
-    for plane in 0..n * c {
-        let base = plane * h * w;
-        for i in 0..oh {
-            let (y0, y1) = range(i, h, oh);
-            for j in 0..ow {
-                let (x0, x1) = range(j, w, ow);
-                let mut s = 0.0;
-                for y in y0..y1 {
-                    s += xs[base + y * w + x0..base + y * w + x1].iter().sum::<f64>();
-                }
-                let cnt = (y1 - y0) * (x1 - x0);
-                out.push(if cnt == 0 { 0.0 } else { s / cnt as f64 });
-            }
-        }
-    }
+    let dims = (h, w, oh, ow);
+    let out = match xc.as_f32() {
+        Some(xs) => adaptive_means(xs, f64::from, dims, n * c),
+        None => adaptive_means(&xc.to_f64_vec(), |v| v, dims, n * c),
+    };
     let t = from_f64(vec![n, c, oh, ow], x.dtype(), out)?;
     Ok(from_canonical(&t, op))
+}
+
+/// The window means of [`adaptive_avg_pool2d`] over `planes` planes of `xs` (`h × w` each), in
+/// `f64`: a window's elements as [`crate::simd::striped_sum`]'s interleaved partial sums (the
+/// whole window at once where it spans full rows, as a global pooling's does; else row by row,
+/// the rows' sums added in order), so 8 independent additions are in flight instead of one
+/// chain. Planes are spread over the threads; the order within a window is fixed, so the result
+/// is the same for every thread count.
+fn adaptive_means<T: Copy + Sync>(
+    xs: &[T],
+    to: impl Fn(T) -> f64 + Copy + Sync,
+    (h, w, oh, ow): (usize, usize, usize, usize),
+    planes: usize,
+) -> Vec<f64> {
+    let cells = oh * ow;
+    let mut out = vec![0.0f64; planes * cells];
+    if cells == 0 {
+        return out;
+    }
+    let range = |i: usize, len: usize, o: usize| (i * len / o, ((i + 1) * len).div_ceil(o));
+    let t = crate::par::threads_for(planes * h * w, 1 << 16);
+    let per = planes.div_ceil(4 * t).max(1);
+    crate::par::for_each_chunk_mut(&mut out, per * cells, t, |off, chunk| {
+        for (k, cell) in chunk.chunks_mut(cells).enumerate() {
+            let base = (off / cells + k) * h * w;
+            for i in 0..oh {
+                let (y0, y1) = range(i, h, oh);
+                for j in 0..ow {
+                    let (x0, x1) = range(j, w, ow);
+                    let s = if (x0, x1) == (0, w) {
+                        crate::simd::striped_sum(&xs[base + y0 * w..base + y1 * w], to)
+                    } else {
+                        (y0..y1)
+                            .map(|y| {
+                                let row = &xs[base + y * w + x0..base + y * w + x1];
+                                crate::simd::striped_sum(row, to)
+                            })
+                            .fold(0.0, |a, b| a + b)
+                    };
+                    let cnt = (y1 - y0) * (x1 - x0);
+                    cell[i * ow + j] = if cnt == 0 { 0.0 } else { s / cnt as f64 };
+                }
+            }
+        }
+    });
+    out
 }
 
 #[cfg(test)]
@@ -650,6 +683,70 @@ mod tests {
 
     use super::*;
     use fusebox_core::ir::DType;
+
+    #[test]
+    fn adaptive_avg_pool_matches_the_window_means_for_every_thread_count() {
+        // Global (the window spans whole rows), overlapping windows, an output larger than the
+        // input (windows of one element), an empty input; 600 planes so several tasks run.
+        for (n, c, h, w, oh, ow) in [
+            (1usize, 600usize, 7usize, 7usize, 1usize, 1usize),
+            (2, 3, 9, 11, 2, 5),
+            (1, 4, 7, 7, 3, 3),
+            (1, 2, 3, 2, 5, 4),
+            (1, 2, 0, 3, 2, 2),
+        ] {
+            let v: Vec<f32> = (0..n * c * h * w)
+                .map(|i| ((i * 37) % 23) as f32 * 0.37 - 4.0)
+                .collect();
+            let x = Tensor::from_f32(vec![n, c, h, w], v.clone()).unwrap_or_else(|e| panic!("{e}"));
+            // The definition: each cell averages rows [i·H/OH, ⌈(i+1)·H/OH⌉) and likewise for
+            // columns, summed here one element at a time in f64.
+            let mut want = Vec::new();
+            for p in 0..n * c {
+                for i in 0..oh {
+                    for j in 0..ow {
+                        let (y0, y1) = (i * h / oh, ((i + 1) * h).div_ceil(oh));
+                        let (x0, x1) = (j * w / ow, ((j + 1) * w).div_ceil(ow));
+                        let mut s = 0.0f64;
+                        for y in y0..y1 {
+                            for xx in x0..x1 {
+                                s += f64::from(v[(p * h + y) * w + xx]);
+                            }
+                        }
+                        let cnt = (y1 - y0) * (x1 - x0);
+                        want.push(if cnt == 0 { 0.0 } else { s / cnt as f64 } as f32);
+                    }
+                }
+            }
+            let a = AdaptivePool2dAttrs {
+                output_size: Some([oh as i64, ow as i64]),
+                layout: "NCHW".into(),
+                out_layout: "NCHW".into(),
+            };
+            let one = crate::par::with_threads(1, || adaptive_avg_pool2d(&x, &a))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let two = crate::par::with_threads(2, || adaptive_avg_pool2d(&x, &a))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(one.shape(), &[n, c, oh, ow]);
+            let (one, two) = (one.to_f32_vec(), two.to_f32_vec());
+            assert_eq!(
+                one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                two.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+            for (k, (g, e)) in one.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 1e-6 * e.abs().max(1.0),
+                    "{n} {c} {h} {w} -> {oh} {ow}: cell {k}: {g} vs {e}"
+                );
+            }
+            // f64 data goes through the same sums.
+            let y64 =
+                adaptive_avg_pool2d(&x.cast(DType::F64), &a).unwrap_or_else(|e| panic!("{e}"));
+            for (g, e) in y64.to_f64_vec().iter().zip(&one) {
+                assert!((*g as f32 - e).abs() <= 1e-6 * e.abs().max(1.0));
+            }
+        }
+    }
 
     #[test]
     fn f32_max_pool_matches_the_f64_path() {
