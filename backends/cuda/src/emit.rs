@@ -383,13 +383,7 @@ impl<'a> Emitter<'a> {
         match node {
             Node::Un(op, a) => {
                 let x = self.val(*a);
-                match (op, s) {
-                    (Un::Exp, Scalar::F32) if self.fast => format!("__expf({x})"),
-                    (Un::Sigmoid, Scalar::F32) if self.fast => {
-                        format!("__frcp_rn(1.0f + __expf(-{x}))")
-                    }
-                    _ => unary(*op, s, &x),
-                }
+                unary(*op, s, &x, self.fast)
             }
             Node::Bin(op, a, b) => {
                 let (x, y) = (self.val(*a), self.val(*b));
@@ -981,9 +975,13 @@ fn float_lit(v: f64, s: Scalar) -> String {
     }
 }
 
-fn unary(op: Un, s: Scalar, x: &str) -> String {
+/// `op` applied to `x` in scalar type `s`; `fast`: the kernel's outputs are all 16-bit floats,
+/// so `exp` (and `sigmoid`) may take `__expf` (see the module doc).
+fn unary(op: Un, s: Scalar, x: &str, fast: bool) -> String {
     let f = s == Scalar::F32;
     match (op, s) {
+        (Un::Exp, Scalar::F32) if fast => format!("__expf({x})"),
+        (Un::Sigmoid, Scalar::F32) if fast => format!("__frcp_rn(1.0f + __expf(-{x}))"),
         (Un::Neg, _) => format!("(-{x})"),
         (Un::Abs, Scalar::I64) => format!("({x} < 0 ? -{x} : {x})"),
         (Un::Abs, _) => format!("{}({x})", if f { "fabsf" } else { "fabs" }),
