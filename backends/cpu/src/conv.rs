@@ -34,6 +34,7 @@
 //!     kernel_layout="OIHW", out_layout="NCHW", out_dtype=None)
 //! ```
 
+use crate::depthwise_flat;
 use crate::matmul::{Rhs, gemm_f32_tiled};
 use crate::nn::layout4;
 use crate::util::{KResult, from_canonical, tensor, to_canonical};
@@ -540,15 +541,94 @@ fn compute(
 /// so the FMA latency is hidden — the taps added in `(ky, kx)` order, one FMA per output
 /// element; then the epilogue over the whole plane. Planes are the tasks, so the result does
 /// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col lowering of the reference
-/// does (so a NaN or infinite weight gives NaN there too).
+/// does (so a NaN or infinite weight gives NaN there too). Planes under 16 pixels wide whose
+/// output has their extent (stride 1) run [`depthwise_flat`] instead: the same chains, over the
+/// plane as one flat array.
 fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], threads: usize) {
     let npix = g.npix();
     let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
     let planes_per_task = (g.n * g.o).div_ceil(t * 8).max(1);
-    crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| {
-        let mut pad = PADDED.with(|p| std::mem::take(&mut *p.borrow_mut()));
-        depthwise_planes(xs, ws, g, steps, off / npix, chunk, &mut pad);
-        PADDED.with(|p| *p.borrow_mut() = pad);
+    let flat = depthwise_flat::Plan::new([
+        g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+    ]);
+    crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| match &flat {
+        Some(plan) => depthwise_flat::with_buffer(|buf| {
+            depthwise_flat_planes(xs, ws, g, steps, plan, off / npix, chunk, buf);
+        }),
+        None => {
+            let mut pad = PADDED.with(|p| std::mem::take(&mut *p.borrow_mut()));
+            depthwise_planes(xs, ws, g, steps, off / npix, chunk, &mut pad);
+            PADDED.with(|p| *p.borrow_mut() = pad);
+        }
+    });
+}
+
+/// The output planes `first..` of [`depthwise`] in `chunk` by [`depthwise_flat`] (stride 1,
+/// the output the input's extent), then the epilogue per plane while it is in cache.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the plane range and its buffers, as depthwise_planes"
+)]
+fn depthwise_flat_planes(
+    xs: &[f32],
+    ws: &[f32],
+    g: &Geom,
+    steps: &[Step],
+    plan: &depthwise_flat::Plan,
+    first: usize,
+    chunk: &mut [f32],
+    buf: &mut depthwise_flat::FlatPlane,
+) {
+    struct Op<'a> {
+        xs: &'a [f32],
+        ws: &'a [f32],
+        g: &'a Geom,
+        steps: &'a [Step],
+        plan: &'a depthwise_flat::Plan,
+        first: usize,
+        chunk: &'a mut [f32],
+        buf: &'a mut depthwise_flat::FlatPlane,
+    }
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, simd: S) {
+            let g = self.g;
+            let (npix, taps) = (g.npix(), g.kh * g.kw);
+            if npix == 0 {
+                return;
+            }
+            for (i, dst) in self.chunk.chunks_mut(npix).enumerate() {
+                let plane = self.first + i;
+                let ch = plane % g.o;
+                let x = &self.xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
+                let w = &self.ws[ch * taps..(ch + 1) * taps];
+                if forced_lanes() == Some(8) {
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(v3) = pulp::x86::V3::try_new() {
+                        depthwise_flat::plane(v3, self.plan, self.buf, x, w, dst);
+                        apply_steps_inline(self.steps, ch, plane * npix, dst);
+                        continue;
+                    }
+                }
+                if forced_lanes() == Some(1) {
+                    depthwise_flat::plane(pulp::Scalar::new(), self.plan, self.buf, x, w, dst);
+                } else {
+                    depthwise_flat::plane(simd, self.plan, self.buf, x, w, dst);
+                }
+                apply_steps_inline(self.steps, ch, plane * npix, dst);
+            }
+        }
+    }
+    crate::simd::dispatch(Op {
+        xs,
+        ws,
+        g,
+        steps,
+        plan,
+        first,
+        chunk,
+        buf,
     });
 }
 
@@ -976,7 +1056,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_groups() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
-        let cases: [Case; 23] = [
+        let cases: [Case; 27] = [
             // n, c, h, w, o, k, stride, pad, dilation, groups
             (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
             (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
@@ -1006,6 +1086,12 @@ mod tests {
             (1, 2, 30, 33, 2, 3, 2, 2, 1, 2),
             (1, 2, 20, 19, 2, 3, 2, 0, 1, 2),
             (1, 3, 13, 12, 3, 3, 1, 1, 1, 3),
+            // Depthwise whose output has the input's extent on rows under 16 pixels (the
+            // flat kernel): dilation 2 with padding 2, two 15-wide images, a 1x1 kernel.
+            (1, 3, 7, 7, 3, 3, 1, 2, 2, 3),
+            (2, 4, 5, 15, 4, 3, 1, 1, 1, 4),
+            (1, 2, 6, 6, 2, 1, 1, 0, 1, 2),
+            (1, 2, 1, 1, 2, 3, 1, 1, 1, 2),
             // An empty input plane: every output reads only the padding.
             (1, 2, 3, 0, 2, 1, 1, 1, 1, 2),
             (1, 2, 3, 0, 2, 1, 2, 1, 1, 2),
@@ -1048,6 +1134,71 @@ mod tests {
                     "case {n} {c} {h} {w} {o} {k} {s} {p} {d} {gr}, {lanes} lanes"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_flat_depthwise_kernel_gives_the_row_kernels_bits() {
+        // Non-integer values (the sums round), infinite and NaN weights and inputs: the flat
+        // kernel adds the same taps in the same order, 0 * w over the padding included.
+        for (h, w, k, p, d) in [
+            (7, 7, 3, 1, 1),
+            (14, 14, 3, 1, 1),
+            (5, 9, 5, 2, 1),
+            (8, 6, 3, 2, 2),
+        ] {
+            let c = 5;
+            let a = Conv2dAttrs {
+                strides: [1, 1],
+                padding: [p, p, p, p],
+                dilation: [d, d],
+                groups: c,
+                data_layout: "NCHW".into(),
+                kernel_layout: "OIHW".into(),
+                out_layout: "NCHW".into(),
+                out_dtype: None,
+            };
+            let c = c as usize;
+            let g = geometry(&[1, c, h, w], &[c, 1, k, k], &a).unwrap_or_else(|e| panic!("{e}"));
+            let mut xs: Vec<f32> = (0..c * h * w)
+                .map(|i| ((i * 7919) % 1013) as f32 / 97.0 - 5.0)
+                .collect();
+            let mut ws: Vec<f32> = (0..c * k * k)
+                .map(|i| ((i * 104_729) % 997) as f32 / 331.0 - 1.5)
+                .collect();
+            ws[k * k] = f32::INFINITY;
+            ws[2 * k * k + 1] = f32::NAN;
+            xs[3 * h * w + w + 1] = f32::NEG_INFINITY;
+            let plan = depthwise_flat::Plan::new([
+                g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+            ])
+            .unwrap_or_else(|| panic!("{h}x{w} k{k}: no flat plan"));
+            let mut rows = vec![0.0f32; c * g.npix()];
+            let mut pad = Padded::default();
+            depthwise_planes(&xs, &ws, &g, &[], 0, &mut rows, &mut pad);
+            for lanes in [0, 8, 1] {
+                let mut flat = vec![1.0f32; c * g.npix()];
+                FORCE_LANES.with(|f| f.set(lanes));
+                depthwise_flat::with_buffer(|buf| {
+                    depthwise_flat_planes(&xs, &ws, &g, &[], &plan, 0, &mut flat, buf);
+                });
+                FORCE_LANES.with(|f| f.set(0));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&flat),
+                    bits(&rows),
+                    "{h}x{w} k{k} p{p} d{d}, {lanes} lanes"
+                );
+            }
+        }
+        // Strides other than 1, outputs of another extent and 16-pixel rows keep the row
+        // kernel.
+        for s in [
+            [7, 7, 3, 3, 2, 2, 1, 1, 1, 1, 4, 4],
+            [7, 7, 3, 3, 1, 1, 1, 1, 0, 0, 5, 5],
+            [16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, 16],
+        ] {
+            assert_eq!(depthwise_flat::Plan::new(s), None, "{s:?}");
         }
     }
 

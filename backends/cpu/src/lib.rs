@@ -49,6 +49,7 @@ mod composite;
 mod conv;
 mod conv_transpose;
 mod dense;
+mod depthwise_flat;
 mod einsum;
 mod elem;
 mod elem_program;
