@@ -541,8 +541,8 @@ fn compute(
 /// so the FMA latency is hidden — the taps added in `(ky, kx)` order, one FMA per output
 /// element; then the epilogue over the whole plane. Planes are the tasks, so the result does
 /// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col lowering of the reference
-/// does (so a NaN or infinite weight gives NaN there too). Planes under 16 pixels wide whose
-/// output has their extent (stride 1) run [`depthwise_flat`] instead: the same chains, over the
+/// does (so a NaN or infinite weight gives NaN there too). Output planes under 16 pixels wide
+/// (equal strides, "same" padding) run [`depthwise_flat`] instead: the same chains, over the
 /// plane as one flat array.
 fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], threads: usize) {
     let npix = g.npix();
@@ -1086,8 +1086,8 @@ mod tests {
             (1, 2, 30, 33, 2, 3, 2, 2, 1, 2),
             (1, 2, 20, 19, 2, 3, 2, 0, 1, 2),
             (1, 3, 13, 12, 3, 3, 1, 1, 1, 3),
-            // Depthwise whose output has the input's extent on rows under 16 pixels (the
-            // flat kernel): dilation 2 with padding 2, two 15-wide images, a 1x1 kernel.
+            // Depthwise with output rows under 16 pixels (the flat kernel): dilation 2 with
+            // padding 2, two 15-wide images, a 1x1 kernel, a 1x1 image.
             (1, 3, 7, 7, 3, 3, 1, 2, 2, 3),
             (2, 4, 5, 15, 4, 3, 1, 1, 1, 4),
             (1, 2, 6, 6, 2, 1, 1, 0, 1, 2),
@@ -1141,15 +1141,22 @@ mod tests {
     fn the_flat_depthwise_kernel_gives_the_row_kernels_bits() {
         // Non-integer values (the sums round), infinite and NaN weights and inputs: the flat
         // kernel adds the same taps in the same order, 0 * w over the padding included.
-        for (h, w, k, p, d) in [
-            (7, 7, 3, 1, 1),
-            (14, 14, 3, 1, 1),
-            (5, 9, 5, 2, 1),
-            (8, 6, 3, 2, 2),
+        // (h, w, k, stride, pad, dilation): stride 1 "same", stride 2 on even and odd planes
+        // (MobileNetV2's 14x14 and 28x28 stride-2 layers), stride 3.
+        for (h, w, k, st, p, d) in [
+            (7, 7, 3, 1, 1, 1),
+            (14, 14, 3, 1, 1, 1),
+            (5, 9, 5, 1, 2, 1),
+            (8, 6, 3, 1, 2, 2),
+            (14, 14, 3, 2, 1, 1),
+            (28, 28, 3, 2, 1, 1),
+            (9, 11, 3, 2, 1, 1),
+            (12, 13, 5, 2, 2, 1),
+            (13, 10, 3, 3, 1, 1),
         ] {
             let c = 5;
             let a = Conv2dAttrs {
-                strides: [1, 1],
+                strides: [st, st],
                 padding: [p, p, p, p],
                 dilation: [d, d],
                 groups: c,
@@ -1169,10 +1176,11 @@ mod tests {
             ws[k * k] = f32::INFINITY;
             ws[2 * k * k + 1] = f32::NAN;
             xs[3 * h * w + w + 1] = f32::NEG_INFINITY;
+            let case = format!("{h}x{w} k{k} s{st} p{p} d{d}");
             let plan = depthwise_flat::Plan::new([
                 g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
             ])
-            .unwrap_or_else(|| panic!("{h}x{w} k{k}: no flat plan"));
+            .unwrap_or_else(|| panic!("{case}: no flat plan"));
             let mut rows = vec![0.0f32; c * g.npix()];
             let mut pad = Padded::default();
             depthwise_planes(&xs, &ws, &g, &[], 0, &mut rows, &mut pad);
@@ -1184,17 +1192,13 @@ mod tests {
                 });
                 FORCE_LANES.with(|f| f.set(0));
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&flat),
-                    bits(&rows),
-                    "{h}x{w} k{k} p{p} d{d}, {lanes} lanes"
-                );
+                assert_eq!(bits(&flat), bits(&rows), "{case}, {lanes} lanes");
             }
         }
-        // Strides other than 1, outputs of another extent and 16-pixel rows keep the row
-        // kernel.
+        // Unequal strides, a tap past the output's last column that reads the image (stride
+        // 1, no padding) and 16-pixel output rows keep the row kernel.
         for s in [
-            [7, 7, 3, 3, 2, 2, 1, 1, 1, 1, 4, 4],
+            [7, 7, 3, 3, 2, 1, 1, 1, 1, 1, 4, 7],
             [7, 7, 3, 3, 1, 1, 1, 1, 0, 0, 5, 5],
             [16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, 16],
         ] {

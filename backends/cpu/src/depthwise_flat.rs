@@ -1,25 +1,32 @@
-//! Depthwise convolution of one `NCHW` plane whose output has the input's extent (stride 1,
-//! "same" padding: MobileNet's 3×3 layers), computed over the plane as one flat array.
+//! Depthwise convolution of one `NCHW` plane whose output rows are under 16 pixels
+//! (MobileNet's 7×7 and 14×14 layers, stride 1 or 2), computed over the output plane as one
+//! flat array.
 //!
 //! Contract:
 //!
-//! - With stride 1 and `OH = H`, `OW = W`, output pixel `i = y·W + x` reads input pixel
-//!   `i + off(ky, kx)` for tap `(ky, kx)`, where `off = (ky·dh − pt)·W + (kx·dw − pl)` is the
-//!   same for every pixel. So the plane is computed as consecutive full vectors of the flat
-//!   index, each tap one unaligned load and one FMA per vector: no row loop, no padded copy of
-//!   the plane's rows. Rows above and below the image read the zero margins of the thread's
-//!   buffer ([`FlatPlane`]: the plane copied once, whole, between zero margins); a column
-//!   shift that crosses a row's end is masked to `+0.0` per tap (an `and` with a column mask
-//!   made once per geometry).
+//! - With stride `s` in both directions, tap `(ky, kx)` of output pixel `(oy, ox)` reads input
+//!   row `s·oy + ky·dh − pt = s·(oy + qy) + py` and likewise column `s·(ox + qx) + px`. The
+//!   input plane is dealt once into phase planes `(py, px)` with the output's row pitch `ow`
+//!   (stride 1: one phase, the plane itself), so in the phase plane the tap reads flat index
+//!   `i + qy·ow + qx` for output pixel `i = oy·ow + ox`: one offset for every pixel. The
+//!   plane is computed as consecutive full vectors of `i`, each tap one unaligned load and
+//!   one FMA per vector: no row loop. Rows above and below read the zero margins of the
+//!   thread's buffer ([`FlatPlane`]); a column shift that leaves the row is masked to `+0.0`
+//!   per tap (an `and` with a column mask made once per geometry). [`Plan::new`] declines a
+//!   geometry where a tap past the output's last row or column would read the image rather
+//!   than its padding (the phase planes hold only `oh × ow`).
 //! - Each output element is the chain of its taps in `(ky, kx)` order, one FMA each from
 //!   `+0.0`, a tap over the padding adding `0 · w`: the same bits as the row kernel of
-//!   [`crate::conv`] (tested), on every instruction set and for every thread count.
-//! - Small planes gain most: a 7×7 plane is 4 vectors of 16 lanes (the row kernel runs 8
-//!   rows of 8-lane vectors), and the plane costs one `memcpy` instead of one per row.
+//!   [`crate::conv`] (tested, NaN and infinities included), on every instruction set and for
+//!   every thread count.
+//! - Small planes gain most: a 7×7 output is 4 vectors of 16 lanes, where the row kernel runs
+//!   8 rows of 8-lane vectors and copies the plane row by row.
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], groups=960)  # x: (1, 960, 7, 7)
 //! ; each 7×7 plane: 49 outputs = 4 vectors × 9 taps (one load + one FMA each)
+//! y = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1], groups=576)  # x: (1, 576, 14, 14)
+//! ; each plane dealt into 4 phase planes of 7×7; 49 outputs = 4 vectors × 9 taps
 //! ```
 
 use std::cell::RefCell;
@@ -33,17 +40,27 @@ const V: usize = 4;
 /// A plane geometry the flat kernel takes, with its taps and column masks.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Plan {
-    /// The plane's pixels (`H · W`).
+    /// The input plane's extent `(h, w)` and the stride.
+    h: usize,
+    w: usize,
+    s: usize,
+    /// The output plane's extent `(oh, ow)` (`ow` is the phase planes' row pitch).
+    oh: usize,
+    ow: usize,
+    /// The output's pixels (`oh · ow`).
     hw: usize,
-    /// Zero slots before the plane in the buffer.
+    /// Zero slots before each phase plane in its region of the buffer.
     lead: usize,
-    /// Slots in the buffer.
+    /// Slots per phase region, and slots in the buffer.
+    region: usize,
     len: usize,
+    /// The phases `(py, px)` the taps read, each a region of the buffer, in first-use order.
+    phases: Vec<(usize, usize)>,
     /// Per tap in `(ky, kx)` order: the buffer offset of output pixel 0's input, and the
-    /// column-mask row (`None`: the tap reads within the row for every pixel).
+    /// column-mask row (`None`: the tap reads inside the image for every pixel's column).
     taps: Vec<(usize, Option<usize>)>,
-    /// Column masks, one row of `hw` rounded up to whole vectors of [`V`] × [`MAX_LANES`]
-    /// per masked tap: `!0` where the tap's column is inside the image, `0` elsewhere.
+    /// Column masks, one row of `hw` rounded up to whole blocks of [`V`] × [`MAX_LANES`]
+    /// per distinct masked column shift: `!0` where the tap's column is inside the image.
     masks: Vec<u32>,
 }
 
@@ -51,65 +68,86 @@ pub(crate) struct Plan {
 pub(crate) type Shape = [usize; 12];
 
 impl Plan {
-    /// The plan for a plane geometry, or `None` unless stride 1, the output's extent the
-    /// input's, and rows narrower than 16 pixels.
-    pub(crate) fn new(s: Shape) -> Option<Plan> {
-        let [h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow] = s;
+    /// The plan for a plane geometry, or `None` unless both strides are equal, output rows
+    /// are under 16 pixels, and every tap that reads past the output's last row or column
+    /// there reads the image's padding (true of "same"-padded stride-1 and stride-2 layers).
+    pub(crate) fn new(shape: Shape) -> Option<Plan> {
+        let [h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow] = shape;
         // Rows of 16 or more pixels fill the row kernel's vectors; it is faster there
         // (measured on MobileNetV2's 28², 56² and 112² planes).
-        if sh != 1 || sw != 1 || oh != h || ow != w || h == 0 || w == 0 || w >= MAX_LANES {
+        if sh != sw || sh == 0 || oh == 0 || ow == 0 || ow >= MAX_LANES || kh * kw == 0 {
             return None;
         }
-        if kh * kw == 0 {
-            return None;
-        }
-        let hw = h.checked_mul(w)?;
+        let s = sh;
+        let hw = oh.checked_mul(ow)?;
         let block = V * MAX_LANES;
         let rounded = hw.div_ceil(block) * block;
-        let offs: Vec<(isize, usize)> = (0..kh * kw)
-            .map(|t| {
-                let (ky, kx) = (t / kw, t % kw);
-                let dy = (ky * dh) as isize - pt as isize;
-                let dx = (kx * dw) as isize - pl as isize;
-                (dy * w as isize + dx, kx)
-            })
-            .collect();
-        let lo = offs.iter().map(|o| o.0).min()?.min(0).unsigned_abs();
-        let hi = offs.iter().map(|o| o.0).max()?.max(0).unsigned_abs();
+        // Tap (ky, kx) reads input row s·oy + dy = s·(oy + qy) + py: phase row py, phase
+        // index oy + qy (and the same for columns).
+        let split = |d: isize| (d.div_euclid(s as isize), d.rem_euclid(s as isize) as usize);
+        let mut phases: Vec<(usize, usize)> = Vec::new();
+        let mut offs = Vec::with_capacity(kh * kw);
+        for t in 0..kh * kw {
+            let (ky, kx) = (t / kw, t % kw);
+            let (qy, py) = split((ky * dh) as isize - pt as isize);
+            let (qx, px) = split((kx * dw) as isize - pl as isize);
+            // Phase indices past the output's extent must be the image's padding.
+            if (qy > 0 && s * oh + py < h) || (qx > 0 && s * ow + px < w) {
+                return None;
+            }
+            let phase = match phases.iter().position(|&p| p == (py, px)) {
+                Some(i) => i,
+                None => {
+                    phases.push((py, px));
+                    phases.len() - 1
+                }
+            };
+            offs.push((phase, qy * ow as isize + qx, qx, px));
+        }
+        let lo = offs.iter().map(|o| o.1).min()?.min(0).unsigned_abs();
+        let hi = offs.iter().map(|o| o.1).max()?.max(0).unsigned_abs();
         let lead = lo;
-        let len = lead + rounded + hi + MAX_LANES;
+        let region = lead + rounded + hi + MAX_LANES;
+        let len = region.checked_mul(phases.len())?;
         let mut masks = Vec::new();
+        let mut rows: Vec<((isize, usize), usize)> = Vec::new();
         let mut taps = Vec::with_capacity(offs.len());
-        let mut rows: Vec<(usize, usize)> = Vec::new();
-        for (off, kx) in offs {
-            let shift = (kx * dw) as isize - pl as isize;
-            let start = (lead as isize + off) as usize;
-            if shift == 0 {
+        for (phase, off, qx, px) in offs {
+            let start = (phase * region + lead) as isize + off;
+            let start = usize::try_from(start).ok()?;
+            // Column ox reads phase column ox + qx: image column s·(ox + qx) + px.
+            let inside = |ox: usize| {
+                let j = ox as isize + qx;
+                j >= 0 && j < ow as isize && s * j as usize + px < w
+            };
+            if (0..ow).all(inside) {
                 taps.push((start, None));
                 continue;
             }
-            let row = match rows.iter().find(|r| r.0 == kx) {
+            let row = match rows.iter().find(|r| r.0 == (qx, px)) {
                 Some(&(_, r)) => r,
                 None => {
                     let r = masks.len() / rounded;
-                    masks.extend((0..rounded).map(|i| {
-                        let x = (i % w) as isize + shift;
-                        if i < hw && x >= 0 && x < w as isize {
-                            !0u32
-                        } else {
-                            0
-                        }
-                    }));
-                    rows.push((kx, r));
+                    masks.extend(
+                        (0..rounded).map(|i| if i < hw && inside(i % ow) { !0u32 } else { 0 }),
+                    );
+                    rows.push(((qx, px), r));
                     r
                 }
             };
             taps.push((start, Some(row)));
         }
         Some(Plan {
+            h,
+            w,
+            s,
+            oh,
+            ow,
             hw,
             lead,
+            region,
             len,
+            phases,
             taps,
             masks,
         })
@@ -119,14 +157,40 @@ impl Plan {
     fn rounded(&self) -> usize {
         self.hw.div_ceil(V * MAX_LANES) * V * MAX_LANES
     }
+
+    /// Copies input plane `x` into the phase regions of `buf` (phase `(py, px)` holds image
+    /// pixel `(s·i + py, s·j + px)` at `i · ow + j`; what lies outside the image stays zero).
+    #[inline(always)]
+    fn fill(&self, x: &[f32], buf: &mut [f32]) {
+        let (h, w, s, ow) = (self.h, self.w, self.s, self.ow);
+        for (k, &(py, px)) in self.phases.iter().enumerate() {
+            let base = k * self.region + self.lead;
+            let dst = &mut buf[base..base + self.hw];
+            if s == 1 && px == 0 && py == 0 && ow == w && self.oh == h {
+                dst.copy_from_slice(x);
+                continue;
+            }
+            for (i, row) in dst.chunks_exact_mut(ow).enumerate() {
+                let r = s * i + py;
+                if r >= h {
+                    break;
+                }
+                let src = &x[r * w..(r + 1) * w];
+                for (d, &v) in row.iter_mut().zip(src.iter().skip(px).step_by(s)) {
+                    *d = v;
+                }
+            }
+        }
+    }
 }
 
-/// A thread's plane buffer: zero margins around the copied plane, cleared when the plan's
-/// length changes.
+/// A thread's plane buffer: zero margins around the copied phase planes, cleared when the
+/// plan's layout changes (planes of one layout write the same slots, so the rest stays zero).
 #[derive(Default)]
 pub(crate) struct FlatPlane {
     buf: Vec<f32>,
-    lead: usize,
+    /// The layout the buffer was cleared for: `(len, lead, region, ow, h, w, s)`.
+    key: [usize; 7],
 }
 
 thread_local! {
@@ -153,17 +217,25 @@ pub(crate) fn plane<S: pulp::Simd>(
     dst: &mut [f32],
 ) {
     let hw = plan.hw;
-    if x.len() != hw || dst.len() != hw || w.len() != plan.taps.len() {
+    if x.len() != plan.h * plan.w || dst.len() != hw || w.len() != plan.taps.len() {
         return;
     }
-    if buffer.buf.len() != plan.len || buffer.lead != plan.lead {
+    let key = [
+        plan.len,
+        plan.lead,
+        plan.region,
+        plan.ow,
+        plan.h,
+        plan.w,
+        plan.s,
+    ];
+    if buffer.key != key {
         buffer.buf.clear();
         buffer.buf.resize(plan.len, 0.0);
-        buffer.lead = plan.lead;
+        buffer.key = key;
     }
-    let buf = &mut buffer.buf;
-    buf[plan.lead..plan.lead + hw].copy_from_slice(x);
-    let buf = &buf[..];
+    plan.fill(x, &mut buffer.buf);
+    let buf = &buffer.buf[..];
     let lanes = S::F32_LANES;
     let rounded = plan.rounded();
     let zero = simd.splat_f32s(0.0);
