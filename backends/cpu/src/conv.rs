@@ -487,17 +487,16 @@ fn compute(
                     &[kdim, npix],
                 )
                 .map_err(|e| e.to_string())?;
-                let mut col = COLUMNS.with(|c| std::mem::take(&mut *c.borrow_mut()));
-                col.resize(kdim * npix, 0.0);
-                let rows_per_task = (64 * 1024 / npix.max(1)).max(1);
-                let t = crate::par::threads_for(kdim * npix, 64 * 1024).min(threads);
-                crate::par::for_each_chunk_mut(&mut col, rows_per_task * npix, t, |off, chunk| {
-                    im2col(x_img, g, off / npix, 0, npix, chunk);
-                });
-                let b = Rhs::Matrix(&col);
-                let r = gemm_f32_tiled(g.o, kdim, npix, &ws, b, dst, threads, epilogue);
-                COLUMNS.with(|c| *c.borrow_mut() = col);
-                r?;
+                crate::par::with_scratch(&COLUMNS, |col| {
+                    col.resize(kdim * npix, 0.0);
+                    let rows_per_task = (64 * 1024 / npix.max(1)).max(1);
+                    let t = crate::par::threads_for(kdim * npix, 64 * 1024).min(threads);
+                    crate::par::for_each_chunk_mut(col, rows_per_task * npix, t, |off, chunk| {
+                        im2col(x_img, g, off / npix, 0, npix, chunk);
+                    });
+                    let b = Rhs::Matrix(col);
+                    gemm_f32_tiled(g.o, kdim, npix, &ws, b, dst, threads, epilogue)
+                })?;
             }
         }
         return Ok(out);
@@ -548,23 +547,26 @@ fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], 
     let npix = g.npix();
     let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
     let planes_per_task = (g.n * g.o).div_ceil(t * 8).max(1);
-    let flat = depthwise_flat::Plan::new([
-        g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
-    ]);
+    let flat = flat_plan(g);
     crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| match &flat {
-        Some(plan) => depthwise_flat::with_buffer(|buf| {
+        Some(plan) => crate::par::with_scratch(&depthwise_flat::BUFFER, |buf| {
             depthwise_flat_planes(xs, ws, g, steps, plan, off / npix, chunk, buf);
         }),
-        None => {
-            let mut pad = PADDED.with(|p| std::mem::take(&mut *p.borrow_mut()));
-            depthwise_planes(xs, ws, g, steps, off / npix, chunk, &mut pad);
-            PADDED.with(|p| *p.borrow_mut() = pad);
-        }
+        None => crate::par::with_scratch(&PADDED, |pad| {
+            depthwise_planes(xs, ws, g, steps, off / npix, chunk, pad);
+        }),
     });
 }
 
-/// The output planes `first..` of [`depthwise`] in `chunk` by [`depthwise_flat`] (stride 1,
-/// the output the input's extent), then the epilogue per plane while it is in cache.
+/// The [`depthwise_flat`] plan of a depthwise geometry, where it takes it.
+fn flat_plan(g: &Geom) -> Option<depthwise_flat::Plan> {
+    depthwise_flat::Plan::new([
+        g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+    ])
+}
+
+/// The output planes `first..` of [`depthwise`] in `chunk` by [`depthwise_flat`] (its plan
+/// made once per call), then the epilogue per plane while it is in cache.
 #[allow(
     clippy::too_many_arguments,
     reason = "the plane range and its buffers, as depthwise_planes"
@@ -603,18 +605,17 @@ fn depthwise_flat_planes(
                 let ch = plane % g.o;
                 let x = &self.xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
                 let w = &self.ws[ch * taps..(ch + 1) * taps];
-                if forced_lanes() == Some(8) {
+                // A test may force 8 lanes (AVX2) or 1: the same bits either way.
+                let (plan, buf) = (self.plan, &mut *self.buf);
+                match forced_lanes() {
                     #[cfg(target_arch = "x86_64")]
-                    if let Some(v3) = pulp::x86::V3::try_new() {
-                        depthwise_flat::plane(v3, self.plan, self.buf, x, w, dst);
-                        apply_steps_inline(self.steps, ch, plane * npix, dst);
-                        continue;
+                    Some(8) if pulp::x86::V3::try_new().is_some() => {
+                        if let Some(v3) = pulp::x86::V3::try_new() {
+                            depthwise_flat::plane(v3, plan, buf, x, w, dst);
+                        }
                     }
-                }
-                if forced_lanes() == Some(1) {
-                    depthwise_flat::plane(pulp::Scalar::new(), self.plan, self.buf, x, w, dst);
-                } else {
-                    depthwise_flat::plane(simd, self.plan, self.buf, x, w, dst);
+                    Some(1) => depthwise_flat::plane(pulp::Scalar::new(), plan, buf, x, w, dst),
+                    _ => depthwise_flat::plane(simd, plan, buf, x, w, dst),
                 }
                 apply_steps_inline(self.steps, ch, plane * npix, dst);
             }
@@ -1177,17 +1178,14 @@ mod tests {
             ws[2 * k * k + 1] = f32::NAN;
             xs[3 * h * w + w + 1] = f32::NEG_INFINITY;
             let case = format!("{h}x{w} k{k} s{st} p{p} d{d}");
-            let plan = depthwise_flat::Plan::new([
-                g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
-            ])
-            .unwrap_or_else(|| panic!("{case}: no flat plan"));
+            let plan = flat_plan(&g).unwrap_or_else(|| panic!("{case}: no flat plan"));
             let mut rows = vec![0.0f32; c * g.npix()];
             let mut pad = Padded::default();
             depthwise_planes(&xs, &ws, &g, &[], 0, &mut rows, &mut pad);
             for lanes in [0, 8, 1] {
                 let mut flat = vec![1.0f32; c * g.npix()];
                 FORCE_LANES.with(|f| f.set(lanes));
-                depthwise_flat::with_buffer(|buf| {
+                crate::par::with_scratch(&depthwise_flat::BUFFER, |buf| {
                     depthwise_flat_planes(&xs, &ws, &g, &[], &plan, 0, &mut flat, buf);
                 });
                 FORCE_LANES.with(|f| f.set(0));

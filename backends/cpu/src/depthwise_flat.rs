@@ -47,13 +47,10 @@ pub(crate) struct Plan {
     /// The output plane's extent `(oh, ow)` (`ow` is the phase planes' row pitch).
     oh: usize,
     ow: usize,
-    /// The output's pixels (`oh · ow`).
-    hw: usize,
     /// Zero slots before each phase plane in its region of the buffer.
     lead: usize,
-    /// Slots per phase region, and slots in the buffer.
+    /// Slots per phase region (the buffer holds one per phase).
     region: usize,
-    len: usize,
     /// The phases `(py, px)` the taps read, each a region of the buffer, in first-use order.
     phases: Vec<(usize, usize)>,
     /// Per tap in `(ky, kx)` order: the buffer offset of output pixel 0's input, and the
@@ -108,7 +105,8 @@ impl Plan {
         let hi = offs.iter().map(|o| o.1).max()?.max(0).unsigned_abs();
         let lead = lo;
         let region = lead + rounded + hi + MAX_LANES;
-        let len = region.checked_mul(phases.len())?;
+        // The buffer (a region per phase) must be addressable.
+        region.checked_mul(phases.len())?;
         let mut masks = Vec::new();
         let mut rows: Vec<((isize, usize), usize)> = Vec::new();
         let mut taps = Vec::with_capacity(offs.len());
@@ -143,19 +141,28 @@ impl Plan {
             s,
             oh,
             ow,
-            hw,
             lead,
             region,
-            len,
             phases,
             taps,
             masks,
         })
     }
 
+    /// The output's pixels (`oh · ow`).
+    fn hw(&self) -> usize {
+        self.oh * self.ow
+    }
+
     /// The rounded length of one mask row.
     fn rounded(&self) -> usize {
-        self.hw.div_ceil(V * MAX_LANES) * V * MAX_LANES
+        self.hw().div_ceil(V * MAX_LANES) * V * MAX_LANES
+    }
+
+    /// The layout of the buffer: its length and where each plane lies in it.
+    fn layout(&self) -> [usize; 7] {
+        let len = self.region * self.phases.len();
+        [len, self.lead, self.region, self.ow, self.h, self.w, self.s]
     }
 
     /// Copies input plane `x` into the phase regions of `buf` (phase `(py, px)` holds image
@@ -165,7 +172,7 @@ impl Plan {
         let (h, w, s, ow) = (self.h, self.w, self.s, self.ow);
         for (k, &(py, px)) in self.phases.iter().enumerate() {
             let base = k * self.region + self.lead;
-            let dst = &mut buf[base..base + self.hw];
+            let dst = &mut buf[base..base + self.hw()];
             if s == 1 && px == 0 && py == 0 && ow == w && self.oh == h {
                 dst.copy_from_slice(x);
                 continue;
@@ -189,20 +196,13 @@ impl Plan {
 #[derive(Default)]
 pub(crate) struct FlatPlane {
     buf: Vec<f32>,
-    /// The layout the buffer was cleared for: `(len, lead, region, ow, h, w, s)`.
-    key: [usize; 7],
+    /// The [`Plan::layout`] the buffer was cleared for.
+    layout: [usize; 7],
 }
 
 thread_local! {
-    static BUFFER: RefCell<FlatPlane> = RefCell::new(FlatPlane::default());
-}
-
-/// Runs `f` with the calling thread's buffer.
-pub(crate) fn with_buffer<R>(f: impl FnOnce(&mut FlatPlane) -> R) -> R {
-    let mut b = BUFFER.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    let r = f(&mut b);
-    BUFFER.with(|p| *p.borrow_mut() = b);
-    r
+    /// The calling thread's [`FlatPlane`] (used through [`crate::par::with_scratch`]).
+    pub(crate) static BUFFER: RefCell<FlatPlane> = RefCell::new(FlatPlane::default());
 }
 
 /// One output plane `dst` (`hw` elements) from input plane `x` and the plane's taps `w`
@@ -216,23 +216,15 @@ pub(crate) fn plane<S: pulp::Simd>(
     w: &[f32],
     dst: &mut [f32],
 ) {
-    let hw = plan.hw;
+    let hw = plan.hw();
     if x.len() != plan.h * plan.w || dst.len() != hw || w.len() != plan.taps.len() {
         return;
     }
-    let key = [
-        plan.len,
-        plan.lead,
-        plan.region,
-        plan.ow,
-        plan.h,
-        plan.w,
-        plan.s,
-    ];
-    if buffer.key != key {
+    let layout = plan.layout();
+    if buffer.layout != layout {
         buffer.buf.clear();
-        buffer.buf.resize(plan.len, 0.0);
-        buffer.key = key;
+        buffer.buf.resize(layout[0], 0.0);
+        buffer.layout = layout;
     }
     plan.fill(x, &mut buffer.buf);
     let buf = &buffer.buf[..];

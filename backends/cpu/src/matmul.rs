@@ -205,15 +205,14 @@ pub(crate) fn gemm_f32_tiled(
         }
         Rhs::Columns(fill) => crate::par::run_tasks(strips, threads, |(c0, tiles)| {
             let cols = tiles.first().map_or(0, |(_, t)| t.ncols());
-            let mut panel = PANEL.with(|p| std::mem::take(&mut *p.borrow_mut()));
-            panel.resize(k * cols, 0.0);
-            fill(c0, &mut panel);
-            let bt = MatRef::from_row_major_slice(&panel, k, cols);
-            let r = tiles
-                .into_iter()
-                .try_for_each(|(r0, tile)| run(r0, c0, tile, bt));
-            PANEL.with(|p| *p.borrow_mut() = panel);
-            r
+            crate::par::with_scratch(&PANEL, |panel| {
+                panel.resize(k * cols, 0.0);
+                fill(c0, panel);
+                let bt = MatRef::from_row_major_slice(panel, k, cols);
+                tiles
+                    .into_iter()
+                    .try_for_each(|(r0, tile)| run(r0, c0, tile, bt))
+            })
         }),
     }
 }

@@ -23,10 +23,24 @@
 //! assert_eq!(n, 3);
 //! ```
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::LocalKey;
+
+/// Runs `f` with the calling thread's scratch value in `key` (a kernel's buffer kept between
+/// calls): taken out for the call and put back after, so the buffer keeps its capacity and
+/// a nested use on the same thread starts from `T::default()` instead of a borrow error.
+pub(crate) fn with_scratch<T: Default + 'static, R>(
+    key: &'static LocalKey<RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    let mut v = key.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let r = f(&mut v);
+    key.with(|c| *c.borrow_mut() = v);
+    r
+}
 
 /// The most threads a setting may ask for.
 pub const MAX_THREADS: usize = 256;

@@ -155,27 +155,27 @@ fn conv_blocked(
     // Whole tile rows per block, about `block_elems` transformed elements (data and results).
     let rows = (block_elems / (XI * (c + o) * tw).max(1)).clamp(1, th);
     let tb_max = rows * tw;
-    let (mut v, mut m) = BUFFERS.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    v.resize(c * XI * tb_max, 0.0);
-    m.resize(o * XI * tb_max, 0.0);
-    let mut result = Ok(());
-    let mut ty0 = 0;
-    while ty0 < th && result.is_ok() {
-        let ty1 = (ty0 + rows).min(th);
-        result = block(
-            img,
-            wt,
-            out,
-            threads,
-            epilogue,
-            (ty0, ty1),
-            &mut v[..c * XI * (ty1 - ty0) * tw],
-            &mut m[..o * XI * (ty1 - ty0) * tw],
-        );
-        ty0 = ty1;
-    }
-    BUFFERS.with(|b| *b.borrow_mut() = (v, m));
-    result
+    crate::par::with_scratch(&BUFFERS, |(v, m)| {
+        v.resize(c * XI * tb_max, 0.0);
+        m.resize(o * XI * tb_max, 0.0);
+        let mut result = Ok(());
+        let mut ty0 = 0;
+        while ty0 < th && result.is_ok() {
+            let ty1 = (ty0 + rows).min(th);
+            result = block(
+                img,
+                wt,
+                out,
+                threads,
+                epilogue,
+                (ty0, ty1),
+                &mut v[..c * XI * (ty1 - ty0) * tw],
+                &mut m[..o * XI * (ty1 - ty0) * tw],
+            );
+            ty0 = ty1;
+        }
+        result
+    })
 }
 
 /// Tile rows `ty0..ty1`: data transform into `v` (`c × 16·tiles`), 16 GEMMs into `m`
