@@ -600,22 +600,31 @@ fn depthwise_flat_planes(
             if npix == 0 {
                 return;
             }
+            let (plan, buf) = (self.plan, &mut *self.buf);
+            buf.prepare(plan);
+            let input = |plane: usize| &self.xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
+            let planes = self.chunk.len() / npix;
+            if planes > 0 {
+                buf.load(plan, 0, input(self.first));
+            }
             for (i, dst) in self.chunk.chunks_mut(npix).enumerate() {
                 let plane = self.first + i;
                 let ch = plane % g.o;
-                let x = &self.xs[plane * g.h * g.w..(plane + 1) * g.h * g.w];
-                let w = &self.ws[ch * taps..(ch + 1) * taps];
+                // The next plane goes in while this one is computed (see FlatPlane).
+                if i + 1 < planes {
+                    buf.load(plan, i + 1, input(plane + 1));
+                }
+                let (x, w) = (buf.slot(i), &self.ws[ch * taps..(ch + 1) * taps]);
                 // A test may force 8 lanes (AVX2) or 1: the same bits either way.
-                let (plan, buf) = (self.plan, &mut *self.buf);
                 match forced_lanes() {
                     #[cfg(target_arch = "x86_64")]
                     Some(8) if pulp::x86::V3::try_new().is_some() => {
                         if let Some(v3) = pulp::x86::V3::try_new() {
-                            depthwise_flat::plane(v3, plan, buf, x, w, dst);
+                            depthwise_flat::plane(v3, plan, x, w, dst);
                         }
                     }
-                    Some(1) => depthwise_flat::plane(pulp::Scalar::new(), plan, buf, x, w, dst),
-                    _ => depthwise_flat::plane(simd, plan, buf, x, w, dst),
+                    Some(1) => depthwise_flat::plane(pulp::Scalar::new(), plan, x, w, dst),
+                    _ => depthwise_flat::plane(simd, plan, x, w, dst),
                 }
                 apply_steps_inline(self.steps, ch, plane * npix, dst);
             }

@@ -20,7 +20,9 @@
 //!   [`crate::conv`] (tested, NaN and infinities included), on every instruction set and for
 //!   every thread count.
 //! - Small planes gain most: a 7×7 output is 4 vectors of 16 lanes, where the row kernel runs
-//!   8 rows of 8-lane vectors and copies the plane row by row.
+//!   8 rows of 8-lane vectors and copies the plane row by row. The thread's buffer has two
+//!   slots: the next plane is copied in while this one is computed, so no load waits on a
+//!   store just made (960 planes of 7×7 on one thread: 0.060 → 0.047 ms).
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], groups=960)  # x: (1, 960, 7, 7)
@@ -170,6 +172,9 @@ impl Plan {
     #[inline(always)]
     fn fill(&self, x: &[f32], buf: &mut [f32]) {
         let (h, w, s, ow) = (self.h, self.w, self.s, self.ow);
+        if x.len() != h * w || buf.len() != self.layout()[0] {
+            return;
+        }
         for (k, &(py, px)) in self.phases.iter().enumerate() {
             let base = k * self.region + self.lead;
             let dst = &mut buf[base..base + self.hw()];
@@ -191,13 +196,41 @@ impl Plan {
     }
 }
 
-/// A thread's plane buffer: zero margins around the copied phase planes, cleared when the
+/// A thread's plane buffers: zero margins around the copied phase planes, cleared when the
 /// plan's layout changes (planes of one layout write the same slots, so the rest stays zero).
+/// Two slots, so that the next plane is copied in while this one is computed: the kernel
+/// then never loads what was stored just before (a store-to-load stall on every vector of a
+/// 7×7 plane).
 #[derive(Default)]
 pub(crate) struct FlatPlane {
-    buf: Vec<f32>,
-    /// The [`Plan::layout`] the buffer was cleared for.
+    slots: [Vec<f32>; 2],
+    /// The [`Plan::layout`] the slots were cleared for.
     layout: [usize; 7],
+}
+
+impl FlatPlane {
+    /// Lays the slots out for `plan`: once per run of planes, before [`FlatPlane::load`].
+    pub(crate) fn prepare(&mut self, plan: &Plan) {
+        let layout = plan.layout();
+        if self.layout != layout {
+            for b in &mut self.slots {
+                b.clear();
+                b.resize(layout[0], 0.0);
+            }
+            self.layout = layout;
+        }
+    }
+
+    /// Copies input plane `x` into slot `slot % 2`.
+    #[inline(always)]
+    pub(crate) fn load(&mut self, plan: &Plan, slot: usize, x: &[f32]) {
+        plan.fill(x, &mut self.slots[slot % 2]);
+    }
+
+    /// Slot `slot % 2`, as [`plane`] reads it.
+    pub(crate) fn slot(&self, slot: usize) -> &[f32] {
+        &self.slots[slot % 2]
+    }
 }
 
 thread_local! {
@@ -205,29 +238,15 @@ thread_local! {
     pub(crate) static BUFFER: RefCell<FlatPlane> = RefCell::new(FlatPlane::default());
 }
 
-/// One output plane `dst` (`hw` elements) from input plane `x` and the plane's taps `w`
-/// (`kh · kw`, `(ky, kx)` order), with vectors of `S` (see the module doc).
+/// One output plane `dst` (`hw` elements) from the input plane loaded into `buf` (a
+/// [`FlatPlane::slot`]) and the plane's taps `w` (`kh · kw`, `(ky, kx)` order), with vectors
+/// of `S` (see the module doc).
 #[inline(always)]
-pub(crate) fn plane<S: pulp::Simd>(
-    simd: S,
-    plan: &Plan,
-    buffer: &mut FlatPlane,
-    x: &[f32],
-    w: &[f32],
-    dst: &mut [f32],
-) {
+pub(crate) fn plane<S: pulp::Simd>(simd: S, plan: &Plan, buf: &[f32], w: &[f32], dst: &mut [f32]) {
     let hw = plan.hw();
-    if x.len() != plan.h * plan.w || dst.len() != hw || w.len() != plan.taps.len() {
+    if dst.len() != hw || w.len() != plan.taps.len() {
         return;
     }
-    let layout = plan.layout();
-    if buffer.layout != layout {
-        buffer.buf.clear();
-        buffer.buf.resize(layout[0], 0.0);
-        buffer.layout = layout;
-    }
-    plan.fill(x, &mut buffer.buf);
-    let buf = &buffer.buf[..];
     let lanes = S::F32_LANES;
     let rounded = plan.rounded();
     let zero = simd.splat_f32s(0.0);
@@ -268,8 +287,15 @@ pub(crate) fn plane<S: pulp::Simd>(
                 break;
             }
             let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
-            let n = lanes.min(hw - x0);
-            dst[x0..x0 + n].copy_from_slice(&vals[..n]);
+            match dst.get_mut(x0..x0 + lanes) {
+                // A whole vector: a copy of constant length (one store, no `memcpy` call).
+                Some(out) => out.copy_from_slice(vals),
+                None => {
+                    for (o, &v) in dst[x0..].iter_mut().zip(vals) {
+                        *o = v;
+                    }
+                }
+            }
         }
     }
 }
