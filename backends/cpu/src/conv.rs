@@ -541,8 +541,8 @@ fn compute(
 /// element; then the epilogue over the whole plane. Planes are the tasks, so the result does
 /// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col lowering of the reference
 /// does (so a NaN or infinite weight gives NaN there too). Output planes under 16 pixels wide
-/// (equal strides, "same" padding) run [`depthwise_flat`] instead: the same chains, over the
-/// plane as one flat array.
+/// and 3×3 kernels of stride 1 or 2 on planes of up to 64×64 (equal strides, "same" padding)
+/// run [`depthwise_flat`] instead: the same chains, over the plane as one flat array.
 fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], threads: usize) {
     let npix = g.npix();
     let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
@@ -1152,10 +1152,18 @@ mod tests {
         // Non-integer values (the sums round), infinite and NaN weights and inputs: the flat
         // kernel adds the same taps in the same order, 0 * w over the padding included.
         // (h, w, k, stride, pad, dilation): stride 1 "same", stride 2 on even and odd planes
-        // (MobileNetV2's 14x14 and 28x28 stride-2 layers), stride 3.
+        // (MobileNetV2's 14x14 and 28x28 stride-2 layers), stride 3; 3x3 kernels on rows of
+        // 16 pixels or more (the unrolled kernel: MobileNetV2's 56x56 stride 1 and 112x112
+        // stride 2, rows not a multiple of 16, odd planes, the largest plane it takes).
         for (h, w, k, st, p, d) in [
             (7, 7, 3, 1, 1, 1),
             (14, 14, 3, 1, 1, 1),
+            (56, 56, 3, 1, 1, 1),
+            (20, 33, 3, 1, 1, 1),
+            (64, 64, 3, 1, 1, 1),
+            (112, 112, 3, 2, 1, 1),
+            (57, 41, 3, 2, 1, 1),
+            (40, 36, 3, 1, 2, 2),
             (5, 9, 5, 1, 2, 1),
             (8, 6, 3, 1, 2, 2),
             (14, 14, 3, 2, 1, 1),
@@ -1203,11 +1211,14 @@ mod tests {
             }
         }
         // Unequal strides, a tap past the output's last column that reads the image (stride
-        // 1, no padding) and 16-pixel output rows keep the row kernel.
+        // 1, no padding), and rows of 16 pixels or more but for a 3x3 kernel of stride 1 or 2
+        // on planes of up to 64x64 keep the row kernel.
         for s in [
             [7, 7, 3, 3, 2, 1, 1, 1, 1, 1, 4, 7],
             [7, 7, 3, 3, 1, 1, 1, 1, 0, 0, 5, 5],
-            [16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, 16],
+            [65, 65, 3, 3, 1, 1, 1, 1, 1, 1, 65, 65],
+            [20, 20, 5, 5, 1, 1, 1, 1, 2, 2, 20, 20],
+            [48, 48, 3, 3, 3, 3, 1, 1, 1, 1, 16, 16],
         ] {
             assert_eq!(depthwise_flat::Plan::new(s), None, "{s:?}");
         }
