@@ -85,8 +85,8 @@ pub(crate) fn relu(v: f32) -> f32 {
 }
 
 /// Applies `steps` to `row`, whose elements all belong to output channel `ch` and start at
-/// element `at` of the (`N × O × OH × OW`) output. A step followed by a `relu` runs as one
-/// loop (the same operations per element).
+/// element `at` of the (`N × O × OH × OW`) output. A step followed by a `relu` or `clip` runs
+/// as one loop (the same operations per element).
 fn apply_steps(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     struct Op<'a>(&'a [Step], usize, usize, &'a mut [f32]);
     impl pulp::WithSimd for Op<'_> {
@@ -99,56 +99,79 @@ fn apply_steps(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     crate::simd::dispatch(Op(steps, ch, at, row));
 }
 
+/// The `relu` or `clip` step that follows a step, run in the same loop.
+#[derive(Clone, Copy)]
+enum Post {
+    None,
+    Relu,
+    Clip(f32, f32),
+}
+
+/// `row[i] = post(f(row[i]))`, one loop per kind of `post` (each vectorises).
+#[inline(always)]
+fn each(row: &mut [f32], post: Post, f: impl Fn(f32) -> f32) {
+    match post {
+        Post::None => row.iter_mut().for_each(|v| *v = f(*v)),
+        Post::Relu => row.iter_mut().for_each(|v| *v = relu(f(*v))),
+        Post::Clip(lo, hi) => row.iter_mut().for_each(|v| *v = f(*v).max(lo).min(hi)),
+    }
+}
+
+/// `row[i] = post(f(row[i], src[i]))`, as [`each`].
+#[inline(always)]
+fn each2(row: &mut [f32], src: &[f32], post: Post, f: impl Fn(f32, f32) -> f32) {
+    let pairs = row.iter_mut().zip(src);
+    match post {
+        Post::None => pairs.for_each(|(v, &q)| *v = f(*v, q)),
+        Post::Relu => pairs.for_each(|(v, &q)| *v = relu(f(*v, q))),
+        Post::Clip(lo, hi) => pairs.for_each(|(v, &q)| *v = f(*v, q).max(lo).min(hi)),
+    }
+}
+
 #[inline(always)]
 fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     let mut i = 0;
     while let Some(s) = steps.get(i) {
-        let then_relu = steps.get(i + 1) == Some(&Step::Relu);
+        // A `relu` or `clip` right after an affine, bias or residual step joins its loop
+        // (the same operations per element).
+        let post = match (s, steps.get(i + 1)) {
+            (Step::Affine { .. } | Step::Bias { .. } | Step::Residual { .. }, Some(Step::Relu)) => {
+                Post::Relu
+            }
+            (
+                Step::Affine { .. } | Step::Bias { .. } | Step::Residual { .. },
+                Some(&Step::Clip { lo, hi }),
+            ) => Post::Clip(lo, hi),
+            _ => Post::None,
+        };
+        if !matches!(post, Post::None) {
+            i += 1;
+        }
         match s {
             Step::Affine { mul, add } => {
                 let (k, b) = (mul[ch], add[ch]);
-                let f = |v: f32| v.mul_add(k, b);
-                if then_relu {
-                    row.iter_mut().for_each(|v| *v = relu(f(*v)));
-                    i += 1;
-                } else {
-                    row.iter_mut().for_each(|v| *v = f(*v));
-                }
+                each(row, post, |v| v.mul_add(k, b));
             }
             Step::Bias { b, bias_first } => {
                 let b = b[ch];
                 // `add(b, x)` keeps its operand order (the same NaN payload, too).
-                #[allow(
-                    clippy::if_same_then_else,
-                    reason = "the operand order matters for NaN"
-                )]
-                let f = |v: f32| if *bias_first { b + v } else { v + b };
-                if then_relu {
-                    row.iter_mut().for_each(|v| *v = relu(f(*v)));
-                    i += 1;
+                if *bias_first {
+                    each(row, post, |v| b + v);
                 } else {
-                    row.iter_mut().for_each(|v| *v = f(*v));
+                    each(row, post, |v| v + b);
                 }
             }
             Step::Residual { r, prev_first } => {
                 // `conv2d_fused` checked the shape, so the slice is there.
-                let Some(src) = r.as_f32().and_then(|d| d.get(at..at + row.len())) else {
-                    i += 1;
-                    continue;
-                };
-                // `add(x, r)` or `add(r, x)`: the operand order of the op it replaces.
-                #[allow(
-                    clippy::if_same_then_else,
-                    reason = "the operand order matters for NaN"
-                )]
-                let f = |v: f32, q: f32| if *prev_first { v + q } else { q + v };
-                if then_relu {
-                    row.iter_mut()
-                        .zip(src)
-                        .for_each(|(v, &q)| *v = relu(f(*v, q)));
-                    i += 1;
+                if let Some(src) = r.as_f32().and_then(|d| d.get(at..at + row.len())) {
+                    // `add(x, r)` or `add(r, x)`: the operand order of the op it replaces.
+                    if *prev_first {
+                        each2(row, src, post, |v, q| v + q);
+                    } else {
+                        each2(row, src, post, |v, q| q + v);
+                    }
                 } else {
-                    row.iter_mut().zip(src).for_each(|(v, &q)| *v = f(*v, q));
+                    each(row, post, |v| v);
                 }
             }
             Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),

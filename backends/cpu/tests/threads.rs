@@ -24,7 +24,9 @@ use fusebox_cpu::{Executor, Tensor, Value, run, run_profiled};
 /// (each making its own im2col block), another on fewer pixels (one column tile of row
 /// tiles, the im2col matrix made whole by all threads), and
 /// two residual tails (conv2d + batch_norm, then a call of an `add` + `relu` function of the
-/// batch_norm's first field and another batch_norm's, or a tensor). `{EXTRA}` is replaced
+/// batch_norm's first field and another batch_norm's, or a tensor), and two depthwise 3×3
+/// conv2d (stride 1 and 2, on `depthwise_flat`'s unrolled kernel) + bias add + clip (the
+/// clip run in the add's loop). `{EXTRA}` is replaced
 /// by extra outputs: returning a chain's intermediates keeps it from fusing.
 const SRC: &str = r#"@I.ir_module
 class Module:
@@ -59,7 +61,7 @@ class Module:
         return gv
 
     @R.function
-    def main(x: R.Tensor((1, 16, 48, 48), dtype="float32"), w1: R.Tensor((32, 16, 3, 3), dtype="float32"), b1: R.Tensor((1, 32, 1, 1), dtype="float32"), w2: R.Tensor((64, 32, 1, 1), dtype="float32"), g: R.Tensor((64,), dtype="float32"), be: R.Tensor((64,), dtype="float32"), mu: R.Tensor((64,), dtype="float32"), var: R.Tensor((64,), dtype="float32"), w3: R.Tensor((64, 16, 3, 3), dtype="float32"), a: R.Tensor((128, 256), dtype="float32"), b: R.Tensor((256, 128), dtype="float32"), w4: R.Tensor((64, 64, 3, 3), dtype="float32"), v: R.Tensor((1, 1200), dtype="float32"), wv: R.Tensor((1200, 700), dtype="float32")):
+    def main(x: R.Tensor((1, 16, 48, 48), dtype="float32"), w1: R.Tensor((32, 16, 3, 3), dtype="float32"), b1: R.Tensor((1, 32, 1, 1), dtype="float32"), w2: R.Tensor((64, 32, 1, 1), dtype="float32"), g: R.Tensor((64,), dtype="float32"), be: R.Tensor((64,), dtype="float32"), mu: R.Tensor((64,), dtype="float32"), var: R.Tensor((64,), dtype="float32"), w3: R.Tensor((64, 16, 3, 3), dtype="float32"), a: R.Tensor((128, 256), dtype="float32"), b: R.Tensor((256, 128), dtype="float32"), w4: R.Tensor((64, 64, 3, 3), dtype="float32"), v: R.Tensor((1, 1200), dtype="float32"), wv: R.Tensor((1200, 700), dtype="float32"), wd: R.Tensor((64, 1, 3, 3), dtype="float32"), bd: R.Tensor((1, 64, 1, 1), dtype="float32")):
         cls = Module
         with R.dataflow():
             c1 = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])
@@ -95,8 +97,14 @@ class Module:
             r10 = R.nn.relu(c9)
             c10 = R.nn.conv2d(y2, w4, strides=[4, 4], padding=[1, 1, 1, 1])
             r11 = R.nn.relu(c10)
-            R.output(r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11{EXTRA})
-        return (r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11{EXTRA})
+            c11 = R.nn.conv2d(y2, wd, padding=[1, 1, 1, 1], groups=64)
+            a11 = R.add(c11, bd)
+            r12 = R.clip(a11, R.prim_value(T.float32(0.0)), R.prim_value(T.float32(0.75)))
+            c12 = R.nn.conv2d(y2, wd, strides=[2, 2], padding=[1, 1, 1, 1], groups=64)
+            a12 = R.add(bd, c12)
+            r13 = R.clip(a12, R.prim_value(T.float32(-0.5)), R.prim_value(T.float32(0.5)))
+            R.output(r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11, r12, r13{EXTRA})
+        return (r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11, r12, r13{EXTRA})
 "#;
 
 /// Deterministic values in [-1, 1) that make every sum round (so order matters).
@@ -113,7 +121,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn args() -> Vec<Value> {
-    let shapes: [&[usize]; 14] = [
+    let shapes: [&[usize]; 16] = [
         &[1, 16, 48, 48],
         &[32, 16, 3, 3],
         &[1, 32, 1, 1],
@@ -128,6 +136,8 @@ fn args() -> Vec<Value> {
         &[64, 64, 3, 3],
         &[1, 1200],
         &[1200, 700],
+        &[64, 1, 3, 3],
+        &[1, 64, 1, 1],
     ];
     shapes
         .iter()
@@ -179,13 +189,13 @@ fn fused_chains_match_the_ops_run_one_by_one() {
     // Returning the intermediates keeps every chain from fusing.
     let plain = parse_module_str(&SRC.replace(
         "{EXTRA}",
-        ", c1, a1, c2, c3, s, c4, bn3, c5, c7, bn5, c8, bn6, c9, c10",
+        ", c1, a1, c2, c3, s, c4, bn3, c5, c7, bn5, c8, bn6, c9, c10, c11, a11, c12, a12",
     ))
     .unwrap_or_else(|e| panic!("{e}"));
     for n in [1, 2] {
         let f = bits(with_threads(n, || run(&fused, "main", args())).unwrap());
         let p = bits(with_threads(n, || run(&plain, "main", args())).unwrap());
-        assert_eq!(p.len(), f.len() + 20);
+        assert_eq!(p.len(), f.len() + 24);
         for (i, (a, b)) in f.iter().zip(&p).enumerate() {
             assert!(
                 a == b,
@@ -201,10 +211,11 @@ fn fused_chains_match_the_ops_run_one_by_one() {
             get("relax.nn.conv2d+relax.nn.batch_norm+relax.add+relax.nn.relu"),
             get("relax.nn.conv2d+relax.nn.batch_norm+relax.nn.relu"),
             get("relax.nn.conv2d+relax.add+relax.nn.relu"),
+            get("relax.nn.conv2d+relax.add+relax.clip"),
         )
     };
-    assert_eq!(calls(&fused), (2, 1, 1));
-    assert_eq!(calls(&plain), (0, 0, 0));
+    assert_eq!(calls(&fused), (2, 1, 1, 2));
+    assert_eq!(calls(&plain), (0, 0, 0, 0));
 }
 
 #[test]
