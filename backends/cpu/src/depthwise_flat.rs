@@ -89,7 +89,8 @@ struct Fast {
 
 impl Fast {
     /// From the plan's taps and its masked column shifts `rows` (`((qx, px), row)`), with
-    /// `inside((qx, px), ox)` the column test; `None` unless 9 taps and at most two shifts.
+    /// `inside((qx, px), ox)` the column test; `None` unless there are 9 taps, the taps of
+    /// each kernel column share one mask (or none), and kernel column 1 has none.
     fn new(
         taps: &[(usize, Option<usize>)],
         rows: &[((isize, usize), usize)],
@@ -135,14 +136,13 @@ impl Plan {
     /// there reads the image's padding (true of "same"-padded stride-1 and stride-2 layers).
     pub(crate) fn new(shape: Shape) -> Option<Plan> {
         let [h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow] = shape;
-        // Rows of 16 or more pixels fill the row kernel's vectors; it is faster there
-        // (measured on MobileNetV2's 28², 56² and 112² planes).
         if sh != sw || sh == 0 || oh == 0 || ow == 0 || kh * kw == 0 {
             return None;
         }
-        // Rows of 16 pixels or more only for a 3×3 kernel of stride 1 or 2 ([`plane_3x3`]),
-        // on output planes of up to 64×64 pixels: the row kernel of [`crate::conv`] is faster
-        // on larger ones (MobileNetV2's 112×112, whose buffer would not stay in L1).
+        // Rows of 16 pixels or more fill the row kernel's vectors: only a 3×3 kernel of
+        // stride 1 or 2 ([`plane_3x3`]) on output planes of up to 64×64 pixels is faster here
+        // (measured on MobileNetV2's 28×28 and 56×56 planes; on 112×112 the row kernel is,
+        // this buffer no longer staying in L1; other kernels were not measured).
         if ow >= MAX_LANES && !((kh, kw) == (3, 3) && sh <= 2 && oh * ow <= WIDE_PIXELS) {
             return None;
         }
@@ -282,6 +282,9 @@ impl Plan {
         let (h, w, ow, oh, region, lead) =
             (self.h, self.w, self.ow, self.oh, self.region, self.lead);
         let at = |p: (usize, usize)| self.phases.iter().position(|&q| q == p);
+        if self.phases.len() != 4 || (0..4).any(|k| at((k / 2, k % 2)).is_none()) {
+            return false;
+        }
         for py in 0..2 {
             let (Some(k0), Some(k1)) = (at((py, 0)), at((py, 1))) else {
                 return false;
