@@ -412,22 +412,7 @@ pub(crate) fn plane<S: pulp::Simd>(simd: S, plan: &Plan, buf: &[f32], w: &[f32],
                 }
             }
         }
-        for (v, a) in acc.iter().enumerate() {
-            let x0 = i0 + v * lanes;
-            if x0 >= hw {
-                break;
-            }
-            let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
-            match dst.get_mut(x0..x0 + lanes) {
-                // A whole vector: a copy of constant length (one store, no `memcpy` call).
-                Some(out) => out.copy_from_slice(vals),
-                None => {
-                    for (o, &v) in dst[x0..].iter_mut().zip(vals) {
-                        *o = v;
-                    }
-                }
-            }
-        }
+        store::<S>(&acc, i0, dst);
     }
 }
 
@@ -495,24 +480,33 @@ fn plane_3x3<S: pulp::Simd, const ROW: bool>(
                 *a = simd.mul_add_f32s(x2, wv[3 * ky + 2], *a);
             }
         }
-        for (v, a) in acc.iter().enumerate() {
-            let x0 = i0 + v * lanes;
-            if x0 >= hw {
-                break;
-            }
-            let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
-            match dst.get_mut(x0..x0 + lanes) {
-                Some(out) => out.copy_from_slice(vals),
-                None => {
-                    for (o, &v) in dst[x0..].iter_mut().zip(vals) {
-                        *o = v;
-                    }
-                }
-            }
-        }
+        store::<S>(&acc, i0, dst);
         col += step;
         while col >= ow {
             col -= ow;
+        }
+    }
+}
+
+/// Stores a block's vectors at output pixels `i0..` of `dst`, the last one cut at the plane's
+/// end.
+#[inline(always)]
+fn store<S: pulp::Simd>(acc: &[S::f32s; V], i0: usize, dst: &mut [f32]) {
+    let lanes = S::F32_LANES;
+    for (v, a) in acc.iter().enumerate() {
+        let x0 = i0 + v * lanes;
+        if x0 >= dst.len() {
+            break;
+        }
+        let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
+        match dst.get_mut(x0..x0 + lanes) {
+            // A whole vector: a copy of constant length (one store, no `memcpy` call).
+            Some(out) => out.copy_from_slice(vals),
+            None => {
+                for (o, &v) in dst[x0..].iter_mut().zip(vals) {
+                    *o = v;
+                }
+            }
         }
     }
 }
