@@ -128,10 +128,60 @@ fn each2(row: &mut [f32], src: &[f32], post: Post, f: impl Fn(f32, f32) -> f32) 
     }
 }
 
+/// `row[i] = post(add(f(row[i]), src[i]))`, the residual `add` in its operand order
+/// (`prev_first`: `f(x) + r`, else `r + f(x)`), as [`each`].
+#[inline(always)]
+fn each_residual(
+    row: &mut [f32],
+    src: &[f32],
+    post: Post,
+    prev_first: bool,
+    f: impl Fn(f32) -> f32,
+) {
+    if prev_first {
+        each2(row, src, post, |v, q| f(v) + q);
+    } else {
+        each2(row, src, post, |v, q| q + f(v));
+    }
+}
+
 #[inline(always)]
 fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     let mut i = 0;
     while let Some(s) = steps.get(i) {
+        // A bias or affine step, then a residual add (then a `relu` or `clip`), as one loop
+        // (ResNet's bias + shortcut + relu; the same operations per element, in order).
+        if let (Step::Affine { .. } | Step::Bias { .. }, Some(Step::Residual { r, prev_first })) =
+            (s, steps.get(i + 1))
+            && let Some(src) = r.as_f32().and_then(|d| d.get(at..at + row.len()))
+        {
+            let post = match steps.get(i + 2) {
+                Some(Step::Relu) => Post::Relu,
+                Some(&Step::Clip { lo, hi }) => Post::Clip(lo, hi),
+                _ => Post::None,
+            };
+            let first = *prev_first;
+            match s {
+                Step::Affine { mul, add } => {
+                    let (k, b) = (mul[ch], add[ch]);
+                    each_residual(row, src, post, first, |v| v.mul_add(k, b));
+                }
+                Step::Bias {
+                    b,
+                    bias_first: true,
+                } => {
+                    let b = b[ch];
+                    each_residual(row, src, post, first, |v| b + v);
+                }
+                Step::Bias { b, .. } => {
+                    let b = b[ch];
+                    each_residual(row, src, post, first, |v| v + b);
+                }
+                _ => {}
+            }
+            i += if matches!(post, Post::None) { 2 } else { 3 };
+            continue;
+        }
         // A `relu` or `clip` right after an affine, bias or residual step joins its loop
         // (the same operations per element).
         let post = match (s, steps.get(i + 1)) {

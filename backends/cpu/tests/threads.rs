@@ -26,7 +26,8 @@ use fusebox_cpu::{Executor, Tensor, Value, run, run_profiled};
 /// two residual tails (conv2d + batch_norm, then a call of an `add` + `relu` function of the
 /// batch_norm's first field and another batch_norm's, or a tensor), and two depthwise 3×3
 /// conv2d (stride 1 and 2, on `depthwise_flat`'s unrolled kernel) + bias add + clip (the
-/// clip run in the add's loop). `{EXTRA}` is replaced
+/// clip run in the add's loop), and two conv2d + bias add + residual add (+ relu) chains, a
+/// 1×1 and a 3×3 on the Winograd path (the three steps run in one loop). `{EXTRA}` is replaced
 /// by extra outputs: returning a chain's intermediates keeps it from fusing.
 const SRC: &str = r#"@I.ir_module
 class Module:
@@ -103,8 +104,15 @@ class Module:
             c12 = R.nn.conv2d(y2, wd, strides=[2, 2], padding=[1, 1, 1, 1], groups=64)
             a12 = R.add(bd, c12)
             r13 = R.clip(a12, R.prim_value(T.float32(-0.5)), R.prim_value(T.float32(0.5)))
-            R.output(r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11, r12, r13{EXTRA})
-        return (r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11, r12, r13{EXTRA})
+            c13 = R.nn.conv2d(r1, w2)
+            a13 = R.add(bd, c13)
+            s13 = R.add(y2, a13)
+            r14 = R.nn.relu(s13)
+            c14 = R.nn.conv2d(y2, w4, padding=[1, 1, 1, 1])
+            a14 = R.add(c14, bd)
+            s14 = R.add(a14, y2)
+            R.output(r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11, r12, r13, r14, s14{EXTRA})
+        return (r1, y2, r3, r5, r6, m, mv, p1, p2, r7, r8, r9, r10, r11, r12, r13, r14, s14{EXTRA})
 "#;
 
 /// Deterministic values in [-1, 1) that make every sum round (so order matters).
@@ -189,13 +197,13 @@ fn fused_chains_match_the_ops_run_one_by_one() {
     // Returning the intermediates keeps every chain from fusing.
     let plain = parse_module_str(&SRC.replace(
         "{EXTRA}",
-        ", c1, a1, c2, c3, s, c4, bn3, c5, c7, bn5, c8, bn6, c9, c10, c11, a11, c12, a12",
+        ", c1, a1, c2, c3, s, c4, bn3, c5, c7, bn5, c8, bn6, c9, c10, c11, a11, c12, a12, c13, a13, s13, c14, a14",
     ))
     .unwrap_or_else(|e| panic!("{e}"));
     for n in [1, 2] {
         let f = bits(with_threads(n, || run(&fused, "main", args())).unwrap());
         let p = bits(with_threads(n, || run(&plain, "main", args())).unwrap());
-        assert_eq!(p.len(), f.len() + 24);
+        assert_eq!(p.len(), f.len() + 29);
         for (i, (a, b)) in f.iter().zip(&p).enumerate() {
             assert!(
                 a == b,
@@ -212,10 +220,12 @@ fn fused_chains_match_the_ops_run_one_by_one() {
             get("relax.nn.conv2d+relax.nn.batch_norm+relax.nn.relu"),
             get("relax.nn.conv2d+relax.add+relax.nn.relu"),
             get("relax.nn.conv2d+relax.add+relax.clip"),
+            get("relax.nn.conv2d+relax.add+relax.add+relax.nn.relu"),
+            get("relax.nn.conv2d+relax.add+relax.add"),
         )
     };
-    assert_eq!(calls(&fused), (2, 1, 1, 2));
-    assert_eq!(calls(&plain), (0, 0, 0, 0));
+    assert_eq!(calls(&fused), (2, 1, 1, 2, 1, 1));
+    assert_eq!(calls(&plain), (0, 0, 0, 0, 0, 0));
 }
 
 #[test]
