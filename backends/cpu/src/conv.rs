@@ -1139,7 +1139,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_groups() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
-        let cases: [Case; 27] = [
+        let cases: [Case; 29] = [
             // n, c, h, w, o, k, stride, pad, dilation, groups
             (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
             (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
@@ -1175,6 +1175,10 @@ mod tests {
             (2, 4, 5, 15, 4, 3, 1, 1, 1, 4),
             (1, 2, 6, 6, 2, 1, 1, 0, 1, 2),
             (1, 2, 1, 1, 2, 3, 1, 1, 1, 2),
+            // Two images on the unrolled 3x3 flat kernel (rows of 16 pixels or more), stride
+            // 1 and 2.
+            (2, 3, 20, 24, 3, 3, 1, 1, 1, 3),
+            (2, 2, 34, 36, 2, 3, 2, 1, 1, 2),
             // An empty input plane: every output reads only the padding.
             (1, 2, 3, 0, 2, 1, 1, 1, 1, 2),
             (1, 2, 3, 0, 2, 1, 2, 1, 1, 2),
