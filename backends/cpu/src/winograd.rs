@@ -7,7 +7,12 @@
 //!   data, as the padding is) as `Y = Aᵀ [Σ_c (G g_c Gᵀ) ⊙ (Bᵀ d_c B)] A` (Lavin & Gray, "Fast
 //!   Algorithms for Convolutional Neural Networks", 2016). The 16 elementwise products summed
 //!   over the channels are 16 GEMMs, `(O × C) @ (C × tiles)`, on `faer`; so a 3×3 layer takes
-//!   16 multiply-adds per 4 outputs and channel instead of 36 (2.25× fewer).
+//!   16 multiply-adds per 4 outputs and channel instead of 36 (2.25× fewer). With fewer than
+//!   64 tiles (a 14×14 output has 49) each GEMM is computed transposed, `(tiles × C) @ (C ×
+//!   O)`, so that the output channels rather than the tiles lie on faer's vector lanes (49
+//!   tiles fill 49 of 64), and its result transposed back: ResNet-50's 256×14×14 layers take
+//!   0.8–0.9 of their former time in the model (their weights streamed from memory), the model
+//!   0.96–0.98 (bench/RESULTS.md, session k).
 //! - The weight transform `G g Gᵀ` is computed in `f64` and rounded once ([`Weights`]); the
 //!   executor computes it once per constant weight. The data and output transforms are
 //!   additions and subtractions in `f32`. Against the direct sum the result differs by a few
@@ -37,7 +42,8 @@ const XI: usize = 16;
 /// here), which cut a 56×56 layer into seven 112-tile GEMMs per position.
 const BLOCK_ELEMS: usize = 1 << 20;
 
-/// The transformed weights of an `O × C × 3 × 3` kernel: `u[ξ][o][c] = (G g Gᵀ)[ξ]`.
+/// The transformed weights of an `O × C × 3 × 3` kernel, `Uᵀ` per tile position:
+/// `u[ξ][c][o] = (G g_{o,c} Gᵀ)[ξ]`.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Weights {
     o: usize,
@@ -72,7 +78,7 @@ impl Weights {
                 let (g0, g1, g2) = (r[0], r[1], r[2]);
                 let row = [g0, (g0 + g1 + g2) * 0.5, (g0 - g1 + g2) * 0.5, g2];
                 for (k, v) in row.into_iter().enumerate() {
-                    u[(4 * i + k) * o * c + oc] = v as f32;
+                    u[(4 * i + k) * o * c + (oc % c) * o + oc / c] = v as f32;
                 }
             }
         }
@@ -108,7 +114,14 @@ pub(crate) struct Image<'a> {
 /// An epilogue on the output: `f(channel, first row, rows)` for whole rows of one channel.
 pub(crate) type Epilogue<'e> = &'e (dyn Fn(usize, usize, &mut [f32]) + Sync);
 
+/// Tiles per GEMM below which [`block`] computes each GEMM transposed: 49 tiles (a 14×14
+/// output) fill 49 of faer's 64 lanes, 256 output channels all of them. (At 126 tiles, 126 of
+/// 128 lanes are full and the transposed product was slower: 256×28×28 2.40 → 3.16 ms.)
+const FEW_TILES: usize = 64;
+
 thread_local! {
+    /// A GEMM's transposed result on the calling thread.
+    static TRANSPOSED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The transformed data and the GEMMs' results of the calling thread, kept between calls.
     static BUFFERS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
@@ -219,9 +232,33 @@ fn block(
         let u =
             wt.u.get(xi * o * c..(xi + 1) * o * c)
                 .ok_or_else(|| "winograd: short weights".to_string())?;
-        let u = MatRef::from_row_major_slice(u, o, c);
+        let ut = MatRef::from_row_major_slice(u, c, o);
         let vx = vm.submatrix(0, xi * tb, c, tb);
-        faer::linalg::matmul::matmul(dst.rb_mut(), Accum::Replace, u, vx, 1.0f32, Par::Seq);
+        if tb >= FEW_TILES {
+            let u = ut.transpose();
+            faer::linalg::matmul::matmul(dst.rb_mut(), Accum::Replace, u, vx, 1.0f32, Par::Seq);
+            return Ok(());
+        }
+        // Few tiles: the product computed transposed, `vxᵀ @ Uᵀ`, so the output channels
+        // (not the tiles) lie on faer's vector lanes, then transposed into `dst`.
+        crate::par::with_scratch(&TRANSPOSED, |tmp| {
+            tmp.resize(tb * o, 0.0);
+            let tm = MatMut::from_row_major_slice_mut(&mut tmp[..tb * o], tb, o);
+            faer::linalg::matmul::matmul(tm, Accum::Replace, vx.transpose(), ut, 1.0f32, Par::Seq);
+            for ch in 0..o {
+                let Some(row) = dst.rb_mut().row_mut(ch).try_as_row_major_mut() else {
+                    return Err("winograd: a result row is not contiguous".to_string());
+                };
+                for (d, &v) in row
+                    .as_slice_mut()
+                    .iter_mut()
+                    .zip(tmp[ch..].iter().step_by(o))
+                {
+                    *d = v;
+                }
+            }
+            Ok(())
+        })?;
         Ok::<(), String>(())
     })?;
     // 3. The output transform and the epilogue, channels spread over the threads.
@@ -440,9 +477,11 @@ mod tests {
     /// (c, o, h, w, pt, pl, pb, pr).
     type Case = (usize, usize, usize, usize, usize, usize, usize, usize);
 
-    /// Odd and even sizes; no, symmetric and uneven padding.
-    const CASES: [Case; 5] = [
+    /// Odd and even sizes; no, symmetric and uneven padding; 225 tiles in one block (each
+    /// GEMM in its plain orientation: at least FEW_TILES tiles; the others are under it).
+    const CASES: [Case; 6] = [
         (16, 16, 12, 12, 1, 1, 1, 1),
+        (16, 16, 30, 30, 1, 1, 1, 1),
         (17, 20, 9, 7, 1, 1, 1, 1),
         (16, 24, 11, 13, 0, 0, 0, 0),
         (18, 16, 8, 10, 2, 1, 0, 2),
