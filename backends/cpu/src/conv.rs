@@ -85,8 +85,9 @@ pub(crate) fn relu(v: f32) -> f32 {
 }
 
 /// Applies `steps` to `row`, whose elements all belong to output channel `ch` and start at
-/// element `at` of the (`N × O × OH × OW`) output. A step followed by a `relu` or `clip` runs
-/// as one loop (the same operations per element).
+/// element `at` of the (`N × O × OH × OW`) output. A step followed by a `relu` or `clip`, and
+/// a bias or affine step followed by a residual add (and a `relu` or `clip`), run as one loop
+/// (the same operations per element, in order).
 fn apply_steps(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     struct Op<'a>(&'a [Step], usize, usize, &'a mut [f32]);
     impl pulp::WithSimd for Op<'_> {
