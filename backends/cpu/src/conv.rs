@@ -1104,6 +1104,20 @@ mod tests {
     use super::*;
 
     /// The direct definition, for comparison.
+    /// `NCHW`/`OIHW` attributes with equal strides, padding and dilation on every side.
+    fn attrs(s: i64, p: i64, d: i64, groups: i64) -> Conv2dAttrs {
+        Conv2dAttrs {
+            strides: [s, s],
+            padding: [p, p, p, p],
+            dilation: [d, d],
+            groups,
+            data_layout: "NCHW".into(),
+            kernel_layout: "OIHW".into(),
+            out_layout: "NCHW".into(),
+            out_dtype: None,
+        }
+    }
+
     fn naive(x: &[f32], wt: &[f32], g: &Geom) -> Vec<f32> {
         let og = g.o / g.g;
         let mut out = vec![0.0f32; g.n * g.o * g.npix()];
@@ -1196,16 +1210,7 @@ mod tests {
                 Tensor::from_f32(vec![n, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
             let wt =
                 Tensor::from_f32(vec![o, ci, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
-            let a = Conv2dAttrs {
-                strides: [s, s],
-                padding: [p, p, p, p],
-                dilation: [d, d],
-                groups: gr,
-                data_layout: "NCHW".into(),
-                kernel_layout: "OIHW".into(),
-                out_layout: "NCHW".into(),
-                out_dtype: None,
-            };
+            let a = attrs(s, p, d, gr);
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
             let want = naive(&xs, &ws, &g);
             // The depthwise kernel's paths: the CPU's widest vectors, then 16, 8 and 1 lanes
@@ -1251,16 +1256,7 @@ mod tests {
             (13, 10, 3, 3, 1, 1),
         ] {
             let c = 5;
-            let a = Conv2dAttrs {
-                strides: [st, st],
-                padding: [p, p, p, p],
-                dilation: [d, d],
-                groups: c,
-                data_layout: "NCHW".into(),
-                kernel_layout: "OIHW".into(),
-                out_layout: "NCHW".into(),
-                out_dtype: None,
-            };
+            let a = attrs(st, p, d, c);
             let c = c as usize;
             let g = geometry(&[1, c, h, w], &[c, 1, k, k], &a).unwrap_or_else(|e| panic!("{e}"));
             let mut xs: Vec<f32> = (0..c * h * w)
@@ -1314,16 +1310,7 @@ mod tests {
             (2, 7, 9, 3, 1, 1, 1),
         ] {
             let xs: Vec<f32> = (0..c * h * w).map(|i| i as f32 + 1.0).collect();
-            let a = Conv2dAttrs {
-                strides: [s, s],
-                padding: [p, p, p, p],
-                dilation: [d, d],
-                groups: 1,
-                data_layout: "NCHW".into(),
-                kernel_layout: "OIHW".into(),
-                out_layout: "NCHW".into(),
-                out_dtype: None,
-            };
+            let a = attrs(s, p, d, 1);
             let g = geometry(&[1, c, h, w], &[1, c, k, k], &a).unwrap_or_else(|e| panic!("{e}"));
             let (kdim, npix) = (g.kdim(), g.npix());
             let want = |r: usize, col: usize| -> f32 {

@@ -69,7 +69,8 @@ pub(crate) struct Plan {
     /// column-mask row (`None`: the tap reads inside the image for every pixel's column).
     taps: Vec<(usize, Option<usize>)>,
     /// Column masks, one row of `hw` rounded up to whole blocks of [`V`] × [`MAX_LANES`]
-    /// per distinct masked column shift: `!0` where the tap's column is inside the image.
+    /// per distinct masked column shift: `!0` where the tap's column is inside the image
+    /// (empty where [`Plan::fast`] runs instead).
     masks: Vec<u32>,
     /// The unrolled form of a 3×3 kernel ([`plane_3x3`]), when it has one.
     fast: Option<Fast>,
@@ -88,19 +89,20 @@ struct Fast {
 }
 
 impl Fast {
-    /// From the plan's taps and its masked column shifts `rows` (`((qx, px), row)`), with
-    /// `inside((qx, px), ox)` the column test; `None` unless there are 9 taps, the taps of
-    /// each kernel column share one mask (or none), and kernel column 1 has none.
+    /// From the plan's taps (each with its mask: an index into `shifts`, the masked column
+    /// shifts `(qx, px)`), with `inside((qx, px), ox)` the column test; `None` unless there
+    /// are 9 taps, the taps of each kernel column share one mask (or none), and kernel column
+    /// 1 has none.
     fn new(
         taps: &[(usize, Option<usize>)],
-        rows: &[((isize, usize), usize)],
+        shifts: &[(isize, usize)],
         ow: usize,
         inside: impl Fn((isize, usize), usize) -> bool,
     ) -> Option<Fast> {
         if taps.len() != 9 {
             return None;
         }
-        // The one mask row of each kernel column's taps (kernel column 1: none).
+        // The one mask of each kernel column's taps (kernel column 1: none).
         let column = |kx: usize| -> Option<Option<usize>> {
             let m = taps[kx].1;
             (0..3).all(|ky| taps[3 * ky + kx].1 == m).then_some(m)
@@ -111,8 +113,8 @@ impl Fast {
         let n = ow + V * MAX_LANES;
         let mut tables = Vec::with_capacity(2 * n);
         for m in [l, r] {
-            match m.and_then(|m| rows.iter().find(|&&(_, row)| row == m)) {
-                Some(&(shift, _)) => {
+            match m.and_then(|m| shifts.get(m)) {
+                Some(&shift) => {
                     tables.extend((0..n).map(|j| if inside(shift, j % ow) { !0u32 } else { 0 }));
                 }
                 None => tables.extend(std::iter::repeat_n(!0u32, n)),
@@ -178,38 +180,47 @@ impl Plan {
         let region = lead + rounded + hi + MAX_LANES;
         // The buffer (a region per phase) must be addressable.
         region.checked_mul(phases.len())?;
-        let mut masks = Vec::new();
-        let mut rows: Vec<((isize, usize), usize)> = Vec::new();
+        // Column ox reads phase column ox + qx: image column s·(ox + qx) + px.
+        let inside = |(qx, px): (isize, usize), ox: usize| {
+            let j = ox as isize + qx;
+            j >= 0 && j < ow as isize && s * j as usize + px < w
+        };
+        // The masked column shifts, in first-use order; each tap's index into them.
+        let mut shifts: Vec<(isize, usize)> = Vec::new();
         let mut taps = Vec::with_capacity(offs.len());
         for (phase, off, qx, px) in offs {
             let start = (phase * region + lead) as isize + off;
             let start = usize::try_from(start).ok()?;
-            // Column ox reads phase column ox + qx: image column s·(ox + qx) + px.
-            let inside = |ox: usize| {
-                let j = ox as isize + qx;
-                j >= 0 && j < ow as isize && s * j as usize + px < w
-            };
-            if (0..ow).all(inside) {
+            if (0..ow).all(|ox| inside((qx, px), ox)) {
                 taps.push((start, None));
                 continue;
             }
-            let row = match rows.iter().find(|r| r.0 == (qx, px)) {
-                Some(&(_, r)) => r,
+            let row = match shifts.iter().position(|&r| r == (qx, px)) {
+                Some(r) => r,
                 None => {
-                    let r = masks.len() / rounded;
-                    masks.extend(
-                        (0..rounded).map(|i| if i < hw && inside(i % ow) { !0u32 } else { 0 }),
-                    );
-                    rows.push(((qx, px), r));
-                    r
+                    shifts.push((qx, px));
+                    shifts.len() - 1
                 }
             };
             taps.push((start, Some(row)));
         }
-        let fast = Fast::new(&taps, &rows, ow, |(qx, px): (isize, usize), ox: usize| {
-            let j = ox as isize + qx;
-            j >= 0 && j < ow as isize && s * j as usize + px < w
-        });
+        let fast = Fast::new(&taps, &shifts, ow, inside);
+        // The general kernel's masks (one row per shift), only where it runs.
+        let masks = match fast {
+            Some(_) => Vec::new(),
+            None => shifts
+                .iter()
+                .flat_map(|&shift| {
+                    (0..rounded).map(move |i| {
+                        if i < hw && inside(shift, i % ow) {
+                            !0u32
+                        } else {
+                            0
+                        }
+                    })
+                })
+                .collect(),
+        };
         Some(Plan {
             h,
             w,
