@@ -266,17 +266,12 @@ pub(crate) fn recycle(t: fusebox_core::runtime::Tensor) {
 pub(crate) fn scratch_f32(n: usize, threads: usize) -> Vec<f32> {
     let kept = KEPT.with(|k| {
         let mut k = k.borrow_mut();
+        // Fewest elements to zero first (none when the length covers `n`), then the shortest.
         let best = k
             .iter()
             .enumerate()
-            .filter(|(_, v)| v.len() >= n)
-            .min_by_key(|(_, v)| v.len())
-            .or_else(|| {
-                k.iter()
-                    .enumerate()
-                    .filter(|(_, v)| v.capacity() >= n)
-                    .max_by_key(|(_, v)| v.len())
-            })
+            .filter(|(_, v)| v.capacity() >= n)
+            .min_by_key(|(_, v)| (n.saturating_sub(v.len()), v.len()))
             .map(|(i, _)| i)?;
         Some(k.swap_remove(best))
     });
