@@ -15,15 +15,21 @@
 //!   panel as one sequential stream. The executor packs a kept constant weight once
 //!   (`Executor::packed_weight`) and keeps the copy as long as itself, as onnxruntime's
 //!   `MatMul` prepacks its constant weight at session creation.
-//! - The micro-kernel holds `MR × 3` vectors of `C` in registers (8 × 3 = 24 of AVX-512's 32;
-//!   4 × 3 with narrower vectors), loads 3 vectors of the panel and broadcasts `MR` elements of
-//!   `A` per step of `k`. The work is cut by the shape alone into tiles of up to [`ROWS`] rows
+//! - With AVX-512 the micro-kernel holds 8 × 3 vectors of `C` in registers (24 of 32), loads
+//!   a panel row (3 vectors) and broadcasts 8 elements of `A` per step of `k`, over all of `k`.
+//! - With narrower vectors (AVX2's 8 lanes; 4 and scalar too) a panel row no longer fits the
+//!   registers: `A` is first copied into blocks of [`MR_N`] = 6 rows interleaved by step
+//!   (one sequential stream per block), `k` is cut into chunks of [`KC`] steps, and the
+//!   micro-kernel holds 6 × 2 vectors (12 of AVX2's 16 registers) of one 16-column slice of a
+//!   panel, whose chunk (16 KB) stays in L1 while every row block of the tile passes it. The
+//!   running sums are stored to `C` between chunks and reloaded unchanged: the same chains.
+//! - The work is cut by the shape alone into tiles of up to [`ROWS`] rows (whole blocks of 6)
 //!   by whole panels, spread over [`crate::par`]'s threads; `epilogue` runs on each row of a
 //!   tile right after the tile is computed (while it is in cache).
 //! - Why not `faer` here: `faer` packs `B` on every call. With the weight packed once, this
 //!   kernel computes GPT-2-sized dense layers (`128 × 768 × 3072` and back, weights read from
-//!   memory) in 0.92× `faer`'s time (`cargo run --release -p fusebox-cpu --example
-//!   bench_dense`; bench/RESULTS.md).
+//!   memory) in 0.92× `faer`'s time with AVX-512 and 0.99–1.04× with AVX2 (`cargo run
+//!   --release -p fusebox-cpu --example bench_dense`; bench/RESULTS.md).
 //! - [`gemm`] needs at least [`MIN_ROWS`] rows; fewer go to [`crate::matmul`]'s GEMV/`faer`
 //!   path (the caller decides by the shape alone, so a fused and an unfused dense layer take
 //!   the same path and give the same bits).
@@ -32,6 +38,7 @@
 //! lv: R.Tensor((1, 128, 3072), dtype="float32") = R.matmul(x, W, out_dtype="void")
 //! ; W: a constant (768, 3072) → packed once into 64 panels of 48 columns (768 × 48 each);
 //! ; C (128 × 3072) = x (128 × 768, in place) @ W (packed), 8 rows × 48 columns per kernel call
+//! ; (AVX2: x copied into 22 blocks of 6 rows; 6 rows × 16 columns × 256 steps per kernel call)
 //! ```
 
 use crate::matmul::Epilogue;
@@ -52,12 +59,18 @@ const ROWS: usize = 256;
 /// About this many multiply-adds per tile: enough to make a task worth its scheduling.
 const TILE_MACS: usize = 1 << 24;
 
+/// One cache line of packed `B`: the storage unit of [`PackedB`], so that every panel (a
+/// whole number of lines) and every 16-column slice of a panel row starts on a line.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
 /// A rank-2 `B` (`k × n`) in panels of [`NR`] columns (see the module doc).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct PackedB {
     k: usize,
     n: usize,
-    data: Vec<f32>,
+    data: Vec<Line>,
 }
 
 impl PackedB {
@@ -71,7 +84,8 @@ impl PackedB {
             ));
         }
         let panels = n.div_ceil(NR);
-        let mut data = vec![0.0f32; panels * k * NR];
+        let mut lines = vec![Line([0.0; 16]); panels * k * NR / 16];
+        let data: &mut [f32] = bytemuck::cast_slice_mut(&mut lines);
         if k > 0 {
             for (pnl, dst) in data.chunks_exact_mut(k * NR).enumerate() {
                 let c0 = pnl * NR;
@@ -81,7 +95,7 @@ impl PackedB {
                 }
             }
         }
-        Ok(PackedB { k, n, data })
+        Ok(PackedB { k, n, data: lines })
     }
 
     /// The elements of the packed copy (for the memory check before packing).
@@ -96,7 +110,8 @@ impl PackedB {
 
     /// Panel `i` (`k × NR`, `k`-major).
     fn panel(&self, i: usize) -> &[f32] {
-        &self.data[i * self.k * NR..(i + 1) * self.k * NR]
+        let data: &[f32] = bytemuck::cast_slice(&self.data);
+        &data[i * self.k * NR..(i + 1) * self.k * NR]
     }
 }
 
@@ -132,7 +147,8 @@ pub(crate) fn gemm(
     // Tiles: row blocks of up to ROWS rows, by runs of whole panels of about TILE_MACS.
     let panels = n.div_ceil(NR);
     let row_blocks = m.div_ceil(ROWS);
-    let rows = m.div_ceil(row_blocks);
+    // Whole blocks of MR_N rows per tile, so that a tile's rows of the packed A start a block.
+    let rows = m.div_ceil(row_blocks).next_multiple_of(MR_N);
     let per_panel = rows * k.max(1) * NR;
     let run = TILE_MACS.div_ceil(per_panel).clamp(1, panels);
     let mut tasks: Vec<(usize, usize, MatMut<'_, f32>)> = Vec::new();
@@ -155,22 +171,68 @@ pub(crate) fn gemm(
         r0 += h;
     }
     let threads = threads.min((m * n * k.max(1)).div_ceil(TILE_MACS)).max(1);
-    crate::par::run_tasks(tasks, threads, |(r0, p0, mut tile)| {
-        crate::simd::dispatch(Tile {
-            a,
-            k,
-            b,
-            r0,
-            p0,
-            c: tile.rb_mut(),
-        })?;
-        if let Some(ep) = epilogue {
-            for i in 0..tile.nrows() {
-                ep(r0 + i, p0 * NR, row_slice(tile.rb_mut(), i)?);
+    crate::par::with_scratch(&APACK, |apack| {
+        // Narrower vectors than AVX-512's take `A` packed (see `tile_chunked`).
+        if crate::simd::f32_lanes() < 16 {
+            pack_rows(a, m, k, apack, threads);
+        } else {
+            apack.clear();
+        }
+        let apack = &apack[..];
+        crate::par::run_tasks(tasks, threads, |(r0, p0, mut tile)| {
+            crate::simd::dispatch(Tile {
+                a,
+                apack,
+                k,
+                b,
+                r0,
+                p0,
+                c: tile.rb_mut(),
+            })?;
+            if let Some(ep) = epilogue {
+                for i in 0..tile.nrows() {
+                    ep(r0 + i, p0 * NR, row_slice(tile.rb_mut(), i)?);
+                }
+            }
+            Ok(())
+        })
+    })
+}
+
+thread_local! {
+    /// [`gemm`]'s packed rows of `A` (kept between calls on the calling thread).
+    static APACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `a` (`m × k`) into `out` as [`tile_chunked`] reads it: blocks of [`MR_N`] rows, each
+/// step-major (`block[p · MR_N + r]` is `a[block · MR_N + r][p]`), rows past `m` zero; on up
+/// to `threads` threads.
+fn pack_rows(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>, threads: usize) {
+    let per = MR_N * k;
+    let blocks = m.div_ceil(MR_N);
+    // Every element is written below, so a kept buffer's old contents need no zeroing.
+    out.truncate(blocks * per);
+    out.resize(blocks * per, 0.0);
+    if per == 0 {
+        return;
+    }
+    let threads = threads.min(blocks * per / (1 << 16)).max(1);
+    crate::par::for_each_chunk_mut(out, per * blocks.div_ceil(threads), threads, |off, dst| {
+        for (i, blk) in dst.chunks_exact_mut(per).enumerate() {
+            let first = (off / per + i) * MR_N;
+            for r in 0..MR_N {
+                let lane = blk[r..].iter_mut().step_by(MR_N);
+                if first + r < m {
+                    let at = (first + r) * k;
+                    for (d, &x) in lane.zip(&a[at..at + k]) {
+                        *d = x;
+                    }
+                } else {
+                    lane.for_each(|d| *d = 0.0);
+                }
             }
         }
-        Ok(())
-    })
+    });
 }
 
 /// Row `i` of a row-major tile as a slice.
@@ -181,9 +243,11 @@ fn row_slice<'t>(tile: MatMut<'t, f32>, i: usize) -> KResult<&'t mut [f32]> {
         .ok_or_else(|| "gemm: an output tile is not row-major".to_string())
 }
 
-/// One tile of [`gemm`]: rows `r0..` of `a`, panels `p0..` of `b`, into `c`.
+/// One tile of [`gemm`]: rows `r0..` of `a`, panels `p0..` of `b`, into `c`. `apack` is
+/// `a` packed by [`pack_rows`] where the instruction set's path reads it (empty otherwise).
 struct Tile<'a, 'c> {
     a: &'a [f32],
+    apack: &'a [f32],
     k: usize,
     b: &'a PackedB,
     r0: usize,
@@ -198,7 +262,7 @@ impl pulp::WithSimd for Tile<'_, '_> {
         if S::F32_LANES >= 16 {
             tile::<S, 8>(simd, self)
         } else {
-            tile::<S, 4>(simd, self)
+            tile_chunked(simd, self)
         }
     }
 }
@@ -214,6 +278,7 @@ fn tile<S: pulp::Simd, const MR: usize>(simd: S, t: Tile<'_, '_>) -> KResult<()>
         r0,
         p0,
         mut c,
+        ..
     } = t;
     let (h, w) = (c.nrows(), c.ncols());
     let zeros = vec![0.0f32; k];
@@ -238,6 +303,176 @@ fn tile<S: pulp::Simd, const MR: usize>(simd: S, t: Tile<'_, '_>) -> KResult<()>
         }
     }
     Ok(())
+}
+
+/// Steps of `k` per chunk in [`tile_chunked`]: a chunk of one 16-column slice of a panel
+/// (`KC × 64` bytes) stays in a core's 32 KB L1 while every row block of the tile passes it.
+const KC: usize = 256;
+
+/// Rows per micro-kernel block in [`tile_chunked`]: `MR_N × 2` running sums, the two
+/// vectors of the slice and the broadcast take 15 of AVX2's 16 registers.
+const MR_N: usize = 6;
+
+/// [`Tile`] with narrower vectors (AVX2's 8 lanes and below), where the panel's rows no longer
+/// fit the registers whole: `k` in chunks of [`KC`] steps; per chunk the tile's rows of `A`
+/// are copied into blocks of [`MR_N`] rows interleaved by step (one sequential stream per
+/// block), and each slice of `2 × lanes` columns of each panel is computed for every row
+/// block while its chunk is in L1. The running sums go back to `C` between chunks and are
+/// reloaded unchanged, so every element is still the one in-order FMA chain from `+0.0`.
+#[inline(always)]
+fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
+    let Tile {
+        apack,
+        k,
+        b,
+        r0,
+        p0,
+        mut c,
+        ..
+    } = t;
+    let (h, w) = (c.nrows(), c.ncols());
+    let per = MR_N * k;
+    let blocks = h.div_ceil(MR_N);
+    let Some(apack) = apack.get(r0 / MR_N * per..(r0 / MR_N + blocks) * per) else {
+        return Err(format!(
+            "gemm: the packed rows of A hold {} elements, rows {r0}.. of {k} steps need more",
+            apack.len()
+        ));
+    };
+    if r0 % MR_N != 0 {
+        return Err(format!(
+            "gemm: a tile starts at row {r0}, not a block of {MR_N}"
+        ));
+    }
+    if k == 0 {
+        for i in 0..h {
+            row_slice(c.rb_mut(), i)?.fill(0.0);
+        }
+        return Ok(());
+    }
+    let lanes = S::F32_LANES;
+    let sw = 2 * lanes;
+    let zero = simd.splat_f32s(0.0);
+    for kc in (0..k).step_by(KC) {
+        let kl = KC.min(k - kc);
+        for (j, pnl) in (p0..).take(w.div_ceil(NR)).enumerate() {
+            let panel = &b.panel(pnl)[kc * NR..(kc + kl) * NR];
+            for off in (0..NR).step_by(sw) {
+                let c0 = j * NR + off;
+                if c0 >= w {
+                    break;
+                }
+                let cols = sw.min(w - c0);
+                for (blk, ap) in apack.chunks_exact(per).enumerate() {
+                    let ap = &ap[kc * MR_N..(kc + kl) * MR_N];
+                    let valid = MR_N.min(h - blk * MR_N);
+                    let mut acc = [[zero; 2]; MR_N];
+                    if kc > 0 {
+                        for (r, acc) in acc.iter_mut().enumerate().take(valid) {
+                            let row = row_slice(c.rb_mut(), blk * MR_N + r)?;
+                            *acc = load_sums(simd, &row[c0..c0 + cols]);
+                        }
+                    }
+                    let acc = micro(simd, ap, panel, off, acc);
+                    for (r, acc) in acc.iter().enumerate().take(valid) {
+                        let row = row_slice(c.rb_mut(), blk * MR_N + r)?;
+                        store_sums::<S>(acc, &mut row[c0..c0 + cols]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Two vectors of running sums from `src` (up to `2 × lanes` values; missing lanes are 0).
+#[inline(always)]
+fn load_sums<S: pulp::Simd>(simd: S, src: &[f32]) -> [S::f32s; 2] {
+    let lanes = S::F32_LANES;
+    if src.len() == 2 * lanes {
+        [0, 1].map(|v| {
+            bytemuck::pod_read_unaligned(bytemuck::cast_slice(&src[v * lanes..(v + 1) * lanes]))
+        })
+    } else {
+        let mut buf = [simd.splat_f32s(0.0); 2];
+        let vals: &mut [f32] = bytemuck::cast_slice_mut(&mut buf);
+        vals[..src.len()].copy_from_slice(src);
+        buf
+    }
+}
+
+/// Stores the first `dst.len()` (up to `2 × lanes`) of two vectors of sums into `dst`.
+#[inline(always)]
+fn store_sums<S: pulp::Simd>(acc: &[S::f32s; 2], dst: &mut [f32]) {
+    let lanes = S::F32_LANES;
+    let vals: &[f32] = bytemuck::cast_slice(acc);
+    if dst.len() == 2 * lanes {
+        dst[..lanes].copy_from_slice(&vals[..lanes]);
+        dst[lanes..2 * lanes].copy_from_slice(&vals[lanes..2 * lanes]);
+    } else {
+        let n = dst.len();
+        dst.copy_from_slice(&vals[..n]);
+    }
+}
+
+/// [`MR_N`] rows × `2 × lanes` columns (panel columns `off..`): continues the running sums
+/// `acc` over the chunk, one FMA per step in order. `ap`: the row block's packed chunk
+/// (`kl × MR_N`, step-major); `panel`: the panel's chunk (`kl × NR`). Two steps per loop
+/// iteration (5–10% faster than one on AVX2: less loop overhead per 12 FMAs), the odd last
+/// step by [`micro_steps`].
+#[inline(always)]
+fn micro<S: pulp::Simd>(
+    simd: S,
+    ap: &[f32],
+    panel: &[f32],
+    off: usize,
+    mut acc: [[S::f32s; 2]; MR_N],
+) -> [[S::f32s; 2]; MR_N] {
+    let lanes = S::F32_LANES;
+    if off + 2 * lanes > NR {
+        return acc;
+    }
+    let mut ap2 = ap.chunks_exact(2 * MR_N);
+    let mut panel2 = panel.chunks_exact(2 * NR);
+    for (av, bp) in (&mut ap2).zip(&mut panel2) {
+        for step in 0..2 {
+            let bp = &bp[step * NR + off..step * NR + off + 2 * lanes];
+            let b0: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[..lanes]));
+            let b1: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[lanes..]));
+            for (acc, &x) in acc.iter_mut().zip(&av[step * MR_N..(step + 1) * MR_N]) {
+                let x = simd.splat_f32s(x);
+                acc[0] = simd.mul_add_f32s(x, b0, acc[0]);
+                acc[1] = simd.mul_add_f32s(x, b1, acc[1]);
+            }
+        }
+    }
+    micro_steps(simd, ap2.remainder(), panel2.remainder(), off, acc)
+}
+
+/// [`micro`] one step per iteration.
+#[inline(always)]
+fn micro_steps<S: pulp::Simd>(
+    simd: S,
+    ap: &[f32],
+    panel: &[f32],
+    off: usize,
+    mut acc: [[S::f32s; 2]; MR_N],
+) -> [[S::f32s; 2]; MR_N] {
+    let lanes = S::F32_LANES;
+    if off + 2 * lanes > NR {
+        return acc;
+    }
+    for (av, bp) in ap.chunks_exact(MR_N).zip(panel.chunks_exact(NR)) {
+        let bp = &bp[off..off + 2 * lanes];
+        let b0: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[..lanes]));
+        let b1: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[lanes..]));
+        for (acc, &x) in acc.iter_mut().zip(av) {
+            let x = simd.splat_f32s(x);
+            acc[0] = simd.mul_add_f32s(x, b0, acc[0]);
+            acc[1] = simd.mul_add_f32s(x, b1, acc[1]);
+        }
+    }
+    acc
 }
 
 /// `MR` rows × [`NR`] columns of `C`: `Σ_p rows[r][p] · panel[p][j]`, one FMA per step in
@@ -349,8 +584,11 @@ mod tests {
     /// The whole product as one tile on instruction set `simd`.
     fn one_tile<S: pulp::Simd>(simd: S, m: usize, a: &[f32], b: &PackedB) -> Vec<f32> {
         let mut c = vec![f32::NAN; m * b.n];
+        let mut apack = Vec::new();
+        pack_rows(a, m, b.k, &mut apack, 1);
         let tile = Tile {
             a,
+            apack: &apack,
             k: b.k,
             b,
             r0: 0,
@@ -363,21 +601,24 @@ mod tests {
 
     #[test]
     fn every_instruction_set_gives_the_same_bits() {
-        // Scalar (4 rows × 4-column blocks) and, where the CPU has them, AVX2 (4 rows × 24
-        // columns) and AVX-512 (8 rows × 48 columns): each the chain of the definition.
-        let (m, k, n) = (19, 37, 101);
-        let a = values(m * k, 8);
-        let b = values(k * n, 9);
-        let want = bits(&chain(m, k, n, &a, &b));
-        let packed = PackedB::new(&b, k, n).unwrap();
-        assert_eq!(bits(&one_tile(pulp::Scalar::new(), m, &a, &packed)), want);
-        #[cfg(target_arch = "x86_64")]
-        {
-            if let Some(v3) = pulp::x86::V3::try_new() {
-                assert_eq!(bits(&one_tile(v3, m, &a, &packed)), want, "AVX2");
-            }
-            if let Some(v4) = pulp::x86::V4::try_new() {
-                assert_eq!(bits(&one_tile(v4, m, &a, &packed)), want, "AVX-512");
+        // Scalar and, where the CPU has them, AVX2 (both the chunked path: 6 rows × one slice
+        // of 2 vectors, `k` in chunks of 256) and AVX-512 (8 rows × 48 columns over all of
+        // `k`): each the chain of the definition, with an odd `k` (the kernel's last single
+        // step) and a `k` of three chunks, the last one short.
+        for (m, k, n) in [(19, 37, 101), (13, 601, 70)] {
+            let a = values(m * k, 8);
+            let b = values(k * n, 9);
+            let want = bits(&chain(m, k, n, &a, &b));
+            let packed = PackedB::new(&b, k, n).unwrap();
+            assert_eq!(bits(&one_tile(pulp::Scalar::new(), m, &a, &packed)), want);
+            #[cfg(target_arch = "x86_64")]
+            {
+                if let Some(v3) = pulp::x86::V3::try_new() {
+                    assert_eq!(bits(&one_tile(v3, m, &a, &packed)), want, "AVX2");
+                }
+                if let Some(v4) = pulp::x86::V4::try_new() {
+                    assert_eq!(bits(&one_tile(v4, m, &a, &packed)), want, "AVX-512");
+                }
             }
         }
     }

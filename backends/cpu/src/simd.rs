@@ -30,6 +30,20 @@ pub(crate) fn dispatch<Op: pulp::WithSimd>(op: Op) -> Op::Output {
     ARCH.dispatch(op)
 }
 
+/// The `f32` lanes of the instruction set [`dispatch`] runs on this CPU (16 with AVX-512, 8
+/// with AVX2), for kernels whose data layout depends on it.
+pub(crate) fn f32_lanes() -> usize {
+    struct Lanes;
+    impl pulp::WithSimd for Lanes {
+        type Output = usize;
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) -> usize {
+            S::F32_LANES
+        }
+    }
+    dispatch(Lanes)
+}
+
 /// Lanes of [`striped_sum`].
 const LANES: usize = 8;
 
