@@ -418,7 +418,7 @@ fn store_sums<S: pulp::Simd>(acc: &[S::f32s; 2], dst: &mut [f32]) {
 /// [`MR_N`] rows × `2 × lanes` columns (panel columns `off..`): continues the running sums
 /// `acc` over the chunk, one FMA per step in order. `ap`: the row block's packed chunk
 /// (`kl × MR_N`, step-major); `panel`: the panel's chunk (`kl × NR`). Two steps per loop
-/// iteration (5–10% faster than one on AVX2: less loop overhead per 12 FMAs), the odd last
+/// iteration (4–15% faster than one on AVX2: less loop overhead per 12 FMAs), the odd last
 /// step by [`micro_steps`].
 #[inline(always)]
 fn micro<S: pulp::Simd>(
