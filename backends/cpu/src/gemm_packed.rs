@@ -56,8 +56,12 @@ pub(crate) const MIN_ROWS: usize = 8;
 /// while the tile's panels stream past them.
 const ROWS: usize = 256;
 
-/// About this many multiply-adds per tile: enough to make a task worth its scheduling.
-const TILE_MACS: usize = 1 << 24;
+/// About this many multiply-adds per tile: enough to make a task worth its scheduling (about
+/// 0.15 ms on one AVX2 core), and few enough that a 768-column layer of 128 rows makes 16
+/// tiles, so a thread the OS deschedules holds up little of the layer (2²⁴ made 4; on a
+/// 2-core VM, BERT's 2-thread runs went from 232–330 to 225–246 ms, GPT-2's from 335–458 to
+/// 317–357 ms, six alternated runs each).
+const TILE_MACS: usize = 1 << 22;
 
 /// One cache line of packed `B`: the storage unit of [`PackedB`], so that every panel (a
 /// whole number of lines) and every 16-column slice of a panel row starts on a line.
