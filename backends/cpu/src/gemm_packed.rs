@@ -204,7 +204,8 @@ pub(crate) fn gemm(
 }
 
 thread_local! {
-    /// [`gemm`]'s packed rows of `A` (kept between calls on the calling thread).
+    /// [`gemm`]'s packed rows of `A`, kept between calls on the calling thread (as large as
+    /// the largest `A` it packed: the size of an input that already exists).
     static APACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -356,6 +357,12 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
     }
     let lanes = S::F32_LANES;
     let sw = 2 * lanes;
+    if !NR.is_multiple_of(sw) {
+        // (Never for 1-, 4- or 8-lane vectors; `micro` relies on whole slices of a panel.)
+        return Err(format!(
+            "gemm: slices of {sw} columns do not divide a panel of {NR}"
+        ));
+    }
     let zero = simd.splat_f32s(0.0);
     for kc in (0..k).step_by(KC) {
         let kl = KC.min(k - kc);
