@@ -176,8 +176,7 @@ pub(crate) fn gemm(
     }
     let threads = threads.min((m * n * k.max(1)).div_ceil(TILE_MACS)).max(1);
     crate::par::with_scratch(&APACK, |apack| {
-        // Narrower vectors than AVX-512's take `A` packed (see `tile_chunked`).
-        if crate::simd::f32_lanes() < 16 {
+        if chunked(crate::simd::f32_lanes()) {
             pack_rows(a, m, k, apack, threads);
         } else {
             apack.clear();
@@ -201,6 +200,13 @@ pub(crate) fn gemm(
             Ok(())
         })
     })
+}
+
+/// Whether vectors of `lanes` `f32`s run [`tile_chunked`] (which reads `A` packed by
+/// [`pack_rows`]) rather than [`tile`]: everything narrower than AVX-512. The one place the
+/// path is chosen, for [`gemm`]'s packing and [`Tile`]'s dispatch alike.
+fn chunked(lanes: usize) -> bool {
+    lanes < 16
 }
 
 thread_local! {
@@ -264,10 +270,10 @@ impl pulp::WithSimd for Tile<'_, '_> {
     type Output = KResult<()>;
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) -> KResult<()> {
-        if S::F32_LANES >= 16 {
-            tile::<S, 8>(simd, self)
-        } else {
+        if chunked(S::F32_LANES) {
             tile_chunked(simd, self)
+        } else {
+            tile::<S, 8>(simd, self)
         }
     }
 }
@@ -336,6 +342,11 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
         ..
     } = t;
     let (h, w) = (c.nrows(), c.ncols());
+    if r0 % MR_N != 0 {
+        return Err(format!(
+            "gemm: a tile starts at row {r0}, not a block of {MR_N}"
+        ));
+    }
     let per = MR_N * k;
     let blocks = h.div_ceil(MR_N);
     let Some(apack) = apack.get(r0 / MR_N * per..(r0 / MR_N + blocks) * per) else {
@@ -344,11 +355,6 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
             apack.len()
         ));
     };
-    if r0 % MR_N != 0 {
-        return Err(format!(
-            "gemm: a tile starts at row {r0}, not a block of {MR_N}"
-        ));
-    }
     if k == 0 {
         for i in 0..h {
             row_slice(c.rb_mut(), i)?.fill(0.0);
@@ -440,6 +446,8 @@ fn micro<S: pulp::Simd>(
     mut acc: [[S::f32s; 2]; MR_N],
 ) -> [[S::f32s; 2]; MR_N] {
     let sw = 2 * S::F32_LANES;
+    // Never taken (`tile_chunked` checked that slices divide a panel); it lets LLVM drop the
+    // bounds checks of the loop below.
     if off + sw > NR {
         return acc;
     }
