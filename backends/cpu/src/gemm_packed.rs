@@ -22,7 +22,10 @@
 //!   (one sequential stream per block), `k` is cut into chunks of [`KC`] steps, and the
 //!   micro-kernel holds 6 × 2 vectors (12 of AVX2's 16 registers) of one 16-column slice of a
 //!   panel, whose chunk (16 KB) stays in L1 while every row block of the tile passes it. The
-//!   running sums are stored to `C` between chunks and reloaded unchanged: the same chains.
+//!   running sums wait between chunks in a per-thread buffer, one contiguous `6 × 16` block
+//!   per (slice, row block), and are reloaded unchanged: the same chains. The finished tile
+//!   is copied into `C` once (keeping the sums in `C` itself cost a row lookup per row per
+//!   kernel call: 128 × 768 × 768 went from 34 to 38.6 GMAC/s, median of 4, one thread).
 //! - The work is cut by the shape alone into tiles of up to [`ROWS`] rows (whole blocks of 6)
 //!   by whole panels, spread over [`crate::par`]'s threads; `epilogue` runs on each row of a
 //!   tile right after the tile is computed (while it is in cache).
@@ -183,14 +186,17 @@ pub(crate) fn gemm(
         }
         let apack = &apack[..];
         crate::par::run_tasks(tasks, threads, |(r0, p0, mut tile)| {
-            crate::simd::dispatch(Tile {
-                a,
-                apack,
-                k,
-                b,
-                r0,
-                p0,
-                c: tile.rb_mut(),
+            crate::par::with_scratch(&SUMS, |sums| {
+                crate::simd::dispatch(Tile {
+                    a,
+                    apack,
+                    k,
+                    b,
+                    r0,
+                    p0,
+                    c: tile.rb_mut(),
+                    sums,
+                })
             })?;
             if let Some(ep) = epilogue {
                 for i in 0..tile.nrows() {
@@ -264,6 +270,8 @@ struct Tile<'a, 'c> {
     r0: usize,
     p0: usize,
     c: MatMut<'c, f32>,
+    /// The running sums of [`tile_chunked`] (the calling thread's [`SUMS`]).
+    sums: &'a mut Vec<f32>,
 }
 
 impl pulp::WithSimd for Tile<'_, '_> {
@@ -325,11 +333,12 @@ const KC: usize = 256;
 const MR_N: usize = 6;
 
 /// [`Tile`] with narrower vectors (AVX2's 8 lanes and below), where the panel's rows no longer
-/// fit the registers whole: `k` in chunks of [`KC`] steps; per chunk the tile's rows of `A`
-/// are copied into blocks of [`MR_N`] rows interleaved by step (one sequential stream per
-/// block), and each slice of `2 × lanes` columns of each panel is computed for every row
-/// block while its chunk is in L1. The running sums go back to `C` between chunks and are
-/// reloaded unchanged, so every element is still the one in-order FMA chain from `+0.0`.
+/// fit the registers whole: `k` in chunks of [`KC`] steps, and per chunk each slice of
+/// `2 × lanes` columns of each panel is computed for every row block of the packed `A` while
+/// the slice's chunk is in L1. The running sums of each (slice, row block) pair live between
+/// chunks in one contiguous `MR_N × 2 × lanes` block of a per-thread buffer ([`SUMS`]) and are
+/// reloaded unchanged, so every element is still the one in-order FMA chain from `+0.0`; the
+/// finished tile is copied into `C` row by row.
 #[inline(always)]
 fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
     let Tile {
@@ -339,6 +348,7 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
         r0,
         p0,
         mut c,
+        sums,
         ..
     } = t;
     let (h, w) = (c.nrows(), c.ncols());
@@ -369,67 +379,51 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
             "gemm: slices of {sw} columns do not divide a panel of {NR}"
         ));
     }
+    // The sums of the tile's slice `s` (panel by panel) and row block `blk`:
+    // `sums[(s · blocks + blk) · block ..][..block]`, row-major `MR_N × sw`.
+    let block = MR_N * sw;
+    let slices = w.div_ceil(sw);
+    // Every block is written by the first chunk before any is read.
+    sums.resize(slices * blocks * block, 0.0);
     let zero = simd.splat_f32s(0.0);
     for kc in (0..k).step_by(KC) {
         let kl = KC.min(k - kc);
-        for (j, pnl) in (p0..).take(w.div_ceil(NR)).enumerate() {
+        let slice_sums = sums.chunks_exact_mut(blocks * block).take(slices);
+        for (s, slice_sums) in slice_sums.enumerate() {
+            let (pnl, off) = (p0 + s * sw / NR, s * sw % NR);
             let panel = &b.panel(pnl)[kc * NR..(kc + kl) * NR];
-            for off in (0..NR).step_by(sw) {
-                let c0 = j * NR + off;
-                if c0 >= w {
-                    break;
-                }
-                let cols = sw.min(w - c0);
-                for (blk, ap) in apack.chunks_exact(per).enumerate() {
-                    let ap = &ap[kc * MR_N..(kc + kl) * MR_N];
-                    let valid = MR_N.min(h - blk * MR_N);
-                    let mut acc = [[zero; 2]; MR_N];
-                    if kc > 0 {
-                        for (r, acc) in acc.iter_mut().enumerate().take(valid) {
-                            let row = row_slice(c.rb_mut(), blk * MR_N + r)?;
-                            *acc = load_sums(simd, &row[c0..c0 + cols]);
-                        }
-                    }
-                    let acc = micro(simd, ap, panel, off, acc);
-                    for (r, acc) in acc.iter().enumerate().take(valid) {
-                        let row = row_slice(c.rb_mut(), blk * MR_N + r)?;
-                        store_sums::<S>(acc, &mut row[c0..c0 + cols]);
-                    }
-                }
+            for (ap, sum) in apack
+                .chunks_exact(per)
+                .zip(slice_sums.chunks_exact_mut(block))
+            {
+                let ap = &ap[kc * MR_N..(kc + kl) * MR_N];
+                let acc = if kc > 0 {
+                    bytemuck::pod_read_unaligned(bytemuck::cast_slice(sum))
+                } else {
+                    [[zero; 2]; MR_N]
+                };
+                let acc = micro(simd, ap, panel, off, acc);
+                sum.copy_from_slice(bytemuck::cast_slice(&acc));
             }
+        }
+    }
+    // The finished tile into `C`, row by row.
+    for i in 0..h {
+        let row = row_slice(c.rb_mut(), i)?;
+        let (blk, r) = (i / MR_N, i % MR_N);
+        for (s, dst) in row.chunks_mut(sw).enumerate() {
+            let at = (s * blocks + blk) * block + r * sw;
+            dst.copy_from_slice(&sums[at..at + dst.len()]);
         }
     }
     Ok(())
 }
 
-/// Two vectors of running sums from `src` (up to `2 × lanes` values; missing lanes are 0).
-#[inline(always)]
-fn load_sums<S: pulp::Simd>(simd: S, src: &[f32]) -> [S::f32s; 2] {
-    let lanes = S::F32_LANES;
-    if src.len() == 2 * lanes {
-        [0, 1].map(|v| {
-            bytemuck::pod_read_unaligned(bytemuck::cast_slice(&src[v * lanes..(v + 1) * lanes]))
-        })
-    } else {
-        let mut buf = [simd.splat_f32s(0.0); 2];
-        let vals: &mut [f32] = bytemuck::cast_slice_mut(&mut buf);
-        vals[..src.len()].copy_from_slice(src);
-        buf
-    }
-}
-
-/// Stores the first `dst.len()` (up to `2 × lanes`) of two vectors of sums into `dst`.
-#[inline(always)]
-fn store_sums<S: pulp::Simd>(acc: &[S::f32s; 2], dst: &mut [f32]) {
-    let lanes = S::F32_LANES;
-    let vals: &[f32] = bytemuck::cast_slice(acc);
-    if dst.len() == 2 * lanes {
-        dst[..lanes].copy_from_slice(&vals[..lanes]);
-        dst[lanes..2 * lanes].copy_from_slice(&vals[lanes..2 * lanes]);
-    } else {
-        let n = dst.len();
-        dst.copy_from_slice(&vals[..n]);
-    }
+thread_local! {
+    /// [`tile_chunked`]'s running sums of one tile, kept between calls on each thread (as
+    /// large as the largest tile it computed: up to [`ROWS`] rows rounded up to a block, by a
+    /// run of panels of about [`TILE_MACS`] multiply-adds).
+    static SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// [`MR_N`] rows × `2 × lanes` columns (panel columns `off..`): continues the running sums
@@ -600,6 +594,7 @@ mod tests {
             r0: 0,
             p0: 0,
             c: MatMut::from_row_major_slice_mut(&mut c, m, b.n),
+            sums: &mut Vec::new(),
         };
         pulp::WithSimd::with_simd(tile, simd).unwrap_or_else(|e| panic!("{e}"));
         c
