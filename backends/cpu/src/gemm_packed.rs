@@ -235,17 +235,17 @@ fn pack_rows(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>, threads: usize) 
     }
     let threads = threads.min(blocks * per / (1 << 16)).max(1);
     crate::par::for_each_chunk_mut(out, per * blocks.div_ceil(threads), threads, |off, dst| {
+        let zeros = vec![0.0f32; k];
         for (i, blk) in dst.chunks_exact_mut(per).enumerate() {
             let first = (off / per + i) * MR_N;
-            for r in 0..MR_N {
-                let lane = blk[r..].iter_mut().step_by(MR_N);
-                if first + r < m {
-                    let at = (first + r) * k;
-                    for (d, &x) in lane.zip(&a[at..at + k]) {
-                        *d = x;
-                    }
-                } else {
-                    lane.for_each(|d| *d = 0.0);
+            // The block's rows (zeros past `m`), read side by side: one sequential write.
+            let rows: [&[f32]; MR_N] = std::array::from_fn(|r| {
+                a.get((first + r) * k..(first + r + 1) * k)
+                    .unwrap_or(&zeros)
+            });
+            for (p, d) in blk.chunks_exact_mut(MR_N).enumerate() {
+                for (d, row) in d.iter_mut().zip(&rows) {
+                    *d = row[p];
                 }
             }
         }
