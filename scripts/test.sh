@@ -72,10 +72,17 @@ echo "== cargo test"
 cargo test --workspace --locked
 
 echo "== ONNX conformance counts (the same test as above, its report shown)"
-cargo test --locked --test onnx_conformance -- --nocapture 2>/dev/null \
+# `--workspace`, as above: the same features, so the binaries `cargo test` just built run again
+# (without it the root package's own feature set rebuilt three crates, about 3.5 minutes).
+cargo test --workspace --locked --test onnx_conformance -- --nocapture 2>/dev/null \
   | grep -E '^(onnx conformance|light |FAIL )' || true
-cargo test --locked --test onnx_node -- --nocapture 2>/dev/null \
+cargo test --workspace --locked --test onnx_node -- --nocapture 2>/dev/null \
   | grep -E '^(node conformance|FAIL |  )' || true
+# The debug CLI that `cargo test --workspace` built (for the integration tests); the Python tests
+# and the smoke tests below run it as is (`cargo run` would rebuild it with the root package's
+# own feature set first, about 2 minutes).
+fusebox_debug="$PWD/target/debug/fusebox"
+test -x "$fusebox_debug"
 
 # ---- The Python package (python/): build the wheel, install it into .venv, run its pytest suite.
 echo "== Python package: maturin wheel into .venv, pytest python/tests"
@@ -87,7 +94,7 @@ rm -rf target/python-wheel
 .venv/bin/maturin build --quiet --release --locked -m python/Cargo.toml -i .venv/bin/python --out target/python-wheel
 .venv/bin/pip install --quiet --force-reinstall --no-deps target/python-wheel/fusebox-*.whl
 # The tests compare with the CLI that `cargo test` built, and load the plugins built above.
-FUSEBOX_CLI="$PWD/target/debug/fusebox" .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
+FUSEBOX_CLI="$fusebox_debug" .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
 echo "python package: $((SECONDS - py_start)) s (wheel build + install + pytest)"
 # ---- end of the Python package section
 
@@ -120,34 +127,34 @@ for f in "$ext_dir"/inline/*.npy; do cmp "$f" "$ext_dir/external/$(basename "$f"
 rm -rf "$ext_dir"
 
 echo "== main job smoke test: fusebox show / check on the bundled example"
-cargo run --quiet --locked -- check examples/conv2d_relu.relax
-cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --annotate-codegen true --emit json > /dev/null
-cargo run --quiet --locked -- show examples/conv2d_relu.relax > /dev/null
-cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --fuse-ops --emit json > /dev/null
-cargo run --quiet --locked -- partition examples/conv2d_relu.relax --fuse-ops --fuse-opt-level 1 --max-depth 8 > /dev/null
+"$fusebox_debug" check examples/conv2d_relu.relax
+"$fusebox_debug" partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --annotate-codegen true --emit json > /dev/null
+"$fusebox_debug" show examples/conv2d_relu.relax > /dev/null
+"$fusebox_debug" partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --fuse-ops --emit json > /dev/null
+"$fusebox_debug" partition examples/conv2d_relu.relax --fuse-ops --fuse-opt-level 1 --max-depth 8 > /dev/null
 smoke_out="$(mktemp -d)"
 # The README's main-job command (the bundled small CNN, default config, partition report, check).
 cargo run --quiet --release --locked -- run examples/small_cnn.relax --config configs/cpu.toml --check --output-dir "$smoke_out"
-cargo run --quiet --locked -- run examples/conv2d_bias_relu_x2.relax --config configs/plugin-example.toml --check --output-dir "$smoke_out" > /dev/null
-cargo run --quiet --locked -- run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --check --timings --output-dir "$smoke_out" > /dev/null
-cargo run --quiet --locked -- run examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --check --profile --output-dir "$smoke_out" > /dev/null
+"$fusebox_debug" run examples/conv2d_bias_relu_x2.relax --config configs/plugin-example.toml --check --output-dir "$smoke_out" > /dev/null
+"$fusebox_debug" run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --check --timings --output-dir "$smoke_out" > /dev/null
+"$fusebox_debug" run examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --check --profile --output-dir "$smoke_out" > /dev/null
 rm -rf "$smoke_out"
-cargo run --quiet --locked -- backends
-cargo run --quiet --locked -- backends --config configs/plugin-example.toml > /dev/null
-cargo run --quiet --locked -- partition examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --emit json > /dev/null
-cargo run --quiet --locked -- explain examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --binding conv1 > /dev/null
+"$fusebox_debug" backends
+"$fusebox_debug" backends --config configs/plugin-example.toml > /dev/null
+"$fusebox_debug" partition examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --emit json > /dev/null
+"$fusebox_debug" explain examples/conv2d_relu_x2.relax --config configs/plugin-example.toml --binding conv1 > /dev/null
 compile_out="$(mktemp -d)"
-cargo run --quiet --locked -- compile examples/conv2d_relu_x2.relax --config configs/cpu.toml --out-dir "$compile_out" > /dev/null
+"$fusebox_debug" compile examples/conv2d_relu_x2.relax --config configs/cpu.toml --out-dir "$compile_out" > /dev/null
 test -f "$compile_out/manifest.json"
 rm -rf "$compile_out"
 # The cuBLAS backend: partition with TVM's cuBLAS table, explain a rejection, run (on a machine
 # without a GPU the cublas compile fails with "no CUDA device" and cpu runs each function), and
 # build (the plan of each claimed function, no device needed).
-cargo run --quiet --locked -- backends --config configs/examples/cublas.toml > /dev/null
-cargo run --quiet --locked -- partition tests/golden/cublas/matmul_bias_relu_gelu.relax --config configs/examples/cublas.toml --emit json > /dev/null
-cargo run --quiet --locked -- explain tests/golden/cublas/bias_2d_rejected.relax --config configs/examples/cublas.toml --binding y > /dev/null
+"$fusebox_debug" backends --config configs/examples/cublas.toml > /dev/null
+"$fusebox_debug" partition tests/golden/cublas/matmul_bias_relu_gelu.relax --config configs/examples/cublas.toml --emit json > /dev/null
+"$fusebox_debug" explain tests/golden/cublas/bias_2d_rejected.relax --config configs/examples/cublas.toml --binding y > /dev/null
 cublas_out="$(mktemp -d)"
-cargo run --quiet --locked -- run tests/golden/cublas/matmul_bias_relu_gelu.relax --config configs/examples/cublas.toml --check --output-dir "$cublas_out" > /dev/null
-cargo run --quiet --locked -- compile tests/golden/cublas/transposed.relax --config configs/examples/cublas.toml --out-dir "$cublas_out/build" > /dev/null
+"$fusebox_debug" run tests/golden/cublas/matmul_bias_relu_gelu.relax --config configs/examples/cublas.toml --check --output-dir "$cublas_out" > /dev/null
+"$fusebox_debug" compile tests/golden/cublas/transposed.relax --config configs/examples/cublas.toml --out-dir "$cublas_out/build" > /dev/null
 test -f "$cublas_out/build/manifest.json"
 rm -rf "$cublas_out"
