@@ -98,10 +98,20 @@ FUSEBOX_CLI="$fusebox_debug" .venv/bin/python -m pytest python/tests -q -p no:ca
 echo "python package: $((SECONDS - py_start)) s (wheel build + install + pytest)"
 # ---- end of the Python package section
 
+# The release CLI for the sections below, built with the wheel's feature set: selecting the
+# Python package too resolves every shared crate's features as the wheel's build just did, so
+# only the `fusebox` binary is compiled (about 10 s). `cargo run --release` would resolve them
+# for the root package alone (`numpy` adds `default` to `num-traits`, `ndarray` and others)
+# and rebuild the whole release graph, about 4.5 minutes.
+echo "== the release CLI (the wheel's build, plus the fusebox binary)"
+cargo build --quiet --release --locked -p fusebox -p fusebox-python --bin fusebox
+fusebox_release="$PWD/target/release/fusebox"
+test -x "$fusebox_release"
+
 echo "== ResNet-50 with seeded random weights: fusebox (release) against onnxruntime"
 ort_dir="$(mktemp -d)"
 .venv/bin/python tests/ort/resnet50_random.py --out "$ort_dir" --bench 5
-cargo run --quiet --release --locked -- run "$ort_dir/resnet50_random.onnx" \
+"$fusebox_release" run "$ort_dir/resnet50_random.onnx" \
   --input gpu_0/data_0="$ort_dir/input.npy" --output-dir "$ort_dir/out" --timings --repeat 5
 .venv/bin/python tests/ort/compare.py \
   "$ort_dir/expected.npy" "$ort_dir/out/gpu_0_softmax_1.npy" \
@@ -112,7 +122,7 @@ echo "== the nine light ONNX models: import, partition with configs/cpu.toml, ru
 light_out="$(mktemp -d)"
 for model in "$ONNX_DATA_DIR"/light/light_*.onnx; do
   printf '%s: ' "$(basename "$model")"
-  cargo run --quiet --release --locked -- run "$model" --config configs/cpu.toml --check \
+  "$fusebox_release" run "$model" --config configs/cpu.toml --check \
     --output-dir "$light_out" | grep -E '^check: '
 done
 test "$(ls "$ONNX_DATA_DIR"/light/light_*.onnx | wc -l)" -eq 9
@@ -121,8 +131,8 @@ rm -rf "$light_out"
 echo "== ONNX external data: squeezenet re-saved by the onnx package with its weights in a side file, run from its folder"
 ext_dir="$(mktemp -d)"
 .venv/bin/python tests/onnx/to_external_data.py "$ONNX_DATA_DIR/light/light_squeezenet.onnx" "$ext_dir/model"
-cargo run --quiet --release --locked -- run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --output-dir "$ext_dir/inline" > /dev/null
-cargo run --quiet --release --locked -- run "$ext_dir/model" --check --output-dir "$ext_dir/external" | grep -E '^check: '
+"$fusebox_release" run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --output-dir "$ext_dir/inline" > /dev/null
+"$fusebox_release" run "$ext_dir/model" --check --output-dir "$ext_dir/external" | grep -E '^check: '
 for f in "$ext_dir"/inline/*.npy; do cmp "$f" "$ext_dir/external/$(basename "$f")"; done
 rm -rf "$ext_dir"
 
@@ -133,8 +143,9 @@ echo "== main job smoke test: fusebox show / check on the bundled example"
 "$fusebox_debug" partition examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --fuse-ops --emit json > /dev/null
 "$fusebox_debug" partition examples/conv2d_relu.relax --fuse-ops --fuse-opt-level 1 --max-depth 8 > /dev/null
 smoke_out="$(mktemp -d)"
-# The README's main-job command (the bundled small CNN, default config, partition report, check).
-cargo run --quiet --release --locked -- run examples/small_cnn.relax --config configs/cpu.toml --check --output-dir "$smoke_out"
+# The README's main-job command (the bundled small CNN, default config, partition report,
+# check), on the release binary `cargo run --release` builds from the same sources.
+"$fusebox_release" run examples/small_cnn.relax --config configs/cpu.toml --check --output-dir "$smoke_out"
 "$fusebox_debug" run examples/conv2d_bias_relu_x2.relax --config configs/plugin-example.toml --check --output-dir "$smoke_out" > /dev/null
 "$fusebox_debug" run "$ONNX_DATA_DIR/light/light_squeezenet.onnx" --check --timings --output-dir "$smoke_out" > /dev/null
 "$fusebox_debug" run examples/conv2d_relu_x2.relax --patterns examples/dnnl_patterns.toml --check --profile --output-dir "$smoke_out" > /dev/null
