@@ -443,24 +443,24 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
     sums.resize(if last > 0 { slices * blocks * block } else { 0 }, 0.0);
     let zero = simd.splat_f32s(0.0);
     let prefetch = Prefetch::new();
-    for kc in (0..k).step_by(KC) {
+    // Slice `s`'s chunk from step `kc`: its panel's `kl × nr` rows, the slice's first column
+    // in them, and `kl`.
+    let chunk = |s: usize, kc: usize| {
+        let (pnl, off) = (p0 + s * sw / nr, s * sw % nr);
         let kl = KC.min(k - kc);
+        (&b.panel(pnl)[kc * nr..(kc + kl) * nr], off, kl)
+    };
+    for kc in (0..k).step_by(KC) {
         for s in 0..slices {
-            let (pnl, off) = (p0 + s * sw / nr, s * sw % nr);
-            let panel = &b.panel(pnl)[kc * nr..(kc + kl) * nr];
+            let (panel, off, kl) = chunk(s, kc);
             // The slice the kernel reads next: the next of this chunk, else the first of the
             // next chunk. Its rows are prefetched a share per row block, so they are in L1
             // when its first row block starts.
             let next = if s + 1 < slices {
-                Some((s + 1, kc))
+                Some(chunk(s + 1, kc))
             } else {
-                (kc + KC < k).then_some((0, kc + KC))
+                (kc + KC < k).then(|| chunk(0, kc + KC))
             };
-            let next = next.map(|(s, kc)| {
-                let (pnl, off) = (p0 + s * sw / nr, s * sw % nr);
-                let kl = KC.min(k - kc);
-                (&b.panel(pnl)[kc * nr..(kc + kl) * nr], off, kl)
-            });
             for (blk, ap) in apack.chunks_exact(per).enumerate() {
                 if let Some((panel, off, kl)) = next {
                     let (q0, q1) = (blk * kl / blocks, (blk + 1) * kl / blocks);
