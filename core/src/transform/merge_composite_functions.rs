@@ -10,7 +10,11 @@
 //! Grouping is TVM's: bindings are visited in program order; a composite call joins every
 //! argument's region of the same codegen that no other argument's region depends on
 //! (transitively), else it starts a region; any other binding starts a region of its own with
-//! no codegen, which is never outlined. Projections are absorbed as TVM does since
+//! no codegen, which is never outlined. One deliberate difference: "depends on" is judged on the
+//! regions as they stand, where TVM consults dependency sets that go stale when a region gains
+//! dependencies after others came to depend on it, and can then join a region with its own
+//! consumer, a cycle (`tests/golden/partition/merge_stale_dependency_no_cycle.relax`). The
+//! results differ only where TVM's would be cyclic. Projections are absorbed as TVM does since
 //! apache/tvm#19998: a tuple-get-item of a flat tensor tuple joins the tuple's region when
 //! that region has a codegen and the tuple is used only by tuple-get-items (through var
 //! aliases, and not returned), and so does a tuple literal whose fields all lie in one such
@@ -128,11 +132,15 @@ fn collect_global_calls(f: &Function, out: &mut BTreeSet<String>) {
     }
 }
 
-/// Union-find over group ids.
+/// Union-find over group ids, with each group's direct dependencies.
 struct Groups {
     parent: Vec<usize>,
     codegen: Vec<Option<String>>,
+    /// The groups whose bindings a group's bindings read (ids as recorded; map with `find`).
     deps: Vec<BTreeSet<usize>>,
+    /// Per group id, the query that last reached it (see [`Groups::mark_ancestors`]).
+    mark: Vec<u32>,
+    query: u32,
 }
 
 impl Groups {
@@ -149,14 +157,42 @@ impl Groups {
         self.parent.push(id);
         self.codegen.push(codegen);
         self.deps.push(deps);
+        self.mark.push(0);
         id
     }
 
-    /// The transitive dependencies of `g`, as roots.
-    fn deps_of(&mut self, g: usize) -> BTreeSet<usize> {
-        let g = self.find(g);
-        let raw: Vec<usize> = self.deps[g].iter().copied().collect();
-        raw.into_iter().map(|d| self.find(d)).collect()
+    /// Marks every group that a group of `from` depends on, directly or through others, as the
+    /// dependencies stand now; [`Groups::marked`] then answers for roots.
+    ///
+    /// TVM keeps a closed dependency set per group instead, updated only for the group a
+    /// binding joins: when a group gains dependencies (a binding with several argument regions
+    /// joins it), the sets of the groups that already depend on it go stale, and a later
+    /// binding can merge a region with its own transitive consumer, a cycle (a random module
+    /// of `tests/partition_numerics.rs` did; the outlined module then cannot be ordered).
+    /// Walking the current edges gives TVM's decision wherever TVM's is acyclic, since a stale
+    /// set only ever lacks dependencies.
+    fn mark_ancestors(&mut self, from: &[usize]) {
+        self.query += 1;
+        let q = self.query;
+        // A group is pushed when first marked (and a start group once more at most), so each
+        // is expanded at most twice.
+        let mut stack: Vec<usize> = from.to_vec();
+        while let Some(g) = stack.pop() {
+            let g = self.find(g);
+            let direct: Vec<usize> = self.deps[g].iter().copied().collect();
+            for d in direct {
+                let d = self.find(d);
+                if self.mark[d] != q {
+                    self.mark[d] = q;
+                    stack.push(d);
+                }
+            }
+        }
+    }
+
+    /// Whether the last [`Groups::mark_ancestors`] reached root `g`.
+    fn marked(&self, g: usize) -> bool {
+        self.mark[g] == self.query
     }
 }
 
@@ -165,6 +201,8 @@ fn group(m: &Module, f: &Function) -> Result<Vec<(Vec<VarId>, FuncAttrs)>> {
         parent: Vec::new(),
         codegen: Vec::new(),
         deps: Vec::new(),
+        mark: Vec::new(),
+        query: 0,
     };
     let mut group_of: HashMap<VarId, usize> = HashMap::new();
     let mut block_of: HashMap<usize, usize> = HashMap::new();
@@ -191,11 +229,6 @@ fn group(m: &Module, f: &Function) -> Result<Vec<(Vec<VarId>, FuncAttrs)>> {
                     }
                 }
             }
-            let mut parent_deps: BTreeSet<usize> = BTreeSet::new();
-            for &a in &arg_groups {
-                // Transitive: the deps sets are kept closed under dependency.
-                parent_deps.extend(gs.deps_of(a));
-            }
             let codegen = match &f.expr(b.value).kind {
                 ExprKind::Call {
                     callee: Callee::Global(g),
@@ -211,31 +244,36 @@ fn group(m: &Module, f: &Function) -> Result<Vec<(Vec<VarId>, FuncAttrs)>> {
                     .transpose()?,
                 _ => None,
             };
-            let qualifying: Vec<usize> = match &codegen {
-                Some(cg) => arg_groups
-                    .iter()
-                    .copied()
-                    .filter(|&a| {
-                        gs.codegen[a].as_deref() == Some(cg.as_str()) && !parent_deps.contains(&a)
-                    })
-                    .collect(),
-                None => Vec::new(),
+            // An argument region of the same codegen qualifies when no argument region depends
+            // on it (transitively): joining it then closes no cycle. With one argument region
+            // there is nothing to walk.
+            let same_codegen = |gs: &Groups, a: usize| {
+                codegen.is_some() && gs.codegen[a].as_deref() == codegen.as_deref()
             };
-            let mut all_deps: BTreeSet<usize> = parent_deps.clone();
-            all_deps.extend(arg_groups.iter().copied());
+            let mut qualifying: Vec<usize> = arg_groups
+                .iter()
+                .copied()
+                .filter(|&a| same_codegen(&gs, a))
+                .collect();
+            if !qualifying.is_empty() && arg_groups.len() > 1 {
+                gs.mark_ancestors(&arg_groups);
+                qualifying.retain(|&a| !gs.marked(a));
+            }
             let g = if let Some((&first, rest)) = qualifying.split_first() {
                 for &other in rest {
                     gs.parent[other] = first;
                     let d = std::mem::take(&mut gs.deps[other]);
                     gs.deps[first].extend(d);
                 }
-                for q in &qualifying {
-                    all_deps.remove(q);
-                }
-                gs.deps[first].extend(all_deps);
+                gs.deps[first].extend(
+                    arg_groups
+                        .iter()
+                        .copied()
+                        .filter(|a| !qualifying.contains(a)),
+                );
                 first
             } else {
-                let id = gs.new_group(codegen, all_deps);
+                let id = gs.new_group(codegen, arg_groups.iter().copied().collect());
                 block_of.insert(id, bi);
                 id
             };

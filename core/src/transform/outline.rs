@@ -847,6 +847,8 @@ pub(crate) fn rewrite<G: GroupSpec>(
     // Per var of the current block: its binding's index (cleared after the block).
     let mut index = VarIndex::new(f.vars.len());
     let mut done: Vec<bool> = Vec::new();
+    // Expanded and not yet done: on the path from the DFS root to the unit being expanded.
+    let mut open: Vec<bool> = Vec::new();
     let mut order: Vec<Unit> = Vec::new();
     let mut stack: Vec<(Unit, bool)> = Vec::new();
     let mut deps: Vec<Unit> = Vec::new();
@@ -906,6 +908,8 @@ pub(crate) fn rewrite<G: GroupSpec>(
         };
         done.clear();
         done.resize(ngroups + block.bindings.len(), false);
+        open.clear();
+        open.resize(ngroups + block.bindings.len(), false);
         order.clear();
         order.reserve(block.bindings.len());
         for i in 0..block.bindings.len() {
@@ -922,9 +926,30 @@ pub(crate) fn rewrite<G: GroupSpec>(
                 }
                 if expanded {
                     done[uid(x)] = true;
+                    open[uid(x)] = false;
                     order.push(x);
                     continue;
                 }
+                if open[uid(x)] {
+                    // `x` depends on itself through other units: the groups are not convex.
+                    let name = |u: Unit| match u {
+                        Unit::Group(g) => groups[g].members().first().map_or_else(
+                            || format!("group {g}"),
+                            |v| format!("the group of `{}`", f.var(*v).name),
+                        ),
+                        Unit::Single(i) => format!("`{}`", f.var(block.bindings[i].var).name),
+                    };
+                    return Err(Error::Invalid(format!(
+                        "internal: {} depends on itself through {}: the groups form a cycle",
+                        name(x),
+                        stack
+                            .iter()
+                            .rev()
+                            .find(|(_, e)| *e)
+                            .map_or_else(|| "another unit".to_string(), |&(u, _)| name(u)),
+                    )));
+                }
+                open[uid(x)] = true;
                 stack.push((x, true));
                 deps_of(x, &mut deps, &mut ops);
                 for &d in deps.iter().rev() {
@@ -1052,4 +1077,62 @@ fn emit_copy(
     out.bindings.push(Binding { var: nv, value });
     map.insert(b.var, nf.var_expr(nv));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::parse_module_str;
+
+    /// Groups that are not convex (a member reads a binding outside that reads another member)
+    /// cannot be ordered: `rewrite` says so instead of looping.
+    #[test]
+    fn a_group_that_is_not_convex_is_an_error() {
+        let m = parse_module_str(
+            r#"
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((4,), dtype="float32")):
+        with R.dataflow():
+            a = R.nn.relu(x)
+            r = R.exp(a)
+            c = R.add(r, a)
+            R.output(c)
+        return c
+"#,
+        )
+        .unwrap();
+        let f = m.get("main").unwrap();
+        let var = |n: &str| f.vars.iter().find(|(_, d)| d.name == n).unwrap().0;
+        let groups = vec![(vec![var("a"), var("c")], FuncAttrs::default())];
+        let view = FunctionView::new(f);
+        let err = rewrite(
+            f,
+            &view,
+            &groups,
+            PartitionOptions::default(),
+            Naming::Full,
+            &m,
+            &mut DedupIndex::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("the groups form a cycle"), "{err}");
+        assert!(err.contains("`r`"), "{err}");
+        // The same group without `c` is convex and outlines.
+        let groups = vec![(vec![var("a")], FuncAttrs::default())];
+        let (nf, new) = rewrite(
+            f,
+            &view,
+            &groups,
+            PartitionOptions::default(),
+            Naming::Full,
+            &m,
+            &mut DedupIndex::default(),
+        )
+        .unwrap();
+        assert_eq!(new.len(), 1);
+        assert_eq!(nf.bindings().count(), 3);
+    }
 }
