@@ -63,7 +63,7 @@ fn wrapped(m: &Module) -> Module {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(common::prop_config(64))]
 
     #[test]
     fn branches_partition_as_the_dag_alone(

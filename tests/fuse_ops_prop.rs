@@ -101,7 +101,7 @@ fn origins_kept(m: &Module, out: &Module) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(common::prop_config(128))]
 
     #[test]
     fn fuse_ops_keeps_every_op_once_and_verifies(

@@ -104,7 +104,7 @@ fn main_args(m: &Module, syms: &BTreeMap<String, i64>, rng: &mut Rng) -> Vec<Val
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(common::prop_config(64))]
 
     #[test]
     fn partitioning_preserves_numerics(
@@ -131,7 +131,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(common::prop_config(48))]
 
     /// FuseOps (alone, at every opt level and small max depths) never changes the result.
     #[test]

@@ -39,7 +39,7 @@ fn no_self_calls(m: &Module) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(common::prop_config(96))]
 
     #[test]
     fn partition_keeps_every_op_once_and_verifies(

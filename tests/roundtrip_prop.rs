@@ -4,6 +4,8 @@
 
 #![allow(clippy::panic, reason = "test code: a failure is a panic")]
 
+mod common;
+
 use fusebox_core::ir::generate::random_module;
 use fusebox_core::ir::structural::{function_hash, module_eq};
 use fusebox_core::ir::verify::verify;
@@ -11,7 +13,7 @@ use fusebox_core::text;
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(common::prop_config(64))]
 
     #[test]
     fn print_parse_is_structurally_equal(seed in any::<u64>(), ops in 1usize..400) {

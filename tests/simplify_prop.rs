@@ -14,6 +14,8 @@
     reason = "test code: a failure is a panic"
 )]
 
+mod common;
+
 use fusebox::core::ir::generate::Rng;
 use fusebox::core::ir::verify::verify;
 use fusebox::core::ir::{Constant, DType, Module};
@@ -218,7 +220,7 @@ fn check(seed: u64, steps: usize, bn: bool) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(common::prop_config(96))]
 
     #[test]
     fn simplification_keeps_values_bit_for_bit(seed in any::<u64>(), steps in 1usize..14) {

@@ -16,6 +16,26 @@ use fusebox_core::transform::{
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// The most time one property-test case may take: far above any case's real time (the
+/// slowest take well under a second in a debug build), far below the time a case that loops
+/// takes to exhaust CI's memory.
+pub const CASE_TIMEOUT_MS: u32 = 30_000;
+
+/// The config of the integration tests' properties: `cases` cases, run in a child process
+/// (proptest's `fork`) that is stopped after [`CASE_TIMEOUT_MS`] per case. A case that hangs
+/// or eats memory then fails the test with its shrunk input printed and saved in the test's
+/// `.proptest-regressions` file, instead of the whole test binary being killed with no trace
+/// (which is how CI met MergeCompositeFunctions' cycle: `partition_numerics` was killed with
+/// SIGKILL and nothing said which module did it).
+pub fn prop_config(cases: u32) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases,
+        fork: true,
+        timeout: CASE_TIMEOUT_MS,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
 /// Patterns over the ops of `ir::generate::random_module`.
 pub const PATTERNS: &[&str] = &[
     "relax.nn.relu(_)",
