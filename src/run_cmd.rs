@@ -160,6 +160,9 @@ fn finish(
 /// `profile <name> calls <n> <ms> ms <share>% of run` and then what it is: a function's
 /// backend, pattern (`Composite`) and ops in binding order, `chain` for a fused conv chain
 /// the executor ran as one kernel, `op` for an op. Function times include what they call.
+/// Under an op, chain or fused kernel called on more than one set of operand shapes, lines
+/// `profile <name> on <shapes> calls <n> <ms> ms <share>% of run` split it by shapes
+/// ([`SHAPE_LINES`] at most, the rest summed in one line).
 fn print_profile(profile: &[CallProfile], module: &Module, claims: &[ClaimReport], run_ms: f64) {
     if profile.is_empty() {
         return;
@@ -202,20 +205,50 @@ fn print_profile(profile: &[CallProfile], module: &Module, claims: &[ClaimReport
         "profile: the calls of the median timed run ({run_ms:.3} ms), as shares of it; \
          functions include the ops they call"
     );
-    for (_, p, what) in rows {
-        let ms = p.seconds * 1e3;
-        let share = if run_ms > 0.0 {
+    let share_of = |ms: f64| {
+        if run_ms > 0.0 {
             100.0 * ms / run_ms
         } else {
             0.0
-        };
+        }
+    };
+    for (_, p, what) in rows {
+        let ms = p.seconds * 1e3;
+        let share = share_of(ms);
         errln!(
             "profile {} calls {} {ms:.3} ms {share:.1}% of run {what}",
             p.name,
             p.calls
         );
+        // An op on more than one set of operand shapes: its calls by shapes, so a user can
+        // tell, say, a language model's head from its other products.
+        if p.by_shape.len() > 1 {
+            for s in p.by_shape.iter().take(SHAPE_LINES) {
+                let ms = s.seconds * 1e3;
+                errln!(
+                    "profile {} on {} calls {} {ms:.3} ms {:.1}% of run",
+                    p.name,
+                    s.shapes,
+                    s.calls,
+                    share_of(ms)
+                );
+            }
+            if let Some(rest) = p.by_shape.get(SHAPE_LINES..).filter(|r| !r.is_empty()) {
+                let ms: f64 = rest.iter().map(|s| s.seconds * 1e3).sum();
+                let calls: usize = rest.iter().map(|s| s.calls).sum();
+                errln!(
+                    "profile {} on {} other shape sets calls {calls} {ms:.3} ms {:.1}% of run",
+                    p.name,
+                    rest.len(),
+                    share_of(ms)
+                );
+            }
+        }
     }
 }
+
+/// The most `profile … on <shapes>` lines under one op; the rest are summed in one line.
+const SHAPE_LINES: usize = 8;
 
 /// The partition report of `--config` on stdout: each function with the backend that runs it
 /// and its ops, then the ops left in `main` (run by the CPU reference executor).

@@ -117,6 +117,35 @@ fn profile_works_with_a_config() {
         Some("3"),
         "{err}"
     );
+    // The chain runs on three convolutions of different shapes: one line each, by data and
+    // weight shape, whose calls add up to the chain's.
+    let by_shape: Vec<(&str, &str)> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("profile relax.nn.conv2d+relax.add+relax.nn.relu on "))
+        .filter_map(|l| l.split_once(" calls "))
+        .collect();
+    let shapes: Vec<&str> = by_shape.iter().map(|(s, _)| *s).collect();
+    let mut sorted = shapes.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        [
+            "(1, 16, 16, 16) (32, 16, 3, 3)",
+            "(1, 16, 32, 32) (16, 16, 3, 3)",
+            "(1, 3, 32, 32) (16, 3, 3, 3)"
+        ],
+        "{err}"
+    );
+    assert!(
+        by_shape.iter().all(|(_, rest)| rest.starts_with("1 ")),
+        "{err}"
+    );
+    // An op called on one set of shapes gets no split.
+    assert!(
+        !err.lines()
+            .any(|l| l.starts_with("profile relax.nn.max_pool2d on ")),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

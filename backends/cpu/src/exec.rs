@@ -208,6 +208,7 @@ impl Executor {
             hook,
             takes,
             profile: profiled.then(|| RefCell::new(BTreeMap::new())),
+            shapes: profiled.then(|| RefCell::new(BTreeMap::new())),
             exec: self,
         }
     }
@@ -248,15 +249,34 @@ impl Executor {
         check_values(module)?;
         let interp = self.interp(module, hook, takes, true);
         let out = interp.call(func, f, args, 0, &BTreeMap::new())?;
+        let mut by_shape: BTreeMap<String, Vec<ShapeProfile>> = BTreeMap::new();
+        for ((name, shapes), (seconds, calls)) in
+            interp.shapes.map(RefCell::into_inner).unwrap_or_default()
+        {
+            by_shape.entry(name).or_default().push(ShapeProfile {
+                shapes,
+                calls,
+                seconds,
+            });
+        }
         let mut prof: Vec<CallProfile> = interp
             .profile
             .map(RefCell::into_inner)
             .unwrap_or_default()
             .into_iter()
-            .map(|(name, (seconds, calls))| CallProfile {
-                name,
-                calls,
-                seconds,
+            .map(|(name, (seconds, calls))| {
+                let mut by_shape = by_shape.remove(&name).unwrap_or_default();
+                by_shape.sort_by(|a, b| {
+                    b.seconds
+                        .total_cmp(&a.seconds)
+                        .then(a.shapes.cmp(&b.shapes))
+                });
+                CallProfile {
+                    name,
+                    calls,
+                    seconds,
+                    by_shape,
+                }
             })
             .collect();
         prof.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(a.name.cmp(&b.name)));
@@ -369,6 +389,40 @@ pub struct CallProfile {
     pub calls: usize,
     /// Total wall time in its calls, in seconds (inclusive of what it calls).
     pub seconds: f64,
+    /// For ops, fused convolution chains and fused kernels: the same calls split by the
+    /// shapes of their operands, largest time first (empty for module functions).
+    pub by_shape: Vec<ShapeProfile>,
+}
+
+/// The calls of one op (or fused kernel) on operands of one set of shapes (see
+/// [`CallProfile::by_shape`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeProfile {
+    /// The operands' shapes in order, as `(128, 768) (768, 3072)`; `_` for an operand that is
+    /// not a tensor.
+    pub shapes: String,
+    /// How many times it was called on them.
+    pub calls: usize,
+    /// Total wall time in those calls, in seconds.
+    pub seconds: f64,
+}
+
+/// The shapes of `vals` as [`ShapeProfile::shapes`] writes them.
+fn shapes_of<'v>(vals: impl IntoIterator<Item = &'v Value>) -> String {
+    let parts: Vec<String> = vals
+        .into_iter()
+        .map(|v| match v {
+            Value::Tensor(t) => {
+                let dims: Vec<String> = t.shape().iter().map(usize::to_string).collect();
+                match dims.len() {
+                    1 => format!("({},)", dims[0]),
+                    _ => format!("({})", dims.join(", ")),
+                }
+            }
+            _ => "_".to_string(),
+        })
+        .collect();
+    parts.join(" ")
 }
 
 /// [`run`], also timing every call of a module function (composites, fused functions,
@@ -383,6 +437,9 @@ pub fn run_profiled(
     Executor::new().run_profiled(module, func, args, None)
 }
 
+/// Per (callee, operand shapes): (seconds, calls).
+type ShapeTimes = BTreeMap<(String, String), (f64, usize)>;
+
 /// Whether the call hook takes calls of a function (see [`Executor::run_partitioned`]).
 pub type Takes<'t> = &'t dyn Fn(&str) -> bool;
 
@@ -393,6 +450,9 @@ struct Interp<'m> {
     takes: Option<Takes<'m>>,
     /// Per-callee (seconds, calls) when profiling.
     profile: Option<RefCell<BTreeMap<String, (f64, usize)>>>,
+    /// Per (callee, operand shapes) (seconds, calls) when profiling, for the callees that
+    /// [`Interp::record_shapes`] records.
+    shapes: Option<RefCell<ShapeTimes>>,
     /// Where decoded constants live.
     exec: &'m Executor,
 }
@@ -676,7 +736,7 @@ impl<'m> Interp<'m> {
         else {
             return Ok(None);
         };
-        self.record(plan.kernel_name(), t);
+        self.record_shapes(plan.kernel_name(), args, t);
         check_fused_result(name, f, args, &out, "fused kernel")?;
         Ok(Some(out))
     }
@@ -901,7 +961,7 @@ impl<'m> Interp<'m> {
             )?;
             let t = self.profile.as_ref().map(|_| std::time::Instant::now());
             let out = crate::elementwise::add_relu_f32(&x, &w).map(Value::Tensor);
-            self.record(&fuse::name(chain), t);
+            self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
             return Ok(out);
         }
         let operands = fuse::operand_exprs(chain)
@@ -927,14 +987,36 @@ impl<'m> Interp<'m> {
             },
         )?;
         let out = fuse::result(chain, y, &operands);
-        self.record(&fuse::name(chain), t);
+        self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
         Ok(out)
+    }
+
+    /// [`Interp::record`], and the same time to the entry of `name` on operands of the shapes
+    /// of `vals`.
+    fn record_shapes(&self, name: &str, vals: &[Value], t: Option<std::time::Instant>) {
+        let Some(t) = t else { return };
+        let dt = t.elapsed().as_secs_f64();
+        if let Some(p) = &self.shapes {
+            let mut p = p.borrow_mut();
+            let e = p
+                .entry((name.to_string(), shapes_of(vals)))
+                .or_insert((0.0, 0));
+            e.0 += dt;
+            e.1 += 1;
+        }
+        self.record_seconds(name, dt);
     }
 
     /// Adds the time since `t` to `name`'s profile entry (when profiling).
     fn record(&self, name: &str, t: Option<std::time::Instant>) {
-        if let (Some(p), Some(t)) = (&self.profile, t) {
-            let dt = t.elapsed().as_secs_f64();
+        if let Some(t) = t {
+            self.record_seconds(name, t.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Adds `dt` seconds and a call to `name`'s profile entry (when profiling).
+    fn record_seconds(&self, name: &str, dt: f64) {
+        if let Some(p) = &self.profile {
             let mut p = p.borrow_mut();
             let e = p.entry(name.to_string()).or_insert((0.0, 0));
             e.0 += dt;
@@ -1076,7 +1158,7 @@ impl<'m> Interp<'m> {
                     Callee::Op(op) => {
                         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
                         let v = self.eval_op_call(f, op, args, &vals)?;
-                        self.record(op.name(), t);
+                        self.record_shapes(op.name(), &vals, t);
                         v
                     }
                     Callee::Global(g) => {

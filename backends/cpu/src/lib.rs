@@ -78,7 +78,7 @@ mod winograd;
 mod xformer_tests;
 
 pub use backend::CpuBackend;
-pub use exec::{CallHook, CallProfile, Executor, Takes, run, run_profiled, run_with};
+pub use exec::{CallHook, CallProfile, Executor, ShapeProfile, Takes, run, run_profiled, run_with};
 pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
 pub use kernels::eval_op;
 
