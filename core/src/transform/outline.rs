@@ -1105,33 +1105,25 @@ class Module:
         .unwrap();
         let f = m.get("main").unwrap();
         let var = |n: &str| f.vars.iter().find(|(_, d)| d.name == n).unwrap().0;
-        let groups = vec![(vec![var("a"), var("c")], FuncAttrs::default())];
         let view = FunctionView::new(f);
-        let err = rewrite(
-            f,
-            &view,
-            &groups,
-            PartitionOptions::default(),
-            Naming::Full,
-            &m,
-            &mut DedupIndex::default(),
-        )
-        .unwrap_err()
-        .to_string();
+        let outline = |members: Vec<VarId>| {
+            let groups = vec![(members, FuncAttrs::default())];
+            let opts = PartitionOptions::default();
+            rewrite(
+                f,
+                &view,
+                &groups,
+                opts,
+                Naming::Full,
+                &m,
+                &mut DedupIndex::default(),
+            )
+        };
+        let err = outline(vec![var("a"), var("c")]).unwrap_err().to_string();
         assert!(err.contains("the groups form a cycle"), "{err}");
         assert!(err.contains("`r`"), "{err}");
         // The same group without `c` is convex and outlines.
-        let groups = vec![(vec![var("a")], FuncAttrs::default())];
-        let (nf, new) = rewrite(
-            f,
-            &view,
-            &groups,
-            PartitionOptions::default(),
-            Naming::Full,
-            &m,
-            &mut DedupIndex::default(),
-        )
-        .unwrap();
+        let (nf, new) = outline(vec![var("a")]).unwrap();
         assert_eq!(new.len(), 1);
         assert_eq!(nf.bindings().count(), 3);
     }
