@@ -408,9 +408,9 @@ pub struct ShapeProfile {
 }
 
 /// The shapes of `vals` as [`ShapeProfile::shapes`] writes them.
-fn shapes_of<'v>(vals: impl IntoIterator<Item = &'v Value>) -> String {
+fn shapes_of(vals: &[Value]) -> String {
     let parts: Vec<String> = vals
-        .into_iter()
+        .iter()
         .map(|v| match v {
             Value::Tensor(t) => {
                 let dims: Vec<String> = t.shape().iter().map(usize::to_string).collect();
