@@ -12,8 +12,8 @@
 //! ```
 
 use crate::util::{
-    KResult, broadcast_strides, gather, map_same, norm_axes, norm_axis, numel, permute, strides,
-    tensor,
+    KResult, broadcast_strides, gather_storage, map_same, norm_axes, norm_axis, numel, permute,
+    strides, tensor,
 };
 use fusebox_core::op::{SplitSpec, StridedSliceAttrs, TakeMode};
 use fusebox_core::runtime::{Storage, Tensor};
@@ -181,7 +181,7 @@ fn slice_axis(x: &Tensor, axis: usize, start: usize, end: usize) -> KResult<Tens
     shape[axis] = end - start;
     let st: Vec<isize> = strides(x.shape()).iter().map(|&s| s as isize).collect();
     let off = start as isize * st[axis];
-    let data = map_same!(x.storage(), v => gather(v, off, &st, &shape));
+    let data = gather_storage(x.storage(), off, &st, &shape);
     tensor(shape, data)
 }
 
@@ -275,7 +275,7 @@ pub(crate) fn strided_slice(x: &Tensor, a: &StridedSliceAttrs) -> KResult<Tensor
         }
         st[ax] *= s as isize;
     }
-    let data = map_same!(x.storage(), v => gather(v, off, &st, &shape));
+    let data = gather_storage(x.storage(), off, &st, &shape);
     tensor(shape, data)
 }
 
@@ -367,6 +367,6 @@ pub(crate) fn broadcast_to(x: &Tensor, shape: &[i64]) -> KResult<Tensor> {
         }
     }
     let st = broadcast_strides(s, &target);
-    let data = map_same!(x.storage(), v => gather(v, 0, &st, &target));
+    let data = gather_storage(x.storage(), 0, &st, &target);
     tensor(target, data)
 }
