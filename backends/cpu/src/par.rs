@@ -244,10 +244,7 @@ pub(crate) fn recycle(t: fusebox_core::runtime::Tensor) {
     let Ok(fusebox_core::runtime::Storage::F32(v)) = t.try_into_storage() else {
         return;
     };
-    if v.capacity() < 1 << 14 {
-        return;
-    }
-    if v.capacity() > KEPT_ELEMS {
+    if v.capacity() < 1 << 14 || v.capacity() > KEPT_ELEMS {
         return;
     }
     KEPT.with(|k| {

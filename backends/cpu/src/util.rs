@@ -223,36 +223,51 @@ macro_rules! map_same {
 }
 pub(crate) use map_same;
 
-/// [`gather`] of any storage, `f32` through [`gather_f32`].
+/// [`gather`] of any storage: `f32` into a kept buffer ([`crate::par::scratch_f32`]: in a
+/// model, a dropped tensor's buffer instead of fresh pages; GPT-2's 60 head permutes went from
+/// 5.1–5.4 to 3.0–3.1 ms per run), other dtypes into a new one, both by [`gather_blocked`]
+/// where it applies (rank 2 or more, no negative stride or offset), else by [`gather`].
 pub(crate) fn gather_storage(s: &Storage, offset: isize, st: &[isize], shape: &[usize]) -> Storage {
+    let blocked = shape.len() >= 2 && offset >= 0 && st.iter().all(|&s| s >= 0);
+    let total: usize = shape.iter().product();
+    let threads = crate::par::threads_for(total, GATHER_GRAIN);
     match s {
-        Storage::F32(v) => Storage::F32(gather_f32(v, offset, st, shape)),
+        Storage::F32(v) if blocked => {
+            let mut out = crate::par::scratch_f32(total, threads);
+            gather_blocked(v, offset, st, shape, &mut out, threads);
+            Storage::F32(out)
+        }
+        other if blocked => map_same!(other, v => {
+            let mut out = vec![Default::default(); total];
+            gather_blocked(v, offset, st, shape, &mut out, threads);
+            out
+        }),
         other => map_same!(other, v => gather(v, offset, st, shape)),
     }
 }
 
-/// Output elements per thread below which [`gather_f32`] stays on one thread.
+/// Output elements per thread below which [`gather_blocked`] stays on one thread.
 const GATHER_GRAIN: usize = 1 << 16;
 
-/// [`gather`] of `f32`s (the same elements) into a kept buffer ([`crate::par::scratch_f32`]:
-/// in a model, a dropped tensor's buffer instead of fresh pages; GPT-2's 60 head permutes went
-/// from 5.1–5.4 to 3.0–3.1 ms per run), with the output's rows spread over the threads. Where the source's last axis is the output's second to last (a
-/// head split's `[0, 2, 3, 1]`, a matrix transpose) the rows are filled in 16 × 16 tiles, so
-/// reads and writes both stay within a few cache lines; where the last axis is unchanged each
-/// row is one copy. Small outputs, rank under 2 and negative strides go to [`gather`].
-pub(crate) fn gather_f32(
-    src: &[f32],
+/// [`gather`] into `out` (the same elements; rank 2 or more, strides and offset not
+/// negative), its rows spread over up to `threads` threads. Where the source's last axis is the
+/// output's second to last (a head split's `[0, 2, 3, 1]`, a matrix transpose) the rows are
+/// filled in 16 × 16 tiles, so reads and writes both stay within a few cache lines; where the
+/// last axis is unchanged each row is one copy.
+fn gather_blocked<T: Copy + Send + Sync>(
+    src: &[T],
     offset: isize,
     st: &[isize],
     out_shape: &[usize],
-) -> Vec<f32> {
+    out: &mut [T],
+    threads: usize,
+) {
     const TILE: usize = 16;
-    let total: usize = out_shape.iter().product();
     let r = out_shape.len();
-    if r < 2 || total < GATHER_GRAIN || offset < 0 || st.iter().any(|&s| s < 0) {
-        return gather(src, offset, st, out_shape);
-    }
     let (rows, cols) = (out_shape[r - 2], out_shape[r - 1]);
+    if out.is_empty() || rows == 0 || cols == 0 {
+        return;
+    }
     let (rs, cs) = (st[r - 2] as usize, st[r - 1] as usize);
     let lead = &out_shape[..r - 2];
     let tiled = rs == 1 && cs != 1 && cols > 1;
@@ -265,13 +280,11 @@ pub(crate) fn gather_f32(
         }
         at
     };
-    let threads = crate::par::threads_for(total, GATHER_GRAIN);
-    let mut out = crate::par::scratch_f32(total, threads);
     // Tasks: runs of whole output rows (of tiles of rows when tiled), a few per thread.
     let unit = if tiled { TILE } else { rows };
-    let units = (total / cols).div_ceil(unit);
+    let units = (out.len() / cols).div_ceil(unit);
     let per_task = units.div_ceil(threads * 4).max(1) * unit * cols;
-    crate::par::for_each_chunk_mut(&mut out, per_task, threads, |off, dst| {
+    crate::par::for_each_chunk_mut(out, per_task, threads, |off, dst| {
         // Block `b`, its row `i0` and the block's source offset, advanced band by band (one
         // division per task, not per row).
         let q = off / cols;
@@ -315,7 +328,6 @@ pub(crate) fn gather_f32(
             }
         }
     });
-    out
 }
 
 /// A tensor of `shape` over `data`, as a kernel error when they disagree.
@@ -366,50 +378,9 @@ pub(crate) fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
     let s = strides(t.shape());
     let out_shape: Vec<usize> = perm.iter().map(|&p| t.shape()[p]).collect();
     let st: Vec<isize> = perm.iter().map(|&p| s[p] as isize).collect();
-    let r = out_shape.len();
-    // The input's last axis second to last in the output (a head split's `[0, 2, 3, 1]`, a
-    // matrix transpose): tiles of the last two output axes, so reads and writes both stay
-    // within a few cache lines, instead of a strided gather per output row.
-    let tiled = r >= 2 && st[r - 2] == 1 && st[r - 1] != 1 && out_shape[r - 1] > 1;
-    let data = match t.storage() {
-        Storage::F32(v) => Storage::F32(gather_f32(v, 0, &st, &out_shape)),
-        other if tiled => map_same!(other, v => transpose_last_two(v, &st, &out_shape)),
-        other => map_same!(other, v => gather(v, 0, &st, &out_shape)),
-    };
+    let data = gather_storage(t.storage(), 0, &st, &out_shape);
     // The element count is unchanged, so this cannot fail.
     Tensor::new(out_shape, data).unwrap_or_else(|_| t.clone())
-}
-
-/// [`gather`] for source strides whose second-to-last output axis has stride 1 (the source's
-/// last axis): for each index of the leading output axes, the `rows × cols` block
-/// `out[i][j] = src[base + i + j · stride]` is copied in square tiles.
-fn transpose_last_two<T: Copy + Default>(src: &[T], st: &[isize], out_shape: &[usize]) -> Vec<T> {
-    const TILE: usize = 16;
-    let r = out_shape.len();
-    let (rows, cols) = (out_shape[r - 2], out_shape[r - 1]);
-    let cs = st[r - 1] as usize;
-    let total: usize = out_shape.iter().product();
-    let mut out = vec![T::default(); total];
-    if total == 0 {
-        return out;
-    }
-    let lead = &out_shape[..r - 2];
-    let mut idx = vec![0usize; lead.len()];
-    for block in out.chunks_exact_mut(rows * cols) {
-        let base: usize = idx.iter().zip(st).map(|(&i, &s)| i * s as usize).sum();
-        for i0 in (0..rows).step_by(TILE) {
-            for j0 in (0..cols).step_by(TILE) {
-                for i in i0..(i0 + TILE).min(rows) {
-                    let dst = &mut block[i * cols + j0..i * cols + (j0 + TILE).min(cols)];
-                    for (k, d) in dst.iter_mut().enumerate() {
-                        *d = src[base + i + (j0 + k) * cs];
-                    }
-                }
-            }
-        }
-        next_index(&mut idx, lead);
-    }
-    out
 }
 
 #[cfg(test)]
@@ -436,7 +407,11 @@ mod tests {
             let want = gather(&src, 0, &st, &out_shape);
             if st[r - 2] == 1 && st[r - 1] != 1 {
                 assert_eq!(
-                    transpose_last_two(&src, &st, &out_shape),
+                    {
+                        let mut out = vec![0; want.len()];
+                        gather_blocked(&src, 0, &st, &out_shape, &mut out, 1);
+                        out
+                    },
                     want,
                     "{shape:?} {perm:?}"
                 );
@@ -484,8 +459,10 @@ mod tests {
             );
             for t in 1..=3 {
                 let got = crate::par::with_threads(t, || {
-                    gather_f32(&src, offset as isize, &st, &out_shape)
+                    let f32s = Storage::F32(src.clone());
+                    gather_storage(&f32s, offset as isize, &st, &out_shape)
                 });
+                let got = got.to_f32_vec();
                 assert_eq!(got, want, "{shape:?} {perm:?} on {t} threads");
             }
         }
