@@ -26,8 +26,11 @@
 //! - A 3×3 kernel runs unrolled ([`plane_3x3`]): per block of vectors, each kernel row's three
 //!   taps read one run of the buffer (stride 1) or two phase planes (stride 2), the left and
 //!   right column masks are periodic tables loaded once per block, and a stride-2 plane is
-//!   dealt into its column phases pair by pair (a vectorised deinterleave). On MobileNetV2's
-//!   layers, one thread: 144×56×56 0.236 → 0.168 ms, 96×112×112 stride 2 0.29 → 0.21 ms.
+//!   dealt into its column phases eight pairs at a time by AVX2 shuffles ([`deal_pairs`];
+//!   the loop it replaced compiled to one move per value: MobileNetV2's 144×56×56 stride-2
+//!   layer ran 23% fewer instructions, 60.5 M → 46.5 M for 20 runs under callgrind). On
+//!   MobileNetV2's layers, one thread: 144×56×56 0.236 → 0.168 ms, 96×112×112 stride 2 0.29
+//!   → 0.21 ms.
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], groups=960)  # x: (1, 960, 7, 7)
@@ -286,8 +289,8 @@ impl Plan {
 
 impl Plan {
     /// [`Plan::fill`] for stride 2 when the phases are the four `(py, px)`: each image row
-    /// dealt into its two column phases at once, pair by pair (a deinterleave the compiler
-    /// vectorises). `false` (nothing written) for other phase sets.
+    /// dealt into its two column phases at once ([`deal_pairs`]). `false` (nothing written)
+    /// for other phase sets.
     #[inline(always)]
     fn fill_pairs(&self, x: &[f32], buf: &mut [f32]) -> bool {
         let (h, w, ow, oh, region, lead) =
@@ -315,19 +318,58 @@ impl Plan {
                 let src = &x[r * w..(r + 1) * w];
                 let e = &mut even[lead + i * ow..lead + (i + 1) * ow];
                 let o = &mut odd[lead + i * ow..lead + (i + 1) * ow];
-                let pairs = src.chunks_exact(2);
-                let last = pairs.remainder().first().copied();
-                let n = pairs.len().min(ow);
-                for ((e, o), pair) in e[..n].iter_mut().zip(&mut o[..n]).zip(pairs) {
-                    *e = pair[0];
-                    *o = pair[1];
-                }
+                let n = (w / 2).min(ow);
+                let last = (w % 2 == 1).then(|| src[w - 1]);
+                deal_pairs(&src[..2 * n], &mut e[..n], &mut o[..n]);
                 if let (Some(v), Some(slot)) = (last, e.get_mut(n)) {
                     *slot = v;
                 }
             }
         }
         true
+    }
+}
+
+/// Deals the pairs of `src` into `e` (each pair's first value) and `o` (its second), as many
+/// pairs as `e` and `o` hold: eight pairs at a time with AVX2 shuffles where the CPU has them
+/// (a shuffle within each 128-bit half, then a swap of the middle 64-bit quarters), the rest
+/// one pair at a time. Only data movement: the same values either way. Inlined into the
+/// caller's SIMD context, so the shuffles compile to single instructions; the scalar loop it
+/// replaces compiled to one move per value on AVX2, 45% of a stride-2 layer's time.
+#[inline(always)]
+fn deal_pairs(src: &[f32], e: &mut [f32], o: &mut [f32]) {
+    let n = e.len().min(o.len()).min(src.len() / 2);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v3) = pulp::x86::V3::try_new() {
+        use std::arch::x86_64::{__m256, __m256d};
+        // `[a0 a2 b0 b2 | a4 a6 b4 b6]` → `[a0 a2 a4 a6 b0 b2 b4 b6]`: 64-bit quarters 0, 2, 1, 3.
+        let order = |v: __m256| -> [f32; 8] {
+            let q: __m256d = pulp::cast(v);
+            pulp::cast(v3.avx2._mm256_permute4x64_pd::<0b11_01_10_00>(q))
+        };
+        let blocks = src[..2 * n]
+            .chunks_exact(16)
+            .zip(e.chunks_exact_mut(8))
+            .zip(o.chunks_exact_mut(8));
+        for ((s, e), o) in blocks {
+            let (Ok(a), Ok(b)) = (<[f32; 8]>::try_from(&s[..8]), <[f32; 8]>::try_from(&s[8..]))
+            else {
+                break;
+            };
+            let (a, b): (__m256, __m256) = (pulp::cast(a), pulp::cast(b));
+            e.copy_from_slice(&order(v3.avx._mm256_shuffle_ps::<0b10_00_10_00>(a, b)));
+            o.copy_from_slice(&order(v3.avx._mm256_shuffle_ps::<0b11_01_11_01>(a, b)));
+            done += 8;
+        }
+    }
+    for ((e, o), pair) in e[done..n]
+        .iter_mut()
+        .zip(&mut o[done..n])
+        .zip(src[2 * done..2 * n].chunks_exact(2))
+    {
+        *e = pair[0];
+        *o = pair[1];
     }
 }
 
@@ -516,6 +558,34 @@ fn store<S: pulp::Simd>(acc: &[S::f32s; V], i0: usize, dst: &mut [f32]) {
             None => {
                 for (o, &v) in dst[x0..].iter_mut().zip(vals) {
                     *o = v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::deal_pairs;
+
+    #[test]
+    fn dealing_pairs_matches_taking_every_other_value() {
+        // Lengths around the 8-pair blocks, outputs shorter than the pairs, an odd source
+        // length, and values whose bits must come through unchanged (NaN payloads, -0.0).
+        for len in (0usize..70).chain([111, 112, 224]) {
+            let src: Vec<f32> = (0..len)
+                .map(|i| match i % 7 {
+                    3 => f32::from_bits(0x7fc0_0000 | i as u32),
+                    5 => -0.0,
+                    _ => i as f32 * 1.5 - 20.0,
+                })
+                .collect();
+            for n in [len / 2, (len / 2).saturating_sub(3)] {
+                let (mut e, mut o) = (vec![9.0f32; n], vec![9.0f32; n]);
+                deal_pairs(&src, &mut e, &mut o);
+                for i in 0..n {
+                    assert_eq!(e[i].to_bits(), src[2 * i].to_bits(), "even {i} of {len}");
+                    assert_eq!(o[i].to_bits(), src[2 * i + 1].to_bits(), "odd {i} of {len}");
                 }
             }
         }
