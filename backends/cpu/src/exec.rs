@@ -125,6 +125,44 @@ pub struct Executor {
     /// Packed copies of rank-2 `float32` weights ([`crate::gemm_packed`]), by the storage
     /// address of a kept weight tensor.
     packed: Mutex<HashMap<usize, Arc<crate::gemm_packed::PackedB>>>,
+    /// What the interpreter works out from a function's IR on every call ([`Facts`]), by the
+    /// function's address; an entry holds a copy of its function and serves only a function
+    /// equal to it.
+    facts: Mutex<HashMap<usize, Arc<Facts>>>,
+}
+
+/// The most functions [`Executor::facts`] keeps (then it starts over): a model's fused
+/// functions number in the hundreds.
+const MAX_FACTS: usize = 4096;
+
+/// What [`Interp::call`] derives from a function's IR alone, the same on every call: worked
+/// out once per function and executor ([`Executor::facts`]), for functions that call no other
+/// function (then none of it depends on the module or the call hook), as the fused functions
+/// FuseOps and the patterns make are. With MobileNetV2's 53 calls of fused functions per
+/// inference, deriving them each time was about 1.5% of a one-thread run (`perf`).
+struct Facts {
+    /// The function they were derived from (a cached entry is used only for an equal one).
+    func: Function,
+    /// [`crate::elem_program::compile`] of it.
+    group: Option<crate::elem_program::Group>,
+    /// [`fuse::plan`] of it (the call predicate is never consulted: there are no calls).
+    chains: Vec<Option<fuse::Chain>>,
+    /// [`drop_plan`] of it.
+    drops: (Vec<Vec<VarId>>, Vec<bool>),
+}
+
+/// Whether `f` calls a function (a module's or a local one), so that what [`fuse::plan`]
+/// finds in it can depend on more than `f`.
+fn calls_functions(f: &Function) -> bool {
+    f.exprs.iter().any(|(_, e)| {
+        matches!(
+            &e.kind,
+            ExprKind::Call {
+                callee: Callee::Global(_) | Callee::Local(_),
+                ..
+            }
+        )
+    })
 }
 
 /// Drops a value after its last use, handing the buffers of tensors nobody else holds to
@@ -297,6 +335,32 @@ impl Executor {
             self.keep(&t);
         }
         Ok(t)
+    }
+
+    /// The [`Facts`] of `f`, worked out on the first call of a function and kept; `None` for
+    /// a function that calls others (its callers derive what they need each time).
+    fn facts(&self, module: &Module, f: &Function) -> Option<Arc<Facts>> {
+        let addr = std::ptr::from_ref(f) as usize;
+        if let Some(found) = self.facts.lock().ok()?.get(&addr)
+            && found.func == *f
+        {
+            return Some(Arc::clone(found));
+        }
+        if calls_functions(f) {
+            return None;
+        }
+        let facts = Arc::new(Facts {
+            func: f.clone(),
+            group: crate::elem_program::compile(f),
+            chains: fuse::plan(module, f, &|_| false),
+            drops: drop_plan(f),
+        });
+        let mut map = self.facts.lock().ok()?;
+        if map.len() >= MAX_FACTS {
+            map.clear();
+        }
+        map.insert(addr, Arc::clone(&facts));
+        Some(facts)
     }
 
     /// Notes that this executor keeps `t` alive (see `kept`).
@@ -569,8 +633,9 @@ impl<'m> Interp<'m> {
         {
             return Ok(v);
         }
+        let facts = self.exec.facts(self.module, f);
         if f.attrs.is_primitive()
-            && let Some(v) = self.run_elem_group(name, f, &args)?
+            && let Some(v) = self.run_elem_group(name, f, &args, facts.as_deref())?
         {
             return Ok(v);
         }
@@ -591,15 +656,27 @@ impl<'m> Interp<'m> {
         for (s, &v) in outer {
             fr.syms.entry(s.clone()).or_insert(v);
         }
-        let (plan, unused) = drop_plan(f);
-        for ((&p, a), unused) in f.params.iter().zip(args).zip(unused) {
+        let derived;
+        let (plan, unused, chains) = match facts.as_deref() {
+            Some(d) => (&d.drops.0, &d.drops.1, &d.chains),
+            None => {
+                // A chain may take in a call only of a function the hook leaves to the
+                // interpreter.
+                let hooked = |g: &str| self.hook.is_some() && self.takes.is_none_or(|t| t(g));
+                let (plan, unused) = drop_plan(f);
+                derived = (
+                    plan,
+                    unused,
+                    fuse::plan(self.module, f, &|g: &str| !hooked(g)),
+                );
+                (&derived.0, &derived.1, &derived.2)
+            }
+        };
+        for ((&p, a), &unused) in f.params.iter().zip(args).zip(unused) {
             if !unused {
                 fr.values[p.as_u32() as usize] = Some(a);
             }
         }
-        // A chain may take in a call only of a function the hook leaves to the interpreter.
-        let hooked = |g: &str| self.hook.is_some() && self.takes.is_none_or(|t| t(g));
-        let chains = fuse::plan(self.module, f, &|g: &str| !hooked(g));
         let bindings: Vec<_> = f.bindings().copied().collect();
         let mut skip = 0;
         for (i, b) in bindings.iter().enumerate() {
@@ -608,10 +685,9 @@ impl<'m> Interp<'m> {
                 continue;
             }
             if let Some(Some(chain)) = chains.get(i) {
-                let ctx = binding_ctx(name, f.var(b.var));
                 let fused = self
                     .run_chain(name, f, &mut fr, chain, depth)
-                    .map_err(|e| at(&ctx, e))?;
+                    .map_err(|e| at(&binding_ctx(name, f.var(b.var)), e))?;
                 if let Some(v) = fused {
                     let n = chain.links.len();
                     let last = bindings[i + n].var;
@@ -769,13 +845,34 @@ impl<'m> Interp<'m> {
     /// `fuse.rs` fuses it whole already, or when the values do not allow it (the bindings are
     /// then interpreted). The call hook declined this function already (its caller offered it
     /// first), so nothing else runs it.
-    fn run_elem_group(&self, name: &str, f: &Function, args: &[Value]) -> Result<Option<Value>> {
-        let Some(group) = crate::elem_program::compile(f) else {
+    fn run_elem_group(
+        &self,
+        name: &str,
+        f: &Function,
+        args: &[Value],
+        facts: Option<&Facts>,
+    ) -> Result<Option<Value>> {
+        let compiled;
+        let Some(group) = (match facts {
+            Some(d) => d.group.as_ref(),
+            None => {
+                compiled = crate::elem_program::compile(f);
+                compiled.as_ref()
+            }
+        }) else {
             return Ok(None);
         };
         // A conv2d chain of `fuse.rs` that covers the whole function keeps running as it did.
         let n = f.bindings().count();
-        if let Some(Some(chain)) = fuse::plan(self.module, f, &|_| false).first()
+        let planned;
+        let chains = match facts {
+            Some(d) => &d.chains,
+            None => {
+                planned = fuse::plan(self.module, f, &|_| false);
+                &planned
+            }
+        };
+        if let Some(Some(chain)) = chains.first()
             && matches!(chain.head, fuse::Head::Conv { .. })
             && chain.links.len() + 1 == n
         {
@@ -961,7 +1058,9 @@ impl<'m> Interp<'m> {
             )?;
             let t = self.profile.as_ref().map(|_| std::time::Instant::now());
             let out = crate::elementwise::add_relu_f32(&x, &w).map(Value::Tensor);
-            self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
+            if t.is_some() {
+                self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
+            }
             return Ok(out);
         }
         let operands = fuse::operand_exprs(chain)
@@ -987,7 +1086,9 @@ impl<'m> Interp<'m> {
             },
         )?;
         let out = fuse::result(chain, y, &operands);
-        self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
+        if t.is_some() {
+            self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
+        }
         Ok(out)
     }
 
@@ -1382,6 +1483,54 @@ mod tests {
 
     use super::*;
     use fusebox_core::text::parse_module_str;
+
+    #[test]
+    fn kept_facts_serve_only_the_function_they_were_derived_from() {
+        let t = "R.Tensor((2,), dtype=\"float32\")";
+        let src = format!(
+            "@I.ir_module\nclass Module:\n    @R.function\n    def inner(x: {t}) -> {t}:\n        a: {t} = R.nn.relu(x)\n        b: {t} = R.add(a, a)\n        return b\n    @R.function\n    def main(x: {t}) -> {t}:\n        y: {t} = cls.inner(x)\n        return y\n"
+        );
+        let mut m = parse_module_str(&src).unwrap_or_else(|e| panic!("{e}"));
+        let ex = Executor::new();
+        let run = |ex: &Executor, m: &Module| {
+            let x = Tensor::from_f32(vec![2], vec![-1.5, 2.0]).unwrap_or_else(|e| panic!("{e}"));
+            match ex.run(m, "main", vec![Value::Tensor(x)], None) {
+                Ok(Value::Tensor(t)) => t.as_f32().map(<[f32]>::to_vec),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(run(&ex, &m), Some(vec![0.0, 4.0]));
+        // A function that calls another has none (what a chain takes in depends on the callee).
+        let main = m.get("main").unwrap_or_else(|| panic!("no main"));
+        assert!(ex.facts(&m, main).is_none());
+        // The callee's were kept by the run, and are handed out again.
+        let inner = m.get("inner").unwrap_or_else(|| panic!("no inner"));
+        let (Some(first), Some(again)) = (ex.facts(&m, inner), ex.facts(&m, inner)) else {
+            panic!("no facts for a function without calls")
+        };
+        assert!(Arc::ptr_eq(&first, &again));
+        let at = std::ptr::from_ref(inner) as usize;
+        // The same address with other contents: `add(a, a)` becomes `add(a, x)`. The kept
+        // entry must not serve it (its drop plan would free `x` too early, say).
+        let Some(f) = m.functions.get_mut("inner") else {
+            panic!("no inner")
+        };
+        let (Some(&x), Some(b)) = (f.params.first(), f.bindings().nth(1).copied()) else {
+            panic!("unexpected inner")
+        };
+        let x_expr = f.add_expr(ExprKind::Var(x), f.var(x).ty.clone());
+        if let ExprKind::Call { args, .. } = &mut f.exprs[b.value].kind {
+            args[1] = x_expr;
+        }
+        let inner = m.get("inner").unwrap_or_else(|| panic!("no inner"));
+        assert_eq!(std::ptr::from_ref(inner) as usize, at);
+        let Some(now) = ex.facts(&m, inner) else {
+            panic!("no facts")
+        };
+        assert!(!Arc::ptr_eq(&first, &now));
+        assert!(now.func == *inner);
+        assert_eq!(run(&ex, &m), Some(vec![-1.5, 4.0]));
+    }
 
     #[test]
     fn values_are_dropped_after_their_last_use() {
