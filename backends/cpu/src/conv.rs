@@ -668,7 +668,7 @@ fn plan_of(shape: depthwise_flat::Shape) -> Option<std::sync::Arc<depthwise_flat
 }
 
 /// The output planes `first..` of [`depthwise`] in `chunk` by [`depthwise_flat`] (its plan
-/// made once per call), then the epilogue per plane while it is in cache.
+/// kept per thread and geometry: [`plan_of`]), then the epilogue per plane while it is in cache.
 #[allow(
     clippy::too_many_arguments,
     reason = "the plane range and its buffers, as depthwise_planes"
