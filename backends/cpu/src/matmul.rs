@@ -466,7 +466,10 @@ pub(crate) fn matmul(
             Storage::F32(c)
         }
     };
-    tensor(shape, data.cast(dtype))
+    // Moved, not copied, when the product already has the result's dtype (`cast` would copy
+    // every output: GPT-2's 37 float32 products, 49 MB per inference, 12–15 ms of its 2-thread
+    // run on one thread).
+    tensor(shape, data.into_cast(dtype))
 }
 
 #[cfg(test)]
@@ -483,6 +486,27 @@ mod tests {
         }
         debug_assert_eq!(a.len(), k);
         c
+    }
+
+    #[test]
+    fn a_float32_product_is_returned_in_the_buffer_it_was_computed_in() {
+        // The output buffer `scratch_f32` hands out (here a kept buffer of a dropped tensor,
+        // recognised by its address) is the result's: no copy on the way out.
+        let (m, k, n) = (128usize, 8usize, 128usize);
+        let kept =
+            Tensor::from_f32(vec![m * n], vec![f32::NAN; m * n]).unwrap_or_else(|e| panic!("{e}"));
+        let at = kept.as_f32().map(<[f32]>::as_ptr);
+        crate::par::with_threads(1, || {
+            crate::par::recycle(kept);
+            let a =
+                Tensor::from_f32(vec![m, k], vec![0.5; m * k]).unwrap_or_else(|e| panic!("{e}"));
+            let b =
+                Tensor::from_f32(vec![k, n], vec![0.25; k * n]).unwrap_or_else(|e| panic!("{e}"));
+            let c = matmul(&a, &b, None, None).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(c.shape(), &[m, n]);
+            assert_eq!(c.as_f32().map(<[f32]>::as_ptr), at);
+            assert!(c.as_f32().is_some_and(|v| v.iter().all(|&x| x == 1.0)));
+        });
     }
 
     #[test]

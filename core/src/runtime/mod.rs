@@ -212,6 +212,16 @@ impl Storage {
         }
     }
 
+    /// [`Storage::cast`] of an owned buffer: the buffer itself, moved, when it already has
+    /// `dtype` (no copy; `cast` clones it), else the converted copy.
+    pub fn into_cast(self, dtype: DType) -> Storage {
+        if self.dtype() == dtype {
+            self
+        } else {
+            self.cast(dtype)
+        }
+    }
+
     /// Converts to `dtype` (identity when it already is; see [`Storage::from_f64`] for the
     /// rounding rules; int to int wraps, int64 is exact).
     pub fn cast(&self, dtype: DType) -> Storage {

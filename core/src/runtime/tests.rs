@@ -47,6 +47,28 @@ fn casts() {
 }
 
 #[test]
+fn an_owned_buffer_of_the_same_dtype_is_moved_not_copied() {
+    let v = vec![1.5f32, -2.0, 0.25];
+    let at = v.as_ptr();
+    match Storage::F32(v).into_cast(DType::F32) {
+        Storage::F32(w) => {
+            assert_eq!(w.as_ptr(), at);
+            assert_eq!(w, vec![1.5, -2.0, 0.25]);
+        }
+        other => panic!("expected float32, found {other:?}"),
+    }
+    // Another dtype converts as `cast` does.
+    assert_eq!(
+        Storage::F32(vec![1.5, -2.7]).into_cast(DType::I32),
+        Storage::F32(vec![1.5, -2.7]).cast(DType::I32)
+    );
+    assert_eq!(
+        Storage::I64(vec![3, -4]).into_cast(DType::F32),
+        Storage::F32(vec![3.0, -4.0])
+    );
+}
+
+#[test]
 fn sizes_parse_with_units_and_reject_nonsense() {
     use memory::parse_size;
     assert_eq!(parse_size("8GiB"), Ok(8 << 30));
