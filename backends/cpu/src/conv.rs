@@ -615,8 +615,9 @@ fn compute(
 /// element; then the epilogue over the whole plane. Planes are the tasks, so the result does
 /// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col lowering of the reference
 /// does (so a NaN or infinite weight gives NaN there too). Output planes under 16 pixels wide
-/// and 3×3 kernels of stride 1 or 2 on planes of up to 64×64 (equal strides, "same" padding)
-/// run [`depthwise_flat`] instead: the same chains, over the plane as one flat array.
+/// and 3×3 kernels of stride 1 or 2 on planes of up to 64×64 (equal strides, "same" padding;
+/// 128×128 for stride 1) run [`depthwise_flat`] instead: the same chains, over the plane as
+/// one flat array.
 fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], threads: usize) {
     let npix = g.npix();
     let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
@@ -1265,13 +1266,21 @@ mod tests {
         // (h, w, k, stride, pad, dilation): stride 1 "same", stride 2 on even and odd planes
         // (MobileNetV2's 14x14 and 28x28 stride-2 layers), stride 3; 3x3 kernels on rows of
         // 16 pixels or more (the unrolled kernel: MobileNetV2's 56x56 stride 1 and 112x112
-        // stride 2, rows not a multiple of 16, odd planes, the largest plane it takes).
+        // stride 2, rows not a multiple of 16, odd planes, the largest plane it takes; by
+        // strips on stride 1: 112x112, fewer rows than the kernel, one row, rows just under
+        // a multiple of the strip).
         for (h, w, k, st, p, d) in [
             (7, 7, 3, 1, 1, 1),
             (14, 14, 3, 1, 1, 1),
             (56, 56, 3, 1, 1, 1),
             (20, 33, 3, 1, 1, 1),
             (64, 64, 3, 1, 1, 1),
+            (112, 112, 3, 1, 1, 1),
+            (65, 65, 3, 1, 1, 1),
+            (30, 40, 3, 1, 1, 1),
+            (3, 25, 3, 1, 1, 1),
+            (1, 24, 3, 1, 1, 1),
+            (9, 127, 3, 1, 1, 1),
             (112, 112, 3, 2, 1, 1),
             (57, 41, 3, 2, 1, 1),
             (40, 36, 3, 1, 2, 2),
@@ -1314,11 +1323,14 @@ mod tests {
         }
         // Unequal strides, a tap past the output's last column that reads the image (stride
         // 1, no padding), and rows of 16 pixels or more but for a 3x3 kernel of stride 1 or 2
-        // on planes of up to 64x64 keep the row kernel.
+        // on planes of up to 64x64 (128x128 for stride 1 with one pixel of padding) keep the
+        // row kernel.
         for s in [
             [7, 7, 3, 3, 2, 1, 1, 1, 1, 1, 4, 7],
             [7, 7, 3, 3, 1, 1, 1, 1, 0, 0, 5, 5],
-            [65, 65, 3, 3, 1, 1, 1, 1, 1, 1, 65, 65],
+            [131, 131, 3, 3, 2, 2, 1, 1, 1, 1, 66, 66],
+            [129, 129, 3, 3, 1, 1, 1, 1, 1, 1, 129, 129],
+            [70, 70, 3, 3, 1, 1, 1, 1, 0, 0, 68, 68],
             [20, 20, 5, 5, 1, 1, 1, 1, 2, 2, 20, 20],
             [48, 48, 3, 3, 3, 3, 1, 1, 1, 1, 16, 16],
         ] {

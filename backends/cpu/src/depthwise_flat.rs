@@ -1,6 +1,7 @@
 //! Depthwise convolution of one `NCHW` plane computed over the output plane as one flat
 //! array: output rows under 16 pixels (MobileNet's 7×7 and 14×14 layers, stride 1 or 2), and
-//! 3×3 kernels of stride 1 or 2 on output planes of up to 64×64 (its 28×28 and 56×56 layers).
+//! 3×3 kernels of stride 1 or 2 on output planes of up to 64×64 (its 28×28 and 56×56 layers;
+//! 128×128 for stride 1 with one pixel of padding: its 112×112 layer).
 //!
 //! Contract:
 //!
@@ -31,6 +32,14 @@
 //!   layer ran 23% fewer instructions, 60.5 M → 46.5 M for 20 runs under callgrind). On
 //!   MobileNetV2's layers, one thread: 144×56×56 0.236 → 0.168 ms, 96×112×112 stride 2 0.29
 //!   → 0.21 ms.
+//! - Stride 1 with one pixel of padding, rows of 24 pixels or more (MobileNetV2's 28×28,
+//!   56×56 and 112×112 planes, up to 128×128): [`plane_3x3_strips`] walks strips of one or
+//!   two vectors down the rows, each input row loaded once (three shifted runs) and multiplied
+//!   into the three output rows it feeds, so 3 loads per 9 multiply-adds per vector instead of
+//!   9 (the same chains in the same order). One thread, one node each, median of 300 runs
+//!   (`bench/conv_layers.py --preset depthwise --threads 1`, both builds in one run):
+//!   32×112×112 0.263 → 0.167 ms, 144×56×56 0.250 → 0.181 ms, 192×28×28 0.094 → 0.069 ms
+//!   (onnxruntime 0.167, 0.201, 0.078).
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], groups=960)  # x: (1, 960, 7, 7)
@@ -51,6 +60,9 @@ const V: usize = 4;
 
 /// The most output pixels of a plane with rows of 16 or more that this kernel takes.
 const WIDE_PIXELS: usize = 64 * 64;
+
+/// The same for a plane [`plane_3x3_strips`] runs.
+const STRIP_PIXELS: usize = 128 * 128;
 
 /// A plane geometry the flat kernel takes, with its taps and column masks.
 #[derive(Debug, PartialEq)]
@@ -148,7 +160,12 @@ impl Plan {
         // stride 1 or 2 ([`plane_3x3`]) on output planes of up to 64×64 pixels is faster here
         // (measured on MobileNetV2's 28×28 and 56×56 planes; on 112×112 the row kernel is,
         // this buffer no longer staying in L1; other kernels were not measured).
-        if ow >= MAX_LANES && !((kh, kw) == (3, 3) && sh <= 2 && oh * ow <= WIDE_PIXELS) {
+        let three = (kh, kw) == (3, 3);
+        // Stride 1, dilation 1 and one pixel of padding: [`plane_3x3_strips`], which walks
+        // each strip's rows in turn, on planes up to 128×128 (MobileNetV2's 112×112 layer).
+        let strips = three && sh == 1 && (dh, dw, pt, pl) == (1, 1, 1, 1);
+        let wide = if strips { STRIP_PIXELS } else { WIDE_PIXELS };
+        if ow >= MAX_LANES && !(three && sh <= 2 && oh * ow <= wide) {
             return None;
         }
         let s = sh;
@@ -180,7 +197,9 @@ impl Plan {
         let lo = offs.iter().map(|o| o.1).min()?.min(0).unsigned_abs();
         let hi = offs.iter().map(|o| o.1).max()?.max(0).unsigned_abs();
         let lead = lo;
-        let region = lead + rounded + hi + MAX_LANES;
+        // Past the plane and its lower margin: room for a whole vector, and for the last
+        // strip of [`plane_3x3_strips`] (two vectors from under a row's end).
+        let region = lead + rounded + hi + 3 * MAX_LANES;
         // The buffer (a region per phase) must be addressable.
         region.checked_mul(phases.len())?;
         // Column ox reads phase column ox + qx: image column s·(ox + qx) + px.
@@ -425,6 +444,17 @@ pub(crate) fn plane<S: pulp::Simd>(simd: S, plan: &Plan, buf: &[f32], w: &[f32],
         return;
     }
     if let (Some(fast), Ok(w)) = (&plan.fast, <&[f32; 9]>::try_from(w)) {
+        if fast.row && plan.ow >= STRIP_MIN_WIDTH {
+            // Strips of two vectors at most: with three rows of accumulators, two column
+            // masks per vector and the nine weights in registers, wider strips spill.
+            let done = match plan.ow.div_ceil(S::F32_LANES) {
+                1 => plane_3x3_strips::<S, 1>(simd, plan, fast, buf, w, dst),
+                _ => plane_3x3_strips::<S, 2>(simd, plan, fast, buf, w, dst),
+            };
+            if done {
+                return;
+            }
+        }
         match fast.row {
             true => plane_3x3::<S, true>(simd, plan, fast, buf, w, dst),
             false => plane_3x3::<S, false>(simd, plan, fast, buf, w, dst),
@@ -541,10 +571,96 @@ fn plane_3x3<S: pulp::Simd, const ROW: bool>(
     }
 }
 
-/// Stores a block's vectors at output pixels `i0..` of `dst`, the last one cut at the plane's
-/// end.
+/// The narrowest output rows [`plane_3x3_strips`] takes (narrower ones waste most of a
+/// vector per row; [`plane_3x3`] runs them as one flat array).
+const STRIP_MIN_WIDTH: usize = 24;
+
+/// [`plane_3x3`] for stride 1 (each kernel row's taps one run of the buffer), by strips of
+/// `VS` vectors from each row's start, each strip's rows top to bottom: input row `j`'s
+/// three shifted runs (the outer two masked by the strip's column masks) are loaded once and
+/// multiplied into the three output rows that read them, `j − 2` (kernel row 2: that row is
+/// then complete and stored), `j − 1` (kernel row 1) and `j` (kernel row 0, from `+0.0`). So
+/// three loads per nine multiply-adds per vector, where [`plane_3x3`] loads once per
+/// multiply-add, and each output meets its taps in `(ky, kx)` order: the same chains, so
+/// the same bits. A strip that runs past its row's end computes the next row's first pixels
+/// as the flat formula gives them (the values that row's own strip stores). `false`
+/// (nothing written) where the buffer is too short for the reads (then [`plane_3x3`] runs).
 #[inline(always)]
-fn store<S: pulp::Simd>(acc: &[S::f32s; V], i0: usize, dst: &mut [f32]) {
+fn plane_3x3_strips<S: pulp::Simd, const VS: usize>(
+    simd: S,
+    plan: &Plan,
+    fast: &Fast,
+    buf: &[f32],
+    w: &[f32; 9],
+    dst: &mut [f32],
+) -> bool {
+    let (oh, ow) = (plan.oh, plan.ow);
+    let lanes = S::F32_LANES;
+    let step = VS * lanes;
+    let period = ow + V * MAX_LANES;
+    if step > V * MAX_LANES || fast.tables.len() < 2 * period {
+        return false;
+    }
+    let (left, right) = fast.tables.split_at(period);
+    // The last strip starts before `ow` and reads `step + 2` slots of input rows up to
+    // `oh + 1` (the row under the plane).
+    let last_c0 = (ow - 1) / step * step;
+    if fast.starts[0] + (oh + 1) * ow + last_c0 + step + 2 > buf.len() {
+        return false;
+    }
+    let zero = simd.splat_f32s(0.0);
+    let wv: [S::f32s; 9] = std::array::from_fn(|t| simd.splat_f32s(w[t]));
+    let load = |src: &[f32], v: usize| -> S::f32s {
+        bytemuck::pod_read_unaligned(bytemuck::cast_slice(&src[v * lanes..(v + 1) * lanes]))
+    };
+    let masked =
+        |x: S::f32s, m: S::u32s| -> S::f32s { bytemuck::cast(simd.and_u32s(bytemuck::cast(x), m)) };
+    let mv = |m: &[u32], v: usize| -> S::u32s {
+        bytemuck::pod_read_unaligned(bytemuck::cast_slice(&m[v * lanes..(v + 1) * lanes]))
+    };
+    for c0 in (0..ow).step_by(step) {
+        let (Some(ml), Some(mr)) = (left.get(c0..c0 + step), right.get(c0..c0 + step)) else {
+            return false;
+        };
+        let ml: [S::u32s; VS] = std::array::from_fn(|v| mv(ml, v));
+        let mr: [S::u32s; VS] = std::array::from_fn(|v| mv(mr, v));
+        // Output rows j − 2 and j − 1, partial (rows above the plane are computed and
+        // dropped).
+        let (mut two, mut one) = ([zero; VS], [zero; VS]);
+        for j in 0..oh + 2 {
+            let at = fast.starts[0] + c0 + j * ow;
+            let Some(run) = buf.get(at..at + step + 2) else {
+                return false;
+            };
+            let mut new = [zero; VS];
+            for v in 0..VS {
+                let x0 = masked(load(run, v), ml[v]);
+                let x1 = load(&run[1..], v);
+                let x2 = masked(load(&run[2..], v), mr[v]);
+                two[v] = simd.mul_add_f32s(x0, wv[6], two[v]);
+                two[v] = simd.mul_add_f32s(x1, wv[7], two[v]);
+                two[v] = simd.mul_add_f32s(x2, wv[8], two[v]);
+                one[v] = simd.mul_add_f32s(x0, wv[3], one[v]);
+                one[v] = simd.mul_add_f32s(x1, wv[4], one[v]);
+                one[v] = simd.mul_add_f32s(x2, wv[5], one[v]);
+                new[v] = simd.mul_add_f32s(x0, wv[0], new[v]);
+                new[v] = simd.mul_add_f32s(x1, wv[1], new[v]);
+                new[v] = simd.mul_add_f32s(x2, wv[2], new[v]);
+            }
+            if let Some(y) = j.checked_sub(2) {
+                store_n::<S, VS>(&two, y * ow + c0, dst);
+            }
+            two = one;
+            one = new;
+        }
+    }
+    true
+}
+
+/// Stores `N` vectors at output pixels `i0..` of `dst`, the last one cut at the plane's end
+/// (a whole vector: a copy of constant length, one store, no `memcpy` call).
+#[inline(always)]
+fn store_n<S: pulp::Simd, const N: usize>(acc: &[S::f32s; N], i0: usize, dst: &mut [f32]) {
     let lanes = S::F32_LANES;
     for (v, a) in acc.iter().enumerate() {
         let x0 = i0 + v * lanes;
@@ -553,7 +669,6 @@ fn store<S: pulp::Simd>(acc: &[S::f32s; V], i0: usize, dst: &mut [f32]) {
         }
         let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
         match dst.get_mut(x0..x0 + lanes) {
-            // A whole vector: a copy of constant length (one store, no `memcpy` call).
             Some(out) => out.copy_from_slice(vals),
             None => {
                 for (o, &v) in dst[x0..].iter_mut().zip(vals) {
@@ -564,9 +679,91 @@ fn store<S: pulp::Simd>(acc: &[S::f32s; V], i0: usize, dst: &mut [f32]) {
     }
 }
 
+/// Stores a block's vectors at output pixels `i0..` of `dst`, the last one cut at the plane's
+/// end.
+#[inline(always)]
+fn store<S: pulp::Simd>(acc: &[S::f32s; V], i0: usize, dst: &mut [f32]) {
+    store_n::<S, V>(acc, i0, dst);
+}
+
 #[cfg(test)]
 mod tests {
-    use super::deal_pairs;
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::*;
+
+    /// Stride-1 "same" 3×3 planes: `plane_3x3_strips` takes each (it does not fall back) and
+    /// gives `plane_3x3`'s bits, with the widest vectors, AVX2's and one lane.
+    #[test]
+    fn strips_give_the_flat_kernels_bits() {
+        struct Both<'a>(&'a Plan, &'a [f32], &'a [f32; 9], usize);
+        impl pulp::WithSimd for Both<'_> {
+            type Output = (Vec<f32>, Vec<f32>, bool);
+            #[inline(always)]
+            fn with_simd<S: pulp::Simd>(self, simd: S) -> Self::Output {
+                let Both(plan, buf, w, vs) = self;
+                let Some(fast) = &plan.fast else {
+                    panic!("no unrolled form");
+                };
+                let mut flat = vec![1.0f32; plan.hw()];
+                plane_3x3::<S, true>(simd, plan, fast, buf, w, &mut flat);
+                let mut strips = vec![2.0f32; plan.hw()];
+                let took = match vs {
+                    1 => plane_3x3_strips::<S, 1>(simd, plan, fast, buf, w, &mut strips),
+                    _ => plane_3x3_strips::<S, 2>(simd, plan, fast, buf, w, &mut strips),
+                };
+                (flat, strips, took)
+            }
+        }
+        for (h, w) in [
+            (56, 56),
+            (28, 28),
+            (112, 112),
+            (128, 128),
+            (3, 25),
+            (1, 24),
+            (30, 40),
+        ] {
+            let plan = Plan::new([h, w, 3, 3, 1, 1, 1, 1, 1, 1, h, w])
+                .unwrap_or_else(|| panic!("{h}x{w}: no plan"));
+            let x: Vec<f32> = (0..h * w)
+                .map(|i| match i % 101 {
+                    7 => f32::NAN,
+                    13 => f32::NEG_INFINITY,
+                    _ => ((i * 7919) % 1013) as f32 / 97.0 - 5.0,
+                })
+                .collect();
+            let wt: [f32; 9] = std::array::from_fn(|t| t as f32 * 0.37 - 1.1);
+            let mut buf = FlatPlane::default();
+            buf.prepare(&plan);
+            buf.load(&plan, 0, &x);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for vs in [1, 2] {
+                let mut runs = vec![(
+                    "widest",
+                    crate::simd::dispatch(Both(&plan, buf.slot(0), &wt, vs)),
+                )];
+                #[cfg(target_arch = "x86_64")]
+                if let Some(v3) = pulp::x86::V3::try_new() {
+                    runs.push((
+                        "avx2",
+                        pulp::WithSimd::with_simd(Both(&plan, buf.slot(0), &wt, vs), v3),
+                    ));
+                }
+                runs.push((
+                    "scalar",
+                    pulp::WithSimd::with_simd(
+                        Both(&plan, buf.slot(0), &wt, vs),
+                        pulp::Scalar::new(),
+                    ),
+                ));
+                for (isa, (flat, strips, took)) in runs {
+                    assert!(took, "{h}x{w} {isa} {vs}: strips declined");
+                    assert_eq!(bits(&strips), bits(&flat), "{h}x{w} {isa} {vs}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn dealing_pairs_matches_taking_every_other_value() {
