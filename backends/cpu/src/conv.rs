@@ -1323,14 +1323,15 @@ mod tests {
         }
         // Unequal strides, a tap past the output's last column that reads the image (stride
         // 1, no padding), and rows of 16 pixels or more but for a 3x3 kernel of stride 1 or 2
-        // on planes of up to 64x64 (128x128 for stride 1 with one pixel of padding) keep the
-        // row kernel.
+        // on planes of up to 64x64 (128x128 for stride 1 with one pixel of padding and rows
+        // of 24 or more) keep the row kernel.
         for s in [
             [7, 7, 3, 3, 2, 1, 1, 1, 1, 1, 4, 7],
             [7, 7, 3, 3, 1, 1, 1, 1, 0, 0, 5, 5],
             [131, 131, 3, 3, 2, 2, 1, 1, 1, 1, 66, 66],
             [129, 129, 3, 3, 1, 1, 1, 1, 1, 1, 129, 129],
             [70, 70, 3, 3, 1, 1, 1, 1, 0, 0, 68, 68],
+            [300, 20, 3, 3, 1, 1, 1, 1, 1, 1, 300, 20],
             [20, 20, 5, 5, 1, 1, 1, 1, 2, 2, 20, 20],
             [48, 48, 3, 3, 3, 3, 1, 1, 1, 1, 16, 16],
         ] {

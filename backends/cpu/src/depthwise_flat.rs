@@ -157,13 +157,14 @@ impl Plan {
             return None;
         }
         // Rows of 16 pixels or more fill the row kernel's vectors: only a 3×3 kernel of
-        // stride 1 or 2 ([`plane_3x3`]) on output planes of up to 64×64 pixels is faster here
-        // (measured on MobileNetV2's 28×28 and 56×56 planes; on 112×112 the row kernel is,
-        // this buffer no longer staying in L1; other kernels were not measured).
+        // stride 1 or 2 on output planes of up to 64×64 pixels is faster here ([`plane_3x3`]:
+        // measured on MobileNetV2's 28×28 and 56×56 planes; on 112×112 the row kernel was,
+        // this buffer no longer staying in L1), and with stride 1, one pixel of padding and
+        // rows of [`STRIP_MIN_WIDTH`] or more on planes up to 128×128 ([`plane_3x3_strips`],
+        // which walks each strip's rows in turn: MobileNetV2's 112×112 layer, one thread,
+        // 0.263 → 0.167 ms). Other kernels were not measured.
         let three = (kh, kw) == (3, 3);
-        // Stride 1, dilation 1 and one pixel of padding: [`plane_3x3_strips`], which walks
-        // each strip's rows in turn, on planes up to 128×128 (MobileNetV2's 112×112 layer).
-        let strips = three && sh == 1 && (dh, dw, pt, pl) == (1, 1, 1, 1);
+        let strips = three && sh == 1 && (dh, dw, pt, pl) == (1, 1, 1, 1) && ow >= STRIP_MIN_WIDTH;
         let wide = if strips { STRIP_PIXELS } else { WIDE_PIXELS };
         if ow >= MAX_LANES && !(three && sh <= 2 && oh * ow <= wide) {
             return None;
