@@ -475,17 +475,11 @@ pub(crate) fn plane<S: pulp::Simd>(simd: S, plan: &Plan, buf: &[f32], w: &[f32],
             let Some(src) = buf.get(at..at + step) else {
                 continue;
             };
-            let load = |v: usize| -> S::f32s {
-                bytemuck::pod_read_unaligned(bytemuck::cast_slice(&src[v * lanes..(v + 1) * lanes]))
-            };
+            let load = |v: usize| -> S::f32s { vector::<S, _, _>(src, v) };
             match mask.and_then(|r| plan.masks.get(r * rounded + i0..r * rounded + i0 + step)) {
                 Some(m) => {
                     for (v, a) in acc.iter_mut().enumerate() {
-                        let mv: S::u32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(
-                            &m[v * lanes..(v + 1) * lanes],
-                        ));
-                        let xv: S::f32s =
-                            bytemuck::cast(simd.and_u32s(bytemuck::cast(load(v)), mv));
+                        let xv = masked(simd, load(v), vector::<S, _, _>(m, v));
                         *a = simd.mul_add_f32s(xv, wv, *a);
                     }
                 }
@@ -527,11 +521,8 @@ fn plane_3x3<S: pulp::Simd, const ROW: bool>(
         let (Some(ml), Some(mr)) = (left.get(col..col + step), right.get(col..col + step)) else {
             return;
         };
-        let mask = |m: &[u32], v: usize| -> S::u32s {
-            bytemuck::pod_read_unaligned(bytemuck::cast_slice(&m[v * lanes..(v + 1) * lanes]))
-        };
-        let ml: [S::u32s; V] = std::array::from_fn(|v| mask(ml, v));
-        let mr: [S::u32s; V] = std::array::from_fn(|v| mask(mr, v));
+        let ml: [S::u32s; V] = std::array::from_fn(|v| vector::<S, _, _>(ml, v));
+        let mr: [S::u32s; V] = std::array::from_fn(|v| vector::<S, _, _>(mr, v));
         let mut acc = [zero; V];
         for ky in 0..3 {
             // The row's three taps as slices of one run (stride 1: consecutive offsets) or
@@ -553,14 +544,12 @@ fn plane_3x3<S: pulp::Simd, const ROW: bool>(
                 };
                 (s0, s1, s2)
             };
-            let load = |src: &[f32], v: usize| -> S::f32s {
-                bytemuck::pod_read_unaligned(bytemuck::cast_slice(&src[v * lanes..(v + 1) * lanes]))
-            };
+            let load = |src: &[f32], v: usize| -> S::f32s { vector::<S, _, _>(src, v) };
             for (v, a) in acc.iter_mut().enumerate() {
-                let x0: S::f32s = bytemuck::cast(simd.and_u32s(bytemuck::cast(load(s0, v)), ml[v]));
+                let x0 = masked(simd, load(s0, v), ml[v]);
                 *a = simd.mul_add_f32s(x0, wv[3 * ky], *a);
                 *a = simd.mul_add_f32s(load(s1, v), wv[3 * ky + 1], *a);
-                let x2: S::f32s = bytemuck::cast(simd.and_u32s(bytemuck::cast(load(s2, v)), mr[v]));
+                let x2 = masked(simd, load(s2, v), mr[v]);
                 *a = simd.mul_add_f32s(x2, wv[3 * ky + 2], *a);
             }
         }
@@ -611,20 +600,13 @@ fn plane_3x3_strips<S: pulp::Simd, const VS: usize>(
     }
     let zero = simd.splat_f32s(0.0);
     let wv: [S::f32s; 9] = std::array::from_fn(|t| simd.splat_f32s(w[t]));
-    let load = |src: &[f32], v: usize| -> S::f32s {
-        bytemuck::pod_read_unaligned(bytemuck::cast_slice(&src[v * lanes..(v + 1) * lanes]))
-    };
-    let masked =
-        |x: S::f32s, m: S::u32s| -> S::f32s { bytemuck::cast(simd.and_u32s(bytemuck::cast(x), m)) };
-    let mv = |m: &[u32], v: usize| -> S::u32s {
-        bytemuck::pod_read_unaligned(bytemuck::cast_slice(&m[v * lanes..(v + 1) * lanes]))
-    };
+    let load = |src: &[f32], v: usize| -> S::f32s { vector::<S, _, _>(src, v) };
     for c0 in (0..ow).step_by(step) {
         let (Some(ml), Some(mr)) = (left.get(c0..c0 + step), right.get(c0..c0 + step)) else {
             return false;
         };
-        let ml: [S::u32s; VS] = std::array::from_fn(|v| mv(ml, v));
-        let mr: [S::u32s; VS] = std::array::from_fn(|v| mv(mr, v));
+        let ml: [S::u32s; VS] = std::array::from_fn(|v| vector::<S, _, _>(ml, v));
+        let mr: [S::u32s; VS] = std::array::from_fn(|v| vector::<S, _, _>(mr, v));
         // Output rows j − 2 and j − 1, partial (rows above the plane are computed and
         // dropped).
         let (mut two, mut one) = ([zero; VS], [zero; VS]);
@@ -635,9 +617,9 @@ fn plane_3x3_strips<S: pulp::Simd, const VS: usize>(
             };
             let mut new = [zero; VS];
             for v in 0..VS {
-                let x0 = masked(load(run, v), ml[v]);
+                let x0 = masked(simd, load(run, v), ml[v]);
                 let x1 = load(&run[1..], v);
-                let x2 = masked(load(&run[2..], v), mr[v]);
+                let x2 = masked(simd, load(&run[2..], v), mr[v]);
                 two[v] = simd.mul_add_f32s(x0, wv[6], two[v]);
                 two[v] = simd.mul_add_f32s(x1, wv[7], two[v]);
                 two[v] = simd.mul_add_f32s(x2, wv[8], two[v]);
@@ -656,6 +638,20 @@ fn plane_3x3_strips<S: pulp::Simd, const VS: usize>(
         }
     }
     true
+}
+
+/// Vector `v` of `src` (its elements `v·lanes..(v + 1)·lanes`, `S`'s lanes), read unaligned:
+/// a tap's input run or a column mask.
+#[inline(always)]
+fn vector<S: pulp::Simd, T: bytemuck::Pod, U: bytemuck::Pod>(src: &[T], v: usize) -> U {
+    let lanes = S::F32_LANES;
+    bytemuck::pod_read_unaligned(bytemuck::cast_slice(&src[v * lanes..(v + 1) * lanes]))
+}
+
+/// `x` with the lanes whose `m` is zero cleared to `+0.0` (a tap over the padding).
+#[inline(always)]
+fn masked<S: pulp::Simd>(simd: S, x: S::f32s, m: S::u32s) -> S::f32s {
+    bytemuck::cast(simd.and_u32s(bytemuck::cast(x), m))
 }
 
 /// Stores `N` vectors at output pixels `i0..` of `dst`, the last one cut at the plane's end
