@@ -17,9 +17,18 @@
 //!   multiplies it (so it stays in that core's cache), or whole with its rows spread over the
 //!   threads when the output is one column tile. The GEMM is
 //!   [`crate::matmul::gemm_f32_tiled`] (`faer`'s GEMM on tiles of the output, spread over
-//!   [`crate::par::threads`]); a grouped convolution spreads its groups instead. The result
-//!   is bit-identical for every thread count, and the same whether the weight's Winograd
-//!   transform was cached or not.
+//!   [`crate::par::threads`]); a grouped convolution spreads its groups instead.
+//! - On output planes of up to 64 pixels (ResNet's and MobileNet's 7×7 layers) with AVX-512,
+//!   the GEMM runs with the output channels on the vector lanes instead
+//!   ([`crate::gemm_packed::gemm_cols`], the weight transposed and packed once per constant
+//!   weight: [`cols_weights`]): a 49-pixel row wastes a quarter of `faer`'s four 16-lane
+//!   vectors, 48 channels fill three. Stride-1 kernels read the zero-padded image in place
+//!   (no im2col matrix, whose 5–7-value copies took a quarter of a 3×3 layer's time there).
+//!   ResNet-50's 512×7×7 3×3 layer, one node, 2 threads: 1.53 → 1.32 ms (onnxruntime
+//!   0.98); with its weights streamed from memory (`bench/conv_chain.py 512 7 3 8 512`):
+//!   19.0 → 11.5 ms for eight (onnxruntime 10.0).
+//! - The result is bit-identical for every thread count, and the same whether the weight's
+//!   Winograd transform or packed copy was cached or not.
 //! - Float dtypes compute in `f32` (`float64` too) and round once to `out_dtype` (default: the
 //!   data's dtype); integer inputs are an error.
 //! - Each [`Step`] repeats the arithmetic of the op it replaces element by element (one `f32`
@@ -273,6 +282,16 @@ impl Geom {
             && (self.kh, self.kw, self.sh, self.sw, self.dh, self.dw) == (3, 3, 1, 1, 1, 1)
             && winograd::pays(self.c, self.o, self.oh, self.ow)
     }
+    /// One group, no Winograd path, and an output plane of at most [`COLS_PIXELS`] pixels,
+    /// on a CPU with 16-lane vectors: the GEMM runs with the output channels on the lanes
+    /// ([`crate::gemm_packed::gemm_cols`], the weight packed transposed: [`cols_weights`]).
+    fn packs(&self) -> bool {
+        self.g == 1
+            && !self.winograd()
+            && (1..=COLS_PIXELS).contains(&self.npix())
+            && self.kdim() > 0
+            && cols_lanes()
+    }
     /// A 1×1 kernel, stride 1, no padding: the data is the GEMM's right operand as it is.
     fn direct(&self) -> bool {
         self.kh == 1
@@ -380,7 +399,7 @@ fn prepare(
 /// `conv2d(x, w)`.
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor> {
     let (xc, wc, op, out_dtype, geom) = prepare(x, w, a)?;
-    let out = compute(&xc, &wc, &geom, &[], None)?;
+    let out = compute(&xc, &wc, &geom, &[], Prepared::default())?;
     let t = tensor(
         vec![geom.n, geom.o, geom.oh, geom.ow],
         Storage::from_f32(out_dtype, out),
@@ -410,13 +429,21 @@ pub(crate) fn out_shape(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<[usi
     Ok([g.n, g.o, g.oh, g.ow])
 }
 
+/// The forms of a constant weight the executor prepares once ([`winograd_weights`],
+/// [`cols_weights`]); a convolution whose path reads one that is missing makes it per call.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Prepared<'a> {
+    pub(crate) wino: Option<&'a winograd::Weights>,
+    pub(crate) cols: Option<&'a crate::gemm_packed::PackedB>,
+}
+
 /// `conv2d(x, w)` followed by `steps` on every output element (see the module doc).
 pub(crate) fn conv2d_fused(
     x: &Tensor,
     w: &Tensor,
     a: &Conv2dAttrs,
     steps: &[Step],
-    wino: Option<&winograd::Weights>,
+    prepared: Prepared<'_>,
 ) -> KResult<Tensor> {
     if !fusable(x, w, a) {
         return Err("a fused conv2d needs a float32 result in NCHW".to_string());
@@ -454,8 +481,164 @@ pub(crate) fn conv2d_fused(
             ));
         }
     }
-    let out = compute(&xc, &wc, &geom, steps, wino)?;
+    let out = compute(&xc, &wc, &geom, steps, prepared)?;
     tensor(out_shape.to_vec(), Storage::F32(out))
+}
+
+/// The most output pixels of a plane [`Geom::packs`] takes: 7×7 and 8×8. Measured on
+/// ResNet-50 and MobileNetV2 (bench/RESULTS.md, session u): on 14×14 planes `faer`'s GEMM was
+/// as fast (K = 1024) or faster (K = 64 to 576: MobileNetV2 6.3 against 5.6 ms), the
+/// transposed write-back of each block then weighing on too few steps of `k`.
+const COLS_PIXELS: usize = 64;
+
+/// Whether [`Geom::packs`] may take a convolution on this CPU: with 16-lane vectors (AVX-512),
+/// where it was measured; a test may force it on any instruction set.
+fn cols_lanes() -> bool {
+    #[cfg(test)]
+    if FORCE_COLS.with(std::cell::Cell::get) {
+        return true;
+    }
+    crate::simd::f32_lanes() >= 16
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: take [`Geom::packs`]'s path whatever the vector width.
+    static FORCE_COLS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The transposed weight of `conv2d(x, w)` packed for [`crate::gemm_packed::gemm_cols`]
+/// (`(C · KH · KW) × O`), when the convolution runs that path ([`Geom::packs`]); `None`
+/// otherwise. Reads only the shapes of `x`.
+pub(crate) fn cols_weights(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Conv2dAttrs,
+) -> Option<crate::gemm_packed::PackedB> {
+    if x.rank() != 4 || w.rank() != 4 || !fusable(x, w, a) {
+        return None;
+    }
+    let (xp, wp) = (
+        layout4(&a.data_layout, "NCHW").ok()?,
+        layout4(&a.kernel_layout, "OIHW").ok()?,
+    );
+    let xs: Vec<usize> = xp.iter().map(|&p| x.shape()[p]).collect();
+    let ws: Vec<usize> = wp.iter().map(|&p| w.shape()[p]).collect();
+    let g = geometry(&xs, &ws, a).ok()?;
+    // The geometry first (shapes only): most convolutions stop here, before any copy.
+    if !g.packs() || !w.dtype().is_float() {
+        return None;
+    }
+    cols_pack(&f32s(&to_canonical(w, wp)), &g).ok()
+}
+
+/// Runs `f` on the right operand of [`crate::gemm_packed::gemm_cols`] for image `x`: the data
+/// itself for a 1×1 kernel with stride 1 and no padding; for other stride-1 kernels whose
+/// output rows divide into the kernel's pixel blocks, the image zero-padded once (every tap
+/// then reads a block of pixels in place); else the im2col matrix, its rows spread over the
+/// threads.
+fn cols_source(
+    x: &[f32],
+    g: &Geom,
+    threads: usize,
+    f: impl FnOnce(crate::gemm_packed::ColsSrc<'_>) -> KResult<()>,
+) -> KResult<()> {
+    use crate::gemm_packed::ColsSrc;
+    let (kdim, npix) = (g.kdim(), g.npix());
+    if g.direct() {
+        let steps: Vec<usize> = (0..kdim).map(|p| p * npix).collect();
+        let (row, pitch) = (npix, npix);
+        return f(ColsSrc {
+            data: x,
+            steps: &steps,
+            row,
+            pitch,
+        });
+    }
+    let mr = crate::gemm_packed::cols_rows(npix);
+    if (g.sh, g.sw) == (1, 1) && g.ow.is_multiple_of(mr) {
+        // Padded rows and columns: every tap of every output pixel lands inside.
+        let (hp, wp) = (g.oh + (g.kh - 1) * g.dh, g.ow + (g.kw - 1) * g.dw);
+        fusebox_core::runtime::check_alloc(
+            "the padded input of relax.nn.conv2d",
+            DType::F32,
+            &[g.c, hp, wp],
+        )
+        .map_err(|e| e.to_string())?;
+        let steps: Vec<usize> = (0..kdim)
+            .map(|p| {
+                let (ch, ky, kx) = (p / (g.kh * g.kw), (p / g.kw) % g.kh, p % g.kw);
+                ch * hp * wp + ky * g.dh * wp + kx * g.dw
+            })
+            .collect();
+        return crate::par::with_scratch(&COLUMNS, |pad| {
+            pad.clear();
+            pad.resize(g.c * hp * wp, 0.0);
+            for (plane, dst) in x.chunks_exact(g.h * g.w).zip(pad.chunks_exact_mut(hp * wp)) {
+                for (r, src) in plane.chunks_exact(g.w).enumerate() {
+                    // Input row r is padded row r + pt, input column c padded column c + pl;
+                    // rows and columns past the padded extent are never read.
+                    let Some(d) = dst.get_mut((r + g.pt) * wp..(r + g.pt + 1) * wp) else {
+                        continue;
+                    };
+                    let n = g.w.min(wp.saturating_sub(g.pl));
+                    d[g.pl..g.pl + n].copy_from_slice(&src[..n]);
+                }
+            }
+            f(ColsSrc {
+                data: pad,
+                steps: &steps,
+                row: g.ow,
+                pitch: wp,
+            })
+        });
+    }
+    fusebox_core::runtime::check_alloc(
+        "the im2col matrix of relax.nn.conv2d",
+        DType::F32,
+        &[kdim, npix],
+    )
+    .map_err(|e| e.to_string())?;
+    crate::par::with_scratch(&COLUMNS, |col| {
+        col.resize(kdim * npix, 0.0);
+        let rows_per_task = (64 * 1024 / npix).max(1);
+        let t = crate::par::threads_for(kdim * npix, 64 * 1024).min(threads);
+        crate::par::for_each_chunk_mut(col, rows_per_task * npix, t, |off, c| {
+            im2col(x, g, off / npix, 0, npix, c);
+        });
+        let steps: Vec<usize> = (0..kdim).map(|p| p * npix).collect();
+        f(ColsSrc {
+            data: col,
+            steps: &steps,
+            row: npix,
+            pitch: npix,
+        })
+    })
+}
+
+/// `w` (`O × K`, row-major) transposed and packed for [`crate::gemm_packed::gemm_cols`].
+fn cols_pack(w: &[f32], g: &Geom) -> KResult<crate::gemm_packed::PackedB> {
+    let (o, k) = (g.o, g.kdim());
+    if w.len() != o * k {
+        return Err(format!(
+            "conv2d: a {o}-channel kernel of {k} taps needs {} elements, found {}",
+            o * k,
+            w.len()
+        ));
+    }
+    fusebox_core::runtime::memory::check_alloc(
+        "the packed weight of relax.nn.conv2d",
+        DType::F32,
+        &[crate::gemm_packed::PackedB::cols_len_for(k, o)],
+    )
+    .map_err(|e| e.to_string())?;
+    let mut wt = vec![0.0f32; o * k];
+    for (ch, row) in w.chunks_exact(k).enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            wt[p * o + ch] = v;
+        }
+    }
+    crate::gemm_packed::PackedB::for_cols(&wt, k, o)
 }
 
 /// The Winograd transform of conv2d weight `w` for [`conv2d_fused`], when the convolution
@@ -492,8 +675,9 @@ fn compute(
     wc: &Tensor,
     g: &Geom,
     steps: &[Step],
-    wino: Option<&winograd::Weights>,
+    prepared: Prepared<'_>,
 ) -> KResult<Vec<f32>> {
+    let wino = prepared.wino;
     let xs = f32s(xc);
     let ws = f32s(wc);
     let (kdim, npix) = (g.kdim(), g.npix());
@@ -542,6 +726,18 @@ fn compute(
                     ow: g.ow,
                 };
                 winograd::conv(image, wt, dst, threads, (!steps.is_empty()).then_some(ep))?;
+            } else if g.packs() {
+                let computed;
+                let packed = match prepared.cols.filter(|p| p.dims() == (kdim, g.o)) {
+                    Some(p) => p,
+                    None => {
+                        computed = cols_pack(&ws, g)?;
+                        &computed
+                    }
+                };
+                cols_source(x_img, g, threads, |src: crate::gemm_packed::ColsSrc<'_>| {
+                    crate::gemm_packed::gemm_cols(npix, src, packed, dst, threads, epilogue)
+                })?;
             } else if g.direct() {
                 let x_img = Rhs::Matrix(x_img);
                 gemm_f32_tiled(g.o, kdim, npix, &ws, x_img, dst, threads, epilogue)?;
@@ -1256,6 +1452,124 @@ mod tests {
                     "case {n} {c} {h} {w} {o} {k} {s} {p} {d} {gr}, {lanes} lanes"
                 );
             }
+        }
+    }
+
+    /// `conv2d` with [`Geom::packs`]'s path forced on (any vector width) or off.
+    fn conv_cols(x: &Tensor, w: &Tensor, a: &Conv2dAttrs, on: bool, threads: usize) -> Tensor {
+        FORCE_COLS.with(|f| f.set(on));
+        let y = crate::par::with_threads(threads, || conv2d(x, w, a));
+        FORCE_COLS.with(|f| f.set(false));
+        y.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn small_planes_with_the_channels_on_the_lanes_match_the_definition() {
+        type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64);
+        let cases: [Case; 9] = [
+            // n, c, h, w, o, k, stride, pad, dilation
+            // The padded plane read in place: blocks of 7 on a 7×7 plane over two panels of
+            // channels, blocks of 8 on two 8×8 images, dilation 2, padding past the image.
+            (1, 5, 7, 7, 60, 3, 1, 1, 1),
+            (2, 4, 8, 8, 50, 3, 1, 1, 1),
+            (1, 6, 7, 7, 20, 3, 1, 2, 2),
+            (1, 3, 3, 3, 5, 3, 1, 3, 1),
+            // The data itself (1×1, stride 1).
+            (1, 16, 7, 7, 100, 1, 1, 0, 1),
+            // The im2col matrix: stride 2 (ResNet-50's 14×14 → 7×7), rows that do not divide
+            // into blocks (a partial last block), a 1×1 of stride 2, a 5×5 without padding.
+            (1, 8, 14, 14, 30, 3, 2, 1, 1),
+            (1, 3, 9, 5, 7, 3, 1, 1, 1),
+            (1, 4, 6, 6, 10, 1, 2, 0, 1),
+            (1, 2, 7, 7, 3, 5, 1, 0, 1),
+        ];
+        for (n, c, h, w, o, k, s, p, d) in cases {
+            let xs: Vec<f32> = (0..n * c * h * w)
+                .map(|i| ((i * 37) % 17) as f32 - 8.0)
+                .collect();
+            let ws: Vec<f32> = (0..o * c * k * k)
+                .map(|i| ((i * 11) % 7) as f32 - 3.0)
+                .collect();
+            let x =
+                Tensor::from_f32(vec![n, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let wt =
+                Tensor::from_f32(vec![o, c, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let a = attrs(s, p, d, 1);
+            let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
+            FORCE_COLS.with(|f| f.set(true));
+            let takes = g.packs();
+            FORCE_COLS.with(|f| f.set(false));
+            assert!(
+                takes,
+                "case {n} {c} {h} {w} {o} {k} {s} {p} {d} runs the column kernel"
+            );
+            let want = naive(&xs, &ws, &g);
+            // Small integers: every sum is exact, whatever the order.
+            for threads in [1, 2] {
+                let got = conv_cols(&x, &wt, &a, true, threads);
+                assert_eq!(
+                    got.as_f32(),
+                    Some(&want[..]),
+                    "case {n} {c} {h} {w} {o} {k} {s} {p} {d}, {threads} threads"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn small_plane_bits_do_not_depend_on_threads_caching_or_fusion() {
+        // Rounding sums, a NaN and an infinity: one chain per element whatever the tiling.
+        let (c, hw, o) = (64, 7, 100);
+        let mut xs: Vec<f32> = (0..c * hw * hw)
+            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+            .collect();
+        xs[100] = f32::NAN;
+        let mut ws: Vec<f32> = (0..o * c * 9)
+            .map(|i| ((i * 104_729) % 1000) as f32 / 991.0 - 0.5)
+            .collect();
+        ws[7] = f32::INFINITY;
+        let x = Tensor::from_f32(vec![1, c, hw, hw], xs).unwrap_or_else(|e| panic!("{e}"));
+        let wt = Tensor::from_f32(vec![o, c, 3, 3], ws).unwrap_or_else(|e| panic!("{e}"));
+        let a = attrs(1, 1, 1, 1);
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.as_f32()
+                .unwrap_or_else(|| panic!("f32"))
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        let one = conv_cols(&x, &wt, &a, true, 1);
+        for threads in [2, 3] {
+            assert_eq!(bits(&conv_cols(&x, &wt, &a, true, threads)), bits(&one));
+        }
+        // Fused with a bias and a relu, the packed weight cached by the executor or made by
+        // the call: the convolution's bits, then the ops one by one.
+        let b: Vec<f32> = (0..o).map(|i| i as f32 / 10.0 - 5.0).collect();
+        let steps = [
+            Step::Bias {
+                b: b.clone(),
+                bias_first: false,
+            },
+            Step::Relu,
+        ];
+        let want: Vec<u32> = one
+            .as_f32()
+            .unwrap_or_else(|| panic!("f32"))
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| relu(v + b[i / (hw * hw)]).to_bits())
+            .collect();
+        FORCE_COLS.with(|f| f.set(true));
+        let packed = cols_weights(&x, &wt, &a);
+        let cached = Prepared {
+            wino: None,
+            cols: packed.as_ref(),
+        };
+        let fused = [cached, Prepared::default()].map(|p| conv2d_fused(&x, &wt, &a, &steps, p));
+        FORCE_COLS.with(|f| f.set(false));
+        assert!(packed.is_some());
+        for y in fused {
+            assert_eq!(bits(&y.unwrap_or_else(|e| panic!("{e}"))), want);
         }
     }
 

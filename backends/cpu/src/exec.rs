@@ -125,6 +125,9 @@ pub struct Executor {
     /// Packed copies of rank-2 `float32` weights ([`crate::gemm_packed`]), by the storage
     /// address of a kept weight tensor.
     packed: Mutex<HashMap<usize, Arc<crate::gemm_packed::PackedB>>>,
+    /// Transposed, packed conv2d weights ([`crate::conv::cols_weights`]), by the storage
+    /// address of a kept weight tensor.
+    cols: Mutex<HashMap<usize, Arc<crate::gemm_packed::PackedB>>>,
     /// What the interpreter works out from a function's IR on every call ([`Facts`]), by the
     /// function's address; an entry holds a copy of its function and serves only a function
     /// equal to it.
@@ -402,6 +405,28 @@ impl Executor {
         let u = Arc::new(crate::conv::winograd_weights(w, attrs)?);
         self.winograd.lock().ok()?.insert(addr, Arc::clone(&u));
         Some(u)
+    }
+
+    /// The transposed, packed conv2d weight `w` of [`crate::conv::cols_weights`] for data
+    /// `x`, made once per kept weight tensor; `None` when the convolution does not run that
+    /// path, `w` is not kept (a weight computed at run time is packed by each call instead), or
+    /// the copy would pass the memory limit.
+    fn cols_weights(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        attrs: &fusebox_core::op::Conv2dAttrs,
+    ) -> Option<Arc<crate::gemm_packed::PackedB>> {
+        let addr = storage_addr(w);
+        if !self.kept.lock().ok()?.contains(&addr) {
+            return None;
+        }
+        if let Some(p) = self.cols.lock().ok()?.get(&addr) {
+            return Some(Arc::clone(p));
+        }
+        let p = Arc::new(crate::conv::cols_weights(x, w, attrs)?);
+        self.cols.lock().ok()?.insert(addr, Arc::clone(&p));
+        Some(p)
     }
 
     /// The packed copy of a rank-2 `float32` GEMM weight `w` ([`crate::gemm_packed`]) for a
@@ -995,6 +1020,11 @@ impl<'m> Interp<'m> {
                 )?;
                 let t = self.profile.as_ref().map(|_| std::time::Instant::now());
                 let wino = self.exec.winograd_weights(&w, attrs);
+                let cols = self.exec.cols_weights(&x, &w, attrs);
+                let prep = crate::conv::Prepared {
+                    wino: wino.as_deref(),
+                    cols: cols.as_deref(),
+                };
                 let kernel = |message| Error::Kernel {
                     op: "relax.nn.conv2d",
                     message,
@@ -1004,8 +1034,8 @@ impl<'m> Interp<'m> {
                 // result larger than the convolution's output is a pass of its own.
                 let y = match bound {
                     None => {
-                        let y = crate::conv::conv2d_fused(&x, &w, attrs, &[], wino.as_deref())
-                            .map_err(kernel)?;
+                        let y =
+                            crate::conv::conv2d_fused(&x, &w, attrs, &[], prep).map_err(kernel)?;
                         run_after(&group.prog, &leaves, y)?.ok_or_else(|| {
                             kernel("the program does not fit its inputs".to_string())
                         })?
@@ -1014,12 +1044,11 @@ impl<'m> Interp<'m> {
                         let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
                             Arc::new(bound),
                         ));
-                        crate::conv::conv2d_fused(&x, &w, attrs, &[step], wino.as_deref())
-                            .map_err(kernel)?
+                        crate::conv::conv2d_fused(&x, &w, attrs, &[step], prep).map_err(kernel)?
                     }
                     Some(bound) => {
-                        let y = crate::conv::conv2d_fused(&x, &w, attrs, &[], wino.as_deref())
-                            .map_err(kernel)?;
+                        let y =
+                            crate::conv::conv2d_fused(&x, &w, attrs, &[], prep).map_err(kernel)?;
                         let mut data = match y.try_into_storage() {
                             Ok(fusebox_core::runtime::Storage::F32(v)) => v,
                             _ => {
@@ -1093,12 +1122,17 @@ impl<'m> Interp<'m> {
         )?;
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
         let wino = self.exec.winograd_weights(&w, attrs);
-        let y = crate::conv::conv2d_fused(&x, &w, attrs, &steps, wino.as_deref()).map_err(
-            |message| Error::Kernel {
+        let cols = self.exec.cols_weights(&x, &w, attrs);
+        let prep = crate::conv::Prepared {
+            wino: wino.as_deref(),
+            cols: cols.as_deref(),
+        };
+        let y = crate::conv::conv2d_fused(&x, &w, attrs, &steps, prep).map_err(|message| {
+            Error::Kernel {
                 op: "relax.nn.conv2d",
                 message,
-            },
-        )?;
+            }
+        })?;
         let out = fuse::result(chain, y, &operands);
         if t.is_some() {
             self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);

@@ -40,6 +40,12 @@
 //!   kernel computes GPT-2-sized dense layers (`128 × 768 × 3072` and back, weights read from
 //!   memory) in 0.92× `faer`'s time with AVX-512 and 0.99–1.04× with AVX2 (`cargo run
 //!   --release -p fusebox-cpu --example bench_dense`; bench/RESULTS.md).
+//! - [`gemm_cols`] is the same chains for a convolution on a small plane, `y = bᵀ · x`
+//!   (`b` the transposed weight) with the output (`channels × pixels`, `NCHW`) written
+//!   transposed from the micro-kernel's registers: `x` is read where it lies ([`ColsSrc`]: the
+//!   im2col matrix, a 1×1 layer's data, or a stride-1 layer's zero-padded image through each
+//!   tap's offset), 7 or 8 pixels of one output row per block, the panel's 48 channels on the
+//!   lanes (see [`crate::conv`]).
 //! - [`gemm`] needs at least [`MIN_ROWS`] rows; fewer go to [`crate::matmul`]'s GEMV/`faer`
 //!   path (the caller decides by the shape alone, so a fused and an unfused dense layer take
 //!   the same path and give the same bits).
@@ -144,6 +150,17 @@ impl PackedB {
         })
     }
 
+    /// Packs row-major `b` (`k × n`) in panels of [`NR`] columns whatever the CPU, as
+    /// [`gemm_cols`] reads them.
+    pub(crate) fn for_cols(b: &[f32], k: usize, n: usize) -> KResult<PackedB> {
+        PackedB::with_width(b, k, n, NR)
+    }
+
+    /// The elements of the copy [`PackedB::for_cols`] makes.
+    pub(crate) fn cols_len_for(k: usize, n: usize) -> usize {
+        n.div_ceil(NR) * NR * k
+    }
+
     /// The elements of the packed copy (for the memory check before packing).
     pub(crate) fn len_for(k: usize, n: usize) -> usize {
         let nr = panel_width();
@@ -246,6 +263,233 @@ pub(crate) fn gemm(
             Ok(())
         })
     })
+}
+
+/// Where [`gemm_cols`] reads its right operand `x` (`k × m`: step `p` of `k`, pixel `i`):
+/// `data[steps[p] + (i / row) · pitch + i % row]`. The im2col matrix of a convolution, or the
+/// data of a 1×1 one, is `steps[p] = p · m` with `row = pitch = m`; a stride-1 convolution
+/// reads its zero-padded input in place with `steps[p]` the tap's offset in it, `row` the
+/// output's width and `pitch` the padded width (no im2col matrix: on a 7×7 plane, building one
+/// cost a quarter of a 3×3 layer's time, in copies of 5–7 values).
+#[derive(Clone, Copy)]
+pub(crate) struct ColsSrc<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) steps: &'a [usize],
+    pub(crate) row: usize,
+    pub(crate) pitch: usize,
+}
+
+impl ColsSrc<'_> {
+    /// Where pixel `i`'s values start, past a step's offset.
+    fn base(&self, i: usize) -> usize {
+        (i / self.row) * self.pitch + i % self.row
+    }
+}
+
+/// `y = bᵀ · x`, `x` (`k × m`) read through `src` ([`ColsSrc`]) and `b` (`k × n`, packed by
+/// [`PackedB::for_cols`]: a convolution's transposed weight), into `y` (`n × m`, row-major:
+/// output channel by output channel, as `NCHW`). Element `y[j][i]` is the chain of [`gemm`]'s
+/// element `[i][j]` for `a = xᵀ`: one FMA per step of `k` in order from `+0.0`, so the bits
+/// do not depend on the tiling, the thread count or the instruction set. The output channels
+/// lie on the vector lanes (a 7×7 plane's 49 pixels waste no lane, where `faer`'s kernel ran
+/// them on four 16-lane vectors); blocks of [`cols_rows`] pixels of one output row are
+/// computed over all of `k` with a panel's 48 channels in registers, then written back
+/// transposed. Tasks are runs of whole panels, cut by the shape alone; `epilogue(j, 0, row)`
+/// runs on each finished row of `y`.
+pub(crate) fn gemm_cols(
+    m: usize,
+    src: ColsSrc<'_>,
+    b: &PackedB,
+    y: &mut [f32],
+    threads: usize,
+    epilogue: Option<Epilogue<'_>>,
+) -> KResult<()> {
+    let (k, n) = (b.k, b.n);
+    if b.nr != NR {
+        return Err(format!(
+            "gemm: the column kernel reads panels of {NR} columns, these have {}",
+            b.nr
+        ));
+    }
+    if src.steps.len() != k || y.len() != n * m {
+        return Err(format!(
+            "gemm: ({k}x{n})ᵀ @ {k}x{m} needs {k} steps and {} outputs, found {} and {}",
+            n * m,
+            src.steps.len(),
+            y.len()
+        ));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let mr = cols_rows(m);
+    // Blocks within one output row (`row` a multiple of the block, or all pixels one row),
+    // and every value read inside `data` (`base` grows with the pixel where `pitch ≥ row`).
+    let fits = src.row > 0
+        && src.pitch >= src.row
+        && (src.row.is_multiple_of(mr) || src.row == m)
+        && src
+            .steps
+            .iter()
+            .max()
+            .is_none_or(|&s| s.saturating_add(src.base(m - 1)) < src.data.len());
+    if !fits {
+        return Err(format!(
+            "gemm: {m} pixels in rows of {} (pitch {}) over {} values do not fit blocks of {mr}",
+            src.row,
+            src.pitch,
+            src.data.len()
+        ));
+    }
+    let panels = n.div_ceil(NR);
+    let per_panel = m.next_multiple_of(mr) * k.max(1) * NR;
+    let run = TILE_MACS.div_ceil(per_panel).clamp(1, panels);
+    let tasks: Vec<(usize, &mut [f32])> = y.chunks_mut(run * NR * m).enumerate().collect();
+    let threads = threads.min(tasks.len()).max(1);
+    crate::par::run_tasks(tasks, threads, |(t, rows)| {
+        let p0 = t * run;
+        crate::par::with_scratch(&TAIL, |tail| {
+            crate::simd::dispatch(Cols {
+                src,
+                m,
+                b,
+                p0,
+                y: &mut *rows,
+                tail,
+            })
+        })?;
+        if let Some(ep) = epilogue {
+            for (j, row) in rows.chunks_exact_mut(m).enumerate() {
+                ep(p0 * NR + j, 0, row);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The pixels per block of [`gemm_cols`] for `m` pixels: 7 where that divides them
+/// (MobileNet's and ResNet's 7×7, 14×14 and 28×28 planes), else 8.
+pub(crate) fn cols_rows(m: usize) -> usize {
+    if m.is_multiple_of(7) { 7 } else { 8 }
+}
+
+thread_local! {
+    /// [`gemm_cols`]'s copy of the last, partial pixel block (`k × MR`, zero-padded).
+    static TAIL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One task of [`gemm_cols`]: panels `p0..` of `b` into `y` (their rows).
+struct Cols<'a> {
+    src: ColsSrc<'a>,
+    m: usize,
+    b: &'a PackedB,
+    p0: usize,
+    y: &'a mut [f32],
+    tail: &'a mut Vec<f32>,
+}
+
+impl pulp::WithSimd for Cols<'_> {
+    type Output = KResult<()>;
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) -> KResult<()> {
+        match cols_rows(self.m) {
+            7 => cols_task::<S, 7>(simd, self),
+            _ => cols_task::<S, 8>(simd, self),
+        }
+    }
+}
+
+/// [`Cols`] with blocks of `MR` pixels: panel by panel, block by block; the last block, when
+/// partial (only where the pixels are one row), from a zero-padded copy of its pixels made once
+/// per task.
+#[inline(always)]
+fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_>) -> KResult<()> {
+    let Cols {
+        src,
+        m,
+        b,
+        p0,
+        y,
+        tail,
+    } = t;
+    let k = b.k;
+    let full = m / MR;
+    let rest = m - full * MR;
+    let tail_steps: Vec<usize> = if rest > 0 {
+        (0..k).map(|p| p * MR).collect()
+    } else {
+        Vec::new()
+    };
+    if rest > 0 {
+        tail.clear();
+        tail.resize(k * MR, 0.0);
+        for (d, &s) in tail.chunks_exact_mut(MR).zip(src.steps) {
+            for (r, v) in d[..rest].iter_mut().enumerate() {
+                *v = src.data[s + src.base(full * MR + r)];
+            }
+        }
+    }
+    for (j, rows) in y.chunks_mut(NR * m).enumerate() {
+        let panel = b.panel(p0 + j);
+        let cols = rows.len() / m;
+        for blk in 0..full + usize::from(rest > 0) {
+            let (data, steps, at, valid) = if blk < full {
+                (src.data, src.steps, src.base(blk * MR), MR)
+            } else {
+                (&tail[..], &tail_steps[..], 0, rest)
+            };
+            let block = kernel_cols::<S, MR>(simd, data, steps, at, panel);
+            let i0 = blk * MR;
+            for (c, row) in rows.chunks_exact_mut(m).enumerate().take(cols) {
+                for (r, v) in row[i0..i0 + valid].iter_mut().enumerate() {
+                    *v = block[r][c];
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `MR` pixels (`data[steps[p] + at + r]`) × [`NR`] columns of the panel: `Σ_p x ·
+/// panel[p][j]`, one FMA per step in `p` order from `+0.0`, in sub-blocks of 3 vectors held
+/// in registers over all of `k` (as [`kernel`], with the pixels read along `x`'s rows).
+#[inline(always)]
+fn kernel_cols<S: pulp::Simd, const MR: usize>(
+    simd: S,
+    data: &[f32],
+    steps: &[usize],
+    at: usize,
+    panel: &[f32],
+) -> [[f32; NR]; MR] {
+    let lanes = S::F32_LANES;
+    let width = 3 * lanes;
+    let mut out = [[0.0f32; NR]; MR];
+    let zero = simd.splat_f32s(0.0);
+    for j0 in (0..NR).step_by(width) {
+        let mut acc = [[zero; 3]; MR];
+        for (bp, &s) in panel.chunks_exact(NR).zip(steps) {
+            let (Some(bp), Some(xs)) = (bp.get(j0..j0 + width), data.get(s + at..s + at + MR))
+            else {
+                continue;
+            };
+            let bv: [S::f32s; 3] = std::array::from_fn(|v| {
+                bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[v * lanes..(v + 1) * lanes]))
+            });
+            for (acc, &xv) in acc.iter_mut().zip(xs) {
+                let xv = simd.splat_f32s(xv);
+                for (a, &bv) in acc.iter_mut().zip(&bv) {
+                    *a = simd.mul_add_f32s(xv, bv, *a);
+                }
+            }
+        }
+        for (acc, o) in acc.iter().zip(out.iter_mut()) {
+            for (v, a) in acc.iter().enumerate() {
+                let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
+                o[j0 + v * lanes..j0 + (v + 1) * lanes].copy_from_slice(vals);
+            }
+        }
+    }
+    out
 }
 
 /// Whether vectors of `lanes` `f32`s run [`tile_chunked`] (which reads `A` packed by
@@ -789,6 +1033,197 @@ mod tests {
         assert!(seen.into_inner().unwrap().iter().all(|&s| s == 1));
         let neg: Vec<f32> = want.iter().map(|v| -v).collect();
         assert_eq!(bits(&c), bits(&neg));
+    }
+
+    /// The steps of `x` (`k × m`) as [`gemm_cols`] reads an im2col matrix.
+    fn row_steps(k: usize, m: usize) -> Vec<usize> {
+        (0..k).map(|p| p * m).collect()
+    }
+
+    /// `x` (`k × m`, with its [`row_steps`]) as [`gemm_cols`] reads an im2col matrix.
+    fn rows_src<'a>(x: &'a [f32], steps: &'a [usize], m: usize) -> ColsSrc<'a> {
+        ColsSrc {
+            data: x,
+            steps,
+            row: m,
+            pitch: m,
+        }
+    }
+
+    /// `y` (`n × m`) transposed: what `gemm` computes as `m × n`.
+    fn transposed(y: &[f32], n: usize, m: usize) -> Vec<f32> {
+        (0..m * n).map(|t| y[(t % n) * m + t / n]).collect()
+    }
+
+    #[test]
+    fn gemm_cols_is_the_chain_for_edge_shapes_and_thread_counts() {
+        // Pixels in blocks of 7 (49, 14) and 8 with a partial last block (9, 50, 1); channels
+        // under a panel, not a multiple of one, several tasks (k · pixels · 48 > TILE_MACS).
+        for (m, k, n) in [
+            (49usize, 1usize, 1usize),
+            (49, 37, 100),
+            (14, 300, 48),
+            (9, 5, 97),
+            (50, 64, 130),
+            (1, 17, 49),
+            (64, 2000, 200),
+        ] {
+            let x = values(k * m, (m * 13 + k) as u64);
+            let b = values(k * n, (n * 7 + k) as u64);
+            // The definition: y[j][i] = chain over p of x[p][i] · b[p][j].
+            let xt: Vec<f32> = (0..m * k).map(|t| x[(t % k) * m + t / k]).collect();
+            let want = chain(m, k, n, &xt, &b);
+            let packed = PackedB::for_cols(&b, k, n).unwrap_or_else(|e| panic!("{e}"));
+            let steps = row_steps(k, m);
+            let src = rows_src(&x, &steps, m);
+            for threads in [1, 2, 3] {
+                let mut y = vec![f32::NAN; n * m];
+                crate::par::with_threads(threads, || {
+                    gemm_cols(m, src, &packed, &mut y, threads, None)
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+                let got = transposed(&y, n, m);
+                assert_eq!(bits(&got), bits(&want), "{m}x{k}x{n} on {threads} threads");
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_cols_reads_a_padded_plane_in_place() {
+        // A 3×3 convolution of 5 channels on a 7×7 plane through its zero-padded 9×9 copy
+        // (steps: each tap's offset; rows of 7 in a pitch of 9) against the same product
+        // over its im2col matrix: the same chains, so the same bits.
+        let (c, h, w, o) = (5usize, 7usize, 7usize, 60usize);
+        let (hp, wp, k, m) = (h + 2, w + 2, c * 9, h * w);
+        let img = values(c * h * w, 21);
+        let mut pad = vec![0.0f32; c * hp * wp];
+        for ch in 0..c {
+            for y in 0..h {
+                for xx in 0..w {
+                    pad[ch * hp * wp + (y + 1) * wp + xx + 1] = img[(ch * h + y) * w + xx];
+                }
+            }
+        }
+        let mut col = vec![0.0f32; k * m];
+        for p in 0..k {
+            let (ch, ky, kx) = (p / 9, p / 3 % 3, p % 3);
+            for i in 0..m {
+                let (oy, ox) = (i / w, i % w);
+                col[p * m + i] = pad[ch * hp * wp + (oy + ky) * wp + ox + kx];
+            }
+        }
+        let b = values(k * o, 22);
+        let packed = PackedB::for_cols(&b, k, o).unwrap_or_else(|e| panic!("{e}"));
+        let steps: Vec<usize> = (0..k)
+            .map(|p| (p / 9) * hp * wp + (p / 3 % 3) * wp + p % 3)
+            .collect();
+        let src = ColsSrc {
+            data: &pad,
+            steps: &steps,
+            row: w,
+            pitch: wp,
+        };
+        let mut y = vec![f32::NAN; o * m];
+        gemm_cols(m, src, &packed, &mut y, 2, None).unwrap_or_else(|e| panic!("{e}"));
+        let steps2 = row_steps(k, m);
+        let mut want = vec![f32::NAN; o * m];
+        gemm_cols(m, rows_src(&col, &steps2, m), &packed, &mut want, 1, None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(bits(&y), bits(&want));
+    }
+
+    #[test]
+    fn gemm_cols_gives_the_same_bits_on_every_instruction_set() {
+        // One task on each instruction set (blocks of 7 and of 8 with a partial last one).
+        for (m, k, n) in [(49usize, 33usize, 70usize), (19, 301, 50)] {
+            let x = values(k * m, 31);
+            let b = values(k * n, 32);
+            let xt: Vec<f32> = (0..m * k).map(|t| x[(t % k) * m + t / k]).collect();
+            let want = bits(&chain(m, k, n, &xt, &b));
+            let packed = PackedB::for_cols(&b, k, n).unwrap_or_else(|e| panic!("{e}"));
+            let steps = row_steps(k, m);
+            let src = rows_src(&x, &steps, m);
+            let run = |simd: &dyn Fn(Cols<'_>) -> KResult<()>| {
+                let mut y = vec![f32::NAN; n * m];
+                simd(Cols {
+                    src,
+                    m,
+                    b: &packed,
+                    p0: 0,
+                    y: &mut y,
+                    tail: &mut Vec::new(),
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+                bits(&transposed(&y, n, m))
+            };
+            let scalar = |c: Cols<'_>| pulp::WithSimd::with_simd(c, pulp::Scalar::new());
+            assert_eq!(run(&scalar), want, "scalar, {m}x{k}x{n}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if let Some(v3) = pulp::x86::V3::try_new() {
+                    let avx2 = move |c: Cols<'_>| pulp::WithSimd::with_simd(c, v3);
+                    assert_eq!(run(&avx2), want, "AVX2, {m}x{k}x{n}");
+                }
+                if let Some(v4) = pulp::x86::V4::try_new() {
+                    let avx512 = move |c: Cols<'_>| pulp::WithSimd::with_simd(c, v4);
+                    assert_eq!(run(&avx512), want, "AVX-512, {m}x{k}x{n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_cols_runs_the_epilogue_once_per_row_and_rejects_bad_sources() {
+        let (m, k, n) = (49, 10, 100);
+        let x = values(k * m, 41);
+        let b = values(k * n, 42);
+        let packed = PackedB::for_cols(&b, k, n).unwrap_or_else(|e| panic!("{e}"));
+        let steps = row_steps(k, m);
+        let src = rows_src(&x, &steps, m);
+        let mut want = vec![0.0; n * m];
+        gemm_cols(m, src, &packed, &mut want, 1, None).unwrap_or_else(|e| panic!("{e}"));
+        let seen = std::sync::Mutex::new(vec![0u8; n]);
+        let ep = |row: usize, c0: usize, r: &mut [f32]| {
+            assert_eq!((c0, r.len()), (0, m));
+            seen.lock().unwrap_or_else(|e| panic!("{e}"))[row] += 1;
+            r.iter_mut().for_each(|v| *v = -*v);
+        };
+        let mut y = vec![0.0; n * m];
+        gemm_cols(m, src, &packed, &mut y, 2, Some(&ep)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            seen.into_inner()
+                .unwrap_or_else(|e| panic!("{e}"))
+                .iter()
+                .all(|&s| s == 1)
+        );
+        assert_eq!(bits(&y), bits(&want.iter().map(|v| -v).collect::<Vec<_>>()));
+        // A step reading past the data, rows wider than their pitch, blocks across rows, the
+        // wrong number of steps or outputs, panels of another width: errors, not panics.
+        let short = ColsSrc {
+            data: &x[..k * m - 1],
+            ..src
+        };
+        let wide = ColsSrc {
+            pitch: 5,
+            row: 7,
+            ..src
+        };
+        let across = ColsSrc {
+            row: 10,
+            pitch: 10,
+            ..src
+        };
+        let few = ColsSrc {
+            steps: &steps[..k - 1],
+            ..src
+        };
+        for bad in [short, wide, across, few] {
+            assert!(gemm_cols(m, bad, &packed, &mut y, 1, None).is_err());
+        }
+        assert!(gemm_cols(m, src, &packed, &mut y[1..], 1, None).is_err());
+        let narrow = PackedB::with_width(&b, k, n, NR_N).unwrap_or_else(|e| panic!("{e}"));
+        let e = gemm_cols(m, src, &narrow, &mut y, 1, None).unwrap_err();
+        assert!(e.contains("panels of 48"), "{e}");
     }
 
     #[test]
