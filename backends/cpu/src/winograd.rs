@@ -18,10 +18,16 @@
 //!   additions and subtractions in `f32`. Against the direct sum the result differs by a few
 //!   units in the last place of the largest terms (the transforms' sums), well within the
 //!   tolerances `--check` and the onnxruntime comparison use.
+//! - Two ways to spread the work, chosen by the shape ([`local_rows`]): one block of tile rows
+//!   at a time with each phase (data transform, the 16 GEMMs, output transform) spread over the
+//!   threads; or, where the transformed weights are small (ResNet's 64×56×56 and 128×28×28
+//!   layers), the blocks themselves as tasks, each whole on one thread, so that no block's
+//!   transformed data passes between cores (which cost 1.4–1.9× on this VM whenever its two
+//!   vCPUs sat on different L3 caches).
 //! - Deterministic: the tiles are cut into blocks of whole tile rows by the shape alone, and
 //!   every output element is computed by the same operations in the same order whatever the
-//!   number of threads (each GEMM is one sequential `faer` call), so results are bit-identical
-//!   for every thread count, fused or not.
+//!   number of threads or the blocks (each GEMM is one sequential `faer` call), so results are
+//!   bit-identical for every thread count, fused or not.
 //!
 //! ```text
 //! y: R.Tensor((1, 64, 56, 56), dtype="float32") = R.nn.conv2d(x, w, strides=[1, 1],
@@ -135,17 +141,66 @@ pub(crate) fn conv(
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
 ) -> KResult<()> {
-    conv_blocked(img, wt, out, threads, epilogue, BLOCK_ELEMS)
+    let blocks = match local_rows(wt.c, wt.o, img.oh.div_ceil(2), img.ow.div_ceil(2)) {
+        Some(rows) => Blocks::Tasks(rows),
+        None => Blocks::Phases(BLOCK_ELEMS),
+    };
+    conv_blocked(img, wt, out, threads, epilogue, blocks)
 }
 
-/// [`conv`] with blocks of about `block_elems` transformed elements.
+/// How [`conv_blocked`] cuts the tiles into blocks of whole tile rows and spreads the work.
+#[derive(Clone, Copy, Debug)]
+enum Blocks {
+    /// One block at a time, of about this many transformed elements (data and results), each
+    /// phase (data transform, GEMMs, output transform) spread over the threads.
+    Phases(usize),
+    /// Blocks of this many tile rows as the tasks, each wholly on one thread.
+    Tasks(usize),
+}
+
+/// The transformed weights ([`Weights`], `16 · c · o` floats) up to which [`conv`] may run
+/// its blocks as tasks (each block reads all of them): 1 MiB.
+const TASK_WEIGHTS: usize = 1 << 18;
+
+/// Tile rows per block where [`conv`] runs its blocks as tasks, each transformed, multiplied
+/// and transformed back by one thread in its own buffers (`None`: one block at a time, each
+/// phase spread over the threads). In the phase-parallel form, what one thread transformed
+/// another multiplies, and what that one multiplied the first transforms back: twice per
+/// block the data moves between cores. On this 2-vCPU VM, at times the two sit on different L3
+/// caches (bench/RESULTS.md, session u: onnxruntime unaffected in the same minutes) and those
+/// moves go through memory: ResNet-50's 64×56×56 layers then took 4.97–5.07 ms instead of
+/// 2.5–2.7 (three calls, 2 threads), 2.60–2.61 as tasks; 128×28×28 3.92–4.11, 2.98–3.03
+/// as tasks. Taken where the transformed weights are at most [`TASK_WEIGHTS`] and the tile
+/// rows make 4 (else 2) blocks of at least [`FEW_TILES`] tiles each, so that every GEMM keeps
+/// its plain orientation; by the shape alone, so the bits do not depend on the thread count
+/// (nor on the form: the tests compare the two).
+fn local_rows(c: usize, o: usize, th: usize, tw: usize) -> Option<usize> {
+    if XI * c * o > TASK_WEIGHTS || th == 0 {
+        return None;
+    }
+    [4usize, 2].into_iter().find_map(|blocks| {
+        let rows = th.div_ceil(blocks);
+        let count = th.div_ceil(rows);
+        let last = th - rows * (count - 1);
+        (count == blocks && last * tw >= FEW_TILES).then_some(rows)
+    })
+}
+
+/// Output rows `r0..r1` of every `plane`-sized channel of `out` (rows of `ow`).
+fn rows_of(out: &mut [f32], plane: usize, ow: usize, r0: usize, r1: usize) -> Vec<&mut [f32]> {
+    out.chunks_mut(plane)
+        .map(|p| &mut p[r0 * ow..r1 * ow])
+        .collect()
+}
+
+/// [`conv`] with the tiles cut into `blocks`.
 fn conv_blocked(
     img: Image<'_>,
     wt: &Weights,
     out: &mut [f32],
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
-    block_elems: usize,
+    blocks: Blocks,
 ) -> KResult<()> {
     let (o, c) = (wt.o, wt.c);
     if img.c != c || img.x.len() != c * img.h * img.w || out.len() != o * img.oh * img.ow {
@@ -165,6 +220,39 @@ fn conv_blocked(
     if o == 0 || th == 0 || tw == 0 {
         return Ok(());
     }
+    let plane = img.oh * img.ow;
+    let block_elems = match blocks {
+        Blocks::Phases(elems) => elems,
+        Blocks::Tasks(rows) => {
+            let rows = rows.clamp(1, th);
+            // Each task's output rows of every channel, cut from the planes in turn.
+            let mut planes: Vec<&mut [f32]> = out.chunks_mut(plane).collect();
+            let mut tasks = Vec::with_capacity(th.div_ceil(rows));
+            let mut ty0 = 0;
+            while ty0 < th {
+                let ty1 = (ty0 + rows).min(th);
+                let n = ((2 * ty1).min(img.oh) - 2 * ty0) * img.ow;
+                let mut mine = Vec::with_capacity(o);
+                for p in &mut planes {
+                    let (head, tail) = std::mem::take(p).split_at_mut(n);
+                    mine.push(head);
+                    *p = tail;
+                }
+                tasks.push(((ty0, ty1), mine));
+                ty0 = ty1;
+            }
+            let t = threads.min(tasks.len());
+            return crate::par::run_tasks(tasks, t, |(span, outs)| {
+                crate::par::with_scratch(&BUFFERS, |(v, m)| {
+                    let tb = (span.1 - span.0) * tw;
+                    v.resize(c * XI * tb, 0.0);
+                    m.resize(o * XI * tb, 0.0);
+                    let (v, m) = (&mut v[..c * XI * tb], &mut m[..o * XI * tb]);
+                    block(img, wt, outs, 1, epilogue, span, v, m)
+                })
+            });
+        }
+    };
     // Whole tile rows per block, about `block_elems` transformed elements (data and results).
     let rows = (block_elems / (XI * (c + o) * tw).max(1)).clamp(1, th);
     let tb_max = rows * tw;
@@ -178,7 +266,7 @@ fn conv_blocked(
             result = block(
                 img,
                 wt,
-                out,
+                rows_of(out, plane, img.ow, 2 * ty0, (2 * ty1).min(img.oh)),
                 threads,
                 epilogue,
                 (ty0, ty1),
@@ -192,7 +280,8 @@ fn conv_blocked(
 }
 
 /// Tile rows `ty0..ty1`: data transform into `v` (`c × 16·tiles`), 16 GEMMs into `m`
-/// (`o × 16·tiles`), output transform into `out` and the epilogue.
+/// (`o × 16·tiles`), output transform into `outs` (the block's output rows of each channel)
+/// and the epilogue.
 #[allow(
     clippy::too_many_arguments,
     reason = "one block's operands and buffers"
@@ -200,7 +289,7 @@ fn conv_blocked(
 fn block(
     img: Image<'_>,
     wt: &Weights,
-    out: &mut [f32],
+    outs: Vec<&mut [f32]>,
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
     (ty0, ty1): (usize, usize),
@@ -262,13 +351,8 @@ fn block(
         Ok::<(), String>(())
     })?;
     // 3. The output transform and the epilogue, channels spread over the threads.
-    let (r0, r1) = (2 * ty0, (2 * ty1).min(img.oh));
-    let plane = img.oh * img.ow;
-    let tasks: Vec<(usize, &mut [f32])> = out
-        .chunks_mut(plane)
-        .enumerate()
-        .map(|(ch, p)| (ch, &mut p[r0 * img.ow..r1 * img.ow]))
-        .collect();
+    let r0 = 2 * ty0;
+    let tasks: Vec<(usize, &mut [f32])> = outs.into_iter().enumerate().collect();
     let t = crate::par::threads_for(o * tb * XI, 1 << 14).min(threads);
     let m = &*m;
     crate::par::run_tasks(tasks, t, |(ch, rows)| {
@@ -505,10 +589,10 @@ mod tests {
     }
 
     /// Runs `conv_blocked` for a case, returning the output.
-    fn run(img: Image<'_>, w: &[f32], o: usize, threads: usize, block: usize) -> Vec<f32> {
+    fn run(img: Image<'_>, w: &[f32], o: usize, threads: usize, blocks: Blocks) -> Vec<f32> {
         let wt = Weights::new(w, o, img.c).unwrap_or_else(|e| panic!("{e}"));
         let mut out = vec![f32::NAN; o * img.oh * img.ow];
-        conv_blocked(img, &wt, &mut out, threads, None, block).unwrap_or_else(|e| panic!("{e}"));
+        conv_blocked(img, &wt, &mut out, threads, None, blocks).unwrap_or_else(|e| panic!("{e}"));
         out
     }
 
@@ -524,11 +608,17 @@ mod tests {
                 .collect();
             let img = image(&x, (c, h, w, pt, pl, pb, pr));
             let want: Vec<f32> = naive(&img, &k, o).into_iter().map(|v| v as f32).collect();
-            for block in [1 << 20, 1] {
+            let forms = [
+                Blocks::Phases(1 << 20),
+                Blocks::Phases(1),
+                Blocks::Tasks(1),
+                Blocks::Tasks(3),
+            ];
+            for (blocks, threads) in forms.into_iter().zip([1, 1, 2, 2]) {
                 assert_eq!(
-                    run(img, &k, o, 1, block),
+                    run(img, &k, o, threads, blocks),
                     want,
-                    "case {c} {o} {h} {w} {pt} {pl} {pb} {pr}, block {block}"
+                    "case {c} {o} {h} {w} {pt} {pl} {pb} {pr}, {blocks:?}"
                 );
             }
         }
@@ -548,7 +638,7 @@ mod tests {
             let k: Vec<f32> = (0..o * c * 9).map(|_| next()).collect();
             let img = image(&x, (c, h, w, pt, pl, pb, pr));
             let want = naive(&img, &k, o);
-            let got = run(img, &k, o, 1, 1 << 20);
+            let got = run(img, &k, o, 1, Blocks::Phases(1 << 20));
             // The sums of absolute terms bound the rounding error of any summation order.
             let scale = (c * 9) as f64;
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -571,20 +661,35 @@ mod tests {
             .map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5)
             .collect();
         let img = image(&x, (c, h, w, 1, 1, 1, 1));
-        let one = run(img, &k, o, 1, 1 << 20);
+        let one = run(img, &k, o, 1, Blocks::Phases(1 << 20));
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for threads in [2, 3] {
-            assert_eq!(
-                bits(&run(img, &k, o, threads, 1 << 20)),
-                bits(&one),
-                "{threads} threads"
-            );
+            for blocks in [Blocks::Phases(1 << 20), Blocks::Tasks(6), Blocks::Tasks(2)] {
+                assert_eq!(
+                    bits(&run(img, &k, o, threads, blocks)),
+                    bits(&one),
+                    "{threads} threads, {blocks:?}"
+                );
+            }
         }
         // Blocks of one and of five tile rows give the same sums (the GEMMs' order per element
-        // does not depend on the block).
-        let small = run(img, &k, o, 2, 1);
-        let five = run(img, &k, o, 2, XI * (c + o) * 11 * 5);
+        // does not depend on the block), whichever thread computes them.
+        let small = run(img, &k, o, 2, Blocks::Phases(1));
+        let five = run(img, &k, o, 2, Blocks::Phases(XI * (c + o) * 11 * 5));
         assert_eq!(bits(&small), bits(&five));
+        assert_eq!(bits(&run(img, &k, o, 2, Blocks::Tasks(1))), bits(&small));
+    }
+
+    #[test]
+    fn blocks_run_as_tasks_where_the_weights_are_small_and_the_tiles_many() {
+        // ResNet-50: 64×56×56 in 4 blocks of 7 tile rows, 128×28×28 in 2 of 7; 256×14×14
+        // (4 MiB of transformed weights) and a 14×14 plane of few channels (blocks under
+        // FEW_TILES tiles) stay phase-parallel.
+        assert_eq!(local_rows(64, 64, 28, 28), Some(7));
+        assert_eq!(local_rows(128, 128, 14, 14), Some(7));
+        assert_eq!(local_rows(256, 256, 7, 7), None);
+        assert_eq!(local_rows(64, 64, 7, 7), None);
+        assert_eq!(local_rows(16, 16, 0, 0), None);
     }
 
     #[test]
@@ -594,38 +699,44 @@ mod tests {
         let k = vec![0.5f32; o * c * 9];
         let img = image(&x, (c, h, w, 1, 1, 1, 1));
         let wt = Weights::new(&k, o, c).unwrap_or_else(|e| panic!("{e}"));
-        let mut out = vec![0.0f32; o * 81];
-        let seen = std::sync::Mutex::new(vec![0usize; o * 81]);
-        let ep = |ch: usize, r0: usize, rows: &mut [f32]| {
-            if let Ok(mut s) = seen.lock() {
-                for i in 0..rows.len() {
-                    s[ch * 81 + r0 * 9 + i] += 1;
+        for blocks in [Blocks::Phases(1), Blocks::Tasks(2)] {
+            let mut out = vec![0.0f32; o * 81];
+            let seen = std::sync::Mutex::new(vec![0usize; o * 81]);
+            let ep = |ch: usize, r0: usize, rows: &mut [f32]| {
+                if let Ok(mut s) = seen.lock() {
+                    for i in 0..rows.len() {
+                        s[ch * 81 + r0 * 9 + i] += 1;
+                    }
                 }
-            }
-            rows.iter_mut().for_each(|v| *v = -*v);
-        };
-        conv_blocked(img, &wt, &mut out, 2, Some(&ep), 1).unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            seen.into_inner()
-                .unwrap_or_default()
-                .iter()
-                .all(|&n| n == 1)
-        );
-        // The centre sees all 9 taps of all 16 channels: -(16 * 9 * 0.5).
-        assert_eq!(out[4 * 9 + 4], -72.0);
+                rows.iter_mut().for_each(|v| *v = -*v);
+            };
+            conv_blocked(img, &wt, &mut out, 2, Some(&ep), blocks)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                seen.into_inner()
+                    .unwrap_or_default()
+                    .iter()
+                    .all(|&n| n == 1),
+                "{blocks:?}"
+            );
+            // The centre sees all 9 taps of all 16 channels: -(16 * 9 * 0.5).
+            assert_eq!(out[4 * 9 + 4], -72.0, "{blocks:?}");
+        }
     }
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
-        /// Any sizes, paddings, blocks and thread counts: small integers give the exact
-        /// correlation.
+        /// Any sizes, paddings, blocks (phase-parallel or as tasks) and thread counts: small
+        /// integers give the exact correlation.
         #[test]
         fn any_shape_gives_the_exact_correlation(
             c in 1usize..6, o in 1usize..6, h in 1usize..10, w in 1usize..10,
             pt in 0usize..3, pl in 0usize..3, pb in 0usize..3, pr in 0usize..3,
-            block in 1usize..3000, threads in 1usize..4, seed in 0usize..1000,
+            size in 1usize..3000, tasks in proptest::bool::ANY, threads in 1usize..4,
+            seed in 0usize..1000,
         ) {
+            let block = if tasks { Blocks::Tasks(size % 5) } else { Blocks::Phases(size) };
             proptest::prop_assume!(h + pt + pb >= 3 && w + pl + pr >= 3);
             let x: Vec<f32> = (0..c * h * w).map(|i| ((i * 37 + seed) % 17) as f32 - 8.0).collect();
             let k: Vec<f32> = (0..o * c * 9).map(|i| ((i * 11 + seed) % 7) as f32 - 3.0).collect();
