@@ -1602,6 +1602,7 @@ mod tests {
             (8, 6, 3, 1, 2, 2),
             (14, 14, 3, 2, 1, 1),
             (28, 28, 3, 2, 1, 1),
+            (60, 20, 3, 1, 1, 1),
             (9, 11, 3, 2, 1, 1),
             (12, 13, 5, 2, 2, 1),
             (13, 10, 3, 3, 1, 1),
@@ -1638,14 +1639,14 @@ mod tests {
         // Unequal strides, a tap past the output's last column that reads the image (stride
         // 1, no padding), and rows of 16 pixels or more but for a 3x3 kernel of stride 1 or 2
         // on planes of up to 64x64 (128x128 for stride 1 with one pixel of padding and rows
-        // of 24 or more) keep the row kernel.
+        // of 14 or more) keep the row kernel.
         for s in [
             [7, 7, 3, 3, 2, 1, 1, 1, 1, 1, 4, 7],
             [7, 7, 3, 3, 1, 1, 1, 1, 0, 0, 5, 5],
             [131, 131, 3, 3, 2, 2, 1, 1, 1, 1, 66, 66],
             [129, 129, 3, 3, 1, 1, 1, 1, 1, 1, 129, 129],
             [70, 70, 3, 3, 1, 1, 1, 1, 0, 0, 68, 68],
-            [300, 20, 3, 3, 1, 1, 1, 1, 1, 1, 300, 20],
+            [300, 60, 3, 3, 1, 1, 1, 1, 1, 1, 300, 60],
             [20, 20, 5, 5, 1, 1, 1, 1, 2, 2, 20, 20],
             [48, 48, 3, 3, 3, 3, 1, 1, 1, 1, 16, 16],
         ] {

@@ -32,14 +32,18 @@
 //!   layer ran 23% fewer instructions, 60.5 M → 46.5 M for 20 runs under callgrind). On
 //!   MobileNetV2's layers, one thread: 144×56×56 0.236 → 0.168 ms, 96×112×112 stride 2 0.29
 //!   → 0.21 ms.
-//! - Stride 1 with one pixel of padding, rows of 24 pixels or more (MobileNetV2's 28×28,
-//!   56×56 and 112×112 planes, up to 128×128): [`plane_3x3_strips`] walks strips of one or
+//! - Stride 1 with one pixel of padding, rows of 14 pixels or more (MobileNetV2's 14×14,
+//!   28×28, 56×56 and 112×112 planes, up to 128×128): [`plane_3x3_strips`] walks strips of one or
 //!   two vectors down the rows, each input row loaded once (three shifted runs) and multiplied
 //!   into the three output rows it feeds, so 3 loads per 9 multiply-adds per vector instead of
 //!   9 (the same chains in the same order). One thread, one node each, median of 300 runs
 //!   (`bench/conv_layers.py --preset depthwise --threads 1`, both builds in one run):
 //!   32×112×112 0.263 → 0.167 ms, 144×56×56 0.250 → 0.181 ms, 192×28×28 0.094 → 0.069 ms
-//!   (onnxruntime 0.167, 0.201, 0.078).
+//!   (onnxruntime 0.167, 0.201, 0.078). On 14×14 planes (one 16-lane vector per row, 14 lanes
+//!   used, where the flat kernel filled 196 of 256): 384×14×14 0.064 → 0.044 ms, 576×14×14
+//!   0.107 → 0.067 ms (one node, one thread, median of 2000 runs, three alternated runs each).
+//!   Rows of 7 do not pay (960×7×7 0.061 → 0.070 ms: 7 of 16 lanes; strips of AVX2's
+//!   8-lane vectors were slower too).
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], groups=960)  # x: (1, 960, 7, 7)
@@ -562,8 +566,9 @@ fn plane_3x3<S: pulp::Simd, const ROW: bool>(
 }
 
 /// The narrowest output rows [`plane_3x3_strips`] takes (narrower ones waste most of a
-/// vector per row; [`plane_3x3`] runs them as one flat array).
-const STRIP_MIN_WIDTH: usize = 24;
+/// vector per row; [`plane_3x3`] runs them as one flat array): 14×14 planes gained a third,
+/// 7×7 ones lost 15% (see the module doc).
+const STRIP_MIN_WIDTH: usize = 14;
 
 /// [`plane_3x3`] for stride 1 (each kernel row's taps one run of the buffer), by strips of
 /// `VS` vectors from each row's start, each strip's rows top to bottom: input row `j`'s
@@ -720,6 +725,9 @@ mod tests {
             (3, 25),
             (1, 24),
             (30, 40),
+            (14, 14),
+            (20, 17),
+            (2, 14),
         ] {
             let plan = Plan::new([h, w, 3, 3, 1, 1, 1, 1, 1, 1, h, w])
                 .unwrap_or_else(|| panic!("{h}x{w}: no plan"));
