@@ -22,8 +22,8 @@
 //!   at a time with each phase (data transform, the 16 GEMMs, output transform) spread over the
 //!   threads; or, where the transformed weights are small (ResNet's 64×56×56 and 128×28×28
 //!   layers), the blocks themselves as tasks, each whole on one thread, so that no block's
-//!   transformed data passes between cores (which cost 1.4–1.9× on this VM whenever its two
-//!   vCPUs sat on different L3 caches).
+//!   transformed data passes between cores (which cost 1.4–1.9× in this VM's slow stretches,
+//!   perhaps when its two vCPUs sit on different L3 caches).
 //! - Deterministic: the tiles are cut into blocks of whole tile rows by the shape alone, and
 //!   every output element is computed by the same operations in the same order whatever the
 //!   number of threads or the blocks (each GEMM is one sequential `faer` call), so results are
@@ -166,9 +166,9 @@ const TASK_WEIGHTS: usize = 1 << 18;
 /// and transformed back by one thread in its own buffers (`None`: one block at a time, each
 /// phase spread over the threads). In the phase-parallel form, what one thread transformed
 /// another multiplies, and what that one multiplied the first transforms back: twice per
-/// block the data moves between cores. On this 2-vCPU VM, at times the two sit on different L3
-/// caches (bench/RESULTS.md, session u: onnxruntime unaffected in the same minutes) and those
-/// moves go through memory: ResNet-50's 64×56×56 layers then took 4.97–5.07 ms instead of
+/// block the data moves between cores. On this 2-vCPU VM those moves at times cost as if they
+/// went through memory (perhaps the two vCPUs then sit on different L3 caches; bench/RESULTS.md,
+/// session u: onnxruntime unaffected in the same minutes): ResNet-50's 64×56×56 layers then took 4.97–5.07 ms instead of
 /// 2.5–2.7 (three calls, 2 threads), 2.60–2.61 as tasks; 128×28×28 3.92–4.11, 2.98–3.03
 /// as tasks. Taken where the transformed weights are at most [`TASK_WEIGHTS`] and the tile
 /// rows make 4 (else 2) blocks of at least [`FEW_TILES`] tiles each, so that every GEMM keeps
