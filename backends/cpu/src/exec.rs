@@ -395,16 +395,30 @@ impl Executor {
         w: &Tensor,
         attrs: &fusebox_core::op::Conv2dAttrs,
     ) -> Option<Arc<crate::winograd::Weights>> {
+        self.derived(&self.winograd, w, || {
+            crate::conv::winograd_weights(w, attrs)
+        })
+    }
+
+    /// What `make` derives from the kept tensor `w`, made once and kept in `map` by `w`'s
+    /// storage address; `None` when `w` is not kept (a tensor computed at run time: each call
+    /// derives its own) or `make` gives nothing.
+    fn derived<T>(
+        &self,
+        map: &Mutex<HashMap<usize, Arc<T>>>,
+        w: &Tensor,
+        make: impl FnOnce() -> Option<T>,
+    ) -> Option<Arc<T>> {
         let addr = storage_addr(w);
         if !self.kept.lock().ok()?.contains(&addr) {
             return None;
         }
-        if let Some(u) = self.winograd.lock().ok()?.get(&addr) {
-            return Some(Arc::clone(u));
+        if let Some(d) = map.lock().ok()?.get(&addr) {
+            return Some(Arc::clone(d));
         }
-        let u = Arc::new(crate::conv::winograd_weights(w, attrs)?);
-        self.winograd.lock().ok()?.insert(addr, Arc::clone(&u));
-        Some(u)
+        let d = Arc::new(make()?);
+        map.lock().ok()?.insert(addr, Arc::clone(&d));
+        Some(d)
     }
 
     /// The transposed, packed conv2d weight `w` of [`crate::conv::cols_weights`] for data
@@ -417,16 +431,7 @@ impl Executor {
         w: &Tensor,
         attrs: &fusebox_core::op::Conv2dAttrs,
     ) -> Option<Arc<crate::gemm_packed::PackedB>> {
-        let addr = storage_addr(w);
-        if !self.kept.lock().ok()?.contains(&addr) {
-            return None;
-        }
-        if let Some(p) = self.cols.lock().ok()?.get(&addr) {
-            return Some(Arc::clone(p));
-        }
-        let p = Arc::new(crate::conv::cols_weights(x, w, attrs)?);
-        self.cols.lock().ok()?.insert(addr, Arc::clone(&p));
-        Some(p)
+        self.derived(&self.cols, w, || crate::conv::cols_weights(x, w, attrs))
     }
 
     /// The packed copy of a rank-2 `float32` GEMM weight `w` ([`crate::gemm_packed`]) for a
@@ -445,18 +450,12 @@ impl Executor {
         if rows < crate::gemm_packed::MIN_ROWS {
             return None;
         }
-        let addr = storage_addr(w);
-        if !self.kept.lock().ok()?.contains(&addr) {
-            return None;
-        }
-        if let Some(p) = self.packed.lock().ok()?.get(&addr) {
-            return Some(Arc::clone(p));
-        }
-        let len = crate::gemm_packed::PackedB::len_for(k, n);
-        fusebox_core::runtime::memory::check_alloc("a packed weight", DType::F32, &[len]).ok()?;
-        let p = Arc::new(crate::gemm_packed::PackedB::new(data, k, n).ok()?);
-        self.packed.lock().ok()?.insert(addr, Arc::clone(&p));
-        Some(p)
+        self.derived(&self.packed, w, || {
+            let len = crate::gemm_packed::PackedB::len_for(k, n);
+            fusebox_core::runtime::memory::check_alloc("a packed weight", DType::F32, &[len])
+                .ok()?;
+            crate::gemm_packed::PackedB::new(data, k, n).ok()
+        })
     }
 }
 
