@@ -1516,6 +1516,51 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Any geometry the column kernel takes (output planes of up to 64 pixels; any kernel
+        /// size, stride, padding and dilation; channel counts across panel edges; one or two
+        /// images and threads): small integers give the direct definition exactly.
+        #[test]
+        fn any_small_plane_matches_the_definition(
+            n in 1usize..3, c in 1usize..9, oh in 1usize..9, ow in 1usize..10,
+            o in 1usize..100, k in 1usize..4, s in 1i64..3, p in 0i64..3, d in 1i64..3,
+            threads in 1usize..3, seed in 0usize..1000,
+        ) {
+            // The input that gives an `oh × ow` output (drawn by its output, so that the padded
+            // path's rows of 7 and 8 come up often).
+            let span = |o: usize| ((o - 1) * s as usize + d as usize * (k - 1) + 1) as i64 - 2 * p;
+            let (h, w) = (span(oh), span(ow));
+            proptest::prop_assume!(h >= 1 && w >= 1);
+            let (h, w) = (h as usize, w as usize);
+            let a = attrs(s, p, d, 1);
+            let x = Tensor::from_f32(vec![n, c, h, w], vec![0.0; n * c * h * w])
+                .unwrap_or_else(|e| panic!("{e}"));
+            let wt = Tensor::from_f32(vec![o, c, k, k], vec![0.0; o * c * k * k])
+                .unwrap_or_else(|e| panic!("{e}"));
+            // Geometries with no output (the kernel past the padded image) are not this test's.
+            let Ok(g) = geometry(x.shape(), wt.shape(), &a) else {
+                return Ok(());
+            };
+            FORCE_COLS.with(|f| f.set(true));
+            let takes = g.packs();
+            FORCE_COLS.with(|f| f.set(false));
+            proptest::prop_assume!(takes);
+            let xs: Vec<f32> = (0..n * c * h * w)
+                .map(|i| ((i * 37 + seed) % 17) as f32 - 8.0)
+                .collect();
+            let ws: Vec<f32> = (0..o * c * k * k)
+                .map(|i| ((i * 11 + seed) % 7) as f32 - 3.0)
+                .collect();
+            let x = Tensor::from_f32(vec![n, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let wt = Tensor::from_f32(vec![o, c, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let want = naive(&xs, &ws, &g);
+            let got = conv_cols(&x, &wt, &a, true, threads);
+            proptest::prop_assert_eq!(got.as_f32(), Some(&want[..]));
+        }
+    }
+
     #[test]
     fn small_plane_bits_do_not_depend_on_threads_caching_or_fusion() {
         // Rounding sums, a NaN and an infinity: one chain per element whatever the tiling.
