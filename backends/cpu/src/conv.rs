@@ -416,6 +416,13 @@ pub(crate) fn fusable(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> bool {
 
 /// The `NCHW` output shape of `conv2d(x, w)`.
 pub(crate) fn out_shape(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<[usize; 4]> {
+    let g = shape_geometry(x, w, a)?.0;
+    Ok([g.n, g.o, g.oh, g.ow])
+}
+
+/// The geometry of `conv2d(x, w)` from the shapes alone (no data moved), with the kernel's
+/// layout positions.
+fn shape_geometry(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<(Geom, [usize; 4])> {
     if x.rank() != 4 || w.rank() != 4 {
         return Err("expected 4-D data and weight".to_string());
     }
@@ -425,8 +432,7 @@ pub(crate) fn out_shape(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<[usi
     );
     let xs: Vec<usize> = xp.iter().map(|&p| x.shape()[p]).collect();
     let ws: Vec<usize> = wp.iter().map(|&p| w.shape()[p]).collect();
-    let g = geometry(&xs, &ws, a)?;
-    Ok([g.n, g.o, g.oh, g.ow])
+    Ok((geometry(&xs, &ws, a)?, wp))
 }
 
 /// The forms of a constant weight the executor prepares once ([`winograd_weights`],
@@ -515,17 +521,11 @@ pub(crate) fn cols_weights(
     w: &Tensor,
     a: &Conv2dAttrs,
 ) -> Option<crate::gemm_packed::PackedB> {
-    if x.rank() != 4 || w.rank() != 4 || !fusable(x, w, a) {
+    if !fusable(x, w, a) {
         return None;
     }
-    let (xp, wp) = (
-        layout4(&a.data_layout, "NCHW").ok()?,
-        layout4(&a.kernel_layout, "OIHW").ok()?,
-    );
-    let xs: Vec<usize> = xp.iter().map(|&p| x.shape()[p]).collect();
-    let ws: Vec<usize> = wp.iter().map(|&p| w.shape()[p]).collect();
-    let g = geometry(&xs, &ws, a).ok()?;
     // The geometry first (shapes only): most convolutions stop here, before any copy.
+    let (g, wp) = shape_geometry(x, w, a).ok()?;
     if !g.packs() || !w.dtype().is_float() {
         return None;
     }

@@ -82,6 +82,11 @@ fn panel_width() -> usize {
     }
 }
 
+/// The elements of a `k × n` matrix packed in panels of `nr` columns (the last one padded).
+fn packed_len(k: usize, n: usize, nr: usize) -> usize {
+    n.div_ceil(nr) * nr * k
+}
+
 /// The fewest rows of `A` [`gemm`] takes (fewer leave most of the micro-kernel's rows empty).
 pub(crate) const MIN_ROWS: usize = 8;
 
@@ -158,13 +163,12 @@ impl PackedB {
 
     /// The elements of the copy [`PackedB::for_cols`] makes.
     pub(crate) fn cols_len_for(k: usize, n: usize) -> usize {
-        n.div_ceil(NR) * NR * k
+        packed_len(k, n, NR)
     }
 
     /// The elements of the packed copy (for the memory check before packing).
     pub(crate) fn len_for(k: usize, n: usize) -> usize {
-        let nr = panel_width();
-        n.div_ceil(nr) * nr * k
+        packed_len(k, n, panel_width())
     }
 
     /// `(k, n)`.
