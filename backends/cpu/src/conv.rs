@@ -1215,19 +1215,12 @@ fn depthwise_blocks<S: pulp::Simd, const V: usize, const R: usize, const WL: usi
             }
             for (r, acc) in acc.iter().enumerate().take(g.oh - oy0) {
                 let row = &mut dst[(oy0 + r) * g.ow..(oy0 + r + 1) * g.ow];
-                for (k, a) in acc.iter().enumerate() {
-                    let x0 = ox + k * lanes;
-                    if x0 >= g.ow {
-                        break;
-                    }
-                    let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
-                    if let Some(out) = row.get_mut(x0..x0 + lanes) {
-                        // A whole vector: a copy of constant length (one store).
-                        out.copy_from_slice(vals);
-                    } else {
-                        for (o, &v) in row[x0..].iter_mut().zip(vals) {
-                            *o = v;
-                        }
+                for (k, &a) in acc.iter().enumerate() {
+                    // One store, masked at the row's end (a copy through the stack there
+                    // waited for the vector's store to reach the cache).
+                    match row.get_mut(ox + k * lanes..) {
+                        Some(out) if !out.is_empty() => simd.partial_store_f32s(out, a),
+                        _ => break,
                     }
                 }
             }
