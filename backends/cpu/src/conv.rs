@@ -1215,11 +1215,13 @@ fn depthwise_blocks<S: pulp::Simd, const V: usize, const R: usize, const WL: usi
             }
             for (r, acc) in acc.iter().enumerate().take(g.oh - oy0) {
                 let row = &mut dst[(oy0 + r) * g.ow..(oy0 + r + 1) * g.ow];
-                for (k, &a) in acc.iter().enumerate() {
+                for (k, a) in acc.iter().enumerate() {
                     // One store, masked at the row's end (a copy through the stack there
                     // waited for the vector's store to reach the cache).
                     match row.get_mut(ox + k * lanes..) {
-                        Some(out) if !out.is_empty() => simd.partial_store_f32s(out, a),
+                        Some(out) if out.len() >= lanes => out[..lanes]
+                            .copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(a))),
+                        Some(out) if !out.is_empty() => simd.partial_store_f32s(out, *a),
                         _ => break,
                     }
                 }
