@@ -43,11 +43,11 @@
 //!     kernel_layout="OIHW", out_layout="NCHW", out_dtype=None)
 //! ```
 
-use crate::depthwise_flat;
 use crate::matmul::{Rhs, gemm_f32_tiled};
 use crate::nn::layout4;
 use crate::util::{KResult, from_canonical, tensor, to_canonical};
 use crate::winograd;
+use crate::{depthwise_flat, depthwise_s2};
 use fusebox_core::ir::DType;
 use fusebox_core::op::Conv2dAttrs;
 use fusebox_core::runtime::{Storage, Tensor};
@@ -818,6 +818,16 @@ fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], 
     let npix = g.npix();
     let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
     let planes_per_task = (g.n * g.o).div_ceil(t * 8).max(1);
+    let shape = [
+        g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+    ];
+    // A test may force narrower vectors: then the flat kernel runs.
+    if let Some(plan) = depthwise_s2::Plan::new(shape).filter(|_| forced_lanes().is_none()) {
+        crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| {
+            depthwise_s2_planes(xs, ws, g, steps, &plan, off / npix, chunk);
+        });
+        return;
+    }
     let flat = flat_plan(g);
     crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| match &flat {
         Some(plan) => crate::par::with_scratch(&depthwise_flat::BUFFER, |buf| {
@@ -827,6 +837,51 @@ fn depthwise(xs: &[f32], ws: &[f32], g: &Geom, steps: &[Step], out: &mut [f32], 
             depthwise_planes(xs, ws, g, steps, off / npix, chunk, pad);
         }),
     });
+}
+
+/// The output planes `first..` of [`depthwise`] in `chunk` by [`depthwise_s2`], each followed
+/// by its epilogue while it is in cache.
+fn depthwise_s2_planes(
+    xs: &[f32],
+    ws: &[f32],
+    g: &Geom,
+    steps: &[Step],
+    plan: &depthwise_s2::Plan,
+    first: usize,
+    chunk: &mut [f32],
+) {
+    struct Op<'a>(
+        &'a [f32],
+        &'a [f32],
+        &'a Geom,
+        &'a [Step],
+        &'a depthwise_s2::Plan,
+        usize,
+        &'a mut [f32],
+    );
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(xs, ws, g, steps, plan, first, chunk) = self;
+            let (npix, image, taps) = (g.npix(), g.h * g.w, g.kh * g.kw);
+            for (i, dst) in chunk.chunks_mut(npix.max(1)).enumerate() {
+                let plane = first + i;
+                let ch = plane % g.o;
+                let x = &xs[plane * image..(plane + 1) * image];
+                if depthwise_s2::plane(plan, x, &ws[ch * taps..(ch + 1) * taps], dst) {
+                    apply_steps_inline(steps, ch, plane * npix, dst);
+                } else {
+                    // Not taken after all (the plan is made for these sizes and this CPU):
+                    // the row kernel, epilogue included.
+                    crate::par::with_scratch(&PADDED, |pad| {
+                        depthwise_planes(xs, ws, g, steps, plane, dst, pad);
+                    });
+                }
+            }
+        }
+    }
+    crate::simd::dispatch(Op(xs, ws, g, steps, plan, first, chunk));
 }
 
 /// The [`depthwise_flat`] plan of a depthwise geometry, where it takes it ([`plan_of`]).
@@ -1610,6 +1665,42 @@ mod tests {
         assert!(packed.is_some());
         for y in fused {
             assert_eq!(bits(&y.unwrap_or_else(|e| panic!("{e}"))), want);
+        }
+    }
+
+    #[test]
+    fn stride_two_planes_read_in_place_give_the_row_kernels_bits() {
+        // MobileNetV2's 112x112 stride-2 layer, odd planes, a plane of two rows of one vector:
+        // depthwise() takes `depthwise_s2` where the CPU has AVX-512 (the flat kernel
+        // elsewhere), on 1-3 threads; the row kernel is the reference.
+        for (h, w) in [(112, 112), (29, 33), (4, 28)] {
+            let c = 5;
+            let a = attrs(2, 1, 1, c);
+            let c = c as usize;
+            let g = geometry(&[1, c, h, w], &[c, 1, 3, 3], &a).unwrap_or_else(|e| panic!("{e}"));
+            let mut xs: Vec<f32> = (0..c * h * w)
+                .map(|i| ((i * 7919) % 1013) as f32 / 97.0 - 5.0)
+                .collect();
+            let mut ws: Vec<f32> = (0..c * 9)
+                .map(|i| ((i * 104_729) % 997) as f32 / 331.0 - 1.5)
+                .collect();
+            ws[9] = f32::INFINITY;
+            ws[19] = f32::NAN;
+            xs[3 * h * w + w + 1] = f32::NEG_INFINITY;
+            let shape = [
+                g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+            ];
+            let avx512 = crate::simd::f32_lanes() == 16;
+            assert_eq!(depthwise_s2::Plan::new(shape).is_some(), avx512, "{h}x{w}");
+            let mut rows = vec![0.0f32; c * g.npix()];
+            let mut pad = Padded::default();
+            depthwise_planes(&xs, &ws, &g, &[], 0, &mut rows, &mut pad);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for threads in 1..=3 {
+                let mut out = vec![1.0f32; c * g.npix()];
+                depthwise(&xs, &ws, &g, &[], &mut out, threads);
+                assert_eq!(bits(&out), bits(&rows), "{h}x{w}, {threads} threads");
+            }
         }
     }
 

@@ -50,6 +50,7 @@ mod conv;
 mod conv_transpose;
 mod dense;
 mod depthwise_flat;
+mod depthwise_s2;
 mod einsum;
 mod elem;
 mod elem_program;
