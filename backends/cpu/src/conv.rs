@@ -27,6 +27,13 @@
 //!   ResNet-50's 512×7×7 3×3 layer, one node, 2 threads: 1.53 → 1.32 ms (onnxruntime
 //!   0.98); with its weights streamed from memory (`bench/conv_chain.py 512 7 3 8 512`):
 //!   19.0 → 11.5 ms for eight (onnxruntime 10.0).
+//! - With AVX-512, a stride-2 convolution with few taps per output (`C · KH · KW` ≤ 160, rows
+//!   of 16 pixels or more: a CNN's first layer) runs directly ([`crate::conv_stem`]: each
+//!   input row dealt into its even and odd columns, 16 output channels per vector of
+//!   pixels), without an im2col matrix: MobileNetV2 one thread 9.02 → 8.91 ms, ResNet-50
+//!   78.1 → 77.7 ms. A depthwise convolution (one input channel per group) runs per plane:
+//!   stride-2 3×3 layers read straight from the plane with AVX-512
+//!   ([`crate::depthwise_s2`]), the others through [`crate::depthwise_flat`] or a row kernel.
 //! - The result is bit-identical for every thread count, and the same whether the weight's
 //!   Winograd transform or packed copy was cached or not.
 //! - Float dtypes compute in `f32` (`float64` too) and round once to `out_dtype` (default: the
@@ -47,7 +54,7 @@ use crate::matmul::{Rhs, gemm_f32_tiled};
 use crate::nn::layout4;
 use crate::util::{KResult, from_canonical, tensor, to_canonical};
 use crate::winograd;
-use crate::{depthwise_flat, depthwise_s2};
+use crate::{conv_stem, depthwise_flat, depthwise_s2};
 use fusebox_core::ir::DType;
 use fusebox_core::op::Conv2dAttrs;
 use fusebox_core::runtime::{Storage, Tensor};
@@ -282,6 +289,24 @@ impl Geom {
             && (self.kh, self.kw, self.sh, self.sw, self.dh, self.dw) == (3, 3, 1, 1, 1, 1)
             && winograd::pays(self.c, self.o, self.oh, self.ow)
     }
+    /// One group, stride 2, dilation 1 and few taps per output, where [`conv_stem`] takes it
+    /// (not where a test forces the GEMM paths).
+    fn stem(&self) -> Option<conv_stem::Shape> {
+        let s = conv_stem::Shape {
+            c: self.c,
+            h: self.h,
+            w: self.w,
+            o: self.o,
+            kh: self.kh,
+            kw: self.kw,
+            pt: self.pt,
+            pl: self.pl,
+            oh: self.oh,
+            ow: self.ow,
+        };
+        let fits = self.g == 1 && (self.sh, self.sw, self.dh, self.dw) == (2, 2, 1, 1);
+        (fits && !no_stem() && s.takes()).then_some(s)
+    }
     /// One group, no Winograd path, and an output plane of at most [`COLS_PIXELS`] pixels,
     /// on a CPU with 16-lane vectors: the GEMM runs with the output channels on the lanes
     /// ([`crate::gemm_packed::gemm_cols`], the weight packed transposed: [`cols_weights`]).
@@ -496,6 +521,24 @@ pub(crate) fn conv2d_fused(
 /// as fast (K = 1024) or faster (K = 64 to 576: MobileNetV2 6.3 against 5.6 ms), the
 /// transposed write-back of each block then weighing on too few steps of `k`.
 const COLS_PIXELS: usize = 64;
+
+/// Whether a test keeps [`conv_stem`] off (to reach the GEMM paths it would take).
+fn no_stem() -> bool {
+    #[cfg(test)]
+    {
+        NO_STEM.with(std::cell::Cell::get)
+    }
+    #[cfg(not(test))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// [`no_stem`]'s switch.
+    static NO_STEM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// Whether [`Geom::packs`] may take a convolution on this CPU: with 16-lane vectors (AVX-512),
 /// where it was measured; a test may force it on any instruction set.
@@ -738,6 +781,13 @@ fn compute(
                 cols_source(x_img, g, threads, |src: crate::gemm_packed::ColsSrc<'_>| {
                     crate::gemm_packed::gemm_cols(npix, src, packed, dst, threads, epilogue)
                 })?;
+            } else if let Some(stem) = g.stem() {
+                let ep = |ch: usize, oy: usize, r: &mut [f32]| {
+                    apply_steps(steps, ch, base + ch * npix + oy * g.ow, r);
+                };
+                let ep: conv_stem::Epilogue<'_> = &ep;
+                let epilogue = (!steps.is_empty()).then_some(ep);
+                conv_stem::conv(&stem, x_img, &ws, dst, threads, epilogue)?;
             } else if g.direct() {
                 let x_img = Rhs::Matrix(x_img);
                 gemm_f32_tiled(g.o, kdim, npix, &ws, x_img, dst, threads, epilogue)?;

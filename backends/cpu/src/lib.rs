@@ -47,6 +47,7 @@ mod attention;
 pub mod backend;
 mod composite;
 mod conv;
+mod conv_stem;
 mod conv_transpose;
 mod dense;
 mod depthwise_flat;

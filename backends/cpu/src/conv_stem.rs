@@ -1,0 +1,412 @@
+//! Stride-2 convolutions with few input channels (a CNN's first layer: MobileNetV2's 3→32
+//! 3×3, ResNet-50's 3→64 7×7) computed directly with AVX-512, without an im2col matrix.
+//!
+//! Contract:
+//!
+//! - [`Shape::takes`] holds for one group, stride 2 both ways, dilation 1, at most
+//!   [`MAX_TAPS`] taps per output (`C · KH · KW`), output rows of 16 pixels or more, on a CPU
+//!   with AVX-512. Anything else goes to the GEMM paths of [`crate::conv`].
+//! - Per output row, each input row a kernel row reads is copied into a zero-padded row and
+//!   dealt into its even and odd columns (two-source permutes), so tap `(c, ky, kx)` of output
+//!   pixels `ox0 .. ox0 + 16` is one load at `ox0 + kx / 2` of the `kx % 2` half. The output
+//!   channels go 16 at a time: 16 accumulators (one per channel) per vector of 16 pixels, each
+//!   tap's vector multiplied by each channel's weight (the weight repacked per call as
+//!   `[group][tap][16]`, zeros past the last channel).
+//! - Each output element is the chain of its taps in `(c, ky, kx)` order, one FMA each from
+//!   `+0.0`, a tap over the padding adding `0 · w`: the definition, bit for bit (tested, NaN
+//!   and infinities included). The tasks are bands of output rows fixed by the shape, and each
+//!   element's chain does not depend on its task: the same bits for every thread count.
+//! - The epilogue runs on each output row of each channel once that row is complete.
+//!
+//! ```text
+//! y = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1])  # x: (1, 3, 224, 224), w: (32, 3, 3, 3)
+//! ; per output row: 9 input rows dealt into even/odd columns; per 16 pixels × 16 channels:
+//! ; 27 tap loads × 16 FMAs, no im2col matrix (27 × 12,544 values) built or read
+//! ```
+
+use crate::util::KResult;
+
+/// The most taps per output this kernel takes (ResNet-50's stem has 147).
+pub(crate) const MAX_TAPS: usize = 160;
+
+/// Lanes of an AVX-512 `f32` vector, and output channels per group.
+const LANES: usize = 16;
+
+/// Output rows per task.
+const ROWS_PER_TASK: usize = 8;
+
+/// The geometry of one image: input `c × h × w`, `o` output channels, a `kh × kw` kernel,
+/// padding `pt, pl` at the top and left, output `oh × ow` (stride 2, dilation 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Shape {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub pt: usize,
+    pub pl: usize,
+    pub oh: usize,
+    pub ow: usize,
+}
+
+impl Shape {
+    /// Whether this kernel takes the shape on this CPU (see the module doc).
+    pub(crate) fn takes(&self) -> bool {
+        let taps = self.c * self.kh * self.kw;
+        (1..=MAX_TAPS).contains(&taps)
+            && self.ow >= LANES
+            && self.oh > 0
+            && self.o > 0
+            && self.h > 0
+            && self.w > 0
+            && avx512()
+    }
+
+    fn taps(&self) -> usize {
+        self.c * self.kh * self.kw
+    }
+
+    /// The length of a dealt half-row: the output row plus the kernel's reach plus a vector,
+    /// rounded up to whole vectors.
+    fn half(&self) -> usize {
+        (self.ow + self.kw / 2 + LANES).next_multiple_of(LANES)
+    }
+}
+
+/// Whether the running CPU has what [`conv`] uses.
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        pulp::x86::V4::try_new().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// An epilogue: `f(channel, oy, output row)`, run once per completed row.
+pub(crate) type Epilogue<'e> = &'e (dyn Fn(usize, usize, &mut [f32]) + Sync);
+
+/// `y = conv(x, wt)` for one image: `x` is `c × h × w`, `wt` is `o × c × kh × kw`, `y` is
+/// `o × oh × ow`, on up to `threads` threads, with `epilogue` on every output row.
+pub(crate) fn conv(
+    s: &Shape,
+    x: &[f32],
+    wt: &[f32],
+    y: &mut [f32],
+    threads: usize,
+    epilogue: Option<Epilogue<'_>>,
+) -> KResult<()> {
+    let (taps, npix) = (s.taps(), s.oh * s.ow);
+    if x.len() != s.c * s.h * s.w || wt.len() != s.o * taps || y.len() != s.o * npix {
+        return Err(format!(
+            "conv_stem: {s:?} needs {}, {} and {} values, found {}, {} and {}",
+            s.c * s.h * s.w,
+            s.o * taps,
+            s.o * npix,
+            x.len(),
+            wt.len(),
+            y.len()
+        ));
+    }
+    if !s.takes() {
+        return Err(format!("conv_stem: {s:?} is not a shape this kernel takes"));
+    }
+    // The weight as [group][tap][16 channels], zeros past the last channel.
+    let groups = s.o.div_ceil(LANES);
+    let mut packed = vec![0.0f32; groups * taps * LANES];
+    for (ch, w) in wt.chunks_exact(taps).enumerate() {
+        let (g, q) = (ch / LANES, ch % LANES);
+        for (t, &v) in w.iter().enumerate() {
+            packed[(g * taps + t) * LANES + q] = v;
+        }
+    }
+    // Each task: a band of output rows in every channel's plane.
+    let bands = s.oh.div_ceil(ROWS_PER_TASK);
+    let mut tasks: Vec<(usize, Vec<&mut [f32]>)> = (0..bands)
+        .map(|b| (b * ROWS_PER_TASK, Vec::with_capacity(s.o)))
+        .collect();
+    for plane in y.chunks_exact_mut(npix) {
+        for (task, band) in tasks.iter_mut().zip(plane.chunks_mut(ROWS_PER_TASK * s.ow)) {
+            task.1.push(band);
+        }
+    }
+    let work = s.o * npix * taps;
+    let t = crate::par::threads_for(work, 1 << 20).min(threads);
+    let packed = &packed;
+    crate::par::run_tasks(tasks, t, |(oy0, mut band)| {
+        band_rows(s, x, packed, oy0, &mut band, epilogue);
+        Ok(())
+    })
+}
+
+/// Output rows `oy0..` of every channel (`band[ch]`, whole rows), then their epilogue.
+fn band_rows(
+    s: &Shape,
+    x: &[f32],
+    packed: &[f32],
+    oy0: usize,
+    band: &mut [&mut [f32]],
+    epilogue: Option<Epilogue<'_>>,
+) {
+    struct Op<'a, 'b>(
+        &'a Shape,
+        &'a [f32],
+        &'a [f32],
+        usize,
+        &'a mut [&'b mut [f32]],
+        Option<Epilogue<'a>>,
+    );
+    impl pulp::WithSimd for Op<'_, '_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(s, x, packed, oy0, band, epilogue) = self;
+            #[cfg(target_arch = "x86_64")]
+            if let Some(v4) = pulp::x86::V4::try_new() {
+                rows_v4(v4, s, x, packed, oy0, band, epilogue);
+            }
+            let _ = (s, x, packed, oy0, band, epilogue);
+        }
+    }
+    crate::simd::dispatch(Op(s, x, packed, oy0, band, epilogue));
+}
+
+/// [`band_rows`] on AVX-512 (inlined into a function compiled for it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn rows_v4(
+    v4: pulp::x86::V4,
+    s: &Shape,
+    x: &[f32],
+    packed: &[f32],
+    oy0: usize,
+    band: &mut [&mut [f32]],
+    epilogue: Option<Epilogue<'_>>,
+) {
+    use std::arch::x86_64::{__m512, __m512i};
+    let f = v4.avx512f;
+    let (taps, half, ow) = (s.taps(), s.half(), s.ow);
+    let zero: __m512 = pulp::cast([0.0f32; LANES]);
+    let even: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32));
+    let odd: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32 + 1));
+    let vec_at = |v: &[f32], at: usize| -> __m512 {
+        pulp::cast(bytemuck::pod_read_unaligned::<[f32; LANES]>(
+            bytemuck::cast_slice(&v[at..at + LANES]),
+        ))
+    };
+    // One zero-padded input row (padded column j is image column j − pl), and per (c, ky)
+    // its even and odd padded columns.
+    let rows = band.first().map_or(0, |b| b.len() / ow);
+    // The band's input rows in padded coordinates (padded row `pr` is image row `pr − pt`):
+    // output row `oy` reads `2·oy + ky`. Each dealt once into its even and odd padded columns,
+    // per channel: `dealt[(c · span + pr − 2·oy0) · 2 · half ..]`.
+    let span = 2 * rows.saturating_sub(1) + s.kh;
+    let mut dealt = vec![0.0f32; s.c * span * 2 * half];
+    // One zero-padded input row (padded column j is image column j − pl): only the image's
+    // columns are ever written, so the margins stay zero.
+    let mut padded = vec![0.0f32; 2 * half + 2 * LANES];
+    let n = s.w.min(padded.len().saturating_sub(s.pl));
+    for c in 0..s.c {
+        for i in 0..span {
+            let Some(r) = (2 * oy0 + i).checked_sub(s.pt).filter(|&r| r < s.h) else {
+                continue; // stays zero
+            };
+            let src = &x[(c * s.h + r) * s.w..(c * s.h + r) * s.w + n];
+            padded[s.pl..s.pl + n].copy_from_slice(src);
+            let at = (c * span + i) * 2 * half;
+            let (e, o) = dealt[at..at + 2 * half].split_at_mut(half);
+            for j0 in (0..half).step_by(LANES) {
+                let (a, b) = (vec_at(&padded, 2 * j0), vec_at(&padded, 2 * j0 + LANES));
+                let ev: [f32; LANES] = pulp::cast(f._mm512_permutex2var_ps(a, even, b));
+                let od: [f32; LANES] = pulp::cast(f._mm512_permutex2var_ps(a, odd, b));
+                e[j0..j0 + LANES].copy_from_slice(&ev);
+                o[j0..j0 + LANES].copy_from_slice(&od);
+            }
+        }
+    }
+    for oy in oy0..oy0 + rows {
+        let row = oy - oy0;
+        for (g, wg) in packed.chunks_exact(taps * LANES).enumerate() {
+            for ox0 in (0..ow).step_by(LANES) {
+                let mut acc = [zero; LANES];
+                for c in 0..s.c {
+                    for ky in 0..s.kh {
+                        let at = (c * span + 2 * (oy - oy0) + ky) * 2 * half;
+                        for kx in 0..s.kw {
+                            let src = at + (kx % 2) * half + ox0 + kx / 2;
+                            let v = vec_at(&dealt, src);
+                            let t = (c * s.kh + ky) * s.kw + kx;
+                            let ws = &wg[t * LANES..(t + 1) * LANES];
+                            for (a, &w) in acc.iter_mut().zip(ws) {
+                                *a = f._mm512_fmadd_ps(v, f._mm512_set1_ps(w), *a);
+                            }
+                        }
+                    }
+                }
+                for (q, a) in acc.iter().enumerate() {
+                    let Some(plane) = band.get_mut(g * LANES + q) else {
+                        break;
+                    };
+                    let out = &mut plane[row * ow..(row + 1) * ow];
+                    let vals: [f32; LANES] = pulp::cast(*a);
+                    match out.get_mut(ox0..ox0 + LANES) {
+                        Some(d) => d.copy_from_slice(&vals),
+                        None => {
+                            use pulp::Simd as _;
+                            v4.partial_store_f32s(&mut out[ox0..], pulp::cast(*a));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(ep) = epilogue {
+            for (ch, plane) in band.iter_mut().enumerate() {
+                ep(ch, oy, &mut plane[row * ow..(row + 1) * ow]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::*;
+
+    /// The definition, written apart from the kernel: each output is the chain of its taps in
+    /// `(c, ky, kx)` order, one fused multiply-add each from `+0.0`, `0 · w` where the tap
+    /// falls outside the image.
+    fn definition(s: &Shape, x: &[f32], wt: &[f32]) -> Vec<f32> {
+        let mut y = vec![0.0f32; s.o * s.oh * s.ow];
+        for o in 0..s.o {
+            for oy in 0..s.oh {
+                for ox in 0..s.ow {
+                    let mut acc = 0.0f32;
+                    for c in 0..s.c {
+                        for ky in 0..s.kh {
+                            for kx in 0..s.kw {
+                                let r = (2 * oy + ky) as isize - s.pt as isize;
+                                let q = (2 * ox + kx) as isize - s.pl as isize;
+                                let inside =
+                                    r >= 0 && q >= 0 && (r as usize) < s.h && (q as usize) < s.w;
+                                let v = if inside {
+                                    x[(c * s.h + r as usize) * s.w + q as usize]
+                                } else {
+                                    0.0
+                                };
+                                let w = wt[((o * s.c + c) * s.kh + ky) * s.kw + kx];
+                                acc = v.mul_add(w, acc);
+                            }
+                        }
+                    }
+                    y[(o * s.oh + oy) * s.ow + ox] = acc;
+                }
+            }
+        }
+        y
+    }
+
+    fn shape(c: usize, h: usize, w: usize, o: usize, k: usize, p: usize) -> Shape {
+        // Output extents for stride 2 with `p` pixels of padding on every side.
+        let (oh, ow) = ((h + 2 * p - k) / 2 + 1, (w + 2 * p - k) / 2 + 1);
+        Shape {
+            c,
+            h,
+            w,
+            o,
+            kh: k,
+            kw: k,
+            pt: p,
+            pl: p,
+            oh,
+            ow,
+        }
+    }
+
+    #[test]
+    fn matches_the_definition_bit_for_bit_on_every_thread_count() {
+        // MobileNetV2's stem (3x3, 3 -> 32) on a smaller image; ResNet-50's (7x7, 3 -> 64,
+        // padding 3); odd images, a partial group of channels and a partial last vector; one
+        // input channel, a 2x2 kernel without padding; 160 taps (the most).
+        for s in [
+            shape(3, 64, 64, 32, 3, 1),
+            shape(3, 37, 50, 64, 7, 3),
+            shape(1, 33, 41, 5, 5, 2),
+            shape(4, 9, 35, 17, 2, 0),
+            shape(10, 12, 40, 3, 4, 1),
+        ] {
+            assert!(s.taps() <= MAX_TAPS);
+            if !s.takes() {
+                assert!(!avx512(), "{s:?}: not taken");
+                continue;
+            }
+            let x: Vec<f32> = (0..s.c * s.h * s.w)
+                .map(|i| match i % 211 {
+                    5 => f32::NAN,
+                    17 => f32::INFINITY,
+                    _ => ((i * 7919) % 1013) as f32 / 97.0 - 5.0,
+                })
+                .collect();
+            let mut wt: Vec<f32> = (0..s.o * s.taps())
+                .map(|i| ((i * 104_729) % 997) as f32 / 331.0 - 1.5)
+                .collect();
+            wt[s.taps() + 1] = f32::NEG_INFINITY;
+            let want = definition(&s, &x, &wt);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for threads in 1..=3 {
+                let mut y = vec![9.0f32; want.len()];
+                conv(&s, &x, &wt, &mut y, threads, None).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(bits(&y), bits(&want), "{s:?}, {threads} threads");
+            }
+            // The epilogue sees every row of every channel once, after the row is complete.
+            let seen = std::sync::Mutex::new(vec![0usize; s.o * s.oh]);
+            let ep = |ch: usize, oy: usize, row: &mut [f32]| {
+                let at = (ch * s.oh + oy) * s.ow;
+                assert_eq!(
+                    bits(row),
+                    bits(&want[at..at + s.ow]),
+                    "{s:?}: row {ch}/{oy}"
+                );
+                for v in row.iter_mut() {
+                    *v = ch as f32;
+                }
+                if let Ok(mut seen) = seen.lock() {
+                    seen[ch * s.oh + oy] += 1;
+                }
+            };
+            let mut y = vec![9.0f32; want.len()];
+            conv(&s, &x, &wt, &mut y, 2, Some(&ep)).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                seen.into_inner()
+                    .unwrap_or_default()
+                    .iter()
+                    .all(|&n| n == 1)
+            );
+            assert!(
+                y.chunks(s.oh * s.ow)
+                    .enumerate()
+                    .all(|(ch, p)| p.iter().all(|&v| v == ch as f32))
+            );
+        }
+    }
+
+    #[test]
+    fn other_shapes_and_wrong_sizes_are_refused() {
+        let narrow = shape(3, 20, 20, 8, 3, 1); // 10-pixel rows
+        assert!(!narrow.takes());
+        let many = shape(20, 40, 40, 8, 3, 1); // 180 taps
+        assert!(!many.takes());
+        let s = shape(3, 40, 40, 8, 3, 1);
+        if s.takes() {
+            let (x, w) = (vec![1.0f32; 3 * 40 * 40], vec![1.0f32; 8 * 27]);
+            let mut y = vec![0.0f32; 8 * s.oh * s.ow];
+            assert!(conv(&s, &x[1..], &w, &mut y, 1, None).is_err());
+            assert!(conv(&s, &x, &w, &mut y[1..], 1, None).is_err());
+            assert!(conv(&narrow, &x, &w, &mut y, 1, None).is_err());
+        }
+    }
+}
