@@ -1002,7 +1002,7 @@ mod tests {
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_groups() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64, i64);
-        let cases: [Case; 29] = [
+        let cases: [Case; 31] = [
             // n, c, h, w, o, k, stride, pad, dilation, groups
             (1, 3, 9, 7, 4, 3, 1, 1, 1, 1),
             (2, 4, 8, 8, 6, 3, 2, 1, 1, 2),
@@ -1045,6 +1045,10 @@ mod tests {
             // An empty input plane: every output reads only the padding.
             (1, 2, 3, 0, 2, 1, 1, 1, 1, 2),
             (1, 2, 3, 0, 2, 1, 2, 1, 1, 2),
+            // Stride-2 first layers with rows of 16 pixels or more (`conv_stem` with AVX-512):
+            // a 3x3 stem, and two images through a 7x7 with a partial group of channels.
+            (1, 3, 40, 36, 8, 3, 2, 1, 1, 1),
+            (2, 3, 35, 40, 20, 7, 2, 3, 1, 1),
         ];
         for (n, c, h, w, o, k, s, p, d, gr) in cases {
             let xs: Vec<f32> = (0..n * c * h * w)
@@ -1063,16 +1067,19 @@ mod tests {
             let want = naive(&xs, &ws, &g);
             // The depthwise kernel's paths: the CPU's widest vectors, then 16, 8 and 1 lanes
             // where the CPU has them (one thread: the kernel reads the choice on this one).
-            for lanes in [0, 16, 8, 1] {
+            // Then the widest vectors again with `conv_stem` kept off (the GEMM path).
+            for (lanes, stem_off) in [(0, false), (16, false), (8, false), (1, false), (0, true)] {
                 FORCE_LANES.with(|f| f.set(lanes));
+                NO_STEM.with(|f| f.set(stem_off));
                 let got = crate::par::with_threads(1, || conv2d(&x, &wt, &a));
                 FORCE_LANES.with(|f| f.set(0));
+                NO_STEM.with(|f| f.set(false));
                 let got = got.unwrap_or_else(|e| panic!("{e}"));
                 // Small integers: every sum is exact, whatever the order.
                 assert_eq!(
                     got.as_f32(),
                     Some(&want[..]),
-                    "case {n} {c} {h} {w} {o} {k} {s} {p} {d} {gr}, {lanes} lanes"
+                    "case {n} {c} {h} {w} {o} {k} {s} {p} {d} {gr}, {lanes} lanes, stem off {stem_off}"
                 );
             }
         }

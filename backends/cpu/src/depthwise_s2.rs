@@ -90,7 +90,7 @@ pub(crate) fn plane(plan: &Plan, x: &[f32], w: &[f32], dst: &mut [f32]) -> bool 
     false
 }
 
-/// [`plane`] on AVX-512 (inlined into a function compiled for it by `V4::vectorize`).
+/// [`plane`] on AVX-512 (inlined into the function [`crate::simd::dispatch`] compiled for it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn plane_v4(v4: pulp::x86::V4, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [f32]) {
