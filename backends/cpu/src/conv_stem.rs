@@ -6,9 +6,10 @@
 //! - [`Shape::takes`] holds for one group, stride 2 both ways, dilation 1, at most
 //!   [`MAX_TAPS`] taps per output (`C · KH · KW`), output rows of 16 pixels or more, on a CPU
 //!   with AVX-512. Anything else goes to the GEMM paths of [`crate::conv`].
-//! - Per output row, each input row a kernel row reads is copied into a zero-padded row and
-//!   dealt into its even and odd columns (two-source permutes), so tap `(c, ky, kx)` of output
-//!   pixels `ox0 .. ox0 + 16` is one load at `ox0 + kx / 2` of the `kx % 2` half. The output
+//! - Per band of [`ROWS_PER_TASK`] output rows (a task), each input row the band reads is
+//!   copied once into a zero-padded row and dealt into its even and odd columns (two-source
+//!   permutes), so tap `(c, ky, kx)` of output pixels `ox0 .. ox0 + 16` is one load at
+//!   `ox0 + kx / 2` of the `kx % 2` half. The output
 //!   channels go 16 at a time: 16 accumulators (one per channel) per vector of 16 pixels, each
 //!   tap's vector multiplied by each channel's weight (the weight repacked per call as
 //!   `[group][tap][16]`, zeros past the last channel).
@@ -20,7 +21,7 @@
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1])  # x: (1, 3, 224, 224), w: (32, 3, 3, 3)
-//! ; per output row: 9 input rows dealt into even/odd columns; per 16 pixels × 16 channels:
+//! ; per band of 8 output rows: 3 × 17 input rows dealt into even/odd columns; per 16 pixels × 16 channels:
 //! ; 27 tap loads × 16 FMAs, no im2col matrix (27 × 12,544 values) built or read
 //! ```
 
