@@ -68,7 +68,7 @@ pub(crate) enum Causal {
 const BK: usize = 256;
 const BK_MAX: usize = 1024;
 
-/// Query rows per task: as many as keep a task's scores within [`SCORES`] floats (256 KiB,
+/// Query rows per task: as many as keep a task's scores within `SCORES` floats (256 KiB,
 /// in a core's L2 with the key block), between 32 and 128, a multiple of 8. It depends on the
 /// shape only (so the result does not depend on the thread count); more rows per task make
 /// the two GEMMs of a task larger, and the key block is scaled once per task.
