@@ -289,6 +289,14 @@ impl Geom {
     fn npix(&self) -> usize {
         self.oh * self.ow
     }
+    /// One plane's geometry as the depthwise plane kernels take it
+    /// ([`crate::depthwise_flat::Shape`]).
+    fn plane_shape(&self) -> crate::depthwise_flat::Shape {
+        [
+            self.h, self.w, self.kh, self.kw, self.sh, self.sw, self.dh, self.dw, self.pt, self.pl,
+            self.oh, self.ow,
+        ]
+    }
     /// A 3×3 kernel, stride 1, dilation 1, one group, of a size where Winograd F(2×2, 3×3)
     /// pays ([`winograd::pays`]).
     fn winograd(&self) -> bool {
@@ -1267,11 +1275,12 @@ mod tests {
             ws[9] = f32::INFINITY;
             ws[19] = f32::NAN;
             xs[3 * h * w + w + 1] = f32::NEG_INFINITY;
-            let shape = [
-                g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
-            ];
-            let avx512 = crate::simd::f32_lanes() == 16;
-            assert_eq!(depthwise_s2::Plan::new(shape).is_some(), avx512, "{h}x{w}");
+            let avx512 = crate::simd::avx512();
+            assert_eq!(
+                depthwise_s2::Plan::new(g.plane_shape()).is_some(),
+                avx512,
+                "{h}x{w}"
+            );
             let mut rows = vec![0.0f32; c * g.npix()];
             let mut pad = Padded::default();
             depthwise_planes(&xs, &ws, &g, &[], 0, &mut rows, &mut pad);

@@ -62,7 +62,7 @@ impl Shape {
             && self.o > 0
             && self.h > 0
             && self.w > 0
-            && avx512()
+            && crate::simd::avx512()
     }
 
     fn taps(&self) -> usize {
@@ -73,18 +73,6 @@ impl Shape {
     /// rounded up to whole vectors.
     fn half(&self) -> usize {
         (self.ow + self.kw / 2 + LANES).next_multiple_of(LANES)
-    }
-}
-
-/// Whether the running CPU has what [`conv`] uses.
-fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        pulp::x86::V4::try_new().is_some()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 
@@ -139,55 +127,54 @@ pub(crate) fn conv(
     let t = crate::par::threads_for(work, 1 << 20).min(threads);
     let packed = &packed;
     crate::par::run_tasks(tasks, t, |(oy0, mut band)| {
-        band_rows(s, x, packed, oy0, &mut band, epilogue);
+        crate::simd::dispatch(Band {
+            s,
+            x,
+            packed,
+            oy0,
+            band: &mut band,
+            epilogue,
+        });
         Ok(())
     })
 }
 
-/// Output rows `oy0..` of every channel (`band[ch]`, whole rows), then their epilogue.
-fn band_rows(
-    s: &Shape,
-    x: &[f32],
-    packed: &[f32],
+/// One task of [`conv`]: output rows `oy0..` of every channel (`band[ch]`, whole rows), then
+/// their epilogue; run inside [`crate::simd::dispatch`] so the intrinsics inline.
+struct Band<'a, 'b> {
+    s: &'a Shape,
+    x: &'a [f32],
+    packed: &'a [f32],
     oy0: usize,
-    band: &mut [&mut [f32]],
-    epilogue: Option<Epilogue<'_>>,
-) {
-    struct Op<'a, 'b>(
-        &'a Shape,
-        &'a [f32],
-        &'a [f32],
-        usize,
-        &'a mut [&'b mut [f32]],
-        Option<Epilogue<'a>>,
-    );
-    impl pulp::WithSimd for Op<'_, '_> {
-        type Output = ();
-        #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) {
-            let Op(s, x, packed, oy0, band, epilogue) = self;
-            #[cfg(target_arch = "x86_64")]
-            if let Some(v4) = pulp::x86::V4::try_new() {
-                rows_v4(v4, s, x, packed, oy0, band, epilogue);
-            }
-            let _ = (s, x, packed, oy0, band, epilogue);
-        }
-    }
-    crate::simd::dispatch(Op(s, x, packed, oy0, band, epilogue));
+    band: &'a mut [&'b mut [f32]],
+    epilogue: Option<Epilogue<'a>>,
 }
 
-/// [`band_rows`] on AVX-512 (inlined into a function compiled for it).
+impl pulp::WithSimd for Band<'_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(v4) = pulp::x86::V4::try_new() {
+            rows_v4(v4, self);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = self;
+    }
+}
+
+/// [`Band`] on AVX-512 (inlined into the function [`crate::simd::dispatch`] compiled for it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn rows_v4(
-    v4: pulp::x86::V4,
-    s: &Shape,
-    x: &[f32],
-    packed: &[f32],
-    oy0: usize,
-    band: &mut [&mut [f32]],
-    epilogue: Option<Epilogue<'_>>,
-) {
+fn rows_v4(v4: pulp::x86::V4, t: Band<'_, '_>) {
+    let Band {
+        s,
+        x,
+        packed,
+        oy0,
+        band,
+        epilogue,
+    } = t;
     use std::arch::x86_64::{__m512, __m512i};
     let f = v4.avx512f;
     let (taps, half, ow) = (s.taps(), s.half(), s.ow);
@@ -346,7 +333,7 @@ mod tests {
         ] {
             assert!(s.taps() <= MAX_TAPS);
             if !s.takes() {
-                assert!(!avx512(), "{s:?}: not taken");
+                assert!(!crate::simd::avx512(), "{s:?}: not taken");
                 continue;
             }
             let x: Vec<f32> = (0..s.c * s.h * s.w)

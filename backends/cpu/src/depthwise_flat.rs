@@ -660,10 +660,10 @@ fn masked<S: pulp::Simd>(simd: S, x: S::f32s, m: S::u32s) -> S::f32s {
 }
 
 /// Stores `N` vectors at output pixels `i0..` of `dst`, each one store (a copy of constant
-/// length; `pulp`'s masked store is a call), the last one masked at the plane's end. (The cut vector had gone through the stack into a `memcpy` call, whose
-/// load of it waited until the vector's store reached the cache, behind the plane's stores:
-/// with two threads, 9–23% of the time of three 384×14×14 blocks of MobileNetV2 sat on that
-/// load.)
+/// length; `pulp`'s masked store is a call), the last one masked at the plane's end. (The cut
+/// vector had gone through the stack into a `memcpy` call, whose load of it waited until the
+/// vector's store reached the cache, behind the plane's stores: with two threads, 9–23% of
+/// the time of three 384×14×14 blocks of MobileNetV2 sat on that load.)
 #[inline(always)]
 fn store_n<S: pulp::Simd, const N: usize>(simd: S, acc: &[S::f32s; N], i0: usize, dst: &mut [f32]) {
     let lanes = S::F32_LANES;

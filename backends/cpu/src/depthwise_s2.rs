@@ -54,19 +54,7 @@ impl Plan {
             && oh > 0
             && h > 0
             && w > 0;
-        (fits && avx512()).then_some(Plan { h, w, oh, ow })
-    }
-}
-
-/// Whether the running CPU has what [`plane`] uses.
-fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        pulp::x86::V4::try_new().is_some()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+        (fits && crate::simd::avx512()).then_some(Plan { h, w, oh, ow })
     }
 }
 
@@ -199,7 +187,7 @@ mod tests {
         ] {
             let Some(plan) = Plan::new([h, w, 3, 3, 2, 2, 1, 1, 1, 1, oh, ow]) else {
                 // Only where the CPU has AVX-512; elsewhere the flat kernel runs.
-                assert!(!avx512(), "{h}x{w}: no plan");
+                assert!(!crate::simd::avx512(), "{h}x{w}: no plan");
                 continue;
             };
             let x: Vec<f32> = (0..h * w)

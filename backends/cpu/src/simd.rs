@@ -44,6 +44,19 @@ pub(crate) fn f32_lanes() -> usize {
     dispatch(Lanes)
 }
 
+/// Whether the running CPU has AVX-512 (`pulp`'s `V4` token, which the AVX-512-only kernels
+/// take): [`dispatch`] then runs 16-lane vectors.
+pub(crate) fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        pulp::x86::V4::try_new().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Lanes of [`striped_sum`].
 const LANES: usize = 8;
 

@@ -30,11 +30,12 @@ use std::cell::RefCell;
 /// Blocks of output rows × vectors stay in registers over the taps — 8 independent FMA chains,
 /// so the FMA latency is hidden — the taps added in `(ky, kx)` order, one FMA per output
 /// element; then the epilogue over the whole plane. Planes are the tasks, so the result does
-/// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col lowering of the reference
-/// does (so a NaN or infinite weight gives NaN there too). Output planes under 16 pixels wide
-/// and 3×3 kernels of stride 1 or 2 on planes of up to 64×64 (equal strides, "same" padding;
-/// 128×128 for stride 1) run [`depthwise_flat`] instead: the same chains, over the plane as
-/// one flat array.
+/// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col
+/// lowering of the reference does (so a NaN or infinite weight gives NaN there too).
+/// Stride-2 3×3 layers with rows of 14 outputs or more run [`depthwise_s2`] on AVX-512
+/// (straight from the plane); output planes under 16 pixels wide and 3×3 kernels of stride 1
+/// or 2 on planes of up to 64×64 (equal strides, "same" padding; 128×128 for stride 1) run
+/// [`depthwise_flat`]: the same chains either way.
 pub(super) fn depthwise(
     xs: &[f32],
     ws: &[f32],
@@ -46,11 +47,9 @@ pub(super) fn depthwise(
     let npix = g.npix();
     let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
     let planes_per_task = (g.n * g.o).div_ceil(t * 8).max(1);
-    let shape = [
-        g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
-    ];
     // A test may force narrower vectors: then the flat kernel runs.
-    if let Some(plan) = depthwise_s2::Plan::new(shape).filter(|_| forced_lanes().is_none()) {
+    let s2 = depthwise_s2::Plan::new(g.plane_shape()).filter(|_| forced_lanes().is_none());
+    if let Some(plan) = s2 {
         crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| {
             depthwise_s2_planes(xs, ws, g, steps, &plan, off / npix, chunk);
         });
@@ -114,9 +113,7 @@ fn depthwise_s2_planes(
 
 /// The [`depthwise_flat`] plan of a depthwise geometry, where it takes it ([`plan_of`]).
 pub(super) fn flat_plan(g: &Geom) -> Option<std::sync::Arc<depthwise_flat::Plan>> {
-    plan_of([
-        g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
-    ])
+    plan_of(g.plane_shape())
 }
 
 /// The geometries whose [`depthwise_flat::Plan`] (or its absence) a thread keeps (then it
