@@ -114,15 +114,12 @@ pub(crate) fn conv(
         }
     }
     // Each task: a band of output rows in every channel's plane.
-    let bands = s.oh.div_ceil(ROWS_PER_TASK);
-    let mut tasks: Vec<(usize, Vec<&mut [f32]>)> = (0..bands)
-        .map(|b| (b * ROWS_PER_TASK, Vec::with_capacity(s.o)))
-        .collect();
-    for plane in y.chunks_exact_mut(npix) {
-        for (task, band) in tasks.iter_mut().zip(plane.chunks_mut(ROWS_PER_TASK * s.ow)) {
-            task.1.push(band);
-        }
-    }
+    let tasks: Vec<(usize, Vec<&mut [f32]>)> =
+        crate::par::plane_runs(y, npix, ROWS_PER_TASK * s.ow)
+            .into_iter()
+            .enumerate()
+            .map(|(b, band)| (b * ROWS_PER_TASK, band))
+            .collect();
     let work = s.o * npix * taps;
     let t = crate::par::threads_for(work, 1 << 20).min(threads);
     let packed = &packed;

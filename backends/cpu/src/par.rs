@@ -318,6 +318,25 @@ where
 }
 
 /// The number of threads worth using for `work` units of cheap work (elements, MACs / 16):
+/// Cuts each `plane`-long plane of `out` into runs of `run` elements (a plane's last run
+/// shorter) and gathers the `i`-th run of every plane as task `i`'s slices: a task's band of
+/// output rows in every channel of an `NCHW` result. Empty when `plane` or `run` is 0.
+pub(crate) fn plane_runs<T>(out: &mut [T], plane: usize, run: usize) -> Vec<Vec<&mut [T]>> {
+    if plane == 0 || run == 0 {
+        return Vec::new();
+    }
+    let planes = out.len() / plane;
+    let mut tasks: Vec<Vec<&mut [T]>> = (0..plane.div_ceil(run))
+        .map(|_| Vec::with_capacity(planes))
+        .collect();
+    for p in out.chunks_exact_mut(plane) {
+        for (task, r) in tasks.iter_mut().zip(p.chunks_mut(run)) {
+            task.push(r);
+        }
+    }
+    tasks
+}
+
 /// one per `grain` units, at most [`threads`].
 pub(crate) fn threads_for(work: usize, grain: usize) -> usize {
     threads().min(work / grain.max(1)).max(1)
@@ -326,6 +345,24 @@ pub(crate) fn threads_for(work: usize, grain: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plane_runs_gather_each_band_of_every_plane() {
+        let mut v: Vec<u32> = (0..30).collect();
+        let runs = plane_runs(&mut v, 10, 4);
+        let got: Vec<Vec<Vec<u32>>> = runs
+            .into_iter()
+            .map(|t| t.into_iter().map(|r| r.to_vec()).collect())
+            .collect();
+        assert_eq!(got.len(), 3);
+        assert_eq!(
+            got[0],
+            vec![vec![0, 1, 2, 3], vec![10, 11, 12, 13], vec![20, 21, 22, 23]]
+        );
+        assert_eq!(got[2], vec![vec![8, 9], vec![18, 19], vec![28, 29]]);
+        assert!(plane_runs(&mut v, 0, 4).is_empty());
+        assert!(plane_runs(&mut v, 10, 0).is_empty());
+    }
 
     #[test]
     fn every_task_runs_once_and_the_first_error_wins() {

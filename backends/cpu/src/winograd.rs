@@ -225,22 +225,12 @@ fn conv_blocked(
         Blocks::Phases(elems) => elems,
         Blocks::Tasks(rows) => {
             let rows = rows.clamp(1, th);
-            // Each task's output rows of every channel, cut from the planes in turn.
-            let mut planes: Vec<&mut [f32]> = out.chunks_mut(plane).collect();
-            let mut tasks = Vec::with_capacity(th.div_ceil(rows));
-            let mut ty0 = 0;
-            while ty0 < th {
-                let ty1 = (ty0 + rows).min(th);
-                let n = ((2 * ty1).min(img.oh) - 2 * ty0) * img.ow;
-                let mut mine = Vec::with_capacity(o);
-                for p in &mut planes {
-                    let (head, tail) = std::mem::take(p).split_at_mut(n);
-                    mine.push(head);
-                    *p = tail;
-                }
-                tasks.push(((ty0, ty1), mine));
-                ty0 = ty1;
-            }
+            // Each task's output rows (`2 · rows` of them) of every channel.
+            let tasks: Vec<_> = crate::par::plane_runs(out, plane, 2 * rows * img.ow)
+                .into_iter()
+                .enumerate()
+                .map(|(i, outs)| ((i * rows, ((i + 1) * rows).min(th)), outs))
+                .collect();
             let t = threads.min(tasks.len());
             return crate::par::run_tasks(tasks, t, |(span, outs)| {
                 crate::par::with_scratch(&BUFFERS, |(v, m)| {
