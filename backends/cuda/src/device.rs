@@ -86,6 +86,9 @@ pub struct Gpu {
     max_shared_per_block: u32,
     max_threads_per_block: u32,
     driver_version: (u32, u32),
+    /// Device copies of the host tensors given as artifact arguments (see
+    /// [`GpuTensor::from_value`]).
+    host_copies: std::sync::Mutex<HostCopies<GpuTensor>>,
 }
 
 impl fmt::Debug for Gpu {
@@ -237,6 +240,7 @@ fn probe() -> std::result::Result<Arc<Gpu>, String> {
                 A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )?,
             max_threads_per_block: attribute(&ctx, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            host_copies: std::sync::Mutex::new(HostCopies::default()),
             compute_capability: cc,
             arch: Arch::for_compute_capability(cc.0, cc.1),
             ordinal,
@@ -431,6 +435,56 @@ impl GpuEvent {
     }
 }
 
+/// What was made from host tensors (their device copies), keyed by the host storage and
+/// held only while that storage lives: a host tensor passed again (the same storage and shape,
+/// as the executor passes a model's constants to every call) gets the same copy back instead
+/// of a new upload. BERT-base's 94 MB word-embedding table, an argument of the FuseOps
+/// function that gathers from it, was uploaded on every run and took 78% of it on an H200.
+///
+/// The key is a weak handle ([`Tensor::storage_weak`]): it keeps the storage's address from
+/// being reused, and a write to the storage moves it to a new allocation, so a hit is always
+/// the very data that was copied. Entries whose storage is gone are dropped on every lookup,
+/// which bounds the cache by the host tensors alive at once.
+pub(crate) struct HostCopies<T> {
+    entries: Vec<(std::sync::Weak<Storage>, Vec<usize>, T)>,
+}
+
+impl<T> Default for HostCopies<T> {
+    fn default() -> Self {
+        HostCopies {
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<T: Clone> HostCopies<T> {
+    /// The copy made from `t`'s storage at `t`'s shape, made by `make` the first time.
+    pub(crate) fn get_or_insert(
+        &mut self,
+        t: &Tensor,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.entries.retain(|(w, _, _)| w.strong_count() > 0);
+        if let Some((_, _, v)) = self
+            .entries
+            .iter()
+            .find(|(w, shape, _)| t.shares_storage(w) && shape.as_slice() == t.shape())
+        {
+            return Ok(v.clone());
+        }
+        let v = make()?;
+        self.entries
+            .push((t.storage_weak(), t.shape().to_vec(), v.clone()));
+        Ok(v)
+    }
+
+    /// The number of copies held.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
 /// A tensor in device memory (see the module doc). Clones share the buffer.
 #[derive(Clone)]
 pub struct GpuTensor {
@@ -577,11 +631,19 @@ impl GpuTensor {
         Ok(Tensor::new(self.shape.clone(), storage)?)
     }
 
-    /// An artifact argument on this GPU: a host tensor is uploaded, a [`GpuTensor`] of this
-    /// GPU is shared (no copy), another device's tensor goes through the host.
+    /// An artifact argument on this GPU: a host tensor is uploaded once for as long as its
+    /// storage lives (see [`HostCopies`]: a model's constants, which the executor decodes once
+    /// and passes to every call, stay on the device), a [`GpuTensor`] of this GPU is shared
+    /// (no copy), another device's tensor goes through the host.
     pub fn from_value(gpu: &Arc<Gpu>, v: &Value) -> Result<GpuTensor> {
         match v {
-            Value::Tensor(t) => GpuTensor::upload(gpu, t),
+            Value::Tensor(t) => {
+                let mut copies = gpu
+                    .host_copies
+                    .lock()
+                    .map_err(|_| Error::Device("the host-copy cache is poisoned".to_string()))?;
+                copies.get_or_insert(t, || GpuTensor::upload(gpu, t))
+            }
             Value::Device(d) => match d.as_any().downcast_ref::<GpuTensor>() {
                 Some(g) if Arc::ptr_eq(&g.gpu, gpu) => Ok(g.clone()),
                 _ => GpuTensor::upload(gpu, &d.to_host()?),
@@ -1049,6 +1111,45 @@ mod tests {
         if let Err(e) = Gpu::get() {
             assert!(matches!(e, Error::NoDevice { .. }), "{e}");
         }
+    }
+
+    #[test]
+    fn host_copies_are_made_once_per_live_storage_and_shape() {
+        let mut copies: HostCopies<usize> = HostCopies::default();
+        let mut made = 0usize;
+        let mut get = |copies: &mut HostCopies<usize>, t: &Tensor| {
+            copies
+                .get_or_insert(t, || {
+                    made += 1;
+                    Ok(made)
+                })
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let w = Tensor::from_f32(vec![2, 3], vec![0.5; 6]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(get(&mut copies, &w), 1);
+        // The same storage again (a clone, as the executor passes a constant): the same copy.
+        assert_eq!(get(&mut copies, &w.clone()), 1);
+        // Equal values in another storage, or the same storage at another shape: new copies.
+        let twin = Tensor::from_f32(vec![2, 3], vec![0.5; 6]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(get(&mut copies, &twin), 2);
+        let flat = w.reshaped(vec![6]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(get(&mut copies, &flat), 3);
+        // A tensor written after its copy was made is copied anew.
+        let mut changed = w.clone();
+        if let Storage::F32(v) = changed.storage_mut() {
+            v[0] = 1.0;
+        }
+        assert_eq!(get(&mut copies, &changed), 4);
+        assert_eq!(get(&mut copies, &w), 1);
+        // Copies of storages that are gone are dropped at the next lookup (the reshape's copy
+        // stays while `w`, whose storage it shares, lives).
+        drop((twin, flat, changed));
+        let other = Tensor::from_f32(vec![1], vec![0.0]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(get(&mut copies, &other), 5);
+        assert_eq!(copies.len(), 3);
+        drop(w);
+        assert_eq!(get(&mut copies, &other), 5);
+        assert_eq!(copies.len(), 1);
     }
 
     #[test]

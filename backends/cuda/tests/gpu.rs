@@ -410,3 +410,29 @@ class Module:
     );
     assert!(GpuTensor::from_value(&gpu, &Value::Shape(vec![1])).is_err());
 }
+
+/// A host tensor passed again (a model's constant, which the executor hands every call) is
+/// on the device already: the same buffer comes back, and a tensor with other storage or
+/// written since gets its own upload with its own values.
+#[test]
+fn host_tensors_are_uploaded_once_while_their_storage_lives() {
+    let Some(gpu) = gpu_or_skip("host_tensors_are_uploaded_once_while_their_storage_lives") else {
+        return;
+    };
+    let vals: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+    let t = f32_tensor(vals.clone());
+    let a = GpuTensor::from_value(&gpu, &Value::Tensor(t.clone())).unwrap();
+    let b = GpuTensor::from_value(&gpu, &Value::Tensor(t.clone())).unwrap();
+    assert_eq!(a.device_ptr(), b.device_ptr());
+    assert_eq!(b.download().unwrap().to_f32_vec(), vals);
+    let twin = GpuTensor::from_value(&gpu, &Value::Tensor(f32_tensor(vals.clone()))).unwrap();
+    assert_ne!(twin.device_ptr(), a.device_ptr());
+    let mut changed = t.clone();
+    if let Storage::F32(v) = changed.storage_mut() {
+        v[0] = -1.0;
+    }
+    let c = GpuTensor::from_value(&gpu, &Value::Tensor(changed)).unwrap();
+    assert_ne!(c.device_ptr(), a.device_ptr());
+    assert_eq!(c.download().unwrap().to_f32_vec()[..2], [-1.0, 0.5]);
+    assert_eq!(a.download().unwrap().to_f32_vec(), vals);
+}

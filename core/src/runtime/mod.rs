@@ -343,6 +343,20 @@ impl Tensor {
         &self.data
     }
 
+    /// A weak handle on the storage, for caches of things made from it (a device copy): it
+    /// keeps the allocation's address from being reused, and [`Tensor::shares_storage`] with
+    /// it holds only while that very storage lives unchanged (a write through
+    /// [`Tensor::storage_mut`] moves the data to a new allocation while a weak handle exists).
+    pub fn storage_weak(&self) -> std::sync::Weak<Storage> {
+        Arc::downgrade(&self.data)
+    }
+
+    /// Whether this tensor's storage is the one `w` was taken from (see
+    /// [`Tensor::storage_weak`]).
+    pub fn shares_storage(&self, w: &std::sync::Weak<Storage>) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.data), w.as_ptr())
+    }
+
     /// The storage, mutably (copied first when shared).
     pub fn storage_mut(&mut self) -> &mut Storage {
         Arc::make_mut(&mut self.data)

@@ -150,3 +150,31 @@ fn the_type_of_an_op_result_is_checked_before_its_kernel() {
     );
     assert!(memory::check_op_result(&Op::BroadcastTo, &[x, Value::Shape(vec![4, 4])]).is_ok());
 }
+
+#[test]
+fn a_weak_storage_handle_names_only_that_live_unchanged_storage() {
+    let a =
+        Tensor::from_f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap_or_else(|e| panic!("{e}"));
+    let w = a.storage_weak();
+    // Clones and reshapes share the storage; an equal tensor made anew does not.
+    let b = a.clone();
+    assert!(a.shares_storage(&w) && b.shares_storage(&w));
+    let r = a.reshaped(vec![4]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.shares_storage(&w));
+    let same_values =
+        Tensor::from_f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!same_values.shares_storage(&w));
+    // A write through a shared handle copies first: the writer leaves the storage.
+    let mut c = a.clone();
+    c.storage_mut();
+    assert!(!c.shares_storage(&w) && a.shares_storage(&w));
+    drop((b, r, c));
+    // A write through the last strong handle moves the data out while a weak handle exists,
+    // so the handle no longer names the tensor (its old contents are gone).
+    let mut last = a;
+    if let Storage::F32(v) = last.storage_mut() {
+        v[0] = 9.0;
+    }
+    assert!(!last.shares_storage(&w));
+    assert_eq!(w.strong_count(), 0);
+}
