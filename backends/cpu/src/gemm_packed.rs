@@ -297,9 +297,10 @@ impl ColsSrc<'_> {
 /// do not depend on the tiling, the thread count or the instruction set. The output channels
 /// lie on the vector lanes (a 7×7 plane's 49 pixels waste no lane, where `faer`'s kernel ran
 /// them on four 16-lane vectors); blocks of [`cols_rows`] pixels of one output row are
-/// computed over all of `k` with a panel's 48 channels in registers, then written back
-/// transposed. Tasks are runs of whole panels, cut by the shape alone; `epilogue(j, 0, row)`
-/// runs on each finished row of `y`.
+/// computed over all of `k` with a panel's 48 channels in registers (only the live vectors of
+/// a last, narrower panel), then written back transposed. Tasks are runs of equal work over
+/// (panel, block) pairs ([`cols_shares`]); `epilogue(j, i0, part)` runs on each finished part
+/// of a row of `y` (pixels `i0..`).
 pub(crate) fn gemm_cols(
     m: usize,
     src: ColsSrc<'_>,
@@ -345,37 +346,118 @@ pub(crate) fn gemm_cols(
             src.data.len()
         ));
     }
-    let panels = n.div_ceil(NR);
-    let per_panel = m.next_multiple_of(mr) * k.max(1) * NR;
-    let run = COLS_TILE_MACS.div_ceil(per_panel).clamp(1, panels);
-    let tasks: Vec<(usize, &mut [f32])> = y.chunks_mut(run * NR * m).enumerate().collect();
+    let tasks = cols_shares(m, mr, k, n, y, threads);
     let threads = threads.min(tasks.len()).max(1);
-    crate::par::run_tasks(tasks, threads, |(t, rows)| {
-        let p0 = t * run;
+    crate::par::run_tasks(tasks, threads, |mut shares| {
         crate::par::with_scratch(&TAIL, |tail| {
             crate::simd::dispatch(Cols {
                 src,
                 m,
                 b,
-                p0,
-                y: &mut *rows,
+                shares: &mut shares,
                 tail,
             })
         })?;
         if let Some(ep) = epilogue {
-            for (j, row) in rows.chunks_exact_mut(m).enumerate() {
-                ep(p0 * NR + j, 0, row);
+            for sh in &mut shares {
+                for (c, row) in sh.rows.iter_mut().enumerate() {
+                    ep(sh.panel * NR + c, sh.b0 * mr, row);
+                }
             }
         }
         Ok(())
     })
 }
 
-/// About this many multiply-adds per task of [`gemm_cols`]: a quarter of [`TILE_MACS`], so
-/// that ResNet-50's 2048-channel 7×7 layers make 43 one-panel tasks rather than 11 of four
-/// panels, which two threads split 6 to 5 (those layers 2.03–2.15 → 1.87–1.97 ms for three
-/// calls, 2 threads, two alternated runs each).
+/// About this many multiply-adds per task of [`gemm_cols`] (or one panel's, when more): a
+/// quarter of [`TILE_MACS`], so that ResNet-50's 2048-channel 7×7 layers make tasks of about
+/// one panel rather than four, which two threads split unevenly (those layers 2.03–2.15 →
+/// 1.87–1.97 ms for three calls, 2 threads, two alternated runs each).
 const COLS_TILE_MACS: usize = TILE_MACS / 4;
+
+/// The lanes [`cols_shares`] weighs work by: a panel's columns run as vectors of 16 (AVX-512,
+/// where [`gemm_cols`] runs in practice), so a last panel of 16 columns costs a third of a
+/// full one.
+const COLS_COST_LANES: usize = 16;
+
+/// One task's part of one panel for [`gemm_cols`]: pixel blocks `b0..b1` of panel `panel`, and
+/// the part of `y` they give, one slice per channel of the panel (pixels `b0 · MR` onwards).
+pub(crate) struct Share<'a> {
+    panel: usize,
+    b0: usize,
+    b1: usize,
+    rows: Vec<&'a mut [f32]>,
+}
+
+/// [`gemm_cols`]'s tasks: every (panel, pixel block) in panel order, cut into a multiple of
+/// `threads` runs of equal work (a block weighs its panel's live vectors of
+/// [`COLS_COST_LANES`]), each run about [`COLS_TILE_MACS`] multiply-adds or one panel's,
+/// whichever is more. A run may start or end inside a panel: its blocks are split between two
+/// tasks, whose rows of `y` are then cut at the block boundary. Where the panels do not
+/// divide among the threads (MobileNetV2's 960 → 320 on 7×7: 7 panels, 4 against 3 on two
+/// threads), the last ones are shared by pixels; a last panel of one or two vectors weighs
+/// that much (960 → 160: 3 panels and a third). Every element is still computed whole by one
+/// kernel call, so the bits do not depend on the cut.
+fn cols_shares(
+    m: usize,
+    mr: usize,
+    k: usize,
+    n: usize,
+    y: &mut [f32],
+    threads: usize,
+) -> Vec<Vec<Share<'_>>> {
+    let panels = n.div_ceil(NR);
+    let blocks = m.div_ceil(mr);
+    let live = |p: usize| (n - p * NR).min(NR).div_ceil(COLS_COST_LANES);
+    let total: usize = (0..panels).map(|p| live(p) * blocks).sum();
+    let unit_macs = mr * k.max(1) * COLS_COST_LANES;
+    let panel_macs = blocks * unit_macs * NR.div_ceil(COLS_COST_LANES);
+    let threads = threads.max(1);
+    let tasks = (total * unit_macs)
+        .div_ceil(COLS_TILE_MACS.max(panel_macs))
+        .next_multiple_of(threads)
+        .clamp(1, (panels * blocks).max(1));
+    let mut out: Vec<Vec<Share<'_>>> = (0..tasks).map(|_| Vec::new()).collect();
+    let mut rest = y;
+    let mut done = 0usize;
+    for p in 0..panels {
+        let cols = (n - p * NR).min(NR);
+        let (panel_y, tail) = std::mem::take(&mut rest).split_at_mut(cols * m);
+        rest = tail;
+        // The task of each block: the equal run its middle falls in.
+        let w = live(p);
+        let mut cuts: Vec<(usize, usize, usize)> = Vec::new();
+        for blk in 0..blocks {
+            let t = ((2 * done + w) * tasks / (2 * total).max(1)).min(tasks - 1);
+            done += w;
+            match cuts.last_mut() {
+                Some((last, _, b1)) if *last == t => *b1 = blk + 1,
+                _ => cuts.push((t, blk, blk + 1)),
+            }
+        }
+        let mut rows: Vec<Vec<&mut [f32]>> =
+            cuts.iter().map(|_| Vec::with_capacity(cols)).collect();
+        for row in panel_y.chunks_exact_mut(m) {
+            let mut row = row;
+            for (&(_, b0, b1), dst) in cuts.iter().zip(&mut rows) {
+                let len = (b1 * mr).min(m) - b0 * mr;
+                let (seg, after) = std::mem::take(&mut row).split_at_mut(len);
+                row = after;
+                dst.push(seg);
+            }
+        }
+        for ((t, b0, b1), rows) in cuts.into_iter().zip(rows) {
+            out[t].push(Share {
+                panel: p,
+                b0,
+                b1,
+                rows,
+            });
+        }
+    }
+    out.retain(|t| !t.is_empty());
+    out
+}
 
 /// The pixels per block of [`gemm_cols`] for `m` pixels: 7 where that divides them
 /// (MobileNet's and ResNet's 7×7, 14×14 and 28×28 planes), else 8.
@@ -388,17 +470,16 @@ thread_local! {
     static TAIL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One task of [`gemm_cols`]: panels `p0..` of `b` into `y` (their rows).
-struct Cols<'a> {
+/// One task of [`gemm_cols`]: its [`Share`]s of `b`'s panels, into their rows of `y`.
+struct Cols<'a, 'y> {
     src: ColsSrc<'a>,
     m: usize,
     b: &'a PackedB,
-    p0: usize,
-    y: &'a mut [f32],
+    shares: &'a mut [Share<'y>],
     tail: &'a mut Vec<f32>,
 }
 
-impl pulp::WithSimd for Cols<'_> {
+impl pulp::WithSimd for Cols<'_, '_> {
     type Output = KResult<()>;
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) -> KResult<()> {
@@ -409,28 +490,28 @@ impl pulp::WithSimd for Cols<'_> {
     }
 }
 
-/// [`Cols`] with blocks of `MR` pixels: panel by panel, block by block; the last block, when
-/// partial (only where the pixels are one row), from a zero-padded copy of its pixels made once
-/// per task.
+/// [`Cols`] with blocks of `MR` pixels: share by share, block by block; the last block, when
+/// partial (only where the pixels are one row), from a zero-padded copy of its pixels made
+/// once per task that has it.
 #[inline(always)]
-fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_>) -> KResult<()> {
+fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_, '_>) -> KResult<()> {
     let Cols {
         src,
         m,
         b,
-        p0,
-        y,
+        shares,
         tail,
     } = t;
     let k = b.k;
     let full = m / MR;
     let rest = m - full * MR;
-    let tail_steps: Vec<usize> = if rest > 0 {
+    let has_tail = rest > 0 && shares.iter().any(|sh| sh.b1 > full);
+    let tail_steps: Vec<usize> = if has_tail {
         (0..k).map(|p| p * MR).collect()
     } else {
         Vec::new()
     };
-    if rest > 0 {
+    if has_tail {
         tail.clear();
         tail.resize(k * MR, 0.0);
         for (d, &s) in tail.chunks_exact_mut(MR).zip(src.steps) {
@@ -439,18 +520,29 @@ fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_>) -> KResult<()
             }
         }
     }
-    for (j, rows) in y.chunks_mut(NR * m).enumerate() {
-        let panel = b.panel(p0 + j);
-        let cols = rows.len() / m;
-        for blk in 0..full + usize::from(rest > 0) {
+    let lanes = S::F32_LANES;
+    for sh in shares.iter_mut() {
+        let panel = b.panel(sh.panel);
+        let cols = sh.rows.len();
+        for blk in sh.b0..sh.b1 {
             let (data, steps, at, valid) = if blk < full {
                 (src.data, src.steps, src.base(blk * MR), MR)
             } else {
                 (&tail[..], &tail_steps[..], 0, rest)
             };
-            let block = kernel_cols::<S, MR>(simd, data, steps, at, panel);
-            let i0 = blk * MR;
-            for (c, row) in rows.chunks_exact_mut(m).enumerate().take(cols) {
+            // Only the vectors that hold live columns (a last panel of 16 or 32 channels).
+            let mut block = [[0.0f32; NR]; MR];
+            let mut j0 = 0;
+            while j0 < cols {
+                let left = (cols - j0).div_ceil(lanes);
+                j0 += match left {
+                    1 => kernel_cols::<S, MR, 1>(simd, data, steps, at, panel, j0, &mut block),
+                    2 => kernel_cols::<S, MR, 2>(simd, data, steps, at, panel, j0, &mut block),
+                    _ => kernel_cols::<S, MR, 3>(simd, data, steps, at, panel, j0, &mut block),
+                };
+            }
+            let i0 = (blk - sh.b0) * MR;
+            for (c, row) in sh.rows.iter_mut().enumerate() {
                 for (r, v) in row[i0..i0 + valid].iter_mut().enumerate() {
                     *v = block[r][c];
                 }
@@ -460,46 +552,45 @@ fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_>) -> KResult<()
     Ok(())
 }
 
-/// `MR` pixels (`data[steps[p] + at + r]`) × [`NR`] columns of the panel: `Σ_p x ·
-/// panel[p][j]`, one FMA per step in `p` order from `+0.0`, in sub-blocks of 3 vectors held
-/// in registers over all of `k` (as [`kernel`], with the pixels read along `x`'s rows).
+/// `MR` pixels (`data[steps[p] + at + r]`) × `V` vectors of the panel's columns from `j0`:
+/// `Σ_p x · panel[p][j]`, one FMA per step in `p` order from `+0.0`, held in registers over
+/// all of `k` (as [`kernel`], with the pixels read along `x`'s rows), into `out`; returns the
+/// columns done.
 #[inline(always)]
-fn kernel_cols<S: pulp::Simd, const MR: usize>(
+fn kernel_cols<S: pulp::Simd, const MR: usize, const V: usize>(
     simd: S,
     data: &[f32],
     steps: &[usize],
     at: usize,
     panel: &[f32],
-) -> [[f32; NR]; MR] {
+    j0: usize,
+    out: &mut [[f32; NR]; MR],
+) -> usize {
     let lanes = S::F32_LANES;
-    let width = 3 * lanes;
-    let mut out = [[0.0f32; NR]; MR];
+    let width = V * lanes;
     let zero = simd.splat_f32s(0.0);
-    for j0 in (0..NR).step_by(width) {
-        let mut acc = [[zero; 3]; MR];
-        for (bp, &s) in panel.chunks_exact(NR).zip(steps) {
-            let (Some(bp), Some(xs)) = (bp.get(j0..j0 + width), data.get(s + at..s + at + MR))
-            else {
-                continue;
-            };
-            let bv: [S::f32s; 3] = std::array::from_fn(|v| {
-                bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[v * lanes..(v + 1) * lanes]))
-            });
-            for (acc, &xv) in acc.iter_mut().zip(xs) {
-                let xv = simd.splat_f32s(xv);
-                for (a, &bv) in acc.iter_mut().zip(&bv) {
-                    *a = simd.mul_add_f32s(xv, bv, *a);
-                }
-            }
-        }
-        for (acc, o) in acc.iter().zip(out.iter_mut()) {
-            for (v, a) in acc.iter().enumerate() {
-                let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
-                o[j0 + v * lanes..j0 + (v + 1) * lanes].copy_from_slice(vals);
+    let mut acc = [[zero; V]; MR];
+    for (bp, &s) in panel.chunks_exact(NR).zip(steps) {
+        let (Some(bp), Some(xs)) = (bp.get(j0..j0 + width), data.get(s + at..s + at + MR)) else {
+            continue;
+        };
+        let bv: [S::f32s; V] = std::array::from_fn(|v| {
+            bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[v * lanes..(v + 1) * lanes]))
+        });
+        for (acc, &xv) in acc.iter_mut().zip(xs) {
+            let xv = simd.splat_f32s(xv);
+            for (a, &bv) in acc.iter_mut().zip(&bv) {
+                *a = simd.mul_add_f32s(xv, bv, *a);
             }
         }
     }
-    out
+    for (acc, o) in acc.iter().zip(out.iter_mut()) {
+        for (v, a) in acc.iter().enumerate() {
+            let vals: &[f32] = bytemuck::cast_slice(std::slice::from_ref(a));
+            o[j0 + v * lanes..j0 + (v + 1) * lanes].copy_from_slice(vals);
+        }
+    }
+    width
 }
 
 /// Whether vectors of `lanes` `f32`s run [`tile_chunked`] (which reads `A` packed by
@@ -1099,6 +1190,61 @@ mod tests {
     }
 
     #[test]
+    fn cols_shares_cover_every_block_once_in_runs_of_equal_work() {
+        // MobileNetV2's 7×7 layers (960 → 320: 7 panels; 960 → 160: a last panel of one
+        // vector; 160 → 960: small panels) and ResNet-50's 512 → 2048, on 1 to 3 threads.
+        for (m, k, n) in [
+            (49usize, 960usize, 320usize),
+            (49, 960, 160),
+            (49, 160, 960),
+            (49, 512, 2048),
+            (9, 5, 97),
+        ] {
+            let mr = cols_rows(m);
+            for threads in [1usize, 2, 3] {
+                let mut y = vec![0.0f32; n * m];
+                let base = y.as_ptr() as usize;
+                let tasks = cols_shares(m, mr, k, n, &mut y, threads);
+                let mut hit = vec![0u8; n * m];
+                let mut work = Vec::new();
+                for t in &tasks {
+                    let mut w = 0;
+                    for sh in t {
+                        let cols = (n - sh.panel * NR).min(NR);
+                        assert_eq!(sh.rows.len(), cols);
+                        w += (sh.b1 - sh.b0) * cols.div_ceil(COLS_COST_LANES);
+                        for (c, row) in sh.rows.iter().enumerate() {
+                            let at = (row.as_ptr() as usize - base) / 4;
+                            assert_eq!(at, (sh.panel * NR + c) * m + sh.b0 * mr);
+                            assert_eq!(row.len(), (sh.b1 * mr).min(m) - sh.b0 * mr);
+                            hit[at..at + row.len()].iter_mut().for_each(|h| *h += 1);
+                        }
+                    }
+                    work.push(w);
+                }
+                assert!(
+                    hit.iter().all(|&h| h == 1),
+                    "{m}x{k}x{n}, {threads} threads"
+                );
+                // Equal runs, to within two blocks of a full panel (each run ends within half
+                // a block of its share).
+                let (lo, hi) = (work.iter().min().unwrap(), work.iter().max().unwrap());
+                assert!(
+                    hi - lo <= 2 * NR / COLS_COST_LANES,
+                    "{m}x{k}x{n}, {threads}: {work:?}"
+                );
+                if threads > 1 {
+                    assert!(
+                        tasks.len().is_multiple_of(threads),
+                        "{m}x{k}x{n}: {}",
+                        tasks.len()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn gemm_cols_reads_a_padded_plane_in_place() {
         // A 3×3 convolution of 5 channels on a 7×7 plane through its zero-padded 9×9 copy
         // (steps: each tap's offset; rows of 7 in a pitch of 9) against the same product
@@ -1153,29 +1299,30 @@ mod tests {
             let packed = PackedB::for_cols(&b, k, n).unwrap_or_else(|e| panic!("{e}"));
             let steps = row_steps(k, m);
             let src = rows_src(&x, &steps, m);
-            let run = |simd: &dyn Fn(Cols<'_>) -> KResult<()>| {
+            let run = |simd: &dyn Fn(Cols<'_, '_>) -> KResult<()>| {
                 let mut y = vec![f32::NAN; n * m];
-                simd(Cols {
-                    src,
-                    m,
-                    b: &packed,
-                    p0: 0,
-                    y: &mut y,
-                    tail: &mut Vec::new(),
-                })
-                .unwrap_or_else(|e| panic!("{e}"));
+                for mut shares in cols_shares(m, cols_rows(m), k, n, &mut y, 1) {
+                    simd(Cols {
+                        src,
+                        m,
+                        b: &packed,
+                        shares: &mut shares,
+                        tail: &mut Vec::new(),
+                    })
+                    .unwrap_or_else(|e| panic!("{e}"));
+                }
                 bits(&transposed(&y, n, m))
             };
-            let scalar = |c: Cols<'_>| pulp::WithSimd::with_simd(c, pulp::Scalar::new());
+            let scalar = |c: Cols<'_, '_>| pulp::WithSimd::with_simd(c, pulp::Scalar::new());
             assert_eq!(run(&scalar), want, "scalar, {m}x{k}x{n}");
             #[cfg(target_arch = "x86_64")]
             {
                 if let Some(v3) = pulp::x86::V3::try_new() {
-                    let avx2 = move |c: Cols<'_>| pulp::WithSimd::with_simd(c, v3);
+                    let avx2 = move |c: Cols<'_, '_>| pulp::WithSimd::with_simd(c, v3);
                     assert_eq!(run(&avx2), want, "AVX2, {m}x{k}x{n}");
                 }
                 if let Some(v4) = pulp::x86::V4::try_new() {
-                    let avx512 = move |c: Cols<'_>| pulp::WithSimd::with_simd(c, v4);
+                    let avx512 = move |c: Cols<'_, '_>| pulp::WithSimd::with_simd(c, v4);
                     assert_eq!(run(&avx512), want, "AVX-512, {m}x{k}x{n}");
                 }
             }
@@ -1192,10 +1339,19 @@ mod tests {
         let src = rows_src(&x, &steps, m);
         let mut want = vec![0.0; n * m];
         gemm_cols(m, src, &packed, &mut want, 1, None).unwrap_or_else(|e| panic!("{e}"));
-        let seen = std::sync::Mutex::new(vec![0u8; n]);
+        // Parts of rows (a panel shared by pixels between the tasks of two threads), whole
+        // blocks of 7 pixels each, every element once.
+        let seen = std::sync::Mutex::new(vec![0u8; n * m]);
         let ep = |row: usize, c0: usize, r: &mut [f32]| {
-            assert_eq!((c0, r.len()), (0, m));
-            seen.lock().unwrap_or_else(|e| panic!("{e}"))[row] += 1;
+            assert!(
+                c0 % 7 == 0 && c0 + r.len() <= m && !r.is_empty(),
+                "{c0} {}",
+                r.len()
+            );
+            let mut seen = seen.lock().unwrap_or_else(|e| panic!("{e}"));
+            seen[row * m + c0..row * m + c0 + r.len()]
+                .iter_mut()
+                .for_each(|s| *s += 1);
             r.iter_mut().for_each(|v| *v = -*v);
         };
         let mut y = vec![0.0; n * m];
