@@ -1344,7 +1344,7 @@ mod tests {
         let seen = std::sync::Mutex::new(vec![0u8; n * m]);
         let ep = |row: usize, c0: usize, r: &mut [f32]| {
             assert!(
-                c0 % 7 == 0 && c0 + r.len() <= m && !r.is_empty(),
+                c0.is_multiple_of(7) && c0 + r.len() <= m && !r.is_empty(),
                 "{c0} {}",
                 r.len()
             );
