@@ -17,7 +17,8 @@
 //!   bit-exactly (`bool` as one byte 0/1; any nonzero byte reads back as `true`). It implements
 //!   fusebox-core's [`DeviceTensor`], so it travels through the executor as
 //!   [`Value::Device`]; [`GpuTensor::from_value`] takes an artifact argument (uploading a host
-//!   tensor, reusing a buffer already on this GPU) and [`GpuTensor::into_value`] returns one.
+//!   tensor once while its storage lives, so a model's constants stay on the device; reusing a
+//!   buffer already on this GPU) and [`GpuTensor::into_value`] returns one.
 //! - [`GpuTensor::device_ptr`] and [`Gpu::stream`] / [`Gpu::context`] give the raw pointer and
 //!   stream that libraries such as cuBLASLt take; work they enqueue on that stream is ordered
 //!   with everything here.
@@ -87,7 +88,9 @@ pub struct Gpu {
     max_threads_per_block: u32,
     driver_version: (u32, u32),
     /// Device copies of the host tensors given as artifact arguments (see
-    /// [`GpuTensor::from_value`]).
+    /// [`GpuTensor::from_value`]). Each copy holds an `Arc` of this `Gpu`; a copy goes at the
+    /// first lookup after its host storage has, and the `Gpu` is the process's one, kept for
+    /// its whole life ([`Gpu::get`]), so the cycle keeps nothing alive longer.
     host_copies: std::sync::Mutex<HostCopies<GpuTensor>>,
 }
 
