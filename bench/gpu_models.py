@@ -119,11 +119,13 @@ def fixtures(args, env) -> int:
     say(f"== fixtures: {len(dirs)} from tests/models, {args.config}, tolerance {TOL} of the range")
     passed = 0
     for d in dirs:
-        sets = [s for s in ("seq128", "default", "seq64", "seq8") if (d / s / "inputs").is_dir()]
-        s = d / sets[0]
-        inputs = {p.stem: p for p in sorted((s / "inputs").glob("*.npy"))}
-        arrays = {k: np.load(v) for k, v in inputs.items()}
         try:
+            sets = [s for s in ("seq128", "default", "seq64", "seq8") if (d / s / "inputs").is_dir()]
+            if not sets:
+                raise RuntimeError("no input set (seq128, default, seq64 or seq8)")
+            s = d / sets[0]
+            inputs = {p.stem: p for p in sorted((s / "inputs").glob("*.npy"))}
+            arrays = {k: np.load(v) for k, v in inputs.items()}
             binds = bindings(signature(args.fusebox, d / "model.onnx"), arrays)
             out_dir = Path(args.work) / "fx" / d.name
             out_dir.mkdir(parents=True, exist_ok=True)
