@@ -23,7 +23,8 @@
 //!   ([`crate::gemm_packed::gemm_cols`], the weight transposed and packed once per constant
 //!   weight: [`cols_weights`]): a 49-pixel row wastes a quarter of `faer`'s four 16-lane
 //!   vectors, 48 channels fill three. Stride-1 kernels read the zero-padded image in place
-//!   (no im2col matrix, whose 5–7-value copies took a quarter of a 3×3 layer's time there).
+//!   (no im2col matrix, whose 5–7-value copies took a quarter of a 3×3 layer's time there),
+//!   and stride-2 3×3 kernels the image dealt into its four phases.
 //!   ResNet-50's 512×7×7 3×3 layer, one node, 2 threads: 1.53 → 1.32 ms (onnxruntime
 //!   0.98); with its weights streamed from memory (`bench/conv_chain.py 512 7 3 8 512`):
 //!   19.0 → 11.5 ms for eight (onnxruntime 10.0).
@@ -591,9 +592,11 @@ pub(crate) fn cols_weights(
 }
 
 /// Runs `f` on the right operand of [`crate::gemm_packed::gemm_cols`] for image `x`: the data
-/// itself for a 1×1 kernel with stride 1 and no padding; for other stride-1 kernels whose
-/// output rows divide into the kernel's pixel blocks, the image zero-padded once (every tap
-/// then reads a block of pixels in place); else the im2col matrix, its rows spread over the
+/// itself for a 1×1 kernel with stride 1 and no padding; for other kernels whose output rows
+/// divide into the kernel's pixel blocks and whose taps read every phase of the stride (stride
+/// 1, or ResNet-50's 3×3 of stride 2), the image zero-padded and dealt into its phases once
+/// (every tap then reads a block of pixels in place: its 512×14×14 stride-2 layer, one thread,
+/// 2.54 → 2.35 ms against its im2col matrix); else the im2col matrix, its rows spread over the
 /// threads.
 fn cols_source(
     x: &[f32],
@@ -614,40 +617,77 @@ fn cols_source(
         });
     }
     let mr = crate::gemm_packed::cols_rows(npix);
-    if (g.sh, g.sw) == (1, 1) && g.ow.is_multiple_of(mr) {
-        // Padded rows and columns: every tap of every output pixel lands inside.
-        let (hp, wp) = (g.oh + (g.kh - 1) * g.dh, g.ow + (g.kw - 1) * g.dw);
+    // Every phase of a strided kernel is read (a 3×3 kernel of stride 2: all four), so dealing
+    // the image into them copies no value the taps do not read.
+    let every_phase = (g.kh - 1) * g.dh + 1 >= g.sh && (g.kw - 1) * g.dw + 1 >= g.sw;
+    if g.ow.is_multiple_of(mr) && every_phase {
+        // The image zero-padded and dealt into its `sh × sw` phases (padded row `r` to phase
+        // row `r % sh`, position `r / sh`; columns alike; stride 1: the padded image itself):
+        // tap `(ch, ky, kx)` of output pixel `(oy, ox)` then reads phase
+        // `(ky·dh % sh, kx·dw % sw)` at `(oy + ky·dh / sh, ox + kx·dw / sw)`, one offset per
+        // tap for every pixel, so each block of pixels is read in place.
+        let (hp, wp) = (
+            (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1,
+            (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1,
+        );
+        let (hq, wq) = (hp.div_ceil(g.sh), wp.div_ceil(g.sw));
+        let phases = g.sh * g.sw;
         fusebox_core::runtime::check_alloc(
             "the padded input of relax.nn.conv2d",
             DType::F32,
-            &[g.c, hp, wp],
+            &[g.c, phases, hq, wq],
         )
         .map_err(|e| e.to_string())?;
-        let steps: Vec<usize> = (0..kdim)
-            .map(|p| {
-                let (ch, ky, kx) = (p / (g.kh * g.kw), (p / g.kw) % g.kh, p % g.kw);
-                ch * hp * wp + ky * g.dh * wp + kx * g.dw
+        let plane = phases * hq * wq;
+        // Each tap's offset in a channel's phases (worked out once per tap: a division per
+        // step of `k` cost a ResNet-50 7×7 layer 4% of its time), then per channel.
+        let taps: Vec<usize> = (0..g.kh)
+            .flat_map(|ky| {
+                (0..g.kw).map(move |kx| {
+                    let (ry, rx) = (ky * g.dh, kx * g.dw);
+                    let phase = (ry % g.sh) * g.sw + rx % g.sw;
+                    phase * hq * wq + (ry / g.sh) * wq + rx / g.sw
+                })
             })
+            .collect();
+        let steps: Vec<usize> = (0..g.c)
+            .flat_map(|ch| taps.iter().map(move |t| ch * plane + t))
             .collect();
         return crate::par::with_scratch(&COLUMNS, |pad| {
             pad.clear();
-            pad.resize(g.c * hp * wp, 0.0);
-            for (plane, dst) in x.chunks_exact(g.h * g.w).zip(pad.chunks_exact_mut(hp * wp)) {
-                for (r, src) in plane.chunks_exact(g.w).enumerate() {
-                    // Input row r is padded row r + pt, input column c padded column c + pl;
-                    // rows and columns past the padded extent are never read.
-                    let Some(d) = dst.get_mut((r + g.pt) * wp..(r + g.pt + 1) * wp) else {
+            pad.resize(g.c * plane, 0.0);
+            for (src, dst) in x.chunks_exact(g.h * g.w).zip(pad.chunks_exact_mut(plane)) {
+                for (r, row) in src.chunks_exact(g.w).enumerate() {
+                    // Input row r is padded row r + pt; rows past the padded extent are never
+                    // read.
+                    let pr = r + g.pt;
+                    if pr >= hp {
                         continue;
-                    };
+                    }
+                    let (py, qy) = (pr % g.sh, pr / g.sh);
                     let n = g.w.min(wp.saturating_sub(g.pl));
-                    d[g.pl..g.pl + n].copy_from_slice(&src[..n]);
+                    let at = |px: usize, qx: usize| (py * g.sw + px) * hq * wq + qy * wq + qx;
+                    if g.sw == 1 {
+                        let a = at(0, g.pl);
+                        dst[a..a + n].copy_from_slice(&row[..n]);
+                    } else {
+                        // Column c + pl to phase (c + pl) % sw, position (c + pl) / sw.
+                        let (mut px, mut qx) = (g.pl % g.sw, g.pl / g.sw);
+                        for &v in &row[..n] {
+                            dst[at(px, qx)] = v;
+                            px += 1;
+                            if px == g.sw {
+                                (px, qx) = (0, qx + 1);
+                            }
+                        }
+                    }
                 }
             }
             f(ColsSrc {
                 data: pad,
                 steps: &steps,
                 row: g.ow,
-                pitch: wp,
+                pitch: wq,
             })
         });
     }
