@@ -1240,6 +1240,45 @@ mod tests {
     }
 
     #[test]
+    fn strided_kernels_read_their_phases_in_place() {
+        // Stride 2 with 3×3 (ResNet-50's), 2×2 and dilated 2×2 kernels, rows of 7 and 8 (the
+        // phase-dealt source), and a 1×1 stride-2 kernel (one phase read: the im2col matrix),
+        // against the direct definition on small integers (exact).
+        for (c, k, d, p, oh, ow, o) in [
+            (5usize, 3usize, 1i64, 1i64, 7usize, 7usize, 50usize),
+            (3, 3, 1, 1, 8, 8, 17),
+            (4, 2, 1, 0, 7, 7, 9),
+            (2, 2, 2, 1, 8, 8, 49),
+            (6, 1, 1, 0, 7, 7, 20),
+        ] {
+            let span = |o: usize| ((o - 1) * 2 + d as usize * (k - 1) + 1) as i64 - 2 * p;
+            let (h, w) = (span(oh) as usize, span(ow) as usize);
+            let a = attrs(2, p, d, 1);
+            let xs: Vec<f32> = (0..c * h * w)
+                .map(|i| ((i * 37) % 17) as f32 - 8.0)
+                .collect();
+            let ws: Vec<f32> = (0..o * c * k * k)
+                .map(|i| ((i * 11) % 7) as f32 - 3.0)
+                .collect();
+            let x =
+                Tensor::from_f32(vec![1, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let wt =
+                Tensor::from_f32(vec![o, c, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!((g.oh, g.ow), (oh, ow));
+            let want = naive(&xs, &ws, &g);
+            for threads in [1, 2] {
+                let got = conv_cols(&x, &wt, &a, true, threads);
+                assert_eq!(
+                    got.as_f32(),
+                    Some(&want[..]),
+                    "c{c} k{k} d{d} p{p} {oh}x{ow}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn small_plane_bits_do_not_depend_on_threads_caching_or_fusion() {
         // Rounding sums, a NaN and an infinity: one chain per element whatever the tiling.
         let (c, hw, o) = (64, 7, 100);
