@@ -656,33 +656,7 @@ fn cols_source(
         return crate::par::with_scratch(&COLUMNS, |pad| {
             pad.clear();
             pad.resize(g.c * plane, 0.0);
-            for (src, dst) in x.chunks_exact(g.h * g.w).zip(pad.chunks_exact_mut(plane)) {
-                for (r, row) in src.chunks_exact(g.w).enumerate() {
-                    // Input row r is padded row r + pt; rows past the padded extent are never
-                    // read.
-                    let pr = r + g.pt;
-                    if pr >= hp {
-                        continue;
-                    }
-                    let (py, qy) = (pr % g.sh, pr / g.sh);
-                    let n = g.w.min(wp.saturating_sub(g.pl));
-                    let at = |px: usize, qx: usize| (py * g.sw + px) * hq * wq + qy * wq + qx;
-                    if g.sw == 1 {
-                        let a = at(0, g.pl);
-                        dst[a..a + n].copy_from_slice(&row[..n]);
-                    } else {
-                        // Column c + pl to phase (c + pl) % sw, position (c + pl) / sw.
-                        let (mut px, mut qx) = (g.pl % g.sw, g.pl / g.sw);
-                        for &v in &row[..n] {
-                            dst[at(px, qx)] = v;
-                            px += 1;
-                            if px == g.sw {
-                                (px, qx) = (0, qx + 1);
-                            }
-                        }
-                    }
-                }
-            }
+            deal_phases(x, g, [hp, wp, hq, wq], pad);
             f(ColsSrc {
                 data: pad,
                 steps: &steps,
@@ -712,6 +686,77 @@ fn cols_source(
             pitch: npix,
         })
     })
+}
+
+/// [`cols_source`]'s phases: each channel of `x` zero-padded (padded extent `hp × wp`) and dealt
+/// into `pad`'s `sh × sw` phase planes of `hq × wq` (padded row `r` to phase row `r % sh`,
+/// position `r / sh`; columns alike). Rows of stride 2 go through
+/// [`crate::depthwise_flat::deal_pairs`] (inlined into the SIMD context here), other strides
+/// value by value, stride 1 as one copy per row.
+fn deal_phases(x: &[f32], g: &Geom, [hp, wp, hq, wq]: [usize; 4], pad: &mut [f32]) {
+    struct Op<'a>(&'a [f32], &'a Geom, [usize; 4], &'a mut [f32]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(x, g, [hp, wp, hq, wq], pad) = self;
+            let plane = g.sh * g.sw * hq * wq;
+            let n = g.w.min(wp.saturating_sub(g.pl));
+            for (src, dst) in x.chunks_exact(g.h * g.w).zip(pad.chunks_exact_mut(plane)) {
+                for (r, row) in src.chunks_exact(g.w).enumerate() {
+                    // Input row r is padded row r + pt; rows past the padded extent are never
+                    // read.
+                    let pr = r + g.pt;
+                    if pr >= hp {
+                        continue;
+                    }
+                    let (py, qy) = (pr % g.sh, pr / g.sh);
+                    let at = |px: usize, qx: usize| (py * g.sw + px) * hq * wq + qy * wq + qx;
+                    let row = &row[..n];
+                    match g.sw {
+                        1 => {
+                            let a = at(0, g.pl);
+                            dst[a..a + n].copy_from_slice(row);
+                        }
+                        2 => {
+                            // Even image columns to phase pl % 2 from position pl / 2, odd ones
+                            // to the other phase from (pl + 1) / 2.
+                            let (a, b) =
+                                (at(g.pl % 2, g.pl / 2), at((g.pl + 1) % 2, g.pl.div_ceil(2)));
+                            let (e, o) = if a < b {
+                                let (lo, hi) = dst.split_at_mut(b);
+                                (&mut lo[a..], hi)
+                            } else {
+                                let (lo, hi) = dst.split_at_mut(a);
+                                (hi, &mut lo[b..])
+                            };
+                            let pairs = n / 2;
+                            crate::depthwise_flat::deal_pairs(
+                                row,
+                                &mut e[..pairs],
+                                &mut o[..pairs],
+                            );
+                            if n % 2 == 1 {
+                                e[pairs] = row[n - 1];
+                            }
+                        }
+                        _ => {
+                            // Column c + pl to phase (c + pl) % sw, position (c + pl) / sw.
+                            let (mut px, mut qx) = (g.pl % g.sw, g.pl / g.sw);
+                            for &v in row {
+                                dst[at(px, qx)] = v;
+                                px += 1;
+                                if px == g.sw {
+                                    (px, qx) = (0, qx + 1);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    crate::simd::dispatch(Op(x, g, [hp, wp, hq, wq], pad));
 }
 
 /// `w` (`O × K`, row-major) transposed and packed for [`crate::gemm_packed::gemm_cols`].

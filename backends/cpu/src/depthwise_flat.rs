@@ -361,7 +361,7 @@ impl Plan {
 /// caller's SIMD context, so the shuffles compile to single instructions; the scalar loop it
 /// replaces compiled to one move per value on AVX2, 45% of a stride-2 layer's time.
 #[inline(always)]
-fn deal_pairs(src: &[f32], e: &mut [f32], o: &mut [f32]) {
+pub(crate) fn deal_pairs(src: &[f32], e: &mut [f32], o: &mut [f32]) {
     let n = e.len().min(o.len()).min(src.len() / 2);
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
