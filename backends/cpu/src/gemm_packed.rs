@@ -382,7 +382,7 @@ const COLS_COST_LANES: usize = 16;
 
 /// One task's part of one panel for [`gemm_cols`]: pixel blocks `b0..b1` of panel `panel`, and
 /// the part of `y` they give, one slice per channel of the panel (pixels `b0 · MR` onwards).
-pub(crate) struct Share<'a> {
+struct Share<'a> {
     panel: usize,
     b0: usize,
     b1: usize,
