@@ -12,7 +12,7 @@ some tens of microseconds more than onnxruntime's `run`; compare a Relu-only mod
 processes is of the same order as many of the differences: repeat it, and alternate binaries
 (`--fusebox A --fusebox B`) when comparing two builds.
 
-Usage: .venv/bin/python bench/conv_layers.py [--preset resnet50|mobilenet-v2|pointwise|depthwise]
+Usage: .venv/bin/python bench/conv_layers.py [--preset resnet50|mobilenet-v2|pointwise|depthwise|conv3x3]
        [--threads 2] [--repeat 300] [--out-dir /tmp/conv_layers] [--fusebox target/release/fusebox ...]
 """
 
@@ -76,6 +76,8 @@ PRESETS = {
 }
 PRESETS["pointwise"] = [s for p in ("resnet50", "mobilenet-v2") for s in PRESETS[p] if s[3] == 1]
 PRESETS["depthwise"] = [s for s in PRESETS["mobilenet-v2"] if s[5] > 1]
+# The 3×3 stride-1 layers of ResNet-50 (fusebox's Winograd path where it pays, else gemm_cols).
+PRESETS["conv3x3"] = [s for s in PRESETS["resnet50"] if s[3] == 3 and s[4] == 1]
 
 p = argparse.ArgumentParser()
 p.add_argument("--preset", default="resnet50", choices=sorted(PRESETS) + ["none"])

@@ -242,13 +242,25 @@ pub(crate) fn gemm_f32_weight(
     }
 }
 
-/// Rows of `B` per partial sum of a vector-matrix product ([`gemv_f32`]).
+/// Rows of `B` per partial sum of a vector-matrix product ([`gemv_f32`]), at most.
 const GEMV_ROWS: usize = 256;
+
+/// The rows per chunk of a `k`-row vector-matrix product: at most [`GEMV_ROWS`], in a number
+/// of chunks that is a multiple of 4 when there is more than one, so that 2 or 4 threads take
+/// equal shares (MobileNetV2's 1280 rows were five chunks of 256, three for one of two
+/// threads; now eight of 160). By `k` alone, so the bits do not depend on the thread count.
+fn gemv_chunk_rows(k: usize) -> usize {
+    let chunks = k.div_ceil(GEMV_ROWS);
+    if chunks <= 1 {
+        return k.max(1);
+    }
+    k.div_ceil(chunks.next_multiple_of(4))
+}
 
 /// `c = a @ b` for a row vector `a` (`k`) and a row-major `k × n` matrix `b` (a classifier
 /// head, or any linear layer at batch 1): `b` is read once, as a stream, which bounds the
-/// time, so the work is cut along `k`, in chunks of [`GEMV_ROWS`] rows spread over up to
-/// `threads` threads. Each chunk accumulates its partial row `Σ a[r]·b[r, :]` with one FMA
+/// time, so the work is cut along `k`, in chunks of [`gemv_chunk_rows`] rows spread over up
+/// to `threads` threads. Each chunk accumulates its partial row `Σ a[r]·b[r, :]` with one FMA
 /// per element in row order; the partial rows are then added in chunk order. The chunks
 /// depend on `k` only, so the result is bit-identical for every thread count.
 fn gemv_f32(k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
@@ -268,7 +280,8 @@ fn gemv_f32(k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: us
             }
         }
     }
-    let chunks = k.div_ceil(GEMV_ROWS);
+    let per = gemv_chunk_rows(k);
+    let chunks = k.div_ceil(per);
     if chunks <= 1 || n == 0 {
         crate::simd::dispatch(Op(a, b, c));
         return;
@@ -276,8 +289,8 @@ fn gemv_f32(k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: us
     let mut partial = vec![0.0f32; chunks * n];
     let t = crate::par::threads_for(k * n, 1 << 18).min(threads).max(1);
     crate::par::for_each_chunk_mut(&mut partial, n, t, |off, acc| {
-        let r0 = off / n * GEMV_ROWS;
-        let r1 = (r0 + GEMV_ROWS).min(k);
+        let r0 = off / n * per;
+        let r1 = (r0 + per).min(k);
         crate::simd::dispatch(Op(&a[r0..r1], &b[r0 * n..r1 * n], acc));
     });
     let mut rows = partial.chunks_exact(n);
@@ -486,6 +499,46 @@ mod tests {
         }
         debug_assert_eq!(a.len(), k);
         c
+    }
+
+    #[test]
+    fn a_vector_matrix_product_is_its_chunks_fma_chains_added_in_order_on_any_threads() {
+        // The documented order, written out: per chunk one FMA chain per column from zero,
+        // then the chunks' partial rows added in chunk order. 1100 rows make eight chunks of
+        // 138 (five of GEMV_ROWS, rounded up to a multiple of 4), spread over 1 to 3 threads.
+        let (k, n) = (1100usize, 700usize);
+        assert_eq!(gemv_chunk_rows(k), 138);
+        assert_eq!(gemv_chunk_rows(1000), 250);
+        assert_eq!(gemv_chunk_rows(1280), 160);
+        assert_eq!(gemv_chunk_rows(2048), 256);
+        assert_eq!(gemv_chunk_rows(200), 200);
+        let a: Vec<f32> = (0..k)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 53) % 97) as f32 / 48.0 - 1.0)
+            .collect();
+        let per = gemv_chunk_rows(k);
+        let mut want = vec![0.0f32; n];
+        for (ch, rows) in a.chunks(per).enumerate() {
+            for (j, w) in want.iter_mut().enumerate() {
+                let mut acc = 0.0f32;
+                for (r, &x) in rows.iter().enumerate() {
+                    acc = b[(ch * per + r) * n + j].mul_add(x, acc);
+                }
+                *w = if ch == 0 { acc } else { *w + acc };
+            }
+        }
+        let exact = reference(k, n, &a, &b);
+        for (w, e) in want.iter().zip(&exact) {
+            assert!((f64::from(*w) - e).abs() <= 1e-3 * e.abs().max(1.0));
+        }
+        for threads in 1..=3 {
+            let mut c = vec![f32::NAN; n];
+            crate::par::with_threads(threads, || gemv_f32(k, n, &a, &b, &mut c, threads));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&c), bits(&want), "{threads} threads");
+        }
     }
 
     #[test]
