@@ -1,0 +1,369 @@
+//! The executor's fused kernels: a composite whose body `composite.rs` recognises, a FuseOps
+//! function of elementwise ops (or a `conv2d` and such ops) run as one elementwise program
+//! (`elem_program.rs`), and a fusable `conv2d` chain (`fuse.rs`) run as one kernel.
+//!
+//! Contract: each runner returns `None` when the function has another form or its values do
+//! not fit (the bindings are then interpreted one by one, with the same result); otherwise the
+//! fused result, checked against the function's return type (`check_fused_result`), with the
+//! same bits as the ops run one by one.
+//!
+//! ```text
+//! @R.function(private=True)
+//! def fused_conv2d_add_clip(x, w, b):        # one `conv2d` kernel with its epilogue
+//!     lv = R.nn.conv2d(x, w)
+//!     lv1 = R.add(lv, b)
+//!     gv = R.clip(lv1, 0, 6)
+//!     return gv
+//! ```
+
+use super::*;
+
+impl<'m> Interp<'m> {
+    /// Runs a composite whose body `composite.rs` recognises as one fused kernel: `None` when
+    /// the body has another form or the values do not fit (the body is then interpreted).
+    pub(super) fn run_composite(
+        &self,
+        name: &str,
+        f: &Function,
+        args: &[Value],
+    ) -> Result<Option<Value>> {
+        let Some(plan) = crate::composite::recognise(f) else {
+            return Ok(None);
+        };
+        let input = |leaf| self.leaf_value(name, f, args, leaf);
+        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let packed = |x: &Tensor, w: &Tensor| self.exec.packed_weight(x, w);
+        let Some(out) = crate::composite::run(&plan, &input, &packed).map_err(|e| at(name, e))?
+        else {
+            return Ok(None);
+        };
+        self.record_shapes(plan.kernel_name(), args, t);
+        check_fused_result(name, f, args, &out, "fused kernel")?;
+        Ok(Some(out))
+    }
+
+    /// The value of a fused kernel's input: argument `i` (on the host), or a constant of `f`.
+    pub(super) fn leaf_value(
+        &self,
+        name: &str,
+        f: &Function,
+        args: &[Value],
+        leaf: crate::composite::Leaf,
+    ) -> Result<Value> {
+        match leaf {
+            crate::composite::Leaf::Param(i) => args
+                .get(i)
+                .cloned()
+                .ok_or_else(|| Error::Exec(format!("`{name}`: no argument {i}")))?
+                .to_host()
+                .map_err(Error::from),
+            crate::composite::Leaf::Const(e) => match &f.expr(e).kind {
+                ExprKind::Const(c) => Ok(Value::Tensor(self.exec.constant(c)?)),
+                _ => Err(Error::Exec(format!("`{name}`: expected a constant"))),
+            },
+        }
+    }
+
+    /// Runs a FuseOps function whose bindings are covered elementwise ops, or a `conv2d`
+    /// followed by such ops, as one elementwise program (`elem_program.rs`; after a `conv2d`,
+    /// the convolution's epilogue): `None` when the function has another form, when
+    /// `fuse.rs` fuses it whole already, or when the values do not allow it (the bindings are
+    /// then interpreted). The call hook declined this function already (its caller offered it
+    /// first), so nothing else runs it.
+    pub(super) fn run_elem_group(
+        &self,
+        name: &str,
+        f: &Function,
+        args: &[Value],
+        facts: Option<&Facts>,
+    ) -> Result<Option<Value>> {
+        let compiled;
+        let Some(group) = (match facts {
+            Some(d) => d.group.as_ref(),
+            None => {
+                compiled = crate::elem_program::compile(f);
+                compiled.as_ref()
+            }
+        }) else {
+            return Ok(None);
+        };
+        // A conv2d chain of `fuse.rs` that covers the whole function keeps running as it did.
+        let n = f.bindings().count();
+        let planned;
+        let chains = match facts {
+            Some(d) => &d.chains,
+            None => {
+                planned = fuse::plan(self.module, f, &|_| false);
+                &planned
+            }
+        };
+        if let Some(Some(chain)) = chains.first()
+            && matches!(chain.head, fuse::Head::Conv { .. })
+            && chain.links.len() + 1 == n
+        {
+            return Ok(None);
+        }
+        let leaf = |l| -> Result<Option<Tensor>> {
+            Ok(match self.leaf_value(name, f, args, l)? {
+                Value::Tensor(t) => Some(t),
+                _ => None,
+            })
+        };
+        let Some(leaves) = group
+            .prog
+            .leaves
+            .iter()
+            .map(|&l| leaf(l))
+            .collect::<Result<Option<Vec<Tensor>>>>()?
+        else {
+            return Ok(None);
+        };
+        let out = match &group.head {
+            None => {
+                let Some(bound) = crate::elem_program::bind(&group.prog, &leaves, None) else {
+                    return Ok(None);
+                };
+                fusebox_core::runtime::memory::check_alloc(
+                    bound.name(),
+                    DType::F32,
+                    bound.shape(),
+                )?;
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let y = bound.run().map_err(|message| Error::Kernel {
+                    op: "relax.elementwise",
+                    message,
+                })?;
+                self.record(bound.name(), t);
+                y
+            }
+            Some(crate::elem_program::Head::Matmul { op, lhs, rhs }) => {
+                let (Some(a), Some(b)) = (leaf(*lhs)?, leaf(*rhs)?) else {
+                    return Ok(None);
+                };
+                let f32_out = matches!(
+                    op,
+                    Op::Matmul {
+                        out_dtype: None | Some(DType::F32)
+                    }
+                );
+                if !f32_out || a.as_f32().is_none() || b.as_f32().is_none() {
+                    return Ok(None);
+                }
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                // The matmul kernel itself (its result checked against the memory limit).
+                let Value::Tensor(y) = self.run_op(op, &[Value::Tensor(a), Value::Tensor(b)])?
+                else {
+                    return Ok(None);
+                };
+                let shape = y.shape().to_vec();
+                // In place over the matmul's output when the result has its shape, else (or
+                // when the output is shared) a pass of its own reading it.
+                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
+                let y = match (bound, y.try_into_storage()) {
+                    (Some(bound), Ok(fusebox_core::runtime::Storage::F32(mut data))) => {
+                        bound.apply_all(&mut data);
+                        Tensor::new(shape, fusebox_core::runtime::Storage::F32(data))?
+                    }
+                    (_, Ok(storage)) => {
+                        let y = Tensor::new(shape, storage)?;
+                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
+                            return Ok(None);
+                        };
+                        y
+                    }
+                    (_, Err(y)) => {
+                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
+                            return Ok(None);
+                        };
+                        y
+                    }
+                };
+                self.record(&group.prog.name, t);
+                y
+            }
+            Some(crate::elem_program::Head::Conv {
+                data,
+                weight,
+                attrs,
+            }) => {
+                let (Some(x), Some(w)) = (leaf(*data)?, leaf(*weight)?) else {
+                    return Ok(None);
+                };
+                if !crate::conv::fusable(&x, &w, attrs) {
+                    return Ok(None);
+                }
+                let Ok(shape) = crate::conv::out_shape(&x, &w, attrs) else {
+                    return Ok(None);
+                };
+                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
+                if bound.is_none() && !crate::elem_program::fits_after(&group.prog, &leaves, &shape)
+                {
+                    return Ok(None);
+                }
+                fusebox_core::runtime::memory::check_op_result(
+                    &Op::Conv2d(Box::new(attrs.clone())),
+                    &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+                )?;
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let wino = self.exec.winograd_weights(&w, attrs);
+                let cols = self.exec.cols_weights(&x, &w, attrs);
+                let prep = crate::conv::Prepared {
+                    wino: wino.as_deref(),
+                    cols: cols.as_deref(),
+                };
+                let kernel = |message| Error::Kernel {
+                    op: "relax.nn.conv2d",
+                    message,
+                };
+                // The epilogue runs per output row of one channel: on small planes, a call
+                // per row costs more than one in-place pass over the (cached) output. A
+                // result larger than the convolution's output is a pass of its own.
+                let y = match bound {
+                    None => {
+                        let y =
+                            crate::conv::conv2d_fused(&x, &w, attrs, &[], prep).map_err(kernel)?;
+                        run_after(&group.prog, &leaves, y)?.ok_or_else(|| {
+                            kernel("the program does not fit its inputs".to_string())
+                        })?
+                    }
+                    Some(bound) if shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW => {
+                        let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
+                            Arc::new(bound),
+                        ));
+                        crate::conv::conv2d_fused(&x, &w, attrs, &[step], prep).map_err(kernel)?
+                    }
+                    Some(bound) => {
+                        let y =
+                            crate::conv::conv2d_fused(&x, &w, attrs, &[], prep).map_err(kernel)?;
+                        let mut data = match y.try_into_storage() {
+                            Ok(fusebox_core::runtime::Storage::F32(v)) => v,
+                            _ => {
+                                return Err(kernel(
+                                    "the convolution's output is shared".to_string(),
+                                ));
+                            }
+                        };
+                        bound.apply_all(&mut data);
+                        Tensor::new(shape.to_vec(), fusebox_core::runtime::Storage::F32(data))?
+                    }
+                };
+                self.record(&group.prog.name, t);
+                y
+            }
+        };
+        let out = Value::Tensor(out);
+        check_fused_result(name, f, args, &out, "fused elementwise kernel")?;
+        Ok(Some(out))
+    }
+
+    /// Runs a fusable chain as one kernel: `None` when its values do not allow it (the
+    /// bindings then run one by one).
+    pub(super) fn run_chain<'f>(
+        &self,
+        name: &str,
+        f: &'f Function,
+        fr: &mut Frame<'f>,
+        chain: &fuse::Chain,
+        depth: usize,
+    ) -> Result<Option<Value>> {
+        let tensor = |v: Value| match v {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        };
+        let (a, b) = match &chain.head {
+            fuse::Head::Conv { data, weight, .. } => (*data, *weight),
+            fuse::Head::Add { lhs, rhs } => (*lhs, *rhs),
+        };
+        let Some(x) = tensor(self.eval(name, f, fr, a, depth)?) else {
+            return Ok(None);
+        };
+        let Some(w) = tensor(self.eval(name, f, fr, b, depth)?) else {
+            return Ok(None);
+        };
+        if let fuse::Head::Add { .. } = chain.head {
+            fusebox_core::runtime::memory::check_op_result(
+                &Op::Add,
+                &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+            )?;
+            let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+            let out = crate::elementwise::add_relu_f32(&x, &w).map(Value::Tensor);
+            if t.is_some() {
+                self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
+            }
+            return Ok(out);
+        }
+        let operands = fuse::operand_exprs(chain)
+            .into_iter()
+            .map(|e| self.eval(name, f, fr, e, depth))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(steps) = fuse::steps(chain, &x, &w, &operands) else {
+            return Ok(None);
+        };
+        let fuse::Head::Conv { attrs, .. } = &chain.head else {
+            return Ok(None);
+        };
+        fusebox_core::runtime::memory::check_op_result(
+            &Op::Conv2d(Box::new(attrs.clone())),
+            &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+        )?;
+        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let wino = self.exec.winograd_weights(&w, attrs);
+        let cols = self.exec.cols_weights(&x, &w, attrs);
+        let prep = crate::conv::Prepared {
+            wino: wino.as_deref(),
+            cols: cols.as_deref(),
+        };
+        let y = crate::conv::conv2d_fused(&x, &w, attrs, &steps, prep).map_err(|message| {
+            Error::Kernel {
+                op: "relax.nn.conv2d",
+                message,
+            }
+        })?;
+        let out = fuse::result(chain, y, &operands);
+        if t.is_some() {
+            self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
+        }
+        Ok(out)
+    }
+}
+
+/// Checks the arguments of `f` against its parameters (binding its symbols) and then the
+/// result `out` of a fused `kernel` that replaced its body against its return type.
+pub(super) fn check_fused_result(
+    name: &str,
+    f: &Function,
+    args: &[Value],
+    out: &Value,
+    kernel: &str,
+) -> Result<()> {
+    let mut syms = BTreeMap::new();
+    for bind in [true, false] {
+        for (&p, a) in f.params.iter().zip(args) {
+            match_type(&f.var(p).ty, a, &mut syms, bind)
+                .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
+        }
+    }
+    match_type(&f.ret_ty, out, &mut syms, false).map_err(|m| {
+        Error::Exec(format!(
+            "`{name}`: the {kernel}'s result does not match the return type: {m}"
+        ))
+    })
+}
+
+/// Runs `prog` after its head, whose output `head` it reads as an input (see
+/// `elem_program::bind_after`): `None` when the values do not fit it.
+pub(super) fn run_after(
+    prog: &crate::elem_program::Program,
+    leaves: &[Tensor],
+    head: Tensor,
+) -> Result<Option<Tensor>> {
+    let Some(after) = crate::elem_program::bind_after(prog, leaves, head) else {
+        return Ok(None);
+    };
+    fusebox_core::runtime::memory::check_alloc(after.name(), DType::F32, after.shape())?;
+    let y = after.run().map_err(|message| Error::Kernel {
+        op: "relax.elementwise",
+        message,
+    })?;
+    Ok(Some(y))
+}
