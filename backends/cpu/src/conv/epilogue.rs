@@ -9,8 +9,8 @@
 //!
 //! ```text
 //! lv = R.nn.conv2d(x, w)          # the kernel
-//! lv1 = R.add(lv, b)              # Step::Bias   } one pass over each
-//! gv = R.nn.relu(R.add(lv1, r))   # Step::Residual, Step::Relu } output row
+//! lv1 = R.add(lv, b)              # Step::Bias
+//! gv = R.nn.relu(R.add(lv1, r))   # Step::Residual, Step::Relu: with the bias, one loop per row
 //! ```
 
 use fusebox_core::runtime::Tensor;
