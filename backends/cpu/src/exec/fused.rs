@@ -19,6 +19,29 @@
 use super::*;
 
 impl<'m> Interp<'m> {
+    /// A fused `conv2d`'s result size checked against the memory limit, and the weight
+    /// transforms the executor keeps for `w` (Winograd's, the packed columns of
+    /// `gemm_packed::gemm_cols`) for [`crate::conv::conv2d_fused`].
+    #[allow(clippy::type_complexity, reason = "the two kept transforms")]
+    fn conv_weights(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        attrs: &fusebox_core::op::Conv2dAttrs,
+    ) -> Result<(
+        Option<Arc<crate::winograd::Weights>>,
+        Option<Arc<crate::gemm_packed::PackedB>>,
+    )> {
+        fusebox_core::runtime::memory::check_op_result(
+            &Op::Conv2d(Box::new(attrs.clone())),
+            &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+        )?;
+        Ok((
+            self.exec.winograd_weights(w, attrs),
+            self.exec.cols_weights(x, w, attrs),
+        ))
+    }
+
     /// Runs a composite whose body `composite.rs` recognises as one fused kernel: `None` when
     /// the body has another form or the values do not fit (the body is then interpreted).
     pub(super) fn run_composite(
@@ -200,13 +223,8 @@ impl<'m> Interp<'m> {
                 {
                     return Ok(None);
                 }
-                fusebox_core::runtime::memory::check_op_result(
-                    &Op::Conv2d(Box::new(attrs.clone())),
-                    &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
-                )?;
                 let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-                let wino = self.exec.winograd_weights(&w, attrs);
-                let cols = self.exec.cols_weights(&x, &w, attrs);
+                let (wino, cols) = self.conv_weights(&x, &w, attrs)?;
                 let prep = crate::conv::Prepared {
                     wino: wino.as_deref(),
                     cols: cols.as_deref(),
@@ -302,13 +320,8 @@ impl<'m> Interp<'m> {
         let fuse::Head::Conv { attrs, .. } = &chain.head else {
             return Ok(None);
         };
-        fusebox_core::runtime::memory::check_op_result(
-            &Op::Conv2d(Box::new(attrs.clone())),
-            &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
-        )?;
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-        let wino = self.exec.winograd_weights(&w, attrs);
-        let cols = self.exec.cols_weights(&x, &w, attrs);
+        let (wino, cols) = self.conv_weights(&x, &w, attrs)?;
         let prep = crate::conv::Prepared {
             wino: wino.as_deref(),
             cols: cols.as_deref(),
