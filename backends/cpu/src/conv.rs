@@ -874,6 +874,24 @@ mod tests {
         }
     }
 
+    /// Small-integer data (`xs`, shape `xsh`) and weights (`ws`, shape `wsh`) whose products
+    /// and sums are exact in `f32`, as slices and as tensors; `seed` shifts both patterns.
+    fn exact_operands(
+        xsh: [usize; 4],
+        wsh: [usize; 4],
+        seed: usize,
+    ) -> (Vec<f32>, Vec<f32>, Tensor, Tensor) {
+        let xs: Vec<f32> = (0..xsh.iter().product::<usize>())
+            .map(|i| ((i * 37 + seed) % 17) as f32 - 8.0)
+            .collect();
+        let ws: Vec<f32> = (0..wsh.iter().product::<usize>())
+            .map(|i| ((i * 11 + seed) % 7) as f32 - 3.0)
+            .collect();
+        let x = Tensor::from_f32(xsh.to_vec(), xs.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let wt = Tensor::from_f32(wsh.to_vec(), ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+        (xs, ws, x, wt)
+    }
+
     fn naive(x: &[f32], wt: &[f32], g: &Geom) -> Vec<f32> {
         let og = g.o / g.g;
         let mut out = vec![0.0f32; g.n * g.o * g.npix()];
@@ -959,17 +977,8 @@ mod tests {
             (2, 3, 35, 40, 20, 7, 2, 3, 1, 1),
         ];
         for (n, c, h, w, o, k, s, p, d, gr) in cases {
-            let xs: Vec<f32> = (0..n * c * h * w)
-                .map(|i| ((i * 37) % 17) as f32 - 8.0)
-                .collect();
             let ci = c / gr as usize;
-            let ws: Vec<f32> = (0..o * ci * k * k)
-                .map(|i| ((i * 11) % 7) as f32 - 3.0)
-                .collect();
-            let x =
-                Tensor::from_f32(vec![n, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
-            let wt =
-                Tensor::from_f32(vec![o, ci, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let (xs, ws, x, wt) = exact_operands([n, c, h, w], [o, ci, k, k], 0);
             let a = attrs(s, p, d, gr);
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
             let want = naive(&xs, &ws, &g);
@@ -1022,16 +1031,7 @@ mod tests {
             (1, 2, 7, 7, 3, 5, 1, 0, 1),
         ];
         for (n, c, h, w, o, k, s, p, d) in cases {
-            let xs: Vec<f32> = (0..n * c * h * w)
-                .map(|i| ((i * 37) % 17) as f32 - 8.0)
-                .collect();
-            let ws: Vec<f32> = (0..o * c * k * k)
-                .map(|i| ((i * 11) % 7) as f32 - 3.0)
-                .collect();
-            let x =
-                Tensor::from_f32(vec![n, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
-            let wt =
-                Tensor::from_f32(vec![o, c, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let (xs, ws, x, wt) = exact_operands([n, c, h, w], [o, c, k, k], 0);
             let a = attrs(s, p, d, 1);
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
             FORCE_COLS.with(|f| f.set(true));
@@ -1073,10 +1073,7 @@ mod tests {
             proptest::prop_assume!(h >= 1 && w >= 1);
             let (h, w) = (h as usize, w as usize);
             let a = attrs(s, p, d, 1);
-            let x = Tensor::from_f32(vec![n, c, h, w], vec![0.0; n * c * h * w])
-                .unwrap_or_else(|e| panic!("{e}"));
-            let wt = Tensor::from_f32(vec![o, c, k, k], vec![0.0; o * c * k * k])
-                .unwrap_or_else(|e| panic!("{e}"));
+            let (xs, ws, x, wt) = exact_operands([n, c, h, w], [o, c, k, k], seed);
             // Geometries with no output (the kernel past the padded image) are not this test's.
             let Ok(g) = geometry(x.shape(), wt.shape(), &a) else {
                 return Ok(());
@@ -1085,14 +1082,6 @@ mod tests {
             let takes = g.packs();
             FORCE_COLS.with(|f| f.set(false));
             proptest::prop_assume!(takes);
-            let xs: Vec<f32> = (0..n * c * h * w)
-                .map(|i| ((i * 37 + seed) % 17) as f32 - 8.0)
-                .collect();
-            let ws: Vec<f32> = (0..o * c * k * k)
-                .map(|i| ((i * 11 + seed) % 7) as f32 - 3.0)
-                .collect();
-            let x = Tensor::from_f32(vec![n, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
-            let wt = Tensor::from_f32(vec![o, c, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
             let want = naive(&xs, &ws, &g);
             let got = conv_cols(&x, &wt, &a, true, threads);
             proptest::prop_assert_eq!(got.as_f32(), Some(&want[..]));
@@ -1114,16 +1103,7 @@ mod tests {
             let span = |o: usize| ((o - 1) * 2 + d as usize * (k - 1) + 1) as i64 - 2 * p;
             let (h, w) = (span(oh) as usize, span(ow) as usize);
             let a = attrs(2, p, d, 1);
-            let xs: Vec<f32> = (0..c * h * w)
-                .map(|i| ((i * 37) % 17) as f32 - 8.0)
-                .collect();
-            let ws: Vec<f32> = (0..o * c * k * k)
-                .map(|i| ((i * 11) % 7) as f32 - 3.0)
-                .collect();
-            let x =
-                Tensor::from_f32(vec![1, c, h, w], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
-            let wt =
-                Tensor::from_f32(vec![o, c, k, k], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let (xs, ws, x, wt) = exact_operands([1, c, h, w], [o, c, k, k], 0);
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!((g.oh, g.ow), (oh, ow));
             let want = naive(&xs, &ws, &g);
