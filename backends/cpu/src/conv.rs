@@ -138,15 +138,31 @@ impl Geom {
         let fits = self.g == 1 && (self.sh, self.sw, self.dh, self.dw) == (2, 2, 1, 1);
         (fits && !no_stem() && s.takes()).then_some(s)
     }
-    /// One group, no Winograd path, and an output plane of at most [`COLS_PIXELS`] pixels,
-    /// on a CPU with 16-lane vectors: the GEMM runs with the output channels on the lanes
+    /// One group, no Winograd path, and an output plane of at most [`COLS_PIXELS`] pixels —
+    /// or a larger one of a kernel of several taps with at least [`COLS_MIN_STEPS`] steps of
+    /// `k`, read in place from its phases ([`Geom::reads_phases`]) — on a CPU with 16-lane
+    /// vectors: the GEMM runs with the output channels on the lanes
     /// ([`crate::gemm_packed::gemm_cols`], the weight packed transposed: [`cols_weights`]).
     fn packs(&self) -> bool {
+        let npix = self.npix();
+        let long = self.kdim() >= COLS_MIN_STEPS && self.kh * self.kw > 1 && self.reads_phases();
         self.g == 1
             && !self.winograd()
-            && (1..=COLS_PIXELS).contains(&self.npix())
+            && npix > 0
+            && (npix <= COLS_PIXELS || long)
             && self.kdim() > 0
             && cols_lanes()
+    }
+    /// Whether [`cols_source`] reads the data in place from its zero-padded phases (every
+    /// phase of the stride read by some tap, and the output rows whole blocks of
+    /// [`crate::gemm_packed::cols_rows`] pixels) rather than from an im2col matrix.
+    fn reads_phases(&self) -> bool {
+        let every_phase = self.kh.saturating_sub(1) * self.dh + 1 >= self.sh
+            && self.kw.saturating_sub(1) * self.dw + 1 >= self.sw;
+        every_phase
+            && self
+                .ow
+                .is_multiple_of(crate::gemm_packed::cols_rows(self.npix()))
     }
     /// A 1×1 kernel, stride 1, no padding: the data is the GEMM's right operand as it is.
     fn direct(&self) -> bool {
@@ -353,6 +369,14 @@ pub(crate) fn conv2d_fused(
 /// transposed write-back of each block then weighing on too few steps of `k`.
 const COLS_PIXELS: usize = 64;
 
+/// The fewest steps of `k` (`C · KH · KW`) for which [`Geom::packs`] takes a plane of more
+/// than [`COLS_PIXELS`] pixels (kernels of several taps read from their phases): enough
+/// steps per block for its transposed write-back to weigh little. ResNet-50's stride-2 3×3
+/// layers (K = 1152 on 28×28, 2304 on 14×14), two threads, went from 1.368–1.409 ms to
+/// 1.201–1.244 against `faer` on the im2col blocks; its stride-2 1×1 layers (K = 256 and
+/// 512) gained nothing (bench/RESULTS.md, session y).
+const COLS_MIN_STEPS: usize = 1024;
+
 /// Whether a test keeps [`conv_stem`] off (to reach the GEMM paths it would take).
 fn no_stem() -> bool {
     #[cfg(test)]
@@ -431,11 +455,9 @@ fn cols_source(
             pitch,
         });
     }
-    let mr = crate::gemm_packed::cols_rows(npix);
     // Every phase of a strided kernel is read (a 3×3 kernel of stride 2: all four), so dealing
     // the image into them copies no value the taps do not read.
-    let every_phase = (g.kh - 1) * g.dh + 1 >= g.sh && (g.kw - 1) * g.dw + 1 >= g.sw;
-    if g.ow.is_multiple_of(mr) && every_phase {
+    if g.reads_phases() {
         // The image zero-padded and dealt into its `sh × sw` phases (padded row `r` to phase
         // row `r % sh`, position `r / sh`; columns alike; stride 1: the padded image itself):
         // tap `(ch, ky, kx)` of output pixel `(oy, ox)` then reads phase
@@ -1114,6 +1136,40 @@ mod tests {
                     Some(&want[..]),
                     "c{c} k{k} d{d} p{p} {oh}x{ow}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn long_kernels_on_larger_planes_take_the_column_kernel() {
+        // Stride-2 3×3 layers with at least COLS_MIN_STEPS steps of `k` on planes of more
+        // than COLS_PIXELS pixels (ResNet-50's 28×28 and 14×14 ones, scaled down: 114
+        // channels, K = 1026, 14×14 and 10×8 outputs, rows of 7 and 8) take the column kernel,
+        // read in place from the phases, and give the definition exactly; 113 channels
+        // (K = 1017), a 1×1 stride-2 kernel and rows that are not whole blocks do not.
+        let cases = [
+            (114usize, 28usize, 28usize, 3usize, 1i64, 20usize, true),
+            (114, 20, 16, 3, 1, 49, true),
+            (113, 28, 28, 3, 1, 20, false),
+            (1100, 28, 28, 1, 0, 20, false),
+            (114, 18, 18, 3, 1, 20, false),
+        ];
+        for (c, h, w, k, p, o, takes) in cases {
+            let a = attrs(2, p, 1, 1);
+            let (xs, ws, x, wt) = exact_operands([1, c, h, w], [o, c, k, k], 3);
+            let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
+            assert!(g.npix() > COLS_PIXELS, "c{c} {h}x{w}: a plane past COLS_PIXELS");
+            FORCE_COLS.with(|f| f.set(true));
+            let packs = g.packs();
+            FORCE_COLS.with(|f| f.set(false));
+            assert_eq!(packs, takes, "c{c} {h}x{w} k{k}: the column kernel or not");
+            if !takes {
+                continue;
+            }
+            let want = naive(&xs, &ws, &g);
+            for threads in [1, 2] {
+                let got = conv_cols(&x, &wt, &a, true, threads);
+                assert_eq!(got.as_f32(), Some(&want[..]), "c{c} {h}x{w}, {threads} threads");
             }
         }
     }
