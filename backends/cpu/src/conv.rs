@@ -1158,7 +1158,10 @@ mod tests {
             let a = attrs(2, p, 1, 1);
             let (xs, ws, x, wt) = exact_operands([1, c, h, w], [o, c, k, k], 3);
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
-            assert!(g.npix() > COLS_PIXELS, "c{c} {h}x{w}: a plane past COLS_PIXELS");
+            assert!(
+                g.npix() > COLS_PIXELS,
+                "c{c} {h}x{w}: a plane past COLS_PIXELS"
+            );
             FORCE_COLS.with(|f| f.set(true));
             let packs = g.packs();
             FORCE_COLS.with(|f| f.set(false));
@@ -1169,7 +1172,11 @@ mod tests {
             let want = naive(&xs, &ws, &g);
             for threads in [1, 2] {
                 let got = conv_cols(&x, &wt, &a, true, threads);
-                assert_eq!(got.as_f32(), Some(&want[..]), "c{c} {h}x{w}, {threads} threads");
+                assert_eq!(
+                    got.as_f32(),
+                    Some(&want[..]),
+                    "c{c} {h}x{w}, {threads} threads"
+                );
             }
         }
     }
