@@ -1032,6 +1032,23 @@ mod tests {
         y.unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Whether [`Geom::packs`] takes `g` with the vector width forced (any CPU).
+    fn packs_forced(g: &Geom) -> bool {
+        FORCE_COLS.with(|f| f.set(true));
+        let takes = g.packs();
+        FORCE_COLS.with(|f| f.set(false));
+        takes
+    }
+
+    /// The column kernel's result on 1 and 2 threads is `want` bit for bit (`label` names the
+    /// case).
+    fn assert_cols_exact(x: &Tensor, wt: &Tensor, a: &Conv2dAttrs, want: &[f32], label: &str) {
+        for threads in [1, 2] {
+            let got = conv_cols(x, wt, a, true, threads);
+            assert_eq!(got.as_f32(), Some(want), "{label}, {threads} threads");
+        }
+    }
+
     #[test]
     fn small_planes_with_the_channels_on_the_lanes_match_the_definition() {
         type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64);
@@ -1056,23 +1073,10 @@ mod tests {
             let (xs, ws, x, wt) = exact_operands([n, c, h, w], [o, c, k, k], 0);
             let a = attrs(s, p, d, 1);
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
-            FORCE_COLS.with(|f| f.set(true));
-            let takes = g.packs();
-            FORCE_COLS.with(|f| f.set(false));
-            assert!(
-                takes,
-                "case {n} {c} {h} {w} {o} {k} {s} {p} {d} runs the column kernel"
-            );
-            let want = naive(&xs, &ws, &g);
+            let label = format!("case {n} {c} {h} {w} {o} {k} {s} {p} {d}");
+            assert!(packs_forced(&g), "{label} runs the column kernel");
             // Small integers: every sum is exact, whatever the order.
-            for threads in [1, 2] {
-                let got = conv_cols(&x, &wt, &a, true, threads);
-                assert_eq!(
-                    got.as_f32(),
-                    Some(&want[..]),
-                    "case {n} {c} {h} {w} {o} {k} {s} {p} {d}, {threads} threads"
-                );
-            }
+            assert_cols_exact(&x, &wt, &a, &naive(&xs, &ws, &g), &label);
         }
     }
 
@@ -1100,10 +1104,7 @@ mod tests {
             let Ok(g) = geometry(x.shape(), wt.shape(), &a) else {
                 return Ok(());
             };
-            FORCE_COLS.with(|f| f.set(true));
-            let takes = g.packs();
-            FORCE_COLS.with(|f| f.set(false));
-            proptest::prop_assume!(takes);
+            proptest::prop_assume!(packs_forced(&g));
             let want = naive(&xs, &ws, &g);
             let got = conv_cols(&x, &wt, &a, true, threads);
             proptest::prop_assert_eq!(got.as_f32(), Some(&want[..]));
@@ -1129,14 +1130,13 @@ mod tests {
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!((g.oh, g.ow), (oh, ow));
             let want = naive(&xs, &ws, &g);
-            for threads in [1, 2] {
-                let got = conv_cols(&x, &wt, &a, true, threads);
-                assert_eq!(
-                    got.as_f32(),
-                    Some(&want[..]),
-                    "c{c} k{k} d{d} p{p} {oh}x{ow}"
-                );
-            }
+            assert_cols_exact(
+                &x,
+                &wt,
+                &a,
+                &want,
+                &format!("c{c} k{k} d{d} p{p} {oh}x{ow}"),
+            );
         }
     }
 
@@ -1162,21 +1162,10 @@ mod tests {
                 g.npix() > COLS_PIXELS,
                 "c{c} {h}x{w}: a plane past COLS_PIXELS"
             );
-            FORCE_COLS.with(|f| f.set(true));
-            let packs = g.packs();
-            FORCE_COLS.with(|f| f.set(false));
-            assert_eq!(packs, takes, "c{c} {h}x{w} k{k}: the column kernel or not");
-            if !takes {
-                continue;
-            }
-            let want = naive(&xs, &ws, &g);
-            for threads in [1, 2] {
-                let got = conv_cols(&x, &wt, &a, true, threads);
-                assert_eq!(
-                    got.as_f32(),
-                    Some(&want[..]),
-                    "c{c} {h}x{w}, {threads} threads"
-                );
+            let label = format!("c{c} {h}x{w} k{k}");
+            assert_eq!(packs_forced(&g), takes, "{label}: the column kernel or not");
+            if takes {
+                assert_cols_exact(&x, &wt, &a, &naive(&xs, &ws, &g), &label);
             }
         }
     }
