@@ -374,7 +374,10 @@ const COLS_PIXELS: usize = 64;
 /// steps per block for its transposed write-back to weigh little. ResNet-50's stride-2 3×3
 /// layers (K = 1152 on 28×28, 2304 on 14×14), two threads, went from 1.368–1.409 ms to
 /// 1.201–1.244 against `faer` on the im2col blocks; its stride-2 1×1 layers (K = 256 and
-/// 512) gained nothing (bench/RESULTS.md, session y).
+/// 512) gained nothing. One-layer models, two threads: 5×5 stride-1 layers with K = 1200 and
+/// 1600 took 0.86 and 0.72–0.79 of their time, a stride-2 3×3 with K = 1728 0.94; below the
+/// bound, stride-2 3×3 layers with K = 288 and 576 took 2.2–2.5 times theirs (5×5 ones with
+/// K = 600 and 800 0.88–0.94), so the bound stays (bench/RESULTS.md, session y).
 const COLS_MIN_STEPS: usize = 1024;
 
 /// Whether a test keeps [`conv_stem`] off (to reach the GEMM paths it would take).
