@@ -140,12 +140,18 @@ impl Geom {
     }
     /// One group, no Winograd path, and an output plane of at most [`COLS_PIXELS`] pixels —
     /// or a larger one of a kernel of several taps with at least [`COLS_MIN_STEPS`] steps of
-    /// `k`, read in place from its phases ([`Geom::reads_phases`]) — on a CPU with 16-lane
+    /// `k` ([`COLS_MIN_STEPS_S1`] at stride 1), read in place from its phases
+    /// ([`Geom::reads_phases`]) — on a CPU with 16-lane
     /// vectors: the GEMM runs with the output channels on the lanes
     /// ([`crate::gemm_packed::gemm_cols`], the weight packed transposed: [`cols_weights`]).
     fn packs(&self) -> bool {
         let npix = self.npix();
-        let long = self.kdim() >= COLS_MIN_STEPS && self.kh * self.kw > 1 && self.reads_phases();
+        let bound = if (self.sh, self.sw) == (1, 1) {
+            COLS_MIN_STEPS_S1
+        } else {
+            COLS_MIN_STEPS
+        };
+        let long = self.kdim() >= bound && self.kh * self.kw > 1 && self.reads_phases();
         self.g == 1
             && !self.winograd()
             && npix > 0
@@ -379,6 +385,14 @@ const COLS_PIXELS: usize = 64;
 /// bound, stride-2 3×3 layers with K = 288 and 576 took 2.2–2.5 times theirs (5×5 ones with
 /// K = 600 and 800 0.88–0.94), so the bound stays (bench/RESULTS.md, session y).
 const COLS_MIN_STEPS: usize = 1024;
+
+/// [`COLS_MIN_STEPS`] for stride-1 kernels (read from the padded image itself, no phases
+/// dealt). One-layer models, two threads, against `faer` on im2col blocks: 5×5 layers with
+/// K = 300 to 900 on 14×14 to 56×56 planes took 0.14–0.98 of their time in 26 of 27 shapes
+/// (1.08 in the last), a 7×7 with K = 392 0.69–0.73, a dilated 3×3 with K = 576 0.88–0.91;
+/// below, 5×5 layers with K = 75 to 200 took 0.96–1.59 and a dilated 3×3 with K = 288 1.26
+/// (bench/RESULTS.md, session y).
+const COLS_MIN_STEPS_S1: usize = 300;
 
 /// Whether a test keeps [`conv_stem`] off (to reach the GEMM paths it would take).
 fn no_stem() -> bool {
@@ -1149,23 +1163,29 @@ mod tests {
         // than COLS_PIXELS pixels (ResNet-50's 28×28 and 14×14 ones, scaled down: 114
         // channels, K = 1026, 14×14 and 10×8 outputs, rows of 7 and 8) take the column kernel,
         // read in place from the phases, and give the definition exactly; 113 channels
-        // (K = 1017), a 1×1 stride-2 kernel and rows that are not whole blocks do not.
+        // (K = 1017), a 1×1 stride-2 kernel and rows that are not whole blocks do not. At
+        // stride 1 the bound is COLS_MIN_STEPS_S1.
         let cases = [
-            (114usize, 28usize, 28usize, 3usize, 1i64, 20usize, true),
-            (114, 20, 16, 3, 1, 49, true),
-            (113, 28, 28, 3, 1, 20, false),
-            (1100, 28, 28, 1, 0, 20, false),
-            (114, 18, 18, 3, 1, 20, false),
+            (
+                114usize, 28usize, 28usize, 3usize, 2i64, 1i64, 20usize, true,
+            ),
+            (114, 20, 16, 3, 2, 1, 49, true),
+            (113, 28, 28, 3, 2, 1, 20, false),
+            (1100, 28, 28, 1, 2, 0, 20, false),
+            (114, 18, 18, 3, 2, 1, 20, false),
+            // Stride 1 (COLS_MIN_STEPS_S1): a 5×5 with K = 300 on 16×16 takes it, K = 275 not.
+            (12, 16, 16, 5, 1, 2, 20, true),
+            (11, 16, 16, 5, 1, 2, 20, false),
         ];
-        for (c, h, w, k, p, o, takes) in cases {
-            let a = attrs(2, p, 1, 1);
+        for (c, h, w, k, s, p, o, takes) in cases {
+            let a = attrs(s, p, 1, 1);
             let (xs, ws, x, wt) = exact_operands([1, c, h, w], [o, c, k, k], 3);
             let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
             assert!(
                 g.npix() > COLS_PIXELS,
                 "c{c} {h}x{w}: a plane past COLS_PIXELS"
             );
-            let label = format!("c{c} {h}x{w} k{k}");
+            let label = format!("c{c} {h}x{w} k{k} s{s}");
             assert_eq!(packs_forced(&g), takes, "{label}: the column kernel or not");
             if takes {
                 assert_cols_exact(&x, &wt, &a, &naive(&xs, &ws, &g), &label);
