@@ -19,27 +19,30 @@
 use super::*;
 
 impl<'m> Interp<'m> {
-    /// A fused `conv2d`'s result size checked against the memory limit, and the weight
-    /// transforms the executor keeps for `w` (Winograd's, the packed columns of
-    /// `gemm_packed::gemm_cols`) for [`crate::conv::conv2d_fused`].
-    #[allow(clippy::type_complexity, reason = "the two kept transforms")]
-    fn conv_weights(
+    /// `conv2d(x, w)` with the epilogue `steps` through [`crate::conv::conv2d_fused`]: the
+    /// result's size checked against the memory limit first, with the weight transforms the
+    /// executor keeps (Winograd, packed columns), a kernel error named as `relax.nn.conv2d`'s.
+    fn fused_conv(
         &self,
         x: &Tensor,
         w: &Tensor,
         attrs: &fusebox_core::op::Conv2dAttrs,
-    ) -> Result<(
-        Option<Arc<crate::winograd::Weights>>,
-        Option<Arc<crate::gemm_packed::PackedB>>,
-    )> {
+        steps: &[crate::conv::Step],
+    ) -> Result<Tensor> {
         fusebox_core::runtime::memory::check_op_result(
             &Op::Conv2d(Box::new(attrs.clone())),
             &[Value::Tensor(x.clone()), Value::Tensor(w.clone())],
         )?;
-        Ok((
-            self.exec.winograd_weights(w, attrs),
-            self.exec.cols_weights(x, w, attrs),
-        ))
+        let wino = self.exec.winograd_weights(w, attrs);
+        let cols = self.exec.cols_weights(x, w, attrs);
+        let prep = crate::conv::Prepared {
+            wino: wino.as_deref(),
+            cols: cols.as_deref(),
+        };
+        crate::conv::conv2d_fused(x, w, attrs, steps, prep).map_err(|message| Error::Kernel {
+            op: "relax.nn.conv2d",
+            message,
+        })
     }
 
     /// Runs a composite whose body `composite.rs` recognises as one fused kernel: `None` when
@@ -224,11 +227,6 @@ impl<'m> Interp<'m> {
                     return Ok(None);
                 }
                 let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-                let (wino, cols) = self.conv_weights(&x, &w, attrs)?;
-                let prep = crate::conv::Prepared {
-                    wino: wino.as_deref(),
-                    cols: cols.as_deref(),
-                };
                 let kernel = |message| Error::Kernel {
                     op: "relax.nn.conv2d",
                     message,
@@ -238,8 +236,7 @@ impl<'m> Interp<'m> {
                 // result larger than the convolution's output is a pass of its own.
                 let y = match bound {
                     None => {
-                        let y =
-                            crate::conv::conv2d_fused(&x, &w, attrs, &[], prep).map_err(kernel)?;
+                        let y = self.fused_conv(&x, &w, attrs, &[])?;
                         run_after(&group.prog, &leaves, y)?.ok_or_else(|| {
                             kernel("the program does not fit its inputs".to_string())
                         })?
@@ -248,11 +245,10 @@ impl<'m> Interp<'m> {
                         let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
                             Arc::new(bound),
                         ));
-                        crate::conv::conv2d_fused(&x, &w, attrs, &[step], prep).map_err(kernel)?
+                        self.fused_conv(&x, &w, attrs, &[step])?
                     }
                     Some(bound) => {
-                        let y =
-                            crate::conv::conv2d_fused(&x, &w, attrs, &[], prep).map_err(kernel)?;
+                        let y = self.fused_conv(&x, &w, attrs, &[])?;
                         let mut data = match y.try_into_storage() {
                             Ok(fusebox_core::runtime::Storage::F32(v)) => v,
                             _ => {
@@ -321,17 +317,7 @@ impl<'m> Interp<'m> {
             return Ok(None);
         };
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
-        let (wino, cols) = self.conv_weights(&x, &w, attrs)?;
-        let prep = crate::conv::Prepared {
-            wino: wino.as_deref(),
-            cols: cols.as_deref(),
-        };
-        let y = crate::conv::conv2d_fused(&x, &w, attrs, &steps, prep).map_err(|message| {
-            Error::Kernel {
-                op: "relax.nn.conv2d",
-                message,
-            }
-        })?;
+        let y = self.fused_conv(&x, &w, attrs, &steps)?;
         let out = fuse::result(chain, y, &operands);
         if t.is_some() {
             self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
