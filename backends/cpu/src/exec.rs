@@ -99,8 +99,10 @@ pub fn check_values(module: &Module) -> Result<()> {
 /// The key of a decoded constant: its data buffer's address and length, dtype and shape.
 type ConstKey = (usize, usize, DType, Vec<i64>);
 
-/// Decoded constants by key, each with the buffer that keeps its address unique.
-type ConstMap = HashMap<ConstKey, (Arc<[u8]>, Tensor)>;
+/// Decoded constants by their data buffer's address and length, each with its dtype and
+/// shape (one buffer may back constants of several shapes) and the buffer that keeps the
+/// address unique. Looked up without building a [`ConstKey`] (no shape copied per call).
+type ConstMap = HashMap<(usize, usize), Vec<(DType, Vec<i64>, Arc<[u8]>, Tensor)>>;
 
 fn const_key(c: &fusebox_core::ir::Constant) -> ConstKey {
     (
@@ -187,7 +189,10 @@ fn storage_addr(t: &Tensor) -> usize {
 
 impl std::fmt::Debug for Executor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.consts.lock().map_or(0, |c| c.len());
+        let n = self
+            .consts
+            .lock()
+            .map_or(0, |c| c.values().map(Vec::len).sum());
         let p = self.packed.lock().map_or(0, |c| c.len());
         write!(f, "Executor {{ {n} constants, {p} packed weights }}")
     }
@@ -342,15 +347,21 @@ impl Executor {
 
     /// The tensor of constant `c`, decoded once.
     fn constant(&self, c: &fusebox_core::ir::Constant) -> Result<Tensor> {
-        let key = const_key(c);
+        let key = (c.data.as_ptr() as usize, c.data.len());
+        let same = |e: &&(DType, Vec<i64>, Arc<[u8]>, Tensor)| e.0 == c.dtype && e.1 == c.shape;
         if let Ok(map) = self.consts.lock()
-            && let Some((_, t)) = map.get(&key)
+            && let Some((_, _, _, t)) = map.get(&key).and_then(|v| v.iter().find(same))
         {
             return Ok(t.clone());
         }
         let t = Tensor::from_constant(c)?;
         if let Ok(mut map) = self.consts.lock() {
-            map.insert(key, (Arc::clone(&c.data), t.clone()));
+            let entries = map.entry(key).or_default();
+            // Another thread may have decoded it meanwhile: one tensor per constant.
+            if let Some((_, _, _, kept)) = entries.iter().find(same) {
+                return Ok(kept.clone());
+            }
+            entries.push((c.dtype, c.shape.clone(), Arc::clone(&c.data), t.clone()));
             self.keep(&t);
         }
         Ok(t)
@@ -1080,11 +1091,14 @@ fn eval_dim(d: &Dim, syms: &BTreeMap<Sym, i64>) -> Result<i64> {
 
 /// Matches actual extents against declared dims. With `bind`, unbound plain symbols are bound
 /// and expressions skipped; without, every dim that can be evaluated is checked.
-fn match_dims(
+/// `actual` is an integer slice (`usize` extents of a tensor, `i64` of a shape value), read
+/// without a copy.
+fn match_dims<T: Copy + std::fmt::Debug>(
     dims: &[Dim],
-    actual: &[i64],
+    actual: &[T],
     syms: &mut BTreeMap<Sym, i64>,
     bind: bool,
+    extent: impl Fn(T) -> i64,
 ) -> std::result::Result<(), String> {
     if dims.len() != actual.len() {
         return Err(format!(
@@ -1092,7 +1106,7 @@ fn match_dims(
             dims.len()
         ));
     }
-    for (d, &a) in dims.iter().zip(actual) {
+    for (d, a) in dims.iter().zip(actual.iter().map(|&a| extent(a))) {
         match d {
             Dim::Sym(s) if bind => {
                 let v = *syms.entry(s.clone()).or_insert(a);
@@ -1134,11 +1148,10 @@ fn match_type(
             {
                 return Err(format!("expected dtype {dt}, found {dtype}"));
             }
-            let actual: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
             match (&tt.dims, tt.ndim) {
-                (Some(dims), _) => match_dims(dims, &actual, syms, bind),
-                (None, Some(r)) if r != actual.len() => {
-                    Err(format!("expected rank {r}, found shape {actual:?}"))
+                (Some(dims), _) => match_dims(dims, shape, syms, bind, |d| d as i64),
+                (None, Some(r)) if r != shape.len() => {
+                    Err(format!("expected rank {r}, found shape {shape:?}"))
                 }
                 _ => Ok(()),
             }
@@ -1157,7 +1170,7 @@ fn match_type(
             Ok(())
         }
         (Type::Shape { dims, ndim }, Value::Shape(s)) => match (dims, ndim) {
-            (Some(dims), _) => match_dims(dims, s, syms, bind),
+            (Some(dims), _) => match_dims(dims, s, syms, bind, |d| d),
             (None, Some(r)) if *r != s.len() => {
                 Err(format!("expected a shape of rank {r}, found {s:?}"))
             }
