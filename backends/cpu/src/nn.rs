@@ -529,6 +529,12 @@ fn deal_framed(
     // `ow` are computed and not stored: every group is a full one).
     let span = ow.next_multiple_of(group);
     let pitch = (w.div_ceil(s) + 2 * F).max(span + 2 * F);
+    // The phases take `s` frames per input row: a stride far past the window (each row
+    // dealt into hundreds of phases) would take many times the plane; such a pool keeps
+    // its row loop.
+    if h.saturating_mul(s).saturating_mul(pitch) > 2 * src.len() + (1 << 16) {
+        return None;
+    }
     let mut taps: Vec<(usize, usize)> = Vec::with_capacity(cols.len());
     for &(lo, hi, x0) in cols {
         if lo >= hi {
@@ -1288,6 +1294,23 @@ mod tests {
                 assert_eq!(bits(&plane), bits(&want.to_f32_vec()[..n]));
             }
         }
+        // A stride far past the window would deal each row into 1,000 phases: the row loop.
+        let far = Tensor::from_f32(vec![1, 1, 3, 2000], (0..6000).map(|i| i as f32).collect())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let a = Pool2dAttrs {
+            pool_size: [3, 3],
+            strides: [1000, 1000],
+            dilation: [1, 1],
+            padding: [1, 1, 1, 1],
+            ceil_mode: false,
+            count_include_pad: false,
+            layout: "NCHW".into(),
+            out_layout: "NCHW".into(),
+        };
+        assert!(!framed(&far, &a).0);
+        let got = pool2d(&far, &a, true).unwrap_or_else(|e| panic!("{e}"));
+        let want = pool2d(&far.cast(DType::F64), &a, true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.to_f32_vec(), want.to_f32_vec());
         // The plane with a NaN is not the framed kernel's.
         let second = Tensor::from_f32(vec![1, 1, h, w], x.to_f32_vec()[h * w..2 * h * w].to_vec())
             .unwrap_or_else(|e| panic!("{e}"));
