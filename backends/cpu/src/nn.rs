@@ -348,6 +348,29 @@ struct Axis {
 }
 
 impl Axis {
+    /// Per window position `k` along this axis: the outputs `[lo, hi)` (of `out` outputs)
+    /// whose input position is in range, and that position's offset `x0 = k·d − pad0` (output
+    /// `o` reads input `o·s + x0`).
+    fn runs(&self, out: usize) -> Vec<(usize, usize, isize)> {
+        let (len, s) = (self.len as isize, self.s as isize);
+        (0..self.k)
+            .map(|k| {
+                let x0 = (k * self.d) as isize - self.pad0 as isize;
+                let lo = if x0 >= 0 {
+                    0
+                } else {
+                    ((-x0 + s - 1) / s) as usize
+                };
+                let hi = if len - 1 - x0 < 0 {
+                    0
+                } else {
+                    (((len - 1 - x0) / s) as usize + 1).min(out)
+                };
+                (lo.min(hi), hi, x0)
+            })
+            .collect()
+    }
+
     fn out_len(&self, ceil: bool) -> KResult<usize> {
         let eff = (self.k - 1) * self.d + 1;
         let padded = self.len + self.pad0 + self.pad1;
@@ -811,25 +834,7 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
     let wins_w: Vec<_> = (0..ow).map(|o| aw.window(o)).collect();
     let plane_out = oh * ow;
     let t = crate::par::threads_for(n * c * plane_out * ah.k * aw.k, 1 << 18);
-    // Per window column kx: the output columns [lo, hi) whose input column is in range, and
-    // the input column offset x0 = kx·dilation − pad.
-    let cols: Vec<(usize, usize, isize)> = (0..aw.k)
-        .map(|kx| {
-            let x0 = (kx * aw.d) as isize - aw.pad0 as isize;
-            let s = aw.s as isize;
-            let lo = if x0 >= 0 {
-                0
-            } else {
-                ((-x0 + s - 1) / s) as usize
-            };
-            let hi = if (w as isize) - 1 - x0 < 0 {
-                0
-            } else {
-                ((((w as isize) - 1 - x0) / s) as usize + 1).min(ow)
-            };
-            (lo.min(hi), hi, x0)
-        })
-        .collect();
+    let cols = aw.runs(ow);
     if max && let Some(xs) = xc.as_f32() {
         // Max is exact in f32: the same result as through f64, without the conversions. Per
         // output row, the window positions are visited in the same (row, column) order, each
@@ -859,20 +864,21 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         let t = from_f64(vec![n, c, 1, 1], x.dtype(), out)?;
         return Ok(from_canonical(&t, op));
     }
+    let win = Windows {
+        plane_in: h * w,
+        plane_out,
+        w,
+        rows: &wins_h,
+        cols: &wins_w,
+        max,
+        include_pad: a.count_include_pad,
+        threads: t,
+    };
     // An f32 average pool: per plane `avg_plane_framed` where it runs, else `Windows::pool`
     // (the same chains).
     if !max && let Some(xs) = xc.as_f32() {
         let counts: Vec<(usize, usize)> = wins_w.iter().map(|(c, pw)| (c.len(), *pw)).collect();
-        let one_plane = Windows {
-            plane_in: h * w,
-            plane_out,
-            w,
-            rows: &wins_h,
-            cols: &wins_w,
-            max,
-            include_pad: a.count_include_pad,
-            threads: 1,
-        };
+        let one_plane = Windows { threads: 1, ..win };
         let mut out = crate::par::zeros_f32(n * c * plane_out, t);
         crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
             let base = off / plane_out.max(1) * h * w;
@@ -888,16 +894,6 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         let t = crate::util::tensor(vec![n, c, oh, ow], fusebox_core::runtime::Storage::F32(out))?;
         return Ok(from_canonical(&t, op));
     }
-    let win = Windows {
-        plane_in: h * w,
-        plane_out,
-        w,
-        rows: &wins_h,
-        cols: &wins_w,
-        max,
-        include_pad: a.count_include_pad,
-        threads: t,
-    };
     // Averages (and the max of other dtypes) accumulate in f64; an f32 input is read and
     // written as it is (each element widened exactly, each result rounded once).
     let t = match xc.as_f32() {
@@ -1115,6 +1111,27 @@ mod tests {
         }
     }
 
+    /// Square pool attributes: kernel `k`, stride `s`, dilation `d`, padding `p` on every side.
+    fn pool_attrs(
+        k: i64,
+        s: i64,
+        d: i64,
+        p: i64,
+        ceil_mode: bool,
+        include_pad: bool,
+    ) -> Pool2dAttrs {
+        Pool2dAttrs {
+            pool_size: [k, k],
+            strides: [s, s],
+            dilation: [d, d],
+            padding: [p, p, p, p],
+            ceil_mode,
+            count_include_pad: include_pad,
+            layout: "NCHW".into(),
+            out_layout: "NCHW".into(),
+        }
+    }
+
     #[test]
     fn a_global_average_pool_takes_the_plane_means() {
         // 2048 planes of 7×7 (ResNet-50's last pool); the kernel over the whole plane, also
@@ -1135,16 +1152,7 @@ mod tests {
             // Padding counted: 81 positions, not the plane's mean (the windowed path).
             (9, 1, true, 81.0),
         ] {
-            let a = Pool2dAttrs {
-                pool_size: [k, k],
-                strides: [1, 1],
-                dilation: [1, 1],
-                padding: [pad, pad, pad, pad],
-                ceil_mode: false,
-                count_include_pad: include_pad,
-                layout: "NCHW".into(),
-                out_layout: "NCHW".into(),
-            };
+            let a = pool_attrs(k, 1, 1, pad, false, include_pad);
             let one = crate::par::with_threads(1, || pool2d(&x, &a, false))
                 .unwrap_or_else(|e| panic!("{e}"));
             let two = crate::par::with_threads(2, || pool2d(&x, &a, false))
@@ -1166,16 +1174,7 @@ mod tests {
             }
         }
         // The same plane means as adaptive_avg_pool2d's, bit for bit.
-        let a = Pool2dAttrs {
-            pool_size: [7, 7],
-            strides: [1, 1],
-            dilation: [1, 1],
-            padding: [0, 0, 0, 0],
-            ceil_mode: false,
-            count_include_pad: false,
-            layout: "NCHW".into(),
-            out_layout: "NCHW".into(),
-        };
+        let a = pool_attrs(7, 1, 1, 0, false, false);
         let ad = AdaptivePool2dAttrs {
             output_size: Some([1, 1]),
             layout: "NCHW".into(),
@@ -1213,23 +1212,7 @@ mod tests {
             aw.out_len(false).unwrap_or_else(|e| panic!("{e}")),
         );
         let wins_h: Vec<_> = (0..oh).map(|o| ah.window(o)).collect();
-        let cols: Vec<(usize, usize, isize)> = (0..aw.k)
-            .map(|kx| {
-                let x0 = (kx * aw.d) as isize - aw.pad0 as isize;
-                let s = aw.s as isize;
-                let lo = if x0 >= 0 {
-                    0
-                } else {
-                    ((-x0 + s - 1) / s) as usize
-                };
-                let hi = if (w as isize) - 1 - x0 < 0 {
-                    0
-                } else {
-                    ((((w as isize) - 1 - x0) / s) as usize + 1).min(ow)
-                };
-                (lo.min(hi), hi, x0)
-            })
-            .collect();
+        let cols = aw.runs(ow);
         let src = x.to_f32_vec();
         let mut dst = vec![0.0f32; oh * ow];
         let wins = (wins_h, cols);
@@ -1263,16 +1246,7 @@ mod tests {
             (5, 3, 2, 2),
             (20, 1, 1, 17),
         ] {
-            let a = Pool2dAttrs {
-                pool_size: [k, k],
-                strides: [s, s],
-                dilation: [d, d],
-                padding: [p, p, p, p],
-                ceil_mode: false,
-                count_include_pad: false,
-                layout: "NCHW".into(),
-                out_layout: "NCHW".into(),
-            };
+            let a = pool_attrs(k, s, d, p, false, false);
             let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
             let want = pool2d(&x64, &a, true).unwrap_or_else(|e| panic!("{e}"));
             for t in [1, 2] {
@@ -1297,16 +1271,7 @@ mod tests {
         // A stride far past the window would deal each row into 1,000 phases: the row loop.
         let far = Tensor::from_f32(vec![1, 1, 3, 2000], (0..6000).map(|i| i as f32).collect())
             .unwrap_or_else(|e| panic!("{e}"));
-        let a = Pool2dAttrs {
-            pool_size: [3, 3],
-            strides: [1000, 1000],
-            dilation: [1, 1],
-            padding: [1, 1, 1, 1],
-            ceil_mode: false,
-            count_include_pad: false,
-            layout: "NCHW".into(),
-            out_layout: "NCHW".into(),
-        };
+        let a = pool_attrs(3, 1000, 1, 1, false, false);
         assert!(!framed(&far, &a).0);
         let got = pool2d(&far, &a, true).unwrap_or_else(|e| panic!("{e}"));
         let want = pool2d(&far.cast(DType::F64), &a, true).unwrap_or_else(|e| panic!("{e}"));
@@ -1314,16 +1279,7 @@ mod tests {
         // The plane with a NaN is not the framed kernel's.
         let second = Tensor::from_f32(vec![1, 1, h, w], x.to_f32_vec()[h * w..2 * h * w].to_vec())
             .unwrap_or_else(|e| panic!("{e}"));
-        let a = Pool2dAttrs {
-            pool_size: [3, 3],
-            strides: [2, 2],
-            dilation: [1, 1],
-            padding: [1, 1, 1, 1],
-            ceil_mode: false,
-            count_include_pad: false,
-            layout: "NCHW".into(),
-            out_layout: "NCHW".into(),
-        };
+        let a = pool_attrs(3, 2, 1, 1, false, false);
         assert!(!framed(&second, &a).0);
     }
 
@@ -1347,16 +1303,7 @@ mod tests {
             (2, 2, 0, false, true),
             (20, 1, 17, false, false),
         ] {
-            let a = Pool2dAttrs {
-                pool_size: [k, k],
-                strides: [s, s],
-                dilation: [1, 1],
-                padding: [p, p, p, p],
-                ceil_mode: ceil,
-                count_include_pad: include_pad,
-                layout: "NCHW".into(),
-                out_layout: "NCHW".into(),
-            };
+            let a = pool_attrs(k, s, 1, p, ceil, include_pad);
             let want = pool2d(&x64, &a, false).unwrap_or_else(|e| panic!("{e}"));
             let want: Vec<u32> = want
                 .to_f64_vec()
