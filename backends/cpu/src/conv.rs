@@ -823,7 +823,7 @@ fn im2col(x: &[f32], g: &Geom, first: usize, c0: usize, cols: usize, block: &mut
 
 #[inline(always)]
 fn im2col_inline(x: &[f32], g: &Geom, first: usize, c0: usize, cols: usize, block: &mut [f32]) {
-    let (h, w, ow) = (g.h as isize, g.w as isize, g.ow);
+    let (h, ow) = (g.h as isize, g.ow);
     if cols == 0 || ow == 0 {
         return;
     }
@@ -833,18 +833,8 @@ fn im2col_inline(x: &[f32], g: &Geom, first: usize, c0: usize, cols: usize, bloc
         let plane = &x[ch * g.h * g.w..(ch + 1) * g.h * g.w];
         // Columns ox whose input column ix = ox * sw + kx * dw - pl lies in 0..w.
         let x0 = (kx * g.dw) as isize - g.pl as isize;
+        let (lo, hi) = crate::util::in_range_outputs(x0, g.sw, g.w, ow);
         let sw = g.sw as isize;
-        let lo = if x0 >= 0 {
-            0
-        } else {
-            ((-x0 + sw - 1) / sw) as usize
-        };
-        let hi = if w - 1 - x0 < 0 {
-            0
-        } else {
-            (((w - 1 - x0) / sw) as usize + 1).min(ow)
-        };
-        let lo = lo.min(hi);
         // The output rows the block's columns cover, each clipped to the block.
         let mut p = c0;
         let mut filled = 0;

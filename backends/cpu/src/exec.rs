@@ -99,10 +99,26 @@ pub fn check_values(module: &Module) -> Result<()> {
 /// The key of a decoded constant: its data buffer's address and length, dtype and shape.
 type ConstKey = (usize, usize, DType, Vec<i64>);
 
-/// Decoded constants by their data buffer's address and length, each with its dtype and
-/// shape (one buffer may back constants of several shapes) and the buffer that keeps the
-/// address unique. Looked up without building a [`ConstKey`] (no shape copied per call).
-type ConstMap = HashMap<(usize, usize), Vec<(DType, Vec<i64>, Arc<[u8]>, Tensor)>>;
+/// Decoded constants by their data buffer's address and length (one buffer may back
+/// constants of several dtypes or shapes). Looked up without building a [`ConstKey`]: no
+/// shape is copied per lookup.
+type ConstMap = HashMap<(usize, usize), Vec<Decoded>>;
+
+/// A decoded constant: its dtype and shape, the buffer that keeps the key's address unique,
+/// and the tensor.
+struct Decoded {
+    dtype: DType,
+    shape: Vec<i64>,
+    _data: Arc<[u8]>,
+    tensor: Tensor,
+}
+
+impl Decoded {
+    /// Whether this is constant `c`'s tensor (the same buffer is the caller's key).
+    fn is(&self, c: &fusebox_core::ir::Constant) -> bool {
+        self.dtype == c.dtype && self.shape == c.shape
+    }
+}
 
 fn const_key(c: &fusebox_core::ir::Constant) -> ConstKey {
     (
@@ -348,20 +364,24 @@ impl Executor {
     /// The tensor of constant `c`, decoded once.
     fn constant(&self, c: &fusebox_core::ir::Constant) -> Result<Tensor> {
         let key = (c.data.as_ptr() as usize, c.data.len());
-        let same = |e: &&(DType, Vec<i64>, Arc<[u8]>, Tensor)| e.0 == c.dtype && e.1 == c.shape;
         if let Ok(map) = self.consts.lock()
-            && let Some((_, _, _, t)) = map.get(&key).and_then(|v| v.iter().find(same))
+            && let Some(d) = map.get(&key).and_then(|v| v.iter().find(|d| d.is(c)))
         {
-            return Ok(t.clone());
+            return Ok(d.tensor.clone());
         }
         let t = Tensor::from_constant(c)?;
         if let Ok(mut map) = self.consts.lock() {
             let entries = map.entry(key).or_default();
             // Another thread may have decoded it meanwhile: one tensor per constant.
-            if let Some((_, _, _, kept)) = entries.iter().find(same) {
-                return Ok(kept.clone());
+            if let Some(d) = entries.iter().find(|d| d.is(c)) {
+                return Ok(d.tensor.clone());
             }
-            entries.push((c.dtype, c.shape.clone(), Arc::clone(&c.data), t.clone()));
+            entries.push(Decoded {
+                dtype: c.dtype,
+                shape: c.shape.clone(),
+                _data: Arc::clone(&c.data),
+                tensor: t.clone(),
+            });
             self.keep(&t);
         }
         Ok(t)

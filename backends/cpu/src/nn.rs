@@ -352,21 +352,11 @@ impl Axis {
     /// whose input position is in range, and that position's offset `x0 = k·d − pad0` (output
     /// `o` reads input `o·s + x0`).
     fn runs(&self, out: usize) -> Vec<(usize, usize, isize)> {
-        let (len, s) = (self.len as isize, self.s as isize);
         (0..self.k)
             .map(|k| {
                 let x0 = (k * self.d) as isize - self.pad0 as isize;
-                let lo = if x0 >= 0 {
-                    0
-                } else {
-                    ((-x0 + s - 1) / s) as usize
-                };
-                let hi = if len - 1 - x0 < 0 {
-                    0
-                } else {
-                    (((len - 1 - x0) / s) as usize + 1).min(out)
-                };
-                (lo.min(hi), hi, x0)
+                let (lo, hi) = crate::util::in_range_outputs(x0, self.s, self.len, out);
+                (lo, hi, x0)
             })
             .collect()
     }

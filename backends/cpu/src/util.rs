@@ -387,6 +387,23 @@ pub(crate) fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
     Tensor::new(out_shape, data).unwrap_or_else(|_| t.clone())
 }
 
+/// The outputs `[lo, hi)` (of `out`, `lo ≤ hi`) of a strided window position whose input
+/// `o·s + x0` lies in `0..len`: a pool's or an im2col lowering's run for one kernel tap.
+pub(crate) fn in_range_outputs(x0: isize, s: usize, len: usize, out: usize) -> (usize, usize) {
+    let (s, len) = (s as isize, len as isize);
+    let lo = if x0 >= 0 {
+        0
+    } else {
+        ((-x0 + s - 1) / s) as usize
+    };
+    let hi = if len - 1 - x0 < 0 {
+        0
+    } else {
+        (((len - 1 - x0) / s) as usize + 1).min(out)
+    };
+    (lo.min(hi), hi)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
