@@ -829,7 +829,9 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         // Max is exact in f32: the same result as through f64, without the conversions. Per
         // output row, the window positions are visited in the same (row, column) order, each
         // as a run over the output columns whose input column is in range.
-        let mut out = crate::par::zeros_f32(n * c * plane_out, t);
+        // Every output is written (each plane kernel covers its rows whole): a kept buffer
+        // serves without being zeroed first.
+        let mut out = crate::par::scratch_f32(n * c * plane_out, t);
         crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
             let base = off / plane_out.max(1) * h * w;
             let src = &xs[base..base + h * w];
@@ -869,7 +871,9 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
     if !max && let Some(xs) = xc.as_f32() {
         let counts: Vec<(usize, usize)> = wins_w.iter().map(|(c, pw)| (c.len(), *pw)).collect();
         let one_plane = Windows { threads: 1, ..win };
-        let mut out = crate::par::zeros_f32(n * c * plane_out, t);
+        // Every output is written (each plane kernel covers its rows whole): a kept buffer
+        // serves without being zeroed first.
+        let mut out = crate::par::scratch_f32(n * c * plane_out, t);
         crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
             let base = off / plane_out.max(1) * h * w;
             let src = &xs[base..base + h * w];
