@@ -69,8 +69,9 @@ pub enum RunMode<'a> {
 pub enum Prepared {
     /// Partitioned, claimed and compiled by a config's pipeline.
     Plan(Plan),
-    /// Partitioned with a pattern table and FuseOps; the CPU reference runs all of it.
-    Module(Module),
+    /// Partitioned with a pattern table and FuseOps; the CPU reference runs all of it (shared:
+    /// the executor pins it, see [`fusebox_cpu::Executor::run_shared`]).
+    Module(std::sync::Arc<Module>),
 }
 
 /// Partitions `module` for running (see the module doc).
@@ -93,7 +94,7 @@ pub fn prepare(module: &Module, mode: RunMode<'_>) -> Result<Prepared, Error> {
             sort_by_priority(&mut table);
             part = fuse_ops_by_pattern(&part, &table, PartitionOptions::default())?.module;
             part = fusebox_core::transform::fuse_ops(&part, 2, 256)?;
-            Ok(Prepared::Module(part))
+            Ok(Prepared::Module(std::sync::Arc::new(part)))
         }
     }
 }
@@ -135,9 +136,9 @@ impl Prepared {
                 Ok((v.to_host()?, p))
             }
             Prepared::Module(part) => Ok(if profile {
-                ex.run_profiled(part, "main", args, None)?
+                ex.run_shared_profiled(part, "main", args, None)?
             } else {
-                (ex.run(part, "main", args, None)?, Vec::new())
+                (ex.run_shared(part, "main", args, None)?, Vec::new())
             }),
         }
     }

@@ -37,6 +37,17 @@
 //!   NaN there too, its payload aside), which is what runs when the values do not allow it
 //!   (another dtype, shapes that do not broadcast into the result). A `conv2d` chain of
 //!   `fuse.rs` that covers the whole function keeps running as that chain.
+//! - A call of a function whose bindings are one such `conv2d` chain ending in its result (a
+//!   FuseOps function of a convolution and its epilogue), with parameter and return types of
+//!   numbers and plain symbols, runs the chain straight from the arguments when they are host
+//!   tensors of those types (no frame of values, no symbol table); otherwise, or when the values
+//!   do not allow the fused kernel, the function is interpreted as above. The result and the
+//!   errors are the same either way.
+//! - What the interpreter derives from a function's IR (fused chains, drop plans) is worked out
+//!   once per executor and function. [`Executor::run_shared`] pins the first module it runs:
+//!   the executor holds a reference to it, so it cannot change, and its functions' facts
+//!   (`main`'s too, for runs without a call hook) are used without comparing the function
+//!   again; other modules' facts serve only functions equal to the one they came from.
 //! - The result is deterministic: the same module and arguments give bit-identical output.
 //! - Before a kernel runs, its result's size (inferred from the arguments' actual shapes) is
 //!   checked against the memory limit (`fusebox_core::runtime::memory`): a result too large is
@@ -68,7 +79,7 @@ use fusebox_core::op::Op;
 use fusebox_core::runtime::{Prim, Tensor, Value};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 mod fused;
 
@@ -152,6 +163,14 @@ pub struct Executor {
     /// function's address; an entry holds a copy of its function and serves only a function
     /// equal to it.
     facts: Mutex<HashMap<usize, Arc<Facts>>>,
+    /// The module of the first [`Executor::run_shared`] call, kept by this executor: while it
+    /// holds a reference nobody can change the module (`Arc::get_mut` fails, `make_mut`
+    /// copies), so its functions' addresses name them for good.
+    pinned: OnceLock<Arc<Module>>,
+    /// [`Facts`] of the pinned module's functions by address, used without comparing the
+    /// function (it cannot have changed); functions that call others included, derived for
+    /// runs without a call hook.
+    pinned_facts: Mutex<HashMap<usize, Arc<Facts>>>,
 }
 
 /// The most functions [`Executor::facts`] keeps (then it starts over): a model's fused
@@ -164,14 +183,171 @@ const MAX_FACTS: usize = 4096;
 /// FuseOps and the patterns make are. With MobileNetV2's 53 calls of fused functions per
 /// inference, deriving them each time was about 1.5% of a one-thread run (`perf`).
 struct Facts {
-    /// The function they were derived from (a cached entry is used only for an equal one).
-    func: Function,
+    /// The function they were derived from (a cached entry is used only for an equal one;
+    /// `None` for the pinned module's, which cannot change).
+    func: Option<Function>,
     /// [`crate::elem_program::compile`] of it.
     group: Option<crate::elem_program::Group>,
-    /// [`fuse::plan`] of it (the call predicate is never consulted: there are no calls).
+    /// [`fuse::plan`] of it (for a function that calls others, as a run without a call hook
+    /// plans it).
     chains: Vec<Option<fuse::Chain>>,
     /// [`drop_plan`] of it.
     drops: (Vec<Vec<VarId>>, Vec<bool>),
+    /// [`Whole::of`] it: its bindings are one chain that [`Interp::call`] runs straight from
+    /// the arguments.
+    whole: Option<Whole>,
+}
+
+impl Facts {
+    /// The facts of `f` (`keep`: with a copy of it to compare later calls against).
+    fn derive(module: &Module, f: &Function, keep: bool) -> Facts {
+        let chains = fuse::plan(module, f, &|_| true);
+        Facts {
+            func: keep.then(|| f.clone()),
+            group: crate::elem_program::compile(f),
+            whole: Whole::of(f, &chains),
+            chains,
+            drops: drop_plan(f),
+        }
+    }
+}
+
+/// A tensor type of known dtype whose dims are numbers or plain symbols (`n`): what a value
+/// must be to match it, checked without [`match_type`]'s symbol table.
+#[derive(Debug, PartialEq)]
+struct TensorCheck {
+    dtype: DType,
+    dims: Vec<Extent>,
+}
+
+/// A dim of a [`TensorCheck`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Extent {
+    Fixed(usize),
+    /// The `i`-th symbol of the function, in order of first appearance.
+    Sym(usize),
+}
+
+impl TensorCheck {
+    /// `ty` when it is a tensor type of known dtype whose dims are numbers or plain symbols;
+    /// each symbol is looked up in `syms`, and added there when `new` allows (else the type
+    /// has no check).
+    fn of(ty: &Type, syms: &mut Vec<Sym>, new: bool) -> Option<TensorCheck> {
+        let Type::Tensor(tt) = ty else {
+            return None;
+        };
+        let dims = tt
+            .dims
+            .as_ref()?
+            .iter()
+            .map(|d| match d {
+                Dim::Static(n) => usize::try_from(*n).ok().map(Extent::Fixed),
+                Dim::Sym(s) => match syms.iter().position(|x| x == s) {
+                    Some(i) => Some(Extent::Sym(i)),
+                    None if new => {
+                        syms.push(s.clone());
+                        Some(Extent::Sym(syms.len() - 1))
+                    }
+                    None => None,
+                },
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(TensorCheck {
+            dtype: tt.dtype?,
+            dims,
+        })
+    }
+
+    /// Whether `v` is a host tensor of this type (what [`match_type`] accepts for it, a
+    /// device value aside), each symbol taking the extent it first meets (`bound`).
+    fn holds(&self, v: &Value, bound: &mut [Option<usize>]) -> bool {
+        let Value::Tensor(t) = v else {
+            return false;
+        };
+        t.dtype() == self.dtype
+            && t.shape().len() == self.dims.len()
+            && self.dims.iter().zip(t.shape()).all(|(d, &n)| match *d {
+                Extent::Fixed(e) => e == n,
+                Extent::Sym(i) => match bound.get_mut(i) {
+                    Some(Some(e)) => *e == n,
+                    Some(slot) => {
+                        *slot = Some(n);
+                        true
+                    }
+                    None => false,
+                },
+            })
+    }
+}
+
+/// A function whose bindings are one [`fuse::Chain`] of a `conv2d` (as FuseOps outlines a
+/// convolution with its epilogue), whose result is the value returned, with parameters and
+/// result of tensor types of numbers and plain symbols (the result's bound by the
+/// parameters): [`Interp::call`] runs the chain straight from the arguments, with no frame
+/// of values, when they are host tensors of those types; the result is checked against the
+/// return type as the interpreted path checks it.
+/// What the chain reads is a parameter or a constant, so nothing else needs evaluating.
+#[derive(Debug)]
+struct Whole {
+    /// The chain (`chains[0]` of the function's [`Facts`]).
+    chain: fuse::Chain,
+    /// The var of its first binding (where an error is reported, as the interpreter does).
+    first: VarId,
+    /// Per parameter, its type.
+    params: Vec<TensorCheck>,
+    /// The return type (the last binding's var has the same); its symbols are the
+    /// parameters'.
+    ret: TensorCheck,
+    /// The symbols of the parameters' types.
+    syms: usize,
+}
+
+impl Whole {
+    fn of(f: &Function, chains: &[Option<fuse::Chain>]) -> Option<Whole> {
+        let chain = chains.first()?.as_ref()?;
+        if !matches!(chain.head, fuse::Head::Conv { .. }) {
+            return None;
+        }
+        let bindings: Vec<_> = f.bindings().copied().collect();
+        let last = bindings.last()?;
+        if chain.links.len() + 1 != bindings.len()
+            || !matches!(f.ret.map(|r| &f.expr(r).kind), Some(ExprKind::Var(v)) if *v == last.var)
+        {
+            return None;
+        }
+        let mut syms = Vec::new();
+        let params = f
+            .params
+            .iter()
+            .map(|&p| TensorCheck::of(&f.var(p).ty, &mut syms, true))
+            .collect::<Option<Vec<_>>>()?;
+        let ret = TensorCheck::of(&f.ret_ty, &mut syms, false)?;
+        if TensorCheck::of(&f.var(last.var).ty, &mut syms, false).as_ref() != Some(&ret) {
+            return None;
+        }
+        // Everything the chain reads is a parameter or a constant.
+        let (fuse::Head::Conv { data, weight, .. }
+        | fuse::Head::Add {
+            lhs: data,
+            rhs: weight,
+        }) = chain.head;
+        let reads = [data, weight].into_iter().chain(fuse::operand_exprs(chain));
+        for e in reads {
+            match &f.exprs.get(e)?.kind {
+                ExprKind::Var(v) if f.params.contains(v) => {}
+                ExprKind::Const(_) => {}
+                _ => return None,
+            }
+        }
+        Some(Whole {
+            chain: chain.clone(),
+            first: bindings.first()?.var,
+            params,
+            ret,
+            syms: syms.len(),
+        })
+    }
 }
 
 /// Whether `f` calls a function (a module's or a local one), so that what [`fuse::plan`]
@@ -242,6 +418,40 @@ impl Executor {
             .call(func, f, args, 0, &BTreeMap::new())
     }
 
+    /// [`Executor::run`] of a shared module. The first module run this way is pinned: the
+    /// executor keeps a reference to it for its own lifetime, so it cannot change, and what
+    /// the interpreter derives from its functions (fused chains, drop plans, `main`'s
+    /// included) is worked out once and used without comparing the function again (each
+    /// call of a function otherwise compares it with the copy its facts were derived from).
+    /// Another module runs as with [`Executor::run`].
+    pub fn run_shared(
+        &self,
+        module: &Arc<Module>,
+        func: &str,
+        args: Vec<Value>,
+        hook: Option<CallHook<'_>>,
+    ) -> Result<Value> {
+        self.pin(module);
+        self.run(module, func, args, hook)
+    }
+
+    /// [`Executor::run_profiled`] of a shared module, pinned as by [`Executor::run_shared`].
+    pub fn run_shared_profiled(
+        &self,
+        module: &Arc<Module>,
+        func: &str,
+        args: Vec<Value>,
+        hook: Option<CallHook<'_>>,
+    ) -> Result<(Value, Vec<CallProfile>)> {
+        self.pin(module);
+        self.run_profiled(module, func, args, hook)
+    }
+
+    /// Pins `module` if no module is pinned yet (see [`Executor::run_shared`]).
+    fn pin(&self, module: &Arc<Module>) {
+        self.pinned.get_or_init(|| Arc::clone(module));
+    }
+
     /// [`Executor::run`] of a partitioned module whose call hook runs only the functions
     /// `takes` names (it returns `None` for the others, which the interpreter runs): the
     /// executor's fused chains may then take in calls of the others, as without a hook.
@@ -274,6 +484,10 @@ impl Executor {
             profile: profiled.then(|| RefCell::new(BTreeMap::new())),
             shapes: profiled.then(|| RefCell::new(BTreeMap::new())),
             exec: self,
+            pinned: self
+                .pinned
+                .get()
+                .is_some_and(|p| std::ptr::eq(Arc::as_ptr(p), module)),
         }
     }
 
@@ -388,23 +602,36 @@ impl Executor {
     }
 
     /// The [`Facts`] of `f`, worked out on the first call of a function and kept; `None` for
-    /// a function that calls others (its callers derive what they need each time).
-    fn facts(&self, module: &Module, f: &Function) -> Option<Arc<Facts>> {
+    /// a function that calls others (its callers derive what they need each time), except in
+    /// the pinned module (`pinned`) on a run without a call hook (`hookless`).
+    fn facts(
+        &self,
+        module: &Module,
+        f: &Function,
+        pinned: bool,
+        hookless: bool,
+    ) -> Option<Arc<Facts>> {
         let addr = std::ptr::from_ref(f) as usize;
+        if pinned {
+            if let Some(found) = self.pinned_facts.lock().ok()?.get(&addr) {
+                return Some(Arc::clone(found));
+            }
+            if calls_functions(f) && !hookless {
+                return None;
+            }
+            let facts = Arc::new(Facts::derive(module, f, false));
+            let mut map = self.pinned_facts.lock().ok()?;
+            return Some(Arc::clone(map.entry(addr).or_insert(facts)));
+        }
         if let Some(found) = self.facts.lock().ok()?.get(&addr)
-            && found.func == *f
+            && found.func.as_ref() == Some(f)
         {
             return Some(Arc::clone(found));
         }
         if calls_functions(f) {
             return None;
         }
-        let facts = Arc::new(Facts {
-            func: f.clone(),
-            group: crate::elem_program::compile(f),
-            chains: fuse::plan(module, f, &|_| false),
-            drops: drop_plan(f),
-        });
+        let facts = Arc::new(Facts::derive(module, f, true));
         let mut map = self.facts.lock().ok()?;
         if map.len() >= MAX_FACTS {
             map.clear();
@@ -590,6 +817,8 @@ struct Interp<'m> {
     shapes: Option<RefCell<ShapeTimes>>,
     /// Where decoded constants live.
     exec: &'m Executor,
+    /// Whether `module` is the executor's pinned one (see [`Executor::run_shared`]).
+    pinned: bool,
 }
 
 /// The state of one call.
@@ -704,10 +933,18 @@ impl<'m> Interp<'m> {
         {
             return Ok(v);
         }
-        let facts = self.exec.facts(self.module, f);
+        let facts = self
+            .exec
+            .facts(self.module, f, self.pinned, self.hook.is_none());
         if f.attrs.is_primitive()
             && let Some(v) = self.run_elem_group(name, f, &args, facts.as_deref())?
         {
+            return Ok(v);
+        }
+        if let Some(whole) = facts.as_ref().and_then(|d| d.whole.as_ref())
+            && let Some(v) = self.run_whole(name, f, whole, &args)?
+        {
+            args.into_iter().for_each(|a| release(Some(a)));
             return Ok(v);
         }
         let mut fr = Frame {
@@ -1241,10 +1478,13 @@ mod tests {
         assert_eq!(run(&ex, &m), Some(vec![0.0, 4.0]));
         // A function that calls another has none (what a chain takes in depends on the callee).
         let main = m.get("main").unwrap_or_else(|| panic!("no main"));
-        assert!(ex.facts(&m, main).is_none());
+        assert!(ex.facts(&m, main, false, true).is_none());
         // The callee's were kept by the run, and are handed out again.
         let inner = m.get("inner").unwrap_or_else(|| panic!("no inner"));
-        let (Some(first), Some(again)) = (ex.facts(&m, inner), ex.facts(&m, inner)) else {
+        let (Some(first), Some(again)) = (
+            ex.facts(&m, inner, false, true),
+            ex.facts(&m, inner, false, true),
+        ) else {
             panic!("no facts for a function without calls")
         };
         assert!(Arc::ptr_eq(&first, &again));
@@ -1263,11 +1503,11 @@ mod tests {
         }
         let inner = m.get("inner").unwrap_or_else(|| panic!("no inner"));
         assert_eq!(std::ptr::from_ref(inner) as usize, at);
-        let Some(now) = ex.facts(&m, inner) else {
+        let Some(now) = ex.facts(&m, inner, false, true) else {
             panic!("no facts")
         };
         assert!(!Arc::ptr_eq(&first, &now));
-        assert!(now.func == *inner);
+        assert!(now.func.as_ref() == Some(inner));
         assert_eq!(run(&ex, &m), Some(vec![-1.5, 4.0]));
     }
 
@@ -1416,5 +1656,151 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(bits(a), bits(b));
+    }
+
+    /// A FuseOps function of conv2d → bias → residual add, batch `n` symbolic, called by
+    /// `main`; `ret` binds its result `out` (a tuple that stops the fast path), else `gv` is
+    /// returned.
+    fn whole_chain_module(ret: &str, ret_ty: &str) -> Module {
+        let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+        let (x, w, b) = (t("n, 4, 5, 5"), t("4, 4, 3, 3"), t("1, 4, 1, 1"));
+        let out = if ret.is_empty() { "gv" } else { "out" };
+        let src = format!(
+            "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(x: {x}, w: {w}, b: {b}, r: {x}) -> {ret_ty}:\n        n = T.int64()\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            c: {x} = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])\n            d: {x} = R.add(c, b)\n            gv: {x} = R.add(d, r)\n{ret}            R.output({out})\n        return {out}\n\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}, r: {x}) -> {ret_ty}:\n        n = T.int64()\n        with R.dataflow():\n            y = Module.fused(x, w, b, r)\n            R.output(y)\n        return y\n"
+        );
+        parse_module_str(&src).unwrap_or_else(|e| panic!("{e}\n{src}"))
+    }
+
+    fn seeded(shape: Vec<usize>, k: u32) -> Value {
+        let n: usize = shape.iter().product();
+        let v = (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(k) % 1000) as f32 / 500.0 - 1.0
+            })
+            .collect();
+        Value::Tensor(Tensor::from_f32(shape, v).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    #[test]
+    fn a_whole_chain_function_runs_from_its_arguments_bit_for_bit() {
+        let x_ty = "R.Tensor((n, 4, 5, 5), dtype=\"float32\")";
+        let m = whole_chain_module("", x_ty);
+        // The tuple result is not a tensor type: the same function interpreted binding by
+        // binding (the chain still fused), the reference here.
+        let tuple = whole_chain_module("            out = (gv,)\n", &format!("R.Tuple({x_ty})"));
+        let fused = m.get("fused").unwrap_or_else(|| panic!("no fused"));
+        let ex = Executor::new();
+        let whole = ex.facts(&m, fused, false, true);
+        let whole = whole.as_ref().and_then(|d| d.whole.as_ref());
+        assert!(
+            matches!(whole, Some(w) if w.syms == 1 && w.params.len() == 4),
+            "{whole:?}"
+        );
+        let tf = tuple.get("fused").unwrap_or_else(|| panic!("no fused"));
+        assert!(
+            ex.facts(&tuple, tf, false, true)
+                .is_some_and(|d| d.whole.is_none())
+        );
+        let args = |n: usize, rn: usize| {
+            vec![
+                seeded(vec![n, 4, 5, 5], 1),
+                seeded(vec![4, 4, 3, 3], 2),
+                seeded(vec![1, 4, 1, 1], 3),
+                seeded(vec![rn, 4, 5, 5], 4),
+            ]
+        };
+        let bits = |v: &Value| match v {
+            Value::Tensor(t) => t
+                .to_f32_vec()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
+            Value::Tuple(items) if items.len() == 1 => match &items[0] {
+                Value::Tensor(t) => t.to_f32_vec().iter().map(|x| x.to_bits()).collect(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        };
+        let shared = Arc::new(m.clone());
+        for n in [1, 3] {
+            let want = crate::run(&tuple, "fused", args(n, n)).unwrap_or_else(|e| panic!("{e}"));
+            let got = ex
+                .run(&m, "fused", args(n, n), None)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(bits(&got), bits(&want), "n={n}");
+            assert_eq!(bits(&want).len(), n * 100);
+            // Through `main` on the pinned module, twice (facts kept from the first run).
+            for _ in 0..2 {
+                let got = ex
+                    .run_shared(&shared, "main", args(n, n), None)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(bits(&got), bits(&want), "n={n}");
+            }
+        }
+        // Arguments that do not fit the types take the interpreted path and its errors: a
+        // symbol bound to two extents, a wrong rank.
+        for (run_args, expect) in [
+            (args(2, 3), "dim `n` is 2 elsewhere, found 3"),
+            (
+                vec![
+                    seeded(vec![4, 5, 5], 1),
+                    seeded(vec![4, 4, 3, 3], 2),
+                    seeded(vec![1, 4, 1, 1], 3),
+                    seeded(vec![2, 4, 5, 5], 4),
+                ],
+                "expected rank 4",
+            ),
+        ] {
+            match ex.run(&m, "fused", run_args, None) {
+                Err(e) => assert!(e.to_string().contains(expect), "{e}"),
+                Ok(v) => panic!("ran: {v:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_pinned_module_keeps_the_facts_of_functions_that_call_others() {
+        let x_ty = "R.Tensor((n, 4, 5, 5), dtype=\"float32\")";
+        let first = Arc::new(whole_chain_module("", x_ty));
+        let other = Arc::new(whole_chain_module("", x_ty));
+        let ex = Executor::new();
+        let args = || {
+            vec![
+                seeded(vec![2, 4, 5, 5], 1),
+                seeded(vec![4, 4, 3, 3], 2),
+                seeded(vec![1, 4, 1, 1], 3),
+                seeded(vec![2, 4, 5, 5], 4),
+            ]
+        };
+        let a = ex
+            .run_shared(&first, "main", args(), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The first module run shared is pinned: `main` (which calls `fused`) keeps its
+        // facts for runs without a hook, and they are the same on the next lookup.
+        let main = first.get("main").unwrap_or_else(|| panic!("no main"));
+        let interp = ex.interp(&first, None, None, false);
+        assert!(interp.pinned);
+        let (Some(p), Some(q)) = (
+            ex.facts(&first, main, true, true),
+            ex.facts(&first, main, true, true),
+        ) else {
+            panic!("no facts for the pinned main")
+        };
+        assert!(Arc::ptr_eq(&p, &q) && p.func.is_none());
+        assert!(
+            ex.facts(&first, main, true, false).is_some(),
+            "kept from the hookless run"
+        );
+        // Another module is not pinned: its `main` is derived on every call, and it runs.
+        assert!(!ex.interp(&other, None, None, false).pinned);
+        let om = other.get("main").unwrap_or_else(|| panic!("no main"));
+        assert!(ex.facts(&other, om, false, true).is_none());
+        let b = ex
+            .run_shared(&other, "main", args(), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (Value::Tensor(a), Value::Tensor(b)) = (a, b) else {
+            panic!("not tensors")
+        };
+        assert_eq!(a.to_f32_vec(), b.to_f32_vec());
     }
 }

@@ -281,6 +281,73 @@ impl<'m> Interp<'m> {
         chain: &fuse::Chain,
         depth: usize,
     ) -> Result<Option<Value>> {
+        self.chain_kernel(chain, &mut |e| self.eval(name, f, fr, e, depth))
+    }
+
+    /// Runs `f`, whose bindings are the one chain of `whole`, straight from its arguments:
+    /// `None` when an argument is not a host tensor of its parameter's type or the values do
+    /// not allow the fused kernel (then [`Interp::call`] interprets `f`, reporting what
+    /// does not fit). The result is checked against the return type as the interpreted path
+    /// checks it.
+    pub(super) fn run_whole(
+        &self,
+        name: &str,
+        f: &Function,
+        whole: &Whole,
+        args: &[Value],
+    ) -> Result<Option<Value>> {
+        // The symbols' extents (a model has one or two: `batch`, `sequence`).
+        let mut bound = [None; 4];
+        let Some(bound) = bound.get_mut(..whole.syms) else {
+            return Ok(None);
+        };
+        if args.len() != whole.params.len()
+            || !whole
+                .params
+                .iter()
+                .zip(args)
+                .all(|(t, a)| t.holds(a, bound))
+        {
+            return Ok(None);
+        }
+        let mut value = |e: ExprId| -> Result<Value> {
+            match &f.expr(e).kind {
+                ExprKind::Var(v) => f
+                    .params
+                    .iter()
+                    .position(|p| p == v)
+                    .and_then(|i| args.get(i).cloned())
+                    .ok_or_else(|| Error::Exec(format!("`{name}`: var {v} is not a parameter"))),
+                ExprKind::Const(c) => Ok(Value::Tensor(self.exec.constant(c)?)),
+                _ => Err(Error::Exec(format!(
+                    "`{name}`: expected a parameter or a constant"
+                ))),
+            }
+        };
+        let Some(out) = self
+            .chain_kernel(&whole.chain, &mut value)
+            .map_err(|e| at(&binding_ctx(name, f.var(whole.first)), e))?
+        else {
+            return Ok(None);
+        };
+        if !whole.ret.holds(&out, bound) {
+            let mut syms = BTreeMap::new();
+            match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
+                Error::Exec(format!(
+                    "`{name}`: the result does not match the return type: {m}"
+                ))
+            })?;
+        }
+        Ok(Some(out))
+    }
+
+    /// The fused kernel of `chain`, its inputs given by `value`: `None` when the values do
+    /// not allow it.
+    fn chain_kernel(
+        &self,
+        chain: &fuse::Chain,
+        value: &mut dyn FnMut(ExprId) -> Result<Value>,
+    ) -> Result<Option<Value>> {
         let tensor = |v: Value| match v {
             Value::Tensor(t) => Some(t),
             _ => None,
@@ -289,10 +356,10 @@ impl<'m> Interp<'m> {
             fuse::Head::Conv { data, weight, .. } => (*data, *weight),
             fuse::Head::Add { lhs, rhs } => (*lhs, *rhs),
         };
-        let Some(x) = tensor(self.eval(name, f, fr, a, depth)?) else {
+        let Some(x) = tensor(value(a)?) else {
             return Ok(None);
         };
-        let Some(w) = tensor(self.eval(name, f, fr, b, depth)?) else {
+        let Some(w) = tensor(value(b)?) else {
             return Ok(None);
         };
         if let fuse::Head::Add { .. } = chain.head {
@@ -309,7 +376,7 @@ impl<'m> Interp<'m> {
         }
         let operands = fuse::operand_exprs(chain)
             .into_iter()
-            .map(|e| self.eval(name, f, fr, e, depth))
+            .map(&mut *value)
             .collect::<Result<Vec<_>>>()?;
         let Some(steps) = fuse::steps(chain, &x, &w, &operands) else {
             return Ok(None);
