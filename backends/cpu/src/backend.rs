@@ -72,7 +72,7 @@ impl Backend for CpuBackend {
     }
     fn compile(&self, c: &Candidate<'_>) -> fusebox_core::Result<Box<dyn Artifact>> {
         Ok(Box::new(CpuArtifact {
-            module: c.standalone_module(),
+            module: std::sync::Arc::new(c.standalone_module()),
             name: c.name.to_string(),
             exec: crate::Executor::new(),
         }))
@@ -95,9 +95,10 @@ pub fn transformer_patterns() -> &'static [FusionPattern] {
     })
 }
 
-/// A function run by the interpreter.
+/// A function run by the interpreter (its module shared, so the executor pins it: see
+/// [`crate::Executor::run_shared`]).
 struct CpuArtifact {
-    module: Module,
+    module: std::sync::Arc<Module>,
     name: String,
     exec: crate::Executor,
 }
@@ -105,7 +106,7 @@ struct CpuArtifact {
 impl Artifact for CpuArtifact {
     fn run(&self, args: &[Value]) -> fusebox_core::Result<Value> {
         self.exec
-            .run(&self.module, &self.name, args.to_vec(), None)
+            .run_shared(&self.module, &self.name, args.to_vec(), None)
             .map_err(|e| fusebox_core::Error::Backend {
                 backend: "cpu".into(),
                 message: e.to_string(),
