@@ -196,6 +196,9 @@ struct Facts {
     /// [`Whole::of`] it: its bindings are one chain that [`Interp::call`] runs straight from
     /// the arguments.
     whole: Option<Whole>,
+    /// Whether it calls other functions ([`calls_functions`]): then `chains` hold only for a
+    /// run without a call hook.
+    calls: bool,
 }
 
 impl Facts {
@@ -208,6 +211,7 @@ impl Facts {
             whole: Whole::of(f, &chains),
             chains,
             drops: drop_plan(f),
+            calls: calls_functions(f),
         }
     }
 }
@@ -292,8 +296,10 @@ impl TensorCheck {
 struct Whole {
     /// The chain (`chains[0]` of the function's [`Facts`]).
     chain: fuse::Chain,
-    /// The var of its first binding (where an error is reported, as the interpreter does).
+    /// The vars of its first and last bindings (where an error is reported, as the
+    /// interpreter reports it).
     first: VarId,
+    last: VarId,
     /// Per parameter, its type.
     params: Vec<TensorCheck>,
     /// The return type (the last binding's var has the same); its symbols are the
@@ -343,6 +349,7 @@ impl Whole {
         Some(Whole {
             chain: chain.clone(),
             first: bindings.first()?.var,
+            last: last.var,
             params,
             ret,
             syms: syms.len(),
@@ -614,7 +621,8 @@ impl Executor {
         let addr = std::ptr::from_ref(f) as usize;
         if pinned {
             if let Some(found) = self.pinned_facts.lock().ok()?.get(&addr) {
-                return Some(Arc::clone(found));
+                // A function that calls others was planned for runs without a hook.
+                return (hookless || !found.calls).then(|| Arc::clone(found));
             }
             if calls_functions(f) && !hookless {
                 return None;
@@ -1787,10 +1795,8 @@ mod tests {
             panic!("no facts for the pinned main")
         };
         assert!(Arc::ptr_eq(&p, &q) && p.func.is_none());
-        assert!(
-            ex.facts(&first, main, true, false).is_some(),
-            "kept from the hookless run"
-        );
+        // A run with a call hook plans `main` itself (the hook decides what a chain takes in).
+        assert!(ex.facts(&first, main, true, false).is_none());
         // Another module is not pinned: its `main` is derived on every call, and it runs.
         assert!(!ex.interp(&other, None, None, false).pinned);
         let om = other.get("main").unwrap_or_else(|| panic!("no main"));
@@ -1802,5 +1808,63 @@ mod tests {
             panic!("not tensors")
         };
         assert_eq!(a.to_f32_vec(), b.to_f32_vec());
+    }
+
+    #[test]
+    fn a_pinned_main_planned_without_a_hook_leaves_a_hooked_run_its_calls() {
+        // conv2d → batch_norm → a call of `relu(t[0])`: without a hook the chain takes the
+        // call in; with a hook that takes it, the hook must see the call.
+        let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+        let (y, c) = (t("1, 4, 5, 5"), t("4,"));
+        let src = format!(
+            "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused_relu(t: R.Tuple({y}, {c}, {c})) -> {y}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            a = t[0]\n            gv = R.nn.relu(a)\n            R.output(gv)\n        return gv\n\n    @R.function\n    def main(x: {y}, w: {w}, g: {c}, be: {c}, mu: {c}, var: {c}) -> {y}:\n        cls = Module\n        with R.dataflow():\n            cv = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])\n            bn = R.nn.batch_norm(cv, g, be, mu, var, axis=1, training=False)\n            r = cls.fused_relu(bn)\n            R.output(r)\n        return r\n",
+            w = t("4, 4, 3, 3"),
+        );
+        let m = Arc::new(parse_module_str(&src).unwrap_or_else(|e| panic!("{e}\n{src}")));
+        let main = m.get("main").unwrap_or_else(|| panic!("no main"));
+        let plan = crate::fuse::plan(&m, main, &|_| true);
+        assert_eq!(
+            plan[0].as_ref().map(crate::fuse::name).as_deref(),
+            Some("relax.nn.conv2d+relax.nn.batch_norm+relax.nn.relu")
+        );
+        let args = || {
+            vec![
+                seeded(vec![1, 4, 5, 5], 1),
+                seeded(vec![4, 4, 3, 3], 2),
+                seeded(vec![4], 3),
+                seeded(vec![4], 4),
+                seeded(vec![4], 5),
+                Value::Tensor(
+                    Tensor::from_f32(vec![4], vec![1.0; 4]).unwrap_or_else(|e| panic!("{e}")),
+                ),
+            ]
+        };
+        let ex = Executor::new();
+        let plain = ex
+            .run_shared(&m, "main", args(), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(ex.facts(&m, main, true, true).is_some());
+        assert!(
+            ex.facts(&m, main, true, false).is_none(),
+            "hookless facts served a hook"
+        );
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let marker =
+            Tensor::from_f32(vec![1, 4, 5, 5], vec![7.0; 100]).unwrap_or_else(|e| panic!("{e}"));
+        let hook = |g: &str, _: &[Value]| {
+            (g == "fused_relu").then(|| {
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(Value::Tensor(marker.clone()))
+            })
+        };
+        let hooked = ex
+            .run_shared(&m, "main", args(), Some(&hook))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let (Value::Tensor(h), Value::Tensor(p)) = (hooked, plain) else {
+            panic!("not tensors")
+        };
+        assert_eq!(h.to_f32_vec(), vec![7.0; 100]);
+        assert!(p.to_f32_vec().iter().all(|&v| v >= 0.0) && p.to_f32_vec() != vec![7.0; 100]);
     }
 }

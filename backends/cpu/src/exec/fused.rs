@@ -331,12 +331,21 @@ impl<'m> Interp<'m> {
             return Ok(None);
         };
         if !whole.ret.holds(&out, bound) {
+            // As the interpreter reports it at the chain's last binding (the symbols bound
+            // from the arguments first).
+            let var = f.var(whole.last);
             let mut syms = BTreeMap::new();
-            match_type(&f.ret_ty, &out, &mut syms, false).map_err(|m| {
-                Error::Exec(format!(
-                    "`{name}`: the result does not match the return type: {m}"
-                ))
-            })?;
+            for (&p, a) in f.params.iter().zip(args) {
+                match_type(&f.var(p).ty, a, &mut syms, true)
+                    .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
+            }
+            let m = match_type(&var.ty, &out, &mut syms, false)
+                .err()
+                .unwrap_or_else(|| format!("expected {:?}", whole.ret));
+            return Err(at(
+                &binding_ctx(name, var),
+                Error::Exec(format!("the value does not match the type: {m}")),
+            ));
         }
         Ok(Some(out))
     }
