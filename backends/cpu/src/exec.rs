@@ -41,8 +41,8 @@
 //!   FuseOps function of a convolution and its epilogue), with parameter and return types of
 //!   numbers and plain symbols, runs the chain straight from the arguments when they are host
 //!   tensors of those types (no frame of values, no symbol table); otherwise, or when the values
-//!   do not allow the fused kernel, the function is interpreted as above. The result and the
-//!   errors are the same either way.
+//!   do not allow the fused kernel, the function is interpreted as above. The result is the
+//!   same either way, and so are the errors about arguments and kernels.
 //! - What the interpreter derives from a function's IR (fused chains, drop plans) is worked out
 //!   once per executor and function. [`Executor::run_shared`] pins the first module it runs:
 //!   the executor holds a reference to it, so it cannot change, and its functions' facts
@@ -290,16 +290,15 @@ impl TensorCheck {
 /// result of tensor types of numbers and plain symbols (the result's bound by the
 /// parameters): [`Interp::call`] runs the chain straight from the arguments, with no frame
 /// of values, when they are host tensors of those types; the result is checked against the
-/// return type as the interpreted path checks it.
+/// return type.
 /// What the chain reads is a parameter or a constant, so nothing else needs evaluating.
 #[derive(Debug)]
 struct Whole {
     /// The chain (`chains[0]` of the function's [`Facts`]).
     chain: fuse::Chain,
-    /// The vars of its first and last bindings (where an error is reported, as the
-    /// interpreter reports it).
+    /// The var of its first binding (where a kernel error is reported, as the interpreter
+    /// reports it).
     first: VarId,
-    last: VarId,
     /// Per parameter, its type.
     params: Vec<TensorCheck>,
     /// The return type (the last binding's var has the same); its symbols are the
@@ -349,7 +348,6 @@ impl Whole {
         Some(Whole {
             chain: chain.clone(),
             first: bindings.first()?.var,
-            last: last.var,
             params,
             ret,
             syms: syms.len(),

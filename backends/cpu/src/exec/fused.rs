@@ -287,8 +287,8 @@ impl<'m> Interp<'m> {
     /// Runs `f`, whose bindings are the one chain of `whole`, straight from its arguments:
     /// `None` when an argument is not a host tensor of its parameter's type or the values do
     /// not allow the fused kernel (then [`Interp::call`] interprets `f`, reporting what
-    /// does not fit). The result is checked against the return type as the interpreted path
-    /// checks it.
+    /// does not fit). A result that does not fit the return type is reported by
+    /// [`check_fused_result`], as the other fused kernels' are.
     pub(super) fn run_whole(
         &self,
         name: &str,
@@ -331,21 +331,8 @@ impl<'m> Interp<'m> {
             return Ok(None);
         };
         if !whole.ret.holds(&out, bound) {
-            // As the interpreter reports it at the chain's last binding (the symbols bound
-            // from the arguments first).
-            let var = f.var(whole.last);
-            let mut syms = BTreeMap::new();
-            for (&p, a) in f.params.iter().zip(args) {
-                match_type(&f.var(p).ty, a, &mut syms, true)
-                    .map_err(|m| Error::Exec(format!("`{name}`: argument: {m}")))?;
-            }
-            let m = match_type(&var.ty, &out, &mut syms, false)
-                .err()
-                .unwrap_or_else(|| format!("expected {:?}", whole.ret));
-            return Err(at(
-                &binding_ctx(name, var),
-                Error::Exec(format!("the value does not match the type: {m}")),
-            ));
+            // Reported as the other fused kernels' results are.
+            check_fused_result(name, f, args, &out, "fused kernel")?;
         }
         Ok(Some(out))
     }
