@@ -1,0 +1,403 @@
+//! The executor's unit tests: facts, drop plans, fused convolutions and the direct path.
+
+#![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+use super::*;
+use fusebox_core::text::parse_module_str;
+
+#[test]
+fn kept_facts_serve_only_the_function_they_were_derived_from() {
+    let t = "R.Tensor((2,), dtype=\"float32\")";
+    let src = format!(
+        "@I.ir_module\nclass Module:\n    @R.function\n    def inner(x: {t}) -> {t}:\n        a: {t} = R.nn.relu(x)\n        b: {t} = R.add(a, a)\n        return b\n    @R.function\n    def main(x: {t}) -> {t}:\n        y: {t} = cls.inner(x)\n        return y\n"
+    );
+    let mut m = parse_module_str(&src).unwrap_or_else(|e| panic!("{e}"));
+    let ex = Executor::new();
+    let run = |ex: &Executor, m: &Module| {
+        let x = Tensor::from_f32(vec![2], vec![-1.5, 2.0]).unwrap_or_else(|e| panic!("{e}"));
+        match ex.run(m, "main", vec![Value::Tensor(x)], None) {
+            Ok(Value::Tensor(t)) => t.as_f32().map(<[f32]>::to_vec),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(run(&ex, &m), Some(vec![0.0, 4.0]));
+    // A function that calls another has none (what a chain takes in depends on the callee).
+    let main = m.get("main").unwrap_or_else(|| panic!("no main"));
+    assert!(ex.facts(&m, main, false, true).is_none());
+    // The callee's were kept by the run, and are handed out again.
+    let inner = m.get("inner").unwrap_or_else(|| panic!("no inner"));
+    let (Some(first), Some(again)) = (
+        ex.facts(&m, inner, false, true),
+        ex.facts(&m, inner, false, true),
+    ) else {
+        panic!("no facts for a function without calls")
+    };
+    assert!(Arc::ptr_eq(&first, &again));
+    let at = std::ptr::from_ref(inner) as usize;
+    // The same address with other contents: `add(a, a)` becomes `add(a, x)`. The kept
+    // entry must not serve it (its drop plan would free `x` too early, say).
+    let Some(f) = m.functions.get_mut("inner") else {
+        panic!("no inner")
+    };
+    let (Some(&x), Some(b)) = (f.params.first(), f.bindings().nth(1).copied()) else {
+        panic!("unexpected inner")
+    };
+    let x_expr = f.add_expr(ExprKind::Var(x), f.var(x).ty.clone());
+    if let ExprKind::Call { args, .. } = &mut f.exprs[b.value].kind {
+        args[1] = x_expr;
+    }
+    let inner = m.get("inner").unwrap_or_else(|| panic!("no inner"));
+    assert_eq!(std::ptr::from_ref(inner) as usize, at);
+    let Some(now) = ex.facts(&m, inner, false, true) else {
+        panic!("no facts")
+    };
+    assert!(!Arc::ptr_eq(&first, &now));
+    assert!(now.func.as_ref() == Some(inner));
+    assert_eq!(run(&ex, &m), Some(vec![-1.5, 4.0]));
+}
+
+#[test]
+fn values_are_dropped_after_their_last_use() {
+    let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((2,), dtype=\"float32\"), unused: R.Tensor((2,), dtype=\"float32\")) -> R.Tensor((2,), dtype=\"float32\"):\n        a: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(x)\n        dead: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(a)\n        b: R.Tensor((2,), dtype=\"float32\") = R.nn.relu(a)\n        c: R.Tensor((2,), dtype=\"float32\") = R.add(a, b)\n        return c\n";
+    let m = parse_module_str(src).unwrap_or_else(|e| panic!("{e}"));
+    let Some(f) = m.get("main") else {
+        panic!("no main")
+    };
+    let (plan, unused) = drop_plan(f);
+    assert_eq!(unused, vec![false, true]);
+    let names: Vec<Vec<&str>> = plan
+        .iter()
+        .map(|vs| vs.iter().map(|&v| f.var(v).name.as_str()).collect())
+        .collect();
+    // x after `a`; `dead` right away (nothing reads it); a and b after `c`; c never.
+    assert_eq!(names, vec![vec!["x"], vec!["dead"], vec![], vec!["a", "b"]]);
+}
+
+/// conv2d → bias add → residual add → relu (a ResNet block's tail once FoldBatchNorm put
+/// the batch_norm into the weights) runs as one fused chain, bit for bit what the bindings
+/// give one by one (forced by a second use of the conv's result, which breaks the chain).
+#[test]
+fn a_conv_with_bias_and_relu6_fuses_bit_for_bit() {
+    // MobileNet's tail: conv2d → bias add → clip(0, 6), depthwise (groups = 4) and plain.
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    for (groups, wi) in [(1, "4, 4, 3, 3"), (4, "4, 1, 3, 3")] {
+        let body = |extra: &str, ret: &str, ret_ty: &str| {
+            format!(
+                "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}) -> {ret_ty}:\n        with R.dataflow():\n            c = R.nn.conv2d(x, w, padding=[1, 1, 1, 1], groups={groups})\n            d = R.add(c, b)\n            g = R.clip(d, R.prim_value(0), R.prim_value(T.float32(0.75)))\n{extra}            R.output({ret})\n        return {ret}\n",
+                x = t("1, 4, 6, 6"),
+                w = t(wi),
+                b = t("1, 4, 1, 1"),
+            )
+        };
+        let fused =
+            parse_module_str(&body("", "g", &t("1, 4, 6, 6"))).unwrap_or_else(|e| panic!("{e}"));
+        let plain = parse_module_str(&body(
+            "            h = (g, c)\n",
+            "h",
+            &format!("R.Tuple({}, {})", t("1, 4, 6, 6"), t("1, 4, 6, 6")),
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let f = fused.get("main").unwrap_or_else(|| panic!("no main"));
+        let chain = crate::fuse::plan(&fused, f, &|_| true)[0].clone();
+        assert_eq!(
+            chain.map(|c| crate::fuse::name(&c)).as_deref(),
+            Some("relax.nn.conv2d+relax.add+relax.clip")
+        );
+        let fp = plain.get("main").unwrap_or_else(|| panic!("no main"));
+        assert!(crate::fuse::plan(&plain, fp, &|_| true)[0].is_none());
+        let tensor = |shape: Vec<usize>, k: u32| {
+            let n: usize = shape.iter().product();
+            let v = (0..n)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2654435761).wrapping_add(k) % 1000) as f32 / 500.0
+                        - 1.0
+                })
+                .collect();
+            Value::Tensor(Tensor::from_f32(shape, v).unwrap_or_else(|e| panic!("{e}")))
+        };
+        let wshape: Vec<usize> = wi.split(", ").map(|d| d.parse().unwrap_or(0)).collect();
+        let args = vec![
+            tensor(vec![1, 4, 6, 6], 1),
+            tensor(wshape, 2),
+            tensor(vec![1, 4, 1, 1], 3),
+        ];
+        let got = crate::run(&fused, "main", args.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let want = crate::run(&plain, "main", args).unwrap_or_else(|e| panic!("{e}"));
+        let Value::Tuple(items) = want else {
+            panic!("not a tuple")
+        };
+        let (Value::Tensor(a), Value::Tensor(b)) = (&got, &items[0]) else {
+            panic!("not tensors")
+        };
+        let bits = |t: &Tensor| {
+            t.to_f32_vec()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(a), bits(b), "groups={groups}");
+        assert!(a.to_f32_vec().contains(&0.75) && a.to_f32_vec().contains(&0.0));
+    }
+}
+
+#[test]
+fn a_conv_with_bias_and_residual_adds_fuses_bit_for_bit() {
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let body = |extra: &str, ret: &str, ret_ty: &str| {
+        format!(
+            "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}, r: {x}) -> {ret_ty}:\n        with R.dataflow():\n            c = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])\n            d = R.add(c, b)\n            e = R.add(d, r)\n            g = R.nn.relu(e)\n{extra}            R.output({ret})\n        return {ret}\n",
+            x = t("1, 4, 6, 6"),
+            w = t("4, 4, 3, 3"),
+            b = t("1, 4, 1, 1"),
+        )
+    };
+    let fused =
+        parse_module_str(&body("", "g", &t("1, 4, 6, 6"))).unwrap_or_else(|e| panic!("{e}"));
+    let plain = parse_module_str(&body(
+        "            h = (g, c)\n",
+        "h",
+        &format!("R.Tuple({}, {})", t("1, 4, 6, 6"), t("1, 4, 6, 6")),
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let f = fused.get("main").unwrap_or_else(|| panic!("no main"));
+    let chains = crate::fuse::plan(&fused, f, &|_| true);
+    let links = chains
+        .first()
+        .and_then(|c| c.as_ref())
+        .map_or(0, |c| c.links.len());
+    assert_eq!(links, 3, "conv2d + add + add + relu is one chain");
+    let fp = plain.get("main").unwrap_or_else(|| panic!("no main"));
+    assert!(crate::fuse::plan(&plain, fp, &|_| true)[0].is_none());
+    let vals = |n: usize, k: u32| -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(k) % 1000) as f32 / 500.0 - 1.0
+            })
+            .collect()
+    };
+    let tensor = |shape: Vec<usize>, k: u32| {
+        let n = shape.iter().product();
+        Value::Tensor(Tensor::from_f32(shape, vals(n, k)).unwrap_or_else(|e| panic!("{e}")))
+    };
+    let args = vec![
+        tensor(vec![1, 4, 6, 6], 1),
+        tensor(vec![4, 4, 3, 3], 2),
+        tensor(vec![1, 4, 1, 1], 3),
+        tensor(vec![1, 4, 6, 6], 4),
+    ];
+    let got = crate::run(&fused, "main", args.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let want = crate::run(&plain, "main", args).unwrap_or_else(|e| panic!("{e}"));
+    let Value::Tuple(items) = want else {
+        panic!("not a tuple")
+    };
+    let (Value::Tensor(a), Value::Tensor(b)) = (&got, &items[0]) else {
+        panic!("not tensors")
+    };
+    let bits = |t: &Tensor| {
+        t.to_f32_vec()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bits(a), bits(b));
+}
+
+/// A FuseOps function of conv2d → bias → residual add, batch `n` symbolic, called by
+/// `main`; `ret` binds its result `out` (a tuple that stops the fast path), else `gv` is
+/// returned.
+fn whole_chain_module(ret: &str, ret_ty: &str) -> Module {
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let (x, w, b) = (t("n, 4, 5, 5"), t("4, 4, 3, 3"), t("1, 4, 1, 1"));
+    let out = if ret.is_empty() { "gv" } else { "out" };
+    let src = format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(x: {x}, w: {w}, b: {b}, r: {x}) -> {ret_ty}:\n        n = T.int64()\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            c: {x} = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])\n            d: {x} = R.add(c, b)\n            gv: {x} = R.add(d, r)\n{ret}            R.output({out})\n        return {out}\n\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}, r: {x}) -> {ret_ty}:\n        n = T.int64()\n        with R.dataflow():\n            y = Module.fused(x, w, b, r)\n            R.output(y)\n        return y\n"
+    );
+    parse_module_str(&src).unwrap_or_else(|e| panic!("{e}\n{src}"))
+}
+
+fn seeded(shape: Vec<usize>, k: u32) -> Value {
+    let n: usize = shape.iter().product();
+    let v = (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(k) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    Value::Tensor(Tensor::from_f32(shape, v).unwrap_or_else(|e| panic!("{e}")))
+}
+
+#[test]
+fn a_whole_chain_function_runs_from_its_arguments_bit_for_bit() {
+    let x_ty = "R.Tensor((n, 4, 5, 5), dtype=\"float32\")";
+    let m = whole_chain_module("", x_ty);
+    // The tuple result is not a tensor type: the same function interpreted binding by
+    // binding (the chain still fused), the reference here.
+    let tuple = whole_chain_module("            out = (gv,)\n", &format!("R.Tuple({x_ty})"));
+    let fused = m.get("fused").unwrap_or_else(|| panic!("no fused"));
+    let ex = Executor::new();
+    let whole = ex.facts(&m, fused, false, true);
+    let whole = whole.as_ref().and_then(|d| d.whole.as_ref());
+    assert!(
+        matches!(whole, Some(w) if w.syms == 1 && w.params.len() == 4),
+        "{whole:?}"
+    );
+    let tf = tuple.get("fused").unwrap_or_else(|| panic!("no fused"));
+    assert!(
+        ex.facts(&tuple, tf, false, true)
+            .is_some_and(|d| d.whole.is_none())
+    );
+    let args = |n: usize, rn: usize| {
+        vec![
+            seeded(vec![n, 4, 5, 5], 1),
+            seeded(vec![4, 4, 3, 3], 2),
+            seeded(vec![1, 4, 1, 1], 3),
+            seeded(vec![rn, 4, 5, 5], 4),
+        ]
+    };
+    let bits = |v: &Value| match v {
+        Value::Tensor(t) => t
+            .to_f32_vec()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>(),
+        Value::Tuple(items) if items.len() == 1 => match &items[0] {
+            Value::Tensor(t) => t.to_f32_vec().iter().map(|x| x.to_bits()).collect(),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    let shared = Arc::new(m.clone());
+    for n in [1, 3] {
+        let want = crate::run(&tuple, "fused", args(n, n)).unwrap_or_else(|e| panic!("{e}"));
+        let got = ex
+            .run(&m, "fused", args(n, n), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(bits(&got), bits(&want), "n={n}");
+        assert_eq!(bits(&want).len(), n * 100);
+        // Through `main` on the pinned module, twice (facts kept from the first run).
+        for _ in 0..2 {
+            let got = ex
+                .run_shared(&shared, "main", args(n, n), None)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(bits(&got), bits(&want), "n={n}");
+        }
+    }
+    // Arguments that do not fit the types take the interpreted path and its errors: a
+    // symbol bound to two extents, a wrong rank.
+    for (run_args, expect) in [
+        (args(2, 3), "dim `n` is 2 elsewhere, found 3"),
+        (
+            vec![
+                seeded(vec![4, 5, 5], 1),
+                seeded(vec![4, 4, 3, 3], 2),
+                seeded(vec![1, 4, 1, 1], 3),
+                seeded(vec![2, 4, 5, 5], 4),
+            ],
+            "expected rank 4",
+        ),
+    ] {
+        match ex.run(&m, "fused", run_args, None) {
+            Err(e) => assert!(e.to_string().contains(expect), "{e}"),
+            Ok(v) => panic!("ran: {v:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_pinned_module_keeps_the_facts_of_functions_that_call_others() {
+    let x_ty = "R.Tensor((n, 4, 5, 5), dtype=\"float32\")";
+    let first = Arc::new(whole_chain_module("", x_ty));
+    let other = Arc::new(whole_chain_module("", x_ty));
+    let ex = Executor::new();
+    let args = || {
+        vec![
+            seeded(vec![2, 4, 5, 5], 1),
+            seeded(vec![4, 4, 3, 3], 2),
+            seeded(vec![1, 4, 1, 1], 3),
+            seeded(vec![2, 4, 5, 5], 4),
+        ]
+    };
+    let a = ex
+        .run_shared(&first, "main", args(), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The first module run shared is pinned: `main` (which calls `fused`) keeps its
+    // facts for runs without a hook, and they are the same on the next lookup.
+    let main = first.get("main").unwrap_or_else(|| panic!("no main"));
+    let interp = ex.interp(&first, None, None, false);
+    assert!(interp.pinned);
+    let (Some(p), Some(q)) = (
+        ex.facts(&first, main, true, true),
+        ex.facts(&first, main, true, true),
+    ) else {
+        panic!("no facts for the pinned main")
+    };
+    assert!(Arc::ptr_eq(&p, &q) && p.func.is_none());
+    // A run with a call hook plans `main` itself (the hook decides what a chain takes in).
+    assert!(ex.facts(&first, main, true, false).is_none());
+    // Another module is not pinned: its `main` is derived on every call, and it runs.
+    assert!(!ex.interp(&other, None, None, false).pinned);
+    let om = other.get("main").unwrap_or_else(|| panic!("no main"));
+    assert!(ex.facts(&other, om, false, true).is_none());
+    let b = ex
+        .run_shared(&other, "main", args(), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (Value::Tensor(a), Value::Tensor(b)) = (a, b) else {
+        panic!("not tensors")
+    };
+    assert_eq!(a.to_f32_vec(), b.to_f32_vec());
+}
+
+#[test]
+fn a_pinned_main_planned_without_a_hook_leaves_a_hooked_run_its_calls() {
+    // conv2d → batch_norm → a call of `relu(t[0])`: without a hook the chain takes the
+    // call in; with a hook that takes it, the hook must see the call.
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let (y, c) = (t("1, 4, 5, 5"), t("4,"));
+    let src = format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused_relu(t: R.Tuple({y}, {c}, {c})) -> {y}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            a = t[0]\n            gv = R.nn.relu(a)\n            R.output(gv)\n        return gv\n\n    @R.function\n    def main(x: {y}, w: {w}, g: {c}, be: {c}, mu: {c}, var: {c}) -> {y}:\n        cls = Module\n        with R.dataflow():\n            cv = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])\n            bn = R.nn.batch_norm(cv, g, be, mu, var, axis=1, training=False)\n            r = cls.fused_relu(bn)\n            R.output(r)\n        return r\n",
+        w = t("4, 4, 3, 3"),
+    );
+    let m = Arc::new(parse_module_str(&src).unwrap_or_else(|e| panic!("{e}\n{src}")));
+    let main = m.get("main").unwrap_or_else(|| panic!("no main"));
+    let plan = crate::fuse::plan(&m, main, &|_| true);
+    assert_eq!(
+        plan[0].as_ref().map(crate::fuse::name).as_deref(),
+        Some("relax.nn.conv2d+relax.nn.batch_norm+relax.nn.relu")
+    );
+    let args = || {
+        vec![
+            seeded(vec![1, 4, 5, 5], 1),
+            seeded(vec![4, 4, 3, 3], 2),
+            seeded(vec![4], 3),
+            seeded(vec![4], 4),
+            seeded(vec![4], 5),
+            Value::Tensor(
+                Tensor::from_f32(vec![4], vec![1.0; 4]).unwrap_or_else(|e| panic!("{e}")),
+            ),
+        ]
+    };
+    let ex = Executor::new();
+    let plain = ex
+        .run_shared(&m, "main", args(), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(ex.facts(&m, main, true, true).is_some());
+    assert!(
+        ex.facts(&m, main, true, false).is_none(),
+        "hookless facts served a hook"
+    );
+    let seen = std::sync::atomic::AtomicUsize::new(0);
+    let marker =
+        Tensor::from_f32(vec![1, 4, 5, 5], vec![7.0; 100]).unwrap_or_else(|e| panic!("{e}"));
+    let hook = |g: &str, _: &[Value]| {
+        (g == "fused_relu").then(|| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(Value::Tensor(marker.clone()))
+        })
+    };
+    let hooked = ex
+        .run_shared(&m, "main", args(), Some(&hook))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let (Value::Tensor(h), Value::Tensor(p)) = (hooked, plain) else {
+        panic!("not tensors")
+    };
+    assert_eq!(h.to_f32_vec(), vec![7.0; 100]);
+    assert!(p.to_f32_vec().iter().all(|&v| v >= 0.0) && p.to_f32_vec() != vec![7.0; 100]);
+}
