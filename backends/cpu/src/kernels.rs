@@ -366,6 +366,16 @@ fn eval(
             a,
         )),
         Op::Resize2d(a) => t(crate::image::resize2d(tensor(args, 0)?, shape(args, 1)?, a)),
+        Op::GridSample(a) => t(crate::image::grid_sample(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            a,
+        )),
+        Op::AffineGrid { align_corners } => t(crate::image::affine_grid(
+            tensor(args, 0)?,
+            shape(args, 1)?,
+            *align_corners,
+        )),
         Op::GroupNorm(a) | Op::InstanceNorm(a) => t(crate::group_norm::group_norm(
             tensor(args, 0)?,
             tensor(args, 1)?,

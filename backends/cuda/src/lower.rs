@@ -1142,6 +1142,8 @@ impl Lowerer<'_> {
                 return Err(self.unsupported("attention runs in the cutlass backend".into()));
             }
             Op::Stack { .. }
+            | Op::GridSample(_)
+            | Op::AffineGrid { .. }
             | Op::MaxPool1d(_)
             | Op::AvgPool1d(_)
             | Op::MaxPool3d(_)

@@ -732,6 +732,8 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         Op::Einsum { subscripts } => reduce::einsum(&cx, subscripts),
         Op::Conv2dTranspose(a) => nn::conv2d_transpose(&cx, a),
         Op::Resize2d(a) => nn::resize2d(&cx, a),
+        Op::GridSample(a) => nn::grid_sample(&cx, a),
+        Op::AffineGrid { .. } => nn::affine_grid(&cx),
         Op::GroupNorm(a) | Op::InstanceNorm(a) => nn::group_norm(&cx, a),
         Op::Stack { axis } => pool::stack(&cx, *axis),
         Op::MaxPool1d(a) | Op::AvgPool1d(a) | Op::MaxPool3d(a) | Op::AvgPool3d(a) => {

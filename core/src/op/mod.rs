@@ -36,6 +36,7 @@ mod attention;
 mod attrs;
 pub mod einsum;
 mod elem;
+mod image;
 mod index;
 mod infer;
 mod nn;
@@ -51,6 +52,7 @@ use attrs::{
     str_lit,
 };
 pub use elem::{ElemClass, ElemOp};
+pub use image::{GridSampleAttrs, affine_grid_base};
 pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
 pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 pub use pool::{AdaptivePoolAttrs, PoolAttrs};
@@ -591,6 +593,15 @@ pub enum Op {
     Conv2dTranspose(Box<Conv2dTransposeAttrs>),
     /// `relax.image.resize2d(x, size)`
     Resize2d(Box<Resize2dAttrs>),
+    /// `relax.image.grid_sample(data, grid)`: `data` sampled at the normalised positions of a
+    /// channel-first grid.
+    GridSample(Box<GridSampleAttrs>),
+    /// `relax.image.affine_grid(theta, size)`: the normalised sampling grid of an affine
+    /// transform, channel-first.
+    AffineGrid {
+        /// Whether -1 and 1 are the centres of the corner pixels (else their outer edges).
+        align_corners: bool,
+    },
     /// `relax.nn.group_norm(x, gamma, beta)`
     GroupNorm(Box<GroupNormAttrs>),
     /// `relax.nn.instance_norm(x, gamma, beta)`
@@ -690,6 +701,8 @@ const OTHER_NAMES: &[&str] = &[
     "relax.einsum",
     "relax.nn.conv2d_transpose",
     "relax.image.resize2d",
+    "relax.image.grid_sample",
+    "relax.image.affine_grid",
     "relax.nn.group_norm",
     "relax.nn.instance_norm",
     "relax.stack",
@@ -797,6 +810,8 @@ impl Op {
             Op::Einsum { .. } => "relax.einsum",
             Op::Conv2dTranspose(_) => "relax.nn.conv2d_transpose",
             Op::Resize2d(_) => "relax.image.resize2d",
+            Op::GridSample(_) => "relax.image.grid_sample",
+            Op::AffineGrid { .. } => "relax.image.affine_grid",
             Op::GroupNorm(_) => "relax.nn.group_norm",
             Op::InstanceNorm(_) => "relax.nn.instance_norm",
             Op::Stack { .. } => "relax.stack",
@@ -895,7 +910,7 @@ impl Op {
             Op::Einsum { .. } => FusionKind::OutEWiseFusable,
             Op::Topk(_) => FusionKind::Opaque,
             Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
-            Op::Resize2d(_) => FusionKind::Injective,
+            Op::Resize2d(_) | Op::GridSample(_) | Op::AffineGrid { .. } => FusionKind::Injective,
             Op::GroupNorm(_) | Op::InstanceNorm(_) => FusionKind::CommReduce,
             Op::Stack { .. } => FusionKind::Injective,
             Op::MaxPool1d(_)

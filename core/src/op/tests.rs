@@ -225,10 +225,10 @@ fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
     // The ops before issue 17 and shape_to_tensor, then the families of issue 17:
     // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7);
-    // issue 19's attention and attention_bias (2).
+    // issue 19's attention and attention_bias (2); grid_sample and affine_grid (2).
     assert_eq!(
         names.len(),
-        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 2
     );
     for name in names {
         let sig = Op::signature(name);
@@ -1315,4 +1315,52 @@ fn window_extents_are_exact_or_an_error_never_wrapped() {
     );
     let e = err(&p, &[&x]);
     assert!(e.contains("out of range"), "{e}");
+}
+
+#[test]
+fn grid_sample_and_affine_grid_infer_channel_first_grids() {
+    let gs = op("relax.image.grid_sample", &[]);
+    // (N, C, H, W) sampled at a (N, 2, Ho, Wo) grid.
+    let x = td(&[n(), d(3), d(8), d(8)], DType::F32);
+    let g = td(&[n(), d(2), d(4), d(5)], DType::F32);
+    assert_eq!(ok(&gs, &[&x, &g]), td(&[n(), d(3), d(4), d(5)], DType::F32));
+    // Volumetric.
+    let gs3 = op("relax.image.grid_sample", &[("layout", s("NCDHW"))]);
+    let x3 = t(&[1, 2, 4, 4, 4]);
+    let g3 = t(&[1, 3, 2, 3, 5]);
+    assert_eq!(ok(&gs3, &[&x3, &g3]), t(&[1, 2, 2, 3, 5]));
+    // Errors: a channel-last grid, a batch mismatch, a wrong rank, integer data.
+    assert!(err(&gs, &[&t(&[1, 3, 8, 8]), &t(&[1, 4, 5, 2])]).contains("2 coordinates"));
+    assert!(err(&gs, &[&t(&[1, 3, 8, 8]), &t(&[2, 2, 4, 5])]).contains("batch"));
+    assert!(err(&gs, &[&x3, &g3]).contains("4-D"));
+    let xi = Type::tensor(&[1, 3, 8, 8], DType::I32);
+    assert!(err(&gs, &[&xi, &t(&[1, 2, 4, 5])]).contains("float"));
+    // Unknown grid dims keep the rank.
+    let g_unknown = Type::Tensor(TensorType {
+        dims: None,
+        ndim: Some(4),
+        dtype: Some(DType::F32),
+    });
+    assert_eq!(
+        ok(&gs, &[&t(&[1, 3, 8, 8]), &g_unknown]),
+        Type::Tensor(TensorType {
+            dims: None,
+            ndim: Some(4),
+            dtype: Some(DType::F32),
+        })
+    );
+
+    let ag = op("relax.image.affine_grid", &[]);
+    let theta = td(&[n(), d(2), d(3)], DType::F32);
+    assert_eq!(
+        ok(&ag, &[&theta, &shape(&[d(4), d(5)])]),
+        td(&[n(), d(2), d(4), d(5)], DType::F32)
+    );
+    assert_eq!(
+        ok(&ag, &[&t(&[2, 3, 4]), &shape(&[d(2), d(3), d(4)])]),
+        t(&[2, 3, 2, 3, 4])
+    );
+    assert!(err(&ag, &[&t(&[2, 3, 4]), &shape(&[d(4), d(5)])]).contains("(N, 2, 3)"));
+    assert!(err(&ag, &[&theta, &shape(&[d(4)])]).contains("2 (height, width)"));
+    assert!(err(&ag, &[&theta, &shape(&[d(0), d(5)])]).contains("≥ 1"));
 }

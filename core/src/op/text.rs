@@ -161,6 +161,8 @@ impl Op {
             "relax.einsum" => sig(1, 1, &["subscripts"]),
             "relax.nn.conv2d_transpose" => sig(2, 2, nn::CONV2D_TRANSPOSE_ATTRS),
             "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
+            "relax.image.grid_sample" => sig(2, 2, image::GRID_SAMPLE_ATTRS),
+            "relax.image.affine_grid" => sig(2, 2, image::AFFINE_GRID_ATTRS),
             "relax.nn.group_norm" => sig(3, 3, nn::GROUP_NORM_ATTRS),
             "relax.nn.instance_norm" => sig(3, 3, nn::INSTANCE_NORM_ATTRS),
             "relax.stack" => sig(1, 1, &["axis"]),
@@ -456,6 +458,10 @@ impl Op {
             },
             "relax.nn.conv2d_transpose" => Op::Conv2dTranspose(nn::conv2d_transpose_attrs(&kw)?),
             "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
+            "relax.image.grid_sample" => Op::GridSample(image::grid_sample_attrs(&kw)?),
+            "relax.image.affine_grid" => Op::AffineGrid {
+                align_corners: kw.bool("align_corners", true)?,
+            },
             "relax.nn.group_norm" => Op::GroupNorm(nn::group_norm_attrs(&kw, false)?),
             "relax.nn.instance_norm" => Op::InstanceNorm(nn::group_norm_attrs(&kw, true)?),
             "relax.stack" => Op::Stack {
@@ -618,6 +624,10 @@ impl Op {
             Op::Einsum { subscripts } => vec![("subscripts", str_lit(subscripts))],
             Op::Conv2dTranspose(a) => nn::conv2d_transpose_kwargs(a),
             Op::Resize2d(a) => nn::resize2d_kwargs(a),
+            Op::GridSample(a) => image::grid_sample_kwargs(a),
+            Op::AffineGrid { align_corners } => {
+                vec![("align_corners", AttrLit::Bool(*align_corners))]
+            }
             Op::GroupNorm(a) => nn::group_norm_kwargs(a, false),
             Op::InstanceNorm(a) => nn::group_norm_kwargs(a, true),
             Op::Stack { axis } => vec![("axis", AttrLit::Int(*axis))],

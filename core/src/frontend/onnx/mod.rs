@@ -218,6 +218,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "MeanVarianceNormalization",
     "RMSNormalization",
     "Resize",
+    "Upsample",
+    "GridSample",
+    "AffineGrid",
 ];
 
 /// ONNX ops whose output shape depends on the input values (not only on the input shapes):

@@ -16,6 +16,7 @@ mod attention;
 mod dynamic;
 mod elem;
 mod generate;
+mod image;
 mod loss;
 mod nn;
 mod quant;
@@ -704,6 +705,12 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "GlobalLpPool" => nn::global_lp_pool(im, node, &a),
         "ConvTranspose" => nn::conv_transpose(im, node, &a),
         "Resize" => nn::resize(im, node, &a),
+        "Upsample" if im.opset < 10 => nn::resize(im, node, &a),
+        "Upsample" => Err(invalid(
+            "Upsample was removed in opset 10 (use Resize); this model's opset is 10 or later",
+        )),
+        "GridSample" => image::grid_sample(im, node, &a),
+        "AffineGrid" => image::affine_grid(im, node, &a),
         "LinearAttention" => attention::linear_attention(im, node, &a),
         "CausalConvWithState" => nn::causal_conv_with_state(im, node, &a),
         other => Err(invalid(format!("unsupported op `{other}`"))),

@@ -1,5 +1,6 @@
 //! Type inference of the `nn` family ops added for issue 17 (`relax.nn.conv2d_transpose`,
-//! `relax.image.resize2d`).
+//! `relax.image.resize2d`) and of the sampling ops (`relax.image.grid_sample`,
+//! `relax.image.affine_grid`, whose grids are channel-first as in TVM).
 //!
 //! Contract: as [`super::infer`]: symbolic dims flow through, unknown shapes give a less specific
 //! type, and errors say what was expected and what was found.
@@ -7,10 +8,12 @@
 //! ```text
 //! x: (n, 4, 5, 5), w: (4, 2, 3, 3)   R.nn.conv2d_transpose(x, w, strides=[2, 2])  -> (n, 2, 11, 11)
 //! x: (1, 3, h, w)                    R.image.resize2d(x, R.shape([8, 8]))           -> (1, 3, 8, 8)
+//! t: (n, 2, 3)                       R.image.affine_grid(t, R.shape([4, 5]))        -> (n, 2, 4, 5)
+//! x: (n, 3, 8, 8), g: (n, 2, 4, 5)   R.image.grid_sample(x, g)                      -> (n, 3, 4, 5)
 //! ```
 
 use super::super::attrs::layout_pos;
-use super::super::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs};
+use super::super::{Conv2dTransposeAttrs, GridSampleAttrs, GroupNormAttrs, Resize2dAttrs};
 use super::{Cx, common_dtype, differ, known, permute_out, same, unknown};
 use crate::ir::{Dim, Type};
 
@@ -156,4 +159,80 @@ pub(super) fn group_norm(cx: &Cx<'_>, a: &GroupNormAttrs) -> Result<Type, String
         )));
     }
     Ok(same(x))
+}
+
+/// `relax.image.grid_sample(data, grid)`: `data` is `(N, C, *in)` (2 or 3 spatial axes, by the
+/// layout), `grid` `(N, r, *out)` with `r` the spatial rank (channel-first, as in TVM); the
+/// result is `(N, C, *out)` of the data's dtype.
+pub(super) fn grid_sample(cx: &Cx<'_>, a: &GridSampleAttrs) -> Result<Type, String> {
+    let x = cx.tensor(0, "data")?;
+    let g = cx.tensor(1, "grid")?;
+    let r = a.spatial();
+    cx.rank(x, r + 2, "data")?;
+    cx.rank(g, r + 2, "grid")?;
+    cx.float(x, "data")?;
+    cx.float(g, "grid")?;
+    if let Some(gd) = &g.dims {
+        if let Some(c) = gd.get(1).and_then(Dim::as_static)
+            && c != r as i64
+        {
+            return Err(cx.err(format!(
+                "expected the grid's axis 1 to hold the {r} coordinates of a {} sample, found {c}",
+                a.layout
+            )));
+        }
+        if let (Some(xn), Some(gn)) = (x.dims.as_ref().and_then(|d| d.first()), gd.first())
+            && differ(xn, gn)
+        {
+            return Err(cx.err(format!(
+                "expected the grid's batch ({gn}) to be the data's ({xn})"
+            )));
+        }
+    }
+    let (Some(xd), Some(gd)) = (&x.dims, &g.dims) else {
+        return Ok(unknown(Some(r + 2), x.dtype));
+    };
+    let mut out = vec![xd[0].clone(), xd[1].clone()];
+    out.extend(gd[2..].iter().cloned());
+    Ok(known(out, x.dtype))
+}
+
+/// `relax.image.affine_grid(theta, size)`: `theta` is `(N, r, r + 1)` for a `size` of `r` = 2
+/// or 3 extents; the result is the channel-first grid `(N, r, *size)` of theta's dtype.
+pub(super) fn affine_grid(cx: &Cx<'_>) -> Result<Type, String> {
+    let t = cx.tensor(0, "theta")?;
+    cx.rank(t, 3, "theta")?;
+    cx.float(t, "theta")?;
+    let (size, rank) = cx.shape(1)?;
+    let r = match rank {
+        Some(r @ (2 | 3)) => r,
+        Some(r) => {
+            return Err(cx.err(format!(
+                "expected the size to have 2 (height, width) or 3 (depth, height, width) values, found {r}"
+            )));
+        }
+        None => return Ok(unknown(None, t.dtype)),
+    };
+    if let Some(td) = &t.dims {
+        let want = [r as i64, r as i64 + 1];
+        for (i, w) in [1, 2].into_iter().zip(want) {
+            if let Some(v) = td.get(i).and_then(Dim::as_static)
+                && v != w
+            {
+                return Err(cx.err(format!(
+                    "expected theta of shape (N, {r}, {}) for a {r}-D grid, found axis {i} = {v}",
+                    r + 1
+                )));
+            }
+        }
+    }
+    let (Some(td), Some(size)) = (&t.dims, size) else {
+        return Ok(unknown(Some(r + 2), t.dtype));
+    };
+    if let Some(d) = size.iter().find(|d| d.as_static().is_some_and(|v| v < 1)) {
+        return Err(cx.err(format!("expected grid sizes ≥ 1, found {d}")));
+    }
+    let mut out = vec![td[0].clone(), Dim::Static(r as i64)];
+    out.extend(size.iter().cloned());
+    Ok(known(out, t.dtype))
 }

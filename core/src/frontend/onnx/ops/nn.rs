@@ -1177,6 +1177,16 @@ mod tests {
         }
     }
 
+    fn i64s(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: 7,
+            int64_data: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
     fn f32s(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
         TensorProto {
             name: name.into(),
@@ -1230,6 +1240,99 @@ mod tests {
 
     fn ret(m: &Module) -> Type {
         m.get("main").map(|f| f.ret_ty.clone()).unwrap_or_default()
+    }
+
+    #[test]
+    fn grid_sample_and_affine_grid_import_with_channel_first_grids() {
+        // opset 20's mode names; the grid is permuted to (N, 2, Ho, Wo).
+        let m = one_node(
+            20,
+            "GridSample",
+            &["x", "g"],
+            &["y"],
+            vec![
+                text_attr("mode", "cubic"),
+                text_attr("padding_mode", "border"),
+                int("align_corners", 1),
+            ],
+            vec![
+                vi("x", &["1", "3", "4", "5"]),
+                vi("g", &["1", "6", "7", "2"]),
+            ],
+            vec![],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(t.contains("R.permute_dims(g, axes=[0, 3, 1, 2])"), "{t}");
+        assert!(
+            t.contains(
+                "method=\"bicubic\", layout=\"NCHW\", padding_mode=\"border\", align_corners=True"
+            ),
+            "{t}"
+        );
+        assert_eq!(ret(&m), Type::tensor(&[1, 3, 6, 7], crate::ir::DType::F32));
+        // Volumetric: NCDHW; cubic is 2-D only.
+        let m = one_node(
+            16,
+            "GridSample",
+            &["x", "g"],
+            &["y"],
+            vec![text_attr("mode", "nearest")],
+            vec![
+                vi("x", &["2", "1", "3", "4", "5"]),
+                vi("g", &["2", "2", "2", "2", "3"]),
+            ],
+            vec![],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(
+            ret(&m),
+            Type::tensor(&[2, 1, 2, 2, 2], crate::ir::DType::F32)
+        );
+        let e = one_node(
+            16,
+            "GridSample",
+            &["x", "g"],
+            &["y"],
+            vec![text_attr("mode", "bicubic")],
+            vec![
+                vi("x", &["2", "1", "3", "4", "5"]),
+                vi("g", &["2", "2", "2", "2", "3"]),
+            ],
+            vec![],
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("4-D input"), "{e}");
+        // AffineGrid: the size is a constant; the grid comes back channel-last.
+        let m = one_node(
+            20,
+            "AffineGrid",
+            &["theta", "size"],
+            &["grid"],
+            vec![],
+            vec![vi("theta", &["2", "2", "3"])],
+            vec![i64s("size", &[4], &[2, 3, 4, 5])],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let t = print_module(&m).text;
+        assert!(
+            t.contains("R.image.affine_grid(theta, R.shape([4, 5]), align_corners=False)"),
+            "{t}"
+        );
+        assert_eq!(ret(&m), Type::tensor(&[2, 4, 5, 2], crate::ir::DType::F32));
+        let e = one_node(
+            20,
+            "AffineGrid",
+            &["theta", "size"],
+            &["grid"],
+            vec![],
+            vec![vi("theta", &["2", "2", "3"])],
+            vec![i64s("size", &[4], &[3, 3, 4, 5])],
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("batch of 3"), "{e}");
     }
 
     #[test]

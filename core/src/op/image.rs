@@ -1,0 +1,205 @@
+//! Attributes of the sampling ops of `relax.image`: `relax.image.grid_sample` and
+//! `relax.image.affine_grid`, read from and written back to keyword literals.
+//!
+//! Contract: names, defaults and printing order are TVM 0.27's (`GridSampleAttrs`,
+//! `AffineGridAttrs`); string attributes with a closed set of values are checked when read, so
+//! a kernel never meets an unknown mode. As in TVM, the grid is channel-first: `grid_sample`
+//! reads a `(N, 2, H_out, W_out)` grid (`(N, 3, D_out, H_out, W_out)` for `layout="NCDHW"`)
+//! whose channel 0 is the normalised `x` (width) coordinate, 1 `y` and 2 `z`, and
+//! `affine_grid` makes one of that layout (ONNX's grids are channel-last; its importer
+//! permutes them). The sampling rules are ONNX's `GridSample` (its reference and onnxruntime
+//! agree), which TVM 0.27's legalization matches (`tests/image_ops.rs`) except for `bicubic`
+//! with `border`: ONNX clamps a coordinate outside the borders to the edge pixel before taking
+//! the four taps, TVM (as PyTorch) clamps only the taps.
+//!
+//! ```text
+//! g = R.image.affine_grid(theta, R.shape([4, 5]), align_corners=False)   # (N, 2, 4, 5)
+//! y = R.image.grid_sample(x, g, method="bilinear", layout="NCHW", padding_mode="zeros",
+//!     align_corners=False)                                                # (N, C, 4, 5)
+//! ```
+
+use super::AttrLit;
+use super::attrs::{Kwargs, str_lit};
+
+/// Attributes of `relax.image.grid_sample`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GridSampleAttrs {
+    /// `"nearest"`, `"bilinear"` (trilinear for `NCDHW`) or `"bicubic"` (2-D only).
+    pub method: String,
+    /// `"NCHW"` (a 2-D sample) or `"NCDHW"` (a volumetric one).
+    pub layout: String,
+    /// What a tap outside the input reads: `"zeros"`, `"border"` (the nearest edge) or
+    /// `"reflection"` (the input mirrored at its borders).
+    pub padding_mode: String,
+    /// Whether -1 and 1 are the centres of the corner pixels (else their outer edges).
+    pub align_corners: bool,
+}
+
+/// Attribute names of `relax.image.grid_sample` in Python-API order.
+pub(super) const GRID_SAMPLE_ATTRS: &[&str] =
+    &["method", "layout", "padding_mode", "align_corners"];
+
+/// Attribute names of `relax.image.affine_grid`.
+pub(super) const AFFINE_GRID_ATTRS: &[&str] = &["align_corners"];
+
+const METHODS: &[&str] = &["nearest", "bilinear", "bicubic"];
+const LAYOUTS: &[&str] = &["NCHW", "NCDHW"];
+const PADDING: &[&str] = &["zeros", "border", "reflection"];
+
+fn one_of(kw: &Kwargs<'_>, k: &str, default: &str, set: &[&str]) -> Result<String, String> {
+    let v = kw.string(k, Some(default))?;
+    if set.contains(&v.as_str()) {
+        Ok(v)
+    } else {
+        Err(kw.invalid(k, &format!("expected one of {set:?}, found \"{v}\"")))
+    }
+}
+
+/// Reads `relax.image.grid_sample`'s attributes.
+pub(super) fn grid_sample_attrs(kw: &Kwargs<'_>) -> Result<Box<GridSampleAttrs>, String> {
+    let method = one_of(kw, "method", "bilinear", METHODS)?;
+    let layout = one_of(kw, "layout", "NCHW", LAYOUTS)?;
+    if layout == "NCDHW" && method == "bicubic" {
+        return Err(kw.invalid(
+            "method",
+            "bicubic sampling is 2-D only; expected \"nearest\" or \"bilinear\" for NCDHW",
+        ));
+    }
+    Ok(Box::new(GridSampleAttrs {
+        method,
+        layout,
+        padding_mode: one_of(kw, "padding_mode", "zeros", PADDING)?,
+        align_corners: kw.bool("align_corners", false)?,
+    }))
+}
+
+/// `relax.image.grid_sample`'s attributes in TVM's printing order.
+pub(super) fn grid_sample_kwargs(a: &GridSampleAttrs) -> Vec<(&'static str, AttrLit)> {
+    vec![
+        ("method", str_lit(&a.method)),
+        ("layout", str_lit(&a.layout)),
+        ("padding_mode", str_lit(&a.padding_mode)),
+        ("align_corners", AttrLit::Bool(a.align_corners)),
+    ]
+}
+
+impl GridSampleAttrs {
+    /// The number of spatial axes the layout samples (2 or 3).
+    pub fn spatial(&self) -> usize {
+        self.layout.len() - 2
+    }
+}
+
+/// Normalised coordinates of the `n` sample positions along one axis of an affine grid: the
+/// pixel centres `(2i + 1) / n - 1`, or with `align_corners` the corners `2i / (n - 1) - 1`
+/// (-1 for a single position, as PyTorch's `linspace(-1, 1, 1)` and ONNX's reference give).
+pub fn affine_grid_base(n: usize, align_corners: bool) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            let i = i as f64;
+            if align_corners {
+                if n > 1 {
+                    2.0 * i / (n as f64 - 1.0) - 1.0
+                } else {
+                    -1.0
+                }
+            } else {
+                (2.0 * i + 1.0) / n as f64 - 1.0
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::Op;
+
+    fn op(name: &str, kw: &[(&str, AttrLit)]) -> Result<Op, String> {
+        let kw: Vec<(String, AttrLit)> =
+            kw.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        Op::from_call(name, &kw)
+    }
+
+    fn round_trip(o: &Op) {
+        let kw: Vec<(String, AttrLit)> = o
+            .kwargs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(Op::from_call(o.name(), &kw).as_ref(), Ok(o));
+    }
+
+    #[test]
+    fn grid_sample_defaults_kwargs_checks_and_round_trip() {
+        let o = op("relax.image.grid_sample", &[]).unwrap_or_else(|e| unreachable!("{e}"));
+        let Op::GridSample(a) = &o else {
+            unreachable!("{o:?}")
+        };
+        assert_eq!(
+            (
+                a.method.as_str(),
+                a.layout.as_str(),
+                a.padding_mode.as_str()
+            ),
+            ("bilinear", "NCHW", "zeros")
+        );
+        assert!(!a.align_corners);
+        assert_eq!(a.spatial(), 2);
+        let names: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, GRID_SAMPLE_ATTRS);
+        round_trip(&o);
+        let o3 = op(
+            "relax.image.grid_sample",
+            &[
+                ("method", AttrLit::Str("nearest".into())),
+                ("layout", AttrLit::Str("NCDHW".into())),
+                ("padding_mode", AttrLit::Str("reflection".into())),
+                ("align_corners", AttrLit::Bool(true)),
+            ],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        round_trip(&o3);
+        for (k, v, want) in [
+            ("method", "linear", "bicubic"),
+            ("padding_mode", "wrap", "reflection"),
+            ("layout", "NHWC", "NCDHW"),
+        ] {
+            let e = op("relax.image.grid_sample", &[(k, AttrLit::Str(v.into()))]);
+            assert!(e.is_err_and(|e| e.contains(want)), "{k}={v}");
+        }
+        let e = op(
+            "relax.image.grid_sample",
+            &[
+                ("method", AttrLit::Str("bicubic".into())),
+                ("layout", AttrLit::Str("NCDHW".into())),
+            ],
+        );
+        assert!(e.is_err_and(|e| e.contains("2-D only")));
+    }
+
+    #[test]
+    fn affine_grid_defaults_to_corners_and_round_trips() {
+        let o = op("relax.image.affine_grid", &[]).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(
+            o,
+            Op::AffineGrid {
+                align_corners: true
+            }
+        );
+        round_trip(&o);
+        round_trip(&Op::AffineGrid {
+            align_corners: false,
+        });
+        let near = |a: &[f64], b: &[f64]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-15)
+        };
+        assert!(near(
+            &affine_grid_base(4, true),
+            &[-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0]
+        ));
+        assert_eq!(affine_grid_base(4, false), vec![-0.75, -0.25, 0.25, 0.75]);
+        assert_eq!(affine_grid_base(1, true), vec![-1.0]);
+        assert_eq!(affine_grid_base(1, false), vec![0.0]);
+    }
+}
