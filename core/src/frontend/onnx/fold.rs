@@ -1,5 +1,6 @@
-//! Import-time folding: `Constant`, `ConstantOfShape`, `Identity`, and the integer shape
-//! arithmetic that feeds `Reshape` / `Expand` (`Shape → Gather → Unsqueeze → Concat`).
+//! Import-time folding: `Constant`, `ConstantOfShape`, `Identity`, the integer shape
+//! arithmetic that feeds `Reshape` / `Expand` / `Pad` (`Shape → Gather → Unsqueeze → Concat`,
+//! `Max` / `Min` too), and `Cast` / `CastLike` of a small float constant to a float dtype.
 //!
 //! Contract: [`try_fold`] returns `Some(outputs)` when every input of the node is known at
 //! import time (or the node is `Shape` of a tensor of known rank, or an `Identity`), `None` to
@@ -103,6 +104,11 @@ fn err(m: impl Into<String>) -> Error {
 /// Folds `node` when its inputs are known (see the module docs).
 pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<Option<Vec<Out>>> {
     let a = Attrs(node);
+    if matches!(node.op_type.as_str(), "Cast" | "CastLike")
+        && let Some(c) = float_cast(im, node, &a)?
+    {
+        return Ok(one(Val::Const(c)));
+    }
     match node.op_type.as_str() {
         "Constant" => Ok(one(Val::Const(constant_attr(&a)?))),
         "Identity" => Ok(one(im.val(req(node, 0)?)?)),
@@ -159,7 +165,7 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             .into_val()))
         }
         "Gather" | "Unsqueeze" | "Squeeze" | "Concat" | "Slice" | "Cast" | "Reshape" | "Add"
-        | "Sub" | "Mul" | "Div" | "Transpose" => {
+        | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Transpose" => {
             let mut args = Vec::new();
             for name in node.input.iter() {
                 if name.is_empty() {
@@ -191,6 +197,45 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
         },
         _ => Ok(None),
     }
+}
+
+/// `Cast` / `CastLike` of a small float constant to a float dtype (`CastLike`: the second
+/// input's, known from its type), as a constant: a `Pad` value computed as `CastLike(-inf, x)`
+/// (ONNX's expanded `Attention`) must be known at import. `None` for anything else (integer
+/// sources fold through [`Ints`]; a float to integer cast is left to the IR).
+fn float_cast(
+    im: &Importer<'_>,
+    node: &super::NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Option<Constant>> {
+    let Ok(Val::Const(c)) = im.val(req(node, 0)?) else {
+        return Ok(None);
+    };
+    if !c.dtype.is_float() || c.numel() > MAX_FOLD_ELEMS {
+        return Ok(None);
+    }
+    let to = if node.op_type == "Cast" {
+        super::dtype_of(a.int("to", 0) as i32)
+    } else {
+        match im.val(req(node, 1)?)? {
+            Val::Const(t) => Some(t.dtype),
+            Val::Ints(i) => Some(i.dtype),
+            Val::Expr(e) => im.dims(e).ok().map(|(_, dt)| dt),
+        }
+    };
+    let Some(to) = to.filter(|t| t.is_float()) else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::with_capacity(c.numel() * to.size_bytes());
+    for i in 0..c.numel() {
+        let Some(v) = c.get_f64(i) else {
+            return Ok(None);
+        };
+        bytes.extend(Constant::scalar(v, to).data.iter());
+    }
+    Ok(Some(
+        Constant::from_bytes(to, c.shape.clone(), bytes).map_err(err)?,
+    ))
 }
 
 fn constant_attr(a: &Attrs<'_>) -> Result<Constant> {
@@ -582,6 +627,49 @@ fn fold_ints(
                         _ => p.floor_div(&q),
                     },
                 });
+            }
+            Some(
+                Ints {
+                    dtype: x.dtype,
+                    shape,
+                    vals,
+                }
+                .into_val(),
+            )
+        }
+        "Max" | "Min" => {
+            // Variadic, numpy broadcasting; a symbolic element folds only where every
+            // operand holds the same dim (there is no `max` of dims).
+            let shapes: Vec<&[usize]> = args.iter().map(|i| i.shape.as_slice()).collect();
+            let Some(shape) = elem::broadcast(&shapes) else {
+                return Err(err(format!("shapes {shapes:?} do not broadcast")));
+            };
+            let n: usize = shape.iter().product();
+            if n > MAX_FOLD_ELEMS {
+                return Ok(None);
+            }
+            let max = node.op_type == "Max";
+            let mut vals = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut acc: Option<Dim> = None;
+                for arg in &args {
+                    let Some(d) = elem::at(arg, &shape, i).cloned() else {
+                        return Ok(None);
+                    };
+                    acc = Some(match (acc, d.as_static()) {
+                        (None, _) => d,
+                        (Some(p), Some(v)) => match p.as_static() {
+                            Some(u) => Dim::Static(if max { u.max(v) } else { u.min(v) }),
+                            None => return Ok(None),
+                        },
+                        (Some(p), None) if p == d => p,
+                        (Some(_), None) => return Ok(None),
+                    });
+                }
+                match acc {
+                    Some(d) => vals.push(d),
+                    None => return Ok(None),
+                }
             }
             Some(
                 Ints {

@@ -1122,6 +1122,67 @@ fn folded_shape_arithmetic_broadcasts_like_numpy() {
 }
 
 #[test]
+fn max_min_of_shapes_and_float_casts_fold_into_pad() {
+    // CenterCropPad's expansion: pads = max(shape(x), target) - shape(x), split in halves; the
+    // pad value CastLike(-inf, x) (Attention's expansion). Both must be known at import.
+    let ti = |name: &str, v: &[i64]| TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ..Default::default()
+    };
+    let tf = TensorProto {
+        name: "neginf".into(),
+        dims: vec![],
+        data_type: 11,
+        raw_data: f64::NEG_INFINITY.to_le_bytes().to_vec(),
+        ..Default::default()
+    };
+    let b = model(
+        18,
+        vec![
+            node("Shape", "s", &["x"], &["xs"], vec![]),
+            node("Max", "mx", &["xs", "target"], &["big"], vec![]),
+            node("Min", "mn", &["big", "cap"], &["capped"], vec![]),
+            node("Sub", "d", &["capped", "xs"], &["amount"], vec![]),
+            node("Div", "h", &["amount", "two"], &["left"], vec![]),
+            node("Sub", "r", &["amount", "left"], &["right"], vec![]),
+            node(
+                "Concat",
+                "c",
+                &["left", "right"],
+                &["pads"],
+                vec![ai("axis", 0)],
+            ),
+            node("CastLike", "v", &["neginf", "x"], &["val"], vec![]),
+            node("Pad", "p", &["x", "pads", "val"], &["y"], vec![]),
+        ],
+        vec![vi("x", 1, &["2", "3"])],
+        vec![
+            ti("target", &[5, 2]),
+            ti("cap", &[4, 9]),
+            ti("two", &[2]),
+            tf,
+        ],
+        &["y"],
+    );
+    let m = import(&b);
+    let t = print_module(&m).text;
+    // max([2, 3], [5, 2]) = [5, 3], min with [4, 9] = [4, 3]: amounts [2, 0], left [1, 0],
+    // right [1, 0]; TVM's pad_width is (before, after) per axis.
+    assert!(t.contains("pad_width=[1, 1, 0, 0]"), "{t}");
+    assert!(
+        t.contains("pad_value=-inf") || t.contains("pad_value=-Infinity"),
+        "{t}"
+    );
+    assert_eq!(
+        m.get("main").unwrap().ret_ty,
+        Type::tensor(&[4, 3], DType::F32)
+    );
+}
+
+#[test]
 fn slices_with_symbolic_bounds_stay_symbolic() {
     // pos[:, :seq] (BERT's position ids) and seq used as data (`Mul` by a tensor).
     let buf = TensorProto {
