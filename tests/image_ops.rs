@@ -1,11 +1,13 @@
-//! `relax.image.grid_sample` and `relax.image.affine_grid` against TVM itself:
-//! `tests/tvm/image/tvm_image.json` holds TVM 0.27's `mod.script()` of twenty modules (every
-//! method × padding mode × `align_corners` of `grid_sample` on a channel-first grid whose
-//! coordinates reach past [-1, 1], and `affine_grid` both ways) and the outputs of
+//! `relax.image.grid_sample`, `relax.image.affine_grid` and `relax.reverse_sequence` against
+//! TVM itself: `tests/tvm/image/tvm_image.json` holds TVM 0.27's `mod.script()` of 22 modules
+//! (every method × padding mode × `align_corners` of `grid_sample` on a channel-first grid
+//! whose coordinates reach past [-1, 1], `affine_grid` both ways, `reverse_sequence`
+//! time-major and batch-major) and the outputs of
 //! `relax.build` (LegalizeOps, llvm) on seeded inputs (`tests/tvm/image/generate.py`
 //! regenerates it). fusebox parses TVM's text, prints its op line back, runs it on the CPU and
 //! compares. The ONNX node conformance cases (`tests/onnx_node.rs`) check the same kernels
-//! against ONNX's reference through the `GridSample` and `AffineGrid` importers.
+//! against ONNX's reference through the `GridSample`, `AffineGrid` and `ReverseSequence`
+//! importers.
 //!
 //! One known difference: with `bicubic` and `border`, a coordinate outside the borders is
 //! clamped to the edge pixel first in ONNX (its reference and onnxruntime), which fusebox
@@ -21,7 +23,7 @@
 )]
 
 use fusebox_core::text::{self, ConstTable};
-use fusebox_cpu::{Tensor, Value, run};
+use fusebox_cpu::{Storage, Tensor, Value, run};
 
 fn fixture_tensor(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
     let shape = v["shape"]
@@ -39,8 +41,24 @@ fn fixture_tensor(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
     (shape, data)
 }
 
+/// An input tensor of the fixture, of its dtype (float32 or int64).
+fn input(v: &serde_json::Value) -> Value {
+    let (shape, data) = fixture_tensor(v);
+    match v["dtype"].as_str().unwrap() {
+        "int64" => Value::Tensor(
+            Tensor::new(
+                shape,
+                Storage::I64(data.iter().map(|&x| x as i64).collect()),
+            )
+            .unwrap(),
+        ),
+        "float32" => Value::Tensor(Tensor::from_f32(shape, data).unwrap()),
+        d => panic!("unexpected fixture dtype {d}"),
+    }
+}
+
 #[test]
-fn grid_sample_and_affine_grid_match_tvm_relax_build() {
+fn sampling_ops_and_reverse_sequence_match_tvm_relax_build() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/tvm/image/tvm_image.json"
@@ -48,7 +66,7 @@ fn grid_sample_and_affine_grid_match_tvm_relax_build() {
     let src = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let fx: serde_json::Value = serde_json::from_str(&src).unwrap();
     let cases = fx["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 20);
+    assert_eq!(cases.len(), 22);
     let mut report = Vec::new();
     for c in cases {
         let name = c["name"].as_str().unwrap();
@@ -57,21 +75,13 @@ fn grid_sample_and_affine_grid_match_tvm_relax_build() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let tvm_line = script
             .lines()
-            .find(|l| l.contains("R.image."))
+            .find(|l| l.contains("R.image.") || l.contains("R.reverse_sequence"))
             .unwrap()
             .trim()
             .to_string();
         let ours = text::print_module(&m).text;
         assert!(ours.contains(&tvm_line), "{name}: {tvm_line}\n{ours}");
-        let args = c["inputs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| {
-                let (shape, data) = fixture_tensor(t);
-                Value::Tensor(Tensor::from_f32(shape, data).unwrap())
-            })
-            .collect();
+        let args = c["inputs"].as_array().unwrap().iter().map(input).collect();
         let Value::Tensor(out) = run(&m, "main", args).unwrap_or_else(|e| panic!("{name}: {e}"))
         else {
             panic!("{name}: not a tensor")

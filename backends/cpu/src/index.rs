@@ -1,6 +1,6 @@
 //! Indexing, shape and layout kernels of issue 17: `gather_elements`, `gather_nd`,
 //! `scatter_elements`, `scatter_nd`, `one_hot`, `arange`, `tile`, `tril`/`triu`,
-//! `cumsum`/`cumprod` and `nn.pad`, on every stored dtype.
+//! `cumsum`/`cumprod`, `nn.pad` and `reverse_sequence`, on every stored dtype.
 //!
 //! Contract: indices may be any integer dtype and negative (counting from the end, as ONNX);
 //! an index out of range, a shape that does not fit, or an output larger than
@@ -500,6 +500,50 @@ pub(crate) fn trilu(x: &Tensor, k: i64, upper: bool) -> KResult<Tensor> {
     gather_fill(x, x.shape().to_vec(), &src, 0.0)
 }
 
+/// `reverse_sequence(x, lengths)`: for each index `b` of `batch_axis`, the first
+/// `lengths[b]` elements along `seq_axis` in reverse order, the rest as they are. A length
+/// below 0 or past the axis extent is an error (ONNX requires `1 ≤ length ≤ extent`; 0 leaves
+/// the slice unchanged).
+pub(crate) fn reverse_sequence(
+    x: &Tensor,
+    lengths: &Tensor,
+    seq_axis: i64,
+    batch_axis: i64,
+) -> KResult<Tensor> {
+    let r = x.rank();
+    let s = norm_axis(seq_axis, r)?;
+    let b = norm_axis(batch_axis, r)?;
+    if s == b {
+        return Err(format!("seq_axis and batch_axis are both axis {s}"));
+    }
+    let lens = index_values(lengths, "seq_lengths")?;
+    let shape = x.shape();
+    let (n_seq, n_batch) = (shape[s], shape[b]);
+    if lengths.rank() != 1 || lens.len() != n_batch {
+        return Err(format!(
+            "expected {n_batch} sequence lengths (one per index of axis {b}), found shape {:?}",
+            lengths.shape()
+        ));
+    }
+    if let Some(l) = lens.iter().find(|&&l| l < 0 || l as usize > n_seq) {
+        return Err(format!(
+            "sequence length {l} is outside 0..={n_seq} (the extent of axis {s})"
+        ));
+    }
+    let st = strides(shape);
+    let mut src = Vec::with_capacity(x.numel());
+    for i in 0..x.numel() {
+        let (j, bi) = ((i / st[s]) % n_seq, (i / st[b]) % n_batch);
+        let len = lens[bi] as usize;
+        src.push(Some(if j < len {
+            i - j * st[s] + (len - 1 - j) * st[s]
+        } else {
+            i
+        }));
+    }
+    gather_fill(x, shape.to_vec(), &src, 0.0)
+}
+
 /// `cumsum` / `cumprod` along `axis` (`None`: of the flattened tensor), in `dtype` when given.
 pub(crate) fn scan(x: &Tensor, a: &ScanAttrs, product: bool) -> KResult<Tensor> {
     let dtype = a.dtype.unwrap_or(x.dtype());
@@ -625,4 +669,42 @@ pub(crate) fn pad(x: &Tensor, a: &PadAttrs) -> KResult<Tensor> {
         Ok(())
     })?;
     gather_fill(x, shape, &src, a.pad_value.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reverse_sequence_reverses_each_prefix_and_checks_lengths() {
+        // ONNX's time-major example: x[t][b] = 4t + b over (4, 4), lengths [4, 3, 2, 1] by batch.
+        let x = Tensor::new(
+            vec![4, 4],
+            Storage::F32((0..16).map(|v| v as f32).collect()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let l =
+            Tensor::new(vec![4], Storage::I64(vec![4, 3, 2, 1])).unwrap_or_else(|e| panic!("{e}"));
+        let y = reverse_sequence(&x, &l, 0, 1).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            y.to_f64_vec(),
+            vec![
+                12.0, 9.0, 6.0, 3.0, 8.0, 5.0, 2.0, 7.0, 4.0, 1.0, 10.0, 11.0, 0.0, 13.0, 14.0,
+                15.0
+            ]
+        );
+        // Integers move exactly; a length past the extent or of the wrong count is an error.
+        let xi = Tensor::new(vec![2, 3], Storage::I64(vec![i64::MAX, 1, 2, 3, 4, 5]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let li = Tensor::new(vec![2], Storage::I32(vec![3, 0])).unwrap_or_else(|e| panic!("{e}"));
+        let y = reverse_sequence(&xi, &li, 1, 0).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(y.storage(), Storage::I64(v) if v == &vec![2, 1, i64::MAX, 3, 4, 5]));
+        let bad = Tensor::new(vec![2], Storage::I64(vec![4, 1])).unwrap_or_else(|e| panic!("{e}"));
+        assert!(reverse_sequence(&xi, &bad, 1, 0).is_err_and(|e| e.contains("outside 0..=3")));
+        let short = Tensor::new(vec![1], Storage::I64(vec![1])).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            reverse_sequence(&xi, &short, 1, 0).is_err_and(|e| e.contains("2 sequence lengths"))
+        );
+        assert!(reverse_sequence(&xi, &li, 1, 1).is_err_and(|e| e.contains("both axis 1")));
+    }
 }

@@ -329,6 +329,15 @@ fn eval(
         Op::Arange(a) => t(index::arange(a)),
         Op::Tile { repeats } => t(index::tile(tensor(args, 0)?, repeats)),
         Op::Tril { k } => t(index::trilu(tensor(args, 0)?, *k, false)),
+        Op::ReverseSequence {
+            seq_axis,
+            batch_axis,
+        } => t(index::reverse_sequence(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            *seq_axis,
+            *batch_axis,
+        )),
         Op::Triu { k } => t(index::trilu(tensor(args, 0)?, *k, true)),
         Op::Cumsum(a) => t(index::scan(tensor(args, 0)?, a, false)),
         Op::Cumprod(a) => t(index::scan(tensor(args, 0)?, a, true)),

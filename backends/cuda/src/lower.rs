@@ -1144,6 +1144,7 @@ impl Lowerer<'_> {
             Op::Stack { .. }
             | Op::GridSample(_)
             | Op::AffineGrid { .. }
+            | Op::ReverseSequence { .. }
             | Op::MaxPool1d(_)
             | Op::AvgPool1d(_)
             | Op::MaxPool3d(_)

@@ -259,6 +259,10 @@ pub(super) fn from_call(name: &str, kw: &Kwargs<'_>) -> Result<Option<Op>, Strin
             }
             Op::Tile { repeats }
         }
+        "relax.reverse_sequence" => Op::ReverseSequence {
+            seq_axis: kw.int("seq_axis", Some(1))?,
+            batch_axis: kw.int("batch_axis", Some(0))?,
+        },
         "relax.tril" => Op::Tril {
             k: kw.int("k", Some(0))?,
         },
@@ -342,6 +346,13 @@ pub(super) fn kwargs(op: &Op) -> Option<Vec<(&'static str, AttrLit)>> {
         }
         Op::Tile { repeats } => vec![("repeats", ints_lit(repeats))],
         Op::Tril { k } | Op::Triu { k } => vec![("k", AttrLit::Int(*k))],
+        Op::ReverseSequence {
+            seq_axis,
+            batch_axis,
+        } => vec![
+            ("seq_axis", AttrLit::Int(*seq_axis)),
+            ("batch_axis", AttrLit::Int(*batch_axis)),
+        ],
         Op::Cumsum(a) | Op::Cumprod(a) => scan(a),
         Op::Pad(a) => vec![
             ("pad_width", ints_lit(&a.pad_width)),

@@ -721,6 +721,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         | Op::Tile { .. }
         | Op::Tril { .. }
         | Op::Triu { .. }
+        | Op::ReverseSequence { .. }
         | Op::Cumsum(_)
         | Op::Cumprod(_)
         | Op::Pad(_) => index::infer(&cx, op),

@@ -558,6 +558,14 @@ pub enum Op {
         /// The diagonal: elements with `col - row < k` become 0.
         k: i64,
     },
+    /// `relax.reverse_sequence(data, seq_lengths)`: for each batch index `b`, the first
+    /// `seq_lengths[b]` elements along `seq_axis` reversed, the rest kept.
+    ReverseSequence {
+        /// The axis whose leading elements are reversed.
+        seq_axis: i64,
+        /// The axis `seq_lengths` indexes.
+        batch_axis: i64,
+    },
     /// `relax.cumsum`
     Cumsum(Box<ScanAttrs>),
     /// `relax.cumprod`
@@ -690,6 +698,7 @@ const OTHER_NAMES: &[&str] = &[
     "relax.tile",
     "relax.tril",
     "relax.triu",
+    "relax.reverse_sequence",
     "relax.cumsum",
     "relax.cumprod",
     "relax.nn.pad",
@@ -798,6 +807,7 @@ impl Op {
             Op::Arange(_) => "relax.arange",
             Op::Tile { .. } => "relax.tile",
             Op::Tril { .. } => "relax.tril",
+            Op::ReverseSequence { .. } => "relax.reverse_sequence",
             Op::Triu { .. } => "relax.triu",
             Op::Cumsum(_) => "relax.cumsum",
             Op::Cumprod(_) => "relax.cumprod",
@@ -895,6 +905,7 @@ impl Op {
             }
             Op::Elem(e) => e.fusion_kind(),
             Op::Tril { .. } | Op::Triu { .. } => FusionKind::ElemWise,
+            Op::ReverseSequence { .. } => FusionKind::Injective,
             Op::GatherElements { .. }
             | Op::GatherNd { .. }
             | Op::OneHot { .. }

@@ -225,10 +225,11 @@ fn every_name_has_a_signature_and_round_trips() {
     let names = Op::names();
     // The ops before issue 17 and shape_to_tensor, then the families of issue 17:
     // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7);
-    // issue 19's attention and attention_bias (2); grid_sample and affine_grid (2).
+    // issue 19's attention and attention_bias (2); grid_sample, affine_grid and
+    // reverse_sequence (3).
     assert_eq!(
         names.len(),
-        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 2
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3
     );
     for name in names {
         let sig = Op::signature(name);
@@ -1363,4 +1364,31 @@ fn grid_sample_and_affine_grid_infer_channel_first_grids() {
     assert!(err(&ag, &[&t(&[2, 3, 4]), &shape(&[d(4), d(5)])]).contains("(N, 2, 3)"));
     assert!(err(&ag, &[&theta, &shape(&[d(4)])]).contains("2 (height, width)"));
     assert!(err(&ag, &[&theta, &shape(&[d(0), d(5)])]).contains("≥ 1"));
+}
+
+#[test]
+fn reverse_sequence_keeps_the_data_type_and_checks_its_lengths() {
+    let o = op("relax.reverse_sequence", &[]);
+    assert_eq!(
+        o,
+        Op::ReverseSequence {
+            seq_axis: 1,
+            batch_axis: 0
+        }
+    );
+    let x = td(&[n(), d(7), d(3)], DType::F32);
+    let lens = td(&[n()], DType::I64);
+    assert_eq!(ok(&o, &[&x, &lens]), x);
+    let x5 = td(&[d(5), d(7), d(3)], DType::F32);
+    assert!(err(&o, &[&x5, &td(&[d(4)], DType::I64)]).contains("one sequence length per batch"));
+    assert!(err(&o, &[&x, &td(&[n()], DType::F32)]).contains("integer"));
+    let same = op(
+        "relax.reverse_sequence",
+        &[
+            ("seq_axis", AttrLit::Int(0)),
+            ("batch_axis", AttrLit::Int(-3)),
+        ],
+    );
+    assert!(err(&same, &[&x, &lens]).contains("same axis"));
+    assert!(err(&o, &[&t(&[5]), &lens]).contains("rank at least 2"));
 }

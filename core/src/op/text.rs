@@ -152,6 +152,7 @@ impl Op {
             "relax.arange" => sig(0, 0, &["start", "end", "step", "dtype"]),
             "relax.tile" => sig(1, 1, &["repeats"]),
             "relax.tril" | "relax.triu" => sig(1, 1, &["k"]),
+            "relax.reverse_sequence" => sig(2, 2, &["seq_axis", "batch_axis"]),
             "relax.cumsum" | "relax.cumprod" => sig(1, 1, &["axis", "dtype", "exclusive"]),
             "relax.nn.pad" => sig(1, 1, &["pad_width", "pad_mode", "pad_value"]),
             "relax.min" | "relax.prod" | "relax.argmax" | "relax.argmin" => {
@@ -606,6 +607,7 @@ impl Op {
             | Op::Tile { .. }
             | Op::Tril { .. }
             | Op::Triu { .. }
+            | Op::ReverseSequence { .. }
             | Op::Cumsum(_)
             | Op::Cumprod(_)
             | Op::Pad(_) => index::kwargs(self).unwrap_or_default(),

@@ -1,4 +1,5 @@
-"""TVM 0.27's outputs for relax.image.grid_sample and relax.image.affine_grid, checked by
+"""TVM 0.27's outputs for relax.image.grid_sample, relax.image.affine_grid and
+relax.reverse_sequence, checked by
 tests/image_ops.rs without TVM.
 
 Run with the TVM venv (see tests/tvm/README.md):
@@ -31,7 +32,8 @@ def build(name, params, body, arrs):
     out.append({
         "name": name,
         "script": script,
-        "inputs": [{"shape": list(a.shape), "data": [float(x) for x in a.ravel()]} for a in arrs],
+        "inputs": [{"shape": list(a.shape), "dtype": str(a.dtype),
+                    "data": [float(x) for x in a.ravel()]} for a in arrs],
         "output": {"shape": list(res.shape), "data": [float(x) for x in res.ravel()]},
     })
 
@@ -56,6 +58,15 @@ for align in [False, True]:
     t = relax.Var("theta", relax.TensorType(ts, "float32"))
     body = relax.op.image.affine_grid(t, (4, 5), align_corners=align)
     build(f"affine_grid_{int(align)}", [t], body, [rng.standard_normal(ts).astype("float32")])
+
+# reverse_sequence (TVM's argument order and defaults), time-major and batch-major.
+for seq_axis, batch_axis in [(0, 1), (1, 0)]:
+    xs = (4, 5, 3) if seq_axis == 0 else (5, 4, 3)
+    x = relax.Var("x", relax.TensorType(xs, "float32"))
+    lens = relax.Var("lens", relax.TensorType((5,), "int64"))
+    body = relax.op.reverse_sequence(x, lens, seq_axis=seq_axis, batch_axis=batch_axis)
+    arrs = [rng.standard_normal(xs).astype("float32"), np.array([4, 1, 3, 2, 4], dtype="int64")]
+    build(f"reverse_sequence_{seq_axis}{batch_axis}", [x, lens], body, arrs)
 
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tvm_image.json")
 with open(path, "w") as f:

@@ -221,6 +221,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Upsample",
     "GridSample",
     "AffineGrid",
+    "ReverseSequence",
 ];
 
 /// ONNX ops whose output shape depends on the input values (not only on the input shapes):

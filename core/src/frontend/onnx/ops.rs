@@ -709,6 +709,17 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Upsample" => Err(invalid(
             "Upsample was removed in opset 10 (use Resize); this model's opset is 10 or later",
         )),
+        "ReverseSequence" => {
+            let x = im.expr(req(node, 0)?)?;
+            let lens = im.expr(req(node, 1)?)?;
+            Ok(call(
+                Op::ReverseSequence {
+                    seq_axis: a.int("time_axis", 0),
+                    batch_axis: a.int("batch_axis", 1),
+                },
+                vec![x, lens],
+            ))
+        }
         "GridSample" => image::grid_sample(im, node, &a),
         "AffineGrid" => image::affine_grid(im, node, &a),
         "LinearAttention" => attention::linear_attention(im, node, &a),

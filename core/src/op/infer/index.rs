@@ -1,5 +1,6 @@
 //! Type inference of the indexing, shape and layout ops of issue 17 (gathers, scatters,
-//! `one_hot`, `arange`, `tile`, `tril`/`triu`, `cumsum`/`cumprod`, `nn.pad`).
+//! `one_hot`, `arange`, `tile`, `tril`/`triu`, `cumsum`/`cumprod`, `nn.pad`) and
+//! `reverse_sequence`.
 //!
 //! Contract: as the rest of [`super`]: symbolic dims flow through, unknown shapes give a less
 //! specific type, and errors (never panics) name the op and say what was expected.
@@ -63,6 +64,10 @@ pub(super) fn infer(cx: &Cx<'_>, op: &Op) -> Result<Type, String> {
                 _ => Ok(Type::Tensor(x.clone())),
             })
         }
+        Op::ReverseSequence {
+            seq_axis,
+            batch_axis,
+        } => reverse_sequence(cx, *seq_axis, *batch_axis),
         Op::Cumsum(a) | Op::Cumprod(a) => scan(cx, a),
         Op::Pad(a) => pad(cx, a),
         _ => Err(cx.err("internal: not an index op")),
@@ -302,4 +307,35 @@ fn pad(cx: &Cx<'_>, a: &PadAttrs) -> Result<Type, String> {
         out.push(o);
     }
     Ok(known(out, x.dtype))
+}
+
+/// `relax.reverse_sequence(data, seq_lengths)`: the data's type; `seq_lengths` is a rank-1
+/// integer tensor with one length per index of `batch_axis`, which differs from `seq_axis`.
+fn reverse_sequence(cx: &Cx<'_>, seq_axis: i64, batch_axis: i64) -> Result<Type, String> {
+    let x = cx.tensor(0, "data")?;
+    let l = cx.tensor(1, "seq_lengths")?;
+    int_indices(cx, l, "seq_lengths")?;
+    cx.rank(l, 1, "seq_lengths")?;
+    let Some(r) = x.rank() else {
+        return Ok(Type::Tensor(x.clone()));
+    };
+    if r < 2 {
+        return Err(cx.err(format!("expected data of rank at least 2, found rank {r}")));
+    }
+    let s = cx.axis(seq_axis, r)?;
+    let b = cx.axis(batch_axis, r)?;
+    if s == b {
+        return Err(cx.err(format!(
+            "seq_axis ({seq_axis}) and batch_axis ({batch_axis}) name the same axis"
+        )));
+    }
+    if let (Some(xd), Some(ld)) = (&x.dims, &l.dims)
+        && let (Some(n), Some(m)) = (xd.get(b), ld.first())
+        && differ(n, m)
+    {
+        return Err(cx.err(format!(
+            "expected one sequence length per batch index ({n}), found {m}"
+        )));
+    }
+    Ok(Type::Tensor(x.clone()))
 }
