@@ -295,9 +295,15 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             Ok(call(Op::Reshape, vec![y2, back]))
         }
         "BatchNormalization" => {
-            if a.int("training_mode", 0) != 0 {
-                return Err(invalid("training_mode=1 is not supported"));
-            }
+            // training_mode=1 (opset 14+): normalise with the batch's statistics and also
+            // return the running ones, `running * momentum + batch * (1 - momentum)` in ONNX's
+            // convention, which is TVM's with momentum `1 - momentum`.
+            let training = match a.int("training_mode", 0) {
+                0 => false,
+                1 => true,
+                v => return Err(invalid(format!("training_mode must be 0 or 1, found {v}"))),
+            };
+            let momentum = a.float("momentum", 0.9);
             let mut args = Vec::new();
             for i in 0..5 {
                 args.push(im.expr(req(node, i)?)?);
@@ -308,12 +314,19 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                     epsilon: F64(a.float("epsilon", 1e-5)),
                     center: true,
                     scale: true,
-                    momentum: F64(a.float("momentum", 0.9)),
-                    training: false,
+                    momentum: F64(if training { 1.0 - momentum } else { momentum }),
+                    training,
                 })),
                 args,
             )?;
-            Ok(vec![Out::Kind(ExprKind::TupleGetItem(bn, 0))])
+            let outs: u32 = if training {
+                node.output.len().clamp(1, 3) as u32
+            } else {
+                1
+            };
+            Ok((0..outs)
+                .map(|i| Out::Kind(ExprKind::TupleGetItem(bn, i)))
+                .collect())
         }
         "Cast" => {
             let x = im.expr(req(node, 0)?)?;

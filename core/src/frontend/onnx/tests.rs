@@ -1122,6 +1122,43 @@ fn folded_shape_arithmetic_broadcasts_like_numpy() {
 }
 
 #[test]
+fn batch_norm_in_training_mode_returns_the_running_statistics() {
+    let b = model(
+        15,
+        vec![node(
+            "BatchNormalization",
+            "bn",
+            &["x", "s", "b", "m", "v"],
+            &["y", "rm", "rv"],
+            vec![ai("training_mode", 1), af("momentum", 0.75)],
+        )],
+        vec![
+            vi("x", 1, &["2", "3", "4"]),
+            vi("s", 1, &["3"]),
+            vi("b", 1, &["3"]),
+            vi("m", 1, &["3"]),
+            vi("v", 1, &["3"]),
+        ],
+        vec![],
+        &["y", "rm", "rv"],
+    );
+    let m = import(&b);
+    let t = print_module(&m).text;
+    // ONNX's momentum weighs the running statistics, TVM's the batch's: 1 - 0.75.
+    assert!(t.contains("momentum=0.25"), "{t}");
+    assert!(t.contains("training=True"), "{t}");
+    let f = m.get("main").unwrap();
+    assert_eq!(
+        f.ret_ty,
+        Type::Tuple(vec![
+            Type::tensor(&[2, 3, 4], DType::F32),
+            Type::tensor(&[3], DType::F32),
+            Type::tensor(&[3], DType::F32),
+        ])
+    );
+}
+
+#[test]
 fn max_min_of_shapes_and_float_casts_fold_into_pad() {
     // CenterCropPad's expansion: pads = max(shape(x), target) - shape(x), split in halves; the
     // pad value CastLike(-inf, x) (Attention's expansion). Both must be known at import.
