@@ -1,6 +1,7 @@
 //! Import-time folding: `Constant`, `ConstantOfShape`, `Identity`, the integer shape
 //! arithmetic that feeds `Reshape` / `Expand` / `Pad` (`Shape → Gather → Unsqueeze → Concat`,
-//! `Max` / `Min` too), and `Cast` / `CastLike` of a small float constant to a float dtype.
+//! `Max` / `Min` and `Split` too), and `Cast` / `CastLike` of a small float constant to a float
+//! dtype.
 //!
 //! Contract: [`try_fold`] returns `Some(outputs)` when every input of the node is known at
 //! import time (or the node is `Shape` of a tensor of known rank, or an `Identity`), `None` to
@@ -188,6 +189,60 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
                 }
             }
             Ok(elem::fold(&node.op_type, &a, &args)?.map(|v| vec![Out::Val(v)]))
+        }
+        // `Split` of a folded 1-D integer tensor (AffineGrid's expansion splits `size` into
+        // N, C, H, W): the pieces of `split` (an input, or the attribute before opset 13), or
+        // as many equal pieces as outputs (the last smaller), as ONNX defines it.
+        "Split" => {
+            let Some(x) = ints(im, req(node, 0)?) else {
+                return Ok(None);
+            };
+            if x.shape.len() != 1 || !matches!(a.int("axis", 0), 0 | -1) {
+                return Ok(None);
+            }
+            let n = x.vals.len();
+            let outs = node.output.len();
+            let sizes: Vec<usize> = match input(node, 1) {
+                Some(name) => im
+                    .const_i64s(name)?
+                    .iter()
+                    .map(|&v| usize::try_from(v).map_err(|_| err(format!("negative split {v}"))))
+                    .collect::<Result<_>>()?,
+                None => match a.ints("split") {
+                    Some(v) => v
+                        .iter()
+                        .map(|&v| {
+                            usize::try_from(v).map_err(|_| err(format!("negative split {v}")))
+                        })
+                        .collect::<Result<_>>()?,
+                    None if outs > 0 => {
+                        let each = n.div_ceil(outs);
+                        (0..outs)
+                            .map(|k| each.min(n.saturating_sub(k * each)))
+                            .collect()
+                    }
+                    None => return Ok(None),
+                },
+            };
+            if sizes.iter().sum::<usize>() != n || sizes.len() != outs {
+                return Err(err(format!(
+                    "Split of {n} elements into {sizes:?} for {outs} outputs does not add up"
+                )));
+            }
+            let mut at = 0;
+            let mut pieces = Vec::with_capacity(outs);
+            for len in sizes {
+                pieces.push(Out::Val(
+                    Ints {
+                        dtype: x.dtype,
+                        shape: vec![len],
+                        vals: x.vals[at..at + len].to_vec(),
+                    }
+                    .into_val(),
+                ));
+                at += len;
+            }
+            Ok(Some(pieces))
         }
         // `Neg` of a folded integer (LayerNormalization's expansion feeds ConstantOfShape
         // with `-axis`).

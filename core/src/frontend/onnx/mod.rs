@@ -222,6 +222,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GridSample",
     "AffineGrid",
     "ReverseSequence",
+    "If",
 ];
 
 /// ONNX ops whose output shape depends on the input values (not only on the input shapes):
@@ -377,8 +378,62 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
     }
     let outputs: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
     im.b.begin_dataflow();
-    for (i, node) in graph.node.iter().enumerate() {
+    import_nodes(&mut im, &graph.node, &outputs, &mut ext, 0)?;
+    im.b.set_origin(None);
+    let mut rets = Vec::new();
+    for o in &graph.output {
+        let e = im
+            .expr(&o.name)
+            .map_err(|e| Error::Invalid(format!("{file}: graph output `{}`: {e}", o.name)))?;
+        let is_output_var = matches!(
+            &im.b.func().exprs.get(e).map(|d| &d.kind),
+            Some(ExprKind::Var(v)) if !im.b.func().var(*v).dataflow
+        );
+        if is_output_var && !rets.contains(&e) {
+            rets.push(e);
+        } else {
+            let v = im.b.bind(&sanitize(&o.name), e, true)?;
+            rets.push(im.b.var(v));
+        }
+    }
+    im.b.end_dataflow()?;
+    let ret = match rets.as_slice() {
+        [] => return Err(Error::Invalid(format!("{file}: the graph has no outputs"))),
+        [one] => *one,
+        _ => im.b.tuple(rets)?,
+    };
+    let mut f = im.b.finish(ret)?;
+    f.attrs.global_symbol = Some("main".to_string());
+    let mut m = Module::new();
+    m.insert("main", f);
+    Ok(m)
+}
+
+/// The most nested `If` branches [`import_nodes`] inlines.
+const MAX_IF_DEPTH: usize = 32;
+
+/// Converts `nodes` in order into bindings of `im`'s function (`outputs`: the graph outputs,
+/// bound as output vars). An `If` whose condition is known at import time is replaced by its
+/// taken branch, inlined here (its initializers become constants, its nodes bindings, its
+/// outputs the `If`'s); a condition computed at run time is an error naming the node.
+fn import_nodes(
+    im: &mut Importer<'_>,
+    nodes: &[NodeProto],
+    outputs: &HashSet<&str>,
+    ext: &mut external::ExternalData,
+    depth: usize,
+) -> Result<()> {
+    let file = im.file.clone();
+    for (i, node) in nodes.iter().enumerate() {
         let at = || format!("{file}: node `{}` ({})", node_name(node, i), node.op_type);
+        if node.op_type == "If" && (node.domain.is_empty() || node.domain == "ai.onnx") {
+            inline_if(im, node, outputs, ext, depth).map_err(|e| match e {
+                Error::Invalid(m) if m.starts_with(&file) => Error::Invalid(m),
+                Error::Invalid(m) => Error::Invalid(format!("{}: {m}", at())),
+                e => Error::Invalid(format!("{}: {e}", at())),
+            })?;
+            continue;
+        }
         // Provenance: every binding this node lowers to names the node.
         im.b.set_origin(Some(&format!(
             "onnx node `{}` ({})",
@@ -417,34 +472,64 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
             im.vals.insert(name.clone(), val);
         }
     }
-    im.b.set_origin(None);
-    let mut rets = Vec::new();
-    for o in &graph.output {
-        let e = im
-            .expr(&o.name)
-            .map_err(|e| Error::Invalid(format!("{file}: graph output `{}`: {e}", o.name)))?;
-        let is_output_var = matches!(
-            &im.b.func().exprs.get(e).map(|d| &d.kind),
-            Some(ExprKind::Var(v)) if !im.b.func().var(*v).dataflow
-        );
-        if is_output_var && !rets.contains(&e) {
-            rets.push(e);
-        } else {
-            let v = im.b.bind(&sanitize(&o.name), e, true)?;
-            rets.push(im.b.var(v));
-        }
+    Ok(())
+}
+
+/// An `If` node replaced by the branch its import-time condition selects (see
+/// [`import_nodes`]).
+fn inline_if(
+    im: &mut Importer<'_>,
+    node: &NodeProto,
+    outputs: &HashSet<&str>,
+    ext: &mut external::ExternalData,
+    depth: usize,
+) -> Result<()> {
+    if depth >= MAX_IF_DEPTH {
+        return Err(invalid(format!(
+            "`If` branches nest deeper than {MAX_IF_DEPTH} levels"
+        )));
     }
-    im.b.end_dataflow()?;
-    let ret = match rets.as_slice() {
-        [] => return Err(Error::Invalid(format!("{file}: the graph has no outputs"))),
-        [one] => *one,
-        _ => im.b.tuple(rets)?,
+    let cond_name = req(node, 0)?;
+    let cond = match im.val(cond_name)? {
+        Val::Const(c) if c.numel() == 1 => c.get_f64(0).map(|v| v != 0.0),
+        Val::Ints(i) if i.vals.len() == 1 => i.vals[0].as_static().map(|v| v != 0),
+        _ => None,
     };
-    let mut f = im.b.finish(ret)?;
-    f.attrs.global_symbol = Some("main".to_string());
-    let mut m = Module::new();
-    m.insert("main", f);
-    Ok(m)
+    let Some(cond) = cond else {
+        return Err(invalid(format!(
+            "the condition `{cond_name}` is computed at run time; fusebox imports an `If` only \
+             when its condition is known at import time (it inlines the taken branch)"
+        )));
+    };
+    let which = if cond { "then_branch" } else { "else_branch" };
+    let branch = Attrs(node)
+        .get(which)
+        .and_then(|a| a.g.as_deref())
+        .ok_or_else(|| invalid(format!("`If` has no `{which}` graph")))?;
+    if branch.output.len() != node.output.len() {
+        return Err(invalid(format!(
+            "`{which}` has {} outputs, the `If` node {}",
+            branch.output.len(),
+            node.output.len()
+        )));
+    }
+    for t in &branch.initializer {
+        let c = ext
+            .constant(t)
+            .map_err(|m| invalid(format!("`{which}` initializer `{}`: {m}", t.name)))?;
+        im.vals.insert(t.name.clone(), Val::Const(c));
+    }
+    import_nodes(im, &branch.node, outputs, ext, depth + 1)?;
+    for (name, out) in node.output.iter().zip(&branch.output) {
+        if name.is_empty() {
+            continue;
+        }
+        let v = im
+            .val(&out.name)
+            .map_err(|e| invalid(format!("`{which}` output `{}`: {e}", out.name)))?;
+        im.vals.insert(name.clone(), v);
+    }
+    Ok(())
 }
 
 /// The names of what `f` returns: the var name of the returned value, or of each field of a

@@ -4,8 +4,8 @@
 //! Contract: field numbers and wire types match `onnx.proto`; fields the importer does not read
 //! are left out and skipped when decoding (prost skips unknown fields). Repeated scalar fields
 //! decode both packed and unpacked encodings, so files written by any ONNX version load.
-//! Sub-graphs (`AttributeProto.g`, used by `If`/`Loop`/`Scan`) are not modelled: those ops are
-//! unsupported anyway.
+//! A sub-graph attribute (`AttributeProto.g`) is decoded for `If`, whose taken branch the
+//! importer inlines; lists of sub-graphs (`graphs`) are not modelled.
 //!
 //! ```text
 //! ModelProto { opset_import: [{domain: "", version: 13}],
@@ -75,7 +75,7 @@ pub struct NodeProto {
     pub domain: String,
 }
 
-/// `AttributeProto` (without sub-graphs).
+/// `AttributeProto` (one sub-graph, no lists of them).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AttributeProto {
     #[prost(string, tag = "1")]
@@ -88,6 +88,8 @@ pub struct AttributeProto {
     pub s: Vec<u8>,
     #[prost(message, optional, tag = "5")]
     pub t: Option<TensorProto>,
+    #[prost(message, optional, boxed, tag = "6")]
+    pub g: Option<Box<GraphProto>>,
     #[prost(float, repeated, tag = "7")]
     pub floats: Vec<f32>,
     #[prost(int64, repeated, tag = "8")]

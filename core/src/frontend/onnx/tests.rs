@@ -1121,6 +1121,129 @@ fn folded_shape_arithmetic_broadcasts_like_numpy() {
     assert_eq!(v, vec![11.0, 21.0, 12.0, 22.0]);
 }
 
+/// An `If` node on `cond` whose branches compute `y = Relu(x)` (then) or `y = Neg(x)` (else),
+/// each from the outer `x`.
+fn if_node(cond: &str) -> NodeProto {
+    let branch = |op: &str, out: &str| AttributeProto {
+        name: if op == "Relu" {
+            "then_branch"
+        } else {
+            "else_branch"
+        }
+        .into(),
+        r#type: 5,
+        g: Some(Box::new(GraphProto {
+            node: vec![node(op, op, &["x"], &[out], vec![])],
+            name: op.into(),
+            initializer: vec![],
+            input: vec![],
+            output: vec![vi(out, 1, &["2", "3"])],
+            value_info: vec![],
+        })),
+        ..Default::default()
+    };
+    node(
+        "If",
+        "if",
+        &[cond],
+        &["y"],
+        vec![branch("Relu", "y_then"), branch("Neg", "y_else")],
+    )
+}
+
+#[test]
+fn an_if_with_an_import_time_condition_inlines_its_branch() {
+    let flag = |v: u8| TensorProto {
+        name: "c".into(),
+        dims: vec![],
+        data_type: 9,
+        raw_data: vec![v],
+        ..Default::default()
+    };
+    for (v, want) in [(1, "R.nn.relu(x)"), (0, "R.negative(x)")] {
+        let b = model(
+            17,
+            vec![if_node("c")],
+            vec![vi("x", 1, &["2", "3"])],
+            vec![flag(v)],
+            &["y"],
+        );
+        let t = print_module(&import(&b)).text;
+        assert!(t.contains(want), "{v}: {t}");
+        assert!(!t.contains("if "), "{t}");
+    }
+    // A condition computed from shapes folds too: Size(x) == 6.
+    let six = TensorProto {
+        name: "six".into(),
+        dims: vec![],
+        data_type: 7,
+        raw_data: 6i64.to_le_bytes().to_vec(),
+        ..Default::default()
+    };
+    let b = model(
+        17,
+        vec![
+            node("Size", "size", &["x"], &["n"], vec![]),
+            node("Equal", "eq", &["n", "six"], &["c"], vec![]),
+            if_node("c"),
+        ],
+        vec![vi("x", 1, &["2", "3"])],
+        vec![six],
+        &["y"],
+    );
+    assert!(print_module(&import(&b)).text.contains("R.nn.relu(x)"));
+    // A run-time condition is an error naming the node and why.
+    let b = model(
+        17,
+        vec![if_node("c")],
+        vec![vi("x", 1, &["2", "3"]), vi("c", 9, &[])],
+        vec![],
+        &["y"],
+    );
+    let e = import_onnx(&b, "m.onnx")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("node `if` (If)") && e.contains("known at import time"),
+        "{e}"
+    );
+}
+
+#[test]
+fn split_of_a_folded_shape_gives_constants() {
+    // Split(Shape(x)) into its four extents, then Concat two of them as a Reshape target.
+    let b = model(
+        18,
+        vec![
+            node("Shape", "s", &["x"], &["xs"], vec![]),
+            node(
+                "Split",
+                "sp",
+                &["xs"],
+                &["n", "c", "h", "w"],
+                vec![ai("num_outputs", 4)],
+            ),
+            node(
+                "Concat",
+                "cat",
+                &["n", "w", "c", "h"],
+                &["t"],
+                vec![ai("axis", 0)],
+            ),
+            node("Reshape", "r", &["x", "t"], &["y"], vec![]),
+        ],
+        vec![vi("x", 1, &["2", "3", "4", "5"])],
+        vec![],
+        &["y"],
+    );
+    let m = import(&b);
+    assert_eq!(
+        m.get("main").unwrap().ret_ty,
+        Type::tensor(&[2, 5, 3, 4], DType::F32)
+    );
+}
+
 #[test]
 fn batch_norm_in_training_mode_returns_the_running_statistics() {
     let b = model(

@@ -171,11 +171,12 @@ fn attribute(a: &AttributeProto) -> Result<(), String> {
         return Ok(());
     }
     // The value fields this decoder models, with the type each belongs to.
-    let set: [(bool, i32, &str); 7] = [
+    let set: [(bool, i32, &str); 8] = [
         (a.f.to_bits() != 0, 1, "f"),
         (a.i != 0, 2, "i"),
         (!a.s.is_empty(), 3, "s"),
         (a.t.is_some(), 4, "t"),
+        (a.g.is_some(), 5, "g"),
         (!a.floats.is_empty(), 6, "floats"),
         (!a.ints.is_empty(), 7, "ints"),
         (!a.strings.is_empty(), 8, "strings"),
