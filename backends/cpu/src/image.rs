@@ -326,7 +326,7 @@ pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, a: &GridSampleAttrs) -> KRe
     let tasks = crate::par::plane_runs(&mut out, points, run);
     let r_tasks: Result<(), String> = crate::par::run_tasks(
         tasks.into_iter().enumerate().collect(),
-        crate::par::threads_for(total * 4usize.pow(r as u32), 1 << 14),
+        crate::par::threads_for(total.saturating_mul(4usize.pow(r as u32)), 1 << 14),
         |(t, mut planes)| {
             let p0 = t * run;
             let mut taps = vec![

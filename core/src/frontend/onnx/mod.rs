@@ -8,10 +8,14 @@
 //! - Graph inputs that are not initializers become parameters, in graph order; `dim_param`
 //!   dims become symbolic dims (names sanitized to identifiers), unnamed dynamic dims get a
 //!   fresh name. Initializers become constants.
-//! - `Constant`, `ConstantOfShape`, `Identity`, and integer `Shape → Gather/Slice → Unsqueeze →
-//!   Concat → Cast → Add/Sub/Mul/Div` chains are folded in the importer (a small evaluator on
-//!   `int64` values that may be symbolic dims), so `Reshape`/`Expand` targets computed from
-//!   shapes become shape literals. Anything else runs in the IR.
+//! - `Constant`, `ConstantOfShape`, `Identity`, and integer `Shape → Gather/Slice/Split →
+//!   Unsqueeze → Concat → Cast → Add/Sub/Mul/Div/Max/Min` chains are folded in the importer (a
+//!   small evaluator on `int64` values that may be symbolic dims), so `Reshape`/`Expand`/`Pad`
+//!   targets computed from shapes become shape literals; so are float casts of small
+//!   constants. Anything else runs in the IR.
+//! - An `If` whose condition is known at import time (folded as above) is replaced by its
+//!   taken branch (the sub-graph's initializers and nodes imported in place, nesting bounded);
+//!   a condition computed at run time is an error naming the node.
 //! - The default-domain opset must be in [`MIN_OPSET`]`..=`[`MAX_OPSET`] (1 to 28); ops map
 //!   to the op set with ONNX semantics per opset (attributes vs inputs); see [`SUPPORTED_OPS`]. A model using ops outside that list fails with ONE error
 //!   that names every unsupported node and its op type.
