@@ -22,24 +22,11 @@
     reason = "test code: a failure is a panic"
 )]
 
+mod common;
+
+use common::fixture_tensor;
 use fusebox_core::text::{self, ConstTable};
 use fusebox_cpu::{Storage, Tensor, Value, run};
-
-fn fixture_tensor(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
-    let shape = v["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let data = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
-    (shape, data)
-}
 
 /// An input tensor of the fixture, of its dtype (float32 or int64).
 fn input(v: &serde_json::Value) -> Value {

@@ -17,6 +17,9 @@
     reason = "test code: a failure is a panic"
 )]
 
+mod common;
+
+use common::fixture_tensor;
 use fusebox_core::ir::DType;
 use fusebox_core::text::{self, ConstTable};
 use fusebox_cpu::{Storage, Tensor, Value, run};
@@ -448,22 +451,6 @@ fn window_size_is_a_run_time_error_not_a_panic() {
 }
 
 // ----- TVM's own outputs -----
-
-fn fixture_tensor(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
-    let shape = v["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let data = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
-    (shape, data)
-}
 
 #[test]
 fn cpu_kernel_matches_tvm_relax_build() {

@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: the random pattern tables of the property tests,
-//! partitioning with them, and counting ops through calls.
+//! partitioning with them, counting ops through calls, and reading the tensors of the TVM
+//! fixtures (`tests/tvm/*/*.json`).
 
 #![allow(
     dead_code,
@@ -159,4 +160,28 @@ pub fn no_call_cycles(m: &Module) {
     for name in m.functions.keys() {
         visit(m, name, &mut Vec::new(), &mut done);
     }
+}
+
+/// A tensor of a TVM fixture (`{"shape": [...], "data": [...]}`): its shape and values as
+/// `f32`.
+pub fn fixture_tensor(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
+    let dims = v["shape"].as_array();
+    let shape = dims
+        .map(|d| {
+            d.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as usize)
+                .collect()
+        })
+        .unwrap_or_default();
+    let data = v["data"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter_map(serde_json::Value::as_f64)
+                .map(|x| x as f32)
+                .collect()
+        })
+        .unwrap_or_default();
+    (shape, data)
 }

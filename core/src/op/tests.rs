@@ -1392,3 +1392,69 @@ fn reverse_sequence_keeps_the_data_type_and_checks_its_lengths() {
     assert!(err(&same, &[&x, &lens]).contains("same axis"));
     assert!(err(&o, &[&t(&[5]), &lens]).contains("rank at least 2"));
 }
+
+#[test]
+fn grid_sample_attributes_default_check_and_print_in_tvm_order() {
+    let o = op("relax.image.grid_sample", &[]);
+    let Op::GridSample(a) = &o else {
+        unreachable!("{o:?}")
+    };
+    assert_eq!(
+        (
+            a.method.as_str(),
+            a.layout.as_str(),
+            a.padding_mode.as_str()
+        ),
+        ("bilinear", "NCHW", "zeros")
+    );
+    assert!(!a.align_corners);
+    assert_eq!(a.spatial(), 2);
+    let names: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
+    assert_eq!(names, ["method", "layout", "padding_mode", "align_corners"]);
+    let o3 = op(
+        "relax.image.grid_sample",
+        &[
+            ("method", s("nearest")),
+            ("layout", s("NCDHW")),
+            ("padding_mode", s("reflection")),
+            ("align_corners", AttrLit::Bool(true)),
+        ],
+    );
+    let kw: Vec<(String, AttrLit)> = o3
+        .kwargs()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    assert_eq!(Op::from_call(o3.name(), &kw), Ok(o3.clone()));
+    for (k, v, want) in [
+        ("method", "linear", "bicubic"),
+        ("padding_mode", "wrap", "reflection"),
+        ("layout", "NHWC", "NCDHW"),
+    ] {
+        assert!(
+            op_err("relax.image.grid_sample", &[(k, s(v))]).contains(want),
+            "{k}={v}"
+        );
+    }
+    let e = op_err(
+        "relax.image.grid_sample",
+        &[("method", s("bicubic")), ("layout", s("NCDHW"))],
+    );
+    assert!(e.contains("2-D only"), "{e}");
+    assert_eq!(
+        op("relax.image.affine_grid", &[]),
+        Op::AffineGrid {
+            align_corners: true
+        }
+    );
+    let near = |a: &[f64], b: &[f64]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-15)
+    };
+    assert!(near(
+        &affine_grid_base(4, true),
+        &[-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0]
+    ));
+    assert_eq!(affine_grid_base(4, false), vec![-0.75, -0.25, 0.25, 0.75]);
+    assert_eq!(affine_grid_base(1, true), vec![-1.0]);
+    assert_eq!(affine_grid_base(1, false), vec![0.0]);
+}

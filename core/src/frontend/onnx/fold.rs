@@ -202,27 +202,22 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             }
             let n = x.vals.len();
             let outs = node.output.len();
-            let sizes: Vec<usize> = match input(node, 1) {
-                Some(name) => im
-                    .const_i64s(name)?
+            let given = match input(node, 1) {
+                Some(name) => Some(im.const_i64s(name)?),
+                None => a.ints("split"),
+            };
+            let sizes: Vec<usize> = match given {
+                Some(v) => v
                     .iter()
                     .map(|&v| usize::try_from(v).map_err(|_| err(format!("negative split {v}"))))
                     .collect::<Result<_>>()?,
-                None => match a.ints("split") {
-                    Some(v) => v
-                        .iter()
-                        .map(|&v| {
-                            usize::try_from(v).map_err(|_| err(format!("negative split {v}")))
-                        })
-                        .collect::<Result<_>>()?,
-                    None if outs > 0 => {
-                        let each = n.div_ceil(outs);
-                        (0..outs)
-                            .map(|k| each.min(n.saturating_sub(k * each)))
-                            .collect()
-                    }
-                    None => return Ok(None),
-                },
+                None if outs > 0 => {
+                    let each = n.div_ceil(outs);
+                    (0..outs)
+                        .map(|k| each.min(n.saturating_sub(k * each)))
+                        .collect()
+                }
+                None => return Ok(None),
             };
             if sizes.iter().sum::<usize>() != n || sizes.len() != outs {
                 return Err(err(format!(
