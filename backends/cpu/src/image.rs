@@ -10,7 +10,8 @@
 //!   sum over the two tables. Nearest copies elements exactly for every dtype; linear and cubic
 //!   compute in `f64` and round once to the output dtype (to nearest for integer data). Points
 //!   that `tf_crop_and_resize` maps outside the input take `extrapolation_value`.
-//! - `grid_sample` follows ONNX's `GridSample` (and PyTorch's `grid_sample`): each normalised
+//! - `grid_sample` follows ONNX's `GridSample` (its reference and onnxruntime; PyTorch and TVM
+//!   differ only for `bicubic` with `border`, see `fusebox_core::op`'s image ops): each normalised
 //!   coordinate is mapped to the input (`align_corners`: -1 and 1 at the corner pixels'
 //!   centres, else at their outer edges) in the data's precision (`f32` below `float64`, as
 //!   the reference does); `nearest` rounds half to even; a coordinate outside the borders is
