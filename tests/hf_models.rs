@@ -1,6 +1,7 @@
 //! Today's models (issue 17): small, seeded, randomly initialised Hugging Face models exported
 //! by both torch exporters (`tests/models/<family>-<ts|dynamo>/`, written by
-//! `scripts/export_hf_models.py`; layout in `tests/models/README.md`).
+//! `scripts/export_hf_models.py`; layout in `tests/models/README.md`), and a spatial
+//! transformer in the same layout (`stn-ts`, `stn-dynamo`: `scripts/export_stn.py`).
 //!
 //! For every fixture: import `model.onnx`, partition it as `fusebox run --config
 //! configs/cpu.toml` does (the config's backend pipeline), run it on every input set, compare
@@ -59,6 +60,8 @@ const EXPECTED_PASS: &[&str] = &[
     "resnet-ts",
     "roberta-dynamo",
     "roberta-ts",
+    "stn-dynamo",
+    "stn-ts",
     "swin-dynamo",
     "swin-ts",
     "t5-encoder-dynamo",
