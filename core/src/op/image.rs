@@ -20,6 +20,7 @@
 
 use super::AttrLit;
 use super::attrs::{Kwargs, str_lit};
+use super::nn::one_of;
 
 /// Attributes of `relax.image.grid_sample`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -45,15 +46,6 @@ pub(super) const AFFINE_GRID_ATTRS: &[&str] = &["align_corners"];
 const METHODS: &[&str] = &["nearest", "bilinear", "bicubic"];
 const LAYOUTS: &[&str] = &["NCHW", "NCDHW"];
 const PADDING: &[&str] = &["zeros", "border", "reflection"];
-
-fn one_of(kw: &Kwargs<'_>, k: &str, default: &str, set: &[&str]) -> Result<String, String> {
-    let v = kw.string(k, Some(default))?;
-    if set.contains(&v.as_str()) {
-        Ok(v)
-    } else {
-        Err(kw.invalid(k, &format!("expected one of {set:?}, found \"{v}\"")))
-    }
-}
 
 /// Reads `relax.image.grid_sample`'s attributes.
 pub(super) fn grid_sample_attrs(kw: &Kwargs<'_>) -> Result<Box<GridSampleAttrs>, String> {

@@ -161,7 +161,13 @@ const ROUNDING: &[&str] = &[
     "ceil",
 ];
 
-fn one_of(kw: &Kwargs<'_>, k: &str, default: &str, set: &[&str]) -> Result<String, String> {
+/// String attribute `k` (default `default`), which must be one of `set`.
+pub(super) fn one_of(
+    kw: &Kwargs<'_>,
+    k: &str,
+    default: &str,
+    set: &[&str],
+) -> Result<String, String> {
     let v = kw.string(k, Some(default))?;
     if set.contains(&v.as_str()) {
         Ok(v)
