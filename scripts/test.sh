@@ -65,6 +65,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy (deny warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== cargo doc (deny warnings: broken and private intra-doc links)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
 echo "== build the plugin cdylibs the integration tests load"
 cargo build --locked -p fusebox-plugin-conv2d -p fusebox-plugin-test-bad-abi -p fusebox-plugin-test-misbehave
 

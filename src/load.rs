@@ -61,7 +61,7 @@ pub fn parse_bind(s: &str) -> Result<(String, i64), String> {
 }
 
 /// The model with the symbolic dims of `binds` given their values
-/// ([`fusebox_core::transform::bind_symbolic_vars`]); the model itself when `binds` is empty.
+/// ([`fusebox_core::transform::bind_symbolic_vars()`]); the model itself when `binds` is empty.
 pub fn bind_dims(m: Module, binds: &[(String, i64)]) -> crate::Result<Module> {
     if binds.is_empty() {
         return Ok(m);

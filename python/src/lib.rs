@@ -29,7 +29,7 @@
 //!   `--check` does (a difference is a `CheckError`).
 //! - `backends(config=None)` → what `fusebox backends` lists, as dicts (default config:
 //!   `configs/cpu.toml`, built in when absent).
-//! - Errors are `fusebox.Error` subclasses with the CLI's message ([`errors`]); the GIL is
+//! - Errors are `fusebox.Error` subclasses with the CLI's message (the `errors` module); the GIL is
 //!   released while loading, printing, saving, partitioning, explaining and running, and no
 //!   panic crosses into Python.
 //!

@@ -635,7 +635,7 @@ impl GpuTensor {
     }
 
     /// An artifact argument on this GPU: a host tensor is uploaded once for as long as its
-    /// storage lives (see [`HostCopies`]: a model's constants, which the executor decodes once
+    /// storage lives (see `HostCopies`: a model's constants, which the executor decodes once
     /// and passes to every call, stay on the device), a [`GpuTensor`] of this GPU is shared
     /// (no copy), another device's tensor goes through the host.
     pub fn from_value(gpu: &Arc<Gpu>, v: &Value) -> Result<GpuTensor> {

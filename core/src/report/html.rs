@@ -3,7 +3,7 @@
 //! Contract: [`to_html`] turns a partitioned module and its [`Report`] into one HTML file that
 //! needs nothing else: inline CSS, inline SVG, inline script, no external URL. It shows
 //!
-//! - `main`'s graph laid out top to bottom ([`super::layout`], the `rust-sugiyama` crate):
+//! - `main`'s graph laid out top to bottom (`report`'s layout module, the `rust-sugiyama` crate):
 //!   one box per parameter and per binding of `main` (the bindings inside an `if`'s branches
 //!   included), edges from each value to its users, and a `return` box; a value read far
 //!   below its definition is shown there by a dashed *ghost* box (`↑ name`, a click goes to

@@ -92,7 +92,7 @@ impl Pipeline {
     }
 }
 
-/// [`dead_code_elimination`](super::dead_code_elimination) as a pass.
+/// [`dead_code_elimination`](super::dead_code_elimination()) as a pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DeadCodeElimination;
 
@@ -105,7 +105,7 @@ impl Pass for DeadCodeElimination {
     }
 }
 
-/// [`fold_batch_norm`](super::fold_batch_norm) as a pass.
+/// [`fold_batch_norm`](super::fold_batch_norm()) as a pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FoldBatchNorm;
 
@@ -118,7 +118,7 @@ impl Pass for FoldBatchNorm {
     }
 }
 
-/// [`fold_constant`](super::fold_constant) as a pass, with its evaluator.
+/// [`fold_constant`](super::fold_constant()) as a pass, with its evaluator.
 #[derive(Clone)]
 pub struct FoldConstant {
     /// Evaluates one op on constants (the CPU reference's `eval_op`).
@@ -134,7 +134,7 @@ impl Pass for FoldConstant {
     }
 }
 
-/// [`remove_identity`](super::remove_identity) as a pass.
+/// [`remove_identity`](super::remove_identity()) as a pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RemoveIdentity;
 
@@ -147,7 +147,7 @@ impl Pass for RemoveIdentity {
     }
 }
 
-/// [`remove_export_noise`](super::remove_export_noise) as a pass.
+/// [`remove_export_noise`](super::remove_export_noise()) as a pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RemoveExportNoise;
 
@@ -160,7 +160,7 @@ impl Pass for RemoveExportNoise {
     }
 }
 
-/// [`eliminate_common_subexpr`](super::eliminate_common_subexpr) as a pass.
+/// [`eliminate_common_subexpr`](super::eliminate_common_subexpr()) as a pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EliminateCommonSubexpr;
 
@@ -173,7 +173,7 @@ impl Pass for EliminateCommonSubexpr {
     }
 }
 
-/// [`unflatten_matmul`](super::unflatten_matmul) as a pass.
+/// [`unflatten_matmul`](super::unflatten_matmul()) as a pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UnflattenMatmul;
 
@@ -186,7 +186,7 @@ impl Pass for UnflattenMatmul {
     }
 }
 
-/// [`fuse_ops`](super::fuse_ops) as a pass.
+/// [`fuse_ops`](super::fuse_ops()) as a pass.
 #[derive(Clone, Copy, Debug)]
 pub struct FuseOps {
     /// 0: nothing, 1: elementwise/broadcast chains, 2: everything.
@@ -216,7 +216,7 @@ impl Pass for FuseOps {
     }
 }
 
-/// [`merge_composite_functions`](super::merge_composite_functions) as a pass.
+/// [`merge_composite_functions`](super::merge_composite_functions()) as a pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MergeCompositeFunctions;
 

@@ -2,10 +2,10 @@
 //! patterns and FuseOps see `conv2d → add → relu` rather than what the exporter wrote.
 //!
 //! Contract: [`simplify_pipeline`] is, in order,
-//! [`FoldConstant`](super::fold_constant) (only with an [`Evaluator`]: core has no kernels) →
-//! [`RemoveIdentity`](super::remove_identity) → [`RemoveExportNoise`](super::remove_export_noise)
-//! → [`EliminateCommonSubexpr`](super::eliminate_common_subexpr) →
-//! [`UnflattenMatmul`](super::unflatten_matmul) → [`FoldBatchNorm`](super::fold_batch_norm).
+//! [`FoldConstant`](super::fold_constant()) (only with an [`Evaluator`]: core has no kernels) →
+//! [`RemoveIdentity`](super::remove_identity()) → [`RemoveExportNoise`](super::remove_export_noise())
+//! → [`EliminateCommonSubexpr`](super::eliminate_common_subexpr()) →
+//! [`UnflattenMatmul`](super::unflatten_matmul()) → [`FoldBatchNorm`](super::fold_batch_norm()).
 //! Constants fold first, so a mask or a weight
 //! computed from constants is a constant when the later rules look for one, and a transposed
 //! matmul weight is a plain constant FoldBatchNorm can fold into. Each pass keeps the module
