@@ -138,6 +138,15 @@ struct AxisTaps {
     w: [f64; MAX_TAPS],
 }
 
+impl AxisTaps {
+    /// No taps yet.
+    const EMPTY: AxisTaps = AxisTaps {
+        len: 0,
+        idx: [None; MAX_TAPS],
+        w: [0.0; MAX_TAPS],
+    };
+}
+
 /// One axis of a `grid_sample`: the input extent and the attributes that map a normalised
 /// coordinate onto it.
 struct Axis<'a> {
@@ -238,11 +247,7 @@ impl Axis<'_> {
                 _ => {}
             }
         }
-        let mut t = AxisTaps {
-            len: 0,
-            idx: [None; MAX_TAPS],
-            w: [0.0; MAX_TAPS],
-        };
+        let mut t = AxisTaps::EMPTY;
         let mut push = |i: f64, w: f64| {
             if t.len < MAX_TAPS {
                 t.idx[t.len] = self.pick(i);
@@ -330,14 +335,7 @@ pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, a: &GridSampleAttrs) -> KRe
         crate::par::threads_for(total.saturating_mul(4usize.pow(r as u32)), 1 << 14),
         |(t, mut planes)| {
             let p0 = t * run;
-            let mut taps = vec![
-                AxisTaps {
-                    len: 0,
-                    idx: [None; MAX_TAPS],
-                    w: [0.0; MAX_TAPS],
-                };
-                r
-            ];
+            let mut taps = vec![AxisTaps::EMPTY; r];
             for b in 0..n {
                 for k in 0..planes.first().map_or(0, |s| s.len()) {
                     let p = p0 + k;

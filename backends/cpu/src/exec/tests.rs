@@ -76,6 +76,25 @@ fn values_are_dropped_after_their_last_use() {
 /// conv2d → bias add → residual add → relu (a ResNet block's tail once FoldBatchNorm put
 /// the batch_norm into the weights) runs as one fused chain, bit for bit what the bindings
 /// give one by one (forced by a second use of the conv's result, which breaks the chain).
+/// `main`'s result of the fused module and the first field of the plain one's (which also
+/// returns the intermediate, so nothing fuses), on the same arguments.
+fn fused_and_plain(fused: &Module, plain: &Module, args: Vec<Value>) -> (Tensor, Tensor) {
+    let got = crate::run(fused, "main", args.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let want = crate::run(plain, "main", args).unwrap_or_else(|e| panic!("{e}"));
+    let Value::Tuple(mut items) = want else {
+        panic!("not a tuple")
+    };
+    match (got, items.swap_remove(0)) {
+        (Value::Tensor(a), Value::Tensor(b)) => (a, b),
+        _ => panic!("not tensors"),
+    }
+}
+
+/// The bit patterns of an `f32` tensor.
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_f32_vec().iter().map(|x| x.to_bits()).collect()
+}
+
 #[test]
 fn a_conv_with_bias_and_relu6_fuses_bit_for_bit() {
     // MobileNet's tail: conv2d → bias add → clip(0, 6), depthwise (groups = 4) and plain.
@@ -121,21 +140,8 @@ fn a_conv_with_bias_and_relu6_fuses_bit_for_bit() {
             tensor(wshape, 2),
             tensor(vec![1, 4, 1, 1], 3),
         ];
-        let got = crate::run(&fused, "main", args.clone()).unwrap_or_else(|e| panic!("{e}"));
-        let want = crate::run(&plain, "main", args).unwrap_or_else(|e| panic!("{e}"));
-        let Value::Tuple(items) = want else {
-            panic!("not a tuple")
-        };
-        let (Value::Tensor(a), Value::Tensor(b)) = (&got, &items[0]) else {
-            panic!("not tensors")
-        };
-        let bits = |t: &Tensor| {
-            t.to_f32_vec()
-                .iter()
-                .map(|x| x.to_bits())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(bits(a), bits(b), "groups={groups}");
+        let (a, b) = fused_and_plain(&fused, &plain, args);
+        assert_eq!(bits(&a), bits(&b), "groups={groups}");
         assert!(a.to_f32_vec().contains(&0.75) && a.to_f32_vec().contains(&0.0));
     }
 }
@@ -185,21 +191,8 @@ fn a_conv_with_bias_and_residual_adds_fuses_bit_for_bit() {
         tensor(vec![1, 4, 1, 1], 3),
         tensor(vec![1, 4, 6, 6], 4),
     ];
-    let got = crate::run(&fused, "main", args.clone()).unwrap_or_else(|e| panic!("{e}"));
-    let want = crate::run(&plain, "main", args).unwrap_or_else(|e| panic!("{e}"));
-    let Value::Tuple(items) = want else {
-        panic!("not a tuple")
-    };
-    let (Value::Tensor(a), Value::Tensor(b)) = (&got, &items[0]) else {
-        panic!("not tensors")
-    };
-    let bits = |t: &Tensor| {
-        t.to_f32_vec()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(bits(a), bits(b));
+    let (a, b) = fused_and_plain(&fused, &plain, args);
+    assert_eq!(bits(&a), bits(&b));
 }
 
 /// A FuseOps function of conv2d → bias → residual add, batch `n` symbolic, called by

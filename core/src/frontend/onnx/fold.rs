@@ -166,7 +166,7 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             .into_val()))
         }
         "Gather" | "Unsqueeze" | "Squeeze" | "Concat" | "Slice" | "Cast" | "Reshape" | "Add"
-        | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Transpose" => {
+        | "Sub" | "Mul" | "Div" | "Transpose" => {
             let mut args = Vec::new();
             for name in node.input.iter() {
                 if name.is_empty() {
@@ -180,7 +180,7 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             Ok(fold_ints(im, node, &a, args)?.map(|i| vec![Out::Val(i)]))
         }
         "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "Not" | "And" | "Or"
-        | "Xor" | "Mod" | "Where" => {
+        | "Xor" | "Mod" | "Where" | "Max" | "Min" => {
             let mut args = Vec::new();
             for name in node.input.iter().filter(|n| !n.is_empty()) {
                 match ints(im, name) {
@@ -677,49 +677,6 @@ fn fold_ints(
                         _ => p.floor_div(&q),
                     },
                 });
-            }
-            Some(
-                Ints {
-                    dtype: x.dtype,
-                    shape,
-                    vals,
-                }
-                .into_val(),
-            )
-        }
-        "Max" | "Min" => {
-            // Variadic, numpy broadcasting; a symbolic element folds only where every
-            // operand holds the same dim (there is no `max` of dims).
-            let shapes: Vec<&[usize]> = args.iter().map(|i| i.shape.as_slice()).collect();
-            let Some(shape) = elem::broadcast(&shapes) else {
-                return Err(err(format!("shapes {shapes:?} do not broadcast")));
-            };
-            let n: usize = shape.iter().product();
-            if n > MAX_FOLD_ELEMS {
-                return Ok(None);
-            }
-            let max = node.op_type == "Max";
-            let mut vals = Vec::with_capacity(n);
-            for i in 0..n {
-                let mut acc: Option<Dim> = None;
-                for arg in &args {
-                    let Some(d) = elem::at(arg, &shape, i).cloned() else {
-                        return Ok(None);
-                    };
-                    acc = Some(match (acc, d.as_static()) {
-                        (None, _) => d,
-                        (Some(p), Some(v)) => match p.as_static() {
-                            Some(u) => Dim::Static(if max { u.max(v) } else { u.min(v) }),
-                            None => return Ok(None),
-                        },
-                        (Some(p), None) if p == d => p,
-                        (Some(_), None) => return Ok(None),
-                    });
-                }
-                match acc {
-                    Some(d) => vals.push(d),
-                    None => return Ok(None),
-                }
             }
             Some(
                 Ints {

@@ -1,13 +1,14 @@
-//! Import-time folding of the comparison / logic / `Mod` / `Where` family over known integer
-//! values (issue 17): the shape arithmetic exporters emit around `Expand` and `Reshape`
-//! (`Where(Equal(shape, -1), ones, shape)`, the grouped-query-attention head checks of
-//! `Attention`'s function body).
+//! Import-time folding of the comparison / logic / `Mod` / `Where` / `Max` / `Min` family over
+//! known integer values (issue 17): the shape arithmetic exporters emit around `Expand`,
+//! `Reshape` and `Pad` (`Where(Equal(shape, -1), ones, shape)`, the grouped-query-attention head
+//! checks of `Attention`'s function body, `CenterCropPad`'s `Max(shape, target)`).
 //!
 //! Contract: [`fold`] gets every input as [`Ints`] (numpy broadcasting between them) and
 //! returns `Ok(None)` whenever a result depends on a symbolic value it cannot decide, so the
 //! node becomes IR instead. `Equal` of two structurally equal dims is true; other comparisons,
 //! `Mod` and the logical ops need static values; `Where` needs a static condition and may pick
-//! symbolic dims. Integer `Mod` by zero is an error.
+//! symbolic dims; `Max` / `Min` (any number of inputs) need static values or one dim in all of
+//! them. Integer `Mod` by zero is an error.
 //!
 //! ```text
 //! s = Shape(x)                       # x: float32[n, 1, 4]   → Ints [n, 1, 4]
@@ -61,12 +62,11 @@ pub(super) fn at<'a>(x: &'a Ints, out: &[usize], lin: usize) -> Option<&'a Dim> 
 
 /// Folds `op` over `args` (see the module docs).
 pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>> {
-    let want = if matches!(op, "Not") {
-        1
-    } else if op == "Where" {
-        3
-    } else {
-        2
+    let want = match op {
+        "Not" => 1,
+        "Where" => 3,
+        "Max" | "Min" => args.len().max(1),
+        _ => 2,
     };
     if args.len() != want {
         return Ok(None);
@@ -99,6 +99,20 @@ pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>
             ("Equal", [_, q], [Some(u), None]) if *u < 0 && super::nonneg(q) => Dim::Static(0),
             ("Equal", [p, _], [None, Some(v)]) if *v < 0 && super::nonneg(p) => Dim::Static(0),
             ("Not", _, [Some(p)]) => Dim::Static(i64::from(*p == 0)),
+            ("Max" | "Min", [first, ..], _) => {
+                if let Some(vs) = st.iter().copied().collect::<Option<Vec<i64>>>() {
+                    let pick = if op == "Max" {
+                        vs.iter().max()
+                    } else {
+                        vs.iter().min()
+                    };
+                    pick.map_or_else(|| (*first).clone(), |&v| Dim::Static(v))
+                } else if ds.iter().all(|d| d == first) {
+                    (*first).clone()
+                } else {
+                    return Ok(None);
+                }
+            }
             (_, _, [Some(p), Some(q)]) => Dim::Static(match op {
                 "Equal" => i64::from(p == q),
                 "Less" => i64::from(p < q),
@@ -127,7 +141,7 @@ pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>
     }
     let dtype = match op {
         "Where" => args.get(1).map_or(DType::I64, |x| x.dtype),
-        "Mod" => args.first().map_or(DType::I64, |x| x.dtype),
+        "Mod" | "Max" | "Min" => args.first().map_or(DType::I64, |x| x.dtype),
         _ => DType::Bool,
     };
     if op == "Where" && args.get(1).map(|x| x.dtype) != args.get(2).map(|y| y.dtype) {
@@ -244,6 +258,42 @@ mod tests {
         // Shapes that do not broadcast are left to the IR.
         assert!(
             fold("Less", &a, &[ints(&[2], &[1, 2]), ints(&[3], &[1, 2, 3])])
+                .ok()
+                .flatten()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn max_and_min_take_any_number_of_inputs() {
+        let n = node("Max");
+        let a = Attrs(&n);
+        let m = vals(
+            fold(
+                "Max",
+                &a,
+                &[ints(&[2], &[3, 9]), ints(&[], &[5]), ints(&[2], &[4, 1])],
+            )
+            .ok()
+            .flatten(),
+        );
+        assert_eq!(m, [Dim::Static(5), Dim::Static(9)]);
+        let m = vals(
+            fold("Min", &a, &[ints(&[2], &[3, 9]), ints(&[], &[5])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(m, [Dim::Static(3), Dim::Static(5)]);
+        // A symbol folds only against itself.
+        let s = Ints {
+            dtype: DType::I64,
+            shape: vec![],
+            vals: vec![Dim::sym("n")],
+        };
+        let m = vals(fold("Max", &a, &[s.clone(), s.clone()]).ok().flatten());
+        assert_eq!(m, [Dim::sym("n")]);
+        assert!(
+            fold("Max", &a, &[s, ints(&[], &[4])])
                 .ok()
                 .flatten()
                 .is_none()

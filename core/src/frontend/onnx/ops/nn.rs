@@ -1272,66 +1272,47 @@ mod tests {
         );
         assert_eq!(ret(&m), Type::tensor(&[1, 3, 6, 7], crate::ir::DType::F32));
         // Volumetric: NCDHW; cubic is 2-D only.
-        let m = one_node(
-            16,
-            "GridSample",
-            &["x", "g"],
-            &["y"],
-            vec![text_attr("mode", "nearest")],
-            vec![
-                vi("x", &["2", "1", "3", "4", "5"]),
-                vi("g", &["2", "2", "2", "2", "3"]),
-            ],
-            vec![],
-        )
-        .unwrap_or_else(|e| unreachable!("{e}"));
+        let volumetric = |mode: &str| {
+            one_node(
+                16,
+                "GridSample",
+                &["x", "g"],
+                &["y"],
+                vec![text_attr("mode", mode)],
+                vec![
+                    vi("x", &["2", "1", "3", "4", "5"]),
+                    vi("g", &["2", "2", "2", "2", "3"]),
+                ],
+                vec![],
+            )
+        };
+        let m = volumetric("nearest").unwrap_or_else(|e| unreachable!("{e}"));
         assert_eq!(
             ret(&m),
             Type::tensor(&[2, 1, 2, 2, 2], crate::ir::DType::F32)
         );
-        let e = one_node(
-            16,
-            "GridSample",
-            &["x", "g"],
-            &["y"],
-            vec![text_attr("mode", "bicubic")],
-            vec![
-                vi("x", &["2", "1", "3", "4", "5"]),
-                vi("g", &["2", "2", "2", "2", "3"]),
-            ],
-            vec![],
-        )
-        .err()
-        .unwrap_or_default();
+        let e = volumetric("bicubic").err().unwrap_or_default();
         assert!(e.contains("4-D input"), "{e}");
         // AffineGrid: the size is a constant; the grid comes back channel-last.
-        let m = one_node(
-            20,
-            "AffineGrid",
-            &["theta", "size"],
-            &["grid"],
-            vec![],
-            vec![vi("theta", &["2", "2", "3"])],
-            vec![i64s("size", &[4], &[2, 3, 4, 5])],
-        )
-        .unwrap_or_else(|e| unreachable!("{e}"));
+        let affine = |size: &[i64]| {
+            one_node(
+                20,
+                "AffineGrid",
+                &["theta", "size"],
+                &["grid"],
+                vec![],
+                vec![vi("theta", &["2", "2", "3"])],
+                vec![i64s("size", &[4], size)],
+            )
+        };
+        let m = affine(&[2, 3, 4, 5]).unwrap_or_else(|e| unreachable!("{e}"));
         let t = print_module(&m).text;
         assert!(
             t.contains("R.image.affine_grid(theta, R.shape([4, 5]), align_corners=False)"),
             "{t}"
         );
         assert_eq!(ret(&m), Type::tensor(&[2, 4, 5, 2], crate::ir::DType::F32));
-        let e = one_node(
-            20,
-            "AffineGrid",
-            &["theta", "size"],
-            &["grid"],
-            vec![],
-            vec![vi("theta", &["2", "2", "3"])],
-            vec![i64s("size", &[4], &[3, 3, 4, 5])],
-        )
-        .err()
-        .unwrap_or_default();
+        let e = affine(&[3, 3, 4, 5]).err().unwrap_or_default();
         assert!(e.contains("batch of 3"), "{e}");
     }
 
