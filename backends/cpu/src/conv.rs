@@ -8,9 +8,10 @@
 //! Contract:
 //!
 //! - The data and kernel are brought to `NCHW`/`OIHW`. A 3×3 kernel with stride 1, dilation
-//!   1 and one group, on enough channels and pixels, runs as Winograd F(2×2, 3×3)
-//!   ([`crate::winograd`]: 16 GEMMs on transformed tiles, 2.25× fewer multiply-adds); the
-//!   executor transforms a constant weight once ([`winograd_weights`]).
+//!   1 and one group, on enough channels and pixels, runs as Winograd F(2×2, 3×3) or, where
+//!   its weights are small and its tiles many, F(4×4, 3×3) ([`crate::winograd`]: 16 or 36
+//!   GEMMs on transformed tiles, 2.25× or 4× fewer multiply-adds); the executor transforms a
+//!   constant weight once ([`winograd_weights`]).
 //! - Otherwise, per (image, group) the convolution is a GEMM `(O/g) × (C/g · KH · KW)` weights
 //!   by a `(C/g · KH · KW) × (OH · OW)` matrix: the data itself for a 1×1 kernel with stride
 //!   1 and no padding, else its im2col lowering, made per column tile by the thread that
@@ -113,12 +114,18 @@ impl Geom {
             self.oh, self.ow,
         ]
     }
-    /// A 3×3 kernel, stride 1, dilation 1, one group, of a size where Winograd F(2×2, 3×3)
-    /// pays ([`winograd::pays`]).
+    /// The Winograd variant of a 3×3 kernel, stride 1, dilation 1, one group, of a size where
+    /// Winograd pays ([`winograd::Tile::choose`]).
+    fn winograd_tile(&self) -> Option<winograd::Tile> {
+        let plain = self.g == 1
+            && (self.kh, self.kw, self.sh, self.sw, self.dh, self.dw) == (3, 3, 1, 1, 1, 1);
+        plain
+            .then(|| winograd::Tile::choose(self.c, self.o, self.oh, self.ow))
+            .flatten()
+    }
+    /// Whether the convolution runs as Winograd ([`Geom::winograd_tile`]).
     fn winograd(&self) -> bool {
-        self.g == 1
-            && (self.kh, self.kw, self.sh, self.sw, self.dh, self.dw) == (3, 3, 1, 1, 1, 1)
-            && winograd::pays(self.c, self.o, self.oh, self.ow)
+        self.winograd_tile().is_some()
     }
     /// One group, stride 2, dilation 1 and few taps per output, where [`conv_stem`] takes it
     /// (not where a test forces the GEMM paths).
@@ -638,19 +645,21 @@ fn cols_pack(w: &[f32], g: &Geom) -> KResult<crate::gemm_packed::PackedB> {
     crate::gemm_packed::PackedB::for_cols(&wt, k, o)
 }
 
-/// The Winograd transform of conv2d weight `w` for [`conv2d_fused`], when the convolution
-/// has a Winograd path whatever the data's size (3×3, stride 1, dilation 1, one group); `None`
-/// otherwise.
-pub(crate) fn winograd_weights(w: &Tensor, a: &Conv2dAttrs) -> Option<winograd::Weights> {
-    let wc = to_canonical(w, layout4(&a.kernel_layout, "OIHW").ok()?);
-    let &[o, ci, kh, kw] = wc.shape() else {
-        return None;
-    };
-    let plain = a.groups == 1 && a.strides == [1, 1] && a.dilation == [1, 1];
-    if !plain || (kh, kw) != (3, 3) || !wc.dtype().is_float() {
+/// The Winograd transform of conv2d weight `w` for [`conv2d_fused`] on data `x`, in the
+/// variant the convolution runs ([`Geom::winograd_tile`]); `None` when it runs another path.
+/// Reads only the shapes of `x`.
+pub(crate) fn winograd_weights(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Conv2dAttrs,
+) -> Option<winograd::Weights> {
+    let (g, wp) = shape_geometry(x, w, a).ok()?;
+    let tile = g.winograd_tile()?;
+    if !w.dtype().is_float() {
         return None;
     }
-    winograd::Weights::new(&f32s(&wc), o, ci).ok()
+    let wc = to_canonical(w, wp);
+    winograd::Weights::new(&f32s(&wc), g.o, g.c, tile).ok()
 }
 
 /// The elements of a float tensor as `f32`, borrowed when they already are.
@@ -699,12 +708,12 @@ fn compute(
             let ep: crate::matmul::Epilogue<'_> = &ep;
             let epilogue = (!steps.is_empty()).then_some(ep);
             let x_img = &xs[img * image..(img + 1) * image];
-            if g.winograd() {
+            if let Some(tile) = g.winograd_tile() {
                 let computed;
-                let wt = match wino.filter(|w| w.dims() == (g.o, g.c)) {
+                let wt = match wino.filter(|w| w.dims() == (g.o, g.c) && w.tile() == tile) {
                     Some(w) => w,
                     None => {
-                        computed = winograd::Weights::new(&ws, g.o, g.c)?;
+                        computed = winograd::Weights::new(&ws, g.o, g.c, tile)?;
                         &computed
                     }
                 };

@@ -467,11 +467,12 @@ impl Executor {
     /// computed at run time is transformed by each call instead).
     fn winograd_weights(
         &self,
+        x: &Tensor,
         w: &Tensor,
         attrs: &fusebox_core::op::Conv2dAttrs,
     ) -> Option<Arc<crate::winograd::Weights>> {
         self.derived(&self.winograd, w, || {
-            crate::conv::winograd_weights(w, attrs)
+            crate::conv::winograd_weights(x, w, attrs)
         })
     }
 

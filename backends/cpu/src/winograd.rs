@@ -1,5 +1,5 @@
-//! Winograd F(2×2, 3×3) convolution: the fast path of [`crate::conv`] for 3×3 kernels with
-//! stride 1, dilation 1 and one group (the 3×3 layers of ResNet-style networks).
+//! Winograd F(2×2, 3×3) and F(4×4, 3×3) convolution: the fast path of [`crate::conv`] for 3×3
+//! kernels with stride 1, dilation 1 and one group (the 3×3 layers of ResNet-style networks).
 //!
 //! Contract:
 //!
@@ -13,11 +13,24 @@
 //!   tiles fill 49 of 64), and its result transposed back: ResNet-50's 256×14×14 layers take
 //!   0.8–0.9 of their former time in the model (their weights streamed from memory), the model
 //!   0.96–0.98 (bench/RESULTS.md, session k).
+//! - F(4×4, 3×3) ([`Tile::F4`]) computes each 4×4 output tile from a 6×6 input tile (tiles
+//!   overlap by two): 36 GEMMs, 36 multiply-adds per 16 outputs and channel (2.25 per output
+//!   against F(2×2)'s 4), for larger transforms and weights 36/16 the size. [`Tile::choose`]
+//!   takes it where the transformed weights are small and the tiles many (ResNet-50's
+//!   64×56×56 and 128×28×28 layers: 2.49 → 2.01 and 2.56 → 1.89 ms for three calls each, two
+//!   threads; its 256×14×14 layers, 16 tiles and 9 MiB of weights, went from 4.6 to 5.1 ms
+//!   and stay with F(2×2)). Both transforms run over every tile of a block at once (runs of
+//!   the block's tiles, not of one tile row), the data's rows dealt into their column phases
+//!   and transformed along the row once.
 //! - The weight transform `G g Gᵀ` is computed in `f64` and rounded once ([`Weights`]); the
-//!   executor computes it once per constant weight. The data and output transforms are
-//!   additions and subtractions in `f32`. Against the direct sum the result differs by a few
-//!   units in the last place of the largest terms (the transforms' sums), well within the
-//!   tolerances `--check` and the onnxruntime comparison use.
+//!   executor computes it once per constant weight, in the variant its convolution runs. The
+//!   data and output transforms are additions, subtractions and multiplications by small
+//!   powers of two and by 5 in `f32`. Against the direct sum the result differs by a few units
+//!   in the last place of the largest terms (the transforms' sums) with F(2×2); F(4×4) scales
+//!   the data by up to 100 and the products back by up to 361, and stays within 64 ε of the
+//!   sum of the terms' magnitudes (17 ε measured on the tests' cases). Both are well within
+//!   the tolerances `--check` and the onnxruntime comparison use (ResNet-50's logits: 0.059
+//!   of a range of 137,772 from onnxruntime's, 0.045 with F(2×2) alone).
 //! - Two ways to spread the work, chosen by the shape ([`local_rows`]): one block of tile rows
 //!   at a time with each phase (data transform, the 16 GEMMs, output transform) spread over the
 //!   threads; or, where the transformed weights are small (ResNet's 64×56×56 and 128×28×28
@@ -40,8 +53,50 @@ use faer::reborrow::ReborrowMut;
 use faer::{Accum, MatMut, MatRef, Par};
 use std::cell::RefCell;
 
-/// The 16 positions of a transformed 4×4 tile.
-const XI: usize = 16;
+/// The output tile of a Winograd variant: F(2×2, 3×3) (4×4 input tiles, 16 positions) or
+/// F(4×4, 3×3) (6×6 input tiles, 36 positions: 2.25 multiply-adds per output and channel
+/// instead of 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tile {
+    F2,
+    F4,
+}
+
+impl Tile {
+    /// Outputs per tile side.
+    fn m(self) -> usize {
+        match self {
+            Tile::F2 => 2,
+            Tile::F4 => 4,
+        }
+    }
+    /// Positions of a transformed tile (`(m + 2)²`): the GEMMs per block.
+    fn xi(self) -> usize {
+        (self.m() + 2) * (self.m() + 2)
+    }
+
+    /// The variant for a 3×3, stride-1 convolution of these sizes, or `None` where Winograd
+    /// does not pay: enough channels for the GEMMs to dominate the transforms, and enough
+    /// F(2×2) tiles for the GEMMs to be efficient. F(4×4, 3×3) where its transformed weights
+    /// are small ([`F4_WEIGHTS`]: they are read for every block) and an image makes at least
+    /// [`F4_TILES`] of its tiles (ResNet-50's 64×56×56 and 128×28×28 layers); elsewhere
+    /// F(2×2, 3×3), whose smaller weights and finer tiles lose less to the weights read from
+    /// memory and to tiles past the output's edge.
+    pub(crate) fn choose(c: usize, o: usize, oh: usize, ow: usize) -> Option<Tile> {
+        if c < 16 || o < 16 || oh.div_ceil(2) * ow.div_ceil(2) < 32 {
+            return None;
+        }
+        let f4 = Tile::F4.xi() * c * o <= F4_WEIGHTS && oh.div_ceil(4) * ow.div_ceil(4) >= F4_TILES;
+        Some(if f4 { Tile::F4 } else { Tile::F2 })
+    }
+}
+
+/// The transformed weights (`36 · c · o` floats) up to which [`Tile::choose`] takes
+/// F(4×4, 3×3).
+const F4_WEIGHTS: usize = 36 * 128 * 128;
+
+/// The fewest F(4×4) tiles per image for which [`Tile::choose`] takes it (a 28×28 output).
+const F4_TILES: usize = 49;
 
 /// The elements of the transformed data and of the GEMMs' results per block: 1 Mi (4 MiB). On
 /// ResNet-50, fewer and longer GEMMs paid more than blocks that stay in a core's L2 (2 MiB
@@ -52,14 +107,16 @@ const BLOCK_ELEMS: usize = 1 << 20;
 /// `u[ξ][c][o] = (G g_{o,c} Gᵀ)[ξ]`.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Weights {
+    tile: Tile,
     o: usize,
     c: usize,
     u: Vec<f32>,
 }
 
 impl Weights {
-    /// The transform of `w` (`OIHW`, `o × c × 3 × 3`), computed in `f64` and rounded once.
-    pub(crate) fn new(w: &[f32], o: usize, c: usize) -> KResult<Weights> {
+    /// The transform of `w` (`OIHW`, `o × c × 3 × 3`) for `tile`, computed in `f64` and
+    /// rounded once.
+    pub(crate) fn new(w: &[f32], o: usize, c: usize, tile: Tile) -> KResult<Weights> {
         if w.len() != o * c * 9 {
             return Err(format!(
                 "winograd: a {o}x{c}x3x3 kernel needs {} elements, found {}",
@@ -67,41 +124,79 @@ impl Weights {
                 w.len()
             ));
         }
-        let mut u = vec![0.0f32; XI * o * c];
+        let xi = tile.xi();
+        fusebox_core::runtime::memory::check_alloc(
+            "the Winograd weights of relax.nn.conv2d",
+            fusebox_core::ir::DType::F32,
+            &[xi, o, c],
+        )
+        .map_err(|e| e.to_string())?;
+        let mut u = vec![0.0f32; xi * o * c];
+        let a = tile.m() + 2;
         for (oc, g) in w.chunks_exact(9).enumerate() {
             let g: [f64; 9] = std::array::from_fn(|i| f64::from(g[i]));
-            // G g: 4 × 3, rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2.
-            let mut gg = [[0.0f64; 3]; 4];
-            for j in 0..3 {
-                let (g0, g1, g2) = (g[j], g[3 + j], g[6 + j]);
-                gg[0][j] = g0;
-                gg[1][j] = (g0 + g1 + g2) * 0.5;
-                gg[2][j] = (g0 - g1 + g2) * 0.5;
-                gg[3][j] = g2;
-            }
-            // (G g) Gᵀ: the same on each row.
-            for (i, r) in gg.iter().enumerate() {
-                let (g0, g1, g2) = (r[0], r[1], r[2]);
-                let row = [g0, (g0 + g1 + g2) * 0.5, (g0 - g1 + g2) * 0.5, g2];
-                for (k, v) in row.into_iter().enumerate() {
-                    u[(4 * i + k) * o * c + (oc % c) * o + oc / c] = v as f32;
+            let at = |pos: usize| pos * o * c + (oc % c) * o + oc / c;
+            match tile {
+                Tile::F2 => {
+                    // G g: 4 × 3, rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2.
+                    let mut gg = [[0.0f64; 3]; 4];
+                    for j in 0..3 {
+                        let (g0, g1, g2) = (g[j], g[3 + j], g[6 + j]);
+                        gg[0][j] = g0;
+                        gg[1][j] = (g0 + g1 + g2) * 0.5;
+                        gg[2][j] = (g0 - g1 + g2) * 0.5;
+                        gg[3][j] = g2;
+                    }
+                    // (G g) Gᵀ: the same on each row.
+                    for (i, r) in gg.iter().enumerate() {
+                        let (g0, g1, g2) = (r[0], r[1], r[2]);
+                        let row = [g0, (g0 + g1 + g2) * 0.5, (g0 - g1 + g2) * 0.5, g2];
+                        for (k, v) in row.into_iter().enumerate() {
+                            u[at(a * i + k)] = v as f32;
+                        }
+                    }
+                }
+                Tile::F4 => {
+                    // G g Gᵀ with G's rows for the points 0, 1, -1, 2, -2 and infinity.
+                    let mut gg = [[0.0f64; 3]; 6];
+                    for (i, gi) in G4.iter().enumerate() {
+                        for j in 0..3 {
+                            gg[i][j] = gi[0] * g[j] + gi[1] * g[3 + j] + gi[2] * g[6 + j];
+                        }
+                    }
+                    for (i, r) in gg.iter().enumerate() {
+                        for (k, gk) in G4.iter().enumerate() {
+                            let v = r[0] * gk[0] + r[1] * gk[1] + r[2] * gk[2];
+                            u[at(a * i + k)] = v as f32;
+                        }
+                    }
                 }
             }
         }
-        Ok(Weights { o, c, u })
+        Ok(Weights { tile, o, c, u })
     }
 
     /// Output and input channels.
     pub(crate) fn dims(&self) -> (usize, usize) {
         (self.o, self.c)
     }
+
+    /// The variant these weights are transformed for.
+    pub(crate) fn tile(&self) -> Tile {
+        self.tile
+    }
 }
 
-/// Whether F(2×2, 3×3) pays for a 3×3, stride-1 convolution of these sizes: enough channels
-/// for the GEMMs to dominate the transforms, and enough tiles for the GEMMs to be efficient.
-pub(crate) fn pays(c: usize, o: usize, oh: usize, ow: usize) -> bool {
-    c >= 16 && o >= 16 && oh.div_ceil(2) * ow.div_ceil(2) >= 32
-}
+/// F(4×4, 3×3)'s `G` (6 × 3): the kernel's values at the interpolation points 0, 1, −1, 2,
+/// −2 and infinity, scaled so that the data transform `Bᵀ` has integer entries (Lavin & Gray).
+const G4: [[f64; 3]; 6] = [
+    [1.0 / 4.0, 0.0, 0.0],
+    [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+    [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+    [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+    [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+    [0.0, 0.0, 1.0],
+];
 
 /// One image of a convolution: the data (`c × h × w`), its padding (top, left) and the output
 /// size.
@@ -141,7 +236,8 @@ pub(crate) fn conv(
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
 ) -> KResult<()> {
-    let blocks = match local_rows(wt.c, wt.o, img.oh.div_ceil(2), img.ow.div_ceil(2)) {
+    let m = wt.tile.m();
+    let blocks = match local_rows(wt, img.oh.div_ceil(m), img.ow.div_ceil(m)) {
         Some(rows) => Blocks::Tasks(rows),
         None => Blocks::Phases(BLOCK_ELEMS),
     };
@@ -174,8 +270,8 @@ const TASK_WEIGHTS: usize = 1 << 18;
 /// rows make 4 (else 2) blocks of at least [`FEW_TILES`] tiles each, so that every GEMM keeps
 /// its plain orientation; by the shape alone, so the bits do not depend on the thread count
 /// (nor on the form: the tests compare the two).
-fn local_rows(c: usize, o: usize, th: usize, tw: usize) -> Option<usize> {
-    if XI * c * o > TASK_WEIGHTS || th == 0 {
+fn local_rows(wt: &Weights, th: usize, tw: usize) -> Option<usize> {
+    if wt.u.len() > TASK_WEIGHTS || th == 0 {
         return None;
     }
     [4usize, 2].into_iter().find_map(|blocks| {
@@ -203,6 +299,7 @@ fn conv_blocked(
     blocks: Blocks,
 ) -> KResult<()> {
     let (o, c) = (wt.o, wt.c);
+    let (m, xi) = (wt.tile.m(), wt.tile.xi());
     if img.c != c || img.x.len() != c * img.h * img.w || out.len() != o * img.oh * img.ow {
         return Err(format!(
             "winograd: data {}x{}x{} ({} elements), weights {o}x{c}, output {o}x{}x{} ({} \
@@ -216,7 +313,7 @@ fn conv_blocked(
             out.len()
         ));
     }
-    let (th, tw) = (img.oh.div_ceil(2), img.ow.div_ceil(2));
+    let (th, tw) = (img.oh.div_ceil(m), img.ow.div_ceil(m));
     if o == 0 || th == 0 || tw == 0 {
         return Ok(());
     }
@@ -226,29 +323,29 @@ fn conv_blocked(
         Blocks::Tasks(rows) => {
             let rows = rows.clamp(1, th);
             // Each task's output rows (`2 · rows` of them) of every channel.
-            let tasks: Vec<_> = crate::par::plane_runs(out, plane, 2 * rows * img.ow)
+            let tasks: Vec<_> = crate::par::plane_runs(out, plane, m * rows * img.ow)
                 .into_iter()
                 .enumerate()
                 .map(|(i, outs)| ((i * rows, ((i + 1) * rows).min(th)), outs))
                 .collect();
             let t = threads.min(tasks.len());
             return crate::par::run_tasks(tasks, t, |(span, outs)| {
-                crate::par::with_scratch(&BUFFERS, |(v, m)| {
+                crate::par::with_scratch(&BUFFERS, |(v, r)| {
                     let tb = (span.1 - span.0) * tw;
-                    v.resize(c * XI * tb, 0.0);
-                    m.resize(o * XI * tb, 0.0);
-                    let (v, m) = (&mut v[..c * XI * tb], &mut m[..o * XI * tb]);
-                    block(img, wt, outs, 1, epilogue, span, v, m)
+                    v.resize(c * xi * tb, 0.0);
+                    r.resize(o * xi * tb, 0.0);
+                    let (v, r) = (&mut v[..c * xi * tb], &mut r[..o * xi * tb]);
+                    block(img, wt, outs, 1, epilogue, span, v, r)
                 })
             });
         }
     };
     // Whole tile rows per block, about `block_elems` transformed elements (data and results).
-    let rows = (block_elems / (XI * (c + o) * tw).max(1)).clamp(1, th);
+    let rows = (block_elems / (xi * (c + o) * tw).max(1)).clamp(1, th);
     let tb_max = rows * tw;
-    crate::par::with_scratch(&BUFFERS, |(v, m)| {
-        v.resize(c * XI * tb_max, 0.0);
-        m.resize(o * XI * tb_max, 0.0);
+    crate::par::with_scratch(&BUFFERS, |(v, r)| {
+        v.resize(c * xi * tb_max, 0.0);
+        r.resize(o * xi * tb_max, 0.0);
         let mut result = Ok(());
         let mut ty0 = 0;
         while ty0 < th && result.is_ok() {
@@ -256,12 +353,12 @@ fn conv_blocked(
             result = block(
                 img,
                 wt,
-                rows_of(out, plane, img.ow, 2 * ty0, (2 * ty1).min(img.oh)),
+                rows_of(out, plane, img.ow, m * ty0, (m * ty1).min(img.oh)),
                 threads,
                 epilogue,
                 (ty0, ty1),
-                &mut v[..c * XI * (ty1 - ty0) * tw],
-                &mut m[..o * XI * (ty1 - ty0) * tw],
+                &mut v[..c * xi * (ty1 - ty0) * tw],
+                &mut r[..o * xi * (ty1 - ty0) * tw],
             );
             ty0 = ty1;
         }
@@ -287,32 +384,33 @@ fn block(
     m: &mut [f32],
 ) -> KResult<()> {
     let (o, c) = (wt.o, wt.c);
-    let tw = img.ow.div_ceil(2);
+    let (tile, xi) = (wt.tile, wt.tile.xi());
+    let tw = img.ow.div_ceil(tile.m());
     let tb = (ty1 - ty0) * tw;
     // 1. The data transform, channels spread over the threads.
-    let per = (XI * tb).max(1);
+    let per = (xi * tb).max(1);
     let t = crate::par::threads_for(c * per, 1 << 14).min(threads);
     let chans = c.div_ceil(4 * t).max(1);
     crate::par::for_each_chunk_mut(v, chans * per, t, |off, chunk| {
-        input_transform(img, (ty0, ty1), off / per, chunk);
+        input_transform(tile, img, (ty0, ty1), off / per, chunk);
     });
-    // 2. Sixteen GEMMs, one per tile position, spread over the threads.
-    let vm = MatRef::from_row_major_slice(v, c, XI * tb);
-    let mut rest = MatMut::from_row_major_slice_mut(m, o, XI * tb);
-    let mut tasks = Vec::with_capacity(XI);
-    for xi in 0..XI {
+    // 2. One GEMM per tile position (16 or 36), spread over the threads.
+    let vm = MatRef::from_row_major_slice(v, c, xi * tb);
+    let mut rest = MatMut::from_row_major_slice_mut(m, o, xi * tb);
+    let mut tasks = Vec::with_capacity(xi);
+    for pos in 0..xi {
         let (head, tail) = rest.split_at_col_mut(tb);
-        tasks.push((xi, head));
+        tasks.push((pos, head));
         rest = tail;
     }
-    let macs = o * c * tb * XI;
+    let macs = o * c * tb * xi;
     let t = crate::par::threads_for(macs / 16, 1 << 16).min(threads);
-    crate::par::run_tasks(tasks, t, |(xi, mut dst)| {
+    crate::par::run_tasks(tasks, t, |(pos, mut dst)| {
         let u =
-            wt.u.get(xi * o * c..(xi + 1) * o * c)
+            wt.u.get(pos * o * c..(pos + 1) * o * c)
                 .ok_or_else(|| "winograd: short weights".to_string())?;
         let ut = MatRef::from_row_major_slice(u, c, o);
-        let vx = vm.submatrix(0, xi * tb, c, tb);
+        let vx = vm.submatrix(0, pos * tb, c, tb);
         if tb >= FEW_TILES {
             let u = ut.transpose();
             faer::linalg::matmul::matmul(dst.rb_mut(), Accum::Replace, u, vx, 1.0f32, Par::Seq);
@@ -341,15 +439,15 @@ fn block(
         Ok::<(), String>(())
     })?;
     // 3. The output transform and the epilogue, channels spread over the threads.
-    let r0 = 2 * ty0;
+    let r0 = tile.m() * ty0;
     let tasks: Vec<(usize, &mut [f32])> = outs.into_iter().enumerate().collect();
-    let t = crate::par::threads_for(o * tb * XI, 1 << 14).min(threads);
+    let t = crate::par::threads_for(o * tb * xi, 1 << 14).min(threads);
     let m = &*m;
     crate::par::run_tasks(tasks, t, |(ch, rows)| {
         let mrow = m
-            .get(ch * XI * tb..(ch + 1) * XI * tb)
+            .get(ch * xi * tb..(ch + 1) * xi * tb)
             .ok_or_else(|| "winograd: short results".to_string())?;
-        output_transform(mrow, tb, tw, img.ow, rows);
+        output_transform(tile, mrow, tb, tw, img.ow, rows);
         if let Some(ep) = epilogue {
             ep(ch, r0, rows);
         }
@@ -359,16 +457,25 @@ fn block(
 
 /// The data transform `Bᵀ d B` of tile rows `ty0..ty1` for the channels of `chunk`
 /// (consecutive rows of `v`, from channel `ch0`).
-fn input_transform(img: Image<'_>, rows: (usize, usize), ch0: usize, chunk: &mut [f32]) {
-    struct Op<'a>(Image<'a>, (usize, usize), usize, &'a mut [f32]);
+fn input_transform(
+    tile: Tile,
+    img: Image<'_>,
+    rows: (usize, usize),
+    ch0: usize,
+    chunk: &mut [f32],
+) {
+    struct Op<'a>(Tile, Image<'a>, (usize, usize), usize, &'a mut [f32]);
     impl pulp::WithSimd for Op<'_> {
         type Output = ();
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, _: S) {
-            input_transform_inline(self.0, self.1, self.2, self.3);
+            match self.0 {
+                Tile::F2 => input_transform_inline(self.1, self.2, self.3, self.4),
+                Tile::F4 => input_transform4_inline(self.1, self.2, self.3, self.4),
+            }
         }
     }
-    crate::simd::dispatch(Op(img, rows, ch0, chunk));
+    crate::simd::dispatch(Op(tile, img, rows, ch0, chunk));
 }
 
 #[inline(always)]
@@ -387,7 +494,7 @@ fn input_transform_inline(
     let mut padded = vec![0.0f32; span];
     let (mut even, mut odd) = (vec![0.0f32; tw + 1], vec![0.0f32; tw + 1]);
     let mut q = vec![0.0f32; nrows * 4 * tw];
-    for (i, vrow) in chunk.chunks_mut(XI * tb).enumerate() {
+    for (i, vrow) in chunk.chunks_mut(16 * tb).enumerate() {
         let ch = ch0 + i;
         let Some(plane) = img.x.get(ch * img.h * img.w..(ch + 1) * img.h * img.w) else {
             return;
@@ -456,16 +563,19 @@ fn input_transform_inline(
 
 /// The output transform `Aᵀ m A` of one channel's results `mrow` (`16 × tb`) into `rows`
 /// (whole output rows of the block's tile rows).
-fn output_transform(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows: &mut [f32]) {
-    struct Op<'a>(&'a [f32], usize, usize, usize, &'a mut [f32]);
+fn output_transform(tile: Tile, mrow: &[f32], tb: usize, tw: usize, ow: usize, rows: &mut [f32]) {
+    struct Op<'a>(Tile, &'a [f32], usize, usize, usize, &'a mut [f32]);
     impl pulp::WithSimd for Op<'_> {
         type Output = ();
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, _: S) {
-            output_transform_inline(self.0, self.1, self.2, self.3, self.4);
+            match self.0 {
+                Tile::F2 => output_transform_inline(self.1, self.2, self.3, self.4, self.5),
+                Tile::F4 => output_transform4_inline(self.1, self.2, self.3, self.4, self.5),
+            }
         }
     }
-    crate::simd::dispatch(Op(mrow, tb, tw, ow, rows));
+    crate::simd::dispatch(Op(tile, mrow, tb, tw, ow, rows));
 }
 
 #[inline(always)]
@@ -511,6 +621,216 @@ fn output_transform_inline(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows: 
             }
         }
     }
+}
+
+/// F(4×4, 3×3)'s data transform `Bᵀ d B` of tile rows `ty0..ty1` for the channels of
+/// `chunk` (consecutive rows of `v`, from channel `ch0`): each input row is zero-padded,
+/// dealt into its four column phases and transformed along the row once (tiles overlap by two
+/// columns), into the place of row `j` (0..6) of each tile row that reads it (rows `4ty + 4`
+/// and `4ty + 5` also start tile row `ty + 1`); then, per transformed column `k`, the six rows
+/// of every tile at once, down the columns (runs of all the block's tiles).
+#[inline(always)]
+fn input_transform4_inline(
+    img: Image<'_>,
+    (ty0, ty1): (usize, usize),
+    ch0: usize,
+    chunk: &mut [f32],
+) {
+    let tw = img.ow.div_ceil(4);
+    let rows = ty1 - ty0;
+    let tb = rows * tw;
+    // Columns `4t + p` of the zero-padded row for `t` in `0..=tw`: tile `t` reads `4t..4t + 6`.
+    let span = 4 * (tw + 1);
+    let nrows = 4 * rows + 2;
+    IN4.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        // The padded row, its phases, its transform (`6 × tw`) and `d[k][j][tile]`.
+        buf.resize(span + 4 * (tw + 1) + 6 * tw + 36 * tb, 0.0);
+        let (padded, rest) = buf.split_at_mut(span);
+        let (phases, rest) = rest.split_at_mut(4 * (tw + 1));
+        let (h, d) = rest.split_at_mut(6 * tw);
+        for (i, vrow) in chunk.chunks_mut(36 * tb).enumerate() {
+            let ch = ch0 + i;
+            let Some(plane) = img.x.get(ch * img.h * img.w..(ch + 1) * img.h * img.w) else {
+                return;
+            };
+            for r in 0..nrows {
+                let y = (4 * ty0 + r) as isize - img.pt as isize;
+                if y < 0 || y >= img.h as isize || img.pl >= span {
+                    h.fill(0.0);
+                } else {
+                    padded.fill(0.0);
+                    let src = &plane[y as usize * img.w..(y as usize + 1) * img.w];
+                    let n = img.w.min(span - img.pl);
+                    padded[img.pl..img.pl + n].copy_from_slice(&src[..n]);
+                    let (p0, rest) = phases.split_at_mut(tw + 1);
+                    let (p1, rest) = rest.split_at_mut(tw + 1);
+                    let (p2, p3) = rest.split_at_mut(tw + 1);
+                    for (t, c) in padded.chunks_exact(4).enumerate() {
+                        p0[t] = c[0];
+                        p1[t] = c[1];
+                        p2[t] = c[2];
+                        p3[t] = c[3];
+                    }
+                    let (q0, rest) = h.split_at_mut(tw);
+                    let (q1, rest) = rest.split_at_mut(tw);
+                    let (q2, rest) = rest.split_at_mut(tw);
+                    let (q3, rest) = rest.split_at_mut(tw);
+                    let (q4, q5) = rest.split_at_mut(tw);
+                    let src = [
+                        &p0[..tw],
+                        &p1[..tw],
+                        &p2[..tw],
+                        &p3[..tw],
+                        &p0[1..],
+                        &p1[1..],
+                    ];
+                    b4(src, [q0, q1, q2, q3, q4, q5]);
+                }
+                // Row r is row j = r − 4·ty of tile rows ty = r / 4 and (j ≥ 4) ty − 1.
+                for (ty, j) in [(r / 4, r % 4), ((r / 4).wrapping_sub(1), r % 4 + 4)] {
+                    if ty >= rows || j >= 6 {
+                        continue;
+                    }
+                    for (k, hk) in h.chunks_exact(tw).enumerate() {
+                        let at = (k * 6 + j) * tb + ty * tw;
+                        d[at..at + tw].copy_from_slice(hk);
+                    }
+                }
+            }
+            for k in 0..6 {
+                let dk = &d[k * 6 * tb..(k + 1) * 6 * tb];
+                let col = |j: usize| &dk[j * tb..(j + 1) * tb];
+                // Positions 6i + k for i in 0..6, `tb` values each.
+                let mut outs = vrow.chunks_exact_mut(tb).skip(k).step_by(6);
+                let (Some(v0), Some(v1), Some(v2), Some(v3), Some(v4), Some(v5)) = (
+                    outs.next(),
+                    outs.next(),
+                    outs.next(),
+                    outs.next(),
+                    outs.next(),
+                    outs.next(),
+                ) else {
+                    return;
+                };
+                b4(
+                    [col(0), col(1), col(2), col(3), col(4), col(5)],
+                    [v0, v1, v2, v3, v4, v5],
+                );
+            }
+        }
+    });
+}
+
+thread_local! {
+    /// [`input_transform4_inline`]'s buffers on the calling thread.
+    static IN4: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The rows of F(4×4, 3×3)'s `Bᵀ` on six equal runs of values (one per tile):
+/// `q0 = 4d0 − 5d2 + d4`, `q1 = (d3 + d4) − 4(d1 + d2)`, `q2 = (d4 − d3) + 4(d1 − d2)`,
+/// `q3 = (d4 − d2) + 2(d3 − d1)`, `q4 = (d4 − d2) − 2(d3 − d1)`, `q5 = 4d1 − 5d3 + d5`.
+#[inline(always)]
+fn b4(d: [&[f32]; 6], q: [&mut [f32]; 6]) {
+    let [q0, q1, q2, q3, q4, q5] = q;
+    let n = q0.len();
+    let (d0, d1, d2) = (&d[0][..n], &d[1][..n], &d[2][..n]);
+    let (d3, d4, d5) = (&d[3][..n], &d[4][..n], &d[5][..n]);
+    let (q1, q2, q3) = (&mut q1[..n], &mut q2[..n], &mut q3[..n]);
+    let (q4, q5) = (&mut q4[..n], &mut q5[..n]);
+    for t in 0..n {
+        let (a0, a1, a2, a3, a4, a5) = (d0[t], d1[t], d2[t], d3[t], d4[t], d5[t]);
+        q0[t] = 4.0 * a0 - 5.0 * a2 + a4;
+        q1[t] = (a3 + a4) - 4.0 * (a1 + a2);
+        q2[t] = (a4 - a3) + 4.0 * (a1 - a2);
+        q3[t] = (a4 - a2) + 2.0 * (a3 - a1);
+        q4[t] = (a4 - a2) - 2.0 * (a3 - a1);
+        q5[t] = 4.0 * a1 - 5.0 * a3 + a5;
+    }
+}
+
+/// The rows of F(4×4, 3×3)'s `Aᵀ` on six equal runs: `y0 = m0 + (m1 + m2) + (m3 + m4)`,
+/// `y1 = (m1 − m2) + 2(m3 − m4)`, `y2 = (m1 + m2) + 4(m3 + m4)`,
+/// `y3 = (m1 − m2) + 8(m3 − m4) + m5`.
+#[inline(always)]
+fn a4(m: [&[f32]; 6], y: [&mut [f32]; 4]) {
+    let [y0, y1, y2, y3] = y;
+    let n = y0.len();
+    let (m0, m1, m2) = (&m[0][..n], &m[1][..n], &m[2][..n]);
+    let (m3, m4, m5) = (&m[3][..n], &m[4][..n], &m[5][..n]);
+    let (y1, y2, y3) = (&mut y1[..n], &mut y2[..n], &mut y3[..n]);
+    for t in 0..n {
+        let (s12, d12) = (m1[t] + m2[t], m1[t] - m2[t]);
+        let (s34, d34) = (m3[t] + m4[t], m3[t] - m4[t]);
+        y0[t] = m0[t] + s12 + s34;
+        y1[t] = d12 + 2.0 * d34;
+        y2[t] = s12 + 4.0 * s34;
+        y3[t] = d12 + 8.0 * d34 + m5[t];
+    }
+}
+
+/// F(4×4, 3×3)'s output transform `Aᵀ m A` of one channel's results `mrow` (`36 × tb`) into
+/// `rows` (whole output rows of the block's tile rows, four per tile row, the last maybe
+/// fewer; columns past the output's width dropped). Each tile's transform is its own, so
+/// both passes run over all `tb` tiles of the block at once (long runs of vectors), and only
+/// the last step deals the values into the output rows.
+#[inline(always)]
+fn output_transform4_inline(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows: &mut [f32]) {
+    OUT4.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        // `a[r][k]` (Aᵀ down each column k) and `y[r][c]` (then A along each row r), `tb` each.
+        buf.resize(40 * tb, 0.0);
+        let (a, y) = buf.split_at_mut(24 * tb);
+        let s = |pos: usize| &mrow[pos * tb..(pos + 1) * tb];
+        for k in 0..6 {
+            let mut runs = a.chunks_exact_mut(tb).skip(k).step_by(6);
+            let (Some(r0), Some(r1), Some(r2), Some(r3)) =
+                (runs.next(), runs.next(), runs.next(), runs.next())
+            else {
+                return;
+            };
+            a4(
+                [s(k), s(6 + k), s(12 + k), s(18 + k), s(24 + k), s(30 + k)],
+                [r0, r1, r2, r3],
+            );
+        }
+        for (ar, yr) in a.chunks_exact(6 * tb).zip(y.chunks_exact_mut(4 * tb)) {
+            let (m0, rest) = ar.split_at(tb);
+            let (m1, rest) = rest.split_at(tb);
+            let (m2, rest) = rest.split_at(tb);
+            let (m3, rest) = rest.split_at(tb);
+            let (m4, m5) = rest.split_at(tb);
+            let (c0, rest) = yr.split_at_mut(tb);
+            let (c1, rest) = rest.split_at_mut(tb);
+            let (c2, c3) = rest.split_at_mut(tb);
+            a4([m0, m1, m2, m3, m4, m5], [c0, c1, c2, c3]);
+        }
+        for (j, out4) in rows.chunks_mut(4 * ow).enumerate() {
+            let t0 = j * tw;
+            for (r, row) in out4.chunks_mut(ow).enumerate() {
+                let yr = &y[4 * r * tb..4 * (r + 1) * tb];
+                let col = |c: usize| &yr[c * tb + t0..c * tb + t0 + tw];
+                let (c0, c1, c2, c3) = (col(0), col(1), col(2), col(3));
+                let quads = row.chunks_exact_mut(4);
+                let full = quads.len();
+                for (t, p) in quads.enumerate() {
+                    p[0] = c0[t];
+                    p[1] = c1[t];
+                    p[2] = c2[t];
+                    p[3] = c3[t];
+                }
+                let cols = [c0, c1, c2, c3];
+                for (c, v) in row[4 * full..].iter_mut().enumerate() {
+                    *v = cols[c][full];
+                }
+            }
+        }
+    });
+}
+
+thread_local! {
+    /// [`output_transform4_inline`]'s two passes on the calling thread.
+    static OUT4: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]
@@ -578,9 +898,21 @@ mod tests {
         }
     }
 
-    /// Runs `conv_blocked` for a case, returning the output.
+    /// Runs `conv_blocked` for a case with F(2×2, 3×3), returning the output.
     fn run(img: Image<'_>, w: &[f32], o: usize, threads: usize, blocks: Blocks) -> Vec<f32> {
-        let wt = Weights::new(w, o, img.c).unwrap_or_else(|e| panic!("{e}"));
+        run_tile(img, w, o, threads, blocks, Tile::F2)
+    }
+
+    /// Runs `conv_blocked` for a case with `tile`, returning the output.
+    fn run_tile(
+        img: Image<'_>,
+        w: &[f32],
+        o: usize,
+        threads: usize,
+        blocks: Blocks,
+        tile: Tile,
+    ) -> Vec<f32> {
+        let wt = Weights::new(w, o, img.c, tile).unwrap_or_else(|e| panic!("{e}"));
         let mut out = vec![f32::NAN; o * img.oh * img.ow];
         conv_blocked(img, &wt, &mut out, threads, None, blocks).unwrap_or_else(|e| panic!("{e}"));
         out
@@ -665,7 +997,7 @@ mod tests {
         // Blocks of one and of five tile rows give the same sums (the GEMMs' order per element
         // does not depend on the block), whichever thread computes them.
         let small = run(img, &k, o, 2, Blocks::Phases(1));
-        let five = run(img, &k, o, 2, Blocks::Phases(XI * (c + o) * 11 * 5));
+        let five = run(img, &k, o, 2, Blocks::Phases(16 * (c + o) * 11 * 5));
         assert_eq!(bits(&small), bits(&five));
         assert_eq!(bits(&run(img, &k, o, 2, Blocks::Tasks(1))), bits(&small));
     }
@@ -675,11 +1007,22 @@ mod tests {
         // ResNet-50: 64×56×56 in 4 blocks of 7 tile rows, 128×28×28 in 2 of 7; 256×14×14
         // (4 MiB of transformed weights) and a 14×14 plane of few channels (blocks under
         // FEW_TILES tiles) stay phase-parallel.
-        assert_eq!(local_rows(64, 64, 28, 28), Some(7));
-        assert_eq!(local_rows(128, 128, 14, 14), Some(7));
-        assert_eq!(local_rows(256, 256, 7, 7), None);
-        assert_eq!(local_rows(64, 64, 7, 7), None);
-        assert_eq!(local_rows(16, 16, 0, 0), None);
+        let f2 = |c: usize, o: usize| {
+            Weights::new(&vec![0.0; o * c * 9], o, c, Tile::F2).unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert_eq!(local_rows(&f2(64, 64), 28, 28), Some(7));
+        assert_eq!(local_rows(&f2(128, 128), 14, 14), Some(7));
+        assert_eq!(local_rows(&f2(256, 256), 7, 7), None);
+        assert_eq!(local_rows(&f2(64, 64), 7, 7), None);
+        assert_eq!(local_rows(&f2(16, 16), 0, 0), None);
+        // F(4×4): 64×56×56 in 2 blocks of 7 tile rows (196 tiles); 128×28×28 (49 tiles in
+        // one block, 2.25 MiB of weights) phase-parallel.
+        let f4 = Weights::new(&vec![0.0; 64 * 64 * 9], 64, 64, Tile::F4)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(local_rows(&f4, 14, 14), Some(7));
+        let f4 = Weights::new(&vec![0.0; 128 * 128 * 9], 128, 128, Tile::F4)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(local_rows(&f4, 7, 7), None);
     }
 
     #[test]
@@ -688,8 +1031,13 @@ mod tests {
         let x = vec![1.0f32; c * h * w];
         let k = vec![0.5f32; o * c * 9];
         let img = image(&x, (c, h, w, 1, 1, 1, 1));
-        let wt = Weights::new(&k, o, c).unwrap_or_else(|e| panic!("{e}"));
-        for blocks in [Blocks::Phases(1), Blocks::Tasks(2)] {
+        for (tile, blocks) in [
+            (Tile::F2, Blocks::Phases(1)),
+            (Tile::F2, Blocks::Tasks(2)),
+            (Tile::F4, Blocks::Phases(1)),
+            (Tile::F4, Blocks::Tasks(1)),
+        ] {
+            let wt = Weights::new(&k, o, c, tile).unwrap_or_else(|e| panic!("{e}"));
             let mut out = vec![0.0f32; o * 81];
             let seen = std::sync::Mutex::new(vec![0usize; o * 81]);
             let ep = |ch: usize, r0: usize, rows: &mut [f32]| {
@@ -714,6 +1062,101 @@ mod tests {
         }
     }
 
+    /// The largest error of `got` against the direct sum `want`, as a share of the sum of
+    /// the absolute values of each output's terms (`scale`: the correlation of `|x|` and `|w|`).
+    fn relative_error(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
+        got.iter()
+            .zip(want)
+            .zip(scale)
+            .map(|((g, w), s)| (f64::from(*g) - w).abs() / s.max(f64::MIN_POSITIVE))
+            .fold(0.0, f64::max)
+    }
+
+    /// F(4×4, 3×3): within a fixed multiple of the `f32` epsilon of the sum of the terms'
+    /// magnitudes (its transforms scale the data by up to 100 and the products back by up
+    /// to 361: the error is larger than F(2×2)'s, as the literature reports), on every case,
+    /// every blocking and thread count; and bit-identical across them.
+    #[test]
+    fn f4_stays_within_its_error_bound_and_does_not_depend_on_blocks() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut worst = 0.0f64;
+        for (n, (c, o, h, w, pt, pl, pb, pr)) in CASES.into_iter().enumerate() {
+            let mut s = 0x2545_f491_u64 + n as u64;
+            let mut next = || {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            };
+            let x: Vec<f32> = (0..c * h * w).map(|_| next()).collect();
+            let k: Vec<f32> = (0..o * c * 9).map(|_| next()).collect();
+            let img = image(&x, (c, h, w, pt, pl, pb, pr));
+            let want = naive(&img, &k, o);
+            let (ax, ak): (Vec<f32>, Vec<f32>) = (
+                x.iter().map(|v| v.abs()).collect(),
+                k.iter().map(|v| v.abs()).collect(),
+            );
+            let scale = naive(&image(&ax, (c, h, w, pt, pl, pb, pr)), &ak, o);
+            let one = run_tile(img, &k, o, 1, Blocks::Phases(1 << 20), Tile::F4);
+            worst = worst.max(relative_error(&one, &want, &scale));
+            for (threads, blocks) in [
+                (2, Blocks::Phases(1)),
+                (3, Blocks::Phases(36 * (c + o) * 8 * 2)),
+                (2, Blocks::Tasks(1)),
+                (2, Blocks::Tasks(2)),
+            ] {
+                let got = run_tile(img, &k, o, threads, blocks, Tile::F4);
+                assert_eq!(
+                    bits(&got),
+                    bits(&one),
+                    "case {n}, {threads} threads, {blocks:?}"
+                );
+            }
+        }
+        // F(4×4) measured 2.0e-6 of the terms' magnitudes here (17 ε): the bound is 64 ε.
+        assert!(
+            worst <= 64.0 * f64::from(f32::EPSILON),
+            "worst relative error {worst:e}"
+        );
+        assert!(worst > 0.0, "real values should show some rounding");
+    }
+
+    /// F(4×4): small integers whose transforms stay exact give the exact correlation (weights
+    /// that are multiples of 576 = 24², so that `G g Gᵀ` has integer entries).
+    #[test]
+    fn f4_is_exact_where_its_transforms_are() {
+        for (c, o, h, w, pt, pl, pb, pr) in CASES {
+            let x: Vec<f32> = (0..c * h * w)
+                .map(|i| ((i * 37) % 5) as f32 - 2.0)
+                .collect();
+            let k: Vec<f32> = (0..o * c * 9)
+                .map(|i| (((i * 11) % 3) as f32 - 1.0) * 576.0)
+                .collect();
+            let img = image(&x, (c, h, w, pt, pl, pb, pr));
+            let want: Vec<f32> = naive(&img, &k, o).into_iter().map(|v| v as f32).collect();
+            for (blocks, threads) in [(Blocks::Phases(1 << 20), 1), (Blocks::Tasks(1), 2)] {
+                assert_eq!(
+                    run_tile(img, &k, o, threads, blocks, Tile::F4),
+                    want,
+                    "case {c} {o} {h} {w} {pt} {pl} {pb} {pr}, {blocks:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_variant_follows_the_channels_and_the_tiles() {
+        // ResNet-50's 3×3 stride-1 layers: F(4×4) on 64×56×56 and 128×28×28, F(2×2) on
+        // 256×14×14 (9 MiB of F(4×4) weights, 16 tiles); too few channels or tiles: none.
+        assert_eq!(Tile::choose(64, 64, 56, 56), Some(Tile::F4));
+        assert_eq!(Tile::choose(128, 128, 28, 28), Some(Tile::F4));
+        assert_eq!(Tile::choose(256, 256, 14, 14), Some(Tile::F2));
+        assert_eq!(Tile::choose(256, 256, 28, 28), Some(Tile::F2));
+        assert_eq!(Tile::choose(64, 64, 24, 24), Some(Tile::F2));
+        assert_eq!(Tile::choose(8, 64, 56, 56), None);
+        assert_eq!(Tile::choose(64, 64, 7, 7), None);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
@@ -734,15 +1177,50 @@ mod tests {
             let want: Vec<f32> = naive(&img, &k, o).into_iter().map(|v| v as f32).collect();
             proptest::prop_assert_eq!(run(img, &k, o, threads, block), want);
         }
+
+        /// Any sizes, paddings, blocks and thread counts: F(4×4) within its error bound of the
+        /// direct sum, and the same bits as one block on one thread.
+        #[test]
+        fn f4_any_shape_stays_within_its_bound(
+            c in 1usize..6, o in 1usize..6, h in 1usize..12, w in 1usize..12,
+            pt in 0usize..3, pl in 0usize..3, pb in 0usize..3, pr in 0usize..3,
+            size in 1usize..3000, tasks in proptest::bool::ANY, threads in 1usize..4,
+            seed in 0usize..1000,
+        ) {
+            let block = if tasks { Blocks::Tasks(size % 5) } else { Blocks::Phases(size) };
+            proptest::prop_assume!(h + pt + pb >= 3 && w + pl + pr >= 3);
+            let x: Vec<f32> = (0..c * h * w)
+                .map(|i| ((i * 7919 + seed) % 1013) as f32 / 1013.0 - 0.5)
+                .collect();
+            let k: Vec<f32> = (0..o * c * 9)
+                .map(|i| ((i * 104_729 + seed) % 997) as f32 / 997.0 - 0.5)
+                .collect();
+            let img = image(&x, (c, h, w, pt, pl, pb, pr));
+            let want = naive(&img, &k, o);
+            let ax: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+            let ak: Vec<f32> = k.iter().map(|v| v.abs()).collect();
+            let scale = naive(&image(&ax, (c, h, w, pt, pl, pb, pr)), &ak, o);
+            let got = run_tile(img, &k, o, threads, block, Tile::F4);
+            let err = relative_error(&got, &want, &scale);
+            proptest::prop_assert!(err <= 64.0 * f64::from(f32::EPSILON), "error {}", err);
+            let one = run_tile(img, &k, o, 1, Blocks::Phases(1 << 20), Tile::F4);
+            proptest::prop_assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                one.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
     }
 
     #[test]
     fn mismatched_operands_are_errors() {
-        assert!(Weights::new(&[0.0; 10], 1, 1).is_err());
-        let x = vec![0.0f32; 16 * 4 * 4];
-        let img = image(&x, (16, 4, 4, 1, 1, 1, 1));
-        let wt = Weights::new(&vec![0.0; 16 * 17 * 9], 16, 17).unwrap_or_else(|e| panic!("{e}"));
-        let mut out = vec![0.0f32; 16 * 16];
-        assert!(conv(img, &wt, &mut out, 1, None).is_err());
+        for tile in [Tile::F2, Tile::F4] {
+            assert!(Weights::new(&[0.0; 10], 1, 1, tile).is_err());
+            let x = vec![0.0f32; 16 * 4 * 4];
+            let img = image(&x, (16, 4, 4, 1, 1, 1, 1));
+            let wt = Weights::new(&vec![0.0; 16 * 17 * 9], 16, 17, tile)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut out = vec![0.0f32; 16 * 16];
+            assert!(conv(img, &wt, &mut out, 1, None).is_err());
+        }
     }
 }

@@ -34,7 +34,7 @@ impl<'m> Interp<'m> {
         if let Ok(shape) = crate::conv::out_shape(x, w, attrs) {
             fusebox_core::runtime::memory::check_alloc("relax.nn.conv2d", DType::F32, &shape)?;
         }
-        let wino = self.exec.winograd_weights(w, attrs);
+        let wino = self.exec.winograd_weights(x, w, attrs);
         let cols = self.exec.cols_weights(x, w, attrs);
         let prep = crate::conv::Prepared {
             wino: wino.as_deref(),
