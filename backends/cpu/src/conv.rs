@@ -123,6 +123,10 @@ impl Geom {
             .then(|| winograd::Tile::choose(self.c, self.o, self.oh, self.ow))
             .flatten()
     }
+    /// The Winograd tiles of one image in variant `tile`.
+    fn winograd_tiles(&self, tile: winograd::Tile) -> usize {
+        tile.tiles(self.oh, self.ow)
+    }
     /// Whether the convolution runs as Winograd ([`Geom::winograd_tile`]).
     fn winograd(&self) -> bool {
         self.winograd_tile().is_some()
@@ -659,7 +663,7 @@ pub(crate) fn winograd_weights(
         return None;
     }
     let wc = to_canonical(w, wp);
-    winograd::Weights::new(&f32s(&wc), g.o, g.c, tile).ok()
+    winograd::Weights::for_image(&f32s(&wc), g.o, g.c, tile, g.winograd_tiles(tile)).ok()
 }
 
 /// The elements of a float tensor as `f32`, borrowed when they already are.
@@ -710,10 +714,11 @@ fn compute(
             let x_img = &xs[img * image..(img + 1) * image];
             if let Some(tile) = g.winograd_tile() {
                 let computed;
-                let wt = match wino.filter(|w| w.dims() == (g.o, g.c) && w.tile() == tile) {
+                let tiles = g.winograd_tiles(tile);
+                let wt = match wino.filter(|w| w.fits(g.o, g.c, tile, tiles)) {
                     Some(w) => w,
                     None => {
-                        computed = winograd::Weights::new(&ws, g.o, g.c, tile)?;
+                        computed = winograd::Weights::for_image(&ws, g.o, g.c, tile, tiles)?;
                         &computed
                     }
                 };
