@@ -85,19 +85,28 @@ impl Tile {
 
     /// The variant for a 3×3, stride-1 convolution of these sizes, or `None` where Winograd
     /// does not pay: enough channels for the GEMMs to dominate the transforms, and enough
-    /// F(2×2) tiles for the GEMMs to be efficient. F(4×4, 3×3) where its transformed weights
+    /// F(2×2) tiles for the GEMMs to be efficient (32, or 16 — a 7×7 output — with at least
+    /// [`WIDE_CHANNELS`] channels in and out, where the direct kernel is bound by its
+    /// multiply-adds: ResNet-50's 512×7×7 layers, 2.38–2.44 → 1.82 ms for two calls on two
+    /// threads, the model 1.2–1.7% faster on one and two). F(4×4, 3×3) where its transformed weights
     /// are small ([`F4_WEIGHTS`]: they are read for every block) and an image makes at least
     /// [`F4_TILES`] of its tiles (ResNet-50's 64×56×56 and 128×28×28 layers); elsewhere
     /// F(2×2, 3×3), whose smaller weights and finer tiles lose less to the weights read from
     /// memory and to tiles past the output's edge.
     pub(crate) fn choose(c: usize, o: usize, oh: usize, ow: usize) -> Option<Tile> {
-        if c < 16 || o < 16 || oh.div_ceil(2) * ow.div_ceil(2) < 32 {
+        let tiles = Tile::F2.tiles(oh, ow);
+        let wide = c >= WIDE_CHANNELS && o >= WIDE_CHANNELS;
+        if c < 16 || o < 16 || tiles < 16 || (tiles < 32 && !wide) {
             return None;
         }
         let f4 = Tile::F4.xi() * c * o <= F4_WEIGHTS && oh.div_ceil(4) * ow.div_ceil(4) >= F4_TILES;
         Some(if f4 { Tile::F4 } else { Tile::F2 })
     }
 }
+
+/// The channels in and out from which [`Tile::choose`] takes outputs of 16 to 31 F(2×2)
+/// tiles.
+const WIDE_CHANNELS: usize = 256;
 
 /// The transformed weights (`36 · c · o` floats) up to which [`Tile::choose`] takes
 /// F(4×4, 3×3).
@@ -557,23 +566,28 @@ fn input_transform_inline(
     chunk: &mut [f32],
 ) {
     let tw = img.ow.div_ceil(2);
-    let tb = (ty1 - ty0) * tw;
+    let rows = ty1 - ty0;
+    let tb = rows * tw;
     let span = 2 * tw + 2;
     // The block's input rows (tile rows overlap by two), each zero-padded, de-interleaved
-    // into even and odd columns, and transformed once: q[row][k][tx].
-    let nrows = 2 * (ty1 - ty0) + 2;
+    // into even and odd columns and transformed once (`qr`: 4 × tw), then put in the place of
+    // row j (0..4) of each tile row that reads it: `d[k][j][tile]` (rows 2ty + 2 and 2ty + 3
+    // also start tile row ty + 1); then, per column k, the four rows of every tile at once.
+    let nrows = 2 * rows + 2;
     let mut padded = vec![0.0f32; span];
     let (mut even, mut odd) = (vec![0.0f32; tw + 1], vec![0.0f32; tw + 1]);
-    let mut q = vec![0.0f32; nrows * 4 * tw];
+    let mut qr = vec![0.0f32; 4 * tw];
+    let mut d = vec![0.0f32; 16 * tb];
     for (i, vrow) in chunk.chunks_mut(16 * tb).enumerate() {
         let ch = ch0 + i;
         let Some(plane) = img.x.get(ch * img.h * img.w..(ch + 1) * img.h * img.w) else {
             return;
         };
-        for (r, qr) in q.chunks_exact_mut(4 * tw).enumerate() {
+        for r in 0..nrows {
             let y = (2 * ty0 + r) as isize - img.pt as isize;
             if y < 0 || y >= img.h as isize || img.pl >= span {
                 qr.fill(0.0);
+                place(&qr, &mut d, r, rows, tw);
                 continue;
             }
             padded.fill(0.0);
@@ -606,28 +620,40 @@ fn input_transform_inline(
             q3.iter_mut()
                 .zip(o0.iter().zip(o1))
                 .for_each(|(d, (b, dd))| *d = b - dd);
+            place(&qr, &mut d, r, rows, tw);
         }
-        for ty in ty0..ty1 {
-            let t0 = (ty - ty0) * tw;
-            let r0 = 2 * (ty - ty0);
-            for k in 0..4 {
-                let row = |r: usize| &q[((r0 + r) * 4 + k) * tw..((r0 + r) * 4 + k + 1) * tw];
-                let (d0, d1, d2, d3) = (row(0), row(1), row(2), row(3));
-                let at = |i: usize| (4 * i + k) * tb + t0;
-                // Bᵀ (·): rows d0 - d2, d1 + d2, d2 - d1, d1 - d3.
-                let dst = vrow[at(0)..at(0) + tw].iter_mut();
-                dst.zip(d0.iter().zip(d2))
-                    .for_each(|(o, (a, c))| *o = a - c);
-                let dst = vrow[at(1)..at(1) + tw].iter_mut();
-                dst.zip(d1.iter().zip(d2))
-                    .for_each(|(o, (b, c))| *o = b + c);
-                let dst = vrow[at(2)..at(2) + tw].iter_mut();
-                dst.zip(d2.iter().zip(d1))
-                    .for_each(|(o, (c, b))| *o = c - b);
-                let dst = vrow[at(3)..at(3) + tw].iter_mut();
-                dst.zip(d1.iter().zip(d3))
-                    .for_each(|(o, (b, d))| *o = b - d);
-            }
+        for k in 0..4 {
+            let run = |j: usize| &d[(k * 4 + j) * tb..(k * 4 + j + 1) * tb];
+            let (d0, d1, d2, d3) = (run(0), run(1), run(2), run(3));
+            let at = |i: usize| (4 * i + k) * tb;
+            // Bᵀ (·): rows d0 - d2, d1 + d2, d2 - d1, d1 - d3.
+            let dst = vrow[at(0)..at(0) + tb].iter_mut();
+            dst.zip(d0.iter().zip(d2))
+                .for_each(|(o, (a, c))| *o = a - c);
+            let dst = vrow[at(1)..at(1) + tb].iter_mut();
+            dst.zip(d1.iter().zip(d2))
+                .for_each(|(o, (b, c))| *o = b + c);
+            let dst = vrow[at(2)..at(2) + tb].iter_mut();
+            dst.zip(d2.iter().zip(d1))
+                .for_each(|(o, (c, b))| *o = c - b);
+            let dst = vrow[at(3)..at(3) + tb].iter_mut();
+            dst.zip(d1.iter().zip(d3))
+                .for_each(|(o, (b, d))| *o = b - d);
+        }
+    }
+}
+
+/// Puts input row `r`'s transform `qr` (`4 × tw`, by column k) where F(2×2)'s tile rows read
+/// it: row j = r − 2ty of tile rows ty = r / 2 and (j ≥ 2) ty − 1, in `d[k][j][tile]`.
+fn place(qr: &[f32], d: &mut [f32], r: usize, rows: usize, tw: usize) {
+    let tb = rows * tw;
+    for (ty, j) in [(r / 2, r % 2), ((r / 2).wrapping_sub(1), r % 2 + 2)] {
+        if ty >= rows {
+            continue;
+        }
+        for (k, qk) in qr.chunks_exact(tw).enumerate() {
+            let at = (k * 4 + j) * tb + ty * tw;
+            d[at..at + tw].copy_from_slice(qk);
         }
     }
 }
@@ -649,49 +675,59 @@ fn output_transform(tile: Tile, mrow: &[f32], tb: usize, tw: usize, ow: usize, r
     crate::simd::dispatch(Op(tile, mrow, tb, tw, ow, rows));
 }
 
+/// F(2×2, 3×3)'s output transform `Aᵀ m A` of one channel's results `mrow` (`16 × tb`) into
+/// `rows` (whole output rows of the block's tile rows, two per tile row), over every tile of
+/// the block at once, then dealt into the rows.
 #[inline(always)]
 fn output_transform_inline(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows: &mut [f32]) {
-    let mut y = vec![0.0f32; 4 * tw];
-    for (j, out2) in rows.chunks_mut(2 * ow).enumerate() {
-        let t0 = j * tw;
-        let s = |xi: usize| &mrow[xi * tb + t0..xi * tb + t0 + tw];
-        let (y00, rest) = y.split_at_mut(tw);
-        let (y01, rest) = rest.split_at_mut(tw);
-        let (y10, y11) = rest.split_at_mut(tw);
+    OUT4.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.resize(4 * tb, 0.0);
+        let (y00, rest) = buf.split_at_mut(tb);
+        let (y01, rest) = rest.split_at_mut(tb);
+        let (y10, y11) = rest.split_at_mut(tb);
+        let s = |xi: usize| &mrow[xi * tb..(xi + 1) * tb];
         // Aᵀ m: p0[k] = m[0][k] + m[1][k] + m[2][k], p1[k] = m[1][k] - m[2][k] - m[3][k];
         // then (·) A on each: [p[0] + p[1] + p[2], p[1] - p[2] - p[3]].
         let (m0, m1, m2, m3) = (s(0), s(1), s(2), s(3));
         let (m4, m5, m6, m7) = (s(4), s(5), s(6), s(7));
         let (m8, m9, m10, m11) = (s(8), s(9), s(10), s(11));
         let (m12, m13, m14, m15) = (s(12), s(13), s(14), s(15));
-        for tx in 0..tw {
-            let p00 = m0[tx] + m4[tx] + m8[tx];
-            let p01 = m1[tx] + m5[tx] + m9[tx];
-            let p02 = m2[tx] + m6[tx] + m10[tx];
-            let p03 = m3[tx] + m7[tx] + m11[tx];
-            let p10 = m4[tx] - m8[tx] - m12[tx];
-            let p11 = m5[tx] - m9[tx] - m13[tx];
-            let p12 = m6[tx] - m10[tx] - m14[tx];
-            let p13 = m7[tx] - m11[tx] - m15[tx];
-            y00[tx] = p00 + p01 + p02;
-            y01[tx] = p01 - p02 - p03;
-            y10[tx] = p10 + p11 + p12;
-            y11[tx] = p11 - p12 - p13;
+        for t in 0..tb {
+            let p00 = m0[t] + m4[t] + m8[t];
+            let p01 = m1[t] + m5[t] + m9[t];
+            let p02 = m2[t] + m6[t] + m10[t];
+            let p03 = m3[t] + m7[t] + m11[t];
+            let p10 = m4[t] - m8[t] - m12[t];
+            let p11 = m5[t] - m9[t] - m13[t];
+            let p12 = m6[t] - m10[t] - m14[t];
+            let p13 = m7[t] - m11[t] - m15[t];
+            y00[t] = p00 + p01 + p02;
+            y01[t] = p01 - p02 - p03;
+            y10[t] = p10 + p11 + p12;
+            y11[t] = p11 - p12 - p13;
         }
-        let (top, bottom) = out2.split_at_mut(ow.min(out2.len()));
-        for (row, (ya, yb)) in [(top, (&*y00, &*y01)), (bottom, (&*y10, &*y11))] {
-            // Interleaved: ya[t] at column 2t, yb[t] at 2t + 1 (the last maybe cut off).
-            let pairs = row.chunks_exact_mut(2);
-            let full = pairs.len();
-            for (p, (a, b)) in pairs.zip(ya.iter().zip(yb)) {
-                p[0] = *a;
-                p[1] = *b;
-            }
-            if let (Some(last), Some(a)) = (row.get_mut(2 * full), ya.get(full)) {
-                *last = *a;
+        for (j, out2) in rows.chunks_mut(2 * ow).enumerate() {
+            let run = j * tw..(j + 1) * tw;
+            let (top, bottom) = out2.split_at_mut(ow.min(out2.len()));
+            let halves = [
+                (top, (&y00[run.clone()], &y01[run.clone()])),
+                (bottom, (&y10[run.clone()], &y11[run])),
+            ];
+            for (row, (ya, yb)) in halves {
+                // Interleaved: ya[t] at column 2t, yb[t] at 2t + 1 (the last maybe cut off).
+                let pairs = row.chunks_exact_mut(2);
+                let full = pairs.len();
+                for (p, (a, b)) in pairs.zip(ya.iter().zip(yb)) {
+                    p[0] = *a;
+                    p[1] = *b;
+                }
+                if let (Some(last), Some(a)) = (row.get_mut(2 * full), ya.get(full)) {
+                    *last = *a;
+                }
             }
         }
-    }
+    });
 }
 
 /// F(4×4, 3×3)'s data transform `Bᵀ d B` of tile rows `ty0..ty1` for the channels of
@@ -900,7 +936,8 @@ fn output_transform4_inline(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows:
 }
 
 thread_local! {
-    /// [`output_transform4_inline`]'s two passes on the calling thread.
+    /// The output transforms' passes on the calling thread ([`output_transform_inline`],
+    /// [`output_transform4_inline`]).
     static OUT4: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -1279,7 +1316,11 @@ mod tests {
         assert_eq!(Tile::choose(256, 256, 28, 28), Some(Tile::F2));
         assert_eq!(Tile::choose(64, 64, 24, 24), Some(Tile::F2));
         assert_eq!(Tile::choose(8, 64, 56, 56), None);
+        // 7×7 outputs (16 tiles of 2×2): wide layers only.
+        assert_eq!(Tile::choose(512, 512, 7, 7), Some(Tile::F2));
         assert_eq!(Tile::choose(64, 64, 7, 7), None);
+        assert_eq!(Tile::choose(512, 128, 7, 7), None);
+        assert_eq!(Tile::choose(512, 512, 5, 5), None);
     }
 
     proptest::proptest! {
