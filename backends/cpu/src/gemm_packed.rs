@@ -299,14 +299,17 @@ impl ColsSrc<'_> {
 /// them on four 16-lane vectors); blocks of [`cols_rows`] pixels of one output row are
 /// computed over all of `k` with a panel's 48 channels in registers (only the live vectors of
 /// a last, narrower panel), then written back transposed. Tasks are runs of equal work over
-/// (panel, block) pairs ([`cols_shares`]); `epilogue(j, i0, part)` runs on each finished part
-/// of a row of `y` (pixels `i0..`).
+/// (panel, block) pairs ([`cols_shares`]); `pre(j0, block)` runs on each finished block of
+/// sums before it is written back (`block[r][c]`: pixel `r` of the block, column `j0 + c`;
+/// the per-channel steps of a fused convolution, while the block is in registers' reach),
+/// and `epilogue(j, i0, part)` on each finished part of a row of `y` (pixels `i0..`).
 pub(crate) fn gemm_cols(
     m: usize,
     src: ColsSrc<'_>,
     b: &PackedB,
     y: &mut [f32],
     threads: usize,
+    pre: Option<ColsPre<'_>>,
     epilogue: Option<Epilogue<'_>>,
 ) -> KResult<()> {
     let (k, n) = (b.k, b.n);
@@ -356,6 +359,7 @@ pub(crate) fn gemm_cols(
                 b,
                 shares: &mut shares,
                 tail,
+                pre,
             })
         })?;
         if let Some(ep) = epilogue {
@@ -477,7 +481,12 @@ struct Cols<'a, 'y> {
     b: &'a PackedB,
     shares: &'a mut [Share<'y>],
     tail: &'a mut Vec<f32>,
+    pre: Option<ColsPre<'a>>,
 }
+
+/// What [`gemm_cols`] runs on each block of sums before writing it back: `pre(j0, cols,
+/// block)`, `block[r][c]` the sum of pixel `r` and column `j0 + c` for `c < cols`.
+pub(crate) type ColsPre<'p> = &'p (dyn Fn(usize, usize, &mut [[f32; NR]]) + Sync);
 
 impl pulp::WithSimd for Cols<'_, '_> {
     type Output = KResult<()>;
@@ -501,6 +510,7 @@ fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_, '_>) -> KResul
         b,
         shares,
         tail,
+        pre,
     } = t;
     let k = b.k;
     let full = m / MR;
@@ -540,6 +550,9 @@ fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_, '_>) -> KResul
                     2 => kernel_cols::<S, MR, 2>(simd, data, steps, at, panel, j0, &mut block),
                     _ => kernel_cols::<S, MR, 3>(simd, data, steps, at, panel, j0, &mut block),
                 };
+            }
+            if let Some(pre) = pre {
+                pre(sh.panel * NR, cols, &mut block[..valid]);
             }
             let i0 = (blk - sh.b0) * MR;
             for (c, row) in sh.rows.iter_mut().enumerate() {
@@ -1180,7 +1193,7 @@ mod tests {
             for threads in [1, 2, 3] {
                 let mut y = vec![f32::NAN; n * m];
                 crate::par::with_threads(threads, || {
-                    gemm_cols(m, src, &packed, &mut y, threads, None)
+                    gemm_cols(m, src, &packed, &mut y, threads, None, None)
                 })
                 .unwrap_or_else(|e| panic!("{e}"));
                 let got = transposed(&y, n, m);
@@ -1280,11 +1293,19 @@ mod tests {
             pitch: wp,
         };
         let mut y = vec![f32::NAN; o * m];
-        gemm_cols(m, src, &packed, &mut y, 2, None).unwrap_or_else(|e| panic!("{e}"));
+        gemm_cols(m, src, &packed, &mut y, 2, None, None).unwrap_or_else(|e| panic!("{e}"));
         let steps2 = row_steps(k, m);
         let mut want = vec![f32::NAN; o * m];
-        gemm_cols(m, rows_src(&col, &steps2, m), &packed, &mut want, 1, None)
-            .unwrap_or_else(|e| panic!("{e}"));
+        gemm_cols(
+            m,
+            rows_src(&col, &steps2, m),
+            &packed,
+            &mut want,
+            1,
+            None,
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(bits(&y), bits(&want));
     }
 
@@ -1308,6 +1329,7 @@ mod tests {
                         b: &packed,
                         shares: &mut shares,
                         tail: &mut Vec::new(),
+                        pre: None,
                     })
                     .unwrap_or_else(|e| panic!("{e}"));
                 }
@@ -1338,7 +1360,7 @@ mod tests {
         let steps = row_steps(k, m);
         let src = rows_src(&x, &steps, m);
         let mut want = vec![0.0; n * m];
-        gemm_cols(m, src, &packed, &mut want, 1, None).unwrap_or_else(|e| panic!("{e}"));
+        gemm_cols(m, src, &packed, &mut want, 1, None, None).unwrap_or_else(|e| panic!("{e}"));
         // Parts of rows (a panel shared by pixels between the tasks of two threads), whole
         // blocks of 7 pixels each, every element once.
         let seen = std::sync::Mutex::new(vec![0u8; n * m]);
@@ -1355,7 +1377,7 @@ mod tests {
             r.iter_mut().for_each(|v| *v = -*v);
         };
         let mut y = vec![0.0; n * m];
-        gemm_cols(m, src, &packed, &mut y, 2, Some(&ep)).unwrap_or_else(|e| panic!("{e}"));
+        gemm_cols(m, src, &packed, &mut y, 2, None, Some(&ep)).unwrap_or_else(|e| panic!("{e}"));
         assert!(
             seen.into_inner()
                 .unwrap_or_else(|e| panic!("{e}"))
@@ -1384,11 +1406,11 @@ mod tests {
             ..src
         };
         for bad in [short, wide, across, few] {
-            assert!(gemm_cols(m, bad, &packed, &mut y, 1, None).is_err());
+            assert!(gemm_cols(m, bad, &packed, &mut y, 1, None, None).is_err());
         }
-        assert!(gemm_cols(m, src, &packed, &mut y[1..], 1, None).is_err());
+        assert!(gemm_cols(m, src, &packed, &mut y[1..], 1, None, None).is_err());
         let narrow = PackedB::with_width(&b, k, n, NR_N).unwrap_or_else(|e| panic!("{e}"));
-        let e = gemm_cols(m, src, &narrow, &mut y, 1, None).unwrap_err();
+        let e = gemm_cols(m, src, &narrow, &mut y, 1, None, None).unwrap_err();
         assert!(e.contains("panels of 48"), "{e}");
     }
 

@@ -486,7 +486,7 @@ fn block(
             };
             return crate::par::with_scratch(&TRANSPOSED, |tmp| {
                 tmp.resize(o * tb, 0.0);
-                crate::gemm_packed::gemm_cols(tb, src, packed, &mut tmp[..o * tb], 1, None)?;
+                crate::gemm_packed::gemm_cols(tb, src, packed, &mut tmp[..o * tb], 1, None, None)?;
                 for (ch, src) in tmp.chunks_exact(tb).enumerate() {
                     let Some(row) = dst.rb_mut().row_mut(ch).try_as_row_major_mut() else {
                         return Err("winograd: a result row is not contiguous".to_string());

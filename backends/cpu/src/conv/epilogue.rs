@@ -48,6 +48,80 @@ impl Step {
     }
 }
 
+/// How many of `steps`, from the first, act on each element with its channel's values alone
+/// (`batch_norm`, a bias, `relu`, `clip`): what [`apply_channel_steps`] can run on a block of
+/// pixels × channels before the block is written to its rows. The rest (a residual, a
+/// program) then run on the rows as before; each element still sees the ops in their order.
+pub(crate) fn channel_prefix(steps: &[Step]) -> usize {
+    steps
+        .iter()
+        .take_while(|s| {
+            matches!(
+                s,
+                Step::Affine { .. } | Step::Bias { .. } | Step::Relu | Step::Clip { .. }
+            )
+        })
+        .count()
+}
+
+/// Applies `steps` (all of [`channel_prefix`]'s kinds) to each row of `block`: row `r` holds
+/// one pixel's values of channels `ch0..ch0 + cols`. Each element gets the operations
+/// [`apply_steps`] gives it, in order (the same bits).
+pub(crate) fn apply_channel_steps<const N: usize>(
+    steps: &[Step],
+    ch0: usize,
+    cols: usize,
+    block: &mut [[f32; N]],
+) {
+    struct Op<'a, const N: usize>(&'a [Step], usize, usize, &'a mut [[f32; N]]);
+    impl<const N: usize> pulp::WithSimd for Op<'_, N> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(steps, ch0, cols, block) = self;
+            let cols = cols.min(N);
+            for s in steps {
+                let ch = ch0..ch0 + cols;
+                for row in block.iter_mut() {
+                    let row = &mut row[..cols];
+                    match s {
+                        Step::Affine { mul, add } => {
+                            let (Some(k), Some(b)) = (mul.get(ch.clone()), add.get(ch.clone()))
+                            else {
+                                return;
+                            };
+                            for ((v, &k), &b) in row.iter_mut().zip(k).zip(b) {
+                                *v = v.mul_add(k, b);
+                            }
+                        }
+                        Step::Bias { b, bias_first } => {
+                            let Some(b) = b.get(ch.clone()) else {
+                                return;
+                            };
+                            if *bias_first {
+                                // `add(b, x)` in its operand order (the NaN payload it gives).
+                                #[allow(
+                                    clippy::assign_op_pattern,
+                                    reason = "b + x, not x + b: the operand order of the op"
+                                )]
+                                row.iter_mut().zip(b).for_each(|(v, &b)| *v = b + *v);
+                            } else {
+                                row.iter_mut().zip(b).for_each(|(v, &b)| *v += b);
+                            }
+                        }
+                        Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
+                        Step::Clip { lo, hi } => {
+                            row.iter_mut().for_each(|v| *v = v.max(*lo).min(*hi));
+                        }
+                        Step::Residual { .. } | Step::Program(_) => return,
+                    }
+                }
+            }
+        }
+    }
+    crate::simd::dispatch(Op(steps, ch0, cols, block));
+}
+
 /// `relu` as a select (NaN stays NaN; negatives and `-0.0` become `+0.0`), which vectorises.
 #[inline(always)]
 pub(crate) fn relu(v: f32) -> f32 {
@@ -200,5 +274,132 @@ pub(super) fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut
             Step::Program(p) => p.0.apply(at, row),
         }
         i += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::*;
+
+    /// Bits of a slice, so that NaN payloads and signed zeros compare too.
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Per-channel steps on a block of pixels × channels (before the write-back of the column
+    /// kernel) give each element the bits the steps give it on its channel's row, NaN,
+    /// infinities and signed zeros included; a residual splits the steps, and running the
+    /// rest on the rows afterwards gives the bits of running all of them on the rows.
+    #[test]
+    fn channel_steps_on_a_block_equal_the_steps_on_rows() {
+        const N: usize = 8;
+        let (ch0, cols, pixels) = (3usize, 7usize, 5usize);
+        let channels = ch0 + cols;
+        let special = [
+            f32::NAN,
+            -0.0,
+            0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            7.5,
+            -7.5,
+        ];
+        let value = |p: usize, c: usize| {
+            let i = p * cols + c;
+            special
+                .get(i)
+                .copied()
+                .unwrap_or(((i * 37) % 23) as f32 * 0.7 - 8.0)
+        };
+        let per = |k: usize| -> Vec<f32> {
+            (0..channels)
+                .map(|c| ((c * k + 5) % 11) as f32 * 0.25 - 1.0)
+                .collect()
+        };
+        let residual = Tensor::from_f32(
+            vec![1, channels, 1, pixels],
+            (0..channels * pixels)
+                .map(|i| ((i * 13) % 17) as f32 * 0.5 - 4.0)
+                .collect(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let chains: Vec<Vec<Step>> = vec![
+            vec![
+                Step::Bias {
+                    b: per(3),
+                    bias_first: false,
+                },
+                Step::Clip { lo: 0.0, hi: 6.0 },
+            ],
+            vec![
+                Step::Bias {
+                    b: per(5),
+                    bias_first: true,
+                },
+                Step::Relu,
+            ],
+            vec![
+                Step::Affine {
+                    mul: per(7),
+                    add: per(2),
+                },
+                Step::Relu,
+            ],
+            vec![
+                Step::Bias {
+                    b: per(3),
+                    bias_first: false,
+                },
+                Step::Residual {
+                    r: residual.clone(),
+                    prev_first: true,
+                },
+                Step::Relu,
+            ],
+            vec![
+                Step::Affine {
+                    mul: per(7),
+                    add: per(2),
+                },
+                Step::Residual {
+                    r: residual,
+                    prev_first: false,
+                },
+                Step::Clip { lo: -1.0, hi: 1.0 },
+            ],
+        ];
+        for steps in &chains {
+            // On rows: channel c's row holds pixels 0..pixels (at c · pixels of the output).
+            let mut rows: Vec<Vec<f32>> = (0..channels)
+                .map(|c| {
+                    (0..pixels)
+                        .map(|p| if c >= ch0 { value(p, c - ch0) } else { 0.0 })
+                        .collect()
+                })
+                .collect();
+            for (c, row) in rows.iter_mut().enumerate().skip(ch0) {
+                apply_steps(steps, c, c * pixels, row);
+            }
+            // On the block, then the rest on the rows.
+            let k = channel_prefix(steps);
+            let mut block = vec![[f32::NAN; N]; pixels];
+            for (p, r) in block.iter_mut().enumerate() {
+                for (c, v) in r.iter_mut().enumerate().take(cols) {
+                    *v = value(p, c);
+                }
+            }
+            apply_channel_steps(&steps[..k], ch0, cols, &mut block);
+            for c in 0..cols {
+                let mut row: Vec<f32> = block.iter().map(|r| r[c]).collect();
+                apply_steps(&steps[k..], ch0 + c, (ch0 + c) * pixels, &mut row);
+                assert_eq!(bits(&row), bits(&rows[ch0 + c]), "{steps:?}, channel {c}");
+            }
+            // Columns past `cols` are left alone.
+            assert!(block.iter().all(|r| r[cols].is_nan()));
+        }
+        assert_eq!(channel_prefix(&chains[3]), 1);
+        assert_eq!(channel_prefix(&chains[0]), 2);
     }
 }
