@@ -1219,6 +1219,85 @@ mod tests {
     }
 
     #[test]
+    fn winograd_variants_do_not_depend_on_threads_or_the_kept_transform() {
+        // F(4×4) with its GEMMs on the column kernel (16 → 16 on 28×28: 49 tiles) and on
+        // plain `faer` (30×30: 64 tiles); F(2×2) on a 7×7 output of 256 channels (16 tiles)
+        // and, with weights past F(4×4)'s bound, on 16×16 (64 tiles, plain `faer`).
+        let cases = [
+            (16, 28, 16, Some(winograd::Tile::F4)),
+            (24, 30, 20, Some(winograd::Tile::F4)),
+            (256, 7, 256, Some(winograd::Tile::F2)),
+            (136, 16, 136, Some(winograd::Tile::F2)),
+        ];
+        for (c, hw, o, tile) in cases {
+            let xs: Vec<f32> = (0..c * hw * hw)
+                .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+                .collect();
+            let ws: Vec<f32> = (0..o * c * 9)
+                .map(|i| ((i * 104_729) % 1000) as f32 / 991.0 - 0.5)
+                .collect();
+            let x =
+                Tensor::from_f32(vec![1, c, hw, hw], xs.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let wt =
+                Tensor::from_f32(vec![o, c, 3, 3], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let a = attrs(1, 1, 1, 1);
+            let g = geometry(&[1, c, hw, hw], &[o, c, 3, 3], &a).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(g.winograd_tile(), tile, "{c} → {o} on {hw}×{hw}");
+            let bits = |t: &Tensor| -> Vec<u32> {
+                t.as_f32()
+                    .unwrap_or_else(|| panic!("f32"))
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            let kept = winograd_weights(&x, &wt, &a).unwrap_or_else(|| panic!("no transform"));
+            let run = |prep: Prepared<'_>, threads: usize| {
+                crate::par::with_threads(threads, || conv2d_fused(&x, &wt, &a, &[], prep))
+                    .unwrap_or_else(|e| panic!("{e}"))
+            };
+            let with_kept = Prepared {
+                wino: Some(&kept),
+                cols: None,
+            };
+            let one = bits(&run(Prepared::default(), 1));
+            for threads in [1, 2, 3] {
+                assert_eq!(
+                    bits(&run(with_kept, threads)),
+                    one,
+                    "{c} → {o}, {threads} threads"
+                );
+                assert_eq!(bits(&run(Prepared::default(), threads)), one);
+            }
+            // A transform kept for another image size (its GEMMs run the other way) is not
+            // taken: the call makes its own, with the same bits.
+            let big = Tensor::from_f32(vec![1, c, 2 * hw, 2 * hw], vec![0.25; c * 4 * hw * hw])
+                .unwrap_or_else(|e| panic!("{e}"));
+            if let Some(other) = winograd_weights(&big, &wt, &a) {
+                let foreign = Prepared {
+                    wino: Some(&other),
+                    cols: None,
+                };
+                assert_eq!(
+                    bits(&run(foreign, 2)),
+                    one,
+                    "{c} → {o}: a foreign transform"
+                );
+            }
+            // Against the direct sum: within the variant's rounding.
+            let want = naive(&xs, &ws, &g);
+            let got = run(Prepared::default(), 2);
+            let got = got.as_f32().unwrap_or_else(|| panic!("f32"));
+            let scale = (c * 9) as f32 * 0.25;
+            for (i, (&v, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (v - w).abs() <= scale * 1e-5,
+                    "{c} → {o}, element {i}: {v} vs {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn small_plane_bits_do_not_depend_on_threads_caching_or_fusion() {
         // Rounding sums, a NaN and an infinity: one chain per element whatever the tiling.
         let (c, hw, o) = (64, 7, 100);
