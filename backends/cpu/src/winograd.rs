@@ -88,11 +88,11 @@ impl Tile {
     /// F(2×2) tiles for the GEMMs to be efficient (32, or 16 — a 7×7 output — with at least
     /// [`WIDE_CHANNELS`] channels in and out, where the direct kernel is bound by its
     /// multiply-adds: ResNet-50's 512×7×7 layers, 2.38–2.44 → 1.82 ms for two calls on two
-    /// threads, the model 1.2–1.7% faster on one and two). F(4×4, 3×3) where its transformed weights
-    /// are small ([`F4_WEIGHTS`]: they are read for every block) and an image makes at least
-    /// [`F4_TILES`] of its tiles (ResNet-50's 64×56×56 and 128×28×28 layers); elsewhere
-    /// F(2×2, 3×3), whose smaller weights and finer tiles lose less to the weights read from
-    /// memory and to tiles past the output's edge.
+    /// threads, the model 1.2–1.7% faster on one and two). F(4×4, 3×3) where its
+    /// transformed weights are small ([`F4_WEIGHTS`]: they are read for every block) and an
+    /// image makes at least [`F4_TILES`] of its tiles (ResNet-50's 64×56×56 and 128×28×28
+    /// layers); elsewhere F(2×2, 3×3), whose smaller weights and finer tiles lose less to the
+    /// weights read from memory and to tiles past the output's edge.
     pub(crate) fn choose(c: usize, o: usize, oh: usize, ow: usize) -> Option<Tile> {
         let tiles = Tile::F2.tiles(oh, ow);
         let wide = c >= WIDE_CHANNELS && o >= WIDE_CHANNELS;
@@ -587,7 +587,7 @@ fn input_transform_inline(
             let y = (2 * ty0 + r) as isize - img.pt as isize;
             if y < 0 || y >= img.h as isize || img.pl >= span {
                 qr.fill(0.0);
-                place(&qr, &mut d, r, rows, tw);
+                place(&qr, &mut d, r, (2, 4), rows, tw);
                 continue;
             }
             padded.fill(0.0);
@@ -620,7 +620,7 @@ fn input_transform_inline(
             q3.iter_mut()
                 .zip(o0.iter().zip(o1))
                 .for_each(|(d, (b, dd))| *d = b - dd);
-            place(&qr, &mut d, r, rows, tw);
+            place(&qr, &mut d, r, (2, 4), rows, tw);
         }
         for k in 0..4 {
             let run = |j: usize| &d[(k * 4 + j) * tb..(k * 4 + j + 1) * tb];
@@ -643,16 +643,18 @@ fn input_transform_inline(
     }
 }
 
-/// Puts input row `r`'s transform `qr` (`4 × tw`, by column k) where F(2×2)'s tile rows read
-/// it: row j = r − 2ty of tile rows ty = r / 2 and (j ≥ 2) ty − 1, in `d[k][j][tile]`.
-fn place(qr: &[f32], d: &mut [f32], r: usize, rows: usize, tw: usize) {
+/// Puts input row `r`'s transform along the row, `qr` (`a × tw`, by column k), where the
+/// tile rows of a variant with `m` outputs and `a = m + 2` inputs per tile side read it: as
+/// row `j = r − m·ty` of every tile row `ty` with `0 ≤ j < a` (tiles overlap by two rows), in
+/// `d[k][j][tile]` (`a × a × rows·tw`).
+fn place(qr: &[f32], d: &mut [f32], r: usize, (m, a): (usize, usize), rows: usize, tw: usize) {
     let tb = rows * tw;
-    for (ty, j) in [(r / 2, r % 2), ((r / 2).wrapping_sub(1), r % 2 + 2)] {
-        if ty >= rows {
+    for j in (r % m..a).step_by(m) {
+        let Some(ty) = r.checked_sub(j).map(|v| v / m).filter(|&ty| ty < rows) else {
             continue;
-        }
+        };
         for (k, qk) in qr.chunks_exact(tw).enumerate() {
-            let at = (k * 4 + j) * tb + ty * tw;
+            let at = (k * a + j) * tb + ty * tw;
             d[at..at + tw].copy_from_slice(qk);
         }
     }
@@ -680,7 +682,7 @@ fn output_transform(tile: Tile, mrow: &[f32], tb: usize, tw: usize, ow: usize, r
 /// the block at once, then dealt into the rows.
 #[inline(always)]
 fn output_transform_inline(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows: &mut [f32]) {
-    OUT4.with(|buf| {
+    OUT_PASSES.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.resize(4 * tb, 0.0);
         let (y00, rest) = buf.split_at_mut(tb);
@@ -794,16 +796,7 @@ fn input_transform4_inline(
                     ];
                     b4(src, [q0, q1, q2, q3, q4, q5]);
                 }
-                // Row r is row j = r − 4·ty of tile rows ty = r / 4 and (j ≥ 4) ty − 1.
-                for (ty, j) in [(r / 4, r % 4), ((r / 4).wrapping_sub(1), r % 4 + 4)] {
-                    if ty >= rows || j >= 6 {
-                        continue;
-                    }
-                    for (k, hk) in h.chunks_exact(tw).enumerate() {
-                        let at = (k * 6 + j) * tb + ty * tw;
-                        d[at..at + tw].copy_from_slice(hk);
-                    }
-                }
+                place(h, d, r, (4, 6), rows, tw);
             }
             for k in 0..6 {
                 let dk = &d[k * 6 * tb..(k + 1) * 6 * tb];
@@ -883,7 +876,7 @@ fn a4(m: [&[f32]; 6], y: [&mut [f32]; 4]) {
 /// the last step deals the values into the output rows.
 #[inline(always)]
 fn output_transform4_inline(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows: &mut [f32]) {
-    OUT4.with(|buf| {
+    OUT_PASSES.with(|buf| {
         let mut buf = buf.borrow_mut();
         // `a[r][k]` (Aᵀ down each column k) and `y[r][c]` (then A along each row r), `tb` each.
         buf.resize(40 * tb, 0.0);
@@ -938,7 +931,7 @@ fn output_transform4_inline(mrow: &[f32], tb: usize, tw: usize, ow: usize, rows:
 thread_local! {
     /// The output transforms' passes on the calling thread ([`output_transform_inline`],
     /// [`output_transform4_inline`]).
-    static OUT4: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static OUT_PASSES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]
