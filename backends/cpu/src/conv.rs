@@ -1218,6 +1218,15 @@ mod tests {
         }
     }
 
+    /// The bits of a `float32` tensor's elements (NaN payloads and signed zeros compare too).
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.as_f32()
+            .unwrap_or_else(|| panic!("f32"))
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
     #[test]
     fn winograd_variants_do_not_depend_on_threads_or_the_kept_transform() {
         // F(4×4) with its GEMMs on the column kernel (16 → 16 on 28×28: 49 tiles) and on
@@ -1243,13 +1252,6 @@ mod tests {
             let a = attrs(1, 1, 1, 1);
             let g = geometry(&[1, c, hw, hw], &[o, c, 3, 3], &a).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(g.winograd_tile(), tile, "{c} → {o} on {hw}×{hw}");
-            let bits = |t: &Tensor| -> Vec<u32> {
-                t.as_f32()
-                    .unwrap_or_else(|| panic!("f32"))
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
             let kept = winograd_weights(&x, &wt, &a).unwrap_or_else(|| panic!("no transform"));
             let run = |prep: Prepared<'_>, threads: usize| {
                 crate::par::with_threads(threads, || conv2d_fused(&x, &wt, &a, &[], prep))
@@ -1312,13 +1314,6 @@ mod tests {
         let x = Tensor::from_f32(vec![1, c, hw, hw], xs).unwrap_or_else(|e| panic!("{e}"));
         let wt = Tensor::from_f32(vec![o, c, 3, 3], ws).unwrap_or_else(|e| panic!("{e}"));
         let a = attrs(1, 1, 1, 1);
-        let bits = |t: &Tensor| -> Vec<u32> {
-            t.as_f32()
-                .unwrap_or_else(|| panic!("f32"))
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
         let one = conv_cols(&x, &wt, &a, true, 1);
         for threads in [2, 3] {
             assert_eq!(bits(&conv_cols(&x, &wt, &a, true, threads)), bits(&one));

@@ -584,16 +584,11 @@ fn input_transform_inline(
             return;
         };
         for r in 0..nrows {
-            let y = (2 * ty0 + r) as isize - img.pt as isize;
-            if y < 0 || y >= img.h as isize || img.pl >= span {
+            if !padded_row(&img, plane, 2 * ty0 + r, &mut padded) {
                 qr.fill(0.0);
                 place(&qr, &mut d, r, (2, 4), rows, tw);
                 continue;
             }
-            padded.fill(0.0);
-            let src = &plane[y as usize * img.w..(y as usize + 1) * img.w];
-            let n = img.w.min(span - img.pl);
-            padded[img.pl..img.pl + n].copy_from_slice(&src[..n]);
             for ((e, o), p) in even
                 .iter_mut()
                 .zip(odd.iter_mut())
@@ -641,6 +636,24 @@ fn input_transform_inline(
                 .for_each(|(o, (b, d))| *o = b - d);
         }
     }
+}
+
+/// Row `row` of the zero-padded image (counting the top padding's rows) into `padded`, the
+/// left padding first and zeros past the data; `false` when the row lies in the padding (its
+/// transform is then zero).
+fn padded_row(img: &Image<'_>, plane: &[f32], row: usize, padded: &mut [f32]) -> bool {
+    let span = padded.len();
+    let y = row as isize - img.pt as isize;
+    if y < 0 || y >= img.h as isize || img.pl >= span {
+        return false;
+    }
+    let Some(src) = plane.get(y as usize * img.w..(y as usize + 1) * img.w) else {
+        return false;
+    };
+    padded.fill(0.0);
+    let n = img.w.min(span - img.pl);
+    padded[img.pl..img.pl + n].copy_from_slice(&src[..n]);
+    true
 }
 
 /// Puts input row `r`'s transform along the row, `qr` (`a × tw`, by column k), where the
@@ -764,14 +777,9 @@ fn input_transform4_inline(
                 return;
             };
             for r in 0..nrows {
-                let y = (4 * ty0 + r) as isize - img.pt as isize;
-                if y < 0 || y >= img.h as isize || img.pl >= span {
+                if !padded_row(&img, plane, 4 * ty0 + r, padded) {
                     h.fill(0.0);
                 } else {
-                    padded.fill(0.0);
-                    let src = &plane[y as usize * img.w..(y as usize + 1) * img.w];
-                    let n = img.w.min(span - img.pl);
-                    padded[img.pl..img.pl + n].copy_from_slice(&src[..n]);
                     let (p0, rest) = phases.split_at_mut(tw + 1);
                     let (p1, rest) = rest.split_at_mut(tw + 1);
                     let (p2, p3) = rest.split_at_mut(tw + 1);
@@ -1058,15 +1066,7 @@ mod tests {
     #[test]
     fn real_values_stay_within_a_few_ulps_of_the_largest_terms() {
         for (n, (c, o, h, w, pt, pl, pb, pr)) in CASES.into_iter().enumerate() {
-            let mut s = 0x9e37_79b9_u64 + n as u64;
-            let mut next = || {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            };
-            let x: Vec<f32> = (0..c * h * w).map(|_| next()).collect();
-            let k: Vec<f32> = (0..o * c * 9).map(|_| next()).collect();
+            let (x, k) = random_operands(0x9e37_79b9_u64 + n as u64, c * h * w, o * c * 9);
             let img = image(&x, (c, h, w, pt, pl, pb, pr));
             let want = naive(&img, &k, o);
             let got = run(img, &k, o, 1, Blocks::Phases(1 << 20));
@@ -1178,6 +1178,32 @@ mod tests {
     /// cases of the property test, 9 ε on the fixed cases.
     const F4_BOUND: f64 = 128.0;
 
+    /// `n` data and `m` weight values in [-1, 1) from an xorshift generator seeded with `seed`.
+    fn random_operands(seed: u64, n: usize, m: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut s = seed;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        let k: Vec<f32> = (0..m).map(|_| next()).collect();
+        (x, k)
+    }
+
+    /// Each output's sum of its terms' magnitudes: the correlation of `|x|` and `|k|`.
+    fn magnitudes(
+        x: &[f32],
+        k: &[f32],
+        o: usize,
+        shape: (usize, usize, usize, usize, usize, usize, usize),
+    ) -> Vec<f64> {
+        let ax: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+        let ak: Vec<f32> = k.iter().map(|v| v.abs()).collect();
+        naive(&image(&ax, shape), &ak, o)
+    }
+
     /// The largest error of `got` against the direct sum `want`, as a share of the largest
     /// sum of the absolute values of an output's terms (`scale`: the correlation of `|x|` and
     /// `|w|`).
@@ -1197,22 +1223,10 @@ mod tests {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let mut worst = 0.0f64;
         for (n, (c, o, h, w, pt, pl, pb, pr)) in CASES.into_iter().enumerate() {
-            let mut s = 0x2545_f491_u64 + n as u64;
-            let mut next = || {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            };
-            let x: Vec<f32> = (0..c * h * w).map(|_| next()).collect();
-            let k: Vec<f32> = (0..o * c * 9).map(|_| next()).collect();
+            let (x, k) = random_operands(0x2545_f491_u64 + n as u64, c * h * w, o * c * 9);
             let img = image(&x, (c, h, w, pt, pl, pb, pr));
             let want = naive(&img, &k, o);
-            let (ax, ak): (Vec<f32>, Vec<f32>) = (
-                x.iter().map(|v| v.abs()).collect(),
-                k.iter().map(|v| v.abs()).collect(),
-            );
-            let scale = naive(&image(&ax, (c, h, w, pt, pl, pb, pr)), &ak, o);
+            let scale = magnitudes(&x, &k, o, (c, h, w, pt, pl, pb, pr));
             let one = run_tile(img, &k, o, 1, Blocks::Phases(1 << 20), Tile::F4);
             worst = worst.max(relative_error(&one, &want, &scale));
             for (threads, blocks) in [
@@ -1251,9 +1265,7 @@ mod tests {
             .collect();
         let img = image(&x, (c, h, w, 1, 1, 1, 1));
         let want = naive(&img, &k, o);
-        let ax: Vec<f32> = x.iter().map(|v| v.abs()).collect();
-        let ak: Vec<f32> = k.iter().map(|v| v.abs()).collect();
-        let scale = naive(&image(&ax, (c, h, w, 1, 1, 1, 1)), &ak, o);
+        let scale = magnitudes(&x, &k, o, (c, h, w, 1, 1, 1, 1));
         let lanes16 = crate::simd::f32_lanes() >= 16;
         for tile in [Tile::F2, Tile::F4] {
             let tiles = tile.tiles(img.oh, img.ow);
@@ -1356,9 +1368,7 @@ mod tests {
                 .collect();
             let img = image(&x, (c, h, w, pt, pl, pb, pr));
             let want = naive(&img, &k, o);
-            let ax: Vec<f32> = x.iter().map(|v| v.abs()).collect();
-            let ak: Vec<f32> = k.iter().map(|v| v.abs()).collect();
-            let scale = naive(&image(&ax, (c, h, w, pt, pl, pb, pr)), &ak, o);
+            let scale = magnitudes(&x, &k, o, (c, h, w, pt, pl, pb, pr));
             let got = run_tile(img, &k, o, threads, block, Tile::F4);
             let err = relative_error(&got, &want, &scale);
             proptest::prop_assert!(err <= F4_BOUND * f64::from(f32::EPSILON), "error {}", err);
