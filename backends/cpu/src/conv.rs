@@ -157,7 +157,8 @@ impl Geom {
     /// One group, no Winograd path, and an output plane of at most [`COLS_PIXELS`] pixels —
     /// or a larger one of a kernel of several taps with at least [`COLS_MIN_STEPS`] steps of
     /// `k` ([`COLS_MIN_STEPS_S1`] at stride 1), read in place from its phases
-    /// ([`Geom::reads_phases`]) — on a CPU with 16-lane
+    /// ([`Geom::reads_phases`]), or of a 1×1 kernel with at least [`COLS_MIN_STEPS_1X1`] input
+    /// channels on up to [`COLS_PIXELS_1X1`] pixels — on a CPU with 16-lane
     /// vectors: the GEMM runs with the output channels on the lanes
     /// ([`crate::gemm_packed::gemm_cols`], the weight packed transposed: [`cols_weights`]).
     fn packs(&self) -> bool {
@@ -168,10 +169,12 @@ impl Geom {
             COLS_MIN_STEPS
         };
         let long = self.kdim() >= bound && self.kh * self.kw > 1 && self.reads_phases();
+        let long_1x1 =
+            self.direct() && npix <= COLS_PIXELS_1X1 && self.kdim() >= COLS_MIN_STEPS_1X1;
         self.g == 1
             && !self.winograd()
             && npix > 0
-            && (npix <= COLS_PIXELS || long)
+            && (npix <= COLS_PIXELS || long || long_1x1)
             && self.kdim() > 0
             && cols_lanes()
     }
@@ -409,6 +412,20 @@ const COLS_MIN_STEPS: usize = 1024;
 /// below, 5×5 layers with K = 75 to 200 took 0.96–1.59 and a dilated 3×3 with K = 288 1.26
 /// (bench/RESULTS.md, session y).
 const COLS_MIN_STEPS_S1: usize = 300;
+
+/// The most output pixels of a plane on which [`Geom::packs`] takes a [`Geom::direct`] (1×1)
+/// convolution of at least [`COLS_MIN_STEPS_1X1`] input channels: 14×14.
+const COLS_PIXELS_1X1: usize = 196;
+
+/// The fewest input channels of a 1×1 convolution on a plane of more than [`COLS_PIXELS`] and
+/// at most [`COLS_PIXELS_1X1`] pixels that [`Geom::packs`] takes: a long enough reduction per
+/// block for the transposed write-back to weigh little. Alternated runs, against `faer` on
+/// the data in place (bench/RESULTS.md, session ad), sums over a model's calls: MobileNetV2's
+/// 576 → 96 one thread 0.458 → 0.408 ms, two 0.243 → 0.216; 384 → 96 0.153 → 0.137 and 0.081
+/// → 0.074; ResNet-50's 1024 → 256 two threads 2.63 → 2.49–2.54 ms. Below it the column
+/// kernel lost: 96 → 576 0.698 → 0.792 ms, 64 → 384 0.424 → 0.523 (one thread), ResNet-50's
+/// 256 → 1024 3.35 → 3.54 ms (two); 192 → 64 and 384 → 64 within noise.
+const COLS_MIN_STEPS_1X1: usize = 384;
 
 /// Whether a test keeps [`conv_stem`] off (to reach the GEMM paths it would take).
 fn no_stem() -> bool {
@@ -1189,7 +1206,7 @@ mod tests {
         // channels, K = 1026, 14×14 and 10×8 outputs, rows of 7 and 8) take the column kernel,
         // read in place from the phases, and give the definition exactly; 113 channels
         // (K = 1017), a 1×1 stride-2 kernel and rows that are not whole blocks do not. At
-        // stride 1 the bound is COLS_MIN_STEPS_S1.
+        // stride 1 the bound is COLS_MIN_STEPS_S1; 1×1 stride-1 kernels have their own.
         let cases = [
             (
                 114usize, 28usize, 28usize, 3usize, 2i64, 1i64, 20usize, true,
@@ -1201,6 +1218,13 @@ mod tests {
             // Stride 1 (COLS_MIN_STEPS_S1): a 5×5 with K = 300 on 16×16 takes it, K = 275 not.
             (12, 16, 16, 5, 1, 2, 20, true),
             (11, 16, 16, 5, 1, 2, 20, false),
+            // 1×1, stride 1 (COLS_MIN_STEPS_1X1 on up to COLS_PIXELS_1X1 pixels): 384 input
+            // channels on 14×14 and on 10×10 (blocks of 8 and a last one of 4) take it; 383
+            // channels, or a 15×15 plane, do not.
+            (384, 14, 14, 1, 1, 0, 20, true),
+            (384, 10, 10, 1, 1, 0, 52, true),
+            (383, 14, 14, 1, 1, 0, 20, false),
+            (384, 15, 15, 1, 1, 0, 20, false),
         ];
         for (c, h, w, k, s, p, o, takes) in cases {
             let a = attrs(s, p, 1, 1);
