@@ -317,7 +317,6 @@ where
     debug_assert!(r.is_ok());
 }
 
-/// The number of threads worth using for `work` units of cheap work (elements, MACs / 16):
 /// Cuts each `plane`-long plane of `out` into runs of `run` elements (a plane's last run
 /// shorter) and gathers the `i`-th run of every plane as task `i`'s slices: a task's band of
 /// output rows in every channel of an `NCHW` result. Empty when `plane` or `run` is 0.
@@ -337,6 +336,7 @@ pub(crate) fn plane_runs<T>(out: &mut [T], plane: usize, run: usize) -> Vec<Vec<
     tasks
 }
 
+/// The number of threads worth using for `work` units of cheap work (elements, MACs / 16):
 /// one per `grain` units, at most [`threads`].
 pub(crate) fn threads_for(work: usize, grain: usize) -> usize {
     threads().min(work / grain.max(1)).max(1)
