@@ -147,6 +147,10 @@ enum Command {
         /// Print per-function times (calls and total ms) to stderr.
         #[arg(long)]
         profile: bool,
+        /// With `--profile`: the most per-shape lines under one op, fused kernel or conv chain
+        /// (0: every shape); the other shapes are summed in one line.
+        #[arg(long, default_value_t = 8)]
+        profile_shapes: usize,
         /// Print `time import|partition|compile|run <ms> ms` lines to stderr.
         #[arg(long)]
         timings: bool,
@@ -433,6 +437,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             output_dir,
             check,
             profile,
+            profile_shapes,
             timings,
             repeat,
             memory_limit,
@@ -449,6 +454,7 @@ fn run(cmd: Command) -> Result<(), fusebox::Error> {
             output_dir,
             check,
             profile,
+            profile_shapes,
             timings,
             repeat,
             memory_limit,

@@ -38,7 +38,8 @@
 //!   the backends compile during partition).
 //! - `--profile`: per-function and per-op totals (calls, ms, share of the run) of the median
 //!   timed run (the one `time run` reports) on stderr, functions first with their backend,
-//!   pattern and ops.
+//!   pattern and ops; an op, fused kernel or conv chain called on several operand shapes split
+//!   by shape, `--profile-shapes N` lines at most (default 8, 0: all).
 //!
 //! ```text
 //! $ fusebox run model.onnx --check --timings
@@ -70,6 +71,8 @@ pub struct RunArgs {
     pub output_dir: PathBuf,
     pub check: bool,
     pub profile: bool,
+    /// `--profile-shapes`: the most per-shape lines under one op (0: all).
+    pub profile_shapes: usize,
     pub timings: bool,
     pub repeat: usize,
     /// `--memory-limit` in bytes.
@@ -150,7 +153,11 @@ fn finish(
         errln!("time compile 0.000 ms");
         errln!("time run {run_ms:.3} ms");
     }
-    print_profile(profile, module, claims, run_ms);
+    let shapes = match a.profile_shapes {
+        0 => usize::MAX,
+        n => n,
+    };
+    print_profile(profile, module, claims, run_ms, shapes);
     Ok(())
 }
 
@@ -162,8 +169,14 @@ fn finish(
 /// the executor ran as one kernel, `op` for an op. Function times include what they call.
 /// Under an op, chain or fused kernel called on more than one set of operand shapes, lines
 /// `profile <name> on <shapes> calls <n> <ms> ms <share>% of run` split it by shapes
-/// ([`SHAPE_LINES`] at most, the rest summed in one line).
-fn print_profile(profile: &[CallProfile], module: &Module, claims: &[ClaimReport], run_ms: f64) {
+/// (`shape_lines` at most, largest first, the rest summed in one line).
+fn print_profile(
+    profile: &[CallProfile],
+    module: &Module,
+    claims: &[ClaimReport],
+    run_ms: f64,
+    shape_lines: usize,
+) {
     if profile.is_empty() {
         return;
     }
@@ -223,7 +236,7 @@ fn print_profile(profile: &[CallProfile], module: &Module, claims: &[ClaimReport
         // An op on more than one set of operand shapes: its calls by shapes, so a user can
         // tell, say, a language model's head from its other products.
         if p.by_shape.len() > 1 {
-            for s in p.by_shape.iter().take(SHAPE_LINES) {
+            for s in p.by_shape.iter().take(shape_lines) {
                 let ms = s.seconds * 1e3;
                 errln!(
                     "profile {} on {} calls {} {ms:.3} ms {:.1}% of run",
@@ -233,7 +246,7 @@ fn print_profile(profile: &[CallProfile], module: &Module, claims: &[ClaimReport
                     share_of(ms)
                 );
             }
-            if let Some(rest) = p.by_shape.get(SHAPE_LINES..).filter(|r| !r.is_empty()) {
+            if let Some(rest) = p.by_shape.get(shape_lines..).filter(|r| !r.is_empty()) {
                 let ms: f64 = rest.iter().map(|s| s.seconds * 1e3).sum();
                 let calls: usize = rest.iter().map(|s| s.calls).sum();
                 errln!(
@@ -246,9 +259,6 @@ fn print_profile(profile: &[CallProfile], module: &Module, claims: &[ClaimReport
         }
     }
 }
-
-/// The most `profile … on <shapes>` lines under one op; the rest are summed in one line.
-const SHAPE_LINES: usize = 8;
 
 /// The partition report of `--config` on stdout: each function with the backend that runs it
 /// and its ops, then the ops left in `main` (run by the CPU reference executor).

@@ -150,6 +150,49 @@ fn profile_works_with_a_config() {
 }
 
 #[test]
+fn profile_shapes_bounds_the_lines_per_shape() {
+    // The chain runs on three shapes: `--profile-shapes 2` shows the two largest and sums the
+    // third in one line; `--profile-shapes 0` shows all three and no sum.
+    let prefix = "profile relax.nn.conv2d+relax.add+relax.nn.relu on ";
+    for (limit, lines, rest) in [("2", 2, true), ("0", 3, false), ("3", 3, false)] {
+        let dir = out_dir(&format!("profile-shapes-{limit}"));
+        let (ok, _, err) = fusebox(
+            &[
+                "run",
+                "examples/small_cnn.relax",
+                "--profile",
+                "--profile-shapes",
+                limit,
+                "--output-dir",
+                &dir,
+            ],
+            &[],
+        );
+        assert!(ok, "{err}");
+        let on: Vec<&str> = err.lines().filter_map(|l| l.strip_prefix(prefix)).collect();
+        let summed: Vec<&&str> = on
+            .iter()
+            .filter(|l| l.contains(" other shape sets calls "))
+            .collect();
+        assert_eq!(
+            on.len() - summed.len(),
+            lines,
+            "--profile-shapes {limit}: {err}"
+        );
+        if rest {
+            assert_eq!(summed.len(), 1, "{err}");
+            assert!(
+                summed[0].starts_with("1 other shape sets calls 1 "),
+                "{err}"
+            );
+        } else {
+            assert!(summed.is_empty(), "{err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
 fn the_profile_is_the_median_runs() {
     let dir = out_dir("profile-median");
     let (ok, _, err) = fusebox(
