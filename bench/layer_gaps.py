@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Per-layer time of a convolutional model in fusebox against onnxruntime, layer shape by layer
+shape, both runtimes in the same run: where the gap between them lies.
+
+onnxruntime's side is its per-node profile (`SessionOptions.enable_profiling`): every kernel's
+time per run, the median over the timed runs. Its graph optimiser fuses a Conv with the Clip,
+Relu or Add that follows and names the fused node after the last output (for instance
+`.../Clip_output_0_nchwc`); this script walks from that output back through the model's own
+graph to the Conv that heads the group, and keys it by the Conv's data and weight shapes from
+ONNX shape inference (`(1, 96, 14, 14) (576, 96, 1, 1)`). fusebox's side is `fusebox run
+--profile --profile-shapes 0`: each fused convolution chain's calls split by the same two
+shapes, the minimum over the processes run. Nodes that share a key are summed on both sides
+(a shape that occurs three times is three calls). Other nodes (the classifier, the pooling)
+are listed by op type for onnxruntime and by function for fusebox, unmatched.
+
+A benchmark, not a test: it asserts nothing. The shared VM's fast and slow stretches move both
+runtimes; `--rounds` alternates them and keeps each side's minimum per layer.
+
+Usage: .venv/bin/python bench/layer_gaps.py MODEL_DIR [--threads 2] [--rounds 3]
+       [--repeat 50] [--fusebox target/release/fusebox]
+MODEL_DIR holds model/model.onnx and inputs/<name>.npy (the layout of bench/export_models.py).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def shapes_of(model, given):
+    """Every tensor's static shape (inputs, initializers, inferred values), the graph inputs
+    fixed to the shapes of the arrays `given` (an exporter's dynamic axes otherwise leave
+    every inferred shape symbolic)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for vi in model.graph.input:
+        if vi.name in given:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for d in given[vi.name]:
+                dims.add().dim_value = d
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    out = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            out[vi.name] = tuple(d.dim_value for d in dims)
+    for init in g.initializer:
+        out[init.name] = tuple(init.dims)
+    return out
+
+
+def fmt(shape):
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+class Graph:
+    def __init__(self, model, given):
+        self.producer = {}
+        self.consumers = defaultdict(list)
+        for n in model.graph.node:
+            for o in n.output:
+                self.producer[o] = n
+            for i in n.input:
+                self.consumers[i].append(n)
+        self.shapes = shapes_of(model, given)
+
+    def conv_head(self, tensor):
+        """The Conv whose fused group ends in `tensor`: back through Clip, Relu and
+        BatchNormalization, and through an Add to the input made by a Conv whose output only
+        the Add reads (the group's own convolution, not the residual)."""
+        seen = 0
+        while tensor in self.producer and seen < 8:
+            seen += 1
+            n = self.producer[tensor]
+            if n.op_type == "Conv":
+                return n
+            if n.op_type in ("Clip", "Relu", "BatchNormalization", "HardSigmoid", "Sigmoid"):
+                tensor = n.input[0]
+                continue
+            if n.op_type in ("Add", "Sum"):
+                own = [
+                    i
+                    for i in n.input
+                    if i in self.producer
+                    and self.producer[i].op_type == "Conv"
+                    and len(self.consumers[i]) == 1
+                ]
+                if own:
+                    tensor = own[0]
+                    continue
+            return None
+        return None
+
+    def conv_key(self, conv):
+        x, w = conv.input[0], conv.input[1]
+        if x not in self.shapes or w not in self.shapes:
+            return None
+        return f"{fmt(self.shapes[x])} {fmt(self.shapes[w])}"
+
+
+def onnxruntime_layers(model_path, graph, feed, threads, repeat):
+    """Per conv key and per other op type: the median time per run (ms), summed over nodes."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "layer_gaps_ort")
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    sess.run(None, feed)
+    for _ in range(repeat):
+        sess.run(None, feed)
+    prof = sess.end_profiling()
+    with open(prof) as f:
+        events = json.load(f)
+    os.remove(prof)
+    per_node = defaultdict(list)
+    op_of = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            name = e["name"][: -len("_kernel_time")]
+            per_node[name].append(e["dur"] / 1000.0)
+            op_of[name] = e.get("args", {}).get("op_name", "?")
+    convs, others = defaultdict(float), defaultdict(float)
+    for name, durs in per_node.items():
+        # The warm-up run's time is the first of each node's; the rest are the timed runs.
+        ms = statistics.median(durs[1:] if len(durs) > 1 else durs)
+        tensor = re.sub(r"_nchwc$", "", name)
+        head = graph.conv_head(tensor) if op_of[name] in ("Conv", "FusedConv") else None
+        key = graph.conv_key(head) if head is not None else None
+        if key is None and op_of[name] in ("Conv", "FusedConv"):
+            # A node named after its own Conv (no fusion).
+            conv = next(
+                (n for n in graph.producer.values() if n.name == name and n.op_type == "Conv"),
+                None,
+            )
+            key = graph.conv_key(conv) if conv is not None else None
+        if key is not None:
+            convs[key] += ms
+        else:
+            others[op_of[name]] += ms
+    return convs, others
+
+
+PROFILE_ON = re.compile(r"^profile (\S+) on (.+) calls (\d+) ([0-9.]+) ms")
+PROFILE_FN = re.compile(r"^profile (\S+) calls (\d+) ([0-9.]+) ms [0-9.]+% of run (\[.*\])")
+
+
+def fusebox_layers(fusebox, model_path, inputs, threads, repeat):
+    """Per conv key: the chain's time on those shapes (ms per run); per other function or op
+    (not a chain): its time; and the run's time."""
+    args = [str(fusebox), "run", str(model_path)]
+    for name, path in inputs:
+        args += ["--input", f"{name}={path}"]
+    with tempfile.TemporaryDirectory() as out:
+        args += ["--output-dir", out, "--timings", "--profile", "--profile-shapes", "0"]
+        args += ["--repeat", str(repeat)]
+        env = dict(os.environ, FUSEBOX_THREADS=str(threads))
+        r = subprocess.run(args, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"fusebox failed: {r.stderr[-2000:]}")
+    convs, others, run = defaultdict(float), {}, None
+    for line in r.stderr.splitlines():
+        if line.startswith("time run "):
+            run = float(line.split()[2])
+        m = PROFILE_ON.match(line)
+        if m and "conv2d" in m.group(1) and "other shape sets" not in m.group(2):
+            convs[m.group(2)] += float(m.group(4))
+            continue
+        m = PROFILE_FN.match(line)
+        if m and m.group(4) == "[op]" and "conv2d" not in m.group(1):
+            others[m.group(1)] = float(m.group(3))
+    return convs, others, run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir", type=Path)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--fusebox", type=Path, default=ROOT / "target" / "release" / "fusebox")
+    a = ap.parse_args()
+    model_path = a.model_dir / "model" / "model.onnx"
+    inputs = sorted((p.stem, p) for p in (a.model_dir / "inputs").glob("*.npy"))
+    if not model_path.exists() or not inputs:
+        sys.exit(f"{a.model_dir}: expected model/model.onnx and inputs/*.npy")
+    feed = {name: np.load(path) for name, path in inputs}
+    given = {name: v.shape for name, v in feed.items()}
+    graph = Graph(onnx.load(str(model_path), load_external_data=False), given)
+
+    best = lambda acc, new: {k: min(v, acc.get(k, v)) for k, v in new.items()} | {
+        k: v for k, v in acc.items() if k not in new
+    }
+    o_conv, o_other, f_conv, f_other, f_runs = {}, {}, {}, {}, []
+    for _ in range(a.rounds):
+        c, o = onnxruntime_layers(model_path, graph, feed, a.threads, a.repeat)
+        o_conv, o_other = best(o_conv, c), best(o_other, o)
+        c, o, run = fusebox_layers(a.fusebox, model_path, inputs, a.threads, a.repeat)
+        f_conv, f_other = best(f_conv, c), best(f_other, o)
+        if run is not None:
+            f_runs.append(run)
+
+    print(f"{a.model_dir.name}: {a.threads} threads, minima over {a.rounds} alternated rounds")
+    print(f"{'conv data, weight':<40} {'onnxruntime':>11} {'fusebox':>8} {'diff':>7} {'ratio':>6}")
+    keys = sorted(set(o_conv) | set(f_conv), key=lambda k: -(f_conv.get(k, 0) - o_conv.get(k, 0)))
+    for k in keys:
+        o, f = o_conv.get(k), f_conv.get(k)
+        if o is None or f is None:
+            print(f"{k:<40} {o if o is not None else '-':>11} {f if f is not None else '-':>8}")
+            continue
+        print(f"{k:<40} {o:11.3f} {f:8.3f} {f - o:+7.3f} {f / o:6.2f}")
+    print("other onnxruntime nodes: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(o_other.items())))
+    print("other fusebox ops: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(f_other.items())))
+    o_sum = sum(o_conv.values()) + sum(o_other.values())
+    f_sum = sum(f_conv.values())
+    print(
+        f"convolutions: onnxruntime {sum(o_conv.values()):.3f} ms, fusebox {f_sum:.3f} ms; "
+        f"onnxruntime's nodes in all {o_sum:.3f} ms, fusebox's run {min(f_runs, default=0):.3f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
