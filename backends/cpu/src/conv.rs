@@ -424,9 +424,10 @@ const COLS_PIXELS_1X1: usize = 196;
 /// block for the transposed write-back to weigh little. Alternated runs, against `faer` on
 /// the data in place (bench/RESULTS.md, session ad), sums over a model's calls: MobileNetV2's
 /// 576 → 96 one thread 0.458 → 0.408 ms, two 0.243 → 0.216; 384 → 96 0.153 → 0.137 and 0.081
-/// → 0.074; ResNet-50's 1024 → 256 two threads 2.63 → 2.49–2.54 ms. Below it the column
-/// kernel lost: 96 → 576 0.698 → 0.792 ms, 64 → 384 0.424 → 0.523 (one thread), ResNet-50's
-/// 256 → 1024 3.35 → 3.54 ms (two); 192 → 64 and 384 → 64 within noise.
+/// → 0.074; 384 → 64 0.325 → 0.302 on one thread, even on two; ResNet-50's 1024 → 256 two
+/// threads 2.63 → 2.49–2.54 ms. Below it the column kernel lost — 96 → 576 0.698 → 0.792 ms,
+/// 64 → 384 0.424 → 0.523 (one thread), ResNet-50's 256 → 1024 3.35 → 3.54 ms (two) — or
+/// was even (192 → 64).
 const COLS_MIN_STEPS_1X1: usize = 384;
 
 /// Whether a test keeps [`conv_stem`] off (to reach the GEMM paths it would take).
