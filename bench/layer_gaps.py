@@ -18,7 +18,9 @@ runtimes; `--rounds` alternates them and keeps each side's minimum per layer.
 
 Usage: .venv/bin/python bench/layer_gaps.py MODEL_DIR [--threads 2] [--rounds 3]
        [--repeat 50] [--fusebox target/release/fusebox]
-MODEL_DIR holds model/model.onnx and inputs/<name>.npy (the layout of bench/export_models.py).
+MODEL_DIR holds model/model.onnx and inputs/<graph input>.npy (the layout of
+bench/export_models.py and bench/models.sh; in a file name every character other than a letter,
+digit or `_` is `_`).
 """
 
 import argparse
@@ -44,11 +46,17 @@ def shapes_of(model, given):
     fixed to the shapes of the arrays `given` (an exporter's dynamic axes otherwise leave
     every inferred shape symbolic)."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
+    # Old models (IR 3) list initializers as graph inputs, often without a shape, and shape
+    # inference there ignores the initializers that are not inputs: read the model as IR 4
+    # (initializers are constants) and give those inputs the initializers' dims.
+    model.ir_version = max(model.ir_version, 4)
+    fixed = dict(given)
+    fixed.update({i.name: tuple(i.dims) for i in model.graph.initializer})
     for vi in model.graph.input:
-        if vi.name in given:
+        if vi.name in fixed:
             dims = vi.type.tensor_type.shape.dim
             del dims[:]
-            for d in given[vi.name]:
+            for d in fixed[vi.name]:
                 dims.add().dim_value = d
     inferred = onnx.shape_inference.infer_shapes(model)
     g = inferred.graph
@@ -114,7 +122,10 @@ class Graph:
 def onnxruntime_layers(model_path, graph, feed, threads, repeat):
     """Per conv key and per other op type: the median time per run (ms), summed over nodes."""
     so = ort.SessionOptions()
+    so.log_severity_level = 3
     so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.enable_profiling = True
     so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "layer_gaps_ort")
     sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
@@ -193,12 +204,24 @@ def main():
     ap.add_argument("--fusebox", type=Path, default=ROOT / "target" / "release" / "fusebox")
     a = ap.parse_args()
     model_path = a.model_dir / "model" / "model.onnx"
-    inputs = sorted((p.stem, p) for p in (a.model_dir / "inputs").glob("*.npy"))
-    if not model_path.exists() or not inputs:
-        sys.exit(f"{a.model_dir}: expected model/model.onnx and inputs/*.npy")
+    if not model_path.exists():
+        sys.exit(f"{a.model_dir}: expected model/model.onnx")
+    model = onnx.load(str(model_path), load_external_data=False)
+    # Each graph input from inputs/<name>.npy, the name with every character other than a
+    # letter, digit or `_` made `_` (as bench/ort_time.py and fusebox's output files name it).
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = []
+    for vi in model.graph.input:
+        if vi.name in initializers:
+            continue
+        safe = "".join(c if c.isalnum() or c == "_" else "_" for c in vi.name)
+        path = a.model_dir / "inputs" / f"{safe}.npy"
+        if not path.exists():
+            sys.exit(f"{a.model_dir}: no {path} for graph input {vi.name!r}")
+        inputs.append((vi.name, path))
     feed = {name: np.load(path) for name, path in inputs}
     given = {name: v.shape for name, v in feed.items()}
-    graph = Graph(onnx.load(str(model_path), load_external_data=False), given)
+    graph = Graph(model, given)
 
     best = lambda acc, new: {k: min(v, acc.get(k, v)) for k, v in new.items()} | {
         k: v for k, v in acc.items() if k not in new
