@@ -147,16 +147,11 @@ def onnxruntime_layers(model_path, graph, feed, threads, repeat):
     for name, durs in per_node.items():
         # The warm-up run's time is the first of each node's; the rest are the timed runs.
         ms = statistics.median(durs[1:] if len(durs) > 1 else durs)
-        tensor = re.sub(r"_nchwc$", "", name)
-        head = graph.conv_head(tensor) if op_of[name] in ("Conv", "FusedConv") else None
-        key = graph.conv_key(head) if head is not None else None
-        if key is None and op_of[name] in ("Conv", "FusedConv"):
-            # A node named after its own Conv (no fusion).
-            conv = next(
-                (n for n in graph.producer.values() if n.name == name and n.op_type == "Conv"),
-                None,
-            )
-            key = graph.conv_key(conv) if conv is not None else None
+        # Named after its output tensor: a fused group's last one, or the Conv's own.
+        key = None
+        if op_of[name] in ("Conv", "FusedConv"):
+            head = graph.conv_head(re.sub(r"_nchwc$", "", name))
+            key = graph.conv_key(head) if head is not None else None
         if key is not None:
             convs[key] += ms
         else:
@@ -223,15 +218,18 @@ def main():
     given = {name: v.shape for name, v in feed.items()}
     graph = Graph(model, given)
 
-    best = lambda acc, new: {k: min(v, acc.get(k, v)) for k, v in new.items()} | {
-        k: v for k, v in acc.items() if k not in new
-    }
+    def keep_min(acc, new):
+        for k, v in new.items():
+            acc[k] = min(v, acc.get(k, v))
+
     o_conv, o_other, f_conv, f_other, f_runs = {}, {}, {}, {}, []
     for _ in range(a.rounds):
         c, o = onnxruntime_layers(model_path, graph, feed, a.threads, a.repeat)
-        o_conv, o_other = best(o_conv, c), best(o_other, o)
+        keep_min(o_conv, c)
+        keep_min(o_other, o)
         c, o, run = fusebox_layers(a.fusebox, model_path, inputs, a.threads, a.repeat)
-        f_conv, f_other = best(f_conv, c), best(f_other, o)
+        keep_min(f_conv, c)
+        keep_min(f_other, o)
         if run is not None:
             f_runs.append(run)
 
