@@ -25,9 +25,9 @@
 //!   weight: [`cols_weights`]): a 49-pixel row wastes a quarter of `faer`'s four 16-lane
 //!   vectors, 48 channels fill three. 1×1 layers of at least 384 input channels on planes of
 //!   up to 14×14 run there too (MobileNetV2's 576 → 96, ResNet-50's 1024 → 256: the long
-//!   reduction pays for the transposed write-back). Stride-1 kernels read the zero-padded image in place
-//!   (no im2col matrix, whose 5–7-value copies took a quarter of a 3×3 layer's time there),
-//!   and stride-2 3×3 kernels the image dealt into its four phases. The epilogue's leading
+//!   reduction pays for the transposed write-back). Stride-1 kernels read the zero-padded
+//!   image in place (no im2col matrix, whose 5–7-value copies took a quarter of a 3×3
+//!   layer's time there), and stride-2 3×3 kernels the image dealt into its four phases. The epilogue's leading
 //!   per-channel steps (`batch_norm`, bias, `relu`, `clip`) run on each block of sums before
 //!   it is written back ([`epilogue::apply_channel_steps`]), the rest (a residual, a program)
 //!   on the rows after: MobileNetV2's 160 → 960 7×7 layers 0.625 → 0.581 ms for three calls
