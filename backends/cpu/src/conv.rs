@@ -27,8 +27,8 @@
 //!   up to 14×14 run there too (MobileNetV2's 576 → 96, ResNet-50's 1024 → 256: the long
 //!   reduction pays for the transposed write-back). Stride-1 kernels read the zero-padded
 //!   image in place (no im2col matrix, whose 5–7-value copies took a quarter of a 3×3
-//!   layer's time there), and stride-2 3×3 kernels the image dealt into its four phases. The epilogue's leading
-//!   per-channel steps (`batch_norm`, bias, `relu`, `clip`) run on each block of sums before
+//!   layer's time there), and stride-2 3×3 kernels the image dealt into its four phases.
+//!   The epilogue's leading per-channel steps (`batch_norm`, bias, `relu`, `clip`) run on each block of sums before
 //!   it is written back ([`epilogue::apply_channel_steps`]), the rest (a residual, a program)
 //!   on the rows after: MobileNetV2's 160 → 960 7×7 layers 0.625 → 0.581 ms for three calls
 //!   (one thread), the same bits.
@@ -50,8 +50,9 @@
 //! - Each [`Step`] repeats the arithmetic of the op it replaces element by element (one `f32`
 //!   fused multiply-add per element for `batch_norm`, as its `float32` kernel does; `f32` for
 //!   `add` (a per-channel bias or a residual of the output's shape) in its operand order,
-//!   `relu` keeping NaN), so a fused result is bit-identical to running the ops one by one. [`conv2d_fused`] needs a
-//!   `float32` result in `NCHW`; the executor checks that before fusing.
+//!   `relu` keeping NaN), so a fused result is bit-identical to running the ops one by one.
+//!   [`conv2d_fused`] needs a `float32` result in `NCHW`; the executor checks that before
+//!   fusing.
 //!
 //! ```text
 //! y: R.Tensor((1, 8, 16, 16), dtype="float32") = R.nn.conv2d(x, w, strides=[1, 1],
