@@ -28,10 +28,10 @@
 //!   reduction pays for the transposed write-back). Stride-1 kernels read the zero-padded
 //!   image in place (no im2col matrix, whose 5–7-value copies took a quarter of a 3×3
 //!   layer's time there), and stride-2 3×3 kernels the image dealt into its four phases.
-//!   The epilogue's leading per-channel steps (`batch_norm`, bias, `relu`, `clip`) run on each block of sums before
-//!   it is written back ([`epilogue::apply_channel_steps`]), the rest (a residual, a program)
-//!   on the rows after: MobileNetV2's 160 → 960 7×7 layers 0.625 → 0.581 ms for three calls
-//!   (one thread), the same bits.
+//!   The epilogue's leading per-channel steps (`batch_norm`, bias, `relu`, `clip`) run on
+//!   each block of sums before it is written back ([`epilogue::apply_channel_steps`]), the
+//!   rest (a residual, a program) on the rows after: MobileNetV2's 160 → 960 7×7 layers
+//!   0.625 → 0.581 ms for three calls (one thread), the same bits.
 //!   ResNet-50's 512×7×7 3×3 layer, one node, 2 threads: 1.53 → 1.32 ms (onnxruntime
 //!   0.98); with its weights streamed from memory (`bench/conv_chain.py 512 7 3 8 512`):
 //!   19.0 → 11.5 ms for eight (onnxruntime 10.0). Such 3×3 layers of 256 channels or more
