@@ -53,7 +53,7 @@ use fusebox_core::Error;
 use fusebox_core::frontend::onnx::{import_onnx_file, is_onnx_path, output_names};
 use fusebox_core::ir::Module;
 use fusebox_core::report::ClaimReport;
-use fusebox_cpu::{CallProfile, Storage, Tensor, Value};
+use fusebox_cpu::{CallProfile, StorageRef, Tensor, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -431,7 +431,7 @@ fn main_args(m: &Module, inputs: &[String], seed: u64) -> Result<Vec<Value>, Err
     runner::main_args(m, given, Some(seed), "--input")
 }
 
-fn write_npy_to(buf: &mut Vec<u8>, shape: &[u64], s: &Storage) -> std::io::Result<()> {
+fn write_npy_to(buf: &mut Vec<u8>, shape: &[u64], s: StorageRef<'_>) -> std::io::Result<()> {
     use npyz::WriterBuilder;
     macro_rules! w {
         ($t:ty, $v:expr) => {{
@@ -445,15 +445,15 @@ fn write_npy_to(buf: &mut Vec<u8>, shape: &[u64], s: &Storage) -> std::io::Resul
         }};
     }
     match s {
-        Storage::F32(v) => w!(f32, v.iter().copied()),
-        Storage::F64(v) => w!(f64, v.iter().copied()),
-        Storage::F16(v) => w!(half::f16, v.iter().copied()),
+        StorageRef::F32(v) => w!(f32, v.iter().copied()),
+        StorageRef::F64(v) => w!(f64, v.iter().copied()),
+        StorageRef::F16(v) => w!(half::f16, v.iter().copied()),
         // numpy has no bfloat16: written widened to float32.
-        Storage::BF16(v) => w!(f32, v.iter().map(|x| x.to_f32())),
-        Storage::I8(v) => w!(i8, v.iter().copied()),
-        Storage::U8(v) => w!(u8, v.iter().copied()),
-        Storage::I32(v) => w!(i32, v.iter().copied()),
-        Storage::I64(v) => w!(i64, v.iter().copied()),
-        Storage::Bool(v) => w!(bool, v.iter().copied()),
+        StorageRef::BF16(v) => w!(f32, v.iter().map(|x| x.to_f32())),
+        StorageRef::I8(v) => w!(i8, v.iter().copied()),
+        StorageRef::U8(v) => w!(u8, v.iter().copied()),
+        StorageRef::I32(v) => w!(i32, v.iter().copied()),
+        StorageRef::I64(v) => w!(i64, v.iter().copied()),
+        StorageRef::Bool(v) => w!(bool, v.iter().copied()),
     }
 }

@@ -116,9 +116,7 @@ fn array<'py, T: Element>(
 /// An output as a numpy array (see the module doc).
 pub fn to_array(py: Python<'_>, t: Tensor) -> Result<Bound<'_, PyAny>, Failure> {
     let shape = t.shape().to_vec();
-    let storage = t
-        .try_into_storage()
-        .unwrap_or_else(|shared| shared.storage().clone());
+    let storage = t.into_storage();
     match storage {
         Storage::F32(v) => array(py, &shape, v),
         Storage::F64(v) => array(py, &shape, v),

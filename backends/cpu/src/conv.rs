@@ -300,10 +300,12 @@ fn prepare(
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor> {
     let (xc, wc, op, out_dtype, geom) = prepare(x, w, a)?;
     let out = compute(&xc, &wc, &geom, &[], Prepared::default())?;
-    let t = tensor(
-        vec![geom.n, geom.o, geom.oh, geom.ow],
-        Storage::from_f32(out_dtype, out),
-    )?;
+    let shape = vec![geom.n, geom.o, geom.oh, geom.ow];
+    let t = if out_dtype == DType::F32 {
+        out.into_tensor(shape).map_err(|e| e.to_string())?
+    } else {
+        tensor(shape, Storage::from_f32(out_dtype, out.to_vec()))?
+    };
     Ok(from_canonical(&t, op))
 }
 
@@ -388,7 +390,8 @@ pub(crate) fn conv2d_fused(
         }
     }
     let out = compute(&xc, &wc, &geom, steps, prepared)?;
-    tensor(out_shape.to_vec(), Storage::F32(out))
+    out.into_tensor(out_shape.to_vec())
+        .map_err(|e| e.to_string())
 }
 
 /// The most output pixels of a plane [`Geom::packs`] takes: 7×7 and 8×8. Measured on
@@ -712,7 +715,7 @@ fn compute(
     g: &Geom,
     steps: &[Step],
     prepared: Prepared<'_>,
-) -> KResult<Vec<f32>> {
+) -> KResult<crate::par::Scratch> {
     let wino = prepared.wino;
     let xs = f32s(xc);
     let ws = f32s(wc);
@@ -720,7 +723,7 @@ fn compute(
     let og = g.o / g.g;
     let threads = crate::par::threads();
     if kdim == 0 {
-        return Ok(vec![0.0; g.n * g.o * npix]);
+        return Ok(crate::par::Scratch::from_vec(vec![0.0; g.n * g.o * npix]));
     }
     // Every element is written below (GEMMs replace, the Winograd output transform covers
     // each row): a kept buffer's old contents never show.

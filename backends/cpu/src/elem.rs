@@ -26,7 +26,7 @@ use crate::util::{
 };
 use fusebox_core::ir::DType;
 use fusebox_core::op::{ElemClass, ElemOp};
-use fusebox_core::runtime::{Storage, Tensor};
+use fusebox_core::runtime::{Storage, StorageRef, Tensor};
 
 /// Runs `op` on its tensor arguments (already checked to be `op.arity()` of them).
 pub(crate) fn eval(op: ElemOp, args: &[&Tensor]) -> KResult<Tensor> {
@@ -99,7 +99,7 @@ fn compare(op: ElemOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
 
 fn bools<'t>(t: &'t Tensor, what: &str) -> KResult<&'t [bool]> {
     match t.storage() {
-        Storage::Bool(v) => Ok(v),
+        StorageRef::Bool(v) => Ok(v),
         s => Err(format!(
             "expected {what} to have dtype bool, found {}",
             s.dtype()
@@ -172,7 +172,7 @@ fn bitwise_not(a: &Tensor) -> KResult<Tensor> {
     let d = a.dtype();
     int_like(d, "the input", true)?;
     let data = match a.storage() {
-        Storage::Bool(v) => Storage::Bool(v.iter().map(|p| !p).collect()),
+        StorageRef::Bool(v) => Storage::Bool(v.iter().map(|p| !p).collect()),
         s => Storage::from_i64(d, s.to_i64_vec().into_iter().map(|x| !x).collect()),
     };
     tensor(a.shape().to_vec(), data)
@@ -183,7 +183,7 @@ fn select(c: &Tensor, x: &Tensor, y: &Tensor) -> KResult<Tensor> {
     let d = same_dtype(x, y)?;
     let shape = bshape(&bshape(c.shape(), x.shape())?, y.shape())?;
     let cond: Vec<bool> = match c.storage() {
-        Storage::Bool(v) => v.clone(),
+        StorageRef::Bool(v) => v.to_vec(),
         s => s.to_f64_vec().iter().map(|v| *v != 0.0).collect(),
     };
     let cond = gather(&cond, 0, &broadcast_strides(c.shape(), &shape), &shape);
@@ -202,15 +202,15 @@ fn select(c: &Tensor, x: &Tensor, y: &Tensor) -> KResult<Tensor> {
         }};
     }
     let data = match (x.storage(), y.storage()) {
-        (Storage::F16(p), Storage::F16(q)) => pick!(p, q, F16),
-        (Storage::BF16(p), Storage::BF16(q)) => pick!(p, q, BF16),
-        (Storage::F32(p), Storage::F32(q)) => pick!(p, q, F32),
-        (Storage::F64(p), Storage::F64(q)) => pick!(p, q, F64),
-        (Storage::I8(p), Storage::I8(q)) => pick!(p, q, I8),
-        (Storage::U8(p), Storage::U8(q)) => pick!(p, q, U8),
-        (Storage::I32(p), Storage::I32(q)) => pick!(p, q, I32),
-        (Storage::I64(p), Storage::I64(q)) => pick!(p, q, I64),
-        (Storage::Bool(p), Storage::Bool(q)) => pick!(p, q, Bool),
+        (StorageRef::F16(p), StorageRef::F16(q)) => pick!(p, q, F16),
+        (StorageRef::BF16(p), StorageRef::BF16(q)) => pick!(p, q, BF16),
+        (StorageRef::F32(p), StorageRef::F32(q)) => pick!(p, q, F32),
+        (StorageRef::F64(p), StorageRef::F64(q)) => pick!(p, q, F64),
+        (StorageRef::I8(p), StorageRef::I8(q)) => pick!(p, q, I8),
+        (StorageRef::U8(p), StorageRef::U8(q)) => pick!(p, q, U8),
+        (StorageRef::I32(p), StorageRef::I32(q)) => pick!(p, q, I32),
+        (StorageRef::I64(p), StorageRef::I64(q)) => pick!(p, q, I64),
+        (StorageRef::Bool(p), StorageRef::Bool(q)) => pick!(p, q, Bool),
         _ => return Err(format!("operand dtypes differ ({d})")),
     };
     tensor(shape, data)
@@ -362,7 +362,7 @@ mod tests {
     }
     fn bools_of(t: &Tensor) -> Vec<bool> {
         match t.storage() {
-            Storage::Bool(v) => v.clone(),
+            StorageRef::Bool(v) => v.to_vec(),
             s => panic!("not bool: {}", s.dtype()),
         }
     }

@@ -77,7 +77,7 @@ use crate::norm::erf32;
 use crate::util::broadcast_shapes;
 use fusebox_core::ir::{ExprId, ExprKind, Function, VarId};
 use fusebox_core::op::{Conv2dAttrs, ElemClass, ElemOp, Op};
-use fusebox_core::runtime::{Storage, Tensor};
+use fusebox_core::runtime::Tensor;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -734,7 +734,8 @@ impl Bound {
         let t = crate::par::threads_for(n, 2 * CHUNK);
         let mut out = crate::par::scratch_f32(n, t);
         crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| self.eval(off, c, false));
-        Tensor::new(self.shape.clone(), Storage::F32(out)).map_err(|e| e.to_string())
+        out.into_tensor(self.shape.clone())
+            .map_err(|e| e.to_string())
     }
 
     /// The epilogue of a head: `row` holds the head's output for output elements

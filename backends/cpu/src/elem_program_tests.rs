@@ -466,7 +466,9 @@ fn other_dtypes_run_op_by_op_with_the_right_values() {
     let h = |v: &[f32]| {
         Tensor::new(
             vec![v.len()],
-            Storage::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()),
+            fusebox_core::runtime::Storage::F16(
+                v.iter().map(|&x| half::f16::from_f32(x)).collect(),
+            ),
         )
         .unwrap()
     };

@@ -16,7 +16,7 @@
 use crate::norm::erf32;
 use crate::util::{KResult, broadcast_shapes, tensor, zip_broadcast};
 use fusebox_core::ir::DType;
-use fusebox_core::runtime::{Prim, Storage, Tensor};
+use fusebox_core::runtime::{Prim, Storage, StorageRef, Tensor};
 use half::{bf16, f16};
 
 /// A broadcasting binary op.
@@ -125,38 +125,42 @@ pub(crate) fn binary(op: BinOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
         };
     }
     let data = match (a.storage(), b.storage()) {
-        (Storage::F32(x), Storage::F32(y)) if sa == sb && x.len() >= PAR_MIN => {
+        (StorageRef::F32(x), StorageRef::F32(y)) if sa == sb && x.len() >= PAR_MIN => {
             Storage::F32(par_binary_f32(op, x, y))
         }
-        (Storage::F32(x), Storage::F32(y)) if repeats(sb, &shape) && sa == shape.as_slice() => {
+        (StorageRef::F32(x), StorageRef::F32(y))
+            if repeats(sb, &shape) && sa == shape.as_slice() =>
+        {
             Storage::F32(repeat_binary_f32(op, x, y, false))
         }
-        (Storage::F32(x), Storage::F32(y)) if repeats(sa, &shape) && sb == shape.as_slice() => {
+        (StorageRef::F32(x), StorageRef::F32(y))
+            if repeats(sa, &shape) && sb == shape.as_slice() =>
+        {
             Storage::F32(repeat_binary_f32(op, y, x, true))
         }
-        (Storage::F32(x), Storage::F32(y)) => {
+        (StorageRef::F32(x), StorageRef::F32(y)) => {
             Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op)))
         }
-        (Storage::F64(x), Storage::F64(y)) => {
+        (StorageRef::F64(x), StorageRef::F64(y)) => {
             Storage::F64(zip_broadcast(x, sa, y, sb, &shape, f64_op(op)))
         }
-        (Storage::F16(x), Storage::F16(y)) => {
+        (StorageRef::F16(x), StorageRef::F16(y)) => {
             let f = f32_op(op);
             Storage::F16(zip_broadcast(x, sa, y, sb, &shape, |p, q| {
                 f16::from_f32(f(p.to_f32(), q.to_f32()))
             }))
         }
-        (Storage::BF16(x), Storage::BF16(y)) => {
+        (StorageRef::BF16(x), StorageRef::BF16(y)) => {
             let f = f32_op(op);
             Storage::BF16(zip_broadcast(x, sa, y, sb, &shape, |p, q| {
                 bf16::from_f32(f(p.to_f32(), q.to_f32()))
             }))
         }
-        (Storage::I8(x), Storage::I8(y)) => ints!(x, y, i8, I8),
-        (Storage::U8(x), Storage::U8(y)) => ints!(x, y, u8, U8),
-        (Storage::I32(x), Storage::I32(y)) => ints!(x, y, i32, I32),
-        (Storage::I64(x), Storage::I64(y)) => ints!(x, y, i64, I64),
-        (Storage::Bool(x), Storage::Bool(y)) => {
+        (StorageRef::I8(x), StorageRef::I8(y)) => ints!(x, y, i8, I8),
+        (StorageRef::U8(x), StorageRef::U8(y)) => ints!(x, y, u8, U8),
+        (StorageRef::I32(x), StorageRef::I32(y)) => ints!(x, y, i32, I32),
+        (StorageRef::I64(x), StorageRef::I64(y)) => ints!(x, y, i64, I64),
+        (StorageRef::Bool(x), StorageRef::Bool(y)) => {
             let f: fn(bool, bool) -> bool = match op {
                 BinOp::Add | BinOp::Max => |p, q| p | q,
                 BinOp::Mul | BinOp::Min => |p, q| p & q,
@@ -313,7 +317,7 @@ fn erf32_row(row: &mut [f32]) {
 /// Applies a float function elementwise (float dtypes only).
 pub(crate) fn unary_float(t: &Tensor, f: &FloatFn) -> KResult<Tensor> {
     let data = match t.storage() {
-        Storage::F32(v) if v.len() >= PAR_MIN => {
+        StorageRef::F32(v) if v.len() >= PAR_MIN => {
             let mut out = vec![0.0f32; v.len()];
             let n = crate::par::threads_for(v.len(), PAR_MIN / 2);
             crate::par::for_each_chunk_mut(&mut out, v.len().div_ceil(n), n, |off, c| {
@@ -328,14 +332,14 @@ pub(crate) fn unary_float(t: &Tensor, f: &FloatFn) -> KResult<Tensor> {
             });
             Storage::F32(out)
         }
-        Storage::F32(v) => Storage::F32(v.iter().map(|&x| (f.f32)(x)).collect()),
-        Storage::F64(v) => Storage::F64(v.iter().map(|&x| (f.f64)(x)).collect()),
-        Storage::F16(v) => Storage::F16(
+        StorageRef::F32(v) => Storage::F32(v.iter().map(|&x| (f.f32)(x)).collect()),
+        StorageRef::F64(v) => Storage::F64(v.iter().map(|&x| (f.f64)(x)).collect()),
+        StorageRef::F16(v) => Storage::F16(
             v.iter()
                 .map(|x| f16::from_f32((f.f32)(x.to_f32())))
                 .collect(),
         ),
-        Storage::BF16(v) => Storage::BF16(
+        StorageRef::BF16(v) => Storage::BF16(
             v.iter()
                 .map(|x| bf16::from_f32((f.f32)(x.to_f32())))
                 .collect(),
@@ -485,22 +489,22 @@ pub(crate) fn sign_op(t: &Tensor, op: SignOp) -> KResult<Tensor> {
     let id32 = |x: f32| x;
     let id64 = |x: f64| x;
     let data = match t.storage() {
-        Storage::F32(v) if op == SignOp::Relu && v.len() >= PAR_MIN => {
+        StorageRef::F32(v) if op == SignOp::Relu && v.len() >= PAR_MIN => {
             Storage::F32(par_relu_f32(v))
         }
-        Storage::F32(v) => Storage::F32(float!(v, id32, id32)),
-        Storage::F64(v) => Storage::F64(float!(v, id64, id64)),
-        Storage::F16(v) => Storage::F16(float!(v, f16::to_f32, f16::from_f32)),
-        Storage::BF16(v) => Storage::BF16(float!(v, bf16::to_f32, bf16::from_f32)),
-        Storage::I8(v) => Storage::I8(int!(v)),
-        Storage::I32(v) => Storage::I32(int!(v)),
-        Storage::I64(v) => Storage::I64(int!(v)),
-        Storage::U8(v) => match op {
+        StorageRef::F32(v) => Storage::F32(float!(v, id32, id32)),
+        StorageRef::F64(v) => Storage::F64(float!(v, id64, id64)),
+        StorageRef::F16(v) => Storage::F16(float!(v, f16::to_f32, f16::from_f32)),
+        StorageRef::BF16(v) => Storage::BF16(float!(v, bf16::to_f32, bf16::from_f32)),
+        StorageRef::I8(v) => Storage::I8(int!(v)),
+        StorageRef::I32(v) => Storage::I32(int!(v)),
+        StorageRef::I64(v) => Storage::I64(int!(v)),
+        StorageRef::U8(v) => match op {
             SignOp::Neg => Storage::U8(v.iter().map(|x| x.wrapping_neg()).collect()),
-            SignOp::Abs | SignOp::Relu => Storage::U8(v.clone()),
+            SignOp::Abs | SignOp::Relu => Storage::U8(v.to_vec()),
         },
-        Storage::Bool(v) => match op {
-            SignOp::Abs | SignOp::Relu => Storage::Bool(v.clone()),
+        StorageRef::Bool(v) => match op {
+            SignOp::Abs | SignOp::Relu => Storage::Bool(v.to_vec()),
             SignOp::Neg => return Err("negative is not defined for bool".to_string()),
         },
     };
@@ -526,12 +530,12 @@ pub(crate) fn clip(t: &Tensor, lo: Prim, hi: Prim) -> KResult<Tensor> {
         }};
     }
     let data = match t.storage() {
-        Storage::F32(v) => {
+        StorageRef::F32(v) => {
             let (l, h) = (l as f32, h as f32);
             Storage::F32(v.iter().map(|&x| x.max(l).min(h)).collect())
         }
-        Storage::F64(v) => Storage::F64(v.iter().map(|&x| x.max(l).min(h)).collect()),
-        Storage::F16(v) => {
+        StorageRef::F64(v) => Storage::F64(v.iter().map(|&x| x.max(l).min(h)).collect()),
+        StorageRef::F16(v) => {
             let (l, h) = (l as f32, h as f32);
             Storage::F16(
                 v.iter()
@@ -539,7 +543,7 @@ pub(crate) fn clip(t: &Tensor, lo: Prim, hi: Prim) -> KResult<Tensor> {
                     .collect(),
             )
         }
-        Storage::BF16(v) => {
+        StorageRef::BF16(v) => {
             let (l, h) = (l as f32, h as f32);
             Storage::BF16(
                 v.iter()
@@ -547,11 +551,11 @@ pub(crate) fn clip(t: &Tensor, lo: Prim, hi: Prim) -> KResult<Tensor> {
                     .collect(),
             )
         }
-        Storage::I8(v) => Storage::I8(int!(v, i8)),
-        Storage::U8(v) => Storage::U8(int!(v, u8)),
-        Storage::I32(v) => Storage::I32(int!(v, i32)),
-        Storage::I64(v) => Storage::I64(int!(v, i64)),
-        Storage::Bool(_) => return Err("clip is not defined for bool".to_string()),
+        StorageRef::I8(v) => Storage::I8(int!(v, i8)),
+        StorageRef::U8(v) => Storage::U8(int!(v, u8)),
+        StorageRef::I32(v) => Storage::I32(int!(v, i32)),
+        StorageRef::I64(v) => Storage::I64(int!(v, i64)),
+        StorageRef::Bool(_) => return Err("clip is not defined for bool".to_string()),
     };
     tensor(t.shape().to_vec(), data)
 }

@@ -190,7 +190,7 @@ fn release(v: Option<Value>) {
 
 /// The address of a tensor's storage: its identity while the tensor is alive.
 fn storage_addr(t: &Tensor) -> usize {
-    std::ptr::from_ref(t.storage()) as usize
+    t.storage_ptr() as usize
 }
 
 impl std::fmt::Debug for Executor {

@@ -545,7 +545,9 @@ mod tests {
             &attrs("nearest_neighbor", "asymmetric", "floor"),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(y.storage(), Storage::I64(v) if v == &vec![i64::MAX, i64::MAX, 7, 7]));
+        assert!(
+            matches!(y.storage(), fusebox_core::runtime::StorageRef::I64(v) if v == [i64::MAX, i64::MAX, 7, 7])
+        );
         let x = img().cast(DType::U8);
         let y = resize2d(&x, &[1, 3], &attrs("linear", "align_corners", "round"))
             .unwrap_or_else(|e| panic!("{e}"));

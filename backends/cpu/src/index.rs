@@ -17,7 +17,7 @@
 use crate::util::{KResult, norm_axis, numel, strides, tensor};
 use fusebox_core::ir::DType;
 use fusebox_core::op::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
-use fusebox_core::runtime::{Prim, Storage, Tensor};
+use fusebox_core::runtime::{Prim, Storage, StorageRef, Tensor};
 
 /// The most elements a kernel of this family allocates for one output (2^31).
 pub(crate) const MAX_ELEMS: usize = 1 << 31;
@@ -92,7 +92,7 @@ fn gather_fill(x: &Tensor, shape: Vec<usize>, src: &[Option<usize>], fill: f64) 
     macro_rules! pick {
         ($($var:ident),*) => {
             match (x.storage(), &fill_s) {
-                $((Storage::$var(v), Storage::$var(f)) => {
+                $((StorageRef::$var(v), Storage::$var(f)) => {
                     let f = f.first().copied().unwrap_or_default();
                     Storage::$var(
                         src.iter()
@@ -698,7 +698,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let li = Tensor::new(vec![2], Storage::I32(vec![3, 0])).unwrap_or_else(|e| panic!("{e}"));
         let y = reverse_sequence(&xi, &li, 1, 0).unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(y.storage(), Storage::I64(v) if v == &vec![2, 1, i64::MAX, 3, 4, 5]));
+        assert!(matches!(y.storage(), StorageRef::I64(v) if v == [2, 1, i64::MAX, 3, 4, 5]));
         let bad = Tensor::new(vec![2], Storage::I64(vec![4, 1])).unwrap_or_else(|e| panic!("{e}"));
         assert!(reverse_sequence(&xi, &bad, 1, 0).is_err_and(|e| e.contains("outside 0..=3")));
         let short = Tensor::new(vec![1], Storage::I64(vec![1])).unwrap_or_else(|e| panic!("{e}"));

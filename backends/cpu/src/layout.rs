@@ -12,11 +12,11 @@
 //! ```
 
 use crate::util::{
-    KResult, broadcast_strides, gather_storage, map_same, norm_axes, norm_axis, numel, permute,
+    KResult, broadcast_strides, gather_tensor, map_same, norm_axes, norm_axis, numel, permute,
     strides, tensor,
 };
 use fusebox_core::op::{SplitSpec, StridedSliceAttrs, TakeMode};
-use fusebox_core::runtime::{Storage, Tensor};
+use fusebox_core::runtime::{Storage, StorageRef, Tensor};
 
 /// `reshape` to `shape` (at most one `-1`, inferred).
 pub(crate) fn reshape(x: &Tensor, shape: &[i64]) -> KResult<Tensor> {
@@ -116,7 +116,7 @@ pub(crate) fn concat(xs: &[&Tensor], axis: Option<i64>) -> KResult<Tensor> {
             let parts: Vec<&[_]> = xs
                 .iter()
                 .map(|t| match t.storage() {
-                    Storage::$var(v) => v.as_slice(),
+                    StorageRef::$var(v) => v,
                     _ => &[],
                 })
                 .collect();
@@ -131,15 +131,15 @@ pub(crate) fn concat(xs: &[&Tensor], axis: Option<i64>) -> KResult<Tensor> {
         }};
     }
     let data = match first.storage() {
-        Storage::F16(_) => cat!(F16),
-        Storage::BF16(_) => cat!(BF16),
-        Storage::F32(_) => cat!(F32),
-        Storage::F64(_) => cat!(F64),
-        Storage::I8(_) => cat!(I8),
-        Storage::U8(_) => cat!(U8),
-        Storage::I32(_) => cat!(I32),
-        Storage::I64(_) => cat!(I64),
-        Storage::Bool(_) => cat!(Bool),
+        StorageRef::F16(_) => cat!(F16),
+        StorageRef::BF16(_) => cat!(BF16),
+        StorageRef::F32(_) => cat!(F32),
+        StorageRef::F64(_) => cat!(F64),
+        StorageRef::I8(_) => cat!(I8),
+        StorageRef::U8(_) => cat!(U8),
+        StorageRef::I32(_) => cat!(I32),
+        StorageRef::I64(_) => cat!(I64),
+        StorageRef::Bool(_) => cat!(Bool),
     };
     tensor(out_shape, data)
 }
@@ -181,8 +181,7 @@ fn slice_axis(x: &Tensor, axis: usize, start: usize, end: usize) -> KResult<Tens
     shape[axis] = end - start;
     let st: Vec<isize> = strides(x.shape()).iter().map(|&s| s as isize).collect();
     let off = start as isize * st[axis];
-    let data = gather_storage(x.storage(), off, &st, &shape);
-    tensor(shape, data)
+    gather_tensor(x.storage(), off, &st, shape)
 }
 
 /// `split` into a tuple of tensors.
@@ -275,8 +274,7 @@ pub(crate) fn strided_slice(x: &Tensor, a: &StridedSliceAttrs) -> KResult<Tensor
         }
         st[ax] *= s as isize;
     }
-    let data = gather_storage(x.storage(), off, &st, &shape);
-    tensor(shape, data)
+    gather_tensor(x.storage(), off, &st, shape)
 }
 
 /// `take` along `axis` (`None`: of the flattened tensor).
@@ -367,6 +365,5 @@ pub(crate) fn broadcast_to(x: &Tensor, shape: &[i64]) -> KResult<Tensor> {
         }
     }
     let st = broadcast_strides(s, &target);
-    let data = gather_storage(x.storage(), 0, &st, &target);
-    tensor(target, data)
+    gather_tensor(x.storage(), 0, &st, target)
 }

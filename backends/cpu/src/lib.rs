@@ -81,7 +81,7 @@ mod xformer_tests;
 
 pub use backend::CpuBackend;
 pub use exec::{CallHook, CallProfile, Executor, ShapeProfile, Takes, run, run_profiled, run_with};
-pub use fusebox_core::runtime::{Prim, Storage, Tensor, Value};
+pub use fusebox_core::runtime::{Prim, Storage, StorageRef, Tensor, Value};
 pub use kernels::eval_op;
 
 /// The fused kernel the executor runs a composite function with (`cpu.attention(fused)`,

@@ -456,7 +456,7 @@ pub(crate) fn matmul(
             // Every element is written by the GEMM (or GEMV) below, so a kept buffer's old
             // contents never show; with `k == 0` the product is all zeros.
             let mut c = if k == 0 {
-                vec![0.0f32; nb * mc]
+                crate::par::Scratch::from_vec(vec![0.0f32; nb * mc])
             } else {
                 crate::par::scratch_f32(nb * mc, threads)
             };
@@ -476,7 +476,11 @@ pub(crate) fn matmul(
                     None,
                 )?;
             }
-            Storage::F32(c)
+            if dtype == DType::F32 {
+                // The kept buffer's slack rides along (see `crate::par::Scratch`).
+                return c.into_tensor(shape).map_err(|e| e.to_string());
+            }
+            Storage::F32(c.to_vec())
         }
     };
     // Moved, not copied, when the product already has the result's dtype (`cast` would copy

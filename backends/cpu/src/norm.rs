@@ -75,8 +75,8 @@ pub(crate) fn residual_layer_norm(
     let shape = a.shape().to_vec();
     let e = |e: fusebox_core::Error| e.to_string();
     Ok(Some((
-        Tensor::from_f32(shape.clone(), sum).map_err(e)?,
-        Tensor::from_f32(shape, out).map_err(e)?,
+        sum.into_tensor(shape.clone()).map_err(e)?,
+        out.into_tensor(shape).map_err(e)?,
     )))
 }
 
@@ -182,7 +182,7 @@ pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult
             }
         }
     });
-    Tensor::from_f32(x.shape().to_vec(), out)
+    out.into_tensor(x.shape().to_vec())
         .map(Some)
         .map_err(|e| e.to_string())
 }
@@ -245,7 +245,7 @@ pub(crate) fn layer_norm_decomposed(
             }
         }
     });
-    Tensor::from_f32(x.shape().to_vec(), out)
+    out.into_tensor(x.shape().to_vec())
         .map(Some)
         .map_err(|e| e.to_string())
 }
@@ -298,5 +298,6 @@ pub(crate) fn gelu(x: &Tensor, tanh: bool) -> KResult<Tensor> {
         o.copy_from_slice(&xd[off..off + o.len()]);
         crate::dense::bias_act(o, None, act);
     });
-    Tensor::from_f32(x.shape().to_vec(), out).map_err(|e| e.to_string())
+    out.into_tensor(x.shape().to_vec())
+        .map_err(|e| e.to_string())
 }

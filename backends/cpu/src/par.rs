@@ -231,20 +231,27 @@ pub(crate) fn zeros_f32(n: usize, threads: usize) -> Vec<f32> {
 const KEPT_BUFFERS: usize = 16;
 const KEPT_ELEMS: usize = 1 << 26;
 
+/// Buffers shorter than this are not kept (a fresh one costs little).
+const KEPT_MIN: usize = 1 << 14;
+
 thread_local! {
-    /// `f32` buffers of dropped tensors, for [`scratch_f32`] (per thread: the executor's).
+    /// Whole `f32` buffers of dropped tensors, oldest first, for [`scratch_f32`] (per thread:
+    /// the executor's). Every element of each is initialised (a buffer's length is all of it,
+    /// whatever the tensor that last used it needed).
     static KEPT: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Keeps the `f32` buffer of a tensor nobody else holds for a later [`scratch_f32`] on this
-/// thread (the executor drops each value after its last use); other tensors are just
-/// dropped. At most [`KEPT_BUFFERS`] buffers and [`KEPT_ELEMS`] elements are kept, the
-/// most recently dropped.
+/// Keeps the whole `f32` buffer of a tensor nobody else holds ([`Tensor::try_into_buffer`],
+/// which may be longer than the tensor) for a later [`scratch_f32`] on this thread (the
+/// executor drops each value after its last use); other tensors are just dropped. At most
+/// [`KEPT_BUFFERS`] buffers and [`KEPT_ELEMS`] elements are kept, the most recently dropped.
+///
+/// [`Tensor::try_into_buffer`]: fusebox_core::runtime::Tensor::try_into_buffer
 pub(crate) fn recycle(t: fusebox_core::runtime::Tensor) {
-    let Ok(fusebox_core::runtime::Storage::F32(v)) = t.try_into_storage() else {
+    let Ok(fusebox_core::runtime::Storage::F32(v)) = t.try_into_buffer() else {
         return;
     };
-    if v.capacity() < 1 << 14 || v.capacity() > KEPT_ELEMS {
+    if v.len() < KEPT_MIN || v.len() > KEPT_ELEMS {
         return;
     }
     KEPT.with(|k| {
@@ -254,46 +261,84 @@ pub(crate) fn recycle(t: fusebox_core::runtime::Tensor) {
         // what comes next. (Keeping the old ones instead filled GPT-2's pool with fifteen
         // 128 × 768 buffers, and its 128 × 3072 and 128 × 50257 outputs were zeroed afresh
         // every inference, 44 MB of them.)
-        while k.len() > KEPT_BUFFERS || k.iter().map(Vec::capacity).sum::<usize>() > KEPT_ELEMS {
+        while k.len() > KEPT_BUFFERS || k.iter().map(Vec::len).sum::<usize>() > KEPT_ELEMS {
             k.remove(0);
         }
     });
 }
 
+/// An output buffer from [`scratch_f32`]: its first `len` elements are what a kernel
+/// writes (what it dereferences to); a kept buffer may hold more behind them, which travel
+/// with it into the result tensor ([`Scratch::into_tensor`], a
+/// [`Tensor::from_prefix`](fusebox_core::runtime::Tensor::from_prefix)) and come back to the
+/// pool whole when that tensor is dropped.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    buf: Vec<f32>,
+    len: usize,
+}
+
+impl Scratch {
+    /// `v` as an output buffer of its whole length.
+    pub(crate) fn from_vec(v: Vec<f32>) -> Scratch {
+        Scratch {
+            len: v.len(),
+            buf: v,
+        }
+    }
+
+    /// The tensor of `shape` over this buffer; an error when `shape` does not have exactly
+    /// the buffer's `len` elements.
+    pub(crate) fn into_tensor(
+        self,
+        shape: Vec<usize>,
+    ) -> fusebox_core::Result<fusebox_core::runtime::Tensor> {
+        if fusebox_core::runtime::shape_numel(&shape) != Some(self.len) {
+            return Err(fusebox_core::Error::Runtime(format!(
+                "an output of shape {shape:?} does not have the {} elements computed",
+                self.len
+            )));
+        }
+        fusebox_core::runtime::Tensor::from_prefix(
+            shape,
+            fusebox_core::runtime::Storage::F32(self.buf),
+        )
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[..self.len]
+    }
+}
+
 /// A buffer of `n` `f32`s with unspecified (initialised) contents, for an output the caller
-/// overwrites whole: a kept buffer of a dropped tensor when one fits, which saves zeroing a
-/// fresh one; else zeros, written by up to `threads` threads.
+/// overwrites whole: the most recently kept buffer of a dropped tensor that holds `n`
+/// elements, whatever its length (the rest rides along unused, see [`Scratch`]), else zeros,
+/// written by up to `threads` threads.
 ///
-/// Only a kept buffer's length (not its capacity) is initialised memory that can be handed
-/// out without writing it, and a buffer truncated to `n` keeps length `n` for good: growing
-/// it again for a larger tensor zeroes the difference. So each choice is charged the elements
-/// it zeroes now (`n` less a shorter length) or gives up (a longer length less `n`), and the
-/// kept buffer charged least is taken if that is less than the `n` a fresh buffer zeroes
-/// (on a tie, the one that zeroes nothing now). Taking the shortest buffer long enough, as
-/// before, let one inference's small tensors cut its large buffers down, and the next
-/// inference zeroed them back up: 2.9 M elements per MobileNetV2 run (`memset` 8.9% of the
-/// executor thread's time in `perf`), 0.31 M now.
-pub(crate) fn scratch_f32(n: usize, threads: usize) -> Vec<f32> {
+/// The most recent buffer is the likeliest to be in cache: a model's activations are written
+/// into memory that was read a moment ago rather than into a buffer last touched an
+/// inference ago. With safe `Vec`s alone a buffer cut to a small tensor's length had to be
+/// zeroed again to grow back, so the pool used to hand out the buffer whose length was
+/// nearest `n` instead; MobileNetV2's run went from 5.01 to 4.90 ms when the most recent fit
+/// was taken (bench/RESULTS.md, session ae).
+pub(crate) fn scratch_f32(n: usize, threads: usize) -> Scratch {
     let kept = KEPT.with(|k| {
         let mut k = k.borrow_mut();
-        // The elements this choice writes now (past the length) or gives up for later (past
-        // `n`): the fewest, and fewer than a fresh buffer's `n`.
-        let (best, cost) = k
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.capacity() >= n)
-            .map(|(i, v)| (i, v.len().abs_diff(n), v.len() < n))
-            .min_by_key(|&(_, cost, short)| (cost, short))
-            .map(|(i, cost, _)| (i, cost))?;
-        (cost < n).then(|| k.remove(best))
+        let i = k.iter().rposition(|v| v.len() >= n)?;
+        Some(k.remove(i))
     });
     match kept {
-        Some(mut v) => {
-            v.truncate(n);
-            v.resize(n, 0.0);
-            v
-        }
-        None => zeros_f32(n, threads),
+        Some(buf) => Scratch { buf, len: n },
+        None => Scratch::from_vec(zeros_f32(n, threads)),
     }
 }
 
@@ -394,9 +439,14 @@ mod tests {
         assert_eq!(r, Err(7));
     }
 
+    fn kept_len() -> usize {
+        KEPT.with(|k| k.borrow().len())
+    }
+
     #[test]
     fn scratch_reuses_the_buffers_of_dropped_unshared_tensors() {
         use fusebox_core::runtime::Tensor;
+        KEPT.with(|k| k.borrow_mut().clear());
         let n = 1 << 15;
         let t = Tensor::from_f32(vec![n], vec![7.0; n]).unwrap_or_else(|e| panic!("{e}"));
         let shared = t.clone();
@@ -415,68 +465,62 @@ mod tests {
     }
 
     #[test]
-    fn scratch_prefers_a_buffer_long_enough_to_a_roomy_truncated_one() {
+    fn a_small_tensor_keeps_the_whole_buffer_and_gives_it_back() {
         use fusebox_core::runtime::Tensor;
-        let big = 1 << 16;
+        KEPT.with(|k| k.borrow_mut().clear());
         let n = 1 << 15;
-        // A buffer truncated by an earlier, smaller tensor (capacity a little over n, length
-        // n/2), and one whose length is n in a larger allocation: choosing by the smallest
-        // capacity would take the first and zero half of it.
-        let mut roomy = vec![1.0f32; n + 1024];
-        roomy.truncate(n / 2);
-        let roomy = Tensor::from_f32(vec![n / 2], roomy).unwrap_or_else(|e| panic!("{e}"));
-        let mut exact = Vec::with_capacity(big);
-        exact.resize(n, 2.0f32);
-        let exact = Tensor::from_f32(vec![n], exact).unwrap_or_else(|e| panic!("{e}"));
-        recycle(roomy);
-        recycle(exact);
-        // The one whose length covers n: nothing to zero (its old contents come back).
-        let got = scratch_f32(n, 1);
-        assert!(got.iter().all(|&v| v == 2.0));
-        // Then the roomy one: its length n/2 kept, only the rest zeroed.
-        let got = scratch_f32(n, 1);
-        assert_eq!(got.len(), n);
-        assert!(got[..n / 2].iter().all(|&v| v == 1.0));
-        assert!(got[n / 2..].iter().all(|&v| v == 0.0));
-        assert!(scratch_f32(n, 1).iter().all(|&v| v == 0.0));
+        let big = Tensor::from_f32(vec![4 * n], vec![3.0; 4 * n]).unwrap_or_else(|e| panic!("{e}"));
+        let at = big.as_f32().map(<[f32]>::as_ptr);
+        recycle(big);
+        // A quarter of it: the tensor sees its n elements, the rest rides along.
+        let mut small = scratch_f32(n, 1);
+        assert_eq!(small.len(), n);
+        small.iter_mut().for_each(|v| *v = 1.0);
+        let t = small
+            .into_tensor(vec![n / 4, 4])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.numel(), n);
+        assert_eq!(t.as_f32().map(<[f32]>::len), Some(n));
+        assert_eq!(t.as_f32().map(<[f32]>::as_ptr), at);
+        assert!(t.to_f32_vec().iter().all(|&v| v == 1.0));
+        // Dropped, the whole buffer comes back: the large request gets it with nothing
+        // zeroed, the small tensor's writes in front, the old contents behind.
+        recycle(t);
+        let again = scratch_f32(4 * n, 1);
+        assert_eq!(again.as_ptr(), at.unwrap_or(std::ptr::null()));
+        assert!(again[..n].iter().all(|&v| v == 1.0));
+        assert!(again[n..].iter().all(|&v| v == 3.0));
+        // A shape of another element count is an error, not a view past the output.
+        assert!(again.into_tensor(vec![4 * n + 1]).is_err());
     }
 
     #[test]
-    fn a_small_tensor_does_not_cut_a_large_kept_buffer_down() {
+    fn scratch_takes_the_most_recently_dropped_buffer_that_fits() {
         use fusebox_core::runtime::Tensor;
+        KEPT.with(|k| k.borrow_mut().clear());
         let n = 1 << 15;
-        let big = Tensor::from_f32(vec![4 * n], vec![3.0; 4 * n]).unwrap_or_else(|e| panic!("{e}"));
-        recycle(big);
-        // A quarter of its length: truncating would give up 3n elements, a fresh buffer
-        // zeroes n. Fresh it is, and the large buffer stays whole.
-        let small = scratch_f32(n, 1);
-        assert!(small.iter().all(|&v| v == 0.0));
-        // The large request then gets it back with nothing zeroed (its old contents).
-        let again = scratch_f32(4 * n, 1);
-        assert!(again.iter().all(|&v| v == 3.0));
-        // Half its length or more: reused (giving up fewer elements than a fresh one zeroes).
-        let t = Tensor::from_f32(vec![4 * n], again).unwrap_or_else(|e| panic!("{e}"));
-        recycle(t);
-        let half = scratch_f32(2 * n + 1, 1);
-        assert!(half.iter().all(|&v| v == 3.0));
-        // On a tie, the buffer that needs no zeroing now.
-        let kept = |len: usize, v: f32| {
-            let mut data = Vec::with_capacity(2 * n);
-            data.resize(len, v);
-            Tensor::from_f32(vec![len], data).unwrap_or_else(|e| panic!("{e}"))
+        let t = |len: usize, v: f32| {
+            Tensor::from_f32(vec![len], vec![v; len]).unwrap_or_else(|e| panic!("{e}"))
         };
-        recycle(kept(n - 8, 4.0));
-        recycle(kept(n + 8, 5.0));
-        assert!(scratch_f32(n, 1).iter().all(|&v| v == 5.0));
-        let rest = scratch_f32(n, 1);
-        assert!(rest[..n - 8].iter().all(|&v| v == 4.0));
-        assert!(rest[n - 8..].iter().all(|&v| v == 0.0));
+        recycle(t(2 * n, 1.0));
+        recycle(t(n, 2.0));
+        recycle(t(n / 2, 3.0));
+        // The newest, n/2, is too short; the next newest fits exactly.
+        assert!(scratch_f32(n, 1).iter().all(|&v| v == 2.0));
+        // Then the oldest, the only one left that holds n.
+        assert!(scratch_f32(n, 1).iter().all(|&v| v == 1.0));
+        assert_eq!(kept_len(), 1);
+        // None fits: zeros, and the short one stays.
+        assert!(scratch_f32(n, 1).iter().all(|&v| v == 0.0));
+        assert_eq!(kept_len(), 1);
+        KEPT.with(|k| k.borrow_mut().clear());
     }
 
     #[test]
     fn a_full_pool_keeps_the_buffers_dropped_last() {
         use fusebox_core::runtime::Tensor;
-        let n = 1 << 14;
+        KEPT.with(|k| k.borrow_mut().clear());
+        let n = KEPT_MIN;
         let t = |len: usize, v: f32| {
             Tensor::from_f32(vec![len], vec![v; len]).unwrap_or_else(|e| panic!("{e}"))
         };
@@ -487,8 +531,10 @@ mod tests {
         // small one goes), and the next large tensor reuses it.
         recycle(t(4 * n, 2.0));
         assert!(scratch_f32(4 * n, 1).iter().all(|&v| v == 2.0));
-        let kept = KEPT.with(|k| k.borrow().len());
-        assert_eq!(kept, KEPT_BUFFERS - 1);
+        assert_eq!(kept_len(), KEPT_BUFFERS - 1);
+        // Buffers below the floor are not kept.
+        recycle(t(n - 1, 4.0));
+        assert_eq!(kept_len(), KEPT_BUFFERS - 1);
         KEPT.with(|k| k.borrow_mut().clear());
     }
 

@@ -13,7 +13,7 @@
 //! ```
 
 use crate::util::{KResult, floats, from_f64, norm_axes, norm_axis, strides, tensor};
-use fusebox_core::runtime::{Storage, Tensor};
+use fusebox_core::runtime::{Storage, StorageRef, Tensor};
 
 /// Calls `f(i, o1, o2)` for every input index `i` in row-major order, where `o1`/`o2` are
 /// `Σ idx_k * s1[k]` / `Σ idx_k * s2[k]`.
@@ -160,10 +160,10 @@ pub(crate) fn reduce(
     // the input is the output's accumulator.
     let data = if t.dtype().is_float() {
         let mut acc = match t.storage() {
-            Storage::F32(x) => float_acc(x, f64::from, op, n_out, walk),
-            Storage::F64(x) => float_acc(x, |v| v, op, n_out, walk),
-            Storage::F16(x) => float_acc(x, |v| v.to_f64(), op, n_out, walk),
-            Storage::BF16(x) => float_acc(x, |v| v.to_f64(), op, n_out, walk),
+            StorageRef::F32(x) => float_acc(x, f64::from, op, n_out, walk),
+            StorageRef::F64(x) => float_acc(x, |v| v, op, n_out, walk),
+            StorageRef::F16(x) => float_acc(x, |v| v.to_f64(), op, n_out, walk),
+            StorageRef::BF16(x) => float_acc(x, |v| v.to_f64(), op, n_out, walk),
             s => return Err(format!("unexpected storage of {}", s.dtype())),
         };
         if op == ReduceOp::Mean {
@@ -180,11 +180,11 @@ pub(crate) fn reduce(
             ReduceOp::Sum | ReduceOp::Mean => 0,
         };
         let mut acc = match t.storage() {
-            Storage::I8(x) => int_acc(x, i64::from, op, init, n_out, walk),
-            Storage::U8(x) => int_acc(x, i64::from, op, init, n_out, walk),
-            Storage::I32(x) => int_acc(x, i64::from, op, init, n_out, walk),
-            Storage::I64(x) => int_acc(x, |v| v, op, init, n_out, walk),
-            Storage::Bool(x) => int_acc(x, i64::from, op, init, n_out, walk),
+            StorageRef::I8(x) => int_acc(x, i64::from, op, init, n_out, walk),
+            StorageRef::U8(x) => int_acc(x, i64::from, op, init, n_out, walk),
+            StorageRef::I32(x) => int_acc(x, i64::from, op, init, n_out, walk),
+            StorageRef::I64(x) => int_acc(x, |v| v, op, init, n_out, walk),
+            StorageRef::Bool(x) => int_acc(x, i64::from, op, init, n_out, walk),
             s => return Err(format!("unexpected storage of {}", s.dtype())),
         };
         if op == ReduceOp::Mean {
@@ -280,7 +280,7 @@ pub(crate) fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 pub(crate) fn softmax(t: &Tensor, axis: i64, log: bool) -> KResult<Tensor> {
     let axis = norm_axis(axis, t.rank())?;
     let (outer, len, inner) = around(t.shape(), axis);
-    if let Storage::F32(x) = t.storage() {
+    if let StorageRef::F32(x) = t.storage() {
         return tensor(
             t.shape().to_vec(),
             Storage::F32(softmax_f32(x, outer, len, inner, log)),

@@ -109,7 +109,7 @@ pub(crate) fn rope(
             rope_row(xrow, c, s, half, order, orow);
         }
     });
-    Tensor::from_f32(xs.to_vec(), out)
+    out.into_tensor(xs.to_vec())
         .map(Some)
         .map_err(|e| e.to_string())
 }

@@ -7,7 +7,7 @@
 //! ```
 
 use fusebox_core::ir::DType;
-use fusebox_core::runtime::{Storage, Tensor};
+use fusebox_core::runtime::{Storage, StorageRef, Tensor};
 
 /// The kernels' internal result: a message that the dispatcher prefixes with the op name.
 pub(crate) type KResult<T> = std::result::Result<T, String>;
@@ -205,45 +205,67 @@ pub(crate) fn zip_broadcast<A: Copy, B: Copy, O>(
     }
 }
 
-/// Applies a dtype-generic expression to a storage, giving a storage of the same dtype.
+/// Applies a dtype-generic expression to borrowed elements ([`StorageRef`]), giving a storage
+/// of the same dtype.
 macro_rules! map_same {
     ($s:expr, $v:ident => $body:expr) => {
         match $s {
-            fusebox_core::runtime::Storage::F16($v) => fusebox_core::runtime::Storage::F16($body),
-            fusebox_core::runtime::Storage::BF16($v) => fusebox_core::runtime::Storage::BF16($body),
-            fusebox_core::runtime::Storage::F32($v) => fusebox_core::runtime::Storage::F32($body),
-            fusebox_core::runtime::Storage::F64($v) => fusebox_core::runtime::Storage::F64($body),
-            fusebox_core::runtime::Storage::I8($v) => fusebox_core::runtime::Storage::I8($body),
-            fusebox_core::runtime::Storage::U8($v) => fusebox_core::runtime::Storage::U8($body),
-            fusebox_core::runtime::Storage::I32($v) => fusebox_core::runtime::Storage::I32($body),
-            fusebox_core::runtime::Storage::I64($v) => fusebox_core::runtime::Storage::I64($body),
-            fusebox_core::runtime::Storage::Bool($v) => fusebox_core::runtime::Storage::Bool($body),
+            fusebox_core::runtime::StorageRef::F16($v) => {
+                fusebox_core::runtime::Storage::F16($body)
+            }
+            fusebox_core::runtime::StorageRef::BF16($v) => {
+                fusebox_core::runtime::Storage::BF16($body)
+            }
+            fusebox_core::runtime::StorageRef::F32($v) => {
+                fusebox_core::runtime::Storage::F32($body)
+            }
+            fusebox_core::runtime::StorageRef::F64($v) => {
+                fusebox_core::runtime::Storage::F64($body)
+            }
+            fusebox_core::runtime::StorageRef::I8($v) => fusebox_core::runtime::Storage::I8($body),
+            fusebox_core::runtime::StorageRef::U8($v) => fusebox_core::runtime::Storage::U8($body),
+            fusebox_core::runtime::StorageRef::I32($v) => {
+                fusebox_core::runtime::Storage::I32($body)
+            }
+            fusebox_core::runtime::StorageRef::I64($v) => {
+                fusebox_core::runtime::Storage::I64($body)
+            }
+            fusebox_core::runtime::StorageRef::Bool($v) => {
+                fusebox_core::runtime::Storage::Bool($body)
+            }
         }
     };
 }
 pub(crate) use map_same;
 
-/// [`gather`] of any storage: `f32` into a kept buffer ([`crate::par::scratch_f32`]: in a
-/// model, a dropped tensor's buffer instead of fresh pages; GPT-2's 60 head permutes went from
-/// 5.1–5.4 to 3.0–3.1 ms per run), other dtypes into a new one, both by [`gather_blocked`]
-/// where it applies (rank 2 or more, no negative stride or offset), else by [`gather`].
-pub(crate) fn gather_storage(s: &Storage, offset: isize, st: &[isize], shape: &[usize]) -> Storage {
+/// The tensor of `shape` gathered from `s` ([`gather`]): `f32` into a kept buffer
+/// ([`crate::par::scratch_f32`]: in a model, a dropped tensor's buffer instead of fresh pages;
+/// GPT-2's 60 head permutes went from 5.1–5.4 to 3.0–3.1 ms per run), other dtypes into a new
+/// one, both by [`gather_blocked`] where it applies (rank 2 or more, no negative stride or
+/// offset), else by [`gather`].
+pub(crate) fn gather_tensor(
+    s: StorageRef<'_>,
+    offset: isize,
+    st: &[isize],
+    shape: Vec<usize>,
+) -> KResult<Tensor> {
     let blocked = shape.len() >= 2 && offset >= 0 && st.iter().all(|&s| s >= 0);
     let total: usize = shape.iter().product();
     let threads = crate::par::threads_for(total, GATHER_GRAIN);
-    match s {
-        Storage::F32(v) if blocked => {
+    let data = match s {
+        StorageRef::F32(v) if blocked => {
             let mut out = crate::par::scratch_f32(total, threads);
-            gather_blocked(v, offset, st, shape, &mut out, threads);
-            Storage::F32(out)
+            gather_blocked(v, offset, st, &shape, &mut out, threads);
+            return out.into_tensor(shape).map_err(|e| e.to_string());
         }
         other if blocked => map_same!(other, v => {
             let mut out = vec![Default::default(); total];
-            gather_blocked(v, offset, st, shape, &mut out, threads);
+            gather_blocked(v, offset, st, &shape, &mut out, threads);
             out
         }),
-        other => map_same!(other, v => gather(v, offset, st, shape)),
-    }
+        other => map_same!(other, v => gather(v, offset, st, &shape)),
+    };
+    tensor(shape, data)
 }
 
 /// Output elements per thread below which [`gather_blocked`] stays on one thread.
@@ -382,9 +404,8 @@ pub(crate) fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
     let s = strides(t.shape());
     let out_shape: Vec<usize> = perm.iter().map(|&p| t.shape()[p]).collect();
     let st: Vec<isize> = perm.iter().map(|&p| s[p] as isize).collect();
-    let data = gather_storage(t.storage(), 0, &st, &out_shape);
     // The element count is unchanged, so this cannot fail.
-    Tensor::new(out_shape, data).unwrap_or_else(|_| t.clone())
+    gather_tensor(t.storage(), 0, &st, out_shape).unwrap_or_else(|_| t.clone())
 }
 
 /// The outputs `[lo, hi)` (of `out`, `lo ≤ hi`) of a strided window position whose input
@@ -481,9 +502,9 @@ mod tests {
             for t in 1..=3 {
                 let got = crate::par::with_threads(t, || {
                     let f32s = Storage::F32(src.clone());
-                    gather_storage(&f32s, offset as isize, &st, &out_shape)
+                    gather_tensor(f32s.view(), offset as isize, &st, out_shape.clone())
                 });
-                let got = got.to_f32_vec();
+                let got = got.unwrap_or_else(|e| panic!("{e}")).to_f32_vec();
                 assert_eq!(got, want, "{shape:?} {perm:?} on {t} threads");
             }
         }

@@ -59,7 +59,7 @@ use cudarc::driver::{
     DevicePtr, DeviceRepr, DriverError,
 };
 use fusebox_core::ir::DType;
-use fusebox_core::runtime::{DeviceTensor, Storage, Tensor, Value, shape_numel};
+use fusebox_core::runtime::{DeviceTensor, Storage, StorageRef, Tensor, Value, shape_numel};
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use std::any::Any;
@@ -579,15 +579,15 @@ impl GpuTensor {
                     .map_err(driver("cuMemcpyHtoD"))
             }
             match t.storage() {
-                Storage::F16(v) => put::<u16>(gpu, &mut buf, v.reinterpret_cast())?,
-                Storage::BF16(v) => put::<u16>(gpu, &mut buf, v.reinterpret_cast())?,
-                Storage::F32(v) => put(gpu, &mut buf, v)?,
-                Storage::F64(v) => put(gpu, &mut buf, v)?,
-                Storage::I8(v) => put(gpu, &mut buf, v)?,
-                Storage::U8(v) => put(gpu, &mut buf, v)?,
-                Storage::I32(v) => put(gpu, &mut buf, v)?,
-                Storage::I64(v) => put(gpu, &mut buf, v)?,
-                Storage::Bool(v) => put(gpu, &mut buf, v)?,
+                StorageRef::F16(v) => put::<u16>(gpu, &mut buf, v.reinterpret_cast())?,
+                StorageRef::BF16(v) => put::<u16>(gpu, &mut buf, v.reinterpret_cast())?,
+                StorageRef::F32(v) => put(gpu, &mut buf, v)?,
+                StorageRef::F64(v) => put(gpu, &mut buf, v)?,
+                StorageRef::I8(v) => put(gpu, &mut buf, v)?,
+                StorageRef::U8(v) => put(gpu, &mut buf, v)?,
+                StorageRef::I32(v) => put(gpu, &mut buf, v)?,
+                StorageRef::I64(v) => put(gpu, &mut buf, v)?,
+                StorageRef::Bool(v) => put(gpu, &mut buf, v)?,
             }
         }
         Ok(GpuTensor::wrap(

@@ -16,7 +16,7 @@ mod common;
 
 use common::{HALF, SAXPY};
 use fusebox_core::ir::DType;
-use fusebox_core::runtime::{Storage, Tensor, Value};
+use fusebox_core::runtime::{Storage, StorageRef, Tensor, Value};
 use fusebox_cuda::nvrtc::{Arch, CompileOptions, compile};
 use fusebox_cuda::testing::{gpu_or_skip, nvrtc_or_skip};
 use fusebox_cuda::{Error, Gpu, GpuTensor, KernelArg, LaunchConfig};
@@ -130,7 +130,7 @@ fn every_dtype_round_trips_bit_exactly() {
     let z = GpuTensor::zeros(&gpu, DType::Bool, vec![5]).unwrap();
     assert_eq!(
         z.download().unwrap().storage(),
-        &Storage::Bool(vec![false; 5])
+        StorageRef::Bool(&[false; 5])
     );
     let r = z.reshaped(vec![5, 1]).unwrap();
     assert_eq!(

@@ -5,7 +5,11 @@
 //! - A [`Tensor`] is a row-major, contiguous array with a static shape (`Vec<usize>`) and typed
 //!   storage ([`Storage`], one `Vec` per dtype; `float16`/`bfloat16` are stored as such and
 //!   kernels compute them through `f32`). Clones are cheap: the storage is shared and copied on
-//!   write.
+//!   write. A tensor's elements are the first [`Tensor::numel`] of its buffer, which may be
+//!   longer ([`Tensor::from_prefix`]: a kernel's output written into a kept, larger buffer);
+//!   every reader ([`Tensor::storage`], a [`StorageRef`], the conversions,
+//!   [`Tensor::into_storage`]) sees exactly those elements, and only
+//!   [`Tensor::try_into_buffer`] gives the whole buffer.
 //! - [`Tensor::from_constant`] / [`Tensor::to_constant`] convert from and to the IR's
 //!   little-endian [`Constant`]s exactly (bit for bit).
 //! - A [`Value`] is what a var holds while a function runs: a tensor, a tuple, a shape
@@ -78,6 +82,174 @@ macro_rules! with_storage {
             $crate::runtime::Storage::Bool($v) => $body,
         }
     };
+}
+
+/// The typed elements of a tensor, borrowed ([`Tensor::storage`]): one slice per dtype, as
+/// long as the tensor (its buffer may be longer; see [`Tensor::from_prefix`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StorageRef<'a> {
+    /// `float16`.
+    F16(&'a [f16]),
+    /// `bfloat16`.
+    BF16(&'a [bf16]),
+    /// `float32`.
+    F32(&'a [f32]),
+    /// `float64`.
+    F64(&'a [f64]),
+    /// `int8`.
+    I8(&'a [i8]),
+    /// `uint8`.
+    U8(&'a [u8]),
+    /// `int32`.
+    I32(&'a [i32]),
+    /// `int64`.
+    I64(&'a [i64]),
+    /// `bool`.
+    Bool(&'a [bool]),
+}
+
+/// Applies `$body` to the typed slice of a [`StorageRef`], binding it as `$v`.
+#[macro_export]
+macro_rules! with_storage_ref {
+    ($s:expr, $v:ident => $body:expr) => {
+        match $s {
+            $crate::runtime::StorageRef::F16($v) => $body,
+            $crate::runtime::StorageRef::BF16($v) => $body,
+            $crate::runtime::StorageRef::F32($v) => $body,
+            $crate::runtime::StorageRef::F64($v) => $body,
+            $crate::runtime::StorageRef::I8($v) => $body,
+            $crate::runtime::StorageRef::U8($v) => $body,
+            $crate::runtime::StorageRef::I32($v) => $body,
+            $crate::runtime::StorageRef::I64($v) => $body,
+            $crate::runtime::StorageRef::Bool($v) => $body,
+        }
+    };
+}
+
+impl<'a> StorageRef<'a> {
+    /// The element type.
+    pub fn dtype(self) -> DType {
+        match self {
+            StorageRef::F16(_) => DType::F16,
+            StorageRef::BF16(_) => DType::BF16,
+            StorageRef::F32(_) => DType::F32,
+            StorageRef::F64(_) => DType::F64,
+            StorageRef::I8(_) => DType::I8,
+            StorageRef::U8(_) => DType::U8,
+            StorageRef::I32(_) => DType::I32,
+            StorageRef::I64(_) => DType::I64,
+            StorageRef::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(self) -> usize {
+        with_storage_ref!(self, v => v.len())
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `n` elements (all of them when there are fewer).
+    pub fn prefix(self, n: usize) -> StorageRef<'a> {
+        match self {
+            StorageRef::F16(v) => StorageRef::F16(&v[..n.min(v.len())]),
+            StorageRef::BF16(v) => StorageRef::BF16(&v[..n.min(v.len())]),
+            StorageRef::F32(v) => StorageRef::F32(&v[..n.min(v.len())]),
+            StorageRef::F64(v) => StorageRef::F64(&v[..n.min(v.len())]),
+            StorageRef::I8(v) => StorageRef::I8(&v[..n.min(v.len())]),
+            StorageRef::U8(v) => StorageRef::U8(&v[..n.min(v.len())]),
+            StorageRef::I32(v) => StorageRef::I32(&v[..n.min(v.len())]),
+            StorageRef::I64(v) => StorageRef::I64(&v[..n.min(v.len())]),
+            StorageRef::Bool(v) => StorageRef::Bool(&v[..n.min(v.len())]),
+        }
+    }
+
+    /// The elements, copied into an owned [`Storage`].
+    pub fn to_storage(self) -> Storage {
+        match self {
+            StorageRef::F16(v) => Storage::F16(v.to_vec()),
+            StorageRef::BF16(v) => Storage::BF16(v.to_vec()),
+            StorageRef::F32(v) => Storage::F32(v.to_vec()),
+            StorageRef::F64(v) => Storage::F64(v.to_vec()),
+            StorageRef::I8(v) => Storage::I8(v.to_vec()),
+            StorageRef::U8(v) => Storage::U8(v.to_vec()),
+            StorageRef::I32(v) => Storage::I32(v.to_vec()),
+            StorageRef::I64(v) => Storage::I64(v.to_vec()),
+            StorageRef::Bool(v) => Storage::Bool(v.to_vec()),
+        }
+    }
+
+    /// Every element widened to `f32` (`f64` and wide ints round).
+    pub fn to_f32_vec(self) -> Vec<f32> {
+        match self {
+            StorageRef::F32(v) => v.to_vec(),
+            StorageRef::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            StorageRef::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            StorageRef::F64(v) => v.iter().map(|&x| x as f32).collect(),
+            StorageRef::I8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+            StorageRef::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+            StorageRef::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            StorageRef::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            StorageRef::Bool(v) => v.iter().map(|&x| f32::from(u8::from(x))).collect(),
+        }
+    }
+
+    /// Every element widened to `f64` (exact except for ints beyond 2^53).
+    pub fn to_f64_vec(self) -> Vec<f64> {
+        match self {
+            StorageRef::F64(v) => v.to_vec(),
+            StorageRef::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            StorageRef::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            StorageRef::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            StorageRef::I8(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            StorageRef::U8(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            StorageRef::I32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            StorageRef::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            StorageRef::Bool(v) => v.iter().map(|&x| f64::from(u8::from(x))).collect(),
+        }
+    }
+
+    /// Every element as `i64` (floats truncate toward zero and saturate).
+    pub fn to_i64_vec(self) -> Vec<i64> {
+        match self {
+            StorageRef::I64(v) => v.to_vec(),
+            StorageRef::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            StorageRef::I8(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            StorageRef::U8(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            StorageRef::Bool(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            StorageRef::F64(v) => v.iter().map(|&x| x as i64).collect(),
+            StorageRef::F32(v) => v.iter().map(|&x| x as i64).collect(),
+            StorageRef::F16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            StorageRef::BF16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+        }
+    }
+
+    /// The elements converted to `dtype` (see [`Storage::from_f64`] for the rounding rules;
+    /// int to int wraps, int64 is exact); a copy even when the dtype already is `dtype`.
+    pub fn cast(self, dtype: DType) -> Storage {
+        if self.dtype() == dtype {
+            return self.to_storage();
+        }
+        match (self, dtype) {
+            (StorageRef::F16(_) | StorageRef::BF16(_) | StorageRef::F32(_), d)
+                if d != DType::F64 =>
+            {
+                Storage::from_f32(d, self.to_f32_vec())
+            }
+            (
+                StorageRef::I8(_)
+                | StorageRef::U8(_)
+                | StorageRef::I32(_)
+                | StorageRef::I64(_)
+                | StorageRef::Bool(_),
+                d,
+            ) if d.is_int() || d == DType::Bool => Storage::from_i64(d, self.to_i64_vec()),
+            (_, d) => Storage::from_f64(d, self.to_f64_vec()),
+        }
+    }
 }
 
 impl Storage {
@@ -167,49 +339,39 @@ impl Storage {
         }
     }
 
+    /// The elements, borrowed.
+    pub fn view(&self) -> StorageRef<'_> {
+        match self {
+            Storage::F16(v) => StorageRef::F16(v),
+            Storage::BF16(v) => StorageRef::BF16(v),
+            Storage::F32(v) => StorageRef::F32(v),
+            Storage::F64(v) => StorageRef::F64(v),
+            Storage::I8(v) => StorageRef::I8(v),
+            Storage::U8(v) => StorageRef::U8(v),
+            Storage::I32(v) => StorageRef::I32(v),
+            Storage::I64(v) => StorageRef::I64(v),
+            Storage::Bool(v) => StorageRef::Bool(v),
+        }
+    }
+
+    /// Shortens to `n` elements (nothing when there are no more than `n`).
+    pub fn truncate(&mut self, n: usize) {
+        with_storage!(self, v => v.truncate(n))
+    }
+
     /// Every element widened to `f32` (`f64` and wide ints round).
     pub fn to_f32_vec(&self) -> Vec<f32> {
-        match self {
-            Storage::F32(v) => v.clone(),
-            Storage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            Storage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            Storage::F64(v) => v.iter().map(|&x| x as f32).collect(),
-            Storage::I8(v) => v.iter().map(|&x| f32::from(x)).collect(),
-            Storage::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
-            Storage::I32(v) => v.iter().map(|&x| x as f32).collect(),
-            Storage::I64(v) => v.iter().map(|&x| x as f32).collect(),
-            Storage::Bool(v) => v.iter().map(|&x| f32::from(u8::from(x))).collect(),
-        }
+        self.view().to_f32_vec()
     }
 
     /// Every element widened to `f64` (exact except for ints beyond 2^53).
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        match self {
-            Storage::F64(v) => v.clone(),
-            Storage::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
-            Storage::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
-            Storage::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
-            Storage::I8(v) => v.iter().map(|&x| f64::from(x)).collect(),
-            Storage::U8(v) => v.iter().map(|&x| f64::from(x)).collect(),
-            Storage::I32(v) => v.iter().map(|&x| f64::from(x)).collect(),
-            Storage::I64(v) => v.iter().map(|&x| x as f64).collect(),
-            Storage::Bool(v) => v.iter().map(|&x| f64::from(u8::from(x))).collect(),
-        }
+        self.view().to_f64_vec()
     }
 
     /// Every element as `i64` (floats truncate toward zero and saturate).
     pub fn to_i64_vec(&self) -> Vec<i64> {
-        match self {
-            Storage::I64(v) => v.clone(),
-            Storage::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
-            Storage::I8(v) => v.iter().map(|&x| i64::from(x)).collect(),
-            Storage::U8(v) => v.iter().map(|&x| i64::from(x)).collect(),
-            Storage::Bool(v) => v.iter().map(|&x| i64::from(x)).collect(),
-            Storage::F64(v) => v.iter().map(|&x| x as i64).collect(),
-            Storage::F32(v) => v.iter().map(|&x| x as i64).collect(),
-            Storage::F16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
-            Storage::BF16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
-        }
+        self.view().to_i64_vec()
     }
 
     /// [`Storage::cast`] of an owned buffer: the buffer itself, moved, when it already has
@@ -225,38 +387,35 @@ impl Storage {
     /// Converts to `dtype` (identity when it already is; see [`Storage::from_f64`] for the
     /// rounding rules; int to int wraps, int64 is exact).
     pub fn cast(&self, dtype: DType) -> Storage {
-        if self.dtype() == dtype {
-            return self.clone();
-        }
-        match (self, dtype) {
-            (Storage::F16(_) | Storage::BF16(_) | Storage::F32(_), d) if d != DType::F64 => {
-                Storage::from_f32(d, self.to_f32_vec())
-            }
-            (
-                Storage::I8(_)
-                | Storage::U8(_)
-                | Storage::I32(_)
-                | Storage::I64(_)
-                | Storage::Bool(_),
-                d,
-            ) if d.is_int() || d == DType::Bool => Storage::from_i64(d, self.to_i64_vec()),
-            (_, d) => Storage::from_f64(d, self.to_f64_vec()),
-        }
+        self.view().cast(dtype)
     }
 }
 
 /// A dense tensor: dtype, shape and row-major contiguous data (shared, copied on write).
-#[derive(Clone, PartialEq)]
+///
+/// The data are the first [`Tensor::numel`] elements of a buffer that may be longer (see
+/// [`Tensor::from_prefix`]): a kernel can then write its output into a kept buffer of a
+/// dropped tensor without first cutting it to length, which in safe Rust would zero the cut
+/// part again when the buffer grows back for a larger tensor.
+#[derive(Clone)]
 pub struct Tensor {
     shape: Vec<usize>,
+    /// The element count of `shape`; `data` holds at least this many.
+    numel: usize,
     data: Arc<Storage>,
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Tensor) -> bool {
+        self.shape == other.shape && self.storage() == other.storage()
+    }
 }
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Tensor({}, {:?}, ", self.dtype(), self.shape)?;
         const SHOWN: usize = 16;
-        with_storage!(&*self.data, v => {
+        with_storage_ref!(self.storage(), v => {
             if v.len() > SHOWN {
                 write!(f, "{:?} …)", &v[..SHOWN])
             } else {
@@ -284,6 +443,27 @@ impl Tensor {
         }
         Ok(Tensor {
             shape,
+            numel: n,
+            data: Arc::new(data),
+        })
+    }
+
+    /// A tensor of `shape` over the first elements of `data`, which may hold more (a kept
+    /// buffer the tensor's elements were written into); errors when it holds fewer. The rest
+    /// stays with the buffer: [`Tensor::storage`] and the conversions see only the tensor's
+    /// elements, and [`Tensor::try_into_buffer`] gives the whole buffer back.
+    pub fn from_prefix(shape: Vec<usize>, data: Storage) -> Result<Tensor> {
+        let n = shape_numel(&shape)
+            .ok_or_else(|| Error::Runtime(format!("the element count of {shape:?} overflows")))?;
+        if n > data.len() {
+            return Err(Error::Runtime(format!(
+                "a tensor of shape {shape:?} needs {n} elements, got a buffer of {}",
+                data.len()
+            )));
+        }
+        Ok(Tensor {
+            shape,
+            numel: n,
             data: Arc::new(data),
         })
     }
@@ -314,6 +494,7 @@ impl Tensor {
     pub fn scalar_f32(v: f32) -> Tensor {
         Tensor {
             shape: Vec::new(),
+            numel: 1,
             data: Arc::new(Storage::F32(vec![v])),
         }
     }
@@ -335,12 +516,13 @@ impl Tensor {
 
     /// The number of elements.
     pub fn numel(&self) -> usize {
-        self.data.len()
+        self.numel
     }
 
-    /// The storage.
-    pub fn storage(&self) -> &Storage {
-        &self.data
+    /// The elements, borrowed (exactly [`Tensor::numel`] of them, whatever the length of the
+    /// buffer behind them).
+    pub fn storage(&self) -> StorageRef<'_> {
+        self.data.view().prefix(self.numel)
     }
 
     /// A weak handle on the storage, for caches of things made from it (a device copy): it
@@ -351,26 +533,58 @@ impl Tensor {
         Arc::downgrade(&self.data)
     }
 
+    /// The address of the storage: its identity while this tensor (or a clone or reshape
+    /// of it) lives.
+    pub fn storage_ptr(&self) -> *const Storage {
+        Arc::as_ptr(&self.data)
+    }
+
     /// Whether this tensor's storage is the one `w` was taken from (see
     /// [`Tensor::storage_weak`]).
     pub fn shares_storage(&self, w: &std::sync::Weak<Storage>) -> bool {
         std::ptr::eq(Arc::as_ptr(&self.data), w.as_ptr())
     }
 
-    /// The storage, mutably (copied first when shared).
+    /// The storage, mutably, exactly [`Tensor::numel`] elements long (the elements are
+    /// copied first when the storage is shared or a weak handle on it exists).
     pub fn storage_mut(&mut self) -> &mut Storage {
-        Arc::make_mut(&mut self.data)
+        if Arc::get_mut(&mut self.data).is_none() {
+            self.data = Arc::new(self.storage().to_storage());
+        }
+        let data = Arc::make_mut(&mut self.data);
+        data.truncate(self.numel);
+        data
     }
 
-    /// The storage, taken out (copied when shared).
+    /// The storage, taken out, exactly [`Tensor::numel`] elements long (copied when shared).
     pub fn into_storage(self) -> Storage {
-        Arc::unwrap_or_clone(self.data)
+        let n = self.numel;
+        match Arc::try_unwrap(self.data) {
+            Ok(mut data) => {
+                data.truncate(n);
+                data
+            }
+            Err(data) => data.view().prefix(n).to_storage(),
+        }
     }
 
-    /// The storage, taken out when this tensor is its only owner; else the tensor back.
+    /// The storage, taken out and exactly [`Tensor::numel`] elements long, when this tensor
+    /// is its only owner; else the tensor back.
     pub fn try_into_storage(self) -> std::result::Result<Storage, Tensor> {
+        let n = self.numel;
+        self.try_into_buffer().map(|mut data| {
+            data.truncate(n);
+            data
+        })
+    }
+
+    /// The whole buffer behind this tensor, taken out when this tensor is its only owner (its
+    /// first [`Tensor::numel`] elements are the tensor's; it may hold more, see
+    /// [`Tensor::from_prefix`]); else the tensor back.
+    pub fn try_into_buffer(self) -> std::result::Result<Storage, Tensor> {
         Arc::try_unwrap(self.data).map_err(|data| Tensor {
             shape: self.shape,
+            numel: self.numel,
             data,
         })
     }
@@ -388,39 +602,40 @@ impl Tensor {
         }
         Ok(Tensor {
             shape,
+            numel: n,
             data: Arc::clone(&self.data),
         })
     }
 
     /// The `f32` elements, when the dtype is `float32`.
     pub fn as_f32(&self) -> Option<&[f32]> {
-        match &*self.data {
-            Storage::F32(v) => Some(v),
+        match self.storage() {
+            StorageRef::F32(v) => Some(v),
             _ => None,
         }
     }
 
     /// The `i64` elements, when the dtype is `int64`.
     pub fn as_i64(&self) -> Option<&[i64]> {
-        match &*self.data {
-            Storage::I64(v) => Some(v),
+        match self.storage() {
+            StorageRef::I64(v) => Some(v),
             _ => None,
         }
     }
 
     /// Every element widened to `f32`.
     pub fn to_f32_vec(&self) -> Vec<f32> {
-        self.data.to_f32_vec()
+        self.storage().to_f32_vec()
     }
 
     /// Every element widened to `f64`.
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        self.data.to_f64_vec()
+        self.storage().to_f64_vec()
     }
 
     /// Every element as `i64`.
     pub fn to_i64_vec(&self) -> Vec<i64> {
-        self.data.to_i64_vec()
+        self.storage().to_i64_vec()
     }
 
     /// The tensor converted to `dtype` (shares the data when it already is).
@@ -430,7 +645,8 @@ impl Tensor {
         }
         Tensor {
             shape: self.shape.clone(),
-            data: Arc::new(self.data.cast(dtype)),
+            numel: self.numel,
+            data: Arc::new(self.storage().cast(dtype)),
         }
     }
 
@@ -492,16 +708,16 @@ impl Tensor {
                     .map_err(|_| Error::Runtime(format!("dim {d} does not fit in an int64")))
             })
             .collect::<Result<_>>()?;
-        let bytes: Vec<u8> = match &*self.data {
-            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::I8(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::U8(v) => v.clone(),
-            Storage::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::Bool(v) => v.iter().map(|&x| u8::from(x)).collect(),
+        let bytes: Vec<u8> = match self.storage() {
+            StorageRef::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            StorageRef::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            StorageRef::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            StorageRef::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            StorageRef::I8(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            StorageRef::U8(v) => v.to_vec(),
+            StorageRef::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            StorageRef::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            StorageRef::Bool(v) => v.iter().map(|&x| u8::from(x)).collect(),
         };
         Constant::from_bytes(self.dtype(), shape, bytes).map_err(Error::Runtime)
     }

@@ -36,7 +36,7 @@ fn casts() {
     assert_eq!(t.cast(DType::I32).to_i64_vec(), vec![1, -2, 0]);
     assert_eq!(
         t.cast(DType::Bool).storage(),
-        &Storage::Bool(vec![true, true, false])
+        StorageRef::Bool(&[true, true, false])
     );
     assert_eq!(
         t.cast(DType::F16).to_f32_vec(),
@@ -177,4 +177,52 @@ fn a_weak_storage_handle_names_only_that_live_unchanged_storage() {
     }
     assert!(!last.shares_storage(&w));
     assert_eq!(w.strong_count(), 0);
+}
+
+#[test]
+fn a_tensor_over_a_longer_buffer_shows_only_its_own_elements() {
+    let ok = |r: Result<Tensor>| r.unwrap_or_else(|e| panic!("{e}"));
+    let buf = Storage::F32(vec![1.0, 2.0, 3.0, 4.0, 9.0, 9.0]);
+    let t = ok(Tensor::from_prefix(vec![2, 2], buf));
+    let exact = ok(Tensor::from_f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]));
+    assert_eq!(t.numel(), 4);
+    assert_eq!(t.storage(), StorageRef::F32(&[1.0, 2.0, 3.0, 4.0]));
+    assert_eq!(t.as_f32(), Some(&[1.0f32, 2.0, 3.0, 4.0][..]));
+    assert_eq!(t.to_f64_vec(), vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(t, exact);
+    assert_eq!(format!("{t:?}"), format!("{exact:?}"));
+    let constant = |t: &Tensor| t.to_constant().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(constant(&t), constant(&exact));
+    assert_eq!(t.cast(DType::I64).as_i64(), Some(&[1i64, 2, 3, 4][..]));
+    // A reshape keeps the view (and shares the buffer).
+    let r = ok(t.reshaped(vec![4]));
+    assert_eq!(r.storage().len(), 4);
+    assert_eq!(r.storage_ptr(), t.storage_ptr());
+    assert!(t.reshaped(vec![6]).is_err());
+    // Taken out or written, the storage is exactly the tensor's elements ...
+    assert_eq!(
+        r.clone().into_storage(),
+        Storage::F32(vec![1.0, 2.0, 3.0, 4.0])
+    );
+    let mut w = r.clone();
+    if let Storage::F32(v) = w.storage_mut() {
+        assert_eq!(v.len(), 4);
+        v[0] = 5.0;
+    }
+    assert_eq!(w.to_f32_vec(), vec![5.0, 2.0, 3.0, 4.0]);
+    assert_eq!(t.to_f32_vec(), vec![1.0, 2.0, 3.0, 4.0]);
+    drop((r, w));
+    // ... while the whole buffer comes back to the one owner that asks for it.
+    let t = match t.try_into_buffer() {
+        Ok(b) => b,
+        Err(_) => panic!("the tensor was the buffer's only owner"),
+    };
+    assert_eq!(t, Storage::F32(vec![1.0, 2.0, 3.0, 4.0, 9.0, 9.0]));
+    let u = ok(Tensor::from_prefix(vec![2], t));
+    assert_eq!(
+        u.try_into_storage().ok(),
+        Some(Storage::F32(vec![1.0, 2.0]))
+    );
+    // A buffer shorter than the shape is an error.
+    assert!(Tensor::from_prefix(vec![3], Storage::I64(vec![1, 2])).is_err());
 }

@@ -34,7 +34,7 @@
 
 use fusebox_core::backend::pipeline::PluginFactory;
 use fusebox_core::backend::{Artifact, Backend, Candidate, Claim};
-use fusebox_core::runtime::{Storage, Tensor, Value};
+use fusebox_core::runtime::{StorageRef, Tensor, Value};
 use fusebox_core::transform::FusionPattern;
 use fusebox_plugin_abi::{
     ABI_MAJOR, CALLBACKS, ClaimFn, CompileFn, CreateFn, ENTRY_POINT, FB_OK, FB_PANIC, FbDType,
@@ -567,22 +567,22 @@ impl Drop for PluginArtifact {
     }
 }
 
-fn fb_dtype(s: &Storage) -> FbDType {
+fn fb_dtype(s: StorageRef<'_>) -> FbDType {
     match s {
-        Storage::F16(_) => FbDType::F16,
-        Storage::BF16(_) => FbDType::BF16,
-        Storage::F32(_) => FbDType::F32,
-        Storage::F64(_) => FbDType::F64,
-        Storage::I8(_) => FbDType::I8,
-        Storage::U8(_) => FbDType::U8,
-        Storage::I32(_) => FbDType::I32,
-        Storage::I64(_) => FbDType::I64,
-        Storage::Bool(_) => FbDType::Bool,
+        StorageRef::F16(_) => FbDType::F16,
+        StorageRef::BF16(_) => FbDType::BF16,
+        StorageRef::F32(_) => FbDType::F32,
+        StorageRef::F64(_) => FbDType::F64,
+        StorageRef::I8(_) => FbDType::I8,
+        StorageRef::U8(_) => FbDType::U8,
+        StorageRef::I32(_) => FbDType::I32,
+        StorageRef::I64(_) => FbDType::I64,
+        StorageRef::Bool(_) => FbDType::Bool,
     }
 }
 
-fn data_ptr(s: &Storage) -> *mut c_void {
-    fusebox_core::with_storage!(s, v => v.as_ptr().cast::<c_void>().cast_mut())
+fn data_ptr(s: StorageRef<'_>) -> *mut c_void {
+    fusebox_core::with_storage_ref!(s, v => v.as_ptr().cast::<c_void>().cast_mut())
 }
 
 impl Artifact for PluginArtifact {

@@ -186,13 +186,16 @@ impl<'m> Interp<'m> {
                 // In place over the matmul's output when the result has its shape, else (or
                 // when the output is shared) a pass of its own reading it.
                 let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
-                let y = match (bound, y.try_into_storage()) {
+                // The whole buffer, so that a kept buffer's slack stays with it (see
+                // `crate::par::Scratch`); the result is its first `n` elements.
+                let n = y.numel();
+                let y = match (bound, y.try_into_buffer()) {
                     (Some(bound), Ok(fusebox_core::runtime::Storage::F32(mut data))) => {
-                        bound.apply_all(&mut data);
-                        Tensor::new(shape, fusebox_core::runtime::Storage::F32(data))?
+                        bound.apply_all(&mut data[..n]);
+                        Tensor::from_prefix(shape, fusebox_core::runtime::Storage::F32(data))?
                     }
                     (_, Ok(storage)) => {
-                        let y = Tensor::new(shape, storage)?;
+                        let y = Tensor::from_prefix(shape, storage)?;
                         let Some(y) = run_after(&group.prog, &leaves, y)? else {
                             return Ok(None);
                         };
@@ -250,7 +253,8 @@ impl<'m> Interp<'m> {
                     }
                     Some(bound) => {
                         let y = self.fused_conv(&x, &w, attrs, &[])?;
-                        let mut data = match y.try_into_storage() {
+                        let n = y.numel();
+                        let mut data = match y.try_into_buffer() {
                             Ok(fusebox_core::runtime::Storage::F32(v)) => v,
                             _ => {
                                 return Err(kernel(
@@ -258,8 +262,11 @@ impl<'m> Interp<'m> {
                                 ));
                             }
                         };
-                        bound.apply_all(&mut data);
-                        Tensor::new(shape.to_vec(), fusebox_core::runtime::Storage::F32(data))?
+                        bound.apply_all(&mut data[..n]);
+                        Tensor::from_prefix(
+                            shape.to_vec(),
+                            fusebox_core::runtime::Storage::F32(data),
+                        )?
                     }
                 };
                 self.record(&group.prog.name, t);
