@@ -225,11 +225,11 @@ impl Executor {
             // thread of their own pool (no hand-over from an outside thread per region).
             return crate::par::on_pool(|| {
                 self.interp(module, None, None, false)
-                    .call(func, f, args, 0, &BTreeMap::new())
+                    .run_main(func, f, args)
             });
         }
         self.interp(module, hook, None, false)
-            .call(func, f, args, 0, &BTreeMap::new())
+            .run_main(func, f, args)
     }
 
     /// [`Executor::run`] of a shared module. The first module run this way is pinned: the
@@ -280,7 +280,7 @@ impl Executor {
         let f = lookup(module, func)?;
         check_values(module)?;
         self.interp(module, Some(hook), Some(takes), false)
-            .call(func, f, args, 0, &BTreeMap::new())
+            .run_main(func, f, args)
     }
 
     /// An interpreter of `module` on this executor's decoded constants.
@@ -352,12 +352,12 @@ impl Executor {
             // threads, small ops up to twice their time).
             crate::par::on_pool(|| {
                 let interp = self.interp(module, None, None, true);
-                let out = interp.call(func, f, args, 0, &BTreeMap::new());
+                let out = interp.run_main(func, f, args);
                 finish(interp, out)
             })?
         } else {
             let interp = self.interp(module, hook, takes, true);
-            let out = interp.call(func, f, args, 0, &BTreeMap::new());
+            let out = interp.run_main(func, f, args);
             finish(interp, out)?
         };
         let mut by_shape: BTreeMap<String, Vec<ShapeProfile>> = BTreeMap::new();
@@ -664,6 +664,14 @@ fn at(ctx: &str, e: Error) -> Error {
 }
 
 impl<'m> Interp<'m> {
+    /// Runs `f` as the entry function: [`Interp::call`] at depth 0, its result's tensors
+    /// then cut down to their own elements where they sit in a much longer kept buffer
+    /// ([`crate::par::compact`]): what a caller keeps holds no one else's memory.
+    fn run_main(&self, name: &str, f: &Function, args: Vec<Value>) -> Result<Value> {
+        self.call(name, f, args, 0, &BTreeMap::new())
+            .map(crate::par::compact)
+    }
+
     /// Runs `f` on `args`. Symbolic dims are bound from the parameters; a symbol the parameters
     /// leave unbound (a shape literal inside an outlined group, e.g. `R.shape([batch, 4])` in a
     /// FuseOps function whose params do not mention `batch`) takes the caller's value (`outer`).

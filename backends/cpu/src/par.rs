@@ -267,6 +267,27 @@ pub(crate) fn recycle(t: fusebox_core::runtime::Tensor) {
     });
 }
 
+/// A run's result as its caller gets it: each tensor that sits in a kept buffer more than
+/// twice its size (a small output written into the most recent buffer that fit, say a
+/// 112 × 112 plane's) is copied out, and the buffer goes back to this thread's pool instead
+/// of leaving with the result; other values are returned as they are.
+pub(crate) fn compact(v: fusebox_core::runtime::Value) -> fusebox_core::runtime::Value {
+    use fusebox_core::runtime::{Tensor, Value};
+    match v {
+        Value::Tensor(t) if t.buffer_len() / 2 > t.numel() => {
+            match Tensor::new(t.shape().to_vec(), t.storage().to_storage()) {
+                Ok(exact) => {
+                    recycle(t);
+                    Value::Tensor(exact)
+                }
+                Err(_) => Value::Tensor(t),
+            }
+        }
+        Value::Tuple(parts) => Value::Tuple(parts.into_iter().map(compact).collect()),
+        other => other,
+    }
+}
+
 /// An output buffer from [`scratch_f32`]: its first `len` elements are what a kernel
 /// writes (what it dereferences to); a kept buffer may hold more behind them, which travel
 /// with it into the result tensor ([`Scratch::into_tensor`], a
@@ -492,6 +513,35 @@ mod tests {
         assert!(again[n..].iter().all(|&v| v == 3.0));
         // A shape of another element count is an error, not a view past the output.
         assert!(again.into_tensor(vec![4 * n + 1]).is_err());
+    }
+
+    #[test]
+    fn a_result_in_a_much_longer_buffer_is_copied_out_and_the_buffer_kept() {
+        use fusebox_core::runtime::{Tensor, Value};
+        KEPT.with(|k| k.borrow_mut().clear());
+        let n = 1 << 15;
+        let over = |len: usize, used: usize| {
+            let mut buf = vec![9.0f32; len];
+            buf[..used].iter_mut().for_each(|v| *v = 1.0);
+            let t = Tensor::from_prefix(vec![used], fusebox_core::runtime::Storage::F32(buf))
+                .unwrap_or_else(|e| panic!("{e}"));
+            Value::Tensor(t)
+        };
+        let out = compact(Value::Tuple(vec![over(4 * n, n), over(2 * n, n)]));
+        let Value::Tuple(parts) = out else {
+            panic!("a tuple in, a tuple out")
+        };
+        let tensors: Vec<&Tensor> = parts.iter().filter_map(|p| p.as_tensor("").ok()).collect();
+        assert_eq!(tensors.len(), 2);
+        // Four times its size: copied out, the buffer kept for the next scratch.
+        assert_eq!(tensors[0].buffer_len(), n);
+        assert_eq!(tensors[0].to_f32_vec(), vec![1.0; n]);
+        assert_eq!(kept_len(), 1);
+        assert_eq!(scratch_f32(4 * n, 1).len(), 4 * n);
+        // Twice: left as it is.
+        assert_eq!(tensors[1].buffer_len(), 2 * n);
+        assert_eq!(tensors[1].to_f32_vec(), vec![1.0; n]);
+        KEPT.with(|k| k.borrow_mut().clear());
     }
 
     #[test]

@@ -519,6 +519,12 @@ impl Tensor {
         self.numel
     }
 
+    /// The length of the buffer behind this tensor: [`Tensor::numel`], or more for a tensor
+    /// made by [`Tensor::from_prefix`].
+    pub fn buffer_len(&self) -> usize {
+        self.data.len()
+    }
+
     /// The elements, borrowed (exactly [`Tensor::numel`] of them, whatever the length of the
     /// buffer behind them).
     pub fn storage(&self) -> StorageRef<'_> {

@@ -186,6 +186,7 @@ fn a_tensor_over_a_longer_buffer_shows_only_its_own_elements() {
     let t = ok(Tensor::from_prefix(vec![2, 2], buf));
     let exact = ok(Tensor::from_f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]));
     assert_eq!(t.numel(), 4);
+    assert_eq!((t.buffer_len(), exact.buffer_len()), (6, 4));
     assert_eq!(t.storage(), StorageRef::F32(&[1.0, 2.0, 3.0, 4.0]));
     assert_eq!(t.as_f32(), Some(&[1.0f32, 2.0, 3.0, 4.0][..]));
     assert_eq!(t.to_f64_vec(), vec![1.0, 2.0, 3.0, 4.0]);
