@@ -77,7 +77,7 @@ pub(crate) use epilogue::{Step, relu};
 use epilogue::{apply_channel_steps, apply_steps, apply_steps_inline, channel_prefix};
 use fusebox_core::ir::DType;
 use fusebox_core::op::Conv2dAttrs;
-use fusebox_core::runtime::{Storage, Tensor};
+use fusebox_core::runtime::{StorageRef, Tensor};
 use std::borrow::Cow;
 use std::cell::RefCell;
 
@@ -304,7 +304,7 @@ pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor>
     let t = if out_dtype == DType::F32 {
         out.into_tensor(shape).map_err(|e| e.to_string())?
     } else {
-        tensor(shape, Storage::from_f32(out_dtype, out.to_vec()))?
+        tensor(shape, StorageRef::F32(&out).cast(out_dtype))?
     };
     Ok(from_canonical(&t, op))
 }

@@ -480,7 +480,7 @@ pub(crate) fn matmul(
                 // The kept buffer's slack rides along (see `crate::par::Scratch`).
                 return c.into_tensor(shape).map_err(|e| e.to_string());
             }
-            Storage::F32(c.to_vec())
+            fusebox_core::runtime::StorageRef::F32(&c).cast(dtype)
         }
     };
     // Moved, not copied, when the product already has the result's dtype (`cast` would copy
