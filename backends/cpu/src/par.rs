@@ -349,8 +349,10 @@ impl std::ops::DerefMut for Scratch {
 /// into memory that was read a moment ago rather than into a buffer last touched an
 /// inference ago. With safe `Vec`s alone a buffer cut to a small tensor's length had to be
 /// zeroed again to grow back, so the pool used to hand out the buffer whose length was
-/// nearest `n` instead; MobileNetV2's run went from 5.01 to 4.90 ms when the most recent fit
-/// was taken (bench/RESULTS.md, session ae).
+/// nearest `n` instead. Taking the most recent fit, unzeroed, MobileNetV2's two-thread run went
+/// from 5.29 to 5.07 ms (zeroing the difference instead gained nothing); bounding the slack
+/// at 2 to 16 times `n`, or taking the best fit, ran even with this (bench/RESULTS.md,
+/// sessions ae and af).
 pub(crate) fn scratch_f32(n: usize, threads: usize) -> Scratch {
     let kept = KEPT.with(|k| {
         let mut k = k.borrow_mut();
