@@ -227,3 +227,39 @@ fn a_tensor_over_a_longer_buffer_shows_only_its_own_elements() {
     // A buffer shorter than the shape is an error.
     assert!(Tensor::from_prefix(vec![3], Storage::I64(vec![1, 2])).is_err());
 }
+
+proptest::proptest! {
+    /// A tensor over the first elements of a longer buffer reads, compares, converts,
+    /// reshapes and gives up its storage exactly as one over those elements alone.
+    #[test]
+    fn a_prefix_view_is_indistinguishable_from_its_elements(
+        data in proptest::collection::vec(-1.0e6f32..1.0e6, 0..64),
+        extra in proptest::collection::vec(-1.0f32..1.0, 0..16),
+    ) {
+        let n = data.len();
+        let mut buf = data.clone();
+        buf.extend_from_slice(&extra);
+        let exact = Tensor::from_f32(vec![n], data.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let view = Tensor::from_prefix(vec![n], Storage::F32(buf.clone()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        proptest::prop_assert_eq!(&view, &exact);
+        proptest::prop_assert_eq!(view.numel(), n);
+        proptest::prop_assert_eq!(view.buffer_len(), n + extra.len());
+        proptest::prop_assert_eq!(view.storage(), exact.storage());
+        proptest::prop_assert_eq!(view.to_f64_vec(), exact.to_f64_vec());
+        proptest::prop_assert_eq!(view.cast(DType::F16), exact.cast(DType::F16));
+        let flat = view.reshaped(vec![1, n]).unwrap_or_else(|e| panic!("{e}"));
+        proptest::prop_assert_eq!(flat.as_f32(), Some(&data[..]));
+        drop(flat);
+        let mut written = view.clone();
+        if let Storage::F32(v) = written.storage_mut() {
+            proptest::prop_assert_eq!(v.len(), n);
+        }
+        proptest::prop_assert_eq!(view.clone().into_storage(), Storage::F32(data.clone()));
+        drop(written);
+        match view.try_into_buffer() {
+            Ok(b) => proptest::prop_assert_eq!(b, Storage::F32(buf)),
+            Err(_) => proptest::prop_assert!(false, "the view was the buffer's only owner"),
+        }
+    }
+}
