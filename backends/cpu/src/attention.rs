@@ -215,7 +215,7 @@ pub(crate) fn attention(
     debug_assert!(res.is_ok());
     let mut shape = bq.to_vec();
     shape.extend([s, dv]);
-    out.into_tensor(shape).map(Some).map_err(|e| e.to_string())
+    out.into_tensor(shape).map(Some)
 }
 
 /// `e^x` in `f32`, branch-free so loops over it vectorise: Cephes' `expf` (range reduction by

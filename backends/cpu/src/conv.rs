@@ -302,7 +302,7 @@ pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor>
     let out = compute(&xc, &wc, &geom, &[], Prepared::default())?;
     let shape = vec![geom.n, geom.o, geom.oh, geom.ow];
     let t = if out_dtype == DType::F32 {
-        out.into_tensor(shape).map_err(|e| e.to_string())?
+        out.into_tensor(shape)?
     } else {
         tensor(shape, StorageRef::F32(&out).cast(out_dtype))?
     };
@@ -391,7 +391,6 @@ pub(crate) fn conv2d_fused(
     }
     let out = compute(&xc, &wc, &geom, steps, prepared)?;
     out.into_tensor(out_shape.to_vec())
-        .map_err(|e| e.to_string())
 }
 
 /// The most output pixels of a plane [`Geom::packs`] takes: 7×7 and 8×8. Measured on

@@ -129,7 +129,7 @@ pub(crate) fn dense(
     gemm_f32_weight(m, k, n, xd, wd, packed, &mut out, threads, Some(ep))?;
     let mut shape = xs[..xs.len() - 1].to_vec();
     shape.push(n);
-    out.into_tensor(shape).map(Some).map_err(|e| e.to_string())
+    out.into_tensor(shape).map(Some)
 }
 
 /// The operand orders of a SiLU-gated MLP's two multiplies (the same value either way; kept so
@@ -184,7 +184,7 @@ pub(crate) fn silu_gated(
     gemm_f32_weight(m, k, n, xd, gd, pg, &mut out, threads, Some(ep))?;
     let mut shape = xs[..xs.len() - 1].to_vec();
     shape.push(n);
-    out.into_tensor(shape).map(Some).map_err(|e| e.to_string())
+    out.into_tensor(shape).map(Some)
 }
 
 /// `row[j] = silu(row[j]) · up[j]` in the operand orders of `order` (see [`silu_gated`]).

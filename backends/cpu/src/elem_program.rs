@@ -735,7 +735,6 @@ impl Bound {
         let mut out = crate::par::scratch_f32(n, t);
         crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| self.eval(off, c, false));
         out.into_tensor(self.shape.clone())
-            .map_err(|e| e.to_string())
     }
 
     /// The epilogue of a head: `row` holds the head's output for output elements

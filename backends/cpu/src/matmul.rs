@@ -478,7 +478,7 @@ pub(crate) fn matmul(
             }
             if dtype == DType::F32 {
                 // The kept buffer's slack rides along (see `crate::par::Scratch`).
-                return c.into_tensor(shape).map_err(|e| e.to_string());
+                return c.into_tensor(shape);
             }
             fusebox_core::runtime::StorageRef::F32(&c).cast(dtype)
         }

@@ -837,9 +837,7 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
             let src = &xs[base..base + h * w];
             max_plane(src, dst, &wins_h, &cols, w, ow, aw.s);
         });
-        let t = out
-            .into_tensor(vec![n, c, oh, ow])
-            .map_err(|e| e.to_string())?;
+        let t = out.into_tensor(vec![n, c, oh, ow])?;
         return Ok(from_canonical(&t, op));
     }
     // One window over each whole plane (a global average pool exported as `AveragePool`, as
@@ -887,9 +885,7 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
                 one_plane.pool(src, dst, |v| v as f32);
             }
         });
-        let t = out
-            .into_tensor(vec![n, c, oh, ow])
-            .map_err(|e| e.to_string())?;
+        let t = out.into_tensor(vec![n, c, oh, ow])?;
         return Ok(from_canonical(&t, op));
     }
     // Averages (and the max of other dtypes) accumulate in f64; an f32 input is read and

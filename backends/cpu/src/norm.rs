@@ -73,10 +73,9 @@ pub(crate) fn residual_layer_norm(
     });
     debug_assert!(r.is_ok());
     let shape = a.shape().to_vec();
-    let e = |e: fusebox_core::Error| e.to_string();
     Ok(Some((
-        sum.into_tensor(shape.clone()).map_err(e)?,
-        out.into_tensor(shape).map_err(e)?,
+        sum.into_tensor(shape.clone())?,
+        out.into_tensor(shape)?,
     )))
 }
 
@@ -182,9 +181,7 @@ pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult
             }
         }
     });
-    out.into_tensor(x.shape().to_vec())
-        .map(Some)
-        .map_err(|e| e.to_string())
+    out.into_tensor(x.shape().to_vec()).map(Some)
 }
 
 /// A per-column parameter of `w` values (shape `[w]`, or `[1, ..., 1, w]` of rank at most
@@ -245,9 +242,7 @@ pub(crate) fn layer_norm_decomposed(
             }
         }
     });
-    out.into_tensor(x.shape().to_vec())
-        .map(Some)
-        .map_err(|e| e.to_string())
+    out.into_tensor(x.shape().to_vec()).map(Some)
 }
 
 /// `erf` in `f32` by the rational approximation Eigen and XLA use (`generic_fast_erf_float`:
@@ -299,5 +294,4 @@ pub(crate) fn gelu(x: &Tensor, tanh: bool) -> KResult<Tensor> {
         crate::dense::bias_act(o, None, act);
     });
     out.into_tensor(x.shape().to_vec())
-        .map_err(|e| e.to_string())
 }

@@ -308,22 +308,23 @@ impl Scratch {
         }
     }
 
-    /// The tensor of `shape` over this buffer; an error when `shape` does not have exactly
-    /// the buffer's `len` elements.
+    /// The tensor of `shape` over this buffer (a kernel's result); an error when `shape` does
+    /// not have exactly the buffer's `len` elements.
     pub(crate) fn into_tensor(
         self,
         shape: Vec<usize>,
-    ) -> fusebox_core::Result<fusebox_core::runtime::Tensor> {
+    ) -> crate::util::KResult<fusebox_core::runtime::Tensor> {
         if fusebox_core::runtime::shape_numel(&shape) != Some(self.len) {
-            return Err(fusebox_core::Error::Runtime(format!(
+            return Err(format!(
                 "an output of shape {shape:?} does not have the {} elements computed",
                 self.len
-            )));
+            ));
         }
         fusebox_core::runtime::Tensor::from_prefix(
             shape,
             fusebox_core::runtime::Storage::F32(self.buf),
         )
+        .map_err(|e| e.to_string())
     }
 }
 

@@ -109,9 +109,7 @@ pub(crate) fn rope(
             rope_row(xrow, c, s, half, order, orow);
         }
     });
-    out.into_tensor(xs.to_vec())
-        .map(Some)
-        .map_err(|e| e.to_string())
+    out.into_tensor(xs.to_vec()).map(Some)
 }
 
 /// One row of [`rope`], in a function compiled for the CPU's widest instruction set.

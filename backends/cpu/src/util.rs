@@ -256,7 +256,7 @@ pub(crate) fn gather_tensor(
         StorageRef::F32(v) if blocked => {
             let mut out = crate::par::scratch_f32(total, threads);
             gather_blocked(v, offset, st, &shape, &mut out, threads);
-            return out.into_tensor(shape).map_err(|e| e.to_string());
+            return out.into_tensor(shape);
         }
         other if blocked => map_same!(other, v => {
             let mut out = vec![Default::default(); total];
