@@ -912,7 +912,9 @@ impl Prefetch {
         Prefetch()
     }
 
-    /// Prefetches the cache line that holds `data`'s first element into L2 only.
+    /// Prefetches the cache line that holds `data`'s first element with the `T1` hint (meant
+    /// for L2 and outward, so that a line wanted a panel later does not evict L1's working
+    /// set; where a CPU places it is its own choice).
     #[inline(always)]
     fn line_l2(self, data: &[f32]) {
         #[cfg(target_arch = "x86_64")]
