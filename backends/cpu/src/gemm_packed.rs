@@ -917,25 +917,33 @@ impl Prefetch {
     /// set; where a CPU places it is its own choice).
     #[inline(always)]
     fn line_l2(self, data: &[f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(sse) = self.0 {
-            sse._mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(data.as_ptr().cast());
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = data;
+        self.hinted::<2>(data);
     }
 
-    /// Prefetches the cache line that holds `data`'s first element.
+    /// Prefetches the cache line that holds `data`'s first element (the `T0` hint).
     #[inline(always)]
     fn line(self, data: &[f32]) {
+        self.hinted::<3>(data);
+    }
+
+    /// `prefetch` with hint `H` (x86's encoding: 3 is `T0`, 2 is `T1`; checked below).
+    #[inline(always)]
+    fn hinted<const H: i32>(self, data: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(sse) = self.0 {
-            sse._mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(data.as_ptr().cast());
+            sse._mm_prefetch::<H>(data.as_ptr().cast());
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = data;
     }
 }
+
+// The hints `Prefetch::line` and `Prefetch::line_l2` pass are `T0` and `T1`.
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(
+    std::arch::x86_64::_MM_HINT_T0 == 3 && std::arch::x86_64::_MM_HINT_T1 == 2,
+    "x86's prefetch hint encoding"
+);
 
 /// A finished `MR_N × sw` block (`vals`, row-major) into the tile's rows `i0..` (`out`) and
 /// columns `j0..`, clipped to the tile.
