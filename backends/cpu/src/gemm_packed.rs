@@ -901,11 +901,11 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
 /// Software prefetch into L1 through `pulp`'s SSE token (a hint: it never faults or changes
 /// a result), a no-op where the CPU has no SSE or is not x86-64.
 #[derive(Clone, Copy)]
-struct Prefetch(#[cfg(target_arch = "x86_64")] Option<pulp::core_arch::x86::Sse>);
+pub(crate) struct Prefetch(#[cfg(target_arch = "x86_64")] Option<pulp::core_arch::x86::Sse>);
 
 impl Prefetch {
     #[inline(always)]
-    fn new() -> Prefetch {
+    pub(crate) fn new() -> Prefetch {
         #[cfg(target_arch = "x86_64")]
         return Prefetch(pulp::core_arch::x86::Sse::try_new());
         #[cfg(not(target_arch = "x86_64"))]
@@ -916,7 +916,7 @@ impl Prefetch {
     /// for L2 and outward, so that a line wanted a panel later does not evict L1's working
     /// set; where a CPU places it is its own choice).
     #[inline(always)]
-    fn line_l2(self, data: &[f32]) {
+    pub(crate) fn line_l2(self, data: &[f32]) {
         self.hinted::<2>(data);
     }
 
