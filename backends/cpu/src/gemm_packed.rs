@@ -590,7 +590,7 @@ fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_, '_>) -> KResul
 }
 
 /// The `f32`s in a cache line (a [`Line`]).
-const LINE: usize = 16;
+pub(crate) const LINE: usize = 16;
 
 /// A block's pixels for [`kernel_cols`]: pixel `r` of step `p` at `data[steps[p] + at + r]`.
 #[derive(Clone, Copy)]
