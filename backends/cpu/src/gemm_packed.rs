@@ -590,7 +590,7 @@ fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_, '_>) -> KResul
 }
 
 /// The `f32`s in a cache line (a [`Line`]).
-pub(crate) const LINE: usize = 16;
+const LINE: usize = 16;
 
 /// A block's pixels for [`kernel_cols`]: pixel `r` of step `p` at `data[steps[p] + at + r]`.
 #[derive(Clone, Copy)]
@@ -898,8 +898,8 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
     Ok(())
 }
 
-/// Software prefetch into L1 through `pulp`'s SSE token (a hint: it never faults or changes
-/// a result), a no-op where the CPU has no SSE or is not x86-64.
+/// Software prefetch through `pulp`'s SSE token, into L1 (`T0`) or toward L2 (`T1`): a hint
+/// that never faults or changes a result, a no-op where the CPU has no SSE or is not x86-64.
 #[derive(Clone, Copy)]
 pub(crate) struct Prefetch(#[cfg(target_arch = "x86_64")] Option<pulp::core_arch::x86::Sse>);
 
@@ -916,8 +916,16 @@ impl Prefetch {
     /// for L2 and outward, so that a line wanted a panel later does not evict L1's working
     /// set; where a CPU places it is its own choice).
     #[inline(always)]
-    pub(crate) fn line_l2(self, data: &[f32]) {
+    fn line_l2(self, data: &[f32]) {
         self.hinted::<2>(data);
+    }
+
+    /// Prefetches every cache line of `data` with the `T1` hint, all at once.
+    #[inline]
+    pub(crate) fn all_l2(self, data: &[f32]) {
+        for line in data.chunks(LINE) {
+            self.line_l2(line);
+        }
     }
 
     /// Prefetches the cache line that holds `data`'s first element (the `T0` hint).

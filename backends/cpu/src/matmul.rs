@@ -105,22 +105,6 @@ pub(crate) fn column_tiles(m: usize, n: usize, k: usize) -> usize {
     n.div_ceil(tiles(m, n, k).1.max(1))
 }
 
-/// Prefetches every cache line of `rows` (a tile's rows of `a`: a convolution's weights) with
-/// the `T1` hint, all at once, before `faer` packs them, so that their misses overlap: in a
-/// model the weights come from memory (the other layers' data evicts them between
-/// inferences). One thread, 1024 × 256 × 196 (ResNet-50's 256 → 1024 layers) with the
-/// weights cycled through 64 copies: 1,071 → 1,033 µs; with the image and output cold too
-/// 1,174 → 1,114 (hot: 973); products with smaller weights unchanged. Light ResNet-50,
-/// alternated rounds: two threads 39.57 → 39.15 ms (faster in 6 of 8 rounds), 41.88 → 39.30
-/// (7 of 8), 39.23 → 38.64 (5 of 8); one thread 74.07 → 73.05 (4 of 5). MobileNetV2 and
-/// BERT-base even (bench/RESULTS.md, session ah). A hint: the result is unchanged.
-#[inline]
-fn prefetch_rows(prefetch: crate::gemm_packed::Prefetch, rows: &[f32]) {
-    for line in rows.chunks(crate::gemm_packed::LINE) {
-        prefetch.line_l2(line);
-    }
-}
-
 /// `c = a @ b` for row-major slices (`a`: `m × k`, `b`: `k × n`, `c`: `m × n`), in the tiles
 /// of [`tiles`] spread over up to `threads` threads (fewer for small products), with
 /// `epilogue` run on every row of every tile (a row vector `a` times a matrix through
@@ -195,10 +179,16 @@ pub(crate) fn gemm_f32_tiled(
     let prefetch = crate::gemm_packed::Prefetch::new();
     let run = |r0: usize, c0: usize, mut tile: MatMut<'_, f32>, bt: MatRef<'_, f32>| {
         let rows = tile.nrows();
-        prefetch_rows(
-            prefetch,
-            a_rows.get(r0 * k..(r0 + rows) * k).unwrap_or_default(),
-        );
+        // The tile's rows of `a` (a convolution's weights, which in a model come from memory:
+        // the other layers' data evicts them between inferences) asked for all at once before
+        // `faer` packs them, so that their misses overlap. One thread, 1024 × 256 × 196
+        // (ResNet-50's 256 → 1024 layers) with the weights cycled through 64 copies: 1,071 →
+        // 1,033 µs; with the image and output cold too 1,174 → 1,114 (hot: 973); smaller
+        // weights unchanged. Light ResNet-50, alternated rounds: two threads 39.57 → 39.15 ms
+        // (faster in 6 of 8), 41.88 → 39.30 (7 of 8), 39.23 → 38.64 (5 of 8); one thread
+        // 74.07 → 73.05 (4 of 5); MobileNetV2 and BERT-base even (bench/RESULTS.md, session
+        // ah). A hint: the result is unchanged.
+        prefetch.all_l2(a_rows.get(r0 * k..(r0 + rows) * k).unwrap_or_default());
         let at = a.submatrix(r0, 0, rows, k);
         faer::linalg::matmul::matmul(tile.rb_mut(), Accum::Replace, at, bt, 1.0f32, Par::Seq);
         if let Some(ep) = epilogue {
