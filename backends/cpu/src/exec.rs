@@ -85,7 +85,7 @@ mod fused;
 mod plan;
 mod types;
 
-use plan::{Facts, MAX_FACTS, Whole, calls_functions, drop_plan};
+use plan::{Facts, MAX_FACTS, Ready, Site, Whole, calls_functions, drop_plan};
 use types::{eval_dim, match_type};
 
 /// How deep calls may nest before the executor gives up (a call cycle).
@@ -672,9 +672,7 @@ impl<'m> Interp<'m> {
             .map(crate::par::compact)
     }
 
-    /// Runs `f` on `args`. Symbolic dims are bound from the parameters; a symbol the parameters
-    /// leave unbound (a shape literal inside an outlined group, e.g. `R.shape([batch, 4])` in a
-    /// FuseOps function whose params do not mention `batch`) takes the caller's value (`outer`).
+    /// [`Interp::call_with`] of a call that is not at a resolved [`Site`].
     fn call(
         &self,
         name: &str,
@@ -682,6 +680,23 @@ impl<'m> Interp<'m> {
         args: Vec<Value>,
         depth: usize,
         outer: &BTreeMap<Sym, i64>,
+    ) -> Result<Value> {
+        self.call_with(name, f, args, depth, outer, None)
+    }
+
+    /// Runs `f` on `args`. Symbolic dims are bound from the parameters; a symbol the parameters
+    /// leave unbound (a shape literal inside an outlined group, e.g. `R.shape([batch, 4])` in a
+    /// FuseOps function whose params do not mention `batch`) takes the caller's value (`outer`).
+    /// A call at `site` (a resolved [`Site`] of the caller) takes the callee's facts, and the
+    /// epilogue prepared for its chain, from there.
+    fn call_with(
+        &self,
+        name: &str,
+        f: &Function,
+        args: Vec<Value>,
+        depth: usize,
+        outer: &BTreeMap<Sym, i64>,
+        site: Option<&Site>,
     ) -> Result<Value> {
         if depth > MAX_DEPTH {
             return Err(Error::Exec(format!(
@@ -700,16 +715,20 @@ impl<'m> Interp<'m> {
         {
             return Ok(v);
         }
-        let facts = self
-            .exec
-            .facts(self.module, f, self.pinned, self.hook.is_none());
+        // At a resolved call site the callee's facts come with it.
+        let facts = match site {
+            Some(s) => s.facts.clone(),
+            None => self
+                .exec
+                .facts(self.module, f, self.pinned, self.hook.is_none()),
+        };
         if f.attrs.is_primitive()
             && let Some(v) = self.run_elem_group(name, f, &args, facts.as_deref())?
         {
             return Ok(v);
         }
         if let Some(whole) = facts.as_ref().and_then(|d| d.whole.as_ref())
-            && let Some(v) = self.run_whole(name, f, whole, &args)?
+            && let Some(v) = self.run_whole(name, f, whole, &args, site)?
         {
             args.into_iter().for_each(|a| release(Some(a)));
             return Ok(v);
@@ -785,7 +804,18 @@ impl<'m> Interp<'m> {
                     continue;
                 }
             }
-            self.run_binding(name, f, &mut fr, b, depth)?;
+            // A call site of the pinned module without a hook: its lookups resolved once.
+            let site = match facts.as_deref() {
+                Some(d) if self.pinned && self.hook.is_none() => d
+                    .sites
+                    .get(i)
+                    .and_then(|s| s.get_or_init(|| self.site(f, b)).as_ref()),
+                _ => None,
+            };
+            match site {
+                Some(site) => self.run_site(name, f, &mut fr, b, site, depth)?,
+                None => self.run_binding(name, f, &mut fr, b, depth)?,
+            }
             for d in plan.get(i).into_iter().flatten() {
                 release(fr.values[d.as_u32() as usize].take());
                 fr.host[d.as_u32() as usize] = None;
@@ -803,6 +833,78 @@ impl<'m> Interp<'m> {
             ))
         })?;
         Ok(out)
+    }
+
+    /// The [`Site`] of binding `b` of `f`: `None` unless it calls a module function with vars
+    /// and constants only, and every constant decodes.
+    fn site(&self, f: &Function, b: &fusebox_core::ir::Binding) -> Option<Site> {
+        let ExprKind::Call {
+            callee: Callee::Global(g),
+            args,
+        } = &f.exprs.get(b.value)?.kind
+        else {
+            return None;
+        };
+        let (callee, _, gf) = self.module.functions.get_full(&g[..])?;
+        let consts = args
+            .iter()
+            .map(|&x| match &f.exprs.get(x)?.kind {
+                ExprKind::Var(_) => Some(None),
+                ExprKind::Const(c) => self.exec.constant(c).ok().map(Some),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Site {
+            callee,
+            facts: self.exec.facts(self.module, gf, self.pinned, true),
+            consts,
+            ready: OnceLock::new(),
+        })
+    }
+
+    /// [`Interp::run_binding`] of a call at a resolved [`Site`]: the same call (the hook is
+    /// absent) with the callee, its facts and the constant arguments taken from the site.
+    fn run_site<'f>(
+        &self,
+        name: &str,
+        f: &'f Function,
+        fr: &mut Frame<'f>,
+        b: &fusebox_core::ir::Binding,
+        site: &Site,
+        depth: usize,
+    ) -> Result<()> {
+        let var = f.var(b.var);
+        let ctx = || binding_ctx(name, var);
+        let (ExprKind::Call { args, .. }, Some((g, gf))) = (
+            &f.expr(b.value).kind,
+            self.module.functions.get_index(site.callee),
+        ) else {
+            return self.run_binding(name, f, fr, b, depth);
+        };
+        let mut vals = Vec::with_capacity(args.len());
+        for (&x, c) in args.iter().zip(&site.consts) {
+            vals.push(match c {
+                Some(t) => Value::Tensor(t.clone()),
+                None => self
+                    .eval(name, f, fr, x, depth)
+                    .map_err(|e| at(&ctx(), e))?,
+            });
+        }
+        let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let v = self
+            .call_with(g, gf, vals, depth + 1, &fr.syms, Some(site))
+            .map_err(|e| at(&ctx(), e))?;
+        self.record(g, t);
+        for bind in [true, false] {
+            match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
+                at(
+                    &ctx(),
+                    Error::Exec(format!("the value does not match the type: {m}")),
+                )
+            })?;
+        }
+        fr.values[b.var.as_u32() as usize] = Some(v);
+        Ok(())
     }
 
     /// Runs one binding: its value is stored in the frame (a local function is kept to call).

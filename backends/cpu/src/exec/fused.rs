@@ -19,9 +19,8 @@
 use super::*;
 
 impl<'m> Interp<'m> {
-    /// `conv2d(x, w)` with the epilogue `steps` through [`crate::conv::conv2d_fused`]: the
-    /// result's size checked against the memory limit first, with the weight transforms the
-    /// executor keeps (Winograd, packed columns), a kernel error named as `relax.nn.conv2d`'s.
+    /// `conv2d(x, w)` with the epilogue `steps` through [`conv_kernel`], with the weight
+    /// transforms the executor keeps (Winograd, packed columns).
     fn fused_conv(
         &self,
         x: &Tensor,
@@ -29,21 +28,13 @@ impl<'m> Interp<'m> {
         attrs: &fusebox_core::op::Conv2dAttrs,
         steps: &[crate::conv::Step],
     ) -> Result<Tensor> {
-        // The result's size against the memory limit, from the shapes alone (a geometry
-        // the kernel rejects is its error to report).
-        if let Ok(shape) = crate::conv::out_shape(x, w, attrs) {
-            fusebox_core::runtime::memory::check_alloc("relax.nn.conv2d", DType::F32, &shape)?;
-        }
         let wino = self.exec.winograd_weights(x, w, attrs);
         let cols = self.exec.cols_weights(x, w, attrs);
         let prep = crate::conv::Prepared {
             wino: wino.as_deref(),
             cols: cols.as_deref(),
         };
-        crate::conv::conv2d_fused(x, w, attrs, steps, prep).map_err(|message| Error::Kernel {
-            op: "relax.nn.conv2d",
-            message,
-        })
+        conv_kernel(x, w, attrs, steps, prep)
     }
 
     /// Runs a composite whose body `composite.rs` recognises as one fused kernel: `None` when
@@ -302,6 +293,7 @@ impl<'m> Interp<'m> {
         f: &Function,
         whole: &Whole,
         args: &[Value],
+        site: Option<&Site>,
     ) -> Result<Option<Value>> {
         // The symbols' extents (a model has one or two: `batch`, `sequence`).
         let mut bound = [None; 4];
@@ -331,17 +323,99 @@ impl<'m> Interp<'m> {
                 ))),
             }
         };
-        let Some(out) = self
-            .chain_kernel(&whole.chain, &mut value)
-            .map_err(|e| at(&binding_ctx(name, f.var(whole.first)), e))?
-        else {
-            return Ok(None);
+        let ready = match site {
+            Some(site) => site
+                .ready
+                .get_or_init(|| self.ready(f, whole, site, args, &mut value))
+                .as_ref(),
+            None => None,
+        };
+        let out = match ready.zip(ready_data(f, whole, args)) {
+            Some((r, x)) if r.x_shape == x.shape() => {
+                let fuse::Head::Conv { attrs, .. } = &whole.chain.head else {
+                    return Ok(None);
+                };
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                let prep = crate::conv::Prepared {
+                    wino: r.wino.as_deref(),
+                    cols: r.cols.as_deref(),
+                };
+                let y = conv_kernel(x, &r.w, attrs, &r.steps, prep)
+                    .map_err(|e| at(&binding_ctx(name, f.var(whole.first)), e))?;
+                if t.is_some() {
+                    let vals = [Value::Tensor(x.clone()), Value::Tensor(r.w.clone())];
+                    self.record_shapes(&fuse::name(&whole.chain), &vals, t);
+                }
+                Value::Tensor(y)
+            }
+            _ => {
+                let Some(out) = self
+                    .chain_kernel(&whole.chain, &mut value)
+                    .map_err(|e| at(&binding_ctx(name, f.var(whole.first)), e))?
+                else {
+                    return Ok(None);
+                };
+                out
+            }
         };
         if !whole.ret.holds(&out, bound) {
             // Reported as the other fused kernels' results are.
             check_fused_result(name, f, args, &out, "fused kernel")?;
         }
         Ok(Some(out))
+    }
+
+    /// The [`Ready`] of a call of `f` (one chain, `whole`) at `site` with `args`: `None` when
+    /// the chain does not read its data from a parameter, reads a parameter other than its
+    /// data that is not a constant at the site (a residual), ends in a `batch_norm` (whose
+    /// result carries its operands), or the values do not allow the fused kernel.
+    fn ready(
+        &self,
+        f: &Function,
+        whole: &Whole,
+        site: &Site,
+        args: &[Value],
+        value: &mut dyn FnMut(ExprId) -> Result<Value>,
+    ) -> Option<Ready> {
+        let fuse::Head::Conv { weight, attrs, .. } = &whole.chain.head else {
+            return None;
+        };
+        if matches!(whole.chain.links.last(), Some(fuse::Link::BatchNorm { .. })) {
+            return None;
+        }
+        let x = ready_data(f, whole, args)?;
+        // Each of the others a constant of the function or one at the site.
+        let exprs: Vec<ExprId> = std::iter::once(*weight)
+            .chain(fuse::operand_exprs(&whole.chain))
+            .collect();
+        let fixed = exprs.iter().all(|&e| match &f.expr(e).kind {
+            ExprKind::Const(_) => true,
+            ExprKind::Var(v) => f
+                .params
+                .iter()
+                .position(|p| p == v)
+                .is_some_and(|i| site.consts.get(i).is_some_and(Option::is_some)),
+            _ => false,
+        });
+        if !fixed {
+            return None;
+        }
+        let Ok(Value::Tensor(w)) = value(*weight) else {
+            return None;
+        };
+        let operands = fuse::operand_exprs(&whole.chain)
+            .into_iter()
+            .map(&mut *value)
+            .collect::<Result<Vec<_>>>()
+            .ok()?;
+        let steps = fuse::steps(&whole.chain, x, &w, &operands)?;
+        Some(Ready {
+            x_shape: x.shape().to_vec(),
+            wino: self.exec.winograd_weights(x, &w, attrs),
+            cols: self.exec.cols_weights(x, &w, attrs),
+            w,
+            steps,
+        })
     }
 
     /// The fused kernel of `chain`, its inputs given by `value`: `None` when the values do
@@ -394,6 +468,40 @@ impl<'m> Interp<'m> {
             self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
         }
         Ok(out)
+    }
+}
+
+/// [`crate::conv::conv2d_fused`] with the weight forms `prep`: the result's size checked
+/// against the memory limit first, from the shapes alone (a geometry the kernel rejects is
+/// its error to report), a kernel error named as `relax.nn.conv2d`'s.
+fn conv_kernel(
+    x: &Tensor,
+    w: &Tensor,
+    attrs: &fusebox_core::op::Conv2dAttrs,
+    steps: &[crate::conv::Step],
+    prep: crate::conv::Prepared<'_>,
+) -> Result<Tensor> {
+    if let Ok(shape) = crate::conv::out_shape(x, w, attrs) {
+        fusebox_core::runtime::memory::check_alloc("relax.nn.conv2d", DType::F32, &shape)?;
+    }
+    crate::conv::conv2d_fused(x, w, attrs, steps, prep).map_err(|message| Error::Kernel {
+        op: "relax.nn.conv2d",
+        message,
+    })
+}
+
+/// The data tensor of a call of `f` (one chain, `whole`): the argument the convolution reads
+/// as its data, when that is a parameter.
+fn ready_data<'a>(f: &Function, whole: &Whole, args: &'a [Value]) -> Option<&'a Tensor> {
+    let fuse::Head::Conv { data, .. } = &whole.chain.head else {
+        return None;
+    };
+    let ExprKind::Var(v) = &f.expr(*data).kind else {
+        return None;
+    };
+    match args.get(f.params.iter().position(|p| p == v)?)? {
+        Value::Tensor(t) => Some(t),
+        _ => None,
     }
 }
 

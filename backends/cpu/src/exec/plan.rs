@@ -4,7 +4,11 @@
 //!
 //! Contract: everything here depends on the function alone (and, for a function that calls
 //! others, on running without a call hook), never on the values it is called with; the
-//! executor keeps it per function ([`Executor::facts`]).
+//! executor keeps it per function ([`Executor::facts`]). The one exception is kept apart and
+//! checked on use: a [`Site`] of the pinned module (a call of a module function, resolved on
+//! its first run: the callee, its facts, its constant arguments' tensors) keeps the epilogue
+//! its callee's chain derives from those constants ([`Ready`]) together with the data shape it
+//! was derived for, and serves it only to calls with data of that shape.
 //!
 //! ```text
 //! @R.function(private=True)
@@ -43,13 +47,46 @@ pub(super) struct Facts {
     /// Whether it calls other functions ([`calls_functions`]): then `chains` hold only for a
     /// run without a call hook.
     pub(super) calls: bool,
+    /// Per binding, what a call of a module function there resolves on its first run in the
+    /// pinned module without a call hook ([`Site`]); `None` inside for a binding of another
+    /// kind, or whose constants did not decode.
+    pub(super) sites: Vec<OnceLock<Option<Site>>>,
+}
+
+/// A call site of the pinned module run without a call hook: `binding = callee(args)` with
+/// every argument a var or a constant. What the call looks up on every run is resolved once:
+/// the callee (its index in the module), its [`Facts`] (where the executor keeps them), and
+/// each constant argument's decoded tensor (the one [`Executor::constant`] hands out). The
+/// module cannot change while it is pinned, so these stay what the lookups would give.
+pub(super) struct Site {
+    pub(super) callee: usize,
+    pub(super) facts: Option<Arc<Facts>>,
+    pub(super) consts: Vec<Option<Tensor>>,
+    /// For a callee that is one convolution chain ([`Whole`]) whose weight and other
+    /// operands are constants here: what [`Interp::run_whole`] derives from them on the first
+    /// call ([`Ready`]); `None` inside for another callee.
+    pub(super) ready: OnceLock<Option<Ready>>,
+}
+
+/// What a call at a [`Site`] derives from its constant arguments for data of shape
+/// `x_shape`: the weight, the epilogue steps ([`fuse::steps`]: the bias and `batch_norm`
+/// values) and the weight forms the executor keeps (Winograd, packed columns). Every call
+/// there with data of that shape would derive the same from the same tensors.
+pub(super) struct Ready {
+    pub(super) x_shape: Vec<usize>,
+    pub(super) w: Tensor,
+    pub(super) steps: Vec<crate::conv::Step>,
+    pub(super) wino: Option<Arc<crate::winograd::Weights>>,
+    pub(super) cols: Option<Arc<crate::gemm_packed::PackedB>>,
 }
 
 impl Facts {
     /// The facts of `f` (`keep`: with a copy of it to compare later calls against).
     pub(super) fn derive(module: &Module, f: &Function, keep: bool) -> Facts {
         let chains = fuse::plan(module, f, &|_| true);
+        let sites = (0..f.bindings().count()).map(|_| OnceLock::new()).collect();
         Facts {
+            sites,
             func: keep.then(|| f.clone()),
             group: crate::elem_program::compile(f),
             whole: Whole::of(f, &chains),

@@ -394,3 +394,122 @@ fn a_pinned_main_planned_without_a_hook_leaves_a_hooked_run_its_calls() {
     assert_eq!(h.to_f32_vec(), vec![7.0; 100]);
     assert!(p.to_f32_vec().iter().all(|&v| v >= 0.0) && p.to_f32_vec() != vec![7.0; 100]);
 }
+
+/// `main(x, w, b, r) = fused(x, w, b[, r])` where `fused` is `conv2d(x, w) + b` (then `+ r`
+/// with `residual`) and clipped, with `main`'s `w` and `b` arguments replaced by constants:
+/// the call site FuseOps makes of a model's layer.
+fn constant_site_module(residual: bool) -> Module {
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let (x, w, b) = (t("n, 4, 5, 5"), t("4, 4, 3, 3"), t("1, 4, 1, 1"));
+    let (rp, radd, ra, e) = if residual {
+        (
+            format!(", r: {x}"),
+            format!("            e: {x} = R.add(d, r)\n"),
+            ", r",
+            "e",
+        )
+    } else {
+        (String::new(), String::new(), "", "d")
+    };
+    let src = format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(x: {x}, w: {w}, b: {b}{rp}) -> {x}:\n        n = T.int64()\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            c: {x} = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])\n            d: {x} = R.add(c, b)\n{radd}            gv: {x} = R.clip({e}, R.prim_value(T.float32(0.0)), R.prim_value(T.float32(6.0)))\n            R.output(gv)\n        return gv\n\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}{rp}) -> {x}:\n        n = T.int64()\n        with R.dataflow():\n            y = Module.fused(x, w, b{ra})\n            R.output(y)\n        return y\n"
+    );
+    let mut m = parse_module_str(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let constant = |shape: Vec<i64>, k: u32| {
+        let Value::Tensor(t) = seeded(shape.iter().map(|&d| d as usize).collect(), k) else {
+            panic!("not a tensor")
+        };
+        let bytes = t
+            .to_f32_vec()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        fusebox_core::ir::Constant::from_bytes(DType::F32, shape, bytes)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let main = m
+        .functions
+        .get_mut("main")
+        .unwrap_or_else(|| panic!("no main"));
+    let call = main
+        .bindings()
+        .next()
+        .map(|b| b.value)
+        .unwrap_or_else(|| panic!("no binding"));
+    let ExprKind::Call { args, .. } = main.expr(call).kind.clone() else {
+        panic!("not a call")
+    };
+    main.exprs[args[1]].kind = ExprKind::Const(constant(vec![4, 4, 3, 3], 2));
+    main.exprs[args[2]].kind = ExprKind::Const(constant(vec![1, 4, 1, 1], 3));
+    m
+}
+
+#[test]
+fn a_call_site_of_the_pinned_main_resolves_its_callee_and_constants_once() {
+    for residual in [false, true] {
+        let m = Arc::new(constant_site_module(residual));
+        let args = |n: usize| {
+            let mut a = vec![
+                seeded(vec![n, 4, 5, 5], 1),
+                seeded(vec![4, 4, 3, 3], 7),
+                seeded(vec![1, 4, 1, 1], 8),
+            ];
+            if residual {
+                a.push(seeded(vec![n, 4, 5, 5], 4));
+            }
+            a
+        };
+        let bits = |v: Value| match v {
+            Value::Tensor(t) => t
+                .to_f32_vec()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        // The reference: the same module not pinned (no sites), on its own executor.
+        let want = |n: usize| {
+            bits(
+                Executor::new()
+                    .run(&m, "main", args(n), None)
+                    .unwrap_or_else(|e| panic!("{e}")),
+            )
+        };
+        let ex = Executor::new();
+        // Data of one shape, then another (what the site derived for the first shape must
+        // not serve it), then the first again.
+        for n in [1, 1, 3, 1] {
+            let got = ex
+                .run_shared(&m, "main", args(n), None)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(bits(got), want(n), "residual {residual}, n={n}");
+        }
+        let main = m.get("main").unwrap_or_else(|| panic!("no main"));
+        let facts = ex
+            .facts(&m, main, true, true)
+            .unwrap_or_else(|| panic!("no facts for the pinned main"));
+        let Some(Some(site)) = facts.sites.first().and_then(OnceLock::get) else {
+            panic!("the call site was not resolved")
+        };
+        assert_eq!(
+            m.functions.get_index(site.callee).map(|(g, _)| g.as_str()),
+            Some("fused")
+        );
+        assert!(site.facts.as_ref().is_some_and(|d| d.whole.is_some()));
+        assert_eq!(
+            site.consts.iter().map(Option::is_some).collect::<Vec<_>>(),
+            [false, true, true, false][..site.consts.len()]
+        );
+        // Without a residual the epilogue is the site's own, made for the first shape; a
+        // residual (an argument that changes) keeps the per-call path.
+        match site.ready.get() {
+            Some(Some(r)) => {
+                assert!(!residual);
+                assert_eq!(r.x_shape, [1, 4, 5, 5]);
+                assert_eq!(r.steps.len(), 2, "{:?}", r.steps);
+            }
+            Some(None) => assert!(residual),
+            None => panic!("the site's epilogue was not looked at"),
+        }
+    }
+}
