@@ -646,6 +646,22 @@ struct Frame<'f> {
     syms: BTreeMap<Sym, i64>,
 }
 
+/// Stores `v` as the value of `var` of `f` in `fr` once it matches the var's type (binding the
+/// type's symbols); the error names the binding.
+fn store<'f>(name: &str, f: &'f Function, fr: &mut Frame<'f>, var: VarId, v: Value) -> Result<()> {
+    let data = f.var(var);
+    for bind in [true, false] {
+        match_type(&data.ty, &v, &mut fr.syms, bind).map_err(|m| {
+            at(
+                &binding_ctx(name, data),
+                Error::Exec(format!("the value does not match the type: {m}")),
+            )
+        })?;
+    }
+    fr.values[var.as_u32() as usize] = Some(v);
+    Ok(())
+}
+
 /// `function/var` of a binding, and where it came from when that is another name (the user's
 /// binding a pass renamed, or the ONNX node it was lowered from).
 fn binding_ctx(func: &str, var: &fusebox_core::ir::VarData) -> String {
@@ -668,20 +684,8 @@ impl<'m> Interp<'m> {
     /// then cut down to their own elements where they sit in a much longer kept buffer
     /// ([`crate::par::compact`]): what a caller keeps holds no one else's memory.
     fn run_main(&self, name: &str, f: &Function, args: Vec<Value>) -> Result<Value> {
-        self.call(name, f, args, 0, &BTreeMap::new())
+        self.call(name, f, args, 0, &BTreeMap::new(), None)
             .map(crate::par::compact)
-    }
-
-    /// [`Interp::call_with`] of a call that is not at a resolved [`Site`].
-    fn call(
-        &self,
-        name: &str,
-        f: &Function,
-        args: Vec<Value>,
-        depth: usize,
-        outer: &BTreeMap<Sym, i64>,
-    ) -> Result<Value> {
-        self.call_with(name, f, args, depth, outer, None)
     }
 
     /// Runs `f` on `args`. Symbolic dims are bound from the parameters; a symbol the parameters
@@ -689,7 +693,7 @@ impl<'m> Interp<'m> {
     /// FuseOps function whose params do not mention `batch`) takes the caller's value (`outer`).
     /// A call at `site` (a resolved [`Site`] of the caller) takes the callee's facts, and the
     /// epilogue prepared for its chain, from there.
-    fn call_with(
+    fn call(
         &self,
         name: &str,
         f: &Function,
@@ -784,17 +788,7 @@ impl<'m> Interp<'m> {
                     .map_err(|e| at(&binding_ctx(name, f.var(b.var)), e))?;
                 if let Some(v) = fused {
                     let n = chain.links.len();
-                    let last = bindings[i + n].var;
-                    let var = f.var(last);
-                    for bind in [true, false] {
-                        match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
-                            at(
-                                &binding_ctx(name, var),
-                                Error::Exec(format!("the value does not match the type: {m}")),
-                            )
-                        })?;
-                    }
-                    fr.values[last.as_u32() as usize] = Some(v);
+                    store(name, f, &mut fr, bindings[i + n].var, v)?;
                     for j in i..=i + n {
                         for d in plan.get(j).into_iter().flatten() {
                             release(fr.values[d.as_u32() as usize].take());
@@ -892,19 +886,10 @@ impl<'m> Interp<'m> {
         }
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
         let v = self
-            .call_with(g, gf, vals, depth + 1, &fr.syms, Some(site))
+            .call(g, gf, vals, depth + 1, &fr.syms, Some(site))
             .map_err(|e| at(&ctx(), e))?;
         self.record(g, t);
-        for bind in [true, false] {
-            match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
-                at(
-                    &ctx(),
-                    Error::Exec(format!("the value does not match the type: {m}")),
-                )
-            })?;
-        }
-        fr.values[b.var.as_u32() as usize] = Some(v);
-        Ok(())
+        store(name, f, fr, b.var, v)
     }
 
     /// Runs one binding: its value is stored in the frame (a local function is kept to call).
@@ -926,15 +911,7 @@ impl<'m> Interp<'m> {
                 let v = self
                     .eval(name, f, fr, b.value, depth)
                     .map_err(|e| at(&ctx(), e))?;
-                for bind in [true, false] {
-                    match_type(&var.ty, &v, &mut fr.syms, bind).map_err(|m| {
-                        at(
-                            &ctx(),
-                            Error::Exec(format!("the value does not match the type: {m}")),
-                        )
-                    })?;
-                }
-                fr.values[b.var.as_u32() as usize] = Some(v);
+                store(name, f, fr, b.var, v)?;
             }
         }
         Ok(())
@@ -1154,7 +1131,7 @@ impl<'m> Interp<'m> {
                                 let gf = self.module.get(g).ok_or_else(|| {
                                     Error::Exec(format!("the module has no function `{g}`"))
                                 })?;
-                                self.call(g, gf, vals, depth + 1, &fr.syms)?
+                                self.call(g, gf, vals, depth + 1, &fr.syms, None)?
                             }
                         };
                         self.record(g, t);
@@ -1166,7 +1143,7 @@ impl<'m> Interp<'m> {
                         let lf = lf.ok_or_else(|| {
                             Error::Exec(format!("`{vname}` is not a local function here"))
                         })?;
-                        self.call(vname, lf, vals, depth + 1, &fr.syms)?
+                        self.call(vname, lf, vals, depth + 1, &fr.syms, None)?
                     }
                 }
             }
