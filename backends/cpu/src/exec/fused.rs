@@ -342,10 +342,7 @@ impl<'m> Interp<'m> {
                 };
                 let y = conv_kernel(x, &r.w, attrs, &r.steps, prep)
                     .map_err(|e| at(&binding_ctx(name, f.var(whole.first)), e))?;
-                if t.is_some() {
-                    let vals = [Value::Tensor(x.clone()), Value::Tensor(r.w.clone())];
-                    self.record_shapes(&fuse::name(&whole.chain), &vals, t);
-                }
+                self.record_chain(&whole.chain, x, &r.w, t);
                 Value::Tensor(y)
             }
             _ => {
@@ -403,9 +400,9 @@ impl<'m> Interp<'m> {
         let Ok(Value::Tensor(w)) = value(*weight) else {
             return None;
         };
-        let operands = fuse::operand_exprs(&whole.chain)
-            .into_iter()
-            .map(&mut *value)
+        let operands = exprs[1..]
+            .iter()
+            .map(|&e| value(e))
             .collect::<Result<Vec<_>>>()
             .ok()?;
         let steps = fuse::steps(&whole.chain, x, &w, &operands)?;
@@ -446,9 +443,7 @@ impl<'m> Interp<'m> {
             )?;
             let t = self.profile.as_ref().map(|_| std::time::Instant::now());
             let out = crate::elementwise::add_relu_f32(&x, &w).map(Value::Tensor);
-            if t.is_some() {
-                self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
-            }
+            self.record_chain(chain, &x, &w, t);
             return Ok(out);
         }
         let operands = fuse::operand_exprs(chain)
@@ -464,10 +459,23 @@ impl<'m> Interp<'m> {
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
         let y = self.fused_conv(&x, &w, attrs, &steps)?;
         let out = fuse::result(chain, y, &operands);
-        if t.is_some() {
-            self.record_shapes(&fuse::name(chain), &[Value::Tensor(x), Value::Tensor(w)], t);
-        }
+        self.record_chain(chain, &x, &w, t);
         Ok(out)
+    }
+
+    /// When profiling (`t` is the start), the time since `t` to `chain`'s profile entry on
+    /// operands of the shapes of `x` and `w`.
+    fn record_chain(
+        &self,
+        chain: &fuse::Chain,
+        x: &Tensor,
+        w: &Tensor,
+        t: Option<std::time::Instant>,
+    ) {
+        if t.is_some() {
+            let vals = [Value::Tensor(x.clone()), Value::Tensor(w.clone())];
+            self.record_shapes(&fuse::name(chain), &vals, t);
+        }
     }
 }
 
