@@ -3,6 +3,7 @@
 pub mod annotate_codegen;
 pub mod bind_params;
 pub mod bind_symbolic_vars;
+pub mod convert_layout;
 pub mod dead_code_elimination;
 pub mod eliminate_common_subexpr;
 pub mod fold_batch_norm;
@@ -22,6 +23,7 @@ pub mod unflatten_matmul;
 pub use annotate_codegen::annotate_codegen;
 pub use bind_params::bind_params;
 pub use bind_symbolic_vars::bind_symbolic_vars;
+pub use convert_layout::convert_layout;
 pub use dead_code_elimination::dead_code_elimination;
 pub use eliminate_common_subexpr::eliminate_common_subexpr;
 pub use fold_batch_norm::fold_batch_norm;
