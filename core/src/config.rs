@@ -17,6 +17,7 @@
 //! fuse_opt_level = 2
 //! max_depth = 256
 //! strict = false                   # unclaimed work is an error instead of running on the CPU
+//! conv2d_layout = ["NHWC", "OHWI"] # optional: ConvertLayout every conv2d to these layouts
 //! [[backend]]
 //! name = "cpu"
 //! [backend.options]                # free table handed to that backend
@@ -57,7 +58,7 @@ pub enum Target {
 }
 
 /// `[partition]`: the passes before claims.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PartitionConfig {
     /// Run the inference simplification passes first
@@ -78,6 +79,10 @@ pub struct PartitionConfig {
     pub max_depth: usize,
     /// Unclaimed work is an error naming each op instead of falling back to the CPU.
     pub strict: bool,
+    /// `[data, kernel]`: run ConvertLayout ([`crate::transform::convert_layout`]) after
+    /// simplification, so every `conv2d` takes these layouts (`["NHWC", "OHWI"]`, what the
+    /// `cutlass` backend's conv2d needs); `None` keeps the model's layouts.
+    pub conv2d_layout: Option<[String; 2]>,
 }
 
 impl Default for PartitionConfig {
@@ -91,6 +96,7 @@ impl Default for PartitionConfig {
             fuse_opt_level: 2,
             max_depth: 256,
             strict: false,
+            conv2d_layout: None,
         }
     }
 }
@@ -268,6 +274,25 @@ impl Config {
                 span: p.path.span(),
             });
         }
+        if let Some([data, kernel]) = &cfg.partition.conv2d_layout {
+            for (what, layout, letters) in [("data", data, "NCHW"), ("kernel", kernel, "OIHW")] {
+                let mut sorted: Vec<char> = layout.chars().collect();
+                sorted.sort_unstable();
+                let mut want: Vec<char> = letters.chars().collect();
+                want.sort_unstable();
+                if sorted != want {
+                    return Err(Error::source(
+                        file,
+                        src,
+                        pos_of(src, src.find("conv2d_layout").unwrap_or(0)),
+                        format!(
+                            "conv2d_layout: the {what} layout must be a permutation of {letters}, \
+                             found \"{layout}\""
+                        ),
+                    ));
+                }
+            }
+        }
         if cfg.partition.fuse_opt_level > 2 {
             return Err(Error::source(
                 file,
@@ -384,6 +409,23 @@ mod tests {
         assert!(e.starts_with("c.toml:2:12: invalid type"), "{e}");
         let e = err("[partition]\nsimplfy = false\n");
         assert!(e.contains("`simplify`"), "{e}");
+    }
+
+    #[test]
+    fn conv2d_layout_takes_a_data_and_a_kernel_layout() {
+        let c = Config::parse("[partition]\nconv2d_layout = [\"NHWC\", \"OHWI\"]\n", "c.toml")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.partition.conv2d_layout,
+            Some(["NHWC".to_string(), "OHWI".to_string()])
+        );
+        assert_eq!(Config::parse("", "c.toml").unwrap().partition.conv2d_layout, None);
+        let e = err("[partition]\nconv2d_layout = [\"NHWC\", \"OHW\"]\n");
+        assert!(e.contains("c.toml:2:1") && e.contains("permutation of OIHW"), "{e}");
+        let e = err("[partition]\nconv2d_layout = [\"NCHX\", \"OIHW\"]\n");
+        assert!(e.contains("permutation of NCHW") && e.contains("NCHX"), "{e}");
+        let e = err("[partition]\nconv2d_layout = [\"NHWC\"]\n");
+        assert!(e.contains("conv2d_layout"), "{e}");
     }
 
     #[test]

@@ -278,7 +278,7 @@ struct Flags {
 impl Flags {
     /// `cfg` with the flags given written over it.
     fn apply(&self, cfg: &mut PartitionConfig) {
-        let d = *cfg;
+        let d = cfg.clone();
         *cfg = PartitionConfig {
             bind_constants: self.bind_constants.unwrap_or(d.bind_constants),
             annotate_codegen: self.annotate_codegen.unwrap_or(d.annotate_codegen),
@@ -317,6 +317,7 @@ fn pattern_pipeline(opts: &PatternPartition) -> Result<BackendPipeline, Failure>
         fuse_opt_level: opts.fuse_opt_level,
         max_depth: opts.max_depth,
         strict: false,
+        conv2d_layout: None,
     };
     build_pipeline(cfg, Some(opts.patterns.clone()), None)
 }

@@ -12,7 +12,8 @@
 //!    then priority, then list order.
 //! 3. Inference simplification ([`crate::transform::simplify_pipeline`]: FoldConstant with
 //!    the pipeline's [`Evaluator`] when it has one, RemoveIdentity, RemoveExportNoise,
-//!    FoldBatchNorm) unless `simplify = false` → FuseOpsByPattern (`bind_constants`,
+//!    FoldBatchNorm) unless `simplify = false` → ConvertLayout if `conv2d_layout` is set (then
+//!    FoldConstant again, for the permuted weights) → FuseOpsByPattern (`bind_constants`,
 //!    `annotate_codegen`) → MergeCompositeFunctions if `merge_composites` → FuseOps if
 //!    `fuse_ops`.
 //! 4. Every module function `main` calls is a unit of work. Each backend in order is asked to
@@ -347,6 +348,20 @@ impl BackendPipeline {
             &simplified
         } else {
             module
+        };
+        // ConvertLayout where the config asks for it, after simplification (batch_norm is folded
+        // by then), with the permuted constants folded again.
+        let converted;
+        let input = match &pc.conv2d_layout {
+            Some([data, kernel]) => {
+                let mut c = crate::transform::convert_layout(input, data, kernel)?;
+                if let Some(eval) = &self.evaluator {
+                    c = crate::transform::fold_constant(&c, eval)?;
+                }
+                converted = c;
+                &converted
+            }
+            None => input,
         };
         let out = fuse_ops_by_pattern(input, &self.patterns(), opts)?;
         let mut m = out.module;
