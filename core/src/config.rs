@@ -413,17 +413,29 @@ mod tests {
 
     #[test]
     fn conv2d_layout_takes_a_data_and_a_kernel_layout() {
-        let c = Config::parse("[partition]\nconv2d_layout = [\"NHWC\", \"OHWI\"]\n", "c.toml")
-            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::parse(
+            "[partition]\nconv2d_layout = [\"NHWC\", \"OHWI\"]\n",
+            "c.toml",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             c.partition.conv2d_layout,
             Some(["NHWC".to_string(), "OHWI".to_string()])
         );
-        assert_eq!(Config::parse("", "c.toml").unwrap().partition.conv2d_layout, None);
+        assert_eq!(
+            Config::parse("", "c.toml").unwrap().partition.conv2d_layout,
+            None
+        );
         let e = err("[partition]\nconv2d_layout = [\"NHWC\", \"OHW\"]\n");
-        assert!(e.contains("c.toml:2:1") && e.contains("permutation of OIHW"), "{e}");
+        assert!(
+            e.contains("c.toml:2:1") && e.contains("permutation of OIHW"),
+            "{e}"
+        );
         let e = err("[partition]\nconv2d_layout = [\"NCHX\", \"OIHW\"]\n");
-        assert!(e.contains("permutation of NCHW") && e.contains("NCHX"), "{e}");
+        assert!(
+            e.contains("permutation of NCHW") && e.contains("NCHX"),
+            "{e}"
+        );
         let e = err("[partition]\nconv2d_layout = [\"NHWC\"]\n");
         assert!(e.contains("conv2d_layout"), "{e}");
     }

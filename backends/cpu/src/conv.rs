@@ -68,6 +68,7 @@ use crate::winograd;
 
 mod depthwise;
 mod epilogue;
+mod nhwc;
 #[cfg(test)]
 use crate::{depthwise_flat, depthwise_s2};
 use depthwise::depthwise;
@@ -298,6 +299,9 @@ fn prepare(
 
 /// `conv2d(x, w)`.
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor> {
+    if nhwc::takes(x, w, a) {
+        return nhwc::conv2d(x, w, a, &[], None);
+    }
     let (xc, wc, op, out_dtype, geom) = prepare(x, w, a)?;
     let out = compute(&xc, &wc, &geom, &[], Prepared::default())?;
     let shape = vec![geom.n, geom.o, geom.oh, geom.ow];
@@ -309,17 +313,24 @@ pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor>
     Ok(from_canonical(&t, op))
 }
 
-/// Whether [`conv2d_fused`] can run this convolution: a `float32` result in `NCHW`.
+/// Whether [`conv2d_fused`] can run this convolution: a `float32` result in `NCHW`, or an
+/// `NHWC` convolution of the `NHWC` kernels ([`nhwc::takes`]).
 pub(crate) fn fusable(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> bool {
-    a.out_dtype.unwrap_or(x.dtype()) == DType::F32
-        && (a.out_dtype.is_some() || x.dtype() == w.dtype())
-        && layout4(&a.out_layout, "NCHW").is_ok_and(|p| p == [0, 1, 2, 3])
+    nhwc::takes(x, w, a)
+        || (a.out_dtype.unwrap_or(x.dtype()) == DType::F32
+            && (a.out_dtype.is_some() || x.dtype() == w.dtype())
+            && layout4(&a.out_layout, "NCHW").is_ok_and(|p| p == [0, 1, 2, 3]))
 }
 
-/// The `NCHW` output shape of `conv2d(x, w)`.
-pub(crate) fn out_shape(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<[usize; 4]> {
+/// The shape of `conv2d(x, w)` as [`conv2d_fused`] gives it (`NCHW`, or `NHWC` where
+/// [`nhwc::takes`] it) and the position of its channel axis.
+pub(crate) fn out_dims(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<([usize; 4], usize)> {
     let g = shape_geometry(x, w, a)?.0;
-    Ok([g.n, g.o, g.oh, g.ow])
+    Ok(if nhwc::takes(x, w, a) {
+        ([g.n, g.oh, g.ow, g.o], 3)
+    } else {
+        ([g.n, g.o, g.oh, g.ow], 1)
+    })
 }
 
 /// The geometry of `conv2d(x, w)` from the shapes alone (no data moved), with the kernel's
@@ -356,18 +367,17 @@ pub(crate) fn conv2d_fused(
     if !fusable(x, w, a) {
         return Err("a fused conv2d needs a float32 result in NCHW".to_string());
     }
-    let (xc, wc, _, _, geom) = prepare(x, w, a)?;
+    let (out_shape, axis) = out_dims(x, w, a)?;
     if let Some(s) = steps
         .iter()
-        .find(|s| s.channels().is_some_and(|c| c != geom.o))
+        .find(|s| s.channels().is_some_and(|c| c != out_shape[axis]))
     {
         return Err(format!(
             "the epilogue has values for {:?} channels, the convolution has {}",
             s.channels(),
-            geom.o
+            out_shape[axis]
         ));
     }
-    let out_shape = [geom.n, geom.o, geom.oh, geom.ow];
     for s in steps {
         if let Step::Program(p) = s
             && p.0.shape() != out_shape
@@ -389,6 +399,10 @@ pub(crate) fn conv2d_fused(
             ));
         }
     }
+    if nhwc::takes(x, w, a) {
+        return nhwc::conv2d(x, w, a, steps, prepared.cols);
+    }
+    let (xc, wc, _, _, geom) = prepare(x, w, a)?;
     let out = compute(&xc, &wc, &geom, steps, prepared)?;
     out.into_tensor(out_shape.to_vec())
 }
@@ -475,7 +489,14 @@ pub(crate) fn cols_weights(
     w: &Tensor,
     a: &Conv2dAttrs,
 ) -> Option<crate::gemm_packed::PackedB> {
-    if !fusable(x, w, a) {
+    if let Some(g) = nhwc::packs(x, w, a) {
+        return cols_pack(
+            &f32s(&to_canonical(w, layout4(&a.kernel_layout, "OIHW").ok()?)),
+            &g,
+        )
+        .ok();
+    }
+    if !fusable(x, w, a) || nhwc::takes(x, w, a) {
         return None;
     }
     // The geometry first (shapes only): most convolutions stop here, before any copy.
@@ -685,6 +706,9 @@ pub(crate) fn winograd_weights(
     w: &Tensor,
     a: &Conv2dAttrs,
 ) -> Option<winograd::Weights> {
+    if nhwc::takes(x, w, a) {
+        return None;
+    }
     let (g, wp) = shape_geometry(x, w, a).ok()?;
     let tile = g.winograd_tile()?;
     if !w.dtype().is_float() {

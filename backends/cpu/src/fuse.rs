@@ -319,9 +319,10 @@ pub(crate) fn plan(
     out
 }
 
-/// A per-channel bias for an output of `shape` (`N × O × H × W`): `b` must broadcast to
-/// `shape` without changing it and vary only along the channel axis.
-fn channel_bias(b: &Tensor, shape: &[usize; 4]) -> Option<Vec<f32>> {
+/// A per-channel bias for an output of `shape` whose channels are axis `axis` (`N × O × H ×
+/// W`: 1; `NHWC`: 3): `b` must broadcast to `shape` without changing it and vary only along
+/// the channel axis.
+fn channel_bias(b: &Tensor, shape: &[usize; 4], axis: usize) -> Option<Vec<f32>> {
     let data = b.as_f32()?;
     if b.rank() > 4 || broadcast_shapes(shape, b.shape()).ok()?.as_slice() != shape {
         return None;
@@ -331,13 +332,13 @@ fn channel_bias(b: &Tensor, shape: &[usize; 4]) -> Option<Vec<f32>> {
         .shape()
         .iter()
         .enumerate()
-        .all(|(j, &d)| d == 1 || j + off == 1);
+        .all(|(j, &d)| d == 1 || j + off == axis);
     if !per_channel {
         return None;
     }
     match data.len() {
-        1 => Some(vec![data[0]; shape[1]]),
-        n if n == shape[1] => Some(data.to_vec()),
+        1 => Some(vec![data[0]; shape[axis]]),
+        n if n == shape[axis] => Some(data.to_vec()),
         _ => None,
     }
 }
@@ -357,7 +358,7 @@ pub(crate) fn steps(
     if !crate::conv::fusable(x, w, attrs) {
         return None;
     }
-    let shape = crate::conv::out_shape(x, w, attrs).ok()?;
+    let (shape, axis) = crate::conv::out_dims(x, w, attrs).ok()?;
     let mut rest = operands;
     let mut out = Vec::with_capacity(chain.links.len() + 1);
     for link in &chain.links {
@@ -398,10 +399,10 @@ pub(crate) fn steps(
                     _ => None,
                 };
                 let (g, b, m, v) = (t(g)?, t(b)?, t(m)?, t(v)?);
-                if crate::util::norm_axis(attrs.axis, 4).ok()? != 1 {
+                if crate::util::norm_axis(attrs.axis, 4).ok()? != axis {
                     return None;
                 }
-                let (mul, add) = nn::bn_coeffs_f32(&g, &b, &m, &v, shape[1], attrs).ok()?;
+                let (mul, add) = nn::bn_coeffs_f32(&g, &b, &m, &v, shape[axis], attrs).ok()?;
                 Step::Affine { mul, add }
             }
             Link::Add { prev_first, .. } => {
@@ -409,7 +410,7 @@ pub(crate) fn steps(
                     return None;
                 };
                 rest = tail;
-                match channel_bias(b, &shape) {
+                match channel_bias(b, &shape, axis) {
                     Some(b) => Step::Bias {
                         b,
                         bias_first: !prev_first,

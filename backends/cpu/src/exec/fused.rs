@@ -213,7 +213,7 @@ impl<'m> Interp<'m> {
                 if !crate::conv::fusable(&x, &w, attrs) {
                     return Ok(None);
                 }
-                let Ok(shape) = crate::conv::out_shape(&x, &w, attrs) else {
+                let Ok((shape, _)) = crate::conv::out_dims(&x, &w, attrs) else {
                     return Ok(None);
                 };
                 let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
@@ -489,7 +489,7 @@ fn conv_kernel(
     steps: &[crate::conv::Step],
     prep: crate::conv::Prepared<'_>,
 ) -> Result<Tensor> {
-    if let Ok(shape) = crate::conv::out_shape(x, w, attrs) {
+    if let Ok((shape, _)) = crate::conv::out_dims(x, w, attrs) {
         fusebox_core::runtime::memory::check_alloc("relax.nn.conv2d", DType::F32, &shape)?;
     }
     crate::conv::conv2d_fused(x, w, attrs, steps, prep).map_err(|message| Error::Kernel {
