@@ -200,6 +200,32 @@ pub(crate) fn gemm(
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
 ) -> KResult<()> {
+    let rows = epilogue.map(|ep| {
+        move |r0: usize, c0: usize, mut tile: MatMut<'_, f32>| -> KResult<()> {
+            for i in 0..tile.nrows() {
+                ep(r0 + i, c0, row_slice(tile.rb_mut(), i)?);
+            }
+            Ok(())
+        }
+    });
+    let rows = rows.as_ref().map(|f| f as TileEpilogue<'_>);
+    gemm_tiles(m, a, b, c, threads, rows)
+}
+
+/// An epilogue that takes a whole tile of [`gemm_tiles`]: `f(first row, first column, tile)`.
+pub(crate) type TileEpilogue<'e> =
+    &'e (dyn Fn(usize, usize, MatMut<'_, f32>) -> KResult<()> + Sync);
+
+/// [`gemm`] with `epilogue` run once per tile on the whole tile (a caller with many short rows
+/// then pays one call per tile rather than one per row).
+pub(crate) fn gemm_tiles(
+    m: usize,
+    a: &[f32],
+    b: &PackedB,
+    c: &mut [f32],
+    threads: usize,
+    epilogue: Option<TileEpilogue<'_>>,
+) -> KResult<()> {
     let (k, n, nr) = (b.k, b.n, b.nr);
     if a.len() != m * k || c.len() != m * n {
         return Err(format!(
@@ -266,9 +292,7 @@ pub(crate) fn gemm(
                 })
             })?;
             if let Some(ep) = epilogue {
-                for i in 0..tile.nrows() {
-                    ep(r0 + i, p0 * nr, row_slice(tile.rb_mut(), i)?);
-                }
+                ep(r0, p0 * nr, tile.rb_mut())?;
             }
             Ok(())
         })

@@ -33,6 +33,7 @@
 use super::{Geom, Step, geometry};
 use crate::nn::layout4;
 use crate::util::{KResult, to_canonical};
+use faer::reborrow::ReborrowMut;
 use fusebox_core::ir::DType;
 use fusebox_core::op::Conv2dAttrs;
 use fusebox_core::runtime::Tensor;
@@ -101,8 +102,29 @@ pub(crate) fn conv2d(
     let (o, pixels) = (g.o, g.n * g.npix());
     let threads = crate::par::threads();
     let mut out = crate::par::scratch_f32(pixels * o, threads);
-    let ep = |row: usize, col: usize, r: &mut [f32]| apply(steps, col, row * o + col, r);
-    let ep: crate::matmul::Epilogue<'_> = &ep;
+    // Per tile of the GEMM (rows: pixels; columns: channels `c0..`), in one SIMD dispatch.
+    let ep = |r0: usize, c0: usize, tile: faer::MatMut<'_, f32>| -> KResult<()> {
+        struct Tile<'a, 't>(&'a [Step], usize, usize, usize, faer::MatMut<'t, f32>);
+        impl pulp::WithSimd for Tile<'_, '_> {
+            type Output = KResult<()>;
+            #[inline(always)]
+            fn with_simd<S: pulp::Simd>(self, _: S) -> KResult<()> {
+                let Tile(steps, o, r0, c0, mut tile) = self;
+                for i in 0..tile.nrows() {
+                    let row = tile
+                        .rb_mut()
+                        .row_mut(i)
+                        .try_as_row_major_mut()
+                        .ok_or("conv2d: an output tile is not row-major")?
+                        .as_slice_mut();
+                    apply_inline(steps, c0, (r0 + i) * o + c0, row);
+                }
+                Ok(())
+            }
+        }
+        crate::simd::dispatch(Tile(steps, o, r0, c0, tile))
+    };
+    let ep: crate::gemm_packed::TileEpilogue<'_> = &ep;
     let epilogue = (!steps.is_empty()).then_some(ep);
     match path {
         Path::Depthwise => depthwise(xs, w, a, &g, steps, &mut out, threads)?,
@@ -118,7 +140,7 @@ pub(crate) fn conv2d(
                 }
             };
             if path == Path::Pointwise {
-                crate::gemm_packed::gemm(pixels, xs, packed, &mut out, threads, epilogue)?;
+                crate::gemm_packed::gemm_tiles(pixels, xs, packed, &mut out, threads, epilogue)?;
             } else {
                 let k = g.kdim();
                 fusebox_core::runtime::memory::check_alloc(
@@ -127,17 +149,27 @@ pub(crate) fn conv2d(
                     &[pixels, k],
                 )
                 .map_err(|e| e.to_string())?;
-                let mut cols = vec![0.0f32; pixels * k];
-                let t = crate::par::threads_for(pixels * k, 1 << 16).min(threads);
-                let rows_per = (1usize << 14).div_ceil(k.max(1)).max(1);
-                crate::par::for_each_chunk_mut(&mut cols, rows_per * k, t, |off, chunk| {
-                    im2col(xs, &g, off / k.max(1), chunk);
-                });
-                crate::gemm_packed::gemm(pixels, &cols, packed, &mut out, threads, epilogue)?;
+                // The matrix in this thread's kept buffer (every element written below).
+                crate::par::with_scratch(&COLUMNS, |cols| {
+                    cols.resize(pixels * k, 0.0);
+                    let t = crate::par::threads_for(pixels * k, 1 << 16).min(threads);
+                    let rows_per = (1usize << 14).div_ceil(k.max(1)).max(1);
+                    crate::par::for_each_chunk_mut(cols, rows_per * k, t, |off, chunk| {
+                        im2col(xs, &g, off / k.max(1), chunk);
+                    });
+                    crate::gemm_packed::gemm_tiles(
+                        pixels, cols, packed, &mut out, threads, epilogue,
+                    )
+                })?;
             }
         }
     }
     out.into_tensor(vec![g.n, g.oh, g.ow, o])
+}
+
+thread_local! {
+    /// The im2col matrix of the calling thread, kept between calls.
+    static COLUMNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Rows `first..` of the im2col matrix of `NHWC` data `x` (one row per output pixel, over all
@@ -177,7 +209,9 @@ fn im2col(x: &[f32], g: &Geom, first: usize, block: &mut [f32]) {
 }
 
 /// The depthwise convolution of `NHWC` data into `out` (`N × OH × OW × C`), then `steps` on
-/// each output row.
+/// each output row. Output pixels whose taps all fall inside the image read them at fixed
+/// offsets (four pixels at a time); the others, along the borders, check each tap and read
+/// zeros for one over the padding (the same `0 · w` in the chain).
 fn depthwise(
     xs: &[f32],
     w: &Tensor,
@@ -197,161 +231,198 @@ fn depthwise(
             wt[t * c + ch] = v;
         }
     }
-    let zeros = vec![0.0f32; c];
     let row_len = g.ow * c;
-    if row_len == 0 {
+    if row_len == 0 || c == 0 {
         return Ok(());
     }
+    let zeros = vec![0.0f32; c];
+    let offs: Vec<usize> = (0..taps)
+        .map(|t| ((t / g.kw) * g.dh * g.w + (t % g.kw) * g.dw) * c)
+        .collect();
+    // The output columns whose taps are all inside the image's columns.
+    let span_w = (g.kw - 1) * g.dw;
+    let lo = g.pl.div_ceil(g.sw).min(g.ow);
+    let hi = if g.w + g.pl > span_w {
+        ((g.w + g.pl - span_w - 1) / g.sw + 1).min(g.ow)
+    } else {
+        0
+    };
     let t = crate::par::threads_for(out.len() * taps, 1 << 16).min(threads);
     crate::par::for_each_chunk_mut(out, row_len, t, |off, dst| {
         let r = off / row_len;
         let (img, oy) = (r / g.oh, r % g.oh);
-        struct Row<'a> {
-            xs: &'a [f32],
-            wt: &'a [f32],
-            zeros: &'a [f32],
-            g: &'a Geom,
-            img: usize,
-            oy: usize,
-            dst: &'a mut [f32],
-        }
-        impl pulp::WithSimd for Row<'_> {
-            type Output = ();
-            #[inline(always)]
-            fn with_simd<S: pulp::Simd>(self, simd: S) {
-                let Row {
-                    xs,
-                    wt,
-                    zeros,
-                    g,
-                    img,
-                    oy,
-                    dst,
-                } = self;
-                let c = g.c;
-                let lanes = S::F32_LANES;
-                for (ox, px) in dst.chunks_exact_mut(c).enumerate() {
-                    // The taps' input pixels (the zero row over the padding), in (ky, kx) order.
-                    let mut srcs: [&[f32]; 25] = [zeros; 25];
-                    let many = g.kh * g.kw > srcs.len();
-                    let mut t = 0;
-                    for ky in 0..g.kh {
-                        let iy = (oy * g.sh + ky * g.dh)
-                            .checked_sub(g.pt)
-                            .filter(|&v| v < g.h);
-                        for kx in 0..g.kw {
-                            let ix = (ox * g.sw + kx * g.dw)
-                                .checked_sub(g.pl)
-                                .filter(|&v| v < g.w);
-                            if let (Some(iy), Some(ix), false) = (iy, ix, many) {
-                                srcs[t] = &xs[((img * g.h + iy) * g.w + ix) * c..][..c];
-                            }
-                            t += 1;
-                        }
-                    }
-                    let taps = g.kh * g.kw;
-                    if many {
-                        // More than 25 taps: one tap at a time over the pixel (the same chain).
-                        px.fill(0.0);
-                        let mut t = 0;
-                        for ky in 0..g.kh {
-                            let iy = (oy * g.sh + ky * g.dh)
-                                .checked_sub(g.pt)
-                                .filter(|&v| v < g.h);
-                            for kx in 0..g.kw {
-                                let ix = (ox * g.sw + kx * g.dw)
-                                    .checked_sub(g.pl)
-                                    .filter(|&v| v < g.w);
-                                let src = match (iy, ix) {
-                                    (Some(iy), Some(ix)) => {
-                                        &xs[((img * g.h + iy) * g.w + ix) * c..][..c]
-                                    }
-                                    _ => zeros,
-                                };
-                                let wr = &wt[t * c..][..c];
-                                for ((o, &v), &k) in px.iter_mut().zip(src).zip(wr) {
-                                    *o = v.mul_add(k, *o);
-                                }
-                                t += 1;
-                            }
-                        }
-                        continue;
-                    }
-                    let mut c0 = 0;
-                    // Four vectors of channels at a time over all taps, then one, then the rest.
-                    while c0 + 4 * lanes <= c {
-                        let mut acc = [simd.splat_f32s(0.0); 4];
-                        for (tap, src) in srcs.iter().take(taps).enumerate() {
-                            let wr = &wt[tap * c + c0..][..4 * lanes];
-                            let xr = &src[c0..c0 + 4 * lanes];
-                            for (v, a) in acc.iter_mut().enumerate() {
-                                let xv: S::f32s = bytemuck::pod_read_unaligned(
-                                    bytemuck::cast_slice(&xr[v * lanes..(v + 1) * lanes]),
-                                );
-                                let wv: S::f32s = bytemuck::pod_read_unaligned(
-                                    bytemuck::cast_slice(&wr[v * lanes..(v + 1) * lanes]),
-                                );
-                                *a = simd.mul_add_f32s(xv, wv, *a);
-                            }
-                        }
-                        for (v, a) in acc.iter().enumerate() {
-                            px[c0 + v * lanes..c0 + (v + 1) * lanes]
-                                .copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(a)));
-                        }
-                        c0 += 4 * lanes;
-                    }
-                    while c0 + lanes <= c {
-                        let mut acc = simd.splat_f32s(0.0);
-                        for (tap, src) in srcs.iter().take(taps).enumerate() {
-                            let wv: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(
-                                &wt[tap * c + c0..][..lanes],
-                            ));
-                            let xv: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(
-                                &src[c0..c0 + lanes],
-                            ));
-                            acc = simd.mul_add_f32s(xv, wv, acc);
-                        }
-                        px[c0..c0 + lanes]
-                            .copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&acc)));
-                        c0 += lanes;
-                    }
-                    for ch in c0..c {
-                        let mut acc = 0.0f32;
-                        for (tap, src) in srcs.iter().take(taps).enumerate() {
-                            acc = src[ch].mul_add(wt[tap * c + ch], acc);
-                        }
-                        px[ch] = acc;
-                    }
-                }
-            }
-        }
+        // The row's taps all inside the image's rows: its interior columns read in place.
+        let top = (oy * g.sh).checked_sub(g.pt);
+        let inner = top.filter(|&y| y + (g.kh - 1) * g.dh < g.h);
+        let (lo, hi, base) = match inner {
+            Some(y) if lo < hi => (lo, hi, (img * g.h + y) * g.w * c),
+            _ => (0, 0, 0),
+        };
         crate::simd::dispatch(Row {
             xs,
-            wt: &wt,
             zeros: &zeros,
+            wt: &wt,
+            offs: &offs,
             g,
             img,
             oy,
-            dst: &mut *dst,
+            inner: (lo, hi, base),
+            dst,
+            steps,
+            at: off,
         });
-        if !steps.is_empty() {
-            for (p, px) in dst.chunks_exact_mut(c).enumerate() {
-                apply(steps, 0, off + p * c, px);
-            }
-        }
     });
     Ok(())
 }
 
+/// Output pixels [`Row`] computes together.
+const PX: usize = 4;
+
+/// One output row of [`depthwise`]: interior pixel `ox` (`lo ≤ ox < hi`) reads tap `t` at
+/// `xs[base + (ox · sw − pl) · c + offs[t]..][..c]`; the others check each tap.
+struct Row<'a> {
+    xs: &'a [f32],
+    zeros: &'a [f32],
+    wt: &'a [f32],
+    offs: &'a [usize],
+    g: &'a Geom,
+    img: usize,
+    oy: usize,
+    inner: (usize, usize, usize),
+    dst: &'a mut [f32],
+    steps: &'a [Step],
+    at: usize,
+}
+
+impl pulp::WithSimd for Row<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let Row {
+            xs,
+            zeros,
+            wt,
+            offs,
+            g,
+            img,
+            oy,
+            inner: (lo, hi, base),
+            dst,
+            steps,
+            at,
+        } = self;
+        let c = g.c;
+        let lanes = S::F32_LANES;
+        let taps = offs.len();
+        let load = |v: &[f32]| -> S::f32s { bytemuck::pod_read_unaligned(bytemuck::cast_slice(v)) };
+        // Where tap `t` of pixel `ox` reads (None: the padding).
+        let tap = |ox: usize, t: usize| -> Option<usize> {
+            let iy = (oy * g.sh + (t / g.kw) * g.dh)
+                .checked_sub(g.pt)
+                .filter(|&v| v < g.h)?;
+            let ix = (ox * g.sw + (t % g.kw) * g.dw)
+                .checked_sub(g.pl)
+                .filter(|&v| v < g.w)?;
+            Some(((img * g.h + iy) * g.w + ix) * c)
+        };
+        let px0 = |ox: usize| base + (ox * g.sw - g.pl) * c;
+        let mut c0 = 0;
+        if taps <= 9 {
+            // Two vectors of channels: their taps' weights loaded once per row; one load and
+            // one FMA per tap and vector, in tap order.
+            while c0 + 2 * lanes <= c {
+                let wv: [[S::f32s; 2]; 9] = std::array::from_fn(|t| {
+                    if t < taps {
+                        let w = &wt[t * c + c0..][..2 * lanes];
+                        [load(&w[..lanes]), load(&w[lanes..])]
+                    } else {
+                        [simd.splat_f32s(0.0); 2]
+                    }
+                });
+                let wv = &wv[..taps];
+                let mut ox = lo;
+                // Four interior pixels at a time: eight independent chains.
+                while ox + PX <= hi {
+                    let mut acc = [[simd.splat_f32s(0.0); 2]; PX];
+                    for (w, &o) in wv.iter().zip(offs) {
+                        for (j, acc) in acc.iter_mut().enumerate() {
+                            let p = px0(ox + j) + o + c0;
+                            let x = &xs[p..p + 2 * lanes];
+                            acc[0] = simd.mul_add_f32s(load(&x[..lanes]), w[0], acc[0]);
+                            acc[1] = simd.mul_add_f32s(load(&x[lanes..]), w[1], acc[1]);
+                        }
+                    }
+                    for (j, acc) in acc.iter().enumerate() {
+                        let d = (ox + j) * c + c0;
+                        dst[d..d + 2 * lanes].copy_from_slice(bytemuck::cast_slice(&acc[..]));
+                    }
+                    ox += PX;
+                }
+                // The other pixels one at a time (interior ones in place, border ones checked).
+                for ox in (0..lo).chain(ox..g.ow) {
+                    let interior = ox >= lo && ox < hi;
+                    let mut acc = [simd.splat_f32s(0.0); 2];
+                    for (t, w) in wv.iter().enumerate() {
+                        let x = if interior {
+                            let p = px0(ox) + offs[t] + c0;
+                            &xs[p..p + 2 * lanes]
+                        } else {
+                            match tap(ox, t) {
+                                Some(p) => &xs[p + c0..p + c0 + 2 * lanes],
+                                None => &zeros[c0..c0 + 2 * lanes],
+                            }
+                        };
+                        acc[0] = simd.mul_add_f32s(load(&x[..lanes]), w[0], acc[0]);
+                        acc[1] = simd.mul_add_f32s(load(&x[lanes..]), w[1], acc[1]);
+                    }
+                    let d = ox * c + c0;
+                    dst[d..d + 2 * lanes].copy_from_slice(bytemuck::cast_slice(&acc[..]));
+                }
+                c0 += 2 * lanes;
+            }
+        }
+        // The rest (a last vector, channels past the vectors, more than 9 taps): vector by
+        // vector, then channel by channel, the same chain.
+        while c0 + lanes <= c {
+            for ox in 0..g.ow {
+                let mut acc = simd.splat_f32s(0.0);
+                for t in 0..taps {
+                    let x = match tap(ox, t) {
+                        Some(p) => &xs[p + c0..p + c0 + lanes],
+                        None => &zeros[c0..c0 + lanes],
+                    };
+                    acc = simd.mul_add_f32s(load(x), load(&wt[t * c + c0..][..lanes]), acc);
+                }
+                let d = ox * c + c0;
+                dst[d..d + lanes].copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&acc)));
+            }
+            c0 += lanes;
+        }
+        for ox in 0..g.ow {
+            for ch in c0..c {
+                let mut acc = 0.0f32;
+                for t in 0..taps {
+                    let v = tap(ox, t).map_or(0.0, |p| xs[p + ch]);
+                    acc = v.mul_add(wt[t * c + ch], acc);
+                }
+                dst[ox * c + ch] = acc;
+            }
+        }
+        if !steps.is_empty() {
+            for (p, px) in dst.chunks_exact_mut(c).enumerate() {
+                apply_inline(steps, 0, at + p * c, px);
+            }
+        }
+    }
+}
+
 /// Applies `steps` to `row`: the values of channels `ch0..` of one output pixel, starting at
 /// element `at` of the `NHWC` output (see the module doc).
-pub(super) fn apply(steps: &[Step], ch0: usize, at: usize, row: &mut [f32]) {
-    struct Op<'a>(&'a [Step], usize, usize, &'a mut [f32]);
-    impl pulp::WithSimd for Op<'_> {
-        type Output = ();
-        #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) {
-            let Op(steps, ch0, at, row) = self;
+/// Inlined into its caller's SIMD dispatch.
+#[inline(always)]
+fn apply_inline(steps: &[Step], ch0: usize, at: usize, row: &mut [f32]) {
+    {
+        {
             let ch = ch0..ch0 + row.len();
             for s in steps {
                 match s {
@@ -401,7 +472,6 @@ pub(super) fn apply(steps: &[Step], ch0: usize, at: usize, row: &mut [f32]) {
             }
         }
     }
-    crate::simd::dispatch(Op(steps, ch0, at, row));
 }
 
 #[cfg(test)]
