@@ -340,6 +340,49 @@ fn hf_models_match_onnxruntime() {
     }
 }
 
+/// The convolutional fixtures, run again with `[partition] conv2d_layout = ["NHWC", "OHWI"]`
+/// (ConvertLayout before partitioning; the CPU backend's NHWC kernels): each still matches
+/// onnxruntime and the unconverted, unpartitioned module, and its convolutions did change
+/// layout.
+const CNN_FIXTURES: &[&str] = &[
+    "mobilenet-v2-ts",
+    "mobilenet-v2-dynamo",
+    "mobilenet-v3-ts",
+    "resnet-ts",
+    "efficientnet-ts",
+    "convnext-ts",
+];
+
+#[test]
+fn cnn_fixtures_match_onnxruntime_in_nhwc() {
+    let path = root().join("configs/cpu.toml");
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    let src = src.replace(
+        "[partition]\n",
+        "[partition]\nconv2d_layout = [\"NHWC\", \"OHWI\"]\n",
+    );
+    let config = fusebox_core::config::Config::parse(&src, "cpu-nhwc.toml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(config.partition.conv2d_layout.is_some());
+    let pipeline = fusebox::pipeline(config).unwrap_or_else(|e| panic!("{e}"));
+    for name in CNN_FIXTURES {
+        let dir = root().join("tests/models").join(name);
+        let module = import_onnx_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{e}"));
+        let (m, _) = pipeline
+            .partition(&module)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = fusebox_core::text::print_module(&m).text;
+        assert!(
+            text.contains("data_layout=\"NHWC\"") && !text.contains("data_layout=\"NCHW\""),
+            "{name}: every convolution NHWC after ConvertLayout"
+        );
+        match run_fixture(&dir, &pipeline) {
+            Ok(err) => println!("hf {name} (NHWC): pass (max err {err:.3e})"),
+            Err(f) => panic!("hf {name} (NHWC): FAIL {}: {}", f.stage, f.message),
+        }
+    }
+}
+
 #[test]
 fn import_errors_are_summarized_by_op() {
     let msg = "m.onnx: 3 unsupported ONNX node(s): `/a/Where` (Where), `#4` (Equal), \

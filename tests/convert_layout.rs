@@ -1,0 +1,139 @@
+//! `[partition] conv2d_layout` (ConvertLayout before partitioning): with the CUTLASS backend's
+//! config, the NCHW convolutions of a model become NHWC/OHWI ones the `cutlass` patterns claim
+//! (TVM's CUTLASS conv2d needs that layout); on the CPU, the converted module computes what the
+//! model computes (`fusebox run --check` against the unconverted, unpartitioned module).
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    reason = "test code: a failure is a panic"
+)]
+
+use fusebox::core::config::Config;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `configs/examples/cutlass.toml` with `conv2d_layout` added (or not) to its `[partition]`.
+fn cutlass_config(layout: bool) -> Config {
+    let path = root().join("configs/examples/cutlass.toml");
+    let src = std::fs::read_to_string(&path).unwrap();
+    let src = if layout {
+        src.replace(
+            "[partition]\n",
+            "[partition]\nconv2d_layout = [\"NHWC\", \"OHWI\"]\n",
+        )
+    } else {
+        src
+    };
+    Config::parse(&src, &path.display().to_string()).unwrap()
+}
+
+/// The convolutions of `m` that sit in `Codegen = "cutlass"` functions (through their
+/// composites), by data layout.
+fn cutlass_convs(m: &fusebox::core::ir::Module) -> Vec<String> {
+    let text = fusebox::core::text::print_module(m).text;
+    let mut out = Vec::new();
+    let mut in_cutlass = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("def ") {
+            in_cutlass = false;
+        }
+        if line.contains("\"Composite\": \"cutlass.conv2d")
+            || line.contains("\"Codegen\": \"cutlass\"")
+        {
+            in_cutlass = true;
+        }
+        if in_cutlass && line.contains("R.nn.conv2d(") {
+            let layout = line
+                .split("data_layout=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .unwrap_or("?");
+            out.push(layout.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn cutlass_claims_the_convolutions_once_they_are_nhwc() {
+    fusebox::link_backends();
+    let src = std::fs::read_to_string(root().join("examples/small_cnn.relax")).unwrap();
+    let module = fusebox::core::text::parse_module_str(&src).unwrap();
+    // As the model is (NCHW): the CUTLASS conv2d patterns take none of its four convolutions.
+    let plain = fusebox::pipeline(cutlass_config(false)).unwrap();
+    let (m, _) = plain.partition(&module).unwrap();
+    assert!(cutlass_convs(&m).is_empty(), "{:?}", cutlass_convs(&m));
+    // Converted: every convolution is NHWC and in a CUTLASS composite.
+    let converted = fusebox::pipeline(cutlass_config(true)).unwrap();
+    let (m, _) = converted.partition(&module).unwrap();
+    let convs = cutlass_convs(&m);
+    assert_eq!(
+        convs,
+        vec!["NHWC"; 4],
+        "{}",
+        fusebox::core::text::print_module(&m).text
+    );
+}
+
+#[test]
+fn the_converted_cnn_computes_what_the_model_computes_on_the_cpu() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("convert_layout_cpu");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("nhwc.toml");
+    let cpu = std::fs::read_to_string(root().join("configs/cpu.toml")).unwrap();
+    std::fs::write(
+        &config,
+        cpu.replace(
+            "[partition]\n",
+            "[partition]\nconv2d_layout = [\"NHWC\", \"OHWI\"]\n",
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("run")
+        .arg(root().join("examples/small_cnn.relax"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--check")
+        .arg("--output-dir")
+        .arg(dir.join("out"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("check: 2 output(s) match the unpartitioned module")
+            || stderr.contains("check: 2 output(s) match the unpartitioned module"),
+        "{stdout}\n{stderr}"
+    );
+    // A layout that is not a permutation is a config error naming the key and its line.
+    std::fs::write(
+        &config,
+        cpu.replace(
+            "[partition]\n",
+            "[partition]\nconv2d_layout = [\"NHWC\", \"OHWX\"]\n",
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("run")
+        .arg(root().join("examples/small_cnn.relax"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("nhwc.toml:8:1") && stderr.contains("permutation of OIHW"),
+        "{stderr}"
+    );
+}
