@@ -47,6 +47,7 @@ use fusebox_core::ir::verify::verify;
 use fusebox_core::ir::{
     Callee, Dim, ExprId, ExprKind, Function, Module, PrimValue, Sym, TensorType, Type,
 };
+use fusebox_core::op::Op;
 use fusebox_core::pattern::check::NoLeakingIntermediates;
 use fusebox_core::text::{self, ConstTable};
 use fusebox_core::transform::{
@@ -90,6 +91,11 @@ enum Reason {
     /// parameter from the constant's value, which `mod.script()` omits; the printed use does not
     /// tell its shape (a broadcasting operand), so fusebox's parameter is less specific.
     ValuelessShapeUntold,
+    /// ConvertLayout: fusebox carries the new layout where TVM 0.27 goes back to the original
+    /// (through `clip`, and through a broadcast with a lower-rank operand, which it expands) and
+    /// permutes a value once per block (TVM once per use): the same ops on the same values,
+    /// only the `permute_dims` / `expand_dims` around them differ.
+    LayoutCarried,
 }
 
 impl Reason {
@@ -113,6 +119,9 @@ impl Reason {
             }
             Reason::ValuelessShapeUntold => {
                 "constant without a value lifted as a parameter: TVM types it from the value the printed input omits, fusebox from its use"
+            }
+            Reason::LayoutCarried => {
+                "ConvertLayout: fusebox carries the layout further than TVM 0.27 (the same ops; fewer round trips)"
             }
         }
     }
@@ -206,6 +215,16 @@ const DELIBERATE: &[(&str, Reason, &str)] = &[
         Reason::MergeIfTvmRaises,
         "composites in two nested branches: TVM's MergeCompositeFunctions has no case for `If`",
     ),
+    (
+        "convert_layout_relu6",
+        Reason::LayoutCarried,
+        "TVM 0.27 has no layout rule for clip: it permutes back to NCHW before the ReLU6 and to NHWC again after; fusebox clips in NHWC",
+    ),
+    (
+        "convert_layout_shared_input",
+        Reason::LayoutCarried,
+        "TVM permutes x once per conv and goes back to NCHW for the multiply by the (8, 1, 1) scale; fusebox permutes x once and expands the scale to (1, 1, 1, 8)",
+    ),
 ];
 
 /// A partitioning flow.
@@ -221,6 +240,8 @@ enum Flow {
     Cublas,
     /// `partition_for_cutlass(mod)`: the CUTLASS table, bind_constants=false, annotate_codegen.
     Cutlass,
+    /// `ConvertLayout({"relax.nn.conv2d": [data, kernel]})`.
+    ConvertLayout { data: String, kernel: String },
 }
 
 /// One case of the corpus.
@@ -309,6 +330,15 @@ fn parse_case(path: &Path) -> Result<Case, String> {
         // `cutlass_table`: partition_for_cutlass's FuseOpsByPattern step alone (TVM 0.27's
         // partition_for_cutlass raises after partitioning on modules with R.nn.attention).
         Some("cutlass" | "cutlass_table") => Flow::Cutlass,
+        Some(f) if f.starts_with("convert_layout ") => {
+            match f.split_whitespace().collect::<Vec<_>>()[..] {
+                [_, data, kernel] => Flow::ConvertLayout {
+                    data: data.to_string(),
+                    kernel: kernel.to_string(),
+                },
+                _ => return Err(format!("flow `{f}`: expected `convert_layout DATA KERNEL`")),
+            }
+        }
         other => return Err(format!("unknown flow {other:?}")),
     };
     if tvm.is_none() && tvm_error.is_none() {
@@ -393,7 +423,13 @@ fn backend_table(name: &str) -> Vec<FusionPattern> {
 
 /// Runs the case's flow with fusebox on the parsed input.
 fn run_fusebox(flow: &Flow, m: &Module) -> Result<(Module, Vec<Rejection>), String> {
+    if let Flow::ConvertLayout { data, kernel } = flow {
+        let out = fusebox_core::transform::convert_layout(m, data, kernel)
+            .map_err(|e| format!("convert_layout: {e}"))?;
+        return Ok((out, Vec::new()));
+    }
     let (patterns, opts, merge) = match flow {
+        Flow::ConvertLayout { .. } => return Err("no partitioning flow".to_string()),
         Flow::Cublas | Flow::Cutlass => (
             backend_table(if *flow == Flow::Cublas {
                 "cublas"
@@ -761,7 +797,51 @@ fn evidence(case: &Case, input: &Module, mine: &Module, rejections: &[Rejection]
     {
         r.push(Reason::DeadMatch);
     }
+    if matches!(case.flow, Flow::ConvertLayout { .. })
+        && let Some(tvm) = case.tvm.as_deref().and_then(|t| parse(t, "tvm").ok())
+        && compute_ops(mine) == compute_ops(&tvm)
+        && layout_ops(mine) != layout_ops(&tvm)
+    {
+        r.push(Reason::LayoutCarried);
+    }
     r
+}
+
+/// The op calls of `m` other than `permute_dims` and `expand_dims`, by op and attributes (as
+/// printed), counted.
+fn compute_ops(m: &Module) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for (_, f) in &m.functions {
+        for b in f.bindings() {
+            if let ExprKind::Call {
+                callee: Callee::Op(op),
+                ..
+            } = &f.expr(b.value).kind
+                && !matches!(op, Op::PermuteDims { .. } | Op::ExpandDims { .. })
+            {
+                *out.entry(format!("{op:?}")).or_insert(0) += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The `permute_dims` and `expand_dims` calls of `m`.
+fn layout_ops(m: &Module) -> usize {
+    m.functions
+        .values()
+        .flat_map(|f| {
+            f.bindings().filter(|b| {
+                matches!(
+                    &f.expr(b.value).kind,
+                    ExprKind::Call {
+                        callee: Callee::Op(Op::PermuteDims { .. } | Op::ExpandDims { .. }),
+                        ..
+                    }
+                )
+            })
+        })
+        .count()
 }
 
 /// Whether every function of `mine` has TVM's namesake's parameters, some less specific

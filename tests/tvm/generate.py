@@ -8,7 +8,7 @@ itself, and the module TVM prints afterwards. Each case is written to
     # case: <name>
     # group: <seed | mlp | residual | split_tuple | multi_output | tvm_tests | symbolic | multi_function |
     #         random | attention | branches | opaque | constants | pending>
-    # flow: fuse_ops_by_pattern | cublas | cutlass | cutlass_table
+    # flow: fuse_ops_by_pattern | cublas | cutlass | cutlass_table | convert_layout DATA KERNEL
     # pattern: NAME = TEXT              (fuse_ops_by_pattern: in priority order; the text is
     # pattern+leakcheck: NAME = TEXT     fusebox's pattern syntax, translated to TVM's DPL here)
     # options: bind_constants=B annotate_codegen=B merge=B
@@ -1039,6 +1039,69 @@ def random_dag(seed, dtype):
     return lambda: module(params, body, dtype)
 
 
+# --- ConvertLayout (conv2d to NHWC / OHWI) -----------------------------------------------------
+# `# flow: convert_layout NHWC OHWI`: relax.transform.ConvertLayout({"relax.nn.conv2d": [...]}).
+# Modules of the ops whose layout both TVM 0.27 and fusebox carry (conv2d, bias and residual
+# adds of rank 4, relu, scalar operands, the pools) and ops that need the original (reshape,
+# matmul, the function's outputs). Where fusebox goes further than TVM 0.27 (it also carries
+# `clip` and lower-rank broadcast operands, and permutes a value once per block), see
+# core/src/transform/convert_layout.rs.
+
+
+def cl_resnet_block():
+    def body(bb, x, w1, b1, w2, b2, w3, fc):
+        a = bb.emit(R.add(bb.emit(conv(x, w1)), b1))
+        a = bb.emit(R.nn.relu(a))
+        c = bb.emit(R.add(bb.emit(conv(a, w2)), b2))
+        r = bb.emit(R.nn.relu(bb.emit(R.add(c, a))))
+        p = bb.emit(R.nn.max_pool2d(r, pool_size=[2, 2], strides=[2, 2]))
+        d = bb.emit(R.nn.relu(bb.emit(conv(p, w3, padding=0))))
+        g = bb.emit(R.nn.adaptive_avg_pool2d(d, output_size=[1, 1]))
+        f = bb.emit(R.reshape(g, [1, 16]))
+        return bb.emit_output(R.matmul(f, fc))
+    return module([("x", (1, 8, 16, 16)), ("w1", (8, 8, 3, 3)), ("b1", (1, 8, 1, 1)),
+                   ("w2", (8, 8, 3, 3)), ("b2", (1, 8, 1, 1)), ("w3", (16, 8, 1, 1)),
+                   ("fc", (16, 10))], body)
+
+
+def cl_depthwise_block():
+    def body(bb, x, w1, b1, w2, b2, w3):
+        e = bb.emit(R.nn.relu(bb.emit(R.add(bb.emit(conv(x, w1, padding=0)), b1))))
+        d = bb.emit(R.nn.conv2d(e, w2, strides=[2, 2], padding=[1, 1, 1, 1], groups=24))
+        d = bb.emit(R.nn.relu(bb.emit(R.add(d, b2))))
+        y = bb.emit(conv(d, w3, padding=0))
+        z = bb.emit(R.add(y, relax.const(0.5, "float32")))
+        return [bb.emit_output(z), bb.emit_output(R.nn.avg_pool2d(z, pool_size=[2, 2], strides=[2, 2]))]
+    return module([("x", (1, 4, 12, 12)), ("w1", (24, 4, 1, 1)), ("b1", (1, 24, 1, 1)),
+                   ("w2", (24, 1, 3, 3)), ("b2", (1, 24, 1, 1)), ("w3", (8, 24, 1, 1))], body)
+
+
+def cl_relu6():
+    # MobileNet's ReLU6 (clip) between convolutions.
+    def body(bb, x, w1, b1, w2):
+        a = bb.emit(R.add(bb.emit(conv(x, w1, padding=0)), b1))
+        c = bb.emit(R.clip(a, 0.0, 6.0))
+        return bb.emit_output(conv(c, w2))
+    return module([("x", (1, 4, 8, 8)), ("w1", (8, 4, 1, 1)), ("b1", (1, 8, 1, 1)),
+                   ("w2", (8, 8, 3, 3))], body)
+
+
+def cl_shared_input():
+    # Two convolutions of one input, their sum scaled per channel by a (C, 1, 1) operand.
+    def body(bb, x, w1, w2, k):
+        a = bb.emit(conv(x, w1))
+        b = bb.emit(conv(x, w2, padding=0))
+        s = bb.emit(R.multiply(bb.emit(R.add(a, b)), k))
+        return bb.emit_output(R.nn.relu(s))
+    return module([("x", (1, 4, 8, 8)), ("w1", (8, 4, 3, 3)), ("w2", (8, 4, 1, 1)),
+                   ("k", (8, 1, 1))], body)
+
+
+case("convert_layout_resnet_block", "layout", cl_resnet_block, "convert_layout NHWC OHWI")
+case("convert_layout_relu6", "layout", cl_relu6, "convert_layout NHWC OHWI")
+case("convert_layout_shared_input", "layout", cl_shared_input, "convert_layout NHWC OHWI")
+case("convert_layout_depthwise_block", "layout", cl_depthwise_block, "convert_layout NHWC OHWI")
+
 for k in range(RANDOM_CASES):
     rng = random.Random(1000 + k)
     flow_pick = rng.random()
@@ -1064,6 +1127,9 @@ def no_leak(ctx):
 
 
 def run_flow(c, mod):
+    if c.flow.startswith("convert_layout "):
+        data, kernel = c.flow.split()[1:]
+        return relax.transform.ConvertLayout({"relax.nn.conv2d": [data, kernel]})(mod)
     if c.flow == "cublas":
         return partition_for_cublas(mod)
     if c.flow == "cutlass":

@@ -24,10 +24,11 @@
 //!     bias meets its channels.
 //!   - `max_pool2d`, `avg_pool2d` and `adaptive_avg_pool2d` of a held operand run with their
 //!     `layout` (and `out_layout`) permuted likewise.
+//!   - `y = v` of a held `v` (an alias, as `emit_output` makes): `y` is held as `v` is.
 //!   - Anything else that reads a held value reads the original: `v = permute_dims(v', ...)`
-//!     is bound (once, under `v`'s own name and type) just before the first such binding. At the
-//!     end of a block every held var that is not a dataflow var is bound the same way, so the
-//!     function's outputs keep their names, types and layouts.
+//!     is bound (once, under `v`'s own name and type) just before the first such binding. A
+//!     held var that is not a dataflow var is bound so right after its held value, so the
+//!     function's outputs keep their names, types and layouts (as TVM 0.27 places them).
 //! - Every value is the same, element for element, as before (each rule moves elements, never
 //!   computes differently), so a backend that runs every layout gives the same results.
 //!   Permutes of constants are left for FoldConstant; dead bindings are removed afterwards.
@@ -237,6 +238,14 @@ impl Converter<'_> {
 
     /// Rewrites binding `b` if a rule applies: the new value's var held for `b.var`.
     fn rewrite(&mut self, f: &mut Function, b: Binding) -> Option<()> {
+        // `y = v` of a held `v`: `y` is held as `v` is (no binding; restored where needed).
+        if let ExprKind::Var(v) = f.expr(b.value).kind
+            && let Some(&h) = self.held.get(&v)
+        {
+            self.held.insert(b.var, h);
+            self.changed = true;
+            return Some(());
+        }
         let ExprKind::Call {
             callee: Callee::Op(op),
             args,
@@ -386,6 +395,10 @@ fn convert_in(f: &mut Function, data: &str, kernel: &str) -> bool {
             // A rule that fails half way leaves only unused bindings behind (removed as dead
             // code) and falls back to the binding as it is.
             if c.rewrite(f, *b).is_some() {
+                // A var visible after the block is bound in its original layout right away.
+                if !f.var(b.var).dataflow {
+                    c.restore(f, b.var);
+                }
                 continue;
             }
             let mut reads = Vec::new();
