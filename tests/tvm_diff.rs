@@ -3,7 +3,8 @@
 //! `tests/tvm/cases/*.case` hold, per case, a module TVM 0.27's BlockBuilder built (as
 //! `mod.script()` prints it), the partitioning flow TVM ran on it (FuseOpsByPattern with its
 //! patterns and options, ± MergeCompositeFunctions; `partition_for_cublas`;
-//! `partition_for_cutlass`) and the module TVM printed afterwards (or the error TVM raised).
+//! `partition_for_cutlass`; or `ConvertLayout` for conv2d) and the module TVM printed
+//! afterwards (or the error TVM raised).
 //! `tests/tvm/generate.py` writes them; it needs TVM and is run by hand (see its doc).
 //!
 //! - `corpus_round_trips`: every module of the corpus, input and TVM's output, parses, verifies,
