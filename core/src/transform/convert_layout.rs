@@ -140,6 +140,8 @@ struct Converter<'a> {
     made: HashMap<(ExprId, Perm), VarId>,
     /// The bindings of the current block, as rewritten so far.
     out: Vec<Binding>,
+    /// Every var name of the function (new vars get names not in it).
+    names: HashSet<String>,
     dataflow: bool,
     changed: bool,
 }
@@ -154,12 +156,18 @@ impl Converter<'_> {
         value: ExprId,
         ty: Type,
     ) -> VarId {
-        let name = format!("{}_{suffix}", f.var(base).name);
-        let name = super::outline::unique_name(&name, &|n| f.vars.iter().any(|(_, v)| v.name == n));
+        let name = self.fresh(&format!("{}_{suffix}", f.var(base).name));
         let origin = f.var(base).origin.clone();
         let v = f.add_var_from(name, ty, self.dataflow, origin);
         self.out.push(Binding { var: v, value });
         v
+    }
+
+    /// `base`, or `base` with a number, not yet a var name of the function (then taken).
+    fn fresh(&mut self, base: &str) -> String {
+        let name = super::outline::unique_name(base, &|n| self.names.contains(n));
+        self.names.insert(name.clone());
+        name
     }
 
     /// `permute_dims(e, axes=p)`, typed by inference.
@@ -197,9 +205,7 @@ impl Converter<'_> {
             Some(b) => self.bind_new(f, b, suffix, value, ty),
             None => {
                 // A constant operand: named after nothing in particular.
-                let name = super::outline::unique_name(&format!("const_{suffix}"), &|n| {
-                    f.vars.iter().any(|(_, v)| v.name == n)
-                });
+                let name = self.fresh(&format!("const_{suffix}"));
                 let v = f.add_var(name, ty, self.dataflow);
                 self.out.push(Binding { var: v, value });
                 v
@@ -288,7 +294,6 @@ impl Converter<'_> {
                     _ => return None,
                 };
                 let (l2, o2) = (permute_layout(layout, p)?, permute_layout(out_layout, p)?);
-                perm_between(layout, &l2)?;
                 let new_op = match &op {
                     Op::MaxPool2d(a) | Op::AvgPool2d(a) => {
                         let mut a2 = (**a).clone();
@@ -385,6 +390,7 @@ fn convert_in(f: &mut Function, data: &str, kernel: &str) -> bool {
         bound: HashSet::new(),
         made: HashMap::new(),
         out: Vec::new(),
+        names: f.vars.iter().map(|(_, v)| v.name.clone()).collect(),
         dataflow: false,
         changed: false,
     };
@@ -417,6 +423,9 @@ fn convert_in(f: &mut Function, data: &str, kernel: &str) -> bool {
             dataflow: block.dataflow,
             bindings: std::mem::take(&mut c.out),
         });
+        // A dataflow var does not outlive its block: later blocks read the originals (bound
+        // again above for every var that outlives it).
+        c.held.retain(|_, &mut (h, _)| !f.var(h).dataflow);
     }
     if let Some(ret) = f.ret {
         let mut reads = Vec::new();
@@ -542,6 +551,35 @@ class Module:
         assert!(out.contains("R.reshape(lv1, R.shape([1, 256]))"), "{out}");
         assert!(
             out.contains("lv4: R.Tensor((1, 256), dtype=\"float32\") = R.add(lv2, lv3)"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_later_block_reads_the_original_of_a_value_held_in_a_dataflow_var() {
+        let src = r#"
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((1, 3, 8, 8), dtype="float32"), w: R.Tensor((3, 3, 3, 3), dtype="float32")) -> R.Tensor((1, 3, 8, 8), dtype="float32"):
+        with R.dataflow():
+            lv: R.Tensor((1, 3, 8, 8), dtype="float32") = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="void")
+            gv: R.Tensor((1, 3, 8, 8), dtype="float32") = R.nn.relu(lv)
+            R.output(gv)
+        with R.dataflow():
+            lv1: R.Tensor((1, 3, 8, 8), dtype="float32") = R.nn.conv2d(gv, w, strides=[1, 1], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="void")
+            gv1: R.Tensor((1, 3, 8, 8), dtype="float32") = R.add(lv1, gv)
+            R.output(gv1)
+        return gv1
+"#;
+        // `run` verifies: no dataflow var of the first block is read in the second.
+        let out = run(src, "NHWC", "OHWI");
+        assert!(
+            out.contains("gv_nhwc1: R.Tensor((1, 8, 8, 3), dtype=\"float32\") = R.permute_dims(gv, axes=[0, 2, 3, 1])"),
+            "{out}"
+        );
+        assert!(
+            out.contains("gv1: R.Tensor((1, 3, 8, 8), dtype=\"float32\") = R.permute_dims("),
             "{out}"
         );
     }
