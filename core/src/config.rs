@@ -79,7 +79,7 @@ pub struct PartitionConfig {
     pub max_depth: usize,
     /// Unclaimed work is an error naming each op instead of falling back to the CPU.
     pub strict: bool,
-    /// `[data, kernel]`: run ConvertLayout ([`crate::transform::convert_layout`]) after
+    /// `[data, kernel]`: run ConvertLayout ([`mod@crate::transform::convert_layout`]) after
     /// simplification, so every `conv2d` takes these layouts (`["NHWC", "OHWI"]`, what the
     /// `cutlass` backend's conv2d needs); `None` keeps the model's layouts.
     pub conv2d_layout: Option<[String; 2]>,
