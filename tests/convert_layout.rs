@@ -82,30 +82,33 @@ fn cutlass_claims_the_convolutions_once_they_are_nhwc() {
     );
 }
 
-#[test]
-fn the_converted_cnn_computes_what_the_model_computes_on_the_cpu() {
+/// `fusebox run examples/small_cnn.relax` with `configs/cpu.toml` plus `conv2d_layout =
+/// [data, kernel]` and `extra` arguments: the process's output.
+fn run_small_cnn(layout: [&str; 2], extra: &[&str]) -> std::process::Output {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("convert_layout_cpu");
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("nhwc.toml");
     let cpu = std::fs::read_to_string(root().join("configs/cpu.toml")).unwrap();
-    std::fs::write(
-        &config,
-        cpu.replace(
-            "[partition]\n",
-            "[partition]\nconv2d_layout = [\"NHWC\", \"OHWI\"]\n",
-        ),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+    let line = format!(
+        "[partition]\nconv2d_layout = [\"{}\", \"{}\"]\n",
+        layout[0], layout[1]
+    );
+    std::fs::write(&config, cpu.replace("[partition]\n", &line)).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_fusebox"))
         .arg("run")
         .arg(root().join("examples/small_cnn.relax"))
         .arg("--config")
         .arg(&config)
-        .arg("--check")
         .arg("--output-dir")
         .arg(dir.join("out"))
+        .args(extra)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn the_converted_cnn_computes_what_the_model_computes_on_the_cpu() {
+    let out = run_small_cnn(["NHWC", "OHWI"], &["--check"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -115,21 +118,7 @@ fn the_converted_cnn_computes_what_the_model_computes_on_the_cpu() {
         "{stdout}\n{stderr}"
     );
     // A layout that is not a permutation is a config error naming the key and its line.
-    std::fs::write(
-        &config,
-        cpu.replace(
-            "[partition]\n",
-            "[partition]\nconv2d_layout = [\"NHWC\", \"OHWX\"]\n",
-        ),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
-        .arg("run")
-        .arg(root().join("examples/small_cnn.relax"))
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
+    let out = run_small_cnn(["NHWC", "OHWX"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -81,45 +81,53 @@ pub(crate) fn apply_channel_steps<const N: usize>(
             let Op(steps, ch0, cols, block) = self;
             let cols = cols.min(N);
             for s in steps {
-                let ch = ch0..ch0 + cols;
                 for row in block.iter_mut() {
-                    let row = &mut row[..cols];
-                    match s {
-                        Step::Affine { mul, add } => {
-                            let (Some(k), Some(b)) = (mul.get(ch.clone()), add.get(ch.clone()))
-                            else {
-                                return;
-                            };
-                            for ((v, &k), &b) in row.iter_mut().zip(k).zip(b) {
-                                *v = v.mul_add(k, b);
-                            }
-                        }
-                        Step::Bias { b, bias_first } => {
-                            let Some(b) = b.get(ch.clone()) else {
-                                return;
-                            };
-                            if *bias_first {
-                                // `add(b, x)` in its operand order (the NaN payload it gives).
-                                #[allow(
-                                    clippy::assign_op_pattern,
-                                    reason = "b + x, not x + b: the operand order of the op"
-                                )]
-                                row.iter_mut().zip(b).for_each(|(v, &b)| *v = b + *v);
-                            } else {
-                                row.iter_mut().zip(b).for_each(|(v, &b)| *v += b);
-                            }
-                        }
-                        Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
-                        Step::Clip { lo, hi } => {
-                            row.iter_mut().for_each(|v| *v = v.max(*lo).min(*hi));
-                        }
-                        Step::Residual { .. } | Step::Program(_) => return,
+                    if !channel_step(s, ch0, &mut row[..cols]) {
+                        return;
                     }
                 }
             }
         }
     }
     crate::simd::dispatch(Op(steps, ch0, cols, block));
+}
+
+/// Applies one step of [`channel_prefix`]'s kinds to `row`, whose element `i` belongs to
+/// channel `ch0 + i`: what [`apply_steps`] gives each element. `false` (nothing done) for a
+/// residual or a program, or values missing for those channels. Inlined into the caller's SIMD
+/// dispatch.
+#[inline(always)]
+pub(super) fn channel_step(s: &Step, ch0: usize, row: &mut [f32]) -> bool {
+    let ch = ch0..ch0 + row.len();
+    match s {
+        Step::Affine { mul, add } => {
+            let (Some(k), Some(b)) = (mul.get(ch.clone()), add.get(ch)) else {
+                return false;
+            };
+            for ((v, &k), &b) in row.iter_mut().zip(k).zip(b) {
+                *v = v.mul_add(k, b);
+            }
+        }
+        Step::Bias { b, bias_first } => {
+            let Some(b) = b.get(ch) else {
+                return false;
+            };
+            if *bias_first {
+                // `add(b, x)` in its operand order (the NaN payload it gives).
+                #[allow(
+                    clippy::assign_op_pattern,
+                    reason = "b + x, not x + b: the operand order of the op"
+                )]
+                row.iter_mut().zip(b).for_each(|(v, &b)| *v = b + *v);
+            } else {
+                row.iter_mut().zip(b).for_each(|(v, &b)| *v += b);
+            }
+        }
+        Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
+        Step::Clip { lo, hi } => row.iter_mut().for_each(|v| *v = v.max(*lo).min(*hi)),
+        Step::Residual { .. } | Step::Program(_) => return false,
+    }
+    true
 }
 
 /// `relu` as a select (NaN stays NaN; negatives and `-0.0` become `+0.0`), which vectorises.

@@ -421,53 +421,26 @@ impl pulp::WithSimd for Row<'_> {
 /// Inlined into its caller's SIMD dispatch.
 #[inline(always)]
 fn apply_inline(steps: &[Step], ch0: usize, at: usize, row: &mut [f32]) {
-    {
-        {
-            let ch = ch0..ch0 + row.len();
-            for s in steps {
-                match s {
-                    Step::Affine { mul, add } => {
-                        let (Some(k), Some(b)) = (mul.get(ch.clone()), add.get(ch.clone())) else {
-                            return;
-                        };
-                        for ((v, &k), &b) in row.iter_mut().zip(k).zip(b) {
-                            *v = v.mul_add(k, b);
-                        }
-                    }
-                    Step::Bias { b, bias_first } => {
-                        let Some(b) = b.get(ch.clone()) else {
-                            return;
-                        };
-                        if *bias_first {
-                            // `add(b, x)` in its operand order (the NaN payload it gives).
-                            #[allow(
-                                clippy::assign_op_pattern,
-                                reason = "b + x, not x + b: the operand order of the op"
-                            )]
-                            row.iter_mut().zip(b).for_each(|(v, &b)| *v = b + *v);
-                        } else {
-                            row.iter_mut().zip(b).for_each(|(v, &b)| *v += b);
-                        }
-                    }
-                    Step::Residual { r, prev_first } => {
-                        let Some(src) = r.as_f32().and_then(|d| d.get(at..at + row.len())) else {
-                            return;
-                        };
-                        if *prev_first {
-                            row.iter_mut().zip(src).for_each(|(v, &q)| *v += q);
-                        } else {
-                            #[allow(
-                                clippy::assign_op_pattern,
-                                reason = "r + x, not x + r: the operand order of the op"
-                            )]
-                            row.iter_mut().zip(src).for_each(|(v, &q)| *v = q + *v);
-                        }
-                    }
-                    Step::Relu => row.iter_mut().for_each(|v| *v = super::relu(*v)),
-                    Step::Clip { lo, hi } => {
-                        row.iter_mut().for_each(|v| *v = v.max(*lo).min(*hi));
-                    }
-                    Step::Program(p) => p.0.apply(at, row),
+    for s in steps {
+        match s {
+            Step::Residual { r, prev_first } => {
+                let Some(src) = r.as_f32().and_then(|d| d.get(at..at + row.len())) else {
+                    return;
+                };
+                if *prev_first {
+                    row.iter_mut().zip(src).for_each(|(v, &q)| *v += q);
+                } else {
+                    #[allow(
+                        clippy::assign_op_pattern,
+                        reason = "r + x, not x + r: the operand order of the op"
+                    )]
+                    row.iter_mut().zip(src).for_each(|(v, &q)| *v = q + *v);
+                }
+            }
+            Step::Program(p) => p.0.apply(at, row),
+            _ => {
+                if !super::epilogue::channel_step(s, ch0, row) {
+                    return;
                 }
             }
         }
