@@ -43,6 +43,10 @@
 //!   78.1 → 77.7 ms. A depthwise convolution (one input channel per group) runs per plane:
 //!   stride-2 3×3 layers read straight from the plane with AVX-512
 //!   ([`crate::depthwise_s2`]), the others through [`crate::depthwise_flat`] or a row kernel.
+//! - `NHWC` data with an `NHWC` output (what ConvertLayout makes for `conv2d_layout =
+//!   ["NHWC", ...]`) runs in that layout ([`nhwc`]: 1×1 layers on the packed GEMM, depthwise
+//!   ones with the channels on the vector lanes, others through an `NHWC` im2col), fused chains
+//!   included; other layouts are transposed to `NCHW` and back.
 //! - The result is bit-identical for every thread count, and the same whether the weight's
 //!   Winograd transform or packed copy was cached or not.
 //! - Float dtypes compute in `f32` (`float64` too) and round once to `out_dtype` (default: the
@@ -365,7 +369,9 @@ pub(crate) fn conv2d_fused(
     prepared: Prepared<'_>,
 ) -> KResult<Tensor> {
     if !fusable(x, w, a) {
-        return Err("a fused conv2d needs a float32 result in NCHW".to_string());
+        return Err(
+            "a fused conv2d needs a float32 result in NCHW (or NHWC from NHWC data)".to_string(),
+        );
     }
     let (out_shape, axis) = out_dims(x, w, a)?;
     if let Some(s) = steps

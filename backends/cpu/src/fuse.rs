@@ -13,7 +13,8 @@
 //!
 //! - [`plan`] looks at the IR only (ops, attributes, which vars read what, the body of a
 //!   called function); [`steps`] looks at the run-time values and returns `None` whenever the
-//!   chain cannot be fused (a dtype other than `float32`, a non-`NCHW` output, a bias that is
+//!   chain cannot be fused (a dtype other than `float32`, an output neither `NCHW` nor the
+//!   `NHWC` of `NHWC` data, a bias that is
 //!   not one value per output channel, a `batch_norm` over another axis, `add` operands of
 //!   different shapes); the executor then runs the bindings one by one, so the general path
 //!   stays the reference and the fast path only ever replaces it. The executor fuses a
