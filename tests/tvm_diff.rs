@@ -424,13 +424,12 @@ fn backend_table(name: &str) -> Vec<FusionPattern> {
 
 /// Runs the case's flow with fusebox on the parsed input.
 fn run_fusebox(flow: &Flow, m: &Module) -> Result<(Module, Vec<Rejection>), String> {
-    if let Flow::ConvertLayout { data, kernel } = flow {
-        let out = fusebox_core::transform::convert_layout(m, data, kernel)
-            .map_err(|e| format!("convert_layout: {e}"))?;
-        return Ok((out, Vec::new()));
-    }
     let (patterns, opts, merge) = match flow {
-        Flow::ConvertLayout { .. } => return Err("no partitioning flow".to_string()),
+        Flow::ConvertLayout { data, kernel } => {
+            let out = fusebox_core::transform::convert_layout(m, data, kernel)
+                .map_err(|e| format!("convert_layout: {e}"))?;
+            return Ok((out, Vec::new()));
+        }
         Flow::Cublas | Flow::Cutlass => (
             backend_table(if *flow == Flow::Cublas {
                 "cublas"

@@ -405,7 +405,8 @@ pub(crate) fn conv2d_fused(
             ));
         }
     }
-    if nhwc::takes(x, w, a) {
+    if axis == 3 {
+        // `out_dims` found an NHWC convolution of the NHWC kernels.
         return nhwc::conv2d(x, w, a, steps, prepared.cols);
     }
     let (xc, wc, _, _, geom) = prepare(x, w, a)?;

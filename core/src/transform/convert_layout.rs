@@ -288,31 +288,14 @@ impl Converter<'_> {
             Op::MaxPool2d(_) | Op::AvgPool2d(_) | Op::AdaptiveAvgPool2d(_) => {
                 let x = *args.first()?;
                 let &(h, p) = self.held.get(&f.as_var(x)?)?;
-                let (layout, out_layout) = match &op {
-                    Op::MaxPool2d(a) | Op::AvgPool2d(a) => (&a.layout, &a.out_layout),
-                    Op::AdaptiveAvgPool2d(a) => (&a.layout, &a.out_layout),
+                let mut new_op = op.clone();
+                let (layout, out_layout) = match &mut new_op {
+                    Op::MaxPool2d(a) | Op::AvgPool2d(a) => (&mut a.layout, &mut a.out_layout),
+                    Op::AdaptiveAvgPool2d(a) => (&mut a.layout, &mut a.out_layout),
                     _ => return None,
                 };
-                let (l2, o2) = (permute_layout(layout, p)?, permute_layout(out_layout, p)?);
-                let new_op = match &op {
-                    Op::MaxPool2d(a) | Op::AvgPool2d(a) => {
-                        let mut a2 = (**a).clone();
-                        a2.layout = l2;
-                        a2.out_layout = o2;
-                        if matches!(op, Op::MaxPool2d(_)) {
-                            Op::MaxPool2d(Box::new(a2))
-                        } else {
-                            Op::AvgPool2d(Box::new(a2))
-                        }
-                    }
-                    Op::AdaptiveAvgPool2d(a) => {
-                        let mut a2 = (**a).clone();
-                        a2.layout = l2;
-                        a2.out_layout = o2;
-                        Op::AdaptiveAvgPool2d(Box::new(a2))
-                    }
-                    _ => return None,
-                };
+                *layout = permute_layout(layout, p)?;
+                *out_layout = permute_layout(out_layout, p)?;
                 let mut rest = vec![f.var(h).expr];
                 rest.extend_from_slice(&args[1..]);
                 (new_op, rest, p)
@@ -426,25 +409,6 @@ fn convert_in(f: &mut Function, data: &str, kernel: &str) -> bool {
         // A dataflow var does not outlive its block: later blocks read the originals (bound
         // again above for every var that outlives it).
         c.held.retain(|_, &mut (h, _)| !f.var(h).dataflow);
-    }
-    if let Some(ret) = f.ret {
-        let mut reads = Vec::new();
-        crate::ir::for_each_use(f, ret, &mut |v| reads.push(v));
-        if reads
-            .iter()
-            .any(|v| c.held.contains_key(v) && !c.bound.contains(v))
-        {
-            // Only dataflow vars could be left, and a function cannot return those.
-            c.dataflow = false;
-            for v in reads {
-                c.restore(f, v);
-            }
-            let tail = std::mem::take(&mut c.out);
-            f.blocks.push(Block {
-                dataflow: false,
-                bindings: tail,
-            });
-        }
     }
     c.changed
 }

@@ -8,9 +8,10 @@
 //!   kernel layout, and a kernel of one of the shapes below; other `NHWC` convolutions run
 //!   through the canonical `NCHW` path (transposed there and back).
 //! - A 1×1 kernel, stride 1, no padding, one group, at least [`crate::gemm_packed::MIN_ROWS`]
-//!   pixels: the data is the left operand of [`crate::gemm_packed::gemm`] as it lies (pixels ×
-//!   `C`), the weight its packed right operand (`C × O`, [`super::cols_weights`], which the
-//!   executor keeps for a constant weight); every element is one FMA chain over `C` in order.
+//!   pixels: the data is the left operand of [`crate::gemm_packed::gemm_tiles`] as it lies
+//!   (pixels × `C`), the weight its packed right operand (`C × O`, [`super::cols_weights`],
+//!   which the executor keeps for a constant weight); every element is one FMA chain over `C`
+//!   in order.
 //! - A depthwise kernel (one input channel per group, `O = C`) of any size, stride, padding
 //!   and dilation: channels on the vector lanes, each output the chain of its taps in `(ky,
 //!   kx)` order, one FMA each from `+0.0`, a tap over the padding adding `0 · w` — the chain
@@ -18,10 +19,10 @@
 //!   threads.
 //! - Any other kernel of one group (a CNN's first layer): an im2col matrix of pixels ×
 //!   `(c, ky, kx)` (the row order of the `NCHW` kernels' packed weight, so the same packed
-//!   form serves), then [`crate::gemm_packed::gemm`].
-//! - The epilogue ([`Step`]s) runs on each finished row of pixels, the channel of element `i`
-//!   of a pixel's slice being its position (bias, `batch_norm`, `relu`, `clip` per channel; a
-//!   residual or program by its offset in the `NHWC` output): each element gets the
+//!   form serves), then [`crate::gemm_packed::gemm_tiles`].
+//! - The epilogue ([`Step`]s) runs on each finished GEMM tile or row of pixels, the channel of
+//!   element `i` of a pixel's slice being its position (bias, `batch_norm`, `relu`, `clip` per
+//!   channel; a residual or program by its offset in the `NHWC` output): each element gets the
 //!   operations its ops give it, in order. Bit-identical for every thread count.
 //!
 //! ```text
