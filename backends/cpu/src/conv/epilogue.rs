@@ -198,6 +198,202 @@ fn each_residual(
     }
 }
 
+/// What a fused convolution's steps do before the `relu`/`clip` that may end them, when they
+/// have one of the shapes a micro-kernel applies to its sums in registers ([`RegSteps`]).
+#[derive(Clone, Copy)]
+enum Head<'a> {
+    None,
+    Bias { b: &'a [f32], first: bool },
+    Affine { mul: &'a [f32], add: &'a [f32] },
+}
+
+/// The steps of a fused convolution in a shape a micro-kernel applies to a run of one
+/// channel's outputs before storing them: nothing, a bias or `batch_norm`, a residual add, or
+/// a bias or `batch_norm` then a residual add, each optionally followed by a `relu` or `clip`
+/// (MobileNet's and ResNet's epilogues). [`RegSteps::apply`] runs the same per-element code as
+/// [`apply_steps`] does on the rows (the same functions), so each element gets the same bits.
+#[derive(Clone, Copy)]
+pub(crate) struct RegSteps<'a> {
+    head: Head<'a>,
+    /// The residual's data (the whole output's) and whether the sum comes first in its `add`.
+    residual: Option<(&'a [f32], bool)>,
+    post: Post,
+}
+
+impl<'a> RegSteps<'a> {
+    /// `steps` as a [`RegSteps`], or `None` when they have another shape.
+    pub(crate) fn new(steps: &'a [Step]) -> Option<RegSteps<'a>> {
+        let mut rest = steps;
+        let head = match rest.first() {
+            Some(Step::Bias { b, bias_first }) => {
+                rest = &rest[1..];
+                Head::Bias {
+                    b,
+                    first: *bias_first,
+                }
+            }
+            Some(Step::Affine { mul, add }) => {
+                rest = &rest[1..];
+                Head::Affine { mul, add }
+            }
+            _ => Head::None,
+        };
+        let residual = match rest.first() {
+            Some(Step::Residual { r, prev_first }) => {
+                rest = &rest[1..];
+                Some((r.as_f32()?, *prev_first))
+            }
+            _ => None,
+        };
+        let post = match rest {
+            [] => Post::None,
+            [Step::Relu] => Post::Relu,
+            [Step::Clip { lo, hi }] => Post::Clip(*lo, *hi),
+            _ => return None,
+        };
+        Some(RegSteps {
+            head,
+            residual,
+            post,
+        })
+    }
+
+    /// Applies the steps to `row`, outputs of channel `ch` from element `at` of the output:
+    /// what [`apply_steps`] gives them. `false` (nothing done) when a value is missing (a
+    /// channel past the steps' values, a run past the residual).
+    #[inline(always)]
+    pub(crate) fn apply(&self, ch: usize, at: usize, row: &mut [f32]) -> bool {
+        let post = self.post;
+        let src = match self.residual {
+            Some((r, first)) => match r.get(at..at + row.len()) {
+                Some(src) => Some((src, first)),
+                None => return false,
+            },
+            None => None,
+        };
+        match (self.head, src) {
+            (Head::None, None) => match post {
+                Post::None => {}
+                Post::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
+                Post::Clip(lo, hi) => row.iter_mut().for_each(|v| *v = v.max(lo).min(hi)),
+            },
+            (Head::Bias { b, first }, None) => {
+                let Some(&b) = b.get(ch) else { return false };
+                if first {
+                    each(row, post, |v| b + v);
+                } else {
+                    each(row, post, |v| v + b);
+                }
+            }
+            (Head::Affine { mul, add }, None) => {
+                let (Some(&k), Some(&b)) = (mul.get(ch), add.get(ch)) else {
+                    return false;
+                };
+                each(row, post, |v| v.mul_add(k, b));
+            }
+            (Head::None, Some((src, true))) => each2(row, src, post, |v, q| v + q),
+            (Head::None, Some((src, false))) => each2(row, src, post, |v, q| q + v),
+            (Head::Bias { b, first }, Some((src, prev_first))) => {
+                let Some(&b) = b.get(ch) else { return false };
+                if first {
+                    each_residual(row, src, post, prev_first, |v| b + v);
+                } else {
+                    each_residual(row, src, post, prev_first, |v| v + b);
+                }
+            }
+            (Head::Affine { mul, add }, Some((src, prev_first))) => {
+                let (Some(&k), Some(&b)) = (mul.get(ch), add.get(ch)) else {
+                    return false;
+                };
+                each_residual(row, src, post, prev_first, |v| v.mul_add(k, b));
+            }
+        }
+        true
+    }
+
+    /// [`RegSteps::apply`] on `N` whole vectors of one channel's outputs held in registers
+    /// (`v`, lanes in order, from element `at` of the output), as lane-wise operations that
+    /// round and select as the scalar code does (tested against [`apply_steps`] with NaN,
+    /// infinities and signed zeros). `false` (nothing done) when a value is missing.
+    #[inline(always)]
+    pub(crate) fn apply_vecs<S: pulp::Simd, const N: usize>(
+        &self,
+        simd: S,
+        ch: usize,
+        at: usize,
+        v: &mut [S::f32s; N],
+    ) -> bool {
+        let lanes = S::F32_LANES;
+        let src = match self.residual {
+            Some((r, first)) => match r.get(at..at + N * lanes) {
+                Some(src) => Some((src, first)),
+                None => return false,
+            },
+            None => None,
+        };
+        match self.head {
+            Head::None => {}
+            Head::Bias { b, first } => {
+                let Some(&b) = b.get(ch) else { return false };
+                let b = simd.splat_f32s(b);
+                for x in v.iter_mut() {
+                    *x = if first {
+                        simd.add_f32s(b, *x)
+                    } else {
+                        simd.add_f32s(*x, b)
+                    };
+                }
+            }
+            Head::Affine { mul, add } => {
+                let (Some(&k), Some(&b)) = (mul.get(ch), add.get(ch)) else {
+                    return false;
+                };
+                let (k, b) = (simd.splat_f32s(k), simd.splat_f32s(b));
+                for x in v.iter_mut() {
+                    *x = simd.mul_add_f32s(*x, k, b);
+                }
+            }
+        }
+        if let Some((src, prev_first)) = src {
+            for (x, q) in v.iter_mut().zip(src.chunks_exact(lanes)) {
+                let q: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(q));
+                *x = if prev_first {
+                    simd.add_f32s(*x, q)
+                } else {
+                    simd.add_f32s(q, *x)
+                };
+            }
+        }
+        match self.post {
+            Post::None => {}
+            Post::Relu => {
+                // `relu`: the value where it is above zero or NaN, else `+0.0`.
+                let zero = simd.splat_f32s(0.0);
+                for x in v.iter_mut() {
+                    let keep = simd.or_m32s(
+                        simd.greater_than_f32s(*x, zero),
+                        simd.not_m32s(simd.equal_f32s(*x, *x)),
+                    );
+                    *x = simd.select_f32s(keep, *x, zero);
+                }
+            }
+            Post::Clip(lo, hi) => {
+                // `x.max(lo).min(hi)` as the compiler lowers it on x86: `max(lo, x)` (`x`
+                // where they are equal or `x` is NaN), then `lo` where `x` is NaN; likewise
+                // `min(hi, ·)`, then `hi` where its operand is NaN.
+                let (lo, hi) = (simd.splat_f32s(lo), simd.splat_f32s(hi));
+                for x in v.iter_mut() {
+                    let nan = simd.not_m32s(simd.equal_f32s(*x, *x));
+                    let m = simd.select_f32s(nan, lo, simd.max_f32s(lo, *x));
+                    let nan = simd.not_m32s(simd.equal_f32s(m, m));
+                    *x = simd.select_f32s(nan, hi, simd.min_f32s(hi, m));
+                }
+            }
+        }
+        true
+    }
+}
+
 #[inline(always)]
 pub(super) fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     let mut i = 0;
@@ -294,6 +490,141 @@ mod tests {
     /// Bits of a slice, so that NaN payloads and signed zeros compare too.
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// [`RegSteps::apply_vecs`] gives each lane the bits [`apply_steps`] gives it on the row:
+    /// NaN (two payloads, also in the bias, so that an `add` of two NaNs shows which operand
+    /// it keeps), infinities, signed zeros at the clip bounds, a bias of `-0.0`, every step
+    /// shape it takes, on the widest instruction set of this CPU.
+    #[test]
+    fn steps_on_vectors_equal_the_steps_on_rows() {
+        struct Case<'a>(&'a [Step], usize, &'a [f32]);
+        impl pulp::WithSimd for Case<'_> {
+            type Output = Vec<u32>;
+            #[inline(always)]
+            fn with_simd<S: pulp::Simd>(self, simd: S) -> Vec<u32> {
+                let Case(steps, ch, vals) = self;
+                let reg = RegSteps::new(steps).unwrap_or_else(|| panic!("{steps:?}"));
+                let mut out = Vec::new();
+                for chunk in vals.chunks_exact(2 * S::F32_LANES) {
+                    let mut v: [S::f32s; 2] = std::array::from_fn(|i| {
+                        bytemuck::pod_read_unaligned(bytemuck::cast_slice(
+                            &chunk[i * S::F32_LANES..(i + 1) * S::F32_LANES],
+                        ))
+                    });
+                    let at = out.len();
+                    assert!(reg.apply_vecs(simd, ch, at, &mut v));
+                    let lanes: &[f32] = bytemuck::cast_slice(&v[..]);
+                    out.extend(lanes.iter().map(|x| x.to_bits()));
+                }
+                out
+            }
+        }
+        let nan_a = f32::from_bits(0x7fc0_0123);
+        let nan_b = f32::from_bits(0xffc0_0456);
+        let special = [
+            nan_a,
+            nan_b,
+            -0.0,
+            0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            6.0,
+            -6.0,
+            0.5,
+            -0.5,
+            1e-40,
+            -1e-40,
+            7.25,
+            -3.5,
+            1.0,
+            -1.0,
+        ];
+        // 64 values: every special value against every lane position of two 16-lane vectors.
+        let vals: Vec<f32> = (0..64).map(|i| special[(i * 7 + i / 16) % 16]).collect();
+        let residual = Tensor::from_f32(
+            vec![1, 1, 1, 64],
+            (0..64).map(|i| special[(i * 5 + 3) % 16]).collect(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // Channel 2 has a NaN bias, channel 3 a bias of -0.0.
+        let b = vec![0.25, -1.5, nan_b, -0.0];
+        let k = vec![2.0, -0.5, 0.0, nan_a];
+        let mut chains: Vec<Vec<Step>> = Vec::new();
+        let posts = [
+            vec![],
+            vec![Step::Relu],
+            vec![Step::Clip { lo: 0.0, hi: 6.0 }],
+            vec![Step::Clip { lo: -0.0, hi: 0.0 }],
+        ];
+        for post in &posts {
+            for head in [
+                vec![],
+                vec![Step::Bias {
+                    b: b.clone(),
+                    bias_first: false,
+                }],
+                vec![Step::Bias {
+                    b: b.clone(),
+                    bias_first: true,
+                }],
+                vec![Step::Affine {
+                    mul: k.clone(),
+                    add: b.clone(),
+                }],
+            ] {
+                for res in [None, Some(true), Some(false)] {
+                    let mut steps = head.clone();
+                    if let Some(prev_first) = res {
+                        steps.push(Step::Residual {
+                            r: residual.clone(),
+                            prev_first,
+                        });
+                    }
+                    steps.extend(post.iter().cloned());
+                    chains.push(steps);
+                }
+            }
+        }
+        for steps in &chains {
+            for ch in 0..4 {
+                let want: Vec<u32> = vals
+                    .chunks_exact(32)
+                    .enumerate()
+                    .flat_map(|(i, chunk)| {
+                        let mut row = chunk.to_vec();
+                        apply_steps(steps, ch, i * 32, &mut row);
+                        bits(&row)
+                    })
+                    .collect();
+                let got = crate::simd::dispatch(Case(steps, ch, &vals));
+                // Where an operation met two NaNs (the value and the residual, a NaN bias or
+                // a NaN scale), which payload it keeps is the compiler's choice (it may commute
+                // the operands, in the row code as here): both NaN is all that holds there.
+                let two_nans = |i: usize| {
+                    let res = steps.iter().any(|s| matches!(s, Step::Residual { .. }));
+                    let bias = steps
+                        .iter()
+                        .any(|s| matches!(s, Step::Bias { .. } | Step::Affine { .. }));
+                    let affine = steps.iter().any(|s| matches!(s, Step::Affine { .. }));
+                    let nans = [
+                        vals[i].is_nan(),
+                        res && residual.as_f32().is_some_and(|r| r[i].is_nan()),
+                        bias && b[ch].is_nan(),
+                        affine && k[ch].is_nan(),
+                    ];
+                    nans.iter().filter(|&&n| n).count() >= 2
+                };
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    let nans = f32::from_bits(g).is_nan() && f32::from_bits(w).is_nan();
+                    assert!(
+                        g == w || (nans && two_nans(i)),
+                        "{steps:?} on channel {ch}, lane {i}: {g:#x} against {w:#x}"
+                    );
+                }
+                assert_eq!(got.len(), want.len());
+            }
+        }
     }
 
     /// Per-channel steps on a block of pixels × channels (before the write-back of the column

@@ -1,0 +1,487 @@
+//! The 1×1 convolution of an `NCHW` image on a large plane with few input channels: `y = w · x`
+//! with `w` the weight (`m × k`: output by input channels), `x` the image (`k × n`: channels
+//! by pixels, read where it lies) and `y` the output (`m × n`), each block of sums finished in
+//! registers (bias, `batch_norm`, residual add, `relu`, `clip`: [`RegSteps`]) and stored once.
+//!
+//! Contract:
+//!
+//! - Every element of `y` is one chain of `f32` fused multiply-adds over `k` in order, from
+//!   `+0.0`: `y = fma(w[i][p], x[p][j], y)` for `p = 0..k`, computed whole by one micro-kernel
+//!   call, then the epilogue's steps as [`RegSteps::apply`] gives them (the code the row
+//!   epilogue runs). The result does not depend on the tiling or the thread count.
+//! - AVX-512 only (16-lane vectors; [`takes`] says no elsewhere and the convolution keeps
+//!   `faer`'s GEMM). The micro-kernel holds 8 output channels × 48 pixels (3 vectors) in 24 of
+//!   the 32 registers over all of `k`: per step, 3 loads of a row of `x` and 8 broadcast
+//!   weights from a copy of `w` interleaved by step (made once per call). A task takes a run of
+//!   whole 48-pixel panels; for each panel every block of 8 channels runs in turn, so the
+//!   panel (`k × 48` values) is read from memory once and then from L1. A last panel of fewer
+//!   than 48 pixels is copied into a zero-padded one.
+//! - Why not `faer` here: its GEMM writes the sums, and the epilogue then reads and writes the
+//!   whole output again; with `k` of 16–64 the output is as large as the work, and that pass
+//!   was a fifth of the layer (MobileNetV2's 16 → 96 on 112×112 with bias and ReLU6, one
+//!   thread: 0.597 ms, 0.492 ms without the epilogue; bench/RESULTS.md, session ak).
+//!
+//! ```text
+//! lv = R.nn.conv2d(x, w)   # x: (1, 16, 112, 112), w: (96, 16, 1, 1)
+//! gv = R.clip(R.add(lv, b), 0, 6)
+//! ; w (96 × 16) · x (16 × 12544, in place): 262 panels of 48 pixels (the last padded), 12
+//! ; blocks of 8 channels each; each block's sums + b, clipped, stored from the registers
+//! ```
+
+use super::epilogue::RegSteps;
+use crate::util::KResult;
+
+/// Output channels per micro-kernel block.
+const MR: usize = 4;
+
+/// Pixels per panel: 3 vectors of 16 lanes.
+const NV: usize = 6;
+const NR: usize = NV * 16;
+
+/// About this many output elements per task (a task's output stays in L2 until written back).
+const TASK_ELEMS: usize = 1 << 15;
+
+/// The most input channels [`takes`] accepts: past them a panel (`k × 48` values) no longer
+/// stays in L1 for the blocks of channels, and `faer`'s blocking wins.
+pub(crate) const MAX_K: usize = 32;
+
+/// The fewest pixels [`takes`] accepts (smaller planes leave much of the last panel empty).
+pub(crate) const MIN_PIXELS: usize = 28 * 28;
+
+/// Whether this kernel computes a 1×1 convolution of `m` output and `k` input channels on `n`
+/// pixels on this CPU.
+pub(crate) fn takes(m: usize, k: usize, n: usize) -> bool {
+    m >= MR && (1..=MAX_K).contains(&k) && n >= MIN_PIXELS && crate::simd::avx512()
+}
+
+/// `y = w · x` then `steps` on up to `threads` threads (see the module doc): `w` `m × k`, `x`
+/// `k × n`, `y` `m × n`, all row-major; element `(i, j)` of `y` is element `base + i·n + j`
+/// of the output the steps' residual and values refer to.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a GEMM's operands, sizes and epilogue"
+)]
+pub(crate) fn conv1x1(
+    m: usize,
+    k: usize,
+    n: usize,
+    w: &[f32],
+    x: &[f32],
+    y: &mut [f32],
+    threads: usize,
+    steps: RegSteps<'_>,
+    base: usize,
+) -> KResult<()> {
+    if w.len() != m * k || x.len() != k * n || y.len() != m * n {
+        return Err(format!(
+            "pointwise: {m}x{k} @ {k}x{n} needs {}, {} and {} elements, found {}, {} and {}",
+            m * k,
+            k * n,
+            m * n,
+            w.len(),
+            x.len(),
+            y.len()
+        ));
+    }
+    if !takes(m, k, n) {
+        return Err(format!(
+            "pointwise: the kernel takes AVX-512, at least {MR} output channels, 1 to {MAX_K} \
+             input channels and {MIN_PIXELS} pixels; found {m}, {k} and {n}"
+        ));
+    }
+    // The weights in blocks of MR rows, each step-major (`k × MR`), the last block's missing
+    // rows zero.
+    let blocks = m.div_ceil(MR);
+    let mut wpack = vec![0.0f32; blocks * k * MR];
+    for (b, dst) in wpack.chunks_exact_mut(k * MR).enumerate() {
+        for r in 0..MR.min(m - b * MR) {
+            let row = &w[(b * MR + r) * k..(b * MR + r + 1) * k];
+            for (p, &v) in row.iter().enumerate() {
+                dst[p * MR + r] = v;
+            }
+        }
+    }
+    // Tasks of whole panels, as many as the output's size asks for, rounded up to a multiple
+    // of the thread count, their panels dealt evenly (the last panel may be narrow).
+    let panels = n.div_ceil(NR);
+    let count = (m * n)
+        .div_ceil(TASK_ELEMS)
+        .next_multiple_of(threads.max(1))
+        .clamp(1, panels.max(1));
+    let bounds: Vec<usize> = (0..=count)
+        .map(|t| (panels * t / count * NR).min(n))
+        .collect();
+    let mut split: Vec<(usize, Vec<&mut [f32]>)> = bounds[..count]
+        .iter()
+        .map(|&c0| (c0, Vec::with_capacity(m)))
+        .collect();
+    for row in y.chunks_exact_mut(n) {
+        let mut rest = row;
+        for ((_, rows), w) in split.iter_mut().zip(bounds.windows(2)) {
+            let (run, tail) = rest.split_at_mut(w[1] - w[0]);
+            rows.push(run);
+            rest = tail;
+        }
+    }
+    let tasks = split;
+    let threads = threads.min(tasks.len()).max(1);
+    let wpack = &wpack[..];
+    crate::par::run_tasks(tasks, threads, |(c0, mut rows)| {
+        crate::simd::dispatch(Task {
+            wpack,
+            k,
+            x,
+            n,
+            c0,
+            rows: &mut rows,
+            steps,
+            base,
+        })
+    })
+}
+
+/// One task: columns `c0..` of every row of `y` (`rows`, one slice each).
+struct Task<'a, 'r, 'y> {
+    wpack: &'a [f32],
+    k: usize,
+    x: &'a [f32],
+    n: usize,
+    c0: usize,
+    rows: &'r mut [&'y mut [f32]],
+    steps: RegSteps<'a>,
+    base: usize,
+}
+
+impl pulp::WithSimd for Task<'_, '_, '_> {
+    type Output = KResult<()>;
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) -> KResult<()> {
+        let Task {
+            wpack,
+            k,
+            x,
+            n,
+            c0,
+            rows,
+            steps,
+            base,
+        } = self;
+        if S::F32_LANES != 16 {
+            return Err(format!(
+                "pointwise: the kernel needs 16-lane vectors, this CPU runs {}",
+                S::F32_LANES
+            ));
+        }
+        let cols = rows.first().map_or(0, |r| r.len());
+        let whole = cols / NR;
+        // Whole panels, read in place; nothing on this path calls out, so the sums stay in
+        // registers from the last multiply-add to their store.
+        for j in 0..whole {
+            let (j0, col) = (j * NR, c0 + j * NR);
+            let panel = &x[col..];
+            for (b, wb) in wpack.chunks_exact(k * MR).enumerate() {
+                let acc = block(simd, wb, panel, n, k);
+                let mut row = Row {
+                    simd,
+                    steps,
+                    rows,
+                    ch0: b * MR,
+                    j0,
+                    at: base + b * MR * n + col,
+                    n,
+                };
+                let ok = row.finish::<0>(&acc)
+                    & row.finish::<1>(&acc)
+                    & row.finish::<2>(&acc)
+                    & row.finish::<3>(&acc);
+                if !ok {
+                    return Err(missing(b * MR));
+                }
+            }
+        }
+        // A narrow last panel: a zero-padded copy, the sums through an array and the row
+        // epilogue.
+        let width = cols - whole * NR;
+        if width > 0 {
+            let (j0, col) = (whole * NR, c0 + whole * NR);
+            let mut panel = vec![0.0f32; k * NR];
+            for (d, row) in panel.chunks_exact_mut(NR).zip(x.chunks_exact(n)) {
+                d[..width].copy_from_slice(&row[col..col + width]);
+            }
+            for (b, wb) in wpack.chunks_exact(k * MR).enumerate() {
+                let acc = block(simd, wb, &panel, NR, k);
+                for (r, v) in acc.iter().enumerate() {
+                    let ch = b * MR + r;
+                    let Some(row) = rows.get_mut(ch) else { break };
+                    let dst = &mut row[j0..j0 + width];
+                    let vals: &[f32] = bytemuck::cast_slice(&v[..]);
+                    dst.copy_from_slice(&vals[..width]);
+                    if !steps.apply(ch, base + ch * n + col, dst) {
+                        return Err(missing(ch));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error of a step without values for a channel (`conv2d_fused` checks them first).
+fn missing(ch: usize) -> String {
+    format!("pointwise: the epilogue has no values for channel {ch}")
+}
+
+const _: () = assert!(
+    MR == 4,
+    "Task::with_simd finishes rows 0 to 3 of each block"
+);
+
+/// Where a block's rows go: channels `ch0..ch0 + MR` of the task's rows, columns
+/// `j0..j0 + NR`, element `at` of the output for the block's first row.
+struct Row<'s, 'r, 'y, S: pulp::Simd> {
+    simd: S,
+    steps: RegSteps<'s>,
+    rows: &'r mut [&'y mut [f32]],
+    ch0: usize,
+    j0: usize,
+    at: usize,
+    n: usize,
+}
+
+impl<S: pulp::Simd> Row<'_, '_, '_, S> {
+    /// Row `R` of the block (nothing past the last channel): the steps on its sums in
+    /// registers, then one store per vector. `false` when a step has no values for it.
+    #[inline(always)]
+    fn finish<const R: usize>(&mut self, acc: &[[S::f32s; NV]; MR]) -> bool {
+        let ch = self.ch0 + R;
+        let Some(dst) = self
+            .rows
+            .get_mut(ch)
+            .and_then(|row| row.get_mut(self.j0..self.j0 + NR))
+        else {
+            return true;
+        };
+        let mut v = acc[R];
+        let ok = self
+            .steps
+            .apply_vecs(self.simd, ch, self.at + R * self.n, &mut v);
+        for (d, v) in dst.chunks_exact_mut(16).zip(&v) {
+            d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(v)));
+        }
+        ok
+    }
+}
+
+/// [`MR`] channels × [`NR`] pixels: `Σ_p wb[p][r] · panel[p · stride + j]`, one FMA per step in
+/// order from `+0.0`, held in registers over all of `k`.
+#[inline(always)]
+fn block<S: pulp::Simd>(
+    simd: S,
+    wb: &[f32],
+    panel: &[f32],
+    stride: usize,
+    k: usize,
+) -> [[S::f32s; NV]; MR] {
+    let zero = simd.splat_f32s(0.0);
+    let mut acc = [[zero; NV]; MR];
+    for p in 0..k {
+        let (Some(wv), Some(xp)) = (
+            wb.get(p * MR..(p + 1) * MR),
+            panel.get(p * stride..p * stride + NR),
+        ) else {
+            break;
+        };
+        let xv: [S::f32s; NV] = std::array::from_fn(|v| {
+            bytemuck::pod_read_unaligned(bytemuck::cast_slice(&xp[v * 16..(v + 1) * 16]))
+        });
+        for (acc, &wv) in acc.iter_mut().zip(wv) {
+            let wv = simd.splat_f32s(wv);
+            for (a, &xv) in acc.iter_mut().zip(&xv) {
+                *a = simd.mul_add_f32s(wv, xv, *a);
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::panic, reason = "test code: a failure is a panic")]
+
+    use super::super::epilogue::{Step, apply_steps};
+    use super::*;
+    use fusebox_core::runtime::Tensor;
+
+    /// Deterministic values in [-1, 1) with some exact zeros, from a seed.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if i % 11 == 5 {
+                    0.0
+                } else {
+                    (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                }
+            })
+            .collect()
+    }
+
+    /// The contract's definition, written without the kernel: one scalar `mul_add` chain per
+    /// element over `k` in order from `+0.0`, then the steps on each row by the row epilogue.
+    fn definition(m: usize, k: usize, n: usize, w: &[f32], x: &[f32], steps: &[Step]) -> Vec<u32> {
+        let mut y = vec![0.0f32; m * n];
+        for i in 0..m {
+            let row = &mut y[i * n..(i + 1) * n];
+            for (j, out) in row.iter_mut().enumerate() {
+                let mut acc = 0.0f32;
+                for p in 0..k {
+                    acc = w[i * k + p].mul_add(x[p * n + j], acc);
+                }
+                *out = acc;
+            }
+            apply_steps(steps, i, i * n, row);
+        }
+        y.iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn every_element_is_the_fma_chain_then_the_steps_for_shapes_and_thread_counts() {
+        if !crate::simd::avx512() {
+            let mut y = vec![0.0; 8 * MIN_PIXELS];
+            let steps = RegSteps::new(&[]).unwrap_or_else(|| panic!("no steps"));
+            let err = conv1x1(
+                8,
+                1,
+                MIN_PIXELS,
+                &[0.0; 8],
+                &vec![0.0; MIN_PIXELS],
+                &mut y,
+                1,
+                steps,
+                0,
+            )
+            .unwrap_err();
+            assert!(err.contains("AVX-512"), "{err}");
+            return;
+        }
+        // Rows not a multiple of 8; panels whole and a narrow last one; MobileNetV2's 16 → 96
+        // and 32 → 16 on 56×56; k = 1 and the largest k taken.
+        for (m, k, n) in [
+            (8usize, 1usize, 784usize),
+            (13, 17, 800),
+            (16, 32, 3_136),
+            (96, 16, 3_136),
+            (20, MAX_K, 1_000),
+        ] {
+            let w = values(m * k, (m * 7 + k) as u64);
+            let x = values(k * n, (n * 3 + k) as u64);
+            let mut special = values(m * n, 99);
+            special[..6].copy_from_slice(&[f32::NAN, -0.0, 0.0, f32::INFINITY, -7.0, 7.0]);
+            let residual =
+                Tensor::from_f32(vec![1, m, 1, n], special).unwrap_or_else(|e| panic!("{e}"));
+            let b: Vec<f32> = values(m, 5).iter().map(|v| v * 3.0).collect();
+            let chains: Vec<Vec<Step>> = vec![
+                vec![],
+                vec![
+                    Step::Bias {
+                        b: b.clone(),
+                        bias_first: false,
+                    },
+                    Step::Clip { lo: 0.0, hi: 6.0 },
+                ],
+                vec![
+                    Step::Bias {
+                        b: b.clone(),
+                        bias_first: true,
+                    },
+                    Step::Relu,
+                ],
+                vec![Step::Affine {
+                    mul: b.clone(),
+                    add: values(m, 6),
+                }],
+                vec![
+                    Step::Bias {
+                        b: b.clone(),
+                        bias_first: false,
+                    },
+                    Step::Residual {
+                        r: residual.clone(),
+                        prev_first: true,
+                    },
+                ],
+                vec![
+                    Step::Affine {
+                        mul: b.clone(),
+                        add: values(m, 7),
+                    },
+                    Step::Residual {
+                        r: residual.clone(),
+                        prev_first: false,
+                    },
+                    Step::Relu,
+                ],
+                vec![
+                    Step::Residual {
+                        r: residual.clone(),
+                        prev_first: false,
+                    },
+                    Step::Clip { lo: -0.5, hi: 0.5 },
+                ],
+                vec![Step::Relu],
+            ];
+            for steps in &chains {
+                let want = definition(m, k, n, &w, &x, steps);
+                let reg = RegSteps::new(steps).unwrap_or_else(|| panic!("{steps:?} not taken"));
+                for threads in [1, 2, 3] {
+                    let mut y = vec![f32::NAN; m * n];
+                    crate::par::with_threads(threads, || {
+                        conv1x1(m, k, n, &w, &x, &mut y, threads, reg, 0)
+                    })
+                    .unwrap_or_else(|e| panic!("{e}"));
+                    let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                    assert!(got == want, "{m}x{k}x{n}, {steps:?}, {threads} threads");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn other_step_shapes_wrong_sizes_and_small_shapes_are_refused() {
+        let b = vec![1.0; 8];
+        assert!(RegSteps::new(&[Step::Relu, Step::Relu]).is_none());
+        assert!(
+            RegSteps::new(&[
+                Step::Clip { lo: 0.0, hi: 6.0 },
+                Step::Bias {
+                    b: b.clone(),
+                    bias_first: false
+                }
+            ])
+            .is_none()
+        );
+        let steps = RegSteps::new(&[]).unwrap_or_else(|| panic!("no steps"));
+        let mut y = vec![0.0; 8 * 3];
+        let err = conv1x1(8, 2, 3, &[0.0; 16], &[0.0; 5], &mut y, 1, steps, 0).unwrap_err();
+        assert!(err.contains("8x2 @ 2x3"), "{err}");
+        let mut y = vec![0.0; 3 * MIN_PIXELS];
+        let err = conv1x1(
+            3,
+            1,
+            MIN_PIXELS,
+            &[0.0; 3],
+            &vec![0.0; MIN_PIXELS],
+            &mut y,
+            1,
+            steps,
+            0,
+        )
+        .unwrap_err();
+        assert!(err.contains("at least 4 output channels"), "{err}");
+        assert!(!takes(96, MAX_K + 1, 12_544));
+        assert!(!takes(96, 16, MIN_PIXELS - 1));
+    }
+}
