@@ -10,22 +10,31 @@
 //!   call, then the epilogue's steps as [`RegSteps::apply`] gives them (the code the row
 //!   epilogue runs). The result does not depend on the tiling or the thread count.
 //! - AVX-512 only (16-lane vectors; [`takes`] says no elsewhere and the convolution keeps
-//!   `faer`'s GEMM). The micro-kernel holds 8 output channels × 48 pixels (3 vectors) in 24 of
-//!   the 32 registers over all of `k`: per step, 3 loads of a row of `x` and 8 broadcast
-//!   weights from a copy of `w` interleaved by step (made once per call). A task takes a run of
-//!   whole 48-pixel panels; for each panel every block of 8 channels runs in turn, so the
-//!   panel (`k × 48` values) is read from memory once and then from L1. A last panel of fewer
-//!   than 48 pixels is copied into a zero-padded one.
+//!   `faer`'s GEMM). The micro-kernel holds 4 output channels × 96 pixels (6 vectors) in 24 of
+//!   the 32 registers over all of `k`: per step, 6 loads of a row of `x` and 4 broadcast
+//!   weights from a copy of `w` interleaved by step (made once per call) — `faer`'s own
+//!   `m96_n4` shape (an 8 × 48 block, 8 broadcasts per 24 multiply-adds, ran slower). Tasks
+//!   are runs of whole 96-pixel panels by bands of channels; for each panel every block of 4
+//!   channels runs in turn, so the panel (`k × 96` values) comes from memory once and then
+//!   from L1. The last panel of a row, when narrower, runs as the fewest vectors that cover
+//!   it, on a zero-padded copy.
+//! - The sums of a whole panel stay in registers from the last multiply-add through the
+//!   epilogue to one store per vector: the rows of a block are finished with constant
+//!   indices and nothing on that path calls out (a `memcpy` or a loop over the rows had the
+//!   compiler spill all 24 to the stack and load them back).
 //! - Why not `faer` here: its GEMM writes the sums, and the epilogue then reads and writes the
-//!   whole output again; with `k` of 16–64 the output is as large as the work, and that pass
-//!   was a fifth of the layer (MobileNetV2's 16 → 96 on 112×112 with bias and ReLU6, one
-//!   thread: 0.597 ms, 0.492 ms without the epilogue; bench/RESULTS.md, session ak).
+//!   whole output again; with 16–32 input channels the output is as large as the work, and
+//!   that pass was a fifth of the layer (MobileNetV2's 16 → 96 on 112×112 with bias and
+//!   ReLU6, one thread: 0.597 ms, 0.492 without the epilogue). One layer, one thread, minima
+//!   of alternated runs: that layer 0.588 → 0.503 ms, 32 → 16 on 112×112 0.161 → 0.137, 24 →
+//!   144 on 56×56 0.277 → 0.242, 32 → 192 on 28×28 0.121 → 0.106 (bench/RESULTS.md,
+//!   session ak).
 //!
 //! ```text
 //! lv = R.nn.conv2d(x, w)   # x: (1, 16, 112, 112), w: (96, 16, 1, 1)
 //! gv = R.clip(R.add(lv, b), 0, 6)
-//! ; w (96 × 16) · x (16 × 12544, in place): 262 panels of 48 pixels (the last padded), 12
-//! ; blocks of 8 channels each; each block's sums + b, clipped, stored from the registers
+//! ; w (96 × 16) · x (16 × 12544, in place): 130 panels of 96 pixels and one of 64 (4
+//! ; vectors), 24 blocks of 4 channels each; each block's sums + b, clipped, stored once
 //! ```
 
 use super::epilogue::RegSteps;
@@ -34,18 +43,23 @@ use crate::util::KResult;
 /// Output channels per micro-kernel block.
 const MR: usize = 4;
 
-/// Pixels per panel: 3 vectors of 16 lanes.
+/// Pixels per panel: 6 vectors of 16 lanes.
 const NV: usize = 6;
 const NR: usize = NV * 16;
 
 /// About this many output elements per task (a task's output stays in L2 until written back).
 const TASK_ELEMS: usize = 1 << 15;
 
-/// The most input channels [`takes`] accepts: past them a panel (`k × 48` values) no longer
-/// stays in L1 for the blocks of channels, and `faer`'s blocking wins.
+/// The most input channels [`takes`] accepts. One-layer models (conv + bias + clip), against
+/// `faer` and the row epilogue, minima of alternated runs (bench/RESULTS.md, session ak): with
+/// 16–32 input channels faster on every plane of 28×28 and more, one and two threads; with
+/// 64–96 on 56×56 faster on one thread but even or slower on two (64 → 256: 0.585 against
+/// 0.573 ms), with 128 and more on 28×28 slower (`faer` blocks `k` so that its panel stays in
+/// L1; here a panel of `k × 96` values is read again by every block of channels).
 pub(crate) const MAX_K: usize = 32;
 
-/// The fewest pixels [`takes`] accepts (smaller planes leave much of the last panel empty).
+/// The fewest pixels [`takes`] accepts: on 14×14 planes (three panels, the channels split
+/// between the threads too) 96 → 576 took 0.157 ms against `faer`'s 0.128 on two threads.
 pub(crate) const MIN_PIXELS: usize = 28 * 28;
 
 /// Whether this kernel computes a 1×1 convolution of `m` output and `k` input channels on `n`
@@ -101,37 +115,50 @@ pub(crate) fn conv1x1(
             }
         }
     }
-    // Tasks of whole panels, as many as the output's size asks for, rounded up to a multiple
-    // of the thread count, their panels dealt evenly (the last panel may be narrow).
+    // Tasks: runs of whole panels by bands of whole blocks of channels, as many as the
+    // output's size asks for and at least one per thread (a 14×14 plane has three panels:
+    // its channels are split too), the panels and blocks dealt evenly.
     let panels = n.div_ceil(NR);
-    let count = (m * n)
+    let want = (m * n)
         .div_ceil(TASK_ELEMS)
         .next_multiple_of(threads.max(1))
-        .clamp(1, panels.max(1));
-    let bounds: Vec<usize> = (0..=count)
-        .map(|t| (panels * t / count * NR).min(n))
+        .max(1);
+    let runs = want.min(panels).max(1);
+    let bands = want.div_ceil(runs).clamp(1, blocks);
+    let cols: Vec<usize> = (0..=runs)
+        .map(|t| (panels * t / runs * NR).min(n))
         .collect();
-    let mut split: Vec<(usize, Vec<&mut [f32]>)> = bounds[..count]
-        .iter()
-        .map(|&c0| (c0, Vec::with_capacity(m)))
+    let chans: Vec<usize> = (0..=bands)
+        .map(|t| (blocks * t / bands * MR).min(m))
         .collect();
-    for row in y.chunks_exact_mut(n) {
+    let mut tasks: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::with_capacity(runs * bands);
+    for band in chans.windows(2) {
+        for run in cols.windows(2) {
+            tasks.push((band[0], run[0], Vec::with_capacity(band[1] - band[0])));
+        }
+    }
+    for (i, row) in y.chunks_exact_mut(n).enumerate() {
+        let band = chans.windows(2).position(|b| i < b[1]).unwrap_or(0);
         let mut rest = row;
-        for ((_, rows), w) in split.iter_mut().zip(bounds.windows(2)) {
-            let (run, tail) = rest.split_at_mut(w[1] - w[0]);
-            rows.push(run);
+        for ((_, _, rows), run) in tasks[band * runs..(band + 1) * runs]
+            .iter_mut()
+            .zip(cols.windows(2))
+        {
+            let (part, tail) = rest.split_at_mut(run[1] - run[0]);
+            rows.push(part);
             rest = tail;
         }
     }
-    let tasks = split;
     let threads = threads.min(tasks.len()).max(1);
     let wpack = &wpack[..];
-    crate::par::run_tasks(tasks, threads, |(c0, mut rows)| {
+    crate::par::run_tasks(tasks, threads, |(ch0, c0, mut rows)| {
+        let blocks = ch0 / MR..(ch0 + rows.len()).div_ceil(MR);
         crate::simd::dispatch(Task {
-            wpack,
+            wpack: &wpack[blocks.start * k * MR..blocks.end * k * MR],
             k,
             x,
             n,
+            ch0,
             c0,
             rows: &mut rows,
             steps,
@@ -140,12 +167,14 @@ pub(crate) fn conv1x1(
     })
 }
 
-/// One task: columns `c0..` of every row of `y` (`rows`, one slice each).
+/// One task: rows `ch0..` of `y` (`rows`, one slice each, a multiple of [`MR`] from the
+/// first), columns `c0..`; `wpack` holds the blocks of those rows.
 struct Task<'a, 'r, 'y> {
     wpack: &'a [f32],
     k: usize,
     x: &'a [f32],
     n: usize,
+    ch0: usize,
     c0: usize,
     rows: &'r mut [&'y mut [f32]],
     steps: RegSteps<'a>,
@@ -161,6 +190,7 @@ impl pulp::WithSimd for Task<'_, '_, '_> {
             k,
             x,
             n,
+            ch0,
             c0,
             rows,
             steps,
@@ -180,14 +210,15 @@ impl pulp::WithSimd for Task<'_, '_, '_> {
             let (j0, col) = (j * NR, c0 + j * NR);
             let panel = &x[col..];
             for (b, wb) in wpack.chunks_exact(k * MR).enumerate() {
-                let acc = block(simd, wb, panel, n, k);
+                let acc = block::<S, NV>(simd, wb, panel, n, k);
                 let mut row = Row {
                     simd,
                     steps,
                     rows,
-                    ch0: b * MR,
+                    first: b * MR,
+                    ch: ch0 + b * MR,
                     j0,
-                    at: base + b * MR * n + col,
+                    at: base + (ch0 + b * MR) * n + col,
                     n,
                 };
                 let ok = row.finish::<0>(&acc)
@@ -195,30 +226,79 @@ impl pulp::WithSimd for Task<'_, '_, '_> {
                     & row.finish::<2>(&acc)
                     & row.finish::<3>(&acc);
                 if !ok {
-                    return Err(missing(b * MR));
+                    return Err(missing(ch0 + b * MR));
                 }
             }
         }
-        // A narrow last panel: a zero-padded copy, the sums through an array and the row
-        // epilogue.
+        // A narrow last panel, as few vectors as cover it.
         let width = cols - whole * NR;
-        if width > 0 {
-            let (j0, col) = (whole * NR, c0 + whole * NR);
-            let mut panel = vec![0.0f32; k * NR];
-            for (d, row) in panel.chunks_exact_mut(NR).zip(x.chunks_exact(n)) {
-                d[..width].copy_from_slice(&row[col..col + width]);
-            }
-            for (b, wb) in wpack.chunks_exact(k * MR).enumerate() {
-                let acc = block(simd, wb, &panel, NR, k);
-                for (r, v) in acc.iter().enumerate() {
-                    let ch = b * MR + r;
-                    let Some(row) = rows.get_mut(ch) else { break };
-                    let dst = &mut row[j0..j0 + width];
-                    let vals: &[f32] = bytemuck::cast_slice(&v[..]);
-                    dst.copy_from_slice(&vals[..width]);
-                    if !steps.apply(ch, base + ch * n + col, dst) {
-                        return Err(missing(ch));
-                    }
+        let narrow = Narrow {
+            simd,
+            wpack,
+            k,
+            x,
+            n,
+            ch0,
+            j0: whole * NR,
+            col: c0 + whole * NR,
+            width,
+            steps,
+            base,
+        };
+        match width.div_ceil(16) {
+            0 => Ok(()),
+            1 => narrow.run::<1>(rows),
+            2 => narrow.run::<2>(rows),
+            3 => narrow.run::<3>(rows),
+            4 => narrow.run::<4>(rows),
+            5 => narrow.run::<5>(rows),
+            _ => narrow.run::<6>(rows),
+        }
+    }
+}
+
+/// A task's last panel of `width` (< [`NR`]) pixels: columns `j0..` of its rows, `col..` of
+/// the image.
+struct Narrow<'a, S: pulp::Simd> {
+    simd: S,
+    wpack: &'a [f32],
+    k: usize,
+    x: &'a [f32],
+    n: usize,
+    ch0: usize,
+    j0: usize,
+    col: usize,
+    width: usize,
+    steps: RegSteps<'a>,
+    base: usize,
+}
+
+impl<S: pulp::Simd> Narrow<'_, S> {
+    /// The panel as `V` vectors (`16·V ≥ width`): a zero-padded copy, the sums through an
+    /// array, the row epilogue on the slices.
+    #[inline(always)]
+    fn run<const V: usize>(&self, rows: &mut [&mut [f32]]) -> KResult<()> {
+        let (k, n, width, col, j0) = (self.k, self.n, self.width, self.col, self.j0);
+        let w = 16 * V;
+        if width > w {
+            return Err(format!("pointwise: {width} pixels in a panel of {w}"));
+        }
+        let mut panel = vec![0.0f32; k * w];
+        for (d, row) in panel.chunks_exact_mut(w).zip(self.x.chunks_exact(n)) {
+            d[..width].copy_from_slice(&row[col..col + width]);
+        }
+        for (b, wb) in self.wpack.chunks_exact(k * MR).enumerate() {
+            let acc = block::<S, V>(self.simd, wb, &panel, w, k);
+            for (r, v) in acc.iter().enumerate() {
+                let ch = self.ch0 + b * MR + r;
+                let Some(row) = rows.get_mut(b * MR + r) else {
+                    break;
+                };
+                let dst = &mut row[j0..j0 + width];
+                let vals: &[f32] = bytemuck::cast_slice(&v[..]);
+                dst.copy_from_slice(&vals[..width]);
+                if !self.steps.apply(ch, self.base + ch * n + col, dst) {
+                    return Err(missing(ch));
                 }
             }
         }
@@ -236,13 +316,14 @@ const _: () = assert!(
     "Task::with_simd finishes rows 0 to 3 of each block"
 );
 
-/// Where a block's rows go: channels `ch0..ch0 + MR` of the task's rows, columns
+/// Where a block's rows go: the task's rows `first..first + MR` (channels `ch..`), columns
 /// `j0..j0 + NR`, element `at` of the output for the block's first row.
 struct Row<'s, 'r, 'y, S: pulp::Simd> {
     simd: S,
     steps: RegSteps<'s>,
     rows: &'r mut [&'y mut [f32]],
-    ch0: usize,
+    first: usize,
+    ch: usize,
     j0: usize,
     at: usize,
     n: usize,
@@ -253,10 +334,10 @@ impl<S: pulp::Simd> Row<'_, '_, '_, S> {
     /// registers, then one store per vector. `false` when a step has no values for it.
     #[inline(always)]
     fn finish<const R: usize>(&mut self, acc: &[[S::f32s; NV]; MR]) -> bool {
-        let ch = self.ch0 + R;
+        let ch = self.ch + R;
         let Some(dst) = self
             .rows
-            .get_mut(ch)
+            .get_mut(self.first + R)
             .and_then(|row| row.get_mut(self.j0..self.j0 + NR))
         else {
             return true;
@@ -272,26 +353,26 @@ impl<S: pulp::Simd> Row<'_, '_, '_, S> {
     }
 }
 
-/// [`MR`] channels × [`NR`] pixels: `Σ_p wb[p][r] · panel[p · stride + j]`, one FMA per step in
+/// [`MR`] channels × `16·V` pixels: `Σ_p wb[p][r] · panel[p · stride + j]`, one FMA per step in
 /// order from `+0.0`, held in registers over all of `k`.
 #[inline(always)]
-fn block<S: pulp::Simd>(
+fn block<S: pulp::Simd, const V: usize>(
     simd: S,
     wb: &[f32],
     panel: &[f32],
     stride: usize,
     k: usize,
-) -> [[S::f32s; NV]; MR] {
+) -> [[S::f32s; V]; MR] {
     let zero = simd.splat_f32s(0.0);
-    let mut acc = [[zero; NV]; MR];
+    let mut acc = [[zero; V]; MR];
     for p in 0..k {
         let (Some(wv), Some(xp)) = (
             wb.get(p * MR..(p + 1) * MR),
-            panel.get(p * stride..p * stride + NR),
+            panel.get(p * stride..p * stride + 16 * V),
         ) else {
             break;
         };
-        let xv: [S::f32s; NV] = std::array::from_fn(|v| {
+        let xv: [S::f32s; V] = std::array::from_fn(|v| {
             bytemuck::pod_read_unaligned(bytemuck::cast_slice(&xp[v * 16..(v + 1) * 16]))
         });
         for (acc, &wv) in acc.iter_mut().zip(wv) {
@@ -375,6 +456,8 @@ mod tests {
             (16, 32, 3_136),
             (96, 16, 3_136),
             (20, MAX_K, 1_000),
+            // More output than panels can share: the channels split into bands too.
+            (400, 2, 784),
         ] {
             let w = values(m * k, (m * 7 + k) as u64);
             let x = values(k * n, (n * 3 + k) as u64);
