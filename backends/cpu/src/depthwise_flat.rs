@@ -357,7 +357,7 @@ impl Plan {
 /// Deals the pairs of `src` into `e` (each pair's first value) and `o` (its second), as many
 /// pairs as `e` and `o` hold: eight pairs at a time with AVX2 shuffles where the CPU has them
 /// (a shuffle within each 128-bit half, then a swap of the middle 64-bit quarters), the rest
-/// one pair at a time. Only data movement: the same values either way. Inlined into the
+/// with AVX-512 masked moves where it has those, else one pair at a time. Only data movement: the same values either way. Inlined into the
 /// caller's SIMD context, so the shuffles compile to single instructions; the scalar loop it
 /// replaces compiled to one move per value on AVX2, 45% of a stride-2 layer's time.
 #[inline(always)]
@@ -387,9 +387,10 @@ pub(crate) fn deal_pairs(src: &[f32], e: &mut [f32], o: &mut [f32]) {
             done += 8;
         }
     }
-    // The pairs left (fewer than eight: a row of 14, MobileNetV2's stride-2 14×14 layer) with
-    // AVX-512: one masked load, a lane permutation per phase, two masked stores (one move per
-    // value here cost that layer more than its multiply-adds).
+    // The pairs left (fewer than eight: all of a row of 14, MobileNetV2's stride-2 14×14
+    // layer) with AVX-512: one masked load, a lane permutation per phase, two masked stores
+    // instead of a move per value (that layer alone, 576 channels, one thread: 0.090 → 0.084
+    // ms; bench/RESULTS.md, session ak).
     #[cfg(target_arch = "x86_64")]
     if done < n
         && let Some(v4) = pulp::x86::V4::try_new()

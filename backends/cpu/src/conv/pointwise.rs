@@ -116,8 +116,8 @@ pub(crate) fn conv1x1(
         }
     }
     // Tasks: runs of whole panels by bands of whole blocks of channels, as many as the
-    // output's size asks for and at least one per thread (a 14×14 plane has three panels:
-    // its channels are split too), the panels and blocks dealt evenly.
+    // output's size asks for, a multiple of the thread count (when the plane has fewer panels
+    // than that, its channels are split into bands too), the panels and blocks dealt evenly.
     let panels = n.div_ceil(NR);
     let want = (m * n)
         .div_ceil(TASK_ELEMS)
