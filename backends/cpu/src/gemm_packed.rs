@@ -1095,22 +1095,7 @@ fn kernel<S: pulp::Simd, const MR: usize>(
 mod tests {
     use super::*;
 
-    /// Deterministic values in [-1, 1) with some exact zeros, from a seed.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                if i % 11 == 5 {
-                    0.0
-                } else {
-                    (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                }
-            })
-            .collect()
-    }
+    use crate::util::test_values as values;
 
     /// The definition the contract states: one FMA chain over `k` in order from `+0.0`,
     /// written without the kernel (plain scalar `mul_add`).

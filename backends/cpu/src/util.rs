@@ -425,6 +425,25 @@ pub(crate) fn in_range_outputs(x0: isize, s: usize, len: usize, out: usize) -> (
     (lo.min(hi), hi)
 }
 
+/// Tests: deterministic values in [-1, 1) with some exact zeros (every eleventh from the
+/// sixth), from a seed.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if i % 11 == 5 {
+                0.0
+            } else {
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

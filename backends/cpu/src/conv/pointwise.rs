@@ -393,22 +393,7 @@ mod tests {
     use super::*;
     use fusebox_core::runtime::Tensor;
 
-    /// Deterministic values in [-1, 1) with some exact zeros, from a seed.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                if i % 11 == 5 {
-                    0.0
-                } else {
-                    (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                }
-            })
-            .collect()
-    }
+    use crate::util::test_values as values;
 
     /// The contract's definition, written without the kernel: one scalar `mul_add` chain per
     /// element over `k` in order from `+0.0`, then the steps on each row by the row epilogue.
