@@ -1,9 +1,13 @@
 //! The epilogue of a fused convolution: the per-output-channel steps (`batch_norm` for
 //! inference, bias, residual add, ReLU, clip, an elementwise program) that FuseOps groups after
-//! a `conv2d`, applied to each finished row of the output while it is in cache.
+//! a `conv2d`, applied to each finished row of the output while it is in cache — or, in the
+//! shapes [`RegSteps`] takes, to a micro-kernel's sums in registers before their one store.
 //!
 //! Contract: [`apply_steps`] gives each element what the ops give one by one, in their order
-//! and operand order (the same bits, NaN payloads included); a bias or affine step followed by
+//! and operand order (the same bits, NaN payloads included — except where one operation meets
+//! two NaNs: which payload it keeps is the compiler's choice, as it may commute an add or the
+//! factors of a multiply-add; a test of [`RegSteps`] found the row code's `x + r` keeping
+//! `r`'s); a bias or affine step followed by
 //! a residual add (and a `relu` or `clip`), and any step followed by a `relu` or `clip`, run as
 //! one loop over the row.
 //!
@@ -211,7 +215,8 @@ enum Head<'a> {
 /// channel's outputs before storing them: nothing, a bias or `batch_norm`, a residual add, or
 /// a bias or `batch_norm` then a residual add, each optionally followed by a `relu` or `clip`
 /// (MobileNet's and ResNet's epilogues). [`RegSteps::apply`] runs the same per-element code as
-/// [`apply_steps`] does on the rows (the same functions), so each element gets the same bits.
+/// [`apply_steps`] does on the rows (the same functions), so each element gets the same bits;
+/// [`RegSteps::apply_vecs`] the same on vectors in registers.
 #[derive(Clone, Copy)]
 pub(crate) struct RegSteps<'a> {
     head: Head<'a>,
@@ -313,8 +318,10 @@ impl<'a> RegSteps<'a> {
 
     /// [`RegSteps::apply`] on `N` whole vectors of one channel's outputs held in registers
     /// (`v`, lanes in order, from element `at` of the output), as lane-wise operations that
-    /// round and select as the scalar code does (tested against [`apply_steps`] with NaN,
-    /// infinities and signed zeros). `false` (nothing done) when a value is missing.
+    /// round and select as the scalar code does on x86-64, whose `max`/`min` instructions the
+    /// clip is written with (tested against [`apply_steps`] with NaN, infinities and signed
+    /// zeros; the one caller is the AVX-512 kernel). `false` (nothing done) when a value is
+    /// missing.
     #[inline(always)]
     pub(crate) fn apply_vecs<S: pulp::Simd, const N: usize>(
         &self,
@@ -496,6 +503,7 @@ mod tests {
     /// NaN (two payloads, also in the bias, so that an `add` of two NaNs shows which operand
     /// it keeps), infinities, signed zeros at the clip bounds, a bias of `-0.0`, every step
     /// shape it takes, on the widest instruction set of this CPU.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn steps_on_vectors_equal_the_steps_on_rows() {
         struct Case<'a>(&'a [Step], usize, &'a [f32]);
