@@ -19,6 +19,13 @@
 //!   threads when the output is one column tile. The GEMM is
 //!   [`crate::matmul::gemm_f32_tiled`] (`faer`'s GEMM on tiles of the output, spread over
 //!   [`crate::par::threads`]); a grouped convolution spreads its groups instead.
+//! - With AVX-512, a 1×1 kernel (stride 1, no padding) of at most 32 input channels on a plane
+//!   of 28×28 or more, whose epilogue has one of the shapes [`epilogue::RegSteps`] takes
+//!   (bias or `batch_norm`, residual, `relu` or `clip`; others keep the GEMM above), runs its
+//!   own micro-kernel instead ([`pointwise`]: the data read in place, the epilogue applied to
+//!   the sums in registers, each output stored once); with so few input
+//!   channels the output is as large as the work, and a separate pass over it cost a fifth
+//!   of MobileNetV2's 16 → 96 layer on 112×112 (0.588 → 0.503 ms, one thread).
 //! - On output planes of up to 64 pixels (ResNet's and MobileNet's 7×7 layers) with AVX-512,
 //!   the GEMM runs with the output channels on the vector lanes instead
 //!   ([`crate::gemm_packed::gemm_cols`], the weight transposed and packed once per constant

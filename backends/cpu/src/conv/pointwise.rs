@@ -7,8 +7,9 @@
 //!
 //! - Every element of `y` is one chain of `f32` fused multiply-adds over `k` in order, from
 //!   `+0.0`: `y = fma(w[i][p], x[p][j], y)` for `p = 0..k`, computed whole by one micro-kernel
-//!   call, then the epilogue's steps as [`RegSteps::apply`] gives them (the code the row
-//!   epilogue runs). The result does not depend on the tiling or the thread count.
+//!   call, then the epilogue's steps as [`RegSteps::apply_vecs`] (whole panels) or
+//!   [`RegSteps::apply`] (a narrow last one) give them: what the row epilogue gives. The
+//!   result does not depend on the tiling or the thread count.
 //! - AVX-512 only (16-lane vectors; [`takes`] says no elsewhere and the convolution keeps
 //!   `faer`'s GEMM). The micro-kernel holds 4 output channels × 96 pixels (6 vectors) in 24 of
 //!   the 32 registers over all of `k`: per step, 6 loads of a row of `x` and 4 broadcast
