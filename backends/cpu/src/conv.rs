@@ -86,8 +86,8 @@ use crate::{depthwise_flat, depthwise_s2};
 use depthwise::depthwise;
 #[cfg(test)]
 use depthwise::{FORCE_LANES, Padded, depthwise_flat_planes, depthwise_planes, flat_plan};
-use epilogue::{RegSteps, apply_channel_steps, apply_steps, apply_steps_inline, channel_prefix};
 pub(crate) use epilogue::{Step, relu};
+use epilogue::{apply_channel_steps, apply_steps, apply_steps_inline, channel_prefix};
 use fusebox_core::ir::DType;
 use fusebox_core::op::Conv2dAttrs;
 use fusebox_core::runtime::{StorageRef, Tensor};
@@ -839,13 +839,8 @@ fn compute(
                 let ep: conv_stem::Epilogue<'_> = &ep;
                 let epilogue = (!steps.is_empty()).then_some(ep);
                 conv_stem::conv(&stem, x_img, &ws, dst, threads, epilogue)?;
-            } else if let Some(reg) = g
-                .direct()
-                .then(|| RegSteps::new(steps))
-                .flatten()
-                .filter(|_| pointwise::takes(g.o, kdim, npix))
-            {
-                pointwise::conv1x1(g.o, kdim, npix, &ws, x_img, dst, threads, reg, base)?;
+            } else if g.direct() && pointwise::takes(g.o, kdim, npix, steps) {
+                pointwise::conv1x1(g.o, kdim, npix, &ws, x_img, dst, threads, steps, base)?;
             } else if g.direct() {
                 let x_img = Rhs::Matrix(x_img);
                 gemm_f32_tiled(g.o, kdim, npix, &ws, x_img, dst, threads, epilogue)?;

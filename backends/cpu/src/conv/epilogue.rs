@@ -214,9 +214,8 @@ enum Head<'a> {
 /// The steps of a fused convolution in a shape a micro-kernel applies to a run of one
 /// channel's outputs before storing them: nothing, a bias or `batch_norm`, a residual add, or
 /// a bias or `batch_norm` then a residual add, each optionally followed by a `relu` or `clip`
-/// (MobileNet's and ResNet's epilogues). [`RegSteps::apply`] runs the same per-element code as
-/// [`apply_steps`] does on the rows (the same functions), so each element gets the same bits;
-/// [`RegSteps::apply_vecs`] the same on vectors in registers.
+/// (MobileNet's and ResNet's epilogues). [`RegSteps::apply_vecs`] gives each element in
+/// registers what [`apply_steps`] gives it on the rows.
 #[derive(Clone, Copy)]
 pub(crate) struct RegSteps<'a> {
     head: Head<'a>,
@@ -263,62 +262,9 @@ impl<'a> RegSteps<'a> {
         })
     }
 
-    /// Applies the steps to `row`, outputs of channel `ch` from element `at` of the output:
-    /// what [`apply_steps`] gives them. `false` (nothing done) when a value is missing (a
-    /// channel past the steps' values, a run past the residual).
-    #[inline(always)]
-    pub(crate) fn apply(&self, ch: usize, at: usize, row: &mut [f32]) -> bool {
-        let post = self.post;
-        let src = match self.residual {
-            Some((r, first)) => match r.get(at..at + row.len()) {
-                Some(src) => Some((src, first)),
-                None => return false,
-            },
-            None => None,
-        };
-        match (self.head, src) {
-            (Head::None, None) => match post {
-                Post::None => {}
-                Post::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
-                Post::Clip(lo, hi) => row.iter_mut().for_each(|v| *v = v.max(lo).min(hi)),
-            },
-            (Head::Bias { b, first }, None) => {
-                let Some(&b) = b.get(ch) else { return false };
-                if first {
-                    each(row, post, |v| b + v);
-                } else {
-                    each(row, post, |v| v + b);
-                }
-            }
-            (Head::Affine { mul, add }, None) => {
-                let (Some(&k), Some(&b)) = (mul.get(ch), add.get(ch)) else {
-                    return false;
-                };
-                each(row, post, |v| v.mul_add(k, b));
-            }
-            (Head::None, Some((src, true))) => each2(row, src, post, |v, q| v + q),
-            (Head::None, Some((src, false))) => each2(row, src, post, |v, q| q + v),
-            (Head::Bias { b, first }, Some((src, prev_first))) => {
-                let Some(&b) = b.get(ch) else { return false };
-                if first {
-                    each_residual(row, src, post, prev_first, |v| b + v);
-                } else {
-                    each_residual(row, src, post, prev_first, |v| v + b);
-                }
-            }
-            (Head::Affine { mul, add }, Some((src, prev_first))) => {
-                let (Some(&k), Some(&b)) = (mul.get(ch), add.get(ch)) else {
-                    return false;
-                };
-                each_residual(row, src, post, prev_first, |v| v.mul_add(k, b));
-            }
-        }
-        true
-    }
-
-    /// [`RegSteps::apply`] on `N` whole vectors of one channel's outputs held in registers
-    /// (`v`, lanes in order, from element `at` of the output), as lane-wise operations that
-    /// round and select as the scalar code does on x86-64, whose `max`/`min` instructions the
+    /// The steps on `N` whole vectors of one channel `ch`'s outputs held in registers (`v`,
+    /// lanes in order, from element `at` of the output): what [`apply_steps`] gives them, as
+    /// lane-wise operations that round and select as its scalar code does on x86-64, whose `max`/`min` instructions the
     /// clip is written with (tested against [`apply_steps`] with NaN, infinities and signed
     /// zeros; the one caller is the AVX-512 kernel). `false` (nothing done) when a value is
     /// missing.

@@ -7,8 +7,8 @@
 //!
 //! - Every element of `y` is one chain of `f32` fused multiply-adds over `k` in order, from
 //!   `+0.0`: `y = fma(w[i][p], x[p][j], y)` for `p = 0..k`, computed whole by one micro-kernel
-//!   call, then the epilogue's steps as [`RegSteps::apply_vecs`] (whole panels) or
-//!   [`RegSteps::apply`] (a narrow last one) give them: what the row epilogue gives. The
+//!   call, then the epilogue's steps as [`RegSteps::apply_vecs`] (whole panels) or the row
+//!   epilogue itself ([`apply_steps_inline`], a narrow last one) give them. The
 //!   result does not depend on the tiling or the thread count.
 //! - AVX-512 only (16-lane vectors; [`takes`] says no elsewhere and the convolution keeps
 //!   `faer`'s GEMM). The micro-kernel holds 4 output channels × 96 pixels (6 vectors) in 24 of
@@ -38,7 +38,7 @@
 //! ; vectors), 24 blocks of 4 channels each; each block's sums + b, clipped, stored once
 //! ```
 
-use super::epilogue::RegSteps;
+use super::epilogue::{RegSteps, Step, apply_steps_inline};
 use crate::util::KResult;
 
 /// Output channels per micro-kernel block.
@@ -64,9 +64,13 @@ pub(crate) const MAX_K: usize = 32;
 pub(crate) const MIN_PIXELS: usize = 28 * 28;
 
 /// Whether this kernel computes a 1×1 convolution of `m` output and `k` input channels on `n`
-/// pixels on this CPU.
-pub(crate) fn takes(m: usize, k: usize, n: usize) -> bool {
-    m >= MR && (1..=MAX_K).contains(&k) && n >= MIN_PIXELS && crate::simd::avx512()
+/// pixels, with `steps` as its epilogue, on this CPU.
+pub(crate) fn takes(m: usize, k: usize, n: usize, steps: &[Step]) -> bool {
+    m >= MR
+        && (1..=MAX_K).contains(&k)
+        && n >= MIN_PIXELS
+        && RegSteps::new(steps).is_some()
+        && crate::simd::avx512()
 }
 
 /// `y = w · x` then `steps` on up to `threads` threads (see the module doc): `w` `m × k`, `x`
@@ -84,7 +88,7 @@ pub(crate) fn conv1x1(
     x: &[f32],
     y: &mut [f32],
     threads: usize,
-    steps: RegSteps<'_>,
+    steps: &[Step],
     base: usize,
 ) -> KResult<()> {
     if w.len() != m * k || x.len() != k * n || y.len() != m * n {
@@ -98,12 +102,17 @@ pub(crate) fn conv1x1(
             y.len()
         ));
     }
-    if !takes(m, k, n) {
-        return Err(format!(
-            "pointwise: the kernel takes AVX-512, at least {MR} output channels, 1 to {MAX_K} \
-             input channels and {MIN_PIXELS} pixels; found {m}, {k} and {n}"
-        ));
-    }
+    let reg = match RegSteps::new(steps) {
+        Some(reg) if takes(m, k, n, steps) => reg,
+        _ => {
+            return Err(format!(
+                "pointwise: the kernel takes AVX-512, at least {MR} output channels, 1 to \
+                 {MAX_K} input channels, {MIN_PIXELS} pixels and an epilogue of bias or \
+                 batch_norm, residual, relu or clip; found {m}, {k} and {n}, {} steps",
+                steps.len()
+            ));
+        }
+    };
     // The weights in blocks of MR rows, each step-major (`k × MR`), the last block's missing
     // rows zero.
     let blocks = m.div_ceil(MR);
@@ -162,6 +171,7 @@ pub(crate) fn conv1x1(
             ch0,
             c0,
             rows: &mut rows,
+            reg,
             steps,
             base,
         })
@@ -178,7 +188,8 @@ struct Task<'a, 'r, 'y> {
     ch0: usize,
     c0: usize,
     rows: &'r mut [&'y mut [f32]],
-    steps: RegSteps<'a>,
+    reg: RegSteps<'a>,
+    steps: &'a [Step],
     base: usize,
 }
 
@@ -194,6 +205,7 @@ impl pulp::WithSimd for Task<'_, '_, '_> {
             ch0,
             c0,
             rows,
+            reg,
             steps,
             base,
         } = self;
@@ -214,7 +226,7 @@ impl pulp::WithSimd for Task<'_, '_, '_> {
                 let acc = block::<S, NV>(simd, wb, panel, n, k);
                 let mut row = Row {
                     simd,
-                    steps,
+                    steps: reg,
                     rows,
                     first: b * MR,
                     ch: ch0 + b * MR,
@@ -270,13 +282,13 @@ struct Narrow<'a, S: pulp::Simd> {
     j0: usize,
     col: usize,
     width: usize,
-    steps: RegSteps<'a>,
+    steps: &'a [Step],
     base: usize,
 }
 
 impl<S: pulp::Simd> Narrow<'_, S> {
     /// The panel as `V` vectors (`16·V ≥ width`): a zero-padded copy, the sums through an
-    /// array, the row epilogue on the slices.
+    /// array, the row epilogue ([`apply_steps_inline`]) on the slices.
     #[inline(always)]
     fn run<const V: usize>(&self, rows: &mut [&mut [f32]]) -> KResult<()> {
         let (k, n, width, col, j0) = (self.k, self.n, self.width, self.col, self.j0);
@@ -298,9 +310,7 @@ impl<S: pulp::Simd> Narrow<'_, S> {
                 let dst = &mut row[j0..j0 + width];
                 let vals: &[f32] = bytemuck::cast_slice(&v[..]);
                 dst.copy_from_slice(&vals[..width]);
-                if !self.steps.apply(ch, self.base + ch * n + col, dst) {
-                    return Err(missing(ch));
-                }
+                apply_steps_inline(self.steps, ch, self.base + ch * n + col, dst);
             }
         }
         Ok(())
@@ -390,7 +400,7 @@ fn block<S: pulp::Simd, const V: usize>(
 mod tests {
     #![allow(clippy::panic, reason = "test code: a failure is a panic")]
 
-    use super::super::epilogue::{Step, apply_steps};
+    use super::super::epilogue::apply_steps;
     use super::*;
     use fusebox_core::runtime::Tensor;
 
@@ -418,7 +428,7 @@ mod tests {
     fn every_element_is_the_fma_chain_then_the_steps_for_shapes_and_thread_counts() {
         if !crate::simd::avx512() {
             let mut y = vec![0.0; 8 * MIN_PIXELS];
-            let steps = RegSteps::new(&[]).unwrap_or_else(|| panic!("no steps"));
+            let steps: &[Step] = &[];
             let err = conv1x1(
                 8,
                 1,
@@ -504,11 +514,11 @@ mod tests {
             ];
             for steps in &chains {
                 let want = definition(m, k, n, &w, &x, steps);
-                let reg = RegSteps::new(steps).unwrap_or_else(|| panic!("{steps:?} not taken"));
+                assert!(RegSteps::new(steps).is_some(), "{steps:?} not taken");
                 for threads in [1, 2, 3] {
                     let mut y = vec![f32::NAN; m * n];
                     crate::par::with_threads(threads, || {
-                        conv1x1(m, k, n, &w, &x, &mut y, threads, reg, 0)
+                        conv1x1(m, k, n, &w, &x, &mut y, threads, steps, 0)
                     })
                     .unwrap_or_else(|e| panic!("{e}"));
                     let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
@@ -532,7 +542,7 @@ mod tests {
             ])
             .is_none()
         );
-        let steps = RegSteps::new(&[]).unwrap_or_else(|| panic!("no steps"));
+        let steps: &[Step] = &[];
         let mut y = vec![0.0; 8 * 3];
         let err = conv1x1(8, 2, 3, &[0.0; 16], &[0.0; 5], &mut y, 1, steps, 0).unwrap_err();
         assert!(err.contains("8x2 @ 2x3"), "{err}");
@@ -550,7 +560,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("at least 4 output channels"), "{err}");
-        assert!(!takes(96, MAX_K + 1, 12_544));
-        assert!(!takes(96, 16, MIN_PIXELS - 1));
+        assert!(!takes(96, MAX_K + 1, 12_544, &[]));
+        assert!(!takes(96, 16, MIN_PIXELS - 1, &[]));
+        assert!(!takes(96, 16, 12_544, &[Step::Relu, Step::Relu]));
     }
 }
