@@ -958,7 +958,16 @@ impl Prefetch {
         self.hinted::<3>(data);
     }
 
-    /// `prefetch` with hint `H` (x86's encoding: 3 is `T0`, 2 is `T1`; checked below).
+    /// Prefetches the cache line that holds `data`'s first element for writing (`prefetchw`,
+    /// the `ET0` hint): the line arrives owned, so the stores that follow need no request for
+    /// ownership of their own.
+    #[inline(always)]
+    pub(crate) fn line_for_write(self, data: &[f32]) {
+        self.hinted::<7>(data);
+    }
+
+    /// `prefetch` with hint `H` (x86's encoding: 3 is `T0`, 2 is `T1`, 7 is `ET0`; checked
+    /// below).
     #[inline(always)]
     fn hinted<const H: i32>(self, data: &[f32]) {
         #[cfg(target_arch = "x86_64")]
@@ -970,10 +979,13 @@ impl Prefetch {
     }
 }
 
-// The hints `Prefetch::line` and `Prefetch::line_l2` pass are `T0` and `T1`.
+// The hints `Prefetch::line`, `Prefetch::line_l2` and `Prefetch::line_for_write` pass are
+// `T0`, `T1` and `ET0`.
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(
-    std::arch::x86_64::_MM_HINT_T0 == 3 && std::arch::x86_64::_MM_HINT_T1 == 2,
+    std::arch::x86_64::_MM_HINT_T0 == 3
+        && std::arch::x86_64::_MM_HINT_T1 == 2
+        && std::arch::x86_64::_MM_HINT_ET0 == 7,
     "x86's prefetch hint encoding"
 );
 
