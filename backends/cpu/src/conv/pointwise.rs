@@ -59,10 +59,11 @@ const TASK_ELEMS: usize = 1 << 15;
 /// machine measured) have the lines of each block's outputs prefetched for writing one block
 /// ahead ([`Task::ahead`]). Such an output cannot stay in cache from one inference to the next,
 /// and without the prefetch each block's 24 stores waited for their lines: MobileNetV2's 16 →
-/// 96 on 112×112 (4.8 MB written) in the model, per-shape minima of alternated processes,
-/// 0.588 → 0.505 ms on one thread (6 rounds) and 0.306 → 0.259 on two (8 rounds). Smaller
-/// outputs gained nothing (24 → 144 on 56×56, 1.8 MB: 0.259 → 0.262) or lost (32 → 16 on
-/// 112×112, 0.8 MB, written into lines still in cache: 0.078 → 0.082).
+/// 96 on 112×112 (4.8 MB written) in the model, per-shape minima of 8 alternated processes,
+/// 0.560 → 0.466 ms on one thread and 0.257 → 0.241 on two (0.306 → 0.259 in a stretch where
+/// the VM's second vCPU was contended). Smaller outputs gained nothing (24 → 144 on 56×56, 1.8
+/// MB: 0.259 → 0.262) or lost (32 → 16 on 112×112, 0.8 MB, its lines still in cache: 0.078 →
+/// 0.082–0.092); bench/RESULTS.md, session al.
 const AHEAD_ELEMS: usize = 1 << 19;
 
 /// The most input channels [`takes`] accepts. One-layer models (conv + bias + clip), against
