@@ -81,11 +81,12 @@ pub(crate) const MIN_PIXELS: usize = 28 * 28;
 /// Whether this kernel computes a 1×1 convolution of `m` output and `k` input channels on `n`
 /// pixels, with `steps` as its epilogue, on this CPU.
 pub(crate) fn takes(m: usize, k: usize, n: usize, steps: &[Step]) -> bool {
-    m >= MR
-        && (1..=MAX_K).contains(&k)
-        && n >= MIN_PIXELS
-        && RegSteps::new(steps).is_some()
-        && crate::simd::avx512()
+    fits(m, k, n) && RegSteps::new(steps).is_some()
+}
+
+/// [`takes`] without the epilogue: the sizes and the CPU.
+fn fits(m: usize, k: usize, n: usize) -> bool {
+    m >= MR && (1..=MAX_K).contains(&k) && n >= MIN_PIXELS && crate::simd::avx512()
 }
 
 /// `y = w · x` then `steps` on up to `threads` threads (see the module doc): `w` `m × k`, `x`
@@ -118,7 +119,7 @@ pub(crate) fn conv1x1(
         ));
     }
     let reg = match RegSteps::new(steps) {
-        Some(reg) if takes(m, k, n, steps) => reg,
+        Some(reg) if fits(m, k, n) => reg,
         _ => {
             return Err(format!(
                 "pointwise: the kernel takes AVX-512, at least {MR} output channels, 1 to \
