@@ -583,9 +583,26 @@ fn cols_source(
             .flat_map(|ch| taps.iter().map(move |t| ch * plane + t))
             .collect();
         return crate::par::with_scratch(&COLUMNS, |pad| {
-            pad.clear();
+            // Each task zeroes and deals its own channels' planes (in that core's cache, where
+            // the GEMM's tasks then read them): done whole on the calling thread first, the
+            // zeroing and dealing were a serial 0.4 ms of ResNet-50's 128 × 56×56 stride-2 layer,
+            // whose GEMM takes 1.8 ms on one thread (bench/RESULTS.md, session am).
             pad.resize(g.c * plane, 0.0);
-            deal_phases(x, g, [hp, wp, hq, wq], pad);
+            pad.truncate(g.c * plane);
+            let image = g.h * g.w;
+            let per = (DEAL_ELEMS / plane.max(1)).max(1);
+            let t = crate::par::threads_for(g.c * plane, DEAL_ELEMS).min(threads);
+            crate::par::for_each_chunk_mut(pad, per * plane, t, |off, chunk| {
+                chunk.fill(0.0);
+                let ch = off / plane;
+                let channels = chunk.len() / plane;
+                deal_phases(
+                    &x[ch * image..(ch + channels) * image],
+                    g,
+                    [hp, wp, hq, wq],
+                    chunk,
+                );
+            });
             f(ColsSrc {
                 data: pad,
                 steps: &steps,
@@ -617,11 +634,16 @@ fn cols_source(
     })
 }
 
+/// The elements of the dealt phases (zeroed and written) per task of [`cols_source`]: whole
+/// channels of about 64 Ki elements.
+const DEAL_ELEMS: usize = 1 << 16;
+
 /// [`cols_source`]'s phases: each channel of `x` zero-padded (padded extent `hp × wp`) and dealt
 /// into `pad`'s `sh × sw` phase planes of `hq × wq` (padded row `r` to phase row `r % sh`,
 /// position `r / sh`; columns alike). Rows of stride 2 go through
 /// [`crate::depthwise_flat::deal_pairs`] (inlined into the SIMD context here), other strides
-/// value by value, stride 1 as one copy per row.
+/// value by value, stride 1 as one copy per row. `pad` holds whole channels' planes (as many as
+/// `x` has channels); what the padding covers is left as it is (the caller zeroes it).
 fn deal_phases(x: &[f32], g: &Geom, [hp, wp, hq, wq]: [usize; 4], pad: &mut [f32]) {
     struct Op<'a>(&'a [f32], &'a Geom, [usize; 4], &'a mut [f32]);
     impl pulp::WithSimd for Op<'_> {

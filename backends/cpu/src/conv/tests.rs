@@ -277,6 +277,9 @@ fn long_kernels_on_larger_planes_take_the_column_kernel() {
             114usize, 28usize, 28usize, 3usize, 2i64, 1i64, 20usize, true,
         ),
         (114, 20, 16, 3, 2, 1, 49, true),
+        // A 48×48 image: its phases (2,500 values per channel) dealt by several tasks of whole
+        // channels, on two threads.
+        (114, 48, 48, 3, 2, 1, 20, true),
         (113, 28, 28, 3, 2, 1, 20, false),
         (1100, 28, 28, 1, 2, 0, 20, false),
         (114, 18, 18, 3, 2, 1, 20, false),
