@@ -80,6 +80,64 @@ fn tiles(m: usize, n: usize, k: usize) -> (usize, usize) {
     }
 }
 
+/// The most columns [`tail_dots`] computes: half a 16-lane vector.
+const MAX_TAIL: usize = 8;
+
+/// How many last columns of a one-strip product [`gemm_f32_tiled`] leaves out of `faer`'s call
+/// and computes with [`tail_dots`]: the `n % lanes` columns of a last vector that would be at
+/// most half filled (`faer` runs it at the cost of a full one), when there are whole vectors
+/// before it. A 14×14 plane's 196 pixels are twelve vectors and 4 columns: `faer` took as long
+/// for them as for 208 (ResNet-50's 256 → 1024 layer alone, one thread: 196 pixels 1.015 ms,
+/// 192 pixels 0.937, 208 pixels 1.015; bench/RESULTS.md, session am).
+fn tail_columns(n: usize) -> Option<usize> {
+    let lanes = crate::simd::f32_lanes();
+    let t = n % lanes;
+    (n > lanes && (1..=MAX_TAIL.min(lanes / 2)).contains(&t)).then_some(t)
+}
+
+/// `out[j] = Σ_p a[p] · bt[j·k + p]` for the `t = out.len()` columns of `bt` (`t × k`, a
+/// product's last columns transposed): per column, lane-wise FMA chains over `a`'s whole
+/// vectors in order, their lanes summed (`reduce_sum`), then the rest of `k` one FMA at a
+/// time in order. Fixed by `k` and the instruction set, so the same on any thread count.
+fn tail_dots(t: usize, a: &[f32], bt: &[f32], out: &mut [f32]) {
+    struct Op<'a, const T: usize>(&'a [f32], &'a [f32], &'a mut [f32]);
+    impl<const T: usize> pulp::WithSimd for Op<'_, T> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, simd: S) {
+            let Op(a, bt, out) = self;
+            let k = a.len();
+            let (av, ar) = S::as_simd_f32s(a);
+            let cols: [(&[S::f32s], &[f32]); T] =
+                std::array::from_fn(|j| S::as_simd_f32s(&bt[j * k..(j + 1) * k]));
+            let mut acc = [simd.splat_f32s(0.0); T];
+            for (c, &x) in av.iter().enumerate() {
+                for (s, (bv, _)) in acc.iter_mut().zip(&cols) {
+                    *s = simd.mul_add_f32s(x, bv[c], *s);
+                }
+            }
+            for ((o, s), (_, br)) in out.iter_mut().zip(acc).zip(&cols) {
+                let mut sum = simd.reduce_sum_f32s(s);
+                for (&x, &y) in ar.iter().zip(*br) {
+                    sum = x.mul_add(y, sum);
+                }
+                *o = sum;
+            }
+        }
+    }
+    debug_assert_eq!(bt.len(), t * a.len());
+    match t {
+        1 => crate::simd::dispatch(Op::<1>(a, bt, out)),
+        2 => crate::simd::dispatch(Op::<2>(a, bt, out)),
+        3 => crate::simd::dispatch(Op::<3>(a, bt, out)),
+        4 => crate::simd::dispatch(Op::<4>(a, bt, out)),
+        5 => crate::simd::dispatch(Op::<5>(a, bt, out)),
+        6 => crate::simd::dispatch(Op::<6>(a, bt, out)),
+        7 => crate::simd::dispatch(Op::<7>(a, bt, out)),
+        _ => crate::simd::dispatch(Op::<MAX_TAIL>(a, bt, out)),
+    }
+}
+
 /// The right operand `B` (`k × n`) of [`gemm_f32_tiled`].
 #[derive(Clone, Copy)]
 pub(crate) enum Rhs<'b> {
@@ -176,6 +234,20 @@ pub(crate) fn gemm_f32_tiled(
         strips.push((c0, tiles));
         c0 += cols;
     }
+    // One strip of all the columns, a matrix `b`, and a last vector of `faer`'s only partly
+    // filled: those columns by [`tail_dots`] ([`tail_columns`]), from `b`'s copy transposed.
+    let tail = match b {
+        Rhs::Matrix(b) if strips.len() == 1 => tail_columns(n).map(|t| {
+            let mut bt = vec![0.0f32; t * k];
+            for (p, row) in b.chunks_exact(n).enumerate() {
+                for (j, &v) in row[n - t..].iter().enumerate() {
+                    bt[j * k + p] = v;
+                }
+            }
+            (t, bt)
+        }),
+        _ => None,
+    };
     let prefetch = crate::gemm_packed::Prefetch::new();
     let run = |r0: usize, c0: usize, mut tile: MatMut<'_, f32>, bt: MatRef<'_, f32>| {
         let rows = tile.nrows();
@@ -190,7 +262,28 @@ pub(crate) fn gemm_f32_tiled(
         // ah). A hint: the result is unchanged.
         prefetch.all_l2(a_rows.get(r0 * k..(r0 + rows) * k).unwrap_or_default());
         let at = a.submatrix(r0, 0, rows, k);
-        faer::linalg::matmul::matmul(tile.rb_mut(), Accum::Replace, at, bt, 1.0f32, Par::Seq);
+        let cols = tile.ncols();
+        let main = cols - tail.as_ref().map_or(0, |(t, _)| *t).min(cols);
+        faer::linalg::matmul::matmul(
+            tile.rb_mut().subcols_mut(0, main),
+            Accum::Replace,
+            at,
+            bt.subcols(0, main),
+            1.0f32,
+            Par::Seq,
+        );
+        if let Some((t, bt_tail)) = &tail
+            && main < cols
+        {
+            let Some(mut tile) = tile.rb_mut().try_as_row_major_mut() else {
+                return Err("gemm: an output tile is not row-major".to_string());
+            };
+            let a_tile = &a_rows[r0 * k..(r0 + rows) * k];
+            for i in 0..rows {
+                let out = &mut tile.rb_mut().row_mut(i).as_slice_mut()[main..];
+                tail_dots(*t, &a_tile[i * k..(i + 1) * k], bt_tail, out);
+            }
+        }
         if let Some(ep) = epilogue {
             let Some(mut tile) = tile.try_as_row_major_mut() else {
                 return Err("gemm: an output tile is not row-major".to_string());
@@ -515,6 +608,64 @@ mod tests {
         }
         debug_assert_eq!(a.len(), k);
         c
+    }
+
+    #[test]
+    fn a_last_partial_vector_of_columns_matches_f64_on_any_threads() {
+        // A 14×14 plane's 196 pixels (ResNet-50's 256 → 1024 layer, scaled down in rows),
+        // every tail of 1 to 8 columns after whole vectors, one past the bound (9), and
+        // `k` with and without a remainder past whole vectors; with an epilogue on each row.
+        let lanes = crate::simd::f32_lanes();
+        for (m, k, n) in [
+            (40usize, 256usize, 196usize),
+            (24, 67, 2 * lanes + 1),
+            (24, 64, 3 * lanes + 3),
+            (9, 300, lanes + lanes / 2),
+            (9, 33, 5 * lanes + lanes / 2 + 1),
+            (2, 16, lanes + 2),
+        ] {
+            let t = n % lanes;
+            assert_eq!(
+                tail_columns(n),
+                (1..=lanes / 2).contains(&t).then_some(t),
+                "n = {n}"
+            );
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 53 % 89) as f32 - 44.0) / 32.0)
+                .collect();
+            let ep = |r: usize, c0: usize, row: &mut [f32]| {
+                for (j, v) in row.iter_mut().enumerate() {
+                    *v += (r * 1000 + c0 + j) as f32;
+                }
+            };
+            let mut first: Option<Vec<f32>> = None;
+            for threads in [1usize, 2, 3] {
+                let mut c = vec![f32::NAN; m * n];
+                gemm_f32_tiled(m, k, n, &a, Rhs::Matrix(&b), &mut c, threads, Some(&ep))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                for r in 0..m {
+                    let want = reference(k, n, &a[r * k..(r + 1) * k], &b);
+                    for (j, (&got, &w)) in c[r * n..(r + 1) * n].iter().zip(&want).enumerate() {
+                        let w = w + (r * 1000 + j) as f64;
+                        let tol = 1e-5 * (k as f64) * (1.0 + w.abs());
+                        assert!(
+                            (f64::from(got) - w).abs() <= tol,
+                            "{m}x{k}x{n} [{r}][{j}]: {got} {w}"
+                        );
+                    }
+                }
+                match &first {
+                    None => first = Some(c),
+                    Some(f) => assert!(
+                        f.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{m}x{k}x{n}: {threads} threads"
+                    ),
+                }
+            }
+        }
     }
 
     #[test]
