@@ -16,7 +16,10 @@
 //! [`crate::par`]'s threads, each followed by an epilogue on its rows. The tiling depends on
 //! the shape only, never on the thread count, and each tile is one sequential `faer` call: so
 //! every element of `C` is computed by the same multiply-adds in the same order whatever the
-//! number of threads, and the result is bit-identical for every thread count.
+//! number of threads, and the result is bit-identical for every thread count. In a product of
+//! one column strip whose last vector of columns would be at most half filled (a 14×14 plane's
+//! 196 pixels: twelve vectors and 4), `faer` computes the whole vectors and [`tail_dots`] the
+//! last columns; the split, too, depends on the shape alone.
 //!
 //! A rank-2 right operand (a dense layer's weight `[K, N]`) with a batched left operand runs as
 //! one GEMM over all the left operand's rows (its batch entries are consecutive row blocks), so
