@@ -583,10 +583,10 @@ fn cols_source(
             .flat_map(|ch| taps.iter().map(move |t| ch * plane + t))
             .collect();
         return crate::par::with_scratch(&COLUMNS, |pad| {
-            // Each task zeroes and deals its own channels' planes (in that core's cache, where
-            // the GEMM's tasks then read them): done whole on the calling thread first, the
-            // zeroing and dealing were a serial 0.4 ms of ResNet-50's 128 × 56×56 stride-2 layer,
-            // whose GEMM takes 1.8 ms on one thread (bench/RESULTS.md, session am).
+            // Each task zeroes and deals its own channels' planes. Done whole on the calling
+            // thread first, they kept the other threads waiting: ResNet-50's 128 × 56×56
+            // stride-2 layer alone, two threads, 1.393 → 1.265 ms (bench/RESULTS.md, session
+            // am).
             pad.resize(g.c * plane, 0.0);
             pad.truncate(g.c * plane);
             let image = g.h * g.w;

@@ -616,8 +616,9 @@ mod tests {
     #[test]
     fn a_last_partial_vector_of_columns_matches_f64_on_any_threads() {
         // A 14×14 plane's 196 pixels (ResNet-50's 256 → 1024 layer, scaled down in rows),
-        // every tail of 1 to 8 columns after whole vectors, one past the bound (9), and
-        // `k` with and without a remainder past whole vectors; with an epilogue on each row.
+        // tails of 1, 2, 3 and half a vector of columns after whole vectors, one just past
+        // half (all on `faer`), and `k` with and without a remainder past whole vectors;
+        // with an epilogue on each row.
         let lanes = crate::simd::f32_lanes();
         for (m, k, n) in [
             (40usize, 256usize, 196usize),
