@@ -11,6 +11,10 @@
 #   MODELS_DIR holds bert-base/, gpt2/, mobilenet-v2/ from
 #   `.venv-export/bin/python bench/export_models.py MODELS_DIR`; resnet50/ is made here.
 #   FUSEBOX_BENCH_PROFILE=1 adds fusebox's `--profile` lines of the last round.
+#   Before each model and after the last, bench/vcpu_probe.py (3 rounds) prints whether the VM's
+#   two CPUs are independent right now (median ratio near 1.0) or share cores (up to 2.0): a
+#   two-thread round in a shared stretch measures the host as much as the code.
+#   FUSEBOX_BENCH_PROBE=0 leaves it out.
 # A benchmark, not a test: it asserts nothing about the time; a numerics mismatch exits 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +47,11 @@ fi
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u +%F); commit $(git rev-parse --short HEAD)"
 summary=()
 status=0
+probe() {
+  if [ "${FUSEBOX_BENCH_PROBE:-1}" = 1 ] && [ "$(nproc)" -ge 2 ]; then
+    echo "vcpu probe $1: $(.venv/bin/python bench/vcpu_probe.py --rounds 3 | tail -n 1)"
+  fi
+}
 for m in "${models[@]}"; do
   dir="$models_dir/$m"
   model="$dir/model/model.onnx"
@@ -52,6 +61,7 @@ for m in "${models[@]}"; do
     ins+=(--input "$pair")
   done < <(.venv/bin/python bench/ort_time.py "$model" "$dir/inputs" --list-inputs)
   out="$(mktemp -d)"
+  probe "before $m"
   ratios=()
   for r in $(seq 1 "$rounds"); do
     ort="$(.venv/bin/python bench/ort_time.py "$model" "$dir/inputs" --threads "$threads" \
@@ -77,5 +87,6 @@ for m in "${models[@]}"; do
   .venv/bin/python tests/ort/compare.py "${pairs[@]}" || status=1
   rm -rf "$out"
 done
+probe "after the last model"
 printf '%s\n' "${summary[@]}"
 exit "$status"
