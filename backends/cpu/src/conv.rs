@@ -588,7 +588,6 @@ fn cols_source(
             // stride-2 layer alone, two threads, 1.393 → 1.265 ms (bench/RESULTS.md, session
             // am).
             pad.resize(g.c * plane, 0.0);
-            pad.truncate(g.c * plane);
             let image = g.h * g.w;
             let per = (DEAL_ELEMS / plane.max(1)).max(1);
             let t = crate::par::threads_for(g.c * plane, DEAL_ELEMS).min(threads);

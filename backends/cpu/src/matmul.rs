@@ -98,46 +98,48 @@ fn tail_columns(n: usize) -> Option<usize> {
     (n > lanes && (1..=MAX_TAIL.min(lanes / 2)).contains(&t)).then_some(t)
 }
 
-/// `out[j] = Σ_p a[p] · bt[j·k + p]` for the `t = out.len()` columns of `bt` (`t × k`, a
-/// product's last columns transposed): per column, lane-wise FMA chains over `a`'s whole
-/// vectors in order, their lanes summed (`reduce_sum`), then the rest of `k` one FMA at a
-/// time in order. Fixed by `k` and the instruction set, so the same on any thread count.
-fn tail_dots(t: usize, a: &[f32], bt: &[f32], out: &mut [f32]) {
-    struct Op<'a, const T: usize>(&'a [f32], &'a [f32], &'a mut [f32]);
+/// For each row `a_i` of `a` (`rows × k`), `out[i·t + j] = Σ_p a_i[p] · bt[j·k + p]` for the
+/// `t` columns of `bt` (`t × k`, a product's last columns transposed): per column, lane-wise
+/// FMA chains over the row's whole vectors in order, their lanes summed (`reduce_sum`), then
+/// the rest of `k` one FMA at a time in order. Fixed by `k` and the instruction set, so the
+/// same on any thread count. One dispatch per call (a tile's rows).
+fn tail_dots(t: usize, k: usize, a: &[f32], bt: &[f32], out: &mut [f32]) {
+    struct Op<'a, const T: usize>(usize, &'a [f32], &'a [f32], &'a mut [f32]);
     impl<const T: usize> pulp::WithSimd for Op<'_, T> {
         type Output = ();
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, simd: S) {
-            let Op(a, bt, out) = self;
-            let k = a.len();
-            let (av, ar) = S::as_simd_f32s(a);
+            let Op(k, a, bt, out) = self;
             let cols: [(&[S::f32s], &[f32]); T] =
                 std::array::from_fn(|j| S::as_simd_f32s(&bt[j * k..(j + 1) * k]));
-            let mut acc = [simd.splat_f32s(0.0); T];
-            for (c, &x) in av.iter().enumerate() {
-                for (s, (bv, _)) in acc.iter_mut().zip(&cols) {
-                    *s = simd.mul_add_f32s(x, bv[c], *s);
+            for (row, dst) in a.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(T)) {
+                let (av, ar) = S::as_simd_f32s(row);
+                let mut acc = [simd.splat_f32s(0.0); T];
+                for (c, &x) in av.iter().enumerate() {
+                    for (s, (bv, _)) in acc.iter_mut().zip(&cols) {
+                        *s = simd.mul_add_f32s(x, bv[c], *s);
+                    }
                 }
-            }
-            for ((o, s), (_, br)) in out.iter_mut().zip(acc).zip(&cols) {
-                let mut sum = simd.reduce_sum_f32s(s);
-                for (&x, &y) in ar.iter().zip(*br) {
-                    sum = x.mul_add(y, sum);
+                for ((o, s), (_, br)) in dst.iter_mut().zip(acc).zip(&cols) {
+                    let mut sum = simd.reduce_sum_f32s(s);
+                    for (&x, &y) in ar.iter().zip(*br) {
+                        sum = x.mul_add(y, sum);
+                    }
+                    *o = sum;
                 }
-                *o = sum;
             }
         }
     }
-    debug_assert_eq!(bt.len(), t * a.len());
+    debug_assert_eq!(bt.len(), t * k);
     match t {
-        1 => crate::simd::dispatch(Op::<1>(a, bt, out)),
-        2 => crate::simd::dispatch(Op::<2>(a, bt, out)),
-        3 => crate::simd::dispatch(Op::<3>(a, bt, out)),
-        4 => crate::simd::dispatch(Op::<4>(a, bt, out)),
-        5 => crate::simd::dispatch(Op::<5>(a, bt, out)),
-        6 => crate::simd::dispatch(Op::<6>(a, bt, out)),
-        7 => crate::simd::dispatch(Op::<7>(a, bt, out)),
-        _ => crate::simd::dispatch(Op::<MAX_TAIL>(a, bt, out)),
+        1 => crate::simd::dispatch(Op::<1>(k, a, bt, out)),
+        2 => crate::simd::dispatch(Op::<2>(k, a, bt, out)),
+        3 => crate::simd::dispatch(Op::<3>(k, a, bt, out)),
+        4 => crate::simd::dispatch(Op::<4>(k, a, bt, out)),
+        5 => crate::simd::dispatch(Op::<5>(k, a, bt, out)),
+        6 => crate::simd::dispatch(Op::<6>(k, a, bt, out)),
+        7 => crate::simd::dispatch(Op::<7>(k, a, bt, out)),
+        _ => crate::simd::dispatch(Op::<MAX_TAIL>(k, a, bt, out)),
     }
 }
 
@@ -265,8 +267,8 @@ pub(crate) fn gemm_f32_tiled(
         // ah). A hint: the result is unchanged.
         prefetch.all_l2(a_rows.get(r0 * k..(r0 + rows) * k).unwrap_or_default());
         let at = a.submatrix(r0, 0, rows, k);
-        let cols = tile.ncols();
-        let main = cols - tail.as_ref().map_or(0, |(t, _)| *t).min(cols);
+        // With a tail, the tile is the whole strip: `n` columns, more than the tail.
+        let main = tile.ncols() - tail.as_ref().map_or(0, |(t, _)| *t);
         faer::linalg::matmul::matmul(
             tile.rb_mut().subcols_mut(0, main),
             Accum::Replace,
@@ -275,16 +277,14 @@ pub(crate) fn gemm_f32_tiled(
             1.0f32,
             Par::Seq,
         );
-        if let Some((t, bt_tail)) = &tail
-            && main < cols
-        {
+        if let Some((t, bt_tail)) = &tail {
+            let mut sums = vec![0.0f32; rows * t];
+            tail_dots(*t, k, &a_rows[r0 * k..(r0 + rows) * k], bt_tail, &mut sums);
             let Some(mut tile) = tile.rb_mut().try_as_row_major_mut() else {
                 return Err("gemm: an output tile is not row-major".to_string());
             };
-            let a_tile = &a_rows[r0 * k..(r0 + rows) * k];
-            for i in 0..rows {
-                let out = &mut tile.rb_mut().row_mut(i).as_slice_mut()[main..];
-                tail_dots(*t, &a_tile[i * k..(i + 1) * k], bt_tail, out);
+            for (i, row) in sums.chunks_exact(*t).enumerate() {
+                tile.rb_mut().row_mut(i).as_slice_mut()[main..].copy_from_slice(row);
             }
         }
         if let Some(ep) = epilogue {
