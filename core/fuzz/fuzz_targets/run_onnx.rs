@@ -1,0 +1,27 @@
+//! Fuzz target: an ONNX model that imports runs as `fusebox run --seed 0` runs it (inference
+//! simplification, the CPU backend's patterns, FuseOps, then the CPU executor on seeded random
+//! inputs, one thread, a 256 MiB memory limit) without a panic: every failure is an error.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        fusebox::core::runtime::set_memory_limit(Some(256 << 20));
+        fusebox::cpu::par::set_threads(Some(1));
+    });
+    let Ok(m) = fusebox::core::frontend::onnx::import_onnx(data, "fuzz.onnx") else {
+        return;
+    };
+    let Ok(prepared) = fusebox::runner::prepare(&m, fusebox::runner::RunMode::Patterns(None))
+    else {
+        return;
+    };
+    let Ok(args) = fusebox::runner::main_args(&m, Default::default(), Some(0), "input") else {
+        return;
+    };
+    let ex = fusebox::cpu::Executor::new();
+    let _ = prepared.execute(&ex, args, false);
+});
