@@ -49,6 +49,7 @@ pub mod external;
 mod fold;
 mod ops;
 pub mod proto;
+mod schema_attrs;
 #[cfg(test)]
 mod tests;
 mod validate;

@@ -12,17 +12,23 @@
 //!   the same node, and it does not shadow a graph input or an initializer;
 //! - every attribute holds the value its declared `type` says (`INT` sets `i` and nothing else,
 //!   and so on); an attribute without a type (`UNDEFINED`, written by very old exporters) is
-//!   not checked.
+//!   not checked;
+//! - a node's attribute names are unique and, for an operator of the default domain, each is
+//!   one some version of the operator's schema declares ([`super::schema_attrs`]): a misspelt
+//!   attribute would otherwise be ignored and its default used (onnxruntime refuses it too,
+//!   "Unrecognized attribute"). Other domains' operators are not checked.
 //!
 //! Every error is [`Error::Invalid`] naming the file and, for a node, its name (or `#index`) and
 //! op type, then what was expected.
 //!
 //! ```text
 //! graph(x): y = Relu(x); y = Neg(x)   → "m.onnx: node `n2` (Neg): output `y` is already written by node `n1` (Relu)"
+//! y = GridSample(x, g, padding_mod2="border")
+//!   → "m.onnx: node `n1` (GridSample): unknown attribute `padding_mod2`; GridSample's attributes are align_corners, mode, padding_mode"
 //! ```
 
 use super::node_name;
-use super::proto::{AttributeProto, GraphProto, ModelProto};
+use super::proto::{AttributeProto, GraphProto, ModelProto, NodeProto};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 
@@ -117,6 +123,7 @@ pub(super) fn graph(g: &GraphProto, file: &str) -> Result<()> {
         for a in &n.attribute {
             attribute(a).map_err(|m| Error::Invalid(format!("{}: {m}", at())))?;
         }
+        attribute_names(n).map_err(|m| Error::Invalid(format!("{}: {m}", at())))?;
         let me = format!("`{}` ({})", node_name(n, i), n.op_type);
         for (k, name) in n.output.iter().enumerate() {
             if name.is_empty() {
@@ -142,6 +149,45 @@ pub(super) fn graph(g: &GraphProto, file: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Checks that `n`'s attribute names are unique and, for a default-domain operator the schema
+/// table knows, declared by its schema (see the module docs).
+fn attribute_names(n: &NodeProto) -> Result<(), String> {
+    for (k, a) in n.attribute.iter().enumerate() {
+        if n.attribute[..k].iter().any(|b| b.name == a.name) {
+            return Err(format!(
+                "attribute `{}` is given twice; an attribute name may appear once per node",
+                a.name
+            ));
+        }
+    }
+    if !(n.domain.is_empty() || n.domain == "ai.onnx") {
+        return Ok(());
+    }
+    let table = super::schema_attrs::SCHEMA_ATTRS;
+    let Ok(i) = table.binary_search_by(|(op, _)| (*op).cmp(n.op_type.as_str())) else {
+        // An operator the schemas do not know: its converter reports it.
+        return Ok(());
+    };
+    let known = table[i].1;
+    match n
+        .attribute
+        .iter()
+        .find(|a| known.binary_search(&a.name.as_str()).is_err())
+    {
+        None => Ok(()),
+        Some(a) if known.is_empty() => Err(format!(
+            "unknown attribute `{}`; {} takes no attributes",
+            a.name, n.op_type
+        )),
+        Some(a) => Err(format!(
+            "unknown attribute `{}`; {}'s attributes are {}",
+            a.name,
+            n.op_type,
+            known.join(", ")
+        )),
+    }
 }
 
 /// `AttributeProto.type` codes and their names.

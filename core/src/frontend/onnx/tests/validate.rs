@@ -253,6 +253,70 @@ fn attribute_values_must_match_their_declared_type() {
     }));
 }
 
+#[test]
+fn attribute_names_must_be_declared_by_the_schema_and_unique() {
+    let flatten = |attrs: Vec<AttributeProto>| {
+        model(
+            13,
+            vec![node("Flatten", "f", &["x"], &["y"], attrs)],
+            vec![vi("x", 1, &["2", "3"])],
+            vec![],
+            &["y"],
+        )
+    };
+    // A misspelt name: refused with the names the schema declares.
+    has(
+        &import_err(&flatten(vec![ai("axes", 1)])),
+        &["t.onnx: node `f` (Flatten): unknown attribute `axes`; Flatten's attributes are axis"],
+    );
+    // An operator without attributes.
+    let sin = |attrs: Vec<AttributeProto>| {
+        model(
+            13,
+            vec![node("Sin", "r", &["x"], &["y"], attrs)],
+            vec![vi("x", 1, &["2"])],
+            vec![],
+            &["y"],
+        )
+    };
+    has(
+        &import_err(&sin(vec![ai("alpha", 1)])),
+        &["node `r` (Sin): unknown attribute `alpha`; Sin takes no attributes"],
+    );
+    // A name given twice.
+    has(
+        &import_err(&flatten(vec![ai("axis", 1), ai("axis", 0)])),
+        &["node `f` (Flatten): attribute `axis` is given twice"],
+    );
+    // Known: the declared name, and one only an older version of the schema declares (Relu-1's
+    // `consumed_inputs`, which the converters ignore), used in a newer opset.
+    import(&flatten(vec![ai("axis", 1)]));
+    import(&model(
+        13,
+        vec![node(
+            "Relu",
+            "r",
+            &["x"],
+            &["y"],
+            vec![ais("consumed_inputs", &[0])],
+        )],
+        vec![vi("x", 1, &["2"])],
+        vec![],
+        &["y"],
+    ));
+    // Another domain's operator is not checked here (its converter reports it).
+    let mut custom = node("Relu", "c", &["x"], &["y"], vec![ai("alpha", 1)]);
+    custom.domain = "com.example".into();
+    let e = import_err(&model(
+        13,
+        vec![custom],
+        vec![vi("x", 1, &["2"])],
+        vec![],
+        &["y"],
+    ));
+    assert!(!e.contains("unknown attribute"), "{e}");
+}
+
 fn conv_model(op: &str, kernel: &[i64]) -> Vec<u8> {
     let w: Vec<f32> = vec![0.5; 18];
     model(
