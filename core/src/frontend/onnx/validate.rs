@@ -154,13 +154,13 @@ pub(super) fn graph(g: &GraphProto, file: &str) -> Result<()> {
 /// Checks that `n`'s attribute names are unique and, for a default-domain operator the schema
 /// table knows, declared by its schema (see the module docs).
 fn attribute_names(n: &NodeProto) -> Result<(), String> {
-    for (k, a) in n.attribute.iter().enumerate() {
-        if n.attribute[..k].iter().any(|b| b.name == a.name) {
-            return Err(format!(
-                "attribute `{}` is given twice; an attribute name may appear once per node",
-                a.name
-            ));
-        }
+    // A set, not a scan of the earlier names: a node may carry any number of attributes.
+    let mut seen = std::collections::HashSet::with_capacity(n.attribute.len());
+    if let Some(a) = n.attribute.iter().find(|a| !seen.insert(a.name.as_str())) {
+        return Err(format!(
+            "attribute `{}` is given twice; an attribute name may appear once per node",
+            a.name
+        ));
     }
     if !(n.domain.is_empty() || n.domain == "ai.onnx") {
         return Ok(());

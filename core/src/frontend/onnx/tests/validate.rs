@@ -317,6 +317,43 @@ fn attribute_names_must_be_declared_by_the_schema_and_unique() {
     assert!(!e.contains("unknown attribute"), "{e}");
 }
 
+#[test]
+fn the_schema_table_is_sorted_for_its_binary_searches() {
+    let table = super::super::schema_attrs::SCHEMA_ATTRS;
+    assert!(table.len() > 150, "{} operators", table.len());
+    for w in table.windows(2) {
+        assert!(w[0].0 < w[1].0, "{} before {}", w[0].0, w[1].0);
+    }
+    for (op, names) in table {
+        assert!(names.windows(2).all(|w| w[0] < w[1]), "{op}: {names:?}");
+    }
+    // Spot checks against the ONNX operator docs.
+    let get = |op: &str| table.iter().find(|(o, _)| *o == op).map(|(_, n)| *n);
+    assert_eq!(
+        get("GridSample"),
+        Some(&["align_corners", "mode", "padding_mode"][..])
+    );
+    assert_eq!(get("Sin"), Some(&[][..]));
+    assert!(get("Conv").is_some_and(|n| n.contains(&"dilations") && n.contains(&"group")));
+}
+
+#[test]
+fn a_repeated_name_among_many_attributes_is_found() {
+    // 200,000 distinct unknown names, then a repeat of the first: refused for the repeat
+    // (uniqueness is checked first, through a set; a scan of the earlier names per attribute
+    // would make this 2·10¹⁰ comparisons).
+    let mut attrs: Vec<AttributeProto> = (0..200_000).map(|i| ai(&format!("a{i}"), 1)).collect();
+    attrs.push(ai("a0", 2));
+    let m = model(
+        13,
+        vec![node("Flatten", "f", &["x"], &["y"], attrs)],
+        vec![vi("x", 1, &["2", "3"])],
+        vec![],
+        &["y"],
+    );
+    has(&import_err(&m), &["attribute `a0` is given twice"]);
+}
+
 fn conv_model(op: &str, kernel: &[i64]) -> Vec<u8> {
     let w: Vec<f32> = vec![0.5; 18];
     model(
