@@ -125,11 +125,13 @@ pub(super) fn graph(g: &GraphProto, file: &str) -> Result<()> {
         }
         attribute_names(n).map_err(|m| Error::Invalid(format!("{}: {m}", at())))?;
         let me = format!("`{}` ({})", node_name(n, i), n.op_type);
-        for (k, name) in n.output.iter().enumerate() {
+        // This node's outputs so far (a set: a node may list any number of outputs).
+        let mut mine = std::collections::HashSet::with_capacity(n.output.len());
+        for name in &n.output {
             if name.is_empty() {
                 continue;
             }
-            if n.output[..k].contains(name) {
+            if !mine.insert(name.as_str()) {
                 return Err(Error::Invalid(format!(
                     "{}: output `{name}` is listed twice by this node; every value must be \
                      written exactly once",

@@ -338,10 +338,10 @@ fn the_schema_table_is_sorted_for_its_binary_searches() {
 }
 
 #[test]
-fn a_repeated_name_among_many_attributes_is_found() {
+fn a_repeated_name_among_many_attributes_or_outputs_is_found() {
     // 200,000 distinct unknown names, then a repeat of the first: refused for the repeat
     // (uniqueness is checked first, through a set; a scan of the earlier names per attribute
-    // would make this 2·10¹⁰ comparisons).
+    // would make this 2·10¹⁰ comparisons). Likewise a node's outputs.
     let mut attrs: Vec<AttributeProto> = (0..200_000).map(|i| ai(&format!("a{i}"), 1)).collect();
     attrs.push(ai("a0", 2));
     let m = model(
@@ -352,6 +352,21 @@ fn a_repeated_name_among_many_attributes_is_found() {
         &["y"],
     );
     has(&import_err(&m), &["attribute `a0` is given twice"]);
+    // The same for a node's outputs.
+    let mut outs: Vec<String> = (0..200_000).map(|i| format!("o{i}")).collect();
+    outs.push("o0".into());
+    let outs: Vec<&str> = outs.iter().map(String::as_str).collect();
+    let m = model(
+        13,
+        vec![node("Split", "sp", &["x"], &outs, vec![])],
+        vec![vi("x", 1, &["3"])],
+        vec![],
+        &["o1"],
+    );
+    has(
+        &import_err(&m),
+        &["output `o0` is listed twice by this node"],
+    );
 }
 
 fn conv_model(op: &str, kernel: &[i64]) -> Vec<u8> {
