@@ -43,6 +43,10 @@ pub struct FunctionBuilder<'g> {
     func: Function,
     globals: &'g dyn GlobalTypes,
     names: HashSet<String>,
+    /// Per name asked for more than once, the suffix [`FunctionBuilder::unique`] tries next
+    /// (every smaller one is taken): asking for one name `n` times costs `n` set lookups, not
+    /// `n²/2`.
+    next_suffix: std::collections::HashMap<String, usize>,
     block: Option<Block>,
     fresh: usize,
     shapes: ShapeInterner,
@@ -56,6 +60,7 @@ impl<'g> FunctionBuilder<'g> {
             func: Function::new(),
             globals,
             names: HashSet::new(),
+            next_suffix: std::collections::HashMap::new(),
             block: None,
             fresh: 0,
             shapes: ShapeInterner::new(),
@@ -219,11 +224,13 @@ impl<'g> FunctionBuilder<'g> {
         self.flush();
         let outer = std::mem::take(&mut self.func.blocks);
         let names = self.names.clone();
+        let suffixes = self.next_suffix.clone();
         let r = body(self);
         let open_dataflow = matches!(&self.block, Some(b) if b.dataflow);
         self.flush();
         let blocks = std::mem::replace(&mut self.func.blocks, outer);
         self.names = names;
+        self.next_suffix = suffixes;
         let body = r?;
         if open_dataflow {
             return Err(Error::Invalid(
@@ -274,13 +281,17 @@ impl<'g> FunctionBuilder<'g> {
         if self.names.insert(name.to_string()) {
             return name.to_string();
         }
-        let mut i = 1usize;
+        // The first free `{name}{i}` from i = 1, as a scan from 1 would find it: names leave
+        // the set only when a branch ends, and the kept suffixes go back with them, so the
+        // suffixes below the one kept here are still taken.
+        let mut i = self.next_suffix.get(name).copied().unwrap_or(1);
         loop {
             let cand = format!("{name}{i}");
+            i += 1;
             if self.names.insert(cand.clone()) {
+                self.next_suffix.insert(name.to_string(), i);
                 return cand;
             }
-            i += 1;
         }
     }
 

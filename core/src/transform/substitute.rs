@@ -28,7 +28,8 @@ use crate::pattern::matcher::FunctionView;
 /// Replacements of vars by expressions (vars or constants) in one function.
 pub(crate) struct Substitution {
     map: VarMap<ExprId>,
-    returned: Vec<VarId>,
+    /// The vars the function returns (a set: a function may return any number of them).
+    returned: std::collections::HashSet<VarId>,
     any: bool,
 }
 
@@ -38,7 +39,7 @@ impl Substitution {
         let view = FunctionView::new(f);
         Substitution {
             map: VarMap::new(f.vars.len()),
-            returned: view.returned().to_vec(),
+            returned: view.returned().iter().copied().collect(),
             any: false,
         }
     }

@@ -386,6 +386,8 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
     import_nodes(&mut im, &graph.node, &outputs, &mut ext, 0)?;
     im.b.set_origin(None);
     let mut rets = Vec::new();
+    // The output vars already returned (a set: a graph may list any number of outputs).
+    let mut returned = HashSet::new();
     for o in &graph.output {
         let e = im
             .expr(&o.name)
@@ -394,7 +396,7 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
             &im.b.func().exprs.get(e).map(|d| &d.kind),
             Some(ExprKind::Var(v)) if !im.b.func().var(*v).dataflow
         );
-        if is_output_var && !rets.contains(&e) {
+        if is_output_var && returned.insert(e) {
             rets.push(e);
         } else {
             let v = im.b.bind(&sanitize(&o.name), e, true)?;
