@@ -35,7 +35,7 @@ use super::{
     Sym, Type, VarId,
 };
 use crate::error::{Error, Result};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// Builds one function. Types are inferred as values are emitted; a type error is returned at
 /// the emit that caused it.
@@ -46,7 +46,7 @@ pub struct FunctionBuilder<'g> {
     /// Per name asked for more than once, the suffix [`FunctionBuilder::unique`] tries next
     /// (every smaller one is taken): asking for one name `n` times costs `n` set lookups, not
     /// `n²/2`.
-    next_suffix: std::collections::HashMap<String, usize>,
+    next_suffix: HashMap<String, usize>,
     block: Option<Block>,
     fresh: usize,
     shapes: ShapeInterner,
@@ -60,7 +60,7 @@ impl<'g> FunctionBuilder<'g> {
             func: Function::new(),
             globals,
             names: HashSet::new(),
-            next_suffix: std::collections::HashMap::new(),
+            next_suffix: HashMap::new(),
             block: None,
             fresh: 0,
             shapes: ShapeInterner::new(),

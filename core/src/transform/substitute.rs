@@ -28,8 +28,9 @@ use crate::pattern::matcher::FunctionView;
 /// Replacements of vars by expressions (vars or constants) in one function.
 pub(crate) struct Substitution {
     map: VarMap<ExprId>,
-    /// The vars the function returns (a set: a function may return any number of them).
-    returned: std::collections::HashSet<VarId>,
+    /// The vars the function returns (a dense set, as `map`: a function may return any number
+    /// of them).
+    returned: VarMap<()>,
     any: bool,
 }
 
@@ -37,9 +38,13 @@ impl Substitution {
     /// An empty substitution for `f`.
     pub(crate) fn new(f: &Function) -> Self {
         let view = FunctionView::new(f);
+        let mut returned = VarMap::new(f.vars.len());
+        for &v in view.returned() {
+            returned.insert(v, ());
+        }
         Substitution {
             map: VarMap::new(f.vars.len()),
-            returned: view.returned().iter().copied().collect(),
+            returned,
             any: false,
         }
     }
@@ -60,7 +65,7 @@ impl Substitution {
     /// or a var that is visible wherever `var` is (a non-dataflow var or param, or `var` is a
     /// dataflow var itself, so its uses are all in its block).
     pub(crate) fn allowed(&self, f: &Function, var: VarId, by: ExprId) -> bool {
-        if self.returned.contains(&var) {
+        if self.returned.contains_key(&var) {
             return false;
         }
         match &f.expr(by).kind {
