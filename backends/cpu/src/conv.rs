@@ -30,9 +30,10 @@
 //!   the GEMM runs with the output channels on the vector lanes instead
 //!   ([`crate::gemm_packed::gemm_cols`], the weight transposed and packed once per constant
 //!   weight: [`cols_weights`]): a 49-pixel row wastes a quarter of `faer`'s four 16-lane
-//!   vectors, 48 channels fill three. 1×1 layers of at least 384 input channels on planes of
-//!   up to 14×14 run there too (MobileNetV2's 576 → 96, ResNet-50's 1024 → 256: the long
-//!   reduction pays for the transposed write-back). Stride-1 kernels read the zero-padded
+//!   vectors, 48 channels fill three. On Zen 4, 1×1 layers of at least 384 input channels on
+//!   planes of up to 14×14 run there too (MobileNetV2's 576 → 96, ResNet-50's 1024 → 256: the
+//!   long reduction pays for the transposed write-back); on CPUs that issue two 16-lane FMAs a
+//!   cycle they stay on `faer` ([`long_1x1_cpu`]). Stride-1 kernels read the zero-padded
 //!   image in place (no im2col matrix, whose 5–7-value copies took a quarter of a 3×3
 //!   layer's time there), and stride-2 3×3 kernels the image dealt into its four phases.
 //!   The epilogue's leading per-channel steps (`batch_norm`, bias, `relu`, `clip`) run on
@@ -174,8 +175,8 @@ impl Geom {
     /// or a larger one of a kernel of several taps with at least [`COLS_MIN_STEPS`] steps of
     /// `k` ([`COLS_MIN_STEPS_S1`] at stride 1), read in place from its phases
     /// ([`Geom::reads_phases`]), or of a 1×1 kernel with at least [`COLS_MIN_STEPS_1X1`] input
-    /// channels on up to [`COLS_PIXELS_1X1`] pixels — on a CPU with 16-lane
-    /// vectors: the GEMM runs with the output channels on the lanes
+    /// channels on up to [`COLS_PIXELS_1X1`] pixels where that pays ([`long_1x1_cpu`]) — on
+    /// a CPU with 16-lane vectors: the GEMM runs with the output channels on the lanes
     /// ([`crate::gemm_packed::gemm_cols`], the weight packed transposed: [`cols_weights`]).
     fn packs(&self) -> bool {
         let npix = self.npix();
@@ -185,8 +186,10 @@ impl Geom {
             COLS_MIN_STEPS
         };
         let long = self.kdim() >= bound && self.kh * self.kw > 1 && self.reads_phases();
-        let long_1x1 =
-            self.direct() && npix <= COLS_PIXELS_1X1 && self.kdim() >= COLS_MIN_STEPS_1X1;
+        let long_1x1 = self.direct()
+            && npix <= COLS_PIXELS_1X1
+            && self.kdim() >= COLS_MIN_STEPS_1X1
+            && long_1x1_cpu();
         self.g == 1
             && !self.winograd()
             && npix > 0
@@ -461,6 +464,21 @@ const COLS_PIXELS_1X1: usize = 196;
 /// 64 → 384 0.424 → 0.523 (one thread), ResNet-50's 256 → 1024 3.35 → 3.54 ms (two) — or
 /// was even (192 → 64).
 const COLS_MIN_STEPS_1X1: usize = 384;
+
+/// Whether [`Geom::packs`] takes 1×1 kernels of [`COLS_MIN_STEPS_1X1`] input channels on
+/// planes of more than [`COLS_PIXELS`] pixels on this CPU: where a 16-lane FMA runs at half
+/// rate (Zen 4, where [`COLS_MIN_STEPS_1X1`] was measured; [`crate::simd::half_rate_fma512`]).
+/// On a 5th-generation Xeon, two threads, ResNet-50's 1024 → 256 layers on 14×14 took 0.61 of
+/// their time on `faer` instead, its 1024 → 512 0.74, the whole run 0.89 (median of per-round
+/// ratios over 10 rounds; bench/RESULTS.md, session ao). A test forcing the column kernel
+/// ([`cols_lanes`]) takes it on any CPU.
+fn long_1x1_cpu() -> bool {
+    #[cfg(test)]
+    if FORCE_COLS.with(std::cell::Cell::get) {
+        return true;
+    }
+    crate::simd::half_rate_fma512()
+}
 
 /// Whether a test keeps [`conv_stem`] off (to reach the GEMM paths it would take).
 fn no_stem() -> bool {

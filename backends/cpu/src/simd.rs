@@ -57,6 +57,45 @@ pub(crate) fn avx512() -> bool {
     }
 }
 
+/// Whether the running CPU executes a 16-lane FMA at half rate: AMD's Zen 4 (family 19h)
+/// splits each 512-bit FMA into two 256-bit halves, one a cycle, where Intel's AVX-512 server
+/// cores and Zen 5 issue two whole ones a cycle. The choice between the crate's own AVX-512
+/// kernels and `faer`'s GEMM was measured on Zen 4; a kernel whose loads kept up with its FMAs
+/// there can fall behind `faer` where they come twice as fast (ResNet-50's 1024 → 256 layers
+/// on 14×14 on the column kernel on a 5th-generation Xeon: 1.6× `faer`'s time, two threads;
+/// bench/RESULTS.md, session ao). Read once per process from `cpuid`.
+pub(crate) fn half_rate_fma512() -> bool {
+    static HALF: LazyLock<bool> = LazyLock::new(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let v = std::arch::x86_64::__cpuid(0);
+            let vendor: Vec<u8> = [v.ebx, v.edx, v.ecx]
+                .iter()
+                .flat_map(|r| r.to_le_bytes())
+                .collect();
+            let eax = std::arch::x86_64::__cpuid(1).eax;
+            vendor == b"AuthenticAMD" && family(eax) == 0x19
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    });
+    *HALF
+}
+
+/// The x86 family of `cpuid` leaf 1's `eax`: the base family (bits 8–11), plus the extended
+/// family (bits 20–27) when the base is 0xF.
+#[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
+fn family(eax: u32) -> u32 {
+    let base = (eax >> 8) & 0xF;
+    if base == 0xF {
+        base + ((eax >> 20) & 0xFF)
+    } else {
+        base
+    }
+}
+
 /// Lanes of [`striped_sum`].
 const LANES: usize = 8;
 
@@ -81,4 +120,19 @@ pub(crate) fn striped_sum<T: Copy, A: Copy + Default + std::ops::Add<Output = A>
         *a = *a + f(x);
     }
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::family;
+
+    #[test]
+    fn family_adds_the_extended_family_only_to_0xf() {
+        // AMD EPYC 9004 (Zen 4, Genoa): family 19h; Zen 5: 1Ah; a 5th-generation Xeon
+        // (Emerald Rapids, `cpuid` 1 eax 0xC06F2): 6, whatever its extended bits.
+        assert_eq!(family(0x00A1_0F11), 0x19);
+        assert_eq!(family(0x00B0_0F21), 0x1A);
+        assert_eq!(family(0x000C_06F2), 6);
+        assert_eq!(family(0x0FF0_06F2), 6);
+    }
 }
