@@ -19,6 +19,7 @@
 //! ```
 
 use fusebox_core::Error;
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +39,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
 pub struct Staging {
     dir: PathBuf,
     tmp: PathBuf,
+    /// The files written, in order (the order [`Staging::commit`] renames them in).
     files: Vec<String>,
+    /// The same names, for the written-twice check (one lookup per file, not a scan: a model
+    /// may have 100,000 outputs).
+    names: HashSet<String>,
     committed: bool,
 }
 
@@ -62,6 +67,7 @@ impl Staging {
                         dir: dir.to_path_buf(),
                         tmp,
                         files: Vec::new(),
+                        names: HashSet::new(),
                         committed: false,
                     });
                 }
@@ -89,7 +95,7 @@ impl Staging {
                 "output file name {name:?} is not a plain file name"
             )));
         }
-        if self.files.iter().any(|f| f == name) {
+        if self.names.contains(name) {
             return Err(Error::Invalid(format!(
                 "output file {name:?} is written twice"
             )));
@@ -104,6 +110,7 @@ impl Staging {
                 f.sync_all()
             })
             .map_err(io(&path))?;
+        self.names.insert(name.to_string());
         self.files.push(name.to_string());
         Ok(())
     }
@@ -187,6 +194,23 @@ mod tests {
                 .unwrap()
                 .is_symlink()
         );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_name_written_twice_is_refused_and_many_names_stay_in_order() {
+        let d = fresh("twice");
+        let mut s = Staging::new(&d).unwrap();
+        let names: Vec<String> = (0..2_000).map(|i| format!("o{}.npy", 1_999 - i)).collect();
+        for n in &names {
+            s.write(n, b"x").unwrap();
+        }
+        let e = s.write("o7.npy", b"y").unwrap_err().to_string();
+        assert!(e.contains("\"o7.npy\" is written twice"), "{e}");
+        let paths = s.commit().unwrap();
+        let want: Vec<PathBuf> = names.iter().map(|n| d.join(n)).collect();
+        assert_eq!(paths, want);
+        assert_eq!(std::fs::read(d.join("o7.npy")).unwrap(), b"x");
         let _ = std::fs::remove_dir_all(&d);
     }
 
