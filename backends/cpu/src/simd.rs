@@ -59,7 +59,8 @@ pub(crate) fn avx512() -> bool {
 
 /// Whether the running CPU executes a 16-lane FMA at half rate: AMD's Zen 4 (family 19h)
 /// splits each 512-bit FMA into two 256-bit halves, one a cycle, where Intel's AVX-512 server
-/// cores and Zen 5 issue two whole ones a cycle. The choice between the crate's own AVX-512
+/// cores and Zen 5's desktop and server parts issue two whole ones a cycle (Zen 5's mobile
+/// parts, family 1Ah too, split them as Zen 4 does; unmeasured, they count as full rate). The choice between the crate's own AVX-512
 /// kernels and `faer`'s GEMM was measured on Zen 4; a kernel whose loads kept up with its FMAs
 /// there can fall behind `faer` where they come twice as fast (ResNet-50's 1024 → 256 layers
 /// on 14×14 on the column kernel on a 5th-generation Xeon: 1.6× `faer`'s time, two threads;
