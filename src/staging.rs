@@ -19,7 +19,6 @@
 //! ```
 
 use fusebox_core::Error;
-use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,9 +40,6 @@ pub struct Staging {
     tmp: PathBuf,
     /// The files written, in order (the order [`Staging::commit`] renames them in).
     files: Vec<String>,
-    /// The same names, for the written-twice check (one lookup per file, not a scan: a model
-    /// may have 100,000 outputs).
-    names: HashSet<String>,
     committed: bool,
 }
 
@@ -67,7 +63,6 @@ impl Staging {
                         dir: dir.to_path_buf(),
                         tmp,
                         files: Vec::new(),
-                        names: HashSet::new(),
                         committed: false,
                     });
                 }
@@ -95,22 +90,25 @@ impl Staging {
                 "output file name {name:?} is not a plain file name"
             )));
         }
-        if self.names.contains(name) {
-            return Err(Error::Invalid(format!(
-                "output file {name:?} is written twice"
-            )));
-        }
         let path = self.tmp.join(name);
-        std::fs::OpenOptions::new()
+        // The staging directory is this writer's own (made fresh by `mkdir`), so a name that
+        // `create_new` finds there was written before: the filesystem's lookup is the
+        // written-twice check (no scan of the earlier names: a model may have 100,000 outputs).
+        let mut f = match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&path)
-            .and_then(|mut f| {
-                f.write_all(bytes)?;
-                f.sync_all()
-            })
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(Error::Invalid(format!(
+                    "output file {name:?} is written twice"
+                )));
+            }
+            r => r.map_err(io(&path))?,
+        };
+        f.write_all(bytes)
+            .and_then(|()| f.sync_all())
             .map_err(io(&path))?;
-        self.names.insert(name.to_string());
         self.files.push(name.to_string());
         Ok(())
     }
