@@ -15,7 +15,8 @@ Each variant is `NAME:SETTINGS:BINARY`, SETTINGS a comma-separated list of envir
 assignments (`FUSEBOX_THREADS=1`, a build's temporary switch), where `CFG=path` passes
 `--config path` instead; the first variant is the baseline. fusebox's side is `fusebox run
 --profile --profile-shapes 0`: each fused convolution chain's calls, split by data and
-weight shape and summed over chains; the last row is the whole `time run`.
+weight shape and summed over chains, then each op the profile times on its own (`op
+cpu.dense(fused)`: a classifier); the last row is the whole `time run`.
 
 A benchmark, not a test: it asserts nothing.
 
@@ -36,6 +37,7 @@ import subprocess
 from collections import defaultdict
 
 PROFILE = re.compile(r"^profile (\S+) on (\(.*?\)) (\(.*?\)) calls (\d+) ([\d.]+) ms")
+OP = re.compile(r"^profile (\S+) calls (\d+) ([\d.]+) ms .*\[op\]$")
 
 
 def variant(spec: str, threads: int) -> tuple[str, dict, list[str], str]:
@@ -64,6 +66,8 @@ def one_run(v, model: str, inputs: list[str], repeat: int, out_dir: str) -> dict
         m = PROFILE.match(line)
         if m:
             times[(m.group(2), m.group(3))] += float(m.group(5))
+        elif m := OP.match(line):
+            times[("op", m.group(1))] += float(m.group(3))
         elif line.startswith("time run"):
             times["run"] = float(line.split()[2])
     return times
