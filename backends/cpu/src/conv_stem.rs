@@ -10,9 +10,11 @@
 //!   copied once into a zero-padded row and dealt into its even and odd columns (two-source
 //!   permutes), so tap `(c, ky, kx)` of output pixels `ox0 .. ox0 + 16` is one load at
 //!   `ox0 + kx / 2` of the `kx % 2` half. The output
-//!   channels go 16 at a time: 16 accumulators (one per channel) per vector of 16 pixels, each
-//!   tap's vector multiplied by each channel's weight (the weight repacked per call as
-//!   `[group][tap][16]`, zeros past the last channel).
+//!   channels go in groups, the weight repacked per call as `[group][tap][channel]` (zeros
+//!   past the last channel): on a CPU with full-rate 16-lane FMAs, blocks of up to 3 vectors
+//!   of 16 pixels × 8 channels (24 accumulators: per tap 3 loads and 8 broadcasts for 24
+//!   FMAs); where they run at half rate (Zen 4), one vector × 16 channels (1 load and 16
+//!   broadcasts for 16 FMAs, the FMAs the limit there).
 //! - Each output element is the chain of its taps in `(c, ky, kx)` order, one FMA each from
 //!   `+0.0`, a tap over the padding adding `0 · w`: the definition, bit for bit (tested, NaN
 //!   and infinities included). The tasks are bands of output rows fixed by the shape, and each
@@ -24,8 +26,8 @@
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1])  # x: (1, 3, 224, 224), w: (32, 3, 3, 3)
-//! ; per band of 8 output rows: 3 × 17 input rows dealt into even/odd columns; per 16 pixels × 16 channels:
-//! ; 27 tap loads × 16 FMAs, no im2col matrix (27 × 12,544 values) built or read
+//! ; per band of 8 output rows: 3 × 17 input rows dealt into even/odd columns; per 48 pixels × 8 channels:
+//! ; 27 taps × (3 loads, 8 broadcasts, 24 FMAs), no im2col matrix (27 × 12,544 values) built or read
 //! ```
 
 use crate::util::KResult;
@@ -38,6 +40,28 @@ const LANES: usize = 16;
 
 /// Output rows per task.
 const ROWS_PER_TASK: usize = 8;
+
+/// Output channels per group ([`group_channels`]) where 16-lane FMAs run at full rate: a
+/// [`Block`] holds up to 3 vectors of 16 pixels × 8 channels in registers (24 of 32), so a
+/// tap costs 3 loads and 8 broadcasts for 24 multiply-adds, where one vector × 16 channels
+/// cost 1 load and 16 broadcasts for 16. On a 5th-generation Xeon, per-layer medians of
+/// alternated rounds (`bench/ab_layers.py`, bench/RESULTS.md, session ap): ResNet-50's stem
+/// 0.838 of its time on two threads and 0.796 on one, MobileNetV2's 0.843 and 0.850.
+const CH_FULL_RATE: usize = 8;
+
+/// Output channels per group where 16-lane FMAs run at half rate (Zen 4, where this kernel
+/// was written and measured): one vector of 16 pixels × 16 channels per block, the FMAs the
+/// limit rather than the loads.
+const CH_HALF_RATE: usize = 16;
+
+/// The channels per group on this CPU ([`crate::simd::half_rate_fma512`]).
+fn group_channels() -> usize {
+    if crate::simd::half_rate_fma512() {
+        CH_HALF_RATE
+    } else {
+        CH_FULL_RATE
+    }
+}
 
 /// The geometry of one image: input `c × h × w`, `o` output channels, a `kh × kw` kernel,
 /// padding `pt, pl` at the top and left, output `oh × ow` (stride 2, dilation 1).
@@ -93,6 +117,20 @@ pub(crate) fn conv(
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
 ) -> KResult<()> {
+    conv_in_groups(s, x, wt, y, threads, epilogue, group_channels())
+}
+
+/// [`conv`] with `gc` output channels per group ([`CH_FULL_RATE`] or [`CH_HALF_RATE`]; the
+/// tests run both on any CPU: the same bits).
+fn conv_in_groups(
+    s: &Shape,
+    x: &[f32],
+    wt: &[f32],
+    y: &mut [f32],
+    threads: usize,
+    epilogue: Option<Epilogue<'_>>,
+    gc: usize,
+) -> KResult<()> {
     let (taps, npix) = (s.taps(), s.oh * s.ow);
     if x.len() != s.c * s.h * s.w || wt.len() != s.o * taps || y.len() != s.o * npix {
         return Err(format!(
@@ -108,13 +146,16 @@ pub(crate) fn conv(
     if !s.takes() {
         return Err(format!("conv_stem: {s:?} is not a shape this kernel takes"));
     }
-    // The weight as [group][tap][16 channels], zeros past the last channel.
-    let groups = s.o.div_ceil(LANES);
-    let mut packed = vec![0.0f32; groups * taps * LANES];
+    if gc != CH_FULL_RATE && gc != CH_HALF_RATE {
+        return Err(format!("conv_stem: groups of {gc} channels"));
+    }
+    // The weight as [group][tap][gc channels], zeros past the last channel.
+    let groups = s.o.div_ceil(gc);
+    let mut packed = vec![0.0f32; groups * taps * gc];
     for (ch, w) in wt.chunks_exact(taps).enumerate() {
-        let (g, q) = (ch / LANES, ch % LANES);
+        let (g, q) = (ch / gc, ch % gc);
         for (t, &v) in w.iter().enumerate() {
-            packed[(g * taps + t) * LANES + q] = v;
+            packed[(g * taps + t) * gc + q] = v;
         }
     }
     // Each task: a band of output rows in every channel's plane.
@@ -132,6 +173,7 @@ pub(crate) fn conv(
             s,
             x,
             packed,
+            gc,
             oy0,
             band: &mut band,
             epilogue,
@@ -145,7 +187,9 @@ pub(crate) fn conv(
 struct Band<'a, 'b> {
     s: &'a Shape,
     x: &'a [f32],
+    /// The weight as `[group][tap][gc]` (`gc`: [`group_channels`]).
     packed: &'a [f32],
+    gc: usize,
     oy0: usize,
     band: &'a mut [&'b mut [f32]],
     epilogue: Option<Epilogue<'a>>,
@@ -157,7 +201,10 @@ impl pulp::WithSimd for Band<'_, '_> {
     fn with_simd<S: pulp::Simd>(self, _: S) {
         #[cfg(target_arch = "x86_64")]
         if let Some(v4) = pulp::x86::V4::try_new() {
-            rows_v4(v4, self);
+            match self.gc {
+                CH_HALF_RATE => rows_v4::<CH_HALF_RATE>(v4, self),
+                _ => rows_v4::<CH_FULL_RATE>(v4, self),
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = self;
@@ -167,11 +214,12 @@ impl pulp::WithSimd for Band<'_, '_> {
 /// [`Band`] on AVX-512 (inlined into the function [`crate::simd::dispatch`] compiled for it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn rows_v4(v4: pulp::x86::V4, t: Band<'_, '_>) {
+fn rows_v4<const CH: usize>(v4: pulp::x86::V4, t: Band<'_, '_>) {
     let Band {
         s,
         x,
         packed,
+        gc: _,
         oy0,
         band,
         epilogue,
@@ -179,7 +227,6 @@ fn rows_v4(v4: pulp::x86::V4, t: Band<'_, '_>) {
     use std::arch::x86_64::{__m512, __m512i};
     let f = v4.avx512f;
     let (taps, half, ow) = (s.taps(), s.half(), s.ow);
-    let zero: __m512 = pulp::cast([0.0f32; LANES]);
     let even: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32));
     let odd: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32 + 1));
     let vec_at = |v: &[f32], at: usize| -> __m512 {
@@ -219,39 +266,67 @@ fn rows_v4(v4: pulp::x86::V4, t: Band<'_, '_>) {
             }
         }
     }
+    let vectors = ow.div_ceil(LANES);
     for oy in oy0..oy0 + rows {
         let row = oy - oy0;
-        for (g, wg) in packed.chunks_exact(taps * LANES).enumerate() {
-            for ox0 in (0..ow).step_by(LANES) {
-                let mut acc = [zero; LANES];
-                for c in 0..s.c {
-                    for ky in 0..s.kh {
-                        let at = (c * span + 2 * (oy - oy0) + ky) * 2 * half;
-                        for kx in 0..s.kw {
-                            let src = at + (kx % 2) * half + ox0 + kx / 2;
-                            let v = vec_at(&dealt, src);
-                            let t = (c * s.kh + ky) * s.kw + kx;
-                            let ws = &wg[t * LANES..(t + 1) * LANES];
-                            for (a, &w) in acc.iter_mut().zip(ws) {
-                                *a = f._mm512_fmadd_ps(v, f._mm512_set1_ps(w), *a);
+        for (g, wg) in packed.chunks_exact(taps * CH).enumerate() {
+            let mut v0 = 0;
+            while v0 < vectors {
+                // Blocks of 3 vectors, the last 4 or 2 as two of 2, a last one alone (groups
+                // of 16 channels: one vector a block).
+                let b = Block::<CH> {
+                    v4,
+                    s,
+                    dealt: &dealt,
+                    wg,
+                    span,
+                    half,
+                    ky0: 2 * row,
+                    ox0: v0 * LANES,
+                };
+                let rest = vectors - v0;
+                let pv = if CH == CH_HALF_RATE {
+                    1
+                } else if rest >= 5 || rest == 3 {
+                    3
+                } else if rest >= 2 {
+                    2
+                } else {
+                    1
+                };
+                let (acc2, acc3);
+                let (acc, pv): (&[[__m512; CH]], usize) = match pv {
+                    3 => {
+                        acc3 = b.sums::<3>();
+                        (&acc3, 3)
+                    }
+                    2 => {
+                        acc2 = b.sums::<2>();
+                        (&acc2, 2)
+                    }
+                    _ => {
+                        acc2 = [b.sums::<1>()[0]; 2];
+                        (&acc2[..1], 1)
+                    }
+                };
+                for (v, acc) in acc.iter().enumerate() {
+                    let ox0 = (v0 + v) * LANES;
+                    for (q, a) in acc.iter().enumerate() {
+                        let Some(plane) = band.get_mut(g * CH + q) else {
+                            break;
+                        };
+                        let out = &mut plane[row * ow..(row + 1) * ow];
+                        let vals: [f32; LANES] = pulp::cast(*a);
+                        match out.get_mut(ox0..ox0 + LANES) {
+                            Some(d) => d.copy_from_slice(&vals),
+                            None => {
+                                use pulp::Simd as _;
+                                v4.partial_store_f32s(&mut out[ox0..], pulp::cast(*a));
                             }
                         }
                     }
                 }
-                for (q, a) in acc.iter().enumerate() {
-                    let Some(plane) = band.get_mut(g * LANES + q) else {
-                        break;
-                    };
-                    let out = &mut plane[row * ow..(row + 1) * ow];
-                    let vals: [f32; LANES] = pulp::cast(*a);
-                    match out.get_mut(ox0..ox0 + LANES) {
-                        Some(d) => d.copy_from_slice(&vals),
-                        None => {
-                            use pulp::Simd as _;
-                            v4.partial_store_f32s(&mut out[ox0..], pulp::cast(*a));
-                        }
-                    }
-                }
+                v0 += pv;
             }
         }
     }
@@ -260,6 +335,60 @@ fn rows_v4(v4: pulp::x86::V4, t: Band<'_, '_>) {
         for (ch, plane) in band.iter_mut().enumerate() {
             ep(ch, oy0, plane);
         }
+    }
+}
+
+/// One block of [`rows_v4`]: output row `ky0 / 2` of the band (its taps start at dealt row
+/// `ky0` of each channel), pixels `ox0..` and one group of `CH` channels (`wg`:
+/// `[tap][CH]`).
+#[cfg(target_arch = "x86_64")]
+struct Block<'a, const CH: usize> {
+    v4: pulp::x86::V4,
+    s: &'a Shape,
+    dealt: &'a [f32],
+    wg: &'a [f32],
+    span: usize,
+    half: usize,
+    ky0: usize,
+    ox0: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<const CH: usize> Block<'_, CH> {
+    /// `PV` vectors of 16 pixels × `CH` channels: per tap `(c, ky, kx)` in order, one load
+    /// of each vector's pixels and one FMA with each channel's weight (broadcast), from
+    /// `+0.0` — each element's chain of the definition.
+    #[inline(always)]
+    fn sums<const PV: usize>(&self) -> [[std::arch::x86_64::__m512; CH]; PV] {
+        use std::arch::x86_64::__m512;
+        let f = self.v4.avx512f;
+        let s = self.s;
+        let zero: __m512 = pulp::cast([0.0f32; LANES]);
+        let mut acc = [[zero; CH]; PV];
+        let vec_at = |at: usize| -> __m512 {
+            pulp::cast(bytemuck::pod_read_unaligned::<[f32; LANES]>(
+                bytemuck::cast_slice(&self.dealt[at..at + LANES]),
+            ))
+        };
+        let mut t = 0;
+        for c in 0..s.c {
+            for ky in 0..s.kh {
+                let at = (c * self.span + self.ky0 + ky) * 2 * self.half + self.ox0;
+                for kx in 0..s.kw {
+                    let src = at + (kx % 2) * self.half + kx / 2;
+                    let v: [__m512; PV] = std::array::from_fn(|p| vec_at(src + p * LANES));
+                    let ws = &self.wg[t * CH..(t + 1) * CH];
+                    for (q, &w) in ws.iter().enumerate() {
+                        let w = f._mm512_set1_ps(w);
+                        for (a, &v) in acc.iter_mut().zip(&v) {
+                            a[q] = f._mm512_fmadd_ps(v, w, a[q]);
+                        }
+                    }
+                    t += 1;
+                }
+            }
+        }
+        acc
     }
 }
 
@@ -332,6 +461,11 @@ mod tests {
             shape(10, 12, 40, 3, 4, 1),
             // Padding wider than the image: most taps read zeros.
             shape(1, 4, 3, 3, 2, 20),
+            // Rows of 7 vectors (blocks of 3, 2 and 2), of one (a block of 1), and of 6 with
+            // a partial last (3 and 3).
+            shape(3, 20, 224, 32, 3, 1),
+            shape(2, 11, 32, 9, 3, 1),
+            shape(3, 9, 190, 12, 3, 1),
         ] {
             assert!(s.taps() <= MAX_TAPS);
             if !s.takes() {
@@ -351,10 +485,18 @@ mod tests {
             wt[s.taps() + 1] = f32::NEG_INFINITY;
             let want = definition(&s, &x, &wt);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            for threads in 1..=3 {
-                let mut y = vec![9.0f32; want.len()];
-                conv(&s, &x, &wt, &mut y, threads, None).unwrap_or_else(|e| panic!("{e}"));
-                assert_eq!(bits(&y), bits(&want), "{s:?}, {threads} threads");
+            // Both group widths (the CPU picks one) on 1 to 3 threads.
+            for gc in [CH_FULL_RATE, CH_HALF_RATE] {
+                for threads in 1..=3 {
+                    let mut y = vec![9.0f32; want.len()];
+                    conv_in_groups(&s, &x, &wt, &mut y, threads, None, gc)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(
+                        bits(&y),
+                        bits(&want),
+                        "{s:?}, {gc} channels, {threads} threads"
+                    );
+                }
             }
             // The epilogue sees every row of every channel once, in whole rows from `oy`,
             // after they are complete.
