@@ -46,7 +46,7 @@ const ROWS_PER_TASK: usize = 8;
 /// tap costs 3 loads and 8 broadcasts for 24 multiply-adds, where one vector × 16 channels
 /// cost 1 load and 16 broadcasts for 16. On a 5th-generation Xeon, per-layer medians of
 /// alternated rounds (`bench/ab_layers.py`, bench/RESULTS.md, session ap): ResNet-50's stem
-/// 0.838 of its time on two threads and 0.796 on one, MobileNetV2's 0.843 and 0.850.
+/// 0.70–0.84 of its time on two threads and 0.80 on one, MobileNetV2's 0.77–0.84 and 0.85.
 const CH_FULL_RATE: usize = 8;
 
 /// Output channels per group where 16-lane FMAs run at half rate (Zen 4, where this kernel
@@ -294,19 +294,19 @@ fn rows_v4<const CH: usize>(v4: pulp::x86::V4, t: Band<'_, '_>) {
                 } else {
                     1
                 };
-                let (acc2, acc3);
-                let (acc, pv): (&[[__m512; CH]], usize) = match pv {
+                let (acc1, acc2, acc3);
+                let acc: &[[__m512; CH]] = match pv {
                     3 => {
                         acc3 = b.sums::<3>();
-                        (&acc3, 3)
+                        &acc3
                     }
                     2 => {
                         acc2 = b.sums::<2>();
-                        (&acc2, 2)
+                        &acc2
                     }
                     _ => {
-                        acc2 = [b.sums::<1>()[0]; 2];
-                        (&acc2[..1], 1)
+                        acc1 = b.sums::<1>();
+                        &acc1
                     }
                 };
                 for (v, acc) in acc.iter().enumerate() {
