@@ -54,13 +54,25 @@ const CH_FULL_RATE: usize = 8;
 /// limit rather than the loads.
 const CH_HALF_RATE: usize = 16;
 
-/// The channels per group on this CPU ([`crate::simd::half_rate_fma512`]).
+/// The channels per group on this CPU ([`crate::simd::half_rate_fma512`]; a test may force
+/// either: the same bits).
 fn group_channels() -> usize {
+    #[cfg(test)]
+    if let Some(gc) = FORCE_GROUP.with(std::cell::Cell::get) {
+        return gc;
+    }
     if crate::simd::half_rate_fma512() {
         CH_HALF_RATE
     } else {
         CH_FULL_RATE
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// [`group_channels`]' test override, read by [`conv`] on the calling thread (which packs
+    /// the weight and hands the width to every task).
+    static FORCE_GROUP: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 /// The geometry of one image: input `c × h × w`, `o` output channels, a `kh × kw` kernel,
@@ -117,20 +129,6 @@ pub(crate) fn conv(
     threads: usize,
     epilogue: Option<Epilogue<'_>>,
 ) -> KResult<()> {
-    conv_in_groups(s, x, wt, y, threads, epilogue, group_channels())
-}
-
-/// [`conv`] with `gc` output channels per group ([`CH_FULL_RATE`] or [`CH_HALF_RATE`]; the
-/// tests run both on any CPU: the same bits).
-fn conv_in_groups(
-    s: &Shape,
-    x: &[f32],
-    wt: &[f32],
-    y: &mut [f32],
-    threads: usize,
-    epilogue: Option<Epilogue<'_>>,
-    gc: usize,
-) -> KResult<()> {
     let (taps, npix) = (s.taps(), s.oh * s.ow);
     if x.len() != s.c * s.h * s.w || wt.len() != s.o * taps || y.len() != s.o * npix {
         return Err(format!(
@@ -146,10 +144,8 @@ fn conv_in_groups(
     if !s.takes() {
         return Err(format!("conv_stem: {s:?} is not a shape this kernel takes"));
     }
-    if gc != CH_FULL_RATE && gc != CH_HALF_RATE {
-        return Err(format!("conv_stem: groups of {gc} channels"));
-    }
     // The weight as [group][tap][gc channels], zeros past the last channel.
+    let gc = group_channels();
     let groups = s.o.div_ceil(gc);
     let mut packed = vec![0.0f32; groups * taps * gc];
     for (ch, w) in wt.chunks_exact(taps).enumerate() {
@@ -489,8 +485,10 @@ mod tests {
             for gc in [CH_FULL_RATE, CH_HALF_RATE] {
                 for threads in 1..=3 {
                     let mut y = vec![9.0f32; want.len()];
-                    conv_in_groups(&s, &x, &wt, &mut y, threads, None, gc)
-                        .unwrap_or_else(|e| panic!("{e}"));
+                    FORCE_GROUP.with(|f| f.set(Some(gc)));
+                    let r = conv(&s, &x, &wt, &mut y, threads, None);
+                    FORCE_GROUP.with(|f| f.set(None));
+                    r.unwrap_or_else(|e| panic!("{e}"));
                     assert_eq!(
                         bits(&y),
                         bits(&want),
