@@ -46,7 +46,9 @@ const ROWS_PER_TASK: usize = 8;
 /// tap costs 3 loads and 8 broadcasts for 24 multiply-adds, where one vector × 16 channels
 /// cost 1 load and 16 broadcasts for 16. On a 5th-generation Xeon, per-layer medians of
 /// alternated rounds (`bench/ab_layers.py`, bench/RESULTS.md, session ap): ResNet-50's stem
-/// 0.70–0.84 of its time on two threads and 0.80 on one, MobileNetV2's 0.77–0.84 and 0.85.
+/// 0.70–0.84 of its time on two threads and 0.80 on one, MobileNetV2's 0.77–0.84 and 0.85 —
+/// and even (1.00–1.01) in a stretch where the old shape ran fast: its loads suffer most
+/// when the VM's other vCPU shares the core.
 const CH_FULL_RATE: usize = 8;
 
 /// Output channels per group where 16-lane FMAs run at half rate (Zen 4, where this kernel
