@@ -270,8 +270,6 @@ fn rows_v4<const CH: usize>(v4: pulp::x86::V4, t: Band<'_, '_>) {
         for (g, wg) in packed.chunks_exact(taps * CH).enumerate() {
             let mut v0 = 0;
             while v0 < vectors {
-                // Blocks of 3 vectors, the last 4 or 2 as two of 2, a last one alone (groups
-                // of 16 channels: one vector a block).
                 let b = Block::<CH> {
                     v4,
                     s,
@@ -282,16 +280,7 @@ fn rows_v4<const CH: usize>(v4: pulp::x86::V4, t: Band<'_, '_>) {
                     ky0: 2 * row,
                     ox0: v0 * LANES,
                 };
-                let rest = vectors - v0;
-                let pv = if CH == CH_HALF_RATE {
-                    1
-                } else if rest >= 5 || rest == 3 {
-                    3
-                } else if rest >= 2 {
-                    2
-                } else {
-                    1
-                };
+                let pv = block_vectors(CH, vectors - v0);
                 let (acc1, acc2, acc3);
                 let acc: &[[__m512; CH]] = match pv {
                     3 => {
@@ -333,6 +322,18 @@ fn rows_v4<const CH: usize>(v4: pulp::x86::V4, t: Band<'_, '_>) {
         for (ch, plane) in band.iter_mut().enumerate() {
             ep(ch, oy0, plane);
         }
+    }
+}
+
+/// The vectors of 16 pixels in the next block of a row with `rest` vectors left, for groups
+/// of `ch` channels: blocks of 3, the last 4 or 2 as two of 2, a last one alone; groups of
+/// [`CH_HALF_RATE`] channels one vector a block.
+fn block_vectors(ch: usize, rest: usize) -> usize {
+    match rest {
+        _ if ch == CH_HALF_RATE => 1,
+        3 | 5.. => 3,
+        2 | 4 => 2,
+        _ => 1,
     }
 }
 
