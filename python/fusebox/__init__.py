@@ -26,6 +26,7 @@ from ._errors import (
 from ._fusebox import (
     Module,
     Report,
+    Session,
     __version__,
     backends,
     explain,
@@ -44,6 +45,7 @@ __all__ = [
     "PartitionError",
     "PluginError",
     "Report",
+    "Session",
     "RunError",
     "__version__",
     "backends",

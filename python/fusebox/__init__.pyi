@@ -108,6 +108,29 @@ def run(
     unless `seed` fills the rest with the CLI's random values; `check=True` compares with the
     unpartitioned module and raises `CheckError` on a difference."""
 
+class Session:
+    """A module prepared once and run many times, as `fusebox run --repeat` runs it:
+    partitioned when made (with a config: claimed and compiled), one executor kept, so the
+    constants it decoded and the weight forms it made serve every later `run`. The arguments
+    are `run`'s; the errors too."""
+
+    def __init__(
+        self,
+        module: Module,
+        config: Optional[ConfigArg] = None,
+        patterns: Optional[PatternsArg] = None,
+        memory_limit: Optional[Union[int, str]] = None,
+    ) -> None: ...
+    def run(
+        self,
+        inputs: Optional[Mapping[str, npt.ArrayLike]] = None,
+        seed: Optional[int] = None,
+    ) -> Dict[str, np.ndarray]:
+        """One inference: the outputs by name, as `fusebox.run` gives them."""
+    @property
+    def module(self) -> Module:
+        """The partitioned module the session runs."""
+
 def backends(config: Optional[ConfigArg] = None) -> Dict[str, Any]:
     """`fusebox backends`: ``{"config", "backends": [{"name", "origin", "patterns"}],
     "unassigned", "lint"}``."""

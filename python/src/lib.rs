@@ -27,6 +27,10 @@
 //!   patterns), every parameter of `main` given in `inputs` unless `seed` fills the rest with
 //!   the CLI's random values, `check=True` comparing with the unpartitioned module as
 //!   `--check` does (a difference is a `CheckError`).
+//! - `Session(module, config=None, patterns=None, memory_limit=None)`: `run`'s partition made
+//!   once and one executor kept (`fusebox run --repeat`); `Session.run(inputs=None, seed=None)`
+//!   is one inference, its outputs as `run` gives them, bit for bit; `Session.module` the
+//!   partitioned module.
 //! - `backends(config=None)` → what `fusebox backends` lists, as dicts (default config:
 //!   `configs/cpu.toml`, built in when absent).
 //! - Errors are `fusebox.Error` subclasses with the CLI's message (the `errors` module); the GIL is
@@ -472,6 +476,37 @@ fn run<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let module = module.get();
     let (m, model) = (module.inner.clone(), module.source.clone());
+    // First the config and the memory limit (so the inputs are held to it, as the CLI's are)...
+    let mode = run_mode(py, &model, config, patterns, memory_limit)?;
+    // ...then the inputs (reading numpy arrays needs the GIL)...
+    let given = read_inputs(py, &m, &model, inputs)?;
+    // ...then the partition and the run.
+    let model2 = model.clone();
+    let (outs, stems) = guarded(py, move || {
+        let prepared = prepare(&m, &model2, &mode)?;
+        let ex = fusebox_cpu::Executor::new();
+        execute(&m, &model2, &prepared, &ex, given, seed, check)
+    })?;
+    outputs_dict(py, &model, outs, stems)
+}
+
+/// What a run partitions with: the config's backend pipeline (its table joined by `patterns`),
+/// else the pattern table (`None`: the CPU backend's own).
+enum Mode {
+    Config(Box<BackendPipeline>),
+    Patterns(Option<Vec<fusebox_core::transform::FusionPattern>>),
+}
+
+/// [`Mode`] from `run`'s and `Session`'s keyword arguments, after setting up the runtime (the
+/// memory limit, the config's threads); a config's target warning goes to Python's `warnings`,
+/// as the CLI prints it.
+fn run_mode(
+    py: Python<'_>,
+    model: &Option<PathBuf>,
+    config: Option<&Bound<'_, PyAny>>,
+    patterns: Option<&Bound<'_, PyAny>>,
+    memory_limit: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Mode> {
     let fail = |f: Failure| f.into_pyerr(py);
     let cfg_src = config.map(Source::config).transpose().map_err(fail)?;
     let pat_src = patterns.map(Source::patterns).transpose().map_err(fail)?;
@@ -479,10 +514,8 @@ fn run<'py>(
         .map(self::memory_limit)
         .transpose()
         .map_err(fail)?;
-    // First the config and the memory limit (so the inputs are held to it, as the CLI's are)...
-    let model2 = model.clone();
-    let (pipeline, table, warning) = guarded(py, move || {
-        let model = model2;
+    let model = model.clone();
+    let (mode, warning) = guarded(py, move || {
         let table = match &pat_src {
             Some(s) => Some(s.load_patterns().map_err(|f| with_model(f, &model))?),
             None => None,
@@ -501,64 +534,182 @@ fn run<'py>(
             Some(p) => fusebox::check_target(&p.config).map_err(at_run)?,
             None => None,
         };
-        Ok((pipeline, table, warning))
+        let mode = match pipeline {
+            Some(p) => Mode::Config(Box::new(p)),
+            None => Mode::Patterns(table),
+        };
+        Ok((mode, warning))
     })?;
     if let Some(w) = warning {
         let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
         PyErr::warn(py, &category, &std::ffi::CString::new(w)?, 1)?;
     }
-    // ...then the inputs (reading numpy arrays needs the GIL)...
+    Ok(mode)
+}
+
+/// `inputs` as `main`'s arguments by parameter (an ONNX input's name resolved as the CLI's
+/// `--input` resolves it); a parameter given twice is an error.
+fn read_inputs(
+    py: Python<'_>,
+    m: &fusebox_core::ir::Module,
+    model: &Option<PathBuf>,
+    inputs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<BTreeMap<String, Tensor>> {
+    let fail = |f: Failure| f.into_pyerr(py);
     let mut given: BTreeMap<String, Tensor> = BTreeMap::new();
     for (k, v) in inputs.into_iter().flat_map(|d| d.iter()) {
         let name: String = k.extract()?;
-        let key = fusebox::runner::input_key(&m, &name, "input")
+        let key = fusebox::runner::input_key(m, &name, "input")
             .map_err(|e| fail(Failure::new(Stage::Run, e, model.as_ref())))?;
-        let t = convert::to_tensor(py, &v, &name).map_err(|f| fail(with_model(f, &model)))?;
+        let t = convert::to_tensor(py, &v, &name).map_err(|f| fail(with_model(f, model)))?;
         if given.insert(key.clone(), t).is_some() {
             return Err(fail(with_model(
                 Failure::msg(
                     Stage::Run,
                     format!("input `{name}`: parameter `{key}` is given twice"),
                 ),
-                &model,
+                model,
             )));
         }
     }
-    // ...then the partition and the run.
-    let (outs, names) = guarded(py, move || {
-        use fusebox::runner::{self, RunMode};
-        let at = |stage: Stage| {
-            let model = model.clone();
-            move |e: fusebox_core::Error| Failure::new(stage, e, model.as_ref())
-        };
-        let mode = match &pipeline {
-            Some(p) => RunMode::Config(p),
-            None => RunMode::Patterns(table),
-        };
-        let prepared = runner::prepare(&m, mode).map_err(at(Stage::Partition))?;
-        let args = runner::main_args(&m, given, seed, "input").map_err(at(Stage::Run))?;
-        let ex = fusebox_cpu::Executor::new();
-        let (out, _) = prepared
-            .execute(&ex, args.clone(), false)
-            .map_err(|e| Failure::run(e, model.as_ref()))?;
-        let outs = runner::flatten(out);
-        let names = m
-            .get("main")
-            .map(fusebox_core::frontend::onnx::output_names)
-            .unwrap_or_default();
-        if check {
-            let want =
-                runner::flatten(runner::run_unpartitioned(&ex, &m, args).map_err(at(Stage::Run))?);
-            runner::compare_outputs(&want, &outs, &names).map_err(at(Stage::Check))?;
-        }
-        let stems = runner::output_stems(&names, outs.len());
-        Ok((outs, stems))
-    })?;
+    Ok(given)
+}
+
+/// `m` partitioned for `mode`, as `fusebox run` partitions it (call with the GIL released).
+fn prepare(
+    m: &fusebox_core::ir::Module,
+    model: &Option<PathBuf>,
+    mode: &Mode,
+) -> Result<fusebox::runner::Prepared, Failure> {
+    use fusebox::runner::RunMode;
+    let mode = match mode {
+        Mode::Config(p) => RunMode::Config(p),
+        Mode::Patterns(table) => RunMode::Patterns(table.clone()),
+    };
+    fusebox::runner::prepare(m, mode).map_err(|e| Failure::new(Stage::Partition, e, model.as_ref()))
+}
+
+/// One run of `prepared` on `ex` with `given` (the rest from `seed`): the flattened outputs
+/// and their names as the CLI's file stems; `check` compares with the unpartitioned `m` (call
+/// with the GIL released).
+fn execute(
+    m: &fusebox_core::ir::Module,
+    model: &Option<PathBuf>,
+    prepared: &fusebox::runner::Prepared,
+    ex: &fusebox_cpu::Executor,
+    given: BTreeMap<String, Tensor>,
+    seed: Option<u64>,
+    check: bool,
+) -> Result<(Vec<Tensor>, Vec<String>), Failure> {
+    use fusebox::runner;
+    let at = |stage: Stage| move |e: fusebox_core::Error| Failure::new(stage, e, model.as_ref());
+    let args = runner::main_args(m, given, seed, "input").map_err(at(Stage::Run))?;
+    let (out, _) = prepared
+        .execute(ex, args.clone(), false)
+        .map_err(|e| Failure::run(e, model.as_ref()))?;
+    let outs = runner::flatten(out);
+    let names = m
+        .get("main")
+        .map(fusebox_core::frontend::onnx::output_names)
+        .unwrap_or_default();
+    if check {
+        let want = runner::flatten(runner::run_unpartitioned(ex, m, args).map_err(at(Stage::Run))?);
+        runner::compare_outputs(&want, &outs, &names).map_err(at(Stage::Check))?;
+    }
+    let stems = runner::output_stems(&names, outs.len());
+    Ok((outs, stems))
+}
+
+/// The outputs as a `dict` of arrays by stem.
+fn outputs_dict<'py>(
+    py: Python<'py>,
+    model: &Option<PathBuf>,
+    outs: Vec<Tensor>,
+    stems: Vec<String>,
+) -> PyResult<Bound<'py, PyDict>> {
     let result = PyDict::new(py);
-    for (t, name) in outs.into_iter().zip(names) {
-        result.set_item(name, convert::to_array(py, t).map_err(fail)?)?;
+    for (t, name) in outs.into_iter().zip(stems) {
+        let a = convert::to_array(py, t).map_err(|f| with_model(f, model).into_pyerr(py))?;
+        result.set_item(name, a)?;
     }
     Ok(result)
+}
+
+/// A module prepared once and run many times, as `fusebox run --repeat` runs it: partitioned
+/// (with a config: claimed and compiled) when made, with one executor kept, so the constants
+/// it decoded and the weight forms it made (packed, Winograd-transformed) serve every later
+/// `run`, and a `run` is one inference. The arguments are `run`'s.
+#[pyclass(frozen, name = "Session", module = "fusebox")]
+pub struct Session {
+    module: Arc<fusebox_core::ir::Module>,
+    source: Option<PathBuf>,
+    prepared: fusebox::runner::Prepared,
+    ex: fusebox_cpu::Executor,
+}
+
+#[pymethods]
+impl Session {
+    #[new]
+    #[pyo3(signature = (module, config=None, patterns=None, memory_limit=None))]
+    fn new(
+        py: Python<'_>,
+        module: &Bound<'_, Module>,
+        config: Option<&Bound<'_, PyAny>>,
+        patterns: Option<&Bound<'_, PyAny>>,
+        memory_limit: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Session> {
+        let module = module.get();
+        let (m, model) = (module.inner.clone(), module.source.clone());
+        let mode = run_mode(py, &model, config, patterns, memory_limit)?;
+        let (m2, model2) = (m.clone(), model.clone());
+        let prepared = guarded(py, move || prepare(&m2, &model2, &mode))?;
+        Ok(Session {
+            module: m,
+            source: model,
+            prepared,
+            ex: fusebox_cpu::Executor::new(),
+        })
+    }
+
+    /// One inference: the outputs by name, as `fusebox.run` gives them (`inputs` and `seed`
+    /// as there).
+    #[pyo3(signature = (inputs=None, seed=None))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Option<&Bound<'py, PyDict>>,
+        seed: Option<u64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let given = read_inputs(py, &self.module, &self.source, inputs)?;
+        let (outs, stems) = guarded(py, || {
+            execute(
+                &self.module,
+                &self.source,
+                &self.prepared,
+                &self.ex,
+                given,
+                seed,
+                false,
+            )
+        })?;
+        outputs_dict(py, &self.source, outs, stems)
+    }
+
+    /// The partitioned module the session runs.
+    #[getter]
+    fn module(&self) -> Module {
+        Module {
+            inner: Arc::new(self.prepared.module().clone()),
+            source: self.source.clone(),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.source {
+            Some(p) => format!("<fusebox.Session of {}>", p.display()),
+            None => "<fusebox.Session>".to_string(),
+        }
+    }
 }
 
 /// The backends of a config (built-in and plugins) in order with their patterns, highest
@@ -663,6 +814,7 @@ fn _fusebox(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Module>()?;
     m.add_class::<Report>()?;
+    m.add_class::<Session>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(partition, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;

@@ -180,3 +180,42 @@ def test_outputs_keep_their_dtypes(tmp_path):
     # The arrays are numpy's to keep and change.
     out["s"][0, 0] = 7
     assert out["s"][0, 0] == 7
+
+
+def test_a_session_runs_as_run_does_and_keeps_its_state_between_runs(tmp_path):
+    # The ONNX model and the small CNN, each with and without a config: every run of a session
+    # gives `fusebox.run`'s outputs bit for bit, for changing inputs (a session that kept a
+    # previous run's values, or cached by input, would fail the second and third runs).
+    x = np.load(RESNET / "default" / "inputs" / "pixel_values.npy")
+    m = fusebox.load(RESNET / "model.onnx")
+    for config in (None, CPU_TOML):
+        sess = fusebox.Session(m, config=config)
+        assert "fused" in sess.module.text() or len(sess.module.functions) > 1
+        for scale in (1.0, -0.5, 2.0):
+            inputs = {"pixel_values": (x * scale).astype(np.float32)}
+            assert_same(sess.run(inputs), fusebox.run(m, inputs, config=config))
+    cnn = fusebox.load(SMALL_CNN)
+    sess = fusebox.Session(cnn, config=CPU_TOML)
+    for seed in (1, 2):
+        inputs = cnn_inputs(seed)
+        assert_same(sess.run(inputs), fusebox.run(cnn, inputs, config=CPU_TOML))
+    # `seed` fills what `inputs` leaves out, as in `fusebox.run`.
+    assert_same(sess.run(seed=3), fusebox.run(cnn, seed=3, config=CPU_TOML))
+    assert repr(sess) == f"<fusebox.Session of {SMALL_CNN}>"
+
+
+def test_a_session_reports_bad_inputs_and_configs_as_run_does(tmp_path):
+    cnn = fusebox.load(SMALL_CNN)
+    sess = fusebox.Session(cnn)
+    with pytest.raises(fusebox.RunError, match="no_such_input"):
+        sess.run({"no_such_input": np.zeros(3, np.float32)})
+    with pytest.raises(fusebox.RunError):
+        sess.run({"data": np.zeros((1, 3, 32, 32), np.float32)})  # the weights are missing
+    bad = tmp_path / "bad.toml"
+    bad.write_text("target = \"cpu\"\n[partition]\nfuse_opps = true\n")
+    with pytest.raises(fusebox.ConfigError, match="unknown field `fuse_opps`") as e:
+        fusebox.Session(cnn, config=bad)
+    assert (e.value.file, e.value.line) == (str(bad), 3)
+    # The session still runs after the failed calls.
+    inputs = cnn_inputs(4)
+    assert_same(sess.run(inputs), fusebox.run(cnn, inputs))
