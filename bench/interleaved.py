@@ -23,7 +23,7 @@ and a mismatch exits 1.
 A benchmark, not a test: it asserts nothing about the time.
 
 Usage: .venv/bin/python bench/interleaved.py MODEL_DIR [--threads 2] [--pairs 200]
-       [--warmup 10] [--pause-ms 1]
+       [--warmup 10] [--block 1] [--pause-ms 0]
 MODEL_DIR holds model/model.onnx and inputs/<graph input>.npy (bench/export_models.py's and
 bench/models.sh's layout). Needs the package in the venv: `.venv/bin/maturin build --release
 --locked -m python/Cargo.toml -i .venv/bin/python --out target/python-wheel` and `pip install`
@@ -47,6 +47,8 @@ p.add_argument("--block", type=int, default=1,
                "runtime's data in cache from one of its inferences to the next, as in a loop")
 p.add_argument("--pause-ms", type=float, default=0.0, help="sleep before each inference")
 a = p.parse_args()
+if a.pairs < 2 or a.block < 1 or a.threads < 1 or a.pause_ms < 0:
+    p.error("--pairs must be at least 2, --block and --threads at least 1, --pause-ms not negative")
 
 # fusebox reads its thread count once, on first use.
 os.environ["FUSEBOX_THREADS"] = str(a.threads)
