@@ -182,7 +182,7 @@ def test_outputs_keep_their_dtypes(tmp_path):
     assert out["s"][0, 0] == 7
 
 
-def test_a_session_runs_as_run_does_and_keeps_its_state_between_runs(tmp_path):
+def test_every_run_of_a_session_gives_runs_outputs(tmp_path):
     # The ONNX model and the small CNN, each with and without a config: every run of a session
     # gives `fusebox.run`'s outputs bit for bit, for changing inputs (a session that kept a
     # previous run's values, or cached by input, would fail the second and third runs).
