@@ -483,7 +483,7 @@ fn run<'py>(
     // ...then the partition and the run.
     let model2 = model.clone();
     let (outs, stems) = guarded(py, move || {
-        let prepared = prepare(&m, &model2, &mode)?;
+        let prepared = prepare(&m, &model2, mode)?;
         let ex = fusebox_cpu::Executor::new();
         execute(&m, &model2, &prepared, &ex, given, seed, check)
     })?;
@@ -576,17 +576,18 @@ fn read_inputs(
 }
 
 /// `m` partitioned for `mode`, as `fusebox run` partitions it (call with the GIL released).
+/// The mode is spent: a pattern table moves into the partition instead of being copied.
 fn prepare(
     m: &fusebox_core::ir::Module,
     model: &Option<PathBuf>,
-    mode: &Mode,
+    mode: Mode,
 ) -> Result<fusebox::runner::Prepared, Failure> {
-    use fusebox::runner::RunMode;
-    let mode = match mode {
-        Mode::Config(p) => RunMode::Config(p),
-        Mode::Patterns(table) => RunMode::Patterns(table.clone()),
-    };
-    fusebox::runner::prepare(m, mode).map_err(|e| Failure::new(Stage::Partition, e, model.as_ref()))
+    use fusebox::runner::{RunMode, prepare};
+    let at = |e| Failure::new(Stage::Partition, e, model.as_ref());
+    match mode {
+        Mode::Config(p) => prepare(m, RunMode::Config(&p)).map_err(at),
+        Mode::Patterns(table) => prepare(m, RunMode::Patterns(table)).map_err(at),
+    }
 }
 
 /// One run of `prepared` on `ex` with `given` (the rest from `seed`): the flattened outputs
@@ -662,7 +663,7 @@ impl Session {
         let (m, model) = (module.inner.clone(), module.source.clone());
         let mode = run_mode(py, &model, config, patterns, memory_limit)?;
         let (m2, model2) = (m.clone(), model.clone());
-        let prepared = guarded(py, move || prepare(&m2, &model2, &mode))?;
+        let prepared = guarded(py, move || prepare(&m2, &model2, mode))?;
         Ok(Session {
             module: m,
             source: model,
