@@ -12,6 +12,15 @@ some tens of microseconds more than onnxruntime's `run`; compare a Relu-only mod
 processes is of the same order as many of the differences: repeat it, and alternate binaries
 (`--fusebox A --fusebox B`) when comparing two builds.
 
+Each one-layer model is written in bench/interleaved.py's MODEL_DIR layout
+(OUT_DIR/NAME/model/model.onnx, OUT_DIR/NAME/inputs/x.npy), so the two runtimes can also be
+compared layer by layer in one process, inference against inference, which the VM's slow and
+fast stretches move far less (bench/RESULTS.md, session ar):
+  for d in /tmp/conv_layers/*/; do .venv/bin/python bench/interleaved.py $d --threads 1 \
+      --pairs 60 --block 3; done
+Those ratios include fusebox's copy of the input into its own tensor (onnxruntime reads the
+NumPy array in place): a few percent on the layers with the largest inputs.
+
 Usage: .venv/bin/python bench/conv_layers.py [--preset resnet50|mobilenet-v2|pointwise|depthwise|conv3x3]
        [--threads 2] [--repeat 300] [--out-dir /tmp/conv_layers] [--fusebox target/release/fusebox ...]
 """
@@ -29,6 +38,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 # (in channels, input size, out channels, kernel, stride, groups)
 PRESETS = {
+    # The distinct layers of the light ResNet-50 of bench/export_models.py (torchvision's v1.5:
+    # stride 2 on the 3×3 of each stage's first block and on its 1×1 projection).
     "resnet50": [
         (3, 224, 64, 7, 2, 1),
         (64, 56, 64, 1, 1, 1),
@@ -37,17 +48,22 @@ PRESETS = {
         (256, 56, 64, 1, 1, 1),
         (256, 56, 128, 1, 1, 1),
         (128, 56, 128, 3, 2, 1),
-        (128, 28, 128, 3, 1, 1),
+        (256, 56, 512, 1, 2, 1),
         (128, 28, 512, 1, 1, 1),
         (512, 28, 128, 1, 1, 1),
-        (256, 28, 256, 3, 1, 1),
-        (256, 14, 256, 3, 1, 1),
+        (128, 28, 128, 3, 1, 1),
+        (512, 28, 256, 1, 1, 1),
+        (256, 28, 256, 3, 2, 1),
+        (512, 28, 1024, 1, 2, 1),
         (256, 14, 1024, 1, 1, 1),
         (1024, 14, 256, 1, 1, 1),
-        (512, 14, 512, 3, 1, 1),
-        (512, 7, 512, 3, 1, 1),
+        (256, 14, 256, 3, 1, 1),
+        (1024, 14, 512, 1, 1, 1),
+        (512, 14, 512, 3, 2, 1),
+        (1024, 14, 2048, 1, 2, 1),
         (512, 7, 2048, 1, 1, 1),
         (2048, 7, 512, 1, 1, 1),
+        (512, 7, 512, 3, 1, 1),
     ],
     "mobilenet-v2": [
         (3, 224, 32, 3, 2, 1),
@@ -118,14 +134,17 @@ def fusebox_ms(binary, model, x_path, out):
 
 
 def write(name, nodes, x, inits):
+    """The model as OUT_DIR/NAME/model/model.onnx and its input as OUT_DIR/NAME/inputs/x.npy
+    (bench/interleaved.py's MODEL_DIR layout)."""
     d = os.path.join(a.out_dir, name)
-    os.makedirs(d, exist_ok=True)
+    os.makedirs(os.path.join(d, "model"), exist_ok=True)
+    os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
     g = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = os.path.join(d, "model.onnx")
+    model = os.path.join(d, "model", "model.onnx")
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
-    x_path = os.path.join(d, "x.npy")
+    x_path = os.path.join(d, "inputs", "x.npy")
     np.save(x_path, x)
     return model, x_path, d
 

@@ -16,8 +16,13 @@ are listed by op type for onnxruntime and by function for fusebox, unmatched.
 A benchmark, not a test: it asserts nothing. The shared VM's fast and slow stretches move both
 runtimes; `--rounds` alternates them and keeps each side's minimum per layer.
 
-Usage: .venv/bin/python bench/layer_gaps.py MODEL_DIR [--threads 2] [--rounds 3]
-       [--repeat 50] [--fusebox target/release/fusebox]
+With `--threads 1,2` every round runs both runtimes at each thread count in turn, and the table
+shows each runtime's per-layer time at every count and its scaling from the first count to the
+last (time at the first / time at the last), so that a layer that gains less from the second
+thread in fusebox than in onnxruntime shows as such within one run.
+
+Usage: .venv/bin/python bench/layer_gaps.py MODEL_DIR [--threads 2 | --threads 1,2]
+       [--rounds 3] [--repeat 50] [--fusebox target/release/fusebox]
 MODEL_DIR holds model/model.onnx and inputs/<graph input>.npy (the layout of
 bench/export_models.py and bench/models.sh; in a file name every character other than a letter,
 digit or `_` is `_`).
@@ -193,7 +198,12 @@ def fusebox_layers(fusebox, model_path, inputs, threads, repeat):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--threads",
+        type=lambda v: [int(t) for t in v.split(",")],
+        default=[2],
+        help="a thread count, or several separated by commas (1,2)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--fusebox", type=Path, default=ROOT / "target" / "release" / "fusebox")
@@ -222,18 +232,34 @@ def main():
         for k, v in new.items():
             acc[k] = min(v, acc.get(k, v))
 
-    o_conv, o_other, f_conv, f_other, f_runs = {}, {}, {}, {}, []
+    counts = a.threads
+    if not counts or any(t < 1 for t in counts):
+        sys.exit(f"--threads: expected positive counts, got {counts}")
+    o_conv = {t: {} for t in counts}
+    o_other = {t: {} for t in counts}
+    f_conv = {t: {} for t in counts}
+    f_other = {t: {} for t in counts}
+    f_runs = {t: [] for t in counts}
     for _ in range(a.rounds):
-        c, o = onnxruntime_layers(model_path, graph, feed, a.threads, a.repeat)
-        keep_min(o_conv, c)
-        keep_min(o_other, o)
-        c, o, run = fusebox_layers(a.fusebox, model_path, inputs, a.threads, a.repeat)
-        keep_min(f_conv, c)
-        keep_min(f_other, o)
-        if run is not None:
-            f_runs.append(run)
+        for t in counts:
+            c, o = onnxruntime_layers(model_path, graph, feed, t, a.repeat)
+            keep_min(o_conv[t], c)
+            keep_min(o_other[t], o)
+            c, o, run = fusebox_layers(a.fusebox, model_path, inputs, t, a.repeat)
+            keep_min(f_conv[t], c)
+            keep_min(f_other[t], o)
+            if run is not None:
+                f_runs[t].append(run)
 
-    print(f"{a.model_dir.name}: {a.threads} threads, minima over {a.rounds} alternated rounds")
+    if len(counts) == 1:
+        print_one(a, counts[0], o_conv[counts[0]], o_other[counts[0]], f_conv[counts[0]],
+                  f_other[counts[0]], f_runs[counts[0]])
+    else:
+        print_scaling(a, counts, o_conv, f_conv, f_runs)
+
+
+def print_one(a, threads, o_conv, o_other, f_conv, f_other, f_runs):
+    print(f"{a.model_dir.name}: {threads} threads, minima over {a.rounds} alternated rounds")
     print(f"{'conv data, weight':<40} {'onnxruntime':>11} {'fusebox':>8} {'diff':>7} {'ratio':>6}")
     keys = sorted(set(o_conv) | set(f_conv), key=lambda k: -(f_conv.get(k, 0) - o_conv.get(k, 0)))
     for k in keys:
@@ -250,6 +276,39 @@ def main():
         f"convolutions: onnxruntime {sum(o_conv.values()):.3f} ms, fusebox {f_sum:.3f} ms; "
         f"onnxruntime's nodes in all {o_sum:.3f} ms, fusebox's run {min(f_runs, default=0):.3f} ms"
     )
+
+
+def print_scaling(a, counts, o_conv, f_conv, f_runs):
+    """Per conv key: each runtime's time at every thread count, its scaling from the first
+    count to the last, and fusebox's ratio to onnxruntime at the last count; sorted by how much
+    more fusebox's layer takes than onnxruntime's at the last count."""
+    first, last = counts[0], counts[-1]
+    print(
+        f"{a.model_dir.name}: threads {', '.join(map(str, counts))}, minima over {a.rounds} "
+        f"rounds (each round both runtimes at each count)"
+    )
+    head = f"{'conv data, weight':<40}"
+    for t in counts:
+        head += f" {'ort ' + str(t) + 'T':>8} {'fb ' + str(t) + 'T':>8}"
+    head += f" {'ort x':>6} {'fb x':>6} {'ratio ' + str(last) + 'T':>8}"
+    print(head)
+    keys = [k for k in o_conv[last] if all(k in o_conv[t] and k in f_conv[t] for t in counts)]
+    keys.sort(key=lambda k: -(f_conv[last][k] - o_conv[last][k]))
+    for k in keys:
+        row = f"{k:<40}"
+        for t in counts:
+            row += f" {o_conv[t][k]:8.3f} {f_conv[t][k]:8.3f}"
+        o_x = o_conv[first][k] / o_conv[last][k]
+        f_x = f_conv[first][k] / f_conv[last][k]
+        row += f" {o_x:6.2f} {f_x:6.2f} {f_conv[last][k] / o_conv[last][k]:8.2f}"
+        print(row)
+    for t in counts:
+        o_sum = sum(o_conv[t][k] for k in keys)
+        f_sum = sum(f_conv[t][k] for k in keys)
+        print(
+            f"{t} thread(s): convolutions onnxruntime {o_sum:.3f} ms, fusebox {f_sum:.3f} ms "
+            f"({f_sum / o_sum:.3f}); fusebox's run {min(f_runs[t], default=0):.3f} ms"
+        )
 
 
 if __name__ == "__main__":
