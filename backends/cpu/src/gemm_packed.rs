@@ -24,8 +24,8 @@
 //!   waiting. In one process against onnxruntime (`bench/interleaved.py`, medians of
 //!   per-pair ratios), twelve GPT-2-sized dense layers went from 1.132 to 0.965 of
 //!   onnxruntime's time on one thread and 1.024 to 0.878 on two, GPT-2 from 1.087 to 0.955
-//!   and from 1.052 / 0.962 to 0.864 / 0.903, BERT-base from 1.077 to 0.932 on one thread
-//!   (bench/RESULTS.md, session ar).
+//!   on one thread and from 0.96–1.05 to 0.86–0.90 on two, BERT-base from 1.077 to 0.932 on
+//!   one thread (bench/RESULTS.md, session ar).
 //! - With narrower vectors (AVX2's 8 lanes; 4 and scalar too) a panel row no longer fits the
 //!   registers: `A` is first copied into blocks of [`MR_N`] = 6 rows interleaved by step
 //!   (one sequential stream per block), `k` is cut into chunks of [`KC`] steps, and the
