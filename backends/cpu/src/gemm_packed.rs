@@ -417,9 +417,11 @@ fn tile<S: pulp::Simd, const MR: usize>(simd: S, t: Tile<'_, '_>) -> KResult<()>
         } else {
             &[]
         };
-        let lines = next.len() / LINE;
         for (blk, i0) in (0..h).step_by(MR).enumerate() {
-            let share = &next[blk * lines / blocks * LINE..(blk + 1) * lines / blocks * LINE];
+            let ahead = Ahead {
+                prefetch,
+                lines: line_share(next, blk, blocks),
+            };
             let valid = MR.min(h - i0);
             let rows: [&[f32]; MR] = std::array::from_fn(|r| {
                 if r < valid {
@@ -429,7 +431,7 @@ fn tile<S: pulp::Simd, const MR: usize>(simd: S, t: Tile<'_, '_>) -> KResult<()>
                     &zeros[..]
                 }
             });
-            let block = kernel::<S, MR>(simd, &rows, panel, k, prefetch, share);
+            let block = kernel::<S, MR>(simd, &rows, panel, k, ahead);
             for (r, vals) in block.iter().enumerate().take(valid) {
                 let row = row_slice(c.rb_mut(), i0 + r)?;
                 row[j * NR..j * NR + cols].copy_from_slice(&vals[..cols]);
@@ -555,6 +557,59 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
         }
     }
     Ok(())
+}
+
+/// Part `i` of `n` of `panel`'s cache lines (whole [`Line`]s): what one of `n` micro-kernel
+/// calls on the panel before it prefetches of it.
+fn line_share(panel: &[f32], i: usize, n: usize) -> &[f32] {
+    let lines = panel.len() / LINE;
+    &panel[i * lines / n.max(1) * LINE..(i + 1) * lines / n.max(1) * LINE]
+}
+
+/// Lines of packed `B` (a panel the kernel reads next) that a micro-kernel prefetches toward
+/// L2 while it runs ([`gemm`]'s `kernel`, [`gemm_cols`]'s `kernel_cols`).
+#[derive(Clone, Copy)]
+struct Ahead<'a> {
+    prefetch: Prefetch,
+    lines: &'a [f32],
+}
+
+impl<'a> Ahead<'a> {
+    /// The lines spread evenly over `k` steps ([`Spread::step`] once per step).
+    #[inline(always)]
+    fn over(self, k: usize) -> Spread<'a> {
+        Spread {
+            prefetch: self.prefetch,
+            lines: self.lines.len() / LINE,
+            k: k.max(1),
+            due: 0,
+            next: self.lines.chunks_exact(LINE),
+        }
+    }
+}
+
+/// [`Ahead`]'s lines in flight: line `i` is prefetched at the step where `i + 1` lines are
+/// due.
+struct Spread<'a> {
+    prefetch: Prefetch,
+    lines: usize,
+    k: usize,
+    due: usize,
+    next: std::slice::ChunksExact<'a, f32>,
+}
+
+impl Spread<'_> {
+    /// One step of the kernel: the lines now due.
+    #[inline(always)]
+    fn step(&mut self) {
+        self.due += self.lines;
+        while self.due >= self.k {
+            self.due -= self.k;
+            if let Some(line) = self.next.next() {
+                self.prefetch.line_l2(line);
+            }
+        }
+    }
 }
 
 /// Software prefetch through `pulp`'s SSE token, into L1 (`T0`) or toward L2 (`T1`): a hint
@@ -708,26 +763,17 @@ fn kernel<S: pulp::Simd, const MR: usize>(
     rows: &[&[f32]; MR],
     panel: &[f32],
     k: usize,
-    prefetch: Prefetch,
-    ahead: &[f32],
+    ahead: Ahead<'_>,
 ) -> [[f32; NR]; MR] {
     let lanes = S::F32_LANES;
     let width = 3 * lanes;
     let mut out = [[0.0f32; NR]; MR];
     let zero = simd.splat_f32s(0.0);
-    // Line `i` of `ahead` is prefetched at the step where `i + 1` lines are due.
-    let lines = ahead.len() / LINE;
-    let (mut due, mut next) = (0usize, ahead.chunks_exact(LINE));
+    let mut spread = ahead.over(k);
     for j0 in (0..NR).step_by(width) {
         let mut acc = [[zero; 3]; MR];
         for (p, bp) in panel.chunks_exact(NR).take(k).enumerate() {
-            due += lines;
-            while due >= k {
-                due -= k;
-                if let Some(line) = next.next() {
-                    prefetch.line_l2(line);
-                }
-            }
+            spread.step();
             let Some(bp) = bp.get(j0..j0 + width) else {
                 continue;
             };

@@ -26,7 +26,7 @@
 //! ; over all 4608 steps, then written back transposed into the 512 rows of 49 pixels
 //! ```
 
-use super::{LINE, NR, PackedB, Prefetch, TILE_MACS};
+use super::{Ahead, NR, PackedB, Prefetch, TILE_MACS, line_share};
 use crate::matmul::Epilogue;
 use crate::util::KResult;
 
@@ -306,7 +306,7 @@ fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_, '_>) -> KResul
     for (sh, next) in shares.iter_mut().zip(next) {
         let panel = b.panel(sh.panel);
         let cols = sh.rows.len();
-        let (lines, blocks) = (next.len() / LINE, sh.b1 - sh.b0);
+        let blocks = sh.b1 - sh.b0;
         for blk in sh.b0..sh.b1 {
             let (data, steps, at, valid) = if blk < full {
                 (src.data, src.steps, src.base(blk * MR), MR)
@@ -315,8 +315,7 @@ fn cols_task<S: pulp::Simd, const MR: usize>(simd: S, t: Cols<'_, '_>) -> KResul
             };
             let px = Pixels { data, steps, at };
             // This block's share of the next panel's lines, fetched into L2 over its steps.
-            let i = blk - sh.b0;
-            let share = &next[i * lines / blocks * LINE..(i + 1) * lines / blocks * LINE];
+            let share = line_share(next, blk - sh.b0, blocks);
             // Only the vectors that hold live columns (a last panel of 16 or 32 channels).
             let mut block = [[0.0f32; NR]; MR];
             let mut j0 = 0;
@@ -352,13 +351,6 @@ struct Pixels<'a> {
     at: usize,
 }
 
-/// Lines of packed `B` that [`kernel_cols`] prefetches into L2 while it runs, spread evenly
-/// over its steps (whole [`Line`]s: a panel starts on one and holds a whole number).
-struct Ahead<'a> {
-    prefetch: Prefetch,
-    lines: &'a [f32],
-}
-
 /// `MR` pixels ([`Pixels`]) × `V` vectors of the panel's columns from `j0`:
 /// `Σ_p x · panel[p][j]`, one FMA per step in `p` order from `+0.0`, held in registers over
 /// all of `k` (as [`kernel`], with the pixels read along `x`'s rows), into `out`, with the
@@ -377,17 +369,9 @@ fn kernel_cols<S: pulp::Simd, const MR: usize, const V: usize>(
     let width = V * lanes;
     let zero = simd.splat_f32s(0.0);
     let mut acc = [[zero; V]; MR];
-    // Line `i` of `ahead` is fetched at the step where `i + 1` lines are due.
-    let (k, lines) = (steps.len(), ahead.lines.len() / LINE);
-    let (mut due, mut next) = (0usize, ahead.lines.chunks_exact(LINE));
+    let mut spread = ahead.over(steps.len());
     for (bp, &s) in panel.chunks_exact(NR).zip(steps) {
-        due += lines;
-        while due >= k {
-            due -= k;
-            if let Some(line) = next.next() {
-                ahead.prefetch.line_l2(line);
-            }
-        }
+        spread.step();
         let (Some(bp), Some(xs)) = (bp.get(j0..j0 + width), data.get(s + at..s + at + MR)) else {
             continue;
         };
