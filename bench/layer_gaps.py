@@ -16,6 +16,9 @@ are listed by op type for onnxruntime and by function for fusebox, unmatched.
 A benchmark, not a test: it asserts nothing. The shared VM's fast and slow stretches move both
 runtimes; `--rounds` alternates them and keeps each side's minimum per layer.
 
+After the table, the layers summed by kind (kernel size, depthwise, stride: `1x1`, `3x3
+stride 2`, `3x3 depthwise`), at the last thread count: which kind of layer holds the gap.
+
 With `--threads 1,2` every round runs both runtimes at each thread count in turn, and the table
 shows each runtime's per-layer time at every count and its scaling from the first count to the
 last (time at the first / time at the last), so that a layer that gains less from the second
@@ -79,6 +82,38 @@ def fmt(shape):
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
+def conv_kind(conv, x_shape, w_shape):
+    """A Conv's kind for the summary by kind: its kernel (`3x3`), `depthwise` where each group
+    has one input channel and there are several groups, `grouped` for other group counts, and
+    its stride where it is not 1 (`3x3 stride 2`)."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
+    group = int(attrs.get("group", 1))
+    strides = list(attrs.get("strides", [1] * (len(w_shape) - 2)))
+    kind = "x".join(str(d) for d in w_shape[2:])
+    if group > 1:
+        kind += " depthwise" if len(w_shape) > 1 and w_shape[1] == 1 else " grouped"
+    if any(st != 1 for st in strides):
+        stride = strides[0] if len(set(strides)) == 1 else "x".join(map(str, strides))
+        kind += f" stride {stride}"
+    return kind
+
+
+def print_kinds(kinds, o_conv, f_conv):
+    """The layers summed by kind (keys present on both sides): shapes, each runtime's time, the
+    difference and the ratio, the largest difference first."""
+    by = defaultdict(lambda: [0, 0.0, 0.0])
+    for k in o_conv:
+        if k in f_conv:
+            row = by[kinds.get(k, "?")]
+            row[0] += 1
+            row[1] += o_conv[k]
+            row[2] += f_conv[k]
+    print(f"{'by kind':<24} {'shapes':>6} {'onnxruntime':>11} {'fusebox':>8} {'diff':>7} {'ratio':>6}")
+    for kind, (n, o, f) in sorted(by.items(), key=lambda kv: -(kv[1][2] - kv[1][1])):
+        ratio = f"{f / o:6.2f}" if o > 0 else f"{'-':>6}"
+        print(f"{kind:<24} {n:6d} {o:11.3f} {f:8.3f} {f - o:+7.3f} {ratio}")
+
+
 class Graph:
     def __init__(self, model, given):
         self.producer = {}
@@ -89,6 +124,11 @@ class Graph:
             for i in n.input:
                 self.consumers[i].append(n)
         self.shapes = shapes_of(model, given)
+        # Per conv key, its kind (`conv_kind`), from the first Conv of that key.
+        self.kinds = {}
+        for n in model.graph.node:
+            if n.op_type == "Conv":
+                self.conv_key(n)
 
     def conv_head(self, tensor):
         """The Conv whose fused group ends in `tensor`: back through Clip, Relu and
@@ -121,7 +161,9 @@ class Graph:
         x, w = conv.input[0], conv.input[1]
         if x not in self.shapes or w not in self.shapes:
             return None
-        return f"{fmt(self.shapes[x])} {fmt(self.shapes[w])}"
+        key = f"{fmt(self.shapes[x])} {fmt(self.shapes[w])}"
+        self.kinds.setdefault(key, conv_kind(conv, self.shapes[x], self.shapes[w]))
+        return key
 
 
 def onnxruntime_layers(model_path, graph, feed, threads, repeat):
@@ -256,6 +298,7 @@ def main():
                   f_other[counts[0]], f_runs[counts[0]])
     else:
         print_scaling(a, counts, o_conv, f_conv, f_runs)
+    print_kinds(graph.kinds, o_conv[counts[-1]], f_conv[counts[-1]])
 
 
 def print_one(a, threads, o_conv, o_other, f_conv, f_other, f_runs):
