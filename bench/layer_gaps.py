@@ -82,7 +82,7 @@ def fmt(shape):
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def conv_kind(conv, x_shape, w_shape):
+def conv_kind(conv, w_shape):
     """A Conv's kind for the summary by kind: its kernel (`3x3`), `depthwise` where each group
     has one input channel and there are several groups, `grouped` for other group counts, and
     its stride where it is not 1 (`3x3 stride 2`)."""
@@ -162,7 +162,7 @@ class Graph:
         if x not in self.shapes or w not in self.shapes:
             return None
         key = f"{fmt(self.shapes[x])} {fmt(self.shapes[w])}"
-        self.kinds.setdefault(key, conv_kind(conv, self.shapes[x], self.shapes[w]))
+        self.kinds.setdefault(key, conv_kind(conv, self.shapes[w]))
         return key
 
 
