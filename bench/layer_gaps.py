@@ -127,8 +127,9 @@ class Graph:
         # Per conv key, its kind (`conv_kind`), from the first Conv of that key.
         self.kinds = {}
         for n in model.graph.node:
-            if n.op_type == "Conv":
-                self.conv_key(n)
+            key = self.conv_key(n) if n.op_type == "Conv" else None
+            if key is not None:
+                self.kinds.setdefault(key, conv_kind(n, self.shapes[n.input[1]]))
 
     def conv_head(self, tensor):
         """The Conv whose fused group ends in `tensor`: back through Clip, Relu and
@@ -161,9 +162,7 @@ class Graph:
         x, w = conv.input[0], conv.input[1]
         if x not in self.shapes or w not in self.shapes:
             return None
-        key = f"{fmt(self.shapes[x])} {fmt(self.shapes[w])}"
-        self.kinds.setdefault(key, conv_kind(conv, self.shapes[w]))
-        return key
+        return f"{fmt(self.shapes[x])} {fmt(self.shapes[w])}"
 
 
 def onnxruntime_layers(model_path, graph, feed, threads, repeat):
