@@ -78,19 +78,21 @@ use crate::nn::layout4;
 use crate::util::{KResult, from_canonical, tensor, to_canonical};
 use crate::winograd;
 
+mod blocked;
 mod depthwise;
 mod epilogue;
 mod nhwc;
 mod pointwise;
 #[cfg(test)]
 use crate::{depthwise_flat, depthwise_s2};
+pub(crate) use blocked::Packed as BlockedWeights;
 use depthwise::depthwise;
 #[cfg(test)]
 use depthwise::{FORCE_LANES, Padded, depthwise_flat_planes, depthwise_planes, flat_plan};
 pub(crate) use epilogue::{Step, relu};
 use epilogue::{apply_channel_steps, apply_steps, apply_steps_inline, channel_prefix};
 use fusebox_core::ir::DType;
-use fusebox_core::op::Conv2dAttrs;
+use fusebox_core::op::{Conv2dAttrs, IndexMap, Layout};
 use fusebox_core::runtime::{StorageRef, Tensor};
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -314,6 +316,9 @@ fn prepare(
 
 /// `conv2d(x, w)`.
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<Tensor> {
+    if let Some(l) = split_layouts(a)? {
+        return conv2d_split(x, w, a, &l);
+    }
     if nhwc::takes(x, w, a) {
         return nhwc::conv2d(x, w, a, &[], None);
     }
@@ -339,13 +344,162 @@ pub(crate) fn fusable(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> bool {
 
 /// The shape of `conv2d(x, w)` as [`conv2d_fused`] gives it (`NCHW`, or `NHWC` where
 /// [`nhwc::takes`] it) and the position of its channel axis.
-pub(crate) fn out_dims(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<([usize; 4], usize)> {
+pub(crate) fn out_dims(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<(Vec<usize>, usize)> {
+    if let Some(b) = blocked_geom(x, w, a) {
+        return Ok((b.out_shape(), 1));
+    }
     let g = shape_geometry(x, w, a)?.0;
     Ok(if nhwc::takes(x, w, a) {
-        ([g.n, g.oh, g.ow, g.o], 3)
+        (vec![g.n, g.oh, g.ow, g.o], 3)
     } else {
-        ([g.n, g.o, g.oh, g.ow], 1)
+        (vec![g.n, g.o, g.oh, g.ow], 1)
     })
+}
+
+/// The layouts of a convolution that splits an axis (`NCHW16c`): `None` when every layout is
+/// a permutation of its letters (the paths above), an error when one does not parse.
+fn split_layouts(a: &Conv2dAttrs) -> KResult<Option<[Layout; 3]>> {
+    let parse = |l: &str, letters: &str| {
+        Layout::parse(l, letters).ok_or_else(|| format!("invalid layout \"{l}\""))
+    };
+    let l = [
+        parse(&a.data_layout, "NCHW")?,
+        parse(&a.kernel_layout, "OIHW")?,
+        parse(&a.out_layout, "NCHW")?,
+    ];
+    Ok((!l.iter().all(Layout::is_plain)).then_some(l))
+}
+
+/// A convolution [`blocked::conv1x1`] runs: `NCHW16c` data and output, an `OIHW` 1×1
+/// weight, stride 1, no padding, one group, `float32` throughout, on an AVX-512 CPU.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockedGeom {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+}
+
+impl BlockedGeom {
+    fn out_shape(&self) -> Vec<usize> {
+        vec![
+            self.n,
+            self.o / blocked::BLOCK,
+            self.h,
+            self.w,
+            blocked::BLOCK,
+        ]
+    }
+}
+
+/// The [`BlockedGeom`] of `conv2d(x, w)`, when [`blocked::conv1x1`] can run it (its epilogue
+/// aside: [`blocked_steps`]).
+pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<BlockedGeom> {
+    let b = blocked::BLOCK;
+    let nchwc = format!("NCHW{b}c");
+    let plain_1x1 = a.data_layout == nchwc
+        && a.out_layout == nchwc
+        && a.kernel_layout == "OIHW"
+        && a.strides == [1, 1]
+        && a.padding == [0, 0, 0, 0]
+        && a.groups == 1
+        && a.out_dtype.is_none_or(|d| d == DType::F32)
+        && x.dtype() == DType::F32
+        && w.dtype() == DType::F32;
+    let (&[n, cb, h, wd, lanes], &[o, c, 1, 1]) = (x.shape(), w.shape()) else {
+        return None;
+    };
+    (plain_1x1 && lanes == b && cb * b == c && blocked::takes(o, c, &[])).then_some(BlockedGeom {
+        n,
+        c,
+        h,
+        w: wd,
+        o,
+    })
+}
+
+/// Whether [`blocked::conv1x1`] applies these epilogue steps.
+pub(crate) fn blocked_steps(steps: &[Step]) -> bool {
+    epilogue::RegSteps::new(steps).is_some()
+}
+
+/// The weight of a [`blocked_geom`] convolution packed for [`blocked::conv1x1`].
+pub(crate) fn blocked_weights(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<blocked::Packed> {
+    let g = blocked_geom(x, w, a)?;
+    blocked::pack(w.as_f32()?, g.o, g.c)
+}
+
+/// [`blocked::conv1x1`] on `x`, with the packed weight when there is one.
+fn blocked_conv(
+    x: &Tensor,
+    w: &Tensor,
+    g: &BlockedGeom,
+    steps: &[Step],
+    packed: Option<&blocked::Packed>,
+) -> KResult<Tensor> {
+    let own;
+    let packed = match packed {
+        Some(p) => p,
+        None => {
+            own = blocked::pack(w.as_f32().ok_or("expected float32 weights")?, g.o, g.c)
+                .ok_or("blocked 1x1 convolution: the weight does not fit its shape")?;
+            &own
+        }
+    };
+    let xd = x.as_f32().ok_or("expected float32 data")?;
+    let shape = g.out_shape();
+    for s in steps {
+        if s.channels().is_some_and(|c| c != g.o) {
+            return Err(format!(
+                "the epilogue has values for {:?} channels, the convolution has {}",
+                s.channels(),
+                g.o
+            ));
+        }
+        if let Step::Residual { r, .. } = s
+            && (r.shape() != shape || r.as_f32().is_none())
+        {
+            return Err(format!(
+                "the epilogue adds a {} tensor of shape {:?}, the convolution gives float32 {:?}",
+                r.dtype(),
+                r.shape(),
+                shape
+            ));
+        }
+    }
+    let mut out = crate::par::scratch_f32(shape.iter().product(), crate::par::threads());
+    blocked::conv1x1(
+        packed,
+        xd,
+        g.n,
+        g.h * g.w,
+        &mut out,
+        crate::par::threads(),
+        steps,
+    )?;
+    out.into_tensor(shape)
+}
+
+/// A convolution in split layouts: [`blocked::conv1x1`] where it runs, else the `NCHW`
+/// convolution of the operands transformed to `NCHW` / `OIHW`, its result transformed to
+/// `out_layout`.
+fn conv2d_split(x: &Tensor, w: &Tensor, a: &Conv2dAttrs, l: &[Layout; 3]) -> KResult<Tensor> {
+    if let Some(g) = blocked_geom(x, w, a) {
+        return blocked_conv(x, w, &g, &[], None);
+    }
+    let plain = |letters: &str| Layout::parse(letters, letters).ok_or("layout");
+    let (nchw, oihw) = (plain("NCHW")?, plain("OIHW")?);
+    let xc = crate::layout::layout_transform(x, &IndexMap::between(&l[0], &nchw)?)?;
+    let wc = crate::layout::layout_transform(w, &IndexMap::between(&l[1], &oihw)?)?;
+    let canon = Conv2dAttrs {
+        data_layout: "NCHW".into(),
+        kernel_layout: "OIHW".into(),
+        out_layout: "NCHW".into(),
+        ..a.clone()
+    };
+    let y = conv2d(&xc, &wc, &canon)?;
+    crate::layout::layout_transform(&y, &IndexMap::between(&nchw, &l[2])?)
 }
 
 /// The geometry of `conv2d(x, w)` from the shapes alone (no data moved), with the kernel's
@@ -369,6 +523,7 @@ fn shape_geometry(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<(Geom, [us
 pub(crate) struct Prepared<'a> {
     pub(crate) wino: Option<&'a winograd::Weights>,
     pub(crate) cols: Option<&'a crate::gemm_packed::PackedB>,
+    pub(crate) blocked: Option<&'a blocked::Packed>,
 }
 
 /// `conv2d(x, w)` followed by `steps` on every output element (see the module doc).
@@ -379,6 +534,9 @@ pub(crate) fn conv2d_fused(
     steps: &[Step],
     prepared: Prepared<'_>,
 ) -> KResult<Tensor> {
+    if let Some(g) = blocked_geom(x, w, a) {
+        return blocked_conv(x, w, &g, steps, prepared.blocked);
+    }
     if !fusable(x, w, a) {
         return Err(
             "a fused conv2d needs a float32 result in NCHW (or NHWC from NHWC data)".to_string(),

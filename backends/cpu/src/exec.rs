@@ -164,6 +164,9 @@ pub struct Executor {
     /// Transposed, packed conv2d weights ([`crate::conv::cols_weights`]), by the storage
     /// address of a kept weight tensor.
     cols: Mutex<HashMap<usize, Arc<crate::gemm_packed::PackedB>>>,
+    /// 1×1 conv2d weights packed for the `NCHW16c` kernel ([`crate::conv::blocked_weights`]),
+    /// by the storage address of a kept weight tensor.
+    blocked: Mutex<HashMap<usize, Arc<crate::conv::BlockedWeights>>>,
     /// What the interpreter works out from a function's IR on every call ([`Facts`]), by the
     /// function's address; an entry holds a copy of its function and serves only a function
     /// equal to it.
@@ -508,6 +511,20 @@ impl Executor {
         attrs: &fusebox_core::op::Conv2dAttrs,
     ) -> Option<Arc<crate::gemm_packed::PackedB>> {
         self.derived(&self.cols, w, || crate::conv::cols_weights(x, w, attrs))
+    }
+
+    /// The 1×1 conv2d weight `w` packed for the `NCHW16c` kernel
+    /// ([`crate::conv::blocked_weights`]), made once per kept weight tensor; `None` when the
+    /// convolution does not run that kernel or `w` is not kept.
+    fn blocked_weights(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        attrs: &fusebox_core::op::Conv2dAttrs,
+    ) -> Option<Arc<crate::conv::BlockedWeights>> {
+        self.derived(&self.blocked, w, || {
+            crate::conv::blocked_weights(x, w, attrs)
+        })
     }
 
     /// The packed copy of a rank-2 `float32` GEMM weight `w` ([`crate::gemm_packed`]) for a

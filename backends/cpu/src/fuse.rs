@@ -321,25 +321,29 @@ pub(crate) fn plan(
 }
 
 /// A per-channel bias for an output of `shape` whose channels are axis `axis` (`N × O × H ×
-/// W`: 1; `NHWC`: 3): `b` must broadcast to `shape` without changing it and vary only along
-/// the channel axis.
-fn channel_bias(b: &Tensor, shape: &[usize; 4], axis: usize) -> Option<Vec<f32>> {
+/// W`: 1; `NHWC`: 3; `NCHW16c`, rank 5: axes 1 and 4, channel `16 · c + l`): `b` must
+/// broadcast to `shape` without changing it and vary only along the channel axes (whose
+/// order in `b`'s data is then the channels' order).
+fn channel_bias(b: &Tensor, shape: &[usize], axis: usize) -> Option<Vec<f32>> {
     let data = b.as_f32()?;
-    if b.rank() > 4 || broadcast_shapes(shape, b.shape()).ok()?.as_slice() != shape {
+    let rank = shape.len();
+    if b.rank() > rank || broadcast_shapes(shape, b.shape()).ok()?.as_slice() != shape {
         return None;
     }
-    let off = 4 - b.rank();
+    let channel_axes: &[usize] = if rank == 5 { &[1, 4] } else { &[axis] };
+    let channels: usize = channel_axes.iter().map(|&a| shape[a]).product();
+    let off = rank - b.rank();
     let per_channel = b
         .shape()
         .iter()
         .enumerate()
-        .all(|(j, &d)| d == 1 || j + off == axis);
+        .all(|(j, &d)| d == 1 || channel_axes.contains(&(j + off)));
     if !per_channel {
         return None;
     }
     match data.len() {
-        1 => Some(vec![data[0]; shape[axis]]),
-        n if n == shape[axis] => Some(data.to_vec()),
+        1 => Some(vec![data[0]; channels]),
+        n if n == channels => Some(data.to_vec()),
         _ => None,
     }
 }
@@ -356,7 +360,8 @@ pub(crate) fn steps(
     let Head::Conv { attrs, .. } = &chain.head else {
         return None;
     };
-    if !crate::conv::fusable(x, w, attrs) {
+    let blocked = crate::conv::blocked_geom(x, w, attrs).is_some();
+    if !blocked && !crate::conv::fusable(x, w, attrs) {
         return None;
     }
     let (shape, axis) = crate::conv::out_dims(x, w, attrs).ok()?;
@@ -400,7 +405,7 @@ pub(crate) fn steps(
                     _ => None,
                 };
                 let (g, b, m, v) = (t(g)?, t(b)?, t(m)?, t(v)?);
-                if crate::util::norm_axis(attrs.axis, 4).ok()? != axis {
+                if shape.len() != 4 || crate::util::norm_axis(attrs.axis, 4).ok()? != axis {
                     return None;
                 }
                 let (mul, add) = nn::bn_coeffs_f32(&g, &b, &m, &v, shape[axis], attrs).ok()?;
@@ -428,7 +433,7 @@ pub(crate) fn steps(
             Link::Clip { lo, hi } => Step::Clip { lo: *lo, hi: *hi },
         });
     }
-    Some(out)
+    (!blocked || crate::conv::blocked_steps(&out)).then_some(out)
 }
 
 /// The value of the chain's last binding, given the fused convolution's output `y`: `y`

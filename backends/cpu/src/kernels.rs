@@ -236,9 +236,32 @@ fn eval(
                 a.keepdims,
             ))
         }
-        Op::MaxPool2d(a) => t(nn::pool2d(tensor(args, 0)?, a, true)),
-        Op::AvgPool2d(a) => t(nn::pool2d(tensor(args, 0)?, a, false)),
-        Op::AdaptiveAvgPool2d(a) => t(nn::adaptive_avg_pool2d(tensor(args, 0)?, a)),
+        Op::MaxPool2d(a) | Op::AvgPool2d(a) => {
+            let (x, max) = (tensor(args, 0)?, matches!(op, Op::MaxPool2d(_)));
+            let canon = |xc: &Tensor| {
+                let a = fusebox_core::op::Pool2dAttrs {
+                    layout: "NCHW".into(),
+                    out_layout: "NCHW".into(),
+                    ..(**a).clone()
+                };
+                nn::pool2d(xc, &a, max)
+            };
+            t(layout::through_nchw(x, &a.layout, &a.out_layout, canon)
+                .unwrap_or_else(|| nn::pool2d(x, a, max)))
+        }
+        Op::AdaptiveAvgPool2d(a) => {
+            let x = tensor(args, 0)?;
+            let canon = |xc: &Tensor| {
+                let a = fusebox_core::op::AdaptivePool2dAttrs {
+                    layout: "NCHW".into(),
+                    out_layout: "NCHW".into(),
+                    ..(**a).clone()
+                };
+                nn::adaptive_avg_pool2d(xc, &a)
+            };
+            t(layout::through_nchw(x, &a.layout, &a.out_layout, canon)
+                .unwrap_or_else(|| nn::adaptive_avg_pool2d(x, a)))
+        }
         Op::Lrn(a) => t(nn::lrn(
             tensor(args, 0)?,
             a.size,
@@ -249,6 +272,7 @@ fn eval(
         )),
         Op::Reshape => t(layout::reshape(tensor(args, 0)?, shape(args, 1)?)),
         Op::PermuteDims { axes } => t(layout::permute_dims(tensor(args, 0)?, axes.as_deref())),
+        Op::LayoutTransform(m) => t(layout::layout_transform(tensor(args, 0)?, m)),
         Op::Concat { axis } => {
             let parts: Vec<&Tensor> = match args.first() {
                 Some(Value::Tuple(fields)) => fields

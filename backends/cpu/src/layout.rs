@@ -1,4 +1,4 @@
-//! Data-movement kernels: `reshape`, `permute_dims`, `concat`, `split`, `flatten`, `squeeze`,
+//! Data-movement kernels: `reshape`, `permute_dims`, `layout_transform`, `concat`, `split`, `flatten`, `squeeze`,
 //! `expand_dims`, `strided_slice`, `take` and `broadcast_to`. They work on every dtype and
 //! copy elements bit for bit.
 //!
@@ -15,7 +15,8 @@ use crate::util::{
     KResult, broadcast_strides, gather_tensor, map_same, norm_axes, norm_axis, numel, permute,
     strides, tensor,
 };
-use fusebox_core::op::{SplitSpec, StridedSliceAttrs, TakeMode};
+use fusebox_core::ir::Dim;
+use fusebox_core::op::{IndexMap, Layout, SplitSpec, StridedSliceAttrs, TakeMode};
 use fusebox_core::runtime::{Storage, StorageRef, Tensor};
 
 /// `reshape` to `shape` (at most one `-1`, inferred).
@@ -67,6 +68,51 @@ pub(crate) fn permute_dims(x: &Tensor, axes: Option<&[i64]>) -> KResult<Tensor> 
         None => (0..r).rev().collect(),
     };
     Ok(permute(x, &perm))
+}
+
+/// `layout_transform` by `map`: the input reshaped into the map's parts (each split axis as
+/// `(d / k, k)`), those permuted into the output's order, and the result reshaped.
+pub(crate) fn layout_transform(x: &Tensor, map: &IndexMap) -> KResult<Tensor> {
+    let (split, perm) = map.as_permute(x.shape())?;
+    let dims: Vec<Dim> = x
+        .shape()
+        .iter()
+        .map(|&d| Dim::Static(i64::try_from(d).unwrap_or(i64::MAX)))
+        .collect();
+    let out: Vec<usize> = map
+        .out_dims(&dims)?
+        .iter()
+        .map(|d| d.as_static().and_then(|v| usize::try_from(v).ok()))
+        .collect::<Option<_>>()
+        .ok_or("the index map gives a non-static shape")?;
+    let parts = x.reshaped(split).map_err(|e| e.to_string())?;
+    permute(&parts, &perm)
+        .reshaped(out)
+        .map_err(|e| e.to_string())
+}
+
+/// `f` (a kernel of `NCHW` data) on `x` held in the split layout `layout` (`NCHW16c`), its
+/// result laid out in `out_layout`: `None` when neither layout splits an axis (the kernels
+/// take permutations of `NCHW` themselves).
+pub(crate) fn through_nchw(
+    x: &Tensor,
+    layout: &str,
+    out_layout: &str,
+    f: impl FnOnce(&Tensor) -> KResult<Tensor>,
+) -> Option<KResult<Tensor>> {
+    let parse = |l: &str| Layout::parse(l, "NCHW").ok_or_else(|| format!("invalid layout \"{l}\""));
+    let run = || -> KResult<Tensor> {
+        let (from, to, nchw) = (parse(layout)?, parse(out_layout)?, parse("NCHW")?);
+        let xc = layout_transform(x, &IndexMap::between(&from, &nchw)?)?;
+        layout_transform(&f(&xc)?, &IndexMap::between(&nchw, &to)?)
+    };
+    match (
+        Layout::parse(layout, "NCHW"),
+        Layout::parse(out_layout, "NCHW"),
+    ) {
+        (Some(a), Some(b)) if a.is_plain() && b.is_plain() => None,
+        _ => Some(run()),
+    }
 }
 
 /// `concat` along `axis` (`None`: flatten every input first).

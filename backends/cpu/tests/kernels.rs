@@ -665,6 +665,171 @@ fn conv2d_matches_direct_convolution_in_both_layouts() {
     }
 }
 
+/// `NCHW` (`n × c × h × w`) to `NCHW{k}c`, by the definition of the layout: element
+/// `(n, c, y, x)` at `(n, c / k, y, x, c % k)`.
+fn to_nchwc(shape: &[usize], data: &[f32], k: usize) -> (Vec<usize>, Vec<f32>) {
+    let [n, c, h, w] = [shape[0], shape[1], shape[2], shape[3]];
+    let mut out = vec![0.0; data.len()];
+    for ni in 0..n {
+        for ci in 0..c {
+            for y in 0..h {
+                for x in 0..w {
+                    out[(((ni * (c / k) + ci / k) * h + y) * w + x) * k + ci % k] =
+                        data[((ni * c + ci) * h + y) * w + x];
+                }
+            }
+        }
+    }
+    (vec![n, c / k, h, w, k], out)
+}
+
+#[test]
+fn layout_transform_moves_elements_as_its_index_map_says() {
+    let mut rng = Rng::new(3);
+    let xs = [2, 32, 3, 5];
+    let x = random(&mut rng, xs.iter().product());
+    let to = op(
+        "relax.layout_transform",
+        &[(
+            "index_map",
+            s("lambda n, c, h, w: (n, c // 16, h, w, c % 16)"),
+        )],
+    );
+    let y = run(&to, &[t(&xs, &x)]);
+    let (want_shape, want) = to_nchwc(&xs, &x, 16);
+    assert_eq!(shape(&y), want_shape);
+    assert_eq!(f32s(&y), want);
+    // And back, through the fused form.
+    let back = op(
+        "relax.layout_transform",
+        &[(
+            "index_map",
+            s("lambda n, c, h, w, c1: (n, c * 16 + c1, h, w)"),
+        )],
+    );
+    let z = run(&back, &[y]);
+    assert_eq!(shape(&z), xs.to_vec());
+    assert_eq!(f32s(&z), x);
+    // A split moved ahead of the axes it came from: element (a, b) at (b % 4, a, b // 4).
+    let m = op(
+        "relax.layout_transform",
+        &[("index_map", s("lambda a, b: (b % 4, a, b // 4)"))],
+    );
+    let v: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let y = run(&m, &[t(&[2, 12], &v)]);
+    assert_eq!(shape(&y), vec![4, 2, 3]);
+    let got = f32s(&y);
+    for a in 0..2 {
+        for b in 0..12 {
+            assert_eq!(got[((b % 4) * 2 + a) * 3 + b / 4], v[a * 12 + b]);
+        }
+    }
+    let e = eval_op(&to, &[t(&[1, 20, 1, 1], &[0.0; 20])]).unwrap_err();
+    assert!(e.to_string().contains("multiple of 16"), "{e}");
+}
+
+#[test]
+fn conv2d_and_pools_in_split_layouts_match_the_direct_convolution() {
+    let mut rng = Rng::new(17);
+    let case = |c, h, w, o, k: usize, stride, pad| ConvCase {
+        n: 1,
+        c,
+        h,
+        w,
+        o,
+        kh: k,
+        kw: k,
+        stride: [stride; 2],
+        pad: [pad; 4],
+        dil: [1, 1],
+        groups: 1,
+    };
+    // 1×1 convolutions (the NCHW16c kernel on AVX-512), a 3×3 of stride 2 and a 1×1 with
+    // padding (both through NCHW).
+    let cases = [
+        case(32, 7, 7, 48, 1, 1, 0),
+        case(144, 5, 3, 80, 1, 1, 0),
+        case(16, 9, 9, 32, 3, 2, 1),
+        case(16, 4, 4, 16, 1, 1, 1),
+    ];
+    for cs in &cases {
+        let x = random(&mut rng, cs.c * cs.h * cs.w);
+        let w = random(&mut rng, cs.o * cs.c * cs.kh * cs.kw);
+        let (xs, ws) = ([1, cs.c, cs.h, cs.w], [cs.o, cs.c, cs.kh, cs.kw]);
+        let (want_shape, want) = naive_conv(cs, &x, &w);
+        let (bshape, bx) = to_nchwc(&xs, &x, 16);
+        let (want_bshape, want_b) = to_nchwc(&want_shape, &want, 16);
+        let i = |v: &[usize]| ints(&v.iter().map(|&x| x as i64).collect::<Vec<_>>());
+        let conv = op(
+            "relax.nn.conv2d",
+            &[
+                ("strides", i(&cs.stride)),
+                ("padding", i(&cs.pad)),
+                ("data_layout", s("NCHW16c")),
+                ("kernel_layout", s("OIHW")),
+                ("out_layout", s("NCHW16c")),
+            ],
+        );
+        let y = run(&conv, &[t(&bshape, &bx), t(&ws, &w)]);
+        assert_eq!(shape(&y), want_bshape);
+        close(&f32s(&y), &want_b, 1e-5);
+        // Blocked data, NCHW result.
+        let conv = op(
+            "relax.nn.conv2d",
+            &[
+                ("strides", i(&cs.stride)),
+                ("padding", i(&cs.pad)),
+                ("data_layout", s("NCHW16c")),
+                ("out_layout", s("NCHW")),
+            ],
+        );
+        let y = run(&conv, &[t(&bshape, &bx), t(&ws, &w)]);
+        assert_eq!(shape(&y), want_shape);
+        close(&f32s(&y), &want, 1e-5);
+        // A max pool of the blocked result, against the pool of the NCHW one, blocked.
+        let pool = |layout: &str| {
+            op(
+                "relax.nn.max_pool2d",
+                &[
+                    ("pool_size", ints(&[2, 2])),
+                    ("padding", ints(&[1, 1])),
+                    ("layout", s(layout)),
+                ],
+            )
+        };
+        let p = run(&pool("NCHW16c"), &[t(&want_bshape, &want_b)]);
+        let q = run(&pool("NCHW"), &[t(&want_shape, &want)]);
+        let (qs, qb) = to_nchwc(&shape(&q), &f32s(&q), 16);
+        assert_eq!(shape(&p), qs);
+        assert_eq!(f32s(&p), qb);
+    }
+    // A weight in OIHW16i16o: element (o, i, y, x) at (o / 16, i / 16, y, x, i % 16, o % 16).
+    let cs = case(32, 6, 6, 32, 3, 1, 1);
+    let x = random(&mut rng, 32 * 36);
+    let w = random(&mut rng, 32 * 32 * 9);
+    let mut wb = vec![0.0; w.len()];
+    for o in 0..32 {
+        for ic in 0..32 {
+            for k in 0..9 {
+                wb[((((o / 16) * 2 + ic / 16) * 9 + k) * 16 + ic % 16) * 16 + o % 16] =
+                    w[(o * 32 + ic) * 9 + k];
+            }
+        }
+    }
+    let conv = op(
+        "relax.nn.conv2d",
+        &[
+            ("padding", ints(&[1, 1])),
+            ("kernel_layout", s("OIHW16i16o")),
+        ],
+    );
+    let y = run(
+        &conv,
+        &[t(&[1, 32, 6, 6], &x), t(&[2, 2, 3, 3, 16, 16], &wb)],
+    );
+    close(&f32s(&y), &naive_conv(&cs, &x, &w).1, 1e-5);
+}
+
 // ---- matmul ------------------------------------------------------------------------------
 
 #[test]

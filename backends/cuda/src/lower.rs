@@ -43,7 +43,7 @@
 use crate::error::{Error, Result};
 use crate::kir::{Bin, Buffer, Graph, Kernel, Node, NodeId, RedOp, Scalar, Un};
 use fusebox_core::ir::{Callee, Constant, DType, ExprId, ExprKind, Function, PrimValue, Type};
-use fusebox_core::op::{Op, SplitSpec, TakeMode};
+use fusebox_core::op::{MapExpr, Op, SplitSpec, TakeMode};
 use std::collections::HashMap;
 
 // The op families, one child module each (`impl Lowerer` blocks): matmul, conv2d and pooling
@@ -184,6 +184,7 @@ fn float_only(op: &Op) -> bool {
             | Op::MaxPool2d(_)
             | Op::Reshape
             | Op::PermuteDims { .. }
+            | Op::LayoutTransform(_)
             | Op::Concat { .. }
             | Op::Split(_)
             | Op::Flatten
@@ -938,6 +939,51 @@ impl Lowerer<'_> {
                 for (i, &p) in perm.iter().enumerate() {
                     if let (Some(slot), Some(&ci)) = (idx.get_mut(p), c.get(i)) {
                         *slot = ci;
+                    }
+                }
+                self.at(&x, &idx)
+            }
+            Op::LayoutTransform(m) => {
+                // The input index of each output coordinate: a whole index is read back, a
+                // split one is `outer * k + inner`, a fused pair is `(coord / k, coord % k)`.
+                let x = self.tensor_arg(args, 0)?.clone();
+                let zero = self.g.int(0);
+                let mut idx = vec![zero; m.inputs];
+                let coord = |p: usize| c.get(p).copied().unwrap_or(zero);
+                for (p, e) in m.outputs.iter().enumerate() {
+                    match *e {
+                        MapExpr::Var(i) => {
+                            if let Some(s) = idx.get_mut(i) {
+                                *s = coord(p);
+                            }
+                        }
+                        MapExpr::Div(i, k) => {
+                            let kk = self.g.int(k);
+                            let outer = self.g.bin(Bin::Mul, coord(p), kk);
+                            let cur = idx.get(i).copied().unwrap_or(zero);
+                            if let Some(s) = idx.get_mut(i) {
+                                *s = self.g.bin(Bin::Add, cur, outer);
+                            }
+                        }
+                        MapExpr::Mod(i, _) => {
+                            let cur = idx.get(i).copied().unwrap_or(zero);
+                            if let Some(s) = idx.get_mut(i) {
+                                *s = self.g.bin(Bin::Add, cur, coord(p));
+                            }
+                        }
+                        MapExpr::Fuse(i, k, j) => {
+                            let kk = self.g.int(k);
+                            let (q, r) = (
+                                self.g.bin(Bin::Div, coord(p), kk),
+                                self.g.bin(Bin::Rem, coord(p), kk),
+                            );
+                            if let Some(s) = idx.get_mut(i) {
+                                *s = q;
+                            }
+                            if let Some(s) = idx.get_mut(j) {
+                                *s = r;
+                            }
+                        }
                     }
                 }
                 self.at(&x, &idx)

@@ -26,6 +26,7 @@ pub(crate) fn show(v: &AttrLit) -> String {
             let parts: Vec<String> = items.iter().map(show).collect();
             format!("[{}]", parts.join(", "))
         }
+        AttrLit::IndexMap(m) => format!("T.index_map({m})"),
     }
 }
 
@@ -292,6 +293,28 @@ pub(crate) fn check_layout(
         Err(kw.invalid(
             k,
             &format!("expected a permutation of \"{letters}\", found \"{layout}\""),
+        ))
+    }
+}
+
+/// Checks that `layout` is a layout of `letters`, possibly with split axes (`NCHW16c`:
+/// [`super::layout::Layout`]).
+pub(crate) fn check_split_layout(
+    kw: &Kwargs<'_>,
+    k: &str,
+    layout: &str,
+    letters: &str,
+) -> Result<(), String> {
+    if super::layout::Layout::parse(layout, letters).is_some() {
+        Ok(())
+    } else {
+        Err(kw.invalid(
+            k,
+            &format!(
+                "expected a permutation of \"{letters}\", each axis possibly split by a \
+                 sub-axis (\"{letters}16{}\"), found \"{layout}\"",
+                letters.as_bytes()[1].to_ascii_lowercase() as char
+            ),
         ))
     }
 }

@@ -8,13 +8,13 @@
 mod elem;
 mod reduce;
 
-use super::attrs::layout_pos;
 use super::{Op, SplitSpec};
 use crate::ir::infer::brief;
 use crate::ir::{DType, Dim, TensorType, Type};
 use std::sync::Arc;
 
 mod attention;
+mod conv;
 mod index;
 mod nn;
 mod pool;
@@ -307,125 +307,15 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             }))
         }
         Op::Matmul { out_dtype } => infer_matmul(&cx, *out_dtype),
-        Op::Conv2d(a) => {
-            let (x, w) = (cx.tensor(0, "data")?, cx.tensor(1, "weight")?);
-            cx.rank(x, 4, "data")?;
-            cx.rank(w, 4, "weight")?;
-            let dtype = match a.out_dtype {
-                Some(d) => Some(d),
-                None => common_dtype(&cx, x.dtype, w.dtype)?,
-            };
-            let bad = |k: &str, l: &str| cx.err(format!("invalid {k} \"{l}\""));
-            let dp = layout_pos::<4>(&a.data_layout, "NCHW")
-                .ok_or_else(|| bad("data_layout", &a.data_layout))?;
-            let kp = layout_pos::<4>(&a.kernel_layout, "OIHW")
-                .ok_or_else(|| bad("kernel_layout", &a.kernel_layout))?;
-            let op_ = layout_pos::<4>(&a.out_layout, "NCHW")
-                .ok_or_else(|| bad("out_layout", &a.out_layout))?;
-            let (Some(xd), Some(wd)) = (&x.dims, &w.dims) else {
-                return Ok(unknown(Some(4), dtype));
-            };
-            let at = |d: &[Dim], p: usize| d.get(p).cloned().unwrap_or(Dim::Static(0));
-            let (n, c, h, wi) = (at(xd, dp[0]), at(xd, dp[1]), at(xd, dp[2]), at(xd, dp[3]));
-            let (o, i, kh, kw) = (at(wd, kp[0]), at(wd, kp[1]), at(wd, kp[2]), at(wd, kp[3]));
-            if let (Some(c), Some(i)) = (c.as_static(), i.as_static())
-                && i.checked_mul(a.groups) != Some(c)
-            {
-                return Err(cx.err(format!(
-                    "data has {c} input channels but the weight expects {i} per group x {} groups = {}",
-                    a.groups,
-                    i.saturating_mul(a.groups)
-                )));
+        Op::Conv2d(a) => conv::conv2d(&cx, a),
+        Op::MaxPool2d(a) | Op::AvgPool2d(a) => conv::pool2d(&cx, a),
+        Op::AdaptiveAvgPool2d(a) => conv::adaptive_pool2d(&cx, a),
+        Op::LayoutTransform(m) => {
+            let x = cx.tensor(0, "the input")?;
+            match &x.dims {
+                Some(d) => Ok(known(m.out_dims(d).map_err(|e| cx.err(e))?, x.dtype)),
+                None => Ok(unknown(Some(m.outputs.len()), x.dtype)),
             }
-            if let Some(o) = o.as_static()
-                && a.groups != 0
-                && o.checked_rem(a.groups) != Some(0)
-            {
-                return Err(cx.err(format!(
-                    "the weight's {o} output channels are not divisible by groups={}",
-                    a.groups
-                )));
-            }
-            let oh = window_out(
-                &h,
-                &kh,
-                a.strides[0],
-                (a.padding[0], a.padding[2]),
-                a.dilation[0],
-                false,
-            )
-            .map_err(|e| cx.err(e))?;
-            let ow = window_out(
-                &wi,
-                &kw,
-                a.strides[1],
-                (a.padding[1], a.padding[3]),
-                a.dilation[1],
-                false,
-            )
-            .map_err(|e| cx.err(e))?;
-            Ok(known(permute_out(&op_, [n, o, oh, ow]), dtype))
-        }
-        Op::MaxPool2d(a) | Op::AvgPool2d(a) => {
-            let x = cx.tensor(0, "data")?;
-            cx.rank(x, 4, "data")?;
-            let lp = layout_pos::<4>(&a.layout, "NCHW")
-                .ok_or_else(|| cx.err(format!("invalid layout \"{}\"", a.layout)))?;
-            let op_ = layout_pos::<4>(&a.out_layout, "NCHW")
-                .ok_or_else(|| cx.err(format!("invalid out_layout \"{}\"", a.out_layout)))?;
-            let Some(xd) = &x.dims else {
-                return Ok(unknown(Some(4), x.dtype));
-            };
-            let at = |p: usize| xd.get(p).cloned().unwrap_or(Dim::Static(0));
-            let (n, c, h, w) = (at(lp[0]), at(lp[1]), at(lp[2]), at(lp[3]));
-            let k = |v: i64| Dim::Static(v);
-            let oh = window_out(
-                &h,
-                &k(a.pool_size[0]),
-                a.strides[0],
-                (a.padding[0], a.padding[2]),
-                a.dilation[0],
-                a.ceil_mode,
-            )
-            .map_err(|e| cx.err(e))?;
-            let ow = window_out(
-                &w,
-                &k(a.pool_size[1]),
-                a.strides[1],
-                (a.padding[1], a.padding[3]),
-                a.dilation[1],
-                a.ceil_mode,
-            )
-            .map_err(|e| cx.err(e))?;
-            for d in [&oh, &ow] {
-                if let Some(v) = d.as_static()
-                    && v <= 0
-                {
-                    return Err(cx.err(format!(
-                        "the pooling window does not fit: output extent {v} for input {}",
-                        shape_str(xd)
-                    )));
-                }
-            }
-            Ok(known(permute_out(&op_, [n, c, oh, ow]), x.dtype))
-        }
-        Op::AdaptiveAvgPool2d(a) => {
-            let x = cx.tensor(0, "data")?;
-            cx.rank(x, 4, "data")?;
-            let lp = layout_pos::<4>(&a.layout, "NCHW")
-                .ok_or_else(|| cx.err(format!("invalid layout \"{}\"", a.layout)))?;
-            let op_ = layout_pos::<4>(&a.out_layout, "NCHW")
-                .ok_or_else(|| cx.err(format!("invalid out_layout \"{}\"", a.out_layout)))?;
-            let Some(xd) = &x.dims else {
-                return Ok(unknown(Some(4), x.dtype));
-            };
-            let at = |p: usize| xd.get(p).cloned().unwrap_or(Dim::Static(0));
-            let (n, c) = (at(lp[0]), at(lp[1]));
-            let (oh, ow) = match a.output_size {
-                Some([h, w]) => (Dim::Static(h), Dim::Static(w)),
-                None => (at(lp[2]), at(lp[3])),
-            };
-            Ok(known(permute_out(&op_, [n, c, oh, ow]), x.dtype))
         }
         Op::BatchNorm(a) => {
             let x = cx.tensor(0, "data")?;

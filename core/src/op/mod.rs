@@ -39,6 +39,7 @@ mod elem;
 mod image;
 mod index;
 mod infer;
+pub mod layout;
 mod nn;
 mod pool;
 #[cfg(test)]
@@ -48,12 +49,13 @@ mod text;
 use crate::ir::{DType, Dim, Type};
 pub use attention::{AttentionAttrs, CausalMask};
 use attrs::{
-    Kwargs, at_least, check_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair, quad,
-    str_lit,
+    Kwargs, at_least, check_split_layout, dtype_lit, ints_lit, opt_int_lit, opt_ints_lit, pair,
+    quad, str_lit,
 };
 pub use elem::{ElemClass, ElemOp};
 pub use image::{GridSampleAttrs, affine_grid_base};
 pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
+pub use layout::{IndexMap, Layout, LayoutAxis, MapExpr};
 pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 pub use pool::{AdaptivePoolAttrs, PoolAttrs};
 
@@ -108,6 +110,8 @@ pub enum AttrLit {
     Str(String),
     /// A list or tuple of literals.
     List(Vec<AttrLit>),
+    /// `T.index_map(lambda ...: (...))` (the index map of `relax.layout_transform`).
+    IndexMap(IndexMap),
 }
 
 /// How a call of an op is spelled: how many expression arguments it takes, and the names of the
@@ -350,6 +354,7 @@ fn lit_hash<H: std::hash::Hasher>(l: &AttrLit, state: &mut H) {
                 lit_hash(x, state);
             }
         }
+        AttrLit::IndexMap(m) => m.hash(state),
     }
 }
 
@@ -470,6 +475,9 @@ pub enum Op {
     AdaptiveAvgPool2d(Box<AdaptivePool2dAttrs>),
     /// `relax.reshape(x, shape)`
     Reshape,
+    /// `relax.layout_transform(x, index_map=T.index_map(...), pad_value=None)`: the elements
+    /// moved by an index map between layouts ([`layout`]).
+    LayoutTransform(Box<IndexMap>),
     /// `relax.permute_dims`
     PermuteDims {
         /// The permutation (`None`: reverse).
@@ -679,6 +687,7 @@ const OTHER_NAMES: &[&str] = &[
     "relax.nn.adaptive_avg_pool2d",
     "relax.reshape",
     "relax.permute_dims",
+    "relax.layout_transform",
     "relax.concat",
     "relax.split",
     "relax.flatten",
@@ -788,6 +797,7 @@ impl Op {
             Op::AdaptiveAvgPool2d(_) => "relax.nn.adaptive_avg_pool2d",
             Op::Reshape => "relax.reshape",
             Op::PermuteDims { .. } => "relax.permute_dims",
+            Op::LayoutTransform(_) => "relax.layout_transform",
             Op::Concat { .. } => "relax.concat",
             Op::Split(_) => "relax.split",
             Op::Flatten => "relax.flatten",
@@ -893,6 +903,7 @@ impl Op {
             | Op::Max(_) => FusionKind::CommReduce,
             Op::Reshape
             | Op::PermuteDims { .. }
+            | Op::LayoutTransform(_)
             | Op::Concat { .. }
             | Op::Split(_)
             | Op::Flatten

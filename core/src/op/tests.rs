@@ -204,6 +204,9 @@ fn default_instance(name: &str) -> Op {
         "relax.tile" => op(name, &[("repeats", ints(&[2]))]),
         "relax.nn.pad" => op(name, &[("pad_width", ints(&[1, 1]))]),
         "relax.einsum" => op(name, &[("subscripts", s("ij,jk->ik"))]),
+        "relax.layout_transform" => {
+            op(name, &[("index_map", s("lambda a, b: (a // 2, b, a % 2)"))])
+        }
         "relax.nn.group_norm" => op(
             name,
             &[
@@ -226,10 +229,10 @@ fn every_name_has_a_signature_and_round_trips() {
     // The ops before issue 17 and shape_to_tensor, then the families of issue 17:
     // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7);
     // issue 19's attention and attention_bias (2); grid_sample, affine_grid and
-    // reverse_sequence (3).
+    // reverse_sequence (3); layout_transform (1).
     assert_eq!(
         names.len(),
-        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1
     );
     for name in names {
         let sig = Op::signature(name);
@@ -1457,4 +1460,102 @@ fn grid_sample_attributes_default_check_and_print_in_tvm_order() {
     assert_eq!(affine_grid_base(4, false), vec![-0.75, -0.25, 0.25, 0.75]);
     assert_eq!(affine_grid_base(1, true), vec![-1.0]);
     assert_eq!(affine_grid_base(1, false), vec![0.0]);
+}
+
+#[test]
+fn split_layouts_in_conv_pool_and_layout_transform() {
+    // Shapes as TVM 0.27 infers them for the same calls (printed by its TVMScript parser).
+    let to16 = op(
+        "relax.layout_transform",
+        &[(
+            "index_map",
+            s("lambda n, c, h, w: (n, c // 16, h, w, c % 16)"),
+        )],
+    );
+    assert_eq!(ok(&to16, &[&t(&[1, 64, 14, 14])]), t(&[1, 4, 14, 14, 16]));
+    let e = err(&to16, &[&t(&[1, 60, 14, 14])]);
+    assert!(e.contains("multiple of 16"), "{e}");
+    let e = err(&to16, &[&t(&[1, 64, 14])]);
+    assert!(e.contains("rank 3"), "{e}");
+    let back = op(
+        "relax.layout_transform",
+        &[(
+            "index_map",
+            s("lambda n, c, h, w, c1: (n, c * 16 + c1, h, w)"),
+        )],
+    );
+    assert_eq!(ok(&back, &[&t(&[1, 8, 12, 12, 16])]), t(&[1, 128, 12, 12]));
+    assert_eq!(back.fusion_kind(), FusionKind::Injective);
+    // Round trip through the printed attributes.
+    assert_eq!(
+        op(
+            back.name(),
+            &back
+                .kwargs()
+                .iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .collect::<Vec<_>>()
+        ),
+        back
+    );
+    let e = op_err(
+        "relax.layout_transform",
+        &[
+            ("index_map", s("lambda a: (a,)")),
+            ("pad_value", AttrLit::Float(0.0)),
+        ],
+    );
+    assert!(e.contains("pad_value"), "{e}");
+
+    let conv = op(
+        "relax.nn.conv2d",
+        &[
+            ("data_layout", s("NCHW16c")),
+            ("kernel_layout", s("OIHW")),
+            ("out_layout", s("NCHW16c")),
+        ],
+    );
+    assert_eq!(
+        ok(&conv, &[&t(&[1, 4, 14, 14, 16]), &t(&[128, 64, 1, 1])]),
+        t(&[1, 8, 14, 14, 16])
+    );
+    let e = err(&conv, &[&t(&[1, 4, 14, 14, 16]), &t(&[120, 64, 1, 1])]);
+    assert!(e.contains("multiple of 16"), "{e}");
+    let e = err(&conv, &[&t(&[1, 4, 14, 14, 8]), &t(&[128, 64, 1, 1])]);
+    assert!(e.contains("extent 16"), "{e}");
+    let e = err(&conv, &[&t(&[1, 64, 14, 14]), &t(&[128, 64, 1, 1])]);
+    assert!(e.contains("5-D"), "{e}");
+    let kb = op(
+        "relax.nn.conv2d",
+        &[
+            ("kernel_layout", s("OIHW16i16o")),
+            ("padding", ints(&[1, 1])),
+        ],
+    );
+    assert_eq!(
+        ok(&kb, &[&t(&[1, 32, 8, 8]), &t(&[2, 2, 3, 3, 16, 16])]),
+        t(&[1, 32, 8, 8])
+    );
+    let e = op_err("relax.nn.conv2d", &[("data_layout", s("NCHW16"))]);
+    assert!(e.contains("sub-axis"), "{e}");
+
+    let pool = op(
+        "relax.nn.max_pool2d",
+        &[
+            ("pool_size", ints(&[3, 3])),
+            ("strides", ints(&[2, 2])),
+            ("padding", ints(&[1, 1])),
+            ("layout", s("NCHW16c")),
+        ],
+    );
+    assert_eq!(ok(&pool, &[&t(&[1, 4, 14, 14, 16])]), t(&[1, 4, 7, 7, 16]));
+    let gap = op(
+        "relax.nn.adaptive_avg_pool2d",
+        &[
+            ("output_size", ints(&[1, 1])),
+            ("layout", s("NCHW16c")),
+            ("out_layout", s("NCHW")),
+        ],
+    );
+    assert_eq!(ok(&gap, &[&t(&[1, 4, 7, 7, 16])]), t(&[1, 64, 1, 1]));
 }

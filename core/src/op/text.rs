@@ -53,9 +53,9 @@ fn pool2d_attrs(kw: &Kwargs<'_>) -> Result<Box<Pool2dAttrs>, String> {
     at_least(kw, "dilation", &dilation, 1)?;
     at_least(kw, "padding", &padding, 0)?;
     let layout = kw.string("layout", Some("NCHW"))?;
-    check_layout(kw, "layout", &layout, "NCHW")?;
+    check_split_layout(kw, "layout", &layout, "NCHW")?;
     let out_layout = kw.string("out_layout", Some(&layout))?;
-    check_layout(kw, "out_layout", &out_layout, "NCHW")?;
+    check_split_layout(kw, "out_layout", &out_layout, "NCHW")?;
     Ok(Box::new(Pool2dAttrs {
         pool_size,
         strides,
@@ -132,6 +132,7 @@ impl Op {
             "relax.nn.max_pool2d" | "relax.nn.avg_pool2d" => sig(1, 1, POOL2D_ATTRS),
             "relax.nn.adaptive_avg_pool2d" => sig(1, 1, &["output_size", "layout", "out_layout"]),
             "relax.permute_dims" => sig(1, 1, &["axes"]),
+            "relax.layout_transform" => sig(1, 1, &["index_map", "pad_value"]),
             "relax.concat" => sig(1, 1, &["axis"]),
             "relax.split" => sig(1, 1, &["indices_or_sections", "axis"]),
             "relax.squeeze" | "relax.expand_dims" => sig(1, 1, &["axis"]),
@@ -224,11 +225,11 @@ impl Op {
                 at_least(&kw, "dilation", &dilation, 1)?;
                 at_least(&kw, "groups", &[groups], 1)?;
                 let data_layout = kw.string("data_layout", Some("NCHW"))?;
-                check_layout(&kw, "data_layout", &data_layout, "NCHW")?;
+                check_split_layout(&kw, "data_layout", &data_layout, "NCHW")?;
                 let kernel_layout = kw.string("kernel_layout", Some("OIHW"))?;
-                check_layout(&kw, "kernel_layout", &kernel_layout, "OIHW")?;
+                check_split_layout(&kw, "kernel_layout", &kernel_layout, "OIHW")?;
                 let out_layout = kw.string("out_layout", Some(&data_layout))?;
-                check_layout(&kw, "out_layout", &out_layout, "NCHW")?;
+                check_split_layout(&kw, "out_layout", &out_layout, "NCHW")?;
                 Op::Conv2d(Box::new(Conv2dAttrs {
                     strides,
                     padding,
@@ -282,9 +283,9 @@ impl Op {
                     }
                 };
                 let layout = kw.string("layout", Some("NCHW"))?;
-                check_layout(&kw, "layout", &layout, "NCHW")?;
+                check_split_layout(&kw, "layout", &layout, "NCHW")?;
                 let out_layout = kw.string("out_layout", Some(&layout))?;
-                check_layout(&kw, "out_layout", &out_layout, "NCHW")?;
+                check_split_layout(&kw, "out_layout", &out_layout, "NCHW")?;
                 Op::AdaptiveAvgPool2d(Box::new(AdaptivePool2dAttrs {
                     output_size,
                     layout,
@@ -292,6 +293,32 @@ impl Op {
                 }))
             }
             "relax.reshape" => Op::Reshape,
+            "relax.layout_transform" => {
+                let map = match kw.raw("index_map") {
+                    Some(AttrLit::IndexMap(m)) => m.clone(),
+                    Some(AttrLit::Str(s)) => {
+                        IndexMap::parse(s).map_err(|e| kw.invalid("index_map", &e))?
+                    }
+                    Some(v) => {
+                        return Err(kw.error("index_map", "T.index_map(lambda ...: (...))", v));
+                    }
+                    None => {
+                        return Err(format!("`{name}`: missing required attribute `index_map`"));
+                    }
+                };
+                map.validate().map_err(|e| kw.invalid("index_map", &e))?;
+                match kw.raw("pad_value") {
+                    None | Some(AttrLit::None) => {}
+                    Some(v) => {
+                        return Err(kw.error(
+                            "pad_value",
+                            "None (the maps move whole elements; padding is not supported)",
+                            v,
+                        ));
+                    }
+                }
+                Op::LayoutTransform(Box::new(map))
+            }
             "relax.permute_dims" => Op::PermuteDims {
                 axes: kw.opt_ints("axes")?,
             },
@@ -567,6 +594,10 @@ impl Op {
                 ("out_layout", str_lit(&a.out_layout)),
             ],
             Op::PermuteDims { axes } => vec![("axes", opt_ints_lit(axes.as_deref()))],
+            Op::LayoutTransform(m) => vec![
+                ("index_map", AttrLit::IndexMap((**m).clone())),
+                ("pad_value", AttrLit::None),
+            ],
             Op::Concat { axis } => vec![("axis", opt_int_lit(*axis))],
             Op::Split(a) => vec![
                 (

@@ -441,6 +441,7 @@ fn fmt_lit(v: &AttrLit, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             }
             f.write_str("]")
         }
+        AttrLit::IndexMap(m) => f.write_str(&quoted(&m.to_string())),
     }
 }
 

@@ -33,6 +33,9 @@ pub fn attr_lit_eq(actual: &AttrLit, want: &AttrLit) -> bool {
         (AttrLit::Int(a), AttrLit::Float(b)) | (AttrLit::Float(b), AttrLit::Int(a)) => {
             (*a as f64) == *b
         }
+        (AttrLit::IndexMap(a), AttrLit::Str(s)) => {
+            crate::op::IndexMap::parse(s).is_ok_and(|m| m == *a)
+        }
         _ => actual == want,
     }
 }

@@ -1033,7 +1033,7 @@ impl<'a> Parser<'a> {
                 AttrLit::Int(i) => AttrValue::Int(i),
                 AttrLit::Float(f) => AttrValue::Float(f),
                 AttrLit::Bool(b) => AttrValue::Bool(b),
-                AttrLit::None | AttrLit::List(_) => {
+                AttrLit::None | AttrLit::List(_) | AttrLit::IndexMap(_) => {
                     return Err(self.err_at(
                         vt,
                         "unsupported function attribute value: expected a string, integer, float or bool",

@@ -323,6 +323,9 @@ fn write_attr_lit(out: &mut String, l: &AttrLit) {
             }
             out.push(']');
         }
+        AttrLit::IndexMap(m) => {
+            let _ = write!(out, "T.index_map({m})");
+        }
     }
 }
 
@@ -457,6 +460,10 @@ impl Printer {
                         // As TVM prints a `FloatImm` attribute (`scale=T.float32(0.125)`).
                         AttrLit::Float(x) if f32_imm.contains(k) => {
                             let _ = write!(out, "T.float32({})", format_float(*x));
+                        }
+                        AttrLit::IndexMap(_) => {
+                            self.uses_tir = true;
+                            write_attr_lit(out, v);
                         }
                         _ => write_attr_lit(out, v),
                     }

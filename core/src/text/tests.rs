@@ -902,3 +902,43 @@ fn a_bare_tuple_binding_parses_as_a_tuple() {
     let gv = f.bindings().last().unwrap_or_else(|| unreachable!());
     assert!(matches!(&f.expr(gv.value).kind, ExprKind::Tuple(x) if x.len() == 1));
 }
+
+#[test]
+fn layout_transform_and_split_layouts_round_trip() {
+    // TVM 0.27's own printing of these calls (its parser read the lambda forms below), with
+    // the lambda's index names as fusebox prints them.
+    let body = r#"    @R.function
+    def main(x: R.Tensor((1, 64, 14, 14), dtype="float32"), w: R.Tensor((128, 64, 1, 1), dtype="float32")) -> R.Tensor((1, 128, 12, 12), dtype="float32"):
+        with R.dataflow():
+            y: R.Tensor((1, 4, 14, 14, 16), dtype="float32") = R.layout_transform(x, index_map=T.index_map(lambda i0, i1, i2, i3: (i0, i1 // 16, i2, i3, i1 % 16)), pad_value=None)
+            z: R.Tensor((1, 8, 14, 14, 16), dtype="float32") = R.nn.conv2d(y, w, strides=[1, 1], padding=[0, 0, 0, 0], dilation=[1, 1], groups=1, data_layout="NCHW16c", kernel_layout="OIHW", out_layout="NCHW16c", out_dtype=None)
+            p: R.Tensor((1, 8, 12, 12, 16), dtype="float32") = R.nn.max_pool2d(z, pool_size=[3, 3], strides=[1, 1], dilation=[1, 1], padding=[0, 0, 0, 0], ceil_mode=False, count_include_pad=False, layout="NCHW16c", out_layout="NCHW16c")
+            q: R.Tensor((1, 128, 12, 12), dtype="float32") = R.layout_transform(p, index_map=T.index_map(lambda i0, i1, i2, i3, i4: (i0, i1 * 16 + i4, i2, i3)), pad_value=None)
+            R.output(q)
+        return q
+"#;
+    let src = format!("{HEADER_T}{body}");
+    let m = parse_ok(&src);
+    assert_eq!(print_module(&m).text, src);
+    // The forms TVM's parser takes: named indices, a bare lambda, no annotations.
+    let loose = src
+        .replace(
+            "T.index_map(lambda i0, i1, i2, i3: (i0, i1 // 16, i2, i3, i1 % 16))",
+            "lambda n, c, h, w: (n, c // 16, h, w, c % 16)",
+        )
+        .replace(
+            "lambda i0, i1, i2, i3, i4: (i0, i1 * 16 + i4, i2, i3)",
+            "lambda n, c, h, w, c1: (n, c * 16 + c1, h, w)",
+        )
+        .replace(", pad_value=None", "");
+    assert_ne!(loose, src);
+    assert_eq!(print_module(&parse_ok(&loose)).text, src);
+    // A map that does not move whole elements is an error at the lambda.
+    let bad = src.replace(
+        "(i0, i1 // 16, i2, i3, i1 % 16)",
+        "(i0, i1 // 16, i2, i3, i1 % 8)",
+    );
+    let (at, msg) = parse_err(&bad);
+    assert!(msg.contains("invalid index map"), "{msg}");
+    assert!(at.starts_with("10:"), "{at}");
+}

@@ -317,6 +317,59 @@ impl<'a> RegSteps<'a> {
                 };
             }
         }
+        self.post_vecs(simd, v);
+        true
+    }
+
+    /// The steps on one vector of `S::F32_LANES` consecutive channels `ch0..` of one pixel
+    /// (an `NCHW16c` block, element `at` of the output and of the residual, which has the
+    /// output's layout): per lane what [`RegSteps::apply_vecs`] gives that channel's element.
+    /// `false` (nothing done) when a value is missing.
+    #[inline(always)]
+    pub(crate) fn apply_block<S: pulp::Simd>(
+        &self,
+        simd: S,
+        ch0: usize,
+        at: usize,
+        v: &mut S::f32s,
+    ) -> bool {
+        let lanes = S::F32_LANES;
+        let load = |s: &[f32], i: usize| -> Option<S::f32s> {
+            s.get(i..i + lanes)
+                .map(|q| bytemuck::pod_read_unaligned(bytemuck::cast_slice(q)))
+        };
+        match self.head {
+            Head::None => {}
+            Head::Bias { b, first } => {
+                let Some(b) = load(b, ch0) else { return false };
+                *v = if first {
+                    simd.add_f32s(b, *v)
+                } else {
+                    simd.add_f32s(*v, b)
+                };
+            }
+            Head::Affine { mul, add } => {
+                let (Some(k), Some(b)) = (load(mul, ch0), load(add, ch0)) else {
+                    return false;
+                };
+                *v = simd.mul_add_f32s(*v, k, b);
+            }
+        }
+        if let Some((r, prev_first)) = self.residual {
+            let Some(q) = load(r, at) else { return false };
+            *v = if prev_first {
+                simd.add_f32s(*v, q)
+            } else {
+                simd.add_f32s(q, *v)
+            };
+        }
+        self.post_vecs(simd, std::slice::from_mut(v));
+        true
+    }
+
+    /// The final `relu` or `clip` on vectors in registers.
+    #[inline(always)]
+    fn post_vecs<S: pulp::Simd>(&self, simd: S, v: &mut [S::f32s]) {
         match self.post {
             Post::None => {}
             Post::Relu => {
@@ -343,7 +396,6 @@ impl<'a> RegSteps<'a> {
                 }
             }
         }
-        true
     }
 }
 

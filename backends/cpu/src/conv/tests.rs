@@ -350,6 +350,7 @@ fn winograd_variants_do_not_depend_on_threads_or_the_kept_transform() {
         let with_kept = Prepared {
             wino: Some(&kept),
             cols: None,
+            blocked: None,
         };
         let one = bits(&run(Prepared::default(), 1));
         for threads in [1, 2, 3] {
@@ -368,6 +369,7 @@ fn winograd_variants_do_not_depend_on_threads_or_the_kept_transform() {
             let foreign = Prepared {
                 wino: Some(&other),
                 cols: None,
+                blocked: None,
             };
             assert_eq!(
                 bits(&run(foreign, 2)),
@@ -430,6 +432,7 @@ fn small_plane_bits_do_not_depend_on_threads_caching_or_fusion() {
     let cached = Prepared {
         wino: None,
         cols: packed.as_ref(),
+        blocked: None,
     };
     let fused = [cached, Prepared::default()].map(|p| conv2d_fused(&x, &wt, &a, &steps, p));
     FORCE_COLS.with(|f| f.set(false));

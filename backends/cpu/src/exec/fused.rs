@@ -30,9 +30,11 @@ impl<'m> Interp<'m> {
     ) -> Result<Tensor> {
         let wino = self.exec.winograd_weights(x, w, attrs);
         let cols = self.exec.cols_weights(x, w, attrs);
+        let blocked = self.exec.blocked_weights(x, w, attrs);
         let prep = crate::conv::Prepared {
             wino: wino.as_deref(),
             cols: cols.as_deref(),
+            blocked: blocked.as_deref(),
         };
         conv_kernel(x, w, attrs, steps, prep)
     }
@@ -339,6 +341,7 @@ impl<'m> Interp<'m> {
                 let prep = crate::conv::Prepared {
                     wino: r.wino.as_deref(),
                     cols: r.cols.as_deref(),
+                    blocked: r.blocked.as_deref(),
                 };
                 let y = conv_kernel(x, &r.w, attrs, &r.steps, prep)
                     .map_err(|e| at(&binding_ctx(name, f.var(whole.first)), e))?;
@@ -410,6 +413,7 @@ impl<'m> Interp<'m> {
             x_shape: x.shape().to_vec(),
             wino: self.exec.winograd_weights(x, &w, attrs),
             cols: self.exec.cols_weights(x, &w, attrs),
+            blocked: self.exec.blocked_weights(x, &w, attrs),
             w,
             steps,
         })

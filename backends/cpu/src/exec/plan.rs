@@ -78,6 +78,7 @@ pub(super) struct Ready {
     pub(super) steps: Vec<crate::conv::Step>,
     pub(super) wino: Option<Arc<crate::winograd::Weights>>,
     pub(super) cols: Option<Arc<crate::gemm_packed::PackedB>>,
+    pub(super) blocked: Option<Arc<crate::conv::BlockedWeights>>,
 }
 
 impl Facts {

@@ -195,6 +195,61 @@ fn a_conv_with_bias_and_residual_adds_fuses_bit_for_bit() {
     assert_eq!(bits(&a), bits(&b));
 }
 
+#[test]
+fn a_blocked_1x1_conv_with_bias_residual_and_relu_fuses_bit_for_bit() {
+    // The same chain in NCHW16c: 32 → 48 channels on a 5×5 plane; the bias (1, 3, 1, 1, 16)
+    // and the residual in the output's layout.
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let body = |extra: &str, ret: &str, ret_ty: &str| {
+        format!(
+            "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}, r: {y}) -> {ret_ty}:\n        with R.dataflow():\n            c = R.nn.conv2d(x, w, data_layout=\"NCHW16c\", out_layout=\"NCHW16c\")\n            d = R.add(c, b)\n            e = R.add(d, r)\n            g = R.nn.relu(e)\n{extra}            R.output({ret})\n        return {ret}\n",
+            x = t("1, 2, 5, 5, 16"),
+            w = t("48, 32, 1, 1"),
+            b = t("1, 3, 1, 1, 16"),
+            y = t("1, 3, 5, 5, 16"),
+        )
+    };
+    let out = t("1, 3, 5, 5, 16");
+    let fused = parse_module_str(&body("", "g", &out)).unwrap_or_else(|e| panic!("{e}"));
+    let plain = parse_module_str(&body(
+        "            h = (g, c)\n",
+        "h",
+        &format!("R.Tuple({out}, {out})"),
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let f = fused.get("main").unwrap_or_else(|| panic!("no main"));
+    let chains = crate::fuse::plan(&fused, f, &|_| true);
+    assert_eq!(
+        chains[0].as_ref().map(crate::fuse::name).as_deref(),
+        Some("relax.nn.conv2d+relax.add+relax.add+relax.nn.relu")
+    );
+    let args = vec![
+        seeded(vec![1, 2, 5, 5, 16], 1),
+        seeded(vec![48, 32, 1, 1], 2),
+        seeded(vec![1, 3, 1, 1, 16], 3),
+        seeded(vec![1, 3, 5, 5, 16], 4),
+    ];
+    let (a, b) = fused_and_plain(&fused, &plain, args.clone());
+    assert_eq!(bits(&a), bits(&b));
+    let v = a.to_f32_vec();
+    assert!(v.contains(&0.0) && v.iter().any(|&x| x > 0.0));
+    // On an AVX-512 CPU the chain ran the NCHW16c kernel (elsewhere, through NCHW).
+    let (Value::Tensor(x), Value::Tensor(w)) = (&args[0], &args[1]) else {
+        panic!("not tensors")
+    };
+    let kw = [("data_layout", "NCHW16c"), ("out_layout", "NCHW16c")]
+        .map(|(k, v)| (k.to_string(), fusebox_core::op::AttrLit::Str(v.into())));
+    let Ok(fusebox_core::op::Op::Conv2d(attrs)) =
+        fusebox_core::op::Op::from_call("relax.nn.conv2d", &kw)
+    else {
+        panic!("no conv2d")
+    };
+    assert_eq!(
+        crate::conv::blocked_geom(x, w, &attrs).is_some(),
+        crate::simd::avx512() && crate::simd::f32_lanes() == 16
+    );
+}
+
 /// A FuseOps function of conv2d → bias → residual add, batch `n` symbolic, called by
 /// `main`; `ret` binds its result `out` (a tuple that stops the fast path), else `gv` is
 /// returned.

@@ -36,6 +36,36 @@ impl<'a> Parser<'a> {
         Ok((lit, dtype))
     }
 
+    /// `lambda a, b: (a, b // 16, b % 16)`, up to the `,` or `)` that closes it: the index map
+    /// of `R.layout_transform` ([`crate::op::IndexMap`]).
+    fn parse_index_map(&mut self) -> Result<AttrLit> {
+        let first = self.peek();
+        let mut depth = 0usize;
+        let mut body = false;
+        let mut last = first;
+        loop {
+            let t = self.peek();
+            match t.kind {
+                Tk::LParen | Tk::LBracket => depth += 1,
+                Tk::RParen | Tk::RBracket if depth == 0 => break,
+                Tk::RParen | Tk::RBracket => depth -= 1,
+                Tk::Colon if depth == 0 => body = true,
+                Tk::Comma if depth == 0 && body => break,
+                Tk::Eof | Tk::Newline | Tk::Indent | Tk::Dedent => break,
+                _ => {}
+            }
+            last = t;
+            self.bump();
+        }
+        let text = self
+            .src
+            .get(first.start as usize..last.end as usize)
+            .unwrap_or("");
+        crate::op::IndexMap::parse(text)
+            .map(AttrLit::IndexMap)
+            .map_err(|e| self.err_at(first, format!("invalid index map: {e}")))
+    }
+
     pub(super) fn parse_literal(&mut self) -> Result<AttrLit> {
         let t = self.peek();
         self.enter(t)?;
@@ -114,6 +144,16 @@ impl<'a> Parser<'a> {
                     Ok(AttrLit::None)
                 }
                 "inf" | "nan" => self.parse_number(false),
+                "T" if self.peek_at(1).kind == Tk::Dot
+                    && self.is_ident(self.peek_at(2), "index_map") =>
+                {
+                    self.i += 3;
+                    self.expect(Tk::LParen, "after `T.index_map`")?;
+                    let m = self.parse_index_map()?;
+                    self.expect(Tk::RParen, "after the index map's lambda")?;
+                    Ok(m)
+                }
+                "lambda" => self.parse_index_map(),
                 "T" if self.peek_at(1).kind == Tk::Dot => Ok(self.parse_t_literal()?.0),
                 "float" if self.peek_at(1).kind == Tk::LParen => {
                     self.i += 2;
