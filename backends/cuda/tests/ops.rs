@@ -254,6 +254,20 @@ fn data_movement() {
     run("flatten", &p, &["gv = R.flatten(x)"]);
     run("permute", &p, &["gv = R.permute_dims(x, axes=[2, 0, 1])"]);
     run("permute default", &p, &["gv = R.permute_dims(x)"]);
+    let p5 = format!("x: {}", tensor_ty("2, 32, 3, 2", "float32"));
+    run(
+        "layout_transform NCHW to NCHW16c and back",
+        &p5,
+        &[
+            "y = R.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 16, h, w, c % 16))",
+            "gv = R.layout_transform(y, index_map=lambda n, c, h, w, c1: (n, c * 16 + c1, h, w))",
+        ],
+    );
+    run(
+        "layout_transform split ahead",
+        &p5,
+        &["gv = R.layout_transform(x, index_map=lambda a, b, c, d: (b % 8, d, a, c, b // 8))"],
+    );
     run("expand_dims", &p, &["gv = R.expand_dims(x, axis=[1])"]);
     run(
         "squeeze",
