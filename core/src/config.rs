@@ -18,6 +18,7 @@
 //! max_depth = 256
 //! strict = false                   # unclaimed work is an error instead of running on the CPU
 //! conv2d_layout = ["NHWC", "OHWI"] # optional: ConvertLayout every conv2d to these layouts
+//!                                   # (split ones too: ["NCHW16c", "OIHW"])
 //! [[backend]]
 //! name = "cpu"
 //! [backend.options]                # free table handed to that backend
@@ -276,18 +277,16 @@ impl Config {
         }
         if let Some([data, kernel]) = &cfg.partition.conv2d_layout {
             for (what, layout, letters) in [("data", data, "NCHW"), ("kernel", kernel, "OIHW")] {
-                let mut sorted: Vec<char> = layout.chars().collect();
-                sorted.sort_unstable();
-                let mut want: Vec<char> = letters.chars().collect();
-                want.sort_unstable();
-                if sorted != want {
+                if crate::op::Layout::parse(layout, letters).is_none() {
                     return Err(Error::source(
                         file,
                         src,
                         pos_of(src, src.find("conv2d_layout").unwrap_or(0)),
                         format!(
                             "conv2d_layout: the {what} layout must be a permutation of {letters}, \
-                             found \"{layout}\""
+                             each axis possibly split by a sub-axis (\"{letters}16{}\"), found \
+                             \"{layout}\"",
+                            letters.as_bytes()[1].to_ascii_lowercase() as char
                         ),
                     ));
                 }
@@ -426,6 +425,14 @@ mod tests {
             Config::parse("", "c.toml").unwrap().partition.conv2d_layout,
             None
         );
+        let c = Config::parse(
+            "[partition]\nconv2d_layout = [\"NCHW16c\", \"OIHW16i16o\"]\n",
+            "c.toml",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.partition.conv2d_layout.is_some());
+        let e = err("[partition]\nconv2d_layout = [\"NCHW16\", \"OIHW\"]\n");
+        assert!(e.contains("sub-axis"), "{e}");
         let e = err("[partition]\nconv2d_layout = [\"NHWC\", \"OHW\"]\n");
         assert!(
             e.contains("c.toml:2:1") && e.contains("permutation of OIHW"),

@@ -85,10 +85,67 @@ pub(crate) fn layout_transform(x: &Tensor, map: &IndexMap) -> KResult<Tensor> {
         .map(|d| d.as_static().and_then(|v| usize::try_from(v).ok()))
         .collect::<Option<_>>()
         .ok_or("the index map gives a non-static shape")?;
+    if let (Some(data), Some((outer, rows, cols))) = (x.as_f32(), batched_transpose(&split, &perm))
+    {
+        // NCHW ↔ NCHW16c: per image, a (C/16 · 16) × HW ↔ HW × 16 block transpose.
+        // A recycled buffer: a fresh one's first touch of each page cost as much as the copy.
+        let mut y = crate::par::scratch_f32(data.len(), 1);
+        transpose_f32(data, &mut y, outer, rows, cols);
+        return y.into_tensor(out);
+    }
     let parts = x.reshaped(split).map_err(|e| e.to_string())?;
     permute(&parts, &perm)
         .reshaped(out)
         .map_err(|e| e.to_string())
+}
+
+/// `perm` of a tensor of shape `split` as `outer` transposes of `rows × cols` matrices
+/// (`[outer][rows][cols]` to `[outer][cols][rows]`): one axis moved to the end (NCHW to
+/// NCHW16c), or the last axis moved inward (back); `None` for any other permutation.
+fn batched_transpose(split: &[usize], perm: &[usize]) -> Option<(usize, usize, usize)> {
+    let r = perm.len();
+    let a = perm
+        .iter()
+        .enumerate()
+        .take_while(|&(i, &p)| i == p)
+        .count();
+    let rest = perm.get(a..)?;
+    let prod = |s: &[usize]| s.iter().product::<usize>();
+    if r < 2 || a + 1 >= r {
+        return None;
+    }
+    let moved_out = rest.last() == Some(&a)
+        && rest[..rest.len() - 1]
+            .iter()
+            .enumerate()
+            .all(|(i, &p)| p == a + 1 + i);
+    if moved_out {
+        return Some((prod(&split[..a]), split[a], prod(&split[a + 1..])));
+    }
+    let moved_in =
+        rest.first() == Some(&(r - 1)) && rest[1..].iter().enumerate().all(|(i, &p)| p == a + i);
+    moved_in.then(|| (prod(&split[..a]), prod(&split[a..r - 1]), split[r - 1]))
+}
+
+/// `y[o][c][r] = x[o][r][c]` for `outer` matrices of `rows × cols`, in 16 × 16 tiles (on
+/// 1024 × 14 × 14 to NCHW16c: 0.19 ms, where loops with the short side inner took 0.25).
+fn transpose_f32(x: &[f32], y: &mut [f32], outer: usize, rows: usize, cols: usize) {
+    const T: usize = 16;
+    let m = rows * cols;
+    if m == 0 {
+        return;
+    }
+    for (xo, yo) in x.chunks_exact(m).zip(y.chunks_exact_mut(m)).take(outer) {
+        for r0 in (0..rows).step_by(T) {
+            for c0 in (0..cols).step_by(T) {
+                for r in r0..(r0 + T).min(rows) {
+                    for c in c0..(c0 + T).min(cols) {
+                        yo[c * rows + r] = xo[r * cols + c];
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `f` (a kernel of `NCHW` data) on `x` held in the split layout `layout` (`NCHW16c`), its

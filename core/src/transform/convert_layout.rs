@@ -1,37 +1,44 @@
 //! ConvertLayout: every `conv2d` is rewritten to a desired data and kernel layout (TVM Relax's
 //! `relax.transform.ConvertLayout({"relax.nn.conv2d": [data, kernel]})`), and the new layout
-//! travels through the layout-agnostic ops after it, so that `permute_dims` are left only
+//! travels through the layout-agnostic ops after it, so that layout changes are left only
 //! where a value meets an op that needs the original layout.
 //!
 //! Contract:
 //!
-//! - **Requires** a module that verifies; `data` is a permutation of `NCHW` and `kernel` one of
-//!   `OIHW` (else an error naming what was given).
+//! - **Requires** a module that verifies; `data` is a layout of `NCHW` and `kernel` one of
+//!   `OIHW`: a permutation (`NHWC`, `OHWI`), possibly with an axis split by a sub-axis
+//!   (`NCHW16c`, `OIHW16i16o`: [`crate::op::layout`]); else an error naming what was given.
 //! - **Rewrites**, in every function without `Primitive`, `Composite` or `Codegen`, block by
-//!   block in binding order. A value may be held *permuted*: `v'` with `v = permute_dims(v',
-//!   inverse(p))` for an axis permutation `p` of its rank-4 value. Then:
+//!   block in binding order. A value `v` of rank 4 may be *held*: `v'` with `v` the value
+//!   moved back from `v'`'s layout, a [`Layout`] over `v`'s own axes labelled `N`, `C`, `H`,
+//!   `W` by position (a permutation such as `NHWC`, or a split one such as `NCHW16c`). Then:
 //!   - `y = conv2d(x, w)` (rank-4 operands, layouts not already the desired ones) becomes
 //!     `y' = conv2d(x', w')` with `data_layout = out_layout = data` and `kernel_layout =
-//!     kernel`, `x'` and `w'` the operands permuted to those layouts (a held operand is
-//!     permuted from where it is held, or used as it is); `y` is held as `y'`.
+//!     kernel`, `x'` and `w'` the operands moved to those layouts (a held operand is moved
+//!     from where it is held, or used as it is); `y` is held as `y'`. When an operand's
+//!     extent does not split (3 input channels into `NCHW16c`), the conv stays as it is.
 //!   - A unary elementwise op (`relu`, `clip`, `astype`, `exp`, ... : FuseOps' `ElemWise`
 //!     kind, not `tril`/`triu`) of a held operand is computed on the held value.
 //!   - A broadcasting op (`add`, `multiply`, `maximum`, `where`, ...: FuseOps' `Broadcast`
 //!     kind, not `broadcast_to`) with a rank-4 result and a held operand is computed in the
-//!     held layout: rank-4 operands are permuted the same way (one `permute_dims`; a constant
-//!     folds later), a scalar stays, and a lower-rank operand first gets leading unit axes
-//!     (`expand_dims`: what broadcasting does to it) and is then permuted, so a `(C, 1, 1)`
-//!     bias meets its channels.
+//!     held layout: rank-4 operands are moved the same way (a constant folds later), a scalar
+//!     stays, and a lower-rank operand first gets leading unit axes (`expand_dims`: what
+//!     broadcasting does to it) and is then moved, so a `(C, 1, 1)` bias meets its channels.
+//!     An operand that cannot be moved (a `(1, 1, 1, 1)` value into `NCHW16c`) leaves the op
+//!     reading the originals.
 //!   - `max_pool2d`, `avg_pool2d` and `adaptive_avg_pool2d` of a held operand run with their
-//!     `layout` (and `out_layout`) permuted likewise.
+//!     `layout` (and `out_layout`) moved likewise (`NCHW16c`).
 //!   - `y = v` of a held `v` (an alias, as `emit_output` makes): `y` is held as `v` is.
 //!   - Anything else that reads a held value reads the original: `v = permute_dims(v', ...)`
-//!     is bound (once, under `v`'s own name and type) just before the first such binding. A
-//!     held var that is not a dataflow var is bound so right after its held value, so the
-//!     function's outputs keep their names, types and layouts (as TVM 0.27 places them).
+//!     (a permutation) or `v = layout_transform(v', index_map)` (a split layout) is bound
+//!     (once, under `v`'s own name and type) just before the first such binding. A held var
+//!     that is not a dataflow var is bound so right after its held value, so the function's
+//!     outputs keep their names, types and layouts (as TVM 0.27 places them).
 //! - Every value is the same, element for element, as before (each rule moves elements, never
 //!   computes differently), so a backend that runs every layout gives the same results.
-//!   Permutes of constants are left for FoldConstant; dead bindings are removed afterwards.
+//!   Moves of constants are left for FoldConstant; dead bindings are removed afterwards.
+//!   (TVM 0.27's own pass crashes on split layouts; the rules above are those it applies to
+//!   permutations, with `layout_transform` where a permutation does not do.)
 //!
 //! ```text
 //! ; before (w a constant (64, 3, 7, 7); b a constant (1, 64, 1, 1))
@@ -51,77 +58,101 @@
 //! r_nhwc = R.nn.relu(a_nhwc)
 //! gv_nhwc = R.nn.max_pool2d(r_nhwc, ..., layout="NHWC", out_layout="NHWC")
 //! gv = R.permute_dims(gv_nhwc, axes=[0, 3, 1, 2])
+//! ; after ConvertLayout(data="NCHW16c", kernel="OIHW") of the same with 32 input channels
+//! x_nchw16c = R.layout_transform(x, index_map=T.index_map(lambda i0, i1, i2, i3:
+//!         (i0, i1 // 16, i2, i3, i1 % 16)), pad_value=None)     ; (1, 2, H, W, 16)
+//! c_nchw16c = R.nn.conv2d(x_nchw16c, w, ..., data_layout="NCHW16c", kernel_layout="OIHW",
+//!         out_layout="NCHW16c")
+//! ...                                                    ; b moved likewise, then folded
+//! gv_nchw16c = R.nn.max_pool2d(r_nchw16c, ..., layout="NCHW16c", out_layout="NCHW16c")
+//! gv = R.layout_transform(gv_nchw16c, index_map=T.index_map(lambda i0, i1, i2, i3, i4:
+//!         (i0, i1 * 16 + i4, i2, i3)), pad_value=None)
 //! ```
 
 use crate::error::{Error, Result};
 use crate::ir::{Binding, Block, Callee, ExprId, ExprKind, Function, Module, Type, VarId};
-use crate::op::{FusionKind, Op};
+use crate::op::{FusionKind, IndexMap, Layout, MapExpr, Op};
 use std::collections::{HashMap, HashSet};
 
-/// An axis permutation of a rank-4 value: axis `i` of the permuted value is axis `p[i]` of the
-/// original (`permute_dims(x, axes=p)`).
-type Perm = [usize; 4];
+/// The positional labels of a rank-4 value: axis `i` of the value as it was before the pass is
+/// labelled `LABELS[i]`, whatever it means. A value is *held* in a [`Layout`] over these labels
+/// (`NHWC` for a permuted one, `NCHW16c` with its axis 1 split).
+const LABELS: &str = "NCHW";
 
-const IDENTITY: Perm = [0, 1, 2, 3];
-
-/// Runs ConvertLayout (see the module doc) for `conv2d` with data layout `data` (a permutation
-/// of `NCHW`) and kernel layout `kernel` (a permutation of `OIHW`).
+/// Runs ConvertLayout (see the module doc) for `conv2d` with data layout `data` (a layout of
+/// `NCHW`, possibly split: `NCHW16c`) and kernel layout `kernel` (a layout of `OIHW`).
 pub fn convert_layout(m: &Module, data: &str, kernel: &str) -> Result<Module> {
+    let mut parsed = Vec::with_capacity(2);
     for (what, layout, letters) in [("data", data, "NCHW"), ("kernel", kernel, "OIHW")] {
-        if perm_between(letters, layout).is_none() {
-            return Err(Error::Invalid(format!(
-                "ConvertLayout: the {what} layout must be a permutation of {letters}, found \
-                 `{layout}`"
-            )));
-        }
+        parsed.push(Layout::parse(layout, letters).ok_or_else(|| {
+            Error::Invalid(format!(
+                "ConvertLayout: the {what} layout must be a permutation of {letters}, each axis \
+                 possibly split by a sub-axis (\"{letters}16{}\"), found `{layout}`",
+                letters.as_bytes()[1].to_ascii_lowercase() as char
+            ))
+        })?);
     }
-    super::substitute::rewrite_entries(m, |f| convert_in(f, data, kernel))
+    let (d, k) = (parsed.remove(0), parsed.remove(0));
+    super::substitute::rewrite_entries(m, |f| convert_in(f, &d, &k))
 }
 
-/// The permutation taking a value in layout `from` to layout `to` (both 4 distinct letters,
-/// the same set): axis `i` of the result is axis `from.find(to[i])`.
-fn perm_between(from: &str, to: &str) -> Option<Perm> {
-    let (f, t): (Vec<char>, Vec<char>) = (from.chars().collect(), to.chars().collect());
-    if f.len() != 4 || t.len() != 4 {
+/// The layout `target` of a value whose axes are, before the pass, in layout `original` (a
+/// permutation of `target`'s letters), written over the value's positional [`LABELS`]:
+/// `relabel(NHWC, NCHW)` is `NHWC`, `relabel(NCHW16c, NHWC)` is `NWCH16w`.
+fn relabel(target: &Layout, original: &str) -> Option<Layout> {
+    let orig = original.as_bytes();
+    if orig.len() != 4 {
         return None;
     }
-    let mut p = IDENTITY;
-    for (i, c) in t.iter().enumerate() {
-        p[i] = f.iter().position(|x| x == c)?;
-    }
-    let mut seen = [false; 4];
-    for &a in &p {
-        if std::mem::replace(&mut seen[a], true) {
-            return None;
+    let mut s = String::new();
+    for a in target.axes() {
+        let pos = orig.iter().position(|&c| c == a.letter)?;
+        let label = LABELS.as_bytes()[pos] as char;
+        match a.factor {
+            None => s.push(label),
+            Some(k) => s.push_str(&format!("{k}{}", label.to_ascii_lowercase())),
         }
     }
-    Some(p)
+    Layout::parse(&s, LABELS)
 }
 
-/// `layout` with its axes permuted by `p` (the layout of `permute_dims(x, p)` for `x` in
-/// `layout`).
-fn permute_layout(layout: &str, p: Perm) -> Option<String> {
-    let l: Vec<char> = layout.chars().collect();
-    (l.len() == 4).then(|| p.iter().map(|&a| l[a]).collect())
-}
-
-fn inverse(p: Perm) -> Perm {
-    let mut q = IDENTITY;
-    for (i, &a) in p.iter().enumerate() {
-        q[a] = i;
+/// The layout string of an op attribute that was `original` (a permutation of `NCHW`, over the
+/// operand's positions) once the operand is held in `held` (over positional labels): each label
+/// replaced by the letter `original` has at its position.
+fn unlabel(held: &Layout, original: &str) -> Option<String> {
+    let orig = original.as_bytes();
+    if orig.len() != 4 {
+        return None;
     }
-    q
+    let mut s = String::new();
+    for a in held.axes() {
+        let pos = LABELS.bytes().position(|c| c == a.letter)?;
+        let letter = *orig.get(pos)? as char;
+        match a.factor {
+            None => s.push(letter),
+            Some(k) => s.push_str(&format!("{k}{}", letter.to_ascii_lowercase())),
+        }
+    }
+    Some(s)
 }
 
-/// The permutation that takes a value held permuted by `held` to one permuted by `want`
-/// (both relative to the same original).
-fn between(held: Perm, want: Perm) -> Perm {
-    let inv = inverse(held);
-    let mut r = IDENTITY;
-    for (i, &a) in want.iter().enumerate() {
-        r[i] = inv[a];
+/// The plain layout (the value as it was).
+fn plain() -> Layout {
+    Layout::parse(LABELS, LABELS).unwrap_or_else(|| unreachable!("NCHW is a layout"))
+}
+
+/// The permutation `map` is, when it only permutes axes (`permute_dims(x, axes)`).
+fn as_axes(map: &IndexMap) -> Option<Vec<i64>> {
+    if map.outputs.len() != map.inputs {
+        return None;
     }
-    r
+    map.outputs
+        .iter()
+        .map(|e| match *e {
+            MapExpr::Var(i) => i64::try_from(i).ok(),
+            _ => None,
+        })
+        .collect()
 }
 
 fn rank_of(f: &Function, e: ExprId) -> Option<usize> {
@@ -130,14 +161,14 @@ fn rank_of(f: &Function, e: ExprId) -> Option<usize> {
 
 /// The rewrite of one function (see the module doc); says whether anything changed.
 struct Converter<'a> {
-    data: &'a str,
-    kernel: &'a str,
-    /// Held values: the var, the var holding it permuted, and the permutation.
-    held: HashMap<VarId, (VarId, Perm)>,
+    data: &'a Layout,
+    kernel: &'a Layout,
+    /// Held values: the var, the var holding it, and the layout it is held in.
+    held: HashMap<VarId, (VarId, Layout)>,
     /// Held vars whose original is bound (again).
     bound: HashSet<VarId>,
-    /// Permuted operands made in the current block: (operand, permutation) → var.
-    made: HashMap<(ExprId, Perm), VarId>,
+    /// Operands made in the current block: (operand, layout) → var.
+    made: HashMap<(ExprId, Layout), VarId>,
     /// The bindings of the current block, as rewritten so far.
     out: Vec<Binding>,
     /// Every var name of the function (new vars get names not in it).
@@ -170,10 +201,13 @@ impl Converter<'_> {
         name
     }
 
-    /// `permute_dims(e, axes=p)`, typed by inference.
-    fn permute(&mut self, f: &mut Function, e: ExprId, p: Perm) -> Option<ExprId> {
-        let op = Op::PermuteDims {
-            axes: Some(p.iter().map(|&a| a as i64).collect()),
+    /// `e` moved by `map`: `permute_dims(e, axes)` when it only permutes axes, else
+    /// `layout_transform(e, index_map)`, typed by inference (`None` where that fails, e.g. an
+    /// extent that does not split).
+    fn transform(f: &mut Function, e: ExprId, map: IndexMap) -> Option<ExprId> {
+        let op = match as_axes(&map) {
+            Some(axes) => Op::PermuteDims { axes: Some(axes) },
+            None => Op::LayoutTransform(Box::new(map)),
         };
         let ty = op.infer(&[&f.expr(e).ty]).ok()?;
         Some(f.add_expr(
@@ -185,20 +219,27 @@ impl Converter<'_> {
         ))
     }
 
-    /// Operand `e` (rank 4) permuted by `want` relative to its original value: the held var as
-    /// it is, or one `permute_dims` of it or of `e` (made once per block).
-    fn operand(&mut self, f: &mut Function, e: ExprId, want: Perm, suffix: &str) -> Option<ExprId> {
-        let (src, perm) = match f.as_var(e).and_then(|v| self.held.get(&v).copied()) {
-            Some((h, p)) => (f.var(h).expr, between(p, want)),
-            None => (e, want),
+    /// Operand `e` (rank 4) in layout `want` (over its positional labels): the held var as it
+    /// is, or one transform of it or of `e` (made once per block).
+    fn operand(
+        &mut self,
+        f: &mut Function,
+        e: ExprId,
+        want: &Layout,
+        suffix: &str,
+    ) -> Option<ExprId> {
+        let (src, from) = match f.as_var(e).and_then(|v| self.held.get(&v).cloned()) {
+            Some((h, l)) => (f.var(h).expr, l),
+            None => (e, plain()),
         };
-        if perm == IDENTITY {
+        if from == *want {
             return Some(src);
         }
-        if let Some(&v) = self.made.get(&(src, perm)) {
+        if let Some(&v) = self.made.get(&(src, want.clone())) {
             return Some(f.var(v).expr);
         }
-        let value = self.permute(f, src, perm)?;
+        let map = IndexMap::between(&from, want).ok()?;
+        let value = Self::transform(f, src, map)?;
         let ty = f.expr(value).ty.clone();
         let base = f.as_var(e).or_else(|| f.as_var(src));
         let v = match base {
@@ -211,20 +252,25 @@ impl Converter<'_> {
                 v
             }
         };
-        self.made.insert((src, perm), v);
+        self.made.insert((src, want.clone()), v);
         Some(f.var(v).expr)
     }
 
-    /// Binds the original of held var `v` (`v = permute_dims(v', inverse(p))`) unless it is.
+    /// Binds the original of held var `v` (`v = permute_dims(v', ...)` or
+    /// `layout_transform(v', ...)`) unless it is.
     fn restore(&mut self, f: &mut Function, v: VarId) {
-        let Some(&(h, p)) = self.held.get(&v) else {
+        let Some((h, l)) = self.held.get(&v).cloned() else {
             return;
         };
         if !self.bound.insert(v) {
             return;
         }
-        let op = Op::PermuteDims {
-            axes: Some(inverse(p).iter().map(|&a| a as i64).collect()),
+        let Ok(map) = IndexMap::between(&l, &plain()) else {
+            return;
+        };
+        let op = match as_axes(&map) {
+            Some(axes) => Op::PermuteDims { axes: Some(axes) },
+            None => Op::LayoutTransform(Box::new(map)),
         };
         let value = f.add_expr(
             ExprKind::Call {
@@ -236,17 +282,20 @@ impl Converter<'_> {
         self.out.push(Binding { var: v, value });
     }
 
-    /// The perm a held var operand of `args` has (the first one).
-    fn held_perm(&self, f: &Function, args: &[ExprId]) -> Option<Perm> {
-        args.iter()
-            .find_map(|&a| f.as_var(a).and_then(|v| self.held.get(&v)).map(|&(_, p)| p))
+    /// The layout a held var operand of `args` has (the first one).
+    fn held_layout(&self, f: &Function, args: &[ExprId]) -> Option<Layout> {
+        args.iter().find_map(|&a| {
+            f.as_var(a)
+                .and_then(|v| self.held.get(&v))
+                .map(|(_, l)| l.clone())
+        })
     }
 
     /// Rewrites binding `b` if a rule applies: the new value's var held for `b.var`.
     fn rewrite(&mut self, f: &mut Function, b: Binding) -> Option<()> {
         // `y = v` of a held `v`: `y` is held as `v` is (no binding; restored where needed).
         if let ExprKind::Var(v) = f.expr(b.value).kind
-            && let Some(&h) = self.held.get(&v)
+            && let Some(h) = self.held.get(&v).cloned()
         {
             self.held.insert(b.var, h);
             self.changed = true;
@@ -259,69 +308,69 @@ impl Converter<'_> {
         else {
             return None;
         };
-        let suffix = self.data.to_lowercase();
-        let (new_op, new_args, perm) = match &op {
+        let data = self.data.to_string();
+        let suffix = data.to_lowercase();
+        let (new_op, new_args, layout) = match &op {
             Op::Conv2d(a) => {
                 let (&x, &w) = (args.first()?, args.get(1)?);
                 if rank_of(f, x)? != 4 || rank_of(f, w)? != 4 {
                     return None;
                 }
-                if a.data_layout == self.data
-                    && a.kernel_layout == self.kernel
-                    && a.out_layout == self.data
-                {
+                let kernel = self.kernel.to_string();
+                if a.data_layout == data && a.kernel_layout == kernel && a.out_layout == data {
                     return None;
                 }
-                let px = perm_between(&a.data_layout, self.data)?;
-                let pw = perm_between(&a.kernel_layout, self.kernel)?;
-                let po = perm_between(&a.out_layout, self.data)?;
-                let x2 = self.operand(f, x, px, &suffix)?;
-                let w2 = self.operand(f, w, pw, &self.kernel.to_lowercase())?;
+                let lx = relabel(self.data, &a.data_layout)?;
+                let lw = relabel(self.kernel, &a.kernel_layout)?;
+                let lo = relabel(self.data, &a.out_layout)?;
+                let x2 = self.operand(f, x, &lx, &suffix)?;
+                let w2 = self.operand(f, w, &lw, &kernel.to_lowercase())?;
                 let mut a2 = (**a).clone();
-                a2.data_layout = self.data.to_string();
-                a2.kernel_layout = self.kernel.to_string();
-                a2.out_layout = self.data.to_string();
+                a2.data_layout.clone_from(&data);
+                a2.kernel_layout = kernel;
+                a2.out_layout = data;
                 let mut rest = vec![x2, w2];
                 rest.extend_from_slice(&args[2..]);
-                (Op::Conv2d(Box::new(a2)), rest, po)
+                (Op::Conv2d(Box::new(a2)), rest, lo)
             }
             Op::MaxPool2d(_) | Op::AvgPool2d(_) | Op::AdaptiveAvgPool2d(_) => {
                 let x = *args.first()?;
-                let &(h, p) = self.held.get(&f.as_var(x)?)?;
+                let (h, l) = self.held.get(&f.as_var(x)?)?.clone();
                 let mut new_op = op.clone();
                 let (layout, out_layout) = match &mut new_op {
                     Op::MaxPool2d(a) | Op::AvgPool2d(a) => (&mut a.layout, &mut a.out_layout),
                     Op::AdaptiveAvgPool2d(a) => (&mut a.layout, &mut a.out_layout),
                     _ => return None,
                 };
-                *layout = permute_layout(layout, p)?;
-                *out_layout = permute_layout(out_layout, p)?;
+                *layout = unlabel(&l, layout)?;
+                *out_layout = unlabel(&l, out_layout)?;
                 let mut rest = vec![f.var(h).expr];
                 rest.extend_from_slice(&args[1..]);
-                (new_op, rest, p)
+                (new_op, rest, l)
             }
             _ if op.fusion_kind() == FusionKind::ElemWise
                 && !matches!(op, Op::Tril { .. } | Op::Triu { .. }) =>
             {
                 let x = *args.first()?;
-                let &(h, p) = self.held.get(&f.as_var(x)?)?;
+                let (h, l) = self.held.get(&f.as_var(x)?)?.clone();
                 let mut rest = vec![f.var(h).expr];
                 rest.extend_from_slice(&args[1..]);
-                (op.clone(), rest, p)
+                (op.clone(), rest, l)
             }
             _ if op.fusion_kind() == FusionKind::Broadcast && !matches!(op, Op::BroadcastTo) => {
                 if f.var(b.var).ty.as_tensor()?.rank()? != 4 {
                     return None;
                 }
-                let p = self.held_perm(f, &args)?;
+                let l = self.held_layout(f, &args)?;
                 let mut rest = Vec::with_capacity(args.len());
                 for &a in &args {
                     let r = rank_of(f, a)?;
                     let e = match r {
                         0 => a,
-                        4 => self.operand(f, a, p, &suffix)?,
+                        4 => self.operand(f, a, &l, &suffix)?,
                         1..=3 => {
-                            // Leading unit axes first (what broadcasting gives it), then permute.
+                            // Leading unit axes first (what broadcasting gives it), then the
+                            // held layout.
                             let op = Op::ExpandDims {
                                 axis: (0..(4 - r) as i64).collect(),
                             };
@@ -336,13 +385,13 @@ impl Converter<'_> {
                             let base = f.as_var(a).unwrap_or(b.var);
                             let v = self.bind_new(f, base, "4d", value, ty);
                             let e4 = f.var(v).expr;
-                            self.operand(f, e4, p, &suffix)?
+                            self.operand(f, e4, &l, &suffix)?
                         }
                         _ => return None,
                     };
                     rest.push(e);
                 }
-                (op.clone(), rest, p)
+                (op.clone(), rest, l)
             }
             _ => return None,
         };
@@ -357,14 +406,14 @@ impl Converter<'_> {
             ty.clone(),
         );
         let v = self.bind_new(f, b.var, &suffix, value, ty);
-        self.held.insert(b.var, (v, perm));
+        self.held.insert(b.var, (v, layout));
         self.changed = true;
         Some(())
     }
 }
 
 /// Rewrites `f` (see the module doc); says whether anything changed.
-fn convert_in(f: &mut Function, data: &str, kernel: &str) -> bool {
+fn convert_in(f: &mut Function, data: &Layout, kernel: &Layout) -> bool {
     let blocks = std::mem::take(&mut f.blocks);
     let mut c = Converter {
         data,
@@ -408,7 +457,7 @@ fn convert_in(f: &mut Function, data: &str, kernel: &str) -> bool {
         });
         // A dataflow var does not outlive its block: later blocks read the originals (bound
         // again above for every var that outlives it).
-        c.held.retain(|_, &mut (h, _)| !f.var(h).dataflow);
+        c.held.retain(|_, (h, _)| !f.var(*h).dataflow);
     }
     c.changed
 }
@@ -427,17 +476,26 @@ mod tests {
     }
 
     #[test]
-    fn permutations_compose() {
-        let p = perm_between("NCHW", "NHWC").unwrap();
-        assert_eq!(p, [0, 2, 3, 1]);
-        assert_eq!(inverse(p), [0, 3, 1, 2]);
-        assert_eq!(permute_layout("NCHW", p).unwrap(), "NHWC");
-        // Held as NHWC, wanted as NWHC (relative to the NCHW original).
-        let want = perm_between("NCHW", "NWHC").unwrap();
-        let r = between(p, want);
-        assert_eq!(permute_layout("NHWC", r).unwrap(), "NWHC");
-        assert!(perm_between("NCHW", "NCHH").is_none());
-        assert!(perm_between("NCHW", "NCH").is_none());
+    fn layouts_relabel_to_positions_and_back() {
+        let l = |s: &str, a: &str| Layout::parse(s, a).unwrap();
+        let nchw16c = l("NCHW16c", "NCHW");
+        assert_eq!(relabel(&nchw16c, "NCHW").unwrap().to_string(), "NCHW16c");
+        // An NHWC original: its channel axis is position 3 (label W).
+        assert_eq!(relabel(&nchw16c, "NHWC").unwrap().to_string(), "NWCH16w");
+        assert_eq!(
+            relabel(&l("OHWI", "OIHW"), "OIHW").unwrap().to_string(),
+            "NHWC"
+        );
+        assert_eq!(unlabel(&l("NHWC", "NCHW"), "NCHW").unwrap(), "NHWC");
+        assert_eq!(unlabel(&l("NWCH16w", "NCHW"), "NHWC").unwrap(), "NCHW16c");
+        assert_eq!(
+            as_axes(&IndexMap::between(&plain(), &l("NHWC", "NCHW")).unwrap()),
+            Some(vec![0, 2, 3, 1])
+        );
+        assert_eq!(
+            as_axes(&IndexMap::between(&plain(), &nchw16c).unwrap()),
+            None
+        );
     }
 
     #[test]
@@ -448,6 +506,10 @@ mod tests {
             e.contains("permutation of NCHW") && e.contains("NHWX"),
             "{e}"
         );
+        let e = convert_layout(&m, "NCHW16", "OIHW")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sub-axis"), "{e}");
         let e = convert_layout(&m, "NHWC", "OIH").unwrap_err().to_string();
         assert!(e.contains("permutation of OIHW"), "{e}");
     }
@@ -546,6 +608,44 @@ class Module:
             out.contains("gv1: R.Tensor((1, 3, 8, 8), dtype=\"float32\") = R.permute_dims("),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_split_layout_travels_like_a_permutation_and_leaves_through_layout_transform() {
+        let src = r#"
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((1, 32, 8, 8), dtype="float32"), w: R.Tensor((48, 32, 1, 1), dtype="float32"), b: R.Tensor((1, 48, 1, 1), dtype="float32"), s: R.Tensor((1, 1, 1, 1), dtype="float32")) -> R.Tensor((1, 48, 4, 4), dtype="float32"):
+        with R.dataflow():
+            lv: R.Tensor((1, 48, 8, 8), dtype="float32") = R.nn.conv2d(x, w, strides=[1, 1], padding=[0, 0, 0, 0], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="void")
+            lv1: R.Tensor((1, 48, 8, 8), dtype="float32") = R.add(lv, b)
+            lv2: R.Tensor((1, 48, 8, 8), dtype="float32") = R.nn.relu(lv1)
+            lv3: R.Tensor((1, 48, 4, 4), dtype="float32") = R.nn.max_pool2d(lv2, pool_size=[2, 2], strides=[2, 2], dilation=[1, 1], padding=[0, 0, 0, 0], ceil_mode=False, count_include_pad=False, layout="NCHW", out_layout="NCHW")
+            gv: R.Tensor((1, 48, 4, 4), dtype="float32") = R.multiply(lv3, s)
+            R.output(gv)
+        return gv
+"#;
+        let out = run(src, "NCHW16c", "OIHW");
+        let expect = [
+            "x_nchw16c: R.Tensor((1, 2, 8, 8, 16), dtype=\"float32\") = R.layout_transform(x, index_map=T.index_map(lambda i0, i1, i2, i3: (i0, i1 // 16, i2, i3, i1 % 16)), pad_value=None)",
+            "data_layout=\"NCHW16c\", kernel_layout=\"OIHW\", out_layout=\"NCHW16c\"",
+            "b_nchw16c: R.Tensor((1, 3, 1, 1, 16), dtype=\"float32\") = R.layout_transform(b,",
+            "lv2_nchw16c: R.Tensor((1, 3, 8, 8, 16), dtype=\"float32\") = R.nn.relu(lv1_nchw16c)",
+            "layout=\"NCHW16c\", out_layout=\"NCHW16c\")",
+            // The (1, 1, 1, 1) scale does not split: the multiply reads the pool's original.
+            "lv3: R.Tensor((1, 48, 4, 4), dtype=\"float32\") = R.layout_transform(lv3_nchw16c, index_map=T.index_map(lambda i0, i1, i2, i3, i4: (i0, i1 * 16 + i4, i2, i3)), pad_value=None)",
+            "gv: R.Tensor((1, 48, 4, 4), dtype=\"float32\") = R.multiply(lv3, s)",
+        ];
+        for e in expect {
+            assert!(out.contains(e), "missing `{e}` in\n{out}");
+        }
+        assert_eq!(out.matches("R.layout_transform(").count(), 3, "{out}");
+        // A conv whose channels do not split by 16 stays as it is.
+        let odd = src.replace("48", "40");
+        let m = parse_module_str(&odd).unwrap_or_else(|e| panic!("{e}"));
+        let out = convert_layout(&m, "NCHW16c", "OIHW").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!print_module(&out).text.contains("NCHW16c"));
     }
 
     #[test]

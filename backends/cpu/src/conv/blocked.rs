@@ -268,6 +268,12 @@ fn run_task<S: pulp::Simd, const NB: usize>(simd: S, k: Kernel<'_, '_>) {
     }
 }
 
+/// One vector from a slice of exactly [`BLOCK`] values.
+#[inline(always)]
+fn ld16<S: pulp::Simd>(s: &[f32]) -> S::f32s {
+    bytemuck::pod_read_unaligned(bytemuck::cast_slice(s))
+}
+
 #[inline(always)]
 fn ld<S: pulp::Simd>(s: &[f32]) -> Option<S::f32s> {
     s.get(..BLOCK)
@@ -289,8 +295,8 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
     let local = |j: usize| (q - t.p0 + j) * BLOCK;
     let mut acc = [[zero; PX]; 4];
     if c0 > 0 {
-        for (b, o) in out.iter().enumerate() {
-            for (j, a) in acc[b].iter_mut().enumerate() {
+        for (accb, o) in acc.iter_mut().zip(out.iter()) {
+            for (j, a) in accb.iter_mut().enumerate() {
                 *a = o.get(local(j)..).and_then(ld::<S>).unwrap_or(zero);
             }
         }
@@ -306,8 +312,23 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
         let Some(xs) = t.x.get(at..at + (PX - 1) * BLOCK + 1) else {
             break;
         };
-        let w = |b: usize| wl.get(b * BLOCK..).and_then(ld::<S>).unwrap_or(zero);
-        let (w0, w1, w2, w3) = (w(0), w(1), w(2), w(3));
+        // `wl` is one row of `NB` blocks (`chunks_exact`): these slices are in bounds.
+        let w0 = ld16::<S>(&wl[..BLOCK]);
+        let w1 = if NB > 1 {
+            ld16::<S>(&wl[BLOCK..2 * BLOCK])
+        } else {
+            zero
+        };
+        let w2 = if NB > 2 {
+            ld16::<S>(&wl[2 * BLOCK..3 * BLOCK])
+        } else {
+            zero
+        };
+        let w3 = if NB > 3 {
+            ld16::<S>(&wl[3 * BLOCK..4 * BLOCK])
+        } else {
+            zero
+        };
         for j in 0..PX {
             let xv = simd.splat_f32s(xs[j * BLOCK]);
             a0[j] = simd.mul_add_f32s(w0, xv, a0[j]);
@@ -324,10 +345,10 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
     }
     let acc = [a0, a1, a2, a3];
     let last = c1 == t.c;
-    for (b, o) in out.iter_mut().enumerate() {
+    for (b, (accb, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
         let ob = t.g0 + b;
-        for (j, v) in acc[b].iter().enumerate() {
-            let mut v = *v;
+        for (j, &v) in accb.iter().enumerate() {
+            let mut v = v;
             if last {
                 let at = t.img + (ob * t.p + q + j) * BLOCK;
                 t.reg.apply_block(simd, ob * BLOCK, at, &mut v);
