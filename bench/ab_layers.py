@@ -16,7 +16,9 @@ assignments (`FUSEBOX_THREADS=1`, a build's temporary switch), where `CFG=path` 
 `--config path` instead; the first variant is the baseline. fusebox's side is `fusebox run
 --profile --profile-shapes 0`: each fused convolution chain's calls, split by data and
 weight shape and summed over chains, then each op the profile times on its own (`op
-cpu.dense(fused)`: a classifier); the last row is the whole `time run`.
+cpu.dense(fused)`: a classifier); the last row is the whole `time run`. A split layout's data
+shape (`NCHW16c`'s `(1, 64, 14, 14, 16)`) is shown as its `NCHW` one, so a variant with
+`conv2d_layout = ["NCHW16c", "OIHW"]` lines up with the baseline layer by layer.
 
 A benchmark, not a test: it asserts nothing.
 
@@ -54,6 +56,15 @@ def variant(spec: str, threads: int) -> tuple[str, dict, list[str], str]:
     return name, env, extra, binary
 
 
+def nchw(shape: str) -> str:
+    """A data shape as `NCHW`: a split layout's `(n, c/16, h, w, 16)` (a variant with
+    `conv2d_layout = ["NCHW16c", "OIHW"]`) as `(n, c, h, w)`, so its rows meet the baseline's."""
+    d = [int(x) for x in shape.strip("()").split(",") if x.strip()]
+    if len(d) == 5:
+        d = [d[0], d[1] * d[4], d[2], d[3]]
+    return "(" + ", ".join(map(str, d)) + ")"
+
+
 def one_run(v, model: str, inputs: list[str], repeat: int, out_dir: str) -> dict:
     name, env, extra, binary = v
     err = subprocess.run(
@@ -65,7 +76,7 @@ def one_run(v, model: str, inputs: list[str], repeat: int, out_dir: str) -> dict
     for line in err.splitlines():
         m = PROFILE.match(line)
         if m:
-            times[(m.group(2), m.group(3))] += float(m.group(5))
+            times[(nchw(m.group(2)), m.group(3))] += float(m.group(5))
         elif m := OP.match(line):
             times[("op", m.group(1))] += float(m.group(3))
         elif line.startswith("time run"):
