@@ -108,26 +108,19 @@ fn run_small_cnn(layout: [&str; 2], extra: &[&str]) -> std::process::Output {
 
 #[test]
 fn the_converted_cnn_computes_what_the_model_computes_on_the_cpu() {
-    let out = run_small_cnn(["NHWC", "OHWI"], &["--check"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("check: 2 output(s) match the unpartitioned module")
-            || stderr.contains("check: 2 output(s) match the unpartitioned module"),
-        "{stdout}\n{stderr}"
-    );
-    // The blocked layout: the convolutions of 16 and 32 channels run NCHW16c (the stem's 3
-    // input channels do not split, so it stays NCHW), the same outputs.
-    let out = run_small_cnn(["NCHW16c", "OIHW"], &["--check"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("check: 2 output(s) match the unpartitioned module")
-            || stderr.contains("check: 2 output(s) match the unpartitioned module"),
-        "{stdout}\n{stderr}"
-    );
+    // NHWC, and the blocked layout: the convolutions of 16 and 32 channels run NCHW16c (the
+    // stem's 3 input channels do not split, so it stays NCHW); the same outputs either way.
+    for layout in [["NHWC", "OHWI"], ["NCHW16c", "OIHW"]] {
+        let out = run_small_cnn(layout, &["--check"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{layout:?}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains("check: 2 output(s) match the unpartitioned module")
+                || stderr.contains("check: 2 output(s) match the unpartitioned module"),
+            "{layout:?}: {stdout}\n{stderr}"
+        );
+    }
     // A layout that is not a permutation is a config error naming the key and its line.
     let out = run_small_cnn(["NHWC", "OHWX"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);

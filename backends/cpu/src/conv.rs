@@ -430,6 +430,39 @@ pub(crate) fn blocked_weights(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option
     blocked::pack(w.as_f32()?, g.o, g.c)
 }
 
+/// Checks that an epilogue fits a convolution of `channels` output channels and output
+/// `shape`: per-channel values for each channel, a program and a residual (`float32`) of the
+/// output's shape.
+fn check_steps(steps: &[Step], channels: usize, shape: &[usize]) -> KResult<()> {
+    for s in steps {
+        if s.channels().is_some_and(|c| c != channels) {
+            return Err(format!(
+                "the epilogue has values for {:?} channels, the convolution has {channels}",
+                s.channels(),
+            ));
+        }
+        if let Step::Program(p) = s
+            && p.0.shape() != shape
+        {
+            return Err(format!(
+                "the epilogue's program gives shape {:?}, the convolution {shape:?}",
+                p.0.shape(),
+            ));
+        }
+        if let Step::Residual { r, .. } = s
+            && (r.shape() != shape || r.as_f32().is_none())
+        {
+            return Err(format!(
+                "the epilogue adds a {} tensor of shape {:?}, the convolution gives float32 \
+                 {shape:?}",
+                r.dtype(),
+                r.shape(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// [`blocked::conv1x1`] on `x`, with the packed weight when there is one.
 fn blocked_conv(
     x: &Tensor,
@@ -449,25 +482,7 @@ fn blocked_conv(
     };
     let xd = x.as_f32().ok_or("expected float32 data")?;
     let shape = g.out_shape();
-    for s in steps {
-        if s.channels().is_some_and(|c| c != g.o) {
-            return Err(format!(
-                "the epilogue has values for {:?} channels, the convolution has {}",
-                s.channels(),
-                g.o
-            ));
-        }
-        if let Step::Residual { r, .. } = s
-            && (r.shape() != shape || r.as_f32().is_none())
-        {
-            return Err(format!(
-                "the epilogue adds a {} tensor of shape {:?}, the convolution gives float32 {:?}",
-                r.dtype(),
-                r.shape(),
-                shape
-            ));
-        }
-    }
+    check_steps(steps, g.o, &shape)?;
     let mut out = crate::par::scratch_f32(shape.iter().product(), crate::par::threads());
     blocked::conv1x1(
         packed,
@@ -543,37 +558,7 @@ pub(crate) fn conv2d_fused(
         );
     }
     let (out_shape, axis) = out_dims(x, w, a)?;
-    if let Some(s) = steps
-        .iter()
-        .find(|s| s.channels().is_some_and(|c| c != out_shape[axis]))
-    {
-        return Err(format!(
-            "the epilogue has values for {:?} channels, the convolution has {}",
-            s.channels(),
-            out_shape[axis]
-        ));
-    }
-    for s in steps {
-        if let Step::Program(p) = s
-            && p.0.shape() != out_shape
-        {
-            return Err(format!(
-                "the epilogue's program gives shape {:?}, the convolution {:?}",
-                p.0.shape(),
-                out_shape
-            ));
-        }
-        if let Step::Residual { r, .. } = s
-            && (r.shape() != out_shape || r.as_f32().is_none())
-        {
-            return Err(format!(
-                "the epilogue adds a {} tensor of shape {:?}, the convolution gives float32 {:?}",
-                r.dtype(),
-                r.shape(),
-                out_shape
-            ));
-        }
-    }
+    check_steps(steps, out_shape[axis], &out_shape)?;
     if axis == 3 {
         // `out_dims` found an NHWC convolution of the NHWC kernels.
         return nhwc::conv2d(x, w, a, steps, prepared.cols);

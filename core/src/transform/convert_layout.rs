@@ -155,6 +155,15 @@ fn as_axes(map: &IndexMap) -> Option<Vec<i64>> {
         .collect()
 }
 
+/// The op that moves a value by `map`: `permute_dims` when it only permutes axes, else
+/// `layout_transform`.
+fn move_op(map: IndexMap) -> Op {
+    match as_axes(&map) {
+        Some(axes) => Op::PermuteDims { axes: Some(axes) },
+        None => Op::LayoutTransform(Box::new(map)),
+    }
+}
+
 fn rank_of(f: &Function, e: ExprId) -> Option<usize> {
     f.expr(e).ty.as_tensor()?.rank()
 }
@@ -205,10 +214,7 @@ impl Converter<'_> {
     /// `layout_transform(e, index_map)`, typed by inference (`None` where that fails, e.g. an
     /// extent that does not split).
     fn transform(f: &mut Function, e: ExprId, map: IndexMap) -> Option<ExprId> {
-        let op = match as_axes(&map) {
-            Some(axes) => Op::PermuteDims { axes: Some(axes) },
-            None => Op::LayoutTransform(Box::new(map)),
-        };
+        let op = move_op(map);
         let ty = op.infer(&[&f.expr(e).ty]).ok()?;
         Some(f.add_expr(
             ExprKind::Call {
@@ -268,10 +274,7 @@ impl Converter<'_> {
         let Ok(map) = IndexMap::between(&l, &plain()) else {
             return;
         };
-        let op = match as_axes(&map) {
-            Some(axes) => Op::PermuteDims { axes: Some(axes) },
-            None => Op::LayoutTransform(Box::new(map)),
-        };
+        let op = move_op(map);
         let value = f.add_expr(
             ExprKind::Call {
                 callee: Callee::Op(op),
