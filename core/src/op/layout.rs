@@ -667,6 +667,44 @@ mod tests {
         assert!(Layout::parse("NHWC", "NCHW").unwrap().is_plain());
     }
 
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// For any two layouts of `NCHW` splitting the same axis by the same factor (or one
+        /// not splitting it), the map between them prints and parses back to itself, gives
+        /// the target layout's shape, and composes with the map back to the identity shape.
+        #[test]
+        fn maps_between_layouts_agree_with_their_shapes(
+            oa in proptest::strategy::Just(vec![b'N', b'C', b'H', b'W']).prop_shuffle(),
+            ob in proptest::strategy::Just(vec![b'N', b'C', b'H', b'W']).prop_shuffle(),
+            axis in 0usize..4,
+            k in proptest::sample::select(vec![2i64, 4, 16]),
+            split_a in proptest::bool::ANY,
+            outer in proptest::array::uniform4(1i64..5),
+        ) {
+            let letter = b"NCHW"[axis];
+            let name = |o: &[u8], split: bool| {
+                let mut s: String = o.iter().map(|&c| c as char).collect();
+                if split {
+                    s.push_str(&format!("{k}{}", letter.to_ascii_lowercase() as char));
+                }
+                s
+            };
+            let a = Layout::parse(&name(&oa, split_a), "NCHW").unwrap();
+            let b = Layout::parse(&name(&ob, true), "NCHW").unwrap();
+            let mut logical = outer;
+            logical[axis] *= k;
+            let logical: Vec<Dim> = logical.iter().map(|&v| Dim::Static(v)).collect();
+            let (pa, pb) = (a.physical(&logical, "NCHW").unwrap(), b.physical(&logical, "NCHW").unwrap());
+            let m = IndexMap::between(&a, &b).unwrap();
+            proptest::prop_assert_eq!(IndexMap::parse(&m.to_string()).unwrap(), m.clone());
+            proptest::prop_assert_eq!(m.out_dims(&pa).unwrap(), pb.clone());
+            let back = IndexMap::between(&b, &a).unwrap();
+            proptest::prop_assert_eq!(back.out_dims(&pb).unwrap(), pa);
+            proptest::prop_assert_eq!(b.logical(&pb, "NCHW").unwrap(), logical);
+        }
+    }
+
     #[test]
     fn maps_parse_print_and_invert() {
         let m = IndexMap::parse("lambda n, c, h, w: (n, c // 16, h, w, c % 16)").unwrap();
