@@ -342,17 +342,22 @@ pub(crate) fn fusable(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> bool {
             && layout4(&a.out_layout, "NCHW").is_ok_and(|p| p == [0, 1, 2, 3]))
 }
 
-/// The shape of `conv2d(x, w)` as [`conv2d_fused`] gives it (`NCHW`, or `NHWC` where
-/// [`nhwc::takes`] it) and the position of its channel axis.
-pub(crate) fn out_dims(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<(Vec<usize>, usize)> {
+/// The shape of `conv2d(x, w)` as [`conv2d_fused`] gives it (`NCHW`; `NHWC` where
+/// [`nhwc::takes`] it; `NCHW16c` where [`blocked_geom`] does) and the axes that index its
+/// output channels, outer first (`[1]`, `[3]`, `[1, 4]`: channel `16 · c + l`).
+pub(crate) fn out_dims(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Conv2dAttrs,
+) -> KResult<(Vec<usize>, &'static [usize])> {
     if let Some(b) = blocked_geom(x, w, a) {
-        return Ok((b.out_shape(), 1));
+        return Ok((b.out_shape(), &[1, 4]));
     }
     let g = shape_geometry(x, w, a)?.0;
     Ok(if nhwc::takes(x, w, a) {
-        (vec![g.n, g.oh, g.ow, g.o], 3)
+        (vec![g.n, g.oh, g.ow, g.o], &[3])
     } else {
-        (vec![g.n, g.o, g.oh, g.ow], 1)
+        (vec![g.n, g.o, g.oh, g.ow], &[1])
     })
 }
 
@@ -397,9 +402,8 @@ impl BlockedGeom {
 /// aside: [`blocked_steps`]).
 pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<BlockedGeom> {
     let b = blocked::BLOCK;
-    let nchwc = format!("NCHW{b}c");
-    let plain_1x1 = a.data_layout == nchwc
-        && a.out_layout == nchwc
+    let plain_1x1 = a.data_layout == blocked::LAYOUT
+        && a.out_layout == blocked::LAYOUT
         && a.kernel_layout == "OIHW"
         && a.strides == [1, 1]
         && a.padding == [0, 0, 0, 0]
@@ -557,9 +561,10 @@ pub(crate) fn conv2d_fused(
             "a fused conv2d needs a float32 result in NCHW (or NHWC from NHWC data)".to_string(),
         );
     }
-    let (out_shape, axis) = out_dims(x, w, a)?;
-    check_steps(steps, out_shape[axis], &out_shape)?;
-    if axis == 3 {
+    let (out_shape, axes) = out_dims(x, w, a)?;
+    let channels = axes.iter().map(|&i| out_shape[i]).product();
+    check_steps(steps, channels, &out_shape)?;
+    if axes == [3] {
         // `out_dims` found an NHWC convolution of the NHWC kernels.
         return nhwc::conv2d(x, w, a, steps, prepared.cols);
     }

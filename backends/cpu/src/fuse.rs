@@ -320,17 +320,16 @@ pub(crate) fn plan(
     out
 }
 
-/// A per-channel bias for an output of `shape` whose channels are axis `axis` (`N × O × H ×
-/// W`: 1; `NHWC`: 3; `NCHW16c`, rank 5: axes 1 and 4, channel `16 · c + l`): `b` must
-/// broadcast to `shape` without changing it and vary only along the channel axes (whose
-/// order in `b`'s data is then the channels' order).
-fn channel_bias(b: &Tensor, shape: &[usize], axis: usize) -> Option<Vec<f32>> {
+/// A per-channel bias for an output of `shape` whose channels are indexed by `channel_axes`,
+/// outer first ([`crate::conv::out_dims`]: `[1]` for `N × O × H × W`, `[3]` for `NHWC`,
+/// `[1, 4]` for `NCHW16c`): `b` must broadcast to `shape` without changing it and vary only
+/// along those axes (its data is then in the channels' order).
+fn channel_bias(b: &Tensor, shape: &[usize], channel_axes: &[usize]) -> Option<Vec<f32>> {
     let data = b.as_f32()?;
     let rank = shape.len();
     if b.rank() > rank || broadcast_shapes(shape, b.shape()).ok()?.as_slice() != shape {
         return None;
     }
-    let channel_axes: &[usize] = if rank == 5 { &[1, 4] } else { &[axis] };
     let channels: usize = channel_axes.iter().map(|&a| shape[a]).product();
     let off = rank - b.rank();
     let per_channel = b
@@ -364,7 +363,7 @@ pub(crate) fn steps(
     if !blocked && !crate::conv::fusable(x, w, attrs) {
         return None;
     }
-    let (shape, axis) = crate::conv::out_dims(x, w, attrs).ok()?;
+    let (shape, axes) = crate::conv::out_dims(x, w, attrs).ok()?;
     let mut rest = operands;
     let mut out = Vec::with_capacity(chain.links.len() + 1);
     for link in &chain.links {
@@ -405,7 +404,11 @@ pub(crate) fn steps(
                     _ => None,
                 };
                 let (g, b, m, v) = (t(g)?, t(b)?, t(m)?, t(v)?);
-                if shape.len() != 4 || crate::util::norm_axis(attrs.axis, 4).ok()? != axis {
+                // One channel axis, the batch_norm's (not a split one).
+                let &[axis] = axes else {
+                    return None;
+                };
+                if crate::util::norm_axis(attrs.axis, 4).ok()? != axis {
                     return None;
                 }
                 let (mul, add) = nn::bn_coeffs_f32(&g, &b, &m, &v, shape[axis], attrs).ok()?;
@@ -416,7 +419,7 @@ pub(crate) fn steps(
                     return None;
                 };
                 rest = tail;
-                match channel_bias(b, &shape, axis) {
+                match channel_bias(b, &shape, axes) {
                     Some(b) => Step::Bias {
                         b,
                         bias_first: !prev_first,

@@ -15,7 +15,6 @@ use crate::util::{
     KResult, broadcast_strides, gather_tensor, map_same, norm_axes, norm_axis, numel, permute,
     strides, tensor,
 };
-use fusebox_core::ir::Dim;
 use fusebox_core::op::{IndexMap, Layout, SplitSpec, StridedSliceAttrs, TakeMode};
 use fusebox_core::runtime::{Storage, StorageRef, Tensor};
 
@@ -73,18 +72,7 @@ pub(crate) fn permute_dims(x: &Tensor, axes: Option<&[i64]>) -> KResult<Tensor> 
 /// `layout_transform` by `map`: the input reshaped into the map's parts (each split axis as
 /// `(d / k, k)`), those permuted into the output's order, and the result reshaped.
 pub(crate) fn layout_transform(x: &Tensor, map: &IndexMap) -> KResult<Tensor> {
-    let (split, perm) = map.as_permute(x.shape())?;
-    let dims: Vec<Dim> = x
-        .shape()
-        .iter()
-        .map(|&d| Dim::Static(i64::try_from(d).unwrap_or(i64::MAX)))
-        .collect();
-    let out: Vec<usize> = map
-        .out_dims(&dims)?
-        .iter()
-        .map(|d| d.as_static().and_then(|v| usize::try_from(v).ok()))
-        .collect::<Option<_>>()
-        .ok_or("the index map gives a non-static shape")?;
+    let fusebox_core::op::Permute { split, perm, out } = map.as_permute(x.shape())?;
     if let (Some(data), Some((outer, rows, cols))) = (x.as_f32(), batched_transpose(&split, &perm))
     {
         // NCHW ↔ NCHW16c: per image, a (C/16 · 16) × HW ↔ HW × 16 block transpose.
@@ -157,19 +145,23 @@ pub(crate) fn through_nchw(
     out_layout: &str,
     f: impl FnOnce(&Tensor) -> KResult<Tensor>,
 ) -> Option<KResult<Tensor>> {
-    let parse = |l: &str| Layout::parse(l, "NCHW").ok_or_else(|| format!("invalid layout \"{l}\""));
+    let (Some(from), Some(to), Some(nchw)) = (
+        Layout::parse(layout, "NCHW"),
+        Layout::parse(out_layout, "NCHW"),
+        Layout::parse("NCHW", "NCHW"),
+    ) else {
+        return Some(Err(format!(
+            "invalid layout \"{layout}\" or \"{out_layout}\""
+        )));
+    };
+    if from.is_plain() && to.is_plain() {
+        return None;
+    }
     let run = || -> KResult<Tensor> {
-        let (from, to, nchw) = (parse(layout)?, parse(out_layout)?, parse("NCHW")?);
         let xc = layout_transform(x, &IndexMap::between(&from, &nchw)?)?;
         layout_transform(&f(&xc)?, &IndexMap::between(&nchw, &to)?)
     };
-    match (
-        Layout::parse(layout, "NCHW"),
-        Layout::parse(out_layout, "NCHW"),
-    ) {
-        (Some(a), Some(b)) if a.is_plain() && b.is_plain() => None,
-        _ => Some(run()),
-    }
+    Some(run())
 }
 
 /// `concat` along `axis` (`None`: flatten every input first).

@@ -242,6 +242,18 @@ pub struct IndexMap {
     pub outputs: Vec<MapExpr>,
 }
 
+/// An [`IndexMap`] on a tensor of static shape as a reshape, a permutation and a reshape
+/// ([`IndexMap::as_permute`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Permute {
+    /// The input's extents with each split axis `d` as `(d / k, k)`.
+    pub split: Vec<usize>,
+    /// The permutation of those parts that gives the output's parts in order.
+    pub perm: Vec<usize>,
+    /// The output's shape.
+    pub out: Vec<usize>,
+}
+
 /// How an input index is used by a valid map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Use {
@@ -253,6 +265,11 @@ impl IndexMap {
     /// Checks that the map is of the supported form: every input index used exactly once
     /// whole, or as `i // k` and `i % k` with one `k` (at least 1).
     pub fn validate(&self) -> Result<(), String> {
+        self.uses().map(|_| ())
+    }
+
+    /// How each input index is used, checking the map's form ([`IndexMap::validate`]).
+    fn uses(&self) -> Result<Vec<Use>, String> {
         let mut whole = vec![0usize; self.inputs];
         let mut div = vec![Vec::new(); self.inputs];
         let mut rem = vec![Vec::new(); self.inputs];
@@ -280,32 +297,14 @@ impl IndexMap {
                 return Err(format!("`i{i} * k + i{i}` fuses an index with itself"));
             }
         }
-        for i in 0..self.inputs {
-            self.use_of(i, whole[i], &div[i], &rem[i])?;
-        }
-        Ok(())
-    }
-
-    fn use_of(&self, i: usize, whole: usize, div: &[i64], rem: &[i64]) -> Result<Use, String> {
-        match (whole, div, rem) {
-            (1, [], []) => Ok(Use::Whole),
-            (0, [k], [m]) if k == m => Ok(Use::Split(*k)),
-            _ => Err(format!(
-                "index i{i} must appear exactly once, or as `i{i} // k` and `i{i} % k` with one \
-                 k (the map must move whole elements)"
-            )),
-        }
-    }
-
-    fn uses(&self) -> Result<Vec<Use>, String> {
-        self.validate()?;
         (0..self.inputs)
-            .map(|i| {
-                let split = self.outputs.iter().find_map(|e| match *e {
-                    MapExpr::Div(j, k) if j == i => Some(k),
-                    _ => None,
-                });
-                Ok(split.map_or(Use::Whole, Use::Split))
+            .map(|i| match (whole[i], div[i].as_slice(), rem[i].as_slice()) {
+                (1, [], []) => Ok(Use::Whole),
+                (0, [k], [m]) if k == m => Ok(Use::Split(*k)),
+                _ => Err(format!(
+                    "index i{i} must appear exactly once, or as `i{i} // k` and `i{i} % k` with \
+                     one k (the map must move whole elements)"
+                )),
             })
             .collect()
     }
@@ -347,15 +346,20 @@ impl IndexMap {
     }
 
     /// The map as `reshape(x, split) → permute_dims(axes) → reshape(out)`: the input's extents
-    /// with each split axis `d` as `(d / k, k)`, and the permutation of those parts that gives
-    /// the output's parts in order (a fused output axis is two consecutive parts). `dims` are
-    /// the input's static extents; errors as [`IndexMap::out_dims`].
-    pub fn as_permute(&self, dims: &[usize]) -> Result<(Vec<usize>, Vec<usize>), String> {
+    /// with each split axis `d` as `(d / k, k)`, the permutation of those parts that gives the
+    /// output's parts in order (a fused output axis is two consecutive parts), and the output's
+    /// shape. `dims` are the input's static extents; errors as [`IndexMap::out_dims`].
+    pub fn as_permute(&self, dims: &[usize]) -> Result<Permute, String> {
         let as_dims: Vec<Dim> = dims
             .iter()
             .map(|&d| Dim::Static(i64::try_from(d).unwrap_or(i64::MAX)))
             .collect();
-        self.out_dims(&as_dims)?;
+        let out = self
+            .out_dims(&as_dims)?
+            .iter()
+            .map(|d| d.as_static().and_then(|v| usize::try_from(v).ok()))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or("the index map gives a shape out of range")?;
         let uses = self.uses()?;
         // First part of each input index, in the split shape.
         let mut first = Vec::with_capacity(self.inputs);
@@ -382,7 +386,7 @@ impl IndexMap {
                 }
             }
         }
-        Ok((split, perm))
+        Ok(Permute { split, perm, out })
     }
 
     /// The map taking a tensor held in layout `from` to layout `to` (layouts of one
@@ -729,8 +733,15 @@ mod tests {
             back.out_dims(&s(&[1, 4, 7, 7, 16])).unwrap(),
             s(&[1, 64, 7, 7])
         );
-        let (split, perm) = m.as_permute(&[1, 64, 7, 7]).unwrap();
-        assert_eq!((split, perm), (vec![1, 4, 16, 7, 7], vec![0, 1, 3, 4, 2]));
+        let p = m.as_permute(&[1, 64, 7, 7]).unwrap();
+        assert_eq!(
+            (p.split, p.perm, p.out),
+            (
+                vec![1, 4, 16, 7, 7],
+                vec![0, 1, 3, 4, 2],
+                vec![1, 4, 7, 7, 16]
+            )
+        );
         let nhwc8 = Layout::parse("NHWC8c", "NCHW").unwrap();
         let m2 = IndexMap::between(&to, &nhwc8);
         assert!(m2.unwrap_err().contains("different factors"));

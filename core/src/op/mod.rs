@@ -55,7 +55,7 @@ use attrs::{
 pub use elem::{ElemClass, ElemOp};
 pub use image::{GridSampleAttrs, affine_grid_base};
 pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
-pub use layout::{IndexMap, Layout, LayoutAxis, MapExpr};
+pub use layout::{IndexMap, Layout, LayoutAxis, MapExpr, Permute};
 pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 pub use pool::{AdaptivePoolAttrs, PoolAttrs};
 

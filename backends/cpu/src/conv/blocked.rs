@@ -36,6 +36,8 @@ use crate::util::KResult;
 
 /// Channels per block (the `16` of `NCHW16c`, one AVX-512 vector).
 pub(crate) const BLOCK: usize = 16;
+/// The data and output layout of [`conv1x1`].
+pub(crate) const LAYOUT: &str = "NCHW16c";
 /// Pixels per register tile.
 const PXT: usize = 6;
 /// Output blocks per group (a tile's channels: 4 × 16).
