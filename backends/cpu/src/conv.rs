@@ -79,6 +79,7 @@ use crate::util::{KResult, from_canonical, tensor, to_canonical};
 use crate::winograd;
 
 mod blocked;
+
 mod depthwise;
 mod epilogue;
 mod nhwc;
@@ -351,7 +352,7 @@ pub(crate) fn out_dims(
     a: &Conv2dAttrs,
 ) -> KResult<(Vec<usize>, &'static [usize])> {
     if let Some(b) = blocked_geom(x, w, a) {
-        return Ok((b.out_shape(), &[1, 4]));
+        return Ok((blocked_out_shape(&b), &[1, 4]));
     }
     let g = shape_geometry(x, w, a)?.0;
     Ok(if nhwc::takes(x, w, a) {
@@ -375,63 +376,40 @@ fn split_layouts(a: &Conv2dAttrs) -> KResult<Option<[Layout; 3]>> {
     Ok((!l.iter().all(Layout::is_plain)).then_some(l))
 }
 
-/// A convolution [`blocked::conv1x1`] runs: `NCHW16c` data and output, an `OIHW` 1×1
-/// weight, stride 1, no padding, one group, `float32` throughout, on an AVX-512 CPU.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockedGeom {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    o: usize,
-}
-
-impl BlockedGeom {
-    fn out_shape(&self) -> Vec<usize> {
-        vec![
-            self.n,
-            self.o / blocked::BLOCK,
-            self.h,
-            self.w,
-            blocked::BLOCK,
-        ]
-    }
-}
-
-/// The [`BlockedGeom`] of `conv2d(x, w)`, when [`blocked::conv1x1`] can run it (its epilogue
-/// aside: [`blocked_steps`]).
-pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<BlockedGeom> {
+/// The geometry of `conv2d(x, w)` when [`blocked::conv`] can run it (its epilogue aside:
+/// [`blocked_steps`]): `NCHW16c` data and output, an `OIHW` weight, one group, `float32`
+/// throughout, channel counts that are multiples of 16, on an AVX-512 CPU.
+pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<blocked::Geom> {
     let b = blocked::BLOCK;
-    let plain_1x1 = a.data_layout == blocked::LAYOUT
+    let fits = a.data_layout == blocked::LAYOUT
         && a.out_layout == blocked::LAYOUT
         && a.kernel_layout == "OIHW"
-        && a.strides == [1, 1]
-        && a.padding == [0, 0, 0, 0]
         && a.groups == 1
         && a.out_dtype.is_none_or(|d| d == DType::F32)
         && x.dtype() == DType::F32
         && w.dtype() == DType::F32;
-    let (&[n, cb, h, wd, lanes], &[o, c, 1, 1]) = (x.shape(), w.shape()) else {
+    let (&[n, cb, h, wd, lanes], &[o, c, kh, kw]) = (x.shape(), w.shape()) else {
         return None;
     };
-    (plain_1x1 && lanes == b && cb * b == c && blocked::takes(o, c, &[])).then_some(BlockedGeom {
-        n,
-        c,
-        h,
-        w: wd,
-        o,
-    })
+    if !(fits && lanes == b && cb * b == c && blocked::takes(o, c, &[])) {
+        return None;
+    }
+    blocked::Geom::new([n, c, h, wd], o, [kh, kw], a.strides, a.dilation, a.padding)
 }
 
-/// Whether [`blocked::conv1x1`] applies these epilogue steps.
+fn blocked_out_shape(g: &blocked::Geom) -> Vec<usize> {
+    vec![g.n, g.o / blocked::BLOCK, g.oh, g.ow, blocked::BLOCK]
+}
+
+/// Whether [`blocked::conv`] applies these epilogue steps.
 pub(crate) fn blocked_steps(steps: &[Step]) -> bool {
     epilogue::RegSteps::new(steps).is_some()
 }
 
-/// The weight of a [`blocked_geom`] convolution packed for [`blocked::conv1x1`].
+/// The weight of a [`blocked_geom`] convolution packed for [`blocked::conv`].
 pub(crate) fn blocked_weights(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<blocked::Packed> {
     let g = blocked_geom(x, w, a)?;
-    blocked::pack(w.as_f32()?, g.o, g.c)
+    blocked::pack(w.as_f32()?, g.o, g.c, w.shape()[2] * w.shape()[3])
 }
 
 /// Checks that an epilogue fits a convolution of `channels` output channels and output
@@ -467,11 +445,11 @@ fn check_steps(steps: &[Step], channels: usize, shape: &[usize]) -> KResult<()> 
     Ok(())
 }
 
-/// [`blocked::conv1x1`] on `x`, with the packed weight when there is one.
+/// [`blocked::conv`] on `x`, with the packed weight when there is one.
 fn blocked_conv(
     x: &Tensor,
     w: &Tensor,
-    g: &BlockedGeom,
+    g: &blocked::Geom,
     steps: &[Step],
     packed: Option<&blocked::Packed>,
 ) -> KResult<Tensor> {
@@ -479,28 +457,26 @@ fn blocked_conv(
     let packed = match packed {
         Some(p) => p,
         None => {
-            own = blocked::pack(w.as_f32().ok_or("expected float32 weights")?, g.o, g.c)
-                .ok_or("blocked 1x1 convolution: the weight does not fit its shape")?;
+            let taps = w.shape().iter().skip(2).product();
+            own = blocked::pack(
+                w.as_f32().ok_or("expected float32 weights")?,
+                g.o,
+                g.c,
+                taps,
+            )
+            .ok_or("blocked convolution: the weight does not fit its shape")?;
             &own
         }
     };
     let xd = x.as_f32().ok_or("expected float32 data")?;
-    let shape = g.out_shape();
+    let shape = blocked_out_shape(g);
     check_steps(steps, g.o, &shape)?;
     let mut out = crate::par::scratch_f32(shape.iter().product(), crate::par::threads());
-    blocked::conv1x1(
-        packed,
-        xd,
-        g.n,
-        g.h * g.w,
-        &mut out,
-        crate::par::threads(),
-        steps,
-    )?;
+    blocked::conv(packed, xd, g, &mut out, crate::par::threads(), steps)?;
     out.into_tensor(shape)
 }
 
-/// A convolution in split layouts: [`blocked::conv1x1`] where it runs, else the `NCHW`
+/// A convolution in split layouts: [`blocked::conv`] where it runs, else the `NCHW`
 /// convolution of the operands transformed to `NCHW` / `OIHW`, its result transformed to
 /// `out_layout`.
 fn conv2d_split(x: &Tensor, w: &Tensor, a: &Conv2dAttrs, l: &[Layout; 3]) -> KResult<Tensor> {

@@ -164,7 +164,7 @@ pub struct Executor {
     /// Transposed, packed conv2d weights ([`crate::conv::cols_weights`]), by the storage
     /// address of a kept weight tensor.
     cols: Mutex<HashMap<usize, Arc<crate::gemm_packed::PackedB>>>,
-    /// 1×1 conv2d weights packed for the `NCHW16c` kernel ([`crate::conv::blocked_weights`]),
+    /// conv2d weights packed for the `NCHW16c` kernel ([`crate::conv::blocked_weights`]),
     /// by the storage address of a kept weight tensor.
     blocked: Mutex<HashMap<usize, Arc<crate::conv::BlockedWeights>>>,
     /// What the interpreter works out from a function's IR on every call ([`Facts`]), by the
@@ -513,7 +513,7 @@ impl Executor {
         self.derived(&self.cols, w, || crate::conv::cols_weights(x, w, attrs))
     }
 
-    /// The 1×1 conv2d weight `w` packed for the `NCHW16c` kernel
+    /// The conv2d weight `w` packed for the `NCHW16c` kernel
     /// ([`crate::conv::blocked_weights`]), made once per kept weight tensor; `None` when the
     /// convolution does not run that kernel or `w` is not kept.
     fn blocked_weights(

@@ -1,34 +1,45 @@
-//! The 1×1 convolution (stride 1, no padding, one group) of an `NCHW16c` image into an
-//! `NCHW16c` output, the weight in `OIHW`: each output vector is 16 consecutive output
-//! channels of one pixel, so the channel counts (multiples of 16) fill the vectors and the
-//! pixel count of a small plane (196, 49) costs only a narrower last tile, not wasted lanes.
+//! The direct convolution (one group, any kernel size, stride, padding and dilation) of an
+//! `NCHW16c` image into an `NCHW16c` output, the weight in `OIHW`: each output vector is 16
+//! consecutive output channels of one pixel, so the channel counts (multiples of 16) fill the
+//! vectors and the pixel count of a small plane (196, 49) costs only a narrower last tile, not
+//! wasted lanes. This is the layout onnxruntime's CPU provider runs CNNs in (`NCHWc`).
 //!
 //! Contract:
 //!
-//! - `x` is `[n][C/16][P][16]`, `y` `[n][O/16][P][16]` (`P` pixels per plane), the weight is
-//!   packed once ([`pack`]) as groups of up to 4 output blocks: for each input channel, the
+//! - `x` is `[n][C/16][H][W][16]`, `y` `[n][O/16][OH][OW][16]`; the weight is packed once
+//!   ([`pack`]) as groups of up to 4 output blocks: for each input channel and tap, the
 //!   group's 16–64 weights in a row.
-//! - Every element of `y` is one chain of `f32` fused multiply-adds over the input channels in
-//!   order from `+0.0`, then the epilogue's steps ([`RegSteps::apply_block`]: bias or
-//!   `batch_norm`, residual add in the output's layout, `relu`/`clip`), the same operations
-//!   per element as the `NCHW` paths. The result does not depend on the tiling or the thread
-//!   count.
+//! - Every element of `y` is one chain of `f32` fused multiply-adds over the input channels
+//!   in order and, per channel, the taps in row-major order, from `+0.0`; padding taps add
+//!   `w · 0.0`. Then the epilogue's steps ([`RegSteps::apply_block`]: bias or `batch_norm`,
+//!   residual add in the output's layout, `relu`/`clip`), the same operations per element as
+//!   the `NCHW` paths. The result does not depend on the tiling or the thread count.
+//! - The image is read through its *phases*: for stride `s`, the `s × s` sub-images of the
+//!   zero-padded image that taps land on ([`Geom::phase_of`]), each `[HV][WV][16]` per block
+//!   of channels, where `WV` is the output's width plus the widest tap offset. Then output
+//!   pixel `(r, q)` reads tap `t` at `r · WV + q + off(t)` of its phase: a tile of
+//!   consecutive pixels of a *virtual* plane `OH × WV` reads consecutive vectors for every
+//!   tap, whatever the stride. Tiles run along each output row (the virtual columns past
+//!   `OW` are never computed), along the whole plane when `WV = OW`. A 1×1, stride-1,
+//!   unpadded convolution reads `x` itself.
 //! - AVX-512 only ([`takes`]): a tile holds 6 pixels × 64 channels in 24 registers (four
 //!   separate accumulator arrays: one `[[_; 6]; 4]` array was spilled to the stack, 2.1–2.7×
-//!   slower), per input channel 4 weight vectors and 6 broadcast pixels. Input channels run in
-//!   chunks of 128 whose weights (32 KB) stay in L1 while the tile sweeps the plane; a chunk's
-//!   partial sums go to the output and come back for the next. The epilogue runs on the last
-//!   chunk's sums in registers before their one final store.
-//! - Tasks are (image, group of output blocks, run of pixels): a plane is cut into runs of
-//!   whole tiles when there are fewer groups than twice the threads.
+//!   slower), per step (channel, tap) 4 weight vectors and 6 broadcast pixels. Steps run in
+//!   chunks of about 128 whose weights (32 KB) stay in L1 while the tile sweeps the plane; a
+//!   chunk's partial sums go to the output and come back for the next. The epilogue runs on
+//!   the last chunk's sums in registers before their one final store.
+//! - Tasks are (image, group of output blocks, run of output rows): a plane is cut into runs
+//!   when there are fewer groups than twice the threads.
 //! - Why: on twelve of ResNet-50's 14×14 1×1 layers (1024 ↔ 256) a prototype of this kernel
 //!   took 0.83–0.87 of the time of the `NCHW` path (`faer` and the row epilogue) on one
 //!   thread and 0.81–0.89 on two (bench/RESULTS.md, session as).
 //!
 //! ```text
-//! y = R.nn.conv2d(x, w, data_layout="NCHW16c", kernel_layout="OIHW", out_layout="NCHW16c")
-//! ; x: (1, 64, 14, 14, 16) (1024 channels), w: (256, 1024, 1, 1) -> y: (1, 16, 14, 14, 16)
-//! ; 4 groups of 4 blocks; per group 33 tiles of 6 pixels (the last of 4), 8 chunks of 128
+//! y = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1],
+//!                 data_layout="NCHW16c", kernel_layout="OIHW", out_layout="NCHW16c")
+//! ; x: (1, 8, 56, 56, 16) (128 channels), w: (128, 128, 3, 3) -> y: (1, 8, 28, 28, 16)
+//! ; phases: 4 of 29 × 29 (WV = 28 + 1); tap (1, 2) reads phase (1, 0) at offset 1
+//! ; 2 groups of 4 blocks; per group and row of 28 pixels 4 tiles of 6 and one of 4
 //! ```
 
 use super::epilogue::{RegSteps, Step};
@@ -36,55 +47,223 @@ use crate::util::KResult;
 
 /// Channels per block (the `16` of `NCHW16c`, one AVX-512 vector).
 pub(crate) const BLOCK: usize = 16;
-/// The data and output layout of [`conv1x1`].
+/// The data and output layout of [`conv`].
 pub(crate) const LAYOUT: &str = "NCHW16c";
 /// Pixels per register tile.
 const PXT: usize = 6;
 /// Output blocks per group (a tile's channels: 4 × 16).
 const OBG: usize = 4;
-/// Input channels per chunk (a group's weights for one chunk: 4 × 16 × 128 floats, 32 KB).
+/// Steps (input channel, tap) per chunk (a group's weights for one chunk: 4 × 16 × 128
+/// floats, 32 KB).
 const CCH: usize = 128;
-/// The fewest pixels a task takes when a plane is cut into runs.
+/// The fewest virtual pixels a task takes when a plane is cut into runs.
 const MIN_RUN: usize = 8 * PXT;
 
-/// A weight packed for [`conv1x1`]: groups of up to [`OBG`] output blocks, each `[c][blocks
+/// The shape of a convolution [`conv`] runs, and how it reads its image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geom {
+    /// Images, input and output channels.
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) o: usize,
+    /// The input plane.
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    /// Kernel, strides, dilations, padding (top, left).
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    pt: usize,
+    pl: usize,
+    /// The output plane.
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+}
+
+impl Geom {
+    /// The geometry of a convolution of `n` images of `c × h × w` with `o` filters of
+    /// `kernel`, given strides, dilation and padding (top, left, bottom, right); `None` when a
+    /// value is zero or negative where it may not be, the output is empty or a size overflows.
+    pub(crate) fn new(
+        [n, c, h, w]: [usize; 4],
+        o: usize,
+        [kh, kw]: [usize; 2],
+        strides: [i64; 2],
+        dilation: [i64; 2],
+        padding: [i64; 4],
+    ) -> Option<Geom> {
+        let pos = |v: i64| usize::try_from(v).ok().filter(|&v| v > 0);
+        let nonneg = |v: i64| usize::try_from(v).ok();
+        let (sh, sw, dh, dw) = (
+            pos(strides[0])?,
+            pos(strides[1])?,
+            pos(dilation[0])?,
+            pos(dilation[1])?,
+        );
+        let [pt, pl, pb, pr] = padding.map(nonneg);
+        let (pt, pl, pb, pr) = (pt?, pl?, pb?, pr?);
+        let out = |size: usize, k: usize, d: usize, s: usize, lo: usize, hi: usize| {
+            let span = (k.checked_sub(1)?).checked_mul(d)?.checked_add(1)?;
+            let padded = size.checked_add(lo)?.checked_add(hi)?;
+            Some(padded.checked_sub(span)? / s + 1)
+        };
+        let g = Geom {
+            n,
+            c,
+            o,
+            h,
+            w,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh,
+            dw,
+            pt,
+            pl,
+            oh: out(h, kh, dh, sh, pt, pb)?,
+            ow: out(w, kw, dw, sw, pl, pr)?,
+        };
+        // Every buffer the kernel indexes must have a size that fits.
+        let ok = [n, c, o, h, w, kh, kw].iter().all(|&v| v > 0)
+            && g.source_len().is_some()
+            && n.checked_mul(o)
+                .and_then(|v| v.checked_mul(g.oh))
+                .and_then(|v| v.checked_mul(g.ow))
+                .is_some();
+        ok.then_some(g)
+    }
+
+    fn taps(&self) -> usize {
+        self.kh * self.kw
+    }
+
+    /// Whether the kernel reads `x` itself (1×1, stride 1, unpadded).
+    fn in_place(&self) -> bool {
+        self.taps() == 1
+            && (self.sh, self.sw, self.pt, self.pl) == (1, 1, 0, 0)
+            && (self.oh, self.ow) == (self.h, self.w)
+    }
+
+    /// The widest tap offsets within a phase (rows, columns).
+    fn reach(&self) -> (usize, usize) {
+        (
+            (self.kh - 1) * self.dh / self.sh,
+            (self.kw - 1) * self.dw / self.sw,
+        )
+    }
+
+    /// The virtual plane's width and the phases' height. Every read stays inside its phase:
+    /// output pixel `(r, q)` (`q < OW`) reads tap offsets up to `(RH, RW)` further, at most
+    /// `(OH - 1 + RH) · WV + OW - 1 + RW`, under `(OH + RH) · WV` as `WV = OW + RW`.
+    fn virt(&self) -> (usize, usize) {
+        if self.in_place() {
+            return (self.w, self.h);
+        }
+        let (rh, rw) = self.reach();
+        (self.ow + rw, self.oh + rh)
+    }
+
+    /// The phases taps land on, in order of first use (row-major taps): `(row, column)`
+    /// offsets in the padded image.
+    fn phases(&self) -> Vec<(usize, usize)> {
+        let mut v = Vec::new();
+        for i in 0..self.kh {
+            for j in 0..self.kw {
+                let p = self.phase_of(i, j);
+                if !v.contains(&p) {
+                    v.push(p);
+                }
+            }
+        }
+        v
+    }
+
+    /// The phase tap `(i, j)` reads.
+    fn phase_of(&self, i: usize, j: usize) -> (usize, usize) {
+        (i * self.dh % self.sh, j * self.dw % self.sw)
+    }
+
+    /// The values of one block of channels of one image as the kernel reads them.
+    fn block_len(&self) -> Option<usize> {
+        let (wv, hv) = self.virt();
+        self.phases()
+            .len()
+            .checked_mul(hv)?
+            .checked_mul(wv)?
+            .checked_mul(BLOCK)
+    }
+
+    fn source_len(&self) -> Option<usize> {
+        self.block_len()?
+            .checked_mul(self.c.div_ceil(BLOCK))?
+            .checked_mul(self.n)
+    }
+
+    /// Each tap's offset in a block of phases (row-major taps).
+    fn offsets(&self) -> Vec<usize> {
+        let (wv, hv) = self.virt();
+        let phases = self.phases();
+        let mut v = Vec::with_capacity(self.taps());
+        for i in 0..self.kh {
+            for j in 0..self.kw {
+                let ph = phases
+                    .iter()
+                    .position(|&p| p == self.phase_of(i, j))
+                    .unwrap_or(0);
+                let (r, q) = (i * self.dh / self.sh, j * self.dw / self.sw);
+                v.push((ph * hv * wv + r * wv + q) * BLOCK);
+            }
+        }
+        v
+    }
+}
+
+/// A weight packed for [`conv`]: groups of up to [`OBG`] output blocks, each `[c][taps][blocks
 /// of the group][16]`.
 #[derive(Debug)]
 pub(crate) struct Packed {
     o: usize,
     c: usize,
+    taps: usize,
     data: Vec<f32>,
 }
 
-/// Packs a 1×1 weight `w` (`o × c`, row-major: `OIHW` with unit kernel) for [`conv1x1`];
-/// `None` when `o` or `c` is not a multiple of [`BLOCK`] or `w` has another length.
-pub(crate) fn pack(w: &[f32], o: usize, c: usize) -> Option<Packed> {
+/// Packs an `OIHW` weight `w` of `o × c × taps` for [`conv`]; `None` when `o` or `c` is not
+/// a multiple of [`BLOCK`] or `w` has another length.
+pub(crate) fn pack(w: &[f32], o: usize, c: usize, taps: usize) -> Option<Packed> {
     if !o.is_multiple_of(BLOCK)
         || !c.is_multiple_of(BLOCK)
-        || w.len() != o.checked_mul(c)?
+        || w.len() != o.checked_mul(c)?.checked_mul(taps)?
         || o == 0
         || c == 0
+        || taps == 0
     {
         return None;
     }
     let blocks = o / BLOCK;
-    let mut data = vec![0.0f32; o * c];
+    let mut data = vec![0.0f32; w.len()];
     let mut at = 0;
     for g0 in (0..blocks).step_by(OBG) {
         let nb = (blocks - g0).min(OBG);
         for ci in 0..c {
-            for b in 0..nb {
-                for l in 0..BLOCK {
-                    data[at] = w[((g0 + b) * BLOCK + l) * c + ci];
-                    at += 1;
+            for t in 0..taps {
+                for b in 0..nb {
+                    for l in 0..BLOCK {
+                        data[at] = w[(((g0 + b) * BLOCK + l) * c + ci) * taps + t];
+                        at += 1;
+                    }
                 }
             }
         }
     }
-    Some(Packed { o, c, data })
+    Some(Packed { o, c, taps, data })
 }
 
-/// Whether [`conv1x1`] runs a convolution of `c` input and `o` output channels with these
+/// Whether [`conv`] runs a convolution of `c` input and `o` output channels with these
 /// epilogue steps on this CPU.
 pub(crate) fn takes(o: usize, c: usize, steps: &[Step]) -> bool {
     o.is_multiple_of(BLOCK)
@@ -96,57 +275,118 @@ pub(crate) fn takes(o: usize, c: usize, steps: &[Step]) -> bool {
         && RegSteps::new(steps).is_some()
 }
 
-/// One task's share of the output: for each output block of its group, the run of pixels
-/// `p0..p1` of image `n` (`[p][16]`).
+/// The image's phases ([`Geom::virt`]): `[n][c/16][phases][HV][WV][16]`, zeros where a tap
+/// reads padding.
+fn deal(x: &[f32], g: &Geom, threads: usize) -> KResult<crate::par::Scratch> {
+    let len = g
+        .source_len()
+        .ok_or("blocked convolution: the image is too large")?;
+    let bl = g
+        .block_len()
+        .ok_or("blocked convolution: the image is too large")?;
+    let (wv, hv) = g.virt();
+    let phases = g.phases();
+    let plane = g.h * g.w * BLOCK;
+    let mut out = crate::par::scratch_f32(len, threads);
+    crate::par::for_each_chunk_mut(&mut out, bl, threads, |at, dst| {
+        let b = at / bl;
+        let src = x.get(b * plane..(b + 1) * plane).unwrap_or(&[]);
+        let mut k = 0;
+        for &(a, bb) in &phases {
+            for r in 0..hv {
+                // The padded image's row `r · sh + a`, i.e. `x`'s row `r · sh + a - pt`.
+                let row = (r * g.sh + a)
+                    .checked_sub(g.pt)
+                    .filter(|&y| y < g.h && src.len() == plane);
+                for q in 0..wv {
+                    let d = &mut dst[k..k + BLOCK];
+                    k += BLOCK;
+                    let col = (q * g.sw + bb).checked_sub(g.pl).filter(|&c| c < g.w);
+                    match (row, col) {
+                        (Some(y), Some(c)) => {
+                            let s = (y * g.w + c) * BLOCK;
+                            d.copy_from_slice(&src[s..s + BLOCK]);
+                        }
+                        _ => d.fill(0.0),
+                    }
+                }
+            }
+        }
+    });
+    Ok(out)
+}
+
+/// One task's share of the output: for each output block of its group, the rows `r0..r1` of
+/// image `n` (`[rows][OW][16]`).
 struct Task<'a> {
     n: usize,
     g0: usize,
-    p0: usize,
-    p1: usize,
+    r0: usize,
+    r1: usize,
     out: Vec<&'a mut [f32]>,
 }
 
-/// `y = conv2d(x, w)` then `steps` (see the module doc): `x` `[n][c/16][p][16]`, `y`
-/// `[n][o/16][p][16]`, on up to `threads` threads.
-pub(crate) fn conv1x1(
+/// `y = conv2d(x, w)` then `steps` (see the module doc): `x` `[n][c/16][h][w][16]`, `y`
+/// `[n][o/16][oh][ow][16]`, on up to `threads` threads.
+pub(crate) fn conv(
     w: &Packed,
     x: &[f32],
-    n: usize,
-    p: usize,
+    g: &Geom,
     y: &mut [f32],
     threads: usize,
     steps: &[Step],
 ) -> KResult<()> {
-    let (o, c) = (w.o, w.c);
-    if x.len() != n * c * p || y.len() != n * o * p {
+    let (o, c) = (g.o, g.c);
+    let (p_in, p) = (g.h * g.w, g.oh * g.ow);
+    if w.o != o || w.c != c || w.taps != g.taps() {
         return Err(format!(
-            "blocked 1x1 convolution: expected {} inputs and {} outputs for {n} images of \
-             {c} -> {o} channels on {p} pixels, found {} and {}",
-            n * c * p,
-            n * o * p,
+            "blocked convolution: a weight packed for {} -> {} channels and {} taps, the \
+             convolution has {c} -> {o} and {}",
+            w.c,
+            w.o,
+            w.taps,
+            g.taps()
+        ));
+    }
+    if x.len() != g.n * c * p_in || y.len() != g.n * o * p {
+        return Err(format!(
+            "blocked convolution: expected {} inputs and {} outputs for {} images of {c} -> {o} \
+             channels on {p_in} -> {p} pixels, found {} and {}",
+            g.n * c * p_in,
+            g.n * o * p,
+            g.n,
             x.len(),
             y.len()
         ));
     }
-    let reg = RegSteps::new(steps).ok_or("blocked 1x1 convolution: unsupported epilogue")?;
-    if p == 0 || n == 0 {
-        return Ok(());
-    }
+    let reg = RegSteps::new(steps).ok_or("blocked convolution: unsupported epilogue")?;
+    let dealt;
+    let src: &[f32] = if g.in_place() {
+        x
+    } else {
+        dealt = deal(x, g, threads)?;
+        &dealt
+    };
+    let bl = g
+        .block_len()
+        .ok_or("blocked convolution: the image is too large")?;
+    let (wv, _) = g.virt();
+    let offs = g.offsets();
     let blocks = o / BLOCK;
     let groups = blocks.div_ceil(OBG);
-    // Runs of pixels per plane: enough tasks for the threads, whole tiles each.
-    let want = (2 * threads).div_ceil(n * groups).max(1);
-    let runs = want.min(p.div_ceil(MIN_RUN)).max(1);
-    let run = p.div_ceil(runs).next_multiple_of(PXT).min(p);
+    // Runs of rows per plane: enough tasks for the threads.
+    let want = (2 * threads).div_ceil(g.n * groups).max(1);
+    let runs = want.min(g.oh.div_ceil(MIN_RUN.div_ceil(wv))).max(1);
+    let rows = g.oh.div_ceil(runs);
     let mut tasks: Vec<Task<'_>> = Vec::new();
     for (ni, img) in y.chunks_mut(o * p).enumerate() {
         // Each block's plane cut into its runs, then gathered by (group, run).
         let mut pieces: Vec<Vec<&mut [f32]>> = img
             .chunks_mut(p * BLOCK)
-            .map(|plane| plane.chunks_mut(run * BLOCK).collect())
+            .map(|plane| plane.chunks_mut(rows * g.ow * BLOCK).collect())
             .collect();
-        for g in 0..groups {
-            let g0 = g * OBG;
+        for gi in 0..groups {
+            let g0 = gi * OBG;
             let nb = (blocks - g0).min(OBG);
             let nruns = pieces.get(g0).map_or(0, Vec::len);
             let mut by_run: Vec<Vec<&mut [f32]>> = (0..nruns).map(|_| Vec::new()).collect();
@@ -161,30 +401,52 @@ pub(crate) fn conv1x1(
                 tasks.push(Task {
                     n: ni,
                     g0,
-                    p0: r * run,
-                    p1: ((r + 1) * run).min(p),
+                    r0: r * rows,
+                    r1: ((r + 1) * rows).min(g.oh),
                     out,
                 });
             }
         }
     }
+    let plan = Plan {
+        w,
+        src,
+        img_len: bl * (c / BLOCK),
+        bl,
+        wv,
+        ow: g.ow,
+        p,
+        offs: &offs,
+        reg,
+    };
     crate::par::run_tasks(tasks, threads, |t| {
         crate::simd::dispatch(Kernel {
-            w,
-            x,
-            p,
-            reg,
+            plan: &plan,
             task: t,
         });
         Ok::<(), String>(())
     })
 }
 
-struct Kernel<'a, 'b> {
+/// What every task of one call shares.
+struct Plan<'a> {
     w: &'a Packed,
-    x: &'a [f32],
+    /// The images as the kernel reads them (`x` or its phases) and one image's length.
+    src: &'a [f32],
+    img_len: usize,
+    /// One block of channels' length in `src`.
+    bl: usize,
+    /// The virtual plane's width, the output's width and pixel count.
+    wv: usize,
+    ow: usize,
     p: usize,
+    /// Each tap's offset in a block ([`Geom::offsets`]).
+    offs: &'a [usize],
     reg: RegSteps<'a>,
+}
+
+struct Kernel<'a, 'b> {
+    plan: &'a Plan<'a>,
     task: Task<'b>,
 }
 
@@ -195,77 +457,113 @@ impl pulp::WithSimd for Kernel<'_, '_> {
         if S::F32_LANES != BLOCK {
             return;
         }
-        match self.task.out.len() {
-            4 => run_task::<S, 4>(simd, self),
-            3 => run_task::<S, 3>(simd, self),
-            2 => run_task::<S, 2>(simd, self),
-            _ => run_task::<S, 1>(simd, self),
+        match self.plan.w.taps {
+            1 => by_blocks::<S, 1>(simd, self),
+            9 => by_blocks::<S, 9>(simd, self),
+            _ => by_blocks::<S, 0>(simd, self),
         }
+    }
+}
+
+/// [`run_task`] for the task's block count; `T` the tap count when it is 1 or 9 (a 3×3
+/// kernel), else 0.
+#[inline(always)]
+fn by_blocks<S: pulp::Simd, const T: usize>(simd: S, k: Kernel<'_, '_>) {
+    match k.task.out.len() {
+        4 => run_task::<S, 4, T>(simd, k),
+        3 => run_task::<S, 3, T>(simd, k),
+        2 => run_task::<S, 2, T>(simd, k),
+        _ => run_task::<S, 1, T>(simd, k),
     }
 }
 
 /// The constant parts of one task's tiles.
 struct Tile<'a> {
-    /// The image's input (`[c/16][p][16]`).
+    /// The image as read (`[c/16][bl]`).
     x: &'a [f32],
-    /// The group's packed weights (`[c][nb][16]`).
+    bl: usize,
+    offs: &'a [usize],
+    /// The first 9 of `offs` (zeros after them), for a constant tap count.
+    offs9: [usize; 9],
+    /// The group's packed weights (`[c][taps][nb][16]`).
     wg: &'a [f32],
     c: usize,
+    taps: usize,
+    wv: usize,
+    ow: usize,
     p: usize,
     /// The first output block of the group and the first element of the image's output.
     g0: usize,
     img: usize,
-    /// The task's first pixel.
-    p0: usize,
+    /// The task's first output row.
+    r0: usize,
     reg: RegSteps<'a>,
 }
 
 #[inline(always)]
-fn run_task<S: pulp::Simd, const NB: usize>(simd: S, k: Kernel<'_, '_>) {
-    let Kernel { w, x, p, reg, task } = k;
-    let c = w.c;
+fn run_task<S: pulp::Simd, const NB: usize, const T: usize>(simd: S, k: Kernel<'_, '_>) {
+    let Kernel { plan, task } = k;
     let Task {
         n,
         g0,
-        p0,
-        p1,
+        r0,
+        r1,
         mut out,
     } = task;
+    let w = plan.w;
+    let (c, taps) = (w.c, w.taps);
     let blocks = w.o / BLOCK;
-    let wg_at = g0 * BLOCK * c;
+    let wg_at = g0 * BLOCK * c * taps;
     let (Some(wg), Some(xi)) = (
-        w.data.get(wg_at..wg_at + NB * BLOCK * c),
-        x.get(n * c * p..(n + 1) * c * p),
+        w.data.get(wg_at..wg_at + NB * BLOCK * c * taps),
+        plan.src.get(n * plan.img_len..(n + 1) * plan.img_len),
     ) else {
         return;
     };
     let t = Tile {
         x: xi,
+        bl: plan.bl,
+        offs: plan.offs,
+        offs9: std::array::from_fn(|i| plan.offs.get(i).copied().unwrap_or(0)),
         wg,
         c,
-        p,
+        taps,
+        wv: plan.wv,
+        ow: plan.ow,
+        p: plan.p,
         g0,
-        img: n * blocks * BLOCK * p,
-        p0,
-        reg,
+        img: n * blocks * BLOCK * plan.p,
+        r0,
+        reg: plan.reg,
     };
     let Ok::<&mut [&mut [f32]; NB], _>(out) = out.as_mut_slice().try_into() else {
         return;
     };
-    for c0 in (0..c).step_by(CCH) {
-        let c1 = (c0 + CCH).min(c);
-        let mut q = p0;
-        while q + PXT <= p1 {
-            tile::<S, PXT, NB>(simd, &t, out, (c0, c1), q);
-            q += PXT;
-        }
-        match p1 - q {
-            0 => {}
-            1 => tile::<S, 1, NB>(simd, &t, out, (c0, c1), q),
-            2 => tile::<S, 2, NB>(simd, &t, out, (c0, c1), q),
-            3 => tile::<S, 3, NB>(simd, &t, out, (c0, c1), q),
-            4 => tile::<S, 4, NB>(simd, &t, out, (c0, c1), q),
-            _ => tile::<S, 5, NB>(simd, &t, out, (c0, c1), q),
+    // Segments of consecutive output pixels: the task's rows, one run of them when the
+    // virtual plane is the output's (no columns to drop).
+    let segments: Vec<(usize, usize, usize)> = if t.wv == t.ow {
+        vec![(r0 * t.wv, r0 * t.ow, (r1 - r0) * t.ow)]
+    } else {
+        (r0..r1).map(|r| (r * t.wv, r * t.ow, t.ow)).collect()
+    };
+    let cch = (CCH / taps).max(1);
+    for c0 in (0..c).step_by(cch) {
+        let c1 = (c0 + cch).min(c);
+        for &(qv, px, len) in &segments {
+            let mut k = 0;
+            while k + PXT <= len {
+                tile::<S, PXT, NB, T>(simd, &t, out, (c0, c1), (qv + k, px + k));
+                k += PXT;
+            }
+            let at = (qv + k, px + k);
+            match len - k {
+                0 => {}
+                1 => tile::<S, 1, NB, T>(simd, &t, out, (c0, c1), at),
+                2 => tile::<S, 2, NB, T>(simd, &t, out, (c0, c1), at),
+                3 => tile::<S, 3, NB, T>(simd, &t, out, (c0, c1), at),
+                4 => tile::<S, 4, NB, T>(simd, &t, out, (c0, c1), at),
+                _ => tile::<S, 5, NB, T>(simd, &t, out, (c0, c1), at),
+            }
         }
     }
 }
@@ -282,19 +580,62 @@ fn ld<S: pulp::Simd>(s: &[f32]) -> Option<S::f32s> {
         .map(|v| bytemuck::pod_read_unaligned(bytemuck::cast_slice(v)))
 }
 
-/// Pixels `q..q + PX` of the task's blocks over input channels `c0..c1`: the sums so far
-/// (from the output, unless `c0` is 0) plus this chunk's products; on the last chunk the
-/// epilogue, then one store per vector.
+/// One step (input channel, tap) of a tile: `xs` holds its `PX` pixels every [`BLOCK`]
+/// values, `wl` the `NB` blocks' weights.
 #[inline(always)]
-fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
+fn step<S: pulp::Simd, const PX: usize, const NB: usize>(
+    simd: S,
+    xs: &[f32],
+    wl: &[f32],
+    [a0, a1, a2, a3]: [&mut [S::f32s; PX]; 4],
+) {
+    let zero = simd.splat_f32s(0.0);
+    let w0 = wl.get(..BLOCK).map_or(zero, ld16::<S>);
+    let w1 = if NB > 1 {
+        wl.get(BLOCK..2 * BLOCK).map_or(zero, ld16::<S>)
+    } else {
+        zero
+    };
+    let w2 = if NB > 2 {
+        wl.get(2 * BLOCK..3 * BLOCK).map_or(zero, ld16::<S>)
+    } else {
+        zero
+    };
+    let w3 = if NB > 3 {
+        wl.get(3 * BLOCK..4 * BLOCK).map_or(zero, ld16::<S>)
+    } else {
+        zero
+    };
+    for j in 0..PX {
+        let xv = simd.splat_f32s(xs.get(j * BLOCK).copied().unwrap_or(0.0));
+        a0[j] = simd.mul_add_f32s(w0, xv, a0[j]);
+        if NB > 1 {
+            a1[j] = simd.mul_add_f32s(w1, xv, a1[j]);
+        }
+        if NB > 2 {
+            a2[j] = simd.mul_add_f32s(w2, xv, a2[j]);
+        }
+        if NB > 3 {
+            a3[j] = simd.mul_add_f32s(w3, xv, a3[j]);
+        }
+    }
+}
+
+/// Virtual pixels `q..q + PX` of the task's blocks, which are the output pixels `px..px + PX`
+/// of the image's plane, over input channels `c0..c1` (all taps): the sums so far (from the
+/// output, unless `c0` is 0) plus this chunk's products; on the last chunk the epilogue, then
+/// one store per vector.
+#[inline(always)]
+fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const T: usize>(
     simd: S,
     t: &Tile<'_>,
     out: &mut [&mut [f32]; NB],
     (c0, c1): (usize, usize),
-    q: usize,
+    (q, px): (usize, usize),
 ) {
     let zero = simd.splat_f32s(0.0);
-    let local = |j: usize| (q - t.p0 + j) * BLOCK;
+    // The tile's first output element in the task's pieces.
+    let local = |j: usize| (px - t.r0 * t.ow + j) * BLOCK;
     let mut acc = [[zero; PX]; 4];
     if c0 > 0 {
         for (accb, o) in acc.iter_mut().zip(out.iter()) {
@@ -305,43 +646,31 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
     }
     let [mut a0, mut a1, mut a2, mut a3] = acc;
     let row = NB * BLOCK;
-    let Some(wch) = t.wg.get(c0 * row..c1 * row) else {
+    let Some(wch) = t.wg.get(c0 * t.taps * row..c1 * t.taps * row) else {
         return;
     };
-    for (st, wl) in wch.chunks_exact(row).enumerate() {
-        let ci = c0 + st;
-        let at = ((ci / BLOCK) * t.p + q) * BLOCK + ci % BLOCK;
-        let Some(xs) = t.x.get(at..at + (PX - 1) * BLOCK + 1) else {
-            break;
-        };
-        // `wl` is one row of `NB` blocks (`chunks_exact`): these slices are in bounds.
-        let w0 = ld16::<S>(&wl[..BLOCK]);
-        let w1 = if NB > 1 {
-            ld16::<S>(&wl[BLOCK..2 * BLOCK])
-        } else {
-            zero
-        };
-        let w2 = if NB > 2 {
-            ld16::<S>(&wl[2 * BLOCK..3 * BLOCK])
-        } else {
-            zero
-        };
-        let w3 = if NB > 3 {
-            ld16::<S>(&wl[3 * BLOCK..4 * BLOCK])
-        } else {
-            zero
-        };
-        for j in 0..PX {
-            let xv = simd.splat_f32s(xs[j * BLOCK]);
-            a0[j] = simd.mul_add_f32s(w0, xv, a0[j]);
-            if NB > 1 {
-                a1[j] = simd.mul_add_f32s(w1, xv, a1[j]);
+    for (ci, wc) in (c0..c1).zip(wch.chunks_exact(t.taps * row)) {
+        let base = (ci / BLOCK) * t.bl + q * BLOCK + ci % BLOCK;
+        if T > 0 {
+            // A constant tap count: the loop unrolls and the offsets are registers.
+            for tp in 0..T {
+                let at = base + t.offs9[tp];
+                let (Some(xs), Some(wl)) = (
+                    t.x.get(at..at + (PX - 1) * BLOCK + 1),
+                    wc.get(tp * row..(tp + 1) * row),
+                ) else {
+                    return;
+                };
+                step::<S, PX, NB>(simd, xs, wl, [&mut a0, &mut a1, &mut a2, &mut a3]);
             }
-            if NB > 2 {
-                a2[j] = simd.mul_add_f32s(w2, xv, a2[j]);
-            }
-            if NB > 3 {
-                a3[j] = simd.mul_add_f32s(w3, xv, a3[j]);
+        } else {
+            for (wl, &off) in wc.chunks_exact(row).zip(t.offs) {
+                let at = base + off;
+                // In bounds by construction ([`Geom::virt`]).
+                let Some(xs) = t.x.get(at..at + (PX - 1) * BLOCK + 1) else {
+                    return;
+                };
+                step::<S, PX, NB>(simd, xs, wl, [&mut a0, &mut a1, &mut a2, &mut a3]);
             }
         }
     }
@@ -352,7 +681,7 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
         for (j, &v) in accb.iter().enumerate() {
             let mut v = v;
             if last {
-                let at = t.img + (ob * t.p + q + j) * BLOCK;
+                let at = t.img + (ob * t.p + px + j) * BLOCK;
                 t.reg.apply_block(simd, ob * BLOCK, at, &mut v);
             }
             if let Some(dst) = o.get_mut(local(j)..local(j) + BLOCK) {
@@ -387,45 +716,63 @@ mod tests {
         out
     }
 
-    #[test]
-    fn matches_a_direct_sum_with_every_epilogue_and_thread_count() {
-        if !(crate::simd::avx512() && crate::simd::f32_lanes() == BLOCK) {
-            // Not an AVX-512 machine: `takes` says no and the convolution runs elsewhere.
-            assert!(!takes(16, 16, &[]));
-            return;
-        }
-        // Channel counts with 1–4 blocks in the last group, planes with every tile remainder,
-        // more than one chunk of input channels.
-        for &(c, o, p, n) in &[
-            (16, 16, 1, 1),
-            (32, 48, 7, 2),
-            (144, 80, 13, 1),
-            (256, 64, 49, 1),
-            (48, 112, 100, 1),
-        ] {
-            let (x, w) = (rand(n * c * p, c + p), rand(o * c, o));
-            let bias = rand(o, 7);
-            let resid = rand(n * o * p, 9);
-            // The reference, `[n][o][p]`, with the same chain of fused multiply-adds.
-            let mut want = vec![0.0f32; n * o * p];
-            for ni in 0..n {
-                for oc in 0..o {
-                    for px in 0..p {
+    /// The `NCHW` convolution by its definition, each output one chain of fused
+    /// multiply-adds over (channel, tap row, tap column) from zero, padding read as zero.
+    fn direct(x: &[f32], w: &[f32], g: &Geom) -> Vec<f32> {
+        let mut y = vec![0.0f32; g.n * g.o * g.oh * g.ow];
+        for ni in 0..g.n {
+            for oc in 0..g.o {
+                for r in 0..g.oh {
+                    for q in 0..g.ow {
                         let mut s = 0.0f32;
-                        for ci in 0..c {
-                            s = w[oc * c + ci].mul_add(x[(ni * c + ci) * p + px], s);
+                        for ci in 0..g.c {
+                            for i in 0..g.kh {
+                                for j in 0..g.kw {
+                                    let yy = (r * g.sh + i * g.dh) as isize - g.pt as isize;
+                                    let xx = (q * g.sw + j * g.dw) as isize - g.pl as isize;
+                                    let inside = (0..g.h as isize).contains(&yy)
+                                        && (0..g.w as isize).contains(&xx);
+                                    let v = if inside {
+                                        x[((ni * g.c + ci) * g.h + yy as usize) * g.w + xx as usize]
+                                    } else {
+                                        0.0
+                                    };
+                                    let wv = w[((oc * g.c + ci) * g.kh + i) * g.kw + j];
+                                    s = wv.mul_add(v, s);
+                                }
+                            }
                         }
-                        want[(ni * o + oc) * p + px] = s;
+                        y[((ni * g.o + oc) * g.oh + r) * g.ow + q] = s;
                     }
                 }
             }
+        }
+        y
+    }
+
+    fn avx512() -> bool {
+        crate::simd::avx512() && crate::simd::f32_lanes() == BLOCK
+    }
+
+    /// `(n, c, h, w)`, `o`, kernel, strides, dilation, padding.
+    type Case = ([usize; 4], usize, [usize; 2], [i64; 2], [i64; 2], [i64; 4]);
+
+    fn check(cases: &[Case]) {
+        for &(nchw, o, k, s, d, pad) in cases {
+            let g = Geom::new(nchw, o, k, s, d, pad).unwrap();
+            let (n, c, p_in, p) = (g.n, g.c, g.h * g.w, g.oh * g.ow);
+            let taps = k[0] * k[1];
+            let (x, w) = (rand(n * c * p_in, c + p_in), rand(o * c * taps, o + taps));
+            let bias = rand(o, 7);
+            let resid = rand(n * o * p, 9);
+            let want = direct(&x, &w, &g);
             let blocked_want: Vec<f32> = (0..n)
                 .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p))
                 .collect();
             let xb: Vec<f32> = (0..n)
-                .flat_map(|ni| block(&x[ni * c * p..(ni + 1) * c * p], c, p))
+                .flat_map(|ni| block(&x[ni * c * p_in..(ni + 1) * c * p_in], c, p_in))
                 .collect();
-            let packed = pack(&w, o, c).unwrap();
+            let packed = pack(&w, o, c, taps).unwrap();
             let r = Tensor::from_f32(vec![blocked_want.len()], resid.clone()).unwrap();
             let cases: Vec<(Vec<Step>, Expect)> = vec![
                 (vec![], Box::new(|_, v| v)),
@@ -462,21 +809,83 @@ mod tests {
                     .collect();
                 for threads in [1, 2, 3] {
                     let mut y = vec![f32::NAN; n * o * p];
-                    conv1x1(&packed, &xb, n, p, &mut y, threads, steps).unwrap();
-                    assert_eq!(y, expect, "c {c} o {o} p {p} n {n} threads {threads}");
+                    conv(&packed, &xb, &g, &mut y, threads, steps).unwrap();
+                    assert_eq!(y, expect, "{g:?} threads {threads}");
                 }
             }
         }
     }
 
     #[test]
-    fn packing_and_sizes_are_checked() {
-        assert!(pack(&[0.0; 12], 12, 1).is_none());
-        assert!(pack(&[0.0; 32], 16, 2).is_none());
-        assert!(pack(&[0.0; 255], 16, 16).is_none());
-        let w = pack(&[1.0; 512], 16, 32).unwrap();
+    fn one_by_one_matches_a_direct_sum_with_every_epilogue_and_thread_count() {
+        if !avx512() {
+            // Not an AVX-512 machine: `takes` says no and the convolution runs elsewhere.
+            assert!(!takes(16, 16, &[]));
+            return;
+        }
+        // Channel counts with 1–4 blocks in the last group, planes with every tile remainder,
+        // more than one chunk of input channels.
+        let one = ([1, 1], [1, 1], [0; 4]);
+        check(&[
+            ([1, 16, 1, 1], 16, one.0, one.1, one.1, one.2),
+            ([2, 32, 7, 1], 48, one.0, one.1, one.1, one.2),
+            ([1, 144, 13, 1], 80, one.0, one.1, one.1, one.2),
+            ([1, 256, 7, 7], 64, one.0, one.1, one.1, one.2),
+            ([1, 48, 10, 10], 112, one.0, one.1, one.1, one.2),
+        ]);
+    }
+
+    #[test]
+    fn kernels_strides_padding_and_dilation_match_a_direct_sum() {
+        if !avx512() {
+            return;
+        }
+        check(&[
+            // ResNet's 3×3 (stride 1 and 2) and its stride-2 1×1, small.
+            ([1, 32, 9, 11], 48, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            ([2, 16, 12, 13], 64, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+            ([1, 48, 14, 14], 32, [1, 1], [2, 2], [1, 1], [0; 4]),
+            // More than one chunk of steps (144 channels × 9 taps), uneven padding, a 7×7
+            // plane with 4 output blocks.
+            ([1, 144, 7, 7], 80, [3, 3], [1, 1], [1, 1], [0, 1, 2, 1]),
+            // Rectangular kernel and strides, dilation, padding wider than the kernel.
+            ([1, 16, 10, 9], 16, [2, 3], [3, 1], [2, 2], [3, 0, 1, 4]),
+            ([1, 32, 5, 6], 32, [5, 5], [1, 2], [1, 1], [2, 2, 2, 2]),
+            // A 1×1 kernel padded on the bottom and right only (not read in place).
+            ([1, 16, 5, 6], 16, [1, 1], [1, 1], [1, 1], [0, 0, 1, 2]),
+        ]);
+    }
+
+    #[test]
+    fn geometry_packing_and_sizes_are_checked() {
+        assert!(pack(&[0.0; 12], 12, 1, 1).is_none());
+        assert!(pack(&[0.0; 32], 16, 2, 1).is_none());
+        assert!(pack(&[0.0; 255], 16, 16, 1).is_none());
+        assert!(pack(&[0.0; 256], 16, 16, 0).is_none());
+        let g = |k, s, pad| Geom::new([1, 16, 4, 4], 16, k, s, [1, 1], pad);
+        assert!(
+            g([5, 5], [1, 1], [0; 4]).is_none(),
+            "kernel larger than the plane"
+        );
+        assert!(g([3, 3], [0, 1], [0; 4]).is_none(), "zero stride");
+        assert!(
+            g([3, 3], [1, 1], [-1, 0, 0, 0]).is_none(),
+            "negative padding"
+        );
+        assert!(g([1, 1], [1, 1], [i64::MAX, 0, 0, 0]).is_none(), "overflow");
+        let geom = g([3, 3], [2, 2], [1, 1, 1, 1]).unwrap();
+        assert_eq!((geom.oh, geom.ow), (2, 2));
+        // Phases (0, 0), (0, 1), (1, 0), (1, 1) of 3 × 3 (HV = 2 + 1, WV = 2 + 1): tap
+        // (2, 1) reads phase (0, 1) one row down.
+        assert_eq!(geom.phases(), [(0, 0), (0, 1), (1, 0), (1, 1)]);
+        assert_eq!(geom.offsets()[7], (9 + 3) * BLOCK);
+        let w = pack(&[1.0; 512], 16, 32, 1).unwrap();
+        let g1 = Geom::new([1, 32, 1, 1], 16, [1, 1], [1, 1], [1, 1], [0; 4]).unwrap();
         let mut y = vec![0.0; 16];
-        let e = conv1x1(&w, &[0.0; 16], 1, 1, &mut y, 1, &[]).unwrap_err();
+        let e = conv(&w, &[0.0; 16], &g1, &mut y, 1, &[]).unwrap_err();
         assert!(e.contains("expected 32 inputs"), "{e}");
+        let g3 = Geom::new([1, 32, 3, 3], 16, [3, 3], [1, 1], [1, 1], [0; 4]).unwrap();
+        let e = conv(&w, &[0.0; 288], &g3, &mut y, 1, &[]).unwrap_err();
+        assert!(e.contains("1 taps"), "{e}");
     }
 }
