@@ -79,6 +79,7 @@ use crate::util::{KResult, from_canonical, tensor, to_canonical};
 use crate::winograd;
 
 mod blocked;
+mod blocked_winograd;
 
 mod depthwise;
 mod epilogue;
@@ -86,7 +87,6 @@ mod nhwc;
 mod pointwise;
 #[cfg(test)]
 use crate::{depthwise_flat, depthwise_s2};
-pub(crate) use blocked::Packed as BlockedWeights;
 use depthwise::depthwise;
 #[cfg(test)]
 use depthwise::{FORCE_LANES, Padded, depthwise_flat_planes, depthwise_planes, flat_plan};
@@ -406,10 +406,32 @@ pub(crate) fn blocked_steps(steps: &[Step]) -> bool {
     epilogue::RegSteps::new(steps).is_some()
 }
 
-/// The weight of a [`blocked_geom`] convolution packed for [`blocked::conv`].
-pub(crate) fn blocked_weights(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<blocked::Packed> {
-    let g = blocked_geom(x, w, a)?;
-    blocked::pack(w.as_f32()?, g.o, g.c, w.shape()[2] * w.shape()[3])
+/// The weight of an `NCHW16c` convolution as its kernel reads it: packed for
+/// [`blocked::conv`], or transformed for [`blocked_winograd::conv`] (3×3, stride 1, where
+/// [`blocked_winograd::takes`]).
+#[derive(Debug)]
+pub(crate) enum BlockedWeights {
+    Direct(blocked::Packed),
+    Winograd(blocked_winograd::Weights),
+}
+
+impl BlockedWeights {
+    /// `w` prepared for the convolution of geometry `g`.
+    fn new(w: &Tensor, g: &blocked::Geom) -> KResult<BlockedWeights> {
+        let data = w.as_f32().ok_or("expected float32 weights")?;
+        if blocked_winograd::takes(g) {
+            return blocked_winograd::weights(data, g.o, g.c).map(BlockedWeights::Winograd);
+        }
+        let taps = g.kernel().iter().product();
+        blocked::pack(data, g.o, g.c, taps)
+            .map(BlockedWeights::Direct)
+            .ok_or_else(|| "blocked convolution: the weight does not fit its shape".to_string())
+    }
+}
+
+/// The weight of a [`blocked_geom`] convolution prepared for its kernel ([`BlockedWeights`]).
+pub(crate) fn blocked_weights(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<BlockedWeights> {
+    BlockedWeights::new(w, &blocked_geom(x, w, a)?).ok()
 }
 
 /// Checks that an epilogue fits a convolution of `channels` output channels and output
@@ -445,34 +467,42 @@ fn check_steps(steps: &[Step], channels: usize, shape: &[usize]) -> KResult<()> 
     Ok(())
 }
 
-/// [`blocked::conv`] on `x`, with the packed weight when there is one.
+/// [`blocked::conv`] or [`blocked_winograd::conv`] on `x`, with the prepared weight when
+/// there is one.
 fn blocked_conv(
     x: &Tensor,
     w: &Tensor,
     g: &blocked::Geom,
     steps: &[Step],
-    packed: Option<&blocked::Packed>,
+    prepared: Option<&BlockedWeights>,
 ) -> KResult<Tensor> {
     let own;
-    let packed = match packed {
+    let prepared = match prepared {
         Some(p) => p,
         None => {
-            let taps = w.shape().iter().skip(2).product();
-            own = blocked::pack(
-                w.as_f32().ok_or("expected float32 weights")?,
-                g.o,
-                g.c,
-                taps,
-            )
-            .ok_or("blocked convolution: the weight does not fit its shape")?;
+            own = BlockedWeights::new(w, g)?;
             &own
         }
     };
     let xd = x.as_f32().ok_or("expected float32 data")?;
     let shape = blocked_out_shape(g);
     check_steps(steps, g.o, &shape)?;
-    let mut out = crate::par::scratch_f32(shape.iter().product(), crate::par::threads());
-    blocked::conv(packed, xd, g, &mut out, crate::par::threads(), steps)?;
+    let threads = crate::par::threads();
+    let mut out = crate::par::scratch_f32(shape.iter().product(), threads);
+    match prepared {
+        BlockedWeights::Winograd(wt) if blocked_winograd::takes(g) => {
+            blocked_winograd::conv(wt, xd, g, &mut out, threads, steps)?
+        }
+        BlockedWeights::Direct(p) => blocked::conv(p, xd, g, &mut out, threads, steps)?,
+        BlockedWeights::Winograd(_) => {
+            // Prepared for a plane Winograd took; this one (another size) runs direct.
+            let taps = g.kernel().iter().product();
+            let data = w.as_f32().ok_or("expected float32 weights")?;
+            let p = blocked::pack(data, g.o, g.c, taps)
+                .ok_or("blocked convolution: the weight does not fit its shape")?;
+            blocked::conv(&p, xd, g, &mut out, threads, steps)?
+        }
+    }
     out.into_tensor(shape)
 }
 
@@ -518,7 +548,7 @@ fn shape_geometry(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> KResult<(Geom, [us
 pub(crate) struct Prepared<'a> {
     pub(crate) wino: Option<&'a winograd::Weights>,
     pub(crate) cols: Option<&'a crate::gemm_packed::PackedB>,
-    pub(crate) blocked: Option<&'a blocked::Packed>,
+    pub(crate) blocked: Option<&'a BlockedWeights>,
 }
 
 /// `conv2d(x, w)` followed by `steps` on every output element (see the module doc).

@@ -136,6 +136,11 @@ pub(crate) struct Weights {
 }
 
 impl Weights {
+    /// The transformed weights, `u[ξ][c][o]`.
+    pub(crate) fn u(&self) -> &[f32] {
+        &self.u
+    }
+
     /// The transform of `w` (`OIHW`, `o × c × 3 × 3`) for `tile`, computed in `f64` and
     /// rounded once.
     pub(crate) fn new(w: &[f32], o: usize, c: usize, tile: Tile) -> KResult<Weights> {

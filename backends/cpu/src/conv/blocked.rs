@@ -141,6 +141,20 @@ impl Geom {
         self.kh * self.kw
     }
 
+    /// The kernel's size, strides, dilations and padding (top, left).
+    pub(crate) fn kernel(&self) -> [usize; 2] {
+        [self.kh, self.kw]
+    }
+    pub(crate) fn stride(&self) -> [usize; 2] {
+        [self.sh, self.sw]
+    }
+    pub(crate) fn dilation(&self) -> [usize; 2] {
+        [self.dh, self.dw]
+    }
+    pub(crate) fn pad(&self) -> [usize; 2] {
+        [self.pt, self.pl]
+    }
+
     /// Whether the kernel reads `x` itself (1×1, stride 1, unpadded).
     fn in_place(&self) -> bool {
         self.taps() == 1
@@ -223,44 +237,64 @@ impl Geom {
 }
 
 /// A weight packed for [`conv`]: groups of up to [`OBG`] output blocks, each `[c][taps][blocks
-/// of the group][16]`.
+/// of the group][16]`; `sets` such weights one after the other, image `i` of a call taking
+/// set `i % sets` (the Winograd GEMMs: one weight per tile position).
 #[derive(Debug)]
 pub(crate) struct Packed {
     o: usize,
     c: usize,
     taps: usize,
+    sets: usize,
     data: Vec<f32>,
 }
 
 /// Packs an `OIHW` weight `w` of `o × c × taps` for [`conv`]; `None` when `o` or `c` is not
 /// a multiple of [`BLOCK`] or `w` has another length.
 pub(crate) fn pack(w: &[f32], o: usize, c: usize, taps: usize) -> Option<Packed> {
-    if !o.is_multiple_of(BLOCK)
-        || !c.is_multiple_of(BLOCK)
-        || w.len() != o.checked_mul(c)?.checked_mul(taps)?
-        || o == 0
-        || c == 0
-        || taps == 0
-    {
+    if w.len() != o.checked_mul(c)?.checked_mul(taps)? {
         return None;
     }
+    pack_sets(o, c, taps, 1, |_, oc, ci, t| w[(oc * c + ci) * taps + t])
+}
+
+/// Packs `sets` weights of `o × c × taps`, `get(set, o, c, tap)` each value; `None` when `o`
+/// or `c` is not a multiple of [`BLOCK`] or a count is zero.
+pub(crate) fn pack_sets(
+    o: usize,
+    c: usize,
+    taps: usize,
+    sets: usize,
+    get: impl Fn(usize, usize, usize, usize) -> f32,
+) -> Option<Packed> {
+    if !o.is_multiple_of(BLOCK) || !c.is_multiple_of(BLOCK) || o == 0 || c == 0 || taps == 0 {
+        return None;
+    }
+    let len = o.checked_mul(c)?.checked_mul(taps)?.checked_mul(sets)?;
     let blocks = o / BLOCK;
-    let mut data = vec![0.0f32; w.len()];
+    let mut data = vec![0.0f32; len];
     let mut at = 0;
-    for g0 in (0..blocks).step_by(OBG) {
-        let nb = (blocks - g0).min(OBG);
-        for ci in 0..c {
-            for t in 0..taps {
-                for b in 0..nb {
-                    for l in 0..BLOCK {
-                        data[at] = w[(((g0 + b) * BLOCK + l) * c + ci) * taps + t];
-                        at += 1;
+    for set in 0..sets {
+        for g0 in (0..blocks).step_by(OBG) {
+            let nb = (blocks - g0).min(OBG);
+            for ci in 0..c {
+                for t in 0..taps {
+                    for b in 0..nb {
+                        for l in 0..BLOCK {
+                            data[at] = get(set, (g0 + b) * BLOCK + l, ci, t);
+                            at += 1;
+                        }
                     }
                 }
             }
         }
     }
-    Some(Packed { o, c, taps, data })
+    Some(Packed {
+        o,
+        c,
+        taps,
+        sets,
+        data,
+    })
 }
 
 /// Whether [`conv`] runs a convolution of `c` input and `o` output channels with these
@@ -513,7 +547,7 @@ fn run_task<S: pulp::Simd, const NB: usize, const T: usize>(simd: S, k: Kernel<'
     let w = plan.w;
     let (c, taps) = (w.c, w.taps);
     let blocks = w.o / BLOCK;
-    let wg_at = g0 * BLOCK * c * taps;
+    let wg_at = (n % w.sets.max(1)) * w.o * c * taps + g0 * BLOCK * c * taps;
     let (Some(wg), Some(xi)) = (
         w.data.get(wg_at..wg_at + NB * BLOCK * c * taps),
         plan.src.get(n * plan.img_len..(n + 1) * plan.img_len),
