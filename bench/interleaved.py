@@ -23,7 +23,7 @@ and a mismatch exits 1.
 A benchmark, not a test: it asserts nothing about the time.
 
 Usage: .venv/bin/python bench/interleaved.py MODEL_DIR [--threads 2] [--pairs 200]
-       [--warmup 10] [--block 1] [--pause-ms 0]
+       [--warmup 10] [--block 1] [--pause-ms 0] [--config CONFIG]
 MODEL_DIR holds model/model.onnx and inputs/<graph input>.npy (bench/export_models.py's and
 bench/models.sh's layout). Needs the package in the venv: `.venv/bin/maturin build --release
 --locked -m python/Cargo.toml -i .venv/bin/python --out target/python-wheel` and `pip install`
@@ -46,6 +46,9 @@ p.add_argument("--block", type=int, default=1,
                help="inferences per side per pair, the pair's time their median: >1 keeps a "
                "runtime's data in cache from one of its inferences to the next, as in a loop")
 p.add_argument("--pause-ms", type=float, default=0.0, help="sleep before each inference")
+p.add_argument("--config", type=Path, default=None,
+               help="a fusebox config (as `fusebox run --config`), e.g. one with "
+                    "conv2d_layout = [\"NCHW16c\", \"OIHW\"]")
 a = p.parse_args()
 if a.pairs < 2 or a.block < 1 or a.threads < 1 or a.pause_ms < 0:
     p.error("--pairs must be at least 2, --block and --threads at least 1, --pause-ms not negative")
@@ -85,7 +88,8 @@ for i in ort_sess.get_inputs():
     if not f.is_file():
         sys.exit(f"{f}: no input file for graph input `{i.name}`")
     feed[i.name] = np.load(f)
-fb_sess = fusebox.Session(fusebox.load(model))
+fb_sess = fusebox.Session(fusebox.load(model),
+                          config=str(a.config) if a.config else None)
 
 
 def run_ort():
