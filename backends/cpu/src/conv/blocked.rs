@@ -890,6 +890,43 @@ mod tests {
         ]);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Any geometry (kernel up to 4 × 4, strides and dilations up to 3, padding up to 3
+        /// on each side, planes up to 12 × 12, 1–3 blocks of channels in, 1–5 out, one or two
+        /// images, 1–3 threads): every output is the direct definition's chain of fused
+        /// multiply-adds, bit for bit.
+        #[test]
+        fn any_geometry_is_the_direct_sum_bit_for_bit(
+            n in 1usize..3, cb in 1usize..4, ob in 1usize..6, h in 1usize..13, w in 1usize..13,
+            kh in 1usize..5, kw in 1usize..5, sh in 1i64..4, sw in 1i64..4, dh in 1i64..4,
+            dw in 1i64..4, pad in proptest::array::uniform4(0i64..4), threads in 1usize..4,
+        ) {
+            if !avx512() {
+                return Ok(());
+            }
+            let (c, o) = (cb * BLOCK, ob * BLOCK);
+            let g = Geom::new([n, c, h, w], o, [kh, kw], [sh, sw], [dh, dw], pad);
+            // No output (the kernel past the padded image): not this test's.
+            proptest::prop_assume!(g.is_some());
+            let g = g.unwrap();
+            let (p_in, p) = (h * w, g.oh * g.ow);
+            let (x, wt) = (rand(n * c * p_in, h + w), rand(o * c * kh * kw, kh + kw));
+            let want = direct(&x, &wt, &g);
+            let want: Vec<f32> = (0..n)
+                .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p))
+                .collect();
+            let xb: Vec<f32> = (0..n)
+                .flat_map(|ni| block(&x[ni * c * p_in..(ni + 1) * c * p_in], c, p_in))
+                .collect();
+            let packed = pack(&wt, o, c, kh * kw).unwrap();
+            let mut y = vec![f32::NAN; n * o * p];
+            conv(&packed, &xb, &g, &mut y, threads, &[]).unwrap();
+            proptest::prop_assert_eq!(y, want);
+        }
+    }
+
     #[test]
     fn geometry_packing_and_sizes_are_checked() {
         assert!(pack(&[0.0; 12], 12, 1, 1).is_none());
