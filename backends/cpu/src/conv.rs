@@ -80,7 +80,6 @@ use crate::winograd;
 
 mod blocked;
 mod blocked_winograd;
-
 mod depthwise;
 mod epilogue;
 mod nhwc;

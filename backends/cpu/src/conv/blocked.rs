@@ -30,9 +30,11 @@
 //!   the last chunk's sums in registers before their one final store.
 //! - Tasks are (image, group of output blocks, run of output rows): a plane is cut into runs
 //!   when there are fewer groups than twice the threads.
-//! - Why: on twelve of ResNet-50's 14×14 1×1 layers (1024 ↔ 256) a prototype of this kernel
-//!   took 0.83–0.87 of the time of the `NCHW` path (`faer` and the row epilogue) on one
-//!   thread and 0.81–0.89 on two (bench/RESULTS.md, session as).
+//! - Why: onnxruntime's lead on CNNs is this layout. On one thread the kernel runs 1×1 and
+//!   3×3 layers alike at 122–139 GF/s (a fast stretch of the VM); ResNet-50's stride-2 3×3
+//!   layers take 0.87–0.98 of the `NCHW` path's time in the model, and the whole model
+//!   converted (with [`super::blocked_winograd`] on its F(4×4) layers) 0.96 of it on one
+//!   thread and 0.99 on two (bench/RESULTS.md, session au).
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1],
@@ -318,6 +320,9 @@ fn deal(x: &[f32], g: &Geom, threads: usize) -> KResult<crate::par::Scratch> {
     let bl = g
         .block_len()
         .ok_or("blocked convolution: the image is too large")?;
+    let f32t = fusebox_core::ir::DType::F32;
+    fusebox_core::runtime::memory::check_alloc("the phases of relax.nn.conv2d", f32t, &[len])
+        .map_err(|e| e.to_string())?;
     let (wv, hv) = g.virt();
     let phases = g.phases();
     let plane = g.h * g.w * BLOCK;

@@ -118,7 +118,7 @@ pub(crate) fn conv(
     drop(v);
     // Y = Aᵀ M A per tile and block of output channels, the epilogue on each vector.
     let plane = g.oh * g.ow * BLOCK;
-    let mut tasks: Vec<(usize, &mut [f32])> = y.chunks_mut(plane).enumerate().collect();
+    let tasks: Vec<(usize, &mut [f32])> = y.chunks_mut(plane).enumerate().collect();
     let m = &m;
     let out = |(i, dst): (usize, &mut [f32])| {
         let (ni, b) = (i / ob, i % ob);
@@ -135,7 +135,7 @@ pub(crate) fn conv(
         });
         Ok::<(), String>(())
     };
-    crate::par::run_tasks(std::mem::take(&mut tasks), threads, out)
+    crate::par::run_tasks(tasks, threads, out)
 }
 
 /// `Bᵀ d` down six vectors (Lavin & Gray's F(4×4, 3×3) data transform, its integer rows).
