@@ -421,11 +421,15 @@ impl BlockedWeights {
         if blocked_winograd::takes(g) {
             return blocked_winograd::weights(data, g.o, g.c).map(BlockedWeights::Winograd);
         }
-        let taps = g.kernel().iter().product();
-        blocked::pack(data, g.o, g.c, taps)
-            .map(BlockedWeights::Direct)
-            .ok_or_else(|| "blocked convolution: the weight does not fit its shape".to_string())
+        direct_weights(data, g).map(BlockedWeights::Direct)
     }
+}
+
+/// `w` packed for [`blocked::conv`] on the convolution of geometry `g`.
+fn direct_weights(w: &[f32], g: &blocked::Geom) -> KResult<blocked::Packed> {
+    let taps = g.kernel().iter().product();
+    blocked::pack(w, g.o, g.c, taps)
+        .ok_or_else(|| "blocked convolution: the weight does not fit its shape".to_string())
 }
 
 /// The weight of a [`blocked_geom`] convolution prepared for its kernel ([`BlockedWeights`]).
@@ -495,10 +499,7 @@ fn blocked_conv(
         BlockedWeights::Direct(p) => blocked::conv(p, xd, g, &mut out, threads, steps)?,
         BlockedWeights::Winograd(_) => {
             // Prepared for a plane Winograd took; this one (another size) runs direct.
-            let taps = g.kernel().iter().product();
-            let data = w.as_f32().ok_or("expected float32 weights")?;
-            let p = blocked::pack(data, g.o, g.c, taps)
-                .ok_or("blocked convolution: the weight does not fit its shape")?;
+            let p = direct_weights(w.as_f32().ok_or("expected float32 weights")?, g)?;
             blocked::conv(&p, xd, g, &mut out, threads, steps)?
         }
     }

@@ -613,10 +613,19 @@ fn ld16<S: pulp::Simd>(s: &[f32]) -> S::f32s {
     bytemuck::pod_read_unaligned(bytemuck::cast_slice(s))
 }
 
+/// One vector from the first [`BLOCK`] values of `s`, `None` when `s` is shorter.
 #[inline(always)]
-fn ld<S: pulp::Simd>(s: &[f32]) -> Option<S::f32s> {
+pub(crate) fn ld<S: pulp::Simd>(s: &[f32]) -> Option<S::f32s> {
     s.get(..BLOCK)
         .map(|v| bytemuck::pod_read_unaligned(bytemuck::cast_slice(v)))
+}
+
+/// Stores `v` in the first [`BLOCK`] values of `dst` (nothing when it is shorter).
+#[inline(always)]
+pub(crate) fn st<S: pulp::Simd>(v: S::f32s, dst: Option<&mut [f32]>) {
+    if let Some(d) = dst.and_then(|d| d.get_mut(..BLOCK)) {
+        d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
+    }
 }
 
 /// One step (input channel, tap) of a tile: `xs` holds its `PX` pixels every [`BLOCK`]
@@ -723,9 +732,7 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const T: usize>(
                 let at = t.img + (ob * t.p + px + j) * BLOCK;
                 t.reg.apply_block(simd, ob * BLOCK, at, &mut v);
             }
-            if let Some(dst) = o.get_mut(local(j)..local(j) + BLOCK) {
-                dst.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
-            }
+            st::<S>(v, o.get_mut(local(j)..));
         }
     }
 }

@@ -26,7 +26,7 @@
 //! ; 36 products 64 -> 64 channels on 196 pixels, M: 36 × (4, 196, 16) -> y: (1, 4, 56, 56, 16)
 //! ```
 
-use super::blocked::{self, BLOCK, Geom};
+use super::blocked::{self, BLOCK, Geom, ld, st};
 use super::epilogue::{RegSteps, Step};
 use crate::util::KResult;
 use crate::winograd::Tile;
@@ -177,21 +177,6 @@ fn at<S: pulp::Simd>(s: S, m: [S::f32s; 6]) -> [S::f32s; 4] {
     ]
 }
 
-#[inline(always)]
-fn load<S: pulp::Simd>(s: S, v: Option<&[f32]>) -> S::f32s {
-    match v.and_then(|v| v.get(..BLOCK)) {
-        Some(v) => bytemuck::pod_read_unaligned(bytemuck::cast_slice(v)),
-        None => s.splat_f32s(0.0),
-    }
-}
-
-#[inline(always)]
-fn store<S: pulp::Simd>(v: S::f32s, dst: Option<&mut [f32]>) {
-    if let Some(d) = dst.and_then(|d| d.get_mut(..BLOCK)) {
-        d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
-    }
-}
-
 /// One image's data transform: every tile of every block of channels into `v`
 /// (`[36][c/16][tiles][16]`).
 struct InputTransform<'a> {
@@ -215,6 +200,7 @@ impl pulp::WithSimd for InputTransform<'_> {
         let g = self.g;
         let (pt, pl) = (g.pad()[0] as isize, g.pad()[1] as isize);
         let plane = g.h * g.w * BLOCK;
+        let zero = s.splat_f32s(0.0);
         for b in 0..self.cb {
             let xp = self.x.get(b * plane..(b + 1) * plane).unwrap_or(&[]);
             for t in 0..self.tiles {
@@ -229,7 +215,9 @@ impl pulp::WithSimd for InputTransform<'_> {
                         let xx = x0 + k as isize;
                         let ok = inside && (0..g.w as isize).contains(&xx);
                         let at = (yy.max(0) as usize * g.w + xx.max(0) as usize) * BLOCK;
-                        load(s, ok.then(|| xp.get(at..)).flatten())
+                        ok.then(|| xp.get(at..).and_then(ld::<S>))
+                            .flatten()
+                            .unwrap_or(zero)
                     });
                     *row = bt(s, d);
                 }
@@ -239,7 +227,7 @@ impl pulp::WithSimd for InputTransform<'_> {
                     for (r, &val) in col.iter().enumerate() {
                         let xi = r * 6 + k;
                         let at = (xi * self.cb + b) * self.vlen + t * BLOCK;
-                        store::<S>(val, self.v.get_mut(at..));
+                        st::<S>(val, self.v.get_mut(at..));
                     }
                 }
             }
@@ -273,12 +261,17 @@ impl pulp::WithSimd for OutputTransform<'_> {
         // Position ξ's products for this image and block: image `ni · 36 + ξ` of the call.
         let base = |xi: usize| ((self.ni * XI + xi) * self.ob + self.b) * mlen;
         let img = (self.ni * self.ob + self.b) * g.oh * g.ow * BLOCK;
+        let zero = s.splat_f32s(0.0);
         for t in 0..self.tiles {
             let (ty, tx) = (t / self.tw, t % self.tw);
             let mut cols = [[s.splat_f32s(0.0); 4]; 6];
             for (k, col) in cols.iter_mut().enumerate() {
-                let m: [S::f32s; 6] =
-                    std::array::from_fn(|r| load(s, self.m.get(base(r * 6 + k) + t * BLOCK..)));
+                let m: [S::f32s; 6] = std::array::from_fn(|r| {
+                    self.m
+                        .get(base(r * 6 + k) + t * BLOCK..)
+                        .and_then(ld::<S>)
+                        .unwrap_or(zero)
+                });
                 *col = at(s, m);
             }
             let rows: [[S::f32s; 6]; 4] = std::array::from_fn(|r| cols.map(|col| col[r]));
@@ -297,7 +290,7 @@ impl pulp::WithSimd for OutputTransform<'_> {
                     let local = (oy * g.ow + ox) * BLOCK;
                     self.reg
                         .apply_block(s, self.b * BLOCK, img + local, &mut val);
-                    store::<S>(val, self.y.get_mut(local..));
+                    st::<S>(val, self.y.get_mut(local..));
                 }
             }
         }
