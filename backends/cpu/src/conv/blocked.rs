@@ -7,10 +7,12 @@
 //! Contract:
 //!
 //! - `x` is `[n][C/16][H][W][16]`, `y` `[n][O/16][OH][OW][16]`; the weight is packed once
-//!   ([`pack`]) as groups of up to 4 output blocks: for each input channel and tap, the
-//!   group's 16–64 weights in a row.
-//! - Every element of `y` is one chain of `f32` fused multiply-adds over the input channels
-//!   in order and, per channel, the taps in row-major order, from `+0.0`; padding taps add
+//!   ([`pack`]) as groups of up to 4 output blocks: for each block of 16 input channels,
+//!   each tap and each of the block's channels, the group's 16–64 weights in a row; the
+//!   values start on a 64-byte boundary, so that no weight vector straddles two cache lines.
+//! - Every element of `y` is one chain of `f32` fused multiply-adds over the blocks of 16
+//!   input channels in order, per block the taps in row-major order, per tap the block's 16
+//!   channels in order, from `+0.0`; padding taps add
 //!   `w · 0.0`. Then the epilogue's steps ([`RegSteps::apply_block`]: bias or `batch_norm`,
 //!   residual add in the output's layout, `relu`/`clip`), the same operations per element as
 //!   the `NCHW` paths. The result does not depend on the tiling or the thread count.
@@ -24,10 +26,13 @@
 //!   unpadded convolution reads `x` itself.
 //! - AVX-512 only ([`takes`]): a tile holds 6 pixels × 64 channels in 24 registers (four
 //!   separate accumulator arrays: one `[[_; 6]; 4]` array was spilled to the stack, 2.1–2.7×
-//!   slower), per step (channel, tap) 4 weight vectors and 6 broadcast pixels. Steps run in
-//!   chunks of about 128 whose weights (32 KB) stay in L1 while the tile sweeps the plane; a
-//!   chunk's partial sums go to the output and come back for the next. The epilogue runs on
-//!   the last chunk's sums in registers before their one final store.
+//!   slower), per step (channel, tap) 4 weight vectors and 6 broadcast pixels. The 16 steps
+//!   of a block and a tap are unrolled with constant offsets (onnxruntime's `NCHWc` kernel
+//!   has the same form): no address arithmetic or bounds check between them. Steps run in
+//!   chunks of whole blocks, about 128 steps, whose weights (32–36 KB) stay in L1 while the
+//!   tile sweeps the plane; a chunk's partial sums go to the output and come back for the
+//!   next. The epilogue runs on the last chunk's sums in registers before their one final
+//!   store.
 //! - Tasks are (image, group of output blocks, run of output rows): a plane is cut into runs
 //!   when there are fewer groups than twice the threads.
 //! - Why: onnxruntime's lead on CNNs is this layout. On one thread the kernel runs 1×1 and
@@ -55,8 +60,9 @@ pub(crate) const LAYOUT: &str = "NCHW16c";
 const PXT: usize = 6;
 /// Output blocks per group (a tile's channels: 4 × 16).
 const OBG: usize = 4;
-/// Steps (input channel, tap) per chunk (a group's weights for one chunk: 4 × 16 × 128
-/// floats, 32 KB).
+/// Steps (input channel, tap) per chunk, rounded down to whole blocks of channels, at least
+/// one (a group's weights for one chunk: 4 × 16 × 128 floats, 32 KB; a 3×3 kernel's block
+/// of 144 steps, 36 KB).
 const CCH: usize = 128;
 /// The fewest virtual pixels a task takes when a plane is cut into runs.
 const MIN_RUN: usize = 8 * PXT;
@@ -247,6 +253,8 @@ pub(crate) struct Packed {
     c: usize,
     taps: usize,
     sets: usize,
+    /// The values start at `data[off]`, the first 64-byte boundary of the buffer.
+    off: usize,
     data: Vec<f32>,
 }
 
@@ -273,17 +281,20 @@ pub(crate) fn pack_sets(
     }
     let len = o.checked_mul(c)?.checked_mul(taps)?.checked_mul(sets)?;
     let blocks = o / BLOCK;
-    let mut data = vec![0.0f32; len];
-    let mut at = 0;
+    let mut data = vec![0.0f32; len.checked_add(BLOCK - 1)?];
+    let off = data.as_ptr().align_offset(64).min(BLOCK - 1);
+    let mut at = off;
     for set in 0..sets {
         for g0 in (0..blocks).step_by(OBG) {
             let nb = (blocks - g0).min(OBG);
-            for ci in 0..c {
+            for cb in 0..c / BLOCK {
                 for t in 0..taps {
-                    for b in 0..nb {
-                        for l in 0..BLOCK {
-                            data[at] = get(set, (g0 + b) * BLOCK + l, ci, t);
-                            at += 1;
+                    for ci in cb * BLOCK..(cb + 1) * BLOCK {
+                        for b in 0..nb {
+                            for l in 0..BLOCK {
+                                data[at] = get(set, (g0 + b) * BLOCK + l, ci, t);
+                                at += 1;
+                            }
                         }
                     }
                 }
@@ -295,6 +306,7 @@ pub(crate) fn pack_sets(
         c,
         taps,
         sets,
+        off,
         data,
     })
 }
@@ -496,23 +508,12 @@ impl pulp::WithSimd for Kernel<'_, '_> {
         if S::F32_LANES != BLOCK {
             return;
         }
-        match self.plan.w.taps {
-            1 => by_blocks::<S, 1>(simd, self),
-            9 => by_blocks::<S, 9>(simd, self),
-            _ => by_blocks::<S, 0>(simd, self),
+        match self.task.out.len() {
+            4 => run_task::<S, 4>(simd, self),
+            3 => run_task::<S, 3>(simd, self),
+            2 => run_task::<S, 2>(simd, self),
+            _ => run_task::<S, 1>(simd, self),
         }
-    }
-}
-
-/// [`run_task`] for the task's block count; `T` the tap count when it is 1 or 9 (a 3×3
-/// kernel), else 0.
-#[inline(always)]
-fn by_blocks<S: pulp::Simd, const T: usize>(simd: S, k: Kernel<'_, '_>) {
-    match k.task.out.len() {
-        4 => run_task::<S, 4, T>(simd, k),
-        3 => run_task::<S, 3, T>(simd, k),
-        2 => run_task::<S, 2, T>(simd, k),
-        _ => run_task::<S, 1, T>(simd, k),
     }
 }
 
@@ -522,9 +523,7 @@ struct Tile<'a> {
     x: &'a [f32],
     bl: usize,
     offs: &'a [usize],
-    /// The first 9 of `offs` (zeros after them), for a constant tap count.
-    offs9: [usize; 9],
-    /// The group's packed weights (`[c][taps][nb][16]`).
+    /// The group's packed weights (`[c/16][taps][16][nb][16]`).
     wg: &'a [f32],
     c: usize,
     taps: usize,
@@ -540,7 +539,7 @@ struct Tile<'a> {
 }
 
 #[inline(always)]
-fn run_task<S: pulp::Simd, const NB: usize, const T: usize>(simd: S, k: Kernel<'_, '_>) {
+fn run_task<S: pulp::Simd, const NB: usize>(simd: S, k: Kernel<'_, '_>) {
     let Kernel { plan, task } = k;
     let Task {
         n,
@@ -554,7 +553,8 @@ fn run_task<S: pulp::Simd, const NB: usize, const T: usize>(simd: S, k: Kernel<'
     let blocks = w.o / BLOCK;
     let wg_at = (n % w.sets.max(1)) * w.o * c * taps + g0 * BLOCK * c * taps;
     let (Some(wg), Some(xi)) = (
-        w.data.get(wg_at..wg_at + NB * BLOCK * c * taps),
+        w.data
+            .get(w.off + wg_at..w.off + wg_at + NB * BLOCK * c * taps),
         plan.src.get(n * plan.img_len..(n + 1) * plan.img_len),
     ) else {
         return;
@@ -563,7 +563,6 @@ fn run_task<S: pulp::Simd, const NB: usize, const T: usize>(simd: S, k: Kernel<'
         x: xi,
         bl: plan.bl,
         offs: plan.offs,
-        offs9: std::array::from_fn(|i| plan.offs.get(i).copied().unwrap_or(0)),
         wg,
         c,
         taps,
@@ -585,23 +584,23 @@ fn run_task<S: pulp::Simd, const NB: usize, const T: usize>(simd: S, k: Kernel<'
     } else {
         (r0..r1).map(|r| (r * t.wv, r * t.ow, t.ow)).collect()
     };
-    let cch = (CCH / taps).max(1);
+    let cch = (CCH / (BLOCK * taps)).max(1) * BLOCK;
     for c0 in (0..c).step_by(cch) {
         let c1 = (c0 + cch).min(c);
         for &(qv, px, len) in &segments {
             let mut k = 0;
             while k + PXT <= len {
-                tile::<S, PXT, NB, T>(simd, &t, out, (c0, c1), (qv + k, px + k));
+                tile::<S, PXT, NB>(simd, &t, out, (c0, c1), (qv + k, px + k));
                 k += PXT;
             }
             let at = (qv + k, px + k);
             match len - k {
                 0 => {}
-                1 => tile::<S, 1, NB, T>(simd, &t, out, (c0, c1), at),
-                2 => tile::<S, 2, NB, T>(simd, &t, out, (c0, c1), at),
-                3 => tile::<S, 3, NB, T>(simd, &t, out, (c0, c1), at),
-                4 => tile::<S, 4, NB, T>(simd, &t, out, (c0, c1), at),
-                _ => tile::<S, 5, NB, T>(simd, &t, out, (c0, c1), at),
+                1 => tile::<S, 1, NB>(simd, &t, out, (c0, c1), at),
+                2 => tile::<S, 2, NB>(simd, &t, out, (c0, c1), at),
+                3 => tile::<S, 3, NB>(simd, &t, out, (c0, c1), at),
+                4 => tile::<S, 4, NB>(simd, &t, out, (c0, c1), at),
+                _ => tile::<S, 5, NB>(simd, &t, out, (c0, c1), at),
             }
         }
     }
@@ -669,12 +668,32 @@ fn step<S: pulp::Simd, const PX: usize, const NB: usize>(
     }
 }
 
+/// The 16 steps of one block of input channels and one tap: `xs` the tile's `PX` pixels
+/// (16 lanes each), `wt` the 16 channels' rows of `NB` weight vectors.
+#[inline(always)]
+fn sixteen<S: pulp::Simd, const PX: usize, const NB: usize>(
+    simd: S,
+    xs: &[f32],
+    wt: &[f32],
+    [a0, a1, a2, a3]: [&mut [S::f32s; PX]; 4],
+) {
+    let row = NB * BLOCK;
+    macro_rules! steps {
+        ($($l:literal)*) => {$(
+            if let (Some(x), Some(w)) = (xs.get($l..), wt.get($l * row..)) {
+                step::<S, PX, NB>(simd, x, w, [&mut *a0, &mut *a1, &mut *a2, &mut *a3]);
+            }
+        )*};
+    }
+    steps!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+}
+
 /// Virtual pixels `q..q + PX` of the task's blocks, which are the output pixels `px..px + PX`
 /// of the image's plane, over input channels `c0..c1` (all taps): the sums so far (from the
 /// output, unless `c0` is 0) plus this chunk's products; on the last chunk the epilogue, then
 /// one store per vector.
 #[inline(always)]
-fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const T: usize>(
+fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
     simd: S,
     t: &Tile<'_>,
     out: &mut [&mut [f32]; NB],
@@ -694,32 +713,22 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const T: usize>(
     }
     let [mut a0, mut a1, mut a2, mut a3] = acc;
     let row = NB * BLOCK;
+    // Per block of 16 input channels and tap: the tile's pixels, 16 lanes each, and the 16
+    // channels' weight rows; the 16 steps unrolled with constant offsets.
+    let trow = BLOCK * row;
     let Some(wch) = t.wg.get(c0 * t.taps * row..c1 * t.taps * row) else {
         return;
     };
-    for (ci, wc) in (c0..c1).zip(wch.chunks_exact(t.taps * row)) {
-        let base = (ci / BLOCK) * t.bl + q * BLOCK + ci % BLOCK;
-        if T > 0 {
-            // A constant tap count: the loop unrolls and the offsets are registers.
-            for tp in 0..T {
-                let at = base + t.offs9[tp];
-                let (Some(xs), Some(wl)) = (
-                    t.x.get(at..at + (PX - 1) * BLOCK + 1),
-                    wc.get(tp * row..(tp + 1) * row),
-                ) else {
-                    return;
-                };
-                step::<S, PX, NB>(simd, xs, wl, [&mut a0, &mut a1, &mut a2, &mut a3]);
-            }
-        } else {
-            for (wl, &off) in wc.chunks_exact(row).zip(t.offs) {
-                let at = base + off;
-                // In bounds by construction ([`Geom::virt`]).
-                let Some(xs) = t.x.get(at..at + (PX - 1) * BLOCK + 1) else {
-                    return;
-                };
-                step::<S, PX, NB>(simd, xs, wl, [&mut a0, &mut a1, &mut a2, &mut a3]);
-            }
+    for (cb, wb) in (c0 / BLOCK..c1 / BLOCK).zip(wch.chunks_exact(t.taps * trow)) {
+        let base = cb * t.bl + q * BLOCK;
+        for (wt, &off) in wb.chunks_exact(trow).zip(t.offs) {
+            let at = base + off;
+            // In bounds by construction ([`Geom::virt`]).
+            let Some(xs) = t.x.get(at..at + PX * BLOCK) else {
+                return;
+            };
+            let acc = [&mut a0, &mut a1, &mut a2, &mut a3];
+            sixteen::<S, PX, NB>(simd, xs, wt, acc);
         }
     }
     let acc = [a0, a1, a2, a3];
@@ -771,20 +780,25 @@ mod tests {
                 for r in 0..g.oh {
                     for q in 0..g.ow {
                         let mut s = 0.0f32;
-                        for ci in 0..g.c {
+                        // Blocks of 16 input channels; per block the taps; per tap the
+                        // block's channels.
+                        for cb in 0..g.c / BLOCK {
                             for i in 0..g.kh {
                                 for j in 0..g.kw {
-                                    let yy = (r * g.sh + i * g.dh) as isize - g.pt as isize;
-                                    let xx = (q * g.sw + j * g.dw) as isize - g.pl as isize;
-                                    let inside = (0..g.h as isize).contains(&yy)
-                                        && (0..g.w as isize).contains(&xx);
-                                    let v = if inside {
-                                        x[((ni * g.c + ci) * g.h + yy as usize) * g.w + xx as usize]
-                                    } else {
-                                        0.0
-                                    };
-                                    let wv = w[((oc * g.c + ci) * g.kh + i) * g.kw + j];
-                                    s = wv.mul_add(v, s);
+                                    for ci in cb * BLOCK..(cb + 1) * BLOCK {
+                                        let yy = (r * g.sh + i * g.dh) as isize - g.pt as isize;
+                                        let xx = (q * g.sw + j * g.dw) as isize - g.pl as isize;
+                                        let inside = (0..g.h as isize).contains(&yy)
+                                            && (0..g.w as isize).contains(&xx);
+                                        let v = if inside {
+                                            let (yy, xx) = (yy as usize, xx as usize);
+                                            x[((ni * g.c + ci) * g.h + yy) * g.w + xx]
+                                        } else {
+                                            0.0
+                                        };
+                                        let wv = w[((oc * g.c + ci) * g.kh + i) * g.kw + j];
+                                        s = wv.mul_add(v, s);
+                                    }
                                 }
                             }
                         }
