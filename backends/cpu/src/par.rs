@@ -251,6 +251,12 @@ pub(crate) fn recycle(t: fusebox_core::runtime::Tensor) {
     let Ok(fusebox_core::runtime::Storage::F32(v)) = t.try_into_buffer() else {
         return;
     };
+    keep_vec(v);
+}
+
+/// [`recycle`]'s and [`keep`]'s pool: buffers of [`KEPT_MIN`] to [`KEPT_ELEMS`] elements, the
+/// most recent within the limits.
+fn keep_vec(v: Vec<f32>) {
     if v.len() < KEPT_MIN || v.len() > KEPT_ELEMS {
         return;
     }
@@ -293,9 +299,13 @@ pub(crate) fn compact(v: fusebox_core::runtime::Value) -> fusebox_core::runtime:
 /// with it into the result tensor ([`Scratch::into_tensor`], a
 /// [`Tensor::from_prefix`](fusebox_core::runtime::Tensor::from_prefix)) and come back to the
 /// pool whole when that tensor is dropped.
+///
+/// A buffer from [`scratch_f32_aligned`] starts its elements at `start`, the buffer's first
+/// 64-byte boundary.
 #[derive(Debug)]
 pub(crate) struct Scratch {
     buf: Vec<f32>,
+    start: usize,
     len: usize,
 }
 
@@ -304,6 +314,7 @@ impl Scratch {
     pub(crate) fn from_vec(v: Vec<f32>) -> Scratch {
         Scratch {
             len: v.len(),
+            start: 0,
             buf: v,
         }
     }
@@ -311,7 +322,7 @@ impl Scratch {
     /// The tensor of `shape` over this buffer (a kernel's result); an error when `shape` does
     /// not have exactly the buffer's `len` elements.
     pub(crate) fn into_tensor(
-        self,
+        mut self,
         shape: Vec<usize>,
     ) -> crate::util::KResult<fusebox_core::runtime::Tensor> {
         if fusebox_core::runtime::shape_numel(&shape) != Some(self.len) {
@@ -319,6 +330,9 @@ impl Scratch {
                 "an output of shape {shape:?} does not have the {} elements computed",
                 self.len
             ));
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.start + self.len, 0);
         }
         fusebox_core::runtime::Tensor::from_prefix(
             shape,
@@ -331,13 +345,13 @@ impl Scratch {
 impl std::ops::Deref for Scratch {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        &self.buf[..self.len]
+        &self.buf[self.start..self.start + self.len]
     }
 }
 
 impl std::ops::DerefMut for Scratch {
     fn deref_mut(&mut self) -> &mut [f32] {
-        &mut self.buf[..self.len]
+        &mut self.buf[self.start..self.start + self.len]
     }
 }
 
@@ -361,9 +375,30 @@ pub(crate) fn scratch_f32(n: usize, threads: usize) -> Scratch {
         Some(k.remove(i))
     });
     match kept {
-        Some(buf) => Scratch { buf, len: n },
+        Some(buf) => Scratch {
+            buf,
+            start: 0,
+            len: n,
+        },
         None => Scratch::from_vec(zeros_f32(n, threads)),
     }
+}
+
+/// [`scratch_f32`] whose elements start on a 64-byte boundary (an AVX-512 vector never
+/// straddles two cache lines), for a kernel's own buffers: its `NCHW16c` phases, its Winograd
+/// tiles. Give it back with [`keep`] when done.
+pub(crate) fn scratch_f32_aligned(n: usize, threads: usize) -> Scratch {
+    let mut s = scratch_f32(n.saturating_add(15), threads);
+    s.start = s.buf.as_ptr().align_offset(64).min(15);
+    s.len = n;
+    s
+}
+
+/// Gives a kernel's own buffer back to this thread's pool (as [`recycle`] does a dropped
+/// tensor's), so that the next call's [`scratch_f32`] reuses it instead of zeroing a fresh
+/// one. Call it on the executor's thread.
+pub(crate) fn keep(s: Scratch) {
+    keep_vec(s.buf);
 }
 
 /// Splits `out` into chunks of `chunk` elements (the last may be shorter) and runs

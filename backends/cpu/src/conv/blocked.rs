@@ -338,7 +338,7 @@ fn deal(x: &[f32], g: &Geom, threads: usize) -> KResult<crate::par::Scratch> {
     let (wv, hv) = g.virt();
     let phases = g.phases();
     let plane = g.h * g.w * BLOCK;
-    let mut out = crate::par::scratch_f32(len, threads);
+    let mut out = crate::par::scratch_f32_aligned(len, threads);
     crate::par::for_each_chunk_mut(&mut out, bl, threads, |at, dst| {
         let b = at / bl;
         let src = x.get(b * plane..(b + 1) * plane).unwrap_or(&[]);
@@ -411,13 +411,12 @@ pub(crate) fn conv(
         ));
     }
     let reg = RegSteps::new(steps).ok_or("blocked convolution: unsupported epilogue")?;
-    let dealt;
-    let src: &[f32] = if g.in_place() {
-        x
+    let dealt = if g.in_place() {
+        None
     } else {
-        dealt = deal(x, g, threads)?;
-        &dealt
+        Some(deal(x, g, threads)?)
     };
+    let src: &[f32] = dealt.as_deref().unwrap_or(x);
     let bl = g
         .block_len()
         .ok_or("blocked convolution: the image is too large")?;
@@ -470,13 +469,17 @@ pub(crate) fn conv(
         offs: &offs,
         reg,
     };
-    crate::par::run_tasks(tasks, threads, |t| {
+    let r = crate::par::run_tasks(tasks, threads, |t| {
         crate::simd::dispatch(Kernel {
             plan: &plan,
             task: t,
         });
         Ok::<(), String>(())
-    })
+    });
+    if let Some(d) = dealt {
+        crate::par::keep(d);
+    }
+    r
 }
 
 /// What every task of one call shares.

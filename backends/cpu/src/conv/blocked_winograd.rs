@@ -94,36 +94,49 @@ pub(crate) fn conv(
     mem(what, f32t, &[n, XI, c.max(o), tiles]).map_err(|e| e.to_string())?;
     // V: per image and position, the tiles as an `NCHW16c` image.
     let (cb, ob) = (c / BLOCK, o / BLOCK);
-    let mut v = crate::par::scratch_f32(n * XI * c * tiles, threads);
+    let mut v = crate::par::scratch_f32_aligned(n * XI * c * tiles, threads);
     let vlen = tiles * BLOCK;
-    crate::par::for_each_chunk_mut(&mut v, XI * c * tiles, threads, |at, img| {
-        let ni = at / (XI * c * tiles);
-        let xi_img = x.get(ni * c * g.h * g.w..(ni + 1) * c * g.h * g.w);
-        let Some(xi_img) = xi_img else { return };
+    // Tasks per image and block of channels: each writes its block's piece of the 36
+    // positions' images.
+    let mut pieces: Vec<Option<&mut [f32]>> = v.chunks_mut(vlen).map(Some).collect();
+    let mut tasks = Vec::with_capacity(n * cb);
+    for ni in 0..n {
+        let Some(img) = x.get(ni * c * g.h * g.w..(ni + 1) * c * g.h * g.w) else {
+            return Err("blocked Winograd: the image is shorter than its shape".into());
+        };
+        for b in 0..cb {
+            let v: Vec<&mut [f32]> = (0..XI)
+                .filter_map(|xi| pieces.get_mut((ni * XI + xi) * cb + b)?.take())
+                .collect();
+            let plane = g.h * g.w * BLOCK;
+            let xb = img.get(b * plane..(b + 1) * plane).unwrap_or(&[]);
+            tasks.push((xb, v));
+        }
+    }
+    crate::par::run_tasks(tasks, threads, |(xb, v)| {
         crate::simd::dispatch(InputTransform {
-            x: xi_img,
+            x: xb,
             g,
-            cb,
             tw,
             tiles,
-            v: img,
-            vlen,
+            v,
         });
-    });
+        Ok::<(), String>(())
+    })?;
     // M = the 36 products, one `blocked::conv` call over `n · 36` images.
     let gg = Geom::new([n * XI, c, tiles, 1], o, [1, 1], [1, 1], [1, 1], [0; 4])
         .ok_or("blocked Winograd: the products' sizes overflow")?;
-    let mut m = crate::par::scratch_f32(n * XI * o * tiles, threads);
+    let mut m = crate::par::scratch_f32_aligned(n * XI * o * tiles, threads);
     blocked::conv(&wt.packed, &v, &gg, &mut m, threads, &[])?;
-    drop(v);
+    crate::par::keep(v);
     // Y = Aᵀ M A per tile and block of output channels, the epilogue on each vector.
     let plane = g.oh * g.ow * BLOCK;
     let tasks: Vec<(usize, &mut [f32])> = y.chunks_mut(plane).enumerate().collect();
-    let m = &m;
+    let mr = &m;
     let out = |(i, dst): (usize, &mut [f32])| {
         let (ni, b) = (i / ob, i % ob);
         crate::simd::dispatch(OutputTransform {
-            m,
+            m: mr,
             g,
             ob,
             tw,
@@ -135,7 +148,9 @@ pub(crate) fn conv(
         });
         Ok::<(), String>(())
     };
-    crate::par::run_tasks(tasks, threads, out)
+    let r = crate::par::run_tasks(tasks, threads, out);
+    crate::par::keep(m);
+    r
 }
 
 /// `Bᵀ d` down six vectors (Lavin & Gray's F(4×4, 3×3) data transform, its integer rows).
@@ -177,17 +192,14 @@ fn at<S: pulp::Simd>(s: S, m: [S::f32s; 6]) -> [S::f32s; 4] {
     ]
 }
 
-/// One image's data transform: every tile of every block of channels into `v`
-/// (`[36][c/16][tiles][16]`).
+/// The data transform of one block of channels of one image (`x`: `[h][w][16]`): every tile
+/// into `v`, the block's piece (`[tiles][16]`) of each of the 36 positions' images.
 struct InputTransform<'a> {
     x: &'a [f32],
     g: &'a Geom,
-    cb: usize,
     tw: usize,
     tiles: usize,
-    v: &'a mut [f32],
-    /// One position's block of channels (`tiles · 16`).
-    vlen: usize,
+    v: Vec<&'a mut [f32]>,
 }
 
 impl pulp::WithSimd for InputTransform<'_> {
@@ -199,17 +211,29 @@ impl pulp::WithSimd for InputTransform<'_> {
         }
         let g = self.g;
         let (pt, pl) = (g.pad()[0] as isize, g.pad()[1] as isize);
-        let plane = g.h * g.w * BLOCK;
         let zero = s.splat_f32s(0.0);
-        for b in 0..self.cb {
-            let xp = self.x.get(b * plane..(b + 1) * plane).unwrap_or(&[]);
+        let xp = self.x;
+        let mut v = self.v;
+        {
             for t in 0..self.tiles {
                 let (ty, tx) = (t / self.tw, t % self.tw);
                 let (y0, x0) = ((4 * ty) as isize - pt, (4 * tx) as isize - pl);
                 // Rows of the tile transformed along x, then columns along y.
                 let mut rows = [[s.splat_f32s(0.0); 6]; 6];
+                // A tile inside the image reads each row as one slice of six vectors.
+                let whole = y0 >= 0 && x0 >= 0 && y0 as usize + 6 <= g.h && x0 as usize + 6 <= g.w;
                 for (r, row) in rows.iter_mut().enumerate() {
                     let yy = y0 + r as isize;
+                    if whole {
+                        let at = ((yy as usize) * g.w + x0 as usize) * BLOCK;
+                        if let Some(d) = xp.get(at..at + 6 * BLOCK) {
+                            *row = bt(
+                                s,
+                                std::array::from_fn(|k| ld::<S>(&d[k * BLOCK..]).unwrap_or(zero)),
+                            );
+                            continue;
+                        }
+                    }
                     let inside = (0..g.h as isize).contains(&yy);
                     let d: [S::f32s; 6] = std::array::from_fn(|k| {
                         let xx = x0 + k as isize;
@@ -221,13 +245,12 @@ impl pulp::WithSimd for InputTransform<'_> {
                     });
                     *row = bt(s, d);
                 }
-                let cols: [[S::f32s; 6]; 6] = std::array::from_fn(|k| rows.map(|row| row[k]));
-                for (k, col) in cols.into_iter().enumerate() {
-                    let col = bt(s, col);
+                for k in 0..6 {
+                    // Indexed, not `rows.map(..)`: a map per column copied all 36 vectors.
+                    let col = bt(s, std::array::from_fn(|r| rows[r][k]));
                     for (r, &val) in col.iter().enumerate() {
-                        let xi = r * 6 + k;
-                        let at = (xi * self.cb + b) * self.vlen + t * BLOCK;
-                        st::<S>(val, self.v.get_mut(at..));
+                        let piece = v.get_mut(r * 6 + k).and_then(|p| p.get_mut(t * BLOCK..));
+                        st::<S>(val, piece);
                     }
                 }
             }
@@ -274,13 +297,12 @@ impl pulp::WithSimd for OutputTransform<'_> {
                 });
                 *col = at(s, m);
             }
-            let rows: [[S::f32s; 6]; 4] = std::array::from_fn(|r| cols.map(|col| col[r]));
-            for (r, row) in rows.into_iter().enumerate() {
+            for r in 0..4 {
                 let oy = 4 * ty + r;
                 if oy >= g.oh {
                     break;
                 }
-                let row = at(s, row);
+                let row = at(s, std::array::from_fn(|k| cols[k][r]));
                 for (cc, &val) in row.iter().enumerate() {
                     let ox = 4 * tx + cc;
                     if ox >= g.ow {
