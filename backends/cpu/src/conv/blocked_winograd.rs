@@ -245,8 +245,9 @@ impl pulp::WithSimd for InputTransform<'_> {
                     });
                     *row = bt(s, d);
                 }
+                // Indexed, not `rows.map(..)`: a map per column copied all 36 vectors.
+                #[expect(clippy::needless_range_loop, reason = "k indexes the inner arrays")]
                 for k in 0..6 {
-                    // Indexed, not `rows.map(..)`: a map per column copied all 36 vectors.
                     let col = bt(s, std::array::from_fn(|r| rows[r][k]));
                     for (r, &val) in col.iter().enumerate() {
                         let piece = v.get_mut(r * 6 + k).and_then(|p| p.get_mut(t * BLOCK..));
@@ -297,6 +298,7 @@ impl pulp::WithSimd for OutputTransform<'_> {
                 });
                 *col = at(s, m);
             }
+            #[expect(clippy::needless_range_loop, reason = "r indexes the inner arrays")]
             for r in 0..4 {
                 let oy = 4 * ty + r;
                 if oy >= g.oh {
