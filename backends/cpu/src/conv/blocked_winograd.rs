@@ -1,6 +1,7 @@
 //! Winograd F(4×4, 3×3) on `NCHW16c` data: the 3×3, stride-1 convolutions of
-//! [`super::blocked`] whose transformed weights are small and tiles many (ResNet-50's
-//! 64×56×56 and 128×28×28 layers), in a quarter of the direct kernel's multiply-adds.
+//! [`super::blocked`] whose transformed weights are small and tiles many enough (ResNet-50's
+//! 64×56×56, 128×28×28 and 256×14×14 layers), in a quarter of the direct kernel's
+//! multiply-adds.
 //!
 //! Contract:
 //!
@@ -41,15 +42,30 @@ pub(crate) struct Weights {
     packed: blocked::Packed,
 }
 
-/// Whether [`conv`] runs this convolution: 3×3, stride 1, dilation 1, where the `NCHW`
-/// path would take F(4×4, 3×3) too ([`Tile::choose`]: small transformed weights, many
-/// tiles).
+/// Whether [`conv`] runs this convolution: 3×3, stride 1, dilation 1, where Winograd pays
+/// on the `NCHW` path ([`Tile::choose`]: enough channels and tiles), an image makes at least
+/// [`MIN_TILES`] F(4×4) tiles and the transformed weights are at most [`MAX_WEIGHTS`].
 pub(crate) fn takes(g: &Geom) -> bool {
     g.kernel() == [3, 3]
         && g.stride() == [1, 1]
         && g.dilation() == [1, 1]
-        && Tile::choose(g.c, g.o, g.oh, g.ow) == Some(Tile::F4)
+        && Tile::choose(g.c, g.o, g.oh, g.ow).is_some()
+        && Tile::F4.tiles(g.oh, g.ow) >= MIN_TILES
+        && g.c
+            .checked_mul(g.o)
+            .is_some_and(|co| co <= MAX_WEIGHTS / XI)
 }
+
+/// The fewest F(4×4) tiles per image [`takes`] runs: a 14×14 output's 16. ResNet-50's
+/// 256×14×14 layer took 0.92 ms here against the direct kernel's 1.87 (one thread; 0.70
+/// against 1.32 on two); the 512×7×7 one (4 tiles, a third of them past the edge, 38 MB of
+/// transformed weights) 1.96 against 2.36, not worth four times the weight's memory
+/// (bench/RESULTS.md, session av).
+const MIN_TILES: usize = 16;
+
+/// The most transformed weights (`36 · c · o` floats) [`takes`] runs: 256 channels in and out
+/// (9.4 MB), read from memory once per call.
+const MAX_WEIGHTS: usize = XI * 256 * 256;
 
 /// `w` (`OIHW`, `o × c × 3 × 3`) transformed and packed.
 pub(crate) fn weights(w: &[f32], o: usize, c: usize) -> KResult<Weights> {
@@ -387,10 +403,11 @@ mod tests {
         if !(crate::simd::avx512() && crate::simd::f32_lanes() == BLOCK) {
             return;
         }
-        // A 28×28 output (49 tiles: `takes`), an odd one with partial tiles and uneven
-        // padding, two images.
+        // A 28×28 output (49 tiles: `takes`), a 14×14 one (16 tiles, the last row and column
+        // half past the edge), an odd one with partial tiles and uneven padding, two images.
         for &(n, c, h, w, o, pad) in &[
             (1, 32, 28, 28, 48, [1, 1, 1, 1]),
+            (1, 32, 14, 14, 32, [1, 1, 1, 1]),
             (2, 16, 30, 29, 16, [0, 2, 1, 0]),
         ] {
             let g = Geom::new([n, c, h, w], o, [3, 3], [1, 1], [1, 1], pad).unwrap();
@@ -449,6 +466,16 @@ mod tests {
 
     #[test]
     fn other_convolutions_are_refused() {
+        // ResNet-50's 3×3 stride-1 layers: all but the 512×7×7 one (4 tiles, 38 MB of
+        // transformed weights).
+        for (c, hw) in [(64, 56), (128, 28), (256, 14)] {
+            let g = Geom::new([1, c, hw, hw], c, [3, 3], [1, 1], [1, 1], [1; 4]).unwrap();
+            assert!(takes(&g), "{c}x{hw}x{hw}");
+        }
+        let g = Geom::new([1, 512, 7, 7], 512, [3, 3], [1, 1], [1, 1], [1; 4]).unwrap();
+        assert!(!takes(&g));
+        let g = Geom::new([1, 512, 14, 14], 512, [3, 3], [1, 1], [1, 1], [1; 4]).unwrap();
+        assert!(!takes(&g), "the transformed weights past the cap");
         let g = Geom::new([1, 64, 56, 56], 64, [3, 3], [2, 2], [1, 1], [1; 4]).unwrap();
         assert!(!takes(&g));
         let g = Geom::new([1, 64, 56, 56], 64, [1, 1], [1, 1], [1, 1], [0; 4]).unwrap();
