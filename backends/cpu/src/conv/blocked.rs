@@ -35,11 +35,11 @@
 //!   store.
 //! - Tasks are (image, group of output blocks, run of output rows): a plane is cut into runs
 //!   when there are fewer groups than twice the threads.
-//! - Why: onnxruntime's lead on CNNs is this layout. On one thread the kernel runs 1×1 and
-//!   3×3 layers alike at 122–139 GF/s (a fast stretch of the VM); ResNet-50's stride-2 3×3
-//!   layers take 0.87–0.98 of the `NCHW` path's time in the model, and the whole model
-//!   converted (with [`super::blocked_winograd`] on its F(4×4) layers) 0.96 of it on one
-//!   thread and 0.99 on two (bench/RESULTS.md, session au).
+//! - Why: onnxruntime's lead on CNNs is this layout. Unrolling a block's 16 steps and
+//!   aligning the weights took 0.78–0.92 of the previous kernel's time on ResNet-50's shapes
+//!   (3×3 most); with [`super::blocked_winograd`] on its 56×56, 28×28 and 14×14 3×3 layers the
+//!   whole model converted takes 0.80–0.85 of the `NCHW` path's time and 1.04–1.06 of
+//!   onnxruntime's, one process, one and two threads (bench/RESULTS.md, session av).
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1],
