@@ -230,45 +230,43 @@ impl pulp::WithSimd for InputTransform<'_> {
         let zero = s.splat_f32s(0.0);
         let xp = self.x;
         let mut v = self.v;
-        {
-            for t in 0..self.tiles {
-                let (ty, tx) = (t / self.tw, t % self.tw);
-                let (y0, x0) = ((4 * ty) as isize - pt, (4 * tx) as isize - pl);
-                // Rows of the tile transformed along x, then columns along y.
-                let mut rows = [[s.splat_f32s(0.0); 6]; 6];
-                // A tile inside the image reads each row as one slice of six vectors.
-                let whole = y0 >= 0 && x0 >= 0 && y0 as usize + 6 <= g.h && x0 as usize + 6 <= g.w;
-                for (r, row) in rows.iter_mut().enumerate() {
-                    let yy = y0 + r as isize;
-                    if whole {
-                        let at = ((yy as usize) * g.w + x0 as usize) * BLOCK;
-                        if let Some(d) = xp.get(at..at + 6 * BLOCK) {
-                            *row = bt(
-                                s,
-                                std::array::from_fn(|k| ld::<S>(&d[k * BLOCK..]).unwrap_or(zero)),
-                            );
-                            continue;
-                        }
+        for t in 0..self.tiles {
+            let (ty, tx) = (t / self.tw, t % self.tw);
+            let (y0, x0) = ((4 * ty) as isize - pt, (4 * tx) as isize - pl);
+            // Rows of the tile transformed along x, then columns along y.
+            let mut rows = [[s.splat_f32s(0.0); 6]; 6];
+            // A tile inside the image reads each row as one slice of six vectors.
+            let whole = y0 >= 0 && x0 >= 0 && y0 as usize + 6 <= g.h && x0 as usize + 6 <= g.w;
+            for (r, row) in rows.iter_mut().enumerate() {
+                let yy = y0 + r as isize;
+                if whole {
+                    let at = ((yy as usize) * g.w + x0 as usize) * BLOCK;
+                    if let Some(d) = xp.get(at..at + 6 * BLOCK) {
+                        *row = bt(
+                            s,
+                            std::array::from_fn(|k| ld::<S>(&d[k * BLOCK..]).unwrap_or(zero)),
+                        );
+                        continue;
                     }
-                    let inside = (0..g.h as isize).contains(&yy);
-                    let d: [S::f32s; 6] = std::array::from_fn(|k| {
-                        let xx = x0 + k as isize;
-                        let ok = inside && (0..g.w as isize).contains(&xx);
-                        let at = (yy.max(0) as usize * g.w + xx.max(0) as usize) * BLOCK;
-                        ok.then(|| xp.get(at..).and_then(ld::<S>))
-                            .flatten()
-                            .unwrap_or(zero)
-                    });
-                    *row = bt(s, d);
                 }
-                // Indexed, not `rows.map(..)`: a map per column copied all 36 vectors.
-                #[expect(clippy::needless_range_loop, reason = "k indexes the inner arrays")]
-                for k in 0..6 {
-                    let col = bt(s, std::array::from_fn(|r| rows[r][k]));
-                    for (r, &val) in col.iter().enumerate() {
-                        let piece = v.get_mut(r * 6 + k).and_then(|p| p.get_mut(t * BLOCK..));
-                        st::<S>(val, piece);
-                    }
+                let inside = (0..g.h as isize).contains(&yy);
+                let d: [S::f32s; 6] = std::array::from_fn(|k| {
+                    let xx = x0 + k as isize;
+                    let ok = inside && (0..g.w as isize).contains(&xx);
+                    let at = (yy.max(0) as usize * g.w + xx.max(0) as usize) * BLOCK;
+                    ok.then(|| xp.get(at..).and_then(ld::<S>))
+                        .flatten()
+                        .unwrap_or(zero)
+                });
+                *row = bt(s, d);
+            }
+            // Indexed, not `rows.map(..)`: a map per column copied all 36 vectors.
+            #[expect(clippy::needless_range_loop, reason = "k indexes the inner arrays")]
+            for k in 0..6 {
+                let col = bt(s, std::array::from_fn(|r| rows[r][k]));
+                for (r, &val) in col.iter().enumerate() {
+                    let piece = v.get_mut(r * 6 + k).and_then(|p| p.get_mut(t * BLOCK..));
+                    st::<S>(val, piece);
                 }
             }
         }
