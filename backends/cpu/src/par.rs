@@ -388,10 +388,18 @@ pub(crate) fn scratch_f32(n: usize, threads: usize) -> Scratch {
 /// straddles two cache lines), for a kernel's own buffers: its `NCHW16c` phases, its Winograd
 /// tiles. Give it back with [`keep`] when done.
 pub(crate) fn scratch_f32_aligned(n: usize, threads: usize) -> Scratch {
-    let mut s = scratch_f32(n.saturating_add(15), threads);
-    s.start = s.buf.as_ptr().align_offset(64).min(15);
+    let mut s = scratch_f32(n.saturating_add(LINE_SLACK), threads);
+    s.start = to_line(&s.buf);
     s.len = n;
     s
+}
+
+/// The extra `f32`s a buffer needs so that `n` of them can start on a 64-byte boundary.
+pub(crate) const LINE_SLACK: usize = 15;
+
+/// Where in `v` its first 64-byte boundary is (`0..=`[`LINE_SLACK`] elements in).
+pub(crate) fn to_line(v: &[f32]) -> usize {
+    v.as_ptr().align_offset(64).min(LINE_SLACK)
 }
 
 /// Gives a kernel's own buffer back to this thread's pool (as [`recycle`] does a dropped

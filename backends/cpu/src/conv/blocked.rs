@@ -281,8 +281,8 @@ pub(crate) fn pack_sets(
     }
     let len = o.checked_mul(c)?.checked_mul(taps)?.checked_mul(sets)?;
     let blocks = o / BLOCK;
-    let mut data = vec![0.0f32; len.checked_add(BLOCK - 1)?];
-    let off = data.as_ptr().align_offset(64).min(BLOCK - 1);
+    let mut data = vec![0.0f32; len.checked_add(crate::par::LINE_SLACK)?];
+    let off = crate::par::to_line(&data);
     let mut at = off;
     for set in 0..sets {
         for g0 in (0..blocks).step_by(OBG) {

@@ -116,6 +116,7 @@ pub(crate) fn conv(
     // positions' images.
     let mut pieces: Vec<Option<&mut [f32]>> = v.chunks_mut(vlen).map(Some).collect();
     let mut tasks = Vec::with_capacity(n * cb);
+    let in_plane = g.h * g.w * BLOCK;
     for ni in 0..n {
         let Some(img) = x.get(ni * c * g.h * g.w..(ni + 1) * c * g.h * g.w) else {
             return Err("blocked Winograd: the image is shorter than its shape".into());
@@ -124,8 +125,7 @@ pub(crate) fn conv(
             let v: Vec<&mut [f32]> = (0..XI)
                 .filter_map(|xi| pieces.get_mut((ni * XI + xi) * cb + b)?.take())
                 .collect();
-            let plane = g.h * g.w * BLOCK;
-            let xb = img.get(b * plane..(b + 1) * plane).unwrap_or(&[]);
+            let xb = img.get(b * in_plane..(b + 1) * in_plane).unwrap_or(&[]);
             tasks.push((xb, v));
         }
     }
