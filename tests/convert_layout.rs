@@ -125,8 +125,110 @@ fn the_converted_cnn_computes_what_the_model_computes_on_the_cpu() {
     let out = run_small_cnn(["NHWC", "OHWX"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
+    let written = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("convert_layout_cpu/nhwc.toml"),
+    )
+    .unwrap();
+    let line = 1 + written
+        .lines()
+        .position(|l| l.starts_with("conv2d_layout ="))
+        .unwrap();
     assert!(
-        stderr.contains("nhwc.toml:8:1") && stderr.contains("permutation of OIHW"),
+        stderr.contains(&format!("nhwc.toml:{line}:1")) && stderr.contains("permutation of OIHW"),
         "{stderr}"
+    );
+}
+
+/// A stack of `depth` 3×3 convolutions of 32 channels on 16 × 16 (+ bias + ReLU), after an
+/// input of 32 channels: every convolution splits by 16.
+fn conv_stack(depth: usize) -> String {
+    let mut body = String::new();
+    let mut prev = "x".to_string();
+    for i in 0..depth {
+        body.push_str(&format!(
+            "            h{i} = R.nn.relu(R.add(R.nn.conv2d({prev}, w, padding=[1, 1, 1, 1]), b))\n"
+        ));
+        prev = format!("h{i}");
+    }
+    format!(
+        "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((1, 32, 16, 16), \
+         \"float32\"), w: R.Tensor((32, 32, 3, 3), \"float32\"), b: R.Tensor((1, 32, 1, 1), \
+         \"float32\")):\n        with R.dataflow():\n{body}            gv = {prev}\n            \
+         R.output(gv)\n        return gv\n"
+    )
+}
+
+/// `conv2d_layout = "auto"`, the default: where the `cpu` backend names a layout (`NCHW16c`
+/// on AVX-512), a deep stack of convolutions that split by 16 is converted (its report's note
+/// says so: one layout change in, one out) and computes what the model computes; the small
+/// CNN, whose layout changes would move more than an eighth of what its convolutions write,
+/// keeps its layouts and says why. On a CPU where the backend names none, nothing changes and
+/// there is no note.
+#[test]
+fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
+    fusebox::link_backends();
+    let cpu = fusebox::core::backend::make_backend("cpu", &Default::default()).unwrap();
+    let prefers = cpu.conv2d_layout(fusebox::core::config::Target::Cpu);
+    let pipeline = fusebox::pipeline(fusebox::default_config().unwrap()).unwrap();
+    let deep = fusebox::core::text::parse_module_str(&conv_stack(24)).unwrap();
+    let p = pipeline.partition_noted(&deep).unwrap();
+    let text = fusebox::core::text::print_module(&p.module).text;
+    let small_src = std::fs::read_to_string(root().join("examples/small_cnn.relax")).unwrap();
+    let small = fusebox::core::text::parse_module_str(&small_src).unwrap();
+    let ps = pipeline.partition_noted(&small).unwrap();
+    let small_text = fusebox::core::text::print_module(&ps.module).text;
+    match prefers {
+        Some([data, kernel]) => {
+            assert_eq!([data.as_str(), kernel.as_str()], ["NCHW16c", "OIHW"]);
+            assert_eq!(
+                p.notes,
+                vec![
+                    "conv2d_layout \"auto\": 24 of 24 conv2d in NCHW16c/OIHW (backend cpu's \
+                     layout on this machine), 3 layout change(s) left at run time"
+                        .to_string()
+                ],
+                "{text}"
+            );
+            assert!(
+                text.contains("data_layout=\"NCHW16c\"") && !text.contains("data_layout=\"NCHW\""),
+                "{text}"
+            );
+            assert!(!small_text.contains("NCHW16c"), "{small_text}");
+            assert_eq!(ps.notes.len(), 1, "{:?}", ps.notes);
+            assert!(
+                ps.notes[0].starts_with("conv2d_layout \"auto\": layouts kept; NCHW16c/OIHW")
+                    && ps.notes[0].contains("would convert 3 of 4 conv2d"),
+                "{:?}",
+                ps.notes
+            );
+        }
+        None => {
+            assert!(p.notes.is_empty() && ps.notes.is_empty());
+            assert!(!text.contains("NCHW16c") && !small_text.contains("NCHW16c"));
+        }
+    }
+    // Converted or not, the default flow computes what the model computes.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("convert_layout_auto");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("conv_stack.relax");
+    std::fs::write(&file, conv_stack(24)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .current_dir(root())
+        .arg("run")
+        .arg(&file)
+        .arg("--output-dir")
+        .arg(dir.join("out"))
+        .arg("--check")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    assert!(
+        all.contains("check: 1 output(s) match the unpartitioned module"),
+        "{all}"
     );
 }

@@ -363,7 +363,7 @@ fn cnn_fixtures_match_onnxruntime_in_nhwc() {
     );
     let config = fusebox_core::config::Config::parse(&src, "cpu-nhwc.toml")
         .unwrap_or_else(|e| panic!("{e}"));
-    assert!(config.partition.conv2d_layout.is_some());
+    assert!(config.partition.conv2d_layout.fixed().is_some());
     let pipeline = fusebox::pipeline(config).unwrap_or_else(|e| panic!("{e}"));
     for name in CNN_FIXTURES {
         let dir = root().join("tests/models").join(name);

@@ -115,6 +115,7 @@ fn execute_downloads_for_host_artifacts_only() {
         rejections: Vec::new(),
         claims: Vec::new(),
         artifacts,
+        notes: Vec::new(),
     };
     let x = Tensor::from_f32(vec![3], vec![1.0, -2.0, 3.0]).unwrap();
     let out =

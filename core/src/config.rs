@@ -17,8 +17,9 @@
 //! fuse_opt_level = 2
 //! max_depth = 256
 //! strict = false                   # unclaimed work is an error instead of running on the CPU
-//! conv2d_layout = ["NHWC", "OHWI"] # optional: ConvertLayout every conv2d to these layouts
-//!                                   # (split ones too: ["NCHW16c", "OIHW"])
+//! conv2d_layout = "auto"           # the backends' choice where it pays (default); "none": the
+//!                                  # model's layouts; ["NHWC", "OHWI"]: ConvertLayout every
+//!                                  # conv2d to these (split ones too: ["NCHW16c", "OIHW"])
 //! [[backend]]
 //! name = "cpu"
 //! [backend.options]                # free table handed to that backend
@@ -58,6 +59,22 @@ pub enum Target {
     Cuda,
 }
 
+/// Where key `key` is set in `src`: the first line that starts with it (after indentation)
+/// followed by `=`, so a comment naming the key is passed over; 0 when there is none.
+fn key_at(src: &str, key: &str) -> usize {
+    let mut at = 0;
+    for line in src.split_inclusive('\n') {
+        let body = line.trim_start();
+        if let Some(rest) = body.strip_prefix(key)
+            && rest.trim_start().starts_with('=')
+        {
+            return at + (line.len() - body.len());
+        }
+        at += line.len();
+    }
+    0
+}
+
 /// `[partition]`: the passes before claims.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -80,10 +97,60 @@ pub struct PartitionConfig {
     pub max_depth: usize,
     /// Unclaimed work is an error naming each op instead of falling back to the CPU.
     pub strict: bool,
-    /// `[data, kernel]`: run ConvertLayout ([`mod@crate::transform::convert_layout`]) after
-    /// simplification, so every `conv2d` takes these layouts (`["NHWC", "OHWI"]`, what the
-    /// `cutlass` backend's conv2d needs); `None` keeps the model's layouts.
-    pub conv2d_layout: Option<[String; 2]>,
+    /// Which layouts every `conv2d` takes (ConvertLayout,
+    /// [`mod@crate::transform::convert_layout`], after simplification): see
+    /// [`Conv2dLayout`].
+    pub conv2d_layout: Conv2dLayout,
+}
+
+/// `[partition] conv2d_layout`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawConv2dLayout")]
+pub enum Conv2dLayout {
+    /// `"auto"` (the default): the layouts the first backend that prefers some for this
+    /// target and machine names ([`crate::backend::Backend::conv2d_layout`]: the `cpu`
+    /// backend's `NCHW16c` on AVX-512), kept only where the conversion pays
+    /// ([`crate::transform::LayoutCost::pays`]: the convolutions move into the layout, and
+    /// the layout changes left at run time are small beside them); else the model's own.
+    #[default]
+    Auto,
+    /// `"none"`: the model's own layouts.
+    Keep,
+    /// `[data, kernel]`: every `conv2d` into these (`["NHWC", "OHWI"]`, what the `cutlass`
+    /// backend's conv2d needs; split ones too: `["NCHW16c", "OIHW"]`).
+    Fixed([String; 2]),
+}
+
+impl Conv2dLayout {
+    /// The `[data, kernel]` layouts of [`Conv2dLayout::Fixed`].
+    pub fn fixed(&self) -> Option<&[String; 2]> {
+        match self {
+            Conv2dLayout::Fixed(l) => Some(l),
+            _ => None,
+        }
+    }
+}
+
+/// `conv2d_layout` as written: a word or a pair of layouts.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawConv2dLayout {
+    Word(String),
+    Pair([String; 2]),
+}
+
+impl TryFrom<RawConv2dLayout> for Conv2dLayout {
+    type Error = String;
+    fn try_from(r: RawConv2dLayout) -> std::result::Result<Self, String> {
+        match r {
+            RawConv2dLayout::Word(w) if w == "auto" => Ok(Conv2dLayout::Auto),
+            RawConv2dLayout::Word(w) if w == "none" => Ok(Conv2dLayout::Keep),
+            RawConv2dLayout::Word(w) => Err(format!(
+                "conv2d_layout: expected \"auto\", \"none\" or [data, kernel] layouts, found \"{w}\""
+            )),
+            RawConv2dLayout::Pair(p) => Ok(Conv2dLayout::Fixed(p)),
+        }
+    }
 }
 
 impl Default for PartitionConfig {
@@ -97,7 +164,7 @@ impl Default for PartitionConfig {
             fuse_opt_level: 2,
             max_depth: 256,
             strict: false,
-            conv2d_layout: None,
+            conv2d_layout: Conv2dLayout::Auto,
         }
     }
 }
@@ -275,13 +342,13 @@ impl Config {
                 span: p.path.span(),
             });
         }
-        if let Some([data, kernel]) = &cfg.partition.conv2d_layout {
+        if let Some([data, kernel]) = cfg.partition.conv2d_layout.fixed() {
             for (what, layout, letters) in [("data", data, "NCHW"), ("kernel", kernel, "OIHW")] {
                 if crate::op::Layout::parse(layout, letters).is_none() {
                     return Err(Error::source(
                         file,
                         src,
-                        pos_of(src, src.find("conv2d_layout").unwrap_or(0)),
+                        pos_of(src, key_at(src, "conv2d_layout")),
                         format!(
                             "conv2d_layout: the {what} layout must be a permutation of {letters}, \
                              each axis possibly split by a sub-axis (\"{letters}16{}\"), found \
@@ -296,7 +363,7 @@ impl Config {
             return Err(Error::source(
                 file,
                 src,
-                pos_of(src, src.find("fuse_opt_level").unwrap_or(0)),
+                pos_of(src, key_at(src, "fuse_opt_level")),
                 format!(
                     "fuse_opt_level must be 0, 1 or 2, found {}",
                     cfg.partition.fuse_opt_level
@@ -419,18 +486,31 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             c.partition.conv2d_layout,
-            Some(["NHWC".to_string(), "OHWI".to_string()])
+            Conv2dLayout::Fixed(["NHWC".to_string(), "OHWI".to_string()])
         );
         assert_eq!(
             Config::parse("", "c.toml").unwrap().partition.conv2d_layout,
-            None
+            Conv2dLayout::Auto
+        );
+        for (src, want) in [
+            ("\"auto\"", Conv2dLayout::Auto),
+            ("\"none\"", Conv2dLayout::Keep),
+        ] {
+            let c = Config::parse(&format!("[partition]\nconv2d_layout = {src}\n"), "c.toml")
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(c.partition.conv2d_layout, want);
+        }
+        let e = err("[partition]\nconv2d_layout = \"NHWC\"\n");
+        assert!(
+            e.starts_with("c.toml:2:17:") && e.contains("expected \"auto\", \"none\""),
+            "{e}"
         );
         let c = Config::parse(
             "[partition]\nconv2d_layout = [\"NCHW16c\", \"OIHW16i16o\"]\n",
             "c.toml",
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(c.partition.conv2d_layout.is_some());
+        assert!(c.partition.conv2d_layout.fixed().is_some());
         let e = err("[partition]\nconv2d_layout = [\"NCHW16\", \"OIHW\"]\n");
         assert!(e.contains("sub-axis"), "{e}");
         let e = err("[partition]\nconv2d_layout = [\"NHWC\", \"OHW\"]\n");
@@ -443,6 +523,10 @@ mod tests {
             e.contains("permutation of NCHW") && e.contains("NCHX"),
             "{e}"
         );
+        // A comment naming the key does not take the error's position.
+        let e =
+            err("# conv2d_layout is auto\n[partition]\n  conv2d_layout = [\"NHWC\", \"OHX\"]\n");
+        assert!(e.contains("c.toml:3:3"), "{e}");
         let e = err("[partition]\nconv2d_layout = [\"NHWC\"]\n");
         assert!(e.contains("conv2d_layout"), "{e}");
     }

@@ -69,7 +69,8 @@ pub struct Report {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub claims: Vec<ClaimReport>,
     /// What the report could not establish (absent from the JSON when empty): constants
-    /// without values, which deduplication could compare only by identity.
+    /// without values, which deduplication could compare only by identity; and what the
+    /// backend flow chose on its own (`conv2d_layout = "auto"`'s layouts and why).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }

@@ -57,7 +57,7 @@ use convert::Source;
 use errors::{Failure, Stage, guarded};
 use fusebox::partition::PatternPartition;
 use fusebox_core::backend::pipeline::BackendPipeline;
-use fusebox_core::config::{Config, PartitionConfig};
+use fusebox_core::config::{Config, Conv2dLayout, PartitionConfig};
 use fusebox_cpu::Tensor;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -321,7 +321,7 @@ fn pattern_pipeline(opts: &PatternPartition) -> Result<BackendPipeline, Failure>
         fuse_opt_level: opts.fuse_opt_level,
         max_depth: opts.max_depth,
         strict: false,
-        conv2d_layout: None,
+        conv2d_layout: Conv2dLayout::Keep,
     };
     build_pipeline(cfg, Some(opts.patterns.clone()), None)
 }

@@ -5,7 +5,8 @@
 //! process, as `FUSEBOX_THREADS` but winning over it; any other option or value is an error
 //! naming it); its patterns are the transformer table [`TRANSFORMER_PATTERNS`]
 //! (`patterns/transformer.toml`: attention, residual LayerNorm, RMSNorm, GELU), offered to
-//! configs whose target is the CPU only; [`CpuBackend::claim`] accepts everything; `compile` keeps the
+//! configs whose target is the CPU only; for `conv2d_layout = "auto"` it names `NCHW16c` / `OIHW`
+//! on a CPU target where its blocked kernels run (AVX-512); [`CpuBackend::claim`] accepts everything; `compile` keeps the
 //! function with its callees as a standalone module and runs it with a [`crate::Executor`]
 //! of its own (constants decoded once, on the first run). Its artifacts say
 //! [`Artifact::is_reference`], so the facade's `execute_with` runs those functions inline in
@@ -66,6 +67,12 @@ impl Backend for CpuBackend {
             Target::Cpu => self.patterns(),
             _ => Vec::new(),
         }
+    }
+    fn conv2d_layout(&self, target: Target) -> Option<[String; 2]> {
+        // `NCHW16c` where its kernels run (AVX-512: a block of 16 channels is one vector);
+        // on a GPU target the CPU is the fallback and chooses nothing.
+        (target == Target::Cpu && crate::simd::f32_lanes() == crate::conv::BLOCK)
+            .then(|| [crate::conv::BLOCKED_LAYOUT.to_string(), "OIHW".to_string()])
     }
     fn claim(&self, _c: &Candidate<'_>) -> Claim {
         Claim::Accept

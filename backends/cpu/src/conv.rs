@@ -80,6 +80,9 @@ use crate::winograd;
 
 mod blocked;
 mod blocked_winograd;
+
+/// The split layout of the blocked kernels (`NCHW16c`) and its block of channels.
+pub(crate) use blocked::{BLOCK, LAYOUT as BLOCKED_LAYOUT};
 mod depthwise;
 mod epilogue;
 mod nhwc;

@@ -246,7 +246,8 @@ fn eval(
                 };
                 nn::pool2d(xc, &a, max)
             };
-            t(layout::through_nchw(x, &a.layout, &a.out_layout, canon)
+            t(crate::pool_blocked::pool2d(x, a, max)
+                .or_else(|| layout::through_nchw(x, &a.layout, &a.out_layout, canon))
                 .unwrap_or_else(|| nn::pool2d(x, a, max)))
         }
         Op::AdaptiveAvgPool2d(a) => {
@@ -259,7 +260,8 @@ fn eval(
                 };
                 nn::adaptive_avg_pool2d(xc, &a)
             };
-            t(layout::through_nchw(x, &a.layout, &a.out_layout, canon)
+            t(crate::pool_blocked::adaptive_avg_pool2d(x, a)
+                .or_else(|| layout::through_nchw(x, &a.layout, &a.out_layout, canon))
                 .unwrap_or_else(|| nn::adaptive_avg_pool2d(x, a)))
         }
         Op::Lrn(a) => t(nn::lrn(

@@ -69,6 +69,7 @@ mod nn;
 mod nn_attention;
 mod norm;
 pub mod par;
+mod pool_blocked;
 mod pool_nd;
 mod reduce;
 mod rope;

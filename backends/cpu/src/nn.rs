@@ -338,9 +338,9 @@ pub(crate) fn layout4(layout: &str, letters: &str) -> KResult<[usize; 4]> {
 }
 
 /// One pooled axis: input extent, window, stride, dilation, padding before/after, ceil mode.
-struct Axis {
+pub(crate) struct Axis {
     len: usize,
-    k: usize,
+    pub(crate) k: usize,
     s: usize,
     d: usize,
     pad0: usize,
@@ -378,7 +378,7 @@ impl Axis {
 
     /// The window positions of output `o` inside the input, and how many positions count
     /// for an average with padding included.
-    fn window(&self, o: usize) -> (Vec<usize>, usize) {
+    pub(crate) fn window(&self, o: usize) -> (Vec<usize>, usize) {
         let start = (o * self.s) as isize - self.pad0 as isize;
         let limit = (self.len + self.pad1) as isize;
         let mut real = Vec::with_capacity(self.k);
@@ -796,15 +796,13 @@ fn max_plane_inline(
     }
 }
 
-/// `max_pool2d` (`max`) or `avg_pool2d`.
-pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> {
-    if x.rank() != 4 {
-        return Err(format!("expected a 4-D input, found shape {:?}", x.shape()));
-    }
-    let lp = layout4(&a.layout, "NCHW")?;
-    let op = layout4(&a.out_layout, "NCHW")?;
-    let xc = to_canonical(x, lp);
-    let (n, c, h, w) = (xc.shape()[0], xc.shape()[1], xc.shape()[2], xc.shape()[3]);
+/// The row and column windows of a 2-D pool of `a` over an `h × w` plane, and the output's
+/// height and width.
+pub(crate) fn pool_axes(
+    a: &Pool2dAttrs,
+    h: usize,
+    w: usize,
+) -> KResult<(Axis, Axis, usize, usize)> {
     let ax = |i: usize, len: usize| -> KResult<Axis> {
         Ok(Axis {
             len,
@@ -820,6 +818,19 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         return Err("pool_size, strides and dilation must be at least 1".to_string());
     }
     let (oh, ow) = (ah.out_len(a.ceil_mode)?, aw.out_len(a.ceil_mode)?);
+    Ok((ah, aw, oh, ow))
+}
+
+/// `max_pool2d` (`max`) or `avg_pool2d`.
+pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> {
+    if x.rank() != 4 {
+        return Err(format!("expected a 4-D input, found shape {:?}", x.shape()));
+    }
+    let lp = layout4(&a.layout, "NCHW")?;
+    let op = layout4(&a.out_layout, "NCHW")?;
+    let xc = to_canonical(x, lp);
+    let (n, c, h, w) = (xc.shape()[0], xc.shape()[1], xc.shape()[2], xc.shape()[3]);
+    let (ah, aw, oh, ow) = pool_axes(a, h, w)?;
     let wins_h: Vec<_> = (0..oh).map(|o| ah.window(o)).collect();
     let wins_w: Vec<_> = (0..ow).map(|o| aw.window(o)).collect();
     let plane_out = oh * ow;

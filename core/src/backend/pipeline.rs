@@ -12,8 +12,11 @@
 //!    then priority, then list order.
 //! 3. Inference simplification ([`crate::transform::simplify_pipeline`]: FoldConstant with
 //!    the pipeline's [`Evaluator`] when it has one, RemoveIdentity, RemoveExportNoise,
-//!    FoldBatchNorm) unless `simplify = false` → ConvertLayout if `conv2d_layout` is set (then
-//!    FoldConstant again, for the permuted weights) → FuseOpsByPattern (`bind_constants`,
+//!    FoldBatchNorm) unless `simplify = false` → ConvertLayout (then FoldConstant again, for
+//!    the moved weights) to the `conv2d_layout` pair when one is given; with `"auto"` (the
+//!    default) to the layouts of the first backend that names some for the target
+//!    ([`Backend::conv2d_layout`]), kept only where [`crate::transform::LayoutCost::pays`],
+//!    the choice (or why not) in [`Partitioned::notes`] → FuseOpsByPattern (`bind_constants`,
 //!    `annotate_codegen`) → MergeCompositeFunctions if `merge_composites` → FuseOps if
 //!    `fuse_ops`.
 //! 4. Every module function `main` calls is a unit of work. Each backend in order is asked to
@@ -37,7 +40,7 @@
 //! ```
 
 use super::{Artifact, Backend, BuildOutput, Candidate, Claim, KernelInfo, make_backend, registry};
-use crate::config::Config;
+use crate::config::{Config, Conv2dLayout};
 use crate::error::{Error, Result};
 use crate::ir::{Callee, ExprKind, Function, Module};
 use crate::report::{ClaimReport, Report};
@@ -87,6 +90,16 @@ pub struct BackendPipeline {
     pub evaluator: Option<Evaluator>,
 }
 
+/// The result of [`BackendPipeline::partition_noted`].
+pub struct Partitioned {
+    /// The partitioned module.
+    pub module: Module,
+    /// Every rejected pattern match.
+    pub rejections: Vec<Rejection>,
+    /// What the pipeline chose on its own and why, one line each.
+    pub notes: Vec<String>,
+}
+
 /// What happened to one unit of work.
 pub struct Plan {
     /// The partitioned module.
@@ -97,6 +110,8 @@ pub struct Plan {
     pub claims: Vec<ClaimReport>,
     /// Compiled artifacts by function name.
     pub artifacts: BTreeMap<String, Box<dyn Artifact>>,
+    /// What the pipeline chose on its own ([`Partitioned::notes`]); in the report's notes.
+    pub notes: Vec<String>,
 }
 
 impl Plan {
@@ -133,6 +148,7 @@ impl Plan {
             }
         }
         r.claims = self.claims.clone();
+        r.notes.extend(self.notes.iter().cloned());
         r
     }
 }
@@ -334,6 +350,13 @@ impl BackendPipeline {
     /// Simplification → FuseOpsByPattern → MergeCompositeFunctions → FuseOps as the config says (contract
     /// point 3): the partitioned module and the rejected matches.
     pub fn partition(&self, module: &Module) -> Result<(Module, Vec<Rejection>)> {
+        let p = self.partition_noted(module)?;
+        Ok((p.module, p.rejections))
+    }
+
+    /// [`BackendPipeline::partition`] with what the pipeline chose on its own, for the report
+    /// (`conv2d_layout = "auto"`'s decision).
+    pub fn partition_noted(&self, module: &Module) -> Result<Partitioned> {
         let pc = &self.config.partition;
         let opts = PartitionOptions {
             bind_constants: pc.bind_constants,
@@ -349,19 +372,65 @@ impl BackendPipeline {
         } else {
             module
         };
-        // ConvertLayout where the config asks for it, after simplification (batch_norm is folded
-        // by then), with the permuted constants folded again.
+        // ConvertLayout where the config asks for it or the backends choose it, after
+        // simplification (batch_norm is folded by then), with the moved constants folded again.
+        let convert = |data: &str, kernel: &str| -> Result<Module> {
+            let mut c = crate::transform::convert_layout(input, data, kernel)?;
+            if let Some(eval) = &self.evaluator {
+                c = crate::transform::fold_constant(&c, eval)?;
+            }
+            Ok(c)
+        };
+        let mut notes = Vec::new();
         let converted;
         let input = match &pc.conv2d_layout {
-            Some([data, kernel]) => {
-                let mut c = crate::transform::convert_layout(input, data, kernel)?;
-                if let Some(eval) = &self.evaluator {
-                    c = crate::transform::fold_constant(&c, eval)?;
-                }
-                converted = c;
+            Conv2dLayout::Fixed([data, kernel]) => {
+                converted = convert(data, kernel)?;
                 &converted
             }
-            None => input,
+            Conv2dLayout::Keep => input,
+            Conv2dLayout::Auto => {
+                let target = self.config.target;
+                let choice = self
+                    .backends
+                    .iter()
+                    .find_map(|b| b.conv2d_layout(target).map(|l| (b.name().to_string(), l)));
+                match choice {
+                    Some((backend, [data, kernel])) => {
+                        let c = convert(&data, &kernel)?;
+                        let before = crate::transform::layout_cost(input, &data);
+                        let after = crate::transform::layout_cost(&c, &data);
+                        if after.pays(&before) {
+                            notes.push(format!(
+                                "conv2d_layout \"auto\": {} of {} conv2d in {data}/{kernel} \
+                                 (backend {backend}'s layout on this machine), {} layout \
+                                 change(s) left at run time",
+                                after.converted,
+                                after.convs,
+                                after.moves.saturating_sub(before.moves),
+                            ));
+                            converted = c;
+                            &converted
+                        } else {
+                            if after.converted > before.converted {
+                                notes.push(format!(
+                                    "conv2d_layout \"auto\": layouts kept; {data}/{kernel} \
+                                     (backend {backend}'s layout) would convert {} of {} \
+                                     conv2d but leave {} layout change(s) moving {} elements \
+                                     at run time (the convolutions write {})",
+                                    after.converted,
+                                    after.convs,
+                                    after.moves.saturating_sub(before.moves),
+                                    after.moved_elems.saturating_sub(before.moved_elems),
+                                    after.conv_elems,
+                                ));
+                            }
+                            input
+                        }
+                    }
+                    None => input,
+                }
+            }
         };
         let out = fuse_ops_by_pattern(input, &self.patterns(), opts)?;
         let mut m = out.module;
@@ -377,7 +446,11 @@ impl BackendPipeline {
             });
             m = p.run(&m)?.0;
         }
-        Ok((m, out.rejections))
+        Ok(Partitioned {
+            module: m,
+            rejections: out.rejections,
+            notes,
+        })
     }
 
     /// Offers every unit of `m` to the backends in order (contract points 4 and 5): `make`
@@ -521,7 +594,11 @@ impl BackendPipeline {
     }
 
     fn run_inner(&self, module: &Module, strict_compile: bool) -> Result<Plan> {
-        let (m, rejections) = self.partition(module)?;
+        let Partitioned {
+            module: m,
+            rejections,
+            notes,
+        } = self.partition_noted(module)?;
         let cpu = std::cell::OnceCell::new();
         let done = self.claim_each(
             &m,
@@ -549,6 +626,7 @@ impl BackendPipeline {
             rejections,
             claims,
             artifacts,
+            notes,
         })
     }
 

@@ -415,6 +415,95 @@ impl Converter<'_> {
     }
 }
 
+/// What ConvertLayout into data layout `data` left in a module (after FoldConstant), counted
+/// over every function's bindings: what [`LayoutCost::pays`] weighs when the backends choose
+/// the layout (`conv2d_layout = "auto"`). Elements are counted with symbolic extents as 1
+/// (the same on both sides of the comparison: per image for a symbolic batch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayoutCost {
+    /// Every `conv2d` binding.
+    pub convs: usize,
+    /// The one-group `conv2d` bindings in `data`.
+    pub converted: usize,
+    /// Their output elements.
+    pub conv_elems: u64,
+    /// The `layout_transform` and `permute_dims` bindings of rank-4-or-5 values (the layout
+    /// changes left at run time), plus the grouped convolutions in `data`, which a backend
+    /// without a blocked grouped kernel runs by moving their input and output.
+    pub moves: usize,
+    /// The elements those move.
+    pub moved_elems: u64,
+}
+
+impl LayoutCost {
+    /// Whether the conversion pays, `self` counted after it and `before` on the module it
+    /// converted: some convolution converted, and the layout changes it added move at most
+    /// an eighth of the elements the converted convolutions write (a move costs a pass over
+    /// memory; a convolution's output element takes 2·C·k·k operations, so a kernel a tenth
+    /// faster in the new layout wins by far more).
+    pub fn pays(&self, before: &LayoutCost) -> bool {
+        let added = self.moved_elems.saturating_sub(before.moved_elems);
+        self.converted > before.converted && added.saturating_mul(8) <= self.conv_elems
+    }
+}
+
+/// Counts [`LayoutCost`] of `m` for data layout `data` (`NCHW16c`).
+pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
+    let elems = |ty: &Type| -> u64 {
+        ty.as_tensor()
+            .and_then(|t| t.dims.as_ref())
+            .map_or(1, |dims| {
+                dims.iter().fold(1u64, |acc, d| match d {
+                    crate::ir::Dim::Static(v) => acc.saturating_mul((*v).max(0) as u64),
+                    _ => acc,
+                })
+            })
+    };
+    let mut c = LayoutCost::default();
+    for f in m.functions.values() {
+        let mut all = Vec::new();
+        crate::ir::for_each_binding_deep(f, &f.blocks, &mut |b| all.push(*b));
+        for b in all {
+            let ExprKind::Call {
+                callee: Callee::Op(op),
+                args,
+            } = &f.expr(b.value).kind
+            else {
+                continue;
+            };
+            let out = elems(&f.var(b.var).ty);
+            match op {
+                Op::Conv2d(a) => {
+                    c.convs += 1;
+                    if a.data_layout != data {
+                        continue;
+                    }
+                    if a.groups == 1 {
+                        c.converted += 1;
+                        c.conv_elems = c.conv_elems.saturating_add(out);
+                    } else {
+                        let input = args.first().map_or(0, |&x| elems(&f.expr(x).ty));
+                        c.moves += 1;
+                        c.moved_elems = c.moved_elems.saturating_add(out).saturating_add(input);
+                    }
+                }
+                Op::LayoutTransform(_) | Op::PermuteDims { .. }
+                    if matches!(rank_of_ty(&f.var(b.var).ty), Some(4 | 5)) =>
+                {
+                    c.moves += 1;
+                    c.moved_elems = c.moved_elems.saturating_add(out);
+                }
+                _ => {}
+            }
+        }
+    }
+    c
+}
+
+fn rank_of_ty(ty: &Type) -> Option<usize> {
+    ty.as_tensor()?.rank()
+}
+
 /// Rewrites `f` (see the module doc); says whether anything changed.
 fn convert_in(f: &mut Function, data: &Layout, kernel: &Layout) -> bool {
     let blocks = std::mem::take(&mut f.blocks);
