@@ -61,9 +61,12 @@ const PXT: usize = 6;
 /// Output blocks per group (a tile's channels: 4 × 16).
 const OBG: usize = 4;
 /// Steps (input channel, tap) per chunk, rounded down to whole blocks of channels, at least
-/// one (a group's weights for one chunk: 4 × 16 × 128 floats, 32 KB; a 3×3 kernel's block
-/// of 144 steps, 36 KB).
-const CCH: usize = 128;
+/// one: a group's weights for one chunk, 4 × 16 × 1024 floats, 256 KB, stay in a 1 MB L2
+/// while the tiles of a task pass over them, and the partial sums go through memory once per
+/// chunk. (On a Zen 4 EPYC, one thread, against 128 steps, 32 KB: the 1×1 layers of 256 or
+/// more input channels 0.90–0.94 of the time, 3×3 ones of 128 or more 0.91–0.93, the rest
+/// even; bench/RESULTS.md, session aw.)
+const CCH: usize = 1024;
 /// The fewest virtual pixels a task takes when a plane is cut into runs.
 const MIN_RUN: usize = 8 * PXT;
 
@@ -895,6 +898,9 @@ mod tests {
             ([1, 144, 13, 1], 80, one.0, one.1, one.1, one.2),
             ([1, 256, 7, 7], 64, one.0, one.1, one.1, one.2),
             ([1, 48, 10, 10], 112, one.0, one.1, one.1, one.2),
+            // 65 blocks of input channels: two chunks ([`CCH`]), the second adding to the
+            // first's partial sums.
+            ([1, 1040, 3, 1], 32, one.0, one.1, one.1, one.2),
         ]);
     }
 
