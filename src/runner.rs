@@ -10,8 +10,9 @@
 //! - [`prepare`]: with a config's pipeline ([`RunMode::Config`]), the pipeline partitions,
 //!   claims and compiles (its `strict` applies to compile failures); without one
 //!   ([`RunMode::Patterns`]), inference simplification (with the CPU reference's constant
-//!   evaluator) → FuseOpsByPattern with the given table, else the CPU backend's transformer
-//!   patterns → FuseOps (level 2, depth 256).
+//!   evaluator) → ConvertLayout where the CPU backend's layout pays (as a config's
+//!   `conv2d_layout = "auto"`) → FuseOpsByPattern with the given table, else the CPU backend's
+//!   transformer patterns → FuseOps (level 2, depth 256).
 //! - [`Prepared::execute`] runs `main` on one [`fusebox_cpu::Executor`] (constants decoded
 //!   once across runs), each claimed function by its artifact and the rest by the CPU
 //!   reference; the result is on the host.
@@ -82,10 +83,20 @@ pub fn prepare(module: &Module, mode: RunMode<'_>) -> Result<Prepared, Error> {
         RunMode::Patterns(table) => {
             // Inference simplification (constants folded, batch_norm folded into its conv,
             // identities and exporter noise removed), then the partition.
-            let mut part = fusebox_core::transform::simplify_for_inference(
-                module,
-                Some(crate::const_evaluator()),
-            )?;
+            let eval = crate::const_evaluator();
+            let mut part =
+                fusebox_core::transform::simplify_for_inference(module, Some(eval.clone()))?;
+            // The layouts the CPU backend chooses where they pay (`conv2d_layout = "auto"`, as
+            // a config's pipeline does).
+            let cpu = fusebox_cpu::backend::CpuBackend;
+            if let (Some(converted), _) = fusebox_core::backend::pipeline::auto_conv2d_layout(
+                &part,
+                &[&cpu],
+                fusebox_core::config::Target::Cpu,
+                Some(&eval),
+            )? {
+                part = converted;
+            }
             // The pattern table: the one given, else the CPU backend's own (transformer
             // attention, norms, GELU), whose composites the executor runs with its fused
             // kernels.

@@ -163,7 +163,7 @@ fn conv_stack(depth: usize) -> String {
 /// says so: one layout change in, one out) and computes what the model computes; the small
 /// CNN, whose layout changes would move more than an eighth of what its convolutions write,
 /// keeps its layouts and says why. On a CPU where the backend names none, nothing changes and
-/// there is no note.
+/// there is no note. `fusebox run` without a config chooses alike.
 #[test]
 fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
     fusebox::link_backends();
@@ -177,7 +177,7 @@ fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
     let small = fusebox::core::text::parse_module_str(&small_src).unwrap();
     let ps = pipeline.partition_noted(&small).unwrap();
     let small_text = fusebox::core::text::print_module(&ps.module).text;
-    match prefers {
+    match &prefers {
         Some([data, kernel]) => {
             assert_eq!([data.as_str(), kernel.as_str()], ["NCHW16c", "OIHW"]);
             assert_eq!(
@@ -219,6 +219,7 @@ fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
         .arg("--output-dir")
         .arg(dir.join("out"))
         .arg("--check")
+        .arg("--profile")
         .output()
         .unwrap();
     let all = format!(
@@ -229,6 +230,14 @@ fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
     assert!(out.status.success(), "{all}");
     assert!(
         all.contains("check: 1 output(s) match the unpartitioned module"),
+        "{all}"
+    );
+    // `fusebox run` without a config chooses as the default config does: the profile shows
+    // the layout changes exactly when the stack was converted.
+    assert_eq!(
+        all.lines()
+            .any(|l| l.starts_with("profile") && l.contains("layout_transform")),
+        prefers.is_some(),
         "{all}"
     );
 }

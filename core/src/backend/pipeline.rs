@@ -390,43 +390,18 @@ impl BackendPipeline {
             }
             Conv2dLayout::Keep => input,
             Conv2dLayout::Auto => {
-                let target = self.config.target;
-                let choice = self
-                    .backends
-                    .iter()
-                    .find_map(|b| b.conv2d_layout(target).map(|l| (b.name().to_string(), l)));
-                match choice {
-                    Some((backend, [data, kernel])) => {
-                        let c = convert(&data, &kernel)?;
-                        let before = crate::transform::layout_cost(input, &data);
-                        let after = crate::transform::layout_cost(&c, &data);
-                        if after.pays(&before) {
-                            notes.push(format!(
-                                "conv2d_layout \"auto\": {} of {} conv2d in {data}/{kernel} \
-                                 (backend {backend}'s layout on this machine), {} layout \
-                                 change(s) left at run time",
-                                after.converted,
-                                after.convs,
-                                after.moves.saturating_sub(before.moves),
-                            ));
-                            converted = c;
-                            &converted
-                        } else {
-                            if after.converted > before.converted {
-                                notes.push(format!(
-                                    "conv2d_layout \"auto\": layouts kept; {data}/{kernel} \
-                                     (backend {backend}'s layout) would convert {} of {} \
-                                     conv2d but leave {} layout change(s) moving {} elements \
-                                     at run time (the convolutions write {})",
-                                    after.converted,
-                                    after.convs,
-                                    after.moves.saturating_sub(before.moves),
-                                    after.moved_elems.saturating_sub(before.moved_elems),
-                                    after.conv_elems,
-                                ));
-                            }
-                            input
-                        }
+                let backends: Vec<&dyn Backend> = self.backends.iter().map(|b| &**b).collect();
+                let (c, note) = auto_conv2d_layout(
+                    input,
+                    &backends,
+                    self.config.target,
+                    self.evaluator.as_ref(),
+                )?;
+                notes.extend(note);
+                match c {
+                    Some(c) => {
+                        converted = c;
+                        &converted
                     }
                     None => input,
                 }
@@ -652,6 +627,55 @@ impl BackendPipeline {
                 .collect(),
         })
     }
+}
+
+/// `conv2d_layout = "auto"` on `input` (contract point 3): the layouts the first of
+/// `backends` names for `target` ([`Backend::conv2d_layout`]), ConvertLayout into them (with
+/// the moved constants folded by `evaluator`), kept where
+/// [`crate::transform::LayoutCost::pays`]. Returns the converted module when it is kept, and a
+/// note saying what was chosen, or why the layouts were kept (none when no backend names a
+/// layout, or when no convolution would move).
+pub fn auto_conv2d_layout(
+    input: &Module,
+    backends: &[&dyn Backend],
+    target: crate::config::Target,
+    evaluator: Option<&Evaluator>,
+) -> Result<(Option<Module>, Option<String>)> {
+    let Some((backend, [data, kernel])) = backends
+        .iter()
+        .find_map(|b| b.conv2d_layout(target).map(|l| (b.name().to_string(), l)))
+    else {
+        return Ok((None, None));
+    };
+    let mut c = crate::transform::convert_layout(input, &data, &kernel)?;
+    if let Some(eval) = evaluator {
+        c = crate::transform::fold_constant(&c, eval)?;
+    }
+    let before = crate::transform::layout_cost(input, &data);
+    let after = crate::transform::layout_cost(&c, &data);
+    if after.pays(&before) {
+        let note = format!(
+            "conv2d_layout \"auto\": {} of {} conv2d in {data}/{kernel} (backend {backend}'s \
+             layout on this machine), {} layout change(s) left at run time",
+            after.converted,
+            after.convs,
+            after.moves.saturating_sub(before.moves),
+        );
+        return Ok((Some(c), Some(note)));
+    }
+    let note = (after.converted > before.converted).then(|| {
+        format!(
+            "conv2d_layout \"auto\": layouts kept; {data}/{kernel} (backend {backend}'s layout) \
+             would convert {} of {} conv2d but leave {} layout change(s) moving {} elements at \
+             run time (the convolutions write {})",
+            after.converted,
+            after.convs,
+            after.moves.saturating_sub(before.moves),
+            after.moved_elems.saturating_sub(before.moved_elems),
+            after.conv_elems,
+        )
+    });
+    Ok((None, note))
 }
 
 /// The module functions `main` calls, in first-call order.
