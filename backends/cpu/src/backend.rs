@@ -5,10 +5,11 @@
 //! process, as `FUSEBOX_THREADS` but winning over it; any other option or value is an error
 //! naming it); its patterns are the transformer table [`TRANSFORMER_PATTERNS`]
 //! (`patterns/transformer.toml`: attention, residual LayerNorm, RMSNorm, GELU), offered to
-//! configs whose target is the CPU only; for `conv2d_layout = "auto"` it names `NCHW16c` / `OIHW`
-//! on a CPU target where its blocked kernels run (AVX-512); [`CpuBackend::claim`] accepts everything; `compile` keeps the
-//! function with its callees as a standalone module and runs it with a [`crate::Executor`]
-//! of its own (constants decoded once, on the first run). Its artifacts say
+//! configs whose target is the CPU only; for `conv2d_layout = "auto"` it names `NCHW16c` /
+//! `OIHW` on a CPU target where its blocked kernels run (AVX-512); [`CpuBackend::claim`]
+//! accepts everything; `compile` keeps the function with its callees as a standalone module
+//! and runs it with a [`crate::Executor`] of its own (constants decoded once, on the first
+//! run). Its artifacts say
 //! [`Artifact::is_reference`], so the facade's `execute_with` runs those functions inline in
 //! the main executor instead (the same evaluation, with fused chains across the calls); the
 //! executor runs the transformer composites with fused kernels (`composite.rs`).

@@ -647,11 +647,15 @@ pub fn auto_conv2d_layout(
     else {
         return Ok((None, None));
     };
+    let before = crate::transform::layout_cost(input, &data);
+    if before.convs == 0 {
+        // Nothing to convert (a transformer): no pass over the module.
+        return Ok((None, None));
+    }
     let mut c = crate::transform::convert_layout(input, &data, &kernel)?;
     if let Some(eval) = evaluator {
         c = crate::transform::fold_constant(&c, eval)?;
     }
-    let before = crate::transform::layout_cost(input, &data);
     let after = crate::transform::layout_cost(&c, &data);
     if after.pays(&before) {
         let note = format!(

@@ -39,6 +39,9 @@
 //!   Moves of constants are left for FoldConstant; dead bindings are removed afterwards.
 //!   (TVM 0.27's own pass crashes on split layouts; the rules above are those it applies to
 //!   permutations, with `layout_transform` where a permutation does not do.)
+//! - [`layout_cost`] counts what a conversion left (converted convolutions and their output,
+//!   layout changes and what they move), which [`LayoutCost::pays`] weighs for
+//!   `conv2d_layout = "auto"`.
 //!
 //! ```text
 //! ; before (w a constant (64, 3, 7, 7); b a constant (1, 64, 1, 1))
@@ -557,6 +560,29 @@ fn convert_in(f: &mut Function, data: &Layout, kernel: &Layout) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conversion_pays_when_its_moves_are_an_eighth_of_the_converted_output_or_less() {
+        let before = LayoutCost {
+            convs: 3,
+            moves: 1,
+            moved_elems: 100,
+            ..LayoutCost::default()
+        };
+        let after = |converted, conv_elems, moved_elems| LayoutCost {
+            convs: 3,
+            converted,
+            conv_elems,
+            moves: 3,
+            moved_elems,
+        };
+        // 800 elements written, 100 moved beyond the original's: pays; 101: does not.
+        assert!(after(2, 800, 200).pays(&before));
+        assert!(!after(2, 800, 201).pays(&before));
+        // Nothing converted: never pays, however cheap.
+        assert!(!after(0, 0, 100).pays(&before));
+        assert!(!before.pays(&before));
+    }
     use crate::text::{parse_module_str, print_module};
 
     fn run(src: &str, data: &str, kernel: &str) -> String {
