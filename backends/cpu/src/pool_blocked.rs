@@ -61,9 +61,27 @@ fn blocked_input<'a>(
     })
 }
 
-/// How many output rows one task pools: about four tasks per thread.
-fn rows_per_task(rows: usize, threads: usize) -> usize {
-    rows.div_ceil(4 * threads.max(1)).max(1)
+/// The output of a blocked pool over `planes` planes of `plane_in` input elements each, `oh`
+/// rows of `row` elements (`OW · k`) per plane: `f(r, src, dst, acc)` fills output row `r % oh`
+/// of plane `r / oh` (`dst`) from that plane's input (`src`), `acc` a scratch of `k` sums. Rows
+/// are spread over `threads` (about four tasks per thread); every output is written, so a kept
+/// buffer serves without being zeroed first.
+fn pool_rows(
+    xs: &[f32],
+    [planes, plane_in, oh, row, k]: [usize; 5],
+    threads: usize,
+    f: impl Fn(usize, &[f32], &mut [f32], &mut [f64]) + Sync,
+) -> crate::par::Scratch {
+    let per = (planes * oh).div_ceil(4 * threads.max(1)).max(1);
+    let mut out = crate::par::scratch_f32(planes * oh * row, threads);
+    crate::par::for_each_chunk_mut(&mut out, per * row, threads, |off, dst| {
+        let mut acc = vec![0.0f64; k];
+        for (i, dst) in dst.chunks_exact_mut(row.max(1)).enumerate() {
+            let r = off / row.max(1) + i;
+            f(r, &xs[r / oh * plane_in..][..plane_in], dst, &mut acc);
+        }
+    });
+    out
 }
 
 /// `max_pool2d` (`max`) or `avg_pool2d` of blocked data (see the module doc); `None` when `x`
@@ -79,49 +97,41 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> Option<KResult<T
         let wins_w: Vec<(Vec<usize>, usize)> = (0..ow).map(|o| aw.window(o)).collect();
         let row = ow * k;
         let t = crate::par::threads_for(planes * oh * row * ah.k * aw.k, 1 << 18);
-        let per = rows_per_task(planes * oh, t);
-        let plane_in = h * w * k;
-        // Every output is written: a kept buffer serves without being zeroed first.
-        let mut out = crate::par::scratch_f32(planes * oh * row, t);
-        crate::par::for_each_chunk_mut(&mut out, per * row, t, |off, dst| {
-            let mut acc = vec![0.0f64; k];
-            for (i, dst) in dst.chunks_exact_mut(row.max(1)).enumerate() {
-                let r = off / row.max(1) + i;
-                let src = &xs[r / oh * plane_in..][..plane_in];
-                let (rows, ph) = &wins_h[r % oh];
-                for (o, (cols, pw)) in dst.chunks_exact_mut(k).zip(&wins_w) {
-                    let at = |y: usize, xx: usize| &src[(y * w + xx) * k..][..k];
-                    if max {
-                        o.fill(f32::NEG_INFINITY);
-                        for &y in rows {
-                            for &xx in cols {
-                                for (m, &v) in o.iter_mut().zip(at(y, xx)) {
-                                    // A select, not a branch (NaN wins, as in `nn`).
-                                    *m = if v > *m || v.is_nan() { v } else { *m };
-                                }
+        let dims = [planes, h * w * k, oh, row, k];
+        let out = pool_rows(xs, dims, t, |r, src, dst, acc| {
+            let (rows, ph) = &wins_h[r % oh];
+            for (o, (cols, pw)) in dst.chunks_exact_mut(k).zip(&wins_w) {
+                let at = |y: usize, xx: usize| &src[(y * w + xx) * k..][..k];
+                if max {
+                    o.fill(f32::NEG_INFINITY);
+                    for &y in rows {
+                        for &xx in cols {
+                            for (m, &v) in o.iter_mut().zip(at(y, xx)) {
+                                // A select, not a branch (NaN wins, as in `nn`).
+                                *m = if v > *m || v.is_nan() { v } else { *m };
                             }
                         }
+                    }
+                } else {
+                    acc.fill(0.0);
+                    for &y in rows {
+                        for &xx in cols {
+                            for (s, &v) in acc.iter_mut().zip(at(y, xx)) {
+                                *s += f64::from(v);
+                            }
+                        }
+                    }
+                    let cnt = if a.count_include_pad {
+                        ph * pw
                     } else {
-                        acc.fill(0.0);
-                        for &y in rows {
-                            for &xx in cols {
-                                for (s, &v) in acc.iter_mut().zip(at(y, xx)) {
-                                    *s += f64::from(v);
-                                }
-                            }
-                        }
-                        let cnt = if a.count_include_pad {
-                            ph * pw
+                        rows.len() * cols.len()
+                    };
+                    for (o, &s) in o.iter_mut().zip(acc.iter()) {
+                        *o = if cnt == 0 {
+                            0.0
                         } else {
-                            rows.len() * cols.len()
+                            (s / cnt as f64) as f32
                         };
-                        for (o, &s) in o.iter_mut().zip(&acc) {
-                            *o = if cnt == 0 {
-                                0.0
-                            } else {
-                                (s / cnt as f64) as f32
-                            };
-                        }
                     }
                 }
             }
@@ -149,32 +159,25 @@ pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> Option
         let cols: Vec<(usize, usize)> = (0..ow).map(|j| range(j, w, ow)).collect();
         let row = ow * k;
         let t = crate::par::threads_for(planes * h * w * k, 1 << 16);
-        let per = rows_per_task(planes * oh, t);
-        let plane_in = h * w * k;
-        let mut out = crate::par::scratch_f32(planes * oh * row, t);
-        crate::par::for_each_chunk_mut(&mut out, per * row, t, |off, dst| {
-            let mut acc = vec![0.0f64; k];
-            for (i, dst) in dst.chunks_exact_mut(row.max(1)).enumerate() {
-                let r = off / row.max(1) + i;
-                let src = &xs[r / oh * plane_in..][..plane_in];
-                let (y0, y1) = rows[r % oh];
-                for (o, &(x0, x1)) in dst.chunks_exact_mut(k).zip(&cols) {
-                    acc.fill(0.0);
-                    for y in y0..y1 {
-                        for px in src[(y * w + x0) * k..(y * w + x1) * k].chunks_exact(k) {
-                            for (s, &v) in acc.iter_mut().zip(px) {
-                                *s += f64::from(v);
-                            }
+        let dims = [planes, h * w * k, oh, row, k];
+        let out = pool_rows(xs, dims, t, |r, src, dst, acc| {
+            let (y0, y1) = rows[r % oh];
+            for (o, &(x0, x1)) in dst.chunks_exact_mut(k).zip(&cols) {
+                acc.fill(0.0);
+                for y in y0..y1 {
+                    for px in src[(y * w + x0) * k..(y * w + x1) * k].chunks_exact(k) {
+                        for (s, &v) in acc.iter_mut().zip(px) {
+                            *s += f64::from(v);
                         }
                     }
-                    let cnt = (y1 - y0) * (x1 - x0);
-                    for (o, &s) in o.iter_mut().zip(&acc) {
-                        *o = if cnt == 0 {
-                            0.0
-                        } else {
-                            (s / cnt as f64) as f32
-                        };
-                    }
+                }
+                let cnt = (y1 - y0) * (x1 - x0);
+                for (o, &s) in o.iter_mut().zip(acc.iter()) {
+                    *o = if cnt == 0 {
+                        0.0
+                    } else {
+                        (s / cnt as f64) as f32
+                    };
                 }
             }
         });
