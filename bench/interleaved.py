@@ -15,7 +15,8 @@ over the pairs is the figure.
 Both sides as users run them: onnxruntime's CPU provider with `intra_op_num_threads =
 --threads`, inter-op 1, sequential execution, all graph optimisations (as
 `bench/ort_time.py`); fusebox's default flow (`fusebox run` without a config: the inference
-simplifications, the CPU backend's patterns, FuseOps) with `FUSEBOX_THREADS = --threads`. Each
+simplifications, the CPU backend's layout where it pays (`conv2d_layout = "auto"`), its
+patterns, FuseOps) with `FUSEBOX_THREADS = --threads`. Each
 side's time includes handing its inputs over and its outputs back as numpy arrays. After the
 warm-up the outputs are compared (within 1e-3 of the output's range, as tests/ort/compare.py),
 and a mismatch exits 1.
