@@ -116,9 +116,10 @@ fn batched_transpose(split: &[usize], perm: &[usize]) -> Option<(usize, usize, u
 }
 
 /// `y[o][c][r] = x[o][r][c]` for `outer` matrices of `rows × cols`, the matrices spread over
-/// the threads. Whole 16 × 16 tiles go through a register-sized tile (16 row loads, 16 column
-/// stores of constant length, which the compiler turns into shuffles); the edges one element
-/// at a time. (ResNet-50's `(1, 64, 56, 56)` to `NCHW16c`: 0.40 ms with scalar 16 × 16 tiles.)
+/// the threads. Whole 16 × 16 tiles are copied into a local tile by rows and written out by
+/// columns, every length a constant; the edges one element at a time. (ResNet-50's two
+/// transforms: 0.18–0.19 ms on two threads, session aw; the first alone took 0.40 ms with
+/// bounds-dependent 16 × 16 loops on one thread, session av, another host.)
 fn transpose_f32(x: &[f32], y: &mut [f32], outer: usize, rows: usize, cols: usize) {
     let m = rows * cols;
     if m == 0 {

@@ -374,18 +374,11 @@ impl BackendPipeline {
         };
         // ConvertLayout where the config asks for it or the backends choose it, after
         // simplification (batch_norm is folded by then), with the moved constants folded again.
-        let convert = |data: &str, kernel: &str| -> Result<Module> {
-            let mut c = crate::transform::convert_layout(input, data, kernel)?;
-            if let Some(eval) = &self.evaluator {
-                c = crate::transform::fold_constant(&c, eval)?;
-            }
-            Ok(c)
-        };
         let mut notes = Vec::new();
         let converted;
         let input = match &pc.conv2d_layout {
             Conv2dLayout::Fixed([data, kernel]) => {
-                converted = convert(data, kernel)?;
+                converted = convert_folded(input, data, kernel, self.evaluator.as_ref())?;
                 &converted
             }
             Conv2dLayout::Keep => input,
@@ -629,6 +622,21 @@ impl BackendPipeline {
     }
 }
 
+/// ConvertLayout of `input` into `data` / `kernel`, then FoldConstant with `evaluator` (when
+/// there is one) for the moved constants.
+fn convert_folded(
+    input: &Module,
+    data: &str,
+    kernel: &str,
+    evaluator: Option<&Evaluator>,
+) -> Result<Module> {
+    let c = crate::transform::convert_layout(input, data, kernel)?;
+    match evaluator {
+        Some(eval) => crate::transform::fold_constant(&c, eval),
+        None => Ok(c),
+    }
+}
+
 /// `conv2d_layout = "auto"` on `input` (contract point 3): the layouts the first of
 /// `backends` names for `target` ([`Backend::conv2d_layout`]), ConvertLayout into them (with
 /// the moved constants folded by `evaluator`), kept where
@@ -652,10 +660,7 @@ pub fn auto_conv2d_layout(
         // Nothing to convert (a transformer): no pass over the module.
         return Ok((None, None));
     }
-    let mut c = crate::transform::convert_layout(input, &data, &kernel)?;
-    if let Some(eval) = evaluator {
-        c = crate::transform::fold_constant(&c, eval)?;
-    }
+    let c = convert_folded(input, &data, &kernel, evaluator)?;
     let after = crate::transform::layout_cost(&c, &data);
     if after.pays(&before) {
         let note = format!(

@@ -456,10 +456,9 @@ pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
         ty.as_tensor()
             .and_then(|t| t.dims.as_ref())
             .map_or(1, |dims| {
-                dims.iter().fold(1u64, |acc, d| match d {
-                    crate::ir::Dim::Static(v) => acc.saturating_mul((*v).max(0) as u64),
-                    _ => acc,
-                })
+                dims.iter()
+                    .filter_map(crate::ir::Dim::as_static)
+                    .fold(1u64, |acc, v| acc.saturating_mul(v.max(0) as u64))
             })
     };
     let mut c = LayoutCost::default();
@@ -491,7 +490,7 @@ pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
                     }
                 }
                 Op::LayoutTransform(_) | Op::PermuteDims { .. }
-                    if matches!(rank_of_ty(&f.var(b.var).ty), Some(4 | 5)) =>
+                    if matches!(rank_of(f, b.value), Some(4 | 5)) =>
                 {
                     c.moves += 1;
                     c.moved_elems = c.moved_elems.saturating_add(out);
@@ -501,10 +500,6 @@ pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
         }
     }
     c
-}
-
-fn rank_of_ty(ty: &Type) -> Option<usize> {
-    ty.as_tensor()?.rank()
 }
 
 /// Rewrites `f` (see the module doc); says whether anything changed.
@@ -561,6 +556,8 @@ fn convert_in(f: &mut Function, data: &Layout, kernel: &Layout) -> bool {
 mod tests {
     use super::*;
 
+    use crate::text::{parse_module_str, print_module};
+
     #[test]
     fn a_conversion_pays_when_its_moves_are_an_eighth_of_the_converted_output_or_less() {
         let before = LayoutCost {
@@ -583,7 +580,6 @@ mod tests {
         assert!(!after(0, 0, 100).pays(&before));
         assert!(!before.pays(&before));
     }
-    use crate::text::{parse_module_str, print_module};
 
     fn run(src: &str, data: &str, kernel: &str) -> String {
         let m = parse_module_str(src).unwrap_or_else(|e| panic!("{e}"));
