@@ -54,7 +54,10 @@
 //! - `NHWC` data with an `NHWC` output (what ConvertLayout makes for `conv2d_layout =
 //!   ["NHWC", ...]`) runs in that layout ([`nhwc`]: 1×1 layers on the packed GEMM, depthwise
 //!   ones with the channels on the vector lanes, others through an `NHWC` im2col), fused chains
-//!   included; other layouts are transposed to `NCHW` and back.
+//!   included. `NCHW16c` data with an `NCHW16c` output and an `OIHW` weight runs in that layout
+//!   where the channels split into blocks of 16: one-group convolutions in [`blocked`] (or
+//!   [`blocked_winograd`]), depthwise ones in [`blocked_depthwise`], each with its epilogue in
+//!   registers; other layouts are transposed to `NCHW` and back.
 //! - The result is bit-identical for every thread count, and the same whether the weight's
 //!   Winograd transform or packed copy was cached or not.
 //! - Float dtypes compute in `f32` (`float64` too) and round once to `out_dtype` (default: the
@@ -79,6 +82,7 @@ use crate::util::{KResult, from_canonical, tensor, to_canonical};
 use crate::winograd;
 
 mod blocked;
+mod blocked_depthwise;
 mod blocked_winograd;
 
 /// The split layout of the blocked kernels (`NCHW16c`) and its block of channels.
@@ -346,14 +350,14 @@ pub(crate) fn fusable(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> bool {
 }
 
 /// The shape of `conv2d(x, w)` as [`conv2d_fused`] gives it (`NCHW`; `NHWC` where
-/// [`nhwc::takes`] it; `NCHW16c` where [`blocked_geom`] does) and the axes that index its
+/// [`nhwc::takes`] it; `NCHW16c` where [`blocked_geom`] or [`blocked_depthwise_geom`] does) and the axes that index its
 /// output channels, outer first (`[1]`, `[3]`, `[1, 4]`: channel `16 · c + l`).
 pub(crate) fn out_dims(
     x: &Tensor,
     w: &Tensor,
     a: &Conv2dAttrs,
 ) -> KResult<(Vec<usize>, &'static [usize])> {
-    if let Some(b) = blocked_geom(x, w, a) {
+    if let Some(b) = blocked_geom(x, w, a).or_else(|| blocked_depthwise_geom(x, w, a)) {
         return Ok((blocked_out_shape(&b), &[1, 4]));
     }
     let g = shape_geometry(x, w, a)?.0;
@@ -397,6 +401,49 @@ pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<bl
         return None;
     }
     blocked::Geom::new([n, c, h, wd], o, [kh, kw], a.strides, a.dilation, a.padding)
+}
+
+/// The geometry of `conv2d(x, w)` when [`blocked_depthwise::conv`] can run it (its epilogue
+/// aside: [`blocked_steps`]): `NCHW16c` data and output, an `OIHW` weight of one input
+/// channel per group and as many groups as channels, `float32` throughout, the channel count
+/// a multiple of 16.
+pub(crate) fn blocked_depthwise_geom(
+    x: &Tensor,
+    w: &Tensor,
+    a: &Conv2dAttrs,
+) -> Option<blocked::Geom> {
+    let b = blocked::BLOCK;
+    let fits = a.data_layout == blocked::LAYOUT
+        && a.out_layout == blocked::LAYOUT
+        && a.kernel_layout == "OIHW"
+        && a.out_dtype.is_none_or(|d| d == DType::F32)
+        && x.dtype() == DType::F32
+        && w.dtype() == DType::F32;
+    let (&[n, cb, h, wd, lanes], &[o, 1, kh, kw]) = (x.shape(), w.shape()) else {
+        return None;
+    };
+    let depthwise = usize::try_from(a.groups).ok() == Some(o) && cb.checked_mul(b) == Some(o);
+    if !(fits && lanes == b && depthwise && blocked_depthwise::takes(o, &[])) {
+        return None;
+    }
+    blocked::Geom::new([n, o, h, wd], o, [kh, kw], a.strides, a.dilation, a.padding)
+}
+
+/// [`blocked_depthwise::conv`] of `x` by `w` with `steps`.
+fn blocked_depthwise_conv(
+    x: &Tensor,
+    w: &Tensor,
+    g: &blocked::Geom,
+    steps: &[Step],
+) -> KResult<Tensor> {
+    let xd = x.as_f32().ok_or("expected float32 data")?;
+    let wd = w.as_f32().ok_or("expected float32 weights")?;
+    let shape = blocked_out_shape(g);
+    check_steps(steps, g.o, &shape)?;
+    let threads = crate::par::threads();
+    let mut out = crate::par::scratch_f32(shape.iter().product(), threads);
+    blocked_depthwise::conv(wd, xd, g, &mut out, threads, steps)?;
+    out.into_tensor(shape)
 }
 
 fn blocked_out_shape(g: &blocked::Geom) -> Vec<usize> {
@@ -516,6 +563,9 @@ fn conv2d_split(x: &Tensor, w: &Tensor, a: &Conv2dAttrs, l: &[Layout; 3]) -> KRe
     if let Some(g) = blocked_geom(x, w, a) {
         return blocked_conv(x, w, &g, &[], None);
     }
+    if let Some(g) = blocked_depthwise_geom(x, w, a) {
+        return blocked_depthwise_conv(x, w, &g, &[]);
+    }
     let plain = |letters: &str| Layout::parse(letters, letters).ok_or("layout");
     let (nchw, oihw) = (plain("NCHW")?, plain("OIHW")?);
     let xc = crate::layout::layout_transform(x, &IndexMap::between(&l[0], &nchw)?)?;
@@ -564,6 +614,9 @@ pub(crate) fn conv2d_fused(
 ) -> KResult<Tensor> {
     if let Some(g) = blocked_geom(x, w, a) {
         return blocked_conv(x, w, &g, steps, prepared.blocked);
+    }
+    if let Some(g) = blocked_depthwise_geom(x, w, a) {
+        return blocked_depthwise_conv(x, w, &g, steps);
     }
     if !fusable(x, w, a) {
         return Err(

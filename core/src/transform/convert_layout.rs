@@ -431,8 +431,11 @@ pub struct LayoutCost {
     /// Their output elements.
     pub conv_elems: u64,
     /// The `layout_transform` and `permute_dims` bindings of rank-4-or-5 values (the layout
-    /// changes left at run time), plus the grouped convolutions in `data`, which a backend
-    /// without a blocked grouped kernel runs by moving their input and output.
+    /// changes left at run time), plus the grouped convolutions in `data` other than
+    /// depthwise ones, which a backend without a blocked grouped kernel runs by moving their
+    /// input and output. (A depthwise convolution in `data` counts neither way: the layout's
+    /// backend runs it in place, as `cpu` does, and its few operations per output element
+    /// gain little from the layout.)
     pub moves: usize,
     /// The elements those move.
     pub moved_elems: u64,
@@ -483,6 +486,8 @@ pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
                     if a.groups == 1 {
                         c.converted += 1;
                         c.conv_elems = c.conv_elems.saturating_add(out);
+                    } else if is_depthwise(f, args, &a.kernel_layout, a.groups) {
+                        // Run in place (see `moves`).
                     } else {
                         let input = args.first().map_or(0, |&x| elems(&f.expr(x).ty));
                         c.moves += 1;
@@ -500,6 +505,28 @@ pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
         }
     }
     c
+}
+
+/// Whether a `conv2d` of `groups` groups with arguments `args` is depthwise: its weight
+/// (in `kernel_layout`, a permutation of `OIHW`) has one input channel per group and `groups`
+/// output channels.
+fn is_depthwise(f: &Function, args: &[ExprId], kernel_layout: &str, groups: i64) -> bool {
+    let Some(dims) = args
+        .get(1)
+        .and_then(|&w| f.expr(w).ty.as_tensor())
+        .and_then(|t| t.dims.as_ref())
+    else {
+        return false;
+    };
+    let at = |letter: char| {
+        kernel_layout
+            .chars()
+            .position(|c| c == letter)
+            .filter(|_| kernel_layout.len() == 4)
+            .and_then(|i| dims.get(i))
+            .and_then(crate::ir::Dim::as_static)
+    };
+    at('I') == Some(1) && at('O') == Some(groups)
 }
 
 /// Rewrites `f` (see the module doc); says whether anything changed.
@@ -579,6 +606,41 @@ mod tests {
         // Nothing converted: never pays, however cheap.
         assert!(!after(0, 0, 100).pays(&before));
         assert!(!before.pays(&before));
+    }
+
+    #[test]
+    fn depthwise_convolutions_in_the_layout_count_neither_as_converted_nor_as_moves() {
+        // In NCHW16c: a one-group conv (converted), a depthwise one (neither) and one of two
+        // groups (a move of its input and output).
+        let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+        let conv = |x: &str, w: &str, g: usize| {
+            format!(
+                "R.nn.conv2d({x}, {w}, padding=[1, 1, 1, 1], groups={g}, data_layout=\"NCHW16c\", out_layout=\"NCHW16c\")"
+            )
+        };
+        let src = format!(
+            "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, w1: {w1}, w2: {w2}, w3: {w3}) -> {x}:\n        with R.dataflow():\n            a: {x} = {c1}\n            b: {x} = {c2}\n            gv: {x} = {c3}\n            R.output(gv)\n        return gv\n",
+            x = t("1, 2, 8, 8, 16"),
+            w1 = t("32, 32, 3, 3"),
+            w2 = t("32, 1, 3, 3"),
+            w3 = t("32, 16, 3, 3"),
+            c1 = conv("x", "w1", 1),
+            c2 = conv("a", "w2", 32),
+            c3 = conv("b", "w3", 2),
+        );
+        let m = parse_module_str(&src).unwrap_or_else(|e| panic!("{e}"));
+        let c = layout_cost(&m, "NCHW16c");
+        let plane = 2 * 8 * 8 * 16;
+        assert_eq!(
+            c,
+            LayoutCost {
+                convs: 3,
+                converted: 1,
+                conv_elems: plane,
+                moves: 1,
+                moved_elems: 2 * plane,
+            }
+        );
     }
 
     fn run(src: &str, data: &str, kernel: &str) -> String {

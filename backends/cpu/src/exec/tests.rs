@@ -568,3 +568,96 @@ fn a_call_site_of_the_pinned_main_resolves_its_callee_and_constants_once() {
         }
     }
 }
+
+#[test]
+fn a_blocked_depthwise_conv_with_bias_and_relu6_fuses_and_matches_nchw_bit_for_bit() {
+    // MobileNet's depthwise layer held in NCHW16c (what ConvertLayout makes of it): 32
+    // channels, stride 2, conv2d → bias (1, 2, 1, 1, 16) → clip(0, 0.75); NaN and infinities
+    // in the image. Fused, one op at a time, and the same layer in NCHW give the same bits.
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let body = |layout: &str, x: &str, b: &str, extra: &str, ret: &str, ret_ty: &str| {
+        format!(
+            "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, w: {w}, b: {b}) -> {ret_ty}:\n        with R.dataflow():\n            c = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1], groups=32, data_layout=\"{layout}\", out_layout=\"{layout}\")\n            d = R.add(c, b)\n            g = R.clip(d, R.prim_value(0), R.prim_value(T.float32(0.75)))\n{extra}            R.output({ret})\n        return {ret}\n",
+            x = t(x),
+            w = t("32, 1, 3, 3"),
+            b = t(b),
+        )
+    };
+    let (xb, bb, ob) = ("1, 2, 9, 9, 16", "1, 2, 1, 1, 16", "1, 2, 5, 5, 16");
+    let out = t(ob);
+    let fused =
+        parse_module_str(&body("NCHW16c", xb, bb, "", "g", &out)).unwrap_or_else(|e| panic!("{e}"));
+    let plain = parse_module_str(&body(
+        "NCHW16c",
+        xb,
+        bb,
+        "            h = (g, c)\n",
+        "h",
+        &format!("R.Tuple({out}, {out})"),
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let nchw = parse_module_str(&body(
+        "NCHW",
+        "1, 32, 9, 9",
+        "1, 32, 1, 1",
+        "",
+        "g",
+        &t("1, 32, 5, 5"),
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let f = fused.get("main").unwrap_or_else(|| panic!("no main"));
+    let chains = crate::fuse::plan(&fused, f, &|_| true);
+    assert_eq!(
+        chains[0].as_ref().map(crate::fuse::name).as_deref(),
+        Some("relax.nn.conv2d+relax.add+relax.clip")
+    );
+    // The image in NCHW with its specials, then blocked: [c / 16][h][w][c % 16].
+    let Value::Tensor(x) = seeded(vec![1, 32, 9, 9], 1) else {
+        panic!("not a tensor")
+    };
+    let mut xv = x.to_f32_vec();
+    xv[5] = f32::NAN;
+    xv[200] = f32::INFINITY;
+    xv[1000] = f32::NEG_INFINITY;
+    xv[2000] = -0.0;
+    let block = |v: &[f32], c: usize, hw: usize| -> Vec<f32> {
+        let mut o = vec![0.0; v.len()];
+        for ch in 0..c {
+            for p in 0..hw {
+                o[((ch / 16) * hw + p) * 16 + ch % 16] = v[ch * hw + p];
+            }
+        }
+        o
+    };
+    let tensor = |shape: Vec<usize>, v: Vec<f32>| {
+        Value::Tensor(Tensor::from_f32(shape, v).unwrap_or_else(|e| panic!("{e}")))
+    };
+    let w = seeded(vec![32, 1, 3, 3], 2);
+    let Value::Tensor(b) = seeded(vec![1, 32, 1, 1], 3) else {
+        panic!("not a tensor")
+    };
+    let bv = b.to_f32_vec();
+    let blocked_args = vec![
+        tensor(vec![1, 2, 9, 9, 16], block(&xv, 32, 81)),
+        w.clone(),
+        tensor(vec![1, 2, 1, 1, 16], block(&bv, 32, 1)),
+    ];
+    let (a, p) = fused_and_plain(&fused, &plain, blocked_args.clone());
+    assert_eq!(bits(&a), bits(&p));
+    let Value::Tensor(n) = crate::run(
+        &nchw,
+        "main",
+        vec![tensor(vec![1, 32, 9, 9], xv), w, b.into()],
+    )
+    .unwrap_or_else(|e| panic!("{e}")) else {
+        panic!("not a tensor")
+    };
+    let want: Vec<u32> = block(&n.to_f32_vec(), 32, 25)
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    assert_eq!(bits(&a), want);
+    // Both bounds of the clip were reached (the clip maps NaN to its lower bound).
+    let v = a.to_f32_vec();
+    assert!(v.contains(&0.75) && v.contains(&0.0));
+}

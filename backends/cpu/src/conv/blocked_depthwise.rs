@@ -1,0 +1,476 @@
+//! The depthwise convolution (one input and one output channel per group: MobileNet's 3×3
+//! layers) of an `NCHW16c` image into an `NCHW16c` output, the weight in `OIHW` (`(C, 1, KH,
+//! KW)`), with the epilogue of [`super::epilogue::RegSteps`] in registers: what ConvertLayout
+//! leaves between `NCHW16c` convolutions, run in that layout instead of moved to `NCHW` and
+//! back around a plane kernel (and the `add`/`clip` after it then run one by one on 5-D
+//! tensors: MobileNetV2 forced into `NCHW16c` took 27–56 ms a run against 10 in `NCHW`).
+//!
+//! Contract:
+//!
+//! - `x` is `[n][C/16][H][W][16]`, `y` `[n][C/16][OH][OW][16]`; the weight is read as
+//!   `[C][KH·KW]` and laid out per block of 16 channels as `[tap][16]` once per call (`C·KH·KW`
+//!   values: 8,640 for MobileNetV2's largest).
+//! - Each output vector is 16 channels of one pixel: per output element the chain of its taps
+//!   in `(ky, kx)` order, one `f32` fused multiply-add each from `+0.0`, a tap over the
+//!   padding adding `0 · w`; then the epilogue's steps ([`RegSteps::apply_block`]: bias or
+//!   `batch_norm`, residual in the output's layout, `relu`/`clip`). The same arithmetic per
+//!   element as the `NCHW` depthwise kernels and their row epilogue (the same bits: tested),
+//!   whatever the vector width (16 channels are one AVX-512 vector, two AVX2 ones) and the
+//!   thread count.
+//! - Output rows are the tasks (about four per thread): a row's pixels whose taps all fall
+//!   inside the image run in tiles of [`PX`] pixels with no bounds checks on the taps, the
+//!   others (the padding's border) one by one with them.
+//!
+//! ```text
+//! y = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], groups=960,
+//!                 data_layout="NCHW16c", kernel_layout="OIHW", out_layout="NCHW16c")
+//! ; x: (1, 60, 7, 7, 16), w: (960, 1, 3, 3) -> y: (1, 60, 7, 7, 16)
+//! ; 420 rows of 7 pixels: columns 1..6 one tile of 5, columns 0 and 6 checked
+//! ```
+
+use super::blocked::{BLOCK, Geom};
+use super::epilogue::{RegSteps, Step};
+use crate::util::KResult;
+
+/// Pixels per register tile (independent FMA chains, enough to hide the FMA's latency).
+const PX: usize = 8;
+
+/// Whether [`conv`] runs a depthwise convolution of `c` channels with these epilogue steps.
+pub(crate) fn takes(c: usize, steps: &[Step]) -> bool {
+    c > 0 && c.is_multiple_of(BLOCK) && RegSteps::new(steps).is_some()
+}
+
+/// `w` (`[C][taps]`) as [`conv`] reads it: per block of 16 channels, `[tap][16]`.
+fn pack(w: &[f32], c: usize, taps: usize) -> Option<Vec<f32>> {
+    if w.len() != c.checked_mul(taps)? {
+        return None;
+    }
+    let mut out = vec![0.0f32; w.len()];
+    for (ch, row) in w.chunks_exact(taps.max(1)).enumerate() {
+        let (b, l) = (ch / BLOCK, ch % BLOCK);
+        for (t, &v) in row.iter().enumerate() {
+            out[(b * taps + t) * BLOCK + l] = v;
+        }
+    }
+    Some(out)
+}
+
+/// The depthwise convolution of geometry `g` (`g.o == g.c`) of `x` into `y` with `steps` on
+/// every output element (see the module doc), on up to `threads` threads.
+pub(crate) fn conv(
+    w: &[f32],
+    x: &[f32],
+    g: &Geom,
+    y: &mut [f32],
+    threads: usize,
+    steps: &[Step],
+) -> KResult<()> {
+    let (c, [kh, kw]) = (g.c, g.kernel());
+    let taps = kh * kw;
+    if g.o != c || !c.is_multiple_of(BLOCK) {
+        return Err(format!(
+            "blocked depthwise convolution: expected as many output as input channels, a \
+             multiple of {BLOCK}, found {c} -> {}",
+            g.o
+        ));
+    }
+    let wp = pack(w, c, taps).ok_or_else(|| {
+        format!(
+            "blocked depthwise convolution: expected {c} × {taps} weights, found {}",
+            w.len()
+        )
+    })?;
+    let (plane_in, row) = (g.h * g.w * BLOCK, g.ow * BLOCK);
+    if x.len() != g.n * c * g.h * g.w || y.len() != g.n * c * g.oh * g.ow {
+        return Err(format!(
+            "blocked depthwise convolution: expected {} inputs and {} outputs for {} images of \
+             {c} channels, found {} and {}",
+            g.n * c * g.h * g.w,
+            g.n * c * g.oh * g.ow,
+            g.n,
+            x.len(),
+            y.len()
+        ));
+    }
+    let reg = RegSteps::new(steps).ok_or("blocked depthwise convolution: unsupported epilogue")?;
+    if y.is_empty() {
+        return Ok(());
+    }
+    let rows = g.n * (c / BLOCK) * g.oh;
+    let t = crate::par::threads_for(rows * row * taps, 1 << 15).min(threads);
+    let per = rows.div_ceil(4 * t).max(1);
+    let plan = Plan {
+        g,
+        x,
+        wp: &wp,
+        reg,
+        plane_in,
+        row,
+        cols: interior(g),
+    };
+    crate::par::for_each_chunk_mut(y, per * row, t, |off, dst| {
+        crate::simd::dispatch(Rows {
+            plan: &plan,
+            first: off / row,
+            dst,
+        });
+    });
+    Ok(())
+}
+
+/// The output columns whose taps all fall inside the image's columns: `lo..hi`.
+fn interior(g: &Geom) -> (usize, usize) {
+    let ([_, kw], [_, sw], [_, dw], [_, pl]) = (g.kernel(), g.stride(), g.dilation(), g.pad());
+    let lo = pl.div_ceil(sw).min(g.ow);
+    let span = (kw - 1) * dw;
+    // Column q is inside while q·sw + span − pl ≤ W − 1.
+    let hi = match (g.w + pl).checked_sub(span + 1) {
+        Some(top) => (top / sw + 1).min(g.ow),
+        None => 0,
+    };
+    (lo, hi.max(lo))
+}
+
+/// What every row task reads.
+struct Plan<'a> {
+    g: &'a Geom,
+    x: &'a [f32],
+    wp: &'a [f32],
+    reg: RegSteps<'a>,
+    plane_in: usize,
+    row: usize,
+    cols: (usize, usize),
+}
+
+/// Output rows `first..` (of all images and blocks, in order), `dst` their outputs.
+struct Rows<'a, 'p> {
+    plan: &'p Plan<'a>,
+    first: usize,
+    dst: &'p mut [f32],
+}
+
+impl pulp::WithSimd for Rows<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let Rows {
+            plan: p,
+            first,
+            dst,
+        } = self;
+        let g = p.g;
+        let lanes = S::F32_LANES;
+        if lanes == 0 || !BLOCK.is_multiple_of(lanes) {
+            return;
+        }
+        let ([kh, kw], blocks) = (g.kernel(), g.c / BLOCK);
+        let taps = kh * kw;
+        for (i, out) in dst.chunks_exact_mut(p.row).enumerate() {
+            let r = first + i;
+            let (plane, oy) = (r / g.oh, r % g.oh);
+            let b = plane % blocks;
+            let Some(xp) = p.x.get(plane * p.plane_in..(plane + 1) * p.plane_in) else {
+                return;
+            };
+            let Some(wb) = p.wp.get(b * taps * BLOCK..(b + 1) * taps * BLOCK) else {
+                return;
+            };
+            let at = r * p.row;
+            // Each run of `lanes` channels of the block on its own: its weights, its tiles.
+            for sub in (0..BLOCK).step_by(lanes) {
+                let row = RowJob {
+                    g,
+                    xp,
+                    wb,
+                    sub,
+                    oy,
+                    ch0: b * BLOCK + sub,
+                    at,
+                    reg: &p.reg,
+                };
+                let (lo, hi) = if row.rows_inside() { p.cols } else { (0, 0) };
+                // The border columns (all of a row that reaches into the padding) with their
+                // taps checked, the interior without.
+                let mut q = row.run::<S, true, 0>(simd, 0, lo, out);
+                if q < hi {
+                    q = match g.stride()[1] {
+                        1 => row.run::<S, false, 1>(simd, q, hi, out),
+                        2 => row.run::<S, false, 2>(simd, q, hi, out),
+                        _ => row.run::<S, false, 0>(simd, q, hi, out),
+                    };
+                }
+                row.run::<S, true, 0>(simd, q, g.ow, out);
+            }
+        }
+    }
+}
+
+/// One output row of one run of lanes.
+struct RowJob<'a> {
+    g: &'a Geom,
+    /// The image's plane of this block (`[H][W][16]`).
+    xp: &'a [f32],
+    /// The block's weights (`[tap][16]`).
+    wb: &'a [f32],
+    /// The run's first lane within the block.
+    sub: usize,
+    oy: usize,
+    /// The run's first channel.
+    ch0: usize,
+    /// The row's first element in the output.
+    at: usize,
+    reg: &'a RegSteps<'a>,
+}
+
+impl RowJob<'_> {
+    /// Whether every tap row of this output row falls inside the image.
+    fn rows_inside(&self) -> bool {
+        let ([kh, _], [sh, _], [dh, _], [pt, _]) = (
+            self.g.kernel(),
+            self.g.stride(),
+            self.g.dilation(),
+            self.g.pad(),
+        );
+        let top = self.oy * sh;
+        top >= pt && top + (kh - 1) * dh - pt < self.g.h
+    }
+
+    /// Output pixels `q..hi` of the row into `out` in tiles of [`PX`], then 4, 2 and 1
+    /// (independent chains still); returns `hi`. Without `CHECK` every tap of those pixels
+    /// must fall inside the image. `SW` is the column stride when it is 1 or 2 (then every
+    /// load's offset in a tile is a constant and its bounds are checked once per tile and
+    /// tap), 0 for another.
+    #[inline(always)]
+    fn run<S: pulp::Simd, const CHECK: bool, const SW: usize>(
+        &self,
+        simd: S,
+        mut q: usize,
+        hi: usize,
+        out: &mut [f32],
+    ) -> usize {
+        while q + PX <= hi {
+            self.tile::<S, PX, CHECK, SW>(simd, q, out);
+            q += PX;
+        }
+        if q + 4 <= hi {
+            self.tile::<S, 4, CHECK, SW>(simd, q, out);
+            q += 4;
+        }
+        if q + 2 <= hi {
+            self.tile::<S, 2, CHECK, SW>(simd, q, out);
+            q += 2;
+        }
+        if q < hi {
+            self.tile::<S, 1, CHECK, SW>(simd, q, out);
+            q += 1;
+        }
+        q.max(hi)
+    }
+
+    /// Output pixels `q0..q0 + N` of the row into `out` (the row's outputs): the taps in
+    /// `(ky, kx)` order, one FMA each from `+0.0`, then the epilogue. With `CHECK`, a tap
+    /// outside the image reads `+0.0`; without, every tap must be inside (the caller's
+    /// interior).
+    #[inline(always)]
+    fn tile<S: pulp::Simd, const N: usize, const CHECK: bool, const SW: usize>(
+        &self,
+        simd: S,
+        q0: usize,
+        out: &mut [f32],
+    ) {
+        let g = self.g;
+        let lanes = S::F32_LANES;
+        let ([kh, kw], [sh, sw], [dh, dw], [pt, pl]) =
+            (g.kernel(), g.stride(), g.dilation(), g.pad());
+        let sw = if SW > 0 { SW } else { sw };
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [zero; N];
+        let step = sw * BLOCK;
+        for ky in 0..kh {
+            let iy = (self.oy * sh + ky * dh).wrapping_sub(pt);
+            // The tap row's pixels (empty above or below the image: its taps read `+0.0`).
+            let xr = self
+                .xp
+                .get(iy.wrapping_mul(g.w * BLOCK)..)
+                .and_then(|r| r.get(..g.w * BLOCK))
+                .filter(|_| iy < g.h)
+                .unwrap_or(&[]);
+            for kx in 0..kw {
+                let wv = load::<S>(self.wb, (ky * kw + kx) * BLOCK + self.sub, zero);
+                let ix0 = (q0 * sw + kx * dw).wrapping_sub(pl);
+                let base = ix0.wrapping_mul(BLOCK).wrapping_add(self.sub);
+                if !CHECK {
+                    // Every tap inside: the tile's window, its bounds checked once.
+                    let len = (N - 1) * step + lanes;
+                    let Some(win) = xr.get(base..base.wrapping_add(len)) else {
+                        continue;
+                    };
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        let v = load::<S>(win, j * step, zero);
+                        *a = simd.mul_add_f32s(v, wv, *a);
+                    }
+                    continue;
+                }
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let v = if ix0.wrapping_add(j * sw) < g.w {
+                        load::<S>(xr, base.wrapping_add(j * step), zero)
+                    } else {
+                        zero
+                    };
+                    *a = simd.mul_add_f32s(v, wv, *a);
+                }
+            }
+        }
+        for (j, mut v) in acc.into_iter().enumerate() {
+            let i = (q0 + j) * BLOCK + self.sub;
+            self.reg.apply_block(simd, self.ch0, self.at + i, &mut v);
+            if let Some(d) = out.get_mut(i..i + lanes) {
+                d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
+            }
+        }
+    }
+}
+
+/// The vector at `s[i..]`, `zero` where `s` is too short (a tap row outside the image).
+/// A function rather than a closure: a closure is compiled apart from the caller's target
+/// features when it is not inlined.
+#[inline(always)]
+fn load<S: pulp::Simd>(s: &[f32], i: usize, zero: S::f32s) -> S::f32s {
+    s.get(i..i.wrapping_add(S::F32_LANES)).map_or(zero, |q| {
+        bytemuck::pod_read_unaligned(bytemuck::cast_slice(q))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The definition: `y[n][c][oy][ox] = Σ_{ky, kx} x[n][c][iy][ix] · w[c][ky][kx]` in
+    /// `(ky, kx)` order from `+0.0`, padding as `0`, on `NCHW` data; then to `NCHW16c`.
+    fn reference(x: &[f32], w: &[f32], g: &Geom) -> Vec<f32> {
+        let ([kh, kw], [sh, sw], [dh, dw], [pt, pl]) =
+            (g.kernel(), g.stride(), g.dilation(), g.pad());
+        let mut y = vec![0.0f32; g.n * g.c * g.oh * g.ow];
+        for n in 0..g.n {
+            for c in 0..g.c {
+                for oy in 0..g.oh {
+                    for ox in 0..g.ow {
+                        let mut acc = 0.0f32;
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * sh + ky * dh) as isize - pt as isize;
+                                let ix = (ox * sw + kx * dw) as isize - pl as isize;
+                                let inside = (0..g.h as isize).contains(&iy)
+                                    && (0..g.w as isize).contains(&ix);
+                                let v = if inside {
+                                    // x in NCHW16c.
+                                    let (b, l) = (c / BLOCK, c % BLOCK);
+                                    x[(((n * (g.c / BLOCK) + b) * g.h + iy as usize) * g.w
+                                        + ix as usize)
+                                        * BLOCK
+                                        + l]
+                                } else {
+                                    0.0
+                                };
+                                acc = v.mul_add(w[c * kh * kw + ky * kw + kx], acc);
+                            }
+                        }
+                        let (b, l) = (c / BLOCK, c % BLOCK);
+                        y[(((n * (g.c / BLOCK) + b) * g.oh + oy) * g.ow + ox) * BLOCK + l] = acc;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// (n, c, h, w, kernel, stride, dilation, padding)
+    type Case = (
+        usize,
+        usize,
+        usize,
+        usize,
+        [usize; 2],
+        [i64; 2],
+        [i64; 2],
+        [i64; 4],
+    );
+
+    #[test]
+    fn every_geometry_matches_the_definition_bit_for_bit() {
+        let cases: &[Case] = &[
+            (1, 32, 7, 7, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            (2, 16, 14, 13, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+            (1, 48, 20, 23, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            (1, 16, 9, 30, [5, 5], [1, 2], [1, 1], [2, 2, 2, 2]),
+            (1, 16, 11, 11, [3, 3], [1, 1], [2, 2], [2, 2, 2, 2]),
+            (1, 32, 6, 5, [3, 3], [2, 2], [1, 1], [0, 1, 1, 0]),
+            (1, 16, 4, 4, [1, 1], [1, 1], [1, 1], [0, 0, 0, 0]),
+            (1, 16, 3, 3, [5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
+        ];
+        for (case, &(n, c, h, w, k, s, d, p)) in cases.iter().enumerate() {
+            let g = Geom::new([n, c, h, w], c, k, s, d, p).expect("geometry");
+            let x = rand(n * c * h * w, case as u64 + 1);
+            let wt = rand(c * k[0] * k[1], case as u64 + 100);
+            let want = reference(&x, &wt, &g);
+            for threads in [1, 2, 3] {
+                let mut y = vec![f32::NAN; want.len()];
+                conv(&wt, &x, &g, &mut y, threads, &[]).expect("runs");
+                let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "case {case}, {threads} threads");
+            }
+        }
+    }
+
+    #[test]
+    fn the_epilogue_runs_per_channel_and_a_bad_shape_is_an_error() {
+        let g = Geom::new([1, 32, 8, 8], 32, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]).expect("g");
+        let x = rand(32 * 64, 7);
+        let wt = rand(32 * 9, 8);
+        let b = rand(32, 9);
+        let plain = reference(&x, &wt, &g);
+        let steps = [
+            Step::Bias {
+                b: b.clone(),
+                bias_first: false,
+            },
+            Step::Clip { lo: 0.0, hi: 0.25 },
+        ];
+        let mut y = vec![0.0; plain.len()];
+        conv(&wt, &x, &g, &mut y, 2, &steps).expect("runs");
+        for (i, (&got, &v)) in y.iter().zip(&plain).enumerate() {
+            let ch = (i / (64 * BLOCK)) * BLOCK + i % BLOCK;
+            let want = (v + b[ch]).clamp(0.0, 0.25);
+            assert_eq!(got.to_bits(), want.to_bits(), "element {i}");
+        }
+        // A weight of the wrong length, channels that do not block, a program epilogue.
+        assert!(conv(&wt[1..], &x, &g, &mut y, 1, &[]).is_err());
+        let g24 = Geom::new([1, 24, 8, 8], 24, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]).expect("g");
+        assert!(
+            conv(
+                &wt[..24 * 9],
+                &x[..24 * 64],
+                &g24,
+                &mut y[..24 * 64],
+                1,
+                &[]
+            )
+            .is_err()
+        );
+        assert!(!takes(24, &[]));
+        assert!(takes(32, &steps));
+    }
+}
