@@ -346,17 +346,7 @@ fn load<S: pulp::Simd>(s: &[f32], i: usize, zero: S::f32s) -> S::f32s {
 mod tests {
     use super::*;
 
-    fn rand(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::util::test_values as rand;
 
     /// The definition: `y[n][c][oy][ox] = Σ_{ky, kx} x[n][c][iy][ix] · w[c][ky][kx]` in
     /// `(ky, kx)` order from `+0.0`, padding as `0`, on `NCHW` data; then to `NCHW16c`.
