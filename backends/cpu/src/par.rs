@@ -178,16 +178,21 @@ pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     })
 }
 
-/// Keeps a pool worker awake until `done`: it runs the pool's pending tasks as they appear
-/// (`rayon::yield_now` steals one) and in between offers its core to other runnable threads
-/// (`std::thread::yield_now`, so more threads than cores do not starve the one running `f`).
-/// Returns at once on the worker `f` itself runs on (`owner`), which may pick this job up
+/// Keeps a pool worker awake until `done` ([`wait_awake`]: yielding its core in between, so
+/// more threads than cores do not starve the one running `f`). Returns at once on the worker `f` itself runs on (`owner`), which may pick this job up
 /// while it waits inside `f`.
 fn spin_for_work(done: &AtomicBool, owner: Option<usize>) {
     if rayon::current_thread_index() == owner {
         return;
     }
-    while !done.load(Ordering::Acquire) {
+    wait_awake(|| done.load(Ordering::Acquire));
+}
+
+/// Waits until `ready()` without parking this thread: it runs the pool's pending tasks as
+/// they appear (`rayon::yield_now` steals one) and in between offers its core to other
+/// runnable threads (`std::thread::yield_now`).
+fn wait_awake(ready: impl Fn() -> bool) {
+    while !ready() {
         if rayon::yield_now() != Some(rayon::Yield::Executed) {
             std::thread::yield_now();
         }
@@ -202,8 +207,8 @@ fn spin_for_work(done: &AtomicBool, owner: Option<usize>) {
 /// from its front (so a kernel's neighbouring tasks, which share data or prefetch for the
 /// next, stay on one core); a thread whose run is done takes the rest of the others' runs,
 /// one task at a time from their fronts. Which thread runs a task never changes what it
-/// computes. The calling thread waits for the others' last tasks awake, offering its core
-/// between checks: rayon's own wait (a `par_iter`, used here before) parks a thread after a
+/// computes. The calling thread waits for the others' last tasks awake ([`wait_awake`]):
+/// rayon's own wait (a `par_iter`, used here before) parks a thread after a
 /// few dozen idle rounds, and waking it again cost tens of microseconds on the VM measured.
 /// MobileNetV2 on two threads (bench/RESULTS.md, session az): of its ~51 parallel regions
 /// per inference, the time from a region's last task to its end summed to 0.19 ms (mean 3.7
@@ -256,11 +261,7 @@ where
                 s.spawn(move |_| work(r));
             }
             work(0);
-            while finished.load(Ordering::Acquire) < total {
-                if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                    std::thread::yield_now();
-                }
-            }
+            wait_awake(|| finished.load(Ordering::Acquire) == total);
         });
     });
     let failed = failed
