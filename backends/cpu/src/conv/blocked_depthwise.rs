@@ -17,9 +17,18 @@
 //!   element as the `NCHW` depthwise kernels and their row epilogue (the same bits: tested),
 //!   whatever the vector width (16 channels are one AVX-512 vector, two AVX2 ones) and the
 //!   thread count.
-//! - Output rows are the tasks (about four per thread): a row's pixels whose taps all fall
-//!   inside the image run in tiles of [`PX`] pixels with no bounds checks on the taps, the
-//!   others (the padding's border) one by one with them.
+//! - Output rows are the tasks (about four per thread). A 3×3, undilated kernel of column
+//!   stride 1 or 2 (MobileNet's) runs each row in tiles of up to [`PX`] pixels that load each
+//!   input pixel of a kernel row once and feed it to every tap that reads it
+//!   ([`RowJob::tile3`]: 3 weights and 10 pixels for 24 FMAs at stride 1, 3 and 17 at stride
+//!   2, where a load per tap took 27), a pixel left or right of the image, or a kernel row above
+//!   or below it, read as `+0.0`; tiles wholly inside the image check no load. Other kernels:
+//!   a row's pixels whose taps all fall inside the image run in tiles of [`PX`] pixels with
+//!   no bounds checks on the taps, the others (the padding's border) one by one with them.
+//!   MobileNetV2 with `conv2d_layout = ["NCHW16c", "OIHW"]`, its depthwise layers against the
+//!   `NCHW` kernels' (one thread, `bench/ab_layers.py`, 8 rounds): 960×7×7 1.03 → 0.62,
+//!   576×14×14 1.00 → 0.77, 96×112×112 stride 2 0.81 → 0.60, 384×14×14 1.57 → 1.13
+//!   (bench/RESULTS.md, session ba).
 //!
 //! ```text
 //! y = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], groups=960,
@@ -107,6 +116,8 @@ pub(crate) fn conv(
         plane_in,
         row,
         cols: interior(g),
+        fast: (g.kernel() == [3, 3] && g.dilation() == [1, 1] && g.stride()[1] <= 2)
+            .then_some(g.stride()[1]),
     };
     crate::par::for_each_chunk_mut(y, per * row, t, |off, dst| {
         crate::simd::dispatch(Rows {
@@ -140,6 +151,9 @@ struct Plan<'a> {
     plane_in: usize,
     row: usize,
     cols: (usize, usize),
+    /// The column stride when [`RowJob::run3`] runs the rows (3×3, undilated, column stride
+    /// 1 or 2).
+    fast: Option<usize>,
 }
 
 /// Output rows `first..` (of all images and blocks, in order), `dst` their outputs.
@@ -189,6 +203,13 @@ impl pulp::WithSimd for Rows<'_, '_> {
                     at,
                     reg: &p.reg,
                 };
+                if let Some(sw) = p.fast {
+                    match sw {
+                        1 => row.run3::<S, 1>(simd, out),
+                        _ => row.run3::<S, 2>(simd, out),
+                    }
+                    continue;
+                }
                 let (lo, hi) = if row.rows_inside() { p.cols } else { (0, 0) };
                 // The border columns (all of a row that reaches into the padding) with their
                 // taps checked, the interior without.
@@ -234,6 +255,128 @@ impl RowJob<'_> {
         );
         let top = self.oy * sh;
         top >= pt && top + (kh - 1) * dh - pt < self.g.h
+    }
+
+    /// The whole output row of a 3×3, undilated convolution of column stride `SW` (1 or 2)
+    /// into `out`: tiles of up to [`PX`] pixels ([`RowJob::tile3`]), the last one narrower.
+    #[inline(always)]
+    fn run3<S: pulp::Simd, const SW: usize>(&self, simd: S, out: &mut [f32]) {
+        let g = self.g;
+        let (ow, pl, inside) = (g.ow, g.pad()[1], self.rows_inside());
+        // A tile of `n` pixels from `q` whose taps all fall inside the image (its kernel rows
+        // and its `(n − 1)·SW + 3` columns) runs without a check per load.
+        let interior =
+            |q: usize, n: usize| inside && q * SW >= pl && q * SW - pl + (n - 1) * SW + 3 <= g.w;
+        let mut q = 0;
+        while q + PX <= ow {
+            if interior(q, PX) {
+                self.tile3::<S, PX, SW, false>(simd, q, out);
+            } else {
+                self.tile3::<S, PX, SW, true>(simd, q, out);
+            }
+            q += PX;
+        }
+        // The rest of the row (under `PX` pixels), checked.
+        match ow - q {
+            0 => {}
+            1 => self.tile3::<S, 1, SW, true>(simd, q, out),
+            2 => self.tile3::<S, 2, SW, true>(simd, q, out),
+            3 => self.tile3::<S, 3, SW, true>(simd, q, out),
+            4 => self.tile3::<S, 4, SW, true>(simd, q, out),
+            5 => self.tile3::<S, 5, SW, true>(simd, q, out),
+            6 => self.tile3::<S, 6, SW, true>(simd, q, out),
+            _ => self.tile3::<S, 7, SW, true>(simd, q, out),
+        }
+    }
+
+    /// Output pixels `q0..q0 + N` of a 3×3, undilated convolution of column stride `SW`:
+    /// per kernel row, the `(N − 1)·SW + 3` input pixels the tile's taps read are loaded once
+    /// (a pixel left or right of the image, or a row above or below it, is `+0.0`) and each
+    /// feeds the taps that read it, in `(ky, kx)` order per output, one FMA each from `+0.0`:
+    /// the chains of [`RowJob::tile`], with 3 + (N − 1)·SW + 3 loads per kernel row instead
+    /// of 3·(N + 1).
+    #[inline(always)]
+    fn tile3<S: pulp::Simd, const N: usize, const SW: usize, const CHECK: bool>(
+        &self,
+        simd: S,
+        q0: usize,
+        out: &mut [f32],
+    ) {
+        let g = self.g;
+        let ([sh, _], [pt, pl]) = (g.stride(), g.pad());
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [zero; N];
+        // The tile's first input column (may be left of the image: then `wrapping`).
+        let c0 = (q0 * SW).wrapping_sub(pl);
+        for ky in 0..3 {
+            let iy = (self.oy * sh + ky).wrapping_sub(pt);
+            let xr = self
+                .xp
+                .get(iy.wrapping_mul(g.w * BLOCK)..)
+                .and_then(|r| r.get(..g.w * BLOCK))
+                .filter(|_| iy < g.h)
+                .unwrap_or(&[]);
+            let wv = [0, 1, 2].map(|kx| load::<S>(self.wb, (ky * 3 + kx) * BLOCK + self.sub, zero));
+            // Without `CHECK`, the window of the tile's pixels, its bounds checked once.
+            let cols = (N - 1) * SW + 3;
+            let start = c0.wrapping_mul(BLOCK).wrapping_add(self.sub);
+            let win = if CHECK {
+                &[][..]
+            } else {
+                xr.get(start..)
+                    .and_then(|r| r.get(..(cols - 1) * BLOCK + S::F32_LANES))
+                    .unwrap_or(&[])
+            };
+            // Input pixel `c0 + i`, `+0.0` outside the row (`load` of an empty row, or a
+            // column past either edge).
+            let px = |i: usize| -> S::f32s {
+                if !CHECK {
+                    return load::<S>(win, i * BLOCK, zero);
+                }
+                let c = c0.wrapping_add(i);
+                if c < g.w {
+                    load::<S>(xr, c * BLOCK + self.sub, zero)
+                } else {
+                    zero
+                }
+            };
+            if SW == 1 {
+                let mut win = [zero; PX + 2];
+                for (i, v) in win.iter_mut().enumerate().take(N + 2) {
+                    *v = px(i);
+                }
+                for (kx, &w) in wv.iter().enumerate() {
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        *a = simd.mul_add_f32s(win[j + kx], w, *a);
+                    }
+                }
+            } else {
+                // Stride 2: tap 0 of output `j` reads pixel `2j`, tap 1 `2j + 1`, tap 2
+                // `2j + 2` (tap 0 of the next output).
+                // The odd pixels are read once each, straight into their FMA (held in
+                // registers, they spilled).
+                let even: [S::f32s; N] = std::array::from_fn(|j| px(2 * j));
+                let last = px(2 * N);
+                for (a, &v) in acc.iter_mut().zip(&even) {
+                    *a = simd.mul_add_f32s(v, wv[0], *a);
+                }
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = simd.mul_add_f32s(px(2 * j + 1), wv[1], *a);
+                }
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let v = if j + 1 < N { even[j + 1] } else { last };
+                    *a = simd.mul_add_f32s(v, wv[2], *a);
+                }
+            }
+        }
+        let lanes = S::F32_LANES;
+        for (j, mut v) in acc.into_iter().enumerate() {
+            let i = (q0 + j) * BLOCK + self.sub;
+            self.reg.apply_block(simd, self.ch0, self.at + i, &mut v);
+            if let Some(d) = out.get_mut(i..i + lanes) {
+                d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
+            }
+        }
     }
 
     /// Output pixels `q..hi` of the row into `out` in tiles of [`PX`], then 4, 2 and 1
@@ -410,6 +553,14 @@ mod tests {
             (1, 32, 6, 5, [3, 3], [2, 2], [1, 1], [0, 1, 1, 0]),
             (1, 16, 4, 4, [1, 1], [1, 1], [1, 1], [0, 0, 0, 0]),
             (1, 16, 3, 3, [5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
+            // 3×3 undilated, column stride 1 or 2 (`RowJob::run3`): rows of whole tiles,
+            // of none, of a tile and a rest; no padding; strides (2, 1) and (1, 2).
+            (1, 32, 28, 28, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            (1, 16, 14, 14, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            (1, 16, 33, 40, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+            (1, 16, 10, 19, [3, 3], [1, 1], [1, 1], [0, 0, 0, 0]),
+            (1, 16, 9, 12, [3, 3], [2, 1], [1, 1], [1, 0, 1, 2]),
+            (2, 16, 12, 35, [3, 3], [1, 2], [1, 1], [2, 1, 0, 2]),
         ];
         for (case, &(n, c, h, w, k, s, d, p)) in cases.iter().enumerate() {
             let g = Geom::new([n, c, h, w], c, k, s, d, p).expect("geometry");
@@ -421,6 +572,31 @@ mod tests {
                 conv(&wt, &x, &g, &mut y, threads, &[]).expect("runs");
                 let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "case {case}, {threads} threads");
+            }
+        }
+    }
+
+    #[test]
+    fn padding_taps_add_zero_times_the_weight_so_nan_and_infinite_weights_show() {
+        // A tap over the padding adds `0 · w`: NaN for an infinite or NaN weight, as the
+        // definition (and the `NCHW` kernels) give, on the edge pixels only.
+        for (case, &(h, w, s)) in [(7, 7, 1), (14, 14, 1), (30, 30, 1), (28, 28, 2)]
+            .iter()
+            .enumerate()
+        {
+            let g = Geom::new([1, 16, h, w], 16, [3, 3], [s, s], [1, 1], [1, 1, 1, 1])
+                .expect("geometry");
+            let x = rand(16 * h * w, case as u64 + 31);
+            let mut wt = rand(16 * 9, case as u64 + 32);
+            wt[0] = f32::INFINITY; // channel 0, tap (0, 0)
+            wt[9 + 8] = f32::NAN; // channel 1, tap (2, 2)
+            wt[18 + 5] = f32::NEG_INFINITY; // channel 2, tap (1, 2)
+            let want = reference(&x, &wt, &g);
+            assert!(want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_finite()));
+            let mut y = vec![0.0f32; want.len()];
+            conv(&wt, &x, &g, &mut y, 2, &[]).expect("runs");
+            for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "case {case}, element {i}");
             }
         }
     }
