@@ -181,7 +181,7 @@ pub(crate) fn attention(
         .and_then(|x| x.checked_mul(dv))
         .ok_or("the output's size overflows")?;
     let threads = crate::par::threads_for(nb * s * t * (d + dv), 1 << 15);
-    let mut out = crate::par::scratch_f32(n_out, threads);
+    let mut out = crate::par::scratch_f32(n_out);
     // Tasks: (batch index, first row, rows) with their slice of the output.
     let mut tasks = Vec::new();
     if s * dv > 0 {

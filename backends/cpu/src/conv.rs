@@ -441,7 +441,7 @@ fn blocked_depthwise_conv(
     let shape = blocked_out_shape(g);
     check_steps(steps, g.o, &shape)?;
     let threads = crate::par::threads();
-    let mut out = crate::par::scratch_f32(shape.iter().product(), threads);
+    let mut out = crate::par::scratch_f32(shape.iter().product());
     blocked_depthwise::conv(wd, xd, g, &mut out, threads, steps)?;
     out.into_tensor(shape)
 }
@@ -541,7 +541,7 @@ fn blocked_conv(
     let shape = blocked_out_shape(g);
     check_steps(steps, g.o, &shape)?;
     let threads = crate::par::threads();
-    let mut out = crate::par::scratch_f32(shape.iter().product(), threads);
+    let mut out = crate::par::scratch_f32(shape.iter().product());
     match prepared {
         BlockedWeights::Winograd(wt) if blocked_winograd::takes(g) => {
             blocked_winograd::conv(wt, xd, g, &mut out, threads, steps)?
@@ -1014,7 +1014,7 @@ fn compute(
     }
     // Every element is written below (GEMMs replace, the Winograd output transform covers
     // each row): a kept buffer's old contents never show.
-    let mut out = crate::par::scratch_f32(g.n * g.o * npix, threads);
+    let mut out = crate::par::scratch_f32(g.n * g.o * npix);
     if out.is_empty() {
         return Ok(out);
     }

@@ -121,7 +121,7 @@ pub(crate) fn dense(
     let m: usize = xs[..xs.len() - 1].iter().product();
     let len = m.checked_mul(n).ok_or("the output's size overflows")?;
     let threads = crate::par::threads();
-    let mut out = crate::par::scratch_f32(len, threads);
+    let mut out = crate::par::scratch_f32(len);
     let epilogue = |_row: usize, c0: usize, r: &mut [f32]| {
         bias_act(r, bd.map(|b| &b[c0..c0 + r.len()]), act);
     };
@@ -170,9 +170,9 @@ pub(crate) fn silu_gated(
     let m: usize = xs[..xs.len() - 1].iter().product();
     let len = m.checked_mul(n).ok_or("the output's size overflows")?;
     let threads = crate::par::threads();
-    let mut up = crate::par::scratch_f32(len, threads);
+    let mut up = crate::par::scratch_f32(len);
     gemm_f32_weight(m, k, n, xd, ud, pu, &mut up, threads, None)?;
-    let mut out = crate::par::scratch_f32(len, threads);
+    let mut out = crate::par::scratch_f32(len);
     let up = &up;
     let epilogue = |row: usize, c0: usize, r: &mut [f32]| {
         let at = row * n + c0;

@@ -732,7 +732,7 @@ impl Bound {
     pub(crate) fn run(&self) -> Result<Tensor, String> {
         let n: usize = self.shape.iter().product();
         let t = crate::par::threads_for(n, 2 * CHUNK);
-        let mut out = crate::par::scratch_f32(n, t);
+        let mut out = crate::par::scratch_f32(n);
         crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| self.eval(off, c, false));
         out.into_tensor(self.shape.clone())
     }

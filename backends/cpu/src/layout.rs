@@ -77,7 +77,7 @@ pub(crate) fn layout_transform(x: &Tensor, map: &IndexMap) -> KResult<Tensor> {
     {
         // NCHW ↔ NCHW16c: per image, a (C/16 · 16) × HW ↔ HW × 16 block transpose.
         // A recycled buffer: a fresh one's first touch of each page cost as much as the copy.
-        let mut y = crate::par::scratch_f32(data.len(), 1);
+        let mut y = crate::par::scratch_f32(data.len());
         transpose_f32(data, &mut y, outer, rows, cols);
         return y.into_tensor(out);
     }

@@ -587,7 +587,7 @@ pub(crate) fn matmul(
             let mut c = if k == 0 {
                 crate::par::Scratch::from_vec(vec![0.0f32; nb * mc])
             } else {
-                crate::par::scratch_f32(nb * mc, threads)
+                crate::par::scratch_f32(nb * mc)
             };
             // The packed copy only stands for a rank-2 `float32` right operand.
             let packed = packed.filter(|_| bbatch.is_empty() && nb == 1 && b.as_f32().is_some());

@@ -147,7 +147,7 @@ pub(crate) fn batch_norm(
     {
         let (mul, add) = bn_coeffs_f32(gamma, beta, mean, var, c, a)?;
         let t = crate::par::threads_for(xs.len(), 1 << 16);
-        let mut out = crate::par::zeros_f32(xs.len(), t);
+        let mut out = crate::par::zeros_f32(xs.len());
         let rows = (1usize << 14).div_ceil(inner.max(1)) * inner.max(1);
         crate::par::for_each_chunk_mut(&mut out, rows, t, |off, chunk| {
             for (k, dst) in chunk.chunks_mut(inner.max(1)).enumerate() {
@@ -842,7 +842,7 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         // as a run over the output columns whose input column is in range.
         // Every output is written (each plane kernel covers its rows whole): a kept buffer
         // serves without being zeroed first.
-        let mut out = crate::par::scratch_f32(n * c * plane_out, t);
+        let mut out = crate::par::scratch_f32(n * c * plane_out);
         crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
             let base = off / plane_out.max(1) * h * w;
             let src = &xs[base..base + h * w];
@@ -884,7 +884,7 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> KResult<Tensor> 
         let one_plane = Windows { threads: 1, ..win };
         // Every output is written (each plane kernel covers its rows whole): a kept buffer
         // serves without being zeroed first.
-        let mut out = crate::par::scratch_f32(n * c * plane_out, t);
+        let mut out = crate::par::scratch_f32(n * c * plane_out);
         crate::par::for_each_chunk_mut(&mut out, plane_out.max(1), t, |off, dst| {
             let base = off / plane_out.max(1) * h * w;
             let src = &xs[base..base + h * w];

@@ -48,8 +48,8 @@ pub(crate) fn residual_layer_norm(
     }
     let n = ad.len();
     let (chunk, threads) = row_tasks(n, w);
-    let mut sum = crate::par::scratch_f32(n, threads);
-    let mut out = crate::par::scratch_f32(n, threads);
+    let mut sum = crate::par::scratch_f32(n);
+    let mut out = crate::par::scratch_f32(n);
     let tasks: Vec<(usize, &mut [f32], &mut [f32])> = sum
         .chunks_mut(chunk)
         .zip(out.chunks_mut(chunk))
@@ -160,7 +160,7 @@ pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult
     }
     let n = xd.len();
     let (chunk, threads) = row_tasks(n, w);
-    let mut out = crate::par::scratch_f32(n, threads);
+    let mut out = crate::par::scratch_f32(n);
     crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
         for (orow, r0) in o.chunks_mut(w).zip((off..).step_by(w)) {
             let xr = &xd[r0..r0 + w];
@@ -221,7 +221,7 @@ pub(crate) fn layer_norm_decomposed(
     }
     let n = xd.len();
     let (chunk, threads) = row_tasks(n, w);
-    let mut out = crate::par::scratch_f32(n, threads);
+    let mut out = crate::par::scratch_f32(n);
     crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
         for (y, r0) in o.chunks_mut(w).zip((off..).step_by(w)) {
             let xr = &xd[r0..r0 + w];
@@ -282,7 +282,7 @@ pub(crate) fn gelu(x: &Tensor, tanh: bool) -> KResult<Tensor> {
     let xd = x.as_f32().unwrap_or(&[]);
     let n = xd.len();
     let threads = crate::par::threads_for(n, 1 << 14);
-    let mut out = crate::par::scratch_f32(n, threads);
+    let mut out = crate::par::scratch_f32(n);
     let chunk = n.div_ceil(threads).max(1);
     let act = if tanh {
         crate::dense::Act::GeluTanh

@@ -13,8 +13,9 @@
 //!   results are added in chunk order (the vector-matrix product), and every output is
 //!   computed by the same arithmetic whichever thread computes it: results are bit-identical
 //!   for every thread count (asserted by `backends/cpu/tests/threads.rs`).
-//! - `run_tasks` runs a list of tasks on a kept pool of `n` worker threads (rayon; one pool
-//!   per thread count, made on first use): each thread a run of consecutive tasks in order,
+//! - `run_tasks` runs a list of tasks on `n` threads, the calling thread and a kept pool of
+//!   `n − 1` helpers (rayon; one pool per thread count, made on first use; the executor
+//!   keeps them awake while it runs): each thread a run of consecutive tasks in order,
 //!   then what is left of the others', one task at a time. It returns the error of the first
 //!   failing task in task order. With one thread or one task it runs them in order on the
 //!   calling thread.
@@ -128,17 +129,21 @@ pub fn with_threads<R>(n: usize, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// The worker pool of `n` threads (made on first use and kept: a kernel's parallel region
-/// then costs a wake-up, not a thread spawn).
-fn pool(n: usize) -> Option<Arc<rayon::ThreadPool>> {
+/// The kept pool of `n − 1` workers that help the calling thread in a region of `n` threads
+/// ([`on_pool`], [`run_tasks`]; made on first use), or `None` for one thread or when no pool
+/// can be made.
+fn helpers(n: usize) -> Option<Arc<rayon::ThreadPool>> {
     static POOLS: Mutex<BTreeMap<usize, Arc<rayon::ThreadPool>>> = Mutex::new(BTreeMap::new());
+    if n < 2 {
+        return None;
+    }
     let mut pools = POOLS.lock().ok()?;
     if let Some(p) = pools.get(&n) {
         return Some(Arc::clone(p));
     }
     let p = rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .thread_name(|i| format!("fusebox-cpu-{i}"))
+        .num_threads(n - 1)
+        .thread_name(|i| format!("fusebox-cpu-{}", i + 1))
         .build()
         .ok()?;
     let p = Arc::new(p);
@@ -146,41 +151,54 @@ fn pool(n: usize) -> Option<Arc<rayon::ThreadPool>> {
     Some(p)
 }
 
-/// Runs `f` on a worker of the kept pool of [`threads`] threads (with this thread's count
-/// carried over), so that the parallel regions `f` opens are forked from inside the pool
-/// rather than handed over from an outside thread each time. While `f` runs, the pool's other
-/// workers stay awake ([`spin_for_work`]): a parallel region then starts on every thread at
-/// once instead of waiting for parked workers to be woken (tens of microseconds each on a VM,
-/// for each of a ResNet-50's ~150 regions), as onnxruntime's spinning intra-op threads do.
-/// With one thread, or when no pool can be made, `f` runs here.
+/// Runs `f` here, with this thread's kernel thread count set to [`threads`], while the
+/// [`helpers`] of that count stay awake ([`spin_for_work`]): a parallel region `f` opens then
+/// starts on every thread at once instead of waiting for parked workers to be woken (tens of
+/// microseconds each on a VM, for each of a ResNet-50's ~150 regions), as onnxruntime's
+/// spinning intra-op threads do. `f` runs on the calling thread itself (rather than handed to
+/// a pool worker, the calling thread asleep until it ends): on two threads, a one-op model's
+/// `fusebox.Session.run` took 14 µs that way against 2 on one thread, and 81 µs after 2 ms
+/// idle against 19 (bench/RESULTS.md, session ba). With one thread, or when no pool can be
+/// made, `f` runs here alone.
 pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let n = threads();
-    let Some(p) = (n > 1).then(|| pool(n)).flatten() else {
+    let Some(p) = helpers(n) else {
         return f();
     };
-    p.install(|| {
-        let done = AtomicBool::new(false);
-        let me = rayon::current_thread_index();
-        rayon::scope(|s| {
-            for _ in 1..n {
-                s.spawn(|_| spin_for_work(&done, me));
+    let done = AtomicBool::new(false);
+    let returned = AtomicUsize::new(0);
+    // When this thread is itself one of the helpers (a nested call), its own spin job must
+    // not keep it from returning to `f`.
+    let me = p.current_thread_index();
+    p.in_place_scope(|s| {
+        for _ in 1..n {
+            s.spawn(|_| {
+                let _back = Finish(&returned);
+                spin_for_work(&done, me);
+            });
+        }
+        // Set on the way out, a panic included, so the spinning workers always stop.
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
             }
-            // Set on the way out, a panic included, so the spinning workers always stop.
-            struct Done<'a>(&'a AtomicBool);
-            impl Drop for Done<'_> {
-                fn drop(&mut self) {
-                    self.0.store(true, Ordering::Release);
-                }
-            }
+        }
+        let out = {
             let _done = Done(&done);
             with_threads(n, f)
-        })
+        };
+        // The scope's end would put this thread to sleep until the helpers' jobs have
+        // returned, and waking it costs more than their last round of the loop.
+        wait_awake(|| returned.load(Ordering::Acquire) == n - 1);
+        out
     })
 }
 
-/// Keeps a pool worker awake until `done` ([`wait_awake`]: yielding its core in between, so
-/// more threads than cores do not starve the one running `f`). Returns at once on the worker `f` itself runs on (`owner`), which may pick this job up
-/// while it waits inside `f`.
+/// Keeps a helper awake until `done` ([`wait_awake`]: yielding its core in between, so more
+/// threads than cores do not starve the one running `f`). Returns at once on the helper `f`
+/// itself runs on (`owner`, a nested call), which may pick this job up while it waits inside
+/// `f`.
 fn spin_for_work(done: &AtomicBool, owner: Option<usize>) {
     if rayon::current_thread_index() == owner {
         return;
@@ -220,7 +238,7 @@ where
     F: Fn(T) -> Result<(), E> + Sync,
 {
     let n = n.clamp(1, tasks.len().max(1));
-    let Some(pool) = (n > 1).then(|| pool(n)).flatten() else {
+    let Some(pool) = helpers(n) else {
         return tasks.into_iter().try_for_each(f);
     };
     let total = tasks.len();
@@ -229,6 +247,8 @@ where
     let bounds: Vec<usize> = (0..=n).map(|r| total * r / n).collect();
     let next: Vec<AtomicUsize> = bounds[..n].iter().map(|&b| AtomicUsize::new(b)).collect();
     let finished = AtomicUsize::new(0);
+    // Helpers' jobs that have returned (the scope's end waits for them asleep otherwise).
+    let returned = AtomicUsize::new(0);
     let failed: Mutex<Option<(usize, E)>> = Mutex::new(None);
     let work = |own: usize| {
         for r in (0..n).map(|k| (own + k) % n) {
@@ -254,15 +274,18 @@ where
             }
         }
     };
-    pool.install(|| {
-        rayon::scope(|s| {
-            let work = &work;
-            for r in 1..n {
-                s.spawn(move |_| work(r));
-            }
-            work(0);
-            wait_awake(|| finished.load(Ordering::Acquire) == total);
-        });
+    // Run 0 on this thread, the others on the helpers (awake inside [`on_pool`]).
+    pool.in_place_scope(|s| {
+        let (work, returned) = (&work, &returned);
+        for r in 1..n {
+            s.spawn(move |_| {
+                let _back = Finish(returned);
+                work(r);
+            });
+        }
+        work(0);
+        wait_awake(|| finished.load(Ordering::Acquire) == total);
+        wait_awake(|| returned.load(Ordering::Acquire) == n - 1);
     });
     let failed = failed
         .into_inner()
@@ -280,19 +303,12 @@ impl Drop for Finish<'_> {
     }
 }
 
-/// `n` zeros, written by up to `threads` threads when `n` is large (an output buffer the
-/// kernel then overwrites: zeroing it alone would be a serial pass over memory).
-pub(crate) fn zeros_f32(n: usize, threads: usize) -> Vec<f32> {
-    use rayon::prelude::*;
-    let t = threads.min(n / (1 << 16)).max(1);
-    match (t > 1).then(|| pool(t)).flatten() {
-        Some(p) => p.install(|| {
-            let mut v = Vec::with_capacity(n);
-            v.par_extend(rayon::iter::repeat_n(0.0f32, n));
-            v
-        }),
-        None => vec![0.0; n],
-    }
+/// `n` zeros: the allocator's zeroed memory (fresh pages from the system are not written
+/// here; the kernel's threads touch them first when they write the output). It was written
+/// in parallel on a pool of its own, a hand-off that, with the executor on the calling
+/// thread ([`on_pool`]), put that thread to sleep and woke it again for every buffer.
+pub(crate) fn zeros_f32(n: usize) -> Vec<f32> {
+    vec![0.0; n]
 }
 
 /// The most buffers [`recycle`] keeps per thread, and their most elements in all.
@@ -425,8 +441,8 @@ impl std::ops::DerefMut for Scratch {
 
 /// A buffer of `n` `f32`s with unspecified (initialised) contents, for an output the caller
 /// overwrites whole: the most recently kept buffer of a dropped tensor that holds `n`
-/// elements, whatever its length (the rest rides along unused, see [`Scratch`]), else zeros,
-/// written by up to `threads` threads.
+/// elements, whatever its length (the rest rides along unused, see [`Scratch`]), else
+/// [`zeros_f32`].
 ///
 /// The most recent buffer is the likeliest to be in cache: a model's activations are written
 /// into memory that was read a moment ago rather than into a buffer last touched an
@@ -436,7 +452,7 @@ impl std::ops::DerefMut for Scratch {
 /// from 5.29 to 5.07 ms (zeroing the difference instead gained nothing); bounding the slack
 /// at 2 to 16 times `n`, or taking the best fit, ran even with this (bench/RESULTS.md,
 /// sessions ae and af).
-pub(crate) fn scratch_f32(n: usize, threads: usize) -> Scratch {
+pub(crate) fn scratch_f32(n: usize) -> Scratch {
     let kept = KEPT.with(|k| {
         let mut k = k.borrow_mut();
         let i = k.iter().rposition(|v| v.len() >= n)?;
@@ -448,15 +464,15 @@ pub(crate) fn scratch_f32(n: usize, threads: usize) -> Scratch {
             start: 0,
             len: n,
         },
-        None => Scratch::from_vec(zeros_f32(n, threads)),
+        None => Scratch::from_vec(zeros_f32(n)),
     }
 }
 
 /// [`scratch_f32`] whose elements start on a 64-byte boundary (an AVX-512 vector never
 /// straddles two cache lines), for a kernel's own buffers: its `NCHW16c` phases, its Winograd
 /// tiles. Give it back with [`keep`] when done.
-pub(crate) fn scratch_f32_aligned(n: usize, threads: usize) -> Scratch {
-    let mut s = scratch_f32(n.saturating_add(LINE_SLACK), threads);
+pub(crate) fn scratch_f32_aligned(n: usize) -> Scratch {
+    let mut s = scratch_f32(n.saturating_add(LINE_SLACK));
     s.start = to_line(&s.buf);
     s.len = n;
     s
@@ -608,6 +624,37 @@ mod tests {
     }
 
     #[test]
+    fn on_pool_runs_here_its_regions_use_the_helpers_and_it_nests() {
+        let here = std::thread::current().id();
+        with_threads(2, || {
+            let ids = Mutex::new(Vec::new());
+            let ran_on = on_pool(|| {
+                let r: Result<(), ()> = run_tasks((0..16).collect(), 2, |_: usize| {
+                    ids.lock().unwrap().push(std::thread::current().id());
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    Ok(())
+                });
+                assert_eq!(r, Ok(()));
+                std::thread::current().id()
+            });
+            assert_eq!(ran_on, here);
+            let ids = ids.into_inner().unwrap();
+            assert_eq!(ids.len(), 16);
+            // The awake helper took its run of 8 tasks of 2 ms (at least its first one).
+            assert!(
+                ids.iter().any(|&t| t != here),
+                "every task ran on the calling thread"
+            );
+            // on_pool inside a task, on the calling thread and on a helper: no wait forever.
+            let r: Result<(), ()> = run_tasks((0..4).collect(), 2, |i: usize| {
+                assert_eq!(with_threads(2, || on_pool(|| i * 2)), i * 2);
+                Ok(())
+            });
+            assert_eq!(r, Ok(()));
+        });
+    }
+
+    #[test]
     fn a_panicking_task_ends_the_call_with_its_panic_and_the_rest_still_run() {
         let ran = AtomicUsize::new(0);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -636,16 +683,16 @@ mod tests {
         let shared = t.clone();
         // Shared: not kept (the clone still reads it).
         recycle(t);
-        let fresh = scratch_f32(n, 1);
+        let fresh = scratch_f32(n);
         assert!(fresh.iter().all(|&v| v == 0.0));
         assert_eq!(shared.as_f32().map(|v| v[0]), Some(7.0));
         // Unshared: kept, and handed out again (its old contents included) for a smaller size.
         recycle(shared);
-        let again = scratch_f32(n - 5, 1);
+        let again = scratch_f32(n - 5);
         assert_eq!(again.len(), n - 5);
         assert!(again.iter().all(|&v| v == 7.0));
         // Nothing kept any more: zeros again.
-        assert!(scratch_f32(n, 1).iter().all(|&v| v == 0.0));
+        assert!(scratch_f32(n).iter().all(|&v| v == 0.0));
     }
 
     #[test]
@@ -657,7 +704,7 @@ mod tests {
         let at = big.as_f32().map(<[f32]>::as_ptr);
         recycle(big);
         // A quarter of it: the tensor sees its n elements, the rest rides along.
-        let mut small = scratch_f32(n, 1);
+        let mut small = scratch_f32(n);
         assert_eq!(small.len(), n);
         small.iter_mut().for_each(|v| *v = 1.0);
         let t = small
@@ -670,7 +717,7 @@ mod tests {
         // Dropped, the whole buffer comes back: the large request gets it with nothing
         // zeroed, the small tensor's writes in front, the old contents behind.
         recycle(t);
-        let again = scratch_f32(4 * n, 1);
+        let again = scratch_f32(4 * n);
         assert_eq!(again.as_ptr(), at.unwrap_or(std::ptr::null()));
         assert!(again[..n].iter().all(|&v| v == 1.0));
         assert!(again[n..].iter().all(|&v| v == 3.0));
@@ -700,7 +747,7 @@ mod tests {
         assert_eq!(tensors[0].buffer_len(), n);
         assert_eq!(tensors[0].to_f32_vec(), vec![1.0; n]);
         assert_eq!(kept_len(), 1);
-        assert_eq!(scratch_f32(4 * n, 1).len(), 4 * n);
+        assert_eq!(scratch_f32(4 * n).len(), 4 * n);
         // Twice: left as it is.
         assert_eq!(tensors[1].buffer_len(), 2 * n);
         assert_eq!(tensors[1].to_f32_vec(), vec![1.0; n]);
@@ -719,12 +766,12 @@ mod tests {
         recycle(t(n, 2.0));
         recycle(t(n / 2, 3.0));
         // The newest, n/2, is too short; the next newest fits exactly.
-        assert!(scratch_f32(n, 1).iter().all(|&v| v == 2.0));
+        assert!(scratch_f32(n).iter().all(|&v| v == 2.0));
         // Then the oldest, the only one left that holds n.
-        assert!(scratch_f32(n, 1).iter().all(|&v| v == 1.0));
+        assert!(scratch_f32(n).iter().all(|&v| v == 1.0));
         assert_eq!(kept_len(), 1);
         // None fits: zeros, and the short one stays.
-        assert!(scratch_f32(n, 1).iter().all(|&v| v == 0.0));
+        assert!(scratch_f32(n).iter().all(|&v| v == 0.0));
         assert_eq!(kept_len(), 1);
         KEPT.with(|k| k.borrow_mut().clear());
     }
@@ -743,7 +790,7 @@ mod tests {
         // The pool is full of small buffers; a large one dropped now is kept (the oldest
         // small one goes), and the next large tensor reuses it.
         recycle(t(4 * n, 2.0));
-        assert!(scratch_f32(4 * n, 1).iter().all(|&v| v == 2.0));
+        assert!(scratch_f32(4 * n).iter().all(|&v| v == 2.0));
         assert_eq!(kept_len(), KEPT_BUFFERS - 1);
         // Buffers below the floor are not kept.
         recycle(t(n - 1, 4.0));

@@ -73,7 +73,7 @@ fn pool_rows(
     f: impl Fn(usize, &[f32], &mut [f32], &mut [f64]) + Sync,
 ) -> crate::par::Scratch {
     let per = (planes * oh).div_ceil(4 * threads.max(1)).max(1);
-    let mut out = crate::par::scratch_f32(planes * oh * row, threads);
+    let mut out = crate::par::scratch_f32(planes * oh * row);
     crate::par::for_each_chunk_mut(&mut out, per * row, threads, |off, dst| {
         let mut acc = vec![0.0f64; k];
         for (i, dst) in dst.chunks_exact_mut(row.max(1)).enumerate() {

@@ -95,7 +95,7 @@ pub(crate) fn rope(
     let n = xd.len();
     let rows_per = ((1 << 14) / d).max(1);
     let threads = crate::par::threads_for(n, 1 << 15);
-    let mut out = crate::par::scratch_f32(n, threads);
+    let mut out = crate::par::scratch_f32(n);
     crate::par::for_each_chunk_mut(&mut out, rows_per * d, threads, |off, chunk| {
         for (i, orow) in chunk.chunks_mut(d).enumerate() {
             let r = off / d + i;

@@ -254,7 +254,7 @@ pub(crate) fn gather_tensor(
     let threads = crate::par::threads_for(total, GATHER_GRAIN);
     let data = match s {
         StorageRef::F32(v) if blocked => {
-            let mut out = crate::par::scratch_f32(total, threads);
+            let mut out = crate::par::scratch_f32(total);
             gather_blocked(v, offset, st, &shape, &mut out, threads);
             return out.into_tensor(shape);
         }

@@ -341,7 +341,7 @@ fn deal(x: &[f32], g: &Geom, threads: usize) -> KResult<crate::par::Scratch> {
     let (wv, hv) = g.virt();
     let phases = g.phases();
     let plane = g.h * g.w * BLOCK;
-    let mut out = crate::par::scratch_f32_aligned(len, threads);
+    let mut out = crate::par::scratch_f32_aligned(len);
     crate::par::for_each_chunk_mut(&mut out, bl, threads, |at, dst| {
         let b = at / bl;
         let src = x.get(b * plane..(b + 1) * plane).unwrap_or(&[]);

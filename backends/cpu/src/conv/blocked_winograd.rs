@@ -110,7 +110,7 @@ pub(crate) fn conv(
     mem(what, f32t, &[n, XI, c.max(o), tiles]).map_err(|e| e.to_string())?;
     // V: per image and position, the tiles as an `NCHW16c` image.
     let (cb, ob) = (c / BLOCK, o / BLOCK);
-    let mut v = crate::par::scratch_f32_aligned(n * XI * c * tiles, threads);
+    let mut v = crate::par::scratch_f32_aligned(n * XI * c * tiles);
     let vlen = tiles * BLOCK;
     // Tasks per image and block of channels: each writes its block's piece of the 36
     // positions' images.
@@ -142,7 +142,7 @@ pub(crate) fn conv(
     // M = the 36 products, one `blocked::conv` call over `n · 36` images.
     let gg = Geom::new([n * XI, c, tiles, 1], o, [1, 1], [1, 1], [1, 1], [0; 4])
         .ok_or("blocked Winograd: the products' sizes overflow")?;
-    let mut m = crate::par::scratch_f32_aligned(n * XI * o * tiles, threads);
+    let mut m = crate::par::scratch_f32_aligned(n * XI * o * tiles);
     blocked::conv(&wt.packed, &v, &gg, &mut m, threads, &[])?;
     crate::par::keep(v);
     // Y = Aᵀ M A per tile and block of output channels, the epilogue on each vector.

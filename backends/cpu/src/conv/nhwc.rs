@@ -102,7 +102,7 @@ pub(crate) fn conv2d(
     let xs = x.as_f32().ok_or("conv2d: NHWC data must be float32")?;
     let (o, pixels) = (g.o, g.n * g.npix());
     let threads = crate::par::threads();
-    let mut out = crate::par::scratch_f32(pixels * o, threads);
+    let mut out = crate::par::scratch_f32(pixels * o);
     // Per tile of the GEMM (rows: pixels; columns: channels `c0..`), in one SIMD dispatch.
     let ep = |r0: usize, c0: usize, tile: faer::MatMut<'_, f32>| -> KResult<()> {
         struct Tile<'a, 't>(&'a [Step], usize, usize, usize, faer::MatMut<'t, f32>);
