@@ -224,8 +224,8 @@ impl Executor {
         let f = lookup(module, func)?;
         check_values(module)?;
         if hook.is_none() {
-            // On a worker of the kernel pool: the kernels' parallel regions then start on a
-            // thread of their own pool (no hand-over from an outside thread per region).
+            // With the kernel pool's helpers awake: the kernels' parallel regions then start
+            // on every thread at once (no parked worker woken per region).
             return crate::par::on_pool(|| {
                 self.interp(module, None, None, false)
                     .run_main(func, f, args)
@@ -349,7 +349,7 @@ impl Executor {
             out.map(|v| (v, times, shapes))
         };
         let (out, times, shapes) = if hook.is_none() && takes.is_none() {
-            // On a worker of the kernel pool, as [`Executor::run`]: a profiled run then
+            // With the pool's helpers awake, as [`Executor::run`]: a profiled run then
             // times the same execution as a plain one (with parked workers, each parallel
             // region waited for their wake-up: ResNet-50 45 against 42 ms per run on two
             // threads, small ops up to twice their time).
