@@ -257,6 +257,37 @@ impl RowJob<'_> {
         top >= pt && top + (kh - 1) * dh - pt < self.g.h
     }
 
+    /// Row `iy` of the block's image plane (`[W][16]`), empty when `iy` is above or below
+    /// the image (its taps then read `+0.0`).
+    #[inline(always)]
+    fn image_row(&self, iy: usize) -> &[f32] {
+        let w = self.g.w * BLOCK;
+        self.xp
+            .get(iy.wrapping_mul(w)..)
+            .and_then(|r| r.get(..w))
+            .filter(|_| iy < self.g.h)
+            .unwrap_or(&[])
+    }
+
+    /// The tile's sums for output pixels `q0..q0 + N` through the epilogue into `out`.
+    #[inline(always)]
+    fn store<S: pulp::Simd, const N: usize>(
+        &self,
+        simd: S,
+        q0: usize,
+        acc: [S::f32s; N],
+        out: &mut [f32],
+    ) {
+        let lanes = S::F32_LANES;
+        for (j, mut v) in acc.into_iter().enumerate() {
+            let i = (q0 + j) * BLOCK + self.sub;
+            self.reg.apply_block(simd, self.ch0, self.at + i, &mut v);
+            if let Some(d) = out.get_mut(i..i + lanes) {
+                d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
+            }
+        }
+    }
+
     /// The whole output row of a 3×3, undilated convolution of column stride `SW` (1 or 2)
     /// into `out`: tiles of up to [`PX`] pixels ([`RowJob::tile3`]), the last one narrower.
     #[inline(always)]
@@ -309,13 +340,7 @@ impl RowJob<'_> {
         // The tile's first input column (may be left of the image: then `wrapping`).
         let c0 = (q0 * SW).wrapping_sub(pl);
         for ky in 0..3 {
-            let iy = (self.oy * sh + ky).wrapping_sub(pt);
-            let xr = self
-                .xp
-                .get(iy.wrapping_mul(g.w * BLOCK)..)
-                .and_then(|r| r.get(..g.w * BLOCK))
-                .filter(|_| iy < g.h)
-                .unwrap_or(&[]);
+            let xr = self.image_row((self.oy * sh + ky).wrapping_sub(pt));
             let wv = [0, 1, 2].map(|kx| load::<S>(self.wb, (ky * 3 + kx) * BLOCK + self.sub, zero));
             // Without `CHECK`, the window of the tile's pixels, its bounds checked once.
             let cols = (N - 1) * SW + 3;
@@ -369,14 +394,7 @@ impl RowJob<'_> {
                 }
             }
         }
-        let lanes = S::F32_LANES;
-        for (j, mut v) in acc.into_iter().enumerate() {
-            let i = (q0 + j) * BLOCK + self.sub;
-            self.reg.apply_block(simd, self.ch0, self.at + i, &mut v);
-            if let Some(d) = out.get_mut(i..i + lanes) {
-                d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
-            }
-        }
+        self.store(simd, q0, acc, out);
     }
 
     /// Output pixels `q..hi` of the row into `out` in tiles of [`PX`], then 4, 2 and 1
@@ -431,14 +449,7 @@ impl RowJob<'_> {
         let mut acc = [zero; N];
         let step = sw * BLOCK;
         for ky in 0..kh {
-            let iy = (self.oy * sh + ky * dh).wrapping_sub(pt);
-            // The tap row's pixels (empty above or below the image: its taps read `+0.0`).
-            let xr = self
-                .xp
-                .get(iy.wrapping_mul(g.w * BLOCK)..)
-                .and_then(|r| r.get(..g.w * BLOCK))
-                .filter(|_| iy < g.h)
-                .unwrap_or(&[]);
+            let xr = self.image_row((self.oy * sh + ky * dh).wrapping_sub(pt));
             for kx in 0..kw {
                 let wv = load::<S>(self.wb, (ky * kw + kx) * BLOCK + self.sub, zero);
                 let ix0 = (q0 * sw + kx * dw).wrapping_sub(pl);
@@ -465,13 +476,7 @@ impl RowJob<'_> {
                 }
             }
         }
-        for (j, mut v) in acc.into_iter().enumerate() {
-            let i = (q0 + j) * BLOCK + self.sub;
-            self.reg.apply_block(simd, self.ch0, self.at + i, &mut v);
-            if let Some(d) = out.get_mut(i..i + lanes) {
-                d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
-            }
-        }
+        self.store(simd, q0, acc, out);
     }
 }
 
