@@ -366,13 +366,14 @@ impl RowJob<'_> {
                 }
             };
             if SW == 1 {
-                let mut win = [zero; PX + 2];
-                for (i, v) in win.iter_mut().enumerate().take(N + 2) {
+                // The tile's N + 2 pixels, held: tap `kx` of output `j` reads pixel `j + kx`.
+                let mut pix = [zero; PX + 2];
+                for (i, v) in pix.iter_mut().enumerate().take(N + 2) {
                     *v = px(i);
                 }
                 for (kx, &w) in wv.iter().enumerate() {
                     for (j, a) in acc.iter_mut().enumerate() {
-                        *a = simd.mul_add_f32s(win[j + kx], w, *a);
+                        *a = simd.mul_add_f32s(pix[j + kx], w, *a);
                     }
                 }
             } else {
