@@ -187,7 +187,7 @@ const CHUNK: usize = 1 << 14;
 fn par_binary_f32(op: BinOp, x: &[f32], y: &[f32]) -> Vec<f32> {
     fn run(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
         let t = crate::par::threads_for(x.len(), CHUNK * 2);
-        let mut out = crate::par::zeros_f32(x.len());
+        let mut out = vec![0.0f32; x.len()];
         crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
             let (xs, ys) = (&x[off..off + c.len()], &y[off..off + c.len()]);
             for ((d, &p), &q) in c.iter_mut().zip(xs).zip(ys) {
@@ -221,7 +221,7 @@ fn repeats(s: &[usize], shape: &[usize]) -> bool {
 fn repeat_binary_f32(op: BinOp, x: &[f32], y: &[f32], swap: bool) -> Vec<f32> {
     fn run(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
         let t = crate::par::threads_for(x.len(), CHUNK * 2);
-        let mut out = crate::par::zeros_f32(x.len());
+        let mut out = vec![0.0f32; x.len()];
         if y.is_empty() {
             return out;
         }
@@ -268,7 +268,7 @@ pub(crate) fn add_relu_f32(a: &Tensor, b: &Tensor) -> Option<Tensor> {
         return None;
     }
     let t = crate::par::threads_for(x.len(), CHUNK * 2);
-    let mut out = crate::par::zeros_f32(x.len());
+    let mut out = vec![0.0f32; x.len()];
     crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
         let (xs, ys) = (&x[off..off + c.len()], &y[off..off + c.len()]);
         for ((d, &p), &q) in c.iter_mut().zip(xs).zip(ys) {
@@ -282,7 +282,7 @@ pub(crate) fn add_relu_f32(a: &Tensor, b: &Tensor) -> Option<Tensor> {
 /// `relu` of `float32` data, in chunks on the kernel threads.
 fn par_relu_f32(x: &[f32]) -> Vec<f32> {
     let t = crate::par::threads_for(x.len(), CHUNK * 2);
-    let mut out = crate::par::zeros_f32(x.len());
+    let mut out = vec![0.0f32; x.len()];
     crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
         let xs = &x[off..off + c.len()];
         for (d, &v) in c.iter_mut().zip(xs) {

@@ -147,7 +147,7 @@ pub(crate) fn batch_norm(
     {
         let (mul, add) = bn_coeffs_f32(gamma, beta, mean, var, c, a)?;
         let t = crate::par::threads_for(xs.len(), 1 << 16);
-        let mut out = crate::par::zeros_f32(xs.len());
+        let mut out = vec![0.0f32; xs.len()];
         let rows = (1usize << 14).div_ceil(inner.max(1)) * inner.max(1);
         crate::par::for_each_chunk_mut(&mut out, rows, t, |off, chunk| {
             for (k, dst) in chunk.chunks_mut(inner.max(1)).enumerate() {

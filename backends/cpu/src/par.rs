@@ -246,8 +246,10 @@ where
     // Run `r` is tasks `bounds[r]..bounds[r + 1]`; `next[r]` its first task not yet taken.
     let bounds: Vec<usize> = (0..=n).map(|r| total * r / n).collect();
     let next: Vec<AtomicUsize> = bounds[..n].iter().map(|&b| AtomicUsize::new(b)).collect();
-    let finished = AtomicUsize::new(0);
-    // Helpers' jobs that have returned (the scope's end waits for them asleep otherwise).
+    // Helpers' jobs that have returned: once all have, after this thread's own `work`, every
+    // task has ended (a task is taken by one `work`, which returns after it, or unwinds
+    // from its panic; what a helper left untaken this thread's `work` takes). Waited for
+    // awake: the scope's end would wait for them asleep.
     let returned = AtomicUsize::new(0);
     let failed: Mutex<Option<(usize, E)>> = Mutex::new(None);
     let work = |own: usize| {
@@ -257,8 +259,6 @@ where
                 if i >= bounds[r + 1] {
                     break;
                 }
-                // Counted when it ends, a panic included, so that the wait below ends too.
-                let _count = Finish(&finished);
                 let task = slots[i]
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -284,7 +284,6 @@ where
             });
         }
         work(0);
-        wait_awake(|| finished.load(Ordering::Acquire) == total);
         wait_awake(|| returned.load(Ordering::Acquire) == n - 1);
     });
     let failed = failed
@@ -293,22 +292,14 @@ where
     failed.map_or(Ok(()), |(_, e)| Err(e))
 }
 
-/// Adds one to its counter when dropped: a task of [`run_tasks`] that ended, by returning or
-/// by a panic.
+/// Adds one to its counter when dropped: a helper's job of [`run_tasks`] or [`on_pool`] that
+/// ended, by returning or by a panic.
 struct Finish<'a>(&'a AtomicUsize);
 
 impl Drop for Finish<'_> {
     fn drop(&mut self) {
         self.0.fetch_add(1, Ordering::Release);
     }
-}
-
-/// `n` zeros: the allocator's zeroed memory (fresh pages from the system are not written
-/// here; the kernel's threads touch them first when they write the output). It was written
-/// in parallel on a pool of its own, a hand-off that, with the executor on the calling
-/// thread ([`on_pool`]), put that thread to sleep and woke it again for every buffer.
-pub(crate) fn zeros_f32(n: usize) -> Vec<f32> {
-    vec![0.0; n]
 }
 
 /// The most buffers [`recycle`] keeps per thread, and their most elements in all.
@@ -441,8 +432,10 @@ impl std::ops::DerefMut for Scratch {
 
 /// A buffer of `n` `f32`s with unspecified (initialised) contents, for an output the caller
 /// overwrites whole: the most recently kept buffer of a dropped tensor that holds `n`
-/// elements, whatever its length (the rest rides along unused, see [`Scratch`]), else
-/// [`zeros_f32`].
+/// elements, whatever its length (the rest rides along unused, see [`Scratch`]), else the
+/// allocator's zeroed memory (fresh pages are not written here; the kernel's threads touch
+/// them first. A parallel fill on a pool of its own cost the executor's thread a sleep and a
+/// wake per buffer: bench/RESULTS.md, session ba).
 ///
 /// The most recent buffer is the likeliest to be in cache: a model's activations are written
 /// into memory that was read a moment ago rather than into a buffer last touched an
@@ -464,7 +457,7 @@ pub(crate) fn scratch_f32(n: usize) -> Scratch {
             start: 0,
             len: n,
         },
-        None => Scratch::from_vec(zeros_f32(n)),
+        None => Scratch::from_vec(vec![0.0; n]),
     }
 }
 
