@@ -907,6 +907,39 @@ def branch_nested():
     return bb.get()
 
 
+def hoist_emit(inner, x, w):
+    """The second pattern's group ({r, s}) reads `b`, which the first pattern outlined after
+    `a`: TVM names `a`'s function first whatever order the calls end in."""
+    r = inner.emit(R.nn.relu(x), "r")
+    a = inner.emit(R.multiply(x, x), "a")
+    b = inner.emit(R.multiply(w, x), "b")
+    s = inner.emit(R.add(r, b), "s")
+    return inner.emit_output(R.subtract(a, s), "o")
+
+
+def hoist_flat():
+    return module([("x", (4, 8)), ("w", (4, 8))], hoist_emit)
+
+
+def branch_hoist():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", T((4, 8)))
+    w = relax.Var("w", T((4, 8)))
+    cond = relax.Var("cond", relax.TensorType((), "bool"))
+    with bb.function("main", [cond, x, w]):
+        y = bb.emit(relax.If(cond, branch_body([x, w], hoist_emit),
+                             branch_body([x, w], hoist_emit)), "y")
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+HOIST_PATS = [("cpu.mul", "relax.multiply(_, _)"),
+              ("cpu.relu_add", "relax.add(relax.nn.relu(_), _)")]
+for mode, kw in [("plain", {}), ("annotated", {"annotate_codegen": True})]:
+    case(f"hoist_flat_{mode}", "branches", hoist_flat, "fuse_ops_by_pattern", HOIST_PATS, **kw)
+    case(f"branch_hoist_{mode}", "branches", branch_hoist, "fuse_ops_by_pattern", HOIST_PATS,
+         **kw)
+
 MM_RELU = [("cpu.mm_relu", "relax.nn.relu(relax.matmul(_, _))")]
 MLP_PATS = [("cpu.mm_bias_relu", "relax.nn.relu(relax.add(relax.matmul(_, _), _))"),
             ("cpu.mm_relu", "relax.nn.relu(relax.matmul(_, _))"),

@@ -170,7 +170,7 @@ pub fn fuse_ops_by_pattern(
     patterns: &[FusionPattern],
     opts: PartitionOptions,
 ) -> Result<Partitioned> {
-    let (module, rejections) = super::regions::with_regions(module, |m| {
+    let (module, rejections) = super::regions::with_regions_named_by_pass(module, |m| {
         let p = fuse_ops_by_pattern_flat(m, patterns, opts)?;
         let rejections = p
             .rejections
@@ -225,11 +225,23 @@ fn run_patterns(
         census,
         scratch: FindScratch::default(),
     };
+    // In a lifted module (`if` branches as region functions, see `super::regions`), what a
+    // step makes is named in program order right after the step, as TVM, visiting the
+    // branches where they stand, names it when it makes it.
+    let lifted = super::regions::has_regions(module);
     for fp in patterns {
+        let before: Option<HashSet<String>> = lifted.then(|| m.functions.keys().cloned().collect());
         apply_pattern(&mut m, fp, opts, &mut rejections, &mut cache)?;
+        if let Some(b) = before
+            && matches!(m, Cow::Owned(_))
+        {
+            let named = super::regions::program_order_names(&|n| b.contains(n), m.into_owned());
+            m = Cow::Owned(named);
+        }
     }
     let mut m = m.into_owned();
     if opts.annotate_codegen {
+        // A wrapper is named after its composite (`<composite>_<codegen>`), already in order.
         m = annotate_codegen(&m)?;
     }
     Ok(Partitioned {

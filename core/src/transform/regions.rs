@@ -24,6 +24,9 @@
 //!   (TVM's order): among the new functions of one name family (the name without its digits,
 //!   and one `Composite`), the names, in the order the pass made them, go to the functions in
 //!   the order of their first call in program order (branches before what follows the `if`).
+//!   A pass of several steps (FuseOpsByPattern, a step per pattern) names after each step
+//!   instead ([`with_regions_named_by_pass`]), as TVM names each step's functions when it
+//!   makes them.
 //! - A module without `if` is passed through untouched (no copy).
 //!
 //! ```text
@@ -103,7 +106,30 @@ pub fn with_regions<T>(
     let lifted = lift(m)?;
     let (out, extra) = pass(&lifted)?;
     let lowered = lower(&out)?;
-    Ok((program_order_names(m, lowered), extra))
+    Ok((program_order_names(&|n| m.get(n).is_some(), lowered), extra))
+}
+
+/// [`with_regions`] for a pass of several steps that names what each step makes itself, with
+/// [`program_order_names`] after the step (FuseOpsByPattern: one step per pattern). Naming
+/// once at the end would be wrong there: TVM names what a step makes in the order of first
+/// call right after that step, and a later step can move those calls (a group of a later
+/// pattern is emitted after everything it reads, which can hoist a call of an earlier
+/// pattern's function above another's).
+pub(crate) fn with_regions_named_by_pass<T>(
+    m: &Module,
+    pass: impl FnOnce(&Module) -> Result<(Module, T)>,
+) -> Result<(Module, T)> {
+    if !has_if(m) {
+        return pass(m);
+    }
+    let lifted = lift(m)?;
+    let (out, extra) = pass(&lifted)?;
+    Ok((lower(&out)?, extra))
+}
+
+/// Whether `m` holds region functions (it is lifted).
+pub(crate) fn has_regions(m: &Module) -> bool {
+    m.functions.keys().any(|n| is_region(n))
 }
 
 /// [`with_regions`] for a pass that returns only a module.
@@ -433,44 +459,87 @@ fn family(name: &str, f: &Function) -> Family {
     (base, composite)
 }
 
-/// `after` with the names of the functions that are not in `before` permuted within each
-/// family so that they follow the order of first call in program order (see the module doc).
-fn program_order_names(before: &Module, after: Module) -> Module {
-    let created: Vec<&String> = after
+/// A call in program order: of a module function, or of an `if` placeholder's regions.
+enum Step {
+    Call(String),
+    Regions(String, String),
+}
+
+/// Calls `cb` with the callee of every call of a module function in `f`, in program order:
+/// branches of an `if` (then, else) before what follows it, and the regions of an `if`
+/// placeholder (a lifted module) where the placeholder stands.
+fn calls_in_program_order(m: &Module, f: &Function, depth: usize, cb: &mut dyn FnMut(&str)) {
+    let mut steps: Vec<Step> = Vec::new();
+    for_each_binding_deep(
+        f,
+        &f.blocks,
+        &mut |b| match f.exprs.get(b.value).map(|d| &d.kind) {
+            Some(ExprKind::Call {
+                callee: Callee::Global(g),
+                ..
+            }) => steps.push(Step::Call(g.to_string())),
+            Some(ExprKind::Call {
+                callee: Callee::Op(op),
+                ..
+            }) => {
+                if let Some((t, e, _)) = placeholder(op) {
+                    steps.push(Step::Regions(t.to_string(), e.to_string()));
+                }
+            }
+            _ => {}
+        },
+    );
+    for s in steps {
+        match s {
+            Step::Call(g) => cb(&g),
+            Step::Regions(t, e) => {
+                // Lifting bounds the nesting (`lower_function` checks the same depth).
+                if depth <= crate::text::MAX_DEPTH as usize {
+                    for r in [t, e] {
+                        if let Some(rf) = m.get(&r) {
+                            calls_in_program_order(m, rf, depth + 1, cb);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `after` with the names of the functions that did not exist before (`existed` says which
+/// did) permuted within each family so that they follow the order of first call in program
+/// order (see the module doc). `after` may be lifted: a region is walked where its `if`
+/// placeholder stands, not in module order.
+pub(crate) fn program_order_names(existed: &dyn Fn(&str) -> bool, after: Module) -> Module {
+    let created: FxHashMap<&str, usize> = after
         .functions
         .keys()
-        .filter(|n| before.get(n).is_none())
+        .filter(|n| !existed(n))
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
         .collect();
     if created.len() < 2 {
         return after;
     }
-    // First call of each created function, walking the other functions in module order and
-    // their bindings in program order (branches included).
-    let mut first: FxHashMap<&str, usize> = FxHashMap::default();
+    // First call of each created function, walking the functions that existed in module order
+    // (regions where they are called) and their bindings in program order.
+    let mut first: Vec<usize> = vec![usize::MAX; created.len()];
     let mut pos = 0usize;
     for (name, f) in &after.functions {
-        if before.get(name).is_none() {
+        if !existed(name) || is_region(name) {
             continue;
         }
-        let mut calls: Vec<String> = Vec::new();
-        for_each_binding_deep(f, &f.blocks, &mut |b| {
-            if let Some(ExprKind::Call {
-                callee: Callee::Global(g),
-                ..
-            }) = f.exprs.get(b.value).map(|d| &d.kind)
+        calls_in_program_order(&after, f, 0, &mut |g| {
+            if let Some(&k) = created.get(g)
+                && first[k] == usize::MAX
             {
-                calls.push(g.to_string());
-            }
-        });
-        for g in calls {
-            if let Some(k) = created.iter().find(|c| ***c == g) {
-                first.entry(k.as_str()).or_insert(pos);
+                first[k] = pos;
                 pos += 1;
             }
-        }
+        });
     }
     let mut families: Vec<(Family, Vec<&str>)> = Vec::new();
-    for n in &created {
+    for n in after.functions.keys().filter(|n| !existed(n)) {
         let Some(f) = after.get(n) else { continue };
         let key = family(n, f);
         match families.iter_mut().find(|(k, _)| *k == key) {
@@ -484,7 +553,7 @@ fn program_order_names(before: &Module, after: Module) -> Module {
             continue;
         }
         let mut by_use = slots.clone();
-        by_use.sort_by_key(|n| first.get(n).copied().unwrap_or(usize::MAX));
+        by_use.sort_by_key(|n| created.get(n).map_or(usize::MAX, |&k| first[k]));
         for (func, slot) in by_use.iter().zip(slots.iter()) {
             if func != slot {
                 rename.insert((*func).to_string(), (*slot).to_string());
