@@ -25,7 +25,7 @@
 //!   and one `Composite`), the names, in the order the pass made them, go to the functions in
 //!   the order of their first call in program order (branches before what follows the `if`).
 //!   A pass of several steps (FuseOpsByPattern, a step per pattern) names after each step
-//!   instead ([`with_regions_named_by_pass`]), as TVM names each step's functions when it
+//!   instead (`with_regions_named_by_pass`), as TVM names each step's functions when it
 //!   makes them.
 //! - A module without `if` is passed through untouched (no copy).
 //!
