@@ -16,6 +16,7 @@
 //! - An `If` whose condition is known at import time (folded as above) is replaced by its
 //!   taken branch (the sub-graph's initializers and nodes imported in place, nesting bounded);
 //!   a condition computed at run time is an error naming the node.
+//! - A `Scan` over a static sequence is unrolled: its body imported once per step (`scan.rs`).
 //! - The default-domain opset must be in [`MIN_OPSET`]`..=`[`MAX_OPSET`] (1 to 28); ops map
 //!   to the op set with ONNX semantics per opset (attributes vs inputs); see [`SUPPORTED_OPS`]. A model using ops outside that list fails with ONE error
 //!   that names every unsupported node and its op type.
@@ -49,6 +50,7 @@ pub mod external;
 mod fold;
 mod ops;
 pub mod proto;
+mod scan;
 mod schema_attrs;
 #[cfg(test)]
 mod tests;
@@ -228,6 +230,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "AffineGrid",
     "ReverseSequence",
     "If",
+    "Scan",
 ];
 
 /// ONNX ops whose output shape depends on the input values (not only on the input shapes):
@@ -362,6 +365,7 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
         vals: HashMap::new(),
         cache: HashMap::new(),
         missing: HashMap::new(),
+        unrolled: 0,
         opset,
         file: file.to_string(),
     };
@@ -435,6 +439,22 @@ fn import_nodes(
         let at = || format!("{file}: node `{}` ({})", node_name(node, i), node.op_type);
         if node.op_type == "If" && (node.domain.is_empty() || node.domain == "ai.onnx") {
             inline_if(im, node, outputs, ext, depth).map_err(|e| match e {
+                Error::Invalid(m) if m.starts_with(&file) => Error::Invalid(m),
+                Error::Invalid(m) => Error::Invalid(format!("{}: {m}", at())),
+                e => Error::Invalid(format!("{}: {e}", at())),
+            })?;
+            continue;
+        }
+        if node.op_type == "Scan" && (node.domain.is_empty() || node.domain == "ai.onnx") {
+            im.b.set_origin(Some(&format!("onnx node `{}` (Scan)", node_name(node, i))));
+            let r = if depth >= MAX_IF_DEPTH {
+                Err(invalid(format!(
+                    "sub-graphs nest deeper than {MAX_IF_DEPTH} levels"
+                )))
+            } else {
+                scan::inline_scan(im, node, ext, depth)
+            };
+            r.map_err(|e| match e {
                 Error::Invalid(m) if m.starts_with(&file) => Error::Invalid(m),
                 Error::Invalid(m) => Error::Invalid(format!("{}: {m}", at())),
                 e => Error::Invalid(format!("{}: {e}", at())),
@@ -672,6 +692,8 @@ pub(crate) struct Importer<'m> {
     vals: HashMap<String, Val>,
     cache: HashMap<String, ExprId>,
     missing: HashMap<String, String>,
+    /// Body nodes imported by unrolling `Scan`s so far (bounded: see [`scan`]).
+    unrolled: usize,
     pub(crate) opset: i64,
     file: String,
 }

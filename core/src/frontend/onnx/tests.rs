@@ -739,6 +739,7 @@ fn recurrent_layers_need_a_static_unpadded_sequence() {
     assert!(e.contains("the sequence length must be static"), "{e}");
 }
 mod reduce;
+mod scan;
 mod validate;
 
 fn astr(name: &str, s: &str) -> AttributeProto {

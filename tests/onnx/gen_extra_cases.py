@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Writes fusebox's extra ONNX cases, each checked against onnxruntime: `tests/onnx/extra/`.
+
+The ONNX node conformance suite (`gen_node_cases.py`) leaves parts of some ops untested (Scan's
+directions and axes, opset 8's batched Scan, a Scan inside a Scan's body). Each case here is
+a small model built with `onnx.helper`, seeded random inputs, and the outputs onnxruntime's CPU
+provider computes on them, written in the node cases' layout (`<case>/model.onnx`,
+`<case>/test_data_set_0/{input,output}_<i>.pb`, `manifest.json`) and committed, so
+`tests/onnx_node.rs` runs them without onnxruntime. Hand-run, deterministic:
+
+    .venv/bin/python tests/onnx/gen_extra_cases.py            # rewrites tests/onnx/extra/
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "extra")
+
+
+def f32(name, shape):
+    return h.make_tensor_value_info(name, TP.FLOAT, shape)
+
+
+def scalar(name, v):
+    return numpy_helper.from_array(np.array(v, np.float32), name)
+
+
+def step_body():
+    """state (4,), x_t (4,) → state' = state·0.5 + x_t; y_t = state' − 3·x_t; w_t = x_t."""
+    nodes = [
+        h.make_node("Mul", ["s_in", "half"], ["s_h"]),
+        h.make_node("Add", ["s_h", "x_t"], ["s_out"]),
+        h.make_node("Mul", ["x_t", "three"], ["x3"]),
+        h.make_node("Sub", ["s_out", "x3"], ["y_t"]),
+        h.make_node("Identity", ["x_t"], ["w_t"]),
+    ]
+    return h.make_graph(nodes, "body", [f32("s_in", [4]), f32("x_t", [4])],
+                        [f32("s_out", [4]), f32("y_t", [4]), f32("w_t", [4])],
+                        [scalar("half", 0.5), scalar("three", 3.0)])
+
+
+def scan_model(name, attrs, xshape, opset=17, s0shape=(4,), seq_lens=False):
+    ins = ["", "s0", "x"] if opset < 9 else ["s0", "x"]
+    node = h.make_node("Scan", ins, ["s", "y", "w"], num_scan_inputs=1, body=step_body(), **attrs)
+    g = h.make_graph([node], name, [f32("s0", list(s0shape)), f32("x", xshape)],
+                     [f32("s", None), f32("y", None), f32("w", None)])
+    return g, opset
+
+
+def nested_model():
+    """An outer Scan over x (3, 2, 4) whose body runs an inner Scan over the step's 2 rows."""
+    inner = h.make_node("Scan", ["acc_in", "x_t"], ["acc_out", "rows"], num_scan_inputs=1,
+                        body=h.make_graph(
+                            [h.make_node("Add", ["a_in", "r_t"], ["a_out"]),
+                             h.make_node("Mul", ["a_out", "s_in"], ["r_out"])],
+                            "inner", [f32("a_in", [4]), f32("r_t", [4])],
+                            [f32("a_out", [4]), f32("r_out", [4])]),
+                        scan_input_directions=[1])
+    outer_body = h.make_graph(
+        [h.make_node("Identity", ["s_in"], ["acc_in"]), inner,
+         h.make_node("ReduceSum", ["rows"], ["rsum"], axes=[0], keepdims=0),
+         h.make_node("Tanh", ["acc_out"], ["s_out"])],
+        "outer", [f32("s_in", [4]), f32("x_t", [2, 4])],
+        [f32("s_out", [4]), f32("rsum", [4])])
+    node = h.make_node("Scan", ["s0", "x"], ["s", "y"], num_scan_inputs=1, body=outer_body)
+    g = h.make_graph([node], "scan_nested", [f32("s0", [4]), f32("x", [3, 2, 4])],
+                     [f32("s", None), f32("y", None)])
+    return g, 11
+
+
+CASES = [
+    ("scan_reverse_input_axis1_output_axes", lambda n: scan_model(
+        n, dict(scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1, -1],
+                scan_output_directions=[1, 0]), [4, 5])),
+    ("scan_forward", lambda n: scan_model(n, {}, [3, 4])),
+    ("scan_single_step", lambda n: scan_model(n, dict(scan_output_axes=[0, 1]), [1, 4])),
+    ("scan8_batched_reverse", lambda n: scan_model(
+        n, dict(directions=[1]), [2, 3, 4], opset=8, s0shape=(2, 4))),
+    ("scan_nested", lambda n: nested_model()),
+]
+
+
+def main() -> int:
+    shutil.rmtree(OUT, ignore_errors=True)
+    os.makedirs(OUT)
+    rng = np.random.default_rng(20261204)
+    manifest = []
+    for name, build in CASES:
+        g, opset = build(name)
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+        m.ir_version = 8
+        d = os.path.join(OUT, name)
+        ds = os.path.join(d, "test_data_set_0")
+        os.makedirs(ds)
+        path = os.path.join(d, "model.onnx")
+        onnx.save(m, path)
+        feeds = {}
+        for vi in g.input:
+            shape = [x.dim_value for x in vi.type.tensor_type.shape.dim]
+            feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        outs = sess.run(None, feeds)
+        for prefix, vals in (("input", list(feeds.values())), ("output", outs)):
+            for i, v in enumerate(vals):
+                with open(os.path.join(ds, f"{prefix}_{i}.pb"), "wb") as f:
+                    f.write(numpy_helper.from_array(v).SerializeToString())
+        manifest.append({"name": name, "ops": sorted({n.op_type for n in g.node}),
+                         "opset": opset, "rtol": 1e-5, "atol": 1e-6, "ort": "pass"})
+        print(name, [o.shape for o in outs])
+    with open(os.path.join(OUT, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    print(f"onnxruntime {ort.__version__}: wrote {len(manifest)} cases to {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
