@@ -69,9 +69,8 @@ pub(crate) fn resize2d(x: &Tensor, size: &[i64], a: &Resize2dAttrs) -> KResult<T
     }
     let out_shape = vec![n, c, oh, ow];
     let total = numel(&out_shape)?;
-    let r = &a.roi;
-    let th = a.taps(ih, oh, (r[0].0, r[2].0));
-    let tw = a.taps(iw, ow, (r[1].0, r[3].0));
+    let th = a.taps(0, ih, oh);
+    let tw = a.taps(1, iw, ow);
     let out_dtype = a.out_dtype.unwrap_or(x.dtype());
     let plane_in = ih * iw;
     let all_single = th
@@ -449,6 +448,8 @@ mod tests {
             cubic_exclude: 0,
             extrapolation_value: F64(0.0),
             out_dtype: None,
+            scale: None,
+            antialias: false,
         }
     }
 

@@ -3,7 +3,12 @@
 //!
 //! Contract: names, defaults and printing order are TVM 0.27's (`Conv2DTransposeAttrs`,
 //! `Resize2DAttrs`); string attributes with a closed set of values are checked when read, so a
-//! kernel never meets an unknown mode.
+//! kernel never meets an unknown mode. `resize2d` has three extensions for ONNX's `Resize`,
+//! printed only where they are used, so every module TVM can print reads back the same:
+//! `scale=[sh, sw]` (ONNX's scales, used by the coordinate transformation in place of the
+//! size ratio when the output extent `floor(scale · input)` is not exact), `antialias=True`
+//! (a linear or cubic filter widened by `1 / scale` when downsampling), and the coordinate
+//! mode `half_pixel_symmetric`.
 //!
 //! ```text
 //! y = R.nn.conv2d_transpose(x, w, strides=[2, 2], padding=[0, 0, 0, 0], output_padding=[1, 1],
@@ -128,9 +133,16 @@ pub struct Resize2dAttrs {
     pub extrapolation_value: F64,
     /// Output dtype (`None`: same as the input).
     pub out_dtype: Option<DType>,
+    /// ONNX's scales `(h, w)` (output / input), used by the coordinate transformation in place
+    /// of the size ratio (`None`: the size ratio). A fusebox extension: set by the ONNX
+    /// importer only when the output extent is not exactly `scale · input`.
+    pub scale: Option<[F64; 2]>,
+    /// ONNX's `antialias`: when an axis is downsampled, linear and cubic filters are widened
+    /// by `1 / scale` and their weights normalised. A fusebox extension.
+    pub antialias: bool,
 }
 
-/// Attribute names of `relax.image.resize2d` in Python-API order.
+/// Attribute names of `relax.image.resize2d` in Python-API order (then fusebox's extensions).
 pub(super) const RESIZE2D_ATTRS: &[&str] = &[
     "roi",
     "layout",
@@ -141,7 +153,13 @@ pub(super) const RESIZE2D_ATTRS: &[&str] = &[
     "cubic_exclude",
     "extrapolation_value",
     "out_dtype",
+    "scale",
+    "antialias",
 ];
+
+/// fusebox's extensions among [`RESIZE2D_ATTRS`]: printed only when set.
+#[cfg(test)]
+pub(super) const RESIZE2D_EXTENSIONS: &[&str] = &["scale", "antialias"];
 
 const METHODS: &[&str] = &["nearest_neighbor", "linear", "cubic"];
 const COORD_MODES: &[&str] = &[
@@ -151,6 +169,7 @@ const COORD_MODES: &[&str] = &[
     "pytorch_half_pixel",
     "tf_half_pixel_for_nn",
     "tf_crop_and_resize",
+    "half_pixel_symmetric",
 ];
 const ROUNDING: &[&str] = &[
     "",
@@ -206,6 +225,28 @@ pub(super) fn resize2d_attrs(kw: &Kwargs<'_>) -> Result<Box<Resize2dAttrs>, Stri
     if !(0..=1).contains(&cubic_exclude) {
         return Err(kw.invalid("cubic_exclude", "expected 0 or 1"));
     }
+    let scale = match kw.raw("scale") {
+        None | Some(AttrLit::None) => None,
+        Some(v) => {
+            let nums: Option<Vec<f64>> = match v {
+                AttrLit::List(items) => items
+                    .iter()
+                    .map(|x| match x {
+                        AttrLit::Float(f) => Some(*f),
+                        AttrLit::Int(i) => Some(*i as f64),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => None,
+            };
+            match nums.as_deref() {
+                Some(&[h, w]) if h.is_finite() && w.is_finite() && h > 0.0 && w > 0.0 => {
+                    Some([F64(h), F64(w)])
+                }
+                _ => return Err(kw.error("scale", "a list of 2 positive finite floats", v)),
+            }
+        }
+    };
     Ok(Box::new(Resize2dAttrs {
         roi,
         layout,
@@ -221,12 +262,14 @@ pub(super) fn resize2d_attrs(kw: &Kwargs<'_>) -> Result<Box<Resize2dAttrs>, Stri
         cubic_exclude,
         extrapolation_value: kw.float("extrapolation_value", 0.0)?,
         out_dtype: kw.opt_dtype("out_dtype")?,
+        scale,
+        antialias: kw.bool("antialias", false)?,
     }))
 }
 
 /// `relax.image.resize2d`'s attributes in TVM's printing order.
 pub(super) fn resize2d_kwargs(a: &Resize2dAttrs) -> Vec<(&'static str, AttrLit)> {
-    vec![
+    let mut kw = vec![
         (
             "roi",
             AttrLit::List(a.roi.iter().map(|f| AttrLit::Float(f.0)).collect()),
@@ -245,30 +288,62 @@ pub(super) fn resize2d_kwargs(a: &Resize2dAttrs) -> Vec<(&'static str, AttrLit)>
             AttrLit::Float(a.extrapolation_value.0),
         ),
         ("out_dtype", dtype_lit(a.out_dtype)),
-    ]
+    ];
+    if let Some([h, w]) = a.scale {
+        kw.push((
+            "scale",
+            AttrLit::List(vec![AttrLit::Float(h.0), AttrLit::Float(w.0)]),
+        ));
+    }
+    if a.antialias {
+        kw.push(("antialias", AttrLit::Bool(true)));
+    }
+    kw
 }
 
 /// The taps of one output position along one axis; `None` when the position lies outside the
 /// input (`tf_crop_and_resize`).
 pub type Taps = Option<Vec<(usize, f64)>>;
 
-/// The input coordinate of output index `o` (TVM topi's `get_inx`).
-fn source_coord(mode: &str, o: usize, n_in: usize, n_out: usize, roi: (f64, f64)) -> f64 {
-    let (o, i, out) = (o as f64, n_in as f64, n_out as f64);
-    let scale = i / out;
+/// The input coordinate of output index `o` (TVM topi's `get_inx`). With ONNX's `scale`
+/// (output / input) the transformation uses it, and the fractional output extent
+/// `scale · n_in`, where TVM uses the size ratio (ONNX `Resize`'s formulas).
+fn source_coord(
+    mode: &str,
+    o: usize,
+    n_in: usize,
+    n_out: usize,
+    roi: (f64, f64),
+    scale: Option<f64>,
+) -> f64 {
+    let (o, i) = (o as f64, n_in as f64);
+    // The output extent and input pixels per output pixel.
+    let (out, step) = match scale {
+        Some(s) => (s * i, 1.0 / s),
+        None => (n_out as f64, i / n_out as f64),
+    };
+    let many = match scale {
+        Some(_) => out != 1.0,
+        None => n_out > 1,
+    };
     match mode {
-        "align_corners" if n_out > 1 => o * (i - 1.0) / (out - 1.0),
+        "align_corners" if many => o * (i - 1.0) / (out - 1.0),
         "align_corners" => 0.0,
-        "asymmetric" => o * scale,
-        "pytorch_half_pixel" if n_out > 1 => (o + 0.5) * scale - 0.5,
+        "asymmetric" => o * step,
+        "pytorch_half_pixel" if many => (o + 0.5) * step - 0.5,
         "pytorch_half_pixel" => 0.0,
-        "tf_half_pixel_for_nn" => (o + 0.5) * scale,
-        "tf_crop_and_resize" if n_out > 1 => {
+        "tf_half_pixel_for_nn" => (o + 0.5) * step,
+        "tf_crop_and_resize" if many => {
             roi.0 * (i - 1.0) + o * (roi.1 - roi.0) * (i - 1.0) / (out - 1.0)
         }
         "tf_crop_and_resize" => 0.5 * (roi.0 + roi.1) * (i - 1.0),
+        // The centre of the (fractional) output maps to the centre of the input.
+        "half_pixel_symmetric" => {
+            let offset = i / 2.0 * (1.0 - n_out as f64 / out);
+            offset + (o + 0.5) * step - 0.5
+        }
         // half_pixel
-        _ => (o + 0.5) * scale - 0.5,
+        _ => (o + 0.5) * step - 0.5,
     }
 }
 
@@ -296,23 +371,100 @@ fn cubic_weights(t: f64, a: f64) -> [f64; 4] {
     ]
 }
 
+/// ONNX's antialiased taps at input coordinate `x` of an axis downsampled by `scale` < 1: the
+/// linear (triangle) or cubic kernel stretched by `1 / scale` over the pixels it covers,
+/// weights normalised to sum to 1; outside the input the edge pixel repeats, or with
+/// `exclude` its weight is dropped before normalising (the ONNX reference's
+/// `_linear_coeffs_antialias` / `_cubic_coeffs_antialias`).
+fn antialias_taps(
+    x: f64,
+    scale: f64,
+    n_in: usize,
+    cubic: bool,
+    alpha: f64,
+    exclude: bool,
+) -> Vec<(usize, f64)> {
+    // The pixel at or left of `x` (`x` itself counts as right of its left neighbour), and
+    // `x`'s distance from it in (0, 1].
+    let base = x.ceil() - 1.0;
+    let ratio = x - base;
+    let reach = if cubic { 2.0 } else { 1.0 };
+    let start = (-reach / scale).floor() as i64 + 1;
+    let end = 2 - start;
+    let kernel = |t: f64| -> f64 {
+        let t = t.abs();
+        if cubic {
+            let (t2, t3) = (t * t, t * t * t);
+            if t <= 1.0 {
+                (alpha + 2.0) * t3 - (alpha + 3.0) * t2 + 1.0
+            } else if t < 2.0 {
+                alpha * t3 - 5.0 * alpha * t2 + 8.0 * alpha * t - 4.0 * alpha
+            } else {
+                0.0
+            }
+        } else {
+            (1.0 - t).clamp(0.0, 1.0)
+        }
+    };
+    let b = base as i64;
+    let mut taps: Vec<(usize, f64)> = Vec::with_capacity((end - start).max(0) as usize);
+    let mut sum = 0.0;
+    for j in start..end {
+        let w = kernel(scale * (j as f64 - ratio));
+        sum += w;
+        taps.push((clamp_index(b + j, n_in), w));
+    }
+    if sum != 0.0 {
+        taps.iter_mut().for_each(|t| t.1 /= sum);
+    }
+    if exclude {
+        let mut kept = 0.0;
+        for (k, j) in (start..end).enumerate() {
+            if !(0..n_in as i64).contains(&(b + j)) {
+                taps[k].1 = 0.0;
+            }
+            kept += taps[k].1;
+        }
+        if kept != 0.0 {
+            taps.iter_mut().for_each(|t| t.1 /= kept);
+        }
+    }
+    taps
+}
+
 fn clamp_index(i: i64, n: usize) -> usize {
     i.clamp(0, n as i64 - 1) as usize
 }
 
 impl Resize2dAttrs {
-    /// The (input index, weight) taps of every output index along one axis of `n_in` input
-    /// and `n_out` output positions (`n_in` ≥ 1), TVM topi's rules; `roi` is the axis's
-    /// (start, end) for `tf_crop_and_resize`.
-    pub fn taps(&self, n_in: usize, n_out: usize, roi: (f64, f64)) -> Vec<Taps> {
+    /// The (input index, weight) taps of every output index along `axis` (0: height, 1:
+    /// width) of `n_in` input and `n_out` output positions (`n_in` ≥ 1): TVM topi's rules,
+    /// with ONNX's scale and antialiasing where the attributes ask for them.
+    pub fn taps(&self, axis: usize, n_in: usize, n_out: usize) -> Vec<Taps> {
         let a = self;
+        let axis = axis.min(1);
+        let roi = (a.roi[axis].0, a.roi[axis + 2].0);
+        let scale = a.scale.map(|s| s[axis].0);
         let mode = a.coordinate_transformation_mode.as_str();
         let crop = mode == "tf_crop_and_resize";
+        // Antialiasing widens linear and cubic filters on a downsampled axis.
+        let ratio = scale.unwrap_or(n_out as f64 / n_in as f64);
+        let wide = a.antialias && ratio < 1.0 && a.method != "nearest_neighbor";
         (0..n_out)
             .map(|o| {
-                let x = source_coord(mode, o, n_in, n_out, roi);
+                let x = source_coord(mode, o, n_in, n_out, roi, scale);
                 if crop && (x < 0.0 || x > n_in as f64 - 1.0) {
                     return None;
+                }
+                if wide {
+                    return Some(antialias_taps(
+                        x,
+                        ratio,
+                        n_in,
+                        a.method == "cubic",
+                        a.cubic_alpha.0,
+                        a.cubic_exclude == 1,
+                    ));
                 }
                 Some(match a.method.as_str() {
                     "nearest_neighbor" => {
@@ -509,8 +661,35 @@ mod tests {
         assert_eq!(a.coordinate_transformation_mode, "half_pixel");
         assert_eq!(a.cubic_alpha, F64(-0.75));
         let names: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
-        assert_eq!(names, RESIZE2D_ATTRS);
+        assert_eq!(names, RESIZE2D_ATTRS[..RESIZE2D_ATTRS.len() - 2]);
         round_trip(&o);
+        // The extensions print when set, and read back.
+        let ext = op(
+            "relax.image.resize2d",
+            &[
+                (
+                    "scale",
+                    AttrLit::List(vec![AttrLit::Float(0.6), AttrLit::Float(0.8)]),
+                ),
+                ("antialias", AttrLit::Bool(true)),
+                (
+                    "coordinate_transformation_mode",
+                    AttrLit::Str("half_pixel_symmetric".into()),
+                ),
+            ],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let names: Vec<&str> = ext.kwargs().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, RESIZE2D_ATTRS);
+        round_trip(&ext);
+        let bad = op(
+            "relax.image.resize2d",
+            &[(
+                "scale",
+                AttrLit::List(vec![AttrLit::Float(0.0), AttrLit::Float(1.0)]),
+            )],
+        );
+        assert!(bad.is_err_and(|e| e.contains("2 positive finite floats")));
         assert_eq!(o.fusion_kind(), crate::op::FusionKind::Injective);
         let o2 = op(
             "relax.image.resize2d",
@@ -720,9 +899,11 @@ class Module:
             cubic_exclude: 0,
             extrapolation_value: F64(0.0),
             out_dtype: None,
+            scale: None,
+            antialias: false,
         };
         // 2 → 4, half_pixel linear: x_in = (o + 0.5) / 2 - 0.5 = -0.25, 0.25, 0.75, 1.25.
-        let t = a("linear", "half_pixel", "round").taps(2, 4, (0.0, 0.0));
+        let t = a("linear", "half_pixel", "round").taps(0, 2, 4);
         let want = [
             vec![(0, 0.25), (0, 0.75)],
             vec![(0, 0.75), (1, 0.25)],
@@ -737,21 +918,93 @@ class Module:
             }
         }
         // Nearest, asymmetric, 4 → 2 (x_in = 2 o): indices 0 and 2.
-        let t = a("nearest_neighbor", "asymmetric", "floor").taps(4, 2, (0.0, 0.0));
+        let t = a("nearest_neighbor", "asymmetric", "floor").taps(0, 4, 2);
         assert_eq!(t, vec![Some(vec![(0, 1.0)]), Some(vec![(2, 1.0)])]);
         // round_prefer_ceil at exactly .5 goes up, round_prefer_floor goes down.
-        let up = a("nearest_neighbor", "asymmetric", "round_prefer_ceil").taps(3, 2, (0.0, 0.0));
+        let up = a("nearest_neighbor", "asymmetric", "round_prefer_ceil").taps(0, 3, 2);
         assert_eq!(up[1], Some(vec![(2, 1.0)]));
-        let down = a("nearest_neighbor", "asymmetric", "round_prefer_floor").taps(3, 2, (0.0, 0.0));
+        let down = a("nearest_neighbor", "asymmetric", "round_prefer_floor").taps(0, 3, 2);
         assert_eq!(down[1], Some(vec![(1, 1.0)]));
         // Cubic weights sum to 1.
-        for tp in a("cubic", "half_pixel", "round").taps(5, 7, (0.0, 0.0)) {
+        for tp in a("cubic", "half_pixel", "round").taps(0, 5, 7) {
             let s: f64 = tp.unwrap_or_default().iter().map(|t| t.1).sum();
             assert!((s - 1.0).abs() < 1e-12);
         }
         // tf_crop_and_resize: a roi past the end of the input gives no taps (extrapolated).
-        let t = a("linear", "tf_crop_and_resize", "round").taps(4, 3, (0.5, 1.5));
+        let mut crop = a("linear", "tf_crop_and_resize", "round");
+        crop.roi = [F64(0.5), F64(0.0), F64(1.5), F64(0.0)];
+        let t = crop.taps(0, 4, 3);
         assert!(t[0].is_some());
         assert!(t[2].is_none());
+    }
+
+    /// `taps` of one output position, weights rounded to 1e-9 for comparison.
+    fn close(got: &Taps, want: &[(usize, f64)]) -> bool {
+        got.as_ref().is_some_and(|g| {
+            g.len() == want.len()
+                && g.iter()
+                    .zip(want)
+                    .all(|(a, b)| a.0 == b.0 && (a.1 - b.1).abs() < 1e-9)
+        })
+    }
+
+    #[test]
+    fn onnx_scales_symmetric_mode_and_antialias_follow_onnx_formulas() {
+        let a = |method: &str, mode: &str| Resize2dAttrs {
+            roi: [F64(0.0); 4],
+            layout: "NCHW".into(),
+            method: method.into(),
+            coordinate_transformation_mode: mode.into(),
+            rounding_method: "round_prefer_floor".into(),
+            cubic_alpha: F64(-0.75),
+            cubic_exclude: 0,
+            extrapolation_value: F64(0.0),
+            out_dtype: None,
+            scale: Some([F64(0.6), F64(0.6)]),
+            antialias: false,
+        };
+        // ONNX: scale 0.6 on 2 pixels gives floor(1.2) = 1 output at x = 0.5 / 0.6 - 0.5 = 1/3
+        // (the size ratio would put it at 0.5).
+        let t = a("linear", "half_pixel").taps(0, 2, 1);
+        assert!(close(&t[0], &[(0, 2.0 / 3.0), (1, 1.0 / 3.0)]), "{t:?}");
+        // half_pixel_symmetric shifts by (2 / 2) · (1 − 1 / 1.2) = 1/6: x = 1/2.
+        let t = a("linear", "half_pixel_symmetric").taps(1, 2, 1);
+        assert!(close(&t[0], &[(0, 0.5), (1, 0.5)]), "{t:?}");
+        // Without `scale` the symmetric mode is half_pixel.
+        let mut plain = a("linear", "half_pixel_symmetric");
+        plain.scale = None;
+        let mut hp = a("linear", "half_pixel");
+        hp.scale = None;
+        assert_eq!(plain.taps(0, 2, 4), hp.taps(0, 2, 4));
+        // Antialiased linear 4 → 2 (scale 0.5), output 0 at x = 0.5: the triangle of half
+        // width 2 over pixels −1..=2 weighs 0.25, 0.75, 0.75, 0.25 (sum 2), the edge repeating.
+        let mut aa = a("linear", "half_pixel");
+        aa.scale = None;
+        aa.antialias = true;
+        let t = aa.taps(0, 4, 2);
+        assert!(
+            close(&t[0], &[(0, 0.125), (0, 0.375), (1, 0.375), (2, 0.125)]),
+            "{t:?}"
+        );
+        // With exclude_outside the pixel past the edge is dropped: 0.75, 0.75, 0.25 over 1.75.
+        aa.cubic_exclude = 1;
+        let t = aa.taps(0, 4, 2);
+        assert!(
+            close(
+                &t[0],
+                &[(0, 0.0), (0, 3.0 / 7.0), (1, 3.0 / 7.0), (2, 1.0 / 7.0)]
+            ),
+            "{t:?}"
+        );
+        // Upsampling is not antialiased; cubic antialiased weights sum to 1.
+        aa.cubic_exclude = 0;
+        assert_eq!(aa.taps(0, 2, 4), hp.taps(0, 2, 4));
+        aa.method = "cubic".into();
+        for tp in aa.taps(0, 9, 4) {
+            let tp = tp.unwrap_or_default();
+            assert!(tp.len() > 4, "{tp:?}");
+            let s: f64 = tp.iter().map(|t| t.1).sum();
+            assert!((s - 1.0).abs() < 1e-12, "{tp:?}");
+        }
     }
 }

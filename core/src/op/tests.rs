@@ -243,7 +243,15 @@ fn every_name_has_a_signature_and_round_trips() {
             // Every printed attribute is one the signature knows, and vice versa.
             let printed: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
             let mut a = printed.clone();
-            let mut b = sig.attr_names.to_vec();
+            // Extensions of TVM's ops print only when set (not in a default instance).
+            let mut b: Vec<&str> = sig
+                .attr_names
+                .iter()
+                .copied()
+                .filter(|n| {
+                    name != &"relax.image.resize2d" || !super::nn::RESIZE2D_EXTENSIONS.contains(n)
+                })
+                .collect();
             a.sort_unstable();
             b.sort_unstable();
             assert_eq!(a, b, "{name}");

@@ -22,6 +22,10 @@ use crate::kir::{Bin, Node, NodeId, RedOp, Scalar, Un};
 use fusebox_core::ir::{Constant, DType};
 use fusebox_core::op::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 
+/// The most terms (taps along H × taps along W) one `resize2d` output element may sum on the
+/// GPU: each is unrolled in the generated kernel.
+const MAX_RESIZE_TERMS: usize = 64;
+
 impl Lowerer<'_> {
     /// `conv2d_transpose` at output coordinates `c` of `shape`.
     pub(super) fn conv2d_transpose(
@@ -175,11 +179,18 @@ impl Lowerer<'_> {
         if ih == 0 || iw == 0 {
             return Err(self.unsupported("resize2d of an empty image".into()));
         }
-        let r = &a.roi;
-        let th = a.taps(ih, oh, (r[0].0, r[2].0));
-        let tw = a.taps(iw, ow, (r[1].0, r[3].0));
+        let th = a.taps(0, ih, oh);
+        let tw = a.taps(1, iw, ow);
         let width = |t: &[Taps]| t.iter().flatten().map(Vec::len).max().unwrap_or(1).max(1);
         let (nh, nw) = (width(&th), width(&tw));
+        // Each output element sums nh × nw terms, unrolled: a strongly antialiased
+        // downsampling stays on the CPU.
+        if nh * nw > MAX_RESIZE_TERMS {
+            return Err(self.unsupported(format!(
+                "resize2d with {nh} × {nw} taps per output (antialiased downsampling): more than \
+                 {MAX_RESIZE_TERMS} unrolled terms"
+            )));
+        }
         let s = Scalar::of(dtype);
         let wdt = if s == Scalar::F64 {
             DType::F64

@@ -860,11 +860,6 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
             a.string("nearest_mode", "round_prefer_floor"),
         )
     };
-    if coord == "half_pixel_symmetric" {
-        return Err(invalid(
-            "Resize's coordinate_transformation_mode half_pixel_symmetric is not supported",
-        ));
-    }
     // Per-axis scale (when given) and output extent, for all 4 axes.
     let in_ext = [xd[0].as_static(), xd[1].as_static(), Some(ih), Some(iw)];
     let mut out = [0i64; 4];
@@ -937,17 +932,16 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
             } else {
                 exact.floor() as i64
             };
-            // ONNX maps coordinates with the given scale, relax.image.resize2d with the size
-            // ratio: the two agree only when the output extent is exact.
-            if ax >= 2 && (exact - exact.round()).abs() > 1e-5 * exact.abs().max(1.0) {
-                return Err(invalid(format!(
-                    "Resize with scale {} on an extent of {i} gives a fractional output size \
-                     {exact}; only scales with an integral output size are supported",
-                    scale[ax]
-                )));
-            }
         }
     }
+    // ONNX maps coordinates with the given scale, relax.image.resize2d with the size ratio:
+    // the two agree when the output extent is exactly `scale · input`; otherwise the op
+    // carries the scales.
+    let inexact = |ax: usize| {
+        let exact = in_ext[ax].unwrap_or(0) as f64 * scale[ax];
+        (exact - out[ax] as f64).abs() > 1e-5 * exact.abs().max(1.0)
+    };
+    let explicit = (inexact(2) || inexact(3)).then_some([F64(scale[2]), F64(scale[3])]);
     for ax in 0..2 {
         let same = match in_ext[ax] {
             Some(i) => out[ax] == i,
@@ -964,11 +958,6 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
             "Resize gives an empty output ({} x {})",
             out[2], out[3]
         )));
-    }
-    if a.int("antialias", 0) != 0 && (scale[2] < 1.0 || scale[3] < 1.0) {
-        return Err(invalid(
-            "Resize with antialias=1 when downsampling is not supported",
-        ));
     }
     let mut roi = [F64(0.0); 4];
     if coord == "tf_crop_and_resize" {
@@ -995,6 +984,7 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
     if mode == "nearest" {
         mode = "nearest_neighbor".to_string();
     }
+    let antialias = a.int("antialias", 0) != 0 && mode != "nearest_neighbor";
     let size = im.b.shape(vec![Dim::Static(out[2]), Dim::Static(out[3])]);
     Ok(call(
         Op::Resize2d(Box::new(Resize2dAttrs {
@@ -1007,6 +997,8 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
             cubic_exclude: a.int("exclude_outside", 0),
             extrapolation_value: F64(a.float("extrapolation_value", 0.0)),
             out_dtype: None,
+            scale: explicit,
+            antialias,
         })),
         vec![x, size],
     ))
