@@ -69,6 +69,8 @@ pub(crate) fn resize2d(x: &Tensor, size: &[i64], a: &Resize2dAttrs) -> KResult<T
     }
     let out_shape = vec![n, c, oh, ow];
     let total = numel(&out_shape)?;
+    a.check_extent(0, ih, oh)?;
+    a.check_extent(1, iw, ow)?;
     let th = a.taps(0, ih, oh);
     let tw = a.taps(1, iw, ow);
     let out_dtype = a.out_dtype.unwrap_or(x.dtype());

@@ -437,9 +437,30 @@ fn clamp_index(i: i64, n: usize) -> usize {
 }
 
 impl Resize2dAttrs {
+    /// Checks that an output extent fits the attributes: with `scale`, `n_out` along `axis`
+    /// must be `scale · n_in` rounded down or up (ONNX's `floor` for `scales`, `round` for
+    /// `sizes` with a `keep_aspect_ratio_policy`), so a filter's width and the number of
+    /// outputs stay tied to the input (an antialiased axis then has about `4 · n_in` taps in
+    /// all).
+    pub fn check_extent(&self, axis: usize, n_in: usize, n_out: usize) -> Result<(), String> {
+        let Some(s) = self.scale.map(|s| s[axis.min(1)].0) else {
+            return Ok(());
+        };
+        let exact = s * n_in as f64;
+        if (n_out as f64 - exact).abs() < 1.0 + 1e-5 * exact.max(1.0) {
+            Ok(())
+        } else {
+            Err(format!(
+                "resize2d with scale {s} on an input extent of {n_in} gives {exact} outputs, \
+                 the size asks for {n_out}"
+            ))
+        }
+    }
+
     /// The (input index, weight) taps of every output index along `axis` (0: height, 1:
     /// width) of `n_in` input and `n_out` output positions (`n_in` ≥ 1): TVM topi's rules,
-    /// with ONNX's scale and antialiasing where the attributes ask for them.
+    /// with ONNX's scale and antialiasing where the attributes ask for them (callers check
+    /// the extents with [`Resize2dAttrs::check_extent`] first).
     pub fn taps(&self, axis: usize, n_in: usize, n_out: usize) -> Vec<Taps> {
         let a = self;
         let axis = axis.min(1);
@@ -996,6 +1017,12 @@ class Module:
             ),
             "{t:?}"
         );
+        // A size that does not follow from the scale is refused.
+        let six = a("linear", "half_pixel");
+        assert!(six.check_extent(0, 10, 6).is_ok());
+        let e = six.check_extent(1, 10, 1000).err().unwrap_or_default();
+        assert!(e.contains("gives 6 outputs, the size asks for 1000"), "{e}");
+        assert!(six.check_extent(0, 9, 5).is_ok() && six.check_extent(0, 9, 7).is_err());
         // Upsampling is not antialiased; cubic antialiased weights sum to 1.
         aa.cubic_exclude = 0;
         assert_eq!(aa.taps(0, 2, 4), hp.taps(0, 2, 4));

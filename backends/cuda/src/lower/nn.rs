@@ -179,6 +179,10 @@ impl Lowerer<'_> {
         if ih == 0 || iw == 0 {
             return Err(self.unsupported("resize2d of an empty image".into()));
         }
+        for (axis, (i, o)) in [(ih, oh), (iw, ow)].into_iter().enumerate() {
+            a.check_extent(axis, i, o)
+                .map_err(|e| self.unsupported(e))?;
+        }
         let th = a.taps(0, ih, oh);
         let tw = a.taps(1, iw, ow);
         let width = |t: &[Taps]| t.iter().flatten().map(Vec::len).max().unwrap_or(1).max(1);
