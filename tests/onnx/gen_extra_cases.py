@@ -2,7 +2,8 @@
 """Writes fusebox's extra ONNX cases, each checked against onnxruntime: `tests/onnx/extra/`.
 
 The ONNX node conformance suite (`gen_node_cases.py`) leaves parts of some ops untested (Scan's
-directions and axes, opset 8's batched Scan, a Scan inside a Scan's body). Each case here is
+directions and axes, opset 8's batched Scan, a Scan inside a Scan's body, Col2Im with rows
+past its last block). Each case here is
 a small model built with `onnx.helper`, seeded random inputs, and the outputs onnxruntime's CPU
 provider computes on them, written in the node cases' layout (`<case>/model.onnx`,
 `<case>/test_data_set_0/{input,output}_<i>.pb`, `manifest.json`) and committed, so
@@ -78,6 +79,23 @@ def nested_model():
     return g, 11
 
 
+def col2im_model(name):
+    """Col2Im with a remainder past the last block on one axis (transposed conv's output
+    padding), a rectangular block, dilation and asymmetric pads, batch 2."""
+    image, block = [5, 7], [2, 3]
+    strides, dil, pads = [2, 2], [1, 2], [1, 0, 0, 1]
+    nb = [(image[d] + pads[d] + pads[d + 2] - (dil[d] * (block[d] - 1) + 1)) // strides[d] + 1
+          for d in range(2)]
+    c = 2
+    node = h.make_node("Col2Im", ["x", "image_shape", "block_shape"], ["y"], strides=strides,
+                       dilations=dil, pads=pads)
+    g = h.make_graph([node], name, [f32("x", [2, c * block[0] * block[1], nb[0] * nb[1]])],
+                     [f32("y", None)],
+                     [numpy_helper.from_array(np.array(image, np.int64), "image_shape"),
+                      numpy_helper.from_array(np.array(block, np.int64), "block_shape")])
+    return g, 18
+
+
 CASES = [
     ("scan_reverse_input_axis1_output_axes", lambda n: scan_model(
         n, dict(scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1, -1],
@@ -87,6 +105,7 @@ CASES = [
     ("scan8_batched_reverse", lambda n: scan_model(
         n, dict(directions=[1]), [2, 3, 4], opset=8, s0shape=(2, 4))),
     ("scan_nested", lambda n: nested_model()),
+    ("col2im_remainder_dilated_rect", col2im_model),
 ]
 
 

@@ -228,6 +228,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Upsample",
     "GridSample",
     "AffineGrid",
+    "Col2Im",
     "ReverseSequence",
     "If",
     "Scan",

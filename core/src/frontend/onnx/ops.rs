@@ -734,6 +734,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             ))
         }
         "GridSample" => image::grid_sample(im, node, &a),
+        "Col2Im" => image::col2im(im, node, &a),
         "AffineGrid" => image::affine_grid(im, node, &a),
         "LinearAttention" => attention::linear_attention(im, node, &a),
         "CausalConvWithState" => nn::causal_conv_with_state(im, node, &a),

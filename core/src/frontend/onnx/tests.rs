@@ -738,6 +738,7 @@ fn recurrent_layers_need_a_static_unpadded_sequence() {
     let e = import_onnx(&b, "t.onnx").unwrap_err().to_string();
     assert!(e.contains("the sequence length must be static"), "{e}");
 }
+mod col2im;
 mod reduce;
 mod scan;
 mod validate;

@@ -8,6 +8,14 @@
 //! defines it. `AffineGrid`'s `size` (`(N, C, H, W)` or `(N, C, D, H, W)`) must be a
 //! constant; its `N` must match theta's.
 //!
+//! `Col2Im` (opset 18) with 2 spatial axes, a constant `image_shape` and `block_shape`, and a
+//! static input, becomes one `relax.nn.conv2d_transpose`: the `C·kh·kw` input channels are
+//! `C` groups of `kh·kw`, each spread back onto its image by a constant one-hot weight (block
+//! element `(i, j)` of channel `c` lands at kernel tap `(i, j)` of output channel `c`), with
+//! the `strides`, `dilations` and `pads` of the blocks; overlapping blocks add up, as Col2Im
+//! defines. The sums are the same terms in another order, plus zero products (so an infinite
+//! or NaN element also makes the neighbours its block overlaps NaN).
+//!
 //! ```text
 //! Y = GridSample(X: f32[1, 3, 8, 8], G: f32[1, 4, 5, 2]; mode="linear")
 //!   → lv = R.permute_dims(G, axes=[0, 3, 1, 2])          # (1, 2, 4, 5)
@@ -16,13 +24,147 @@
 //! G = AffineGrid(theta: f32[2, 2, 3], size=[2, 3, 4, 5]; align_corners=0)
 //!   → lv = R.image.affine_grid(theta, R.shape([4, 5]), align_corners=False)   # (2, 2, 4, 5)
 //!     G = R.permute_dims(lv, axes=[0, 2, 3, 1])                                # (2, 4, 5, 2)
+//! Y = Col2Im(X: f32[1, 8, 9], image_shape=[5, 5], block_shape=[2, 2]; strides=[2, 2])
+//!   → lv = R.reshape(X, R.shape([1, 8, 3, 3]))
+//!     Y = R.nn.conv2d_transpose(lv, W, strides=[2, 2], output_padding=[1, 1], groups=2)
+//!     # W: (8, 1, 2, 2) one-hot; Y: (1, 2, 5, 5)
 //! ```
 
 use super::super::{Attrs, Importer, NodeProto, Out, invalid, req};
 use super::call;
 use crate::error::Result;
-use crate::ir::Dim;
-use crate::op::{GridSampleAttrs, Op};
+use crate::ir::{Constant, Dim};
+use crate::op::{Conv2dTransposeAttrs, GridSampleAttrs, Op};
+
+/// The most elements of `Col2Im`'s one-hot weight (`C · (kh · kw)²`).
+const MAX_COL2IM_WEIGHT: usize = 1 << 26;
+
+/// `Col2Im(input, image_shape, block_shape)` (see the module doc).
+pub(super) fn col2im(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let image = im.const_i64s(req(node, 1)?)?;
+    let block = im.const_i64s(req(node, 2)?)?;
+    let (xd, dt) = im.dims(x)?;
+    if image.len() != 2 || block.len() != 2 {
+        return Err(invalid(format!(
+            "Col2Im of {} spatial axes: only 2 (image_shape and block_shape of 2 values) are \
+             supported",
+            image.len().max(block.len())
+        )));
+    }
+    let get = |name: &str, default: i64, n: usize| -> Result<Vec<i64>> {
+        let v = a.ints(name).unwrap_or_else(|| vec![default; n]);
+        if v.len() == n {
+            Ok(v)
+        } else {
+            Err(invalid(format!(
+                "Col2Im's `{name}` has {} values, expected {n}",
+                v.len()
+            )))
+        }
+    };
+    let strides = get("strides", 1, 2)?;
+    let dil = get("dilations", 1, 2)?;
+    let pads = get("pads", 0, 4)?;
+    if strides.iter().chain(&dil).any(|&v| v < 1) || pads.iter().any(|&p| p < 0) {
+        return Err(invalid(format!(
+            "Col2Im needs strides and dilations ≥ 1 and pads ≥ 0, found {strides:?}, {dil:?}, \
+             {pads:?}"
+        )));
+    }
+    if image.iter().chain(&block).any(|&v| v < 1) {
+        return Err(invalid(format!(
+            "Col2Im needs image_shape and block_shape ≥ 1, found {image:?} and {block:?}"
+        )));
+    }
+    let [n, cb, l] = xd.as_slice() else {
+        return Err(invalid(format!(
+            "Col2Im's input must be 3-D (N, C · block size, L), found rank {}",
+            xd.len()
+        )));
+    };
+    let (Some(cb), Some(l)) = (cb.as_static(), l.as_static()) else {
+        return Err(invalid("Col2Im needs a static channel and block count"));
+    };
+    let k = block[0] * block[1];
+    if cb % k != 0 {
+        return Err(invalid(format!(
+            "Col2Im's input has {cb} channels, not a multiple of the block size {k}"
+        )));
+    }
+    let c = cb / k;
+    // Blocks per axis, and the rows or columns past the last block (transposed conv's
+    // output padding).
+    let mut nb = [0i64; 2];
+    let mut extra = [0i64; 2];
+    for d in 0..2 {
+        let span = image[d] + pads[d] + pads[d + 2] - (dil[d] * (block[d] - 1) + 1);
+        if span < 0 {
+            return Err(invalid(format!(
+                "Col2Im: a block of {} (dilation {}) does not fit the padded image extent {}",
+                block[d],
+                dil[d],
+                image[d] + pads[d] + pads[d + 2]
+            )));
+        }
+        nb[d] = span / strides[d] + 1;
+        extra[d] = span % strides[d];
+    }
+    if nb[0] * nb[1] != l {
+        return Err(invalid(format!(
+            "Col2Im's input has {l} blocks; image_shape {image:?}, block_shape {block:?}, \
+             strides, dilations and pads give {} × {}",
+            nb[0], nb[1]
+        )));
+    }
+    let wlen = usize::try_from(cb * k)
+        .ok()
+        .filter(|&v| v <= MAX_COL2IM_WEIGHT)
+        .ok_or_else(|| {
+            invalid(format!(
+                "Col2Im's one-hot weight would have {cb} × {k} elements (at most {MAX_COL2IM_WEIGHT})"
+            ))
+        })?;
+    if !dt.is_float() {
+        return Err(invalid(format!(
+            "Col2Im of {dt} data: only floating-point inputs are supported"
+        )));
+    }
+    // Weight (C·k, 1, kh, kw): row c·k + t is one at tap t (zero bytes are +0.0 in every
+    // float dtype).
+    let one = Constant::scalar(1.0, dt).data;
+    let es = one.len();
+    let mut bytes = vec![0u8; wlen * es];
+    let ku = k as usize;
+    for row in 0..cb as usize {
+        let at = (row * ku + row % ku) * es;
+        bytes[at..at + es].copy_from_slice(&one);
+    }
+    let weight = Constant::from_bytes(dt, vec![cb, 1, block[0], block[1]], bytes)
+        .map_err(|e| invalid(format!("Col2Im's weight: {e}")))?;
+    let weight = im.b.constant(weight);
+    let shape = im.b.shape(vec![
+        n.clone(),
+        Dim::Static(cb),
+        Dim::Static(nb[0]),
+        Dim::Static(nb[1]),
+    ]);
+    let blocks = im.emit(Op::Reshape, vec![x, shape])?;
+    Ok(call(
+        Op::Conv2dTranspose(Box::new(Conv2dTransposeAttrs {
+            strides: [strides[0], strides[1]],
+            padding: [pads[0], pads[1], pads[2], pads[3]],
+            output_padding: extra,
+            dilation: [dil[0], dil[1]],
+            groups: c,
+            data_layout: "NCHW".into(),
+            kernel_layout: "IOHW".into(),
+            out_layout: "NCHW".into(),
+            out_dtype: None,
+        })),
+        vec![blocks, weight],
+    ))
+}
 
 /// `GridSample(X, grid)`.
 pub(super) fn grid_sample(
