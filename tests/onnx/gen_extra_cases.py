@@ -3,7 +3,7 @@
 
 The ONNX node conformance suite (`gen_node_cases.py`) leaves parts of some ops untested (Scan's
 directions and axes, opset 8's batched Scan, a Scan inside a Scan's body, Col2Im with rows
-past its last block). Each case here is
+past its last block, QLinearConv with per-channel weight scales and zero points). Each case here is
 a small model built with `onnx.helper`, seeded random inputs, and the outputs onnxruntime's CPU
 provider computes on them, written in the node cases' layout (`<case>/model.onnx`,
 `<case>/test_data_set_0/{input,output}_<i>.pb`, `manifest.json`) and committed, so
@@ -96,6 +96,27 @@ def col2im_model(name):
     return g, 18
 
 
+def qlinear_conv_model(name):
+    """QLinearConv with per-output-channel weight scales and zero points, an int32 bias,
+    stride 2 and padding: uint8 data and weights."""
+    node = h.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"],
+                       strides=[2, 2], pads=[1, 1, 1, 1])
+    r = np.random.default_rng(7)
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
+        numpy_helper.from_array(np.array(128, np.uint8), "xz"),
+        numpy_helper.from_array(r.integers(0, 256, (3, 2, 3, 3), dtype=np.uint8), "w"),
+        numpy_helper.from_array(np.array([0.01, 0.02, 0.015], np.float32), "ws"),
+        numpy_helper.from_array(np.array([120, 128, 131], np.uint8), "wz"),
+        numpy_helper.from_array(np.array(0.3, np.float32), "ys"),
+        numpy_helper.from_array(np.array(100, np.uint8), "yz"),
+        numpy_helper.from_array(np.array([-300, 0, 450], np.int32), "b"),
+    ]
+    g = h.make_graph([node], name, [h.make_tensor_value_info("x", TP.UINT8, [1, 2, 5, 6])],
+                     [h.make_tensor_value_info("y", TP.UINT8, None)], inits)
+    return g, 13
+
+
 CASES = [
     ("scan_reverse_input_axis1_output_axes", lambda n: scan_model(
         n, dict(scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1, -1],
@@ -106,6 +127,7 @@ CASES = [
         n, dict(directions=[1]), [2, 3, 4], opset=8, s0shape=(2, 4))),
     ("scan_nested", lambda n: nested_model()),
     ("col2im_remainder_dilated_rect", col2im_model),
+    ("qlinearconv_per_channel_bias_strided", qlinear_conv_model),
 ]
 
 
@@ -126,7 +148,10 @@ def main() -> int:
         feeds = {}
         for vi in g.input:
             shape = [x.dim_value for x in vi.type.tensor_type.shape.dim]
-            feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+            if vi.type.tensor_type.elem_type == TP.UINT8:
+                feeds[vi.name] = rng.integers(0, 256, shape, dtype=np.uint8)
+            else:
+                feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
         sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         outs = sess.run(None, feeds)
         for prefix, vals in (("input", list(feeds.values())), ("output", outs)):

@@ -229,6 +229,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GridSample",
     "AffineGrid",
     "Col2Im",
+    "ConvInteger",
+    "QLinearConv",
     "ReverseSequence",
     "If",
     "Scan",

@@ -79,6 +79,8 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "DynamicQuantizeLinear" => quant::dynamic_quantize_linear(im, node),
         "MatMulInteger" => quant::matmul_integer(im, node),
         "QLinearMatMul" => quant::qlinear_matmul(im, node),
+        "ConvInteger" => quant::conv_integer(im, node, &a),
+        "QLinearConv" => quant::qlinear_conv(im, node, &a),
         "Swish" => {
             // x * sigmoid(alpha * x) (opset 24).
             let x = im.expr(req(node, 0)?)?;
@@ -863,8 +865,20 @@ fn kernel_attr(a: &Attrs<'_>, one_d: bool) -> Option<[i64; 2]> {
 }
 
 fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result<Vec<Out>> {
-    let mut x = im.expr(req(node, 0)?)?;
-    let mut w = im.expr(req(node, 1)?)?;
+    let x = im.expr(req(node, 0)?)?;
+    let w = im.expr(req(node, 1)?)?;
+    conv_of(im, x, w, input(node, 2), a)
+}
+
+/// `Conv(x, w[, bias])` with `Conv`'s attributes `a` (1-D or 2-D), on values already in hand
+/// (`ConvInteger` and `QLinearConv` pass zero-point-centred operands).
+pub(super) fn conv_of(
+    im: &mut Importer<'_>,
+    mut x: ExprId,
+    mut w: ExprId,
+    bias: Option<&str>,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
     let (xd, _) = im.dims(x)?;
     let (wd, _) = im.dims(w)?;
     let one_d = xd.len() == 3 && wd.len() == 3;
@@ -898,7 +912,7 @@ fn conv(im: &mut Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result
         out_layout: "NCHW".into(),
         out_dtype: None,
     }));
-    let Some(bname) = input(node, 2) else {
+    let Some(bname) = bias else {
         return finish(im, op, vec![x, w], one_d);
     };
     let y = im.emit(op, vec![x, w])?;

@@ -1,6 +1,8 @@
 //! ONNX's linear quantization ops, composed from the op set at import time:
-//! `QuantizeLinear`, `DequantizeLinear`, `DynamicQuantizeLinear`, `MatMulInteger` and
-//! `QLinearMatMul`.
+//! `QuantizeLinear`, `DequantizeLinear`, `DynamicQuantizeLinear`, `MatMulInteger`,
+//! `QLinearMatMul`, `ConvInteger` and `QLinearConv` (the convolutions as `Conv` of the
+//! zero-point-centred operands in `float64`; a weight's zero point and scale may be per output
+//! channel).
 //!
 //! Contract: quantized tensors are `uint8` or `int8` (the only 8-bit types fusebox stores;
 //! `MatMulInteger`'s result is `int32`). Scales and zero points are scalars (per tensor) or 1-D
@@ -269,6 +271,86 @@ pub(crate) fn qlinear_matmul(im: &mut Importer<'_>, node: &NodeProto) -> Result<
     let one = im.scalar(1.0, DType::F64);
     let (ad, _) = im.dims(acc)?;
     let yz = along(im, yz, ad.len().checked_sub(1), ad.len())?;
+    let y = quantize(im, v, one, Some(yz), to, DType::F64)?;
+    Ok(vec![Out::Val(Val::Expr(y))])
+}
+
+/// A converter's single output as an expression (bound to a fresh var when it is a call).
+fn out_expr(im: &mut Importer<'_>, outs: Vec<Out>) -> Result<ExprId> {
+    match outs.into_iter().next() {
+        Some(Out::Val(Val::Expr(e))) => Ok(e),
+        Some(Out::Kind(kind)) => {
+            let v = im.b.emit_value("", kind, false)?;
+            Ok(im.b.var(v))
+        }
+        _ => Err(invalid("internal: a convolution gave no value")),
+    }
+}
+
+/// The convolution of the centred operands (`x − x_zp`, `w − w_zp` with `w_zp` per output
+/// channel), in `float64`.
+fn centered_conv(
+    im: &mut Importer<'_>,
+    node: &NodeProto,
+    a: &Attrs<'_>,
+    (xi, xzi, wi, wzi): (usize, usize, usize, usize),
+) -> Result<ExprId> {
+    let x = im.expr(req(node, xi)?)?;
+    let w = im.expr(req(node, wi)?)?;
+    let (xd, _) = im.dims(x)?;
+    let (wd, _) = im.dims(w)?;
+    let xc = centered(im, x, input(node, xzi), xd.len())?;
+    // The weight's zero point runs along its first axis (the output channels).
+    let wc = centered(im, w, input(node, wzi), wd.len())?;
+    let outs = super::conv_of(im, xc, wc, None, a)?;
+    out_expr(im, outs)
+}
+
+/// `ConvInteger(x, w[, x_zero_point, w_zero_point])` → int32.
+pub(crate) fn conv_integer(
+    im: &mut Importer<'_>,
+    node: &NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let acc = centered_conv(im, node, a, (0, 2, 1, 3))?;
+    let y = cast(im, acc, DType::I32)?;
+    Ok(vec![Out::Val(Val::Expr(y))])
+}
+
+/// `QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp[, bias])`: the int32 bias
+/// (scale `x_scale · w_scale`, zero point 0) is added to the accumulator, which is rescaled by
+/// `x_scale · w_scale / y_scale`, rounded half to even, offset by `y_zp` and saturated.
+pub(crate) fn qlinear_conv(
+    im: &mut Importer<'_>,
+    node: &NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let mut acc = centered_conv(im, node, a, (0, 2, 3, 5))?;
+    let (ad, _) = im.dims(acc)?;
+    let rank = ad.len();
+    // Per output channel values run along axis 1 of the result.
+    let channel = |im: &mut Importer<'_>, v: ExprId| -> Result<ExprId> {
+        let v = cast(im, v, DType::F64)?;
+        along(im, v, Some(1), rank)
+    };
+    if let Some(b) = input(node, 8) {
+        let b = im.expr(b)?;
+        let b = channel(im, b)?;
+        acc = im.emit(Op::Add, vec![acc, b])?;
+    }
+    let sx = im.expr(req(node, 1)?)?;
+    let sx = channel(im, sx)?;
+    let sw = im.expr(req(node, 4)?)?;
+    let sw = channel(im, sw)?;
+    let sy = im.expr(req(node, 6)?)?;
+    let sy = channel(im, sy)?;
+    let yz = im.expr(req(node, 7)?)?;
+    let (_, to) = im.dims(yz)?;
+    let yz = along(im, yz, Some(1), rank)?;
+    let m = im.emit(Op::Multiply, vec![sx, sw])?;
+    let m = im.emit(Op::Divide, vec![m, sy])?;
+    let v = im.emit(Op::Multiply, vec![acc, m])?;
+    let one = im.scalar(1.0, DType::F64);
     let y = quantize(im, v, one, Some(yz), to, DType::F64)?;
     Ok(vec![Out::Val(Val::Expr(y))])
 }
