@@ -195,6 +195,21 @@ pub(super) fn one_of(
     }
 }
 
+/// The values of a list of numbers (ints widened), else `None`.
+fn numbers(v: &AttrLit) -> Option<Vec<f64>> {
+    match v {
+        AttrLit::List(items) => items
+            .iter()
+            .map(|x| match x {
+                AttrLit::Float(f) => Some(*f),
+                AttrLit::Int(i) => Some(*i as f64),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
 /// Reads `relax.image.resize2d`'s attributes.
 pub(super) fn resize2d_attrs(kw: &Kwargs<'_>) -> Result<Box<Resize2dAttrs>, String> {
     let roi = match kw.raw("roi") {
@@ -203,15 +218,7 @@ pub(super) fn resize2d_attrs(kw: &Kwargs<'_>) -> Result<Box<Resize2dAttrs>, Stri
             let nums: Option<Vec<f64>> = match v {
                 AttrLit::Float(f) => Some(vec![*f; 4]),
                 AttrLit::Int(i) => Some(vec![*i as f64; 4]),
-                AttrLit::List(items) => items
-                    .iter()
-                    .map(|x| match x {
-                        AttrLit::Float(f) => Some(*f),
-                        AttrLit::Int(i) => Some(*i as f64),
-                        _ => None,
-                    })
-                    .collect(),
-                _ => None,
+                _ => numbers(v),
             };
             match nums.as_deref() {
                 Some(&[a, b, c, d]) => [F64(a), F64(b), F64(c), F64(d)],
@@ -227,25 +234,12 @@ pub(super) fn resize2d_attrs(kw: &Kwargs<'_>) -> Result<Box<Resize2dAttrs>, Stri
     }
     let scale = match kw.raw("scale") {
         None | Some(AttrLit::None) => None,
-        Some(v) => {
-            let nums: Option<Vec<f64>> = match v {
-                AttrLit::List(items) => items
-                    .iter()
-                    .map(|x| match x {
-                        AttrLit::Float(f) => Some(*f),
-                        AttrLit::Int(i) => Some(*i as f64),
-                        _ => None,
-                    })
-                    .collect(),
-                _ => None,
-            };
-            match nums.as_deref() {
-                Some(&[h, w]) if h.is_finite() && w.is_finite() && h > 0.0 && w > 0.0 => {
-                    Some([F64(h), F64(w)])
-                }
-                _ => return Err(kw.error("scale", "a list of 2 positive finite floats", v)),
+        Some(v) => match numbers(v).as_deref() {
+            Some(&[h, w]) if h.is_finite() && w.is_finite() && h > 0.0 && w > 0.0 => {
+                Some([F64(h), F64(w)])
             }
-        }
+            _ => return Err(kw.error("scale", "a list of 2 positive finite floats", v)),
+        },
     };
     Ok(Box::new(Resize2dAttrs {
         roi,

@@ -103,9 +103,7 @@ pub fn with_regions<T>(
     if !has_if(m) {
         return pass(m);
     }
-    let lifted = lift(m)?;
-    let (out, extra) = pass(&lifted)?;
-    let lowered = lower(&out)?;
+    let (lowered, extra) = with_regions_named_by_pass(m, pass)?;
     Ok((program_order_names(&|n| m.get(n).is_some(), lowered), extra))
 }
 

@@ -88,98 +88,49 @@ fn a_scan_unrolls_into_one_take_and_body_per_step_and_stacks_its_outputs() {
 #[test]
 fn what_cannot_be_unrolled_is_an_error_naming_the_node() {
     let input = |x: &[&str]| vec![vi("s0", 1, &["4"]), vi("x", 1, x)];
+    // The summing Scan over `x` of shape `x`, with `extra` attributes.
+    let summing = |x: &[&str], extra: Vec<AttributeProto>| {
+        model(
+            17,
+            vec![scan_node(sum_body(&["4"]), extra)],
+            input(x),
+            vec![],
+            &["s", "y"],
+        )
+    };
+    // A Scan over `x` (3, 4) with exactly the attributes `attrs`.
+    let bare = |attrs: Vec<AttributeProto>| {
+        model(
+            17,
+            vec![node("Scan", "scan", &["s0", "x"], &["s", "y"], attrs)],
+            input(&["3", "4"]),
+            vec![],
+            &["s", "y"],
+        )
+    };
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (
-            model(
-                17,
-                vec![scan_node(sum_body(&["4"]), vec![])],
-                input(&["n", "4"]),
-                vec![],
-                &["s", "y"],
-            ),
+            summing(&["n", "4"], vec![]),
             "needs a static sequence length",
         ),
+        (summing(&["0", "4"], vec![]), "empty sequence"),
+        (summing(&["5000", "4"], vec![]), "at most 4096 steps"),
         (
-            model(
-                17,
-                vec![scan_node(sum_body(&["4"]), vec![])],
-                input(&["0", "4"]),
-                vec![],
-                &["s", "y"],
-            ),
-            "empty sequence",
-        ),
-        (
-            model(
-                17,
-                vec![scan_node(sum_body(&["4"]), vec![])],
-                input(&["5000", "4"]),
-                vec![],
-                &["s", "y"],
-            ),
-            "at most 4096 steps",
-        ),
-        (
-            model(
-                17,
-                vec![scan_node(
-                    sum_body(&["4"]),
-                    vec![ais("scan_input_directions", &[2])],
-                )],
-                input(&["3", "4"]),
-                vec![],
-                &["s", "y"],
-            ),
+            summing(&["3", "4"], vec![ais("scan_input_directions", &[2])]),
             "direction 2",
         ),
         (
-            model(
-                17,
-                vec![scan_node(
-                    sum_body(&["4"]),
-                    vec![ais("scan_input_axes", &[0, 1])],
-                )],
-                input(&["3", "4"]),
-                vec![],
-                &["s", "y"],
-            ),
+            summing(&["3", "4"], vec![ais("scan_input_axes", &[0, 1])]),
             "`scan_input_axes` has 2 values, expected 1",
         ),
         (
-            model(
-                17,
-                vec![node(
-                    "Scan",
-                    "scan",
-                    &["s0", "x"],
-                    &["s", "y"],
-                    vec![
-                        ai("num_scan_inputs", 3),
-                        graph_attr("body", sum_body(&["4"])),
-                    ],
-                )],
-                input(&["3", "4"]),
-                vec![],
-                &["s", "y"],
-            ),
+            bare(vec![
+                ai("num_scan_inputs", 3),
+                graph_attr("body", sum_body(&["4"])),
+            ]),
             "fewer than num_scan_inputs = 3",
         ),
-        (
-            model(
-                17,
-                vec![node(
-                    "Scan",
-                    "scan",
-                    &["s0", "x"],
-                    &["s", "y"],
-                    vec![ai("num_scan_inputs", 1)],
-                )],
-                input(&["3", "4"]),
-                vec![],
-                &["s", "y"],
-            ),
-            "no `body` graph",
-        ),
+        (bare(vec![ai("num_scan_inputs", 1)]), "no `body` graph"),
     ];
     for (b, want) in cases {
         let e = import_err(&b);
@@ -188,7 +139,26 @@ fn what_cannot_be_unrolled_is_an_error_naming_the_node() {
             "want {want:?}: {e}"
         );
     }
-    // Opset 8: a `sequence_lens` shorter than the sequence.
+    // Opset 8: inputs `ins` (sequence_lens first), state `s0` and scan input `x` shapes.
+    let scan8 = |ins: &[&str], s0: &[&str], x: &[&str], inits: Vec<TensorProto>| {
+        model(
+            8,
+            vec![node(
+                "Scan",
+                "scan",
+                ins,
+                &["s", "y"],
+                vec![
+                    ai("num_scan_inputs", 1),
+                    graph_attr("body", sum_body(&["4"])),
+                ],
+            )],
+            vec![vi("s0", 1, s0), vi("x", 1, x)],
+            inits,
+            &["s", "y"],
+        )
+    };
+    // A `sequence_lens` shorter than the sequence.
     let lens = TensorProto {
         name: "lens".into(),
         dims: vec![1],
@@ -196,41 +166,16 @@ fn what_cannot_be_unrolled_is_an_error_naming_the_node() {
         raw_data: 2i32.to_le_bytes().to_vec(),
         ..Default::default()
     };
-    let b = model(
-        8,
-        vec![node(
-            "Scan",
-            "scan",
-            &["lens", "s0", "x"],
-            &["s", "y"],
-            vec![
-                ai("num_scan_inputs", 1),
-                graph_attr("body", sum_body(&["4"])),
-            ],
-        )],
-        vec![vi("s0", 1, &["1", "4"]), vi("x", 1, &["1", "3", "4"])],
+    let b = scan8(
+        &["lens", "s0", "x"],
+        &["1", "4"],
+        &["1", "3", "4"],
         vec![lens],
-        &["s", "y"],
     );
     let e = import_err(&b);
     assert!(e.contains("shorter sequences are not supported"), "{e}");
-    // Opset 8: a state whose batch differs from the scan inputs'.
-    let b = model(
-        8,
-        vec![node(
-            "Scan",
-            "scan",
-            &["", "s0", "x"],
-            &["s", "y"],
-            vec![
-                ai("num_scan_inputs", 1),
-                graph_attr("body", sum_body(&["4"])),
-            ],
-        )],
-        vec![vi("s0", 1, &["2", "4"]), vi("x", 1, &["1", "3", "4"])],
-        vec![],
-        &["s", "y"],
-    );
+    // A state whose batch differs from the scan inputs'.
+    let b = scan8(&["", "s0", "x"], &["2", "4"], &["1", "3", "4"], vec![]);
     let e = import_err(&b);
     assert!(
         e.contains("`s0` must have the batch extent 1 on axis 0, found 2"),
