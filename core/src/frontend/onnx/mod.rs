@@ -231,6 +231,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Col2Im",
     "ConvInteger",
     "QLinearConv",
+    "MaxUnpool",
     "ReverseSequence",
     "If",
     "Scan",

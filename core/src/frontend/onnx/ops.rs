@@ -22,6 +22,7 @@ mod nn;
 mod quant;
 mod reduce;
 mod rnn;
+mod unpool;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
@@ -715,6 +716,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "MeanVarianceNormalization" => nn::mvn(im, node, &a),
         "Dropout" => nn::dropout(im, node, &a),
         "MaxPool" | "AveragePool" => nn::pool(im, node, &a),
+        "MaxUnpool" => unpool::max_unpool(im, node, &a),
         "LpPool" => nn::lp_pool(im, node, &a),
         "GlobalMaxPool" => nn::global_max_pool(im, node),
         "GlobalLpPool" => nn::global_lp_pool(im, node, &a),

@@ -138,6 +138,18 @@ fn import(bytes: &[u8]) -> Module {
     import_onnx(bytes, "t.onnx").unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Each model of `cases` fails to import with an error naming the node `at` (`node `x` (Op)`)
+/// and holding its expected text.
+fn assert_errors(cases: Vec<(Vec<u8>, &str)>, at: &str) {
+    for (b, want) in cases {
+        let e = import_onnx(&b, "t.onnx")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(at) && e.contains(want), "want {want:?}: {e}");
+    }
+}
+
 fn text(m: &Module) -> String {
     print_module(m).text
 }
@@ -741,6 +753,7 @@ fn recurrent_layers_need_a_static_unpadded_sequence() {
 mod col2im;
 mod reduce;
 mod scan;
+mod unpool;
 mod validate;
 
 fn astr(name: &str, s: &str) -> AttributeProto {

@@ -91,14 +91,5 @@ fn col2im_refuses_what_does_not_add_up() {
             "`pads` has 2 values, expected 4",
         ),
     ];
-    for (b, want) in cases {
-        let e = import_onnx(&b, "t.onnx")
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(
-            e.contains("node `c2i` (Col2Im)") && e.contains(want),
-            "want {want:?}: {e}"
-        );
-    }
+    assert_errors(cases, "node `c2i` (Col2Im)");
 }
