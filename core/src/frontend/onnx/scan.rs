@@ -20,8 +20,10 @@
 //!   and output, scan axis 1 on scan inputs and outputs, `directions` per scan input: each
 //!   batch entry is scanned on its own and the results stacked along axis 0.
 //! - The body may read values of the enclosing graph by name; its initializers are constants;
-//!   each step's values are fresh bindings (names made unique by the builder), so the output is
-//!   a plain dataflow graph that every pass and backend already handles.
+//!   after the unrolling the enclosing graph's names mean what they meant before (a body that
+//!   shadows one does not leak its value); each step's values are fresh bindings (names made
+//!   unique by the builder), so the output is a plain dataflow graph that every pass and
+//!   backend already handles.
 //!
 //! ```text
 //! Scan(initial: float[2], x: float[3, 2], num_scan_inputs=1,
@@ -214,6 +216,13 @@ pub(super) fn inline_scan(
         )));
     }
     let scoped = scoped_names(body);
+    // What the enclosing graph binds under the body's names (ONNX forbids a body to shadow
+    // them, but a model may): restored after the unrolling.
+    let shadowed: Vec<(String, Option<Val>, Option<ExprId>)> = scoped
+        .iter()
+        .chain(body.initializer.iter().map(|t| &t.name))
+        .map(|n| (n.clone(), im.vals.get(n).cloned(), im.cache.get(n).copied()))
+        .collect();
     for t in &body.initializer {
         let c = ext
             .constant(t)
@@ -331,6 +340,16 @@ pub(super) fn inline_scan(
         }
         (finals, scanned)
     };
+    for (name, val, cached) in shadowed {
+        match val {
+            Some(v) => im.vals.insert(name.clone(), v),
+            None => im.vals.remove(&name),
+        };
+        match cached {
+            Some(e) => im.cache.insert(name, e),
+            None => im.cache.remove(&name),
+        };
+    }
     let results = finals.into_iter().chain(scanned.into_iter().map(Val::Expr));
     for (name, v) in node.output.iter().zip(results) {
         if name.is_empty() {

@@ -235,3 +235,38 @@ fn nested_scans_share_one_unrolling_budget() {
         "{e}"
     );
 }
+
+#[test]
+fn a_body_that_shadows_an_outer_name_does_not_leak_it() {
+    // The body binds `x` (the outer graph's input) to its own sum; the `Relu` after the Scan
+    // reads the outer `x`.
+    let body = GraphProto {
+        node: vec![
+            node("Add", "add", &["s_in", "x_t"], &["x"], vec![]),
+            node("Identity", "id", &["x"], &["s_out"], vec![]),
+            node("Identity", "id2", &["x"], &["y_t"], vec![]),
+        ],
+        name: "body".into(),
+        initializer: vec![],
+        input: vec![vi("s_in", 1, &["4"]), vi("x_t", 1, &["4"])],
+        output: vec![vi("s_out", 1, &["4"]), vi("y_t", 1, &["4"])],
+        value_info: vec![],
+    };
+    let b = model(
+        17,
+        vec![
+            scan_node(body, vec![]),
+            node("Relu", "relu", &["x"], &["r"], vec![]),
+        ],
+        vec![vi("s0", 1, &["4"]), vi("x", 1, &["3", "4"])],
+        vec![],
+        &["s", "r"],
+    );
+    let m = import(&b);
+    let t = text(&m);
+    assert!(t.contains("R.nn.relu(x)"), "{t}");
+    let Type::Tuple(fields) = ret_type(&m) else {
+        panic!("{t}")
+    };
+    assert_eq!(fields[1], Type::tensor(&[3, 4], DType::F32), "{t}");
+}
