@@ -129,6 +129,15 @@ fn eval(
     let t = |v: std::result::Result<Tensor, String>| v.map(Value::Tensor);
     match op {
         Op::Opaque(o) => Err(format!("no kernel for `{}`", o.name)),
+        Op::Nonzero => t(crate::set::nonzero(tensor(args, 0)?)),
+        Op::Unique(a) => crate::set::unique(tensor(args, 0)?, a),
+        Op::AllClassNms => crate::set::all_class_nms([
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            tensor(args, 2)?,
+            tensor(args, 3)?,
+            tensor(args, 4)?,
+        ]),
         Op::Attention(a) => t(crate::nn_attention::attention(
             tensor(args, 0)?,
             tensor(args, 1)?,

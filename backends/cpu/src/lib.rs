@@ -74,6 +74,7 @@ mod pool_nd;
 mod reduce;
 mod rope;
 mod search;
+mod set;
 mod simd;
 mod util;
 mod winograd;

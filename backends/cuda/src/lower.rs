@@ -1181,6 +1181,12 @@ impl Lowerer<'_> {
             Op::ShapeToTensor => {
                 return Err(self.unsupported("shape_to_tensor runs on the CPU".into()));
             }
+            Op::Nonzero | Op::Unique(_) | Op::AllClassNms => {
+                return Err(self.unsupported(format!(
+                    "{}: its result's extent depends on the values: it runs on the CPU",
+                    op.name()
+                )));
+            }
             Op::Opaque(o) => {
                 return Err(self.unsupported(format!("no kernel for `{}`", o.name)));
             }

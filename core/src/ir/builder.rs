@@ -83,6 +83,39 @@ impl<'g> FunctionBuilder<'g> {
         Dim::Sym(s)
     }
 
+    /// Declares a symbolic dim named `prefix`, or `prefix_1`, `prefix_2`, … when a symbol of
+    /// that name is already declared: a fresh dim for an extent only known at run time (the
+    /// `R.match_cast` variable of TVM's importers).
+    pub fn fresh_sym(&mut self, prefix: &str) -> Dim {
+        let taken = |name: &str, f: &Function| f.sym_vars.iter().any(|s| s.name() == name);
+        let mut name = prefix.to_string();
+        let mut k = 0usize;
+        while taken(&name, &self.func) {
+            k += 1;
+            name = format!("{prefix}_{k}");
+        }
+        self.sym(&name)
+    }
+
+    /// Gives the var `var` bound just before the type `ty`, a refinement of its value's
+    /// inferred type (a value-dependent extent named by a [`FunctionBuilder::fresh_sym`] dim):
+    /// the annotation TVM's importers write as `R.match_cast`. The executor binds the
+    /// annotation's new symbols when the value arrives, and checks the rest. An annotation the
+    /// inferred type does not accept is an error.
+    pub fn refine(&mut self, var: VarId, ty: Type) -> Result<()> {
+        let inferred = self.func.var(var).ty.clone();
+        if !inferred.accepts(&ty) {
+            return Err(Error::Invalid(format!(
+                "the annotation {} does not refine the inferred type {}",
+                super::infer::brief(&ty),
+                super::infer::brief(&inferred)
+            )));
+        }
+        let ty = self.shapes.intern(ty);
+        self.func.set_var_type(var, ty);
+        Ok(())
+    }
+
     /// Adds a parameter.
     pub fn param(&mut self, name: &str, ty: Type) -> VarId {
         let name = self.unique(name);

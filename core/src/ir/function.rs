@@ -157,6 +157,14 @@ impl Function {
         &self.vars[v]
     }
 
+    /// Gives var `v` (and the expression that refers to it) the type `ty`: a binding's
+    /// annotation that refines its value's type.
+    pub fn set_var_type(&mut self, v: VarId, ty: Type) {
+        let e = self.vars[v].expr;
+        self.vars[v].ty = ty.clone();
+        self.exprs[e].ty = ty;
+    }
+
     /// The expression that refers to `v`.
     pub fn var_expr(&self, v: VarId) -> ExprId {
         self.vars[v].expr

@@ -18,6 +18,7 @@ mod conv;
 mod index;
 mod nn;
 mod pool;
+mod set;
 
 /// The arguments of one call, for error messages.
 struct Cx<'a> {
@@ -620,6 +621,9 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
             reduce::arg_reduce(&cx, *axis, *keepdims)
         }
         Op::Topk(a) => reduce::topk(&cx, a),
+        Op::Nonzero => set::nonzero(&cx),
+        Op::Unique(a) => set::unique(&cx, a),
+        Op::AllClassNms => set::all_class_nms(&cx),
         Op::Einsum { subscripts } => reduce::einsum(&cx, subscripts),
         Op::Conv2dTranspose(a) => nn::conv2d_transpose(&cx, a),
         Op::Resize2d(a) => nn::resize2d(&cx, a),

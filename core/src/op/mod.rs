@@ -42,6 +42,7 @@ mod infer;
 pub mod layout;
 mod nn;
 mod pool;
+mod set;
 #[cfg(test)]
 mod tests;
 mod text;
@@ -58,6 +59,7 @@ pub use index::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
 pub use layout::{IndexMap, Layout, LayoutAxis, MapExpr, Permute};
 pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 pub use pool::{AdaptivePoolAttrs, PoolAttrs};
+pub use set::UniqueAttrs;
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -600,6 +602,15 @@ pub enum Op {
     },
     /// `relax.topk`
     Topk(Box<TopkAttrs>),
+    /// `relax.nonzero(x)`: the indices of the non-zero elements, one row per axis (`int64`;
+    /// the extent of axis 1 depends on the values).
+    Nonzero,
+    /// `relax.unique(x)`: the distinct values or slices (extents depend on the values).
+    Unique(Box<UniqueAttrs>),
+    /// `relax.vision.all_class_non_max_suppression(boxes, scores, max_output_boxes_per_class,
+    /// iou_threshold, score_threshold)` in ONNX's output format: the `(B·C·N, 3)` selected
+    /// `[batch, class, box]` rows (zeros after the first `count`) and `count` as `(1,)`.
+    AllClassNms,
     /// `relax.einsum` of a tuple of tensors.
     Einsum {
         /// The equation (`"bij,bjk->bik"`).
@@ -716,6 +727,9 @@ const OTHER_NAMES: &[&str] = &[
     "relax.argmax",
     "relax.argmin",
     "relax.topk",
+    "relax.nonzero",
+    "relax.unique",
+    "relax.vision.all_class_non_max_suppression",
     "relax.einsum",
     "relax.nn.conv2d_transpose",
     "relax.image.resize2d",
@@ -827,6 +841,9 @@ impl Op {
             Op::Argmax { .. } => "relax.argmax",
             Op::Argmin { .. } => "relax.argmin",
             Op::Topk(_) => "relax.topk",
+            Op::Nonzero => "relax.nonzero",
+            Op::Unique(_) => "relax.unique",
+            Op::AllClassNms => "relax.vision.all_class_non_max_suppression",
             Op::Einsum { .. } => "relax.einsum",
             Op::Conv2dTranspose(_) => "relax.nn.conv2d_transpose",
             Op::Resize2d(_) => "relax.image.resize2d",
@@ -930,7 +947,7 @@ impl Op {
                 FusionKind::CommReduce
             }
             Op::Einsum { .. } => FusionKind::OutEWiseFusable,
-            Op::Topk(_) => FusionKind::Opaque,
+            Op::Topk(_) | Op::Nonzero | Op::Unique(_) | Op::AllClassNms => FusionKind::Opaque,
             Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
             Op::Resize2d(_) | Op::GridSample(_) | Op::AffineGrid { .. } => FusionKind::Injective,
             Op::GroupNorm(_) | Op::InstanceNorm(_) => FusionKind::CommReduce,

@@ -229,10 +229,11 @@ fn every_name_has_a_signature_and_round_trips() {
     // The ops before issue 17 and shape_to_tensor, then the families of issue 17:
     // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7);
     // issue 19's attention and attention_bias (2); grid_sample, affine_grid and
-    // reverse_sequence (3); layout_transform (1).
+    // reverse_sequence (3); layout_transform (1); the value-dependent nonzero, unique and
+    // all_class_non_max_suppression (3).
     assert_eq!(
         names.len(),
-        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1 + 3
     );
     for name in names {
         let sig = Op::signature(name);
@@ -1566,4 +1567,67 @@ fn split_layouts_in_conv_pool_and_layout_transform() {
         ],
     );
     assert_eq!(ok(&gap, &[&t(&[1, 4, 7, 7, 16])]), t(&[1, 64, 1, 1]));
+}
+
+#[test]
+fn value_dependent_ops_leave_their_extents_out_of_the_type() {
+    let x = td(&[n(), d(4)], DType::F32);
+    let rank2 = |dtype| {
+        Type::Tensor(TensorType {
+            dims: None,
+            ndim: Some(2),
+            dtype: Some(dtype),
+        })
+    };
+    let rank1 = |dtype| {
+        Type::Tensor(TensorType {
+            dims: None,
+            ndim: Some(1),
+            dtype: Some(dtype),
+        })
+    };
+    assert_eq!(ok(&op("relax.nonzero", &[]), &[&x]), rank2(DType::I64));
+    // unique: the values alone, or a tuple with the outputs asked for, in order.
+    let u = op("relax.unique", &[]);
+    assert_eq!(ok(&u, &[&x]), rank1(DType::F32));
+    let u = op(
+        "relax.unique",
+        &[
+            ("return_inverse", AttrLit::Bool(true)),
+            ("return_counts", AttrLit::Bool(true)),
+            ("axis", AttrLit::Int(-1)),
+        ],
+    );
+    assert_eq!(
+        ok(&u, &[&x]),
+        Type::Tuple(vec![
+            rank2(DType::F32),
+            rank1(DType::I64),
+            rank1(DType::I64)
+        ])
+    );
+    let u3 = op("relax.unique", &[("axis", AttrLit::Int(2))]);
+    assert!(err(&u3, &[&x]).contains("out of range"));
+    // all_class_non_max_suppression: B·C·N rows of triples and the count.
+    let nms = op("relax.vision.all_class_non_max_suppression", &[]);
+    let boxes = td(&[d(2), d(6), d(4)], DType::F32);
+    let scores = td(&[d(2), d(3), d(6)], DType::F32);
+    let one_i = td(&[d(1)], DType::I64);
+    let one_f = td(&[], DType::F32);
+    assert_eq!(
+        ok(&nms, &[&boxes, &scores, &one_i, &one_f, &one_f]),
+        Type::Tuple(vec![
+            td(&[d(36), d(3)], DType::I64),
+            td(&[d(1)], DType::I64)
+        ])
+    );
+    let five = td(&[d(2), d(5), d(4)], DType::F32);
+    assert!(err(&nms, &[&five, &scores, &one_i, &one_f, &one_f]).contains("disagree"));
+    let two = td(&[d(2)], DType::F32);
+    assert!(err(&nms, &[&boxes, &scores, &one_i, &two, &one_f]).contains("one value"));
+    let e = op_err(
+        "relax.vision.all_class_non_max_suppression",
+        &[("output_format", s("tensorflow"))],
+    );
+    assert!(e.contains("only \"onnx\""), "{e}");
 }

@@ -161,6 +161,9 @@ impl Op {
             }
             "relax.topk" => sig(1, 1, &["k", "axis", "ret_type", "largest", "dtype"]),
             "relax.einsum" => sig(1, 1, &["subscripts"]),
+            "relax.nonzero" => sig(1, 1, &[]),
+            "relax.unique" => sig(1, 1, set::UNIQUE_ATTRS),
+            "relax.vision.all_class_non_max_suppression" => sig(5, 5, &["output_format"]),
             "relax.nn.conv2d_transpose" => sig(2, 2, nn::CONV2D_TRANSPOSE_ATTRS),
             "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
             "relax.image.grid_sample" => sig(2, 2, image::GRID_SAMPLE_ATTRS),
@@ -505,7 +508,10 @@ impl Op {
             "relax.nn.attention_bias" => Op::AttentionBias(attention::attention_attrs(&kw)?),
             _ => match index::from_call(name, &kw)? {
                 Some(op) => op,
-                None => return Err(format!("unknown op `{name}`")),
+                None => match set::from_call(name, &kw)? {
+                    Some(op) => op,
+                    None => return Err(format!("unknown op `{name}`")),
+                },
             },
         })
     }
@@ -655,6 +661,7 @@ impl Op {
                 ("dtype", dtype_lit(a.dtype)),
             ],
             Op::Einsum { subscripts } => vec![("subscripts", str_lit(subscripts))],
+            Op::Nonzero | Op::Unique(_) | Op::AllClassNms => set::kwargs(self).unwrap_or_default(),
             Op::Conv2dTranspose(a) => nn::conv2d_transpose_kwargs(a),
             Op::Resize2d(a) => nn::resize2d_kwargs(a),
             Op::GridSample(a) => image::grid_sample_kwargs(a),

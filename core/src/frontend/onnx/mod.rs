@@ -233,13 +233,13 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "QLinearConv",
     "MaxUnpool",
     "ReverseSequence",
+    "NonZero",
+    "Compress",
+    "Unique",
+    "NonMaxSuppression",
     "If",
     "Scan",
 ];
-
-/// ONNX ops whose output shape depends on the input values (not only on the input shapes):
-/// named as such in the unsupported-node error.
-pub const DATA_DEPENDENT: &[&str] = &["NonZero", "Unique", "Compress", "NonMaxSuppression"];
 
 /// Imports an ONNX model held in memory. `file` names the model in error messages. A model
 /// with external data needs its folder: use [`import_onnx_file`].
@@ -347,13 +347,7 @@ pub fn import_model_in(model: &ModelProto, file: &str, base: Option<&Path>) -> R
             } else {
                 format!("{}:{}", n.domain, n.op_type)
             };
-            let why = if DATA_DEPENDENT.contains(&n.op_type.as_str()) {
-                ": its output shape depends on the input values, and fusebox types every \
-                 tensor before running"
-            } else {
-                ""
-            };
-            format!("`{}` ({op}{why})", node_name(n, i))
+            format!("`{}` ({op})", node_name(n, i))
         })
         .collect();
     if !unsupported.is_empty() {
@@ -496,6 +490,14 @@ fn import_nodes(
                     let is_out = outputs.contains(name.as_str());
                     let v =
                         im.b.emit_value(&sanitize(name), kind, is_out)
+                            .map_err(|e| Error::Invalid(format!("{}: {e}", at())))?;
+                    Val::Expr(im.b.var(v))
+                }
+                Out::Refined(kind, ty) => {
+                    let is_out = outputs.contains(name.as_str());
+                    let v =
+                        im.b.emit_value(&sanitize(name), kind, is_out)
+                            .and_then(|v| im.b.refine(v, ty).map(|()| v))
                             .map_err(|e| Error::Invalid(format!("{}: {e}", at())))?;
                     Val::Expr(im.b.var(v))
                 }
@@ -689,6 +691,9 @@ pub(crate) enum Out {
     Val(Val),
     /// A value to bind to a var named after the output.
     Kind(ExprKind),
+    /// A value to bind to a var named after the output, whose type refines the value's
+    /// inferred one (an extent only known at run time, named by a fresh symbolic dim).
+    Refined(ExprKind, Type),
 }
 
 pub(crate) struct Importer<'m> {
@@ -818,6 +823,14 @@ impl Importer<'_> {
     /// Emits an op call bound to a fresh dataflow var; returns the var's expression.
     pub(crate) fn emit(&mut self, op: Op, args: Vec<ExprId>) -> Result<ExprId> {
         let v = self.b.emit("", Callee::Op(op), args)?;
+        Ok(self.b.var(v))
+    }
+
+    /// Emits an op call bound to a fresh var typed `ty`, a refinement of the call's inferred
+    /// type (see [`FunctionBuilder::refine`]); returns the var's expression.
+    pub(crate) fn emit_refined(&mut self, op: Op, args: Vec<ExprId>, ty: Type) -> Result<ExprId> {
+        let v = self.b.emit("", Callee::Op(op), args)?;
+        self.b.refine(v, ty)?;
         Ok(self.b.var(v))
     }
 

@@ -22,6 +22,7 @@ mod nn;
 mod quant;
 mod reduce;
 mod rnn;
+mod set;
 mod unpool;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
@@ -717,6 +718,10 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Dropout" => nn::dropout(im, node, &a),
         "MaxPool" | "AveragePool" => nn::pool(im, node, &a),
         "MaxUnpool" => unpool::max_unpool(im, node, &a),
+        "NonZero" => set::nonzero_node(im, node),
+        "Compress" => set::compress(im, node, &a),
+        "Unique" => set::unique(im, node, &a),
+        "NonMaxSuppression" => set::non_max_suppression(im, node, &a),
         "LpPool" => nn::lp_pool(im, node, &a),
         "GlobalMaxPool" => nn::global_max_pool(im, node),
         "GlobalLpPool" => nn::global_lp_pool(im, node, &a),

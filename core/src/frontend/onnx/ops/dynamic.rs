@@ -26,7 +26,7 @@ use crate::ir::{Constant, DType, Dim, ExprId};
 use crate::op::{Op, ScanAttrs, StridedSliceAttrs, TakeMode};
 
 /// `0, 1, …, n-1` as a 1-D tensor of `dtype` whose length is the dim `n`.
-fn iota(im: &mut Importer<'_>, n: Dim, dtype: DType) -> Result<ExprId> {
+pub(super) fn iota(im: &mut Importer<'_>, n: Dim, dtype: DType) -> Result<ExprId> {
     let one = im.b.constant(Constant::scalar_i64(1, dtype));
     let shape = im.b.shape(vec![n]);
     let ones = im.emit(Op::BroadcastTo, vec![one, shape])?;
