@@ -88,6 +88,9 @@ enum Reason {
     /// MergeCompositeFunctions on a module with an `if`: TVM raises ("Do not have a default
     /// for relax.expr.If"); fusebox merges inside each branch.
     MergeIfTvmRaises,
+    /// MergeCompositeFunctions on a module with `R.match_cast` (a value-dependent extent):
+    /// TVM 0.27 raises ("Invalid type: relax.expr.MatchCast"); fusebox merges around it.
+    MergeMatchCastTvmRaises,
     /// A constant without a value lifted as a parameter (`bind_constants=false`): TVM types the
     /// parameter from the constant's value, which `mod.script()` omits; the printed use does not
     /// tell its shape (a broadcasting operand), so fusebox's parameter is less specific.
@@ -117,6 +120,9 @@ impl Reason {
             }
             Reason::MergeIfTvmRaises => {
                 "MergeCompositeFunctions on a module with `if`: TVM raises, fusebox merges inside each branch"
+            }
+            Reason::MergeMatchCastTvmRaises => {
+                "MergeCompositeFunctions on a module with R.match_cast: TVM raises, fusebox merges"
             }
             Reason::ValuelessShapeUntold => {
                 "constant without a value lifted as a parameter: TVM types it from the value the printed input omits, fusebox from its use"
@@ -205,6 +211,11 @@ const DELIBERATE: &[(&str, Reason, &str)] = &[
         "branch_mlp_merged",
         Reason::MergeIfTvmRaises,
         "composites in both branches: TVM's MergeCompositeFunctions has no case for `If`",
+    ),
+    (
+        "nonzero_rows_merged",
+        Reason::MergeMatchCastTvmRaises,
+        "rows of x picked by nonzero + R.match_cast, then cpu.mm_relu: TVM's MergeCompositeFunctions has no case for MatchCast",
     ),
     (
         "tensor_const_lifted",
@@ -784,6 +795,14 @@ fn evidence(case: &Case, input: &Module, mine: &Module, rejections: &[Rejection]
             .is_some_and(|e| e.contains("relax.expr.If"))
     {
         r.push(Reason::MergeIfTvmRaises);
+    }
+    if merge
+        && case
+            .tvm_error
+            .as_deref()
+            .is_some_and(|e| e.contains("relax.expr.MatchCast"))
+    {
+        r.push(Reason::MergeMatchCastTvmRaises);
     }
     if !input.valueless_constants().is_empty()
         && let Some(tvm) = case.tvm.as_deref().and_then(|t| parse(t, "tvm").ok())

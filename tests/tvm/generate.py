@@ -957,6 +957,29 @@ case("dataflow_inside_branch_fobp", "branches", dataflow_inside_branch, "fuse_op
       ("cublas.matmul", "relax.matmul(_, _)")], bind_constants=False, annotate_codegen=True)
 case("branch_mlp_cutlass", "branches", branch_mlp, "cutlass")
 
+# --- value-dependent extents: nonzero, then R.match_cast to name the extent ---------------------
+
+
+def nonzero_rows():
+    """The rows of x where c holds (ONNX Compress as TVM imports it), through a matmul + relu:
+    the extent `k` is defined by R.match_cast and reaches the composite's parameters."""
+    k = tvm.tirx.Var("k", "int64") if hasattr(tvm, "tirx") else tvm.tir.Var("k", "int64")
+
+    def body(bb, x, w, c):
+        nz = bb.emit(R.nonzero(c), "nz")
+        idx2 = bb.match_cast(nz, T((1, k), "int64"), "idx2")
+        idx = bb.emit(R.reshape(idx2, (k,)), "idx")
+        rows = bb.emit(R.take(x, idx, axis=0), "rows")
+        m = bb.emit(R.matmul(rows, w), "m")
+        return bb.emit_output(R.nn.relu(m), "y")
+    return module([("x", (16, 32)), ("w", (32, 32)), ("c", (16,), "bool")], body)
+
+
+for mode, kw in [("plain", {}), ("annotated", {"annotate_codegen": True}),
+                 ("merged", {"merge": True})]:
+    case(f"nonzero_rows_{mode}", "value_dependent", nonzero_rows, "fuse_ops_by_pattern", MM_RELU,
+         **kw)
+
 # --- opaque ops, constants without values ------------------------------------------------------
 
 

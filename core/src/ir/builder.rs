@@ -292,8 +292,14 @@ impl<'g> FunctionBuilder<'g> {
             .get(ret)
             .map(|e| e.ty.clone())
             .ok_or_else(|| Error::Invalid(format!("expression {ret} is not in this function")))?;
+        // A symbol only a binding's annotation defines (a value-dependent extent) is not
+        // visible to callers: the return type keeps the rank there, as TVM's does.
+        let mut defined = std::collections::BTreeSet::new();
+        for &p in &self.func.params {
+            self.func.var(p).ty.collect_syms(&mut defined);
+        }
         self.func.ret = Some(ret);
-        self.func.ret_ty = ty;
+        self.func.ret_ty = ty.erase_undefined(&defined);
         Ok(self.func)
     }
 

@@ -232,6 +232,33 @@ impl Type {
         }
     }
 
+    /// This type with every shape that mentions a symbol outside `defined` reduced to its rank
+    /// (TVM's `EraseToWellDefined`: what a function's return type may say when only its
+    /// parameters define symbols).
+    pub fn erase_undefined(&self, defined: &BTreeSet<Sym>) -> Type {
+        let undefined = |dims: &[Dim]| {
+            let mut s = BTreeSet::new();
+            dims.iter().for_each(|d| d.collect_syms(&mut s));
+            s.iter().any(|x| !defined.contains(x))
+        };
+        match self {
+            Type::Tensor(t) => match &t.dims {
+                Some(d) if undefined(d) => Type::Tensor(TensorType {
+                    dims: None,
+                    ndim: Some(d.len()),
+                    dtype: t.dtype,
+                }),
+                _ => self.clone(),
+            },
+            Type::Shape { dims: Some(d), .. } if undefined(d) => Type::Shape {
+                dims: None,
+                ndim: Some(d.len()),
+            },
+            Type::Tuple(ts) => Type::Tuple(ts.iter().map(|t| t.erase_undefined(defined)).collect()),
+            _ => self.clone(),
+        }
+    }
+
     /// Adds every symbolic variable in this type to `out`.
     pub fn collect_syms(&self, out: &mut BTreeSet<Sym>) {
         match self {

@@ -163,6 +163,11 @@ pub(crate) struct Parser<'a> {
     /// The annotation of the binding being read, with the byte offset where its value starts:
     /// the type of a call of an op outside the op set written there (see [`crate::op::OpaqueOp`]).
     value_ann: Option<(u32, Type)>,
+    /// The type of the `R.match_cast(value, type)` just parsed as a binding's value (the
+    /// value itself is the bound expression: the binding is the cast).
+    cast: Option<Type>,
+    /// Where the value of the binding being read starts (`R.match_cast` must start there).
+    value_start: Option<u32>,
 }
 
 /// Byte offset to 1-based line:col (col in chars).
@@ -271,6 +276,8 @@ impl<'a> Parser<'a> {
             lv_taken,
             dim_ops: 0,
             value_ann: None,
+            cast: None,
+            value_start: None,
         })
     }
 
@@ -1161,11 +1168,17 @@ impl<'a> Parser<'a> {
         }
         let first = self.peek();
         self.value_ann = ann.as_ref().map(|(ty, _)| (first.start, ty.clone()));
+        self.cast = None;
+        self.value_start = Some(first.start);
         let e = self.parse_expr(ctx);
+        self.value_start = None;
         self.value_ann = None;
         let mut e = e?;
         // A bare tuple, as TVM prints one bound to a var: `gv: R.Tuple(...) = lv4, lv9`.
         // Its fields are leaves, as in a parenthesised tuple: a nested call gets a binding.
+        if self.peek().kind == Tk::Comma && self.cast.is_some() {
+            return Err(self.err_at(first, "R.match_cast must be the whole value of a binding"));
+        }
         if self.peek().kind == Tk::Comma {
             let mut fields = vec![self.leafify(ctx, e)?];
             while self.peek().kind == Tk::Comma {
@@ -1178,7 +1191,35 @@ impl<'a> Parser<'a> {
             e = self.add_expr(ctx, ExprKind::Tuple(fields), first)?;
         }
         self.expect_newline("the bound value")?;
-        let inferred = ctx.f.expr(e).ty.clone();
+        let mut inferred = ctx.f.expr(e).ty.clone();
+        if let Some(cast) = self.cast.take() {
+            // `R.match_cast(v, T)`: the binding's type is `T`, a refinement of `v`'s (the
+            // executor checks the rest when the value arrives); an annotation must say `T`.
+            if !inferred.accepts(&cast) {
+                return Err(self.err_at(
+                    first,
+                    format!(
+                        "R.match_cast to {}, which does not refine the value's type {} (only \
+                         refinements are supported)",
+                        brief(&cast),
+                        brief(&inferred)
+                    ),
+                ));
+            }
+            if let Some((a, at)) = &ann
+                && *a != cast
+            {
+                return Err(self.err_at(
+                    *at,
+                    format!(
+                        "type mismatch: annotation says {} but R.match_cast gives {}",
+                        brief(a),
+                        brief(&cast)
+                    ),
+                ));
+            }
+            inferred = cast;
+        }
         let ty = match ann {
             Some((ann, at)) => {
                 if !self.compatible(&ann, &inferred, &ctx.f, e) {

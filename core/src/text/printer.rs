@@ -140,6 +140,10 @@ struct Printer {
     first_index: usize,
     uses_tir: bool,
     class_name: &'static str,
+    /// The symbolic dims defined so far in the function being printed: by its parameters'
+    /// types, then by each binding whose annotation first mentions one (printed as
+    /// `R.match_cast`, which TVM requires to define a symbol inside a function).
+    defined: BTreeSet<Sym>,
 }
 
 fn dtype_str(d: DType) -> &'static str {
@@ -573,13 +577,55 @@ impl Printer {
                         out.push('\n');
                     }
                     _ => {
+                        let vt = &f.var(b.var).ty;
+                        let mut new_syms = BTreeSet::new();
+                        vt.collect_syms(&mut new_syms);
+                        new_syms.retain(|s| !self.defined.contains(s));
+                        let value_ty = f.exprs.get(b.value).map(|d| &d.ty);
+                        let mut value_syms = BTreeSet::new();
+                        if let Some(t) = value_ty {
+                            t.collect_syms(&mut value_syms);
+                        }
+                        let defines = new_syms.iter().any(|s| !value_syms.contains(s));
+                        self.defined.extend(new_syms);
                         indent(out, lvl);
-                        out.push_str(&vname);
-                        out.push_str(": ");
-                        write_type(out, &f.var(b.var).ty, false);
-                        out.push_str(" = ");
-                        self.expr(out, f, var_names, b.value);
-                        out.push('\n');
+                        if !defines {
+                            out.push_str(&vname);
+                            out.push_str(": ");
+                            write_type(out, vt, false);
+                            out.push_str(" = ");
+                            self.expr(out, f, var_names, b.value);
+                            out.push('\n');
+                        } else {
+                            // The annotation names an extent the value's type leaves out: TVM
+                            // defines its symbol with `R.match_cast` of the value (bound first
+                            // under a name of its own unless it is a var already).
+                            let is_var = matches!(
+                                f.exprs.get(b.value).map(|d| &d.kind),
+                                Some(ExprKind::Var(_))
+                            );
+                            let mut cast = String::new();
+                            if is_var {
+                                self.expr(&mut cast, f, var_names, b.value);
+                            } else {
+                                cast = names.fresh(&format!("{vname}_value"));
+                                out.push_str(&cast);
+                                out.push_str(": ");
+                                if let Some(t) = value_ty {
+                                    write_type(out, t, false);
+                                }
+                                out.push_str(" = ");
+                                self.expr(out, f, var_names, b.value);
+                                out.push('\n');
+                                indent(out, lvl);
+                            }
+                            out.push_str(&vname);
+                            out.push_str(": ");
+                            write_type(out, vt, false);
+                            let _ = write!(out, " = R.match_cast({cast}, ");
+                            write_type(out, vt, false);
+                            out.push_str(")\n");
+                        }
                     }
                 }
                 if let Some(slot) = var_names.get_mut(vi) {
@@ -626,6 +672,10 @@ impl Printer {
         let syms = function_syms(f);
         for s in &syms {
             names.used.insert(s.name().to_string());
+        }
+        let outer_defined = std::mem::take(&mut self.defined);
+        for &p in &f.params {
+            f.var(p).ty.collect_syms(&mut self.defined);
         }
         let mut var_names: Vec<String> = vec![String::new(); f.vars.len()];
         for &p in &f.params {
@@ -714,6 +764,7 @@ impl Printer {
             None => out.push_str("()"),
         }
         out.push('\n');
+        self.defined = outer_defined;
     }
 }
 
@@ -732,6 +783,7 @@ pub fn print_module(m: &Module) -> Printed {
         first_index,
         uses_tir: false,
         class_name: "Module",
+        defined: BTreeSet::new(),
     };
     let mut body = String::new();
     let names = m.sorted_names();

@@ -942,3 +942,117 @@ fn layout_transform_and_split_layouts_round_trip() {
     assert!(msg.contains("invalid index map"), "{msg}");
     assert!(at.starts_with("10:"), "{at}");
 }
+
+#[test]
+fn match_cast_names_a_value_dependent_extent() {
+    // As TVM 0.27 prints a nonzero whose extent R.match_cast names: the module is a fixed
+    // point of print ∘ parse, `k` is the binding's, and the return type keeps the rank.
+    let body = |cast: &str| {
+        format!(
+            "{HEADER_T}    @R.function
+    def main(c: R.Tensor((16,), dtype=\"bool\")) -> R.Tensor(dtype=\"int64\", ndim=1):
+        k = T.int64()
+        with R.dataflow():
+            nz: R.Tensor(dtype=\"int64\", ndim=2) = R.nonzero(c)
+{cast}
+            idx: R.Tensor((k,), dtype=\"int64\") = R.reshape(idx2, R.shape([k]))
+            R.output(idx)
+        return idx
+"
+        )
+    };
+    let src = body(
+        "            idx2: R.Tensor((1, k), dtype=\"int64\") = R.match_cast(nz, R.Tensor((1, k), dtype=\"int64\"))",
+    );
+    let m = parse_module(&src, "m.relax", &ConstTable::new()).unwrap_or_else(|e| panic!("{e}"));
+    crate::ir::verify::verify(&m).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(print_module(&m).text, src);
+    // Without the annotation the cast's type is the binding's.
+    let bare = body("            idx2 = R.match_cast(nz, R.Tensor((1, k), dtype=\"int64\"))");
+    let m2 = parse_module(&bare, "m.relax", &ConstTable::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(print_module(&m2).text, src);
+    // A refined call binding (what the ONNX importer makes) prints as the call under a name
+    // of its own, then the cast.
+    let empty = Module::default();
+    let mut b = crate::ir::builder::FunctionBuilder::new(&empty);
+    let c = b.param("c", Type::tensor(&[16], DType::Bool));
+    let k = b.fresh_sym("k");
+    b.begin_dataflow();
+    let cv = b.var(c);
+    let nz = b
+        .emit(
+            "idx2",
+            crate::ir::Callee::Op(crate::op::Op::Nonzero),
+            vec![cv],
+        )
+        .unwrap();
+    let refined = Type::Tensor(crate::ir::TensorType::new(
+        vec![crate::ir::Dim::Static(1), k.clone()],
+        DType::I64,
+    ));
+    b.refine(nz, refined).unwrap();
+    let shape = b.shape(vec![k]);
+    let nzv = b.var(nz);
+    let idx = b
+        .emit_output(
+            "idx",
+            crate::ir::Callee::Op(crate::op::Op::Reshape),
+            vec![nzv, shape],
+        )
+        .unwrap();
+    b.end_dataflow().unwrap();
+    let ret = b.var(idx);
+    let f = b.finish(ret).unwrap();
+    assert_eq!(
+        f.ret_ty,
+        Type::Tensor(crate::ir::TensorType {
+            dims: None,
+            ndim: Some(1),
+            dtype: Some(DType::I64)
+        })
+    );
+    let mut m3 = Module::default();
+    m3.insert("main", f);
+    let text = print_module(&m3).text;
+    assert!(
+        text.contains("idx2_value: R.Tensor(dtype=\"int64\", ndim=2) = R.nonzero(c)\n            idx2: R.Tensor((1, k), dtype=\"int64\") = R.match_cast(idx2_value, R.Tensor((1, k), dtype=\"int64\"))"),
+        "{text}"
+    );
+    // Refining to a type the value's does not accept is an error.
+    let mut b = crate::ir::builder::FunctionBuilder::new(&empty);
+    let c = b.param("c", Type::tensor(&[16], DType::Bool));
+    let cv = b.var(c);
+    let nz = b
+        .emit(
+            "nz",
+            crate::ir::Callee::Op(crate::op::Op::Nonzero),
+            vec![cv],
+        )
+        .unwrap();
+    assert!(b.refine(nz, Type::tensor(&[1, 3], DType::F32)).is_err());
+    // Errors: a cast that is not a refinement, an annotation that disagrees, a nested cast.
+    for (cast, want) in [
+        (
+            "            idx2: R.Tensor((1, k), dtype=\"int64\") = R.match_cast(nz, R.Tensor((1, k), dtype=\"int32\"))",
+            "does not refine",
+        ),
+        (
+            "            idx2: R.Tensor((2, k), dtype=\"int64\") = R.match_cast(nz, R.Tensor((1, k), dtype=\"int64\"))",
+            "annotation says",
+        ),
+        (
+            "            idx2: R.Tensor((1, k), dtype=\"int64\") = R.add(R.match_cast(nz, R.Tensor((1, k), dtype=\"int64\")), nz)",
+            "whole value of a binding",
+        ),
+        (
+            "            idx2 = R.match_cast(nz, R.Tensor((1, k), dtype=\"int64\")), nz",
+            "whole value of a binding",
+        ),
+    ] {
+        let e = parse_module(&body(cast), "m.relax", &ConstTable::new())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(want), "{cast}: {e}");
+    }
+}

@@ -698,9 +698,15 @@ fn value_dependent_extents_are_fresh_symbols_on_the_annotation() {
     let m = import(&b);
     let t = text(&m);
     assert!(
-        t.contains("i: R.Tensor((2, nonzero), dtype=\"int64\") = R.nonzero(x)"),
+        t.contains("i_value: R.Tensor(dtype=\"int64\", ndim=2) = R.nonzero(x)"),
         "{t}"
     );
+    assert!(
+        t.contains("i: R.Tensor((2, nonzero), dtype=\"int64\") = R.match_cast(i_value, R.Tensor((2, nonzero), dtype=\"int64\"))"),
+        "{t}"
+    );
+    // Callers see the rank only: `nonzero` is not defined by the parameters.
+    assert!(t.contains("-> R.Tensor(dtype=\"int64\", ndim=2):"), "{t}");
     assert!(
         t.contains("R.Tensor((nonzero, 2), dtype=\"int64\") = R.permute_dims(i"),
         "{t}"

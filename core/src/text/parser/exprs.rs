@@ -325,6 +325,19 @@ impl<'a> Parser<'a> {
                 self.expect(Tk::RParen, "after the prim value")?;
                 self.add_expr(ctx, ExprKind::Prim(pv), t)
             }
+            "match_cast" => {
+                // Only as a binding's whole value (see `parse_binding`).
+                if self.cast.is_some() || self.value_start != Some(t.start) {
+                    return Err(self.err_at(t, "R.match_cast must be the whole value of a binding"));
+                }
+                self.expect(Tk::LParen, "after `R.match_cast`")?;
+                let v = self.parse_arg(ctx)?;
+                self.expect(Tk::Comma, "after the value of `R.match_cast`")?;
+                let ty = self.parse_type()?;
+                self.expect(Tk::RParen, "after the type of `R.match_cast`")?;
+                self.cast = Some(ty);
+                Ok(v)
+            }
             "str" => {
                 self.expect(Tk::LParen, "after `R.str`")?;
                 let st = self.expect(Tk::Str, "(a string) in `R.str(...)`")?;
