@@ -3,7 +3,9 @@
 
 The ONNX node conformance suite (`gen_node_cases.py`) leaves parts of some ops untested (Scan's
 directions and axes, opset 8's batched Scan, a Scan inside a Scan's body, Col2Im with rows
-past its last block, QLinearConv with per-channel weight scales and zero points). Each case here is
+past its last block, QLinearConv with per-channel weight scales and zero points), and the
+value-dependent ops only alone (here NonZero, Compress, Unique and NonMaxSuppression feed other
+ops, ask for some of their outputs, select nothing, or take defaults). Each case here is
 a small model built with `onnx.helper`, seeded random inputs, and the outputs onnxruntime's CPU
 provider computes on them, written in the node cases' layout (`<case>/model.onnx`,
 `<case>/test_data_set_0/{input,output}_<i>.pb`, `manifest.json`) and committed, so
@@ -117,6 +119,91 @@ def qlinear_conv_model(name):
     return g, 13
 
 
+def i64(name, shape):
+    return h.make_tensor_value_info(name, TP.INT64, shape)
+
+
+def nonzero_gather_model(name):
+    """x[relu(x) != 0] as exporters write a boolean-mask read: NonZero, Transpose, GatherND."""
+    nodes = [
+        h.make_node("Relu", ["x"], ["r"]),
+        h.make_node("NonZero", ["r"], ["nz"]),
+        h.make_node("Transpose", ["nz"], ["idx"]),
+        h.make_node("GatherND", ["r", "idx"], ["y"]),
+        h.make_node("Mul", ["y", "two"], ["z"]),
+    ]
+    g = h.make_graph(nodes, name, [f32("x", [3, 4])], [f32("z", None), i64("idx", None)],
+                     [scalar("two", 2.0)])
+    return g, 13
+
+
+def compress_model(name):
+    """Compress along axis 1 of a 3-D input with a condition shorter than the axis, then an
+    elementwise op on the value-dependent shape."""
+    nodes = [
+        h.make_node("Compress", ["x", "c"], ["y"], axis=1),
+        h.make_node("Add", ["y", "y"], ["z"]),
+    ]
+    g = h.make_graph(nodes, name, [f32("x", [2, 5, 3]),
+                                   h.make_tensor_value_info("c", TP.BOOL, [4])],
+                     [f32("z", None)])
+    return g, 13
+
+
+def unique_axis_model(name):
+    """Unique rows of an int64 matrix in first-occurrence order, asking for the values and
+    the inverse indices only."""
+    node = h.make_node("Unique", ["x"], ["y", "", "inv"], axis=0, sorted=0)
+    g = h.make_graph([node], name, [i64("x", [7, 2])], [i64("y", None), i64("inv", None)])
+    return g, 13
+
+
+def unique_counts_model(name):
+    """Unique values of a flat int64 tensor, sorted, with first indices and counts; the counts
+    feed an Add."""
+    nodes = [
+        h.make_node("Unique", ["x"], ["y", "idx", "", "cnt"]),
+        h.make_node("Add", ["cnt", "idx"], ["s"]),
+    ]
+    g = h.make_graph(nodes, name, [i64("x", [12])],
+                     [i64("y", None), i64("idx", None), i64("s", None)])
+    return g, 13
+
+
+def nms_center_model(name):
+    """NonMaxSuppression on center-point boxes, two batches and three classes, no score
+    threshold input; the kept box indices then gather batch 0's boxes."""
+    r = np.random.default_rng(11)
+    centers = r.uniform(0.0, 4.0, (2, 8, 2))
+    sizes = r.uniform(0.5, 2.5, (2, 8, 2))
+    boxes = np.concatenate([centers, sizes], axis=2).astype(np.float32)
+    nodes = [
+        h.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou"], ["sel"],
+                    center_point_box=1),
+        h.make_node("Gather", ["sel", "two"], ["box_idx"], axis=1),
+        h.make_node("Gather", ["boxes0", "box_idx"], ["kept"], axis=0),
+    ]
+    inits = [
+        numpy_helper.from_array(boxes, "boxes"),
+        numpy_helper.from_array(boxes[0], "boxes0"),
+        numpy_helper.from_array(np.array([3], np.int64), "max_out"),
+        numpy_helper.from_array(np.array([0.3], np.float32), "iou"),
+        numpy_helper.from_array(np.array(2, np.int64), "two"),
+    ]
+    g = h.make_graph(nodes, name, [f32("scores", [2, 3, 8])],
+                     [i64("sel", None), f32("kept", None)], inits)
+    return g, 11
+
+
+def nms_default_max_model(name):
+    """NonMaxSuppression with only boxes and scores: max_output_boxes_per_class defaults to
+    0, so nothing is selected (a (0, 3) result)."""
+    node = h.make_node("NonMaxSuppression", ["boxes", "scores"], ["sel"])
+    g = h.make_graph([node], name, [f32("boxes", [1, 5, 4]), f32("scores", [1, 2, 5])],
+                     [i64("sel", None)])
+    return g, 11
+
+
 CASES = [
     ("scan_reverse_input_axis1_output_axes", lambda n: scan_model(
         n, dict(scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1, -1],
@@ -128,6 +215,12 @@ CASES = [
     ("scan_nested", lambda n: nested_model()),
     ("col2im_remainder_dilated_rect", col2im_model),
     ("qlinearconv_per_channel_bias_strided", qlinear_conv_model),
+    ("nonzero_transpose_gathernd", nonzero_gather_model),
+    ("compress_axis1_short_condition", compress_model),
+    ("unique_rows_unsorted_inverse", unique_axis_model),
+    ("unique_sorted_counts_add", unique_counts_model),
+    ("nms_center_two_batches_gather", nms_center_model),
+    ("nms_default_max_selects_nothing", nms_default_max_model),
 ]
 
 
@@ -150,6 +243,11 @@ def main() -> int:
             shape = [x.dim_value for x in vi.type.tensor_type.shape.dim]
             if vi.type.tensor_type.elem_type == TP.UINT8:
                 feeds[vi.name] = rng.integers(0, 256, shape, dtype=np.uint8)
+            elif vi.type.tensor_type.elem_type == TP.BOOL:
+                feeds[vi.name] = rng.random(shape) < 0.5
+            elif vi.type.tensor_type.elem_type == TP.INT64:
+                # Few distinct values, so Unique finds repeats.
+                feeds[vi.name] = rng.integers(0, 3, shape, dtype=np.int64)
             else:
                 feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
         sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
