@@ -23,6 +23,7 @@ mod quant;
 mod reduce;
 mod rnn;
 mod set;
+mod signal;
 mod unpool;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
@@ -718,6 +719,9 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Dropout" => nn::dropout(im, node, &a),
         "MaxPool" | "AveragePool" => nn::pool(im, node, &a),
         "MaxUnpool" => unpool::max_unpool(im, node, &a),
+        "DFT" => signal::dft_node(im, node, &a),
+        "STFT" => signal::stft(im, node, &a),
+        "MelWeightMatrix" => signal::mel_weight_matrix(im, node, &a),
         "NonZero" => set::nonzero_node(im, node),
         "Compress" => set::compress(im, node, &a),
         "Unique" => set::unique(im, node, &a),

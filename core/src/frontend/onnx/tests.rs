@@ -1460,3 +1460,119 @@ fn supported_ops_are_listed_once() {
     }
     assert!(SUPPORTED_OPS.len() > 150, "{}", SUPPORTED_OPS.len());
 }
+
+#[test]
+fn signal_ops_lower_to_float64_matmuls_and_check_their_inputs() {
+    // A real rfft along axis 1: two matmuls with (10, 6) float64 matrices, the result back in
+    // float32 with the bins in place of the signal axis.
+    let b = model(
+        17,
+        vec![node(
+            "DFT",
+            "d",
+            &["x"],
+            &["y"],
+            vec![ai("axis", 1), ai("onesided", 1)],
+        )],
+        vec![vi("x", 1, &["2", "10", "3", "1"])],
+        vec![],
+        &["y"],
+    );
+    let m = import(&b);
+    assert_eq!(ret_type(&m), Type::tensor(&[2, 6, 3, 2], DType::F32));
+    let t = text(&m);
+    assert_eq!(t.matches("R.matmul(").count(), 2, "{t}");
+    assert!(
+        t.contains("R.Tensor((2, 3, 6), dtype=\"float64\") = R.matmul("),
+        "{t}"
+    );
+    // An irfft of odd length 11 from 7 bins uses 6 of them.
+    let b = model(
+        17,
+        vec![node(
+            "DFT",
+            "d",
+            &["x", "n"],
+            &["y"],
+            vec![ai("axis", 1), ai("inverse", 1), ai("onesided", 1)],
+        )],
+        vec![vi("x", 1, &["1", "7", "2"])],
+        vec![i64_init("n", &[11])],
+        &["y"],
+    );
+    assert_eq!(ret_type(&import(&b)), Type::tensor(&[1, 11, 1], DType::F32));
+    // Errors name the node and what is wrong.
+    let dft = |attrs: Vec<AttributeProto>, n: Option<i64>| {
+        let ins: &[&str] = if n.is_some() { &["x", "n"] } else { &["x"] };
+        model(
+            17,
+            vec![node("DFT", "d", ins, &["y"], attrs)],
+            vec![vi("x", 1, &["1", "10", "1"])],
+            n.map(|v| vec![i64_init("n", &[v])]).unwrap_or_default(),
+            &["y"],
+        )
+    };
+    assert_errors(
+        vec![
+            (dft(vec![ai("axis", -1)], None), "must not be the last axis"),
+            (dft(vec![ai("axis", 3)], None), "out of range"),
+            (dft(vec![], Some(0)), "at least 1"),
+            (dft(vec![], Some(1 << 23)), "at most 16777216 values"),
+        ],
+        "`d` (DFT)",
+    );
+    let stft = |len: i64, window: usize| {
+        model(
+            17,
+            vec![node(
+                "STFT",
+                "s",
+                &["x", "step", "w", "len"],
+                &["y"],
+                vec![],
+            )],
+            vec![vi("x", 1, &["1", "16", "1"])],
+            vec![
+                i64_init("step", &[2]),
+                f32_init("w", &[window as i64], &vec![1.0; window]),
+                i64_init("len", &[len]),
+            ],
+            &["y"],
+        )
+    };
+    assert_eq!(
+        ret_type(&import(&stft(8, 8))),
+        Type::tensor(&[1, 5, 5, 2], DType::F32)
+    );
+    assert_errors(
+        vec![
+            (stft(8, 6), "window has 6 values but frame_length is 8"),
+            (stft(20, 20), "frame_length ≤ the signal length 16"),
+        ],
+        "`s` (STFT)",
+    );
+    // A filter bank reaching past the spectrogram (upper edge above the Nyquist frequency).
+    let mel = model(
+        17,
+        vec![node(
+            "MelWeightMatrix",
+            "m",
+            &["bins", "n", "rate", "lo", "hi"],
+            &["y"],
+            vec![],
+        )],
+        vec![],
+        vec![
+            i64_init("bins", &[8]),
+            i64_init("n", &[16]),
+            i64_init("rate", &[8192]),
+            f32_init("lo", &[], &[0.0]),
+            f32_init("hi", &[], &[16000.0]),
+        ],
+        &["y"],
+    );
+    assert_errors(
+        vec![(mel, "outside the 9 spectrogram bins")],
+        "`m` (MelWeightMatrix)",
+    );
+}
