@@ -207,6 +207,27 @@ def nms_default_max_model(name):
     return g, 11
 
 
+def maxpool_unpool_model(name):
+    """SegNet's pooling pair: MaxPool with its Indices output (padding, stride 2), then
+    MaxUnpool of the pooled values at those indices."""
+    nodes = [
+        h.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[3, 3], strides=[2, 2],
+                    pads=[1, 1, 1, 1]),
+        h.make_node("MaxUnpool", ["p", "i", "shape"], ["y"], kernel_shape=[3, 3],
+                    strides=[2, 2], pads=[1, 1, 1, 1]),
+    ]
+    inits = [numpy_helper.from_array(np.array([2, 3, 9, 7], np.int64), "shape")]
+    g = h.make_graph(nodes, name, [f32("x", [2, 3, 9, 7])],
+                     [f32("p", None), i64("i", None), f32("y", None)], inits)
+    return g, 12
+
+
+def maxpool_indices_model(name, shape, attrs):
+    node = h.make_node("MaxPool", ["x"], ["p", "i"], **attrs)
+    g = h.make_graph([node], name, [f32("x", shape)], [f32("p", None), i64("i", None)])
+    return g, 12
+
+
 def complex_of(x):
     """A signal's complex values: its last axis is 1 (real) or 2 (real, imaginary)."""
     x = x.astype(np.float64)
@@ -295,7 +316,14 @@ CASES = [
     ("unique_sorted_counts_add", unique_counts_model),
     ("nms_center_two_batches_gather", nms_center_model),
     ("nms_default_max_selects_nothing", nms_default_max_model),
-] + [(name, build) for name, (build, _) in NUMPY.items()]
+] + [(name, build) for name, (build, _) in NUMPY.items()] + [
+    ("maxpool_indices_then_maxunpool", maxpool_unpool_model),
+    ("maxpool1d_indices_dilated_ceil", lambda n: maxpool_indices_model(
+        n, [2, 3, 11], dict(kernel_shape=[3], strides=[2], dilations=[2], ceil_mode=1))),
+    ("maxpool2d_indices_column_major", lambda n: maxpool_indices_model(
+        n, [1, 2, 6, 5], dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 1],
+                              storage_order=1))),
+]
 
 
 def main() -> int:

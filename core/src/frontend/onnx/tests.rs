@@ -1576,3 +1576,45 @@ fn signal_ops_lower_to_float64_matmuls_and_check_their_inputs() {
         "`m` (MelWeightMatrix)",
     );
 }
+
+#[test]
+fn max_pool_indices_are_an_argmax_over_gathered_windows() {
+    let pool = |dims: &[&str], elem: i32| {
+        model(
+            12,
+            vec![node(
+                "MaxPool",
+                "mp",
+                &["x"],
+                &["y", "i"],
+                vec![ais("kernel_shape", &vec![2; dims.len() - 2])],
+            )],
+            vec![vi("x", elem, dims)],
+            vec![],
+            &["y", "i"],
+        )
+    };
+    let m = import(&pool(&["1", "2", "4", "4"], 1));
+    let t = text(&m);
+    assert!(t.contains("R.argmax("), "{t}");
+    assert_eq!(
+        ret_type(&m),
+        Type::Tuple(vec![
+            Type::tensor(&[1, 2, 3, 3], DType::F32),
+            Type::tensor(&[1, 2, 3, 3], DType::I64)
+        ])
+    );
+    assert_errors(
+        vec![(pool(&["1", "2", "4", "4"], 2), "only floating-point inputs")],
+        "`mp` (MaxPool)",
+    );
+    // A 3-D pool's Indices output is not supported: named as such.
+    let e = import_onnx(&pool(&["1", "1", "4", "4", "4"], 1), "t.onnx")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("output 1 of node `mp` (MaxPool) is not supported"),
+        "{e}"
+    );
+}

@@ -616,6 +616,29 @@ pub(super) fn pool(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<
     }
     let (x, attrs, one_d) = pool_setup(im, a, x)?;
     let cut = ceil_overhang(im, x, &attrs)?;
+    if node.op_type == "MaxPool" && node.output.get(1).is_some_and(|s| !s.is_empty()) {
+        // Values and Indices.
+        let mut y = im.emit(Op::MaxPool2d(attrs.clone()), vec![x])?;
+        if let Some(c) = cut_op(&cut) {
+            y = im.emit(c, vec![y])?;
+        }
+        let (yd, _) = im.dims(y)?;
+        let out_hw = match (yd[2].as_static(), yd[3].as_static()) {
+            (Some(h), Some(w)) => (h, w),
+            _ => {
+                return Err(invalid(
+                    "MaxPool's Indices output needs a static output shape",
+                ));
+            }
+        };
+        let mut idx =
+            super::unpool::max_pool_indices(im, x, &attrs, out_hw, a.int("storage_order", 0))?;
+        if let Some(u) = unlift_op(one_d) {
+            y = im.emit(u.clone(), vec![y])?;
+            idx = im.emit(u, vec![idx])?;
+        }
+        return Ok(vec![Out::Val(Val::Expr(y)), Out::Val(Val::Expr(idx))]);
+    }
     let op = if node.op_type == "MaxPool" {
         Op::MaxPool2d(attrs)
     } else {

@@ -1,6 +1,7 @@
 //! ONNX's `MaxUnpool` (opsets 9, 11, 22): each value of `X` is written at its `I` index (a flat
 //! index into the whole output, as `MaxPool`'s `Indices` output gives it), every other output
-//! element is zero. One `scatter_elements` on the flattened zero output.
+//! element is zero. One `scatter_elements` on the flattened zero output. And that `Indices`
+//! output of a 1-D or 2-D `MaxPool` ([`max_pool_indices`]): the windows gathered, `argmax`.
 //!
 //! Contract: the indices address the shape `(in − 1) · stride + kernel − pad_begin − pad_end`
 //! per spatial axis; a constant `output_shape` at least that large adds zeros at the end of
@@ -18,7 +19,7 @@
 use super::super::{Attrs, Importer, NodeProto, Out, input, invalid, req};
 use super::call;
 use crate::error::Result;
-use crate::ir::{Constant, Dim};
+use crate::ir::{Constant, Dim, ExprId};
 use crate::op::{F64, Op, PadAttrs, PadMode, ScatterReduction};
 
 /// The most output elements of one `MaxUnpool`.
@@ -134,4 +135,120 @@ pub(super) fn max_unpool(
         })),
         vec![y],
     ))
+}
+
+/// The most window entries (`output pixels × kernel taps`) of one [`max_pool_indices`] table.
+const MAX_WINDOW_TABLE: i64 = 1 << 24;
+
+/// `MaxPool`'s `Indices` output for the 2-D pool `p` of `x` (`(N, C, H, W)`, static) whose
+/// output planes are `oh × ow`: per output element, the flat index into `x` of the first
+/// largest value of its window (row-major in the window, as ONNX's reference), `int64`
+/// `(N, C, OH, OW)`. `storage_order` 1 counts the plane column-major (`w·H + h`).
+///
+/// Lowered with existing ops: the plane flattened with one `-inf` appended (the target of
+/// window positions in the padding), every window gathered by one `take` of a constant
+/// `(OH·OW, taps)` table, `argmax` over the taps, and the winner's plane offset looked up in
+/// the same table, plus each plane's base `(n·C + c)·H·W`.
+pub(super) fn max_pool_indices(
+    im: &mut Importer<'_>,
+    x: ExprId,
+    p: &crate::op::Pool2dAttrs,
+    (oh, ow): (i64, i64),
+    storage_order: i64,
+) -> Result<ExprId> {
+    let (xd, dt) = im.dims(x)?;
+    let xs: Vec<i64> = xd
+        .iter()
+        .map(Dim::as_static)
+        .collect::<Option<_>>()
+        .ok_or_else(|| invalid("MaxPool's Indices output needs a static input shape"))?;
+    let [n, c, h, w] = xs[..] else {
+        return Err(invalid("internal: MaxPool's Indices from a non-4-D input"));
+    };
+    if !dt.is_float() {
+        return Err(invalid(format!(
+            "MaxPool's Indices output of {dt} data: only floating-point inputs are supported"
+        )));
+    }
+    let (kh, kw) = (p.pool_size[0], p.pool_size[1]);
+    let taps = kh * kw;
+    let pix = oh * ow;
+    pix.checked_mul(taps)
+        .filter(|&t| t <= MAX_WINDOW_TABLE)
+        .ok_or_else(|| {
+            invalid(format!(
+                "MaxPool's Indices: {pix} output pixels × {taps} taps exceed {MAX_WINDOW_TABLE}"
+            ))
+        })?;
+    let plane = h * w;
+    // Window table: plane offset of tap (a, b) of output pixel (i, j), or `plane` (the
+    // appended -inf) outside the image; and the offset as the Indices count it.
+    let mut gather = Vec::with_capacity((pix * taps) as usize);
+    let mut index = Vec::with_capacity((pix * taps) as usize);
+    for i in 0..oh {
+        for j in 0..ow {
+            for a in 0..kh {
+                for b in 0..kw {
+                    let y = i * p.strides[0] - p.padding[0] + a * p.dilation[0];
+                    let x = j * p.strides[1] - p.padding[1] + b * p.dilation[1];
+                    let inside = (0..h).contains(&y) && (0..w).contains(&x);
+                    gather.push(if inside { y * w + x } else { plane });
+                    index.push(match (inside, storage_order) {
+                        (false, _) => 0,
+                        (true, 0) => y * w + x,
+                        (true, _) => x * h + y,
+                    });
+                }
+            }
+        }
+    }
+    let consts = |im: &mut Importer<'_>, shape: Vec<i64>, v: &[i64]| -> Result<ExprId> {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let k = Constant::from_bytes(crate::ir::DType::I64, shape, bytes).map_err(invalid)?;
+        Ok(im.b.constant(k))
+    };
+    let planes = n * c;
+    let flat_shape = im.b.shape(vec![Dim::Static(planes), Dim::Static(plane)]);
+    let flat = im.emit(Op::Reshape, vec![x, flat_shape])?;
+    let padded = im.emit(
+        Op::Pad(Box::new(PadAttrs {
+            pad_width: vec![0, 0, 0, 1],
+            pad_value: F64(f64::NEG_INFINITY),
+            pad_mode: PadMode::Constant,
+        })),
+        vec![flat],
+    )?;
+    let table = consts(im, vec![pix, taps], &gather)?;
+    let windows = im.emit(
+        Op::Take {
+            axis: Some(1),
+            mode: crate::op::TakeMode::Fast,
+        },
+        vec![padded, table],
+    )?;
+    let winner = im.emit(
+        Op::Argmax {
+            axis: Some(2),
+            keepdims: false,
+        },
+        vec![windows],
+    )?;
+    // Entry `pixel · taps + winner` of the flattened index table.
+    let starts: Vec<i64> = (0..pix).map(|q| q * taps).collect();
+    let starts = consts(im, vec![pix], &starts)?;
+    let at = im.emit(Op::Add, vec![winner, starts])?;
+    let index = consts(im, vec![pix * taps], &index)?;
+    let offset = im.emit(
+        Op::Take {
+            axis: Some(0),
+            mode: crate::op::TakeMode::Fast,
+        },
+        vec![index, at],
+    )?;
+    let bases: Vec<i64> = (0..planes).map(|q| q * plane).collect();
+    let bases = consts(im, vec![planes, 1], &bases)?;
+    let flat_idx = im.emit(Op::Add, vec![offset, bases])?;
+    let shape =
+        im.b.shape([n, c, oh, ow].into_iter().map(Dim::Static).collect());
+    im.emit(Op::Reshape, vec![flat_idx, shape])
 }
