@@ -228,6 +228,25 @@ def maxpool_indices_model(name, shape, attrs):
     return g, 12
 
 
+def deform_conv_model(name, mask):
+    """DeformConv with two groups and two offset groups, stride 2, dilation, padding, a bias
+    and (optionally) a mask; offsets reach past the image."""
+    r = np.random.default_rng(5)
+    ins = ["x", "w", "off", "b"] + (["m"] if mask else [])
+    node = h.make_node("DeformConv", ins, ["y"], group=2, offset_group=2, strides=[2, 1],
+                       dilations=[1, 2], pads=[1, 2, 1, 0])
+    inits = [
+        numpy_helper.from_array(r.standard_normal((6, 2, 3, 2)).astype(np.float32), "w"),
+        numpy_helper.from_array(r.standard_normal(6).astype(np.float32), "b"),
+    ]
+    # Output (4, 6): (7 + 1 + 1 - 3) // 2 + 1 = 4 rows, (6 + 2 + 0 - 3) // 1 + 1 = 6 columns.
+    inputs = [f32("x", [2, 4, 7, 6]), f32("off", [2, 2 * 2 * 6, 4, 6])]
+    if mask:
+        inputs.append(f32("m", [2, 2 * 6, 4, 6]))
+    g = h.make_graph([node], name, inputs, [f32("y", None)], inits)
+    return g, 19
+
+
 def complex_of(x):
     """A signal's complex values: its last axis is 1 (real) or 2 (real, imaginary)."""
     x = x.astype(np.float64)
@@ -323,6 +342,8 @@ CASES = [
     ("maxpool2d_indices_column_major", lambda n: maxpool_indices_model(
         n, [1, 2, 6, 5], dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 1],
                               storage_order=1))),
+    ("deform_conv_groups_offset_groups_mask", lambda n: deform_conv_model(n, True)),
+    ("deform_conv_groups_offset_groups", lambda n: deform_conv_model(n, False)),
 ]
 
 

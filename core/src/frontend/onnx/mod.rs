@@ -233,6 +233,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "QLinearConv",
     "MaxUnpool",
     "ReverseSequence",
+    "DeformConv",
     "DFT",
     "STFT",
     "MelWeightMatrix",

@@ -13,6 +13,7 @@
 //! ```
 
 mod attention;
+mod deform;
 mod dynamic;
 mod elem;
 mod generate;
@@ -719,6 +720,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Dropout" => nn::dropout(im, node, &a),
         "MaxPool" | "AveragePool" => nn::pool(im, node, &a),
         "MaxUnpool" => unpool::max_unpool(im, node, &a),
+        "DeformConv" => deform::deform_conv(im, node, &a),
         "DFT" => signal::dft_node(im, node, &a),
         "STFT" => signal::stft(im, node, &a),
         "MelWeightMatrix" => signal::mel_weight_matrix(im, node, &a),

@@ -1618,3 +1618,45 @@ fn max_pool_indices_are_an_argmax_over_gathered_windows() {
         "{e}"
     );
 }
+
+#[test]
+fn deform_conv_samples_each_tap_then_convolves_once() {
+    let dc = |x: &[&str], off: &[&str], attrs: Vec<AttributeProto>| {
+        model(
+            19,
+            vec![node("DeformConv", "dc", &["x", "w", "off"], &["y"], attrs)],
+            vec![vi("x", 1, x), vi("off", 1, off)],
+            vec![f32_init("w", &[4, 2, 2, 2], &[0.5; 32])],
+            &["y"],
+        )
+    };
+    let m = import(&dc(&["1", "2", "4", "4"], &["1", "8", "3", "3"], vec![]));
+    assert_eq!(ret_type(&m), Type::tensor(&[1, 4, 3, 3], DType::F32));
+    let t = text(&m);
+    assert_eq!(t.matches("R.image.grid_sample(").count(), 1, "{t}");
+    assert_eq!(t.matches("R.nn.conv2d(").count(), 1, "{t}");
+    // Two offset groups: one grid_sample each.
+    let m = import(&dc(
+        &["1", "2", "4", "4"],
+        &["1", "16", "3", "3"],
+        vec![ai("offset_group", 2)],
+    ));
+    assert_eq!(text(&m).matches("R.image.grid_sample(").count(), 2);
+    assert_errors(
+        vec![
+            (
+                dc(&["1", "2", "4", "4"], &["1", "6", "3", "3"], vec![]),
+                "offset [1, 6, 3, 3] must be (N, 8, 3, 3)",
+            ),
+            (
+                dc(&["1", "2", "1", "4"], &["1", "8", "0", "3"], vec![]),
+                "at least 2×2",
+            ),
+            (
+                dc(&["1", "3", "4", "4"], &["1", "8", "3", "3"], vec![]),
+                "inconsistent shapes",
+            ),
+        ],
+        "`dc` (DeformConv)",
+    );
+}
