@@ -247,6 +247,32 @@ def deform_conv_model(name, mask):
     return g, 19
 
 
+def loop_model(name):
+    """A Loop with no trip count that stops through its condition (i + 1 < 4, computed in the
+    body from the iteration number), two loop-carried values (one the body never changes) and
+    a scan output that reads the enclosing graph's `x` by name."""
+    body = h.make_graph(
+        [
+            h.make_node("Add", ["i", "one"], ["next"]),
+            h.make_node("Less", ["next", "four"], ["c_out"]),
+            h.make_node("Gather", ["x", "i"], ["row"], axis=0),
+            h.make_node("Mul", ["acc", "row"], ["acc_out"]),
+            h.make_node("Identity", ["keep"], ["keep_out"]),
+            h.make_node("Add", ["acc_out", "keep"], ["scan"]),
+        ],
+        "body",
+        [i64("i", []), h.make_tensor_value_info("c", TP.BOOL, []), f32("acc", [3]),
+         f32("keep", [3])],
+        [h.make_tensor_value_info("c_out", TP.BOOL, []), f32("acc_out", [3]),
+         f32("keep_out", [3]), f32("scan", [3])],
+        [numpy_helper.from_array(np.array(1, np.int64), "one"),
+         numpy_helper.from_array(np.array(4, np.int64), "four")])
+    node = h.make_node("Loop", ["", "", "acc0", "keep0"], ["acc", "keep", "rows"], body=body)
+    g = h.make_graph([node], name, [f32("x", [5, 3]), f32("acc0", [3]), f32("keep0", [3])],
+                     [f32("acc", None), f32("keep", None), f32("rows", None)])
+    return g, 13
+
+
 def complex_of(x):
     """A signal's complex values: its last axis is 1 (real) or 2 (real, imaginary)."""
     x = x.astype(np.float64)
@@ -344,6 +370,7 @@ CASES = [
                               storage_order=1))),
     ("deform_conv_groups_offset_groups_mask", lambda n: deform_conv_model(n, True)),
     ("deform_conv_groups_offset_groups", lambda n: deform_conv_model(n, False)),
+    ("loop_condition_from_iteration", loop_model),
 ]
 
 

@@ -110,6 +110,9 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
     {
         return Ok(one(Val::Const(c)));
     }
+    if let Some(c) = float_elementwise(im, node)? {
+        return Ok(one(Val::Const(c)));
+    }
     match node.op_type.as_str() {
         "Constant" => Ok(one(Val::Const(constant_attr(&a)?))),
         "Identity" => Ok(one(im.val(req(node, 0)?)?)),
@@ -251,8 +254,10 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
 
 /// `Cast` / `CastLike` of a small float constant to a float dtype (`CastLike`: the second
 /// input's, known from its type), as a constant: a `Pad` value computed as `CastLike(-inf, x)`
-/// (ONNX's expanded `Attention`) must be known at import. `None` for anything else (integer
-/// sources fold through [`Ints`]; a float to integer cast is left to the IR).
+/// (ONNX's expanded `Attention`) must be known at import, and so must a `Loop`'s trip count
+/// computed from float constants (ONNX's expanded `Range`). Integers truncate toward zero;
+/// a value outside the target's range (or NaN) is left to the IR. `None` for anything else
+/// (integer sources fold through [`Ints`]).
 fn float_cast(
     im: &Importer<'_>,
     node: &super::NodeProto,
@@ -273,7 +278,7 @@ fn float_cast(
             Val::Expr(e) => im.dims(e).ok().map(|(_, dt)| dt),
         }
     };
-    let Some(to) = to.filter(|t| t.is_float()) else {
+    let Some(to) = to else {
         return Ok(None);
     };
     let mut bytes = Vec::with_capacity(c.numel() * to.size_bytes());
@@ -281,11 +286,126 @@ fn float_cast(
         let Some(v) = c.get_f64(i) else {
             return Ok(None);
         };
-        bytes.extend(Constant::scalar(v, to).data.iter());
+        if to.is_float() {
+            bytes.extend(Constant::scalar(v, to).data.iter());
+        } else if to == DType::Bool {
+            bytes.push(u8::from(v != 0.0));
+        } else {
+            // Float to integer truncates toward zero; a value the target cannot hold (or NaN)
+            // is left to the IR, whose kernel says what it does.
+            let t = v.trunc();
+            let fits = match to {
+                DType::I8 => (-128.0..=127.0).contains(&t),
+                DType::U8 => (0.0..=255.0).contains(&t),
+                DType::I32 => (-2147483648.0..=2147483647.0).contains(&t),
+                DType::I64 => (-9.0e18..=9.0e18).contains(&t),
+                _ => false,
+            };
+            if !fits {
+                return Ok(None);
+            }
+            bytes.extend(Constant::scalar_i64(t as i64, to).data.iter());
+        }
     }
     Ok(Some(
         Constant::from_bytes(to, c.shape.clone(), bytes).map_err(err)?,
     ))
+}
+
+/// The most elements [`float_elementwise`] folds (the scalars of an expanded function's
+/// arithmetic, not tensors of data).
+const MAX_FLOAT_FOLD_ELEMS: usize = 64;
+
+/// `Add`, `Sub`, `Mul`, `Div` (numpy broadcasting), `Neg`, `Abs`, `Ceil`, `Floor`, `Relu` and
+/// `Sqrt` of float constants of one dtype with at most [`MAX_FLOAT_FOLD_ELEMS`] elements, as a
+/// constant: computed in `f64` and rounded once to the dtype, which for these correctly rounded
+/// operations gives the dtype's own result (`f64` carries more than twice the bits of `f32`,
+/// `f16` and `bf16`). `None` for anything else: larger tensors stay IR for FoldConstant.
+fn float_elementwise(im: &Importer<'_>, node: &super::NodeProto) -> Result<Option<Constant>> {
+    let op = node.op_type.as_str();
+    let arity = match op {
+        "Add" | "Sub" | "Mul" | "Div" => 2,
+        "Neg" | "Abs" | "Ceil" | "Floor" | "Relu" | "Sqrt" => 1,
+        _ => return Ok(None),
+    };
+    if node.input.len() != arity || node.input.iter().any(String::is_empty) {
+        return Ok(None);
+    }
+    let mut cs = Vec::with_capacity(arity);
+    for name in &node.input {
+        match im.val(name) {
+            Ok(Val::Const(c)) if c.dtype.is_float() && c.numel() <= MAX_FLOAT_FOLD_ELEMS => {
+                cs.push(c);
+            }
+            _ => return Ok(None),
+        }
+    }
+    let dt = cs[0].dtype;
+    if cs.iter().any(|c| c.dtype != dt) {
+        return Ok(None);
+    }
+    let shapes: Vec<Vec<usize>> = cs
+        .iter()
+        .map(|c| c.shape.iter().map(|&d| d.max(0) as usize).collect())
+        .collect();
+    let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+    let Some(out) = elem::broadcast(&refs) else {
+        return Ok(None);
+    };
+    let numel: usize = out.iter().product();
+    // The element of constant `k` under broadcasting at the output's linear index `lin`.
+    let read = |k: usize, lin: usize| -> Option<f64> {
+        let s = &shapes[k];
+        let off = out.len() - s.len();
+        let (mut rest, mut idx, mut stride) = (lin, 0usize, 1usize);
+        for (j, &o) in out.iter().enumerate().rev() {
+            let coord = rest % o.max(1);
+            rest /= o.max(1);
+            if j >= off {
+                let d = s[j - off];
+                if d != 1 {
+                    idx += coord * stride;
+                }
+                stride *= d;
+            }
+        }
+        cs[k].get_f64(idx)
+    };
+    let mut bytes = Vec::with_capacity(numel * dt.size_bytes());
+    for lin in 0..numel {
+        let Some(x) = read(0, lin) else {
+            return Ok(None);
+        };
+        let y = if arity == 2 {
+            let Some(b) = read(1, lin) else {
+                return Ok(None);
+            };
+            match op {
+                "Add" => x + b,
+                "Sub" => x - b,
+                "Mul" => x * b,
+                _ => x / b,
+            }
+        } else {
+            match op {
+                "Neg" => -x,
+                "Abs" => x.abs(),
+                "Ceil" => x.ceil(),
+                "Floor" => x.floor(),
+                "Relu" => {
+                    if x < 0.0 {
+                        0.0
+                    } else {
+                        x
+                    }
+                }
+                _ => x.sqrt(),
+            }
+        };
+        bytes.extend(Constant::scalar(y, dt).data.iter());
+    }
+    let shape = out.iter().map(|&d| d as i64).collect();
+    Ok(Some(Constant::from_bytes(dt, shape, bytes).map_err(err)?))
 }
 
 fn constant_attr(a: &Attrs<'_>) -> Result<Constant> {

@@ -48,6 +48,7 @@
 
 pub mod external;
 mod fold;
+mod loop_unroll;
 mod ops;
 pub mod proto;
 mod scan;
@@ -243,6 +244,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "NonMaxSuppression",
     "If",
     "Scan",
+    "Loop",
 ];
 
 /// Imports an ONNX model held in memory. `file` names the model in error messages. A model
@@ -447,14 +449,21 @@ fn import_nodes(
             })?;
             continue;
         }
-        if node.op_type == "Scan" && (node.domain.is_empty() || node.domain == "ai.onnx") {
-            im.b.set_origin(Some(&format!("onnx node `{}` (Scan)", node_name(node, i))));
+        let unrolled = matches!(node.op_type.as_str(), "Scan" | "Loop");
+        if unrolled && (node.domain.is_empty() || node.domain == "ai.onnx") {
+            im.b.set_origin(Some(&format!(
+                "onnx node `{}` ({})",
+                node_name(node, i),
+                node.op_type
+            )));
             let r = if depth >= MAX_IF_DEPTH {
                 Err(invalid(format!(
                     "sub-graphs nest deeper than {MAX_IF_DEPTH} levels"
                 )))
-            } else {
+            } else if node.op_type == "Scan" {
                 scan::inline_scan(im, node, ext, depth)
+            } else {
+                loop_unroll::inline_loop(im, node, ext, depth)
             };
             r.map_err(|e| match e {
                 Error::Invalid(m) if m.starts_with(&file) => Error::Invalid(m),

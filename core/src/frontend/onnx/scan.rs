@@ -230,19 +230,6 @@ pub(super) fn inline_scan(
         im.vals.insert(t.name.clone(), Val::Const(c));
         im.cache.remove(&t.name);
     }
-    let stack = |im: &mut Importer<'_>, mut vals: Vec<ExprId>, axis: i64| -> Result<ExprId> {
-        if vals.is_empty() {
-            return Err(invalid("internal: nothing to stack"));
-        }
-        let rank = im.dims(vals[0])?.0.len();
-        let ax = normalize_axis(axis, rank + 1)? as i64;
-        if vals.len() == 1 {
-            let v = vals.remove(0);
-            return im.emit(Op::ExpandDims { axis: vec![ax] }, vec![v]);
-        }
-        let t = im.b.tuple(vals)?;
-        im.emit(Op::Stack { axis: ax }, vec![t])
-    };
     let (finals, scanned): (Vec<Val>, Vec<ExprId>) = if opset8 {
         if let Some(s) = seq_lens {
             let lens = im.const_i64s(s).map_err(|_| {
@@ -432,6 +419,21 @@ fn unroll(
     Ok((states, elems))
 }
 
+/// The values stacked along a new `axis` of their rank + 1 (negative counts from the end).
+pub(super) fn stack(im: &mut Importer<'_>, mut vals: Vec<ExprId>, axis: i64) -> Result<ExprId> {
+    if vals.is_empty() {
+        return Err(invalid("internal: nothing to stack"));
+    }
+    let rank = im.dims(vals[0])?.0.len();
+    let ax = normalize_axis(axis, rank + 1)? as i64;
+    if vals.len() == 1 {
+        let v = vals.remove(0);
+        return im.emit(Op::ExpandDims { axis: vec![ax] }, vec![v]);
+    }
+    let t = im.b.tuple(vals)?;
+    im.emit(Op::Stack { axis: ax }, vec![t])
+}
+
 /// `x` indexed by the rank-0 `idx` along `axis` (the axis removed).
 fn take(im: &mut Importer<'_>, x: ExprId, axis: usize, idx: ExprId) -> Result<ExprId> {
     im.emit(
@@ -444,7 +446,7 @@ fn take(im: &mut Importer<'_>, x: ExprId, axis: usize, idx: ExprId) -> Result<Ex
 }
 
 /// A folded or emitted value as an expression.
-fn val_expr(im: &mut Importer<'_>, v: &Val) -> Result<ExprId> {
+pub(super) fn val_expr(im: &mut Importer<'_>, v: &Val) -> Result<ExprId> {
     match v {
         Val::Expr(e) => Ok(*e),
         Val::Const(c) => Ok(im.b.constant(c.clone())),
@@ -457,7 +459,7 @@ fn val_expr(im: &mut Importer<'_>, v: &Val) -> Result<ExprId> {
 
 /// The names a body binds each step: its inputs and every node output, nested graphs'
 /// included (not its initializers, which hold the same constant every step).
-fn scoped_names(g: &GraphProto) -> Vec<String> {
+pub(super) fn scoped_names(g: &GraphProto) -> Vec<String> {
     let mut out: Vec<String> = g.input.iter().map(|i| i.name.clone()).collect();
     fn nodes(ns: &[NodeProto], out: &mut Vec<String>, depth: usize) {
         for n in ns {
