@@ -30,6 +30,10 @@ use crate::error::Result;
 use crate::ir::{Constant, Dim, ExprId};
 use crate::op::{Conv2dAttrs, GridSampleAttrs, Op, StridedSliceAttrs, TakeMode};
 
+/// The most base positions (taps × output rows, taps × output columns) one `DeformConv`
+/// builds at import.
+const MAX_TABLE: i64 = 1 << 24;
+
 /// `[1, 8, n, 3]`: a shape as the errors write it.
 fn shape_str(d: &[Dim]) -> String {
     let parts: Vec<String> = d.iter().map(ToString::to_string).collect();
@@ -136,6 +140,13 @@ pub(crate) fn deform_conv(
             og * 2 * k,
             expect(h, 0),
             expect(wi, 1)
+        )));
+    }
+    // The base-position tables hold K·OH and K·OW values, made here: bounded.
+    if k.saturating_mul(oh.max(ow)) > MAX_TABLE {
+        return Err(invalid(format!(
+            "DeformConv's {k} taps × {} output rows or columns exceed {MAX_TABLE} positions",
+            oh.max(ow)
         )));
     }
     // Mask (N, G·K, OH, OW), if given.

@@ -245,8 +245,19 @@ pub(super) fn max_pool_indices(
         },
         vec![index, at],
     )?;
-    let bases: Vec<i64> = (0..planes).map(|q| q * plane).collect();
-    let bases = consts(im, vec![planes, 1], &bases)?;
+    // Each plane's base (n·C + c)·H·W, made when the model runs (N·C is the model's to say:
+    // a constant of that many values could be any size).
+    let bases = im.emit(
+        Op::Arange(Box::new(crate::op::ArangeAttrs {
+            start: F64(0.0),
+            end: F64((planes as f64) * (plane as f64)),
+            step: F64(plane as f64),
+            dtype: crate::ir::DType::I64,
+        })),
+        vec![],
+    )?;
+    let col = im.b.shape(vec![Dim::Static(planes), Dim::Static(1)]);
+    let bases = im.emit(Op::Reshape, vec![bases, col])?;
     let flat_idx = im.emit(Op::Add, vec![offset, bases])?;
     let shape =
         im.b.shape([n, c, oh, ow].into_iter().map(Dim::Static).collect());
