@@ -88,6 +88,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "RNN",
     "SoftmaxCrossEntropyLoss",
     "Swish",
+    "SwiGLU",
     "AveragePool",
     "BatchNormalization",
     "Cast",

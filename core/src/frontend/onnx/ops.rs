@@ -85,10 +85,11 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "QLinearMatMul" => quant::qlinear_matmul(im, node),
         "ConvInteger" => quant::conv_integer(im, node, &a),
         "QLinearConv" => quant::qlinear_conv(im, node, &a),
-        "Swish" => {
-            // x * sigmoid(alpha * x) (opset 24).
+        "Swish" | "SwiGLU" => {
+            // Swish: x * sigmoid(alpha * x) (opset 24); SwiGLU(a, b): Swish(a) * b, the two of
+            // one shape and dtype (opset 28).
             let x = im.expr(req(node, 0)?)?;
-            let (_, dt) = im.dims(x)?;
+            let (xd, dt) = im.dims(x)?;
             let alpha = a.float("alpha", 1.0);
             let ax = if alpha == 1.0 {
                 x
@@ -97,7 +98,25 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                 im.emit(Op::Multiply, vec![x, al])?
             };
             let s = im.emit(Op::Sigmoid, vec![ax])?;
-            Ok(call(Op::Multiply, vec![x, s]))
+            if op == "Swish" {
+                return Ok(call(Op::Multiply, vec![x, s]));
+            }
+            let b = im.expr(req(node, 1)?)?;
+            let (bd, bt) = im.dims(b)?;
+            if bd != xd || bt != dt {
+                let show = |d: &[Dim]| {
+                    let p: Vec<String> = d.iter().map(ToString::to_string).collect();
+                    format!("[{}]", p.join(", "))
+                };
+                return Err(invalid(format!(
+                    "SwiGLU's A and B must have one shape and dtype (no broadcasting), found \
+                     {dt} {} and {bt} {}",
+                    show(&xd),
+                    show(&bd)
+                )));
+            }
+            let g = im.emit(Op::Multiply, vec![x, s])?;
+            Ok(call(Op::Multiply, vec![g, b]))
         }
         "Add" | "Sub" | "Mul" | "Div" | "Pow" => {
             let x = im.expr(req(node, 0)?)?;

@@ -1661,3 +1661,33 @@ fn deform_conv_samples_each_tap_then_convolves_once() {
         "`dc` (DeformConv)",
     );
 }
+
+#[test]
+fn swiglu_is_swish_of_a_times_b() {
+    let sg = |b_dims: &[&str]| {
+        model(
+            28,
+            vec![node(
+                "SwiGLU",
+                "sg",
+                &["a", "b"],
+                &["y"],
+                vec![af("alpha", 0.5)],
+            )],
+            vec![vi("a", 1, &["2", "4"]), vi("b", 1, b_dims)],
+            vec![],
+            &["y"],
+        )
+    };
+    let m = import(&sg(&["2", "4"]));
+    let t = text(&m);
+    assert_eq!(t.matches("R.sigmoid(").count(), 1, "{t}");
+    assert_eq!(t.matches("R.multiply(").count(), 3, "{t}");
+    assert_errors(
+        vec![(
+            sg(&["1", "4"]),
+            "one shape and dtype (no broadcasting), found float32 [2, 4] and float32 [1, 4]",
+        )],
+        "`sg` (SwiGLU)",
+    );
+}
