@@ -15,7 +15,7 @@
 //!   axis 0. A loop that runs zero times with scan outputs is an error (their shapes would come
 //!   from a body that never ran); without them it passes its initial values through.
 //! - Bounds, shadowing and the body's reads of the enclosing graph are as for `Scan`
-//!   ([`super::scan`]): at most [`MAX_STEPS`] iterations, at most [`MAX_UNROLLED_NODES`] body
+//!   ([`super::scan`]): at most [`MAX_STEPS`] iterations, at most [`super::scan::MAX_UNROLLED_NODES`] body
 //!   nodes over every unrolled `Scan` and `Loop` of a model.
 //!
 //! ```text
@@ -24,7 +24,7 @@
 //! ```
 
 use super::proto::NodeProto;
-use super::scan::{MAX_STEPS, MAX_UNROLLED_NODES, scoped_names, stack};
+use super::scan::{BodyScope, MAX_STEPS, body_of, count_step, forget, stack};
 use super::{Attrs, Importer, Val, external, import_nodes, invalid};
 use crate::error::Result;
 use crate::ir::{Constant, DType, ExprId};
@@ -47,10 +47,7 @@ pub(super) fn inline_loop(
     depth: usize,
 ) -> Result<()> {
     let a = Attrs(node);
-    let body = a
-        .get("body")
-        .and_then(|x| x.g.as_deref())
-        .ok_or_else(|| invalid("`Loop` has no `body` graph"))?;
+    let body = body_of(&a, "Loop")?;
     let given = |k: usize| node.input.get(k).filter(|s| !s.is_empty());
     let max = match given(0) {
         Some(name) => match im.const_i64s(name)?.as_slice() {
@@ -103,19 +100,7 @@ pub(super) fn inline_loop(
         }
         states.push(im.val(name)?);
     }
-    let scoped = scoped_names(body);
-    let shadowed: Vec<(String, Option<Val>, Option<ExprId>)> = scoped
-        .iter()
-        .chain(body.initializer.iter().map(|t| &t.name))
-        .map(|n| (n.clone(), im.vals.get(n).cloned(), im.cache.get(n).copied()))
-        .collect();
-    for t in &body.initializer {
-        let c = ext
-            .constant(t)
-            .map_err(|e| invalid(format!("`Loop` body initializer `{}`: {e}", t.name)))?;
-        im.vals.insert(t.name.clone(), Val::Const(c));
-        im.cache.remove(&t.name);
-    }
+    let scope = BodyScope::enter(im, body, ext, "Loop")?;
     let mut elems: Vec<Vec<ExprId>> = vec![Vec::new(); k];
     let no_outputs = HashSet::new();
     let file = im.file.clone();
@@ -127,18 +112,8 @@ pub(super) fn inline_loop(
                  {MAX_STEPS}"
             )));
         }
-        im.unrolled = im.unrolled.saturating_add(body.node.len().max(1));
-        if im.unrolled > MAX_UNROLLED_NODES {
-            return Err(invalid(format!(
-                "unrolling `Loop` and `Scan` bodies would import more than \
-                 {MAX_UNROLLED_NODES} nodes (iterations × body nodes, over the model)"
-            )));
-        }
-        for name in &scoped {
-            im.cache.remove(name);
-            im.missing.remove(name);
-            im.vals.remove(name);
-        }
+        count_step(im, body)?;
+        forget(im, &scope.scoped);
         let iter =
             Constant::from_bytes(DType::I64, vec![], i.to_le_bytes().to_vec()).map_err(invalid)?;
         im.vals.insert(body.input[0].name.clone(), Val::Const(iter));
@@ -194,16 +169,7 @@ pub(super) fn inline_loop(
         }
     }
     // The enclosing graph's names mean what they meant before.
-    for (name, val, cached) in shadowed {
-        match val {
-            Some(v) => im.vals.insert(name.clone(), v),
-            None => im.vals.remove(&name),
-        };
-        match cached {
-            Some(e) => im.cache.insert(name, e),
-            None => im.cache.remove(&name),
-        };
-    }
+    scope.restore(im);
     let mut results: Vec<Option<Val>> = states.into_iter().map(Some).collect();
     results.extend(scanned.into_iter().map(|s| s.map(Val::Expr)));
     for (name, v) in node.output.iter().zip(results) {

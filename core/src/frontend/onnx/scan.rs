@@ -63,10 +63,7 @@ pub(super) fn inline_scan(
     depth: usize,
 ) -> Result<()> {
     let a = Attrs(node);
-    let body = a
-        .get("body")
-        .and_then(|x| x.g.as_deref())
-        .ok_or_else(|| invalid("`Scan` has no `body` graph"))?;
+    let body = body_of(&a, "Scan")?;
     let m = usize::try_from(a.int("num_scan_inputs", 0))
         .ok()
         .filter(|&m| m >= 1)
@@ -215,21 +212,8 @@ pub(super) fn inline_scan(
             "`Scan` over {len} steps: fusebox unrolls a Scan, at most {MAX_STEPS} steps"
         )));
     }
-    let scoped = scoped_names(body);
-    // What the enclosing graph binds under the body's names (ONNX forbids a body to shadow
-    // them, but a model may): restored after the unrolling.
-    let shadowed: Vec<(String, Option<Val>, Option<ExprId>)> = scoped
-        .iter()
-        .chain(body.initializer.iter().map(|t| &t.name))
-        .map(|n| (n.clone(), im.vals.get(n).cloned(), im.cache.get(n).copied()))
-        .collect();
-    for t in &body.initializer {
-        let c = ext
-            .constant(t)
-            .map_err(|e| invalid(format!("`Scan` body initializer `{}`: {e}", t.name)))?;
-        im.vals.insert(t.name.clone(), Val::Const(c));
-        im.cache.remove(&t.name);
-    }
+    let scope = BodyScope::enter(im, body, ext, "Scan")?;
+    let scoped = &scope.scoped;
     let (finals, scanned): (Vec<Val>, Vec<ExprId>) = if opset8 {
         if let Some(s) = seq_lens {
             let lens = im.const_i64s(s).map_err(|_| {
@@ -292,7 +276,7 @@ pub(super) fn inline_scan(
                     reverse: x.reverse,
                 });
             }
-            let (fin, elems) = unroll(im, body, &scoped, st, &xb, len, ext, depth)?;
+            let (fin, elems) = unroll(im, body, scoped, st, &xb, len, ext, depth)?;
             for (i, f) in fin.iter().enumerate() {
                 let e = val_expr(im, f)?;
                 per_state[i].push(e);
@@ -312,7 +296,7 @@ pub(super) fn inline_scan(
         }
         (finals, scanned)
     } else {
-        let (finals, elems) = unroll(im, body, &scoped, states, &xs, len, ext, depth)?;
+        let (finals, elems) = unroll(im, body, scoped, states, &xs, len, ext, depth)?;
         let mut scanned = Vec::with_capacity(k);
         for (j, mut e) in elems.into_iter().enumerate() {
             if dir_of(out_dirs.as_ref(), j)? {
@@ -327,16 +311,7 @@ pub(super) fn inline_scan(
         }
         (finals, scanned)
     };
-    for (name, val, cached) in shadowed {
-        match val {
-            Some(v) => im.vals.insert(name.clone(), v),
-            None => im.vals.remove(&name),
-        };
-        match cached {
-            Some(e) => im.cache.insert(name, e),
-            None => im.cache.remove(&name),
-        };
-    }
+    scope.restore(im);
     let results = finals.into_iter().chain(scanned.into_iter().map(Val::Expr));
     for (name, v) in node.output.iter().zip(results) {
         if name.is_empty() {
@@ -370,19 +345,9 @@ fn unroll(
     let no_outputs = HashSet::new();
     let file = im.file.clone();
     for t in 0..len {
-        im.unrolled = im.unrolled.saturating_add(body.node.len().max(1));
-        if im.unrolled > MAX_UNROLLED_NODES {
-            return Err(invalid(format!(
-                "unrolling `Scan` bodies would import more than {MAX_UNROLLED_NODES} nodes \
-                 (steps × body nodes, over every Scan of the model)"
-            )));
-        }
+        count_step(im, body)?;
         // The body's names are bound anew each step: forget last step's values.
-        for name in scoped {
-            im.cache.remove(name);
-            im.missing.remove(name);
-            im.vals.remove(name);
-        }
+        forget(im, scoped);
         for (inp, s) in body.input.iter().zip(states.iter()) {
             im.vals.insert(inp.name.clone(), s.clone());
         }
@@ -417,6 +382,84 @@ fn unroll(
         }
     }
     Ok((states, elems))
+}
+
+/// A body graph's names while it is unrolled: what the enclosing graph binds under them (ONNX
+/// forbids a body to shadow them, but a model may), restored by [`BodyScope::restore`] after
+/// the unrolling, and the body's initializers bound as constants meanwhile.
+pub(super) struct BodyScope {
+    /// The names the body binds each step ([`scoped_names`]).
+    pub(super) scoped: Vec<String>,
+    shadowed: Vec<(String, Option<Val>, Option<ExprId>)>,
+}
+
+impl BodyScope {
+    /// Saves what the enclosing graph binds under `body`'s names and binds its initializers;
+    /// `what` (`Scan`, `Loop`) names the node in errors.
+    pub(super) fn enter(
+        im: &mut Importer<'_>,
+        body: &GraphProto,
+        ext: &mut external::ExternalData,
+        what: &str,
+    ) -> Result<BodyScope> {
+        let scoped = scoped_names(body);
+        let shadowed = scoped
+            .iter()
+            .chain(body.initializer.iter().map(|t| &t.name))
+            .map(|n| (n.clone(), im.vals.get(n).cloned(), im.cache.get(n).copied()))
+            .collect();
+        for t in &body.initializer {
+            let c = ext
+                .constant(t)
+                .map_err(|e| invalid(format!("`{what}` body initializer `{}`: {e}", t.name)))?;
+            im.vals.insert(t.name.clone(), Val::Const(c));
+            im.cache.remove(&t.name);
+        }
+        Ok(BodyScope { scoped, shadowed })
+    }
+
+    /// Gives the enclosing graph's names back what they meant before [`BodyScope::enter`].
+    pub(super) fn restore(self, im: &mut Importer<'_>) {
+        for (name, val, cached) in self.shadowed {
+            match val {
+                Some(v) => im.vals.insert(name.clone(), v),
+                None => im.vals.remove(&name),
+            };
+            match cached {
+                Some(e) => im.cache.insert(name, e),
+                None => im.cache.remove(&name),
+            };
+        }
+    }
+}
+
+/// The `body` graph attribute of a `Scan` or `Loop` (`what`).
+pub(super) fn body_of<'n>(a: &Attrs<'n>, what: &str) -> Result<&'n GraphProto> {
+    a.get("body")
+        .and_then(|x| x.g.as_deref())
+        .ok_or_else(|| invalid(format!("`{what}` has no `body` graph")))
+}
+
+/// Counts one more unrolled step of `body` against [`MAX_UNROLLED_NODES`] (over every `Scan`
+/// and `Loop` of the model).
+pub(super) fn count_step(im: &mut Importer<'_>, body: &GraphProto) -> Result<()> {
+    im.unrolled = im.unrolled.saturating_add(body.node.len().max(1));
+    if im.unrolled > MAX_UNROLLED_NODES {
+        return Err(invalid(format!(
+            "unrolling `Scan` and `Loop` bodies would import more than {MAX_UNROLLED_NODES} \
+             nodes (steps × body nodes, over the model)"
+        )));
+    }
+    Ok(())
+}
+
+/// Forgets the values of `names` (a body's, before its next step is imported).
+pub(super) fn forget(im: &mut Importer<'_>, names: &[String]) {
+    for name in names {
+        im.cache.remove(name);
+        im.missing.remove(name);
+        im.vals.remove(name);
+    }
 }
 
 /// The values stacked along a new `axis` of their rank + 1 (negative counts from the end).
@@ -459,7 +502,7 @@ pub(super) fn val_expr(im: &mut Importer<'_>, v: &Val) -> Result<ExprId> {
 
 /// The names a body binds each step: its inputs and every node output, nested graphs'
 /// included (not its initializers, which hold the same constant every step).
-pub(super) fn scoped_names(g: &GraphProto) -> Vec<String> {
+fn scoped_names(g: &GraphProto) -> Vec<String> {
     let mut out: Vec<String> = g.input.iter().map(|i| i.name.clone()).collect();
     fn nodes(ns: &[NodeProto], out: &mut Vec<String>, depth: usize) {
         for n in ns {

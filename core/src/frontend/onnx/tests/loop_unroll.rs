@@ -3,23 +3,8 @@
 //! are checked against onnxruntime by `tests/onnx_node.rs` (`test_loop11`, the expanded
 //! `Range` cases, and `tests/onnx/extra`'s loop that stops through its condition).
 
+use super::scan::{graph_attr, import_err};
 use super::*;
-
-fn import_err(bytes: &[u8]) -> String {
-    match import_onnx(bytes, "t.onnx") {
-        Ok(m) => panic!("expected an error, got\n{}", text(&m)),
-        Err(e) => e.to_string(),
-    }
-}
-
-fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: 5,
-        g: Some(Box::new(g)),
-        ..Default::default()
-    }
-}
 
 fn bool_init(name: &str, v: bool) -> TensorProto {
     TensorProto {

@@ -5,7 +5,7 @@
 
 use super::*;
 
-fn import_err(bytes: &[u8]) -> String {
+pub(super) fn import_err(bytes: &[u8]) -> String {
     match import_onnx(bytes, "t.onnx") {
         Ok(m) => panic!("expected an error, got\n{}", text(&m)),
         Err(e) => e.to_string(),
@@ -28,7 +28,7 @@ fn sum_body(elem: &[&str]) -> GraphProto {
     }
 }
 
-fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
+pub(super) fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
     AttributeProto {
         name: name.into(),
         r#type: 5,
