@@ -248,6 +248,12 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Loop",
 ];
 
+/// `[1, 8, n, 3]`: a shape as the importer's errors write it.
+pub(crate) fn dims_str(d: &[Dim]) -> String {
+    let parts: Vec<String> = d.iter().map(ToString::to_string).collect();
+    format!("[{}]", parts.join(", "))
+}
+
 /// Imports an ONNX model held in memory. `file` names the model in error messages. A model
 /// with external data needs its folder: use [`import_onnx_file`].
 pub fn import_onnx(bytes: &[u8], file: &str) -> Result<Module> {
@@ -846,6 +852,20 @@ impl Importer<'_> {
         let v = self.b.emit("", Callee::Op(op), args)?;
         self.b.refine(v, ty)?;
         Ok(self.b.var(v))
+    }
+
+    /// An `int64` constant of `shape` from row-major values (index tables the importer builds).
+    pub(crate) fn i64_const(&mut self, shape: Vec<i64>, v: &[i64]) -> Result<ExprId> {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let c = Constant::from_bytes(DType::I64, shape, bytes).map_err(invalid)?;
+        Ok(self.b.constant(c))
+    }
+
+    /// A `float64` constant of `shape` from row-major values.
+    pub(crate) fn f64_const(&mut self, shape: Vec<i64>, v: &[f64]) -> Result<ExprId> {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let c = Constant::from_bytes(DType::F64, shape, bytes).map_err(invalid)?;
+        Ok(self.b.constant(c))
     }
 
     /// A scalar constant.

@@ -104,15 +104,11 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             let b = im.expr(req(node, 1)?)?;
             let (bd, bt) = im.dims(b)?;
             if bd != xd || bt != dt {
-                let show = |d: &[Dim]| {
-                    let p: Vec<String> = d.iter().map(ToString::to_string).collect();
-                    format!("[{}]", p.join(", "))
-                };
                 return Err(invalid(format!(
                     "SwiGLU's A and B must have one shape and dtype (no broadcasting), found \
                      {dt} {} and {bt} {}",
-                    show(&xd),
-                    show(&bd)
+                    super::dims_str(&xd),
+                    super::dims_str(&bd)
                 )));
             }
             let g = im.emit(Op::Multiply, vec![x, s])?;

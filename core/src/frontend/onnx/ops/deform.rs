@@ -25,7 +25,7 @@
 //!     Y = R.nn.conv2d(R.reshape(s, [1, 4, 2, 2]), R.reshape(W, [1, 4, 1, 1]))
 //! ```
 
-use super::super::{Attrs, Importer, NodeProto, Out, Val, input, invalid, req};
+use super::super::{Attrs, Importer, NodeProto, Out, Val, dims_str, input, invalid, req};
 use crate::error::Result;
 use crate::ir::{Constant, Dim, ExprId};
 use crate::op::{Conv2dAttrs, GridSampleAttrs, Op, StridedSliceAttrs, TakeMode};
@@ -33,12 +33,6 @@ use crate::op::{Conv2dAttrs, GridSampleAttrs, Op, StridedSliceAttrs, TakeMode};
 /// The most base positions (taps × output rows, taps × output columns) one `DeformConv`
 /// builds at import.
 const MAX_TABLE: i64 = 1 << 24;
-
-/// `[1, 8, n, 3]`: a shape as the errors write it.
-fn shape_str(d: &[Dim]) -> String {
-    let parts: Vec<String> = d.iter().map(ToString::to_string).collect();
-    format!("[{}]", parts.join(", "))
-}
 
 /// `DeformConv(X, W, offset[, B[, mask]])`.
 pub(crate) fn deform_conv(
@@ -136,7 +130,7 @@ pub(crate) fn deform_conv(
         return Err(invalid(format!(
             "DeformConv's offset {} must be (N, {}, {}, {}) for offset_group {og}, the kernel, \
              strides, dilations and pads",
-            shape_str(&od),
+            dims_str(&od),
             og * 2 * k,
             expect(h, 0),
             expect(wi, 1)
@@ -158,7 +152,7 @@ pub(crate) fn deform_conv(
                 return Err(invalid(format!(
                     "DeformConv's mask must be (N, {}, {oh}, {ow}), found {}",
                     og * k,
-                    shape_str(&md)
+                    dims_str(&md)
                 )));
             }
             Some(e)
@@ -212,14 +206,12 @@ pub(crate) fn deform_conv(
                 }
             }
         }
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         let shape = if along_h {
             vec![k, oh, 1]
         } else {
             vec![k, 1, ow]
         };
-        let c = Constant::from_bytes(f64t, shape, bytes).map_err(invalid)?;
-        Ok(im.b.constant(c))
+        im.f64_const(shape, &v)
     };
     let (base_y, base_x) = (base(im, true)?, base(im, false)?);
     let off_shape = shape(im, vec![og, k, 2, oh, ow]);

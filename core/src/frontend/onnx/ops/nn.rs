@@ -194,9 +194,8 @@ pub(super) fn group_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> R
         }
         // Channel k belongs to group k / (C / G).
         let cpg = c / g;
-        let idx: Vec<u8> = (0..c).flat_map(|k| (k / cpg).to_le_bytes()).collect();
-        let ic = Constant::from_bytes(DType::I64, vec![c], idx).map_err(invalid)?;
-        let ie = im.b.constant(ic);
+        let idx: Vec<i64> = (0..c).map(|k| k / cpg).collect();
+        let ie = im.i64_const(vec![c], &idx)?;
         params.push(im.emit(
             Op::Take {
                 axis: Some(0),

@@ -29,13 +29,6 @@ use crate::op::{Op, StridedSliceAttrs, TakeMode};
 /// The most values of one DFT matrix (2^24 `float64`s, 128 MiB).
 const MAX_MATRIX: usize = 1 << 24;
 
-/// A `float64` constant of `shape` from row-major values.
-fn f64_const(im: &mut Importer<'_>, shape: Vec<i64>, v: &[f64]) -> Result<ExprId> {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let c = Constant::from_bytes(DType::F64, shape, bytes).map_err(invalid)?;
-    Ok(im.b.constant(c))
-}
-
 /// What one transform computes along the last axis.
 #[derive(Clone, Copy)]
 struct Kind {
@@ -189,11 +182,11 @@ fn dft(im: &mut Importer<'_>, x: ExprId, axis: usize, kind: Kind) -> Result<Expr
     let shape = vec![rows as i64, cols as i64];
     // y = re·p + imag·q (imag absent: re·p).
     let combine = |im: &mut Importer<'_>, p: &[f64], q: &[f64]| -> Result<ExprId> {
-        let pc = f64_const(im, shape.clone(), p)?;
+        let pc = im.f64_const(shape.clone(), p)?;
         let y = im.emit(Op::Matmul { out_dtype: None }, vec![re, pc])?;
         match imag {
             Some(i) => {
-                let qc = f64_const(im, shape.clone(), q)?;
+                let qc = im.f64_const(shape.clone(), q)?;
                 let z = im.emit(Op::Matmul { out_dtype: None }, vec![i, qc])?;
                 im.emit(Op::Add, vec![y, z])
             }
@@ -354,12 +347,10 @@ pub(crate) fn stft(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> Re
     }
     let (xw, dt) = widen(im, x)?;
     // Frame t, value j is signal[t·step + j]: (batch, frames, F, c).
-    let idx: Vec<u8> = (0..frames)
+    let idx: Vec<i64> = (0..frames)
         .flat_map(|t| (0..f).map(move |j| t * step + j))
-        .flat_map(|v| v.to_le_bytes())
         .collect();
-    let idx = Constant::from_bytes(DType::I64, vec![frames, f], idx).map_err(invalid)?;
-    let idx = im.b.constant(idx);
+    let idx = im.i64_const(vec![frames, f], &idx)?;
     let mut fr = im.emit(
         Op::Take {
             axis: Some(1),
@@ -472,6 +463,6 @@ pub(crate) fn mel_weight_matrix(
             )));
         }
     };
-    let c = f64_const(im, vec![bins, mels], &out)?;
+    let c = im.f64_const(vec![bins, mels], &out)?;
     narrow(im, c, dtype)
 }

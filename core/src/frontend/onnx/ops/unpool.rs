@@ -202,11 +202,6 @@ pub(super) fn max_pool_indices(
             }
         }
     }
-    let consts = |im: &mut Importer<'_>, shape: Vec<i64>, v: &[i64]| -> Result<ExprId> {
-        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let k = Constant::from_bytes(crate::ir::DType::I64, shape, bytes).map_err(invalid)?;
-        Ok(im.b.constant(k))
-    };
     let planes = n * c;
     let flat_shape = im.b.shape(vec![Dim::Static(planes), Dim::Static(plane)]);
     let flat = im.emit(Op::Reshape, vec![x, flat_shape])?;
@@ -218,7 +213,7 @@ pub(super) fn max_pool_indices(
         })),
         vec![flat],
     )?;
-    let table = consts(im, vec![pix, taps], &gather)?;
+    let table = im.i64_const(vec![pix, taps], &gather)?;
     let windows = im.emit(
         Op::Take {
             axis: Some(1),
@@ -235,9 +230,9 @@ pub(super) fn max_pool_indices(
     )?;
     // Entry `pixel · taps + winner` of the flattened index table.
     let starts: Vec<i64> = (0..pix).map(|q| q * taps).collect();
-    let starts = consts(im, vec![pix], &starts)?;
+    let starts = im.i64_const(vec![pix], &starts)?;
     let at = im.emit(Op::Add, vec![winner, starts])?;
-    let index = consts(im, vec![pix * taps], &index)?;
+    let index = im.i64_const(vec![pix * taps], &index)?;
     let offset = im.emit(
         Op::Take {
             axis: Some(0),
