@@ -112,7 +112,7 @@ const TILE_MACS: usize = 1 << 22;
 /// whole number of lines) and every 16-column slice of a panel row starts on a line.
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
-struct Line([f32; 16]);
+pub(crate) struct Line(pub(crate) [f32; 16]);
 
 /// The `f32`s in a cache line (a [`Line`]).
 const LINE: usize = 16;
