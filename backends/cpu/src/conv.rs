@@ -25,7 +25,10 @@
 //!   own micro-kernel instead ([`pointwise`]: the data read in place, the epilogue applied to
 //!   the sums in registers, each output stored once); with so few input
 //!   channels the output is as large as the work, and a separate pass over it cost a fifth
-//!   of MobileNetV2's 16 → 96 layer on 112×112 (0.588 → 0.503 ms, one thread).
+//!   of MobileNetV2's 16 → 96 layer on 112×112 (0.588 → 0.503 ms, one thread). On CPUs
+//!   whose 16-lane FMAs issue at full rate, 1×1 kernels of more input channels on planes of
+//!   14×14 or more run there too, the reduction in chunks that stay in L1 (MobileNetV2's such
+//!   layers 0.84–0.97 of `faer`'s time on one thread, bench/RESULTS.md, session bd).
 //! - On output planes of up to 64 pixels (ResNet's and MobileNet's 7×7 layers) with AVX-512,
 //!   the GEMM runs with the output channels on the vector lanes instead
 //!   ([`crate::gemm_packed::gemm_cols`], the weight transposed and packed once per constant

@@ -319,10 +319,10 @@ fn long(
     // Tasks: on a plane of fewer than four panels per thread (14×14: three, of unequal
     // width), one band of channels per thread over the whole row; else, as in `short`, runs
     // of whole panels by bands, as many as the output's size asks for, a multiple of the
-    // thread count. (Runs of panels on a 14×14 plane split it 4 + 4 against 5 vectors, or
-    // 8 against 5: one thread, 576 → 96, 0.143 ms for two bands, 0.129 for two runs; two
-    // threads, a run of panels per thread, the layer took 1.27 of `faer`'s time in the model,
-    // a band each 0.98.)
+    // thread count. (One thread, 576 → 96 alone: 0.129–0.130 ms as one task, 0.143–0.146
+    // cut into two bands, each band copying every chunk. Two threads, the plane cut into
+    // runs of 4 + 3 against 3 + 3 vectors instead: 96 → 576 took 1.27 of `faer`'s time in
+    // the model and 64 → 384 1.33, a band per thread 0.98 and 1.00.)
     let threads = threads.max(1);
     let plan = panels(n);
     let (runs, bands) = if plan.len() >= 4 * threads {
