@@ -191,11 +191,35 @@ pub(crate) fn conv1x1(
     if n == 0 {
         return Ok(());
     }
+    let a = Args {
+        m,
+        k,
+        n,
+        w,
+        x,
+        steps,
+        base,
+        reg,
+    };
     if k <= MAX_K {
-        short(m, k, n, w, x, y, threads, steps, base, reg)
+        short(a, y, threads)
     } else {
-        long(m, k, n, w, x, y, threads, steps, base, reg)
+        long(a, y, threads)
     }
+}
+
+/// [`conv1x1`]'s operands but the output: the sizes, weight, image, epilogue and the output's
+/// place in the tensor the epilogue's values refer to.
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    m: usize,
+    k: usize,
+    n: usize,
+    w: &'a [f32],
+    x: &'a [f32],
+    steps: &'a [Step],
+    base: usize,
+    reg: RegSteps<'a>,
 }
 
 /// `y`'s rows (`m` of `n`) cut into tasks: `bands` bands of whole blocks of [`MR`] channels
@@ -235,22 +259,16 @@ fn cut_tasks<'y>(
 }
 
 /// [`conv1x1`] for at most [`MAX_K`] input channels (see the module doc).
-#[allow(
-    clippy::too_many_arguments,
-    reason = "a GEMM's operands, sizes and epilogue"
-)]
-fn short(
-    m: usize,
-    k: usize,
-    n: usize,
-    w: &[f32],
-    x: &[f32],
-    y: &mut [f32],
-    threads: usize,
-    steps: &[Step],
-    base: usize,
-    reg: RegSteps<'_>,
-) -> KResult<()> {
+fn short(a: Args<'_>, y: &mut [f32], threads: usize) -> KResult<()> {
+    let Args { m, k, n, .. } = a;
+    let Args {
+        w,
+        x,
+        steps,
+        base,
+        reg,
+        ..
+    } = a;
     // The weights in blocks of MR rows, each step-major (`k × MR`), the last block's missing
     // rows zero.
     let blocks = m.div_ceil(MR);
@@ -299,22 +317,9 @@ fn short(
 }
 
 /// [`conv1x1`] for more than [`MAX_K`] input channels (see the module doc).
-#[allow(
-    clippy::too_many_arguments,
-    reason = "a GEMM's operands, sizes and epilogue"
-)]
-fn long(
-    m: usize,
-    k: usize,
-    n: usize,
-    w: &[f32],
-    x: &[f32],
-    y: &mut [f32],
-    threads: usize,
-    steps: &[Step],
-    base: usize,
-    reg: RegSteps<'_>,
-) -> KResult<()> {
+fn long(a: Args<'_>, y: &mut [f32], threads: usize) -> KResult<()> {
+    let (m, k, n, w, x) = (a.m, a.k, a.n, a.w, a.x);
+    let (steps, base, reg) = (a.steps, a.base, a.reg);
     let blocks = m.div_ceil(MR);
     // Tasks: on a plane of fewer than four panels per thread (14×14: three, of unequal
     // width), one band of channels per thread over the whole row; else, as in `short`, runs
