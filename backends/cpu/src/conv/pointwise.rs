@@ -1131,6 +1131,47 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Any sizes on either path (chunked or not, whole and partial panels, bands or runs
+        /// of panels) and thread counts: each element the definition's chain then the steps,
+        /// bit for bit.
+        #[test]
+        fn any_shape_is_the_definition(
+            m in MR..30, k in 1usize..300, n in 1usize..700, threads in 1usize..4,
+            epilogue in 0usize..3, seed in 0u64..1000,
+        ) {
+            let w = values(m * k, seed);
+            let x = values(k * n, seed + 1);
+            let b: Vec<f32> = values(m, seed + 2).iter().map(|v| v * 3.0).collect();
+            let residual = Tensor::from_f32(vec![1, m, 1, n], values(m * n, seed + 3))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let steps = match epilogue {
+                0 => vec![],
+                1 => vec![Step::Bias { b, bias_first: false }, Step::Relu],
+                _ => vec![
+                    Step::Residual { r: residual, prev_first: true },
+                    Step::Clip { lo: -0.5, hi: 0.5 },
+                ],
+            };
+            let want = definition(m, k, n, &w, &x, &steps);
+            let mut y = vec![f32::NAN; m * n];
+            let r = crate::par::with_threads(threads, || {
+                conv1x1(m, k, n, &w, &x, &mut y, threads, &steps, 0)
+            });
+            if !crate::simd::avx512() {
+                // Refused, naming what it needs.
+                let err = r.err().unwrap_or_default();
+                proptest::prop_assert!(err.contains("AVX-512"), "{}", err);
+                return Ok(());
+            }
+            r.unwrap_or_else(|e| panic!("{e}"));
+            let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+            proptest::prop_assert!(got == want, "{}x{}x{}, {} threads", m, k, n, threads);
+        }
+    }
+
     #[test]
     fn other_step_shapes_wrong_sizes_and_small_shapes_are_refused() {
         let b = vec![1.0; 8];
