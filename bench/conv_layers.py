@@ -111,6 +111,12 @@ def ort_ms(model, x):
     so.log_severity_level = 3
     so.intra_op_num_threads = a.threads
     so.inter_op_num_threads = 1
+    # Its workers stop spinning when a run ends: left spinning (the default), they held the
+    # cores on into the fusebox process timed next, even once the session was dropped (64 ->
+    # 384 on 14x14, two threads: fusebox 0.078-0.083 ms against 0.057 alone; bench/RESULTS.md,
+    # session bd). onnxruntime's own time then includes waking its workers each run (that
+    # layer 0.058 -> 0.071 ms), as in bench/interleaved.py.
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     s = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     s.run(None, {"x": x})
     ts = []

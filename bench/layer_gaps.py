@@ -174,6 +174,11 @@ def onnxruntime_layers(model_path, graph, feed, threads, repeat):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.enable_profiling = True
     so.profile_file_prefix = os.path.join(tempfile.gettempdir(), "layer_gaps_ort")
+    # Its workers stop spinning when a run ends: left spinning (the default), they held the
+    # cores on into the fusebox processes this script runs next, even once the session was
+    # dropped (a 64 -> 384 1x1 layer on 14x14, two threads: 0.078-0.083 ms against 0.057
+    # alone; bench/RESULTS.md, session bd). Per-node kernel times are what this reads.
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
     sess.run(None, feed)
     for _ in range(repeat):
