@@ -868,6 +868,18 @@ impl Importer<'_> {
         Ok(self.b.constant(c))
     }
 
+    /// `relax.take(x, idx, axis)` in its fast mode (the indices are the importer's own, in
+    /// range by construction).
+    pub(crate) fn take(&mut self, x: ExprId, axis: i64, idx: ExprId) -> Result<ExprId> {
+        self.emit(
+            Op::Take {
+                axis: Some(axis),
+                mode: crate::op::TakeMode::Fast,
+            },
+            vec![x, idx],
+        )
+    }
+
     /// A scalar constant.
     pub(crate) fn scalar(&mut self, v: f64, dtype: DType) -> ExprId {
         self.b.constant(Constant::scalar(v, dtype))

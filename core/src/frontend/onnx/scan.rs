@@ -39,7 +39,7 @@ use super::proto::{GraphProto, NodeProto};
 use super::{Attrs, Importer, Val, external, import_nodes, invalid, normalize_axis};
 use crate::error::Result;
 use crate::ir::{Constant, DType, ExprId};
-use crate::op::{Op, TakeMode};
+use crate::op::Op;
 use std::collections::HashSet;
 
 /// The most steps one `Scan` is unrolled into.
@@ -266,12 +266,12 @@ pub(super) fn inline_scan(
             let mut st = Vec::with_capacity(n);
             for s in &states {
                 let e = val_expr(im, s)?;
-                st.push(Val::Expr(take(im, e, 0, idx)?));
+                st.push(Val::Expr(im.take(e, 0, idx)?));
             }
             let mut xb = Vec::with_capacity(m);
             for x in &xs {
                 xb.push(ScanInput {
-                    x: take(im, x.x, 0, idx)?,
+                    x: im.take(x.x, 0, idx)?,
                     axis: 0,
                     reverse: x.reverse,
                 });
@@ -354,7 +354,7 @@ fn unroll(
         for (inp, x) in body.input[n..].iter().zip(xs) {
             let i = if x.reverse { len - 1 - t } else { t };
             let idx = im.b.constant(Constant::scalar_i64(i as i64, DType::I64));
-            let slice = take(im, x.x, x.axis, idx)?;
+            let slice = im.take(x.x, x.axis as i64, idx)?;
             im.vals.insert(inp.name.clone(), Val::Expr(slice));
         }
         import_nodes(im, &body.node, &no_outputs, ext, depth + 1).map_err(|e| {
@@ -475,17 +475,6 @@ pub(super) fn stack(im: &mut Importer<'_>, mut vals: Vec<ExprId>, axis: i64) -> 
     }
     let t = im.b.tuple(vals)?;
     im.emit(Op::Stack { axis: ax }, vec![t])
-}
-
-/// `x` indexed by the rank-0 `idx` along `axis` (the axis removed).
-fn take(im: &mut Importer<'_>, x: ExprId, axis: usize, idx: ExprId) -> Result<ExprId> {
-    im.emit(
-        Op::Take {
-            axis: Some(axis as i64),
-            mode: TakeMode::Fast,
-        },
-        vec![x, idx],
-    )
 }
 
 /// A folded or emitted value as an expression.

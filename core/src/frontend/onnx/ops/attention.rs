@@ -530,13 +530,7 @@ pub(crate) fn rotary_embedding(
         let mut c = im.expr(req(node, i)?)?;
         if let Some(p) = input(node, 3) {
             let p = im.expr(p)?;
-            c = im.emit(
-                Op::Take {
-                    axis: Some(0),
-                    mode: crate::op::TakeMode::Fast,
-                },
-                vec![c, p],
-            )?;
+            c = im.take(c, 0, p)?;
         }
         let (cd, _) = im.dims(c)?;
         if cd.last().and_then(Dim::as_static) != Some(half) {

@@ -28,7 +28,7 @@
 use super::super::{Attrs, Importer, NodeProto, Out, Val, dims_str, input, invalid, req};
 use crate::error::Result;
 use crate::ir::{Constant, Dim, ExprId};
-use crate::op::{Conv2dAttrs, GridSampleAttrs, Op, StridedSliceAttrs, TakeMode};
+use crate::op::{Conv2dAttrs, GridSampleAttrs, Op, StridedSliceAttrs};
 
 /// The most base positions (taps × output rows, taps × output columns) one `DeformConv`
 /// builds at import.
@@ -186,13 +186,7 @@ pub(crate) fn deform_conv(
     let take = |im: &mut Importer<'_>, e: ExprId, i: i64, axis: i64| -> Result<ExprId> {
         let idx =
             im.b.constant(Constant::scalar_i64(i, crate::ir::DType::I64));
-        im.emit(
-            Op::Take {
-                axis: Some(axis),
-                mode: TakeMode::Fast,
-            },
-            vec![e, idx],
-        )
+        im.take(e, axis, idx)
     };
     // Base positions of tap (a, b) at output (i, j), normalised factors.
     let base = |im: &mut Importer<'_>, along_h: bool| -> Result<ExprId> {

@@ -23,7 +23,7 @@
 use super::super::{Importer, NodeProto, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId};
-use crate::op::{Op, ScanAttrs, StridedSliceAttrs, TakeMode};
+use crate::op::{Op, ScanAttrs, StridedSliceAttrs};
 
 /// `0, 1, …, n-1` as a 1-D tensor of `dtype` whose length is the dim `n`.
 pub(super) fn iota(im: &mut Importer<'_>, n: Dim, dtype: DType) -> Result<ExprId> {
@@ -140,13 +140,7 @@ pub(crate) fn slice(im: &mut Importer<'_>, node: &NodeProto) -> Result<Option<Ve
         };
         let n = count(&b, &e, st);
         let idx = affine_iota(im, b0, st, n, DType::I64)?;
-        v = im.emit(
-            Op::Take {
-                axis: Some(ax as i64),
-                mode: TakeMode::Fast,
-            },
-            vec![v, idx],
-        )?;
+        v = im.take(v, ax as i64, idx)?;
     }
     if !static_axes.0.is_empty() {
         v = im.emit(

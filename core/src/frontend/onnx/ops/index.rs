@@ -179,13 +179,7 @@ pub(super) fn convert(
                     }
                     let mut pick = |k: i64| -> Result<ExprId> {
                         let i = im.b.constant(Constant::scalar_i64(k, DType::I64));
-                        im.emit(
-                            Op::Take {
-                                axis: Some(0),
-                                mode: TakeMode::Fast,
-                            },
-                            vec![v, i],
-                        )
+                        im.take(v, 0, i)
                     };
                     (pick(0)?, pick(1)?)
                 }

@@ -196,13 +196,7 @@ pub(super) fn group_norm(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> R
         let cpg = c / g;
         let idx: Vec<i64> = (0..c).map(|k| k / cpg).collect();
         let ie = im.i64_const(vec![c], &idx)?;
-        params.push(im.emit(
-            Op::Take {
-                axis: Some(0),
-                mode: crate::op::TakeMode::Fast,
-            },
-            vec![p, ie],
-        )?);
+        params.push(im.take(p, 0, ie)?);
     }
     Ok(call(
         Op::GroupNorm(Box::new(GroupNormAttrs {

@@ -339,13 +339,7 @@ fn hardmax_along(
         .collect();
     let eye = const_of(dt, vec![n, n], &eye)?;
     let e = im.b.constant(eye);
-    let oh = im.emit(
-        Op::Take {
-            axis: Some(0),
-            mode: crate::op::TakeMode::Fast,
-        },
-        vec![e, idx],
-    )?;
+    let oh = im.take(e, 0, idx)?;
     if axis + 1 == r {
         return Ok(oh);
     }

@@ -24,7 +24,7 @@
 use super::super::{Attrs, Importer, NodeProto, Out, Val, input, invalid, req};
 use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId};
-use crate::op::{Op, StridedSliceAttrs, TakeMode};
+use crate::op::{Op, StridedSliceAttrs};
 
 /// The most values of one DFT matrix (2^24 `float64`s, 128 MiB).
 const MAX_MATRIX: usize = 1 << 24;
@@ -139,13 +139,7 @@ fn dft(im: &mut Importer<'_>, x: ExprId, axis: usize, kind: Kind) -> Result<Expr
     // Real and imaginary parts, each without the last axis.
     let part = |im: &mut Importer<'_>, i: i64| -> Result<ExprId> {
         let idx = im.b.constant(Constant::scalar_i64(i, DType::I64));
-        im.emit(
-            Op::Take {
-                axis: Some(-1),
-                mode: TakeMode::Fast,
-            },
-            vec![x, idx],
-        )
+        im.take(x, -1, idx)
     };
     let re = part(im, 0)?;
     let imag = if complex { Some(part(im, 1)?) } else { None };
@@ -351,13 +345,7 @@ pub(crate) fn stft(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> Re
         .flat_map(|t| (0..f).map(move |j| t * step + j))
         .collect();
     let idx = im.i64_const(vec![frames, f], &idx)?;
-    let mut fr = im.emit(
-        Op::Take {
-            axis: Some(1),
-            mode: TakeMode::Fast,
-        },
-        vec![xw, idx],
-    )?;
+    let mut fr = im.take(xw, 1, idx)?;
     if let Some(w) = window {
         let (ww, _) = widen(im, w)?;
         let shape = im.b.shape(vec![Dim::Static(f), Dim::Static(1)]);

@@ -214,13 +214,7 @@ pub(super) fn max_pool_indices(
         vec![flat],
     )?;
     let table = im.i64_const(vec![pix, taps], &gather)?;
-    let windows = im.emit(
-        Op::Take {
-            axis: Some(1),
-            mode: crate::op::TakeMode::Fast,
-        },
-        vec![padded, table],
-    )?;
+    let windows = im.take(padded, 1, table)?;
     let winner = im.emit(
         Op::Argmax {
             axis: Some(2),
@@ -233,13 +227,7 @@ pub(super) fn max_pool_indices(
     let starts = im.i64_const(vec![pix], &starts)?;
     let at = im.emit(Op::Add, vec![winner, starts])?;
     let index = im.i64_const(vec![pix * taps], &index)?;
-    let offset = im.emit(
-        Op::Take {
-            axis: Some(0),
-            mode: crate::op::TakeMode::Fast,
-        },
-        vec![index, at],
-    )?;
+    let offset = im.take(index, 0, at)?;
     // Each plane's base (n·C + c)·H·W, made when the model runs (N·C is the model's to say:
     // a constant of that many values could be any size).
     let bases = im.emit(
