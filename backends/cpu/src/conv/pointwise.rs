@@ -678,14 +678,12 @@ impl Task<'_, '_, '_> {
                         }
                     }
                 }
-                let held = b * MR * full..(b + 1) * MR * full;
                 let at = Block {
                     b,
                     ch,
                     j0,
                     start,
                     width,
-                    held,
                     last,
                 };
                 let sink = Sink {
@@ -729,7 +727,6 @@ impl Task<'_, '_, '_> {
             j0,
             start,
             width,
-            ref held,
             last,
         } = *at;
         let n = sink.n;
@@ -737,7 +734,7 @@ impl Task<'_, '_, '_> {
         if !last {
             if whole {
                 store_sums::<S, V>(acc, sink.rows, b * MR, j0);
-            } else if let Some(held) = sink.sums.get_mut(held.clone()) {
+            } else if let Some(held) = sink.sums.get_mut(at.held::<V>()) {
                 store_held::<S, V>(acc, held);
             }
         } else if whole {
@@ -784,16 +781,23 @@ struct Sink<'s, 'r, 'y> {
 }
 
 /// Where a block of [`Task::panel`] lies: block `b` of the task (channels `ch..`), the panel's
-/// columns `j0..j0 + width` of the task's rows (`start..` of the image), its sums' place in
-/// `Task::sums` when the panel is partial, and whether the chunk was the last.
+/// columns `j0..j0 + width` of the task's rows (`start..` of the image), and whether the chunk
+/// was the last.
 struct Block {
     b: usize,
     ch: usize,
     j0: usize,
     start: usize,
     width: usize,
-    held: std::ops::Range<usize>,
     last: bool,
+}
+
+impl Block {
+    /// The block's sums' place in `Task::sums` for a partial panel of `V` vectors.
+    fn held<const V: usize>(&self) -> std::ops::Range<usize> {
+        let len = MR * 16 * V;
+        self.b * len..(self.b + 1) * len
+    }
 }
 
 /// The sums a chunk stored for rows `first..first + MR` of `rows`, the `V` vectors from
@@ -961,7 +965,7 @@ fn block_chunk<S: pulp::Simd, const V: usize>(
         load_sums::<S, V>(sink.rows, at.b * MR, at.j0)
     } else {
         sink.sums
-            .get(at.held.clone())
+            .get(at.held::<V>())
             .map_or([[zero; V]; MR], load_held::<S, V>)
     };
     let acc = block::<S, V>(simd, acc, w, x, stride);
