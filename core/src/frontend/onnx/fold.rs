@@ -354,23 +354,7 @@ fn float_elementwise(im: &Importer<'_>, node: &super::NodeProto) -> Result<Optio
     };
     let numel: usize = out.iter().product();
     // The element of constant `k` under broadcasting at the output's linear index `lin`.
-    let read = |k: usize, lin: usize| -> Option<f64> {
-        let s = &shapes[k];
-        let off = out.len() - s.len();
-        let (mut rest, mut idx, mut stride) = (lin, 0usize, 1usize);
-        for (j, &o) in out.iter().enumerate().rev() {
-            let coord = rest % o.max(1);
-            rest /= o.max(1);
-            if j >= off {
-                let d = s[j - off];
-                if d != 1 {
-                    idx += coord * stride;
-                }
-                stride *= d;
-            }
-        }
-        cs[k].get_f64(idx)
-    };
+    let read = |k: usize, lin: usize| cs[k].get_f64(elem::source_index(&shapes[k], &out, lin));
     let mut bytes = Vec::with_capacity(numel * dt.size_bytes());
     for lin in 0..numel {
         let Some(x) = read(0, lin) else {

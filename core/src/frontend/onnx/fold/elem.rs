@@ -39,9 +39,10 @@ pub(super) fn broadcast(shapes: &[&[usize]]) -> Option<Vec<usize>> {
     Some(out)
 }
 
-/// The element of `x` read at the output's linear index `lin` under broadcasting to `out`.
-pub(super) fn at<'a>(x: &'a Ints, out: &[usize], lin: usize) -> Option<&'a Dim> {
-    let off = out.len() - x.shape.len();
+/// The linear index into a tensor of `shape` that the output's linear index `lin` reads under
+/// broadcasting to `out` (numpy rules).
+pub(super) fn source_index(shape: &[usize], out: &[usize], lin: usize) -> usize {
+    let off = out.len() - shape.len();
     let mut rest = lin;
     let mut idx = 0usize;
     let mut stride = 1usize;
@@ -50,14 +51,19 @@ pub(super) fn at<'a>(x: &'a Ints, out: &[usize], lin: usize) -> Option<&'a Dim> 
         let c = rest.checked_rem(o).unwrap_or(0);
         rest = rest.checked_div(o).unwrap_or(0);
         if k >= off {
-            let d = x.shape[k - off];
+            let d = shape[k - off];
             if d != 1 {
                 idx += c * stride;
             }
             stride *= d;
         }
     }
-    x.vals.get(idx)
+    idx
+}
+
+/// The element of `x` read at the output's linear index `lin` under broadcasting to `out`.
+pub(super) fn at<'a>(x: &'a Ints, out: &[usize], lin: usize) -> Option<&'a Dim> {
+    x.vals.get(source_index(&x.shape, out, lin))
 }
 
 /// Folds `op` over `args` (see the module docs).
