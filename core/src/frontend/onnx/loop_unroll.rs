@@ -24,11 +24,10 @@
 //! ```
 
 use super::proto::NodeProto;
-use super::scan::{BodyScope, MAX_STEPS, body_of, count_step, forget, stack};
-use super::{Attrs, Importer, Val, external, import_nodes, invalid};
+use super::scan::{BodyScope, MAX_STEPS, body_of, count_step, forget, import_step, stack};
+use super::{Attrs, Importer, Val, external, invalid};
 use crate::error::Result;
 use crate::ir::{Constant, DType, ExprId};
-use std::collections::HashSet;
 
 /// A folded scalar's truth, if it is known at import time.
 fn truth(v: &Val) -> Option<bool> {
@@ -102,8 +101,6 @@ pub(super) fn inline_loop(
     }
     let scope = BodyScope::enter(im, body, ext, "Loop")?;
     let mut elems: Vec<Vec<ExprId>> = vec![Vec::new(); k];
-    let no_outputs = HashSet::new();
-    let file = im.file.clone();
     let mut i: i64 = 0;
     while cond && max.is_none_or(|m| i < m) {
         if i as usize >= MAX_STEPS {
@@ -114,21 +111,15 @@ pub(super) fn inline_loop(
         }
         count_step(im, body)?;
         forget(im, &scope.scoped);
-        let iter =
-            Constant::from_bytes(DType::I64, vec![], i.to_le_bytes().to_vec()).map_err(invalid)?;
+        let iter = Constant::scalar_i64(i, DType::I64);
         im.vals.insert(body.input[0].name.clone(), Val::Const(iter));
-        let c = Constant::from_bytes(DType::Bool, vec![], vec![1]).map_err(invalid)?;
+        let c = Constant::scalar(1.0, DType::Bool);
         im.vals.insert(body.input[1].name.clone(), Val::Const(c));
         for (inp, s) in body.input[2..].iter().zip(&states) {
             im.vals.insert(inp.name.clone(), s.clone());
         }
-        import_nodes(im, &body.node, &no_outputs, ext, depth + 1).map_err(|e| {
-            let m = e.to_string();
-            let m = m.strip_prefix(file.as_str()).unwrap_or(&m);
-            invalid(format!(
-                "`Loop` body, iteration {i}: {}",
-                m.trim_start_matches(": ")
-            ))
+        import_step(im, body, ext, depth, || {
+            format!("`Loop` body, iteration {i}")
         })?;
         let cond_name = &body.output[0].name;
         cond = truth(&im.val(cond_name)?).ok_or_else(|| {

@@ -342,8 +342,6 @@ fn unroll(
     let n = states.len();
     let k = body.output.len() - n;
     let mut elems: Vec<Vec<ExprId>> = vec![Vec::with_capacity(len); k];
-    let no_outputs = HashSet::new();
-    let file = im.file.clone();
     for t in 0..len {
         count_step(im, body)?;
         // The body's names are bound anew each step: forget last step's values.
@@ -357,15 +355,7 @@ fn unroll(
             let slice = im.take(x.x, x.axis as i64, idx)?;
             im.vals.insert(inp.name.clone(), Val::Expr(slice));
         }
-        import_nodes(im, &body.node, &no_outputs, ext, depth + 1).map_err(|e| {
-            // The file is named once, before the `Scan` node.
-            let m = e.to_string();
-            let m = m.strip_prefix(file.as_str()).unwrap_or(&m);
-            invalid(format!(
-                "`Scan` body, step {t}: {}",
-                m.trim_start_matches(": ")
-            ))
-        })?;
+        import_step(im, body, ext, depth, || format!("`Scan` body, step {t}"))?;
         let mut next = Vec::with_capacity(n);
         for o in &body.output[..n] {
             next.push(
@@ -438,6 +428,23 @@ pub(super) fn body_of<'n>(a: &Attrs<'n>, what: &str) -> Result<&'n GraphProto> {
     a.get("body")
         .and_then(|x| x.g.as_deref())
         .ok_or_else(|| invalid(format!("`{what}` has no `body` graph")))
+}
+
+/// Imports one unrolled step of a `Scan` or `Loop` body, an error in it named after the step
+/// (`label()`, such as "`Scan` body, step 3"; the file is named once, before the node).
+pub(super) fn import_step(
+    im: &mut Importer<'_>,
+    body: &GraphProto,
+    ext: &mut external::ExternalData,
+    depth: usize,
+    label: impl Fn() -> String,
+) -> Result<()> {
+    let file = im.file.clone();
+    import_nodes(im, &body.node, &HashSet::new(), ext, depth + 1).map_err(|e| {
+        let m = e.to_string();
+        let m = m.strip_prefix(file.as_str()).unwrap_or(&m);
+        invalid(format!("{}: {}", label(), m.trim_start_matches(": ")))
+    })
 }
 
 /// Counts one more unrolled step of `body` against [`MAX_UNROLLED_NODES`] (over every `Scan`
