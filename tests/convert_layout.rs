@@ -139,6 +139,138 @@ fn the_converted_cnn_computes_what_the_model_computes_on_the_cpu() {
     );
 }
 
+/// A network of two stages (MobileNetV2's shape in small): on 32 × 32, two blocks of a 1×1
+/// expansion 24 → 48, a depthwise 3×3 and a 1×1 projection 48 → 24; then a stride-2 3×3
+/// convolution 24 → 64 and ten 1×1 convolutions of 64 channels (+ bias + ReLU) on 16 × 16,
+/// pooled to 1 × 1. 24 channels do not split by 16: converting every convolution would move
+/// each depthwise layer's input and output, converting those of 16 × 16 planes only moves the
+/// stride-2 convolution's output.
+fn two_stages() -> String {
+    let t = |s: &str| format!("R.Tensor(({s}), \"float32\")");
+    let mut body = String::new();
+    let mut prev = "x".to_string();
+    for i in 0..2 {
+        body.push_str(&format!(
+            "            e{i} = R.nn.conv2d({prev}, we)\n            \
+             d{i} = R.nn.conv2d(e{i}, wd, padding=[1, 1, 1, 1], groups=48)\n            \
+             p{i} = R.nn.conv2d(d{i}, wp)\n"
+        ));
+        prev = format!("p{i}");
+    }
+    body.push_str(&format!(
+        "            s = R.nn.conv2d({prev}, ws, strides=[2, 2], padding=[1, 1, 1, 1])\n"
+    ));
+    prev = "s".to_string();
+    for i in 0..10 {
+        body.push_str(&format!(
+            "            h{i} = R.nn.relu(R.add(R.nn.conv2d({prev}, w), b))\n"
+        ));
+        prev = format!("h{i}");
+    }
+    format!(
+        "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, we: {we}, wd: {wd}, \
+         wp: {wp}, ws: {ws}, w: {w}, b: {b}):\n        with R.dataflow():\n{body}            \
+         gv = R.nn.adaptive_avg_pool2d({prev}, output_size=[1, 1])\n            R.output(gv)\n        \
+         return gv\n",
+        x = t("1, 24, 32, 32"),
+        we = t("48, 24, 1, 1"),
+        wd = t("48, 1, 3, 3"),
+        wp = t("24, 48, 1, 1"),
+        ws = t("64, 24, 3, 3"),
+        w = t("64, 64, 1, 1"),
+        b = t("1, 64, 1, 1"),
+    )
+}
+
+/// `conv2d_layout = "auto"` on [`two_stages`]: converting every convolution does not pay (the
+/// depthwise layers' moves), converting those of the 16 × 16 stage does, and that is what the
+/// default flow keeps and says; the converted module computes what the model computes.
+#[test]
+fn auto_converts_the_later_stage_alone_when_the_early_one_would_leave_layout_changes() {
+    fusebox::link_backends();
+    let cpu = fusebox::core::backend::make_backend("cpu", &Default::default()).unwrap();
+    let prefers = cpu.conv2d_layout(fusebox::core::config::Target::Cpu);
+    let src = two_stages();
+    let module = fusebox::core::text::parse_module_str(&src).unwrap();
+    // The planes ConvertLayout may be limited to, largest first.
+    assert_eq!(
+        fusebox::core::transform::conv_planes(&module),
+        vec![1024, 256]
+    );
+    let cost = |limit| {
+        let c = fusebox::core::transform::convert_layout_within(&module, "NCHW16c", "OIHW", limit)
+            .unwrap();
+        fusebox::core::transform::layout_cost(&c, "NCHW16c")
+    };
+    let before = fusebox::core::transform::layout_cost(&module, "NCHW16c");
+    let (all, later) = (cost(None), cost(Some(256)));
+    // Every convolution: the two depthwise layers and the ten of 64 channels (those that
+    // read or write 24 channels stay); the two depthwise layers' inputs and outputs move.
+    assert_eq!((all.converted, all.depthwise_elems), (10, 2 * 48 * 1024));
+    assert!(!all.pays(&before), "{all:?}");
+    // Those of 16 × 16: the ten 1×1 layers; the stride-2 layer's output, the bias and the
+    // pooled result move.
+    assert_eq!(
+        (
+            later.converted,
+            later.conv_elems,
+            later.depthwise_elems,
+            later.moves
+        ),
+        (10, 10 * 64 * 256, 0, 3),
+        "{later:?}"
+    );
+    assert!(later.pays(&before), "{later:?}");
+    let pipeline = fusebox::pipeline(fusebox::default_config().unwrap()).unwrap();
+    let p = pipeline.partition_noted(&module).unwrap();
+    let text = fusebox::core::text::print_module(&p.module).text;
+    match &prefers {
+        Some(_) => {
+            assert_eq!(
+                p.notes,
+                vec![
+                    "conv2d_layout \"auto\": 10 of 17 conv2d in NCHW16c/OIHW (backend cpu's \
+                     layout on this machine; those of input planes up to 256 pixels), 3 layout \
+                     change(s) left at run time"
+                        .to_string()
+                ],
+                "{text}"
+            );
+            // The 64-channel layers in the layout, the depthwise ones of 32 × 32 not.
+            assert!(
+                text.contains("groups=1, data_layout=\"NCHW16c\"")
+                    && text.contains("groups=48, data_layout=\"NCHW\"")
+                    && !text.contains("groups=48, data_layout=\"NCHW16c\""),
+                "{text}"
+            );
+        }
+        None => assert!(p.notes.is_empty() && !text.contains("NCHW16c"), "{text}"),
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("convert_layout_stages");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("two_stages.relax");
+    std::fs::write(&file, &src).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
+        .current_dir(root())
+        .arg("run")
+        .arg(&file)
+        .arg("--output-dir")
+        .arg(dir.join("out"))
+        .arg("--check")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    assert!(
+        all.contains("check: 1 output(s) match the unpartitioned module"),
+        "{all}"
+    );
+}
+
 /// A stack of `depth` 3×3 convolutions of 32 channels on 16 × 16 (+ bias + ReLU), after an
 /// input of 32 channels: every convolution splits by 16.
 fn conv_stack(depth: usize) -> String {

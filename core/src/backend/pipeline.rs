@@ -15,7 +15,9 @@
 //!    FoldBatchNorm) unless `simplify = false` → ConvertLayout (then FoldConstant again, for
 //!    the moved weights) to the `conv2d_layout` pair when one is given; with `"auto"` (the
 //!    default) to the layouts of the first backend that names some for the target
-//!    ([`Backend::conv2d_layout`]), kept only where [`crate::transform::LayoutCost::pays`],
+//!    ([`Backend::conv2d_layout`]), of every convolution or only of those on input planes up
+//!    to each smaller plane of the model, the one that pays by the largest margin kept
+//!    ([`crate::transform::LayoutCost::pays`], [`crate::transform::LayoutCost::margin`]),
 //!    the choice (or why not) in [`Partitioned::notes`] → FuseOpsByPattern (`bind_constants`,
 //!    `annotate_codegen`) → MergeCompositeFunctions if `merge_composites` → FuseOps if
 //!    `fuse_ops`.
@@ -378,7 +380,7 @@ impl BackendPipeline {
         let converted;
         let input = match &pc.conv2d_layout {
             Conv2dLayout::Fixed([data, kernel]) => {
-                converted = convert_folded(input, data, kernel, self.evaluator.as_ref())?;
+                converted = convert_folded(input, data, kernel, None, self.evaluator.as_ref())?;
                 &converted
             }
             Conv2dLayout::Keep => input,
@@ -628,9 +630,10 @@ fn convert_folded(
     input: &Module,
     data: &str,
     kernel: &str,
+    max_plane: Option<u64>,
     evaluator: Option<&Evaluator>,
 ) -> Result<Module> {
-    let c = crate::transform::convert_layout(input, data, kernel)?;
+    let c = crate::transform::convert_layout_within(input, data, kernel, max_plane)?;
     match evaluator {
         Some(eval) => crate::transform::fold_constant(&c, eval),
         None => Ok(c),
@@ -640,9 +643,13 @@ fn convert_folded(
 /// `conv2d_layout = "auto"` on `input` (contract point 3): the layouts the first of
 /// `backends` names for `target` ([`Backend::conv2d_layout`]), ConvertLayout into them (with
 /// the moved constants folded by `evaluator`), kept where
-/// [`crate::transform::LayoutCost::pays`]. Returns the converted module when it is kept, and a
-/// note saying what was chosen, or why the layouts were kept (none when no backend names a
-/// layout, or when no convolution would move).
+/// [`crate::transform::LayoutCost::pays`]. Besides converting every convolution it tries
+/// converting only those of input planes up to each smaller plane of the model
+/// ([`crate::transform::convert_layout_within`]: the later, smaller stages of a network whose
+/// early ones would leave layout changes), and keeps the conversion that pays by the largest
+/// [`crate::transform::LayoutCost::margin`] (the most converted on a tie). Returns the
+/// converted module when one is kept, and a note saying what was chosen, or why the layouts
+/// were kept (none when no backend names a layout, or when no convolution would move).
 pub fn auto_conv2d_layout(
     input: &Module,
     backends: &[&dyn Backend],
@@ -660,30 +667,51 @@ pub fn auto_conv2d_layout(
         // Nothing to convert (a transformer): no pass over the module.
         return Ok((None, None));
     }
-    let c = convert_folded(input, &data, &kernel, evaluator)?;
-    let after = crate::transform::layout_cost(&c, &data);
-    if after.pays(&before) {
+    // Every convolution, then those of each smaller plane and below.
+    let planes = crate::transform::conv_planes(input);
+    let limits = std::iter::once(None).chain(planes.iter().skip(1).map(|&p| Some(p)));
+    let mut whole = None;
+    let mut best: Option<(Module, crate::transform::LayoutCost, Option<u64>)> = None;
+    for limit in limits {
+        let c = convert_folded(input, &data, &kernel, limit, evaluator)?;
+        let after = crate::transform::layout_cost(&c, &data);
+        whole.get_or_insert(after);
+        if after.pays(&before)
+            && best
+                .as_ref()
+                .is_none_or(|(_, b, _)| after.margin(&before) > b.margin(&before))
+        {
+            best = Some((c, after, limit));
+        }
+    }
+    if let Some((c, after, limit)) = best {
+        let which = match limit {
+            None => String::new(),
+            Some(p) => format!("; those of input planes up to {p} pixels"),
+        };
         let note = format!(
-            "conv2d_layout \"auto\": {} of {} conv2d in {data}/{kernel} (backend {backend}'s \
-             layout on this machine), {} layout change(s) left at run time",
+            "conv2d_layout \"auto\": {} of {} conv2d in {data}/{kernel} (backend \
+             {backend}'s layout on this machine{which}), {} layout change(s) left at run time",
             after.converted,
             after.convs,
             after.moves.saturating_sub(before.moves),
         );
         return Ok((Some(c), Some(note)));
     }
-    let note = (after.converted > before.converted).then(|| {
-        format!(
-            "conv2d_layout \"auto\": layouts kept; {data}/{kernel} (backend {backend}'s layout) \
-             would convert {} of {} conv2d but leave {} layout change(s) moving {} elements at \
-             run time (the convolutions write {})",
-            after.converted,
-            after.convs,
-            after.moves.saturating_sub(before.moves),
-            after.moved_elems.saturating_sub(before.moved_elems),
-            after.conv_elems,
-        )
-    });
+    let note = whole
+        .filter(|after| after.converted > before.converted)
+        .map(|after| {
+            format!(
+                "conv2d_layout \"auto\": layouts kept; {data}/{kernel} (backend {backend}'s \
+                 layout) would convert {} of {} conv2d but leave {} layout change(s) moving {} \
+                 elements at run time (the convolutions write {})",
+                after.converted,
+                after.convs,
+                after.moves.saturating_sub(before.moves),
+                after.moved_elems.saturating_sub(before.moved_elems),
+                after.conv_elems,
+            )
+        });
     Ok((None, note))
 }
 

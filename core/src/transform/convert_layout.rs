@@ -39,9 +39,12 @@
 //!   Moves of constants are left for FoldConstant; dead bindings are removed afterwards.
 //!   (TVM 0.27's own pass crashes on split layouts; the rules above are those it applies to
 //!   permutations, with `layout_transform` where a permutation does not do.)
+//! - [`convert_layout_within`] converts only the convolutions whose input plane has at most
+//!   a given number of pixels (the others stay as they are); [`conv_planes`] lists a module's
+//!   planes, largest first.
 //! - [`layout_cost`] counts what a conversion left (converted convolutions and their output,
-//!   layout changes and what they move), which [`LayoutCost::pays`] weighs for
-//!   `conv2d_layout = "auto"`.
+//!   layout changes and what they move), which [`LayoutCost::pays`] and
+//!   [`LayoutCost::margin`] weigh for `conv2d_layout = "auto"`.
 //!
 //! ```text
 //! ; before (w a constant (64, 3, 7, 7); b a constant (1, 64, 1, 1))
@@ -85,6 +88,19 @@ const LABELS: &str = "NCHW";
 /// Runs ConvertLayout (see the module doc) for `conv2d` with data layout `data` (a layout of
 /// `NCHW`, possibly split: `NCHW16c`) and kernel layout `kernel` (a layout of `OIHW`).
 pub fn convert_layout(m: &Module, data: &str, kernel: &str) -> Result<Module> {
+    convert_layout_within(m, data, kernel, None)
+}
+
+/// [`convert_layout`] of only the `conv2d` bindings whose input plane (the data operand's
+/// `H·W`, [`conv_planes`]) has at most `max_plane` pixels when a limit is given; the others
+/// stay as they are, as a convolution whose channels do not split does. A convolution whose
+/// plane is symbolic stays too under a limit.
+pub fn convert_layout_within(
+    m: &Module,
+    data: &str,
+    kernel: &str,
+    max_plane: Option<u64>,
+) -> Result<Module> {
     let mut parsed = Vec::with_capacity(2);
     for (what, layout, letters) in [("data", data, "NCHW"), ("kernel", kernel, "OIHW")] {
         parsed.push(Layout::parse(layout, letters).ok_or_else(|| {
@@ -96,7 +112,39 @@ pub fn convert_layout(m: &Module, data: &str, kernel: &str) -> Result<Module> {
         })?);
     }
     let (d, k) = (parsed.remove(0), parsed.remove(0));
-    super::substitute::rewrite_entries(m, |f| convert_in(f, &d, &k))
+    super::substitute::rewrite_entries(m, |f| convert_in(f, &d, &k, max_plane))
+}
+
+/// The pixels of the input plane (`H·W`) of a `conv2d` whose data operand `x` is in layout
+/// `layout`: `None` when an extent is symbolic or the layout does not describe the operand.
+fn input_plane(f: &Function, layout: &str, x: ExprId) -> Option<u64> {
+    let dims = f.expr(x).ty.as_tensor()?.dims.as_ref()?;
+    let logical = Layout::parse(layout, LABELS)?.logical(dims, LABELS).ok()?;
+    let extent = |d: &crate::ir::Dim| d.as_static().and_then(|v| u64::try_from(v).ok());
+    extent(&logical[2])?.checked_mul(extent(&logical[3])?)
+}
+
+/// The distinct input planes (`H·W` pixels, static ones) of the `conv2d` bindings of `m`,
+/// largest first: the limits worth trying with [`convert_layout_within`].
+pub fn conv_planes(m: &Module) -> Vec<u64> {
+    let mut planes = std::collections::BTreeSet::new();
+    for f in m.functions.values() {
+        let mut all = Vec::new();
+        crate::ir::for_each_binding_deep(f, &f.blocks, &mut |b| all.push(*b));
+        for b in all {
+            if let ExprKind::Call {
+                callee: Callee::Op(Op::Conv2d(a)),
+                args,
+            } = &f.expr(b.value).kind
+                && let Some(p) = args
+                    .first()
+                    .and_then(|&x| input_plane(f, &a.data_layout, x))
+            {
+                planes.insert(p);
+            }
+        }
+    }
+    planes.into_iter().rev().collect()
 }
 
 /// The layout `target` of a value whose axes are, before the pass, in layout `original` (a
@@ -175,6 +223,8 @@ fn rank_of(f: &Function, e: ExprId) -> Option<usize> {
 struct Converter<'a> {
     data: &'a Layout,
     kernel: &'a Layout,
+    /// Only convolutions of input planes up to this many pixels convert (all when `None`).
+    max_plane: Option<u64>,
     /// Held values: the var, the var holding it, and the layout it is held in.
     held: HashMap<VarId, (VarId, Layout)>,
     /// Held vars whose original is bound (again).
@@ -326,6 +376,11 @@ impl Converter<'_> {
                 if a.data_layout == data && a.kernel_layout == kernel && a.out_layout == data {
                     return None;
                 }
+                if let Some(limit) = self.max_plane
+                    && input_plane(f, &a.data_layout, x).is_none_or(|p| p > limit)
+                {
+                    return None;
+                }
                 let lx = relabel(self.data, &a.data_layout)?;
                 let lw = relabel(self.kernel, &a.kernel_layout)?;
                 let lo = relabel(self.data, &a.out_layout)?;
@@ -430,12 +485,16 @@ pub struct LayoutCost {
     pub converted: usize,
     /// Their output elements.
     pub conv_elems: u64,
+    /// The output elements of the depthwise convolutions in `data`: the layout's backend runs
+    /// them in place, as `cpu` does, and they gain from it too (`cpu`'s `NCHW16c` depthwise
+    /// kernel took 0.6–0.85 of the `NCHW` one's time on MobileNetV2's 28 × 28 to 7 × 7 planes,
+    /// bench/RESULTS.md session be), so they count with `conv_elems` in
+    /// [`LayoutCost::margin`], though not as converted.
+    pub depthwise_elems: u64,
     /// The `layout_transform` and `permute_dims` bindings of rank-4-or-5 values (the layout
     /// changes left at run time), plus the grouped convolutions in `data` other than
     /// depthwise ones, which a backend without a blocked grouped kernel runs by moving their
-    /// input and output. (A depthwise convolution in `data` counts neither way: the layout's
-    /// backend runs it in place, as `cpu` does, and its few operations per output element
-    /// gain little from the layout.)
+    /// input and output.
     pub moves: usize,
     /// The elements those move.
     pub moved_elems: u64,
@@ -444,12 +503,20 @@ pub struct LayoutCost {
 impl LayoutCost {
     /// Whether the conversion pays, `self` counted after it and `before` on the module it
     /// converted: some convolution converted, and the layout changes it added move at most
-    /// an eighth of the elements the converted convolutions write (a move costs a pass over
-    /// memory; a convolution's output element takes 2·C·k·k operations, so a kernel a tenth
-    /// faster in the new layout wins by far more).
+    /// an eighth of the elements the convolutions in the layout write ([`LayoutCost::margin`]
+    /// at least zero: a move costs a pass over memory; a convolution's output element takes
+    /// 2·C·k·k operations, so a kernel a tenth faster in the new layout wins by far more).
     pub fn pays(&self, before: &LayoutCost) -> bool {
+        self.converted > before.converted && self.margin(before) >= 0
+    }
+
+    /// What the conversion gains by [`LayoutCost::pays`]'s measure: the elements the
+    /// convolutions in the layout write (`conv_elems` and `depthwise_elems`) less eight
+    /// times those the layout changes it added move. Of the conversions that pay,
+    /// `conv2d_layout = "auto"` keeps the one of the largest margin.
+    pub fn margin(&self, before: &LayoutCost) -> i128 {
         let added = self.moved_elems.saturating_sub(before.moved_elems);
-        self.converted > before.converted && added.saturating_mul(8) <= self.conv_elems
+        i128::from(self.conv_elems) + i128::from(self.depthwise_elems) - 8 * i128::from(added)
     }
 }
 
@@ -487,7 +554,7 @@ pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
                         c.converted += 1;
                         c.conv_elems = c.conv_elems.saturating_add(out);
                     } else if is_depthwise(f, args, &a.kernel_layout, a.groups) {
-                        // Run in place (see `moves`).
+                        c.depthwise_elems = c.depthwise_elems.saturating_add(out);
                     } else {
                         let input = args.first().map_or(0, |&x| elems(&f.expr(x).ty));
                         c.moves += 1;
@@ -530,11 +597,12 @@ fn is_depthwise(f: &Function, args: &[ExprId], kernel_layout: &str, groups: i64)
 }
 
 /// Rewrites `f` (see the module doc); says whether anything changed.
-fn convert_in(f: &mut Function, data: &Layout, kernel: &Layout) -> bool {
+fn convert_in(f: &mut Function, data: &Layout, kernel: &Layout, max_plane: Option<u64>) -> bool {
     let blocks = std::mem::take(&mut f.blocks);
     let mut c = Converter {
         data,
         kernel,
+        max_plane,
         held: HashMap::new(),
         bound: HashSet::new(),
         made: HashMap::new(),
@@ -599,19 +667,36 @@ mod tests {
             conv_elems,
             moves: 3,
             moved_elems,
+            ..LayoutCost::default()
         };
         // 800 elements written, 100 moved beyond the original's: pays; 101: does not.
         assert!(after(2, 800, 200).pays(&before));
+        assert_eq!(after(2, 800, 200).margin(&before), 0);
         assert!(!after(2, 800, 201).pays(&before));
+        assert_eq!(after(2, 800, 201).margin(&before), -8);
+        // A depthwise convolution's output counts with the others'.
+        let with_depthwise = LayoutCost {
+            depthwise_elems: 8,
+            ..after(2, 800, 201)
+        };
+        assert!(with_depthwise.pays(&before));
+        assert_eq!(with_depthwise.margin(&before), 0);
         // Nothing converted: never pays, however cheap.
         assert!(!after(0, 0, 100).pays(&before));
+        assert!(
+            !LayoutCost {
+                depthwise_elems: 800,
+                ..after(0, 0, 100)
+            }
+            .pays(&before)
+        );
         assert!(!before.pays(&before));
     }
 
     #[test]
-    fn depthwise_convolutions_in_the_layout_count_neither_as_converted_nor_as_moves() {
-        // In NCHW16c: a one-group conv (converted), a depthwise one (neither) and one of two
-        // groups (a move of its input and output).
+    fn depthwise_convolutions_in_the_layout_count_as_gains_but_not_as_converted() {
+        // In NCHW16c: a one-group conv (converted), a depthwise one (its output a gain) and
+        // one of two groups (a move of its input and output).
         let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
         let conv = |x: &str, w: &str, g: usize| {
             format!(
@@ -637,9 +722,14 @@ mod tests {
                 convs: 3,
                 converted: 1,
                 conv_elems: plane,
+                depthwise_elems: plane,
                 moves: 1,
                 moved_elems: 2 * plane,
             }
+        );
+        assert_eq!(
+            c.margin(&LayoutCost::default()),
+            2 * i128::from(plane) - 16 * i128::from(plane)
         );
     }
 

@@ -23,7 +23,9 @@ pub mod unflatten_matmul;
 pub use annotate_codegen::annotate_codegen;
 pub use bind_params::bind_params;
 pub use bind_symbolic_vars::bind_symbolic_vars;
-pub use convert_layout::{LayoutCost, convert_layout, layout_cost};
+pub use convert_layout::{
+    LayoutCost, conv_planes, convert_layout, convert_layout_within, layout_cost,
+};
 pub use dead_code_elimination::dead_code_elimination;
 pub use eliminate_common_subexpr::eliminate_common_subexpr;
 pub use fold_batch_norm::fold_batch_norm;
