@@ -9,7 +9,8 @@ Relu or Add that follows and names the fused node after the last output (for ins
 graph to the Conv that heads the group, and keys it by the Conv's data and weight shapes from
 ONNX shape inference (`(1, 96, 14, 14) (576, 96, 1, 1)`). fusebox's side is `fusebox run
 --profile --profile-shapes 0`: each fused convolution chain's calls split by the same two
-shapes, the minimum over the processes run. Nodes that share a key are summed on both sides
+shapes (a data shape in `NCHW16c`, where `conv2d_layout = "auto"` converted the model, read as
+its `NCHW` one), the minimum over the processes run. Nodes that share a key are summed on both sides
 (a shape that occurs three times is three calls). Other nodes (the classifier, the pooling)
 are listed by op type for onnxruntime and by function for fusebox, unmatched.
 
@@ -214,6 +215,19 @@ PROFILE_ON = re.compile(r"^profile (\S+) on (.+) calls (\d+) ([0-9.]+) ms")
 PROFILE_FN = re.compile(r"^profile (\S+) calls (\d+) ([0-9.]+) ms [0-9.]+% of run (\[.*\])")
 
 
+def nchw_key(key):
+    """A fusebox profile key `(data) (weight)` with a split layout's data shape (`NCHW16c`'s
+    `(n, c/16, h, w, 16)`, what `conv2d_layout = "auto"` converts to) written as its `NCHW`
+    one, so that it meets onnxruntime's key for the same Conv."""
+    m = re.match(r"^\(([^)]*)\) (.*)$", key)
+    if not m:
+        return key
+    d = [int(x) for x in m.group(1).split(",") if x.strip()]
+    if len(d) == 5:
+        d = [d[0], d[1] * d[4], d[2], d[3]]
+    return f"{fmt(d)} {m.group(2)}"
+
+
 def fusebox_layers(fusebox, model_path, inputs, threads, repeat):
     """Per conv key: the chain's time on those shapes (ms per run); per other function or op
     (not a chain): its time; and the run's time."""
@@ -233,7 +247,7 @@ def fusebox_layers(fusebox, model_path, inputs, threads, repeat):
             run = float(line.split()[2])
         m = PROFILE_ON.match(line)
         if m and "conv2d" in m.group(1) and "other shape sets" not in m.group(2):
-            convs[m.group(2)] += float(m.group(4))
+            convs[nchw_key(m.group(2))] += float(m.group(4))
             continue
         m = PROFILE_FN.match(line)
         if m and m.group(4) == "[op]" and "conv2d" not in m.group(1):

@@ -116,27 +116,62 @@ fn batched_transpose(split: &[usize], perm: &[usize]) -> Option<(usize, usize, u
 }
 
 /// `y[o][c][r] = x[o][r][c]` for `outer` matrices of `rows × cols`, the matrices spread over
-/// the threads. Whole 16 × 16 tiles are copied into a local tile by rows and written out by
-/// columns, every length a constant; the edges one element at a time. (ResNet-50's two
-/// transforms: 0.18–0.19 ms on two threads, session aw; the first alone took 0.40 ms with
-/// bounds-dependent 16 × 16 loops on one thread, session av, another host.)
+/// the threads. Whole 16 × 16 tiles are transposed in registers on AVX-512 ([`tile_v4`]: 16
+/// row loads, four rounds of 16 two-source lane permutes, 16 column stores), else copied into
+/// a local tile by rows and written out by columns; the edges one element at a time.
+/// (ResNet-50's two transforms: 0.18–0.19 ms on two threads with the local tiles, session aw;
+/// the first alone took 0.40 ms with bounds-dependent 16 × 16 loops on one thread, session av,
+/// another host. MobileNetV2's 144 × 28 × 28 into `NCHW16c`, two threads allowed: 0.037–0.045
+/// ms a call with the local tiles on one thread (a work grain of 2^16 elements), 0.021–0.025
+/// in registers on two (2^15), session be.)
 fn transpose_f32(x: &[f32], y: &mut [f32], outer: usize, rows: usize, cols: usize) {
     let m = rows * cols;
     if m == 0 {
         return;
     }
-    let t = crate::par::threads_for(outer * m, 1 << 16);
+    let t = crate::par::threads_for(outer * m, 1 << 15);
     crate::par::for_each_chunk_mut(&mut y[..outer * m], m, t, |off, yo| {
-        transpose_one(&x[off..off + m], yo, rows, cols);
+        crate::simd::dispatch(Transpose {
+            x: &x[off..off + m],
+            y: yo,
+            rows,
+            cols,
+        });
     });
 }
 
+/// One matrix of [`transpose_f32`], compiled for the CPU's widest instruction set.
+struct Transpose<'a> {
+    x: &'a [f32],
+    y: &'a mut [f32],
+    rows: usize,
+    cols: usize,
+}
+
+impl pulp::WithSimd for Transpose<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        transpose_one(self.x, self.y, self.rows, self.cols);
+    }
+}
+
+/// Lanes of an AVX-512 `f32` vector, the side of [`transpose_one`]'s tiles.
+const T: usize = 16;
+
 /// One matrix of [`transpose_f32`].
+#[inline(always)]
 fn transpose_one(x: &[f32], y: &mut [f32], rows: usize, cols: usize) {
-    const T: usize = 16;
     let (fr, fc) = (rows / T * T, cols / T * T);
+    #[cfg(target_arch = "x86_64")]
+    let v4 = pulp::x86::V4::try_new();
     for r0 in (0..fr).step_by(T) {
         for c0 in (0..fc).step_by(T) {
+            #[cfg(target_arch = "x86_64")]
+            if let Some(v4) = v4 {
+                tile_v4(v4, x, y, rows, cols, r0, c0);
+                continue;
+            }
             let mut tile = [[0.0f32; T]; T];
             for (i, t) in tile.iter_mut().enumerate() {
                 t.copy_from_slice(&x[(r0 + i) * cols + c0..][..T]);
@@ -160,6 +195,69 @@ fn transpose_one(x: &[f32], y: &mut [f32], rows: usize, cols: usize) {
         for (c, &v) in x[r * cols..(r + 1) * cols].iter().enumerate() {
             y[c * rows + r] = v;
         }
+    }
+}
+
+/// The 16 × 16 tile of `x` (`rows × cols`) at row `r0`, column `c0`, transposed into `y`
+/// (`cols × rows`) at row `c0`, column `r0`, in registers: round `b` (8, 4, 2, 1) takes each
+/// pair of vectors `b` apart and swaps the `b`-lane blocks that sit off the diagonal (`v[i]`
+/// keeps its blocks of lanes `j` with `j & b = 0` and takes `v[i + b]`'s others moved down;
+/// `v[i + b]` the reverse), so after the four rounds `v[j]` is column `j`. Each element is
+/// moved, never computed: bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tile_v4(
+    v4: pulp::x86::V4,
+    x: &[f32],
+    y: &mut [f32],
+    rows: usize,
+    cols: usize,
+    r0: usize,
+    c0: usize,
+) {
+    use std::arch::x86_64::__m512;
+    // Plain loops, not `array::from_fn` (a call the compiler kept out of line, compiled
+    // without AVX-512).
+    let mut v: [__m512; T] = [pulp::cast([0.0f32; T]); T];
+    for (i, vi) in v.iter_mut().enumerate() {
+        *vi = pulp::cast(bytemuck::pod_read_unaligned::<[f32; T]>(
+            bytemuck::cast_slice(&x[(r0 + i) * cols + c0..][..T]),
+        ));
+    }
+    swap_blocks::<8>(v4, &mut v);
+    swap_blocks::<4>(v4, &mut v);
+    swap_blocks::<2>(v4, &mut v);
+    swap_blocks::<1>(v4, &mut v);
+    for (j, col) in v.iter().enumerate() {
+        let out: [f32; T] = pulp::cast(*col);
+        y[(c0 + j) * rows + r0..][..T].copy_from_slice(&out);
+    }
+}
+
+/// Round `B` of [`tile_v4`] (its own function so that `B` is a constant and the eight pairs
+/// unroll, every vector in a register).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn swap_blocks<const B: usize>(v4: pulp::x86::V4, v: &mut [std::arch::x86_64::__m512; T]) {
+    let f = v4.avx512f;
+    // Lane `j` of the new `v[i]` and `v[i + B]`, as `permutex2var` indexes `v[i] ++ v[i + B]`.
+    let (mut keep, mut take) = ([0u32; T], [0u32; T]);
+    for j in 0..T {
+        let (k, t) = if j & B == 0 {
+            (j, j + B)
+        } else {
+            (T + j - B, T + j)
+        };
+        keep[j] = k as u32;
+        take[j] = t as u32;
+    }
+    let (keep, take): (std::arch::x86_64::__m512i, std::arch::x86_64::__m512i) =
+        (pulp::cast(keep), pulp::cast(take));
+    for k in 0..T / 2 {
+        let i = k / B * 2 * B + k % B;
+        let (lo, hi) = (v[i], v[i + B]);
+        v[i] = f._mm512_permutex2var_ps(lo, keep, hi);
+        v[i + B] = f._mm512_permutex2var_ps(lo, take, hi);
     }
 }
 
@@ -505,6 +603,7 @@ mod tests {
             (3, 16, 49),
             (2, 49, 16),
             (2, 33, 17),
+            (1, 48, 64),
             (1, 15, 15),
             (4, 1, 16),
             (2, 64, 0),
