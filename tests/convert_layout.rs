@@ -246,10 +246,17 @@ fn auto_converts_the_later_stage_alone_when_the_early_one_would_leave_layout_cha
         }
         None => assert!(p.notes.is_empty() && !text.contains("NCHW16c"), "{text}"),
     }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("convert_layout_stages");
+    run_checked("convert_layout_stages", "two_stages.relax", &src);
+}
+
+/// `fusebox run --check --profile` of `src` written as `name` into a test directory `dir`
+/// (the default config): asserts that it succeeds and that its one output matches the
+/// unpartitioned module's; returns its stdout and stderr.
+fn run_checked(dir: &str, name: &str, src: &str) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("two_stages.relax");
-    std::fs::write(&file, &src).unwrap();
+    let file = dir.join(name);
+    std::fs::write(&file, src).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
         .current_dir(root())
         .arg("run")
@@ -257,6 +264,7 @@ fn auto_converts_the_later_stage_alone_when_the_early_one_would_leave_layout_cha
         .arg("--output-dir")
         .arg(dir.join("out"))
         .arg("--check")
+        .arg("--profile")
         .output()
         .unwrap();
     let all = format!(
@@ -269,6 +277,7 @@ fn auto_converts_the_later_stage_alone_when_the_early_one_would_leave_layout_cha
         all.contains("check: 1 output(s) match the unpartitioned module"),
         "{all}"
     );
+    all
 }
 
 /// A stack of `depth` 3×3 convolutions of 32 channels on 16 × 16 (+ bias + ReLU), after an
@@ -340,30 +349,7 @@ fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
         }
     }
     // Converted or not, the default flow computes what the model computes.
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("convert_layout_auto");
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("conv_stack.relax");
-    std::fs::write(&file, conv_stack(24)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_fusebox"))
-        .current_dir(root())
-        .arg("run")
-        .arg(&file)
-        .arg("--output-dir")
-        .arg(dir.join("out"))
-        .arg("--check")
-        .arg("--profile")
-        .output()
-        .unwrap();
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{all}");
-    assert!(
-        all.contains("check: 1 output(s) match the unpartitioned module"),
-        "{all}"
-    );
+    let all = run_checked("convert_layout_auto", "conv_stack.relax", &conv_stack(24));
     // `fusebox run` without a config chooses as the default config does: the profile shows
     // the layout changes exactly when the stack was converted.
     assert_eq!(
