@@ -709,7 +709,7 @@ pub fn auto_conv2d_layout(
                 after.convs,
                 after.moves.saturating_sub(before.moves),
                 after.moved_elems.saturating_sub(before.moved_elems),
-                after.conv_elems,
+                after.conv_elems.saturating_add(after.depthwise_elems),
             )
         });
     Ok((None, note))

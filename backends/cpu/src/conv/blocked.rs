@@ -7,9 +7,10 @@
 //! Contract:
 //!
 //! - `x` is `[n][C/16][H][W][16]`, `y` `[n][O/16][OH][OW][16]`; the weight is packed once
-//!   ([`pack`]) as groups of up to 4 output blocks, as even as they divide ([`groups`]): for each block of 16 input channels,
-//!   each tap and each of the block's channels, the group's 16–64 weights in a row; the
-//!   values start on a 64-byte boundary, so that no weight vector straddles two cache lines.
+//!   ([`pack`]) as groups of up to 4 output blocks, as even as they divide ([`groups`]): for
+//!   each block of 16 input channels, each tap and each of the block's channels, the group's
+//!   16–64 weights in a row; the values start on a 64-byte boundary, so that no weight vector
+//!   straddles two cache lines.
 //! - Every element of `y` is one chain of `f32` fused multiply-adds over the blocks of 16
 //!   input channels in order, per block the taps in row-major order, per tap the block's 16
 //!   channels in order, from `+0.0`; padding taps add
@@ -74,6 +75,7 @@ fn groups(blocks: usize) -> impl Iterator<Item = (usize, usize)> {
     };
     (0..count).map(move |gi| (gi * base + gi.min(extra), base + usize::from(gi < extra)))
 }
+
 /// Steps (input channel, tap) per chunk, rounded down to whole blocks of channels, at least
 /// one: a group's weights for one chunk, 4 × 16 × 1024 floats, 256 KB, stay in a 1 MB L2
 /// while the tiles of a task pass over them, and the partial sums go through memory once per
