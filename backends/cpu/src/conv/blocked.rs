@@ -83,8 +83,11 @@ fn groups(blocks: usize) -> impl Iterator<Item = (usize, usize)> {
 /// more input channels 0.90–0.94 of the time, 3×3 ones of 128 or more 0.91–0.93, the rest
 /// even; bench/RESULTS.md, session aw.)
 const CCH: usize = 1024;
-/// The fewest virtual pixels a task takes when a plane is cut into runs.
-const MIN_RUN: usize = 8 * PXT;
+/// The fewest virtual pixels a task takes when a plane is cut into runs: four tiles, so that
+/// a 7 × 7 plane splits into runs of 4 and 3 rows when its groups alone are too few for the
+/// threads (MobileNetV2's 960 → 160 and 576 → 160, three groups on two threads: 0.88–0.90 and
+/// 0.91–0.93 of the time with eight tiles a run, which kept 7 × 7 whole; session be).
+const MIN_RUN: usize = 4 * PXT;
 
 /// The shape of a convolution [`conv`] runs, and how it reads its image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
