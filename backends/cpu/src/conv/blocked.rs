@@ -35,7 +35,8 @@
 //!   next. The epilogue runs on the last chunk's sums in registers before their one final
 //!   store.
 //! - Tasks are (image, group of output blocks, run of output rows): a plane is cut into runs
-//!   when there are fewer groups than twice the threads.
+//!   when there are fewer groups than twice the threads, or when the tasks would not split
+//!   over the threads within a tenth of even.
 //! - Why: onnxruntime's lead on CNNs is this layout. Unrolling a block's 16 steps and
 //!   aligning the weights took 0.78–0.92 of the previous kernel's time on ResNet-50's shapes
 //!   (3×3 most); with [`super::blocked_winograd`] on its 56×56, 28×28 and 14×14 3×3 layers the
@@ -445,10 +446,19 @@ pub(crate) fn conv(
     let offs = g.offsets();
     let blocks = o / BLOCK;
     let count = blocks.div_ceil(OBG);
-    // Runs of rows per plane: enough tasks for the threads.
+    // Runs of rows per plane: enough tasks for the threads, and from there the fewest runs
+    // whose tasks split over the threads within a tenth of even (5 groups on two threads: 3
+    // and 2 tasks, 20% over; 2 runs each, 5 and 5).
     let want = (2 * threads).div_ceil(g.n * count).max(1);
-    let runs = want.min(g.oh.div_ceil(MIN_RUN.div_ceil(wv))).max(1);
-    let rows = g.oh.div_ceil(runs);
+    let most = g.oh.div_ceil(MIN_RUN.div_ceil(wv)).max(1);
+    let rows_of = |runs: usize| g.oh.div_ceil(runs.max(1));
+    let even = |runs: usize| {
+        let tasks = g.n * count * g.oh.div_ceil(rows_of(runs));
+        10 * tasks.div_ceil(threads.max(1)) * threads.max(1) <= 11 * tasks
+    };
+    let first = want.min(most);
+    let runs = (first..=most).find(|&r| even(r)).unwrap_or(first);
+    let rows = rows_of(runs);
     let mut tasks: Vec<Task<'_>> = Vec::new();
     for (ni, img) in y.chunks_mut(o * p).enumerate() {
         // Each block's plane cut into its runs, then gathered by (group, run).
