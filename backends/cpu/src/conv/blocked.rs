@@ -68,7 +68,7 @@ const OBG: usize = 4;
 /// 4, 3, 3), so that a call's tasks cost about the same. (MobileNetV2's 576 → 96 on 14 × 14
 /// on two threads: the thread of the 4-block group's runs ended last, the other idle for a
 /// quarter of the call.) The packed weight and the tasks follow the same groups.
-fn groups(blocks: usize) -> impl Iterator<Item = (usize, usize)> {
+fn groups(blocks: usize) -> impl ExactSizeIterator<Item = (usize, usize)> {
     let count = blocks.div_ceil(OBG);
     let (base, extra) = match count {
         0 => (0, 0),
@@ -445,7 +445,8 @@ pub(crate) fn conv(
     let (wv, _) = g.virt();
     let offs = g.offsets();
     let blocks = o / BLOCK;
-    let count = blocks.div_ceil(OBG);
+    let count = groups(blocks).len();
+    let threads = threads.max(1);
     // Runs of rows per plane: enough tasks for the threads, and from there the fewest runs
     // whose tasks split over the threads within a tenth of even (5 groups on two threads: 3
     // and 2 tasks, 20% over; 2 runs each, 5 and 5).
@@ -454,7 +455,7 @@ pub(crate) fn conv(
     let rows_of = |runs: usize| g.oh.div_ceil(runs.max(1));
     let even = |runs: usize| {
         let tasks = g.n * count * g.oh.div_ceil(rows_of(runs));
-        10 * tasks.div_ceil(threads.max(1)) * threads.max(1) <= 11 * tasks
+        10 * tasks.div_ceil(threads) * threads <= 11 * tasks
     };
     let first = want.min(most);
     let runs = (first..=most).find(|&r| even(r)).unwrap_or(first);
