@@ -623,8 +623,18 @@ mod tests {
             let ids = Mutex::new(Vec::new());
             let ran_on = on_pool(|| {
                 let r: Result<(), ()> = run_tasks((0..16).collect(), 2, |_: usize| {
-                    ids.lock().unwrap().push(std::thread::current().id());
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    let me = std::thread::current().id();
+                    ids.lock().unwrap().push(me);
+                    // A task on the calling thread holds it until the helper has taken one
+                    // of its run (up to 10 s: a loaded test machine may start it late), so
+                    // the caller cannot run every task before the helper is scheduled.
+                    let start = std::time::Instant::now();
+                    while me == here
+                        && !ids.lock().unwrap().iter().any(|&t| t != here)
+                        && start.elapsed() < std::time::Duration::from_secs(10)
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
                     Ok(())
                 });
                 assert_eq!(r, Ok(()));
@@ -633,7 +643,7 @@ mod tests {
             assert_eq!(ran_on, here);
             let ids = ids.into_inner().unwrap();
             assert_eq!(ids.len(), 16);
-            // The awake helper took its run of 8 tasks of 2 ms (at least its first one).
+            // The awake helper took its run of 8 tasks (at least its first one).
             assert!(
                 ids.iter().any(|&t| t != here),
                 "every task ran on the calling thread"
