@@ -302,9 +302,11 @@ fn conv_stack(depth: usize) -> String {
 /// `conv2d_layout = "auto"`, the default: where the `cpu` backend names a layout (`NCHW16c`
 /// on AVX-512), a deep stack of convolutions that split by 16 is converted (its report's note
 /// says so: one layout change in, one out) and computes what the model computes; the small
-/// CNN, whose layout changes would move more than an eighth of what its convolutions write,
-/// keeps its layouts and says why. On a CPU where the backend names none, nothing changes and
-/// there is no note. `fusebox run` without a config chooses alike.
+/// CNN converts whole (its 3-channel stem reads the image as it is and writes the layout; the
+/// layout changes left are its four bias parameters' and the pooled end's), while the same CNN on a 24-channel image, whose
+/// stem cannot, would leave layout changes that move more than an eighth of what its
+/// convolutions write, and keeps its layouts and says why. On a CPU where the backend names
+/// none, nothing changes and there is no note. `fusebox run` without a config chooses alike.
 #[test]
 fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
     fusebox::link_backends();
@@ -318,6 +320,12 @@ fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
     let small = fusebox::core::text::parse_module_str(&small_src).unwrap();
     let ps = pipeline.partition_noted(&small).unwrap();
     let small_text = fusebox::core::text::print_module(&ps.module).text;
+    let wide_src = small_src
+        .replace("(1, 3, 32, 32)", "(1, 24, 32, 32)")
+        .replace("(16, 3, 3, 3)", "(16, 24, 3, 3)");
+    let wide = fusebox::core::text::parse_module_str(&wide_src).unwrap();
+    let pw = pipeline.partition_noted(&wide).unwrap();
+    let wide_text = fusebox::core::text::print_module(&pw.module).text;
     match &prefers {
         Some([data, kernel]) => {
             assert_eq!([data.as_str(), kernel.as_str()], ["NCHW16c", "OIHW"]);
@@ -334,18 +342,42 @@ fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
                 text.contains("data_layout=\"NCHW16c\"") && !text.contains("data_layout=\"NCHW\""),
                 "{text}"
             );
-            assert!(!small_text.contains("NCHW16c"), "{small_text}");
-            assert_eq!(ps.notes.len(), 1, "{:?}", ps.notes);
+            assert_eq!(
+                ps.notes,
+                vec![
+                    "conv2d_layout \"auto\": 4 of 4 conv2d in NCHW16c/OIHW (backend cpu's \
+                     layout on this machine), 5 layout change(s) left at run time"
+                        .to_string()
+                ],
+                "{small_text}"
+            );
+            // The stem alone reads `NCHW`: the image, as it is.
+            assert_eq!(
+                small_text.matches("data_layout=\"NCHW\"").count(),
+                1,
+                "{small_text}"
+            );
             assert!(
-                ps.notes[0].starts_with("conv2d_layout \"auto\": layouts kept; NCHW16c/OIHW")
-                    && ps.notes[0].contains("would convert 3 of 4 conv2d"),
+                small_text.contains(
+                    "R.nn.conv2d(data, w0, strides=[1, 1], padding=[1, 1, 1, 1], dilation=[1, \
+                     1], groups=1, data_layout=\"NCHW\", kernel_layout=\"OIHW\", \
+                     out_layout=\"NCHW16c\""
+                ),
+                "{small_text}"
+            );
+            assert!(!wide_text.contains("NCHW16c"), "{wide_text}");
+            assert_eq!(pw.notes.len(), 1, "{:?}", pw.notes);
+            assert!(
+                pw.notes[0].starts_with("conv2d_layout \"auto\": layouts kept; NCHW16c/OIHW")
+                    && pw.notes[0].contains("would convert 3 of 4 conv2d"),
                 "{:?}",
-                ps.notes
+                pw.notes
             );
         }
         None => {
-            assert!(p.notes.is_empty() && ps.notes.is_empty());
+            assert!(p.notes.is_empty() && ps.notes.is_empty() && pw.notes.is_empty());
             assert!(!text.contains("NCHW16c") && !small_text.contains("NCHW16c"));
+            assert!(!wide_text.contains("NCHW16c"));
         }
     }
     // Converted or not, the default flow computes what the model computes.

@@ -386,24 +386,33 @@ fn split_layouts(a: &Conv2dAttrs) -> KResult<Option<[Layout; 3]>> {
 }
 
 /// The geometry of `conv2d(x, w)` when [`blocked::conv`] can run it (its epilogue aside:
-/// [`blocked_steps`]): `NCHW16c` data and output, an `OIHW` weight, one group, `float32`
-/// throughout, channel counts that are multiples of 16, on an AVX-512 CPU.
+/// [`blocked_steps`]): `NCHW16c` output, data in `NCHW16c` or `NCHW` (a first layer's 3
+/// channels: [`blocked::Geom::nchw_input`]), an `OIHW` weight, one group, `float32`
+/// throughout, output channels (and blocked input channels) that are multiples of 16, on an
+/// AVX-512 CPU.
 pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<blocked::Geom> {
     let b = blocked::BLOCK;
-    let fits = a.data_layout == blocked::LAYOUT
-        && a.out_layout == blocked::LAYOUT
+    let fits = a.out_layout == blocked::LAYOUT
         && a.kernel_layout == "OIHW"
         && a.groups == 1
         && a.out_dtype.is_none_or(|d| d == DType::F32)
         && x.dtype() == DType::F32
         && w.dtype() == DType::F32;
-    let (&[n, cb, h, wd, lanes], &[o, c, kh, kw]) = (x.shape(), w.shape()) else {
+    let &[o, c, kh, kw] = w.shape() else {
         return None;
     };
-    if !(fits && lanes == b && cb * b == c && blocked::takes(o, c, &[])) {
+    let (n, h, wd, ib) = match (a.data_layout.as_str(), x.shape()) {
+        (blocked::LAYOUT, &[n, cb, h, wd, lanes]) if lanes == b && cb.checked_mul(b) == Some(c) => {
+            (n, h, wd, b)
+        }
+        ("NCHW", &[n, xc, h, wd]) if xc == c => (n, h, wd, 1),
+        _ => return None,
+    };
+    if !(fits && blocked::takes(o, c, ib, &[])) {
         return None;
     }
-    blocked::Geom::new([n, c, h, wd], o, [kh, kw], a.strides, a.dilation, a.padding)
+    let g = blocked::Geom::new([n, c, h, wd], o, [kh, kw], a.strides, a.dilation, a.padding)?;
+    Some(if ib == 1 { g.nchw_input() } else { g })
 }
 
 /// The geometry of `conv2d(x, w)` when [`blocked_depthwise::conv`] can run it (its epilogue
@@ -481,7 +490,7 @@ impl BlockedWeights {
 /// `w` packed for [`blocked::conv`] on the convolution of geometry `g`.
 fn direct_weights(w: &[f32], g: &blocked::Geom) -> KResult<blocked::Packed> {
     let taps = g.kernel().iter().product();
-    blocked::pack(w, g.o, g.c, taps)
+    blocked::pack(w, g.o, g.c, taps, g.input_block())
         .ok_or_else(|| "blocked convolution: the weight does not fit its shape".to_string())
 }
 

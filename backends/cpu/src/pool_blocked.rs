@@ -84,6 +84,39 @@ fn pool_rows(
     out
 }
 
+/// One output row of a max pool of `K`-channel blocks (`dst`, `OW · K`) from its plane `src`
+/// (`H × w × K`), the window's `rows` and each output column's window: the same selects in
+/// the same order as the general loop, on `K` lanes of a fixed size, which the compiler keeps
+/// in vector registers (ResNet-50's 3×3 pool on `(1, 4, 112, 112, 16)`, two threads: 0.26
+/// ms through the general loop; session bf).
+fn max_row<const K: usize>(
+    src: &[f32],
+    dst: &mut [f32],
+    rows: &[usize],
+    wins_w: &[(Vec<usize>, usize)],
+    w: usize,
+) {
+    for (o, (cols, _)) in dst.chunks_exact_mut(K).zip(wins_w) {
+        let mut m = [f32::NEG_INFINITY; K];
+        for &y in rows {
+            for &xx in cols {
+                let at = (y * w + xx) * K;
+                let Some(v) = src
+                    .get(at..at + K)
+                    .and_then(|v| <&[f32; K]>::try_from(v).ok())
+                else {
+                    continue;
+                };
+                for (m, &v) in m.iter_mut().zip(v) {
+                    // A select, not a branch (NaN wins, as in `nn`).
+                    *m = if v > *m || v.is_nan() { v } else { *m };
+                }
+            }
+        }
+        o.copy_from_slice(&m);
+    }
+}
+
 /// `max_pool2d` (`max`) or `avg_pool2d` of blocked data (see the module doc); `None` when `x`
 /// and `a` are not a blocked `f32` pool (the caller then goes through `NCHW`).
 pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> Option<KResult<Tensor>> {
@@ -100,6 +133,10 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> Option<KResult<T
         let dims = [planes, h * w * k, oh, row, k];
         let out = pool_rows(xs, dims, t, |r, src, dst, acc| {
             let (rows, ph) = &wins_h[r % oh];
+            if max && k == 16 {
+                max_row::<16>(src, dst, rows, &wins_w, w);
+                return;
+            }
             for (o, (cols, pw)) in dst.chunks_exact_mut(k).zip(&wins_w) {
                 let at = |y: usize, xx: usize| &src[(y * w + xx) * k..][..k];
                 if max {

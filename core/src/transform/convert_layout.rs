@@ -15,8 +15,12 @@
 //!   - `y = conv2d(x, w)` (rank-4 operands, layouts not already the desired ones) becomes
 //!     `y' = conv2d(x', w')` with `data_layout = out_layout = data` and `kernel_layout =
 //!     kernel`, `x'` and `w'` the operands moved to those layouts (a held operand is moved
-//!     from where it is held, or used as it is); `y` is held as `y'`. When an operand's
-//!     extent does not split (3 input channels into `NCHW16c`), the conv stays as it is.
+//!     from where it is held, or used as it is); `y` is held as `y'`. When the data is an
+//!     `NCHW` value not held, of fewer channels than a block (3 input channels, `NCHW16c`),
+//!     it is read as it is: `y' = conv2d(x, w')` with `data_layout = "NCHW"`,
+//!     `out_layout = data` (a CNN's first layer writes the layout, as onnxruntime's `NCHWc`
+//!     transformer has it). When another operand's extent does not split (24 output
+//!     channels), the conv stays as it is.
 //!   - A unary elementwise op (`relu`, `clip`, `astype`, `exp`, ... : FuseOps' `ElemWise`
 //!     kind, not `tril`/`triu`) of a held operand is computed on the held value.
 //!   - A broadcasting op (`add`, `multiply`, `maximum`, `where`, ...: FuseOps' `Broadcast`
@@ -73,6 +77,9 @@
 //! gv_nchw16c = R.nn.max_pool2d(r_nchw16c, ..., layout="NCHW16c", out_layout="NCHW16c")
 //! gv = R.layout_transform(gv_nchw16c, index_map=T.index_map(lambda i0, i1, i2, i3, i4:
 //!         (i0, i1 * 16 + i4, i2, i3)), pad_value=None)
+//! ; with 3 input channels (an image) the conv reads x as it is
+//! c_nchw16c = R.nn.conv2d(x, w, ..., data_layout="NCHW", kernel_layout="OIHW",
+//!         out_layout="NCHW16c")
 //! ```
 
 use crate::error::{Error, Result};
@@ -384,10 +391,31 @@ impl Converter<'_> {
                 let lx = relabel(self.data, &a.data_layout)?;
                 let lw = relabel(self.kernel, &a.kernel_layout)?;
                 let lo = relabel(self.data, &a.out_layout)?;
-                let x2 = self.operand(f, x, &lx, &suffix)?;
+                // An `NCHW` image of fewer channels than a block of the layout (a first
+                // layer's 3) is read as it is, the output still written in the layout.
+                let held_x = f.as_var(x).is_some_and(|v| self.held.contains_key(&v));
+                let few = |f: &Function| {
+                    let c = f
+                        .expr(x)
+                        .ty
+                        .as_tensor()?
+                        .dims
+                        .as_ref()?
+                        .get(1)?
+                        .as_static()?;
+                    let (_, factor) = lx.sub(b'C')?;
+                    Some(c < factor)
+                };
+                let (x2, data_layout) = match self.operand(f, x, &lx, &suffix) {
+                    Some(x2) => (x2, data.clone()),
+                    None if a.data_layout == LABELS && !held_x && few(f) == Some(true) => {
+                        (x, a.data_layout.clone())
+                    }
+                    None => return None,
+                };
                 let w2 = self.operand(f, w, &lw, &kernel.to_lowercase())?;
                 let mut a2 = (**a).clone();
-                a2.data_layout.clone_from(&data);
+                a2.data_layout = data_layout;
                 a2.kernel_layout = kernel;
                 a2.out_layout = data;
                 let mut rest = vec![x2, w2];
@@ -481,7 +509,8 @@ impl Converter<'_> {
 pub struct LayoutCost {
     /// Every `conv2d` binding.
     pub convs: usize,
-    /// The one-group `conv2d` bindings in `data`.
+    /// The one-group `conv2d` bindings that write `data` (from `data`, or from an `NCHW`
+    /// image whose channels do not split).
     pub converted: usize,
     /// Their output elements.
     pub conv_elems: u64,
@@ -547,7 +576,7 @@ pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
             match op {
                 Op::Conv2d(a) => {
                     c.convs += 1;
-                    if a.data_layout != data {
+                    if a.out_layout != data {
                         continue;
                     }
                     if a.groups == 1 {

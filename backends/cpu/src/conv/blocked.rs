@@ -6,7 +6,10 @@
 //!
 //! Contract:
 //!
-//! - `x` is `[n][C/16][H][W][16]`, `y` `[n][O/16][OH][OW][16]`; the weight is packed once
+//! - `x` is `[n][C/16][H][W][16]`, `y` `[n][O/16][OH][OW][16]`. A first layer's image of
+//!   fewer channels stays `NCHW` (`[n][C][H][W]`, [`Geom::nchw_input`]): then a block of the
+//!   image is one channel, as below with 1 for 16 (onnxruntime's `NCHWc` transformer gives
+//!   such a layer an `NCHW` input too). The weight is packed once
 //!   ([`pack`]) as groups of up to 4 output blocks, as even as they divide ([`groups`]): for
 //!   each block of 16 input channels, each tap and each of the block's channels, the group's
 //!   16–64 weights in a row; the values start on a 64-byte boundary, so that no weight vector
@@ -14,12 +17,13 @@
 //! - Every element of `y` is one chain of `f32` fused multiply-adds over the blocks of 16
 //!   input channels in order, per block the taps in row-major order, per tap the block's 16
 //!   channels in order, from `+0.0`; padding taps add
-//!   `w · 0.0`. Then the epilogue's steps ([`RegSteps::apply_block`]: bias or `batch_norm`,
+//!   `w · 0.0` (for an `NCHW` image: the channels in order, per channel the taps, the
+//!   definition's order). Then the epilogue's steps ([`RegSteps::apply_block`]: bias or `batch_norm`,
 //!   residual add in the output's layout, `relu`/`clip`), the same operations per element as
 //!   the `NCHW` paths. The result does not depend on the tiling or the thread count.
 //! - The image is read through its *phases*: for stride `s`, the `s × s` sub-images of the
-//!   zero-padded image that taps land on ([`Geom::phase_of`]), each `[HV][WV][16]` per block
-//!   of channels, where `WV` is the output's width plus the widest tap offset. Then output
+//!   zero-padded image that taps land on ([`Geom::phase_of`]), each `[HV][WV][16]` (`[HV][WV]`)
+//!   per block of channels, where `WV` is the output's width plus the widest tap offset. Then output
 //!   pixel `(r, q)` reads tap `t` at `r · WV + q + off(t)` of its phase: a tile of
 //!   consecutive pixels of a *virtual* plane `OH × WV` reads consecutive vectors for every
 //!   tap, whatever the stride. Tiles run along each output row (the virtual columns past
@@ -51,6 +55,10 @@
 //! ; x: (1, 8, 56, 56, 16) (128 channels), w: (128, 128, 3, 3) -> y: (1, 8, 28, 28, 16)
 //! ; phases: 4 of 29 × 29 (WV = 28 + 1); tap (1, 2) reads phase (1, 0) at offset 1
 //! ; 2 groups of 4 blocks; per group and row of 28 pixels 4 tiles of 6 and one of 4
+//! y = R.nn.conv2d(x, w, strides=[2, 2], padding=[3, 3, 3, 3],
+//!                 data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW16c")
+//! ; x: (1, 3, 224, 224), w: (64, 3, 7, 7) -> y: (1, 4, 112, 112, 16): 3 blocks of one
+//! ; channel, phases 4 of 115 × 115; per tile 147 steps (channel, tap)
 //! ```
 
 use super::epilogue::{RegSteps, Step};
@@ -114,6 +122,9 @@ pub(crate) struct Geom {
     /// The output plane.
     pub(crate) oh: usize,
     pub(crate) ow: usize,
+    /// Input channels per block of the image: [`BLOCK`] (`NCHW16c`), or 1 for an `NCHW`
+    /// image ([`Geom::nchw_input`]).
+    ib: usize,
 }
 
 impl Geom {
@@ -159,6 +170,7 @@ impl Geom {
             pl,
             oh: out(h, kh, dh, sh, pt, pb)?,
             ow: out(w, kw, dw, sw, pl, pr)?,
+            ib: BLOCK,
         };
         // Every buffer the kernel indexes must have a size that fits.
         let ok = [n, c, o, h, w, kh, kw].iter().all(|&v| v > 0)
@@ -172,6 +184,17 @@ impl Geom {
 
     fn taps(&self) -> usize {
         self.kh * self.kw
+    }
+
+    /// The same convolution of an `NCHW` image (`[n][c][h][w]`, any channel count) into an
+    /// `NCHW16c` output: a block of the image is one channel.
+    pub(crate) fn nchw_input(self) -> Geom {
+        Geom { ib: 1, ..self }
+    }
+
+    /// Input channels per block of the image (16, or 1 for an `NCHW` image).
+    pub(crate) fn input_block(&self) -> usize {
+        self.ib
     }
 
     /// The kernel's size, strides, dilations and padding (top, left).
@@ -241,12 +264,12 @@ impl Geom {
             .len()
             .checked_mul(hv)?
             .checked_mul(wv)?
-            .checked_mul(BLOCK)
+            .checked_mul(self.ib)
     }
 
     fn source_len(&self) -> Option<usize> {
         self.block_len()?
-            .checked_mul(self.c.div_ceil(BLOCK))?
+            .checked_mul(self.c.div_ceil(self.ib))?
             .checked_mul(self.n)
     }
 
@@ -262,15 +285,16 @@ impl Geom {
                     .position(|&p| p == self.phase_of(i, j))
                     .unwrap_or(0);
                 let (r, q) = (i * self.dh / self.sh, j * self.dw / self.sw);
-                v.push((ph * hv * wv + r * wv + q) * BLOCK);
+                v.push((ph * hv * wv + r * wv + q) * self.ib);
             }
         }
         v
     }
 }
 
-/// A weight packed for [`conv`]: groups of up to [`OBG`] output blocks, each `[c][taps][blocks
-/// of the group][16]`; `sets` such weights one after the other, image `i` of a call taking
+/// A weight packed for [`conv`]: groups of up to [`OBG`] output blocks, each `[c / ib][taps][ib]
+/// [blocks of the group][16]` for blocks of `ib` input channels (16, or 1 for an `NCHW`
+/// image: `[c][taps][..][16]`); `sets` such weights one after the other, image `i` of a call taking
 /// set `i % sets` (the Winograd GEMMs: one weight per tile position).
 #[derive(Debug)]
 pub(crate) struct Packed {
@@ -278,30 +302,38 @@ pub(crate) struct Packed {
     c: usize,
     taps: usize,
     sets: usize,
+    /// Input channels per block ([`Geom::input_block`]).
+    ib: usize,
     /// The values start at `data[off]`, the first 64-byte boundary of the buffer.
     off: usize,
     data: Vec<f32>,
 }
 
-/// Packs an `OIHW` weight `w` of `o × c × taps` for [`conv`]; `None` when `o` or `c` is not
-/// a multiple of [`BLOCK`] or `w` has another length.
-pub(crate) fn pack(w: &[f32], o: usize, c: usize, taps: usize) -> Option<Packed> {
+/// Packs an `OIHW` weight `w` of `o × c × taps` for [`conv`] of an image in blocks of `ib`
+/// channels ([`Geom::input_block`]); `None` when `o` is not a multiple of [`BLOCK`], `c` not
+/// one of `ib` (16 or 1), or `w` has another length.
+pub(crate) fn pack(w: &[f32], o: usize, c: usize, taps: usize, ib: usize) -> Option<Packed> {
     if w.len() != o.checked_mul(c)?.checked_mul(taps)? {
         return None;
     }
-    pack_sets(o, c, taps, 1, |_, oc, ci, t| w[(oc * c + ci) * taps + t])
+    pack_sets(o, c, taps, ib, 1, |_, oc, ci, t| {
+        w[(oc * c + ci) * taps + t]
+    })
 }
 
-/// Packs `sets` weights of `o × c × taps`, `get(set, o, c, tap)` each value; `None` when `o`
-/// or `c` is not a multiple of [`BLOCK`] or a count is zero.
+/// Packs `sets` weights of `o × c × taps`, `get(set, o, c, tap)` each value, for blocks of
+/// `ib` input channels; `None` when `o` is not a multiple of [`BLOCK`], `ib` is not 16 or 1,
+/// `c` not a multiple of it, or a count is zero.
 pub(crate) fn pack_sets(
     o: usize,
     c: usize,
     taps: usize,
+    ib: usize,
     sets: usize,
     get: impl Fn(usize, usize, usize, usize) -> f32,
 ) -> Option<Packed> {
-    if !o.is_multiple_of(BLOCK) || !c.is_multiple_of(BLOCK) || o == 0 || c == 0 || taps == 0 {
+    let fits = o.is_multiple_of(BLOCK) && (ib == BLOCK || ib == 1) && c.is_multiple_of(ib);
+    if !fits || o == 0 || c == 0 || taps == 0 {
         return None;
     }
     let len = o.checked_mul(c)?.checked_mul(taps)?.checked_mul(sets)?;
@@ -311,9 +343,9 @@ pub(crate) fn pack_sets(
     let mut at = off;
     for set in 0..sets {
         for (g0, nb) in groups(blocks) {
-            for cb in 0..c / BLOCK {
+            for cb in 0..c / ib {
                 for t in 0..taps {
-                    for ci in cb * BLOCK..(cb + 1) * BLOCK {
+                    for ci in cb * ib..(cb + 1) * ib {
                         for b in 0..nb {
                             for l in 0..BLOCK {
                                 data[at] = get(set, (g0 + b) * BLOCK + l, ci, t);
@@ -330,16 +362,18 @@ pub(crate) fn pack_sets(
         c,
         taps,
         sets,
+        ib,
         off,
         data,
     })
 }
 
-/// Whether [`conv`] runs a convolution of `c` input and `o` output channels with these
-/// epilogue steps on this CPU.
-pub(crate) fn takes(o: usize, c: usize, steps: &[Step]) -> bool {
+/// Whether [`conv`] runs a convolution of `c` input and `o` output channels, the image in
+/// blocks of `ib` channels (16, or 1 for `NCHW`), with these epilogue steps on this CPU.
+pub(crate) fn takes(o: usize, c: usize, ib: usize, steps: &[Step]) -> bool {
     o.is_multiple_of(BLOCK)
-        && c.is_multiple_of(BLOCK)
+        && (ib == BLOCK || ib == 1)
+        && c.is_multiple_of(ib)
         && o > 0
         && c > 0
         && crate::simd::avx512()
@@ -361,28 +395,42 @@ fn deal(x: &[f32], g: &Geom, threads: usize) -> KResult<crate::par::Scratch> {
         .map_err(|e| e.to_string())?;
     let (wv, hv) = g.virt();
     let phases = g.phases();
-    let plane = g.h * g.w * BLOCK;
+    let ib = g.ib;
+    let plane = g.h * g.w * ib;
+    // Per phase, the columns `q` whose image column `q · sw + bb - pl` is inside the image.
+    let cols = |bb: usize| {
+        let hi = (g.w + g.pl).saturating_sub(bb).div_ceil(g.sw).min(wv);
+        (g.pl.saturating_sub(bb).div_ceil(g.sw).min(hi), hi)
+    };
     let mut out = crate::par::scratch_f32_aligned(len);
     crate::par::for_each_chunk_mut(&mut out, bl, threads, |at, dst| {
         let b = at / bl;
         let src = x.get(b * plane..(b + 1) * plane).unwrap_or(&[]);
-        let mut k = 0;
-        for &(a, bb) in &phases {
-            for r in 0..hv {
+        for (&(a, bb), dst) in phases.iter().zip(dst.chunks_exact_mut(hv * wv * ib)) {
+            let (lo, hi) = cols(bb);
+            let first = (lo * g.sw + bb).saturating_sub(g.pl);
+            for (r, line) in dst.chunks_exact_mut(wv * ib).enumerate() {
                 // The padded image's row `r · sh + a`, i.e. `x`'s row `r · sh + a - pt`.
                 let row = (r * g.sh + a)
                     .checked_sub(g.pt)
-                    .filter(|&y| y < g.h && src.len() == plane);
-                for q in 0..wv {
-                    let d = &mut dst[k..k + BLOCK];
-                    k += BLOCK;
-                    let col = (q * g.sw + bb).checked_sub(g.pl).filter(|&c| c < g.w);
-                    match (row, col) {
-                        (Some(y), Some(c)) => {
-                            let s = (y * g.w + c) * BLOCK;
-                            d.copy_from_slice(&src[s..s + BLOCK]);
-                        }
-                        _ => d.fill(0.0),
+                    .filter(|&y| y < g.h && src.len() == plane)
+                    .and_then(|y| src.get((y * g.w + first) * ib..(y + 1) * g.w * ib));
+                let Some(row) = row else {
+                    line.fill(0.0);
+                    continue;
+                };
+                let (left, rest) = line.split_at_mut(lo * ib);
+                let (mid, right) = rest.split_at_mut((hi - lo) * ib);
+                left.fill(0.0);
+                right.fill(0.0);
+                if ib == 1 {
+                    for (d, &v) in mid.iter_mut().zip(row.iter().step_by(g.sw)) {
+                        *d = v;
+                    }
+                } else {
+                    let pixels = row.chunks(ib).step_by(g.sw);
+                    for (d, s) in mid.chunks_exact_mut(ib).zip(pixels) {
+                        d.copy_from_slice(s);
                     }
                 }
             }
@@ -424,14 +472,16 @@ pub(crate) fn conv(
 ) -> KResult<()> {
     let (o, c) = (g.o, g.c);
     let (p_in, p) = (g.h * g.w, g.oh * g.ow);
-    if w.o != o || w.c != c || w.taps != g.taps() {
+    if w.o != o || w.c != c || w.taps != g.taps() || w.ib != g.ib {
         return Err(format!(
-            "blocked convolution: a weight packed for {} -> {} channels and {} taps, the \
-             convolution has {c} -> {o} and {}",
+            "blocked convolution: a weight packed for {} -> {} channels, {} taps and blocks \
+             of {} input channels, the convolution has {c} -> {o}, {} and {}",
             w.c,
             w.o,
             w.taps,
-            g.taps()
+            w.ib,
+            g.taps(),
+            g.ib
         ));
     }
     if x.len() != g.n * c * p_in || y.len() != g.n * o * p {
@@ -462,7 +512,7 @@ pub(crate) fn conv(
     let threads = threads.max(1);
     // What the threads share out ([`rows_first`]): runs of rows (each thread reads its part
     // of the image and every group's weights) or groups (each reads the whole image).
-    let rows_first = rows_first(bl * (c / BLOCK), o * c * g.taps(), threads);
+    let rows_first = rows_first(bl * (c / g.ib), o * c * g.taps(), threads);
     // Runs of rows per plane: enough tasks for the threads (a run per thread when they share
     // rows), and from there the fewest runs whose tasks split over the threads within a tenth
     // of even (5 groups on two threads: 3 and 2 tasks, 20% over; 2 runs each, 5 and 5).
@@ -511,7 +561,7 @@ pub(crate) fn conv(
     let plan = Plan {
         w,
         src,
-        img_len: bl * (c / BLOCK),
+        img_len: bl * (c / g.ib),
         bl,
         wv,
         ow: g.ow,
@@ -520,10 +570,20 @@ pub(crate) fn conv(
         reg,
     };
     let r = crate::par::run_tasks(tasks, threads, |t| {
-        crate::simd::dispatch(Kernel {
-            plan: &plan,
-            task: t,
-        });
+        // One function per image layout: the blocked one's code as if the other did not
+        // exist (with both behind one `match`, the untouched `NCHW16c` layers of ResNet-50
+        // ran 2–4% slower).
+        if plan.w.ib == BLOCK {
+            crate::simd::dispatch(Kernel::<BLOCK> {
+                plan: &plan,
+                task: t,
+            });
+        } else {
+            crate::simd::dispatch(Kernel::<1> {
+                plan: &plan,
+                task: t,
+            });
+        }
         Ok::<(), String>(())
     });
     if let Some(d) = dealt {
@@ -549,12 +609,13 @@ struct Plan<'a> {
     reg: RegSteps<'a>,
 }
 
-struct Kernel<'a, 'b> {
+/// A task of a call, for images in blocks of `IB` channels.
+struct Kernel<'a, 'b, const IB: usize> {
     plan: &'a Plan<'a>,
     task: Task<'b>,
 }
 
-impl pulp::WithSimd for Kernel<'_, '_> {
+impl<const IB: usize> pulp::WithSimd for Kernel<'_, '_, IB> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) {
@@ -562,21 +623,21 @@ impl pulp::WithSimd for Kernel<'_, '_> {
             return;
         }
         match self.task.out.len() {
-            4 => run_task::<S, 4>(simd, self),
-            3 => run_task::<S, 3>(simd, self),
-            2 => run_task::<S, 2>(simd, self),
-            _ => run_task::<S, 1>(simd, self),
+            4 => run_task::<S, 4, IB>(simd, self),
+            3 => run_task::<S, 3, IB>(simd, self),
+            2 => run_task::<S, 2, IB>(simd, self),
+            _ => run_task::<S, 1, IB>(simd, self),
         }
     }
 }
 
 /// The constant parts of one task's tiles.
 struct Tile<'a> {
-    /// The image as read (`[c/16][bl]`).
+    /// The image as read (`[c/ib][bl]`).
     x: &'a [f32],
     bl: usize,
     offs: &'a [usize],
-    /// The group's packed weights (`[c/16][taps][16][nb][16]`).
+    /// The group's packed weights (`[c/ib][taps][ib][nb][16]`).
     wg: &'a [f32],
     c: usize,
     taps: usize,
@@ -592,7 +653,7 @@ struct Tile<'a> {
 }
 
 #[inline(always)]
-fn run_task<S: pulp::Simd, const NB: usize>(simd: S, k: Kernel<'_, '_>) {
+fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<'_, '_, IB>) {
     let Kernel { plan, task } = k;
     let Task {
         n,
@@ -637,28 +698,28 @@ fn run_task<S: pulp::Simd, const NB: usize>(simd: S, k: Kernel<'_, '_>) {
     } else {
         (r0..r1).map(|r| (r * t.wv, r * t.ow, t.ow)).collect()
     };
-    let cch = (CCH / (BLOCK * taps)).max(1) * BLOCK;
+    let cch = (CCH / (IB * taps)).max(1) * IB;
     for c0 in (0..c).step_by(cch) {
         let c1 = (c0 + cch).min(c);
         for &(qv, px, len) in &segments {
             let rest = tail(len);
             let mut k = 0;
             while k + rest < len {
-                tile::<S, PXT, NB>(simd, &t, out, (c0, c1), (qv + k, px + k));
+                tile::<S, PXT, NB, IB>(simd, &t, out, (c0, c1), (qv + k, px + k));
                 k += PXT;
             }
             let at = (qv + k, px + k);
             match rest {
                 0 => {}
-                1 => tile::<S, 1, NB>(simd, &t, out, (c0, c1), at),
-                2 => tile::<S, 2, NB>(simd, &t, out, (c0, c1), at),
-                3 => tile::<S, 3, NB>(simd, &t, out, (c0, c1), at),
-                4 => tile::<S, 4, NB>(simd, &t, out, (c0, c1), at),
-                5 => tile::<S, 5, NB>(simd, &t, out, (c0, c1), at),
+                1 => tile::<S, 1, NB, IB>(simd, &t, out, (c0, c1), at),
+                2 => tile::<S, 2, NB, IB>(simd, &t, out, (c0, c1), at),
+                3 => tile::<S, 3, NB, IB>(simd, &t, out, (c0, c1), at),
+                4 => tile::<S, 4, NB, IB>(simd, &t, out, (c0, c1), at),
+                5 => tile::<S, 5, NB, IB>(simd, &t, out, (c0, c1), at),
                 _ => {
-                    tile::<S, 4, NB>(simd, &t, out, (c0, c1), at);
+                    tile::<S, 4, NB, IB>(simd, &t, out, (c0, c1), at);
                     let at = (at.0 + 4, at.1 + 4);
-                    tile::<S, 3, NB>(simd, &t, out, (c0, c1), at);
+                    tile::<S, 3, NB, IB>(simd, &t, out, (c0, c1), at);
                 }
             }
         }
@@ -699,10 +760,10 @@ pub(crate) fn st<S: pulp::Simd>(v: S::f32s, dst: Option<&mut [f32]>) {
     }
 }
 
-/// One step (input channel, tap) of a tile: `xs` holds its `PX` pixels every [`BLOCK`]
-/// values, `wl` the `NB` blocks' weights.
+/// One step (input channel, tap) of a tile: `xs` holds its `PX` pixels every `IB` values,
+/// `wl` the `NB` blocks' weights.
 #[inline(always)]
-fn step<S: pulp::Simd, const PX: usize, const NB: usize>(
+fn step<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
     simd: S,
     xs: &[f32],
     wl: &[f32],
@@ -726,7 +787,7 @@ fn step<S: pulp::Simd, const PX: usize, const NB: usize>(
         zero
     };
     for j in 0..PX {
-        let xv = simd.splat_f32s(xs.get(j * BLOCK).copied().unwrap_or(0.0));
+        let xv = simd.splat_f32s(xs.get(j * IB).copied().unwrap_or(0.0));
         a0[j] = simd.mul_add_f32s(w0, xv, a0[j]);
         if NB > 1 {
             a1[j] = simd.mul_add_f32s(w1, xv, a1[j]);
@@ -740,10 +801,11 @@ fn step<S: pulp::Simd, const PX: usize, const NB: usize>(
     }
 }
 
-/// The 16 steps of one block of input channels and one tap: `xs` the tile's `PX` pixels
-/// (16 lanes each), `wt` the 16 channels' rows of `NB` weight vectors.
+/// The `IB` steps of one block of input channels and one tap: `xs` the tile's `PX` pixels
+/// (`IB` channels each), `wt` the channels' rows of `NB` weight vectors. Sixteen unrolled
+/// with constant offsets, or the one channel of an `NCHW` image.
 #[inline(always)]
-fn sixteen<S: pulp::Simd, const PX: usize, const NB: usize>(
+fn block_steps<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
     simd: S,
     xs: &[f32],
     wt: &[f32],
@@ -753,11 +815,15 @@ fn sixteen<S: pulp::Simd, const PX: usize, const NB: usize>(
     macro_rules! steps {
         ($($l:literal)*) => {$(
             if let (Some(x), Some(w)) = (xs.get($l..), wt.get($l * row..)) {
-                step::<S, PX, NB>(simd, x, w, [&mut *a0, &mut *a1, &mut *a2, &mut *a3]);
+                step::<S, PX, NB, IB>(simd, x, w, [&mut *a0, &mut *a1, &mut *a2, &mut *a3]);
             }
         )*};
     }
-    steps!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    if IB == 1 {
+        steps!(0);
+    } else {
+        steps!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    }
 }
 
 /// Virtual pixels `q..q + PX` of the task's blocks, which are the output pixels `px..px + PX`
@@ -765,7 +831,7 @@ fn sixteen<S: pulp::Simd, const PX: usize, const NB: usize>(
 /// output, unless `c0` is 0) plus this chunk's products; on the last chunk the epilogue, then
 /// one store per vector.
 #[inline(always)]
-fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
+fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
     simd: S,
     t: &Tile<'_>,
     out: &mut [&mut [f32]; NB],
@@ -785,22 +851,22 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize>(
     }
     let [mut a0, mut a1, mut a2, mut a3] = acc;
     let row = NB * BLOCK;
-    // Per block of 16 input channels and tap: the tile's pixels, 16 lanes each, and the 16
-    // channels' weight rows; the 16 steps unrolled with constant offsets.
-    let trow = BLOCK * row;
+    // Per block of `IB` input channels and tap: the tile's pixels, `IB` channels each, and
+    // the block's weight rows; the steps unrolled with constant offsets.
+    let trow = IB * row;
     let Some(wch) = t.wg.get(c0 * t.taps * row..c1 * t.taps * row) else {
         return;
     };
-    for (cb, wb) in (c0 / BLOCK..c1 / BLOCK).zip(wch.chunks_exact(t.taps * trow)) {
-        let base = cb * t.bl + q * BLOCK;
+    for (cb, wb) in (c0 / IB..c1 / IB).zip(wch.chunks_exact(t.taps * trow)) {
+        let base = cb * t.bl + q * IB;
         for (wt, &off) in wb.chunks_exact(trow).zip(t.offs) {
             let at = base + off;
             // In bounds by construction ([`Geom::virt`]).
-            let Some(xs) = t.x.get(at..at + PX * BLOCK) else {
+            let Some(xs) = t.x.get(at..at + PX * IB) else {
                 return;
             };
             let acc = [&mut a0, &mut a1, &mut a2, &mut a3];
-            sixteen::<S, PX, NB>(simd, xs, wt, acc);
+            block_steps::<S, PX, NB, IB>(simd, xs, wt, acc);
         }
     }
     let acc = [a0, a1, a2, a3];
@@ -852,12 +918,12 @@ mod tests {
                 for r in 0..g.oh {
                     for q in 0..g.ow {
                         let mut s = 0.0f32;
-                        // Blocks of 16 input channels; per block the taps; per tap the
-                        // block's channels.
-                        for cb in 0..g.c / BLOCK {
+                        // Blocks of 16 input channels (of one for an `NCHW` image); per
+                        // block the taps; per tap the block's channels.
+                        for cb in 0..g.c / g.ib {
                             for i in 0..g.kh {
                                 for j in 0..g.kw {
-                                    for ci in cb * BLOCK..(cb + 1) * BLOCK {
+                                    for ci in cb * g.ib..(cb + 1) * g.ib {
                                         let yy = (r * g.sh + i * g.dh) as isize - g.pt as isize;
                                         let xx = (q * g.sw + j * g.dw) as isize - g.pl as isize;
                                         let inside = (0..g.h as isize).contains(&yy)
@@ -890,8 +956,14 @@ mod tests {
     type Case = ([usize; 4], usize, [usize; 2], [i64; 2], [i64; 2], [i64; 4]);
 
     fn check(cases: &[Case]) {
+        check_images(cases, BLOCK);
+    }
+
+    /// [`check`] of images in blocks of `ib` channels (`NCHW` for 1).
+    fn check_images(cases: &[Case], ib: usize) {
         for &(nchw, o, k, s, d, pad) in cases {
             let g = Geom::new(nchw, o, k, s, d, pad).unwrap();
+            let g = if ib == 1 { g.nchw_input() } else { g };
             let (n, c, p_in, p) = (g.n, g.c, g.h * g.w, g.oh * g.ow);
             let taps = k[0] * k[1];
             let (x, w) = (rand(n * c * p_in, c + p_in), rand(o * c * taps, o + taps));
@@ -901,10 +973,14 @@ mod tests {
             let blocked_want: Vec<f32> = (0..n)
                 .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p))
                 .collect();
-            let xb: Vec<f32> = (0..n)
-                .flat_map(|ni| block(&x[ni * c * p_in..(ni + 1) * c * p_in], c, p_in))
-                .collect();
-            let packed = pack(&w, o, c, taps).unwrap();
+            let xb: Vec<f32> = if ib == 1 {
+                x.clone()
+            } else {
+                (0..n)
+                    .flat_map(|ni| block(&x[ni * c * p_in..(ni + 1) * c * p_in], c, p_in))
+                    .collect()
+            };
+            let packed = pack(&w, o, c, taps, ib).unwrap();
             let r = Tensor::from_f32(vec![blocked_want.len()], resid.clone()).unwrap();
             let cases: Vec<(Vec<Step>, Expect)> = vec![
                 (vec![], Box::new(|_, v| v)),
@@ -995,7 +1071,7 @@ mod tests {
     fn one_by_one_matches_a_direct_sum_with_every_epilogue_and_thread_count() {
         if !avx512() {
             // Not an AVX-512 machine: `takes` says no and the convolution runs elsewhere.
-            assert!(!takes(16, 16, &[]));
+            assert!(!takes(16, 16, BLOCK, &[]));
             return;
         }
         // Channel counts in groups of 1–4 blocks (5 blocks: 3 and 2; 6: 3 and 3; 7: 4 and
@@ -1041,6 +1117,28 @@ mod tests {
         ]);
     }
 
+    #[test]
+    fn an_nchw_image_into_nchw16c_matches_the_direct_sum() {
+        if !avx512() {
+            assert!(!takes(16, 3, 1, &[]));
+            return;
+        }
+        assert!(!takes(16, 3, 16, &[]) && !takes(24, 3, 1, &[]) && !takes(16, 3, 4, &[]));
+        check_images(
+            &[
+                // ResNet-50's and MobileNetV2's first layers, on small planes.
+                ([1, 3, 23, 20], 64, [7, 7], [2, 2], [1, 1], [3, 3, 3, 3]),
+                ([1, 3, 17, 16], 32, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+                // Two images, 5 channels, stride 1; a 1×1 of 24 channels read in place;
+                // 17 channels into 5 output blocks (groups of 3 and 2), uneven padding.
+                ([2, 5, 9, 8], 16, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+                ([1, 24, 7, 9], 48, [1, 1], [1, 1], [1, 1], [0; 4]),
+                ([1, 17, 11, 6], 80, [2, 3], [1, 2], [2, 1], [0, 2, 1, 1]),
+            ],
+            1,
+        );
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
 
@@ -1053,25 +1151,32 @@ mod tests {
             n in 1usize..3, cb in 1usize..4, ob in 1usize..6, h in 1usize..13, w in 1usize..13,
             kh in 1usize..5, kw in 1usize..5, sh in 1i64..4, sw in 1i64..4, dh in 1i64..4,
             dw in 1i64..4, pad in proptest::array::uniform4(0i64..4), threads in 1usize..4,
+            nchw in proptest::bool::ANY, few in 1usize..20,
         ) {
             if !avx512() {
                 return Ok(());
             }
-            let (c, o) = (cb * BLOCK, ob * BLOCK);
+            // An `NCHW` image of 1–19 channels, or 1–3 blocks of 16.
+            let (c, o, ib) = if nchw { (few, ob * BLOCK, 1) } else { (cb * BLOCK, ob * BLOCK, BLOCK) };
             let g = Geom::new([n, c, h, w], o, [kh, kw], [sh, sw], [dh, dw], pad);
             // No output (the kernel past the padded image): not this test's.
             proptest::prop_assume!(g.is_some());
             let g = g.unwrap();
+            let g = if nchw { g.nchw_input() } else { g };
             let (p_in, p) = (h * w, g.oh * g.ow);
             let (x, wt) = (rand(n * c * p_in, h + w), rand(o * c * kh * kw, kh + kw));
             let want = direct(&x, &wt, &g);
             let want: Vec<f32> = (0..n)
                 .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p))
                 .collect();
-            let xb: Vec<f32> = (0..n)
-                .flat_map(|ni| block(&x[ni * c * p_in..(ni + 1) * c * p_in], c, p_in))
-                .collect();
-            let packed = pack(&wt, o, c, kh * kw).unwrap();
+            let xb: Vec<f32> = if nchw {
+                x.clone()
+            } else {
+                (0..n)
+                    .flat_map(|ni| block(&x[ni * c * p_in..(ni + 1) * c * p_in], c, p_in))
+                    .collect()
+            };
+            let packed = pack(&wt, o, c, kh * kw, ib).unwrap();
             let mut y = vec![f32::NAN; n * o * p];
             conv(&packed, &xb, &g, &mut y, threads, &[]).unwrap();
             proptest::prop_assert_eq!(y, want);
@@ -1080,10 +1185,12 @@ mod tests {
 
     #[test]
     fn geometry_packing_and_sizes_are_checked() {
-        assert!(pack(&[0.0; 12], 12, 1, 1).is_none());
-        assert!(pack(&[0.0; 32], 16, 2, 1).is_none());
-        assert!(pack(&[0.0; 255], 16, 16, 1).is_none());
-        assert!(pack(&[0.0; 256], 16, 16, 0).is_none());
+        assert!(pack(&[0.0; 12], 12, 1, 1, 1).is_none());
+        assert!(pack(&[0.0; 32], 16, 2, 1, BLOCK).is_none());
+        assert!(pack(&[0.0; 32], 16, 2, 1, 2).is_none());
+        assert!(pack(&[0.0; 32], 16, 2, 1, 1).is_some());
+        assert!(pack(&[0.0; 255], 16, 16, 1, BLOCK).is_none());
+        assert!(pack(&[0.0; 256], 16, 16, 0, BLOCK).is_none());
         let g = |k, s, pad| Geom::new([1, 16, 4, 4], 16, k, s, [1, 1], pad);
         assert!(
             g([5, 5], [1, 1], [0; 4]).is_none(),
@@ -1101,7 +1208,7 @@ mod tests {
         // (2, 1) reads phase (0, 1) one row down.
         assert_eq!(geom.phases(), [(0, 0), (0, 1), (1, 0), (1, 1)]);
         assert_eq!(geom.offsets()[7], (9 + 3) * BLOCK);
-        let w = pack(&[1.0; 512], 16, 32, 1).unwrap();
+        let w = pack(&[1.0; 512], 16, 32, 1, BLOCK).unwrap();
         let g1 = Geom::new([1, 32, 1, 1], 16, [1, 1], [1, 1], [1, 1], [0; 4]).unwrap();
         let mut y = vec![0.0; 16];
         let e = conv(&w, &[0.0; 16], &g1, &mut y, 1, &[]).unwrap_err();
@@ -1109,5 +1216,8 @@ mod tests {
         let g3 = Geom::new([1, 32, 3, 3], 16, [3, 3], [1, 1], [1, 1], [0; 4]).unwrap();
         let e = conv(&w, &[0.0; 288], &g3, &mut y, 1, &[]).unwrap_err();
         assert!(e.contains("1 taps"), "{e}");
+        // A weight packed for an `NCHW16c` image on an `NCHW` one.
+        let e = conv(&w, &[0.0; 32], &g1.nchw_input(), &mut y, 1, &[]).unwrap_err();
+        assert!(e.contains("blocks of 16 input channels"), "{e}");
     }
 }

@@ -42,11 +42,12 @@ pub(crate) struct Weights {
     packed: blocked::Packed,
 }
 
-/// Whether [`conv`] runs this convolution: 3×3, stride 1, dilation 1, where Winograd pays
+/// Whether [`conv`] runs this convolution: an `NCHW16c` image, 3×3, stride 1, dilation 1, where Winograd pays
 /// on the `NCHW` path ([`Tile::choose`]: enough channels and tiles), an image makes at least
 /// [`MIN_TILES`] F(4×4) tiles and the transformed weights are at most [`MAX_WEIGHTS`].
 pub(crate) fn takes(g: &Geom) -> bool {
-    g.kernel() == [3, 3]
+    g.input_block() == BLOCK
+        && g.kernel() == [3, 3]
         && g.stride() == [1, 1]
         && g.dilation() == [1, 1]
         && Tile::choose(g.c, g.o, g.oh, g.ow).is_some()
@@ -71,8 +72,10 @@ const MAX_WEIGHTS: usize = XI * 256 * 256;
 pub(crate) fn weights(w: &[f32], o: usize, c: usize) -> KResult<Weights> {
     let wt = crate::winograd::Weights::new(w, o, c, Tile::F4)?;
     let u = wt.u();
-    let packed = blocked::pack_sets(o, c, 1, XI, |xi, oc, ci, _| u[(xi * c + ci) * o + oc])
-        .ok_or("blocked Winograd: channel counts that do not split by 16")?;
+    let packed = blocked::pack_sets(o, c, 1, BLOCK, XI, |xi, oc, ci, _| {
+        u[(xi * c + ci) * o + oc]
+    })
+    .ok_or("blocked Winograd: channel counts that do not split by 16")?;
     Ok(Weights { packed })
 }
 
