@@ -329,28 +329,19 @@ fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
     match &prefers {
         Some([data, kernel]) => {
             assert_eq!([data.as_str(), kernel.as_str()], ["NCHW16c", "OIHW"]);
-            assert_eq!(
-                p.notes,
-                vec![
-                    "conv2d_layout \"auto\": 24 of 24 conv2d in NCHW16c/OIHW (backend cpu's \
-                     layout on this machine), 3 layout change(s) left at run time"
-                        .to_string()
-                ],
-                "{text}"
-            );
+            // The note of a whole conversion: `what` conv2d converted, `changes` left.
+            let note = |what: &str, changes: usize| {
+                vec![format!(
+                    "conv2d_layout \"auto\": {what} conv2d in NCHW16c/OIHW (backend cpu's \
+                     layout on this machine), {changes} layout change(s) left at run time"
+                )]
+            };
+            assert_eq!(p.notes, note("24 of 24", 3), "{text}");
             assert!(
                 text.contains("data_layout=\"NCHW16c\"") && !text.contains("data_layout=\"NCHW\""),
                 "{text}"
             );
-            assert_eq!(
-                ps.notes,
-                vec![
-                    "conv2d_layout \"auto\": 4 of 4 conv2d in NCHW16c/OIHW (backend cpu's \
-                     layout on this machine), 5 layout change(s) left at run time"
-                        .to_string()
-                ],
-                "{small_text}"
-            );
+            assert_eq!(ps.notes, note("4 of 4", 5), "{small_text}");
             // The stem alone reads `NCHW`: the image, as it is.
             assert_eq!(
                 small_text.matches("data_layout=\"NCHW\"").count(),
