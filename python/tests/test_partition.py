@@ -37,9 +37,13 @@ def test_config_partition_equals_the_cli_and_reports_claims():
     part, report = fusebox.partition(m, config=CPU_TOML)
     assert part.text() == cli("partition", SMALL_CNN, "--config", CPU_TOML).stdout
     assert report.json() == cli("partition", SMALL_CNN, "--config", CPU_TOML, "--emit", "json").stdout
+    # On AVX-512 `conv2d_layout = "auto"` converts the CNN to NCHW16c (the notes say so): the
+    # pooled end's layout change then fuses with the flatten.
+    blocked = any("conv2d in NCHW16c/OIHW" in n for n in report.notes)
     assert [f["name"] for f in report.functions] == [
         "fused_conv2d_add_relu", "fused_conv2d_add_relu1", "fused_conv2d_add_add_relu",
-        "fused_conv2d_add_relu2", "fused_matmul_add"]
+        "fused_conv2d_add_relu2"] + (["fused_layout_transform_reshape"] if blocked else []) + [
+        "fused_matmul_add"]
     assert {f["backend"] for f in report.functions} == {"cpu"}
     assert [c["function"] for c in report.claims] == [f["name"] for f in report.functions]
     # The original module is untouched; the partitioned one remembers where it came from.

@@ -43,7 +43,9 @@ def test_small_cnn_load_partition_run_equals_the_cli(tmp_path):
     want = cli_run(SMALL_CNN, inputs, tmp_path, "--config", CPU_TOML, "--check")
     m = fusebox.load(SMALL_CNN)
     part, report = fusebox.partition(m, config=CPU_TOML)
-    assert len(report.functions) == 5
+    # 6 where `conv2d_layout = "auto"` converts to NCHW16c (AVX-512: the flatten's layout change).
+    blocked = any("conv2d in NCHW16c/OIHW" in n for n in report.notes)
+    assert len(report.functions) == (6 if blocked else 5)
     got = fusebox.run(part, inputs, config=CPU_TOML, check=True)
     # The partitioned main returns FuseOps' `gv` where the original returned `logits`: the
     # outputs keep their order, and the CLI names them the same way for that module.
