@@ -394,7 +394,7 @@ impl Converter<'_> {
                 // An `NCHW` image of fewer channels than a block of the layout (a first
                 // layer's 3) is read as it is, the output still written in the layout.
                 let held_x = f.as_var(x).is_some_and(|v| self.held.contains_key(&v));
-                let few = |f: &Function| {
+                let few = |f: &Function| -> Option<bool> {
                     let c = f
                         .expr(x)
                         .ty
@@ -406,6 +406,14 @@ impl Converter<'_> {
                     let (_, factor) = lx.sub(b'C')?;
                     Some(c < factor)
                 };
+                if a.data_layout == LABELS
+                    && a.kernel_layout == kernel
+                    && a.out_layout == data
+                    && few(f) == Some(true)
+                {
+                    // Such a conv already in the layout (converted before).
+                    return None;
+                }
                 let (x2, data_layout) = match self.operand(f, x, &lx, &suffix) {
                     Some(x2) => (x2, data.clone()),
                     None if a.data_layout == LABELS && !held_x && few(f) == Some(true) => {
@@ -969,6 +977,45 @@ class Module:
         let m = parse_module_str(&odd).unwrap_or_else(|e| panic!("{e}"));
         let out = convert_layout(&m, "NCHW16c", "OIHW").unwrap_or_else(|e| panic!("{e}"));
         assert!(!print_module(&out).text.contains("NCHW16c"));
+    }
+
+    #[test]
+    fn an_image_of_fewer_channels_than_a_block_is_read_as_it_is() {
+        let src = r#"
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((1, 3, 8, 8), dtype="float32"), w: R.Tensor((32, 3, 3, 3), dtype="float32"), w2: R.Tensor((32, 32, 1, 1), dtype="float32")) -> R.Tensor((1, 32, 8, 8), dtype="float32"):
+        with R.dataflow():
+            lv: R.Tensor((1, 32, 8, 8), dtype="float32") = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="void")
+            lv1: R.Tensor((1, 32, 8, 8), dtype="float32") = R.nn.relu(lv)
+            gv: R.Tensor((1, 32, 8, 8), dtype="float32") = R.nn.conv2d(lv1, w2, strides=[1, 1], padding=[0, 0, 0, 0], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="void")
+            R.output(gv)
+        return gv
+"#;
+        let out = run(src, "NCHW16c", "OIHW");
+        for e in [
+            "lv_nchw16c: R.Tensor((1, 2, 8, 8, 16), dtype=\"float32\") = R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1, data_layout=\"NCHW\", kernel_layout=\"OIHW\", out_layout=\"NCHW16c\"",
+            "R.nn.relu(lv_nchw16c)",
+            "R.nn.conv2d(lv1_nchw16c, w2,",
+        ] {
+            assert!(out.contains(e), "missing `{e}` in\n{out}");
+        }
+        // One layout change: the result's, back to `NCHW`; the image is not moved.
+        assert_eq!(out.matches("R.layout_transform(").count(), 1, "{out}");
+        // Converting the converted module again changes nothing.
+        let m = parse_module_str(&out).unwrap_or_else(|e| panic!("{e}"));
+        let again = convert_layout(&m, "NCHW16c", "OIHW").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(print_module(&again).text, out);
+        // An image of 16 channels or more that does not split (24) stays as it is.
+        let wide = src
+            .replace("(1, 3, 8, 8)", "(1, 24, 8, 8)")
+            .replace("(32, 3, 3, 3)", "(32, 24, 3, 3)");
+        let m = parse_module_str(&wide).unwrap_or_else(|e| panic!("{e}"));
+        let out =
+            print_module(&convert_layout(&m, "NCHW16c", "OIHW").unwrap_or_else(|e| panic!("{e}")))
+                .text;
+        assert!(out.contains("R.nn.conv2d(x, w, strides=[1, 1], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1, data_layout=\"NCHW\", kernel_layout=\"OIHW\", out_layout=\"NCHW\""), "{out}");
     }
 
     #[test]
