@@ -16,19 +16,19 @@
 //!   straddles two cache lines.
 //! - Every element of `y` is one chain of `f32` fused multiply-adds over the blocks of 16
 //!   input channels in order, per block the taps in row-major order, per tap the block's 16
-//!   channels in order, from `+0.0`; padding taps add
-//!   `w · 0.0` (for an `NCHW` image: the channels in order, per channel the taps, the
-//!   definition's order). Then the epilogue's steps ([`RegSteps::apply_block`]: bias or `batch_norm`,
-//!   residual add in the output's layout, `relu`/`clip`), the same operations per element as
-//!   the `NCHW` paths. The result does not depend on the tiling or the thread count.
+//!   channels in order, from `+0.0`; padding taps add `w · 0.0` (for an `NCHW` image: the
+//!   channels in order, per channel the taps, the definition's order). Then the epilogue's
+//!   steps ([`RegSteps::apply_block`]: bias or `batch_norm`, residual add in the output's
+//!   layout, `relu`/`clip`), the same operations per element as the `NCHW` paths. The
+//!   result does not depend on the tiling or the thread count.
 //! - The image is read through its *phases*: for stride `s`, the `s × s` sub-images of the
-//!   zero-padded image that taps land on ([`Geom::phase_of`]), each `[HV][WV][16]` (`[HV][WV]`)
-//!   per block of channels, where `WV` is the output's width plus the widest tap offset. Then output
-//!   pixel `(r, q)` reads tap `t` at `r · WV + q + off(t)` of its phase: a tile of
-//!   consecutive pixels of a *virtual* plane `OH × WV` reads consecutive vectors for every
-//!   tap, whatever the stride. Tiles run along each output row (the virtual columns past
-//!   `OW` are never computed), along the whole plane when `WV = OW`. A 1×1, stride-1,
-//!   unpadded convolution reads `x` itself.
+//!   zero-padded image that taps land on ([`Geom::phase_of`]), each `[HV][WV][16]`
+//!   (`[HV][WV]` for an `NCHW` image) per block of channels, where `WV` is the output's width
+//!   plus the widest tap offset. Then output pixel `(r, q)` reads tap `t` at
+//!   `r · WV + q + off(t)` of its phase: a tile of consecutive pixels of a *virtual* plane
+//!   `OH × WV` reads consecutive vectors for every tap, whatever the stride. Tiles run along
+//!   each output row (the virtual columns past `OW` are never computed), along the whole
+//!   plane when `WV = OW`. A 1×1, stride-1, unpadded convolution reads `x` itself.
 //! - AVX-512 only ([`takes`]): a tile holds 6 pixels × 64 channels in 24 registers (four
 //!   separate accumulator arrays: one `[[_; 6]; 4]` array was spilled to the stack, 2.1–2.7×
 //!   slower), per step (channel, tap) 4 weight vectors and 6 broadcast pixels. The 16 steps
@@ -1157,7 +1157,8 @@ mod tests {
                 return Ok(());
             }
             // An `NCHW` image of 1–19 channels, or 1–3 blocks of 16.
-            let (c, o, ib) = if nchw { (few, ob * BLOCK, 1) } else { (cb * BLOCK, ob * BLOCK, BLOCK) };
+            let (c, ib) = if nchw { (few, 1) } else { (cb * BLOCK, BLOCK) };
+            let o = ob * BLOCK;
             let g = Geom::new([n, c, h, w], o, [kh, kw], [sh, sw], [dh, dw], pad);
             // No output (the kernel past the padded image): not this test's.
             proptest::prop_assume!(g.is_some());
