@@ -909,6 +909,17 @@ mod tests {
         out
     }
 
+    /// `n` `NCHW` images of `c × p` as the kernel reads them in blocks of `ib` channels:
+    /// as they are for 1, each [`block`]ed for 16.
+    fn image(x: &[f32], [n, c, p]: [usize; 3], ib: usize) -> Vec<f32> {
+        if ib == 1 {
+            return x.to_vec();
+        }
+        (0..n)
+            .flat_map(|ni| block(&x[ni * c * p..(ni + 1) * c * p], c, p))
+            .collect()
+    }
+
     /// The `NCHW` convolution by its definition, each output one chain of fused
     /// multiply-adds over (channel, tap row, tap column) from zero, padding read as zero.
     fn direct(x: &[f32], w: &[f32], g: &Geom) -> Vec<f32> {
@@ -973,13 +984,7 @@ mod tests {
             let blocked_want: Vec<f32> = (0..n)
                 .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p))
                 .collect();
-            let xb: Vec<f32> = if ib == 1 {
-                x.clone()
-            } else {
-                (0..n)
-                    .flat_map(|ni| block(&x[ni * c * p_in..(ni + 1) * c * p_in], c, p_in))
-                    .collect()
-            };
+            let xb = image(&x, [n, c, p_in], ib);
             let packed = pack(&w, o, c, taps, ib).unwrap();
             let r = Tensor::from_f32(vec![blocked_want.len()], resid.clone()).unwrap();
             let cases: Vec<(Vec<Step>, Expect)> = vec![
@@ -1170,13 +1175,7 @@ mod tests {
             let want: Vec<f32> = (0..n)
                 .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p))
                 .collect();
-            let xb: Vec<f32> = if nchw {
-                x.clone()
-            } else {
-                (0..n)
-                    .flat_map(|ni| block(&x[ni * c * p_in..(ni + 1) * c * p_in], c, p_in))
-                    .collect()
-            };
+            let xb = image(&x, [n, c, p_in], ib);
             let packed = pack(&wt, o, c, kh * kw, ib).unwrap();
             let mut y = vec![f32::NAN; n * o * p];
             conv(&packed, &xb, &g, &mut y, threads, &[]).unwrap();
