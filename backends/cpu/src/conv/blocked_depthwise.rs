@@ -49,8 +49,10 @@ pub(crate) fn takes(c: usize, steps: &[Step]) -> bool {
     c > 0 && c.is_multiple_of(BLOCK) && RegSteps::new(steps).is_some()
 }
 
-/// `w` (`[C][taps]`) as [`conv`] reads it: per block of 16 channels, `[tap][16]`.
-fn pack(w: &[f32], c: usize, taps: usize) -> Option<Vec<f32>> {
+/// `w` (`[C][taps]`) as [`conv`] reads it: per block of 16 channels, `[tap][16]`. The
+/// executor packs a kept weight once ([`crate::conv::BlockedWeights`]); a weight computed at
+/// run time is packed by each call.
+pub(crate) fn pack(w: &[f32], c: usize, taps: usize) -> Option<Vec<f32>> {
     if w.len() != c.checked_mul(taps)? {
         return None;
     }
@@ -65,9 +67,15 @@ fn pack(w: &[f32], c: usize, taps: usize) -> Option<Vec<f32>> {
 }
 
 /// The depthwise convolution of geometry `g` (`g.o == g.c`) of `x` into `y` with `steps` on
-/// every output element (see the module doc), on up to `threads` threads.
+/// every output element (see the module doc), on up to `threads` threads; `packed` is the
+/// weight `w` as [`pack`] gives it, when the caller has it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the weight in both forms, the operands, the threads and the epilogue"
+)]
 pub(crate) fn conv(
     w: &[f32],
+    packed: Option<&[f32]>,
     x: &[f32],
     g: &Geom,
     y: &mut [f32],
@@ -83,12 +91,19 @@ pub(crate) fn conv(
             g.o
         ));
     }
-    let wp = pack(w, c, taps).ok_or_else(|| {
-        format!(
-            "blocked depthwise convolution: expected {c} × {taps} weights, found {}",
-            w.len()
-        )
-    })?;
+    let own;
+    let wp = match packed.filter(|p| Some(p.len()) == c.checked_mul(taps)) {
+        Some(p) => p,
+        None => {
+            own = pack(w, c, taps).ok_or_else(|| {
+                format!(
+                    "blocked depthwise convolution: expected {c} × {taps} weights, found {}",
+                    w.len()
+                )
+            })?;
+            &own[..]
+        }
+    };
     let (plane_in, row) = (g.h * g.w * BLOCK, g.ow * BLOCK);
     if x.len() != g.n * c * g.h * g.w || y.len() != g.n * c * g.oh * g.ow {
         return Err(format!(
@@ -111,7 +126,7 @@ pub(crate) fn conv(
     let plan = Plan {
         g,
         x,
-        wp: &wp,
+        wp,
         reg,
         plane_in,
         row,
@@ -573,11 +588,17 @@ mod tests {
             let x = rand(n * c * h * w, case as u64 + 1);
             let wt = rand(c * k[0] * k[1], case as u64 + 100);
             let want = reference(&x, &wt, &g);
-            for threads in [1, 2, 3] {
+            // Packed by the call, and packed before (as the executor keeps a weight).
+            let packed = pack(&wt, c, k[0] * k[1]).expect("packs");
+            for (threads, pre) in [(1, None), (2, None), (3, None), (2, Some(&packed[..]))] {
                 let mut y = vec![f32::NAN; want.len()];
-                conv(&wt, &x, &g, &mut y, threads, &[]).expect("runs");
+                conv(&wt, pre, &x, &g, &mut y, threads, &[]).expect("runs");
                 let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "case {case}, {threads} threads");
+                assert!(
+                    same,
+                    "case {case}, {threads} threads, packed before: {}",
+                    pre.is_some()
+                );
             }
         }
     }
@@ -600,7 +621,7 @@ mod tests {
             let want = reference(&x, &wt, &g);
             assert!(want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_finite()));
             let mut y = vec![0.0f32; want.len()];
-            conv(&wt, &x, &g, &mut y, 2, &[]).expect("runs");
+            conv(&wt, None, &x, &g, &mut y, 2, &[]).expect("runs");
             for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                 assert_eq!(a.to_bits(), b.to_bits(), "case {case}, element {i}");
             }
@@ -622,18 +643,23 @@ mod tests {
             Step::Clip { lo: 0.0, hi: 0.25 },
         ];
         let mut y = vec![0.0; plain.len()];
-        conv(&wt, &x, &g, &mut y, 2, &steps).expect("runs");
+        conv(&wt, None, &x, &g, &mut y, 2, &steps).expect("runs");
         for (i, (&got, &v)) in y.iter().zip(&plain).enumerate() {
             let ch = (i / (64 * BLOCK)) * BLOCK + i % BLOCK;
             let want = (v + b[ch]).clamp(0.0, 0.25);
             assert_eq!(got.to_bits(), want.to_bits(), "element {i}");
         }
         // A weight of the wrong length, channels that do not block, a program epilogue.
-        assert!(conv(&wt[1..], &x, &g, &mut y, 1, &[]).is_err());
+        assert!(conv(&wt[1..], None, &x, &g, &mut y, 1, &[]).is_err());
+        // A packed weight of another length is not used: the weight itself is packed.
+        let mut z = vec![0.0; plain.len()];
+        conv(&wt, Some(&b[..]), &x, &g, &mut z, 1, &steps).expect("runs");
+        assert_eq!(z, y);
         let g24 = Geom::new([1, 24, 8, 8], 24, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]).expect("g");
         assert!(
             conv(
                 &wt[..24 * 9],
+                None,
                 &x[..24 * 64],
                 &g24,
                 &mut y[..24 * 64],
