@@ -51,6 +51,7 @@ mod conv_stem;
 mod conv_transpose;
 mod dense;
 mod depthwise_flat;
+mod depthwise_s1;
 mod depthwise_s2;
 mod einsum;
 mod elem;

@@ -5,8 +5,9 @@
 //!
 //! Contract:
 //!
-//! - Stride-2 3×3 layers with rows of 14 pixels or more read straight from the plane with
-//!   AVX-512 ([`crate::depthwise_s2`]); 3×3 layers of stride 1 or 2 on planes up to 64×64
+//! - Stride-2 3×3 layers with rows of 14 pixels or more, and stride-1 "same" 3×3 layers with
+//!   rows of 16 or more, read straight from the plane with AVX-512 ([`crate::depthwise_s2`],
+//!   [`crate::depthwise_s1`]); other 3×3 layers of stride 1 or 2 on planes up to 64×64
 //!   (128×128 for stride 1) and planes under 16 pixels wide go over the plane as one flat
 //!   array ([`crate::depthwise_flat`]); the rest through [`depthwise_planes`]' row kernel on
 //!   a zero-padded, phase-dealt copy of the plane.
@@ -19,7 +20,7 @@
 //! ```
 
 use super::{Geom, Step, apply_steps_inline};
-use crate::{depthwise_flat, depthwise_s2};
+use crate::{depthwise_flat, depthwise_s1, depthwise_s2};
 use std::cell::RefCell;
 
 /// A depthwise convolution (one input and one output channel per group, as MobileNet's 3×3
@@ -33,7 +34,8 @@ use std::cell::RefCell;
 /// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col
 /// lowering of the reference does (so a NaN or infinite weight gives NaN there too).
 /// Stride-2 3×3 layers with rows of 14 outputs or more run [`depthwise_s2`] on AVX-512
-/// (straight from the plane); output planes under 16 pixels wide and 3×3 kernels of stride 1
+/// (straight from the plane), stride-1 "same" ones with rows of 16 or more [`depthwise_s1`];
+/// output planes under 16 pixels wide and 3×3 kernels of stride 1
 /// or 2 on planes of up to 64×64 (equal strides, "same" padding; 128×128 for stride 1) run
 /// [`depthwise_flat`]: the same chains either way.
 pub(super) fn depthwise(
@@ -48,10 +50,13 @@ pub(super) fn depthwise(
     let t = crate::par::threads_for(g.n * g.o * npix * g.kh * g.kw, 1 << 16).min(threads);
     let planes_per_task = (g.n * g.o).div_ceil(t * 8).max(1);
     // A test may force narrower vectors: then the flat kernel runs.
-    let s2 = depthwise_s2::Plan::new(g.plane_shape()).filter(|_| forced_lanes().is_none());
-    if let Some(plan) = s2 {
+    let direct = match depthwise_s2::Plan::new(g.plane_shape()) {
+        Some(p) => Some(Direct::S2(p)),
+        None => depthwise_s1::Plan::new(g.plane_shape()).map(Direct::S1),
+    };
+    if let Some(plan) = direct.filter(|_| forced_lanes().is_none()) {
         crate::par::for_each_chunk_mut(out, planes_per_task * npix, t, |off, chunk| {
-            depthwise_s2_planes(xs, ws, g, steps, &plan, off / npix, chunk);
+            depthwise_direct_planes(xs, ws, g, steps, &plan, off / npix, chunk);
         });
         return;
     }
@@ -66,14 +71,23 @@ pub(super) fn depthwise(
     });
 }
 
-/// The output planes `first..` of [`depthwise`] in `chunk` by [`depthwise_s2`], each followed
-/// by its epilogue while it is in cache.
-fn depthwise_s2_planes(
+/// A kernel that reads the `NCHW` plane where it lies: [`depthwise_s2`] for stride 2,
+/// [`depthwise_s1`] for stride 1 (MobileNetV2's 32×112×112 and 144×56×56 layers, whose
+/// planes [`depthwise_flat`] copied into its buffer first: session bg).
+#[derive(Clone, Copy)]
+enum Direct {
+    S1(depthwise_s1::Plan),
+    S2(depthwise_s2::Plan),
+}
+
+/// The output planes `first..` of [`depthwise`] in `chunk` by a [`Direct`] kernel, each
+/// followed by its epilogue while it is in cache.
+fn depthwise_direct_planes(
     xs: &[f32],
     ws: &[f32],
     g: &Geom,
     steps: &[Step],
-    plan: &depthwise_s2::Plan,
+    plan: &Direct,
     first: usize,
     chunk: &mut [f32],
 ) {
@@ -82,7 +96,7 @@ fn depthwise_s2_planes(
         &'a [f32],
         &'a Geom,
         &'a [Step],
-        &'a depthwise_s2::Plan,
+        &'a Direct,
         usize,
         &'a mut [f32],
     );
@@ -96,7 +110,12 @@ fn depthwise_s2_planes(
                 let plane = first + i;
                 let ch = plane % g.o;
                 let x = &xs[plane * image..(plane + 1) * image];
-                if depthwise_s2::plane(plan, x, &ws[ch * taps..(ch + 1) * taps], dst) {
+                let w = &ws[ch * taps..(ch + 1) * taps];
+                let done = match plan {
+                    Direct::S1(p) => depthwise_s1::plane(p, x, w, dst),
+                    Direct::S2(p) => depthwise_s2::plane(p, x, w, dst),
+                };
+                if done {
                     apply_steps_inline(steps, ch, plane * npix, dst);
                 } else {
                     // Not taken after all (the plan is made for these sizes and this CPU):
