@@ -450,14 +450,17 @@ fn rows_first(image: usize, weight: usize, threads: usize) -> bool {
     threads > 1 && image > weight
 }
 
-/// One task's share of the output: for each output block of its group, the rows `r0..r1` of
-/// image `n` (`[rows][OW][16]`).
+/// One task's share of the output: for each output block of its group (`nb` of them), the
+/// rows `r0..r1` of image `n` (`[rows][OW][16]`). Held in an array, not a `Vec`: a call's
+/// tasks are built on the calling thread before any runs, and their allocations were the
+/// largest part of a blocked call's set-up (session bg).
 struct Task<'a> {
     n: usize,
     g0: usize,
     r0: usize,
     r1: usize,
-    out: Vec<&'a mut [f32]>,
+    nb: usize,
+    out: [&'a mut [f32]; OBG],
 }
 
 /// `y = conv2d(x, w)` then `steps` (see the module doc): `x` `[n][c/16][h][w][16]`, `y`
@@ -527,29 +530,35 @@ pub(crate) fn conv(
     let first = want.min(most);
     let runs = (first..=most).find(|&r| even(r)).unwrap_or(first);
     let rows = rows_of(runs);
-    let mut tasks: Vec<Task<'_>> = Vec::new();
+    let nruns = g.oh.div_ceil(rows.max(1));
+    let mut tasks: Vec<Task<'_>> = Vec::with_capacity(g.n * count * nruns);
+    // Each block's plane cut into its runs (`[block][run]`), then gathered by (group, run).
+    let mut pieces: Vec<&mut [f32]> = Vec::with_capacity(blocks * nruns);
     for (ni, img) in y.chunks_mut(o * p).enumerate() {
-        // Each block's plane cut into its runs, then gathered by (group, run).
-        let mut pieces: Vec<Vec<&mut [f32]>> = img
-            .chunks_mut(p * BLOCK)
-            .map(|plane| plane.chunks_mut(rows * g.ow * BLOCK).collect())
-            .collect();
+        pieces.clear();
+        pieces.extend(img.chunks_mut(p * BLOCK).flat_map(|plane| {
+            let runs = plane.chunks_mut(rows * g.ow * BLOCK);
+            // Every plane has `nruns` runs: pad a short one (an empty output) to keep the
+            // indices.
+            runs.chain(std::iter::repeat_with(|| &mut [][..]))
+                .take(nruns)
+        }));
+        let mut slots: Vec<Option<&mut [f32]>> = pieces.drain(..).map(Some).collect();
         for (g0, nb) in groups(blocks) {
-            let nruns = pieces.get(g0).map_or(0, Vec::len);
-            let mut by_run: Vec<Vec<&mut [f32]>> = (0..nruns).map(|_| Vec::new()).collect();
-            for plane in pieces.iter_mut().skip(g0).take(nb) {
-                for (r, piece) in std::mem::take(plane).into_iter().enumerate() {
-                    if let Some(v) = by_run.get_mut(r) {
-                        v.push(piece);
+            for r in 0..nruns {
+                let mut out: [&mut [f32]; OBG] = Default::default();
+                for (i, o) in out.iter_mut().enumerate().take(nb) {
+                    if let Some(piece) = slots.get_mut((g0 + i) * nruns + r).and_then(Option::take)
+                    {
+                        *o = piece;
                     }
                 }
-            }
-            for (r, out) in by_run.into_iter().enumerate() {
                 tasks.push(Task {
                     n: ni,
                     g0,
                     r0: r * rows,
                     r1: ((r + 1) * rows).min(g.oh),
+                    nb,
                     out,
                 });
             }
@@ -622,7 +631,7 @@ impl<const IB: usize> pulp::WithSimd for Kernel<'_, '_, IB> {
         if S::F32_LANES != BLOCK {
             return;
         }
-        match self.task.out.len() {
+        match self.task.nb {
             4 => run_task::<S, 4, IB>(simd, self),
             3 => run_task::<S, 3, IB>(simd, self),
             2 => run_task::<S, 2, IB>(simd, self),
@@ -660,7 +669,8 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
         g0,
         r0,
         r1,
-        mut out,
+        nb: _,
+        out,
     } = task;
     let w = plan.w;
     let (c, taps) = (w.c, w.taps);
@@ -688,9 +698,10 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
         r0,
         reg: plan.reg,
     };
-    let Ok::<&mut [&mut [f32]; NB], _>(out) = out.as_mut_slice().try_into() else {
-        return;
-    };
+    // The group's `NB` pieces (the rest of the array is empty).
+    let mut rest = out.into_iter();
+    let mut out: [&mut [f32]; NB] = std::array::from_fn(|_| rest.next().unwrap_or_default());
+    let out = &mut out;
     // Segments of consecutive output pixels: the task's rows, one run of them when the
     // virtual plane is the output's (no columns to drop).
     let segments: Vec<(usize, usize, usize)> = if t.wv == t.ow {
