@@ -101,31 +101,60 @@ fn pool_rows(
     out
 }
 
-/// [`max_row`] compiled for the widest instruction set of the CPU ([`crate::simd::dispatch`]):
-/// `K` lanes in one AVX-512 register where the CPU has it. (Outside such a context the `K`
-/// lanes compiled to four SSE registers: ResNet-50's 3×3 pool on `(1, 4, 112, 112, 16)`, two
-/// threads, 0.21 ms against onnxruntime's 0.08; session bg.)
-struct MaxRow<'a, const K: usize> {
+/// What a fixed-width row computes: a max, or an average whose divisor counts the padded
+/// window's rows (`count_include_pad`) or only the positions inside the input.
+#[derive(Clone, Copy)]
+enum RowOp {
+    Max,
+    Avg { padded_rows: Option<usize> },
+}
+
+/// One output row of a pool of `K`-channel blocks ([`max_row`] or [`avg_row`]) compiled for
+/// the widest instruction set of the CPU ([`crate::simd::dispatch`]): `K` lanes in one
+/// AVX-512 register where the CPU has it. (Outside such a context the `K` lanes compiled to
+/// four SSE registers: ResNet-50's 3×3 max pool on `(1, 4, 112, 112, 16)`, two threads, 0.21
+/// ms against onnxruntime's 0.08; session bg.)
+struct FixedRow<'a, const K: usize> {
     src: &'a [f32],
     dst: &'a mut [f32],
     rows: &'a [usize],
     wins_w: &'a [(Vec<usize>, usize)],
     w: usize,
+    op: RowOp,
 }
 
-impl<const K: usize> pulp::WithSimd for MaxRow<'_, K> {
+impl<const K: usize> pulp::WithSimd for FixedRow<'_, K> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        max_row::<K>(self.src, self.dst, self.rows, self.wins_w, self.w);
+        let FixedRow {
+            src,
+            dst,
+            rows,
+            wins_w,
+            w,
+            op,
+        } = self;
+        match op {
+            RowOp::Max => max_row::<K>(src, dst, rows, wins_w, w),
+            RowOp::Avg { padded_rows } => avg_row::<K>(src, dst, rows, wins_w, w, padded_rows),
+        }
     }
+}
+
+/// Pixel `(y, x)` of a plane `src` of `w` columns of `K`-channel blocks, `None` past its end.
+#[inline(always)]
+fn pixel<const K: usize>(src: &[f32], w: usize, y: usize, x: usize) -> Option<&[f32; K]> {
+    let at = (y * w + x) * K;
+    src.get(at..at + K)
+        .and_then(|v| <&[f32; K]>::try_from(v).ok())
 }
 
 /// One output row of a max pool of `K`-channel blocks (`dst`, `OW · K`) from its plane `src`
 /// (`H × w × K`), the window's `rows` and each output column's window: the same selects in
 /// the same order as the general loop, on `K` lanes of a fixed size, which the compiler keeps
 /// in vector registers (ResNet-50's 3×3 pool on `(1, 4, 112, 112, 16)`, two threads: 0.26
-/// ms through the general loop; session bf). Inlined into [`MaxRow`]'s dispatch.
+/// ms through the general loop; session bf). Inlined into [`FixedRow`]'s dispatch.
 #[inline(always)]
 fn max_row<const K: usize>(
     src: &[f32],
@@ -137,12 +166,8 @@ fn max_row<const K: usize>(
     for (o, (cols, _)) in dst.chunks_exact_mut(K).zip(wins_w) {
         let mut m = [f32::NEG_INFINITY; K];
         for &y in rows {
-            for &xx in cols {
-                let at = (y * w + xx) * K;
-                let Some(v) = src
-                    .get(at..at + K)
-                    .and_then(|v| <&[f32; K]>::try_from(v).ok())
-                else {
+            for &x in cols {
+                let Some(v) = pixel::<K>(src, w, y, x) else {
                     continue;
                 };
                 for (m, &v) in m.iter_mut().zip(v) {
@@ -152,33 +177,6 @@ fn max_row<const K: usize>(
             }
         }
         o.copy_from_slice(&m);
-    }
-}
-
-/// [`avg_row`] compiled for the widest instruction set of the CPU, as [`MaxRow`].
-struct AvgRow<'a, const K: usize> {
-    src: &'a [f32],
-    dst: &'a mut [f32],
-    rows: &'a [usize],
-    wins_w: &'a [(Vec<usize>, usize)],
-    w: usize,
-    /// The padded window's rows, when the padding counts (`count_include_pad`).
-    padded_rows: Option<usize>,
-}
-
-impl<const K: usize> pulp::WithSimd for AvgRow<'_, K> {
-    type Output = ();
-    #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, _: S) {
-        let AvgRow {
-            src,
-            dst,
-            rows,
-            wins_w,
-            w,
-            padded_rows,
-        } = self;
-        avg_row::<K>(src, dst, rows, wins_w, w, padded_rows);
     }
 }
 
@@ -200,12 +198,8 @@ fn avg_row<const K: usize>(
     for (o, (cols, pw)) in dst.chunks_exact_mut(K).zip(wins_w) {
         let mut acc = [0.0f64; K];
         for &y in rows {
-            for &xx in cols {
-                let at = (y * w + xx) * K;
-                let Some(v) = src
-                    .get(at..at + K)
-                    .and_then(|v| <&[f32; K]>::try_from(v).ok())
-                else {
+            for &x in cols {
+                let Some(v) = pixel::<K>(src, w, y, x) else {
                     continue;
                 };
                 for (s, &v) in acc.iter_mut().zip(v) {
@@ -242,25 +236,26 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> Option<KResult<T
             let (rows, ph) = &wins_h[r % oh];
             if max && k == 16 {
                 let wins_w = &wins_w[..];
-                crate::simd::dispatch(MaxRow::<16> {
+                crate::simd::dispatch(FixedRow::<16> {
                     src,
                     dst,
                     rows,
                     wins_w,
                     w,
+                    op: RowOp::Max,
                 });
                 return;
             }
             if !max && k == 16 {
                 let wins_w = &wins_w[..];
                 let padded_rows = a.count_include_pad.then_some(*ph);
-                crate::simd::dispatch(AvgRow::<16> {
+                crate::simd::dispatch(FixedRow::<16> {
                     src,
                     dst,
                     rows,
                     wins_w,
                     w,
-                    padded_rows,
+                    op: RowOp::Avg { padded_rows },
                 });
                 return;
             }
@@ -324,7 +319,7 @@ pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> Option
         let row = ow * k;
         let t = crate::par::threads_for(planes * h * w * k, 1 << 16);
         let dims = [planes, h * w * k, oh, row, k];
-        // The same windows as lists, for the fixed-width path (`AvgRow`).
+        // The same windows as lists, for the fixed-width path (`FixedRow`).
         let row_lists: Vec<Vec<usize>> = rows.iter().map(|&(y0, y1)| (y0..y1).collect()).collect();
         let col_lists: Vec<(Vec<usize>, usize)> = cols
             .iter()
@@ -332,13 +327,13 @@ pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> Option
             .collect();
         let out = pool_rows(xs, dims, t, |r, src, dst, acc| {
             if k == 16 {
-                crate::simd::dispatch(AvgRow::<16> {
+                crate::simd::dispatch(FixedRow::<16> {
                     src,
                     dst,
                     rows: &row_lists[r % oh],
                     wins_w: &col_lists,
                     w,
-                    padded_rows: None,
+                    op: RowOp::Avg { padded_rows: None },
                 });
                 return;
             }
