@@ -267,8 +267,8 @@ impl Executor {
     }
 
     /// [`check_values`], once for the pinned module (it cannot change: see
-    /// [`Executor::run_shared`]), every run for another (a walk over the whole module: MobileNetV2's
-    /// took about 4 µs a run).
+    /// [`Executor::run_shared`]), every run for another (a walk over the whole module:
+    /// MobileNetV2's took about 4 µs a run).
     fn check_values(&self, module: &Module) -> Result<()> {
         let pinned = self
             .pinned
