@@ -98,21 +98,12 @@ fn strip_v4<const VS: usize>(
     v0: usize,
     dst: &mut [f32],
 ) {
-    use pulp::Simd as _;
     use std::arch::x86_64::__m512;
     let Plan { h, w: iw } = *plan;
     let f = v4.avx512f;
     let zero: __m512 = pulp::cast([0.0f32; LANES]);
     let wv: [__m512; 9] = std::array::from_fn(|t| pulp::cast([w[t]; LANES]));
-    // The vector of `row` at columns `c..c + 16` (`+0.0` past the row's end).
-    let load = |row: &[f32], c: usize| -> __m512 {
-        match row.get(c..c + LANES) {
-            Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; LANES]>(
-                bytemuck::cast_slice(s),
-            )),
-            None => pulp::cast(v4.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
-        }
-    };
+    let load = |row: &[f32], c: usize| crate::depthwise_s2::load_cut(v4, row, c);
     let c0 = v0 * LANES;
     // Output rows j − 2 and j − 1, partial (rows above the plane are computed and dropped).
     let (mut two, mut one) = ([zero; VS], [zero; VS]);
@@ -155,16 +146,8 @@ fn strip_v4<const VS: usize>(
         if let Some(y) = j.checked_sub(2)
             && let Some(out) = dst.get_mut(y * iw..(y + 1) * iw)
         {
-            for (v, acc) in two.iter().enumerate() {
-                let c = c0 + v * LANES;
-                match out.get_mut(c..c + LANES) {
-                    Some(o) => o.copy_from_slice(&pulp::cast::<__m512, [f32; LANES]>(*acc)),
-                    None => {
-                        if let Some(o) = out.get_mut(c..) {
-                            v4.partial_store_f32s(o, pulp::cast(*acc));
-                        }
-                    }
-                }
+            for (v, &acc) in two.iter().enumerate() {
+                crate::depthwise_s2::store_cut(v4, out, c0 + v * LANES, acc);
             }
         }
         two = one;

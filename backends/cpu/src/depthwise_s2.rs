@@ -82,7 +82,6 @@ pub(crate) fn plane(plan: &Plan, x: &[f32], w: &[f32], dst: &mut [f32]) -> bool 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn plane_v4(v4: pulp::x86::V4, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [f32]) {
-    use pulp::Simd as _;
     use std::arch::x86_64::{__m512, __m512i};
     let Plan { h, w: iw, oh, ow } = *plan;
     let f = v4.avx512f;
@@ -90,15 +89,7 @@ fn plane_v4(v4: pulp::x86::V4, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
     let wv: [__m512; 9] = std::array::from_fn(|t| pulp::cast([w[t]; LANES]));
     let even: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32));
     let odd: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32 + 1));
-    // The input vector of `row` at columns `c..c + 16` (`+0.0` past the row's end).
-    let load = |row: &[f32], c: usize| -> __m512 {
-        match row.get(c..c + LANES) {
-            Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; LANES]>(
-                bytemuck::cast_slice(s),
-            )),
-            None => pulp::cast(v4.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
-        }
-    };
+    let load = |row: &[f32], c: usize| load_cut(v4, row, c);
     for oy in 0..oh {
         // Kernel row ky reads input row 2·oy + ky − 1 (`None`: the padding).
         let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
@@ -131,9 +122,40 @@ fn plane_v4(v4: pulp::x86::V4, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
             }
             // One store; masked at the row's end (a copy through the stack there would wait
             // for this vector's store, see `depthwise_flat::store_n`).
-            match out.get_mut(ox0..ox0 + LANES) {
-                Some(o) => o.copy_from_slice(&pulp::cast::<__m512, [f32; LANES]>(acc)),
-                None => v4.partial_store_f32s(&mut out[ox0..], pulp::cast(acc)),
+            store_cut(v4, out, ox0, acc);
+        }
+    }
+}
+
+/// The vector of `row` at columns `c..c + 16`, `+0.0` past the row's end (shared with
+/// [`crate::depthwise_s1`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn load_cut(v4: pulp::x86::V4, row: &[f32], c: usize) -> std::arch::x86_64::__m512 {
+    use pulp::Simd as _;
+    match row.get(c..c + LANES) {
+        Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; LANES]>(
+            bytemuck::cast_slice(s),
+        )),
+        None => pulp::cast(v4.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
+    }
+}
+
+/// Stores `v` at columns `c..c + 16` of `out`, cut at its end (nothing past it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn store_cut(
+    v4: pulp::x86::V4,
+    out: &mut [f32],
+    c: usize,
+    v: std::arch::x86_64::__m512,
+) {
+    use pulp::Simd as _;
+    match out.get_mut(c..c + LANES) {
+        Some(o) => o.copy_from_slice(&pulp::cast::<_, [f32; LANES]>(v)),
+        None => {
+            if let Some(o) = out.get_mut(c..) {
+                v4.partial_store_f32s(o, pulp::cast(v));
             }
         }
     }

@@ -532,18 +532,19 @@ pub(crate) fn conv(
     let rows = rows_of(runs);
     let nruns = g.oh.div_ceil(rows.max(1));
     let mut tasks: Vec<Task<'_>> = Vec::with_capacity(g.n * count * nruns);
-    // Each block's plane cut into its runs (`[block][run]`), then gathered by (group, run).
-    let mut pieces: Vec<&mut [f32]> = Vec::with_capacity(blocks * nruns);
     for (ni, img) in y.chunks_mut(o * p).enumerate() {
-        pieces.clear();
-        pieces.extend(img.chunks_mut(p * BLOCK).flat_map(|plane| {
-            let runs = plane.chunks_mut(rows * g.ow * BLOCK);
-            // Every plane has `nruns` runs: pad a short one (an empty output) to keep the
-            // indices.
-            runs.chain(std::iter::repeat_with(|| &mut [][..]))
-                .take(nruns)
-        }));
-        let mut slots: Vec<Option<&mut [f32]>> = pieces.drain(..).map(Some).collect();
+        // Each block's plane cut into its runs (`[block][run]`), then gathered by (group, run).
+        // Every plane has `nruns` runs: a short one is padded (an empty output) to keep the
+        // indices.
+        let mut slots: Vec<Option<&mut [f32]>> = img
+            .chunks_mut(p * BLOCK)
+            .flat_map(|plane| {
+                let runs = plane.chunks_mut(rows * g.ow * BLOCK);
+                runs.chain(std::iter::repeat_with(|| &mut [][..]))
+                    .take(nruns)
+            })
+            .map(Some)
+            .collect();
         for (g0, nb) in groups(blocks) {
             for r in 0..nruns {
                 let mut out: [&mut [f32]; OBG] = Default::default();
