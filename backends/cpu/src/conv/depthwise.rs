@@ -35,9 +35,9 @@ use std::cell::RefCell;
 /// lowering of the reference does (so a NaN or infinite weight gives NaN there too).
 /// Stride-2 3×3 layers with rows of 14 outputs or more run [`depthwise_s2`] on AVX-512
 /// (straight from the plane), stride-1 "same" ones with rows of 16 or more [`depthwise_s1`];
-/// output planes under 16 pixels wide and 3×3 kernels of stride 1
-/// or 2 on planes of up to 64×64 (equal strides, "same" padding; 128×128 for stride 1) run
-/// [`depthwise_flat`]: the same chains either way.
+/// output planes under 16 pixels wide and other 3×3 kernels of stride 1 or 2 on planes of up
+/// to 64×64 (equal strides, "same" padding; 128×128 for stride 1) run [`depthwise_flat`]: the
+/// same chains either way.
 pub(super) fn depthwise(
     xs: &[f32],
     ws: &[f32],
