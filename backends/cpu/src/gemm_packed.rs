@@ -561,7 +561,7 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
 
 /// Part `i` of `n` of `panel`'s cache lines (whole [`Line`]s): what one of `n` micro-kernel
 /// calls on the panel before it prefetches of it.
-fn line_share(panel: &[f32], i: usize, n: usize) -> &[f32] {
+pub(crate) fn line_share(panel: &[f32], i: usize, n: usize) -> &[f32] {
     let lines = panel.len() / LINE;
     &panel[i * lines / n.max(1) * LINE..(i + 1) * lines / n.max(1) * LINE]
 }
@@ -569,15 +569,21 @@ fn line_share(panel: &[f32], i: usize, n: usize) -> &[f32] {
 /// Lines of packed `B` (a panel the kernel reads next) that a micro-kernel prefetches toward
 /// L2 while it runs ([`gemm`]'s `kernel`, [`gemm_cols`]'s `kernel_cols`).
 #[derive(Clone, Copy)]
-struct Ahead<'a> {
+pub(crate) struct Ahead<'a> {
     prefetch: Prefetch,
     lines: &'a [f32],
 }
 
 impl<'a> Ahead<'a> {
+    /// The whole lines of `lines`, to be prefetched toward L2 as a kernel runs.
+    #[inline(always)]
+    pub(crate) fn new(prefetch: Prefetch, lines: &'a [f32]) -> Ahead<'a> {
+        Ahead { prefetch, lines }
+    }
+
     /// The lines spread evenly over `k` steps ([`Spread::step`] once per step).
     #[inline(always)]
-    fn over(self, k: usize) -> Spread<'a> {
+    pub(crate) fn over(self, k: usize) -> Spread<'a> {
         Spread {
             prefetch: self.prefetch,
             lines: self.lines.len() / LINE,
@@ -590,7 +596,7 @@ impl<'a> Ahead<'a> {
 
 /// [`Ahead`]'s lines in flight: line `i` is prefetched at the step where `i + 1` lines are
 /// due.
-struct Spread<'a> {
+pub(crate) struct Spread<'a> {
     prefetch: Prefetch,
     lines: usize,
     k: usize,
@@ -601,7 +607,7 @@ struct Spread<'a> {
 impl Spread<'_> {
     /// One step of the kernel: the lines now due.
     #[inline(always)]
-    fn step(&mut self) {
+    pub(crate) fn step(&mut self) {
         self.due += self.lines;
         while self.due >= self.k {
             self.due -= self.k;

@@ -38,6 +38,13 @@
 //!   tile sweeps the plane; a chunk's partial sums go to the output and come back for the
 //!   next. The epilogue runs on the last chunk's sums in registers before their one final
 //!   store.
+//! - While a chunk's tiles run, they prefetch the next chunk's weights toward L2 (after the
+//!   task's last chunk, the first chunk of the next task in the thread's run), each tile its
+//!   share of the lines spread over its steps (`prefetcht1`, a hint: the sums do not change):
+//!   a large layer's weights stream from memory, and without it each chunk's first tile
+//!   waited for them. ResNet-50 on two threads: the 512 3×3 layers 0.78–0.85 of their time,
+//!   the 7 × 7 1×1 layers 0.80–0.90, the whole model 0.945–0.95 (bench/RESULTS.md, session
+//!   bh). A burst of the same lines before each tile had gained nothing (session bg).
 //! - Tasks are (image, group of output blocks, run of output rows): a plane is cut into runs
 //!   when there are fewer groups than twice the threads, when the tasks would not split
 //!   over the threads within a tenth of even, and into a run per thread at least when the
@@ -309,6 +316,18 @@ pub(crate) struct Packed {
     data: Vec<f32>,
 }
 
+impl Packed {
+    /// Where image `n`'s weights of the group from output block `g0` start (after `off`).
+    fn group_at(&self, n: usize, g0: usize) -> usize {
+        (n % self.sets.max(1)) * self.o * self.c * self.taps + g0 * BLOCK * self.c * self.taps
+    }
+
+    /// The input channels of a chunk ([`CCH`] steps, whole blocks of `ib`).
+    fn chunk_steps(&self, ib: usize) -> usize {
+        (CCH / (ib * self.taps)).max(1) * ib
+    }
+}
+
 /// Packs an `OIHW` weight `w` of `o × c × taps` for [`conv`] of an image in blocks of `ib`
 /// channels ([`Geom::input_block`]); `None` when `o` is not a multiple of [`BLOCK`], `c` not
 /// one of `ib` (16 or 1), or `w` has another length.
@@ -461,6 +480,9 @@ struct Task<'a> {
     r1: usize,
     nb: usize,
     out: [&'a mut [f32]; OBG],
+    /// The weights (a range of the packed data) of the first chunk of the task after this one
+    /// in its thread's run, which its last chunk prefetches; empty for a run's last task.
+    next: std::ops::Range<usize>,
 }
 
 /// `y = conv2d(x, w)` then `steps` (see the module doc): `x` `[n][c/16][h][w][16]`, `y`
@@ -561,12 +583,27 @@ pub(crate) fn conv(
                     r1: ((r + 1) * rows).min(g.oh),
                     nb,
                     out,
+                    next: 0..0,
                 });
             }
         }
     }
     if rows_first {
         tasks.sort_by_key(|t| (t.n, t.r0, t.g0));
+    }
+    // Each task's successor in its thread's run ([`crate::par::run_tasks`] cuts the tasks into
+    // `threads` runs of consecutive tasks): its first chunk of weights, which the task's last
+    // chunk prefetches. None across runs: another thread reads those.
+    let runs_n = threads.clamp(1, tasks.len().max(1));
+    let total = tasks.len();
+    let lasts: Vec<usize> = (1..=runs_n).map(|r| total * r / runs_n).collect();
+    for i in 0..total.saturating_sub(1) {
+        if lasts.contains(&(i + 1)) {
+            continue;
+        }
+        let (nn, g1, nb1) = (tasks[i + 1].n, tasks[i + 1].g0, tasks[i + 1].nb);
+        let start = w.off + w.group_at(nn, g1);
+        tasks[i].next = start..start + w.chunk_steps(g.ib).min(c) * g.taps() * nb1 * BLOCK;
     }
     let plan = Plan {
         w,
@@ -672,11 +709,12 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
         r1,
         nb: _,
         out,
+        next: after,
     } = task;
     let w = plan.w;
     let (c, taps) = (w.c, w.taps);
     let blocks = w.o / BLOCK;
-    let wg_at = (n % w.sets.max(1)) * w.o * c * taps + g0 * BLOCK * c * taps;
+    let wg_at = w.group_at(n, g0);
     let (Some(wg), Some(xi)) = (
         w.data
             .get(w.off + wg_at..w.off + wg_at + NB * BLOCK * c * taps),
@@ -710,32 +748,66 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
     } else {
         (r0..r1).map(|r| (r * t.wv, r * t.ow, t.ow)).collect()
     };
-    let cch = (CCH / (IB * taps)).max(1) * IB;
+    let cch = w.chunk_steps(IB);
+    // The weights of the chunk after each (the task's next, or after its last the first of
+    // the thread's next task), prefetched toward L2 while the chunk's tiles run, each tile its
+    // share of the lines spread over its steps: the weights of a large layer stream from
+    // memory, and a chunk's first tile otherwise waits for them.
+    let prefetch = crate::gemm_packed::Prefetch::new();
+    let wrow = taps * NB * BLOCK;
+    let ntiles: usize = segments.iter().map(|&(_, _, len)| tiles_in(len)).sum();
     for c0 in (0..c).step_by(cch) {
         let c1 = (c0 + cch).min(c);
+        let next: &[f32] = if c1 < c {
+            wg.get(c1 * wrow..(c1 + cch).min(c) * wrow)
+                .unwrap_or_default()
+        } else {
+            w.data.get(after.clone()).unwrap_or_default()
+        };
+        let mut i = 0;
+        let mut ahead = || {
+            i += 1;
+            crate::gemm_packed::Ahead::new(
+                prefetch,
+                crate::gemm_packed::line_share(next, i - 1, ntiles),
+            )
+        };
         for &(qv, px, len) in &segments {
             let rest = tail(len);
             let mut k = 0;
             while k + rest < len {
-                tile::<S, PXT, NB, IB>(simd, &t, out, (c0, c1), (qv + k, px + k));
+                let at = (qv + k, px + k);
+                tile::<S, PXT, NB, IB>(simd, &t, out, (c0, c1), at, ahead());
                 k += PXT;
             }
             let at = (qv + k, px + k);
             match rest {
                 0 => {}
-                1 => tile::<S, 1, NB, IB>(simd, &t, out, (c0, c1), at),
-                2 => tile::<S, 2, NB, IB>(simd, &t, out, (c0, c1), at),
-                3 => tile::<S, 3, NB, IB>(simd, &t, out, (c0, c1), at),
-                4 => tile::<S, 4, NB, IB>(simd, &t, out, (c0, c1), at),
-                5 => tile::<S, 5, NB, IB>(simd, &t, out, (c0, c1), at),
+                1 => tile::<S, 1, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
+                2 => tile::<S, 2, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
+                3 => tile::<S, 3, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
+                4 => tile::<S, 4, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
+                5 => tile::<S, 5, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
                 _ => {
-                    tile::<S, 4, NB, IB>(simd, &t, out, (c0, c1), at);
+                    tile::<S, 4, NB, IB>(simd, &t, out, (c0, c1), at, ahead());
                     let at = (at.0 + 4, at.1 + 4);
-                    tile::<S, 3, NB, IB>(simd, &t, out, (c0, c1), at);
+                    tile::<S, 3, NB, IB>(simd, &t, out, (c0, c1), at, ahead());
                 }
             }
         }
     }
+}
+
+/// The tiles [`run_task`] cuts a segment of `len` pixels into (the same count as
+/// `len.div_ceil(PXT)`, written as the cut is).
+fn tiles_in(len: usize) -> usize {
+    let rest = tail(len);
+    (len - rest) / PXT
+        + match rest {
+            0 => 0,
+            1..PXT => 1,
+            _ => 2,
+        }
 }
 
 /// The pixels of a segment of `len` left after its tiles of [`PXT`]: `len % PXT`, except that
@@ -849,6 +921,7 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
     out: &mut [&mut [f32]; NB],
     (c0, c1): (usize, usize),
     (q, px): (usize, usize),
+    ahead: crate::gemm_packed::Ahead<'_>,
 ) {
     let zero = simd.splat_f32s(0.0);
     // The tile's first output element in the task's pieces.
@@ -869,6 +942,7 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
     let Some(wch) = t.wg.get(c0 * t.taps * row..c1 * t.taps * row) else {
         return;
     };
+    let mut spread = ahead.over((c1 - c0) / IB * t.taps);
     for (cb, wb) in (c0 / IB..c1 / IB).zip(wch.chunks_exact(t.taps * trow)) {
         let base = cb * t.bl + q * IB;
         for (wt, &off) in wb.chunks_exact(trow).zip(t.offs) {
@@ -879,6 +953,7 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
             };
             let acc = [&mut a0, &mut a1, &mut a2, &mut a3];
             block_steps::<S, PX, NB, IB>(simd, xs, wt, acc);
+            spread.step();
         }
     }
     let acc = [a0, a1, a2, a3];
