@@ -43,7 +43,7 @@
 //!   share of the lines spread over its steps (`prefetcht1`, a hint: the sums do not change):
 //!   a large layer's weights stream from memory, and without it each chunk's first tile
 //!   waited for them. ResNet-50 on two threads: the 512 3×3 layers 0.78–0.85 of their time,
-//!   the 7 × 7 1×1 layers 0.80–0.90, the whole model 0.945–0.95 (bench/RESULTS.md, session
+//!   the 7 × 7 1×1 layers 0.80–0.90, the whole model 0.91–0.93 (bench/RESULTS.md, session
 //!   bh). A burst of the same lines before each tile had gained nothing (session bg).
 //! - Tasks are (image, group of output blocks, run of output rows): a plane is cut into runs
 //!   when there are fewer groups than twice the threads, when the tasks would not split
