@@ -244,7 +244,7 @@ where
     let total = tasks.len();
     let slots: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
     // Run `r` is tasks `bounds[r]..bounds[r + 1]`; `next[r]` its first task not yet taken.
-    let bounds: Vec<usize> = (0..=n).map(|r| total * r / n).collect();
+    let bounds = run_bounds(total, n);
     let next: Vec<AtomicUsize> = bounds[..n].iter().map(|&b| AtomicUsize::new(b)).collect();
     // Helpers' jobs that have returned: once all have, after this thread's own `work`, every
     // task has ended (a task is taken by one `work`, which returns after it, or unwinds
@@ -290,6 +290,13 @@ where
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     failed.map_or(Ok(()), |(_, e)| Err(e))
+}
+
+/// Where [`run_tasks`] cuts `total` tasks into runs for `n` threads (clamped to 1..=`total`):
+/// run `r` is tasks `bounds[r]..bounds[r + 1]`, one run per thread.
+pub(crate) fn run_bounds(total: usize, n: usize) -> Vec<usize> {
+    let n = n.clamp(1, total.max(1));
+    (0..=n).map(|r| total * r / n).collect()
 }
 
 /// Adds one to its counter when dropped: a helper's job of [`run_tasks`] or [`on_pool`] that

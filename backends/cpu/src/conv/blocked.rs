@@ -591,19 +591,9 @@ pub(crate) fn conv(
     if rows_first {
         tasks.sort_by_key(|t| (t.n, t.r0, t.g0));
     }
-    // Each task's successor in its thread's run ([`crate::par::run_tasks`] cuts the tasks into
-    // `threads` runs of consecutive tasks): its first chunk of weights, which the task's last
-    // chunk prefetches. None across runs: another thread reads those.
-    let runs_n = threads.clamp(1, tasks.len().max(1));
-    let total = tasks.len();
-    let lasts: Vec<usize> = (1..=runs_n).map(|r| total * r / runs_n).collect();
-    for i in 0..total.saturating_sub(1) {
-        if lasts.contains(&(i + 1)) {
-            continue;
-        }
-        let (nn, g1, nb1) = (tasks[i + 1].n, tasks[i + 1].g0, tasks[i + 1].nb);
-        let start = w.off + w.group_at(nn, g1);
-        tasks[i].next = start..start + w.chunk_steps(g.ib).min(c) * g.taps() * nb1 * BLOCK;
+    let keys: Vec<(usize, usize, usize)> = tasks.iter().map(|t| (t.n, t.g0, t.nb)).collect();
+    for (t, next) in tasks.iter_mut().zip(successors(w, &keys, threads)) {
+        t.next = next;
     }
     let plan = Plan {
         w,
@@ -637,6 +627,29 @@ pub(crate) fn conv(
         crate::par::keep(d);
     }
     r
+}
+
+/// For each task of a call (`(image, first output block, blocks)` in task order), the weights
+/// its last chunk prefetches: the first chunk of its successor in its thread's run
+/// ([`crate::par::run_bounds`]: [`crate::par::run_tasks`] gives each thread a run of
+/// consecutive tasks), as a range of `w`'s data; empty for the last task of a run (another
+/// thread reads what follows).
+fn successors(
+    w: &Packed,
+    keys: &[(usize, usize, usize)],
+    threads: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let ends = crate::par::run_bounds(keys.len(), threads);
+    let chunk = w.chunk_steps(w.ib).min(w.c) * w.taps * BLOCK;
+    (0..keys.len())
+        .map(|i| match keys.get(i + 1) {
+            Some(&(n, g0, nb)) if !ends.contains(&(i + 1)) => {
+                let start = w.off + w.group_at(n, g0);
+                start..start + chunk * nb
+            }
+            _ => 0..0,
+        })
+        .collect()
 }
 
 /// What every task of one call shares.
@@ -1059,6 +1072,49 @@ mod tests {
 
     fn avx512() -> bool {
         crate::simd::avx512() && crate::simd::f32_lanes() == BLOCK
+    }
+
+    #[test]
+    fn a_task_prefetches_its_run_successor_s_first_chunk_and_a_run_s_last_nothing() {
+        // 3x3 over 160 channels: chunks of 112 channels (7 blocks: 1008 of `CCH`'s steps);
+        // 10 output blocks in groups of 4, 3 and 3; two images.
+        let (o, c, taps) = (160, 160, 9);
+        let w = pack(&vec![0.0; o * c * taps], o, c, taps, BLOCK).unwrap();
+        let keys: Vec<(usize, usize, usize)> = (0..2)
+            .flat_map(|n| groups(o / BLOCK).map(move |(g0, nb)| (n, g0, nb)))
+            .collect();
+        assert_eq!(keys.len(), 6);
+        let chunk = 112 * taps * BLOCK;
+        // One weight for both images (a `pack`, not a Winograd `pack_sets`).
+        let at = |_n: usize, g0: usize| w.off + g0 * BLOCK * c * taps;
+        for threads in [1, 2, 3] {
+            let next = successors(&w, &keys, threads);
+            let ends = crate::par::run_bounds(keys.len(), threads);
+            for (i, r) in next.iter().enumerate() {
+                if ends.contains(&(i + 1)) {
+                    assert!(r.is_empty(), "threads {threads}, task {i}: {r:?}");
+                    continue;
+                }
+                let (n, g0, nb) = keys[i + 1];
+                assert_eq!(
+                    *r,
+                    at(n, g0)..at(n, g0) + chunk * nb,
+                    "threads {threads}, task {i}"
+                );
+                assert!(r.end <= w.data.len());
+            }
+        }
+        // One thread: every task but the last prefetches; three: tasks 1, 3 and 5 end runs.
+        assert_eq!(
+            successors(&w, &keys, 1)
+                .iter()
+                .filter(|r| r.is_empty())
+                .count(),
+            1
+        );
+        let three = successors(&w, &keys, 3);
+        let empty: Vec<usize> = (0..6).filter(|&i| three[i].is_empty()).collect();
+        assert_eq!(empty, [1, 3, 5]);
     }
 
     /// `(n, c, h, w)`, `o`, kernel, strides, dilation, padding.
