@@ -808,10 +808,11 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
     }
 }
 
-/// Tile `i` of `n`'s share of the lines of `next`. Out of line: with it inlined into
-/// [`run_task`] (the instructions of the tile's loop unchanged), ResNet-50's 1024 -> 256 layers
-/// ran 1.15–1.24x slower on two threads and no slower on one, a code-layout effect this host's
-/// two vCPUs show (bench/RESULTS.md, session bh); out of line they run as before.
+/// Tile `i` of `n`'s share of the lines of `next` (none past the `n`th). Out of line: with it
+/// inlined into [`run_task`] (the instructions of the tile's loop unchanged), ResNet-50's 1024
+/// -> 256 layers ran 1.15–1.24x slower on two threads and no slower on one, a code-layout
+/// effect this host's two vCPUs show (bench/RESULTS.md, session bh); out of line they run as
+/// before.
 #[inline(never)]
 fn share(
     prefetch: crate::gemm_packed::Prefetch,
@@ -819,7 +820,12 @@ fn share(
     i: usize,
     n: usize,
 ) -> crate::gemm_packed::Ahead<'_> {
-    crate::gemm_packed::Ahead::new(prefetch, crate::gemm_packed::line_share(next, i, n))
+    let lines = if i < n {
+        crate::gemm_packed::line_share(next, i, n)
+    } else {
+        &[]
+    };
+    crate::gemm_packed::Ahead::new(prefetch, lines)
 }
 
 /// The tiles [`run_task`] cuts a segment of `len` pixels into (the same count as
