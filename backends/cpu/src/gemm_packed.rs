@@ -42,8 +42,9 @@
 //!   hint, so the bits do not change): GPT-2's four GEMM shapes with 12 weights in turn ran
 //!   6–11% faster on one thread and 2–8% on two, 8 of 8 alternated comparisons each.
 //! - The work is cut by the shape alone into tiles of up to [`ROWS`] rows (whole blocks of 6)
-//!   by whole panels, spread over [`crate::par`]'s threads; `epilogue` runs on each row of a
-//!   tile right after the tile is computed (while it is in cache).
+//!   by whole panels, a band whose rows of `A` pass [`A_BAND_BYTES`] in sub-bands run panel by
+//!   panel, spread over [`crate::par`]'s threads; `epilogue` runs on each row of a tile right
+//!   after the tile is computed (while it is in cache).
 //! - Why not `faer` here: `faer` packs `B` on every call. With the weight packed once, this
 //!   kernel computes GPT-2-sized dense layers (`128 × 768 × 3072` and back, weights read from
 //!   memory) in 0.92× `faer`'s time with AVX-512 and 0.99–1.04× with AVX2 (`cargo run
@@ -100,6 +101,17 @@ pub(crate) const MIN_ROWS: usize = 8;
 /// The most rows of `A` per tile: a tile's rows of `A` (`ROWS × k`) stay in a core's L2
 /// while the tile's panels stream past them.
 const ROWS: usize = 256;
+
+/// The most bytes of `A`'s rows per tile: a band of [`ROWS`] rows whose rows of `A` are
+/// larger is cut into sub-bands of whole [`SUB_ROWS`] rows, so that a tile's rows of `A` and
+/// its panel stay in a core's L2 together (a 3072-step panel is 590 KB). BERT-base's 128 × 3072
+/// @ 3072 × 768 layers (1.5 MB of `A`, three sub-bands) took 0.89–0.91 of their time on two
+/// threads (bench/RESULTS.md, session bh); 300 KB, which also cut the 768-step layers, lost.
+const A_BAND_BYTES: usize = 512 << 10;
+
+/// A sub-band's rows are a multiple of this: whole blocks of both micro-kernels' rows (8 with
+/// AVX-512, [`MR_N`] = 6 on the narrower paths), so that no sub-band adds a part block.
+const SUB_ROWS: usize = 24;
 
 /// About this many multiply-adds per tile: enough to make a task worth its scheduling (about
 /// 0.15 ms on one AVX2 core), and few enough that a 768-column layer of 128 rows makes 16
@@ -262,15 +274,36 @@ pub(crate) fn gemm_tiles(
         let h = rows.min(m - r0);
         let (band, below) = rest.split_at_row_mut(h);
         rest = below;
+        // The band in sub-bands whose rows of `A` fit [`A_BAND_BYTES`], each cut by panels;
+        // the tasks panel by panel, a panel's sub-bands one after the other (one thread's
+        // run, as a rule), so the panel is read from memory once and the sub-bands pass it.
+        let subs = (h * k * std::mem::size_of::<f32>())
+            .div_ceil(A_BAND_BYTES)
+            .clamp(1, h.div_ceil(SUB_ROWS));
+        let sub_rows = h.div_ceil(subs).next_multiple_of(SUB_ROWS);
+        let mut cut: Vec<std::vec::IntoIter<(usize, usize, MatMut<'_, f32>)>> = Vec::new();
         let mut band = band;
-        let mut p0 = 0;
-        while p0 < panels {
-            let p1 = (p0 + run).min(panels);
-            let cols = (p1 * nr).min(n) - p0 * nr;
-            let (tile, right) = band.split_at_col_mut(cols);
-            band = right;
-            tasks.push((r0, p0, tile));
-            p0 = p1;
+        let mut s0 = 0;
+        while s0 < h {
+            let sh = sub_rows.min(h - s0);
+            let (sub, below) = band.split_at_row_mut(sh);
+            band = below;
+            let mut sub = sub;
+            let mut row = Vec::new();
+            let mut p0 = 0;
+            while p0 < panels {
+                let p1 = (p0 + run).min(panels);
+                let cols = (p1 * nr).min(n) - p0 * nr;
+                let (tile, right) = sub.split_at_col_mut(cols);
+                sub = right;
+                row.push((r0 + s0, p0, tile));
+                p0 = p1;
+            }
+            cut.push(row.into_iter());
+            s0 += sh;
+        }
+        for _ in 0..panels.div_ceil(run) {
+            tasks.extend(cut.iter_mut().filter_map(Iterator::next));
         }
         r0 += h;
     }
@@ -832,7 +865,8 @@ mod tests {
     #[test]
     fn every_element_is_the_in_order_fma_chain_for_edge_shapes_and_thread_counts() {
         // Rows not a multiple of 8 or 4, columns not a multiple of a panel, one column, a
-        // panel exactly, several tiles (k · rows · 48 > TILE_MACS), more than 256 rows.
+        // panel exactly, several tiles (k · rows · 48 > TILE_MACS), more than 256 rows; rows
+        // of `A` past A_BAND_BYTES (three sub-bands, the last of 4 rows; two bands of two).
         for (m, k, n) in [
             (8usize, 1usize, 1usize),
             (9, 3, 47),
@@ -841,6 +875,8 @@ mod tests {
             (64, 300, 200),
             (300, 40, 130),
             (40, 2000, 250),
+            (100, 3000, 60),
+            (300, 1200, 100),
         ] {
             let a = values(m * k, (m * 31 + k) as u64);
             let b = values(k * n, (n * 17 + k) as u64);
@@ -923,7 +959,13 @@ mod tests {
 
     #[test]
     fn the_epilogue_sees_every_row_segment_once_with_its_position() {
-        let (m, k, n) = (70, 9, 130);
+        // One band; two sub-bands (A_BAND_BYTES).
+        for (m, k, n) in [(70, 9, 130), (100, 1400, 60)] {
+            epilogue_positions(m, k, n);
+        }
+    }
+
+    fn epilogue_positions(m: usize, k: usize, n: usize) {
         let a = values(m * k, 5);
         let b = values(k * n, 6);
         let want = chain(m, k, n, &a, &b);
