@@ -322,9 +322,9 @@ impl Packed {
         (n % self.sets.max(1)) * self.o * self.c * self.taps + g0 * BLOCK * self.c * self.taps
     }
 
-    /// The input channels of a chunk ([`CCH`] steps, whole blocks of `ib`).
-    fn chunk_steps(&self, ib: usize) -> usize {
-        (CCH / (ib * self.taps)).max(1) * ib
+    /// The input channels of a chunk ([`CCH`] steps, whole blocks of the image's channels).
+    fn chunk_steps(&self) -> usize {
+        (CCH / (self.ib * self.taps)).max(1) * self.ib
     }
 }
 
@@ -640,7 +640,7 @@ fn successors(
     threads: usize,
 ) -> Vec<std::ops::Range<usize>> {
     let ends = crate::par::run_bounds(keys.len(), threads);
-    let chunk = w.chunk_steps(w.ib).min(w.c) * w.taps * BLOCK;
+    let chunk = w.chunk_steps().min(w.c) * w.taps * BLOCK;
     (0..keys.len())
         .map(|i| match keys.get(i + 1) {
             Some(&(n, g0, nb)) if !ends.contains(&(i + 1)) => {
@@ -761,7 +761,7 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
     } else {
         (r0..r1).map(|r| (r * t.wv, r * t.ow, t.ow)).collect()
     };
-    let cch = w.chunk_steps(IB);
+    let cch = w.chunk_steps();
     // The weights of the chunk after each (the task's next, or after its last the first of
     // the thread's next task), prefetched toward L2 while the chunk's tiles run, each tile its
     // share of the lines spread over its steps: the weights of a large layer stream from
