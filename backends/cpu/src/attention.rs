@@ -17,8 +17,19 @@
 //! `Ok(None)` for shapes it does not handle (the caller interprets the body then); `Err` only
 //! for shapes no graph could have. Each output row is computed by one sequential loop, so the
 //! result is the same for every thread count.
+//!
+//! [`attention_permuted`] takes `q`, `kt` and `v` each as a `permute_dims` of a tensor in
+//! memory and writes the result permuted, without copying any of them: the exporters' heads'
+//! transposes (`cpu.attention_heads`) are read and written in place, as strided matrices.
+//!
+//! ```text
+//! q: [B, S, H, D]  k: [B, T, H, D]  v: [B, T, H, Dv]     ; the projections, reshaped
+//! attention_permuted(q [0,2,1,3], k [0,2,3,1], v [0,2,1,3], out [0,2,1,3]) : [B, S, H, Dv]
+//! ; = permute_dims(attention(permute_dims(q, ..), permute_dims(k, ..), permute_dims(v, ..)), ..)
+//! ```
 
 use crate::util::{broadcast_shapes, broadcast_strides};
+use faer::reborrow::ReborrowMut;
 use faer::{Accum, MatMut, MatRef, Par};
 
 /// A scalar applied to `q` or `kt` before the product.
@@ -79,15 +90,15 @@ fn rows_per_task(t: usize) -> usize {
 }
 
 /// Where one input's matrix starts for each output batch index (`out`: the batch dims, row
-/// major): a dim equal to the output's is indexed as is, a dim of 1 broadcasts, and the head
-/// dim (`heads`) may group (`out[h] % dims[h] == 0`: query head `i` reads `i / group`).
-fn batch_offsets(dims: &[usize], out: &[usize], heads: Option<usize>, elems: usize) -> Vec<usize> {
-    let mut strides = vec![0usize; dims.len()];
-    let mut acc = 1;
-    for k in (0..dims.len()).rev() {
-        strides[k] = acc;
-        acc *= dims[k];
-    }
+/// major), from the input's batch `dims` and their `strides`: a dim equal to the output's is
+/// indexed as is, a dim of 1 broadcasts, and the head dim (`heads`) may group
+/// (`out[h] % dims[h] == 0`: query head `i` reads `i / group`).
+fn batch_offsets(
+    dims: &[usize],
+    strides: &[usize],
+    out: &[usize],
+    heads: Option<usize>,
+) -> Vec<usize> {
     let n: usize = out.iter().product();
     let mut offs = Vec::with_capacity(n);
     let mut idx = vec![0usize; out.len()];
@@ -105,10 +116,147 @@ fn batch_offsets(dims: &[usize], out: &[usize], heads: Option<usize>, elems: usi
             };
             o += i * strides[k];
         }
-        offs.push(o * elems);
+        offs.push(o);
         crate::util::next_index(&mut idx, out);
     }
     offs
+}
+
+/// An operand as the graph's `permute_dims` would give it, without the copy: `t`'s dims in
+/// the order `perm` names (dim `i` is `t`'s dim `perm[i]`, as `permute_dims(t, axes=perm)`);
+/// `None` is `t` as it is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Operand<'a> {
+    /// The tensor in memory.
+    pub t: &'a fusebox_core::runtime::Tensor,
+    /// The permutation applied to it, if any.
+    pub perm: Option<&'a [usize]>,
+}
+
+impl<'a> Operand<'a> {
+    /// `t` as it is.
+    pub(crate) fn plain(t: &'a fusebox_core::runtime::Tensor) -> Self {
+        Operand { t, perm: None }
+    }
+
+    /// The permuted shape and each of its dims' strides in `t`'s elements; `None` when `perm`
+    /// is not a permutation of `t`'s dims.
+    fn view(&self) -> Option<(Vec<usize>, Vec<usize>)> {
+        let shape = self.t.shape();
+        let st = crate::util::strides(shape);
+        match self.perm {
+            None => Some((shape.to_vec(), st)),
+            Some(p) => {
+                let ok = p.len() == shape.len() && (0..p.len()).all(|i| p.contains(&i));
+                ok.then(|| {
+                    (
+                        p.iter().map(|&k| shape[k]).collect(),
+                        p.iter().map(|&k| st[k]).collect(),
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// A strided matrix: element `(i, j)` at `data[i * rs + j * cs]` (`data` starts at `(0, 0)`).
+#[derive(Clone, Copy)]
+struct Strided<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> Strided<'a> {
+    fn at(data: &'a [f32], off: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        Strided {
+            data: data.get(off..).unwrap_or(&[]),
+            rows,
+            cols,
+            rs,
+            cs,
+        }
+    }
+
+    /// Rows `i0..i0 + n`.
+    fn rows(self, i0: usize, n: usize) -> Self {
+        Strided::at(self.data, i0 * self.rs, n, self.cols, self.rs, self.cs)
+    }
+
+    /// Columns `j0..j0 + n`.
+    fn cols(self, j0: usize, n: usize) -> Self {
+        Strided::at(self.data, j0 * self.cs, self.rows, n, self.rs, self.cs)
+    }
+
+    /// A view for faer when one of the strides is 1 (or the matrix is empty).
+    fn mat(self) -> Option<MatRef<'a, f32>> {
+        if self.rows == 0 || self.cols == 0 {
+            return Some(MatRef::from_row_major_slice(&[], self.rows, self.cols));
+        }
+        if self.cs == 1 {
+            Some(MatRef::from_row_major_slice_with_stride(
+                self.data, self.rows, self.cols, self.rs,
+            ))
+        } else if self.rs == 1 {
+            Some(MatRef::from_column_major_slice_with_stride(
+                self.data, self.rows, self.cols, self.cs,
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// The matrix with `scale` applied, copied into `buf` in its own layout (column-major when
+    /// its columns are contiguous in memory, so the copy reads whole runs), and viewed.
+    /// Inlined into the SIMD-compiled block, so the runs' copies vectorise.
+    #[inline(always)]
+    fn scaled_into(self, scale: Scale, buf: &'a mut Vec<f32>) -> MatRef<'a, f32> {
+        let (m, n) = (self.rows, self.cols);
+        buf.clear();
+        if m == 0 || n == 0 {
+            return MatRef::from_row_major_slice(&[], m, n);
+        }
+        buf.resize(m * n, 0.0);
+        // Runs of `len` elements, `runs` of them `step` apart, into `buf` one after another.
+        let col_major = self.rs == 1 && self.cs != 1;
+        let (runs, len, step, inner) = if col_major {
+            (n, m, self.cs, 1)
+        } else {
+            (m, n, self.rs, self.cs)
+        };
+        for (k, dst) in buf.chunks_exact_mut(len).enumerate() {
+            let base = k * step;
+            if inner == 1 {
+                let src = &self.data[base..base + len];
+                match scale {
+                    Scale::None => dst.copy_from_slice(src),
+                    Scale::Mul(c) => dst.iter_mut().zip(src).for_each(|(d, &x)| *d = x * c),
+                    Scale::Div(c) => dst.iter_mut().zip(src).for_each(|(d, &x)| *d = x / c),
+                }
+            } else {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = scale.apply(self.data[base + j * inner]);
+                }
+            }
+        }
+        debug_assert_eq!(runs * len, buf.len());
+        if col_major {
+            MatRef::from_column_major_slice(&buf[..], m, n)
+        } else {
+            MatRef::from_row_major_slice(&buf[..], m, n)
+        }
+    }
+
+    /// The view, or (with a scale, or no unit stride) a scaled copy in `buf`.
+    #[inline(always)]
+    fn view_or_copy(self, scale: Scale, buf: &'a mut Vec<f32>) -> MatRef<'a, f32> {
+        match (scale, self.mat()) {
+            (Scale::None, Some(m)) => m,
+            _ => self.scaled_into(scale, buf),
+        }
+    }
 }
 
 /// See the module docs.
@@ -119,10 +267,36 @@ pub(crate) fn attention(
     masks: &[&fusebox_core::runtime::Tensor],
     spec: &AttnSpec,
 ) -> Result<Option<fusebox_core::runtime::Tensor>, String> {
-    let (Some(qd), Some(kd), Some(vd)) = (q.as_f32(), kt.as_f32(), v.as_f32()) else {
+    attention_permuted(
+        Operand::plain(q),
+        Operand::plain(kt),
+        Operand::plain(v),
+        masks,
+        spec,
+        None,
+    )
+}
+
+/// [`attention`] on permuted operands, its result permuted by `out_perm` (which must keep the
+/// last dim last): `permute_dims(attention(permute_dims(q, pq), permute_dims(kt, pk),
+/// permute_dims(v, pv)), out_perm)` without any of those copies. The heads' transposes the
+/// exporters write around attention are read and written in place: `q`, `k` and `v` as the
+/// projections left them (`[B, S, H, D]`), the output as the next projection takes it.
+pub(crate) fn attention_permuted(
+    q: Operand<'_>,
+    kt: Operand<'_>,
+    v: Operand<'_>,
+    masks: &[&fusebox_core::runtime::Tensor],
+    spec: &AttnSpec,
+    out_perm: Option<&[usize]>,
+) -> Result<Option<fusebox_core::runtime::Tensor>, String> {
+    let (Some(qd), Some(kd), Some(vd)) = (q.t.as_f32(), kt.t.as_f32(), v.t.as_f32()) else {
         return Ok(None);
     };
-    let (qs, ks, vs) = (q.shape(), kt.shape(), v.shape());
+    let (Some((qs, qst)), Some((ks, kst)), Some((vs, vst))) = (q.view(), kt.view(), v.view())
+    else {
+        return Ok(None);
+    };
     let r = qs.len();
     if r < 2 || ks.len() != r || vs.len() != r {
         return Ok(None);
@@ -135,6 +309,17 @@ pub(crate) fn attention(
             "q {qs:?}, kᵀ {ks:?} and v {vs:?} do not chain as [.., S, D] @ [.., D, T] @ [.., T, Dv]"
         ));
     }
+    // The output's dim order: the last stays last (each output row is one run).
+    let po: Vec<usize> = match out_perm {
+        None => (0..r).collect(),
+        Some(p) => {
+            let ok = p.len() == r && (0..r).all(|i| p.contains(&i)) && p[r - 1] == r - 1;
+            if !ok {
+                return Ok(None);
+            }
+            p.to_vec()
+        }
+    };
     let bq = &qs[..r - 2];
     // Batch dims: q's, with k and v broadcasting or grouping into them.
     let heads = (r >= 3).then(|| r - 3);
@@ -148,9 +333,9 @@ pub(crate) fn attention(
         return Ok(None);
     }
     let nb: usize = bq.iter().product();
-    let q_off: Vec<usize> = (0..nb).map(|b| b * s * d).collect();
-    let k_off = batch_offsets(&ks[..r - 2], bq, heads, d * t);
-    let v_off = batch_offsets(&vs[..r - 2], bq, heads, t * dv);
+    let q_off = batch_offsets(bq, &qst[..r - 2], bq, None);
+    let k_off = batch_offsets(&ks[..r - 2], &kst[..r - 2], bq, heads);
+    let v_off = batch_offsets(&vs[..r - 2], &vst[..r - 2], bq, heads);
     // The mask, broadcast to [batch.., S, T]: per-batch offset and row/column strides.
     let mut score_shape = bq.to_vec();
     score_shape.extend([s, t]);
@@ -180,41 +365,83 @@ pub(crate) fn attention(
         .checked_mul(s)
         .and_then(|x| x.checked_mul(dv))
         .ok_or("the output's size overflows")?;
+    // The output's rows in its own order: the dims before S (outer), S, the dims after it
+    // (inner). Rows `i0..i1` of one outer index, every inner index, are one run of the output;
+    // `units[o * inner + j]` is the batch index of outer `o`, inner `j`.
+    let mut logical = bq.to_vec();
+    logical.extend([s, dv]);
+    let at_s = po.iter().position(|&k| k == r - 2).unwrap_or(r - 2);
+    let (outer_dims, inner_dims) = (&po[..at_s], &po[at_s + 1..r - 1]);
+    let inner: usize = inner_dims.iter().map(|&k| logical[k]).product();
+    let units = {
+        let batch_strides = crate::util::strides(bq);
+        let mut order = outer_dims.to_vec();
+        order.extend_from_slice(inner_dims);
+        let dims: Vec<usize> = order.iter().map(|&k| logical[k]).collect();
+        let mut idx = vec![0usize; order.len()];
+        let mut units: Vec<usize> = Vec::with_capacity(nb);
+        for _ in 0..nb {
+            units.push(
+                order
+                    .iter()
+                    .zip(&idx)
+                    .map(|(&k, &i)| i * batch_strides[k])
+                    .sum(),
+            );
+            crate::util::next_index(&mut idx, &dims);
+        }
+        units
+    };
     let threads = crate::par::threads_for(nb * s * t * (d + dv), 1 << 15);
     let mut out = crate::par::scratch_f32(n_out);
-    // Tasks: (batch index, first row, rows) with their slice of the output.
+    let block_rows = rows_per_task(t);
+    // Tasks: (batch index, first row, that block of rows of the output). Per outer index the
+    // output is an `[S, inner · Dv]` matrix: cut into blocks of rows, each cut into the inner
+    // indices' `Dv` columns (without a permutation, inner is 1: blocks of one head's rows).
     let mut tasks = Vec::new();
-    if s * dv > 0 {
-        for (b, chunk) in out.chunks_mut(s * dv).enumerate() {
-            let bq = rows_per_task(t);
-            for (qb, rows) in chunk.chunks_mut(bq * dv).enumerate() {
-                tasks.push((b, qb * bq, rows));
+    if s * dv * inner > 0 {
+        for (o, chunk) in out.chunks_mut(s * inner * dv).enumerate() {
+            let mut rest = MatMut::from_row_major_slice_mut(chunk, s, inner * dv);
+            let mut i0 = 0;
+            while i0 < s {
+                let n = block_rows.min(s - i0);
+                let (mut band, below) = rest.split_at_row_mut(n);
+                rest = below;
+                for j in 0..inner {
+                    let (unit, right) = band.split_at_col_mut(dv);
+                    band = right;
+                    let Some(unit) = unit.try_as_row_major_mut() else {
+                        return Ok(None);
+                    };
+                    tasks.push((units[o * inner + j], i0, unit));
+                }
+                i0 += n;
             }
         }
     }
-    let res: Result<(), ()> = crate::par::run_tasks(tasks, threads, |(b, i0, o)| {
-        let rows = o.len() / dv.max(1);
-        let qb = &qd[q_off[b] + i0 * d..q_off[b] + (i0 + rows) * d];
-        let kb = &kd[k_off[b]..k_off[b] + d * t];
-        let vb = &vd[v_off[b]..v_off[b] + t * dv];
+    let (q_st, k_st, v_st) = (
+        (qst[r - 2], qst[r - 1]),
+        (kst[r - 2], kst[r - 1]),
+        (vst[r - 2], vst[r - 1]),
+    );
+    let res: Result<(), ()> = crate::par::run_tasks(tasks, threads, |(b, i0, unit)| {
         let mask_rows: Vec<Mask<'_>> = mask_data
             .iter()
             .map(|(md, offs, rs, cs)| (*md, offs[b], *rs, *cs))
             .collect();
         crate::simd::dispatch(Block {
-            q: qb,
-            kt: kb,
-            v: vb,
+            q: Strided::at(qd, q_off[b], s, d, q_st.0, q_st.1).rows(i0, unit.nrows()),
+            kt: Strided::at(kd, k_off[b], d, t, k_st.0, k_st.1),
+            v: Strided::at(vd, v_off[b], t, dv, v_st.0, v_st.1),
             masks: &mask_rows,
             spec,
-            geom: (i0, rows, s, t, d, dv),
-            out: o,
+            i0,
+            out: unit,
         });
         Ok(())
     });
     debug_assert!(res.is_ok());
-    let mut shape = bq.to_vec();
-    shape.extend([s, dv]);
+    let shape: Vec<usize> = po.iter().map(|&k| logical[k]).collect();
     out.into_tensor(shape).map(Some)
 }
 
@@ -267,81 +494,65 @@ type Mask<'a> = (&'a [f32], isize, isize, isize);
 
 /// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`,
 /// compiled for the widest instruction set of this CPU ([`crate::simd::dispatch`]; the
-/// result does not depend on it).
+/// result does not depend on it), into `out` (`rows × Dv`, its rows contiguous).
 struct Block<'a> {
-    q: &'a [f32],
-    kt: &'a [f32],
-    v: &'a [f32],
+    q: Strided<'a>,
+    kt: Strided<'a>,
+    v: Strided<'a>,
     masks: &'a [Mask<'a>],
     spec: &'a AttnSpec,
-    /// `(i0, rows, s, t, d, dv)`.
-    geom: (usize, usize, usize, usize, usize, usize),
-    out: &'a mut [f32],
+    i0: usize,
+    out: RowsMut<'a>,
 }
+
+/// A block of output rows, each row contiguous.
+type RowsMut<'a> = MatMut<'a, f32, usize, usize, isize, faer::ContiguousFwd>;
 
 impl pulp::WithSimd for Block<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        let Block {
-            q,
-            kt,
-            v,
-            masks,
-            spec,
-            geom,
-            out,
-        } = self;
-        block(q, kt, v, masks, spec, geom, out);
+        block(self);
     }
 }
 
-#[allow(clippy::too_many_arguments, reason = "the block's inputs and geometry")]
 #[inline(always)]
 fn block(
-    q: &[f32],
-    kt: &[f32],
-    v: &[f32],
-    masks: &[Mask<'_>],
-    spec: &AttnSpec,
-    (i0, rows, _, t, d, dv): (usize, usize, usize, usize, usize, usize),
-    out: &mut [f32],
+    Block {
+        q,
+        kt,
+        v,
+        masks,
+        spec,
+        i0,
+        mut out,
+    }: Block<'_>,
 ) {
-    // Scaled query rows (the rows themselves without a scale).
-    let qs: std::borrow::Cow<'_, [f32]> = match spec.q_scale {
-        Scale::None => q.into(),
-        sc => q.iter().map(|&x| sc.apply(x)).collect::<Vec<f32>>().into(),
-    };
+    let (rows, t, dv) = (q.rows, kt.cols, v.cols);
+    if rows == 0 || dv == 0 {
+        return;
+    }
+    // Scaled query rows (a view of the rows themselves without a scale).
+    let mut qbuf = Vec::new();
+    let qm = q.view_or_copy(spec.q_scale, &mut qbuf);
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
-    out.iter_mut().for_each(|x| *x = 0.0);
+    out.fill(0.0);
     let bk = if t <= BK_MAX { t.max(1) } else { BK };
-    let scaled_k = spec.k_scale != Scale::None;
-    let mut kblk = vec![0.0f32; if scaled_k { d * bk } else { 0 }];
+    let mut kbuf = Vec::new();
+    let mut vbuf = Vec::new();
     let mut sc = vec![0.0f32; rows * bk];
     let mut j0 = 0;
     while j0 < t {
         let w = bk.min(t - j0);
-        // The key block, [d, w]: scaled into `kblk`, or columns j0.. of `kt` in place.
-        let kb = if scaled_k {
-            for dd in 0..d {
-                let src = &kt[dd * t + j0..dd * t + j0 + w];
-                for (dst, &x) in kblk[dd * w..dd * w + w].iter_mut().zip(src) {
-                    *dst = spec.k_scale.apply(x);
-                }
-            }
-            MatRef::from_row_major_slice(&kblk[..d * w], d, w)
-        } else if d == 0 {
-            MatRef::from_row_major_slice(&kblk[..0], 0, w)
-        } else {
-            MatRef::from_row_major_slice_with_stride(&kt[j0..(d - 1) * t + j0 + w], d, w, t)
-        };
+        // The key block, [d, w]: scaled (or gathered) into `kbuf`, or a view of `kt`.
+        let kb = kt.cols(j0, w).view_or_copy(spec.k_scale, &mut kbuf);
         // Scores of the block, [rows, w]: one sequential faer GEMM.
         let sc = &mut sc[..rows * w];
         faer::linalg::matmul::matmul(
             MatMut::from_row_major_slice_mut(sc, rows, w),
             Accum::Replace,
-            MatRef::from_row_major_slice(&qs, rows, d),
+            qm,
             kb,
             1.0f32,
             Par::Seq,
@@ -388,25 +599,30 @@ fn block(
             let corr = exp32(m[r] - m_new);
             if corr != 1.0 {
                 l[r] *= corr;
-                out[r * dv..r * dv + dv].iter_mut().for_each(|x| *x *= corr);
+                out.rb_mut()
+                    .row_mut(r)
+                    .as_slice_mut()
+                    .iter_mut()
+                    .for_each(|x| *x *= corr);
             }
             sc.iter_mut().for_each(|x| *x = exp32(*x - m_new));
             l[r] += crate::simd::striped_sum(sc, |x| x);
             m[r] = m_new;
         }
         // out[rows, dv] += p[rows, w] @ v[j0..j0 + w, dv].
+        let vb = v.rows(j0, w).view_or_copy(Scale::None, &mut vbuf);
         faer::linalg::matmul::matmul(
-            MatMut::from_row_major_slice_mut(&mut *out, rows, dv),
+            out.rb_mut(),
             Accum::Add,
             MatRef::from_row_major_slice(sc, rows, w),
-            MatRef::from_row_major_slice(&v[j0 * dv..(j0 + w) * dv], w, dv),
+            vb,
             1.0f32,
             Par::Seq,
         );
         j0 += w;
     }
     for r in 0..rows {
-        let orow = &mut out[r * dv..r * dv + dv];
+        let orow = out.rb_mut().row_mut(r).as_slice_mut();
         let inv = 1.0 / l[r];
         let bad = !l[r].is_finite() || l[r] == 0.0 || m[r] == f32::NEG_INFINITY;
         if bad && spec.nan_guard {

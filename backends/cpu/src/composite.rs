@@ -25,6 +25,8 @@
 //! lv6: R.Tensor((b, 2, s, s), dtype="float32") = R.where(lv5, R.const(0.0, "float32"), lv4)
 //! gv:  R.Tensor((b, 2, s, 16), dtype="float32") = R.matmul(lv6, v, out_dtype=None)
 //! ; → attention::attention(q, kt, v, mask, scales 0.5 / 0.5, NaN guard), no [b, 2, s, s] tensor
+//! ; cpu.attention_heads: q, kt and v each `R.permute_dims(x, axes=..)` of a parameter, and the
+//! ; result permuted too → attention::attention_permuted, none of the four transposes copied
 //!
 //! ; cpu.dense_gelu: a dense layer and its activation (also ReLU, the tanh GELU, or the bias alone)
 //! lv:  R.Tensor((1, 128, 3072), dtype="float32") = R.matmul(x, W, out_dtype="void")   ; W constant
@@ -72,7 +74,9 @@ impl Leaf {
 /// What a recognised composite computes.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Plan {
-    /// `matmul(softmax(matmul(q·s, kᵀ·s) [+ mask [+ mask]]) [NaN → 0], v)`.
+    /// `matmul(softmax(matmul(q·s, kᵀ·s) [+ mask [+ mask]]) [NaN → 0], v)`, each of `q`, `kᵀ`
+    /// and `v` optionally a `permute_dims` of the input (`cpu.attention_heads`), and so the
+    /// result.
     Attention {
         q: Leaf,
         kt: Leaf,
@@ -80,6 +84,10 @@ pub(crate) enum Plan {
         /// Additive masks, in the order the graph adds them.
         masks: Vec<Leaf>,
         spec: AttnSpec,
+        /// The `permute_dims` axes applied to `q`, `kᵀ` and `v` (in that order) in the body.
+        perms: [Option<Vec<usize>>; 3],
+        /// The `permute_dims` axes applied to the result.
+        out_perm: Option<Vec<usize>>,
     },
     /// `layer_norm(a + b, gamma, beta)` over the last axis; `outputs` says what the function
     /// returns: `false` the sum, `true` the norm (one entry: not a tuple).
@@ -255,25 +263,55 @@ pub(crate) fn recognise(f: &Function) -> Option<Plan> {
     None
 }
 
-/// A scaled operand `x * c`, `x / c` or `x`, with the bindings it used.
-fn scaled(body: &Body<'_>, e: ExprId) -> Option<(Leaf, Scale, usize)> {
-    if let Some((_, args)) = body.call(e, "relax.multiply") {
+/// An operand: an input, or `permute_dims` of one with explicit axes (the axes as
+/// indices), with the bindings it used.
+type Operand = (Leaf, Option<Vec<usize>>, usize);
+
+fn permuted(body: &Body<'_>, e: ExprId) -> Option<Operand> {
+    if let Some((op, [x])) = body.call(e, "relax.permute_dims") {
+        return Some((body.leaf(*x)?, Some(axes_of(op)?), 1));
+    }
+    Some((body.leaf(e)?, None, 0))
+}
+
+/// A `permute_dims`' explicit, non-negative axes (the kernel checks they permute).
+fn axes_of(op: &Op) -> Option<Vec<usize>> {
+    let Op::PermuteDims { axes: Some(axes) } = op else {
+        return None;
+    };
+    axes.iter().map(|&a| usize::try_from(a).ok()).collect()
+}
+
+/// A scaled operand `x * c`, `x / c` or `x` (`x` as [`permuted`] reads it), with the
+/// bindings it used.
+fn scaled(body: &Body<'_>, e: ExprId) -> Option<(Operand, Scale)> {
+    let (x, scale, n) = if let Some((_, args)) = body.call(e, "relax.multiply") {
         let (c, x) = body.either(args, |a| body.scalar(a))?;
-        return Some((body.leaf(x)?, Scale::Mul(c), 1));
-    }
-    if let Some((_, args)) = body.call(e, "relax.divide") {
-        let c = body.scalar(args[1])?;
-        return Some((body.leaf(args[0])?, Scale::Div(c), 1));
-    }
-    Some((body.leaf(e)?, Scale::None, 0))
+        (x, Scale::Mul(c), 1)
+    } else if let Some((_, args)) = body.call(e, "relax.divide") {
+        (args[0], Scale::Div(body.scalar(args[1])?), 1)
+    } else {
+        (e, Scale::None, 0)
+    };
+    let (leaf, perm, m) = permuted(body, x)?;
+    Some(((leaf, perm, n + m), scale))
 }
 
 fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    let mut used = 1;
+    let (out_perm, ret) = match body.call(ret, "relax.permute_dims") {
+        Some((op, [x])) => {
+            used += 1;
+            (Some(axes_of(op)?), *x)
+        }
+        Some(_) => return None,
+        None => (None, ret),
+    };
     let (Op::Matmul { out_dtype: None }, [p, v]) = body.call(ret, "relax.matmul")? else {
         return None;
     };
-    let mut used = 1;
-    let v = body.leaf(*v)?;
+    let (v, v_perm, n) = permuted(body, *v)?;
+    used += n;
     // The NaN guard: where(isnan(sm), 0, sm).
     let (sm, nan_guard) = match body.call(*p, "relax.where") {
         Some((_, [c, zero, sm])) => {
@@ -321,9 +359,9 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         return None;
     };
     used += 1;
-    let (q, q_scale, n) = scaled(body, *qs)?;
+    let ((q, q_perm, n), q_scale) = scaled(body, *qs)?;
     used += n;
-    let (kt, k_scale, n) = scaled(body, *ks)?;
+    let ((kt, k_perm, n), k_scale) = scaled(body, *ks)?;
     used += n;
     let spec = AttnSpec {
         q_scale,
@@ -338,6 +376,8 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
             v,
             masks,
             spec,
+            perms: [q_perm, k_perm, v_perm],
+            out_perm,
         },
         used,
     ))
@@ -819,6 +859,8 @@ pub(crate) fn run(
             v,
             masks,
             spec,
+            perms,
+            out_perm,
         } => {
             let (Some(q), Some(kt), Some(v)) = (get(*q)?, get(*kt)?, get(*v)?) else {
                 return Ok(None);
@@ -831,9 +873,17 @@ pub(crate) fn run(
                 }
             }
             let ms: Vec<&Tensor> = ms.iter().collect();
-            crate::attention::attention(&q, &kt, &v, &ms, spec)
-                .map_err(kernel("cpu.attention"))?
-                .map(Value::Tensor)
+            let [pq, pk, pv] = perms.each_ref().map(|p| p.as_deref());
+            crate::attention::attention_permuted(
+                crate::attention::Operand { t: &q, perm: pq },
+                crate::attention::Operand { t: &kt, perm: pk },
+                crate::attention::Operand { t: &v, perm: pv },
+                &ms,
+                spec,
+                out_perm.as_deref(),
+            )
+            .map_err(kernel("cpu.attention"))?
+            .map(Value::Tensor)
         }
         Plan::ResidualLayerNorm {
             a,

@@ -223,6 +223,108 @@ fn attention_declines_shapes_it_does_not_handle() {
     assert!(attention(&q, &bad, &q, &[], &spec(1.0, 1.0, None, false)).is_err());
 }
 
+/// `permute_dims` materialised by the generic gather (not the attention's strided views).
+fn permuted(t: &Tensor, perm: &[usize]) -> Tensor {
+    crate::util::permute(t, perm)
+}
+
+#[test]
+fn attention_reads_and_writes_the_heads_transposes_in_place() {
+    // The exporters' layout: q, k, v as the projections leave them, [B, S, H, D]; kᵀ is
+    // k.permute(0, 2, 3, 1); the output goes back to [B, S, H, Dv]. Grouped-query heads (4
+    // query heads on 2 key heads), a mask, causal rows, and (1100 keys) more than one key block.
+    use crate::attention::{Operand, attention_permuted};
+    let mut r = Rng(17);
+    for (b, s, t, hq, hk, d, dv, causal) in [
+        (2, 5, 5, 3, 3, 8, 8, None),
+        (1, 37, 37, 4, 2, 16, 8, Some(0)),
+        (1, 20, 1100, 2, 2, 8, 4, Some(1080)),
+        (2, 1, 9, 12, 4, 4, 4, None),
+    ] {
+        let q = r.tensor(&[b, s, hq, d]);
+        let k = r.tensor(&[b, t, hk, d]);
+        let v = r.tensor(&[b, t, hk, dv]);
+        let mask = r.tensor(&[b, 1, s, t]);
+        let sp = spec(0.5, 0.25, causal, true);
+        let (pq, pk, pv, po) = ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3], [0, 2, 1, 3]);
+        let (qh, kt, vh) = (permuted(&q, &pq), permuted(&k, &pk), permuted(&v, &pv));
+        let want = naive(&qh, &kt, &vh, &[&mask], 0.5, 0.25, causal.is_some(), true);
+        let want = Tensor::from_f32(vec![b, hq, s, dv], want).unwrap();
+        let want = permuted(&want, &po);
+        let op = |t, p| Operand { t, perm: Some(p) };
+        let got = attention_permuted(
+            op(&q, &pq[..]),
+            op(&k, &pk[..]),
+            op(&v, &pv[..]),
+            &[&mask],
+            &sp,
+            Some(&po[..]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(got.shape(), &[b, s, hq, dv][..]);
+        close(got.as_f32().unwrap(), want.as_f32().unwrap(), 1e-5);
+        // Permuted inputs with the output as the heads' order, and the same bits for every
+        // thread count either way.
+        let heads_first = attention_permuted(
+            op(&q, &pq[..]),
+            op(&k, &pk[..]),
+            op(&v, &pv[..]),
+            &[&mask],
+            &sp,
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(heads_first.shape(), &[b, hq, s, dv][..]);
+        close(
+            permuted(&heads_first, &po).as_f32().unwrap(),
+            want.as_f32().unwrap(),
+            1e-5,
+        );
+        let run = || {
+            attention_permuted(
+                op(&q, &pq[..]),
+                op(&k, &pk[..]),
+                op(&v, &pv[..]),
+                &[&mask],
+                &sp,
+                Some(&po[..]),
+            )
+            .unwrap()
+            .unwrap()
+            .as_f32()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<u32>>()
+        };
+        let one = crate::par::with_threads(1, run);
+        for n in [2, 3] {
+            assert!(
+                crate::par::with_threads(n, run) == one,
+                "{n} threads differ"
+            );
+        }
+    }
+    // An output order that moves the last dim, or a perm that is not one, is declined.
+    let (q, k) = (r.tensor(&[1, 4, 2, 8]), r.tensor(&[1, 4, 2, 8]));
+    let (pq, pk) = ([0, 2, 1, 3], [0, 2, 3, 1]);
+    let op = |t, p| Operand { t, perm: Some(p) };
+    for (out, bad_q) in [(Some(&[0, 1, 3, 2][..]), false), (None, true)] {
+        let qp: &[usize] = if bad_q { &[0, 2, 2, 3] } else { &pq };
+        let got = attention_permuted(
+            op(&q, qp),
+            op(&k, &pk[..]),
+            op(&k, &pq[..]),
+            &[],
+            &spec(1.0, 1.0, None, false),
+            out,
+        );
+        assert!(got.unwrap().is_none());
+    }
+}
+
 #[test]
 fn kernels_give_the_same_bits_for_every_thread_count() {
     let mut r = Rng(5);
@@ -411,6 +513,91 @@ fn the_attention_composite_runs_fused_and_agrees_with_its_body() {
     close(&fused, &interp, 1e-5);
     // Not the same bits: the fused path really ran (online softmax in f32).
     assert_ne!(fused, interp);
+}
+
+/// The same attention with the heads' transposes inside (`cpu.attention_heads`): q, k, v as
+/// `[B, S, H, D]`, the grouped key/value heads (3 query heads on 1), the output back to
+/// `[B, S, H, D]`; the scale divides q only.
+const ATTN_HEADS: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def attn(q: R.Tensor((2, 10, 3, 8), dtype="float32"), k: R.Tensor((2, 12, 1, 8), dtype="float32"), mask: R.Tensor((2, 1, 10, 12), dtype="float32"), v: R.Tensor((2, 12, 1, 8), dtype="float32")) -> R.Tensor((2, 10, 3, 8), dtype="float32"):
+        R.func_attr({"Composite": "cpu.attention_heads", "Primitive": True})
+        with R.dataflow():
+            qh: R.Tensor((2, 3, 10, 8), dtype="float32") = R.permute_dims(q, axes=[0, 2, 1, 3])
+            kh: R.Tensor((2, 1, 8, 12), dtype="float32") = R.permute_dims(k, axes=[0, 2, 3, 1])
+            vh: R.Tensor((2, 1, 12, 8), dtype="float32") = R.permute_dims(v, axes=[0, 2, 1, 3])
+            lv: R.Tensor((2, 3, 10, 8), dtype="float32") = R.divide(qh, R.const(2.0, "float32"))
+            lv2: R.Tensor((2, 3, 10, 12), dtype="float32") = R.matmul(lv, kh, out_dtype=None)
+            lv3: R.Tensor((2, 3, 10, 12), dtype="float32") = R.add(lv2, mask)
+            lv4: R.Tensor((2, 3, 10, 12), dtype="float32") = R.nn.softmax(lv3, axis=-1)
+            lv5: R.Tensor((2, 3, 10, 8), dtype="float32") = R.matmul(lv4, vh, out_dtype=None)
+            gv: R.Tensor((2, 10, 3, 8), dtype="float32") = R.permute_dims(lv5, axes=[0, 2, 1, 3])
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(q: R.Tensor((2, 10, 3, 8), dtype="float32"), k: R.Tensor((2, 12, 1, 8), dtype="float32"), mask: R.Tensor((2, 1, 10, 12), dtype="float32"), v: R.Tensor((2, 12, 1, 8), dtype="float32")) -> R.Tensor((2, 10, 3, 8), dtype="float32"):
+        with R.dataflow():
+            gv: R.Tensor((2, 10, 3, 8), dtype="float32") = Module.attn(q, k, mask, v)
+            R.output(gv)
+        return gv
+"#;
+
+#[test]
+fn the_heads_attention_composite_runs_fused_and_agrees_with_its_body() {
+    let m = fusebox_core::text::parse_module_str(ATTN_HEADS).unwrap();
+    let plan = crate::composite::recognise(m.get("attn").unwrap());
+    let Some(crate::composite::Plan::Attention {
+        perms, out_perm, ..
+    }) = &plan
+    else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(
+        perms,
+        &[
+            Some(vec![0, 2, 1, 3]),
+            Some(vec![0, 2, 3, 1]),
+            Some(vec![0, 2, 1, 3])
+        ]
+    );
+    assert_eq!(out_perm, &Some(vec![0, 2, 1, 3]));
+    let mut r = Rng(23);
+    let args = vec![
+        Value::Tensor(r.tensor(&[2, 10, 3, 8])),
+        Value::Tensor(r.tensor(&[2, 12, 1, 8])),
+        Value::Tensor(r.tensor(&[2, 1, 10, 12])),
+        Value::Tensor(r.tensor(&[2, 12, 1, 8])),
+    ];
+    let (fused, interp) = fused_and_interpreted(ATTN_HEADS, args);
+    close(&fused, &interp, 1e-5);
+    assert_ne!(fused, interp);
+    // An output transpose that moves the last dim: recognised, but the kernel declines it
+    // (its rows would not be runs) and the body is interpreted.
+    let src = ATTN_HEADS
+        .replace(
+            "gv: R.Tensor((2, 10, 3, 8), dtype=\"float32\") = R.permute_dims(lv5, axes=[0, 2, 1, 3])",
+            "gv: R.Tensor((2, 3, 8, 10), dtype=\"float32\") = R.permute_dims(lv5, axes=[0, 1, 3, 2])",
+        )
+        .replace(
+            "-> R.Tensor((2, 10, 3, 8), dtype=\"float32\"):",
+            "-> R.Tensor((2, 3, 8, 10), dtype=\"float32\"):",
+        )
+        .replace(
+            "gv: R.Tensor((2, 10, 3, 8), dtype=\"float32\") = Module.attn",
+            "gv: R.Tensor((2, 3, 8, 10), dtype=\"float32\") = Module.attn",
+        );
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    assert!(crate::composite::recognise(m.get("attn").unwrap()).is_some());
+    let args = vec![
+        Value::Tensor(r.tensor(&[2, 10, 3, 8])),
+        Value::Tensor(r.tensor(&[2, 12, 1, 8])),
+        Value::Tensor(r.tensor(&[2, 1, 10, 12])),
+        Value::Tensor(r.tensor(&[2, 12, 1, 8])),
+    ];
+    let (fused, interp) = fused_and_interpreted(&src, args);
+    assert_eq!(fused, interp);
 }
 
 #[test]
