@@ -3,6 +3,7 @@
 pub mod annotate_codegen;
 pub mod bind_params;
 pub mod bind_symbolic_vars;
+pub mod compose_permutes;
 pub mod convert_layout;
 pub mod dead_code_elimination;
 pub mod eliminate_common_subexpr;
@@ -23,6 +24,7 @@ pub mod unflatten_matmul;
 pub use annotate_codegen::annotate_codegen;
 pub use bind_params::bind_params;
 pub use bind_symbolic_vars::bind_symbolic_vars;
+pub use compose_permutes::compose_permutes;
 pub use convert_layout::{
     LayoutCost, conv_planes, convert_layout, convert_layout_within, layout_cost,
 };

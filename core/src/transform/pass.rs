@@ -186,6 +186,19 @@ impl Pass for UnflattenMatmul {
     }
 }
 
+/// [`compose_permutes`](super::compose_permutes()) as a pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ComposePermutes;
+
+impl Pass for ComposePermutes {
+    fn name(&self) -> &str {
+        "compose_permutes"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::compose_permutes(m)
+    }
+}
+
 /// [`fuse_ops`](super::fuse_ops()) as a pass.
 #[derive(Clone, Copy, Debug)]
 pub struct FuseOps {

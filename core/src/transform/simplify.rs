@@ -5,7 +5,8 @@
 //! [`FoldConstant`](super::fold_constant()) (only with an [`Evaluator`]: core has no kernels) →
 //! [`RemoveIdentity`](super::remove_identity()) → [`RemoveExportNoise`](super::remove_export_noise())
 //! → [`EliminateCommonSubexpr`](super::eliminate_common_subexpr()) →
-//! [`UnflattenMatmul`](super::unflatten_matmul()) → [`FoldBatchNorm`](super::fold_batch_norm()).
+//! [`UnflattenMatmul`](super::unflatten_matmul()) →
+//! [`ComposePermutes`](super::compose_permutes()) → [`FoldBatchNorm`](super::fold_batch_norm()).
 //! Constants fold first, so a mask or a weight
 //! computed from constants is a constant when the later rules look for one, and a transposed
 //! matmul weight is a plain constant FoldBatchNorm can fold into. Each pass keeps the module
@@ -32,8 +33,8 @@
 
 use super::fold_constant::Evaluator;
 use super::pass::{
-    EliminateCommonSubexpr, FoldBatchNorm, FoldConstant, Pipeline, RemoveExportNoise,
-    RemoveIdentity, UnflattenMatmul,
+    ComposePermutes, EliminateCommonSubexpr, FoldBatchNorm, FoldConstant, Pipeline,
+    RemoveExportNoise, RemoveIdentity, UnflattenMatmul,
 };
 use crate::error::Result;
 use crate::ir::Module;
@@ -48,6 +49,7 @@ pub fn simplify_pipeline(eval: Option<Evaluator>) -> Pipeline {
         .then(RemoveExportNoise)
         .then(EliminateCommonSubexpr)
         .then(UnflattenMatmul)
+        .then(ComposePermutes)
         .then(FoldBatchNorm)
 }
 
