@@ -20,7 +20,13 @@ entity_id!(
 );
 
 /// A tensor constant with its data: little-endian element bytes in row-major order.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// Equality compares every byte; the hash reads the dtype, the shape and a bounded sample of
+/// the bytes (all of them up to [`HASHED_BYTES`], else that many spread over the data), so
+/// hashing a model's weights (deduplicating outlined functions, CSE) does not read hundreds
+/// of megabytes. Equal constants hash equally; constants that differ only outside the sample
+/// share a hash and are told apart by equality.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Constant {
     /// Element type.
     pub dtype: DType,
@@ -28,6 +34,30 @@ pub struct Constant {
     pub shape: Vec<i64>,
     /// `numel * dtype.size_bytes()` bytes, little-endian.
     pub data: Arc<[u8]>,
+}
+
+/// The most bytes of a constant its hash reads (see [`Constant`]).
+pub const HASHED_BYTES: usize = 4096;
+
+impl std::hash::Hash for Constant {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.dtype.hash(h);
+        self.shape.hash(h);
+        let d = &self.data[..];
+        d.len().hash(h);
+        if d.len() <= HASHED_BYTES {
+            h.write(d);
+            return;
+        }
+        // 64 runs of 64 bytes, the first at the start and the last at the end.
+        const RUN: usize = 64;
+        let runs = HASHED_BYTES / RUN;
+        let span = d.len() - RUN;
+        for i in 0..runs {
+            let at = span / (runs - 1) * i + if i + 1 == runs { span % (runs - 1) } else { 0 };
+            h.write(&d[at..at + RUN]);
+        }
+    }
 }
 
 impl Constant {
@@ -384,5 +414,57 @@ impl Origin {
         } else {
             Origin(Some(out.into()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::{BuildHasher, Hash};
+
+    fn hash_of(c: &Constant) -> u64 {
+        // One hasher state for the whole test, so hashes compare.
+        thread_local!(static S: std::collections::hash_map::RandomState = Default::default());
+        S.with(|s| {
+            let mut h = s.build_hasher();
+            c.hash(&mut h);
+            std::hash::Hasher::finish(&h)
+        })
+    }
+
+    fn bytes(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn a_constant_hash_samples_large_data_and_equality_reads_every_byte() {
+        for n in [16usize, HASHED_BYTES, HASHED_BYTES + 4, 40_000] {
+            let a = Constant::from_bytes(DType::U8, vec![n as i64], bytes(n)).unwrap();
+            let b = Constant::from_bytes(DType::U8, vec![n as i64], bytes(n)).unwrap();
+            assert_eq!(a, b);
+            assert_eq!(hash_of(&a), hash_of(&b), "{n} bytes");
+            // The first and the last byte are always read.
+            for at in [0, n - 1] {
+                let mut d = bytes(n);
+                d[at] ^= 1;
+                let c = Constant::from_bytes(DType::U8, vec![n as i64], d).unwrap();
+                assert_ne!(a, c);
+                assert_ne!(hash_of(&a), hash_of(&c), "{n} bytes, byte {at}");
+            }
+        }
+        // A byte outside the sample: the same hash, but not equal.
+        let n = 40_000;
+        let a = Constant::from_bytes(DType::U8, vec![n as i64], bytes(n)).unwrap();
+        let mut d = bytes(n);
+        d[100] ^= 1;
+        let c = Constant::from_bytes(DType::U8, vec![n as i64], d).unwrap();
+        assert_eq!(hash_of(&a), hash_of(&c));
+        assert_ne!(a, c);
+        // Shapes and dtypes are hashed.
+        let f = Constant::from_bytes(DType::F32, vec![2, 2], bytes(16)).unwrap();
+        let g = Constant::from_bytes(DType::F32, vec![4], bytes(16)).unwrap();
+        let i = Constant::from_bytes(DType::I32, vec![2, 2], bytes(16)).unwrap();
+        assert_ne!(hash_of(&f), hash_of(&g));
+        assert_ne!(hash_of(&f), hash_of(&i));
     }
 }

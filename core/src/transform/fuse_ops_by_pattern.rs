@@ -648,6 +648,62 @@ mod tests {
         "relax.add(_[?], _)",
     ];
 
+    /// Two composites whose bound constants differ in one byte are two functions, also where
+    /// the byte lies outside the constants' hashed sample; equal ones are one function.
+    #[test]
+    fn composites_with_constants_differing_outside_their_hash_sample_stay_apart() {
+        let src = r#"
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((10000,), dtype="float32")) -> R.Tensor((10000,), dtype="float32"):
+        with R.dataflow():
+            a: R.Tensor((10000,), dtype="float32") = R.add(x, R.const(0.0, "float32"))
+            r: R.Tensor((10000,), dtype="float32") = R.nn.relu(a)
+            b: R.Tensor((10000,), dtype="float32") = R.add(r, R.const(0.0, "float32"))
+            gv: R.Tensor((10000,), dtype="float32") = R.nn.relu(b)
+            R.output(gv)
+        return gv
+"#;
+        let pat = FusionPattern::new(
+            "t.add_relu",
+            parse_pattern("relax.nn.relu(relax.add(_, const))").unwrap(),
+        );
+        let composites = |second_differs: bool| {
+            let mut m = crate::text::parse_module_str(src).unwrap();
+            let f = m.functions.get_mut("main").unwrap();
+            let consts: Vec<crate::ir::ExprId> = f
+                .exprs
+                .iter()
+                .filter(|(_, e)| matches!(e.kind, ExprKind::Const(_)))
+                .map(|(id, _)| id)
+                .collect();
+            assert_eq!(consts.len(), 2);
+            for (k, id) in consts.into_iter().enumerate() {
+                let mut data: Vec<u8> = (0..40_000).map(|i| (i % 251) as u8).collect();
+                if k == 1 && second_differs {
+                    // Byte 100: outside the sampled runs (see `Constant`'s hash).
+                    data[100] ^= 1;
+                }
+                let c = crate::ir::Constant::from_bytes(crate::ir::DType::F32, vec![10_000], data)
+                    .unwrap();
+                let e = &mut f.exprs[id];
+                e.ty = crate::ir::Type::tensor(&[10_000], crate::ir::DType::F32);
+                e.kind = ExprKind::Const(c);
+            }
+            let opts = PartitionOptions::default();
+            let out = fuse_ops_by_pattern(&m, std::slice::from_ref(&pat), opts)
+                .unwrap()
+                .module;
+            out.functions
+                .values()
+                .filter(|f| f.attrs.composite.is_some())
+                .count()
+        };
+        assert_eq!(composites(false), 1);
+        assert_eq!(composites(true), 2);
+    }
+
     /// Skipping patterns by census never changes the output or the rejections.
     #[test]
     fn census_does_not_change_the_output() {
