@@ -223,6 +223,17 @@ fn attention_declines_shapes_it_does_not_handle() {
     assert!(attention(&q, &bad, &q, &[], &spec(1.0, 1.0, None, false)).is_err());
 }
 
+/// `run` gives the same bits on 2 and 3 kernel threads as on 1.
+fn same_bits_for_every_thread_count(run: impl Fn() -> Vec<Vec<u32>> + Sync) {
+    let one = crate::par::with_threads(1, &run);
+    for n in [2, 3] {
+        assert!(
+            crate::par::with_threads(n, &run) == one,
+            "{n} threads differ from 1"
+        );
+    }
+}
+
 /// `permute_dims` materialised by the generic gather (not the attention's strided views).
 fn permuted(t: &Tensor, perm: &[usize]) -> Tensor {
     crate::util::permute(t, perm)
@@ -252,60 +263,31 @@ fn attention_reads_and_writes_the_heads_transposes_in_place() {
         let want = Tensor::from_f32(vec![b, hq, s, dv], want).unwrap();
         let want = permuted(&want, &po);
         let op = |t, p| Operand { t, perm: Some(p) };
-        let got = attention_permuted(
-            op(&q, &pq[..]),
-            op(&k, &pk[..]),
-            op(&v, &pv[..]),
-            &[&mask],
-            &sp,
-            Some(&po[..]),
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(got.shape(), &[b, s, hq, dv][..]);
-        close(got.as_f32().unwrap(), want.as_f32().unwrap(), 1e-5);
-        // Permuted inputs with the output as the heads' order, and the same bits for every
-        // thread count either way.
-        let heads_first = attention_permuted(
-            op(&q, &pq[..]),
-            op(&k, &pk[..]),
-            op(&v, &pv[..]),
-            &[&mask],
-            &sp,
-            None,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(heads_first.shape(), &[b, hq, s, dv][..]);
-        close(
-            permuted(&heads_first, &po).as_f32().unwrap(),
-            want.as_f32().unwrap(),
-            1e-5,
-        );
-        let run = || {
+        let call = |out: Option<&[usize]>| {
             attention_permuted(
                 op(&q, &pq[..]),
                 op(&k, &pk[..]),
                 op(&v, &pv[..]),
                 &[&mask],
                 &sp,
-                Some(&po[..]),
+                out,
             )
             .unwrap()
             .unwrap()
-            .as_f32()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect::<Vec<u32>>()
         };
-        let one = crate::par::with_threads(1, run);
-        for n in [2, 3] {
-            assert!(
-                crate::par::with_threads(n, run) == one,
-                "{n} threads differ"
-            );
-        }
+        let got = call(Some(&po[..]));
+        assert_eq!(got.shape(), &[b, s, hq, dv][..]);
+        close(got.as_f32().unwrap(), want.as_f32().unwrap(), 1e-5);
+        // Permuted inputs with the output as the heads' order, and the same bits for every
+        // thread count.
+        let heads_first = call(None);
+        assert_eq!(heads_first.shape(), &[b, hq, s, dv][..]);
+        close(
+            permuted(&heads_first, &po).as_f32().unwrap(),
+            want.as_f32().unwrap(),
+            1e-5,
+        );
+        same_bits_for_every_thread_count(|| vec![bits(call(Some(&po[..])).as_f32().unwrap())]);
     }
     // An output order that moves the last dim, or a perm that is not one, is declined.
     let (q, k) = (r.tensor(&[1, 4, 2, 8]), r.tensor(&[1, 4, 2, 8]));
@@ -346,21 +328,12 @@ fn kernels_give_the_same_bits_for_every_thread_count() {
         let rms = crate::norm::rms_norm(&a, Some(&g), 1e-6).unwrap().unwrap();
         let ge = crate::norm::gelu(&x, false).unwrap();
         let gt = crate::norm::gelu(&x, true).unwrap();
-        [o, s, n, rms, ge, gt].map(|t| {
-            t.as_f32()
-                .unwrap()
-                .iter()
-                .map(|x| x.to_bits())
-                .collect::<Vec<u32>>()
-        })
+        [o, s, n, rms, ge, gt]
+            .iter()
+            .map(|t| bits(t.as_f32().unwrap()))
+            .collect()
     };
-    let one = crate::par::with_threads(1, run);
-    for n in [2, 3] {
-        assert!(
-            crate::par::with_threads(n, run) == one,
-            "{n} threads differ from 1"
-        );
-    }
+    same_bits_for_every_thread_count(run);
 }
 
 #[test]

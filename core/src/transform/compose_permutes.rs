@@ -240,17 +240,13 @@ fn axes(axes: &Option<Vec<i64>>, r: usize) -> Option<Vec<usize>> {
 
 /// The step a var's binding is, with its input.
 fn step_of(view: &FunctionView<'_>, f: &Function, v: VarId) -> Option<(Step, ExprId)> {
-    let (_, value) = view.bound(v)?;
-    let ExprKind::Call {
-        callee: Callee::Op(op),
-        args,
-    } = &f.expr(value).kind
-    else {
-        return None;
-    };
+    let (op, args) = super::substitute::call_of(view, f, f.var(v).expr)?;
     let x = *args.first()?;
     match op {
-        Op::PermuteDims { axes: a } => Some((Step::Permute(axes(a, dims_of(f, x)?.len())?), x)),
+        Op::PermuteDims { axes: a } => {
+            let r = dims_of(f, x)?.len();
+            Some((Step::Permute(axes(a, r)?), x))
+        }
         Op::Reshape => Some((Step::Reshape(dims_of(f, f.var(v).expr)?), x)),
         _ => None,
     }

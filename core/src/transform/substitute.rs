@@ -2,8 +2,9 @@
 //! ([`fold_constant`](super::fold_constant), [`remove_identity`](super::remove_identity),
 //! [`remove_export_noise`](super::remove_export_noise),
 //! [`eliminate_common_subexpr`](super::eliminate_common_subexpr),
-//! [`unflatten_matmul`](super::unflatten_matmul)), and [`rewrite_entries`], the frame they
-//! share (every entry function, inside `if` branches, then dead-code elimination).
+//! [`unflatten_matmul`](super::unflatten_matmul)), [`rewrite_entries`], the frame they
+//! share (every entry function, inside `if` branches, then dead-code elimination), and
+//! [`call_of`], the op call a var is bound to.
 //!
 //! Contract: [`Substitution::apply`] rewrites, in one function, every argument, tuple field and
 //! tuple-get-item operand that refers to a var in the map (and the returned expression's
@@ -22,7 +23,8 @@
 use crate::error::Result;
 use crate::ir::Module;
 use crate::ir::copy::VarMap;
-use crate::ir::{ExprId, ExprKind, Function, VarId};
+use crate::ir::{Callee, ExprId, ExprKind, Function, VarId};
+use crate::op::Op;
 use crate::pattern::matcher::FunctionView;
 
 /// Replacements of vars by expressions (vars or constants) in one function.
@@ -155,4 +157,22 @@ pub(crate) fn rewrite_entries(
         }
         Ok(out)
     })
+}
+
+/// The op call bound to the var `e` names, through the view (`None`: not a var, not bound,
+/// or bound to something other than an op call).
+pub(crate) fn call_of<'f>(
+    view: &FunctionView<'_>,
+    f: &'f Function,
+    e: ExprId,
+) -> Option<(&'f Op, &'f [ExprId])> {
+    let v = f.as_var(e)?;
+    let (_, value) = view.bound(v)?;
+    match &f.expr(value).kind {
+        ExprKind::Call {
+            callee: Callee::Op(op),
+            args,
+        } => Some((op, args.as_slice())),
+        _ => None,
+    }
 }

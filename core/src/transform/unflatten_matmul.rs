@@ -43,6 +43,7 @@
 //! y = R.add(m_unflat, c)
 //! ```
 
+use super::substitute::call_of;
 use crate::error::Result;
 use crate::ir::{Binding, Callee, ExprId, ExprKind, Function, Module, Type, VarId};
 use crate::op::Op;
@@ -52,23 +53,6 @@ use crate::pattern::matcher::FunctionView;
 /// [`super::regions`]).
 pub fn unflatten_matmul(m: &Module) -> Result<Module> {
     super::substitute::rewrite_entries(m, unflatten_in)
-}
-
-/// The op call bound to the var `e` names, through the view.
-fn call_of<'f>(
-    view: &FunctionView<'_>,
-    f: &'f Function,
-    e: ExprId,
-) -> Option<(&'f Op, &'f [ExprId])> {
-    let v = f.as_var(e)?;
-    let (_, value) = view.bound(v)?;
-    match &f.expr(value).kind {
-        ExprKind::Call {
-            callee: Callee::Op(op),
-            args,
-        } => Some((op, args.as_slice())),
-        _ => None,
-    }
 }
 
 /// What a site becomes.
