@@ -22,7 +22,7 @@ entity_id!(
 /// A tensor constant with its data: little-endian element bytes in row-major order.
 ///
 /// Equality compares every byte; the hash reads the dtype, the shape and a bounded sample of
-/// the bytes (all of them up to [`HASHED_BYTES`], else that many spread over the data), so
+/// the bytes (all of them up to 4 KB, else 4 KB spread over the data), so
 /// hashing a model's weights (deduplicating outlined functions, CSE) does not read hundreds
 /// of megabytes. Equal constants hash equally; constants that differ only outside the sample
 /// share a hash and are told apart by equality.
@@ -36,7 +36,7 @@ pub struct Constant {
     pub data: Arc<[u8]>,
 }
 
-/// The most bytes of a constant its hash reads (see [`Constant`]).
+/// The most bytes of a constant its hash reads (see `Constant`).
 pub const HASHED_BYTES: usize = 4096;
 
 impl std::hash::Hash for Constant {
