@@ -574,6 +574,54 @@ fn the_heads_attention_composite_runs_fused_and_agrees_with_its_body() {
 }
 
 #[test]
+fn a_model_that_returns_its_keys_keeps_their_transpose_and_fuses_the_product_alone() {
+    // `kh` (the keys' transpose) is also an output: `cpu.attention_heads` would leak it, so
+    // its check declines and `cpu.attention` takes the product with the transposes outside.
+    let src = r#"@I.ir_module
+class Module:
+    @R.function
+    def main(q: R.Tensor((1, 6, 2, 8), dtype="float32"), k: R.Tensor((1, 6, 2, 8), dtype="float32"), v: R.Tensor((1, 6, 2, 8), dtype="float32")) -> R.Tuple(R.Tensor((1, 6, 2, 8), dtype="float32"), R.Tensor((1, 2, 8, 6), dtype="float32")):
+        with R.dataflow():
+            qh: R.Tensor((1, 2, 6, 8), dtype="float32") = R.permute_dims(q, axes=[0, 2, 1, 3])
+            kh: R.Tensor((1, 2, 8, 6), dtype="float32") = R.permute_dims(k, axes=[0, 2, 3, 1])
+            vh: R.Tensor((1, 2, 6, 8), dtype="float32") = R.permute_dims(v, axes=[0, 2, 1, 3])
+            s: R.Tensor((1, 2, 6, 6), dtype="float32") = R.matmul(qh, kh, out_dtype=None)
+            p: R.Tensor((1, 2, 6, 6), dtype="float32") = R.nn.softmax(s, axis=-1)
+            o: R.Tensor((1, 2, 6, 8), dtype="float32") = R.matmul(p, vh, out_dtype=None)
+            gv: R.Tensor((1, 6, 2, 8), dtype="float32") = R.permute_dims(o, axes=[0, 2, 1, 3])
+            out: R.Tuple(R.Tensor((1, 6, 2, 8), dtype="float32"), R.Tensor((1, 2, 8, 6), dtype="float32")) = (gv, kh)
+            R.output(out)
+        return out
+"#;
+    let composites = |src: &str| -> Vec<String> {
+        let m = fusebox_core::text::parse_module_str(src).unwrap();
+        // In priority order, as every pipeline applies a table.
+        let mut table = crate::backend::transformer_patterns().to_vec();
+        fusebox_core::transform::sort_by_priority(&mut table);
+        let opts = fusebox_core::transform::PartitionOptions::default();
+        let out = fusebox_core::transform::fuse_ops_by_pattern(&m, &table, opts)
+            .unwrap()
+            .module;
+        out.functions
+            .values()
+            .filter_map(|f| f.attrs.composite.clone())
+            .collect()
+    };
+    assert_eq!(composites(src), ["cpu.attention"]);
+    // Without the second output the transposes go inside.
+    let single = src
+        .replace(
+            "            out: R.Tuple(R.Tensor((1, 6, 2, 8), dtype=\"float32\"), R.Tensor((1, 2, 8, 6), dtype=\"float32\")) = (gv, kh)\n            R.output(out)\n        return out",
+            "            R.output(gv)\n        return gv",
+        )
+        .replace(
+            "-> R.Tuple(R.Tensor((1, 6, 2, 8), dtype=\"float32\"), R.Tensor((1, 2, 8, 6), dtype=\"float32\")):",
+            "-> R.Tensor((1, 6, 2, 8), dtype=\"float32\"):",
+        );
+    assert_eq!(composites(&single), ["cpu.attention_heads"]);
+}
+
+#[test]
 fn a_body_of_another_form_is_interpreted() {
     // The scale is not a scalar: the recogniser declines, the body still runs.
     let src = ATTN.replace(
