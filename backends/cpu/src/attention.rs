@@ -146,17 +146,19 @@ impl<'a> Operand<'a> {
         let st = crate::util::strides(shape);
         match self.perm {
             None => Some((shape.to_vec(), st)),
-            Some(p) => {
-                let ok = p.len() == shape.len() && (0..p.len()).all(|i| p.contains(&i));
-                ok.then(|| {
-                    (
-                        p.iter().map(|&k| shape[k]).collect(),
-                        p.iter().map(|&k| st[k]).collect(),
-                    )
-                })
-            }
+            Some(p) => is_permutation(p, shape.len()).then(|| {
+                (
+                    p.iter().map(|&k| shape[k]).collect(),
+                    p.iter().map(|&k| st[k]).collect(),
+                )
+            }),
         }
     }
+}
+
+/// Whether `p` is a permutation of `0..r`.
+fn is_permutation(p: &[usize], r: usize) -> bool {
+    p.len() == r && (0..r).all(|i| p.contains(&i))
 }
 
 /// A strided matrix: element `(i, j)` at `data[i * rs + j * cs]` (`data` starts at `(0, 0)`).
@@ -313,8 +315,7 @@ pub(crate) fn attention_permuted(
     let po: Vec<usize> = match out_perm {
         None => (0..r).collect(),
         Some(p) => {
-            let ok = p.len() == r && (0..r).all(|i| p.contains(&i)) && p[r - 1] == r - 1;
-            if !ok {
+            if !is_permutation(p, r) || p[r - 1] != r - 1 {
                 return Ok(None);
             }
             p.to_vec()

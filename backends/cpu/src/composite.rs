@@ -265,9 +265,9 @@ pub(crate) fn recognise(f: &Function) -> Option<Plan> {
 
 /// An operand: an input, or `permute_dims` of one with explicit axes (the axes as
 /// indices), with the bindings it used.
-type Operand = (Leaf, Option<Vec<usize>>, usize);
+type PermutedLeaf = (Leaf, Option<Vec<usize>>, usize);
 
-fn permuted(body: &Body<'_>, e: ExprId) -> Option<Operand> {
+fn permuted(body: &Body<'_>, e: ExprId) -> Option<PermutedLeaf> {
     if let Some((op, [x])) = body.call(e, "relax.permute_dims") {
         return Some((body.leaf(*x)?, Some(axes_of(op)?), 1));
     }
@@ -284,7 +284,7 @@ fn axes_of(op: &Op) -> Option<Vec<usize>> {
 
 /// A scaled operand `x * c`, `x / c` or `x` (`x` as [`permuted`] reads it), with the
 /// bindings it used.
-fn scaled(body: &Body<'_>, e: ExprId) -> Option<(Operand, Scale)> {
+fn scaled(body: &Body<'_>, e: ExprId) -> Option<(PermutedLeaf, Scale)> {
     let (x, scale, n) = if let Some((_, args)) = body.call(e, "relax.multiply") {
         let (c, x) = body.either(args, |a| body.scalar(a))?;
         (x, Scale::Mul(c), 1)

@@ -36,6 +36,7 @@
 //! y  = R.permute_dims(view, axes=[0, 2, 3, 1])
 //! ```
 
+use super::substitute::rebind;
 use crate::error::Result;
 use crate::ir::{Binding, Callee, Dim, DimOp, ExprId, ExprKind, Function, Module, Type, VarId};
 use crate::op::Op;
@@ -214,10 +215,11 @@ enum Step {
 struct Site {
     y: VarId,
     x: ExprId,
-    /// The input reshaped (split), permuted, reshaped: each `None` where it changes nothing.
+    /// The input reshaped (split) and permuted, each `None` where it changes nothing; then
+    /// reshaped to `y`'s dims when `regroup`.
     split: Option<Vec<Dim>>,
     perm: Option<Vec<usize>>,
-    last: Option<Vec<Dim>>,
+    regroup: bool,
 }
 
 fn dims_of(f: &Function, e: ExprId) -> Option<Vec<Dim>> {
@@ -288,7 +290,8 @@ fn site(view: &FunctionView<'_>, f: &Function, y: VarId) -> Option<Site> {
     }
     steps.reverse();
     let x_dims = dims_of(f, x)?;
-    let y_dims = dims_of(f, f.var(y).expr)?;
+    // `y`'s dims are known (the replacement's last reshape, if any, is to them).
+    dims_of(f, f.var(y).expr)?;
     let mut atoms = Atoms::new(&x_dims)?;
     for s in &steps {
         match s {
@@ -296,20 +299,16 @@ fn site(view: &FunctionView<'_>, f: &Function, y: VarId) -> Option<Site> {
             Step::Reshape(t) => atoms.reshape(t)?,
         }
     }
-    let source_dims: Vec<Dim> = atoms.source.iter().map(|&a| atoms.size[a].dim()).collect();
-    let split = (atoms.source.len() != x_dims.len()).then(|| source_dims.clone());
+    let split = (atoms.source.len() != x_dims.len())
+        .then(|| atoms.source.iter().map(|&a| atoms.size[a].dim()).collect());
     let order: Vec<usize> = atoms.groups.concat();
     let perm: Vec<usize> = order
         .iter()
         .map(|a| atoms.source.iter().position(|s| s == a))
         .collect::<Option<_>>()?;
     let identity = perm.iter().enumerate().all(|(i, &p)| i == p);
-    let last = atoms
-        .groups
-        .iter()
-        .any(|g| g.len() != 1)
-        .then(|| y_dims.clone());
-    let calls = usize::from(split.is_some()) + usize::from(!identity) + usize::from(last.is_some());
+    let regroup = atoms.groups.iter().any(|g| g.len() != 1);
+    let calls = usize::from(split.is_some()) + usize::from(!identity) + usize::from(regroup);
     if calls == 0 || calls >= steps.len() {
         return None;
     }
@@ -318,7 +317,7 @@ fn site(view: &FunctionView<'_>, f: &Function, y: VarId) -> Option<Site> {
         x,
         split,
         perm: (!identity).then_some(perm),
-        last,
+        regroup,
     })
 }
 
@@ -333,7 +332,10 @@ fn compose_in(f: &mut Function) -> bool {
     };
     let changed = !sites.is_empty();
     for s in sites {
-        let Some(dtype) = f.var(s.y).ty.as_tensor().and_then(|t| t.dtype) else {
+        let (Some(dtype), Some(y_dims)) = (
+            f.var(s.y).ty.as_tensor().and_then(|t| t.dtype),
+            dims_of(f, f.var(s.y).expr),
+        ) else {
             continue;
         };
         let dataflow = f.var(s.y).dataflow;
@@ -353,8 +355,8 @@ fn compose_in(f: &mut Function) -> bool {
             let axes = Some(p.iter().map(|&i| i as i64).collect());
             calls.push((Op::PermuteDims { axes }, None, dims, "perm"));
         }
-        if let Some(d) = s.last {
-            calls.push((Op::Reshape, Some(d.clone()), d, "last"));
+        if s.regroup {
+            calls.push((Op::Reshape, Some(y_dims.clone()), y_dims, "last"));
         }
         let n = calls.len();
         let mut value = cur;
@@ -383,17 +385,6 @@ fn compose_in(f: &mut Function) -> bool {
         rebind(f, s.y, value, before);
     }
     changed
-}
-
-/// Binds `var` to `value`, with `before` bound just before it.
-fn rebind(f: &mut Function, var: VarId, value: ExprId, before: Vec<Binding>) {
-    for block in f.blocks.iter_mut() {
-        if let Some(i) = block.bindings.iter().position(|b| b.var == var) {
-            block.bindings[i] = Binding { var, value };
-            block.bindings.splice(i..i, before);
-            return;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 //! [`remove_export_noise`](super::remove_export_noise),
 //! [`eliminate_common_subexpr`](super::eliminate_common_subexpr),
 //! [`unflatten_matmul`](super::unflatten_matmul)), [`rewrite_entries`], the frame they
-//! share (every entry function, inside `if` branches, then dead-code elimination), and
-//! [`call_of`], the op call a var is bound to.
+//! share (every entry function, inside `if` branches, then dead-code elimination),
+//! [`call_of`], the op call a var is bound to, and [`rebind`], a binding's new value.
 //!
 //! Contract: [`Substitution::apply`] rewrites, in one function, every argument, tuple field and
 //! tuple-get-item operand that refers to a var in the map (and the returned expression's
@@ -174,5 +174,21 @@ pub(crate) fn call_of<'f>(
             args,
         } => Some((op, args.as_slice())),
         _ => None,
+    }
+}
+
+/// Binds `var` to `value`, with `before` bound just before it (in order).
+pub(crate) fn rebind(
+    f: &mut Function,
+    var: VarId,
+    value: ExprId,
+    before: impl IntoIterator<Item = crate::ir::Binding>,
+) {
+    for block in f.blocks.iter_mut() {
+        if let Some(i) = block.bindings.iter().position(|b| b.var == var) {
+            block.bindings[i] = crate::ir::Binding { var, value };
+            block.bindings.splice(i..i, before);
+            return;
+        }
     }
 }

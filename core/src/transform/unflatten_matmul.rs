@@ -43,7 +43,7 @@
 //! y = R.add(m_unflat, c)
 //! ```
 
-use super::substitute::call_of;
+use super::substitute::{call_of, rebind};
 use crate::error::Result;
 use crate::ir::{Binding, Callee, ExprId, ExprKind, Function, Module, Type, VarId};
 use crate::op::Op;
@@ -205,19 +205,6 @@ fn unflatten_in(f: &mut Function) -> bool {
         );
     }
     changed
-}
-
-/// Binds `var` to `value`, with `before` bound just before it.
-fn rebind(f: &mut Function, var: VarId, value: ExprId, before: Option<Binding>) {
-    for block in f.blocks.iter_mut() {
-        if let Some(i) = block.bindings.iter().position(|b| b.var == var) {
-            block.bindings[i] = Binding { var, value };
-            if let Some(b) = before {
-                block.bindings.insert(i, b);
-            }
-            return;
-        }
-    }
 }
 
 #[cfg(test)]
