@@ -1,4 +1,5 @@
-//! Import-time folding: `Constant`, `ConstantOfShape`, `Identity`, the integer shape
+//! Import-time folding: `Constant`, `ConstantOfShape`, `Identity` (and the optionals' `Optional`,
+//! `OptionalGetElement`, `OptionalHasElement` of a tensor or of nothing), the integer shape
 //! arithmetic that feeds `Reshape` / `Expand` / `Pad` (`Shape → Gather → Unsqueeze → Concat`,
 //! `Max` / `Min` and `Split` too), and `Cast` / `CastLike` of a small float constant to a float
 //! dtype.
@@ -116,6 +117,19 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
     match node.op_type.as_str() {
         "Constant" => Ok(one(Val::Const(constant_attr(&a)?))),
         "Identity" => Ok(one(im.val(req(node, 0)?)?)),
+        // fusebox's values are tensors: an optional holding one is that tensor, and an optional
+        // that is absent can only be an input left out (no input, or an empty name).
+        "Optional" | "OptionalGetElement" => match input(node, 0) {
+            Some(name) => Ok(one(im.val(name)?)),
+            None => Err(err(format!(
+                "{} of an empty optional: only optionals holding a tensor are supported",
+                node.op_type
+            ))),
+        },
+        "OptionalHasElement" => Ok(one(Val::Const(Constant::scalar(
+            f64::from(u8::from(input(node, 0).is_some())),
+            DType::Bool,
+        )))),
         "ConstantOfShape" => {
             let dims = im.const_dims(req(node, 0)?)?;
             let value = match a.tensor("value") {

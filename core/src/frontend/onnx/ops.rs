@@ -13,6 +13,7 @@
 //! ```
 
 mod attention;
+mod conv3d;
 mod deform;
 mod dynamic;
 mod elem;
@@ -801,48 +802,83 @@ fn spatial(
     kernel: [i64; 2],
     one_d: bool,
 ) -> Result<([i64; 2], [i64; 2], [i64; 4])> {
-    let two = |name: &str| -> Result<[i64; 2]> {
+    let w = window(a, x_dims, if one_d { &kernel[..1] } else { &kernel })?;
+    let (s, d, p) = (&w.strides, &w.dilations, &w.pads);
+    Ok(if one_d {
+        ([s[0], 1], [d[0], 1], [p[0], 0, p[1], 0])
+    } else {
+        ([s[0], s[1]], [d[0], d[1]], [p[0], p[1], p[2], p[3]])
+    })
+}
+
+/// A convolution's or pool's window along `n` spatial axes (`n` = the kernel's length):
+/// strides, dilations and pads (`[begin…, end…]`, ONNX's order), with `auto_pad` resolved
+/// against the static extents of `x_dims` (`[N, C, spatial…]`).
+pub(super) struct Window {
+    pub(super) strides: Vec<i64>,
+    pub(super) dilations: Vec<i64>,
+    pub(super) pads: Vec<i64>,
+}
+
+/// Reads `strides`, `dilations`, `pads` and `auto_pad` for a window of extents `kernel`.
+pub(super) fn window(a: &Attrs<'_>, x_dims: &[Dim], kernel: &[i64]) -> Result<Window> {
+    let n = kernel.len();
+    let per_axis = |name: &str| -> Result<Vec<i64>> {
         match a.ints(name) {
-            None => Ok([1, 1]),
-            Some(v) if one_d && v.len() == 1 => Ok([v[0], 1]),
-            Some(v) if v.len() == 2 => Ok([v[0], v[1]]),
-            Some(v) => Err(invalid(format!("`{name}` must have 2 values, found {v:?}"))),
+            None => Ok(vec![1; n]),
+            Some(v) if v.len() == n => Ok(v),
+            Some(v) => Err(invalid(format!(
+                "`{name}` must have {n} values, found {v:?}"
+            ))),
         }
     };
-    let strides = two("strides")?;
-    let dil = two("dilations")?;
+    let strides = per_axis("strides")?;
+    let dilations = per_axis("dilations")?;
     let auto_pad = a.string("auto_pad", "NOTSET");
     let pads = match auto_pad.as_str() {
         "NOTSET" | "" => match a.ints("pads") {
-            None => [0; 4],
-            Some(v) if one_d && v.len() == 2 => [v[0], 0, v[1], 0],
-            Some(v) if v.len() == 4 => [v[0], v[1], v[2], v[3]],
-            Some(v) => return Err(invalid(format!("`pads` must have 4 values, found {v:?}"))),
+            None => vec![0; 2 * n],
+            Some(v) if v.len() == 2 * n => v,
+            Some(v) => {
+                return Err(invalid(format!(
+                    "`pads` must have {} values, found {v:?}",
+                    2 * n
+                )));
+            }
         },
-        "VALID" => [0; 4],
+        "VALID" => vec![0; 2 * n],
         "SAME_UPPER" | "SAME_LOWER" => {
-            let mut p = [0; 4];
-            for i in 0..2 {
-                let n = x_dims
+            let mut p = vec![0; 2 * n];
+            for i in 0..n {
+                let len = x_dims
                     .get(2 + i)
                     .and_then(Dim::as_static)
                     .ok_or_else(|| invalid(format!("auto_pad {auto_pad} needs static dims")))?;
                 let s = strides[i].max(1);
-                let out = (n + s - 1) / s;
-                let total = ((out - 1) * s + (kernel[i] - 1) * dil[i] + 1 - n).max(0);
+                let out = (len + s - 1) / s;
+                let total = (out - 1)
+                    .saturating_mul(s)
+                    .saturating_add((kernel[i] - 1).saturating_mul(dilations[i]))
+                    .saturating_add(1)
+                    .saturating_sub(len)
+                    .max(0);
                 let (lo, hi) = if auto_pad == "SAME_UPPER" {
                     (total / 2, total - total / 2)
                 } else {
                     (total - total / 2, total / 2)
                 };
                 p[i] = lo;
-                p[i + 2] = hi;
+                p[i + n] = hi;
             }
             p
         }
         other => return Err(invalid(format!("unknown auto_pad `{other}`"))),
     };
-    Ok((strides, dil, pads))
+    Ok(Window {
+        strides,
+        dilations,
+        pads,
+    })
 }
 
 /// The rank-3 (1-D) case runs as 2-D with a trailing extent-1 axis, squeezed afterwards.
@@ -910,10 +946,14 @@ pub(super) fn conv_of(
     let (xd, _) = im.dims(x)?;
     let (wd, _) = im.dims(w)?;
     let one_d = xd.len() == 3 && wd.len() == 3;
+    if xd.len() == 5 && wd.len() == 5 {
+        check_kernel_shape(a, &wd)?;
+        return conv3d::conv3d(im, x, w, bias, a);
+    }
     if !(one_d || (xd.len() == 4 && wd.len() == 4)) {
         return Err(invalid(format!(
-            "unsupported ONNX node: only 1-D and 2-D convolutions are supported, found input \
-             rank {} and weight rank {}",
+            "unsupported ONNX node: only 1-D, 2-D and 3-D convolutions are supported, found \
+             input rank {} and weight rank {}",
             xd.len(),
             wd.len()
         )));

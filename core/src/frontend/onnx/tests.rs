@@ -807,6 +807,7 @@ fn recurrent_layers_need_a_static_unpadded_sequence() {
     assert!(e.contains("the sequence length must be static"), "{e}");
 }
 mod col2im;
+mod conv3d;
 mod loop_unroll;
 mod reduce;
 mod scan;

@@ -9,7 +9,8 @@
 //! constant; its `N` must match theta's.
 //!
 //! `Col2Im` (opset 18) with 2 spatial axes, a constant `image_shape` and `block_shape`, and a
-//! static input, becomes one `relax.nn.conv2d_transpose`: the `C·kh·kw` input channels are
+//! static input, becomes one `relax.nn.conv2d_transpose` (with 3, the 3-D transposed
+//! convolution of `conv3d.rs`): the `C·kh·kw` input channels are
 //! `C` groups of `kh·kw`, each spread back onto its image by a constant one-hot weight (block
 //! element `(i, j)` of channel `c` lands at kernel tap `(i, j)` of output channel `c`), with
 //! the `strides`, `dilations` and `pads` of the blocks; overlapping blocks add up, as Col2Im
@@ -30,8 +31,9 @@
 //!     # W: (8, 1, 2, 2) one-hot; Y: (1, 2, 5, 5)
 //! ```
 
-use super::super::{Attrs, Importer, NodeProto, Out, invalid, req};
+use super::super::{Attrs, Importer, NodeProto, Out, Val, invalid, req};
 use super::call;
+use super::nn::TransposeGeometry;
 use crate::error::Result;
 use crate::ir::{Constant, Dim};
 use crate::op::{Conv2dTransposeAttrs, GridSampleAttrs, Op};
@@ -45,11 +47,11 @@ pub(super) fn col2im(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> 
     let image = im.const_i64s(req(node, 1)?)?;
     let block = im.const_i64s(req(node, 2)?)?;
     let (xd, dt) = im.dims(x)?;
-    if image.len() != 2 || block.len() != 2 {
+    let r = image.len();
+    if !(2..=3).contains(&r) || block.len() != r {
         return Err(invalid(format!(
-            "Col2Im of {} spatial axes: only 2 (image_shape and block_shape of 2 values) are \
-             supported",
-            image.len().max(block.len())
+            "Col2Im with image_shape {image:?} and block_shape {block:?}: 2 or 3 spatial axes \
+             (as many values in each) are supported"
         )));
     }
     let get = |name: &str, default: i64, n: usize| -> Result<Vec<i64>> {
@@ -63,9 +65,9 @@ pub(super) fn col2im(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> 
             )))
         }
     };
-    let strides = get("strides", 1, 2)?;
-    let dil = get("dilations", 1, 2)?;
-    let pads = get("pads", 0, 4)?;
+    let strides = get("strides", 1, r)?;
+    let dil = get("dilations", 1, r)?;
+    let pads = get("pads", 0, 2 * r)?;
     if strides.iter().chain(&dil).any(|&v| v < 1) || pads.iter().any(|&p| p < 0) {
         return Err(invalid(format!(
             "Col2Im needs strides and dilations ≥ 1 and pads ≥ 0, found {strides:?}, {dil:?}, \
@@ -86,7 +88,12 @@ pub(super) fn col2im(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> 
     let (Some(cb), Some(l)) = (cb.as_static(), l.as_static()) else {
         return Err(invalid("Col2Im needs a static channel and block count"));
     };
-    let k = block[0] * block[1];
+    let k = block.iter().try_fold(1i64, |p, &b| p.checked_mul(b));
+    let k = k.filter(|&k| k <= cb.max(1)).ok_or_else(|| {
+        invalid(format!(
+            "Col2Im's block {block:?} exceeds its {cb} channels"
+        ))
+    })?;
     if cb % k != 0 {
         return Err(invalid(format!(
             "Col2Im's input has {cb} channels, not a multiple of the block size {k}"
@@ -95,29 +102,28 @@ pub(super) fn col2im(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> 
     let c = cb / k;
     // Blocks per axis, and the rows or columns past the last block (transposed conv's
     // output padding).
-    let mut nb = [0i64; 2];
-    let mut extra = [0i64; 2];
-    for d in 0..2 {
-        let span = image[d] + pads[d] + pads[d + 2] - (dil[d] * (block[d] - 1) + 1);
+    let mut nb = vec![0i64; r];
+    let mut extra = vec![0i64; r];
+    for d in 0..r {
+        let padded = image[d].saturating_add(pads[d]).saturating_add(pads[d + r]);
+        let span = padded.saturating_sub(dil[d].saturating_mul(block[d] - 1).saturating_add(1));
         if span < 0 {
             return Err(invalid(format!(
-                "Col2Im: a block of {} (dilation {}) does not fit the padded image extent {}",
-                block[d],
-                dil[d],
-                image[d] + pads[d] + pads[d + 2]
+                "Col2Im: a block of {} (dilation {}) does not fit the padded image extent \
+                 {padded}",
+                block[d], dil[d]
             )));
         }
         nb[d] = span / strides[d] + 1;
         extra[d] = span % strides[d];
     }
-    if nb[0] * nb[1] != l {
+    if nb.iter().try_fold(1i64, |p, &b| p.checked_mul(b)) != Some(l) {
         return Err(invalid(format!(
             "Col2Im's input has {l} blocks; image_shape {image:?}, block_shape {block:?}, \
-             strides, dilations and pads give {} × {}",
-            nb[0], nb[1]
+             strides, dilations and pads give {nb:?}"
         )));
     }
-    let wlen = usize::try_from(cb * k)
+    let wlen = usize::try_from(cb.saturating_mul(k))
         .ok()
         .filter(|&v| v <= MAX_COL2IM_WEIGHT)
         .ok_or_else(|| {
@@ -130,7 +136,7 @@ pub(super) fn col2im(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> 
             "Col2Im of {dt} data: only floating-point inputs are supported"
         )));
     }
-    // Weight (C·k, 1, kh, kw): row c·k + t is one at tap t (zero bytes are +0.0 in every
+    // Weight (C·k, 1, block…): row c·k + t is one at tap t (zero bytes are +0.0 in every
     // float dtype).
     let one = Constant::scalar(1.0, dt).data;
     let es = one.len();
@@ -140,21 +146,33 @@ pub(super) fn col2im(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> 
         let at = (row * ku + row % ku) * es;
         bytes[at..at + es].copy_from_slice(&one);
     }
-    let weight = Constant::from_bytes(dt, vec![cb, 1, block[0], block[1]], bytes)
+    let wshape: Vec<i64> = [cb, 1].into_iter().chain(block.iter().copied()).collect();
+    let weight = Constant::from_bytes(dt, wshape, bytes)
         .map_err(|e| invalid(format!("Col2Im's weight: {e}")))?;
     let weight = im.b.constant(weight);
-    let shape = im.b.shape(vec![
-        n.clone(),
-        Dim::Static(cb),
-        Dim::Static(nb[0]),
-        Dim::Static(nb[1]),
-    ]);
+    let bshape: Vec<Dim> = [n.clone(), Dim::Static(cb)]
+        .into_iter()
+        .chain(nb.iter().map(|&b| Dim::Static(b)))
+        .collect();
+    let shape = im.b.shape(bshape);
     let blocks = im.emit(Op::Reshape, vec![x, shape])?;
+    if r == 3 {
+        let g = TransposeGeometry {
+            strides,
+            dilations: dil,
+            kernel: block,
+            pads,
+            output_padding: extra,
+            group: c,
+        };
+        let y = super::conv3d::conv_transpose3d(im, blocks, weight, &g)?;
+        return Ok(vec![Out::Val(Val::Expr(y))]);
+    }
     Ok(call(
         Op::Conv2dTranspose(Box::new(Conv2dTransposeAttrs {
             strides: [strides[0], strides[1]],
             padding: [pads[0], pads[1], pads[2], pads[3]],
-            output_padding: extra,
+            output_padding: [extra[0], extra[1]],
             dilation: [dil[0], dil[1]],
             groups: c,
             data_layout: "NCHW".into(),

@@ -676,8 +676,9 @@ fn floor_div2(v: i64) -> i64 {
     v.div_euclid(2)
 }
 
-/// `ConvTranspose` (1-D and 2-D) → `relax.nn.conv2d_transpose` (+ bias): explicit `pads`,
-/// `auto_pad` and `output_shape` become padding and output padding.
+/// `ConvTranspose` (1-D, 2-D) → `relax.nn.conv2d_transpose` (+ bias); 3-D → 2-D ones over
+/// the depth slices ([`super::conv3d::conv_transpose3d`]). Explicit `pads`, `auto_pad` and
+/// `output_shape` become padding and output padding.
 pub(super) fn conv_transpose(
     im: &mut Importer<'_>,
     node: &Node,
@@ -687,21 +688,88 @@ pub(super) fn conv_transpose(
     let mut w = im.expr(req(node, 1)?)?;
     let (xd, _) = im.dims(x)?;
     let (wd, _) = im.dims(w)?;
-    let one_d = xd.len() == 3 && wd.len() == 3;
-    if !(one_d || (xd.len() == 4 && wd.len() == 4)) {
+    let nsp = xd.len().saturating_sub(2);
+    if !(1..=3).contains(&nsp) || wd.len() != xd.len() {
         return Err(invalid(format!(
-            "unsupported ONNX node: only 1-D and 2-D transposed convolutions are supported, \
-             found input rank {} and weight rank {}",
+            "unsupported ONNX node: only 1-D, 2-D and 3-D transposed convolutions are \
+             supported, found input rank {} and weight rank {}",
             xd.len(),
             wd.len()
         )));
     }
     super::check_kernel_shape(a, &wd)?;
-    let nsp = if one_d { 1 } else { 2 };
-    let per_axis = |name: &str, default: i64| -> Result<[i64; 2]> {
+    let g = transpose_geometry(a, &xd, &wd, nsp)?;
+    let bias = input(node, 2).map(|b| im.expr(b)).transpose()?;
+    if nsp == 3 {
+        let y = super::conv3d::conv_transpose3d(im, x, w, &g)?;
+        return super::conv3d::add_bias(im, y, bias);
+    }
+    let one_d = nsp == 1;
+    let two = |v: &[i64], default: i64| [v[0], v.get(1).copied().unwrap_or(default)];
+    let (b, e) = g.pads.split_at(nsp);
+    let pads = [b[0], two(b, 0)[1], e[0], two(e, 0)[1]];
+    if one_d {
+        x = lift(im, x)?;
+        w = lift(im, w)?;
+    }
+    let op = Op::Conv2dTranspose(Box::new(Conv2dTransposeAttrs {
+        strides: two(&g.strides, 1),
+        padding: pads,
+        output_padding: two(&g.output_padding, 0),
+        dilation: two(&g.dilations, 1),
+        groups: g.group,
+        data_layout: "NCHW".into(),
+        kernel_layout: "IOHW".into(),
+        out_layout: "NCHW".into(),
+        out_dtype: None,
+    }));
+    let Some(b) = bias else {
+        if !one_d {
+            return Ok(call(op, vec![x, w]));
+        }
+        let y = im.emit(op, vec![x, w])?;
+        return chain(im, y, unlift_op(one_d).into_iter().collect());
+    };
+    let y = im.emit(op, vec![x, w])?;
+    let (bd, _) = im.dims(b)?;
+    let [m] = bd.as_slice() else {
+        return Err(invalid("ConvTranspose's bias must be 1-D"));
+    };
+    let s = im.b.shape(vec![
+        Dim::Static(1),
+        m.clone(),
+        Dim::Static(1),
+        Dim::Static(1),
+    ]);
+    let br = im.emit(Op::Reshape, vec![b, s])?;
+    if !one_d {
+        return Ok(call(Op::Add, vec![y, br]));
+    }
+    let y = im.emit(Op::Add, vec![y, br])?;
+    chain(im, y, unlift_op(one_d).into_iter().collect())
+}
+
+/// A transposed convolution's attributes along `nsp` spatial axes, resolved: pads are
+/// `[begin…, end…]`; `output_shape` and `auto_pad` are folded into pads and output padding.
+pub(super) struct TransposeGeometry {
+    pub(super) strides: Vec<i64>,
+    pub(super) dilations: Vec<i64>,
+    pub(super) kernel: Vec<i64>,
+    pub(super) pads: Vec<i64>,
+    pub(super) output_padding: Vec<i64>,
+    pub(super) group: i64,
+}
+
+fn transpose_geometry(
+    a: &Attrs<'_>,
+    xd: &[Dim],
+    wd: &[Dim],
+    nsp: usize,
+) -> Result<TransposeGeometry> {
+    let per_axis = |name: &str, default: i64| -> Result<Vec<i64>> {
         match a.ints(name) {
-            None => Ok([default; 2]),
-            Some(v) if v.len() == nsp => Ok([v[0], v.get(1).copied().unwrap_or(default)]),
+            None => Ok(vec![default; nsp]),
+            Some(v) if v.len() == nsp => Ok(v),
             Some(v) => Err(invalid(format!(
                 "`{name}` must have {nsp} values, found {v:?}"
             ))),
@@ -711,22 +779,21 @@ pub(super) fn conv_transpose(
     let dil = per_axis("dilations", 1)?;
     let mut out_pad = per_axis("output_padding", 0)?;
     let kernel = match a.ints("kernel_shape") {
-        Some(k) if k.len() == nsp => [k[0], k.get(1).copied().unwrap_or(1)],
+        Some(k) if k.len() == nsp => k,
         Some(k) => {
             return Err(invalid(format!(
                 "`kernel_shape` must have {nsp} values, found {k:?}"
             )));
         }
-        None => {
-            let k = |i: usize| wd.get(2 + i).and_then(Dim::as_static).unwrap_or(1);
-            [k(0), if one_d { 1 } else { k(1) }]
-        }
+        None => (0..nsp)
+            .map(|i| wd.get(2 + i).and_then(Dim::as_static).unwrap_or(1))
+            .collect(),
     };
-    if strides.iter().chain(&dil).chain(&kernel).any(|&v| v < 1) || a.int("group", 1) < 1 {
+    let group = a.int("group", 1);
+    if strides.iter().chain(&dil).chain(&kernel).any(|&v| v < 1) || group < 1 {
         return Err(invalid(format!(
             "ConvTranspose needs strides, dilations, kernel_shape and group ≥ 1, found strides \
-             {strides:?}, dilations {dil:?}, kernel {kernel:?}, group {}",
-            a.int("group", 1)
+             {strides:?}, dilations {dil:?}, kernel {kernel:?}, group {group}"
         )));
     }
     let auto_pad = a.string("auto_pad", "NOTSET");
@@ -739,8 +806,7 @@ pub(super) fn conv_transpose(
             invalid("ConvTranspose with output_shape or auto_pad needs static spatial dims")
         })
     };
-    // pads as [begin_h, begin_w, end_h, end_w].
-    let mut pads = [0i64; 4];
+    let mut pads = vec![0i64; 2 * nsp];
     let same = matches!(auto_pad.as_str(), "SAME_UPPER" | "SAME_LOWER");
     if output_shape.is_some() || same {
         for i in 0..nsp {
@@ -772,23 +838,20 @@ pub(super) fn conv_transpose(
             if e < 0 {
                 out_pad[i] = out_pad[i].saturating_sub(e);
             } else {
-                pads[i + 2] = e;
+                pads[i + nsp] = e;
             }
         }
     } else if matches!(auto_pad.as_str(), "NOTSET" | "" | "VALID") {
         if auto_pad != "VALID"
             && let Some(p) = a.ints("pads")
         {
-            match (one_d, p.as_slice()) {
-                (true, [b, e]) => pads = [*b, 0, *e, 0],
-                (false, [b0, b1, e0, e1]) => pads = [*b0, *b1, *e0, *e1],
-                _ => {
-                    return Err(invalid(format!(
-                        "`pads` must have {} values, found {p:?}",
-                        2 * nsp
-                    )));
-                }
+            if p.len() != 2 * nsp {
+                return Err(invalid(format!(
+                    "`pads` must have {} values, found {p:?}",
+                    2 * nsp
+                )));
             }
+            pads = p;
         }
     } else {
         return Err(invalid(format!("unknown auto_pad `{auto_pad}`")));
@@ -798,46 +861,14 @@ pub(super) fn conv_transpose(
             "negative pads {pads:?} / output_padding {out_pad:?} are not supported"
         )));
     }
-    if one_d {
-        x = lift(im, x)?;
-        w = lift(im, w)?;
-    }
-    let op = Op::Conv2dTranspose(Box::new(Conv2dTransposeAttrs {
+    Ok(TransposeGeometry {
         strides,
-        padding: pads,
+        dilations: dil,
+        kernel,
+        pads,
         output_padding: out_pad,
-        dilation: dil,
-        groups: a.int("group", 1),
-        data_layout: "NCHW".into(),
-        kernel_layout: "IOHW".into(),
-        out_layout: "NCHW".into(),
-        out_dtype: None,
-    }));
-    let Some(bname) = input(node, 2) else {
-        if !one_d {
-            return Ok(call(op, vec![x, w]));
-        }
-        let y = im.emit(op, vec![x, w])?;
-        return chain(im, y, unlift_op(one_d).into_iter().collect());
-    };
-    let y = im.emit(op, vec![x, w])?;
-    let b = im.expr(bname)?;
-    let (bd, _) = im.dims(b)?;
-    let [m] = bd.as_slice() else {
-        return Err(invalid("ConvTranspose's bias must be 1-D"));
-    };
-    let s = im.b.shape(vec![
-        Dim::Static(1),
-        m.clone(),
-        Dim::Static(1),
-        Dim::Static(1),
-    ]);
-    let br = im.emit(Op::Reshape, vec![b, s])?;
-    if !one_d {
-        return Ok(call(Op::Add, vec![y, br]));
-    }
-    let y = im.emit(Op::Add, vec![y, br])?;
-    chain(im, y, unlift_op(one_d).into_iter().collect())
+        group,
+    })
 }
 
 /// `Resize` (opsets 10–19) of a 4-D tensor's two spatial axes → `relax.image.resize2d`. The
@@ -1395,12 +1426,12 @@ mod tests {
             &["x", "w"],
             &["y"],
             vec![],
-            vec![vi("x", &["1", "1", "3", "3", "3"])],
-            vec![f32s("w", &[1, 2, 3, 3, 3], &[1.0; 54])],
+            vec![vi("x", &["1", "1", "3", "3", "3", "3"])],
+            vec![f32s("w", &[1, 2, 3, 3, 3, 3], &[1.0; 162])],
         )
         .err()
         .unwrap_or_default();
-        assert!(e.contains("1-D and 2-D"), "{e}");
+        assert!(e.contains("1-D, 2-D and 3-D"), "{e}");
     }
 
     #[test]

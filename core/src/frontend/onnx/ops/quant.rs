@@ -6,7 +6,8 @@
 //!
 //! Contract: quantized tensors are `uint8` or `int8` (the only 8-bit types fusebox stores;
 //! `MatMulInteger`'s result is `int32`). Scales and zero points are scalars (per tensor) or 1-D
-//! along `axis` (per axis); blocked quantization (`block_size > 0`) is an error. Rounding is
+//! along `axis` (per axis), or (`block_size > 0`, blocked quantization) of the input's shape
+//! with one entry per block along `axis`, each repeated over its block. Rounding is
 //! half to even and results saturate to the type's range, as ONNX defines. Integer products
 //! are computed in `float64`, which is exact for 8-bit operands up to 2^37 terms per dot
 //! product, then converted.
@@ -17,11 +18,11 @@
 //! ```
 
 use super::super::{
-    Attrs, Importer, NodeProto, Out, Val, dtype_of, input, invalid, normalize_axis, req,
+    Attrs, Importer, NodeProto, Out, Val, dims_str, dtype_of, input, invalid, normalize_axis, req,
 };
 use crate::error::Result;
-use crate::ir::{DType, Dim, ExprId};
-use crate::op::{ElemOp, Op, ReduceAttrs};
+use crate::ir::{Constant, DType, Dim, ExprId};
+use crate::op::{ElemOp, Op, ReduceAttrs, TakeMode};
 
 fn range_of(dt: DType) -> Result<(f64, f64)> {
     match dt {
@@ -60,8 +61,8 @@ fn along(im: &mut Importer<'_>, x: ExprId, axis: Option<usize>, rank: usize) -> 
             im.emit(Op::Reshape, vec![x, s])
         }
         _ => Err(invalid(format!(
-            "scales and zero points must be scalars or 1-D (blocked quantization is not \
-             supported), found shape {d:?}"
+            "scales and zero points must be scalars or 1-D (or, with block_size, of the \
+             input's rank), found shape {d:?}"
         ))),
     }
 }
@@ -92,19 +93,85 @@ fn quantize(
     cast(im, q, to)
 }
 
-fn no_blocks(a: &Attrs<'_>) -> Result<()> {
-    if a.int("block_size", 0) != 0 {
-        return Err(invalid(
-            "blocked quantization (block_size > 0) is not supported",
-        ));
+/// `block_size` (opset 21+): `None` for per-tensor or per-axis quantization.
+fn block_size(a: &Attrs<'_>) -> Result<Option<i64>> {
+    match a.int("block_size", 0) {
+        0 => Ok(None),
+        b if b > 0 => Ok(Some(b)),
+        b => Err(invalid(format!("block_size must be ≥ 0, found {b}"))),
     }
-    Ok(())
+}
+
+/// A scale or zero point `v` made to broadcast against `x` (dims `xd`): per tensor or per
+/// axis ([`along`]); blocked, each of its entries along `axis` repeated `block` times and the
+/// last block cut to `x`'s extent (one `take` with a constant index), as ONNX's reference
+/// does. A blocked `v` has `x`'s rank and extents except along `axis`, where it has one entry
+/// per block.
+fn spread(
+    im: &mut Importer<'_>,
+    v: ExprId,
+    axis: Option<usize>,
+    xd: &[Dim],
+    block: Option<i64>,
+) -> Result<ExprId> {
+    let (vd, _) = im.dims(v)?;
+    if vd.len() > 1 && vd.iter().all(|d| *d == Dim::Static(1)) {
+        // One value, whatever its rank: a scalar, as the reference reads it.
+        let s = im.b.shape(vec![]);
+        return im.emit(Op::Reshape, vec![v, s]);
+    }
+    let Some(block) = block else {
+        return along(im, v, axis, xd.len());
+    };
+    if vd.len() <= 1 && vd.first().is_none_or(|d| *d == Dim::Static(1)) {
+        return along(im, v, axis, xd.len());
+    }
+    let axis = axis.ok_or_else(|| {
+        invalid(format!(
+            "`axis` is out of range for a rank-{} input",
+            xd.len()
+        ))
+    })?;
+    let others_agree = vd.len() == xd.len()
+        && vd
+            .iter()
+            .zip(xd)
+            .enumerate()
+            .all(|(i, (v, x))| i == axis || v == x);
+    let (Some(d), Some(nb)) = (xd[axis].as_static(), vd.get(axis).and_then(Dim::as_static)) else {
+        return Err(invalid(
+            "blocked quantization needs static extents along `axis`",
+        ));
+    };
+    // Every block holds at least one element: (nb − 1)·block < d ≤ nb·block.
+    let fits = nb >= 1
+        && (nb - 1).checked_mul(block).is_some_and(|lo| lo < d)
+        && nb.checked_mul(block).is_some_and(|hi| d <= hi);
+    if !others_agree || !fits {
+        return Err(invalid(format!(
+            "blocked quantization (block_size {block}, axis {axis}): scales and zero points \
+             must have the input's shape {} except {} blocks along the axis, found {}",
+            dims_str(xd),
+            d.div_euclid(block) + i64::from(d % block != 0),
+            dims_str(&vd)
+        )));
+    }
+    let index: Vec<u8> = (0..d).flat_map(|i| (i / block).to_le_bytes()).collect();
+    let index = Constant::from_bytes(DType::I64, vec![d], index).map_err(invalid)?;
+    let index = im.b.constant(index);
+    im.emit(
+        Op::Take {
+            axis: Some(axis as i64),
+            mode: TakeMode::Fast,
+        },
+        vec![v, index],
+    )
 }
 
 /// `QuantizeLinear(x, y_scale[, y_zero_point])`.
 pub(crate) fn quantize_linear(im: &mut Importer<'_>, node: &NodeProto) -> Result<Vec<Out>> {
     let a = Attrs(node);
-    no_blocks(&a)?;
+    let block = block_size(&a)?;
     let x = im.expr(req(node, 0)?)?;
     let (xd, xt) = im.dims(x)?;
     let axis = normalize_axis(a.int("axis", 1), xd.len()).ok();
@@ -128,8 +195,8 @@ pub(crate) fn quantize_linear(im: &mut Importer<'_>, node: &NodeProto) -> Result
     };
     let xf = cast(im, x, ft)?;
     let sf = cast(im, s, ft)?;
-    let sf = along(im, sf, axis, xd.len())?;
-    let zp = zp.map(|z| along(im, z, axis, xd.len())).transpose()?;
+    let sf = spread(im, sf, axis, &xd, block)?;
+    let zp = zp.map(|z| spread(im, z, axis, &xd, block)).transpose()?;
     let y = quantize(im, xf, sf, zp, to, ft)?;
     Ok(vec![Out::Val(Val::Expr(y))])
 }
@@ -137,7 +204,7 @@ pub(crate) fn quantize_linear(im: &mut Importer<'_>, node: &NodeProto) -> Result
 /// `DequantizeLinear(x, x_scale[, x_zero_point])`: `(x - zp) · scale` in the scale's type.
 pub(crate) fn dequantize_linear(im: &mut Importer<'_>, node: &NodeProto) -> Result<Vec<Out>> {
     let a = Attrs(node);
-    no_blocks(&a)?;
+    let block = block_size(&a)?;
     let x = im.expr(req(node, 0)?)?;
     let (xd, _) = im.dims(x)?;
     let axis = normalize_axis(a.int("axis", 1), xd.len()).ok();
@@ -158,11 +225,11 @@ pub(crate) fn dequantize_linear(im: &mut Importer<'_>, node: &NodeProto) -> Resu
     if let Some(z) = input(node, 2) {
         let z = im.expr(z)?;
         let z = cast(im, z, wide)?;
-        let z = along(im, z, axis, xd.len())?;
+        let z = spread(im, z, axis, &xd, block)?;
         v = im.emit(Op::Subtract, vec![v, z])?;
     }
     let sw = cast(im, s, wide)?;
-    let sw = along(im, sw, axis, xd.len())?;
+    let sw = spread(im, sw, axis, &xd, block)?;
     let y = im.emit(Op::Multiply, vec![v, sw])?;
     let y = cast(im, y, st)?;
     Ok(vec![Out::Val(Val::Expr(y))])

@@ -65,8 +65,8 @@ fn col2im_refuses_what_does_not_add_up() {
             "not a multiple of the block size 4",
         ),
         (
-            col2im(&["1", "8", "4"], &[5, 5, 5], &[2, 2, 2], vec![]),
-            "3 spatial axes",
+            col2im(&["1", "8", "4"], &[5, 5, 5, 5], &[2, 2, 2, 2], vec![]),
+            "2 or 3 spatial axes",
         ),
         (
             col2im(&["1", "8", "4"], &[1, 1], &[2, 2], vec![]),
