@@ -369,6 +369,27 @@ FAMILIES = [
         shape=(3, 32, 32),
     ),
     Family(
+        "videomae",
+        lambda: tf.VideoMAEForVideoClassification(
+            tf.VideoMAEConfig(
+                image_size=32,
+                patch_size=8,
+                num_frames=4,
+                tubelet_size=2,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                num_labels=10,
+            )
+        ),
+        "image",
+        "logits",
+        "video: tubelet embedding Conv3d (2 frames × 8 × 8), sinusoidal positions, mean-pooled "
+        "encoder, classifier",
+        shape=(4, 3, 32, 32),
+    ),
+    Family(
         "deit",
         lambda: tf.DeiTForImageClassification(
             tf.DeiTConfig(

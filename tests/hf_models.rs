@@ -66,6 +66,8 @@ const EXPECTED_PASS: &[&str] = &[
     "swin-ts",
     "t5-encoder-dynamo",
     "t5-encoder-ts",
+    "videomae-dynamo",
+    "videomae-ts",
     "vit-dynamo",
     "vit-ts",
     "whisper-encoder-dynamo",

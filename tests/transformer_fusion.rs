@@ -178,6 +178,32 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             ],
         ),
         (
+            "videomae-ts",
+            &[
+                ("cpu.attention_heads", 2),
+                // q, v, output and fc2 per layer, and the classifier: VideoMAE's key
+                // projection has no bias (its q/v biases are concatenated with zeros).
+                ("cpu.dense_bias", 9),
+                ("cpu.dense_gelu", 2),
+                // Two per layer; the last residual add goes into the mean pooling
+                // instead, and fc_norm normalises the pooled vector alone.
+                ("cpu.residual_layer_norm", 4),
+            ],
+        ),
+        (
+            "videomae-dynamo",
+            &[
+                ("cpu.attention_heads", 2),
+                // As videomae-ts but the classifier: its bias is zero (transformers'
+                // initialisation) and the dynamo exporter drops it, so it is a plain matmul.
+                ("cpu.dense_bias", 8),
+                ("cpu.dense_gelu", 2),
+                // Two per layer; the last residual add goes into the mean pooling
+                // instead, and fc_norm normalises the pooled vector alone.
+                ("cpu.residual_layer_norm", 4),
+            ],
+        ),
+        (
             "whisper-encoder-ts",
             &[
                 ("cpu.attention_heads", 2),
