@@ -270,6 +270,21 @@ impl Dim {
         }
     }
 
+    /// Whether `self` and `other` are equal for every value of their symbols, as far as
+    /// polynomial arithmetic shows: both are expanded into sums of products of symbols (a
+    /// floor division or modulo is one opaque factor), like terms collected, and compared.
+    /// `false` means "not shown equal", not "unequal"; expressions past a few hundred terms
+    /// are not expanded.
+    pub fn provably_eq(&self, other: &Dim) -> bool {
+        if self == other {
+            return true;
+        }
+        match (Poly::of(self), Poly::of(other)) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
+    }
+
     /// Evaluates the dim with the symbol values given by `lookup`.
     pub fn eval(&self, lookup: &dyn Fn(&Sym) -> Option<i64>) -> Option<i64> {
         match self {
@@ -299,6 +314,71 @@ impl Dim {
                 Ok(())
             }
         }
+    }
+}
+
+/// A dim expanded into a polynomial: each monomial (its factors sorted: symbols and opaque
+/// floor divisions / modulos) with its nonzero integer coefficient.
+#[derive(PartialEq, Eq)]
+struct Poly(std::collections::BTreeMap<Vec<Dim>, i64>);
+
+impl Poly {
+    /// The most monomials an expansion may reach before it gives up.
+    const MAX_TERMS: usize = 256;
+
+    fn of(d: &Dim) -> Option<Poly> {
+        let mut p = std::collections::BTreeMap::new();
+        match d {
+            Dim::Static(0) => {}
+            Dim::Static(v) => {
+                p.insert(Vec::new(), *v);
+            }
+            Dim::Sym(_) => {
+                p.insert(vec![d.clone()], 1);
+            }
+            Dim::Expr(e) => {
+                return match e.0 {
+                    DimOp::Add => Poly::of(&e.1)?.plus(&Poly::of(&e.2)?, 1),
+                    DimOp::Sub => Poly::of(&e.1)?.plus(&Poly::of(&e.2)?, -1),
+                    DimOp::Mul => Poly::of(&e.1)?.times(&Poly::of(&e.2)?),
+                    DimOp::FloorDiv | DimOp::FloorMod => {
+                        p.insert(vec![d.clone()], 1);
+                        Some(Poly(p))
+                    }
+                };
+            }
+        }
+        Some(Poly(p))
+    }
+
+    /// `self + sign * other`.
+    fn plus(mut self, other: &Poly, sign: i64) -> Option<Poly> {
+        for (m, c) in &other.0 {
+            let add = c.checked_mul(sign)?;
+            let e = self.0.entry(m.clone()).or_insert(0);
+            *e = e.checked_add(add)?;
+            if *e == 0 {
+                self.0.remove(m);
+            }
+        }
+        (self.0.len() <= Self::MAX_TERMS).then_some(self)
+    }
+
+    fn times(&self, other: &Poly) -> Option<Poly> {
+        if self.0.len().checked_mul(other.0.len())? > Self::MAX_TERMS {
+            return None;
+        }
+        let mut out = Poly(std::collections::BTreeMap::new());
+        for (ma, ca) in &self.0 {
+            for (mb, cb) in &other.0 {
+                let mut m: Vec<Dim> = ma.iter().chain(mb).cloned().collect();
+                m.sort();
+                let mut one = std::collections::BTreeMap::new();
+                one.insert(m, ca.checked_mul(*cb)?);
+                out = out.plus(&Poly(one), 1)?;
+            }
+        }
+        Some(out)
     }
 }
 
@@ -384,6 +464,49 @@ mod tests {
         let long = (0..=MAX_DIM_OPS).fold(n.clone(), |d, _| d.mul(&n));
         let why = long.out_of_range().unwrap_or_default();
         assert!(why.contains("operators"), "{why}");
+    }
+
+    #[test]
+    fn polynomially_equal_dims_are_provably_equal() {
+        let b = Dim::sym("b");
+        let s = Dim::sym("s");
+        let two = Dim::Static(2);
+        // (b + s) * 2 == s * 2 + b * 2
+        let l = b.add(&s).mul(&two);
+        let r = s.mul(&two).add(&b.mul(&two));
+        assert_ne!(l, r);
+        assert!(l.provably_eq(&r));
+        // b * s - s * b == 0
+        assert!(b.mul(&s).sub(&s.mul(&b)).provably_eq(&Dim::Static(0)));
+        // Floor division is opaque: (b + 1) // 2 is itself, not b // 2 + 1 // 2.
+        let q = b.add(&Dim::Static(1)).floor_div(&two);
+        assert!(q.provably_eq(&q.clone()));
+        assert!(!q.provably_eq(&b.floor_div(&two)));
+        assert!(q.mul(&two).add(&s).provably_eq(&s.add(&two.mul(&q))));
+        assert!(!b.provably_eq(&s));
+        assert!(!b.add(&Dim::Static(1)).provably_eq(&b));
+        // What the exporters' shape arithmetic writes apart: BART's `sequence + -1`
+        // against `sequence - 1`, Swin V2's `16 * batch` against `batch * 16`.
+        assert!(s.add(&Dim::Static(-1)).provably_eq(&s.sub(&Dim::Static(1))));
+        assert!(
+            Dim::Static(16)
+                .mul(&b)
+                .provably_eq(&b.mul(&Dim::Static(16)))
+        );
+        // A product of many sums would expand past the term limit: not shown equal.
+        let sums: Vec<Dim> = (0..12)
+            .map(|i| Dim::sym(&format!("x{i}")).add(&Dim::sym(&format!("y{i}"))))
+            .collect();
+        let big = sums.iter().skip(1).fold(sums[0].clone(), |p, d| p.mul(d));
+        assert!(big.provably_eq(&big.clone()));
+        assert!(
+            !big.provably_eq(
+                &big.add(&Dim::Static(0))
+                    .mul(&Dim::Static(1))
+                    .add(&b)
+                    .sub(&b)
+            )
+        );
     }
 
     #[test]

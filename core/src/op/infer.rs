@@ -163,7 +163,7 @@ fn broadcast(cx: &Cx<'_>, x: &[Dim], y: &[Dim]) -> Result<Option<Vec<Dim>>, Stri
         out.push(match (a, b) {
             (Some(a), None) => a.clone(),
             (None, Some(b)) => b.clone(),
-            (Some(a), Some(b)) if a == b => a.clone(),
+            (Some(a), Some(b)) if a.provably_eq(b) => a.clone(),
             (Some(Dim::Static(1)), Some(b)) => b.clone(),
             (Some(a), Some(Dim::Static(1))) => a.clone(),
             (Some(Dim::Static(a)), Some(Dim::Static(b))) => {

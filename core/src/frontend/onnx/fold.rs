@@ -334,11 +334,12 @@ const MAX_FLOAT_FOLD_ELEMS: usize = 64;
 /// `Sqrt` of float constants of one dtype with at most [`MAX_FLOAT_FOLD_ELEMS`] elements, as a
 /// constant: computed in `f64` and rounded once to the dtype, which for these correctly rounded
 /// operations gives the dtype's own result (`f64` carries more than twice the bits of `f32`,
-/// `f16` and `bf16`). `None` for anything else: larger tensors stay IR for FoldConstant.
+/// `f16` and `bf16`). `Pow` too (DINOv2's `Cast(Pow(16.0, 0.5))`, the side of its position
+/// grid, feeds a `Reshape`): exact where the power is representable, otherwise within an ulp. `None` for anything else: larger tensors stay IR for FoldConstant.
 fn float_elementwise(im: &Importer<'_>, node: &super::NodeProto) -> Result<Option<Constant>> {
     let op = node.op_type.as_str();
     let arity = match op {
-        "Add" | "Sub" | "Mul" | "Div" => 2,
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" => 2,
         "Neg" | "Abs" | "Ceil" | "Floor" | "Relu" | "Sqrt" => 1,
         _ => return Ok(None),
     };
@@ -382,6 +383,7 @@ fn float_elementwise(im: &Importer<'_>, node: &super::NodeProto) -> Result<Optio
                 "Add" => x + b,
                 "Sub" => x - b,
                 "Mul" => x * b,
+                "Pow" => x.powf(b),
                 _ => x / b,
             }
         } else {
@@ -464,18 +466,32 @@ fn pick(x: &Ints, shape: Vec<usize>, src: impl Fn(&[usize]) -> usize) -> Val {
     .into_val()
 }
 
-/// Whether a dim is never negative: static ones ≥ 0, symbols (every symbol here is a dim of
-/// a tensor) and sums, products and floor quotients (by a positive divisor) of such dims.
-pub(super) fn nonneg(d: &Dim) -> bool {
+/// A lower bound of a dim's value, taking every symbol to be at least 1 (a symbol here is a
+/// model's batch or sequence length, or a dim inferred from them; the inferred shapes already
+/// assume as much: a slice `x[1:]` of a length-`n` axis has length `n - 1`): constants,
+/// sums, differences by a constant, products and floor quotients by a positive constant of
+/// such dims. `None` when no bound is known.
+pub(super) fn lower_bound(d: &Dim) -> Option<i64> {
+    use crate::ir::DimOp;
     match d {
-        Dim::Static(v) => *v >= 0,
-        Dim::Sym(_) => true,
+        Dim::Static(v) => Some(*v),
+        Dim::Sym(_) => Some(1),
         Dim::Expr(e) => match e.0 {
-            crate::ir::DimOp::Add | crate::ir::DimOp::Mul => nonneg(&e.1) && nonneg(&e.2),
-            crate::ir::DimOp::FloorDiv | crate::ir::DimOp::FloorMod => {
-                nonneg(&e.1) && e.2.as_static().is_some_and(|v| v > 0)
+            DimOp::Add => lower_bound(&e.1)?.checked_add(lower_bound(&e.2)?),
+            DimOp::Sub => lower_bound(&e.1)?.checked_sub(e.2.as_static()?),
+            DimOp::Mul => {
+                let (a, b) = (lower_bound(&e.1)?, lower_bound(&e.2)?);
+                if a >= 0 && b >= 0 {
+                    a.checked_mul(b)
+                } else {
+                    None
+                }
             }
-            crate::ir::DimOp::Sub => false,
+            DimOp::FloorDiv => {
+                let c = e.2.as_static().filter(|&c| c > 0)?;
+                Some(lower_bound(&e.1)?.div_euclid(c))
+            }
+            DimOp::FloorMod => e.2.as_static().filter(|&c| c > 0).map(|_| 0),
         },
     }
 }

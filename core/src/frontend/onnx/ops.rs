@@ -783,7 +783,7 @@ fn broadcast_shapes(a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>> {
         out.push(match (x, y) {
             (Some(x), None) => x.clone(),
             (None, Some(y)) => y.clone(),
-            (Some(x), Some(y)) if x == y => x.clone(),
+            (Some(x), Some(y)) if x.provably_eq(y) => x.clone(),
             (Some(x), Some(y)) if *x == Dim::Static(1) => y.clone(),
             (Some(x), Some(y)) if *y == Dim::Static(1) => x.clone(),
             (Some(x), Some(y)) => {

@@ -808,6 +808,7 @@ fn recurrent_layers_need_a_static_unpadded_sequence() {
 }
 mod col2im;
 mod conv3d;
+mod exporter_shapes;
 mod loop_unroll;
 mod reduce;
 mod scan;

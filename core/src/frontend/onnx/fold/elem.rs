@@ -5,7 +5,8 @@
 //!
 //! Contract: [`fold`] gets every input as [`Ints`] (numpy broadcasting between them) and
 //! returns `Ok(None)` whenever a result depends on a symbolic value it cannot decide, so the
-//! node becomes IR instead. `Equal` of two structurally equal dims is true; other comparisons,
+//! node becomes IR instead. `Equal` of two structurally equal dims is true, and of a dim and a
+//! constant below its lower bound false (symbols count as at least 1); other comparisons,
 //! `Mod` and the logical ops need static values; `Where` needs a static condition and may pick
 //! symbolic dims; `Max` / `Min` (any number of inputs) need static values or one dim in all of
 //! them. Integer `Mod` by zero is an error.
@@ -101,9 +102,18 @@ pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>
                 }
             }
             ("Equal", [p, q], _) if p == q => Dim::Static(1),
-            // Dims are never negative: `Equal(shape, -1)` is false for a symbolic dim.
-            ("Equal", [_, q], [Some(u), None]) if *u < 0 && super::nonneg(q) => Dim::Static(0),
-            ("Equal", [p, _], [None, Some(v)]) if *v < 0 && super::nonneg(p) => Dim::Static(0),
+            // A symbolic dim is at least 1 ([`super::lower_bound`]): `Equal(shape, -1)`, the
+            // exporters' "-1 means infer" test, is false for `n` and for BART's `n - 1`.
+            ("Equal", [_, q], [Some(u), None])
+                if super::lower_bound(q).is_some_and(|lb| lb > *u) =>
+            {
+                Dim::Static(0)
+            }
+            ("Equal", [p, _], [None, Some(v)])
+                if super::lower_bound(p).is_some_and(|lb| lb > *v) =>
+            {
+                Dim::Static(0)
+            }
             ("Not", _, [Some(p)]) => Dim::Static(i64::from(*p == 0)),
             ("Max" | "Min", [first, ..], _) => {
                 if let Some(vs) = st.iter().copied().collect::<Option<Vec<i64>>>() {
@@ -199,6 +209,30 @@ mod tests {
                 .flatten(),
         );
         assert_eq!(m, vec![Dim::Static(0), Dim::Static(1)]);
+        // BART's `Where(Equal(Shape(...), -1), ...)` over (n, n - 1): n - 1 is at least 0,
+        // n at least 1; n - 2 == -1 cannot be decided.
+        let n = Dim::sym("n");
+        let dims = |vals: Vec<Dim>| Ints {
+            dtype: DType::I64,
+            shape: vec![vals.len()],
+            vals,
+        };
+        let shape = dims(vec![n.clone(), n.sub(&Dim::Static(1))]);
+        let m = vals(fold("Equal", &a, &[shape, ints(&[], &[-1])]).ok().flatten());
+        assert_eq!(m, vec![Dim::Static(0), Dim::Static(0)]);
+        let undecided = dims(vec![n.sub(&Dim::Static(2))]);
+        assert!(
+            fold("Equal", &a, &[undecided, ints(&[], &[-1])])
+                .ok()
+                .flatten()
+                .is_none()
+        );
+        let zero = vals(
+            fold("Equal", &a, &[sym.clone(), ints(&[], &[0])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(zero, vec![Dim::Static(0), Dim::Static(0)]);
         // n == 4 cannot be decided: nothing folds.
         let m = fold("Equal", &a, &[sym.clone(), ints(&[], &[4])])
             .ok()

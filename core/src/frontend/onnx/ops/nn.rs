@@ -872,7 +872,8 @@ fn transpose_geometry(
 }
 
 /// `Resize` (opsets 10–19) of a 4-D tensor's two spatial axes → `relax.image.resize2d`. The
-/// scales / sizes / roi inputs must be constants; N and C must keep their extents.
+/// scales / sizes / roi inputs must be known at import (sizes may hold the input's own symbolic
+/// N and C, as `Concat(Shape(x)[:2], [h, w])` does); N and C must keep their extents.
 pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
     let x = im.expr(req(node, 0)?)?;
     let (xd, _) = im.dims(x)?;
@@ -907,12 +908,13 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
             a.string("nearest_mode", "round_prefer_floor"),
         )
     };
-    // Per-axis scale (when given) and output extent, for all 4 axes.
-    let in_ext = [xd[0].as_static(), xd[1].as_static(), Some(ih), Some(iw)];
+    // Per-axis scale (when given) and output extent of H and W; N and C (symbolic or not:
+    // `sizes` is often `Concat(Shape(x)[:2], [h, w])`) must keep their extents.
+    let in_ext = [None, None, Some(ih), Some(iw)];
     let mut out = [0i64; 4];
     let mut scale = [1.0f64; 4];
     let sizes = match sizes_in {
-        Some(n) => Some(im.const_i64s(n)?),
+        Some(n) => Some(im.const_dims(n)?),
         None => None,
     };
     let scales = match (scales_in, &sizes) {
@@ -922,26 +924,41 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
         }
         _ => None,
     };
+    let batch_or_channel =
+        || invalid("Resize of the batch or channel axis is not supported (only H and W)");
     for (k, ax) in axes.iter().enumerate() {
         match (&sizes, &scales) {
             (Some(s), _) => {
-                let v = *s
+                let v = s
                     .get(k)
                     .ok_or_else(|| invalid("`sizes` has fewer values than `axes`"))?;
-                out[*ax] = v;
-                if let Some(i) = in_ext[*ax] {
-                    scale[*ax] = v as f64 / i as f64;
+                if *ax < 2 {
+                    if !v.provably_eq(&xd[*ax]) {
+                        return Err(batch_or_channel());
+                    }
+                    continue;
                 }
+                let v = v.as_static().ok_or_else(|| {
+                    invalid(format!(
+                        "Resize's output {} must be static, found symbolic dim `{v}`",
+                        if *ax == 2 { "height" } else { "width" }
+                    ))
+                })?;
+                out[*ax] = v;
+                scale[*ax] = v as f64 / in_ext[*ax].unwrap_or(1) as f64;
             }
             (None, Some(s)) => {
                 scale[*ax] = *s
                     .get(k)
                     .ok_or_else(|| invalid("`scales` has fewer values than `axes`"))?;
+                if *ax < 2 && scale[*ax] != 1.0 {
+                    return Err(batch_or_channel());
+                }
             }
             (None, None) => return Err(invalid("Resize needs `scales` or `sizes`")),
         }
     }
-    if let Some(s) = &sizes {
+    if sizes.is_some() {
         let policy = a.string("keep_aspect_ratio_policy", "stretch");
         if policy != "stretch" {
             let sp: Vec<f64> = axes
@@ -963,14 +980,13 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
                 out[ax] = (pick * in_ext[ax].unwrap_or(1) as f64).round() as i64;
             }
         }
-        let _ = s;
     }
-    for ax in 0..4 {
+    for ax in 2..4 {
+        let i = in_ext[ax].unwrap_or(1);
         if !axes.contains(&ax) {
             scale[ax] = 1.0;
-            out[ax] = in_ext[ax].unwrap_or(0);
+            out[ax] = i;
         } else if sizes.is_none() {
-            let i = in_ext[ax].ok_or_else(|| invalid("Resize with scales needs static dims"))?;
             // Scales are float32: a product within float32 rounding of an integer is that
             // integer.
             let exact = i as f64 * scale[ax];
@@ -989,17 +1005,6 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
         (exact - out[ax] as f64).abs() > 1e-5 * exact.abs().max(1.0)
     };
     let explicit = (inexact(2) || inexact(3)).then_some([F64(scale[2]), F64(scale[3])]);
-    for ax in 0..2 {
-        let same = match in_ext[ax] {
-            Some(i) => out[ax] == i,
-            None => scale[ax] == 1.0,
-        };
-        if !same {
-            return Err(invalid(
-                "Resize of the batch or channel axis is not supported (only H and W)",
-            ));
-        }
-    }
     if out[2] < 1 || out[3] < 1 {
         return Err(invalid(format!(
             "Resize gives an empty output ({} x {})",
