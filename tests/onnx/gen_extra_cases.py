@@ -8,7 +8,9 @@ value-dependent ops only alone (here NonZero, Compress, Unique and NonMaxSuppres
 ops, ask for some of their outputs, select nothing, or take defaults), and has one 3-D
 ConvTranspose and no 3-D Conv (here strides, dilations, pads, groups, `auto_pad`,
 `output_shape`, and a 3-D Col2Im with pads and dilation, whose reference is `col2im_numpy`:
-onnxruntime 1.32 gets that one wrong). The DFT and STFT cases
+onnxruntime 1.32 gets that one wrong), nor the shape arithmetic Hugging Face exports write
+around Tile, Resize, Expand, Range and EyeLike over symbolic dims (DeBERTa-v2, SegFormer,
+BART, XLNet). The DFT and STFT cases
 (padding, truncation, complex and real inputs, odd lengths, windows, two-sided spectra) take
 their outputs from numpy's FFT instead: onnxruntime 1.32 fails the suite's own DFT and STFT
 cases, so its outputs there would be no reference. Each case here is
@@ -406,6 +408,82 @@ NUMPY_ORT_WRONG = {
 }
 
 
+# Values of the symbolic dims (`dim_param`) of the exporter-shape cases' inputs.
+SYMBOLIC = {"batch": 3, "n": 5}
+
+
+def i64c(name, v):
+    return numpy_helper.from_array(np.array(v, np.int64), name)
+
+
+def tile_symbolic_model(name):
+    """DeBERTa-v2's Tile: repeats [2·batch, 2] computed from another input's shape."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"], start=0, end=1),
+        h.make_node("Mul", ["s", "two"], ["b2"]),
+        h.make_node("Concat", ["b2", "two"], ["reps"], axis=0),
+        h.make_node("Tile", ["z", "reps"], ["y"]),
+    ]
+    return h.make_graph(nodes, name, [f32("x", ["batch", 4]), f32("z", [2, 3])],
+                        [f32("y", None)], [i64c("two", [2])]), 15
+
+
+def resize_symbolic_batch_model(name):
+    """SegFormer's Resize: sizes = Concat(Shape(x)[:2], [5, 7]) over a symbolic batch."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["nc"], start=0, end=2),
+        h.make_node("Concat", ["nc", "hw"], ["sizes"], axis=0),
+        h.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear"),
+    ]
+    return h.make_graph(nodes, name, [f32("x", ["batch", 2, 3, 4])], [f32("y", None)],
+                        [i64c("hw", [5, 7])]), 15
+
+
+def expand_bart_positions_model(name):
+    """BART's Expand: target Where(Equal(s, -1), 1, s), s = Shape(r[:, None] + r[1:]) =
+    (n, n − 1) for r = Range(n), then added to the input's first n − 1 columns."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["n1"], start=1, end=2),
+        h.make_node("Squeeze", ["n1"], ["n"]),
+        h.make_node("Range", ["zero", "n", "one"], ["r"]),
+        h.make_node("Reshape", ["r", "col"], ["rc"]),
+        h.make_node("Slice", ["r", "one1", "big"], ["tail"]),
+        h.make_node("Add", ["rc", "tail"], ["sum"]),
+        h.make_node("Shape", ["sum"], ["s"]),
+        h.make_node("Equal", ["s", "minus1"], ["m1"]),
+        h.make_node("Where", ["m1", "ones", "s"], ["target"]),
+        h.make_node("Expand", ["bias", "target"], ["e"]),
+        h.make_node("Slice", ["x", "zero1", "minus1", "one1"], ["xs"]),
+        h.make_node("Add", ["e", "xs"], ["y"]),
+    ]
+    return h.make_graph(
+        nodes, name, [f32("x", ["n", "n"])], [f32("y", None)],
+        [i64c("zero", 0), i64c("one", 1), i64c("one1", [1]), i64c("zero1", [0]),
+         i64c("big", [2**62]), i64c("col", [-1, 1]), i64c("minus1", [-1]), i64c("ones", [1, 1]),
+         numpy_helper.from_array(np.array([0.5], np.float32), "bias")]), 15
+
+
+
+def xlnet_positions_model(name):
+    """XLNet's relative positions: Range(n, −n, −1) over a symbolic n, and EyeLike (k = 1) of
+    ConstantOfShape([n, n + 1]), each added to float data so both are checked as values."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"], start=0, end=1),
+        h.make_node("Squeeze", ["s"], ["n"]),
+        h.make_node("Neg", ["n"], ["neg"]),
+        h.make_node("Range", ["n", "neg", "minus1"], ["r"]),
+        h.make_node("Cast", ["r"], ["rf"], to=TP.FLOAT),
+        h.make_node("Add", ["s", "one"], ["s1"]),
+        h.make_node("Concat", ["s", "s1"], ["nn"], axis=0),
+        h.make_node("ConstantOfShape", ["nn"], ["zeros"]),
+        h.make_node("EyeLike", ["zeros"], ["eye"], k=1),
+        h.make_node("Add", ["eye", "x"], ["y"]),
+    ]
+    return h.make_graph(
+        nodes, name, [f32("x", ["n", 1])], [f32("rf", None), f32("y", None)],
+        [i64c("minus1", -1), i64c("one", [1])]), 15
+
+
 CASES = [
     ("scan_reverse_input_axis1_output_axes", lambda n: scan_model(
         n, dict(scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1, -1],
@@ -450,7 +528,12 @@ CASES = [
     ("convtranspose3d_dilated_depth_cropped", lambda n: conv3d_model(
         n, "ConvTranspose", [2, 1, 4, 3, 3], [1, 1, 3, 2, 2], 1, strides=[2, 1, 1],
         dilations=[3, 1, 1], pads=[4, 0, 0, 3, 0, 0])),
-] + [(name, build) for name, (build, _) in NUMPY_ORT_WRONG.items()]
+] + [(name, build) for name, (build, _) in NUMPY_ORT_WRONG.items()] + [
+    ("tile_symbolic_repeats", tile_symbolic_model),
+    ("resize_sizes_symbolic_batch", resize_symbolic_batch_model),
+    ("expand_to_n_by_n_minus_1", expand_bart_positions_model),
+    ("range_n_to_minus_n_and_eyelike", xlnet_positions_model),
+]
 
 
 def main() -> int:
@@ -469,7 +552,8 @@ def main() -> int:
         onnx.save(m, path)
         feeds = {}
         for vi in g.input:
-            shape = [x.dim_value for x in vi.type.tensor_type.shape.dim]
+            shape = [x.dim_value if x.HasField("dim_value") else SYMBOLIC[x.dim_param]
+                     for x in vi.type.tensor_type.shape.dim]
             if vi.type.tensor_type.elem_type == TP.UINT8:
                 feeds[vi.name] = rng.integers(0, 256, shape, dtype=np.uint8)
             elif vi.type.tensor_type.elem_type == TP.BOOL:

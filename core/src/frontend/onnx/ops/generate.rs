@@ -15,6 +15,7 @@
 use super::super::{Attrs, Importer, MAX_CONST_ELEMS, Out, Val, dtype_of, invalid, req};
 use crate::error::Result;
 use crate::ir::{Constant, DType};
+use crate::op::Op;
 use std::f64::consts::PI;
 
 /// Encodes `vals` as a constant of `dtype` and shape `shape`.
@@ -74,7 +75,8 @@ pub(crate) fn window(im: &mut Importer<'_>, node: &super::super::NodeProto) -> R
     )?))])
 }
 
-/// `EyeLike` of an input with a static 2-D shape.
+/// `EyeLike` of a 2-D input: a constant for a static shape, else ones of the input's symbolic
+/// shape off-diagonal-zeroed by `tril` and `triu`.
 pub(crate) fn eye_like(im: &mut Importer<'_>, node: &super::super::NodeProto) -> Result<Vec<Out>> {
     let a = Attrs(node);
     let x = im.expr(req(node, 0)?)?;
@@ -86,7 +88,16 @@ pub(crate) fn eye_like(im: &mut Importer<'_>, node: &super::super::NodeProto) ->
         )));
     };
     let (Some(r), Some(c)) = (r.as_static(), c.as_static()) else {
-        return Err(invalid("EyeLike needs a static input shape"));
+        // A symbolic shape (XLNet's `EyeLike(ConstantOfShape([n, n]))`): ones of that shape
+        // with everything off the k-th diagonal zeroed, `triu(tril(ones, k), k)`.
+        let dtype = out_dtype(&a, "dtype", dt)?;
+        let k = a.int("k", 0);
+        let one = im.b.constant(Constant::scalar(1.0, dtype));
+        let shape = im.b.shape(vec![r.clone(), c.clone()]);
+        let ones = im.emit(Op::BroadcastTo, vec![one, shape])?;
+        let lower = im.emit(Op::Tril { k }, vec![ones])?;
+        let eye = im.emit(Op::Triu { k }, vec![lower])?;
+        return Ok(vec![Out::Val(Val::Expr(eye))]);
     };
     let numel = r
         .checked_mul(c)

@@ -246,6 +246,11 @@ pub(super) fn convert(
         "Tile" => {
             let x = im.expr(req(node, 0)?)?;
             let (dims, _) = im.dims(x)?;
+            let reps = im.const_dims(req(node, 1)?)?;
+            if reps.iter().any(|r| r.as_static().is_none()) && reps.len() == dims.len() {
+                return tile_symbolic(im, x, &dims, &reps)
+                    .map(|v| Some(vec![Out::Val(Val::Expr(v))]));
+            }
             let repeats = im.const_i64s(req(node, 1)?)?;
             // ONNX wants one repeat per axis (relax.tile would pad a short list, numpy-style).
             if repeats.len() != dims.len() {
@@ -382,9 +387,11 @@ pub(super) fn convert(
     }))
 }
 
-/// `Range(start, limit, delta)` over integers whose `limit` is a symbolic dim (position ids of
-/// a dynamic sequence length): `start + delta * cumsum(broadcast_to(1, [n]), exclusive)` with
-/// `n = ceil((limit - start) / delta)` as a dim expression. `None` when every bound is static.
+/// `Range(start, limit, delta)` over integers whose `limit` or `start` is a symbolic dim
+/// (position ids of a dynamic sequence length; XLNet's relative positions `Range(n, -n, -1)`):
+/// `start + delta * cumsum(broadcast_to(1, [n]), exclusive)` with
+/// `n = ceil((limit - start) / delta)` as a dim expression (ONNX's `max(n, 0)` holds where it
+/// is not negative: a negative extent is a run-time error). `None` when every bound is static.
 fn symbolic_range(
     im: &mut Importer<'_>,
     node: &super::super::NodeProto,
@@ -401,10 +408,9 @@ fn symbolic_range(
     if limit.as_static().is_some() && start.as_static().is_some() {
         return Ok(None);
     }
-    let (Some(s), Some(d), true) = (start.as_static(), delta.as_static(), dtype.is_int()) else {
+    let (Some(d), true) = (delta.as_static(), dtype.is_int()) else {
         return Err(invalid(format!(
-            "Range({start}, {limit}, {delta}): only the limit may be symbolic, with a static \
-             integer start and delta"
+            "Range({start}, {limit}, {delta}): symbolic bounds need a static integer delta"
         )));
     };
     if d == 0 {
@@ -412,11 +418,11 @@ fn symbolic_range(
     }
     let n = if d > 0 {
         limit
-            .sub(&Dim::Static(s))
+            .sub(start)
             .add(&Dim::Static(d - 1))
             .floor_div(&Dim::Static(d))
     } else {
-        Dim::Static(s)
+        start
             .sub(limit)
             .add(&Dim::Static(-d - 1))
             .floor_div(&Dim::Static(-d))
@@ -429,18 +435,23 @@ fn symbolic_range(
         dtype: None,
         exclusive: true,
     }));
-    if d == 1 && s == 0 {
+    let s = start.as_static();
+    if d == 1 && s == Some(0) {
         return Ok(Some(call(scan, vec![ones])));
     }
     let mut y = im.emit(scan, vec![ones])?;
     if d != 1 {
         let dc = im.b.constant(Constant::scalar_i64(d, dtype));
-        if s == 0 {
+        if s == Some(0) {
             return Ok(Some(call(Op::Multiply, vec![y, dc])));
         }
         y = im.emit(Op::Multiply, vec![y, dc])?;
     }
-    let sc = im.b.constant(Constant::scalar_i64(s, dtype));
+    // A symbolic start (XLNet's `Range(n, -n, -1)`) is read back at run time.
+    let sc = match s {
+        Some(s) => im.b.constant(Constant::scalar_i64(s, dtype)),
+        None => im.expr(req(node, 0)?)?,
+    };
     Ok(Some(call(Op::Add, vec![y, sc])))
 }
 
@@ -688,4 +699,57 @@ fn depth_space(
     let p = im.emit(Op::PermuteDims { axes: Some(perm) }, vec![r])?;
     let s2 = im.b.shape(out);
     Ok(call(Op::Reshape, vec![p, s2]))
+}
+
+/// `Tile` whose repeats hold symbolic dims (DeBERTa-v2 tiles its relative-position keys
+/// `batch · heads` times): relax.tile's repeats are static, so the static repeats tile first and
+/// each symbolic repeat `r` of an axis of extent `d` becomes a new axis of extent `r` before it,
+/// broadcast to and merged by one reshape into `r · d`.
+///
+/// ```text
+/// y = Tile(x: (1, 64, 16), repeats = [b * 2, 1, 1])
+/// → t = R.broadcast_to(R.reshape(x, (1, 1, 64, 16)), (b * 2, 1, 64, 16))
+///   y = R.reshape(t, (b * 2, 64, 16))
+/// ```
+fn tile_symbolic(im: &mut Importer<'_>, x: ExprId, dims: &[Dim], reps: &[Dim]) -> Result<ExprId> {
+    if let Some(r) = reps.iter().find(|r| r.as_static().is_some_and(|v| v < 0)) {
+        return Err(invalid(format!(
+            "`repeats` holds the negative repeat {r}; expected repeats ≥ 0"
+        )));
+    }
+    let statics: Vec<i64> = reps.iter().map(|r| r.as_static().unwrap_or(1)).collect();
+    let x = if statics.iter().all(|&r| r == 1) {
+        x
+    } else {
+        im.emit(
+            Op::Tile {
+                repeats: statics.clone(),
+            },
+            vec![x],
+        )?
+    };
+    let tiled: Vec<Dim> = dims
+        .iter()
+        .zip(&statics)
+        .map(|(d, &r)| d.mul(&Dim::Static(r)))
+        .collect();
+    let (mut split, mut wide, mut merged) = (Vec::new(), Vec::new(), Vec::new());
+    for (d, r) in tiled.iter().zip(reps) {
+        if r.as_static().is_none() {
+            split.push(Dim::Static(1));
+            wide.push(r.clone());
+        }
+        split.push(d.clone());
+        wide.push(d.clone());
+        merged.push(match r.as_static() {
+            Some(_) => d.clone(),
+            None => r.mul(d),
+        });
+    }
+    let s = im.b.shape(split);
+    let x = im.emit(Op::Reshape, vec![x, s])?;
+    let w = im.b.shape(wide);
+    let x = im.emit(Op::BroadcastTo, vec![x, w])?;
+    let m = im.b.shape(merged);
+    im.emit(Op::Reshape, vec![x, m])
 }
