@@ -351,6 +351,62 @@ FAMILIES = [
         shape=(16, 64),
     ),
     Family(
+        "bart",
+        text(
+            tf.BartModel,
+            tf.BartConfig(
+                vocab_size=VOCAB,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                max_position_embeddings=256,
+            ),
+        ),
+        "text",
+        "last_hidden_state",
+        "encoder-decoder: decoder inputs shifted from the input ids, learned positions (offset "
+        "2), causal self-attention, cross-attention over the padded encoder output",
+        first_token=3,
+    ),
+    Family(
+        "deberta-v2",
+        text(
+            tf.DebertaV2Model,
+            tf.DebertaV2Config(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=256,
+                relative_attention=True,
+                position_buckets=32,
+                pos_att_type=["p2c", "c2p"],
+            ),
+        ),
+        "text",
+        "last_hidden_state",
+        "disentangled attention: log-bucketed relative positions, content-to-position and "
+        "position-to-content scores (GatherElements), position keys tiled over batch x heads",
+    ),
+    Family(
+        "xlnet",
+        text(
+            tf.XLNetModel,
+            tf.XLNetConfig(
+                vocab_size=VOCAB, d_model=32, n_layer=2, n_head=2, d_inner=64
+            ),
+        ),
+        "text",
+        "last_hidden_state",
+        "relative sinusoidal positions (Range(n, -n, -1)), EyeLike, Einsum attention with the "
+        "relative shift",
+    ),
+    Family(
         "vit",
         lambda: tf.ViTForImageClassification(
             tf.ViTConfig(
@@ -423,6 +479,84 @@ FAMILIES = [
         "image",
         "logits",
         "windowed attention, shifted windows (roll + mask), relative position bias, patch merging",
+        shape=(3, 32, 32),
+    ),
+    Family(
+        "dinov2",
+        lambda: tf.Dinov2Model(
+            tf.Dinov2Config(
+                image_size=32,
+                patch_size=8,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                mlp_ratio=2,
+            )
+        ),
+        "image",
+        "last_hidden_state",
+        "ViT whose position grid is resized to the input (bicubic Resize, grid side "
+        "Cast(Pow(n, 0.5))), layer scale",
+        shape=(3, 32, 32),
+    ),
+    Family(
+        "swinv2",
+        lambda: tf.Swinv2ForImageClassification(
+            tf.Swinv2Config(
+                image_size=32,
+                patch_size=2,
+                embed_dim=16,
+                depths=[1, 1],
+                num_heads=[1, 2],
+                window_size=4,
+                num_labels=10,
+            )
+        ),
+        "image",
+        "logits",
+        "cosine attention (ReduceL2, clamped logit scale), continuous position bias from an "
+        "MLP over log-spaced coordinates, post-norm, shifted windows",
+        shape=(3, 32, 32),
+    ),
+    Family(
+        "segformer",
+        lambda: tf.SegformerForSemanticSegmentation(
+            tf.SegformerConfig(
+                num_encoder_blocks=2,
+                depths=[1, 1],
+                sr_ratios=[2, 1],
+                hidden_sizes=[16, 32],
+                patch_sizes=[7, 3],
+                strides=[4, 2],
+                num_attention_heads=[1, 2],
+                mlp_ratios=[2, 2],
+                decoder_hidden_size=32,
+                num_labels=5,
+            )
+        ),
+        "image",
+        "logits",
+        "semantic segmentation: overlapping patch embeddings, attention over a spatially "
+        "reduced (strided Conv) sequence, Mix-FFN depthwise conv, all-MLP decoder resizing "
+        "every stage to one size (Resize sizes holding the symbolic batch)",
+        shape=(3, 32, 32),
+    ),
+    Family(
+        "mobilevit",
+        lambda: tf.MobileViTForImageClassification(
+            tf.MobileViTConfig(
+                image_size=32,
+                hidden_sizes=[16, 24, 32],
+                neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48],
+                num_attention_heads=2,
+                num_labels=10,
+                patch_size=2,
+            )
+        ),
+        "image",
+        "logits",
+        "MobileNetV2 blocks with transformer blocks over unfolded 2x2 patches (Resize where a "
+        "feature map is no multiple of the patch), SiLU",
         shape=(3, 32, 32),
     ),
     Family(

@@ -203,35 +203,65 @@ impl Dim {
     /// or a constant beyond [`MAX_DIM`] in magnitude, an expression over constants only (the
     /// folding overflowed `i64`), or more than [`MAX_DIM_OPS`] operators.
     pub fn out_of_range(&self) -> Option<String> {
-        fn walk(d: &Dim, ops: &mut usize) -> Option<String> {
+        // The walk stops past MAX_DIM_OPS operators: an expression built by doubling a shared
+        // subexpression (`d + d`, 80 times over) has 2^80 of them.
+        struct Walk {
+            ops: usize,
+            syms: bool,
+            too_long: bool,
+            big: Option<i64>,
+        }
+        fn walk(d: &Dim, w: &mut Walk) {
             match d {
-                Dim::Static(v) if v.unsigned_abs() > MAX_DIM.unsigned_abs() => {
-                    Some(format!("{v} is beyond the largest extent {MAX_DIM} (2^40)"))
+                Dim::Static(v) => {
+                    if v.unsigned_abs() > MAX_DIM.unsigned_abs() && w.big.is_none() {
+                        w.big = Some(*v);
+                    }
                 }
-                Dim::Static(_) | Dim::Sym(_) => None,
+                Dim::Sym(_) => w.syms = true,
                 Dim::Expr(e) => {
-                    *ops += 1;
-                    walk(&e.1, ops).or_else(|| walk(&e.2, ops))
+                    w.ops += 1;
+                    if w.ops > MAX_DIM_OPS {
+                        w.too_long = true;
+                        return;
+                    }
+                    walk(&e.1, w);
+                    if !w.too_long {
+                        walk(&e.2, w);
+                    }
                 }
             }
         }
-        if let Dim::Expr(_) = self {
-            let mut syms = false;
-            self.for_each_sym(&mut |_| syms = true);
-            if !syms {
-                return Some("its arithmetic overflows 64 bits (or divides by zero)".to_string());
-            }
-        }
-        let mut ops = 0;
-        if let Some(m) = walk(self, &mut ops) {
-            return Some(m);
-        }
-        if ops > MAX_DIM_OPS {
+        let mut w = Walk {
+            ops: 0,
+            syms: false,
+            too_long: false,
+            big: None,
+        };
+        walk(self, &mut w);
+        if w.too_long {
             return Some(format!(
-                "the dim expression has {ops} operators, more than {MAX_DIM_OPS}"
+                "the dim expression has more than {MAX_DIM_OPS} operators"
             ));
         }
-        None
+        if matches!(self, Dim::Expr(_)) && !w.syms {
+            return Some("its arithmetic overflows 64 bits (or divides by zero)".to_string());
+        }
+        w.big
+            .map(|v| format!("{v} is beyond the largest extent {MAX_DIM} (2^40)"))
+    }
+
+    /// Whether the expression holds more than [`MAX_DIM_OPS`] operators (counting stops there:
+    /// cheap even for a shared subexpression doubled many times over).
+    pub fn has_too_many_ops(&self) -> bool {
+        fn count(d: &Dim, ops: &mut usize) -> bool {
+            if let Dim::Expr(e) = d {
+                *ops += 1;
+                return *ops > MAX_DIM_OPS || count(&e.1, ops) || count(&e.2, ops);
+            }
+            false
+        }
+        count(self, &mut 0)
     }
 
     /// Adds every symbol in this dim to `out`.
@@ -279,7 +309,7 @@ impl Dim {
         if self == other {
             return true;
         }
-        match (Poly::of(self), Poly::of(other)) {
+        match (Poly::of(self, &mut 0), Poly::of(other, &mut 0)) {
             (Some(a), Some(b)) => a == b,
             _ => false,
         }
@@ -294,20 +324,31 @@ impl Dim {
         }
     }
 
-    fn fmt_prec(&self, f: &mut fmt::Formatter<'_>, parent: u8, right: bool) -> fmt::Result {
+    /// Prints with minimal parentheses; past [`MAX_DIM_OPS`] operators (`ops` counts them)
+    /// the rest prints as `…` (no parser reads such a dim back, and a shared subexpression
+    /// doubled 80 times over would print 2^80 operators).
+    fn fmt_prec(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        parent: u8,
+        right: bool,
+        ops: &mut usize,
+    ) -> fmt::Result {
         match self {
             Dim::Static(v) => write!(f, "{v}"),
             Dim::Sym(s) => write!(f, "{s}"),
+            Dim::Expr(_) if *ops >= MAX_DIM_OPS => f.write_str("…"),
             Dim::Expr(e) => {
+                *ops += 1;
                 let p = e.0.precedence();
                 // Left-associative: a right operand of equal precedence needs parentheses.
                 let paren = p < parent || (p == parent && right);
                 if paren {
                     f.write_str("(")?;
                 }
-                e.1.fmt_prec(f, p, false)?;
+                e.1.fmt_prec(f, p, false, ops)?;
                 write!(f, " {} ", e.0.symbol())?;
-                e.2.fmt_prec(f, p, true)?;
+                e.2.fmt_prec(f, p, true, ops)?;
                 if paren {
                     f.write_str(")")?;
                 }
@@ -326,7 +367,9 @@ impl Poly {
     /// The most monomials an expansion may reach before it gives up.
     const MAX_TERMS: usize = 256;
 
-    fn of(d: &Dim) -> Option<Poly> {
+    /// `d` expanded, `None` past [`MAX_DIM_OPS`] operators (`ops` counts them) or
+    /// [`Poly::MAX_TERMS`] monomials.
+    fn of(d: &Dim, ops: &mut usize) -> Option<Poly> {
         let mut p = std::collections::BTreeMap::new();
         match d {
             Dim::Static(0) => {}
@@ -337,10 +380,14 @@ impl Poly {
                 p.insert(vec![d.clone()], 1);
             }
             Dim::Expr(e) => {
+                *ops += 1;
+                if *ops > MAX_DIM_OPS {
+                    return None;
+                }
                 return match e.0 {
-                    DimOp::Add => Poly::of(&e.1)?.plus(&Poly::of(&e.2)?, 1),
-                    DimOp::Sub => Poly::of(&e.1)?.plus(&Poly::of(&e.2)?, -1),
-                    DimOp::Mul => Poly::of(&e.1)?.times(&Poly::of(&e.2)?),
+                    DimOp::Add => Poly::of(&e.1, ops)?.plus(&Poly::of(&e.2, ops)?, 1),
+                    DimOp::Sub => Poly::of(&e.1, ops)?.plus(&Poly::of(&e.2, ops)?, -1),
+                    DimOp::Mul => Poly::of(&e.1, ops)?.times(&Poly::of(&e.2, ops)?),
                     DimOp::FloorDiv | DimOp::FloorMod => {
                         p.insert(vec![d.clone()], 1);
                         Some(Poly(p))
@@ -390,7 +437,7 @@ impl From<i64> for Dim {
 
 impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.fmt_prec(f, 0, false)
+        self.fmt_prec(f, 0, false, &mut 0)
     }
 }
 
@@ -507,6 +554,22 @@ mod tests {
                     .sub(&b)
             )
         );
+    }
+
+    #[test]
+    fn doubled_shared_expressions_stay_cheap() {
+        // d + d, 100 times over: 2^100 operators as a tree, 100 as shared nodes. Every walk
+        // that a user's model can reach stops at MAX_DIM_OPS.
+        let n = Dim::sym("n");
+        let big = (0..100).fold(n.clone(), |d, _| d.add(&d));
+        assert!(big.has_too_many_ops());
+        assert!(!n.add(&n).has_too_many_ops());
+        let why = big.out_of_range().unwrap_or_default();
+        assert!(why.contains("more than 256 operators"), "{why}");
+        let text = big.to_string();
+        assert!(text.ends_with('…') && text.len() < 4096, "{}", text.len());
+        let other = (0..100).fold(n.clone(), |d, _| d.add(&d));
+        assert!(!big.provably_eq(&other.add(&Dim::Static(1))));
     }
 
     #[test]

@@ -802,7 +802,7 @@ fn fold_ints(
                     vals.push(Dim::Static(static_arith(op, u, v, x.dtype)?));
                     continue;
                 }
-                vals.push(match op {
+                let d = match op {
                     "Add" => p.add(&q),
                     "Sub" => p.sub(&q),
                     "Mul" => p.mul(&q),
@@ -810,7 +810,16 @@ fn fold_ints(
                         Some(0) => return Err(err("integer division by zero")),
                         _ => p.floor_div(&q),
                     },
-                });
+                };
+                // Shape arithmetic that doubles a value over and over grows its expression
+                // exponentially: refuse it while it is small enough to print.
+                if d.has_too_many_ops() {
+                    return Err(err(format!(
+                        "the shape arithmetic grows past {} operators in one dim",
+                        crate::ir::MAX_DIM_OPS
+                    )));
+                }
+                vals.push(d);
             }
             Some(
                 Ints {

@@ -170,3 +170,24 @@ fn expand_to_a_shape_holding_n_minus_1() {
         "{t}"
     );
 }
+
+/// A shape value doubled 80 times (`s = s + s`) would be a dim of 2^80 operators: an error
+/// naming the node, not a hang.
+#[test]
+fn doubling_a_shape_over_and_over_is_an_error_not_a_hang() {
+    let mut nodes = vec![node("Shape", "s", &["x"], &["s0"], vec![])];
+    for i in 0..80 {
+        let (a, b) = (format!("s{i}"), format!("s{}", i + 1));
+        nodes.push(node("Add", &format!("add{i}"), &[&a, &a], &[&b], vec![]));
+    }
+    nodes.push(node("Reshape", "r", &["x", "s80"], &["y"], vec![]));
+    let b = model(15, nodes, vec![vi("x", 1, &["n"])], vec![], &["y"]);
+    let e = import_onnx(&b, "t.onnx")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("(Add)") && e.contains("past 256 operators"),
+        "{e}"
+    );
+}
