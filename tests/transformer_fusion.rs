@@ -204,6 +204,15 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             ],
         ),
         (
+            // Eager attention: the scale divides the product (`matmul(q, kᵀ) / √d`).
+            "mobilevit-ts",
+            &[
+                ("cpu.attention_heads", 9),
+                ("cpu.dense_bias", 55),
+                ("cpu.residual_layer_norm", 18),
+            ],
+        ),
+        (
             "whisper-encoder-ts",
             &[
                 ("cpu.attention_heads", 2),

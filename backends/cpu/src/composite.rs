@@ -346,8 +346,15 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
             return None;
         }
         let is_inner = |e: ExprId| {
-            (body.call(e, "relax.matmul").is_some() || body.call(e, "relax.add").is_some())
-                .then_some(e)
+            [
+                "relax.matmul",
+                "relax.add",
+                "relax.divide",
+                "relax.multiply",
+            ]
+            .iter()
+            .any(|op| body.call(e, op).is_some())
+            .then_some(e)
         };
         let (inner, m) = body.either(args, is_inner)?;
         masks.push(body.leaf(m)?);
@@ -355,14 +362,36 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         scores = inner;
     }
     masks.reverse();
+    // A scale after the product (eager attention: `matmul(q, kᵀ) / √d`) is a scale of q (or
+    // of kᵀ when q has one): the same product up to rounding.
+    let mut post = Scale::None;
+    if let Some((_, [m, c])) = body.call(scores, "relax.divide") {
+        post = Scale::Div(body.scalar(*c)?);
+        scores = *m;
+        used += 1;
+    } else if let Some((_, args)) = body.call(scores, "relax.multiply") {
+        let (c, m) = body.either(args, |a| body.scalar(a))?;
+        post = Scale::Mul(c);
+        scores = m;
+        used += 1;
+    }
     let (Op::Matmul { out_dtype: None }, [qs, ks]) = body.call(scores, "relax.matmul")? else {
         return None;
     };
     used += 1;
-    let ((q, q_perm, n), q_scale) = scaled(body, *qs)?;
+    let ((q, q_perm, n), mut q_scale) = scaled(body, *qs)?;
     used += n;
-    let ((kt, k_perm, n), k_scale) = scaled(body, *ks)?;
+    let ((kt, k_perm, n), mut k_scale) = scaled(body, *ks)?;
     used += n;
+    if !matches!(post, Scale::None) {
+        if matches!(q_scale, Scale::None) {
+            q_scale = post;
+        } else if matches!(k_scale, Scale::None) {
+            k_scale = post;
+        } else {
+            return None;
+        }
+    }
     let spec = AttnSpec {
         q_scale,
         k_scale,
