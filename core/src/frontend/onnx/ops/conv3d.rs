@@ -94,6 +94,16 @@ fn reshape(im: &mut Importer<'_>, x: ExprId, dims: Vec<Dim>) -> Result<ExprId> {
     im.emit(Op::Reshape, vec![x, s])
 }
 
+/// A 5-D weight `(O, I, kd, kh, kw)` as the 2-D one `(O, I·kd, kh, kw)`: each depth tap one more
+/// input channel (Conv's `I` and ConvTranspose's `O/g` alike).
+fn depth_into_channels(im: &mut Importer<'_>, w: ExprId, wd: &[Dim], kd: &Dim) -> Result<ExprId> {
+    reshape(
+        im,
+        w,
+        vec![wd[0].clone(), wd[1].mul(kd), wd[3].clone(), wd[4].clone()],
+    )
+}
+
 fn permute(im: &mut Importer<'_>, x: ExprId, axes: &[i64]) -> Result<ExprId> {
     im.emit(
         Op::PermuteDims {
@@ -202,16 +212,7 @@ pub(super) fn conv3d(
         t,
         vec![n.mul(&odim), c.mul(&kdim), h.clone(), wx.clone()],
     )?;
-    let w2 = reshape(
-        im,
-        w,
-        vec![
-            wd[0].clone(),
-            wd[1].mul(&kdim),
-            wd[3].clone(),
-            wd[4].clone(),
-        ],
-    )?;
+    let w2 = depth_into_channels(im, w, &wd, &kdim)?;
     let y = im.emit(
         Op::Conv2d(Box::new(Conv2dAttrs {
             strides: [win.strides[1], win.strides[2]],
@@ -279,16 +280,7 @@ pub(super) fn conv_transpose3d(
     // (N·D, C, H, W) through one 2-D transposed convolution with (o, k) output channels.
     let x2 = permute(im, x, &[0, 2, 1, 3, 4])?;
     let x2 = reshape(im, x2, vec![n.mul(&ddim), c.clone(), h.clone(), wx.clone()])?;
-    let w2 = reshape(
-        im,
-        w,
-        vec![
-            wd[0].clone(),
-            wd[1].mul(&kdim),
-            wd[3].clone(),
-            wd[4].clone(),
-        ],
-    )?;
+    let w2 = depth_into_channels(im, w, &wd, &kdim)?;
     let y = im.emit(
         Op::Conv2dTranspose(Box::new(Conv2dTransposeAttrs {
             strides: [g.strides[1], g.strides[2]],
