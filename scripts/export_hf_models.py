@@ -133,6 +133,18 @@ class TextWrapper(Wrapper):
         return self.call(input_ids=input_ids, attention_mask=attention_mask)
 
 
+class Seq2SeqWrapper(Wrapper):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.call(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids
+        )
+
+
+class ValuesWrapper(Wrapper):
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return self.call(input_values=input_values)
+
+
 class ImageWrapper(Wrapper):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.call(pixel_values=pixel_values)
@@ -149,7 +161,10 @@ class Family:
 
     name: str
     build: Callable[[], torch.nn.Module]
-    kind: str  # "text" (input_ids + attention_mask), "image" or "audio"
+    # "text" (input_ids + attention_mask), "seq2seq" (the same, also fed to the decoder as
+    # decoder_input_ids), "image" (pixel_values), "audio" (input_features) or "values"
+    # (input_values: raw waveforms or spectrograms)
+    kind: str
     output: str | None  # the model output's attribute (None: the module returns a tensor)
     what: str  # what the fixture exercises (for the README)
     # (channels, height, width) of an image, or (mel bins, frames) of audio features.
@@ -634,7 +649,13 @@ FAMILIES = [
 def build(f: Family) -> Wrapper:
     """The model of family `f`, its weights drawn from the family's seed."""
     torch.manual_seed(0)
-    wrapper = {"text": TextWrapper, "image": ImageWrapper, "audio": AudioWrapper}[f.kind]
+    wrapper = {
+        "text": TextWrapper,
+        "seq2seq": Seq2SeqWrapper,
+        "image": ImageWrapper,
+        "audio": AudioWrapper,
+        "values": ValuesWrapper,
+    }[f.kind]
     model = wrapper(f.build(), f.output).eval()
     calibrate_batch_norm(model, f)
     return model
@@ -667,9 +688,15 @@ def calibrate_batch_norm(model: Wrapper, f: Family) -> None:
     model.eval()
 
 
+def is_text(f: Family) -> bool:
+    return f.kind in ("text", "seq2seq")
+
+
 def input_names(f: Family) -> list[str]:
     return {
         "text": ["input_ids", "attention_mask"],
+        "seq2seq": ["input_ids", "attention_mask"],
+        "values": ["input_values"],
         "image": ["pixel_values"],
         "audio": ["input_features"],
     }[f.kind]
@@ -682,7 +709,7 @@ def output_name(f: Family) -> str:
 def make_inputs(f: Family, batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
     """Seeded inputs: token ids and a right-padding mask, or pixels / features in [-1, 1]."""
     rng = np.random.default_rng(seed)
-    if f.kind == "text":
+    if is_text(f):
         ids = rng.integers(f.first_token, VOCAB, size=(batch, seq), dtype=np.int64)
         mask = np.ones((batch, seq), dtype=np.int64)
         if batch > 1:
@@ -693,7 +720,7 @@ def make_inputs(f: Family, batch: int, seq: int, seed: int) -> dict[str, np.ndar
 
 
 def input_sets(f: Family) -> list[tuple[str, dict[str, np.ndarray]]]:
-    if f.kind == "text":
+    if is_text(f):
         return [(name, make_inputs(f, b, s, seed=s)) for name, b, s in TEXT_SETS]
     return [("default", make_inputs(f, 2, 0, seed=0))]
 
@@ -704,7 +731,7 @@ def export(f: Family, exporter: str, model: Wrapper, path: Path) -> None:
     names = input_names(f)
     args = tuple(torch.from_numpy(example[n]) for n in names)
     out = output_name(f)
-    text_model = f.kind == "text"
+    text_model = is_text(f)
     if exporter in ("ts", "ts16"):
         axes = {n: {0: "batch", 1: "sequence"} if text_model else {0: "batch"} for n in names}
         axes[out] = {0: "batch", 1: "sequence"} if text_model else {0: "batch"}
@@ -795,7 +822,7 @@ def write_fixture(f: Family, exporter: str, model: Wrapper) -> str:
             got = next(iter(outs.values()))
             err = float(np.abs(got - want).max())
             scale = float(want.max() - want.min()) or 1.0
-            if err > 1e-4 * scale:
+            if not err <= 1e-4 * scale:  # NaN fails too
                 raise RuntimeError(f"{set_name}: onnxruntime differs from torch by {err:.3g}")
             worst = max(worst, err)
             lo, hi = min(lo, float(want.min())), max(hi, float(want.max()))

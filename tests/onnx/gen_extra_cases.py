@@ -484,6 +484,22 @@ def xlnet_positions_model(name):
         [i64c("minus1", -1), i64c("one", [1])]), 15
 
 
+def resize_1d_model(name, mode, sizes=None, scales=None, axes=None, opset=15, **attrs):
+    """SAM's Resize of a sequence: (N, C, L) → (N, C, L'), as `F.interpolate(mode="linear")`
+    exports it (three sizes or scales, or one with `axes`)."""
+    inits, args = [], ["x", "", "", ""]
+    if sizes is not None:
+        inits.append(i64c("sizes", sizes))
+        args[3] = "sizes"
+    else:
+        inits.append(numpy_helper.from_array(np.array(scales, np.float32), "scales"))
+        args[2] = "scales"
+    if axes is not None:
+        attrs["axes"] = axes
+    nodes = [h.make_node("Resize", args, ["y"], mode=mode, **attrs)]
+    return h.make_graph(nodes, name, [f32("x", [2, 3, 7])], [f32("y", None)], inits), opset
+
+
 CASES = [
     ("scan_reverse_input_axis1_output_axes", lambda n: scan_model(
         n, dict(scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1, -1],
@@ -533,6 +549,11 @@ CASES = [
     ("resize_sizes_symbolic_batch", resize_symbolic_batch_model),
     ("expand_to_n_by_n_minus_1", expand_bart_positions_model),
     ("range_n_to_minus_n_and_eyelike", xlnet_positions_model),
+    ("resize_1d_linear_sizes", lambda n: resize_1d_model(n, "linear", sizes=[2, 3, 12])),
+    ("resize_1d_linear_scales_align_corners", lambda n: resize_1d_model(
+        n, "linear", scales=[1.0, 1.0, 2.0], coordinate_transformation_mode="align_corners")),
+    ("resize_1d_nearest_axes", lambda n: resize_1d_model(
+        n, "nearest", sizes=[17], axes=[-1], opset=18, nearest_mode="ceil")),
 ]
 
 

@@ -627,7 +627,12 @@ fn block(
         let inv = 1.0 / l[r];
         let bad = !l[r].is_finite() || l[r] == 0.0 || m[r] == f32::NEG_INFINITY;
         if bad && spec.nan_guard {
-            orow.iter_mut().for_each(|x| *x = 0.0);
+            // The guard zeroes the row's probabilities, and the graph still multiplies those
+            // zeros by every value row: `0 * NaN` and `0 * inf` keep a column NaN.
+            for (e, x) in orow.iter_mut().enumerate() {
+                let poisoned = (0..t).any(|j| !v.data[j * v.rs + e * v.cs].is_finite());
+                *x = if poisoned { f32::NAN } else { 0.0 };
+            }
         } else if bad {
             orow.iter_mut().for_each(|x| *x = f32::NAN);
         } else {

@@ -44,7 +44,7 @@ pub(crate) fn einsum(ops: &[&Tensor], subscripts: &str) -> KResult<Tensor> {
     let spec = EinsumSpec::parse(subscripts, &ranks)?;
     let shapes: Vec<&[usize]> = ops.iter().map(|t| t.shape()).collect();
     let ext: Vec<usize> = spec
-        .label_extents(&shapes, |d| *d == 1, ToString::to_string)?
+        .label_extents(&shapes, |a, b| a == b, |d| *d == 1, ToString::to_string)?
         .into_iter()
         .map(|e| e.unwrap_or(1))
         .collect();

@@ -108,6 +108,69 @@ fn gather_fill(x: &Tensor, shape: Vec<usize>, src: &[Option<usize>], fill: f64) 
     tensor(shape, data)
 }
 
+/// Constant `nn.pad` with non-negative widths: the output filled with the value, then each
+/// innermost run of `x` copied to its place (no per-element index: ConvTranspose's depth taps
+/// pad whole 5-D tensors, 65 times for a kernel depth of 65).
+fn pad_constant(
+    x: &Tensor,
+    shape: Vec<usize>,
+    total: usize,
+    widths: &[i64],
+    fill: f64,
+) -> KResult<Tensor> {
+    fn place<T: Copy>(
+        xs: &[T],
+        fill: T,
+        xshape: &[usize],
+        ost: &[usize],
+        widths: &[i64],
+        total: usize,
+    ) -> Vec<T> {
+        let mut out = vec![fill; total];
+        let r = xshape.len();
+        let Some(&run) = xshape.last() else {
+            // A scalar: nothing to pad.
+            out.copy_from_slice(xs);
+            return out;
+        };
+        if run == 0 {
+            return out;
+        }
+        // Widths are non-negative and the output extent is their sum with the input's, so
+        // every destination lies inside `out`.
+        let w = |d: usize| widths[2 * d] as usize;
+        for (k, chunk) in xs.chunks_exact(run).enumerate() {
+            let (mut rem, mut off) = (k, w(r - 1));
+            for d in (0..r - 1).rev() {
+                let n = xshape[d];
+                off += (rem % n + w(d)) * ost[d];
+                rem /= n;
+            }
+            out[off..off + run].copy_from_slice(chunk);
+        }
+        out
+    }
+    let ost = strides(&shape);
+    let fill_s = if x.dtype().is_float() {
+        Storage::from_f64(x.dtype(), vec![fill])
+    } else {
+        Storage::from_i64(x.dtype(), vec![fill as i64])
+    };
+    macro_rules! pick {
+        ($($var:ident),*) => {
+            match (x.storage(), &fill_s) {
+                $((StorageRef::$var(v), Storage::$var(f)) => {
+                    let f = f.first().copied().unwrap_or_default();
+                    Storage::$var(place(v, f, x.shape(), &ost, widths, total))
+                })*
+                _ => return Err("internal: fill dtype differs".to_string()),
+            }
+        };
+    }
+    let data = pick!(F16, BF16, F32, F64, I8, U8, I32, I64, Bool);
+    tensor(shape, data)
+}
+
 /// The integer values of an index tensor.
 fn index_values(t: &Tensor, what: &str) -> KResult<Vec<i64>> {
     if !t.dtype().is_int() {
@@ -653,6 +716,9 @@ pub(crate) fn pad(x: &Tensor, a: &PadAttrs) -> KResult<Tensor> {
         shape.push(o);
     }
     let total = out_numel(&shape)?;
+    if a.pad_mode == PadMode::Constant && a.pad_width.iter().all(|&w| w >= 0) {
+        return pad_constant(x, shape, total, &a.pad_width, a.pad_value.0);
+    }
     let st = strides(x.shape());
     let dims: Vec<i64> = x.shape().iter().map(|&n| n as i64).collect();
     let mut src = Vec::with_capacity(total);
@@ -674,6 +740,62 @@ pub(crate) fn pad(x: &Tensor, a: &PadAttrs) -> KResult<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn constant_pad_places_every_element_as_the_definition_does() {
+        // Ranks 0–5, some extents 0 or 1, widths 0–3 on each side; integers and floats.
+        let cases: &[(&[usize], &[i64])] = &[
+            (&[], &[]),
+            (&[3], &[2, 1]),
+            (&[0, 4], &[1, 1, 2, 0]),
+            (&[2, 3], &[0, 0, 0, 0]),
+            (&[2, 1, 3], &[1, 0, 0, 2, 3, 1]),
+            (&[2, 3, 1, 2, 4], &[0, 1, 2, 0, 0, 0, 1, 1, 3, 2]),
+        ];
+        for &(xs, widths) in cases {
+            let n: usize = xs.iter().product();
+            let data: Vec<i64> = (0..n as i64).map(|v| v * 7 - 3).collect();
+            let x = Tensor::new(xs.to_vec(), Storage::I64(data.clone())).unwrap();
+            let xf = Tensor::new(
+                xs.to_vec(),
+                Storage::F32(data.iter().map(|&v| v as f32).collect()),
+            )
+            .unwrap();
+            let a = PadAttrs {
+                pad_width: widths.to_vec(),
+                pad_value: fusebox_core::op::F64(-9.0),
+                pad_mode: PadMode::Constant,
+            };
+            let y = pad(&x, &a).unwrap();
+            let yf = pad(&xf, &a).unwrap();
+            let shape: Vec<usize> = xs
+                .iter()
+                .enumerate()
+                .map(|(d, &e)| e + (widths[2 * d] + widths[2 * d + 1]) as usize)
+                .collect();
+            assert_eq!(y.shape(), &shape[..]);
+            // The definition: out[p] = x[p - before] where that lies inside x, else the value.
+            let mut want = Vec::new();
+            for_each_index(&shape, |p| {
+                let mut off = 0usize;
+                let mut inside = true;
+                for (d, &c) in p.iter().enumerate() {
+                    let i = c as i64 - widths[2 * d];
+                    inside &= (0..xs[d] as i64).contains(&i);
+                    off = off * xs[d] + i.max(0) as usize;
+                }
+                want.push(if inside { data[off] } else { -9 });
+                Ok(())
+            })
+            .unwrap();
+            if shape.is_empty() {
+                want = data.clone();
+            }
+            assert_eq!(y.to_i64_vec(), want, "{xs:?} {widths:?}");
+            let wf: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+            assert_eq!(yf.to_f64_vec(), wf, "{xs:?} {widths:?}");
+        }
+    }
 
     #[test]
     fn reverse_sequence_reverses_each_prefix_and_checks_lengths() {

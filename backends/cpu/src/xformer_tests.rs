@@ -1104,3 +1104,50 @@ fn the_decomposed_layer_norm_runs_fused_bit_for_bit_with_its_body() {
     }
     close(&got, &want, 1e-5);
 }
+
+#[test]
+fn a_nan_key_or_value_spreads_as_the_materialised_definition_spreads_it() {
+    // A NaN in one key (column 3 of kᵀ) or one value row (row 3 of v) reaches every query that
+    // sees that key, through an additive mask too, as the graph computes it; a causal mask
+    // hides it from the queries before it. Several key blocks (T = 130) so the online softmax
+    // meets the NaN after it has rescaled.
+    let mut r = Rng(23);
+    let (b, h, s, t, d) = (1, 2, 9, 130, 4);
+    let q = r.tensor(&[b, h, s, d]);
+    let pad = Tensor::from_f32(vec![b, 1, 1, t], vec![0.0; t]).unwrap();
+    // (NaN in k, NaN in v, the key): both is what a NaN hidden state gives (a zero row
+    // through an RMSNorm without epsilon, Helium's padding embedding): the guard zeroes the
+    // rows that see the key, and `0 * NaN` in the product with v keeps them NaN.
+    for (in_k, in_v, col) in [
+        (true, false, 3),
+        (false, true, 3),
+        (true, false, 125),
+        (false, true, 128),
+        (true, true, 87),
+    ] {
+        let mut kt = r.tensor(&[b, h, d, t]);
+        let mut v = r.tensor(&[b, h, t, d]);
+        if in_k {
+            let mut k = kt.as_f32().unwrap().to_vec();
+            k[2 * t + col] = f32::NAN;
+            kt = Tensor::from_f32(vec![b, h, d, t], k).unwrap();
+        }
+        if in_v {
+            let mut vv = v.as_f32().unwrap().to_vec();
+            vv[col * d + 1] = f32::NAN;
+            v = Tensor::from_f32(vec![b, h, t, d], vv).unwrap();
+        }
+        for mask in [vec![], vec![&pad]] {
+            for causal in [false, true] {
+                for guard in [false, true] {
+                    let sp = spec(1.0, 1.0, causal.then(|| t - s), guard);
+                    let got = attention(&q, &kt, &v, mask.as_slice(), &sp)
+                        .unwrap()
+                        .unwrap();
+                    let want = naive(&q, &kt, &v, &mask, 1.0, 1.0, causal, guard);
+                    close(got.as_f32().unwrap(), &want, 1e-5);
+                }
+            }
+        }
+    }
+}

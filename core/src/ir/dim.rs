@@ -135,9 +135,44 @@ impl Dim {
                 _ => None,
             };
             if let Some((x, k)) = split
-                && k % c == 0
+                && k > 0
             {
-                return x.mul(&Dim::Static(k / c));
+                if k % c == 0 {
+                    return x.mul(&Dim::Static(k / c));
+                }
+                // `(x * k) // c` with `k` dividing `c` is `x // (c / k)`.
+                if c % k == 0 {
+                    return x.floor_div(&Dim::Static(c / k));
+                }
+            }
+        }
+        // `(x * k) % c` with `c` dividing `k` is 0.
+        if let (DimOp::FloorMod, Dim::Expr(inner), Some(c)) = (op, &a, b.as_static())
+            && c > 0
+            && inner.0 == DimOp::Mul
+            && [&inner.1, &inner.2]
+                .iter()
+                .any(|f| f.as_static().is_some_and(|k| k % c == 0))
+        {
+            return Dim::Static(0);
+        }
+        // `x + (k - x % k) % k`, `x` rounded up to a multiple of `k` (what `F.pad` to a whole
+        // number of blocks exports: LongT5, Mamba2), is `((x + (k - 1)) // k) * k`, so that
+        // its quotient by `k` and that quotient times `k` simplify back.
+        if op == DimOp::Add {
+            for (x, m) in [(&a, &b), (&b, &a)] {
+                if let Dim::Expr(e) = m
+                    && e.0 == DimOp::FloorMod
+                    && let Some(k) = e.2.as_static()
+                    && k > 0
+                    && !x.has_too_many_ops()
+                {
+                    let want =
+                        Dim::Static(k).sub(&Dim::binary(DimOp::FloorMod, x.clone(), e.2.clone()));
+                    if e.1.provably_eq(&want) {
+                        return x.add(&Dim::Static(k - 1)).floor_div(&e.2).mul(&e.2);
+                    }
+                }
             }
         }
         // `(x + c1) + c2` and `(x - c1) + c2` fold into one constant, as TVM's simplifier does.
@@ -456,6 +491,32 @@ mod tests {
             n.add(&Dim::Static(2)).sub(&Dim::Static(3)).to_string(),
             "n - 1"
         );
+    }
+
+    #[test]
+    fn a_dim_rounded_up_to_a_block_divides_by_it() {
+        // `n + (8 - n % 8) % 8` (F.pad to whole chunks) is `((n + 7) // 8) * 8`, so its
+        // quotient by 8 and that quotient times 8 come back to the same expression.
+        let n = Dim::sym("n");
+        let k = Dim::Static(8);
+        let m = Dim::binary(DimOp::FloorMod, n.clone(), k.clone());
+        let up = n.add(&Dim::binary(DimOp::FloorMod, k.sub(&m), k.clone()));
+        assert_eq!(up.to_string(), "(n + 7) // 8 * 8");
+        let q = up.floor_div(&k);
+        assert_eq!(q.to_string(), "(n + 7) // 8");
+        assert!(q.mul(&k).provably_eq(&up));
+        // `(x * 4) // 32` is `x // 8`; `(x * 16) % 8` is 0.
+        assert_eq!(up.mul(&Dim::Static(4)).floor_div(&Dim::Static(32)), q);
+        assert_eq!(
+            Dim::binary(DimOp::FloorMod, n.mul(&Dim::Static(16)), k.clone()),
+            Dim::Static(0)
+        );
+        // The rewrite is the same value for every n.
+        for v in -20..40 {
+            let at = |d: &Dim| d.eval(&|_| Some(v));
+            let want = v + (8 - v.rem_euclid(8)).rem_euclid(8);
+            assert_eq!(at(&up), Some(want), "n = {v}");
+        }
     }
 
     #[test]

@@ -190,11 +190,12 @@ impl EinsumSpec {
     }
 
     /// The extent of every label given the operands' extents (`None` where a label's extent
-    /// is not known; `unify` merges two extents of one label or fails). Ellipsis labels
-    /// broadcast (an extent of 1 yields to the other).
-    pub fn label_extents<D: Clone + PartialEq>(
+    /// is not known; two uses of a label must be `same`, symbolic extents equal as
+    /// polynomials). Ellipsis labels broadcast (an extent of 1 yields to the other).
+    pub fn label_extents<D: Clone>(
         &self,
         shapes: &[&[D]],
+        same: impl Fn(&D, &D) -> bool,
         is_one: impl Fn(&D) -> bool,
         describe: impl Fn(&D) -> String,
     ) -> Result<Vec<Option<D>>, String> {
@@ -213,7 +214,7 @@ impl EinsumSpec {
                 };
                 match slot {
                     None => *slot = Some(d.clone()),
-                    Some(prev) if prev == d => {}
+                    Some(prev) if same(prev, d) => {}
                     Some(prev) if l < self.n_ellipsis && is_one(prev) => *slot = Some(d.clone()),
                     Some(_) if l < self.n_ellipsis && is_one(d) => {}
                     Some(prev) => {

@@ -850,11 +850,19 @@ fn infer_reshape(cx: &Cx<'_>) -> Result<Type, String> {
             product(&rest)
         ))
     };
-    if nc == 0 || ic.checked_rem(nc) != Some(0) {
+    if nc == 0 {
         return Err(cannot());
     }
-    let left = remove_all(&isyms, &nsyms).ok_or_else(cannot)?;
-    let hole = product(&left).mul(&Dim::Static(ic / nc));
+    let hole = match remove_all(&isyms, &nsyms) {
+        Some(left) if ic % nc == 0 => product(&left).mul(&Dim::Static(ic / nc)),
+        // Not provably a multiple, but symbolic: `(left * ic) // nc`, as TVM infers it (Mamba2
+        // pads the sequence to `n + (8 - n % 8) % 8` and views it in chunks of 8). The
+        // executor checks the element count when the shape is known.
+        Some(left) if !left.is_empty() => product(&left)
+            .mul(&Dim::Static(ic))
+            .floor_div(&Dim::Static(nc)),
+        _ => return Err(cannot()),
+    };
     let out: Vec<Dim> = shape
         .iter()
         .map(|d| {

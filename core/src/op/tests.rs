@@ -822,6 +822,19 @@ fn reshape_and_friends() {
     );
     let e = err(&r, &[&x, &shape(&[Dim::sym("m"), d(-1)])]);
     assert!(e.contains("cannot infer the -1"), "{e}");
+    // A symbolic count not provably a multiple: the floor quotient, simplified
+    // (`(n * 4) // 32` is `n // 8`), as TVM infers it; the executor checks the count.
+    assert_eq!(
+        ok(
+            &r,
+            &[&td(&[n(), d(4)], DType::F32), &shape(&[d(-1), d(8), d(4)])]
+        ),
+        td(&[n().floor_div(&d(8)), d(8), d(4)], DType::F32)
+    );
+    assert_eq!(
+        ok(&r, &[&td(&[n(), d(6)], DType::F32), &shape(&[d(-1), d(4)])]),
+        td(&[n().mul(&d(6)).floor_div(&d(4)), d(4)], DType::F32)
+    );
     let e = err(&r, &[&t(&[2, 8]), &shape(&[d(3), d(-1)])]);
     assert!(
         e.contains("cannot infer the -1") && e.contains("16 elements"),

@@ -181,7 +181,7 @@ impl Lowerer<'_> {
         let spec = EinsumSpec::parse(subscripts, &ranks).map_err(|e| self.unsupported(e))?;
         let shapes: Vec<&[u64]> = parts.iter().map(|t| t.shape.as_slice()).collect();
         let ext = spec
-            .label_extents(&shapes, |d| *d == 1, ToString::to_string)
+            .label_extents(&shapes, |a, b| a == b, |d| *d == 1, ToString::to_string)
             .map_err(|e| self.unsupported(e))?;
         if spec.output.len() != shape.len() {
             return Err(self.unsupported("einsum output rank differs from its type".into()));

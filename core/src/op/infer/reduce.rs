@@ -135,7 +135,12 @@ pub(super) fn einsum(cx: &Cx<'_>, subscripts: &str) -> Result<Type, String> {
         return Ok(unknown(Some(spec.output.len()), dtype));
     };
     let ext = spec
-        .label_extents(&shapes, |d| *d == Dim::Static(1), ToString::to_string)
+        .label_extents(
+            &shapes,
+            Dim::provably_eq,
+            |d| *d == Dim::Static(1),
+            ToString::to_string,
+        )
         .map_err(|e| cx.err(e))?;
     let dims: Vec<Dim> = spec
         .output

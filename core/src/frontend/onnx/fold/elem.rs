@@ -20,7 +20,7 @@
 use super::{Ints, err};
 use crate::error::Result;
 use crate::frontend::onnx::{Attrs, Val};
-use crate::ir::{DType, Dim};
+use crate::ir::{DType, Dim, DimOp};
 
 /// The broadcast shape of `shapes` (numpy rules), `None` when they do not broadcast.
 pub(super) fn broadcast(shapes: &[&[usize]]) -> Option<Vec<usize>> {
@@ -115,6 +115,12 @@ pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>
                 Dim::Static(0)
             }
             ("Not", _, [Some(p)]) => Dim::Static(i64::from(*p == 0)),
+            // Integer `Mod` (Python's sign rule) of a symbolic dim by a positive constant: the
+            // padding `(-n) % block` that `F.pad` to a multiple of a block exports (LongT5,
+            // Mamba2's chunks).
+            ("Mod", [p, _], [None, Some(q)]) if *q > 0 && a.int("fmod", 0) == 0 => {
+                Dim::binary(DimOp::FloorMod, (*p).clone(), Dim::Static(*q))
+            }
             ("Max" | "Min", [first, ..], _) => {
                 if let Some(vs) = st.iter().copied().collect::<Option<Vec<i64>>>() {
                     let pick = if op == "Max" {

@@ -548,7 +548,7 @@ fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> 
     let (dims, _) = im.dims(x)?;
     let r = dims.len();
     let (pads, value, axes) = if im.opset >= 11 {
-        let pads = im.const_i64s(req(node, 1)?)?;
+        let pads = im.const_dims(req(node, 1)?)?;
         let value = match input(node, 2) {
             Some(n) => match im.const_f64s(n)?.as_slice() {
                 [] => 0.0,
@@ -569,7 +569,11 @@ fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> 
         (pads, value, axes)
     } else {
         (
-            a.ints("pads").unwrap_or_default(),
+            a.ints("pads")
+                .unwrap_or_default()
+                .into_iter()
+                .map(Dim::Static)
+                .collect(),
             a.float("value", 0.0),
             None,
         )
@@ -590,9 +594,17 @@ fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> 
         )));
     }
     let mut width = vec![0i64; 2 * r];
+    // Symbolic widths (`(-n) % block`, F.pad to a multiple of a block): (axis, before, after).
+    let mut symbolic: Vec<(usize, Dim, Dim)> = Vec::new();
     for (k, &ax) in axes.iter().enumerate() {
-        width[2 * ax] = pads[k];
-        width[2 * ax + 1] = pads[k + axes.len()];
+        let (b, e) = (&pads[k], &pads[k + axes.len()]);
+        match (b.as_static(), e.as_static()) {
+            (Some(b), Some(e)) => {
+                width[2 * ax] = b;
+                width[2 * ax + 1] = e;
+            }
+            _ => symbolic.push((ax, b.clone(), e.clone())),
+        }
     }
     let mode = a.string("mode", "constant");
     let pad_mode = match mode.as_str() {
@@ -602,6 +614,9 @@ fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> 
         "wrap" => PadMode::Circular,
         other => return Err(invalid(format!("unknown Pad mode `{other}`"))),
     };
+    if !symbolic.is_empty() {
+        return pad_symbolic(im, x, width, symbolic, value, pad_mode);
+    }
     Ok(call(
         Op::Pad(Box::new(PadAttrs {
             pad_width: width,
@@ -610,6 +625,81 @@ fn pad(im: &mut Importer<'_>, node: &super::super::NodeProto, a: &Attrs<'_>) -> 
         })),
         vec![x],
     ))
+}
+
+/// A constant `Pad` whose widths on some axes are symbolic: the static widths as one
+/// `nn.pad`, then each symbolic axis as a concat with blocks of the pad value
+/// (`broadcast_to(value, shape with that axis = width)`). A width that turns out negative at
+/// run time is a typed shape error there (ONNX crops on negative pads; this path does not).
+///
+/// ```text
+/// Pad(x: (b, n, 8), pads=[0, 0, 0, 0, (0 - n) % 5, 0])  ->
+///     lv = R.broadcast_to(R.const(0, "float32"), R.shape([b, (0 - n) % 5, 8]))
+///     y  = R.concat((x, lv), axis=1)                     # (b, n + (0 - n) % 5, 8)
+/// ```
+fn pad_symbolic(
+    im: &mut Importer<'_>,
+    x: ExprId,
+    width: Vec<i64>,
+    symbolic: Vec<(usize, Dim, Dim)>,
+    value: f64,
+    mode: PadMode,
+) -> Result<Vec<Out>> {
+    if mode != PadMode::Constant {
+        return Err(invalid(
+            "Pad with symbolic pads is supported in `constant` mode only",
+        ));
+    }
+    let mut y = x;
+    if width.iter().any(|&w| w != 0) {
+        y = im.emit(
+            Op::Pad(Box::new(PadAttrs {
+                pad_width: width,
+                pad_value: F64(value),
+                pad_mode: mode,
+            })),
+            vec![y],
+        )?;
+    }
+    for (ax, before, after) in symbolic {
+        let (dims, dt) = im.dims(y)?;
+        let mut parts = Vec::with_capacity(3);
+        for (w, first) in [(before, true), (after, false)] {
+            if w == Dim::Static(0) {
+                continue;
+            }
+            if w.as_static().is_some_and(|v| v < 0) {
+                return Err(invalid(format!(
+                    "Pad with symbolic pads needs non-negative pads, found {w} on axis {ax}"
+                )));
+            }
+            let mut shape = dims.clone();
+            shape[ax] = w;
+            let v = im.scalar(value, dt);
+            let s = im.b.shape(shape);
+            let block = im.emit(Op::BroadcastTo, vec![v, s])?;
+            if first {
+                parts.push(block);
+                parts.push(y);
+            } else {
+                if parts.is_empty() {
+                    parts.push(y);
+                }
+                parts.push(block);
+            }
+        }
+        if parts.is_empty() {
+            continue;
+        }
+        let t = im.b.tuple(parts)?;
+        y = im.emit(
+            Op::Concat {
+                axis: Some(ax as i64),
+            },
+            vec![t],
+        )?;
+    }
+    Ok(vec![Out::Val(Val::Expr(y))])
 }
 
 /// DepthToSpace (DCR or CRD) and SpaceToDepth as reshape → permute → reshape.

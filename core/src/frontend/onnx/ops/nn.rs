@@ -19,8 +19,8 @@
 //! ```
 
 use super::{
-    Attrs, Importer, Out, Val, call, input, invalid, kernel_attr, lift, normalize_axis, req,
-    spatial,
+    Attrs, Importer, Out, Val, call, finish, input, invalid, kernel_attr, lift, normalize_axis,
+    req, spatial,
 };
 use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId, ExprKind};
@@ -873,25 +873,29 @@ fn transpose_geometry(
 
 /// `Resize` (opsets 10–19) of a 4-D tensor's two spatial axes → `relax.image.resize2d`. The
 /// scales / sizes / roi inputs must be known at import (sizes may hold the input's own symbolic
-/// N and C, as `Concat(Shape(x)[:2], [h, w])` does); N and C must keep their extents.
+/// N and C, as `Concat(Shape(x)[:2], [h, w])` does); N and C must keep their extents. A 3-D
+/// `(N, C, L)` tensor (`F.interpolate` of a sequence: SAM's relative positions) resizes as
+/// `(N, C, L, 1)`, as the 1-D convolutions are lifted, and is squeezed back.
 pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Result<Vec<Out>> {
     let x = im.expr(req(node, 0)?)?;
-    let (xd, _) = im.dims(x)?;
-    if xd.len() != 4 {
+    let rank = im.dims(x)?.0.len();
+    if rank != 3 && rank != 4 {
         return Err(invalid(format!(
-            "unsupported ONNX node: Resize of a rank-{} tensor (only 4-D, NCHW)",
-            xd.len()
+            "unsupported ONNX node: Resize of a rank-{rank} tensor (only 3-D NCL or 4-D NCHW)"
         )));
     }
+    let one_d = rank == 3;
+    let x = if one_d { lift(im, x)? } else { x };
+    let (xd, _) = im.dims(x)?;
     let (ih, iw) = match (xd[2].as_static(), xd[3].as_static()) {
         (Some(h), Some(w)) => (h, w),
         _ => return Err(invalid("Resize needs static spatial dims")),
     };
     let axes = match a.ints("axes") {
-        None => vec![0, 1, 2, 3],
+        None => (0..rank).collect(),
         Some(v) => v
             .iter()
-            .map(|&ax| normalize_axis(ax, 4))
+            .map(|&ax| normalize_axis(ax, rank))
             .collect::<Result<Vec<_>>>()?,
     };
     let (scales_in, sizes_in, roi_in) = if im.opset < 11 {
@@ -1038,7 +1042,8 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
     }
     let antialias = a.int("antialias", 0) != 0 && mode != "nearest_neighbor";
     let size = im.b.shape(vec![Dim::Static(out[2]), Dim::Static(out[3])]);
-    Ok(call(
+    finish(
+        im,
         Op::Resize2d(Box::new(Resize2dAttrs {
             roi,
             layout: "NCHW".into(),
@@ -1053,7 +1058,8 @@ pub(super) fn resize(im: &mut Importer<'_>, node: &Node, a: &Attrs<'_>) -> Resul
             antialias,
         })),
         vec![x, size],
-    ))
+        one_d,
+    )
 }
 
 /// `CausalConvWithState` (opset 27): a depthwise causal Conv1d whose left context is the
