@@ -643,6 +643,71 @@ FAMILIES = [
         "conv + BatchNorm + ReLU, max pool, bottleneck residual blocks, global average pool",
         shape=(3, 32, 32),
     ),
+    Family(
+        "longt5",
+        text(
+            tf.LongT5Model,
+            tf.LongT5Config(
+                vocab_size=VOCAB,
+                d_model=32,
+                d_kv=16,
+                d_ff=64,
+                num_layers=2,
+                num_decoder_layers=2,
+                num_heads=2,
+                local_radius=4,
+                encoder_attention_type="local",
+                eos_token_id=1,
+                pad_token_id=0,
+                decoder_start_token_id=0,
+            ),
+        ),
+        "seq2seq",
+        "last_hidden_state",
+        "encoder-decoder (the tokens also feed the decoder); local attention over blocks: the "
+        "sequence padded to whole blocks by a Pad of symbolic width",
+    ),
+    Family(
+        "mixtral",
+        text(
+            tf.MixtralForCausalLM,
+            tf.MixtralConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                intermediate_size=64,
+                max_position_embeddings=256,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                # Every expert on every token: the default grouped matmul does not export.
+                experts_implementation="batched_mm",
+            ),
+        ),
+        "text",
+        "logits",
+        "mixture of experts: softmax router, TopK, OneHot-built Tile repeats, weighted sum of "
+        "the experts' SiLU-gated MLPs; grouped-query attention, RoPE",
+    ),
+    Family(
+        "fnet",
+        text(
+            tf.FNetModel,
+            tf.FNetConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=2,
+                intermediate_size=64,
+                max_position_embeddings=256,
+                use_tpu_fourier_optimizations=False,
+            ),
+        ),
+        "text",
+        "last_hidden_state",
+        "Fourier mixing: a 2-D DFT over the symbolic sequence and the hidden axis (dynamo only: "
+        "TorchScript cannot export fft_fftn)",
+    ),
 ]
 
 

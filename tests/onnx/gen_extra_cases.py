@@ -500,6 +500,50 @@ def resize_1d_model(name, mode, sizes=None, scales=None, axes=None, opset=15, **
     return h.make_graph(nodes, name, [f32("x", [2, 3, 7])], [f32("y", None)], inits), opset
 
 
+def moe_repeat_model(name):
+    """The MoE experts' `x.unsqueeze(1).repeat(1, top_k, 1)` as TorchScript exports it: the
+    repeats are `OneHot([1], 3, [1, top_k])`, top_k read off another input's shape."""
+    nodes = [
+        h.make_node("Unsqueeze", ["x", "one1"], ["z"]),
+        h.make_node("Shape", ["w"], ["k"], start=-1),
+        h.make_node("Concat", ["one1", "k"], ["vals"], axis=0),
+        h.make_node("OneHot", ["one1", "three", "vals"], ["oh"]),
+        h.make_node("Reshape", ["oh", "minus1"], ["reps"]),
+        h.make_node("Tile", ["z", "reps"], ["y"]),
+    ]
+    return h.make_graph(
+        nodes, name, [f32("x", ["batch", 3]), f32("w", ["batch", 2])], [f32("y", None)],
+        [i64c("one1", [1]), i64c("three", 3), i64c("minus1", [-1])]), 15
+
+
+def slice_symbolic_start_model(name):
+    """MPT's ALiBi bias `bias[:, max_len - n:]`: a Slice whose start is a static length less
+    the symbolic sequence length, to INT64_MAX."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"], start=0, end=1),
+        h.make_node("Sub", ["ten", "s"], ["start"]),
+        h.make_node("Slice", ["t", "start", "big", "one1"], ["y"]),
+    ]
+    return h.make_graph(
+        nodes, name, [f32("x", ["n"]), f32("t", [4, 10])], [f32("y", None)],
+        [i64c("ten", [10]), i64c("big", [2**63 - 1]), i64c("one1", [1])]), 15
+
+
+# Numpy-defined cases over symbolic dims, after every other case (so earlier cases keep their
+# seeded inputs): FNet's FFT over the symbolic sequence.
+NUMPY_SYMBOLIC = {
+    "dft_symbolic_length_complex": (
+        lambda n: dft_model(n, ["batch", "n", 2], dict(axis=1), 17),
+        lambda x: [split(np.fft.fft(complex_of(x), axis=1))]),
+    "dft_symbolic_length_real_inverse": (
+        lambda n: dft_model(n, ["n", 3, 1], dict(axis=0, inverse=1), 17),
+        lambda x: [split(np.fft.ifft(complex_of(x), axis=0))]),
+    "dft_symbolic_length_rfft": (
+        lambda n: dft_model(n, ["batch", "n", 1], dict(axis=1, onesided=1), 17),
+        lambda x: [split(np.fft.rfft(complex_of(x).real, axis=1))]),
+}
+
+
 CASES = [
     ("scan_reverse_input_axis1_output_axes", lambda n: scan_model(
         n, dict(scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1, -1],
@@ -554,7 +598,10 @@ CASES = [
         n, "linear", scales=[1.0, 1.0, 2.0], coordinate_transformation_mode="align_corners")),
     ("resize_1d_nearest_axes", lambda n: resize_1d_model(
         n, "nearest", sizes=[17], axes=[-1], opset=18, nearest_mode="ceil")),
+    ("tile_by_onehot_repeats", moe_repeat_model),
+    ("slice_from_symbolic_start", slice_symbolic_start_model),
 ]
+CASES += [(name, build) for name, (build, _) in NUMPY_SYMBOLIC.items()]
 
 
 def main() -> int:
@@ -584,8 +631,9 @@ def main() -> int:
                 feeds[vi.name] = rng.integers(0, 3, shape, dtype=np.int64)
             else:
                 feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
-        if name in NUMPY or name in NUMPY_ORT_WRONG:
-            outs = {**NUMPY, **NUMPY_ORT_WRONG}[name][1](*feeds.values())
+        numpy_defs = {**NUMPY, **NUMPY_ORT_WRONG, **NUMPY_SYMBOLIC}
+        if name in numpy_defs:
+            outs = numpy_defs[name][1](*feeds.values())
         else:
             sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
             outs = sess.run(None, feeds)
@@ -595,8 +643,7 @@ def main() -> int:
                     f.write(numpy_helper.from_array(v).SerializeToString())
         manifest.append({"name": name, "ops": sorted({n.op_type for n in g.node}),
                          "opset": opset, "rtol": 1e-5, "atol": 1e-6,
-                         "ort": "numpy" if name in NUMPY or name in NUMPY_ORT_WRONG
-                         else "pass"})
+                         "ort": "numpy" if name in numpy_defs else "pass"})
         print(name, [o.shape for o in outs])
     with open(os.path.join(OUT, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)

@@ -256,6 +256,9 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
             }
             Ok(Some(pieces))
         }
+        // `OneHot` of folded integers: torch's `repeat` exports its counts as
+        // `OneHot([dim], depth, [1, count])` (the MoE experts' `Tile(x, [1, top_k, 1])`).
+        "OneHot" => one_hot(im, node, &a),
         // `Neg` of a folded integer (LayerNormalization's expansion feeds ConstantOfShape
         // with `-axis`).
         "Neg" => match ints(im, req(node, 0)?) {
@@ -264,6 +267,57 @@ pub(crate) fn try_fold(im: &mut Importer<'_>, node: &super::NodeProto) -> Result
         },
         _ => Ok(None),
     }
+}
+
+/// `OneHot(indices, depth, [off, on])` over folded integers (`None` when any is not, or an
+/// index is symbolic): `on` where the index (negative counts from `depth`) equals the
+/// position along `axis`, `off` elsewhere, as ONNX defines it.
+fn one_hot(im: &Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result<Option<Vec<Out>>> {
+    let (Some(idx), Some(depth), Some(values)) = (
+        ints(im, req(node, 0)?),
+        ints(im, req(node, 1)?),
+        ints(im, req(node, 2)?),
+    ) else {
+        return Ok(None);
+    };
+    let ([d], [off, on]) = (depth.vals.as_slice(), values.vals.as_slice()) else {
+        return Ok(None);
+    };
+    let Some(d) = d.as_static().and_then(|d| usize::try_from(d).ok()) else {
+        return Ok(None);
+    };
+    let n = idx.vals.len();
+    if d == 0 || n.checked_mul(d).is_none_or(|t| t > MAX_FOLD_ELEMS) {
+        return Ok(None);
+    }
+    let Some(ks) = idx
+        .vals
+        .iter()
+        .map(Dim::as_static)
+        .collect::<Option<Vec<_>>>()
+    else {
+        return Ok(None);
+    };
+    let axis = normalize_axis(a.int("axis", -1), idx.shape.len() + 1)?;
+    let inner: usize = idx.shape[axis..].iter().product();
+    let mut shape = idx.shape.clone();
+    shape.insert(axis, d);
+    let mut vals = Vec::with_capacity(n * d);
+    for o in 0..n / inner.max(1) {
+        for j in 0..d as i64 {
+            for i in 0..inner {
+                let k = ks[o * inner + i];
+                let k = if k < 0 { k + d as i64 } else { k };
+                vals.push(if k == j { on.clone() } else { off.clone() });
+            }
+        }
+    }
+    Ok(one(Ints {
+        dtype: values.dtype,
+        shape,
+        vals,
+    }
+    .into_val()))
 }
 
 /// `Cast` / `CastLike` of a small float constant to a float dtype (`CastLike`: the second

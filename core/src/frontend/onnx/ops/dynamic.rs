@@ -20,6 +20,7 @@
 //!     p = R.take(pos, lv1, axis=1, mode="fast")                    # R.Tensor((1, seq), "int64")
 //! ```
 
+use super::super::fold::Ints;
 use super::super::{Importer, NodeProto, Out, Val, input, invalid, normalize_axis, req};
 use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId};
@@ -129,17 +130,38 @@ pub(crate) fn slice(im: &mut Importer<'_>, node: &NodeProto) -> Result<Option<Ve
             Some(i) if i < 0 => d.add(&Dim::Static(i)),
             _ => x.clone(),
         };
-        let (b, e) = (norm(b), norm(e));
+        let (b, mut e) = (norm(b), norm(e));
+        // A static end past the axis (`INT64_MAX`: "to the end") stops at its extent.
+        if st > 0
+            && let Some(ev) = e.as_static()
+            && (ev >= 1 << 62 || d.as_static().is_some_and(|dv| ev > dv))
+        {
+            e = d.clone();
+        }
         if b == Dim::Static(0) && e == *d && st == 1 {
             continue; // the whole axis
         }
-        let Some(b0) = b.as_static() else {
-            return Err(invalid(
-                "Slice with a symbolic `start` is not supported (only `end` may be symbolic)",
-            ));
-        };
         let n = count(&b, &e, st);
-        let idx = affine_iota(im, b0, st, n, DType::I64)?;
+        let idx = match b.as_static() {
+            Some(b0) => affine_iota(im, b0, st, n, DType::I64)?,
+            // A symbolic start (MPT's ALiBi bias, `bias[..., max_len - n:]`) is read back at
+            // run time and added to the offsets; an index it puts outside the axis is the
+            // `take`'s run-time error.
+            None if st > 0 => {
+                let offsets = affine_iota(im, 0, st, n, DType::I64)?;
+                let start = im.ints_tensor(&Ints {
+                    dtype: DType::I64,
+                    shape: vec![1],
+                    vals: vec![b.clone()],
+                })?;
+                im.emit(Op::Add, vec![offsets, start])?
+            }
+            None => {
+                return Err(invalid(
+                    "Slice with a symbolic `start` needs a positive step",
+                ));
+            }
+        };
         v = im.take(v, ax as i64, idx)?;
     }
     if !static_axes.0.is_empty() {

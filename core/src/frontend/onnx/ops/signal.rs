@@ -8,7 +8,9 @@
 //!   (`onesided`: the first `n/2 + 1` bins), inverse (scaled by `1/n`) and inverse one-sided
 //!   (numpy's `irfft`: Hermitian weights, a real `(…, n, 1)` result). `dft_length` pads with
 //!   zeros or truncates; it and opset 20's `axis` input must be constants. The matrices hold
-//!   at most [`MAX_MATRIX`] values: a longer transform is an error, not an FFT.
+//!   at most [`MAX_MATRIX`] values: a longer transform is an error, not an FFT. Over a
+//!   symbolic axis (FNet's FFT over the sequence; no `dft_length`, not the inverse one-sided
+//!   transform) the matrices are computed at run time from `iota(n)` by the same formula.
 //! - `STFT(signal, frame_step[, window, frame_length])`: frames `t·frame_step .. + F` gathered
 //!   with one `take` (F = `frame_length`, else the window's length), weighted by the window,
 //!   then the DFT above along the frame axis: `(batch, frames, bins, 2)`.
@@ -24,7 +26,7 @@
 use super::super::{Attrs, Importer, NodeProto, Out, Val, input, invalid, req};
 use crate::error::Result;
 use crate::ir::{Constant, DType, Dim, ExprId};
-use crate::op::{Op, StridedSliceAttrs};
+use crate::op::{ElemOp, Op, StridedSliceAttrs};
 
 /// The most values of one DFT matrix (2^24 `float64`s, 128 MiB).
 const MAX_MATRIX: usize = 1 << 24;
@@ -98,10 +100,59 @@ impl Kind {
     }
 }
 
+/// The matrices of a transform whose length is the symbolic extent `n` of the signal's axis
+/// (no `dft_length`): built at run time from `iota(n)`, the angle `2π·(r·k mod n)/n` as in
+/// [`Kind::matrices`]. Forward (both-sided or one-sided: `n // 2 + 1` columns) and inverse
+/// both-sided; `[a, b, c, d]` as there.
+fn symbolic_matrices(
+    im: &mut Importer<'_>,
+    n: &Dim,
+    inverse: bool,
+    onesided: bool,
+) -> Result<[ExprId; 4]> {
+    let elem = |op| Op::Elem(op);
+    let rows = super::dynamic::iota(im, n.clone(), DType::I64)?;
+    let cols = if onesided {
+        let c = n.floor_div(&Dim::Static(2)).add(&Dim::Static(1));
+        super::dynamic::iota(im, c, DType::I64)?
+    } else {
+        rows
+    };
+    let col = im.emit(Op::ExpandDims { axis: vec![-1] }, vec![rows])?;
+    let rk = im.emit(Op::Multiply, vec![col, cols])?;
+    let shape = im.b.shape(vec![n.clone()]);
+    let nt = im.emit(Op::ShapeToTensor, vec![shape])?;
+    let reduced = im.emit(elem(ElemOp::FloorMod), vec![rk, nt])?;
+    let f64s = Op::Astype { dtype: DType::F64 };
+    let reduced = im.emit(f64s.clone(), vec![reduced])?;
+    let nf = im.emit(f64s, vec![nt])?;
+    let tau = im.f64_const(vec![], &[std::f64::consts::TAU])?;
+    let th = im.emit(Op::Multiply, vec![reduced, tau])?;
+    let th = im.emit(Op::Divide, vec![th, nf])?;
+    let mut c = im.emit(elem(ElemOp::Cos), vec![th])?;
+    let mut sn = im.emit(elem(ElemOp::Sin), vec![th])?;
+    if inverse {
+        c = im.emit(Op::Divide, vec![c, nf])?;
+        sn = im.emit(Op::Divide, vec![sn, nf])?;
+    }
+    let neg = im.emit(Op::Negative, vec![sn])?;
+    Ok(if inverse {
+        [c, neg, sn, c]
+    } else {
+        [c, sn, neg, c]
+    })
+}
+
+/// How long a transform is: a static [`Kind`], or the signal axis's symbolic extent.
+enum Len {
+    Static(Kind),
+    Symbolic { inverse: bool, onesided: bool },
+}
+
 /// The DFT of `x` (`float64`, its last axis 1 (real) or 2 (real, imaginary)) along `axis`
 /// (not the last): a `float64` tensor with that axis transformed and a last axis of 2 (1 for
 /// the inverse one-sided transform).
-fn dft(im: &mut Importer<'_>, x: ExprId, axis: usize, kind: Kind) -> Result<ExprId> {
+fn dft(im: &mut Importer<'_>, x: ExprId, axis: usize, len_kind: Len) -> Result<ExprId> {
     let (dims, _) = im.dims(x)?;
     let r = dims.len();
     let complex = match dims.last().and_then(Dim::as_static) {
@@ -118,24 +169,36 @@ fn dft(im: &mut Importer<'_>, x: ExprId, axis: usize, kind: Kind) -> Result<Expr
             "the transform axis {axis} must not be the last axis of a rank-{r} signal"
         )));
     }
-    let len = dims[axis].as_static().ok_or_else(|| {
-        invalid(format!(
-            "the transformed axis must be static, found {}",
-            dims[axis]
-        ))
-    })? as usize;
-    if kind.n == 0 {
-        return Err(invalid("the transform length must be at least 1"));
-    }
-    let rows = kind.rows(len);
-    let cols = kind.cols();
-    if rows.saturating_mul(cols) > MAX_MATRIX {
-        return Err(invalid(format!(
-            "a dense transform of length {} from {rows} values needs a {rows} × {cols} matrix \
-             (at most {MAX_MATRIX} values)",
-            kind.n
-        )));
-    }
+    let (inverse, onesided) = match &len_kind {
+        Len::Static(k) => (k.inverse, k.onesided),
+        Len::Symbolic { inverse, onesided } => (*inverse, *onesided),
+    };
+    // (static length, rows taking part, columns, the transform) or, symbolic, all rows.
+    let fixed = match len_kind {
+        Len::Static(kind) => {
+            let len = dims[axis].as_static().ok_or_else(|| {
+                invalid(format!(
+                    "the transformed axis must be static, found {}",
+                    dims[axis]
+                ))
+            })? as usize;
+            if kind.n == 0 {
+                return Err(invalid("the transform length must be at least 1"));
+            }
+            let rows = kind.rows(len);
+            let cols = kind.cols();
+            if rows.saturating_mul(cols) > MAX_MATRIX {
+                return Err(invalid(format!(
+                    "a dense transform of length {} from {rows} values needs a {rows} × {cols} \
+                     matrix (at most {MAX_MATRIX} values)",
+                    kind.n
+                )));
+            }
+            Some((len, rows, cols, kind))
+        }
+        Len::Symbolic { .. } => None,
+    };
+
     // Real and imaginary parts, each without the last axis.
     let part = |im: &mut Importer<'_>, i: i64| -> Result<ExprId> {
         let idx = im.b.constant(Constant::scalar_i64(i, DType::I64));
@@ -153,7 +216,9 @@ fn dft(im: &mut Importer<'_>, x: ExprId, axis: usize, kind: Kind) -> Result<Expr
             },
             vec![e],
         )?;
-        if rows < len {
+        if let Some((len, rows, _, _)) = fixed
+            && rows < len
+        {
             e = im.emit(
                 Op::StridedSlice(Box::new(StridedSliceAttrs {
                     axes: vec![-1],
@@ -172,28 +237,35 @@ fn dft(im: &mut Importer<'_>, x: ExprId, axis: usize, kind: Kind) -> Result<Expr
         Some(e) => Some(last(im, e)?),
         None => None,
     };
-    let [a, b, c, d] = kind.matrices(rows);
-    let shape = vec![rows as i64, cols as i64];
+    let [a, b, c, d] = match fixed {
+        Some((_, rows, cols, kind)) => {
+            let shape = vec![rows as i64, cols as i64];
+            let mut m = Vec::with_capacity(4);
+            for v in kind.matrices(rows) {
+                m.push(im.f64_const(shape.clone(), &v)?);
+            }
+            [m[0], m[1], m[2], m[3]]
+        }
+        None => symbolic_matrices(im, &dims[axis], inverse, onesided)?,
+    };
     // y = re·p + imag·q (imag absent: re·p).
-    let combine = |im: &mut Importer<'_>, p: &[f64], q: &[f64]| -> Result<ExprId> {
-        let pc = im.f64_const(shape.clone(), p)?;
-        let y = im.emit(Op::Matmul { out_dtype: None }, vec![re, pc])?;
+    let combine = |im: &mut Importer<'_>, p: ExprId, q: ExprId| -> Result<ExprId> {
+        let y = im.emit(Op::Matmul { out_dtype: None }, vec![re, p])?;
         match imag {
             Some(i) => {
-                let qc = im.f64_const(shape.clone(), q)?;
-                let z = im.emit(Op::Matmul { out_dtype: None }, vec![i, qc])?;
+                let z = im.emit(Op::Matmul { out_dtype: None }, vec![i, q])?;
                 im.emit(Op::Add, vec![y, z])
             }
             None => Ok(y),
         }
     };
-    let yr = combine(im, &a, &b)?;
+    let yr = combine(im, a, b)?;
     let expand =
         |im: &mut Importer<'_>, e: ExprId| im.emit(Op::ExpandDims { axis: vec![-1] }, vec![e]);
-    let out = if kind.inverse && kind.onesided {
+    let out = if inverse && onesided {
         expand(im, yr)?
     } else {
-        let yi = combine(im, &c, &d)?;
+        let yi = combine(im, c, d)?;
         let (yr, yi) = (expand(im, yr)?, expand(im, yi)?);
         let both = im.b.tuple(vec![yr, yi])?;
         im.emit(Op::Concat { axis: Some(-1) }, vec![both])?
@@ -265,10 +337,19 @@ pub(crate) fn dft_node(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -
     let axis = axis.rem_euclid(r) as usize;
     let inverse = a.int("inverse", 0) != 0;
     let onesided = a.int("onesided", 0) != 0;
-    let len = dims
-        .get(axis)
-        .and_then(Dim::as_static)
-        .ok_or_else(|| invalid("DFT's transformed axis must be static"))?;
+    let Some(len) = dims.get(axis).and_then(Dim::as_static) else {
+        // A symbolic signal length (FNet's FFT over the sequence): the transform of that
+        // length, its matrices built at run time.
+        if const_int(im, node, 1, "DFT's dft_length")?.is_some() || (inverse && onesided) {
+            return Err(invalid(
+                "DFT over a symbolic axis supports neither `dft_length` nor the inverse \
+                 one-sided transform",
+            ));
+        }
+        let (xw, dt) = widen(im, x)?;
+        let y = dft(im, xw, axis, Len::Symbolic { inverse, onesided })?;
+        return narrow(im, y, dt);
+    };
     let n = match const_int(im, node, 1, "DFT's dft_length")? {
         Some(n) if n >= 1 => n,
         Some(n) => {
@@ -285,7 +366,7 @@ pub(crate) fn dft_node(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -
         inverse,
         onesided,
     };
-    let y = dft(im, xw, axis, kind)?;
+    let y = dft(im, xw, axis, Len::Static(kind))?;
     narrow(im, y, dt)
 }
 
@@ -357,7 +438,7 @@ pub(crate) fn stft(im: &mut Importer<'_>, node: &NodeProto, a: &Attrs<'_>) -> Re
         inverse: false,
         onesided: a.int("onesided", 1) != 0,
     };
-    let y = dft(im, fr, 2, kind)?;
+    let y = dft(im, fr, 2, Len::Static(kind))?;
     narrow(im, y, dt)
 }
 
