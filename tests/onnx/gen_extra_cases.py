@@ -516,11 +516,12 @@ def moe_repeat_model(name):
         [i64c("one1", [1]), i64c("three", 3), i64c("minus1", [-1])]), 15
 
 
-def slice_symbolic_start_model(name):
+def slice_symbolic_start_model(name, negative=False):
     """MPT's ALiBi bias `bias[:, max_len - n:]`: a Slice whose start is a static length less
-    the symbolic sequence length, to INT64_MAX."""
+    the symbolic sequence length, to INT64_MAX; `negative`: `bias[:, -n:]` (start `-n`)."""
     nodes = [
         h.make_node("Shape", ["x"], ["s"], start=0, end=1),
+        h.make_node("Neg", ["s"], ["start"]) if negative else
         h.make_node("Sub", ["ten", "s"], ["start"]),
         h.make_node("Slice", ["t", "start", "big", "one1"], ["y"]),
     ]
@@ -602,6 +603,7 @@ CASES = [
     ("slice_from_symbolic_start", slice_symbolic_start_model),
 ]
 CASES += [(name, build) for name, (build, _) in NUMPY_SYMBOLIC.items()]
+CASES += [("slice_last_n_symbolic", lambda n: slice_symbolic_start_model(n, negative=True))]
 
 
 def main() -> int:

@@ -75,6 +75,28 @@ fn count(start: &Dim, end: &Dim, step: i64) -> Dim {
     }
 }
 
+/// Whether a symbolic dim is negative for every value of its symbols (each at least 1):
+/// `c - x` with `x` above `c`, or `x * k` with `k < 0`.
+fn provably_negative(x: &Dim) -> bool {
+    use crate::ir::DimOp;
+    let Dim::Expr(e) = x else {
+        return false;
+    };
+    let lb = super::super::fold::lower_bound;
+    match e.0 {
+        DimOp::Sub => {
+            e.1.as_static()
+                .is_some_and(|c| lb(&e.2).is_some_and(|l| l > c))
+        }
+        DimOp::Mul => match (e.1.as_static(), e.2.as_static()) {
+            (Some(k), None) => k < 0 && lb(&e.2).is_some_and(|l| l >= 1),
+            (None, Some(k)) => k < 0 && lb(&e.1).is_some_and(|l| l >= 1),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// Whether `name` is a folded integer value holding a symbolic dim.
 fn symbolic(im: &Importer<'_>, name: &str) -> bool {
     matches!(im.val(name), Ok(Val::Ints(i)) if i.vals.iter().any(|d| d.as_static().is_none()))
@@ -125,9 +147,11 @@ pub(crate) fn slice(im: &mut Importer<'_>, node: &NodeProto) -> Result<Option<Ve
             continue;
         }
         let d = &dims[ax];
-        // Negative static bounds count from the end.
+        // Negative bounds count from the end: static ones, and symbolic ones that are
+        // provably negative (`-n`, exported as `0 - n` or `-1 * n`, for `x[..., -n:]`).
         let norm = |x: &Dim| match x.as_static() {
             Some(i) if i < 0 => d.add(&Dim::Static(i)),
+            None if provably_negative(x) => d.add(x),
             _ => x.clone(),
         };
         let (b, mut e) = (norm(b), norm(e));
