@@ -49,23 +49,28 @@ import numpy as np  # noqa: E402
 tf, Family, VOCAB = exp.tf, exp.Family, exp.VOCAB
 
 
+def configured(name, cls, config_cls, kind, output, defaults, kw, **extra):
+    """A family built from `defaults` overridden (or dropped with None) by `kw`."""
+    cfg = {**defaults, **kw}
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    return Family(name, lambda: cls(config_cls(**cfg)), kind, output, name, **extra)
+
+
 def text(name, cls, config_cls, output="last_hidden_state", **kw):
     """A text family: BERT-sized defaults, overridden (or dropped with None) by `kw`."""
-    cfg = dict(
+    defaults = dict(
         vocab_size=VOCAB,
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
     )
-    cfg.update(kw)
-    cfg = {k: v for k, v in cfg.items() if v is not None}
-    return Family(name, lambda: cls(config_cls(**cfg)), "text", output, name)
+    return configured(name, cls, config_cls, "text", output, defaults, kw)
 
 
 def seq2seq(name, cls, config_cls, output="last_hidden_state", **kw):
     """An encoder-decoder family: the tokens feed both sides (decoder_input_ids = input_ids)."""
-    cfg = dict(
+    defaults = dict(
         vocab_size=VOCAB,
         d_model=32,
         encoder_layers=2,
@@ -80,9 +85,7 @@ def seq2seq(name, cls, config_cls, output="last_hidden_state", **kw):
         eos_token_id=2,
         decoder_start_token_id=0,
     )
-    cfg.update(kw)
-    cfg = {k: v for k, v in cfg.items() if v is not None}
-    return Family(name, lambda: cls(config_cls(**cfg)), "seq2seq", output, name)
+    return configured(name, cls, config_cls, "seq2seq", output, defaults, kw)
 
 
 def t5like(name, cls, config_cls, **kw):
@@ -104,14 +107,13 @@ def values(name, build, shape, output="last_hidden_state"):
 
 def wave(name, cls, config_cls, **kw):
     """A wav2vec2-shaped speech encoder over 800 samples of raw audio (two conv layers, stride 10)."""
-    cfg = dict(
+    defaults = dict(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
         num_conv_pos_embedding_groups=4, vocab_size=VOCAB,
     )
-    cfg.update(kw)
-    cfg = {k: v for k, v in cfg.items() if v is not None}
-    return values(name, lambda: cls(config_cls(**cfg)), (800,))
+    return configured(name, cls, config_cls, "values", "last_hidden_state", defaults, kw,
+                      shape=(800,))
 
 
 def image(name, build, output="logits", shape=(3, 32, 32)):
@@ -120,13 +122,11 @@ def image(name, build, output="logits", shape=(3, 32, 32)):
 
 def vit(name, cls, config_cls, output="logits", **kw):
     """A ViT-shaped image family over 32 x 32 pixels in 8 x 8 patches."""
-    cfg = dict(
+    defaults = dict(
         image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=64,
     )
-    cfg.update(kw)
-    cfg = {k: v for k, v in cfg.items() if v is not None}
-    return image(name, lambda: cls(config_cls(**cfg)), output)
+    return configured(name, cls, config_cls, "image", output, defaults, kw, shape=(3, 32, 32))
 
 
 def lm(name, cls, config_cls, **kw):

@@ -41,6 +41,11 @@ pub(crate) struct Ints {
 }
 
 impl Ints {
+    /// Every element's value, when none is symbolic.
+    fn statics(&self) -> Option<Vec<i64>> {
+        self.vals.iter().map(Dim::as_static).collect()
+    }
+
     /// The integer elements of a small integer (or bool) constant.
     pub(crate) fn from_constant(c: &Constant) -> Option<Ints> {
         if !(c.dtype.is_int() || c.dtype == DType::Bool) || c.numel() > MAX_FOLD_ELEMS {
@@ -290,12 +295,7 @@ fn one_hot(im: &Importer<'_>, node: &super::NodeProto, a: &Attrs<'_>) -> Result<
     if d == 0 || n.checked_mul(d).is_none_or(|t| t > MAX_FOLD_ELEMS) {
         return Ok(None);
     }
-    let Some(ks) = idx
-        .vals
-        .iter()
-        .map(Dim::as_static)
-        .collect::<Option<Vec<_>>>()
-    else {
+    let Some(ks) = idx.statics() else {
         return Ok(None);
     };
     let axis = normalize_axis(a.int("axis", -1), idx.shape.len() + 1)?;
@@ -668,12 +668,7 @@ fn fold_ints(
             let Some(target) = args.get(1) else {
                 return Ok(None);
             };
-            let Some(t) = target
-                .vals
-                .iter()
-                .map(Dim::as_static)
-                .collect::<Option<Vec<i64>>>()
-            else {
+            let Some(t) = target.statics() else {
                 return Ok(None);
             };
             let mut shape = Vec::new();
