@@ -346,7 +346,7 @@ SWEEP = [
         embedding_size=8, hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_groups=4,
         num_labels=10))),
     image("cvt", lambda: tf.CvtForImageClassification(tf.CvtConfig(
-        embed_dim=[16, 32, 48], num_heads=[1, 2, 2], depth=[1, 1, 1], num_labels=10))),
+        embed_dim=[16, 32, 48], num_heads=[1, 2, 2], depth=[1, 2, 3], num_labels=10))),
     image("pvt-v2", lambda: tf.PvtV2ForImageClassification(tf.PvtV2Config(
         hidden_sizes=[8, 16, 24, 32], num_attention_heads=[1, 1, 2, 2], depths=[1, 1, 1, 1],
         num_labels=10))),
@@ -355,14 +355,14 @@ SWEEP = [
     image("mobilenet-v1", lambda: tf.MobileNetV1ForImageClassification(tf.MobileNetV1Config(
         depth_multiplier=0.25, image_size=32, num_labels=10))),
     image("mobilevitv2", lambda: tf.MobileViTV2ForImageClassification(tf.MobileViTV2Config(
-        image_size=32, width_multiplier=0.5, num_labels=10))),
+        image_size=64, width_multiplier=0.5, num_labels=10)), shape=(3, 64, 64)),
     image("glpn", lambda: tf.GLPNForDepthEstimation(tf.GLPNConfig(
         hidden_sizes=[8, 16, 24, 32], num_attention_heads=[1, 1, 2, 2], depths=[1, 1, 1, 1],
         decoder_hidden_size=16)), "predicted_depth"),
     image("hiera", lambda: tf.HieraForImageClassification(tf.HieraConfig(
         embed_dim=16, image_size=[32, 32], patch_size=[3, 3], patch_stride=[2, 2],
         patch_padding=[1, 1], depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], num_labels=10,
-        query_stride=[2, 2], masked_unit_size=[2, 2]))),
+        query_stride=[2, 2], masked_unit_size=[8, 8]))),
     image("textnet", lambda: tf.TextNetForImageClassification(tf.TextNetConfig(num_labels=10))),
     image("depth-anything", lambda: tf.DepthAnythingForDepthEstimation(tf.DepthAnythingConfig(
         backbone_config=tf.Dinov2Config(image_size=28, patch_size=14, hidden_size=32,
