@@ -368,7 +368,8 @@ SWEEP = [
         backbone_config=tf.Dinov2Config(image_size=28, patch_size=14, hidden_size=32,
                                         num_hidden_layers=4, num_attention_heads=2,
                                         intermediate_size=64,
-                                        out_features=["stage1", "stage2", "stage3", "stage4"]),
+                                        out_features=["stage1", "stage2", "stage3", "stage4"],
+                                        reshape_hidden_states=False),
         neck_hidden_sizes=[8, 16, 24, 32], fusion_hidden_size=16, head_hidden_size=8,
         reassemble_hidden_size=32, patch_size=14)), "predicted_depth", shape=(3, 28, 28)),
     image("upernet", lambda: tf.UperNetForSemanticSegmentation(tf.UperNetConfig(
