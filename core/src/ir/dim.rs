@@ -134,14 +134,12 @@ impl Dim {
                 (Some(k), _) => Some((q, k)),
                 _ => None,
             };
-            if let Some((x, k)) = split
-                && k > 0
-            {
+            if let Some((x, k)) = split {
                 if k % c == 0 {
                     return x.mul(&Dim::Static(k / c));
                 }
-                // `(x * k) // c` with `k` dividing `c` is `x // (c / k)`.
-                if c % k == 0 {
+                // `(x * k) // c` with a positive `k` dividing `c` is `x // (c / k)`.
+                if k > 0 && c % k == 0 {
                     return x.floor_div(&Dim::Static(c / k));
                 }
             }
@@ -505,8 +503,12 @@ mod tests {
         let q = up.floor_div(&k);
         assert_eq!(q.to_string(), "(n + 7) // 8");
         assert!(q.mul(&k).provably_eq(&up));
-        // `(x * 4) // 32` is `x // 8`; `(x * 16) % 8` is 0.
+        // `(x * 4) // 32` is `x // 8`; `(x * -16) // 16` is `x * -1`; `(x * 16) % 8` is 0.
         assert_eq!(up.mul(&Dim::Static(4)).floor_div(&Dim::Static(32)), q);
+        assert_eq!(
+            n.mul(&Dim::Static(-16)).floor_div(&Dim::Static(16)),
+            n.mul(&Dim::Static(-1))
+        );
         assert_eq!(
             Dim::binary(DimOp::FloorMod, n.mul(&Dim::Static(16)), k.clone()),
             Dim::Static(0)
