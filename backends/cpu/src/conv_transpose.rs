@@ -36,6 +36,23 @@ fn out_extent(i: usize, k: usize, s: i64, p0: i64, p1: i64, d: i64, op: i64) -> 
         .ok_or_else(|| format!("the padding leaves an output extent of {ext} (expected ≥ 1)"))
 }
 
+/// The taps `t` in `0..k` with `base + t·d` inside `0..o` (`d ≥ 1`): a range, since the
+/// positions increase with `t`.
+fn taps(base: isize, d: isize, k: usize, o: usize) -> std::ops::Range<usize> {
+    let o = o as isize;
+    // The first tap at or past 0, and the first at or past `o`.
+    let first_at = |target: isize| -> usize {
+        if base >= target {
+            0
+        } else {
+            usize::try_from((target - base + d - 1) / d).unwrap_or(usize::MAX)
+        }
+    };
+    let lo = first_at(0).min(k);
+    let hi = first_at(o).min(k);
+    lo..hi.max(lo)
+}
+
 /// `conv2d_transpose(x, w)`.
 pub(crate) fn conv2d_transpose(
     x: &Tensor,
@@ -87,9 +104,23 @@ pub(crate) fn conv2d_transpose(
     let ws = floats(&wc, "weight")?;
     let mut out = vec![0.0; total];
     let icg = c / groups;
+    if dh < 1 || dw < 1 || sh < 1 || sw < 1 {
+        return Err(format!(
+            "strides {:?} and dilation {:?} must be at least 1",
+            a.strides, a.dilation
+        ));
+    }
     // Signed coordinates; the extents were checked above, so these fit.
     let (sh, sw, dh, dw) = (sh as isize, sw as isize, dh as isize, dw as isize);
     let (pt, pl) = (pt as isize, pl as isize);
+    // Only the taps that land inside the output are visited (a kernel far taller than the
+    // output, cropped by its padding, costs what the output does, not what the kernel does).
+    let rows: Vec<std::ops::Range<usize>> = (0..ih)
+        .map(|y| taps(y as isize * sh - pt, dh, kh, oh))
+        .collect();
+    let cols: Vec<std::ops::Range<usize>> = (0..iw)
+        .map(|x| taps(x as isize * sw - pl, dw, kw, ow))
+        .collect();
     for b in 0..n {
         for ci in 0..c {
             let g = ci / icg;
@@ -100,16 +131,10 @@ pub(crate) fn conv2d_transpose(
                         let co = g * ocg + o;
                         let wbase = (ci * ocg + o) * kh * kw;
                         let obase = (b * oc + co) * oh * ow;
-                        for ky in 0..kh {
+                        for ky in rows[y].clone() {
                             let oy = y as isize * sh - pt + ky as isize * dh;
-                            if oy < 0 || oy >= oh as isize {
-                                continue;
-                            }
-                            for kx in 0..kw {
+                            for kx in cols[xq].clone() {
                                 let ox = xq as isize * sw - pl + kx as isize * dw;
-                                if ox < 0 || ox >= ow as isize {
-                                    continue;
-                                }
                                 out[obase + oy as usize * ow + ox as usize] +=
                                     v * ws[wbase + ky * kw + kx];
                             }
@@ -244,6 +269,42 @@ mod tests {
             let want = reference(&xv, xs, &wv, ws, &a, out);
             assert_eq!(y.to_f64_vec(), want, "s {s} p {p:?} op {op:?} d {d} g {g}");
         }
+    }
+
+    #[test]
+    fn a_kernel_taller_than_its_cropped_output_visits_only_the_taps_inside() {
+        // Kernel 9 × 5 against an input of 3 × 4 whose padding crops most of each footprint
+        // (a fuzzed ConvTranspose had a kernel 100,000 tall with an output of 86 rows: every
+        // tap was visited and bounds-checked, 34 s). Same values as the gather definition.
+        let xs = [1usize, 2, 3, 4];
+        let xv: Vec<f64> = (0..24).map(|i| ((i * 5) % 9) as f64 - 4.0).collect();
+        for (s, p, d) in [
+            (2, [5, 2, 6, 3], 1),
+            (1, [4, 0, 3, 4], 1),
+            (3, [4, 1, 9, 1], 2),
+            (1, [0, 0, 0, 0], 1),
+        ] {
+            let ws = [2usize, 2, 9, 5];
+            let wv: Vec<f64> = (0..ws.iter().product::<usize>())
+                .map(|i| ((i * 3) % 7) as f64 * 0.25 - 0.5)
+                .collect();
+            let a = attrs(s, p, [0, 0], d, 1);
+            let y = conv2d_transpose(&t64(&xs, xv.clone()), &t64(&ws, wv.clone()), &a)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let out = [
+                1,
+                2,
+                ((3 - 1) * s - p[0] - p[2] + 8 * d + 1) as usize,
+                ((4 - 1) * s - p[1] - p[3] + 4 * d + 1) as usize,
+            ];
+            assert_eq!(y.shape(), &out);
+            let want = reference(&xv, xs, &wv, ws, &a, out);
+            assert_eq!(y.to_f64_vec(), want, "s {s} p {p:?} d {d}");
+        }
+        let zero = attrs(0, [0; 4], [0, 0], 1, 1);
+        let x = t64(&[1, 1, 2, 2], vec![1.0; 4]);
+        let w = t64(&[1, 1, 2, 2], vec![1.0; 4]);
+        assert!(conv2d_transpose(&x, &w, &zero).is_err_and(|e| e.contains("at least 1")));
     }
 
     #[test]
