@@ -622,16 +622,22 @@ fn block(
         );
         j0 += w;
     }
+    let mut poisoned: Option<Vec<bool>> = None;
     for r in 0..rows {
         let orow = out.rb_mut().row_mut(r).as_slice_mut();
         let inv = 1.0 / l[r];
         let bad = !l[r].is_finite() || l[r] == 0.0 || m[r] == f32::NEG_INFINITY;
         if bad && spec.nan_guard {
             // The guard zeroes the row's probabilities, and the graph still multiplies those
-            // zeros by every value row: `0 * NaN` and `0 * inf` keep a column NaN.
-            for (e, x) in orow.iter_mut().enumerate() {
-                let poisoned = (0..t).any(|j| !v.data[j * v.rs + e * v.cs].is_finite());
-                *x = if poisoned { f32::NAN } else { 0.0 };
+            // zeros by every value row: `0 * NaN` and `0 * inf` keep a column NaN. Which
+            // columns hold one is found once per block, at its first such row.
+            let poisoned = poisoned.get_or_insert_with(|| {
+                (0..dv)
+                    .map(|e| (0..t).any(|j| !v.data[j * v.rs + e * v.cs].is_finite()))
+                    .collect::<Vec<bool>>()
+            });
+            for (x, &p) in orow.iter_mut().zip(poisoned.iter()) {
+                *x = if p { f32::NAN } else { 0.0 };
             }
         } else if bad {
             orow.iter_mut().for_each(|x| *x = f32::NAN);
