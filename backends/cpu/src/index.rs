@@ -80,15 +80,19 @@ fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize]) -> KResult<()>) -
     }
 }
 
-/// `x` read at the source positions `src` (row-major over `shape`); `None` gives `fill`
-/// (converted to the dtype once). Elements are copied in their own type.
-fn gather_fill(x: &Tensor, shape: Vec<usize>, src: &[Option<usize>], fill: f64) -> KResult<Tensor> {
-    let dtype = x.dtype();
-    let fill_s = if dtype.is_float() {
+/// `fill` as one element of `dtype` (integers truncate toward zero).
+fn fill_storage(dtype: DType, fill: f64) -> Storage {
+    if dtype.is_float() {
         Storage::from_f64(dtype, vec![fill])
     } else {
         Storage::from_i64(dtype, vec![fill as i64])
-    };
+    }
+}
+
+/// `x` read at the source positions `src` (row-major over `shape`); `None` gives `fill`
+/// (converted to the dtype once). Elements are copied in their own type.
+fn gather_fill(x: &Tensor, shape: Vec<usize>, src: &[Option<usize>], fill: f64) -> KResult<Tensor> {
+    let fill_s = fill_storage(x.dtype(), fill);
     macro_rules! pick {
         ($($var:ident),*) => {
             match (x.storage(), &fill_s) {
@@ -151,11 +155,7 @@ fn pad_constant(
         out
     }
     let ost = strides(&shape);
-    let fill_s = if x.dtype().is_float() {
-        Storage::from_f64(x.dtype(), vec![fill])
-    } else {
-        Storage::from_i64(x.dtype(), vec![fill as i64])
-    };
+    let fill_s = fill_storage(x.dtype(), fill);
     macro_rules! pick {
         ($($var:ident),*) => {
             match (x.storage(), &fill_s) {
