@@ -532,6 +532,23 @@ def slice_symbolic_start_model(name, negative=False):
 
 # Numpy-defined cases over symbolic dims, after every other case (so earlier cases keep their
 # seeded inputs): FNet's FFT over the symbolic sequence.
+def roi_align_model(name, opset, n_rois, seed, **attrs):
+    """RoiAlign over a two-image batch of 13×11 feature maps with boxes (in image
+    coordinates, `spatial_scale` away from the map) that straddle the borders, lie beyond them,
+    are thinner than a pixel or have x2 < x1; the batch indices alternate."""
+    r = np.random.default_rng(seed)
+    scale = attrs.get("spatial_scale", 1.0)
+    lo = r.uniform(-3.0, 12.0, (n_rois, 2)) / scale
+    ext = r.uniform(-1.0, 9.0, (n_rois, 2)) / scale
+    ext[0] = [0.3, 0.2]
+    rois = np.concatenate([lo, lo + ext], axis=1).astype(np.float32)
+    idx = (np.arange(n_rois) % 2).astype(np.int64)
+    node = h.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], **attrs)
+    g = h.make_graph([node], name, [f32("x", [2, 3, 13, 11])], [f32("y", None)],
+                     [numpy_helper.from_array(rois, "rois"), numpy_helper.from_array(idx, "idx")])
+    return g, opset
+
+
 NUMPY_SYMBOLIC = {
     "dft_symbolic_length_complex": (
         lambda n: dft_model(n, ["batch", "n", 2], dict(axis=1), 17),
@@ -604,6 +621,17 @@ CASES = [
 ]
 CASES += [(name, build) for name, (build, _) in NUMPY_SYMBOLIC.items()]
 CASES += [("slice_last_n_symbolic", lambda n: slice_symbolic_start_model(n, negative=True))]
+CASES += [
+    ("roialign10_adaptive_scaled", lambda n: roi_align_model(
+        n, 10, 6, 1, output_height=3, output_width=2, spatial_scale=0.25)),
+    ("roialign16_half_pixel_max_ratio3", lambda n: roi_align_model(
+        n, 16, 5, 2, output_height=3, output_width=4, sampling_ratio=3, mode="max")),
+    ("roialign16_half_pixel_adaptive_scaled", lambda n: roi_align_model(
+        n, 16, 7, 3, output_height=2, output_width=2, spatial_scale=0.5)),
+    ("roialign16_output_half_pixel_max_adaptive", lambda n: roi_align_model(
+        n, 16, 4, 4, output_height=2, output_width=3, mode="max",
+        coordinate_transformation_mode="output_half_pixel")),
+]
 
 
 def main() -> int:

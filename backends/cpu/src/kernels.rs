@@ -415,6 +415,11 @@ fn eval(
             tensor(args, 1)?,
             a,
         )),
+        Op::RoiAlign(a) => t(crate::roi_align::roi_align(
+            tensor(args, 0)?,
+            tensor(args, 1)?,
+            a,
+        )),
         Op::AffineGrid { align_corners } => t(crate::image::affine_grid(
             tensor(args, 0)?,
             shape(args, 1)?,

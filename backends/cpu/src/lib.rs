@@ -73,6 +73,7 @@ pub mod par;
 mod pool_blocked;
 mod pool_nd;
 mod reduce;
+mod roi_align;
 mod rope;
 mod search;
 mod set;

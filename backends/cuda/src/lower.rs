@@ -1195,6 +1195,7 @@ impl Lowerer<'_> {
             }
             Op::Stack { .. }
             | Op::GridSample(_)
+            | Op::RoiAlign(_)
             | Op::AffineGrid { .. }
             | Op::ReverseSequence { .. }
             | Op::MaxPool1d(_)

@@ -129,6 +129,14 @@ impl<'a> Kwargs<'a> {
         self.lookup(k, Some(F64(default)), read, "a float")
     }
 
+    /// A float with no default (an integer literal is accepted).
+    pub(crate) fn req_float(&self, k: &str) -> Result<F64, String> {
+        match self.get(k) {
+            None => Err(self.missing(k)),
+            Some(_) => self.float(k, 0.0),
+        }
+    }
+
     /// `True` or `False`.
     pub(crate) fn bool(&self, k: &str, default: bool) -> Result<bool, String> {
         let read = |v: &AttrLit| match v {

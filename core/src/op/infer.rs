@@ -628,6 +628,7 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
         Op::Conv2dTranspose(a) => nn::conv2d_transpose(&cx, a),
         Op::Resize2d(a) => nn::resize2d(&cx, a),
         Op::GridSample(a) => nn::grid_sample(&cx, a),
+        Op::RoiAlign(a) => nn::roi_align(&cx, a),
         Op::AffineGrid { .. } => nn::affine_grid(&cx),
         Op::GroupNorm(a) | Op::InstanceNorm(a) => nn::group_norm(&cx, a),
         Op::Stack { axis } => pool::stack(&cx, *axis),

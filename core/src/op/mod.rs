@@ -46,6 +46,7 @@ mod set;
 #[cfg(test)]
 mod tests;
 mod text;
+mod vision;
 
 use crate::ir::{DType, Dim, Type};
 pub use attention::{AttentionAttrs, CausalMask};
@@ -60,6 +61,7 @@ pub use layout::{IndexMap, Layout, LayoutAxis, MapExpr, Permute};
 pub use nn::{Conv2dTransposeAttrs, GroupNormAttrs, Resize2dAttrs, Taps};
 pub use pool::{AdaptivePoolAttrs, PoolAttrs};
 pub use set::UniqueAttrs;
+pub use vision::RoiAlignAttrs;
 
 /// An `f64` attribute with bitwise equality and hashing, so ops are `Eq + Hash`.
 #[derive(Clone, Copy, Debug)]
@@ -611,6 +613,9 @@ pub enum Op {
     /// iou_threshold, score_threshold)` in ONNX's output format: the `(B·C·N, 3)` selected
     /// `[batch, class, box]` rows (zeros after the first `count`) and `count` as `(1,)`.
     AllClassNms,
+    /// `relax.vision.roi_align(data, rois)`: bilinear samples of each box, pooled to a fixed
+    /// grid of bins.
+    RoiAlign(Box<RoiAlignAttrs>),
     /// `relax.einsum` of a tuple of tensors.
     Einsum {
         /// The equation (`"bij,bjk->bik"`).
@@ -730,6 +735,7 @@ const OTHER_NAMES: &[&str] = &[
     "relax.nonzero",
     "relax.unique",
     "relax.vision.all_class_non_max_suppression",
+    "relax.vision.roi_align",
     "relax.einsum",
     "relax.nn.conv2d_transpose",
     "relax.image.resize2d",
@@ -844,6 +850,7 @@ impl Op {
             Op::Nonzero => "relax.nonzero",
             Op::Unique(_) => "relax.unique",
             Op::AllClassNms => "relax.vision.all_class_non_max_suppression",
+            Op::RoiAlign(_) => "relax.vision.roi_align",
             Op::Einsum { .. } => "relax.einsum",
             Op::Conv2dTranspose(_) => "relax.nn.conv2d_transpose",
             Op::Resize2d(_) => "relax.image.resize2d",
@@ -950,6 +957,7 @@ impl Op {
             Op::Topk(_) | Op::Nonzero | Op::Unique(_) | Op::AllClassNms => FusionKind::Opaque,
             Op::Conv2dTranspose(_) => FusionKind::OutEWiseFusable,
             Op::Resize2d(_) | Op::GridSample(_) | Op::AffineGrid { .. } => FusionKind::Injective,
+            Op::RoiAlign(_) => FusionKind::OutEWiseFusable,
             Op::GroupNorm(_) | Op::InstanceNorm(_) => FusionKind::CommReduce,
             Op::Stack { .. } => FusionKind::Injective,
             Op::MaxPool1d(_)

@@ -215,6 +215,13 @@ fn default_instance(name: &str) -> Op {
                 ("axes", ints(&[2, 3])),
             ],
         ),
+        "relax.vision.roi_align" => op(
+            name,
+            &[
+                ("pooled_size", ints(&[7])),
+                ("spatial_scale", AttrLit::Float(0.25)),
+            ],
+        ),
         "relax.nn.instance_norm" => op(
             name,
             &[("channel_axis", AttrLit::Int(1)), ("axes", ints(&[2, 3]))],
@@ -230,10 +237,10 @@ fn every_name_has_a_signature_and_round_trips() {
     // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7);
     // issue 19's attention and attention_bias (2); grid_sample, affine_grid and
     // reverse_sequence (3); layout_transform (1); the value-dependent nonzero, unique and
-    // all_class_non_max_suppression (3).
+    // all_class_non_max_suppression (3); roi_align (1).
     assert_eq!(
         names.len(),
-        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1 + 3
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1 + 3 + 1
     );
     for name in names {
         let sig = Op::signature(name);
@@ -1643,4 +1650,103 @@ fn value_dependent_ops_leave_their_extents_out_of_the_type() {
         &[("output_format", s("tensorflow"))],
     );
     assert!(e.contains("only \"onnx\""), "{e}");
+}
+
+#[test]
+fn roi_align_attributes_default_check_print_in_tvm_order_and_infer() {
+    let o = op(
+        "relax.vision.roi_align",
+        &[
+            ("pooled_size", ints(&[7])),
+            ("spatial_scale", AttrLit::Float(0.25)),
+        ],
+    );
+    let Op::RoiAlign(a) = &o else {
+        unreachable!("{o:?}")
+    };
+    assert_eq!(a.pooled_size, [7, 7]);
+    assert_eq!((a.sample_ratio, a.aligned), (-1, false));
+    assert_eq!((a.layout.as_str(), a.mode.as_str()), ("NCHW", "avg"));
+    let names: Vec<&str> = o.kwargs().iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        names,
+        [
+            "pooled_size",
+            "spatial_scale",
+            "sample_ratio",
+            "aligned",
+            "layout",
+            "mode"
+        ]
+    );
+    assert_eq!(op("relax.vision.roi_align", &o.kwargs()), o);
+    // Required attributes, closed sets, sizes.
+    let scale = ("spatial_scale", AttrLit::Float(1.0));
+    assert!(
+        op_err("relax.vision.roi_align", &[("pooled_size", ints(&[2]))])
+            .contains("missing required attribute `spatial_scale`")
+    );
+    assert!(op_err("relax.vision.roi_align", std::slice::from_ref(&scale)).contains("pooled_size"));
+    for bad in [
+        ("pooled_size", ints(&[0, 2])),
+        ("pooled_size", ints(&[1, 2, 3])),
+        ("mode", AttrLit::Str("min".into())),
+        ("layout", AttrLit::Str("NCDHW".into())),
+    ] {
+        let mut kw = vec![("pooled_size", ints(&[2])), scale.clone()];
+        kw.retain(|(k, _)| *k != bad.0);
+        kw.push(bad.clone());
+        assert!(
+            op_err("relax.vision.roi_align", &kw).contains(bad.0),
+            "{bad:?}"
+        );
+    }
+    let inf = op_err(
+        "relax.vision.roi_align",
+        &[
+            ("pooled_size", ints(&[2])),
+            ("spatial_scale", AttrLit::Float(f64::INFINITY)),
+        ],
+    );
+    assert!(inf.contains("finite"), "{inf}");
+    // (R, C, PH, PW), or (R, PH, PW, C) for NHWC; symbolic box counts flow through.
+    let x = td(
+        &[n(), Dim::Static(16), Dim::Static(50), Dim::Static(40)],
+        DType::F32,
+    );
+    let rois = td(&[Dim::sym("k"), Dim::Static(5)], DType::F32);
+    let want = td(
+        &[
+            Dim::sym("k"),
+            Dim::Static(16),
+            Dim::Static(7),
+            Dim::Static(7),
+        ],
+        DType::F32,
+    );
+    assert_eq!(ok(&o, &[&x, &rois]), want);
+    let nhwc = op(
+        "relax.vision.roi_align",
+        &[
+            ("pooled_size", ints(&[3, 2])),
+            scale,
+            ("layout", AttrLit::Str("NHWC".into())),
+        ],
+    );
+    assert_eq!(
+        ok(&nhwc, &[&x, &rois]),
+        td(
+            &[
+                Dim::sym("k"),
+                Dim::Static(3),
+                Dim::Static(2),
+                Dim::Static(40)
+            ],
+            DType::F32
+        )
+    );
+    assert!(err(&o, &[&x, &t(&[3, 4])]).contains("(num_roi, 5)"));
+    assert!(err(&o, &[&t(&[1, 2, 3]), &rois]).contains("4-D"));
+    let ints_rois = Type::tensor(&[3, 5], DType::I64);
+    assert!(err(&o, &[&x, &ints_rois]).contains("float"));
 }

@@ -164,6 +164,7 @@ impl Op {
             "relax.nonzero" => sig(1, 1, &[]),
             "relax.unique" => sig(1, 1, set::UNIQUE_ATTRS),
             "relax.vision.all_class_non_max_suppression" => sig(5, 5, &["output_format"]),
+            "relax.vision.roi_align" => sig(2, 2, vision::ROI_ALIGN_ATTRS),
             "relax.nn.conv2d_transpose" => sig(2, 2, nn::CONV2D_TRANSPOSE_ATTRS),
             "relax.image.resize2d" => sig(2, 2, nn::RESIZE2D_ATTRS),
             "relax.image.grid_sample" => sig(2, 2, image::GRID_SAMPLE_ATTRS),
@@ -490,6 +491,7 @@ impl Op {
             "relax.nn.conv2d_transpose" => Op::Conv2dTranspose(nn::conv2d_transpose_attrs(&kw)?),
             "relax.image.resize2d" => Op::Resize2d(nn::resize2d_attrs(&kw)?),
             "relax.image.grid_sample" => Op::GridSample(image::grid_sample_attrs(&kw)?),
+            "relax.vision.roi_align" => Op::RoiAlign(vision::roi_align_attrs(&kw)?),
             "relax.image.affine_grid" => Op::AffineGrid {
                 align_corners: kw.bool("align_corners", true)?,
             },
@@ -665,6 +667,7 @@ impl Op {
             Op::Conv2dTranspose(a) => nn::conv2d_transpose_kwargs(a),
             Op::Resize2d(a) => nn::resize2d_kwargs(a),
             Op::GridSample(a) => image::grid_sample_kwargs(a),
+            Op::RoiAlign(a) => vision::roi_align_kwargs(a),
             Op::AffineGrid { align_corners } => {
                 vec![("align_corners", AttrLit::Bool(*align_corners))]
             }

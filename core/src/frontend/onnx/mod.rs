@@ -233,6 +233,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Upsample",
     "GridSample",
     "AffineGrid",
+    "RoiAlign",
     "Col2Im",
     "ConvInteger",
     "QLinearConv",

@@ -765,6 +765,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             ))
         }
         "GridSample" => image::grid_sample(im, node, &a),
+        "RoiAlign" => image::roi_align(im, node, &a),
         "Col2Im" => image::col2im(im, node, &a),
         "AffineGrid" => image::affine_grid(im, node, &a),
         "LinearAttention" => attention::linear_attention(im, node, &a),

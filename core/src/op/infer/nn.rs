@@ -1,6 +1,7 @@
 //! Type inference of the `nn` family ops added for issue 17 (`relax.nn.conv2d_transpose`,
 //! `relax.image.resize2d`) and of the sampling ops (`relax.image.grid_sample`,
-//! `relax.image.affine_grid`, whose grids are channel-first as in TVM).
+//! `relax.image.affine_grid`, whose grids are channel-first as in TVM) and
+//! `relax.vision.roi_align`.
 //!
 //! Contract: as [`super::infer`]: symbolic dims flow through, unknown shapes give a less specific
 //! type, and errors say what was expected and what was found.
@@ -10,10 +11,13 @@
 //! x: (1, 3, h, w)                    R.image.resize2d(x, R.shape([8, 8]))           -> (1, 3, 8, 8)
 //! t: (n, 2, 3)                       R.image.affine_grid(t, R.shape([4, 5]))        -> (n, 2, 4, 5)
 //! x: (n, 3, 8, 8), g: (n, 2, 4, 5)   R.image.grid_sample(x, g)                      -> (n, 3, 4, 5)
+//! x: (n, 3, 8, 8), r: (k, 5)         R.vision.roi_align(x, r, pooled_size=[2, 2], ...) -> (k, 3, 2, 2)
 //! ```
 
 use super::super::attrs::layout_pos;
-use super::super::{Conv2dTransposeAttrs, GridSampleAttrs, GroupNormAttrs, Resize2dAttrs};
+use super::super::{
+    Conv2dTransposeAttrs, GridSampleAttrs, GroupNormAttrs, Resize2dAttrs, RoiAlignAttrs,
+};
 use super::{Cx, common_dtype, differ, known, permute_out, same, unknown};
 use crate::ir::{Dim, Type};
 
@@ -235,4 +239,33 @@ pub(super) fn affine_grid(cx: &Cx<'_>) -> Result<Type, String> {
     let mut out = vec![td[0].clone(), Dim::Static(r as i64)];
     out.extend(size.iter().cloned());
     Ok(known(out, t.dtype))
+}
+
+/// `relax.vision.roi_align(data, rois)`: `data` 4-D in the layout, `rois` `(R, 5)` of a float
+/// dtype; the result is `(R, C, PH, PW)` (`(R, PH, PW, C)` for `NHWC`) of the data's dtype.
+pub(super) fn roi_align(cx: &Cx<'_>, a: &RoiAlignAttrs) -> Result<Type, String> {
+    let x = cx.tensor(0, "data")?;
+    let r = cx.tensor(1, "rois")?;
+    cx.rank(x, 4, "data")?;
+    cx.rank(r, 2, "rois")?;
+    cx.float(x, "data")?;
+    cx.float(r, "rois")?;
+    if let Some(c) = r.dims.as_ref().and_then(|d| d[1].as_static())
+        && c != 5
+    {
+        return Err(cx.err(format!(
+            "expected rois of shape (num_roi, 5) ([batch_index, x1, y1, x2, y2] rows), found {c} \
+             columns"
+        )));
+    }
+    let (Some(xd), Some(rd)) = (&x.dims, &r.dims) else {
+        return Ok(unknown(Some(4), x.dtype));
+    };
+    let [ph, pw] = a.pooled_size.map(Dim::Static);
+    let out = if a.layout == "NHWC" {
+        vec![rd[0].clone(), ph, pw, xd[3].clone()]
+    } else {
+        vec![rd[0].clone(), xd[1].clone(), ph, pw]
+    };
+    Ok(known(out, x.dtype))
 }

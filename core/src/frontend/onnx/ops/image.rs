@@ -17,6 +17,14 @@
 //! defines. The sums are the same terms in another order, plus zero products (so an infinite
 //! or NaN element also makes the neighbours its block overlaps NaN).
 //!
+//! `RoiAlign` (opsets 10, 16, 22) is `relax.vision.roi_align` over `(R, 5)` rows of
+//! `[batch_index, x1, y1, x2, y2]` (the batch indices cast to the boxes' float dtype and put in
+//! front). `output_half_pixel` (opset 10's only rule) passes `spatial_scale` on; `half_pixel`
+//! (opset 16's default) scales the corners and subtracts half a pixel in the boxes' dtype, as
+//! ONNX's reference does, and asks for `aligned` (no one-pixel minimum) with a scale of 1.
+//! ONNX's `max` mode is `mode="onnx_max"` (the largest weighted corner term, not TVM's largest
+//! interpolated value). The data must be 4-D and the boxes `(R, 4)` with `(R,)` indices.
+//!
 //! ```text
 //! Y = GridSample(X: f32[1, 3, 8, 8], G: f32[1, 4, 5, 2]; mode="linear")
 //!   → lv = R.permute_dims(G, axes=[0, 3, 1, 2])          # (1, 2, 4, 5)
@@ -29,14 +37,21 @@
 //!   → lv = R.reshape(X, R.shape([1, 8, 3, 3]))
 //!     Y = R.nn.conv2d_transpose(lv, W, strides=[2, 2], output_padding=[1, 1], groups=2)
 //!     # W: (8, 1, 2, 2) one-hot; Y: (1, 2, 5, 5)
+//! Y = RoiAlign(X: f32[1, 4, 10, 10], rois: f32[3, 4], idx: i64[3]; output_height=5,
+//!     output_width=5, sampling_ratio=2, spatial_scale=0.5)          # half_pixel (opset 16)
+//!   → lv = R.expand_dims(R.astype(idx, "float32"), axis=[1])
+//!     lv1 = R.subtract(R.multiply(rois, R.const(0.5)), R.const(0.5))
+//!     lv2 = R.concat((lv, lv1), axis=1)                                # (3, 5)
+//!     Y = R.vision.roi_align(X, lv2, pooled_size=[5, 5], spatial_scale=1.0, sample_ratio=2,
+//!         aligned=True, layout="NCHW", mode="avg")                     # (3, 4, 5, 5)
 //! ```
 
-use super::super::{Attrs, Importer, NodeProto, Out, Val, invalid, req};
+use super::super::{Attrs, Importer, NodeProto, Out, Val, dims_str, invalid, req};
 use super::call;
 use super::nn::TransposeGeometry;
 use crate::error::Result;
 use crate::ir::{Constant, Dim};
-use crate::op::{Conv2dTransposeAttrs, GridSampleAttrs, Op};
+use crate::op::{Conv2dTransposeAttrs, F64, GridSampleAttrs, Op, RoiAlignAttrs};
 
 /// The most elements of `Col2Im`'s one-hot weight (`C · (kh · kw)²`).
 const MAX_COL2IM_WEIGHT: usize = 1 << 26;
@@ -305,4 +320,101 @@ pub(super) fn affine_grid(
     axes.extend(2..=r as i64 + 1);
     axes.push(1);
     Ok(call(Op::PermuteDims { axes: Some(axes) }, vec![g]))
+}
+
+/// `RoiAlign(X, rois, batch_indices)` (see the module doc).
+pub(super) fn roi_align(
+    im: &mut Importer<'_>,
+    node: &NodeProto,
+    a: &Attrs<'_>,
+) -> Result<Vec<Out>> {
+    let x = im.expr(req(node, 0)?)?;
+    let rois = im.expr(req(node, 1)?)?;
+    let idx = im.expr(req(node, 2)?)?;
+    let (xd, xt) = im.dims(x)?;
+    let (rd, rt) = im.dims(rois)?;
+    let (id, it) = im.dims(idx)?;
+    if xd.len() != 4 {
+        return Err(invalid(format!(
+            "RoiAlign needs a 4-D input (N, C, H, W), found rank {}",
+            xd.len()
+        )));
+    }
+    if rd.len() != 2 || rd[1].as_static().is_some_and(|c| c != 4) {
+        return Err(invalid(format!(
+            "RoiAlign needs rois of shape (num_rois, 4), found {}",
+            dims_str(&rd)
+        )));
+    }
+    if id.len() != 1 || !it.is_int() {
+        return Err(invalid(format!(
+            "RoiAlign needs integer batch_indices of shape (num_rois,), found {it}{}",
+            dims_str(&id)
+        )));
+    }
+    if !xt.is_float() || rt != xt {
+        return Err(invalid(format!(
+            "RoiAlign needs float data and rois of the same dtype, found {xt} and {rt}"
+        )));
+    }
+    let size = |name: &str| -> Result<i64> {
+        let v = a.int(name, 1);
+        if v < 1 {
+            return Err(invalid(format!("RoiAlign's {name} must be ≥ 1, found {v}")));
+        }
+        Ok(v)
+    };
+    let pooled_size = [size("output_height")?, size("output_width")?];
+    let scale = f64::from(a.float("spatial_scale", 1.0) as f32);
+    if !scale.is_finite() {
+        return Err(invalid(format!(
+            "RoiAlign's spatial_scale must be finite, found {scale}"
+        )));
+    }
+    let mode = match a.string("mode", "avg").as_str() {
+        "avg" => "avg",
+        "max" => "onnx_max",
+        other => {
+            return Err(invalid(format!(
+                "RoiAlign's mode `{other}` is not one of avg, max"
+            )));
+        }
+    };
+    let default = if im.opset < 16 {
+        "output_half_pixel"
+    } else {
+        "half_pixel"
+    };
+    let half_pixel = match a.string("coordinate_transformation_mode", default).as_str() {
+        "half_pixel" => true,
+        "output_half_pixel" => false,
+        other => {
+            return Err(invalid(format!(
+                "RoiAlign's coordinate_transformation_mode `{other}` is not one of half_pixel, \
+                 output_half_pixel"
+            )));
+        }
+    };
+    let mut boxes = rois;
+    if half_pixel {
+        let s = im.scalar(scale, rt);
+        boxes = im.emit(Op::Multiply, vec![boxes, s])?;
+        let h = im.scalar(0.5, rt);
+        boxes = im.emit(Op::Subtract, vec![boxes, h])?;
+    }
+    let b = im.emit(Op::Astype { dtype: rt }, vec![idx])?;
+    let b = im.emit(Op::ExpandDims { axis: vec![1] }, vec![b])?;
+    let t = im.b.tuple(vec![b, boxes])?;
+    let rows = im.emit(Op::Concat { axis: Some(1) }, vec![t])?;
+    Ok(call(
+        Op::RoiAlign(Box::new(RoiAlignAttrs {
+            pooled_size,
+            spatial_scale: F64(if half_pixel { 1.0 } else { scale }),
+            sample_ratio: a.int("sampling_ratio", 0),
+            aligned: half_pixel,
+            layout: "NCHW".into(),
+            mode: mode.into(),
+        })),
+        vec![x, rows],
+    ))
 }
