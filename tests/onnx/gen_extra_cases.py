@@ -549,6 +549,22 @@ def roi_align_model(name, opset, n_rois, seed, **attrs):
     return g, opset
 
 
+def bitcast_chain_model(name):
+    """A float's exponent kept through its bits: Abs, BitCast to int32, BitwiseAnd with the
+    exponent mask, BitCast back, Mul: the reinterpretations inside one elementwise chain."""
+    nodes = [
+        h.make_node("Abs", ["x"], ["a"]),
+        h.make_node("BitCast", ["a"], ["bits"], to=TP.INT32),
+        h.make_node("BitwiseAnd", ["bits", "mask"], ["e"]),
+        h.make_node("BitCast", ["e"], ["p"], to=TP.FLOAT),
+        h.make_node("Mul", ["p", "two"], ["y"]),
+    ]
+    g = h.make_graph(nodes, name, [f32("x", [3, 4])], [f32("y", None)],
+                     [numpy_helper.from_array(np.array(0x7F800000, np.int32), "mask"),
+                      scalar("two", 2.0)])
+    return g, 26
+
+
 NUMPY_SYMBOLIC = {
     "dft_symbolic_length_complex": (
         lambda n: dft_model(n, ["batch", "n", 2], dict(axis=1), 17),
@@ -632,6 +648,7 @@ CASES += [
         n, 16, 4, 4, output_height=2, output_width=3, mode="max",
         coordinate_transformation_mode="output_half_pixel")),
 ]
+CASES += [("bitcast_exponent_of_float", bitcast_chain_model)]
 
 
 def main() -> int:

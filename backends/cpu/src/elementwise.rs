@@ -1,5 +1,5 @@
 //! Elementwise kernels: broadcasting binary arithmetic, unary math and activations, `clip`,
-//! `astype` and inference-mode `dropout`.
+//! `astype`, `bitcast` and inference-mode `dropout`.
 //!
 //! `float32` and `float64` compute natively (same-shape `float32` binary ops and `relu` on
 //! large tensors in chunks on [`crate::par::threads`] threads: the same arithmetic per
@@ -566,6 +566,55 @@ pub(crate) fn astype(t: &Tensor, dtype: DType) -> Tensor {
     t.cast(dtype)
 }
 
+/// `bitcast`: each element's bits read as `dtype` of the same width (little-endian, so the
+/// same on every host). A byte read as `bool` must be 0 or 1 (any other value is an error, not
+/// a `bool` with an invalid bit pattern).
+pub(crate) fn bitcast(t: &Tensor, dtype: DType) -> KResult<Tensor> {
+    let from = t.dtype();
+    if from.size_bytes() != dtype.size_bytes() {
+        return Err(format!(
+            "cannot reinterpret {from} ({} bytes) as {dtype} ({} bytes)",
+            from.size_bytes(),
+            dtype.size_bytes()
+        ));
+    }
+    let bits: Vec<u64> = match t.storage() {
+        StorageRef::F16(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
+        StorageRef::BF16(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
+        StorageRef::F32(v) => v.iter().map(|x| u64::from(x.to_bits())).collect(),
+        StorageRef::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
+        StorageRef::I8(v) => v.iter().map(|&x| u64::from(x as u8)).collect(),
+        StorageRef::U8(v) => v.iter().map(|&x| u64::from(x)).collect(),
+        StorageRef::I32(v) => v.iter().map(|&x| u64::from(x as u32)).collect(),
+        StorageRef::I64(v) => v.iter().map(|&x| x as u64).collect(),
+        StorageRef::Bool(v) => v.iter().map(|&x| u64::from(x)).collect(),
+    };
+    // Truncations below keep exactly the `size_bytes` low bytes the source filled.
+    let data = match dtype {
+        DType::F16 => Storage::F16(bits.iter().map(|&b| f16::from_bits(b as u16)).collect()),
+        DType::BF16 => Storage::BF16(bits.iter().map(|&b| bf16::from_bits(b as u16)).collect()),
+        DType::F32 => Storage::F32(bits.iter().map(|&b| f32::from_bits(b as u32)).collect()),
+        DType::F64 => Storage::F64(bits.iter().map(|&b| f64::from_bits(b)).collect()),
+        DType::I8 => Storage::I8(bits.iter().map(|&b| b as u8 as i8).collect()),
+        DType::U8 => Storage::U8(bits.iter().map(|&b| b as u8).collect()),
+        DType::I32 => Storage::I32(bits.iter().map(|&b| b as u32 as i32).collect()),
+        DType::I64 => Storage::I64(bits.iter().map(|&b| b as i64).collect()),
+        DType::Bool => Storage::Bool(
+            bits.iter()
+                .enumerate()
+                .map(|(i, &b)| match b {
+                    0 => Ok(false),
+                    1 => Ok(true),
+                    _ => Err(format!(
+                        "element {i}: the byte {b} is not a bool (expected 0 or 1)"
+                    )),
+                })
+                .collect::<KResult<_>>()?,
+        ),
+    };
+    tensor(t.shape().to_vec(), data)
+}
+
 /// Inference-mode `dropout`: `(x, ones)`.
 pub(crate) fn dropout(t: &Tensor) -> KResult<(Tensor, Tensor)> {
     if !t.dtype().is_float() {
@@ -648,5 +697,44 @@ mod tests {
         assert_eq!(int_op(BinOp::Div, 7, 0), None);
         assert_eq!(int_op(BinOp::Pow, 3, 4), Some(81));
         assert_eq!(int_op(BinOp::Pow, 3, -1), Some(0));
+    }
+
+    #[test]
+    fn bitcast_reinterprets_the_bits_and_back() {
+        let x = Tensor::new(vec![4], Storage::F32(vec![1.0, -2.5, 0.0, f32::NAN]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let i = bitcast(&x, DType::I32).unwrap_or_else(|e| panic!("{e}"));
+        // 1.0f32 = 0x3F800000, -2.5f32 = 0xC0200000, NaN as Rust writes it = 0x7FC00000.
+        assert_eq!(
+            i.storage(),
+            StorageRef::I32(&[0x3F80_0000, 0xC020_0000_u32 as i32, 0, 0x7FC0_0000])
+        );
+        let back = bitcast(&i, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+        let (StorageRef::F32(a), StorageRef::F32(b)) = (x.storage(), back.storage()) else {
+            unreachable!()
+        };
+        assert!(a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits()));
+        let h = Tensor::new(
+            vec![2],
+            Storage::F16(vec![f16::from_f32(1.0), f16::from_f32(-0.5)]),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let b16 = bitcast(&h, DType::BF16).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            b16.storage(),
+            StorageRef::BF16(&[bf16::from_bits(0x3C00), bf16::from_bits(0xB800)])
+        );
+        let s = Tensor::new(vec![3], Storage::I8(vec![-1, 0, 1])).unwrap_or_else(|e| panic!("{e}"));
+        let u = bitcast(&s, DType::U8).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.storage(), StorageRef::U8(&[255, 0, 1]));
+        let flags = bitcast(
+            &Tensor::new(vec![2], Storage::U8(vec![1, 0])).unwrap_or_else(|e| panic!("{e}")),
+            DType::Bool,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(flags.storage(), StorageRef::Bool(&[true, false]));
+        let e = bitcast(&u, DType::Bool).err().unwrap_or_default();
+        assert!(e.contains("element 0: the byte 255 is not a bool"), "{e}");
+        assert!(bitcast(&x, DType::I64).is_err_and(|e| e.contains("4 bytes")));
     }
 }

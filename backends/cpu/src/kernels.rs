@@ -183,6 +183,7 @@ fn eval(
             prim(args, 2)?,
         )),
         Op::Astype { dtype } => Ok(Value::Tensor(elementwise::astype(tensor(args, 0)?, *dtype))),
+        Op::Bitcast { dtype } => t(elementwise::bitcast(tensor(args, 0)?, *dtype)),
         Op::Dropout { .. } => {
             let (y, mask) = elementwise::dropout(tensor(args, 0)?)?;
             Ok(Value::Tuple(vec![Value::Tensor(y), Value::Tensor(mask)]))

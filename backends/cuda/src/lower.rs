@@ -1196,6 +1196,7 @@ impl Lowerer<'_> {
             Op::Stack { .. }
             | Op::GridSample(_)
             | Op::RoiAlign(_)
+            | Op::Bitcast { .. }
             | Op::AffineGrid { .. }
             | Op::ReverseSequence { .. }
             | Op::MaxPool1d(_)

@@ -307,6 +307,23 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 ..x.clone()
             }))
         }
+        Op::Bitcast { dtype } => {
+            let x = cx.tensor(0, "the input")?;
+            if let Some(from) = x.dtype
+                && from.size_bytes() != dtype.size_bytes()
+            {
+                return Err(cx.err(format!(
+                    "cannot reinterpret {from} ({} bytes) as {dtype} ({} bytes): the widths must \
+                     be equal",
+                    from.size_bytes(),
+                    dtype.size_bytes()
+                )));
+            }
+            Ok(Type::Tensor(TensorType {
+                dtype: Some(*dtype),
+                ..x.clone()
+            }))
+        }
         Op::Matmul { out_dtype } => infer_matmul(&cx, *out_dtype),
         Op::Conv2d(a) => conv::conv2d(&cx, a),
         Op::MaxPool2d(a) | Op::AvgPool2d(a) => conv::pool2d(&cx, a),

@@ -26,8 +26,9 @@
 //! lv2: R.Tensor((n, 16384), dtype="float32") = R.reshape(lv1, R.shape([n, 16384]))
 //! ```
 //!
-//! Where this op set departs from TVM 0.27: `relax.strided_slice` takes `axes`, `begin`, `end`
-//! and `strides` as attributes (TVM passes them as expression arguments), and with symbolic
+//! Where this op set departs from TVM 0.27: `relax.bitcast` (ONNX's `BitCast`) is fusebox's
+//! own, and `relax.vision.roi_align` has one more mode (`onnx_max`, ONNX's `max`);
+//! `relax.strided_slice` takes `axes`, `begin`, `end` and `strides` as attributes (TVM passes them as expression arguments), and with symbolic
 //! dims it does not clamp (as with `assume_inbound=True`). `relax.arange` takes `start`, `end`
 //! and `step`, and `relax.tril` / `relax.triu` take `k`, as attributes (TVM passes prim values),
 //! so their types follow from the attributes.
@@ -429,6 +430,13 @@ pub enum Op {
         /// The target dtype.
         dtype: DType,
     },
+    /// `relax.bitcast(x, dtype)` (a fusebox extension: TVM 0.27 reinterprets only through
+    /// `R.memory.view`): each element's bits, little-endian, read as `dtype` of the same
+    /// width (ONNX's `BitCast`); the shape is unchanged.
+    Bitcast {
+        /// The target dtype, as wide as the input's.
+        dtype: DType,
+    },
     /// `relax.nn.relu`
     Relu,
     /// `relax.nn.gelu`
@@ -736,6 +744,7 @@ const OTHER_NAMES: &[&str] = &[
     "relax.unique",
     "relax.vision.all_class_non_max_suppression",
     "relax.vision.roi_align",
+    "relax.bitcast",
     "relax.einsum",
     "relax.nn.conv2d_transpose",
     "relax.image.resize2d",
@@ -797,6 +806,7 @@ impl Op {
             Op::Abs => "relax.abs",
             Op::Clip => "relax.clip",
             Op::Astype { .. } => "relax.astype",
+            Op::Bitcast { .. } => "relax.bitcast",
             Op::Relu => "relax.nn.relu",
             Op::Gelu => "relax.nn.gelu",
             Op::GeluTanh => "relax.nn.gelu_tanh",
@@ -909,6 +919,7 @@ impl Op {
             | Op::Abs
             | Op::Clip
             | Op::Astype { .. }
+            | Op::Bitcast { .. }
             | Op::Relu
             | Op::Gelu
             | Op::GeluTanh

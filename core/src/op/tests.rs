@@ -190,6 +190,7 @@ fn index_samples() -> Vec<Op> {
 fn default_instance(name: &str) -> Op {
     match name {
         "relax.astype" => op(name, &[("dtype", s("float16"))]),
+        "relax.bitcast" => op(name, &[("dtype", s("int32"))]),
         "relax.split" => op(name, &[("indices_or_sections", AttrLit::Int(2))]),
         "relax.expand_dims" => op(name, &[("axis", ints(&[0]))]),
         "relax.strided_slice" => op(
@@ -237,10 +238,10 @@ fn every_name_has_a_signature_and_round_trips() {
     // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7);
     // issue 19's attention and attention_bias (2); grid_sample, affine_grid and
     // reverse_sequence (3); layout_transform (1); the value-dependent nonzero, unique and
-    // all_class_non_max_suppression (3); roi_align (1).
+    // all_class_non_max_suppression (3); roi_align and bitcast (2).
     assert_eq!(
         names.len(),
-        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1 + 3 + 1
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1 + 3 + 2
     );
     for name in names {
         let sig = Op::signature(name);
@@ -1749,4 +1750,16 @@ fn roi_align_attributes_default_check_print_in_tvm_order_and_infer() {
     assert!(err(&o, &[&t(&[1, 2, 3]), &rois]).contains("4-D"));
     let ints_rois = Type::tensor(&[3, 5], DType::I64);
     assert!(err(&o, &[&x, &ints_rois]).contains("float"));
+}
+
+#[test]
+fn bitcast_keeps_the_shape_and_needs_equal_widths() {
+    let o = op("relax.bitcast", &[("dtype", s("int32"))]);
+    assert_eq!(o.kwargs(), vec![("dtype", s("int32"))]);
+    let x = td(&[n(), Dim::Static(3)], DType::F32);
+    assert_eq!(ok(&o, &[&x]), td(&[n(), Dim::Static(3)], DType::I32));
+    let wide = td(&[n()], DType::F64);
+    let e = err(&o, &[&wide]);
+    assert!(e.contains("float64 (8 bytes) as int32 (4 bytes)"), "{e}");
+    assert!(op_err("relax.bitcast", &[]).contains("dtype"));
 }

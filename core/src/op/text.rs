@@ -120,7 +120,7 @@ impl Op {
             | "relax.flatten"
             | "relax.shape_to_tensor" => sig(1, 1, &[]),
             "relax.clip" => sig(3, 3, &[]),
-            "relax.astype" => sig(1, 1, &["dtype"]),
+            "relax.astype" | "relax.bitcast" => sig(1, 1, &["dtype"]),
             "relax.matmul" => sig(2, 2, &["out_dtype"]),
             "relax.nn.conv2d" => sig(2, 2, CONV2D_ATTRS),
             "relax.nn.batch_norm" => sig(5, 5, BATCH_NORM_ATTRS),
@@ -210,6 +210,9 @@ impl Op {
             "relax.abs" => Op::Abs,
             "relax.clip" => Op::Clip,
             "relax.astype" => Op::Astype {
+                dtype: kw.dtype("dtype")?,
+            },
+            "relax.bitcast" => Op::Bitcast {
                 dtype: kw.dtype("dtype")?,
             },
             "relax.nn.relu" => Op::Relu,
@@ -557,7 +560,9 @@ impl Op {
             | Op::Flatten
             | Op::BroadcastTo
             | Op::ShapeToTensor => vec![],
-            Op::Astype { dtype } => vec![("dtype", dtype_lit(Some(*dtype)))],
+            Op::Astype { dtype } | Op::Bitcast { dtype } => {
+                vec![("dtype", dtype_lit(Some(*dtype)))]
+            }
             Op::Matmul { out_dtype } => vec![("out_dtype", dtype_lit(*out_dtype))],
             Op::Conv2d(a) => vec![
                 ("strides", ints_lit(&a.strides)),

@@ -234,6 +234,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GridSample",
     "AffineGrid",
     "RoiAlign",
+    "BitCast",
     "Col2Im",
     "ConvInteger",
     "QLinearConv",

@@ -357,6 +357,22 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                 .ok_or_else(|| invalid(format!("unsupported target type {code}")))?;
             Ok(call(Op::Astype { dtype }, vec![x]))
         }
+        "BitCast" => {
+            let x = im.expr(req(node, 0)?)?;
+            let (_, from) = im.dims(x)?;
+            let code = a.int("to", 0);
+            let dtype = super::dtype_of(code as i32)
+                .ok_or_else(|| invalid(format!("unsupported target type {code}")))?;
+            if from.size_bytes() != dtype.size_bytes() {
+                return Err(invalid(format!(
+                    "BitCast from {from} ({} bytes) to {dtype} ({} bytes): ONNX needs the same \
+                     width",
+                    from.size_bytes(),
+                    dtype.size_bytes()
+                )));
+            }
+            Ok(call(Op::Bitcast { dtype }, vec![x]))
+        }
         "Clip" => {
             let x = im.expr(req(node, 0)?)?;
             let (_, dt) = im.dims(x)?;
