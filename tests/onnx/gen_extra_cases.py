@@ -565,6 +565,20 @@ def bitcast_chain_model(name):
     return g, 26
 
 
+def det_batched_model(name):
+    """Det of a (2, 3, 5, 5) batch of products x·xᵀ + x (well away from singular), then Mul."""
+    nodes = [
+        h.make_node("Transpose", ["x"], ["xt"], perm=[0, 1, 3, 2]),
+        h.make_node("MatMul", ["x", "xt"], ["g"]),
+        h.make_node("Add", ["g", "x"], ["a"]),
+        h.make_node("Det", ["a"], ["d"]),
+        h.make_node("Mul", ["d", "two"], ["y"]),
+    ]
+    g = h.make_graph(nodes, name, [f32("x", [2, 3, 5, 5])], [f32("y", None)],
+                     [scalar("two", 2.0)])
+    return g, 22
+
+
 NUMPY_SYMBOLIC = {
     "dft_symbolic_length_complex": (
         lambda n: dft_model(n, ["batch", "n", 2], dict(axis=1), 17),
@@ -648,7 +662,8 @@ CASES += [
         n, 16, 4, 4, output_height=2, output_width=3, mode="max",
         coordinate_transformation_mode="output_half_pixel")),
 ]
-CASES += [("bitcast_exponent_of_float", bitcast_chain_model)]
+CASES += [("bitcast_exponent_of_float", bitcast_chain_model),
+          ("det_batched_5x5", det_batched_model)]
 
 
 def main() -> int:

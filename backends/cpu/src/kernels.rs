@@ -184,6 +184,7 @@ fn eval(
         )),
         Op::Astype { dtype } => Ok(Value::Tensor(elementwise::astype(tensor(args, 0)?, *dtype))),
         Op::Bitcast { dtype } => t(elementwise::bitcast(tensor(args, 0)?, *dtype)),
+        Op::Det => t(crate::linalg::det(tensor(args, 0)?)),
         Op::Dropout { .. } => {
             let (y, mask) = elementwise::dropout(tensor(args, 0)?)?;
             Ok(Value::Tuple(vec![Value::Tensor(y), Value::Tensor(mask)]))

@@ -65,6 +65,7 @@ mod image;
 mod index;
 mod kernels;
 mod layout;
+mod linalg;
 mod matmul;
 mod nn;
 mod nn_attention;

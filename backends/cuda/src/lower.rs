@@ -1197,6 +1197,7 @@ impl Lowerer<'_> {
             | Op::GridSample(_)
             | Op::RoiAlign(_)
             | Op::Bitcast { .. }
+            | Op::Det
             | Op::AffineGrid { .. }
             | Op::ReverseSequence { .. }
             | Op::MaxPool1d(_)

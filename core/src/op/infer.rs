@@ -324,6 +324,28 @@ pub(super) fn infer(op: &Op, args: &[&Type]) -> Result<Type, String> {
                 ..x.clone()
             }))
         }
+        Op::Det => {
+            let x = cx.tensor(0, "the input")?;
+            cx.float(x, "the input")?;
+            if let Some(r) = x.rank()
+                && r < 2
+            {
+                return Err(cx.err(format!(
+                    "expected square matrices (*, M, M), found {}",
+                    brief(&Type::Tensor(x.clone()))
+                )));
+            }
+            let Some(d) = &x.dims else {
+                return Ok(unknown(x.rank().map(|r| r - 2), x.dtype));
+            };
+            let (m, n) = (&d[d.len() - 2], &d[d.len() - 1]);
+            if differ(m, n) {
+                return Err(cx.err(format!(
+                    "expected square matrices (*, M, M), found {m} × {n} ones"
+                )));
+            }
+            Ok(known(d[..d.len() - 2].to_vec(), x.dtype))
+        }
         Op::Matmul { out_dtype } => infer_matmul(&cx, *out_dtype),
         Op::Conv2d(a) => conv::conv2d(&cx, a),
         Op::MaxPool2d(a) | Op::AvgPool2d(a) => conv::pool2d(&cx, a),

@@ -26,8 +26,8 @@
 //! lv2: R.Tensor((n, 16384), dtype="float32") = R.reshape(lv1, R.shape([n, 16384]))
 //! ```
 //!
-//! Where this op set departs from TVM 0.27: `relax.bitcast` (ONNX's `BitCast`) is fusebox's
-//! own, and `relax.vision.roi_align` has one more mode (`onnx_max`, ONNX's `max`);
+//! Where this op set departs from TVM 0.27: `relax.bitcast` (ONNX's `BitCast`) and
+//! `relax.det` (ONNX's `Det`) are fusebox's own, and `relax.vision.roi_align` has one more mode (`onnx_max`, ONNX's `max`);
 //! `relax.strided_slice` takes `axes`, `begin`, `end` and `strides` as attributes (TVM passes them as expression arguments), and with symbolic
 //! dims it does not clamp (as with `assume_inbound=True`). `relax.arange` takes `start`, `end`
 //! and `step`, and `relax.tril` / `relax.triu` take `k`, as attributes (TVM passes prim values),
@@ -437,6 +437,9 @@ pub enum Op {
         /// The target dtype, as wide as the input's.
         dtype: DType,
     },
+    /// `relax.det(x)` (a fusebox extension, ONNX's `Det`): the determinant of each square
+    /// matrix of the last two axes, `(*, M, M)` → `(*)`, of a float dtype.
+    Det,
     /// `relax.nn.relu`
     Relu,
     /// `relax.nn.gelu`
@@ -745,6 +748,7 @@ const OTHER_NAMES: &[&str] = &[
     "relax.vision.all_class_non_max_suppression",
     "relax.vision.roi_align",
     "relax.bitcast",
+    "relax.det",
     "relax.einsum",
     "relax.nn.conv2d_transpose",
     "relax.image.resize2d",
@@ -807,6 +811,7 @@ impl Op {
             Op::Clip => "relax.clip",
             Op::Astype { .. } => "relax.astype",
             Op::Bitcast { .. } => "relax.bitcast",
+            Op::Det => "relax.det",
             Op::Relu => "relax.nn.relu",
             Op::Gelu => "relax.nn.gelu",
             Op::GeluTanh => "relax.nn.gelu_tanh",
@@ -978,6 +983,7 @@ impl Op {
             | Op::AdaptiveAvgPool1d(_)
             | Op::AdaptiveAvgPool3d(_) => FusionKind::OutEWiseFusable,
             Op::Attention(_) | Op::AttentionBias(_) => FusionKind::Opaque,
+            Op::Det => FusionKind::Opaque,
             Op::Opaque(_) => FusionKind::Opaque,
         }
     }

@@ -238,10 +238,10 @@ fn every_name_has_a_signature_and_round_trips() {
     // elementwise, index (12), reduce (6) and nn (4); issue 20's stack and 1-D / 3-D pools (7);
     // issue 19's attention and attention_bias (2); grid_sample, affine_grid and
     // reverse_sequence (3); layout_transform (1); the value-dependent nonzero, unique and
-    // all_class_non_max_suppression (3); roi_align and bitcast (2).
+    // all_class_non_max_suppression (3); roi_align, bitcast and det (3).
     assert_eq!(
         names.len(),
-        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1 + 3 + 2
+        48 + crate::op::ElemOp::ALL.len() + 12 + 6 + 4 + 7 + 2 + 3 + 1 + 3 + 3
     );
     for name in names {
         let sig = Op::signature(name);
@@ -1762,4 +1762,15 @@ fn bitcast_keeps_the_shape_and_needs_equal_widths() {
     let e = err(&o, &[&wide]);
     assert!(e.contains("float64 (8 bytes) as int32 (4 bytes)"), "{e}");
     assert!(op_err("relax.bitcast", &[]).contains("dtype"));
+}
+
+#[test]
+fn det_drops_the_matrix_axes() {
+    let o = op("relax.det", &[]);
+    let x = td(&[n(), Dim::sym("m"), Dim::sym("m")], DType::F32);
+    assert_eq!(ok(&o, &[&x]), td(&[n()], DType::F32));
+    assert_eq!(ok(&o, &[&t(&[4, 4])]), td(&[], DType::F32));
+    assert!(err(&o, &[&t(&[2, 3])]).contains("2 × 3"));
+    assert!(err(&o, &[&t(&[3])]).contains("square"));
+    assert!(err(&o, &[&Type::tensor(&[2, 2], DType::I64)]).contains("float"));
 }

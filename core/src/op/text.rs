@@ -161,7 +161,7 @@ impl Op {
             }
             "relax.topk" => sig(1, 1, &["k", "axis", "ret_type", "largest", "dtype"]),
             "relax.einsum" => sig(1, 1, &["subscripts"]),
-            "relax.nonzero" => sig(1, 1, &[]),
+            "relax.nonzero" | "relax.det" => sig(1, 1, &[]),
             "relax.unique" => sig(1, 1, set::UNIQUE_ATTRS),
             "relax.vision.all_class_non_max_suppression" => sig(5, 5, &["output_format"]),
             "relax.vision.roi_align" => sig(2, 2, vision::ROI_ALIGN_ATTRS),
@@ -212,6 +212,7 @@ impl Op {
             "relax.astype" => Op::Astype {
                 dtype: kw.dtype("dtype")?,
             },
+            "relax.det" => Op::Det,
             "relax.bitcast" => Op::Bitcast {
                 dtype: kw.dtype("dtype")?,
             },
@@ -552,6 +553,7 @@ impl Op {
             | Op::Negative
             | Op::Abs
             | Op::Clip
+            | Op::Det
             | Op::Relu
             | Op::Gelu
             | Op::GeluTanh

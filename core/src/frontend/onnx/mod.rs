@@ -235,6 +235,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "AffineGrid",
     "RoiAlign",
     "BitCast",
+    "Det",
     "Col2Im",
     "ConvInteger",
     "QLinearConv",

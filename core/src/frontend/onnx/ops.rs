@@ -357,6 +357,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
                 .ok_or_else(|| invalid(format!("unsupported target type {code}")))?;
             Ok(call(Op::Astype { dtype }, vec![x]))
         }
+        "Det" => Ok(call(Op::Det, vec![im.expr(req(node, 0)?)?])),
         "BitCast" => {
             let x = im.expr(req(node, 0)?)?;
             let (_, from) = im.dims(x)?;
