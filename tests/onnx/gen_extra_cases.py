@@ -579,6 +579,20 @@ def det_batched_model(name):
     return g, 22
 
 
+def tfidf_model(name, shape, **attrs):
+    """TfIdfVectorizer over int64 tokens in 0..3 (the generator's), so n-grams hit often."""
+    node = h.make_node("TfIdfVectorizer", ["x"], ["y"], **attrs)
+    return h.make_graph([node], name, [i64("x", shape)], [f32("y", None)]), 9
+
+
+# 1-, 2- and 3-grams; two n-grams on one column.
+TFIDF_POOL = dict(ngram_counts=[0, 3, 11], pool_int64s=[0, 2, 1, 0, 1, 1, 2, 2, 2, 2, 0,
+                                                         1, 1, 0, 2, 0, 1],
+                  ngram_indexes=[0, 1, 2, 3, 4, 5, 6, 2, 7])
+# The same n-grams on permuted columns: weights belong to the n-grams (the spec, onnxruntime).
+TFIDF_POOL_PERM = {**TFIDF_POOL, "ngram_indexes": [3, 1, 0, 2, 4, 8, 5, 7, 6]}
+
+
 NUMPY_SYMBOLIC = {
     "dft_symbolic_length_complex": (
         lambda n: dft_model(n, ["batch", "n", 2], dict(axis=1), 17),
@@ -664,6 +678,20 @@ CASES += [
 ]
 CASES += [("bitcast_exponent_of_float", bitcast_chain_model),
           ("det_batched_5x5", det_batched_model)]
+CASES += [
+    ("tfidf_tf_1to3_grams_skip2_batch", lambda n: tfidf_model(
+        n, [3, 9], mode="TF", min_gram_length=1, max_gram_length=3, max_skip_count=2,
+        **TFIDF_POOL)),
+    ("tfidf_idf_weights_bigrams_1d", lambda n: tfidf_model(
+        n, [12], mode="IDF", min_gram_length=2, max_gram_length=2, max_skip_count=1,
+        weights=[0.5, 1.5, 2.0, 3.0, 0.25, 4.0, 1.0, 2.5, 9.0], **TFIDF_POOL_PERM)),
+    ("tfidf_tfidf_weights_2to3_grams", lambda n: tfidf_model(
+        n, [2, 7], mode="TFIDF", min_gram_length=2, max_gram_length=3, max_skip_count=3,
+        weights=[0.5, 1.5, 2.0, 3.0, 0.25, 4.0, 1.0, 2.5, 9.0], **TFIDF_POOL_PERM)),
+    ("tfidf_idf_no_weights_unigrams", lambda n: tfidf_model(
+        n, [2, 5], mode="IDF", min_gram_length=1, max_gram_length=1, max_skip_count=4,
+        **TFIDF_POOL)),
+]
 
 
 def main() -> int:

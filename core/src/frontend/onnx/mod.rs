@@ -236,6 +236,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "RoiAlign",
     "BitCast",
     "Det",
+    "TfIdfVectorizer",
     "Col2Im",
     "ConvInteger",
     "QLinearConv",

@@ -26,6 +26,7 @@ mod reduce;
 mod rnn;
 mod set;
 mod signal;
+mod tfidf;
 mod unpool;
 
 use super::{Attrs, Importer, Out, Val, input, invalid, normalize_axis, req};
@@ -358,6 +359,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
             Ok(call(Op::Astype { dtype }, vec![x]))
         }
         "Det" => Ok(call(Op::Det, vec![im.expr(req(node, 0)?)?])),
+        "TfIdfVectorizer" => tfidf::tfidf_vectorizer(im, node, &a),
         "BitCast" => {
             let x = im.expr(req(node, 0)?)?;
             let (_, from) = im.dims(x)?;

@@ -1695,3 +1695,138 @@ fn swiglu_is_swish_of_a_times_b() {
         "`sg` (SwiGLU)",
     );
 }
+
+#[test]
+fn tfidf_roi_align_bitcast_and_det_refuse_what_they_cannot_read() {
+    let tokens = |dims: &[&str], elem: i32| vec![vi("x", elem, dims)];
+    let tfidf = |dims: &[&str], elem: i32, attrs: Vec<AttributeProto>| {
+        model(
+            9,
+            vec![node("TfIdfVectorizer", "tf", &["x"], &["y"], attrs)],
+            tokens(dims, elem),
+            vec![],
+            &["y"],
+        )
+    };
+    let pool = |p: &[i64], counts: &[i64], idx: &[i64]| {
+        vec![
+            ais("pool_int64s", p),
+            ais("ngram_counts", counts),
+            ais("ngram_indexes", idx),
+            ai("min_gram_length", 1),
+            ai("max_gram_length", 2),
+            astr("mode", "TF"),
+        ]
+    };
+    let mut weights = pool(&[1, 2, 1, 2], &[0, 2], &[0, 1, 2]);
+    weights.push(AttributeProto {
+        name: "weights".into(),
+        floats: vec![1.0, 2.0],
+        r#type: 6,
+        ..Default::default()
+    });
+    let strings = vec![
+        AttributeProto {
+            name: "pool_strings".into(),
+            strings: vec![b"a".to_vec()],
+            r#type: 8,
+            ..Default::default()
+        },
+        ais("ngram_counts", &[0]),
+        ais("ngram_indexes", &[0]),
+    ];
+    assert_errors(
+        vec![
+            (
+                tfidf(
+                    &["2", "6"],
+                    7,
+                    pool(&[1, 2, 1, 2, 1, 2], &[0, 2], &[0, 1, 2, 3]),
+                ),
+                "holds the 2-gram [1, 2] twice",
+            ),
+            (
+                tfidf(&["2", "6"], 7, pool(&[1, 2, 3], &[0, 2], &[0, 1, 2])),
+                "not a whole number of 2-grams",
+            ),
+            (
+                tfidf(&["2", "6"], 7, pool(&[1, 2, 1, 2], &[0, 2], &[0, 1])),
+                "3 n-grams in its pool but 2 ngram_indexes",
+            ),
+            (tfidf(&["2", "6"], 7, weights), "2 weights for 3 n-grams"),
+            (
+                tfidf(&["n"], 7, pool(&[1], &[0], &[0])),
+                "static row length",
+            ),
+            (
+                tfidf(&["6"], 1, pool(&[1], &[0], &[0])),
+                "int32 or int64 tokens",
+            ),
+            (tfidf(&["6"], 7, strings), "string tokens are not supported"),
+        ],
+        "node `tf` (TfIdfVectorizer)",
+    );
+    let roi = |attrs: Vec<AttributeProto>, rois: &[&str]| {
+        model(
+            16,
+            vec![node("RoiAlign", "ra", &["x", "r", "i"], &["y"], attrs)],
+            vec![
+                vi("x", 1, &["1", "2", "5", "5"]),
+                vi("r", 1, rois),
+                vi("i", 7, &["3"]),
+            ],
+            vec![],
+            &["y"],
+        )
+    };
+    assert_errors(
+        vec![
+            (roi(vec![astr("mode", "min")], &["3", "4"]), "mode `min`"),
+            (
+                roi(
+                    vec![astr("coordinate_transformation_mode", "asymmetric")],
+                    &["3", "4"],
+                ),
+                "`asymmetric`",
+            ),
+            (
+                roi(vec![ai("output_height", 0)], &["3", "4"]),
+                "output_height must be ≥ 1",
+            ),
+            (roi(vec![], &["3", "5"]), "rois of shape (num_rois, 4)"),
+            (
+                roi(vec![af("spatial_scale", f32::INFINITY)], &["3", "4"]),
+                "finite",
+            ),
+        ],
+        "node `ra` (RoiAlign)",
+    );
+    let cast = |to: i64, elem: i32| {
+        model(
+            26,
+            vec![node("BitCast", "bc", &["x"], &["y"], vec![ai("to", to)])],
+            tokens(&["4"], elem),
+            vec![],
+            &["y"],
+        )
+    };
+    assert_errors(
+        vec![(cast(7, 1), "float32 (4 bytes) to int64 (8 bytes)")],
+        "node `bc` (BitCast)",
+    );
+    let det = model(
+        22,
+        vec![node("Det", "d", &["x"], &["y"], vec![])],
+        tokens(&["2", "3"], 1),
+        vec![],
+        &["y"],
+    );
+    assert_errors(vec![(det, "2 × 3")], "node `d` (Det)");
+    // A good one: 2-grams of a (2, 6) batch as a (2, 3) float32 table.
+    let ok = import(&tfidf(
+        &["2", "6"],
+        6,
+        pool(&[1, 2, 2, 3], &[0, 2], &[0, 1, 2]),
+    ));
+    assert_eq!(ret_type(&ok), Type::tensor(&[2, 3], DType::F32));
+}
