@@ -10,7 +10,9 @@ ConvTranspose and no 3-D Conv (here strides, dilations, pads, groups, `auto_pad`
 `output_shape`, and a 3-D Col2Im with pads and dilation, whose reference is `col2im_numpy`:
 onnxruntime 1.32 gets that one wrong), nor the shape arithmetic Hugging Face exports write
 around Tile, Resize, Expand, Range and EyeLike over symbolic dims (DeBERTa-v2, SegFormer,
-BART, XLNet). The DFT and STFT cases
+BART, XLNet), nor RoiAlign's adaptive sampling, spatial scale and boxes beyond the borders,
+BitCast and Det inside larger graphs, or TfIdfVectorizer's weights, skips and shared columns.
+The DFT and STFT cases
 (padding, truncation, complex and real inputs, odd lengths, windows, two-sided spectra) take
 their outputs from numpy's FFT instead: onnxruntime 1.32 fails the suite's own DFT and STFT
 cases, so its outputs there would be no reference. Each case here is
