@@ -71,15 +71,11 @@ mod tests {
         perms(0, &mut Vec::new(), &mut vec![false; m], a, m)
     }
 
+    /// Deterministic test values in [-2, 2) as `f64`.
     fn seq(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).max(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 20_000) as f64 / 5_000.0 - 2.0
-            })
+        crate::util::test_values(n, seed)
+            .into_iter()
+            .map(|v| 2.0 * f64::from(v))
             .collect()
     }
 

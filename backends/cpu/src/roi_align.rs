@@ -259,16 +259,11 @@ mod tests {
         }
     }
 
-    /// A deterministic pseudo-random sequence in [-1, 1).
+    /// Deterministic test values in [-1, 1) as `f64`.
     fn seq(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).max(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 20_000) as f64 / 10_000.0 - 1.0
-            })
+        crate::util::test_values(n, seed)
+            .into_iter()
+            .map(f64::from)
             .collect()
     }
 
