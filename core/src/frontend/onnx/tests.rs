@@ -1754,6 +1754,16 @@ fn tfidf_roi_align_bitcast_and_det_refuse_what_they_cannot_read() {
                 "3 n-grams in its pool but 2 ngram_indexes",
             ),
             (tfidf(&["2", "6"], 7, weights), "2 weights for 3 n-grams"),
+            // 104,857,600 output columns, as a fuzzed model asked (a dense n-grams × columns
+            // table of them exhausted memory at import).
+            (
+                tfidf(
+                    &["2", "6"],
+                    7,
+                    pool(&[1, 2, 1, 2], &[0, 2], &[0, 1, 104_857_599]),
+                ),
+                "ngram_indexes must lie in 0..16777216, found 104857599",
+            ),
             (
                 tfidf(&["n"], 7, pool(&[1], &[0], &[0])),
                 "static row length",

@@ -13,8 +13,9 @@
 //! - Per gram size `n` and distance `d`: the `(W, n)` windows are a constant index table
 //!   (`relax.take`), compared with the `(P, n)` n-grams (`relax.equal`), all-equal per window
 //!   (`relax.min` over the items of `float32` flags) and summed over the windows: `(…, P)`
-//!   counts. The counts of every size, concatenated, meet a constant `(P_all, O)` matrix
-//!   (`relax.matmul`) that sends each n-gram to its column, adding n-grams that share one.
+//!   counts. The counts of every size are concatenated, weighted, padded with one zero and
+//!   gathered into the `O` output columns (`relax.take` of a constant index per column, the
+//!   zero where no n-gram goes; one gather per n-gram a column shares, added).
 //!   `weights` belong to the n-grams (`weights[i]` to the pool's i-th, as the spec and
 //!   onnxruntime read them; ONNX's reference indexes them by output column instead, the same
 //!   when `ngram_indexes` is `0, 1, 2, …`): `mode="TF"` sends the counts, `"TFIDF"` the counts
@@ -31,18 +32,22 @@
 //!   → lv = R.take(R.astype(X, "int64"), W, axis=1)            # W: (5, 2) windows [[0, 1], ...]
 //!     lv1 = R.equal(R.expand_dims(lv, axis=[2]), G)           # G: (3, 2) bigrams → (2, 5, 3, 2)
 //!     lv2 = R.sum(R.min(R.astype(lv1, "float32"), axis=[3]), axis=[1])   # (2, 3)
-//!     Y = R.matmul(lv2, M)                                     # M: (3, 3) one-hot columns
+//!     Y = R.take(R.nn.pad(lv2, [0, 0, 0, 1]), R.const([0, 1, 2]), axis=1)
 //! ```
 
-use super::super::{Attrs, Importer, NodeProto, Out, dims_str, invalid, req};
+use super::super::{Attrs, Importer, NodeProto, Out, Val, dims_str, invalid, req};
 use super::call;
 use crate::error::Result;
 use crate::ir::DType;
-use crate::op::{ElemOp, Op, ReduceAttrs};
+use crate::op::{ElemOp, F64, Op, PadAttrs, PadMode, ReduceAttrs};
 
 /// The most elements of one size's comparison (`rows · windows · n-grams · n`) the lowering
 /// builds; a larger pool or input is refused at import rather than left to the memory limit.
 const MAX_COMPARE: i64 = 1 << 28;
+
+/// The most output columns (`max(ngram_indexes) + 1`): the gathers' index tables are built at
+/// import.
+const MAX_COLUMNS: i64 = 1 << 24;
 
 /// `TfIdfVectorizer(X)` (see the module doc).
 pub(super) fn tfidf_vectorizer(
@@ -114,9 +119,9 @@ pub(super) fn tfidf_vectorizer(
         )));
     }
     let out = indexes.iter().copied().max().map_or(0, |m| m + 1);
-    if indexes.iter().any(|&i| i < 0) || out > MAX_COMPARE {
+    if let Some(i) = indexes.iter().find(|&&i| !(0..MAX_COLUMNS).contains(&i)) {
         return Err(invalid(format!(
-            "TfIdfVectorizer's ngram_indexes must lie in 0..{MAX_COMPARE}, found {indexes:?}"
+            "TfIdfVectorizer's ngram_indexes must lie in 0..{MAX_COLUMNS}, found {i}"
         )));
     }
     let weights = a.floats("weights").unwrap_or_default();
@@ -241,13 +246,46 @@ pub(super) fn tfidf_vectorizer(
         let seen = im.emit(Op::Elem(ElemOp::Greater), vec![all, zero])?;
         all = im.emit(Op::Astype { dtype: DType::F32 }, vec![seen])?;
     }
-    let mut table = vec![0.0; columns.len() * out as usize];
-    for (g, &(j, w)) in columns.iter().enumerate() {
-        table[g * out as usize + j as usize] += w;
+    if columns.iter().any(|&(_, w)| w != 1.0) {
+        let w: Vec<f64> = columns.iter().map(|&(_, w)| w).collect();
+        let w = im.f64_const(vec![w.len() as i64], &w)?;
+        let w = im.emit(Op::Astype { dtype: DType::F32 }, vec![w])?;
+        all = im.emit(Op::Multiply, vec![all, w])?;
     }
-    let m = im.f64_const(vec![columns.len() as i64, out], &table)?;
-    let m = im.emit(Op::Astype { dtype: DType::F32 }, vec![m])?;
-    Ok(call(Op::Matmul { out_dtype: None }, vec![all, m]))
+    // One zero after the n-grams, for the columns no (further) n-gram reaches.
+    let mut pad_width = vec![0; 2 * xd.len()];
+    pad_width[2 * xd.len() - 1] = 1;
+    let padded = im.emit(
+        Op::Pad(Box::new(PadAttrs {
+            pad_width,
+            pad_value: F64(0.0),
+            pad_mode: PadMode::Constant,
+        })),
+        vec![all],
+    )?;
+    // The n-grams of each column, in pool order; gather k reads each column's k-th.
+    let zero_slot = columns.len() as i64;
+    let mut per_column: Vec<Vec<i64>> = vec![Vec::new(); out as usize];
+    for (g, &(j, _)) in columns.iter().enumerate() {
+        per_column[j as usize].push(g as i64);
+    }
+    let layers = per_column.iter().map(Vec::len).max().unwrap_or(0);
+    let mut y = None;
+    for k in 0..layers {
+        let idx: Vec<i64> = per_column
+            .iter()
+            .map(|gs| gs.get(k).copied().unwrap_or(zero_slot))
+            .collect();
+        let idx = im.i64_const(vec![out], &idx)?;
+        let part = im.take(padded, axis, idx)?;
+        y = Some(match y {
+            None => part,
+            Some(t) => im.emit(Op::Add, vec![t, part])?,
+        });
+    }
+    // `layers ≥ 1`: `out > 0` and every column index came from an n-gram.
+    let y = y.ok_or_else(|| invalid("TfIdfVectorizer: no output column"))?;
+    Ok(vec![Out::Val(Val::Expr(y))])
 }
 
 /// How counts become outputs.
