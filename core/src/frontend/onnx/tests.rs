@@ -1754,6 +1754,15 @@ fn tfidf_roi_align_bitcast_and_det_refuse_what_they_cannot_read() {
                 "3 n-grams in its pool but 2 ngram_indexes",
             ),
             (tfidf(&["2", "6"], 7, weights), "2 weights for 3 n-grams"),
+            (
+                tfidf(&["2", "6"], 7, {
+                    let mut a = pool(&[1, 2, 1, 2], &[0, 2], &[0, 1, 2]);
+                    a.retain(|x| x.name != "max_gram_length");
+                    a.push(ai("max_gram_length", 0));
+                    a
+                }),
+                "min_gram_length ≤ max_gram_length",
+            ),
             // 104,857,600 output columns, as a fuzzed model asked (a dense n-grams × columns
             // table of them exhausted memory at import).
             (
@@ -1832,11 +1841,23 @@ fn tfidf_roi_align_bitcast_and_det_refuse_what_they_cannot_read() {
         &["y"],
     );
     assert_errors(vec![(det, "2 × 3")], "node `d` (Det)");
-    // A good one: 2-grams of a (2, 6) batch as a (2, 3) float32 table.
+    // Good ones: 2-grams of a (2, 6) batch as a (2, 3) float32 table; a million columns for
+    // three n-grams are three gathers of a million indices, no table of n-grams × columns.
     let ok = import(&tfidf(
         &["2", "6"],
         6,
         pool(&[1, 2, 2, 3], &[0, 2], &[0, 1, 2]),
     ));
     assert_eq!(ret_type(&ok), Type::tensor(&[2, 3], DType::F32));
+    let wide = import(&tfidf(
+        &["6"],
+        6,
+        pool(&[1, 2, 2, 3], &[0, 2], &[0, 1, 999_999]),
+    ));
+    assert_eq!(ret_type(&wide), Type::tensor(&[1_000_000], DType::F32));
+    // Any skip count: distances stop where an n-gram spans the row.
+    let mut skips = pool(&[1, 2, 2, 3], &[0, 2], &[0, 1, 2]);
+    skips.push(ai("max_skip_count", i64::MAX));
+    let far = import(&tfidf(&["6"], 7, skips));
+    assert_eq!(ret_type(&far), Type::tensor(&[3], DType::F32));
 }

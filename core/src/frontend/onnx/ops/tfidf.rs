@@ -174,8 +174,9 @@ pub(super) fn tfidf_vectorizer(
         let table = im.i64_const(vec![p, n], items)?;
         let mut total = None;
         let skips = if n == 1 { 0 } else { max_skip };
-        for d in 1..=skips + 1 {
-            let w = c - (n - 1) * d;
+        // The loop stops at the first distance whose n-gram spans the whole row (d < C).
+        for d in 1..=skips.saturating_add(1) {
+            let w = (n - 1).checked_mul(d).map_or(0, |span| c - span);
             if w <= 0 {
                 break;
             }
