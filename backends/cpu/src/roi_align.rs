@@ -114,47 +114,29 @@ pub(crate) fn roi_align(x: &Tensor, rois: &Tensor, a: &RoiAlignAttrs) -> KResult
         }
         let bin_h = q(roi_h / ph as f64);
         let bin_w = q(roi_w / pw as f64);
-        let grid = |extent: f64, bins: usize| -> Option<usize> {
+        // Sample points per bin along one axis; NaN and negative extents sample none, as the
+        // reference's `int(ceil(..))` of a negative number gives an empty range.
+        let grid = |extent: f64, bins: usize| -> f64 {
             if a.sample_ratio > 0 {
-                usize::try_from(a.sample_ratio).ok()
+                a.sample_ratio as f64
             } else {
                 let g = q(extent / bins as f64).ceil();
-                // NaN and negative extents sample nothing, as the reference's `int(ceil(..))`
-                // of a negative number gives an empty range.
-                if g.is_nan() || g <= 0.0 {
-                    Some(0)
-                } else if g < MAX_POINTS as f64 {
-                    Some(g as usize)
-                } else {
-                    None
-                }
+                if g > 0.0 { g } else { 0.0 }
             }
         };
-        let (gh, gw) = match (grid(roi_h, ph), grid(roi_w, pw)) {
-            (Some(gh), Some(gw)) => (gh, gw),
-            _ => (usize::MAX, usize::MAX),
+        let (gh, gw) = (grid(roi_h, ph), grid(roi_w, pw));
+        let (gh, gw) = if gh == 0.0 || gw == 0.0 {
+            (0, 0)
+        } else if gh * gw * bins as f64 <= MAX_POINTS as f64 {
+            (gh as usize, gw as usize)
+        } else {
+            return Err(format!(
+                "roi {r}: sampling {gh} × {gw} points in each of its {ph} × {pw} bins exceeds \
+                 the {MAX_POINTS} points one box may sample (box {:?}, spatial_scale {scale})",
+                &row[1..],
+            ));
         };
-        let per_bin = gh.checked_mul(gw);
-        let count = per_bin
-            .and_then(|p| p.checked_mul(bins))
-            .filter(|&p| p <= MAX_POINTS)
-            .ok_or_else(|| {
-                format!(
-                    "roi {r}: sampling {} × {} points in each of its {ph} × {pw} bins exceeds \
-                     the {MAX_POINTS} points one box may sample (box {:?}, spatial_scale {scale})",
-                    if gh == usize::MAX {
-                        "too many".to_string()
-                    } else {
-                        gh.to_string()
-                    },
-                    if gw == usize::MAX {
-                        "too many".to_string()
-                    } else {
-                        gw.to_string()
-                    },
-                    &row[1..],
-                )
-            })?;
+        let count = gh * gw * bins;
         points.clear();
         points.reserve(count);
         for i in 0..ph {

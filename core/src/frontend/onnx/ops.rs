@@ -39,6 +39,12 @@ use crate::op::{
 
 mod index;
 
+/// The dtype a `Cast` or `BitCast` converts to (its `to` attribute).
+fn to_dtype(a: &Attrs<'_>) -> Result<DType> {
+    let code = a.int("to", 0);
+    super::dtype_of(code as i32).ok_or_else(|| invalid(format!("unsupported target type {code}")))
+}
+
 fn call(op: Op, args: Vec<ExprId>) -> Vec<Out> {
     vec![Out::Kind(ExprKind::Call {
         callee: Callee::Op(op),
@@ -353,28 +359,23 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         }
         "Cast" => {
             let x = im.expr(req(node, 0)?)?;
-            let code = a.int("to", 0);
-            let dtype = super::dtype_of(code as i32)
-                .ok_or_else(|| invalid(format!("unsupported target type {code}")))?;
-            Ok(call(Op::Astype { dtype }, vec![x]))
+            Ok(call(
+                Op::Astype {
+                    dtype: to_dtype(&a)?,
+                },
+                vec![x],
+            ))
         }
         "Det" => Ok(call(Op::Det, vec![im.expr(req(node, 0)?)?])),
         "TfIdfVectorizer" => tfidf::tfidf_vectorizer(im, node, &a),
         "BitCast" => {
             let x = im.expr(req(node, 0)?)?;
-            let (_, from) = im.dims(x)?;
-            let code = a.int("to", 0);
-            let dtype = super::dtype_of(code as i32)
-                .ok_or_else(|| invalid(format!("unsupported target type {code}")))?;
-            if from.size_bytes() != dtype.size_bytes() {
-                return Err(invalid(format!(
-                    "BitCast from {from} ({} bytes) to {dtype} ({} bytes): ONNX needs the same \
-                     width",
-                    from.size_bytes(),
-                    dtype.size_bytes()
-                )));
-            }
-            Ok(call(Op::Bitcast { dtype }, vec![x]))
+            Ok(call(
+                Op::Bitcast {
+                    dtype: to_dtype(&a)?,
+                },
+                vec![x],
+            ))
         }
         "Clip" => {
             let x = im.expr(req(node, 0)?)?;

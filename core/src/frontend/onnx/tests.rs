@@ -1830,7 +1830,7 @@ fn tfidf_roi_align_bitcast_and_det_refuse_what_they_cannot_read() {
         )
     };
     assert_errors(
-        vec![(cast(7, 1), "float32 (4 bytes) to int64 (8 bytes)")],
+        vec![(cast(7, 1), "float32 (4 bytes) as int64 (8 bytes)")],
         "node `bc` (BitCast)",
     );
     let det = model(

@@ -365,7 +365,7 @@ pub(super) fn roi_align(
         Ok(v)
     };
     let pooled_size = [size("output_height")?, size("output_width")?];
-    let scale = f64::from(a.float("spatial_scale", 1.0) as f32);
+    let scale = a.float("spatial_scale", 1.0);
     if !scale.is_finite() {
         return Err(invalid(format!(
             "RoiAlign's spatial_scale must be finite, found {scale}"

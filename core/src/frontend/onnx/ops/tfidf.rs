@@ -284,7 +284,7 @@ pub(super) fn tfidf_vectorizer(
             Some(t) => im.emit(Op::Add, vec![t, part])?,
         });
     }
-    // `layers ≥ 1`: `out > 0` and every column index came from an n-gram.
+    // `layers ≥ 1`: `parts` is not empty, so some n-gram has a column.
     let y = y.ok_or_else(|| invalid("TfIdfVectorizer: no output column"))?;
     Ok(vec![Out::Val(Val::Expr(y))])
 }
