@@ -708,6 +708,46 @@ FAMILIES = [
         "Fourier mixing: a 2-D DFT over the symbolic sequence and the hidden axis (dynamo only: "
         "TorchScript cannot export fft_fftn)",
     ),
+    Family(
+        "mpt",
+        text(
+            tf.MptForCausalLM,
+            tf.MptConfig(
+                vocab_size=VOCAB,
+                d_model=32,
+                n_heads=2,
+                n_layers=2,
+                expansion_ratio=2,
+                max_seq_len=256,
+            ),
+        ),
+        "text",
+        "logits",
+        "ALiBi: a bias over the last `max(max_seq_len - n, 0)` positions (dynamo: a `Max` of "
+        "symbolic dims, the slice's extent `T.min(n, 256)` broadcast against the scores)",
+    ),
+    Family(
+        "mamba2",
+        text(
+            tf.Mamba2ForCausalLM,
+            tf.Mamba2Config(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_hidden_layers=2,
+                state_size=8,
+                num_heads=4,
+                head_dim=16,
+                expand=2,
+                n_groups=1,
+                chunk_size=8,
+            ),
+        ),
+        "text",
+        "logits",
+        "state-space model: causal Conv1d, chunked scan (CumSum, Einsum, Trilu masks); the "
+        "sequence padded to whole chunks and viewed back unpadded, valid for the multiples of "
+        "the chunk the inputs have (TorchScript's export fails in onnxruntime)",
+    ),
 ]
 
 

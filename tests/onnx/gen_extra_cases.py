@@ -10,7 +10,7 @@ ConvTranspose and no 3-D Conv (here strides, dilations, pads, groups, `auto_pad`
 `output_shape`, and a 3-D Col2Im with pads and dilation, whose reference is `col2im_numpy`:
 onnxruntime 1.32 gets that one wrong), nor the shape arithmetic Hugging Face exports write
 around Tile, Resize, Expand, Range and EyeLike over symbolic dims (DeBERTa-v2, SegFormer,
-BART, XLNet), nor RoiAlign's adaptive sampling, spatial scale and boxes beyond the borders,
+BART, XLNet), MPT's Slice from a Max of symbolic dims, Mamba2's padded-then-unpadded view, nor RoiAlign's adaptive sampling, spatial scale and boxes beyond the borders,
 BitCast and Det inside larger graphs, or TfIdfVectorizer's weights, skips and shared columns.
 The DFT and STFT cases
 (padding, truncation, complex and real inputs, odd lengths, windows, two-sided spectra) take
@@ -411,7 +411,7 @@ NUMPY_ORT_WRONG = {
 
 
 # Values of the symbolic dims (`dim_param`) of the exporter-shape cases' inputs.
-SYMBOLIC = {"batch": 3, "n": 5}
+SYMBOLIC = {"batch": 3, "n": 5, "chunked": 8}
 
 
 def i64c(name, v):
@@ -530,6 +530,59 @@ def slice_symbolic_start_model(name, negative=False):
     return h.make_graph(
         nodes, name, [f32("x", ["n"]), f32("t", [4, 10])], [f32("y", None)],
         [i64c("ten", [10]), i64c("big", [2**63 - 1]), i64c("one1", [1])]), 15
+
+
+def mpt_alibi_model(name):
+    """MPT's ALiBi bias as its dynamo export slices it: `bias[:, max(1 - n, 0):, max(L - n,
+    0):]` of a `[heads, 1, L]` bias (the starts are `Max`es of symbolic dims), added to the
+    `[batch, heads, n, n]` scores, then viewed as `[batch, n, -1]`."""
+    nodes = [
+        h.make_node("Shape", ["s"], ["n"], start=2, end=3),
+        h.make_node("Shape", ["s"], ["b"], start=0, end=1),
+        h.make_node("Sub", ["one", "n"], ["q0"]),
+        h.make_node("Max", ["q0", "zero"], ["qs"]),
+        h.make_node("Sub", ["ten", "n"], ["k0"]),
+        h.make_node("Max", ["k0", "zero"], ["ks"]),
+        h.make_node("Slice", ["bias", "qs", "big", "one"], ["b1"]),
+        h.make_node("Slice", ["b1", "ks", "big", "two"], ["b2"]),
+        h.make_node("Add", ["s", "b2"], ["y"]),
+        h.make_node("Concat", ["b", "n", "minus1"], ["shape"], axis=0),
+        h.make_node("Reshape", ["y", "shape"], ["z"]),
+    ]
+    bias = np.arange(20, dtype=np.float32).reshape(2, 1, 10) * 0.125 - 1.0
+    return h.make_graph(
+        nodes, name, [f32("s", ["batch", 2, "n", "n"])], [f32("z", None)],
+        [numpy_helper.from_array(bias, "bias"), i64c("one", [1]), i64c("two", [2]),
+         i64c("zero", [0]), i64c("ten", [10]), i64c("big", [2**63 - 1]),
+         i64c("minus1", [-1])]), 18
+
+
+def mamba2_padded_view_model(name):
+    """Mamba2's dynamo export: the sequence padded to whole chunks of 4 (`Pad` by `(-n) % 4`),
+    viewed in chunks, scaled, then viewed back as `[batch, n, -1]` (valid for the multiples of
+    4 it was traced at: the `-1` is `(n + 3) // 4 * 64 // n`), gated by the input and
+    projected."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["b"], start=0, end=1),
+        h.make_node("Shape", ["x"], ["n"], start=1, end=2),
+        h.make_node("Neg", ["n"], ["neg"]),
+        h.make_node("Mod", ["neg", "four"], ["padw"]),
+        h.make_node("Concat", ["zero3", "padw", "zero1"], ["pads"], axis=0),
+        h.make_node("Pad", ["x", "pads"], ["padded"]),
+        h.make_node("Reshape", ["padded", "chunks"], ["c"]),
+        h.make_node("Mul", ["c", "scale"], ["cs"]),
+        h.make_node("Concat", ["b", "n", "minus1"], ["back"], axis=0),
+        h.make_node("Reshape", ["cs", "back"], ["v"]),
+        h.make_node("Mul", ["v", "x"], ["g"]),
+        h.make_node("MatMul", ["g", "w"], ["y"]),
+    ]
+    r = np.random.default_rng(7)
+    return h.make_graph(
+        nodes, name, [f32("x", ["batch", "chunked", 16])], [f32("y", None)],
+        [i64c("four", [4]), i64c("zero3", [0, 0, 0, 0]), i64c("zero1", [0]),
+         i64c("chunks", [0, -1, 4, 16]), i64c("minus1", [-1]),
+         numpy_helper.from_array(r.standard_normal((4, 1)).astype(np.float32), "scale"),
+         numpy_helper.from_array(r.standard_normal((16, 3)).astype(np.float32), "w")]), 18
 
 
 # Numpy-defined cases over symbolic dims, after every other case (so earlier cases keep their
@@ -694,6 +747,8 @@ CASES += [
         n, [2, 5], mode="IDF", min_gram_length=1, max_gram_length=1, max_skip_count=4,
         **TFIDF_POOL)),
 ]
+CASES += [("mpt_alibi_slice_from_max_start", mpt_alibi_model),
+          ("mamba2_padded_sequence_viewed_unpadded", mamba2_padded_view_model)]
 
 
 def main() -> int:

@@ -1,8 +1,9 @@
 //! Tensor dimensions: static integers, symbolic variables (`n`) and small integer expressions
-//! over them (`h - kh + 1`, `(n + 1) // 2`), as TVM's `PrimExpr` shapes print.
+//! over them (`h - kh + 1`, `(n + 1) // 2`, `T.max(2048 - n, 0)`), as TVM's `PrimExpr` shapes
+//! print.
 //!
-//! Constructors fold constants and the identities `x + 0`, `x * 1`, `x * 0`, `x // 1`, so the
-//! dims inferred for static shapes stay static.
+//! Constructors fold constants and the identities `x + 0`, `x * 1`, `x * 0`, `x // 1`,
+//! `T.max(x, x)`, so the dims inferred for static shapes stay static.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -51,9 +52,14 @@ pub enum DimOp {
     FloorDiv,
     /// `a % b` (floor modulo)
     FloorMod,
+    /// `T.max(a, b)`
+    Max,
+    /// `T.min(a, b)`
+    Min,
 }
 
 impl DimOp {
+    /// The infix operator, or the function name (`T.max`) of the two written as calls.
     fn symbol(self) -> &'static str {
         match self {
             DimOp::Add => "+",
@@ -61,13 +67,17 @@ impl DimOp {
             DimOp::Mul => "*",
             DimOp::FloorDiv => "//",
             DimOp::FloorMod => "%",
+            DimOp::Max => "T.max",
+            DimOp::Min => "T.min",
         }
     }
 
-    fn precedence(self) -> u8 {
+    /// Binding strength of an infix operator; `None` for the two written as calls.
+    fn precedence(self) -> Option<u8> {
         match self {
-            DimOp::Add | DimOp::Sub => 1,
-            DimOp::Mul | DimOp::FloorDiv | DimOp::FloorMod => 2,
+            DimOp::Add | DimOp::Sub => Some(1),
+            DimOp::Mul | DimOp::FloorDiv | DimOp::FloorMod => Some(2),
+            DimOp::Max | DimOp::Min => None,
         }
     }
 
@@ -78,6 +88,8 @@ impl DimOp {
             DimOp::Mul => a.checked_mul(b),
             DimOp::FloorDiv => (b != 0).then(|| a.div_euclid(b)),
             DimOp::FloorMod => (b != 0).then(|| a.rem_euclid(b)),
+            DimOp::Max => Some(a.max(b)),
+            DimOp::Min => Some(a.min(b)),
         }
     }
 }
@@ -121,6 +133,7 @@ impl Dim {
             (DimOp::Mul | DimOp::FloorDiv, _, Some(1)) => return a,
             (DimOp::Mul, Some(0), _) | (DimOp::Mul, _, Some(0)) => return Dim::Static(0),
             (DimOp::Sub, _, _) if a == b => return Dim::Static(0),
+            (DimOp::Max | DimOp::Min, _, _) if a == b => return a,
             _ => {}
         }
         // `(x * k) // c` with `c` dividing `k` is `x * (k / c)` (Swin's `batch * 16 // 16`).
@@ -172,6 +185,40 @@ impl Dim {
                     }
                 }
             }
+        }
+        // `c1 - (c2 - x)` is `x + (c1 - c2)` (a slice of the last `max_len - n` of `max_len`),
+        // `c1 + (c2 - x)` is `(c1 + c2) - x`.
+        if let (DimOp::Add | DimOp::Sub, Some(c1), Dim::Expr(inner)) = (op, a.as_static(), &b)
+            && inner.0 == DimOp::Sub
+            && let Some(c2) = inner.1.as_static()
+        {
+            if op == DimOp::Sub
+                && let Some(c) = c1.checked_sub(c2)
+            {
+                return inner.2.add(&Dim::Static(c));
+            }
+            if op == DimOp::Add
+                && let Some(c) = c1.checked_add(c2)
+            {
+                return Dim::Static(c).sub(&inner.2);
+            }
+        }
+        // `a + T.max(p, q)` is `T.max(a + p, a + q)`, `a - T.max(p, q)` is `T.min(a - p, a - q)`
+        // (and so for `T.min`) when `a` is a constant: the extent of a slice that starts at
+        // `max(len - n, 0)` is `T.min(n, len)`, which broadcasts against `n`. (Not past
+        // MAX_DIM_OPS operators: nested extrema would double the work at each level.)
+        if let (DimOp::Add | DimOp::Sub, Some(_), Dim::Expr(inner)) = (op, a.as_static(), &b)
+            && matches!(inner.0, DimOp::Max | DimOp::Min)
+            && !b.has_too_many_ops()
+        {
+            let flip = match (op, inner.0) {
+                (DimOp::Add, m) => m,
+                (_, DimOp::Max) => DimOp::Min,
+                _ => DimOp::Max,
+            };
+            let p = Dim::binary(op, a.clone(), inner.1.clone());
+            let q = Dim::binary(op, a.clone(), inner.2.clone());
+            return Dim::binary(flip, p, q);
         }
         // `(x + c1) + c2` and `(x - c1) + c2` fold into one constant, as TVM's simplifier does.
         if let (Dim::Expr(inner), Some(c2)) = (&a, b.as_static())
@@ -230,6 +277,16 @@ impl Dim {
     /// `self // other`.
     pub fn floor_div(&self, other: &Dim) -> Dim {
         Dim::binary(DimOp::FloorDiv, self.clone(), other.clone())
+    }
+
+    /// `T.max(self, other)` (not `Ord::max`, which compares the expressions).
+    pub fn maximum(&self, other: &Dim) -> Dim {
+        Dim::binary(DimOp::Max, self.clone(), other.clone())
+    }
+
+    /// `T.min(self, other)`.
+    pub fn minimum(&self, other: &Dim) -> Dim {
+        Dim::binary(DimOp::Min, self.clone(), other.clone())
     }
 
     /// Why this dim has no text form the parser reads back, if it has none: a static extent
@@ -335,7 +392,7 @@ impl Dim {
 
     /// Whether `self` and `other` are equal for every value of their symbols, as far as
     /// polynomial arithmetic shows: both are expanded into sums of products of symbols (a
-    /// floor division or modulo is one opaque factor), like terms collected, and compared.
+    /// floor division, modulo, maximum or minimum is one opaque factor), like terms collected, and compared.
     /// `false` means "not shown equal", not "unequal"; expressions past a few hundred terms
     /// are not expanded.
     pub fn provably_eq(&self, other: &Dim) -> bool {
@@ -373,7 +430,14 @@ impl Dim {
             Dim::Expr(_) if *ops >= MAX_DIM_OPS => f.write_str("…"),
             Dim::Expr(e) => {
                 *ops += 1;
-                let p = e.0.precedence();
+                let Some(p) = e.0.precedence() else {
+                    // A call: its arguments stand alone.
+                    write!(f, "{}(", e.0.symbol())?;
+                    e.1.fmt_prec(f, 0, false, ops)?;
+                    f.write_str(", ")?;
+                    e.2.fmt_prec(f, 0, false, ops)?;
+                    return f.write_str(")");
+                };
                 // Left-associative: a right operand of equal precedence needs parentheses.
                 let paren = p < parent || (p == parent && right);
                 if paren {
@@ -392,7 +456,7 @@ impl Dim {
 }
 
 /// A dim expanded into a polynomial: each monomial (its factors sorted: symbols and opaque
-/// floor divisions / modulos) with its nonzero integer coefficient.
+/// floor divisions / modulos / maxima / minima) with its nonzero integer coefficient.
 #[derive(PartialEq, Eq)]
 struct Poly(std::collections::BTreeMap<Vec<Dim>, i64>);
 
@@ -423,6 +487,17 @@ impl Poly {
                     DimOp::Mul => Poly::of(&e.1, ops)?.times(&Poly::of(&e.2, ops)?),
                     DimOp::FloorDiv | DimOp::FloorMod => {
                         p.insert(vec![d.clone()], 1);
+                        Some(Poly(p))
+                    }
+                    // Commutative: the operands in one order, so `T.max(a, b)` and
+                    // `T.max(b, a)` are the same factor.
+                    DimOp::Max | DimOp::Min => {
+                        let (a, b) = if e.1 <= e.2 {
+                            (&e.1, &e.2)
+                        } else {
+                            (&e.2, &e.1)
+                        };
+                        p.insert(vec![Dim::Expr(Arc::new((e.0, a.clone(), b.clone())))], 1);
                         Some(Poly(p))
                     }
                 };
@@ -633,6 +708,130 @@ mod tests {
         assert!(text.ends_with('…') && text.len() < 4096, "{}", text.len());
         let other = (0..100).fold(n.clone(), |d, _| d.add(&d));
         assert!(!big.provably_eq(&other.add(&Dim::Static(1))));
+    }
+
+    #[test]
+    fn extrema_print_as_calls_and_distribute_over_constants() {
+        let n = Dim::sym("n");
+        let c = |v| Dim::Static(v);
+        let start = c(2048).sub(&n).maximum(&c(0));
+        assert_eq!(start.to_string(), "T.max(2048 - n, 0)");
+        // A call never needs parentheses, and its arguments need none of their own.
+        assert_eq!(start.mul(&c(2)).to_string(), "T.max(2048 - n, 0) * 2");
+        assert_eq!(n.minimum(&c(4).add(&n)).to_string(), "T.min(n, 4 + n)");
+        // Static operands fold; equal ones are one.
+        assert_eq!(c(3).maximum(&c(7)), c(7));
+        assert_eq!(c(3).minimum(&c(7)), c(3));
+        assert_eq!(n.maximum(&n), n);
+        // `c1 - (c2 - x)` is `x + (c1 - c2)`; a constant minus an extremum distributes.
+        assert_eq!(c(10).sub(&c(10).sub(&n)), n);
+        assert_eq!(c(2048).sub(&start).to_string(), "T.min(n, 2048)");
+        assert_eq!(c(1).add(&start).to_string(), "T.max(2049 - n, 1)");
+        // Commutative inside the polynomial comparison.
+        let m = Dim::sym("m");
+        assert!(n.maximum(&m).provably_eq(&m.maximum(&n)));
+        assert!(
+            n.maximum(&m)
+                .mul(&c(2))
+                .provably_eq(&m.maximum(&n).add(&n.maximum(&m)))
+        );
+        assert!(!n.maximum(&m).provably_eq(&n.minimum(&m)));
+        // The rewrites keep the value: checked against the definition on every n in range.
+        let len = c(2048).sub(&start);
+        for v in -5..3000 {
+            let at = |d: &Dim| d.eval(&|_| Some(v));
+            assert_eq!(at(&start), Some((2048 - v).max(0)), "n = {v}");
+            assert_eq!(at(&len), Some(2048 - (2048 - v).max(0)), "n = {v}");
+        }
+    }
+
+    /// A dim expression as written, before the constructors simplify it.
+    #[derive(Clone, Debug)]
+    enum Tree {
+        Int(i64),
+        Sym(bool),
+        Op(DimOp, Box<Tree>, Box<Tree>),
+    }
+
+    const OPS: [DimOp; 7] = [
+        DimOp::Add,
+        DimOp::Sub,
+        DimOp::Mul,
+        DimOp::FloorDiv,
+        DimOp::FloorMod,
+        DimOp::Max,
+        DimOp::Min,
+    ];
+
+    fn tree() -> impl proptest::strategy::Strategy<Value = Tree> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            (-4i64..300).prop_map(Tree::Int),
+            any::<bool>().prop_map(Tree::Sym)
+        ];
+        leaf.prop_recursive(5, 40, 2, |inner| {
+            (0..OPS.len(), inner.clone(), inner)
+                .prop_map(|(k, a, b)| Tree::Op(OPS[k], Box::new(a), Box::new(b)))
+        })
+    }
+
+    impl Tree {
+        fn dim(&self) -> Dim {
+            match self {
+                Tree::Int(v) => Dim::Static(*v),
+                Tree::Sym(n) => Dim::sym(if *n { "n" } else { "m" }),
+                Tree::Op(op, a, b) => Dim::binary(*op, a.dim(), b.dim()),
+            }
+        }
+
+        /// The value by plain arithmetic (`None` where it divides by zero or overflows).
+        fn eval(&self, n: i64, m: i64) -> Option<i64> {
+            match self {
+                Tree::Int(v) => Some(*v),
+                Tree::Sym(s) => Some(if *s { n } else { m }),
+                Tree::Op(op, a, b) => op.apply(a.eval(n, m)?, b.eval(n, m)?),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2048))]
+        /// The constructors' folding and rewriting (constants, identities, `c1 - (c2 - x)`,
+        /// a constant distributed over `T.max` / `T.min`, rounding up to a block) never change
+        /// a dim's value, for any values of its symbols, zero and negative ones included.
+        #[test]
+        fn simplified_dims_keep_their_values(t in tree()) {
+            let d = t.dim();
+            for (n, m) in (-3i64..12).flat_map(|n| [(n, -2), (n, 0), (n, 1), (n, 5), (n, 33)]) {
+                if let Some(want) = t.eval(n, m) {
+                    let got = d.eval(&|s: &Sym| Some(if s.name() == "n" { n } else { m }));
+                    proptest::prop_assert_eq!(
+                        got, Some(want), "{:?} simplified to {} (n = {}, m = {})", t, d, n, m
+                    );
+                }
+            }
+        }
+
+        /// A dim prints as text the parser reads back to the same dim (in a shape literal).
+        #[test]
+        fn dims_print_and_parse_back(t in tree()) {
+            let d = t.dim();
+            // Types take no negative extents; everything else must read back.
+            proptest::prop_assume!(d.out_of_range().is_none() && d.as_static().is_none_or(|v| v >= 0));
+            let src = format!(
+                "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((\"n\", \"m\"), dtype=\"float32\")) -> R.Shape([{d}]):\n        n = T.int64()\n        m = T.int64()\n        s: R.Shape([{d}]) = R.shape([{d}])\n        return s\n"
+            );
+            let m = crate::text::parse_module_str(&src)
+                .map_err(|e| proptest::test_runner::TestCaseError::fail(format!("{d}: {e}")))?;
+            let printed = crate::text::print_module(&m).text;
+            proptest::prop_assert!(printed.contains(&format!("R.shape([{d}])")), "{}\n{}", d, printed);
+            let f = m.get("main").ok_or_else(|| proptest::test_runner::TestCaseError::fail("no main"))?;
+            let back = match &f.ret_ty {
+                crate::ir::Type::Shape { dims: Some(dims), .. } => dims.first().cloned(),
+                _ => None,
+            };
+            proptest::prop_assert_eq!(back, Some(d));
+        }
     }
 
     #[test]

@@ -901,7 +901,26 @@ fn infer_reshape(cx: &Cx<'_>) -> Result<Type, String> {
         Some(left) if !left.is_empty() => product(&left)
             .mul(&Dim::Static(ic))
             .floor_div(&Dim::Static(nc)),
-        _ => return Err(cannot()),
+        Some(_) => return Err(cannot()),
+        // The new shape names factors the input's count does not hold (Mamba2's dynamo export
+        // views its padded `(n + 7) // 8 * 8` positions as `n`, valid for the multiples of 8
+        // it was traced at): the shared factors cancel and the rest is a floor quotient, as
+        // TVM infers it; the executor checks the element count when the shape is known.
+        None => {
+            let mut num = isyms;
+            let mut den = Vec::with_capacity(nsyms.len());
+            for d in nsyms {
+                match num.iter().position(|x| *x == d) {
+                    Some(i) => {
+                        num.remove(i);
+                    }
+                    None => den.push(d),
+                }
+            }
+            product(&num)
+                .mul(&Dim::Static(ic))
+                .floor_div(&product(&den).mul(&Dim::Static(nc)))
+        }
     };
     let out: Vec<Dim> = shape
         .iter()

@@ -224,6 +224,34 @@ fn an_annotation_may_refine_a_less_specific_type() {
 }
 
 #[test]
+fn extremum_dims_round_trip() {
+    // TVMScript's `T.max` / `T.min` in a shape (MPT's ALiBi slice), printed back as read.
+    let src = format!(
+        "{HEADER_T}    @R.function
+    def main(x: R.Tensor((\"n\", \"T.min(n, 256)\"), dtype=\"float32\")) -> R.Tensor((\"n\", \"T.min(n, 256)\"), dtype=\"float32\"):
+        n = T.int64()
+        with R.dataflow():
+            s: R.Shape([T.max(256 - n, 0), T.min(n, T.max(n * 2, 8)) + 1]) = R.shape([T.max(256 - n, 0), T.min(n, T.max(n * 2, 8)) + 1])
+            gv: R.Tensor((n, T.min(n, 256)), dtype=\"float32\") = R.nn.relu(x)
+            R.output(s, gv)
+        return gv
+"
+    );
+    let m = parse_ok(&src);
+    assert_eq!(print_module(&m).text, src);
+    // What is not a call of two dims is an error at its position.
+    for (bad, want) in [
+        ("T.max(n)", "between `T.max`'s two dimensions"),
+        ("T.min(n, 2, 3)", "after `T.min`'s two dimensions"),
+        ("T.max n", "after `T.max`"),
+    ] {
+        let text = src.replacen("T.max(256 - n, 0)", bad, 1);
+        let (_, err) = parse_err(&text);
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn symbolic_dims() {
     let src = format!(
         "{HEADER_T}    @R.function

@@ -520,36 +520,6 @@ fn pick(x: &Ints, shape: Vec<usize>, src: impl Fn(&[usize]) -> usize) -> Val {
     .into_val()
 }
 
-/// A lower bound of a dim's value, taking every symbol to be at least 1 (a symbol here is a
-/// model's batch or sequence length, or a dim inferred from them; the inferred shapes already
-/// assume as much: a slice `x[1:]` of a length-`n` axis has length `n - 1`): constants,
-/// sums, differences by a constant, products and floor quotients by a positive constant of
-/// such dims. `None` when no bound is known.
-pub(super) fn lower_bound(d: &Dim) -> Option<i64> {
-    use crate::ir::DimOp;
-    match d {
-        Dim::Static(v) => Some(*v),
-        Dim::Sym(_) => Some(1),
-        Dim::Expr(e) => match e.0 {
-            DimOp::Add => lower_bound(&e.1)?.checked_add(lower_bound(&e.2)?),
-            DimOp::Sub => lower_bound(&e.1)?.checked_sub(e.2.as_static()?),
-            DimOp::Mul => {
-                let (a, b) = (lower_bound(&e.1)?, lower_bound(&e.2)?);
-                if a >= 0 && b >= 0 {
-                    a.checked_mul(b)
-                } else {
-                    None
-                }
-            }
-            DimOp::FloorDiv => {
-                let c = e.2.as_static().filter(|&c| c > 0)?;
-                Some(lower_bound(&e.1)?.div_euclid(c))
-            }
-            DimOp::FloorMod => e.2.as_static().filter(|&c| c > 0).map(|_| 0),
-        },
-    }
-}
-
 /// `u op v` for `Add`, `Sub` (also `Neg` as `0 - v`), `Mul` and `Div` (truncating, as ONNX
 /// integer division) of two known values of type `dtype`; an error naming the operands when
 /// the result does not fit in `dtype` (instead of a wrapped value, or an unfolded expression

@@ -46,6 +46,7 @@
 //!     return y
 //! ```
 
+mod dim_bounds;
 pub mod external;
 mod fold;
 mod loop_unroll;
@@ -515,8 +516,13 @@ fn import_nodes(
                 Out::Val(v) => v,
                 Out::Kind(kind) => {
                     let is_out = outputs.contains(name.as_str());
+                    let refine = Importer::broadcasts(&kind);
                     let v =
                         im.b.emit_value(&sanitize(name), kind, is_out)
+                            .and_then(|v| match &refine {
+                                Some(args) => im.refine_broadcast(v, args).map(|()| v),
+                                None => Ok(v),
+                            })
                             .map_err(|e| Error::Invalid(format!("{}: {e}", at())))?;
                     Val::Expr(im.b.var(v))
                 }
@@ -849,8 +855,77 @@ impl Importer<'_> {
 
     /// Emits an op call bound to a fresh dataflow var; returns the var's expression.
     pub(crate) fn emit(&mut self, op: Op, args: Vec<ExprId>) -> Result<ExprId> {
-        let v = self.b.emit("", Callee::Op(op), args)?;
+        let kind = ExprKind::Call {
+            callee: Callee::Op(op),
+            args,
+        };
+        let refine = Self::broadcasts(&kind);
+        let v = self.b.emit_value("", kind, false)?;
+        if let Some(args) = refine {
+            self.refine_broadcast(v, &args)?;
+        }
         Ok(self.b.var(v))
+    }
+
+    /// Annotates the var `v`, bound to a broadcasting elementwise op whose inferred type
+    /// kept only the rank (a pair of symbolic dims core inference cannot show equal), with
+    /// the shape [`dim_bounds::broadcast_dims`] decides under the importer's assumptions
+    /// (MPT's ALiBi bias `(16, 1, T.min(n, 2048))` added to scores `(b, 16, n, n)` gives
+    /// `(b, 16, n, n)`); the executor checks the annotation when the value arrives. Anything
+    /// else is left as it is.
+    fn refine_broadcast(&mut self, v: crate::ir::VarId, args: &[ExprId]) -> Result<()> {
+        let f = self.b.func();
+        let Type::Tensor(t) = &f.var(v).ty else {
+            return Ok(());
+        };
+        if t.dims.is_some() {
+            return Ok(());
+        }
+        let dtype = t.dtype;
+        let mut shapes = Vec::with_capacity(args.len());
+        for &a in args {
+            match f.exprs.get(a).map(|e| &e.ty) {
+                Some(Type::Tensor(t)) if t.dims.is_some() => shapes.push(t.dims.clone()),
+                _ => return Ok(()),
+            }
+        }
+        let shapes: Vec<&[Dim]> = shapes.iter().flatten().map(|d| &d[..]).collect();
+        if let Some(dims) = dim_bounds::broadcast_dims(&shapes) {
+            let ndim = Some(dims.len());
+            self.b.refine(
+                v,
+                Type::Tensor(crate::ir::TensorType {
+                    dims: Some(dims.into()),
+                    ndim,
+                    dtype,
+                }),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The arguments of `kind` when it is a call of a broadcasting elementwise op (the calls
+    /// [`Importer::refine_broadcast`] looks at).
+    fn broadcasts(kind: &ExprKind) -> Option<Vec<ExprId>> {
+        let ExprKind::Call {
+            callee: Callee::Op(op),
+            args,
+        } = kind
+        else {
+            return None;
+        };
+        let yes = match op {
+            Op::Add
+            | Op::Subtract
+            | Op::Multiply
+            | Op::Divide
+            | Op::Power
+            | Op::Maximum
+            | Op::Minimum => true,
+            Op::Elem(e) => e.arity() >= 2,
+            _ => false,
+        };
+        yes.then(|| args.clone())
     }
 
     /// Emits an op call bound to a fresh var typed `ty`, a refinement of the call's inferred

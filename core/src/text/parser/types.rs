@@ -617,6 +617,29 @@ impl<'a> Parser<'a> {
                 self.expect(Tk::RParen, "after the dimension expression")?;
                 Ok(d)
             }
+            // `T.max(a, b)`, `T.min(a, b)`
+            Tk::Ident
+                if self.is_ident(t, "T")
+                    && self.peek_at(1).kind == Tk::Dot
+                    && ["max", "min"]
+                        .iter()
+                        .any(|f| self.is_ident(self.peek_at(2), f)) =>
+            {
+                self.bump();
+                self.bump();
+                let f = self.bump();
+                let (op, name) = if self.is_ident(f, "max") {
+                    (DimOp::Max, "T.max")
+                } else {
+                    (DimOp::Min, "T.min")
+                };
+                self.expect(Tk::LParen, &format!("after `{name}`"))?;
+                let a = self.parse_dim_expr()?;
+                self.expect(Tk::Comma, &format!("between `{name}`'s two dimensions"))?;
+                let b = self.parse_dim_expr()?;
+                self.expect(Tk::RParen, &format!("after `{name}`'s two dimensions"))?;
+                self.dim_binary(op, a, b, t)
+            }
             Tk::Ident if self.is_ident(t, "T") && self.peek_at(1).kind == Tk::Dot => {
                 let (lit, _) = self.parse_t_literal()?;
                 match lit {

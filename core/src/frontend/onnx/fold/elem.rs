@@ -8,8 +8,9 @@
 //! node becomes IR instead. `Equal` of two structurally equal dims is true, and of a dim and a
 //! constant below its lower bound false (symbols count as at least 1); other comparisons,
 //! `Mod` and the logical ops need static values; `Where` needs a static condition and may pick
-//! symbolic dims; `Max` / `Min` (any number of inputs) need static values or one dim in all of
-//! them. Integer `Mod` by zero is an error.
+//! symbolic dims; `Max` / `Min` (any number of inputs) always fold: to the operand the dims'
+//! bounds decide (`max(1 - n, 0)` is 0), else to a `T.max` / `T.min` dim. Integer `Mod` by
+//! zero is an error.
 //!
 //! ```text
 //! s = Shape(x)                       # x: float32[n, 1, 4]   → Ints [n, 1, 4]
@@ -102,15 +103,15 @@ pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>
                 }
             }
             ("Equal", [p, q], _) if p == q => Dim::Static(1),
-            // A symbolic dim is at least 1 ([`super::lower_bound`]): `Equal(shape, -1)`, the
+            // A symbolic dim is at least 1 ([`crate::frontend::onnx::dim_bounds::lower_bound`]): `Equal(shape, -1)`, the
             // exporters' "-1 means infer" test, is false for `n` and for BART's `n - 1`.
             ("Equal", [_, q], [Some(u), None])
-                if super::lower_bound(q).is_some_and(|lb| lb > *u) =>
+                if crate::frontend::onnx::dim_bounds::lower_bound(q).is_some_and(|lb| lb > *u) =>
             {
                 Dim::Static(0)
             }
             ("Equal", [p, _], [None, Some(v)])
-                if super::lower_bound(p).is_some_and(|lb| lb > *v) =>
+                if crate::frontend::onnx::dim_bounds::lower_bound(p).is_some_and(|lb| lb > *v) =>
             {
                 Dim::Static(0)
             }
@@ -121,20 +122,11 @@ pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>
             ("Mod", [p, _], [None, Some(q)]) if *q > 0 && a.int("fmod", 0) == 0 => {
                 Dim::binary(DimOp::FloorMod, (*p).clone(), Dim::Static(*q))
             }
-            ("Max" | "Min", [first, ..], _) => {
-                if let Some(vs) = st.iter().copied().collect::<Option<Vec<i64>>>() {
-                    let pick = if op == "Max" {
-                        vs.iter().max()
-                    } else {
-                        vs.iter().min()
-                    };
-                    pick.map_or_else(|| (*first).clone(), |&v| Dim::Static(v))
-                } else if ds.iter().all(|d| d == first) {
-                    (*first).clone()
-                } else {
-                    return Ok(None);
-                }
-            }
+            // Static values fold; symbolic ones pick the operand the bounds decide, or make a
+            // `T.max` / `T.min` dim (MPT's ALiBi slice starts at `max(max_len - n, 0)`).
+            ("Max" | "Min", [first, rest @ ..], _) => rest.iter().fold((*first).clone(), |m, d| {
+                crate::frontend::onnx::dim_bounds::dim_extremum(op == "Max", &m, d)
+            }),
             (_, _, [Some(p), Some(q)]) => Dim::Static(match op {
                 "Equal" => i64::from(p == q),
                 "Less" => i64::from(p < q),
@@ -330,19 +322,47 @@ mod tests {
                 .flatten(),
         );
         assert_eq!(m, [Dim::Static(3), Dim::Static(5)]);
-        // A symbol folds only against itself.
-        let s = Ints {
+        // Symbols: against itself, against what its bounds decide (a symbol is at least 1),
+        // else a `T.max` / `T.min` dim.
+        let sym = |d: Dim| Ints {
             dtype: DType::I64,
             shape: vec![],
-            vals: vec![Dim::sym("n")],
+            vals: vec![d],
         };
+        let n = Dim::sym("n");
+        let s = sym(n.clone());
         let m = vals(fold("Max", &a, &[s.clone(), s.clone()]).ok().flatten());
-        assert_eq!(m, [Dim::sym("n")]);
-        assert!(
-            fold("Max", &a, &[s, ints(&[], &[4])])
+        assert_eq!(m, std::slice::from_ref(&n));
+        let m = vals(
+            fold("Max", &a, &[s.clone(), ints(&[], &[1])])
                 .ok()
-                .flatten()
-                .is_none()
+                .flatten(),
         );
+        assert_eq!(m, std::slice::from_ref(&n));
+        let m = vals(
+            fold("Min", &a, &[s.clone(), ints(&[], &[0])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(m, [Dim::Static(0)]);
+        let one_minus_n = sym(Dim::Static(1).sub(&n));
+        let m = vals(
+            fold("Max", &a, &[one_minus_n, ints(&[], &[0])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(m, [Dim::Static(0)]);
+        let m = vals(
+            fold("Max", &a, &[s.clone(), ints(&[], &[4])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(m[0].to_string(), "T.max(n, 4)");
+        let m = vals(
+            fold("Min", &a, &[ints(&[], &[4]), s, ints(&[], &[9])])
+                .ok()
+                .flatten(),
+        );
+        assert_eq!(m[0].to_string(), "T.min(4, n)");
     }
 }

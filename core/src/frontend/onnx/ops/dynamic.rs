@@ -82,7 +82,7 @@ fn provably_negative(x: &Dim) -> bool {
     let Dim::Expr(e) = x else {
         return false;
     };
-    let lb = super::super::fold::lower_bound;
+    let lb = super::super::dim_bounds::lower_bound;
     match e.0 {
         DimOp::Sub => {
             e.1.as_static()
