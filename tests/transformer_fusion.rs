@@ -277,6 +277,23 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             ],
         ),
         (
+            // ALiBi: the bias slice added, then masked_fill before the softmax.
+            "mpt-dynamo",
+            &[
+                ("cpu.attention_heads", 2),
+                ("cpu.dense_gelu", 2),
+                ("cpu.residual_layer_norm", 4),
+            ],
+        ),
+        (
+            "mpt-ts",
+            &[
+                ("cpu.attention_heads", 2),
+                ("cpu.dense_gelu", 2),
+                ("cpu.residual_layer_norm", 4),
+            ],
+        ),
+        (
             "gpt-neox-ts",
             &[
                 ("cpu.attention", 2),

@@ -5,7 +5,8 @@
 //! transposed, as the exporters' graphs have them) and `v: [..., T, Dv]`,
 //!
 //! ```text
-//! p   = softmax(scale_q(q) @ scale_k(kt) + m1 + m2 …, axis=-1)  (masks: broadcast to [..., S, T])
+//! s   = scale_q(q) @ scale_k(kt) + m1 + m2 …        (masks: broadcast to [..., S, T])
+//! p   = softmax(select ? where(cond, fill, s) : s, axis=-1)  (cond: bool, broadcast the same)
 //! out = (nan_guard ? where(isnan(p), 0, p) : p) @ v             [..., S, Dv]
 //! ```
 //!
@@ -267,6 +268,7 @@ pub(crate) fn attention(
     kt: &fusebox_core::runtime::Tensor,
     v: &fusebox_core::runtime::Tensor,
     masks: &[&fusebox_core::runtime::Tensor],
+    select: Option<(&fusebox_core::runtime::Tensor, f32)>,
     spec: &AttnSpec,
 ) -> Result<Option<fusebox_core::runtime::Tensor>, String> {
     attention_permuted(
@@ -274,6 +276,7 @@ pub(crate) fn attention(
         Operand::plain(kt),
         Operand::plain(v),
         masks,
+        select,
         spec,
         None,
     )
@@ -289,6 +292,7 @@ pub(crate) fn attention_permuted(
     kt: Operand<'_>,
     v: Operand<'_>,
     masks: &[&fusebox_core::runtime::Tensor],
+    select: Option<(&fusebox_core::runtime::Tensor, f32)>,
     spec: &AttnSpec,
     out_perm: Option<&[usize]>,
 ) -> Result<Option<fusebox_core::runtime::Tensor>, String> {
@@ -340,19 +344,15 @@ pub(crate) fn attention_permuted(
     // The mask, broadcast to [batch.., S, T]: per-batch offset and row/column strides.
     let mut score_shape = bq.to_vec();
     score_shape.extend([s, t]);
-    let mut mask_data = Vec::with_capacity(masks.len());
-    for m in masks {
-        let Some(md) = m.as_f32() else {
-            return Ok(None);
-        };
-        if m.rank() > score_shape.len()
-            || broadcast_shapes(m.shape(), &score_shape).ok().as_deref() != Some(&score_shape)
+    // Per batch index, the offset of a mask's [b, 0, 0], and its row and column strides;
+    // `None` when the mask does not broadcast to the scores.
+    let layout = |shape: &[usize]| -> Option<(Vec<isize>, isize, isize)> {
+        if shape.len() > score_shape.len()
+            || broadcast_shapes(shape, &score_shape).ok().as_deref() != Some(&score_shape)
         {
-            return Ok(None);
+            return None;
         }
-        let st = broadcast_strides(m.shape(), &score_shape);
-        let (rs, cs) = (st[r - 2], st[r - 1]);
-        // Per batch index: the offset of [b, 0, 0].
+        let st = broadcast_strides(shape, &score_shape);
         let mut offs = Vec::with_capacity(nb);
         let mut idx = vec![0usize; r - 2];
         for _ in 0..nb {
@@ -360,8 +360,26 @@ pub(crate) fn attention_permuted(
             offs.push(o);
             crate::util::next_index(&mut idx, bq);
         }
+        Some((offs, st[r - 2], st[r - 1]))
+    };
+    let mut mask_data = Vec::with_capacity(masks.len());
+    for m in masks {
+        let (Some(md), Some((offs, rs, cs))) = (m.as_f32(), layout(m.shape())) else {
+            return Ok(None);
+        };
         mask_data.push((md, offs, rs, cs));
     }
+    let select_data = match select {
+        Some((c, fill)) => {
+            let (fusebox_core::runtime::StorageRef::Bool(cd), Some((offs, rs, cs))) =
+                (c.storage(), layout(c.shape()))
+            else {
+                return Ok(None);
+            };
+            Some((cd, offs, rs, cs, fill))
+        }
+        None => None,
+    };
     let n_out = nb
         .checked_mul(s)
         .and_then(|x| x.checked_mul(dv))
@@ -430,11 +448,15 @@ pub(crate) fn attention_permuted(
             .iter()
             .map(|(md, offs, rs, cs)| (*md, offs[b], *rs, *cs))
             .collect();
+        let select = select_data
+            .as_ref()
+            .map(|(cd, offs, rs, cs, fill)| (*cd, offs[b], *rs, *cs, *fill));
         crate::simd::dispatch(Block {
             q: Strided::at(qd, q_off[b], s, d, q_st.0, q_st.1).rows(i0, unit.nrows()),
             kt: Strided::at(kd, k_off[b], d, t, k_st.0, k_st.1),
             v: Strided::at(vd, v_off[b], t, dv, v_st.0, v_st.1),
             masks: &mask_rows,
+            select,
             spec,
             i0,
             out: unit,
@@ -493,6 +515,9 @@ fn striped_max_f32(row: &[f32]) -> f32 {
 /// A mask's data, the offset of this batch index's `[0, 0]`, and its row and column strides.
 type Mask<'a> = (&'a [f32], isize, isize, isize);
 
+/// A select mask's condition as [`Mask`] holds an additive one, and its fill.
+type Select<'a> = (&'a [bool], isize, isize, isize, f32);
+
 /// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`,
 /// compiled for the widest instruction set of this CPU ([`crate::simd::dispatch`]; the
 /// result does not depend on it), into `out` (`rows × Dv`, its rows contiguous).
@@ -501,6 +526,7 @@ struct Block<'a> {
     kt: Strided<'a>,
     v: Strided<'a>,
     masks: &'a [Mask<'a>],
+    select: Option<Select<'a>>,
     spec: &'a AttnSpec,
     i0: usize,
     out: RowsMut<'a>,
@@ -524,6 +550,7 @@ fn block(
         kt,
         v,
         masks,
+        select,
         spec,
         i0,
         mut out,
@@ -577,6 +604,14 @@ fn block(
                         for (jj, x) in sc.iter_mut().enumerate() {
                             *x += md[(base + jj as isize * cs) as usize];
                         }
+                    }
+                }
+            }
+            if let Some((cd, off, rs, cs, fill)) = select {
+                let base = off + i as isize * rs + j0 as isize * cs;
+                for (jj, x) in sc.iter_mut().enumerate() {
+                    if cd[(base + jj as isize * cs) as usize] {
+                        *x = fill;
                     }
                 }
             }

@@ -25,6 +25,8 @@
 //! lv6: R.Tensor((b, 2, s, s), dtype="float32") = R.where(lv5, R.const(0.0, "float32"), lv4)
 //! gv:  R.Tensor((b, 2, s, 16), dtype="float32") = R.matmul(lv6, v, out_dtype=None)
 //! ; → attention::attention(q, kt, v, mask, scales 0.5 / 0.5, NaN guard), no [b, 2, s, s] tensor
+//! ; the scores may also be masked by a select just before the softmax (MPT's, DeBERTa's
+//! ; masked_fill): R.where(cond, R.const(-3.4e38, "float32"), lv3), cond a bool input
 //! ; cpu.attention_heads: q, kt and v each `R.permute_dims(x, axes=..)` of a parameter, and the
 //! ; result permuted too → attention::attention_permuted, none of the four transposes copied
 //!
@@ -83,19 +85,23 @@ pub(crate) enum Plan {
         v: Leaf,
         /// Additive masks, in the order the graph adds them.
         masks: Vec<Leaf>,
+        /// `where(cond, fill, scores)` after the additive masks: the `bool` condition and the
+        /// fill (finite or `-inf`).
+        select: Option<(Leaf, f32)>,
         spec: AttnSpec,
         /// The `permute_dims` axes applied to `q`, `kᵀ` and `v` (in that order) in the body.
         perms: [Option<Vec<usize>>; 3],
         /// The `permute_dims` axes applied to the result.
         out_perm: Option<Vec<usize>>,
     },
-    /// `layer_norm(a + b, gamma, beta)` over the last axis; `outputs` says what the function
+    /// `layer_norm(a + b, gamma, beta)` over the last axis (`gamma` / `beta` `None` without
+    /// `scale` / `center`: MPT's LayerNorm has no bias); `outputs` says what the function
     /// returns: `false` the sum, `true` the norm (one entry: not a tuple).
     ResidualLayerNorm {
         a: Leaf,
         b: Leaf,
-        gamma: Leaf,
-        beta: Leaf,
+        gamma: Option<Leaf>,
+        beta: Option<Leaf>,
         eps: f64,
         outputs: Vec<bool>,
     },
@@ -338,9 +344,20 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         return None;
     }
     used += 1;
+    // A select mask: where(cond, fill, scores), cond an input.
+    let mut scores = *x;
+    let mut select = None;
+    if let Some((_, [c, fill, inner])) = body.call(scores, "relax.where") {
+        let fill = body.scalar(*fill)?;
+        if !(fill.is_finite() || fill == f32::NEG_INFINITY) {
+            return None;
+        }
+        select = Some((body.leaf(*c)?, fill));
+        used += 1;
+        scores = *inner;
+    }
     // Up to two additive masks: add(add(scores, m1), m2).
     let mut masks = Vec::new();
-    let mut scores = *x;
     while let Some((_, args)) = body.call(scores, "relax.add") {
         if masks.len() == 2 {
             return None;
@@ -404,6 +421,7 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
             kt,
             v,
             masks,
+            select,
             spec,
             perms: [q_perm, k_perm, v_perm],
             out_perm,
@@ -441,7 +459,7 @@ fn residual_layer_norm(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         _ => return None,
     };
     let last = attrs.axes.len() == 1 && (attrs.axes[0] == -1 || attrs.axes[0] == rank as i64 - 1);
-    if !last || !attrs.center || !attrs.scale {
+    if !last {
         return None;
     }
     let (nv, sv) = (body.var_of(norm)?, body.var_of(*s)?);
@@ -457,8 +475,16 @@ fn residual_layer_norm(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         Plan::ResidualLayerNorm {
             a: body.leaf(*a)?,
             b: body.leaf(*b)?,
-            gamma: body.leaf(*gamma)?,
-            beta: body.leaf(*beta)?,
+            gamma: if attrs.scale {
+                Some(body.leaf(*gamma)?)
+            } else {
+                None
+            },
+            beta: if attrs.center {
+                Some(body.leaf(*beta)?)
+            } else {
+                None
+            },
             eps: attrs.epsilon.0,
             outputs,
         },
@@ -887,12 +913,20 @@ pub(crate) fn run(
             kt,
             v,
             masks,
+            select,
             spec,
             perms,
             out_perm,
         } => {
             let (Some(q), Some(kt), Some(v)) = (get(*q)?, get(*kt)?, get(*v)?) else {
                 return Ok(None);
+            };
+            let select = match select {
+                Some((c, fill)) => match input(*c)? {
+                    Value::Tensor(t) if t.dtype() == DType::Bool => Some((t, *fill)),
+                    _ => return Ok(None),
+                },
+                None => None,
             };
             let mut ms = Vec::new();
             for m in masks {
@@ -908,6 +942,7 @@ pub(crate) fn run(
                 crate::attention::Operand { t: &kt, perm: pk },
                 crate::attention::Operand { t: &v, perm: pv },
                 &ms,
+                select.as_ref().map(|(t, f)| (t, *f)),
                 spec,
                 out_perm.as_deref(),
             )
@@ -923,12 +958,13 @@ pub(crate) fn run(
             outputs,
         } => {
             let (Some(a), Some(b), Some(g), Some(be)) =
-                (get(*a)?, get(*b)?, get(*gamma)?, get(*beta)?)
+                (get(*a)?, get(*b)?, opt(gamma)?, opt(beta)?)
             else {
                 return Ok(None);
             };
-            let Some((sum, norm)) = crate::norm::residual_layer_norm(&a, &b, &g, &be, *eps)
-                .map_err(kernel("cpu.residual_layer_norm"))?
+            let Some((sum, norm)) =
+                crate::norm::residual_layer_norm(&a, &b, g.as_ref(), be.as_ref(), *eps)
+                    .map_err(kernel("cpu.residual_layer_norm"))?
             else {
                 return Ok(None);
             };

@@ -168,7 +168,7 @@ pub(crate) fn attention(
         nan_guard: false,
         causal: a.causal_mask.map(|c| Causal::Offset(c.offset(sq, skv))),
     };
-    let o = online_attention(&qt, &kt, &vt, &masks, &spec)?.ok_or_else(|| {
+    let o = online_attention(&qt, &kt, &vt, &masks, None, &spec)?.ok_or_else(|| {
         format!(
             "attention of q {:?}, k {:?}, v {:?} is not a shape the kernel takes",
             q.shape(),

@@ -26,24 +26,26 @@ fn row_tasks(n: usize, width: usize) -> (usize, usize) {
     (rows_per * width.max(1), threads)
 }
 
-/// `s = a + b` and `layer_norm(s, gamma, beta)` over the last axis; `None` when `a` and `b`
+/// `s = a + b` and `layer_norm(s, gamma, beta)` over the last axis (`gamma` absent: no scale,
+/// `beta` absent: no shift, as `layer_norm`'s `scale` and `center`); `None` when `a` and `b`
 /// differ in shape (a broadcast residual) or the params are not the last dim's size.
 pub(crate) fn residual_layer_norm(
     a: &Tensor,
     b: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
+    gamma: Option<&Tensor>,
+    beta: Option<&Tensor>,
     eps: f64,
 ) -> KResult<Option<(Tensor, Tensor)>> {
-    let (Some(ad), Some(bd), Some(g), Some(be)) =
-        (a.as_f32(), b.as_f32(), gamma.as_f32(), beta.as_f32())
-    else {
+    let (Some(ad), Some(bd)) = (a.as_f32(), b.as_f32()) else {
         return Ok(None);
     };
     let Some(&w) = a.shape().last() else {
         return Ok(None);
     };
-    if a.shape() != b.shape() || gamma.shape() != [w] || beta.shape() != [w] || w == 0 {
+    let (Some(g), Some(be)) = (norm_param(gamma, w), norm_param(beta, w)) else {
+        return Ok(None);
+    };
+    if a.shape() != b.shape() || w == 0 {
         return Ok(None);
     }
     let n = ad.len();
@@ -79,12 +81,22 @@ pub(crate) fn residual_layer_norm(
     )))
 }
 
+/// An optional LayerNorm param's data: `Some(None)` when absent, `None` when it is not a
+/// `float32` vector of `w` elements.
+fn norm_param(p: Option<&Tensor>, w: usize) -> Option<Option<&[f32]>> {
+    match p {
+        None => Some(None),
+        Some(t) if t.shape() == [w] => t.as_f32().map(Some),
+        Some(_) => None,
+    }
+}
+
 /// One row of [`residual_layer_norm`]: `sum = a + b`, then the norm of `sum` into `out`.
 struct RlnRow<'a> {
     a: &'a [f32],
     b: &'a [f32],
-    g: &'a [f32],
-    be: &'a [f32],
+    g: Option<&'a [f32]>,
+    be: Option<&'a [f32]>,
     eps: f64,
     sum: &'a mut [f32],
     out: &'a mut [f32],
@@ -108,8 +120,29 @@ impl pulp::WithSimd for RlnRow<'_> {
         }
         let (mean, m2) = moments_inline(sum);
         let inv = 1.0 / (m2 / sum.len() as f64 + eps).sqrt();
-        for (((y, &x), &gg), &bb) in out.iter_mut().zip(sum.iter()).zip(g).zip(be) {
-            *y = ((f64::from(x) - mean) * inv * f64::from(gg) + f64::from(bb)) as f32;
+        // As `nn::norm` computes it: `(x - mean) * inv`, then `* gamma`, then `+ beta`.
+        let centred = sum.iter().map(|&x| (f64::from(x) - mean) * inv);
+        match (g, be) {
+            (Some(g), Some(be)) => {
+                for (((y, c), &gg), &bb) in out.iter_mut().zip(centred).zip(g).zip(be) {
+                    *y = (c * f64::from(gg) + f64::from(bb)) as f32;
+                }
+            }
+            (Some(g), None) => {
+                for ((y, c), &gg) in out.iter_mut().zip(centred).zip(g) {
+                    *y = (c * f64::from(gg)) as f32;
+                }
+            }
+            (None, Some(be)) => {
+                for ((y, c), &bb) in out.iter_mut().zip(centred).zip(be) {
+                    *y = (c + f64::from(bb)) as f32;
+                }
+            }
+            (None, None) => {
+                for (y, c) in out.iter_mut().zip(centred) {
+                    *y = c as f32;
+                }
+            }
         }
     }
 }

@@ -44,6 +44,22 @@ fn naive(
     causal: bool,
     guard: bool,
 ) -> Vec<f32> {
+    naive_select(q, kt, v, masks, None, sq, sk, causal, guard)
+}
+
+/// [`naive`] with a select mask: `where(cond, fill, scores)` after the additive masks.
+#[allow(clippy::too_many_arguments, reason = "the definition's inputs")]
+fn naive_select(
+    q: &Tensor,
+    kt: &Tensor,
+    v: &Tensor,
+    masks: &[&Tensor],
+    select: Option<(&[bool], &[usize], f32)>,
+    sq: f32,
+    sk: f32,
+    causal: bool,
+    guard: bool,
+) -> Vec<f32> {
     let (qs, ks, vs) = (q.shape(), kt.shape(), v.shape());
     let (b, hq, s, d) = (qs[0], qs[1], qs[2], qs[3]);
     let (hk, t, dv) = (ks[1], ks[3], vs[3]);
@@ -72,6 +88,11 @@ fn naive(
                     }
                     if !masks.is_empty() {
                         acc = f64::from(a32);
+                    }
+                    if let Some((c, shape, fill)) = select
+                        && c[at(shape, &[bi, h, i, j])]
+                    {
+                        acc = f64::from(fill);
                     }
                     if causal && j > i + t - s {
                         acc = f64::NEG_INFINITY;
@@ -148,7 +169,7 @@ fn attention_matches_the_materialised_definition() {
                     continue;
                 }
                 let sp = spec(0.5, 0.25, causal.then(|| t - s), true);
-                let got = attention(&q, &kt, &v, mask.as_slice(), &sp)
+                let got = attention(&q, &kt, &v, mask.as_slice(), None, &sp)
                     .unwrap()
                     .unwrap();
                 assert_eq!(got.shape(), &[b, hq, s, dv]);
@@ -172,14 +193,14 @@ fn attention_nan_guard_zeroes_fully_masked_rows() {
         .map(|i| if i / 5 == 1 { f32::NEG_INFINITY } else { 0.0 })
         .collect();
     let mask = Tensor::from_f32(vec![1, 1, 3, 5], m).unwrap();
-    let guarded = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, None, true))
+    let guarded = attention(&q, &kt, &v, &[&mask], None, &spec(1.0, 1.0, None, true))
         .unwrap()
         .unwrap();
     let g = guarded.as_f32().unwrap();
     assert_eq!(&g[2..4], &[0.0, 0.0]);
     let want = naive(&q, &kt, &v, &[&mask], 1.0, 1.0, false, true);
     close(g, &want, 1e-5);
-    let raw = attention(&q, &kt, &v, &[&mask], &spec(1.0, 1.0, None, false))
+    let raw = attention(&q, &kt, &v, &[&mask], None, &spec(1.0, 1.0, None, false))
         .unwrap()
         .unwrap();
     assert!(raw.as_f32().unwrap()[2].is_nan());
@@ -199,7 +220,7 @@ fn attention_scales_divide_as_the_graph_does() {
         nan_guard: false,
         causal: None,
     };
-    let got = attention(&q, &kt, &v, &[], &div).unwrap().unwrap();
+    let got = attention(&q, &kt, &v, &[], None, &div).unwrap().unwrap();
     let want = naive(&q, &kt, &v, &[], 1.0 / 8f32.sqrt(), 1.0, false, false);
     close(got.as_f32().unwrap(), &want, 1e-5);
 }
@@ -214,13 +235,13 @@ fn attention_declines_shapes_it_does_not_handle() {
         r.tensor(&[1, 2, 4, 4]),
     );
     assert!(
-        attention(&q, &kt, &v, &[], &spec(1.0, 1.0, None, false))
+        attention(&q, &kt, &v, &[], None, &spec(1.0, 1.0, None, false))
             .unwrap()
             .is_none()
     );
     // kᵀ's rows must be q's columns.
     let bad = r.tensor(&[1, 3, 5, 4]);
-    assert!(attention(&q, &bad, &q, &[], &spec(1.0, 1.0, None, false)).is_err());
+    assert!(attention(&q, &bad, &q, &[], None, &spec(1.0, 1.0, None, false)).is_err());
 }
 
 /// `run` gives the same bits on 2 and 3 kernel threads as on 1.
@@ -269,6 +290,7 @@ fn attention_reads_and_writes_the_heads_transposes_in_place() {
                 op(&k, &pk[..]),
                 op(&v, &pv[..]),
                 &[&mask],
+                None,
                 &sp,
                 out,
             )
@@ -300,11 +322,111 @@ fn attention_reads_and_writes_the_heads_transposes_in_place() {
             op(&k, &pk[..]),
             op(&k, &pq[..]),
             &[],
+            None,
             &spec(1.0, 1.0, None, false),
             out,
         );
         assert!(got.unwrap().is_none());
     }
+}
+
+#[test]
+fn a_select_mask_replaces_the_scores_it_selects() {
+    // MPT's and DeBERTa's masked_fill: where(cond, fill, scores + mask) before the softmax,
+    // cond broadcast over heads (and over rows), rows with every key selected (the softmax of
+    // a constant row is uniform), plain and permuted operands, more than one key block.
+    use crate::attention::{Operand, attention_permuted};
+    let mut r = Rng(29);
+    for (b, h, s, t, cond_shape, fill) in [
+        (2, 3, 6, 6, vec![2, 1, 6, 6], -3.402_823_5e38_f32),
+        (1, 2, 9, 1100, vec![1, 1, 1, 1100], f32::NEG_INFINITY),
+        (1, 2, 5, 7, vec![5, 7], -1.0e4),
+    ] {
+        let q = r.tensor(&[b, h, s, 8]);
+        let kt = r.tensor(&[b, h, 8, t]);
+        let v = r.tensor(&[b, h, t, 4]);
+        let mask = r.tensor(&[b, 1, s, t]);
+        let n: usize = cond_shape.iter().product();
+        let mut cd: Vec<bool> = (0..n).map(|_| r.next() > 0.3).collect();
+        // The first row of the condition selects every key.
+        let row = cond_shape[cond_shape.len() - 1];
+        cd[..row].iter_mut().for_each(|c| *c = true);
+        let cond = Tensor::new(
+            cond_shape.clone(),
+            fusebox_core::runtime::Storage::Bool(cd.clone()),
+        )
+        .unwrap();
+        let sp = spec(0.5, 1.0, None, true);
+        let want = naive_select(
+            &q,
+            &kt,
+            &v,
+            &[&mask],
+            Some((&cd, &cond_shape, fill)),
+            0.5,
+            1.0,
+            false,
+            true,
+        );
+        let got = attention(&q, &kt, &v, &[&mask], Some((&cond, fill)), &sp)
+            .unwrap()
+            .unwrap();
+        close(got.as_f32().unwrap(), &want, 1e-5);
+        // Without the select the result differs (the test would notice a kernel ignoring it).
+        let unmasked = attention(&q, &kt, &v, &[&mask], None, &sp)
+            .unwrap()
+            .unwrap();
+        assert!(
+            unmasked
+                .as_f32()
+                .unwrap()
+                .iter()
+                .zip(&want)
+                .any(|(a, b)| (a - b).abs() > 1e-3)
+        );
+        // Permuted operands read in place give the same.
+        let perm = [0, 2, 1, 3];
+        let (qp, vp) = (permuted(&q, &perm), permuted(&v, &perm));
+        let got_p = attention_permuted(
+            Operand {
+                t: &qp,
+                perm: Some(&perm),
+            },
+            Operand::plain(&kt),
+            Operand {
+                t: &vp,
+                perm: Some(&perm),
+            },
+            &[&mask],
+            Some((&cond, fill)),
+            &sp,
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        close(got_p.as_f32().unwrap(), &want, 1e-5);
+        same_bits_for_every_thread_count(|| {
+            let o = attention(&q, &kt, &v, &[&mask], Some((&cond, fill)), &sp);
+            vec![bits(o.unwrap().unwrap().as_f32().unwrap())]
+        });
+    }
+    // A condition that is not bool, or does not broadcast to the scores, is declined.
+    let q = r.tensor(&[1, 1, 3, 4]);
+    let kt = r.tensor(&[1, 1, 4, 5]);
+    let bad = Tensor::new(vec![4], fusebox_core::runtime::Storage::Bool(vec![true; 4])).unwrap();
+    let sp = spec(1.0, 1.0, None, false);
+    let v = r.tensor(&[1, 1, 5, 2]);
+    assert!(
+        attention(&q, &kt, &v, &[], Some((&bad, 0.0)), &sp)
+            .unwrap()
+            .is_none()
+    );
+    let f = r.tensor(&[5]);
+    assert!(
+        attention(&q, &kt, &v, &[], Some((&f, 0.0)), &sp)
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[test]
@@ -319,10 +441,10 @@ fn kernels_give_the_same_bits_for_every_thread_count() {
     let (g, be) = (r.tensor(&[96]), r.tensor(&[96]));
     let x = r.tensor(&[300, 500]);
     let run = || {
-        let o = attention(&q, &kt, &v, &[], &spec(0.5, 0.5, Some(0), true))
+        let o = attention(&q, &kt, &v, &[], None, &spec(0.5, 0.5, Some(0), true))
             .unwrap()
             .unwrap();
-        let (s, n) = crate::norm::residual_layer_norm(&a, &b, &g, &be, 1e-5)
+        let (s, n) = crate::norm::residual_layer_norm(&a, &b, Some(&g), Some(&be), 1e-5)
             .unwrap()
             .unwrap();
         let rms = crate::norm::rms_norm(&a, Some(&g), 1e-6).unwrap().unwrap();
@@ -342,25 +464,34 @@ fn residual_layer_norm_equals_add_then_the_reference_layer_norm() {
     for &(rows, w) in &[(1, 1), (3, 7), (50, 96), (7, 513)] {
         let (a, b) = (r.tensor(&[rows, w]), r.tensor(&[rows, w]));
         let (g, be) = (r.tensor(&[w]), r.tensor(&[w]));
-        let (s, n) = crate::norm::residual_layer_norm(&a, &b, &g, &be, 1e-12)
-            .unwrap()
+        // With both params, and without the shift or the scale or both (`center` / `scale`
+        // off: MPT's LayerNorm has no bias).
+        for (gp, bp) in [
+            (Some(&g), Some(&be)),
+            (Some(&g), None),
+            (None, Some(&be)),
+            (None, None),
+        ] {
+            let (s, n) = crate::norm::residual_layer_norm(&a, &b, gp, bp, 1e-12)
+                .unwrap()
+                .unwrap();
+            let sum = crate::eval_op(
+                &fusebox_core::op::Op::Add,
+                &[Value::Tensor(a.clone()), Value::Tensor(b.clone())],
+            )
             .unwrap();
-        let sum = crate::eval_op(
-            &fusebox_core::op::Op::Add,
-            &[Value::Tensor(a.clone()), Value::Tensor(b.clone())],
-        )
-        .unwrap();
-        let Value::Tensor(sum) = sum else { panic!() };
-        assert_eq!(s.as_f32(), sum.as_f32());
-        let want = crate::nn::norm(&sum, &[-1], 1e-12, Some(&g), Some(&be), false).unwrap();
-        // Bit-identical to the reference kernel.
-        assert_eq!(n.as_f32(), want.as_f32());
+            let Value::Tensor(sum) = sum else { panic!() };
+            assert_eq!(s.as_f32(), sum.as_f32());
+            let want = crate::nn::norm(&sum, &[-1], 1e-12, gp, bp, false).unwrap();
+            // Bit-identical to the reference kernel.
+            assert_eq!(n.as_f32(), want.as_f32());
+        }
     }
     // A broadcast residual is declined.
     let (a, b) = (r.tensor(&[4, 8]), r.tensor(&[1, 8]));
     let (g, be) = (r.tensor(&[8]), r.tensor(&[8]));
     assert!(
-        crate::norm::residual_layer_norm(&a, &b, &g, &be, 1e-5)
+        crate::norm::residual_layer_norm(&a, &b, Some(&g), Some(&be), 1e-5)
             .unwrap()
             .is_none()
     );
@@ -1141,7 +1272,7 @@ fn a_nan_key_or_value_spreads_as_the_materialised_definition_spreads_it() {
             for causal in [false, true] {
                 for guard in [false, true] {
                     let sp = spec(1.0, 1.0, causal.then(|| t - s), guard);
-                    let got = attention(&q, &kt, &v, mask.as_slice(), &sp)
+                    let got = attention(&q, &kt, &v, mask.as_slice(), None, &sp)
                         .unwrap()
                         .unwrap();
                     let want = naive(&q, &kt, &v, &mask, 1.0, 1.0, causal, guard);
