@@ -151,6 +151,14 @@ pub(super) fn fold(op: &str, a: &Attrs<'_>, args: &[Ints]) -> Result<Option<Val>
             }),
             _ => return Ok(None),
         };
+        // `Max`/`Min`/`Mod` chained over and over nest their dims without bound: refuse one
+        // past what prints, as the arithmetic folds do.
+        if v.has_too_many_ops() {
+            return Err(err(format!(
+                "the shape arithmetic grows past {} operators in one dim",
+                crate::ir::MAX_DIM_OPS
+            )));
+        }
         vals.push(v);
     }
     let dtype = match op {
@@ -359,10 +367,29 @@ mod tests {
         );
         assert_eq!(m[0].to_string(), "T.max(n, 4)");
         let m = vals(
-            fold("Min", &a, &[ints(&[], &[4]), s, ints(&[], &[9])])
+            fold("Min", &a, &[ints(&[], &[4]), s.clone(), ints(&[], &[9])])
                 .ok()
                 .flatten(),
         );
         assert_eq!(m[0].to_string(), "T.min(4, n)");
+        // A chain of them stops with an error before the dim outgrows its text form.
+        let mut acc = s;
+        let mut stopped = None;
+        for k in 0..1000 {
+            let next = sym(Dim::sym("m").add(&Dim::Static(k)));
+            match fold("Max", &a, &[acc.clone(), next]) {
+                Ok(Some(Val::Ints(i))) => acc = i,
+                Err(e) => {
+                    stopped = Some((k, e.to_string()));
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let (k, e) = stopped.unwrap_or_default();
+        assert!(
+            k <= 300 && e.contains("grows past 256 operators"),
+            "{k}: {e}"
+        );
     }
 }
