@@ -874,7 +874,10 @@ impl<'a> Parser<'a> {
                     let inferred = ctx.f.expr(e).ty.clone();
                     ctx.f.ret_ty = match &h.ret {
                         Some((ann, at)) => {
-                            if !self.compatible(ann, &inferred, &ctx.f, e) {
+                            // The declared return type must accept the value as inferred
+                            // (the verifier's rule): a refinement needs an annotated binding
+                            // (`R.match_cast`) before the `return`.
+                            if !ann.accepts(&inferred) {
                                 return Err(self.err_at(
                                     *at,
                                     format!(

@@ -224,6 +224,20 @@ fn an_annotation_may_refine_a_less_specific_type() {
 }
 
 #[test]
+fn a_return_annotation_must_accept_the_returned_value() {
+    // Found by the parse_text fuzzer: a return type more specific than the returned value's
+    // parsed, and then failed to verify. A refinement needs an annotated binding first.
+    let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor()) -> R.Tensor((8, 8), dtype=\"float32\"):\n          return x\n";
+    let (pos, msg) = parse_err(src);
+    assert_eq!(pos, "4:32", "{msg}");
+    assert!(msg.contains("return annotation says"), "{msg}");
+    // The other way, a less specific declared type, is fine.
+    let ok = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((8, 8), dtype=\"float32\")) -> R.Tensor(ndim=2):\n        return x\n";
+    let m = parse_ok(ok);
+    assert!(crate::ir::verify::verify(&m).is_ok());
+}
+
+#[test]
 fn extremum_dims_round_trip() {
     // TVMScript's `T.max` / `T.min` in a shape (MPT's ALiBi slice), printed back as read.
     let src = format!(
