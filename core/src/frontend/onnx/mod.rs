@@ -914,17 +914,9 @@ impl Importer<'_> {
         else {
             return None;
         };
-        let yes = match op {
-            Op::Add
-            | Op::Subtract
-            | Op::Multiply
-            | Op::Divide
-            | Op::Power
-            | Op::Maximum
-            | Op::Minimum => true,
-            Op::Elem(e) => e.arity() >= 2,
-            _ => false,
-        };
+        // TVM's `Broadcast` pattern kind: the binary elementwise ops and `where` (and
+        // `broadcast_to`, whose shape argument keeps it out of the refinement).
+        let yes = op.fusion_kind() == crate::op::FusionKind::Broadcast;
         yes.then(|| args.clone())
     }
 
