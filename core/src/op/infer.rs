@@ -893,34 +893,29 @@ fn infer_reshape(cx: &Cx<'_>) -> Result<Type, String> {
     if nc == 0 {
         return Err(cannot());
     }
-    let hole = match remove_all(&isyms, &nsyms) {
-        Some(left) if ic % nc == 0 => product(&left).mul(&Dim::Static(ic / nc)),
-        // Not provably a multiple, but symbolic: `(left * ic) // nc`, as TVM infers it (Mamba2
-        // pads the sequence to `n + (8 - n % 8) % 8` and views it in chunks of 8). The
-        // executor checks the element count when the shape is known.
-        Some(left) if !left.is_empty() => product(&left)
-            .mul(&Dim::Static(ic))
-            .floor_div(&Dim::Static(nc)),
-        Some(_) => return Err(cannot()),
-        // The new shape names factors the input's count does not hold (Mamba2's dynamo export
-        // views its padded `(n + 7) // 8 * 8` positions as `n`, valid for the multiples of 8
-        // it was traced at): the shared factors cancel and the rest is a floor quotient, as
-        // TVM infers it; the executor checks the element count when the shape is known.
-        None => {
-            let mut num = isyms;
-            let mut den = Vec::with_capacity(nsyms.len());
-            for d in nsyms {
-                match num.iter().position(|x| *x == d) {
-                    Some(i) => {
-                        num.remove(i);
-                    }
-                    None => den.push(d),
-                }
+    // The factors both counts hold cancel. What is left divides exactly (`n * 64` by 16), or
+    // the hole is the floor quotient, as TVM infers it, and the executor checks the element
+    // count when the shape is known: Mamba2's dynamo export views its padded `(n + 7) // 8 * 8`
+    // positions as `n`, valid for the multiples of 8 it was traced at. Static counts that do
+    // not divide are an error.
+    let mut num = isyms;
+    let mut den = Vec::with_capacity(nsyms.len());
+    for d in nsyms {
+        match num.iter().position(|x| *x == d) {
+            Some(i) => {
+                num.remove(i);
             }
-            product(&num)
-                .mul(&Dim::Static(ic))
-                .floor_div(&product(&den).mul(&Dim::Static(nc)))
+            None => den.push(d),
         }
+    }
+    let hole = if den.is_empty() && ic % nc == 0 {
+        product(&num).mul(&Dim::Static(ic / nc))
+    } else if num.is_empty() && den.is_empty() {
+        return Err(cannot());
+    } else {
+        product(&num)
+            .mul(&Dim::Static(ic))
+            .floor_div(&product(&den).mul(&Dim::Static(nc)))
     };
     let out: Vec<Dim> = shape
         .iter()

@@ -516,14 +516,9 @@ fn import_nodes(
                 Out::Val(v) => v,
                 Out::Kind(kind) => {
                     let is_out = outputs.contains(name.as_str());
-                    let refine = Importer::broadcasts(&kind);
-                    let v =
-                        im.b.emit_value(&sanitize(name), kind, is_out)
-                            .and_then(|v| match &refine {
-                                Some(args) => im.refine_broadcast(v, args).map(|()| v),
-                                None => Ok(v),
-                            })
-                            .map_err(|e| Error::Invalid(format!("{}: {e}", at())))?;
+                    let v = im
+                        .bind_value(&sanitize(name), kind, is_out)
+                        .map_err(|e| Error::Invalid(format!("{}: {e}", at())))?;
                     Val::Expr(im.b.var(v))
                 }
                 Out::Refined(kind, ty) => {
@@ -859,12 +854,20 @@ impl Importer<'_> {
             callee: Callee::Op(op),
             args,
         };
+        let v = self.bind_value("", kind, false)?;
+        Ok(self.b.var(v))
+    }
+
+    /// Binds `kind` to a fresh var named `name` (`output`: visible after the dataflow block),
+    /// its broadcast's shape annotated where [`Importer::refine_broadcast`] decides it: every
+    /// value the importer binds goes through here.
+    fn bind_value(&mut self, name: &str, kind: ExprKind, output: bool) -> Result<crate::ir::VarId> {
         let refine = Self::broadcasts(&kind);
-        let v = self.b.emit_value("", kind, false)?;
+        let v = self.b.emit_value(name, kind, output)?;
         if let Some(args) = refine {
             self.refine_broadcast(v, &args)?;
         }
-        Ok(self.b.var(v))
+        Ok(v)
     }
 
     /// Annotates the var `v`, bound to a broadcasting elementwise op whose inferred type
