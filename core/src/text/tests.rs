@@ -238,6 +238,29 @@ fn a_return_annotation_must_accept_the_returned_value() {
 }
 
 #[test]
+fn a_branch_ending_in_a_tuple_of_dataflow_vars_keeps_its_binding() {
+    // Found by the parse_text fuzzer: `out = R.matmul(x, w),` in a branch's dataflow block binds
+    // the call to a dataflow `lv`; the tuple `(lv,)` became the branch's body, outside the
+    // block, and the module parsed but failed to verify. It stays bound as `out_then`.
+    let src = "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: R.Tensor((4, 4), \"float32\"), w: R.Tensor((4, 4), \"float32\"), c: R.Prim(\"bool\")):\n        if c:\n            with R.dataflow():\n                out = R.matmul(x, w),\n                R.output(out)\n        else:\n            out = (x,)\n        return out\n";
+    let m = parse_ok(src);
+    if let Err(e) = crate::ir::verify::verify(&m) {
+        unreachable!("{e}");
+    }
+    let text = print_module(&m).text;
+    assert!(
+        text.contains("out_then: R.Tuple(R.Tensor((4, 4), dtype=\"float32\")) = (lv,)"),
+        "{text}"
+    );
+    // A tuple of vars bound outside dataflow is still the branch's body itself.
+    assert!(
+        text.contains("out: R.Tuple(R.Tensor((4, 4), dtype=\"float32\")) = (x,)"),
+        "{text}"
+    );
+    assert_eq!(print_module(&parse_ok(&text)).text, text);
+}
+
+#[test]
 fn extremum_dims_round_trip() {
     // TVMScript's `T.max` / `T.min` in a shape (MPT's ALiBi slice), printed back as read.
     let src = format!(

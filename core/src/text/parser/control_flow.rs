@@ -142,11 +142,14 @@ impl<'a> Parser<'a> {
         }
         let (last, res) = r?;
         let value = last.value;
-        let leaf = match ctx.f.exprs.get(value).map(|d| &d.kind) {
-            Some(ExprKind::Var(v)) => !ctx.f.var(*v).dataflow,
-            Some(k) => is_leaf(k),
-            None => false,
-        };
+        // A leaf becomes the branch's body, which lies outside the branch's blocks: it may not
+        // name a dataflow var (`out = R.matmul(x, w),` in a dataflow block binds the call to a
+        // dataflow `lv` and the tuple `(lv,)` to `out`, which then stays bound).
+        let leaf = ctx
+            .f
+            .exprs
+            .get(value)
+            .is_some_and(|d| is_leaf(&d.kind) && !names_dataflow_var(&ctx.f, value));
         let body = if leaf {
             // The `if`'s own var (made by the caller) replaces this one: drop it, and it is
             // the last var and expression of the arenas.
@@ -244,5 +247,14 @@ impl<'a> Parser<'a> {
                 ),
             )
         })
+    }
+}
+
+/// Whether a leaf expression names a dataflow var (itself, or a field of a tuple, nested).
+fn names_dataflow_var(f: &crate::ir::Function, e: crate::ir::ExprId) -> bool {
+    match f.exprs.get(e).map(|d| &d.kind) {
+        Some(ExprKind::Var(v)) => f.var(*v).dataflow,
+        Some(ExprKind::Tuple(xs)) => xs.iter().any(|&x| names_dataflow_var(f, x)),
+        _ => false,
     }
 }
