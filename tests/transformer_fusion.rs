@@ -294,6 +294,26 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             ],
         ),
         (
+            // Disentangled attention: the scores viewed as [B, H, S, T] around the padding
+            // mask's select and the softmax (a reshape before and after).
+            "deberta-v2-ts",
+            &[
+                ("cpu.attention_reshaped", 2),
+                ("cpu.dense_bias", 10),
+                ("cpu.dense_gelu", 2),
+                ("cpu.residual_layer_norm", 5),
+            ],
+        ),
+        (
+            "deberta-v2-dynamo",
+            &[
+                ("cpu.attention_reshaped", 2),
+                ("cpu.dense_bias", 10),
+                ("cpu.dense_gelu", 2),
+                ("cpu.residual_layer_norm", 5),
+            ],
+        ),
+        (
             "gpt-neox-ts",
             &[
                 ("cpu.attention", 2),
@@ -329,7 +349,7 @@ fn read_npy(path: &std::path::Path) -> Tensor {
 
 #[test]
 fn fused_models_give_the_same_bits_for_every_thread_count() {
-    for fixture in ["bert-ts", "gpt2-dynamo", "llama-ts"] {
+    for fixture in ["bert-ts", "gpt2-dynamo", "llama-ts", "deberta-v2-ts"] {
         let (module, plan) = partition(fixture);
         let set = root()
             .join("tests/models")
@@ -372,6 +392,7 @@ fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
         [
             "cpu.attention",
             "cpu.attention_heads",
+            "cpu.attention_reshaped",
             "cpu.dense_gelu",
             "cpu.dense_gelu_tanh",
             "cpu.dense_relu",
@@ -385,7 +406,7 @@ fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
             "cpu.layer_norm_decomposed"
         ]
     );
-    for (config, cpu_entries) in [("configs/cpu.toml", 13), ("configs/cuda.toml", 0)] {
+    for (config, cpu_entries) in [("configs/cpu.toml", 14), ("configs/cuda.toml", 0)] {
         let c = fusebox_core::config::Config::load(&root().join(config)).unwrap();
         let pipeline = fusebox::pipeline(c).unwrap();
         let table = pipeline.patterns();

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! s   = scale_q(q) @ scale_k(kt) + m1 + m2 …        (masks: broadcast to [..., S, T])
-//! p   = softmax(select ? where(cond, fill, s) : s, axis=-1)  (cond: bool, broadcast the same)
+//! p   = softmax(select ? where(cond, fill, s) : s, axis=-1)  (cond: bool, broadcast the same,
+//!                                                            or over a view of the scores)
 //! out = (nan_guard ? where(isnan(p), 0, p) : p) @ v             [..., S, Dv]
 //! ```
 //!
@@ -262,13 +263,56 @@ impl<'a> Strided<'a> {
     }
 }
 
+/// The select of `where(cond, fill, scores)` before the softmax: the `bool` condition, the
+/// fill, and where the scores are viewed with other batch dims around it (DeBERTa reshapes its
+/// `[B·H, S, T]` scores to `[B, H, S, T]` for the `[B, 1, S, T]` padding mask and back), the
+/// view's batch dims: known sizes, and at most one `None` that takes what the others leave
+/// of the scores' batch size (as reshape's `-1`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SelectMask<'a> {
+    /// The condition.
+    pub cond: &'a fusebox_core::runtime::Tensor,
+    /// The value where `cond` holds (finite or `-inf`).
+    pub fill: f32,
+    /// The batch dims the condition broadcasts against, when not the scores' own.
+    pub view: Option<&'a [Option<usize>]>,
+}
+
+impl<'a> SelectMask<'a> {
+    /// A condition broadcast against the scores as they are.
+    #[cfg(test)]
+    pub(crate) fn plain(cond: &'a fusebox_core::runtime::Tensor, fill: f32) -> Self {
+        SelectMask {
+            cond,
+            fill,
+            view: None,
+        }
+    }
+}
+
+/// A view's batch dims for `nb` batch indices: the known sizes, the unknown one (at most one)
+/// `nb` over their product; `None` when they cannot have `nb` indices.
+fn resolve_view(view: &[Option<usize>], nb: usize) -> Option<Vec<usize>> {
+    let known = view
+        .iter()
+        .flatten()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    match view.iter().filter(|d| d.is_none()).count() {
+        0 => (known == nb).then(|| view.iter().flatten().copied().collect()),
+        1 if known > 0 && nb.is_multiple_of(known) => {
+            Some(view.iter().map(|d| d.unwrap_or(nb / known)).collect())
+        }
+        _ => None,
+    }
+}
+
 /// See the module docs.
 pub(crate) fn attention(
     q: &fusebox_core::runtime::Tensor,
     kt: &fusebox_core::runtime::Tensor,
     v: &fusebox_core::runtime::Tensor,
     masks: &[&fusebox_core::runtime::Tensor],
-    select: Option<(&fusebox_core::runtime::Tensor, f32)>,
+    select: Option<SelectMask<'_>>,
     spec: &AttnSpec,
 ) -> Result<Option<fusebox_core::runtime::Tensor>, String> {
     attention_permuted(
@@ -292,7 +336,7 @@ pub(crate) fn attention_permuted(
     kt: Operand<'_>,
     v: Operand<'_>,
     masks: &[&fusebox_core::runtime::Tensor],
-    select: Option<(&fusebox_core::runtime::Tensor, f32)>,
+    select: Option<SelectMask<'_>>,
     spec: &AttnSpec,
     out_perm: Option<&[usize]>,
 ) -> Result<Option<fusebox_core::runtime::Tensor>, String> {
@@ -342,11 +386,13 @@ pub(crate) fn attention_permuted(
     let k_off = batch_offsets(&ks[..r - 2], &kst[..r - 2], bq, heads);
     let v_off = batch_offsets(&vs[..r - 2], &vst[..r - 2], bq, heads);
     // The mask, broadcast to [batch.., S, T]: per-batch offset and row/column strides.
-    let mut score_shape = bq.to_vec();
-    score_shape.extend([s, t]);
-    // Per batch index, the offset of a mask's [b, 0, 0], and its row and column strides;
-    // `None` when the mask does not broadcast to the scores.
-    let layout = |shape: &[usize]| -> Option<(Vec<isize>, isize, isize)> {
+    // Per batch index, the offset of a mask's [b, 0, 0], and its row and column strides, the
+    // mask broadcast to `[batch.., S, T]` (`batch`: the scores' batch dims, or a view of them
+    // with the same product: the same batch index in row-major order); `None` when the mask
+    // does not broadcast to that shape.
+    let layout = |shape: &[usize], batch: &[usize]| -> Option<(Vec<isize>, isize, isize)> {
+        let mut score_shape = batch.to_vec();
+        score_shape.extend([s, t]);
         if shape.len() > score_shape.len()
             || broadcast_shapes(shape, &score_shape).ok().as_deref() != Some(&score_shape)
         {
@@ -354,29 +400,36 @@ pub(crate) fn attention_permuted(
         }
         let st = broadcast_strides(shape, &score_shape);
         let mut offs = Vec::with_capacity(nb);
-        let mut idx = vec![0usize; r - 2];
+        let mut idx = vec![0usize; batch.len()];
         for _ in 0..nb {
             let o: isize = idx.iter().zip(&st).map(|(&i, &x)| i as isize * x).sum();
             offs.push(o);
-            crate::util::next_index(&mut idx, bq);
+            crate::util::next_index(&mut idx, batch);
         }
-        Some((offs, st[r - 2], st[r - 1]))
+        Some((offs, st[batch.len()], st[batch.len() + 1]))
     };
     let mut mask_data = Vec::with_capacity(masks.len());
     for m in masks {
-        let (Some(md), Some((offs, rs, cs))) = (m.as_f32(), layout(m.shape())) else {
+        let (Some(md), Some((offs, rs, cs))) = (m.as_f32(), layout(m.shape(), bq)) else {
             return Ok(None);
         };
         mask_data.push((md, offs, rs, cs));
     }
     let select_data = match select {
-        Some((c, fill)) => {
+        Some(sel) => {
+            let batch = match sel.view {
+                None => bq.to_vec(),
+                Some(view) => match resolve_view(view, nb) {
+                    Some(b) => b,
+                    None => return Ok(None),
+                },
+            };
             let (fusebox_core::runtime::StorageRef::Bool(cd), Some((offs, rs, cs))) =
-                (c.storage(), layout(c.shape()))
+                (sel.cond.storage(), layout(sel.cond.shape(), &batch))
             else {
                 return Ok(None);
             };
-            Some((cd, offs, rs, cs, fill))
+            Some((cd, offs, rs, cs, sel.fill))
         }
         None => None,
     };

@@ -29,6 +29,14 @@
 //! ; masked_fill): R.where(cond, R.const(-3.4e38, "float32"), lv3), cond a bool input
 //! ; cpu.attention_heads: q, kt and v each `R.permute_dims(x, axes=..)` of a parameter, and the
 //! ; result permuted too → attention::attention_permuted, none of the four transposes copied
+//! ; cpu.attention_reshaped (DeBERTa): the [b·2, s, s] scores viewed around the select
+//! lv3: R.Tensor((b * 2, s, s), dtype="float32") = R.add(lv2, rel)
+//! lv4: R.Tensor((b, 2, s, s), dtype="float32") = R.reshape(lv3, R.shape([-1, 2, s, s]))
+//! lv5: R.Tensor((b, 2, s, s), dtype="float32") = R.where(pad, R.const(-3.4e38, "float32"), lv4)
+//! lv6: R.Tensor((b, 2, s, s), dtype="float32") = R.nn.softmax(lv5, axis=-1)
+//! lv7: R.Tensor((b * 2, s, s), dtype="float32") = R.reshape(lv6, R.shape([-1, s, s]))
+//! gv:  R.Tensor((b * 2, s, 16), dtype="float32") = R.matmul(lv7, v, out_dtype=None)
+//! ; → the same kernel, `pad` ([b, 1, s, s]) read through the view [b, 2] of the batch dim
 //!
 //! ; cpu.dense_gelu: a dense layer and its activation (also ReLU, the tanh GELU, or the bias alone)
 //! lv:  R.Tensor((1, 128, 3072), dtype="float32") = R.matmul(x, W, out_dtype="void")   ; W constant
@@ -88,6 +96,10 @@ pub(crate) enum Plan {
         /// `where(cond, fill, scores)` after the additive masks: the `bool` condition and the
         /// fill (finite or `-inf`).
         select: Option<(Leaf, f32)>,
+        /// The batch dims of the view the select sees, when the body reshapes the scores
+        /// around it (`None` for a dim known only at run time; see
+        /// [`crate::attention::SelectMask`]).
+        select_view: Option<Vec<Option<usize>>>,
         spec: AttnSpec,
         /// The `permute_dims` axes applied to `q`, `kᵀ` and `v` (in that order) in the body.
         perms: [Option<Vec<usize>>; 3],
@@ -318,6 +330,16 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     };
     let (v, v_perm, n) = permuted(body, *v)?;
     used += n;
+    // DeBERTa's view: the probabilities reshaped back from `[B, H, S, T]` to the scores'
+    // `[B·H, S, T]` (checked below against the reshape that made the view).
+    let (p, back) = match body.call(*p, "relax.reshape") {
+        Some((_, [x, _])) => {
+            used += 1;
+            (x, Some(*p))
+        }
+        Some(_) => return None,
+        None => (p, None),
+    };
     // The NaN guard: where(isnan(sm), 0, sm).
     let (sm, nan_guard) = match body.call(*p, "relax.where") {
         Some((_, [c, zero, sm])) => {
@@ -355,6 +377,32 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         select = Some((body.leaf(*c)?, fill));
         used += 1;
         scores = *inner;
+    }
+    // The view the select and the softmax saw: `reshape(scores, [B, H, S, T])`, its last two
+    // dims the scores' own and the reshape back giving the scores' shape, so batch index `n`
+    // of the scores is index `n` of the view's batch dims in row-major order.
+    let mut select_view = None;
+    if let Some(back) = back {
+        let (_, [x, _]) = body.call(scores, "relax.reshape")? else {
+            return None;
+        };
+        let dims = |e: ExprId| match &body.f.expr(e).ty {
+            fusebox_core::ir::Type::Tensor(t) => t.dims.clone(),
+            _ => None,
+        };
+        let (vd, sd, bd) = (dims(scores)?, dims(*x)?, dims(back)?);
+        let (rv, rs) = (vd.len(), sd.len());
+        if rv < 2 || rs < 2 || bd[..] != sd[..] || vd[rv - 2..] != sd[rs - 2..] {
+            return None;
+        }
+        select_view = Some(
+            vd[..rv - 2]
+                .iter()
+                .map(|d| d.as_static().and_then(|v| usize::try_from(v).ok()))
+                .collect::<Vec<_>>(),
+        );
+        used += 1;
+        scores = *x;
     }
     // Up to two additive masks: add(add(scores, m1), m2).
     let mut masks = Vec::new();
@@ -422,6 +470,7 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
             v,
             masks,
             select,
+            select_view,
             spec,
             perms: [q_perm, k_perm, v_perm],
             out_perm,
@@ -914,6 +963,7 @@ pub(crate) fn run(
             v,
             masks,
             select,
+            select_view,
             spec,
             perms,
             out_perm,
@@ -942,7 +992,11 @@ pub(crate) fn run(
                 crate::attention::Operand { t: &kt, perm: pk },
                 crate::attention::Operand { t: &v, perm: pv },
                 &ms,
-                select.as_ref().map(|(t, f)| (t, *f)),
+                select.as_ref().map(|(t, f)| crate::attention::SelectMask {
+                    cond: t,
+                    fill: *f,
+                    view: select_view.as_deref(),
+                }),
                 spec,
                 out_perm.as_deref(),
             )

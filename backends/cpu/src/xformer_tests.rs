@@ -2,7 +2,7 @@
 //! written independently here (materialised scores, softmax in `f64`), and of the composite
 //! path (`composite.rs` through the executor) against the interpreted body.
 
-use crate::attention::{AttnSpec, Causal, Scale, attention};
+use crate::attention::{AttnSpec, Causal, Scale, SelectMask, attention};
 use fusebox_core::runtime::{Tensor, Value};
 
 /// A deterministic generator of floats in [-1, 1).
@@ -368,9 +368,16 @@ fn a_select_mask_replaces_the_scores_it_selects() {
             false,
             true,
         );
-        let got = attention(&q, &kt, &v, &[&mask], Some((&cond, fill)), &sp)
-            .unwrap()
-            .unwrap();
+        let got = attention(
+            &q,
+            &kt,
+            &v,
+            &[&mask],
+            Some(SelectMask::plain(&cond, fill)),
+            &sp,
+        )
+        .unwrap()
+        .unwrap();
         close(got.as_f32().unwrap(), &want, 1e-5);
         // Without the select the result differs (the test would notice a kernel ignoring it).
         let unmasked = attention(&q, &kt, &v, &[&mask], None, &sp)
@@ -398,7 +405,7 @@ fn a_select_mask_replaces_the_scores_it_selects() {
                 perm: Some(&perm),
             },
             &[&mask],
-            Some((&cond, fill)),
+            Some(SelectMask::plain(&cond, fill)),
             &sp,
             None,
         )
@@ -406,7 +413,14 @@ fn a_select_mask_replaces_the_scores_it_selects() {
         .unwrap();
         close(got_p.as_f32().unwrap(), &want, 1e-5);
         same_bits_for_every_thread_count(|| {
-            let o = attention(&q, &kt, &v, &[&mask], Some((&cond, fill)), &sp);
+            let o = attention(
+                &q,
+                &kt,
+                &v,
+                &[&mask],
+                Some(SelectMask::plain(&cond, fill)),
+                &sp,
+            );
             vec![bits(o.unwrap().unwrap().as_f32().unwrap())]
         });
     }
@@ -417,16 +431,126 @@ fn a_select_mask_replaces_the_scores_it_selects() {
     let sp = spec(1.0, 1.0, None, false);
     let v = r.tensor(&[1, 1, 5, 2]);
     assert!(
-        attention(&q, &kt, &v, &[], Some((&bad, 0.0)), &sp)
+        attention(&q, &kt, &v, &[], Some(SelectMask::plain(&bad, 0.0)), &sp)
             .unwrap()
             .is_none()
     );
     let f = r.tensor(&[5]);
     assert!(
-        attention(&q, &kt, &v, &[], Some((&f, 0.0)), &sp)
+        attention(&q, &kt, &v, &[], Some(SelectMask::plain(&f, 0.0)), &sp)
             .unwrap()
             .is_none()
     );
+}
+
+#[test]
+fn a_select_through_a_view_of_the_scores_broadcasts_over_the_view() {
+    // DeBERTa: `[B·H, S, T]` scores (plus a `[B·H, S, T]` relative-position term) viewed as
+    // `[B, H, S, T]` for a `[B, 1, S, T]` condition, then viewed back. The definition runs on
+    // the 4-D tensors; the kernel on their 3-D views, the condition read through the view.
+    let mut r = Rng(31);
+    let (b, h, s, t, d, dv, fill) = (2, 3, 5, 7, 8, 4, -3.402_823_5e38_f32);
+    let (q4, kt4, v4, bias4) = (
+        r.tensor(&[b, h, s, d]),
+        r.tensor(&[b, h, d, t]),
+        r.tensor(&[b, h, t, dv]),
+        r.tensor(&[b, h, s, t]),
+    );
+    let cond_shape = [b, 1, s, t];
+    let mut cd: Vec<bool> = (0..b * s * t).map(|_| r.next() > 0.2).collect();
+    // Batch 0's first row selects every key.
+    cd[..t].iter_mut().for_each(|c| *c = true);
+    let cond = Tensor::new(
+        cond_shape.to_vec(),
+        fusebox_core::runtime::Storage::Bool(cd.clone()),
+    )
+    .unwrap();
+    let sp = spec(1.0, 0.25, None, false);
+    let want = naive_select(
+        &q4,
+        &kt4,
+        &v4,
+        &[&bias4],
+        Some((&cd, &cond_shape, fill)),
+        1.0,
+        0.25,
+        false,
+        false,
+    );
+    let flat = |x: &Tensor| {
+        let sh = x.shape();
+        Tensor::from_f32(
+            vec![sh[0] * sh[1], sh[2], sh[3]],
+            x.as_f32().unwrap().to_vec(),
+        )
+        .unwrap()
+    };
+    let (q, kt, v, bias) = (flat(&q4), flat(&kt4), flat(&v4), flat(&bias4));
+    let run = |view: &[Option<usize>]| {
+        let sel = SelectMask {
+            cond: &cond,
+            fill,
+            view: Some(view),
+        };
+        attention(&q, &kt, &v, &[&bias], Some(sel), &sp).unwrap()
+    };
+    for view in [[None, Some(h)], [Some(b), None], [Some(b), Some(h)]] {
+        let got = run(&view).unwrap();
+        assert_eq!(got.shape(), &[b * h, s, dv][..]);
+        close(got.as_f32().unwrap(), &want, 1e-5);
+        same_bits_for_every_thread_count(|| vec![bits(run(&view).unwrap().as_f32().unwrap())]);
+    }
+    // Heads first (`[H, B]`, the wrong view of the same scores) gives another result: the
+    // test would notice a kernel reading the condition by the wrong batch index.
+    let swapped = Tensor::new(
+        vec![1, b, s, t],
+        fusebox_core::runtime::Storage::Bool(cd.clone()),
+    )
+    .unwrap();
+    let wrong = attention(
+        &q,
+        &kt,
+        &v,
+        &[&bias],
+        Some(SelectMask {
+            cond: &swapped,
+            fill,
+            view: Some(&[Some(h), Some(b)]),
+        }),
+        &sp,
+    )
+    .unwrap()
+    .unwrap();
+    assert!(
+        wrong
+            .as_f32()
+            .unwrap()
+            .iter()
+            .zip(&want)
+            .any(|(a, b)| (a - b).abs() > 1e-3)
+    );
+    // The condition does not broadcast to the scores' own `[B·H, S, T]`, and views that cannot
+    // have B·H batch indices are declined (the body is interpreted then).
+    assert!(
+        attention(
+            &q,
+            &kt,
+            &v,
+            &[&bias],
+            Some(SelectMask::plain(&cond, fill)),
+            &sp
+        )
+        .unwrap()
+        .is_none()
+    );
+    for bad in [
+        [Some(4), None],
+        [None, None],
+        [Some(2), Some(2)],
+        [Some(0), None],
+    ] {
+        assert!(run(&bad).is_none(), "{bad:?}");
+    }
 }
 
 #[test]
