@@ -314,6 +314,27 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             ],
         ),
         (
+            // Mixture of experts: the router's softmax and top-k stay outside; each layer's
+            // experts (weights gathered per row by `take`) are one composite.
+            "mixtral-ts",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.moe_silu_gated", 2),
+                ("cpu.rms_norm", 5),
+                ("cpu.rope", 4),
+            ],
+        ),
+        (
+            // The same with `gather_nd` and a split.
+            "mixtral-dynamo",
+            &[
+                ("cpu.attention", 2),
+                ("cpu.moe_silu_gated", 2),
+                ("cpu.rms_norm", 5),
+                ("cpu.rope", 4),
+            ],
+        ),
+        (
             "gpt-neox-ts",
             &[
                 ("cpu.attention", 2),
@@ -349,7 +370,7 @@ fn read_npy(path: &std::path::Path) -> Tensor {
 
 #[test]
 fn fused_models_give_the_same_bits_for_every_thread_count() {
-    for fixture in ["bert-ts", "gpt2-dynamo", "llama-ts", "deberta-v2-ts"] {
+    for fixture in ["bert-ts", "gpt2-dynamo", "llama-ts", "deberta-v2-ts", "mixtral-dynamo"] {
         let (module, plan) = partition(fixture);
         let set = root()
             .join("tests/models")
@@ -402,11 +423,12 @@ fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
             "cpu.gelu",
             "cpu.gelu_tanh",
             "cpu.silu_gated",
+            "cpu.moe_silu_gated",
             "cpu.rope",
             "cpu.layer_norm_decomposed"
         ]
     );
-    for (config, cpu_entries) in [("configs/cpu.toml", 14), ("configs/cuda.toml", 0)] {
+    for (config, cpu_entries) in [("configs/cpu.toml", 15), ("configs/cuda.toml", 0)] {
         let c = fusebox_core::config::Config::load(&root().join(config)).unwrap();
         let pipeline = fusebox::pipeline(c).unwrap();
         let table = pipeline.patterns();

@@ -151,6 +151,16 @@ pub(crate) enum Plan {
         wu: Leaf,
         order: crate::dense::GateOrder,
     },
+    /// A mixture of experts' SiLU-gated MLPs, `wd[idx] @ (silu(g) · u)` with `[g, u]` (or
+    /// `[u, g]`) `= wgu[idx] @ x` per row, the weights gathered by `take` or `gather_nd`
+    /// ([`crate::moe::moe_silu_gated`]: grouped by expert, nothing gathered).
+    MoeSiluGated {
+        x: Leaf,
+        idx: Leaf,
+        wgu: Leaf,
+        wd: Leaf,
+        spec: crate::moe::MoeSpec,
+    },
     /// `x · cos + concat(-x[..., h..], x[..., ..h]) · sin` over the last axis (RoPE;
     /// [`crate::rope::rope`]); `axes` are the slices' and the concat's axes as written (the
     /// kernel checks both are the last), `end` the second slice's end (at least `2h`).
@@ -177,6 +187,7 @@ impl Plan {
             Plan::SiluGated { .. } => "cpu.silu_gated(fused)",
             Plan::LayerNormDecomposed { .. } => "cpu.layer_norm_decomposed(fused)",
             Plan::Rope { .. } => "cpu.rope(fused)",
+            Plan::MoeSiluGated { .. } => "cpu.moe_silu_gated(fused)",
         }
     }
 }
@@ -187,6 +198,8 @@ struct Body<'f> {
     calls: HashMap<VarId, (&'f Op, &'f [ExprId])>,
     /// Tuple bindings (a composite with several outputs returns one).
     tuples: HashMap<VarId, &'f [ExprId]>,
+    /// Tuple-get-item bindings: the tuple and the index.
+    items: HashMap<VarId, (ExprId, u32)>,
     /// How many bindings the body has (a recognised form must use them all).
     count: usize,
 }
@@ -195,6 +208,7 @@ impl<'f> Body<'f> {
     fn new(f: &'f Function) -> Option<Body<'f>> {
         let mut calls = HashMap::new();
         let mut tuples = HashMap::new();
+        let mut items = HashMap::new();
         let mut count = 0;
         for b in f.bindings() {
             count += 1;
@@ -208,6 +222,9 @@ impl<'f> Body<'f> {
                 ExprKind::Tuple(xs) => {
                     tuples.insert(b.var, xs.as_slice());
                 }
+                ExprKind::TupleGetItem(t, i) => {
+                    items.insert(b.var, (*t, *i));
+                }
                 _ => return None,
             }
         }
@@ -215,6 +232,7 @@ impl<'f> Body<'f> {
             f,
             calls,
             tuples,
+            items,
             count,
         })
     }
@@ -269,6 +287,7 @@ pub(crate) fn recognise(f: &Function) -> Option<Plan> {
     let ret = f.ret?;
     if let Some((plan, used)) = attention(&body, ret)
         .or_else(|| silu_gated(&body, ret))
+        .or_else(|| moe_silu_gated(&body, ret))
         .or_else(|| rope(&body, ret))
         .or_else(|| dense(&body, ret))
         .or_else(|| rms_norm(&body, ret))
@@ -846,6 +865,123 @@ fn silu_gated(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
 /// RoPE: `add(multiply(x, cos), multiply(concat((negative(x[h..end]), x[..h])), sin))`, the
 /// slices of one `x` on one axis with stride 1, either operand order in the multiplies and the
 /// add.
+/// `squeeze(matmul(gather(w, idx), expand_dims(v, -1)), -1)`, the gather `take(w, idx, axis=0)`
+/// or `gather_nd(w, idx, batch_dims=0)`: an expert's matrix-vector product per row. Returns
+/// `w`, `idx`, `v` and the bindings used (4).
+fn expert_matvec(body: &Body<'_>, e: ExprId) -> Option<(Leaf, Leaf, ExprId)> {
+    let last = |axes: &[i64]| matches!(axes, [2] | [-1]);
+    let (Op::Squeeze { axis: Some(sq) }, [mv]) = body.call(e, "relax.squeeze")? else {
+        return None;
+    };
+    let (Op::Matmul { out_dtype: None }, [g, col]) = body.call(*mv, "relax.matmul")? else {
+        return None;
+    };
+    let (Op::ExpandDims { axis: ex }, [v]) = body.call(*col, "relax.expand_dims")? else {
+        return None;
+    };
+    if !last(sq) || !last(ex) {
+        return None;
+    }
+    let (w, idx) = match body.call(*g, "relax.take") {
+        Some((Op::Take { axis: Some(0), .. }, [w, idx])) => (w, idx),
+        Some(_) => return None,
+        None => match body.call(*g, "relax.gather_nd")? {
+            (Op::GatherNd { batch_dims: 0 }, [w, idx]) => (w, idx),
+            _ => return None,
+        },
+    };
+    Some((body.leaf(*w)?, body.leaf(*idx)?, *v))
+}
+
+/// `e` as one half of the last axis of a rank-2 `y` (`[.., 2I]`, `2I` known): a strided slice
+/// `y[:, a..b]` or an item of `split(y, 2, axis=-1)`. Returns `y`, the half (0 or 1), and the
+/// split's var when it is one (its binding is shared by both halves).
+fn half_of(body: &Body<'_>, e: ExprId) -> Option<(ExprId, usize, Option<VarId>)> {
+    let width = |y: ExprId| match &body.f.expr(y).ty {
+        fusebox_core::ir::Type::Tensor(t) => match t.dims.as_deref()? {
+            [_, w] => w.as_static(),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some((Op::StridedSlice(a), [y])) = body.call(e, "relax.strided_slice") {
+        let w = width(*y)?;
+        let unit = a.strides.as_deref().is_none_or(|s| s == [1]);
+        if !unit || !matches!(a.axes[..], [1] | [-1]) || w % 2 != 0 {
+            return None;
+        }
+        let half = match (&a.begin[..], &a.end[..]) {
+            ([0], [end]) if *end == w / 2 => 0,
+            ([begin], [end]) if *begin == w / 2 && *end >= w => 1,
+            _ => return None,
+        };
+        return Some((*y, half, None));
+    }
+    let v = body.var_of(e)?;
+    let (t, i) = *body.items.get(&v)?;
+    let (Op::Split(a), [y]) = body.call(t, "relax.split")? else {
+        return None;
+    };
+    let two = a.indices_or_sections == fusebox_core::op::SplitSpec::Sections(2);
+    if !two || !matches!(a.axis, 1 | -1) || width(*y)? % 2 != 0 || i > 1 {
+        return None;
+    }
+    Some((*y, i as usize, body.var_of(t)))
+}
+
+fn moe_silu_gated(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
+    let (wd, idx, h) = expert_matvec(body, ret)?;
+    // h = multiply(multiply(g, sigmoid(g)), u), either operand order in both.
+    let (_, outer) = body.call(h, "relax.multiply")?;
+    let silu_of = |e: ExprId| -> Option<(ExprId, bool)> {
+        let (_, [a, b]) = body.call(e, "relax.multiply")? else {
+            return None;
+        };
+        let sig = |s: ExprId, g: ExprId| {
+            let (_, [x]) = body.call(s, "relax.sigmoid")? else {
+                return None;
+            };
+            (body.var_of(*x)? == body.var_of(g)?).then_some(())
+        };
+        if sig(*b, *a).is_some() {
+            Some((*a, true))
+        } else {
+            sig(*a, *b).map(|()| (*b, false))
+        }
+    };
+    let ((g, gate_first), u) = body.either(outer, silu_of)?;
+    let silu_first = body.var_of(outer[0]) != body.var_of(u);
+    let (yg, gate_half, gsplit) = half_of(body, g)?;
+    let (yu, up_half, usplit) = half_of(body, u)?;
+    if body.var_of(yg)? != body.var_of(yu)? || gate_half == up_half || gsplit != usplit {
+        return None;
+    }
+    let (wgu, idx2, x) = expert_matvec(body, yg)?;
+    if idx2 != idx {
+        return None;
+    }
+    let x = body.leaf(x)?;
+    // Two matrix-vector products (4 bindings each), the SiLU's sigmoid and two multiplies,
+    // and the halves: two slices, or two items and their split.
+    let used = 4 + 3 + 4 + if gsplit.is_some() { 3 } else { 2 };
+    Some((
+        Plan::MoeSiluGated {
+            x,
+            idx,
+            wgu,
+            wd,
+            spec: crate::moe::MoeSpec {
+                gate_half,
+                order: crate::dense::GateOrder {
+                    gate_first,
+                    silu_first,
+                },
+            },
+        },
+        used,
+    ))
+}
+
 fn rope(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     let (_, [a, b]) = body.call(ret, "relax.add")? else {
         return None;
@@ -1106,6 +1242,23 @@ pub(crate) fn run(
             };
             crate::rope::rope(&x, &c, &s, h, *order)
                 .map_err(kernel("cpu.rope"))?
+                .map(Value::Tensor)
+        }
+        Plan::MoeSiluGated {
+            x,
+            idx,
+            wgu,
+            wd,
+            spec,
+        } => {
+            let (Some(x), Some(wgu), Some(wd)) = (get(*x)?, get(*wgu)?, get(*wd)?) else {
+                return Ok(None);
+            };
+            let Value::Tensor(idx) = input(*idx)? else {
+                return Ok(None);
+            };
+            crate::moe::moe_silu_gated(&x, &idx, &wgu, &wd, spec)
+                .map_err(kernel("cpu.moe_silu_gated"))?
                 .map(Value::Tensor)
         }
     })

@@ -188,7 +188,7 @@ pub(crate) fn silu_gated(
 }
 
 /// `row[j] = silu(row[j]) · up[j]` in the operand orders of `order` (see [`silu_gated`]).
-fn silu_mul(row: &mut [f32], up: &[f32], order: GateOrder) {
+pub(crate) fn silu_mul(row: &mut [f32], up: &[f32], order: GateOrder) {
     struct Op<'a>(&'a mut [f32], &'a [f32], GateOrder);
     impl pulp::WithSimd for Op<'_> {
         type Output = ();

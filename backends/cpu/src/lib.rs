@@ -67,6 +67,7 @@ mod kernels;
 mod layout;
 mod linalg;
 mod matmul;
+mod moe;
 mod nn;
 mod nn_attention;
 mod norm;
