@@ -7,7 +7,7 @@ transformers, onnxscript, onnxruntime; CI never runs this: the weights are hundr
 
     .venv-export/bin/python bench/export_models.py OUT_DIR [MODEL ...]
 
-MODEL is any of bert-base, gpt2, mobilenet-v2 (default: all). Nothing is downloaded but
+MODEL is any of bert-base, gpt2, mobilenet-v2, mixtral-moe (default: all). Nothing is downloaded but
 packages: every model is built from its default config (the published checkpoint's shape) with
 random weights after `torch.manual_seed(0)`; token ids and pixels come from seeded numpy
 generators. Per model, OUT_DIR/<model>/ holds:
@@ -22,6 +22,12 @@ generators. Per model, OUT_DIR/<model>/ holds:
 | bert-base    | TorchScript, opset 17        | input_ids, attention_mask, token_type_ids [1, 128] |
 | gpt2         | dynamo, opset 18, ext. data  | input_ids, attention_mask [1, 128]           |
 | mobilenet-v2 | TorchScript, opset 17        | pixel_values [1, 3, 224, 224] (torchvision)  |
+| mixtral-moe  | TorchScript, opset 17        | input_ids, attention_mask [1, 128]           |
+
+mixtral-moe is not in issue 19's table: a scaled-down Mixtral (hidden 512, 8 experts of
+intermediate 1792, top-2, 2 layers) whose experts transformers exports as a per-token gather
+of their weights (`experts_implementation="batched_mm"`; the grouped default does not export),
+to measure the `cpu.moe_silu_gated` fusion against onnxruntime running the same graph.
 
 The light ResNet-50 of the table is made by tests/ort/resnet50_random.py (no torch needed).
 """
@@ -182,7 +188,49 @@ def mobilenet(out):
          f"TorchScript exporter, opset 17, torchvision mobilenet_v2, {n / 1e6:.1f} M parameters")
 
 
-MODELS = {"bert-base": bert, "gpt2": gpt2, "mobilenet-v2": mobilenet}
+def mixtral_moe(out):
+    from transformers import MixtralConfig, MixtralModel
+
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1792,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=1024,
+        experts_implementation="batched_mm",
+    )
+    model = MixtralModel(config).eval()
+    n = sum(p.numel() for p in model.parameters())
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 32000, size=(1, SEQ), dtype=np.int64)
+    mask = np.ones((1, SEQ), dtype=np.int64)
+    w = Logits(model, "last_hidden_state")
+    args = tuple(torch.from_numpy(a) for a in (ids, mask))
+    path = os.path.join(out, "model", "model.onnx")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    names = ["input_ids", "attention_mask"]
+    with torch.no_grad():
+        want = w(*args).numpy()
+        torch.onnx.export(
+            w,
+            args,
+            path,
+            dynamo=False,
+            opset_version=17,
+            input_names=names,
+            output_names=["last_hidden_state"],
+            dynamic_axes={k: {0: "batch", 1: "sequence"} for k in names},
+        )
+    save(out, "mixtral-moe", dict(zip(names, (ids, mask))), path, want,
+         f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters, 8 experts, top-2")
+
+
+MODELS = {"bert-base": bert, "gpt2": gpt2, "mobilenet-v2": mobilenet, "mixtral-moe": mixtral_moe}
 
 
 def main() -> int:
