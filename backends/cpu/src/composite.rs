@@ -37,6 +37,9 @@
 //! lv7: R.Tensor((b * 2, s, s), dtype="float32") = R.reshape(lv6, R.shape([-1, s, s]))
 //! gv:  R.Tensor((b * 2, s, 16), dtype="float32") = R.matmul(lv7, v, out_dtype=None)
 //! ; → the same kernel, `pad` ([b, 1, s, s]) read through the view [b, 2] of the batch dim
+//! ; cpu.attention_einsum (LongT5): R.einsum((q, k), subscripts="...qhd,...khd->...hqk"),
+//! ; an additive bias, the softmax, R.einsum((p, v), subscripts="...hqk,...khd->...qhd")
+//! ; → the same kernel with q, kᵀ, v and the result read and written through permutations
 //!
 //! ; cpu.dense_gelu: a dense layer and its activation (also ReLU, the tanh GELU, or the bias alone)
 //! lv:  R.Tensor((1, 128, 3072), dtype="float32") = R.matmul(x, W, out_dtype="void")   ; W constant
@@ -58,6 +61,7 @@
 use crate::attention::{AttnSpec, Scale};
 use fusebox_core::ir::{Callee, DType, ExprId, ExprKind, Function, VarId};
 use fusebox_core::op::Op;
+use fusebox_core::op::einsum::EinsumSpec;
 use fusebox_core::runtime::{Tensor, Value};
 use std::collections::HashMap;
 
@@ -334,6 +338,99 @@ fn scaled(body: &Body<'_>, e: ExprId) -> Option<(PermutedLeaf, Scale)> {
     Some(((leaf, perm, n + m), scale))
 }
 
+/// A two-operand `einsum((a, b))` bound to `e`: the operands and the parsed equation (the
+/// ranks from their types).
+fn einsum2(body: &Body<'_>, e: ExprId) -> Option<(ExprId, ExprId, EinsumSpec)> {
+    let (Op::Einsum { subscripts }, [t]) = body.call(e, "relax.einsum")? else {
+        return None;
+    };
+    let ExprKind::Tuple(xs) = &body.f.exprs.get(*t)?.kind else {
+        return None;
+    };
+    let [a, b] = xs.as_slice() else { return None };
+    let rank = |x: ExprId| match &body.f.expr(x).ty {
+        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len()),
+        _ => None,
+    };
+    let spec = EinsumSpec::parse(subscripts, &[rank(*a)?, rank(*b)?]).ok()?;
+    Some((*a, *b, spec))
+}
+
+/// Where each label of `ls` is (labels distinct), as dim indices of the operand.
+fn positions(ls: &[usize], order: &[usize]) -> Option<Vec<usize>> {
+    let distinct = ls.iter().enumerate().all(|(i, l)| !ls[..i].contains(l));
+    if !distinct || order.len() != ls.len() {
+        return None;
+    }
+    order
+        .iter()
+        .map(|l| ls.iter().position(|x| x == l))
+        .collect()
+}
+
+/// The scores' einsum `(q, k) -> [batch.., S, T]` as the attention kernel reads it: the
+/// permutation giving `q` as `[batch.., S, D]` and `k` as `kᵀ = [batch.., D, T]`. Every batch
+/// label in both operands, one summed label `D`, `S` only in `q`, `T` only in `k`.
+fn qk_perms(spec: &EinsumSpec) -> Option<(Vec<usize>, Vec<usize>)> {
+    let ([la, lb], out) = (spec.inputs.as_slice(), &spec.output) else {
+        return None;
+    };
+    let r = out.len();
+    if r < 2 {
+        return None;
+    }
+    let (batch, s, t) = (&out[..r - 2], out[r - 2], out[r - 1]);
+    let summed: Vec<usize> = la
+        .iter()
+        .copied()
+        .filter(|l| lb.contains(l) && !out.contains(l))
+        .collect();
+    let [d] = summed[..] else { return None };
+    let ok = batch.iter().all(|l| la.contains(l) && lb.contains(l))
+        && la.contains(&s)
+        && !lb.contains(&s)
+        && lb.contains(&t)
+        && !la.contains(&t);
+    if !ok {
+        return None;
+    }
+    let mut qo = batch.to_vec();
+    qo.extend([s, d]);
+    let mut ko = batch.to_vec();
+    ko.extend([d, t]);
+    Some((positions(la, &qo)?, positions(lb, &ko)?))
+}
+
+/// The product's einsum `(p, v) -> out`, `p` the probabilities `[batch.., S, T]` in the
+/// scores' order: the permutation giving `v` as `[batch.., T, Dv]`, and the output's order of
+/// the kernel's `[batch.., S, Dv]`.
+fn pv_perms(spec: &EinsumSpec) -> Option<(Vec<usize>, Vec<usize>)> {
+    let ([lp, lv], out) = (spec.inputs.as_slice(), &spec.output) else {
+        return None;
+    };
+    let r = lp.len();
+    if r < 2 || out.len() != r {
+        return None;
+    }
+    let (batch, s, t) = (&lp[..r - 2], lp[r - 2], lp[r - 1]);
+    let extra: Vec<usize> = lv.iter().copied().filter(|l| !lp.contains(l)).collect();
+    let [dv] = extra[..] else { return None };
+    let ok = batch.iter().all(|l| lv.contains(l) && out.contains(l))
+        && lv.contains(&t)
+        && !out.contains(&t)
+        && out.contains(&s)
+        && !lv.contains(&s)
+        && out.contains(&dv);
+    if !ok {
+        return None;
+    }
+    let mut vo = batch.to_vec();
+    vo.extend([t, dv]);
+    let mut logical = batch.to_vec();
+    logical.extend([s, dv]);
+    Some((positions(lv, &vo)?, positions(&logical, out)?))
+}
+
 fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     let mut used = 1;
     let (out_perm, ret) = match body.call(ret, "relax.permute_dims") {
@@ -344,11 +441,23 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         Some(_) => return None,
         None => (None, ret),
     };
-    let (Op::Matmul { out_dtype: None }, [p, v]) = body.call(ret, "relax.matmul")? else {
-        return None;
+    // The product with `v`: a matmul (of a `permute_dims` of v, maybe), or an einsum that is
+    // one between permutations (LongT5's local attention: `...hqk,...khd->...qhd`).
+    let (p, v, v_perm, out_perm) = if let Some((pe, ve, spec)) = einsum2(body, ret) {
+        let (v_perm, o) = pv_perms(&spec)?;
+        if out_perm.is_some() {
+            return None;
+        }
+        (pe, body.leaf(ve)?, Some(v_perm), Some(o))
+    } else {
+        let (Op::Matmul { out_dtype: None }, [p, v]) = body.call(ret, "relax.matmul")? else {
+            return None;
+        };
+        let (v, v_perm, n) = permuted(body, *v)?;
+        used += n;
+        (*p, v, v_perm, out_perm)
     };
-    let (v, v_perm, n) = permuted(body, *v)?;
-    used += n;
+    let p = &p;
     // DeBERTa's view: the probabilities reshaped back from `[B, H, S, T]` to the scores'
     // `[B·H, S, T]` (checked below against the reshape that made the view).
     let (p, back) = match body.call(*p, "relax.reshape") {
@@ -432,6 +541,7 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         let is_inner = |e: ExprId| {
             [
                 "relax.matmul",
+                "relax.einsum",
                 "relax.add",
                 "relax.divide",
                 "relax.multiply",
@@ -459,14 +569,23 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         scores = m;
         used += 1;
     }
-    let (Op::Matmul { out_dtype: None }, [qs, ks]) = body.call(scores, "relax.matmul")? else {
-        return None;
-    };
     used += 1;
-    let ((q, q_perm, n), mut q_scale) = scaled(body, *qs)?;
-    used += n;
-    let ((kt, k_perm, n), mut k_scale) = scaled(body, *ks)?;
-    used += n;
+    let ((q, q_perm), mut q_scale, (kt, k_perm), mut k_scale) = if let Some((qe, ke, spec)) =
+        einsum2(body, scores)
+    {
+        let (pq, pk) = qk_perms(&spec)?;
+        let (q, k) = (body.leaf(qe)?, body.leaf(ke)?);
+        ((q, Some(pq)), Scale::None, (k, Some(pk)), Scale::None)
+    } else {
+        let (Op::Matmul { out_dtype: None }, [qs, ks]) = body.call(scores, "relax.matmul")? else {
+            return None;
+        };
+        let ((q, q_perm, n), q_scale) = scaled(body, *qs)?;
+        used += n;
+        let ((kt, k_perm, n), k_scale) = scaled(body, *ks)?;
+        used += n;
+        ((q, q_perm), q_scale, (kt, k_perm), k_scale)
+    };
     if !matches!(post, Scale::None) {
         if matches!(q_scale, Scale::None) {
             q_scale = post;

@@ -221,7 +221,7 @@ mod tests {
         let m = 150;
         let idx: Vec<i64> = (0..m as i64)
             .map(|r| match r % 7 {
-                0 | 1 | 2 => 1,
+                0..=2 => 1,
                 3 => 0,
                 4 => -2,
                 5 => 2,

@@ -828,6 +828,79 @@ fn the_heads_attention_composite_runs_fused_and_agrees_with_its_body() {
     assert_eq!(fused, interp);
 }
 
+/// LongT5's local attention (`cpu.attention_einsum`): the scores and the product as einsums,
+/// q `[B, N, S, H, D]` and k, v `[B, N, T, H, D]` by block, a position bias per block.
+const ATTN_EINSUM: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def attn(q: R.Tensor((2, 3, 5, 2, 8), dtype="float32"), k: R.Tensor((2, 3, 7, 2, 8), dtype="float32"), bias: R.Tensor((1, 3, 2, 5, 7), dtype="float32"), v: R.Tensor((2, 3, 7, 2, 8), dtype="float32")) -> R.Tensor((2, 3, 5, 2, 8), dtype="float32"):
+        R.func_attr({"Composite": "cpu.attention_einsum", "Primitive": True})
+        with R.dataflow():
+            lv: R.Tensor((2, 3, 2, 5, 7), dtype="float32") = R.einsum((q, k), subscripts="...qhd,...khd->...hqk")
+            lv1: R.Tensor((2, 3, 2, 5, 7), dtype="float32") = R.add(lv, bias)
+            lv2: R.Tensor((2, 3, 2, 5, 7), dtype="float32") = R.nn.softmax(lv1, axis=-1)
+            gv: R.Tensor((2, 3, 5, 2, 8), dtype="float32") = R.einsum((lv2, v), subscripts="...hqk,...khd->...qhd")
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(q: R.Tensor((2, 3, 5, 2, 8), dtype="float32"), k: R.Tensor((2, 3, 7, 2, 8), dtype="float32"), bias: R.Tensor((1, 3, 2, 5, 7), dtype="float32"), v: R.Tensor((2, 3, 7, 2, 8), dtype="float32")) -> R.Tensor((2, 3, 5, 2, 8), dtype="float32"):
+        with R.dataflow():
+            gv: R.Tensor((2, 3, 5, 2, 8), dtype="float32") = Module.attn(q, k, bias, v)
+            R.output(gv)
+        return gv
+"#;
+
+#[test]
+fn the_einsum_attention_composite_runs_fused_and_agrees_with_its_body() {
+    let m = fusebox_core::text::parse_module_str(ATTN_EINSUM).unwrap();
+    let plan = crate::composite::recognise(m.get("attn").unwrap());
+    let Some(crate::composite::Plan::Attention {
+        perms,
+        out_perm,
+        masks,
+        ..
+    }) = &plan
+    else {
+        panic!("{plan:?}")
+    };
+    // q as [.., H, S, D], k as kᵀ [.., H, D, T], v as [.., H, T, D], the result back.
+    assert_eq!(
+        perms,
+        &[
+            Some(vec![0, 1, 3, 2, 4]),
+            Some(vec![0, 1, 3, 4, 2]),
+            Some(vec![0, 1, 3, 2, 4])
+        ]
+    );
+    assert_eq!(out_perm, &Some(vec![0, 1, 3, 2, 4]));
+    assert_eq!(masks.len(), 1);
+    let args = || {
+        let mut r = Rng(41);
+        vec![
+            Value::Tensor(r.tensor(&[2, 3, 5, 2, 8])),
+            Value::Tensor(r.tensor(&[2, 3, 7, 2, 8])),
+            Value::Tensor(r.tensor(&[1, 3, 2, 5, 7])),
+            Value::Tensor(r.tensor(&[2, 3, 7, 2, 8])),
+        ]
+    };
+    let (fused, interp) = fused_and_interpreted(ATTN_EINSUM, args());
+    close(&fused, &interp, 1e-5);
+    // Not the same bits: the fused path really ran (the interpreter's einsum sums in f64).
+    assert_ne!(fused, interp);
+    // The operands the other way round (`k` first): the same scores, but not the form the
+    // kernel takes (S must be the first operand's label); recognised as nothing, interpreted.
+    let src = ATTN_EINSUM.replace(
+        "R.einsum((q, k), subscripts=\"...qhd,...khd->...hqk\")",
+        "R.einsum((k, q), subscripts=\"...khd,...qhd->...hqk\")",
+    );
+    assert_ne!(src, ATTN_EINSUM);
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    assert!(crate::composite::recognise(m.get("attn").unwrap()).is_none());
+    let (fused, interp) = fused_and_interpreted(&src, args());
+    assert_eq!(fused, interp);
+}
+
 #[test]
 fn a_model_that_returns_its_keys_keeps_their_transpose_and_fuses_the_product_alone() {
     // `kh` (the keys' transpose) is also an output: `cpu.attention_heads` would leak it, so
