@@ -981,12 +981,9 @@ fn silu_gated(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     ))
 }
 
-/// RoPE: `add(multiply(x, cos), multiply(concat((negative(x[h..end]), x[..h])), sin))`, the
-/// slices of one `x` on one axis with stride 1, either operand order in the multiplies and the
-/// add.
 /// `squeeze(matmul(gather(w, idx), expand_dims(v, -1)), -1)`, the gather `take(w, idx, axis=0)`
-/// or `gather_nd(w, idx, batch_dims=0)`: an expert's matrix-vector product per row. Returns
-/// `w`, `idx`, `v` and the bindings used (4).
+/// or `gather_nd(w, idx, batch_dims=0)`: an expert's matrix-vector product per row (four
+/// bindings). Returns `w`, `idx` and `v`.
 fn expert_matvec(body: &Body<'_>, e: ExprId) -> Option<(Leaf, Leaf, ExprId)> {
     let last = |axes: &[i64]| matches!(axes, [2] | [-1]);
     let (Op::Squeeze { axis: Some(sq) }, [mv]) = body.call(e, "relax.squeeze")? else {
@@ -1101,6 +1098,9 @@ fn moe_silu_gated(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     ))
 }
 
+/// RoPE: `add(multiply(x, cos), multiply(concat((negative(x[h..end]), x[..h])), sin))`, the
+/// slices of one `x` on one axis with stride 1, either operand order in the multiplies and the
+/// add.
 fn rope(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     let (_, [a, b]) = body.call(ret, "relax.add")? else {
         return None;

@@ -14,7 +14,7 @@
 //! as the graph does with a gathered `[M, 2I, H]` and `[M, H, I]` copy of the weights and
 //! batched matrix-vector products, but grouped by expert: the rows routed to one expert are
 //! two GEMMs against that expert's weights where they lie (Mixtral-8x7B's experts are
-//! 14336 × 4096: the graph copies 470 MB of weights per token and expert). A negative index
+//! 14336 × 4096: the graph copies 705 MB of weights per token and expert). A negative index
 //! counts from the end, as `take` and `gather_nd` do; `Ok(None)` for an index out of range or
 //! shapes that do not chain (the caller interprets the body then, which reports them). The
 //! rows of each expert are cut into blocks of [`ROWS`] in index order, one task each with its
