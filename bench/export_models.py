@@ -7,7 +7,7 @@ transformers, onnxscript, onnxruntime; CI never runs this: the weights are hundr
 
     .venv-export/bin/python bench/export_models.py OUT_DIR [MODEL ...]
 
-MODEL is any of bert-base, gpt2, mobilenet-v2, mixtral-moe (default: all). Nothing is downloaded but
+MODEL is any of bert-base, gpt2, mobilenet-v2, mixtral-moe, deberta-v3-base (default: all). Nothing is downloaded but
 packages: every model is built from its default config (the published checkpoint's shape) with
 random weights after `torch.manual_seed(0)`; token ids and pixels come from seeded numpy
 generators. Per model, OUT_DIR/<model>/ holds:
@@ -28,6 +28,8 @@ mixtral-moe is not in issue 19's table: a scaled-down Mixtral (hidden 512, 8 exp
 intermediate 1792, top-2, 2 layers) whose experts transformers exports as a per-token gather
 of their weights (`experts_implementation="batched_mm"`; the grouped default does not export),
 to measure the `cpu.moe_silu_gated` fusion against onnxruntime running the same graph.
+deberta-v3-base (not in the table either: `DebertaV2Model` with microsoft/deberta-v3-base's
+shape, random weights, TorchScript, opset 17) measures `cpu.attention_reshaped`.
 
 The light ResNet-50 of the table is made by tests/ort/resnet50_random.py (no torch needed).
 """
@@ -230,7 +232,62 @@ def mixtral_moe(out):
          f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters, 8 experts, top-2")
 
 
-MODELS = {"bert-base": bert, "gpt2": gpt2, "mobilenet-v2": mobilenet, "mixtral-moe": mixtral_moe}
+def deberta_v3_base(out):
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    torch.manual_seed(0)
+    # microsoft/deberta-v3-base's config.json, written out (nothing is downloaded).
+    config = DebertaV2Config(
+        vocab_size=128100,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        hidden_act="gelu",
+        max_position_embeddings=512,
+        type_vocab_size=0,
+        relative_attention=True,
+        max_relative_positions=-1,
+        position_buckets=256,
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+        pos_att_type=["p2c", "c2p"],
+        position_biased_input=False,
+        layer_norm_eps=1e-7,
+    )
+    model = DebertaV2Model(config).eval()
+    n = sum(p.numel() for p in model.parameters())
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 128100, size=(1, SEQ), dtype=np.int64)
+    mask = np.ones((1, SEQ), dtype=np.int64)
+    w = Logits(model, "last_hidden_state")
+    args = tuple(torch.from_numpy(a) for a in (ids, mask))
+    path = os.path.join(out, "model", "model.onnx")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    names = ["input_ids", "attention_mask"]
+    with torch.no_grad():
+        want = w(*args).numpy()
+        torch.onnx.export(
+            w,
+            args,
+            path,
+            dynamo=False,
+            opset_version=17,
+            input_names=names,
+            output_names=["last_hidden_state"],
+            dynamic_axes={k: {0: "batch", 1: "sequence"} for k in names},
+        )
+    save(out, "deberta-v3-base", dict(zip(names, (ids, mask))), path, want,
+         f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters")
+
+
+MODELS = {
+    "bert-base": bert,
+    "gpt2": gpt2,
+    "mobilenet-v2": mobilenet,
+    "mixtral-moe": mixtral_moe,
+    "deberta-v3-base": deberta_v3_base,
+}
 
 
 def main() -> int:

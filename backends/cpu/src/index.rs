@@ -14,7 +14,7 @@
 //! R.nn.pad(x: [1, 2, 3], pad_width=[2, 1], pad_mode="reflect")         = [3, 2, 1, 2, 3, 2]
 //! ```
 
-use crate::util::{KResult, norm_axis, numel, strides, tensor};
+use crate::util::{KResult, map_same, norm_axis, numel, strides, tensor};
 use fusebox_core::ir::DType;
 use fusebox_core::op::{ArangeAttrs, PadAttrs, PadMode, ScanAttrs, ScatterReduction};
 use fusebox_core::runtime::{Prim, Storage, StorageRef, Tensor};
@@ -239,6 +239,55 @@ pub(crate) fn gather_elements(x: &Tensor, idx: &Tensor, axis: i64) -> KResult<Te
             "expected indices of the data's rank {r}, found shape {:?}",
             idx.shape()
         ));
+    }
+    let ax = norm_axis(axis, r)?;
+    let (xs, is) = (x.shape(), idx.shape());
+    if (0..r).all(|d| d == ax || xs[d] == is[d]) {
+        // The indices span the data on every other axis (DeBERTa's relative positions, a
+        // `[B·H, S, S]` gather from `[B·H, S, 2k]` per layer): one pass over them, the data
+        // read at `[outer, idx, inner]`, no per-position coordinates.
+        let outer: usize = xs[..ax].iter().product();
+        let inner: usize = xs[ax + 1..].iter().product();
+        let (n, m) = (xs[ax], is[ax]);
+        let ni = i64::try_from(n).map_err(|_| "extent too large".to_string())?;
+        let owned;
+        let iv: &[i64] = match idx.storage() {
+            StorageRef::I64(v) => v,
+            _ => {
+                owned = index_values(idx, "indices")?;
+                &owned
+            }
+        };
+        // Each index checked as it is read; the data at `[o, j, i]`.
+        let mut bad = None;
+        let mut at = |o: usize, k: usize, i: usize| -> usize {
+            let raw = iv[k];
+            let j = if raw < 0 { raw.saturating_add(ni) } else { raw };
+            if (0..ni).contains(&j) {
+                (o * n + j as usize) * inner + i
+            } else {
+                bad.get_or_insert(raw);
+                0
+            }
+        };
+        let data = map_same!(x.storage(), v => {
+            let mut out = Vec::with_capacity(iv.len());
+            let mut k = 0usize;
+            for o in 0..outer {
+                for _ in 0..m {
+                    for i in 0..inner {
+                        out.push(v.get(at(o, k, i)).copied().unwrap_or_default());
+                        k += 1;
+                    }
+                }
+            }
+            out
+        });
+        if let Some(raw) = bad {
+            // The first index out of range, as the general path reports it.
+            norm_index(raw, n, "index")?;
+        }
+        return tensor(is.to_vec(), data);
     }
     let src: Vec<Option<usize>> = element_offsets(x, idx, axis)?
         .into_iter()
@@ -740,6 +789,70 @@ pub(crate) fn pad(x: &Tensor, a: &PadAttrs) -> KResult<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gather_elements_reads_what_the_definition_names() {
+        // out[p] = x[p with p[axis] = idx[p]], written out per position: every axis, indices
+        // spanning the data (the one-pass path) and a smaller box (the general one), negative
+        // indices from the end, i64 and i32 indices, floats and integers.
+        let xs = [3usize, 4, 5];
+        let n: usize = xs.iter().product();
+        let data: Vec<i64> = (0..n as i64).map(|v| v * 5 - 11).collect();
+        let x = Tensor::new(xs.to_vec(), Storage::I64(data.clone())).unwrap();
+        let xf = Tensor::new(
+            xs.to_vec(),
+            Storage::F32(data.iter().map(|&v| v as f32).collect()),
+        )
+        .unwrap();
+        for axis in 0..3usize {
+            for is in [
+                {
+                    let mut s = xs.to_vec();
+                    s[axis] = 6;
+                    s
+                },
+                vec![2, 3, 2],
+            ] {
+                let m: usize = is.iter().product();
+                let ext = xs[axis] as i64;
+                let iv: Vec<i64> = (0..m as i64).map(|k| (k * 7) % (2 * ext) - ext).collect();
+                let mut want = Vec::new();
+                let mut k = 0;
+                for_each_index(&is, |p| {
+                    let j = if iv[k] < 0 { iv[k] + ext } else { iv[k] } as usize;
+                    k += 1;
+                    let mut q = p.to_vec();
+                    q[axis] = j;
+                    want.push(data[(q[0] * xs[1] + q[1]) * xs[2] + q[2]]);
+                    Ok(())
+                })
+                .unwrap();
+                for idx in [
+                    Tensor::new(is.clone(), Storage::I64(iv.clone())).unwrap(),
+                    Tensor::new(
+                        is.clone(),
+                        Storage::I32(iv.iter().map(|&v| v as i32).collect()),
+                    )
+                    .unwrap(),
+                ] {
+                    let got = gather_elements(&x, &idx, axis as i64).unwrap();
+                    assert_eq!(got.shape(), &is[..]);
+                    assert_eq!(got.to_i64_vec(), want, "axis {axis}, indices {is:?}");
+                    let gf = gather_elements(&xf, &idx, axis as i64 - 3).unwrap();
+                    let wf: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+                    assert_eq!(gf.as_f32().unwrap(), &wf[..]);
+                }
+                // One index out of range either way: an error naming it, on both paths.
+                for bad in [ext, -ext - 1] {
+                    let mut v = iv.clone();
+                    v[m / 2] = bad;
+                    let idx = Tensor::new(is.clone(), Storage::I64(v)).unwrap();
+                    let e = gather_elements(&x, &idx, axis as i64).unwrap_err();
+                    assert!(e.contains(&format!("index {bad} is out of range")), "{e}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn constant_pad_places_every_element_as_the_definition_does() {
