@@ -77,21 +77,23 @@ def save(out, name, inputs, model_path, want, note):
     print(text, end="")
 
 
-def bert(out):
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    model = BertModel(BertConfig()).eval()
-    n = sum(p.numel() for p in model.parameters())
+def token_inputs(vocab):
+    """Seeded token ids and an all-ones mask, `[1, SEQ]`."""
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, 30522, size=(1, SEQ), dtype=np.int64)
-    mask = np.ones((1, SEQ), dtype=np.int64)
-    types = np.zeros((1, SEQ), dtype=np.int64)
+    ids = rng.integers(0, vocab, size=(1, SEQ), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones((1, SEQ), dtype=np.int64)}
+
+
+def export_encoder(out, name, model, inputs, note=""):
+    """`model`'s `last_hidden_state` for `inputs` (graph input name -> array, in the forward's
+    argument order), exported by TorchScript at opset 17 with dynamic batch and sequence
+    axes, and saved with onnxruntime's outputs."""
+    n = sum(p.numel() for p in model.parameters())
     w = Logits(model, "last_hidden_state")
-    args = tuple(torch.from_numpy(a) for a in (ids, mask, types))
+    names = list(inputs)
+    args = tuple(torch.from_numpy(inputs[k]) for k in names)
     path = os.path.join(out, "model", "model.onnx")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    names = ["input_ids", "attention_mask", "token_type_ids"]
     with torch.no_grad():
         want = w(*args).numpy()
         torch.onnx.export(
@@ -104,8 +106,18 @@ def bert(out):
             output_names=["last_hidden_state"],
             dynamic_axes={k: {0: "batch", 1: "sequence"} for k in names},
         )
-    save(out, "bert-base", dict(zip(names, (ids, mask, types))), path, want,
-         f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters")
+    save(out, name, inputs, path, want,
+         f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters{note}")
+
+
+def bert(out):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig()).eval()
+    inputs = token_inputs(30522)
+    inputs["token_type_ids"] = np.zeros((1, SEQ), dtype=np.int64)
+    export_encoder(out, "bert-base", model, inputs)
 
 
 def gpt2(out):
@@ -207,29 +219,7 @@ def mixtral_moe(out):
         experts_implementation="batched_mm",
     )
     model = MixtralModel(config).eval()
-    n = sum(p.numel() for p in model.parameters())
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 32000, size=(1, SEQ), dtype=np.int64)
-    mask = np.ones((1, SEQ), dtype=np.int64)
-    w = Logits(model, "last_hidden_state")
-    args = tuple(torch.from_numpy(a) for a in (ids, mask))
-    path = os.path.join(out, "model", "model.onnx")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    names = ["input_ids", "attention_mask"]
-    with torch.no_grad():
-        want = w(*args).numpy()
-        torch.onnx.export(
-            w,
-            args,
-            path,
-            dynamo=False,
-            opset_version=17,
-            input_names=names,
-            output_names=["last_hidden_state"],
-            dynamic_axes={k: {0: "batch", 1: "sequence"} for k in names},
-        )
-    save(out, "mixtral-moe", dict(zip(names, (ids, mask))), path, want,
-         f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters, 8 experts, top-2")
+    export_encoder(out, "mixtral-moe", model, token_inputs(32000), ", 8 experts, top-2")
 
 
 def deberta_v3_base(out):
@@ -256,29 +246,7 @@ def deberta_v3_base(out):
         layer_norm_eps=1e-7,
     )
     model = DebertaV2Model(config).eval()
-    n = sum(p.numel() for p in model.parameters())
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 128100, size=(1, SEQ), dtype=np.int64)
-    mask = np.ones((1, SEQ), dtype=np.int64)
-    w = Logits(model, "last_hidden_state")
-    args = tuple(torch.from_numpy(a) for a in (ids, mask))
-    path = os.path.join(out, "model", "model.onnx")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    names = ["input_ids", "attention_mask"]
-    with torch.no_grad():
-        want = w(*args).numpy()
-        torch.onnx.export(
-            w,
-            args,
-            path,
-            dynamo=False,
-            opset_version=17,
-            input_names=names,
-            output_names=["last_hidden_state"],
-            dynamic_axes={k: {0: "batch", 1: "sequence"} for k in names},
-        )
-    save(out, "deberta-v3-base", dict(zip(names, (ids, mask))), path, want,
-         f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters")
+    export_encoder(out, "deberta-v3-base", model, token_inputs(128100))
 
 
 MODELS = {
