@@ -330,6 +330,22 @@ fn attention_reads_and_writes_the_heads_transposes_in_place() {
     }
 }
 
+/// A random select condition of `shape` (true with probability about `(1 - p) / 2`), its
+/// first row true everywhere (a row whose every key is selected: the softmax of a constant
+/// row), as values and as a `bool` tensor.
+fn select_cond(r: &mut Rng, shape: &[usize], p: f32) -> (Vec<bool>, Tensor) {
+    let n: usize = shape.iter().product();
+    let mut cd: Vec<bool> = (0..n).map(|_| r.next() > p).collect();
+    let row = shape.last().copied().unwrap_or(1);
+    cd[..row].iter_mut().for_each(|c| *c = true);
+    let t = Tensor::new(
+        shape.to_vec(),
+        fusebox_core::runtime::Storage::Bool(cd.clone()),
+    )
+    .unwrap();
+    (cd, t)
+}
+
 #[test]
 fn a_select_mask_replaces_the_scores_it_selects() {
     // MPT's and DeBERTa's masked_fill: where(cond, fill, scores + mask) before the softmax,
@@ -346,16 +362,7 @@ fn a_select_mask_replaces_the_scores_it_selects() {
         let kt = r.tensor(&[b, h, 8, t]);
         let v = r.tensor(&[b, h, t, 4]);
         let mask = r.tensor(&[b, 1, s, t]);
-        let n: usize = cond_shape.iter().product();
-        let mut cd: Vec<bool> = (0..n).map(|_| r.next() > 0.3).collect();
-        // The first row of the condition selects every key.
-        let row = cond_shape[cond_shape.len() - 1];
-        cd[..row].iter_mut().for_each(|c| *c = true);
-        let cond = Tensor::new(
-            cond_shape.clone(),
-            fusebox_core::runtime::Storage::Bool(cd.clone()),
-        )
-        .unwrap();
+        let (cd, cond) = select_cond(&mut r, &cond_shape, 0.3);
         let sp = spec(0.5, 1.0, None, true);
         let want = naive_select(
             &q,
@@ -457,14 +464,7 @@ fn a_select_through_a_view_of_the_scores_broadcasts_over_the_view() {
         r.tensor(&[b, h, s, t]),
     );
     let cond_shape = [b, 1, s, t];
-    let mut cd: Vec<bool> = (0..b * s * t).map(|_| r.next() > 0.2).collect();
-    // Batch 0's first row selects every key.
-    cd[..t].iter_mut().for_each(|c| *c = true);
-    let cond = Tensor::new(
-        cond_shape.to_vec(),
-        fusebox_core::runtime::Storage::Bool(cd.clone()),
-    )
-    .unwrap();
+    let (cd, cond) = select_cond(&mut r, &cond_shape, 0.2);
     let sp = spec(1.0, 0.25, None, false);
     let want = naive_select(
         &q4,
