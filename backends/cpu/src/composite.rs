@@ -255,6 +255,19 @@ impl<'f> Body<'f> {
         (op.name() == name).then_some((op, args))
     }
 
+    /// The dims of `e`'s tensor type, when its shape is known.
+    fn dims(&self, e: ExprId) -> Option<std::sync::Arc<[fusebox_core::ir::Dim]>> {
+        match &self.f.exprs.get(e)?.ty {
+            fusebox_core::ir::Type::Tensor(t) => t.dims.clone(),
+            _ => None,
+        }
+    }
+
+    /// The rank of `e`'s tensor type, when its shape is known.
+    fn rank(&self, e: ExprId) -> Option<usize> {
+        self.dims(e).map(|d| d.len())
+    }
+
     /// `e` as an input: a parameter or a constant.
     fn leaf(&self, e: ExprId) -> Option<Leaf> {
         Leaf::of(self.f, e)
@@ -348,11 +361,7 @@ fn einsum2(body: &Body<'_>, e: ExprId) -> Option<(ExprId, ExprId, EinsumSpec)> {
         return None;
     };
     let [a, b] = xs.as_slice() else { return None };
-    let rank = |x: ExprId| match &body.f.expr(x).ty {
-        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len()),
-        _ => None,
-    };
-    let spec = EinsumSpec::parse(subscripts, &[rank(*a)?, rank(*b)?]).ok()?;
+    let spec = EinsumSpec::parse(subscripts, &[body.rank(*a)?, body.rank(*b)?]).ok()?;
     Some((*a, *b, spec))
 }
 
@@ -457,19 +466,18 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         used += n;
         (*p, v, v_perm, out_perm)
     };
-    let p = &p;
     // DeBERTa's view: the probabilities reshaped back from `[B, H, S, T]` to the scores'
     // `[B·H, S, T]` (checked below against the reshape that made the view).
-    let (p, back) = match body.call(*p, "relax.reshape") {
+    let (p, back) = match body.call(p, "relax.reshape") {
         Some((_, [x, _])) => {
             used += 1;
-            (x, Some(*p))
+            (*x, Some(p))
         }
         Some(_) => return None,
         None => (p, None),
     };
     // The NaN guard: where(isnan(sm), 0, sm).
-    let (sm, nan_guard) = match body.call(*p, "relax.where") {
+    let (sm, nan_guard) = match body.call(p, "relax.where") {
         Some((_, [c, zero, sm])) => {
             let (_, [sm2]) = body.call(*c, "relax.isnan")? else {
                 return None;
@@ -481,15 +489,12 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
             (*sm, true)
         }
         Some(_) => return None,
-        None => (*p, false),
+        None => (p, false),
     };
     let (Op::Softmax { axis }, [x]) = body.call(sm, "relax.nn.softmax")? else {
         return None;
     };
-    let rank = match &body.f.expr(sm).ty {
-        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len())?,
-        _ => return None,
-    };
+    let rank = body.rank(sm)?;
     if *axis != -1 && *axis != rank as i64 - 1 {
         return None;
     }
@@ -514,11 +519,7 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         let (_, [x, _]) = body.call(scores, "relax.reshape")? else {
             return None;
         };
-        let dims = |e: ExprId| match &body.f.expr(e).ty {
-            fusebox_core::ir::Type::Tensor(t) => t.dims.clone(),
-            _ => None,
-        };
-        let (vd, sd, bd) = (dims(scores)?, dims(*x)?, dims(back)?);
+        let (vd, sd, bd) = (body.dims(scores)?, body.dims(*x)?, body.dims(back)?);
         let (rv, rs) = (vd.len(), sd.len());
         if rv < 2 || rs < 2 || bd[..] != sd[..] || vd[rv - 2..] != sd[rs - 2..] {
             return None;
@@ -641,10 +642,7 @@ fn residual_layer_norm(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     let (_, [a, b]) = body.call(*s, "relax.add")? else {
         return None;
     };
-    let rank = match &body.f.expr(norm).ty {
-        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len())?,
-        _ => return None,
-    };
+    let rank = body.rank(norm)?;
     let last = attrs.axes.len() == 1 && (attrs.axes[0] == -1 || attrs.axes[0] == rank as i64 - 1);
     if !last {
         return None;
@@ -725,10 +723,7 @@ fn rms_core(body: &Body<'_>, e: ExprId) -> Option<(Leaf, f32, usize)> {
     let (Op::Mean(attrs), [pow]) = body.call(mean, "relax.mean")? else {
         return None;
     };
-    let rank = match &body.f.expr(e).ty {
-        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len())?,
-        _ => return None,
-    };
+    let rank = body.rank(e)?;
     let last = matches!(attrs.axis.as_deref(), Some([a]) if *a == -1 || *a == rank as i64 - 1);
     if !last || !attrs.keepdims {
         return None;
@@ -867,10 +862,7 @@ fn mean_last(body: &Body<'_>, e: ExprId) -> Option<ExprId> {
     let (Op::Mean(attrs), [x]) = body.call(e, "relax.mean")? else {
         return None;
     };
-    let rank = match &body.f.expr(*x).ty {
-        fusebox_core::ir::Type::Tensor(t) => t.dims.as_ref().map(|d| d.len())?,
-        _ => return None,
-    };
+    let rank = body.rank(*x)?;
     let last = matches!(attrs.axis.as_deref(), Some([a]) if *a == -1 || *a == rank as i64 - 1);
     (last && attrs.keepdims).then_some(*x)
 }
@@ -1013,11 +1005,8 @@ fn expert_matvec(body: &Body<'_>, e: ExprId) -> Option<(Leaf, Leaf, ExprId)> {
 /// `y[:, a..b]` or an item of `split(y, 2, axis=-1)`. Returns `y`, the half (0 or 1), and the
 /// split's var when it is one (its binding is shared by both halves).
 fn half_of(body: &Body<'_>, e: ExprId) -> Option<(ExprId, usize, Option<VarId>)> {
-    let width = |y: ExprId| match &body.f.expr(y).ty {
-        fusebox_core::ir::Type::Tensor(t) => match t.dims.as_deref()? {
-            [_, w] => w.as_static(),
-            _ => None,
-        },
+    let width = |y: ExprId| match body.dims(y)?[..] {
+        [_, ref w] => w.as_static(),
         _ => None,
     };
     if let Some((Op::StridedSlice(a), [y])) = body.call(e, "relax.strided_slice") {

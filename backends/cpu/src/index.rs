@@ -258,17 +258,14 @@ pub(crate) fn gather_elements(x: &Tensor, idx: &Tensor, axis: i64) -> KResult<Te
                 &owned
             }
         };
-        // Each index checked as it is read; the data at `[o, j, i]`.
-        let mut bad = None;
-        let mut at = |o: usize, k: usize, i: usize| -> usize {
-            let raw = iv[k];
-            let j = if raw < 0 { raw.saturating_add(ni) } else { raw };
-            if (0..ni).contains(&j) {
-                (o * n + j as usize) * inner + i
-            } else {
-                bad.get_or_insert(raw);
-                0
-            }
+        // The first index out of range (either way) is the general path's error.
+        if let Some(&raw) = iv.iter().find(|&&j| !(-ni..ni).contains(&j)) {
+            norm_index(raw, n, "index")?;
+        }
+        // The data at `[o, j, i]` (every index now in range).
+        let at = |o: usize, k: usize, i: usize| {
+            let j = if iv[k] < 0 { iv[k] + ni } else { iv[k] };
+            (o * n + j as usize) * inner + i
         };
         let data = map_same!(x.storage(), v => {
             let mut out = Vec::with_capacity(iv.len());
@@ -283,10 +280,6 @@ pub(crate) fn gather_elements(x: &Tensor, idx: &Tensor, axis: i64) -> KResult<Te
             }
             out
         });
-        if let Some(raw) = bad {
-            // The first index out of range, as the general path reports it.
-            norm_index(raw, n, "index")?;
-        }
         return tensor(is.to_vec(), data);
     }
     let src: Vec<Option<usize>> = element_offsets(x, idx, axis)?
