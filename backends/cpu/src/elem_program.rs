@@ -25,9 +25,11 @@
 //!   `gelu`, `gelu_tanh`, `silu`, `clip` (number bounds), `astype` to `float32`, and the
 //!   elementwise family's rounding / float-math ops (`floor`, `ceil`, `round`, `sign`, `sin` …
 //!   `atanh`) and float `mod` / `floor_mod`; the first binding may instead be a `conv2d` or a
-//!   `matmul` of parameters or constants (the head). [`compile`] returns `None` for a
-//!   function with any other binding, fewer than two bindings, or a result that is not its
-//!   last binding.
+//!   `matmul` of parameters or constants (the head). Layout ops and `gather_elements` of
+//!   parameters and constants are read in place as views of them (`elem_view.rs`: a strided
+//!   or gathered read per block, no tensor made). [`compile`] returns `None` for a function
+//!   with any other binding, fewer than two bindings, or a result that is not its last
+//!   binding, an instruction's.
 //! - Bit-identity: each instruction computes exactly the scalar arithmetic of its op's
 //!   `float32` kernel (the same functions: [`crate::elementwise::sigmoid32`],
 //!   [`crate::norm::erf32`], [`crate::elementwise::gelu32`], the `relu` select, `f32::max`
@@ -72,6 +74,7 @@
 //! and runs as `conv2d_fused(x, w, [Step::Program(..)])`, profiled as one kernel
 //! `relax.nn.conv2d+relax.add+relax.sigmoid+relax.multiply`.
 
+use crate::elem_view::{Feed, Operand};
 use crate::elementwise::{BinOp, f32_op, gelu_tanh32, gelu32, sigmoid32};
 use crate::norm::erf32;
 use crate::util::broadcast_shapes;
@@ -93,7 +96,7 @@ const CHUNK: usize = 8 * BLOCK;
 pub(crate) const EPILOGUE_MIN_ROW: usize = 256;
 
 /// The most dims an input may keep after merging (a broadcast of more runs op by op).
-const MAX_DIMS: usize = 8;
+pub(crate) const MAX_DIMS: usize = 8;
 
 /// A unary instruction.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -189,8 +192,11 @@ pub(crate) struct Program {
     insts: Vec<Inst>,
     /// Registers in use at once (after reuse).
     nregs: usize,
-    /// The inputs, in order of first use.
+    /// The values read from outside (tensors, and the shapes of views), in order of first
+    /// use.
     pub leaves: Vec<Leaf>,
+    /// The program's inputs (`Src::In`): leaves, read as they are or through views.
+    pub feeds: Vec<Feed>,
     /// The ops' names joined by `+` (the head's first): the kernel's name in profiles.
     pub name: String,
 }
@@ -293,27 +299,64 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
         names.push(op.name().to_string());
         rest = &bindings[1..];
     }
-    // Virtual registers: one per binding of `rest`, in order.
+    // Virtual registers: one per instruction, in order; views (layout ops and gathers of
+    // leaves, `elem_view.rs`) make no instruction.
     let mut leaves: Vec<Leaf> = Vec::new();
+    let mut feeds: Vec<Feed> = Vec::new();
+    let mut views: Vec<(VarId, Feed)> = Vec::new();
+    let mut regs: Vec<VarId> = Vec::new();
     let mut code: Vec<(Kind, Src, Option<Src>)> = Vec::new();
+    let leaf_index =
+        |leaves: &mut Vec<Leaf>, leaf: Leaf| match leaves.iter().position(|l| *l == leaf) {
+            Some(i) => i,
+            None => {
+                leaves.push(leaf);
+                leaves.len() - 1
+            }
+        };
+    let var_of = |e: ExprId| match f.exprs.get(e).map(|d| &d.kind) {
+        Some(ExprKind::Var(v)) => Some(*v),
+        _ => None,
+    };
     for b in rest {
         let (op, args) = op_call(f, b.value)?;
-        let (kind, arity) = kind_of(f, op, args)?;
+        let Some((kind, arity)) = kind_of(f, op, args) else {
+            // A view op of leaves and views, or nothing this covers.
+            let mut operand = |e: ExprId| {
+                if let Some(v) = var_of(e) {
+                    if let Some((_, feed)) = views.iter().find(|(w, _)| *w == v) {
+                        return Operand::Feed(feed.clone());
+                    }
+                    if Some(v) == head_var || regs.contains(&v) {
+                        return Operand::Other;
+                    }
+                }
+                match leaf_of(e) {
+                    Some(l) => Operand::Feed(Feed::leaf(leaf_index(&mut leaves, l))),
+                    None => Operand::Other,
+                }
+            };
+            let feed = crate::elem_view::step_of(f, op, args, &mut operand)?;
+            views.push((b.var, feed));
+            names.push(op.name().to_string());
+            continue;
+        };
         let mut src = |e: ExprId| -> Option<Src> {
-            if let Some(ExprKind::Var(v)) = f.exprs.get(e).map(|d| &d.kind) {
-                if Some(*v) == head_var {
-                    return Some(Src::Head);
+            let feed = match var_of(e) {
+                Some(v) if Some(v) == head_var => return Some(Src::Head),
+                Some(v) if regs.contains(&v) => {
+                    return regs.iter().position(|r| *r == v).map(Src::Reg);
                 }
-                if let Some(k) = rest.iter().position(|x| x.var == *v) {
-                    return Some(Src::Reg(k));
+                Some(v) if views.iter().any(|(w, _)| *w == v) => {
+                    views.iter().find(|(w, _)| *w == v)?.1.clone()
                 }
-            }
-            let leaf = leaf_of(e)?;
-            let i = match leaves.iter().position(|l| *l == leaf) {
+                _ => Feed::leaf(leaf_index(&mut leaves, leaf_of(e)?)),
+            };
+            let i = match feeds.iter().position(|x| *x == feed) {
                 Some(i) => i,
                 None => {
-                    leaves.push(leaf);
-                    leaves.len() - 1
+                    feeds.push(feed);
+                    feeds.len() - 1
                 }
             };
             Some(Src::In(i))
@@ -324,17 +367,13 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
         } else {
             None
         };
-        // Operands read earlier bindings only (the IR's order guarantees it; checked anyway).
-        let k = code.len();
-        if [Some(a), b2]
-            .iter()
-            .flatten()
-            .any(|s| matches!(s, Src::Reg(r) if *r >= k))
-        {
-            return None;
-        }
         code.push((kind, a, b2));
+        regs.push(b.var);
         names.push(op.name().to_string());
+    }
+    // The result is the last instruction's.
+    if regs.last() != Some(&ret) {
+        return None;
     }
     if code.is_empty() {
         return None;
@@ -346,6 +385,7 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
             insts,
             nregs,
             leaves,
+            feeds,
             name: names.join("+"),
         },
     })
@@ -409,8 +449,15 @@ enum Access {
     Scalar(f32),
     /// The output's own shape: element `i` of the output reads element `i`.
     Full,
-    /// A broadcast: (extent, stride) per merged dim of the output, outermost first.
+    /// A broadcast or a layout view: (extent, stride) per merged dim of the output,
+    /// outermost first.
     Strided(Vec<(usize, usize)>),
+    /// A gathered view (`elem_view.rs`): (extent, [data stride, index stride]) per merged
+    /// dim of the output, and the data offset each index element reads.
+    Gathered {
+        dims: Vec<(usize, [usize; 2])>,
+        offsets: Vec<usize>,
+    },
 }
 
 /// A program bound to run-time values: the inputs and the result's shape.
@@ -494,17 +541,28 @@ fn result_shape(prog: &Program, leaves: &[&[usize]], head: Option<&[usize]>) -> 
 /// head, the head's output shape, which the result must have (the epilogue overwrites the
 /// head's output); `None` when the values do not allow the one-pass run (see the module doc).
 pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) -> Option<Bound> {
-    if leaves.len() != prog.leaves.len() || leaves.iter().any(|t| t.as_f32().is_none()) {
+    if leaves.len() != prog.leaves.len() {
         return None;
     }
-    let shapes: Vec<&[usize]> = leaves.iter().map(Tensor::shape).collect();
+    let views = resolve_feeds(prog, leaves)?;
+    let shapes: Vec<&[usize]> = views.iter().map(|(_, v)| v.shape.as_slice()).collect();
     let out = result_shape(prog, &shapes, head)?;
     if head.is_some_and(|h| h != out.as_slice()) {
         return None;
     }
-    let inputs = leaves
+    let inputs = prog
+        .feeds
         .iter()
-        .map(|t| Some((t.clone(), access(t.shape(), &out, t.as_f32()?)?)))
+        .zip(views)
+        .map(|(feed, (t, v))| {
+            let data = t.as_f32()?;
+            let acc = if feed.is_plain() {
+                access(t.shape(), &out, data)?
+            } else {
+                view_access(v, &out, data.len())?
+            };
+            Some((t, acc))
+        })
         .collect::<Option<Vec<_>>>()?;
     Some(Bound {
         prog: prog.clone(),
@@ -513,21 +571,77 @@ pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) ->
     })
 }
 
+/// Each feed's data (a `float32` leaf) and its view resolved (`elem_view::resolve`); `None`
+/// when one does not fit.
+fn resolve_feeds(
+    prog: &Program,
+    leaves: &[Tensor],
+) -> Option<Vec<(Tensor, crate::elem_view::Resolved)>> {
+    prog.feeds
+        .iter()
+        .map(|feed| {
+            let t = leaves.get(feed.base)?;
+            t.as_f32()?;
+            Some((t.clone(), crate::elem_view::resolve(feed, leaves)?))
+        })
+        .collect()
+}
+
+/// How a view is read at the result's shape `out`, every read checked to lie within the
+/// data (`n` elements) and the index offsets.
+fn view_access(v: crate::elem_view::Resolved, out: &[usize], n: usize) -> Option<Access> {
+    use crate::elem_view::{merge_dims, strides_at};
+    let ds = strides_at(&v.shape, &v.strides, out)?;
+    let last = |dims: &[(usize, [usize; 2])], k: usize| -> usize {
+        dims.iter().map(|(e, s)| (e - 1) * s[k]).sum()
+    };
+    match v.gather {
+        None => {
+            let dims = merge_dims(out, [&ds, &ds]);
+            if dims.len() > MAX_DIMS || n == 0 || last(&dims, 0) >= n {
+                return None;
+            }
+            Some(Access::Strided(
+                dims.into_iter().map(|(e, s)| (e, s[0])).collect(),
+            ))
+        }
+        Some(g) => {
+            let is = strides_at(&v.shape, &g.strides, out)?;
+            let dims = merge_dims(out, [&ds, &is]);
+            let top = g.offsets.iter().max()?;
+            if dims.len() > MAX_DIMS
+                || last(&dims, 1) >= g.offsets.len()
+                || last(&dims, 0).checked_add(*top)? >= n
+            {
+                return None;
+            }
+            Some(Access::Gathered {
+                dims,
+                offsets: g.offsets,
+            })
+        }
+    }
+}
+
 /// Whether a program whose result is larger than its head's output (shape `head`: a
 /// squeeze-and-excite block's `conv2d` on pooled values, then `multiply` by the feature map)
 /// can run after the head on these inputs, the head's output read as one more input
 /// ([`bind_after`]).
 pub(crate) fn fits_after(prog: &Program, leaves: &[Tensor], head: &[usize]) -> bool {
-    let shapes: Vec<&[usize]> = leaves.iter().map(Tensor::shape).collect();
-    leaves.len() == prog.leaves.len()
-        && leaves.iter().all(|t| t.as_f32().is_some())
-        && result_shape(prog, &shapes, Some(head)).is_some()
+    if leaves.len() != prog.leaves.len() {
+        return false;
+    }
+    let Some(views) = resolve_feeds(prog, leaves) else {
+        return false;
+    };
+    let shapes: Vec<&[usize]> = views.iter().map(|(_, v)| v.shape.as_slice()).collect();
+    result_shape(prog, &shapes, Some(head)).is_some()
 }
 
 /// Binds a program to its inputs and its head's output `head` (computed already), read as one
 /// more input broadcast to the result: the program then runs as its own pass ([`Bound::run`]).
 pub(crate) fn bind_after(prog: &Program, leaves: &[Tensor], head: Tensor) -> Option<Bound> {
-    let n = leaves.len();
+    let n = prog.feeds.len();
     let mut p = prog.clone();
     let map = |s: &mut Src| {
         if *s == Src::Head {
@@ -542,6 +656,7 @@ pub(crate) fn bind_after(prog: &Program, leaves: &[Tensor], head: Tensor) -> Opt
     }
     let mut all = leaves.to_vec();
     all.push(head);
+    p.feeds.push(Feed::leaf(leaves.len()));
     // A placeholder: the executor reads `Program::leaves` of the compiled program, not of
     // this one, which only `bind` sees (it counts them).
     p.leaves.push(Leaf::Param(usize::MAX));
@@ -793,8 +908,15 @@ impl Bound {
             hbuf[..len].copy_from_slice(out);
         }
         for (i, (t, acc)) in self.inputs.iter().enumerate() {
-            if let (Access::Strided(dims), Some(data)) = (acc, t.as_f32()) {
-                consts[i] = gather(dims, data, at, &mut bufs[i][..len]);
+            match (acc, t.as_f32()) {
+                (Access::Strided(dims), Some(data)) => {
+                    consts[i] = gather(dims, data, at, &mut bufs[i][..len]);
+                }
+                (Access::Gathered { dims, offsets }, Some(data)) => {
+                    crate::elem_view::gather_offsets(dims, data, offsets, at, &mut bufs[i][..len]);
+                    consts[i] = None;
+                }
+                _ => {}
             }
         }
         for inst in &self.prog.insts {
@@ -853,7 +975,7 @@ impl<'a> Operands<'a> {
                 (t, Access::Full) => {
                     Opnd::S(t.as_f32().map_or(&[][..], |d| &d[self.at..self.at + len]))
                 }
-                (_, Access::Strided(_)) => match self.consts[i] {
+                (_, Access::Strided(_) | Access::Gathered { .. }) => match self.consts[i] {
                     Some(v) => Opnd::C(v),
                     None => Opnd::S(&self.bufs[i][..len]),
                 },

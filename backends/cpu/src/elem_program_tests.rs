@@ -646,3 +646,293 @@ fn a_conv_chain_fuse_rs_covers_keeps_its_kernel() {
         "{names:?}"
     );
 }
+
+/// A module whose `fused` has the parameters `params` (`name: type` texts) and `body`
+/// (lines, the last named `gv`), called by `main` with `args` (texts: parameter names or
+/// shape literals) from `main`'s tensor parameters `main_params`.
+fn view_module(
+    params: &[&str],
+    body: &[&str],
+    out: &str,
+    main_params: &[&str],
+    args: &[&str],
+) -> String {
+    let mut s = format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused({}) -> {out}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n",
+        params.join(", ")
+    );
+    for line in body {
+        s.push_str(&format!("            {line}\n"));
+    }
+    s.push_str(&format!(
+        "            R.output(gv)\n        return gv\n\n    @R.function\n    def main({}) -> {out}:\n        with R.dataflow():\n            gv = Module.fused({})\n            R.output(gv)\n        return gv\n",
+        main_params.join(", "),
+        args.join(", ")
+    ));
+    s
+}
+
+fn i64_tensor(shape: &[usize], f: impl Fn(usize) -> i64) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_i64(shape.to_vec(), (0..n).map(f).collect()).unwrap()
+}
+
+#[test]
+fn relative_position_gathers_are_read_in_place_bit_for_bit() {
+    // DeBERTa's disentangled attention terms as FuseOps groups them: the positions broadcast
+    // over the heads, gathered from the [H, S, 2K] scores (one gather transposed), divided
+    // and added; the positions partly negative (counted from the end).
+    let (h, s, k2) = (3usize, 37usize, 16usize);
+    let t = |sh: &str, d: &str| format!("R.Tensor(({sh}), dtype=\"{d}\")");
+    let (hss, hsk) = (format!("{h}, {s}, {s}"), format!("{h}, {s}, {k2}"));
+    let params = [
+        format!("pos: {}", t(&format!("1, {s}, {s}"), "int64")),
+        format!("sh: R.Shape([{hss}])"),
+        format!("c2p: {}", t(&hsk, "float32")),
+        format!("scale: {}", t("", "float32")),
+        format!("zero: {}", t("", "float32")),
+        format!("pos2: {}", t(&format!("1, {s}, {s}"), "int64")),
+        format!("p2c: {}", t(&hsk, "float32")),
+    ];
+    let body = [
+        "lv = R.broadcast_to(pos, sh)",
+        "lv1 = R.gather_elements(c2p, lv, axis=-1)",
+        "lv2 = R.divide(lv1, scale)",
+        "lv3 = R.add(lv2, zero)",
+        "lv4 = R.broadcast_to(pos2, sh)",
+        "lv5 = R.gather_elements(p2c, lv4, axis=-1)",
+        "lv6 = R.permute_dims(lv5, axes=[0, 2, 1])",
+        "lv7 = R.divide(lv6, scale)",
+        "gv = R.add(lv3, lv7)",
+    ];
+    let main_params: Vec<String> = params
+        .iter()
+        .filter(|p| !p.starts_with("sh:"))
+        .cloned()
+        .collect();
+    let p: Vec<&str> = params.iter().map(String::as_str).collect();
+    let mp: Vec<&str> = main_params.iter().map(String::as_str).collect();
+    let shape_lit = format!("R.shape([{hss}])");
+    let src = view_module(
+        &p,
+        &body,
+        &t(&hss, "float32"),
+        &mp,
+        &["pos", &shape_lit, "c2p", "scale", "zero", "pos2", "p2c"],
+    );
+    let k = k2 as i64;
+    // Relative positions clipped into [0, 2K) as the exporter does, some written negative.
+    let rel = |i: usize, j: usize, sign: i64| -> i64 {
+        let d = (sign * (i as i64 - j as i64) + k / 2).clamp(0, k - 1);
+        if (i + j).is_multiple_of(3) { d - k } else { d }
+    };
+    let pos = i64_tensor(&[1, s, s], |q| rel(q / s, q % s, 1));
+    let pos2 = i64_tensor(&[1, s, s], |q| rel(q / s, q % s, -1));
+    let mut r = Rng(41);
+    let (c2p, p2c) = (r.tensor(&[h, s, k2]), r.tensor(&[h, s, k2]));
+    let scale = Tensor::from_f32(vec![], vec![13.856406]).unwrap();
+    let zero = Tensor::from_f32(vec![], vec![0.0]).unwrap();
+    let args = [
+        pos.clone(),
+        c2p.clone(),
+        scale,
+        zero,
+        pos2.clone(),
+        p2c.clone(),
+    ]
+    .map(Value::Tensor);
+    check(
+        &src,
+        &args,
+        "relax.broadcast_to+relax.gather_elements+relax.divide+relax.add+relax.broadcast_to+relax.gather_elements+relax.permute_dims+relax.divide+relax.add",
+    );
+    // And the definition, element by element.
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let Value::Tensor(got) = crate::run(&m, "main", args.to_vec()).unwrap() else {
+        panic!("not a tensor")
+    };
+    let (c, p, pv, pv2) = (
+        c2p.to_f32_vec(),
+        p2c.to_f32_vec(),
+        pos.to_i64_vec(),
+        pos2.to_i64_vec(),
+    );
+    let at = |j: i64| usize::try_from(if j < 0 { j + k } else { j }).unwrap();
+    let got = got.to_f32_vec();
+    for hh in 0..h {
+        for i in 0..s {
+            for j in 0..s {
+                let a = c[(hh * s + i) * k2 + at(pv[i * s + j])] / 13.856406 + 0.0;
+                let b = p[(hh * s + j) * k2 + at(pv2[j * s + i])] / 13.856406;
+                let g = got[(hh * s + i) * s + j];
+                assert!(
+                    same(g.to_bits(), (a + b).to_bits()),
+                    "[{hh}, {i}, {j}]: {g} vs {}",
+                    a + b
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn layout_chains_of_parameters_are_read_in_place() {
+    // permute_dims, a reshape that splits a dim, expand_dims, squeeze and a literal
+    // broadcast_to of one parameter, gathered along axis 0 from a box smaller than the data
+    // and multiplied with another.
+    let t = |sh: &str, d: &str| format!("R.Tensor(({sh}), dtype=\"{d}\")");
+    let params = [
+        format!("x: {}", t("6, 4", "float32")),
+        format!("y: {}", t("5, 3, 2, 4", "float32")),
+        format!("d: {}", t("7, 5", "float32")),
+        format!("idx: {}", t("3, 4", "int64")),
+    ];
+    let body = [
+        "lv = R.permute_dims(x, axes=[1, 0])",
+        "lv1 = R.reshape(lv, R.shape([4, 3, 2]))",
+        "lv2 = R.expand_dims(lv1, axis=[0, 2])",
+        "lv3 = R.squeeze(lv2, axis=[2])",
+        "lv4 = R.permute_dims(lv3, axes=[0, 2, 3, 1])",
+        "lv5 = R.broadcast_to(lv4, R.shape([5, 3, 2, 4]))",
+        "lv6 = R.multiply(y, lv5)",
+        "lv7 = R.gather_elements(d, idx, axis=0)",
+        "lv8 = R.permute_dims(lv7, axes=None)",
+        "lv9 = R.reshape(lv8, R.shape([2, -1, 3]))",
+        "lv10 = R.permute_dims(lv9, axes=[2, 0, 1])",
+        "lv11 = R.reshape(lv10, R.shape([3, 1, 4]))",
+        "lv12 = R.squeeze(lv11, axis=None)",
+        "lv13 = R.expand_dims(lv12, axis=[1])",
+        "lv14 = R.subtract(lv6, lv13)",
+        "gv = R.exp(lv14)",
+    ];
+    let p: Vec<&str> = params.iter().map(String::as_str).collect();
+    let src = view_module(
+        &p,
+        &body,
+        &t("5, 3, 2, 4", "float32"),
+        &p,
+        &["x", "y", "d", "idx"],
+    );
+    let mut r = Rng(3);
+    let idx = i64_tensor(&[3, 4], |q| (q as i64 * 5) % 14 - 7);
+    let args = [
+        r.tensor(&[6, 4]),
+        r.tensor(&[5, 3, 2, 4]),
+        r.tensor(&[7, 5]),
+        idx,
+    ]
+    .map(Value::Tensor);
+    let name = [
+        "permute_dims",
+        "reshape",
+        "expand_dims",
+        "squeeze",
+        "permute_dims",
+        "broadcast_to",
+        "multiply",
+        "gather_elements",
+        "permute_dims",
+        "reshape",
+        "permute_dims",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "subtract",
+        "exp",
+    ]
+    .map(|o| format!("relax.{o}"))
+    .join("+");
+    check(&src, &args, &name);
+}
+
+#[test]
+fn views_strides_cannot_express_or_bad_indices_run_op_by_op() {
+    let t = |sh: &str, d: &str| format!("R.Tensor(({sh}), dtype=\"{d}\")");
+    // A transpose merged across its transposed dims: not a strided view; the bindings run
+    // one by one, with the same values.
+    let params = [format!("x: {}", t("3, 4", "float32"))];
+    let p: Vec<&str> = params.iter().map(String::as_str).collect();
+    let src = view_module(
+        &p,
+        &[
+            "lv = R.permute_dims(x, axes=[1, 0])",
+            "lv1 = R.reshape(lv, R.shape([12]))",
+            "gv = R.exp(lv1)",
+        ],
+        &t("12,", "float32"),
+        &p,
+        &["x"],
+    );
+    let mut r = Rng(9);
+    let x = r.tensor(&[3, 4]);
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let g = compile(m.get("fused").unwrap()).unwrap();
+    assert!(bind(&g.prog, std::slice::from_ref(&x), None).is_none());
+    let want = crate::run(
+        &fusebox_core::text::parse_module_str(&plain(&src)).unwrap(),
+        "main",
+        vec![Value::Tensor(x.clone())],
+    )
+    .unwrap();
+    assert_eq!(
+        bits(&crate::run(&m, "main", vec![Value::Tensor(x.clone())]).unwrap()),
+        bits(&want)
+    );
+    let names = profile(&src, vec![Value::Tensor(x)]);
+    assert!(names.iter().any(|n| n == "relax.reshape"), "{names:?}");
+
+    // An index out of range: declined at bind, and the op-by-op run reports it.
+    let params = [
+        format!("d: {}", t("2, 3", "float32")),
+        format!("idx: {}", t("2, 3", "int64")),
+    ];
+    let p: Vec<&str> = params.iter().map(String::as_str).collect();
+    let src = view_module(
+        &p,
+        &["lv = R.gather_elements(d, idx, axis=1)", "gv = R.exp(lv)"],
+        &t("2, 3", "float32"),
+        &p,
+        &["d", "idx"],
+    );
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let g = compile(m.get("fused").unwrap()).unwrap();
+    let d = r.tensor(&[2, 3]);
+    for (bad, ok) in [(3, false), (-4, false), (2, true), (-3, true)] {
+        let idx = i64_tensor(&[2, 3], |q| if q == 4 { bad } else { 0 });
+        assert_eq!(
+            bind(&g.prog, &[d.clone(), idx.clone()], None).is_some(),
+            ok,
+            "{bad}"
+        );
+        let got = crate::run(
+            &m,
+            "main",
+            vec![Value::Tensor(d.clone()), Value::Tensor(idx)],
+        );
+        match got {
+            Ok(_) => assert!(ok, "{bad}"),
+            Err(e) => {
+                assert!(!ok, "{bad}: {e}");
+                let want = format!("index {bad} is out of range for an axis of extent 3");
+                assert!(e.to_string().contains(&want), "{e}");
+            }
+        }
+    }
+
+    // A view of a computed value is not covered.
+    let params = [format!("x: {}", t("3, 4", "float32"))];
+    let p: Vec<&str> = params.iter().map(String::as_str).collect();
+    let src = view_module(
+        &p,
+        &[
+            "lv = R.exp(x)",
+            "lv1 = R.permute_dims(lv, axes=[1, 0])",
+            "gv = R.negative(lv1)",
+        ],
+        &t("4, 3", "float32"),
+        &p,
+        &["x"],
+    );
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    assert!(compile(m.get("fused").unwrap()).is_none());
+}

@@ -32,7 +32,8 @@
 //!   by one, which is what happens otherwise.
 //! - A call of a FuseOps (`Primitive`) function that the call hook left to the interpreter,
 //!   whose bindings are all `float32` elementwise ops (after an optional `conv2d` or `matmul`
-//!   head), runs as one elementwise program (see `elem_program.rs`: one pass over the output
+//!   head; layout ops and `gather_elements` of its parameters read as views), runs as one
+//!   elementwise program (see `elem_program.rs`: one pass over the output
 //!   in blocks, the `conv2d`'s epilogue): the same bits as the bindings one by one (a NaN is
 //!   NaN there too, its payload aside), which is what runs when the values do not allow it
 //!   (another dtype, shapes that do not broadcast into the result). A `conv2d` chain of

@@ -56,6 +56,7 @@ mod depthwise_s2;
 mod einsum;
 mod elem;
 mod elem_program;
+mod elem_view;
 mod elementwise;
 pub mod exec;
 mod fuse;

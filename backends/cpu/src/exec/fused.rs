@@ -123,9 +123,11 @@ impl<'m> Interp<'m> {
         {
             return Ok(None);
         }
+        // A shape (the argument of a view's `broadcast_to` or `reshape`) as an `int64` tensor.
         let leaf = |l| -> Result<Option<Tensor>> {
             Ok(match self.leaf_value(name, f, args, l)? {
                 Value::Tensor(t) => Some(t),
+                Value::Shape(dims) => Some(Tensor::from_i64(vec![dims.len()], dims)?),
                 _ => None,
             })
         };
