@@ -22,7 +22,9 @@
 //!   device (the caller downloads what it wants on the host, see [`Value::to_host`]).
 //! - Constants are decoded once per [`Executor`] (keyed by their shared data buffer, dtype and
 //!   shape) and shared by every later use and run, and so is the result of an op call whose
-//!   arguments are all constants (ops are pure); [`run`] and friends use a fresh executor.
+//!   arguments are all constants (ops are pure), and of a call of a `Primitive` function
+//!   whose arguments are constants, shapes and prim values (one result per shape; up to
+//!   256 MiB of them in all); [`run`] and friends use a fresh executor.
 //!   A rank-2 `float32` constant that a `matmul` (or a dense composite) multiplies from the
 //!   right, with 8+ rows on the left, is also packed once into the panels of
 //!   `gemm_packed.rs` and kept with the executor (memory for speed, as onnxruntime's prepacking).
@@ -154,6 +156,9 @@ pub struct Executor {
     consts: Mutex<ConstMap>,
     /// Results of op calls whose arguments are all constants (ops are pure).
     folded: Mutex<HashMap<(Op, Vec<ConstKey>), Value>>,
+    /// The bytes of the results of calls of constants kept with the functions' facts
+    /// ([`Interp::call_folded`]).
+    folded_bytes: std::sync::atomic::AtomicUsize,
     /// The storage addresses of the tensors in `consts` and `folded` (kept as long as the
     /// executor, so an address names one tensor).
     kept: Mutex<HashSet<usize>>,
@@ -192,6 +197,60 @@ fn release(v: Option<Value>) {
         Some(Value::Tuple(parts)) => parts.into_iter().for_each(|p| release(Some(p))),
         _ => {}
     }
+}
+
+/// The most bytes of results [`Interp::call_folded`] keeps per executor.
+const FOLDED_BYTES: usize = 256 << 20;
+
+/// The bytes of a value's host tensors.
+fn value_bytes(v: &Value) -> usize {
+    match v {
+        Value::Tensor(t) => t.numel().saturating_mul(t.dtype().size_bytes()),
+        Value::Tuple(parts) => parts.iter().map(value_bytes).sum(),
+        _ => 0,
+    }
+}
+
+/// Notes that `ex` keeps the tensors of `v` alive.
+fn keep_value(ex: &Executor, v: &Value) {
+    match v {
+        Value::Tensor(t) => ex.keep(t),
+        Value::Tuple(parts) => parts.iter().for_each(|p| keep_value(ex, p)),
+        _ => {}
+    }
+}
+
+/// The key of a call of `gf` with `args` (values `vals`) whose result
+/// [`Interp::call_folded`] keeps: `gf` is a `Primitive` function (pure, calling no other)
+/// and every argument a constant, a shape or a prim value, one at least a constant; `None`
+/// otherwise.
+fn folded_key(
+    f: &Function,
+    args: &[ExprId],
+    vals: &[Value],
+    gf: &Function,
+) -> Option<Vec<plan::ArgKey>> {
+    if !gf.attrs.is_primitive() || gf.attrs.composite.is_some() {
+        return None;
+    }
+    let mut consts = 0;
+    let key = args
+        .iter()
+        .zip(vals)
+        .map(|(&x, v)| match (&f.exprs.get(x)?.kind, v) {
+            (ExprKind::Const(c), Value::Tensor(_)) => {
+                consts += 1;
+                Some(plan::ArgKey::Const(const_key(c)))
+            }
+            (ExprKind::ShapeLit(_), Value::Shape(dims)) => Some(plan::ArgKey::Shape(dims.clone())),
+            (ExprKind::Prim(_), Value::Prim(Prim::Int(i))) => Some(plan::ArgKey::Int(*i)),
+            (ExprKind::Prim(_), Value::Prim(Prim::Float(x))) => {
+                Some(plan::ArgKey::Float(x.to_bits()))
+            }
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (consts > 0).then_some(key)
 }
 
 /// The address of a tensor's storage: its identity while the tensor is alive.
@@ -1074,6 +1133,52 @@ impl<'m> Interp<'m> {
         Ok(v)
     }
 
+    /// A call of `Primitive` function `gf` whose arguments are all constants, shapes and
+    /// prim values (`key`, see [`folded_key`]): the function is pure, so its result is
+    /// computed once per executor and kept with the function's facts (the position
+    /// embeddings DeBERTa transposes per layer, for a batch size known only at run time).
+    /// Results are kept up to [`FOLDED_BYTES`] in all; past that, such calls run each time.
+    fn call_folded(
+        &self,
+        g: &str,
+        gf: &Function,
+        key: Vec<plan::ArgKey>,
+        vals: Vec<Value>,
+        depth: usize,
+        syms: &BTreeMap<Sym, i64>,
+    ) -> Result<Value> {
+        let facts = self
+            .exec
+            .facts(self.module, gf, self.pinned, self.hook.is_none());
+        let Some(facts) = facts else {
+            return self.call(g, gf, vals, depth + 1, syms, None);
+        };
+        if let Some(v) = facts
+            .folded
+            .lock()
+            .ok()
+            .and_then(|m| m.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()))
+        {
+            return Ok(v);
+        }
+        let v = self.call(g, gf, vals, depth + 1, syms, None)?;
+        let bytes = value_bytes(&v);
+        let fits = self
+            .exec
+            .folded_bytes
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |used| used.checked_add(bytes).filter(|&u| u <= FOLDED_BYTES),
+            )
+            .is_ok();
+        if fits && let Ok(mut m) = facts.folded.lock() {
+            keep_value(self.exec, &v);
+            m.push((key, v.clone()));
+        }
+        Ok(v)
+    }
+
     fn eval<'f>(
         &self,
         name: &str,
@@ -1169,7 +1274,12 @@ impl<'m> Interp<'m> {
                                 let gf = self.module.get(g).ok_or_else(|| {
                                     Error::Exec(format!("the module has no function `{g}`"))
                                 })?;
-                                self.call(g, gf, vals, depth + 1, &fr.syms, None)?
+                                match folded_key(f, args, &vals, gf) {
+                                    Some(key) => {
+                                        self.call_folded(g, gf, key, vals, depth, &fr.syms)?
+                                    }
+                                    None => self.call(g, gf, vals, depth + 1, &fr.syms, None)?,
+                                }
                             }
                         };
                         self.record(g, t);

@@ -51,6 +51,20 @@ pub(super) struct Facts {
     /// pinned module without a call hook ([`Site`]); `None` inside for a binding of another
     /// kind, or whose constants did not decode.
     pub(super) sites: Vec<OnceLock<Option<Site>>>,
+    /// For a `Primitive` function: its results on arguments that are all constants, shapes
+    /// and prim values ([`Interp::call_folded`]), by those arguments.
+    pub(super) folded: Mutex<Vec<(Vec<ArgKey>, Value)>>,
+}
+
+/// An argument of a call whose result [`Facts::folded`] keeps: a constant (by its buffer,
+/// as the executor keys decoded constants), a shape or a prim value.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum ArgKey {
+    Const(ConstKey),
+    Shape(Vec<i64>),
+    Int(i64),
+    /// A float prim value, by its bits.
+    Float(u64),
 }
 
 /// A call site of the pinned module run without a call hook: `binding = callee(args)` with
@@ -88,6 +102,7 @@ impl Facts {
         let sites = (0..f.bindings().count()).map(|_| OnceLock::new()).collect();
         Facts {
             sites,
+            folded: Mutex::new(Vec::new()),
             func: keep.then(|| f.clone()),
             group: crate::elem_program::compile(f),
             whole: Whole::of(f, &chains),

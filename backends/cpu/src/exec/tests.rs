@@ -661,3 +661,86 @@ fn a_blocked_depthwise_conv_with_bias_and_relu6_fuses_and_matches_nchw_bit_for_b
     let v = a.to_f32_vec();
     assert!(v.contains(&0.75) && v.contains(&0.0));
 }
+
+#[test]
+fn a_primitive_call_of_constants_and_shapes_runs_once_per_shape() {
+    // DeBERTa's position embeddings broadcast to the batch and transposed per layer: a
+    // `Primitive` function of a constant and a shape. Its result is kept per shape (the same
+    // tensor comes back while the first is alive); a call with a var argument runs each time.
+    let src = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def fused(c: R.Tensor((2, 3), dtype="float32"), s: R.Shape(["n", 2, 3])) -> R.Tensor(("n", 3, 2), dtype="float32"):
+        n = T.int64()
+        R.func_attr({"Primitive": True})
+        with R.dataflow():
+            lv = R.broadcast_to(c, s)
+            gv = R.permute_dims(lv, axes=[0, 2, 1])
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor(("n", 3, 2), dtype="float32"), y: R.Tensor((2, 3), dtype="float32")) -> R.Tuple(R.Tensor(("n", 3, 2), dtype="float32"), R.Tensor(("n", 3, 2), dtype="float32")):
+        n = T.int64()
+        with R.dataflow():
+            a = Module.fused(metadata["relax.expr.Constant"][0], R.shape([n, 2, 3]))
+            b = Module.fused(y, R.shape([n, 2, 3]))
+            gv = (a, b)
+            R.output(gv)
+        return gv
+"#;
+    let y = Tensor::from_f32(vec![2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    let bytes = y
+        .to_f32_vec()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let c = fusebox_core::ir::Constant::from_bytes(DType::F32, vec![2, 3], bytes).unwrap();
+    let mut table = fusebox_core::text::ConstTable::new();
+    table.insert("relax.expr.Constant", 0, c);
+    let m = Arc::new(
+        fusebox_core::text::parse_module(src, "test", &table).unwrap_or_else(|e| panic!("{e}")),
+    );
+    let ex = Executor::default();
+    let run = |n: usize, shared: bool| -> (Tensor, Tensor) {
+        let x = Tensor::from_f32(vec![n, 3, 2], vec![0.0; n * 6]).unwrap();
+        let args = vec![Value::Tensor(x), Value::Tensor(y.clone())];
+        let v = if shared {
+            ex.run_shared(&m, "main", args, None)
+        } else {
+            ex.run(&m, "main", args, None)
+        }
+        .unwrap_or_else(|e| panic!("{e}"));
+        match v {
+            Value::Tuple(mut items) if items.len() == 2 => {
+                let (Value::Tensor(b), Value::Tensor(a)) = (items.remove(1), items.remove(0))
+                else {
+                    panic!("not tensors")
+                };
+                (a, b)
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    // [n, 3, 2]: element [k, i, j] is c[j, i].
+    let want = |n: usize| -> Vec<f32> {
+        (0..n * 6)
+            .map(|q| {
+                let (i, j) = ((q % 6) / 2, q % 2);
+                (j * 3 + i + 1) as f32
+            })
+            .collect()
+    };
+    for shared in [false, true] {
+        let (a1, b1) = run(2, shared);
+        let (a2, b2) = run(2, shared);
+        let (a3, b3) = run(3, shared);
+        for (t, n) in [(&a1, 2), (&b1, 2), (&a2, 2), (&b2, 2), (&a3, 3), (&b3, 3)] {
+            assert_eq!(t.shape(), &[n, 3, 2]);
+            assert_eq!(t.to_f32_vec(), want(n));
+        }
+        assert_eq!(a1.storage_ptr(), a2.storage_ptr(), "shared={shared}");
+        assert_ne!(a1.storage_ptr(), a3.storage_ptr(), "shared={shared}");
+        assert_ne!(b1.storage_ptr(), b2.storage_ptr(), "shared={shared}");
+    }
+}
