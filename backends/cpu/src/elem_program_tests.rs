@@ -1,7 +1,9 @@
 //! Elementwise programs against the reference: the same Relax function run through the
 //! executor with `Primitive` set (one program) and cleared (the op-by-op kernels), bit for
-//! bit (NaN for NaN), for every thread count; conv2d + SiLU / hardswish epilogues likewise; and the
-//! fallback of other dtypes.
+//! bit (NaN for NaN), for every thread count; conv2d + SiLU / hardswish epilogues likewise;
+//! views (layout ops and gathers read in place, `elem_view.rs`), DeBERTa's terms against their
+//! definition and random chains against the ops one by one; and the fallback of other dtypes,
+//! of views strides cannot express and of out-of-range indices.
 
 #![allow(
     clippy::panic,
@@ -935,4 +937,175 @@ fn views_strides_cannot_express_or_bad_indices_run_op_by_op() {
     );
     let m = fusebox_core::text::parse_module_str(&src).unwrap();
     assert!(compile(m.get("fused").unwrap()).is_none());
+}
+
+/// A random chain of view ops over `x` (shape `shape`), at most one `gather_elements`, then
+/// multiplied by `y` of the chain's shape: the body, the typed params, the arguments and the
+/// profile name. Reshapes only split dims or name one `-1` (a split is always a view).
+fn random_views(shape: &[usize], picks: &[u64], r: &mut Rng) -> (String, Vec<Value>, String) {
+    let t = |sh: &[usize], d: &str| {
+        let dims: Vec<String> = sh.iter().map(ToString::to_string).collect();
+        let comma = if sh.len() == 1 { "," } else { "" };
+        format!("R.Tensor(({}{comma}), dtype=\"{d}\")", dims.join(", "))
+    };
+    let lit = |sh: &[usize]| {
+        let dims: Vec<String> = sh.iter().map(ToString::to_string).collect();
+        format!("R.shape([{}])", dims.join(", "))
+    };
+    let mut params = vec![format!("x: {}", t(shape, "float32"))];
+    let mut args = vec![Value::Tensor(r.tensor(shape))];
+    let mut body: Vec<String> = Vec::new();
+    let mut names: Vec<&str> = Vec::new();
+    let mut cur = "x".to_string();
+    let mut sh = shape.to_vec();
+    let mut gathered = false;
+    for (k, &p) in picks.iter().enumerate() {
+        let rank = sh.len();
+        let numel: usize = sh.iter().product();
+        let bit = |i: u32| (p >> i) as usize;
+        let (expr, op, next) = match p % 6 {
+            0 if rank >= 2 => {
+                let mut perm: Vec<usize> = (0..rank).collect();
+                for i in (1..rank).rev() {
+                    perm.swap(i, bit(8 + 4 * i as u32) % (i + 1));
+                }
+                let axes: Vec<String> = perm.iter().map(ToString::to_string).collect();
+                let next = perm.iter().map(|&a| sh[a]).collect();
+                (
+                    format!("R.permute_dims({cur}, axes=[{}])", axes.join(", ")),
+                    "permute_dims",
+                    next,
+                )
+            }
+            1 if rank < 6 => {
+                let a = bit(8) % (rank + 1);
+                let mut next = sh.clone();
+                next.insert(a, 1);
+                (
+                    format!("R.expand_dims({cur}, axis=[{a}])"),
+                    "expand_dims",
+                    next,
+                )
+            }
+            2 if sh.contains(&1) => {
+                let ones: Vec<usize> = (0..rank).filter(|&j| sh[j] == 1).collect();
+                let a = ones[bit(8) % ones.len()];
+                let mut next = sh.clone();
+                next.remove(a);
+                (format!("R.squeeze({cur}, axis=[{a}])"), "squeeze", next)
+            }
+            3 if (1..6).contains(&rank) => {
+                let d = bit(8) % rank;
+                let divs: Vec<usize> = (1..=sh[d]).filter(|a| sh[d].is_multiple_of(*a)).collect();
+                let a = divs[bit(16) % divs.len()];
+                let mut next = sh.clone();
+                next[d] = sh[d] / a;
+                next.insert(d, a);
+                let mut written: Vec<String> = next.iter().map(ToString::to_string).collect();
+                if bit(24) % 2 == 0 {
+                    let at = bit(28) % written.len();
+                    written[at] = "-1".to_string();
+                }
+                (
+                    format!("R.reshape({cur}, R.shape([{}]))", written.join(", ")),
+                    "reshape",
+                    next,
+                )
+            }
+            4 if numel * 4 <= 4000 => {
+                let mut next: Vec<usize> = sh
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &e)| {
+                        if e == 1 {
+                            1 + bit(8 + 2 * j as u32) % 4
+                        } else {
+                            e
+                        }
+                    })
+                    .collect();
+                if rank < 6 && bit(30) % 2 == 0 {
+                    next.insert(0, 2);
+                }
+                (
+                    format!("R.broadcast_to({cur}, {})", lit(&next)),
+                    "broadcast_to",
+                    next,
+                )
+            }
+            5 if !gathered && rank >= 1 => {
+                gathered = true;
+                let ax = bit(8) % rank;
+                let n = sh[ax] as i64;
+                let is: Vec<usize> = sh
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &e)| {
+                        if j == ax {
+                            1 + bit(12) % 5
+                        } else {
+                            e - bit(16 + j as u32) % e.min(2)
+                        }
+                    })
+                    .collect();
+                let seed = r.next();
+                let idx = i64_tensor(&is, |q| {
+                    ((seed >> (q % 40)) as i64 + q as i64 * 7).rem_euclid(2 * n) - n
+                });
+                let pname = format!("i{k}");
+                params.push(format!("{pname}: {}", t(&is, "int64")));
+                args.push(Value::Tensor(idx));
+                (
+                    format!("R.gather_elements({cur}, {pname}, axis={ax})"),
+                    "gather_elements",
+                    is,
+                )
+            }
+            _ => continue,
+        };
+        let name = format!("v{k}");
+        body.push(format!("{name} = {expr}"));
+        names.push(op);
+        cur = name;
+        sh = next;
+    }
+    params.push(format!("y: {}", t(&sh, "float32")));
+    args.push(Value::Tensor(r.tensor(&sh)));
+    body.push(format!("gv = R.multiply({cur}, y)"));
+    names.push("multiply");
+    let name = names
+        .iter()
+        .map(|o| format!("relax.{o}"))
+        .collect::<Vec<_>>()
+        .join("+");
+    let out = t(&sh, "float32");
+    let p: Vec<&str> = params.iter().map(String::as_str).collect();
+    let b: Vec<&str> = body.iter().map(String::as_str).collect();
+    let call: Vec<String> = params
+        .iter()
+        .map(|q| q.split(':').next().unwrap_or("").to_string())
+        .collect();
+    let c: Vec<&str> = call.iter().map(String::as_str).collect();
+    (view_module(&p, &b, &out, &p, &c), args, name)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_view_chains_give_the_op_by_op_bits(
+        shape in prop::sample::select(vec![
+            vec![6usize],
+            vec![2, 3, 4],
+            vec![1, 4, 1, 3],
+            vec![5, 12],
+            vec![3, 1, 2, 2, 2],
+        ]),
+        picks in prop::collection::vec(any::<u64>(), 1..8),
+        seed in 1u64..u64::MAX,
+    ) {
+        let mut r = Rng(seed);
+        let (src, args, name) = random_views(&shape, &picks, &mut r);
+        check(&src, &args, &name);
+    }
 }
