@@ -456,7 +456,7 @@ enum Access {
     /// dim of the output, and the data offset each index element reads.
     Gathered {
         dims: Vec<(usize, [usize; 2])>,
-        offsets: Vec<usize>,
+        offsets: Vec<u32>,
     },
 }
 
@@ -608,10 +608,10 @@ fn view_access(v: crate::elem_view::Resolved, out: &[usize], n: usize) -> Option
         Some(g) => {
             let is = strides_at(&v.shape, &g.strides, out)?;
             let dims = merge_dims(out, [&ds, &is]);
-            let top = g.offsets.iter().max()?;
+            let top = *g.offsets.iter().max()? as usize;
             if dims.len() > MAX_DIMS
                 || last(&dims, 1) >= g.offsets.len()
-                || last(&dims, 0).checked_add(*top)? >= n
+                || last(&dims, 0).checked_add(top)? >= n
             {
                 return None;
             }

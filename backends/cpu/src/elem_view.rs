@@ -167,10 +167,11 @@ pub(crate) fn step_of(
 }
 
 /// A gather's indices, resolved: the offset (index · the gathered axis' stride) each index
-/// element reads, with the indices' own strides per view dim.
+/// element reads, with the indices' own strides per view dim. Offsets are `u32` (half the
+/// memory traffic of `usize`): data of more elements is declined.
 #[derive(Clone, Debug)]
 pub(crate) struct Offsets {
-    pub offsets: Vec<usize>,
+    pub offsets: Vec<u32>,
     pub strides: Vec<usize>,
 }
 
@@ -408,13 +409,20 @@ pub(crate) fn resolve(feed: &Feed, leaves: &[Tensor]) -> Option<Resolved> {
                 if (0..r).any(|d| d != ax && idx.shape[d] > shape[d]) {
                     return None;
                 }
+                if t.numel() > u32::MAX as usize {
+                    return None;
+                }
                 let len = i64::try_from(shape[ax]).ok()?;
                 let axis_stride = strides[ax];
-                let norm = |j: i64| -> Option<usize> {
+                // In range, `j · stride` lies within the data, so it fits a `u32`.
+                let norm = |j: i64| -> Option<u32> {
                     let j = if j < 0 { j + len } else { j };
-                    (0..len).contains(&j).then(|| j as usize * axis_stride)
+                    if !(0..len).contains(&j) {
+                        return None;
+                    }
+                    u32::try_from(j as usize * axis_stride).ok()
                 };
-                let offsets: Vec<usize> = match it.storage() {
+                let offsets: Vec<u32> = match it.storage() {
                     StorageRef::I64(v) => v.iter().map(|&j| norm(j)).collect::<Option<_>>()?,
                     StorageRef::I32(v) => v
                         .iter()
@@ -469,13 +477,13 @@ pub(crate) fn strides_at(shape: &[usize], strides: &[usize], out: &[usize]) -> O
 pub(crate) fn gather_offsets(
     dims: &[(usize, [usize; 2])],
     data: &[f32],
-    offsets: &[usize],
+    offsets: &[u32],
     at: usize,
     buf: &mut [f32],
 ) {
     const MAX: usize = crate::elem_program::MAX_DIMS;
     let Some(&(ie, [ids, iis])) = dims.last() else {
-        buf.fill(data[offsets[0]]);
+        buf.fill(data[offsets[0] as usize]);
         return;
     };
     let mut idx = [0usize; MAX];
@@ -495,7 +503,7 @@ pub(crate) fn gather_offsets(
         }
         let dst = &mut buf[done..done + run];
         for (k, d) in dst.iter_mut().enumerate() {
-            *d = data[od + k * ids + offsets[oi + k * iis]];
+            *d = data[od + k * ids + offsets[oi + k * iis] as usize];
         }
         done += run;
         idx[inner] += run;
