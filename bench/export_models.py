@@ -84,10 +84,11 @@ def token_inputs(vocab):
     return {"input_ids": ids, "attention_mask": np.ones((1, SEQ), dtype=np.int64)}
 
 
-def export_encoder(out, name, model, inputs, note=""):
+def export_encoder(out, name, model, inputs, note="", axes=None):
     """`model`'s `last_hidden_state` for `inputs` (graph input name -> array, in the forward's
-    argument order), exported by TorchScript at opset 17 with dynamic batch and sequence
-    axes, and saved with onnxruntime's outputs."""
+    argument order), exported by TorchScript at opset 17 with dynamic axes (`axes`, input
+    name -> {axis: name}; by default batch and sequence), and saved with onnxruntime's
+    outputs."""
     n = sum(p.numel() for p in model.parameters())
     w = Logits(model, "last_hidden_state")
     names = list(inputs)
@@ -104,7 +105,7 @@ def export_encoder(out, name, model, inputs, note=""):
             opset_version=17,
             input_names=names,
             output_names=["last_hidden_state"],
-            dynamic_axes={k: {0: "batch", 1: "sequence"} for k in names},
+            dynamic_axes=axes or {k: {0: "batch", 1: "sequence"} for k in names},
         )
     save(out, name, inputs, path, want,
          f"TorchScript exporter, opset 17, {n / 1e6:.1f} M parameters{note}")
@@ -249,12 +250,46 @@ def deberta_v3_base(out):
     export_encoder(out, "deberta-v3-base", model, token_inputs(128100))
 
 
+def vit_base(out):
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    # google/vit-base-patch16-224's shape: 12 layers, hidden 768, 224 × 224 in 16 × 16
+    # patches (197 tokens); random weights.
+    model = ViTModel(ViTConfig(), add_pooling_layer=False).eval()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 224, 224), dtype=np.float32)
+    export_encoder(out, "vit-base", model, {"pixel_values": x},
+                   axes={"pixel_values": {0: "batch"}})
+
+
+def llama_small(out):
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    # A LLaMA-architecture model of BERT-base's width: 12 layers, hidden 768, 12 query and
+    # 4 key/value heads (grouped-query attention), SwiGLU MLP of 2048, RoPE, RMSNorm.
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+    )
+    model = LlamaModel(config).eval()
+    export_encoder(out, "llama-small", model, token_inputs(32000), ", grouped-query attention")
+
+
 MODELS = {
     "bert-base": bert,
     "gpt2": gpt2,
     "mobilenet-v2": mobilenet,
     "mixtral-moe": mixtral_moe,
     "deberta-v3-base": deberta_v3_base,
+    "vit-base": vit_base,
+    "llama-small": llama_small,
 }
 
 
