@@ -726,28 +726,17 @@ thread_local! {
 /// a tile of one channel).
 #[inline(always)]
 fn gather(dims: &[(usize, usize)], data: &[f32], at: usize, buf: &mut [f32]) -> Option<f32> {
-    let Some(&(ie, is)) = dims.last() else {
+    let Some(&(_, is)) = dims.last() else {
         return data.first().copied();
     };
-    let mut idx = [0usize; MAX_DIMS];
-    let mut rem = at;
-    for (j, &(e, _)) in dims.iter().enumerate().rev() {
-        idx[j] = rem % e;
-        rem /= e;
-    }
-    let offset = |idx: &[usize; MAX_DIMS]| -> usize {
-        dims.iter().enumerate().map(|(j, &(_, s))| idx[j] * s).sum()
-    };
-    let inner = dims.len() - 1;
-    if is == 0 && idx[inner] + buf.len() <= ie {
-        return data.get(offset(&idx)).copied();
-    }
-    let mut done = 0;
-    while done < buf.len() {
-        let run = (ie - idx[inner]).min(buf.len() - done);
-        let o = offset(&idx);
+    let len = buf.len();
+    let mut konst = None;
+    crate::elem_view::for_each_run(dims.iter().map(|d| d.0), at, len, |done, run, idx| {
+        let o: usize = dims.iter().zip(idx).map(|(&(_, s), &i)| i * s).sum();
         let dst = &mut buf[done..done + run];
         match is {
+            // One run over the whole block of a broadcast dim: one value for all of it.
+            0 if run == len => konst = data.get(o).copied(),
             0 => dst.fill(data.get(o).copied().unwrap_or(0.0)),
             1 => dst.copy_from_slice(&data[o..o + run]),
             s => dst
@@ -755,17 +744,8 @@ fn gather(dims: &[(usize, usize)], data: &[f32], at: usize, buf: &mut [f32]) -> 
                 .enumerate()
                 .for_each(|(k, d)| *d = data[o + k * s]),
         }
-        done += run;
-        idx[inner] += run;
-        // Carry into the outer dims.
-        let mut j = inner;
-        while idx[j] >= dims[j].0 && j > 0 {
-            idx[j] = 0;
-            j -= 1;
-            idx[j] += 1;
-        }
-    }
-    None
+    });
+    konst
 }
 
 /// `d = f(a)` over a block.

@@ -471,6 +471,49 @@ pub(crate) fn strides_at(shape: &[usize], strides: &[usize], out: &[usize]) -> O
     Some(s)
 }
 
+/// Walks output elements `at..at + len` of merged dims of extents `ext` (outermost first, at
+/// most [`crate::elem_program::MAX_DIMS`], each at least 2) in runs along the innermost dim:
+/// `f(done, run, idx)` per run, with the run's position from `at`, its length and the index
+/// of its first element per merged dim.
+#[inline(always)]
+pub(crate) fn for_each_run(
+    ext: impl DoubleEndedIterator<Item = usize> + ExactSizeIterator + Clone,
+    at: usize,
+    len: usize,
+    mut f: impl FnMut(usize, usize, &[usize]),
+) {
+    const MAX: usize = crate::elem_program::MAX_DIMS;
+    let n = ext.len();
+    let mut e = [1usize; MAX];
+    for (j, x) in ext.enumerate().take(MAX) {
+        e[j] = x;
+    }
+    let Some(inner) = n.checked_sub(1) else {
+        f(0, len, &[]);
+        return;
+    };
+    let mut idx = [0usize; MAX];
+    let mut rem = at;
+    for j in (0..n).rev() {
+        idx[j] = rem % e[j];
+        rem /= e[j];
+    }
+    let mut done = 0;
+    while done < len {
+        let run = (e[inner] - idx[inner]).min(len - done);
+        f(done, run, &idx[..n]);
+        done += run;
+        idx[inner] += run;
+        // Carry into the outer dims.
+        let mut j = inner;
+        while idx[j] >= e[j] && j > 0 {
+            idx[j] = 0;
+            j -= 1;
+            idx[j] += 1;
+        }
+    }
+}
+
 /// Fills `buf` with the gathered view's elements from output element `at` on: `dims` are
 /// (extent, [data stride, index stride]) per merged output dim, outermost first.
 #[inline(always)]
@@ -481,39 +524,17 @@ pub(crate) fn gather_offsets(
     at: usize,
     buf: &mut [f32],
 ) {
-    const MAX: usize = crate::elem_program::MAX_DIMS;
-    let Some(&(ie, [ids, iis])) = dims.last() else {
-        buf.fill(data[offsets[0] as usize]);
-        return;
-    };
-    let mut idx = [0usize; MAX];
-    let mut rem = at;
-    for (j, &(e, _)) in dims.iter().enumerate().rev() {
-        idx[j] = rem % e;
-        rem /= e;
-    }
-    let inner = dims.len() - 1;
-    let mut done = 0;
-    while done < buf.len() {
-        let run = (ie - idx[inner]).min(buf.len() - done);
+    let (ids, iis) = dims.last().map_or((0, 0), |&(_, [d, i])| (d, i));
+    for_each_run(dims.iter().map(|d| d.0), at, buf.len(), |done, run, idx| {
         let (mut od, mut oi) = (0usize, 0usize);
-        for (j, &(_, [ds, is])) in dims.iter().enumerate() {
-            od += idx[j] * ds;
-            oi += idx[j] * is;
+        for (&(_, [ds, is]), &i) in dims.iter().zip(idx) {
+            od += i * ds;
+            oi += i * is;
         }
-        let dst = &mut buf[done..done + run];
-        for (k, d) in dst.iter_mut().enumerate() {
+        for (k, d) in buf[done..done + run].iter_mut().enumerate() {
             *d = data[od + k * ids + offsets[oi + k * iis] as usize];
         }
-        done += run;
-        idx[inner] += run;
-        let mut j = inner;
-        while idx[j] >= dims[j].0 && j > 0 {
-            idx[j] = 0;
-            j -= 1;
-            idx[j] += 1;
-        }
-    }
+    });
 }
 
 /// Merges adjacent output dims that every stride set walks as one, dropping extent-1 dims:
