@@ -220,15 +220,16 @@ fn keep_value(ex: &Executor, v: &Value) {
     }
 }
 
-/// The key of a call of `gf` with `args` (values `vals`) whose result
-/// [`Interp::call_folded`] keeps: `gf` is a `Primitive` function (pure, calling no other)
-/// and every argument a constant, a shape or a prim value, one at least a constant; `None`
-/// otherwise.
+/// The key of a call of `gf` with `args` (values `vals`) in a frame of symbolic dims `syms`
+/// whose result [`Interp::call_folded`] keeps: `gf` is a `Primitive` function (pure, calling
+/// no other) and every argument a constant, a shape or a prim value, one at least a
+/// constant; `None` otherwise. The key holds the arguments and `syms`.
 fn folded_key(
     f: &Function,
     args: &[ExprId],
     vals: &[Value],
     gf: &Function,
+    syms: &BTreeMap<Sym, i64>,
 ) -> Option<Vec<plan::ArgKey>> {
     if !gf.attrs.is_primitive() || gf.attrs.composite.is_some() {
         return None;
@@ -250,7 +251,14 @@ fn folded_key(
             _ => None,
         })
         .collect::<Option<Vec<_>>>()?;
-    (consts > 0).then_some(key)
+    if consts == 0 {
+        return None;
+    }
+    let mut key = key;
+    key.push(plan::ArgKey::Syms(
+        syms.iter().map(|(s, &v)| (s.clone(), v)).collect(),
+    ));
+    Some(key)
 }
 
 /// The address of a tensor's storage: its identity while the tensor is alive.
@@ -927,7 +935,8 @@ impl<'m> Interp<'m> {
     }
 
     /// The [`Site`] of binding `b` of `f`: `None` unless it calls a module function with vars
-    /// and constants only, and every constant decodes.
+    /// and constants only (not a `Primitive` function with constants only), and every
+    /// constant decodes.
     fn site(&self, f: &Function, b: &fusebox_core::ir::Binding) -> Option<Site> {
         let ExprKind::Call {
             callee: Callee::Global(g),
@@ -945,6 +954,14 @@ impl<'m> Interp<'m> {
                 _ => None,
             })
             .collect::<Option<Vec<_>>>()?;
+        // A `Primitive` call of constants only runs once (`call_folded`, reached through
+        // `eval`): no site.
+        if gf.attrs.is_primitive()
+            && gf.attrs.composite.is_none()
+            && consts.iter().all(Option::is_some)
+        {
+            return None;
+        }
         Some(Site {
             callee,
             facts: self.exec.facts(self.module, gf, self.pinned, true),
@@ -1274,7 +1291,7 @@ impl<'m> Interp<'m> {
                                 let gf = self.module.get(g).ok_or_else(|| {
                                     Error::Exec(format!("the module has no function `{g}`"))
                                 })?;
-                                match folded_key(f, args, &vals, gf) {
+                                match folded_key(f, args, &vals, gf, &fr.syms) {
                                     Some(key) => {
                                         self.call_folded(g, gf, key, vals, depth, &fr.syms)?
                                     }

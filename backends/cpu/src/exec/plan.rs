@@ -65,6 +65,9 @@ pub(super) enum ArgKey {
     Int(i64),
     /// A float prim value, by its bits.
     Float(u64),
+    /// The caller's symbolic dims (a shape literal inside the function may read one its
+    /// parameters leave unbound, see [`Interp::call`]).
+    Syms(Vec<(Sym, i64)>),
 }
 
 /// A call site of the pinned module run without a call hook: `binding = callee(args)` with

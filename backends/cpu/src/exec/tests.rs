@@ -666,7 +666,8 @@ fn a_blocked_depthwise_conv_with_bias_and_relu6_fuses_and_matches_nchw_bit_for_b
 fn a_primitive_call_of_constants_and_shapes_runs_once_per_shape() {
     // DeBERTa's position embeddings broadcast to the batch and transposed per layer: a
     // `Primitive` function of a constant and a shape. Its result is kept per shape (the same
-    // tensor comes back while the first is alive); a call with a var argument runs each time.
+    // tensor comes back while the first is alive); a call with a var argument runs each time;
+    // one whose shape reads the caller's symbol is kept per value of the symbol.
     let src = r#"@I.ir_module
 class Module:
     @R.function(private=True)
@@ -679,13 +680,23 @@ class Module:
             R.output(gv)
         return gv
 
+    @R.function(private=True)
+    def outer(c: R.Tensor((2, 3), dtype="float32")) -> R.Tensor(("n", 2, 3), dtype="float32"):
+        n = T.int64()
+        R.func_attr({"Primitive": True})
+        with R.dataflow():
+            gv = R.broadcast_to(c, R.shape([n, 2, 3]))
+            R.output(gv)
+        return gv
+
     @R.function
-    def main(x: R.Tensor(("n", 3, 2), dtype="float32"), y: R.Tensor((2, 3), dtype="float32")) -> R.Tuple(R.Tensor(("n", 3, 2), dtype="float32"), R.Tensor(("n", 3, 2), dtype="float32")):
+    def main(x: R.Tensor(("n", 3, 2), dtype="float32"), y: R.Tensor((2, 3), dtype="float32")) -> R.Tuple(R.Tensor(("n", 3, 2), dtype="float32"), R.Tensor(("n", 3, 2), dtype="float32"), R.Tensor(("n", 2, 3), dtype="float32")):
         n = T.int64()
         with R.dataflow():
             a = Module.fused(metadata["relax.expr.Constant"][0], R.shape([n, 2, 3]))
             b = Module.fused(y, R.shape([n, 2, 3]))
-            gv = (a, b)
+            c = Module.outer(metadata["relax.expr.Constant"][0])
+            gv = (a, b, c)
             R.output(gv)
         return gv
 "#;
@@ -702,7 +713,7 @@ class Module:
         fusebox_core::text::parse_module(src, "test", &table).unwrap_or_else(|e| panic!("{e}")),
     );
     let ex = Executor::default();
-    let run = |n: usize, shared: bool| -> (Tensor, Tensor) {
+    let run = |n: usize, shared: bool| -> (Tensor, Tensor, Tensor) {
         let x = Tensor::from_f32(vec![n, 3, 2], vec![0.0; n * 6]).unwrap();
         let args = vec![Value::Tensor(x), Value::Tensor(y.clone())];
         let v = if shared {
@@ -712,13 +723,10 @@ class Module:
         }
         .unwrap_or_else(|e| panic!("{e}"));
         match v {
-            Value::Tuple(mut items) if items.len() == 2 => {
-                let (Value::Tensor(b), Value::Tensor(a)) = (items.remove(1), items.remove(0))
-                else {
-                    panic!("not tensors")
-                };
-                (a, b)
-            }
+            Value::Tuple(items) => match <[Value; 3]>::try_from(items) {
+                Ok([Value::Tensor(a), Value::Tensor(b), Value::Tensor(c)]) => (a, b, c),
+                other => panic!("{other:?}"),
+            },
             other => panic!("{other:?}"),
         }
     };
@@ -732,9 +740,15 @@ class Module:
             .collect()
     };
     for shared in [false, true] {
-        let (a1, b1) = run(2, shared);
-        let (a2, b2) = run(2, shared);
-        let (a3, b3) = run(3, shared);
+        let (a1, b1, c1) = run(2, shared);
+        let (a2, b2, c2) = run(2, shared);
+        let (a3, b3, c3) = run(3, shared);
+        // A shape inside the function read from the caller's `n`: kept per `n` too.
+        for (c, n) in [(&c1, 2), (&c2, 2), (&c3, 3)] {
+            assert_eq!(c.shape(), &[n, 2, 3], "shared={shared}");
+            assert_eq!(c.to_f32_vec(), y.to_f32_vec().repeat(n));
+        }
+        assert_eq!(c1.storage_ptr(), c2.storage_ptr(), "shared={shared}");
         for (t, n) in [(&a1, 2), (&b1, 2), (&a2, 2), (&b2, 2), (&a3, 3), (&b3, 3)] {
             assert_eq!(t.shape(), &[n, 3, 2]);
             assert_eq!(t.to_f32_vec(), want(n));
