@@ -342,15 +342,16 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
             continue;
         };
         let mut src = |e: ExprId| -> Option<Src> {
-            let feed = match var_of(e) {
-                Some(v) if Some(v) == head_var => return Some(Src::Head),
-                Some(v) if regs.contains(&v) => {
-                    return regs.iter().position(|r| *r == v).map(Src::Reg);
-                }
-                Some(v) if views.iter().any(|(w, _)| *w == v) => {
-                    views.iter().find(|(w, _)| *w == v)?.1.clone()
-                }
-                _ => Feed::leaf(leaf_index(&mut leaves, leaf_of(e)?)),
+            let v = var_of(e);
+            if v.is_some() && v == head_var {
+                return Some(Src::Head);
+            }
+            if let Some(r) = regs.iter().position(|r| Some(*r) == v) {
+                return Some(Src::Reg(r));
+            }
+            let feed = match views.iter().find(|(w, _)| Some(*w) == v) {
+                Some((_, feed)) => feed.clone(),
+                None => Feed::leaf(leaf_index(&mut leaves, leaf_of(e)?)),
             };
             let i = match feeds.iter().position(|x| *x == feed) {
                 Some(i) => i,

@@ -235,7 +235,7 @@ fn folded_key(
         return None;
     }
     let mut consts = 0;
-    let key = args
+    let mut key = args
         .iter()
         .zip(vals)
         .map(|(&x, v)| match (&f.exprs.get(x)?.kind, v) {
@@ -254,7 +254,6 @@ fn folded_key(
     if consts == 0 {
         return None;
     }
-    let mut key = key;
     key.push(plan::ArgKey::Syms(
         syms.iter().map(|(s, &v)| (s.clone(), v)).collect(),
     ));
