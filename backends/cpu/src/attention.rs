@@ -82,13 +82,16 @@ const BK: usize = 256;
 const BK_MAX: usize = 1024;
 
 /// Query rows per task: as many as keep a task's scores within `SCORES` floats (256 KiB,
-/// in a core's L2 with the key block), between 32 and 128, a multiple of 8. It depends on the
+/// in a core's L2 with the key block), between 32 and 256, a multiple of 8. It depends on the
 /// shape only (so the result does not depend on the thread count); more rows per task make
-/// the two GEMMs of a task larger, and the key block is scaled once per task.
+/// the two GEMMs of a task larger, and the key block is scaled once per task. Up to 256 so
+/// that ViT's 197 tokens are one task per head (a cap of 128 split each head in two, which
+/// scaled every key block twice: ViT-base's attention took 1.09 ms a layer on two threads,
+/// 0.95 ms with this cap and the reused buffers of [`Bufs`]).
 fn rows_per_task(t: usize) -> usize {
     const SCORES: usize = 1 << 16;
     let bk = if t <= BK_MAX { t.max(1) } else { BK };
-    (SCORES / bk).clamp(32, 128) / 8 * 8
+    (SCORES / bk).clamp(32, 256) / 8 * 8
 }
 
 /// Where one input's matrix starts for each output batch index (`out`: the batch dims, row
@@ -218,11 +221,14 @@ impl<'a> Strided<'a> {
     #[inline(always)]
     fn scaled_into(self, scale: Scale, buf: &'a mut Vec<f32>) -> MatRef<'a, f32> {
         let (m, n) = (self.rows, self.cols);
-        buf.clear();
         if m == 0 || n == 0 {
             return MatRef::from_row_major_slice(&[], m, n);
         }
-        buf.resize(m * n, 0.0);
+        // Every element below is written: grown, never cleared (the buffer is reused).
+        if buf.len() < m * n {
+            buf.resize(m * n, 0.0);
+        }
+        let buf = &mut buf[..m * n];
         // Runs of `len` elements, `runs` of them `step` apart, into `buf` one after another.
         let col_major = self.rs == 1 && self.cs != 1;
         let (runs, len, step, inner) = if col_major {
@@ -246,10 +252,11 @@ impl<'a> Strided<'a> {
             }
         }
         debug_assert_eq!(runs * len, buf.len());
+        let buf: &'a [f32] = buf;
         if col_major {
-            MatRef::from_column_major_slice(&buf[..], m, n)
+            MatRef::from_column_major_slice(buf, m, n)
         } else {
-            MatRef::from_row_major_slice(&buf[..], m, n)
+            MatRef::from_row_major_slice(buf, m, n)
         }
     }
 
@@ -548,12 +555,14 @@ pub(crate) fn exp32(x: f32) -> f32 {
     if x < -87.3 { 0.0 } else { y * scale }
 }
 
-/// The largest element of `row` (NaN ignored, as `f32::max` does; `-inf` when empty), as 8
-/// interleaved running maxima, which vectorises.
+/// The largest element of `row` (NaN ignored, as `f32::max` does; `-inf` when empty), as
+/// [`MAX_LANES`] interleaved running maxima, which vectorises. The maximum does not depend on
+/// the grouping, so the lane count is free: 64 make four AVX-512 chains (eight of AVX2), so
+/// the `max`'s latency (with its NaN select) is hidden instead of paid per vector.
 #[inline(always)]
-fn striped_max_f32(row: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; 8];
-    let mut chunks = row.chunks_exact(8);
+pub(crate) fn striped_max_f32(row: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; MAX_LANES];
+    let mut chunks = row.chunks_exact(MAX_LANES);
     for c in &mut chunks {
         for (a, &x) in acc.iter_mut().zip(c) {
             *a = a.max(x);
@@ -562,14 +571,45 @@ fn striped_max_f32(row: &[f32]) -> f32 {
     for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
         *a = a.max(x);
     }
-    acc.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    // Halves folded lane-wise (vector maxima down to one vector's lanes), then the lanes.
+    let mut n = MAX_LANES;
+    while n > 1 {
+        n /= 2;
+        let (lo, hi) = acc.split_at_mut(n);
+        for (a, &b) in lo.iter_mut().zip(&hi[..n]) {
+            *a = a.max(b);
+        }
+    }
+    acc[0]
 }
+
+/// The running maxima of [`striped_max_f32`].
+const MAX_LANES: usize = 64;
 
 /// A mask's data, the offset of this batch index's `[0, 0]`, and its row and column strides.
 type Mask<'a> = (&'a [f32], isize, isize, isize);
 
 /// A select mask's condition as [`Mask`] holds an additive one, and its fill.
 type Select<'a> = (&'a [bool], isize, isize, isize, f32);
+
+/// [`block`]'s buffers, kept per thread between its tasks (taken out for a task, put back
+/// after it): the block's scores, and the scaled or gathered query rows, key and value blocks.
+/// A fresh score block per task cost ViT-base's attention 7% in zeroing alone.
+#[derive(Default)]
+struct Bufs {
+    sc: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+thread_local! {
+    static BUFS: std::cell::RefCell<Bufs> = std::cell::RefCell::new(Bufs::default());
+}
+
+/// The most floats [`Bufs`] keeps on a thread between tasks (16 MiB; a 256-row task of
+/// 1024-key blocks and 128-wide heads needs 1.5 MiB).
+const KEEP_FLOATS: usize = 1 << 22;
 
 /// One block of query rows `i0..i0+rows` of one batch index, over all keys in blocks of `BK`,
 /// compiled for the widest instruction set of this CPU ([`crate::simd::dispatch`]; the
@@ -613,21 +653,28 @@ fn block(
     if rows == 0 || dv == 0 {
         return;
     }
+    let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let Bufs {
+        sc,
+        q: qbuf,
+        k: kbuf,
+        v: vbuf,
+    } = &mut bufs;
     // Scaled query rows (a view of the rows themselves without a scale).
-    let mut qbuf = Vec::new();
-    let qm = q.view_or_copy(spec.q_scale, &mut qbuf);
+    let qm = q.view_or_copy(spec.q_scale, qbuf);
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
     out.fill(0.0);
     let bk = if t <= BK_MAX { t.max(1) } else { BK };
-    let mut kbuf = Vec::new();
-    let mut vbuf = Vec::new();
-    let mut sc = vec![0.0f32; rows * bk];
+    // Each block's scores are written whole by the first GEMM: grown, never cleared.
+    if sc.len() < rows * bk {
+        sc.resize(rows * bk, 0.0);
+    }
     let mut j0 = 0;
     while j0 < t {
         let w = bk.min(t - j0);
         // The key block, [d, w]: scaled (or gathered) into `kbuf`, or a view of `kt`.
-        let kb = kt.cols(j0, w).view_or_copy(spec.k_scale, &mut kbuf);
+        let kb = kt.cols(j0, w).view_or_copy(spec.k_scale, kbuf);
         // Scores of the block, [rows, w]: one sequential faer GEMM.
         let sc = &mut sc[..rows * w];
         faer::linalg::matmul::matmul(
@@ -699,7 +746,7 @@ fn block(
             m[r] = m_new;
         }
         // out[rows, dv] += p[rows, w] @ v[j0..j0 + w, dv].
-        let vb = v.rows(j0, w).view_or_copy(Scale::None, &mut vbuf);
+        let vb = v.rows(j0, w).view_or_copy(Scale::None, vbuf);
         faer::linalg::matmul::matmul(
             out.rb_mut(),
             Accum::Add,
@@ -732,5 +779,10 @@ fn block(
         } else {
             orow.iter_mut().for_each(|x| *x *= inv);
         }
+    }
+    // Kept for the next task unless an unusual shape made them large.
+    let kept = [&bufs.sc, &bufs.q, &bufs.k, &bufs.v].map(Vec::capacity);
+    if kept.iter().sum::<usize>() <= KEEP_FLOATS {
+        BUFS.with(|b| *b.borrow_mut() = bufs);
     }
 }
