@@ -145,7 +145,7 @@ fn every_transformer_composite_runs_a_fused_kernel() {
         (
             "qwen2-ts",
             &[
-                ("cpu.attention", 2),
+                ("cpu.attention_grouped", 2),
                 ("cpu.dense_bias", 6),
                 ("cpu.rms_norm", 5),
                 ("cpu.rope", 4),
@@ -252,7 +252,7 @@ fn every_transformer_composite_runs_a_fused_kernel() {
         (
             "llama-ts",
             &[
-                ("cpu.attention", 2),
+                ("cpu.attention_grouped", 2),
                 ("cpu.rms_norm", 5),
                 ("cpu.rope", 4),
                 ("cpu.silu_gated", 2),
@@ -261,7 +261,7 @@ fn every_transformer_composite_runs_a_fused_kernel() {
         (
             "llama-dynamo",
             &[
-                ("cpu.attention", 2),
+                ("cpu.attention_grouped", 2),
                 ("cpu.rms_norm", 5),
                 ("cpu.rope", 4),
                 ("cpu.silu_gated", 2),
@@ -270,7 +270,7 @@ fn every_transformer_composite_runs_a_fused_kernel() {
         (
             "mistral-dynamo",
             &[
-                ("cpu.attention", 2),
+                ("cpu.attention_grouped", 2),
                 ("cpu.rms_norm", 5),
                 ("cpu.rope", 4),
                 ("cpu.silu_gated", 2),
@@ -318,7 +318,7 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             // experts (weights gathered per row by `take`) are one composite.
             "mixtral-ts",
             &[
-                ("cpu.attention", 2),
+                ("cpu.attention_grouped", 2),
                 ("cpu.moe_silu_gated", 2),
                 ("cpu.rms_norm", 5),
                 ("cpu.rope", 4),
@@ -328,7 +328,7 @@ fn every_transformer_composite_runs_a_fused_kernel() {
             // The same with `gather_nd` and a split.
             "mixtral-dynamo",
             &[
-                ("cpu.attention", 2),
+                ("cpu.attention_grouped", 2),
                 ("cpu.moe_silu_gated", 2),
                 ("cpu.rms_norm", 5),
                 ("cpu.rope", 4),
@@ -438,6 +438,7 @@ fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
     assert_eq!(
         names,
         [
+            "cpu.attention_grouped",
             "cpu.attention",
             "cpu.attention_heads",
             "cpu.attention_reshaped",
@@ -456,7 +457,7 @@ fn the_table_parses_lints_clean_and_stays_off_gpu_configs() {
             "cpu.layer_norm_decomposed"
         ]
     );
-    for (config, cpu_entries) in [("configs/cpu.toml", 16), ("configs/cuda.toml", 0)] {
+    for (config, cpu_entries) in [("configs/cpu.toml", 17), ("configs/cuda.toml", 0)] {
         let c = fusebox_core::config::Config::load(&root().join(config)).unwrap();
         let pipeline = fusebox::pipeline(c).unwrap();
         let table = pipeline.patterns();

@@ -29,6 +29,9 @@
 //! ; masked_fill): R.where(cond, R.const(-3.4e38, "float32"), lv3), cond a bool input
 //! ; cpu.attention_heads: q, kt and v each `R.permute_dims(x, axes=..)` of a parameter, and the
 //! ; result permuted too → attention::attention_permuted, none of the four transposes copied
+//! ; cpu.attention_grouped (LLaMA, Mistral, Qwen2): kᵀ and v each the exporters' `repeat_kv`,
+//! ; reshape(broadcast_to(expand_dims(x, axis=[r-2]), [.., Hkv, n, S, D]), [.., Hkv·n, S, D])
+//! ; (kᵀ then permuted) → attention_permuted on x itself, query head h reading x's head h / n
 //! ; cpu.attention_reshaped (DeBERTa): the [b·2, s, s] scores viewed around the select
 //! lv3: R.Tensor((b * 2, s, s), dtype="float32") = R.add(lv2, rel)
 //! lv4: R.Tensor((b, 2, s, s), dtype="float32") = R.reshape(lv3, R.shape([-1, 2, s, s]))
@@ -107,6 +110,10 @@ pub(crate) enum Plan {
         spec: AttnSpec,
         /// The `permute_dims` axes applied to `q`, `kᵀ` and `v` (in that order) in the body.
         perms: [Option<Vec<usize>>; 3],
+        /// The grouped-query heads' repeat in the body before `kᵀ`'s permutation and before
+        /// `v` (in that order), read in place: the kernel reads the input's fewer heads.
+        /// Boxed: rare, and it would double the size of every plan.
+        repeats: Box<[Option<Repeat>; 2]>,
         /// The `permute_dims` axes applied to the result.
         out_perm: Option<Vec<usize>>,
     },
@@ -321,6 +328,115 @@ pub(crate) fn recognise(f: &Function) -> Option<Plan> {
 /// indices), with the bindings it used.
 type PermutedLeaf = (Leaf, Option<Vec<usize>>, usize);
 
+/// Hugging Face's `repeat_kv` for grouped-query attention as both exporters write it,
+/// `reshape(broadcast_to(expand_dims(x, axis=[r - 2]), b), s)` for `x: [.., Hkv, S, D]` of
+/// rank `r ≥ 3`: `b = [.., Hkv, n, S, D]` and `s = [.., Hkv·n, S, D]`, so head `h` of the
+/// result is head `h / n` of `x`, which is how the attention kernel reads a `kᵀ` or `v` with
+/// fewer heads than `q`. The two targets are checked against `x`'s shape at run time
+/// ([`repeat_fits`]); anything else runs the body op by op.
+///
+/// The dynamo exporter's keys have their transpose inside instead, between the broadcast and
+/// the reshape: `reshape(permute_dims(b, axes), s)` with `axes` keeping the two head axes
+/// in place (`[0, 1, 2, 4, 3]`), `s` the permuted shape. That is the same repeat of `x`
+/// permuted by `axes` without its new axis (`[0, 1, 3, 2]`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Repeat {
+    /// The `broadcast_to` target.
+    broadcast: Leaf,
+    /// The `reshape` target.
+    reshape: Leaf,
+    /// Whether the reshape target is of the permuted tensor (the transpose inside).
+    permuted: bool,
+}
+
+/// `e` as the repeat of [`Repeat`]: the repeated operand, the repeat, and the bindings used.
+fn repeated(body: &Body<'_>, e: ExprId) -> Option<(ExprId, Repeat, usize)> {
+    let (_, [b, rs]) = body.call(e, "relax.reshape")? else {
+        return None;
+    };
+    let (x, broadcast, _) = new_head_axis(body, *b)?;
+    let repeat = Repeat {
+        broadcast,
+        reshape: body.leaf(*rs)?,
+        permuted: false,
+    };
+    Some((x, repeat, 3))
+}
+
+/// `broadcast_to(expand_dims(x, axis=[r - 2]), b)` bound to `e` (`x` of rank `r ≥ 3`; the
+/// axis also counted from the end): `x`, the target `b` and `r`.
+fn new_head_axis(body: &Body<'_>, e: ExprId) -> Option<(ExprId, Leaf, usize)> {
+    let (_, [x1, bs]) = body.call(e, "relax.broadcast_to")? else {
+        return None;
+    };
+    let (Op::ExpandDims { axis }, [x]) = body.call(*x1, "relax.expand_dims")? else {
+        return None;
+    };
+    let r = body.rank(*x)?;
+    let at = match axis[..] {
+        [a] if a >= 0 => usize::try_from(a).ok()?,
+        [a] => (r as i64 + 1 + a).try_into().ok()?,
+        _ => return None,
+    };
+    (r >= 3 && at == r - 2).then_some(())?;
+    Some((*x, body.leaf(*bs)?, r))
+}
+
+/// `e` as the dynamo form of [`Repeat`], `reshape(permute_dims(broadcast_to(expand_dims(x,
+/// axis=[r - 2]), b), axes), s)`, where `axes` keeps the new axis and the heads' axis in
+/// place: the repeated operand, its permutation (`axes` without the new axis), the repeat,
+/// and the bindings used.
+fn repeated_permuted(body: &Body<'_>, e: ExprId) -> Option<(ExprId, Vec<usize>, Repeat, usize)> {
+    let (_, [p, rs]) = body.call(e, "relax.reshape")? else {
+        return None;
+    };
+    let (op, [b]) = body.call(*p, "relax.permute_dims")? else {
+        return None;
+    };
+    let axes = axes_of(op)?;
+    let (x, broadcast, r) = new_head_axis(body, *b)?;
+    if axes.len() != r + 1 {
+        return None;
+    }
+    // The heads' axis and the new one stay where they are, so the reshape merges them.
+    let (h, n) = (r - 3, r - 2);
+    if axes[h] != h || axes[n] != n {
+        return None;
+    }
+    let perm: Vec<usize> = axes
+        .iter()
+        .filter(|&&a| a != n)
+        .map(|&a| if a > n { a - 1 } else { a })
+        .collect();
+    let repeat = Repeat {
+        broadcast,
+        reshape: body.leaf(*rs)?,
+        permuted: true,
+    };
+    Some((x, perm, repeat, 4))
+}
+
+/// Whether the repeat's targets, at run time, are the grouped heads' repeat of `x` (shape
+/// `xs`) by some `n ≥ 1` (see [`Repeat`]), giving `heads` heads: `b` is `xs` with `n` inserted
+/// before its second-to-last dim, `s` is `xs` with its head dim (third from last) times `n`.
+fn repeat_fits(xs: &[usize], b: &[i64], s: &[i64], heads: usize) -> bool {
+    let r = xs.len();
+    if r < 3 || b.len() != r + 1 || s.len() != r {
+        return false;
+    }
+    // (`s` in `x`'s dim order: the caller puts a permuted target back.)
+    let h = r - 3;
+    let Ok(n) = usize::try_from(b[r - 2]) else {
+        return false;
+    };
+    let same = |t: i64, d: usize| usize::try_from(t).is_ok_and(|t| t == d);
+    n >= 1
+        && (0..r).all(|i| same(b[if i < r - 2 { i } else { i + 1 }], xs[i]))
+        && (0..r).all(|i| i == h || same(s[i], xs[i]))
+        && xs[h].checked_mul(n) == Some(heads)
+        && same(s[h], heads)
+}
+
 fn permuted(body: &Body<'_>, e: ExprId) -> Option<PermutedLeaf> {
     if let Some((op, [x])) = body.call(e, "relax.permute_dims") {
         return Some((body.leaf(*x)?, Some(axes_of(op)?), 1));
@@ -339,16 +455,39 @@ fn axes_of(op: &Op) -> Option<Vec<usize>> {
 /// A scaled operand `x * c`, `x / c` or `x` (`x` as [`permuted`] reads it), with the
 /// bindings it used.
 fn scaled(body: &Body<'_>, e: ExprId) -> Option<(PermutedLeaf, Scale)> {
-    let (x, scale, n) = if let Some((_, args)) = body.call(e, "relax.multiply") {
+    let (x, scale, n) = unscaled(body, e)?;
+    let (leaf, perm, m) = permuted(body, x)?;
+    Some(((leaf, perm, n + m), scale))
+}
+
+/// `x * c`, `c * x` or `x / c` (`c` a scalar constant) bound to `e`: `x`, the scale and the
+/// bindings used; `e` itself, no scale and none for anything else.
+fn unscaled(body: &Body<'_>, e: ExprId) -> Option<(ExprId, Scale, usize)> {
+    Some(if let Some((_, args)) = body.call(e, "relax.multiply") {
         let (c, x) = body.either(args, |a| body.scalar(a))?;
         (x, Scale::Mul(c), 1)
     } else if let Some((_, args)) = body.call(e, "relax.divide") {
         (args[0], Scale::Div(body.scalar(args[1])?), 1)
     } else {
         (e, Scale::None, 0)
+    })
+}
+
+/// A scaled operand (as [`scaled`]) whose input, under its `permute_dims`, is the grouped
+/// heads' [`Repeat`] of a leaf: the leaf (permuted as the repeat's result was), the scale, the
+/// repeat, and the bindings used.
+fn scaled_repeated(body: &Body<'_>, e: ExprId) -> Option<(PermutedLeaf, Scale, Repeat)> {
+    let (x, scale, n) = unscaled(body, e)?;
+    if let Some((leaf, perm, rep, k)) = repeated_permuted(body, x) {
+        return Some(((body.leaf(leaf)?, Some(perm), n + k), scale, rep));
+    }
+    let (x, perm, m) = match body.call(x, "relax.permute_dims") {
+        Some((op, [y])) => (*y, Some(axes_of(op)?), 1),
+        Some(_) => return None,
+        None => (x, None, 0),
     };
-    let (leaf, perm, m) = permuted(body, x)?;
-    Some(((leaf, perm, n + m), scale))
+    let (leaf, rep, k) = repeated(body, x)?;
+    Some(((body.leaf(leaf)?, perm, n + m + k), scale, rep))
 }
 
 /// A two-operand `einsum((a, b))` bound to `e`: the operands and the parsed equation (the
@@ -442,6 +581,7 @@ fn pv_perms(spec: &EinsumSpec) -> Option<(Vec<usize>, Vec<usize>)> {
 
 fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
     let mut used = 1;
+    let (mut k_repeat, mut v_repeat) = (None, None);
     let (out_perm, ret) = match body.call(ret, "relax.permute_dims") {
         Some((op, [x])) => {
             used += 1;
@@ -462,7 +602,14 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         let (Op::Matmul { out_dtype: None }, [p, v]) = body.call(ret, "relax.matmul")? else {
             return None;
         };
-        let (v, v_perm, n) = permuted(body, *v)?;
+        let (v, v_perm, n) = match repeated(body, *v) {
+            Some((x, rep, m)) => {
+                used += m;
+                v_repeat = Some(rep);
+                (body.leaf(x)?, None, 0)
+            }
+            None => permuted(body, *v)?,
+        };
         used += n;
         (*p, v, v_perm, out_perm)
     };
@@ -583,7 +730,13 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
         };
         let ((q, q_perm, n), q_scale) = scaled(body, *qs)?;
         used += n;
-        let ((kt, k_perm, n), k_scale) = scaled(body, *ks)?;
+        let ((kt, k_perm, n), k_scale) = match scaled_repeated(body, *ks) {
+            Some((pl, scale, rep)) => {
+                k_repeat = Some(rep);
+                (pl, scale)
+            }
+            None => scaled(body, *ks)?,
+        };
         used += n;
         ((q, q_perm), q_scale, (kt, k_perm), k_scale)
     };
@@ -612,6 +765,7 @@ fn attention(body: &Body<'_>, ret: ExprId) -> Option<(Plan, usize)> {
             select_view,
             spec,
             perms: [q_perm, k_perm, v_perm],
+            repeats: Box::new([k_repeat, v_repeat]),
             out_perm,
         },
         used,
@@ -1210,11 +1364,52 @@ pub(crate) fn run(
             select_view,
             spec,
             perms,
+            repeats,
             out_perm,
         } => {
             let (Some(q), Some(kt), Some(v)) = (get(*q)?, get(*kt)?, get(*v)?) else {
                 return Ok(None);
             };
+            // A repeated kᵀ or v is read as is, with its fewer heads, where the repeat's
+            // targets are the grouped heads' repeat to q's head count and kᵀ's permutation
+            // keeps the head dim in place.
+            for (rep, (x, perm)) in repeats.iter().zip([(&kt, &perms[1]), (&v, &perms[2])]) {
+                let Some(rep) = rep else { continue };
+                let (Value::Shape(b), Value::Shape(mut s)) =
+                    (input(rep.broadcast)?, input(rep.reshape)?)
+                else {
+                    return Ok(None);
+                };
+                let r = x.shape().len();
+                // A target of the permuted tensor, put back in x's dim order.
+                if rep.permuted {
+                    match perm {
+                        Some(p) if p.len() == r && s.len() == r => {
+                            let mut back = vec![-1; r];
+                            for (&a, &d) in p.iter().zip(&s) {
+                                match back.get_mut(a) {
+                                    Some(slot) => *slot = d,
+                                    None => return Ok(None),
+                                }
+                            }
+                            s = back;
+                        }
+                        _ => return Ok(None),
+                    }
+                }
+                let q_heads = match (r.checked_sub(3), &perms[0]) {
+                    (Some(h), Some(p)) if p.len() == r => p.get(h).and_then(|&a| q.shape().get(a)),
+                    (Some(h), None) => q.shape().get(h),
+                    _ => None,
+                };
+                let keeps_heads = perm
+                    .as_ref()
+                    .is_none_or(|p| r >= 3 && p.get(r - 3) == Some(&(r - 3)));
+                match q_heads {
+                    Some(&hq) if keeps_heads && repeat_fits(x.shape(), &b, &s, hq) => {}
+                    _ => return Ok(None),
+                }
+            }
             let select = match select {
                 Some((c, fill)) => match input(*c)? {
                     Value::Tensor(t) if t.dtype() == DType::Bool => Some((t, *fill)),

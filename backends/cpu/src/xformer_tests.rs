@@ -264,7 +264,8 @@ fn permuted(t: &Tensor, perm: &[usize]) -> Tensor {
 fn attention_reads_and_writes_the_heads_transposes_in_place() {
     // The exporters' layout: q, k, v as the projections leave them, [B, S, H, D]; kᵀ is
     // k.permute(0, 2, 3, 1); the output goes back to [B, S, H, Dv]. Grouped-query heads (4
-    // query heads on 2 key heads), a mask, causal rows, and (1100 keys) more than one key block.
+    // query heads on 2 key heads), a mask, causal rows, (1100 keys) more than one key block,
+    // and (300 queries) more than one task's rows of a head.
     use crate::attention::{Operand, attention_permuted};
     let mut r = Rng(17);
     for (b, s, t, hq, hk, d, dv, causal) in [
@@ -272,6 +273,8 @@ fn attention_reads_and_writes_the_heads_transposes_in_place() {
         (1, 37, 37, 4, 2, 16, 8, Some(0)),
         (1, 20, 1100, 2, 2, 8, 4, Some(1080)),
         (2, 1, 9, 12, 4, 4, 4, None),
+        (1, 300, 40, 2, 1, 8, 8, None),
+        (1, 300, 300, 2, 1, 8, 8, Some(0)),
     ] {
         let q = r.tensor(&[b, s, hq, d]);
         let k = r.tensor(&[b, t, hk, d]);
@@ -1478,4 +1481,188 @@ fn a_nan_key_or_value_spreads_as_the_materialised_definition_spreads_it() {
             }
         }
     }
+}
+
+#[test]
+fn the_striped_row_maximum_is_the_sequential_one_nan_ignored() {
+    // The softmax's row maximum, 64 running maxima folded by halves, against a plain left
+    // fold: every length around the lane count, with NaNs, infinities and all-NaN rows.
+    let mut r = Rng(5);
+    for n in [0usize, 1, 5, 63, 64, 65, 127, 128, 197, 300] {
+        for special in [
+            None,
+            Some(f32::NAN),
+            Some(f32::INFINITY),
+            Some(f32::NEG_INFINITY),
+        ] {
+            let mut row = r.tensor(&[n]).as_f32().unwrap().to_vec();
+            if let Some(x) = special {
+                for j in (0..n).step_by(7) {
+                    row[j] = x;
+                }
+            }
+            let want = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            let got = crate::attention::striped_max_f32(&row);
+            assert_eq!(got.to_bits(), want.to_bits(), "n {n}, {special:?}");
+        }
+        let nans = vec![f32::NAN; n];
+        assert_eq!(crate::attention::striped_max_f32(&nans), f32::NEG_INFINITY);
+    }
+}
+
+#[test]
+fn the_f32_sigmoid_is_within_three_ulps_of_its_f64_definition() {
+    // sigmoid32 reads e^-x from exp32; against 1 / (1 + e^-x) in f64, relative where the
+    // result is a normal float, and the ends: 0 below -88.3 (where expf overflows from
+    // -88.73, a denormal between), 1 at +inf, NaN through.
+    let mut worst = 0.0f64;
+    for i in -880_000..=880_000 {
+        let x = i as f32 * 1e-4;
+        let want = 1.0 / (1.0 + (-f64::from(x)).exp());
+        let got = f64::from(crate::elementwise::sigmoid32(x));
+        if want >= f64::from(f32::MIN_POSITIVE) {
+            worst = worst.max(((got - want) / want).abs());
+        } else {
+            assert!(
+                (got - want).abs() <= 5e-39,
+                "sigmoid32({x}) = {got:e}, want {want:e}"
+            );
+        }
+    }
+    assert!(
+        worst < 3.0 * f64::from(f32::EPSILON),
+        "worst relative error {worst:e}"
+    );
+    let s = crate::elementwise::sigmoid32;
+    assert_eq!(s(f32::NEG_INFINITY), 0.0);
+    assert_eq!(s(-1e30), 0.0);
+    assert_eq!(s(f32::INFINITY), 1.0);
+    assert_eq!(s(0.0), 0.5);
+    assert!(s(f32::NAN).is_nan());
+}
+
+/// Grouped-query attention with Hugging Face's `repeat_kv` inside (`cpu.attention_grouped`):
+/// 6 query heads on 2 key/value heads, each repeated 3 times by expand_dims, broadcast_to and
+/// reshape (kᵀ then transposed), with the exporters' targets as shape parameters. `BATCH`
+/// is the broadcast target's batch (the q, mask and result batch follow it).
+const ATTN_GROUPED: &str = r#"@I.ir_module
+class Module:
+    @R.function(private=True)
+    def attn(q: R.Tensor((BATCH, 6, 5, 8), dtype="float32"), k: R.Tensor((1, 2, 5, 8), dtype="float32"), mask: R.Tensor((1, 1, 5, 5), dtype="float32"), v: R.Tensor((1, 2, 5, 8), dtype="float32"), b: R.Shape([BATCH, 2, 3, 5, 8]), s: R.Shape([BATCH, 6, 5, 8])) -> R.Tensor((BATCH, 6, 5, 8), dtype="float32"):
+        R.func_attr({"Composite": "cpu.attention_grouped", "Primitive": True})
+        with R.dataflow():
+            ke: R.Tensor((1, 2, 1, 5, 8), dtype="float32") = R.expand_dims(k, axis=[2])
+            kb: R.Tensor((BATCH, 2, 3, 5, 8), dtype="float32") = R.broadcast_to(ke, b)
+            kr: R.Tensor((BATCH, 6, 5, 8), dtype="float32") = R.reshape(kb, s)
+            kt: R.Tensor((BATCH, 6, 8, 5), dtype="float32") = R.permute_dims(kr, axes=[0, 1, 3, 2])
+            ve: R.Tensor((1, 2, 1, 5, 8), dtype="float32") = R.expand_dims(v, axis=[2])
+            vb: R.Tensor((BATCH, 2, 3, 5, 8), dtype="float32") = R.broadcast_to(ve, b)
+            vr: R.Tensor((BATCH, 6, 5, 8), dtype="float32") = R.reshape(vb, s)
+            lv: R.Tensor((BATCH, 6, 5, 8), dtype="float32") = R.multiply(q, R.const(0.5, "float32"))
+            lv1: R.Tensor((BATCH, 6, 8, 5), dtype="float32") = R.multiply(kt, R.const(0.5, "float32"))
+            lv2: R.Tensor((BATCH, 6, 5, 5), dtype="float32") = R.matmul(lv, lv1, out_dtype=None)
+            lv3: R.Tensor((BATCH, 6, 5, 5), dtype="float32") = R.add(lv2, mask)
+            lv4: R.Tensor((BATCH, 6, 5, 5), dtype="float32") = R.nn.softmax(lv3, axis=-1)
+            gv: R.Tensor((BATCH, 6, 5, 8), dtype="float32") = R.matmul(lv4, vr, out_dtype=None)
+            R.output(gv)
+        return gv
+
+    @R.function
+    def main(q: R.Tensor((BATCH, 6, 5, 8), dtype="float32"), k: R.Tensor((1, 2, 5, 8), dtype="float32"), mask: R.Tensor((1, 1, 5, 5), dtype="float32"), v: R.Tensor((1, 2, 5, 8), dtype="float32")) -> R.Tensor((BATCH, 6, 5, 8), dtype="float32"):
+        with R.dataflow():
+            gv: R.Tensor((BATCH, 6, 5, 8), dtype="float32") = Module.attn(q, k, mask, v, R.shape([BATCH, 2, 3, 5, 8]), R.shape([BATCH, 6, 5, 8]))
+            R.output(gv)
+        return gv
+"#;
+
+#[test]
+fn the_grouped_attention_composite_reads_the_repeated_heads_in_place() {
+    let src = ATTN_GROUPED.replace("BATCH", "1");
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let plan = crate::composite::recognise(m.get("attn").unwrap());
+    let Some(crate::composite::Plan::Attention { perms, repeats, .. }) = &plan else {
+        panic!("{plan:?}")
+    };
+    assert!(repeats.iter().all(Option::is_some), "{plan:?}");
+    assert_eq!(perms, &[None, Some(vec![0, 1, 3, 2]), None]);
+    let mut r = Rng(41);
+    let args = |r: &mut Rng, batch: usize| {
+        vec![
+            Value::Tensor(r.tensor(&[batch, 6, 5, 8])),
+            Value::Tensor(r.tensor(&[1, 2, 5, 8])),
+            Value::Tensor(r.tensor(&[1, 1, 5, 5])),
+            Value::Tensor(r.tensor(&[1, 2, 5, 8])),
+        ]
+    };
+    let (fused, interp) = fused_and_interpreted(&src, args(&mut r, 1));
+    close(&fused, &interp, 1e-5);
+    // Not the same bits: the kernel ran, on the 2 heads (the op-by-op body copies them to 6).
+    assert_ne!(bits(&fused), bits(&interp));
+    // A broadcast that also widens the batch (1 → 2) is not the heads' repeat alone: the
+    // targets do not fit at run time and the body runs op by op, the same bits.
+    let src = ATTN_GROUPED.replace("BATCH", "2");
+    let (fused, interp) = fused_and_interpreted(&src, args(&mut r, 2));
+    assert_eq!(bits(&fused), bits(&interp));
+    // The new axis counted from the end is the same repeat.
+    let src = ATTN_GROUPED
+        .replace("BATCH", "1")
+        .replace("axis=[2]", "axis=[-3]");
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    assert!(crate::composite::recognise(m.get("attn").unwrap()).is_some());
+    // A repeat with the new axis before the heads interleaves them (head h reads h % 2, not
+    // h / 3): not recognised, and run op by op.
+    let odd = ATTN_GROUPED
+        .replace("BATCH", "1")
+        .replace("R.expand_dims(k, axis=[2])", "R.expand_dims(k, axis=[1])")
+        .replace(
+            "ke: R.Tensor((1, 2, 1, 5, 8)",
+            "ke: R.Tensor((1, 1, 2, 5, 8)",
+        )
+        .replace(
+            "kb: R.Tensor((1, 2, 3, 5, 8)",
+            "kb: R.Tensor((1, 3, 2, 5, 8)",
+        )
+        .replace("R.broadcast_to(ke, b)", "R.broadcast_to(ke, b2)")
+        .replace(
+            "b: R.Shape([1, 2, 3, 5, 8]),",
+            "b: R.Shape([1, 2, 3, 5, 8]), b2: R.Shape([1, 3, 2, 5, 8]),",
+        )
+        .replace(
+            "R.shape([1, 2, 3, 5, 8]), R.shape([1, 6, 5, 8]))",
+            "R.shape([1, 2, 3, 5, 8]), R.shape([1, 3, 2, 5, 8]), R.shape([1, 6, 5, 8]))",
+        );
+    let m = fusebox_core::text::parse_module_str(&odd).unwrap();
+    assert!(crate::composite::recognise(m.get("attn").unwrap()).is_none());
+    let (fused, interp) = fused_and_interpreted(&odd, args(&mut r, 1));
+    assert_eq!(bits(&fused), bits(&interp));
+    // The dynamo export's keys: the transpose between the broadcast and the reshape (of the
+    // transposed shape), read as the keys transposed by [0, 1, 3, 2].
+    let dynamo = ATTN_GROUPED
+        .replace("BATCH", "1")
+        .replace(
+            "kr: R.Tensor((1, 6, 5, 8), dtype=\"float32\") = R.reshape(kb, s)",
+            "kp: R.Tensor((1, 2, 3, 8, 5), dtype=\"float32\") = R.permute_dims(kb, axes=[0, 1, 2, 4, 3])",
+        )
+        .replace(
+            "kt: R.Tensor((1, 6, 8, 5), dtype=\"float32\") = R.permute_dims(kr, axes=[0, 1, 3, 2])",
+            "kt: R.Tensor((1, 6, 8, 5), dtype=\"float32\") = R.reshape(kp, s2)",
+        )
+        .replace(
+            "s: R.Shape([1, 6, 5, 8])) ->",
+            "s: R.Shape([1, 6, 5, 8]), s2: R.Shape([1, 6, 8, 5])) ->",
+        )
+        .replace(
+            "R.shape([1, 6, 5, 8]))",
+            "R.shape([1, 6, 5, 8]), R.shape([1, 6, 8, 5]))",
+        );
+    let m = fusebox_core::text::parse_module_str(&dynamo).unwrap();
+    let plan = crate::composite::recognise(m.get("attn").unwrap());
+    let Some(crate::composite::Plan::Attention { perms, repeats, .. }) = &plan else {
+        panic!("{plan:?}")
+    };
+    assert!(repeats.iter().all(Option::is_some), "{plan:?}");
+    assert_eq!(perms, &[None, Some(vec![0, 1, 3, 2]), None]);
+    let (fused, interp) = fused_and_interpreted(&dynamo, args(&mut r, 1));
+    close(&fused, &interp, 1e-5);
+    assert_ne!(bits(&fused), bits(&interp));
 }

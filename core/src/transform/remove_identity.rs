@@ -11,6 +11,8 @@
 //!   - `reshape`, `broadcast_to`, `squeeze`, `flatten` to the shape `x` already has (the
 //!     elements keep their row-major order);
 //!   - `permute_dims` with the identity permutation (`axes=None` reverses, so only rank ≤ 1);
+//!   - `concat` of a tuple of one tensor (a key/value cache concatenated with no past, as
+//!     Hugging Face's decoders export it);
 //!   - `astype` to `x`'s own dtype;
 //!   - `d = R.nn.dropout(x)` in inference: `d[0]` is `x` (fusebox has no training mode;
 //!     the CPU kernel returns its input);
@@ -78,6 +80,10 @@ fn identity_of(f: &Function, var: VarId, op: &Op, args: &[ExprId]) -> Option<Exp
     match op {
         Op::Reshape | Op::BroadcastTo | Op::Squeeze { .. } | Op::Flatten => same(x),
         Op::Astype { dtype } if Some(*dtype) == x_dtype => same(x),
+        Op::Concat { .. } => match &f.expr(x).kind {
+            ExprKind::Tuple(fields) if fields.len() == 1 => same(fields[0]),
+            _ => None,
+        },
         Op::PermuteDims { axes } => {
             let rank = f.expr(x).ty.as_tensor()?.rank()?;
             let identity = match axes {
