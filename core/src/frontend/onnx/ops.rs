@@ -21,6 +21,7 @@ mod generate;
 mod image;
 mod loss;
 mod nn;
+mod pool;
 mod quant;
 mod reduce;
 mod rnn;
@@ -754,7 +755,7 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "GroupNormalization" => nn::group_norm(im, node, &a),
         "MeanVarianceNormalization" => nn::mvn(im, node, &a),
         "Dropout" => nn::dropout(im, node, &a),
-        "MaxPool" | "AveragePool" => nn::pool(im, node, &a),
+        "MaxPool" | "AveragePool" => pool::pool(im, node, &a),
         "MaxUnpool" => unpool::max_unpool(im, node, &a),
         "DeformConv" => deform::deform_conv(im, node, &a),
         "DFT" => signal::dft_node(im, node, &a),
@@ -764,9 +765,9 @@ pub(crate) fn convert(im: &mut Importer<'_>, node: &super::NodeProto) -> Result<
         "Compress" => set::compress(im, node, &a),
         "Unique" => set::unique(im, node, &a),
         "NonMaxSuppression" => set::non_max_suppression(im, node, &a),
-        "LpPool" => nn::lp_pool(im, node, &a),
-        "GlobalMaxPool" => nn::global_max_pool(im, node),
-        "GlobalLpPool" => nn::global_lp_pool(im, node, &a),
+        "LpPool" => pool::lp_pool(im, node, &a),
+        "GlobalMaxPool" => pool::global_max_pool(im, node),
+        "GlobalLpPool" => pool::global_lp_pool(im, node, &a),
         "ConvTranspose" => nn::conv_transpose(im, node, &a),
         "Resize" => nn::resize(im, node, &a),
         "Upsample" if im.opset < 10 => nn::resize(im, node, &a),
