@@ -227,6 +227,13 @@ fn repeat_binary_f32(op: BinOp, x: &[f32], y: &[f32], swap: bool) -> Vec<f32> {
         }
         crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
             let xs = &x[off..off + c.len()];
+            if let [q] = y {
+                // A scalar: one loop over the chunk (element by element it would not vectorise).
+                for (d, &p) in c.iter_mut().zip(xs) {
+                    *d = f(p, *q);
+                }
+                return;
+            }
             let (mut i, mut j) = (0, off % y.len());
             while i < c.len() {
                 let n = (y.len() - j).min(c.len() - i);

@@ -306,11 +306,11 @@ pub(crate) fn softmax(t: &Tensor, axis: i64, log: bool) -> KResult<Tensor> {
     from_f64(t.shape().to_vec(), t.dtype(), out)
 }
 
-/// [`softmax`] of `float32` data laid out as `(outer, len, inner)`: the same arithmetic (the
-/// max in `f32`, which is exact; each `exp(x - max)` and the sum in `f64`; one rounding to
-/// `f32` at the end), so the same bits, with each `exp` computed once into a row buffer and
-/// the outer slices spread over the kernel threads (each slice is computed by one thread, so
-/// the result does not depend on the thread count).
+/// [`softmax`] of `float32` data laid out as `(outer, len, inner)`, the outer slices spread over
+/// the kernel threads (each slice is computed by one thread, so the result does not depend on
+/// the thread count). Rows along the last axis (`inner == 1`, the common case) take
+/// [`softmax_rows32`], in `f32`; other axes keep the `f64` arithmetic of [`softmax`] (the max
+/// in `f32`, which is exact; each `exp(x - max)` and the sum in `f64`; one rounding to `f32`).
 fn softmax_f32(x: &[f32], outer: usize, len: usize, inner: usize, log: bool) -> Vec<f32> {
     let mut out = vec![0.0f32; x.len()];
     let slice = len * inner;
@@ -323,6 +323,10 @@ fn softmax_f32(x: &[f32], outer: usize, len: usize, inner: usize, log: bool) -> 
         slice * outer.div_ceil(n * 4).max(1),
         n,
         |off, chunk| {
+            if inner == 1 {
+                softmax_rows32(&x[off..off + chunk.len()], chunk, len, log);
+                return;
+            }
             let mut e = vec![0.0f64; len];
             for (s, dst) in chunk.chunks_mut(slice).enumerate() {
                 let src = &x[off + s * slice..off + (s + 1) * slice];
@@ -356,4 +360,139 @@ fn softmax_f32(x: &[f32], outer: usize, len: usize, inner: usize, log: bool) -> 
         },
     );
     out
+}
+
+/// Softmax (or log-softmax) of each `len`-long row of `src` into `dst`, in `f32` as onnxruntime
+/// computes it, vectorised through [`crate::simd::dispatch`]: the row maximum `m` (exact), each
+/// `e = exp32(x - m)` ([`crate::attention::exp32`], within 2 ulp), their sum as
+/// [`crate::simd::striped_sum`]'s fixed-order partial sums, then `e / sum` (or
+/// `(x - m) - ln(sum)`). Within a few ulp of the `f64` definition (the rounding of `x - m`
+/// adds `|x - m|` · 2⁻²⁴ to the exponent, which only matters where `e` is tiny); the same bits
+/// on every CPU and thread count. A NaN anywhere in a row makes the whole row NaN, as do an
+/// infinite maximum and a row of `-inf`s, as in the `f64` definition.
+fn softmax_rows32(src: &[f32], dst: &mut [f32], len: usize, log: bool) {
+    struct Rows<'a> {
+        src: &'a [f32],
+        dst: &'a mut [f32],
+        len: usize,
+        log: bool,
+    }
+    impl pulp::WithSimd for Rows<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Rows { src, dst, len, log } = self;
+            for (x, y) in src.chunks_exact(len).zip(dst.chunks_exact_mut(len)) {
+                // NaN-ignoring: a NaN element still reaches the sum through its `exp`.
+                let m = crate::attention::striped_max_f32(x);
+                for (d, &v) in y.iter_mut().zip(x) {
+                    *d = crate::attention::exp32(v - m);
+                }
+                let sum: f32 = crate::simd::striped_sum(y, |e| e);
+                if log {
+                    let ls = f64::from(sum).ln() as f32;
+                    for (d, &v) in y.iter_mut().zip(x) {
+                        *d = (v - m) - ls;
+                    }
+                } else {
+                    y.iter_mut().for_each(|d| *d /= sum);
+                }
+            }
+        }
+    }
+    if len == 0 {
+        return;
+    }
+    crate::simd::dispatch(Rows { src, dst, len, log });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::softmax_rows32;
+
+    /// The definition, in `f64`: `exp(x - max) / Σ exp(x - max)`, or `x - max - ln(Σ ...)`.
+    fn definition(x: &[f32], log: bool) -> Vec<f64> {
+        let m = x
+            .iter()
+            .map(|&v| f64::from(v))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = x.iter().map(|&v| (f64::from(v) - m).exp()).sum();
+        x.iter()
+            .map(|&v| {
+                let d = f64::from(v) - m;
+                if log { d - sum.ln() } else { d.exp() / sum }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn f32_softmax_rows_are_within_a_few_ulp_of_the_f64_definition() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for len in [1usize, 2, 7, 8, 64, 130, 197, 1000] {
+            for scale in [0.1f32, 4.0, 40.0] {
+                let mut x: Vec<f32> = (0..len * 3).map(|_| (next() * 2.0 - 1.0) * scale).collect();
+                // Masked keys, as attention masks write them.
+                for v in x.iter_mut().skip(1).step_by(5) {
+                    *v = f32::NEG_INFINITY;
+                }
+                for log in [false, true] {
+                    let mut got = vec![0.0f32; x.len()];
+                    softmax_rows32(&x, &mut got, len, log);
+                    for (r, row) in x.chunks(len).enumerate() {
+                        let want = definition(row, log);
+                        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        for (j, (&g, &w)) in got[r * len..][..len].iter().zip(&want).enumerate() {
+                            let d = f64::from(row[j]) - f64::from(m);
+                            let eps = f64::from(f32::EPSILON);
+                            let tol = if log {
+                                8.0 * eps * (w.abs() + 1.0)
+                            } else {
+                                // 2 ulp of exp, the sum's and the division's roundings, and
+                                // `x - m`'s rounding carried into the exponent.
+                                (8.0 + d.abs()) * eps * w
+                            };
+                            let ok = f64::from(g) == w
+                                || (g.is_nan() && w.is_nan())
+                                || (f64::from(g) - w).abs() <= tol;
+                            assert!(
+                                ok,
+                                "len {len} scale {scale} log {log} [{r}][{j}]: {g} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_nan_or_an_infinite_maximum_makes_the_row_nan_as_in_the_definition() {
+        let rows: [[f32; 4]; 4] = [
+            [0.5, f32::NAN, -1.0, 2.0],
+            [0.5, f32::INFINITY, -1.0, 2.0],
+            [f32::NEG_INFINITY; 4],
+            [1.0, 1.0, f32::NEG_INFINITY, 1.0],
+        ];
+        for log in [false, true] {
+            for row in &rows {
+                let mut got = [0.0f32; 4];
+                softmax_rows32(row, &mut got, 4, log);
+                let want = definition(row, log);
+                for (&g, &w) in got.iter().zip(&want) {
+                    assert!(
+                        (g.is_nan() && w.is_nan())
+                            || f64::from(g) == w
+                            || (f64::from(g) - w).abs() <= 1e-7,
+                        "{row:?} log {log}: {got:?} vs {want:?}"
+                    );
+                }
+            }
+        }
+    }
 }
