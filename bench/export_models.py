@@ -7,7 +7,8 @@ transformers, onnxscript, onnxruntime; CI never runs this: the weights are hundr
 
     .venv-export/bin/python bench/export_models.py OUT_DIR [MODEL ...]
 
-MODEL is any of bert-base, gpt2, mobilenet-v2, mixtral-moe, deberta-v3-base (default: all). Nothing is downloaded but
+MODEL is any of bert-base, gpt2, mobilenet-v2, mixtral-moe, deberta-v3-base, vit-base,
+llama-small, xlnet-base (default: all). Nothing is downloaded but
 packages: every model is built from its default config (the published checkpoint's shape) with
 random weights after `torch.manual_seed(0)`; token ids and pixels come from seeded numpy
 generators. Per model, OUT_DIR/<model>/ holds:
@@ -282,6 +283,17 @@ def llama_small(out):
     export_encoder(out, "llama-small", model, token_inputs(32000), ", grouped-query attention")
 
 
+def xlnet_base(out):
+    from transformers import XLNetConfig, XLNetModel
+
+    torch.manual_seed(0)
+    # xlnet-base-cased's shape (XLNetConfig's defaults: 12 layers, d_model 768, 12 heads,
+    # d_inner 3072); random weights. Its relative attention (einsums, the relative shift) is
+    # not one of the fused attention forms: it measures the unfused path.
+    model = XLNetModel(XLNetConfig()).eval()
+    export_encoder(out, "xlnet-base", model, token_inputs(32000), ", relative attention")
+
+
 MODELS = {
     "bert-base": bert,
     "gpt2": gpt2,
@@ -290,6 +302,7 @@ MODELS = {
     "deberta-v3-base": deberta_v3_base,
     "vit-base": vit_base,
     "llama-small": llama_small,
+    "xlnet-base": xlnet_base,
 }
 
 

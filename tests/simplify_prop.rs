@@ -5,7 +5,9 @@
 //! runs the module before and after `simplify_for_inference` (with the CPU evaluator): the
 //! outputs must be bit-identical. With batch_norms (after a matmul with a constant weight, and
 //! on their own) FoldBatchNorm changes float rounding, so those graphs (finite inputs) must
-//! agree within 1e-5 of the output's largest magnitude (at least 1), NaN where NaN.
+//! agree within 1e-5 of the output's largest magnitude (at least 1), NaN where NaN. Random
+//! dense-layer einsums with a constant weight (labels in random orders, the weight on either
+//! side) must become matmuls (EinsumToMatmul) with values within 1e-5.
 
 #![allow(
     clippy::panic,
@@ -257,4 +259,81 @@ fn simplification_removes_what_the_graphs_hold() {
         removed > 100,
         "only {removed} bindings removed in 40 graphs"
     );
+}
+
+/// A random dense-layer einsum: `x`'s labels (rows and contracted) and `w`'s (contracted and
+/// columns) in random orders, the output's rows and columns in a random order, `w` a bound
+/// constant on either side. Returns the module, `x`, the equation and whether it must be
+/// rewritten (always, with at least one row, contracted and column label).
+fn dense_einsum(seed: u64) -> (Module, Vec<Value>, String) {
+    let mut rng = Rng::new(seed);
+    let letters = b"abcdefg";
+    let (nr, nk, nc) = (1 + rng.below(3), 1 + rng.below(2), 1 + rng.below(2));
+    let ext: Vec<usize> = (0..nr + nk + nc).map(|_| 1 + rng.below(4)).collect();
+    let shuffle = |v: &mut Vec<usize>, rng: &mut Rng| {
+        for i in (1..v.len()).rev() {
+            v.swap(i, rng.below(i + 1));
+        }
+    };
+    let mut xl: Vec<usize> = (0..nr + nk).collect();
+    let mut wl: Vec<usize> = (nr..nr + nk + nc).collect();
+    let mut ol: Vec<usize> = (0..nr).chain(nr + nk..nr + nk + nc).collect();
+    shuffle(&mut xl, &mut rng);
+    shuffle(&mut wl, &mut rng);
+    shuffle(&mut ol, &mut rng);
+    let term = |ls: &[usize]| -> String { ls.iter().map(|&l| letters[l] as char).collect() };
+    let dims = |ls: &[usize]| -> Vec<usize> { ls.iter().map(|&l| ext[l]).collect() };
+    let ty = |ls: &[usize]| {
+        let d: Vec<String> = dims(ls).iter().map(ToString::to_string).collect();
+        format!("R.Tensor(({},), dtype=\"float32\")", d.join(", "))
+    };
+    let w_first = rng.below(2) == 1;
+    let (eq, operands) = if w_first {
+        (
+            format!("{},{}->{}", term(&wl), term(&xl), term(&ol)),
+            "(w, x)",
+        )
+    } else {
+        (
+            format!("{},{}->{}", term(&xl), term(&wl), term(&ol)),
+            "(x, w)",
+        )
+    };
+    let src = format!(
+        "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {}, w: {}) -> {}:\n        with R.dataflow():\n            y = R.einsum({operands}, subscripts=\"{eq}\")\n            R.output(y)\n        return y\n",
+        ty(&xl),
+        ty(&wl),
+        ty(&ol)
+    );
+    let m = parse_module_str(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let wn: usize = dims(&wl).iter().product();
+    let wv: Vec<f32> = (0..wn).map(|_| unit(&mut rng)).collect();
+    let wshape: Vec<i64> = dims(&wl).iter().map(|&d| d as i64).collect();
+    let m = bind_params(&m, "main", &[("w".to_string(), constant(&wshape, &wv))]).unwrap();
+    let xn: usize = dims(&xl).iter().product();
+    let xv: Vec<f32> = (0..xn).map(|_| unit(&mut rng) * 3.0).collect();
+    let x = Value::Tensor(Tensor::from_f32(dims(&xl), xv).unwrap());
+    (m, vec![x], src)
+}
+
+proptest! {
+    #![proptest_config(common::prop_config(96))]
+
+    /// EinsumToMatmul: every dense-layer einsum becomes a matmul, and the values stay within
+    /// the rounding of a reordered sum.
+    #[test]
+    fn a_dense_einsum_becomes_a_matmul_with_the_same_values(seed in any::<u64>()) {
+        let (m, args, src) = dense_einsum(seed);
+        let out = simplify_for_inference(&m, Some(fusebox::const_evaluator()))
+            .unwrap_or_else(|e| panic!("{e}\n{src}"));
+        verify(&out).unwrap_or_else(|e| panic!("{e}\n{}", print_module(&out).text));
+        let after = print_module(&out).text;
+        prop_assert!(!after.contains("R.einsum") && after.contains("R.matmul"), "{}\n{}", src, after);
+        let want = flatten(fusebox::cpu::run(&m, "main", args.clone()).unwrap());
+        let got = flatten(fusebox::cpu::run(&out, "main", args).unwrap());
+        prop_assert_eq!(want[0].shape(), got[0].shape());
+        for (a, b) in got[0].to_f64_vec().iter().zip(&want[0].to_f64_vec()) {
+            prop_assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{} vs {}\n{}\n{}", a, b, src, after);
+        }
+    }
 }

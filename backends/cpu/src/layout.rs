@@ -555,12 +555,28 @@ pub(crate) fn take(
     let mut shape: Vec<usize> = x.shape()[..axis].to_vec();
     shape.extend_from_slice(indices.shape());
     shape.extend_from_slice(&x.shape()[axis + 1..]);
+    // Runs of consecutive indices (XLNet's relative shift takes `0..s`: one run) are copied
+    // as one block of `len * inner` elements each.
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &i in &idx {
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == i => *len += 1,
+            _ => runs.push((i, 1)),
+        }
+    }
+    let scattered = inner == 1 && runs.len() * 4 > idx.len();
     let data = map_same!(x.storage(), v => {
         let mut out = Vec::with_capacity(outer * idx.len() * inner);
         for o in 0..outer {
-            for &i in &idx {
+            if scattered {
+                // Single elements: one gather loop rather than a copy call each.
+                let row = &v[o * n..(o + 1) * n];
+                out.extend(idx.iter().map(|&i| row[i]));
+                continue;
+            }
+            for &(i, len) in &runs {
                 let b = (o * n + i) * inner;
-                out.extend_from_slice(&v[b..b + inner]);
+                out.extend_from_slice(&v[b..b + len * inner]);
             }
         }
         out
@@ -621,6 +637,38 @@ mod tests {
                 let mut y = vec![-1.0f32; x.len()];
                 crate::par::with_threads(threads, || transpose_f32(&x, &mut y, outer, rows, cols));
                 assert!(y == want, "{outer} × {rows} × {cols}, {threads} threads");
+            }
+        }
+    }
+
+    /// `take` against its definition, `y[o][k][i] = x[o][idx[k]][i]`, for index lists made of
+    /// runs, single scattered indices, repeats and a reversed run, with and without an inner
+    /// extent, negative indices counted from the end.
+    #[test]
+    fn take_follows_its_definition_for_runs_and_scattered_indices() {
+        let lists: [&[i64]; 6] = [
+            &[0, 1, 2, 3, 4, 5, 6],
+            &[2, 3, 4, 0, 1, 5],
+            &[6, 0, 3, 3, 1],
+            &[5, 4, 3, 2, 1],
+            &[-1, -7, 2],
+            &[],
+        ];
+        for (outer, n, inner) in [(3usize, 7usize, 1usize), (2, 7, 4), (1, 7, 1)] {
+            let x: Vec<f32> = (0..outer * n * inner).map(|i| i as f32).collect();
+            let xt = Tensor::from_f32(vec![outer, n, inner], x.clone()).unwrap();
+            for idx in lists {
+                let it = Tensor::new(vec![idx.len()], Storage::I64(idx.to_vec())).unwrap();
+                let y = take(&xt, &it, Some(1), TakeMode::Fast).unwrap();
+                let mut want = Vec::new();
+                for o in 0..outer {
+                    for &k in idx {
+                        let k = if k < 0 { k + n as i64 } else { k } as usize;
+                        want.extend_from_slice(&x[(o * n + k) * inner..][..inner]);
+                    }
+                }
+                assert_eq!(y.shape(), &[outer, idx.len(), inner]);
+                assert_eq!(y.to_f32_vec(), want, "{outer} × {n} × {inner}, {idx:?}");
             }
         }
     }

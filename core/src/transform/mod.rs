@@ -6,6 +6,7 @@ pub mod bind_symbolic_vars;
 pub mod compose_permutes;
 pub mod convert_layout;
 pub mod dead_code_elimination;
+pub mod einsum_to_matmul;
 pub mod eliminate_common_subexpr;
 pub mod fold_batch_norm;
 pub mod fold_constant;
@@ -29,6 +30,7 @@ pub use convert_layout::{
     LayoutCost, conv_planes, convert_layout, convert_layout_within, layout_cost,
 };
 pub use dead_code_elimination::dead_code_elimination;
+pub use einsum_to_matmul::einsum_to_matmul;
 pub use eliminate_common_subexpr::eliminate_common_subexpr;
 pub use fold_batch_norm::fold_batch_norm;
 pub use fold_constant::{Evaluator, fold_constant};

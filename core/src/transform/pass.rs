@@ -173,6 +173,19 @@ impl Pass for EliminateCommonSubexpr {
     }
 }
 
+/// [`einsum_to_matmul`](super::einsum_to_matmul()) as a pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EinsumToMatmul;
+
+impl Pass for EinsumToMatmul {
+    fn name(&self) -> &str {
+        "einsum_to_matmul"
+    }
+    fn run(&self, m: &Module) -> Result<Module> {
+        super::einsum_to_matmul(m)
+    }
+}
+
 /// [`unflatten_matmul`](super::unflatten_matmul()) as a pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UnflattenMatmul;

@@ -5,13 +5,14 @@
 //! [`FoldConstant`](super::fold_constant()) (only with an [`Evaluator`]: core has no kernels) →
 //! [`RemoveIdentity`](super::remove_identity()) → [`RemoveExportNoise`](super::remove_export_noise())
 //! → [`EliminateCommonSubexpr`](super::eliminate_common_subexpr()) →
-//! [`UnflattenMatmul`](super::unflatten_matmul()) →
+//! [`EinsumToMatmul`](super::einsum_to_matmul()) → [`UnflattenMatmul`](super::unflatten_matmul()) →
 //! [`ComposePermutes`](super::compose_permutes()) → [`FoldBatchNorm`](super::fold_batch_norm()).
 //! Constants fold first, so a mask or a weight
 //! computed from constants is a constant when the later rules look for one, and a transposed
 //! matmul weight is a plain constant FoldBatchNorm can fold into. Each pass keeps the module
 //! verifying and the values the same (bit for bit, except FoldBatchNorm, which changes float
-//! rounding; see its contract). [`simplify_for_inference`] runs the pipeline. It is what
+//! rounding, and EinsumToMatmul, whose sums run in the matmul kernel's order; see their
+//! contracts). [`simplify_for_inference`] runs the pipeline. It is what
 //! `BackendPipeline::partition` and `fusebox run` without a config run first, unless the
 //! config says `[partition] simplify = false`.
 //!
@@ -33,7 +34,7 @@
 
 use super::fold_constant::Evaluator;
 use super::pass::{
-    ComposePermutes, EliminateCommonSubexpr, FoldBatchNorm, FoldConstant, Pipeline,
+    ComposePermutes, EinsumToMatmul, EliminateCommonSubexpr, FoldBatchNorm, FoldConstant, Pipeline,
     RemoveExportNoise, RemoveIdentity, UnflattenMatmul,
 };
 use crate::error::Result;
@@ -48,6 +49,7 @@ pub fn simplify_pipeline(eval: Option<Evaluator>) -> Pipeline {
     p.then(RemoveIdentity)
         .then(RemoveExportNoise)
         .then(EliminateCommonSubexpr)
+        .then(EinsumToMatmul)
         .then(UnflattenMatmul)
         .then(ComposePermutes)
         .then(FoldBatchNorm)
