@@ -287,10 +287,12 @@ def xlnet_base(out):
     from transformers import XLNetConfig, XLNetModel
 
     torch.manual_seed(0)
-    # xlnet-base-cased's shape (XLNetConfig's defaults: 12 layers, d_model 768, 12 heads,
-    # d_inner 3072); random weights. Its relative attention (einsums, the relative shift) is
-    # not one of the fused attention forms: it measures the unfused path.
-    model = XLNetModel(XLNetConfig()).eval()
+    # xlnet-base-cased's shape (12 layers, d_model 768, 12 heads, d_inner 3072; XLNetConfig's
+    # defaults are the large model's), random weights. Its relative attention (einsums, the
+    # relative shift) is not one of the fused attention forms: it measures the unfused path.
+    model = XLNetModel(
+        XLNetConfig(d_model=768, n_layer=12, n_head=12, d_inner=3072)
+    ).eval()
     export_encoder(out, "xlnet-base", model, token_inputs(32000), ", relative attention")
 
 
