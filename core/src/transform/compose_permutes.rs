@@ -36,9 +36,9 @@
 //! y  = R.permute_dims(view, axes=[0, 2, 3, 1])
 //! ```
 
-use super::substitute::rebind;
+use super::substitute::{ChainCall, bind_chain, shape_arg};
 use crate::error::Result;
-use crate::ir::{Binding, Callee, Dim, DimOp, ExprId, ExprKind, Function, Module, Type, VarId};
+use crate::ir::{Dim, DimOp, ExprId, Function, Module, VarId};
 use crate::op::Op;
 use crate::pattern::matcher::FunctionView;
 
@@ -321,9 +321,6 @@ fn site(view: &FunctionView<'_>, f: &Function, y: VarId) -> Option<Site> {
     })
 }
 
-/// A call of the replacement: op, shape argument (reshapes), result dims, the var's suffix.
-type Call = (Op, Option<Vec<Dim>>, Vec<Dim>, &'static str);
-
 /// Rewrites every chain of `f`; says whether anything changed.
 fn compose_in(f: &mut Function) -> bool {
     let sites: Vec<Site> = {
@@ -338,51 +335,22 @@ fn compose_in(f: &mut Function) -> bool {
         ) else {
             continue;
         };
-        let dataflow = f.var(s.y).dataflow;
-        let origin = f.var(s.y).origin.clone();
-        let y_name = f.var(s.y).name.clone();
-        let mut before = Vec::new();
-        let mut cur = s.x;
         let x_dims = dims_of(f, s.x).unwrap_or_default();
         // Each call but the last binds a new var; the last is `y`'s value.
-        let mut calls: Vec<Call> = Vec::new();
+        let mut calls: Vec<ChainCall> = Vec::new();
         let split_dims = s.split.clone().unwrap_or(x_dims);
         if let Some(d) = s.split {
-            calls.push((Op::Reshape, Some(d.clone()), d, "split"));
+            calls.push((Op::Reshape, vec![shape_arg(f, &d)], d, "split"));
         }
         if let Some(p) = s.perm {
             let dims: Vec<Dim> = p.iter().map(|&i| split_dims[i].clone()).collect();
             let axes = Some(p.iter().map(|&i| i as i64).collect());
-            calls.push((Op::PermuteDims { axes }, None, dims, "perm"));
+            calls.push((Op::PermuteDims { axes }, vec![], dims, "perm"));
         }
         if s.regroup {
-            calls.push((Op::Reshape, Some(y_dims.clone()), y_dims, "last"));
+            calls.push((Op::Reshape, vec![shape_arg(f, &y_dims)], y_dims, "last"));
         }
-        let n = calls.len();
-        let mut value = cur;
-        for (i, (op, shape, dims, suffix)) in calls.into_iter().enumerate() {
-            let mut args = vec![cur];
-            if let Some(shape) = shape {
-                args.push(f.add_expr(ExprKind::ShapeLit(shape.clone()), Type::shape(shape)));
-            }
-            let ty = Type::tensor_dims(dims, dtype);
-            value = f.add_expr(
-                ExprKind::Call {
-                    callee: Callee::Op(op),
-                    args,
-                },
-                ty.clone(),
-            );
-            if i + 1 < n {
-                let base = format!("{y_name}_{suffix}");
-                let taken = |c: &str| f.vars.iter().any(|(_, v)| v.name == c);
-                let name = super::outline::unique_name(&base, &taken);
-                let var = f.add_var_from(name, ty, dataflow, origin.clone());
-                before.push(Binding { var, value });
-                cur = f.var(var).expr;
-            }
-        }
-        rebind(f, s.y, value, before);
+        bind_chain(f, s.y, s.x, calls, dtype);
     }
     changed
 }
@@ -390,6 +358,7 @@ fn compose_in(f: &mut Function) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::{Callee, ExprKind};
     use crate::text::{parse_module_str, print_module};
 
     fn run(src: &str) -> String {

@@ -43,11 +43,9 @@
 //! o = R.matmul(o_flat, metadata["relax.expr.Constant"][1], out_dtype="void")  ; O as [n·d, h]
 //! ```
 
-use super::substitute::rebind;
+use super::substitute::{ChainCall, bind_chain, shape_arg};
 use crate::error::Result;
-use crate::ir::{
-    Binding, Callee, Constant, DType, Dim, ExprId, ExprKind, Function, Module, Type, VarId,
-};
+use crate::ir::{Callee, Constant, DType, Dim, ExprId, ExprKind, Function, Module, Type, VarId};
 use crate::op::Op;
 use crate::op::einsum::EinsumSpec;
 use crate::pattern::matcher::FunctionView;
@@ -239,10 +237,6 @@ fn site(view: &FunctionView<'_>, f: &Function, y: VarId, value: ExprId) -> Optio
     })
 }
 
-/// One call of a rewrite: the op, the reshape target (for `reshape`), the result's dims and the
-/// suffix of its var's name.
-type Call = (Op, Option<Vec<Dim>>, Vec<Dim>, &'static str);
-
 /// Rewrites every site of `f`; says whether anything changed.
 fn rewrite_in(f: &mut Function) -> bool {
     let sites: Vec<Site> = {
@@ -253,9 +247,6 @@ fn rewrite_in(f: &mut Function) -> bool {
     };
     let changed = !sites.is_empty();
     for s in sites {
-        let dataflow = f.var(s.y).dataflow;
-        let origin = f.var(s.y).origin.clone();
-        let y_name = f.var(s.y).name.clone();
         let (nk, k) = s.contracted;
         let n: i64 = s.cols.iter().product();
         let rows_and = |last: &[i64]| -> Vec<Dim> {
@@ -263,65 +254,33 @@ fn rewrite_in(f: &mut Function) -> bool {
             d.extend(last.iter().map(|&e| Dim::Static(e)));
             d
         };
-        // The calls in order, each (op, reshape target, result dims, name suffix).
-        let mut calls: Vec<Call> = Vec::new();
-        let mut w_arg = None;
+        let mut calls: Vec<ChainCall> = Vec::new();
         if let Some(p) = &s.x_perm {
             let xd = f.expr(s.x).ty.as_tensor().and_then(|t| t.dims.clone());
             let Some(xd) = xd else { continue };
             let dims = p.iter().map(|&i| xd[i].clone()).collect();
             let axes = Some(p.iter().map(|&i| i as i64).collect());
-            calls.push((Op::PermuteDims { axes }, None, dims, "x"));
+            calls.push((Op::PermuteDims { axes }, vec![], dims, "x"));
         }
         if nk != 1 {
             let d = rows_and(&[k]);
-            calls.push((Op::Reshape, Some(d.clone()), d, "flat"));
+            calls.push((Op::Reshape, vec![shape_arg(f, &d)], d, "flat"));
         }
-        calls.push((Op::Matmul { out_dtype: None }, None, rows_and(&[n]), "mm"));
+        let w_ty = Type::tensor_dims(vec![Dim::Static(k), Dim::Static(n)], s.dtype);
+        let w2 = f.add_expr(ExprKind::Const(s.w2), w_ty);
+        let mm = Op::Matmul { out_dtype: None };
+        calls.push((mm, vec![w2], rows_and(&[n]), "mm"));
         if s.cols.len() != 1 {
             let d = rows_and(&s.cols);
-            calls.push((Op::Reshape, Some(d.clone()), d, "cols"));
+            calls.push((Op::Reshape, vec![shape_arg(f, &d)], d, "cols"));
         }
         if let Some(p) = &s.out_perm {
             let ordered = rows_and(&s.cols);
             let dims = p.iter().map(|&i| ordered[i].clone()).collect();
             let axes = Some(p.iter().map(|&i| i as i64).collect());
-            calls.push((Op::PermuteDims { axes }, None, dims, "out"));
+            calls.push((Op::PermuteDims { axes }, vec![], dims, "out"));
         }
-        let last = calls.len();
-        let mut before = Vec::new();
-        let mut cur = s.x;
-        let mut value = cur;
-        for (i, (op, shape, dims, suffix)) in calls.into_iter().enumerate() {
-            let mut args = vec![cur];
-            if let Some(shape) = shape {
-                args.push(f.add_expr(ExprKind::ShapeLit(shape.clone()), Type::shape(shape)));
-            }
-            if matches!(op, Op::Matmul { .. }) {
-                let w2 = w_arg.get_or_insert_with(|| {
-                    let ty = Type::tensor_dims(vec![Dim::Static(k), Dim::Static(n)], s.dtype);
-                    f.add_expr(ExprKind::Const(s.w2.clone()), ty)
-                });
-                args.push(*w2);
-            }
-            let ty = Type::tensor_dims(dims, s.dtype);
-            value = f.add_expr(
-                ExprKind::Call {
-                    callee: Callee::Op(op),
-                    args,
-                },
-                ty.clone(),
-            );
-            if i + 1 < last {
-                let base = format!("{y_name}_{suffix}");
-                let taken = |c: &str| f.vars.iter().any(|(_, v)| v.name == c);
-                let name = super::outline::unique_name(&base, &taken);
-                let var = f.add_var_from(name, ty, dataflow, origin.clone());
-                before.push(Binding { var, value });
-                cur = f.var(var).expr;
-            }
-        }
-        rebind(f, s.y, value, before);
+        bind_chain(f, s.y, s.x, calls, s.dtype);
     }
     changed
 }

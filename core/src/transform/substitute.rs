@@ -4,7 +4,8 @@
 //! [`eliminate_common_subexpr`](super::eliminate_common_subexpr),
 //! [`unflatten_matmul`](super::unflatten_matmul)), [`rewrite_entries`], the frame they
 //! share (every entry function, inside `if` branches, then dead-code elimination),
-//! [`call_of`], the op call a var is bound to, and [`rebind`], a binding's new value.
+//! [`call_of`], the op call a var is bound to, [`rebind`], a binding's new value, and
+//! [`bind_chain`], a binding's new value as a chain of calls.
 //!
 //! Contract: [`Substitution::apply`] rewrites, in one function, every argument, tuple field and
 //! tuple-get-item operand that refers to a var in the map (and the returned expression's
@@ -191,4 +192,58 @@ pub(crate) fn rebind(
             return;
         }
     }
+}
+
+/// One call of a chain [`bind_chain`] binds: the op, its arguments after the chained value (a
+/// reshape's target from [`shape_arg`], a weight), the result's dims and the suffix of its
+/// var's name.
+pub(crate) type ChainCall = (Op, Vec<ExprId>, Vec<crate::ir::Dim>, &'static str);
+
+/// The shape literal `dims`, as a reshape's target.
+pub(crate) fn shape_arg(f: &mut Function, dims: &[crate::ir::Dim]) -> ExprId {
+    f.add_expr(
+        ExprKind::ShapeLit(dims.to_vec()),
+        crate::ir::Type::shape(dims.to_vec()),
+    )
+}
+
+/// Rebinds `y` to the last of `calls` applied in turn to `x` (each call's first argument the
+/// previous result; results of dtype `dtype`), each earlier result bound just before `y` to a
+/// new var named `<y>_<suffix>` (made unique), with `y`'s dataflow flag and origin. With no
+/// calls, `y` is bound to `x` itself.
+pub(crate) fn bind_chain(
+    f: &mut Function,
+    y: VarId,
+    x: ExprId,
+    calls: Vec<ChainCall>,
+    dtype: crate::ir::DType,
+) {
+    let dataflow = f.var(y).dataflow;
+    let origin = f.var(y).origin.clone();
+    let y_name = f.var(y).name.clone();
+    let last = calls.len();
+    let mut before = Vec::new();
+    let mut cur = x;
+    let mut value = x;
+    for (i, (op, rest, dims, suffix)) in calls.into_iter().enumerate() {
+        let mut args = vec![cur];
+        args.extend(rest);
+        let ty = crate::ir::Type::tensor_dims(dims, dtype);
+        value = f.add_expr(
+            ExprKind::Call {
+                callee: Callee::Op(op),
+                args,
+            },
+            ty.clone(),
+        );
+        if i + 1 < last {
+            let base = format!("{y_name}_{suffix}");
+            let taken = |c: &str| f.vars.iter().any(|(_, v)| v.name == c);
+            let name = super::outline::unique_name(&base, &taken);
+            let var = f.add_var_from(name, ty, dataflow, origin.clone());
+            before.push(crate::ir::Binding { var, value });
+            cur = f.var(var).expr;
+        }
+    }
+    rebind(f, y, value, before);
 }
