@@ -33,14 +33,14 @@
 //! ; before (x: [s, b, 1024]; W: [1024, 16, 64] constant)
 //! q = R.einsum((x, W), subscripts="ibh,hnd->ibnd")
 //! ; after
-//! q_mm = R.matmul(x, metadata["relax.expr.Constant"][0], out_dtype="void")   ; W as [1024, 1024]
+//! q_mm = R.matmul(x, metadata["relax.expr.Constant"][0], out_dtype=None)   ; W as [1024, 1024]
 //! q = R.reshape(q_mm, R.shape([s, b, 16, 64]))
 //!
 //! ; before (a: [s, b, 16, 64]; O: [1024, 16, 64] constant)
 //! o = R.einsum((a, O), subscripts="ibnd,hnd->ibh")
 //! ; after
 //! o_flat = R.reshape(a, R.shape([s, b, 1024]))
-//! o = R.matmul(o_flat, metadata["relax.expr.Constant"][1], out_dtype="void")  ; O as [n·d, h]
+//! o = R.matmul(o_flat, metadata["relax.expr.Constant"][1], out_dtype=None)  ; O as [n·d, h]
 //! ```
 
 use super::substitute::{ChainCall, bind_chain, shape_arg};
