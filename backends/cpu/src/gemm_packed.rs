@@ -42,8 +42,8 @@
 //!   hint, so the bits do not change): GPT-2's four GEMM shapes with 12 weights in turn ran
 //!   6–11% faster on one thread and 2–8% on two, 8 of 8 alternated comparisons each.
 //! - The work is cut by the shape alone into tiles of up to [`ROWS`] rows (whole blocks of 6)
-//!   by whole panels, a band whose rows of `A` pass [`A_BAND_BYTES`] in sub-bands run panel by
-//!   panel, spread over [`crate::par`]'s threads; `epilogue` runs on each row of a tile right
+//!   by whole panels (on the AVX-512 path, a band whose rows of `A` pass [`A_BAND_BYTES`] in
+//!   sub-bands run panel by panel), spread over [`crate::par`]'s threads; `epilogue` runs on each row of a tile right
 //!   after the tile is computed (while it is in cache).
 //! - Why not `faer` here: `faer` packs `B` on every call. With the weight packed once, this
 //!   kernel computes GPT-2-sized dense layers (`128 × 768 × 3072` and back, weights read from
@@ -107,6 +107,12 @@ const ROWS: usize = 256;
 /// its panel stay in a core's L2 together (a 3072-step panel is 590 KB). BERT-base's 128 × 3072
 /// @ 3072 × 768 layers (1.5 MB of `A`, three sub-bands) took 0.89–0.91 of their time on two
 /// threads (bench/RESULTS.md, session bh); 300 KB, which also cut the 768-step layers, lost.
+/// Only the AVX-512 path ([`tile`], which keeps a panel's rows over all of `k`) cuts bands:
+/// [`tile_chunked`] already bounds its working set by the chunks of `k` (a band's rows of `A`
+/// over one chunk, 135 KB for 132 rows), and its sub-bands only shared each slice of `B` it
+/// loads into L1 among fewer row blocks (the same BERT layers on a 2-core AMD EPYC with
+/// AVX2: 0.90–0.91 of their time with one band, one thread and two; bench/RESULTS.md,
+/// session br).
 const A_BAND_BYTES: usize = 512 << 10;
 
 /// A sub-band's rows are a multiple of this: whole blocks of both micro-kernels' rows (8 with
@@ -277,9 +283,13 @@ pub(crate) fn gemm_tiles(
         // The band in sub-bands whose rows of `A` fit [`A_BAND_BYTES`], each cut by panels;
         // the tasks panel by panel, a panel's sub-bands one after the other (one thread's
         // run, as a rule), so the panel is read from memory once and the sub-bands pass it.
-        let subs = (h * k * std::mem::size_of::<f32>())
-            .div_ceil(A_BAND_BYTES)
-            .clamp(1, h.div_ceil(SUB_ROWS));
+        let subs = if chunked(crate::simd::f32_lanes()) {
+            1
+        } else {
+            (h * k * std::mem::size_of::<f32>())
+                .div_ceil(A_BAND_BYTES)
+                .clamp(1, h.div_ceil(SUB_ROWS))
+        };
         let sub_rows = h.div_ceil(subs).next_multiple_of(SUB_ROWS);
         let mut cut: Vec<std::vec::IntoIter<(usize, usize, MatMut<'_, f32>)>> = Vec::new();
         let mut band = band;
@@ -567,9 +577,14 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
             };
             for (blk, ap) in apack.chunks_exact(per).enumerate() {
                 if let Some((panel, off, kl)) = next {
+                    // By index: `chunks_exact(nr).take(q1).skip(q0)` left a call (and a
+                    // `vzeroupper`) per row block, 2–3% of the GEMM (alternated, one
+                    // thread and two, AVX2).
                     let (q0, q1) = (blk * kl / blocks, (blk + 1) * kl / blocks);
-                    for row in panel.chunks_exact(nr).take(q1).skip(q0) {
-                        prefetch.line(&row[off..]);
+                    for row in q0..q1 {
+                        if let Some(line) = panel.get(row * nr + off..) {
+                            prefetch.line(line);
+                        }
                     }
                 }
                 let ap = &ap[kc * MR_N..(kc + kl) * MR_N];
@@ -959,7 +974,7 @@ mod tests {
 
     #[test]
     fn the_epilogue_sees_every_row_segment_once_with_its_position() {
-        // One band; two sub-bands (A_BAND_BYTES).
+        // One band; two sub-bands on the AVX-512 path (A_BAND_BYTES).
         for (m, k, n) in [(70, 9, 130), (100, 1400, 60)] {
             epilogue_positions(m, k, n);
         }
