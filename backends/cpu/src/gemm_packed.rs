@@ -555,7 +555,6 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
     let last = (k - 1) / KC * KC;
     // Every block is written by the first chunk before any is read (none with one chunk).
     sums.resize(if last > 0 { slices * blocks * block } else { 0 }, 0.0);
-    let zero = simd.splat_f32s(0.0);
     let prefetch = Prefetch::new();
     // Slice `s`'s chunk from step `kc`: its panel's `kl × nr` rows, the slice's first column
     // in them, and `kl`.
@@ -587,19 +586,24 @@ fn tile_chunked<S: pulp::Simd>(simd: S, t: Tile<'_, '_>) -> KResult<()> {
                         }
                     }
                 }
-                let ap = &ap[kc * MR_N..(kc + kl) * MR_N];
-                let at = (s * blocks + blk) * block;
-                let acc = if kc > 0 {
-                    bytemuck::pod_read_unaligned(bytemuck::cast_slice(&sums[at..at + block]))
-                } else {
-                    [[zero; 2]; MR_N]
+                let run = Block {
+                    ap: &ap[kc * MR_N..(kc + kl) * MR_N],
+                    panel: (panel, nr),
+                    off,
+                    // (Empty with one chunk: the block is then both first and last.)
+                    sums: sums
+                        .get_mut((s * blocks + blk) * block..(s * blocks + blk + 1) * block)
+                        .unwrap_or_default(),
+                    first: kc == 0,
+                    last: kc == last,
                 };
-                let acc = micro(simd, ap, (panel, nr), off, acc);
-                let vals: &[f32] = bytemuck::cast_slice(&acc);
-                if kc < last {
-                    sums[at..at + block].copy_from_slice(vals);
-                } else {
-                    store(vals, &mut out, blk * MR_N, s * sw, sw);
+                // A block with fewer live rows (the last of a tile whose rows are not a
+                // multiple of MR_N: BERT's and GPT-2's 128 rows end in a block of 2) runs
+                // the kernel on those rows only: 4 of 132 row FMAs saved.
+                match h - blk * MR_N {
+                    1 | 2 => run.rows::<S, 2>(simd, &mut out, blk * MR_N, s * sw),
+                    3 | 4 => run.rows::<S, 4>(simd, &mut out, blk * MR_N, s * sw),
+                    _ => run.rows::<S, MR_N>(simd, &mut out, blk * MR_N, s * sw),
                 }
             }
         }
@@ -733,11 +737,59 @@ const _: () = assert!(
     "x86's prefetch hint encoding"
 );
 
-/// A finished `MR_N × sw` block (`vals`, row-major) into the tile's rows `i0..` (`out`) and
+/// One row block of [`tile_chunked`] over one chunk of one slice: the packed rows `ap`
+/// (`kl × MR_N`, step-major), the panel's chunk and `nr`, the slice's first column `off` in
+/// it, and the block's running sums (`MR_N × sw`, row-major) in the per-thread buffer.
+struct Block<'a> {
+    ap: &'a [f32],
+    panel: (&'a [f32], usize),
+    off: usize,
+    sums: &'a mut [f32],
+    /// The chunk is the first of `k` (the sums start at `+0.0`, not from `sums`).
+    first: bool,
+    /// The chunk is the last of `k` (the sums go into `C`, not back into `sums`).
+    last: bool,
+}
+
+impl Block<'_> {
+    /// The block's first `R` rows (`R ≤ MR_N`; the live ones and perhaps a padding row):
+    /// their running sums continued over the chunk by [`micro`], then kept in `sums` or
+    /// stored into the tile's rows `i0..` and columns `j0..` ([`store`]).
+    #[inline(always)]
+    fn rows<S: pulp::Simd, const R: usize>(
+        self,
+        simd: S,
+        out: &mut [&mut [f32]],
+        i0: usize,
+        j0: usize,
+    ) {
+        let lanes = S::F32_LANES;
+        let sw = 2 * lanes;
+        let acc: [[S::f32s; 2]; R] = if self.first {
+            [[simd.splat_f32s(0.0); 2]; R]
+        } else {
+            std::array::from_fn(|r| {
+                std::array::from_fn(|v| {
+                    let at = r * sw + v * lanes;
+                    bytemuck::pod_read_unaligned(bytemuck::cast_slice(&self.sums[at..at + lanes]))
+                })
+            })
+        };
+        let acc = micro(simd, self.ap, self.panel, self.off, acc);
+        let vals: &[f32] = bytemuck::cast_slice(acc.as_flattened());
+        if self.last {
+            store(vals, out, i0, j0, sw);
+        } else {
+            self.sums[..vals.len()].copy_from_slice(vals);
+        }
+    }
+}
+
+/// A finished block of up to `MR_N` rows × `sw` (`vals`, row-major) into the tile's rows `i0..` (`out`) and
 /// columns `j0..`, clipped to the tile.
 #[inline(always)]
 fn store(vals: &[f32], out: &mut [&mut [f32]], i0: usize, j0: usize, sw: usize) {
-    for (r, row) in out.iter_mut().skip(i0).take(MR_N).enumerate() {
+    for (r, row) in out.iter_mut().skip(i0).take(vals.len() / sw).enumerate() {
         let src = &vals[r * sw..(r + 1) * sw];
         match row.get_mut(j0..j0 + sw) {
             // A whole slice: a copy of a length the compiler knows (vector moves).
@@ -759,19 +811,20 @@ thread_local! {
     static SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// [`MR_N`] rows × `2 × lanes` columns (panel columns `off..`): continues the running sums
-/// `acc` over the chunk, one FMA per step in order. `ap`: the row block's packed chunk
+/// The first `R` of a block's [`MR_N`] rows × `2 × lanes` columns (panel columns `off..`):
+/// continues the running sums `acc` over the chunk, one FMA per step in order. `ap`: the row
+/// block's packed chunk
 /// (`kl × MR_N`, step-major); `panel`: the panel's chunk (`kl × nr`) and `nr`. Two steps per loop
 /// iteration (4–15% faster than one on AVX2: less loop overhead per 12 FMAs), then the odd
 /// last step.
 #[inline(always)]
-fn micro<S: pulp::Simd>(
+fn micro<S: pulp::Simd, const R: usize>(
     simd: S,
     ap: &[f32],
     (panel, nr): (&[f32], usize),
     off: usize,
-    mut acc: [[S::f32s; 2]; MR_N],
-) -> [[S::f32s; 2]; MR_N] {
+    mut acc: [[S::f32s; 2]; R],
+) -> [[S::f32s; 2]; R] {
     let sw = 2 * S::F32_LANES;
     // Never taken (`tile_chunked` checked that slices divide a panel); it lets LLVM drop the
     // bounds checks of the loop below.
@@ -794,10 +847,15 @@ fn micro<S: pulp::Simd>(
     acc
 }
 
-/// One step of [`micro`]: `acc[r] += av[r] · b` for the `MR_N` rows, `b` the slice's two
+/// One step of [`micro`]: `acc[r] += av[r] · b` for the first `R` rows, `b` the slice's two
 /// vectors (`bp`: `2 × lanes` values).
 #[inline(always)]
-fn step<S: pulp::Simd>(simd: S, av: &[f32], bp: &[f32], acc: &mut [[S::f32s; 2]; MR_N]) {
+fn step<S: pulp::Simd, const R: usize>(
+    simd: S,
+    av: &[f32],
+    bp: &[f32],
+    acc: &mut [[S::f32s; 2]; R],
+) {
     let lanes = S::F32_LANES;
     let b0: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[..lanes]));
     let b1: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&bp[lanes..2 * lanes]));
@@ -882,8 +940,13 @@ mod tests {
         // Rows not a multiple of 8 or 4, columns not a multiple of a panel, one column, a
         // panel exactly, several tiles (k · rows · 48 > TILE_MACS), more than 256 rows; rows
         // of `A` past A_BAND_BYTES (three sub-bands, the last of 4 rows; two bands of two).
+        // On the chunked path, a last row block of every count of live rows (1–5: the
+        // kernel on 2, 4 or 6 rows), with one chunk of `k` and with several (128 rows: 21
+        // blocks and one of 2, as BERT's and GPT-2's layers).
         for (m, k, n) in [
             (8usize, 1usize, 1usize),
+            (29, 300, 20),
+            (128, 700, 40),
             (9, 3, 47),
             (13, 17, 48),
             (31, 64, 97),
