@@ -40,7 +40,9 @@
 //!   While a slice's chunk meets the row blocks, the next slice's chunk is prefetched into L1,
 //!   a share of its lines per row block (`prefetcht0` through `pulp`'s safe SSE token; a
 //!   hint, so the bits do not change): GPT-2's four GEMM shapes with 12 weights in turn ran
-//!   6–11% faster on one thread and 2–8% on two, 8 of 8 alternated comparisons each.
+//!   6–11% faster on one thread and 2–8% on two, 8 of 8 alternated comparisons each. A
+//!   tile's last row block with fewer than 6 live rows runs the kernel on 2 or 4 rows (a
+//!   128-row layer's 22nd block holds 2).
 //! - The work is cut by the shape alone into tiles of up to [`ROWS`] rows (whole blocks of 6)
 //!   by whole panels (on the AVX-512 path, a band whose rows of `A` pass [`A_BAND_BYTES`] in
 //!   sub-bands run panel by panel), spread over [`crate::par`]'s threads; `epilogue` runs on each row of a tile right
