@@ -45,8 +45,8 @@
 //!   128-row layer's 22nd block holds 2).
 //! - The work is cut by the shape alone into tiles of up to [`ROWS`] rows (whole blocks of 6)
 //!   by whole panels (on the AVX-512 path, a band whose rows of `A` pass [`A_BAND_BYTES`] in
-//!   sub-bands run panel by panel), spread over [`crate::par`]'s threads; `epilogue` runs on each row of a tile right
-//!   after the tile is computed (while it is in cache).
+//!   sub-bands run panel by panel), spread over [`crate::par`]'s threads; `epilogue` runs on
+//!   each row of a tile right after the tile is computed (while it is in cache).
 //! - Why not `faer` here: `faer` packs `B` on every call. With the weight packed once, this
 //!   kernel computes GPT-2-sized dense layers (`128 × 768 × 3072` and back, weights read from
 //!   memory) in 0.92× `faer`'s time with AVX-512 and 0.99–1.04× with AVX2 (`cargo run
@@ -787,8 +787,8 @@ impl Block<'_> {
     }
 }
 
-/// A finished block of up to `MR_N` rows × `sw` (`vals`, row-major) into the tile's rows `i0..` (`out`) and
-/// columns `j0..`, clipped to the tile.
+/// A finished block of up to [`MR_N`] rows × `sw` (`vals`, row-major) into the tile's rows
+/// `i0..` (`out`) and columns `j0..`, clipped to the tile.
 #[inline(always)]
 fn store(vals: &[f32], out: &mut [&mut [f32]], i0: usize, j0: usize, sw: usize) {
     for (r, row) in out.iter_mut().skip(i0).take(vals.len() / sw).enumerate() {
@@ -815,10 +815,9 @@ thread_local! {
 
 /// The first `R` of a block's [`MR_N`] rows × `2 × lanes` columns (panel columns `off..`):
 /// continues the running sums `acc` over the chunk, one FMA per step in order. `ap`: the row
-/// block's packed chunk
-/// (`kl × MR_N`, step-major); `panel`: the panel's chunk (`kl × nr`) and `nr`. Two steps per loop
-/// iteration (4–15% faster than one on AVX2: less loop overhead per 12 FMAs), then the odd
-/// last step.
+/// block's packed chunk (`kl × MR_N`, step-major); `panel`: the panel's chunk (`kl × nr`) and
+/// `nr`. Two steps per loop iteration (4–15% faster than one on AVX2: less loop overhead per
+/// 12 FMAs), then the odd last step.
 #[inline(always)]
 fn micro<S: pulp::Simd, const R: usize>(
     simd: S,
