@@ -51,6 +51,9 @@
 //!   kernel computes GPT-2-sized dense layers (`128 × 768 × 3072` and back, weights read from
 //!   memory) in 0.92× `faer`'s time with AVX-512 and 0.99–1.04× with AVX2 (`cargo run
 //!   --release -p fusebox-cpu --example bench_dense`; bench/RESULTS.md).
+//! - [`gemm_src`] is the same chains on the narrower vectors' path with `A` read through a
+//!   [`ColsSrc`] (`k`-major data, such as a Winograd block's transformed data, copied
+//!   straight into the blocks of 6 rows, no transposed copy first).
 //! - [`gemm_cols`] ([`cols`]) is the same chains for a convolution, with the output channels
 //!   on the vector lanes and the pixels read where they lie.
 //! - [`gemm`] needs at least [`MIN_ROWS`] rows; fewer go to [`crate::matmul`]'s GEMV/`faer`
@@ -250,7 +253,7 @@ pub(crate) fn gemm_tiles(
     threads: usize,
     epilogue: Option<TileEpilogue<'_>>,
 ) -> KResult<()> {
-    let (k, n, nr) = (b.k, b.n, b.nr);
+    let (k, n) = (b.k, b.n);
     if a.len() != m * k || c.len() != m * n {
         return Err(format!(
             "gemm: {m}x{k} @ {k}x{n} needs {} and {} elements, found {} and {}",
@@ -260,6 +263,76 @@ pub(crate) fn gemm_tiles(
             c.len()
         ));
     }
+    run(m, Lhs::Rows(a), b, c, threads, epilogue)
+}
+
+/// Whether [`gemm_src`] runs on this CPU: the narrower vectors' path, which copies `A` into
+/// blocks of rows before the kernel reads it (the AVX-512 kernel reads `A`'s rows in place).
+pub(crate) fn takes_src() -> bool {
+    chunked(crate::simd::f32_lanes())
+}
+
+/// [`gemm`] with `A` (`m × k`) read through `src` ([`ColsSrc`]: element `[i][p]` at
+/// `data[steps[p] + (i / row) · pitch + i % row]`, so an operand stored `k`-major, such as a
+/// convolution's data or a Winograd block's transformed data, needs no transposed copy):
+/// [`pack_src`] copies it into the blocks [`tile_chunked`] reads, then the same chains. Only
+/// where [`takes_src`]; needs `m ≥ MIN_ROWS`. No epilogue: the callers transpose the result.
+pub(crate) fn gemm_src(
+    m: usize,
+    src: ColsSrc<'_>,
+    b: &PackedB,
+    c: &mut [f32],
+    threads: usize,
+) -> KResult<()> {
+    let (k, n) = (b.k, b.n);
+    if !takes_src() {
+        return Err("gemm: the AVX-512 kernel reads the rows of A in place".to_string());
+    }
+    if src.steps.len() != k || c.len() != m * n {
+        return Err(format!(
+            "gemm: {m}x{k} @ {k}x{n} needs {k} steps and {} outputs, found {} and {}",
+            m * n,
+            src.steps.len(),
+            c.len()
+        ));
+    }
+    // Every value read lies inside `data` (`base` grows with the row where `pitch ≥ row`).
+    let fits = src.row > 0
+        && src.pitch >= src.row
+        && (m == 0
+            || src
+                .steps
+                .iter()
+                .max()
+                .is_none_or(|&s| s.saturating_add(src.base(m - 1)) < src.data.len()));
+    if !fits {
+        return Err(format!(
+            "gemm: {m} rows in runs of {} (pitch {}) over {} values do not fit",
+            src.row,
+            src.pitch,
+            src.data.len()
+        ));
+    }
+    run(m, Lhs::Src(src), b, c, threads, None)
+}
+
+/// The left operand of [`run`]: row-major, or read through a [`ColsSrc`].
+#[derive(Clone, Copy)]
+enum Lhs<'a> {
+    Rows(&'a [f32]),
+    Src(ColsSrc<'a>),
+}
+
+/// [`gemm_tiles`] and [`gemm_src`] past their checks of the operands' sizes.
+fn run(
+    m: usize,
+    lhs: Lhs<'_>,
+    b: &PackedB,
+    c: &mut [f32],
+    threads: usize,
+    epilogue: Option<TileEpilogue<'_>>,
+) -> KResult<()> {
+    let (k, n, nr) = (b.k, b.n, b.nr);
     if m < MIN_ROWS {
         return Err(format!(
             "gemm: the packed kernel takes at least {MIN_ROWS} rows, found {m}"
@@ -321,11 +394,20 @@ pub(crate) fn gemm_tiles(
     }
     let threads = threads.min((m * n * k.max(1)).div_ceil(TILE_MACS)).max(1);
     crate::par::with_scratch(&APACK, |apack| {
-        if chunked(crate::simd::f32_lanes()) {
-            pack_rows(a, m, k, apack, threads);
-        } else {
-            apack.clear();
-        }
+        let a = match lhs {
+            Lhs::Rows(a) if chunked(crate::simd::f32_lanes()) => {
+                pack_rows(a, m, k, apack, threads);
+                a
+            }
+            Lhs::Rows(a) => {
+                apack.clear();
+                a
+            }
+            Lhs::Src(src) => {
+                pack_src(src, m, k, apack, threads);
+                &[]
+            }
+        };
         let apack = &apack[..];
         crate::par::run_tasks(tasks, threads, |(r0, p0, mut tile)| {
             crate::par::with_scratch(&SUMS, |sums| {
@@ -392,6 +474,43 @@ fn pack_rows(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>, threads: usize) 
     });
 }
 
+/// [`pack_rows`] for an `A` read through `src` ([`gemm_src`], which checked that every
+/// value read lies inside `src.data`): a block's rows are `MR_N` consecutive `i`, whose
+/// values at each step are one copy where they are consecutive in `data` (a block within one
+/// run of `src.row`), else gathered one by one.
+fn pack_src(src: ColsSrc<'_>, m: usize, k: usize, out: &mut Vec<f32>, threads: usize) {
+    let per = MR_N * k;
+    let blocks = m.div_ceil(MR_N);
+    out.truncate(blocks * per);
+    out.resize(blocks * per, 0.0);
+    if per == 0 {
+        return;
+    }
+    let threads = threads.min(blocks * per / (1 << 16)).max(1);
+    crate::par::for_each_chunk_mut(out, per * blocks.div_ceil(threads), threads, |off, dst| {
+        for (i, blk) in dst.chunks_exact_mut(per).enumerate() {
+            let first = (off / per + i) * MR_N;
+            // Each row's offset past a step's (`None` past `m`: zeros).
+            let at: [Option<usize>; MR_N] =
+                std::array::from_fn(|r| (first + r < m).then(|| src.base(first + r)));
+            match (at[0], at[MR_N - 1]) {
+                (Some(a0), Some(a5)) if a5 == a0 + MR_N - 1 => {
+                    for (d, &s) in blk.chunks_exact_mut(MR_N).zip(src.steps) {
+                        d.copy_from_slice(&src.data[s + a0..s + a0 + MR_N]);
+                    }
+                }
+                _ => {
+                    for (d, &s) in blk.chunks_exact_mut(MR_N).zip(src.steps) {
+                        for (d, a) in d.iter_mut().zip(&at) {
+                            *d = a.map_or(0.0, |a| src.data[s + a]);
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// Row `i` of a row-major tile as a slice.
 fn row_slice<'t>(tile: MatMut<'t, f32>, i: usize) -> KResult<&'t mut [f32]> {
     tile.row_mut(i)
@@ -441,6 +560,13 @@ fn tile<S: pulp::Simd, const MR: usize>(simd: S, t: Tile<'_, '_>) -> KResult<()>
         ..
     } = t;
     let (h, w) = (c.nrows(), c.ncols());
+    if a.len() < (r0 + h) * k {
+        return Err(format!(
+            "gemm: the AVX-512 kernel reads rows {r0}..{} of A in place, it holds {} elements",
+            r0 + h,
+            a.len()
+        ));
+    }
     if b.nr != NR {
         return Err(format!(
             "gemm: the AVX-512 kernel reads panels of {NR} columns, these have {}",
@@ -967,6 +1093,62 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(bits(&c), bits(&want), "{m}x{k}x{n} on {threads} threads");
             }
+        }
+    }
+
+    /// `gemm_src` reads `A` through a `ColsSrc` (runs of `row` rows `pitch` apart, each step
+    /// at its own offset, blocks of 6 rows that cross a run gathered one by one) and gives
+    /// the chains of `gemm` on the same `A`, bit for bit, on every thread count; where it
+    /// does not run (AVX-512), or the source does not fit its data, it is an error.
+    #[test]
+    fn a_read_through_a_source_gives_the_same_chains() {
+        for (m, k, n, row, pitch) in [
+            (8usize, 1usize, 1usize, 8usize, 8usize),
+            (16, 512, 40, 16, 16),
+            (49, 300, 70, 7, 9),
+            (30, 33, 17, 5, 5),
+            (200, 700, 20, 14, 16),
+        ] {
+            let stride = (m / row + 1) * pitch + 3;
+            let data = values(k * stride, (m * 13 + k) as u64);
+            // Step `p` starts at `p · stride` in reverse order: any offsets, not one pitch.
+            let steps: Vec<usize> = (0..k).map(|p| (k - 1 - p) * stride).collect();
+            let src = ColsSrc {
+                data: &data,
+                steps: &steps,
+                row,
+                pitch,
+            };
+            let a: Vec<f32> = (0..m * k)
+                .map(|e| data[steps[e % k] + src.base(e / k)])
+                .collect();
+            let b = values(k * n, (n * 7 + k) as u64);
+            let want = chain(m, k, n, &a, &b);
+            let packed = PackedB::new(&b, k, n).unwrap_or_else(|e| panic!("{e}"));
+            for threads in [1, 2, 3] {
+                let mut c = vec![f32::NAN; m * n];
+                let got = crate::par::with_threads(threads, || {
+                    gemm_src(m, src, &packed, &mut c, threads)
+                });
+                if !takes_src() {
+                    assert!(got.is_err(), "{m}x{k}x{n}: taken without the chunked path");
+                    continue;
+                }
+                got.unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(bits(&c), bits(&want), "{m}x{k}x{n} on {threads} threads");
+            }
+            // One value short of the last row's last step: an error, not a read past it.
+            let short = ColsSrc {
+                data: &data[..steps[0] + src.base(m - 1)],
+                ..src
+            };
+            let mut c = vec![0.0; m * n];
+            assert!(gemm_src(m, short, &packed, &mut c, 1).is_err());
+            let wrong = ColsSrc {
+                steps: &steps[1..],
+                ..src
+            };
+            assert!(gemm_src(m, wrong, &packed, &mut c, 1).is_err());
         }
     }
 

@@ -16,7 +16,11 @@
 //!   column kernel instead ([`crate::gemm_packed::gemm_cols`]: output channels on the lanes,
 //!   `V`'s rows read in place, `Uᵀ` packed once per position by [`Weights::for_image`], where
 //!   `faer` packed it on every call, and no strided transposition back): ResNet-50's five
-//!   256×14×14 layers 4.48–4.86 → 3.93–4.09 ms (two threads).
+//!   256×14×14 layers 4.48–4.86 → 3.93–4.09 ms (two threads). With narrower vectors (AVX2)
+//!   it runs on the packed GEMM instead ([`crate::gemm_packed::gemm_src`]: `V`'s columns
+//!   copied into blocks of 6 tiles, `Uᵀ` packed once per position, the result transposed
+//!   back), not on `faer`, which packed `Uᵀ` on every call: the same five layers 6.08 →
+//!   4.85 ms on a 2-core AMD EPYC, ResNet-50's 512×7×7 ones 4.94 → 3.23 (two calls).
 //! - F(4×4, 3×3) ([`Tile::F4`]) computes each 4×4 output tile from a 6×6 input tile (tiles
 //!   overlap by two): 36 GEMMs, 36 multiply-adds per 16 outputs and channel (2.25 per output
 //!   against F(2×2)'s 4), for larger transforms and weights 36/16 the size. [`Tile::choose`]
@@ -43,7 +47,7 @@
 //!   perhaps when its two vCPUs sit on different L3 caches).
 //! - Deterministic: the tiles are cut into blocks of whole tile rows by the shape alone, and
 //!   every output element is computed by the same operations in the same order whatever the
-//!   number of threads or the blocks (each GEMM is one sequential `faer` call), so results are
+//!   number of threads or the blocks (each GEMM is one sequential call), so results are
 //!   bit-identical for every thread count, fused or not.
 //!
 //! ```text
@@ -128,11 +132,10 @@ pub(crate) struct Weights {
     o: usize,
     c: usize,
     u: Vec<f32>,
-    /// Per tile position, `Uᵀ` packed for [`crate::gemm_packed::gemm_cols`] (made by
-    /// [`Weights::for_image`] where an image has fewer than [`FEW_TILES`] tiles and the CPU
-    /// has 16-lane vectors): the GEMMs of few tiles then run with the output channels on the
-    /// lanes from a weight packed once, instead of `faer` packing it on every call.
-    cols: Option<Vec<crate::gemm_packed::PackedB>>,
+    /// Per tile position, `Uᵀ` packed once for the kernel that runs the GEMMs of few tiles
+    /// ([`few_kernel`]; made by [`Weights::for_image`] where an image has fewer than
+    /// [`FEW_TILES`] tiles), instead of `faer` packing it on every call.
+    packed: Option<(Few, Vec<crate::gemm_packed::PackedB>)>,
 }
 
 impl Weights {
@@ -205,7 +208,7 @@ impl Weights {
             o,
             c,
             u,
-            cols: None,
+            packed: None,
         })
     }
 
@@ -218,20 +221,27 @@ impl Weights {
         tile: Tile,
         tiles: usize,
     ) -> KResult<Weights> {
+        use crate::gemm_packed::PackedB;
         let mut wt = Weights::new(w, o, c, tile)?;
-        if packs_cols(tiles) {
-            let xi = tile.xi();
+        if let Some(few) = few_kernel(tiles) {
+            let len = match few {
+                Few::Cols => PackedB::cols_len_for(c, o),
+                Few::Rows => PackedB::len_for(c, o),
+            };
             fusebox_core::runtime::memory::check_alloc(
                 "the packed Winograd weights of relax.nn.conv2d",
                 fusebox_core::ir::DType::F32,
-                &[xi, crate::gemm_packed::PackedB::cols_len_for(c, o)],
+                &[tile.xi(), len],
             )
             .map_err(|e| e.to_string())?;
             let packed =
                 wt.u.chunks_exact(o * c)
-                    .map(|u| crate::gemm_packed::PackedB::for_cols(u, c, o))
+                    .map(|u| match few {
+                        Few::Cols => PackedB::for_cols(u, c, o),
+                        Few::Rows => PackedB::new(u, c, o),
+                    })
                     .collect::<KResult<Vec<_>>>()?;
-            wt.cols = Some(packed);
+            wt.packed = Some((few, packed));
         }
         Ok(wt)
     }
@@ -239,14 +249,39 @@ impl Weights {
     /// Whether these are [`Weights::for_image`]'s weights for this convolution (so that a
     /// kept transform and one made by the call give the same bits).
     pub(crate) fn fits(&self, o: usize, c: usize, tile: Tile, tiles: usize) -> bool {
-        (self.o, self.c, self.tile) == (o, c, tile) && self.cols.is_some() == packs_cols(tiles)
+        (self.o, self.c, self.tile) == (o, c, tile)
+            && self.packed.as_ref().map(|p| p.0) == few_kernel(tiles)
     }
 }
 
-/// Whether [`Weights::for_image`] packs the column kernel's copies for images of `tiles`
-/// tiles.
-fn packs_cols(tiles: usize) -> bool {
-    tiles < FEW_TILES && crate::simd::f32_lanes() >= 16
+/// The kernel that runs a block's GEMMs of fewer than [`FEW_TILES`] tiles from a `Uᵀ` packed
+/// once per position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Few {
+    /// [`crate::gemm_packed::gemm_cols`] (16-lane vectors): the output channels on the lanes,
+    /// `V`'s rows read in place.
+    Cols,
+    /// [`crate::gemm_packed::gemm_src`] (narrower vectors): `V`'s columns copied into blocks
+    /// of rows, the output channels along the kernel's slices, the result transposed back.
+    /// `faer` packed `Uᵀ` on every call (1 MiB per position for a 512-channel layer, 16 per
+    /// call): on a 2-core AMD EPYC with AVX2, two threads, ResNet-50's two 512×7×7 layers
+    /// (16 tiles) took 4.94 → 3.23 ms, its five 256×14×14 ones (49 tiles) 6.08 → 4.85
+    /// (onnxruntime 2.83 and 6.19; bench/RESULTS.md, session bs).
+    Rows,
+}
+
+/// Which kernel [`Weights::for_image`] packs `Uᵀ` for, for images of `tiles` tiles (`None`:
+/// `faer`, which packs it per call).
+fn few_kernel(tiles: usize) -> Option<Few> {
+    if tiles >= FEW_TILES {
+        None
+    } else if crate::simd::f32_lanes() >= 16 {
+        Some(Few::Cols)
+    } else if crate::gemm_packed::takes_src() {
+        Some(Few::Rows)
+    } else {
+        None
+    }
 }
 
 /// F(4×4, 3×3)'s `G` (6 × 3): the kernel's values at the interpolation points 0, 1, −1, 2,
@@ -469,7 +504,7 @@ fn block(
     let macs = o * c * tb * xi;
     // The column kernel's steps through `V` (channel `p`'s rows start `p · xi · tb` past
     // a position's first), shared by every position of the block.
-    let steps: Vec<usize> = match wt.cols {
+    let steps: Vec<usize> = match wt.packed {
         Some(_) if tb < FEW_TILES => (0..c).map(|p| p * xi * tb).collect(),
         _ => Vec::new(),
     };
@@ -485,7 +520,26 @@ fn block(
             faer::linalg::matmul::matmul(dst.rb_mut(), Accum::Replace, u, vx, 1.0f32, Par::Seq);
             return Ok(());
         }
-        if let Some(packed) = wt.cols.as_ref().and_then(|p| p.get(pos)) {
+        let packed = wt
+            .packed
+            .as_ref()
+            .and_then(|(few, p)| Some((*few, p.get(pos)?)));
+        if let Some((Few::Rows, packed)) = packed.filter(|_| tb >= crate::gemm_packed::MIN_ROWS) {
+            // Few tiles, a packed `Uᵀ`, narrower vectors: `vxᵀ @ Uᵀ` on the packed GEMM,
+            // `V`'s columns read from this position's first, then transposed into `dst`.
+            let src = crate::gemm_packed::ColsSrc {
+                data: vs.get(pos * tb..).unwrap_or(&[]),
+                steps: &steps,
+                row: tb,
+                pitch: tb,
+            };
+            return crate::par::with_scratch(&TRANSPOSED, |tmp| {
+                tmp.resize(tb * o, 0.0);
+                crate::gemm_packed::gemm_src(tb, src, packed, &mut tmp[..tb * o], 1)?;
+                transpose_into(&tmp[..tb * o], o, dst.rb_mut())
+            });
+        }
+        if let Some((Few::Cols, packed)) = packed {
             // Few tiles, a packed `Uᵀ`: the output channels on the column kernel's lanes,
             // `V`'s rows read in place from this position's first.
             let src = crate::gemm_packed::ColsSrc {
@@ -512,19 +566,7 @@ fn block(
             tmp.resize(tb * o, 0.0);
             let tm = MatMut::from_row_major_slice_mut(&mut tmp[..tb * o], tb, o);
             faer::linalg::matmul::matmul(tm, Accum::Replace, vx.transpose(), ut, 1.0f32, Par::Seq);
-            for ch in 0..o {
-                let Some(row) = dst.rb_mut().row_mut(ch).try_as_row_major_mut() else {
-                    return Err("winograd: a result row is not contiguous".to_string());
-                };
-                for (d, &v) in row
-                    .as_slice_mut()
-                    .iter_mut()
-                    .zip(tmp[ch..].iter().step_by(o))
-                {
-                    *d = v;
-                }
-            }
-            Ok(())
+            transpose_into(&tmp[..tb * o], o, dst.rb_mut())
         })?;
         Ok::<(), String>(())
     })?;
@@ -543,6 +585,19 @@ fn block(
         }
         Ok::<(), String>(())
     })
+}
+
+/// `t` (`tiles × o`, row-major) transposed into `dst` (`o` rows of the tiles).
+fn transpose_into(t: &[f32], o: usize, mut dst: MatMut<'_, f32>) -> KResult<()> {
+    for ch in 0..o {
+        let Some(row) = dst.rb_mut().row_mut(ch).try_as_row_major_mut() else {
+            return Err("winograd: a result row is not contiguous".to_string());
+        };
+        for (d, &v) in row.as_slice_mut().iter_mut().zip(t[ch..].iter().step_by(o)) {
+            *d = v;
+        }
+    }
+    Ok(())
 }
 
 /// The data transform `Bᵀ d B` of tile rows `ty0..ty1` for the channels of `chunk`
@@ -1280,17 +1335,17 @@ mod tests {
         let img = image(&x, (c, h, w, 1, 1, 1, 1));
         let want = naive(&img, &k, o);
         let scale = magnitudes(&x, &k, o, (c, h, w, 1, 1, 1, 1));
-        let lanes16 = crate::simd::f32_lanes() >= 16;
         for tile in [Tile::F2, Tile::F4] {
             let tiles = tile.tiles(img.oh, img.ow);
             assert!(tiles < FEW_TILES);
             let packed =
                 Weights::for_image(&k, o, c, tile, tiles).unwrap_or_else(|e| panic!("{e}"));
             let plain = Weights::new(&k, o, c, tile).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(packed.cols.is_some(), lanes16);
+            assert_eq!(packed.packed.is_some(), few_kernel(tiles).is_some());
             assert!(packed.fits(o, c, tile, tiles));
-            assert_eq!(plain.fits(o, c, tile, tiles), !lanes16);
-            assert_eq!(packed.fits(o, c, tile, FEW_TILES), !lanes16);
+            let unpacked = few_kernel(tiles).is_none();
+            assert_eq!(plain.fits(o, c, tile, tiles), unpacked);
+            assert_eq!(packed.fits(o, c, tile, FEW_TILES), unpacked);
             for wt in [&packed, &plain] {
                 let got = run_weights(img, wt, 2, Blocks::Phases(1 << 20));
                 let err = relative_error(&got, &want, &scale);

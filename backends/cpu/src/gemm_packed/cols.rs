@@ -46,7 +46,7 @@ pub(crate) struct ColsSrc<'a> {
 
 impl ColsSrc<'_> {
     /// Where pixel `i`'s values start, past a step's offset.
-    fn base(&self, i: usize) -> usize {
+    pub(super) fn base(&self, i: usize) -> usize {
         (i / self.row) * self.pitch + i % self.row
     }
 }
