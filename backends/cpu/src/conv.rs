@@ -209,6 +209,24 @@ impl Geom {
             && self.kdim() > 0
             && cols_lanes()
     }
+    /// One group, no Winograd, column-kernel or stem path, a kernel of several taps with at
+    /// least [`ROWS_MIN_STEPS`] steps of `k`, at least [`crate::gemm_packed::MIN_ROWS`]
+    /// output pixels, on a CPU whose packed GEMM reads `A` through a source
+    /// ([`crate::gemm_packed::takes_src`]: narrower than AVX-512): the convolution runs as
+    /// `yᵀ = xᵀ · wᵀ` on that GEMM ([`crate::gemm_packed::gemm_src`], the pixels as rows read
+    /// through [`cols_source`], the transposed weight packed once: [`cols_weights`]) instead
+    /// of on `faer`, which packs the weight on every call.
+    fn rows(&self) -> bool {
+        self.g == 1
+            && !self.winograd()
+            && !self.packs()
+            && self.stem().is_none()
+            && self.npix() >= crate::gemm_packed::MIN_ROWS
+            && self.kdim() > 0
+            && self.kh * self.kw > 1
+            && self.kdim() >= ROWS_MIN_STEPS
+            && crate::gemm_packed::takes_src()
+    }
     /// Whether [`cols_source`] reads the data in place from its zero-padded phases (every
     /// phase of the stride read by some tap, and the output rows whole blocks of
     /// [`crate::gemm_packed::cols_rows`] pixels) rather than from an im2col matrix.
@@ -717,6 +735,14 @@ fn long_1x1_cpu() -> bool {
     crate::simd::half_rate_fma512()
 }
 
+/// The fewest steps of `k` (`C · KH · KW`) of a kernel of several taps that [`Geom::rows`]
+/// takes. Alternated per layer against `faer` on the im2col blocks (`bench/ab_layers.py`, two
+/// threads, a 2-core AMD EPYC with AVX2; bench/RESULTS.md, session bs): ResNet-50's stride-2
+/// 3×3 layers with K = 2304 took 0.85–0.90 of their time and with K = 4608 0.92–0.94, with K =
+/// 1152 0.99–1.04; its 7×7 stem (K = 147) 1.41–1.83, and 1×1 layers (the data packed from
+/// its channel rows, K = 64 to 2048) 1.00–2.05, so those stay on `faer`.
+const ROWS_MIN_STEPS: usize = 2048;
+
 /// Whether a test keeps [`conv_stem`] off (to reach the GEMM paths it would take).
 fn no_stem() -> bool {
     #[cfg(test)]
@@ -751,9 +777,10 @@ thread_local! {
     static FORCE_COLS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// The transposed weight of `conv2d(x, w)` packed for [`crate::gemm_packed::gemm_cols`]
-/// (`(C · KH · KW) × O`), when the convolution runs that path ([`Geom::packs`]); `None`
-/// otherwise. Reads only the shapes of `x`.
+/// The transposed weight of `conv2d(x, w)` (`(C · KH · KW) × O`) packed for
+/// [`crate::gemm_packed::gemm_cols`] or [`crate::gemm_packed::gemm_src`], when the
+/// convolution runs that path ([`Geom::packs`], [`Geom::rows`]); `None` otherwise. Reads only
+/// the shapes of `x`.
 pub(crate) fn cols_weights(
     x: &Tensor,
     w: &Tensor,
@@ -771,10 +798,16 @@ pub(crate) fn cols_weights(
     }
     // The geometry first (shapes only): most convolutions stop here, before any copy.
     let (g, wp) = shape_geometry(x, w, a).ok()?;
-    if !g.packs() || !w.dtype().is_float() {
+    if !w.dtype().is_float() {
         return None;
     }
-    cols_pack(&f32s(&to_canonical(w, wp)), &g).ok()
+    if g.packs() {
+        cols_pack(&f32s(&to_canonical(w, wp)), &g).ok()
+    } else if g.rows() {
+        rows_pack(&f32s(&to_canonical(w, wp)), &g).ok()
+    } else {
+        None
+    }
 }
 
 /// Runs `f` on the right operand of [`crate::gemm_packed::gemm_cols`] for image `x`: the data
@@ -966,6 +999,19 @@ fn deal_phases(x: &[f32], g: &Geom, [hp, wp, hq, wq]: [usize; 4], pad: &mut [f32
 
 /// `w` (`O × K`, row-major) transposed and packed for [`crate::gemm_packed::gemm_cols`].
 fn cols_pack(w: &[f32], g: &Geom) -> KResult<crate::gemm_packed::PackedB> {
+    let wt = transposed(w, g)?;
+    crate::gemm_packed::PackedB::for_cols(&wt, g.kdim(), g.o)
+}
+
+/// `w` (`O × K`, row-major) transposed and packed for [`crate::gemm_packed::gemm_src`].
+fn rows_pack(w: &[f32], g: &Geom) -> KResult<crate::gemm_packed::PackedB> {
+    let wt = transposed(w, g)?;
+    crate::gemm_packed::PackedB::new(&wt, g.kdim(), g.o)
+}
+
+/// `w` (`O × K`, row-major) transposed (`K × O`), after the checks of its size and of the
+/// memory its packed copy takes.
+fn transposed(w: &[f32], g: &Geom) -> KResult<Vec<f32>> {
     let (o, k) = (g.o, g.kdim());
     if w.len() != o * k {
         return Err(format!(
@@ -986,7 +1032,7 @@ fn cols_pack(w: &[f32], g: &Geom) -> KResult<crate::gemm_packed::PackedB> {
             wt[p * o + ch] = v;
         }
     }
-    crate::gemm_packed::PackedB::for_cols(&wt, k, o)
+    Ok(wt)
 }
 
 /// The Winograd transform of conv2d weight `w` for [`conv2d_fused`] on data `x`, in the
@@ -1107,6 +1153,36 @@ fn compute(
                 );
                 cols_source(x_img, g, threads, |src: crate::gemm_packed::ColsSrc<'_>| {
                     crate::gemm_packed::gemm_cols(npix, src, packed, dst, threads, pre, ep)
+                })?;
+            } else if g.rows() {
+                let computed;
+                let packed = match prepared.cols.filter(|p| p.dims() == (kdim, g.o)) {
+                    Some(p) => p,
+                    None => {
+                        computed = rows_pack(&ws, g)?;
+                        &computed
+                    }
+                };
+                // Each finished tile (pixels × channels, in place in `dst`): the steps on
+                // its part of each channel's row.
+                let ep = |r0: usize, c0: usize, mut tile: faer::MatMut<'_, f32>| {
+                    for j in 0..tile.ncols() {
+                        let ch = c0 + j;
+                        let Some(part) = faer::reborrow::ReborrowMut::rb_mut(&mut tile)
+                            .col_mut(j)
+                            .try_as_col_major_mut()
+                        else {
+                            return Err("conv2d: an output row is not contiguous".to_string());
+                        };
+                        apply_steps(steps, ch, base + ch * npix + r0, part.as_slice_mut());
+                    }
+                    Ok(())
+                };
+                let ep: crate::gemm_packed::TileEpilogue<'_> = &ep;
+                let ep = (!steps.is_empty()).then_some(ep);
+                let y = faer::MatMut::from_row_major_slice_mut(dst, g.o, npix).transpose_mut();
+                cols_source(x_img, g, threads, |src: crate::gemm_packed::ColsSrc<'_>| {
+                    crate::gemm_packed::gemm_src(npix, src, packed, y, threads, ep)
                 })?;
             } else if let Some(stem) = g.stem() {
                 let ep = |ch: usize, oy: usize, r: &mut [f32]| {

@@ -263,7 +263,8 @@ pub(crate) fn gemm_tiles(
             c.len()
         ));
     }
-    run(m, Lhs::Rows(a), b, c, threads, epilogue)
+    let c = MatMut::from_row_major_slice_mut(c, m, n);
+    gemm_lhs(m, Lhs::Rows(a), b, c, threads, epilogue)
 }
 
 /// Whether [`gemm_src`] runs on this CPU: the narrower vectors' path, which copies `A` into
@@ -276,24 +277,28 @@ pub(crate) fn takes_src() -> bool {
 /// `data[steps[p] + (i / row) · pitch + i % row]`, so an operand stored `k`-major, such as a
 /// convolution's data or a Winograd block's transformed data, needs no transposed copy):
 /// [`pack_src`] copies it into the blocks [`tile_chunked`] reads, then the same chains. Only
-/// where [`takes_src`]; needs `m ≥ MIN_ROWS`. No epilogue: the callers transpose the result.
+/// where [`takes_src`]; needs `m ≥ MIN_ROWS`. `c` (`m × n`) may have any strides: a tile of
+/// `C` that is not row-major (a convolution's `NCHW` output seen as pixels × channels) is
+/// computed in a per-thread buffer and copied into place (8 columns at a time), then
+/// `epilogue` runs on it as in [`gemm_tiles`].
 pub(crate) fn gemm_src(
     m: usize,
     src: ColsSrc<'_>,
     b: &PackedB,
-    c: &mut [f32],
+    c: MatMut<'_, f32>,
     threads: usize,
+    epilogue: Option<TileEpilogue<'_>>,
 ) -> KResult<()> {
     let (k, n) = (b.k, b.n);
     if !takes_src() {
         return Err("gemm: the AVX-512 kernel reads the rows of A in place".to_string());
     }
-    if src.steps.len() != k || c.len() != m * n {
+    if src.steps.len() != k || (c.nrows(), c.ncols()) != (m, n) {
         return Err(format!(
-            "gemm: {m}x{k} @ {k}x{n} needs {k} steps and {} outputs, found {} and {}",
-            m * n,
+            "gemm: {m}x{k} @ {k}x{n} needs {k} steps and a {m}x{n} result, found {} and {}x{}",
             src.steps.len(),
-            c.len()
+            c.nrows(),
+            c.ncols()
         ));
     }
     // Every value read lies inside `data` (`base` grows with the row where `pitch ≥ row`).
@@ -313,10 +318,10 @@ pub(crate) fn gemm_src(
             src.data.len()
         ));
     }
-    run(m, Lhs::Src(src), b, c, threads, None)
+    gemm_lhs(m, Lhs::Src(src), b, c, threads, epilogue)
 }
 
-/// The left operand of [`run`]: row-major, or read through a [`ColsSrc`].
+/// The left operand of [`gemm_lhs`]: row-major, or read through a [`ColsSrc`].
 #[derive(Clone, Copy)]
 enum Lhs<'a> {
     Rows(&'a [f32]),
@@ -324,11 +329,11 @@ enum Lhs<'a> {
 }
 
 /// [`gemm_tiles`] and [`gemm_src`] past their checks of the operands' sizes.
-fn run(
+fn gemm_lhs(
     m: usize,
     lhs: Lhs<'_>,
     b: &PackedB,
-    c: &mut [f32],
+    c: MatMut<'_, f32>,
     threads: usize,
     epilogue: Option<TileEpilogue<'_>>,
 ) -> KResult<()> {
@@ -349,7 +354,7 @@ fn run(
     let per_panel = rows * k.max(1) * nr;
     let run = TILE_MACS.div_ceil(per_panel).clamp(1, panels);
     let mut tasks: Vec<(usize, usize, MatMut<'_, f32>)> = Vec::new();
-    let mut rest = MatMut::from_row_major_slice_mut(c, m, n);
+    let mut rest = c;
     let mut r0 = 0;
     while r0 < m {
         let h = rows.min(m - r0);
@@ -410,24 +415,68 @@ fn run(
         };
         let apack = &apack[..];
         crate::par::run_tasks(tasks, threads, |(r0, p0, mut tile)| {
-            crate::par::with_scratch(&SUMS, |sums| {
-                crate::simd::dispatch(Tile {
-                    a,
-                    apack,
-                    k,
-                    b,
-                    r0,
-                    p0,
-                    c: tile.rb_mut(),
-                    sums,
+            let one = |c: MatMut<'_, f32>| {
+                crate::par::with_scratch(&SUMS, |sums| {
+                    crate::simd::dispatch(Tile {
+                        a,
+                        apack,
+                        k,
+                        b,
+                        r0,
+                        p0,
+                        c,
+                        sums,
+                    })
                 })
-            })?;
+            };
+            if tile.col_stride() == 1 {
+                one(tile.rb_mut())?;
+            } else {
+                // Not row-major: computed in this thread's buffer, then copied into place.
+                crate::par::with_scratch(&TILE, |buf| {
+                    let (h, w) = (tile.nrows(), tile.ncols());
+                    buf.resize(h * w, 0.0);
+                    one(MatMut::from_row_major_slice_mut(&mut buf[..h * w], h, w))?;
+                    copy_rows(&buf[..h * w], w, tile.rb_mut());
+                    Ok::<(), String>(())
+                })?;
+            }
             if let Some(ep) = epilogue {
                 ep(r0, p0 * nr, tile.rb_mut())?;
             }
             Ok(())
         })
     })
+}
+
+/// `t` (row-major, rows of `w`) into `dst` (any strides), 8 columns at a time: where `dst` is
+/// column-major (an `NCHW` output), 8 sequential writes per row of `t` read.
+fn copy_rows(t: &[f32], w: usize, mut dst: MatMut<'_, f32>) {
+    if dst.row_stride() == 1 {
+        // Column-major: each column a slice, filled 8 at a time.
+        let mut cols: Vec<&mut [f32]> = dst
+            .col_iter_mut()
+            .filter_map(|c| c.try_as_col_major_mut().map(|c| c.as_slice_mut()))
+            .collect();
+        for (j0, group) in (0..w).step_by(8).zip(cols.chunks_mut(8)) {
+            for (i, row) in t.chunks_exact(w).enumerate() {
+                for (col, &v) in group.iter_mut().zip(&row[j0..]) {
+                    col[i] = v;
+                }
+            }
+        }
+        return;
+    }
+    for (i, row) in t.chunks_exact(w).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            dst[(i, j)] = v;
+        }
+    }
+}
+
+thread_local! {
+    /// [`gemm_src`]'s tile of `C` on the calling thread, where its place is not row-major.
+    static TILE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Whether vectors of `lanes` `f32`s run [`tile_chunked`] (which reads `A` packed by
@@ -1128,7 +1177,8 @@ mod tests {
             for threads in [1, 2, 3] {
                 let mut c = vec![f32::NAN; m * n];
                 let got = crate::par::with_threads(threads, || {
-                    gemm_src(m, src, &packed, &mut c, threads)
+                    let c = MatMut::from_row_major_slice_mut(&mut c, m, n);
+                    gemm_src(m, src, &packed, c, threads, None)
                 });
                 if !takes_src() {
                     assert!(got.is_err(), "{m}x{k}x{n}: taken without the chunked path");
@@ -1136,6 +1186,20 @@ mod tests {
                 }
                 got.unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(bits(&c), bits(&want), "{m}x{k}x{n} on {threads} threads");
+                // Into a column-major `C` (an `NCHW` output seen as pixels × channels): the
+                // tiles go through the buffer and land transposed, the same bits.
+                let mut ct = vec![f32::NAN; m * n];
+                crate::par::with_threads(threads, || {
+                    let c = MatMut::from_row_major_slice_mut(&mut ct, n, m).transpose_mut();
+                    gemm_src(m, src, &packed, c, threads, None)
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+                let back: Vec<f32> = (0..m * n).map(|e| ct[(e % n) * m + e / n]).collect();
+                assert_eq!(
+                    bits(&back),
+                    bits(&want),
+                    "{m}x{k}x{n} transposed, {threads}"
+                );
             }
             // One value short of the last row's last step: an error, not a read past it.
             let short = ColsSrc {
@@ -1143,12 +1207,13 @@ mod tests {
                 ..src
             };
             let mut c = vec![0.0; m * n];
-            assert!(gemm_src(m, short, &packed, &mut c, 1).is_err());
+            let mut c = MatMut::from_row_major_slice_mut(&mut c, m, n);
+            assert!(gemm_src(m, short, &packed, c.rb_mut(), 1, None).is_err());
             let wrong = ColsSrc {
                 steps: &steps[1..],
                 ..src
             };
-            assert!(gemm_src(m, wrong, &packed, &mut c, 1).is_err());
+            assert!(gemm_src(m, wrong, &packed, c.rb_mut(), 1, None).is_err());
         }
     }
 

@@ -533,11 +533,7 @@ fn block(
                 row: tb,
                 pitch: tb,
             };
-            return crate::par::with_scratch(&TRANSPOSED, |tmp| {
-                tmp.resize(tb * o, 0.0);
-                crate::gemm_packed::gemm_src(tb, src, packed, &mut tmp[..tb * o], 1)?;
-                transpose_into(&tmp[..tb * o], o, dst.rb_mut())
-            });
+            return crate::gemm_packed::gemm_src(tb, src, packed, dst.transpose_mut(), 1, None);
         }
         if let Some((Few::Cols, packed)) = packed {
             // Few tiles, a packed `Uᵀ`: the output channels on the column kernel's lanes,

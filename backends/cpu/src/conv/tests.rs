@@ -655,3 +655,69 @@ fn a_blocked_depthwise_weight_is_packed_once_with_the_same_bits() {
         Some(BlockedWeights::Direct(_))
     ));
 }
+
+/// Long kernels of several taps on AVX2 and narrower ([`Geom::rows`]): the pixels as the
+/// packed GEMM's rows read through [`cols_source`] (the phases of a stride-2 kernel in
+/// place, or the im2col matrix), the result written transposed into `NCHW`. Small integers
+/// make every sum exact, so each case must be the definition bit for bit, on 1 to 3 threads,
+/// and fused (bias, residual, relu) with the packed weight cached or made by the call, the
+/// ops' own bits.
+#[test]
+fn long_kernels_on_the_packed_gemm_match_the_definition() {
+    // n, c, h, w, o, k, stride, pad, dilation: a stride-2 3×3 read from its phases; an odd
+    // plane (a block of 6 pixels crosses output rows); a dilated stride-1 kernel (im2col).
+    type Case = (usize, usize, usize, usize, usize, usize, i64, i64, i64);
+    let cases: [Case; 3] = [
+        (1, 256, 14, 14, 40, 3, 2, 1, 1),
+        (2, 232, 9, 11, 21, 3, 2, 1, 1),
+        (1, 240, 10, 10, 17, 3, 1, 2, 2),
+    ];
+    for (n, c, h, w, o, k, s, p, d) in cases {
+        let (xs, ws, x, wt) = exact_operands([n, c, h, w], [o, c, k, k], c + o);
+        let a = attrs(s, p, d, 1);
+        let g = geometry(x.shape(), wt.shape(), &a).unwrap_or_else(|e| panic!("{e}"));
+        let label = format!("{n}x{c}x{h}x{w} -> {o}, {k}x{k}/{s} p{p} d{d}");
+        assert!(g.kdim() >= ROWS_MIN_STEPS, "{label}");
+        assert_eq!(g.rows(), crate::gemm_packed::takes_src(), "{label}");
+        let want = naive(&xs, &ws, &g);
+        for threads in [1, 2, 3] {
+            let got = crate::par::with_threads(threads, || conv2d(&x, &wt, &a))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got.as_f32(), Some(&want[..]), "{label}, {threads} threads");
+        }
+        let b: Vec<f32> = (0..o).map(|i| i as f32 - 9.0).collect();
+        let r: Vec<f32> = (0..want.len()).map(|i| (i % 13) as f32 - 6.0).collect();
+        let rt =
+            Tensor::from_f32(vec![n, o, g.oh, g.ow], r.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let steps = [
+            Step::Bias {
+                b: b.clone(),
+                bias_first: false,
+            },
+            Step::Residual {
+                r: rt,
+                prev_first: true,
+            },
+            Step::Relu,
+        ];
+        let fused_want: Vec<u32> = want
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| relu(v + b[i / g.npix() % o] + r[i]).to_bits())
+            .collect();
+        let packed = cols_weights(&x, &wt, &a);
+        assert_eq!(packed.is_some(), g.rows(), "{label}");
+        let cached = Prepared {
+            wino: None,
+            cols: packed.as_ref(),
+            blocked: None,
+        };
+        for p in [cached, Prepared::default()] {
+            for threads in [1, 2] {
+                let y = crate::par::with_threads(threads, || conv2d_fused(&x, &wt, &a, &steps, p))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(bits(&y), fused_want, "{label} fused, {threads} threads");
+            }
+        }
+    }
+}
