@@ -1,4 +1,5 @@
-//! Stride-2 3×3 depthwise convolution read straight from the `NCHW` plane, with AVX-512:
+//! Stride-2 3×3 depthwise convolution read straight from the `NCHW` plane, with AVX-512 or
+//! AVX2:
 //! MobileNetV2's four stride-2 depthwise layers (96×112×112, 144×56×56, 192×28×28,
 //! 576×14×14), which [`crate::depthwise_flat`] runs after dealing each plane into four phase
 //! planes.
@@ -46,7 +47,7 @@ pub(crate) struct Plan {
 impl Plan {
     /// The plan for `[h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow]`, or `None` unless the
     /// kernel is 3×3 of stride 2 and dilation 1 with one pixel of padding at the top and left,
-    /// the output rows are [`MIN_WIDTH`] or more, and the CPU has AVX-512.
+    /// the output rows are [`MIN_WIDTH`] or more, and the CPU has AVX-512 or AVX2.
     pub(crate) fn new(shape: crate::depthwise_flat::Shape) -> Option<Plan> {
         let [h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow] = shape;
         let fits = (kh, kw, sh, sw, dh, dw, pt, pl) == (3, 3, 2, 2, 1, 1, 1, 1)
@@ -54,13 +55,22 @@ impl Plan {
             && oh > 0
             && h > 0
             && w > 0;
-        (fits && crate::simd::avx512()).then_some(Plan { h, w, oh, ow })
+        (fits && has_kernel()).then_some(Plan { h, w, oh, ow })
     }
+}
+
+/// Whether this CPU runs one of the kernels: AVX-512, or AVX2 with FMA (8 lanes).
+pub(crate) fn has_kernel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::avx512() || pulp::x86::V3::try_new().is_some() {
+        return true;
+    }
+    false
 }
 
 /// One output plane `dst` (`oh × ow`) of input plane `x` (`h × w`) and its taps `w` (9, in
 /// `(ky, kx)` order). `false` (nothing written) when the slices do not have the plan's sizes
-/// or the CPU lacks AVX-512. Inlined: call it inside [`crate::simd::dispatch`], so that the
+/// or the CPU lacks AVX-512 and AVX2. Inlined: call it inside [`crate::simd::dispatch`], so that the
 /// intrinsics compile to single instructions.
 #[inline(always)]
 pub(crate) fn plane(plan: &Plan, x: &[f32], w: &[f32], dst: &mut [f32]) -> bool {
@@ -71,11 +81,93 @@ pub(crate) fn plane(plan: &Plan, x: &[f32], w: &[f32], dst: &mut [f32]) -> bool 
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if let Some(v4) = pulp::x86::V4::try_new() {
-        plane_v4(v4, plan, x, w, dst);
-        return true;
+    {
+        if let Some(v4) = pulp::x86::V4::try_new() {
+            plane_v4(v4, plan, x, w, dst);
+            return true;
+        }
+        if let Some(v3) = pulp::x86::V3::try_new() {
+            plane_v3(v3, plan, x, w, dst);
+            return true;
+        }
     }
     false
+}
+
+/// [`plane`] on AVX2 (8 lanes): the same reads and chains as [`plane_v4`], each kernel row's
+/// two vectors split into even and odd columns by an in-lane shuffle and a cross-lane
+/// permute, the odd ones shifted one pixel right by a lane-crossing align (lane 0 from the
+/// previous block's lane 7).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn plane_v3(v3: pulp::x86::V3, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [f32]) {
+    use pulp::Simd as _;
+    use std::arch::x86_64::__m256;
+    const L: usize = 8;
+    let Plan { h, w: iw, oh, ow } = *plan;
+    let zero: __m256 = pulp::cast([0.0f32; L]);
+    let wv: [__m256; 9] = std::array::from_fn(|t| pulp::cast([w[t]; L]));
+    let load = |row: &[f32], c: usize| -> __m256 {
+        match row.get(c..c + L) {
+            Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; L]>(
+                bytemuck::cast_slice(s),
+            )),
+            None => pulp::cast(v3.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
+        }
+    };
+    // Columns 2·i of `a, b` (16 values) in order, then columns 2·i + 1.
+    let split = |a: __m256, b: __m256| -> (__m256, __m256) {
+        let e = v3.avx._mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+        let o = v3.avx._mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+        let order = |q: __m256| -> __m256 {
+            pulp::cast(
+                v3.avx2
+                    ._mm256_permute4x64_pd::<0b11_01_10_00>(pulp::cast(q)),
+            )
+        };
+        (order(e), order(o))
+    };
+    for oy in 0..oh {
+        // Kernel row ky reads input row 2·oy + ky − 1 (`None`: the padding).
+        let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
+            let r = (2 * oy + ky).checked_sub(1)?;
+            (r < h).then(|| &x[r * iw..(r + 1) * iw])
+        });
+        // Each kernel row's odd columns of the previous block (column 2·ox0 − 1 is lane 7).
+        let mut prev = [zero; 3];
+        let out = &mut dst[oy * ow..(oy + 1) * ow];
+        for ox0 in (0..ow).step_by(L) {
+            let mut acc = zero;
+            for (ky, row) in rows.iter().enumerate() {
+                let (left, mid, right) = match row {
+                    Some(row) => {
+                        let (e, o) = split(load(row, 2 * ox0), load(row, 2 * ox0 + L));
+                        // [prev 4..8, o 0..4], then per 128-bit half the 3 floats shifted
+                        // in: lane 0 the previous block's lane 7, lanes 1.. o's 0..7.
+                        let t = v3.avx._mm256_permute2f128_ps::<0x21>(prev[ky], o);
+                        let l: __m256 = pulp::cast(
+                            v3.avx2
+                                ._mm256_alignr_epi8::<12>(pulp::cast(o), pulp::cast(t)),
+                        );
+                        prev[ky] = o;
+                        (l, e, o)
+                    }
+                    None => (zero, zero, zero),
+                };
+                acc = v3.fma._mm256_fmadd_ps(left, wv[3 * ky], acc);
+                acc = v3.fma._mm256_fmadd_ps(mid, wv[3 * ky + 1], acc);
+                acc = v3.fma._mm256_fmadd_ps(right, wv[3 * ky + 2], acc);
+            }
+            match out.get_mut(ox0..ox0 + L) {
+                Some(o) => o.copy_from_slice(&pulp::cast::<_, [f32; L]>(acc)),
+                None => {
+                    if let Some(o) = out.get_mut(ox0..) {
+                        v3.partial_store_f32s(o, pulp::cast(acc));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// [`plane`] on AVX-512 (inlined into the function [`crate::simd::dispatch`] compiled for it).
@@ -208,8 +300,8 @@ mod tests {
             (1, 28, 1, 14),
         ] {
             let Some(plan) = Plan::new([h, w, 3, 3, 2, 2, 1, 1, 1, 1, oh, ow]) else {
-                // Only where the CPU has AVX-512; elsewhere the flat kernel runs.
-                assert!(!crate::simd::avx512(), "{h}x{w}: no plan");
+                // Only where the CPU has AVX-512 or AVX2; elsewhere the flat kernel runs.
+                assert!(!has_kernel(), "{h}x{w}: no plan");
                 continue;
             };
             let x: Vec<f32> = (0..h * w)
