@@ -1,14 +1,15 @@
 //! Stride-1 "same" 3×3 depthwise convolution read straight from the `NCHW` plane, with
-//! AVX-512: MobileNetV2's stride-1 depthwise layers on planes of 16 pixels wide or more
-//! (32×112×112 and 144×56×56 where the model stays in `NCHW`), which [`crate::depthwise_flat`]
-//! runs after copying each plane into a zero-margined buffer.
+//! AVX-512 or AVX2 (vectors of 16 or 8 columns): MobileNetV2's stride-1 depthwise layers on
+//! planes of 16 pixels wide or more (32×112×112 and 144×56×56 where the model stays in
+//! `NCHW`), which [`crate::depthwise_flat`] runs after copying each plane into a
+//! zero-margined buffer.
 //!
 //! Contract:
 //!
 //! - [`Plan::new`] takes a 3×3 kernel, stride 1 and dilation 1 both ways, one pixel of
 //!   padding on every side (the output the input's size) and rows of [`MIN_WIDTH`] pixels or
-//!   more, on a CPU with AVX-512. Anything else is `None` and the caller keeps its other
-//!   kernels.
+//!   more, on a CPU with AVX-512 or AVX2. Anything else is `None` and the caller keeps its
+//!   other kernels.
 //! - The plane is walked in strips of one or two vectors of 16 output columns, each strip's
 //!   rows top to bottom as in [`crate::depthwise_flat`]'s strips: input row `j` is loaded once
 //!   (its vector at the strip, the one before and the one after, cut at the row's end, `+0.0`
@@ -46,21 +47,22 @@ pub(crate) struct Plan {
 impl Plan {
     /// The plan for `[h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow]`, or `None` unless the
     /// kernel is 3×3, stride 1 and dilation 1 with one pixel of padding on every side (the
-    /// output `h × w`), the rows [`MIN_WIDTH`] pixels or more, and the CPU has AVX-512.
+    /// output `h × w`), the rows [`MIN_WIDTH`] pixels or more, and the CPU has AVX-512 or
+    /// AVX2.
     pub(crate) fn new(shape: crate::depthwise_flat::Shape) -> Option<Plan> {
         let [h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow] = shape;
         let fits = (kh, kw, sh, sw, dh, dw, pt, pl) == (3, 3, 1, 1, 1, 1, 1, 1)
             && (oh, ow) == (h, w)
             && w >= MIN_WIDTH
             && h > 0;
-        (fits && crate::simd::avx512()).then_some(Plan { h, w })
+        (fits && crate::depthwise_s2::has_kernel()).then_some(Plan { h, w })
     }
 }
 
 /// One output plane `dst` (`h × w`) of input plane `x` (`h × w`) and its taps `w` (9, in
 /// `(ky, kx)` order). `false` (nothing written) when the slices do not have the plan's sizes
-/// or the CPU lacks AVX-512. Inlined: call it inside [`crate::simd::dispatch`], so that the
-/// intrinsics compile to single instructions.
+/// or the CPU lacks AVX-512 and AVX2. Inlined: call it inside [`crate::simd::dispatch`], so
+/// that the intrinsics compile to single instructions.
 #[inline(always)]
 pub(crate) fn plane(plan: &Plan, x: &[f32], w: &[f32], dst: &mut [f32]) -> bool {
     let Ok(w) = <&[f32; 9]>::try_from(w) else {
@@ -84,7 +86,123 @@ pub(crate) fn plane(plan: &Plan, x: &[f32], w: &[f32], dst: &mut [f32]) -> bool 
         }
         return true;
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v3) = pulp::x86::V3::try_new() {
+        let vectors = plan.w.div_ceil(LANES_V3);
+        let mut v0 = 0;
+        while v0 < vectors {
+            if vectors - v0 >= 2 {
+                strip_v3::<2>(v3, plan, x, w, v0, dst);
+                v0 += 2;
+            } else {
+                strip_v3::<1>(v3, plan, x, w, v0, dst);
+                v0 += 1;
+            }
+        }
+        return true;
+    }
     false
+}
+
+/// Lanes of an AVX2 `f32` vector.
+const LANES_V3: usize = 8;
+
+/// [`strip_v4`] on AVX2 (8 lanes): the same loads and chains, the neighbours shifted in across
+/// the two 128-bit halves by a permute and an align.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn strip_v3<const VS: usize>(
+    v3: pulp::x86::V3,
+    plan: &Plan,
+    x: &[f32],
+    w: &[f32; 9],
+    v0: usize,
+    dst: &mut [f32],
+) {
+    use pulp::Simd as _;
+    use std::arch::x86_64::__m256;
+    const L: usize = LANES_V3;
+    let Plan { h, w: iw } = *plan;
+    let fma = v3.fma;
+    let zero: __m256 = pulp::cast([0.0f32; L]);
+    let wv: [__m256; 9] = std::array::from_fn(|t| pulp::cast([w[t]; L]));
+    let load = |row: &[f32], c: usize| -> __m256 {
+        match row.get(c..c + L) {
+            Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; L]>(
+                bytemuck::cast_slice(s),
+            )),
+            None => pulp::cast(v3.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
+        }
+    };
+    // [a[7], b[0..7]] and [a[1..8], b[0]] of consecutive vectors a, b.
+    let right_by_one = |a: __m256, b: __m256| -> __m256 {
+        let t = v3.avx._mm256_permute2f128_ps::<0x21>(a, b);
+        pulp::cast(
+            v3.avx2
+                ._mm256_alignr_epi8::<12>(pulp::cast(b), pulp::cast(t)),
+        )
+    };
+    let left_by_one = |a: __m256, b: __m256| -> __m256 {
+        let t = v3.avx._mm256_permute2f128_ps::<0x21>(a, b);
+        pulp::cast(
+            v3.avx2
+                ._mm256_alignr_epi8::<4>(pulp::cast(t), pulp::cast(a)),
+        )
+    };
+    let c0 = v0 * L;
+    // Output rows j − 2 and j − 1, partial (rows above the plane are computed and dropped).
+    let (mut two, mut one) = ([zero; VS], [zero; VS]);
+    for j in 0..h + 2 {
+        // Input row j − 1 (`+0.0` above and below the image), its vectors at the strip, one
+        // before (column c0 − 1 is its lane 7) and one after (column c0 + 8·VS is its lane 0).
+        let (mut x0, mut x1, mut x2) = ([zero; VS], [zero; VS], [zero; VS]);
+        let r = j.checked_sub(1).filter(|&r| r < h);
+        if let Some(row) = r.and_then(|r| x.get(r * iw..(r + 1) * iw)) {
+            let mid: [__m256; VS] = std::array::from_fn(|v| load(row, c0 + v * L));
+            let before = match c0.checked_sub(L) {
+                Some(c) => load(row, c),
+                None => zero,
+            };
+            let after = load(row, c0 + VS * L);
+            for v in 0..VS {
+                let prev = if v == 0 { before } else { mid[v - 1] };
+                let next = if v + 1 == VS { after } else { mid[v + 1] };
+                x0[v] = right_by_one(prev, mid[v]);
+                x1[v] = mid[v];
+                x2[v] = left_by_one(mid[v], next);
+            }
+        }
+        let mut new = [zero; VS];
+        for v in 0..VS {
+            two[v] = fma._mm256_fmadd_ps(x0[v], wv[6], two[v]);
+            two[v] = fma._mm256_fmadd_ps(x1[v], wv[7], two[v]);
+            two[v] = fma._mm256_fmadd_ps(x2[v], wv[8], two[v]);
+            one[v] = fma._mm256_fmadd_ps(x0[v], wv[3], one[v]);
+            one[v] = fma._mm256_fmadd_ps(x1[v], wv[4], one[v]);
+            one[v] = fma._mm256_fmadd_ps(x2[v], wv[5], one[v]);
+            new[v] = fma._mm256_fmadd_ps(x0[v], wv[0], new[v]);
+            new[v] = fma._mm256_fmadd_ps(x1[v], wv[1], new[v]);
+            new[v] = fma._mm256_fmadd_ps(x2[v], wv[2], new[v]);
+        }
+        // Output row j − 2 has its three kernel rows.
+        if let Some(y) = j.checked_sub(2)
+            && let Some(out) = dst.get_mut(y * iw..(y + 1) * iw)
+        {
+            for (v, &acc) in two.iter().enumerate() {
+                let c = c0 + v * L;
+                match out.get_mut(c..c + L) {
+                    Some(o) => o.copy_from_slice(&pulp::cast::<_, [f32; L]>(acc)),
+                    None => {
+                        if let Some(o) = out.get_mut(c..) {
+                            v3.partial_store_f32s(o, pulp::cast(acc));
+                        }
+                    }
+                }
+            }
+        }
+        two = one;
+        one = new;
+    }
 }
 
 /// The output columns of vectors `v0 .. v0 + VS` of every row (see the module doc).
@@ -203,8 +321,8 @@ mod tests {
             (33, 21),
         ] {
             let Some(plan) = Plan::new([h, w, 3, 3, 1, 1, 1, 1, 1, 1, h, w]) else {
-                // Only where the CPU has AVX-512; elsewhere the flat kernel runs.
-                assert!(!crate::simd::avx512(), "{h}x{w}: no plan");
+                // Only where the CPU has AVX-512 or AVX2; elsewhere the flat kernel runs.
+                assert!(!crate::depthwise_s2::has_kernel(), "{h}x{w}: no plan");
                 continue;
             };
             let x: Vec<f32> = (0..h * w)

@@ -70,8 +70,8 @@ pub(crate) fn has_kernel() -> bool {
 
 /// One output plane `dst` (`oh × ow`) of input plane `x` (`h × w`) and its taps `w` (9, in
 /// `(ky, kx)` order). `false` (nothing written) when the slices do not have the plan's sizes
-/// or the CPU lacks AVX-512 and AVX2. Inlined: call it inside [`crate::simd::dispatch`], so that the
-/// intrinsics compile to single instructions.
+/// or the CPU lacks AVX-512 and AVX2. Inlined: call it inside [`crate::simd::dispatch`], so
+/// that the intrinsics compile to single instructions.
 #[inline(always)]
 pub(crate) fn plane(plan: &Plan, x: &[f32], w: &[f32], dst: &mut [f32]) -> bool {
     let Ok(w) = <&[f32; 9]>::try_from(w) else {
