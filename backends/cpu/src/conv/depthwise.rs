@@ -6,11 +6,11 @@
 //! Contract:
 //!
 //! - Stride-2 3×3 layers with rows of 14 pixels or more, and stride-1 "same" 3×3 layers with
-//!   rows of 16 or more, read straight from the plane with AVX-512 ([`crate::depthwise_s2`],
-//!   [`crate::depthwise_s1`]); other 3×3 layers of stride 1 or 2 on planes up to 64×64
-//!   (128×128 for stride 1) and planes under 16 pixels wide go over the plane as one flat
-//!   array ([`crate::depthwise_flat`]); the rest through [`depthwise_planes`]' row kernel on
-//!   a zero-padded, phase-dealt copy of the plane.
+//!   rows of 16 or more, read straight from the plane with AVX-512 or AVX2
+//!   ([`crate::depthwise_s2`], [`crate::depthwise_s1`]); other 3×3 layers of stride 1 or 2
+//!   on planes up to 64×64 (128×128 for stride 1) and planes under 16 pixels wide go over
+//!   the plane as one flat array ([`crate::depthwise_flat`]); the rest through
+//!   [`depthwise_planes`]' row kernel on a zero-padded, phase-dealt copy of the plane.
 //! - Every path gives the same bits (tested against the row kernel, NaN and infinities
 //!   included), for every thread count.
 //!
@@ -33,11 +33,11 @@ use std::cell::RefCell;
 /// element; then the epilogue over the whole plane. Planes are the tasks, so the result does
 /// not depend on the thread count. A tap over the padding adds `0 · w`, as the im2col
 /// lowering of the reference does (so a NaN or infinite weight gives NaN there too).
-/// Stride-2 3×3 layers with rows of 14 outputs or more run [`depthwise_s2`] on AVX-512
-/// (straight from the plane), stride-1 "same" ones with rows of 16 or more [`depthwise_s1`];
-/// output planes under 16 pixels wide and other 3×3 kernels of stride 1 or 2 on planes of up
-/// to 64×64 (equal strides, "same" padding; 128×128 for stride 1) run [`depthwise_flat`]: the
-/// same chains either way.
+/// Stride-2 3×3 layers with rows of 14 outputs or more run [`depthwise_s2`] on AVX-512 or
+/// AVX2 (straight from the plane), stride-1 "same" ones with rows of 16 or more
+/// [`depthwise_s1`]; output planes under 16 pixels wide and other 3×3 kernels of stride 1 or
+/// 2 on planes of up to 64×64 (equal strides, "same" padding; 128×128 for stride 1) run
+/// [`depthwise_flat`]: the same chains either way.
 pub(super) fn depthwise(
     xs: &[f32],
     ws: &[f32],
