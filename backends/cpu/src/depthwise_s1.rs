@@ -119,21 +119,13 @@ fn strip_v3<const VS: usize>(
     v0: usize,
     dst: &mut [f32],
 ) {
-    use pulp::Simd as _;
     use std::arch::x86_64::__m256;
     const L: usize = LANES_V3;
     let Plan { h, w: iw } = *plan;
     let fma = v3.fma;
     let zero: __m256 = pulp::cast([0.0f32; L]);
     let wv: [__m256; 9] = std::array::from_fn(|t| pulp::cast([w[t]; L]));
-    let load = |row: &[f32], c: usize| -> __m256 {
-        match row.get(c..c + L) {
-            Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; L]>(
-                bytemuck::cast_slice(s),
-            )),
-            None => pulp::cast(v3.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
-        }
-    };
+    let load = |row: &[f32], c: usize| crate::depthwise_s2::load_cut8(v3, row, c);
     // [a[7], b[0..7]] and [a[1..8], b[0]] of consecutive vectors a, b.
     let right_by_one = |a: __m256, b: __m256| -> __m256 {
         let t = v3.avx._mm256_permute2f128_ps::<0x21>(a, b);
@@ -189,15 +181,7 @@ fn strip_v3<const VS: usize>(
             && let Some(out) = dst.get_mut(y * iw..(y + 1) * iw)
         {
             for (v, &acc) in two.iter().enumerate() {
-                let c = c0 + v * L;
-                match out.get_mut(c..c + L) {
-                    Some(o) => o.copy_from_slice(&pulp::cast::<_, [f32; L]>(acc)),
-                    None => {
-                        if let Some(o) = out.get_mut(c..) {
-                            v3.partial_store_f32s(o, pulp::cast(acc));
-                        }
-                    }
-                }
+                crate::depthwise_s2::store_cut8(v3, out, c0 + v * L, acc);
             }
         }
         two = one;

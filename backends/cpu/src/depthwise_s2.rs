@@ -101,20 +101,12 @@ pub(crate) fn plane(plan: &Plan, x: &[f32], w: &[f32], dst: &mut [f32]) -> bool 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn plane_v3(v3: pulp::x86::V3, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [f32]) {
-    use pulp::Simd as _;
     use std::arch::x86_64::__m256;
     const L: usize = 8;
     let Plan { h, w: iw, oh, ow } = *plan;
     let zero: __m256 = pulp::cast([0.0f32; L]);
     let wv: [__m256; 9] = std::array::from_fn(|t| pulp::cast([w[t]; L]));
-    let load = |row: &[f32], c: usize| -> __m256 {
-        match row.get(c..c + L) {
-            Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; L]>(
-                bytemuck::cast_slice(s),
-            )),
-            None => pulp::cast(v3.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
-        }
-    };
+    let load = |row: &[f32], c: usize| load_cut8(v3, row, c);
     // Columns 2·i of `a, b` (16 values) in order, then columns 2·i + 1.
     let split = |a: __m256, b: __m256| -> (__m256, __m256) {
         let e = v3.avx._mm256_shuffle_ps::<0b10_00_10_00>(a, b);
@@ -128,11 +120,7 @@ fn plane_v3(v3: pulp::x86::V3, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
         (order(e), order(o))
     };
     for oy in 0..oh {
-        // Kernel row ky reads input row 2·oy + ky − 1 (`None`: the padding).
-        let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
-            let r = (2 * oy + ky).checked_sub(1)?;
-            (r < h).then(|| &x[r * iw..(r + 1) * iw])
-        });
+        let rows = kernel_rows(x, h, iw, oy);
         // Each kernel row's odd columns of the previous block (column 2·ox0 − 1 is lane 7).
         let mut prev = [zero; 3];
         let out = &mut dst[oy * ow..(oy + 1) * ow];
@@ -158,16 +146,52 @@ fn plane_v3(v3: pulp::x86::V3, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
                 acc = v3.fma._mm256_fmadd_ps(mid, wv[3 * ky + 1], acc);
                 acc = v3.fma._mm256_fmadd_ps(right, wv[3 * ky + 2], acc);
             }
-            match out.get_mut(ox0..ox0 + L) {
-                Some(o) => o.copy_from_slice(&pulp::cast::<_, [f32; L]>(acc)),
-                None => {
-                    if let Some(o) = out.get_mut(ox0..) {
-                        v3.partial_store_f32s(o, pulp::cast(acc));
-                    }
-                }
+            store_cut8(v3, out, ox0, acc);
+        }
+    }
+}
+
+/// The vector of `row` at columns `c..c + 8`, `+0.0` past the row's end (shared with
+/// [`crate::depthwise_s1`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn load_cut8(v3: pulp::x86::V3, row: &[f32], c: usize) -> std::arch::x86_64::__m256 {
+    use pulp::Simd as _;
+    match row.get(c..c + 8) {
+        Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; 8]>(
+            bytemuck::cast_slice(s),
+        )),
+        None => pulp::cast(v3.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
+    }
+}
+
+/// Stores `v` at columns `c..c + 8` of `out`, cut at its end (nothing past it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn store_cut8(
+    v3: pulp::x86::V3,
+    out: &mut [f32],
+    c: usize,
+    v: std::arch::x86_64::__m256,
+) {
+    use pulp::Simd as _;
+    match out.get_mut(c..c + 8) {
+        Some(o) => o.copy_from_slice(&pulp::cast::<_, [f32; 8]>(v)),
+        None => {
+            if let Some(o) = out.get_mut(c..) {
+                v3.partial_store_f32s(o, pulp::cast(v));
             }
         }
     }
+}
+
+/// The input rows kernel rows 0, 1, 2 of output row `oy` read: `2·oy + ky − 1` of `x` (`h`
+/// rows of `iw`), `None` above and below the image (the padding).
+fn kernel_rows(x: &[f32], h: usize, iw: usize, oy: usize) -> [Option<&[f32]>; 3] {
+    std::array::from_fn(|ky| {
+        let r = (2 * oy + ky).checked_sub(1)?;
+        (r < h).then(|| x.get(r * iw..(r + 1) * iw)).flatten()
+    })
 }
 
 /// [`plane`] on AVX-512 (inlined into the function [`crate::simd::dispatch`] compiled for it).
@@ -183,11 +207,7 @@ fn plane_v4(v4: pulp::x86::V4, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
     let odd: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32 + 1));
     let load = |row: &[f32], c: usize| load_cut(v4, row, c);
     for oy in 0..oh {
-        // Kernel row ky reads input row 2·oy + ky − 1 (`None`: the padding).
-        let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
-            let r = (2 * oy + ky).checked_sub(1)?;
-            (r < h).then(|| &x[r * iw..(r + 1) * iw])
-        });
+        let rows = kernel_rows(x, h, iw, oy);
         // Each kernel row's odd lanes of the previous block (column 2·ox0 − 1 is lane 15).
         let mut prev = [zero; 3];
         let out = &mut dst[oy * ow..(oy + 1) * ow];

@@ -301,16 +301,7 @@ pub(crate) fn gemm_src(
             c.ncols()
         ));
     }
-    // Every value read lies inside `data` (`base` grows with the row where `pitch ≥ row`).
-    let fits = src.row > 0
-        && src.pitch >= src.row
-        && (m == 0
-            || src
-                .steps
-                .iter()
-                .max()
-                .is_none_or(|&s| s.saturating_add(src.base(m - 1)) < src.data.len()));
-    if !fits {
+    if !src.reads_inside(m) {
         return Err(format!(
             "gemm: {m} rows in runs of {} (pitch {}) over {} values do not fit",
             src.row,
@@ -496,28 +487,16 @@ thread_local! {
 /// step-major (`block[p · MR_N + r]` is `a[block · MR_N + r][p]`), rows past `m` zero; on up
 /// to `threads` threads.
 fn pack_rows(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>, threads: usize) {
-    let per = MR_N * k;
-    let blocks = m.div_ceil(MR_N);
-    // Every element is written below, so a kept buffer's old contents need no zeroing.
-    out.truncate(blocks * per);
-    out.resize(blocks * per, 0.0);
-    if per == 0 {
-        return;
-    }
-    let threads = threads.min(blocks * per / (1 << 16)).max(1);
-    crate::par::for_each_chunk_mut(out, per * blocks.div_ceil(threads), threads, |off, dst| {
-        let zeros = vec![0.0f32; k];
-        for (i, blk) in dst.chunks_exact_mut(per).enumerate() {
-            let first = (off / per + i) * MR_N;
-            // The block's rows (zeros past `m`), read side by side: one sequential write.
-            let rows: [&[f32]; MR_N] = std::array::from_fn(|r| {
-                a.get((first + r) * k..(first + r + 1) * k)
-                    .unwrap_or(&zeros)
-            });
-            for (p, d) in blk.chunks_exact_mut(MR_N).enumerate() {
-                for (d, row) in d.iter_mut().zip(&rows) {
-                    *d = row[p];
-                }
+    let zeros = vec![0.0f32; k];
+    pack_blocks(m, k, out, threads, |first, blk| {
+        // The block's rows (zeros past `m`), read side by side: one sequential write.
+        let rows: [&[f32]; MR_N] = std::array::from_fn(|r| {
+            a.get((first + r) * k..(first + r + 1) * k)
+                .unwrap_or(&zeros)
+        });
+        for (p, d) in blk.chunks_exact_mut(MR_N).enumerate() {
+            for (d, row) in d.iter_mut().zip(&rows) {
+                *d = row[p];
             }
         }
     });
@@ -528,6 +507,37 @@ fn pack_rows(a: &[f32], m: usize, k: usize, out: &mut Vec<f32>, threads: usize) 
 /// values at each step are one copy where they are consecutive in `data` (a block within one
 /// run of `src.row`), else gathered one by one.
 fn pack_src(src: ColsSrc<'_>, m: usize, k: usize, out: &mut Vec<f32>, threads: usize) {
+    pack_blocks(m, k, out, threads, |first, blk| {
+        // Each row's offset past a step's (`None` past `m`: zeros).
+        let at: [Option<usize>; MR_N] =
+            std::array::from_fn(|r| (first + r < m).then(|| src.base(first + r)));
+        match (at[0], at[MR_N - 1]) {
+            (Some(a0), Some(a5)) if a5 == a0 + MR_N - 1 => {
+                for (d, &s) in blk.chunks_exact_mut(MR_N).zip(src.steps) {
+                    d.copy_from_slice(&src.data[s + a0..s + a0 + MR_N]);
+                }
+            }
+            _ => {
+                for (d, &s) in blk.chunks_exact_mut(MR_N).zip(src.steps) {
+                    for (d, a) in d.iter_mut().zip(&at) {
+                        *d = a.map_or(0.0, |a| src.data[s + a]);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// `out` sized for the `⌈m / MR_N⌉` blocks of `MR_N × k` values of an `m × k` operand, each
+/// filled by `fill(first row, block)`, the blocks spread over up to `threads` threads. Every
+/// element is written by `fill`, so a kept buffer's old contents need no zeroing.
+fn pack_blocks(
+    m: usize,
+    k: usize,
+    out: &mut Vec<f32>,
+    threads: usize,
+    fill: impl Fn(usize, &mut [f32]) + Sync,
+) {
     let per = MR_N * k;
     let blocks = m.div_ceil(MR_N);
     out.truncate(blocks * per);
@@ -538,24 +548,7 @@ fn pack_src(src: ColsSrc<'_>, m: usize, k: usize, out: &mut Vec<f32>, threads: u
     let threads = threads.min(blocks * per / (1 << 16)).max(1);
     crate::par::for_each_chunk_mut(out, per * blocks.div_ceil(threads), threads, |off, dst| {
         for (i, blk) in dst.chunks_exact_mut(per).enumerate() {
-            let first = (off / per + i) * MR_N;
-            // Each row's offset past a step's (`None` past `m`: zeros).
-            let at: [Option<usize>; MR_N] =
-                std::array::from_fn(|r| (first + r < m).then(|| src.base(first + r)));
-            match (at[0], at[MR_N - 1]) {
-                (Some(a0), Some(a5)) if a5 == a0 + MR_N - 1 => {
-                    for (d, &s) in blk.chunks_exact_mut(MR_N).zip(src.steps) {
-                        d.copy_from_slice(&src.data[s + a0..s + a0 + MR_N]);
-                    }
-                }
-                _ => {
-                    for (d, &s) in blk.chunks_exact_mut(MR_N).zip(src.steps) {
-                        for (d, a) in d.iter_mut().zip(&at) {
-                            *d = a.map_or(0.0, |a| src.data[s + a]);
-                        }
-                    }
-                }
-            }
+            fill((off / per + i) * MR_N, blk);
         }
     });
 }

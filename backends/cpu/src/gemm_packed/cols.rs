@@ -49,6 +49,20 @@ impl ColsSrc<'_> {
     pub(super) fn base(&self, i: usize) -> usize {
         (i / self.row) * self.pitch + i % self.row
     }
+
+    /// Whether every value of pixels `0..m` at every step lies inside `data` (runs of `row`
+    /// no wider than their `pitch`, so `base` grows with the pixel and the last is the
+    /// farthest).
+    pub(super) fn reads_inside(&self, m: usize) -> bool {
+        self.row > 0
+            && self.pitch >= self.row
+            && (m == 0
+                || self
+                    .steps
+                    .iter()
+                    .max()
+                    .is_none_or(|&s| s.saturating_add(self.base(m - 1)) < self.data.len()))
+    }
 }
 
 /// `y = bᵀ · x`, `x` (`k × m`) read through `src` ([`ColsSrc`]) and `b` (`k × n`, packed by
@@ -94,14 +108,7 @@ pub(crate) fn gemm_cols(
     let mr = cols_rows(m);
     // Blocks within one output row (`row` a multiple of the block, or all pixels one row),
     // and every value read inside `data` (`base` grows with the pixel where `pitch ≥ row`).
-    let fits = src.row > 0
-        && src.pitch >= src.row
-        && (src.row.is_multiple_of(mr) || src.row == m)
-        && src
-            .steps
-            .iter()
-            .max()
-            .is_none_or(|&s| s.saturating_add(src.base(m - 1)) < src.data.len());
+    let fits = src.reads_inside(m) && (src.row.is_multiple_of(mr) || src.row == m);
     if !fits {
         return Err(format!(
             "gemm: {m} pixels in rows of {} (pitch {}) over {} values do not fit blocks of {mr}",
