@@ -65,7 +65,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// mimalloc, as the CLI: the IR allocates many small vectors.
+/// mimalloc, as the CLI: the IR allocates many small vectors. Built with its
+/// `local_dynamic_tls` feature (python/Cargo.toml): this library is loaded with `dlopen`, and
+/// mimalloc's default initial-exec thread-locals mark it `STATIC_TLS`, which glibc refuses
+/// ("cannot allocate memory in static TLS block") once the library's thread-locals outgrow
+/// the surplus it reserves for such libraries (1752 bytes did, 1720 did not).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
