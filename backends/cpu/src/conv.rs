@@ -228,7 +228,6 @@ impl Geom {
             && !self.packs()
             && self.stem().is_none()
             && self.npix() >= crate::gemm_packed::MIN_ROWS
-            && self.kdim() > 0
             && self.kh * self.kw > 1
             && self.kdim() >= ROWS_MIN_STEPS
             && crate::gemm_packed::takes_src()
@@ -1003,6 +1002,20 @@ fn deal_phases(x: &[f32], g: &Geom, [hp, wp, hq, wq]: [usize; 4], pad: &mut [f32
     crate::simd::dispatch(Op(x, g, [hp, wp, hq, wq], pad));
 }
 
+/// The executor's packed copy of the weight where it has this convolution's sizes, else the
+/// weight `ws` packed by `pack` for this call.
+fn kept_or_packed<'p>(
+    kept: Option<&'p crate::gemm_packed::PackedB>,
+    ws: &[f32],
+    g: &Geom,
+    pack: fn(&[f32], &Geom) -> KResult<crate::gemm_packed::PackedB>,
+) -> KResult<Cow<'p, crate::gemm_packed::PackedB>> {
+    match kept.filter(|p| p.dims() == (g.kdim(), g.o)) {
+        Some(p) => Ok(Cow::Borrowed(p)),
+        None => pack(ws, g).map(Cow::Owned),
+    }
+}
+
 /// `w` (`O × K`, row-major) transposed and packed for [`crate::gemm_packed::gemm_cols`].
 fn cols_pack(w: &[f32], g: &Geom) -> KResult<crate::gemm_packed::PackedB> {
     let wt = transposed(w, g)?;
@@ -1133,14 +1146,8 @@ fn compute(
                 };
                 winograd::conv(image, wt, dst, threads, (!steps.is_empty()).then_some(ep))?;
             } else if g.packs() {
-                let computed;
-                let packed = match prepared.cols.filter(|p| p.dims() == (kdim, g.o)) {
-                    Some(p) => p,
-                    None => {
-                        computed = cols_pack(&ws, g)?;
-                        &computed
-                    }
-                };
+                let packed = kept_or_packed(prepared.cols, &ws, g, cols_pack)?;
+                let packed = &*packed;
                 // The per-channel steps run on each block of sums before it is written back
                 // (no pass over the rows, no call per channel row); the rest on the rows.
                 let k = channel_prefix(steps);
@@ -1161,14 +1168,8 @@ fn compute(
                     crate::gemm_packed::gemm_cols(npix, src, packed, dst, threads, pre, ep)
                 })?;
             } else if g.rows() {
-                let computed;
-                let packed = match prepared.cols.filter(|p| p.dims() == (kdim, g.o)) {
-                    Some(p) => p,
-                    None => {
-                        computed = rows_pack(&ws, g)?;
-                        &computed
-                    }
-                };
+                let packed = kept_or_packed(prepared.cols, &ws, g, rows_pack)?;
+                let packed = &*packed;
                 // Each finished tile (pixels × channels, in place in `dst`): the steps on
                 // its part of each channel's row.
                 let ep = |r0: usize, c0: usize, mut tile: faer::MatMut<'_, f32>| {

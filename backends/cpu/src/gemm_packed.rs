@@ -442,7 +442,7 @@ fn gemm_lhs(
 
 /// `t` (row-major, rows of `w`) into `dst` (any strides), 8 columns at a time: where `dst` is
 /// column-major (an `NCHW` output), 8 sequential writes per row of `t` read.
-fn copy_rows(t: &[f32], w: usize, mut dst: MatMut<'_, f32>) {
+pub(crate) fn copy_rows(t: &[f32], w: usize, mut dst: MatMut<'_, f32>) {
     if dst.row_stride() == 1 {
         // Column-major: each column a slice, filled 8 at a time.
         let mut cols: Vec<&mut [f32]> = dst

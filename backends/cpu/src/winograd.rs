@@ -562,7 +562,8 @@ fn block(
             tmp.resize(tb * o, 0.0);
             let tm = MatMut::from_row_major_slice_mut(&mut tmp[..tb * o], tb, o);
             faer::linalg::matmul::matmul(tm, Accum::Replace, vx.transpose(), ut, 1.0f32, Par::Seq);
-            transpose_into(&tmp[..tb * o], o, dst.rb_mut())
+            crate::gemm_packed::copy_rows(&tmp[..tb * o], o, dst.rb_mut().transpose_mut());
+            Ok::<(), String>(())
         })?;
         Ok::<(), String>(())
     })?;
@@ -581,19 +582,6 @@ fn block(
         }
         Ok::<(), String>(())
     })
-}
-
-/// `t` (`tiles × o`, row-major) transposed into `dst` (`o` rows of the tiles).
-fn transpose_into(t: &[f32], o: usize, mut dst: MatMut<'_, f32>) -> KResult<()> {
-    for ch in 0..o {
-        let Some(row) = dst.rb_mut().row_mut(ch).try_as_row_major_mut() else {
-            return Err("winograd: a result row is not contiguous".to_string());
-        };
-        for (d, &v) in row.as_slice_mut().iter_mut().zip(t[ch..].iter().step_by(o)) {
-            *d = v;
-        }
-    }
-    Ok(())
 }
 
 /// The data transform `Bᵀ d B` of tile rows `ty0..ty1` for the channels of `chunk`
