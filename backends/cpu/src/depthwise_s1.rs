@@ -125,7 +125,7 @@ fn strip_v3<const VS: usize>(
     let fma = v3.fma;
     let zero: __m256 = pulp::cast([0.0f32; L]);
     let wv: [__m256; 9] = std::array::from_fn(|t| pulp::cast([w[t]; L]));
-    let load = |row: &[f32], c: usize| crate::depthwise_s2::load_cut8(v3, row, c);
+    let load = |row: &[f32], c: usize| pulp::cast(crate::depthwise_s2::load_cut(v3, row, c));
     // [a[7], b[0..7]] and [a[1..8], b[0]] of consecutive vectors a, b.
     let right_by_one = |a: __m256, b: __m256| -> __m256 {
         let t = v3.avx._mm256_permute2f128_ps::<0x21>(a, b);
@@ -181,7 +181,7 @@ fn strip_v3<const VS: usize>(
             && let Some(out) = dst.get_mut(y * iw..(y + 1) * iw)
         {
             for (v, &acc) in two.iter().enumerate() {
-                crate::depthwise_s2::store_cut8(v3, out, c0 + v * L, acc);
+                crate::depthwise_s2::store_cut(v3, out, c0 + v * L, pulp::cast(acc));
             }
         }
         two = one;
@@ -205,7 +205,7 @@ fn strip_v4<const VS: usize>(
     let f = v4.avx512f;
     let zero: __m512 = pulp::cast([0.0f32; LANES]);
     let wv: [__m512; 9] = std::array::from_fn(|t| pulp::cast([w[t]; LANES]));
-    let load = |row: &[f32], c: usize| crate::depthwise_s2::load_cut(v4, row, c);
+    let load = |row: &[f32], c: usize| pulp::cast(crate::depthwise_s2::load_cut(v4, row, c));
     let c0 = v0 * LANES;
     // Output rows j − 2 and j − 1, partial (rows above the plane are computed and dropped).
     let (mut two, mut one) = ([zero; VS], [zero; VS]);
@@ -249,7 +249,7 @@ fn strip_v4<const VS: usize>(
             && let Some(out) = dst.get_mut(y * iw..(y + 1) * iw)
         {
             for (v, &acc) in two.iter().enumerate() {
-                crate::depthwise_s2::store_cut(v4, out, c0 + v * LANES, acc);
+                crate::depthwise_s2::store_cut(v4, out, c0 + v * LANES, pulp::cast(acc));
             }
         }
         two = one;

@@ -107,7 +107,7 @@ fn plane_v3(v3: pulp::x86::V3, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
     let Plan { h, w: iw, oh, ow } = *plan;
     let zero: __m256 = pulp::cast([0.0f32; L]);
     let wv: [__m256; 9] = std::array::from_fn(|t| pulp::cast([w[t]; L]));
-    let load = |row: &[f32], c: usize| load_cut8(v3, row, c);
+    let load = |row: &[f32], c: usize| pulp::cast(load_cut(v3, row, c));
     // Columns 2·i of `a, b` (16 values) in order, then columns 2·i + 1.
     let split = |a: __m256, b: __m256| -> (__m256, __m256) {
         let e = v3.avx._mm256_shuffle_ps::<0b10_00_10_00>(a, b);
@@ -147,41 +147,7 @@ fn plane_v3(v3: pulp::x86::V3, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
                 acc = v3.fma._mm256_fmadd_ps(mid, wv[3 * ky + 1], acc);
                 acc = v3.fma._mm256_fmadd_ps(right, wv[3 * ky + 2], acc);
             }
-            store_cut8(v3, out, ox0, acc);
-        }
-    }
-}
-
-/// The vector of `row` at columns `c..c + 8`, `+0.0` past the row's end (shared with
-/// [`crate::depthwise_s1`]).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) fn load_cut8(v3: pulp::x86::V3, row: &[f32], c: usize) -> std::arch::x86_64::__m256 {
-    use pulp::Simd as _;
-    match row.get(c..c + 8) {
-        Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; 8]>(
-            bytemuck::cast_slice(s),
-        )),
-        None => pulp::cast(v3.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
-    }
-}
-
-/// Stores `v` at columns `c..c + 8` of `out`, cut at its end (nothing past it).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) fn store_cut8(
-    v3: pulp::x86::V3,
-    out: &mut [f32],
-    c: usize,
-    v: std::arch::x86_64::__m256,
-) {
-    use pulp::Simd as _;
-    match out.get_mut(c..c + 8) {
-        Some(o) => o.copy_from_slice(&pulp::cast::<_, [f32; 8]>(v)),
-        None => {
-            if let Some(o) = out.get_mut(c..) {
-                v3.partial_store_f32s(o, pulp::cast(v));
-            }
+            store_cut(v3, out, ox0, pulp::cast(acc));
         }
     }
 }
@@ -206,7 +172,7 @@ fn plane_v4(v4: pulp::x86::V4, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
     let wv: [__m512; 9] = std::array::from_fn(|t| pulp::cast([w[t]; LANES]));
     let even: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32));
     let odd: __m512i = pulp::cast(std::array::from_fn::<u32, LANES, _>(|l| 2 * l as u32 + 1));
-    let load = |row: &[f32], c: usize| load_cut(v4, row, c);
+    let load = |row: &[f32], c: usize| pulp::cast(load_cut(v4, row, c));
     for oy in 0..oh {
         let rows = kernel_rows(x, h, iw, oy);
         // Each kernel row's odd lanes of the previous block (column 2·ox0 − 1 is lane 15).
@@ -235,40 +201,29 @@ fn plane_v4(v4: pulp::x86::V4, plan: &Plan, x: &[f32], w: &[f32; 9], dst: &mut [
             }
             // One store; masked at the row's end (a copy through the stack there would wait
             // for this vector's store, see `depthwise_flat::store_n`).
-            store_cut(v4, out, ox0, acc);
+            store_cut(v4, out, ox0, pulp::cast(acc));
         }
     }
 }
 
-/// The vector of `row` at columns `c..c + 16`, `+0.0` past the row's end (shared with
+/// The vector of `row` at columns `c..c + lanes`, `+0.0` past the row's end (shared with
 /// [`crate::depthwise_s1`]).
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) fn load_cut(v4: pulp::x86::V4, row: &[f32], c: usize) -> std::arch::x86_64::__m512 {
-    use pulp::Simd as _;
-    match row.get(c..c + LANES) {
-        Some(s) => pulp::cast(bytemuck::pod_read_unaligned::<[f32; LANES]>(
-            bytemuck::cast_slice(s),
-        )),
-        None => pulp::cast(v4.partial_load_f32s(row.get(c..).unwrap_or(&[]))),
+pub(crate) fn load_cut<S: pulp::Simd>(simd: S, row: &[f32], c: usize) -> S::f32s {
+    match row.get(c..c + S::F32_LANES) {
+        Some(s) => bytemuck::pod_read_unaligned(bytemuck::cast_slice(s)),
+        None => simd.partial_load_f32s(row.get(c..).unwrap_or(&[])),
     }
 }
 
-/// Stores `v` at columns `c..c + 16` of `out`, cut at its end (nothing past it).
-#[cfg(target_arch = "x86_64")]
+/// Stores `v` at columns `c..c + lanes` of `out`, cut at its end (nothing past it).
 #[inline(always)]
-pub(crate) fn store_cut(
-    v4: pulp::x86::V4,
-    out: &mut [f32],
-    c: usize,
-    v: std::arch::x86_64::__m512,
-) {
-    use pulp::Simd as _;
-    match out.get_mut(c..c + LANES) {
-        Some(o) => o.copy_from_slice(&pulp::cast::<_, [f32; LANES]>(v)),
+pub(crate) fn store_cut<S: pulp::Simd>(simd: S, out: &mut [f32], c: usize, v: S::f32s) {
+    match out.get_mut(c..c + S::F32_LANES) {
+        Some(o) => o.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v))),
         None => {
             if let Some(o) = out.get_mut(c..) {
-                v4.partial_store_f32s(o, pulp::cast(v));
+                simd.partial_store_f32s(o, v);
             }
         }
     }
