@@ -70,9 +70,9 @@ impl Backend for CpuBackend {
         }
     }
     fn conv2d_layout(&self, target: Target) -> Option<[String; 2]> {
-        // `NCHW16c` where its kernels run (AVX-512: a block of 16 channels is one vector);
-        // on a GPU target the CPU is the fallback and chooses nothing.
-        (target == Target::Cpu && crate::simd::f32_lanes() == crate::conv::BLOCK)
+        // `NCHW16c` where its kernels run (a block of 16 channels is one AVX-512 vector or
+        // two AVX2 ones); on a GPU target the CPU is the fallback and chooses nothing.
+        (target == Target::Cpu && crate::conv::blocked_lanes_fit(crate::simd::f32_lanes()))
             .then(|| [crate::conv::BLOCKED_LAYOUT.to_string(), "OIHW".to_string()])
     }
     fn claim(&self, _c: &Candidate<'_>) -> Claim {

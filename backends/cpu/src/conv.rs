@@ -95,7 +95,7 @@ mod blocked_depthwise;
 mod blocked_winograd;
 
 /// The split layout of the blocked kernels (`NCHW16c`) and its block of channels.
-pub(crate) use blocked::{BLOCK, LAYOUT as BLOCKED_LAYOUT};
+pub(crate) use blocked::{LAYOUT as BLOCKED_LAYOUT, lanes_fit as blocked_lanes_fit};
 mod depthwise;
 mod epilogue;
 mod nhwc;

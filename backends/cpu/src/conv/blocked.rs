@@ -29,9 +29,18 @@
 //!   `OH × WV` reads consecutive vectors for every tap, whatever the stride. Tiles run along
 //!   each output row (the virtual columns past `OW` are never computed), along the whole
 //!   plane when `WV = OW`. A 1×1, stride-1, unpadded convolution reads `x` itself.
-//! - AVX-512 only ([`takes`]): a tile holds 6 pixels × 64 channels in 24 registers (four
+//! - AVX-512: a tile holds 6 pixels × 64 channels in 24 registers (four
 //!   separate accumulator arrays: one `[[_; 6]; 4]` array was spilled to the stack, 2.1–2.7×
-//!   slower), per step (channel, tap) 4 weight vectors and 6 broadcast pixels. The 16 steps
+//!   slower), per step (channel, tap) 4 weight vectors and 6 broadcast pixels.
+//! - AVX2 (a block is two 8-lane vectors, [`lanes_fit`]): groups of up to 2 blocks, a tile 3
+//!   pixels × 32 channels in 12 of the 16 registers (6 × 16 for a one-block group), the form
+//!   of onnxruntime's AVX2 `NCHWc` kernel. Per step the 3 pixels are broadcast once, then the
+//!   4 weight vectors come one at a time ([`step`]): with all four loaded first, 17 values
+//!   were live and a sum went to the stack at every FMA (ResNet-50 1.6× slower). On a Zen 3
+//!   EPYC, two threads, alternated: ResNet-50 in this layout took 0.82–0.91 of the `NCHW`
+//!   path's time (median 0.85; `faer`'s GEMM for the 1×1 layers, `NCHW` Winograd for the
+//!   3×3), MobileNetV2 median 0.86 (bench/RESULTS.md, session bu).
+//! - Either way, the 16 steps
 //!   of a block and a tap are unrolled with constant offsets (onnxruntime's `NCHWc` kernel
 //!   has the same form): no address arithmetic or bounds check between them. Steps run in
 //!   chunks of whole blocks, about 128 steps, whose weights (32–36 KB) stay in L1 while the
@@ -75,18 +84,42 @@ use crate::util::KResult;
 pub(crate) const BLOCK: usize = 16;
 /// The data and output layout of [`conv`].
 pub(crate) const LAYOUT: &str = "NCHW16c";
-/// Pixels per register tile.
+/// Pixels per register tile: 6, or 3 where a pixel's vectors are four on a 16-register set
+/// ([`pixels`]).
 const PXT: usize = 6;
-/// The most output blocks per group (a tile's channels: 4 × 16).
+/// The most output blocks per group (a tile's channels: 4 × 16 on AVX-512).
 const OBG: usize = 4;
+/// The most vectors per pixel of a tile, and in a row of a group's packed weights.
+const VECS: usize = 4;
+
+/// Whether [`conv`] runs on vectors of `lanes` `f32`s: a block is one AVX-512 vector or two
+/// AVX2 ones.
+pub(crate) fn lanes_fit(lanes: usize) -> bool {
+    lanes == BLOCK || lanes == BLOCK / 2
+}
+
+/// Output blocks per group on vectors of `lanes` ([`lanes_fit`]): a tile's pixel is at most
+/// [`VECS`] vectors, 4 blocks on AVX-512 and 2 on AVX2 (onnxruntime's AVX2 `NCHWc` kernel
+/// also holds 4 vectors of filters per pixel).
+fn group_blocks(lanes: usize) -> usize {
+    (VECS * lanes / BLOCK).clamp(1, OBG)
+}
+
+/// Pixels per full tile of `vecs` vectors on vectors of `lanes`: the accumulators take 24 of
+/// AVX-512's 32 registers (6 × 4), at most 12 of AVX2's 16 (6 × 2 or 3 × 4), leaving room
+/// for the weights and the broadcast pixel.
+const fn pixels(lanes: usize, vecs: usize) -> usize {
+    if lanes == BLOCK || vecs <= 2 { PXT } else { 3 }
+}
 
 /// The groups of `blocks` output blocks, as `(first block, blocks)`: as few as groups of at
-/// most [`OBG`] allow, their sizes as even as they divide (6 blocks: 3 and 3, not 4 and 2; 10:
-/// 4, 3, 3), so that a call's tasks cost about the same. (MobileNetV2's 576 → 96 on 14 × 14
-/// on two threads: the thread of the 4-block group's runs ended last, the other idle for a
-/// quarter of the call.) The packed weight and the tasks follow the same groups.
-fn groups(blocks: usize) -> impl ExactSizeIterator<Item = (usize, usize)> {
-    let count = blocks.div_ceil(OBG);
+/// most `per` ([`group_blocks`]) allow, their sizes as even as they divide (`per` 4, 6
+/// blocks: 3 and 3, not 4 and 2; 10: 4, 3, 3), so that a call's tasks cost about the same.
+/// (MobileNetV2's 576 → 96 on 14 × 14 on two threads: the thread of the 4-block group's
+/// runs ended last, the other idle for a quarter of the call.) The packed weight and the
+/// tasks follow the same groups.
+fn groups(blocks: usize, per: usize) -> impl ExactSizeIterator<Item = (usize, usize)> {
+    let count = blocks.div_ceil(per.max(1));
     let (base, extra) = match count {
         0 => (0, 0),
         n => (blocks / n, blocks % n),
@@ -299,7 +332,8 @@ impl Geom {
     }
 }
 
-/// A weight packed for [`conv`]: groups of up to [`OBG`] output blocks, each `[c / ib][taps][ib]
+/// A weight packed for [`conv`]: groups of up to [`group_blocks`] output blocks (for the
+/// running CPU's vectors), each `[c / ib][taps][ib]
 /// [blocks of the group][16]` for blocks of `ib` input channels (16, or 1 for an `NCHW`
 /// image: `[c][taps][..][16]`); `sets` such weights one after the other, image `i` of a call taking
 /// set `i % sets` (the Winograd GEMMs: one weight per tile position).
@@ -311,6 +345,8 @@ pub(crate) struct Packed {
     sets: usize,
     /// Input channels per block ([`Geom::input_block`]).
     ib: usize,
+    /// Output blocks per group ([`group_blocks`]).
+    obg: usize,
     /// The values start at `data[off]`, the first 64-byte boundary of the buffer.
     off: usize,
     data: Vec<f32>,
@@ -357,11 +393,12 @@ pub(crate) fn pack_sets(
     }
     let len = o.checked_mul(c)?.checked_mul(taps)?.checked_mul(sets)?;
     let blocks = o / BLOCK;
+    let obg = group_blocks(crate::simd::f32_lanes());
     let mut data = vec![0.0f32; len.checked_add(crate::par::LINE_SLACK)?];
     let off = crate::par::to_line(&data);
     let mut at = off;
     for set in 0..sets {
-        for (g0, nb) in groups(blocks) {
+        for (g0, nb) in groups(blocks, obg) {
             for cb in 0..c / ib {
                 for t in 0..taps {
                     for ci in cb * ib..(cb + 1) * ib {
@@ -382,6 +419,7 @@ pub(crate) fn pack_sets(
         taps,
         sets,
         ib,
+        obg,
         off,
         data,
     })
@@ -395,8 +433,7 @@ pub(crate) fn takes(o: usize, c: usize, ib: usize, steps: &[Step]) -> bool {
         && c.is_multiple_of(ib)
         && o > 0
         && c > 0
-        && crate::simd::avx512()
-        && crate::simd::f32_lanes() == BLOCK
+        && lanes_fit(crate::simd::f32_lanes())
         && RegSteps::new(steps).is_some()
 }
 
@@ -521,6 +558,14 @@ pub(crate) fn conv(
         ));
     }
     let reg = RegSteps::new(steps).ok_or("blocked convolution: unsupported epilogue")?;
+    let lanes = crate::simd::f32_lanes();
+    if !lanes_fit(lanes) || w.obg != group_blocks(lanes) {
+        return Err(format!(
+            "blocked convolution: needs vectors of 8 or 16 f32 lanes and a weight packed for \
+             them; this CPU's have {lanes}, the weight has groups of {} blocks",
+            w.obg
+        ));
+    }
     let dealt = if g.in_place() {
         None
     } else {
@@ -533,7 +578,7 @@ pub(crate) fn conv(
     let (wv, _) = g.virt();
     let offs = g.offsets();
     let blocks = o / BLOCK;
-    let count = groups(blocks).len();
+    let count = groups(blocks, w.obg).len();
     let threads = threads.max(1);
     // What the threads share out ([`rows_first`]): runs of rows (each thread reads its part
     // of the image and every group's weights) or groups (each reads the whole image).
@@ -567,7 +612,7 @@ pub(crate) fn conv(
             })
             .map(Some)
             .collect();
-        for (g0, nb) in groups(blocks) {
+        for (g0, nb) in groups(blocks, w.obg) {
             for r in 0..nruns {
                 let mut out: [&mut [f32]; OBG] = Default::default();
                 for (i, o) in out.iter_mut().enumerate().take(nb) {
@@ -679,14 +724,20 @@ impl<const IB: usize> pulp::WithSimd for Kernel<'_, '_, IB> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) {
-        if S::F32_LANES != BLOCK {
-            return;
-        }
-        match self.task.nb {
-            4 => run_task::<S, 4, IB>(simd, self),
-            3 => run_task::<S, 3, IB>(simd, self),
-            2 => run_task::<S, 2, IB>(simd, self),
-            _ => run_task::<S, 1, IB>(simd, self),
+        // A tile of `V` vectors per pixel (the group's blocks, one or two vectors each) and
+        // `P` pixels ([`pixels`]); [`conv`] has checked the lanes and the packing.
+        if S::F32_LANES == BLOCK {
+            match self.task.nb {
+                4 => run_task::<S, 4, PXT, IB>(simd, self),
+                3 => run_task::<S, 3, PXT, IB>(simd, self),
+                2 => run_task::<S, 2, PXT, IB>(simd, self),
+                _ => run_task::<S, 1, PXT, IB>(simd, self),
+            }
+        } else if S::F32_LANES == BLOCK / 2 {
+            match self.task.nb {
+                2 => run_task::<S, 4, { pixels(BLOCK / 2, 4) }, IB>(simd, self),
+                _ => run_task::<S, 2, { pixels(BLOCK / 2, 2) }, IB>(simd, self),
+            }
         }
     }
 }
@@ -712,8 +763,13 @@ struct Tile<'a> {
     reg: RegSteps<'a>,
 }
 
+/// One task: its tiles of `P` pixels × `V` vectors (the group's `V · lanes / 16` blocks), for
+/// images in blocks of `IB` channels.
 #[inline(always)]
-fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<'_, '_, IB>) {
+fn run_task<S: pulp::Simd, const V: usize, const P: usize, const IB: usize>(
+    simd: S,
+    k: Kernel<'_, '_, IB>,
+) {
     let Kernel { plan, task } = k;
     let Task {
         n,
@@ -730,7 +786,7 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
     let wg_at = w.group_at(n, g0);
     let (Some(wg), Some(xi)) = (
         w.data
-            .get(w.off + wg_at..w.off + wg_at + NB * BLOCK * c * taps),
+            .get(w.off + wg_at..w.off + wg_at + V * S::F32_LANES * c * taps),
         plan.src.get(n * plan.img_len..(n + 1) * plan.img_len),
     ) else {
         return;
@@ -750,9 +806,7 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
         r0,
         reg: plan.reg,
     };
-    // The group's `NB` pieces (the rest of the array is empty).
-    let mut rest = out.into_iter();
-    let mut out: [&mut [f32]; NB] = std::array::from_fn(|_| rest.next().unwrap_or_default());
+    let mut out = out;
     let out = &mut out;
     // Segments of consecutive output pixels: the task's rows, one run of them when the
     // virtual plane is the output's (no columns to drop).
@@ -767,8 +821,8 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
     // share of the lines spread over its steps: the weights of a large layer stream from
     // memory, and a chunk's first tile otherwise waits for them.
     let prefetch = crate::gemm_packed::Prefetch::new();
-    let wrow = taps * NB * BLOCK;
-    let ntiles: usize = segments.iter().map(|&(_, _, len)| tiles_in(len)).sum();
+    let wrow = taps * V * S::F32_LANES;
+    let ntiles: usize = segments.iter().map(|&(_, _, len)| tiles_in(len, P)).sum();
     for c0 in (0..c).step_by(cch) {
         let c1 = (c0 + cch).min(c);
         let next: &[f32] = if c1 < c {
@@ -783,25 +837,25 @@ fn run_task<S: pulp::Simd, const NB: usize, const IB: usize>(simd: S, k: Kernel<
             share(prefetch, next, i - 1, ntiles)
         };
         for &(qv, px, len) in &segments {
-            let rest = tail(len);
+            let rest = tail(len, P);
             let mut k = 0;
             while k + rest < len {
                 let at = (qv + k, px + k);
-                tile::<S, PXT, NB, IB>(simd, &t, out, (c0, c1), at, ahead());
-                k += PXT;
+                tile::<S, P, V, IB>(simd, &t, out, (c0, c1), at, ahead());
+                k += P;
             }
-            let at = (qv + k, px + k);
-            match rest {
-                0 => {}
-                1 => tile::<S, 1, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
-                2 => tile::<S, 2, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
-                3 => tile::<S, 3, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
-                4 => tile::<S, 4, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
-                5 => tile::<S, 5, NB, IB>(simd, &t, out, (c0, c1), at, ahead()),
-                _ => {
-                    tile::<S, 4, NB, IB>(simd, &t, out, (c0, c1), at, ahead());
-                    let at = (at.0 + 4, at.1 + 4);
-                    tile::<S, 3, NB, IB>(simd, &t, out, (c0, c1), at, ahead());
+            // The rest in one tile, or (one pixel after a full tile) in two.
+            let first = if rest > P { rest.div_ceil(2) } else { rest };
+            for (skip, px_) in [(0, first), (first, rest - first)] {
+                let at = (qv + k + skip, px + k + skip);
+                let cut = (c0, c1);
+                match px_ {
+                    1 => tile::<S, 1, V, IB>(simd, &t, out, cut, at, ahead()),
+                    2 => tile::<S, 2, V, IB>(simd, &t, out, cut, at, ahead()),
+                    3 => tile::<S, 3, V, IB>(simd, &t, out, cut, at, ahead()),
+                    4 if P > 4 => tile::<S, 4, V, IB>(simd, &t, out, cut, at, ahead()),
+                    5 if P > 5 => tile::<S, 5, V, IB>(simd, &t, out, cut, at, ahead()),
+                    _ => {}
                 }
             }
         }
@@ -828,108 +882,121 @@ fn share(
     crate::gemm_packed::Ahead::new(prefetch, lines)
 }
 
-/// The tiles [`run_task`] cuts a segment of `len` pixels into (the same count as
-/// `len.div_ceil(PXT)`, written as the cut is).
-fn tiles_in(len: usize) -> usize {
-    let rest = tail(len);
-    (len - rest) / PXT
+/// The tiles [`run_task`] cuts a segment of `len` pixels into with full tiles of `pt` (the
+/// same count as `len.div_ceil(pt)`, written as the cut is).
+fn tiles_in(len: usize, pt: usize) -> usize {
+    let rest = tail(len, pt);
+    (len - rest) / pt
         + match rest {
             0 => 0,
-            1..PXT => 1,
+            r if r < pt => 1,
             _ => 2,
         }
 }
 
-/// The pixels of a segment of `len` left after its tiles of [`PXT`]: `len % PXT`, except that
-/// a lone pixel after a full tile makes the last seven, taken as tiles of 4 and 3. A
-/// one-pixel tile's four accumulator chains wait on the FMA latency at every step (about
-/// twice the cycles per pixel of a wider tile); from two pixels on a tile is bound by the FMA
-/// throughput. (ResNet-50's 7 × 7 rows of its padded 3 × 3 layers: 6 + 1 before, 0.92–0.97 of
-/// the time after; session bf.)
-fn tail(len: usize) -> usize {
-    match len % PXT {
-        1 if len > PXT => PXT + 1,
+/// The pixels of a segment of `len` left after its full tiles of `pt`: `len % pt`, except
+/// that a lone pixel after a full tile makes the last `pt + 1`, taken as two tiles (4 and 3;
+/// 2 and 2). A one-pixel tile's accumulator chains wait on the FMA latency at every step
+/// (about twice the cycles per pixel of a wider tile); from two pixels on a tile is bound by
+/// the FMA throughput. (ResNet-50's 7 × 7 rows of its padded 3 × 3 layers: 6 + 1 before,
+/// 0.92–0.97 of the time after; session bf.)
+fn tail(len: usize, pt: usize) -> usize {
+    match len % pt {
+        1 if len > pt => pt + 1,
         r => r,
     }
 }
 
-/// One vector from a slice of exactly [`BLOCK`] values.
+/// One vector from a slice of exactly its lanes.
 #[inline(always)]
-fn ld16<S: pulp::Simd>(s: &[f32]) -> S::f32s {
+fn vec_of<S: pulp::Simd>(s: &[f32]) -> S::f32s {
     bytemuck::pod_read_unaligned(bytemuck::cast_slice(s))
 }
 
-/// One vector from the first [`BLOCK`] values of `s`, `None` when `s` is shorter.
+/// One vector from the first values of `s` (its lanes), `None` when `s` is shorter.
 #[inline(always)]
 pub(crate) fn ld<S: pulp::Simd>(s: &[f32]) -> Option<S::f32s> {
-    s.get(..BLOCK)
-        .map(|v| bytemuck::pod_read_unaligned(bytemuck::cast_slice(v)))
+    s.get(..S::F32_LANES).map(vec_of::<S>)
 }
 
-/// Stores `v` in the first [`BLOCK`] values of `dst` (nothing when it is shorter).
+/// Stores `v` in the first values of `dst` (its lanes; nothing when it is shorter).
 #[inline(always)]
 pub(crate) fn st<S: pulp::Simd>(v: S::f32s, dst: Option<&mut [f32]>) {
-    if let Some(d) = dst.and_then(|d| d.get_mut(..BLOCK)) {
+    if let Some(d) = dst.and_then(|d| d.get_mut(..S::F32_LANES)) {
         d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
     }
 }
 
 /// One step (input channel, tap) of a tile: `xs` holds its `PX` pixels every `IB` values,
-/// `wl` the `NB` blocks' weights.
+/// `wl` the group's `V` weight vectors.
 #[inline(always)]
-fn step<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
+fn step<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
     simd: S,
     xs: &[f32],
     wl: &[f32],
-    [a0, a1, a2, a3]: [&mut [S::f32s; PX]; 4],
+    [a0, a1, a2, a3]: [&mut [S::f32s; PX]; VECS],
 ) {
+    let l = S::F32_LANES;
     let zero = simd.splat_f32s(0.0);
-    let w0 = wl.get(..BLOCK).map_or(zero, ld16::<S>);
-    let w1 = if NB > 1 {
-        wl.get(BLOCK..2 * BLOCK).map_or(zero, ld16::<S>)
+    if l < BLOCK && V > 2 {
+        // AVX2, four vectors a pixel: the pixels broadcast once, then one weight vector at a
+        // time into the pixels' sums (12 sums, 3 pixels, 1 weight: the 16 registers).
+        let xv: [S::f32s; PX] =
+            std::array::from_fn(|j| simd.splat_f32s(xs.get(j * IB).copied().unwrap_or(0.0)));
+        for (v, a) in [a0, a1, a2, a3].into_iter().enumerate().take(V) {
+            let w = wl.get(v * l..(v + 1) * l).map_or(zero, vec_of::<S>);
+            for j in 0..PX {
+                a[j] = simd.mul_add_f32s(w, xv[j], a[j]);
+            }
+        }
+        return;
+    }
+    let w0 = wl.get(..l).map_or(zero, vec_of::<S>);
+    let w1 = if V > 1 {
+        wl.get(l..2 * l).map_or(zero, vec_of::<S>)
     } else {
         zero
     };
-    let w2 = if NB > 2 {
-        wl.get(2 * BLOCK..3 * BLOCK).map_or(zero, ld16::<S>)
+    let w2 = if V > 2 {
+        wl.get(2 * l..3 * l).map_or(zero, vec_of::<S>)
     } else {
         zero
     };
-    let w3 = if NB > 3 {
-        wl.get(3 * BLOCK..4 * BLOCK).map_or(zero, ld16::<S>)
+    let w3 = if V > 3 {
+        wl.get(3 * l..4 * l).map_or(zero, vec_of::<S>)
     } else {
         zero
     };
     for j in 0..PX {
         let xv = simd.splat_f32s(xs.get(j * IB).copied().unwrap_or(0.0));
         a0[j] = simd.mul_add_f32s(w0, xv, a0[j]);
-        if NB > 1 {
+        if V > 1 {
             a1[j] = simd.mul_add_f32s(w1, xv, a1[j]);
         }
-        if NB > 2 {
+        if V > 2 {
             a2[j] = simd.mul_add_f32s(w2, xv, a2[j]);
         }
-        if NB > 3 {
+        if V > 3 {
             a3[j] = simd.mul_add_f32s(w3, xv, a3[j]);
         }
     }
 }
 
 /// The `IB` steps of one block of input channels and one tap: `xs` the tile's `PX` pixels
-/// (`IB` channels each), `wt` the channels' rows of `NB` weight vectors. Sixteen unrolled
+/// (`IB` channels each), `wt` the channels' rows of `V` weight vectors. Sixteen unrolled
 /// with constant offsets, or the one channel of an `NCHW` image.
 #[inline(always)]
-fn block_steps<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
+fn block_steps<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
     simd: S,
     xs: &[f32],
     wt: &[f32],
-    [a0, a1, a2, a3]: [&mut [S::f32s; PX]; 4],
+    [a0, a1, a2, a3]: [&mut [S::f32s; PX]; VECS],
 ) {
-    let row = NB * BLOCK;
+    let row = V * S::F32_LANES;
     macro_rules! steps {
         ($($l:literal)*) => {$(
             if let (Some(x), Some(w)) = (xs.get($l..), wt.get($l * row..)) {
-                step::<S, PX, NB, IB>(simd, x, w, [&mut *a0, &mut *a1, &mut *a2, &mut *a3]);
+                step::<S, PX, V, IB>(simd, x, w, [&mut *a0, &mut *a1, &mut *a2, &mut *a3]);
             }
         )*};
     }
@@ -943,29 +1010,34 @@ fn block_steps<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>
 /// Virtual pixels `q..q + PX` of the task's blocks, which are the output pixels `px..px + PX`
 /// of the image's plane, over input channels `c0..c1` (all taps): the sums so far (from the
 /// output, unless `c0` is 0) plus this chunk's products; on the last chunk the epilogue, then
-/// one store per vector.
+/// one store per vector. Vector `v` of a pixel is lanes `(v % (16 / lanes)) · lanes..` of the
+/// group's block `v / (16 / lanes)`.
 #[inline(always)]
-fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
+fn tile<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
     simd: S,
     t: &Tile<'_>,
-    out: &mut [&mut [f32]; NB],
+    out: &mut [&mut [f32]; OBG],
     (c0, c1): (usize, usize),
     (q, px): (usize, usize),
     ahead: crate::gemm_packed::Ahead<'_>,
 ) {
+    let l = S::F32_LANES;
+    let vb = BLOCK / l;
     let zero = simd.splat_f32s(0.0);
-    // The tile's first output element in the task's pieces.
-    let local = |j: usize| (px - t.r0 * t.ow + j) * BLOCK;
-    let mut acc = [[zero; PX]; 4];
+    // Vector `v` of pixel `j` in the task's pieces: its piece and the offset there.
+    let at = |v: usize, j: usize| (v / vb, (px - t.r0 * t.ow + j) * BLOCK + v % vb * l);
+    let mut acc = [[zero; PX]; VECS];
     if c0 > 0 {
-        for (accb, o) in acc.iter_mut().zip(out.iter()) {
-            for (j, a) in accb.iter_mut().enumerate() {
-                *a = o.get(local(j)..).and_then(ld::<S>).unwrap_or(zero);
+        for (v, accv) in acc.iter_mut().enumerate().take(V) {
+            for (j, a) in accv.iter_mut().enumerate() {
+                let (b, i) = at(v, j);
+                let piece = out.get(b).and_then(|o| o.get(i..));
+                *a = piece.and_then(ld::<S>).unwrap_or(zero);
             }
         }
     }
     let [mut a0, mut a1, mut a2, mut a3] = acc;
-    let row = NB * BLOCK;
+    let row = V * l;
     // Per block of `IB` input channels and tap: the tile's pixels, `IB` channels each, and
     // the block's weight rows; the steps unrolled with constant offsets.
     let trow = IB * row;
@@ -982,21 +1054,23 @@ fn tile<S: pulp::Simd, const PX: usize, const NB: usize, const IB: usize>(
                 return;
             };
             let acc = [&mut a0, &mut a1, &mut a2, &mut a3];
-            block_steps::<S, PX, NB, IB>(simd, xs, wt, acc);
+            block_steps::<S, PX, V, IB>(simd, xs, wt, acc);
             spread.step();
         }
     }
     let acc = [a0, a1, a2, a3];
     let last = c1 == t.c;
-    for (b, (accb, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
-        let ob = t.g0 + b;
-        for (j, &v) in accb.iter().enumerate() {
-            let mut v = v;
+    for (v, accv) in acc.iter().enumerate().take(V) {
+        let ob = t.g0 + v / vb;
+        let lane0 = v % vb * l;
+        for (j, &val) in accv.iter().enumerate() {
+            let mut val = val;
             if last {
-                let at = t.img + (ob * t.p + px + j) * BLOCK;
-                t.reg.apply_block(simd, ob * BLOCK, at, &mut v);
+                let y_at = t.img + (ob * t.p + px + j) * BLOCK + lane0;
+                t.reg.apply_block(simd, ob * BLOCK + lane0, y_at, &mut val);
             }
-            st::<S>(v, o.get_mut(local(j)..));
+            let (b, i) = at(v, j);
+            st::<S>(val, out.get_mut(b).and_then(|o| o.get_mut(i..)));
         }
     }
 }
@@ -1076,20 +1150,22 @@ mod tests {
         y
     }
 
-    fn avx512() -> bool {
-        crate::simd::avx512() && crate::simd::f32_lanes() == BLOCK
+    /// Whether the kernel runs on this CPU (AVX-512 or AVX2 vectors).
+    fn runs() -> bool {
+        lanes_fit(crate::simd::f32_lanes())
     }
 
     #[test]
     fn a_task_prefetches_its_run_successor_s_first_chunk_and_a_run_s_last_nothing() {
         // 3x3 over 160 channels: chunks of 112 channels (7 blocks: 1008 of `CCH`'s steps);
-        // 10 output blocks in groups of 4, 3 and 3; two images.
+        // 10 output blocks in groups of 4, 3 and 3 (AVX2: five groups of 2); two images.
         let (o, c, taps) = (160, 160, 9);
         let w = pack(&vec![0.0; o * c * taps], o, c, taps, BLOCK).unwrap();
         let keys: Vec<(usize, usize, usize)> = (0..2)
-            .flat_map(|n| groups(o / BLOCK).map(move |(g0, nb)| (n, g0, nb)))
+            .flat_map(|n| groups(o / BLOCK, w.obg).map(move |(g0, nb)| (n, g0, nb)))
             .collect();
-        assert_eq!(keys.len(), 6);
+        let avx2 = w.obg == 2;
+        assert_eq!(keys.len(), if avx2 { 10 } else { 6 });
         let chunk = 112 * taps * BLOCK;
         // One weight for both images (a `pack`, not a Winograd `pack_sets`).
         let at = |_n: usize, g0: usize| w.off + g0 * BLOCK * c * taps;
@@ -1110,7 +1186,8 @@ mod tests {
                 assert!(r.end <= w.data.len());
             }
         }
-        // One thread: every task but the last prefetches; three: tasks 1, 3 and 5 end runs.
+        // One thread: every task but the last prefetches; three: tasks 1, 3 and 5 end runs
+        // (AVX2: 2, 5 and 9).
         assert_eq!(
             successors(&w, &keys, 1)
                 .iter()
@@ -1119,8 +1196,8 @@ mod tests {
             1
         );
         let three = successors(&w, &keys, 3);
-        let empty: Vec<usize> = (0..6).filter(|&i| three[i].is_empty()).collect();
-        assert_eq!(empty, [1, 3, 5]);
+        let empty: Vec<usize> = (0..keys.len()).filter(|&i| three[i].is_empty()).collect();
+        assert_eq!(empty, if avx2 { [2, 5, 9] } else { [1, 3, 5] });
     }
 
     /// `(n, c, h, w)`, `o`, kernel, strides, dilation, padding.
@@ -1191,51 +1268,70 @@ mod tests {
 
     #[test]
     fn groups_cover_the_blocks_in_order_as_evenly_as_they_divide() {
-        let all = |b: usize| groups(b).collect::<Vec<_>>();
+        let all = |b: usize| groups(b, OBG).collect::<Vec<_>>();
         assert_eq!(all(0), vec![]);
         assert_eq!(all(1), vec![(0, 1)]);
         assert_eq!(all(4), vec![(0, 4)]);
         assert_eq!(all(5), vec![(0, 3), (3, 2)]);
         assert_eq!(all(6), vec![(0, 3), (3, 3)]);
         assert_eq!(all(10), vec![(0, 4), (4, 3), (7, 3)]);
-        for b in 0..200 {
-            let g = all(b);
-            assert_eq!(g.len(), b.div_ceil(OBG));
-            let mut next = 0;
-            for &(g0, nb) in &g {
-                assert!(g0 == next && (1..=OBG).contains(&nb), "{b}: {g:?}");
-                next += nb;
+        // AVX2's groups of at most 2 blocks.
+        assert_eq!(
+            groups(5, 2).collect::<Vec<_>>(),
+            vec![(0, 2), (2, 2), (4, 1)]
+        );
+        assert_eq!(group_blocks(16), 4);
+        assert_eq!(group_blocks(8), 2);
+        for per in [1, 2, 4] {
+            for b in 0..200 {
+                let g: Vec<_> = groups(b, per).collect();
+                assert_eq!(g.len(), b.div_ceil(per));
+                let mut next = 0;
+                for &(g0, nb) in &g {
+                    assert!(g0 == next && (1..=per).contains(&nb), "{b}: {g:?}");
+                    next += nb;
+                }
+                assert_eq!(next, b);
+                let sizes = g.iter().map(|&(_, nb)| nb);
+                assert!(sizes.clone().max().unwrap_or(0) - sizes.min().unwrap_or(0) <= 1);
             }
-            assert_eq!(next, b);
-            let sizes = g.iter().map(|&(_, nb)| nb);
-            assert!(sizes.clone().max().unwrap_or(0) - sizes.min().unwrap_or(0) <= 1);
         }
     }
 
     #[test]
     fn a_segment_ends_in_tiles_of_two_or_more_pixels_when_it_is_longer_than_one() {
-        assert_eq!(tail(0), 0);
-        assert_eq!(tail(1), 1);
-        assert_eq!(tail(5), 5);
-        assert_eq!(tail(6), 0);
-        assert_eq!(tail(7), 7);
-        assert_eq!(tail(13), 7);
-        assert_eq!(tail(14), 2);
-        assert_eq!(tail(49), 7);
-        for len in 0..400 {
-            let rest = tail(len);
-            assert!(
-                rest <= len && (len - rest).is_multiple_of(PXT),
-                "{len}: {rest}"
-            );
-            assert!(len < 2 || rest != 1, "{len}: {rest}");
+        assert_eq!(tail(0, 6), 0);
+        assert_eq!(tail(1, 6), 1);
+        assert_eq!(tail(5, 6), 5);
+        assert_eq!(tail(6, 6), 0);
+        assert_eq!(tail(7, 6), 7);
+        assert_eq!(tail(13, 6), 7);
+        assert_eq!(tail(14, 6), 2);
+        assert_eq!(tail(49, 6), 7);
+        // AVX2's tiles of 3 pixels for four vectors: 7 = 3 + 2 + 2.
+        assert_eq!(tail(7, 3), 4);
+        assert_eq!(tail(8, 3), 2);
+        assert_eq!(tiles_in(7, 3), 3);
+        assert_eq!(pixels(8, 4), 3);
+        assert_eq!(pixels(8, 2), 6);
+        assert_eq!(pixels(16, 4), 6);
+        for pt in [3, 6] {
+            for len in 0..400 {
+                let rest = tail(len, pt);
+                assert!(
+                    rest <= len && (len - rest).is_multiple_of(pt),
+                    "{len}: {rest}"
+                );
+                assert!(len < 2 || rest != 1, "{len}: {rest}");
+                assert_eq!(tiles_in(len, pt), len.div_ceil(pt), "{len}");
+            }
         }
     }
 
     #[test]
     fn one_by_one_matches_a_direct_sum_with_every_epilogue_and_thread_count() {
-        if !avx512() {
-            // Not an AVX-512 machine: `takes` says no and the convolution runs elsewhere.
+        if !runs() {
+            // Neither AVX-512 nor AVX2: `takes` says no and the convolution runs elsewhere.
             assert!(!takes(16, 16, BLOCK, &[]));
             return;
         }
@@ -1261,7 +1357,7 @@ mod tests {
 
     #[test]
     fn kernels_strides_padding_and_dilation_match_a_direct_sum() {
-        if !avx512() {
+        if !runs() {
             return;
         }
         check(&[
@@ -1284,7 +1380,7 @@ mod tests {
 
     #[test]
     fn an_nchw_image_into_nchw16c_matches_the_direct_sum() {
-        if !avx512() {
+        if !runs() {
             assert!(!takes(16, 3, 1, &[]));
             return;
         }
@@ -1318,7 +1414,7 @@ mod tests {
             dw in 1i64..4, pad in proptest::array::uniform4(0i64..4), threads in 1usize..4,
             nchw in proptest::bool::ANY, few in 1usize..20,
         ) {
-            if !avx512() {
+            if !runs() {
                 return Ok(());
             }
             // An `NCHW` image of 1–19 channels, or 1–3 blocks of 16.

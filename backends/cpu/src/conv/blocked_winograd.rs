@@ -225,15 +225,18 @@ impl pulp::WithSimd for InputTransform<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, s: S) {
-        if S::F32_LANES != BLOCK {
+        let lanes = S::F32_LANES;
+        if !BLOCK.is_multiple_of(lanes) {
             return;
         }
         let g = self.g;
         let (pt, pl) = (g.pad()[0] as isize, g.pad()[1] as isize);
         let zero = s.splat_f32s(0.0);
-        let xp = self.x;
         let mut v = self.v;
-        for t in 0..self.tiles {
+        // Each run of `lanes` channels of the block on its own (one run on AVX-512, two on
+        // AVX2), tile by tile.
+        for (t, h) in (0..self.tiles).flat_map(|t| (0..BLOCK).step_by(lanes).map(move |h| (t, h))) {
+            let xp = self.x.get(h..).unwrap_or_default();
             let (ty, tx) = (t / self.tw, t % self.tw);
             let (y0, x0) = ((4 * ty) as isize - pt, (4 * tx) as isize - pl);
             // Rows of the tile transformed along x, then columns along y.
@@ -244,7 +247,7 @@ impl pulp::WithSimd for InputTransform<'_> {
                 let yy = y0 + r as isize;
                 if whole {
                     let at = ((yy as usize) * g.w + x0 as usize) * BLOCK;
-                    if let Some(d) = xp.get(at..at + 6 * BLOCK) {
+                    if let Some(d) = xp.get(at..at + 5 * BLOCK + lanes) {
                         *row = bt(
                             s,
                             std::array::from_fn(|k| ld::<S>(&d[k * BLOCK..]).unwrap_or(zero)),
@@ -268,7 +271,9 @@ impl pulp::WithSimd for InputTransform<'_> {
             for k in 0..6 {
                 let col = bt(s, std::array::from_fn(|r| rows[r][k]));
                 for (r, &val) in col.iter().enumerate() {
-                    let piece = v.get_mut(r * 6 + k).and_then(|p| p.get_mut(t * BLOCK..));
+                    let piece = v
+                        .get_mut(r * 6 + k)
+                        .and_then(|p| p.get_mut(t * BLOCK + h..));
                     st::<S>(val, piece);
                 }
             }
@@ -294,7 +299,8 @@ impl pulp::WithSimd for OutputTransform<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, s: S) {
-        if S::F32_LANES != BLOCK {
+        let lanes = S::F32_LANES;
+        if !BLOCK.is_multiple_of(lanes) {
             return;
         }
         let g = self.g;
@@ -303,13 +309,14 @@ impl pulp::WithSimd for OutputTransform<'_> {
         let base = |xi: usize| ((self.ni * XI + xi) * self.ob + self.b) * mlen;
         let img = (self.ni * self.ob + self.b) * g.oh * g.ow * BLOCK;
         let zero = s.splat_f32s(0.0);
-        for t in 0..self.tiles {
+        // Each run of `lanes` channels on its own, as in the data transform.
+        for (t, h) in (0..self.tiles).flat_map(|t| (0..BLOCK).step_by(lanes).map(move |h| (t, h))) {
             let (ty, tx) = (t / self.tw, t % self.tw);
             let mut cols = [[s.splat_f32s(0.0); 4]; 6];
             for (k, col) in cols.iter_mut().enumerate() {
                 let m: [S::f32s; 6] = std::array::from_fn(|r| {
                     self.m
-                        .get(base(r * 6 + k) + t * BLOCK..)
+                        .get(base(r * 6 + k) + t * BLOCK + h..)
                         .and_then(ld::<S>)
                         .unwrap_or(zero)
                 });
@@ -328,9 +335,9 @@ impl pulp::WithSimd for OutputTransform<'_> {
                         break;
                     }
                     let mut val = val;
-                    let local = (oy * g.ow + ox) * BLOCK;
+                    let local = (oy * g.ow + ox) * BLOCK + h;
                     self.reg
-                        .apply_block(s, self.b * BLOCK, img + local, &mut val);
+                        .apply_block(s, self.b * BLOCK + h, img + local, &mut val);
                     st::<S>(val, self.y.get_mut(local..));
                 }
             }
@@ -401,7 +408,7 @@ mod tests {
 
     #[test]
     fn matches_the_direct_sum_within_the_winograd_bound_for_every_thread_count() {
-        if !(crate::simd::avx512() && crate::simd::f32_lanes() == BLOCK) {
+        if !blocked::lanes_fit(crate::simd::f32_lanes()) {
             return;
         }
         // A 28×28 output (49 tiles: `takes`), a 14×14 one (16 tiles, the last row and column

@@ -612,8 +612,8 @@ fn im2col_blocks_match_the_definition() {
 /// when it packs the weight itself; a dense blocked layer still gets its own form.
 #[test]
 fn a_blocked_depthwise_weight_is_packed_once_with_the_same_bits() {
-    if !crate::simd::avx512() {
-        // The blocked kernels run on AVX-512 only: no geometry, nothing prepared.
+    if !crate::conv::blocked_lanes_fit(crate::simd::f32_lanes()) {
+        // The blocked kernels run on AVX-512 and AVX2 only: no geometry, nothing prepared.
         return;
     }
     let a = Conv2dAttrs {
