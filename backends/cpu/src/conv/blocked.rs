@@ -39,7 +39,7 @@
 //!   were live and a sum went to the stack at every FMA (ResNet-50 1.6× slower). On a Zen 3
 //!   EPYC, two threads, alternated: ResNet-50 in this layout took 0.82–0.91 of the `NCHW`
 //!   path's time (median 0.85; `faer`'s GEMM for the 1×1 layers, `NCHW` Winograd for the
-//!   3×3), MobileNetV2 median 0.86 (bench/RESULTS.md, session bu).
+//!   3×3), MobileNetV2 median 0.90 (bench/RESULTS.md, session bu).
 //! - Either way, the 16 steps
 //!   of a block and a tap are unrolled with constant offsets (onnxruntime's `NCHWc` kernel
 //!   has the same form): no address arithmetic or bounds check between them. Steps run in
