@@ -29,9 +29,9 @@ fn fusebox(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     )
 }
 
-/// Whether the `cpu` backend names a layout on this machine (`NCHW16c` on AVX-512): then the
-/// default `conv2d_layout = "auto"` converts the small CNN whole (its stem reads the image as
-/// it is), and its report and profile show the blocked layout.
+/// Whether the `cpu` backend names a layout on this machine (`NCHW16c` on AVX-512 or AVX2):
+/// then the default `conv2d_layout = "auto"` converts the small CNN whole (its stem reads the
+/// image as it is), and its report and profile show the blocked layout.
 fn blocked() -> bool {
     fusebox::link_backends();
     let cpu = fusebox::core::backend::make_backend("cpu", &Default::default()).unwrap();

@@ -109,7 +109,7 @@ pub struct PartitionConfig {
 pub enum Conv2dLayout {
     /// `"auto"` (the default): the layouts the first backend that prefers some for this
     /// target and machine names ([`crate::backend::Backend::conv2d_layout`]: the `cpu`
-    /// backend's `NCHW16c` on AVX-512), kept only where the conversion pays
+    /// backend's `NCHW16c` on AVX-512 or AVX2), kept only where the conversion pays
     /// ([`crate::transform::LayoutCost::pays`]: the convolutions move into the layout, and
     /// the layout changes left at run time are small beside them); else the model's own.
     #[default]

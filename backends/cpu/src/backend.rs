@@ -6,7 +6,7 @@
 //! naming it); its patterns are the transformer table [`TRANSFORMER_PATTERNS`]
 //! (`patterns/transformer.toml`: attention, residual LayerNorm, RMSNorm, GELU), offered to
 //! configs whose target is the CPU only; for `conv2d_layout = "auto"` it names `NCHW16c` /
-//! `OIHW` on a CPU target where its blocked kernels run (AVX-512); [`CpuBackend::claim`]
+//! `OIHW` on a CPU target where its blocked kernels run (AVX-512 or AVX2); [`CpuBackend::claim`]
 //! accepts everything; `compile` keeps the function with its callees as a standalone module
 //! and runs it with a [`crate::Executor`] of its own (constants decoded once, on the first
 //! run). Its artifacts say

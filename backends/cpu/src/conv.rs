@@ -412,7 +412,7 @@ fn split_layouts(a: &Conv2dAttrs) -> KResult<Option<[Layout; 3]>> {
 /// [`blocked_steps`]): `NCHW16c` output, data in `NCHW16c` or `NCHW` (a first layer's 3
 /// channels: [`blocked::Geom::nchw_input`]), an `OIHW` weight, one group, `float32`
 /// throughout, output channels (and blocked input channels) that are multiples of 16, on an
-/// AVX-512 CPU.
+/// AVX-512 or AVX2 CPU ([`blocked::lanes_fit`]).
 pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<blocked::Geom> {
     let b = blocked::BLOCK;
     let fits = a.out_layout == blocked::LAYOUT

@@ -8,8 +8,9 @@
 //! - Each 4×4 output tile comes from the 6×6 input tile around it (zeros beyond the data, as
 //!   the padding is) as `Y = Aᵀ [Σ_c U_c ⊙ (Bᵀ d_c B)] A`, `U = G g Gᵀ` (Lavin & Gray 2016;
 //!   the weights transformed in `f64` and rounded once by [`crate::winograd::Weights`]).
-//! - The layout does the work of the transposes: a vector is 16 channels of one pixel, so
-//!   the data transform runs on 16 channels at once and writes, per tile position `ξ`, the
+//! - The layout does the work of the transposes: a vector is 16 channels of one pixel (8 on
+//!   AVX2, each half of a block in turn), so the data transform runs on those channels at
+//!   once and writes, per tile position `ξ`, the
 //!   tiles as the *pixels* of an `NCHW16c` image `[C/16][tiles][16]`. The 36 products are
 //!   then 36 1×1 convolutions of those images, run by [`super::blocked::conv`] as one call
 //!   (image `ξ` takes weight set `ξ`). The output transform reads 16 output channels of one
