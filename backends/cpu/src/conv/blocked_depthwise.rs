@@ -17,11 +17,17 @@
 //!   element as the `NCHW` depthwise kernels and their row epilogue (the same bits: tested),
 //!   whatever the vector width (16 channels are one AVX-512 vector, two AVX2 ones) and the
 //!   thread count.
+//! - The epilogue's values (bias or `batch_norm`) are loaded, and its last step chosen, once
+//!   per tile ([`RegSteps::apply_pixels`]): with only 9 multiply-adds per output vector, the
+//!   steps chosen per vector took most of the time on AVX2 (one thread, 192 channels on
+//!   28×28: 157 → 121 µs; session bu).
 //! - Output rows are the tasks (about four per thread). A 3×3, undilated kernel of column
 //!   stride 1 or 2 (MobileNet's) runs each row in tiles of up to [`PX`] pixels that load each
 //!   input pixel of a kernel row once and feed it to every tap that reads it
 //!   ([`RowJob::tile3`]: 3 weights and 10 pixels for 24 FMAs at stride 1, 3 and 17 at stride
-//!   2, where a load per tap took 27), a pixel left or right of the image, or a kernel row above
+//!   2, where a load per tap took 27; on AVX2 at stride 1 each pixel goes into its sums as it
+//!   is loaded, the 10 pixels, 8 sums and 3 weights being more than its 16 registers: 121 →
+//!   102 µs), a pixel left or right of the image, or a kernel row above
 //!   or below it, read as `+0.0`; tiles wholly inside the image check no load. Other kernels:
 //!   a row's pixels whose taps all fall inside the image run in tiles of [`PX`] pixels with
 //!   no bounds checks on the taps, the others (the padding's border) one by one with them.
@@ -294,11 +300,14 @@ impl RowJob<'_> {
         out: &mut [f32],
     ) {
         let lanes = S::F32_LANES;
-        for (j, mut v) in acc.into_iter().enumerate() {
-            let i = (q0 + j) * BLOCK + self.sub;
-            self.reg.apply_block(simd, self.ch0, self.at + i, &mut v);
+        let mut acc = acc;
+        let first = q0 * BLOCK + self.sub;
+        self.reg
+            .apply_pixels(simd, self.ch0, self.at + first, BLOCK, &mut acc);
+        for (j, v) in acc.iter().enumerate() {
+            let i = first + j * BLOCK;
             if let Some(d) = out.get_mut(i..i + lanes) {
-                d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
+                d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(v)));
             }
         }
     }
@@ -380,7 +389,22 @@ impl RowJob<'_> {
                     zero
                 }
             };
-            if SW == 1 {
+            if S::F32_LANES < BLOCK && SW == 1 {
+                // AVX2 (16 registers: the held pixels and the sums would not fit): each
+                // pixel as it is loaded into the sums of the outputs whose taps read it.
+                // Output `j` gets tap `kx` from pixel `j + kx`, so its taps still come in
+                // `kx` order. (One thread, 192 channels on 28×28: 121 → 102 µs; at stride 2
+                // the form below was faster, 52 against 72.)
+                for i in 0..cols {
+                    let v = px(i);
+                    for (kx, &w) in wv.iter().enumerate() {
+                        let Some(d) = i.checked_sub(kx) else { continue };
+                        if let Some(a) = acc.get_mut(d) {
+                            *a = simd.mul_add_f32s(v, w, *a);
+                        }
+                    }
+                }
+            } else if SW == 1 {
                 // The tile's N + 2 pixels, held: tap `kx` of output `j` reads pixel `j + kx`.
                 let mut pix = [zero; PX + 2];
                 for (i, v) in pix.iter_mut().enumerate().take(N + 2) {
@@ -648,6 +672,36 @@ mod tests {
             let ch = (i / (64 * BLOCK)) * BLOCK + i % BLOCK;
             let want = (v + b[ch]).clamp(0.0, 0.25);
             assert_eq!(got.to_bits(), want.to_bits(), "element {i}");
+        }
+        // `batch_norm` as an affine step, a residual in the output's layout (each pixel of a
+        // tile its own), then `relu`: per element the scalar steps.
+        let (k, r) = (rand(32, 10), rand(plain.len(), 11));
+        let residual = fusebox_core::runtime::Tensor::from_f32(vec![1, 2, 8, 8, 16], r.clone())
+            .expect("tensor");
+        let steps2 = [
+            Step::Affine {
+                mul: k.clone(),
+                add: b.clone(),
+            },
+            Step::Residual {
+                r: residual,
+                prev_first: false,
+            },
+            Step::Relu,
+        ];
+        for threads in [1, 2] {
+            let mut y2 = vec![0.0; plain.len()];
+            conv(&wt, None, &x, &g, &mut y2, threads, &steps2).expect("runs");
+            for (i, (&got, &v)) in y2.iter().zip(&plain).enumerate() {
+                let ch = (i / (64 * BLOCK)) * BLOCK + i % BLOCK;
+                let s = r[i] + v.mul_add(k[ch], b[ch]);
+                let want = if s > 0.0 || s.is_nan() { s } else { 0.0 };
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "element {i}, {threads} threads"
+                );
+            }
         }
         // A weight of the wrong length, channels that do not block, a program epilogue.
         assert!(conv(&wt[1..], None, &x, &g, &mut y, 1, &[]).is_err());
