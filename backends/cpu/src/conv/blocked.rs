@@ -777,7 +777,7 @@ fn run_task<S: pulp::Simd, const V: usize, const P: usize, const IB: usize>(
         r0,
         r1,
         nb: _,
-        out,
+        mut out,
         next: after,
     } = task;
     let w = plan.w;
@@ -806,7 +806,6 @@ fn run_task<S: pulp::Simd, const V: usize, const P: usize, const IB: usize>(
         r0,
         reg: plan.reg,
     };
-    let mut out = out;
     let out = &mut out;
     // Segments of consecutive output pixels: the task's rows, one run of them when the
     // virtual plane is the output's (no columns to drop).

@@ -296,11 +296,10 @@ impl RowJob<'_> {
         &self,
         simd: S,
         q0: usize,
-        acc: [S::f32s; N],
+        mut acc: [S::f32s; N],
         out: &mut [f32],
     ) {
         let lanes = S::F32_LANES;
-        let mut acc = acc;
         let first = q0 * BLOCK + self.sub;
         self.reg
             .apply_pixels(simd, self.ch0, self.at + first, BLOCK, &mut acc);
