@@ -382,3 +382,167 @@ fn auto_converts_where_the_layout_changes_are_small_beside_the_convolutions() {
         "{all}"
     );
 }
+
+/// A backend that names `NCHW16c`, then `NCHW8c` (the `cpu` backend's pair on AVX2), on any
+/// host: what `conv2d_layout = "auto"` makes of two layouts, apart from the machine.
+struct TwoLayouts;
+
+impl fusebox::core::backend::Backend for TwoLayouts {
+    fn name(&self) -> &str {
+        "two"
+    }
+    fn patterns(&self) -> Vec<fusebox::core::transform::FusionPattern> {
+        Vec::new()
+    }
+    fn conv2d_layouts(&self, _: fusebox::core::config::Target) -> Vec<[String; 2]> {
+        ["NCHW16c", "NCHW8c"]
+            .map(|d| [d.to_string(), "OIHW".to_string()])
+            .to_vec()
+    }
+    fn claim(&self, _: &fusebox::core::backend::Candidate<'_>) -> fusebox::core::backend::Claim {
+        fusebox::core::backend::Claim::Decline {
+            reason: "a layout chooser only".into(),
+        }
+    }
+    fn compile(
+        &self,
+        _: &fusebox::core::backend::Candidate<'_>,
+    ) -> fusebox::core::Result<Box<dyn fusebox::core::backend::Artifact>> {
+        Err(fusebox::core::Error::Backend {
+            backend: "two".into(),
+            message: "a layout chooser only".into(),
+        })
+    }
+}
+
+/// MobileNetV2's shape in small, entered from a 3-channel image: a stem 3 → 24 (which reads
+/// the image as it is in a split layout), three blocks of a 1×1 expansion 24 → 48, a
+/// depthwise 3×3 and a 1×1 projection 48 → 24 on 32 × 32, a stride-2 convolution 24 → 64,
+/// then ten 1×1 convolutions of 64 channels (+ bias + ReLU) on 16 × 16, pooled to 1 × 1.
+fn image_stages() -> String {
+    let t = |s: &str| format!("R.Tensor(({s}), \"float32\")");
+    let mut body = String::from("            x0 = R.nn.conv2d(img, wi, padding=[1, 1, 1, 1])\n");
+    let mut prev = "x0".to_string();
+    for i in 0..3 {
+        body.push_str(&format!(
+            "            e{i} = R.nn.conv2d({prev}, we)\n            \
+             d{i} = R.nn.conv2d(e{i}, wd, padding=[1, 1, 1, 1], groups=48)\n            \
+             p{i} = R.nn.conv2d(d{i}, wp)\n"
+        ));
+        prev = format!("p{i}");
+    }
+    body.push_str(&format!(
+        "            s = R.nn.conv2d({prev}, ws, strides=[2, 2], padding=[1, 1, 1, 1])\n"
+    ));
+    prev = "s".to_string();
+    for i in 0..10 {
+        body.push_str(&format!(
+            "            h{i} = R.nn.relu(R.add(R.nn.conv2d({prev}, w), b))\n"
+        ));
+        prev = format!("h{i}");
+    }
+    format!(
+        "@I.ir_module\nclass Module:\n    @R.function\n    def main(img: {img}, wi: {wi}, \
+         we: {we}, wd: {wd}, wp: {wp}, ws: {ws}, w: {w}, b: {b}):\n        \
+         with R.dataflow():\n{body}            \
+         gv = R.nn.adaptive_avg_pool2d({prev}, output_size=[1, 1])\n            R.output(gv)\n        \
+         return gv\n",
+        img = t("1, 3, 32, 32"),
+        wi = t("24, 3, 3, 3"),
+        we = t("48, 24, 1, 1"),
+        wd = t("48, 1, 3, 3"),
+        wp = t("24, 48, 1, 1"),
+        ws = t("64, 24, 3, 3"),
+        w = t("64, 64, 1, 1"),
+        b = t("1, 64, 1, 1"),
+    )
+}
+
+/// `conv2d_layout = "auto"` with a backend that names `NCHW16c`, then `NCHW8c`: the first
+/// layout takes the 16 × 16 stage alone (as [`two_stages`]: its 24-channel layers do not
+/// split by 16), and the convolutions it leaves go into `NCHW8c`, which pays here (the stem
+/// reads the image as it is): every convolution in a split layout, the note saying which, and
+/// the converted module computes what the model computes. On [`two_stages`], whose 24-channel
+/// input would have to move, the second layout does not pay and the first's choice stands.
+#[test]
+fn auto_puts_the_convolutions_the_first_layout_leaves_into_the_second_where_that_pays() {
+    use fusebox::core::runtime::{Tensor, Value};
+    fusebox::link_backends();
+    let two = TwoLayouts;
+    let auto = |m: &fusebox::core::ir::Module| {
+        fusebox::core::backend::pipeline::auto_conv2d_layout(
+            m,
+            &[&two],
+            fusebox::core::config::Target::Cpu,
+            None,
+        )
+        .unwrap()
+    };
+    let module = fusebox::core::text::parse_module_str(&image_stages()).unwrap();
+    let (converted, note) = auto(&module);
+    let converted = converted.expect("a conversion pays");
+    let text = fusebox::core::text::print_module(&converted).text;
+    assert_eq!(
+        note.as_deref(),
+        Some(
+            "conv2d_layout \"auto\": 10 of 21 conv2d in NCHW16c/OIHW (backend two's layout on \
+             this machine; those of input planes up to 256 pixels), 8 in NCHW8c/OIHW (the \
+             convolutions left), 4 layout change(s) left at run time"
+        ),
+        "{text}"
+    );
+    // The stem reads the image in `NCHW` and writes `NCHW8c`; the depthwise layers run in
+    // `NCHW8c`; no convolution is left in `NCHW` out.
+    assert!(
+        text.contains("data_layout=\"NCHW\", kernel_layout=\"OIHW\", out_layout=\"NCHW8c\"")
+            && text.contains("groups=48, data_layout=\"NCHW8c\"")
+            && text.contains("groups=1, data_layout=\"NCHW16c\"")
+            && !text.contains("out_layout=\"NCHW\""),
+        "{text}"
+    );
+    // The same values as the model's, element for element (moves only; the kernels sum in
+    // the same order), on the CPU executor.
+    let main = module.get("main").unwrap();
+    let args: Vec<Value> = main
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let ty = main.var(p).ty.as_tensor().unwrap();
+            let dims: Vec<usize> = ty
+                .dims
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_static().unwrap() as usize)
+                .collect();
+            let n: usize = dims.iter().product();
+            let data = (0..n)
+                .map(|j| (((j * 7 + i * 13) % 23) as f32 - 11.0) / 16.0)
+                .collect();
+            Value::Tensor(Tensor::from_f32(dims, data).unwrap())
+        })
+        .collect();
+    let want = fusebox_cpu::run(&module, "main", args.clone()).unwrap();
+    let got = fusebox_cpu::run(&converted, "main", args).unwrap();
+    let (Value::Tensor(want), Value::Tensor(got)) = (want, got) else {
+        panic!("expected tensors")
+    };
+    assert_eq!(got.shape(), want.shape());
+    let close = got
+        .as_f32()
+        .unwrap()
+        .iter()
+        .zip(want.as_f32().unwrap())
+        .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
+    assert!(close, "{got:?} vs {want:?}");
+    // [`two_stages`]: the second layout would move the 24-channel input and does not pay.
+    let stages = fusebox::core::text::parse_module_str(&two_stages()).unwrap();
+    let (kept, note) = auto(&stages);
+    let kept_text = fusebox::core::text::print_module(&kept.expect("the later stage")).text;
+    assert!(
+        note.is_some_and(|n| n.contains("those of input planes up to 256 pixels), 3 layout"))
+            && !kept_text.contains("NCHW8c"),
+        "{kept_text}"
+    );
+}

@@ -6,7 +6,9 @@
 //! naming it); its patterns are the transformer table [`TRANSFORMER_PATTERNS`]
 //! (`patterns/transformer.toml`: attention, residual LayerNorm, RMSNorm, GELU), offered to
 //! configs whose target is the CPU only; for `conv2d_layout = "auto"` it names `NCHW16c` /
-//! `OIHW` on a CPU target where its blocked kernels run (AVX-512 or AVX2); [`CpuBackend::claim`]
+//! `OIHW` on a CPU target where its blocked kernels run (AVX-512 or AVX2), and on AVX2
+//! `NCHW8c` / `OIHW` after it, for the convolutions whose channels split by 8 only
+//! ([`Backend::conv2d_layouts`]); [`CpuBackend::claim`]
 //! accepts everything; `compile` keeps the function with its callees as a standalone module
 //! and runs it with a [`crate::Executor`] of its own (constants decoded once, on the first
 //! run). Its artifacts say
@@ -70,10 +72,19 @@ impl Backend for CpuBackend {
         }
     }
     fn conv2d_layout(&self, target: Target) -> Option<[String; 2]> {
+        self.conv2d_layouts(target).into_iter().next()
+    }
+    fn conv2d_layouts(&self, target: Target) -> Vec<[String; 2]> {
         // `NCHW16c` where its kernels run (a block of 16 channels is one AVX-512 vector or
-        // two AVX2 ones); on a GPU target the CPU is the fallback and chooses nothing.
-        (target == Target::Cpu && crate::conv::blocked_lanes_fit(crate::simd::f32_lanes()))
-            .then(|| [crate::conv::BLOCKED_LAYOUT.to_string(), "OIHW".to_string()])
+        // two AVX2 ones), then on AVX2 `NCHW8c` (one vector) for channel counts that split
+        // by 8 only; on a GPU target the CPU is the fallback and chooses nothing.
+        if target != Target::Cpu {
+            return Vec::new();
+        }
+        crate::conv::blocked_blocks(crate::simd::f32_lanes())
+            .into_iter()
+            .map(|b| [crate::conv::blocked_layout(b), "OIHW".to_string()])
+            .collect()
     }
     fn claim(&self, _c: &Candidate<'_>) -> Claim {
         Claim::Accept

@@ -95,7 +95,7 @@ mod blocked_depthwise;
 mod blocked_winograd;
 
 /// The split layout of the blocked kernels (`NCHW16c`) and its block of channels.
-pub(crate) use blocked::{LAYOUT as BLOCKED_LAYOUT, lanes_fit as blocked_lanes_fit};
+pub(crate) use blocked::{blocks_for as blocked_blocks, layout as blocked_layout};
 mod depthwise;
 mod epilogue;
 mod nhwc;
@@ -409,14 +409,14 @@ fn split_layouts(a: &Conv2dAttrs) -> KResult<Option<[Layout; 3]>> {
 }
 
 /// The geometry of `conv2d(x, w)` when [`blocked::conv`] can run it (its epilogue aside:
-/// [`blocked_steps`]): `NCHW16c` output, data in `NCHW16c` or `NCHW` (a first layer's 3
-/// channels: [`blocked::Geom::nchw_input`]), an `OIHW` weight, one group, `float32`
-/// throughout, output channels (and blocked input channels) that are multiples of 16, on an
-/// AVX-512 or AVX2 CPU ([`blocked::lanes_fit`]).
+/// [`blocked_steps`]): `NCHW16c` (or `NCHW8c`) output, data in the same layout or `NCHW` (a
+/// first layer's 3 channels: [`blocked::Geom::nchw_input`]), an `OIHW` weight, one group,
+/// `float32` throughout, output channels (and blocked input channels) that are multiples of
+/// the block, on a CPU whose vectors run the block ([`blocked::block_fits`]: AVX-512 or AVX2
+/// for 16, AVX2 for 8).
 pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<blocked::Geom> {
-    let b = blocked::BLOCK;
-    let fits = a.out_layout == blocked::LAYOUT
-        && a.kernel_layout == "OIHW"
+    let b = blocked::block_of(&a.out_layout)?;
+    let fits = a.kernel_layout == "OIHW"
         && a.groups == 1
         && a.out_dtype.is_none_or(|d| d == DType::F32)
         && x.dtype() == DType::F32
@@ -425,31 +425,33 @@ pub(crate) fn blocked_geom(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option<bl
         return None;
     };
     let (n, h, wd, ib) = match (a.data_layout.as_str(), x.shape()) {
-        (blocked::LAYOUT, &[n, cb, h, wd, lanes]) if lanes == b && cb.checked_mul(b) == Some(c) => {
+        (l, &[n, cb, h, wd, lanes])
+            if l == a.out_layout && lanes == b && cb.checked_mul(b) == Some(c) =>
+        {
             (n, h, wd, b)
         }
         ("NCHW", &[n, xc, h, wd]) if xc == c => (n, h, wd, 1),
         _ => return None,
     };
-    if !(fits && blocked::takes(o, c, ib, &[])) {
+    if !(fits && blocked::takes(o, c, [ib, b], &[])) {
         return None;
     }
-    let g = blocked::Geom::new([n, c, h, wd], o, [kh, kw], a.strides, a.dilation, a.padding)?;
+    let g = blocked::Geom::new([n, c, h, wd], o, [kh, kw], a.strides, a.dilation, a.padding)?
+        .with_block(b);
     Some(if ib == 1 { g.nchw_input() } else { g })
 }
 
 /// The geometry of `conv2d(x, w)` when [`blocked_depthwise::conv`] can run it (its epilogue
-/// aside: [`blocked_steps`]): `NCHW16c` data and output, an `OIHW` weight of one input
-/// channel per group and as many groups as channels, `float32` throughout, the channel count
-/// a multiple of 16.
+/// aside: [`blocked_steps`]): `NCHW16c` (or `NCHW8c`) data and output, an `OIHW` weight of
+/// one input channel per group and as many groups as channels, `float32` throughout, the
+/// channel count a multiple of the block.
 pub(crate) fn blocked_depthwise_geom(
     x: &Tensor,
     w: &Tensor,
     a: &Conv2dAttrs,
 ) -> Option<blocked::Geom> {
-    let b = blocked::BLOCK;
-    let fits = a.data_layout == blocked::LAYOUT
-        && a.out_layout == blocked::LAYOUT
+    let b = blocked::block_of(&a.out_layout)?;
+    let fits = a.data_layout == a.out_layout
         && a.kernel_layout == "OIHW"
         && a.out_dtype.is_none_or(|d| d == DType::F32)
         && x.dtype() == DType::F32
@@ -458,10 +460,11 @@ pub(crate) fn blocked_depthwise_geom(
         return None;
     };
     let depthwise = usize::try_from(a.groups).ok() == Some(o) && cb.checked_mul(b) == Some(o);
-    if !(fits && lanes == b && depthwise && blocked_depthwise::takes(o, &[])) {
+    if !(fits && lanes == b && depthwise && blocked_depthwise::takes(o, b, &[])) {
         return None;
     }
     blocked::Geom::new([n, o, h, wd], o, [kh, kw], a.strides, a.dilation, a.padding)
+        .map(|g| g.with_block(b))
 }
 
 /// [`blocked_depthwise::conv`] of `x` by `w` with `steps`.
@@ -479,7 +482,7 @@ fn blocked_depthwise_conv(
     let threads = crate::par::threads();
     let mut out = crate::par::scratch_f32(shape.iter().product());
     let packed = match prepared {
-        Some(BlockedWeights::Depthwise(p)) => Some(&p[..]),
+        Some(BlockedWeights::Depthwise { b, w }) if *b == g.block() => Some(&w[..]),
         _ => None,
     };
     blocked_depthwise::conv(wd, packed, xd, g, &mut out, threads, steps)?;
@@ -487,7 +490,8 @@ fn blocked_depthwise_conv(
 }
 
 fn blocked_out_shape(g: &blocked::Geom) -> Vec<usize> {
-    vec![g.n, g.o / blocked::BLOCK, g.oh, g.ow, blocked::BLOCK]
+    let b = g.block();
+    vec![g.n, g.o / b, g.oh, g.ow, b]
 }
 
 /// Whether [`blocked::conv`] applies these epilogue steps.
@@ -495,16 +499,16 @@ pub(crate) fn blocked_steps(steps: &[Step]) -> bool {
     epilogue::RegSteps::new(steps).is_some()
 }
 
-/// The weight of an `NCHW16c` convolution as its kernel reads it: packed for
+/// The weight of an `NCHW16c` (or `NCHW8c`) convolution as its kernel reads it: packed for
 /// [`blocked::conv`], transformed for [`blocked_winograd::conv`] (3×3, stride 1, where
-/// [`blocked_winograd::takes`]), or packed for [`blocked_depthwise::conv`] (a depthwise
-/// layer's weight was packed by every call before: 1.5–2% of MobileNetV2's run on the
-/// calling thread, session bg).
+/// [`blocked_winograd::takes`]), or packed for [`blocked_depthwise::conv`] in blocks of `b`
+/// channels (a depthwise layer's weight was packed by every call before: 1.5–2% of
+/// MobileNetV2's run on the calling thread, session bg).
 #[derive(Debug)]
 pub(crate) enum BlockedWeights {
     Direct(blocked::Packed),
     Winograd(blocked_winograd::Weights),
-    Depthwise(Vec<f32>),
+    Depthwise { b: usize, w: Vec<f32> },
 }
 
 impl BlockedWeights {
@@ -521,7 +525,7 @@ impl BlockedWeights {
 /// `w` packed for [`blocked::conv`] on the convolution of geometry `g`.
 fn direct_weights(w: &[f32], g: &blocked::Geom) -> KResult<blocked::Packed> {
     let taps = g.kernel().iter().product();
-    blocked::pack(w, g.o, g.c, taps, g.input_block())
+    blocked::pack(w, g.o, g.c, taps, [g.input_block(), g.block()])
         .ok_or_else(|| "blocked convolution: the weight does not fit its shape".to_string())
 }
 
@@ -533,7 +537,8 @@ pub(crate) fn blocked_weights(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> Option
     }
     let g = blocked_depthwise_geom(x, w, a)?;
     let taps = g.kernel().iter().product();
-    blocked_depthwise::pack(w.as_f32()?, g.o, taps).map(BlockedWeights::Depthwise)
+    let b = g.block();
+    blocked_depthwise::pack(w.as_f32()?, g.o, taps, b).map(|w| BlockedWeights::Depthwise { b, w })
 }
 
 /// Checks that an epilogue fits a convolution of `channels` output channels and output
@@ -596,7 +601,7 @@ fn blocked_conv(
             blocked_winograd::conv(wt, xd, g, &mut out, threads, steps)?
         }
         BlockedWeights::Direct(p) => blocked::conv(p, xd, g, &mut out, threads, steps)?,
-        BlockedWeights::Winograd(_) | BlockedWeights::Depthwise(_) => {
+        BlockedWeights::Winograd(_) | BlockedWeights::Depthwise { .. } => {
             // Prepared for a plane Winograd took (or, which the geometries rule out, a
             // depthwise layer); this one (another size) runs direct.
             let p = direct_weights(w.as_f32().ok_or("expected float32 weights")?, g)?;

@@ -217,6 +217,14 @@ pub trait Backend: Send + Sync {
         let _ = target;
         None
     }
+    /// Every `[data, kernel]` pair it runs convolutions in on this machine, the preferred
+    /// first (by default [`Backend::conv2d_layout`]'s alone): with `conv2d_layout = "auto"`
+    /// the pipeline converts into the first where the channels split and may convert the
+    /// convolutions left into the next (`cpu` on AVX2: `NCHW16c`, then `NCHW8c` for 24
+    /// channels).
+    fn conv2d_layouts(&self, target: crate::config::Target) -> Vec<[String; 2]> {
+        self.conv2d_layout(target).into_iter().collect()
+    }
     /// Whether it takes `c`.
     fn claim(&self, c: &Candidate<'_>) -> Claim;
     /// Compiles a claimed function.

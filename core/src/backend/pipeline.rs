@@ -641,13 +641,19 @@ fn convert_folded(
 }
 
 /// `conv2d_layout = "auto"` on `input` (contract point 3): the layouts the first of
-/// `backends` names for `target` ([`Backend::conv2d_layout`]), ConvertLayout into them (with
+/// `backends` names for `target` ([`Backend::conv2d_layouts`]), ConvertLayout into them (with
 /// the moved constants folded by `evaluator`), kept where
-/// [`crate::transform::LayoutCost::pays`]. Besides converting every convolution it tries
-/// converting only those of input planes up to each smaller plane of the model
+/// [`crate::transform::LayoutCost::pays`]. Besides converting every convolution into the first
+/// layout it tries converting only those of input planes up to each smaller plane of the model
 /// ([`crate::transform::convert_layout_within`]: the later, smaller stages of a network whose
-/// early ones would leave layout changes), and keeps the conversion that pays by the largest
-/// [`crate::transform::LayoutCost::margin`] (the most converted on a tie). Returns the
+/// early ones would leave layout changes), and keeps the one that pays by the largest
+/// [`crate::transform::LayoutCost::margin`] (the first tried on a tie: every convolution).
+/// Then the convolutions that choice left go into each further layout in turn (the `cpu`
+/// backend on AVX2: `NCHW16c`, then `NCHW8c` for the layers of 24 channels and the stages
+/// before them), kept where the margin, counted over all the layouts, grows. A further layout
+/// takes only what the first leaves: the first is the one the backend's kernels run fastest
+/// (`cpu`'s `NCHW8c` layers of MobileNetV2's later stages took 1.04–1.10 of their `NCHW16c`
+/// time on AVX2, bench/RESULTS.md session bv), which the margin does not see. Returns the
 /// converted module when one is kept, and a note saying what was chosen, or why the layouts
 /// were kept (none when no backend names a layout, or when no convolution would move).
 pub fn auto_conv2d_layout(
@@ -656,44 +662,82 @@ pub fn auto_conv2d_layout(
     target: crate::config::Target,
     evaluator: Option<&Evaluator>,
 ) -> Result<(Option<Module>, Option<String>)> {
-    let Some((backend, [data, kernel])) = backends
-        .iter()
-        .find_map(|b| b.conv2d_layout(target).map(|l| (b.name().to_string(), l)))
-    else {
+    let Some((backend, layouts)) = backends.iter().find_map(|b| {
+        let l = b.conv2d_layouts(target);
+        (!l.is_empty()).then(|| (b.name().to_string(), l))
+    }) else {
         return Ok((None, None));
     };
-    let before = crate::transform::layout_cost(input, &data);
+    let datas: Vec<&str> = layouts.iter().map(|[d, _]| d.as_str()).collect();
+    let cost = |m: &Module| crate::transform::layout_cost_of(m, &datas);
+    let before = cost(input);
     if before.convs == 0 {
         // Nothing to convert (a transformer): no pass over the module.
         return Ok((None, None));
     }
-    // Every convolution, then those of each smaller plane and below.
-    let planes = crate::transform::conv_planes(input);
-    let limits = std::iter::once(None).chain(planes.iter().skip(1).map(|&p| Some(p)));
-    let mut whole = None;
-    let mut best: Option<(Module, crate::transform::LayoutCost, Option<u64>)> = None;
-    for limit in limits {
-        let c = convert_folded(input, &data, &kernel, limit, evaluator)?;
-        let after = crate::transform::layout_cost(&c, &data);
-        whole.get_or_insert(after);
+    // A conversion: the module, its cost, and per layout used the plane limit it had.
+    type Tried = (
+        Module,
+        crate::transform::LayoutCost,
+        Vec<(usize, Option<u64>)>,
+    );
+    let mut best: Option<Tried> = None;
+    let offer = |best: &mut Option<Tried>, c: Module, used: Vec<(usize, Option<u64>)>| {
+        let after = cost(&c);
         if after.pays(&before)
             && best
                 .as_ref()
                 .is_none_or(|(_, b, _)| after.margin(&before) > b.margin(&before))
         {
-            best = Some((c, after, limit));
+            *best = Some((c, after, used));
         }
+        after
+    };
+    let [data, kernel] = &layouts[0];
+    // Every convolution, then those of each smaller plane and below.
+    let planes = crate::transform::conv_planes(input);
+    let limits = std::iter::once(None).chain(planes.iter().skip(1).map(|&p| Some(p)));
+    let mut whole = None;
+    for limit in limits {
+        let c = convert_folded(input, data, kernel, limit, evaluator)?;
+        whole.get_or_insert(offer(&mut best, c, vec![(0, limit)]));
     }
-    if let Some((c, after, limit)) = best {
-        let which = match limit {
-            None => String::new(),
-            Some(p) => format!("; those of input planes up to {p} pixels"),
+    // The convolutions the first layout's choice left (all of them when none paid), into
+    // each further layout in turn, kept where that pays by a larger margin.
+    for (i, [d, k]) in layouts.iter().enumerate().skip(1) {
+        let (from, mut used) = match &best {
+            Some((m, _, used)) => (m.clone(), used.clone()),
+            None => (input.clone(), Vec::new()),
         };
+        used.push((i, None));
+        let c = convert_folded(&from, d, k, None, evaluator)?;
+        offer(&mut best, c, used);
+    }
+    if let Some((c, after, used)) = best {
+        let parts: Vec<String> = used
+            .iter()
+            .enumerate()
+            .map(|(n, &(i, limit))| {
+                let [d, k] = &layouts[i];
+                let count = crate::transform::layout_cost(&c, d).converted;
+                let which = match limit {
+                    None => String::new(),
+                    Some(p) => format!("; those of input planes up to {p} pixels"),
+                };
+                if n == 0 {
+                    format!(
+                        "{count} of {} conv2d in {d}/{k} (backend {backend}'s layout on this \
+                         machine{which})",
+                        after.convs
+                    )
+                } else {
+                    format!("{count} in {d}/{k} (the convolutions left)")
+                }
+            })
+            .collect();
         let note = format!(
-            "conv2d_layout \"auto\": {} of {} conv2d in {data}/{kernel} (backend \
-             {backend}'s layout on this machine{which}), {} layout change(s) left at run time",
-            after.converted,
-            after.convs,
+            "conv2d_layout \"auto\": {}, {} layout change(s) left at run time",
+            parts.join(", "),
             after.moves.saturating_sub(before.moves),
         );
         return Ok((Some(c), Some(note)));

@@ -559,6 +559,12 @@ impl LayoutCost {
 
 /// Counts [`LayoutCost`] of `m` for data layout `data` (`NCHW16c`).
 pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
+    layout_cost_of(m, &[data])
+}
+
+/// [`layout_cost`] for convolutions in any of the data layouts `data` (`NCHW16c` where the
+/// channels split by 16, `NCHW8c` for the rest: two ConvertLayout passes).
+pub fn layout_cost_of(m: &Module, data: &[&str]) -> LayoutCost {
     let elems = |ty: &Type| -> u64 {
         ty.as_tensor()
             .and_then(|t| t.dims.as_ref())
@@ -584,7 +590,7 @@ pub fn layout_cost(m: &Module, data: &str) -> LayoutCost {
             match op {
                 Op::Conv2d(a) => {
                     c.convs += 1;
-                    if a.out_layout != data {
+                    if !data.contains(&a.out_layout.as_str()) {
                         continue;
                     }
                     if a.groups == 1 {

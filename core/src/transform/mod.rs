@@ -27,7 +27,7 @@ pub use bind_params::bind_params;
 pub use bind_symbolic_vars::bind_symbolic_vars;
 pub use compose_permutes::compose_permutes;
 pub use convert_layout::{
-    LayoutCost, conv_planes, convert_layout, convert_layout_within, layout_cost,
+    LayoutCost, conv_planes, convert_layout, convert_layout_within, layout_cost, layout_cost_of,
 };
 pub use dead_code_elimination::dead_code_elimination;
 pub use einsum_to_matmul::einsum_to_matmul;

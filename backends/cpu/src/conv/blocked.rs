@@ -2,7 +2,10 @@
 //! `NCHW16c` image into an `NCHW16c` output, the weight in `OIHW`: each output vector is 16
 //! consecutive output channels of one pixel, so the channel counts (multiples of 16) fill the
 //! vectors and the pixel count of a small plane (196, 49) costs only a narrower last tile, not
-//! wasted lanes. This is the layout onnxruntime's CPU provider runs CNNs in (`NCHWc`).
+//! wasted lanes. This is the layout onnxruntime's CPU provider runs CNNs in (`NCHWc`). On
+//! AVX2 the same kernel also runs `NCHW8c` (blocks of 8 channels, one vector: [`NARROW`]),
+//! onnxruntime's block there, for channel counts that split by 8 only (MobileNetV2's 24);
+//! below, 16 stands for the block `b` of the layout ([`Geom::block`]).
 //!
 //! Contract:
 //!
@@ -32,21 +35,24 @@
 //! - AVX-512: a tile holds 6 pixels × 64 channels in 24 registers (four
 //!   separate accumulator arrays: one `[[_; 6]; 4]` array was spilled to the stack, 2.1–2.7×
 //!   slower), per step (channel, tap) 4 weight vectors and 6 broadcast pixels.
-//! - AVX2 (a block is two 8-lane vectors, [`lanes_fit`]): groups of up to 2 blocks, a tile 3
-//!   pixels × 32 channels in 12 of the 16 registers (6 × 16 for a one-block group), the form
+//! - AVX2 (a block of 16 is two 8-lane vectors, [`block_fits`]; one of 8 is one): groups of
+//!   up to 2 blocks of 16 or 4 of 8, a tile 3 pixels × 32 channels in 12 of the 16 registers
+//!   (6 × 16 for a group of 16 channels), the form
 //!   of onnxruntime's AVX2 `NCHWc` kernel. Per step the 3 pixels are broadcast once, then the
 //!   4 weight vectors come one at a time ([`step`]): with all four loaded first, 17 values
 //!   were live and a sum went to the stack at every FMA (ResNet-50 1.6× slower). On a Zen 3
 //!   EPYC, two threads, alternated: ResNet-50 in this layout took 0.82–0.91 of the `NCHW`
 //!   path's time (median 0.85; `faer`'s GEMM for the 1×1 layers, `NCHW` Winograd for the
 //!   3×3), MobileNetV2 median 0.90 (bench/RESULTS.md, session bu).
-//! - Either way, the 16 steps
+//! - Either way, the 16 (or 8) steps
 //!   of a block and a tap are unrolled with constant offsets (onnxruntime's `NCHWc` kernel
 //!   has the same form): no address arithmetic or bounds check between them. Steps run in
 //!   chunks of whole blocks, about 128 steps, whose weights (32–36 KB) stay in L1 while the
 //!   tile sweeps the plane; a chunk's partial sums go to the output and come back for the
 //!   next. The epilogue runs on the last chunk's sums in registers before their one final
-//!   store.
+//!   store, per vector of the tile on all its pixels at once ([`RegSteps::apply_pixels`]: its
+//!   values loaded and its last step chosen once), which matters where few input channels
+//!   leave few multiply-adds per output (MobileNetV2's 16 → 96 on 112 × 112).
 //! - While a chunk's tiles run, they prefetch the next chunk's weights toward L2 (after the
 //!   task's last chunk, the first chunk of the next task in the thread's run), each tile its
 //!   share of the lines spread over its steps (`prefetcht1`, a hint: the sums do not change):
@@ -80,10 +86,22 @@
 use super::epilogue::{RegSteps, Step};
 use crate::util::KResult;
 
-/// Channels per block (the `16` of `NCHW16c`, one AVX-512 vector).
+/// Channels per block of the wide layout (the `16` of `NCHW16c`, one AVX-512 vector, two
+/// AVX2 ones); [`NARROW`] is the other size [`conv`] runs.
 pub(crate) const BLOCK: usize = 16;
-/// The data and output layout of [`conv`].
-pub(crate) const LAYOUT: &str = "NCHW16c";
+/// Channels per block of the narrow layout (`NCHW8c`, one AVX2 vector): onnxruntime's block
+/// on AVX2, where channel counts such as MobileNetV2's 24 split into blocks of 8, not 16.
+pub(crate) const NARROW: usize = 8;
+
+/// The data and output layout of [`conv`] in blocks of `b` channels (`NCHW16c`, `NCHW8c`).
+pub(crate) fn layout(b: usize) -> String {
+    format!("NCHW{b}c")
+}
+
+/// The block of a layout [`conv`] runs (`NCHW16c`: 16, `NCHW8c`: 8); `None` for another.
+pub(crate) fn block_of(layout: &str) -> Option<usize> {
+    crate::pool_blocked::block_of(layout).filter(|b| [BLOCK, NARROW].contains(b))
+}
 /// Pixels per register tile: 6, or 3 where a pixel's vectors are four on a 16-register set
 /// ([`pixels`]).
 const PXT: usize = 6;
@@ -92,24 +110,33 @@ const OBG: usize = 4;
 /// The most vectors per pixel of a tile, and in a row of a group's packed weights.
 const VECS: usize = 4;
 
-/// Whether [`conv`] runs on vectors of `lanes` `f32`s: a block is one AVX-512 vector or two
-/// AVX2 ones.
-pub(crate) fn lanes_fit(lanes: usize) -> bool {
-    lanes == BLOCK || lanes == BLOCK / 2
+/// Whether [`conv`] runs blocks of `b` channels on vectors of `lanes` `f32`s: a block of 16
+/// is one AVX-512 vector or two AVX2 ones, a block of 8 one AVX2 vector.
+pub(crate) fn block_fits(b: usize, lanes: usize) -> bool {
+    (b == BLOCK && (lanes == BLOCK || lanes == BLOCK / 2)) || (b == NARROW && lanes == NARROW)
 }
 
-/// Output blocks per group on vectors of `lanes` ([`lanes_fit`]): a tile's pixel is at most
-/// [`VECS`] vectors, 4 blocks on AVX-512 and 2 on AVX2 (onnxruntime's AVX2 `NCHWc` kernel
-/// also holds 4 vectors of filters per pixel).
-fn group_blocks(lanes: usize) -> usize {
-    (VECS * lanes / BLOCK).clamp(1, OBG)
+/// The blocks [`conv`] runs on vectors of `lanes`, the preferred first: 16 on AVX-512; 16,
+/// then 8 on AVX2.
+pub(crate) fn blocks_for(lanes: usize) -> Vec<usize> {
+    [BLOCK, NARROW]
+        .into_iter()
+        .filter(|&b| block_fits(b, lanes))
+        .collect()
+}
+
+/// Output blocks of `b` channels per group on vectors of `lanes` ([`block_fits`]): a tile's
+/// pixel is at most [`VECS`] vectors, 4 blocks on AVX-512, on AVX2 2 blocks of 16 or 4 of 8
+/// (onnxruntime's AVX2 `NCHWc` kernel also holds 4 vectors of filters per pixel).
+fn group_blocks(lanes: usize, b: usize) -> usize {
+    (VECS * lanes / b.max(1)).clamp(1, OBG)
 }
 
 /// Pixels per full tile of `vecs` vectors on vectors of `lanes`: the accumulators take 24 of
 /// AVX-512's 32 registers (6 × 4), at most 12 of AVX2's 16 (6 × 2 or 3 × 4), leaving room
 /// for the weights and the broadcast pixel.
 const fn pixels(lanes: usize, vecs: usize) -> usize {
-    if lanes == BLOCK || vecs <= 2 { PXT } else { 3 }
+    if lanes >= BLOCK || vecs <= 2 { PXT } else { 3 }
 }
 
 /// The groups of `blocks` output blocks, as `(first block, blocks)`: as few as groups of at
@@ -162,9 +189,11 @@ pub(crate) struct Geom {
     /// The output plane.
     pub(crate) oh: usize,
     pub(crate) ow: usize,
-    /// Input channels per block of the image: [`BLOCK`] (`NCHW16c`), or 1 for an `NCHW`
+    /// Input channels per block of the image: `b` (`NCHW16c`, `NCHW8c`), or 1 for an `NCHW`
     /// image ([`Geom::nchw_input`]).
     ib: usize,
+    /// Channels per block of the output (and of a blocked image): [`BLOCK`] or [`NARROW`].
+    b: usize,
 }
 
 impl Geom {
@@ -211,6 +240,7 @@ impl Geom {
             oh: out(h, kh, dh, sh, pt, pb)?,
             ow: out(w, kw, dw, sw, pl, pr)?,
             ib: BLOCK,
+            b: BLOCK,
         };
         // Every buffer the kernel indexes must have a size that fits.
         let ok = [n, c, o, h, w, kh, kw].iter().all(|&v| v > 0)
@@ -232,9 +262,21 @@ impl Geom {
         Geom { ib: 1, ..self }
     }
 
-    /// Input channels per block of the image (16, or 1 for an `NCHW` image).
+    /// The same convolution in blocks of `b` channels ([`BLOCK`] as made, or [`NARROW`]): the
+    /// output's blocks, and the image's unless it is `NCHW`.
+    pub(crate) fn with_block(self, b: usize) -> Geom {
+        let ib = if self.ib == 1 { 1 } else { b };
+        Geom { b, ib, ..self }
+    }
+
+    /// Input channels per block of the image (`b`, or 1 for an `NCHW` image).
     pub(crate) fn input_block(&self) -> usize {
         self.ib
+    }
+
+    /// Channels per block of the output ([`Geom::with_block`]).
+    pub(crate) fn block(&self) -> usize {
+        self.b
     }
 
     /// The kernel's size, strides, dilations and padding (top, left).
@@ -332,11 +374,11 @@ impl Geom {
     }
 }
 
-/// A weight packed for [`conv`]: groups of up to [`group_blocks`] output blocks (for the
-/// running CPU's vectors), each `[c / ib][taps][ib]
-/// [blocks of the group][16]` for blocks of `ib` input channels (16, or 1 for an `NCHW`
-/// image: `[c][taps][..][16]`); `sets` such weights one after the other, image `i` of a call taking
-/// set `i % sets` (the Winograd GEMMs: one weight per tile position).
+/// A weight packed for [`conv`] in output blocks of `b` channels: groups of up to
+/// [`group_blocks`] output blocks (for the running CPU's vectors), each `[c / ib][taps][ib]
+/// [blocks of the group][b]` for blocks of `ib` input channels (`b`, or 1 for an `NCHW`
+/// image: `[c][taps][..][b]`); `sets` such weights one after the other, image `i` of a call
+/// taking set `i % sets` (the Winograd GEMMs: one weight per tile position).
 #[derive(Debug)]
 pub(crate) struct Packed {
     o: usize,
@@ -345,6 +387,8 @@ pub(crate) struct Packed {
     sets: usize,
     /// Input channels per block ([`Geom::input_block`]).
     ib: usize,
+    /// Output channels per block ([`Geom::block`]).
+    b: usize,
     /// Output blocks per group ([`group_blocks`]).
     obg: usize,
     /// The values start at `data[off]`, the first 64-byte boundary of the buffer.
@@ -355,7 +399,7 @@ pub(crate) struct Packed {
 impl Packed {
     /// Where image `n`'s weights of the group from output block `g0` start (after `off`).
     fn group_at(&self, n: usize, g0: usize) -> usize {
-        (n % self.sets.max(1)) * self.o * self.c * self.taps + g0 * BLOCK * self.c * self.taps
+        (n % self.sets.max(1)) * self.o * self.c * self.taps + g0 * self.b * self.c * self.taps
     }
 
     /// The input channels of a chunk ([`CCH`] steps, whole blocks of the image's channels).
@@ -364,36 +408,47 @@ impl Packed {
     }
 }
 
-/// Packs an `OIHW` weight `w` of `o × c × taps` for [`conv`] of an image in blocks of `ib`
-/// channels ([`Geom::input_block`]); `None` when `o` is not a multiple of [`BLOCK`], `c` not
-/// one of `ib` (16 or 1), or `w` has another length.
-pub(crate) fn pack(w: &[f32], o: usize, c: usize, taps: usize, ib: usize) -> Option<Packed> {
+/// Packs an `OIHW` weight `w` of `o × c × taps` for [`conv`] in output blocks of `b`
+/// channels ([`Geom::block`]) of an image in blocks of `ib` channels
+/// ([`Geom::input_block`]); `None` when `b` is not [`BLOCK`] or [`NARROW`], `o` not a
+/// multiple of it, `c` not one of `ib` (`b` or 1), or `w` has another length.
+pub(crate) fn pack(
+    w: &[f32],
+    o: usize,
+    c: usize,
+    taps: usize,
+    [ib, b]: [usize; 2],
+) -> Option<Packed> {
     if w.len() != o.checked_mul(c)?.checked_mul(taps)? {
         return None;
     }
-    pack_sets(o, c, taps, ib, 1, |_, oc, ci, t| {
+    pack_sets(o, c, taps, [ib, b], 1, |_, oc, ci, t| {
         w[(oc * c + ci) * taps + t]
     })
 }
 
-/// Packs `sets` weights of `o × c × taps`, `get(set, o, c, tap)` each value, for blocks of
-/// `ib` input channels; `None` when `o` is not a multiple of [`BLOCK`], `ib` is not 16 or 1,
-/// `c` not a multiple of it, or a count is zero.
+/// Packs `sets` weights of `o × c × taps`, `get(set, o, c, tap)` each value, in output
+/// blocks of `b` channels for blocks of `ib` input channels; `None` when `b` is not
+/// [`BLOCK`] or [`NARROW`], `o` not a multiple of it, `ib` not `b` or 1, `c` not a multiple
+/// of `ib`, or a count is zero.
 pub(crate) fn pack_sets(
     o: usize,
     c: usize,
     taps: usize,
-    ib: usize,
+    [ib, b]: [usize; 2],
     sets: usize,
     get: impl Fn(usize, usize, usize, usize) -> f32,
 ) -> Option<Packed> {
-    let fits = o.is_multiple_of(BLOCK) && (ib == BLOCK || ib == 1) && c.is_multiple_of(ib);
+    let fits = (b == BLOCK || b == NARROW)
+        && o.is_multiple_of(b)
+        && (ib == b || ib == 1)
+        && c.is_multiple_of(ib);
     if !fits || o == 0 || c == 0 || taps == 0 {
         return None;
     }
     let len = o.checked_mul(c)?.checked_mul(taps)?.checked_mul(sets)?;
-    let blocks = o / BLOCK;
-    let obg = group_blocks(crate::simd::f32_lanes());
+    let blocks = o / b;
+    let obg = group_blocks(crate::simd::f32_lanes(), b);
     let mut data = vec![0.0f32; len.checked_add(crate::par::LINE_SLACK)?];
     let off = crate::par::to_line(&data);
     let mut at = off;
@@ -402,9 +457,9 @@ pub(crate) fn pack_sets(
             for cb in 0..c / ib {
                 for t in 0..taps {
                     for ci in cb * ib..(cb + 1) * ib {
-                        for b in 0..nb {
-                            for l in 0..BLOCK {
-                                data[at] = get(set, (g0 + b) * BLOCK + l, ci, t);
+                        for ob in 0..nb {
+                            for l in 0..b {
+                                data[at] = get(set, (g0 + ob) * b + l, ci, t);
                                 at += 1;
                             }
                         }
@@ -419,21 +474,23 @@ pub(crate) fn pack_sets(
         taps,
         sets,
         ib,
+        b,
         obg,
         off,
         data,
     })
 }
 
-/// Whether [`conv`] runs a convolution of `c` input and `o` output channels, the image in
-/// blocks of `ib` channels (16, or 1 for `NCHW`), with these epilogue steps on this CPU.
-pub(crate) fn takes(o: usize, c: usize, ib: usize, steps: &[Step]) -> bool {
-    o.is_multiple_of(BLOCK)
-        && (ib == BLOCK || ib == 1)
+/// Whether [`conv`] runs a convolution of `c` input and `o` output channels in output
+/// blocks of `b` channels, the image in blocks of `ib` channels (`b`, or 1 for `NCHW`), with
+/// these epilogue steps on this CPU.
+pub(crate) fn takes(o: usize, c: usize, [ib, b]: [usize; 2], steps: &[Step]) -> bool {
+    block_fits(b, crate::simd::f32_lanes())
+        && o.is_multiple_of(b)
+        && (ib == b || ib == 1)
         && c.is_multiple_of(ib)
         && o > 0
         && c > 0
-        && lanes_fit(crate::simd::f32_lanes())
         && RegSteps::new(steps).is_some()
 }
 
@@ -507,7 +564,7 @@ fn rows_first(image: usize, weight: usize, threads: usize) -> bool {
 }
 
 /// One task's share of the output: for each output block of its group (`nb` of them), the
-/// rows `r0..r1` of image `n` (`[rows][OW][16]`). Held in an array, not a `Vec`: a call's
+/// rows `r0..r1` of image `n` (`[rows][OW][b]`). Held in an array, not a `Vec`: a call's
 /// tasks are built on the calling thread before any runs, and their allocations were the
 /// largest part of a blocked call's set-up (session bg).
 struct Task<'a> {
@@ -522,8 +579,8 @@ struct Task<'a> {
     next: std::ops::Range<usize>,
 }
 
-/// `y = conv2d(x, w)` then `steps` (see the module doc): `x` `[n][c/16][h][w][16]`, `y`
-/// `[n][o/16][oh][ow][16]`, on up to `threads` threads.
+/// `y = conv2d(x, w)` then `steps` (see the module doc): `x` `[n][c/b][h][w][b]` (or
+/// `NCHW`), `y` `[n][o/b][oh][ow][b]` for `g`'s block `b`, on up to `threads` threads.
 pub(crate) fn conv(
     w: &Packed,
     x: &[f32],
@@ -534,16 +591,18 @@ pub(crate) fn conv(
 ) -> KResult<()> {
     let (o, c) = (g.o, g.c);
     let (p_in, p) = (g.h * g.w, g.oh * g.ow);
-    if w.o != o || w.c != c || w.taps != g.taps() || w.ib != g.ib {
+    if w.o != o || w.c != c || w.taps != g.taps() || w.ib != g.ib || w.b != g.b {
         return Err(format!(
             "blocked convolution: a weight packed for {} -> {} channels, {} taps and blocks \
-             of {} input channels, the convolution has {c} -> {o}, {} and {}",
+             of {} input and {} output channels, the convolution has {c} -> {o}, {}, {} and {}",
             w.c,
             w.o,
             w.taps,
             w.ib,
+            w.b,
             g.taps(),
-            g.ib
+            g.ib,
+            g.b
         ));
     }
     if x.len() != g.n * c * p_in || y.len() != g.n * o * p {
@@ -559,10 +618,12 @@ pub(crate) fn conv(
     }
     let reg = RegSteps::new(steps).ok_or("blocked convolution: unsupported epilogue")?;
     let lanes = crate::simd::f32_lanes();
-    if !lanes_fit(lanes) || w.obg != group_blocks(lanes) {
+    if !block_fits(g.b, lanes) || w.obg != group_blocks(lanes, g.b) {
         return Err(format!(
-            "blocked convolution: needs vectors of 8 or 16 f32 lanes and a weight packed for \
-             them; this CPU's have {lanes}, the weight has groups of {} blocks",
+            "blocked convolution: blocks of {} channels need vectors of {} f32 lanes and a \
+             weight packed for them; this CPU's have {lanes}, the weight has groups of {} blocks",
+            g.b,
+            if g.b == BLOCK { "8 or 16" } else { "8" },
             w.obg
         ));
     }
@@ -577,7 +638,8 @@ pub(crate) fn conv(
         .ok_or("blocked convolution: the image is too large")?;
     let (wv, _) = g.virt();
     let offs = g.offsets();
-    let blocks = o / BLOCK;
+    let b = g.b;
+    let blocks = o / b;
     let count = groups(blocks, w.obg).len();
     let threads = threads.max(1);
     // What the threads share out ([`rows_first`]): runs of rows (each thread reads its part
@@ -604,9 +666,9 @@ pub(crate) fn conv(
         // Every plane has `nruns` runs: a short one is padded (an empty output) to keep the
         // indices.
         let mut slots: Vec<Option<&mut [f32]>> = img
-            .chunks_mut(p * BLOCK)
+            .chunks_mut(p * b)
             .flat_map(|plane| {
-                let runs = plane.chunks_mut(rows * g.ow * BLOCK);
+                let runs = plane.chunks_mut(rows * g.ow * b);
                 runs.chain(std::iter::repeat_with(|| &mut [][..]))
                     .take(nruns)
             })
@@ -652,19 +714,15 @@ pub(crate) fn conv(
         reg,
     };
     let r = crate::par::run_tasks(tasks, threads, |t| {
-        // One function per image layout: the blocked one's code as if the other did not
-        // exist (with both behind one `match`, the untouched `NCHW16c` layers of ResNet-50
-        // ran 2–4% slower).
-        if plan.w.ib == BLOCK {
-            crate::simd::dispatch(Kernel::<BLOCK> {
-                plan: &plan,
-                task: t,
-            });
-        } else {
-            crate::simd::dispatch(Kernel::<1> {
-                plan: &plan,
-                task: t,
-            });
+        // One function per layout: the blocked one's code as if the other did not exist
+        // (with both image layouts behind one `match`, the untouched `NCHW16c` layers of
+        // ResNet-50 ran 2–4% slower).
+        let plan = &plan;
+        match (plan.w.b, plan.w.ib) {
+            (BLOCK, BLOCK) => crate::simd::dispatch(Kernel::<BLOCK, BLOCK> { plan, task: t }),
+            (BLOCK, _) => crate::simd::dispatch(Kernel::<BLOCK, 1> { plan, task: t }),
+            (_, NARROW) => crate::simd::dispatch(Kernel::<NARROW, NARROW> { plan, task: t }),
+            _ => crate::simd::dispatch(Kernel::<NARROW, 1> { plan, task: t }),
         }
         Ok::<(), String>(())
     });
@@ -685,7 +743,7 @@ fn successors(
     threads: usize,
 ) -> Vec<std::ops::Range<usize>> {
     let ends = crate::par::run_bounds(keys.len(), threads);
-    let chunk = w.chunk_steps().min(w.c) * w.taps * BLOCK;
+    let chunk = w.chunk_steps().min(w.c) * w.taps * w.b;
     (0..keys.len())
         .map(|i| match keys.get(i + 1) {
             Some(&(n, g0, nb)) if !ends.contains(&(i + 1)) => {
@@ -714,29 +772,39 @@ struct Plan<'a> {
     reg: RegSteps<'a>,
 }
 
-/// A task of a call, for images in blocks of `IB` channels.
-struct Kernel<'a, 'b, const IB: usize> {
+/// A task of a call, for outputs in blocks of `B` channels and images in blocks of `IB`.
+struct Kernel<'a, 'b, const B: usize, const IB: usize> {
     plan: &'a Plan<'a>,
     task: Task<'b>,
 }
 
-impl<const IB: usize> pulp::WithSimd for Kernel<'_, '_, IB> {
+impl<const B: usize, const IB: usize> pulp::WithSimd for Kernel<'_, '_, B, IB> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) {
         // A tile of `V` vectors per pixel (the group's blocks, one or two vectors each) and
         // `P` pixels ([`pixels`]); [`conv`] has checked the lanes and the packing.
-        if S::F32_LANES == BLOCK {
+        let l = S::F32_LANES;
+        if l == B && l == BLOCK {
+            // A block a vector on AVX-512.
             match self.task.nb {
-                4 => run_task::<S, 4, PXT, IB>(simd, self),
-                3 => run_task::<S, 3, PXT, IB>(simd, self),
-                2 => run_task::<S, 2, PXT, IB>(simd, self),
-                _ => run_task::<S, 1, PXT, IB>(simd, self),
+                4 => run_task::<S, 4, PXT, B, IB>(simd, self),
+                3 => run_task::<S, 3, PXT, B, IB>(simd, self),
+                2 => run_task::<S, 2, PXT, B, IB>(simd, self),
+                _ => run_task::<S, 1, PXT, B, IB>(simd, self),
             }
-        } else if S::F32_LANES == BLOCK / 2 {
+        } else if l == B {
+            // A block a vector on AVX2 (`NCHW8c`).
             match self.task.nb {
-                2 => run_task::<S, 4, { pixels(BLOCK / 2, 4) }, IB>(simd, self),
-                _ => run_task::<S, 2, { pixels(BLOCK / 2, 2) }, IB>(simd, self),
+                4 => run_task::<S, 4, { pixels(NARROW, 4) }, B, IB>(simd, self),
+                3 => run_task::<S, 3, { pixels(NARROW, 3) }, B, IB>(simd, self),
+                2 => run_task::<S, 2, { pixels(NARROW, 2) }, B, IB>(simd, self),
+                _ => run_task::<S, 1, { pixels(NARROW, 1) }, B, IB>(simd, self),
+            }
+        } else if l * 2 == B {
+            match self.task.nb {
+                2 => run_task::<S, 4, { pixels(BLOCK / 2, 4) }, B, IB>(simd, self),
+                _ => run_task::<S, 2, { pixels(BLOCK / 2, 2) }, B, IB>(simd, self),
             }
         }
     }
@@ -748,7 +816,7 @@ struct Tile<'a> {
     x: &'a [f32],
     bl: usize,
     offs: &'a [usize],
-    /// The group's packed weights (`[c/ib][taps][ib][nb][16]`).
+    /// The group's packed weights (`[c/ib][taps][ib][nb][b]`).
     wg: &'a [f32],
     c: usize,
     taps: usize,
@@ -763,12 +831,12 @@ struct Tile<'a> {
     reg: RegSteps<'a>,
 }
 
-/// One task: its tiles of `P` pixels × `V` vectors (the group's `V · lanes / 16` blocks), for
+/// One task: its tiles of `P` pixels × `V` vectors (the group's `V · lanes / B` blocks), for
 /// images in blocks of `IB` channels.
 #[inline(always)]
-fn run_task<S: pulp::Simd, const V: usize, const P: usize, const IB: usize>(
+fn run_task<S: pulp::Simd, const V: usize, const P: usize, const B: usize, const IB: usize>(
     simd: S,
-    k: Kernel<'_, '_, IB>,
+    k: Kernel<'_, '_, B, IB>,
 ) {
     let Kernel { plan, task } = k;
     let Task {
@@ -782,7 +850,7 @@ fn run_task<S: pulp::Simd, const V: usize, const P: usize, const IB: usize>(
     } = task;
     let w = plan.w;
     let (c, taps) = (w.c, w.taps);
-    let blocks = w.o / BLOCK;
+    let blocks = w.o / B;
     let wg_at = w.group_at(n, g0);
     let (Some(wg), Some(xi)) = (
         w.data
@@ -802,7 +870,7 @@ fn run_task<S: pulp::Simd, const V: usize, const P: usize, const IB: usize>(
         ow: plan.ow,
         p: plan.p,
         g0,
-        img: n * blocks * BLOCK * plan.p,
+        img: n * blocks * B * plan.p,
         r0,
         reg: plan.reg,
     };
@@ -840,7 +908,7 @@ fn run_task<S: pulp::Simd, const V: usize, const P: usize, const IB: usize>(
             let mut k = 0;
             while k + rest < len {
                 let at = (qv + k, px + k);
-                tile::<S, P, V, IB>(simd, &t, out, (c0, c1), at, ahead());
+                tile::<S, P, V, B, IB>(simd, &t, out, (c0, c1), at, ahead());
                 k += P;
             }
             // The rest in one tile, or (one pixel after a full tile) in two.
@@ -849,11 +917,11 @@ fn run_task<S: pulp::Simd, const V: usize, const P: usize, const IB: usize>(
                 let at = (qv + k + skip, px + k + skip);
                 let cut = (c0, c1);
                 match px_ {
-                    1 => tile::<S, 1, V, IB>(simd, &t, out, cut, at, ahead()),
-                    2 => tile::<S, 2, V, IB>(simd, &t, out, cut, at, ahead()),
-                    3 => tile::<S, 3, V, IB>(simd, &t, out, cut, at, ahead()),
-                    4 if P > 4 => tile::<S, 4, V, IB>(simd, &t, out, cut, at, ahead()),
-                    5 if P > 5 => tile::<S, 5, V, IB>(simd, &t, out, cut, at, ahead()),
+                    1 => tile::<S, 1, V, B, IB>(simd, &t, out, cut, at, ahead()),
+                    2 => tile::<S, 2, V, B, IB>(simd, &t, out, cut, at, ahead()),
+                    3 => tile::<S, 3, V, B, IB>(simd, &t, out, cut, at, ahead()),
+                    4 if P > 4 => tile::<S, 4, V, B, IB>(simd, &t, out, cut, at, ahead()),
+                    5 if P > 5 => tile::<S, 5, V, B, IB>(simd, &t, out, cut, at, ahead()),
                     _ => {}
                 }
             }
@@ -982,8 +1050,8 @@ fn step<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
 }
 
 /// The `IB` steps of one block of input channels and one tap: `xs` the tile's `PX` pixels
-/// (`IB` channels each), `wt` the channels' rows of `V` weight vectors. Sixteen unrolled
-/// with constant offsets, or the one channel of an `NCHW` image.
+/// (`IB` channels each), `wt` the channels' rows of `V` weight vectors. Sixteen or eight
+/// unrolled with constant offsets, or the one channel of an `NCHW` image.
 #[inline(always)]
 fn block_steps<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
     simd: S,
@@ -999,20 +1067,26 @@ fn block_steps<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
             }
         )*};
     }
-    if IB == 1 {
-        steps!(0);
-    } else {
-        steps!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    match IB {
+        1 => {
+            steps!(0);
+        }
+        NARROW => {
+            steps!(0 1 2 3 4 5 6 7);
+        }
+        _ => {
+            steps!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+        }
     }
 }
 
 /// Virtual pixels `q..q + PX` of the task's blocks, which are the output pixels `px..px + PX`
 /// of the image's plane, over input channels `c0..c1` (all taps): the sums so far (from the
 /// output, unless `c0` is 0) plus this chunk's products; on the last chunk the epilogue, then
-/// one store per vector. Vector `v` of a pixel is lanes `(v % (16 / lanes)) · lanes..` of the
-/// group's block `v / (16 / lanes)`.
+/// one store per vector. Vector `v` of a pixel is lanes `(v % (B / lanes)) · lanes..` of the
+/// group's block `v / (B / lanes)`.
 #[inline(always)]
-fn tile<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
+fn tile<S: pulp::Simd, const PX: usize, const V: usize, const B: usize, const IB: usize>(
     simd: S,
     t: &Tile<'_>,
     out: &mut [&mut [f32]; OBG],
@@ -1021,10 +1095,10 @@ fn tile<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
     ahead: crate::gemm_packed::Ahead<'_>,
 ) {
     let l = S::F32_LANES;
-    let vb = BLOCK / l;
+    let vb = B / l;
     let zero = simd.splat_f32s(0.0);
     // Vector `v` of pixel `j` in the task's pieces: its piece and the offset there.
-    let at = |v: usize, j: usize| (v / vb, (px - t.r0 * t.ow + j) * BLOCK + v % vb * l);
+    let at = |v: usize, j: usize| (v / vb, (px - t.r0 * t.ow + j) * B + v % vb * l);
     let mut acc = [[zero; PX]; VECS];
     if c0 > 0 {
         for (v, accv) in acc.iter_mut().enumerate().take(V) {
@@ -1057,17 +1131,17 @@ fn tile<S: pulp::Simd, const PX: usize, const V: usize, const IB: usize>(
             spread.step();
         }
     }
-    let acc = [a0, a1, a2, a3];
     let last = c1 == t.c;
-    for (v, accv) in acc.iter().enumerate().take(V) {
+    for (v, mut accv) in [a0, a1, a2, a3].into_iter().enumerate().take(V) {
         let ob = t.g0 + v / vb;
         let lane0 = v % vb * l;
+        if last {
+            // The vector's channels on the tile's pixels, `B` apart in the output: the
+            // epilogue's values loaded and its last step chosen once for them.
+            let y_at = t.img + (ob * t.p + px) * B + lane0;
+            t.reg.apply_pixels(simd, ob * B + lane0, y_at, B, &mut accv);
+        }
         for (j, &val) in accv.iter().enumerate() {
-            let mut val = val;
-            if last {
-                let y_at = t.img + (ob * t.p + px + j) * BLOCK + lane0;
-                t.reg.apply_block(simd, ob * BLOCK + lane0, y_at, &mut val);
-            }
             let (b, i) = at(v, j);
             st::<S>(val, out.get_mut(b).and_then(|o| o.get_mut(i..)));
         }
@@ -1088,26 +1162,32 @@ mod tests {
     /// What an epilogue makes of output element `i` with sum `v`.
     type Expect = Box<dyn Fn(usize, f32) -> f32>;
 
-    /// `[c][p]` to `[c/16][p][16]`.
-    fn block(v: &[f32], c: usize, p: usize) -> Vec<f32> {
+    /// `[c][p]` to `[c/b][p][b]`.
+    fn block(v: &[f32], c: usize, p: usize, b: usize) -> Vec<f32> {
         let mut out = vec![0.0; c * p];
         for ch in 0..c {
             for px in 0..p {
-                out[((ch / 16) * p + px) * 16 + ch % 16] = v[ch * p + px];
+                out[((ch / b) * p + px) * b + ch % b] = v[ch * p + px];
             }
         }
         out
     }
 
     /// `n` `NCHW` images of `c × p` as the kernel reads them in blocks of `ib` channels:
-    /// as they are for 1, each [`block`]ed for 16.
+    /// as they are for 1, each [`block`]ed for 16 or 8.
     fn image(x: &[f32], [n, c, p]: [usize; 3], ib: usize) -> Vec<f32> {
         if ib == 1 {
             return x.to_vec();
         }
         (0..n)
-            .flat_map(|ni| block(&x[ni * c * p..(ni + 1) * c * p], c, p))
+            .flat_map(|ni| block(&x[ni * c * p..(ni + 1) * c * p], c, p, ib))
             .collect()
+    }
+
+    /// The blocks the kernel runs on this CPU ([`blocks_for`]): 16 on AVX-512, 16 and 8 on
+    /// AVX2, none elsewhere.
+    fn blocks() -> Vec<usize> {
+        blocks_for(crate::simd::f32_lanes())
     }
 
     /// The `NCHW` convolution by its definition, each output one chain of fused
@@ -1151,7 +1231,7 @@ mod tests {
 
     /// Whether the kernel runs on this CPU (AVX-512 or AVX2 vectors).
     fn runs() -> bool {
-        lanes_fit(crate::simd::f32_lanes())
+        !blocks_for(crate::simd::f32_lanes()).is_empty()
     }
 
     #[test]
@@ -1159,7 +1239,7 @@ mod tests {
         // 3x3 over 160 channels: chunks of 112 channels (7 blocks: 1008 of `CCH`'s steps);
         // 10 output blocks in groups of 4, 3 and 3 (AVX2: five groups of 2); two images.
         let (o, c, taps) = (160, 160, 9);
-        let w = pack(&vec![0.0; o * c * taps], o, c, taps, BLOCK).unwrap();
+        let w = pack(&vec![0.0; o * c * taps], o, c, taps, [BLOCK; 2]).unwrap();
         let keys: Vec<(usize, usize, usize)> = (0..2)
             .flat_map(|n| groups(o / BLOCK, w.obg).map(move |(g0, nb)| (n, g0, nb)))
             .collect();
@@ -1202,14 +1282,18 @@ mod tests {
     /// `(n, c, h, w)`, `o`, kernel, strides, dilation, padding.
     type Case = ([usize; 4], usize, [usize; 2], [i64; 2], [i64; 2], [i64; 4]);
 
+    /// [`check_images`] in every block the CPU runs, the images blocked likewise.
     fn check(cases: &[Case]) {
-        check_images(cases, BLOCK);
+        for b in blocks() {
+            check_images(cases, [b, b]);
+        }
     }
 
-    /// [`check`] of images in blocks of `ib` channels (`NCHW` for 1).
-    fn check_images(cases: &[Case], ib: usize) {
+    /// [`check`] of images in blocks of `ib` channels (`NCHW` for 1) into outputs in blocks
+    /// of `b`.
+    fn check_images(cases: &[Case], [ib, b]: [usize; 2]) {
         for &(nchw, o, k, s, d, pad) in cases {
-            let g = Geom::new(nchw, o, k, s, d, pad).unwrap();
+            let g = Geom::new(nchw, o, k, s, d, pad).unwrap().with_block(b);
             let g = if ib == 1 { g.nchw_input() } else { g };
             let (n, c, p_in, p) = (g.n, g.c, g.h * g.w, g.oh * g.ow);
             let taps = k[0] * k[1];
@@ -1218,10 +1302,10 @@ mod tests {
             let resid = rand(n * o * p, 9);
             let want = direct(&x, &w, &g);
             let blocked_want: Vec<f32> = (0..n)
-                .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p))
+                .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p, b))
                 .collect();
             let xb = image(&x, [n, c, p_in], ib);
-            let packed = pack(&w, o, c, taps, ib).unwrap();
+            let packed = pack(&w, o, c, taps, [ib, b]).unwrap();
             let r = Tensor::from_f32(vec![blocked_want.len()], resid.clone()).unwrap();
             let cases: Vec<(Vec<Step>, Expect)> = vec![
                 (vec![], Box::new(|_, v| v)),
@@ -1240,7 +1324,7 @@ mod tests {
                     Box::new({
                         let (bias, resid) = (bias.clone(), resid.clone());
                         move |i, v| {
-                            let ch = (i / (16 * p)) % (o / 16) * 16 + i % 16;
+                            let ch = (i / (b * p)) % (o / b) * b + i % b;
                             (v + bias[ch] + resid[i]).max(0.0)
                         }
                     }),
@@ -1259,7 +1343,7 @@ mod tests {
                 for threads in [1, 2, 3] {
                     let mut y = vec![f32::NAN; n * o * p];
                     conv(&packed, &xb, &g, &mut y, threads, steps).unwrap();
-                    assert_eq!(y, expect, "{g:?} threads {threads}");
+                    assert_eq!(y, expect, "{g:?} threads {threads} steps {steps:?}");
                 }
             }
         }
@@ -1279,8 +1363,18 @@ mod tests {
             groups(5, 2).collect::<Vec<_>>(),
             vec![(0, 2), (2, 2), (4, 1)]
         );
-        assert_eq!(group_blocks(16), 4);
-        assert_eq!(group_blocks(8), 2);
+        assert_eq!(group_blocks(16, BLOCK), 4);
+        assert_eq!(group_blocks(8, BLOCK), 2);
+        assert_eq!(group_blocks(8, NARROW), 4);
+        assert_eq!(blocks_for(16), [BLOCK]);
+        assert_eq!(blocks_for(8), [BLOCK, NARROW]);
+        assert!(blocks_for(4).is_empty());
+        assert_eq!(block_of("NCHW16c"), Some(16));
+        assert_eq!(block_of("NCHW8c"), Some(8));
+        assert_eq!(layout(NARROW), "NCHW8c");
+        for l in ["NCHW", "NCHW4c", "NHWC8c", "NCHW16", "NCHW32c"] {
+            assert_eq!(block_of(l), None, "{l}");
+        }
         for per in [1, 2, 4] {
             for b in 0..200 {
                 let g: Vec<_> = groups(b, per).collect();
@@ -1331,7 +1425,7 @@ mod tests {
     fn one_by_one_matches_a_direct_sum_with_every_epilogue_and_thread_count() {
         if !runs() {
             // Neither AVX-512 nor AVX2: `takes` says no and the convolution runs elsewhere.
-            assert!(!takes(16, 16, BLOCK, &[]));
+            assert!(!takes(16, 16, [BLOCK; 2], &[]));
             return;
         }
         // Channel counts in groups of 1–4 blocks (5 blocks: 3 and 2; 6: 3 and 3; 7: 4 and
@@ -1380,23 +1474,36 @@ mod tests {
     #[test]
     fn an_nchw_image_into_nchw16c_matches_the_direct_sum() {
         if !runs() {
-            assert!(!takes(16, 3, 1, &[]));
+            assert!(!takes(16, 3, [1, BLOCK], &[]));
             return;
         }
-        assert!(!takes(16, 3, 16, &[]) && !takes(24, 3, 1, &[]) && !takes(16, 3, 4, &[]));
-        check_images(
-            &[
-                // ResNet-50's and MobileNetV2's first layers, on small planes.
-                ([1, 3, 23, 20], 64, [7, 7], [2, 2], [1, 1], [3, 3, 3, 3]),
-                ([1, 3, 17, 16], 32, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
-                // Two images, 5 channels, stride 1; a 1×1 of 24 channels read in place;
-                // 17 channels into 5 output blocks (groups of 3 and 2), uneven padding.
-                ([2, 5, 9, 8], 16, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
-                ([1, 24, 7, 9], 48, [1, 1], [1, 1], [1, 1], [0; 4]),
-                ([1, 17, 11, 6], 80, [2, 3], [1, 2], [2, 1], [0, 2, 1, 1]),
-            ],
-            1,
-        );
+        assert!(!takes(16, 3, [BLOCK; 2], &[]) && !takes(24, 3, [1, BLOCK], &[]));
+        assert!(!takes(16, 3, [4, BLOCK], &[]) && !takes(16, 16, [NARROW, BLOCK], &[]));
+        assert_eq!(takes(24, 3, [1, NARROW], &[]), blocks().contains(&NARROW));
+        let cases: &[Case] = &[
+            // ResNet-50's and MobileNetV2's first layers, on small planes.
+            ([1, 3, 23, 20], 64, [7, 7], [2, 2], [1, 1], [3, 3, 3, 3]),
+            ([1, 3, 17, 16], 32, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+            // Two images, 5 channels, stride 1; a 1×1 of 24 channels read in place;
+            // 17 channels into 5 output blocks (groups of 3 and 2), uneven padding.
+            ([2, 5, 9, 8], 16, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            ([1, 24, 7, 9], 48, [1, 1], [1, 1], [1, 1], [0; 4]),
+            ([1, 17, 11, 6], 80, [2, 3], [1, 2], [2, 1], [0, 2, 1, 1]),
+        ];
+        for b in blocks() {
+            check_images(cases, [1, b]);
+        }
+        // MobileNetV2's 24 channels in blocks of 8.
+        if blocks().contains(&NARROW) {
+            let one = ([1, 1], [1, 1], [0; 4]);
+            check_images(
+                &[
+                    ([1, 3, 9, 9], 24, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+                    ([1, 24, 6, 5], 40, one.0, one.1, one.1, one.2),
+                ],
+                [1, NARROW],
+            );
+        }
     }
 
     proptest::proptest! {
@@ -1411,27 +1518,29 @@ mod tests {
             n in 1usize..3, cb in 1usize..4, ob in 1usize..6, h in 1usize..13, w in 1usize..13,
             kh in 1usize..5, kw in 1usize..5, sh in 1i64..4, sw in 1i64..4, dh in 1i64..4,
             dw in 1i64..4, pad in proptest::array::uniform4(0i64..4), threads in 1usize..4,
-            nchw in proptest::bool::ANY, few in 1usize..20,
+            nchw in proptest::bool::ANY, few in 1usize..20, narrow in proptest::bool::ANY,
         ) {
             if !runs() {
                 return Ok(());
             }
-            // An `NCHW` image of 1–19 channels, or 1–3 blocks of 16.
-            let (c, ib) = if nchw { (few, 1) } else { (cb * BLOCK, BLOCK) };
-            let o = ob * BLOCK;
+            // Blocks of 8 where the CPU runs them, else of 16.
+            let b = if narrow { *blocks().last().unwrap_or(&BLOCK) } else { BLOCK };
+            // An `NCHW` image of 1–19 channels, or 1–3 blocks.
+            let (c, ib) = if nchw { (few, 1) } else { (cb * b, b) };
+            let o = ob * b;
             let g = Geom::new([n, c, h, w], o, [kh, kw], [sh, sw], [dh, dw], pad);
             // No output (the kernel past the padded image): not this test's.
             proptest::prop_assume!(g.is_some());
-            let g = g.unwrap();
+            let g = g.unwrap().with_block(b);
             let g = if nchw { g.nchw_input() } else { g };
             let (p_in, p) = (h * w, g.oh * g.ow);
             let (x, wt) = (rand(n * c * p_in, h + w), rand(o * c * kh * kw, kh + kw));
             let want = direct(&x, &wt, &g);
             let want: Vec<f32> = (0..n)
-                .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p))
+                .flat_map(|ni| block(&want[ni * o * p..(ni + 1) * o * p], o, p, b))
                 .collect();
             let xb = image(&x, [n, c, p_in], ib);
-            let packed = pack(&wt, o, c, kh * kw, ib).unwrap();
+            let packed = pack(&wt, o, c, kh * kw, [ib, b]).unwrap();
             let mut y = vec![f32::NAN; n * o * p];
             conv(&packed, &xb, &g, &mut y, threads, &[]).unwrap();
             proptest::prop_assert_eq!(y, want);
@@ -1440,12 +1549,16 @@ mod tests {
 
     #[test]
     fn geometry_packing_and_sizes_are_checked() {
-        assert!(pack(&[0.0; 12], 12, 1, 1, 1).is_none());
-        assert!(pack(&[0.0; 32], 16, 2, 1, BLOCK).is_none());
-        assert!(pack(&[0.0; 32], 16, 2, 1, 2).is_none());
-        assert!(pack(&[0.0; 32], 16, 2, 1, 1).is_some());
-        assert!(pack(&[0.0; 255], 16, 16, 1, BLOCK).is_none());
-        assert!(pack(&[0.0; 256], 16, 16, 0, BLOCK).is_none());
+        assert!(pack(&[0.0; 12], 12, 1, 1, [1, BLOCK]).is_none());
+        assert!(pack(&[0.0; 32], 16, 2, 1, [BLOCK; 2]).is_none());
+        assert!(pack(&[0.0; 32], 16, 2, 1, [2, BLOCK]).is_none());
+        assert!(pack(&[0.0; 32], 16, 2, 1, [1, BLOCK]).is_some());
+        assert!(pack(&[0.0; 24], 24, 1, 1, [1, NARROW]).is_some());
+        assert!(pack(&[0.0; 24], 12, 2, 1, [1, NARROW]).is_none());
+        assert!(pack(&[0.0; 64], 8, 8, 1, [NARROW, BLOCK]).is_none());
+        assert!(pack(&[0.0; 16], 4, 4, 1, [4, 4]).is_none());
+        assert!(pack(&[0.0; 255], 16, 16, 1, [BLOCK; 2]).is_none());
+        assert!(pack(&[0.0; 256], 16, 16, 0, [BLOCK; 2]).is_none());
         let g = |k, s, pad| Geom::new([1, 16, 4, 4], 16, k, s, [1, 1], pad);
         assert!(
             g([5, 5], [1, 1], [0; 4]).is_none(),
@@ -1463,7 +1576,7 @@ mod tests {
         // (2, 1) reads phase (0, 1) one row down.
         assert_eq!(geom.phases(), [(0, 0), (0, 1), (1, 0), (1, 1)]);
         assert_eq!(geom.offsets()[7], (9 + 3) * BLOCK);
-        let w = pack(&[1.0; 512], 16, 32, 1, BLOCK).unwrap();
+        let w = pack(&[1.0; 512], 16, 32, 1, [BLOCK; 2]).unwrap();
         let g1 = Geom::new([1, 32, 1, 1], 16, [1, 1], [1, 1], [1, 1], [0; 4]).unwrap();
         let mut y = vec![0.0; 16];
         let e = conv(&w, &[0.0; 16], &g1, &mut y, 1, &[]).unwrap_err();
@@ -1473,6 +1586,9 @@ mod tests {
         assert!(e.contains("1 taps"), "{e}");
         // A weight packed for an `NCHW16c` image on an `NCHW` one.
         let e = conv(&w, &[0.0; 32], &g1.nchw_input(), &mut y, 1, &[]).unwrap_err();
-        assert!(e.contains("blocks of 16 input channels"), "{e}");
+        assert!(e.contains("blocks of 16 input"), "{e}");
+        // And one packed in blocks of 16 on a convolution in blocks of 8.
+        let e = conv(&w, &[0.0; 32], &g1.with_block(NARROW), &mut y, 1, &[]).unwrap_err();
+        assert!(e.contains("16 output channels"), "{e}");
     }
 }

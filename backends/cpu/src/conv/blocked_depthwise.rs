@@ -4,6 +4,8 @@
 //! leaves between `NCHW16c` convolutions, run in that layout instead of moved to `NCHW` and
 //! back around a plane kernel (and the `add`/`clip` after it then run one by one on 5-D
 //! tensors: MobileNetV2 forced into `NCHW16c` took 27–56 ms a run against 10 in `NCHW`).
+//! The same for `NCHW8c` (blocks of 8 channels, where a vector is at most 8 lanes: AVX2);
+//! below, 16 stands for the block.
 //!
 //! Contract:
 //!
@@ -43,30 +45,37 @@
 //! ; 420 rows of 7 pixels: columns 1..6 one tile of 5, columns 0 and 6 checked
 //! ```
 
-use super::blocked::{BLOCK, Geom};
+use super::blocked::{BLOCK, Geom, NARROW};
 use super::epilogue::{RegSteps, Step};
 use crate::util::KResult;
 
 /// Pixels per register tile (independent FMA chains, enough to hide the FMA's latency).
 const PX: usize = 8;
 
-/// Whether [`conv`] runs a depthwise convolution of `c` channels with these epilogue steps.
-pub(crate) fn takes(c: usize, steps: &[Step]) -> bool {
-    c > 0 && c.is_multiple_of(BLOCK) && RegSteps::new(steps).is_some()
+/// Whether [`conv`] runs a depthwise convolution of `c` channels in blocks of `b` (16 or 8:
+/// whole vectors of this CPU) with these epilogue steps.
+pub(crate) fn takes(c: usize, b: usize, steps: &[Step]) -> bool {
+    let lanes = crate::simd::f32_lanes();
+    (b == BLOCK || b == NARROW)
+        && lanes > 0
+        && b.is_multiple_of(lanes)
+        && c > 0
+        && c.is_multiple_of(b)
+        && RegSteps::new(steps).is_some()
 }
 
-/// `w` (`[C][taps]`) as [`conv`] reads it: per block of 16 channels, `[tap][16]`. The
+/// `w` (`[C][taps]`) as [`conv`] reads it: per block of `b` channels, `[tap][b]`. The
 /// executor packs a kept weight once ([`crate::conv::BlockedWeights`]); a weight computed at
 /// run time is packed by each call.
-pub(crate) fn pack(w: &[f32], c: usize, taps: usize) -> Option<Vec<f32>> {
-    if w.len() != c.checked_mul(taps)? {
+pub(crate) fn pack(w: &[f32], c: usize, taps: usize, b: usize) -> Option<Vec<f32>> {
+    if w.len() != c.checked_mul(taps)? || b == 0 || !c.is_multiple_of(b) {
         return None;
     }
     let mut out = vec![0.0f32; w.len()];
     for (ch, row) in w.chunks_exact(taps.max(1)).enumerate() {
-        let (b, l) = (ch / BLOCK, ch % BLOCK);
+        let (cb, l) = (ch / b, ch % b);
         for (t, &v) in row.iter().enumerate() {
-            out[(b * taps + t) * BLOCK + l] = v;
+            out[(cb * taps + t) * b + l] = v;
         }
     }
     Some(out)
@@ -88,20 +97,26 @@ pub(crate) fn conv(
     threads: usize,
     steps: &[Step],
 ) -> KResult<()> {
-    let (c, [kh, kw]) = (g.c, g.kernel());
+    let (c, [kh, kw], b) = (g.c, g.kernel(), g.block());
     let taps = kh * kw;
-    if g.o != c || !c.is_multiple_of(BLOCK) {
+    if g.o != c || !c.is_multiple_of(b) {
         return Err(format!(
             "blocked depthwise convolution: expected as many output as input channels, a \
-             multiple of {BLOCK}, found {c} -> {}",
+             multiple of {b}, found {c} -> {}",
             g.o
+        ));
+    }
+    let lanes = crate::simd::f32_lanes();
+    if lanes == 0 || !b.is_multiple_of(lanes) {
+        return Err(format!(
+            "blocked depthwise convolution: blocks of {b} channels on vectors of {lanes} lanes"
         ));
     }
     let own;
     let wp = match packed.filter(|p| Some(p.len()) == c.checked_mul(taps)) {
         Some(p) => p,
         None => {
-            own = pack(w, c, taps).ok_or_else(|| {
+            own = pack(w, c, taps, b).ok_or_else(|| {
                 format!(
                     "blocked depthwise convolution: expected {c} × {taps} weights, found {}",
                     w.len()
@@ -110,7 +125,7 @@ pub(crate) fn conv(
             &own[..]
         }
     };
-    let (plane_in, row) = (g.h * g.w * BLOCK, g.ow * BLOCK);
+    let (plane_in, row) = (g.h * g.w * b, g.ow * b);
     if x.len() != g.n * c * g.h * g.w || y.len() != g.n * c * g.oh * g.ow {
         return Err(format!(
             "blocked depthwise convolution: expected {} inputs and {} outputs for {} images of \
@@ -126,7 +141,7 @@ pub(crate) fn conv(
     if y.is_empty() {
         return Ok(());
     }
-    let rows = g.n * (c / BLOCK) * g.oh;
+    let rows = g.n * (c / b) * g.oh;
     let t = crate::par::threads_for(rows * row * taps, 1 << 15).min(threads);
     let per = rows.div_ceil(4 * t).max(1);
     let plan = Plan {
@@ -189,6 +204,19 @@ impl pulp::WithSimd for Rows<'_, '_> {
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) {
+        // One function per block size, its strides constants.
+        if self.plan.g.block() == NARROW {
+            self.run::<S, NARROW>(simd);
+        } else {
+            self.run::<S, BLOCK>(simd);
+        }
+    }
+}
+
+impl Rows<'_, '_> {
+    /// The rows in blocks of `B` channels.
+    #[inline(always)]
+    fn run<S: pulp::Simd, const B: usize>(self, simd: S) {
         let Rows {
             plan: p,
             first,
@@ -196,10 +224,10 @@ impl pulp::WithSimd for Rows<'_, '_> {
         } = self;
         let g = p.g;
         let lanes = S::F32_LANES;
-        if lanes == 0 || !BLOCK.is_multiple_of(lanes) {
+        if lanes == 0 || !B.is_multiple_of(lanes) {
             return;
         }
-        let ([kh, kw], blocks) = (g.kernel(), g.c / BLOCK);
+        let ([kh, kw], blocks) = (g.kernel(), g.c / B);
         let taps = kh * kw;
         for (i, out) in dst.chunks_exact_mut(p.row).enumerate() {
             let r = first + i;
@@ -208,19 +236,19 @@ impl pulp::WithSimd for Rows<'_, '_> {
             let Some(xp) = p.x.get(plane * p.plane_in..(plane + 1) * p.plane_in) else {
                 return;
             };
-            let Some(wb) = p.wp.get(b * taps * BLOCK..(b + 1) * taps * BLOCK) else {
+            let Some(wb) = p.wp.get(b * taps * B..(b + 1) * taps * B) else {
                 return;
             };
             let at = r * p.row;
             // Each run of `lanes` channels of the block on its own: its weights, its tiles.
-            for sub in (0..BLOCK).step_by(lanes) {
-                let row = RowJob {
+            for sub in (0..B).step_by(lanes) {
+                let row = RowJob::<B> {
                     g,
                     xp,
                     wb,
                     sub,
                     oy,
-                    ch0: b * BLOCK + sub,
+                    ch0: b * B + sub,
                     at,
                     reg: &p.reg,
                 };
@@ -248,12 +276,12 @@ impl pulp::WithSimd for Rows<'_, '_> {
     }
 }
 
-/// One output row of one run of lanes.
-struct RowJob<'a> {
+/// One output row of one run of lanes, in blocks of `B` channels.
+struct RowJob<'a, const B: usize> {
     g: &'a Geom,
-    /// The image's plane of this block (`[H][W][16]`).
+    /// The image's plane of this block (`[H][W][B]`).
     xp: &'a [f32],
-    /// The block's weights (`[tap][16]`).
+    /// The block's weights (`[tap][B]`).
     wb: &'a [f32],
     /// The run's first lane within the block.
     sub: usize,
@@ -265,7 +293,7 @@ struct RowJob<'a> {
     reg: &'a RegSteps<'a>,
 }
 
-impl RowJob<'_> {
+impl<const B: usize> RowJob<'_, B> {
     /// Whether every tap row of this output row falls inside the image.
     fn rows_inside(&self) -> bool {
         let ([kh, _], [sh, _], [dh, _], [pt, _]) = (
@@ -278,11 +306,11 @@ impl RowJob<'_> {
         top >= pt && top + (kh - 1) * dh - pt < self.g.h
     }
 
-    /// Row `iy` of the block's image plane (`[W][16]`), empty when `iy` is above or below
+    /// Row `iy` of the block's image plane (`[W][B]`), empty when `iy` is above or below
     /// the image (its taps then read `+0.0`).
     #[inline(always)]
     fn image_row(&self, iy: usize) -> &[f32] {
-        let w = self.g.w * BLOCK;
+        let w = self.g.w * B;
         self.xp
             .get(iy.wrapping_mul(w)..)
             .and_then(|r| r.get(..w))
@@ -300,11 +328,11 @@ impl RowJob<'_> {
         out: &mut [f32],
     ) {
         let lanes = S::F32_LANES;
-        let first = q0 * BLOCK + self.sub;
+        let first = q0 * B + self.sub;
         self.reg
-            .apply_pixels(simd, self.ch0, self.at + first, BLOCK, &mut acc);
+            .apply_pixels(simd, self.ch0, self.at + first, B, &mut acc);
         for (j, v) in acc.iter().enumerate() {
-            let i = first + j * BLOCK;
+            let i = first + j * B;
             if let Some(d) = out.get_mut(i..i + lanes) {
                 d.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(v)));
             }
@@ -364,26 +392,26 @@ impl RowJob<'_> {
         let c0 = (q0 * SW).wrapping_sub(pl);
         for ky in 0..3 {
             let xr = self.image_row((self.oy * sh + ky).wrapping_sub(pt));
-            let wv = [0, 1, 2].map(|kx| load::<S>(self.wb, (ky * 3 + kx) * BLOCK + self.sub, zero));
+            let wv = [0, 1, 2].map(|kx| load::<S>(self.wb, (ky * 3 + kx) * B + self.sub, zero));
             // Without `CHECK`, the window of the tile's pixels, its bounds checked once.
             let cols = (N - 1) * SW + 3;
-            let start = c0.wrapping_mul(BLOCK).wrapping_add(self.sub);
+            let start = c0.wrapping_mul(B).wrapping_add(self.sub);
             let win = if CHECK {
                 &[][..]
             } else {
                 xr.get(start..)
-                    .and_then(|r| r.get(..(cols - 1) * BLOCK + S::F32_LANES))
+                    .and_then(|r| r.get(..(cols - 1) * B + S::F32_LANES))
                     .unwrap_or(&[])
             };
             // Input pixel `c0 + i`, `+0.0` outside the row (`load` of an empty row, or a
             // column past either edge).
             let px = |i: usize| -> S::f32s {
                 if !CHECK {
-                    return load::<S>(win, i * BLOCK, zero);
+                    return load::<S>(win, i * B, zero);
                 }
                 let c = c0.wrapping_add(i);
                 if c < g.w {
-                    load::<S>(xr, c * BLOCK + self.sub, zero)
+                    load::<S>(xr, c * B + self.sub, zero)
                 } else {
                     zero
                 }
@@ -486,13 +514,13 @@ impl RowJob<'_> {
         let sw = if SW > 0 { SW } else { sw };
         let zero = simd.splat_f32s(0.0);
         let mut acc = [zero; N];
-        let step = sw * BLOCK;
+        let step = sw * B;
         for ky in 0..kh {
             let xr = self.image_row((self.oy * sh + ky * dh).wrapping_sub(pt));
             for kx in 0..kw {
-                let wv = load::<S>(self.wb, (ky * kw + kx) * BLOCK + self.sub, zero);
+                let wv = load::<S>(self.wb, (ky * kw + kx) * B + self.sub, zero);
                 let ix0 = (q0 * sw + kx * dw).wrapping_sub(pl);
-                let base = ix0.wrapping_mul(BLOCK).wrapping_add(self.sub);
+                let base = ix0.wrapping_mul(B).wrapping_add(self.sub);
                 if !CHECK {
                     // Every tap inside: the tile's window, its bounds checked once.
                     let len = (N - 1) * step + lanes;
@@ -536,10 +564,12 @@ mod tests {
     use crate::util::test_values as rand;
 
     /// The definition: `y[n][c][oy][ox] = Σ_{ky, kx} x[n][c][iy][ix] · w[c][ky][kx]` in
-    /// `(ky, kx)` order from `+0.0`, padding as `0`, on `NCHW` data; then to `NCHW16c`.
+    /// `(ky, kx)` order from `+0.0`, padding as `0`, on `NCHW` data; then to `g`'s block
+    /// (`NCHW16c`, `NCHW8c`).
     fn reference(x: &[f32], w: &[f32], g: &Geom) -> Vec<f32> {
         let ([kh, kw], [sh, sw], [dh, dw], [pt, pl]) =
             (g.kernel(), g.stride(), g.dilation(), g.pad());
+        let bs = g.block();
         let mut y = vec![0.0f32; g.n * g.c * g.oh * g.ow];
         for n in 0..g.n {
             for c in 0..g.c {
@@ -553,11 +583,11 @@ mod tests {
                                 let inside = (0..g.h as isize).contains(&iy)
                                     && (0..g.w as isize).contains(&ix);
                                 let v = if inside {
-                                    // x in NCHW16c.
-                                    let (b, l) = (c / BLOCK, c % BLOCK);
-                                    x[(((n * (g.c / BLOCK) + b) * g.h + iy as usize) * g.w
+                                    // x in blocks of `bs`.
+                                    let (b, l) = (c / bs, c % bs);
+                                    x[(((n * (g.c / bs) + b) * g.h + iy as usize) * g.w
                                         + ix as usize)
-                                        * BLOCK
+                                        * bs
                                         + l]
                                 } else {
                                     0.0
@@ -565,8 +595,8 @@ mod tests {
                                 acc = v.mul_add(w[c * kh * kw + ky * kw + kx], acc);
                             }
                         }
-                        let (b, l) = (c / BLOCK, c % BLOCK);
-                        y[(((n * (g.c / BLOCK) + b) * g.oh + oy) * g.ow + ox) * BLOCK + l] = acc;
+                        let (b, l) = (c / bs, c % bs);
+                        y[(((n * (g.c / bs) + b) * g.oh + oy) * g.ow + ox) * bs + l] = acc;
                     }
                 }
             }
@@ -585,6 +615,14 @@ mod tests {
         [i64; 2],
         [i64; 4],
     );
+
+    /// The blocks the kernel runs on this CPU: 16, and 8 where a vector is at most 8 lanes.
+    fn blocks() -> Vec<usize> {
+        [BLOCK, NARROW]
+            .into_iter()
+            .filter(|&b| takes(b, b, &[]))
+            .collect()
+    }
 
     #[test]
     fn every_geometry_matches_the_definition_bit_for_bit() {
@@ -605,21 +643,33 @@ mod tests {
             (1, 16, 10, 19, [3, 3], [1, 1], [1, 1], [0, 0, 0, 0]),
             (1, 16, 9, 12, [3, 3], [2, 1], [1, 1], [1, 0, 1, 2]),
             (2, 16, 12, 35, [3, 3], [1, 2], [1, 1], [2, 1, 0, 2]),
+            // Channels in blocks of 8 only (MobileNetV2's 24, stride 1 and 2).
+            (1, 24, 14, 14, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            (1, 40, 15, 9, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+            (1, 8, 6, 7, [5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
         ];
-        for (case, &(n, c, h, w, k, s, d, p)) in cases.iter().enumerate() {
-            let g = Geom::new([n, c, h, w], c, k, s, d, p).expect("geometry");
+        let bs = blocks();
+        assert!(!bs.is_empty() || crate::simd::f32_lanes() > BLOCK);
+        let runs = bs.iter().flat_map(|&b| {
+            let fits = cases.iter().enumerate().filter(move |(_, c)| c.1 % b == 0);
+            fits.map(move |(i, c)| (b, i, c))
+        });
+        for (b, case, &(n, c, h, w, k, s, d, p)) in runs {
+            let g = Geom::new([n, c, h, w], c, k, s, d, p)
+                .expect("geometry")
+                .with_block(b);
             let x = rand(n * c * h * w, case as u64 + 1);
             let wt = rand(c * k[0] * k[1], case as u64 + 100);
             let want = reference(&x, &wt, &g);
             // Packed by the call, and packed before (as the executor keeps a weight).
-            let packed = pack(&wt, c, k[0] * k[1]).expect("packs");
+            let packed = pack(&wt, c, k[0] * k[1], b).expect("packs");
             for (threads, pre) in [(1, None), (2, None), (3, None), (2, Some(&packed[..]))] {
                 let mut y = vec![f32::NAN; want.len()];
                 conv(&wt, pre, &x, &g, &mut y, threads, &[]).expect("runs");
                 let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
                     same,
-                    "case {case}, {threads} threads, packed before: {}",
+                    "case {case}, blocks of {b}, {threads} threads, packed before: {}",
                     pre.is_some()
                 );
             }
@@ -653,7 +703,15 @@ mod tests {
 
     #[test]
     fn the_epilogue_runs_per_channel_and_a_bad_shape_is_an_error() {
-        let g = Geom::new([1, 32, 8, 8], 32, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]).expect("g");
+        for bs in blocks() {
+            epilogue_in_blocks_of(bs);
+        }
+    }
+
+    fn epilogue_in_blocks_of(bs: usize) {
+        let g = Geom::new([1, 32, 8, 8], 32, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1])
+            .expect("g")
+            .with_block(bs);
         let x = rand(32 * 64, 7);
         let wt = rand(32 * 9, 8);
         let b = rand(32, 9);
@@ -668,15 +726,16 @@ mod tests {
         let mut y = vec![0.0; plain.len()];
         conv(&wt, None, &x, &g, &mut y, 2, &steps).expect("runs");
         for (i, (&got, &v)) in y.iter().zip(&plain).enumerate() {
-            let ch = (i / (64 * BLOCK)) * BLOCK + i % BLOCK;
+            let ch = (i / (64 * bs)) * bs + i % bs;
             let want = (v + b[ch]).clamp(0.0, 0.25);
             assert_eq!(got.to_bits(), want.to_bits(), "element {i}");
         }
         // `batch_norm` as an affine step, a residual in the output's layout (each pixel of a
         // tile its own), then `relu`: per element the scalar steps.
         let (k, r) = (rand(32, 10), rand(plain.len(), 11));
-        let residual = fusebox_core::runtime::Tensor::from_f32(vec![1, 2, 8, 8, 16], r.clone())
-            .expect("tensor");
+        let residual =
+            fusebox_core::runtime::Tensor::from_f32(vec![1, 32 / bs, 8, 8, bs], r.clone())
+                .expect("tensor");
         let steps2 = [
             Step::Affine {
                 mul: k.clone(),
@@ -692,7 +751,7 @@ mod tests {
             let mut y2 = vec![0.0; plain.len()];
             conv(&wt, None, &x, &g, &mut y2, threads, &steps2).expect("runs");
             for (i, (&got, &v)) in y2.iter().zip(&plain).enumerate() {
-                let ch = (i / (64 * BLOCK)) * BLOCK + i % BLOCK;
+                let ch = (i / (64 * bs)) * bs + i % bs;
                 let s = r[i] + v.mul_add(k[ch], b[ch]);
                 let want = if s > 0.0 || s.is_nan() { s } else { 0.0 };
                 assert_eq!(
@@ -709,6 +768,7 @@ mod tests {
         conv(&wt, Some(&b[..]), &x, &g, &mut z, 1, &steps).expect("runs");
         assert_eq!(z, y);
         let g24 = Geom::new([1, 24, 8, 8], 24, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]).expect("g");
+        // 24 channels are not blocks of 16 (they are of 8).
         assert!(
             conv(
                 &wt[..24 * 9],
@@ -721,7 +781,8 @@ mod tests {
             )
             .is_err()
         );
-        assert!(!takes(24, &[]));
-        assert!(takes(32, &steps));
+        assert!(!takes(24, BLOCK, &[]) && !takes(24, 4, &[]));
+        assert!(takes(32, bs, &steps));
+        assert_eq!(takes(24, NARROW, &[]), blocks().contains(&NARROW));
     }
 }

@@ -43,11 +43,13 @@ pub(crate) struct Weights {
     packed: blocked::Packed,
 }
 
-/// Whether [`conv`] runs this convolution: an `NCHW16c` image, 3×3, stride 1, dilation 1, where Winograd pays
+/// Whether [`conv`] runs this convolution: an `NCHW16c` image and output (`NCHW8c` ones
+/// take [`blocked::conv`]), 3×3, stride 1, dilation 1, where Winograd pays
 /// on the `NCHW` path ([`Tile::choose`]: enough channels and tiles), an image makes at least
 /// [`MIN_TILES`] F(4×4) tiles and the transformed weights are at most [`MAX_WEIGHTS`].
 pub(crate) fn takes(g: &Geom) -> bool {
     g.input_block() == BLOCK
+        && g.block() == BLOCK
         && g.kernel() == [3, 3]
         && g.stride() == [1, 1]
         && g.dilation() == [1, 1]
@@ -73,7 +75,7 @@ const MAX_WEIGHTS: usize = XI * 256 * 256;
 pub(crate) fn weights(w: &[f32], o: usize, c: usize) -> KResult<Weights> {
     let wt = crate::winograd::Weights::new(w, o, c, Tile::F4)?;
     let u = wt.u();
-    let packed = blocked::pack_sets(o, c, 1, BLOCK, XI, |xi, oc, ci, _| {
+    let packed = blocked::pack_sets(o, c, 1, [BLOCK; 2], XI, |xi, oc, ci, _| {
         u[(xi * c + ci) * o + oc]
     })
     .ok_or("blocked Winograd: channel counts that do not split by 16")?;
@@ -409,7 +411,7 @@ mod tests {
 
     #[test]
     fn matches_the_direct_sum_within_the_winograd_bound_for_every_thread_count() {
-        if !blocked::lanes_fit(crate::simd::f32_lanes()) {
+        if blocked::blocks_for(crate::simd::f32_lanes()).is_empty() {
             return;
         }
         // A 28×28 output (49 tiles: `takes`), a 14×14 one (16 tiles, the last row and column

@@ -607,52 +607,84 @@ fn im2col_blocks_match_the_definition() {
     }
 }
 
-/// A depthwise layer held in `NCHW16c` gets its weight packed once ([`blocked_weights`]:
-/// [`BlockedWeights::Depthwise`]), and the fused convolution gives the same bits with it as
-/// when it packs the weight itself; a dense blocked layer still gets its own form.
+/// A depthwise layer held in `NCHW16c` (or `NCHW8c`) gets its weight packed once
+/// ([`blocked_weights`]: [`BlockedWeights::Depthwise`]), and the fused convolution gives the
+/// same bits with it as when it packs the weight itself; a dense blocked layer still gets its
+/// own form.
 #[test]
 fn a_blocked_depthwise_weight_is_packed_once_with_the_same_bits() {
-    if !crate::conv::blocked_lanes_fit(crate::simd::f32_lanes()) {
-        // The blocked kernels run on AVX-512 and AVX2 only: no geometry, nothing prepared.
-        return;
+    let blocks = crate::conv::blocked_blocks(crate::simd::f32_lanes());
+    // The blocked kernels run on AVX-512 and AVX2 only: no geometry, nothing prepared.
+    assert_eq!(blocks.is_empty(), crate::simd::f32_lanes() < 8);
+    for b in blocks {
+        let layout = crate::conv::blocked_layout(b);
+        let a = Conv2dAttrs {
+            data_layout: layout.clone(),
+            out_layout: layout,
+            ..attrs(2, 1, 1, 32)
+        };
+        let xs: Vec<f32> = (0..2 * 9 * 9 * 16)
+            .map(|i| ((i * 37) % 17) as f32 - 8.0)
+            .collect();
+        let ws: Vec<f32> = (0..32 * 9).map(|i| ((i * 11) % 7) as f32 - 3.0).collect();
+        let x = Tensor::from_f32(vec![1, 32 / b, 9, 9, b], xs).unwrap_or_else(|e| panic!("{e}"));
+        let w = Tensor::from_f32(vec![32, 1, 3, 3], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let kept = blocked_weights(&x, &w, &a).unwrap_or_else(|| panic!("not prepared"));
+        let BlockedWeights::Depthwise { b: kb, w: p } = &kept else {
+            panic!("expected a depthwise packing, found {kept:?}")
+        };
+        assert_eq!(*kb, b);
+        assert_eq!(Some(p), blocked_depthwise::pack(&ws, 32, 9, b).as_ref());
+        let steps = [Step::Clip { lo: -4.0, hi: 30.0 }];
+        let with = Prepared {
+            blocked: Some(&kept),
+            ..Prepared::default()
+        };
+        let prepared = conv2d_fused(&x, &w, &a, &steps, with).unwrap_or_else(|e| panic!("{e}"));
+        let own =
+            conv2d_fused(&x, &w, &a, &steps, Prepared::default()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(prepared.shape(), &[1, 32 / b, 5, 5, b]);
+        assert_eq!(bits(&prepared), bits(&own));
+        // The same layer by its definition in `NCHW` (the plain kernel), moved to the block.
+        let plain_a = Conv2dAttrs {
+            data_layout: "NCHW".into(),
+            out_layout: "NCHW".into(),
+            ..a.clone()
+        };
+        let xn = to_nchw(&x);
+        let plain = conv2d_fused(&xn, &w, &plain_a, &steps, Prepared::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(bits(&to_nchw(&prepared)), bits(&plain), "blocks of {b}");
+        // A dense layer in the same layout: the direct kernel's packing.
+        let dense = Conv2dAttrs {
+            groups: 1,
+            ..a.clone()
+        };
+        let wd = Tensor::from_f32(vec![16, 32, 3, 3], vec![0.5; 16 * 32 * 9])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            blocked_weights(&x, &wd, &dense),
+            Some(BlockedWeights::Direct(_))
+        ));
     }
-    let a = Conv2dAttrs {
-        data_layout: "NCHW16c".into(),
-        out_layout: "NCHW16c".into(),
-        ..attrs(2, 1, 1, 32)
+}
+
+/// `(N, C/b, H, W, b)` to `(N, C, H, W)`.
+fn to_nchw(x: &Tensor) -> Tensor {
+    let &[n, cb, h, w, b] = x.shape() else {
+        panic!("expected a blocked tensor, found {:?}", x.shape())
     };
-    let xs: Vec<f32> = (0..2 * 9 * 9 * 16)
-        .map(|i| ((i * 37) % 17) as f32 - 8.0)
-        .collect();
-    let ws: Vec<f32> = (0..32 * 9).map(|i| ((i * 11) % 7) as f32 - 3.0).collect();
-    let x = Tensor::from_f32(vec![1, 2, 9, 9, 16], xs).unwrap_or_else(|e| panic!("{e}"));
-    let w = Tensor::from_f32(vec![32, 1, 3, 3], ws.clone()).unwrap_or_else(|e| panic!("{e}"));
-    let kept = blocked_weights(&x, &w, &a).unwrap_or_else(|| panic!("not prepared"));
-    let BlockedWeights::Depthwise(p) = &kept else {
-        panic!("expected a depthwise packing, found {kept:?}")
-    };
-    assert_eq!(Some(p), blocked_depthwise::pack(&ws, 32, 9).as_ref());
-    let steps = [Step::Clip { lo: -4.0, hi: 30.0 }];
-    let with = Prepared {
-        blocked: Some(&kept),
-        ..Prepared::default()
-    };
-    let prepared = conv2d_fused(&x, &w, &a, &steps, with).unwrap_or_else(|e| panic!("{e}"));
-    let own =
-        conv2d_fused(&x, &w, &a, &steps, Prepared::default()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(prepared.shape(), &[1, 2, 5, 5, 16]);
-    assert_eq!(bits(&prepared), bits(&own));
-    // A dense layer in the same layout: the direct kernel's packing.
-    let dense = Conv2dAttrs {
-        groups: 1,
-        ..a.clone()
-    };
-    let wd = Tensor::from_f32(vec![16, 32, 3, 3], vec![0.5; 16 * 32 * 9])
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(matches!(
-        blocked_weights(&x, &wd, &dense),
-        Some(BlockedWeights::Direct(_))
-    ));
+    let d = x.as_f32().unwrap_or_else(|| panic!("f32"));
+    let mut out = vec![0.0f32; d.len()];
+    for ni in 0..n {
+        for c in 0..cb * b {
+            for p in 0..h * w {
+                out[((ni * cb * b + c) * h * w) + p] =
+                    d[((ni * cb + c / b) * h * w + p) * b + c % b];
+            }
+        }
+    }
+    Tensor::from_f32(vec![n, cb * b, h, w], out).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Long kernels of several taps on AVX2 and narrower ([`Geom::rows`]): the pixels as the

@@ -214,7 +214,13 @@ impl<'m> Interp<'m> {
                 let (Some(x), Some(w)) = (leaf(*data)?, leaf(*weight)?) else {
                     return Ok(None);
                 };
-                if !crate::conv::fusable(&x, &w, attrs) {
+                // A convolution in a split layout (`NCHW16c`, `NCHW8c`) runs its blocked
+                // kernel, whose epilogue takes no program: the program then makes one pass
+                // over its output (MobileNetV3's hardswish after each convolution, which ran
+                // op by op before).
+                let blocked = crate::conv::blocked_geom(&x, &w, attrs).is_some()
+                    || crate::conv::blocked_depthwise_geom(&x, &w, attrs).is_some();
+                if !blocked && !crate::conv::fusable(&x, &w, attrs) {
                     return Ok(None);
                 }
                 let Ok((shape, _)) = crate::conv::out_dims(&x, &w, attrs) else {
@@ -240,7 +246,10 @@ impl<'m> Interp<'m> {
                             kernel("the program does not fit its inputs".to_string())
                         })?
                     }
-                    Some(bound) if shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW => {
+                    Some(bound)
+                        if !blocked
+                            && shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW =>
+                    {
                         let step = crate::conv::Step::Program(crate::elem_program::ProgramStep(
                             Arc::new(bound),
                         ));
