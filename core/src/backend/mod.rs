@@ -211,8 +211,8 @@ pub trait Backend: Send + Sync {
     /// The `[data, kernel]` layouts it would have every `conv2d` of a `target` config in, on
     /// this machine, when the config leaves the choice to the backends (`conv2d_layout =
     /// "auto"`, the default); `None` (the default): the model's own. The pipeline asks the
-    /// backends in order and keeps the first answer's conversion where it pays
-    /// ([`crate::transform::LayoutCost::pays`]).
+    /// backends in order ([`Backend::conv2d_layouts`], which lists this one first) and keeps
+    /// the first answer's conversion where it pays ([`crate::transform::LayoutCost::pays`]).
     fn conv2d_layout(&self, target: crate::config::Target) -> Option<[String; 2]> {
         let _ = target;
         None
