@@ -146,10 +146,22 @@ fn the_converted_cnn_computes_what_the_model_computes_on_the_cpu() {
 /// each depthwise layer's input and output, converting those of 16 × 16 planes only moves the
 /// stride-2 convolution's output.
 fn two_stages() -> String {
+    stages(false, 2)
+}
+
+/// [`two_stages`] with `blocks` blocks on 32 × 32, entered from a 24-channel input `x`, or
+/// with `image` from a 3-channel `img` through a stem 3 → 24 (`x0`, 3×3, padded).
+fn stages(image: bool, blocks: usize) -> String {
     let t = |s: &str| format!("R.Tensor(({s}), \"float32\")");
     let mut body = String::new();
-    let mut prev = "x".to_string();
-    for i in 0..2 {
+    let (mut prev, params) = if image {
+        body.push_str("            x0 = R.nn.conv2d(img, wi, padding=[1, 1, 1, 1])\n");
+        let p = format!("img: {}, wi: {}", t("1, 3, 32, 32"), t("24, 3, 3, 3"));
+        ("x0".to_string(), p)
+    } else {
+        ("x".to_string(), format!("x: {}", t("1, 24, 32, 32")))
+    };
+    for i in 0..blocks {
         body.push_str(&format!(
             "            e{i} = R.nn.conv2d({prev}, we)\n            \
              d{i} = R.nn.conv2d(e{i}, wd, padding=[1, 1, 1, 1], groups=48)\n            \
@@ -168,11 +180,10 @@ fn two_stages() -> String {
         prev = format!("h{i}");
     }
     format!(
-        "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, we: {we}, wd: {wd}, \
+        "@I.ir_module\nclass Module:\n    @R.function\n    def main({params}, we: {we}, wd: {wd}, \
          wp: {wp}, ws: {ws}, w: {w}, b: {b}):\n        with R.dataflow():\n{body}            \
          gv = R.nn.adaptive_avg_pool2d({prev}, output_size=[1, 1])\n            R.output(gv)\n        \
          return gv\n",
-        x = t("1, 24, 32, 32"),
         we = t("48, 24, 1, 1"),
         wd = t("48, 1, 3, 3"),
         wp = t("24, 48, 1, 1"),
@@ -420,42 +431,7 @@ impl fusebox::core::backend::Backend for TwoLayouts {
 /// depthwise 3×3 and a 1×1 projection 48 → 24 on 32 × 32, a stride-2 convolution 24 → 64,
 /// then ten 1×1 convolutions of 64 channels (+ bias + ReLU) on 16 × 16, pooled to 1 × 1.
 fn image_stages() -> String {
-    let t = |s: &str| format!("R.Tensor(({s}), \"float32\")");
-    let mut body = String::from("            x0 = R.nn.conv2d(img, wi, padding=[1, 1, 1, 1])\n");
-    let mut prev = "x0".to_string();
-    for i in 0..3 {
-        body.push_str(&format!(
-            "            e{i} = R.nn.conv2d({prev}, we)\n            \
-             d{i} = R.nn.conv2d(e{i}, wd, padding=[1, 1, 1, 1], groups=48)\n            \
-             p{i} = R.nn.conv2d(d{i}, wp)\n"
-        ));
-        prev = format!("p{i}");
-    }
-    body.push_str(&format!(
-        "            s = R.nn.conv2d({prev}, ws, strides=[2, 2], padding=[1, 1, 1, 1])\n"
-    ));
-    prev = "s".to_string();
-    for i in 0..10 {
-        body.push_str(&format!(
-            "            h{i} = R.nn.relu(R.add(R.nn.conv2d({prev}, w), b))\n"
-        ));
-        prev = format!("h{i}");
-    }
-    format!(
-        "@I.ir_module\nclass Module:\n    @R.function\n    def main(img: {img}, wi: {wi}, \
-         we: {we}, wd: {wd}, wp: {wp}, ws: {ws}, w: {w}, b: {b}):\n        \
-         with R.dataflow():\n{body}            \
-         gv = R.nn.adaptive_avg_pool2d({prev}, output_size=[1, 1])\n            R.output(gv)\n        \
-         return gv\n",
-        img = t("1, 3, 32, 32"),
-        wi = t("24, 3, 3, 3"),
-        we = t("48, 24, 1, 1"),
-        wd = t("48, 1, 3, 3"),
-        wp = t("24, 48, 1, 1"),
-        ws = t("64, 24, 3, 3"),
-        w = t("64, 64, 1, 1"),
-        b = t("1, 64, 1, 1"),
-    )
+    stages(true, 3)
 }
 
 /// `conv2d_layout = "auto"` with a backend that names `NCHW16c`, then `NCHW8c`: the first

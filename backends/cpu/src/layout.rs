@@ -178,29 +178,31 @@ fn transpose_one(x: &[f32], y: &mut [f32], rows: usize, cols: usize) {
     let wide = rows >= T && cols >= T;
     let side = if wide { T } else { T8 };
     let (fr, fc) = (rows / side * side, cols / side * side);
+    let mut m = Mat { x, y, rows, cols };
     for r0 in (0..fr).step_by(side) {
         for c0 in (0..fc).step_by(side) {
             #[cfg(target_arch = "x86_64")]
             match (wide, v4, v3) {
                 (true, Some(v4), _) => {
-                    tile_v4(v4, x, y, rows, cols, r0, c0);
+                    tile_v4(v4, &mut m, r0, c0);
                     continue;
                 }
                 (false, _, Some(v3)) => {
-                    tile_v3(v3, x, y, rows, cols, r0, c0);
+                    tile_v3(v3, &mut m, r0, c0);
                     continue;
                 }
                 _ => {}
             }
             if wide {
-                tile_local::<T>(x, y, rows, cols, r0, c0);
+                tile_local::<T>(&mut m, r0, c0);
             } else {
-                tile_local::<T8>(x, y, rows, cols, r0, c0);
+                tile_local::<T8>(&mut m, r0, c0);
             }
         }
     }
     // The edges: the columns past the last whole tile in the tiled rows, then the rows past
     // them, each row read in order.
+    let Mat { x, y, .. } = m;
     for r in 0..fr {
         for c in fc..cols {
             y[c * rows + r] = x[r * cols + c];
@@ -213,17 +215,20 @@ fn transpose_one(x: &[f32], y: &mut [f32], rows: usize, cols: usize) {
     }
 }
 
-/// The `S × S` tile of `x` at row `r0`, column `c0` into `y`, copied into a local tile by rows
-/// and written out by columns.
-#[inline(always)]
-fn tile_local<const S: usize>(
-    x: &[f32],
-    y: &mut [f32],
+/// One matrix of [`transpose_f32`]: `x` (`rows × cols`) and its transpose `y`.
+struct Mat<'a> {
+    x: &'a [f32],
+    y: &'a mut [f32],
     rows: usize,
     cols: usize,
-    r0: usize,
-    c0: usize,
-) {
+}
+
+/// The `S × S` tile of `m.x` at row `r0`, column `c0` into `m.y`, copied into a local tile by
+/// rows and written out by columns.
+#[inline(always)]
+fn tile_local<const S: usize>(m: &mut Mat<'_>, r0: usize, c0: usize) {
+    let (x, rows, cols) = (m.x, m.rows, m.cols);
+    let y = &mut *m.y;
     let mut tile = [[0.0f32; S]; S];
     for (i, t) in tile.iter_mut().enumerate() {
         t.copy_from_slice(&x[(r0 + i) * cols + c0..][..S]);
@@ -236,22 +241,16 @@ fn tile_local<const S: usize>(
     }
 }
 
-/// The 8 × 8 tile of `x` (`rows × cols`) at row `r0`, column `c0`, transposed into `y` at row
-/// `c0`, column `r0`, in AVX2 registers: rows interleaved in pairs (`unpacklo`/`unpackhi`),
+/// The 8 × 8 tile of `m.x` at row `r0`, column `c0`, transposed into `m.y` at row `c0`,
+/// column `r0`, in AVX2 registers: rows interleaved in pairs (`unpacklo`/`unpackhi`),
 /// then in fours (`shuffle`), then the 128-bit halves exchanged (`permute2f128`), so that
 /// output `j` is column `j`. Each element is moved, never computed: bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn tile_v3(
-    v3: pulp::x86::V3,
-    x: &[f32],
-    y: &mut [f32],
-    rows: usize,
-    cols: usize,
-    r0: usize,
-    c0: usize,
-) {
+fn tile_v3(v3: pulp::x86::V3, m: &mut Mat<'_>, r0: usize, c0: usize) {
     use std::arch::x86_64::__m256;
+    let (x, rows, cols) = (m.x, m.rows, m.cols);
+    let y = &mut *m.y;
     let a = v3.avx;
     let mut r: [__m256; T8] = [pulp::cast([0.0f32; T8]); T8];
     for (i, ri) in r.iter_mut().enumerate() {
@@ -259,46 +258,35 @@ fn tile_v3(
             bytemuck::cast_slice(&x[(r0 + i) * cols + c0..][..T8]),
         ));
     }
-    // `t[2k]` and `t[2k + 1]`: rows 2k and 2k + 1 interleaved (columns 0, 1, 4, 5 and 2, 3,
-    // 6, 7 of the pair).
-    let t = [
-        a._mm256_unpacklo_ps(r[0], r[1]),
-        a._mm256_unpackhi_ps(r[0], r[1]),
-        a._mm256_unpacklo_ps(r[2], r[3]),
-        a._mm256_unpackhi_ps(r[2], r[3]),
-        a._mm256_unpacklo_ps(r[4], r[5]),
-        a._mm256_unpackhi_ps(r[4], r[5]),
-        a._mm256_unpacklo_ps(r[6], r[7]),
-        a._mm256_unpackhi_ps(r[6], r[7]),
-    ];
-    // `s[k]` (`s[k + 4]`): column `k` and `k + 4` of rows 0–3 (4–7), one per 128-bit half.
-    let s = [
-        a._mm256_shuffle_ps::<0x44>(t[0], t[2]),
-        a._mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-        a._mm256_shuffle_ps::<0x44>(t[1], t[3]),
-        a._mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-        a._mm256_shuffle_ps::<0x44>(t[4], t[6]),
-        a._mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-        a._mm256_shuffle_ps::<0x44>(t[5], t[7]),
-        a._mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-    ];
-    let out = [
-        a._mm256_permute2f128_ps::<0x20>(s[0], s[4]),
-        a._mm256_permute2f128_ps::<0x20>(s[1], s[5]),
-        a._mm256_permute2f128_ps::<0x20>(s[2], s[6]),
-        a._mm256_permute2f128_ps::<0x20>(s[3], s[7]),
-        a._mm256_permute2f128_ps::<0x31>(s[0], s[4]),
-        a._mm256_permute2f128_ps::<0x31>(s[1], s[5]),
-        a._mm256_permute2f128_ps::<0x31>(s[2], s[6]),
-        a._mm256_permute2f128_ps::<0x31>(s[3], s[7]),
-    ];
+    // Plain loops, not `array::from_fn` (see [`tile_v4`]). `t[2k]` and `t[2k + 1]`: rows 2k
+    // and 2k + 1 interleaved (columns 0, 1, 4, 5 and 2, 3, 6, 7 of the pair).
+    let mut t = r;
+    for k in 0..T8 / 2 {
+        t[2 * k] = a._mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = a._mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    // `s[4h + m]`: columns `m` and `m + 4` of rows `4h..4h + 4`, one per 128-bit half.
+    let mut s = t;
+    for h in 0..2 {
+        let (lo, hi) = ((t[4 * h], t[4 * h + 2]), (t[4 * h + 1], t[4 * h + 3]));
+        s[4 * h] = a._mm256_shuffle_ps::<0x44>(lo.0, lo.1);
+        s[4 * h + 1] = a._mm256_shuffle_ps::<0xEE>(lo.0, lo.1);
+        s[4 * h + 2] = a._mm256_shuffle_ps::<0x44>(hi.0, hi.1);
+        s[4 * h + 3] = a._mm256_shuffle_ps::<0xEE>(hi.0, hi.1);
+    }
+    // Column `m` from the low halves of `s[m]` and `s[m + 4]`, column `m + 4` from the high.
+    let mut out = s;
+    for m in 0..T8 / 2 {
+        out[m] = a._mm256_permute2f128_ps::<0x20>(s[m], s[m + 4]);
+        out[m + 4] = a._mm256_permute2f128_ps::<0x31>(s[m], s[m + 4]);
+    }
     for (j, col) in out.iter().enumerate() {
         let v: [f32; T8] = pulp::cast(*col);
         y[(c0 + j) * rows + r0..][..T8].copy_from_slice(&v);
     }
 }
 
-/// The 16 × 16 tile of `x` (`rows × cols`) at row `r0`, column `c0`, transposed into `y`
+/// The 16 × 16 tile of `m.x` (`rows × cols`) at row `r0`, column `c0`, transposed into `m.y`
 /// (`cols × rows`) at row `c0`, column `r0`, in registers: round `b` (8, 4, 2, 1) takes each
 /// pair of vectors `b` apart and swaps the `b`-lane blocks that sit off the diagonal (`v[i]`
 /// keeps its blocks of lanes `j` with `j & b = 0` and takes `v[i + b]`'s others moved down;
@@ -306,16 +294,10 @@ fn tile_v3(
 /// moved, never computed: bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn tile_v4(
-    v4: pulp::x86::V4,
-    x: &[f32],
-    y: &mut [f32],
-    rows: usize,
-    cols: usize,
-    r0: usize,
-    c0: usize,
-) {
+fn tile_v4(v4: pulp::x86::V4, m: &mut Mat<'_>, r0: usize, c0: usize) {
     use std::arch::x86_64::__m512;
+    let (x, rows, cols) = (m.x, m.rows, m.cols);
+    let y = &mut *m.y;
     // Plain loops, not `array::from_fn` (a call the compiler kept out of line, compiled
     // without AVX-512).
     let mut v: [__m512; T] = [pulp::cast([0.0f32; T]); T];
