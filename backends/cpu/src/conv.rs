@@ -467,6 +467,12 @@ pub(crate) fn blocked_depthwise_geom(
         .map(|g| g.with_block(b))
 }
 
+/// Whether [`conv2d_fused`] runs `conv2d(x, w)` on a blocked kernel ([`blocked_geom`] or
+/// [`blocked_depthwise_geom`]), whose epilogue is [`epilogue::RegSteps`]' alone.
+pub(crate) fn runs_blocked(x: &Tensor, w: &Tensor, a: &Conv2dAttrs) -> bool {
+    blocked_geom(x, w, a).is_some() || blocked_depthwise_geom(x, w, a).is_some()
+}
+
 /// [`blocked_depthwise::conv`] of `x` by `w` with `steps`.
 fn blocked_depthwise_conv(
     x: &Tensor,

@@ -359,8 +359,7 @@ pub(crate) fn steps(
     let Head::Conv { attrs, .. } = &chain.head else {
         return None;
     };
-    let blocked = crate::conv::blocked_geom(x, w, attrs).is_some()
-        || crate::conv::blocked_depthwise_geom(x, w, attrs).is_some();
+    let blocked = crate::conv::runs_blocked(x, w, attrs);
     if !blocked && !crate::conv::fusable(x, w, attrs) {
         return None;
     }

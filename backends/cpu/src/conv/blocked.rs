@@ -439,11 +439,7 @@ pub(crate) fn pack_sets(
     sets: usize,
     get: impl Fn(usize, usize, usize, usize) -> f32,
 ) -> Option<Packed> {
-    let fits = (b == BLOCK || b == NARROW)
-        && o.is_multiple_of(b)
-        && (ib == b || ib == 1)
-        && c.is_multiple_of(ib);
-    if !fits || o == 0 || c == 0 || taps == 0 {
+    if !shape_fits(o, c, [ib, b]) || taps == 0 {
         return None;
     }
     let len = o.checked_mul(c)?.checked_mul(taps)?.checked_mul(sets)?;
@@ -486,12 +482,19 @@ pub(crate) fn pack_sets(
 /// these epilogue steps on this CPU.
 pub(crate) fn takes(o: usize, c: usize, [ib, b]: [usize; 2], steps: &[Step]) -> bool {
     block_fits(b, crate::simd::f32_lanes())
-        && o.is_multiple_of(b)
+        && shape_fits(o, c, [ib, b])
+        && RegSteps::new(steps).is_some()
+}
+
+/// Whether `o` output and `c` input channels split into output blocks of `b` ([`BLOCK`] or
+/// [`NARROW`]) and input blocks of `ib` (`b`, or 1 for an `NCHW` image), neither count zero.
+fn shape_fits(o: usize, c: usize, [ib, b]: [usize; 2]) -> bool {
+    (b == BLOCK || b == NARROW)
         && (ib == b || ib == 1)
-        && c.is_multiple_of(ib)
         && o > 0
         && c > 0
-        && RegSteps::new(steps).is_some()
+        && o.is_multiple_of(b)
+        && c.is_multiple_of(ib)
 }
 
 /// The image's phases ([`Geom::virt`]): `[n][c/16][phases][HV][WV][16]`, zeros where a tap

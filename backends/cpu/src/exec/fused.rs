@@ -218,8 +218,7 @@ impl<'m> Interp<'m> {
                 // kernel, whose epilogue takes no program: the program then makes one pass
                 // over its output (MobileNetV3's hardswish after each convolution, which ran
                 // op by op before).
-                let blocked = crate::conv::blocked_geom(&x, &w, attrs).is_some()
-                    || crate::conv::blocked_depthwise_geom(&x, &w, attrs).is_some();
+                let blocked = crate::conv::runs_blocked(&x, &w, attrs);
                 if !blocked && !crate::conv::fusable(&x, &w, attrs) {
                     return Ok(None);
                 }
