@@ -10,8 +10,8 @@
 //! - Each element is what the ops give one by one, bit for bit: the product is the `matmul`
 //!   kernel's own tiled GEMM over the flattened rows of `x` (the same tiles, so the same
 //!   sums), then `+ bias` rounded to `f32`, then the activation by the same function as its
-//!   kernel (`relu` as a select keeping NaN; GELU through [`crate::elementwise::gelu32`];
-//!   the tanh form as [`crate::norm::gelu`] computes it). Bit-identical for every thread count.
+//!   kernel (`relu` as a select keeping NaN; GELU through [`crate::elementwise::gelu32`],
+//!   the tanh form through [`crate::elementwise::gelu_tanh32`]). Bit-identical for every thread count.
 //! - [`bias_act`] runs inside [`crate::simd::dispatch`], so its loop is compiled for the
 //!   widest instruction set of the CPU (the result does not depend on it).
 //!
@@ -49,18 +49,9 @@ impl Act {
             Act::None => v,
             Act::Relu => crate::conv::relu(v),
             Act::Gelu => crate::elementwise::gelu32(v),
-            Act::GeluTanh => gelu_tanh32(v),
+            Act::GeluTanh => crate::elementwise::gelu_tanh32(v),
         }
     }
-}
-
-/// GELU's tanh form in `f32`, as the `cpu.gelu_tanh` composite computes it:
-/// `(x · 0.5) · (tanh(√(2/π) · (x + 0.044715 · x³)) + 1)`, `tanh` through
-/// [`crate::norm::tanh32`].
-#[inline(always)]
-pub(crate) fn gelu_tanh32(v: f32) -> f32 {
-    let c = (2.0f32 / std::f32::consts::PI).sqrt();
-    (v * 0.5) * (crate::norm::tanh32(c * (v + v * v * v * 0.044715)) + 1.0)
 }
 
 /// `row[j] = act(row[j] + bias[j])`, or `act(row[j])` without a bias (see the module doc).
@@ -313,7 +304,7 @@ mod tests {
                             }
                         }
                         Act::Gelu => crate::elementwise::gelu32(s),
-                        Act::GeluTanh => gelu_tanh32(s),
+                        Act::GeluTanh => crate::elementwise::gelu_tanh32(s),
                     }
                     .to_bits()
                 })

@@ -280,33 +280,30 @@ pub(crate) fn layer_norm_decomposed(
 
 /// `erf` in `f32` by the rational approximation Eigen and XLA use (`generic_fast_erf_float`:
 /// odd degree-13 over even degree-8 polynomial on [-4, 4], ±1 beyond; within 5e-7 of the
-/// exact value; NaN stays NaN through the clamp), branch-free so the GELU loop vectorises.
-/// The `float32` kernels of `erf` and `gelu` use it too.
+/// exact value; NaN stays NaN through the clamp), branch-free so the GELU loop vectorises,
+/// each Horner step one fused `mul_add` (the same bits on every CPU; on AVX2 the GELU loop
+/// over it takes 0.72 of the time of separate multiplies and adds: bench/RESULTS.md, session
+/// bw). The `float32` kernels of `erf` and `gelu` use it too.
 #[inline(always)]
 pub(crate) fn erf32(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
-    let mut p = x2 * -2.726_142_3e-10 + 2.770_681_4e-8;
-    p = x2 * p + -2.101_024e-6;
-    p = x2 * p + -5.692_506_4e-5;
-    p = x2 * p + -7.349_906_3e-4;
-    p = x2 * p + -2.954_6e-3;
-    p = x2 * p + -1.609_603_3e-2;
+    let mut p = x2.mul_add(-2.726_142_3e-10, 2.770_681_4e-8);
+    for c in [
+        -2.101_024e-6,
+        -5.692_506_4e-5,
+        -7.349_906_3e-4,
+        -2.954_6e-3,
+        -1.609_603_3e-2,
+    ] {
+        p = x2.mul_add(p, c);
+    }
     p *= x;
-    let mut q = x2 * -1.456_607_2e-5 + -2.133_740_6e-4;
-    q = x2 * q + -1.682_827e-3;
-    q = x2 * q + -7.373_329e-3;
-    q = x2 * q + -1.426_474e-2;
+    let mut q = x2.mul_add(-1.456_607_2e-5, -2.133_740_6e-4);
+    for c in [-1.682_827e-3, -7.373_329e-3, -1.426_474e-2] {
+        q = x2.mul_add(q, c);
+    }
     p / q
-}
-
-/// `tanh` in `f32` through [`crate::attention::exp32`]: `(e - 1) / (e + 1)` with `e = e^{2y}`,
-/// `y` clamped to ±9 (where `tanh` is ±1 in `f32`), so the loop vectorises instead of calling
-/// libm's `tanhf`; within 2e-7 of `tanh` (absolute; tested), which `1 + tanh` in GELU absorbs.
-#[inline(always)]
-pub(crate) fn tanh32(y: f32) -> f32 {
-    let e = crate::attention::exp32(2.0 * y.clamp(-9.0, 9.0));
-    (e - 1.0) / (e + 1.0)
 }
 
 /// GELU in one pass: erf form `0.5 x (1 + erf(x / √2))` or tanh form
