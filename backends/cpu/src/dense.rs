@@ -11,7 +11,8 @@
 //!   kernel's own tiled GEMM over the flattened rows of `x` (the same tiles, so the same
 //!   sums), then `+ bias` rounded to `f32`, then the activation by the same function as its
 //!   kernel (`relu` as a select keeping NaN; GELU through [`crate::elementwise::gelu32`],
-//!   the tanh form through [`crate::elementwise::gelu_tanh32`]). Bit-identical for every thread count.
+//!   the tanh form through [`crate::elementwise::gelu_tanh32`]). Bit-identical for every
+//!   thread count.
 //! - [`bias_act`] runs inside [`crate::simd::dispatch`], so its loop is compiled for the
 //!   widest instruction set of the CPU (the result does not depend on it).
 //!

@@ -409,7 +409,9 @@ fn gelu64(x: f64) -> f64 {
     0.5 * x * (1.0 + erf64(x * std::f64::consts::FRAC_1_SQRT_2))
 }
 
-fn gelu_tanh64(x: f64) -> f64 {
+/// GELU's tanh form in `f64`, as its definition reads (the `float64` kernel, and what
+/// [`gelu_tanh32`] is tested against).
+pub(crate) fn gelu_tanh64(x: f64) -> f64 {
     let c = (2.0 / std::f64::consts::PI).sqrt();
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
 }
