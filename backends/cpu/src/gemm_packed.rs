@@ -528,6 +528,16 @@ fn pack_src(src: ColsSrc<'_>, m: usize, k: usize, out: &mut Vec<f32>, threads: u
     });
 }
 
+/// The fewest values of `A` [`pack_blocks`] gives a thread: BERT's and GPT-2's `128 × 768`
+/// (22 blocks, 101,376 values with the padding) then packs on two threads, about 15 µs of
+/// its 30 instead of all of them on one (the parallel region costs a few µs, its helpers
+/// awake in [`crate::par::on_pool`]). With `1 << 16` it packed on one thread: the
+/// `128 × 768 @ 768 × 768` product on two threads took 0.94–0.98 of its time with this
+/// grain (median 0.97, four alternated runs of 15 rounds, 12 weights; `768 × 2304` 0.96–1.02,
+/// `3072 × 768`, which packs on two threads either way, 0.99–1.01; bench/RESULTS.md,
+/// session bx).
+const PACK_GRAIN: usize = 1 << 15;
+
 /// `out` sized for the `⌈m / MR_N⌉` blocks of `MR_N × k` values of an `m × k` operand, each
 /// filled by `fill(first row, block)`, the blocks spread over up to `threads` threads. Every
 /// element is written by `fill`, so a kept buffer's old contents need no zeroing.
@@ -545,7 +555,7 @@ fn pack_blocks(
     if per == 0 {
         return;
     }
-    let threads = threads.min(blocks * per / (1 << 16)).max(1);
+    let threads = threads.min(blocks * per / PACK_GRAIN).max(1);
     crate::par::for_each_chunk_mut(out, per * blocks.div_ceil(threads), threads, |off, dst| {
         for (i, blk) in dst.chunks_exact_mut(per).enumerate() {
             fill((off / per + i) * MR_N, blk);
