@@ -528,14 +528,15 @@ fn pack_src(src: ColsSrc<'_>, m: usize, k: usize, out: &mut Vec<f32>, threads: u
     });
 }
 
-/// The fewest values of `A` [`pack_blocks`] gives a thread: BERT's and GPT-2's `128 × 768`
-/// (22 blocks, 101,376 values with the padding) then packs on two threads, about 15 µs of
-/// its 30 instead of all of them on one (the parallel region costs a few µs, its helpers
-/// awake in [`crate::par::on_pool`]). With `1 << 16` it packed on one thread: the
-/// `128 × 768 @ 768 × 768` product on two threads took 0.94–0.98 of its time with this
-/// grain (median 0.97, four alternated runs of 15 rounds, 12 weights; `768 × 2304` 0.96–1.02,
-/// `3072 × 768`, which packs on two threads either way, 0.99–1.01; bench/RESULTS.md,
-/// session bx).
+/// The fewest values of `A` [`pack_blocks`] gives a thread. BERT's and GPT-2's `128 × 768`
+/// activations (22 blocks, 101,376 values with the padding) then pack on two threads, about
+/// 15 µs each instead of 30 µs on one (the parallel region costs a few µs: its helpers are
+/// awake inside [`crate::par::on_pool`]). With `1 << 16` they packed on one thread; with this
+/// grain the `128 × 768 @ 768 × 768` product on two threads took 0.94–0.98 of its time
+/// (median 0.97, four alternated runs of 15 rounds, 12 weights), `768 × 2304` 0.96–1.02, and
+/// `3072 × 768`, which packs on two threads either way, 0.99–1.01. The convolutions' copies
+/// ([`pack_src`]) share the grain; ResNet-50 and MobileNetV2 alternated at 1.00–1.01
+/// (bench/RESULTS.md, session bx).
 const PACK_GRAIN: usize = 1 << 15;
 
 /// `out` sized for the `⌈m / MR_N⌉` blocks of `MR_N × k` values of an `m × k` operand, each
