@@ -556,7 +556,7 @@ fn pack_blocks(
     if per == 0 {
         return;
     }
-    let threads = threads.min(blocks * per / PACK_GRAIN).max(1);
+    let threads = threads.min(crate::par::threads_for(blocks * per, PACK_GRAIN));
     crate::par::for_each_chunk_mut(out, per * blocks.div_ceil(threads), threads, |off, dst| {
         for (i, blk) in dst.chunks_exact_mut(per).enumerate() {
             fill((off / per + i) * MR_N, blk);
