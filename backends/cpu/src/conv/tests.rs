@@ -736,8 +736,10 @@ fn long_kernels_on_the_packed_gemm_match_the_definition() {
             .enumerate()
             .map(|(i, &v)| relu(v + b[i / g.npix() % o] + r[i]).to_bits())
             .collect();
+        // (With AVX-512 the rows path is not taken; some of these shapes take the column
+        // kernel, whose weight is packed too.)
         let packed = cols_weights(&x, &wt, &a);
-        assert_eq!(packed.is_some(), g.rows(), "{label}");
+        assert_eq!(packed.is_some(), g.rows() || g.packs(), "{label}");
         let cached = Prepared {
             wino: None,
             cols: packed.as_ref(),
