@@ -13,12 +13,17 @@
 //!   results are added in chunk order (the vector-matrix product), and every output is
 //!   computed by the same arithmetic whichever thread computes it: results are bit-identical
 //!   for every thread count (asserted by `backends/cpu/tests/threads.rs`).
-//! - `run_tasks` runs a list of tasks on `n` threads, the calling thread and a kept pool of
-//!   `n − 1` helpers (rayon; one pool per thread count, made on first use; the executor
-//!   keeps them awake while it runs): each thread a run of consecutive tasks in order,
-//!   then what is left of the others', one task at a time. It returns the error of the first
-//!   failing task in task order. With one thread or one task it runs them in order on the
-//!   calling thread.
+//! - `run_tasks` runs a list of tasks on `n` threads, the calling thread and `n − 1` helpers
+//!   of a kept rayon pool: each thread a run of consecutive tasks in order, then what is
+//!   left of the others', one task at a time. It returns the error of the first failing task
+//!   in task order. With one thread or one task it runs them in order on the calling thread.
+//! - The calling thread is worker 0 of a pool of its own (`own_pool`, made on its first
+//!   region), so a helper's share that no helper has started by the time the calling thread
+//!   is done is run by the calling thread rather than waited for, and the executor keeps the
+//!   helpers awake while it runs without ever waiting for them (`on_pool`): a helper the OS
+//!   has descheduled (a busy neighbour process) delays a region only by a task it started.
+//!   A thread that cannot have one (already a worker of another pool, or its pool has
+//!   another size) shares a pool of `n − 1` helpers per thread count instead.
 //!
 //! ```
 //! // The thread count of this thread's kernels, for the duration of the closure:
@@ -129,9 +134,9 @@ pub fn with_threads<R>(n: usize, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// The kept pool of `n − 1` workers that help the calling thread in a region of `n` threads
-/// ([`on_pool`], [`run_tasks`]; made on first use), or `None` for one thread or when no pool
-/// can be made.
+/// The shared pool of `n − 1` workers that help a thread with no pool of its own
+/// ([`own_pool`]) in a region of `n` threads (made on first use, one per thread count), or
+/// `None` for one thread or when no pool can be made.
 fn helpers(n: usize) -> Option<Arc<rayon::ThreadPool>> {
     static POOLS: Mutex<BTreeMap<usize, Arc<rayon::ThreadPool>>> = Mutex::new(BTreeMap::new());
     if n < 2 {
@@ -151,59 +156,83 @@ fn helpers(n: usize) -> Option<Arc<rayon::ThreadPool>> {
     Some(p)
 }
 
-/// Runs `f` here, with this thread's kernel thread count set to [`threads`], while the
-/// [`helpers`] of that count stay awake ([`spin_for_work`]): a parallel region `f` opens then
-/// starts on every thread at once instead of waiting for parked workers to be woken (tens of
-/// microseconds each on a VM, for each of a ResNet-50's ~150 regions), as onnxruntime's
-/// spinning intra-op threads do. `f` runs on the calling thread itself (rather than handed to
-/// a pool worker, the calling thread asleep until it ends): on two threads, a one-op model's
-/// `fusebox.Session.run` took 14 µs that way against 2 on one thread, and 81 µs after 2 ms
-/// idle against 19 (bench/RESULTS.md, session ba). With one thread, or when no pool can be
-/// made, `f` runs here alone.
-pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    let n = threads();
-    let Some(p) = helpers(n) else {
-        return f();
-    };
-    let done = AtomicBool::new(false);
-    let returned = AtomicUsize::new(0);
-    // When this thread is itself one of the helpers (a nested call), its own spin job must
-    // not keep it from returning to `f`.
-    let me = p.current_thread_index();
-    p.in_place_scope(|s| {
-        for _ in 1..n {
-            s.spawn(|_| {
-                let _back = Finish(&returned);
-                spin_for_work(&done, me);
-            });
+thread_local! {
+    /// The pool this thread is worker 0 of ([`own_pool`]), once made.
+    static OWN: RefCell<Option<Arc<rayon::ThreadPool>>> = const { RefCell::new(None) };
+}
+
+/// Makes the calling thread worker 0 of a pool of its own of `n` threads (rayon's
+/// `use_current_thread`: `n − 1` helpers are started, the calling thread is the first) on its
+/// first call with `n ≥ 2`; returns whether this thread is now worker 0 of its own pool of at
+/// least `n` threads. A thread that is already a worker of some pool (a helper, or a thread
+/// of the caller's own rayon pool) gets none; a thread's pool keeps the size it was made
+/// with (rayon cannot take a thread back out of a pool), so a later, larger `n` gets `false`.
+///
+/// Why: a region's jobs then go to this thread's own queue ([`run_tasks`]), so a job no
+/// helper has started when this thread's own tasks are done is run here, where it finds no
+/// task left, instead of waited for; and the helpers are kept awake by jobs that own
+/// nothing of the caller's ([`on_pool`]), so no run waits for them at its end. Waited for,
+/// a helper that had given its core to another process held the region up until the OS ran
+/// it again, a time slice of milliseconds: beside one busy process on a 2-core VM, a small
+/// GPT-2 took 4–12 ms a run instead of 0.3–0.4 in half the processes (bench/RESULTS.md,
+/// session by).
+fn own_pool(n: usize) -> bool {
+    if n < 2 {
+        return false;
+    }
+    OWN.with(|own| {
+        let mut own = own.borrow_mut();
+        if own.is_none() && rayon::current_thread_index().is_none() {
+            *own = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .use_current_thread()
+                .thread_name(|i| format!("fusebox-cpu-{i}"))
+                .build()
+                .ok()
+                .map(Arc::new);
         }
-        // Set on the way out, a panic included, so the spinning workers always stop.
-        struct Done<'a>(&'a AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::Release);
-            }
-        }
-        let out = {
-            let _done = Done(&done);
-            with_threads(n, f)
-        };
-        // The scope's end would put this thread to sleep until the helpers' jobs have
-        // returned, and waking it costs more than their last round of the loop.
-        wait_awake(|| returned.load(Ordering::Acquire) == n - 1);
-        out
+        own.as_ref()
+            .is_some_and(|p| p.current_num_threads() >= n && p.current_thread_index() == Some(0))
     })
 }
 
-/// Keeps a helper awake until `done` ([`wait_awake`]: yielding its core in between, so more
-/// threads than cores do not starve the one running `f`). Returns at once on the helper `f`
-/// itself runs on (`owner`, a nested call), which may pick this job up while it waits inside
-/// `f`.
-fn spin_for_work(done: &AtomicBool, owner: Option<usize>) {
-    if rayon::current_thread_index() == owner {
-        return;
+/// Runs `f` here with this thread's kernel thread count set to [`threads`], while the
+/// helpers of this thread's own pool ([`own_pool`]) stay awake: a parallel region `f` opens
+/// then starts on every thread at once instead of waiting for parked workers to be woken
+/// (tens of microseconds each on a VM, for each of a ResNet-50's ~150 regions), as
+/// onnxruntime's spinning intra-op threads do. Each helper spins in a job of its own that
+/// holds only a flag ([`wait_awake`] until `f` has returned), so the run does not wait for
+/// them at its end. `f` runs on the calling thread itself (rather than handed to a pool
+/// worker, the calling thread asleep until it ends): on two threads, a one-op model's
+/// `fusebox.Session.run` took 14 µs that way against 2 on one thread, and 81 µs after 2 ms
+/// idle against 19 (bench/RESULTS.md, session ba). With one thread, or where this thread can
+/// have no pool of its own of at least that size, `f` runs here with the helpers parked.
+pub(crate) fn on_pool<R>(f: impl FnOnce() -> R) -> R {
+    let n = threads();
+    if !own_pool(n) {
+        return with_threads(n, f);
     }
-    wait_awake(|| done.load(Ordering::Acquire));
+    let done = Arc::new(AtomicBool::new(false));
+    // Set on the way out, a panic included, so the spinning helpers always stop.
+    struct Done(Arc<AtomicBool>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let stop = Done(Arc::clone(&done));
+    rayon::spawn_broadcast(move |ctx| {
+        // Worker 0 is this thread: its part runs when it next yields (and returns at once).
+        if ctx.index() != 0 {
+            wait_awake(|| done.load(Ordering::Acquire));
+        }
+    });
+    let out = with_threads(n, f);
+    drop(stop);
+    // This thread's own part of the broadcast, if `f` never yielded: run (a no-op) now, so
+    // that such parts do not pile up in its queue run after run.
+    while rayon::yield_local() == Some(rayon::Yield::Executed) {}
+    out
 }
 
 /// Waits until `ready()` without parking this thread: it runs the pool's pending tasks as
@@ -238,9 +267,17 @@ where
     F: Fn(T) -> Result<(), E> + Sync,
 {
     let n = n.clamp(1, tasks.len().max(1));
-    let Some(pool) = helpers(n) else {
+    if n < 2 {
         return tasks.into_iter().try_for_each(f);
-    };
+    }
+    own_pool(threads().max(n));
+    // A worker of a pool with the threads (this thread's own, or a helper in a nested
+    // region): the jobs go to this thread's own queue. Else the shared helpers, injected.
+    let local = rayon::current_thread_index().is_some() && rayon::current_num_threads() >= n;
+    let shared = if local { None } else { helpers(n) };
+    if !local && shared.is_none() {
+        return tasks.into_iter().try_for_each(f);
+    }
     let total = tasks.len();
     let slots: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
     // Run `r` is tasks `bounds[r]..bounds[r + 1]`; `next[r]` its first task not yet taken.
@@ -274,22 +311,36 @@ where
             }
         }
     };
-    // Run 0 on this thread, the others on the helpers (awake inside [`on_pool`]).
-    pool.in_place_scope(|s| {
-        let (work, returned) = (&work, &returned);
-        for r in 1..n {
-            s.spawn(move |_| {
-                let _back = Finish(returned);
-                work(r);
-            });
-        }
-        work(0);
-        wait_awake(|| returned.load(Ordering::Acquire) == n - 1);
-    });
+    // Run 0 on this thread, the others on the helpers (awake inside [`on_pool`]). From a
+    // worker, a job no helper has taken by the end of this thread's `work` is popped from its
+    // own queue by `wait_awake` and run here (it finds no task left): only jobs a helper has
+    // started are waited for.
+    match shared {
+        Some(pool) => pool.in_place_scope(|s| spread(s, n, &work, &returned)),
+        None => rayon::in_place_scope(|s| spread(s, n, &work, &returned)),
+    }
     let failed = failed
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     failed.map_or(Ok(()), |(_, e)| Err(e))
+}
+
+/// [`run_tasks`]' region in scope `s`: `work(r)` of runs `1..n` spawned, run 0 here, then
+/// the helpers' jobs waited for awake (`returned` counts those that have returned).
+fn spread<'s>(
+    s: &rayon::Scope<'s>,
+    n: usize,
+    work: &'s (dyn Fn(usize) + Sync),
+    returned: &'s AtomicUsize,
+) {
+    for r in 1..n {
+        s.spawn(move |_| {
+            let _back = Finish(returned);
+            work(r);
+        });
+    }
+    work(0);
+    wait_awake(|| returned.load(Ordering::Acquire) == n - 1);
 }
 
 /// Where [`run_tasks`] cuts `total` tasks into runs for `n` threads (clamped to 1..=`total`):
@@ -662,6 +713,59 @@ mod tests {
             });
             assert_eq!(r, Ok(()));
         });
+    }
+
+    #[test]
+    fn a_region_and_a_run_do_not_wait_for_a_helper_that_is_busy_elsewhere() {
+        // The helper is held by a job outside any region (as a helper the OS has descheduled
+        // would be) until the test releases it, after `on_pool` has returned. A region that
+        // waited for its helper's share, or a run that waited for its helpers, would then
+        // hold until the job gives up on its own (after 10 s), which the test detects.
+        let here = std::thread::current().id();
+        let patience = std::time::Duration::from_secs(10);
+        let (started, release, gave_up) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let ids = with_threads(2, || {
+            on_pool(|| {
+                assert_eq!(rayon::current_thread_index(), Some(0));
+                let (s, r, g) = (started.clone(), release.clone(), gave_up.clone());
+                rayon::spawn(move || {
+                    s.store(true, Ordering::Release);
+                    let t = std::time::Instant::now();
+                    while !r.load(Ordering::Acquire) {
+                        if t.elapsed() > patience {
+                            g.store(true, Ordering::Release);
+                            return;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                });
+                // The job is in this thread's queue: only the helper can take it.
+                let t = std::time::Instant::now();
+                while !started.load(Ordering::Acquire) && t.elapsed() < patience {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                assert!(
+                    started.load(Ordering::Acquire),
+                    "the helper never took the job"
+                );
+                let ids = Mutex::new(Vec::new());
+                let r: Result<(), ()> = run_tasks((0..8).collect(), 2, |_: usize| {
+                    ids.lock().unwrap().push(std::thread::current().id());
+                    Ok(())
+                });
+                assert_eq!(r, Ok(()));
+                ids.into_inner().unwrap()
+            })
+        });
+        let waited = gave_up.load(Ordering::Acquire);
+        release.store(true, Ordering::Release);
+        assert!(!waited, "the region or the run waited for the busy helper");
+        // Every task ran here: the helper's share was taken back, not waited for.
+        assert_eq!(ids, vec![here; 8]);
     }
 
     #[test]
