@@ -236,15 +236,32 @@ pub(crate) fn on_pool<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Waits until `ready()` without parking this thread: it runs the pool's pending tasks as
-/// they appear (`rayon::yield_now` steals one) and in between offers its core to other
-/// runnable threads (`std::thread::yield_now`).
+/// they appear (`rayon::yield_now` steals one); between them it spins for its first
+/// [`SPINS`] idle rounds, then offers its core to other runnable threads
+/// (`std::thread::yield_now`) on each round.
 fn wait_awake(ready: impl Fn() -> bool) {
+    let mut idle = 0;
     while !ready() {
         if rayon::yield_now() != Some(rayon::Yield::Executed) {
-            std::thread::yield_now();
+            if idle < SPINS {
+                idle += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 }
+
+/// Idle rounds [`wait_awake`] spins before it yields its core. Yielding at once handed the
+/// core away for a whole time slice whenever another process was runnable on it: the
+/// calling thread lost it just as the helper's last task ended, and a helper lost it just
+/// before the next region. Beside one busy process on the 2-vCPU Zen 5 VM (5 processes each,
+/// 2 threads), BERT-base took 91–101 ms a run against 111–169 when yielding at once, GPT-2
+/// 128–131 against 144–199, MobileNetV2 3.5–4.9 against 4.0–4.7, ResNet-50 the same (32–41);
+/// on a quiet machine the same within noise (bench/RESULTS.md, session by). Past them the
+/// thread yields on each round, so that more threads than cores still make progress.
+const SPINS: u32 = 2000;
 
 /// Runs `f` on every task, on up to `n` threads of a kept worker pool. Returns the error of
 /// the first failing task in task order (every task runs). With one thread or one task, or
