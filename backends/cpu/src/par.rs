@@ -174,8 +174,8 @@ thread_local! {
 /// nothing of the caller's ([`on_pool`]), so no run waits for them at its end. Waited for,
 /// a helper that had given its core to another process held the region up until the OS ran
 /// it again, a time slice of milliseconds: beside one busy process on a 2-core VM, a small
-/// GPT-2 took 4–12 ms a run instead of 0.3–0.4 in half the processes (bench/RESULTS.md,
-/// session by).
+/// GPT-2 took 4–12 ms a run instead of 0.3–0.4 in 1 of 20 to 4 of 8 processes
+/// (bench/RESULTS.md, session by).
 fn own_pool(n: usize) -> bool {
     if n < 2 {
         return false;
