@@ -647,46 +647,65 @@ pub(crate) fn take(
         }
     }
     let scattered = inner == 1 && runs.len() * 4 > idx.len();
+    let fill = Take {
+        outer,
+        n,
+        inner,
+        idx: &idx,
+        runs: &runs,
+        scattered,
+    };
+    let total = outer * idx.len() * inner;
     if let Some(v) = x.as_f32() {
         // A recycled buffer, as the other kernels' outputs: a fresh one's first touch of each
         // page cost GPT-2's two embedding lookups (128 × 768 each) 1.1–1.2 ms a run, against
         // 20 µs for the copy (bench/RESULTS.md, session by).
-        let mut out = crate::par::scratch_f32(outer * idx.len() * inner);
+        let mut out = crate::par::scratch_f32(total);
+        fill.copy_into(v, &mut out);
+        return out.into_tensor(shape);
+    }
+    let data = map_same!(x.storage(), v => {
+        let mut out = vec![Default::default(); total];
+        fill.copy_into(v, &mut out);
+        out
+    });
+    tensor(shape, data)
+}
+
+/// [`take`]'s copy: `outer` blocks of `n × inner` source elements, from each the rows `idx`
+/// (`runs`: the same as runs of consecutive rows, each copied as one block; `scattered`: an
+/// `inner` of 1 with short runs, gathered element by element).
+struct Take<'a> {
+    outer: usize,
+    n: usize,
+    inner: usize,
+    idx: &'a [usize],
+    runs: &'a [(usize, usize)],
+    scattered: bool,
+}
+
+impl Take<'_> {
+    /// Fills `out` (`outer · idx.len() · inner` elements) from `v`.
+    fn copy_into<T: Copy>(&self, v: &[T], out: &mut [T]) {
+        let (n, inner) = (self.n, self.inner);
         let mut at = 0;
-        for o in 0..outer {
-            if scattered {
+        for o in 0..self.outer {
+            if self.scattered {
+                // Single elements: one gather loop rather than a copy call each.
                 let row = &v[o * n..(o + 1) * n];
-                for (d, &i) in out[at..at + idx.len()].iter_mut().zip(&idx) {
+                for (d, &i) in out[at..at + self.idx.len()].iter_mut().zip(self.idx) {
                     *d = row[i];
                 }
-                at += idx.len();
+                at += self.idx.len();
                 continue;
             }
-            for &(i, len) in &runs {
+            for &(i, len) in self.runs {
                 let b = (o * n + i) * inner;
                 out[at..at + len * inner].copy_from_slice(&v[b..b + len * inner]);
                 at += len * inner;
             }
         }
-        return out.into_tensor(shape);
     }
-    let data = map_same!(x.storage(), v => {
-        let mut out = Vec::with_capacity(outer * idx.len() * inner);
-        for o in 0..outer {
-            if scattered {
-                // Single elements: one gather loop rather than a copy call each.
-                let row = &v[o * n..(o + 1) * n];
-                out.extend(idx.iter().map(|&i| row[i]));
-                continue;
-            }
-            for &(i, len) in &runs {
-                let b = (o * n + i) * inner;
-                out.extend_from_slice(&v[b..b + len * inner]);
-            }
-        }
-        out
-    });
-    tensor(shape, data)
 }
 
 /// `broadcast_to` a shape (numpy rules).
