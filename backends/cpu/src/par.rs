@@ -191,8 +191,8 @@ fn own_pool(n: usize) -> bool {
                 .ok()
                 .map(Arc::new);
         }
-        own.as_ref()
-            .is_some_and(|p| p.current_num_threads() >= n && p.current_thread_index() == Some(0))
+        // (Built on this thread with `use_current_thread`: this thread is its worker 0.)
+        own.as_ref().is_some_and(|p| p.current_num_threads() >= n)
     })
 }
 
@@ -291,10 +291,14 @@ where
     // A worker of a pool with the threads (this thread's own, or a helper in a nested
     // region): the jobs go to this thread's own queue. Else the shared helpers, injected.
     let local = rayon::current_thread_index().is_some() && rayon::current_num_threads() >= n;
-    let shared = if local { None } else { helpers(n) };
-    if !local && shared.is_none() {
-        return tasks.into_iter().try_for_each(f);
-    }
+    let shared = if local {
+        None
+    } else {
+        let Some(pool) = helpers(n) else {
+            return tasks.into_iter().try_for_each(f);
+        };
+        Some(pool)
+    };
     let total = tasks.len();
     let slots: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
     // Run `r` is tasks `bounds[r]..bounds[r + 1]`; `next[r]` its first task not yet taken.
