@@ -142,6 +142,25 @@ impl<const K: usize> pulp::WithSimd for FixedRow<'_, K> {
     }
 }
 
+/// One output row through [`FixedRow`] on the widest instruction set of the CPU.
+fn fixed_row<const K: usize>(
+    src: &[f32],
+    dst: &mut [f32],
+    rows: &[usize],
+    wins_w: &[(Vec<usize>, usize)],
+    w: usize,
+    op: RowOp,
+) {
+    crate::simd::dispatch(FixedRow::<K> {
+        src,
+        dst,
+        rows,
+        wins_w,
+        w,
+        op,
+    });
+}
+
 /// Pixel `(y, x)` of a plane `src` of `w` columns of `K`-channel blocks, `None` past its end.
 #[inline(always)]
 fn pixel<const K: usize>(src: &[f32], w: usize, y: usize, x: usize) -> Option<&[f32; K]> {
@@ -155,6 +174,12 @@ fn pixel<const K: usize>(src: &[f32], w: usize, y: usize, x: usize) -> Option<&[
 /// the same order as the general loop, on `K` lanes of a fixed size, which the compiler keeps
 /// in vector registers (ResNet-50's 3×3 pool on `(1, 4, 112, 112, 16)`, two threads: 0.26
 /// ms through the general loop; session bf). Inlined into [`FixedRow`]'s dispatch.
+///
+/// The window's rows are the outer loop: each input row is read once, front to back, into
+/// the running maxima held in `dst` (a few KB, in L1), rather than three rows interleaved
+/// per output pixel. Each output still sees its window in row-major order, so ties and NaNs
+/// resolve as before. ResNet-50's pool after its stem, in the model on two threads: 0.15–0.17
+/// ms before, 0.09 after (its input, fresh from the stem, is read from L3; session bz).
 #[inline(always)]
 fn max_row<const K: usize>(
     src: &[f32],
@@ -163,9 +188,13 @@ fn max_row<const K: usize>(
     wins_w: &[(Vec<usize>, usize)],
     w: usize,
 ) {
-    for (o, (cols, _)) in dst.chunks_exact_mut(K).zip(wins_w) {
-        let mut m = [f32::NEG_INFINITY; K];
-        for &y in rows {
+    dst.fill(f32::NEG_INFINITY);
+    for &y in rows {
+        for (o, (cols, _)) in dst.chunks_exact_mut(K).zip(wins_w) {
+            let Ok(o) = <&mut [f32; K]>::try_from(o) else {
+                continue;
+            };
+            let mut m = *o;
             for &x in cols {
                 let Some(v) = pixel::<K>(src, w, y, x) else {
                     continue;
@@ -175,8 +204,8 @@ fn max_row<const K: usize>(
                     *m = if v > *m || v.is_nan() { v } else { *m };
                 }
             }
+            *o = m;
         }
-        o.copy_from_slice(&m);
     }
 }
 
@@ -234,32 +263,20 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> Option<KResult<T
         let dims = [planes, h * w * k, oh, row, k];
         let out = pool_rows(xs, dims, t, |r, src, dst, acc| {
             let (rows, ph) = &wins_h[r % oh];
-            if max && k == 16 {
-                let wins_w = &wins_w[..];
-                crate::simd::dispatch(FixedRow::<16> {
-                    src,
-                    dst,
-                    rows,
-                    wins_w,
-                    w,
-                    op: RowOp::Max,
-                });
-                return;
+            let op = if max {
+                RowOp::Max
+            } else {
+                RowOp::Avg {
+                    padded_rows: a.count_include_pad.then_some(*ph),
+                }
+            };
+            let wins_w = &wins_w[..];
+            match k {
+                16 => return fixed_row::<16>(src, dst, rows, wins_w, w, op),
+                8 => return fixed_row::<8>(src, dst, rows, wins_w, w, op),
+                _ => {}
             }
-            if !max && k == 16 {
-                let wins_w = &wins_w[..];
-                let padded_rows = a.count_include_pad.then_some(*ph);
-                crate::simd::dispatch(FixedRow::<16> {
-                    src,
-                    dst,
-                    rows,
-                    wins_w,
-                    w,
-                    op: RowOp::Avg { padded_rows },
-                });
-                return;
-            }
-            for (o, (cols, pw)) in dst.chunks_exact_mut(k).zip(&wins_w) {
+            for (o, (cols, pw)) in dst.chunks_exact_mut(k).zip(wins_w) {
                 let at = |y: usize, xx: usize| &src[(y * w + xx) * k..][..k];
                 if max {
                     o.fill(f32::NEG_INFINITY);
@@ -409,6 +426,7 @@ mod tests {
         // (shape, pool, stride, padding, ceil, include_pad): ResNet's 3×3/2 max pool, a 7×7
         // global one, a padded 3×3/1 average with and without the padding counted, ceil mode.
         // The last is large enough to be shared between threads (bands of rows, band first).
+        // Blocks of 16 and 8 take the fixed-width rows, 4 the general loop.
         let cases: [([usize; 4], usize, usize, usize, bool, bool); 6] = [
             ([1, 32, 12, 12], 3, 2, 1, false, false),
             ([2, 16, 7, 7], 7, 1, 0, false, false),
@@ -419,7 +437,7 @@ mod tests {
         ];
         for (shape, p, s, pad, ceil, incl) in cases {
             let [n, c, h, w] = shape;
-            for k in [16usize, 8] {
+            for k in [16usize, 8, 4] {
                 let v = data(n * c * h * w, Some(5));
                 let x =
                     Tensor::from_f32(shape.to_vec(), v.clone()).unwrap_or_else(|e| panic!("{e}"));
