@@ -46,8 +46,8 @@
 //!   tensors of those types (no frame of values, no symbol table); otherwise, or when the values
 //!   do not allow the fused kernel, the function is interpreted as above. The result is the
 //!   same either way, and so are the errors about arguments and kernels.
-//! - What the interpreter derives from a function's IR (fused chains, drop plans) is worked out
-//!   once per executor and function. [`Executor::run_shared`] pins the first module it runs:
+//! - What the interpreter derives from a function's IR (fused chains, drop plans, the fused
+//!   kernel a composite's body is) is worked out once per executor and function. [`Executor::run_shared`] pins the first module it runs:
 //!   the executor holds a reference to it, so it cannot change, and its functions' facts
 //!   (`main`'s too, for runs without a call hook) are used without comparing the function
 //!   again; other modules' facts serve only functions equal to the one they came from.
@@ -818,10 +818,14 @@ impl<'m> Interp<'m> {
                 args.len()
             )));
         }
-        if f.attrs.composite.is_some()
-            && let Some(v) = self.run_composite(name, f, &args)?
-        {
-            return Ok(v);
+        if f.attrs.composite.is_some() {
+            // At a resolved call site the callee's plan comes with its facts.
+            let known = site
+                .and_then(|s| s.facts.as_deref())
+                .and_then(|d| d.composite.as_ref());
+            if let Some(v) = self.run_composite(name, f, &args, known)? {
+                return Ok(v);
+            }
         }
         // At a resolved call site the callee's facts come with it.
         let facts = match site {

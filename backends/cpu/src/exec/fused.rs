@@ -41,19 +41,29 @@ impl<'m> Interp<'m> {
 
     /// Runs a composite whose body `composite.rs` recognises as one fused kernel: `None` when
     /// the body has another form or the values do not fit (the body is then interpreted).
+    /// `known` is the body's plan when the caller has it (from the function's facts).
     pub(super) fn run_composite(
         &self,
         name: &str,
         f: &Function,
         args: &[Value],
+        known: Option<&crate::composite::Plan>,
     ) -> Result<Option<Value>> {
-        let Some(plan) = crate::composite::recognise(f) else {
-            return Ok(None);
+        let recognised;
+        let plan = match known {
+            Some(p) => p,
+            None => {
+                let Some(p) = crate::composite::recognise(f) else {
+                    return Ok(None);
+                };
+                recognised = p;
+                &recognised
+            }
         };
         let input = |leaf| self.leaf_value(name, f, args, leaf);
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
         let packed = |x: &Tensor, w: &Tensor| self.exec.packed_weight(x, w);
-        let Some(out) = crate::composite::run(&plan, &input, &packed).map_err(|e| at(name, e))?
+        let Some(out) = crate::composite::run(plan, &input, &packed).map_err(|e| at(name, e))?
         else {
             return Ok(None);
         };

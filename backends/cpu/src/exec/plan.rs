@@ -54,6 +54,9 @@ pub(super) struct Facts {
     /// For a `Primitive` function: its results on arguments that are all constants, shapes
     /// and prim values ([`Interp::call_folded`]), by those arguments.
     pub(super) folded: Mutex<Vec<(Vec<ArgKey>, Value)>>,
+    /// For a composite function: [`crate::composite::recognise`] of it, so that a call at a
+    /// resolved [`Site`] does not read the body again (about 1.5 µs a call).
+    pub(super) composite: Option<crate::composite::Plan>,
 }
 
 /// An argument of a call whose result [`Facts::folded`] keeps: a constant (by its buffer,
@@ -112,6 +115,11 @@ impl Facts {
             chains,
             drops: drop_plan(f),
             calls: calls_functions(f),
+            composite: f
+                .attrs
+                .composite
+                .as_ref()
+                .and_then(|_| crate::composite::recognise(f)),
         }
     }
 }
