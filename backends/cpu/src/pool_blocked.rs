@@ -343,16 +343,11 @@ pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> Option
             .map(|&(x0, x1)| ((x0..x1).collect(), x1 - x0))
             .collect();
         let out = pool_rows(xs, dims, t, |r, src, dst, acc| {
-            if k == 16 {
-                crate::simd::dispatch(FixedRow::<16> {
-                    src,
-                    dst,
-                    rows: &row_lists[r % oh],
-                    wins_w: &col_lists,
-                    w,
-                    op: RowOp::Avg { padded_rows: None },
-                });
-                return;
+            let (list, op) = (&row_lists[r % oh], RowOp::Avg { padded_rows: None });
+            match k {
+                16 => return fixed_row::<16>(src, dst, list, &col_lists, w, op),
+                8 => return fixed_row::<8>(src, dst, list, &col_lists, w, op),
+                _ => {}
             }
             let (y0, y1) = rows[r % oh];
             for (o, &(x0, x1)) in dst.chunks_exact_mut(k).zip(&cols) {
@@ -490,8 +485,6 @@ mod tests {
             let [n, c, h, w] = shape;
             let v = data(n * c * h * w, None);
             let x = Tensor::from_f32(shape.to_vec(), v.clone()).unwrap_or_else(|e| panic!("{e}"));
-            let xb = Tensor::from_f32(vec![n, c / 16, h, w, 16], block(&v, shape, 16))
-                .unwrap_or_else(|e| panic!("{e}"));
             let attrs = |layout: &str| AdaptivePool2dAttrs {
                 output_size: Some([out[0] as i64, out[1] as i64]),
                 layout: layout.into(),
@@ -499,26 +492,31 @@ mod tests {
             };
             let want = crate::nn::adaptive_avg_pool2d(&x, &attrs("NCHW"))
                 .unwrap_or_else(|e| panic!("{e}"));
-            let want = block(
-                want.as_f32().unwrap_or_else(|| panic!("f32")),
-                [n, c, out[0], out[1]],
-                16,
-            );
-            for threads in [1, 2] {
-                let got = crate::par::with_threads(threads, || {
-                    adaptive_avg_pool2d(&xb, &attrs("NCHW16c"))
-                })
-                .unwrap_or_else(|| panic!("not taken"))
-                .unwrap_or_else(|e| panic!("{e}"));
-                assert_eq!(got.shape(), &[n, c / 16, out[0], out[1], 16]);
-                // The NCHW kernel's striped sums and these row-major ones round alike here; a
-                // last-bit difference would still be within the f64 sum's error.
-                let got = got.as_f32().unwrap_or_else(|| panic!("f32"));
-                for (g, w) in got.iter().zip(&want) {
-                    assert!(
-                        (g - w).abs() <= 1e-6 * w.abs().max(1.0),
-                        "{shape:?} → {out:?}: {g} vs {w}"
-                    );
+            // Blocks of 16 and 8 take the fixed-width rows, 4 the general loop.
+            for k in [16usize, 8, 4] {
+                let xb = Tensor::from_f32(vec![n, c / k, h, w, k], block(&v, shape, k))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let want = block(
+                    want.as_f32().unwrap_or_else(|| panic!("f32")),
+                    [n, c, out[0], out[1]],
+                    k,
+                );
+                for threads in [1, 2] {
+                    let got = crate::par::with_threads(threads, || {
+                        adaptive_avg_pool2d(&xb, &attrs(&format!("NCHW{k}c")))
+                    })
+                    .unwrap_or_else(|| panic!("not taken"))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(got.shape(), &[n, c / k, out[0], out[1], k]);
+                    // The NCHW kernel's striped sums and these row-major ones round alike
+                    // here; a last-bit difference would still be within the f64 sum's error.
+                    let got = got.as_f32().unwrap_or_else(|| panic!("f32"));
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!(
+                            (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                            "{shape:?} → {out:?}, k {k}: {g} vs {w}"
+                        );
+                    }
                 }
             }
         }
