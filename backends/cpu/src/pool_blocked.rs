@@ -109,12 +109,9 @@ enum RowOp {
     Avg { padded_rows: Option<usize> },
 }
 
-/// One output row of a pool of `K`-channel blocks ([`max_row`] or [`avg_row`]) compiled for
-/// the widest instruction set of the CPU ([`crate::simd::dispatch`]): `K` lanes in one
-/// AVX-512 register where the CPU has it. (Outside such a context the `K` lanes compiled to
-/// four SSE registers: ResNet-50's 3×3 max pool on `(1, 4, 112, 112, 16)`, two threads, 0.21
-/// ms against onnxruntime's 0.08; session bg.)
-struct FixedRow<'a, const K: usize> {
+/// One output row of a blocked pool: its plane `src` (`H × w × k`), its output row `dst`
+/// (`OW · k`), the window's `rows`, each output column's window and what the row computes.
+struct Row<'a> {
     src: &'a [f32],
     dst: &'a mut [f32],
     rows: &'a [usize],
@@ -123,42 +120,43 @@ struct FixedRow<'a, const K: usize> {
     op: RowOp,
 }
 
+impl Row<'_> {
+    /// Runs the row on blocks of a fixed `k` lanes ([`FixedRow`]) where `k` is 16 or 8;
+    /// `false` (nothing done) for another `k`, which the caller's general loop takes.
+    fn fixed(self, k: usize) -> bool {
+        match k {
+            16 => crate::simd::dispatch(FixedRow::<16>(self)),
+            8 => crate::simd::dispatch(FixedRow::<8>(self)),
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// A [`Row`] of `K`-channel blocks ([`max_row`] or [`avg_row`]) compiled for the widest
+/// instruction set of the CPU ([`crate::simd::dispatch`]): `K` lanes in one AVX-512 register
+/// where the CPU has it. (Outside such a context the `K` lanes compiled to four SSE
+/// registers: ResNet-50's 3×3 max pool on `(1, 4, 112, 112, 16)`, two threads, 0.21 ms
+/// against onnxruntime's 0.08; session bg.)
+struct FixedRow<'a, const K: usize>(Row<'a>);
+
 impl<const K: usize> pulp::WithSimd for FixedRow<'_, K> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        let FixedRow {
+        let Row {
             src,
             dst,
             rows,
             wins_w,
             w,
             op,
-        } = self;
+        } = self.0;
         match op {
             RowOp::Max => max_row::<K>(src, dst, rows, wins_w, w),
             RowOp::Avg { padded_rows } => avg_row::<K>(src, dst, rows, wins_w, w, padded_rows),
         }
     }
-}
-
-/// One output row through [`FixedRow`] on the widest instruction set of the CPU.
-fn fixed_row<const K: usize>(
-    src: &[f32],
-    dst: &mut [f32],
-    rows: &[usize],
-    wins_w: &[(Vec<usize>, usize)],
-    w: usize,
-    op: RowOp,
-) {
-    crate::simd::dispatch(FixedRow::<K> {
-        src,
-        dst,
-        rows,
-        wins_w,
-        w,
-        op,
-    });
 }
 
 /// Pixel `(y, x)` of a plane `src` of `w` columns of `K`-channel blocks, `None` past its end.
@@ -271,10 +269,16 @@ pub(crate) fn pool2d(x: &Tensor, a: &Pool2dAttrs, max: bool) -> Option<KResult<T
                 }
             };
             let wins_w = &wins_w[..];
-            match k {
-                16 => return fixed_row::<16>(src, dst, rows, wins_w, w, op),
-                8 => return fixed_row::<8>(src, dst, rows, wins_w, w, op),
-                _ => {}
+            let row = Row {
+                src,
+                dst: &mut *dst,
+                rows,
+                wins_w,
+                w,
+                op,
+            };
+            if row.fixed(k) {
+                return;
             }
             for (o, (cols, pw)) in dst.chunks_exact_mut(k).zip(wins_w) {
                 let at = |y: usize, xx: usize| &src[(y * w + xx) * k..][..k];
@@ -336,18 +340,23 @@ pub(crate) fn adaptive_avg_pool2d(x: &Tensor, a: &AdaptivePool2dAttrs) -> Option
         let row = ow * k;
         let t = crate::par::threads_for(planes * h * w * k, 1 << 16);
         let dims = [planes, h * w * k, oh, row, k];
-        // The same windows as lists, for the fixed-width path (`FixedRow`).
+        // The same windows as lists, for the fixed-width path (`Row::fixed`).
         let row_lists: Vec<Vec<usize>> = rows.iter().map(|&(y0, y1)| (y0..y1).collect()).collect();
         let col_lists: Vec<(Vec<usize>, usize)> = cols
             .iter()
             .map(|&(x0, x1)| ((x0..x1).collect(), x1 - x0))
             .collect();
         let out = pool_rows(xs, dims, t, |r, src, dst, acc| {
-            let (list, op) = (&row_lists[r % oh], RowOp::Avg { padded_rows: None });
-            match k {
-                16 => return fixed_row::<16>(src, dst, list, &col_lists, w, op),
-                8 => return fixed_row::<8>(src, dst, list, &col_lists, w, op),
-                _ => {}
+            let row = Row {
+                src,
+                dst: &mut *dst,
+                rows: &row_lists[r % oh],
+                wins_w: &col_lists,
+                w,
+                op: RowOp::Avg { padded_rows: None },
+            };
+            if row.fixed(k) {
+                return;
             }
             let (y0, y1) = rows[r % oh];
             for (o, &(x0, x1)) in dst.chunks_exact_mut(k).zip(&cols) {
