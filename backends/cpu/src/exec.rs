@@ -47,7 +47,8 @@
 //!   do not allow the fused kernel, the function is interpreted as above. The result is the
 //!   same either way, and so are the errors about arguments and kernels.
 //! - What the interpreter derives from a function's IR (fused chains, drop plans, the fused
-//!   kernel a composite's body is) is worked out once per executor and function. [`Executor::run_shared`] pins the first module it runs:
+//!   kernel a composite's body is) is worked out once per executor and function.
+//!   [`Executor::run_shared`] pins the first module it runs:
 //!   the executor holds a reference to it, so it cannot change, and its functions' facts
 //!   (`main`'s too, for runs without a call hook) are used without comparing the function
 //!   again; other modules' facts serve only functions equal to the one they came from.
