@@ -53,7 +53,7 @@ pub struct Layout {
 }
 
 /// The largest sub-axis factor a layout may name.
-const MAX_FACTOR: i64 = 1 << 20;
+pub const MAX_FACTOR: i64 = 1 << 20;
 
 impl Layout {
     /// Parses `s` over the primal letters `alphabet` (`"NCHW"`); `None` when it is not a layout

@@ -339,11 +339,25 @@ impl Geom {
         (i * self.dh % self.sh, j * self.dw % self.sw)
     }
 
+    /// How many phases the taps land on: [`Geom::phases`]' length, counted without listing
+    /// them. Tap row `i` lands on phase row `i · dh mod sh`, which repeats with period
+    /// `sh / gcd(dh, sh)` and is distinct within one; likewise for the columns, and the phases
+    /// are every pair of the two.
+    fn phase_count(&self) -> usize {
+        let distinct = |k: usize, d: usize, s: usize| {
+            let (mut a, mut b) = (d, s);
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            k.min(s / a.max(1))
+        };
+        distinct(self.kh, self.dh, self.sh) * distinct(self.kw, self.dw, self.sw)
+    }
+
     /// The values of one block of channels of one image as the kernel reads them.
     fn block_len(&self) -> Option<usize> {
         let (wv, hv) = self.virt();
-        self.phases()
-            .len()
+        self.phase_count()
             .checked_mul(hv)?
             .checked_mul(wv)?
             .checked_mul(self.ib)
@@ -668,15 +682,16 @@ pub(crate) fn conv(
         // Each block's plane cut into its runs (`[block][run]`), then gathered by (group, run).
         // Every plane has `nruns` runs: a short one is padded (an empty output) to keep the
         // indices.
-        let mut slots: Vec<Option<&mut [f32]>> = img
-            .chunks_mut(p * b)
-            .flat_map(|plane| {
-                let runs = plane.chunks_mut(rows * g.ow * b);
-                runs.chain(std::iter::repeat_with(|| &mut [][..]))
-                    .take(nruns)
-            })
-            .map(Some)
-            .collect();
+        let mut slots: Vec<Option<&mut [f32]>> = Vec::with_capacity(blocks * nruns);
+        slots.extend(
+            img.chunks_mut(p * b)
+                .flat_map(|plane| {
+                    let runs = plane.chunks_mut(rows * g.ow * b);
+                    runs.chain(std::iter::repeat_with(|| &mut [][..]))
+                        .take(nruns)
+                })
+                .map(Some),
+        );
         for (g0, nb) in groups(blocks, w.obg) {
             for r in 0..nruns {
                 let mut out: [&mut [f32]; OBG] = Default::default();

@@ -444,3 +444,20 @@ fn geometry_packing_and_sizes_are_checked() {
     let e = conv(&w, &[0.0; 32], &g1.with_block(NARROW), &mut y, 1, &[]).unwrap_err();
     assert!(e.contains("16 output channels"), "{e}");
 }
+
+#[test]
+fn phase_count_counts_the_listed_phases() {
+    for (kh, kw) in [(1, 1), (3, 3), (2, 5), (7, 1), (6, 4)] {
+        for (sh, sw) in [(1, 1), (2, 2), (3, 2), (4, 6)] {
+            for (dh, dw) in [(1, 1), (2, 3), (4, 2)] {
+                let g =
+                    Geom::new([1, 16, 64, 64], 16, [kh, kw], [sh, sw], [dh, dw], [0; 4]).unwrap();
+                assert_eq!(
+                    g.phase_count(),
+                    g.phases().len(),
+                    "kernel {kh}×{kw}, strides {sh}×{sw}, dilations {dh}×{dw}"
+                );
+            }
+        }
+    }
+}
