@@ -8,7 +8,8 @@ transformers, onnxscript, onnxruntime; CI never runs this: the weights are hundr
     .venv-export/bin/python bench/export_models.py OUT_DIR [MODEL ...]
 
 MODEL is any of bert-base, gpt2, mobilenet-v2, mixtral-moe, deberta-v3-base, vit-base,
-llama-small, xlnet-base (default: all). Nothing is downloaded but
+llama-small, xlnet-base, mobilenet-v3-large, efficientnet-b0, convnext-tiny, densenet-121
+(default: all). Nothing is downloaded but
 packages: every model is built from its default config (the published checkpoint's shape) with
 random weights after `torch.manual_seed(0)`; token ids and pixels come from seeded numpy
 generators. Per model, OUT_DIR/<model>/ holds:
@@ -31,6 +32,11 @@ of their weights (`experts_implementation="batched_mm"`; the grouped default doe
 to measure the `cpu.moe_silu_gated` fusion against onnxruntime running the same graph.
 deberta-v3-base (not in the table either: `DebertaV2Model` with microsoft/deberta-v3-base's
 shape, random weights, TorchScript, opset 17) measures `cpu.attention_reshaped`.
+
+mobilenet-v3-large, efficientnet-b0, convnext-tiny and densenet-121 are torchvision's
+(TorchScript, opset 17, `pixel_values [1, 3, 224, 224]`, batch-norm statistics calibrated as for
+mobilenet-v2): the CNN families beyond the table (squeeze-excitation and hard-swish, SiLU,
+7×7 depthwise with LayerNorm, concatenation).
 
 The light ResNet-50 of the table is made by tests/ort/resnet50_random.py (no torch needed).
 """
@@ -165,11 +171,12 @@ def gpt2(out):
          f"dynamo exporter, opset 18, {n / 1e6:.1f} M parameters, {ext} initializers external")
 
 
-def mobilenet(out):
+def torchvision_cnn(out, name, arch):
+    """torchvision's `arch` with random weights at 224 × 224, batch 1 (dynamic batch axis)."""
     import torchvision
 
     torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v2(weights=None)
+    model = getattr(torchvision.models, arch)(weights=None)
     n = sum(p.numel() for p in model.parameters())
     rng = np.random.default_rng(0)
     # Random weights with the batch-norm statistics of fresh init (mean 0, var 1) shrink the
@@ -200,8 +207,12 @@ def mobilenet(out):
             output_names=["logits"],
             dynamic_axes={"pixel_values": {0: "batch"}},
         )
-    save(out, "mobilenet-v2", {"pixel_values": x}, path, want,
-         f"TorchScript exporter, opset 17, torchvision mobilenet_v2, {n / 1e6:.1f} M parameters")
+    save(out, name, {"pixel_values": x}, path, want,
+         f"TorchScript exporter, opset 17, torchvision {arch}, {n / 1e6:.1f} M parameters")
+
+
+def mobilenet(out):
+    torchvision_cnn(out, "mobilenet-v2", "mobilenet_v2")
 
 
 def mixtral_moe(out):
@@ -300,6 +311,10 @@ MODELS = {
     "bert-base": bert,
     "gpt2": gpt2,
     "mobilenet-v2": mobilenet,
+    "mobilenet-v3-large": lambda out: torchvision_cnn(out, "mobilenet-v3-large", "mobilenet_v3_large"),
+    "efficientnet-b0": lambda out: torchvision_cnn(out, "efficientnet-b0", "efficientnet_b0"),
+    "convnext-tiny": lambda out: torchvision_cnn(out, "convnext-tiny", "convnext_tiny"),
+    "densenet-121": lambda out: torchvision_cnn(out, "densenet-121", "densenet121"),
     "mixtral-moe": mixtral_moe,
     "deberta-v3-base": deberta_v3_base,
     "vit-base": vit_base,

@@ -138,6 +138,18 @@ pub(crate) fn binary(op: BinOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
         {
             Storage::F32(repeat_binary_f32(op, y, x, true))
         }
+        (StorageRef::F32(x), StorageRef::F32(y)) if sa == shape.as_slice() && y.len() > 1 => {
+            match runs_of(sb, &shape) {
+                Some(inner) => Storage::F32(runs_binary_f32(op, x, y, inner, false)),
+                None => Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op))),
+            }
+        }
+        (StorageRef::F32(x), StorageRef::F32(y)) if sb == shape.as_slice() && x.len() > 1 => {
+            match runs_of(sa, &shape) {
+                Some(inner) => Storage::F32(runs_binary_f32(op, y, x, inner, true)),
+                None => Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op))),
+            }
+        }
         (StorageRef::F32(x), StorageRef::F32(y)) => {
             Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op)))
         }
@@ -253,6 +265,69 @@ fn repeat_binary_f32(op: BinOp, x: &[f32], y: &[f32], swap: bool) -> Vec<f32> {
                 run(x, y, |p, q| f(q, p))
             } else {
                 run(x, y, f)
+            }
+        }};
+    }
+    match op {
+        BinOp::Add => go!(|a: f32, b: f32| a + b),
+        BinOp::Sub => go!(|a: f32, b: f32| a - b),
+        BinOp::Mul => go!(|a: f32, b: f32| a * b),
+        BinOp::Div => go!(|a: f32, b: f32| a / b),
+        BinOp::Pow => go!(f32::powf),
+        BinOp::Max => go!(f32::max),
+        BinOp::Min => go!(f32::min),
+    }
+}
+
+/// How an operand of shape `s` broadcast to `shape` reads as whole runs: each of its elements
+/// repeated `inner` times in a row, the whole cycled, so that element `i` of the result reads
+/// element `(i / inner) % len` of it. That holds when `s`, after its leading 1s, is `shape`'s
+/// axes `f..e` followed by 1s only: a per-channel scale `(1, C, 1, 1)` over `NCHW` (each value
+/// over a plane), `(C, 1)` over `(N, C, L)`. `Some(inner)` then (the product of `shape`'s
+/// axes from `e`); `None` otherwise, or for a scalar.
+fn runs_of(s: &[usize], shape: &[usize]) -> Option<usize> {
+    let pad = shape.len().checked_sub(s.len())?;
+    let lead = s.iter().take_while(|&&d| d == 1).count();
+    let trail = s[lead..].iter().rev().take_while(|&&d| d == 1).count();
+    let core = &s[lead..s.len() - trail];
+    let (f, e) = (pad + lead, pad + s.len() - trail);
+    (!core.is_empty() && shape[f..e] == *core).then(|| shape[e..].iter().product())
+}
+
+/// `op(x[i], y[(i / inner) % y.len()])` (`op(y[..], x[i])` when `swap`) for `float32` data:
+/// the operand [`runs_of`] reads as runs, each run one loop over a broadcast value (which
+/// vectorises), in chunks on the kernel threads; the same arithmetic as the broadcasting path,
+/// element by element. (DenseNet-121's batch norms after each concatenation, `(1, 256, 56, 56)`
+/// by `(1, 256, 1, 1)`: 3.3 ms a multiply through the strided path on one thread.)
+fn runs_binary_f32(op: BinOp, x: &[f32], y: &[f32], inner: usize, swap: bool) -> Vec<f32> {
+    fn run(x: &[f32], y: &[f32], inner: usize, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+        let t = crate::par::threads_for(x.len(), CHUNK * 2);
+        let mut out = vec![0.0f32; x.len()];
+        if y.is_empty() || inner == 0 {
+            return out;
+        }
+        crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
+            let xs = &x[off..off + c.len()];
+            let mut i = 0;
+            while i < c.len() {
+                let at = off + i;
+                let q = y[(at / inner) % y.len()];
+                let n = (inner - at % inner).min(c.len() - i);
+                for (d, &p) in c[i..i + n].iter_mut().zip(&xs[i..i + n]) {
+                    *d = f(p, q);
+                }
+                i += n;
+            }
+        });
+        out
+    }
+    macro_rules! go {
+        ($f:expr) => {{
+            let f = $f;
+            if swap {
+                run(x, y, inner, |p, q| f(q, p))
+            } else {
+                run(x, y, inner, f)
             }
         }};
     }
@@ -717,6 +792,68 @@ mod tests {
                 assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
             }
         }
+    }
+
+    #[test]
+    fn operands_read_as_runs_give_the_broadcasting_paths_bits() {
+        let ops = [
+            BinOp::Add,
+            BinOp::Sub,
+            BinOp::Mul,
+            BinOp::Div,
+            BinOp::Pow,
+            BinOp::Max,
+            BinOp::Min,
+        ];
+        // (full shape, broadcast operand's shape, its runs); sizes past CHUNK cross chunk
+        // boundaries mid-run.
+        let cases: [(&[usize], &[usize], usize); 7] = [
+            (&[1, 256, 56, 56], &[1, 256, 1, 1], 3136),
+            (&[2, 3, 7, 7], &[3, 1, 1], 49),
+            (&[2, 5, 3], &[1, 5, 1], 3),
+            (&[4, 6, 10], &[4, 6, 1], 10),
+            (&[3, 3000, 7], &[3000, 1], 7),
+            (&[2, 4, 5, 6], &[4, 5, 1], 6),
+            (&[8, 3], &[8, 1], 3),
+        ];
+        for (full, rep, inner) in cases {
+            assert_eq!(runs_of(rep, full), Some(inner), "{rep:?} over {full:?}");
+            let n: usize = full.iter().product();
+            let m: usize = rep.iter().product();
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37) % 101) as f32 / 17.0 - 2.5)
+                .collect();
+            let mut y: Vec<f32> = (0..m)
+                .map(|i| ((i * 53) % 89) as f32 / 13.0 - 3.0)
+                .collect();
+            y[m / 2] = f32::NAN;
+            let shape = broadcast_shapes(full, rep).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for op in ops {
+                let want = zip_broadcast(&x, full, &y, rep, &shape, f32_op(op));
+                let got = runs_binary_f32(op, &x, &y, inner, false);
+                assert_eq!(bits(&got), bits(&want), "{op:?} {full:?} by {rep:?}");
+                let want = zip_broadcast(&y, rep, &x, full, &shape, f32_op(op));
+                let got = runs_binary_f32(op, &x, &y, inner, true);
+                assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
+                // And through `binary`, both ways round.
+                let (tx, ty) = (
+                    Tensor::from_f32(full.to_vec(), x.clone()).unwrap(),
+                    Tensor::from_f32(rep.to_vec(), y.clone()).unwrap(),
+                );
+                let got = binary(op, &ty, &tx).unwrap();
+                let StorageRef::F32(g) = got.storage() else {
+                    unreachable!()
+                };
+                assert_eq!(bits(g), bits(&want), "binary {op:?} {rep:?} by {full:?}");
+            }
+        }
+        // Not runs: a middle axis broadcast, a longer operand, a scalar.
+        assert_eq!(runs_of(&[2, 1, 3], &[2, 4, 3]), None);
+        assert_eq!(runs_of(&[1, 5, 1, 1], &[5, 1, 1]), None);
+        assert_eq!(runs_of(&[5, 1, 1], &[1, 5, 1, 1]), Some(1));
+        assert_eq!(runs_of(&[3, 1], &[2, 4, 1]), None);
+        assert_eq!(runs_of(&[1, 1], &[4, 4]), None);
     }
 
     #[test]

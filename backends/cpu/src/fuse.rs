@@ -310,7 +310,10 @@ pub(crate) fn plan(
             }
         }
         let useful = match head {
-            Head::Conv { .. } => !links.is_empty(),
+            // A `conv2d` alone too: the chain's path runs it with the weight forms the
+            // executor keeps (Winograd-transformed, packed), which the op's path makes again
+            // on every call (DenseNet-121's 3×3 layers, each read only by a concatenation).
+            Head::Conv { .. } => true,
             Head::Add { .. } => links == [Link::Relu],
         };
         if useful {
@@ -442,8 +445,8 @@ pub(crate) fn steps(
 /// The value of the chain's last binding, given the fused convolution's output `y`: `y`
 /// itself, or for a `batch_norm` the tuple `(y, mean, var)` it returns in inference mode.
 pub(crate) fn result(chain: &Chain, y: Tensor, operands: &[Value]) -> Option<Value> {
-    match chain.links.last()? {
-        Link::BatchNorm { .. } => {
+    match chain.links.last() {
+        Some(Link::BatchNorm { .. }) => {
             let n = operands.len().checked_sub(2)?;
             let (Value::Tensor(m), Value::Tensor(v)) = (operands.get(n)?, operands.get(n + 1)?)
             else {

@@ -123,7 +123,12 @@ fn a_conv_with_bias_and_relu6_fuses_bit_for_bit() {
             Some("relax.nn.conv2d+relax.add+relax.clip")
         );
         let fp = plain.get("main").unwrap_or_else(|| panic!("no main"));
-        assert!(crate::fuse::plan(&plain, fp, &|_| true)[0].is_none());
+        let alone = crate::fuse::plan(&plain, fp, &|_| true);
+        assert_eq!(
+            alone[0].as_ref().map(|c| c.links.len()),
+            Some(0),
+            "a conv2d read twice is a chain of itself"
+        );
         let tensor = |shape: Vec<usize>, k: u32| {
             let n: usize = shape.iter().product();
             let v = (0..n)
@@ -173,7 +178,12 @@ fn a_conv_with_bias_and_residual_adds_fuses_bit_for_bit() {
         .map_or(0, |c| c.links.len());
     assert_eq!(links, 3, "conv2d + add + add + relu is one chain");
     let fp = plain.get("main").unwrap_or_else(|| panic!("no main"));
-    assert!(crate::fuse::plan(&plain, fp, &|_| true)[0].is_none());
+    let alone = crate::fuse::plan(&plain, fp, &|_| true);
+    assert_eq!(
+        alone[0].as_ref().map(|c| c.links.len()),
+        Some(0),
+        "a conv2d read twice is a chain of itself"
+    );
     let vals = |n: usize, k: u32| -> Vec<f32> {
         (0..n)
             .map(|i| {
@@ -756,5 +766,70 @@ class Module:
         assert_eq!(a1.storage_ptr(), a2.storage_ptr(), "shared={shared}");
         assert_ne!(a1.storage_ptr(), a3.storage_ptr(), "shared={shared}");
         assert_ne!(b1.storage_ptr(), b2.storage_ptr(), "shared={shared}");
+    }
+}
+
+#[test]
+fn a_conv_alone_is_a_chain_that_gives_the_ops_bits() {
+    // 3×3 convolutions read only by what is not an epilogue (DenseNet's, before a concat):
+    // one that runs as Winograd and one that does not.
+    for (c, o, hw) in [(32, 32, 14), (4, 8, 6)] {
+        let t = |s: String| format!("R.Tensor(({s}), dtype=\"float32\")");
+        let text = format!(
+            "@I.ir_module\nclass Module:\n    @R.function\n    def main(x: {x}, w: {w}) -> {y}:\n        with R.dataflow():\n            c = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])\n            R.output(c)\n        return c\n",
+            x = t(format!("1, {c}, {hw}, {hw}")),
+            w = t(format!("{o}, {c}, 3, 3")),
+            y = t(format!("1, {o}, {hw}, {hw}")),
+        );
+        let m = parse_module_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        let main = m.get("main").unwrap_or_else(|| panic!("no main"));
+        let chains = crate::fuse::plan(&m, main, &|_| true);
+        let Some(Some(chain)) = chains.first() else {
+            panic!("no chain")
+        };
+        assert!(chain.links.is_empty());
+        let vals = |n: usize, k: u32| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2654435761).wrapping_add(k) % 1000) as f32 / 500.0
+                        - 1.0
+                })
+                .collect()
+        };
+        let x = Tensor::from_f32(vec![1, c, hw, hw], vals(c * hw * hw, 1))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let w = Tensor::from_f32(vec![o, c, 3, 3], vals(o * c * 9, 2))
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The chain's value is the convolution's output itself.
+        let y = Tensor::from_f32(vec![1], vec![0.5]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            crate::fuse::result(chain, y, &[]),
+            Some(Value::Tensor(t)) if t.to_f32_vec() == [0.5]
+        ));
+        let got = crate::run(
+            &m,
+            "main",
+            vec![Value::Tensor(x.clone()), Value::Tensor(w.clone())],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let fusebox_core::ir::ExprKind::Call {
+            callee: fusebox_core::ir::Callee::Op(Op::Conv2d(attrs)),
+            ..
+        } = &main
+            .expr(
+                main.bindings()
+                    .next()
+                    .unwrap_or_else(|| panic!("empty"))
+                    .value,
+            )
+            .kind
+        else {
+            panic!("not a conv2d")
+        };
+        let want = crate::conv::conv2d(&x, &w, attrs).unwrap_or_else(|e| panic!("{e}"));
+        let Value::Tensor(got) = got else {
+            panic!("not a tensor")
+        };
+        assert_eq!(bits(&got), bits(&want), "{c} -> {o} on {hw}×{hw}");
     }
 }
