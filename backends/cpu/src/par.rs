@@ -524,7 +524,17 @@ impl std::ops::DerefMut for Scratch {
 /// from 5.29 to 5.07 ms (zeroing the difference instead gained nothing); bounding the slack
 /// at 2 to 16 times `n`, or taking the best fit, ran even with this (bench/RESULTS.md,
 /// sessions ae and af).
+///
+/// A buffer shorter than [`KEPT_MIN`] is always fresh: the pool never takes one back, and a
+/// small tensor that took a kept buffer held it until its own drop. EfficientNet-B0's
+/// squeeze-and-excitation values (28 to 1152 elements) took the pool's buffers one after the
+/// other, so that the large outputs after them found it empty and were zeroed afresh: 6% of a
+/// one-thread run in `memset`; 0.4% since, and the model 0.90–0.93 of its time on two
+/// threads, MobileNetV3-Large 0.89–1.06 (bench/RESULTS.md, session ca).
 pub(crate) fn scratch_f32(n: usize) -> Scratch {
+    if n < KEPT_MIN {
+        return Scratch::from_vec(vec![0.0; n]);
+    }
     let kept = KEPT.with(|k| {
         let mut k = k.borrow_mut();
         let i = k.iter().rposition(|v| v.len() >= n)?;
