@@ -16,7 +16,9 @@
 //! output instead; and as a pass of its own when the result is larger than that output, as
 //! in a squeeze-and-excite block). A group whose first binding is a `matmul` runs the
 //! `matmul` kernel, then the program in one pass over its output (in place when the shapes
-//! allow).
+//! allow). A program without a head (or run after one) first runs the instructions that
+//! read only values smaller than its result, once each at their own shape ([`hoist`]): a
+//! squeeze-and-excite gate is computed per channel, not per element.
 //!
 //! Contract:
 //!
@@ -541,7 +543,22 @@ fn result_shape(prog: &Program, leaves: &[&[usize]], head: Option<&[usize]>) -> 
 /// Binds a program to run-time inputs (`leaves[i]` for [`Program::leaves`]`[i]`) and, after a
 /// head, the head's output shape, which the result must have (the epilogue overwrites the
 /// head's output); `None` when the values do not allow the one-pass run (see the module doc).
+/// Without a head, the instructions that read only values smaller than the result run first,
+/// once each at their own shape ([`hoist`]).
 pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) -> Option<Bound> {
+    if leaves.len() != prog.leaves.len() {
+        return None;
+    }
+    if head.is_none()
+        && let Some((p, all)) = hoist(prog, leaves)
+    {
+        return bind_whole(&p, &all, None);
+    }
+    bind_whole(prog, leaves, head)
+}
+
+/// [`bind`] with every instruction run at the result's shape.
+fn bind_whole(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) -> Option<Bound> {
     if leaves.len() != prog.leaves.len() {
         return None;
     }
@@ -570,6 +587,124 @@ pub(crate) fn bind(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) ->
         inputs,
         shape: out,
     })
+}
+
+/// `prog` on `leaves` with the instructions that read only values smaller than the result
+/// (plain inputs, and what such instructions computed) run first, each once at its own shape,
+/// their results becoming inputs of the rest: a squeeze-and-excite gate, `sigmoid(add(s, b))`
+/// on `(1, C, 1, 1)` values, then `multiply` by the `(1, C, H, W)` feature map, computes the
+/// gate `C` times instead of `C·H·W` (EfficientNet-B0: 65 such blocks). Each runs the same
+/// instruction on the same operand values ([`exec`], through a one-instruction [`Bound`]), so
+/// every element of the result keeps its bits. `None` when nothing is hoisted or a value
+/// does not fit (then the whole program runs at the result's shape).
+fn hoist(prog: &Program, leaves: &[Tensor]) -> Option<(Program, Vec<Tensor>)> {
+    let views = resolve_feeds(prog, leaves)?;
+    let shapes: Vec<&[usize]> = views.iter().map(|(_, v)| v.shape.as_slice()).collect();
+    let out = result_shape(prog, &shapes, None)?;
+    let total: usize = out.iter().product();
+    // Inputs after hoisting: the program's own feeds, then one plain feed per hoisted value.
+    let mut feeds = prog.feeds.clone();
+    let mut all: Vec<Tensor> = leaves.to_vec();
+    let mut names = prog.leaves.clone();
+    // What each physical register holds now, when a hoisted value: its input.
+    let mut held: Vec<Option<usize>> = vec![None; prog.nregs];
+    let mut insts = Vec::with_capacity(prog.insts.len());
+    let mut hoisted = false;
+    for inst in &prog.insts {
+        let sub = |s: Src| match s {
+            Src::Reg(r) => held.get(r).copied().flatten().map_or(s, Src::In),
+            s => s,
+        };
+        let (a, b) = (sub(inst.a), inst.b.map(sub));
+        // An operand's tensor, when it is a plain input (its data as the op reads it).
+        let plain = |s: Src| match s {
+            Src::In(i) if feeds.get(i).is_some_and(Feed::is_plain) => {
+                all.get(feeds[i].base).cloned()
+            }
+            _ => None,
+        };
+        let small = match (plain(a), b.map(plain)) {
+            (Some(x), None) => Some(vec![x]),
+            (Some(x), Some(Some(y))) => Some(vec![x, y]),
+            _ => None,
+        };
+        let value = small.and_then(|ops| {
+            let shape = match ops.as_slice() {
+                [x] => x.shape().to_vec(),
+                [x, y] => broadcast_shapes(x.shape(), y.shape()).ok()?,
+                _ => return None,
+            };
+            if shape.iter().product::<usize>() >= total || inst.dst == Dst::Out {
+                return None;
+            }
+            let one = Program {
+                insts: vec![Inst {
+                    kind: inst.kind,
+                    a: Src::In(0),
+                    b: b.map(|_| Src::In(ops.len() - 1)),
+                    dst: Dst::Out,
+                }],
+                nregs: 0,
+                leaves: vec![Leaf::Param(usize::MAX); ops.len()],
+                feeds: (0..ops.len()).map(Feed::leaf).collect(),
+                name: prog.name.clone(),
+            };
+            bind_whole(&one, &ops, None)?.run().ok()
+        });
+        match (value, inst.dst) {
+            (Some(v), Dst::Reg(r)) => {
+                all.push(v);
+                names.push(Leaf::Param(usize::MAX));
+                feeds.push(Feed::leaf(all.len() - 1));
+                *held.get_mut(r)? = Some(feeds.len() - 1);
+                hoisted = true;
+            }
+            _ => {
+                if let Dst::Reg(r) = inst.dst {
+                    *held.get_mut(r)? = None;
+                }
+                insts.push(Inst { a, b, ..*inst });
+            }
+        }
+    }
+    if !hoisted {
+        return None;
+    }
+    // Only the feeds the remaining instructions read: a block gathers every input it has,
+    // read or not (the gate's operands, once hoisted, are not).
+    let mut used = vec![false; feeds.len()];
+    for inst in &insts {
+        for s in [Some(inst.a), inst.b].into_iter().flatten() {
+            if let Src::In(i) = s {
+                *used.get_mut(i)? = true;
+            }
+        }
+    }
+    let mut index = vec![usize::MAX; feeds.len()];
+    let mut kept = Vec::new();
+    for (i, feed) in feeds.into_iter().enumerate() {
+        if used[i] {
+            index[i] = kept.len();
+            kept.push(feed);
+        }
+    }
+    for inst in &mut insts {
+        for s in [Some(&mut inst.a), inst.b.as_mut()].into_iter().flatten() {
+            if let Src::In(i) = s {
+                *i = index[*i];
+            }
+        }
+    }
+    Some((
+        Program {
+            insts,
+            nregs: prog.nregs,
+            leaves: names,
+            feeds: kept,
+            name: prog.name.clone(),
+        },
+        all,
+    ))
 }
 
 /// Each feed's data (a `float32` leaf) and its view resolved (`elem_view::resolve`); `None`

@@ -1109,3 +1109,61 @@ proptest! {
         check(&src, &args, &name);
     }
 }
+
+#[test]
+fn values_smaller_than_the_result_are_computed_at_their_own_shape() {
+    // A squeeze-and-excite gate: `add` and `sigmoid` read only `(1, C, 1, 1)` values, so they
+    // run once per channel; the `multiply` by the feature map is what is left.
+    let (c, hw) = (16usize, 20usize);
+    let body = [
+        "v0 = R.add(p1, p2)".to_string(),
+        "v1 = R.sigmoid(v0)".to_string(),
+        "v2 = R.multiply(p0, v1)".to_string(),
+        "v3 = R.multiply(v2, v1)".to_string(),
+    ];
+    let params = vec![vec![1, c, hw, hw], vec![1, c, 1, 1], vec![1, c, 1, 1]];
+    let src = module_src(&params, "float32", &body, &[1, c, hw, hw]);
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let group = compile(m.get("fused").unwrap()).unwrap();
+    let mut r = Rng(5);
+    let args: Vec<Tensor> = params.iter().map(|s| r.tensor(s)).collect();
+    // The program's leaves in its order (first use).
+    let leaf = |l: &Leaf| match l {
+        Leaf::Param(i) => args[*i].clone(),
+        Leaf::Const(_) => panic!("no constants here"),
+    };
+    let leaves: Vec<Tensor> = group.prog.leaves.iter().map(leaf).collect();
+    let (p, all) = hoist(&group.prog, &leaves).unwrap();
+    assert_eq!(p.insts.len(), 2, "{:?}", p.insts);
+    assert_eq!(all.len(), leaves.len() + 2);
+    assert_eq!(all[leaves.len() + 1].shape(), [1, c, 1, 1]);
+    // What is left reads the feature map and the gate, not the gate's operands.
+    assert_eq!(p.feeds.len(), 2);
+    // And the whole group keeps the op-by-op bits (on a plane past one block, so that blocks
+    // straddle channels).
+    let args: Vec<Value> = args.into_iter().map(Value::Tensor).collect();
+    check(
+        &src,
+        &args,
+        "relax.add+relax.sigmoid+relax.multiply+relax.multiply",
+    );
+    // Nothing smaller than the result: nothing hoisted.
+    let full = [
+        "v0 = R.add(p0, p1)".to_string(),
+        "v1 = R.sigmoid(v0)".to_string(),
+    ];
+    let fsrc = module_src(&params[..2], "float32", &full, &[1, c, hw, hw]);
+    let fm = fusebox_core::text::parse_module_str(&fsrc).unwrap();
+    let fg = compile(fm.get("fused").unwrap()).unwrap();
+    let fa: Vec<Tensor> = params[..2].iter().map(|s| r.tensor(s)).collect();
+    let fl: Vec<Tensor> = fg
+        .prog
+        .leaves
+        .iter()
+        .map(|l| match l {
+            Leaf::Param(i) => fa[*i].clone(),
+            Leaf::Const(_) => panic!("no constants here"),
+        })
+        .collect();
+    assert!(hoist(&fg.prog, &fl).is_none());
+}
