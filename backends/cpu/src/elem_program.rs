@@ -16,7 +16,8 @@
 //! output instead; and as a pass of its own when the result is larger than that output, as
 //! in a squeeze-and-excite block). A group whose first binding is a `matmul` runs the
 //! `matmul` kernel, then the program in one pass over its output (in place when the shapes
-//! allow). A program without a head (or run after one) first runs the instructions that
+//! allow). A group whose first binding is a `concat` of parameters and constants runs the
+//! `concat` kernel likewise, then the program over its output. A program without a head (or run after one) first runs the instructions that
 //! read only values smaller than its result, once each at their own shape ([`hoist`]): a
 //! squeeze-and-excite gate is computed per channel, not per element.
 //!
@@ -26,8 +27,8 @@
 //!   `negative`, `abs`, `relu`, `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `sigmoid`, `erf`,
 //!   `gelu`, `gelu_tanh`, `silu`, `clip` (number bounds), `astype` to `float32`, and the
 //!   elementwise family's rounding / float-math ops (`floor`, `ceil`, `round`, `sign`, `sin` …
-//!   `atanh`) and float `mod` / `floor_mod`; the first binding may instead be a `conv2d` or a
-//!   `matmul` of parameters or constants (the head). Layout ops and `gather_elements` of
+//!   `atanh`) and float `mod` / `floor_mod`; the first binding may instead be a `conv2d`, a
+//!   `matmul` or a `concat` of parameters or constants (the head). Layout ops and `gather_elements` of
 //!   parameters and constants are read in place as views of them (`elem_view.rs`: a strided
 //!   or gathered read per block, no tensor made). [`compile`] returns `None` for a function
 //!   with any other binding, fewer than two bindings, or a result that is not its last
@@ -186,6 +187,9 @@ pub(crate) enum Head {
     /// `matmul(lhs, rhs)` (`op`): computed by its kernel, then the program in one pass over
     /// its output.
     Matmul { op: Op, lhs: Leaf, rhs: Leaf },
+    /// `concat((parts..), axis)`: computed by its kernel, then the program in one pass over its
+    /// output (DenseNet's batch norm and ReLU after each concatenation, which ran op by op).
+    Concat { op: Op, parts: Vec<Leaf> },
 }
 
 /// A compiled elementwise program.
@@ -293,6 +297,17 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
                 lhs: leaf_of(*lhs)?,
                 rhs: leaf_of(*rhs)?,
             });
+        }
+        Some((op @ Op::Concat { .. }, [tuple])) => {
+            if let Some(ExprKind::Tuple(fields)) = f.exprs.get(*tuple).map(|d| &d.kind) {
+                head = Some(Head::Concat {
+                    op: op.clone(),
+                    parts: fields
+                        .iter()
+                        .map(|&e| leaf_of(e))
+                        .collect::<Option<Vec<_>>>()?,
+                });
+            }
         }
         _ => {}
     }

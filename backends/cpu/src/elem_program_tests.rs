@@ -1167,3 +1167,42 @@ fn values_smaller_than_the_result_are_computed_at_their_own_shape() {
         .collect();
     assert!(hoist(&fg.prog, &fl).is_none());
 }
+
+#[test]
+fn a_concat_group_runs_the_program_over_the_concatenation() {
+    // DenseNet's batch norm and ReLU after a concatenation of the block's features.
+    let params = vec![
+        vec![1, 8, 9, 9],
+        vec![1, 4, 9, 9],
+        vec![1, 4, 9, 9],
+        vec![1, 16, 1, 1],
+        vec![1, 16, 1, 1],
+    ];
+    let body = [
+        "v0 = R.concat((p0, p1, p2), axis=1)".to_string(),
+        "v1 = R.multiply(v0, p3)".to_string(),
+        "v2 = R.add(v1, p4)".to_string(),
+        "v3 = R.nn.relu(v2)".to_string(),
+    ];
+    let src = module_src(&params, "float32", &body, &[1, 16, 9, 9]);
+    let m = fusebox_core::text::parse_module_str(&src).unwrap();
+    let group = compile(m.get("fused").unwrap()).unwrap();
+    assert!(matches!(group.head, Some(Head::Concat { ref parts, .. }) if parts.len() == 3));
+    let mut r = Rng(23);
+    let args: Vec<Value> = params.iter().map(|s| Value::Tensor(r.tensor(s))).collect();
+    check(
+        &src,
+        &args,
+        "relax.concat+relax.multiply+relax.add+relax.nn.relu",
+    );
+    // A concatenation the program's result outgrows (a broadcast over a new leading axis):
+    // the program runs as its own pass after it.
+    let params2 = vec![vec![1, 2, 3], vec![1, 2, 3], vec![5, 1, 1, 1]];
+    let body2 = [
+        "v0 = R.concat((p0, p1), axis=2)".to_string(),
+        "v1 = R.add(v0, p2)".to_string(),
+    ];
+    let src2 = module_src(&params2, "float32", &body2, &[5, 1, 2, 6]);
+    let args2: Vec<Value> = params2.iter().map(|s| Value::Tensor(r.tensor(s))).collect();
+    check(&src2, &args2, "relax.concat+relax.add");
+}

@@ -216,6 +216,50 @@ impl<'m> Interp<'m> {
                 self.record(&group.prog.name, t);
                 y
             }
+            Some(crate::elem_program::Head::Concat { op, parts }) => {
+                let Some(parts) = parts
+                    .iter()
+                    .map(|&p| leaf(p))
+                    .collect::<Result<Option<Vec<Tensor>>>>()?
+                else {
+                    return Ok(None);
+                };
+                if parts.iter().any(|p| p.as_f32().is_none()) {
+                    return Ok(None);
+                }
+                let t = self.profile.as_ref().map(|_| std::time::Instant::now());
+                // The concatenation's kernel (its result checked against the memory limit),
+                // then the program in place over its output.
+                let vals = [Value::Tuple(parts.into_iter().map(Value::Tensor).collect())];
+                fusebox_core::runtime::memory::check_op_result(op, &vals)?;
+                let Value::Tensor(y) = self.run_op(op, &vals)? else {
+                    return Ok(None);
+                };
+                let shape = y.shape().to_vec();
+                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
+                let n = y.numel();
+                let y = match (bound, y.try_into_buffer()) {
+                    (Some(bound), Ok(fusebox_core::runtime::Storage::F32(mut data))) => {
+                        bound.apply_all(&mut data[..n]);
+                        Tensor::from_prefix(shape, fusebox_core::runtime::Storage::F32(data))?
+                    }
+                    (_, Ok(storage)) => {
+                        let y = Tensor::from_prefix(shape, storage)?;
+                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
+                            return Ok(None);
+                        };
+                        y
+                    }
+                    (_, Err(y)) => {
+                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
+                            return Ok(None);
+                        };
+                        y
+                    }
+                };
+                self.record(&group.prog.name, t);
+                y
+            }
             Some(crate::elem_program::Head::Conv {
                 data,
                 weight,
