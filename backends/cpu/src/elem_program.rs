@@ -17,9 +17,10 @@
 //! in a squeeze-and-excite block). A group whose first binding is a `matmul` runs the
 //! `matmul` kernel, then the program in one pass over its output (in place when the shapes
 //! allow). A group whose first binding is a `concat` of parameters and constants runs the
-//! `concat` kernel likewise, then the program over its output. A program without a head (or run after one) first runs the instructions that
-//! read only values smaller than its result, once each at their own shape ([`hoist`]): a
-//! squeeze-and-excite gate is computed per channel, not per element.
+//! `concat` kernel likewise, then the program over its output. A program without a head (or
+//! run after one) first runs the instructions that read only values smaller than its result,
+//! once each at their own shape ([`hoist`]): a squeeze-and-excite gate is computed per
+//! channel, not per element.
 //!
 //! Contract:
 //!
@@ -28,9 +29,9 @@
 //!   `gelu`, `gelu_tanh`, `silu`, `clip` (number bounds), `astype` to `float32`, and the
 //!   elementwise family's rounding / float-math ops (`floor`, `ceil`, `round`, `sign`, `sin` …
 //!   `atanh`) and float `mod` / `floor_mod`; the first binding may instead be a `conv2d`, a
-//!   `matmul` or a `concat` of parameters or constants (the head). Layout ops and `gather_elements` of
-//!   parameters and constants are read in place as views of them (`elem_view.rs`: a strided
-//!   or gathered read per block, no tensor made). [`compile`] returns `None` for a function
+//!   `matmul` or a `concat` of parameters or constants (the head). Layout ops and
+//!   `gather_elements` of parameters and constants are read in place as views of them
+//!   (`elem_view.rs`: a strided or gathered read per block, no tensor made). [`compile`] returns `None` for a function
 //!   with any other binding, fewer than two bindings, or a result that is not its last
 //!   binding, an instruction's.
 //! - Bit-identity: each instruction computes exactly the scalar arithmetic of its op's

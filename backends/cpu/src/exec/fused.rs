@@ -187,31 +187,8 @@ impl<'m> Interp<'m> {
                 else {
                     return Ok(None);
                 };
-                let shape = y.shape().to_vec();
-                // In place over the matmul's output when the result has its shape, else (or
-                // when the output is shared) a pass of its own reading it.
-                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
-                // The whole buffer, so that a kept buffer's slack stays with it (see
-                // `crate::par::Scratch`); the result is its first `n` elements.
-                let n = y.numel();
-                let y = match (bound, y.try_into_buffer()) {
-                    (Some(bound), Ok(fusebox_core::runtime::Storage::F32(mut data))) => {
-                        bound.apply_all(&mut data[..n]);
-                        Tensor::from_prefix(shape, fusebox_core::runtime::Storage::F32(data))?
-                    }
-                    (_, Ok(storage)) => {
-                        let y = Tensor::from_prefix(shape, storage)?;
-                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
-                            return Ok(None);
-                        };
-                        y
-                    }
-                    (_, Err(y)) => {
-                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
-                            return Ok(None);
-                        };
-                        y
-                    }
+                let Some(y) = program_over(&group.prog, &leaves, y)? else {
+                    return Ok(None);
                 };
                 self.record(&group.prog.name, t);
                 y
@@ -235,27 +212,8 @@ impl<'m> Interp<'m> {
                 let Value::Tensor(y) = self.run_op(op, &vals)? else {
                     return Ok(None);
                 };
-                let shape = y.shape().to_vec();
-                let bound = crate::elem_program::bind(&group.prog, &leaves, Some(&shape));
-                let n = y.numel();
-                let y = match (bound, y.try_into_buffer()) {
-                    (Some(bound), Ok(fusebox_core::runtime::Storage::F32(mut data))) => {
-                        bound.apply_all(&mut data[..n]);
-                        Tensor::from_prefix(shape, fusebox_core::runtime::Storage::F32(data))?
-                    }
-                    (_, Ok(storage)) => {
-                        let y = Tensor::from_prefix(shape, storage)?;
-                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
-                            return Ok(None);
-                        };
-                        y
-                    }
-                    (_, Err(y)) => {
-                        let Some(y) = run_after(&group.prog, &leaves, y)? else {
-                            return Ok(None);
-                        };
-                        y
-                    }
+                let Some(y) = program_over(&group.prog, &leaves, y)? else {
+                    return Ok(None);
                 };
                 self.record(&group.prog.name, t);
                 y
@@ -602,6 +560,32 @@ pub(super) fn check_fused_result(
             "`{name}`: the {kernel}'s result does not match the return type: {m}"
         ))
     })
+}
+
+/// `prog` over `y`, the output of its head's kernel (a `matmul`, a `concat`): in place when
+/// the result has `y`'s shape and `y` is not shared, else (a result that outgrows it, or a
+/// shared output) a pass of its own reading it; `None` when the values do not fit.
+fn program_over(
+    prog: &crate::elem_program::Program,
+    leaves: &[Tensor],
+    y: Tensor,
+) -> Result<Option<Tensor>> {
+    let shape = y.shape().to_vec();
+    let bound = crate::elem_program::bind(prog, leaves, Some(&shape));
+    // The whole buffer, so that a kept buffer's slack stays with it (see
+    // `crate::par::Scratch`); the result is its first `n` elements.
+    let n = y.numel();
+    match (bound, y.try_into_buffer()) {
+        (Some(bound), Ok(fusebox_core::runtime::Storage::F32(mut data))) => {
+            bound.apply_all(&mut data[..n]);
+            Ok(Some(Tensor::from_prefix(
+                shape,
+                fusebox_core::runtime::Storage::F32(data),
+            )?))
+        }
+        (_, Ok(storage)) => run_after(prog, leaves, Tensor::from_prefix(shape, storage)?),
+        (_, Err(y)) => run_after(prog, leaves, y),
+    }
 }
 
 /// Runs `prog` after its head, whose output `head` it reads as an input (see
