@@ -131,22 +131,22 @@ pub(crate) fn binary(op: BinOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
         (StorageRef::F32(x), StorageRef::F32(y))
             if repeats(sb, &shape) && sa == shape.as_slice() =>
         {
-            Storage::F32(repeat_binary_f32(op, x, y, false))
+            Storage::F32(spread_binary_f32(op, x, y, 1, false))
         }
         (StorageRef::F32(x), StorageRef::F32(y))
             if repeats(sa, &shape) && sb == shape.as_slice() =>
         {
-            Storage::F32(repeat_binary_f32(op, y, x, true))
+            Storage::F32(spread_binary_f32(op, y, x, 1, true))
         }
         (StorageRef::F32(x), StorageRef::F32(y)) if sa == shape.as_slice() && y.len() > 1 => {
             match runs_of(sb, &shape) {
-                Some(inner) => Storage::F32(runs_binary_f32(op, x, y, inner, false)),
+                Some(inner) => Storage::F32(spread_binary_f32(op, x, y, inner, false)),
                 None => Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op))),
             }
         }
         (StorageRef::F32(x), StorageRef::F32(y)) if sb == shape.as_slice() && x.len() > 1 => {
             match runs_of(sa, &shape) {
-                Some(inner) => Storage::F32(runs_binary_f32(op, y, x, inner, true)),
+                Some(inner) => Storage::F32(spread_binary_f32(op, y, x, inner, true)),
                 None => Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op))),
             }
         }
@@ -227,58 +227,6 @@ fn repeats(s: &[usize], shape: &[usize]) -> bool {
     shape.ends_with(&s[lead..])
 }
 
-/// `op(x[i], y[i % y.len()])` (`op(y[..], x[i])` when `swap`: the repeated operand is the
-/// left one) for `float32` data, in chunks on the kernel threads; the same arithmetic as the
-/// broadcasting path, element by element.
-fn repeat_binary_f32(op: BinOp, x: &[f32], y: &[f32], swap: bool) -> Vec<f32> {
-    fn run(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
-        let t = crate::par::threads_for(x.len(), CHUNK * 2);
-        let mut out = vec![0.0f32; x.len()];
-        if y.is_empty() {
-            return out;
-        }
-        crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
-            let xs = &x[off..off + c.len()];
-            if let [q] = y {
-                // A scalar: one loop over the chunk (element by element it would not vectorise).
-                for (d, &p) in c.iter_mut().zip(xs) {
-                    *d = f(p, *q);
-                }
-                return;
-            }
-            let (mut i, mut j) = (0, off % y.len());
-            while i < c.len() {
-                let n = (y.len() - j).min(c.len() - i);
-                for ((d, &p), &q) in c[i..i + n].iter_mut().zip(&xs[i..i + n]).zip(&y[j..j + n]) {
-                    *d = f(p, q);
-                }
-                i += n;
-                j = 0;
-            }
-        });
-        out
-    }
-    macro_rules! go {
-        ($f:expr) => {{
-            let f = $f;
-            if swap {
-                run(x, y, |p, q| f(q, p))
-            } else {
-                run(x, y, f)
-            }
-        }};
-    }
-    match op {
-        BinOp::Add => go!(|a: f32, b: f32| a + b),
-        BinOp::Sub => go!(|a: f32, b: f32| a - b),
-        BinOp::Mul => go!(|a: f32, b: f32| a * b),
-        BinOp::Div => go!(|a: f32, b: f32| a / b),
-        BinOp::Pow => go!(f32::powf),
-        BinOp::Max => go!(f32::max),
-        BinOp::Min => go!(f32::min),
-    }
-}
-
 /// How an operand of shape `s` broadcast to `shape` reads as whole runs: each of its elements
 /// repeated `inner` times in a row, the whole cycled, so that element `i` of the result reads
 /// element `(i / inner) % len` of it. That holds when `s`, after its leading 1s, is `shape`'s
@@ -294,12 +242,14 @@ fn runs_of(s: &[usize], shape: &[usize]) -> Option<usize> {
     (!core.is_empty() && shape[f..e] == *core).then(|| shape[e..].iter().product())
 }
 
-/// `op(x[i], y[(i / inner) % y.len()])` (`op(y[..], x[i])` when `swap`) for `float32` data:
-/// the operand [`runs_of`] reads as runs, each run one loop over a broadcast value (which
-/// vectorises), in chunks on the kernel threads; the same arithmetic as the broadcasting path,
-/// element by element. (DenseNet-121's batch norms after each concatenation, `(1, 256, 56, 56)`
-/// by `(1, 256, 1, 1)`: 3.3 ms a multiply through the strided path on one thread.)
-fn runs_binary_f32(op: BinOp, x: &[f32], y: &[f32], inner: usize, swap: bool) -> Vec<f32> {
+/// `op(x[i], y[(i / inner) % y.len()])` (`op(y[..], x[i])` when `swap`: the broadcast operand
+/// is the left one) for `float32` data, in chunks on the kernel threads; the same arithmetic
+/// as the broadcasting path, element by element. `inner = 1`: `y` repeated whole ([`repeats`]:
+/// a bias over the last axis, a scalar), each stretch of it one loop; more: each of its values
+/// over a run of `inner` elements ([`runs_of`]: a per-channel scale), each run one loop over a
+/// broadcast value. (DenseNet-121's batch norms after each concatenation, `(1, 256, 56, 56)` by
+/// `(1, 256, 1, 1)`, took 3.3 ms a multiply through the strided path on one thread.)
+fn spread_binary_f32(op: BinOp, x: &[f32], y: &[f32], inner: usize, swap: bool) -> Vec<f32> {
     fn run(x: &[f32], y: &[f32], inner: usize, f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
         let t = crate::par::threads_for(x.len(), CHUNK * 2);
         let mut out = vec![0.0f32; x.len()];
@@ -308,14 +258,33 @@ fn runs_binary_f32(op: BinOp, x: &[f32], y: &[f32], inner: usize, swap: bool) ->
         }
         crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| {
             let xs = &x[off..off + c.len()];
+            if let [q] = y {
+                // A scalar: one loop over the chunk (element by element it would not vectorise).
+                for (d, &p) in c.iter_mut().zip(xs) {
+                    *d = f(p, *q);
+                }
+                return;
+            }
             let mut i = 0;
             while i < c.len() {
                 let at = off + i;
-                let q = y[(at / inner) % y.len()];
-                let n = (inner - at % inner).min(c.len() - i);
-                for (d, &p) in c[i..i + n].iter_mut().zip(&xs[i..i + n]) {
-                    *d = f(p, q);
-                }
+                let n = if inner == 1 {
+                    // A stretch of `y` from where the chunk is in it.
+                    let j = at % y.len();
+                    let n = (y.len() - j).min(c.len() - i);
+                    for ((d, &p), &q) in c[i..i + n].iter_mut().zip(&xs[i..i + n]).zip(&y[j..j + n])
+                    {
+                        *d = f(p, q);
+                    }
+                    n
+                } else {
+                    let q = y[(at / inner) % y.len()];
+                    let n = (inner - at % inner).min(c.len() - i);
+                    for (d, &p) in c[i..i + n].iter_mut().zip(&xs[i..i + n]) {
+                        *d = f(p, q);
+                    }
+                    n
+                };
                 i += n;
             }
         });
@@ -784,11 +753,11 @@ mod tests {
             let shape = broadcast_shapes(full, rep).unwrap();
             for op in ops {
                 let want = zip_broadcast(&x, full, &y, rep, &shape, f32_op(op));
-                let got = repeat_binary_f32(op, &x, &y, false);
+                let got = spread_binary_f32(op, &x, &y, 1, false);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{op:?} {full:?} by {rep:?}");
                 let want = zip_broadcast(&y, rep, &x, full, &shape, f32_op(op));
-                let got = repeat_binary_f32(op, &x, &y, true);
+                let got = spread_binary_f32(op, &x, &y, 1, true);
                 assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
             }
         }
@@ -831,10 +800,10 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             for op in ops {
                 let want = zip_broadcast(&x, full, &y, rep, &shape, f32_op(op));
-                let got = runs_binary_f32(op, &x, &y, inner, false);
+                let got = spread_binary_f32(op, &x, &y, inner, false);
                 assert_eq!(bits(&got), bits(&want), "{op:?} {full:?} by {rep:?}");
                 let want = zip_broadcast(&y, rep, &x, full, &shape, f32_op(op));
-                let got = runs_binary_f32(op, &x, &y, inner, true);
+                let got = spread_binary_f32(op, &x, &y, inner, true);
                 assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
                 // And through `binary`, both ways round.
                 let (tx, ty) = (
