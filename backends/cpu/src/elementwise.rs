@@ -721,8 +721,9 @@ pub(crate) fn dropout(t: &Tensor) -> KResult<(Tensor, Tensor)> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn repeated_operands_give_the_broadcasting_paths_bits() {
+    /// [`spread_binary_f32`] of `full` by `rep` (either operand order, and through [`binary`])
+    /// against the broadcasting path, bit for bit, for every op; a NaN in the broadcast operand.
+    fn spread_matches(full: &[usize], rep: &[usize], inner: usize) {
         let ops = [
             BinOp::Add,
             BinOp::Sub,
@@ -732,6 +733,43 @@ mod tests {
             BinOp::Max,
             BinOp::Min,
         ];
+        let n: usize = full.iter().product();
+        let m: usize = rep.iter().product();
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 37) % 101) as f32 / 17.0 - 2.5)
+            .collect();
+        let mut y: Vec<f32> = (0..m)
+            .map(|i| ((i * 53) % 89) as f32 / 13.0 - 3.0)
+            .collect();
+        y[m / 2] = f32::NAN;
+        let shape = broadcast_shapes(full, rep).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let (tx, ty) = (
+            Tensor::from_f32(full.to_vec(), x.clone()).unwrap(),
+            Tensor::from_f32(rep.to_vec(), y.clone()).unwrap(),
+        );
+        for op in ops {
+            let want = zip_broadcast(&x, full, &y, rep, &shape, f32_op(op));
+            let got = spread_binary_f32(op, &x, &y, inner, false);
+            assert_eq!(bits(&got), bits(&want), "{op:?} {full:?} by {rep:?}");
+            let got = binary(op, &tx, &ty).unwrap();
+            let StorageRef::F32(g) = got.storage() else {
+                unreachable!()
+            };
+            assert_eq!(bits(g), bits(&want), "binary {op:?} {full:?} by {rep:?}");
+            let want = zip_broadcast(&y, rep, &x, full, &shape, f32_op(op));
+            let got = spread_binary_f32(op, &x, &y, inner, true);
+            assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
+            let got = binary(op, &ty, &tx).unwrap();
+            let StorageRef::F32(g) = got.storage() else {
+                unreachable!()
+            };
+            assert_eq!(bits(g), bits(&want), "binary {op:?} {rep:?} by {full:?}");
+        }
+    }
+
+    #[test]
+    fn repeated_operands_give_the_broadcasting_paths_bits() {
         // (full shape, repeated operand's shape); sizes past CHUNK cross chunk boundaries.
         let cases: [(&[usize], &[usize]); 5] = [
             (&[2, 3], &[3]),
@@ -741,39 +779,13 @@ mod tests {
             (&[6], &[1, 1, 6]),
         ];
         for (full, rep) in cases {
-            let n: usize = full.iter().product();
-            let m: usize = rep.iter().product();
-            let x: Vec<f32> = (0..n)
-                .map(|i| ((i * 37) % 101) as f32 / 17.0 - 2.5)
-                .collect();
-            let mut y: Vec<f32> = (0..m)
-                .map(|i| ((i * 53) % 89) as f32 / 13.0 - 3.0)
-                .collect();
-            y[0] = f32::NAN;
-            let shape = broadcast_shapes(full, rep).unwrap();
-            for op in ops {
-                let want = zip_broadcast(&x, full, &y, rep, &shape, f32_op(op));
-                let got = spread_binary_f32(op, &x, &y, 1, false);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{op:?} {full:?} by {rep:?}");
-                let want = zip_broadcast(&y, rep, &x, full, &shape, f32_op(op));
-                let got = spread_binary_f32(op, &x, &y, 1, true);
-                assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
-            }
+            assert!(repeats(rep, full), "{rep:?} over {full:?}");
+            spread_matches(full, rep, 1);
         }
     }
 
     #[test]
     fn operands_read_as_runs_give_the_broadcasting_paths_bits() {
-        let ops = [
-            BinOp::Add,
-            BinOp::Sub,
-            BinOp::Mul,
-            BinOp::Div,
-            BinOp::Pow,
-            BinOp::Max,
-            BinOp::Min,
-        ];
         // (full shape, broadcast operand's shape, its runs); sizes past CHUNK cross chunk
         // boundaries mid-run.
         let cases: [(&[usize], &[usize], usize); 7] = [
@@ -787,35 +799,7 @@ mod tests {
         ];
         for (full, rep, inner) in cases {
             assert_eq!(runs_of(rep, full), Some(inner), "{rep:?} over {full:?}");
-            let n: usize = full.iter().product();
-            let m: usize = rep.iter().product();
-            let x: Vec<f32> = (0..n)
-                .map(|i| ((i * 37) % 101) as f32 / 17.0 - 2.5)
-                .collect();
-            let mut y: Vec<f32> = (0..m)
-                .map(|i| ((i * 53) % 89) as f32 / 13.0 - 3.0)
-                .collect();
-            y[m / 2] = f32::NAN;
-            let shape = broadcast_shapes(full, rep).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            for op in ops {
-                let want = zip_broadcast(&x, full, &y, rep, &shape, f32_op(op));
-                let got = spread_binary_f32(op, &x, &y, inner, false);
-                assert_eq!(bits(&got), bits(&want), "{op:?} {full:?} by {rep:?}");
-                let want = zip_broadcast(&y, rep, &x, full, &shape, f32_op(op));
-                let got = spread_binary_f32(op, &x, &y, inner, true);
-                assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
-                // And through `binary`, both ways round.
-                let (tx, ty) = (
-                    Tensor::from_f32(full.to_vec(), x.clone()).unwrap(),
-                    Tensor::from_f32(rep.to_vec(), y.clone()).unwrap(),
-                );
-                let got = binary(op, &ty, &tx).unwrap();
-                let StorageRef::F32(g) = got.storage() else {
-                    unreachable!()
-                };
-                assert_eq!(bits(g), bits(&want), "binary {op:?} {rep:?} by {full:?}");
-            }
+            spread_matches(full, rep, inner);
         }
         // Not runs: a middle axis broadcast, a longer operand, a scalar.
         assert_eq!(runs_of(&[2, 1, 3], &[2, 4, 3]), None);
