@@ -128,23 +128,13 @@ pub(crate) fn binary(op: BinOp, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
         (StorageRef::F32(x), StorageRef::F32(y)) if sa == sb && x.len() >= PAR_MIN => {
             Storage::F32(par_binary_f32(op, x, y))
         }
-        (StorageRef::F32(x), StorageRef::F32(y))
-            if repeats(sb, &shape) && sa == shape.as_slice() =>
-        {
-            Storage::F32(spread_binary_f32(op, x, y, 1, false))
-        }
-        (StorageRef::F32(x), StorageRef::F32(y))
-            if repeats(sa, &shape) && sb == shape.as_slice() =>
-        {
-            Storage::F32(spread_binary_f32(op, y, x, 1, true))
-        }
-        (StorageRef::F32(x), StorageRef::F32(y)) if sa == shape.as_slice() && y.len() > 1 => {
+        (StorageRef::F32(x), StorageRef::F32(y)) if sa == shape.as_slice() => {
             match runs_of(sb, &shape) {
                 Some(inner) => Storage::F32(spread_binary_f32(op, x, y, inner, false)),
                 None => Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op))),
             }
         }
-        (StorageRef::F32(x), StorageRef::F32(y)) if sb == shape.as_slice() && x.len() > 1 => {
+        (StorageRef::F32(x), StorageRef::F32(y)) if sb == shape.as_slice() => {
             match runs_of(sa, &shape) {
                 Some(inner) => Storage::F32(spread_binary_f32(op, y, x, inner, true)),
                 None => Storage::F32(zip_broadcast(x, sa, y, sb, &shape, f32_op(op))),
@@ -219,32 +209,24 @@ fn par_binary_f32(op: BinOp, x: &[f32], y: &[f32]) -> Vec<f32> {
     }
 }
 
-/// Whether an operand of shape `s` broadcast to `shape` is its data repeated whole: `s` is,
-/// after leading 1s, a suffix of `shape` (a bias vector over the last axis, a scalar, a
-/// per-row block), so element `i` of the result reads element `i % len` of it.
-fn repeats(s: &[usize], shape: &[usize]) -> bool {
-    let lead = s.iter().take_while(|&&d| d == 1).count();
-    shape.ends_with(&s[lead..])
-}
-
 /// How an operand of shape `s` broadcast to `shape` reads as whole runs: each of its elements
 /// repeated `inner` times in a row, the whole cycled, so that element `i` of the result reads
-/// element `(i / inner) % len` of it. That holds when `s`, after its leading 1s, is `shape`'s
-/// axes `f..e` followed by 1s only: a per-channel scale `(1, C, 1, 1)` over `NCHW` (each value
-/// over a plane), `(C, 1)` over `(N, C, L)`. `Some(inner)` then (the product of `shape`'s
-/// axes from `e`); `None` otherwise, or for a scalar.
+/// element `(i / inner) % len` of it. That holds when `s`, without its leading 1s, is `shape`'s
+/// axes `f..e` followed by 1s only: `inner = 1` for a bias over the last axis or a scalar (the
+/// data repeated whole), more for a per-channel scale `(1, C, 1, 1)` over `NCHW` (each value
+/// over a plane) or `(C, 1)` over `(N, C, L)`. `Some(inner)` then (the product of `shape`'s
+/// axes from `e`); `None` otherwise.
 fn runs_of(s: &[usize], shape: &[usize]) -> Option<usize> {
-    let pad = shape.len().checked_sub(s.len())?;
-    let lead = s.iter().take_while(|&&d| d == 1).count();
-    let trail = s[lead..].iter().rev().take_while(|&&d| d == 1).count();
-    let core = &s[lead..s.len() - trail];
-    let (f, e) = (pad + lead, pad + s.len() - trail);
-    (!core.is_empty() && shape[f..e] == *core).then(|| shape[e..].iter().product())
+    let s = &s[s.iter().take_while(|&&d| d == 1).count()..];
+    let f = shape.len().checked_sub(s.len())?;
+    let trail = s.iter().rev().take_while(|&&d| d == 1).count();
+    let e = f + s.len() - trail;
+    (shape[f..e] == s[..s.len() - trail]).then(|| shape[e..].iter().product())
 }
 
 /// `op(x[i], y[(i / inner) % y.len()])` (`op(y[..], x[i])` when `swap`: the broadcast operand
 /// is the left one) for `float32` data, in chunks on the kernel threads; the same arithmetic
-/// as the broadcasting path, element by element. `inner = 1`: `y` repeated whole ([`repeats`]:
+/// as the broadcasting path, element by element. `inner = 1`: `y` repeated whole ([`runs_of`]:
 /// a bias over the last axis, a scalar), each stretch of it one loop; more: each of its values
 /// over a run of `inner` elements ([`runs_of`]: a per-channel scale), each run one loop over a
 /// broadcast value. (DenseNet-121's batch norms after each concatenation, `(1, 256, 56, 56)` by
@@ -779,7 +761,7 @@ mod tests {
             (&[6], &[1, 1, 6]),
         ];
         for (full, rep) in cases {
-            assert!(repeats(rep, full), "{rep:?} over {full:?}");
+            assert_eq!(runs_of(rep, full), Some(1), "{rep:?} over {full:?}");
             spread_matches(full, rep, 1);
         }
     }
@@ -801,12 +783,13 @@ mod tests {
             assert_eq!(runs_of(rep, full), Some(inner), "{rep:?} over {full:?}");
             spread_matches(full, rep, inner);
         }
-        // Not runs: a middle axis broadcast, a longer operand, a scalar.
+        // Not runs: a middle axis broadcast, a mismatched axis. A scalar is the data
+        // repeated whole; leading 1s count for nothing on either side.
         assert_eq!(runs_of(&[2, 1, 3], &[2, 4, 3]), None);
-        assert_eq!(runs_of(&[1, 5, 1, 1], &[5, 1, 1]), None);
-        assert_eq!(runs_of(&[5, 1, 1], &[1, 5, 1, 1]), Some(1));
         assert_eq!(runs_of(&[3, 1], &[2, 4, 1]), None);
-        assert_eq!(runs_of(&[1, 1], &[4, 4]), None);
+        assert_eq!(runs_of(&[1, 1], &[4, 4]), Some(1));
+        assert_eq!(runs_of(&[1, 5, 1, 1], &[5, 1, 1]), Some(1));
+        assert_eq!(runs_of(&[5, 1, 1], &[1, 5, 1, 1]), Some(1));
     }
 
     #[test]
