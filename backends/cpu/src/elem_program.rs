@@ -614,6 +614,17 @@ fn bind_whole(prog: &Program, leaves: &[Tensor], head: Option<&[usize]>) -> Opti
 /// every element of the result keeps its bits. `None` when nothing is hoisted or a value
 /// does not fit (then the whole program runs at the result's shape).
 fn hoist(prog: &Program, leaves: &[Tensor]) -> Option<(Program, Vec<Tensor>)> {
+    // The first instruction hoisted reads inputs only: without one, nothing is (most groups:
+    // no resolving of their feeds twice a call).
+    let inputs_only = |i: &Inst| {
+        [Some(i.a), i.b]
+            .into_iter()
+            .flatten()
+            .all(|s| matches!(s, Src::In(_)))
+    };
+    if !prog.insts.iter().any(inputs_only) {
+        return None;
+    }
     let views = resolve_feeds(prog, leaves)?;
     let shapes: Vec<&[usize]> = views.iter().map(|(_, v)| v.shape.as_slice()).collect();
     let out = result_shape(prog, &shapes, None)?;

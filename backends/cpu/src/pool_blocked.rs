@@ -25,9 +25,9 @@ use fusebox_core::op::{AdaptivePool2dAttrs, Pool2dAttrs};
 use fusebox_core::runtime::Tensor;
 
 /// `k` when `layout` is `NCHW{k}c` (the channel axis split by `k`, the sub-axis last), a
-/// factor [`fusebox_core::op::Layout::parse`] accepts. Read from the text without building the layout: the
-/// convolutions ask this several times a call (MobileNetV2 on one thread: parsing took a
-/// tenth of the time between kernels).
+/// factor [`fusebox_core::op::Layout::parse`] accepts. Read from the text without building
+/// the layout: the convolutions ask this several times a call (MobileNetV2 on one thread:
+/// parsing took a tenth of the time between kernels).
 pub(crate) fn block_of(layout: &str) -> Option<usize> {
     let digits = layout.strip_prefix("NCHW")?.strip_suffix('c')?;
     if digits.is_empty() || !digits.bytes().all(|d| d.is_ascii_digit()) {
