@@ -244,11 +244,18 @@ pub(crate) fn norm(
     rms: bool,
 ) -> KResult<Tensor> {
     let axes = norm_axes(axes, x.rank())?;
-    let xs = floats(x, "data")?;
-    let red = Reduction::new(x.shape(), &axes);
     let want: Vec<usize> = axes.iter().map(|&a| x.shape()[a]).collect();
     let g = gamma.map(|t| norm_param(t, &want, "gamma")).transpose()?;
     let b = beta.map(|t| norm_param(t, &want, "beta")).transpose()?;
+    if !rms && axes.len() == 1 && axes[0] + 1 == x.rank() {
+        // A LayerNorm of rows (ConvNeXt's channels-last norm): the row kernel, on the
+        // kernel threads, with the bits of the loops below.
+        if let Some(t) = crate::norm::layer_norm(x, gamma, beta, eps)? {
+            return Ok(t);
+        }
+    }
+    let xs = floats(x, "data")?;
+    let red = Reduction::new(x.shape(), &axes);
     let n_out: usize = red.kept.iter().product();
     let count = red.count as f64;
     let mut mean = vec![0.0; n_out];

@@ -1,11 +1,13 @@
 //! One-pass row kernels for the transformer composites: residual add + LayerNorm, RMSNorm,
-//! GELU (erf and tanh forms).
+//! GELU (erf and tanh forms); and the `layer_norm` op over the last axis (ConvNeXt's
+//! channels-last norm, with no residual to fuse), which `nn::norm` hands to [`layer_norm`].
 //!
 //! Contract: each works on `float32` tensors, row by row over the last axis, rows split over
 //! threads (each row computed by one sequential loop: the same result for every thread count).
 //! [`residual_layer_norm`] gives the same bits as `add` followed by the reference
 //! `layer_norm` (the sum rounded to `f32`, then mean and variance summed in `f64` by
-//! [`moments`], as `nn::norm` does for a norm over the last axes). `Ok(None)`: shapes the kernel does not handle (the caller runs
+//! [`moments`], as `nn::norm` does for a norm over the last axes); [`layer_norm`] the bits of
+//! `nn::norm`'s general loops. `Ok(None)`: shapes the kernel does not handle (the caller runs
 //! the ops one by one).
 //!
 //! ```text
@@ -81,6 +83,44 @@ pub(crate) fn residual_layer_norm(
     )))
 }
 
+/// `layer_norm(x, gamma, beta)` over the last axis, rows split over threads, with the bits of
+/// `nn::norm`'s reference loop; `None` when `x` is not `float32`, has no elements, or a param
+/// is not a `float32` vector of the last dim's size.
+pub(crate) fn layer_norm(
+    x: &Tensor,
+    gamma: Option<&Tensor>,
+    beta: Option<&Tensor>,
+    eps: f64,
+) -> KResult<Option<Tensor>> {
+    let Some(xd) = x.as_f32() else {
+        return Ok(None);
+    };
+    let Some(&w) = x.shape().last() else {
+        return Ok(None);
+    };
+    let (Some(g), Some(be)) = (norm_param(gamma, w), norm_param(beta, w)) else {
+        return Ok(None);
+    };
+    if w == 0 || xd.is_empty() {
+        return Ok(None);
+    }
+    let n = xd.len();
+    let (chunk, threads) = row_tasks(n, w);
+    let mut out = crate::par::scratch_f32(n);
+    crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
+        for (orow, r0) in o.chunks_mut(w).zip((off..).step_by(w)) {
+            crate::simd::dispatch(LnRow {
+                x: &xd[r0..r0 + w],
+                g,
+                be,
+                eps,
+                out: orow,
+            });
+        }
+    });
+    Ok(Some(out.into_tensor(x.shape().to_vec())?))
+}
+
 /// An optional LayerNorm param's data: `Some(None)` when absent, `None` when it is not a
 /// `float32` vector of `w` elements.
 fn norm_param(p: Option<&Tensor>, w: usize) -> Option<Option<&[f32]>> {
@@ -118,30 +158,53 @@ impl pulp::WithSimd for RlnRow<'_> {
         for ((x, &p), &q) in sum.iter_mut().zip(a).zip(b) {
             *x = p + q;
         }
-        let (mean, m2) = moments_inline(sum);
-        let inv = 1.0 / (m2 / sum.len() as f64 + eps).sqrt();
-        // As `nn::norm` computes it: `(x - mean) * inv`, then `* gamma`, then `+ beta`.
-        let centred = sum.iter().map(|&x| (f64::from(x) - mean) * inv);
-        match (g, be) {
-            (Some(g), Some(be)) => {
-                for (((y, c), &gg), &bb) in out.iter_mut().zip(centred).zip(g).zip(be) {
-                    *y = (c * f64::from(gg) + f64::from(bb)) as f32;
-                }
+        norm_row(sum, g, be, eps, out);
+    }
+}
+
+/// One row of [`layer_norm`]: the norm of `x` into `out`.
+struct LnRow<'a> {
+    x: &'a [f32],
+    g: Option<&'a [f32]>,
+    be: Option<&'a [f32]>,
+    eps: f64,
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for LnRow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        norm_row(self.x, self.g, self.be, self.eps, self.out);
+    }
+}
+
+/// LayerNorm of one row `x` into `out`, as `nn::norm` computes it: the moments in `f64`
+/// ([`moments_inline`]), then `(x - mean) * inv`, then `* gamma`, then `+ beta`, rounded once.
+#[inline(always)]
+fn norm_row(x: &[f32], g: Option<&[f32]>, be: Option<&[f32]>, eps: f64, out: &mut [f32]) {
+    let (mean, m2) = moments_inline(x);
+    let inv = 1.0 / (m2 / x.len() as f64 + eps).sqrt();
+    let centred = x.iter().map(|&x| (f64::from(x) - mean) * inv);
+    match (g, be) {
+        (Some(g), Some(be)) => {
+            for (((y, c), &gg), &bb) in out.iter_mut().zip(centred).zip(g).zip(be) {
+                *y = (c * f64::from(gg) + f64::from(bb)) as f32;
             }
-            (Some(g), None) => {
-                for ((y, c), &gg) in out.iter_mut().zip(centred).zip(g) {
-                    *y = (c * f64::from(gg)) as f32;
-                }
+        }
+        (Some(g), None) => {
+            for ((y, c), &gg) in out.iter_mut().zip(centred).zip(g) {
+                *y = (c * f64::from(gg)) as f32;
             }
-            (None, Some(be)) => {
-                for ((y, c), &bb) in out.iter_mut().zip(centred).zip(be) {
-                    *y = (c + f64::from(bb)) as f32;
-                }
+        }
+        (None, Some(be)) => {
+            for ((y, c), &bb) in out.iter_mut().zip(centred).zip(be) {
+                *y = (c + f64::from(bb)) as f32;
             }
-            (None, None) => {
-                for (y, c) in out.iter_mut().zip(centred) {
-                    *y = c as f32;
-                }
+        }
+        (None, None) => {
+            for (y, c) in out.iter_mut().zip(centred) {
+                *y = c as f32;
             }
         }
     }
