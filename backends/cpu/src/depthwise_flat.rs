@@ -59,8 +59,13 @@ use std::cell::RefCell;
 /// The widest vector this kernel runs (AVX-512's 16 `f32` lanes): the margin past the plane.
 const MAX_LANES: usize = 16;
 
-/// Output vectors computed together (independent FMA chains).
+/// Output vectors computed together (independent FMA chains) by [`plane_3x3`], and by the
+/// general kernel on a plane of more than [`MAX_ACC`] vectors' blocks.
 const V: usize = 4;
+
+/// The most vectors the general kernel keeps in registers at once with 16-lane vectors (32
+/// registers); half as many with narrower ones (16 registers).
+const MAX_ACC: usize = 16;
 
 /// The most output pixels of a plane with rows of 16 or more that this kernel takes.
 const WIDE_PIXELS: usize = 64 * 64;
@@ -490,12 +495,53 @@ pub(crate) fn plane<S: pulp::Simd>(simd: S, plan: &Plan, buf: &[f32], w: &[f32],
         }
         return;
     }
+    // The plane in as few blocks of at most `MAX_ACC` vectors as it takes (one for every
+    // plane under 16 × 16 pixels with AVX-512), the vectors of a block in registers across
+    // all the taps: per tap one broadcast of its weight and one bounds check, where blocks
+    // of `V` vectors paid them four times as often and rounded a 14×14 plane's 13 vectors
+    // up to 16.
+    let vecs = hw.div_ceil(S::F32_LANES);
+    let max = if S::F32_LANES >= MAX_LANES {
+        MAX_ACC
+    } else {
+        MAX_ACC / 2
+    };
+    let n = vecs.div_ceil(vecs.div_ceil(max));
+    macro_rules! blocks {
+        ($($k:literal)*) => {
+            match n {
+                $($k => plane_blocks::<S, $k>(simd, plan, buf, w, dst),)*
+                _ => plane_blocks::<S, V>(simd, plan, buf, w, dst),
+            }
+        };
+    }
+    blocks!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+}
+
+/// [`plane`]'s general kernel in blocks of `N` vectors of output pixels (the last block
+/// moved back to end at the plane's last vector, so no read passes the plane's rounded
+/// extent; the pixels it computes again get the same bits): per block, per tap in `(ky, kx)`
+/// order, each vector one load (masked where the tap's column leaves the image) and one FMA
+/// into its accumulator.
+#[inline(always)]
+fn plane_blocks<S: pulp::Simd, const N: usize>(
+    simd: S,
+    plan: &Plan,
+    buf: &[f32],
+    w: &[f32],
+    dst: &mut [f32],
+) {
     let lanes = S::F32_LANES;
+    let hw = plan.hw();
     let rounded = plan.rounded();
     let zero = simd.splat_f32s(0.0);
-    let step = V * lanes;
-    for i0 in (0..hw).step_by(step) {
-        let mut acc = [zero; V];
+    let step = N * lanes;
+    let last = hw.div_ceil(lanes).saturating_sub(N) * lanes;
+    let mut next = 0;
+    loop {
+        let i0 = next.min(last);
+        next += step;
+        let mut acc = [zero; N];
         for (&(start, mask), &wt) in plan.taps.iter().zip(w) {
             let wv = simd.splat_f32s(wt);
             let at = start + i0;
@@ -518,7 +564,10 @@ pub(crate) fn plane<S: pulp::Simd>(simd: S, plan: &Plan, buf: &[f32], w: &[f32],
                 }
             }
         }
-        store(simd, &acc, i0, dst);
+        store_n(simd, &acc, i0, dst);
+        if i0 >= last {
+            break;
+        }
     }
 }
 

@@ -511,6 +511,15 @@ fn the_flat_depthwise_kernel_gives_the_row_kernels_bits() {
         (9, 11, 3, 2, 1, 1),
         (12, 13, 5, 2, 2, 1),
         (13, 10, 3, 3, 1, 1),
+        // Other kernels in blocks of whole planes' vectors: EfficientNet's 5x5 on 14x14 (13
+        // vectors of 16 lanes, 25 of 8: blocks of 9 and a last one moved back) and 7x7,
+        // 15x15 (15 vectors), a plane of more vectors than one block holds (30x15), and a
+        // stride-2 5x5 on 14x14.
+        (14, 14, 5, 1, 2, 1),
+        (7, 7, 5, 1, 2, 1),
+        (15, 15, 5, 1, 2, 1),
+        (30, 15, 5, 1, 2, 1),
+        (14, 14, 5, 2, 2, 1),
     ] {
         let c = 5;
         let a = attrs(st, p, d, c);
