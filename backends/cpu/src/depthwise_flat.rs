@@ -1,7 +1,8 @@
 //! Depthwise convolution of one `NCHW` plane computed over the output plane as one flat
 //! array: output rows under 16 pixels (MobileNet's 7×7 and 14×14 layers, stride 1 or 2), and
-//! 3×3 kernels of stride 1 or 2 on output planes of up to 64×64 (its 28×28 and 56×56 layers;
-//! 128×128 for stride 1 with one pixel of padding: its 112×112 layer).
+//! kernels up to 5×5 of stride 1 or 2 on output planes of up to 64×64 (its 28×28 and 56×56
+//! layers, EfficientNet's 5×5 on 28×28; a 3×3 of stride 1 with one pixel of padding up to
+//! 128×128: MobileNetV2's 112×112 layer).
 //!
 //! Contract:
 //!
@@ -171,11 +172,14 @@ impl Plan {
         // this buffer no longer staying in L1), and with stride 1, one pixel of padding and
         // rows of [`STRIP_MIN_WIDTH`] or more on planes up to 128×128 ([`plane_3x3_strips`],
         // which walks each strip's rows in turn: MobileNetV2's 112×112 layer, one thread,
-        // 0.263 → 0.167 ms). Other kernels were not measured.
+        // 0.263 → 0.167 ms). Other kernels up to 5×5 likewise on planes up to 64×64
+        // (EfficientNet-B0's 5×5 on 240×28×28, one thread: 0.186 → 0.172 ms; stride 2 on
+        // 144×56×56: 0.170 → 0.153 ms); not ConvNeXt's 7×7 on 96×56×56, which took 1.2× the
+        // row kernel's time here.
         let three = (kh, kw) == (3, 3);
         let strips = three && sh == 1 && (dh, dw, pt, pl) == (1, 1, 1, 1) && ow >= STRIP_MIN_WIDTH;
         let wide = if strips { STRIP_PIXELS } else { WIDE_PIXELS };
-        if ow >= MAX_LANES && !(three && sh <= 2 && oh * ow <= wide) {
+        if ow >= MAX_LANES && !(sh <= 2 && kh.max(kw) <= 5 && oh * ow <= wide) {
             return None;
         }
         let s = sh;

@@ -7,7 +7,7 @@
 //!
 //! - Stride-2 3×3 layers with rows of 14 pixels or more, and stride-1 "same" 3×3 layers with
 //!   rows of 16 or more, read straight from the plane with AVX-512 or AVX2
-//!   ([`crate::depthwise_s2`], [`crate::depthwise_s1`]); other 3×3 layers of stride 1 or 2
+//!   ([`crate::depthwise_s2`], [`crate::depthwise_s1`]); other layers of stride 1 or 2
 //!   on planes up to 64×64 (128×128 for stride 1) and planes under 16 pixels wide go over
 //!   the plane as one flat array ([`crate::depthwise_flat`]); the rest through
 //!   [`depthwise_planes`]' row kernel on a zero-padded, phase-dealt copy of the plane.

@@ -520,6 +520,9 @@ fn the_flat_depthwise_kernel_gives_the_row_kernels_bits() {
         (15, 15, 5, 1, 2, 1),
         (30, 15, 5, 1, 2, 1),
         (14, 14, 5, 2, 2, 1),
+        // And on rows of 16 or more (EfficientNet's 5x5 on 28x28, stride 2 on 56x56).
+        (28, 28, 5, 1, 2, 1),
+        (56, 56, 5, 2, 2, 1),
     ] {
         let c = 5;
         let a = attrs(st, p, d, c);
@@ -551,9 +554,9 @@ fn the_flat_depthwise_kernel_gives_the_row_kernels_bits() {
         }
     }
     // Unequal strides, a tap past the output's last column that reads the image (stride
-    // 1, no padding), and rows of 16 pixels or more but for a 3x3 kernel of stride 1 or 2
-    // on planes of up to 64x64 (128x128 for stride 1 with one pixel of padding and rows
-    // of 14 or more) keep the row kernel.
+    // 1, no padding), and rows of 16 pixels or more but for a kernel up to 5x5 of stride 1
+    // or 2 on planes of up to 64x64 (128x128 for a 3x3 of stride 1 with one pixel of
+    // padding and rows of 14 or more) keep the row kernel.
     for s in [
         [7, 7, 3, 3, 2, 1, 1, 1, 1, 1, 4, 7],
         [7, 7, 3, 3, 1, 1, 1, 1, 0, 0, 5, 5],
@@ -561,7 +564,8 @@ fn the_flat_depthwise_kernel_gives_the_row_kernels_bits() {
         [129, 129, 3, 3, 1, 1, 1, 1, 1, 1, 129, 129],
         [70, 70, 3, 3, 1, 1, 1, 1, 0, 0, 68, 68],
         [300, 60, 3, 3, 1, 1, 1, 1, 1, 1, 300, 60],
-        [20, 20, 5, 5, 1, 1, 1, 1, 2, 2, 20, 20],
+        [70, 70, 5, 5, 1, 1, 1, 1, 2, 2, 70, 70],
+        [56, 56, 7, 7, 1, 1, 1, 1, 3, 3, 56, 56],
         [48, 48, 3, 3, 3, 3, 1, 1, 1, 1, 16, 16],
     ] {
         assert_eq!(depthwise_flat::Plan::new(s), None, "{s:?}");
