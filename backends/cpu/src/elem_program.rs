@@ -893,6 +893,12 @@ fn gather(dims: &[(usize, usize)], data: &[f32], at: usize, buf: &mut [f32]) -> 
         return data.first().copied();
     };
     let len = buf.len();
+    if let [outer @ .., (m, 0), (k, 1)] = dims
+        && *k < len
+        && gather_periodic(outer, (*m, *k), data, at, buf)
+    {
+        return None;
+    }
     let mut konst = None;
     crate::elem_view::for_each_run(dims.iter().map(|d| d.0), at, len, |done, run, idx| {
         let o: usize = dims.iter().zip(idx).map(|(&(_, s), &i)| i * s).sum();
@@ -909,6 +915,56 @@ fn gather(dims: &[(usize, usize)], data: &[f32], at: usize, buf: &mut [f32]) -> 
         }
     });
     konst
+}
+
+/// [`gather`] for dims ending in a run of `k` consecutive values repeated `m` times (a
+/// per-channel operand `(1, C/16, 1, 1, 16)` over an `NCHW16c` value: 16 values repeated over
+/// each plane): each stretch of the block under one outer index is the run repeated, written by
+/// doubling copies instead of one call per run of `k`. `false` (nothing written) where the
+/// data does not hold a run the dims read.
+fn gather_periodic(
+    outer: &[(usize, usize)],
+    (m, k): (usize, usize),
+    data: &[f32],
+    at: usize,
+    buf: &mut [f32],
+) -> bool {
+    let span = m * k;
+    if k == 0 || span == 0 {
+        return false;
+    }
+    let mut done = 0;
+    while done < buf.len() {
+        let g = at + done;
+        let within = g % span;
+        let n = (span - within).min(buf.len() - done);
+        let mut rest = g / span;
+        let mut o = 0;
+        for &(e, st) in outer.iter().rev() {
+            o += (rest % e.max(1)) * st;
+            rest /= e.max(1);
+        }
+        let Some(src) = data.get(o..o + k) else {
+            return false;
+        };
+        let dst = &mut buf[done..done + n];
+        // The run from the phase the stretch starts at, then copies of what is written.
+        let phase = within % k;
+        let first = (k - phase).min(n);
+        dst[..first].copy_from_slice(&src[phase..phase + first]);
+        if first < n {
+            dst[first..first + phase.min(n - first)].copy_from_slice(&src[..phase.min(n - first)]);
+            let mut have = first + phase.min(n - first);
+            // `have` is a whole number of periods from here on: the start repeats there.
+            while have < n {
+                let c = have.min(n - have);
+                dst.copy_within(..c, have);
+                have += c;
+            }
+        }
+        done += n;
+    }
+    true
 }
 
 /// `d = f(a)` over a block.

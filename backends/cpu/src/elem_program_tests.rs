@@ -417,6 +417,49 @@ fn broadcast_inputs_are_read_by_merged_dims() {
 }
 
 #[test]
+fn a_repeated_run_is_gathered_as_element_by_element_indexing_reads_it() {
+    // dims ending in (m, 0), (k, 1): a per-channel `(1, C/16, 1, 1, 16)` over `NCHW16c`, a
+    // bias over the last axis; blocks starting at every phase of the run, crossing outer
+    // indices, shorter than one run and longer than several stretches.
+    let by_index = |dims: &[(usize, usize)], data: &[f32], at: usize, len: usize| {
+        (at..at + len)
+            .map(|g| {
+                let (mut rest, mut o) = (g, 0);
+                for &(e, st) in dims.iter().rev() {
+                    o += (rest % e) * st;
+                    rest /= e;
+                }
+                data[o]
+            })
+            .collect::<Vec<f32>>()
+    };
+    let cases: [(&[(usize, usize)], usize); 4] = [
+        (&[(3, 16), (49, 0), (16, 1)], 48),
+        (&[(2, 0), (3, 5), (4, 0), (5, 1)], 15),
+        (&[(6, 0), (5, 1)], 5),
+        (&[(2, 7), (3, 0), (7, 1)], 14),
+    ];
+    for (dims, n) in cases {
+        let data: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
+        let total: usize = dims.iter().map(|d| d.0).product();
+        for len in [7, 16, 33, 100, 1024] {
+            for at in [0, 1, 5, 15, 16, 17, 40, 100] {
+                if at + len > total {
+                    continue;
+                }
+                let mut buf = vec![f32::NAN; len];
+                let konst = gather(dims, &data, at, &mut buf);
+                let want = by_index(dims, &data, at, len);
+                match konst {
+                    Some(v) => assert!(want.iter().all(|&w| w == v), "{dims:?} {at} {len}"),
+                    None => assert_eq!(buf, want, "{dims:?} at {at} len {len}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn groups_of_other_forms_do_not_compile() {
     let shape = [2, 3];
     // One binding; a reduction; the result not the last binding.

@@ -32,6 +32,12 @@
 //!     reading the originals.
 //!   - `max_pool2d`, `avg_pool2d` and `adaptive_avg_pool2d` of a held operand run with their
 //!     `layout` (and `out_layout`) moved likewise (`NCHW16c`).
+//!   - `concat((a, b, ...), axis)` of rank-4 parts, one of them held, runs in that layout:
+//!     every part moved to it (a held one used as it is) and joined along where the axis
+//!     went (`axis=1` of `NCHW` is axis 3 of `NHWC`, axis 1 of `NCHW16c`), when the layout
+//!     splits that axis only into whole blocks of every part (DenseNet's channel
+//!     concatenations of 32-channel layers in `NCHW16c`; a part of 8 channels leaves the
+//!     concatenation reading the originals).
 //!   - `y = v` of a held `v` (an alias, as `emit_output` makes): `y` is held as `v` is.
 //!   - Anything else that reads a held value reads the original: `v = permute_dims(v', ...)`
 //!     (a permutation) or `v = layout_transform(v', index_map)` (a split layout) is bound
@@ -444,6 +450,49 @@ impl Converter<'_> {
                 let mut rest = vec![f.var(h).expr];
                 rest.extend_from_slice(&args[1..]);
                 (new_op, rest, l)
+            }
+            Op::Concat { axis: Some(axis) } => {
+                // Rank-4 parts, one of them held: all moved into its layout and joined along
+                // where the axis went, when a split of that axis keeps every part's blocks
+                // whole (DenseNet's channel concatenations in `NCHW16c`).
+                if f.var(b.var).ty.as_tensor()?.rank()? != 4 {
+                    return None;
+                }
+                let ExprKind::Tuple(fields) = f.expr(*args.first()?).kind.clone() else {
+                    return None;
+                };
+                let l = self.held_layout(f, &fields)?;
+                let ax = usize::try_from(if *axis < 0 { axis + 4 } else { *axis })
+                    .ok()
+                    .filter(|&a| a < 4)?;
+                let label = LABELS.as_bytes()[ax];
+                let pos = l.primal(label)?;
+                for &e in &fields {
+                    if rank_of(f, e)? != 4 {
+                        return None;
+                    }
+                    if let Some((_, k)) = l.sub(label) {
+                        let d = f
+                            .expr(e)
+                            .ty
+                            .as_tensor()?
+                            .dims
+                            .as_ref()?
+                            .get(ax)?
+                            .as_static()?;
+                        if k <= 0 || d % k != 0 {
+                            return None;
+                        }
+                    }
+                }
+                let mut moved = Vec::with_capacity(fields.len());
+                for &e in &fields {
+                    moved.push(self.operand(f, e, &l, &suffix)?);
+                }
+                let tys = moved.iter().map(|&e| f.expr(e).ty.clone()).collect();
+                let tuple = f.add_expr(ExprKind::Tuple(moved), Type::Tuple(tys));
+                let axis = Some(i64::try_from(pos).ok()?);
+                (Op::Concat { axis }, vec![tuple], l)
             }
             _ if op.fusion_kind() == FusionKind::ElemWise
                 && !matches!(op, Op::Tril { .. } | Op::Triu { .. }) =>
@@ -983,6 +1032,57 @@ class Module:
         let m = parse_module_str(&odd).unwrap_or_else(|e| panic!("{e}"));
         let out = convert_layout(&m, "NCHW16c", "OIHW").unwrap_or_else(|e| panic!("{e}"));
         assert!(!print_module(&out).text.contains("NCHW16c"));
+    }
+
+    #[test]
+    fn a_channel_concatenation_of_whole_blocks_stays_in_the_layout() {
+        let src = r#"
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((1, 32, 8, 8), dtype="float32"), w: R.Tensor((32, 32, 1, 1), dtype="float32"), w2: R.Tensor((16, 32, 3, 3), dtype="float32")) -> R.Tensor((1, 48, 8, 8), dtype="float32"):
+        with R.dataflow():
+            lv: R.Tensor((1, 32, 8, 8), dtype="float32") = R.nn.conv2d(x, w, strides=[1, 1], padding=[0, 0, 0, 0], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="void")
+            lv1: R.Tensor((1, 16, 8, 8), dtype="float32") = R.nn.conv2d(lv, w2, strides=[1, 1], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="void")
+            lv2: R.Tensor((1, 48, 8, 8), dtype="float32") = R.concat((lv, lv1), axis=1)
+            gv: R.Tensor((1, 48, 8, 8), dtype="float32") = R.nn.relu(lv2)
+            R.output(gv)
+        return gv
+"#;
+        // Split: the parts' blocks joined along the blocks' axis; one move in, one out.
+        let out = run(src, "NCHW16c", "OIHW");
+        for e in [
+            "lv2_nchw16c: R.Tensor((1, 3, 8, 8, 16), dtype=\"float32\") = R.concat((lv_nchw16c, lv1_nchw16c), axis=1)",
+            "gv_nchw16c: R.Tensor((1, 3, 8, 8, 16), dtype=\"float32\") = R.nn.relu(lv2_nchw16c)",
+        ] {
+            assert!(
+                out.contains(e),
+                "missing `{e}` in
+{out}"
+            );
+        }
+        assert_eq!(out.matches("R.layout_transform(").count(), 2, "{out}");
+        // A permutation: the axis follows the channels (`axis=-3` read as 1).
+        let out = run(&src.replace("axis=1", "axis=-3"), "NHWC", "OHWI");
+        assert!(
+            out.contains("lv2_nhwc: R.Tensor((1, 8, 8, 48), dtype=\"float32\") = R.concat((lv_nhwc, lv1_nhwc), axis=3)"),
+            "{out}"
+        );
+        // x in, gv out, and the two weights (which fold when they are constants).
+        assert_eq!(out.matches("R.permute_dims(").count(), 4, "{out}");
+        // A part of 8 channels (its conv stays `NCHW`) would split a block: the concatenation
+        // reads the originals.
+        let odd = src
+            .replace("(16, 32, 3, 3)", "(8, 32, 3, 3)")
+            .replace("(1, 16, 8, 8)", "(1, 8, 8, 8)")
+            .replace("48", "40");
+        let out = run(&odd, "NCHW16c", "OIHW");
+        assert!(
+            out.contains(
+                "lv2: R.Tensor((1, 40, 8, 8), dtype=\"float32\") = R.concat((lv, lv1), axis=1)"
+            ),
+            "{out}"
+        );
     }
 
     #[test]
