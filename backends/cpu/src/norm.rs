@@ -104,21 +104,29 @@ pub(crate) fn layer_norm(
     if w == 0 || xd.is_empty() {
         return Ok(None);
     }
+    map_rows(xd, w, x.shape(), |x, out| {
+        crate::simd::dispatch(LnRow { x, g, be, eps, out });
+    })
+    .map(Some)
+}
+
+/// A tensor of `shape` whose rows of `w` elements are `row(x_row, out_row)` of `xd`'s, the
+/// rows split over the threads as [`row_tasks`] cuts them.
+fn map_rows(
+    xd: &[f32],
+    w: usize,
+    shape: &[usize],
+    row: impl Fn(&[f32], &mut [f32]) + Sync,
+) -> KResult<Tensor> {
     let n = xd.len();
     let (chunk, threads) = row_tasks(n, w);
     let mut out = crate::par::scratch_f32(n);
     crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
         for (orow, r0) in o.chunks_mut(w).zip((off..).step_by(w)) {
-            crate::simd::dispatch(LnRow {
-                x: &xd[r0..r0 + w],
-                g,
-                be,
-                eps,
-                out: orow,
-            });
+            row(&xd[r0..r0 + w], orow);
         }
     });
-    Ok(Some(out.into_tensor(x.shape().to_vec())?))
+    out.into_tensor(shape.to_vec())
 }
 
 /// An optional LayerNorm param's data: `Some(None)` when absent, `None` when it is not a
@@ -254,30 +262,24 @@ pub(crate) fn rms_norm(x: &Tensor, weight: Option<&Tensor>, eps: f32) -> KResult
     if w == 0 || (weight.is_some() && wd.is_none()) {
         return Ok(None);
     }
-    let n = xd.len();
-    let (chunk, threads) = row_tasks(n, w);
-    let mut out = crate::par::scratch_f32(n);
-    crate::par::for_each_chunk_mut(&mut out, chunk, threads, |off, o| {
-        for (orow, r0) in o.chunks_mut(w).zip((off..).step_by(w)) {
-            let xr = &xd[r0..r0 + w];
-            let ss: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
-            let ms = (ss / w as f64) as f32;
-            let inv = 1.0 / (ms + eps).sqrt();
-            match wd {
-                Some(g) => {
-                    for ((y, &v), &gg) in orow.iter_mut().zip(xr).zip(g) {
-                        *y = gg * (v * inv);
-                    }
+    map_rows(xd, w, x.shape(), |xr, orow| {
+        let ss: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+        let ms = (ss / w as f64) as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        match wd {
+            Some(g) => {
+                for ((y, &v), &gg) in orow.iter_mut().zip(xr).zip(g) {
+                    *y = gg * (v * inv);
                 }
-                None => {
-                    for (y, &v) in orow.iter_mut().zip(xr) {
-                        *y = v * inv;
-                    }
+            }
+            None => {
+                for (y, &v) in orow.iter_mut().zip(xr) {
+                    *y = v * inv;
                 }
             }
         }
-    });
-    out.into_tensor(x.shape().to_vec()).map(Some)
+    })
+    .map(Some)
 }
 
 /// A per-column parameter of `w` values (shape `[w]`, or `[1, ..., 1, w]` of rank at most

@@ -597,6 +597,17 @@ fn kernels_give_the_same_bits_for_every_thread_count() {
     same_bits_for_every_thread_count(run);
 }
 
+/// A LayerNorm's params both, and without the shift or the scale or both (`center` / `scale`
+/// off: MPT's LayerNorm has no bias).
+fn param_sets<'a>(g: &'a Tensor, be: &'a Tensor) -> [(Option<&'a Tensor>, Option<&'a Tensor>); 4] {
+    [
+        (Some(g), Some(be)),
+        (Some(g), None),
+        (None, Some(be)),
+        (None, None),
+    ]
+}
+
 /// `nn::norm`'s LayerNorm of `x`'s rows by its general loops: `x` as `(rows, 1, w)` normed
 /// over its last two axes, which the row kernel does not take.
 fn walked_layer_norm(x: &Tensor, g: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Tensor {
@@ -618,12 +629,7 @@ fn the_row_layer_norm_gives_the_bits_of_the_general_loops_and_the_definition() {
         let w = *shape.last().unwrap();
         let x = r.tensor(&shape);
         let (g, be) = (r.tensor(&[w]), r.tensor(&[w]));
-        for (gp, bp) in [
-            (Some(&g), Some(&be)),
-            (Some(&g), None),
-            (None, Some(&be)),
-            (None, None),
-        ] {
+        for (gp, bp) in param_sets(&g, &be) {
             let got = crate::nn::norm(&x, &[-1], 1e-6, gp, bp, false).unwrap();
             assert_eq!(got.shape(), x.shape());
             let walked = walked_layer_norm(&x, gp, bp, 1e-6);
@@ -663,14 +669,7 @@ fn residual_layer_norm_equals_add_then_the_reference_layer_norm() {
     for &(rows, w) in &[(1, 1), (3, 7), (50, 96), (7, 513)] {
         let (a, b) = (r.tensor(&[rows, w]), r.tensor(&[rows, w]));
         let (g, be) = (r.tensor(&[w]), r.tensor(&[w]));
-        // With both params, and without the shift or the scale or both (`center` / `scale`
-        // off: MPT's LayerNorm has no bias).
-        for (gp, bp) in [
-            (Some(&g), Some(&be)),
-            (Some(&g), None),
-            (None, Some(&be)),
-            (None, None),
-        ] {
+        for (gp, bp) in param_sets(&g, &be) {
             let (s, n) = crate::norm::residual_layer_norm(&a, &b, gp, bp, 1e-12)
                 .unwrap()
                 .unwrap();
