@@ -920,8 +920,8 @@ fn gather(dims: &[(usize, usize)], data: &[f32], at: usize, buf: &mut [f32]) -> 
 /// [`gather`] for dims ending in a run of `k` consecutive values repeated `m` times (a
 /// per-channel operand `(1, C/16, 1, 1, 16)` over an `NCHW16c` value: 16 values repeated over
 /// each plane): each stretch of the block under one outer index is the run repeated, written by
-/// doubling copies instead of one call per run of `k`. `false` (nothing written) where the
-/// data does not hold a run the dims read.
+/// doubling copies instead of one call per run of `k`. `false` where the data does not hold a
+/// run the dims read (the caller then gathers the block run by run, overwriting it).
 fn gather_periodic(
     outer: &[(usize, usize)],
     (m, k): (usize, usize),
