@@ -731,22 +731,22 @@ mod tests {
             Tensor::from_f32(rep.to_vec(), y.clone()).unwrap(),
         );
         for op in ops {
-            let want = zip_broadcast(&x, full, &y, rep, &shape, f32_op(op));
-            let got = spread_binary_f32(op, &x, &y, inner, false);
-            assert_eq!(bits(&got), bits(&want), "{op:?} {full:?} by {rep:?}");
-            let got = binary(op, &tx, &ty).unwrap();
-            let StorageRef::F32(g) = got.storage() else {
-                unreachable!()
-            };
-            assert_eq!(bits(g), bits(&want), "binary {op:?} {full:?} by {rep:?}");
-            let want = zip_broadcast(&y, rep, &x, full, &shape, f32_op(op));
-            let got = spread_binary_f32(op, &x, &y, inner, true);
-            assert_eq!(bits(&got), bits(&want), "{op:?} {rep:?} by {full:?}");
-            let got = binary(op, &ty, &tx).unwrap();
-            let StorageRef::F32(g) = got.storage() else {
-                unreachable!()
-            };
-            assert_eq!(bits(g), bits(&want), "binary {op:?} {rep:?} by {full:?}");
+            // Both operand orders: the broadcast operand on the right, then on the left.
+            for swap in [false, true] {
+                let ((a, sa, ta), (b, sb, tb)) = if swap {
+                    ((&y, rep, &ty), (&x, full, &tx))
+                } else {
+                    ((&x, full, &tx), (&y, rep, &ty))
+                };
+                let want = zip_broadcast(a, sa, b, sb, &shape, f32_op(op));
+                let got = spread_binary_f32(op, &x, &y, inner, swap);
+                assert_eq!(bits(&got), bits(&want), "{op:?} {sa:?} by {sb:?}");
+                let got = binary(op, ta, tb).unwrap();
+                let StorageRef::F32(g) = got.storage() else {
+                    unreachable!()
+                };
+                assert_eq!(bits(g), bits(&want), "binary {op:?} {sa:?} by {sb:?}");
+            }
         }
     }
 
