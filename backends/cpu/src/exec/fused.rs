@@ -367,7 +367,7 @@ impl<'m> Interp<'m> {
                 };
                 let y = conv_kernel(x, &r.w, attrs, &r.steps, prep)
                     .map_err(|e| at(&binding_ctx(name, f.var(whole.first)), e))?;
-                self.record_conv(&fuse::name(&whole.chain), x, &r.w, t);
+                self.record_chain(&whole.chain, x, &r.w, t);
                 Value::Tensor(y)
             }
             _ => {
@@ -469,7 +469,7 @@ impl<'m> Interp<'m> {
             )?;
             let t = self.profile.as_ref().map(|_| std::time::Instant::now());
             let out = crate::elementwise::add_relu_f32(&x, &w).map(Value::Tensor);
-            self.record_conv(&fuse::name(chain), &x, &w, t);
+            self.record_chain(chain, &x, &w, t);
             return Ok(out);
         }
         let operands = fuse::operand_exprs(chain)
@@ -485,8 +485,21 @@ impl<'m> Interp<'m> {
         let t = self.profile.as_ref().map(|_| std::time::Instant::now());
         let y = self.fused_conv(&x, &w, attrs, &steps)?;
         let out = fuse::result(chain, y, &operands);
-        self.record_conv(&fuse::name(chain), &x, &w, t);
+        self.record_chain(chain, &x, &w, t);
         Ok(out)
+    }
+
+    /// [`Self::record_conv`] under `chain`'s name, made only when profiling (not per call).
+    fn record_chain(
+        &self,
+        chain: &fuse::Chain,
+        x: &Tensor,
+        w: &Tensor,
+        t: Option<std::time::Instant>,
+    ) {
+        if t.is_some() {
+            self.record_conv(&fuse::name(chain), x, w, t);
+        }
     }
 
     /// When profiling (`t` is the start), the time since `t` to the profile entry `name` of a
