@@ -891,6 +891,89 @@ fn layout_chains_of_parameters_are_read_in_place() {
 }
 
 #[test]
+fn layout_transforms_of_parameters_are_read_in_place() {
+    // An SE block's scale in `NCHW16c`: `(1, 48, 1, 1)` split into `(1, 3, 1, 1, 16)` and
+    // broadcast over the blocked planes; and a `(1, 3, 1, 1, 16)` value fused back to
+    // `(1, 48, 1, 1)` (the parts lie contiguous on 1 × 1 planes) and broadcast over `NCHW`.
+    let t = |sh: &str| format!("R.Tensor(({sh}), dtype=\"float32\")");
+    let split = "T.index_map(lambda i0, i1, i2, i3: (i0, i1 // 16, i2, i3, i1 % 16))";
+    let fuse = "T.index_map(lambda i0, i1, i2, i3, i4: (i0, i1 * 16 + i4, i2, i3))";
+    let params = [
+        format!("s: {}", t("1, 48, 1, 1")),
+        format!("x: {}", t("1, 3, 5, 5, 16")),
+        format!("b: {}", t("1, 3, 1, 1, 16")),
+        format!("y: {}", t("1, 48, 5, 5")),
+    ];
+    let p: Vec<&str> = params.iter().map(String::as_str).collect();
+    let mut r = Rng(17);
+    let (s, x, b, y) = (
+        r.tensor(&[1, 48, 1, 1]),
+        r.tensor(&[1, 3, 5, 5, 16]),
+        r.tensor(&[1, 3, 1, 1, 16]),
+        r.tensor(&[1, 48, 5, 5]),
+    );
+    let into = view_module(
+        &p[..2],
+        &[
+            &format!("lv = R.layout_transform(s, index_map={split}, pad_value=None)"),
+            "gv = R.multiply(lv, x)",
+        ],
+        &t("1, 3, 5, 5, 16"),
+        &p[..2],
+        &["s", "x"],
+    );
+    let args = [s.clone(), x.clone()].map(Value::Tensor);
+    check(&into, &args, "relax.layout_transform+relax.multiply");
+    // And the definition: channel `16·cb + c` of `s` scales block `cb`, lane `c`.
+    let m = fusebox_core::text::parse_module_str(&into).unwrap();
+    let Value::Tensor(got) = crate::run(&m, "main", args.to_vec()).unwrap() else {
+        panic!("not a tensor")
+    };
+    let (got, sv, xv) = (got.to_f32_vec(), s.to_f32_vec(), x.to_f32_vec());
+    for (i, g) in got.iter().enumerate() {
+        let (cb, c) = (i / (25 * 16), i % 16);
+        assert_eq!(g.to_bits(), (sv[cb * 16 + c] * xv[i]).to_bits(), "{i}");
+    }
+    let back = view_module(
+        &p[2..],
+        &[
+            &format!("lv = R.layout_transform(b, index_map={fuse}, pad_value=None)"),
+            "gv = R.add(y, lv)",
+        ],
+        &t("1, 48, 5, 5"),
+        &p[2..],
+        &["b", "y"],
+    );
+    let args = [b.clone(), y.clone()].map(Value::Tensor);
+    check(&back, &args, "relax.layout_transform+relax.add");
+    let m = fusebox_core::text::parse_module_str(&back).unwrap();
+    let Value::Tensor(got) = crate::run(&m, "main", args.to_vec()).unwrap() else {
+        panic!("not a tensor")
+    };
+    let (got, bv, yv) = (got.to_f32_vec(), b.to_f32_vec(), y.to_f32_vec());
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.to_bits(), (yv[i] + bv[i / 25]).to_bits(), "{i}");
+    }
+    // Fused back from planes of more than one pixel, the parts are not contiguous: not a
+    // strided view, declined at bind; the bindings run one by one.
+    let wide = back
+        .replace("1, 3, 1, 1, 16", "1, 3, 5, 5, 16")
+        .replace("R.add(y, lv)", "R.add(lv, y)");
+    let m = fusebox_core::text::parse_module_str(&wide).unwrap();
+    let g = compile(m.get("fused").unwrap()).unwrap();
+    let args = [x.clone(), y.clone()];
+    assert!(bind(&g.prog, &args, None).is_none());
+    let want = crate::run(
+        &fusebox_core::text::parse_module_str(&plain(&wide)).unwrap(),
+        "main",
+        args.iter().cloned().map(Value::Tensor).collect(),
+    )
+    .unwrap();
+    let got = crate::run(&m, "main", args.map(Value::Tensor).to_vec()).unwrap();
+    assert_eq!(bits(&got), bits(&want));
+}
+
+#[test]
 fn views_strides_cannot_express_or_bad_indices_run_op_by_op() {
     let t = |sh: &str, d: &str| format!("R.Tensor(({sh}), dtype=\"{d}\")");
     // A transpose merged across its transposed dims: not a strided view; the bindings run

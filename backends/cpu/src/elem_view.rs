@@ -10,7 +10,8 @@
 //!
 //! Contract:
 //!
-//! - Covered: `permute_dims`, `broadcast_to`, `reshape`, `expand_dims`, `squeeze` and
+//! - Covered: `permute_dims`, `broadcast_to`, `reshape`, `expand_dims`, `squeeze`,
+//!   `layout_transform` (an `SE` block's `(1, C, 1, 1)` scale moved into `NCHW16c`) and
 //!   `gather_elements`, applied (in any chain) to parameters and constants, the shape
 //!   arguments a parameter or a literal of known dims (one `-1` allowed in a reshape);
 //!   `gather_elements` once per chain, its indices a chain of layout ops over an `int64` or
@@ -45,7 +46,7 @@
 //! ```
 
 use fusebox_core::ir::{Dim, ExprId, ExprKind, Function};
-use fusebox_core::op::Op;
+use fusebox_core::op::{IndexMap, Op};
 use fusebox_core::runtime::{StorageRef, Tensor};
 
 /// A shape argument of a layout op.
@@ -70,6 +71,9 @@ pub(crate) enum Step {
     ExpandDims(Vec<i64>),
     /// `squeeze(x, axis)` (`None`: every extent-1 axis).
     Squeeze(Option<Vec<i64>>),
+    /// `layout_transform(x, index_map)`: a reshape that splits axes, a permutation, and a
+    /// reshape that fuses them ([`fusebox_core::op::IndexMap::as_permute`]).
+    Layout(Box<IndexMap>),
     /// `gather_elements(x, indices, axis)`, the indices a view without a gather.
     Gather { index: Box<Feed>, axis: i64 },
 }
@@ -133,7 +137,13 @@ pub(crate) fn step_of(
     };
     // The data first (so the leaves keep the order of the arguments), then the rest.
     let data = match (op, args) {
-        (Op::PermuteDims { .. } | Op::ExpandDims { .. } | Op::Squeeze { .. }, [x])
+        (
+            Op::PermuteDims { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::LayoutTransform(_),
+            [x],
+        )
         | (Op::BroadcastTo | Op::Reshape | Op::GatherElements { .. }, [x, _]) => *x,
         _ => return None,
     };
@@ -146,6 +156,7 @@ pub(crate) fn step_of(
         (Op::Reshape, [_, s]) => Step::Reshape(shape(*s, operand)?),
         (Op::ExpandDims { axis }, _) => Step::ExpandDims(axis.clone()),
         (Op::Squeeze { axis }, _) => Step::Squeeze(axis.clone()),
+        (Op::LayoutTransform(map), _) => Step::Layout(map.clone()),
         (Op::GatherElements { axis }, [_, i]) => {
             let Operand::Feed(index) = operand(*i) else {
                 return None;
@@ -382,6 +393,19 @@ fn layout(
                 **s = keep(s);
             }
             *shape = keep(shape);
+        }
+        Step::Layout(map) => {
+            // Split, permuted, fused: the last fuse is a reshape strides express only where
+            // the fused parts lie contiguous (an `NCHW16c` value of 1 × 1 planes back to
+            // `NCHW`); the split and the permutation always are.
+            let p = map.as_permute(shape).ok()?;
+            for s in sets.iter_mut() {
+                let split = reshape_strides(shape, s, &p.split)?;
+                let permuted: Vec<usize> = p.perm.iter().map(|&a| split[a]).collect();
+                let dims: Vec<usize> = p.perm.iter().map(|&a| p.split[a]).collect();
+                **s = reshape_strides(&dims, &permuted, &p.out)?;
+            }
+            *shape = p.out;
         }
         Step::Gather { .. } => return None,
     }

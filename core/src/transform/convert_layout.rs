@@ -29,7 +29,10 @@
 //!     stays, and a lower-rank operand first gets leading unit axes (`expand_dims`: what
 //!     broadcasting does to it) and is then moved, so a `(C, 1, 1)` bias meets its channels.
 //!     An operand that cannot be moved (a `(1, 1, 1, 1)` value into `NCHW16c`) leaves the op
-//!     reading the originals.
+//!     reading the originals; so does an op none of whose held operands has the result's
+//!     shape while an operand that does is computed, not a constant (an SE block's `x · s`
+//!     of an `NCHW` `x` and a held `(1, C, 1, 1)` `s`: `s` moves back, not `x` in and the
+//!     product out).
 //!   - `max_pool2d`, `avg_pool2d` and `adaptive_avg_pool2d` of a held operand run with their
 //!     `layout` (and `out_layout`) moved likewise (`NCHW16c`).
 //!   - `concat((a, b, ...), axis)` of rank-4 parts, one of them held, runs in that layout:
@@ -360,6 +363,28 @@ impl Converter<'_> {
         })
     }
 
+    /// Whether a broadcasting op writing `y` holds none of its result-sized operands (those of
+    /// `y`'s own shape) but reads one that is not a constant: an SE block's `x * s` of an
+    /// `NCHW` `x` and a `(1, C, 1, 1)` `s` held in the layout. Moving `x` into the layout (and
+    /// the product back) would move as many elements as the op writes, twice; reading the
+    /// originals moves only `s`.
+    fn only_small_held(&self, f: &Function, y: VarId, args: &[ExprId]) -> bool {
+        let Some(out) = f.var(y).ty.as_tensor().and_then(|t| t.dims.clone()) else {
+            return false;
+        };
+        let full = |a: ExprId| {
+            f.expr(a)
+                .ty
+                .as_tensor()
+                .and_then(|t| t.dims.as_ref())
+                .is_some_and(|d| *d == out)
+        };
+        let held = |a: ExprId| f.as_var(a).is_some_and(|v| self.held.contains_key(&v));
+        let computed =
+            |a: ExprId| !matches!(f.expr(a).kind, ExprKind::Const(_) | ExprKind::ConstRef(_));
+        !args.iter().any(|&a| full(a) && held(a)) && args.iter().any(|&a| full(a) && computed(a))
+    }
+
     /// Rewrites binding `b` if a rule applies: the new value's var held for `b.var`.
     fn rewrite(&mut self, f: &mut Function, b: Binding) -> Option<()> {
         // `y = v` of a held `v`: `y` is held as `v` is (no binding; restored where needed).
@@ -508,6 +533,9 @@ impl Converter<'_> {
                     return None;
                 }
                 let l = self.held_layout(f, &args)?;
+                if self.only_small_held(f, b.var, &args) {
+                    return None;
+                }
                 let mut rest = Vec::with_capacity(args.len());
                 for &a in &args {
                     let r = rank_of(f, a)?;
@@ -1032,6 +1060,47 @@ class Module:
         let m = parse_module_str(&odd).unwrap_or_else(|e| panic!("{e}"));
         let out = convert_layout(&m, "NCHW16c", "OIHW").unwrap_or_else(|e| panic!("{e}"));
         assert!(!print_module(&out).text.contains("NCHW16c"));
+    }
+
+    #[test]
+    fn a_broadcast_of_a_small_held_value_over_a_large_original_reads_the_originals() {
+        // An SE block: the scale `s` comes from a 1 × 1 plane the layout converts, `x` from
+        // a stage it does not. Moving `x` in and the product back would move its 2,048
+        // elements twice; `s` goes back instead (32 elements).
+        let src = r#"
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((1, 32, 8, 8), dtype="float32"), w: R.Tensor((32, 32, 1, 1), dtype="float32")) -> R.Tensor((1, 32, 8, 8), dtype="float32"):
+        with R.dataflow():
+            lv: R.Tensor((1, 32, 1, 1), dtype="float32") = R.nn.adaptive_avg_pool2d(x, output_size=[1, 1], layout="NCHW", out_layout="NCHW")
+            lv1: R.Tensor((1, 32, 1, 1), dtype="float32") = R.nn.conv2d(lv, w, strides=[1, 1], padding=[0, 0, 0, 0], dilation=[1, 1], groups=1, data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype="void")
+            lv2: R.Tensor((1, 32, 1, 1), dtype="float32") = R.sigmoid(lv1)
+            gv: R.Tensor((1, 32, 8, 8), dtype="float32") = R.multiply(x, lv2)
+            R.output(gv)
+        return gv
+"#;
+        let out = run(src, "NCHW16c", "OIHW");
+        for e in [
+            "lv2_nchw16c: R.Tensor((1, 2, 1, 1, 16), dtype=\"float32\") = R.sigmoid(lv1_nchw16c)",
+            "lv2: R.Tensor((1, 32, 1, 1), dtype=\"float32\") = R.layout_transform(lv2_nchw16c,",
+            "gv: R.Tensor((1, 32, 8, 8), dtype=\"float32\") = R.multiply(x, lv2)",
+        ] {
+            assert!(out.contains(e), "missing `{e}` in\n{out}");
+        }
+        assert!(!out.contains("x_nchw16c"), "{out}");
+        // Where the large operand is held too, the op runs in the layout (both moved once:
+        // `x` into it for the second conv, the product out as the result).
+        let held = src
+            .replace(
+                "gv: R.Tensor((1, 32, 8, 8), dtype=\"float32\") = R.multiply(x, lv2)",
+                "lv3: R.Tensor((1, 32, 8, 8), dtype=\"float32\") = R.nn.conv2d(x, w, strides=[1, 1], padding=[0, 0, 0, 0], dilation=[1, 1], groups=1, data_layout=\"NCHW\", kernel_layout=\"OIHW\", out_layout=\"NCHW\", out_dtype=\"void\")\n            gv: R.Tensor((1, 32, 8, 8), dtype=\"float32\") = R.multiply(lv3, lv2)",
+            );
+        let out = run(&held, "NCHW16c", "OIHW");
+        assert!(
+            out.contains("gv_nchw16c: R.Tensor((1, 2, 8, 8, 16), dtype=\"float32\") = R.multiply(lv3_nchw16c, lv2_nchw16c)"),
+            "{out}"
+        );
     }
 
     #[test]
