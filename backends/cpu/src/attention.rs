@@ -537,6 +537,16 @@ pub(crate) fn attention_permuted(
 /// are taken as 88.3 (the softmax only ever passes `x - max ≤ 0`).
 #[inline(always)]
 pub(crate) fn exp32(x: f32) -> f32 {
+    let y = exp32_clamped(x);
+    if x < -87.3 { 0.0 } else { y }
+}
+
+/// [`exp32`] without its underflow to 0: `e^x` of `x` clamped to `[-87.3, 88.3]` (below
+/// -87.3 the smallest normal value it takes there, about `1.2e-38`, instead of 0). For a
+/// caller that adds 1 to it (the sigmoid's `1 + e^-x`) the two give the same sums, and the
+/// compare and select it saves are two of about twenty vector operations.
+#[inline(always)]
+pub(crate) fn exp32_clamped(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // Round to nearest by the 1.5 * 2^23 trick (no libm call): `t` is `MAGIC + n`.
     const MAGIC: f32 = 12_582_912.0;
@@ -556,7 +566,7 @@ pub(crate) fn exp32(x: f32) -> f32 {
     // -126..=127 after the clamp), so no float-to-int conversion (which does not vectorise
     // well) is needed; the same bits as `((n as i32 + 127) as u32) << 23`.
     let scale = f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127) << 23);
-    if x < -87.3 { 0.0 } else { y * scale }
+    y * scale
 }
 
 /// The largest element of `row` (NaN ignored, as `f32::max` does; `-inf` when empty), as

@@ -412,7 +412,9 @@ pub(crate) fn unary_float(t: &Tensor, f: &FloatFn) -> KResult<Tensor> {
 /// denormals of at most 5e-39 between). NaN stays NaN; `+inf` gives 1, `-inf` 0.
 #[inline(always)]
 pub(crate) fn sigmoid32(x: f32) -> f32 {
-    let s = 1.0 / (1.0 + crate::attention::exp32(-x));
+    // `exp32`'s underflow to 0 (of `-x < -87.3`) would change nothing here: `1 + e` is 1
+    // either way, the clamped value being below half an ulp of 1.
+    let s = 1.0 / (1.0 + crate::attention::exp32_clamped(-x));
     if x < -88.3 { 0.0 } else { s }
 }
 
