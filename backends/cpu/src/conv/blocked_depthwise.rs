@@ -30,9 +30,14 @@
 //!   2, where a load per tap took 27; on AVX2 at stride 1 each pixel goes into its sums as it
 //!   is loaded, the 10 pixels, 8 sums and 3 weights being more than its 16 registers: 121 →
 //!   102 µs), a pixel left or right of the image, or a kernel row above
-//!   or below it, read as `+0.0`; tiles wholly inside the image check no load. Other kernels:
-//!   a row's pixels whose taps all fall inside the image run in tiles of [`PX`] pixels with
-//!   no bounds checks on the taps, the others (the padding's border) one by one with them.
+//!   or below it, read as `+0.0`; tiles wholly inside the image check no load. Other kernels
+//!   (EfficientNet's 5×5) read a copy of the block's plane with the padding zeroed in, made
+//!   once per plane a task reaches (`H·W·16` values copied against `KH·KW` multiply-adds per
+//!   output vector), so every pixel of a row runs in tiles of [`PX`] and one of the rest,
+//!   with no check per tap. Before, the border pixels ran one by one with their taps
+//!   checked, each a chain of 25 FMAs waiting on the FMA's latency: EfficientNet-B0's 5×5
+//!   layers, two threads, 672×14×14 0.277 → 0.154 ms and 1152×7×7 0.188 → 0.097 ms for
+//!   three calls with their SiLU (bench/RESULTS.md, session cc).
 //!   MobileNetV2 with `conv2d_layout = ["NCHW16c", "OIHW"]`, its depthwise layers against the
 //!   `NCHW` kernels' (one thread, `bench/ab_layers.py`, 8 rounds): 960×7×7 1.03 → 0.62,
 //!   576×14×14 1.00 → 0.77, 96×112×112 stride 2 0.81 → 0.60, 384×14×14 1.57 → 1.13
@@ -151,7 +156,6 @@ pub(crate) fn conv(
         reg,
         plane_in,
         row,
-        cols: interior(g),
         fast: (g.kernel() == [3, 3] && g.dilation() == [1, 1] && g.stride()[1] <= 2)
             .then_some(g.stride()[1]),
     };
@@ -165,19 +169,6 @@ pub(crate) fn conv(
     Ok(())
 }
 
-/// The output columns whose taps all fall inside the image's columns: `lo..hi`.
-fn interior(g: &Geom) -> (usize, usize) {
-    let ([_, kw], [_, sw], [_, dw], [_, pl]) = (g.kernel(), g.stride(), g.dilation(), g.pad());
-    let lo = pl.div_ceil(sw).min(g.ow);
-    let span = (kw - 1) * dw;
-    // Column q is inside while q·sw + span − pl ≤ W − 1.
-    let hi = match (g.w + pl).checked_sub(span + 1) {
-        Some(top) => (top / sw + 1).min(g.ow),
-        None => 0,
-    };
-    (lo, hi.max(lo))
-}
-
 /// What every row task reads.
 struct Plan<'a> {
     g: &'a Geom,
@@ -186,7 +177,6 @@ struct Plan<'a> {
     reg: RegSteps<'a>,
     plane_in: usize,
     row: usize,
-    cols: (usize, usize),
     /// The column stride when [`RowJob::run3`] runs the rows (3×3, undilated, column stride
     /// 1 or 2).
     fast: Option<usize>,
@@ -229,6 +219,10 @@ impl Rows<'_, '_> {
         }
         let ([kh, kw], blocks) = (g.kernel(), g.c / B);
         let taps = kh * kw;
+        // Other kernels than `run3`'s read a copy of the block's plane with its padding
+        // zeroed in (made once per plane a task reaches), so that every pixel of a row runs
+        // in tiles without a check per tap.
+        let mut padded = (p.fast.is_none()).then(|| Padded::new(g, B));
         for (i, out) in dst.chunks_exact_mut(p.row).enumerate() {
             let r = first + i;
             let (plane, oy) = (r / g.oh, r % g.oh);
@@ -259,20 +253,60 @@ impl Rows<'_, '_> {
                     }
                     continue;
                 }
-                let (lo, hi) = if row.rows_inside() { p.cols } else { (0, 0) };
-                // The border columns (all of a row that reaches into the padding) with their
-                // taps checked, the interior without.
-                let mut q = row.run::<S, true, 0>(simd, 0, lo, out);
-                if q < hi {
-                    q = match g.stride()[1] {
-                        1 => row.run::<S, false, 1>(simd, q, hi, out),
-                        2 => row.run::<S, false, 2>(simd, q, hi, out),
-                        _ => row.run::<S, false, 0>(simd, q, hi, out),
-                    };
+                let Some(pd) = padded.as_mut() else { return };
+                let pp = pd.plane(plane, xp);
+                match g.stride()[1] {
+                    1 => row.run_padded::<S, 1>(simd, pp, out),
+                    2 => row.run_padded::<S, 2>(simd, pp, out),
+                    _ => row.run_padded::<S, 0>(simd, pp, out),
                 }
-                row.run::<S, true, 0>(simd, q, g.ow, out);
             }
         }
+    }
+}
+
+/// A block's image plane with its padding: `[H + 1][PW][B]`, the image's row `iy` at row
+/// `iy` from column `pl` on, zeros around it, and row `H` all zeros (what a kernel row above
+/// or below the image reads). `PW` covers every column a tap of the row's last output reads.
+struct Padded {
+    buf: Vec<f32>,
+    /// The plane copied in, if any.
+    plane: Option<usize>,
+    /// Padded row length in `f32`s (`PW · B`), and the image row's offset in it (`pl · B`).
+    row: usize,
+    left: usize,
+    /// The image's rows and their length in `f32`s (`W · B`).
+    h: usize,
+    w: usize,
+}
+
+impl Padded {
+    fn new(g: &Geom, b: usize) -> Padded {
+        let ([_, kw], [_, sw], [_, dw], [_, pl]) = (g.kernel(), g.stride(), g.dilation(), g.pad());
+        let reach = (g.ow.max(1) - 1) * sw + (kw - 1) * dw + 1;
+        let pw = reach.max(pl + g.w);
+        Padded {
+            buf: vec![0.0; (g.h + 1) * pw * b],
+            plane: None,
+            row: pw * b,
+            left: pl * b,
+            h: g.h,
+            w: g.w * b,
+        }
+    }
+
+    /// The padded copy of `xp` (plane number `plane`), copied unless it is the last one.
+    fn plane(&mut self, plane: usize, xp: &[f32]) -> &[f32] {
+        if self.plane != Some(plane) {
+            for (iy, src) in xp.chunks_exact(self.w.max(1)).take(self.h).enumerate() {
+                let at = iy * self.row + self.left;
+                if let Some(d) = self.buf.get_mut(at..at + src.len()) {
+                    d.copy_from_slice(src);
+                }
+            }
+            self.plane = Some(plane);
+        }
+        &self.buf
     }
 }
 
@@ -464,81 +498,68 @@ impl<const B: usize> RowJob<'_, B> {
         self.store(simd, q0, acc, out);
     }
 
-    /// Output pixels `q..hi` of the row into `out` in tiles of [`PX`], then 4, 2 and 1
-    /// (independent chains still); returns `hi`. Without `CHECK` every tap of those pixels
-    /// must fall inside the image. `SW` is the column stride when it is 1 or 2 (then every
-    /// load's offset in a tile is a constant and its bounds are checked once per tile and
-    /// tap), 0 for another.
+    /// The whole output row into `out` from the padded plane `pp` ([`Padded`]): tiles of
+    /// [`PX`] pixels, then one of the rest (every tile's chains independent: a row of 7
+    /// pixels is one tile of 7, not 4, 2 and 1, whose chains of 25 taps would each wait on
+    /// the FMA's latency). `SW` is the column stride when it is 1 or 2 (then every load's
+    /// offset in a tile is a constant), 0 for another.
     #[inline(always)]
-    fn run<S: pulp::Simd, const CHECK: bool, const SW: usize>(
-        &self,
-        simd: S,
-        mut q: usize,
-        hi: usize,
-        out: &mut [f32],
-    ) -> usize {
-        while q + PX <= hi {
-            self.tile::<S, PX, CHECK, SW>(simd, q, out);
+    fn run_padded<S: pulp::Simd, const SW: usize>(&self, simd: S, pp: &[f32], out: &mut [f32]) {
+        let ow = self.g.ow;
+        let mut q = 0;
+        while q + PX <= ow {
+            self.tile_padded::<S, PX, SW>(simd, pp, q, out);
             q += PX;
         }
-        if q + 4 <= hi {
-            self.tile::<S, 4, CHECK, SW>(simd, q, out);
-            q += 4;
+        match ow - q {
+            0 => {}
+            1 => self.tile_padded::<S, 1, SW>(simd, pp, q, out),
+            2 => self.tile_padded::<S, 2, SW>(simd, pp, q, out),
+            3 => self.tile_padded::<S, 3, SW>(simd, pp, q, out),
+            4 => self.tile_padded::<S, 4, SW>(simd, pp, q, out),
+            5 => self.tile_padded::<S, 5, SW>(simd, pp, q, out),
+            6 => self.tile_padded::<S, 6, SW>(simd, pp, q, out),
+            _ => self.tile_padded::<S, 7, SW>(simd, pp, q, out),
         }
-        if q + 2 <= hi {
-            self.tile::<S, 2, CHECK, SW>(simd, q, out);
-            q += 2;
-        }
-        if q < hi {
-            self.tile::<S, 1, CHECK, SW>(simd, q, out);
-            q += 1;
-        }
-        q.max(hi)
     }
 
     /// Output pixels `q0..q0 + N` of the row into `out` (the row's outputs): the taps in
-    /// `(ky, kx)` order, one FMA each from `+0.0`, then the epilogue. With `CHECK`, a tap
-    /// outside the image reads `+0.0`; without, every tap must be inside (the caller's
-    /// interior).
+    /// `(ky, kx)` order, one FMA each from `+0.0`, then the epilogue. A tap over the padding
+    /// reads the padded plane's `+0.0` (or its zero row, for a kernel row above or below the
+    /// image): `0 · w`, as the definition has it.
     #[inline(always)]
-    fn tile<S: pulp::Simd, const N: usize, const CHECK: bool, const SW: usize>(
+    fn tile_padded<S: pulp::Simd, const N: usize, const SW: usize>(
         &self,
         simd: S,
+        pp: &[f32],
         q0: usize,
         out: &mut [f32],
     ) {
         let g = self.g;
         let lanes = S::F32_LANES;
-        let ([kh, kw], [sh, sw], [dh, dw], [pt, pl]) =
+        let ([kh, kw], [sh, sw], [dh, dw], [pt, _]) =
             (g.kernel(), g.stride(), g.dilation(), g.pad());
         let sw = if SW > 0 { SW } else { sw };
         let zero = simd.splat_f32s(0.0);
         let mut acc = [zero; N];
         let step = sw * B;
+        let row = pp.len() / (g.h + 1);
+        let zeros = pp.get(g.h * row..).unwrap_or(&[]);
+        let len = (N - 1) * step + lanes;
         for ky in 0..kh {
-            let xr = self.image_row((self.oy * sh + ky * dh).wrapping_sub(pt));
+            let iy = (self.oy * sh + ky * dh).wrapping_sub(pt);
+            let xr = if iy < g.h {
+                pp.get(iy * row..(iy + 1) * row).unwrap_or(&[])
+            } else {
+                zeros
+            };
             for kx in 0..kw {
                 let wv = load::<S>(self.wb, (ky * kw + kx) * B + self.sub, zero);
-                let ix0 = (q0 * sw + kx * dw).wrapping_sub(pl);
-                let base = ix0.wrapping_mul(B).wrapping_add(self.sub);
-                if !CHECK {
-                    // Every tap inside: the tile's window, its bounds checked once.
-                    let len = (N - 1) * step + lanes;
-                    let Some(win) = xr.get(base..base.wrapping_add(len)) else {
-                        continue;
-                    };
-                    for (j, a) in acc.iter_mut().enumerate() {
-                        let v = load::<S>(win, j * step, zero);
-                        *a = simd.mul_add_f32s(v, wv, *a);
-                    }
-                    continue;
-                }
+                let base = (q0 * sw + kx * dw) * B + self.sub;
+                // Inside the padded row by its width ([`Padded::new`]): checked once here.
+                let win = xr.get(base..base + len).unwrap_or(&[]);
                 for (j, a) in acc.iter_mut().enumerate() {
-                    let v = if ix0.wrapping_add(j * sw) < g.w {
-                        load::<S>(xr, base.wrapping_add(j * step), zero)
-                    } else {
-                        zero
-                    };
+                    let v = load::<S>(win, j * step, zero);
                     *a = simd.mul_add_f32s(v, wv, *a);
                 }
             }
@@ -643,6 +664,17 @@ mod tests {
             (1, 16, 10, 19, [3, 3], [1, 1], [1, 1], [0, 0, 0, 0]),
             (1, 16, 9, 12, [3, 3], [2, 1], [1, 1], [1, 0, 1, 2]),
             (2, 16, 12, 35, [3, 3], [1, 2], [1, 1], [2, 1, 0, 2]),
+            // Other kernels, on the padded plane (`RowJob::run_padded`): EfficientNet's 5×5
+            // on 14×14 and 7×7 (rows of a tile and a rest, of a rest alone), stride 2 with
+            // padding (1, 2) (onnx's SAME_UPPER), 7×7 on 7×7, a column stride of 3, planes
+            // narrower than the kernel.
+            (1, 32, 14, 14, [5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
+            (1, 16, 7, 7, [5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
+            (1, 16, 28, 28, [5, 5], [2, 2], [1, 1], [1, 1, 2, 2]),
+            (2, 16, 7, 7, [7, 7], [1, 1], [1, 1], [3, 3, 3, 3]),
+            (1, 16, 12, 17, [3, 3], [3, 3], [1, 1], [1, 1, 1, 1]),
+            (1, 16, 2, 3, [5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
+            (1, 16, 9, 9, [5, 3], [2, 1], [2, 1], [4, 1, 0, 3]),
             // Channels in blocks of 8 only (MobileNetV2's 24, stride 1 and 2).
             (1, 24, 14, 14, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
             (1, 40, 15, 9, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
@@ -680,17 +712,21 @@ mod tests {
     fn padding_taps_add_zero_times_the_weight_so_nan_and_infinite_weights_show() {
         // A tap over the padding adds `0 · w`: NaN for an infinite or NaN weight, as the
         // definition (and the `NCHW` kernels) give, on the edge pixels only.
-        for (case, &(h, w, s)) in [(7, 7, 1), (14, 14, 1), (30, 30, 1), (28, 28, 2)]
-            .iter()
-            .enumerate()
-        {
-            let g = Geom::new([1, 16, h, w], 16, [3, 3], [s, s], [1, 1], [1, 1, 1, 1])
+        // 3×3 (`RowJob::run3`) and 5×5 (the padded plane).
+        let cases = [(7, 7, 1, 3), (14, 14, 1, 3), (30, 30, 1, 3), (28, 28, 2, 3)];
+        let cases = cases
+            .into_iter()
+            .chain([(14, 14, 1, 5), (7, 7, 1, 5), (28, 28, 2, 5)]);
+        for (case, (h, w, s, k)) in cases.enumerate() {
+            let p = (k / 2) as i64;
+            let g = Geom::new([1, 16, h, w], 16, [k, k], [s, s], [1, 1], [p, p, p, p])
                 .expect("geometry");
+            let taps = k * k;
             let x = rand(16 * h * w, case as u64 + 31);
-            let mut wt = rand(16 * 9, case as u64 + 32);
+            let mut wt = rand(16 * taps, case as u64 + 32);
             wt[0] = f32::INFINITY; // channel 0, tap (0, 0)
-            wt[9 + 8] = f32::NAN; // channel 1, tap (2, 2)
-            wt[18 + 5] = f32::NEG_INFINITY; // channel 2, tap (1, 2)
+            wt[taps + taps - 1] = f32::NAN; // channel 1, the last tap
+            wt[2 * taps + k + k - 1] = f32::NEG_INFINITY; // channel 2, tap (1, k - 1)
             let want = reference(&x, &wt, &g);
             assert!(want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_finite()));
             let mut y = vec![0.0f32; want.len()];
