@@ -603,7 +603,10 @@ pub struct LayoutCost {
     /// them in place, as `cpu` does, and they gain from it too (`cpu`'s `NCHW16c` depthwise
     /// kernel took 0.73–0.87 of the `NCHW` one's time on three of MobileNetV2's four shapes of
     /// 28 × 28 to 7 × 7 planes, 1.01 on the fourth, bench/RESULTS.md session be), so they count
-    /// with `conv_elems` in [`LayoutCost::margin`], though not as converted.
+    /// with `conv_elems` in [`LayoutCost::margin`], though not as converted. A kernel of more
+    /// than 3×3 taps counts each element `KH·KW / 9` times: its work per element grows with
+    /// the taps, a move's does not (MobileNetV3-Large's 7×7 stage of 5×5 layers, counted so,
+    /// converts: 0.956 of the model's time, bench/RESULTS.md session cc).
     pub depthwise_elems: u64,
     /// The `layout_transform` and `permute_dims` bindings of rank-4-or-5 values (the layout
     /// changes left at run time), plus the grouped convolutions in `data` other than
@@ -674,7 +677,9 @@ pub fn layout_cost_of(m: &Module, data: &[&str]) -> LayoutCost {
                         c.converted += 1;
                         c.conv_elems = c.conv_elems.saturating_add(out);
                     } else if is_depthwise(f, args, &a.kernel_layout, a.groups) {
-                        c.depthwise_elems = c.depthwise_elems.saturating_add(out);
+                        let taps = kernel_taps(f, args, &a.kernel_layout).unwrap_or(9);
+                        let w = out.saturating_mul(taps.max(9)) / 9;
+                        c.depthwise_elems = c.depthwise_elems.saturating_add(w);
                     } else {
                         let input = args.first().map_or(0, |&x| elems(&f.expr(x).ty));
                         c.moves += 1;
@@ -692,6 +697,21 @@ pub fn layout_cost_of(m: &Module, data: &[&str]) -> LayoutCost {
         }
     }
     c
+}
+
+/// The taps (`KH·KW`) of a `conv2d`'s static weight in `kernel_layout` (a permutation of
+/// `OIHW`).
+fn kernel_taps(f: &Function, args: &[ExprId], kernel_layout: &str) -> Option<u64> {
+    let dims = args
+        .get(1)
+        .and_then(|&w| f.expr(w).ty.as_tensor())?
+        .dims
+        .as_ref()?;
+    let at = |letter: char| {
+        let i = kernel_layout.chars().position(|c| c == letter)?;
+        u64::try_from(dims.get(i)?.as_static()?).ok()
+    };
+    at('H')?.checked_mul(at('W')?)
 }
 
 /// Whether a `conv2d` of `groups` groups with arguments `args` is depthwise: its weight
@@ -851,6 +871,24 @@ mod tests {
             c.margin(&LayoutCost::default()),
             2 * i128::from(plane) - 16 * i128::from(plane)
         );
+        // A 5×5 depthwise layer counts its output 25/9 times (its 25 taps against a 3×3's 9);
+        // a 1×1 one no less than a 3×3's.
+        let five = src
+            .replace("w2: R.Tensor((32, 1, 3, 3)", "w2: R.Tensor((32, 1, 5, 5)")
+            .replace(
+                "(a, w2, padding=[1, 1, 1, 1]",
+                "(a, w2, padding=[2, 2, 2, 2]",
+            );
+        let m = parse_module_str(&five).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(layout_cost(&m, "NCHW16c").depthwise_elems, plane * 25 / 9);
+        let one = src
+            .replace("w2: R.Tensor((32, 1, 3, 3)", "w2: R.Tensor((32, 1, 1, 1)")
+            .replace(
+                "(a, w2, padding=[1, 1, 1, 1]",
+                "(a, w2, padding=[0, 0, 0, 0]",
+            );
+        let m = parse_module_str(&one).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(layout_cost(&m, "NCHW16c").depthwise_elems, plane);
     }
 
     #[test]
