@@ -34,10 +34,13 @@
 //!   (EfficientNet's 5×5) read a copy of the block's plane with the padding zeroed in, made
 //!   once per plane a task reaches (`H·W·16` values copied against `KH·KW` multiply-adds per
 //!   output vector), so every pixel of a row runs in tiles of [`PX`] and one of the rest,
-//!   with no check per tap. Before, the border pixels ran one by one with their taps
-//!   checked, each a chain of 25 FMAs waiting on the FMA's latency: EfficientNet-B0's 5×5
-//!   layers, two threads, 672×14×14 0.277 → 0.154 ms and 1152×7×7 0.188 → 0.097 ms for
-//!   three calls with their SiLU (bench/RESULTS.md, session cc).
+//!   with no check per tap. Where that copy would hold more than four times the plane's
+//!   values and 64 Ki more (padding or strides far wider than the image: a user's geometry
+//!   must not exhaust memory), the rows run with a check per tap instead. Before, the border
+//!   pixels ran one by one with their taps checked, each a chain of 25 FMAs waiting on the
+//!   FMA's latency: EfficientNet-B0's 5×5 layers, two threads, 672×14×14 0.277 → 0.154 ms
+//!   and 1152×7×7 0.188 → 0.097 ms for three calls with their SiLU (bench/RESULTS.md,
+//!   session cc).
 //!   MobileNetV2 with `conv2d_layout = ["NCHW16c", "OIHW"]`, its depthwise layers against the
 //!   `NCHW` kernels' (one thread, `bench/ab_layers.py`, 8 rounds): 960×7×7 1.03 → 0.62,
 //!   576×14×14 1.00 → 0.77, 96×112×112 stride 2 0.81 → 0.60, 384×14×14 1.57 → 1.13
@@ -222,7 +225,11 @@ impl Rows<'_, '_> {
         // Other kernels than `run3`'s read a copy of the block's plane with its padding
         // zeroed in (made once per plane a task reaches), so that every pixel of a row runs
         // in tiles without a check per tap.
-        let mut padded = (p.fast.is_none()).then(|| Padded::new(g, B));
+        let mut padded = if p.fast.is_none() {
+            Padded::new(g, B)
+        } else {
+            None
+        };
         for (i, out) in dst.chunks_exact_mut(p.row).enumerate() {
             let r = first + i;
             let (plane, oy) = (r / g.oh, r % g.oh);
@@ -253,7 +260,10 @@ impl Rows<'_, '_> {
                     }
                     continue;
                 }
-                let Some(pd) = padded.as_mut() else { return };
+                let Some(pd) = padded.as_mut() else {
+                    row.run_checked::<S>(simd, out);
+                    continue;
+                };
                 let pp = pd.plane(plane, xp);
                 match g.stride()[1] {
                     1 => row.run_padded::<S, 1>(simd, pp, out),
@@ -281,18 +291,30 @@ struct Padded {
 }
 
 impl Padded {
-    fn new(g: &Geom, b: usize) -> Padded {
+    /// The buffer for planes of geometry `g` in blocks of `b`; `None` when it would hold more
+    /// than four times the plane's values and 64 Ki more (padding or strides far wider than
+    /// the image: a user's geometry, whose copy could exhaust memory): the rows then run
+    /// with a check per tap ([`RowJob::run_checked`]).
+    fn new(g: &Geom, b: usize) -> Option<Padded> {
         let ([_, kw], [_, sw], [_, dw], [_, pl]) = (g.kernel(), g.stride(), g.dilation(), g.pad());
-        let reach = (g.ow.max(1) - 1) * sw + (kw - 1) * dw + 1;
-        let pw = reach.max(pl + g.w);
-        Padded {
-            buf: vec![0.0; (g.h + 1) * pw * b],
+        let reach = (g.ow.max(1) - 1)
+            .checked_mul(sw)?
+            .checked_add((kw - 1).checked_mul(dw)?)?
+            .checked_add(1)?;
+        let pw = reach.max(pl.checked_add(g.w)?);
+        let len = (g.h + 1).checked_mul(pw)?.checked_mul(b)?;
+        let plane = g.h.saturating_mul(g.w).saturating_mul(b);
+        if len > plane.saturating_mul(4).saturating_add(1 << 16) {
+            return None;
+        }
+        Some(Padded {
+            buf: vec![0.0; len],
             plane: None,
             row: pw * b,
             left: pl * b,
             h: g.h,
             w: g.w * b,
-        }
+        })
     }
 
     /// The padded copy of `xp` (plane number `plane`), copied unless it is the last one.
@@ -498,6 +520,49 @@ impl<const B: usize> RowJob<'_, B> {
         self.store(simd, q0, acc, out);
     }
 
+    /// The whole output row into `out` with a bounds check per tap (a tap outside the image
+    /// reads `+0.0`): tiles of [`PX`] pixels, then one of the rest; for geometries whose
+    /// padded plane [`Padded::new`] declines.
+    #[inline(always)]
+    fn run_checked<S: pulp::Simd>(&self, simd: S, out: &mut [f32]) {
+        let ow = self.g.ow;
+        let mut q = 0;
+        while q + PX <= ow {
+            self.tile_checked::<S, PX>(simd, q, out);
+            q += PX;
+        }
+        for q in q..ow {
+            self.tile_checked::<S, 1>(simd, q, out);
+        }
+    }
+
+    /// Output pixels `q0..q0 + N` of the row into `out`: the taps in `(ky, kx)` order, one
+    /// FMA each from `+0.0`, a tap outside the image reading `+0.0`; then the epilogue.
+    #[inline(always)]
+    fn tile_checked<S: pulp::Simd, const N: usize>(&self, simd: S, q0: usize, out: &mut [f32]) {
+        let g = self.g;
+        let ([kh, kw], [sh, sw], [dh, dw], [pt, pl]) =
+            (g.kernel(), g.stride(), g.dilation(), g.pad());
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [zero; N];
+        for ky in 0..kh {
+            let xr = self.image_row((self.oy * sh + ky * dh).wrapping_sub(pt));
+            for kx in 0..kw {
+                let wv = load::<S>(self.wb, (ky * kw + kx) * B + self.sub, zero);
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let ix = ((q0 + j) * sw + kx * dw).wrapping_sub(pl);
+                    let v = if ix < g.w {
+                        load::<S>(xr, ix * B + self.sub, zero)
+                    } else {
+                        zero
+                    };
+                    *a = simd.mul_add_f32s(v, wv, *a);
+                }
+            }
+        }
+        self.store(simd, q0, acc, out);
+    }
+
     /// The whole output row into `out` from the padded plane `pp` ([`Padded`]): tiles of
     /// [`PX`] pixels, then one of the rest (every tile's chains independent: a row of 7
     /// pixels is one tile of 7, not 4, 2 and 1, whose chains of 25 taps would each wait on
@@ -675,6 +740,9 @@ mod tests {
             (1, 16, 12, 17, [3, 3], [3, 3], [1, 1], [1, 1, 1, 1]),
             (1, 16, 2, 3, [5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
             (1, 16, 9, 9, [5, 3], [2, 1], [2, 1], [4, 1, 0, 3]),
+            // Padding and strides far wider than the image: no padded copy
+            // (`RowJob::run_checked`).
+            (1, 16, 2, 2, [3, 3], [25, 25], [1, 1], [700, 700, 700, 700]),
             // Channels in blocks of 8 only (MobileNetV2's 24, stride 1 and 2).
             (1, 24, 14, 14, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
             (1, 40, 15, 9, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
@@ -706,6 +774,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_padded_copy_is_made_only_where_it_stays_near_the_plane_size() {
+        let geom = |h, w, s, p| {
+            Geom::new([1, 16, h, w], 16, [5, 5], [s, s], [1, 1], [p, p, p, p]).expect("geometry")
+        };
+        // EfficientNet's 5×5 on 14×14: 15 rows (one of zeros) of 18 columns.
+        let pd = Padded::new(&geom(14, 14, 1, 2), 16).expect("a padded copy");
+        assert_eq!(
+            (pd.buf.len(), pd.row, pd.left),
+            (15 * 18 * 16, 18 * 16, 2 * 16)
+        );
+        // 700 columns of padding around a 2×2 image, stride 25: the copy would be 66,240
+        // values against the image's 64.
+        assert!(Padded::new(&geom(2, 2, 25, 700), 16).is_none());
     }
 
     #[test]
