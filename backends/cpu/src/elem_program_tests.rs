@@ -922,14 +922,23 @@ fn layout_transforms_of_parameters_are_read_in_place() {
         &p[..2],
         &["s", "x"],
     );
-    let args = [s.clone(), x.clone()].map(Value::Tensor);
-    check(&into, &args, "relax.layout_transform+relax.multiply");
-    // And the definition: channel `16·cb + c` of `s` scales block `cb`, lane `c`.
-    let m = fusebox_core::text::parse_module_str(&into).unwrap();
-    let Value::Tensor(got) = crate::run(&m, "main", args.to_vec()).unwrap() else {
-        panic!("not a tensor")
+    // The program's values, its bits checked against the bindings one by one.
+    let run = |src: &str, args: [Tensor; 2], kernel: &str| -> Vec<f32> {
+        let args = args.map(Value::Tensor);
+        check(src, &args, kernel);
+        let m = fusebox_core::text::parse_module_str(src).unwrap();
+        let Value::Tensor(got) = crate::run(&m, "main", args.to_vec()).unwrap() else {
+            panic!("not a tensor")
+        };
+        got.to_f32_vec()
     };
-    let (got, sv, xv) = (got.to_f32_vec(), s.to_f32_vec(), x.to_f32_vec());
+    let got = run(
+        &into,
+        [s.clone(), x.clone()],
+        "relax.layout_transform+relax.multiply",
+    );
+    // And the definition: channel `16·cb + c` of `s` scales block `cb`, lane `c`.
+    let (sv, xv) = (s.to_f32_vec(), x.to_f32_vec());
     for (i, g) in got.iter().enumerate() {
         let (cb, c) = (i / (25 * 16), i % 16);
         assert_eq!(g.to_bits(), (sv[cb * 16 + c] * xv[i]).to_bits(), "{i}");
@@ -944,13 +953,12 @@ fn layout_transforms_of_parameters_are_read_in_place() {
         &p[2..],
         &["b", "y"],
     );
-    let args = [b.clone(), y.clone()].map(Value::Tensor);
-    check(&back, &args, "relax.layout_transform+relax.add");
-    let m = fusebox_core::text::parse_module_str(&back).unwrap();
-    let Value::Tensor(got) = crate::run(&m, "main", args.to_vec()).unwrap() else {
-        panic!("not a tensor")
-    };
-    let (got, bv, yv) = (got.to_f32_vec(), b.to_f32_vec(), y.to_f32_vec());
+    let got = run(
+        &back,
+        [b.clone(), y.clone()],
+        "relax.layout_transform+relax.add",
+    );
+    let (bv, yv) = (b.to_f32_vec(), y.to_f32_vec());
     for (i, g) in got.iter().enumerate() {
         assert_eq!(g.to_bits(), (yv[i] + bv[i / 25]).to_bits(), "{i}");
     }
