@@ -492,11 +492,12 @@ impl Converter<'_> {
                     .filter(|&a| a < 4)?;
                 let label = LABELS.as_bytes()[ax];
                 let pos = l.primal(label)?;
+                let factor = l.sub(label).map(|(_, k)| k);
                 for &e in &fields {
                     if rank_of(f, e)? != 4 {
                         return None;
                     }
-                    if let Some((_, k)) = l.sub(label) {
+                    if let Some(k) = factor {
                         let d = f
                             .expr(e)
                             .ty
@@ -699,18 +700,24 @@ pub fn layout_cost_of(m: &Module, data: &[&str]) -> LayoutCost {
     c
 }
 
-/// The taps (`KH·KW`) of a `conv2d`'s static weight in `kernel_layout` (a permutation of
-/// `OIHW`).
-fn kernel_taps(f: &Function, args: &[ExprId], kernel_layout: &str) -> Option<u64> {
+/// The static extent of axis `letter` (`O`, `I`, `H` or `W`) of a `conv2d`'s weight (its
+/// second argument) in `kernel_layout`, a permutation of `OIHW`.
+fn kernel_dim(f: &Function, args: &[ExprId], kernel_layout: &str, letter: char) -> Option<i64> {
+    if kernel_layout.len() != 4 {
+        return None;
+    }
     let dims = args
         .get(1)
         .and_then(|&w| f.expr(w).ty.as_tensor())?
         .dims
         .as_ref()?;
-    let at = |letter: char| {
-        let i = kernel_layout.chars().position(|c| c == letter)?;
-        u64::try_from(dims.get(i)?.as_static()?).ok()
-    };
+    dims.get(kernel_layout.chars().position(|c| c == letter)?)?
+        .as_static()
+}
+
+/// The taps (`KH·KW`) of a `conv2d`'s static weight in `kernel_layout`.
+fn kernel_taps(f: &Function, args: &[ExprId], kernel_layout: &str) -> Option<u64> {
+    let at = |letter| u64::try_from(kernel_dim(f, args, kernel_layout, letter)?).ok();
     at('H')?.checked_mul(at('W')?)
 }
 
@@ -718,21 +725,7 @@ fn kernel_taps(f: &Function, args: &[ExprId], kernel_layout: &str) -> Option<u64
 /// (in `kernel_layout`, a permutation of `OIHW`) has one input channel per group and `groups`
 /// output channels.
 fn is_depthwise(f: &Function, args: &[ExprId], kernel_layout: &str, groups: i64) -> bool {
-    let Some(dims) = args
-        .get(1)
-        .and_then(|&w| f.expr(w).ty.as_tensor())
-        .and_then(|t| t.dims.as_ref())
-    else {
-        return false;
-    };
-    let at = |letter: char| {
-        kernel_layout
-            .chars()
-            .position(|c| c == letter)
-            .filter(|_| kernel_layout.len() == 4)
-            .and_then(|i| dims.get(i))
-            .and_then(crate::ir::Dim::as_static)
-    };
+    let at = |letter| kernel_dim(f, args, kernel_layout, letter);
     at('I') == Some(1) && at('O') == Some(groups)
 }
 
@@ -1162,11 +1155,7 @@ class Module:
             "lv2_nchw16c: R.Tensor((1, 3, 8, 8, 16), dtype=\"float32\") = R.concat((lv_nchw16c, lv1_nchw16c), axis=1)",
             "gv_nchw16c: R.Tensor((1, 3, 8, 8, 16), dtype=\"float32\") = R.nn.relu(lv2_nchw16c)",
         ] {
-            assert!(
-                out.contains(e),
-                "missing `{e}` in
-{out}"
-            );
+            assert!(out.contains(e), "missing `{e}` in\n{out}");
         }
         assert_eq!(out.matches("R.layout_transform(").count(), 2, "{out}");
         // A permutation: the axis follows the channels (`axis=-3` read as 1).

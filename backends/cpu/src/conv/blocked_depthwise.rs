@@ -318,7 +318,7 @@ impl Padded {
     }
 
     /// The padded copy of `xp` (plane number `plane`), copied unless it is the last one.
-    fn plane(&mut self, plane: usize, xp: &[f32]) -> &[f32] {
+    fn plane(&mut self, plane: usize, xp: &[f32]) -> &Padded {
         if self.plane != Some(plane) {
             for (iy, src) in xp.chunks_exact(self.w.max(1)).take(self.h).enumerate() {
                 let at = iy * self.row + self.left;
@@ -328,7 +328,17 @@ impl Padded {
             }
             self.plane = Some(plane);
         }
-        &self.buf
+        self
+    }
+
+    /// Padded row `iy` of the plane (`PW · B` values); the zero row for `iy` above or below
+    /// the image (an index past it, or one that wrapped below 0).
+    #[inline(always)]
+    fn row_at(&self, iy: usize) -> &[f32] {
+        let r = iy.min(self.h);
+        self.buf
+            .get(r * self.row..(r + 1) * self.row)
+            .unwrap_or(&[])
     }
 }
 
@@ -569,7 +579,7 @@ impl<const B: usize> RowJob<'_, B> {
     /// the FMA's latency). `SW` is the column stride when it is 1 or 2 (then every load's
     /// offset in a tile is a constant), 0 for another.
     #[inline(always)]
-    fn run_padded<S: pulp::Simd, const SW: usize>(&self, simd: S, pp: &[f32], out: &mut [f32]) {
+    fn run_padded<S: pulp::Simd, const SW: usize>(&self, simd: S, pp: &Padded, out: &mut [f32]) {
         let ow = self.g.ow;
         let mut q = 0;
         while q + PX <= ow {
@@ -596,7 +606,7 @@ impl<const B: usize> RowJob<'_, B> {
     fn tile_padded<S: pulp::Simd, const N: usize, const SW: usize>(
         &self,
         simd: S,
-        pp: &[f32],
+        pp: &Padded,
         q0: usize,
         out: &mut [f32],
     ) {
@@ -608,16 +618,9 @@ impl<const B: usize> RowJob<'_, B> {
         let zero = simd.splat_f32s(0.0);
         let mut acc = [zero; N];
         let step = sw * B;
-        let row = pp.len() / (g.h + 1);
-        let zeros = pp.get(g.h * row..).unwrap_or(&[]);
         let len = (N - 1) * step + lanes;
         for ky in 0..kh {
-            let iy = (self.oy * sh + ky * dh).wrapping_sub(pt);
-            let xr = if iy < g.h {
-                pp.get(iy * row..(iy + 1) * row).unwrap_or(&[])
-            } else {
-                zeros
-            };
+            let xr = pp.row_at((self.oy * sh + ky * dh).wrapping_sub(pt));
             for kx in 0..kw {
                 let wv = load::<S>(self.wb, (ky * kw + kx) * B + self.sub, zero);
                 let base = (q0 * sw + kx * dw) * B + self.sub;
