@@ -520,9 +520,16 @@ fn the_flat_depthwise_kernel_gives_the_row_kernels_bits() {
         (15, 15, 5, 1, 2, 1),
         (30, 15, 5, 1, 2, 1),
         (14, 14, 5, 2, 2, 1),
-        // And on rows of 16 or more (EfficientNet's 5x5 on 28x28, stride 2 on 56x56).
+        // And on rows of 16 or more (EfficientNet's 5x5 on 28x28, stride 2 on 56x56), in
+        // the pitched layout as the 14x14 5x5 above: rows not a multiple of the lanes (29: a
+        // last vector of 13 lanes; 33: three vectors a row, the last of one lane), an odd
+        // stride-2 plane, and a plane of one row.
         (28, 28, 5, 1, 2, 1),
         (56, 56, 5, 2, 2, 1),
+        (29, 29, 5, 1, 2, 1),
+        (20, 33, 5, 1, 2, 1),
+        (31, 31, 5, 2, 2, 1),
+        (1, 40, 5, 1, 2, 1),
     ] {
         let c = 5;
         let a = attrs(st, p, d, c);
