@@ -71,8 +71,7 @@
 //!
 //! ```text
 //! r0  = add(h, in0)
-//! r1  = sigmoid(r0)
-//! out = multiply(r0, r1)
+//! out = silu(r0)      ; sigmoid(r0), then multiply(r0, ·): one instruction (`fuse_silu`)
 //! ```
 //!
 //! and runs as `conv2d_fused(x, w, [Step::Program(..)])`, profiled as one kernel
@@ -397,6 +396,7 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
     if code.is_empty() {
         return None;
     }
+    let code = fuse_silu(code);
     let (insts, nregs) = allocate(&code);
     Some(Group {
         head,
@@ -408,6 +408,54 @@ pub(crate) fn compile(f: &Function) -> Option<Group> {
             name: names.join("+"),
         },
     })
+}
+
+/// `sigmoid(a)` followed by `multiply` of `a` and it (either order; nothing else reads the
+/// sigmoid: the SiLU that exporters write as two nodes, after each of EfficientNet's
+/// convolutions) as one `silu` instruction, `a · sigmoid32(a)`: the same product (of the
+/// same two values; a NaN's payload aside, which the contract leaves open), one loop over
+/// the block instead of two and a register block fewer. The virtual registers are renumbered
+/// (each instruction's index).
+fn fuse_silu(code: Vec<(Kind, Src, Option<Src>)>) -> Vec<(Kind, Src, Option<Src>)> {
+    let reads = |r: usize| {
+        code.iter()
+            .flat_map(|(_, a, b)| [Some(*a), *b])
+            .filter(|s| *s == Some(Src::Reg(r)))
+            .count()
+    };
+    let mut out: Vec<(Kind, Src, Option<Src>)> = Vec::with_capacity(code.len());
+    // Each instruction's index in `out` (`None`: fused into the next).
+    let mut index: Vec<Option<usize>> = vec![None; code.len()];
+    let mut k = 0;
+    while let Some(&(kind, a, b)) = code.get(k) {
+        let remap = |s: Src, index: &[Option<usize>]| match s {
+            Src::Reg(r) => index.get(r).copied().flatten().map(Src::Reg),
+            s => Some(s),
+        };
+        let silu = match (kind, code.get(k + 1)) {
+            (Kind::Un(Un::Sigmoid), Some(&(Kind::Bin(Bin::Arith(BinOp::Mul)), p, Some(q)))) => {
+                let s = Src::Reg(k);
+                ((p, q) == (a, s) || (p, q) == (s, a)) && reads(k) == 1
+            }
+            _ => false,
+        };
+        let (kind, a, b, next) = match silu {
+            true => (Kind::Un(Un::Silu), a, None, k + 1),
+            false => (kind, a, b, k),
+        };
+        let b = match b {
+            Some(b) => remap(b, &index).map(Some),
+            None => Some(None),
+        };
+        let (Some(a), Some(b)) = (remap(a, &index), b) else {
+            // Not reached: every register read is an earlier instruction's, kept.
+            return code;
+        };
+        out.push((kind, a, b));
+        index[next] = Some(out.len() - 1);
+        k = next + 1;
+    }
+    out
 }
 
 /// Maps the virtual registers (one per instruction) to reused block buffers: an

@@ -391,6 +391,78 @@ fn registers_are_reused_and_never_alias_an_operand() {
 }
 
 #[test]
+fn a_sigmoid_times_its_operand_is_one_silu_instruction() {
+    // (body, the kinds compiled): the product in either order is one SiLU; a sigmoid read
+    // again, or multiplied by another value (a squeeze-and-excite gate), stays two.
+    let silu = Kind::Un(Un::Silu);
+    let (sig, mul) = (Kind::Un(Un::Sigmoid), Kind::Bin(Bin::Arith(BinOp::Mul)));
+    let add = Kind::Bin(Bin::Arith(BinOp::Add));
+    for (body, kinds) in [
+        (
+            [
+                "a = R.add(p0, p1)",
+                "b = R.sigmoid(a)",
+                "c = R.multiply(a, b)",
+            ],
+            vec![add, silu],
+        ),
+        (
+            [
+                "a = R.add(p0, p1)",
+                "b = R.sigmoid(a)",
+                "c = R.multiply(b, a)",
+            ],
+            vec![add, silu],
+        ),
+        (
+            [
+                "a = R.sigmoid(p0)",
+                "b = R.multiply(p0, a)",
+                "c = R.add(b, a)",
+            ],
+            vec![sig, mul, add],
+        ),
+        (
+            [
+                "a = R.add(p0, p1)",
+                "b = R.sigmoid(a)",
+                "c = R.multiply(p0, b)",
+            ],
+            vec![add, sig, mul],
+        ),
+    ] {
+        let body: Vec<String> = body.iter().map(|s| s.to_string()).collect();
+        let src = module_src(&[vec![3, 700], vec![3, 1]], "float32", &body, &[3, 700]);
+        let m = fusebox_core::text::parse_module_str(&src).unwrap();
+        let g = compile(m.get("fused").unwrap()).unwrap();
+        let got: Vec<Kind> = g.prog.insts.iter().map(|i| i.kind).collect();
+        assert_eq!(got, kinds, "{body:?}");
+        let mut r = Rng(5);
+        let mut x = r.tensor(&[3, 700]).to_f32_vec();
+        // Beyond the exponential's clamp both ways, infinities, NaN and signed zeros.
+        x[..8].copy_from_slice(&[
+            -100.0,
+            100.0,
+            -88.5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+            0.0,
+        ]);
+        let args = [
+            Value::Tensor(Tensor::from_f32(vec![3, 700], x).unwrap()),
+            Value::Tensor(r.tensor(&[3, 1])),
+        ];
+        let ops: Vec<String> = body
+            .iter()
+            .map(|b| op_name(b.split_once(" = ").map_or(b.as_str(), |(_, e)| e)))
+            .collect();
+        check(&src, &args, &ops.join("+"));
+    }
+}
+
+#[test]
 fn broadcast_inputs_are_read_by_merged_dims() {
     // (1, C, 1, 1) over (N, C, H, W): N with stride 0, C with 1, H·W merged with stride 0.
     let a = access(&[1, 3, 1, 1], &[2, 3, 4, 5], &[0.0; 3]);
