@@ -18,7 +18,7 @@
 //!   geometry where a tap past the output's last row or column would read the image rather
 //!   than its padding (the phase planes hold only `oh × ow`).
 //! - Kernels without an unrolled form (5×5, 7×7) lay the phase planes out with a row pitch
-//!   of whole 16-lane vectors instead ([`Plan::pitched`], where it pays): each row leaves
+//!   of whole 16-lane vectors instead ([`Taps::pitched`], where it pays): each row leaves
 //!   room for the widest column shift in zeros, so no tap needs a mask (EfficientNet's 5×5
 //!   on 28×28: 20 of 25 taps were masked, each a mask load and an `and` more than its load
 //!   and FMA). The plane is computed over the pitched flat index and each vector's columns
@@ -94,7 +94,7 @@ pub(crate) struct Plan {
     ow: usize,
     /// The phase planes' row pitch: `ow` (the flat layout, column shifts masked), or a
     /// multiple of [`MAX_LANES`] with room for the widest column shift in zeros at each row's
-    /// end ([`Plan::pitched`]: no masks).
+    /// end ([`Taps::pitched`]: no masks).
     pitch: usize,
     /// Zero slots before each phase plane in its region of the buffer.
     lead: usize,
@@ -188,8 +188,30 @@ impl Taps {
         j >= 0 && j < self.ow as isize && self.s * j as usize + px < self.w
     }
 
+    /// The row pitch of the masks-free layout for these taps, where it pays: a multiple of
+    /// [`MAX_LANES`] of at least `ow` plus the widest column shift either way, so that a
+    /// shift past a row's end reads that row's zero columns and one before its start the
+    /// previous row's, never the image. Each output vector then costs
+    /// one load and one FMA per tap, where the flat layout's masked taps cost a mask load and
+    /// an `and` as well: taken when its vectors (`oh` rows of `pitch / 16`) at one unit per
+    /// tap come to at most four fifths of the flat layout's at one unit per unmasked and two
+    /// per masked tap. EfficientNet-B0's 5×5 on 28×28 (pitch 32): 56 × 25 = 1400 against
+    /// 49 × 45 = 2205; a 5×5 on 7×7 (pitch 16): 7 × 25 = 175 against 4 × 45 = 180, flat.
+    fn pitched(&self) -> Option<usize> {
+        let (oh, ow, taps) = (self.oh, self.ow, &self.shifted);
+        let reach = taps.iter().map(|t| t.2.unsigned_abs()).max()?;
+        let pitch = ow.checked_add(reach)?.next_multiple_of(MAX_LANES);
+        let masked = taps
+            .iter()
+            .filter(|t| !(0..ow).all(|ox| self.inside((t.2, t.3), ox)))
+            .count();
+        let flat = oh.checked_mul(ow)?.div_ceil(MAX_LANES) * (taps.len() + masked);
+        let rows = oh.checked_mul(pitch / MAX_LANES)?.checked_mul(taps.len())?;
+        (masked > 0 && 5 * rows <= 4 * flat).then_some(pitch)
+    }
+
     /// The plan with phase rows `pitch` apart: `ow` (the flat layout, its column shifts
-    /// masked, and the unrolled 3×3 form where it has one) or [`Plan::pitched`]'s (no masks).
+    /// masked, and the unrolled 3×3 form where it has one) or [`Taps::pitched`]'s (no masks).
     fn lay_out(&self, pitch: usize) -> Option<Plan> {
         let (oh, ow) = (self.oh, self.ow);
         let hw = oh.checked_mul(ow)?;
@@ -330,7 +352,7 @@ impl Plan {
         if flat.fast.is_some() {
             return Some(flat);
         }
-        match Self::pitched(&taps.shifted, oh, ow, |q, ox| taps.inside(q, ox)) {
+        match taps.pitched() {
             Some(pitch) => taps.lay_out(pitch),
             None => Some(flat),
         }
@@ -359,32 +381,6 @@ impl Plan {
         [len, lead, region, ow, pitch, self.h, self.w, self.s]
     }
 
-    /// The row pitch of the masks-free layout for these taps (`(phase, qy, qx, px)`), where
-    /// it pays: a multiple of [`MAX_LANES`] of at least `ow` plus the widest column shift
-    /// either way, so that a shift past a row's end reads that row's zero columns and one
-    /// before its start the previous row's, never the image. Each output vector then costs
-    /// one load and one FMA per tap, where the flat layout's masked taps cost a mask load and
-    /// an `and` as well: taken when its vectors (`oh` rows of `pitch / 16`) at one unit per
-    /// tap come to at most four fifths of the flat layout's at one unit per unmasked and two
-    /// per masked tap. EfficientNet-B0's 5×5 on 28×28 (pitch 32): 56 × 25 = 1400 against
-    /// 49 × 45 = 2205; a 5×5 on 7×7 (pitch 16): 7 × 25 = 175 against 4 × 45 = 180, flat.
-    fn pitched(
-        taps: &[(usize, isize, isize, usize)],
-        oh: usize,
-        ow: usize,
-        inside: impl Fn((isize, usize), usize) -> bool,
-    ) -> Option<usize> {
-        let reach = taps.iter().map(|t| t.2.unsigned_abs()).max()?;
-        let pitch = ow.checked_add(reach)?.next_multiple_of(MAX_LANES);
-        let masked = taps
-            .iter()
-            .filter(|t| !(0..ow).all(|ox| inside((t.2, t.3), ox)))
-            .count();
-        let flat = oh.checked_mul(ow)?.div_ceil(MAX_LANES) * (taps.len() + masked);
-        let rows = oh.checked_mul(pitch / MAX_LANES)?.checked_mul(taps.len())?;
-        (masked > 0 && 5 * rows <= 4 * flat).then_some(pitch)
-    }
-
     /// Copies input plane `x` into the phase regions of `buf` (phase `(py, px)` holds image
     /// pixel `(s·i + py, s·j + px)` at `i · pitch + j` for `j < ow`; what lies outside the
     /// image, and columns `ow..pitch`, stay zero).
@@ -400,7 +396,7 @@ impl Plan {
         for (k, &(py, px)) in self.phases.iter().enumerate() {
             let base = k * self.region + self.lead;
             let dst = &mut buf[base..base + self.span()];
-            if s == 1 && px == 0 && py == 0 && pitch == w && self.oh == h {
+            if s == 1 && px == 0 && py == 0 && (ow, pitch) == (w, w) && self.oh == h {
                 dst.copy_from_slice(x);
                 continue;
             }
@@ -704,15 +700,8 @@ fn store_pitched<S: pulp::Simd, const N: usize>(
     let lanes = S::F32_LANES;
     let (mut row, mut col) = (i0 / pitch, i0 % pitch);
     for a in acc {
-        if col < ow {
-            let at = row * ow + col;
-            match dst.get_mut(at..) {
-                Some(out) if out.len() >= lanes => {
-                    out[..lanes].copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(a)));
-                }
-                Some(out) if !out.is_empty() => simd.partial_store_f32s(out, *a),
-                _ => break,
-            }
+        if col < ow && !put(simd, a, row * ow + col, dst) {
+            break;
         }
         col += lanes;
         if col >= pitch {
@@ -892,14 +881,25 @@ fn masked<S: pulp::Simd>(simd: S, x: S::f32s, m: S::u32s) -> S::f32s {
 fn store_n<S: pulp::Simd, const N: usize>(simd: S, acc: &[S::f32s; N], i0: usize, dst: &mut [f32]) {
     let lanes = S::F32_LANES;
     for (v, a) in acc.iter().enumerate() {
-        match dst.get_mut(i0 + v * lanes..) {
-            Some(out) if out.len() >= lanes => {
-                out[..lanes].copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(a)));
-            }
-            Some(out) if !out.is_empty() => simd.partial_store_f32s(out, *a),
-            _ => break,
+        if !put(simd, a, i0 + v * lanes, dst) {
+            break;
         }
     }
+}
+
+/// Stores vector `a` at `dst[at..]`: whole where `dst` has room for it, else cut at its end;
+/// `false` (nothing stored) where `at` is at or past the end.
+#[inline(always)]
+fn put<S: pulp::Simd>(simd: S, a: &S::f32s, at: usize, dst: &mut [f32]) -> bool {
+    let lanes = S::F32_LANES;
+    match dst.get_mut(at..) {
+        Some(out) if out.len() >= lanes => {
+            out[..lanes].copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(a)));
+        }
+        Some(out) if !out.is_empty() => simd.partial_store_f32s(out, *a),
+        _ => return false,
+    }
+    true
 }
 
 /// Stores a block's vectors at output pixels `i0..` of `dst`, the last one cut at the plane's

@@ -426,12 +426,12 @@ fn fuse_silu(code: Vec<(Kind, Src, Option<Src>)>) -> Vec<(Kind, Src, Option<Src>
     let mut out: Vec<(Kind, Src, Option<Src>)> = Vec::with_capacity(code.len());
     // Each instruction's index in `out` (`None`: fused into the next).
     let mut index: Vec<Option<usize>> = vec![None; code.len()];
+    let remap = |s: Src, index: &[Option<usize>]| match s {
+        Src::Reg(r) => index.get(r).copied().flatten().map(Src::Reg),
+        s => Some(s),
+    };
     let mut k = 0;
     while let Some(&(kind, a, b)) = code.get(k) {
-        let remap = |s: Src, index: &[Option<usize>]| match s {
-            Src::Reg(r) => index.get(r).copied().flatten().map(Src::Reg),
-            s => Some(s),
-        };
         let silu = match (kind, code.get(k + 1)) {
             (Kind::Un(Un::Sigmoid), Some(&(Kind::Bin(Bin::Arith(BinOp::Mul)), p, Some(q)))) => {
                 let s = Src::Reg(k);
