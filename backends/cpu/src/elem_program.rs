@@ -77,8 +77,9 @@
 //! and runs as `conv2d_fused(x, w, [Step::Program(..)])`, profiled as one kernel
 //! `relax.nn.conv2d+relax.add+relax.sigmoid+relax.multiply`.
 
+use crate::conv::Step;
 use crate::elem_view::{Feed, Operand};
-use crate::elementwise::{BinOp, f32_op, gelu_tanh32, gelu32, sigmoid32};
+use crate::elementwise::{BinOp, f32_op, gelu_tanh32, gelu32, sigmoid32, silu32};
 use crate::norm::erf32;
 use crate::util::broadcast_shapes;
 use fusebox_core::ir::{ExprId, ExprKind, Function, VarId};
@@ -1056,7 +1057,7 @@ fn exec(kind: Kind, d: &mut [f32], a: Opnd<'_>, b: Opnd<'_>) {
             Un::Erf => un_loop(d, a, erf32),
             Un::Gelu => un_loop(d, a, gelu32),
             Un::GeluTanh => un_loop(d, a, gelu_tanh32),
-            Un::Silu => un_loop(d, a, |x| x * sigmoid32(x)),
+            Un::Silu => un_loop(d, a, silu32),
             Un::Clip { lo, hi } => un_loop(d, a, |x| x.max(lo).min(hi)),
             Un::Copy => un_loop(d, a, |x| x),
             Un::Wide(op) => {
@@ -1097,6 +1098,81 @@ impl Bound {
         let mut out = crate::par::scratch_f32(n);
         crate::par::for_each_chunk_mut(&mut out, CHUNK, t, |off, c| self.eval(off, c, false));
         out.into_tensor(self.shape.clone())
+    }
+
+    /// The program after a `conv2d` head as the convolution epilogue's own steps, where it
+    /// is a chain of them: each instruction reads the value before it (the head's output
+    /// first) and at most one plain input, and is an `add` of one value per channel or of a
+    /// scalar ([`Step::Bias`]), an `add` of a tensor of the result's shape
+    /// ([`Step::Residual`]), `relu`, `clip` or `silu` (EfficientNet's `add(conv, b)` then
+    /// SiLU). The kernels then apply them to their sums in registers or to each row without a
+    /// program call; each step computes its element with the instruction's operation, in its
+    /// operand order (the same bits). `None` for any other program, or a result that is
+    /// neither `(N, C, H, W)` nor `(N, C/b, H, W, b)` (a split layout, `NCHW16c`).
+    pub(crate) fn conv_steps(&self) -> Option<Vec<Step>> {
+        let channels = match *self.shape.as_slice() {
+            [_, c, _, _] => c,
+            [_, c, _, _, b] => c.checked_mul(b)?,
+            _ => return None,
+        };
+        let last = self.prog.insts.len().checked_sub(1)?;
+        let mut prev = Src::Head;
+        let mut steps = Vec::with_capacity(last + 1);
+        for (k, inst) in self.prog.insts.iter().enumerate() {
+            steps.push(match (inst.kind, inst.b) {
+                (Kind::Un(u), None) if inst.a == prev => match u {
+                    Un::Relu => Step::Relu,
+                    Un::Clip { lo, hi } => Step::Clip { lo, hi },
+                    Un::Silu => Step::Silu,
+                    _ => return None,
+                },
+                (Kind::Bin(Bin::Arith(BinOp::Add)), Some(b)) => match (inst.a, b) {
+                    (a, Src::In(i)) if a == prev => self.add_step(i, channels, true)?,
+                    (Src::In(i), b) if b == prev => self.add_step(i, channels, false)?,
+                    _ => return None,
+                },
+                _ => return None,
+            });
+            prev = match inst.dst {
+                Dst::Reg(r) if k < last => Src::Reg(r),
+                Dst::Out if k == last => Src::Head,
+                _ => return None,
+            };
+        }
+        Some(steps)
+    }
+
+    /// Input `i` added to the value before it (`prev_first`: `prev + input`) as a step of
+    /// [`Bound::conv_steps`], for a result of `channels` channels.
+    fn add_step(&self, i: usize, channels: usize, prev_first: bool) -> Option<Step> {
+        if !self.prog.feeds.get(i)?.is_plain() {
+            return None;
+        }
+        let (t, access) = self.inputs.get(i)?;
+        let data = t.as_f32()?;
+        let per_channel = |b: Vec<f32>| Step::Bias {
+            b,
+            bias_first: !prev_first,
+        };
+        // A per-channel input has the result's channel dims (right-aligned: dim 1 of `(N, C,
+        // H, W)`, dims 1 and 4 of `(N, C/b, H, W, b)`, whose values are then in channel
+        // order) and 1 elsewhere.
+        let shape = t.shape();
+        let off = self.shape.len().checked_sub(shape.len())?;
+        let on_channels = data.len() == channels
+            && shape.iter().enumerate().all(|(j, &e)| match off + j {
+                d @ (1 | 4) => e == self.shape[d],
+                _ => e == 1,
+            });
+        match access {
+            Access::Scalar(v) => Some(per_channel(vec![*v; channels])),
+            Access::Full if shape == self.shape.as_slice() => Some(Step::Residual {
+                r: t.clone(),
+                prev_first,
+            }),
+            _ if on_channels => Some(per_channel(data.to_vec())),
+            _ => None,
+        }
     }
 
     /// The epilogue of a head: `row` holds the head's output for output elements

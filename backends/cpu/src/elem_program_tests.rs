@@ -1412,3 +1412,163 @@ fn a_concat_group_runs_the_program_over_the_concatenation() {
     let args2: Vec<Value> = params2.iter().map(|s| Value::Tensor(r.tensor(s))).collect();
     check(&src2, &args2, "relax.concat+relax.add");
 }
+
+/// A 1×1 conv2d group of `(1, c, hw, hw)` into `o` channels with `tail` after the conv
+/// (lines over `lv`, the last named `gv`) and parameters `q: q_shape`, `s: ()`.
+fn pointwise_group(c: usize, o: usize, hw: usize, q_shape: &str, tail: &[&str]) -> String {
+    let t = |s: &str| format!("R.Tensor(({s}), dtype=\"float32\")");
+    let body: String = tail.iter().map(|l| format!("            {l}\n")).collect();
+    format!(
+        "@I.ir_module\nclass Module:\n    @R.function(private=True)\n    def fused(x: {x}, w: {w}, q: {q}, s: {s}) -> {y}:\n        R.func_attr({{\"Primitive\": True}})\n        with R.dataflow():\n            lv = R.nn.conv2d(x, w)\n{body}            R.output(gv)\n        return gv\n\n    @R.function\n    def main(x: {x}, w: {w}, q: {q}, s: {s}) -> {y}:\n        with R.dataflow():\n            gv = Module.fused(x, w, q, s)\n            R.output(gv)\n        return gv\n",
+        x = t(&format!("1, {c}, {hw}, {hw}")),
+        w = t(&format!("{o}, {c}, 1, 1")),
+        q = t(q_shape),
+        s = t(""),
+        y = t(&format!("1, {o}, {hw}, {hw}")),
+    )
+}
+
+#[test]
+fn a_program_of_convolution_steps_runs_as_them() {
+    let (c, o, hw) = (16usize, 24usize, 28usize);
+    let out = format!("1, {o}, {hw}, {hw}");
+    let chan = format!("1, {o}, 1, 1");
+    let silu = ["lv2 = R.sigmoid(lv1)", "gv = R.multiply(lv1, lv2)"];
+    let relu6 = "R.clip(lv1, R.prim_value(T.float32(0.0)), R.prim_value(T.float32(6.0)))";
+    // (q's shape, the tail, the steps expected: `None` where the program stays a program).
+    type Want = Option<Vec<&'static str>>;
+    let cases: Vec<(String, Vec<String>, Want)> = vec![
+        (
+            chan.clone(),
+            [&["lv1 = R.add(lv, q)"][..], &silu]
+                .concat()
+                .iter()
+                .map(|l| l.to_string())
+                .collect(),
+            Some(vec!["Bias(first: false)", "Silu"]),
+        ),
+        (
+            chan.clone(),
+            vec!["lv1 = R.add(q, lv)".into(), "gv = R.nn.relu(lv1)".into()],
+            Some(vec!["Bias(first: true)", "Relu"]),
+        ),
+        (
+            out.clone(),
+            vec!["lv1 = R.add(lv, q)".into(), format!("gv = {relu6}")],
+            Some(vec!["Residual(first: true)", "Clip"]),
+        ),
+        (
+            chan.clone(),
+            [&["lv1 = R.add(s, lv)"][..], &silu]
+                .concat()
+                .iter()
+                .map(|l| l.to_string())
+                .collect(),
+            Some(vec!["Bias(first: true)", "Silu"]),
+        ),
+        // A multiply, a spatial broadcast, a hardswish: programs.
+        (
+            chan.clone(),
+            [&["lv1 = R.multiply(lv, q)"][..], &silu]
+                .concat()
+                .iter()
+                .map(|l| l.to_string())
+                .collect(),
+            None,
+        ),
+        (
+            format!("1, 1, {hw}, {hw}"),
+            [&["lv1 = R.add(lv, q)"][..], &silu]
+                .concat()
+                .iter()
+                .map(|l| l.to_string())
+                .collect(),
+            None,
+        ),
+        (
+            chan.clone(),
+            vec![
+                "lv1 = R.add(lv, q)".into(),
+                "lv2 = R.add(lv1, s)".into(),
+                "lv3 = R.clip(lv2, R.prim_value(T.float32(0.0)), R.prim_value(T.float32(6.0)))"
+                    .into(),
+                "gv = R.multiply(lv1, lv3)".into(),
+            ],
+            None,
+        ),
+    ];
+    let name = |s: &Step| match s {
+        Step::Bias { bias_first, .. } => format!("Bias(first: {bias_first})"),
+        Step::Residual { prev_first, .. } => format!("Residual(first: {prev_first})"),
+        Step::Relu => "Relu".into(),
+        Step::Clip { .. } => "Clip".into(),
+        Step::Silu => "Silu".into(),
+        s => format!("{s:?}"),
+    };
+    for (q_shape, tail, want) in cases {
+        let tail: Vec<&str> = tail.iter().map(String::as_str).collect();
+        let src = pointwise_group(c, o, hw, &q_shape, &tail);
+        let m = fusebox_core::text::parse_module_str(&src).unwrap_or_else(|e| panic!("{e}"));
+        let group = compile(m.get("fused").unwrap()).unwrap();
+        let mut r = Rng(29);
+        let q_dims: Vec<usize> = q_shape.split(", ").map(|d| d.parse().unwrap()).collect();
+        let mut x = r.tensor(&[1, c, hw, hw]).to_f32_vec();
+        // Past the exponential's clamps, infinities, NaN and signed zeros in the image.
+        x[..8].copy_from_slice(&[
+            -100.0,
+            100.0,
+            -88.5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+            0.0,
+        ]);
+        let args = [
+            Tensor::from_f32(vec![1, c, hw, hw], x).unwrap(),
+            r.tensor(&[o, c, 1, 1]),
+            r.tensor(&q_dims),
+            Tensor::from_f32(vec![], vec![0.5]).unwrap(),
+        ];
+        let leaves: Vec<Tensor> = group
+            .prog
+            .leaves
+            .iter()
+            .map(|l| match l {
+                Leaf::Param(i) => args[*i].clone(),
+                Leaf::Const(_) => panic!("no constants here"),
+            })
+            .collect();
+        let bound = bind(&group.prog, &leaves, Some(&[1, o, hw, hw])).unwrap();
+        let got = bound
+            .conv_steps()
+            .map(|s| s.iter().map(name).collect::<Vec<_>>());
+        assert_eq!(
+            got,
+            want.map(|w| w.iter().map(|s| s.to_string()).collect()),
+            "{tail:?}"
+        );
+        // The per-channel values are the bias's, a scalar's repeated.
+        if let Some(steps) = bound.conv_steps()
+            && let Step::Bias { b, .. } = &steps[0]
+        {
+            let want = if tail[0].contains("(s, lv)") {
+                vec![0.5; o]
+            } else {
+                args[2].to_f32_vec()
+            };
+            assert_eq!(b, &want);
+        }
+        // Either way the group gives the op-by-op bits (the steps in the 1×1 kernel's
+        // registers on AVX-512).
+        let ops: Vec<String> = tail
+            .iter()
+            .map(|b| op_name(b.split_once(" = ").map_or(*b, |(_, e)| e)))
+            .collect();
+        check(
+            &src,
+            &args.map(Value::Tensor),
+            &format!("relax.nn.conv2d+{}", ops.join("+")),
+        );
+    }
+}

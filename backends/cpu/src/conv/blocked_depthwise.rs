@@ -853,6 +853,21 @@ mod tests {
             let want = (v + b[ch]).clamp(0.0, 0.25);
             assert_eq!(got.to_bits(), want.to_bits(), "element {i}");
         }
+        // A bias then SiLU, in registers: per element the scalar SiLU's bits.
+        let steps_silu = [
+            Step::Bias {
+                b: b.clone(),
+                bias_first: false,
+            },
+            Step::Silu,
+        ];
+        let mut y_silu = vec![0.0; plain.len()];
+        conv(&wt, None, &x, &g, &mut y_silu, 2, &steps_silu).expect("runs");
+        for (i, (&got, &v)) in y_silu.iter().zip(&plain).enumerate() {
+            let ch = (i / (64 * bs)) * bs + i % bs;
+            let want = crate::elementwise::silu32(v + b[ch]);
+            assert_eq!(got.to_bits(), want.to_bits(), "element {i}");
+        }
         // `batch_norm` as an affine step, a residual in the output's layout (each pixel of a
         // tile its own), then `relu`: per element the scalar steps.
         let (k, r) = (rand(32, 10), rand(plain.len(), 11));

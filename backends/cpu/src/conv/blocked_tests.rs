@@ -186,6 +186,22 @@ fn check_images(cases: &[Case], [ib, b]: [usize; 2]) {
                 vec![Step::Clip { lo: 0.0, hi: 0.05 }],
                 Box::new(|_, v| v.clamp(0.0, 0.05)),
             ),
+            (
+                vec![
+                    Step::Bias {
+                        b: bias.clone(),
+                        bias_first: true,
+                    },
+                    Step::Silu,
+                ],
+                Box::new({
+                    let bias = bias.clone();
+                    move |i, v| {
+                        let ch = (i / (b * p)) % (o / b) * b + i % b;
+                        crate::elementwise::silu32(bias[ch] + v)
+                    }
+                }),
+            ),
         ];
         for (steps, f) in &cases {
             let expect: Vec<f32> = blocked_want

@@ -1,5 +1,5 @@
 //! The epilogue of a fused convolution: the per-output-channel steps (`batch_norm` for
-//! inference, bias, residual add, ReLU, clip, an elementwise program) that FuseOps groups after
+//! inference, bias, residual add, ReLU, clip, SiLU, an elementwise program) that FuseOps groups after
 //! a `conv2d`, applied to each finished row of the output while it is in cache — or, in the
 //! shapes [`RegSteps`] takes, to a micro-kernel's sums in registers before their one store.
 //!
@@ -7,9 +7,8 @@
 //! and operand order (the same bits, NaN payloads included — except where one operation meets
 //! two NaNs: which payload it keeps is the compiler's choice, as it may commute an add or the
 //! factors of a multiply-add; a test of [`RegSteps`] found the row code's `x + r` keeping
-//! `r`'s); a bias or affine step followed by
-//! a residual add (and a `relu` or `clip`), and any step followed by a `relu` or `clip`, run as
-//! one loop over the row.
+//! `r`'s); a bias or affine step followed by a residual add (and a `relu`, `clip` or SiLU),
+//! and any step followed by one of those three, run as one loop over the row.
 //!
 //! ```text
 //! lv = R.nn.conv2d(x, w)          # the kernel
@@ -17,6 +16,7 @@
 //! gv = R.nn.relu(R.add(lv1, r))   # Step::Residual, Step::Relu: with the bias, one loop per row
 //! ```
 
+use crate::elementwise::{silu32, silu32_vec};
 use fusebox_core::runtime::Tensor;
 
 /// One per-output-channel operation of a fused convolution's epilogue.
@@ -35,6 +35,9 @@ pub(crate) enum Step {
     /// `clip(x, lo, hi)` of `float32` data: `x.max(lo).min(hi)`, as the `clip` kernel computes
     /// it (MobileNet's ReLU6).
     Clip { lo: f32, hi: f32 },
+    /// SiLU, `x · sigmoid(x)` ([`crate::elementwise::silu32`], as the elementwise program's
+    /// `silu` instruction computes it): EfficientNet's activation.
+    Silu,
     /// An elementwise program over the output ([`crate::elem_program`]: SiLU, hardswish, any
     /// chain of elementwise ops with inputs broadcast to the output), each element as its ops
     /// compute it one by one.
@@ -47,13 +50,17 @@ impl Step {
         match self {
             Step::Affine { mul, .. } => Some(mul.len()),
             Step::Bias { b, .. } => Some(b.len()),
-            Step::Residual { .. } | Step::Relu | Step::Clip { .. } | Step::Program(_) => None,
+            Step::Residual { .. }
+            | Step::Relu
+            | Step::Clip { .. }
+            | Step::Silu
+            | Step::Program(_) => None,
         }
     }
 }
 
 /// How many of `steps`, from the first, act on each element with its channel's values alone
-/// (`batch_norm`, a bias, `relu`, `clip`): what [`apply_channel_steps`] can run on a block of
+/// (`batch_norm`, a bias, `relu`, `clip`, SiLU): what [`apply_channel_steps`] can run on a block of
 /// pixels × channels before the block is written to its rows. The rest (a residual, a
 /// program) then run on the rows as before; each element still sees the ops in their order.
 pub(crate) fn channel_prefix(steps: &[Step]) -> usize {
@@ -62,7 +69,11 @@ pub(crate) fn channel_prefix(steps: &[Step]) -> usize {
         .take_while(|s| {
             matches!(
                 s,
-                Step::Affine { .. } | Step::Bias { .. } | Step::Relu | Step::Clip { .. }
+                Step::Affine { .. }
+                    | Step::Bias { .. }
+                    | Step::Relu
+                    | Step::Clip { .. }
+                    | Step::Silu
             )
         })
         .count()
@@ -129,6 +140,7 @@ pub(super) fn channel_step(s: &Step, ch0: usize, row: &mut [f32]) -> bool {
         }
         Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
         Step::Clip { lo, hi } => row.iter_mut().for_each(|v| *v = v.max(*lo).min(*hi)),
+        Step::Silu => row.iter_mut().for_each(|v| *v = silu32(*v)),
         Step::Residual { .. } | Step::Program(_) => return false,
     }
     true
@@ -141,8 +153,8 @@ pub(crate) fn relu(v: f32) -> f32 {
 }
 
 /// Applies `steps` to `row`, whose elements all belong to output channel `ch` and start at
-/// element `at` of the (`N × O × OH × OW`) output. A step followed by a `relu` or `clip`, and
-/// a bias or affine step followed by a residual add (and a `relu` or `clip`), run as one loop
+/// element `at` of the (`N × O × OH × OW`) output. A step followed by a `relu`, `clip` or
+/// SiLU, and a bias or affine step followed by a residual add (and one of those), run as one loop
 /// (the same operations per element, in order).
 pub(super) fn apply_steps(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     struct Op<'a>(&'a [Step], usize, usize, &'a mut [f32]);
@@ -156,12 +168,25 @@ pub(super) fn apply_steps(steps: &[Step], ch: usize, at: usize, row: &mut [f32])
     crate::simd::dispatch(Op(steps, ch, at, row));
 }
 
-/// The `relu` or `clip` step that follows a step, run in the same loop.
+/// The `relu`, `clip` or SiLU step that follows a step, run in the same loop.
 #[derive(Clone, Copy)]
 enum Post {
     None,
     Relu,
     Clip(f32, f32),
+    Silu,
+}
+
+impl Post {
+    /// `step` as the step that ends a loop, if it is one.
+    fn of(step: Option<&Step>) -> Post {
+        match step {
+            Some(Step::Relu) => Post::Relu,
+            Some(&Step::Clip { lo, hi }) => Post::Clip(lo, hi),
+            Some(Step::Silu) => Post::Silu,
+            _ => Post::None,
+        }
+    }
 }
 
 /// `row[i] = post(f(row[i]))`, one loop per kind of `post` (each vectorises).
@@ -171,6 +196,7 @@ fn each(row: &mut [f32], post: Post, f: impl Fn(f32) -> f32) {
         Post::None => row.iter_mut().for_each(|v| *v = f(*v)),
         Post::Relu => row.iter_mut().for_each(|v| *v = relu(f(*v))),
         Post::Clip(lo, hi) => row.iter_mut().for_each(|v| *v = f(*v).max(lo).min(hi)),
+        Post::Silu => row.iter_mut().for_each(|v| *v = silu32(f(*v))),
     }
 }
 
@@ -182,6 +208,7 @@ fn each2(row: &mut [f32], src: &[f32], post: Post, f: impl Fn(f32, f32) -> f32) 
         Post::None => pairs.for_each(|(v, &q)| *v = f(*v, q)),
         Post::Relu => pairs.for_each(|(v, &q)| *v = relu(f(*v, q))),
         Post::Clip(lo, hi) => pairs.for_each(|(v, &q)| *v = f(*v, q).max(lo).min(hi)),
+        Post::Silu => pairs.for_each(|(v, &q)| *v = silu32(f(*v, q))),
     }
 }
 
@@ -213,8 +240,8 @@ enum Head<'a> {
 
 /// The steps of a fused convolution in a shape a micro-kernel applies to a run of one
 /// channel's outputs before storing them: nothing, a bias or `batch_norm`, a residual add, or
-/// a bias or `batch_norm` then a residual add, each optionally followed by a `relu` or `clip`
-/// (MobileNet's and ResNet's epilogues). [`RegSteps::apply_vecs`] gives each element in
+/// a bias or `batch_norm` then a residual add, each optionally followed by a `relu`, `clip`
+/// or SiLU (MobileNet's, ResNet's and EfficientNet's epilogues). [`RegSteps::apply_vecs`] gives each element in
 /// registers what [`apply_steps`] gives it on the rows.
 #[derive(Clone, Copy)]
 pub(crate) struct RegSteps<'a> {
@@ -253,6 +280,7 @@ impl<'a> RegSteps<'a> {
             [] => Post::None,
             [Step::Relu] => Post::Relu,
             [Step::Clip { lo, hi }] => Post::Clip(*lo, *hi),
+            [Step::Silu] => Post::Silu,
             _ => return None,
         };
         Some(RegSteps {
@@ -395,7 +423,7 @@ impl<'a> RegSteps<'a> {
         true
     }
 
-    /// The final `relu` or `clip` on vectors in registers.
+    /// The final `relu`, `clip` or SiLU on vectors in registers.
     #[inline(always)]
     fn post_vecs<S: pulp::Simd>(&self, simd: S, v: &mut [S::f32s]) {
         match self.post {
@@ -423,6 +451,11 @@ impl<'a> RegSteps<'a> {
                     *x = simd.select_f32s(nan, hi, simd.min_f32s(hi, m));
                 }
             }
+            Post::Silu => {
+                for x in v.iter_mut() {
+                    *x = silu32_vec(simd, *x);
+                }
+            }
         }
     }
 }
@@ -431,17 +464,13 @@ impl<'a> RegSteps<'a> {
 pub(super) fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     let mut i = 0;
     while let Some(s) = steps.get(i) {
-        // A bias or affine step, then a residual add (then a `relu` or `clip`), as one loop
+        // A bias or affine step, then a residual add (then a `relu`, `clip` or SiLU), as one loop
         // (ResNet's bias + shortcut + relu; the same operations per element, in order).
         if let (Step::Affine { .. } | Step::Bias { .. }, Some(Step::Residual { r, prev_first })) =
             (s, steps.get(i + 1))
             && let Some(src) = r.as_f32().and_then(|d| d.get(at..at + row.len()))
         {
-            let post = match steps.get(i + 2) {
-                Some(Step::Relu) => Post::Relu,
-                Some(&Step::Clip { lo, hi }) => Post::Clip(lo, hi),
-                _ => Post::None,
-            };
+            let post = Post::of(steps.get(i + 2));
             let first = *prev_first;
             match s {
                 Step::Affine { mul, add } => {
@@ -464,16 +493,12 @@ pub(super) fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut
             i += if matches!(post, Post::None) { 2 } else { 3 };
             continue;
         }
-        // A `relu` or `clip` right after an affine, bias or residual step joins its loop
-        // (the same operations per element).
-        let post = match (s, steps.get(i + 1)) {
-            (Step::Affine { .. } | Step::Bias { .. } | Step::Residual { .. }, Some(Step::Relu)) => {
-                Post::Relu
+        // A `relu`, `clip` or SiLU right after an affine, bias or residual step joins its
+        // loop (the same operations per element).
+        let post = match s {
+            Step::Affine { .. } | Step::Bias { .. } | Step::Residual { .. } => {
+                Post::of(steps.get(i + 1))
             }
-            (
-                Step::Affine { .. } | Step::Bias { .. } | Step::Residual { .. },
-                Some(&Step::Clip { lo, hi }),
-            ) => Post::Clip(lo, hi),
             _ => Post::None,
         };
         if !matches!(post, Post::None) {
@@ -508,6 +533,7 @@ pub(super) fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut
             }
             Step::Relu => row.iter_mut().for_each(|v| *v = relu(*v)),
             Step::Clip { lo, hi } => row.iter_mut().for_each(|v| *v = v.max(*lo).min(*hi)),
+            Step::Silu => row.iter_mut().for_each(|v| *v = silu32(*v)),
             Step::Program(p) => p.0.apply(at, row),
         }
         i += 1;
@@ -590,6 +616,7 @@ mod tests {
             vec![Step::Relu],
             vec![Step::Clip { lo: 0.0, hi: 6.0 }],
             vec![Step::Clip { lo: -0.0, hi: 0.0 }],
+            vec![Step::Silu],
         ];
         for post in &posts {
             for head in [
@@ -649,10 +676,13 @@ mod tests {
                     ];
                     nans.iter().filter(|&&n| n).count() >= 2
                 };
+                // SiLU multiplies a NaN by the NaN it made of it: its payload is not pinned
+                // either.
+                let silu = steps.contains(&Step::Silu);
                 for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                     let nans = f32::from_bits(g).is_nan() && f32::from_bits(w).is_nan();
                     assert!(
-                        g == w || (nans && two_nans(i)),
+                        g == w || (nans && (silu || two_nans(i))),
                         "{steps:?} on channel {ch}, lane {i}: {g:#x} against {w:#x}"
                     );
                 }

@@ -1116,6 +1116,24 @@ mod tests {
                     Step::Clip { lo: -0.5, hi: 0.5 },
                 ],
                 vec![Step::Relu],
+                vec![
+                    Step::Bias {
+                        b: b.clone(),
+                        bias_first: false,
+                    },
+                    Step::Silu,
+                ],
+                vec![
+                    Step::Affine {
+                        mul: b.clone(),
+                        add: values(m, 8),
+                    },
+                    Step::Residual {
+                        r: residual.clone(),
+                        prev_first: true,
+                    },
+                    Step::Silu,
+                ],
             ];
             for steps in &chains {
                 let want = definition(m, k, n, &w, &x, steps);

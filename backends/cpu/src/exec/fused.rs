@@ -247,17 +247,24 @@ impl<'m> Interp<'m> {
                     op: "relax.nn.conv2d",
                     message,
                 };
-                // The epilogue runs per output row of one channel: on small planes, a call
-                // per row costs more than one in-place pass over the (cached) output. A
-                // result larger than the convolution's output is a pass of its own.
-                let y = match bound {
-                    None => {
+                // A program that is a chain of the convolution's own steps (a bias, then
+                // SiLU) runs as them: in registers where the kernel takes them (a split
+                // layout's kernels take no others). Otherwise the epilogue runs per output row of one channel: on small
+                // planes, a call per row costs more than one in-place pass over the (cached)
+                // output. A result larger than the convolution's output is a pass of its own.
+                let steps = bound
+                    .as_ref()
+                    .and_then(|b| b.conv_steps())
+                    .filter(|s| !blocked || crate::conv::blocked_steps(s));
+                let y = match (bound, steps) {
+                    (_, Some(steps)) => self.fused_conv(&x, &w, attrs, &steps)?,
+                    (None, None) => {
                         let y = self.fused_conv(&x, &w, attrs, &[])?;
                         run_after(&group.prog, &leaves, y)?.ok_or_else(|| {
                             kernel("the program does not fit its inputs".to_string())
                         })?
                     }
-                    Some(bound)
+                    (Some(bound), None)
                         if !blocked
                             && shape[2] * shape[3] >= crate::elem_program::EPILOGUE_MIN_ROW =>
                     {
@@ -266,7 +273,7 @@ impl<'m> Interp<'m> {
                         ));
                         self.fused_conv(&x, &w, attrs, &[step])?
                     }
-                    Some(bound) => {
+                    (Some(bound), None) => {
                         let y = self.fused_conv(&x, &w, attrs, &[])?;
                         let n = y.numel();
                         let mut data = match y.try_into_buffer() {
