@@ -425,39 +425,64 @@ pub(crate) fn silu32(x: f32) -> f32 {
     x * sigmoid32(x)
 }
 
+/// The constants of [`silu32_vec`], in its order of use: the clamp's bounds, `log2 e`, the
+/// rounding constant, the two parts of `ln 2`, the polynomial's six coefficients, 1, the
+/// sigmoid's cut and 0.
+pub(crate) static SILU_K: [f32; 15] = [
+    -87.3,
+    88.3,
+    std::f32::consts::LOG2_E,
+    12_582_912.0,
+    0.693_359_4,
+    -2.121_944_4e-4,
+    1.987_569_1e-4,
+    1.398_2e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    0.166_666_65,
+    0.5,
+    1.0,
+    -88.3,
+    0.0,
+];
+
 /// [`silu32`] on each lane of a vector, written with the vector operations themselves, for a
 /// kernel that applies it to sums held in registers: the same operations in the same order as
 /// the scalar code (the clamp as two compares and selects, the multiply-adds fused on every
 /// target by `mul_add_e`, `2^n` from `t`'s bits), so each lane gets [`silu32`]'s bits
-/// (tested on every class of value; NaN stays NaN). About 25 vector operations.
+/// (tested on every class of value; NaN stays NaN). About 25 vector operations. `k` is
+/// [`SILU_K`]: a kernel passes it through `std::hint::black_box` so that the compiler loads
+/// the constants where they are used, rather than keeping fifteen of them in registers across
+/// the kernel's loops (with AVX2's 16 registers, that spilled a 5×5 depthwise tile's sums).
 #[inline(always)]
-pub(crate) fn silu32_vec<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
-    let splat = |v: f32| simd.splat_f32s(v);
-    const MAGIC: f32 = 12_582_912.0;
+pub(crate) fn silu32_vec<S: pulp::Simd>(simd: S, k: &[f32; 15], x: S::f32s) -> S::f32s {
+    let c = |i: usize| simd.splat_f32s(k[i]);
     // `exp32_clamped(-x)`: `-x` clamped to `[-87.3, 88.3]`, NaN kept (no compare holds).
     let nx = simd.neg_f32s(x);
-    let (lo, hi) = (splat(-87.3), splat(88.3));
+    let (lo, hi) = (c(0), c(1));
     let xc = simd.select_f32s(simd.less_than_f32s(nx, lo), lo, nx);
     let xc = simd.select_f32s(simd.greater_than_f32s(xc, hi), hi, xc);
-    let t = simd.mul_add_e_f32s(xc, splat(std::f32::consts::LOG2_E), splat(MAGIC));
-    let n = simd.sub_f32s(t, splat(MAGIC));
-    let r = simd.mul_add_e_f32s(simd.neg_f32s(n), splat(0.693_359_4), xc);
-    let r = simd.mul_add_e_f32s(simd.neg_f32s(n), splat(-2.121_944_4e-4), r);
-    let mut y = splat(1.987_569_1e-4);
-    for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-        y = simd.mul_add_e_f32s(y, r, splat(c));
+    let magic = c(3);
+    let t = simd.mul_add_e_f32s(xc, c(2), magic);
+    let n = simd.sub_f32s(t, magic);
+    let r = simd.mul_add_e_f32s(simd.neg_f32s(n), c(4), xc);
+    let r = simd.mul_add_e_f32s(simd.neg_f32s(n), c(5), r);
+    let mut y = c(6);
+    for i in 7..12 {
+        y = simd.mul_add_e_f32s(y, r, c(i));
     }
-    let y = simd.add_f32s(simd.mul_add_e_f32s(simd.mul_f32s(y, r), r, r), splat(1.0));
+    let one = c(12);
+    let y = simd.add_f32s(simd.mul_add_e_f32s(simd.mul_f32s(y, r), r, r), one);
     let bits = simd.transmute_u32s_f32s(t);
     let bits = simd.add_u32s(
-        simd.sub_u32s(bits, simd.splat_u32s(MAGIC.to_bits())),
+        simd.sub_u32s(bits, simd.transmute_u32s_f32s(magic)),
         simd.splat_u32s(127),
     );
     let scale = simd.transmute_f32s_u32s(simd.wrapping_dyn_shl_u32s(bits, simd.splat_u32s(23)));
     let e = simd.mul_f32s(y, scale);
     // `sigmoid32`: `1 / (1 + e)`, 0 below -88.3.
-    let s = simd.div_f32s(splat(1.0), simd.add_f32s(splat(1.0), e));
-    let s = simd.select_f32s(simd.less_than_f32s(x, splat(-88.3)), splat(0.0), s);
+    let s = simd.div_f32s(one, simd.add_f32s(one, e));
+    let s = simd.select_f32s(simd.less_than_f32s(x, c(13)), c(14), s);
     simd.mul_f32s(x, s)
 }
 
@@ -762,7 +787,7 @@ mod tests {
                 let mut out = Vec::with_capacity(self.0.len());
                 for c in self.0.chunks_exact(S::F32_LANES) {
                     let v: S::f32s = bytemuck::pod_read_unaligned(bytemuck::cast_slice(c));
-                    let y = silu32_vec(simd, v);
+                    let y = silu32_vec(simd, &SILU_K, v);
                     out.extend_from_slice(bytemuck::cast_slice(std::slice::from_ref(&y)));
                 }
                 out
