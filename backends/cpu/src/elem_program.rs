@@ -10,11 +10,13 @@
 //! [`crate::par`] threads: each instruction is applied to the whole block before the next (so
 //! its loop vectorises, compiled through [`crate::simd::dispatch`]), intermediates live in
 //! per-thread block buffers, and no full-size intermediate tensor is ever made. A group whose
-//! first binding is a `conv2d` runs the convolution with the program as its epilogue
-//! ([`crate::conv::Step::Program`]), applied to each output tile while it is in cache (on
-//! planes under [`EPILOGUE_MIN_ROW`] pixels, as one in-place pass over the convolution's
-//! output instead; and as a pass of its own when the result is larger than that output, as
-//! in a squeeze-and-excite block). A group whose first binding is a `matmul` runs the
+//! first binding is a `conv2d` runs the convolution with the program as its epilogue: as the
+//! convolution's own steps where the program is a chain of them ([`Bound::conv_steps`]: a
+//! per-channel bias, a residual add, `relu`, `clip`, SiLU; the kernels apply them to their
+//! sums in registers), else as [`crate::conv::Step::Program`], applied to each output tile
+//! while it is in cache (on planes under [`EPILOGUE_MIN_ROW`] pixels, as one in-place pass
+//! over the convolution's output instead; and as a pass of its own when the result is larger
+//! than that output, as in a squeeze-and-excite block). A group whose first binding is a `matmul` runs the
 //! `matmul` kernel, then the program in one pass over its output (in place when the shapes
 //! allow). A group whose first binding is a `concat` of parameters and constants runs the
 //! `concat` kernel likewise, then the program over its output. A program without a head (or
@@ -74,8 +76,9 @@
 //! out = silu(r0)      ; sigmoid(r0), then multiply(r0, ·): one instruction (`fuse_silu`)
 //! ```
 //!
-//! and runs as `conv2d_fused(x, w, [Step::Program(..)])`, profiled as one kernel
-//! `relax.nn.conv2d+relax.add+relax.sigmoid+relax.multiply`.
+//! and, `in0` being one value per channel, runs as `conv2d_fused(x, w, [Step::Bias(in0),
+//! Step::Silu])` ([`Bound::conv_steps`]; a program of another form as `[Step::Program(..)]`),
+//! profiled as one kernel `relax.nn.conv2d+relax.add+relax.sigmoid+relax.multiply`.
 
 use crate::conv::Step;
 use crate::elem_view::{Feed, Operand};
