@@ -211,6 +211,30 @@ fn check(src: &str, args: &[Value], kernel: &str) {
     );
 }
 
+/// Values past the exponential's clamps both ways, infinities, NaN and signed zeros, which a
+/// test writes over the start of an input.
+const EDGES: [f32; 8] = [
+    -100.0,
+    100.0,
+    -88.5,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    f32::NAN,
+    -0.0,
+    0.0,
+];
+
+/// The program's leaves in its order (first use), all parameters: `args[i]` for parameter `i`.
+fn param_leaves(prog: &Program, args: &[Tensor]) -> Vec<Tensor> {
+    prog.leaves
+        .iter()
+        .map(|l| match l {
+            Leaf::Param(i) => args[*i].clone(),
+            Leaf::Const(_) => panic!("no constants here"),
+        })
+        .collect()
+}
+
 /// The profile name of a text op (`R.nn.relu(..)` → `relax.nn.relu`).
 fn op_name(text: &str) -> String {
     let head = text.split('(').next().unwrap_or(text);
@@ -439,17 +463,7 @@ fn a_sigmoid_times_its_operand_is_one_silu_instruction() {
         assert_eq!(got, kinds, "{body:?}");
         let mut r = Rng(5);
         let mut x = r.tensor(&[3, 700]).to_f32_vec();
-        // Beyond the exponential's clamp both ways, infinities, NaN and signed zeros.
-        x[..8].copy_from_slice(&[
-            -100.0,
-            100.0,
-            -88.5,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -0.0,
-            0.0,
-        ]);
+        x[..EDGES.len()].copy_from_slice(&EDGES);
         let args = [
             Value::Tensor(Tensor::from_f32(vec![3, 700], x).unwrap()),
             Value::Tensor(r.tensor(&[3, 1])),
@@ -1333,12 +1347,7 @@ fn values_smaller_than_the_result_are_computed_at_their_own_shape() {
     let group = compile(m.get("fused").unwrap()).unwrap();
     let mut r = Rng(5);
     let args: Vec<Tensor> = params.iter().map(|s| r.tensor(s)).collect();
-    // The program's leaves in its order (first use).
-    let leaf = |l: &Leaf| match l {
-        Leaf::Param(i) => args[*i].clone(),
-        Leaf::Const(_) => panic!("no constants here"),
-    };
-    let leaves: Vec<Tensor> = group.prog.leaves.iter().map(leaf).collect();
+    let leaves = param_leaves(&group.prog, &args);
     let (p, all) = hoist(&group.prog, &leaves).unwrap();
     assert_eq!(p.insts.len(), 2, "{:?}", p.insts);
     assert_eq!(all.len(), leaves.len() + 2);
@@ -1362,15 +1371,7 @@ fn values_smaller_than_the_result_are_computed_at_their_own_shape() {
     let fm = fusebox_core::text::parse_module_str(&fsrc).unwrap();
     let fg = compile(fm.get("fused").unwrap()).unwrap();
     let fa: Vec<Tensor> = params[..2].iter().map(|s| r.tensor(s)).collect();
-    let fl: Vec<Tensor> = fg
-        .prog
-        .leaves
-        .iter()
-        .map(|l| match l {
-            Leaf::Param(i) => fa[*i].clone(),
-            Leaf::Const(_) => panic!("no constants here"),
-        })
-        .collect();
+    let fl = param_leaves(&fg.prog, &fa);
     assert!(hoist(&fg.prog, &fl).is_none());
 }
 
@@ -1433,18 +1434,21 @@ fn a_program_of_convolution_steps_runs_as_them() {
     let (c, o, hw) = (16usize, 24usize, 28usize);
     let out = format!("1, {o}, {hw}, {hw}");
     let chan = format!("1, {o}, 1, 1");
-    let silu = ["lv2 = R.sigmoid(lv1)", "gv = R.multiply(lv1, lv2)"];
+    // `head`, then SiLU of its result as the exporters write it.
+    let then_silu = |head: &str| -> Vec<String> {
+        vec![
+            head.to_string(),
+            "lv2 = R.sigmoid(lv1)".into(),
+            "gv = R.multiply(lv1, lv2)".into(),
+        ]
+    };
     let relu6 = "R.clip(lv1, R.prim_value(T.float32(0.0)), R.prim_value(T.float32(6.0)))";
     // (q's shape, the tail, the steps expected: `None` where the program stays a program).
     type Want = Option<Vec<&'static str>>;
     let cases: Vec<(String, Vec<String>, Want)> = vec![
         (
             chan.clone(),
-            [&["lv1 = R.add(lv, q)"][..], &silu]
-                .concat()
-                .iter()
-                .map(|l| l.to_string())
-                .collect(),
+            then_silu("lv1 = R.add(lv, q)"),
             Some(vec!["Bias(first: false)", "Silu"]),
         ),
         (
@@ -1459,30 +1463,14 @@ fn a_program_of_convolution_steps_runs_as_them() {
         ),
         (
             chan.clone(),
-            [&["lv1 = R.add(s, lv)"][..], &silu]
-                .concat()
-                .iter()
-                .map(|l| l.to_string())
-                .collect(),
+            then_silu("lv1 = R.add(s, lv)"),
             Some(vec!["Bias(first: true)", "Silu"]),
         ),
         // A multiply, a spatial broadcast, a hardswish: programs.
-        (
-            chan.clone(),
-            [&["lv1 = R.multiply(lv, q)"][..], &silu]
-                .concat()
-                .iter()
-                .map(|l| l.to_string())
-                .collect(),
-            None,
-        ),
+        (chan.clone(), then_silu("lv1 = R.multiply(lv, q)"), None),
         (
             format!("1, 1, {hw}, {hw}"),
-            [&["lv1 = R.add(lv, q)"][..], &silu]
-                .concat()
-                .iter()
-                .map(|l| l.to_string())
-                .collect(),
+            then_silu("lv1 = R.add(lv, q)"),
             None,
         ),
         (
@@ -1513,32 +1501,14 @@ fn a_program_of_convolution_steps_runs_as_them() {
         let mut r = Rng(29);
         let q_dims: Vec<usize> = q_shape.split(", ").map(|d| d.parse().unwrap()).collect();
         let mut x = r.tensor(&[1, c, hw, hw]).to_f32_vec();
-        // Past the exponential's clamps, infinities, NaN and signed zeros in the image.
-        x[..8].copy_from_slice(&[
-            -100.0,
-            100.0,
-            -88.5,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -0.0,
-            0.0,
-        ]);
+        x[..EDGES.len()].copy_from_slice(&EDGES);
         let args = [
             Tensor::from_f32(vec![1, c, hw, hw], x).unwrap(),
             r.tensor(&[o, c, 1, 1]),
             r.tensor(&q_dims),
             Tensor::from_f32(vec![], vec![0.5]).unwrap(),
         ];
-        let leaves: Vec<Tensor> = group
-            .prog
-            .leaves
-            .iter()
-            .map(|l| match l {
-                Leaf::Param(i) => args[*i].clone(),
-                Leaf::Const(_) => panic!("no constants here"),
-            })
-            .collect();
+        let leaves = param_leaves(&group.prog, &args);
         let bound = bind(&group.prog, &leaves, Some(&[1, o, hw, hw])).unwrap();
         let got = bound
             .conv_steps()
