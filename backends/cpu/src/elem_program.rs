@@ -16,13 +16,13 @@
 //! sums in registers), else as [`crate::conv::Step::Program`], applied to each output tile
 //! while it is in cache (on planes under [`EPILOGUE_MIN_ROW`] pixels, as one in-place pass
 //! over the convolution's output instead; and as a pass of its own when the result is larger
-//! than that output, as in a squeeze-and-excite block). A group whose first binding is a `matmul` runs the
-//! `matmul` kernel, then the program in one pass over its output (in place when the shapes
-//! allow). A group whose first binding is a `concat` of parameters and constants runs the
-//! `concat` kernel likewise, then the program over its output. A program without a head (or
-//! run after one) first runs the instructions that read only values smaller than its result,
-//! once each at their own shape ([`hoist`]): a squeeze-and-excite gate is computed per
-//! channel, not per element.
+//! than that output, as in a squeeze-and-excite block). A group whose first binding is a
+//! `matmul` runs the `matmul` kernel, then the program in one pass over its output (in place
+//! when the shapes allow). A group whose first binding is a `concat` of parameters and
+//! constants runs the `concat` kernel likewise, then the program over its output. A program
+//! without a head (or run after one) first runs the instructions that read only values smaller
+//! than its result, once each at their own shape ([`hoist`]): a squeeze-and-excite gate is
+//! computed per channel, not per element.
 //!
 //! Contract:
 //!

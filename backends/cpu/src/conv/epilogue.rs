@@ -1,7 +1,8 @@
 //! The epilogue of a fused convolution: the per-output-channel steps (`batch_norm` for
-//! inference, bias, residual add, ReLU, clip, SiLU, an elementwise program) that FuseOps groups after
-//! a `conv2d`, applied to each finished row of the output while it is in cache — or, in the
-//! shapes [`RegSteps`] takes, to a micro-kernel's sums in registers before their one store.
+//! inference, bias, residual add, ReLU, clip, SiLU, an elementwise program) that FuseOps
+//! groups after a `conv2d`, applied to each finished row of the output while it is in cache —
+//! or, in the shapes [`RegSteps`] takes, to a micro-kernel's sums in registers before their
+//! one store.
 //!
 //! Contract: [`apply_steps`] gives each element what the ops give one by one, in their order
 //! and operand order (the same bits, NaN payloads included — except where one operation meets
@@ -60,8 +61,8 @@ impl Step {
 }
 
 /// How many of `steps`, from the first, act on each element with its channel's values alone
-/// (`batch_norm`, a bias, `relu`, `clip`, SiLU): what [`apply_channel_steps`] can run on a block of
-/// pixels × channels before the block is written to its rows. The rest (a residual, a
+/// (`batch_norm`, a bias, `relu`, `clip`, SiLU): what [`apply_channel_steps`] can run on a
+/// block of pixels × channels before the block is written to its rows. The rest (a residual, a
 /// program) then run on the rows as before; each element still sees the ops in their order.
 pub(crate) fn channel_prefix(steps: &[Step]) -> usize {
     steps
@@ -154,8 +155,8 @@ pub(crate) fn relu(v: f32) -> f32 {
 
 /// Applies `steps` to `row`, whose elements all belong to output channel `ch` and start at
 /// element `at` of the (`N × O × OH × OW`) output. A step followed by a `relu`, `clip` or
-/// SiLU, and a bias or affine step followed by a residual add (and one of those), run as one loop
-/// (the same operations per element, in order).
+/// SiLU, and a bias or affine step followed by a residual add (and one of those), run as one
+/// loop (the same operations per element, in order).
 pub(super) fn apply_steps(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     struct Op<'a>(&'a [Step], usize, usize, &'a mut [f32]);
     impl pulp::WithSimd for Op<'_> {
@@ -241,8 +242,8 @@ enum Head<'a> {
 /// The steps of a fused convolution in a shape a micro-kernel applies to a run of one
 /// channel's outputs before storing them: nothing, a bias or `batch_norm`, a residual add, or
 /// a bias or `batch_norm` then a residual add, each optionally followed by a `relu`, `clip`
-/// or SiLU (MobileNet's, ResNet's and EfficientNet's epilogues). [`RegSteps::apply_vecs`] gives each element in
-/// registers what [`apply_steps`] gives it on the rows.
+/// or SiLU (MobileNet's, ResNet's and EfficientNet's epilogues). [`RegSteps::apply_vecs`]
+/// gives each element in registers what [`apply_steps`] gives it on the rows.
 #[derive(Clone, Copy)]
 pub(crate) struct RegSteps<'a> {
     head: Head<'a>,
@@ -465,8 +466,8 @@ impl<'a> RegSteps<'a> {
 pub(super) fn apply_steps_inline(steps: &[Step], ch: usize, at: usize, row: &mut [f32]) {
     let mut i = 0;
     while let Some(s) = steps.get(i) {
-        // A bias or affine step, then a residual add (then a `relu`, `clip` or SiLU), as one loop
-        // (ResNet's bias + shortcut + relu; the same operations per element, in order).
+        // A bias or affine step, then a residual add (then a `relu`, `clip` or SiLU), as one
+        // loop (ResNet's bias + shortcut + relu; the same operations per element, in order).
         if let (Step::Affine { .. } | Step::Bias { .. }, Some(Step::Residual { r, prev_first })) =
             (s, steps.get(i + 1))
             && let Some(src) = r.as_f32().and_then(|d| d.get(at..at + row.len()))

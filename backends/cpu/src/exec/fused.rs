@@ -249,9 +249,10 @@ impl<'m> Interp<'m> {
                 };
                 // A program that is a chain of the convolution's own steps (a bias, then
                 // SiLU) runs as them: in registers where the kernel takes them (a split
-                // layout's kernels take no others). Otherwise the epilogue runs per output row of one channel: on small
-                // planes, a call per row costs more than one in-place pass over the (cached)
-                // output. A result larger than the convolution's output is a pass of its own.
+                // layout's kernels take no others). Otherwise the epilogue runs per output
+                // row of one channel: on small planes, a call per row costs more than one
+                // in-place pass over the (cached) output. A result larger than the
+                // convolution's output is a pass of its own.
                 let steps = bound
                     .as_ref()
                     .and_then(|b| b.conv_steps())
